@@ -1,0 +1,30 @@
+# The two commands of the README: `make run` and `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PIP_FLAGS := --disable-pip-version-check -q
+
+.PHONY: venv run test bench proto cluster-up cluster-down clean
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install $(PIP_FLAGS) -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	cd examples/fc_mnist && ../../$(PY) run.py --mode train
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/run_all.py
+
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. wse_sim/api/cs_api.proto
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Chief-node side of csrun: the user API, the CLIs and the compiler."""

@@ -1,0 +1,104 @@
+"""The kernel interface: one class per library kernel holds its forward, its backward, its
+FLOPs per sample and its memory, so the compiler's cost model and the simulator's
+arithmetic read the same definition.
+
+Shapes given to and returned by a kernel's *shape* methods are per sample (no batch
+dimension). Arrays given to forward/backward carry a leading micro-batch dimension.
+All arithmetic is float32 numpy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+Shape = tuple[int, ...]
+
+
+class KernelError(ValueError):
+    """A kernel built with attributes or input shapes it cannot accept."""
+
+
+@dataclass
+class RunContext:
+    """What a kernel may need besides its inputs while running one micro-batch."""
+
+    training: bool
+    batch_size: int  # the full batch (losses reduced with "mean" divide by it)
+    rng: np.random.Generator | None = None  # dropout's own seeded generator
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Kernel:
+    """Base class of library kernels.
+
+    Subclasses set `type_name` and implement the methods below. A kernel is built from
+    its name, its attributes (plain Python values, as decoded from the program's
+    AttrValue map) and the per-sample shapes of its inputs, and must raise KernelError
+    with a precise message when they do not fit.
+    """
+
+    type_name: ClassVar[str]
+    is_loss: ClassVar[bool] = False
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        self.name = name
+        self.attrs = dict(attrs)
+        self.input_shapes = [tuple(int(d) for d in s) for s in input_shapes]
+
+    # ---- shapes and cost model (compiler and timing model) ----
+    @property
+    def output_shape(self) -> Shape:
+        """Per-sample output shape (a loss kernel returns ())."""
+        raise NotImplementedError
+
+    def param_shapes(self) -> dict[str, Shape]:
+        """Weights by role, e.g. {"kernel": (784, 500), "bias": (500,)}; {} if none."""
+        return {}
+
+    def flops_per_sample(self) -> float:
+        """Forward FLOPs for one sample (a multiply-add counts 2)."""
+        raise NotImplementedError
+
+    def max_cores(self) -> int:
+        """Useful parallelism: more cores than this do not make the kernel faster."""
+        raise NotImplementedError
+
+    def activation_bytes_per_sample(self) -> int:
+        """Bytes this kernel keeps per sample in flight for its backward pass."""
+        raise NotImplementedError
+
+    # ---- arithmetic (simulator) ----
+    def forward(self, params: Mapping[str, np.ndarray], inputs: Sequence[np.ndarray],
+                ctx: RunContext) -> tuple[np.ndarray, Any]:
+        """Return (output, cache); the cache is handed back to backward."""
+        raise NotImplementedError
+
+    def backward(self, params: Mapping[str, np.ndarray], cache: Any, grad_output: np.ndarray,
+                 ctx: RunContext) -> tuple[list[np.ndarray | None], dict[str, np.ndarray]]:
+        """Return (gradients w.r.t. inputs, gradients w.r.t. params by role).
+
+        An input that takes no gradient (labels, integer inputs) gets None.
+        A loss kernel receives grad_output=None and applies its own reduction scale.
+        """
+        raise NotImplementedError
+
+
+KERNELS: dict[str, type[Kernel]] = {}
+
+
+def register(cls: type[Kernel]) -> type[Kernel]:
+    """Class decorator adding a kernel to the library under its `type_name`."""
+    KERNELS[cls.type_name] = cls
+    return cls
+
+
+def build_kernel(kernel_type: str, name: str, attrs: Mapping[str, Any],
+                 input_shapes: Sequence[Shape]) -> Kernel:
+    try:
+        cls = KERNELS[kernel_type]
+    except KeyError:
+        raise KernelError(f"kernel {name!r}: unknown kernel type {kernel_type!r}; "
+                          f"the library has {', '.join(sorted(KERNELS))}") from None
+    return cls(name, attrs, input_shapes)
