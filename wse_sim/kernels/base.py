@@ -16,6 +16,11 @@ import numpy as np
 Shape = tuple[int, ...]
 
 
+# A core needs at least this many forward FLOPs of a kernel's work per sample to be useful:
+# the cost model's bound on a kernel's parallelism (max_cores ~ flops_per_sample / this).
+MIN_FLOPS_PER_CORE = 64
+
+
 class KernelError(ValueError):
     """A kernel built with attributes or input shapes it cannot accept."""
 
