@@ -12,10 +12,11 @@ F = TypeVar("F", bound=Callable[..., int | None])
 class CSRunError(Exception):
     """A user mistake or an environment problem: what is wrong, and what to do."""
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, detail: str | None = None):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.detail = detail  # optional lines printed before the one-line error (a list)
 
     def __str__(self) -> str:
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
@@ -27,7 +28,9 @@ def debug_enabled(argv: list[str] | None = None) -> bool:
 
 
 def report(prog: str, error: CSRunError) -> None:
-    """Print the one line a user sees for `error`."""
+    """Print the one line a user sees for `error`, after its detail lines if it has any."""
+    if error.detail:
+        print(error.detail.rstrip("\n"), file=sys.stderr)
     print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
 
 
