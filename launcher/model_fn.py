@@ -4,9 +4,10 @@ Shared by the CPU path, the compiler and the chief so the user's code is called 
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 
@@ -32,6 +33,25 @@ class BatchSignature:
             if isinstance(self.features, dict) else make(self.features, "features"))
         labels = None if self.labels is None else make(self.labels, "labels")
         return features, labels
+
+
+@contextlib.contextmanager
+def model_graph(params: dict) -> Iterator[tf.Graph]:
+    """A fresh default graph to build model_fn in, the same way on every path.
+
+    Keras's global layer-name counters are reset, so variables get the same names in every
+    build (checkpoints depend on them); with `runconfig.tf_random_seed` the graph seed and
+    Keras's initializer seeds (Python, NumPy) are set, so the CPU path and the compiler's
+    initial weights are equal. Build placeholders or iterators *after* entering, in the
+    same order on every path: op-level seeds depend on the ops created before.
+    """
+    tf.keras.backend.clear_session()
+    graph = tf.Graph()
+    with graph.as_default():
+        seed = (params.get("runconfig") or {}).get("tf_random_seed")
+        if seed is not None:
+            tf.keras.utils.set_random_seed(int(seed))
+        yield graph
 
 
 def make_dataset(input_fn: Callable, params: dict) -> tf.data.Dataset:
