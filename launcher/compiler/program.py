@@ -1,0 +1,75 @@
+"""Emit: the CS API Program message for a matched and placed model."""
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.compiler.ir import MatchedModel
+from launcher.compiler.placement import Placement
+from wse_sim.api import cs_api_pb2 as pb
+
+DTYPES = {"float32": pb.FLOAT32, "int32": pb.INT32, "int64": pb.INT64, "float16": pb.FLOAT16,
+          "float64": pb.FLOAT64, "bool": pb.BOOL}
+MAX_MICRO_BATCH = 32
+
+
+def attr_value(value: Any) -> pb.AttrValue:
+    if isinstance(value, bool):
+        return pb.AttrValue(b=value)
+    if isinstance(value, int):
+        return pb.AttrValue(i=value)
+    if isinstance(value, float):
+        return pb.AttrValue(f=value)
+    if isinstance(value, str):
+        return pb.AttrValue(s=value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                for v in value):
+        return pb.AttrValue(ints=pb.IntList(values=list(value)))
+    if isinstance(value, (list, tuple)):
+        return pb.AttrValue(floats=pb.FloatList(values=[float(v) for v in value]))
+    raise TypeError(f"attribute value {value!r} has no AttrValue form")
+
+
+def micro_batch_size(batch_size: int) -> int:
+    """The largest divisor of the batch not above MAX_MICRO_BATCH."""
+    return max(d for d in range(1, min(batch_size, MAX_MICRO_BATCH) + 1) if batch_size % d == 0)
+
+
+def build_program(model: MatchedModel, placement: Placement, *, name: str, graph_hash: str,
+                  fabric: str, batch_size: int, seed: int | None) -> pb.Program:
+    program = pb.Program(name=name, graph_hash=graph_hash, fabric=fabric, batch_size=batch_size,
+                         micro_batch_size=micro_batch_size(batch_size),
+                         loss_kernel=model.loss_kernel, outputs=list(model.outputs),
+                         seed=int(seed or 0))
+    for spec in model.inputs:
+        program.inputs.add(name=spec.name, dtype=DTYPES[spec.dtype], shape=list(spec.shape))
+    timings = placement.timing.kernels
+    for i, node in enumerate(model.kernels):
+        rect = placement.regions[i]
+        kernel = program.kernels.add(
+            name=node.name, type=node.type, inputs=list(node.inputs),
+            output_shape=list(node.output_shape),
+            region=pb.Region(x=rect.x, y=rect.y, width=rect.width, height=rect.height),
+            source=node.source, flops_per_sample=timings[i].flops_per_sample,
+            samples_per_sec=timings[i].samples_per_sec,
+            memory_per_core_bytes=placement.memory_per_core[i], tf_tensor=node.tf_tensor)
+        for key, value in node.attrs.items():
+            kernel.attrs[key].CopyFrom(attr_value(value))
+        for p in node.params:
+            kernel.params.add(role=p.role, variable=p.variable, shape=list(p.shape),
+                              dtype=DTYPES[p.dtype])
+    if model.optimizer is not None:
+        o = model.optimizer
+        program.optimizer.CopyFrom(pb.Optimizer(
+            type=o.type, learning_rate=o.learning_rate, momentum=o.momentum,
+            use_nesterov=o.use_nesterov, beta1=o.beta1, beta2=o.beta2, epsilon=o.epsilon))
+    for route in placement.routes:
+        program.routes.add(src=route.src, dst=route.dst,
+                           path=[pb.Point(x=x, y=y) for x, y in route.path],
+                           bytes_per_sample=route.bytes_per_sample)
+    t = placement.timing
+    program.estimate.CopyFrom(pb.Estimate(
+        samples_per_sec=t.samples_per_sec, compute_samples_per_sec=t.compute_samples_per_sec,
+        transmission_samples_per_sec=t.transmission_samples_per_sec,
+        active_cores=t.active_cores, compute_utilization=t.compute_utilization,
+        ideal_samples_per_sec=placement.fabric_bound, pipeline_fill_seconds=t.fill_seconds))
+    return program

@@ -1,0 +1,52 @@
+"""Initial weights: the values of the graph's initializers, as the CPU path gets them."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from launcher.compiler.extract import ExtractedGraph
+
+
+def _float_variables(graph: tf.Graph) -> list[Any]:
+    with graph.as_default():
+        return [v for v in tf.compat.v1.global_variables() if v.dtype.base_dtype.is_floating]
+
+
+def initial_weights(extracted: ExtractedGraph) -> dict[str, np.ndarray]:
+    """Every float variable of the graph (weights, optimizer slots, Adam's beta powers) after
+    running the initializers in a Session (the graph carries runconfig.tf_random_seed)."""
+    graph = extracted.graph
+    variables = _float_variables(graph)
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        values = session.run(variables)
+    return {v.op.name: np.asarray(value) for v, value in zip(variables, values)}
+
+
+def initializer_summary(extracted: ExtractedGraph) -> list[Any]:
+    """What the initializers compute, for the compile's key: op types, attributes and float
+    constants of every variable's initializer (random seeds drawn per process left out)."""
+    summary = []
+    for variable in _float_variables(extracted.graph):
+        ops, stack, seen = [], [variable.initializer], set()
+        while stack:
+            op = stack.pop()
+            if op.name in seen:
+                continue
+            seen.add(op.name)
+            entry: list[Any] = [op.type]
+            for key in sorted(op.node_def.attr):
+                if key in ("seed", "seed2", "shared_name", "_class", "container"):
+                    continue
+                if key == "value":
+                    tensor = op.get_attr("value")
+                    if tf.as_dtype(tensor.dtype).is_floating:
+                        entry.append(tf.make_ndarray(tensor).tolist())
+                    continue
+                entry.append([key, str(op.node_def.attr[key])])
+            ops.append(entry)
+            stack.extend(t.op for t in op.inputs if not t.op.type.startswith("VarHandle"))
+        summary.append([variable.op.name, sorted(ops, key=str)])
+    return summary
