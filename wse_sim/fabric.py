@@ -14,7 +14,7 @@ class Fabric:
     sram_per_core: int  # bytes
     clock_hz: float
     flops_per_cycle: float  # per core (fp16 estimate)
-    efficiency: float  # eta: fraction of peak a kernel sustains
+    efficiency: float  # eta: fraction of peak a kernel sustains (see MIN_FLOPS_PER_CORE)
     io_bytes_per_sec: float  # 12 x 100 GbE
     link_bytes_per_cycle: float = 4.0  # one 32-bit word per cycle per direction
 
@@ -32,8 +32,8 @@ class Fabric:
 
 
 FABRICS: dict[str, Fabric] = {
-    "cs1": Fabric("cs1", 633, 633, 48 * 1024, 0.9e9, 8.0, 1.0, 12 * 100e9 / 8),
-    "cs2": Fabric("cs2", 757, 996, 48 * 1024, 1.1e9, 8.0, 1.0, 12 * 100e9 / 8),
+    "cs1": Fabric("cs1", 633, 633, 48 * 1024, 0.9e9, 8.0, 0.5, 12 * 100e9 / 8),
+    "cs2": Fabric("cs2", 757, 996, 48 * 1024, 1.1e9, 8.0, 0.5, 12 * 100e9 / 8),
 }
 
 

@@ -18,7 +18,11 @@ Shape = tuple[int, ...]
 
 # A core needs at least this many forward FLOPs of a kernel's work per sample to be useful:
 # the cost model's bound on a kernel's parallelism (max_cores ~ flops_per_sample / this).
-MIN_FLOPS_PER_CORE = 64
+# 1152 FLOPs = 576 multiply-adds, a 24 x 24 weight tile per core per sample. Calibrated with
+# Fabric.efficiency = 0.5 so that FC-MNIST (784-500-300-10), whose kernels all sit at their
+# parallelism limit, estimates r f eta / (3 x 1152) = 8 x 1.1e9 x 0.5 / 3456 = 1.27 M
+# samples/s on a CS-2, the original's published compile estimate.
+MIN_FLOPS_PER_CORE = 1152
 
 
 class KernelError(ValueError):
