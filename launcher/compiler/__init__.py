@@ -79,7 +79,7 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
         note = f"Reusing the compile in {directory}: graph, shapes, hyper-parameters and fabric unchanged\n"
         return CompileResult(directory, reused.program, reused.initial_weights, True,
                              note + reused.report_text)
-    placement, kernels = _place(model, fab, mode)
+    placement, kernels = place_model(model, fab, mode)
     program = build_program(model, placement, name=os.path.basename(os.path.abspath(model_dir)),
                             graph_hash=key, fabric=fab.name, batch_size=extracted.batch_size,
                             seed=extracted.seed)
@@ -113,7 +113,8 @@ def build_kernels(model: MatchedModel) -> list:
     return built
 
 
-def _place(model: MatchedModel, fab: Fabric, mode: str) -> tuple[Placement, list]:
+def place_model(model: MatchedModel, fab: Fabric, mode: str) -> tuple[Placement, list]:
+    """Build the kernels of `model` and place them on `fab` (CSRunError if it does not fit)."""
     kernels = build_kernels(model)
     training = mode == ModeKeys.TRAIN
     optimizer = model.optimizer.type if model.optimizer is not None else "sgd"

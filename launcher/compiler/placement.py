@@ -133,17 +133,22 @@ def _fit(sizes: Sequence[int], fabric: Fabric) -> list[Rect] | None:
 
 def _best_layout(kernels: Sequence[Any], sizes: Sequence[int], fabric: Fabric,
                  training: bool) -> list[Rect] | None:
-    """Of the band layouts that fit, the one whose slowest kernel (compute or links) is fastest."""
-    best = None
+    """Of the band layouts that fit, one whose slowest kernel (compute or links) is fastest;
+    among those (within 0.1 %), the most compact (squarest bounding box: short routes)."""
+    candidates = []
     for h in _band_heights(fabric):
         rects = layout(sizes, fabric, h)
         if rects is None:
             continue
         slowest = max(timing.kernel_timing(k, r, fabric, training=training).seconds_per_sample
                       for k, r in zip(kernels, rects))
-        if best is None or slowest < best[0]:
-            best = (slowest, rects)
-    return None if best is None else best[1]
+        width = max(r.x + r.width for r in rects)
+        height = max(r.y + r.height for r in rects)
+        candidates.append((slowest, (max(width, height), width * height), rects))
+    if not candidates:
+        return None
+    fastest = min(c[0] for c in candidates)
+    return min((c for c in candidates if c[0] <= fastest * 1.001), key=lambda c: c[1])[2]
 
 
 def _band_heights(fabric: Fabric) -> list[int]:
@@ -212,10 +217,11 @@ def _finish(kernels, rects, costs, fabric, training, optimizer, input_bytes, inp
         fabric_bound=timing.fabric_bound_samples_per_sec(kernels, fabric, training=training))
 
 
-def equal_area_samples_per_sec(kernels: Sequence[Any], fabric: Fabric, *, training: bool) -> float:
-    """The baseline: every kernel gets the same share of the wafer."""
-    share = fabric.cores // max(len(kernels), 1)
-    side = max(1, int(math.isqrt(share)))
+def equal_area_samples_per_sec(kernels: Sequence[Any], fabric: Fabric, *, training: bool,
+                               cores: int | None = None) -> float:
+    """The baseline: every kernel gets the same share of `cores` (default: the wafer)."""
+    share = max(1, (fabric.cores if cores is None else cores) // max(len(kernels), 1))
+    side = max(1, math.isqrt(share))
     region = Rect(0, 0, max(1, share // side), side)
     slowest = max(timing.kernel_timing(k, region, fabric, training=training).seconds_per_sample
                   for k in kernels)

@@ -37,7 +37,7 @@ def _panel(draw: ImageDraw.ImageDraw, origin: tuple[int, int], view: Rect, rects
         if b[0] - a[0] > 14 and b[1] - a[1] > 10:
             draw.text((a[0] + 2, a[1] + 1), str(i + 1), fill="white", font=font)
     for route in routes:
-        if route.dst in index:
+        if route.src in index and route.dst in index:  # kernel to kernel
             draw.line([px(x + 0.5, y + 0.5) for x, y in route.path], fill=(40, 40, 40), width=1)
 
 
@@ -62,6 +62,7 @@ def render(path: str, fabric: Fabric, names: Sequence[str], types: Sequence[str]
             draw.text((x0, y), f"... {len(names) - i} more", fill="black", font=font)
             break
         draw.rectangle([x0, y + 2, x0 + 9, y + 11], fill=PALETTE[i % len(PALETTE)])
-        draw.text((x0 + 14, y), f"{i + 1} {name} {type_} {r.x},{r.y} {r.width}x{r.height}",
+        label = name if name == type_ else f"{name} ({type_})"
+        draw.text((x0 + 14, y), f"{i + 1} {label} {r.x},{r.y} {r.width}x{r.height}",
                   fill="black", font=font)
     image.save(path)
