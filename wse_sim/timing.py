@@ -138,6 +138,17 @@ def _shape_bytes(shape: Sequence[int]) -> int:
     return int(math.prod(shape)) * BYTES_PER_VALUE
 
 
+def edge_bytes_per_sample(kernel: Any) -> int:
+    """Bytes crossing the busier edge of a kernel's region per sample (inputs or output)."""
+    bytes_in = sum(_shape_bytes(s) for s in kernel.input_shapes)
+    return max(bytes_in, _shape_bytes(kernel.output_shape))
+
+
+def link_bytes_per_sec(fabric: Fabric) -> float:
+    """One core's link into its neighbour."""
+    return fabric.link_bytes_per_cycle * fabric.clock_hz
+
+
 def kernel_timing(kernel: Any, region: RegionLike, fabric: Fabric, *, training: bool,
                   optimizer: str = "sgd") -> KernelTiming:
     """t_comp, t_comm and the update time of `kernel` on `region`."""
@@ -145,11 +156,8 @@ def kernel_timing(kernel: Any, region: RegionLike, fabric: Fabric, *, training: 
     useful = max(1, min(cores, int(kernel.max_cores())))
     flops = flops_per_sample(kernel, training)
     t_comp = flops / (useful * fabric.core_flops_per_sec)
-    bytes_in = sum(_shape_bytes(s) for s in kernel.input_shapes)
-    bytes_out = _shape_bytes(kernel.output_shape)
     edge_cores = max(int(region.height), 1)
-    t_comm = max(bytes_in, bytes_out) / (edge_cores * fabric.link_bytes_per_cycle
-                                         * fabric.clock_hz)
+    t_comm = edge_bytes_per_sample(kernel) / (edge_cores * link_bytes_per_sec(fabric))
     update = 0.0
     if training:
         update = (num_parameters(kernel) * UPDATE_FLOPS_PER_WEIGHT[optimizer]
@@ -200,17 +208,22 @@ def balanced_bound_samples_per_sec(kernels: Sequence[Any], fabric: Fabric, *,
     """The best balanced pipeline with fractional core counts (no rectangles).
 
     The largest X such that every kernel reaches X within its useful parallelism and
-    sum_k max(min_cores_k, F_k X / rate) <= cores. Placement quality is measured
-    against this bound.
+    sum_k max(min_cores_k, F_k X / rate, E_k X / link rate) <= cores, where E_k is the bytes
+    crossing its region's edge (a region is at least as large as its edge is long, and no
+    edge is longer than the fabric is high).
+    Placement quality is measured against this bound.
     """
     rate = fabric.core_flops_per_sec
     flops = np.array([flops_per_sample(k, training) for k in kernels], dtype=float)
+    edges = np.array([edge_bytes_per_sample(k) for k in kernels], dtype=float)
     floor = np.array(min_cores if min_cores is not None else [1] * len(kernels), dtype=float)
-    cap = min((k.max_cores() * rate / f for k, f in zip(kernels, flops) if f > 0),
-              default=math.inf)
+    link = link_bytes_per_sec(fabric)
+    cap = min([k.max_cores() * rate / f for k, f in zip(kernels, flops) if f > 0]
+              + [fabric.height * link / e for e in edges if e > 0], default=math.inf)
 
     def cores_needed(x: float) -> float:
-        return float(np.maximum(floor, flops * x / rate).sum())
+        return float(np.maximum(np.maximum(floor, flops * x / rate),
+                                edges * x / link).sum())
 
     if cores_needed(0.0) > fabric.cores:
         return 0.0

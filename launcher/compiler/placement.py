@@ -1,11 +1,13 @@
 """Place: give each kernel a rectangle of cores so that the slowest kernel is as fast as
 possible, within per-core memory and each kernel's useful parallelism.
 
-Sizes: for a target throughput X, kernel k needs max(memory floor_k, F_k X / rate) cores;
-the largest X whose rectangles still fit is found by bisection (X is capped by the kernels'
-parallelism). Layout: kernels in topological order fill horizontal bands of height h,
-left to right in even bands and right to left in odd ones (a serpentine), so consecutive
-kernels touch; every band height is tried and the first that fits is kept.
+Sizes: for a target throughput X, kernel k needs max(memory floor_k, F_k X / rate) cores
+and a region at least E_k X / link rate cores high for its data; the largest X whose
+rectangles still fit is found by bisection (X is capped by the kernels' parallelism).
+Layouts keep kernels in topological order so consecutive kernels touch: serpentine bands
+of every height (left to right, then right to left), and a slicing layout (split the
+sequence and the area in proportion, recursively). Of those that fit, the fastest, then
+the most compact, is kept.
 """
 from __future__ import annotations
 
@@ -81,6 +83,7 @@ class _Costs:
     caps: tuple[int, ...]
     floors: tuple[int, ...]
     memory: tuple[int, ...]
+    edges: tuple[int, ...]  # bytes per sample across a region's edge
 
 
 def _costs(kernels: Sequence[Any], fabric: Fabric, training: bool, optimizer: str) -> _Costs:
@@ -90,24 +93,36 @@ def _costs(kernels: Sequence[Any], fabric: Fabric, training: bool, optimizer: st
         flops=tuple(timing.flops_per_sample(k, training) for k in kernels),
         caps=tuple(max(1, int(k.max_cores())) for k in kernels),
         floors=tuple(timing.min_cores_for_memory(m, fabric) for m in memory),
-        memory=memory)
+        memory=memory, edges=tuple(timing.edge_bytes_per_sample(k) for k in kernels))
 
 
-def _sizes(costs: _Costs, x: float, rate: float) -> list[int]:
-    """Cores each kernel needs to reach x samples/s (its floor, at most its cap beyond it)."""
-    return [max(floor, min(cap, math.ceil(f * x / rate)))
-            for f, cap, floor in zip(costs.flops, costs.caps, costs.floors)]
+@dataclass(frozen=True)
+class Demand:
+    """What a kernel needs for a target throughput: cores, and an edge (height) that long."""
+
+    cores: int
+    height: int
 
 
-def layout(sizes: Sequence[int], fabric: Fabric, band_height: int) -> list[Rect] | None:
-    """Serpentine band layout of `sizes` cores, or None if it does not fit."""
+def _demands(costs: _Costs, x: float, rate: float, link: float) -> list[Demand]:
+    """Each kernel's memory floor, compute (up to its useful parallelism) and edge for x
+    samples/s."""
+    out = []
+    for f, cap, floor, e in zip(costs.flops, costs.caps, costs.floors, costs.edges):
+        height = max(1, math.ceil(e * x / link))
+        out.append(Demand(max(floor, min(cap, math.ceil(f * x / rate)), height), height))
+    return out
+
+
+def band_layout(demands: Sequence[Demand], fabric: Fabric, band_height: int) -> list[Rect] | None:
+    """Serpentine bands of `band_height` rows, or None if the demands do not fit."""
     bands = fabric.height // band_height
     rects: list[Rect] = []
     band, used = 0, 0
-    for size in sizes:
-        height = min(band_height, size)
-        width = math.ceil(size / height)
-        if width > fabric.width:
+    for d in demands:
+        height = min(band_height, d.cores)
+        width = math.ceil(d.cores / height)
+        if width > fabric.width or height < d.height:
             return None
         if used + width > fabric.width:
             band, used = band + 1, 0
@@ -120,26 +135,81 @@ def layout(sizes: Sequence[int], fabric: Fabric, band_height: int) -> list[Rect]
     return rects
 
 
-def _fit(sizes: Sequence[int], fabric: Fabric) -> list[Rect] | None:
-    """Some band layout of `sizes` that fits, or None."""
-    if sum(sizes) > fabric.cores:
+def slice_layout(demands: Sequence[Demand], fabric: Fabric) -> list[Rect] | None:
+    """Slicing layout: split the kernel sequence where its demand halves and the area across
+    its longer side in proportion, recursively (consecutive kernels stay neighbours)."""
+    budget = [4000]
+
+    def go(lo: int, hi: int, area: Rect, depth: int) -> list[Rect] | None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
+        if hi - lo == 1:
+            d = demands[lo]
+            if area.cores < d.cores or area.height < d.height:
+                return None
+            height = area.height
+            return [Rect(area.x, area.y, min(area.width, math.ceil(d.cores / height)), height)]
+        sizes = [d.cores for d in demands[lo:hi]]
+        total, run, k = sum(sizes), 0, lo + 1
+        for i, size in enumerate(sizes[:-1]):
+            run += size
+            k = lo + i + 1
+            if run >= total / 2:
+                break
+        left = sum(sizes[:k - lo])
+        right = total - left
+        cuts = ("x", "y") if area.width >= area.height else ("y", "x")
+        for axis in cuts if depth < 6 else cuts[:1]:
+            long_side = area.width if axis == "x" else area.height
+            short_side = area.height if axis == "x" else area.width
+            low, high = math.ceil(left / short_side), long_side - math.ceil(right / short_side)
+            if low > high:
+                continue
+            cut = min(high, max(low, round(long_side * left / total)))
+            if axis == "x":
+                a, b = Rect(area.x, area.y, cut, area.height), Rect(
+                    area.x + cut, area.y, area.width - cut, area.height)
+            else:
+                a, b = Rect(area.x, area.y, area.width, cut), Rect(
+                    area.x, area.y + cut, area.width, area.height - cut)
+            first = go(lo, k, a, depth + 1)
+            second = go(k, hi, b, depth + 1) if first is not None else None
+            if second is not None:
+                return first + second
         return None
+
+    if not demands:
+        return []
+    return go(0, len(demands), Rect(0, 0, fabric.width, fabric.height), 0)
+
+
+def _layouts(demands: Sequence[Demand], fabric: Fabric, first_only: bool):
+    """Candidate layouts that fit, band layouts first."""
+    if sum(d.cores for d in demands) > fabric.cores:
+        return
     for h in _band_heights(fabric):
-        rects = layout(sizes, fabric, h)
+        rects = band_layout(demands, fabric, h)
         if rects is not None:
-            return rects
-    return None
+            yield rects
+            if first_only:
+                return
+    rects = slice_layout(demands, fabric)
+    if rects is not None:
+        yield rects
 
 
-def _best_layout(kernels: Sequence[Any], sizes: Sequence[int], fabric: Fabric,
+def _fit(demands: Sequence[Demand], fabric: Fabric) -> list[Rect] | None:
+    """Some layout of `demands` that fits, or None."""
+    return next(_layouts(demands, fabric, first_only=True), None)
+
+
+def _best_layout(kernels: Sequence[Any], demands: Sequence[Demand], fabric: Fabric,
                  training: bool) -> list[Rect] | None:
-    """Of the band layouts that fit, one whose slowest kernel (compute or links) is fastest;
+    """Of the layouts that fit, one whose slowest kernel (compute or links) is fastest;
     among those (within 0.1 %), the most compact (squarest bounding box: short routes)."""
     candidates = []
-    for h in _band_heights(fabric):
-        rects = layout(sizes, fabric, h)
-        if rects is None:
-            continue
+    for rects in _layouts(demands, fabric, first_only=False):
         slowest = max(timing.kernel_timing(k, r, fabric, training=training).seconds_per_sample
                       for k, r in zip(kernels, rects))
         width = max(r.x + r.width for r in rects)
@@ -170,20 +240,20 @@ def place(kernels: Sequence[Any], fabric: Fabric, *, training: bool, optimizer: 
     if sum(costs.floors) > fabric.cores:
         worst = max(range(len(kernels)), key=lambda i: costs.memory[i])
         raise TooLargeError(sum(costs.memory), fabric, kernels[worst].name)
-    rate = fabric.core_flops_per_sec
-    cap = min(c * rate / f for c, f in zip(costs.caps, costs.flops) if f > 0) \
-        if any(costs.flops) else 1.0
+    rate, link = fabric.core_flops_per_sec, timing.link_bytes_per_sec(fabric)
+    cap = min([c * rate / f for c, f in zip(costs.caps, costs.flops) if f > 0]
+              + [fabric.height * link / e for e in costs.edges if e > 0], default=1.0)
     target = cap
-    if _fit(_sizes(costs, cap, rate), fabric) is None:
-        if _fit(list(costs.floors), fabric) is None:
+    if _fit(_demands(costs, cap, rate, link), fabric) is None:
+        if _fit([Demand(f, 1) for f in costs.floors], fabric) is None:
             worst = max(range(len(kernels)), key=lambda i: costs.memory[i])
             raise TooLargeError(sum(costs.memory), fabric, kernels[worst].name)
         lo, hi = 0.0, cap
         while hi - lo > 1e-4 * hi:
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if _fit(_sizes(costs, mid, rate), fabric) is not None else (lo, mid)
+            lo, hi = (mid, hi) if _fit(_demands(costs, mid, rate, link), fabric) is not None else (lo, mid)
         target = lo
-    rects = _best_layout(kernels, _sizes(costs, target, rate), fabric, training)
+    rects = _best_layout(kernels, _demands(costs, target, rate, link), fabric, training)
     return _finish(kernels, rects, costs, fabric, training, optimizer, input_bytes_per_sample,
                    input_names, edges)
 
