@@ -155,3 +155,35 @@ def test_unknown_batch_size_is_refused(tmp_path):
 
     with pytest.raises(CSRunError, match="no fixed batch size"):
         compile_model(m.keras_mlp, input_fn, {}, str(tmp_path), validate_only=True)
+
+
+def test_cli_prints_every_unsupported_op_then_one_error_line(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import compiler_models as m
+        from launcher.compiler import compile_model
+        from launcher.errors import cli_entry
+
+        @cli_entry("run.py")
+        def main():
+            compile_model(m.unsupported, m.input_fn, {{"batch_size": 32}}, {str(tmp_path)!r},
+                          validate_only=True)
+
+        main()
+    """)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if "oneDNN" not in l and "absl" not in l]
+    start = lines.index("Unsupported operations (4):")
+    listed = lines[start + 1:start + 5]
+    assert [l.split()[0] for l in listed] == ["Neg", "TopKV2", "Neg", "Svd"]
+    assert all(l.endswith((source_line("tf.sort(h)"), source_line("tf.linalg.svd")))
+               for l in listed)
+    assert lines[-1].startswith("run.py: error: validation failed: 4 unsupported operations")
+    assert "(hint: " in lines[-1]
