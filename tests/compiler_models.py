@@ -128,6 +128,12 @@ def regression(features, labels, mode, params):
     return spec_for(mode, loss, out, labels, params)
 
 
+def one_hot_softmax(features, labels, mode, params):
+    logits = tf.keras.layers.Dense(10)(features)
+    loss = tf.compat.v1.losses.softmax_cross_entropy(tf.one_hot(labels, 10), logits)
+    return spec_for(mode, loss, logits, labels, params)
+
+
 def unsupported(features, labels, mode, params):
     h = tf.keras.layers.Dense(36)(features)
     s = tf.sort(h)  # line of the sort ops

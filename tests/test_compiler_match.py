@@ -13,7 +13,9 @@ from launcher.errors import CSRunError
 
 def matched(model_fn, mode="train", input_fn=m.input_fn, **params):
     params.setdefault("batch_size", 32)
-    return match(extract(model_fn, input_fn, params, mode))
+    model = match(extract(model_fn, input_fn, params, mode))
+    assert not model.unsupported, [op.line() for op in model.unsupported]
+    return model
 
 
 def summary(model):
@@ -103,6 +105,13 @@ def test_losses(loss, kernel):
     last = model.kernels[-1]
     assert (last.type, last.attrs, last.input_shapes) == (kernel, {"reduction": "mean"}, ((3,), (3,)))
     assert model.kernels[0].attrs["activation"] == "softplus"
+
+
+def test_one_hot_labels_with_softmax_cross_entropy_become_a_sparse_loss():
+    model = matched(m.one_hot_softmax, shape=(20,))
+    assert [(k.type, k.inputs) for k in model.kernels][-1] == (
+        "sparse_softmax_cross_entropy", (model.kernels[0].name, "labels"))
+    assert model.kernels[-1].input_shapes == ((10,), ())
 
 
 def test_eval_and_predict_modes():

@@ -80,6 +80,7 @@ class _Matcher:
         self.kernels: list[KernelNode] = []
         self.unsupported: list[UnsupportedOp] = []
         self.loss_kernel = ""
+        self.one_hot: dict[str, tf.Tensor] = {}  # one-hot labels -> the integer labels
         self.protected = self._host_read_tensors(host_tensors)
         for spec in extracted.inputs:
             self.values[spec.tf_tensor] = spec.name
@@ -165,7 +166,7 @@ class _Matcher:
     # ---- the pass ----
     def run(self) -> None:
         matchers: list[Callable[[tf.Operation], bool]] = [
-            self.match_alias, self.match_loss, self.match_dense, self.match_conv2d,
+            self.match_alias, self.match_one_hot, self.match_loss, self.match_dense, self.match_conv2d,
             self.match_pool, self.match_dropout, self.match_activation, self.match_reshape,
             self.match_add, self.match_concat]
         for op in self.ops:
@@ -178,12 +179,36 @@ class _Matcher:
     def data_inputs(self, op: tf.Operation) -> list[tf.Tensor]:
         return [t for t in op.inputs if t.op in self.flow]
 
+    def _is_alias(self, op: tf.Operation) -> bool:
+        """Ops that pass their input on unchanged (a reshape to the same shape included)."""
+        if op.type in ALIAS_OPS:
+            return bool(op.inputs)
+        return (op.type in ("Reshape", "Squeeze", "ExpandDims") and op.outputs[0].shape.rank
+                is not None and op.outputs[0].shape == op.inputs[0].shape)
+
     def match_alias(self, op: tf.Operation) -> bool:
-        if op.type not in ALIAS_OPS or not op.inputs or self.value(op.inputs[0]) is None:
+        if not self._is_alias(op):
+            return False
+        if op.inputs[0].name in self.one_hot:
+            self.one_hot[op.outputs[0].name] = self.one_hot[op.inputs[0].name]
+            self.consumed.add(op)
+            return True
+        if self.value(op.inputs[0]) is None:
             return False
         self.values[op.outputs[0].name] = self.value(op.inputs[0])
         self.shapes[op.outputs[0].name] = self.shapes.get(op.inputs[0].name,
                                                           per_sample(op.inputs[0]))
+        self.consumed.add(op)
+        return True
+
+    def match_one_hot(self, op: tf.Operation) -> bool:
+        """tf.one_hot(labels, k) feeding a softmax cross-entropy: a sparse one, on the labels."""
+        if op.type != "OneHot" or not self._is_labels(op.inputs[0]):
+            return False
+        on, off = const_value(op.inputs[2], self.flow), const_value(op.inputs[3], self.flow)
+        if on is None or off is None or float(on) != 1.0 or float(off) != 0.0:
+            return False
+        self.one_hot[op.outputs[0].name] = op.inputs[0]
         self.consumed.add(op)
         return True
 
@@ -380,6 +405,8 @@ class _Matcher:
             logits, labels = op.inputs[0], op.inputs[1]
             kind = ("sparse_softmax_cross_entropy" if op.type.startswith("Sparse")
                     else "softmax_cross_entropy")
+            if labels.name in self.one_hot:
+                kind, labels = "sparse_softmax_cross_entropy", self.one_hot[labels.name]
             return kind, logits, labels, [op]
         if op.type == "SquaredDifference":
             return self._prediction_and_label("mean_squared_error", op.inputs, [op])
