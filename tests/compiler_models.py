@@ -168,3 +168,18 @@ def mlp_stack(features, labels, mode, params):
     logits = tf.keras.layers.Dense(10)(h)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     return spec_for(mode, loss, logits, labels, params)
+
+
+def dict_input_fn(params):
+    rng = np.random.default_rng(2)
+    x = {"image": rng.normal(size=(64, 12)).astype(np.float32),
+         "extra": rng.normal(size=(64, 4)).astype(np.float32)}
+    y = (np.arange(64) % 10).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(32, drop_remainder=True)
+
+
+def two_inputs(features, labels, mode, params):
+    h = tf.keras.layers.Dense(8, activation="relu")(features["image"])
+    logits = tf.keras.layers.Dense(10)(tf.concat([h, features["extra"]], axis=1))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return spec_for(mode, loss, logits, labels, params)

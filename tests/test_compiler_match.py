@@ -196,3 +196,11 @@ def test_cli_prints_every_unsupported_op_then_one_error_line(tmp_path):
                for l in listed)
     assert lines[-1].startswith("run.py: error: validation failed: 4 unsupported operations")
     assert "(hint: " in lines[-1]
+
+
+def test_dict_features_are_named_inputs():
+    model = matched(m.two_inputs, input_fn=m.dict_input_fn)
+    assert {(s.name, s.shape) for s in model.inputs} == {
+        ("features.image", (12,)), ("features.extra", (4,)), ("labels", ())}
+    concat = next(k for k in model.kernels if k.type == "concat")
+    assert concat.inputs[1] == "features.extra" and concat.input_shapes == ((8,), (4,))
