@@ -126,7 +126,8 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
     """Build model_fn on placeholders shaped like one input_fn batch."""
     if mode not in MODES:
         raise CSRunError(f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
-    signature, batch = _fixed_batch(batch_signature(_dataset(input_fn, params)), params)
+    # input_fn runs eagerly, outside the model's graph, only to learn its element structure.
+    signature, batch = _fixed_batch(batch_signature(make_dataset(input_fn, params)), params)
     seed = (params.get("runconfig") or {}).get("tf_random_seed")
     with model_graph(params) as graph:
         features, labels = signature.placeholders()
@@ -144,11 +145,6 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
         for name, spec in _flatten(signature))
     _check_spec(spec, mode)
     return ExtractedGraph(graph, mode, batch, inputs, spec, seed)
-
-
-def _dataset(input_fn: Callable, params: dict) -> tf.data.Dataset:
-    # input_fn runs eagerly (outside our graph) only to learn its element structure.
-    return make_dataset(input_fn, params)
 
 
 def _check_spec(spec: CSEstimatorSpec, mode: str) -> None:

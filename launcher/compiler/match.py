@@ -395,9 +395,9 @@ class _Matcher:
             self.reject(op, "the loss must be the sum or the mean of the per-sample losses")
             self.consumed.update(group + tail)
             return True
-        name = self.add_kernel(type_, type_, [logits, labels], {"reduction": reduction}, [],
-                               group + tail, self.x.spec.loss, output_shape=())
-        self.loss_kernel = name.name
+        kernel = self.add_kernel(type_, type_, [logits, labels], {"reduction": reduction}, [],
+                                 group + tail, self.x.spec.loss, output_shape=())
+        self.loss_kernel = kernel.name
         return True
 
     def _loss_anchor(self, op: tf.Operation):
