@@ -83,7 +83,7 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
     program = build_program(model, placement, name=os.path.basename(os.path.abspath(model_dir)),
                             graph_hash=key, fabric=fab.name, batch_size=extracted.batch_size,
                             seed=extracted.seed)
-    weights = initial_weights(extracted)
+    weights = initial_weights(extracted, [p.variable for k in model.kernels for p in k.params])
     text = report.compile_text(model, placement, fab, mode=mode,
                                batch_size=extracted.batch_size, graph_hash=key)
     data = report.compile_json(model, placement, fab, mode=mode,

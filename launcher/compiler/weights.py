@@ -1,7 +1,7 @@
 """Initial weights: the values of the graph's initializers, as the CPU path gets them."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -14,15 +14,20 @@ def _float_variables(graph: tf.Graph) -> list[Any]:
         return [v for v in tf.compat.v1.global_variables() if v.dtype.base_dtype.is_floating]
 
 
-def initial_weights(extracted: ExtractedGraph) -> dict[str, np.ndarray]:
-    """Every float variable of the graph (weights, optimizer slots, Adam's beta powers) after
-    running the initializers in a Session (the graph carries runconfig.tf_random_seed)."""
+def initial_weights(extracted: ExtractedGraph, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The variables `names` (the program's weights) after running their initializers in a
+    Session; the graph carries runconfig.tf_random_seed, as on the CPU path. Optimizer slots
+    are not stored: they start at zero (Adam's beta powers at beta1, beta2)."""
     graph = extracted.graph
-    variables = _float_variables(graph)
+    by_name = {v.op.name: v for v in _float_variables(graph)}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise RuntimeError(f"kernel weights {missing} are not global variables of the graph")
+    variables = [by_name[n] for n in names]
     with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
-        session.run(tf.compat.v1.global_variables_initializer())
+        session.run([v.initializer for v in variables])
         values = session.run(variables)
-    return {v.op.name: np.asarray(value) for v, value in zip(variables, values)}
+    return {n: np.asarray(value) for n, value in zip(names, values)}
 
 
 def initializer_summary(extracted: ExtractedGraph) -> list[Any]:
