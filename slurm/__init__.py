@@ -1,0 +1,1 @@
+"""Launch backends (local processes, Slurm), sbatch templates and the one-host cluster."""

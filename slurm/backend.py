@@ -1,0 +1,131 @@
+"""The launch-backend interface: how `csrun_wse` (and `csrun_cpu`) start a job's tasks.
+
+One small interface, one module per backend (`local_backend.py`: submitit's local
+executor; `slurm_backend.py`: submitit's Slurm executor). The CLIs build one `JobRequest`,
+pick a backend once (`choose_backend`) and never branch on "is this Slurm?" again.
+
+The life of a job, in the order a CLI calls it:
+
+1. `backend.build(request) -> Submission` renders the exact request the backend would
+   submit (the sbatch script, or the local command line) without submitting anything.
+2. `--dry-run`: print `submission.text` and stop. Dry run and submit share `build`, so the
+   printed text is the submitted request, never a second rendering.
+3. `backend.submit(submission) -> LaunchedJob` starts the job.
+4. `job.follow(stream) -> JobOutcome` streams the chief's (rank 0) log to `stream` until
+   the job ends; if any task fails it cancels the others (within 30 s) and returns the
+   failing rank with the reason (last error line of that task's log).
+5. `job.cancel()` stops every task (Ctrl-C calls it); safe to call twice.
+
+Every task runs the same `request.command`; the role comes from the task's rank, which
+the task reads from its environment (`SLURM_PROCID`, or submitit's job environment:
+see `coordinator.dispatch.task_rank`). `request.env` is added to every task's environment
+(e.g. `CSRUN_CS_IP` when the job uses an embedded simulator).
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from pathlib import Path
+from typing import Mapping, TextIO
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRequest:
+    """What to run and on how much: the one input of every backend."""
+
+    command: tuple[str, ...]           # the user's command, run by every task
+    folder: Path                       # job folder: per-task logs, backend files
+    workdir: Path                      # where the command runs (the user's cwd)
+    name: str = "csrun_wse"
+    total_nodes: int = 1
+    tasks_per_node: int = 1
+    cpus_per_task: int = 1
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Backend-specific settings (partition, time, gres, container image, mount dirs...):
+    # a backend rejects keys it does not know, naming them.
+    options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_tasks(self) -> int:
+        return self.total_nodes * self.tasks_per_node
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission:
+    """The rendered request: `text` is what --dry-run prints (an sbatch script, or the
+    command lines of the local tasks); `payload` is whatever the backend's submit needs."""
+
+    request: JobRequest
+    backend: str
+    text: str
+    payload: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobOutcome:
+    """How a job ended: the exit code the CLI returns, and the failing task if any."""
+
+    exit_code: int
+    failed_rank: int | None = None
+    reason: str = ""
+
+    @property
+    def message(self) -> str:
+        if self.failed_rank is None:
+            return self.reason
+        role = "chief" if self.failed_rank == 0 else "input worker"
+        return f"task {self.failed_rank} ({role}) failed: {self.reason}"
+
+
+class LaunchedJob(abc.ABC):
+    """A submitted job."""
+
+    job_id: str
+    folder: Path
+
+    @abc.abstractmethod
+    def task_log(self, rank: int) -> Path:
+        """The file holding task `rank`'s output (stdout and stderr)."""
+
+    @abc.abstractmethod
+    def follow(self, stream: TextIO, poll_seconds: float = 0.2) -> JobOutcome:
+        """Copy the chief's log to `stream` as it grows until the job ends; stop every
+        task as soon as one fails (within 30 s) and report which one and why."""
+
+    @abc.abstractmethod
+    def cancel(self) -> None:
+        """Stop every task of the job. Idempotent."""
+
+
+class LaunchBackend(abc.ABC):
+    """A way to start a job's tasks (local processes, Slurm...)."""
+
+    name: str
+
+    @abc.abstractmethod
+    def build(self, request: JobRequest) -> Submission:
+        """Render the request exactly as `submit` would submit it; submits nothing.
+        Raises launcher.errors.CSRunError for a request this backend cannot run."""
+
+    @abc.abstractmethod
+    def submit(self, submission: Submission) -> LaunchedJob:
+        """Start the job built by `build`."""
+
+    def dry_run(self, request: JobRequest) -> str:
+        """What `--dry-run` prints: the text of the very request `submit` would use."""
+        return self.build(request).text
+
+
+def last_error_line(log: Path) -> str:
+    """The reason a task failed, from its log: the last `error:` line, else the last
+    non-empty line (a traceback's exception line)."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    # submitit appends its own traceback of the task wrapper; skip its lines
+    lines = [ln for ln in lines if not ln.startswith(("submitit", "File ", "raise ", "^"))]
+    for line in reversed(lines):
+        if ": error: " in line:
+            return line
+    return lines[-1] if lines else "no output"
