@@ -1,0 +1,200 @@
+"""The local launch backend: a job's tasks as processes on this host, through submitit's
+LocalExecutor (used when there is no Slurm)."""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import submitit
+from submitit.core import utils as submitit_utils
+
+from launcher.errors import CSRunError
+from slurm.backend import JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission, last_error_line
+
+# The local executor kills tasks at its timeout: make it effectively unbounded (30 days).
+_TIMEOUT_MIN = 30 * 24 * 60
+# After one task fails, the others get this long to stop before they are killed.
+_STOP_GRACE_S = 10.0
+
+
+class TaskFailed(Exception):
+    """A task's command exited non-zero (carried back to the launcher by submitit)."""
+
+    def __init__(self, exit_code: int):
+        super().__init__(f"exit code {exit_code}")
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class TaskCommand:
+    """What every local task runs: the user's command, its output going to the task's log
+    (submitit redirects this process's stdout/stderr there). Picklable for submitit."""
+
+    command: tuple[str, ...]
+    workdir: str
+    env: tuple[tuple[str, str], ...]
+
+    def __call__(self) -> int:
+        env = {**os.environ, **dict(self.env), "PYTHONUNBUFFERED": "1"}
+        process = subprocess.Popen(list(self.command), cwd=self.workdir, env=env)
+
+        def forward(signum, _frame):
+            process.send_signal(signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, forward)
+        code = process.wait()
+        if code != 0:
+            raise TaskFailed(code if code > 0 else 128 - code)
+        return code
+
+
+def render(request: JobRequest) -> str:
+    """The local request as text: the environment and the command every task runs."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(request.env.items()))
+    cmd = shlex.join(request.command)
+    lines = [
+        f"# local backend (submitit LocalExecutor): {request.num_tasks} task(s) on this host",
+        f"# job folder: {request.folder}",
+        "# rank 0 is the chief, ranks 1.. are input workers (SUBMITIT_LOCAL_GLOBALID)",
+        f"cd {shlex.quote(str(request.workdir))}",
+    ]
+    for rank in range(request.num_tasks):
+        lines.append(f"SUBMITIT_LOCAL_GLOBALID={rank} {env} {cmd}".replace("  ", " "))
+    return "\n".join(lines) + "\n"
+
+
+class LocalBackend(LaunchBackend):
+    name = "local"
+
+    def build(self, request: JobRequest) -> Submission:
+        if request.total_nodes != 1:
+            raise CSRunError(
+                f"--total-nodes {request.total_nodes}: without Slurm the job runs on this host only",
+                "use --total-nodes 1, or run csrun_wse where Slurm answers",
+            )
+        if request.tasks_per_node < 1:
+            raise CSRunError(f"--tasks-per-node {request.tasks_per_node}: a job needs at least one task")
+        if request.options:
+            raise CSRunError(
+                f"the local backend does not take {', '.join(sorted(request.options))}",
+                "these settings only apply to Slurm",
+            )
+        task = TaskCommand(tuple(request.command), str(request.workdir), tuple(sorted(request.env.items())))
+        return Submission(request=request, backend=self.name, text=render(request), payload=task)
+
+    def submit(self, submission: Submission) -> "LocalJob":
+        request = submission.request
+        request.folder.mkdir(parents=True, exist_ok=True)
+        executor = submitit.LocalExecutor(folder=request.folder)
+        executor.update_parameters(
+            tasks_per_node=request.tasks_per_node,
+            timeout_min=_TIMEOUT_MIN,
+            stderr_to_stdout=True,
+            name=request.name,
+        )
+        job = executor.submit(submission.payload)
+        return LocalJob(job, request.folder, request.num_tasks)
+
+
+class LocalJob(LaunchedJob):
+    def __init__(self, job: submitit.local.local.LocalJob, folder: Path, num_tasks: int):
+        self._job = job
+        self.job_id = str(job.job_id)
+        self.folder = folder
+        self.num_tasks = num_tasks
+        self._cancelled = False
+
+    def task_log(self, rank: int) -> Path:
+        return submitit_utils.JobPaths(self.folder, self.job_id, rank).stdout
+
+    def _result(self, rank: int) -> tuple[str, object] | None:
+        path = submitit_utils.JobPaths(self.folder, self.job_id, rank).result_pickle
+        if not path.exists():
+            return None
+        try:
+            return submitit_utils.pickle_load(path)
+        except Exception:  # written but not complete yet
+            return None
+
+    def _failure(self) -> JobOutcome | None:
+        for rank in range(self.num_tasks):
+            result = self._result(rank)
+            if result is not None and result[0] == "error":
+                text = str(result[1])
+                code = 1
+                marker = "TaskFailed: exit code "
+                if marker in text:
+                    code = int(text.split(marker)[-1].split()[0])
+                return JobOutcome(code or 1, rank, last_error_line(self.task_log(rank)))
+        return None
+
+    def follow(self, stream: TextIO, poll_seconds: float = 0.2) -> JobOutcome:
+        log = self.task_log(0)
+        offset = 0
+        outcome: JobOutcome | None = None
+        while outcome is None:
+            offset = _copy_new(log, offset, stream)
+            outcome = self._failure()
+            if outcome is not None:
+                self.cancel()
+                if outcome.failed_rank != 0:
+                    return outcome  # the chief's log after the stop is only its interruption
+                break
+            results = [self._result(r) for r in range(self.num_tasks)]
+            if all(r is not None for r in results):
+                outcome = JobOutcome(0)
+                break
+            if self._job.state != "RUNNING":
+                time.sleep(1.0)  # the last result may still be on its way
+                outcome = self._failure() or (
+                    JobOutcome(0) if all(self._result(r) for r in range(self.num_tasks))
+                    else JobOutcome(1, None, "the job's tasks stopped without a result")
+                )
+                break
+            time.sleep(poll_seconds)
+        _copy_new(log, offset, stream)
+        return outcome
+
+    def cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        process = self._job._process
+        if process is None or process.poll() is not None:
+            return
+        # SIGTERM: the controller forwards it to every task, each task to its command.
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._job.cancel(check=False)  # SIGINT: the controller interrupts, then kills, every task
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+def _copy_new(path: Path, offset: int, stream: TextIO) -> int:
+    """Copy what was appended to `path` since `offset` to `stream`; the new offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset
+    if data:
+        # keep submitit's own bookkeeping lines out of the user's terminal
+        text = data.decode(errors="replace")
+        for line in text.splitlines(keepends=True):
+            if not line.startswith("submitit "):
+                stream.write(line)
+        stream.flush()
+    return offset + len(data)
+
