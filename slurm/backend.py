@@ -2,7 +2,7 @@
 
 One small interface, one module per backend (`local_backend.py`: submitit's local
 executor; `slurm_backend.py`: submitit's Slurm executor). The CLIs build one `JobRequest`,
-pick a backend once (`choose_backend`) and never branch on "is this Slurm?" again.
+pick a backend once (`choose_backend()`, which asks each backend's `available()`) and never branch on "is this Slurm?" again.
 
 The life of a job, in the order a CLI calls it:
 
@@ -111,9 +111,26 @@ class LaunchBackend(abc.ABC):
     def submit(self, submission: Submission) -> LaunchedJob:
         """Start the job built by `build`."""
 
+    @classmethod
+    def available(cls) -> bool:
+        """Whether this machine offers the backend (Slurm: the controller answers)."""
+        return True
+
     def dry_run(self, request: JobRequest) -> str:
         """What `--dry-run` prints: the text of the very request `submit` would use."""
         return self.build(request).text
+
+
+def choose_backend() -> LaunchBackend:
+    """The one place that decides: Slurm when `slurm.slurm_backend.SlurmBackend.available()`,
+    else local processes."""
+    from slurm.local_backend import LocalBackend
+
+    try:
+        from slurm.slurm_backend import SlurmBackend
+    except ImportError:
+        return LocalBackend()
+    return SlurmBackend() if SlurmBackend.available() else LocalBackend()
 
 
 def last_error_line(log: Path) -> str:

@@ -1,0 +1,58 @@
+"""A task's place in its job: rank, number of tasks, the job's id and folder.
+
+Every task of a CS job runs the same user command; the rank decides the role: rank 0 is
+the chief, the others are input workers. The rank comes from, in order:
+
+- `CSRUN_TASK_RANK` / `CSRUN_NUM_TASKS` (set by hand, e.g. to run a worker in a shell),
+- submitit's local launcher (`SUBMITIT_LOCAL_GLOBALID` / `SUBMITIT_LOCAL_NTASKS`): it is
+  more specific than Slurm's variables, which a local job started inside an allocation
+  inherits,
+- Slurm (`SLURM_PROCID` / `SLURM_NTASKS`),
+- otherwise a job of one task (rank 0 of 1): `python run.py --cs_ip …` by hand.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+_SOURCES = (
+    ("CSRUN_TASK_RANK", "CSRUN_NUM_TASKS", "CSRUN_JOB_ID"),
+    ("SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_JOB_ID"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"),
+)
+
+
+@dataclass(frozen=True)
+class TaskRole:
+    rank: int
+    num_tasks: int
+    job_id: str          # the launch's id: the rendezvous is keyed on it
+    job_dir: Path | None  # the launcher's job folder (CSRUN_JOB_DIR), if any
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def num_workers(self) -> int:
+        """Input streams: the tasks other than the chief, or one inside a lone chief."""
+        return max(self.num_tasks - 1, 1)
+
+    @property
+    def worker_id(self) -> int:
+        """This task's worker index (0-based); the lone chief's in-process worker is 0."""
+        return max(self.rank - 1, 0)
+
+
+def task_role(environ: dict[str, str] | None = None) -> TaskRole:
+    env = os.environ if environ is None else environ
+    job_dir = Path(env["CSRUN_JOB_DIR"]) if env.get("CSRUN_JOB_DIR") else None
+    for rank_key, count_key, job_key in _SOURCES:
+        if env.get(rank_key, "") != "":
+            rank, count = int(env[rank_key]), int(env.get(count_key) or 1)
+            if not 0 <= rank < count:
+                raise ValueError(f"{rank_key}={rank} is not below {count_key}={count}")
+            job_id = env.get("CSRUN_JOB_ID") or env.get(job_key) or "local"
+            return TaskRole(rank, count, job_id, job_dir)
+    return TaskRole(0, 1, env.get("CSRUN_JOB_ID") or f"pid{os.getpid()}", job_dir)

@@ -1,0 +1,220 @@
+"""csrun_wse: run a training script on the CS system, as a job of a chief and input workers.
+
+    csrun_wse [--total-nodes N] [--tasks-per-node T] [--cpus-per-task C]
+              [--cs_ip HOST:PORT] [--job-dir DIR] [--dry-run] [--debug] [--] python run.py …
+
+Every task runs the command; rank 0 is the chief, the others input workers
+(`coordinator.roles`). Without Slurm the tasks are local processes (submitit's local
+executor, `slurm/local_backend.py`). Without `--cs_ip` an embedded `wse_sim serve` is
+started for the job on a free loopback port and stopped at the end. A `python X.py`
+command gets `--cs_ip HOST:PORT` appended unless it names one. The chief's log streams to
+the terminal; every task's log stays in the job folder; the exit code is the job's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import CSRunError, cli_entry
+from slurm.backend import JobRequest, choose_backend
+
+PROG = "csrun_wse"
+_SIM_START_TIMEOUT_S = 60.0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # unknown flags are errors, reported in one line
+        raise CSRunError(message, f"see {PROG} --help")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Run a training script on the CS system.")
+    p.add_argument("--total-nodes", type=int, default=1)
+    p.add_argument("--tasks-per-node", type=int, default=1)
+    p.add_argument("--cpus-per-task", type=int, default=1)
+    p.add_argument("--cs_ip", help="HOST:PORT of a running CS system (default: an embedded simulator)")
+    p.add_argument("--job-dir", type=Path, help="job folder (default: ./csrun_jobs/<time>-<id>)")
+    p.add_argument("--dry-run", action="store_true", help="print the request, start nothing")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command every task runs")
+    return p
+
+
+@dataclass(frozen=True)
+class WseArgs:
+    total_nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    cs_ip: str | None
+    job_dir: Path
+    dry_run: bool
+    command: tuple[str, ...]
+
+
+def parse_args(argv: list[str]) -> WseArgs:
+    ns = _parser().parse_args(argv)
+    command = list(ns.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CSRunError("no command to run", f"e.g. {PROG} python run.py --mode train")
+    for flag in ("total_nodes", "tasks_per_node", "cpus_per_task"):
+        if getattr(ns, flag) < 1:
+            raise CSRunError(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be at least 1")
+    if ns.cs_ip is not None:
+        ns.cs_ip = normalize_cs_ip(ns.cs_ip)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    job_dir = (ns.job_dir or Path("csrun_jobs") / f"{stamp}-{uuid.uuid4().hex[:6]}").resolve()
+    return WseArgs(ns.total_nodes, ns.tasks_per_node, ns.cpus_per_task, ns.cs_ip, job_dir,
+                   ns.dry_run, tuple(command))
+
+
+def normalize_cs_ip(cs_ip: str) -> str:
+    """HOST[:PORT] → HOST:PORT (default port 9000, as run.py's --cs_ip)."""
+    host, _, port = cs_ip.rpartition(":") if ":" in cs_ip else (cs_ip, "", "9000")
+    if not host or not port.isdigit():
+        raise CSRunError(f"--cs_ip {cs_ip!r} is not HOST:PORT", "e.g. --cs_ip 10.0.0.5:9000")
+    return f"{host}:{port}"
+
+
+def with_cs_ip(command: tuple[str, ...], cs_ip: str) -> tuple[str, ...]:
+    """`python X.py …` gets `--cs_ip` appended unless it already names one."""
+    is_script = (len(command) >= 2 and Path(command[0]).name.startswith("python")
+                 and command[1].endswith(".py"))
+    if not is_script or any(a == "--cs_ip" or a.startswith("--cs_ip=") for a in command):
+        return command
+    return (*command, "--cs_ip", cs_ip)
+
+
+def fabric_of(command: tuple[str, ...], workdir: Path) -> str:
+    """The fabric the job's params name (`runconfig.fabric`), for the embedded simulator."""
+    import yaml
+
+    path = workdir / "configs" / "params.yaml"
+    for flag in ("-p", "--params"):
+        if flag in command[:-1]:
+            path = workdir / command[command.index(flag) + 1]
+    for arg in command:
+        if arg.startswith("--params="):
+            path = workdir / arg.split("=", 1)[1]
+    try:
+        params = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return "cs1"  # the run itself reports a bad params file
+    return str((params.get("runconfig") or {}).get("fabric") or "cs1")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedSimulator:
+    """A `wse_sim serve` for one job, on a free loopback port; its log in the job folder."""
+
+    def __init__(self, fabric: str, log: Path, host: str = "127.0.0.1"):
+        self.address = f"{host}:{free_port(host)}"
+        self.log = log
+        self.command = [sys.executable, "-c", "import sys; from wse_sim.cli import main; sys.exit(main())",
+                        "serve", "--fabric", fabric, "--host", host, "--port", self.address.rsplit(":", 1)[1]]
+        self._process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        from wse_sim.api import pb, rpc
+        import grpc
+
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self._process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + _SIM_START_TIMEOUT_S
+        with grpc.insecure_channel(self.address) as channel:
+            stub = rpc.CSSystemStub(channel)
+            while True:
+                if self._process.poll() is not None:
+                    raise CSRunError(f"the embedded simulator exited with code {self._process.returncode}",
+                                     f"see {self.log}")
+                try:
+                    stub.Status(pb.StatusRequest(), timeout=1.0)
+                    return
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        self.stop()
+                        raise CSRunError(f"the embedded simulator did not answer on {self.address} "
+                                         f"within {_SIM_START_TIMEOUT_S:.0f} s", f"see {self.log}")
+                    time.sleep(0.2)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def job_request(args: WseArgs, cs_ip: str, workdir: Path) -> JobRequest:
+    return JobRequest(
+        command=with_cs_ip(args.command, cs_ip),
+        folder=args.job_dir,
+        workdir=workdir,
+        name=PROG,
+        total_nodes=args.total_nodes,
+        tasks_per_node=args.tasks_per_node,
+        cpus_per_task=args.cpus_per_task,
+        env={"CSRUN_JOB_DIR": str(args.job_dir), "CSRUN_JOB_ID": args.job_dir.name,
+             "CSRUN_CS_IP": cs_ip, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
+    )
+
+
+@cli_entry(PROG)
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    workdir = Path.cwd()
+    backend = choose_backend()
+    simulator = None if args.cs_ip else EmbeddedSimulator(
+        fabric_of(args.command, workdir), args.job_dir / "wse_sim.log")
+    cs_ip = args.cs_ip or simulator.address  # type: ignore[union-attr]
+    submission = backend.build(job_request(args, cs_ip, workdir))
+    if args.dry_run:
+        if simulator is not None:
+            print(f"# embedded CS system: {shlex.join(simulator.command)}")
+        print(submission.text, end="")
+        return 0
+    job = None
+    try:
+        if simulator is not None:
+            simulator.start()
+            print(f"{PROG}: embedded CS system ({simulator.command[-5]}) at {cs_ip}", file=sys.stderr)
+        print(f"{PROG}: {args.total_nodes * args.tasks_per_node} task(s) through the {backend.name} "
+              f"backend; logs in {args.job_dir}", file=sys.stderr, flush=True)
+        job = backend.submit(submission)
+        outcome = job.follow(sys.stdout)
+    except KeyboardInterrupt:
+        if job is not None:
+            job.cancel()
+        raise
+    finally:
+        if simulator is not None:
+            simulator.stop()
+    if outcome.exit_code != 0:
+        hint = (f"its log: {job.task_log(outcome.failed_rank)}" if outcome.failed_rank is not None
+                else f"logs in {args.job_dir}")
+        print(f"{PROG}: error: {outcome.message} (hint: {hint})", file=sys.stderr, flush=True)
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
