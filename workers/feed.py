@@ -1,0 +1,166 @@
+"""An input worker: run input_fn, take this worker's shard of batches, stream them to the CS.
+
+Worker w of W sends batches k ≡ w (mod W) of input_fn's order, for k in
+[start_batch, start_batch + num_batches) — a resumed run starts at its checkpoint's step,
+so nothing already consumed is sent again. Each batch is checked against the program's
+inputs, serialized once (raw bytes of each array), and handed to gRPC's client stream
+through a generator: gRPC pulls the next batch only when HTTP/2 flow control lets it send,
+so a slow CS never makes a worker buffer more than tf.data's small prefetch.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import grpc
+import numpy as np
+
+from launcher.errors import CSRunError
+from wse_sim.api import pb, rpc
+from workers.rendezvous import InputSpec, Rendezvous
+
+# Batches bigger than gRPC's default 4 MB message are fine.
+CHANNEL_OPTIONS = (("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1))
+PREFETCH = 2
+
+
+def shard(start: int, count: int, worker: int, num_workers: int) -> range:
+    """The batch indices worker `worker` of `num_workers` sends from [start, start + count)."""
+    first = start + (worker - start) % num_workers
+    return range(first, start + count, num_workers)
+
+
+def flatten(element: Any) -> dict[str, np.ndarray]:
+    """A (features, labels) batch as the program's named inputs: "features" or
+    "features.<key>" for a dict, and "labels"."""
+    features, labels = element if isinstance(element, tuple) else (element, None)
+    named = ({f"features.{k}": v for k, v in features.items()} if isinstance(features, dict)
+             else {"features": features})
+    if isinstance(labels, dict):
+        named.update({f"labels.{k}": v for k, v in labels.items()})
+    elif labels is not None:
+        named["labels"] = labels
+    return {k: np.asarray(v) for k, v in named.items()}
+
+
+def _describe(shape: tuple[int, ...], dtype: str) -> str:
+    return f"{tuple(int(d) for d in shape)} {dtype}"
+
+
+def check_batch(named: dict[str, np.ndarray], inputs: tuple[InputSpec, ...], index: int,
+                worker: int) -> None:
+    """Stop with both shapes named when a batch is not what the program was compiled for."""
+    expected = {spec.name for spec in inputs}
+    if set(named) != expected:
+        raise CSRunError(
+            f"input worker {worker}: batch {index} has inputs {sorted(named)}, "
+            f"the compiled program takes {sorted(expected)}",
+            "make input_fn yield what the program was compiled for (recompile after changing it)")
+    for spec in inputs:
+        array = named[spec.name]
+        if tuple(array.shape) != tuple(spec.shape) or array.dtype.name != spec.dtype:
+            raise CSRunError(
+                f"input worker {worker}: batch {index} {spec.name} is "
+                f"{_describe(array.shape, array.dtype.name)}, the compiled program takes "
+                f"{_describe(spec.shape, spec.dtype)}",
+                "make input_fn yield batches of the compiled shape and dtype (drop_remainder=True "
+                "for a fixed batch size), or recompile")
+
+
+def to_tensor(name: str, array: np.ndarray) -> pb.Tensor:
+    """One array as a CS API Tensor: C-order little-endian raw bytes, one copy."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return pb.Tensor(name=name, dtype=pb.DType.Value(array.dtype.name.upper()),
+                     shape=array.shape, data=array.tobytes())
+
+
+def feed_requests(batches: Iterable[tuple[int, Any]], rendezvous: Rendezvous,
+                  worker: int) -> Iterator[pb.FeedRequest]:
+    """FeedRequests for (batch index, input_fn element) pairs, each checked and serialized."""
+    order = [spec.name for spec in rendezvous.inputs]
+    for index, element in batches:
+        named = flatten(element)
+        check_batch(named, rendezvous.inputs, index, worker)
+        yield pb.FeedRequest(token=rendezvous.token, worker_id=worker, batch_index=index,
+                             tensors=[to_tensor(name, named[name]) for name in order])
+
+
+@dataclass(frozen=True)
+class FeedStats:
+    batches: int
+    bytes: int
+    seconds: float
+
+    @property
+    def megabytes_per_sec(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int) -> FeedStats:
+    """Send `requests` as one Feed stream; a refused or broken stream is one clear error."""
+    sent = {"batches": 0, "bytes": 0}
+    failure: list[BaseException] = []
+
+    def counted() -> Iterator[pb.FeedRequest]:
+        try:
+            for request in requests:
+                sent["batches"] += 1
+                sent["bytes"] += sum(len(t.data) for t in request.tensors)
+                yield request
+        except BaseException as error:  # gRPC swallows iterator errors: keep ours
+            failure.append(error)
+            raise
+
+    start = time.perf_counter()
+    with grpc.insecure_channel(cs_ip, options=CHANNEL_OPTIONS) as channel:
+        try:
+            rpc.CSSystemStub(channel).Feed(counted())
+        except grpc.RpcError as error:
+            if failure:
+                raise failure[0] from None
+            raise CSRunError(
+                f"input worker {worker}: the CS at {cs_ip} ended the input stream: "
+                f"{error.code().name}: {error.details()}",
+                "see the chief's log (task 0) for the job's state") from None
+    if failure:
+        raise failure[0]
+    return FeedStats(sent["batches"], sent["bytes"], time.perf_counter() - start)
+
+
+def shard_batches(input_fn: Callable, params: dict, rendezvous: Rendezvous,
+                  worker: int) -> Iterator[tuple[int, Any]]:
+    """This worker's (batch index, numpy batch) pairs from input_fn(params), eagerly."""
+    import tensorflow as tf
+
+    from launcher.model_fn import make_dataset
+
+    seed = (params.get("runconfig") or {}).get("tf_random_seed")
+    if seed is not None:
+        tf.random.set_seed(int(seed))  # the graph seed the CPU path's model_graph sets
+    indices = shard(rendezvous.start_batch, rendezvous.num_batches, worker, rendezvous.num_workers)
+    if len(indices) == 0:
+        return
+    offset = indices.start - rendezvous.start_batch
+    dataset = (make_dataset(input_fn, params)
+               .skip(rendezvous.start_batch)
+               .take(rendezvous.num_batches)
+               .shard(rendezvous.num_workers, offset)
+               .prefetch(PREFETCH))
+    produced = 0
+    for index, element in zip(indices, dataset.as_numpy_iterator()):
+        produced += 1
+        yield index, element
+    if produced < len(indices):
+        raise CSRunError(
+            f"input worker {worker}: input_fn ran out after batch {indices[produced - 1] if produced else rendezvous.start_batch - 1}"
+            f", the run needs batches up to {indices[-1]}",
+            "make the training input repeat (dataset.repeat()) or lower the steps")
+
+
+def run_worker(input_fn: Callable, params: dict, rendezvous: Rendezvous, worker: int) -> FeedStats:
+    """Stream this worker's shard of input_fn(params) to the CS named by the rendezvous."""
+    batches = shard_batches(input_fn, params, rendezvous, worker)
+    return stream(feed_requests(batches, rendezvous, worker), rendezvous.cs_ip, worker)
