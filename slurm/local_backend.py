@@ -42,18 +42,28 @@ class TaskCommand:
 
     def __call__(self) -> int:
         env = {**os.environ, **dict(self.env), "PYTHONUNBUFFERED": "1"}
-        process = subprocess.Popen(list(self.command), cwd=self.workdir, env=env)
+        # Its own process group, so that stopping the task stops everything it started.
+        process = subprocess.Popen(list(self.command), cwd=self.workdir, env=env, start_new_session=True)
 
         def forward(signum, _frame):
-            process.send_signal(signum)
+            _signal_group(process, signum)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, forward)
-        code = process.wait()
+        try:
+            code = process.wait()
+        finally:
+            _signal_group(process, signal.SIGKILL)  # leftovers of the command (its children)
         if code != 0:
             raise TaskFailed(code if code > 0 else 128 - code)
         return code
 
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 def render(request: JobRequest) -> str:
     """The local request as text: the environment and the command every task runs."""
