@@ -70,7 +70,7 @@ def check_batch(named: dict[str, np.ndarray], inputs: tuple[InputSpec, ...], ind
 
 def to_tensor(name: str, array: np.ndarray) -> pb.Tensor:
     """One array as a CS API Tensor: C-order little-endian raw bytes, one copy."""
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array, order="C")  # (ascontiguousarray would make a scalar 1-d)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     return pb.Tensor(name=name, dtype=pb.DType.Value(array.dtype.name.upper()),

@@ -1,0 +1,110 @@
+"""The chief's connection to the CS system: the CS API calls, with gRPC failures turned
+into one-line user errors (unreachable CS, CS busy with another job, refused program)."""
+from __future__ import annotations
+
+import secrets
+from typing import Iterator
+
+import grpc
+import numpy as np
+
+from launcher.errors import CSRunError
+from wse_sim.api import pb, rpc
+
+CHANNEL_OPTIONS = (("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1))
+CHUNK_BYTES = 1 << 20
+CONNECT_TIMEOUT_S = 10.0
+
+
+def new_token() -> str:
+    """A per-job secret the chief hands to its workers; the CS refuses streams without it."""
+    return secrets.token_hex(16)
+
+
+def tensor_chunks(name: str, array: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> Iterator[pb.TensorChunk]:
+    """`array` as ordered TensorChunk pieces (tensors above gRPC's message limit work)."""
+    array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
+    data = memoryview(array.reshape(-1).view(np.uint8))
+    total = len(data)
+    for offset in range(0, max(total, 1), chunk_bytes):
+        yield pb.TensorChunk(name=name, dtype=pb.DType.Value(array.dtype.name.upper()),
+                             shape=array.shape, offset=offset, total_bytes=total,
+                             data=bytes(data[offset:offset + chunk_bytes]))
+
+
+def assemble(chunks: Iterator[pb.TensorChunk]) -> dict[str, np.ndarray]:
+    """Arrays from ordered TensorChunk pieces, by name."""
+    buffers: dict[str, tuple[pb.TensorChunk, bytearray]] = {}
+    for chunk in chunks:
+        head, buf = buffers.setdefault(chunk.name, (chunk, bytearray(chunk.total_bytes)))
+        buf[chunk.offset:chunk.offset + len(chunk.data)] = chunk.data
+    return {name: np.frombuffer(bytes(buf), np.dtype(pb.DType.Name(head.dtype).lower()))
+            .reshape(tuple(head.shape)).copy() for name, (head, buf) in buffers.items()}
+
+
+class CSClient:
+    """One job's calls to the CS at `cs_ip`."""
+
+    def __init__(self, cs_ip: str):
+        self.cs_ip = cs_ip
+        self._channel = grpc.insecure_channel(cs_ip, options=CHANNEL_OPTIONS)
+        self._stub = rpc.CSSystemStub(self._channel)
+        self.token = new_token()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _error(self, error: grpc.RpcError, doing: str) -> CSRunError:
+        code = error.code()
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return CSRunError(f"cannot reach the CS system at {self.cs_ip} ({doing}): {error.details()}",
+                              "check --cs_ip and that the CS system (wse_sim serve) is running")
+        if code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.RESOURCE_EXHAUSTED) or \
+                (code == grpc.StatusCode.FAILED_PRECONDITION and "busy" in (error.details() or "")):
+            return CSRunError(f"the CS system at {self.cs_ip} is busy: {error.details()}",
+                              "wait for the running job to finish, or use another CS system")
+        return CSRunError(f"the CS system at {self.cs_ip} refused {doing}: {code.name}: {error.details()}")
+
+    def status(self) -> pb.StatusReply:
+        try:
+            return self._stub.Status(pb.StatusRequest(), timeout=CONNECT_TIMEOUT_S, wait_for_ready=False)
+        except grpc.RpcError as error:
+            raise self._error(error, "status") from None
+
+    def load(self, job_id: str, program: pb.Program, tensors: dict[str, np.ndarray],
+             num_workers: int, global_step: int) -> pb.LoadReply:
+        """Load the program with its weights (and optimizer slots) for this job."""
+        header = pb.JobHeader(job_id=job_id, token=self.token, program=program,
+                              num_workers=num_workers, global_step=global_step)
+
+        def requests() -> Iterator[pb.LoadRequest]:
+            yield pb.LoadRequest(header=header)
+            for name in sorted(tensors):
+                for chunk in tensor_chunks(name, tensors[name]):
+                    yield pb.LoadRequest(chunk=chunk)
+
+        try:
+            return self._stub.Load(requests())
+        except grpc.RpcError as error:
+            raise self._error(error, "the program") from None
+
+    def run(self, action: str, steps: int, output_steps: tuple[int, ...] = ()) -> Iterator[pb.RunResult]:
+        """The Train / Evaluate / Predict stream of per-step results, then the job summary."""
+        call = {"train": self._stub.Train, "evaluate": self._stub.Evaluate, "predict": self._stub.Predict}[action]
+        try:
+            yield from call(pb.RunRequest(token=self.token, steps=steps, output_steps=output_steps))
+        except grpc.RpcError as error:
+            raise self._error(error, action) from None
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """The job's weights and optimizer slots, by TF variable / slot name."""
+        try:
+            return assemble(self._stub.Snapshot(pb.SnapshotRequest(token=self.token)))
+        except grpc.RpcError as error:
+            raise self._error(error, "the snapshot") from None
+
+    def unload(self) -> None:
+        try:
+            self._stub.Unload(pb.UnloadRequest(token=self.token), timeout=CONNECT_TIMEOUT_S)
+        except grpc.RpcError:
+            pass  # the job ends either way; the CS frees it when the token's job is gone
