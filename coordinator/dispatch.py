@@ -1,0 +1,37 @@
+"""What a task of a CS job does when the user's script calls train / evaluate / predict.
+
+`CSEstimator` calls `run(estimator, action, input_fn, **kwargs)` when a CS is in use. The
+task's rank (`coordinator.roles`) decides: rank 0 runs the chief (`coordinator.chief`),
+the others stream their shard of input_fn to the CS (`workers.feed`) once the chief has
+published the phase's rendezvous (`workers.rendezvous`). The estimator is read through
+the attributes tf.estimator.Estimator also has: `model_fn`, `params`, `model_dir`, `config`.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Callable
+
+from coordinator.roles import task_role
+from workers.feed import run_worker
+from workers.rendezvous import rendezvous_path, wait_for
+
+ACTIONS = ("train", "evaluate", "predict")
+_calls = itertools.count(1)  # the n-th CS call of this script: the same n in every task
+
+
+def run(estimator: Any, action: str, input_fn: Callable, **kwargs: Any) -> Any:
+    if action not in ACTIONS:
+        raise ValueError(f"action {action!r} is not one of {ACTIONS}")
+    role = task_role()
+    phase = f"{next(_calls)}-{action}"
+    path = rendezvous_path(phase, role.job_id, role.job_dir, Path(estimator.model_dir))
+    if role.is_chief:
+        from coordinator.chief import Chief
+
+        return Chief(estimator, role, path).run(action, input_fn, **kwargs)
+    rendezvous = wait_for(path)
+    stats = run_worker(input_fn, estimator.params, rendezvous, role.worker_id)
+    print(f"input worker {role.worker_id}: sent {stats.batches} batches, "
+          f"{stats.megabytes_per_sec:.1f} MB/s", flush=True)
+    return None

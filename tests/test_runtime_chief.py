@@ -1,0 +1,30 @@
+"""The chief's pieces that need no CS: program inputs for workers, checkpoint → CS state."""
+from __future__ import annotations
+
+import numpy as np
+
+from coordinator.chief import cs_state, program_inputs
+from wse_sim.api import pb
+
+
+def program():
+    dense = pb.Kernel(name="d", type="dense", params=[pb.Param(role="kernel", variable="dense/kernel"),
+                                                      pb.Param(role="bias", variable="dense/bias")])
+    return pb.Program(batch_size=256, kernels=[dense],
+                      inputs=[pb.TensorSpec(name="features", dtype=pb.FLOAT32, shape=[784]),
+                              pb.TensorSpec(name="labels", dtype=pb.INT32, shape=[])])
+
+
+def test_program_inputs_carry_the_batch_dimension():
+    specs = program_inputs(program())
+    assert [(s.name, s.dtype, s.shape) for s in specs] == [
+        ("features", "float32", (256, 784)), ("labels", "int32", (256,))]
+
+
+def test_cs_state_keeps_weights_and_slots_only():
+    tensors = {n: np.zeros(1) for n in ("dense/kernel", "dense/bias", "dense/kernel/Adam",
+                                        "dense/bias/Adam_1", "beta1_power", "beta2_power",
+                                        "global_step", "other/kernel")}
+    assert sorted(cs_state(program(), tensors)) == [
+        "beta1_power", "beta2_power", "dense/bias", "dense/bias/Adam_1", "dense/kernel",
+        "dense/kernel/Adam"]
