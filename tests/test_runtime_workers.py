@@ -124,3 +124,91 @@ def test_rendezvous_round_trip_is_private_and_atomic(tmp_path):
 def test_rendezvous_wait_times_out_with_a_clear_error(tmp_path):
     with pytest.raises(CSRunError, match="did not publish"):
         wait_for(tmp_path / "none.json", timeout_s=0.2)
+
+
+# ---- streaming, against a test double of the CS's Feed call (a real gRPC server) ----
+
+import threading  # noqa: E402
+import time  # noqa: E402
+from concurrent import futures  # noqa: E402
+
+import grpc  # noqa: E402
+
+from wse_sim.api import rpc  # noqa: E402
+from workers.feed import stream  # noqa: E402
+
+
+class SlowFeedDouble(rpc.CSSystemServicer):
+    """Test double of the CS: consumes Feed messages slowly, or refuses the stream."""
+
+    def __init__(self, delay=0.0, refuse_after=None):
+        self.delay, self.refuse_after, self.received = delay, refuse_after, []
+
+    def Feed(self, request_iterator, context):
+        for request in request_iterator:
+            if self.refuse_after is not None and len(self.received) == self.refuse_after:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, "wrong job token")
+            self.received.append((request.batch_index, sum(len(t.data) for t in request.tensors)))
+            time.sleep(self.delay)
+        return pb.FeedReply(batches_received=len(self.received))
+
+
+def serve(servicer):
+    server = grpc.server(futures.ThreadPoolExecutor(2), options=[("grpc.max_receive_message_length", -1)])
+    rpc.add_CSSystemServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def big_requests(count, produced):
+    """800 KB batches (FC-MNIST at batch 256), counting how many the worker has produced."""
+    x = np.zeros((256, 784), np.float32)
+    for k in range(count):
+        produced.append(k)
+        yield pb.FeedRequest(token="t", worker_id=0, batch_index=k, tensors=[to_tensor("features", x)])
+
+
+def test_stream_delivers_every_batch_in_order():
+    double = SlowFeedDouble()
+    server, address = serve(double)
+    try:
+        stats = stream(big_requests(20, []), address, 0)
+    finally:
+        server.stop(0)
+    assert [k for k, _ in double.received] == list(range(20))
+    assert stats.batches == 20 and stats.bytes == 20 * 256 * 784 * 4
+
+
+def test_a_slow_cs_keeps_the_worker_from_running_ahead():
+    """Flow control: the worker produces batches only as the CS takes them (bounded buffer)."""
+    double = SlowFeedDouble(delay=0.03)
+    server, address = serve(double)
+    produced = []
+    ahead = []
+
+    def watch():
+        while len(double.received) < 60:
+            ahead.append(len(produced) - len(double.received))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    try:
+        watcher.start()
+        stream(big_requests(60, produced), address, 0)
+        watcher.join()
+    finally:
+        server.stop(0)
+    # bounded by the HTTP/2 window the CS grants (about a dozen 800 KB batches), not the input
+    assert max(ahead) <= 30, max(ahead)
+
+
+def test_a_refused_stream_is_one_clear_error():
+    server, address = serve(SlowFeedDouble(refuse_after=2))
+    try:
+        with pytest.raises(CSRunError) as info:
+            stream(big_requests(10, []), address, 3)
+    finally:
+        server.stop(0)
+    assert info.value.message == (f"input worker 3: the CS at {address} ended the input stream: "
+                                  "PERMISSION_DENIED: wrong job token")
