@@ -73,6 +73,7 @@ class Chief:
                     run_worker(input_fn, self.params, rendezvous, 0)
                 except BaseException as error:  # reported by the chief's loop
                     errors.append(error)
+                    client.close()  # ends the chief's Train stream, which waits for batches
             thread = threading.Thread(target=work, name="input-worker-0", daemon=True)
             thread.start()
         return client, thread, errors
@@ -126,6 +127,10 @@ class Chief:
                 snapshot["global_step"] = np.asarray(step, np.int64)
                 path = write_checkpoint(self.model_dir, step, snapshot, self.config.keep_checkpoint_max)
                 print(f"Saving checkpoints for {step} into {path}.", flush=True)
+        except CSRunError:
+            if worker_errors:  # the stream ended because the in-chief worker failed
+                raise worker_errors[0] from None
+            raise
         finally:
             client.unload()
             client.close()
