@@ -106,5 +106,5 @@ class CSClient:
     def unload(self) -> None:
         try:
             self._stub.Unload(pb.UnloadRequest(token=self.token), timeout=CONNECT_TIMEOUT_S)
-        except grpc.RpcError:
+        except (grpc.RpcError, ValueError):  # ValueError: channel already closed
             pass  # the job ends either way; the CS frees it when the token's job is gone
