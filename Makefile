@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) bench/run_all.py
+	$(PY) bench/run_all.py $(BENCH)
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. wse_sim/api/cs_api.proto

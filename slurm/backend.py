@@ -121,6 +121,20 @@ class LaunchBackend(abc.ABC):
         return self.build(request).text
 
 
+def slurm_answers(timeout_s: float = 5.0) -> bool:
+    """Whether a Slurm controller answers here (`scontrol ping` succeeds)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("scontrol") is None:
+        return False
+    try:
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and "UP" in done.stdout
+
+
 def choose_backend() -> LaunchBackend:
     """The one place that decides: Slurm when `slurm.slurm_backend.SlurmBackend.available()`,
     else local processes."""
