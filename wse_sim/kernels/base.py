@@ -8,6 +8,7 @@ All arithmetic is float32 numpy.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
@@ -25,6 +26,11 @@ Shape = tuple[int, ...]
 MIN_FLOPS_PER_CORE = 1152
 
 
+def max_cores_for(flops_per_sample: float) -> int:
+    """A kernel's useful parallelism: one core per MIN_FLOPS_PER_CORE of forward work."""
+    return max(1, math.ceil(flops_per_sample / MIN_FLOPS_PER_CORE))
+
+
 class KernelError(ValueError):
     """A kernel built with attributes or input shapes it cannot accept."""
 
@@ -36,7 +42,11 @@ class RunContext:
     training: bool
     batch_size: int  # the full batch (losses reduced with "mean" divide by it)
     rng: np.random.Generator | None = None  # dropout's own seeded generator
+    input_grads: Sequence[bool] | None = None  # which inputs need a gradient (None: all)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def wants_grad(self, index: int) -> bool:
+        return self.input_grads is None or bool(self.input_grads[index])
 
 
 class Kernel:
@@ -85,11 +95,15 @@ class Kernel:
         raise NotImplementedError
 
     def backward(self, params: Mapping[str, np.ndarray], cache: Any, grad_output: np.ndarray,
-                 ctx: RunContext) -> tuple[list[np.ndarray | None], dict[str, np.ndarray]]:
+                 ctx: RunContext, param_grads: Mapping[str, np.ndarray] | None = None,
+                 ) -> tuple[list[np.ndarray | None], dict[str, np.ndarray]]:
         """Return (gradients w.r.t. inputs, gradients w.r.t. params by role).
 
         An input that takes no gradient (labels, integer inputs) gets None.
         A loss kernel receives grad_output=None and applies its own reduction scale.
+        With `param_grads` (accumulators by role, shaped like the params), the micro-batch's
+        parameter gradients are added into them in place and they are returned: a region
+        accumulates its weight gradient over the batch without allocating.
         """
         raise NotImplementedError
 
