@@ -1,0 +1,150 @@
+"""csrun_cpu: run a command in the toolkit's environment on a CPU node.
+
+    csrun_cpu [--alloc-node=True|False] [--mount-dirs=A,B] [--dry-run] [--debug] [--] COMMAND…
+
+e.g. `csrun_cpu python run.py --validate_only`. The command runs inside the container
+when csrun.yaml names an image (`containers.runtime`: the configured mount dirs,
+`--mount-dirs` and the current directory bound, the host's PYTHONPATH/LD_LIBRARY_PATH
+unset), through `srun --nodes=1 --exclusive` when `--alloc-node` is true (the default)
+and a Slurm controller answers, and plainly on this host otherwise; one line on stderr
+says which. `--dry-run` prints the exact command and runs nothing. The exit code is the
+command's. The original spellings `--alloc_node` and `--mount_dirs` are accepted.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from containers.runtime import check_binds, check_image, find_runtime
+from launcher.errors import CSRunError, cli_entry
+from launcher.site_config import SiteConfig, SlurmConfig, load_site_config
+from slurm.backend import slurm_answers
+
+PROG = "csrun_cpu"
+_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # unknown flags are errors, reported in one line
+        raise CSRunError(message, f"see {PROG} --help")
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in _TRUE + _FALSE:
+        return text.lower() in _TRUE
+    raise argparse.ArgumentTypeError(f"expected True or False, not {text!r}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, allow_abbrev=False,
+                description="Run a command in the csrun environment on a CPU node.")
+    p.add_argument("--alloc-node", "--alloc_node", dest="alloc_node", type=_bool, default=True,
+                   metavar="True|False", help="run on a node of its own through srun (default: True)")
+    p.add_argument("--mount-dirs", "--mount_dirs", dest="mount_dirs", default="", metavar="A,B",
+                   help="directories to bind into the container besides csrun.yaml's mount_dirs")
+    p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run")
+    return p
+
+
+@dataclass(frozen=True)
+class CpuArgs:
+    alloc_node: bool
+    mount_dirs: tuple[str, ...]
+    dry_run: bool
+    command: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    argv: tuple[str, ...]  # what runs (and what --dry-run prints)
+    where: str             # the one stderr line saying how and where
+
+
+def parse_args(argv: list[str]) -> CpuArgs:
+    ns = _parser().parse_args(argv)
+    command = list(ns.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CSRunError("no command to run", f"e.g. {PROG} python run.py --validate_only")
+    mount_dirs = tuple(d.strip() for d in ns.mount_dirs.split(",") if d.strip())
+    return CpuArgs(ns.alloc_node, mount_dirs, ns.dry_run, tuple(command))
+
+
+def srun_prefix(slurm: SlurmConfig) -> list[str]:
+    """srun for a whole CPU node of the site's partition."""
+    argv = ["srun", "--nodes=1", "--exclusive", f"--job-name={PROG}"]
+    if slurm.partition:
+        argv.append(f"--partition={slurm.partition}")
+    if slurm.time:
+        argv.append(f"--time={slurm.time}")
+    return argv
+
+
+def plan(args: CpuArgs, config: SiteConfig, workdir: str, slurm_answers: bool) -> Plan:
+    """The command to run for `args` under `config`: container and srun as they apply."""
+    argv = list(args.command)
+    image = config.container.image
+    if image is not None:
+        runtime = find_runtime(config.container.runtime)
+        check_image(image)
+        binds = (*config.mount_dirs, *args.mount_dirs)
+        check_binds(binds)
+        argv = runtime.exec_command(image, argv, binds, workdir)
+        how = f"in the {runtime.name} container {image}"
+    else:
+        source = f"no container.image in {config.path}" if config.path else "no csrun.yaml found"
+        unused = "; --mount-dirs unused" if args.mount_dirs else ""
+        how = f"without a container ({source}{unused})"
+    if args.alloc_node and slurm_answers:
+        argv = [*srun_prefix(config.slurm), *argv]
+        partition = config.slurm.partition or "the default partition"
+        where = f"on a node of its own through srun ({partition})"
+    elif args.alloc_node:
+        where = "on this host (no Slurm controller answers)"
+    else:
+        where = "on this host (--alloc-node=False)"
+    return Plan(tuple(argv), f"{PROG}: running {how}, {where}")
+
+
+def run(argv: tuple[str, ...]) -> int:
+    """Run `argv` to its end and return its exit code (128 + N for a signal N).
+
+    Ctrl-C reaches the command too (same process group): wait for it to end.
+    """
+    try:
+        process = subprocess.Popen(argv)
+    except FileNotFoundError:
+        raise CSRunError(f"command not found: {argv[0]}",
+                         "check the command's spelling and PATH") from None
+    except PermissionError:
+        raise CSRunError(f"cannot execute {argv[0]}: permission denied") from None
+    while True:
+        try:
+            code = process.wait()
+            break
+        except KeyboardInterrupt:
+            continue
+    return 128 - code if code < 0 else code
+
+
+@cli_entry(PROG)
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    config = load_site_config()
+    chosen = plan(args, config, os.getcwd(), args.alloc_node and slurm_answers())
+    print(chosen.where, file=sys.stderr, flush=True)
+    if args.dry_run:
+        print(shlex.join(chosen.argv))
+        return 0
+    return run(chosen.argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
