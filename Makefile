@@ -28,3 +28,12 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# A real one-host Slurm on loopback (slurm/cluster/cluster.sh; root: installs what is missing).
+# Then: export SLURM_CONF=$${CSRUN_SLURM_DIR:-/tmp/csrun-slurm}/etc/slurm.conf
+cluster-up:
+	slurm/cluster/cluster.sh up
+	@slurm/cluster/cluster.sh env
+
+cluster-down:
+	slurm/cluster/cluster.sh down
