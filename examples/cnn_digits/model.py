@@ -3,18 +3,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from launcher.estimator_spec import CSEstimatorSpec, ModeKeys
-
-
-def _optimizer(config: dict):
-    name, lr = config.get("optimizer_type", "sgd"), config["learning_rate"]
-    if name == "momentum":
-        return tf.compat.v1.train.MomentumOptimizer(lr, config.get("momentum", 0.9))
-    if name == "adam":
-        return tf.compat.v1.train.AdamOptimizer(lr, beta1=config.get("beta1", 0.9),
-                                                beta2=config.get("beta2", 0.999),
-                                                epsilon=config.get("epsilon", 1e-8))
-    return tf.compat.v1.train.GradientDescentOptimizer(lr)
+from examples.optimizer import build_optimizer
+from launcher.estimator import CSEstimatorSpec, ModeKeys
 
 
 def build_logits(images: tf.Tensor, config: dict, training: bool) -> tf.Tensor:
@@ -43,7 +33,7 @@ def model_fn(features, labels, mode, params):
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     train_op = None
     if mode == ModeKeys.TRAIN:
-        train_op = _optimizer(params["optimizer"]).minimize(
+        train_op = build_optimizer(params["optimizer"]).minimize(
             loss, global_step=tf.compat.v1.train.get_or_create_global_step())
     tf.compat.v1.summary.scalar("loss", loss)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op,

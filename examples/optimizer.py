@@ -1,0 +1,23 @@
+"""The optimizer the examples' params name: `optimizer.optimizer_type` sgd, momentum or adam."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from launcher.errors import CSRunError
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+def build_optimizer(config: dict) -> tf.compat.v1.train.Optimizer:
+    """A tf.compat.v1.train optimizer from the params' `optimizer` section."""
+    name, lr = str(config.get("optimizer_type", "sgd")).lower(), config["learning_rate"]
+    if name == "sgd":
+        return tf.compat.v1.train.GradientDescentOptimizer(lr)
+    if name == "momentum":
+        return tf.compat.v1.train.MomentumOptimizer(lr, config.get("momentum", 0.9))
+    if name == "adam":
+        return tf.compat.v1.train.AdamOptimizer(lr, beta1=config.get("beta1", 0.9),
+                                                beta2=config.get("beta2", 0.999),
+                                                epsilon=config.get("epsilon", 1e-8))
+    raise CSRunError(f"optimizer.optimizer_type {name!r} is not supported",
+                     f"use one of {', '.join(OPTIMIZERS)}")

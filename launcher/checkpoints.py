@@ -1,0 +1,152 @@
+"""TensorFlow checkpoints in `model_dir`: one writer and one `checkpoint` index for every path.
+
+`model.ckpt-N.{index,data-00000-of-00001}` are TF V2 checkpoints keyed by the graph's
+variable names (optimizer slots `<var>/Adam`, `<var>/Adam_1`, `<var>/Momentum`,
+`beta1_power`, `beta2_power`, and `global_step` as int64), so a `tf.compat.v1.train.Saver`
+restores them and `tf.train.load_checkpoint` reads them. The CPU path and the CS chief both
+write through `write_checkpoint`: the files go to a temporary prefix and are renamed into
+place, and only then does the index (itself replaced atomically) name them, so a crash
+never leaves a torn checkpoint as the newest. `keep_max` keeps the newest checkpoints and
+deletes the files of the others.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from launcher.errors import CSRunError
+
+INDEX = "checkpoint"
+PREFIX = "model.ckpt"
+_ENTRY = re.compile(r'^(model_checkpoint_path|all_model_checkpoint_paths):\s*"(.*)"\s*$')
+
+
+def checkpoint_path(model_dir: str, step: int) -> str:
+    return os.path.join(model_dir, f"{PREFIX}-{int(step)}")
+
+
+def checkpoint_step(path: str) -> int:
+    """N of `…/model.ckpt-N`."""
+    return int(path.rsplit("-", 1)[1])
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path + ".index")
+
+
+def _read_index(model_dir: str) -> list[str]:
+    """The checkpoints the index lists, oldest first (absolute prefixes)."""
+    try:
+        with open(os.path.join(model_dir, INDEX)) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    paths, latest = [], None
+    for line in lines:
+        match = _ENTRY.match(line.strip())
+        if not match:
+            continue
+        path = os.path.join(model_dir, match.group(2))  # absolute paths stay absolute
+        if match.group(1) == "model_checkpoint_path":
+            latest = path
+        elif path not in paths:
+            paths.append(path)
+    if latest is not None and latest not in paths:
+        paths.append(latest)
+    return paths
+
+
+def _write_text_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_index(model_dir: str, paths: list[str]) -> None:
+    names = [os.path.relpath(p, model_dir) for p in paths]
+    text = f'model_checkpoint_path: "{names[-1]}"\n' + "".join(
+        f'all_model_checkpoint_paths: "{n}"\n' for n in names)
+    _write_text_atomic(os.path.join(model_dir, INDEX), text)
+
+
+def all_checkpoints(model_dir: str) -> list[str]:
+    """The kept checkpoints whose files exist, oldest first."""
+    return [p for p in _read_index(model_dir) if _exists(p)]
+
+
+def latest_checkpoint(model_dir: str) -> str | None:
+    """The newest complete checkpoint's prefix (`…/model.ckpt-N`), or None."""
+    paths = all_checkpoints(model_dir)
+    return paths[-1] if paths else None
+
+
+def read_checkpoint(path: str) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint at `path`, by name (`global_step` included)."""
+    try:
+        reader = tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError) as error:
+        raise CSRunError(f"cannot read checkpoint {path}: {str(error).splitlines()[0]}",
+                         "name a model.ckpt-N prefix whose .index and .data files exist") from None
+    return {name: np.asarray(reader.get_tensor(name))
+            for name in reader.get_variable_to_dtype_map()}
+
+
+def _save_v2(prefix: str, tensors: dict[str, np.ndarray]) -> None:
+    """Write `tensors` as one TF V2 checkpoint at `prefix` (SaveV2 in a graph of its own)."""
+    names = sorted(tensors)
+    graph = tf.Graph()
+    with graph.as_default():
+        feeds = {n: tf.compat.v1.placeholder(tf.as_dtype(np.asarray(tensors[n]).dtype),
+                                             np.shape(tensors[n])) for n in names}
+        path = tf.compat.v1.placeholder(tf.string, [])
+        save = tf.raw_ops.SaveV2(prefix=path, tensor_names=names, shape_and_slices=[""] * len(names),
+                                 tensors=[feeds[n] for n in names])
+    with tf.compat.v1.Session(graph=graph) as session:
+        feed = {feeds[n]: np.asarray(tensors[n]) for n in names}
+        feed[path] = prefix
+        session.run(save, feed)
+
+
+def write_checkpoint(model_dir: str, step: int, tensors: dict[str, np.ndarray],
+                     keep_max: int | None) -> str:
+    """Write `model_dir/model.ckpt-<step>` holding exactly `tensors`, list it in the index
+    as the newest and keep the newest `keep_max` (None or 0: all). Returns the prefix."""
+    os.makedirs(model_dir, exist_ok=True)
+    final = checkpoint_path(model_dir, step)
+    tmp = os.path.join(model_dir, f".{PREFIX}-{int(step)}.tmp-{os.getpid()}")
+    _save_v2(tmp, tensors)
+    for written in sorted(glob.glob(glob.escape(tmp) + ".*"), key=lambda p: p.endswith(".index")):
+        os.replace(written, final + written[len(tmp):])  # data first, the index last
+    kept = [p for p in all_checkpoints(model_dir) if p != final] + [final]
+    dropped = kept[:-keep_max] if keep_max else []
+    kept = kept[len(dropped):]
+    _write_index(model_dir, kept)
+    for old in dropped:
+        for name in glob.glob(glob.escape(old) + ".*"):
+            os.remove(name)
+    return final
+
+
+def restore_variables(session: tf.compat.v1.Session, variables: list, path: str) -> None:
+    """Restore `variables` (of the session's graph) from the checkpoint at `path` with a
+    Saver; every one must be in it with its shape."""
+    stored = dict(tf.train.list_variables(path))
+    missing = [v.op.name for v in variables if v.op.name not in stored]
+    if missing:
+        raise CSRunError(f"checkpoint {path} has no {', '.join(missing[:5])}"
+                         f"{' …' if len(missing) > 5 else ''}: it was written by another model",
+                         "use a new model_dir for a changed model")
+    wrong = [f"{v.op.name} {tuple(v.shape.as_list())} vs {tuple(stored[v.op.name])}"
+             for v in variables if tuple(v.shape.as_list()) != tuple(stored[v.op.name])]
+    if wrong:
+        raise CSRunError(f"checkpoint {path} has other shapes: {', '.join(wrong[:3])}",
+                         "use a new model_dir for a changed model")
+    with session.graph.as_default():
+        tf.compat.v1.train.Saver(var_list={v.op.name: v for v in variables}).restore(session, path)

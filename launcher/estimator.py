@@ -1,0 +1,135 @@
+"""The user API: `CSEstimator` and `CSRunConfig`, with the original's signatures.
+
+    estimator = CSEstimator(model_fn, model_dir="model_dir", config=CSRunConfig(...), params=params)
+    estimator.compile(train_input_fn, validate_only=True)
+    estimator.train(train_input_fn, max_steps=1000)
+    estimator.evaluate(eval_input_fn, steps=3)
+
+A CS is in use when `config.cs_ip` is set or the script runs in a `csrun_wse` job
+(`CSRUN_CS_IP`); then train (and evaluate / predict with `use_cs=True`) go to
+`coordinator.dispatch.run`. Otherwise everything runs on the CPU with plain TensorFlow
+(`launcher.cpu_session`).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from launcher import cpu_session
+from launcher.errors import CSRunError
+from launcher.estimator_spec import CSEstimatorSpec, ModeKeys
+
+__all__ = ["CSEstimator", "CSEstimatorSpec", "CSRunConfig", "ModeKeys"]
+
+CS_IP_ENV = "CSRUN_CS_IP"
+
+
+@dataclass(frozen=True)
+class CSRunConfig:
+    """Where the CS is and how often a run logs, summarizes and checkpoints (in steps)."""
+
+    cs_ip: str | None = None
+    save_summary_steps: int | None = 100
+    save_checkpoints_steps: int | None = None  # None: only at the end of a run
+    keep_checkpoint_max: int | None = 5  # None or 0: keep all
+    log_step_count_steps: int | None = 100
+    tf_random_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name in ("cs_ip", "tf_random_seed") or value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise CSRunError(f"CSRunConfig {field.name}={value!r} is not a whole number >= 0",
+                                 f"set {field.name} to a number of steps")
+
+
+class CSEstimator:
+    """An Estimator-style front for model_fn on the CPU or the CS system."""
+
+    def __init__(self, model_fn: Callable, model_dir: str | None = None,
+                 compile_dir: str | None = None, config: CSRunConfig | None = None,
+                 params: dict | None = None, warm_start_from: str | None = None):
+        config = config or CSRunConfig()
+        if config.cs_ip is None and os.environ.get(CS_IP_ENV):
+            config = dataclasses.replace(config, cs_ip=os.environ[CS_IP_ENV])
+        params = copy.deepcopy(params) if params is not None else {}
+        if config.tf_random_seed is not None:  # model_graph and input workers read it here
+            params.setdefault("runconfig", {})["tf_random_seed"] = config.tf_random_seed
+        if model_dir is None:
+            model_dir = tempfile.mkdtemp(prefix="csrun_model_")
+            print(f"Using a temporary model_dir: {model_dir}", flush=True)
+        self.model_fn = model_fn
+        self.model_dir = str(model_dir)
+        self.compile_dir = str(compile_dir) if compile_dir is not None else self.model_dir
+        self.config = config
+        self.params = params
+        self.warm_start_from = warm_start_from
+
+    @property
+    def settings(self) -> cpu_session.RunSettings:
+        c = self.config
+        return cpu_session.RunSettings(self.model_dir, self.params, c.save_summary_steps,
+                                       c.save_checkpoints_steps, c.keep_checkpoint_max,
+                                       c.log_step_count_steps, self.warm_start_from)
+
+    def _on_cs(self, use_cs: bool) -> bool:
+        return bool(use_cs and self.config.cs_ip)
+
+    def compile(self, input_fn: Callable, validate_only: bool = False,
+                mode: str = ModeKeys.TRAIN) -> Any:
+        """Validate (and unless validate_only, compile) the model for the CS system; prints
+        the report and returns the compiler's result. Artifacts go to
+        `compile_dir/cs_compile/` (compile_dir defaults to model_dir)."""
+        from launcher.compiler import compile_model
+
+        result = compile_model(self.model_fn, input_fn, self.params, self.compile_dir, mode=mode,
+                               validate_only=validate_only)
+        print(result.report_text, end="", flush=True)
+        return result
+
+    def train(self, input_fn: Callable, steps: int | None = None, max_steps: int | None = None,
+              hooks: Sequence[Any] | None = None, use_cs: bool = True) -> "CSEstimator":
+        """Train to `max_steps` (absolute) or `steps` more, from the newest checkpoint."""
+        if steps is not None and max_steps is not None:
+            raise CSRunError("train got both steps and max_steps", "give one of them")
+        for name, value in (("steps", steps), ("max_steps", max_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise CSRunError(f"{name}={value!r} is not a whole number >= 0")
+        if self._on_cs(use_cs):
+            if hooks:
+                raise CSRunError("hooks run on the CPU path only", "train without hooks on the CS")
+            from coordinator import dispatch
+
+            dispatch.run(self, "train", input_fn, steps=steps, max_steps=max_steps)
+        else:
+            cpu_session.train(self.model_fn, input_fn, self.settings, steps=steps,
+                              max_steps=max_steps, hooks=list(hooks or ()))
+        return self
+
+    def evaluate(self, input_fn: Callable, steps: int | None = None,
+                 checkpoint_path: str | None = None, use_cs: bool = False) -> dict | None:
+        """The metrics of a checkpoint (the newest by default) over `steps` batches."""
+        if self._on_cs(use_cs):
+            from coordinator import dispatch
+
+            return dispatch.run(self, "evaluate", input_fn, steps=steps,
+                                checkpoint_path=checkpoint_path)
+        return cpu_session.evaluate(self.model_fn, input_fn, self.settings, steps=steps,
+                                    checkpoint_path=checkpoint_path)
+
+    def predict(self, input_fn: Callable, checkpoint_path: str | None = None,
+                num_samples: int | None = None, use_cs: bool = False) -> Any:
+        """Predictions of a checkpoint; also written to `model_dir/predict/`."""
+        if self._on_cs(use_cs):
+            from coordinator import dispatch
+
+            return dispatch.run(self, "predict", input_fn, checkpoint_path=checkpoint_path,
+                                num_samples=num_samples)
+        return cpu_session.predict(self.model_fn, input_fn, self.settings,
+                                   checkpoint_path=checkpoint_path, num_samples=num_samples)

@@ -1,0 +1,88 @@
+"""The mode flow every example's run.py calls: parse the flags, load params, then train /
+eval / eval_all / train_and_eval / predict, or validate_only / compile_only.
+
+    from launcher.run_flow import run
+    run(model_fn, train_input_fn, eval_input_fn, here=os.path.dirname(__file__))
+
+`python run.py` runs on the CPU; with `--cs_ip` (or under `csrun_wse`) train and eval go to
+the CS system.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+from launcher import checkpoints
+from launcher.errors import CSRunError, cli_entry
+from launcher.estimator import CSEstimator, CSRunConfig, ModeKeys
+from launcher.run_utils import (check_env, create_arg_parser, get_params, is_cs, save_params,
+                                update_params_from_args)
+
+
+def estimator_for(model_fn: Callable, params: dict) -> CSEstimator:
+    runconfig = params["runconfig"]
+    config = CSRunConfig(
+        cs_ip=runconfig["cs_ip"], save_summary_steps=runconfig["save_summary_steps"],
+        save_checkpoints_steps=runconfig["save_checkpoints_steps"],
+        keep_checkpoint_max=runconfig["keep_checkpoint_max"],
+        log_step_count_steps=runconfig["log_step_count_steps"],
+        tf_random_seed=runconfig["tf_random_seed"])
+    return CSEstimator(model_fn, model_dir=runconfig["model_dir"], config=config, params=params)
+
+
+def train_and_eval(estimator: CSEstimator, train_input_fn: Callable, eval_input_fn: Callable,
+                   runconfig: dict) -> None:
+    """Train to each checkpoint step, evaluating after each, up to max_steps (or steps more)."""
+    start = checkpoints.latest_checkpoint(estimator.model_dir)
+    step = checkpoints.checkpoint_step(start) if start else 0
+    end = runconfig["max_steps"] if runconfig["max_steps"] is not None else step + (runconfig["steps"] or 0)
+    every = runconfig["save_checkpoints_steps"] or max(end - step, 1)
+    while step < end:
+        step = min((step // every + 1) * every, end)
+        estimator.train(train_input_fn, max_steps=step)
+        estimator.evaluate(eval_input_fn, steps=runconfig["eval_steps"])
+
+
+def run_mode(estimator: CSEstimator, train_input_fn: Callable, eval_input_fn: Callable,
+             runconfig: dict) -> None:
+    mode = runconfig["mode"]
+    if runconfig["validate_only"] or runconfig["compile_only"]:
+        train = mode == "train"
+        estimator.compile(train_input_fn if train else eval_input_fn,
+                          validate_only=runconfig["validate_only"],
+                          mode=ModeKeys.TRAIN if train else ModeKeys.EVAL)
+    elif mode == "train":
+        estimator.train(train_input_fn, steps=runconfig["steps"], max_steps=runconfig["max_steps"])
+    elif mode == "eval":
+        estimator.evaluate(eval_input_fn, steps=runconfig["eval_steps"], use_cs=is_cs(runconfig))
+    elif mode == "eval_all":
+        paths = checkpoints.all_checkpoints(estimator.model_dir)
+        if not paths:
+            raise CSRunError(f"no checkpoint in {estimator.model_dir} to evaluate",
+                             "train first (--mode train)")
+        for path in paths:
+            estimator.evaluate(eval_input_fn, steps=runconfig["eval_steps"], checkpoint_path=path)
+    elif mode == "train_and_eval":
+        train_and_eval(estimator, train_input_fn, eval_input_fn, runconfig)
+    else:  # predict
+        estimator.predict(eval_input_fn, use_cs=is_cs(runconfig))
+
+
+def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, here: str,
+        argv: list[str] | None = None) -> None:
+    """main() of an example's run.py; `here` is the example's folder (configs/params.yaml and
+    the default model_dir are found there). Errors end as one line and exit code 1."""
+
+    @cli_entry(os.path.basename(sys.argv[0]) or "run.py")
+    def main() -> None:
+        parser = create_arg_parser(os.path.join(here, "model_dir"))
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        params = get_params(args.params or os.path.join(here, "configs", "params.yaml"))
+        runconfig = params["runconfig"]
+        update_params_from_args(args, runconfig)
+        check_env(runconfig)
+        save_params(params, runconfig["model_dir"])
+        run_mode(estimator_for(model_fn, params), train_input_fn, eval_input_fn, runconfig)
+
+    main()
