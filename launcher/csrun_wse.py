@@ -1,12 +1,23 @@
 """csrun_wse: run a training script on the CS system, as a job of a chief and input workers.
 
     csrun_wse [--total-nodes N] [--tasks-per-node T] [--cpus-per-task C]
-              [--cs_ip HOST:PORT] [--job-dir DIR] [--dry-run] [--debug] [--] python run.py …
+              [--single-task-nodes 0|1] [--cyclic] [--partition P] [--time T] [--mount-dirs A,B]
+              [--cs_ip HOST:PORT] [--job-dir DIR] [--dry-run] [--detach] [--emit-sbatch FILE]
+              [--debug] [--] python run.py …
 
 Every task runs the command; rank 0 is the chief, the others input workers
-(`coordinator.roles`). Without Slurm the tasks are local processes (submitit's local
-executor, `slurm/local_backend.py`). Without `--cs_ip` an embedded `wse_sim serve` is
-started for the job on a free loopback port and stopped at the end. A `python X.py`
+(`coordinator.roles`). When a Slurm controller answers the job is one Slurm job
+(`slurm/slurm_backend.py`: the CS GRES, partition, time, placement flags); otherwise the
+tasks are local processes (submitit's local executor, `slurm/local_backend.py`), which
+refuse the Slurm-only flags. Defaults come from the site's csrun.yaml
+(`launcher.site_config`); when it names a container image every task runs inside it
+(`containers.runtime`, with its mount dirs, `--mount-dirs` and the current directory
+bound). Without `--cs_ip` an embedded `wse_sim serve` is started for the job on a free
+loopback port and stopped at the end: the tasks must then run on this host (a Slurm job
+is pinned to this host's node; several nodes are an error: pass `--cs_ip`), and
+`--detach` is refused (the simulator lives as long as csrun_wse). `--detach` prints the
+Slurm job id and returns; `--emit-sbatch FILE` writes `slurm/templates/csrun_wse.sbatch`
+filled in with this job's settings, for plain `sbatch`. A `python X.py`
 command gets `--cs_ip HOST:PORT` appended unless it names one. The chief's log streams to
 the terminal; every task's log stays in the job folder; the exit code is the job's.
 """
@@ -24,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import CSRunError, cli_entry
+from launcher.site_config import SiteConfig, load_site_config
 from slurm.backend import JobRequest, choose_backend
 
 PROG = "csrun_wse"
@@ -37,12 +49,22 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Run a training script on the CS system.")
-    p.add_argument("--total-nodes", type=int, default=1)
-    p.add_argument("--tasks-per-node", type=int, default=1)
-    p.add_argument("--cpus-per-task", type=int, default=1)
+    p.add_argument("--total-nodes", type=int, help="nodes (default: csrun.yaml slurm.nodes, 1)")
+    p.add_argument("--tasks-per-node", type=int, help="tasks per node (default: slurm.tasks_per_node, 1)")
+    p.add_argument("--cpus-per-task", type=int, help="CPUs per task (default: slurm.cpus_per_task, 1)")
+    p.add_argument("--single-task-nodes", type=int, choices=(0, 1),
+                   help="1: the chief gets the first node to itself (Slurm)")
+    p.add_argument("--cyclic", action="store_true", help="place tasks round-robin over the nodes (Slurm)")
+    p.add_argument("--partition", help="Slurm partition (default: slurm.partition)")
+    p.add_argument("--time", help="Slurm time limit (default: slurm.time, else the partition's)")
+    p.add_argument("--mount-dirs", "--mount_dirs", dest="mount_dirs", default="", metavar="A,B",
+                   help="directories to bind into the container besides csrun.yaml's mount_dirs")
     p.add_argument("--cs_ip", help="HOST:PORT of a running CS system (default: an embedded simulator)")
     p.add_argument("--job-dir", type=Path, help="job folder (default: ./csrun_jobs/<time>-<id>)")
     p.add_argument("--dry-run", action="store_true", help="print the request, start nothing")
+    p.add_argument("--detach", action="store_true", help="submit, print the job id, return (needs --cs_ip)")
+    p.add_argument("--emit-sbatch", type=Path, metavar="FILE",
+                   help="write an sbatch script for this job (plain sbatch), start nothing")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command every task runs")
     return p
@@ -57,9 +79,15 @@ class WseArgs:
     job_dir: Path
     dry_run: bool
     command: tuple[str, ...]
+    mount_dirs: tuple[str, ...] = ()
+    detach: bool = False
+    emit_sbatch: Path | None = None
+    # Slurm settings the user gave (partition, time, cyclic, single_task_nodes)
+    slurm_options: tuple[tuple[str, str], ...] = ()
 
 
-def parse_args(argv: list[str]) -> WseArgs:
+def parse_args(argv: list[str], site: SiteConfig | None = None) -> WseArgs:
+    site = site or SiteConfig()
     ns = _parser().parse_args(argv)
     command = list(ns.command)
     if command and command[0] == "--":
@@ -67,14 +95,24 @@ def parse_args(argv: list[str]) -> WseArgs:
     if not command:
         raise CSRunError("no command to run", f"e.g. {PROG} python run.py --mode train")
     for flag in ("total_nodes", "tasks_per_node", "cpus_per_task"):
+        if getattr(ns, flag) is None:
+            setattr(ns, flag, getattr(site.slurm, flag.replace("total_", "")))
         if getattr(ns, flag) < 1:
             raise CSRunError(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be at least 1")
     if ns.cs_ip is not None:
         ns.cs_ip = normalize_cs_ip(ns.cs_ip)
+    if ns.detach and ns.cs_ip is None and not ns.dry_run:
+        raise CSRunError("--detach needs --cs_ip: the embedded CS simulator lives only as long as csrun_wse",
+                         "start `wse_sim serve` and pass --cs_ip HOST:PORT, or leave --detach out")
+    options = {"partition": ns.partition, "time": ns.time,
+               "cyclic": "1" if ns.cyclic else None,
+               "single_task_nodes": None if ns.single_task_nodes is None else str(ns.single_task_nodes)}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     job_dir = (ns.job_dir or Path("csrun_jobs") / f"{stamp}-{uuid.uuid4().hex[:6]}").resolve()
+    mount_dirs = tuple(d.strip() for d in ns.mount_dirs.split(",") if d.strip())
     return WseArgs(ns.total_nodes, ns.tasks_per_node, ns.cpus_per_task, ns.cs_ip, job_dir,
-                   ns.dry_run, tuple(command))
+                   ns.dry_run, tuple(command), mount_dirs, ns.detach, ns.emit_sbatch,
+                   tuple((k, v) for k, v in options.items() if v is not None))
 
 
 def normalize_cs_ip(cs_ip: str) -> str:
@@ -165,9 +203,32 @@ class EmbeddedSimulator:
             process.wait()
 
 
-def job_request(args: WseArgs, cs_ip: str, workdir: Path) -> JobRequest:
+def task_command(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig) -> tuple[str, ...]:
+    """What every task runs: the user's command (with --cs_ip), in the site's container if any."""
+    command = with_cs_ip(args.command, cs_ip)
+    if site.container.image is None:
+        return command
+    from containers.runtime import check_binds, check_image, find_runtime
+
+    runtime = find_runtime(site.container.runtime)
+    check_image(site.container.image)
+    binds = (*site.mount_dirs, *args.mount_dirs)
+    check_binds(binds)
+    return tuple(runtime.exec_command(site.container.image, command, binds, str(workdir)))
+
+
+def site_defaults(site: SiteConfig) -> dict[str, str]:
+    """The site's Slurm settings, for a backend that takes them."""
+    slurm = site.slurm
+    values = {"partition": slurm.partition, "time": slurm.time, "gres": slurm.gres, "gres_node": slurm.gres_node}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | None = None,
+                embedded: bool = False) -> JobRequest:
+    site = site or SiteConfig()
     return JobRequest(
-        command=with_cs_ip(args.command, cs_ip),
+        command=task_command(args, cs_ip, workdir, site),
         folder=args.job_dir,
         workdir=workdir,
         name=PROG,
@@ -176,18 +237,30 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path) -> JobRequest:
         cpus_per_task=args.cpus_per_task,
         env={"CSRUN_JOB_DIR": str(args.job_dir), "CSRUN_JOB_ID": args.job_dir.name,
              "CSRUN_CS_IP": cs_ip, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
+        options=dict(args.slurm_options),
+        defaults=site_defaults(site),
+        same_host=embedded,
     )
 
 
 @cli_entry(PROG)
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    site = load_site_config()
+    args = parse_args(sys.argv[1:] if argv is None else argv, site)
     workdir = Path.cwd()
+    if args.emit_sbatch is not None:
+        from slurm.templates import write_wse_sbatch
+
+        write_wse_sbatch(args.emit_sbatch, job_request(args, args.cs_ip or "", workdir), args.command,
+                         args.cs_ip, site.container.image, (*site.mount_dirs, *args.mount_dirs),
+                         fabric_of(args.command, workdir))
+        print(f"{PROG}: wrote {args.emit_sbatch} (submit it with: sbatch {args.emit_sbatch})", file=sys.stderr)
+        return 0
     backend = choose_backend()
     simulator = None if args.cs_ip else EmbeddedSimulator(
         fabric_of(args.command, workdir), args.job_dir / "wse_sim.log")
     cs_ip = args.cs_ip or simulator.address  # type: ignore[union-attr]
-    submission = backend.build(job_request(args, cs_ip, workdir))
+    submission = backend.build(job_request(args, cs_ip, workdir, site, embedded=simulator is not None))
     if args.dry_run:
         if simulator is not None:
             print(f"# embedded CS system: {shlex.join(simulator.command)}")
@@ -201,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {args.total_nodes * args.tasks_per_node} task(s) through the {backend.name} "
               f"backend; logs in {args.job_dir}", file=sys.stderr, flush=True)
         job = backend.submit(submission)
+        if args.detach:
+            print(job.job_id, flush=True)
+            return 0
+        print(f"{PROG}: job {job.job_id} submitted", file=sys.stderr, flush=True)
         outcome = job.follow(sys.stdout)
     except KeyboardInterrupt:
         if job is not None:

@@ -41,9 +41,15 @@ class JobRequest:
     tasks_per_node: int = 1
     cpus_per_task: int = 1
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    # Backend-specific settings (partition, time, gres, container image, mount dirs...):
-    # a backend rejects keys it does not know, naming them.
+    # Backend-specific settings the user asked for (partition, time, cyclic...): a backend
+    # rejects keys it does not take, naming them.
     options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The site's defaults for such settings (csrun.yaml: partition, gres, time...): used by
+    # a backend that takes them, ignored by one that does not (the local backend).
+    defaults: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The tasks reach a service on this host's loopback (the embedded simulator): they
+    # must run on this host.
+    same_host: bool = False
 
     @property
     def num_tasks(self) -> int:
@@ -145,6 +151,59 @@ def choose_backend() -> LaunchBackend:
     except ImportError:
         return LocalBackend()
     return SlurmBackend() if SlurmBackend.available() else LocalBackend()
+
+
+def task_result(paths: "submitit_utils.JobPaths") -> tuple[str, object] | None:
+    """A submitit task's result pickle ("success"/"error", value), or None while it has none."""
+    from submitit.core import utils as submitit_utils
+
+    if not paths.result_pickle.exists():
+        return None
+    try:
+        return submitit_utils.pickle_load(paths.result_pickle)
+    except Exception:  # written but not complete yet
+        return None
+
+
+def failed_task(folder: Path, job_id: str, num_tasks: int) -> JobOutcome | None:
+    """The first task of a submitit job whose result is an error: its exit code (carried by
+    `TaskFailed`) and the reason from its log."""
+    from submitit.core.utils import JobPaths
+
+    for rank in range(num_tasks):
+        paths = JobPaths(folder, job_id, rank)
+        result = task_result(paths)
+        if result is not None and result[0] == "error":
+            text = str(result[1])
+            marker = "TaskFailed: exit code "
+            code = int(text.split(marker)[-1].split()[0]) if marker in text else 1
+            return JobOutcome(code or 1, rank, last_error_line(paths.stdout))
+    return None
+
+
+def all_succeeded(folder: Path, job_id: str, num_tasks: int) -> bool:
+    from submitit.core.utils import JobPaths
+
+    results = [task_result(JobPaths(folder, job_id, rank)) for rank in range(num_tasks)]
+    return all(r is not None and r[0] == "success" for r in results)
+
+
+def copy_new(path: Path, offset: int, stream: TextIO) -> int:
+    """Copy what was appended to `path` since `offset` to `stream`, submitit's own
+    bookkeeping lines left out; the new offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset
+    if data:
+        text = data.decode(errors="replace")
+        for line in text.splitlines(keepends=True):
+            if not line.startswith("submitit "):
+                stream.write(line)
+        stream.flush()
+    return offset + len(data)
 
 
 def last_error_line(log: Path) -> str:

@@ -15,7 +15,8 @@ import submitit
 from submitit.core import utils as submitit_utils
 
 from launcher.errors import CSRunError
-from slurm.backend import JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission, last_error_line
+from slurm.backend import (JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission, all_succeeded,
+                           copy_new, failed_task)
 
 # The local executor kills tasks at its timeout: make it effectively unbounded (30 days).
 _TIMEOUT_MIN = 30 * 24 * 60
@@ -93,7 +94,7 @@ class LocalBackend(LaunchBackend):
             raise CSRunError(f"--tasks-per-node {request.tasks_per_node}: a job needs at least one task")
         if request.options:
             raise CSRunError(
-                f"the local backend does not take {', '.join(sorted(request.options))}",
+                f"the local backend does not take {', '.join('--' + k.replace('_', '-') for k in sorted(request.options))}",
                 "these settings only apply to Slurm",
             )
         task = TaskCommand(tuple(request.command), str(request.workdir), tuple(sorted(request.env.items())))
@@ -124,52 +125,33 @@ class LocalJob(LaunchedJob):
     def task_log(self, rank: int) -> Path:
         return submitit_utils.JobPaths(self.folder, self.job_id, rank).stdout
 
-    def _result(self, rank: int) -> tuple[str, object] | None:
-        path = submitit_utils.JobPaths(self.folder, self.job_id, rank).result_pickle
-        if not path.exists():
-            return None
-        try:
-            return submitit_utils.pickle_load(path)
-        except Exception:  # written but not complete yet
-            return None
-
     def _failure(self) -> JobOutcome | None:
-        for rank in range(self.num_tasks):
-            result = self._result(rank)
-            if result is not None and result[0] == "error":
-                text = str(result[1])
-                code = 1
-                marker = "TaskFailed: exit code "
-                if marker in text:
-                    code = int(text.split(marker)[-1].split()[0])
-                return JobOutcome(code or 1, rank, last_error_line(self.task_log(rank)))
-        return None
+        return failed_task(self.folder, self.job_id, self.num_tasks)
 
     def follow(self, stream: TextIO, poll_seconds: float = 0.2) -> JobOutcome:
         log = self.task_log(0)
         offset = 0
         outcome: JobOutcome | None = None
         while outcome is None:
-            offset = _copy_new(log, offset, stream)
+            offset = copy_new(log, offset, stream)
             outcome = self._failure()
             if outcome is not None:
                 self.cancel()
                 if outcome.failed_rank != 0:
                     return outcome  # the chief's log after the stop is only its interruption
                 break
-            results = [self._result(r) for r in range(self.num_tasks)]
-            if all(r is not None for r in results):
+            if all_succeeded(self.folder, self.job_id, self.num_tasks):
                 outcome = JobOutcome(0)
                 break
             if self._job.state != "RUNNING":
                 time.sleep(1.0)  # the last result may still be on its way
                 outcome = self._failure() or (
-                    JobOutcome(0) if all(self._result(r) for r in range(self.num_tasks))
+                    JobOutcome(0) if all_succeeded(self.folder, self.job_id, self.num_tasks)
                     else JobOutcome(1, None, "the job's tasks stopped without a result")
                 )
                 break
             time.sleep(poll_seconds)
-        _copy_new(log, offset, stream)
+        copy_new(log, offset, stream)
         return outcome
 
     def cancel(self) -> None:
@@ -190,21 +172,3 @@ class LocalJob(LaunchedJob):
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-
-def _copy_new(path: Path, offset: int, stream: TextIO) -> int:
-    """Copy what was appended to `path` since `offset` to `stream`; the new offset."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return offset
-    if data:
-        # keep submitit's own bookkeeping lines out of the user's terminal
-        text = data.decode(errors="replace")
-        for line in text.splitlines(keepends=True):
-            if not line.startswith("submitit "):
-                stream.write(line)
-        stream.flush()
-    return offset + len(data)
-

@@ -1,0 +1,293 @@
+"""The Slurm launch backend: a job's tasks as one Slurm job, through submitit's Slurm executor.
+
+`render_script(request)` is the one rendering of the sbatch script: `build` calls it,
+`--dry-run` prints its text and `submit` hands that very text to sbatch (the executor's
+`_make_submission_file_text` returns it), so what is printed is what is submitted; submitit
+keeps the submitted file as `<job id>_submission.sh` in the job folder.
+
+What the script asks of Slurm:
+- `--nodes`, `--ntasks-per-node`, `--cpus-per-task` from the request; every task runs
+  `TaskCommand` (the user's command, rank from `SLURM_PROCID`) through `srun`; a task that
+  fails ends the step (`--kill-on-bad-exit`).
+- `gres` (csrun.yaml `slurm.gres`, default `cs:1`): the CS system is a GRES, so a second job
+  waits in the queue until the first ends. Slurm counts a GRES per node: a job of several
+  nodes needs it on each of them (`gres_node` names the node that holds it; the chief's).
+- `partition`, `time` (none: the partition's default limit), `cyclic` (tasks round-robin over
+  the nodes), `single_task_nodes` (the first node runs the chief alone; the workers go on
+  the others, `tasks_per_node` each).
+- `same_host` (the tasks reach the embedded simulator on this host's loopback): the job is
+  pinned to this host's Slurm node (`--nodelist`); several nodes, or a host that is not a
+  Slurm node, are a clear error (start `wse_sim serve --host ADDR` and pass `--cs_ip`).
+- `request.env` is exported in the script (it is visible in `--dry-run`).
+
+Slurm's own refusals (sbatch's error) become one line naming what to change. Submitting
+happens in `submitit.helpers.clean_env()` (SLURM_CONF kept), so a job submitted from inside another job does
+not inherit its SLURM_* variables. The job's state comes from `scontrol show job` (then
+`sacct` once the controller forgot it): submitit's own watcher throttles sacct to minutes.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+import submitit
+from submitit.core.utils import FailedJobError, JobPaths
+from submitit.helpers import clean_env
+from submitit.slurm.slurm import _make_sbatch_string
+
+from launcher.errors import CSRunError
+from slurm.backend import (JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission, all_succeeded,
+                           copy_new, failed_task, slurm_answers)
+from slurm.local_backend import TaskCommand
+
+OPTION_KEYS = ("partition", "time", "gres", "gres_node", "cyclic", "single_task_nodes")
+_TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+             "BOOT_FAIL", "DEADLINE")
+_CANCELLED_EXIT = 143  # 128 + SIGTERM: what a shell reports for a job scancel ended
+
+
+def _truthy(value: str | None) -> bool:
+    return str(value).lower() in ("1", "true", "yes")
+
+
+def slurm_options(request: JobRequest) -> dict[str, str]:
+    """The request's Slurm settings: the site's defaults, then the user's options."""
+    unknown = sorted(set(request.options) - set(OPTION_KEYS))
+    if unknown:
+        raise CSRunError(f"the Slurm backend does not take {', '.join(unknown)}",
+                         f"it takes {', '.join(OPTION_KEYS)}")
+    merged = {k: v for k, v in {**request.defaults, **request.options}.items() if k in OPTION_KEYS}
+    return {k: v for k, v in merged.items() if v not in (None, "")}
+
+
+def task_layout(request: JobRequest, options: dict[str, str]) -> tuple[int, list[str]]:
+    """How many tasks, and the setup lines placing them (single-task nodes, cyclic)."""
+    single = int(options.get("single_task_nodes", "0") or 0)
+    if single not in (0, 1):
+        raise CSRunError(f"--single-task-nodes {single}: only the chief's node can run a single task",
+                         "use --single-task-nodes 0 or 1")
+    if not single:
+        return request.num_tasks, []
+    if request.total_nodes < 2:
+        raise CSRunError("--single-task-nodes 1 with --total-nodes 1 leaves no node for the input workers",
+                         "use --total-nodes 2 or more, or leave --single-task-nodes out")
+    tasks = 1 + (request.total_nodes - 1) * request.tasks_per_node
+    order = "cyclic" if _truthy(options.get("cyclic")) else "block"
+    # SLURM_HOSTFILE + --distribution=arbitrary: the chief alone on the first node.
+    setup = [
+        "# the chief alone on the first node; the workers on the others "
+        f"({request.tasks_per_node} each, {order})",
+        'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+        f'export SLURM_HOSTFILE="$PWD/.csrun_hostfile_$SLURM_JOB_ID"',
+        '{ echo "${nodes[0]}"; '
+        + ('for i in $(seq %d); do printf "%%s\\n" "${nodes[@]:1}"; done; }' % request.tasks_per_node
+           if order == "cyclic" else
+           'for n in "${nodes[@]:1}"; do for i in $(seq %d); do echo "$n"; done; done; }'
+           % request.tasks_per_node)
+        + ' > "$SLURM_HOSTFILE"',
+    ]
+    return tasks, setup
+
+
+def this_host_node() -> str:
+    """The Slurm node that is this host (for jobs that must run here)."""
+    for name in dict.fromkeys((socket.gethostname().split(".")[0], socket.gethostname())):
+        done = subprocess.run(["scontrol", "show", "node", "-o", name], capture_output=True, text=True)
+        if done.returncode == 0 and f"NodeName={name} " in done.stdout:
+            return name
+    raise CSRunError(
+        f"this host ({socket.gethostname()}) is not a Slurm node, so a job's tasks cannot reach the "
+        "embedded CS simulator on its loopback",
+        "start `wse_sim serve --host ADDRESS` where the tasks can reach it and pass --cs_ip ADDRESS:PORT")
+
+
+def render_script(request: JobRequest, python: str) -> tuple[str, int]:
+    """The sbatch script submitted for `request` (and printed by --dry-run); its task count."""
+    options = slurm_options(request)
+    num_tasks, placement = task_layout(request, options)
+    sbatch: dict[str, object] = {"nodes": request.total_nodes, "cpus_per_task": request.cpus_per_task}
+    extra: dict[str, object] = {}
+    srun_args = ["--kill-on-bad-exit=1"]
+    if placement:
+        extra["ntasks"] = num_tasks
+        srun_args += ["--distribution=arbitrary", f"--ntasks={num_tasks}"]
+    else:
+        sbatch["ntasks_per_node"] = request.tasks_per_node
+        if _truthy(options.get("cyclic")):
+            extra["distribution"] = "cyclic"
+            srun_args.append("--distribution=cyclic")
+    for key in ("partition", "gres"):
+        if key in options:
+            sbatch[key] = options[key]
+    if request.same_host:
+        if request.total_nodes != 1:
+            raise CSRunError(
+                f"--total-nodes {request.total_nodes} without --cs_ip: the embedded CS simulator listens on "
+                "this host's loopback, which other nodes cannot reach",
+                "start `wse_sim serve --host ADDRESS` on a host the nodes reach and pass --cs_ip ADDRESS:PORT")
+        sbatch["nodelist"] = this_host_node()
+    elif "gres_node" in options:
+        sbatch["nodelist"] = options["gres_node"]
+    env = [f"export {k}={shlex.quote(v)}" for k, v in sorted(request.env.items())]
+    setup = [
+        f"# csrun: {num_tasks} task(s); rank 0 (SLURM_PROCID) is the chief, the others input workers.",
+        f"# every task runs, from {request.workdir}:",
+        f"#   {shlex.join(request.command)}",
+        *env,
+        *placement,
+    ]
+    text = _make_sbatch_string(
+        command=f"{python} -u -m submitit.core._submit {shlex.quote(str(request.folder))}",
+        folder=request.folder, job_name=request.name, stderr_to_stdout=True, setup=setup,
+        srun_args=srun_args, additional_parameters=extra or None, **sbatch)
+    if "time" in options:
+        text = text.replace("#SBATCH --time=5\n", f"#SBATCH --time={shlex.quote(options['time'])}\n")
+    else:  # submitit always asks for 5 minutes; without --time the partition's default applies
+        text = text.replace("#SBATCH --time=5\n", "")
+    return text, num_tasks
+
+
+class _ScriptExecutor(submitit.SlurmExecutor):
+    """submitit's Slurm executor submitting a script rendered beforehand, as it is."""
+
+    def __init__(self, folder: Path, script: str, num_tasks: int):
+        super().__init__(folder)
+        self._script = script
+        self._tasks = num_tasks
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return self._script
+
+    def _num_tasks(self) -> int:
+        return self._tasks
+
+
+class SlurmBackend(LaunchBackend):
+    name = "slurm"
+
+    @classmethod
+    def available(cls) -> bool:
+        return slurm_answers()
+
+    def build(self, request: JobRequest) -> Submission:
+        text, num_tasks = render_script(request, shlex.quote(sys.executable))
+        task = TaskCommand(tuple(request.command), str(request.workdir), ())
+        return Submission(request=request, backend=self.name, text=text, payload=(task, num_tasks))
+
+    def submit(self, submission: Submission) -> "SlurmJob":
+        request = submission.request
+        task, num_tasks = submission.payload
+        request.folder.mkdir(parents=True, exist_ok=True)
+        conf = os.environ.get("SLURM_CONF")  # which cluster: not an outer job's variable
+        with clean_env():
+            if conf:
+                os.environ["SLURM_CONF"] = conf
+            executor = _ScriptExecutor(request.folder, submission.text, num_tasks)
+            try:
+                job = executor.submit(task)
+            except FailedJobError as error:
+                raise refusal(str(error), request) from None
+        return SlurmJob(job, request.folder, num_tasks)
+
+
+def refusal(text: str, request: JobRequest) -> CSRunError:
+    """sbatch's refusal as one line that says what to change."""
+    lines = [ln.strip() for ln in text.splitlines() if "error:" in ln]
+    message = lines[-1].split("error:", 1)[1].strip() if lines else text.strip().splitlines()[-1]
+    message = re.sub(r"^Batch job submission failed:\s*", "", message)
+    options = slurm_options(request)
+    if "Invalid partition" in message:
+        return CSRunError(f"Slurm has no partition {options.get('partition')!r}",
+                          f"partitions here: {', '.join(partitions()) or 'none'} (sinfo -s)")
+    if "node configuration is not available" in message or "More processors requested" in message:
+        return CSRunError(
+            f"Slurm can never give this job {request.total_nodes} node(s) x {request.tasks_per_node} task(s) "
+            f"x {request.cpus_per_task} CPU(s) ({message})",
+            f"the cluster has {capacity()}; ask for fewer --total-nodes/--tasks-per-node/--cpus-per-task")
+    if "gres" in message.lower():
+        return CSRunError(f"Slurm refused the GRES {options.get('gres')!r}: {message}",
+                          "set slurm.gres in csrun.yaml to the CS system's GRES (e.g. cs:1), or null")
+    return CSRunError(f"Slurm refused the job: {message}", "see sbatch's documentation for the setting named")
+
+
+def partitions() -> list[str]:
+    done = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True)
+    return sorted(set(done.stdout.split())) if done.returncode == 0 else []
+
+
+def capacity() -> str:
+    done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c %G"], capture_output=True, text=True)
+    nodes = sorted(set(done.stdout.strip().splitlines()))
+    return "; ".join(f"node {n.split()[0]}: {n.split()[1]} CPUs, gres {n.split()[2]}" for n in nodes) or "no nodes"
+
+
+def job_state(job_id: str) -> tuple[str, str]:
+    """(state, reason) of a Slurm job: the controller's view, else the accounting's."""
+    done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    if done.returncode == 0:
+        fields = dict(f.split("=", 1) for f in done.stdout.split() if "=" in f)
+        return fields.get("JobState", "UNKNOWN"), fields.get("Reason", "")
+    done = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
+    state = done.stdout.strip().splitlines()[0] if done.stdout.strip() else "UNKNOWN"
+    return state.split()[0], state
+
+
+class SlurmJob(LaunchedJob):
+    def __init__(self, job: submitit.Job, folder: Path, num_tasks: int):
+        self._job = job
+        self.job_id = str(job.job_id)
+        self.folder = folder
+        self.num_tasks = num_tasks
+        self._cancelled = False
+
+    @property
+    def submission_file(self) -> Path:
+        """The script sbatch ran (kept by submitit)."""
+        return JobPaths(self.folder, self.job_id).submission_file
+
+    def task_log(self, rank: int) -> Path:
+        return JobPaths(self.folder, self.job_id, rank).stdout
+
+    def state(self) -> str:
+        return job_state(self.job_id)[0]
+
+    def follow(self, stream: TextIO, poll_seconds: float = 0.5) -> JobOutcome:
+        log = self.task_log(0)
+        offset = 0
+        while True:
+            offset = copy_new(log, offset, stream)
+            outcome = failed_task(self.folder, self.job_id, self.num_tasks)
+            if outcome is not None:
+                self.cancel()
+                break
+            if all_succeeded(self.folder, self.job_id, self.num_tasks):
+                outcome = JobOutcome(0)
+                break
+            state = self.state()
+            if state in _TERMINAL:
+                time.sleep(1.0)  # the last result may still be on its way
+                outcome = failed_task(self.folder, self.job_id, self.num_tasks) or (
+                    JobOutcome(0) if all_succeeded(self.folder, self.job_id, self.num_tasks)
+                    else self._ended_without_result(state))
+                break
+            time.sleep(poll_seconds)
+        copy_new(log, offset, stream)
+        return outcome
+
+    def _ended_without_result(self, state: str) -> JobOutcome:
+        if state == "CANCELLED":
+            return JobOutcome(_CANCELLED_EXIT, None, f"Slurm job {self.job_id} was cancelled (scancel)")
+        return JobOutcome(1, None, f"Slurm job {self.job_id} ended {state} without a result from its tasks")
+
+    def cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        self._job.cancel(check=False)  # scancel
