@@ -1,0 +1,339 @@
+"""cs_input_analyzer: can the input workers keep up with the compiled program?
+
+    cs_input_analyzer [--available-nodes N] [--cpus-per-node C] [--batches B] [--debug]
+                      [--] python run.py --mode train
+
+1. Compile: the script runs in this process with `--compile_only` appended; the analyzer
+   observes its call of `launcher.compiler.compile_model` (the user's input_fn and params,
+   and the compile directory) and reads the program's estimated samples/s from
+   `compile_report.json`.
+2. Measure input_fn the way an input worker runs it (`workers.feed.shard_batches`, then
+   `feed_requests`: flatten, check, serialize with `to_tensor`), B batches as worker 0 of
+   W for W = 1, 2, 4, 8 (as far as the nodes allow). Every worker runs input_fn's whole
+   pipeline and keeps one batch in W (`dataset.shard` after batching), so a worker's
+   batches get slower as W grows, while prefetching overlaps the pipeline with the
+   serialization: measuring, not a formula, says by how much. Between and beyond the
+   measurements the time per batch is piecewise linear.
+3. Recommend `--total-nodes / --tasks-per-node / --cpus-per-task` for csrun_wse: the
+   fewest workers whose total rate W·B/t(W) reaches the CS's rate or, input-bound,
+   95 % of the best the available nodes allow; one task more for the chief.
+
+A worker is measured with the CPUs this process may use; the recommendation gives each
+worker that many (at most a node's). gRPC transfer (about 1.2 GB/s over loopback) is not
+part of the measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import runpy
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from launcher.errors import CSRunError, cli_entry
+
+PROG = "cs_input_analyzer"
+NEAR_BEST = 0.95  # input-bound: the fewest workers within 5 % of the best rate
+MEASURED_WORKERS = (1, 2, 4, 8)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # unknown flags are errors, reported in one line
+        raise CSRunError(message, f"see {PROG} --help")
+
+
+@dataclass(frozen=True)
+class InputCosts:
+    """Seconds per batch one input worker sends, measured on this node for a few numbers
+    of workers (worker 0 of W runs input_fn's whole pipeline and keeps 1 batch in W)."""
+
+    batch_size: int
+    seconds: tuple[tuple[int, float], ...]  # (W, seconds per batch worker 0 of W sends), W from 1 up
+    cpus: int                               # CPUs the measuring worker could use
+
+    def __post_init__(self) -> None:
+        workers = [w for w, _ in self.seconds]
+        if not workers or workers[0] != 1 or workers != sorted(set(workers)):
+            raise ValueError(f"measurements must start at 1 worker and ascend: {workers}")
+        if any(t <= 0 for _, t in self.seconds):
+            raise ValueError("measured times must be positive")
+
+    def _points(self) -> list[tuple[int, float]]:
+        """The measurements made non-decreasing: more workers cannot make one faster."""
+        points, longest = [], 0.0
+        for w, t in self.seconds:
+            longest = max(longest, t)
+            points.append((w, longest))
+        return points
+
+    def seconds_per_batch(self, num_workers: int) -> float:
+        """Piecewise-linear through the measurements, extended beyond the last one with
+        the last segment's slope."""
+        points = self._points()
+        for (w0, t0), (w1, t1) in zip(points, points[1:]):
+            if num_workers <= w1:
+                return t0 + (t1 - t0) * (num_workers - w0) / (w1 - w0)
+        return points[-1][1] + self.slope * (num_workers - points[-1][0])
+
+    @property
+    def slope(self) -> float:
+        """Seconds one more worker adds to each worker's batch (the last segment's)."""
+        points = self._points()
+        if len(points) < 2:
+            return 0.0
+        (w0, t0), (w1, t1) = points[-2:]
+        return (t1 - t0) / (w1 - w0)
+
+    def worker_rate(self, num_workers: int) -> float:
+        """Samples/s one worker sends when there are `num_workers` of them."""
+        return self.batch_size / self.seconds_per_batch(num_workers)
+
+    def total_rate(self, num_workers: int) -> float:
+        return num_workers * self.worker_rate(num_workers)
+
+    @property
+    def pipeline_limit(self) -> float:
+        """Samples/s no number of workers passes: input_fn's pipeline rate."""
+        return self.batch_size / self.slope if self.slope > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    total_nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    workers: int                # input workers (the tasks besides the chief; 1 in a lone chief)
+    input_samples_per_sec: float  # what the workers can send
+    cs_samples_per_sec: float     # what the compiled program consumes
+
+    @property
+    def expected_samples_per_sec(self) -> float:
+        return min(self.input_samples_per_sec, self.cs_samples_per_sec)
+
+    @property
+    def input_bound(self) -> bool:
+        return self.input_samples_per_sec < self.cs_samples_per_sec
+
+    def flags(self) -> str:
+        return (f"--total-nodes {self.total_nodes} --tasks-per-node {self.tasks_per_node} "
+                f"--cpus-per-task {self.cpus_per_task}")
+
+
+def job_slots(cpus: int, available_nodes: int, cpus_per_node: int) -> tuple[int, int, int]:
+    """(CPUs per task, tasks per node, most input workers) when a worker gets the `cpus`
+    it was measured with (at most a node's) and the chief takes one task."""
+    if available_nodes < 1 or cpus_per_node < 1:
+        raise ValueError("need at least one node and one CPU")
+    cpus_per_task = max(1, min(cpus, cpus_per_node))
+    per_node = cpus_per_node // cpus_per_task
+    return cpus_per_task, per_node, max(available_nodes * per_node - 1, 1)  # a lone chief runs one
+
+
+def recommend(costs: InputCosts, cs_samples_per_sec: float, available_nodes: int,
+              cpus_per_node: int) -> Recommendation:
+    """The smallest job whose input workers feed the CS at its rate, or as near as the
+    nodes allow (within NEAR_BEST of the best): rank 0 is the chief, the rest workers."""
+    cpus_per_task, slots_per_node, most = job_slots(costs.cpus, available_nodes, cpus_per_node)
+    best = max(costs.total_rate(w) for w in range(1, most + 1))
+    target = min(cs_samples_per_sec, NEAR_BEST * best)
+    workers = next(w for w in range(1, most + 1) if costs.total_rate(w) >= target)
+    tasks = 1 if available_nodes * slots_per_node == 1 else workers + 1
+    nodes = math.ceil(tasks / slots_per_node)
+    per_node = math.ceil(tasks / nodes)
+    workers = max(nodes * per_node - 1, 1)  # csrun_wse runs nodes x tasks-per-node tasks
+    return Recommendation(nodes, per_node, cpus_per_task, workers, costs.total_rate(workers),
+                          cs_samples_per_sec)
+
+
+# ---- compiling the user's script -------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompiledScript:
+    """What the script's --compile_only run handed the compiler, and what came out."""
+
+    input_fn: Callable
+    params: dict
+    directory: str           # the compile directory (holds compile_report.json)
+    report: dict[str, Any]   # compile_report.json
+
+    @property
+    def samples_per_sec(self) -> float:
+        return float(self.report["estimate"]["samples_per_sec"])
+
+
+def script_argv(command: tuple[str, ...]) -> list[str]:
+    """`python SCRIPT.py ARGS…` → [SCRIPT.py, ARGS…, --compile_only]."""
+    if len(command) < 2 or not Path(command[0]).name.startswith("python") or not command[1].endswith(".py"):
+        raise CSRunError(f"{PROG} runs a Python training script, not {' '.join(command)!r}",
+                         f"e.g. {PROG} python run.py --mode train")
+    if not Path(command[1]).is_file():
+        raise CSRunError(f"script {command[1]} not found", "run from the script's directory or give its path")
+    return [command[1], *command[2:], "--compile_only"]
+
+
+@contextlib.contextmanager
+def observed_compiles(calls: list[tuple[tuple, dict, Any]]) -> Iterator[None]:
+    """Record every (args, kwargs, result) of `launcher.compiler.compile_model` meanwhile.
+
+    The estimator looks the function up in `launcher.compiler` when it compiles, so the
+    real compiler runs and the analyzer sees the user's input_fn, params and result.
+    """
+    import launcher.compiler as compiler
+
+    real = compiler.compile_model
+
+    def compile_model(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls.append((args, kwargs, result))
+        return result
+
+    compiler.compile_model = compile_model
+    try:
+        yield
+    finally:
+        compiler.compile_model = real
+
+
+def compile_script(command: tuple[str, ...]) -> CompiledScript:
+    """Run the script's --compile_only path in this process; return what it compiled."""
+    argv = script_argv(command)
+    calls: list[tuple[tuple, dict, Any]] = []
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = argv
+    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+    try:
+        with observed_compiles(calls):
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as done:
+        if done.code not in (None, 0):
+            raise CSRunError(f"the compile ({' '.join(argv)}) failed with exit code {done.code}",
+                             "see its error above; fix it with `python "
+                             f"{' '.join(argv)}` first") from None
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    if not calls:
+        raise CSRunError(f"{' '.join(argv)} compiled nothing",
+                         "give a CSEstimator script whose --compile_only compiles "
+                         "(e.g. python run.py --mode train)")
+    args, kwargs, result = calls[-1]
+    named = dict(zip(("model_fn", "input_fn", "params", "model_dir"), args)) | kwargs
+    report_path = Path(result.directory) / "compile_report.json"
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError) as error:
+        raise CSRunError(f"cannot read {report_path}: {error}",
+                         "compile again with --compile_only") from None
+    return CompiledScript(named["input_fn"], named["params"], result.directory, report)
+
+
+# ---- measuring input_fn ----------------------------------------------------------------
+
+def seconds_per_batch(input_fn: Callable, params: dict, inputs: tuple, batches: int,
+                      num_workers: int) -> float:
+    """Seconds per batch worker 0 of `num_workers` sends (input_fn's call and its first
+    batch excluded), through the workers' own sharding, checks and serialization."""
+    from workers.feed import feed_requests, shard_batches
+    from workers.rendezvous import Rendezvous
+
+    rendezvous = Rendezvous(cs_ip="", cs_job_id="analyzer", token="", num_workers=num_workers,
+                            start_batch=0, num_batches=(batches + 1) * num_workers, inputs=inputs)
+    requests = feed_requests(shard_batches(input_fn, params, rendezvous, 0), rendezvous, 0)
+    next(requests)
+    start = time.perf_counter()
+    sent = sum(1 for _ in requests)
+    return (time.perf_counter() - start) / sent
+
+
+def measure_costs(compiled: CompiledScript, batches: int, most_workers: int) -> InputCosts:
+    """Time worker 0 of W for W = 1, 2, 4, 8, up to the first W >= `most_workers`."""
+    from coordinator.chief import program_inputs
+    from launcher.compiler import load_compiled
+
+    inputs = program_inputs(load_compiled(compiled.directory).program)
+    reach = next((w for w in MEASURED_WORKERS if w >= max(most_workers, 2)), MEASURED_WORKERS[-1])
+    counts = [w for w in MEASURED_WORKERS if w <= reach]
+    seconds = tuple((w, seconds_per_batch(compiled.input_fn, compiled.params, inputs, batches, w))
+                    for w in counts)
+    return InputCosts(int(compiled.report["batch_size"]), seconds, len(os.sched_getaffinity(0)))
+
+
+# ---- the command line ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AnalyzerArgs:
+    available_nodes: int
+    cpus_per_node: int
+    batches: int
+    command: tuple[str, ...]
+
+
+def parse_args(argv: list[str]) -> AnalyzerArgs:
+    p = _Parser(prog=PROG, allow_abbrev=False,
+                description="Measure input_fn against the compiled program; recommend csrun_wse's layout.")
+    p.add_argument("--available-nodes", type=int, default=1, help="nodes the job may use (default: 1)")
+    p.add_argument("--cpus-per-node", type=int, default=os.cpu_count() or 1,
+                   help="CPUs of a node (default: this node's)")
+    p.add_argument("--batches", type=int, default=20, help="batches to time per run (default: 20)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="python run.py --mode train")
+    ns = p.parse_args(argv)
+    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not command:
+        raise CSRunError("no command to analyze", f"e.g. {PROG} python run.py --mode train")
+    for flag in ("available_nodes", "cpus_per_node", "batches"):
+        if getattr(ns, flag) < 1:
+            raise CSRunError(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be at least 1")
+    return AnalyzerArgs(ns.available_nodes, ns.cpus_per_node, ns.batches, tuple(command))
+
+
+def render(compiled: CompiledScript, costs: InputCosts, rec: Recommendation, batches: int,
+           command: tuple[str, ...]) -> str:
+    report = compiled.report
+    lines = [
+        f"Compiled program ({report['fabric']}, batch {report['batch_size']}): the CS consumes "
+        f"up to {compiled.samples_per_sec:,.0f} samples/s ({compiled.directory})",
+        f"input_fn as input worker 0 of W with {costs.cpus} CPU(s), {batches} batches of "
+        f"{costs.batch_size} samples (every worker runs the whole pipeline, keeps 1 batch in W):",
+        "  workers   ms per batch sent   samples/s per worker   samples/s in total",
+    ]
+    measured = {w for w, _ in costs.seconds}
+    for w in sorted(measured | {rec.workers}):
+        note = "" if w in measured else "   (interpolated)" if w < max(measured) else "   (extrapolated)"
+        lines.append(f"  {w:7d}   {1e3 * costs.seconds_per_batch(w):17.3f}   "
+                     f"{costs.worker_rate(w):20,.0f}   {costs.total_rate(w):18,.0f}{note}")
+    bound = (f"input-bound: the CS could take {rec.cs_samples_per_sec:,.0f}" if rec.input_bound
+             else "CS-bound: the workers keep up")
+    lines += [
+        f"Recommended: {rec.flags()}",
+        f"  the chief and {rec.workers} input worker(s); expected {rec.expected_samples_per_sec:,.0f} "
+        f"samples/s ({bound})",
+        f"  csrun_wse {rec.flags()} {' '.join(command)}",
+    ]
+    if rec.input_bound:
+        limit = ("" if math.isinf(costs.pipeline_limit) else
+                 f"more workers approach input_fn's pipeline rate, {costs.pipeline_limit:,.0f} samples/s; ")
+        lines.append(f"  {limit}to go faster, make input_fn cheaper (cache decoded data, "
+                     "vectorize map, prefetch) or give the job more nodes")
+    return "\n".join(lines) + "\n"
+
+
+@cli_entry(PROG)
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    compiled = compile_script(args.command)
+    print(file=sys.stdout)
+    _, _, most = job_slots(len(os.sched_getaffinity(0)), args.available_nodes, args.cpus_per_node)
+    costs = measure_costs(compiled, args.batches, most)
+    rec = recommend(costs, compiled.samples_per_sec, args.available_nodes, args.cpus_per_node)
+    sys.stdout.write(render(compiled, costs, rec, args.batches, args.command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
