@@ -88,3 +88,13 @@ def check_image(image: str) -> None:
         raise CSRunError(f"container image {image} not found", _IMAGE_HINT)
     if not os.access(image, os.R_OK):
         raise CSRunError(f"container image {image} is not readable", _IMAGE_HINT)
+
+
+def container_exec(image: str, command: Sequence[str], binds: Sequence[str], workdir: str,
+                   preferred: str | None = None) -> tuple[ContainerRuntime, list[str]]:
+    """Everything a launcher does to run `command` in `image`: find the runtime, check the
+    image and the bind sources, build the exec argv. Returns the runtime and the argv."""
+    runtime = find_runtime(preferred)
+    check_image(image)
+    check_binds(binds)
+    return runtime, runtime.exec_command(image, command, binds, workdir)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from containers.runtime import check_binds, check_image, find_runtime
+from containers.runtime import container_exec
 from launcher.errors import CSRunError, cli_entry
 from launcher.site_config import SiteConfig, SlurmConfig, load_site_config
 from slurm.backend import slurm_answers
@@ -92,11 +92,8 @@ def plan(args: CpuArgs, config: SiteConfig, workdir: str, slurm_answers: bool) -
     argv = list(args.command)
     image = config.container.image
     if image is not None:
-        runtime = find_runtime(config.container.runtime)
-        check_image(image)
-        binds = (*config.mount_dirs, *args.mount_dirs)
-        check_binds(binds)
-        argv = runtime.exec_command(image, argv, binds, workdir)
+        runtime, argv = container_exec(image, argv, (*config.mount_dirs, *args.mount_dirs), workdir,
+                                       config.container.runtime)
         how = f"in the {runtime.name} container {image}"
     else:
         source = f"no container.image in {config.path}" if config.path else "no csrun.yaml found"
