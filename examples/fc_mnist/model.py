@@ -1,11 +1,11 @@
 """model_fn of FC-MNIST: fully connected layers (784-500-300-10 by default) with dropout,
-sparse softmax cross-entropy, and the optimizer the params name."""
+sparse softmax cross-entropy and the optimizer the params name (`examples.classifier`)."""
 from __future__ import annotations
 
 import tensorflow as tf
 
-from examples.optimizer import build_optimizer
-from launcher.estimator import CSEstimatorSpec, ModeKeys
+from examples.classifier import classifier_spec
+from launcher.estimator import ModeKeys
 
 NUM_CLASSES = 10
 
@@ -19,20 +19,6 @@ def build_logits(features: tf.Tensor, config: dict, training: bool) -> tf.Tensor
     return tf.keras.layers.Dense(NUM_CLASSES)(h)
 
 
-def host_metrics(logits: tf.Tensor, labels: tf.Tensor):
-    """Computed on the host from the logits and labels (streamed back from the CS)."""
-    return {"accuracy": tf.compat.v1.metrics.accuracy(labels, tf.argmax(logits, axis=1))}
-
-
 def model_fn(features, labels, mode, params):
     logits = build_logits(features, params["model"], training=mode == ModeKeys.TRAIN)
-    if mode == ModeKeys.PREDICT:
-        return CSEstimatorSpec(mode=mode, predictions={"classes": tf.argmax(logits, axis=1),
-                                                       "probabilities": tf.nn.softmax(logits)})
-    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    train_op = None
-    if mode == ModeKeys.TRAIN:
-        train_op = build_optimizer(params["optimizer"]).minimize(
-            loss, global_step=tf.compat.v1.train.get_or_create_global_step())
-    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op,
-                           host_call=(host_metrics, [logits, labels]))
+    return classifier_spec(logits, labels, mode, params)
