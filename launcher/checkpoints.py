@@ -87,6 +87,16 @@ def latest_checkpoint(model_dir: str) -> str | None:
     return paths[-1] if paths else None
 
 
+def chosen_checkpoint(model_dir: str, checkpoint_path: str | None) -> str:
+    """The checkpoint to evaluate or predict from: `checkpoint_path`, else the newest."""
+    path = checkpoint_path or latest_checkpoint(model_dir)
+    if path is None:
+        raise CSRunError(f"no checkpoint in {model_dir} to evaluate", "train first (--mode train)")
+    if not _exists(path):
+        raise CSRunError(f"checkpoint {path} does not exist", "name a model.ckpt-N prefix")
+    return path
+
+
 def read_checkpoint(path: str) -> dict[str, np.ndarray]:
     """Every tensor of the checkpoint at `path`, by name (`global_step` included)."""
     try:

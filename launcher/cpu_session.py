@@ -23,8 +23,8 @@ from launcher.estimator_spec import ModeKeys
 from launcher.events import EventWriter, eval_dir
 from launcher.metrics import EvalMetrics
 from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+from launcher.predictions import PredictionGraph, write_predictions
 
-PREDICT_DIR = "predict"
 _PREFETCH = 2
 
 
@@ -225,15 +225,6 @@ def _run_with_hooks(session: tf.compat.v1.Session, fetches: dict, feed: dict,
     return out["user"], context.stop_requested
 
 
-def _eval_checkpoint(model_dir: str, checkpoint_path: str | None) -> str:
-    path = checkpoint_path or checkpoints.latest_checkpoint(model_dir)
-    if path is None:
-        raise CSRunError(f"no checkpoint in {model_dir} to evaluate", "train first (--mode train)")
-    if not os.path.exists(path + ".index"):
-        raise CSRunError(f"checkpoint {path} does not exist", "name a model.ckpt-N prefix")
-    return path
-
-
 def evaluate(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps: int | None = None,
              checkpoint_path: str | None = None) -> dict[str, float]:
     """Evaluate a checkpoint (the newest by default) on `steps` batches (all when None):
@@ -243,7 +234,7 @@ def evaluate(model_fn: Callable, input_fn: Callable, settings: RunSettings, step
     if steps is None and not _is_finite(input_fn, params):
         raise CSRunError("the evaluation input repeats forever and no eval_steps is given",
                          "give --eval_steps or make the eval input end")
-    path = _eval_checkpoint(settings.model_dir, checkpoint_path)
+    path = checkpoints.chosen_checkpoint(settings.model_dir, checkpoint_path)
     step = checkpoints.checkpoint_step(path)
     with EvalMetrics(model_fn, input_fn, params, checkpoint=path) as metrics:
         _, stream = batches(input_fn, params)
@@ -271,36 +262,17 @@ def predict(model_fn: Callable, input_fn: Callable, settings: RunSettings,
     if num_samples is None and not _is_finite(input_fn, params):
         raise CSRunError("the prediction input repeats forever and no num_samples is given",
                          "give num_samples or make the input end")
-    path = _eval_checkpoint(settings.model_dir, checkpoint_path)
+    path = checkpoints.chosen_checkpoint(settings.model_dir, checkpoint_path)
     signature, stream = batches(input_fn, params)
-    with model_graph(params) as graph:
-        features, labels = signature.placeholders()
-        spec = call_model_fn(model_fn, features, labels, ModeKeys.PREDICT, params)
-        if spec.predictions is None:
-            raise CSRunError("model_fn in predict mode returned no predictions",
-                             "return CSEstimatorSpec(mode, predictions=...)")
-        variables = tf.compat.v1.global_variables()
-    outputs = spec.predictions if isinstance(spec.predictions, dict) else {"predictions": spec.predictions}
-    collected: dict[str, list[np.ndarray]] = {k: [] for k in outputs}
+    collected: dict[str, list[np.ndarray]] = {}
     count = 0
-    session = tf.compat.v1.Session(graph=graph)  # not a `with`: batches come eagerly
-    try:
-        checkpoints.restore_variables(session, variables, path)
+    with PredictionGraph(model_fn, signature, params, path) as graph:
+        names = [t.name for t in tf.nest.flatten(graph.inputs)]
         for batch in stream:
             if num_samples is not None and count >= num_samples:
                 break
-            for key, value in session.run(outputs, _feed((features, labels), batch)).items():
-                collected[key].append(value)
+            for key, value in graph.run(dict(zip(names, tf.nest.flatten(batch)))).items():
+                collected.setdefault(key, []).append(value)
             count += _batch_size(batch)
-    finally:
-        session.close()
-    results = {k: np.concatenate(v)[:num_samples] if v else np.zeros((0,)) for k, v in collected.items()}
-    out_dir = os.path.join(settings.model_dir, PREDICT_DIR)
-    os.makedirs(out_dir, exist_ok=True)
-    target = os.path.join(out_dir, f"predictions-{checkpoints.checkpoint_step(path)}.npz")
-    tmp = f"{target}.tmp-{os.getpid()}.npz"
-    np.savez(tmp, **results)
-    os.replace(tmp, target)
-    print(f"Wrote {len(next(iter(results.values())))} predictions of checkpoint {path} to {target}",
-          flush=True)
-    return results
+    return write_predictions(settings.model_dir, checkpoints.checkpoint_step(path), collected,
+                             num_samples)
