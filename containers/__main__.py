@@ -1,24 +1,18 @@
 """`python -m containers check|convert`: see containers/recipes.py."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from containers.recipes import DEFINITION, dockerfile_to_definition, missing_sources, read_definition
-from launcher.errors import CSRunError, cli_entry
+from launcher.errors import ArgumentParser, CSRunError, cli_entry
 
 PROG = "python -m containers"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise CSRunError(message, f"see {PROG} --help")
-
-
 @cli_entry(PROG)
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog=PROG, description="Check or write Apptainer definition files.")
+    parser = ArgumentParser(prog=PROG, description="Check or write Apptainer definition files.")
     sub = parser.add_subparsers(dest="action", required=True)
     check = sub.add_parser("check", help="parse a definition file; check its %%files sources exist")
     check.add_argument("definition", nargs="?", type=Path, default=DEFINITION)

@@ -20,17 +20,12 @@ import sys
 from dataclasses import dataclass
 
 from containers.runtime import container_exec
-from launcher.errors import CSRunError, cli_entry
+from launcher.errors import ArgumentParser, CSRunError, cli_entry
 from launcher.site_config import SiteConfig, SlurmConfig, load_site_config
 from slurm.backend import slurm_answers
 
 PROG = "csrun_cpu"
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # unknown flags are errors, reported in one line
-        raise CSRunError(message, f"see {PROG} --help")
 
 
 def _bool(text: str) -> bool:
@@ -40,7 +35,7 @@ def _bool(text: str) -> bool:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, allow_abbrev=False,
+    p = ArgumentParser(prog=PROG, allow_abbrev=False,
                 description="Run a command in the csrun environment on a CPU node.")
     p.add_argument("--alloc-node", "--alloc_node", dest="alloc_node", type=_bool, default=True,
                    metavar="True|False", help="run on a node of its own through srun (default: True)")

@@ -1,6 +1,7 @@
 """User-facing errors: one exception type, printed as one line by the entry points."""
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import sys
@@ -58,3 +59,11 @@ def cli_entry(prog: str) -> Callable[[F], F]:
         return run  # type: ignore[return-value]
 
     return wrap
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes (unknown flags, bad values) are a CSRunError: one line
+    through `cli_entry`, not usage text and exit code 2."""
+
+    def error(self, message: str):
+        raise CSRunError(message, f"see {self.prog} --help")

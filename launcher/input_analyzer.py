@@ -36,17 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from launcher.errors import CSRunError, cli_entry
+from launcher.errors import ArgumentParser, CSRunError, cli_entry
 
 PROG = "cs_input_analyzer"
 NEAR_BEST = 0.95  # input-bound: the fewest workers within 5 % of the best rate
 MEASURED_WORKERS = (1, 2, 4, 8)
 REPEATS = 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # unknown flags are errors, reported in one line
-        raise CSRunError(message, f"see {PROG} --help")
 
 
 @dataclass(frozen=True)
@@ -277,7 +272,7 @@ class AnalyzerArgs:
 
 
 def parse_args(argv: list[str]) -> AnalyzerArgs:
-    p = _Parser(prog=PROG, allow_abbrev=False,
+    p = ArgumentParser(prog=PROG, allow_abbrev=False,
                 description="Measure input_fn against the compiled program; recommend csrun_wse's layout.")
     p.add_argument("--available-nodes", type=int, default=1, help="nodes the job may use (default: 1)")
     p.add_argument("--cpus-per-node", type=int, default=os.cpu_count() or 1,

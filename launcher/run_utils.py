@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from launcher.csrun_wse import normalize_cs_ip
-from launcher.errors import CSRunError
+from launcher.errors import ArgumentParser, CSRunError
 
 MODES = ("train", "eval", "eval_all", "train_and_eval", "predict")
 CPU_ONLY_MODES = ("eval_all", "train_and_eval")
@@ -81,14 +81,9 @@ def get_params(path: str) -> dict:
     return params
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, through cli_entry, not usage + exit 2
-        raise CSRunError(message, f"see {self.prog} --help")
-
-
 def create_arg_parser(default_model_dir: str) -> argparse.ArgumentParser:
     """The original run.py flags. Flags left out stay None, so the YAML decides."""
-    p = _Parser(description="Train, evaluate, predict, validate or compile a model.")
+    p = ArgumentParser(description="Train, evaluate, predict, validate or compile a model.")
     p.add_argument("-p", "--params", help="the params YAML file (default: configs/params.yaml)")
     p.add_argument("-o", "--model_dir",
                    help=f"checkpoints, summaries and compiles go here (default: {default_model_dir})")
