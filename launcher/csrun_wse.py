@@ -271,13 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         if simulator is not None:
             simulator.start()
             print(f"{PROG}: embedded CS system ({simulator.command[-5]}) at {cs_ip}", file=sys.stderr)
-        print(f"{PROG}: {args.total_nodes * args.tasks_per_node} task(s) through the {backend.name} "
-              f"backend; logs in {args.job_dir}", file=sys.stderr, flush=True)
         job = backend.submit(submission)
         if args.detach:
             print(job.job_id, flush=True)
             return 0
-        print(f"{PROG}: job {job.job_id} submitted", file=sys.stderr, flush=True)
+        print(f"{PROG}: job {job.job_id}: {job.num_tasks} task(s) through the {backend.name} "
+              f"backend; logs in {args.job_dir}", file=sys.stderr, flush=True)
         outcome = job.follow(sys.stdout)
     except KeyboardInterrupt:
         if job is not None:

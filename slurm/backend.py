@@ -88,6 +88,7 @@ class LaunchedJob(abc.ABC):
 
     job_id: str
     folder: Path
+    num_tasks: int
 
     @abc.abstractmethod
     def task_log(self, rank: int) -> Path:
@@ -166,19 +167,23 @@ def task_result(paths: "submitit_utils.JobPaths") -> tuple[str, object] | None:
 
 
 def failed_task(folder: Path, job_id: str, num_tasks: int) -> JobOutcome | None:
-    """The first task of a submitit job whose result is an error: its exit code (carried by
+    """The task of a submitit job that failed first (its result written first: the others may
+    be failing only because the job is being stopped): its exit code (carried by
     `TaskFailed`) and the reason from its log."""
     from submitit.core.utils import JobPaths
 
+    failures = []
     for rank in range(num_tasks):
         paths = JobPaths(folder, job_id, rank)
         result = task_result(paths)
         if result is not None and result[0] == "error":
-            text = str(result[1])
-            marker = "TaskFailed: exit code "
-            code = int(text.split(marker)[-1].split()[0]) if marker in text else 1
-            return JobOutcome(code or 1, rank, last_error_line(paths.stdout))
-    return None
+            failures.append((paths.result_pickle.stat().st_mtime_ns, rank, paths, str(result[1])))
+    if not failures:
+        return None
+    _, rank, paths, text = min(failures)
+    marker = "TaskFailed: exit code "
+    code = int(text.split(marker)[-1].split()[0]) if marker in text else 1
+    return JobOutcome(code or 1, rank, last_error_line(paths.stdout))
 
 
 def all_succeeded(folder: Path, job_id: str, num_tasks: int) -> bool:

@@ -27,6 +27,8 @@ not inherit its SLURM_* variables. The job's state comes from `scontrol show job
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -184,14 +186,20 @@ class SlurmBackend(LaunchBackend):
     def submit(self, submission: Submission) -> "SlurmJob":
         request = submission.request
         task, num_tasks = submission.payload
-        request.folder.mkdir(parents=True, exist_ok=True)
         conf = os.environ.get("SLURM_CONF")  # which cluster: not an outer job's variable
         with clean_env():
             if conf:
                 os.environ["SLURM_CONF"] = conf
+            # Slurm queues a job it can never run (reason PartitionConfig): ask it first.
+            check = subprocess.run(["sbatch", "--test-only"], input=submission.text, capture_output=True,
+                                   text=True)
+            if check.returncode != 0:
+                raise refusal(check.stderr or check.stdout, request)
+            request.folder.mkdir(parents=True, exist_ok=True)
             executor = _ScriptExecutor(request.folder, submission.text, num_tasks)
             try:
-                job = executor.submit(task)
+                with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's errors
+                    job = executor.submit(task)
             except FailedJobError as error:
                 raise refusal(str(error), request) from None
         return SlurmJob(job, request.folder, num_tasks)
@@ -199,9 +207,9 @@ class SlurmBackend(LaunchBackend):
 
 def refusal(text: str, request: JobRequest) -> CSRunError:
     """sbatch's refusal as one line that says what to change."""
-    lines = [ln.strip() for ln in text.splitlines() if "error:" in ln]
-    message = lines[-1].split("error:", 1)[1].strip() if lines else text.strip().splitlines()[-1]
-    message = re.sub(r"^Batch job submission failed:\s*", "", message)
+    lines = [ln.strip() for ln in text.splitlines() if "error:" in ln or "failure:" in ln]
+    message = lines[-1] if lines else (text.strip().splitlines() or ["no reason given"])[-1]
+    message = re.sub(r"^(sbatch: error: )?((Batch job submission failed|allocation failure):\s*)?", "", message)
     options = slurm_options(request)
     if "Invalid partition" in message:
         return CSRunError(f"Slurm has no partition {options.get('partition')!r}",
