@@ -125,7 +125,8 @@ def test_a_failing_worker_fails_the_job_naming_it(slurm_cluster, tmp_path):
     assert done.returncode == 7
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("csrun_wse: error: task 1 (input worker) failed: run.py: error: worker went wrong")
-    assert slurm_cluster.run(["squeue", "-h", "-j", job_id_of(done.stderr)]).stdout.strip() == ""
+    job_id = job_id_of(done.stderr)
+    assert slurm_cluster.run(["squeue", "-h", "-t", "PD,R", "-j", job_id]).stdout.strip() == ""  # no task left
 
 
 @pytest.mark.parametrize("args, message", [
@@ -177,3 +178,50 @@ def test_the_csrun_cpu_template_runs_under_plain_sbatch(slurm_cluster, tmp_path)
     done = slurm_cluster.run(["sbatch", "--wait", "--parsable", "cpu.sbatch"], tmp_path)
     assert done.returncode == 0, done.stderr
     assert "cpu node ok" in (tmp_path / f"csrun_cpu-{done.stdout.strip()}.out").read_text()
+
+
+APPTAINER_TEST_DOUBLE = """\
+#!/bin/sh
+# TEST DOUBLE of the apptainer binary (Apptainer cannot be installed here): it checks the
+# `exec --bind B --pwd D IMAGE CMD...` shape, says what it was asked and runs CMD on the host.
+[ "$1" = exec ] || { echo "apptainer test double: only exec" >&2; exit 2; }
+shift
+while [ $# -gt 0 ]; do
+    case "$1" in --bind) binds=$2; shift 2 ;; --pwd) dir=$2; shift 2 ;; *) break ;; esac
+done
+image=$1; shift
+[ -f "$image" ] || { echo "apptainer test double: no image $image" >&2; exit 255; }
+echo "apptainer-double image=$image binds=$binds pwd=$dir"
+cd "$dir" && exec "$@"
+"""
+
+
+def test_tasks_run_in_the_site_container(slurm_cluster, tmp_path):
+    bin_dir, data, extra = tmp_path / "bin", tmp_path / "data", tmp_path / "extra"
+    for folder in (bin_dir, data, extra):
+        folder.mkdir()
+    (bin_dir / "apptainer").write_text(APPTAINER_TEST_DOUBLE)
+    (bin_dir / "apptainer").chmod(0o755)
+    (tmp_path / "csrun.sif").write_text("image")
+    (tmp_path / "csrun.yaml").write_text(
+        f"container: {{image: csrun.sif, runtime: apptainer}}\nmount_dirs: [{data}]\nslurm: {{tasks_per_node: 2}}\n")
+    path = f"{bin_dir}:{slurm_cluster.env['PATH']}"
+    done = slurm_cluster.csrun_wse([*NO_CS, "--mount-dirs", str(extra), "--job-dir", str(tmp_path / "job"),
+                                    "--", "sh", "-c", 'echo "rank $SLURM_PROCID"'], tmp_path, PATH=path)
+    assert done.returncode == 0, done.stderr
+    asked = f"apptainer-double image={tmp_path}/csrun.sif binds={data},{extra},{tmp_path} pwd={tmp_path}"
+    assert done.stdout.splitlines()[:2] == [asked, "rank 0"]
+    assert asked in next((tmp_path / "job").glob("*_1_log.out")).read_text()  # the site's 2 tasks
+
+
+def test_single_task_nodes_hostfile_puts_the_chief_alone_first(slurm_cluster, tmp_path):
+    from slurm.backend import JobRequest
+    from slurm.slurm_backend import task_layout
+
+    request = JobRequest(("true",), tmp_path, tmp_path, total_nodes=3, tasks_per_node=2)
+    for cyclic, expected in (("0", "n1 n2 n2 n3 n3"), ("1", "n1 n2 n3 n2 n3")):
+        tasks, setup = task_layout(request, {"single_task_nodes": "1", "cyclic": cyclic})
+        assert tasks == 5
+        script = "\n".join(["set -e", *setup, 'cat "$SLURM_HOSTFILE"'])
+        done = slurm_cluster.run(["bash", "-c", script], tmp_path, SLURM_JOB_NODELIST="n[1-3]", SLURM_JOB_ID="7")
+        assert done.stdout.split() == expected.split(), done.stderr
