@@ -248,3 +248,12 @@ def program_timing(program: Any, kernels: Sequence[Any], fabric: Fabric, *,
     return pipeline_timing(list(zip(kernels, regions)), fabric, training=training,
                            input_bytes_per_sample=input_bytes,
                            optimizer=program.optimizer.type or "sgd", route_hops=hops)
+
+
+def run_utilization(pipeline: PipelineTiming, samples: int, sim_seconds: float) -> float:
+    """Fraction of the active cores' peak FLOP rate a run of `samples` in `sim_seconds` of
+    simulated time used (fill and update time included)."""
+    if sim_seconds <= 0 or pipeline.active_cores == 0:
+        return 0.0
+    return (samples * pipeline.flops_per_sample
+            / (sim_seconds * pipeline.active_cores * pipeline.peak_flops_per_core))

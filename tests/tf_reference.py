@@ -1,0 +1,54 @@
+"""The TensorFlow reference the simulator is compared against: a plain tf.compat.v1 Session
+over the same model_fn (built with launcher.model_fn.model_graph), started from given
+weights and fed the same numpy batches."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+
+
+@dataclass(frozen=True)
+class Reference:
+    losses: list[float]  # one per batch (train: before that batch's update)
+    state: dict[str, np.ndarray]  # every global float variable after the run (slots included)
+    fetched: list[dict[str, np.ndarray]]  # per batch: the requested tensors' values
+
+
+def batches(input_fn: Callable, params: dict, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The first `count` (features, labels) numpy batches of input_fn(params)."""
+    dataset = make_dataset(input_fn, params).take(count)
+    return [(np.asarray(x), np.asarray(y)) for x, y in dataset.as_numpy_iterator()]
+
+
+def run(model_fn: Callable, input_fn: Callable, params: dict, weights: dict[str, np.ndarray],
+        data: Sequence[tuple[np.ndarray, np.ndarray]], mode: str = "train",
+        fetch: Sequence[str] = ()) -> Reference:
+    """Train (or evaluate) model_fn on `data` from `weights` (variables by name; those not
+    given keep their initial values: optimizer slots zero, beta powers beta1 and beta2).
+    `fetch` names graph tensors (e.g. a kernel's tf_tensor) to return per batch."""
+    signature = batch_signature(make_dataset(input_fn, params))
+    with model_graph(params) as graph:
+        features, labels = signature.placeholders()
+        spec = call_model_fn(model_fn, features, labels, mode, params)
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        fetched_tensors = [graph.get_tensor_by_name(name) for name in fetch]
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for name, value in weights.items():
+                variables[name].load(value, session)
+            losses, fetched = [], []
+            for x, y in data:
+                ops = [spec.loss, fetched_tensors]
+                if mode == "train":
+                    ops.append(spec.train_op)
+                out = session.run(ops, {features: x, labels: y})
+                losses.append(float(out[0]))
+                fetched.append(dict(zip(fetch, out[1])))
+            floats = {n: v for n, v in variables.items() if v.dtype.base_dtype.is_floating}
+            state = dict(zip(floats, session.run(list(floats.values()))))
+    return Reference(losses, state, fetched)

@@ -1,0 +1,404 @@
+"""The CS system: one job at a time, its input streams, and its train / evaluate / predict
+runs. A plain Python object (no network): the gRPC servicer translates messages and calls
+into it. Refusals are CSError (a status code and a message naming what is wrong).
+
+Input streams: one per input worker. The job consumes batches strictly in `batch_index`
+order from `first_batch` on, whichever worker sent them; a stream blocks while its batch
+is more than a window of batches ahead of the next one consumed (bounded memory). A run
+waiting for a batch ends with ABORTED instead of hanging when a stream broke, every
+stream ended, or every stream is blocked on batches later than the one needed.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import grpc
+import numpy as np
+
+from wse_sim import timing
+from wse_sim.api import cs_api_pb2 as pb
+from wse_sim.api.tensors import from_tensor, tensor_chunks, to_tensor, CHUNK_BYTES
+from wse_sim.errors import CSError, invalid
+from wse_sim.fabric import Fabric
+from wse_sim.optimizers import make_optimizer
+from wse_sim.pipeline import Pipeline
+from wse_sim.program import CheckedProgram, check_program, check_state
+
+BATCHES_PER_WORKER = 2  # flow-control window: batches buffered per input stream
+WAIT_POLL_S = 0.5  # how often a waiting run or stream re-checks for a cancelled job
+
+RUN_KINDS = ("train", "evaluate", "predict")
+
+
+@dataclass
+class Stream:
+    """One input worker's Feed stream, as the job sees it."""
+
+    worker: int
+    state: str = "streaming"  # streaming, blocked, done, broken
+    waiting_batch: int = -1  # the batch it holds while blocked
+    received: int = 0
+    error: str = ""  # why a broken stream broke
+
+
+@dataclass
+class Job:
+    job_id: str
+    token: str
+    checked: CheckedProgram
+    pipeline: Pipeline
+    timings: dict[str, timing.PipelineTiming]  # "train" / "infer"
+    num_workers: int
+    global_step: int
+    next_batch: int
+    state: str = "loaded"  # loaded, running, failed
+    message: str = ""
+    closed: str = ""  # why the job ended (unloaded); wakes waiting streams and runs
+    pending: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    streams: dict[int, Stream] = field(default_factory=dict)
+    calls: int = 0  # calls in progress (feeds excluded)
+    last_active: float = field(default_factory=time.monotonic)
+
+    @property
+    def window(self) -> int:
+        return BATCHES_PER_WORKER * max(self.num_workers, 1)
+
+
+class CSSystem:
+    """One wafer (`fabric`) serving one job at a time."""
+
+    def __init__(self, fabric: Fabric, *, idle_timeout: float = 120.0,
+                 log: Callable[[str], None] = lambda line: print(line, flush=True)):
+        self.fabric = fabric
+        self.idle_timeout = idle_timeout
+        self.log = log
+        self.job: Job | None = None
+        self.last_message = ""
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._runs: dict[threading.Event, Job] = {}  # runs in progress, by their cancel event
+        self._reaper: threading.Thread | None = None
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        """Start unloading jobs idle for longer than idle_timeout."""
+        if self._reaper is None and self.idle_timeout > 0:
+            self._reaper = threading.Thread(target=self._reap, name="cs-idle-reaper", daemon=True)
+            self._reaper.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._cond:
+            if self.job is not None:
+                self._unload(self.job, "the CS system stopped")
+        if self._reaper is not None:
+            self._reaper.join()
+            self._reaper = None
+
+    def _reap(self) -> None:
+        while not self._stop.wait(min(1.0, self.idle_timeout / 4)):
+            with self._cond:
+                job = self.job
+                if job is not None and job.calls == 0 and \
+                        time.monotonic() - job.last_active > self.idle_timeout:
+                    self._unload(job, f"no call for {self.idle_timeout:g} s (client gone?)")
+
+    # ---- jobs ----
+    def _refuse(self, error: CSError, what: str) -> CSError:
+        self.log(f"refused {what}: {error.code.name}: {error.message}")
+        return error
+
+    def load(self, header: pb.JobHeader, tensors: dict[str, np.ndarray]) -> pb.LoadReply:
+        """Make `header`'s program the job: check it and its weights, then keep them resident."""
+        what = f"load of job {header.job_id!r}"
+        with self._cond:
+            if self.job is not None:
+                raise self._refuse(CSError(grpc.StatusCode.ALREADY_EXISTS,
+                                           f"busy with job {self.job.job_id}"), what)
+        try:
+            if not header.job_id or not header.token:
+                raise invalid("the job header needs a job_id and a token")
+            if header.program.fabric and header.program.fabric != self.fabric.name:
+                raise invalid(f"program compiled for {header.program.fabric}, this CS system is "
+                              f"{self.fabric.name} (recompile with runconfig.fabric: {self.fabric.name})")
+            checked = check_program(header.program)
+            state = check_state(checked, tensors)
+        except CSError as error:
+            raise self._refuse(error, what) from None
+        optimizer = make_optimizer(checked.optimizer) if checked.optimizer else None
+        program = checked.message
+        pipeline = Pipeline(checked.kernels, checked.sources, checked.variables, state,
+                            batch_size=program.batch_size, micro_batch_size=program.micro_batch_size,
+                            loss_kernel=program.loss_kernel, optimizer=optimizer, seed=program.seed)
+        timings = {mode: timing.program_timing(program, checked.kernels, self.fabric,
+                                               training=mode == "train")
+                   for mode in ("train", "infer")}
+        job = Job(header.job_id, header.token, checked, pipeline, timings,
+                  num_workers=max(int(header.num_workers), 1), global_step=int(header.global_step),
+                  next_batch=int(header.first_batch))
+        with self._cond:
+            if self.job is not None:  # another load won the race
+                raise self._refuse(CSError(grpc.StatusCode.ALREADY_EXISTS,
+                                           f"busy with job {self.job.job_id}"), what)
+            self.job = job
+            self.last_message = ""
+        t = timings["train" if optimizer else "infer"]
+        self.log(f"loaded job {job.job_id}: program {program.name!r}, {len(checked.kernels)} kernels, "
+                 f"{checked.num_parameters:,} parameters, {job.num_workers} input stream(s), "
+                 f"first batch {job.next_batch}, estimate {t.samples_per_sec:,.0f} samples/s")
+        return pb.LoadReply(job_id=job.job_id, num_parameters=checked.num_parameters,
+                            estimate=estimate(t))
+
+    def _job(self, token: str, what: str) -> Job:
+        """The loaded job, if `token` is its token. Call with the lock held."""
+        job = self.job
+        if job is None:
+            raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
+                                       "no job is loaded" + (f" ({self.last_message})"
+                                                             if self.last_message else "")), what)
+        if token != job.token:
+            raise self._refuse(CSError(grpc.StatusCode.PERMISSION_DENIED,
+                                       f"wrong token for job {job.job_id}"), what)
+        return job
+
+    def _unload(self, job: Job, reason: str) -> None:
+        """Drop `job` (lock held): streams and runs waiting on it wake up and end."""
+        if self.job is job:
+            self.job = None
+            self.last_message = f"job {job.job_id} unloaded: {reason}"
+            self.log(f"unloaded job {job.job_id}: {reason}")
+        job.closed = reason
+        job.pending.clear()
+        self._cond.notify_all()
+
+    def unload(self, token: str) -> None:
+        with self._cond:
+            job = self._job(token, "unload")
+            self._unload(job, "unloaded by its client")
+
+    def status(self) -> pb.StatusReply:
+        with self._cond:
+            job = self.job
+            if job is None:
+                return pb.StatusReply(state="idle", fabric=self.fabric.name, message=self.last_message)
+            return pb.StatusReply(state=job.state, job_id=job.job_id, global_step=job.global_step,
+                                  fabric=self.fabric.name, message=job.message)
+
+    # ---- input streams ----
+    def feed(self, requests: Iterable[pb.FeedRequest]) -> pb.FeedReply:
+        """Take one input worker's batches (blocks while it runs ahead); broken stream: the
+        job's waiting run ends with ABORTED naming the worker."""
+        job: Job | None = None
+        stream: Stream | None = None
+        error = "the worker disconnected"
+        ok = False
+        try:
+            for request in requests:
+                if job is None:
+                    with self._cond:
+                        job = self._job(request.token, f"input stream of worker {request.worker_id}")
+                        stream = job.streams.setdefault(request.worker_id, Stream(request.worker_id))
+                        stream.state = "streaming"
+                elif request.token != job.token:
+                    raise self._refuse(CSError(grpc.StatusCode.PERMISSION_DENIED,
+                                               f"wrong token for job {job.job_id}"),
+                                       f"batch of worker {request.worker_id}")
+                self._put(job, stream, request.batch_index, self._decode(job, request))
+            ok = True
+        except CSError as refused:
+            error = refused.message
+            raise
+        finally:
+            if job is not None:
+                with self._cond:
+                    stream.state = "done" if ok else "broken"
+                    stream.error = "" if ok else error
+                    self._cond.notify_all()
+        return pb.FeedReply(batches_received=stream.received if stream else 0)
+
+    def _decode(self, job: Job, request: pb.FeedRequest) -> dict[str, np.ndarray]:
+        where = f"worker {request.worker_id} batch {request.batch_index}"
+        specs = job.checked.inputs
+        names = [t.name for t in request.tensors]
+        if sorted(names) != sorted(s.name for s in specs):
+            raise invalid(f"{where} has inputs {sorted(names)}, the program takes "
+                          f"{sorted(s.name for s in specs)}")
+        by_name = {t.name: t for t in request.tensors}
+        batch = {}
+        size = job.checked.message.batch_size
+        for spec in specs:
+            tensor = by_name[spec.name]
+            try:
+                array = from_tensor(tensor)
+            except ValueError as error:
+                raise invalid(f"{where}: {error}") from None
+            expected = (size, *spec.shape)
+            if array.shape != expected or array.dtype != spec.dtype:
+                raise invalid(f"{where}: {spec.name} is {array.shape} {array.dtype.name}, the "
+                              f"program takes {expected} {spec.dtype.name}")
+            batch[spec.name] = array
+        return batch
+
+    def _put(self, job: Job, stream: Stream, index: int, batch: dict[str, np.ndarray]) -> None:
+        with self._cond:
+            if index < job.next_batch or index in job.pending:
+                raise invalid(f"worker {stream.worker} sent batch {index} again (the job's next "
+                              f"batch is {job.next_batch})")
+            while index >= job.next_batch + job.window and not job.closed:
+                stream.state, stream.waiting_batch = "blocked", index
+                self._cond.notify_all()
+                self._cond.wait(WAIT_POLL_S)
+            if job.closed:
+                raise CSError(grpc.StatusCode.ABORTED, f"job {job.job_id} ended: {job.closed}")
+            stream.state = "streaming"
+            job.pending[index] = batch
+            stream.received += 1
+            self._cond.notify_all()
+
+    def _take(self, job: Job, cancelled: threading.Event) -> dict[str, np.ndarray]:
+        """The job's next batch, waiting for it; ABORTED when it cannot come."""
+        with self._cond:
+            while True:
+                index = job.next_batch
+                if index in job.pending:
+                    job.next_batch += 1
+                    self._cond.notify_all()
+                    return job.pending.pop(index)
+                if cancelled.is_set() or job.closed:
+                    raise CSError(grpc.StatusCode.CANCELLED,
+                                  f"job {job.job_id} ended: {job.closed or 'the client cancelled'}")
+                stalled = self._stalled(job, index)
+                if stalled:
+                    raise CSError(grpc.StatusCode.ABORTED, stalled)
+                self._cond.wait(WAIT_POLL_S)
+
+    @staticmethod
+    def _stalled(job: Job, index: int) -> str:
+        """Why batch `index` can never arrive, or ""."""
+        broken = sorted((s.worker, s.error) for s in job.streams.values() if s.state == "broken")
+        if broken:
+            return (f"the input stream of worker {broken[0][0]} broke ({broken[0][1]}) while the "
+                    f"run waited for batch {index}")
+        if len(job.streams) < job.num_workers:
+            return ""
+        if all(s.state == "done" for s in job.streams.values()):
+            return (f"every input stream ended ({sum(s.received for s in job.streams.values())} "
+                    f"batches) before batch {index}")
+        if all(s.state in ("done", "blocked") for s in job.streams.values()):
+            held = sorted(s.waiting_batch for s in job.streams.values() if s.state == "blocked")
+            return (f"the run needs batch {index} but the input workers hold batches from "
+                    f"{held[0]} on (the job's first batch is set by JobHeader.first_batch)")
+        return ""
+
+    # ---- runs ----
+    def run(self, kind: str, request: pb.RunRequest, cancelled: threading.Event) -> Iterator[pb.RunResult]:
+        """Stream `request.steps` step results of a train / evaluate / predict run, then the
+        summary. If the client goes away (`cancelled` set, or the generator closed before
+        the summary), the job is unloaded."""
+        with self._cond:
+            job = self._job(request.token, kind)
+            program = job.checked.message
+            if kind == "train" and (job.checked.optimizer is None or not program.loss_kernel):
+                raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
+                                           f"job {job.job_id}'s program has no optimizer and loss: "
+                                           "it was compiled for evaluation or prediction"), kind)
+            if kind == "evaluate" and not program.loss_kernel:
+                raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
+                                           f"job {job.job_id}'s program has no loss: it was "
+                                           "compiled for prediction"), kind)
+            if job.state == "running":
+                raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
+                                           f"job {job.job_id} is already running"), kind)
+            if request.steps < 0:
+                raise self._refuse(invalid(f"steps must be >= 0, got {request.steps}"), kind)
+            job.state, job.message = "running", ""
+            job.calls += 1
+            self._runs[cancelled] = job
+        return self._steps(job, kind, request, cancelled)
+
+    def _steps(self, job: Job, kind: str, request: pb.RunRequest,
+               cancelled: threading.Event) -> Iterator[pb.RunResult]:
+        program = job.checked.message
+        training = kind == "train"
+        pipe_timing = job.timings["train" if training else "infer"]
+        step_sim = pipe_timing.step_seconds(program.batch_size)
+        output_steps = set(request.output_steps)
+        outputs = list(program.outputs)
+        finished = False
+        wall = sim = 0.0
+        try:
+            for _ in range(request.steps):
+                batch = self._take(job, cancelled)
+                start = time.perf_counter()
+                step = job.global_step + 1 if training else job.global_step
+                wanted = outputs if not training or step in output_steps else []
+                try:
+                    result = job.pipeline.run(batch, training=training, outputs=wanted)
+                except (ValueError, FloatingPointError) as error:
+                    raise invalid(f"batch {job.next_batch - 1}: {error}") from None
+                seconds = time.perf_counter() - start
+                wall, sim = wall + seconds, sim + step_sim
+                if training:
+                    job.global_step = step
+                yield pb.RunResult(step=pb.StepResult(
+                    step=step, loss=result.loss if program.loss_kernel and kind != "predict" else 0.0,
+                    timing=pb.StepTiming(sim_seconds=step_sim,
+                                         sim_samples_per_sec=program.batch_size / step_sim,
+                                         wall_seconds=seconds),
+                    outputs=[to_tensor(name, value) for name, value in result.outputs.items()]))
+            samples = request.steps * program.batch_size
+            finished = True
+            with self._cond:
+                job.state = "loaded"
+            yield pb.RunResult(summary=pb.JobSummary(
+                steps=request.steps, samples=samples, sim_seconds=sim,
+                sim_samples_per_sec=samples / sim if sim > 0 else 0.0, wall_seconds=wall,
+                wall_samples_per_sec=samples / wall if wall > 0 else 0.0,
+                utilization=timing.run_utilization(pipe_timing, samples, sim)))
+        except CSError as error:
+            with self._cond:
+                job.state, job.message = "failed", error.message
+            self.log(f"job {job.job_id} {kind} failed: {error.code.name}: {error.message}")
+            raise
+        finally:
+            with self._cond:
+                self._runs.pop(cancelled, None)
+                job.calls -= 1
+                job.last_active = time.monotonic()
+                if not finished and (cancelled.is_set() or job.state == "running"):
+                    self._unload(job, f"the client cancelled its {kind} stream")
+
+    def cancel(self, cancelled: threading.Event) -> None:
+        """The call of a run ended (the servicer's callback). If the run was still in
+        progress its client went away: unload its job and wake the run so that it ends."""
+        with self._cond:
+            job = self._runs.pop(cancelled, None)
+            cancelled.set()
+            if job is not None:
+                self._unload(job, "the client cancelled its run")
+
+    # ---- snapshot ----
+    def snapshot(self, token: str, chunk_bytes: int = 0) -> Iterator[pb.TensorChunk]:
+        """Every weight, optimizer slot and beta power of the job, in chunks."""
+        with self._cond:
+            job = self._job(token, "snapshot")
+            if job.state == "running":
+                raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
+                                           f"job {job.job_id} is running; snapshot between runs"),
+                                   "snapshot")
+            state = {name: np.array(a) for name, a in job.pipeline.state().items()}
+            job.last_active = time.monotonic()
+        size = int(chunk_bytes) if chunk_bytes > 0 else CHUNK_BYTES
+        for name in sorted(state):
+            yield from tensor_chunks(name, state[name], size)
+
+
+def estimate(t: timing.PipelineTiming) -> pb.Estimate:
+    return pb.Estimate(samples_per_sec=t.samples_per_sec,
+                       compute_samples_per_sec=t.compute_samples_per_sec,
+                       transmission_samples_per_sec=t.transmission_samples_per_sec,
+                       active_cores=t.active_cores, compute_utilization=t.compute_utilization,
+                       pipeline_fill_seconds=t.fill_seconds)

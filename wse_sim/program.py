@@ -1,0 +1,153 @@
+"""A loaded program, checked: its kernels built from the library, their shapes chained from
+the program's inputs, and the weights and optimizer state complete and of the right shapes.
+Every refusal names the kernel or tensor and both shapes."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from wse_sim.api import cs_api_pb2 as pb
+from wse_sim.api.tensors import dtype_of
+from wse_sim.errors import invalid
+from wse_sim.kernels import Kernel, KernelError, build_kernel
+from wse_sim.optimizers import OPTIMIZERS, OptimizerConfig, make_optimizer
+
+Shape = tuple[int, ...]
+
+
+def attr_value(value: pb.AttrValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "ints":
+        return [int(v) for v in value.ints.values]
+    if kind == "floats":
+        return [float(v) for v in value.floats.values]
+    return getattr(value, kind) if kind else None
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dtype: np.dtype
+    shape: Shape  # per sample
+
+
+@dataclass(frozen=True)
+class CheckedProgram:
+    """What the executor needs, in program order."""
+
+    message: pb.Program
+    inputs: tuple[InputSpec, ...]
+    kernels: tuple[Kernel, ...]
+    sources: tuple[tuple[str, ...], ...]
+    variables: tuple[dict[str, str], ...]  # role -> TF variable name, per kernel
+    optimizer: OptimizerConfig | None
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(math.prod(k.param_shapes()[r]) for k, v in zip(self.kernels, self.variables) for r in v)
+
+    def variable_shapes(self) -> dict[str, Shape]:
+        return {var: tuple(k.param_shapes()[role])
+                for k, names in zip(self.kernels, self.variables) for role, var in names.items()}
+
+
+def check_program(program: pb.Program) -> CheckedProgram:
+    """Build every kernel; refuse unknown kernels and shapes that do not chain."""
+    if program.batch_size <= 0 or program.micro_batch_size <= 0 or \
+            program.batch_size % program.micro_batch_size:
+        raise invalid(f"program {program.name!r}: batch size {program.batch_size} is not a "
+                      f"multiple of micro-batch size {program.micro_batch_size}")
+    shapes: dict[str, Shape] = {}
+    inputs = []
+    for spec in program.inputs:
+        try:
+            dtype = dtype_of(spec.dtype)
+        except ValueError:
+            raise invalid(f"program input {spec.name!r} has no dtype") from None
+        inputs.append(InputSpec(spec.name, dtype, tuple(int(d) for d in spec.shape)))
+        shapes[spec.name] = inputs[-1].shape
+    if not inputs:
+        raise invalid(f"program {program.name!r} has no inputs")
+    kernels, sources, variables = [], [], []
+    for message in program.kernels:
+        if message.name in shapes:
+            raise invalid(f"kernel {message.name!r}: the name is used twice")
+        missing = [s for s in message.inputs if s not in shapes]
+        if missing or not message.inputs:
+            raise invalid(f"kernel {message.name!r} ({message.type}): input {missing[0] if missing else '(none)'!r} "
+                          f"is neither a program input nor an earlier kernel")
+        input_shapes = [shapes[s] for s in message.inputs]
+        attrs = {key: attr_value(v) for key, v in message.attrs.items()}
+        try:
+            kernel = build_kernel(message.type, message.name, attrs, input_shapes)
+            out = tuple(kernel.output_shape)
+            expected_params = kernel.param_shapes()
+        except KernelError as error:
+            raise invalid(f"{error} (inputs {', '.join(map(str, input_shapes))})") from None
+        declared = tuple(int(d) for d in message.output_shape)
+        if declared != out:
+            raise invalid(f"kernel {message.name!r} ({message.type}): output shape {declared} in the "
+                          f"program, the kernel computes {out} from inputs {input_shapes}")
+        roles = {}
+        for param in message.params:
+            if param.role not in expected_params:
+                raise invalid(f"kernel {message.name!r} ({message.type}): unknown param role "
+                              f"{param.role!r}; it has {sorted(expected_params) or 'none'}")
+            if tuple(param.shape) != tuple(expected_params[param.role]):
+                raise invalid(f"kernel {message.name!r}: param {param.variable!r} is "
+                              f"{tuple(param.shape)} in the program, the kernel needs "
+                              f"{tuple(expected_params[param.role])}")
+            roles[param.role] = param.variable
+        if set(roles) != set(expected_params):
+            raise invalid(f"kernel {message.name!r} ({message.type}): params "
+                          f"{sorted(expected_params)} needed, the program names {sorted(roles)}")
+        shapes[message.name] = out
+        kernels.append(kernel)
+        sources.append(tuple(message.inputs))
+        variables.append(roles)
+    names = {k.name: k for k in kernels}
+    if program.loss_kernel and (program.loss_kernel not in names or
+                                not names[program.loss_kernel].is_loss):
+        raise invalid(f"program {program.name!r}: loss kernel {program.loss_kernel!r} is not a "
+                      f"loss kernel of the program")
+    for name in program.outputs:
+        if name not in shapes:
+            raise invalid(f"program {program.name!r}: output {name!r} is neither an input nor a kernel")
+    optimizer = None
+    if program.HasField("optimizer") and program.optimizer.type:
+        if program.optimizer.type not in OPTIMIZERS:
+            raise invalid(f"program {program.name!r}: unknown optimizer {program.optimizer.type!r}; "
+                          f"the CS system has {', '.join(OPTIMIZERS)}")
+        optimizer = OptimizerConfig.from_message(program.optimizer)
+    return CheckedProgram(program, tuple(inputs), tuple(kernels), tuple(sources),
+                          tuple(variables), optimizer)
+
+
+def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The complete job state: every weight given with its shape; slots and Adam's beta
+    powers may be missing (slots start at zero, beta powers at beta1 and beta2, as in TF)."""
+    shapes = checked.variable_shapes()
+    optimizer = make_optimizer(checked.optimizer) if checked.optimizer else None
+    suffixes = optimizer.slot_suffixes if optimizer else ()
+    expected: dict[str, Shape] = dict(shapes)
+    for var, shape in shapes.items():
+        expected.update({f"{var}/{suffix}": shape for suffix in suffixes})
+    if optimizer:
+        expected.update({name: () for name in optimizer.scalar_names})
+    for name, array in tensors.items():
+        if name not in expected:
+            raise invalid(f"tensor {name!r} {tuple(array.shape)} is not a weight or optimizer "
+                          f"slot of the program")
+        if tuple(array.shape) != expected[name]:
+            raise invalid(f"tensor {name!r} is {tuple(array.shape)}, the program needs "
+                          f"{expected[name]}")
+        if array.dtype != np.float32:
+            raise invalid(f"tensor {name!r} is {array.dtype.name}, the program needs float32")
+    missing = [var for var in shapes if var not in tensors]
+    if missing:
+        raise invalid(f"weight {missing[0]!r} {shapes[missing[0]]} is missing"
+                      + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    return dict(tensors)

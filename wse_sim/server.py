@@ -1,0 +1,124 @@
+"""The CS API over gRPC: a thin servicer that translates messages and calls into CSSystem,
+plus the standard health service."""
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+from typing import Iterator
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from wse_sim.api import cs_api_pb2 as pb
+from wse_sim.api import cs_api_pb2_grpc as rpc
+from wse_sim.api.tensors import assemble
+from wse_sim.cs_system import CSSystem
+from wse_sim.errors import CSError
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CSSystem"].full_name
+# Batches and weight chunks above gRPC's default 4 MB message are fine.
+SERVER_OPTIONS = (("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
+                  ("grpc.so_reuseport", 0))  # a taken port is an error, not shared
+MAX_THREADS = 32  # calls served at once: a run, its input streams, status and snapshot
+
+
+class CSServicer(rpc.CSSystemServicer):
+    def __init__(self, cs: CSSystem):
+        self.cs = cs
+
+    @staticmethod
+    def _abort(context: grpc.ServicerContext, error: CSError):
+        context.abort(error.code, error.message)
+
+    def Load(self, request_iterator, context):
+        try:
+            first = next(request_iterator, None)
+            if first is None or not first.HasField("header"):
+                raise CSError(grpc.StatusCode.INVALID_ARGUMENT,
+                              "a Load stream starts with a JobHeader")
+
+            def chunks() -> Iterator[pb.TensorChunk]:
+                for request in request_iterator:
+                    if not request.HasField("chunk"):
+                        raise CSError(grpc.StatusCode.INVALID_ARGUMENT,
+                                      "a Load stream has one JobHeader, then TensorChunks")
+                    yield request.chunk
+
+            try:
+                tensors = assemble(chunks())
+            except ValueError as error:
+                raise CSError(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
+            return self.cs.load(first.header, tensors)
+        except CSError as error:
+            self._abort(context, error)
+
+    def Feed(self, request_iterator, context):
+        try:
+            return self.cs.feed(request_iterator)
+        except CSError as error:
+            self._abort(context, error)
+
+    def _run(self, kind: str, request: pb.RunRequest, context) -> Iterator[pb.RunResult]:
+        cancelled = threading.Event()
+        try:
+            results = self.cs.run(kind, request, cancelled)
+            context.add_callback(lambda: self.cs.cancel(cancelled))
+            yield from results
+        except CSError as error:
+            self._abort(context, error)
+
+    def Train(self, request, context):
+        return self._run("train", request, context)
+
+    def Evaluate(self, request, context):
+        return self._run("evaluate", request, context)
+
+    def Predict(self, request, context):
+        return self._run("predict", request, context)
+
+    def Snapshot(self, request, context):
+        try:
+            yield from self.cs.snapshot(request.token, request.chunk_bytes)
+        except CSError as error:
+            self._abort(context, error)
+
+    def Status(self, request, context):
+        return self.cs.status()
+
+    def Unload(self, request, context):
+        try:
+            self.cs.unload(request.token)
+        except CSError as error:
+            self._abort(context, error)
+        return pb.UnloadReply()
+
+
+class CSServer:
+    """A CSSystem served on host:port (CS API and gRPC health)."""
+
+    def __init__(self, cs: CSSystem, host: str, port: int):
+        self.cs = cs
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_THREADS,
+                                                             thread_name_prefix="cs-call"),
+                                  options=SERVER_OPTIONS)
+        rpc.add_CSSystemServicer_to_server(CSServicer(cs), self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(f"{host}:{port}")  # RuntimeError if taken
+        self.address = f"{host}:{self.port}"
+
+    def start(self) -> "CSServer":
+        self.server.start()
+        self.cs.start()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return self
+
+    def stop(self, grace: float = 2.0) -> None:
+        """Refuse new calls, end the job, and stop (calls in progress get `grace` seconds)."""
+        self.health.enter_graceful_shutdown()
+        self.cs.close()
+        self.server.stop(grace).wait()
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
