@@ -32,6 +32,15 @@ def sacct(cluster, job_id: str) -> dict[str, str]:
     return dict(zip(("State", "Start", "End"), out.split("|"))) if out else {"State": ""}
 
 
+def wait_sacct(cluster, job_id: str, prefix: str, timeout: float = 60) -> dict[str, str]:
+    """The accounting's record once its state starts with `prefix` (slurmdbd lags the controller)."""
+    deadline = time.monotonic() + timeout
+    while not (record := sacct(cluster, job_id))["State"].startswith(prefix):
+        assert time.monotonic() < deadline, f"job {job_id}: {record}"
+        time.sleep(0.5)
+    return record
+
+
 def wait_state(cluster, job_id: str, states: tuple[str, ...], timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while True:
@@ -66,7 +75,7 @@ def test_tasks_run_with_their_ranks_and_the_dry_run_is_the_submitted_script(slur
     ran = slurm_cluster.run(["scontrol", "write", "batch_script", job_id, "-"]).stdout
     assert ran == submitted
     assert "#SBATCH --gres=cs:1\n" in submitted and "#SBATCH --ntasks-per-node=3\n" in submitted
-    assert sacct(slurm_cluster, job_id)["State"] == "COMPLETED"
+    wait_sacct(slurm_cluster, job_id, "COMPLETED")
 
 
 def test_the_embedded_simulator_is_reached_from_the_job(slurm_cluster, tmp_path):
@@ -91,12 +100,8 @@ def test_two_jobs_never_share_the_cs(slurm_cluster, tmp_path):
     assert a.isdigit() and b.isdigit()
     wait_state(slurm_cluster, a, ("RUNNING",))
     assert wait_state(slurm_cluster, b, ("PENDING",)) == "PENDING Resources"
-    deadline = time.monotonic() + 120
-    while sacct(slurm_cluster, b)["State"] != "COMPLETED":
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
-    first_job, second_job = sacct(slurm_cluster, a), sacct(slurm_cluster, b)
-    assert first_job["State"] == "COMPLETED"
+    second_job = wait_sacct(slurm_cluster, b, "COMPLETED", timeout=120)
+    first_job = wait_sacct(slurm_cluster, a, "COMPLETED")
     assert second_job["Start"] >= first_job["End"]  # ISO timestamps: the second began after the first ended
 
 
@@ -114,7 +119,7 @@ def test_scancel_ends_the_job_and_the_exit_code_says_so(slurm_cluster, tmp_path)
         process.kill()
     assert process.returncode == 143
     assert f"csrun_wse: error: Slurm job {job_id} was cancelled (scancel)" in err
-    assert sacct(slurm_cluster, job_id)["State"].startswith("CANCELLED")
+    wait_sacct(slurm_cluster, job_id, "CANCELLED")
 
 
 def test_a_failing_worker_fails_the_job_naming_it(slurm_cluster, tmp_path):
@@ -141,7 +146,8 @@ def test_refused_jobs_are_one_line_and_submit_nothing(slurm_cluster, tmp_path, a
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), done.stderr
-    assert slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout == before
+    after = slurm_cluster.run(["squeue", "-h", "-o", "%i"]).stdout
+    assert set(after.split()) <= set(before.split())  # no new job (earlier ones may have left)
     assert not (tmp_path / "job").exists()
 
 
