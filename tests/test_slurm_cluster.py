@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -119,6 +120,20 @@ def test_scancel_ends_the_job_and_the_exit_code_says_so(slurm_cluster, tmp_path)
         process.kill()
     assert process.returncode == 143
     assert f"csrun_wse: error: Slurm job {job_id} was cancelled (scancel)" in err
+    wait_sacct(slurm_cluster, job_id, "CANCELLED")
+
+
+def test_ctrl_c_cancels_the_job(slurm_cluster, tmp_path):
+    process = slurm_cluster.csrun_wse_process(
+        [*NO_CS, "--job-dir", str(tmp_path / "job"), "--", "sleep", "300"], tmp_path)
+    try:
+        job_id = job_id_of(process.stderr.readline())
+        wait_state(slurm_cluster, job_id, ("RUNNING",))
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130 and "csrun_wse: interrupted" in err
     wait_sacct(slurm_cluster, job_id, "CANCELLED")
 
 
