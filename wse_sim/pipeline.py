@@ -105,10 +105,6 @@ class Pipeline:
         grads: dict[str, list] = {r.kernel.name: [None] * m_count for r in regions}
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
         ctx = RunContext(training=training, batch_size=self.batch_size, rng=self.rng)
-        if backward:
-            for region in regions:
-                for acc in region.grads.values():
-                    acc.fill(0)
         last_tick = m_count - 1 + (2 * (k_count - 1) if backward else k_count - 1)
         for tick in range(last_tick + 1):
             for region in regions:
@@ -136,10 +132,10 @@ class Pipeline:
         upstream = None if region.kernel.is_loss else grads[name][i]
         if upstream is None and not region.kernel.is_loss:
             return  # nothing downstream of this micro-batch's output reached the loss
-        ctx.input_grads = region.input_grads
+        ctx.input_grads, ctx.accumulate = region.input_grads, i > 0
         input_grads, _ = region.kernel.backward(region.params, caches[region.position][i], upstream,
                                                 ctx, region.grads or None)
-        ctx.input_grads = None
+        ctx.input_grads, ctx.accumulate = None, True
         caches[region.position][i] = None
         grads[name][i] = None
         for source, wanted, grad in zip(region.sources, region.input_grads, input_grads):

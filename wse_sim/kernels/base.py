@@ -43,6 +43,7 @@ class RunContext:
     batch_size: int  # the full batch (losses reduced with "mean" divide by it)
     rng: np.random.Generator | None = None  # dropout's own seeded generator
     input_grads: Sequence[bool] | None = None  # which inputs need a gradient (None: all)
+    accumulate: bool = True  # add into backward's param_grads (False: the batch's first, overwrite)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def wants_grad(self, index: int) -> bool:
@@ -102,8 +103,9 @@ class Kernel:
         An input that takes no gradient (labels, integer inputs) gets None.
         A loss kernel receives grad_output=None and applies its own reduction scale.
         With `param_grads` (accumulators by role, shaped like the params), the micro-batch's
-        parameter gradients are added into them in place and they are returned: a region
-        accumulates its weight gradient over the batch without allocating.
+        parameter gradients are added into them in place (overwrite them when
+        `ctx.accumulate` is False: the batch's first micro-batch) and they are returned: a
+        region accumulates its weight gradient over the batch without allocating.
         """
         raise NotImplementedError
 

@@ -145,10 +145,10 @@ class Conv2D(Kernel):
         grads: dict[str, np.ndarray] = {}
         kernel_shape = self.param_shapes()["kernel"]
         acc = None if param_grads is None else {"kernel": param_grads["kernel"].reshape(self.patch, self.filters)}
-        self._weight_grad(cols, dy, acc, grads)
+        self._weight_grad(cols, dy, acc, grads, ctx)
         grads["kernel"] = grads["kernel"].reshape(kernel_shape)
         if self.use_bias:
-            accumulate(param_grads, "bias", dy.sum(axis=0), grads)
+            accumulate(param_grads, "bias", dy.sum(axis=0), grads, ctx)
         dx = None
         if ctx.wants_grad(0):
             kh, kw = self.ksize

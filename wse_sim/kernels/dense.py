@@ -14,13 +14,16 @@ OUTPUT_GRADIENT = {"relu", "elu", "selu", "tanh", "sigmoid", "linear"}
 
 
 def accumulate(acc: Mapping[str, np.ndarray] | None, role: str, value: np.ndarray,
-               grads: dict[str, np.ndarray]) -> None:
+               grads: dict[str, np.ndarray], ctx: RunContext) -> None:
     """Add a parameter gradient into its accumulator (or hand it back when there is none)."""
     if acc is None:
         grads[role] = value
-    else:
+        return
+    if ctx.accumulate:
         np.add(acc[role], value, out=acc[role])
-        grads[role] = acc[role]
+    else:
+        np.copyto(acc[role], value)
+    grads[role] = acc[role]
 
 
 class MatmulGradient:
@@ -30,15 +33,18 @@ class MatmulGradient:
         self._scratch: np.ndarray | None = None
 
     def __call__(self, x2d: np.ndarray, dy2d: np.ndarray, acc: Mapping[str, np.ndarray] | None,
-                 grads: dict[str, np.ndarray], role: str = "kernel") -> None:
+                 grads: dict[str, np.ndarray], ctx: RunContext, role: str = "kernel") -> None:
         if acc is None:
             grads[role] = x2d.T @ dy2d
+            return
+        if not ctx.accumulate:  # the batch's first micro-batch: straight into the accumulator
+            grads[role] = np.matmul(x2d.T, dy2d, out=acc[role])
             return
         shape = (x2d.shape[1], dy2d.shape[1])
         if self._scratch is None or self._scratch.shape != shape:
             self._scratch = np.empty(shape, np.float32)
         np.matmul(x2d.T, dy2d, out=self._scratch)
-        accumulate(acc, role, self._scratch, grads)
+        accumulate(acc, role, self._scratch, grads, ctx)
 
 
 @register
@@ -103,9 +109,9 @@ class Dense(Kernel):
         if self.activation != "linear":
             dy = activations.gradient(self.activation, z, y, dy)
         grads: dict[str, np.ndarray] = {}
-        self._weight_grad(x2d, dy, param_grads, grads)
+        self._weight_grad(x2d, dy, param_grads, grads, ctx)
         if self.use_bias:
-            accumulate(param_grads, "bias", dy.sum(axis=0), grads)
+            accumulate(param_grads, "bias", dy.sum(axis=0), grads, ctx)
         dx = None
         if ctx.wants_grad(0):
             dx = (dy @ params["kernel"].T).reshape(*grad_output.shape[:-1], self.n)

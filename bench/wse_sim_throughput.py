@@ -1,0 +1,137 @@
+"""Training throughput of the simulator on FC-MNIST (784-500-300-10, batch 256, SGD) next
+to TensorFlow on the CPU (a plain v1 Session training the same model on the same batches)
+and next to the machine's matmul bound (the same forward + backward GEMMs at full batch in
+numpy), as ratios measured side by side in one run (rounds interleaved, best of each).
+
+    python bench/wse_sim_throughput.py
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+
+import compiler_models as m  # noqa: E402  (tests/compiler_models.py: FC-MNIST)
+
+from bench.table import Row, print_table  # noqa: E402
+
+BATCH = 256
+STEPS = 60
+ROUNDS = 3
+PARAMS = {"batch_size": BATCH, "hidden": [500, 300], "optimizer": "sgd", "learning_rate": 0.01}
+
+
+def batches(count: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    return [{"features": rng.normal(size=(BATCH, 784)).astype(np.float32),
+             "labels": rng.integers(0, 10, BATCH).astype(np.int32)} for _ in range(count)]
+
+
+def simulator_step(program, weights) -> Callable[[dict], None]:
+    """One training step of the CS system's executor, in process (no gRPC)."""
+    from wse_sim.optimizers import make_optimizer
+    from wse_sim.pipeline import Pipeline
+    from wse_sim.program import check_program, check_state
+
+    checked = check_program(program)
+    pipeline = Pipeline(checked.kernels, checked.sources, checked.variables,
+                        check_state(checked, weights), batch_size=program.batch_size,
+                        micro_batch_size=program.micro_batch_size, loss_kernel=program.loss_kernel,
+                        optimizer=make_optimizer(checked.optimizer), seed=0)
+    return lambda batch: pipeline.run(batch, training=True)
+
+
+def tensorflow_step(weights) -> tuple[Callable[[dict], None], Callable[[], None]]:
+    import tensorflow as tf
+
+    from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+
+    signature = batch_signature(make_dataset(m.input_fn, PARAMS))
+    with model_graph(PARAMS) as graph:
+        features, labels = signature.placeholders()
+        spec = call_model_fn(m.keras_mlp, features, labels, "train", PARAMS)
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        session = tf.compat.v1.Session(graph=graph)
+        session.run(tf.compat.v1.global_variables_initializer())
+        for name, value in weights.items():
+            variables[name].load(value, session)
+    fetches = [spec.loss, spec.train_op]
+    return (lambda b: session.run(fetches, {features: b["features"], labels: b["labels"]}),
+            session.close)
+
+
+def matmul_bound_step() -> tuple[Callable[[dict], None], float]:
+    """The model's forward + backward GEMMs at full batch (no bias, activation or update)."""
+    sizes = [784, 500, 300, 10]
+    rng = np.random.default_rng(1)
+    ws = [rng.normal(size=(a, b)).astype(np.float32) for a, b in zip(sizes, sizes[1:])]
+    acts = [np.empty((BATCH, s), np.float32) for s in sizes]
+    grads = [np.empty((BATCH, s), np.float32) for s in sizes]
+    wgrads = [np.empty_like(w) for w in ws]
+    flops = sum(2 * BATCH * a * b * (3 if i else 2) for i, (a, b) in enumerate(zip(sizes, sizes[1:])))
+
+    def step(batch):
+        acts[0][...] = batch["features"]
+        for i, w in enumerate(ws):
+            np.matmul(acts[i], w, out=acts[i + 1])
+        grads[-1][...] = acts[-1]
+        for i in reversed(range(len(ws))):
+            np.matmul(acts[i].T, grads[i + 1], out=wgrads[i])
+            if i:
+                np.matmul(grads[i + 1], ws[i].T, out=grads[i])
+
+    return step, flops
+
+
+def steps_per_sec(step: Callable[[dict], None], data: list[dict]) -> float:
+    for batch in data[:3]:
+        step(batch)
+    start = time.perf_counter()
+    for batch in data:
+        step(batch)
+    return len(data) / (time.perf_counter() - start)
+
+
+def measure() -> list[Row]:
+    from launcher.compiler import compile_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        compiled = compile_model(m.keras_mlp, m.input_fn, PARAMS, tmp, fabric="cs2")
+    data = batches(STEPS)
+    sim = simulator_step(compiled.program, compiled.initial_weights)
+    tf_step, tf_close = tensorflow_step(compiled.initial_weights)
+    bound, flops = matmul_bound_step()
+    best = {"sim": 0.0, "tf": 0.0, "bound": 0.0}
+    try:
+        for _ in range(ROUNDS):
+            for name, step in (("sim", sim), ("tf", tf_step), ("bound", bound)):
+                best[name] = max(best[name], steps_per_sec(step, data))
+    finally:
+        tf_close()
+    micro = compiled.program.micro_batch_size
+    est = compiled.program.estimate.samples_per_sec / BATCH
+    return [
+        ("wse_sim executor FC-MNIST training", best["sim"], "steps/s",
+         f"batch {BATCH}, micro-batches of {micro}, SGD, in process"),
+        ("TensorFlow v1 Session, same model", best["tf"], "steps/s", "CPU path, feed_dict batches"),
+        ("numpy GEMM bound, same FLOPs", best["bound"], "steps/s",
+         f"{flops / 1e6:.0f} MFLOP/step at {best['bound'] * flops / 1e9:.0f} GFLOP/s"),
+        ("wse_sim / TensorFlow", best["sim"] / best["tf"], "ratio", "aim >= 1"),
+        ("wse_sim / GEMM bound", best["sim"] / best["bound"], "ratio", "<= 1"),
+        ("simulated CS-2 (compile estimate)", est, "steps/s", "what the wafer would do"),
+    ]
+
+
+def main() -> None:
+    print_table(measure(), "wse_sim training throughput (FC-MNIST)")
+
+
+if __name__ == "__main__":
+    main()
