@@ -87,7 +87,7 @@ def task_layout(request: JobRequest, options: dict[str, str]) -> tuple[int, list
         "# the chief alone on the first node; the workers on the others "
         f"({request.tasks_per_node} each, {order})",
         'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
-        f'export SLURM_HOSTFILE="$PWD/.csrun_hostfile_$SLURM_JOB_ID"',
+        f'export SLURM_HOSTFILE={shlex.quote(str(request.folder))}/"hostfile_$SLURM_JOB_ID"',
         '{ echo "${nodes[0]}"; '
         + ('for i in $(seq %d); do printf "%%s\\n" "${nodes[@]:1}"; done; }' % request.tasks_per_node
            if order == "cyclic" else
