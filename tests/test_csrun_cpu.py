@@ -185,12 +185,9 @@ def test_bad_arguments_are_one_line(tmp_path, argv, message):
 
 
 @pytest.mark.slurm
-def test_alloc_node_runs_through_srun(tmp_path):
-    from slurm.backend import slurm_answers
-
-    if not slurm_answers():
-        pytest.skip("no Slurm controller answers (make cluster-up)")
-    done = csrun_cpu(["sh", "-c", "echo job=$SLURM_JOB_ID; exit 4"], tmp_path)
+def test_alloc_node_runs_through_srun(tmp_path, slurm_cluster):
+    done = csrun_cpu(["sh", "-c", "echo job=$SLURM_JOB_ID; exit 4"], tmp_path,
+                     extra_env={"SLURM_CONF": slurm_cluster.env["SLURM_CONF"]})
     assert done.returncode == 4, done.stderr
     assert done.stdout.startswith("job=") and done.stdout.strip()[4:].isdigit()
     assert "on a node of its own through srun" in done.stderr
