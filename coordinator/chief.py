@@ -1,19 +1,24 @@
 """The chief of a CS job: compile (or reuse), Load into the CS, drive the run, write what
-the CPU path writes (log lines, checkpoints with the TF graph's variable names).
+the CPU path writes (log lines, events, checkpoints with the TF graph's variable names).
 
-Training: the program is loaded with the compile's initial weights, or with the newest
-checkpoint's weights and optimizer slots; the chief publishes the rendezvous for its
-workers (a lone chief starts one worker thread itself), then runs Train in segments of
-`save_checkpoints_steps`, snapshotting the CS into a checkpoint after each segment. A NaN
-loss stops the run naming the step; the newest checkpoint stays the last good one.
+- train: the program is loaded with the compile's initial weights, or with the newest
+  checkpoint's weights and optimizer slots, and trained in segments of
+  `save_checkpoints_steps`; after each segment the CS is snapshotted into a checkpoint. A
+  NaN loss stops the run naming the step; the newest checkpoint stays the last good one.
+- evaluate: a checkpoint's weights run the EVAL program; the host_call metrics are computed
+  here from the outputs the CS streams back (`launcher.metrics.EvalMetrics`).
+- predict: a checkpoint's weights run the PREDICT program; predictions are computed here
+  from the streamed outputs (`launcher.predictions`) and written to `model_dir/predict/`.
+
+For every phase the chief publishes the rendezvous its input workers wait for; a job of
+one task runs one worker thread inside the chief (`CSJob`).
 """
 from __future__ import annotations
 
 import math
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -21,6 +26,7 @@ from coordinator.cs_client import CSClient
 from coordinator.roles import TaskRole
 from launcher.errors import CSRunError
 from wse_sim.api import pb
+from wse_sim.api.tensors import from_tensor
 from workers.feed import run_worker
 from workers.rendezvous import InputSpec, Rendezvous, publish
 
@@ -34,12 +40,87 @@ def program_inputs(program: pb.Program) -> tuple[InputSpec, ...]:
                  for s in program.inputs)
 
 
+def program_variables(program: pb.Program) -> list[str]:
+    return [p.variable for k in program.kernels for p in k.params]
+
+
 def cs_state(program: pb.Program, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The program's weights and their optimizer slots from a checkpoint's tensors."""
-    variables = {p.variable for k in program.kernels for p in k.params}
-    slots = {v + s for v in variables for s in _SLOT_SUFFIXES}
-    return {n: np.asarray(a) for n, a in tensors.items()
-            if n in variables or n in slots or n in _OPTIMIZER_SCALARS}
+    """The program's weights and, when it trains, their optimizer slots from a checkpoint."""
+    variables = set(program_variables(program))
+    missing = sorted(variables - set(tensors))
+    if missing:
+        raise CSRunError(f"the checkpoint has no {', '.join(missing[:3])}: it was written by "
+                         "another model", "use a new model_dir for a changed model")
+    keep = set(variables)
+    if program.HasField("optimizer"):
+        keep |= {v + s for v in variables for s in _SLOT_SUFFIXES} | set(_OPTIMIZER_SCALARS)
+    return {n: np.asarray(a) for n, a in tensors.items() if n in keep}
+
+
+def output_tensor_names(program: pb.Program) -> dict[str, str]:
+    """CS output name (a kernel or a program input) → the TF tensor it stands for."""
+    names = {s.name: f"{s.name}:0" for s in program.inputs}
+    names.update({k.name: k.tf_tensor for k in program.kernels})
+    return names
+
+
+def host_values(program: pb.Program, result: pb.StepResult) -> dict[str, np.ndarray]:
+    """A step's streamed outputs by the TF tensor names the host-side graphs feed."""
+    names = output_tensor_names(program)
+    return {names[t.name]: from_tensor(t) for t in result.outputs}
+
+
+class CSJob:
+    """One phase on the CS: the program loaded, the rendezvous published, and (for a job of
+    one task) the input worker running in a thread. Use as a context manager."""
+
+    def __init__(self, chief: "Chief", program: pb.Program, state: dict[str, np.ndarray],
+                 global_step: int, first_batch: int, num_batches: int, input_fn: Callable):
+        self.program = program
+        self.client = CSClient(chief.config.cs_ip)
+        self.client.status()  # an unreachable CS: one clear line before any work
+        role = chief.role
+        reply = self.client.load(role.job_id, program, state, role.num_workers, global_step,
+                                 first_batch)
+        rendezvous = Rendezvous(self.client.cs_ip, reply.job_id or role.job_id, self.client.token,
+                                role.num_workers, first_batch, num_batches, program_inputs(program))
+        publish(chief.rendezvous_path, rendezvous)
+        self._errors: list[BaseException] = []
+        self._thread = None
+        if role.num_tasks == 1:  # a job of one task runs one worker inside the chief
+            self._thread = threading.Thread(target=self._work, args=(input_fn, chief.params, rendezvous),
+                                            name="input-worker-0", daemon=True)
+            self._thread.start()
+
+    def _work(self, input_fn: Callable, params: dict, rendezvous: Rendezvous) -> None:
+        try:
+            run_worker(input_fn, params, rendezvous, 0)
+        except BaseException as error:  # reported by the chief's loop
+            self._errors.append(error)
+            self.client.close()  # ends the chief's run stream, which waits for batches
+
+    def run(self, action: str, steps: int, output_steps: tuple[int, ...] = ()) -> Iterator[pb.RunResult]:
+        """The CS's per-step results; a failure of the in-chief worker is the error raised."""
+        try:
+            yield from self.client.run(action, steps, output_steps)
+        except CSRunError:
+            if self._errors:
+                raise self._errors[0] from None
+            raise
+        if self._errors:
+            raise self._errors[0]
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        return self.client.snapshot()
+
+    def __enter__(self) -> "CSJob":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.client.unload()
+        self.client.close()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
 
 
 class Chief:
@@ -52,95 +133,121 @@ class Chief:
         self.config = estimator.config
 
     def run(self, action: str, input_fn: Callable, **kwargs: Any) -> Any:
-        if action != "train":
-            raise CSRunError(f"{action} on the CS system is not available in this build",
-                             "run it on the CPU path (without --cs_ip)")
-        return self.train(input_fn, steps=kwargs.get("steps"), max_steps=kwargs.get("max_steps"))
+        return {"train": self.train, "evaluate": self.evaluate, "predict": self.predict}[action](
+            input_fn, **kwargs)
 
-    def _start(self, program: pb.Program, state: dict[str, np.ndarray], step: int, steps: int,
-               input_fn: Callable) -> tuple[CSClient, threading.Thread | None, list]:
-        client = CSClient(self.config.cs_ip)
-        client.status()  # unreachable CS: one clear line before any work
-        reply = client.load(self.role.job_id, program, state, self.role.num_workers, step)
-        rendezvous = Rendezvous(client.cs_ip, reply.job_id or self.role.job_id, client.token,
-                                self.role.num_workers, step, steps, program_inputs(program))
-        publish(self.rendezvous_path, rendezvous)
-        errors: list = []
-        thread = None
-        if self.role.num_tasks == 1:  # a job of one task runs one worker inside the chief
-            def work():
-                try:
-                    run_worker(input_fn, self.params, rendezvous, 0)
-                except BaseException as error:  # reported by the chief's loop
-                    errors.append(error)
-                    client.close()  # ends the chief's Train stream, which waits for batches
-            thread = threading.Thread(target=work, name="input-worker-0", daemon=True)
-            thread.start()
-        return client, thread, errors
-
-    def train(self, input_fn: Callable, steps: int | None, max_steps: int | None) -> None:
-        from launcher.checkpoints import latest_checkpoint, read_checkpoint, write_checkpoint
+    def _compile(self, input_fn: Callable, mode: str) -> Any:
         from launcher.compiler import compile_model
-        from launcher.estimator_spec import ModeKeys
 
-        compiled = compile_model(self.estimator.model_fn, input_fn, self.params, self.model_dir,
-                                 mode=ModeKeys.TRAIN)
-        program = compiled.program
-        latest = latest_checkpoint(self.model_dir)
+        return compile_model(self.estimator.model_fn, input_fn, self.params,
+                             getattr(self.estimator, "compile_dir", self.model_dir), mode=mode)
+
+    def train(self, input_fn: Callable, steps: int | None = None,
+              max_steps: int | None = None) -> None:
+        from launcher import checkpoints, progress
+        from launcher.estimator_spec import ModeKeys
+        from launcher.events import EventWriter
+
+        if steps is None and max_steps is None:
+            raise CSRunError("training needs a number of steps", "give steps or max_steps "
+                             "(--steps, --max_steps or runconfig.max_steps)")
+        program = (compiled := self._compile(input_fn, ModeKeys.TRAIN)).program
+        latest = checkpoints.latest_checkpoint(self.model_dir)
         if latest is not None:
-            tensors = read_checkpoint(latest)
-            step = int(tensors.get("global_step", 0))
-            state = cs_state(program, tensors)
-            print(f"Restoring parameters from {latest}", flush=True)
+            progress.restoring(latest)
+            step = checkpoints.checkpoint_step(latest)
+            state = cs_state(program, checkpoints.read_checkpoint(latest))
         else:
             step, state = 0, dict(compiled.initial_weights)
-        end = max_steps if max_steps is not None else step + (steps or 0)
+        end = max_steps if max_steps is not None else step + steps
         if end <= step:
-            print(f"Skipping training since max_steps has already saved: {step}", flush=True)
+            progress.skipping(step)
             return
-        client, thread, worker_errors = self._start(program, state, step, end - step, input_fn)
-        every = int(self.config.save_checkpoints_steps or (end - step))
-        log_every = int(self.config.log_step_count_steps or 100)
-        batch = program.batch_size
-        start_step, t0, last_log, t_log = step, time.perf_counter(), step, time.perf_counter()
-        loss = math.nan
-        summary = None
-        try:
+        config = self.config
+        log = progress.TrainingProgress(step, program.batch_size, config.log_step_count_steps)
+        rate = progress.StepRate(step)
+        every = config.save_checkpoints_steps or (end - step)
+        loss, summary = math.nan, None
+        with CSJob(self, program, state, step, step, end - step, input_fn) as job, \
+                EventWriter(self.model_dir) as events:
             while step < end:
-                segment = min(every - step % every, end - step)
-                for result in client.run("train", segment):
+                for result in job.run("train", min(every - step % every, end - step)):
                     if result.HasField("summary"):
                         summary = result.summary
                         continue
                     step, loss = result.step.step, result.step.loss
                     if not math.isfinite(loss):
                         raise CSRunError(f"the loss became {loss} at step {step}",
-                                         "lower the learning rate; the newest checkpoint is the last good one")
-                    if step % log_every == 0:
-                        now = time.perf_counter()
-                        print(f"global step {step}: loss = {loss:.6g} "
-                              f"({(step - last_log) / (now - t_log):.4g} steps/sec)", flush=True)
-                        last_log, t_log = step, now
-                if worker_errors:
-                    raise worker_errors[0]
-                snapshot = client.snapshot()
+                                         "lower the learning rate; the newest checkpoint is the "
+                                         "last good one")
+                    log.step(step, loss)
+                    if config.save_summary_steps and step % config.save_summary_steps == 0:
+                        events.scalars(step, {"loss": loss, "global_step/sec": rate(step),
+                                              "cs/samples_per_sec": result.step.timing.sim_samples_per_sec})
+                events.flush()
+                snapshot = job.snapshot()
                 snapshot["global_step"] = np.asarray(step, np.int64)
-                path = write_checkpoint(self.model_dir, step, snapshot, self.config.keep_checkpoint_max)
-                print(f"Saving checkpoints for {step} into {path}.", flush=True)
-        except CSRunError:
-            if worker_errors:  # the stream ended because the in-chief worker failed
-                raise worker_errors[0] from None
-            raise
-        finally:
-            client.unload()
-            client.close()
-        seconds = time.perf_counter() - t0
-        samples = (step - start_step) * batch
-        print(f"Training finished with {samples} samples in {seconds:.3f} seconds, "
-              f"{samples / seconds:.2f} samples/second.", flush=True)
+                checkpoints.write_checkpoint(self.model_dir, step, snapshot, config.keep_checkpoint_max)
+                log.saved(step, self.model_dir)
+        log.finished(step, loss)
         if summary is not None:
             print(f"Simulated CS system: {summary.sim_samples_per_sec:,.0f} samples/second "
-                  f"(wall clock here: {samples / seconds:,.0f} samples/second)", flush=True)
-        print(f"Loss for final step: {loss}.", flush=True)
-        if thread is not None:
-            thread.join(timeout=30)
+                  f"(utilization {summary.utilization:.1%}); wall clock here: "
+                  f"{summary.wall_samples_per_sec:,.0f} samples/second", flush=True)
+
+    def _checkpoint_state(self, program: pb.Program, checkpoint_path: str | None) -> tuple[str, int, dict]:
+        from launcher import checkpoints
+
+        path = checkpoints.chosen_checkpoint(self.model_dir, checkpoint_path)
+        return path, checkpoints.checkpoint_step(path), cs_state(program, checkpoints.read_checkpoint(path))
+
+    def evaluate(self, input_fn: Callable, steps: int | None = None,
+                 checkpoint_path: str | None = None) -> dict[str, float]:
+        from launcher import progress
+        from launcher.estimator_spec import ModeKeys
+        from launcher.events import EventWriter, eval_dir
+        from launcher.metrics import EvalMetrics
+
+        if not steps:
+            raise CSRunError("evaluation on the CS system needs a number of batches",
+                             "give --eval_steps (runconfig.eval_steps)")
+        program = self._compile(input_fn, ModeKeys.EVAL).program
+        path, step, state = self._checkpoint_state(program, checkpoint_path)
+        with EvalMetrics(self.estimator.model_fn, input_fn, self.params) as metrics, \
+                CSJob(self, program, state, step, 0, steps, input_fn) as job:
+            loss_tensor = metrics.host_tensors[-1]
+            for result in job.run("evaluate", steps):
+                if result.HasField("step"):
+                    metrics.update({**host_values(program, result.step),
+                                    loss_tensor: np.float32(result.step.loss)})
+            results = metrics.results()
+        progress.eval_results(step, results)
+        with EventWriter(eval_dir(self.model_dir)) as events:
+            events.scalars(step, results)
+        return {**results, "global_step": step}
+
+    def predict(self, input_fn: Callable, checkpoint_path: str | None = None,
+                num_samples: int | None = None) -> dict[str, np.ndarray]:
+        from launcher.estimator_spec import ModeKeys
+        from launcher.model_fn import batch_signature, make_dataset
+        from launcher.predictions import PredictionGraph, write_predictions
+
+        dataset = make_dataset(input_fn, self.params)
+        program = self._compile(input_fn, ModeKeys.PREDICT).program
+        batch = program.batch_size
+        if num_samples is not None:
+            steps = -(-num_samples // batch)
+        else:
+            steps = int(dataset.cardinality())
+            if steps < 0:
+                raise CSRunError("the prediction input repeats forever and no num_samples is given",
+                                 "give num_samples or make the input end")
+        path, step, state = self._checkpoint_state(program, checkpoint_path)
+        collected: dict[str, list[np.ndarray]] = {}
+        with PredictionGraph(self.estimator.model_fn, batch_signature(dataset), self.params, path) as graph, \
+                CSJob(self, program, state, step, 0, steps, input_fn) as job:
+            for result in job.run("predict", steps):
+                if result.HasField("step"):
+                    for key, value in graph.run(host_values(program, result.step)).items():
+                        collected.setdefault(key, []).append(value)
+        return write_predictions(self.model_dir, step, collected, num_samples)

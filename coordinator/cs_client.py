@@ -10,36 +10,15 @@ import numpy as np
 
 from launcher.errors import CSRunError
 from wse_sim.api import pb, rpc
+from wse_sim.api.tensors import assemble, tensor_chunks
 
 CHANNEL_OPTIONS = (("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1))
-CHUNK_BYTES = 1 << 20
 CONNECT_TIMEOUT_S = 10.0
 
 
 def new_token() -> str:
     """A per-job secret the chief hands to its workers; the CS refuses streams without it."""
     return secrets.token_hex(16)
-
-
-def tensor_chunks(name: str, array: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> Iterator[pb.TensorChunk]:
-    """`array` as ordered TensorChunk pieces (tensors above gRPC's message limit work)."""
-    array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
-    data = memoryview(array.reshape(-1).view(np.uint8))
-    total = len(data)
-    for offset in range(0, max(total, 1), chunk_bytes):
-        yield pb.TensorChunk(name=name, dtype=pb.DType.Value(array.dtype.name.upper()),
-                             shape=array.shape, offset=offset, total_bytes=total,
-                             data=bytes(data[offset:offset + chunk_bytes]))
-
-
-def assemble(chunks: Iterator[pb.TensorChunk]) -> dict[str, np.ndarray]:
-    """Arrays from ordered TensorChunk pieces, by name."""
-    buffers: dict[str, tuple[pb.TensorChunk, bytearray]] = {}
-    for chunk in chunks:
-        head, buf = buffers.setdefault(chunk.name, (chunk, bytearray(chunk.total_bytes)))
-        buf[chunk.offset:chunk.offset + len(chunk.data)] = chunk.data
-    return {name: np.frombuffer(bytes(buf), np.dtype(pb.DType.Name(head.dtype).lower()))
-            .reshape(tuple(head.shape)).copy() for name, (head, buf) in buffers.items()}
 
 
 class CSClient:
@@ -72,10 +51,12 @@ class CSClient:
             raise self._error(error, "status") from None
 
     def load(self, job_id: str, program: pb.Program, tensors: dict[str, np.ndarray],
-             num_workers: int, global_step: int) -> pb.LoadReply:
-        """Load the program with its weights (and optimizer slots) for this job."""
+             num_workers: int, global_step: int, first_batch: int) -> pb.LoadReply:
+        """Load the program with its weights (and optimizer slots) for this job; its first
+        step consumes batch `first_batch` of input_fn's order."""
         header = pb.JobHeader(job_id=job_id, token=self.token, program=program,
-                              num_workers=num_workers, global_step=global_step)
+                              num_workers=num_workers, global_step=global_step,
+                              first_batch=first_batch)
 
         def requests() -> Iterator[pb.LoadRequest]:
             yield pb.LoadRequest(header=header)

@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from coordinator.chief import cs_state, program_inputs
+from launcher.errors import CSRunError
 from wse_sim.api import pb
 
 
-def program():
+def program(optimizer=None):
     dense = pb.Kernel(name="d", type="dense", params=[pb.Param(role="kernel", variable="dense/kernel"),
                                                       pb.Param(role="bias", variable="dense/bias")])
     return pb.Program(batch_size=256, kernels=[dense],
                       inputs=[pb.TensorSpec(name="features", dtype=pb.FLOAT32, shape=[784]),
-                              pb.TensorSpec(name="labels", dtype=pb.INT32, shape=[])])
+                              pb.TensorSpec(name="labels", dtype=pb.INT32, shape=[])],
+                      optimizer=optimizer)
 
 
 def test_program_inputs_carry_the_batch_dimension():
@@ -21,10 +24,21 @@ def test_program_inputs_carry_the_batch_dimension():
         ("features", "float32", (256, 784)), ("labels", "int32", (256,))]
 
 
-def test_cs_state_keeps_weights_and_slots_only():
-    tensors = {n: np.zeros(1) for n in ("dense/kernel", "dense/bias", "dense/kernel/Adam",
-                                        "dense/bias/Adam_1", "beta1_power", "beta2_power",
-                                        "global_step", "other/kernel")}
-    assert sorted(cs_state(program(), tensors)) == [
+TENSORS = {n: np.zeros(1) for n in ("dense/kernel", "dense/bias", "dense/kernel/Adam",
+                                    "dense/bias/Adam_1", "beta1_power", "beta2_power",
+                                    "global_step", "other/kernel")}
+
+
+def test_cs_state_of_a_training_program_keeps_weights_and_slots_only():
+    assert sorted(cs_state(program(pb.Optimizer(type="adam")), TENSORS)) == [
         "beta1_power", "beta2_power", "dense/bias", "dense/bias/Adam_1", "dense/kernel",
         "dense/kernel/Adam"]
+
+
+def test_cs_state_of_an_eval_program_keeps_the_weights():
+    assert sorted(cs_state(program(), TENSORS)) == ["dense/bias", "dense/kernel"]
+
+
+def test_a_checkpoint_of_another_model_is_one_clear_error():
+    with pytest.raises(CSRunError, match="the checkpoint has no dense/bias"):
+        cs_state(program(), {"dense/kernel": np.zeros(1)})

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.cs_client import CSClient, assemble, tensor_chunks
+from coordinator.cs_client import CSClient
+from wse_sim.api.tensors import assemble, tensor_chunks
 from launcher.csrun_wse import free_port
 from launcher.errors import CSRunError
 

@@ -10,7 +10,8 @@ import tensorflow as tf
 
 from launcher.errors import CSRunError
 from wse_sim.api import pb
-from workers.feed import check_batch, feed_requests, flatten, shard, shard_batches, to_tensor
+from workers.feed import check_batch, feed_requests, flatten, shard, shard_batches
+from wse_sim.api.tensors import to_tensor
 from workers.rendezvous import InputSpec, Rendezvous, publish, rendezvous_path, wait_for
 
 BATCH = 4

@@ -18,6 +18,7 @@ import numpy as np
 
 from launcher.errors import CSRunError
 from wse_sim.api import pb, rpc
+from wse_sim.api.tensors import to_tensor
 from workers.rendezvous import InputSpec, Rendezvous
 
 # Batches bigger than gRPC's default 4 MB message are fine.
@@ -66,15 +67,6 @@ def check_batch(named: dict[str, np.ndarray], inputs: tuple[InputSpec, ...], ind
                 f"{_describe(spec.shape, spec.dtype)}",
                 "make input_fn yield batches of the compiled shape and dtype (drop_remainder=True "
                 "for a fixed batch size), or recompile")
-
-
-def to_tensor(name: str, array: np.ndarray) -> pb.Tensor:
-    """One array as a CS API Tensor: C-order little-endian raw bytes, one copy."""
-    array = np.asarray(array, order="C")  # (ascontiguousarray would make a scalar 1-d)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return pb.Tensor(name=name, dtype=pb.DType.Value(array.dtype.name.upper()),
-                     shape=array.shape, data=array.tobytes())
 
 
 def feed_requests(batches: Iterable[tuple[int, Any]], rendezvous: Rendezvous,
