@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS := --disable-pip-version-check -q
 
-.PHONY: venv run test bench proto cluster-up cluster-down clean
+.PHONY: venv run test test-quick bench proto cluster-up cluster-down clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
@@ -20,6 +20,9 @@ run: $(STAMP)  # FC-MNIST on the CPU (plain TensorFlow): train, then the test ac
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not slurm"
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py $(BENCH)
