@@ -37,7 +37,10 @@ def run(model_fn: Callable, input_fn: Callable, params: dict, weights: dict[str,
         spec = call_model_fn(model_fn, features, labels, mode, params)
         variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
         fetched_tensors = [graph.get_tensor_by_name(name) for name in fetch]
-        with tf.compat.v1.Session(graph=graph) as session:
+        # One thread per op: TF's multi-threaded reductions vary from run to run.
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                          inter_op_parallelism_threads=1)
+        with tf.compat.v1.Session(graph=graph, config=config) as session:
             session.run(tf.compat.v1.global_variables_initializer())
             for name, value in weights.items():
                 variables[name].load(value, session)

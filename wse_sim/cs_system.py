@@ -287,8 +287,10 @@ class CSSystem:
         if all(s.state == "done" for s in job.streams.values()):
             return (f"every input stream ended ({sum(s.received for s in job.streams.values())} "
                     f"batches) before batch {index}")
-        if all(s.state in ("done", "blocked") for s in job.streams.values()):
-            held = sorted(s.waiting_batch for s in job.streams.values() if s.state == "blocked")
+        stuck = [s for s in job.streams.values()
+                 if s.state == "blocked" and s.waiting_batch >= index + job.window]
+        if stuck and all(s.state == "done" or s in stuck for s in job.streams.values()):
+            held = sorted(s.waiting_batch for s in stuck)
             return (f"the run needs batch {index} but the input workers hold batches from "
                     f"{held[0]} on (the job's first batch is set by JobHeader.first_batch)")
         return ""

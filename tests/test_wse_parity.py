@@ -1,0 +1,221 @@
+"""Parity through the CS API: the simulator, driven over gRPC from the same initial weights
+and batches, trains and evaluates like TensorFlow on the CPU (tests/tf_reference.py)."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Sequence
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+
+import compiler_models as m
+import tf_reference
+from launcher.compiler import compile_model
+from wse_sim.api import pb, rpc
+from wse_sim.api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
+from wse_sim.cs_system import CSSystem
+from wse_sim.fabric import get_fabric
+from wse_sim.server import CSServer
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+CHANNEL_OPTIONS = (("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1))
+
+
+# ---- a minimal client of the CS API (the chief's and workers' calls, by hand) ----
+class Client:
+    def __init__(self, address: str, token: str = "token-1"):
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = rpc.CSSystemStub(self.channel)
+        self.token = token
+
+    def load(self, program: pb.Program, tensors: dict[str, np.ndarray], *, job_id: str = "job-1",
+             num_workers: int = 1, first_batch: int = 0, global_step: int = 0) -> pb.LoadReply:
+        header = pb.JobHeader(job_id=job_id, token=self.token, program=program,
+                              num_workers=num_workers, global_step=global_step,
+                              first_batch=first_batch)
+
+        def requests():
+            yield pb.LoadRequest(header=header)
+            for name in sorted(tensors):
+                for chunk in tensor_chunks(name, tensors[name]):
+                    yield pb.LoadRequest(chunk=chunk)
+
+        return self.stub.Load(requests())
+
+    def feed_requests(self, batches: Sequence[dict[str, np.ndarray]], worker: int = 0,
+                      num_workers: int = 1, first: int = 0):
+        for index in range(first + worker, first + len(batches), num_workers):
+            yield pb.FeedRequest(token=self.token, worker_id=worker, batch_index=index, tensors=[
+                to_tensor(name, array) for name, array in batches[index - first].items()])
+
+    def feed_in_background(self, batches, num_workers: int = 1, first: int = 0) -> list[threading.Thread]:
+        """One Feed stream per worker, each in a thread (worker w sends w, w + W, ...)."""
+        errors: list[grpc.RpcError] = []
+
+        def stream(worker):
+            try:
+                self.stub.Feed(self.feed_requests(batches, worker, num_workers, first))
+            except grpc.RpcError as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=stream, args=(w,), daemon=True) for w in range(num_workers)]
+        for t in threads:
+            t.start()
+        self.feed_errors = errors
+        return threads
+
+    def run(self, kind: str, steps: int, output_steps: Sequence[int] = ()):
+        call = {"train": self.stub.Train, "evaluate": self.stub.Evaluate,
+                "predict": self.stub.Predict}[kind]
+        results = list(call(pb.RunRequest(token=self.token, steps=steps, output_steps=output_steps)))
+        assert results[-1].HasField("summary")
+        return [r.step for r in results[:-1]], results[-1].summary
+
+    def snapshot(self, chunk_bytes: int = 0) -> dict[str, np.ndarray]:
+        return assemble(self.stub.Snapshot(pb.SnapshotRequest(token=self.token, chunk_bytes=chunk_bytes)))
+
+    def status(self) -> pb.StatusReply:
+        return self.stub.Status(pb.StatusRequest())
+
+    def unload(self) -> None:
+        self.stub.Unload(pb.UnloadRequest(token=self.token))
+
+
+@pytest.fixture
+def server():
+    cs_server = CSServer(CSSystem(get_fabric("cs1"), idle_timeout=0, log=lambda line: None),
+                         "127.0.0.1", 0).start()
+    yield cs_server
+    cs_server.stop(grace=0)
+
+
+def named(data):
+    return [{"features": x, "labels": y} for x, y in data]
+
+
+def train_on_server(address, compiled, data, steps_per_call: Sequence[int]):
+    client = Client(address)
+    client.load(compiled.program, compiled.initial_weights, num_workers=2)
+    feeders = client.feed_in_background(named(data), num_workers=2)
+    losses = []
+    for steps in steps_per_call:  # several Train calls continue where the last ended
+        results, summary = client.run("train", steps)
+        losses += [r.loss for r in results]
+        assert summary.steps == steps and summary.samples == steps * compiled.program.batch_size
+    state = client.snapshot()
+    client.unload()
+    for t in feeders:
+        t.join(10)
+    assert not client.feed_errors
+    return np.array(losses), state
+
+
+def assert_parity(losses, state, reference):
+    np.testing.assert_allclose(losses, reference.losses, rtol=1e-3)
+    assert set(state) <= set(reference.state)
+    for name, value in state.items():
+        np.testing.assert_allclose(value, reference.state[name], rtol=1e-3, atol=1e-5, err_msg=name)
+
+
+def digits_input_fn(params):
+    """MNIST-shaped digits: scikit-learn's 8x8 digits scaled up to 28x28 (784 features)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.kron(digits.images / 16.0, np.ones((3, 3)))  # 24 x 24
+    x = np.pad(images, ((0, 0), (2, 2), (2, 2))).reshape(len(images), 784).astype(np.float32)
+    y = digits.target.astype(np.int32)
+    return (tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+            .batch(params["batch_size"], drop_remainder=True))
+
+
+def mlp_parity(tmp_path, server, steps, **params):
+    params = {"batch_size": 64, **params}
+    compiled = compile_model(m.keras_mlp, digits_input_fn, params, str(tmp_path))
+    data = tf_reference.batches(digits_input_fn, params, steps)
+    reference = tf_reference.run(m.keras_mlp, digits_input_fn, params, compiled.initial_weights, data)
+    losses, state = train_on_server(server.address, compiled, data, [steps // 2, steps - steps // 2])
+    assert_parity(losses, state, reference)
+    return state
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer, steps, extra", [
+    ("sgd", 100, {"learning_rate": 0.01}),
+    # Adam's sign-like steps amplify float32 rounding chaotically once gradients are small
+    # (TF against itself in float64 drifts the same way), so full size runs 10 steps.
+    ("adam", 10, {"learning_rate": 2e-4})])
+def test_fc_mnist_matches_tensorflow(tmp_path, server, optimizer, steps, extra):
+    state = mlp_parity(tmp_path, server, steps, batch_size=256, optimizer=optimizer, **extra)
+    if optimizer == "adam":
+        assert {"dense/kernel/Adam", "dense/kernel/Adam_1", "beta1_power", "beta2_power"} <= set(state)
+        np.testing.assert_allclose(state["beta1_power"], np.float32(0.8) ** (steps + 1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("optimizer, extra", [
+    ("sgd", {"learning_rate": 0.05}), ("momentum", {"learning_rate": 0.05, "momentum": 0.9}),
+    ("momentum", {"learning_rate": 0.05, "momentum": 0.9, "nesterov": True}),
+    ("adam", {"learning_rate": 0.002})])
+def test_small_mlp_every_optimizer_matches_tensorflow(tmp_path, server, optimizer, extra):
+    state = mlp_parity(tmp_path, server, 20, hidden=[40, 20], optimizer=optimizer, **extra)
+    slots = {"sgd": [], "momentum": ["dense/kernel/Momentum"], "adam": ["dense/kernel/Adam_1"]}
+    assert set(slots[optimizer]) <= set(state)
+
+
+def cnn_example():
+    sys.path.insert(0, os.path.join(EXAMPLES, "cnn_digits"))
+    try:
+        import data
+        import model
+    finally:
+        sys.path.pop(0)
+    with open(os.path.join(EXAMPLES, "cnn_digits", "configs", "params.yaml")) as f:
+        return model, data, yaml.safe_load(f)
+
+
+@pytest.mark.slow
+def test_cnn_example_200_steps_match_tensorflow(tmp_path, server):
+    model, data, params = cnn_example()
+    compiled = compile_model(model.model_fn, data.train_input_fn, params, str(tmp_path))
+    batches = tf_reference.batches(data.train_input_fn, params, 200)
+    reference = tf_reference.run(model.model_fn, data.train_input_fn, params,
+                                 compiled.initial_weights, batches)
+    losses, state = train_on_server(server.address, compiled, batches, [100, 100])
+    assert losses[-1] < 0.5 * losses[0]  # it learns
+    assert_parity(losses, state, reference)
+
+
+def test_evaluation_gives_tensorflows_loss_and_accuracy(tmp_path, server):
+    model, data, params = cnn_example()
+    trained = tf_reference.run(model.model_fn, data.train_input_fn, params, {},
+                               tf_reference.batches(data.train_input_fn, params, 30))
+    compiled = compile_model(model.model_fn, data.eval_input_fn, params, str(tmp_path),
+                             mode="eval")
+    program = compiled.program
+    assert not program.HasField("optimizer") or not program.optimizer.type
+    weights = {name: trained.state[name] for name in compiled.initial_weights}
+    batches = tf_reference.batches(data.eval_input_fn, params, 3)
+    logits_kernel = next(k for k in program.kernels if k.name == program.outputs[0])
+    reference = tf_reference.run(model.model_fn, data.eval_input_fn, params, weights, batches,
+                                 mode="eval", fetch=[logits_kernel.tf_tensor])
+    client = Client(server.address)
+    client.load(program, weights)
+    client.feed_in_background(named(batches))
+    results, summary = client.run("evaluate", 3)
+    assert client.status().global_step == 0  # evaluation does not train
+    np.testing.assert_allclose([r.loss for r in results], reference.losses, rtol=1e-4)
+    for result, (x, y), ref in zip(results, batches, reference.fetched):
+        outputs = {t.name: from_tensor(t) for t in result.outputs}
+        assert set(outputs) == set(program.outputs)
+        np.testing.assert_array_equal(outputs["labels"], y)
+        logits = outputs[logits_kernel.name]
+        np.testing.assert_allclose(logits, ref[logits_kernel.tf_tensor], rtol=1e-4, atol=1e-5)
+        tf_accuracy = np.mean(ref[logits_kernel.tf_tensor].argmax(1) == y)
+        assert np.mean(logits.argmax(1) == y) == tf_accuracy
+    assert summary.steps == 3 and summary.samples == 3 * program.batch_size
+    assert summary.sim_samples_per_sec > 0 and summary.wall_samples_per_sec > 0
