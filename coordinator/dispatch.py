@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from coordinator.roles import task_role
-from workers.feed import run_worker
+from workers.feed import JobEnded, run_worker
 from workers.rendezvous import rendezvous_path, wait_for
 
 ACTIONS = ("train", "evaluate", "predict")
@@ -31,7 +31,11 @@ def run(estimator: Any, action: str, input_fn: Callable, **kwargs: Any) -> Any:
 
         return Chief(estimator, role, path).run(action, input_fn, **kwargs)
     rendezvous = wait_for(path)
-    stats = run_worker(input_fn, estimator.params, rendezvous, role.worker_id)
+    try:
+        stats = run_worker(input_fn, estimator.params, rendezvous, role.worker_id)
+    except JobEnded as ended:
+        print(f"{ended}; stopping", flush=True)
+        return None
     print(f"input worker {role.worker_id}: sent {stats.batches} batches, "
           f"{stats.megabytes_per_sec:.1f} MB/s", flush=True)
     return None

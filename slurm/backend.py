@@ -195,7 +195,8 @@ def all_succeeded(folder: Path, job_id: str, num_tasks: int) -> bool:
 
 def copy_new(path: Path, offset: int, stream: TextIO) -> int:
     """Copy what was appended to `path` since `offset` to `stream`, submitit's own
-    bookkeeping lines left out; the new offset."""
+    bookkeeping lines (and the traceback of its task wrapper that follows them) left out;
+    the new offset."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -204,8 +205,16 @@ def copy_new(path: Path, offset: int, stream: TextIO) -> int:
         return offset
     if data:
         text = data.decode(errors="replace")
+        after = ""  # "submitit": after submitit's lines; "traceback": inside its traceback
         for line in text.splitlines(keepends=True):
-            if not line.startswith("submitit "):
+            if line.startswith("submitit "):
+                after = "submitit"
+            elif after and line.startswith(("Traceback (most recent call last):", " ")):
+                after = "traceback"
+            elif after == "traceback":  # the exception line that ends it
+                after = ""
+            else:
+                after = ""
                 stream.write(line)
         stream.flush()
     return offset + len(data)

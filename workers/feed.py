@@ -80,6 +80,11 @@ def feed_requests(batches: Iterable[tuple[int, Any]], rendezvous: Rendezvous,
                              tensors=[to_tensor(name, named[name]) for name in order])
 
 
+class JobEnded(Exception):
+    """The chief ended the CS job (unloaded it, e.g. after a NaN loss) while this worker was
+    still streaming: not this worker's failure; the chief reports why."""
+
+
 @dataclass(frozen=True)
 class FeedStats:
     batches: int
@@ -113,6 +118,8 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int) -> FeedS
         except grpc.RpcError as error:
             if failure:
                 raise failure[0] from None
+            if error.code() == grpc.StatusCode.ABORTED and "unloaded by its client" in (error.details() or ""):
+                raise JobEnded(f"input worker {worker}: the chief ended the job ({error.details()})") from None
             raise CSRunError(
                 f"input worker {worker}: the CS at {cs_ip} ended the input stream: "
                 f"{error.code().name}: {error.details()}",
