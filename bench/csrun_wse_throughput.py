@@ -1,0 +1,120 @@
+"""End-to-end training throughput of `csrun_wse` (chief + 2 input workers + the embedded
+simulator) against `python run.py` on the CPU path, FC-MNIST (784-500-300-10, batch 256),
+same params and batches; and the rate one input worker streams at against the rate the
+simulator consumes.
+
+Steady state per path: the difference of a long and a short run of the same command, so
+start-up (imports, compile, simulator start, the final checkpoint) cancels out. The
+worker's rate is `input_fn` → its shard → checked, serialized FeedRequests, as
+`workers.feed` makes them (no CS needed); the simulator's consumption is its own wall
+clock rate from the long run's summary line.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from bench.table import Row, print_table  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "fc_mnist"
+BATCH = 256
+SHORT, LONG = 20, 220
+WORKER_BATCHES = 200
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+       "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
+SIM_RATE = re.compile(r"wall clock here: ([\d,]+) samples/second")
+
+
+def write_params(folder: Path, steps: int) -> Path:
+    params = yaml.safe_load((EXAMPLE / "configs" / "params.yaml").read_text())
+    params["train_input"]["batch_size"] = BATCH
+    params["runconfig"].update(max_steps=steps, save_checkpoints_steps=None, save_summary_steps=100,
+                               log_step_count_steps=100)
+    path = folder / f"params-{steps}.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def timed(command: list[str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=EXAMPLE, env=ENV, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"{command} failed:\n{result.stdout}\n{result.stderr}")
+    return seconds, result.stdout
+
+
+def path_commands(folder: Path, steps: int, run: int) -> dict[str, list[str]]:
+    params = write_params(folder, steps)
+    train = ["python", "run.py", "--mode", "train", "-p", str(params)]
+    return {"cpu": [*train, "-o", str(folder / f"cpu-{steps}-{run}")],
+            "csrun_wse": ["csrun_wse", "--tasks-per-node", "3", "--job-dir", str(folder / f"job-{steps}-{run}"),
+                          "--", *train, "-o", str(folder / f"cs-{steps}-{run}")]}
+
+
+def worker_rate() -> tuple[float, float]:
+    """One input worker's samples/s and MB/s: input_fn, its shard, checked and serialized."""
+    from examples.fc_mnist.data import train_input_fn
+    from workers.feed import feed_requests, shard_batches
+    from workers.rendezvous import InputSpec, Rendezvous
+
+    params = yaml.safe_load((EXAMPLE / "configs" / "params.yaml").read_text())
+    params["train_input"]["batch_size"] = BATCH
+    inputs = (InputSpec("features", "float32", (BATCH, 784)), InputSpec("labels", "int32", (BATCH,)))
+    rendezvous = Rendezvous("unused", "bench", "token", 1, 0, WORKER_BATCHES, inputs)
+    batches = shard_batches(train_input_fn, params, rendezvous, 0)
+    next(batches)  # the dataset's start-up is not streaming
+    start, size = time.perf_counter(), 0
+    for request in feed_requests(batches, rendezvous, 0):
+        size += sum(len(t.data) for t in request.tensors)
+    seconds = time.perf_counter() - start
+    count = WORKER_BATCHES - 1
+    return count * BATCH / seconds, size / 1e6 / seconds
+
+
+def measure() -> list[Row]:
+    with tempfile.TemporaryDirectory(prefix="bench_csrun_wse_") as tmp:
+        folder = Path(tmp)
+        best: dict[tuple[str, int], float] = {}
+        sim_rates = []
+        for run in range(2):  # interleaved, best of two (the machine is shared)
+            for steps in (SHORT, LONG):
+                for path, command in path_commands(folder, steps, run).items():
+                    seconds, output = timed(command)
+                    best[path, steps] = min(best.get((path, steps), float("inf")), seconds)
+                    if path == "csrun_wse" and steps == LONG:
+                        sim_rates += [float(m.replace(",", "")) for m in SIM_RATE.findall(output)]
+        rates = {path: (LONG - SHORT) * BATCH / (best[path, LONG] - best[path, SHORT])
+                 for path in ("cpu", "csrun_wse")}
+    worker_samples, worker_mb = worker_rate()
+    sim = max(sim_rates) if sim_rates else float("nan")
+    return [
+        ("python run.py (CPU, TensorFlow) steady state", rates["cpu"], "samples/s",
+         f"({LONG} - {SHORT} steps) / time difference"),
+        ("csrun_wse (chief + 2 workers + sim) steady state", rates["csrun_wse"], "samples/s", "same"),
+        ("csrun_wse / CPU path", rates["csrun_wse"] / rates["cpu"], "ratio", "aim: >= 1"),
+        ("start-up, csrun_wse short run", best["csrun_wse", SHORT], "s", f"{SHORT} steps, end to end"),
+        ("start-up, python run.py short run", best["cpu", SHORT], "s", f"{SHORT} steps, end to end"),
+        ("one input worker streams", worker_samples, "samples/s", "input_fn + shard + check + serialize"),
+        ("one input worker streams", worker_mb, "MB/s", ""),
+        ("simulator consumes (its wall clock)", sim, "samples/s", "the long run's summary line"),
+        ("one worker / simulator", worker_samples / sim, "ratio", "> 1: workers are not the bottleneck"),
+    ]
+
+
+def main() -> None:
+    print_table(measure(), "csrun_wse end-to-end throughput (FC-MNIST, batch 256)")
+
+
+if __name__ == "__main__":
+    main()
