@@ -14,8 +14,11 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-run: $(STAMP)  # FC-MNIST on the CPU (plain TensorFlow): train, then the test accuracy
-	cd examples/fc_mnist && TF_CPP_MIN_LOG_LEVEL=2 ../../$(PY) run.py --mode train \
+# FC-MNIST trained on the CS system (csrun_wse: a chief, an input worker and an embedded
+# wse_sim), then its test accuracy on the CPU (plain TensorFlow reads the CS checkpoint).
+run: $(STAMP)
+	cd examples/fc_mnist && PATH=$(abspath $(VENV))/bin:$$PATH TF_CPP_MIN_LOG_LEVEL=2 \
+	  csrun_wse --tasks-per-node 2 --job-dir csrun_jobs/make-run python run.py --mode train \
 	  && TF_CPP_MIN_LOG_LEVEL=2 ../../$(PY) run.py --mode eval
 
 test: $(STAMP)
