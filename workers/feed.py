@@ -118,7 +118,9 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int) -> FeedS
         except grpc.RpcError as error:
             if failure:
                 raise failure[0] from None
-            if error.code() == grpc.StatusCode.ABORTED and "unloaded by its client" in (error.details() or ""):
+            details = error.details() or ""
+            if error.code() == grpc.StatusCode.ABORTED and \
+                    ("unloaded by its client" in details or "the client cancelled" in details):
                 raise JobEnded(f"input worker {worker}: the chief ended the job ({error.details()})") from None
             raise CSRunError(
                 f"input worker {worker}: the CS at {cs_ip} ended the input stream: "
