@@ -243,6 +243,13 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
     )
 
 
+def with_hint(message: str, hint: str) -> str:
+    """`message (hint: hint)`; a task's own one-line error keeps its hint, `hint` joins it."""
+    if message.endswith(")") and " (hint: " in message:
+        return f"{message[:-1]}; {hint})"
+    return f"{message} (hint: {hint})"
+
+
 @cli_entry(PROG)
 def main(argv: list[str] | None = None) -> int:
     site = load_site_config()
@@ -286,9 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         if simulator is not None:
             simulator.stop()
     if outcome.exit_code != 0:
-        hint = (f"its log: {job.task_log(outcome.failed_rank)}" if outcome.failed_rank is not None
-                else f"logs in {args.job_dir}")
-        print(f"{PROG}: error: {outcome.message} (hint: {hint})", file=sys.stderr, flush=True)
+        where = (f"its log: {job.task_log(outcome.failed_rank)}" if outcome.failed_rank is not None
+                 else f"logs in {args.job_dir}")
+        print(f"{PROG}: error: {with_hint(outcome.message, where)}", file=sys.stderr, flush=True)
     return outcome.exit_code
 
 

@@ -138,3 +138,12 @@ def test_ctrl_c_stops_every_task(tmp_path):
     assert process.returncode == 130
     assert "csrun_wse: interrupted" in err
     assert subprocess.run(["pgrep", "-x", "-f", marker], capture_output=True).stdout == b""
+
+
+def test_a_failed_task_line_keeps_one_hint():
+    from launcher.csrun_wse import with_hint
+
+    task = "task 2 (input worker) failed: run.py: error: bad shape (hint: recompile)"
+    assert with_hint(task, "its log: j/2.out") == (
+        "task 2 (input worker) failed: run.py: error: bad shape (hint: recompile; its log: j/2.out)")
+    assert with_hint("the job's tasks stopped", "logs in j") == "the job's tasks stopped (hint: logs in j)"
