@@ -135,7 +135,7 @@ def digits_input_fn(params):
 
 
 def mlp_parity(tmp_path, server, steps, **params):
-    params = {"batch_size": 64, **params}
+    params = {"batch_size": 64, "runconfig": {"tf_random_seed": 1}, **params}
     compiled = compile_model(m.keras_mlp, digits_input_fn, params, str(tmp_path))
     data = tf_reference.batches(digits_input_fn, params, steps)
     reference = tf_reference.run(m.keras_mlp, digits_input_fn, params, compiled.initial_weights, data)
