@@ -1,4 +1,5 @@
-"""`wse_sim serve --fabric cs1|cs2 --host H --port P [--idle-timeout S]`: start a CS system."""
+"""`wse_sim serve --fabric cs1|cs2 --host H --port P [--idle-timeout S] [--threads N]`: start a
+CS system."""
 from __future__ import annotations
 
 import argparse
@@ -6,9 +7,12 @@ import signal
 import sys
 import threading
 
+import threadpoolctl
+
 from wse_sim.cs_system import CSSystem
 from wse_sim.fabric import FABRICS
 from wse_sim.server import CSServer
+from wse_sim.stages import usable_cpus
 
 PROG = "wse_sim"
 
@@ -23,14 +27,19 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--idle-timeout", type=float, default=120.0,
                        help="unload a job with no call in progress for this many seconds "
                             "(0: never)")
+    serve.add_argument("--threads", type=int, default=usable_cpus(),
+                       help="pipeline stages run at once, one thread each (default: the CPUs "
+                            "this process may use, here %(default)s)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if not 0 <= args.port < 65536 or args.idle_timeout < 0:
-        parser().error("--port must be in 0..65535 and --idle-timeout >= 0")
-    cs = CSSystem(FABRICS[args.fabric], idle_timeout=args.idle_timeout)
+    if not 0 <= args.port < 65536 or args.idle_timeout < 0 or args.threads < 1:
+        parser().error("--port must be in 0..65535, --idle-timeout >= 0 and --threads >= 1")
+    # One BLAS thread for the process: its spinning threads would fight the stages for cores.
+    threadpoolctl.threadpool_limits(1, user_api="blas")
+    cs = CSSystem(FABRICS[args.fabric], idle_timeout=args.idle_timeout, threads=args.threads)
     try:
         server = CSServer(cs, args.host, args.port)
     except RuntimeError:
@@ -43,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     server.start()
     print(f"{PROG}: {args.fabric} CS system serving on {server.address} "
-          f"(idle timeout {args.idle_timeout:g} s)", flush=True)
+          f"(idle timeout {args.idle_timeout:g} s, {args.threads} thread(s))", flush=True)
     while not stop.wait(0.5):
         pass
     print(f"{PROG}: stopping", flush=True)

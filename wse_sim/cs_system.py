@@ -26,6 +26,7 @@ from wse_sim.fabric import Fabric
 from wse_sim.optimizers import make_optimizer
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import CheckedProgram, check_program, check_state
+from wse_sim.stages import usable_cpus
 
 BATCHES_PER_WORKER = 2  # flow-control window: batches buffered per input stream
 WAIT_POLL_S = 0.5  # how often a waiting run or stream re-checks for a cancelled job
@@ -70,10 +71,11 @@ class Job:
 class CSSystem:
     """One wafer (`fabric`) serving one job at a time."""
 
-    def __init__(self, fabric: Fabric, *, idle_timeout: float = 120.0,
+    def __init__(self, fabric: Fabric, *, idle_timeout: float = 120.0, threads: int | None = None,
                  log: Callable[[str], None] = lambda line: print(line, flush=True)):
         self.fabric = fabric
         self.idle_timeout = idle_timeout
+        self.threads = threads or usable_cpus()  # pipeline stages run at once
         self.log = log
         self.job: Job | None = None
         self.last_message = ""
@@ -132,7 +134,8 @@ class CSSystem:
         program = checked.message
         pipeline = Pipeline(checked.kernels, checked.sources, checked.variables, state,
                             batch_size=program.batch_size, micro_batch_size=program.micro_batch_size,
-                            loss_kernel=program.loss_kernel, optimizer=optimizer, seed=program.seed)
+                            loss_kernel=program.loss_kernel, optimizer=optimizer, seed=program.seed,
+                            stages=self.threads)
         timings = {mode: timing.program_timing(program, checked.kernels, self.fabric,
                                                training=mode == "train")
                    for mode in ("train", "infer")}
@@ -147,7 +150,8 @@ class CSSystem:
             self.last_message = ""
         t = timings["train" if optimizer else "infer"]
         self.log(f"loaded job {job.job_id}: program {program.name!r}, {len(checked.kernels)} kernels, "
-                 f"{checked.num_parameters:,} parameters, {job.num_workers} input stream(s), "
+                 f"{checked.num_parameters:,} parameters on {pipeline.stages} stage thread(s), "
+                 f"{job.num_workers} input stream(s), "
                  f"first batch {job.next_batch}, estimate {t.samples_per_sec:,.0f} samples/s")
         return pb.LoadReply(job_id=job.job_id, num_parameters=checked.num_parameters,
                             estimate=estimate(t))
@@ -173,6 +177,7 @@ class CSSystem:
         job.closed = reason
         job.pending.clear()
         self._cond.notify_all()
+        job.pipeline.close()  # its stage threads end after the batch in progress
 
     def unload(self, token: str) -> None:
         with self._cond:

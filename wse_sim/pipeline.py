@@ -9,16 +9,24 @@ micro-batch i + 1 while region k + 1 works on micro-batch i, and gradients flow 
 same way. Each region adds its micro-batches' weight gradients into its accumulator and
 updates its weights in place once its backward pass of the batch ends. The result is
 ordinary mini-batch training; `wse_sim.timing` says how long the wafer would take.
+
+On the host, consecutive regions are grouped into stages balanced by their FLOPs
+(`wse_sim.stages`), each stage a thread working through its regions' share of the tick
+schedule, in tick order, waiting for the activations and gradients its neighbours hand it.
+Every region therefore sees its micro-batches in the same order, and a gradient fed by
+several consumers is summed in the same order (the later consumer first), whatever the
+number of stages: the arithmetic is bit-identical to one stage.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from wse_sim.kernels import Kernel, RunContext
 from wse_sim.optimizers import Optimizer
+from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
 
 @dataclass
@@ -30,11 +38,14 @@ class Region:
     sources: tuple[str, ...]  # program inputs or earlier kernels
     variables: dict[str, str]  # role -> TF variable name
     params: dict[str, np.ndarray]  # role -> weights (updated in place)
+    rng: np.random.Generator  # its own stream (dropout): independent of the other regions
     trains: bool = False  # upstream of the loss: runs a backward pass
     grads: dict[str, np.ndarray] = field(default_factory=dict)  # gradient accumulators
     slots: dict[str, list[np.ndarray]] = field(default_factory=dict)  # role -> optimizer slots
     scratch: dict[str, np.ndarray] = field(default_factory=dict)
     input_grads: tuple[bool, ...] = ()
+    # the consumers' gradients it sums, as (consumer position, input index), in tick order
+    inflow: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -43,23 +54,39 @@ class StepOutput:
     outputs: dict[str, np.ndarray]  # requested kernel or input values, batch first
 
 
+class Task(NamedTuple):
+    forward: bool  # else backward
+    region: Region
+    micro: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage's regions and its share of a batch's tick schedule."""
+
+    regions: tuple[Region, ...]
+    tasks: tuple[Task, ...]
+
+
 class Pipeline:
-    """A program's kernels resident on their regions; runs batches in pipelined ticks."""
+    """A program's kernels resident on their regions; runs batches in pipelined ticks, on
+    `stages` threads (at most one per region)."""
 
     def __init__(self, kernels: Sequence[Kernel], sources: Sequence[Sequence[str]],
                  variables: Sequence[Mapping[str, str]], state: Mapping[str, np.ndarray], *,
                  batch_size: int, micro_batch_size: int, loss_kernel: str,
-                 optimizer: Optimizer | None, seed: int):
+                 optimizer: Optimizer | None, seed: int, stages: int = 1):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.loss_kernel = loss_kernel
         self.optimizer = optimizer
-        self.rng = np.random.Generator(np.random.PCG64(seed))
         self.regions: list[Region] = []
+        streams = np.random.SeedSequence(seed).spawn(len(kernels))
         for position, (kernel, srcs, names) in enumerate(zip(kernels, sources, variables)):
             params = {role: np.array(state[var], dtype=np.float32, order="C")
                       for role, var in names.items()}
-            self.regions.append(Region(kernel, position, tuple(srcs), dict(names), params))
+            self.regions.append(Region(kernel, position, tuple(srcs), dict(names), params,
+                                       np.random.Generator(np.random.PCG64(streams[position]))))
         self.by_name = {r.kernel.name: r for r in self.regions}
         self._mark_training()
         if optimizer is not None:
@@ -75,6 +102,9 @@ class Pipeline:
             for name in optimizer.scalar_names:
                 if name in state:
                     optimizer.scalars[name] = np.asarray(state[name], np.float32)
+        self.groups = partition([self._cost(r) for r in self.regions], stages) if self.regions else ()
+        self._threads = StageThreads(len(self.groups), "wse-pipeline") if len(self.groups) > 1 else None
+        self._plans: dict[tuple[int, bool, bool], tuple[Stage, ...]] = {}
 
     def _mark_training(self) -> None:
         """Regions upstream of the loss train; an input takes a gradient if it is such a region."""
@@ -88,72 +118,118 @@ class Pipeline:
         for region in self.regions:
             region.input_grads = tuple(s in self.by_name and self.by_name[s].trains
                                        for s in region.sources)
+        for region in self.regions:  # the later consumer's backward comes first
+            region.inflow = tuple(sorted(
+                ((c.position, j) for c in self.regions if c.trains
+                 for j, (s, wanted) in enumerate(zip(c.sources, c.input_grads))
+                 if wanted and s == region.kernel.name),
+                key=lambda cj: (-cj[0], cj[1])))
+
+    def _cost(self, region: Region) -> float:
+        """A region's FLOPs per sample of training: forward, weight gradient, input gradient."""
+        flops = region.kernel.flops_per_sample()
+        if self.optimizer is None or not region.trains:
+            return flops
+        return flops * (1 + bool(region.params) + any(region.input_grads))
+
+    @property
+    def stages(self) -> int:
+        return len(self.groups)
+
+    def _plan(self, m_count: int, backward: bool, staged: bool) -> tuple[Stage, ...]:
+        """The batch's tick schedule, split by stage (or whole, for one stage)."""
+        key = (m_count, backward, staged)
+        if key not in self._plans:
+            k_count = len(self.regions)
+            schedule = []
+            last_tick = m_count - 1 + (2 * (k_count - 1) if backward else k_count - 1)
+            for tick in range(last_tick + 1):
+                for region in self.regions:
+                    i = tick - region.position
+                    if 0 <= i < m_count:
+                        schedule.append(Task(True, region, i))
+                    i = tick - 2 * (k_count - 1) + region.position
+                    if backward and region.trains and 0 <= i < m_count:
+                        schedule.append(Task(False, region, i))
+            groups = self.groups if staged else (range(k_count),)
+            self._plans[key] = tuple(
+                Stage(tuple(self.regions[k] for k in group),
+                      tuple(t for t in schedule if t.region.position in group))
+                for group in groups)
+        return self._plans[key]
 
     # ---- running batches ----
     def run(self, batch: Mapping[str, np.ndarray], *, training: bool,
             outputs: Sequence[str] = ()) -> StepOutput:
         """One batch: forward (and when training, backward and update) through the pipeline."""
-        regions = self.regions
-        k_count = len(regions)
         m_count = self.batch_size // self.micro
-        values: dict[str, list] = {name: [array[i * self.micro:(i + 1) * self.micro]
-                                          for i in range(m_count)]
-                                   for name, array in batch.items()}
-        for region in regions:
-            values[region.kernel.name] = [None] * m_count
-        caches: list[list] = [[None] * m_count for _ in regions]
-        grads: dict[str, list] = {r.kernel.name: [None] * m_count for r in regions}
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
-        ctx = RunContext(training=training, batch_size=self.batch_size, rng=self.rng)
-        last_tick = m_count - 1 + (2 * (k_count - 1) if backward else k_count - 1)
-        for tick in range(last_tick + 1):
-            for region in regions:
-                k, name = region.position, region.kernel.name
-                i = tick - k
-                if 0 <= i < m_count:
-                    out, cache = region.kernel.forward(
-                        region.params, [values[s][i] for s in region.sources], ctx)
-                    values[name][i] = out
-                    caches[k][i] = cache
-                if not (backward and region.trains):
-                    continue
-                i = tick - 2 * (k_count - 1) + k
-                if 0 <= i < m_count:
-                    self._backward(region, i, caches, grads, ctx)
+        board = Board()
+        for name, array in batch.items():
+            for i in range(m_count):
+                board.items["v", name, i] = array[i * self.micro:(i + 1) * self.micro]
+
+        def work(stage: int, board: Board) -> None:
+            self._run_stage(plan[stage], board, training, backward)
+
+        with one_blas_thread():
+            plan = self._plan(m_count, backward, staged=True)
+            if self._threads is None or not self._threads.run(work, board):
+                plan = self._plan(m_count, backward, staged=False)  # one stage (or closed)
+                work(0, board)
         if backward:
-            self._update()
+            self.optimizer.finish_step()
         loss = 0.0
         if self.loss_kernel:
-            loss = float(sum(np.sum(v, dtype=np.float32) for v in values[self.loss_kernel]))
-        return StepOutput(loss, {name: np.concatenate(values[name]) for name in outputs})
+            loss = float(sum(np.sum(board.items["v", self.loss_kernel, i], dtype=np.float32)
+                             for i in range(m_count)))
+        return StepOutput(loss, {name: np.concatenate([board.items["v", name, i]
+                                                       for i in range(m_count)])
+                                 for name in outputs})
 
-    def _backward(self, region: Region, i: int, caches, grads, ctx: RunContext) -> None:
-        name = region.kernel.name
-        upstream = None if region.kernel.is_loss else grads[name][i]
-        if upstream is None and not region.kernel.is_loss:
-            return  # nothing downstream of this micro-batch's output reached the loss
-        ctx.input_grads, ctx.accumulate = region.input_grads, i > 0
-        input_grads, _ = region.kernel.backward(region.params, caches[region.position][i], upstream,
-                                                ctx, region.grads or None)
-        ctx.input_grads, ctx.accumulate = None, True
-        caches[region.position][i] = None
-        grads[name][i] = None
-        for source, wanted, grad in zip(region.sources, region.input_grads, input_grads):
-            if not wanted or grad is None:
-                continue
-            held = grads[source][i]
-            if held is None:
-                grads[source][i] = grad
+    def _run_stage(self, stage: Stage, board: Board, training: bool, backward: bool) -> None:
+        """A stage's tasks in tick order, then (training) its regions' weight updates."""
+        ctx = RunContext(training=training, batch_size=self.batch_size)
+        caches: dict[tuple[int, int], object] = {}
+        for forward, region, i in stage.tasks:
+            if forward:
+                ctx.rng = region.rng
+                out, caches[region.position, i] = region.kernel.forward(
+                    region.params, [board.get(("v", s, i)) for s in region.sources], ctx)
+                board.put(("v", region.kernel.name, i), out)
             else:
-                grads[source][i] = held + grad
+                self._backward(region, i, caches.pop((region.position, i)), board, ctx)
+        if backward:
+            for region in stage.regions:
+                if region.trains:
+                    for role, var in region.params.items():
+                        self.optimizer.apply(var, region.grads[role], region.slots[role],
+                                             region.scratch[role])
 
-    def _update(self) -> None:
-        optimizer = self.optimizer
-        for region in self.regions:
-            if region.trains:
-                for role, var in region.params.items():
-                    optimizer.apply(var, region.grads[role], region.slots[role], region.scratch[role])
-        optimizer.finish_step()
+    def _backward(self, region: Region, i: int, cache, board: Board, ctx: RunContext) -> None:
+        name = region.kernel.name
+        upstream = None
+        if not region.kernel.is_loss:
+            for consumer, index in region.inflow:
+                grad = board.get(("g", name, i, consumer, index), pop=True)
+                if grad is not None:
+                    upstream = grad if upstream is None else upstream + grad
+        input_grads: Sequence[np.ndarray | None] = [None] * len(region.sources)
+        # A micro-batch whose output reached the loss by no path has no backward.
+        if upstream is not None or region.kernel.is_loss:
+            ctx.input_grads, ctx.accumulate = region.input_grads, i > 0
+            input_grads, _ = region.kernel.backward(region.params, cache, upstream, ctx,
+                                                    region.grads or None)
+            ctx.input_grads, ctx.accumulate = None, True
+        for index, (source, wanted, grad) in enumerate(zip(region.sources, region.input_grads,
+                                                           input_grads)):
+            if wanted:
+                board.put(("g", source, i, region.position, index), grad)
+
+    def close(self) -> None:
+        """Join the stage threads (a later batch runs as one stage in the caller's thread)."""
+        if self._threads is not None:
+            self._threads.close()
 
     # ---- state ----
     def state(self) -> dict[str, np.ndarray]:

@@ -1,0 +1,131 @@
+"""The staged executor: regions grouped into concurrent stages give bit-identical losses and
+weights to one stage (SGD, Adam, momentum; FC-MNIST-shaped and the CNN, with dropout), the
+result does not depend on the machine's BLAS thread count, a failing stage fails the batch
+in the caller without hanging, and the stage threads end on close."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import compiler_models as m
+from launcher.compiler import compile_model
+from test_wse_parity import cnn_example
+from wse_sim.optimizers import make_optimizer
+from wse_sim.pipeline import Pipeline
+from wse_sim.program import check_program, check_state
+from wse_sim.stages import partition
+
+
+def test_partition_balances_consecutive_regions():
+    assert partition([4, 1, 1, 1, 1], 2) == (range(0, 1), range(1, 5))
+    assert partition([1, 1, 1, 1], 2) == (range(0, 2), range(2, 4))
+    assert partition([3, 3, 1, 2, 2], 3) == (range(0, 1), range(1, 3), range(3, 5))
+    assert partition([5, 0], 8) == (range(0, 1), range(1, 2))  # at most one stage per region
+    assert partition([5, 1], 1) == (range(0, 2),)
+
+
+def pipeline(compiled, stages: int) -> Pipeline:
+    program = compiled.program
+    checked = check_program(program)
+    return Pipeline(checked.kernels, checked.sources, checked.variables,
+                    check_state(checked, compiled.initial_weights), batch_size=program.batch_size,
+                    micro_batch_size=program.micro_batch_size, loss_kernel=program.loss_kernel,
+                    optimizer=make_optimizer(checked.optimizer), seed=program.seed, stages=stages)
+
+
+def train(compiled, batches, stages: int):
+    """Losses and final state of training on `batches` with `stages` stage threads."""
+    p = pipeline(compiled, stages)
+    try:
+        assert p.stages == stages
+        losses = [p.run(b, training=True).loss for b in batches]
+        evaluated = p.run(batches[0], training=False, outputs=list(compiled.program.outputs))
+        return losses, {k: np.array(v) for k, v in p.state().items()}, evaluated.outputs
+    finally:
+        p.close()
+
+
+def assert_identical(a, b):
+    losses_a, state_a, outputs_a = a
+    losses_b, state_b, outputs_b = b
+    assert losses_a == losses_b  # exact floats
+    assert state_a.keys() == state_b.keys()
+    for name in state_a:
+        np.testing.assert_array_equal(state_a[name], state_b[name], err_msg=name)
+    for name in outputs_a:
+        np.testing.assert_array_equal(outputs_a[name], outputs_b[name], err_msg=name)
+
+
+def mlp(tmp_path, optimizer, **extra):
+    params = {"batch_size": 64, "hidden": [500, 300], "optimizer": optimizer,
+              "runconfig": {"tf_random_seed": 1}, **extra}
+    compiled = compile_model(m.keras_mlp, m.input_fn, params, str(tmp_path))
+    rng = np.random.default_rng(0)
+    data = [{"features": rng.normal(size=(64, 784)).astype(np.float32),
+             "labels": rng.integers(0, 10, 64).astype(np.int32)} for _ in range(2)]
+    return compiled, data * 2  # seen twice: the loss falls
+
+
+@pytest.mark.parametrize("optimizer, extra", [("sgd", {"learning_rate": 0.05}),
+                                              ("adam", {"learning_rate": 1e-3})])
+def test_fc_mnist_shaped_two_and_three_stages_match_one_bit_for_bit(tmp_path, optimizer, extra):
+    compiled, data = mlp(tmp_path, optimizer, **extra)
+    one = train(compiled, data, 1)
+    assert one[0][2] < one[0][0] and one[0][3] < one[0][1]  # it learns
+    assert_identical(one, train(compiled, data, 2))
+    assert_identical(one, train(compiled, data, 3))
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_cnn_with_dropout_two_stages_match_one_bit_for_bit(tmp_path, optimizer):
+    model, data, params = cnn_example()
+    params["model"]["dropout"] = 0.5  # each region's own random stream, whatever the stage
+    params["optimizer"] = {"optimizer_type": optimizer, "learning_rate": 0.01, "momentum": 0.9}
+    params["train_input"]["batch_size"] = 32
+    compiled = compile_model(model.model_fn, data.train_input_fn, params, str(tmp_path))
+    rng = np.random.default_rng(2)
+    shape = compiled.program.inputs[0].shape
+    batches = [{"features": rng.random((32, *shape), dtype=np.float32),
+                "labels": rng.integers(0, 10, 32).astype(np.int32)} for _ in range(3)]
+    one = train(compiled, batches, 1)
+    assert_identical(one, train(compiled, batches, 2))
+    assert_identical(one, train(compiled, batches, 4))
+
+
+def test_result_does_not_depend_on_the_machines_blas_threads(tmp_path):
+    compiled, data = mlp(tmp_path, "sgd", learning_rate=0.05)
+    with threadpool_limits(1, user_api="blas"):
+        single = train(compiled, data, 2)
+    with threadpool_limits(2, user_api="blas"):  # OpenBLAS's default here: sums differ
+        double = train(compiled, data, 2)
+    assert_identical(single, double)
+
+
+def test_a_failing_stage_fails_the_batch_and_the_next_batch_runs(tmp_path):
+    compiled, data = mlp(tmp_path, "sgd", learning_rate=0.05)
+    p = pipeline(compiled, 2)
+    try:
+        bad = {**data[0], "labels": np.full(64, 12, np.int32)}
+        with pytest.raises(ValueError, match="label 12 is outside the 10 classes"):
+            p.run(bad, training=True)
+        reference = pipeline(compiled, 1)
+        assert p.run(data[1], training=True).loss == reference.run(data[1], training=True).loss
+    finally:
+        p.close()
+
+
+def test_stage_threads_end_on_close_and_later_batches_still_run(tmp_path):
+    compiled, data = mlp(tmp_path, "sgd", learning_rate=0.05)
+    before = threading.active_count()
+    p = pipeline(compiled, 2)
+    first = p.run(data[0], training=True).loss
+    assert threading.active_count() == before + 1  # one thread: stage 0 runs in the caller
+    p.close()
+    assert threading.active_count() == before
+    second = p.run(data[1], training=True).loss  # one stage, in the caller's thread
+    assert threading.active_count() == before
+    reference = pipeline(compiled, 1)
+    assert [first, second] == [reference.run(b, training=True).loss for b in data[:2]]
