@@ -273,6 +273,8 @@ class SlurmJob(LaunchedJob):
             offset = copy_new(log, offset, stream)
             outcome = failed_task(self.folder, self.job_id, self.num_tasks)
             if outcome is not None:
+                if self._settled_state() == "CANCELLED":  # scancel: the tasks' SIGTERM is its sign
+                    outcome = self._ended_without_result("CANCELLED")
                 self.cancel()
                 break
             if all_succeeded(self.folder, self.job_id, self.num_tasks):
@@ -288,6 +290,13 @@ class SlurmJob(LaunchedJob):
             time.sleep(poll_seconds)
         copy_new(log, offset, stream)
         return outcome
+
+    def _settled_state(self, timeout_s: float = 10.0) -> str:
+        """The job's state once it is past COMPLETING (Slurm's state while it stops tasks)."""
+        deadline = time.monotonic() + timeout_s
+        while (state := self.state()) == "COMPLETING" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return state
 
     def _ended_without_result(self, state: str) -> JobOutcome:
         if state == "CANCELLED":

@@ -27,35 +27,15 @@ from coordinator.cs_client import CSClient
 from launcher import checkpoints
 from launcher.csrun_wse import free_port
 from launcher.errors import CSRunError
+from fc_mnist_runs import ENV, EXAMPLE, REPO, eval_results, fc_mnist_params, losses
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-VENV_BIN = Path(sys.executable).parent
-EXAMPLE = REPO / "examples" / "fc_mnist"
 STEPS, EVERY, EVAL_STEPS = 12, 4, 3
-ENV = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "TF_CPP_MIN_LOG_LEVEL": "2",
-       "PYTHONPATH": str(REPO)}
-STEP_LINE = re.compile(r"^global step (\d+): loss = (\S+)", re.M)
-EVAL_LINE = re.compile(r"^Saving dict for global step (\d+): (.*)$", re.M)
 
 
 def write_params(folder: Path, **runconfig) -> Path:
-    params = yaml.safe_load((EXAMPLE / "configs" / "params.yaml").read_text())
-    params["runconfig"].update(max_steps=STEPS, save_checkpoints_steps=EVERY, save_summary_steps=EVERY,
-                               log_step_count_steps=1, keep_checkpoint_max=5, **runconfig)
-    path = folder / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return path
-
-
-def losses(output: str) -> dict[int, float]:
-    return {int(step): float(loss) for step, loss in STEP_LINE.findall(output)}
-
-
-def eval_results(output: str) -> dict[str, float]:
-    (_, items), = EVAL_LINE.findall(output)
-    return {k: float(v) for k, v in (item.split(" = ") for item in items.split(", "))}
+    return fc_mnist_params(folder, steps=STEPS, every=EVERY, **runconfig)
 
 
 def run_py(args: list, timeout: float = 300) -> subprocess.CompletedProcess:
