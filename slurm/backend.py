@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import re
 from pathlib import Path
 from typing import Mapping, TextIO
 
@@ -193,10 +194,17 @@ def all_succeeded(folder: Path, job_id: str, num_tasks: int) -> bool:
     return all(r is not None and r[0] == "success" for r in results)
 
 
+# TensorFlow's C++ start-up lines (absl INFO lines such as "oneDNN custom operations are
+# on"): TF_CPP_MIN_LOG_LEVEL does not reach them. Kept in the task logs, not in the terminal.
+TF_STARTUP_CHATTER = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|I\d{4} \d\d:\d\d:[\d.]+ +\d+ \S+\.cc:\d+\] )")
+
+
 def copy_new(path: Path, offset: int, stream: TextIO) -> int:
     """Copy what was appended to `path` since `offset` to `stream`, submitit's own
-    bookkeeping lines (and the traceback of its task wrapper that follows them) left out;
-    the new offset."""
+    bookkeeping lines (and the traceback of its task wrapper that follows them) and
+    TensorFlow's start-up chatter left out; the new offset."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -215,7 +223,8 @@ def copy_new(path: Path, offset: int, stream: TextIO) -> int:
                 after = ""
             else:
                 after = ""
-                stream.write(line)
+                if not TF_STARTUP_CHATTER.match(line):
+                    stream.write(line)
         stream.flush()
     return offset + len(data)
 

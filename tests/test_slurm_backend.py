@@ -122,3 +122,25 @@ def test_slurm_flags_without_slurm_are_one_line(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         "csrun_wse: error: the local backend does not take --partition (hint: these settings only apply to Slurm)"]
+
+
+def test_the_terminal_copy_of_a_task_log_leaves_out_submitit_and_tensorflow_chatter(tmp_path):
+    import io
+
+    from slurm.backend import copy_new
+
+    log = tmp_path / "0_log.out"
+    log.write_text(
+        "submitit INFO (2026-11-22) - Starting with JobEnvironment\n"
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        "I0000 00:00:1795381587.539320   20723 port.cc:153] oneDNN custom operations are on.\n"
+        "global step 100: loss = 0.0191494 (56.94 steps/sec)\n"
+        "submitit ERROR (2026-11-22) - Submitted job triggered an exception\n"
+        "Traceback (most recent call last):\n"
+        "  File \"x.py\", line 1, in <module>\n"
+        "slurm.local_backend.TaskFailed: exit code 1\n"
+        "Loss for final step: 0.1.\n")
+    shown = io.StringIO()
+    assert copy_new(log, 0, shown) == log.stat().st_size
+    assert shown.getvalue() == ("global step 100: loss = 0.0191494 (56.94 steps/sec)\n"
+                                "Loss for final step: 0.1.\n")
