@@ -14,12 +14,12 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# FC-MNIST trained on the CS system (csrun_wse: a chief, an input worker and an embedded
-# wse_sim), then its test accuracy on the CPU (plain TensorFlow reads the CS checkpoint).
+# FC-MNIST on the embedded default: a chief and an input worker streaming to an embedded
+# simulated CS system; then the test accuracy of the final checkpoint, evaluated on the CS.
 run: $(STAMP)
-	cd examples/fc_mnist && PATH=$(abspath $(VENV))/bin:$$PATH TF_CPP_MIN_LOG_LEVEL=2 \
-	  csrun_wse --tasks-per-node 2 --job-dir csrun_jobs/make-run python run.py --mode train \
-	  && TF_CPP_MIN_LOG_LEVEL=2 ../../$(PY) run.py --mode eval
+	cd examples/fc_mnist && export PATH=$(abspath $(VENV))/bin:$$PATH TF_CPP_MIN_LOG_LEVEL=2 \
+	  && csrun_wse --tasks-per-node 2 --job-dir csrun_jobs/make-run python run.py --mode train \
+	  && csrun_wse --job-dir csrun_jobs/make-run-eval python run.py --mode eval --eval_steps 3
 
 test: $(STAMP)
 	$(PY) -m pytest -q

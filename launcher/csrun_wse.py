@@ -29,6 +29,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import shutil
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from pathlib import Path
 from launcher.errors import CSRunError, cli_entry
 from launcher.site_config import SiteConfig, load_site_config
 from slurm.backend import JobRequest, choose_backend
+from workers.rendezvous import RENDEZVOUS_DIR
 
 PROG = "csrun_wse"
 _SIM_START_TIMEOUT_S = 60.0
@@ -278,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         if simulator is not None:
             simulator.start()
             print(f"{PROG}: embedded CS system ({simulator.command[-5]}) at {cs_ip}", file=sys.stderr)
+        shutil.rmtree(args.job_dir / RENDEZVOUS_DIR, ignore_errors=True)  # a reused job folder's old phases
         job = backend.submit(submission)
         if args.detach:
             print(job.job_id, flush=True)

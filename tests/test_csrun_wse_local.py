@@ -96,6 +96,15 @@ def test_three_tasks_run_with_their_ranks_and_chief_log_streams(tmp_path):
         assert f"rank {rank} of 3 cs 127.0.0.1:1" in log.read_text()
 
 
+def test_a_reused_job_folder_starts_without_the_last_launch_rendezvous(tmp_path):
+    job = tmp_path / "job"
+    (job / "rendezvous").mkdir(parents=True)
+    (job / "rendezvous" / "1-train.json").write_text("{}")  # an earlier launch's phase
+    result = run(["--job-dir", str(job), *NO_CS, *sh(f"ls {job}/rendezvous 2>/dev/null | wc -l")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"
+
+
 def test_a_failing_worker_stops_the_job_naming_it(tmp_path):
     marker = f"sleep 120.{os.getpid()}"
     script = ('if [ "$SUBMITIT_LOCAL_GLOBALID" = 2 ]; then sleep 1; '

@@ -52,9 +52,12 @@ class Rendezvous:
         return cls(**data)
 
 
+RENDEZVOUS_DIR = "rendezvous"  # in the launcher's job folder; csrun_wse empties it per launch
+
+
 def rendezvous_path(phase: str, job_id: str, job_dir: Path | None, model_dir: Path) -> Path:
     if job_dir is not None:
-        return job_dir / "rendezvous" / f"{phase}.json"
+        return job_dir / RENDEZVOUS_DIR / f"{phase}.json"
     return model_dir / "cs_rendezvous" / job_id / f"{phase}.json"
 
 
