@@ -1,7 +1,10 @@
 """Training throughput of the simulator on FC-MNIST (784-500-300-10, batch 256, SGD) next
 to TensorFlow on the CPU (a plain v1 Session training the same model on the same batches)
 and next to the machine's matmul bound (the same forward + backward GEMMs at full batch in
-numpy), as ratios measured side by side in one run (rounds interleaved, best of each).
+numpy, BLAS with its default threads), as ratios measured side by side in one run (rounds
+interleaved, best of each). The executor runs with one stage and with one stage per usable
+CPU (`wse_sim serve --threads`' default), at micro-batches of 32 and 64 (the compiler's
+choice is marked).
 
     python bench/wse_sim_throughput.py
 """
@@ -34,18 +37,17 @@ def batches(count: int) -> list[dict[str, np.ndarray]]:
              "labels": rng.integers(0, 10, BATCH).astype(np.int32)} for _ in range(count)]
 
 
-def simulator_step(program, weights) -> Callable[[dict], None]:
+def simulator_step(program, weights, stages: int, micro: int):
     """One training step of the CS system's executor, in process (no gRPC)."""
     from wse_sim.optimizers import make_optimizer
     from wse_sim.pipeline import Pipeline
     from wse_sim.program import check_program, check_state
 
     checked = check_program(program)
-    pipeline = Pipeline(checked.kernels, checked.sources, checked.variables,
-                        check_state(checked, weights), batch_size=program.batch_size,
-                        micro_batch_size=program.micro_batch_size, loss_kernel=program.loss_kernel,
-                        optimizer=make_optimizer(checked.optimizer), seed=0)
-    return lambda batch: pipeline.run(batch, training=True)
+    return Pipeline(checked.kernels, checked.sources, checked.variables,
+                    check_state(checked, weights), batch_size=program.batch_size,
+                    micro_batch_size=micro, loss_kernel=program.loss_kernel,
+                    optimizer=make_optimizer(checked.optimizer), seed=0, stages=stages)
 
 
 def tensorflow_step(weights) -> tuple[Callable[[dict], None], Callable[[], None]]:
@@ -101,30 +103,44 @@ def steps_per_sec(step: Callable[[dict], None], data: list[dict]) -> float:
 
 def measure() -> list[Row]:
     from launcher.compiler import compile_model
+    from wse_sim.stages import usable_cpus
 
     with tempfile.TemporaryDirectory() as tmp:
         compiled = compile_model(m.keras_mlp, m.input_fn, PARAMS, tmp, fabric="cs2")
     data = batches(STEPS)
-    sim = simulator_step(compiled.program, compiled.initial_weights)
+    threads = usable_cpus()
+    chosen = compiled.program.micro_batch_size
+    configs = [(1, chosen), *((threads, micro) for micro in (32, 64))]
+    pipelines = {config: simulator_step(compiled.program, compiled.initial_weights, *config)
+                 for config in configs}
     tf_step, tf_close = tensorflow_step(compiled.initial_weights)
     bound, flops = matmul_bound_step()
-    best = {"sim": 0.0, "tf": 0.0, "bound": 0.0}
+    steps = {**{config: (lambda b, p=p: p.run(b, training=True)) for config, p in pipelines.items()},
+             "tf": tf_step, "bound": bound}
+    best = dict.fromkeys(steps, 0.0)
     try:
         for _ in range(ROUNDS):
-            for name, step in (("sim", sim), ("tf", tf_step), ("bound", bound)):
+            for name, step in steps.items():
                 best[name] = max(best[name], steps_per_sec(step, data))
     finally:
         tf_close()
-    micro = compiled.program.micro_batch_size
+        for p in pipelines.values():
+            p.close()
+    staged = best[threads, chosen]
     est = compiled.program.estimate.samples_per_sec / BATCH
-    return [
-        ("wse_sim executor FC-MNIST training", best["sim"], "steps/s",
-         f"batch {BATCH}, micro-batches of {micro}, SGD, in process"),
+    rows: list[Row] = []
+    for (stages, micro), p in pipelines.items():
+        mark = " (the compiler's)" if micro == chosen else ""
+        rows.append((f"wse_sim executor, {p.stages} stage thread(s), micro {micro}",
+                     best[stages, micro], "steps/s",
+                     f"batch {BATCH}, micro-batches of {micro}{mark}, SGD, 1 BLAS thread"))
+    return rows + [
         ("TensorFlow v1 Session, same model", best["tf"], "steps/s", "CPU path, feed_dict batches"),
         ("numpy GEMM bound, same FLOPs", best["bound"], "steps/s",
          f"{flops / 1e6:.0f} MFLOP/step at {best['bound'] * flops / 1e9:.0f} GFLOP/s"),
-        ("wse_sim / TensorFlow", best["sim"] / best["tf"], "ratio", "aim >= 1"),
-        ("wse_sim / GEMM bound", best["sim"] / best["bound"], "ratio", "<= 1"),
+        ("staged / one stage", staged / best[1, chosen], "ratio", f"{threads} usable CPUs"),
+        ("wse_sim (staged) / TensorFlow", staged / best["tf"], "ratio", "aim >= 1"),
+        ("wse_sim (staged) / GEMM bound", staged / best["bound"], "ratio", "<= 1"),
         ("simulated CS-2 (compile estimate)", est, "steps/s", "what the wafer would do"),
     ]
 

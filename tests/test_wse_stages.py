@@ -14,7 +14,7 @@ import compiler_models as m
 from launcher.compiler import compile_model
 from test_wse_parity import cnn_example
 from wse_sim.optimizers import make_optimizer
-from wse_sim.pipeline import Pipeline
+from wse_sim.pipeline import MIN_STAGE_FLOPS, Pipeline
 from wse_sim.program import check_program, check_state
 from wse_sim.stages import partition
 
@@ -27,13 +27,15 @@ def test_partition_balances_consecutive_regions():
     assert partition([5, 1], 1) == (range(0, 2),)
 
 
-def pipeline(compiled, stages: int) -> Pipeline:
+def pipeline(compiled, stages: int, min_stage_flops: float = 0) -> Pipeline:
+    """The compiled program's executor on `stages` threads (by default however small)."""
     program = compiled.program
     checked = check_program(program)
     return Pipeline(checked.kernels, checked.sources, checked.variables,
                     check_state(checked, compiled.initial_weights), batch_size=program.batch_size,
                     micro_batch_size=program.micro_batch_size, loss_kernel=program.loss_kernel,
-                    optimizer=make_optimizer(checked.optimizer), seed=program.seed, stages=stages)
+                    optimizer=make_optimizer(checked.optimizer), seed=program.seed, stages=stages,
+                    min_stage_flops=min_stage_flops)
 
 
 def train(compiled, batches, stages: int):
@@ -115,6 +117,16 @@ def test_a_failing_stage_fails_the_batch_and_the_next_batch_runs(tmp_path):
         assert p.run(data[1], training=True).loss == reference.run(data[1], training=True).loss
     finally:
         p.close()
+
+
+def test_small_models_stay_on_one_stage(tmp_path):
+    model, data, params = cnn_example()  # ~0.2 MFLOP per sample: threads would cost more
+    compiled = compile_model(model.model_fn, data.train_input_fn, params, str(tmp_path))
+    assert pipeline(compiled, 4, MIN_STAGE_FLOPS).stages == 1
+    fc, _ = mlp(tmp_path / "fc", "sgd", learning_rate=0.05)
+    big = pipeline(fc, 4, MIN_STAGE_FLOPS)
+    assert big.stages == 2  # 784-500 | 500-300, 300-10 and the loss: the rest is too small
+    big.close()
 
 
 def test_stage_threads_end_on_close_and_later_batches_still_run(tmp_path):

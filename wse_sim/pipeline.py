@@ -28,6 +28,12 @@ from wse_sim.kernels import Kernel, RunContext
 from wse_sim.optimizers import Optimizer
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
+# A stage thread pays off only with this much work per micro-batch (a multiply-add counts
+# 2): below it, handing activations over and taking turns on the GIL cost more than the
+# second core gives (measured: the 8x8 CNN example, ~0.2 MFLOP per sample, is slower on
+# two stages; FC-MNIST, ~3 MFLOP per sample of training, is 1.6x faster).
+MIN_STAGE_FLOPS = 16e6
+
 
 @dataclass
 class Region:
@@ -70,12 +76,13 @@ class Stage:
 
 class Pipeline:
     """A program's kernels resident on their regions; runs batches in pipelined ticks, on
-    `stages` threads (at most one per region)."""
+    up to `stages` threads (at most one per region, each with MIN_STAGE_FLOPS of work)."""
 
     def __init__(self, kernels: Sequence[Kernel], sources: Sequence[Sequence[str]],
                  variables: Sequence[Mapping[str, str]], state: Mapping[str, np.ndarray], *,
                  batch_size: int, micro_batch_size: int, loss_kernel: str,
-                 optimizer: Optimizer | None, seed: int, stages: int = 1):
+                 optimizer: Optimizer | None, seed: int, stages: int = 1,
+                 min_stage_flops: float = MIN_STAGE_FLOPS):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.loss_kernel = loss_kernel
@@ -102,7 +109,10 @@ class Pipeline:
             for name in optimizer.scalar_names:
                 if name in state:
                     optimizer.scalars[name] = np.asarray(state[name], np.float32)
-        self.groups = partition([self._cost(r) for r in self.regions], stages) if self.regions else ()
+        costs = [self._cost(r) * micro_batch_size for r in self.regions]
+        self.groups = partition(costs, stages) if self.regions else ()
+        while len(self.groups) > 1 and min(sum(costs[k] for k in g) for g in self.groups) < min_stage_flops:
+            self.groups = partition(costs, len(self.groups) - 1)
         self._threads = StageThreads(len(self.groups), "wse-pipeline") if len(self.groups) > 1 else None
         self._plans: dict[tuple[int, bool, bool], tuple[Stage, ...]] = {}
 

@@ -17,7 +17,7 @@ from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.fabric import Fabric
 from wse_sim.kernels import base as kernel_base
 
-COMPILER_VERSION = 1  # bump when the compiler's output changes for an unchanged graph
+COMPILER_VERSION = 2  # bump when the compiler's output changes for an unchanged graph
 PROGRAM = "program.pb"
 WEIGHTS = "initial_weights.npz"
 REPORT_TXT = "compile_report.txt"

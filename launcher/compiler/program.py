@@ -9,7 +9,9 @@ from wse_sim.api import cs_api_pb2 as pb
 
 DTYPES = {"float32": pb.FLOAT32, "int32": pb.INT32, "int64": pb.INT64, "float16": pb.FLOAT16,
           "float64": pb.FLOAT64, "bool": pb.BOOL}
-MAX_MICRO_BATCH = 32
+# Micro-batches of up to 64 samples: on the host, bigger GEMMs beat fuller stages (FC-MNIST
+# batch 256 on two stage threads: 138 steps/s at 32, 139 at 64; on one: 87 vs ~113).
+MAX_MICRO_BATCH = 64
 
 
 def attr_value(value: Any) -> pb.AttrValue:
