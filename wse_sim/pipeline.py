@@ -111,9 +111,11 @@ class Pipeline:
                     optimizer.scalars[name] = np.asarray(state[name], np.float32)
         costs = [self._cost(r) * micro_batch_size for r in self.regions]
         self.groups = partition(costs, stages) if self.regions else ()
-        while len(self.groups) > 1 and min(sum(costs[k] for k in g) for g in self.groups) < min_stage_flops:
+        while len(self.groups) > 1 and \
+                min(sum(costs[k] for k in group) for group in self.groups) < min_stage_flops:
             self.groups = partition(costs, len(self.groups) - 1)
-        self._threads = StageThreads(len(self.groups), "wse-pipeline") if len(self.groups) > 1 else None
+        self._threads = (StageThreads(len(self.groups), "wse-pipeline")
+                         if len(self.groups) > 1 else None)
         self._plans: dict[tuple[int, bool, bool], tuple[Stage, ...]] = {}
 
     def _mark_training(self) -> None:
