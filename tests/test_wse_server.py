@@ -154,6 +154,7 @@ def test_a_wrong_batch_and_a_broken_feed_end_the_run_with_a_clear_status(server)
 
     def one_then_vanish():
         yield from client.feed_requests(data)
+        time.sleep(0.5)  # the batch reaches the server, then
         raise RuntimeError("worker killed")  # the client's stream breaks
 
     threading.Thread(target=lambda: code_and_details(lambda: client.stub.Feed(one_then_vanish())),

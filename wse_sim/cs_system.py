@@ -193,9 +193,11 @@ class CSSystem:
                                   fabric=self.fabric.name, message=job.message)
 
     # ---- input streams ----
-    def feed(self, requests: Iterable[pb.FeedRequest]) -> pb.FeedReply:
-        """Take one input worker's batches (blocks while it runs ahead); broken stream: the
-        job's waiting run ends with ABORTED naming the worker."""
+    def feed(self, requests: Iterable[pb.FeedRequest],
+             broken: Callable[[], bool] = lambda: False) -> pb.FeedReply:
+        """Take one input worker's batches (blocks while it runs ahead); broken stream (an
+        error, or `broken()` true when the requests end): the job's waiting run ends with
+        ABORTED naming the worker."""
         job: Job | None = None
         stream: Stream | None = None
         error = "the worker disconnected"
@@ -212,7 +214,7 @@ class CSSystem:
                                                f"wrong token for job {job.job_id}"),
                                        f"batch of worker {request.worker_id}")
                 self._put(job, stream, request.batch_index, self._decode(job, request))
-            ok = True
+            ok = not broken()
         except CSError as refused:
             error = refused.message
             raise
