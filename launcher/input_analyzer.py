@@ -242,7 +242,7 @@ def seconds_per_batch(input_fn: Callable, params: dict, inputs: tuple, batches: 
     requests = feed_requests(shard_batches(input_fn, params, rendezvous, 0), rendezvous, 0)
     next(requests)
     start = time.perf_counter()
-    sent = sum(1 for _ in requests)
+    sent = sum(not request.end for request in requests)
     return (time.perf_counter() - start) / sent
 
 

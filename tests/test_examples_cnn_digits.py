@@ -41,7 +41,7 @@ def test_every_cpu_mode_of_the_run_flow(tmp_path, capsys):
     out = capsys.readouterr().out
     for step in (10, 20, 30):
         assert f"Saving dict for global step {step}: accuracy = " in out
-    assert "Wrote 297 predictions of checkpoint" in out and os.path.exists(
+    assert "Wrote 297 predictions of step" in out and os.path.exists(
         os.path.join(md, "predict", "predictions-30.npz"))
     acc = EventAccumulator(os.path.join(md, "eval"))
     acc.Reload()

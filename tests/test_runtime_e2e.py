@@ -240,15 +240,15 @@ def child_simulator(parent: int) -> int:
     raise AssertionError(f"no embedded simulator under pid {parent}")
 
 
-def run_and_kill(command: list[str], victim) -> tuple[int, str, float]:
-    """Start `command`, kill `victim(process)`'s pid once the chief saved its first
-    checkpoint; the exit code, the output, and how long the job took to stop."""
+def run_and_kill(command: list[str], victim, at_step: int) -> tuple[int, str, float]:
+    """Start `command`, kill `victim(process)`'s pid once the chief saved its checkpoint of
+    `at_step`; the exit code, the output, and how long the job took to stop."""
     process = subprocess.Popen(command, cwd=EXAMPLE, env=ENV, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     output = []
     for line in process.stdout:
         output.append(line)
-        if line.startswith(f"Saving checkpoints for {EVERY} into"):
+        if line.startswith(f"Saving checkpoints for {at_step} into"):
             os.kill(victim(process), signal.SIGKILL)
             killed = time.monotonic()
             break
@@ -261,11 +261,14 @@ def run_and_kill(command: list[str], victim) -> tuple[int, str, float]:
 @pytest.mark.parametrize("victim", ["chief", "worker", "simulator"])
 def test_killed_run_resumes_to_the_unbroken_runs_weights(tmp_path, cs_run, external_cs, victim):
     job_dir = tmp_path / "job"
-    args = ["--mode", "train", "-p", cs_run.params, "-o", tmp_path / "model"]
+    # A checkpoint every step: the run's remaining steps then outlast the kill's latency
+    # (checkpointing reads the CS, it does not change the training).
+    params = fc_mnist_params(tmp_path, steps=STEPS, every=1)
+    args = ["--mode", "train", "-p", params, "-o", tmp_path / "model"]
     cs_ip = external_cs if victim == "chief" else None  # a dead chief's job must be freed
     pick = {"chief": lambda p: job_processes(job_dir)[0], "worker": lambda p: job_processes(job_dir)[1],
             "simulator": lambda p: child_simulator(p.pid)}[victim]
-    code, output, stop_s = run_and_kill(csrun_wse_command(job_dir, 2, args, cs_ip=cs_ip), pick)
+    code, output, stop_s = run_and_kill(csrun_wse_command(job_dir, 2, args, cs_ip=cs_ip), pick, 2)
     assert code != 0, output
     assert stop_s < 30, output
     newest = checkpoints.latest_checkpoint(str(tmp_path / "model"))

@@ -62,8 +62,9 @@ def test_workers_together_send_input_fn_batches_in_order(workers, start):
 
 def test_feed_requests_serialize_raw_bytes_with_token_and_index():
     rdv = make_rendezvous(2, 4, 2)
-    requests = list(feed_requests(shard_batches(input_fn, {}, rdv, 1), rdv, 1))
+    *requests, last = feed_requests(shard_batches(input_fn, {}, rdv, 1), rdv, 1)
     assert [r.batch_index for r in requests] == [3, 5]
+    assert last.end and last.token == "tok" and not last.tensors  # the shard is complete
     ref = reference_batches(2, 4)
     for r, (x, y) in zip(requests, [ref[1], ref[3]]):
         assert r.token == "tok" and r.worker_id == 1

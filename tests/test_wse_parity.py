@@ -48,10 +48,13 @@ class Client:
         return self.stub.Load(requests())
 
     def feed_requests(self, batches: Sequence[dict[str, np.ndarray]], worker: int = 0,
-                      num_workers: int = 1, first: int = 0):
+                      num_workers: int = 1, first: int = 0, end: bool = True):
+        """Worker `worker`'s FeedRequests, closed by its `end` message unless `end` is False."""
         for index in range(first + worker, first + len(batches), num_workers):
             yield pb.FeedRequest(token=self.token, worker_id=worker, batch_index=index, tensors=[
                 to_tensor(name, array) for name, array in batches[index - first].items()])
+        if end:
+            yield pb.FeedRequest(token=self.token, worker_id=worker, end=True)
 
     def feed_in_background(self, batches, num_workers: int = 1, first: int = 0) -> list[threading.Thread]:
         """One Feed stream per worker, each in a thread (worker w sends w, w + W, ...)."""

@@ -153,8 +153,7 @@ def test_a_wrong_batch_and_a_broken_feed_end_the_run_with_a_clear_status(server)
     data = batches(1)
 
     def one_then_vanish():
-        yield from client.feed_requests(data)
-        time.sleep(0.5)  # the batch reaches the server, then
+        yield from client.feed_requests(data, end=False)
         raise RuntimeError("worker killed")  # the client's stream breaks
 
     threading.Thread(target=lambda: code_and_details(lambda: client.stub.Feed(one_then_vanish())),
@@ -222,7 +221,7 @@ def test_many_jobs_leave_no_threads_or_state_behind(server):
     def job(i):
         client = Client(server.address, f"token-{i}")
         client.load(program(), weights(), job_id=f"job-{i}")
-        client.feed_in_background(batches(6), num_workers=1)
+        client.feed_in_background(batches(8), num_workers=1)  # what the runs below take
         client.run("train", 2)
         if i % 3 == 1:  # cancelled mid-stream
             call = client.stub.Train(pb.RunRequest(token=client.token, steps=5))

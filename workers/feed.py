@@ -78,6 +78,7 @@ def feed_requests(batches: Iterable[tuple[int, Any]], rendezvous: Rendezvous,
         check_batch(named, rendezvous.inputs, index, worker)
         yield pb.FeedRequest(token=rendezvous.token, worker_id=worker, batch_index=index,
                              tensors=[to_tensor(name, named[name]) for name in order])
+    yield pb.FeedRequest(token=rendezvous.token, worker_id=worker, end=True)
 
 
 class JobEnded(Exception):
@@ -104,7 +105,7 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int) -> FeedS
     def counted() -> Iterator[pb.FeedRequest]:
         try:
             for request in requests:
-                sent["batches"] += 1
+                sent["batches"] += not request.end
                 sent["bytes"] += sum(len(t.data) for t in request.tensors)
                 yield request
         except BaseException as error:  # gRPC swallows iterator errors: keep ours

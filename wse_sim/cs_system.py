@@ -193,11 +193,10 @@ class CSSystem:
                                   fabric=self.fabric.name, message=job.message)
 
     # ---- input streams ----
-    def feed(self, requests: Iterable[pb.FeedRequest],
-             broken: Callable[[], bool] = lambda: False) -> pb.FeedReply:
-        """Take one input worker's batches (blocks while it runs ahead); broken stream (an
-        error, or `broken()` true when the requests end): the job's waiting run ends with
-        ABORTED naming the worker."""
+    def feed(self, requests: Iterable[pb.FeedRequest]) -> pb.FeedReply:
+        """Take one input worker's batches (blocks while it runs ahead) until its `end`
+        message. A stream that ends without it broke (a cancelled call's requests may just
+        stop): the job's waiting run ends with ABORTED naming the worker."""
         job: Job | None = None
         stream: Stream | None = None
         error = "the worker disconnected"
@@ -213,8 +212,10 @@ class CSSystem:
                     raise self._refuse(CSError(grpc.StatusCode.PERMISSION_DENIED,
                                                f"wrong token for job {job.job_id}"),
                                        f"batch of worker {request.worker_id}")
+                if request.end:
+                    ok = True
+                    break
                 self._put(job, stream, request.batch_index, self._decode(job, request))
-            ok = not broken()
         except CSError as refused:
             error = refused.message
             raise

@@ -54,8 +54,7 @@ class CSServicer(rpc.CSSystemServicer):
 
     def Feed(self, request_iterator, context):
         try:
-            # a cancelled call's request iterator just stops: that is a broken stream, not its end
-            return self.cs.feed(request_iterator, broken=lambda: not context.is_active())
+            return self.cs.feed(request_iterator)
         except CSError as error:
             self._abort(context, error)
 
