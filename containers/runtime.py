@@ -42,6 +42,17 @@ class ContainerRuntime:
                 "--pwd", workdir, image, *command]
 
 
+def add_mount_dirs_flag(parser) -> None:
+    """The original's `--mount-dirs A,B` (also `--mount_dirs`): directories bound besides
+    csrun.yaml's mount_dirs; read back with `mount_dirs_of`."""
+    parser.add_argument("--mount-dirs", "--mount_dirs", dest="mount_dirs", default="", metavar="A,B",
+                        help="directories to bind into the container besides csrun.yaml's mount_dirs")
+
+
+def mount_dirs_of(text: str) -> tuple[str, ...]:
+    return tuple(d.strip() for d in text.split(",") if d.strip())
+
+
 def bind_list(binds: Sequence[str], workdir: str) -> list[str]:
     """`binds` then `workdir`, each once; "SRC" or "SRC:DST[:OPTS]" specs as Apptainer takes them."""
     result: list[str] = []

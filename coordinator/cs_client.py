@@ -9,10 +9,9 @@ import grpc
 import numpy as np
 
 from launcher.errors import CSRunError
-from wse_sim.api import pb, rpc
+from wse_sim.api import UNLIMITED_MESSAGES, pb, rpc
 from wse_sim.api.tensors import assemble, tensor_chunks
 
-CHANNEL_OPTIONS = (("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1))
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -26,7 +25,7 @@ class CSClient:
 
     def __init__(self, cs_ip: str):
         self.cs_ip = cs_ip
-        self._channel = grpc.insecure_channel(cs_ip, options=CHANNEL_OPTIONS)
+        self._channel = grpc.insecure_channel(cs_ip, options=UNLIMITED_MESSAGES)
         self._stub = rpc.CSSystemStub(self._channel)
         self.token = new_token()
 

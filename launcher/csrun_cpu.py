@@ -19,7 +19,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from containers.runtime import container_exec
+from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from launcher.errors import ArgumentParser, CSRunError, cli_entry
 from launcher.site_config import SiteConfig, SlurmConfig, load_site_config
 from slurm.backend import slurm_answers
@@ -39,8 +39,7 @@ def _parser() -> argparse.ArgumentParser:
                 description="Run a command in the csrun environment on a CPU node.")
     p.add_argument("--alloc-node", "--alloc_node", dest="alloc_node", type=_bool, default=True,
                    metavar="True|False", help="run on a node of its own through srun (default: True)")
-    p.add_argument("--mount-dirs", "--mount_dirs", dest="mount_dirs", default="", metavar="A,B",
-                   help="directories to bind into the container besides csrun.yaml's mount_dirs")
+    add_mount_dirs_flag(p)
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run")
@@ -68,7 +67,7 @@ def parse_args(argv: list[str]) -> CpuArgs:
         command = command[1:]
     if not command:
         raise CSRunError("no command to run", f"e.g. {PROG} python run.py --validate_only")
-    mount_dirs = tuple(d.strip() for d in ns.mount_dirs.split(",") if d.strip())
+    mount_dirs = mount_dirs_of(ns.mount_dirs)
     return CpuArgs(ns.alloc_node, mount_dirs, ns.dry_run, tuple(command))
 
 

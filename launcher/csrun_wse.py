@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from containers.runtime import add_mount_dirs_flag, mount_dirs_of
 from launcher.errors import CSRunError, cli_entry
 from launcher.site_config import SiteConfig, load_site_config
 from slurm.backend import JobRequest, choose_backend
@@ -59,8 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cyclic", action="store_true", help="place tasks round-robin over the nodes (Slurm)")
     p.add_argument("--partition", help="Slurm partition (default: slurm.partition)")
     p.add_argument("--time", help="Slurm time limit (default: slurm.time, else the partition's)")
-    p.add_argument("--mount-dirs", "--mount_dirs", dest="mount_dirs", default="", metavar="A,B",
-                   help="directories to bind into the container besides csrun.yaml's mount_dirs")
+    add_mount_dirs_flag(p)
     p.add_argument("--cs_ip", help="HOST:PORT of a running CS system (default: an embedded simulator)")
     p.add_argument("--job-dir", type=Path, help="job folder (default: ./csrun_jobs/<time>-<id>)")
     p.add_argument("--dry-run", action="store_true", help="print the request, start nothing")
@@ -111,7 +111,7 @@ def parse_args(argv: list[str], site: SiteConfig | None = None) -> WseArgs:
                "single_task_nodes": None if ns.single_task_nodes is None else str(ns.single_task_nodes)}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     job_dir = (ns.job_dir or Path("csrun_jobs") / f"{stamp}-{uuid.uuid4().hex[:6]}").resolve()
-    mount_dirs = tuple(d.strip() for d in ns.mount_dirs.split(",") if d.strip())
+    mount_dirs = mount_dirs_of(ns.mount_dirs)
     return WseArgs(ns.total_nodes, ns.tasks_per_node, ns.cpus_per_task, ns.cs_ip, job_dir,
                    ns.dry_run, tuple(command), mount_dirs, ns.detach, ns.emit_sbatch,
                    tuple((k, v) for k, v in options.items() if v is not None))

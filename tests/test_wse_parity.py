@@ -16,20 +16,19 @@ import yaml
 import compiler_models as m
 import tf_reference
 from launcher.compiler import compile_model
-from wse_sim.api import pb, rpc
+from wse_sim.api import UNLIMITED_MESSAGES, pb, rpc
 from wse_sim.api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
 from wse_sim.cs_system import CSSystem
 from wse_sim.fabric import get_fabric
 from wse_sim.server import CSServer
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-CHANNEL_OPTIONS = (("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1))
 
 
 # ---- a minimal client of the CS API (the chief's and workers' calls, by hand) ----
 class Client:
     def __init__(self, address: str, token: str = "token-1"):
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.channel = grpc.insecure_channel(address, options=UNLIMITED_MESSAGES)
         self.stub = rpc.CSSystemStub(self.channel)
         self.token = token
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import grpc
 import numpy as np
 import pytest
 
+from launcher.csrun_wse import free_port
 from test_wse_parity import Client, server  # noqa: F401  (the server fixture)
 from wse_sim.api import pb
 
@@ -250,12 +250,6 @@ def test_many_jobs_leave_no_threads_or_state_behind(server):
     cs = server.cs
     assert cs.job is None and not cs._runs
     assert Client(server.address).status().state == "idle"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_wse_sim_serve_answers_health_and_stops_on_sigterm():

@@ -17,12 +17,10 @@ import grpc
 import numpy as np
 
 from launcher.errors import CSRunError
-from wse_sim.api import pb, rpc
+from wse_sim.api import UNLIMITED_MESSAGES, pb, rpc
 from wse_sim.api.tensors import to_tensor
 from workers.rendezvous import InputSpec, Rendezvous
 
-# Batches bigger than gRPC's default 4 MB message are fine.
-CHANNEL_OPTIONS = (("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1))
 PREFETCH = 2
 
 
@@ -113,7 +111,7 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int) -> FeedS
             raise
 
     start = time.perf_counter()
-    with grpc.insecure_channel(cs_ip, options=CHANNEL_OPTIONS) as channel:
+    with grpc.insecure_channel(cs_ip, options=UNLIMITED_MESSAGES) as channel:
         try:
             rpc.CSSystemStub(channel).Feed(counted())
         except grpc.RpcError as error:

@@ -11,14 +11,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.api import cs_api_pb2_grpc as rpc
+from wse_sim.api import UNLIMITED_MESSAGES
 from wse_sim.api.tensors import assemble
 from wse_sim.cs_system import CSSystem
 from wse_sim.errors import CSError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CSSystem"].full_name
-# Batches and weight chunks above gRPC's default 4 MB message are fine.
-SERVER_OPTIONS = (("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
-                  ("grpc.so_reuseport", 0))  # a taken port is an error, not shared
+SERVER_OPTIONS = (*UNLIMITED_MESSAGES, ("grpc.so_reuseport", 0))  # a taken port is an error, not shared
 MAX_THREADS = 32  # calls served at once: a run, its input streams, status and snapshot
 
 
