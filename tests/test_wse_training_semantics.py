@@ -111,8 +111,9 @@ LAYERS = (("h1", FEATURES, 16, "relu"), ("h2", 16, 8, "relu"), ("logits", 8, 5, 
 
 
 def mlp_program(optimizer: pb.Optimizer, *, frozen=(), regularizers=None, transforms=(),
-                dropout: float = 0.0) -> pb.Program:
-    """features -> dense relu -> [dropout] -> dense relu -> dense -> sparse softmax CE."""
+                dropout: float = 0.0, stop_gradient: bool = False) -> pb.Program:
+    """features -> dense relu -> [dropout] [stop_gradient] -> dense relu -> dense ->
+    sparse softmax CE."""
     p = pb.Program(name="mlp", fabric="cs1", batch_size=BATCH, micro_batch_size=MICRO,
                    loss_kernel="loss", seed=-7, optimizer=optimizer,
                    gradient_transforms=[t.to_message() for t in transforms])
@@ -133,6 +134,10 @@ def mlp_program(optimizer: pb.Optimizer, *, frozen=(), regularizers=None, transf
                               region=REGION)
             d.attrs["rate"].f = dropout
             source = "drop"
+        if name == "h1" and stop_gradient:
+            p.kernels.add(name="stop", type="stop_gradient", inputs=[source],
+                          output_shape=[units], region=REGION)
+            source = "stop"
     loss = p.kernels.add(name="loss", type="sparse_softmax_cross_entropy",
                          inputs=[source, "labels"], region=REGION)
     loss.attrs["reduction"].s = "mean"
@@ -168,7 +173,7 @@ def cs_train(program: pb.Program, weights, batches, *, stages: int = 1):
 
 
 def tf_train(make_optimizer, weights, batches, *, var_list=None, l2=None, l1=None,
-             transform=None):
+             transform=None, stop_gradient=False):
     """The same model in a tf.compat.v1 graph: losses (before each update) and the final
     variables. l2 / l1: {variable: c} adding c * tf.nn.l2_loss(w) / c * sum(|w|) to the loss;
     transform: a function of the list of gradients, between compute and apply."""
@@ -182,6 +187,7 @@ def tf_train(make_optimizer, weights, batches, *, var_list=None, l2=None, l1=Non
                 variables[var] = tf.compat.v1.get_variable(var, initializer=weights[var])
             h = tf.matmul(h, variables[f"{name}/kernel"]) + variables[f"{name}/bias"]
             h = tf.nn.relu(h) if activation == "relu" else h
+            h = tf.stop_gradient(h) if name == "h1" and stop_gradient else h
         loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(y, h)
         for var, c in (l2 or {}).items():
             loss = loss + c * tf.nn.l2_loss(variables[var])
@@ -189,7 +195,9 @@ def tf_train(make_optimizer, weights, batches, *, var_list=None, l2=None, l1=Non
             loss = loss + c * tf.reduce_sum(tf.abs(variables[var]))
         optimizer = make_optimizer()
         trained = [variables[v] for v in (var_list or variables)]
-        grads_and_vars = optimizer.compute_gradients(loss, var_list=trained)
+        grads_and_vars = [(g, v) for g, v in optimizer.compute_gradients(loss, var_list=trained)
+                          if g is not None]  # as apply_gradients skips them
+        trained = [v for _, v in grads_and_vars]
         if transform is not None:
             grads = transform([g for g, _ in grads_and_vars])
             grads_and_vars = list(zip(grads, trained))
@@ -248,6 +256,18 @@ def test_a_region_runs_backward_only_when_something_upstream_trains():
     assert not pipeline.by_name["h1"].backward and not pipeline.by_name["h1"].grads
     assert pipeline.by_name["h2"].backward
     assert pipeline.by_name["h2"].input_grads == (False,)
+
+
+def test_stop_gradient_ends_the_backward_pass():
+    """Below a tf.stop_gradient nothing trains (TF's gradients there are None)."""
+    weights, batches = mlp_weights(), mlp_batches(3)
+    cs = cs_train(mlp_program(MOMENTUM, stop_gradient=True), weights, batches)
+    assert_matches_tf(cs, tf_train(tf_momentum, weights, batches, stop_gradient=True),
+                      list(weights))
+    _, state, pipeline = cs
+    np.testing.assert_array_equal(state["h1/kernel"], weights["h1/kernel"])
+    assert "h1/kernel/Momentum" not in state
+    assert not pipeline.by_name["h1"].backward and not pipeline.by_name["stop"].backward
 
 
 def test_regularizers_add_to_the_loss_and_the_gradient_once_per_batch():
