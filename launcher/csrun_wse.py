@@ -222,7 +222,8 @@ def task_command(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig) -> 
 def site_defaults(site: SiteConfig) -> dict[str, str]:
     """The site's Slurm settings, for a backend that takes them."""
     slurm = site.slurm
-    values = {"partition": slurm.partition, "time": slurm.time, "gres": slurm.gres, "gres_node": slurm.gres_node}
+    values = {"partition": slurm.partition, "time": slurm.time, "gres": slurm.gres, "gres_node": slurm.gres_node,
+              "licenses": slurm.licenses}
     return {k: v for k, v in values.items() if v is not None}
 
 

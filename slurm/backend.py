@@ -187,6 +187,43 @@ def failed_task(folder: Path, job_id: str, num_tasks: int) -> JobOutcome | None:
     return JobOutcome(code or 1, rank, last_error_line(paths.stdout))
 
 
+# Every task's first line: where it runs. `where_task_runs` writes it, `task_hosts` reads it
+# back (a failed node's tasks; the tests' placement checks).
+_WHERE = re.compile(r"^csrun: task (\d+) of \d+ on (\S+) \((\S+) to the CS system at (\S+)\)$", re.M)
+
+
+def where_task_runs(env: Mapping[str, str]) -> str:
+    """`csrun: task R of N on NODE (ADDRESS to the CS system at CS_IP)`: the task's rank, its
+    host (Slurm's node name, else the host name) and the address it reaches the CS from."""
+    import socket
+
+    rank = env.get("SLURM_PROCID") or env.get("SUBMITIT_LOCAL_GLOBALID") or "0"
+    ntasks = env.get("SLURM_NTASKS") or env.get("SUBMITIT_LOCAL_NTASKS") or "1"
+    node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    cs_ip = env.get("CSRUN_CS_IP") or "none"
+    address = "-"
+    host, _, port = cs_ip.rpartition(":")
+    if host and port.isdigit():
+        try:  # the source address the kernel picks for the CS: nothing is sent
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((host, int(port)))
+                address = probe.getsockname()[0]
+        except OSError:
+            address = "no-route"
+    return f"csrun: task {rank} of {ntasks} on {node} ({address} to the CS system at {cs_ip})"
+
+
+def task_hosts(log: Path) -> tuple[str, str] | None:
+    """(node, address) from a task's log (its `where_task_runs` line), None before it ran."""
+    try:
+        with open(log, errors="replace") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    match = _WHERE.search(head)
+    return (match.group(2), match.group(3)) if match else None
+
+
 def all_succeeded(folder: Path, job_id: str, num_tasks: int) -> bool:
     from submitit.core.utils import JobPaths
 

@@ -16,7 +16,7 @@ from submitit.core import utils as submitit_utils
 
 from launcher.errors import CSRunError
 from slurm.backend import (JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission, all_succeeded,
-                           copy_new, failed_task)
+                           copy_new, failed_task, where_task_runs)
 
 # The local executor kills tasks at its timeout: make it effectively unbounded (30 days).
 _TIMEOUT_MIN = 30 * 24 * 60
@@ -43,6 +43,7 @@ class TaskCommand:
 
     def __call__(self) -> int:
         env = {**os.environ, **dict(self.env), "PYTHONUNBUFFERED": "1"}
+        print(where_task_runs(env), flush=True)
         # Its own process group, so that stopping the task stops everything it started.
         process = subprocess.Popen(list(self.command), cwd=self.workdir, env=env, start_new_session=True)
 

@@ -12,6 +12,8 @@ What the script asks of Slurm:
 - `gres` (csrun.yaml `slurm.gres`, default `cs:1`): the CS system is a GRES, so a second job
   waits in the queue until the first ends. Slurm counts a GRES per node: a job of several
   nodes needs it on each of them (`gres_node` names the node that holds it; the chief's).
+- `licenses` (csrun.yaml `slurm.licenses`, e.g. `cs:1`): the CS system as a cluster license,
+  what a site of several nodes configures (one CS for the cluster, any node's job may hold it).
 - `partition`, `time` (none: the partition's default limit), `cyclic` (tasks round-robin over
   the nodes), `single_task_nodes` (the first node runs the chief alone; the workers go on
   the others, `tasks_per_node` each).
@@ -46,10 +48,10 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from launcher.errors import CSRunError
 from slurm.backend import (JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission, all_succeeded,
-                           copy_new, failed_task, slurm_answers)
+                           copy_new, failed_task, slurm_answers, task_hosts)
 from slurm.local_backend import TaskCommand
 
-OPTION_KEYS = ("partition", "time", "gres", "gres_node", "cyclic", "single_task_nodes")
+OPTION_KEYS = ("partition", "time", "gres", "gres_node", "licenses", "cyclic", "single_task_nodes")
 _TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
              "BOOT_FAIL", "DEADLINE")
 _CANCELLED_EXIT = 143  # 128 + SIGTERM: what a shell reports for a job scancel ended
@@ -128,6 +130,8 @@ def render_script(request: JobRequest, python: str) -> tuple[str, int]:
     for key in ("partition", "gres"):
         if key in options:
             sbatch[key] = options[key]
+    if "licenses" in options:
+        extra["licenses"] = options["licenses"]
     if request.same_host:
         if request.total_nodes != 1:
             raise CSRunError(
@@ -219,6 +223,10 @@ def refusal(text: str, request: JobRequest) -> CSRunError:
             f"Slurm can never give this job {request.total_nodes} node(s) x {request.tasks_per_node} task(s) "
             f"x {request.cpus_per_task} CPU(s) ({message})",
             f"the cluster has {capacity()}; ask for fewer --total-nodes/--tasks-per-node/--cpus-per-task")
+    if "license" in message.lower():
+        return CSRunError(f"Slurm refused the license {options.get('licenses')!r}: {message}",
+                          "set slurm.licenses in csrun.yaml to the CS system's license (scontrol show "
+                          "licenses), or null")
     if "gres" in message.lower():
         return CSRunError(f"Slurm refused the GRES {options.get('gres')!r}: {message}",
                           "set slurm.gres in csrun.yaml to the CS system's GRES (e.g. cs:1), or null")
@@ -236,11 +244,30 @@ def capacity() -> str:
     return "; ".join(f"node {n.split()[0]}: {n.split()[1]} CPUs, gres {n.split()[2]}" for n in nodes) or "no nodes"
 
 
+def job_fields(job_id: str) -> dict[str, str] | None:
+    """The controller's `scontrol show job` fields, None once it forgot the job."""
+    done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    if done.returncode != 0:
+        return None
+    return dict(f.split("=", 1) for f in done.stdout.split() if "=" in f)
+
+
+def failed_nodes(nodelist: str) -> list[tuple[str, str]]:
+    """(node, reason) of the nodes in `nodelist` that are down or not answering the controller."""
+    done = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N|%T|%E"], capture_output=True, text=True)
+    nodes = {}
+    for line in done.stdout.splitlines():
+        node, state, reason = (line.split("|", 2) + ["", ""])[:3]
+        if state.endswith("*") or state.startswith(("down", "fail")):
+            nodes[node] = f"{state.rstrip('*')}{', not responding' if state.endswith('*') else ''}" + (
+                f": {reason}" if reason and reason != "none" else "")
+    return sorted(nodes.items())
+
+
 def job_state(job_id: str) -> tuple[str, str]:
     """(state, reason) of a Slurm job: the controller's view, else the accounting's."""
-    done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
-    if done.returncode == 0:
-        fields = dict(f.split("=", 1) for f in done.stdout.split() if "=" in f)
+    fields = job_fields(job_id)
+    if fields is not None:
         return fields.get("JobState", "UNKNOWN"), fields.get("Reason", "")
     done = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True)
     state = done.stdout.strip().splitlines()[0] if done.stdout.strip() else "UNKNOWN"
@@ -273,14 +300,20 @@ class SlurmJob(LaunchedJob):
             offset = copy_new(log, offset, stream)
             outcome = failed_task(self.folder, self.job_id, self.num_tasks)
             if outcome is not None:
-                if self._settled_state() == "CANCELLED":  # scancel: the tasks' SIGTERM is its sign
+                state = self._settled_state()
+                if state == "CANCELLED":  # scancel: the tasks' SIGTERM is its sign
                     outcome = self._ended_without_result("CANCELLED")
+                elif state == "NODE_FAIL":  # the others were stopped because a node failed
+                    outcome = self._node_failure() or outcome
                 self.cancel()
                 break
             if all_succeeded(self.folder, self.job_id, self.num_tasks):
                 outcome = JobOutcome(0)
                 break
             state = self.state()
+            if state == "NODE_FAIL":
+                outcome = self._node_failure() or self._ended_without_result(state)
+                break
             if state in _TERMINAL:
                 time.sleep(1.0)  # the last result may still be on its way
                 outcome = failed_task(self.folder, self.job_id, self.num_tasks) or (
@@ -297,6 +330,23 @@ class SlurmJob(LaunchedJob):
         while (state := self.state()) == "COMPLETING" and time.monotonic() < deadline:
             time.sleep(0.2)
         return state
+
+    def _node_failure(self) -> JobOutcome | None:
+        """A node of the job stopped answering Slurm (the job ended NODE_FAIL): which node,
+        and the tasks that ran there (from their first log line)."""
+        fields = job_fields(self.job_id) or {}
+        nodes = failed_nodes(fields.get("NodeList", "")) if fields.get("NodeList") else []
+        if not nodes:
+            return None
+        node, why = nodes[0]
+        on_node = [(rank, hosts[1]) for rank in range(self.num_tasks)
+                   if (hosts := task_hosts(self.task_log(rank))) and hosts[0] == node]
+        if not on_node:
+            return JobOutcome(1, None, f"Slurm job {self.job_id} ended NODE_FAIL: node {node} failed ({why}) "
+                                       "before any task started on it")
+        ranks = ", ".join(str(rank) for rank, _ in on_node)
+        return JobOutcome(1, on_node[0][0], f"its node {node} ({on_node[0][1]}) failed ({why}); Slurm ended job "
+                                            f"{self.job_id} NODE_FAIL; task(s) on {node}: {ranks}")
 
     def _ended_without_result(self, state: str) -> JobOutcome:
         if state == "CANCELLED":

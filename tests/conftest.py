@@ -1,10 +1,15 @@
-"""The one-host Slurm for tests marked `slurm`: started once per session by
-`slurm/cluster/cluster.sh up` (which installs what is missing), stopped at the end if this
-session started it. Without root or packages the tests skip; under CI (CI=true) the
-cluster must come up, or they fail."""
+"""The Slurm clusters of the tests, each started once per session by `slurm/cluster/cluster.sh
+up` (which installs what is missing) and stopped at the end if this session started it:
+- `slurm_cluster` (tests marked `slurm`): the one-host Slurm on loopback;
+- `multinode_cluster` (tests marked `multinode`): three Slurm hosts and the CS system's host,
+  network namespaces on a bridge, in its own folder and ports ($CSRUN_MULTINODE_DIR, default
+  /tmp/csrun-slurm-multinode; port base $CSRUN_MULTINODE_PORT_BASE, default 16900).
+Without root or packages the tests skip; under CI (CI=true) the cluster must come up, or
+they fail with the reason."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -35,23 +40,76 @@ class SlurmCluster:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _cluster(command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=900)
+@dataclass(frozen=True)
+class MultiNodeCluster(SlurmCluster):
+    """Slurm hosts node1..nodeN (namespaces `netns[node]`, addresses `addresses[node]`) and the
+    CS system serving at `cs_ip` on a host of its own."""
+
+    cluster_env: dict[str, str]      # what cluster.sh needs to act on this cluster
+    addresses: dict[str, str]
+    netns: dict[str, str]            # node (and "cs") -> its network namespace
+    cs_ip: str
+
+    def link(self, host: str, up: bool) -> None:
+        """Set a host's link into the bridge down (it drops off the network) or up again."""
+        veth = f"{self.netns[host].rsplit('-', 1)[0]}v{host.removeprefix('node')}"
+        subprocess.run(["ip", "link", "set", veth, "up" if up else "down"], check=True)
+
+    def restore(self) -> None:
+        """Every host back on the network and answering Slurm (cluster.sh up is idempotent)."""
+        for host in self.netns:
+            self.link(host, True)
+        up = _cluster("up", self.cluster_env)
+        assert up.returncode == 0, up.stderr
+
+
+def _cluster(command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(CLUSTER_SH), command], capture_output=True, text=True, timeout=900,
+                          env=env)
+
+
+def _start_or_skip(command_env: dict[str, str] | None, what: str) -> bool:
+    """Start a cluster unless it is up; whether this session started it (skip or, under CI, fail)."""
+    if _cluster("status", command_env).returncode == 0:
+        return False
+    if os.geteuid() != 0 and os.environ.get("CI") != "true":
+        pytest.skip(f"{what} needs root (make cluster-up)")
+    up = _cluster("up", command_env)
+    if up.returncode != 0:
+        message = f"{what} did not start: {up.stderr.strip()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return True
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
     conf = Path(os.environ.get("CSRUN_SLURM_DIR", "/tmp/csrun-slurm")) / "etc" / "slurm.conf"
-    was_up = _cluster("status").returncode == 0
-    if not was_up:
-        if os.geteuid() != 0 and os.environ.get("CI") != "true":
-            pytest.skip("the one-host Slurm needs root (make cluster-up)")
-        up = _cluster("up")
-        if up.returncode != 0:
-            message = f"the one-host Slurm did not start: {up.stderr.strip()}"
-            if os.environ.get("CI") == "true":
-                pytest.fail(message)
-            pytest.skip(message)
+    started = _start_or_skip(None, "the one-host Slurm")
     yield SlurmCluster({**os.environ, "SLURM_CONF": str(conf), "PYTHONPATH": str(ROOT)})
-    if not was_up:
+    if started:
         _cluster("down")
+
+
+MULTINODE_HOSTS = 3
+
+
+@pytest.fixture(scope="session")
+def multinode_cluster():
+    folder = Path(os.environ.get("CSRUN_MULTINODE_DIR", "/tmp/csrun-slurm-multinode"))
+    base = os.environ.get("CSRUN_MULTINODE_PORT_BASE", "16900")
+    cluster_env = {**os.environ, "CSRUN_SLURM_DIR": str(folder), "CSRUN_SLURM_PORT_BASE": base,
+                   "CSRUN_SLURM_NODES": str(MULTINODE_HOSTS), "CSRUN_PYTHON": sys.executable}
+    started = _start_or_skip(cluster_env, f"the {MULTINODE_HOSTS}-host Slurm (network namespaces)")
+    env = {**os.environ, "SLURM_CONF": str(folder / "etc" / "slurm.conf"), "PYTHONPATH": str(ROOT)}
+    nodes = subprocess.run(["scontrol", "show", "node", "-o"], env=env, capture_output=True, text=True).stdout
+    addresses = dict(re.findall(r"NodeName=(\S+) .*?NodeAddr=(\S+)", nodes))
+    cs_ip = re.search(r"--cs_ip (\S+)", _cluster("env", cluster_env).stdout).group(1)
+    netns = {host: f"csr{base}-{host}" for host in (*addresses, "cs")}
+    cluster = MultiNodeCluster(env, cluster_env, addresses, netns, cs_ip)
+    try:
+        yield cluster
+    finally:
+        if started:
+            _cluster("down", cluster_env)
