@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
@@ -252,16 +253,42 @@ def job_fields(job_id: str) -> dict[str, str] | None:
     return dict(f.split("=", 1) for f in done.stdout.split() if "=" in f)
 
 
-def failed_nodes(nodelist: str) -> list[tuple[str, str]]:
-    """(node, reason) of the nodes in `nodelist` that are down or not answering the controller."""
-    done = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N|%T|%E"], capture_output=True, text=True)
-    nodes = {}
+def failed_nodes(nodelist: str, probe: bool = False) -> list[tuple[str, str]]:
+    """(node, reason) of the nodes in `nodelist` that are down or not answering the controller;
+    with `probe`, also those whose slurmd does not accept a connection now (the controller
+    notices only after SlurmdTimeout)."""
+    done = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N|%T|%E|%o"], capture_output=True,
+                          text=True)
+    nodes, addresses = {}, {}
     for line in done.stdout.splitlines():
-        node, state, reason = (line.split("|", 2) + ["", ""])[:3]
+        node, state, reason, address = (line.split("|", 3) + ["", "", ""])[:4]
+        addresses[node] = address
         if state.endswith("*") or state.startswith(("down", "fail")):
             nodes[node] = f"{state.rstrip('*')}{', not responding' if state.endswith('*') else ''}" + (
                 f": {reason}" if reason and reason != "none" else "")
+    if probe and len(addresses) > 1:
+        port = slurmd_port()
+        with ThreadPoolExecutor(len(addresses)) as pool:
+            silent = pool.map(lambda a: _refuses(a, port), addresses.values())
+            for (node, address), why in zip(addresses.items(), silent):
+                if why and node not in nodes:
+                    nodes[node] = f"its slurmd at {address}:{port} does not answer: {why}"
     return sorted(nodes.items())
+
+
+def slurmd_port() -> int:
+    done = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
+    match = re.search(r"^SlurmdPort\s*=\s*(\d+)", done.stdout, re.M)
+    return int(match.group(1)) if match else 6818
+
+
+def _refuses(address: str, port: int, timeout_s: float = 3.0) -> str:
+    """Why a TCP connection to address:port fails ("" when it is accepted)."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            return ""
+    except OSError as error:
+        return error.strerror or type(error).__name__
 
 
 def job_state(job_id: str) -> tuple[str, str]:
@@ -303,8 +330,8 @@ class SlurmJob(LaunchedJob):
                 state = self._settled_state()
                 if state == "CANCELLED":  # scancel: the tasks' SIGTERM is its sign
                     outcome = self._ended_without_result("CANCELLED")
-                elif state == "NODE_FAIL":  # the others were stopped because a node failed
-                    outcome = self._node_failure() or outcome
+                elif state == "NODE_FAIL" or self._multi_node:  # a lost host: name it, not the symptom
+                    outcome = self._node_failure(probe=state != "NODE_FAIL") or outcome
                 self.cancel()
                 break
             if all_succeeded(self.folder, self.job_id, self.num_tasks):
@@ -331,11 +358,16 @@ class SlurmJob(LaunchedJob):
             time.sleep(0.2)
         return state
 
-    def _node_failure(self) -> JobOutcome | None:
-        """A node of the job stopped answering Slurm (the job ended NODE_FAIL): which node,
-        and the tasks that ran there (from their first log line)."""
+    @property
+    def _multi_node(self) -> bool:
+        return int((job_fields(self.job_id) or {}).get("NumNodes", "1").split("-")[0] or 1) > 1
+
+    def _node_failure(self, probe: bool = False) -> JobOutcome | None:
+        """A node of the job failed (the job ended NODE_FAIL, or, with `probe`, a task failed
+        and a node's slurmd does not answer): which node, and the tasks that ran there (from
+        their first log line)."""
         fields = job_fields(self.job_id) or {}
-        nodes = failed_nodes(fields.get("NodeList", "")) if fields.get("NodeList") else []
+        nodes = failed_nodes(fields["NodeList"], probe) if fields.get("NodeList") else []
         if not nodes:
             return None
         node, why = nodes[0]
@@ -345,8 +377,8 @@ class SlurmJob(LaunchedJob):
             return JobOutcome(1, None, f"Slurm job {self.job_id} ended NODE_FAIL: node {node} failed ({why}) "
                                        "before any task started on it")
         ranks = ", ".join(str(rank) for rank, _ in on_node)
-        return JobOutcome(1, on_node[0][0], f"its node {node} ({on_node[0][1]}) failed ({why}); Slurm ended job "
-                                            f"{self.job_id} NODE_FAIL; task(s) on {node}: {ranks}")
+        return JobOutcome(1, on_node[0][0], f"its node {node} ({on_node[0][1]}) failed ({why}); "
+                                            f"task(s) on {node}: {ranks}")
 
     def _ended_without_result(self, state: str) -> JobOutcome:
         if state == "CANCELLED":
