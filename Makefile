@@ -36,10 +36,13 @@ proto: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# A real one-host Slurm on loopback (slurm/cluster/cluster.sh; root: installs what is missing).
+# A real Slurm (slurm/cluster/cluster.sh; root: installs what is missing). NODES=0 (default):
+# one host on loopback; NODES=N: N hosts node1..N as network namespaces on a bridge and the CS
+# system (wse_sim serve) on a host of its own (see README, "Several nodes").
 # Then: export SLURM_CONF=$${CSRUN_SLURM_DIR:-/tmp/csrun-slurm}/etc/slurm.conf
-cluster-up:
-	slurm/cluster/cluster.sh up
+NODES ?= 0
+cluster-up: $(STAMP)
+	CSRUN_SLURM_NODES=$(NODES) CSRUN_PYTHON=$(abspath $(PY)) slurm/cluster/cluster.sh up
 	@slurm/cluster/cluster.sh env
 
 cluster-down:

@@ -55,6 +55,12 @@ class MultiNodeCluster(SlurmCluster):
         veth = f"{self.netns[host].rsplit('-', 1)[0]}v{host.removeprefix('node')}"
         subprocess.run(["ip", "link", "set", veth, "up" if up else "down"], check=True)
 
+    def crash(self, host: str) -> None:
+        """The host dies: SIGKILL to every process in its namespace (slurmd, its steps, tasks)."""
+        pids = subprocess.run(["ip", "netns", "pids", self.netns[host]], capture_output=True, text=True,
+                              check=True).stdout.split()
+        subprocess.run(["kill", "-9", *pids], check=False)
+
     def restore(self) -> None:
         """Every host back on the network and answering Slurm (cluster.sh up is idempotent)."""
         for host in self.netns:

@@ -137,20 +137,56 @@ def test_three_hosts_train_with_the_cpu_losses_and_reach_the_cs_on_its_own_host(
     assert checkpoints.checkpoint_step(checkpoints.latest_checkpoint(str(folder / "model"))) == STEPS
 
 
+def csrun_wse_command(cluster, folder: Path, job: str, command: str, *flags: str, **popen):
+    """csrun_wse running a shell command (not a training) in every task, from the user's folder."""
+    write_user_dir(folder)
+    argv = [sys.executable, "-m", "launcher.csrun_wse", *flags, "--cs_ip", cluster.cs_ip, "--job-dir", job,
+            "--", "sh", "-c", command]
+    return subprocess.Popen(argv, cwd=folder, env={**ENV, **_slurm(cluster)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
 @pytest.mark.parametrize("flags, nodes", [
     (("--single-task-nodes", "1"), ["node1", "node2", "node2", "node3", "node3"]),
     (("--single-task-nodes", "1", "--cyclic"), ["node1", "node2", "node3", "node2", "node3"]),
     (("--cyclic",), ["node1", "node2", "node3", "node1", "node2", "node3"]),
 ])
-def test_layout_flags_place_the_tasks_as_the_original(multinode_cluster, tmp_path, cpu_losses, flags, nodes):
-    folder = write_user_dir(tmp_path, steps=12)
-    done = csrun_wse(multinode_cluster, folder, "job", "--total-nodes", "3", "--tasks-per-node", "2", *flags)
-    assert done.returncode == 0, done.stdout + done.stderr
-    where = placement(folder, "job", job_id(done.stderr), len(nodes))
+def test_layout_flags_place_the_tasks_as_the_original(multinode_cluster, tmp_path, flags, nodes):
+    process = csrun_wse_command(multinode_cluster, tmp_path, "job", 'echo "rank $SLURM_PROCID ran"',
+                                "--total-nodes", "3", "--tasks-per-node", "2", *flags)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, out + err
+    where = placement(tmp_path, "job", job_id(err), len(nodes))
     assert [node for node, _ in where] == nodes
     assert all(address == multinode_cluster.addresses[node] for node, address in where)
-    cs = losses(done.stdout)
-    np.testing.assert_allclose([cs[s] for s in sorted(cs)], [cpu_losses[s] for s in sorted(cs)], rtol=1e-3)
+
+
+def test_a_crashed_host_ends_the_job_naming_it_and_its_tasks(multinode_cluster, tmp_path):
+    process = csrun_wse_command(multinode_cluster, tmp_path, "job", "sleep 600", "--total-nodes", "3",
+                                "--tasks-per-node", "2")
+    try:
+        for line in process.stderr:
+            if "csrun_wse: job" in line:
+                jid = job_id(line)
+                break
+        logs = [tmp_path / "job" / f"{jid}_{rank}_log.out" for rank in range(6)]
+        deadline = time.monotonic() + 60
+        while not all(task_hosts(log) for log in logs) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        multinode_cluster.crash("node2")  # slurmd and every process of the host, at once
+        crashed = time.monotonic()
+        _, err = process.communicate(timeout=120)
+        ended_after = time.monotonic() - crashed
+    finally:
+        process.kill()
+        if process.returncode is None:
+            process.wait()
+        multinode_cluster.restore()
+    assert process.returncode != 0
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and re.search(r"task 2 \(input worker\) failed: its node node2 \(10\.\S+\) failed "
+                                          r".*task\(s\) on node2: 2, 3", errors[0]), err
+    assert ended_after < 60, f"the job ended {ended_after:.0f} s after node2 crashed"
 
 
 def test_a_host_dropping_off_ends_the_job_naming_it_and_a_rerun_resumes(multinode_cluster, tmp_path):
@@ -193,9 +229,9 @@ def test_a_host_dropping_off_ends_the_job_naming_it_and_a_rerun_resumes(multinod
         assert sorted(losses(done.stdout)) == list(range(step + 1, end + 1))
         assert {node for node, _ in placement(folder, "job2", job_id(done.stderr), 4)} == {"node1", "node2"}
 
-        # ... to the weights of a run that was never broken (one host, another worker count)
+        # ... to the weights of a run that was never broken (one task: the chief feeds itself)
         unbroken = write_user_dir(tmp_path / "unbroken", steps=end)
-        done = csrun_wse(multinode_cluster, unbroken, "job", "--total-nodes", "1", "--tasks-per-node", "2")
+        done = csrun_wse(multinode_cluster, unbroken, "job", "--total-nodes", "1", "--tasks-per-node", "1")
         assert done.returncode == 0, done.stdout + done.stderr
         resumed = checkpoints.read_checkpoint(checkpoints.latest_checkpoint(str(folder / "model")))
         reference = checkpoints.read_checkpoint(checkpoints.latest_checkpoint(str(unbroken / "model")))
