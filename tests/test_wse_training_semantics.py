@@ -385,6 +385,29 @@ def test_each_step_draws_its_own_masks():
     assert 0.35 < np.mean(np.concatenate([first, second])) < 0.65
 
 
+@pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])
+def test_dropout_keeps_and_scales_as_tf_nn_dropout(rate):
+    """Over 2**18 values (sigma of the kept fraction < 0.001): the CS keeps 1 - rate of
+    them, as tf.nn.dropout does, and scales what it keeps by TF's float32 1 / (1 - rate),
+    bit for bit."""
+    shape, batch = (256,), 1024
+    p = pb.Program(name="dropout", fabric="cs1", batch_size=batch, micro_batch_size=64, seed=3)
+    p.inputs.add(name="features", dtype=pb.FLOAT32, shape=shape)
+    d = p.kernels.add(name="drop", type="dropout", inputs=["features"], output_shape=shape,
+                      region=REGION)
+    d.attrs["rate"].f = rate
+    checked = check_program(p)
+    x = np.random.default_rng(0).uniform(0.5, 2.0, (batch,) + shape).astype(F32)
+    cs = Pipeline.load(checked, {}).run({"features": x}, training=True, step=5,
+                                        outputs=["drop"]).outputs["drop"]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        ref = session.run(tf.nn.dropout(tf.constant(x), rate=rate, seed=11))
+    for out in (cs, ref):
+        kept = out != 0
+        assert abs(kept.mean() - (1 - rate)) < 5 * np.sqrt(rate * (1 - rate) / x.size)
+        np.testing.assert_array_equal(out[kept], x[kept] * F32(1 / (1 - rate)))
+
+
 def refusal(program: pb.Program, tensors=None) -> str:
     with pytest.raises(CSError) as error:
         checked = check_program(program)
