@@ -13,7 +13,6 @@ from test_wse_parity import Client, server  # noqa: F401  (the server fixture)
 from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.errors import CSError
 from wse_sim.grad_transforms import GradientTransform, apply_transforms
-from wse_sim.kernels import KERNELS
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import check_program, check_state
 
@@ -543,7 +542,6 @@ SPARSE_CASES = {
 }
 
 
-@pytest.mark.skipif("gather" not in KERNELS, reason="the gather kernel is not in the library yet")
 @pytest.mark.parametrize("case", SPARSE_CASES)
 def test_embedding_tables_train_by_tfs_sparse_rules(case):
     """Only the looked-up rows (and, for v1 Adam, every row) move, as TF's sparse rules
