@@ -250,6 +250,11 @@ def test_frozen_weights_stay_and_pass_gradients_to_trained_ones_upstream():
         assert f"{var}/Momentum" not in state  # TF makes no slot for an untrained variable
     assert not np.array_equal(state["h1/kernel"], weights["h1/kernel"])
     assert pipeline.by_name["h2"].backward and pipeline.by_name["h2"].trained == ()
+    # a slot of a now frozen weight (an earlier run trained it) comes back as it was loaded
+    earlier = np.full((16, 8), 0.25, F32)
+    state = cs_train(mlp_program(MOMENTUM, frozen=frozen), {**weights, "h2/kernel/Momentum": earlier},
+                     batches[:1])[1]
+    np.testing.assert_array_equal(state["h2/kernel/Momentum"], earlier)
 
 
 def test_a_region_runs_backward_only_when_something_upstream_trains():
