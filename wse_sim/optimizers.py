@@ -29,7 +29,8 @@ rows of duplicate ids in order of appearance (Optimizer._deduplicate_indexed_sli
               mom = mom * momentum + rsqrt(ms + epsilon) * lr * g; var -= mom
               centered: mg = mg * decay + g * (1 - decay)              (SparseApplyCenteredRMSProp)
               mom = mom * momentum + rsqrt(ms + epsilon - mg * mg) * lr * g; var -= mom
-    adam      every row: m = m * beta1; m[rows] += g * (1 - beta1)     (AdamOptimizer._apply_sparse_shared)
+    adam      every row: m = m * beta1; m[rows] += g * (1 - beta1)
+              (AdamOptimizer._apply_sparse_shared)
               v = v * beta2; v[rows] += g * (g * (1 - beta2))  (TF's (g * g) * (1 - beta2)
                                  as Grappler's constant push-down reassociates it)
               var -= alpha * m / (sqrt(v) + epsilon)
@@ -175,7 +176,8 @@ class Adam(Optimizer):
         self.slot_suffixes, self.slot_initial_values = ("Adam", "Adam_1"), (0.0, 0.0)
 
     def initial_scalars(self):
-        return {"beta1_power": np.asarray(self.beta1, F32), "beta2_power": np.asarray(self.beta2, F32)}
+        return {"beta1_power": np.asarray(self.beta1, F32),
+                "beta2_power": np.asarray(self.beta2, F32)}
 
     def alpha(self) -> np.float32:
         b1, b2 = F32(self.scalars["beta1_power"]), F32(self.scalars["beta2_power"])
@@ -204,7 +206,7 @@ class Adam(Optimizer):
         np.multiply(m, self.beta1, out=m)
         m[rows] += g * self.one_minus_beta1
         np.multiply(v, self.beta2, out=v)
-        v[rows] += g * (g * self.one_minus_beta2)  # as Grappler reassociates TF's (g * g) * (1 - beta2)
+        v[rows] += g * (g * self.one_minus_beta2)  # TF's (g * g) * (1 - beta2), reassociated
         var -= alpha * m / (np.sqrt(v) + self.eps)
 
     def finish_step(self):

@@ -192,7 +192,8 @@ class Pipeline:
                                    if region.backward and not spec.frozen)
         for region in self.regions:
             region.input_grads = tuple(
-                s in self.by_name and self.by_name[s].backward and region.kernel.input_differentiable(j)
+                s in self.by_name and self.by_name[s].backward
+                and region.kernel.input_differentiable(j)
                 for j, s in enumerate(region.sources))
         for region in self.regions:  # the later consumer's backward comes first
             region.inflow = tuple(sorted(
