@@ -37,8 +37,8 @@ class SlurmConfig:
     partition: str | None = None
     gres: str | None = "cs:1"    # the CS system as a Slurm GRES: two jobs never share one
     gres_node: str | None = None  # the node that holds the CS GRES (the chief runs there)
-    licenses: str | None = None   # the CS system as a cluster license (e.g. "cs:1"), several nodes
     time: str | None = None       # Slurm --time
+    licenses: str | None = None   # the CS system as a cluster license (e.g. "cs:1"), several nodes
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest
 from launcher.csrun_wse import job_request, parse_args
 from launcher.errors import CSRunError
 from launcher.site_config import SiteConfig, SlurmConfig
-from slurm.backend import JobRequest
+from slurm.backend import JobRequest, task_hosts, where_task_runs
 from slurm.local_backend import LocalBackend
 from slurm.slurm_backend import refusal, render_script, slurm_options
 from slurm.templates import TEMPLATES, fill
@@ -63,6 +63,17 @@ def test_refusals_name_what_to_change(tmp_path):
     assert str(error).startswith("Slurm refused the GRES 'cs:2': Invalid generic resource (gres) specification")
     error = refusal("sbatch: error: Batch job submission failed: Job dependency problem", r)
     assert error.message == "Slurm refused the job: Job dependency problem"
+
+
+def test_the_cs_as_a_cluster_license(tmp_path):
+    """A site of several nodes: the CS system is a license, asked for by every job."""
+    site = SiteConfig(slurm=SlurmConfig(gres=None, licenses="cs:1"))
+    args = parse_args(["--cs_ip", "h:1", "--total-nodes", "3", "--", "python", "run.py"], site)
+    text, _ = render_script(job_request(args, "h:1", tmp_path, site), "py")
+    assert "#SBATCH --licenses=cs:1\n" in text and "--gres" not in text and "#SBATCH --nodes=3\n" in text
+    error = refusal("sbatch: error: Invalid license specification\n", request(tmp_path, defaults={"licenses": "x:1"}))
+    assert str(error).startswith("Slurm refused the license 'x:1': Invalid license specification")
+    assert "scontrol show licenses" in error.hint
 
 
 def test_site_defaults_and_flags(tmp_path):
@@ -144,3 +155,13 @@ def test_the_terminal_copy_of_a_task_log_leaves_out_submitit_and_tensorflow_chat
     assert copy_new(log, 0, shown) == log.stat().st_size
     assert shown.getvalue() == ("global step 100: loss = 0.0191494 (56.94 steps/sec)\n"
                                 "Loss for final step: 0.1.\n")
+
+
+def test_every_task_says_where_it_runs_and_the_launcher_reads_it_back(tmp_path):
+    line = where_task_runs({"SLURM_PROCID": "3", "SLURM_NTASKS": "6", "SLURMD_NODENAME": "node2",
+                            "CSRUN_CS_IP": "127.0.0.1:9"})
+    assert line == "csrun: task 3 of 6 on node2 (127.0.0.1 to the CS system at 127.0.0.1:9)"
+    log = tmp_path / "log.out"
+    log.write_text(f"submitit INFO (...) - Starting\n{line}\nglobal step 1: loss = 2.0\n")
+    assert task_hosts(log) == ("node2", "127.0.0.1")
+    assert task_hosts(tmp_path / "missing.out") is None
