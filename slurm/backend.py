@@ -240,8 +240,8 @@ TF_STARTUP_CHATTER = re.compile(
 
 def copy_new(path: Path, offset: int, stream: TextIO) -> int:
     """Copy what was appended to `path` since `offset` to `stream`, submitit's own
-    bookkeeping lines (and the traceback of its task wrapper that follows them) and
-    TensorFlow's start-up chatter left out; the new offset."""
+    bookkeeping lines (and the traceback of its task wrapper that follows them), the task's
+    placement line (`where_task_runs`) and TensorFlow's start-up chatter left out; the new offset."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -260,7 +260,7 @@ def copy_new(path: Path, offset: int, stream: TextIO) -> int:
                 after = ""
             else:
                 after = ""
-                if not TF_STARTUP_CHATTER.match(line):
+                if not TF_STARTUP_CHATTER.match(line) and not _WHERE.match(line):
                     stream.write(line)
         stream.flush()
     return offset + len(data)

@@ -256,7 +256,8 @@ def job_fields(job_id: str) -> dict[str, str] | None:
 def failed_nodes(nodelist: str, probe: bool = False) -> list[tuple[str, str]]:
     """(node, reason) of the nodes in `nodelist` that are down or not answering the controller;
     with `probe`, also those whose slurmd does not accept a connection now (the controller
-    notices only after SlurmdTimeout)."""
+    notices only after SlurmdTimeout; srun reaches slurmd from here too, so a refusal means
+    the node, not the network policy)."""
     done = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N|%T|%E|%o"], capture_output=True,
                           text=True)
     nodes, addresses = {}, {}

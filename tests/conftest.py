@@ -119,3 +119,7 @@ def multinode_cluster():
     finally:
         if started:
             _cluster("down", cluster_env)
+            left = [line for command in (["ip", "netns", "list"], ["ip", "-o", "link", "show"])
+                    for line in subprocess.run(command, capture_output=True, text=True).stdout.splitlines()
+                    if f"csr{base}" in line]
+            assert not left, f"cluster.sh down left {left}"  # the machine as the session found it
