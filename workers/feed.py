@@ -17,7 +17,8 @@ import grpc
 import numpy as np
 
 from launcher.errors import CSRunError
-from wse_sim.api import UNLIMITED_MESSAGES, pb, rpc
+from coordinator.cs_client import cs_channel
+from wse_sim.api import pb, rpc
 from wse_sim.api.tensors import to_tensor
 from workers.rendezvous import InputSpec, Rendezvous
 
@@ -111,7 +112,7 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int) -> FeedS
             raise
 
     start = time.perf_counter()
-    with grpc.insecure_channel(cs_ip, options=UNLIMITED_MESSAGES) as channel:
+    with cs_channel(cs_ip) as channel:
         try:
             rpc.CSSystemStub(channel).Feed(counted())
         except grpc.RpcError as error:

@@ -126,9 +126,9 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           tuple(variables), optimizer)
 
 
-def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The complete job state: every weight given with its shape; slots and Adam's beta
-    powers may be missing (slots start at zero, beta powers at beta1 and beta2, as in TF)."""
+def state_shapes(checked: CheckedProgram) -> dict[str, Shape]:
+    """Every tensor a job's state may hold (float32): the weights, their optimizer slots
+    and Adam's beta powers."""
     shapes = checked.variable_shapes()
     optimizer = make_optimizer(checked.optimizer) if checked.optimizer else None
     suffixes = optimizer.slot_suffixes if optimizer else ()
@@ -137,6 +137,14 @@ def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> d
         expected.update({f"{var}/{suffix}": shape for suffix in suffixes})
     if optimizer:
         expected.update({name: () for name in optimizer.scalar_names})
+    return expected
+
+
+def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The complete job state: every weight given with its shape; slots and Adam's beta
+    powers may be missing (slots start at zero, beta powers at beta1 and beta2, as in TF)."""
+    shapes = checked.variable_shapes()
+    expected = state_shapes(checked)
     for name, array in tensors.items():
         if name not in expected:
             raise invalid(f"tensor {name!r} {tuple(array.shape)} is not a weight or optimizer "
