@@ -37,7 +37,7 @@ from pathlib import Path
 
 from containers.runtime import add_mount_dirs_flag, mount_dirs_of
 from launcher.errors import CSRunError, cli_entry
-from launcher.site_config import SiteConfig, load_site_config
+from launcher.site_config import TLS_CA_ENV, SiteConfig, load_site_config
 from slurm.backend import JobRequest, choose_backend
 from workers.rendezvous import RENDEZVOUS_DIR
 
@@ -238,7 +238,8 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
         tasks_per_node=args.tasks_per_node,
         cpus_per_task=args.cpus_per_task,
         env={"CSRUN_JOB_DIR": str(args.job_dir), "CSRUN_JOB_ID": args.job_dir.name,
-             "CSRUN_CS_IP": cs_ip, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
+             "CSRUN_CS_IP": cs_ip, TLS_CA_ENV: "" if embedded else (site.cs.tls_ca or ""),
+             "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
         options=dict(args.slurm_options),
         defaults=site_defaults(site),
         same_host=embedded,

@@ -260,12 +260,13 @@ class CSSystem:
 
     def beats(self, lease: Lease) -> Iterator[pb.LeaseBeat]:
         """A beat every LEASE_BEAT_S while the job is loaded; ends with the job."""
+        def ended() -> bool:
+            return bool(lease.job.closed) or self._stop.is_set()
+
         try:
             while True:
                 with self._cond:
-                    if not lease.job.closed and not self._stop.is_set():
-                        self._cond.wait(LEASE_BEAT_S)
-                    if lease.job.closed or self._stop.is_set():
+                    if self._cond.wait_for(ended, LEASE_BEAT_S):
                         return
                     step = lease.job.global_step
                 yield pb.LeaseBeat(global_step=step)
