@@ -335,6 +335,65 @@ def test_a_job_trains_over_tls_and_a_client_without_the_ca_is_refused(tls_server
         CSClient(served.address)
 
 
+def csrun_wse(args: list, env: dict) -> subprocess.Popen:
+    from fc_mnist_runs import EXAMPLE
+
+    return subprocess.Popen([sys.executable, "-m", "launcher.csrun_wse", *map(str, args)], cwd=EXAMPLE,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_csrun_wse_trains_over_tls_with_the_ca_csrun_yaml_names(tls_server, tmp_path):
+    from fc_mnist_runs import ENV, fc_mnist_params, losses
+
+    served, certs = tls_server
+    (tmp_path / "csrun.yaml").write_text(f"cs: {{tls_ca: {certs['ca']}}}\n")
+    params = fc_mnist_params(tmp_path, steps=4, every=2)
+    def args(name: str) -> list:
+        return ["--job-dir", tmp_path / name, "--tasks-per-node", "2", "--cs_ip", served.address, "--",
+                "python", "run.py", "--mode", "train", "-p", params, "-o", tmp_path / name / "model"]
+
+    run = csrun_wse(args("tls"), {**ENV, "CSRUN_CONFIG": str(tmp_path / "csrun.yaml")})
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, out + err
+    assert sorted(losses(out)) == [1, 2, 3, 4] and (tmp_path / "tls/model/model.ckpt-4.index").exists()
+    assert "loaded job" in served.log.read_text()
+    (tmp_path / "plain.yaml").write_text("cs: {tls_ca: null}\n")
+    plain = csrun_wse(args("plain"), {**ENV, "CSRUN_CONFIG": str(tmp_path / "plain.yaml")})
+    try:
+        out, err = plain.communicate(timeout=300)
+    finally:
+        if plain.poll() is None:
+            plain.kill()
+    assert plain.returncode != 0 and "Traceback" not in err
+    assert f"cannot reach the CS system at {served.address}" in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_csrun_wse_frees_the_cs_at_once(server, tmp_path):
+    from fc_mnist_runs import ENV, fc_mnist_params
+
+    params = fc_mnist_params(tmp_path, steps=100_000, every=100_000)
+    run = csrun_wse(["--tasks-per-node", "2", "--job-dir", tmp_path / "job", "--cs_ip", server.address,
+                     "--", "python", "run.py", "--mode", "train", "-p", params, "-o", tmp_path / "model"],
+                    ENV)
+    try:
+        deadline = time.monotonic() + 120
+        while server.state() != "busy":
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+            time.sleep(0.2)
+        time.sleep(2)  # training
+        run.send_signal(signal.SIGINT)
+        freed = server.wait_idle(10)
+        run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    print(f"Ctrl-C: the CS was idle {freed:.2f} s after SIGINT")
+    assert freed < 5  # the idle timeout is 120 s
+
+
 def test_csrun_yaml_names_the_ca_relative_to_itself(tmp_path, monkeypatch):
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "csrun.yaml").write_text("cs: {tls_ca: certs/ca.pem}\n")
