@@ -133,6 +133,7 @@ def test_a_512_mib_chunk_costs_the_server_nothing_and_is_refused(server, case):
                 "undeclared": (grpc.StatusCode.INVALID_ARGUMENT, "'stray'"),
                 "declared name, other shape": (grpc.StatusCode.INVALID_ARGUMENT, "(12, 8)"),
                 "busy": (grpc.StatusCode.ALREADY_EXISTS, "busy with another job")}[case]
+    print(f"512 MiB chunk ({case}), 8 streams held open: server RSS +{grown / MIB:.1f} MiB")
     assert grown < GROWTH_LIMIT, f"server grew {grown / MIB:.0f} MiB"
     outcomes = {(e.code(), expected[1] in e.details()) for e in errors}
     assert expected[:1] + (True,) in outcomes, [e.details() for e in errors]
@@ -235,6 +236,7 @@ def test_a_1_5_gb_feed_message_with_a_wrong_token_is_refused_unread(server):
     code, details = code_and_details(lambda: feed(iter([message]), timeout=120))
     grown = server.proc("VmRSS") - before
     channel.close()
+    print(f"1.5 GB Feed message, wrong token: server RSS +{grown / MIB:.1f} MiB")
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and str(MAX_MESSAGE_BYTES) in details, details
     assert grown < GROWTH_LIMIT, f"server grew {grown / MIB:.0f} MiB"
     assert owner.status().state == "loaded"  # the job is untouched
@@ -269,7 +271,9 @@ def test_a_chief_that_dies_between_runs_frees_the_cs_within_seconds(server, tmp_
         assert server.state() == "busy"
         client.send_signal(getattr(signal, how))
         client.wait(20)
-        assert server.wait_idle(10) < 5  # the idle timeout is 120 s
+        freed = server.wait_idle(10)
+        print(f"chief {how} between runs: the CS was idle {freed:.2f} s later")
+        assert freed < 5  # the idle timeout is 120 s
     finally:
         client.kill()
         client.wait()
