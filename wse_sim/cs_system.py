@@ -33,7 +33,6 @@ from wse_sim.api.tensors import assemble, from_tensor, tensor_chunks, to_tensor,
 from wse_sim.errors import CSError, invalid
 from wse_sim.fabric import Fabric
 from wse_sim.limits import MAX_CHUNK_BYTES, check_header, check_sizes
-from wse_sim.optimizers import make_optimizer
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import CheckedProgram, check_program, check_state, state_shapes
 from wse_sim.stages import usable_cpus
@@ -186,12 +185,8 @@ class CSSystem:
         except ValueError as error:
             raise invalid(str(error)) from None
         state = check_state(checked, tensors)
-        optimizer = make_optimizer(checked.optimizer) if checked.optimizer else None
         program = checked.message
-        pipeline = Pipeline(checked.kernels, checked.sources, checked.variables, state,
-                            batch_size=program.batch_size, micro_batch_size=program.micro_batch_size,
-                            loss_kernel=program.loss_kernel, optimizer=optimizer, seed=program.seed,
-                            stages=self.threads)
+        pipeline = Pipeline.load(checked, state, stages=self.threads)
         timings = {mode: timing.program_timing(program, checked.kernels, self.fabric,
                                                training=mode == "train")
                    for mode in ("train", "infer")}
@@ -438,7 +433,8 @@ class CSSystem:
                 step = job.global_step + 1 if training else job.global_step
                 wanted = outputs if not training or step in output_steps else []
                 try:
-                    result = job.pipeline.run(batch, training=training, outputs=wanted)
+                    result = job.pipeline.run(batch, training=training, outputs=wanted,
+                                              step=job.global_step)
                 except (ValueError, FloatingPointError) as error:
                     raise invalid(f"batch {job.next_batch - 1}: {error}") from None
                 seconds = time.perf_counter() - start

@@ -1,29 +1,34 @@
-"""A loaded program, checked: its kernels built from the library, their shapes chained from
-the program's inputs, and the weights and optimizer state complete and of the right shapes.
-Every refusal names the kernel or tensor and both shapes."""
+"""A loaded program, checked: its kernels built from the library, their shapes and dtypes
+chained from the program's inputs, and the weights and optimizer state complete and of the
+right shapes. Every refusal names the kernel or tensor and both shapes."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
 from wse_sim.api import cs_api_pb2 as pb
-from wse_sim.api.tensors import dtype_of
+from wse_sim.api.tensors import dtype_of, from_tensor
 from wse_sim.errors import invalid
+from wse_sim.grad_transforms import GradientTransform
 from wse_sim.kernels import Kernel, KernelError, build_kernel
-from wse_sim.optimizers import OPTIMIZERS, OptimizerConfig, make_optimizer
+from wse_sim.optimizers import OptimizerConfig, config_problem, make_optimizer, slot_name
+from wse_sim.regularizers import Regularizer
 
 Shape = tuple[int, ...]
 
 
 def attr_value(value: pb.AttrValue) -> Any:
+    """A kernel attribute as a plain Python value (a tensor attribute as a numpy array)."""
     kind = value.WhichOneof("value")
     if kind == "ints":
         return [int(v) for v in value.ints.values]
     if kind == "floats":
         return [float(v) for v in value.floats.values]
+    if kind == "tensor":
+        return from_tensor(value.tensor)  # ValueError: its bytes do not fit its shape
     return getattr(value, kind) if kind else None
 
 
@@ -32,6 +37,20 @@ class InputSpec:
     name: str
     dtype: np.dtype
     shape: Shape  # per sample
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """How the CS trains one TF variable (its Param message)."""
+
+    frozen: bool = False  # never updated (gradients still flow through its kernel)
+    regularizers: tuple[Regularizer, ...] = ()
+    update: str = "dense"  # or "sparse": TF's rule for an IndexedSlices gradient
+
+
+UPDATES = ("dense", "sparse")
+# kernels whose weight gradient TF computes as IndexedSlices: type -> the table's role
+SPARSE_GRADIENT_KERNELS = {"gather": "p0"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +63,8 @@ class CheckedProgram:
     sources: tuple[tuple[str, ...], ...]
     variables: tuple[dict[str, str], ...]  # role -> TF variable name, per kernel
     optimizer: OptimizerConfig | None
+    params: dict[str, ParamSpec] = field(default_factory=dict)  # by TF variable name
+    transforms: tuple[GradientTransform, ...] = ()
 
     @property
     def num_parameters(self) -> int:
@@ -61,6 +82,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
         raise invalid(f"program {program.name!r}: batch size {program.batch_size} is not a "
                       f"multiple of micro-batch size {program.micro_batch_size}")
     shapes: dict[str, Shape] = {}
+    dtypes: dict[str, np.dtype] = {}
     inputs = []
     for spec in program.inputs:
         try:
@@ -68,10 +90,11 @@ def check_program(program: pb.Program) -> CheckedProgram:
         except ValueError:
             raise invalid(f"program input {spec.name!r} has no dtype") from None
         inputs.append(InputSpec(spec.name, dtype, tuple(int(d) for d in spec.shape)))
-        shapes[spec.name] = inputs[-1].shape
+        shapes[spec.name], dtypes[spec.name] = inputs[-1].shape, dtype
     if not inputs:
         raise invalid(f"program {program.name!r} has no inputs")
     kernels, sources, variables = [], [], []
+    params: dict[str, ParamSpec] = {}
     for message in program.kernels:
         if message.name in shapes:
             raise invalid(f"kernel {message.name!r}: the name is used twice")
@@ -80,11 +103,18 @@ def check_program(program: pb.Program) -> CheckedProgram:
             raise invalid(f"kernel {message.name!r} ({message.type}): input {missing[0] if missing else '(none)'!r} "
                           f"is neither a program input nor an earlier kernel")
         input_shapes = [shapes[s] for s in message.inputs]
-        attrs = {key: attr_value(v) for key, v in message.attrs.items()}
+        attrs = {}
+        for key, value in message.attrs.items():
+            try:
+                attrs[key] = attr_value(value)
+            except ValueError as error:
+                raise invalid(f"kernel {message.name!r} ({message.type}): attribute {key!r}: "
+                              f"{error}") from None
         try:
             kernel = build_kernel(message.type, message.name, attrs, input_shapes)
             out = tuple(kernel.output_shape)
             expected_params = kernel.param_shapes()
+            dtype = kernel.output_dtype([dtypes[s] for s in message.inputs])
         except KernelError as error:
             raise invalid(f"{error} (inputs {', '.join(map(str, input_shapes))})") from None
         declared = tuple(int(d) for d in message.output_shape)
@@ -101,10 +131,14 @@ def check_program(program: pb.Program) -> CheckedProgram:
                               f"{tuple(param.shape)} in the program, the kernel needs "
                               f"{tuple(expected_params[param.role])}")
             roles[param.role] = param.variable
+            if param.variable in params:
+                raise invalid(f"kernel {message.name!r}: variable {param.variable!r} is already a "
+                              f"param of an earlier kernel (shared weights are not supported)")
+            params[param.variable] = param_spec(message, kernel, param)
         if set(roles) != set(expected_params):
             raise invalid(f"kernel {message.name!r} ({message.type}): params "
                           f"{sorted(expected_params)} needed, the program names {sorted(roles)}")
-        shapes[message.name] = out
+        shapes[message.name], dtypes[message.name] = out, dtype
         kernels.append(kernel)
         sources.append(tuple(message.inputs))
         variables.append(roles)
@@ -118,31 +152,70 @@ def check_program(program: pb.Program) -> CheckedProgram:
             raise invalid(f"program {program.name!r}: output {name!r} is neither an input nor a kernel")
     optimizer = None
     if program.HasField("optimizer") and program.optimizer.type:
-        if program.optimizer.type not in OPTIMIZERS:
-            raise invalid(f"program {program.name!r}: unknown optimizer {program.optimizer.type!r}; "
-                          f"the CS system has {', '.join(OPTIMIZERS)}")
         optimizer = OptimizerConfig.from_message(program.optimizer)
+        problem = config_problem(optimizer)
+        if problem:
+            raise invalid(f"program {program.name!r}: {problem}")
     return CheckedProgram(program, tuple(inputs), tuple(kernels), tuple(sources),
-                          tuple(variables), optimizer)
+                          tuple(variables), optimizer, params, check_transforms(program, params))
+
+
+def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> ParamSpec:
+    """A Param's training attributes, or the refusal naming what the CS cannot do."""
+    where = f"kernel {kernel_message.name!r} ({kernel_message.type}): param {param.variable!r}"
+    update = param.update or "dense"
+    if update not in UPDATES:
+        raise invalid(f"{where}: unknown update {param.update!r}; the CS system has "
+                      f"{', '.join(UPDATES)}")
+    if update == "sparse" and SPARSE_GRADIENT_KERNELS.get(kernel.type_name) != param.role:
+        raise invalid(f"{where}: a sparse update needs the table of a gather kernel (an "
+                      f"embedding lookup), not the {param.role!r} of a {kernel.type_name}")
+    regularizers = tuple(Regularizer(r.kind, r.scale) for r in param.regularizers)
+    for r in regularizers:
+        if r.problem():
+            raise invalid(f"{where}: {r.problem()}")
+    if update == "sparse" and regularizers and not param.frozen:
+        raise invalid(f"{where}: a regularized weight's gradient is dense in TensorFlow (the "
+                      f"regularizer's gradient is added to the lookup's): its update is dense")
+    return ParamSpec(param.frozen, regularizers, update)
+
+
+def check_transforms(program: pb.Program,
+                     params: Mapping[str, ParamSpec]) -> tuple[GradientTransform, ...]:
+    """The program's gradient transforms, each naming trained variables of the program."""
+    transforms = []
+    for index, message in enumerate(program.gradient_transforms):
+        where = f"program {program.name!r}: gradient transform {index} ({message.kind})"
+        try:
+            transform = GradientTransform.from_message(message)
+        except ValueError as error:
+            raise invalid(f"{where}: {error}") from None
+        for var in transform.variables:
+            if var not in params:
+                raise invalid(f"{where}: {var!r} is not a variable of the program")
+            if params[var].frozen:
+                raise invalid(f"{where}: {var!r} is frozen (not trained): it has no gradient")
+        transforms.append(transform)
+    return tuple(transforms)
 
 
 def state_shapes(checked: CheckedProgram) -> dict[str, Shape]:
     """Every tensor a job's state may hold (float32): the weights, their optimizer slots
-    and Adam's beta powers."""
+    and the optimizer's scalars."""
     shapes = checked.variable_shapes()
     optimizer = make_optimizer(checked.optimizer) if checked.optimizer else None
     suffixes = optimizer.slot_suffixes if optimizer else ()
     expected: dict[str, Shape] = dict(shapes)
     for var, shape in shapes.items():
-        expected.update({f"{var}/{suffix}": shape for suffix in suffixes})
+        expected.update({slot_name(var, suffix): shape for suffix in suffixes})
     if optimizer:
         expected.update({name: () for name in optimizer.scalar_names})
     return expected
 
 
 def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The complete job state: every weight given with its shape; slots and Adam's beta
-    powers may be missing (slots start at zero, beta powers at beta1 and beta2, as in TF)."""
+    """The complete job state: every weight given with its shape; optimizer slots and
+    scalars may be missing (they start as TF starts them: wse_sim.optimizers)."""
     shapes = checked.variable_shapes()
     expected = state_shapes(checked)
     for name, array in tensors.items():
