@@ -17,7 +17,7 @@ from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.fabric import Fabric
 from wse_sim.kernels import base as kernel_base
 
-COMPILER_VERSION = 2  # bump when the compiler's output changes for an unchanged graph
+COMPILER_VERSION = 3  # bump when the compiler's output changes for an unchanged graph
 PROGRAM = "program.pb"
 WEIGHTS = "initial_weights.npz"
 REPORT_TXT = "compile_report.txt"
@@ -45,8 +45,16 @@ def graph_hash(model: MatchedModel, *, mode: str, batch_size: int, fabric: Fabri
         "optimizer": None if model.optimizer is None else dataclasses.asdict(model.optimizer),
         "initializers": initializers,
     }
-    text = json.dumps(key, sort_keys=True, default=str)
+    text = json.dumps(key, sort_keys=True, default=_json_value)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _json_value(value: Any) -> Any:
+    """Arrays (constants in kernel attributes) by their dtype, shape and full contents."""
+    if isinstance(value, np.ndarray | np.generic):
+        array = np.asarray(value)
+        return [array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).hexdigest()]
+    return str(value)
 
 
 def is_complete(directory: str) -> bool:
