@@ -137,7 +137,7 @@ def _measure(m: "Matcher", loss: tf.Tensor, frontier: list[tf.Tensor],
         coefficients, draws = [], []
         for t, s in zip(feeds, shapes):
             value = rng.uniform(0.5, 2.0, s).astype(np.float32)
-            coefficients.append(evaluate({t: value}) / float(value.sum(dtype=np.float64)))
+            coefficients.append(exact(evaluate({t: value}) / float(value.sum(dtype=np.float64))))
             draws.append(value)
         for t, s, c in zip(feeds, shapes, coefficients):  # linear in each, with fresh values
             value = rng.uniform(-2.0, 2.0, s).astype(np.float32)
@@ -150,6 +150,16 @@ def _measure(m: "Matcher", loss: tf.Tensor, frontier: list[tf.Tensor],
     except tf.errors.OpError as error:
         return f"the loss could not be evaluated from its per-sample values ({error.message})"
     return coefficients
+
+
+def exact(c: float) -> float:
+    """A measured coefficient snapped to the n or 1/n it stands for (a mean over n values,
+    a weight), so that float32 measurement noise does not enter the CS's arithmetic."""
+    for candidate in (c, 1.0 / c if c else 0.0):
+        n = round(candidate)
+        if n and abs(candidate - n) <= 1e-5 * abs(candidate):
+            return float(n) if candidate is c else 1.0 / n
+    return c
 
 
 def _loss_kernel(m: "Matcher", loss: tf.Tensor, frontier: list[tf.Tensor],

@@ -421,11 +421,26 @@ def _binary(m: "Matcher", op: tf.Operation) -> str:
     if isinstance(found, str):
         return found
     letters, inputs, attrs, params = found
+    if _is_identity(kind, letters, attrs, op):
+        m.alias(op, op.inputs[letters.index("i")])
+        return ""
     rank = len(static_shape(op.outputs[0])) - 1
     inputs = _same_rank(m, op, inputs, rank)
     m.add_kernel(op.name, "binary", inputs, {"op": kind, "operands": letters, **attrs}, params,
                  [op], op.outputs[0])
     return ""
+
+
+def _is_identity(kind: str, letters: str, attrs: dict, op: tf.Operation) -> bool:
+    """x * 1, x / 1, x + 0, x - 0 of the same shape (tf.compat.v1.losses' unit weights)."""
+    if letters not in ("ic", "ci") or not isinstance(op.inputs[letters.index("i")], tf.Tensor) or \
+            op.outputs[0].shape != op.inputs[letters.index("i")].shape:
+        return False
+    value = attrs[f"c{letters.index('c')}"]
+    neutral = {"mul": 1, "div": 1, "add": 0, "sub": 0}.get(kind)
+    if kind in ("div", "sub") and letters == "ci":
+        return False
+    return neutral is not None and value.size == 1 and float(value) == neutral
 
 
 def _add_n(m: "Matcher", op: tf.Operation) -> str:

@@ -248,8 +248,11 @@ class Matcher:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
                 continue
             bad = self._check_dtypes(op)
-            if bad:
+            if bad and op.type not in lowering.RECURRENT:
                 self.reject(op, bad)
+                continue
+            if op.type in lowering.RECURRENT:
+                lowering.lower_generic(self, op)
                 continue
             if self._enters_tail(op):
                 continue
@@ -374,6 +377,8 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
         with extracted.graph.as_default():
             optimizer, _ = read_optimizer(spec.train_op)
     matcher.unsupported.extend(shared_weights(matcher))
+    # The root cause first: a recurrent layer explains the ops around its loop.
+    matcher.unsupported.sort(key=lambda u: u.type not in lowering.RECURRENT)
     kernels = tuple(loss_tail.attach_regularizers(matcher.kernels, regularizers))
     outputs = matcher.host_outputs(hosts) if not matcher.unsupported else ()
     return MatchedModel(inputs=extracted.inputs, kernels=kernels, loss_kernel=loss_kernel,
