@@ -9,7 +9,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wse_sim.kernels.activations import sigmoid
-from wse_sim.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
+from wse_sim.kernels.base import (INTEGER, Kernel, KernelError, RunContext, check_dtypes,
+                                  max_cores_for, register)
 
 
 class Loss(Kernel):
@@ -34,6 +35,13 @@ class Loss(Kernel):
     @property
     def output_shape(self):
         return ()
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes[:1], [(np.float32,)])
+        return np.dtype(np.float32)
+
+    def input_differentiable(self, index: int) -> bool:
+        return index == 0  # the labels take no gradient
 
     def elements(self) -> int:
         """Loss elements per sample (what "mean" divides by, besides the batch size)."""
@@ -70,6 +78,10 @@ class SparseSoftmaxCrossEntropy(Loss):
 
     def elements(self) -> int:
         return 1
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32,), INTEGER])
+        return np.dtype(np.float32)
 
     def forward(self, params, inputs, ctx: RunContext):
         logits, labels = inputs
