@@ -25,7 +25,7 @@ batch (batch size x per-sample elements), "sum" does not. Their backward takes n
 upstream gradient and returns the gradient of that scaled value, so micro-batches add up
 to ordinary mini-batch training.
 """
-from wse_sim.kernels import activations, conv, dense, losses, structure  # noqa: F401 (register)
+from wse_sim.kernels import activations, conv, dense, einsum, losses, structure  # noqa: F401 (register)
 from wse_sim.kernels.base import KERNELS, Kernel, KernelError, RunContext, build_kernel, register
 
 __all__ = ["KERNELS", "Kernel", "KernelError", "RunContext", "build_kernel", "register"]

@@ -21,7 +21,7 @@ class Einsum(Kernel):
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
-        self.operands = Operands(self, 2)
+        self.operands = Operands(self, 2, broadcast=False)
         equation = str(self.attrs.get("equation", "")).replace(" ", "")
         lhs, arrow, out = equation.partition("->")
         terms = lhs.split(",")
