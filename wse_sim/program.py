@@ -13,7 +13,7 @@ from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.api.tensors import dtype_of, from_tensor
 from wse_sim.errors import invalid
 from wse_sim.kernels import Kernel, KernelError, build_kernel
-from wse_sim.optimizers import OPTIMIZERS, OptimizerConfig, make_optimizer
+from wse_sim.optimizers import OptimizerConfig, config_problem, make_optimizer, slot_name
 
 Shape = tuple[int, ...]
 
@@ -129,23 +129,23 @@ def check_program(program: pb.Program) -> CheckedProgram:
             raise invalid(f"program {program.name!r}: output {name!r} is neither an input nor a kernel")
     optimizer = None
     if program.HasField("optimizer") and program.optimizer.type:
-        if program.optimizer.type not in OPTIMIZERS:
-            raise invalid(f"program {program.name!r}: unknown optimizer {program.optimizer.type!r}; "
-                          f"the CS system has {', '.join(OPTIMIZERS)}")
         optimizer = OptimizerConfig.from_message(program.optimizer)
+        problem = config_problem(optimizer)
+        if problem:
+            raise invalid(f"program {program.name!r}: {problem}")
     return CheckedProgram(program, tuple(inputs), tuple(kernels), tuple(sources),
                           tuple(variables), optimizer)
 
 
 def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The complete job state: every weight given with its shape; slots and Adam's beta
-    powers may be missing (slots start at zero, beta powers at beta1 and beta2, as in TF)."""
+    """The complete job state: every weight given with its shape; optimizer slots and
+    scalars may be missing (they start as TF starts them: wse_sim.optimizers)."""
     shapes = checked.variable_shapes()
     optimizer = make_optimizer(checked.optimizer) if checked.optimizer else None
     suffixes = optimizer.slot_suffixes if optimizer else ()
     expected: dict[str, Shape] = dict(shapes)
     for var, shape in shapes.items():
-        expected.update({f"{var}/{suffix}": shape for suffix in suffixes})
+        expected.update({slot_name(var, suffix): shape for suffix in suffixes})
     if optimizer:
         expected.update({name: () for name in optimizer.scalar_names})
     for name, array in tensors.items():
