@@ -4,7 +4,7 @@ right shapes. Every refusal names the kernel or tensor and both shapes."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -47,14 +47,27 @@ class CheckedProgram:
     sources: tuple[tuple[str, ...], ...]
     variables: tuple[dict[str, str], ...]  # role -> TF variable name, per kernel
     optimizer: OptimizerConfig | None
+    views: Mapping[str, tuple[Shape, Shape]] = field(default_factory=dict)  # var -> (TF, kernel) shapes
 
     @property
     def num_parameters(self) -> int:
         return sum(math.prod(k.param_shapes()[r]) for k, v in zip(self.kernels, self.variables) for r in v)
 
     def variable_shapes(self) -> dict[str, Shape]:
-        return {var: tuple(k.param_shapes()[role])
+        """Every weight's shape as TF (and the state Load takes and Snapshot gives) has it."""
+        return {var: self.views[var][0] if var in self.views else tuple(k.param_shapes()[role])
                 for k, names in zip(self.kernels, self.variables) for role, var in names.items()}
+
+    def reshaped(self, state: Mapping[str, np.ndarray], to_kernels: bool) -> dict[str, np.ndarray]:
+        """`state` with viewed weights and their slots ("<var>/<suffix>") in their kernel's
+        shape (to_kernels), or back in TF's."""
+        out = dict(state)
+        for name, array in state.items():
+            var = name if name in self.views else name.rsplit("/", 1)[0]
+            if var in self.views:
+                tf_shape, kernel_shape = self.views[var]
+                out[name] = array.reshape(kernel_shape if to_kernels else tf_shape)
+        return out
 
 
 def check_program(program: pb.Program) -> CheckedProgram:
@@ -76,6 +89,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
     if not inputs:
         raise invalid(f"program {program.name!r} has no inputs")
     kernels, sources, variables = [], [], []
+    views: dict[str, tuple[Shape, Shape]] = {}
     for message in program.kernels:
         if message.name in shapes:
             raise invalid(f"kernel {message.name!r}: the name is used twice")
@@ -103,6 +117,13 @@ def check_program(program: pb.Program) -> CheckedProgram:
             raise invalid(f"kernel {message.name!r} ({message.type}): output shape {declared} in the "
                           f"program, the kernel computes {out} from inputs {input_shapes}")
         roles = {}
+        for param in message.params:
+            if param.variable_shape and tuple(param.variable_shape) != tuple(param.shape):
+                if math.prod(param.variable_shape) != math.prod(param.shape):
+                    raise invalid(f"kernel {message.name!r}: param {param.variable!r} of shape "
+                                  f"{tuple(param.variable_shape)} cannot be viewed as "
+                                  f"{tuple(param.shape)}")
+                views[param.variable] = (tuple(param.variable_shape), tuple(param.shape))
         for param in message.params:
             if param.role not in expected_params:
                 raise invalid(f"kernel {message.name!r} ({message.type}): unknown param role "
@@ -134,7 +155,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
         if problem:
             raise invalid(f"program {program.name!r}: {problem}")
     return CheckedProgram(program, tuple(inputs), tuple(kernels), tuple(sources),
-                          tuple(variables), optimizer)
+                          tuple(variables), optimizer, views)
 
 
 def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -161,4 +182,4 @@ def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> d
     if missing:
         raise invalid(f"weight {missing[0]!r} {shapes[missing[0]]} is missing"
                       + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    return dict(tensors)
+    return checked.reshaped(tensors, to_kernels=True)
