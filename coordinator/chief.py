@@ -27,11 +27,10 @@ from coordinator.roles import TaskRole
 from launcher.errors import CSRunError
 from wse_sim.api import pb
 from wse_sim.api.tensors import from_tensor
+from wse_sim.optimizers import OptimizerConfig, make_optimizer, slot_name
 from workers.feed import run_worker
 from workers.rendezvous import InputSpec, Rendezvous, publish
 
-_SLOT_SUFFIXES = ("/Adam", "/Adam_1", "/Momentum")
-_OPTIMIZER_SCALARS = ("beta1_power", "beta2_power")
 
 
 def program_inputs(program: pb.Program) -> tuple[InputSpec, ...]:
@@ -52,9 +51,19 @@ def cs_state(program: pb.Program, tensors: dict[str, np.ndarray]) -> dict[str, n
         raise CSRunError(f"the checkpoint has no {', '.join(missing[:3])}: it was written by "
                          "another model", "use a new model_dir for a changed model")
     keep = set(variables)
-    if program.HasField("optimizer"):
-        keep |= {v + s for v in variables for s in _SLOT_SUFFIXES} | set(_OPTIMIZER_SCALARS)
+    if program.HasField("optimizer") and program.optimizer.type:
+        optimizer = make_optimizer(OptimizerConfig.from_message(program.optimizer))
+        keep |= {slot_name(v, s) for v in variables for s in optimizer.slot_suffixes}
+        keep |= set(optimizer.scalar_names)
     return {n: np.asarray(a) for n, a in tensors.items() if n in keep}
+
+
+def host_state(initial: dict[str, np.ndarray],
+               checkpoint: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Variables of the user's graph the CS does not hold (e.g. Keras' dropout seed state):
+    written into every checkpoint so that the CPU path restores it, with the values of the
+    checkpoint the run resumed from where it has them."""
+    return {n: (checkpoint or {}).get(n, value) for n, value in initial.items()}
 
 
 def output_tensor_names(program: pb.Program) -> dict[str, str]:
@@ -156,9 +165,13 @@ class Chief:
         if latest is not None:
             progress.restoring(latest)
             step = checkpoints.checkpoint_step(latest)
-            state = cs_state(program, checkpoints.read_checkpoint(latest))
+            stored = checkpoints.read_checkpoint(latest)
+            state = cs_state(program, stored)
+            host = host_state(compiled.host_variables, stored)
         else:
-            step, state = 0, dict(compiled.initial_weights)
+            step = 0
+            state = dict(compiled.initial_weights)
+            host = host_state(compiled.host_variables)
         end = max_steps if max_steps is not None else step + steps
         if end <= step:
             progress.skipping(step)
@@ -185,7 +198,7 @@ class Chief:
                         events.scalars(step, {"loss": loss, "global_step/sec": rate(step),
                                               "cs/samples_per_sec": result.step.timing.sim_samples_per_sec})
                 events.flush()
-                snapshot = job.snapshot()
+                snapshot = {**host, **job.snapshot()}
                 snapshot["global_step"] = np.asarray(step, np.int64)
                 checkpoints.write_checkpoint(self.model_dir, step, snapshot, config.keep_checkpoint_max)
                 log.saved(step, self.model_dir)

@@ -20,6 +20,7 @@ from wse_sim.kernels import base as kernel_base
 COMPILER_VERSION = 3  # bump when the compiler's output changes for an unchanged graph
 PROGRAM = "program.pb"
 WEIGHTS = "initial_weights.npz"
+HOST_VARIABLES = "host_variables.npz"  # the graph's variables the CS does not hold
 REPORT_TXT = "compile_report.txt"
 REPORT_JSON = "compile_report.json"
 WAFER_MAP = "placement.png"
@@ -59,11 +60,11 @@ def _json_value(value: Any) -> Any:
 
 def is_complete(directory: str) -> bool:
     return all(os.path.exists(os.path.join(directory, f))
-               for f in (PROGRAM, WEIGHTS, REPORT_TXT, REPORT_JSON))
+               for f in (PROGRAM, WEIGHTS, HOST_VARIABLES, REPORT_TXT, REPORT_JSON))
 
 
 def write_compile(directory: str, program: pb.Program, weights: dict[str, np.ndarray],
-                  report_text: str, report_json: dict, draw_map) -> None:
+                  host_variables: dict[str, np.ndarray], report_text: str, report_json: dict, draw_map) -> None:
     """Write all artifacts into a temporary sibling, then rename it to `directory`.
 
     `draw_map(path)` renders the wafer map. A concurrent compile of the same graph that
@@ -76,6 +77,7 @@ def write_compile(directory: str, program: pb.Program, weights: dict[str, np.nda
         with open(os.path.join(tmp, PROGRAM), "wb") as f:
             f.write(program.SerializeToString())
         np.savez(os.path.join(tmp, WEIGHTS), **weights)
+        np.savez(os.path.join(tmp, HOST_VARIABLES), **host_variables)
         with open(os.path.join(tmp, REPORT_TXT), "w") as f:
             f.write(report_text)
         with open(os.path.join(tmp, REPORT_JSON), "w") as f:
@@ -109,8 +111,8 @@ def read_program(directory: str) -> pb.Program:
     return program
 
 
-def read_weights(directory: str) -> dict[str, np.ndarray]:
-    with np.load(os.path.join(directory, WEIGHTS)) as data:
+def read_weights(directory: str, name: str = WEIGHTS) -> dict[str, np.ndarray]:
+    with np.load(os.path.join(directory, name)) as data:
         return {k: data[k] for k in data.files}
 
 
