@@ -701,3 +701,27 @@ def supported_op_types() -> set[str]:
     return set(GENERIC) | {"Conv2D", "MaxPool", "AvgPool", "FusedBatchNormV3", "Identity",
                            "Snapshot", "SparseSoftmaxCrossEntropyWithLogits",
                            "SoftmaxCrossEntropyWithLogits"}
+
+
+def supported_table() -> str:
+    """The README's 'Supported operations' section, generated from the tables above
+    (`python -m launcher.compiler.lowering` prints it; a test keeps the README equal)."""
+    generic = sorted(set(GENERIC) - set(UNARY) - set(BINARY))
+    lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
+    lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in FAST_PATHS.items()]
+    lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
+                 "constant exponent |")
+    lines.append("| `binary` (broadcasting, with activations, constants or weights) | "
+                 + ", ".join(sorted(BINARY)) + " |")
+    lines.append("| generic | " + ", ".join(generic) + " |")
+    lines.append("| `loss` (the batch reduction) | any sum or mean over the batch of per-sample "
+                 "values (tf.compat.v1.losses.* with constant weights, label smoothing, "
+                 "hand-written MSE) plus L2/L1 penalties of single weights (tf.nn.l2_loss, "
+                 "Keras regularizers), proven linear by the compiler |")
+    lines += ["", "Refused, with the reason:", ""]
+    lines += [f"- **{what}**: {why}" for what, why in REFUSED.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(supported_table(), end="")
