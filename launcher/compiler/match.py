@@ -47,7 +47,6 @@ class Matcher:
         self.consumed: set[tf.Operation] = set()
         self.kernels: list[KernelNode] = []
         self.unsupported: list[UnsupportedOp] = []
-        self.broadcast_values: dict[str, str] = {}  # weight-derived tensor -> its kernel
         self.protected = self._host_read_tensors(host_tensors)
         for spec in extracted.inputs:
             self.values[spec.tf_tensor] = spec.name
@@ -185,7 +184,7 @@ class Matcher:
                 continue
             if t.name in self.tail:
                 return lowering.mixes_samples(op, self.x.batch_size)
-            weight = self.operands.weight(t)
+            weight = self.operands.weight(t) or self.whole_table(t)
             if weight is not None:
                 if weight.dtype != "float32":
                     return f"weight {weight.variable} is {weight.dtype}: the CS computes in float32"
@@ -205,38 +204,27 @@ class Matcher:
                 letters += "c"
                 attrs[f"c{k}"] = value
                 continue
-            derived = self.weight_value(t)
-            if isinstance(derived, str) and derived in {k.name for k in self.kernels}:
-                letters += "i"
-                inputs.append(derived)
-                continue
             random = self.operands.random_source(t)
             if random is not None:
                 return (f"uses random numbers ({random.type} at {user_source(random)}) other "
                         "than a dropout mask")
-            return derived or (f"computes on weights ({t.op.type} '{t.op.name}') outside a "
-                               "layer: the CS keeps each weight in its layer's region")
+            return (f"computes on weights ({t.op.type} '{t.op.name}') before they meet the "
+                    "samples: the CS keeps each weight as it is in its layer's region")
         return letters, inputs, attrs, params
 
-    def weight_value(self, tensor: tf.Tensor) -> str | None:
-        """A kernel computing a value of the weights alone that every sample shares (an
-        embedding of constant positions), broadcast over the batch; else a reason or None."""
-        if tensor.name in self.broadcast_values:
-            return self.broadcast_values[tensor.name]
+    def whole_table(self, tensor: tf.Tensor) -> Weight | None:
+        """A weight gathered whole and in order, tf.gather(w, tf.range(len(w))) (Keras
+        position embeddings: Embedding(maxlen, d)(tf.range(maxlen))): the weight itself."""
         op = tensor.op
-        if op.type in ("GatherV2", "ResourceGather"):
-            weight = self.operands.weight(op.inputs[0])
-            ids = self.operands.constant(op.inputs[1])
-            axis = self.operands.constant(op.inputs[2]) if op.type == "GatherV2" else np.array(0)
-            if weight is None or ids is None or axis is None or int(axis) != 0:
-                return None
-            name = self.unique_name(self.scope(op, weight.variable))
-            kernel = self.add_kernel(name, "gather", [], {"operands": "pc", "c1": ids.astype(np.int64)},
-                                     [self.weight_param("p0", weight)], [op], None,
-                                     output_shape=static_shape(tensor))
-            self.broadcast_values[tensor.name] = kernel.name
-            return kernel.name
-        return None
+        if op.type not in ("GatherV2", "ResourceGather"):
+            return None
+        weight = self.operands.weight(op.inputs[0])
+        ids = self.operands.constant(op.inputs[1])
+        axis = self.operands.constant(op.inputs[2]) if op.type == "GatherV2" else np.array(0)
+        if weight is None or ids is None or axis is None or int(axis) != 0 or \
+                not np.array_equal(ids, np.arange(weight.variable_shape[0])):
+            return None
+        return Weight(weight.variable, weight.variable_shape, static_shape(tensor), weight.dtype)
 
     # ---- the pass ----
     def run(self) -> None:
