@@ -196,8 +196,10 @@ class Matcher:
             if value is not None:
                 if value.ndim and value.ndim == len(static_shape(op.outputs[0])) and \
                         value.shape[0] == self.x.batch_size != 1:
-                    return (f"a constant of shape {value.shape} holds one value per sample: "
-                            "feed per-sample values through input_fn")
+                    if not (value == value[:1]).all():
+                        return (f"a constant of shape {value.shape} holds other values for "
+                                "each sample: feed per-sample values through input_fn")
+                    value = value[:1]  # the same for every sample (tf.zeros_like of a batch)
                 if float_constants and value.dtype.kind == "f":
                     value = value.astype(np.float32)
                 value = np.asarray(value)
