@@ -530,4 +530,4 @@ def test_the_compile_report_names_the_generic_losss_scale():
     node = KernelNode("loss", "loss", ("error",), ((4,),), {"scale": 0.125}, (), (), "mean:0",
                       "model.py:9", ("Mean",))
     model = MatchedModel((InputSpec("features", "float32", (4,), "x:0"),), (node,), "loss", (), None)
-    assert "Loss: loss, scale 0.125" in model_summary(model, "train", 8)
+    assert "Loss: the sum over the batch of error x 0.125" in model_summary(model, "train", 8)
