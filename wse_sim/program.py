@@ -49,7 +49,8 @@ class ParamSpec:
 
 
 UPDATES = ("dense", "sparse")
-# kernels whose weight gradient TF computes as IndexedSlices: type -> the table's role
+# kernels whose weight gradient TF computes as IndexedSlices: type -> the table's role;
+# a sparse update of any other kernel's weight is a table TF gathers whole (every row once)
 SPARSE_GRADIENT_KERNELS = {"gather": "p0"}
 
 
@@ -188,9 +189,10 @@ def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> Pa
     if update not in UPDATES:
         raise invalid(f"{where}: unknown update {param.update!r}; the CS system has "
                       f"{', '.join(UPDATES)}")
-    if update == "sparse" and SPARSE_GRADIENT_KERNELS.get(kernel.type_name) != param.role:
-        raise invalid(f"{where}: a sparse update needs the table of a gather kernel (an "
-                      f"embedding lookup), not the {param.role!r} of a {kernel.type_name}")
+    if update == "sparse" and kernel.type_name in SPARSE_GRADIENT_KERNELS and \
+            SPARSE_GRADIENT_KERNELS[kernel.type_name] != param.role:
+        raise invalid(f"{where}: a sparse update of a {kernel.type_name} is its table's "
+                      f"({SPARSE_GRADIENT_KERNELS[kernel.type_name]}), not {param.role!r}")
     regularizers = tuple(Regularizer(r.kind, r.scale) for r in param.regularizers)
     for r in regularizers:
         if r.problem():
