@@ -82,15 +82,43 @@ class Comparison:
     reference: tf_reference.Reference
 
 
+class CompileFailedAfterValidation(AssertionError):
+    """--validate_only accepted the model, then --compile_only refused it."""
+
+
+def compile_checked(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
+                    mode: str = "train") -> CompileResult:
+    """Validate (CSRunError if refused), then compile: a model that validates must compile."""
+    compile_model(model_fn, input_fn, params, model_dir, mode=mode, validate_only=True)
+    try:
+        return compile_model(model_fn, input_fn, params, model_dir, mode=mode)
+    except CSRunError as error:
+        raise CompileFailedAfterValidation(f"validated, then the compile failed: {error}") from None
+
+
 def compare(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
             steps: int = 10) -> Comparison:
-    """Compile model_fn (CSRunError if refused), then train `steps` batches on the CS and on
-    the CPU from the compiler's initial weights."""
-    compiled = compile_model(model_fn, input_fn, params, model_dir)
+    """Validate and compile model_fn (CSRunError if refused), then train `steps` batches on
+    the CS and on the CPU from the compiler's initial weights."""
+    compiled = compile_checked(model_fn, input_fn, params, model_dir)
     data = tf_reference.batches(input_fn, params, steps)
     cs = run_on_cs(compiled.program, compiled.initial_weights, data)
     reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data)
     return Comparison(compiled, cs, reference)
+
+
+def evaluation_mismatch(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
+                        weights: dict[str, np.ndarray], steps: int = 2, rtol: float = 1e-4) -> str:
+    """"" if the CS's evaluation (a program compiled for eval, loaded with `weights`) gives
+    TensorFlow's loss on `steps` batches; else what differs."""
+    compiled = compile_checked(model_fn, input_fn, params, model_dir, mode="eval")
+    data = tf_reference.batches(input_fn, params, steps)
+    loaded = {n: weights[n] for n in compiled.initial_weights}
+    cs = run_on_cs(compiled.program, loaded, data, kind="evaluate")
+    reference = tf_reference.run(model_fn, input_fn, params, loaded, data, mode="eval")
+    if not np.allclose(cs.losses, reference.losses, rtol=rtol):
+        return f"evaluation losses: CS {cs.losses} vs TF {reference.losses}"
+    return ""
 
 
 def mismatches(result: Comparison, rtol: float = 1e-4) -> list[str]:
