@@ -1,7 +1,8 @@
-"""Generic kernels that reduce, normalise, contract, rearrange or look up per-sample values:
-reduce, softmax, matmul, transpose, slice, pad, gather (embedding lookups) and batch norm
-with moving statistics. Each backward is TensorFlow's registered gradient function
-(math_grad.py, nn_grad.py, array_grad.py) on the same float32 values.
+"""Weightless kernels that reduce, normalise or rearrange one sample's values: reduce,
+softmax (and log_softmax), transpose, slice (tf.strided_slice) and pad. Attrs name
+per-sample axes (axis 0 is the sample's first axis, the micro-batch is never touched).
+Each backward is TensorFlow's registered gradient function (math_grad.py, nn_grad.py,
+array_grad.py) on the same float32 values, so results match TF's to rounding.
 """
 from __future__ import annotations
 
@@ -10,59 +11,75 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wse_sim.kernels.base import (INTEGER, Kernel, KernelError, RunContext, accumulate,
-                                  check_dtypes, max_cores_for, register)
-from wse_sim.kernels.operands import Operands, reduce_to
+from wse_sim.kernels.base import (INTEGER, Kernel, KernelError, RunContext, Shape,
+                                  check_dtypes, register)
+from wse_sim.kernels.structure import Elementwise
 
-Shape = tuple[int, ...]
+_ONE = np.float32(1)
 
 
-def _ints(name: str, kind: str, attrs: Mapping[str, Any], key: str) -> list[int]:
-    value = attrs.get(key, [])
-    if not isinstance(value, list) or any(not isinstance(v, int) for v in value):
-        raise KernelError(f"kernel {name!r} ({kind}): attr {key!r} must be a list of ints, got "
-                          f"{value!r}")
+def int_list(kernel: Kernel, key: str, length: int | None = None) -> list[int]:
+    """A list-of-ints attr (KernelError naming the kernel and attr if it is not one)."""
+    value = kernel.attrs.get(key)
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int)
+                                          for v in value) or \
+            (length is not None and len(value) != length):
+        size = "" if length is None else f" of {length}"
+        raise KernelError(f"kernel {kernel.name!r} ({kernel.type_name}): attr {key!r} must be "
+                          f"a list{size} ints, got {value!r}")
     return value
 
 
-class SampleKernel(Kernel):
-    """One input; cost one operation per element of input and output."""
+class SampleKernel(Elementwise):
+    """One input; a cost of one operation per output element unless it says otherwise."""
 
-    def _one_input(self) -> Shape:
+    def one_input(self) -> Shape:
         if len(self.input_shapes) != 1:
             raise KernelError(f"kernel {self.name!r} ({self.type_name}): takes 1 input, got "
                               f"{len(self.input_shapes)}")
         return self.input_shapes[0]
 
-    def flops_per_sample(self) -> float:
-        return float(math.prod(self.input_shapes[0]) + math.prod(self.output_shape))
 
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
+class Rearrangement(SampleKernel):
+    """Moves values without arithmetic: any dtype passes through; a float32 value carries
+    its gradient back."""
 
-    def activation_bytes_per_sample(self) -> int:
-        return 4 * math.prod(self.input_shapes[0])
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER, np.bool_)])
+        return np.dtype(input_dtypes[0])
+
+
+REDUCTIONS = ("sum", "mean", "max", "min")
 
 
 @register
 class Reduce(SampleKernel):
-    """sum, mean, max or min over per-sample `axes` (keepdims as attr)."""
+    """tf.reduce_{sum, mean, max, min} over per-sample `axes` (attr keepdims). Gradients:
+    _SumGrad broadcasts, _MeanGrad divides by the reduced count, _MinOrMaxGrad splits the
+    gradient equally among the elements equal to the result (ties)."""
 
     type_name = "reduce"
-    OPS = ("sum", "mean", "max", "min")
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        shape = self._one_input()
+        shape = self.one_input()
         self.op = self.attrs.get("op")
-        axes = _ints(name, "reduce", self.attrs, "axes")
-        if self.op not in self.OPS or any(not 0 <= a < len(shape) for a in axes):
-            raise KernelError(f"kernel {name!r} (reduce): op in {self.OPS} over per-sample axes "
-                              f"of {shape}, got {self.op!r} over {axes}")
-        self.axes = tuple(sorted(set(axes)))
-        self.keepdims = bool(self.attrs.get("keepdims", False))
-        self._kept = tuple(1 if a in self.axes else d for a, d in enumerate(shape))
-        self._shape = self._kept if self.keepdims else tuple(
+        if self.op not in REDUCTIONS:
+            raise KernelError(f"kernel {name!r} (reduce): unknown op {self.op!r}; the library "
+                              f"has {', '.join(REDUCTIONS)}")
+        axes = int_list(self, "axes")
+        if any(not 0 <= a < len(shape) for a in axes) or len(set(axes)) != len(axes):
+            raise KernelError(f"kernel {name!r} (reduce): axes {axes} are not distinct "
+                              f"per-sample axes of {shape} (0 to {len(shape) - 1}; the batch "
+                              f"axis is never reduced here)")
+        keepdims = self.attrs.get("keepdims", False)
+        if not isinstance(keepdims, bool):
+            raise KernelError(f"kernel {name!r} (reduce): keepdims must be a bool, got "
+                              f"{keepdims!r}")
+        self.axes = tuple(sorted(axes))
+        self.batch_axes = tuple(a + 1 for a in self.axes)
+        self.kept = tuple(1 if a in self.axes else d for a, d in enumerate(shape))
+        self._shape = self.kept if keepdims else tuple(
             d for a, d in enumerate(shape) if a not in self.axes)
         self.count = np.float32(math.prod(shape[a] for a in self.axes))
 
@@ -70,200 +87,162 @@ class Reduce(SampleKernel):
     def output_shape(self):
         return self._shape
 
+    def output_dtype(self, input_dtypes):
+        integer = () if self.op == "mean" else INTEGER  # TF's integer mean truncates
+        check_dtypes(self, input_dtypes, [(np.float32, *integer)])
+        return np.dtype(input_dtypes[0])
+
+    def flops_per_sample(self) -> float:
+        return float(math.prod(self.input_shapes[0]))
+
+    def activation_bytes_per_sample(self) -> int:
+        if self.op in ("sum", "mean"):
+            return 0
+        return 4 * (math.prod(self.input_shapes[0]) + math.prod(self.kept))
+
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        axes = tuple(a + 1 for a in self.axes)
-        y = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[self.op](
-            x, axis=axes, keepdims=True)
-        y = y.astype(np.float32, copy=False)
-        return y.reshape(x.shape[0], *self._shape), (x, y) if self.op in ("max", "min") else None
+        if self.op in ("sum", "mean"):
+            y = np.sum(x, axis=self.batch_axes, keepdims=True, dtype=x.dtype)
+            if self.op == "mean":
+                y /= self.count
+            cache = None
+        else:
+            y = (np.max if self.op == "max" else np.min)(x, axis=self.batch_axes, keepdims=True)
+            cache = (x, y)
+        return y.reshape(x.shape[0], *self._shape), cache
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         m = grad_output.shape[0]
-        g = grad_output.reshape(m, *self._kept)
+        g = grad_output.reshape(m, *self.kept)
         full = (m, *self.input_shapes[0])
         if self.op == "sum":
             return [np.broadcast_to(g, full).copy()], {}
         if self.op == "mean":
             return [np.broadcast_to(g / self.count, full).copy()], {}
-        x, y = cache  # _MinOrMaxGrad: split equally among the elements equal to the result
-        indicators = (x == y).astype(np.float32)
-        selected = indicators.sum(axis=tuple(a + 1 for a in self.axes), keepdims=True)
-        return [(indicators / selected) * g], {}
+        x, y = cache
+        indicators = (y == x).astype(np.float32)
+        selected = indicators.sum(axis=self.batch_axes, keepdims=True, dtype=np.float32)
+        np.divide(indicators, selected, out=indicators)
+        return [np.multiply(indicators, g, out=indicators)], {}
 
 
 @register
 class Softmax(SampleKernel):
-    """softmax (or log_softmax with attr log) over the last per-sample axis."""
+    """tf.nn.softmax or (attr log) tf.nn.log_softmax along a per-sample `axis` (-1: the
+    last), in the order of TF's CPU kernel: shifted = x - max; softmax = exp(shifted) *
+    (1 / sum); log_softmax = shifted - log(sum(exp(shifted))). Gradients: _SoftmaxGrad
+    (g - sum(g * y)) * y, _LogSoftmaxGrad g - sum(g) * exp(y)."""
 
     type_name = "softmax"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        shape = self._one_input()
-        if not shape or int(self.attrs.get("axis", -1)) not in (-1, len(shape) - 1):
-            raise KernelError(f"kernel {name!r} (softmax): over the last axis of a per-sample "
-                              f"value, got axis {self.attrs.get('axis')} of {shape}")
-        self.log = bool(self.attrs.get("log", False))
+        shape = self.one_input()
+        axis, log = self.attrs.get("axis", -1), self.attrs.get("log", False)
+        if not shape or isinstance(axis, bool) or not isinstance(axis, int) or \
+                not -len(shape) <= axis < len(shape) or not isinstance(log, bool):
+            raise KernelError(f"kernel {name!r} (softmax): needs a per-sample axis of {shape} "
+                              f"(-1: the last) and a bool attr log, got axis {axis!r}, "
+                              f"log {log!r}")
+        self.axis = axis % len(shape) + 1  # on the micro-batch array
+        self.log = log
 
     @property
     def output_shape(self):
         return self.input_shapes[0]
 
     def flops_per_sample(self) -> float:
-        return 5.0 * math.prod(self.input_shapes[0])
+        return 5.0 * math.prod(self.input_shapes[0])  # max, subtract, exp, sum, scale
+
+    def activation_bytes_per_sample(self) -> int:
+        return 4 * math.prod(self.input_shapes[0])
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        shifted = x - x.max(axis=-1, keepdims=True)
-        e = np.exp(shifted)
-        total = e.sum(axis=-1, keepdims=True)
-        y = shifted - np.log(total) if self.log else e / total
+        shifted = x - x.max(axis=self.axis, keepdims=True)
+        if self.log:
+            total = np.exp(shifted).sum(axis=self.axis, keepdims=True, dtype=np.float32)
+            y = np.subtract(shifted, np.log(total), out=shifted)
+        else:
+            y = np.exp(shifted, out=shifted)
+            y *= _ONE / y.sum(axis=self.axis, keepdims=True, dtype=np.float32)
         return y, y
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         y, g = cache, grad_output
-        if self.log:  # _LogSoftmaxGrad
-            return [g - g.sum(axis=-1, keepdims=True) * np.exp(y)], {}
-        return [(g - (g * y).sum(axis=-1, keepdims=True)) * y], {}  # _SoftmaxGrad
-
-
-def _swap(shape: Shape) -> Shape:
-    return (*shape[:-2], shape[-1], shape[-2])
+        if self.log:
+            return [g - g.sum(axis=self.axis, keepdims=True, dtype=np.float32) * np.exp(y)], {}
+        dx = g - (g * y).sum(axis=self.axis, keepdims=True, dtype=np.float32)
+        return [np.multiply(dx, y, out=dx)], {}
 
 
 @register
-class Matmul(Kernel):
-    """tf.matmul of two operands (`operands`: i, c, p letters) with BatchMatMulV2's
-    broadcasting of leading axes; transpose_a/transpose_b swap an operand's last two axes.
-    A per-sample operand needs at least two per-sample axes unless the other operand is a
-    weight or constant (x [batch, n] @ w [n, k]), and no weight or constant may have more
-    axes than the samples (its leading axis would meet the batch)."""
-
-    type_name = "matmul"
-
-    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
-        super().__init__(name, attrs, input_shapes)
-        self.operands = Operands(self, 2, broadcast=False)
-        self.ta, self.tb = bool(self.attrs.get("transpose_a")), bool(self.attrs.get("transpose_b"))
-        full = [(1, *o.shape) if o.letter == "i" else o.shape for o in self.operands]
-        data_rank = max(len(f) for f, o in zip(full, self.operands) if o.letter == "i")
-        if any(len(f) < 2 for f in full) or any(
-                o.letter != "i" and len(f) >= data_rank + (data_rank == 2) for f, o in
-                zip(full, self.operands)) or (self.operands.letters == "ii" and data_rank < 3):
-            raise KernelError(f"kernel {name!r} (matmul): operands {self.operands.letters} of "
-                              f"shapes {[o.shape for o in self.operands]} would multiply across "
-                              "samples")
-        a = _swap(full[0]) if self.ta else full[0]
-        b = _swap(full[1]) if self.tb else full[1]
-        if a[-1] != b[-2]:
-            raise KernelError(f"kernel {name!r} (matmul): inner dimensions {a} and {b} differ")
-        try:
-            lead = np.broadcast_shapes(a[:-2], b[:-2])
-        except ValueError:
-            raise KernelError(f"kernel {name!r} (matmul): leading axes of {a} and {b} do not "
-                              "broadcast") from None
-        self._shape = tuple((*lead, a[-2], b[-1])[1:])
-        self._inner = a[-1]
-
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
-
-    def flops_per_sample(self) -> float:
-        return 2.0 * math.prod(self._shape) * self._inner
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
-
-    def activation_bytes_per_sample(self) -> int:
-        return 4 * sum(math.prod(o.shape) for o in self.operands if o.letter == "i")
-
-    def forward(self, params, inputs, ctx: RunContext):
-        a, b = self.operands.arrays(params, inputs)
-        x = np.swapaxes(a, -1, -2) if self.ta else a
-        y = np.swapaxes(b, -1, -2) if self.tb else b
-        return np.matmul(x, y), (a, b)
-
-    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        a, b = cache
-        g = grad_output
-        t = lambda v: np.swapaxes(v, -1, -2)  # noqa: E731
-        if not self.ta and not self.tb:  # _BatchMatMulV2's gradient
-            ga, gb = g @ t(b), t(a) @ g
-        elif self.ta and not self.tb:
-            ga, gb = b @ t(g), a @ g
-        elif not self.ta and self.tb:
-            ga, gb = g @ b, t(g) @ a
-        else:
-            ga, gb = t(b) @ t(g), t(g) @ t(a)
-        shaped = []
-        for o, grad in zip(self.operands, (ga, gb)):
-            target = (grad.shape[0], *o.shape) if o.letter == "i" else o.shape
-            shaped.append(reduce_to(grad, target))
-        return self.operands.gradients(shaped, ctx, param_grads)
-
-
-@register
-class Transpose(SampleKernel):
-    """tf.transpose of the sample's axes by attr `perm`."""
+class Transpose(Rearrangement):
+    """tf.transpose of the sample's axes by attr `perm` (a permutation of the per-sample
+    axes); the gradient is transposed back by the inverse permutation (_TransposeGrad)."""
 
     type_name = "transpose"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        shape = self._one_input()
-        self.perm = _ints(name, "transpose", self.attrs, "perm")
-        if sorted(self.perm) != list(range(len(shape))):
-            raise KernelError(f"kernel {name!r} (transpose): perm {self.perm} is not a "
-                              f"permutation of the axes of {shape}")
-        self.inverse = list(np.argsort(self.perm))
+        shape = self.one_input()
+        perm = int_list(self, "perm")
+        if sorted(perm) != list(range(len(shape))):
+            raise KernelError(f"kernel {name!r} (transpose): perm {perm} is not a permutation "
+                              f"of the per-sample axes of {shape} (0 to {len(shape) - 1})")
+        self.perm = (0, *(p + 1 for p in perm))
+        self.inverse = tuple(int(p) for p in np.argsort(self.perm))
 
     @property
     def output_shape(self):
-        return tuple(self.input_shapes[0][p] for p in self.perm)
-
-    def output_dtype(self, input_dtypes):
-        return np.dtype(input_dtypes[0])
+        return tuple(self.input_shapes[0][p - 1] for p in self.perm[1:])
 
     def forward(self, params, inputs, ctx: RunContext):
-        return np.ascontiguousarray(np.transpose(inputs[0], (0, *(p + 1 for p in self.perm)))), None
+        return np.ascontiguousarray(inputs[0].transpose(self.perm)), None
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        return [np.ascontiguousarray(np.transpose(grad_output, (0, *(p + 1 for p in self.inverse))))], {}
+        return [np.ascontiguousarray(grad_output.transpose(self.inverse))], {}
 
 
 @register
-class Slice(SampleKernel):
-    """tf.strided_slice of the sample: attrs begin, end, strides (non-negative, one per
-    axis) and shrink (axes removed, each sliced to one element)."""
+class Slice(Rearrangement):
+    """tf.strided_slice of the sample, its masks resolved: attrs begin, end, strides (one
+    per per-sample axis; a positive stride takes 0 <= begin, end <= size; a negative one
+    size > begin >= 0 and end >= -1, -1 meaning through the first element) and shrink
+    (per-sample axes removed, each sliced to exactly one element). The gradient is
+    scattered into zeros (StridedSliceGrad)."""
 
     type_name = "slice"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        shape = self._one_input()
-        begin, end, strides = (_ints(name, "slice", self.attrs, k) for k in ("begin", "end", "strides"))
-        self.shrink = set(_ints(name, "slice", self.attrs, "shrink"))
-        if not len(begin) == len(end) == len(strides) == len(shape) or any(
-                s <= 0 or not 0 <= b <= e <= d for b, e, s, d in zip(begin, end, strides, shape)) \
-                or any(not 0 <= a < len(shape) or end[a] - begin[a] != 1 for a in self.shrink):
-            raise KernelError(f"kernel {name!r} (slice): begin {begin}, end {end}, strides "
-                              f"{strides}, shrink {sorted(self.shrink)} do not slice {shape}")
-        self.index = (slice(None), *(slice(b, e, s) for b, e, s in zip(begin, end, strides)))
-        kept = [len(range(b, e, s)) for b, e, s in zip(begin, end, strides)]
-        self._full = tuple(kept)
-        self._shape = tuple(d for a, d in enumerate(kept) if a not in self.shrink)
+        shape = self.one_input()
+        rank = len(shape)
+        begin, end, strides = (int_list(self, key, rank) for key in ("begin", "end", "strides"))
+        shrink = int_list(self, "shrink") if "shrink" in self.attrs else []
+        index, kept = [slice(None)], []
+        for axis, (b, e, s, d) in enumerate(zip(begin, end, strides, shape)):
+            inside = (s > 0 and 0 <= b <= d and 0 <= e <= d) or \
+                (s < 0 and 0 <= b < d and -1 <= e < d)
+            if not inside:
+                raise KernelError(f"kernel {name!r} (slice): axis {axis} of {shape}: begin {b}, "
+                                  f"end {e}, stride {s} are not resolved bounds of a size-{d} "
+                                  f"axis (stride > 0: 0 <= begin, end <= {d}; stride < 0: "
+                                  f"0 <= begin < {d}, -1 <= end < {d})")
+            index.append(slice(b, None if e == -1 else e, s))
+            kept.append(len(range(b, e, s)))
+        if any(not 0 <= a < rank or kept[a] != 1 for a in shrink) or \
+                len(set(shrink)) != len(shrink):
+            raise KernelError(f"kernel {name!r} (slice): shrink axes {shrink} must be distinct "
+                              f"per-sample axes sliced to one element, the slice keeps {kept}")
+        self.index = tuple(index)
+        self.full = tuple(kept)
+        self._shape = tuple(d for a, d in enumerate(kept) if a not in shrink)
 
     @property
     def output_shape(self):
         return self._shape
-
-    def output_dtype(self, input_dtypes):
-        return np.dtype(input_dtypes[0])
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
@@ -271,147 +250,45 @@ class Slice(SampleKernel):
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         m = grad_output.shape[0]
-        grad = np.zeros((m, *self.input_shapes[0]), np.float32)
-        grad[self.index] = grad_output.reshape(m, *self._full)
+        grad = np.zeros((m, *self.input_shapes[0]), grad_output.dtype)
+        grad[self.index] = grad_output.reshape(m, *self.full)
         return [grad], {}
 
 
 @register
-class Pad(SampleKernel):
-    """tf.pad of the sample with a constant: attrs paddings (before, after per axis,
-    flattened) and value."""
+class Pad(Rearrangement):
+    """tf.pad of the sample with a constant: attrs paddings (before and after for each
+    per-sample axis, flattened: [b0, a0, b1, a1, ...]) and value (default 0). The
+    gradient is the slice of the padded region (_PadGrad)."""
 
     type_name = "pad"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        shape = self._one_input()
-        flat = _ints(name, "pad", self.attrs, "paddings")
-        if len(flat) != 2 * len(shape) or any(p < 0 for p in flat):
-            raise KernelError(f"kernel {name!r} (pad): paddings {flat} do not fit {shape}")
-        self.pads = [(0, 0)] + [(flat[2 * a], flat[2 * a + 1]) for a in range(len(shape))]
-        self.value = np.float32(self.attrs.get("value", 0.0))
-        self.index = (slice(None), *(slice(b, b + d) for (b, _), d in zip(self.pads[1:], shape)))
+        shape = self.one_input()
+        flat = int_list(self, "paddings", 2 * len(shape))
+        value = self.attrs.get("value", 0.0)
+        if any(p < 0 for p in flat) or isinstance(value, bool) or \
+                not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise KernelError(f"kernel {name!r} (pad): paddings {flat} must be >= 0 and the "
+                              f"value a finite number, got value {value!r}")
+        self.pads = tuple((flat[2 * a], flat[2 * a + 1]) for a in range(len(shape)))
+        self.value = value
+        self.inner = (slice(None), *(slice(b, b + d) for (b, _), d in zip(self.pads, shape)))
 
     @property
     def output_shape(self):
-        return tuple(d + b + a for d, (b, a) in zip(self.input_shapes[0], self.pads[1:]))
-
-    def forward(self, params, inputs, ctx: RunContext):
-        return np.pad(inputs[0], self.pads, constant_values=self.value), None
-
-    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        return [np.ascontiguousarray(grad_output[self.index])], {}
-
-
-@register
-class Gather(Kernel):
-    """An embedding lookup, operands "pi": rows of the weight p0 (V, ...) at the integer
-    indices of the input; output indices.shape + table.shape[1:]. The gradient is scattered
-    (summed per row) into the table's accumulator, as TF's IndexedSlices are summed."""
-
-    type_name = "gather"
-
-    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
-        super().__init__(name, attrs, input_shapes)
-        self.operands = Operands(self, 2, broadcast=False)
-        if self.operands.letters != "pi" or not self.operands[0].shape:
-            raise KernelError(f"kernel {name!r} (gather): operands must be 'pi' (a weight "
-                              f"table, integer indices), got {self.operands.letters!r}")
-        self.table = self.operands[0].shape
-        self._shape = (*self.operands[1].shape, *self.table[1:])
-
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
+        return tuple(d + b + a for d, (b, a) in zip(self.input_shapes[0], self.pads))
 
     def output_dtype(self, input_dtypes):
-        check_dtypes(self, input_dtypes, [INTEGER])
-        return np.dtype(np.float32)
-
-    def input_differentiable(self, index: int) -> bool:
-        return False
-
-    def flops_per_sample(self) -> float:
-        return float(math.prod(self._shape))
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
-
-    def activation_bytes_per_sample(self) -> int:
-        return 8 * math.prod(self.operands[1].shape)
-
-    def forward(self, params, inputs, ctx: RunContext):
-        ids = inputs[0]
-        rows = self.table[0]
-        if ids.size and (ids.min() < 0 or ids.max() >= rows):
-            bad = ids[(ids < 0) | (ids >= rows)].flat[0]
-            raise ValueError(f"{self.name}: index {bad} is outside the table's {rows} rows "
-                             f"[0, {rows})")
-        return np.take(params["p0"], ids, axis=0), ids
-
-    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        ids = cache.ravel()
-        width = math.prod(self.table[1:])
-        values = grad_output.reshape(len(ids), width)
-        order = np.argsort(ids, kind="stable")
-        ordered = ids[order]
-        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(ids) else []
-        grad = np.zeros((self.table[0], width), np.float32)
-        if len(ids):
-            grad[ordered[starts]] = np.add.reduceat(values[order], starts, axis=0)
-        grads: dict[str, np.ndarray] = {}
-        accumulate(param_grads, "p0", grad.reshape(self.table), grads, ctx)
-        return [None], grads
-
-
-@register
-class BatchNormInference(SampleKernel):
-    """Batch normalisation with moving statistics (Keras BatchNormalization with
-    training=False): inv = rsqrt(variance + epsilon) [* scale];
-    y = x * inv + ([offset] - mean * inv), over the last axis, in TF's order. Params mean,
-    variance (frozen), scale (attr scale), offset (attr center)."""
-
-    type_name = "batch_norm_inference"
-
-    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
-        super().__init__(name, attrs, input_shapes)
-        shape = self._one_input()
-        if not shape:
-            raise KernelError(f"kernel {name!r} (batch_norm_inference): needs channels")
-        self.channels = shape[-1]
-        self.eps = np.float32(self.attrs.get("epsilon", 1e-3))
-        self.scale, self.center = bool(self.attrs.get("scale", True)), bool(self.attrs.get("center", True))
-
-    @property
-    def output_shape(self):
-        return self.input_shapes[0]
-
-    def param_shapes(self):
-        roles = ["mean", "variance"] + ["scale"] * self.scale + ["offset"] * self.center
-        return {role: (self.channels,) for role in roles}
-
-    def _inv(self, params) -> tuple[np.ndarray, np.ndarray]:
-        r = (np.float32(1) / np.sqrt(params["variance"] + self.eps)).astype(np.float32)
-        return r, (r * params["scale"] if self.scale else r)
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER)])
+        return np.dtype(input_dtypes[0])
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        r, inv = self._inv(params)
-        shift = (params["offset"] - params["mean"] * inv) if self.center else -(params["mean"] * inv)
-        return x * inv + shift, x
+        out = np.full((x.shape[0], *self.output_shape), self.value, x.dtype)
+        out[self.inner] = x
+        return out, None
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        x, g = cache, grad_output
-        r, inv = self._inv(params)
-        axes = tuple(range(g.ndim - 1))
-        grads: dict[str, np.ndarray] = {}
-        if self.scale:
-            d_inv = (g * x).sum(axis=axes) - g.sum(axis=axes) * params["mean"]
-            accumulate(param_grads, "scale", (d_inv * r).astype(np.float32), grads, ctx)
-        if self.center:
-            accumulate(param_grads, "offset", g.sum(axis=axes, dtype=np.float32), grads, ctx)
-        return [g * inv], grads
+        return [np.ascontiguousarray(grad_output[self.inner])], {}
