@@ -50,7 +50,8 @@ class ParamSpec:
 
 UPDATES = ("dense", "sparse")
 # kernels whose weight gradient TF computes as IndexedSlices: type -> the table's role;
-# a sparse update of any other kernel's weight is a table TF gathers whole (every row once)
+# a sparse weight operand (p<k>) of another generic kernel is a table TF gathers whole,
+# e.g. Keras position embeddings: every row once, in order
 SPARSE_GRADIENT_KERNELS = {"gather": "p0"}
 
 
@@ -189,10 +190,12 @@ def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> Pa
     if update not in UPDATES:
         raise invalid(f"{where}: unknown update {param.update!r}; the CS system has "
                       f"{', '.join(UPDATES)}")
-    if update == "sparse" and kernel.type_name in SPARSE_GRADIENT_KERNELS and \
-            SPARSE_GRADIENT_KERNELS[kernel.type_name] != param.role:
-        raise invalid(f"{where}: a sparse update of a {kernel.type_name} is its table's "
-                      f"({SPARSE_GRADIENT_KERNELS[kernel.type_name]}), not {param.role!r}")
+    table = SPARSE_GRADIENT_KERNELS.get(kernel.type_name)
+    whole = table is None and "operands" in kernel.attrs and param.role.startswith("p")
+    if update == "sparse" and param.role != table and not whole:
+        raise invalid(f"{where}: a sparse update needs the table of a gather kernel (an "
+                      f"embedding lookup) or a weight operand TF gathers whole, not the "
+                      f"{param.role!r} of a {kernel.type_name}")
     regularizers = tuple(Regularizer(r.kind, r.scale) for r in param.regularizers)
     for r in regularizers:
         if r.problem():
