@@ -11,9 +11,9 @@ import tensorflow as tf
 from test_wse_kernels_elementwise import (BATCH, MICRO, RNG, close, kernel_setup, program, randn,
                                           run_kernel, tf_grads, tf_operands)
 from wse_sim.kernels import KernelError, RunContext, build_kernel
-from wse_sim.optimizers import make_optimizer
+from wse_sim.kernels.embedding import scatter_add
 from wse_sim.pipeline import Pipeline
-from wse_sim.program import check_program
+from wse_sim.program import check_program, check_state
 
 
 def check_against_tf(kernel_type, attrs, inputs, fn, params=None, rtol=2e-6, grad_rtol=4e-6):
@@ -215,8 +215,20 @@ def test_gather_matches_tensorflows_lookup_and_sums_repeated_rows(table_shape, i
     grad = tf.convert_to_tensor(tape.gradient(y, variable, output_gradients=dy)).numpy()
     np.testing.assert_array_equal(out, y.numpy())
     assert dids is None
-    close(acc["p0"], grad)  # accumulated over the micro-batches, untouched rows zero
-    assert not np.any(acc["p0"][4:table_shape[0] - 1])
+    # added in order over both micro-batches: TF's UnsortedSegmentSum bit for bit
+    np.testing.assert_array_equal(acc["p0"], grad)
+    assert not np.any(acc["p0"][4:table_shape[0] - 1])  # untouched rows zero
+
+
+@pytest.mark.parametrize("vocab, count", [(50, 300), (3, 300), (1000, 40)])
+def test_scatter_add_adds_each_lookup_in_order_as_np_add_at(vocab, count):
+    ids = RNG.integers(0, vocab, count)
+    ids[: count // 3] = 1  # one row looked up far more often than the passes
+    values, table = randn(count, 2, 3), randn(vocab, 2, 3)
+    expected = table.copy()
+    np.add.at(expected, ids, values)
+    scatter_add(table, ids, values)
+    np.testing.assert_array_equal(table, expected)
 
 
 @pytest.mark.parametrize("bad", [-1, 10, 2 ** 40])
@@ -322,6 +334,17 @@ def test_kernels_refuse_dtypes_they_cannot_take(kernel_type, attrs, shapes, dtyp
 
 
 # ---- through the pipeline ----
+def train(message, weights, batches):
+    """The pipeline's losses and state after one training step per batch."""
+    checked = check_program(message)
+    pipeline = Pipeline.load(checked, check_state(checked, weights))
+    try:
+        losses = [pipeline.run(b, training=True, step=s).loss for s, b in enumerate(batches)]
+        return losses, pipeline.state()
+    finally:
+        pipeline.close()
+
+
 def test_attention_over_an_embedding_trains_through_the_pipeline_as_tensorflow():
     """Token ids -> embedding -> self-attention scores (q k^T) -> softmax -> mixing ->
     projection by a weight -> mean over the sequence -> squared error; one SGD step of the
@@ -342,14 +365,10 @@ def test_attention_over_an_embedding_trains_through_the_pipeline_as_tensorflow()
     message.kernels[4].params.add(role="p1", variable="w", shape=[dim, 1], dtype=1)
     message.loss_kernel = "loss"
     message.optimizer.type, message.optimizer.learning_rate = "sgd", 0.1
-    checked = check_program(message)
     table0, w0 = randn(vocab, dim), randn(dim, 1)
-    pipeline = Pipeline(checked.kernels, checked.sources, checked.variables,
-                        {"table": table0, "w": w0}, batch_size=BATCH, micro_batch_size=MICRO,
-                        loss_kernel="loss", optimizer=make_optimizer(checked.optimizer), seed=0)
     ids = RNG.integers(0, vocab - 3, (BATCH, seq)).astype(np.int32)
     labels = randn(BATCH)
-    step = pipeline.run({"ids": ids, "labels": labels}, training=True)
+    (loss_cs,), state = train(message, {"table": table0, "w": w0}, [{"ids": ids, "labels": labels}])
     table, w = tf.Variable(table0), tf.Variable(w0)
     with tf.GradientTape() as tape:
         e = tf.nn.embedding_lookup(table, ids)
@@ -357,9 +376,51 @@ def test_attention_over_an_embedding_trains_through_the_pipeline_as_tensorflow()
         pooled = tf.reduce_mean(tf.matmul(mixed, w), axis=[1, 2])
         loss = tf.reduce_mean(tf.math.squared_difference(pooled, labels))
     g_table, g_w = tape.gradient(loss, [table, w])
-    assert step.loss == pytest.approx(float(loss), rel=1e-5)
-    state = pipeline.state()
+    assert loss_cs == pytest.approx(float(loss), rel=1e-5)
     close(state["table"], table0 - np.float32(0.1) * tf.convert_to_tensor(g_table).numpy(), 1e-5)
     close(state["w"], w0 - np.float32(0.1) * g_w.numpy(), 1e-5)
     # rows never looked up do not move
     np.testing.assert_array_equal(state["table"][vocab - 3:], table0[vocab - 3:])
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_an_embedding_with_a_sparse_update_trains_as_tensorflows_indexed_slices(optimizer):
+    """Embedding -> mean over the sequence -> x [batch, dim] @ w (rows are samples) ->
+    squared error, 3 steps: the table takes TF's sparse rule for its IndexedSlices
+    gradient (repeated ids summed; v1 Adam decays every row's moments, momentum touches
+    only the rows looked up), w the dense one."""
+    seq, vocab, dim = 4, 9, 3
+    message = program([
+        ("emb", "gather", ["ids"], {"operands": "pi", "p0": [vocab, dim]}, (seq, dim)),
+        ("pooled", "reduce", ["emb"], {"op": "mean", "axes": [0]}, (dim,)),
+        ("pred", "matmul", ["pooled"], {"operands": "ip", "p1": [dim, 1]}, (1,)),
+        ("error", "binary", ["pred", "labels"],
+         {"op": "squared_difference", "operands": "ii"}, (1,)),
+        ("loss", "loss", ["error"], {"scale": 1.0 / BATCH}, ()),
+    ], inputs=(("ids", "int64", (seq,)), ("labels", "float32", (1,))))
+    message.kernels[0].params.add(role="p0", variable="table", shape=[vocab, dim], dtype=1,
+                                  update="sparse")
+    message.kernels[2].params.add(role="p1", variable="w", shape=[dim, 1], dtype=1)
+    message.loss_kernel = "loss"
+    message.optimizer.type, message.optimizer.learning_rate = optimizer, 0.05
+    message.optimizer.momentum, message.optimizer.beta1, message.optimizer.beta2 = 0.9, 0.9, 0.999
+    message.optimizer.epsilon = 1e-7
+    table0, w0 = randn(vocab, dim), randn(dim, 1)
+    batches = [{"ids": RNG.integers(0, vocab - 2, (BATCH, seq)), "labels": randn(BATCH, 1)}
+               for _ in range(3)]
+    losses, state = train(message, {"table": table0, "w": w0}, batches)
+    table, w = tf.Variable(table0), tf.Variable(w0)
+    tf_optimizer = (tf.compat.v1.train.AdamOptimizer(0.05, 0.9, 0.999, 1e-7)
+                    if optimizer == "adam" else tf.compat.v1.train.MomentumOptimizer(0.05, 0.9))
+    for batch, loss_cs in zip(batches, losses):
+        with tf.GradientTape() as tape:
+            pooled = tf.reduce_mean(tf.nn.embedding_lookup(table, batch["ids"]), axis=1)
+            loss = tf.reduce_mean(tf.math.squared_difference(tf.matmul(pooled, w),
+                                                             batch["labels"]))
+        grads = tape.gradient(loss, [table, w])
+        assert isinstance(grads[0], tf.IndexedSlices)
+        tf_optimizer.apply_gradients(zip(grads, [table, w]))
+        assert loss_cs == pytest.approx(float(loss), rel=1e-5)
+    close(state["table"], table.numpy(), 1e-5)
+    close(state["w"], w.numpy(), 1e-5)
+    np.testing.assert_array_equal(state["table"][vocab - 2:], table0[vocab - 2:])  # never seen
