@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from test_wse_kernels_elementwise import (BATCH, MICRO, RNG, close, kernel_setup, program, randn,
                                           run_kernel, tf_grads, tf_operands)
@@ -150,6 +152,76 @@ def test_matmul_refuses_products_across_samples_and_bad_shapes(letters, shapes, 
     with pytest.raises(KernelError, match="'bad_kernel'") as error:
         build_kernel("matmul", "bad_kernel", attrs, inputs)
     assert message in str(error.value)
+
+
+def tf_matmul_per_sample(arrays, ta, tb, batch=3):
+    """TF's full-batch product of `arrays` ((letter, value), activations batch first) if it
+    is computed per sample: batch first, each sample's row equal to that sample alone."""
+    def product(values):
+        try:
+            return tf.matmul(*values, transpose_a=ta, transpose_b=tb).numpy()
+        except (tf.errors.InvalidArgumentError, ValueError):
+            return None
+
+    whole = product([v[:batch] if letter == "i" else v for letter, v in arrays])
+    if whole is None or whole.ndim == 0 or whole.shape[0] != batch:
+        return None
+    for b in range(batch):
+        alone = product([v[b:b + 1] if letter == "i" else v for letter, v in arrays])
+        if alone is None or alone.shape != (1, *whole.shape[1:]) or \
+                not np.allclose(alone[0], whole[b], rtol=1e-5, atol=1e-5):
+            return None
+    return whole
+
+
+def described(arrays) -> str:
+    return ", ".join(f"{letter} {v.shape}" for letter, v in arrays)
+
+
+@st.composite
+def matmul_layouts(draw):
+    """Operands whose matrices mostly fit (rows r, inner n, columns k), activations of
+    per-sample rank 0 to 4 (rank 1: only the matrix's last axis, the rows are samples),
+    weights and constants with 0 to 3 leading axes, transposes."""
+    letters = draw(st.sampled_from(["ii", "ip", "pi", "ic", "ci"]))
+    ta, tb = draw(st.booleans()), draw(st.booleans())
+    r, n, k = (draw(st.integers(1, 4)) for _ in range(3))
+    arrays = []
+    for position, letter in enumerate(letters):
+        matrix = [(r, n), (n, k)][position]
+        if (ta, tb)[position]:
+            matrix = matrix[::-1]
+        form = draw(st.sampled_from(["matrix", "matrix", "last axis", "scalar"])) \
+            if letter == "i" else "matrix"
+        lead = draw(st.lists(st.integers(1, 3), max_size=2 if letter == "i" else 3))
+        shape = {"matrix": (*lead, *matrix), "last axis": matrix[-1:], "scalar": ()}[form]
+        arrays.append((letter, randn(BATCH, *shape) if letter == "i" else randn(*shape)))
+    return letters, arrays, ta, tb
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(matmul_layouts())
+# a transposed [batch, r] against a 1-row weight: shapes that fit, samples that would mix
+@example(("ip", [("i", randn(BATCH, 2)), ("p", randn(1, 4))], True, False))
+@example(("pi", [("p", randn(3, 1)), ("i", randn(BATCH, 4))], False, True))
+def test_matmul_accepts_exactly_the_per_sample_products_and_computes_tfs(layout):
+    """Sound and general: the kernel builds iff TF's product is computed sample by sample
+    (checked on TF itself), and then its values and gradients are TF's."""
+    letters, arrays, ta, tb = layout
+    attrs, params = kernel_setup(letters, arrays)
+    attrs.update(transpose_a=ta, transpose_b=tb)
+    inputs = [v for letter, v in arrays if letter == "i"]
+    expected = tf_matmul_per_sample(arrays, ta, tb)
+    try:
+        build_kernel("matmul", "k1", attrs, [a.shape[1:] for a in inputs])
+    except KernelError:
+        assert expected is None, f"refused a per-sample product of {described(arrays)}"
+        return
+    assert expected is not None, f"accepted a product mixing samples: {described(arrays)}"
+    check_against_tf(
+        "matmul", attrs, inputs,
+        lambda xs, ws: tf.matmul(*tf_operands(arrays, xs, ws), transpose_a=ta, transpose_b=tb),
+        params, rtol=1e-5, grad_rtol=1e-5)
 
 
 # ---- transpose, slice, pad ----
