@@ -64,6 +64,7 @@ class Region:
     # sparse roles: the batch's IndexedSlices pieces (ids, values), then the whole batch's
     pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     slices: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    accumulated: bool = False  # the accumulators hold a micro-batch of this batch
     input_grads: tuple[bool, ...] = ()
     # the consumers' gradients it sums, as (consumer position, input index), in tick order
     inflow: tuple[tuple[int, int], ...] = ()
@@ -191,7 +192,8 @@ class Pipeline:
                                    if region.backward and not spec.frozen)
         for region in self.regions:
             region.input_grads = tuple(
-                s in self.by_name and self.by_name[s].backward and region.kernel.input_differentiable(j)
+                s in self.by_name and self.by_name[s].backward
+                and region.kernel.input_differentiable(j)
                 for j, s in enumerate(region.sources))
         for region in self.regions:  # the later consumer's backward comes first
             region.inflow = tuple(sorted(
@@ -247,6 +249,7 @@ class Pipeline:
             for i in range(m_count):
                 board.items["v", name, i] = array[i * self.micro:(i + 1) * self.micro]
         for region in self.regions:
+            region.accumulated = False
             region.pieces.clear()
             region.slices.clear()
             if training:
@@ -318,6 +321,9 @@ class Pipeline:
     def _complete_gradients(self, region: Region) -> None:
         """The batch's gradients of the region's trained weights: regularizer gradients
         added (once per batch), sparse ones assembled into one IndexedSlices in batch order."""
+        if not region.accumulated:  # no micro-batch's gradient reached it: zero
+            for grad in region.grads.values():
+                grad.fill(0)
         for role in region.trained:
             spec = region.specs[role]
             for reg in spec.regularizers:
@@ -325,17 +331,12 @@ class Pipeline:
             if spec.update != "sparse":
                 continue
             pieces = region.pieces.pop(role, [])
-            if not pieces:
-                region.slices[role] = (np.zeros(0, np.int64),
-                                       np.zeros((0,) + region.params[role].shape[1:], np.float32))
-            elif region.kernel.attrs.get("operands", "pi") == "pi":
+            if pieces:
                 region.slices[role] = (np.concatenate([ids for ids, _ in pieces]),
                                        np.concatenate([values for _, values in pieces]))
-            else:  # constant ids: one IndexedSlices of the whole batch's summed gradient
-                total = pieces[0][1]
-                for _, values in pieces[1:]:
-                    total = total + values
-                region.slices[role] = pieces[0][0], total
+            else:
+                region.slices[role] = (np.zeros(0, np.int64),
+                                       np.zeros((0,) + region.params[role].shape[1:], np.float32))
 
     def _gradients(self) -> dict[str, np.ndarray]:
         """The batch's gradients of every trained variable (sparse ones: the values of
@@ -359,10 +360,11 @@ class Pipeline:
                 if region.specs[role].update == "sparse":
                     region.pieces.setdefault(role, []).append(
                         self._indexed_slices(region, role, i, upstream, board))
-            ctx.input_grads, ctx.accumulate = region.input_grads, i > 0
+            ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated
             input_grads, _ = region.kernel.backward(region.params, cache, upstream, ctx,
                                                     region.grads or None)
             ctx.input_grads, ctx.accumulate = None, True
+            region.accumulated = True
         for index, (source, wanted, grad) in enumerate(zip(region.sources, region.input_grads,
                                                            input_grads)):
             if wanted:
@@ -371,16 +373,12 @@ class Pipeline:
     @staticmethod
     def _indexed_slices(region: Region, role: str, i: int, upstream: np.ndarray,
                         board: Board) -> tuple[np.ndarray, np.ndarray]:
-        """A gather kernel's table gradient for micro-batch i as TF's IndexedSlices piece:
-        one row of values per looked-up id, in order. Ids from the input (operands "pi"):
-        the micro-batch's; constant ids (operands "pc", the same output for every sample):
-        the ids once, their gradient summed over the micro-batch, as TF's broadcast does."""
+        """An embedding lookup's (gather kernel's) table gradient for micro-batch i as a
+        piece of TF's IndexedSlices: the looked-up ids (its input) in order, one row of
+        values (the gradient of the looked-up row) per id."""
+        ids = board.get(("v", region.sources[0], i))
         row_shape = region.params[role].shape[1:]
-        if region.kernel.attrs.get("operands", "pi") == "pi":
-            ids = board.get(("v", region.sources[0], i))
-            return ids.reshape(-1).copy(), upstream.reshape((-1,) + row_shape).copy()
-        ids = np.asarray(region.kernel.attrs["c1"])
-        return ids.reshape(-1), upstream.sum(axis=0, dtype=np.float32).reshape((-1,) + row_shape)
+        return ids.reshape(-1).copy(), upstream.reshape((-1,) + row_shape).copy()
 
     def close(self) -> None:
         """Join the stage threads (a later batch runs as one stage in the caller's thread)."""
