@@ -13,11 +13,16 @@ import os
 import sys
 from typing import Callable
 
+from coordinator.roles import task_role
 from launcher import checkpoints
+from launcher.model_dir_lock import lock_model_dir
 from launcher.errors import CSRunError, cli_entry
 from launcher.estimator import CSEstimator, CSRunConfig, ModeKeys
 from launcher.run_utils import (check_env, create_arg_parser, get_params, is_cs, save_params,
                                 update_params_from_args)
+
+
+TRAINING_MODES = ("train", "train_and_eval")
 
 
 def estimator_for(model_fn: Callable, params: dict) -> CSEstimator:
@@ -82,6 +87,9 @@ def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, h
         runconfig = params["runconfig"]
         update_params_from_args(args, runconfig)
         check_env(runconfig)
+        if runconfig["mode"] in TRAINING_MODES and task_role().is_chief \
+                and not (runconfig["validate_only"] or runconfig["compile_only"]):
+            lock_model_dir(runconfig["model_dir"])  # before params.yaml: one writer per model_dir
         save_params(params, runconfig["model_dir"])
         run_mode(estimator_for(model_fn, params), train_input_fn, eval_input_fn, runconfig)
 
