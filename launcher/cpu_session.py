@@ -23,7 +23,7 @@ from launcher.estimator_spec import ModeKeys
 from launcher.events import EventWriter, eval_dir
 from launcher.metrics import EvalMetrics
 from launcher.model_dir_lock import model_dir_locked
-from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph, numpy_batches
 from launcher.predictions import PredictionGraph, write_predictions
 
 _PREFETCH = 2
@@ -53,7 +53,7 @@ def batches(input_fn: Callable, params: dict, start: int = 0) -> tuple[Any, Iter
     """(batch signature, numpy batches start, start + 1, … of input_fn(params))."""
     _seed(params)
     dataset = make_dataset(input_fn, params)
-    return batch_signature(dataset), dataset.skip(start).prefetch(_PREFETCH).as_numpy_iterator()
+    return batch_signature(dataset), numpy_batches(dataset.skip(start).prefetch(_PREFETCH))
 
 
 def _is_finite(input_fn: Callable, params: dict) -> bool:

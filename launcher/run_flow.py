@@ -16,6 +16,7 @@ from typing import Callable
 from coordinator.roles import task_role
 from launcher import checkpoints
 from launcher.model_dir_lock import lock_model_dir
+from launcher.params_spec import Spec, check_params
 from launcher.errors import CSRunError, cli_entry
 from launcher.estimator import CSEstimator, CSRunConfig, ModeKeys
 from launcher.run_utils import (check_env, create_arg_parser, get_params, is_cs, save_params,
@@ -75,15 +76,19 @@ def run_mode(estimator: CSEstimator, train_input_fn: Callable, eval_input_fn: Ca
 
 
 def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, here: str,
-        argv: list[str] | None = None) -> None:
+        argv: list[str] | None = None, params_spec: Spec | None = None) -> None:
     """main() of an example's run.py; `here` is the example's folder (configs/params.yaml and
-    the default model_dir are found there). Errors end as one line and exit code 1."""
+    the default model_dir are found there); `params_spec` the sections and keys its
+    input_fn and model_fn read, checked before any work. Errors end as one line and exit
+    code 1."""
 
     @cli_entry(os.path.basename(sys.argv[0]) or "run.py")
     def main() -> None:
         parser = create_arg_parser(os.path.join(here, "model_dir"))
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-        params = get_params(args.params or os.path.join(here, "configs", "params.yaml"))
+        path = args.params or os.path.join(here, "configs", "params.yaml")
+        params = get_params(path)
+        check_params(params, params_spec or {}, path)
         runconfig = params["runconfig"]
         update_params_from_args(args, runconfig)
         check_env(runconfig)

@@ -135,7 +135,7 @@ def shard_batches(input_fn: Callable, params: dict, rendezvous: Rendezvous,
     """This worker's (batch index, numpy batch) pairs from input_fn(params), eagerly."""
     import tensorflow as tf
 
-    from launcher.model_fn import make_dataset
+    from launcher.model_fn import make_dataset, numpy_batches
 
     seed = (params.get("runconfig") or {}).get("tf_random_seed")
     if seed is not None:
@@ -150,7 +150,7 @@ def shard_batches(input_fn: Callable, params: dict, rendezvous: Rendezvous,
                .shard(rendezvous.num_workers, offset)
                .prefetch(PREFETCH))
     produced = 0
-    for index, element in zip(indices, dataset.as_numpy_iterator()):
+    for index, element in zip(indices, numpy_batches(dataset)):
         produced += 1
         yield index, element
     if produced < len(indices):
