@@ -94,8 +94,9 @@ def damage(path: str) -> str | None:
         reader = tf.train.load_checkpoint(path)
         for name in reader.get_variable_to_dtype_map():
             reader.get_tensor(name)
-    except (tf.errors.OpError, ValueError) as error:
-        return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    except Exception as error:  # any failure to read it back is damage (OpError, IndexError…)
+        text = str(error).strip()
+        return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
     return None
 
 

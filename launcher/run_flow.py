@@ -9,13 +9,14 @@ the CS system.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Callable
 
 from coordinator.roles import task_role
 from launcher import checkpoints
-from launcher.model_dir_lock import lock_model_dir
+from launcher.model_dir_lock import model_dir_locked
 from launcher.params_spec import Spec, check_params
 from launcher.errors import CSRunError, cli_entry
 from launcher.estimator import CSEstimator, CSRunConfig, ModeKeys
@@ -92,10 +93,11 @@ def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, h
         runconfig = params["runconfig"]
         update_params_from_args(args, runconfig)
         check_env(runconfig)
-        if runconfig["mode"] in TRAINING_MODES and task_role().is_chief \
-                and not (runconfig["validate_only"] or runconfig["compile_only"]):
-            lock_model_dir(runconfig["model_dir"])  # before params.yaml: one writer per model_dir
-        save_params(params, runconfig["model_dir"])
-        run_mode(estimator_for(model_fn, params), train_input_fn, eval_input_fn, runconfig)
+        writes = runconfig["mode"] in TRAINING_MODES and task_role().is_chief \
+            and not (runconfig["validate_only"] or runconfig["compile_only"])
+        # one writer per model_dir, from before params.yaml is written to the run's end
+        with model_dir_locked(runconfig["model_dir"]) if writes else contextlib.nullcontext():
+            save_params(params, runconfig["model_dir"])
+            run_mode(estimator_for(model_fn, params), train_input_fn, eval_input_fn, runconfig)
 
     main()
