@@ -200,6 +200,7 @@ def write_checkpoint(model_dir: str, step: int, tensors: dict[str, np.ndarray],
     return final
 
 
+_RNG_STATE = re.compile(r"(^|/)seed_generator(_\d+)?/seed_generator_state$")
 _SLOT = re.compile(r"/(Adam|Momentum|RMSProp|Adagrad|Adadelta|Ftrl)(_\d+)?$")
 OPTIMIZER_SCALARS = ("beta1_power", "beta2_power")
 
@@ -234,6 +235,8 @@ def restore_variables(session: tf.compat.v1.Session, variables: list, path: str)
     """Restore `variables` (of the session's graph) from the checkpoint at `path` with a
     Saver; every one must be in it with its shape."""
     stored = dict(tf.train.list_variables(path))
+    # Keras's dropout RNG state is not model state: a CS checkpoint has none, it stays as set up
+    variables = [v for v in variables if v.op.name in stored or not _RNG_STATE.search(v.op.name)]
     missing = [v.op.name for v in variables if v.op.name not in stored]
     if missing:
         raise CSRunError(f"checkpoint {path} has no {', '.join(missing[:5])}"

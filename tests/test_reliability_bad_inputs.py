@@ -286,3 +286,24 @@ def test_csrun_wse_missing_command_is_one_line(tmp_path):
     _one_line(done, "task 0 (chief) failed")
     assert done.returncode != 0
 
+
+
+SUBMITIT_TAIL = ("submitit ERROR (2026-11-23) - Submitted job triggered an exception\n"
+                 "Traceback (most recent call last):\n  File \"local_backend.py\", line 59, in __call__\n"
+                 "slurm.local_backend.TaskFailed: exit code 1\n")
+
+
+@pytest.mark.parametrize("own, code, reason", [
+    ("Traceback (most recent call last):\n  File \"run.py\", line 3, in <module>\n"
+     "ModuleNotFoundError: No module named 'launcher'\n", 1, "ModuleNotFoundError: No module named 'launcher'"),
+    ("global step 10: loss = 1\nrun.py: error: the loss became nan at step 11 (hint: lower it)\n", 1,
+     "run.py: error: the loss became nan at step 11 (hint: lower it)"),
+    ("global step 10: loss = 1\n", 137, "killed by SIGKILL (exit code 137)"),
+    ("global step 10: loss = 1\n", 3, "exit code 3"),
+])
+def test_a_failed_tasks_reason_is_its_own_last_error(own, code, reason, tmp_path):
+    from slurm.backend import last_error_line
+
+    log = tmp_path / "1_log.out"
+    log.write_text("submitit INFO (2026-11-23) - Starting with JobEnvironment\n" + own + SUBMITIT_TAIL)
+    assert last_error_line(log, code) == reason

@@ -150,3 +150,29 @@ def test_cpu_path_resumes_weights_with_fresh_state_for_another_optimizer(tmp_pat
     assert "holds no optimizer state and this model trains with Momentum" in out
     stored = dict(checkpoints.read_checkpoint(checkpoints.latest_checkpoint(str(model_dir))))
     assert int(stored["global_step"]) == 6 and not any("Adam" in n for n in stored)
+
+
+def test_a_checkpoint_without_dropout_rng_state_restores_on_the_cpu_path(tmp_path, capsys):
+    """A CS checkpoint holds weights, slots and the step, not Keras's dropout RNG state: the
+    CPU path resumes it (it is not 'another model')."""
+    from examples.fc_mnist.data import eval_input_fn, train_input_fn
+    from examples.fc_mnist.model import PARAMS_SPEC, model_fn
+    from launcher.run_flow import run
+    from tests.fc_mnist_runs import EXAMPLE
+    from tests.test_reliability_bad_inputs import _write_params
+
+    params = _write_params(tmp_path, {"model.dropout": 0.5, "runconfig.max_steps": 1})
+    model_dir = tmp_path / "m"
+
+    def train(steps: int) -> None:
+        run(model_fn, train_input_fn, eval_input_fn, here=str(EXAMPLE), params_spec=PARAMS_SPEC,
+            argv=["-p", str(params), "-o", str(model_dir), "--max_steps", str(steps)])
+
+    train(1)
+    latest = checkpoints.latest_checkpoint(str(model_dir))
+    tensors = checkpoints.read_checkpoint(latest)
+    assert any("seed_generator_state" in n for n in tensors)
+    cs_like = {n: a for n, a in tensors.items() if "seed_generator" not in n}
+    checkpoints.write_checkpoint(str(model_dir), 1, cs_like, 5)
+    train(2)
+    assert "global step 2:" in capsys.readouterr().out
