@@ -31,7 +31,6 @@ from workers.feed import run_worker
 from workers.rendezvous import InputSpec, Rendezvous, publish
 
 
-
 def program_inputs(program: pb.Program) -> tuple[InputSpec, ...]:
     """The batch shapes and dtypes every streamed batch must have."""
     return tuple(InputSpec(s.name, pb.DType.Name(s.dtype).lower(), (program.batch_size, *s.shape))
