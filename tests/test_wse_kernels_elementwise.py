@@ -534,6 +534,43 @@ def test_weight_operands_train_through_the_pipeline_as_tensorflow():
     close(state["b"], b0 - np.float32(0.1) * gb.numpy())
 
 
+@st.composite
+def broadcast_layouts(draw):
+    """An op, operand letters with at least one input, and shapes that broadcast to a
+    per-sample shape S: inputs of S's rank, constants and weights of any rank up to the
+    batch's (then with a leading 1), every dimension S's or 1."""
+    sample = tuple(draw(st.lists(st.integers(1, 4), max_size=3)))
+    letters = draw(st.lists(st.sampled_from("icp"), min_size=2, max_size=2).filter(lambda l: "i" in l))
+    shapes = []
+    for letter in letters:
+        rank = len(sample) if letter == "i" else draw(st.integers(0, len(sample) + 1))
+        tail = sample[len(sample) - min(rank, len(sample)):]
+        dims = tuple(d if draw(st.booleans()) else 1 for d in tail)
+        shapes.append(dims if rank <= len(sample) else (1, *dims))
+    return draw(st.sampled_from(ARITHMETIC)), "".join(letters), shapes
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(broadcast_layouts())
+def test_binary_broadcasting_matches_tensorflow_on_random_layouts(layout):
+    op, letters, shapes = layout
+    arrays = [(letter, randn(*((BATCH, *s) if letter == "i" else s), low=0.5, high=2.0))
+              for letter, s in zip(letters, shapes)]
+    inputs = [v for letter, v in arrays if letter == "i"]
+    attrs, params = kernel_setup(letters, arrays)
+    attrs["op"] = op
+    fn = lambda xs, ws: TF_BINARY[op](*tf_operands(arrays, xs, ws))  # noqa: E731
+    ref, _, _ = tf_grads(fn, inputs, params, None)
+    dy = randn(*ref.shape)
+    out, dx, dw = run_kernel("binary", attrs, inputs, params, dy=dy)
+    ref, ref_dx, ref_dw = tf_grads(fn, inputs, params, dy)
+    close(out, ref, rtol=2e-6)
+    for got, want in zip(dx, ref_dx):
+        close(got, want, rtol=4e-6)
+    for role, want in ref_dw.items():
+        close(dw[role], want, rtol=4e-6)
+
+
 def test_exact_gelu_composed_of_generic_kernels_trains_as_tf_nn_gelu():
     """GELU as TF writes it, 0.5 * h * (1 + erf(h / sqrt(2))) with h = x * w, in five
     kernels (h feeds two of them): one SGD step equals TF's on tf.nn.gelu."""
