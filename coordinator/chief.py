@@ -27,10 +27,8 @@ from coordinator.roles import TaskRole
 from launcher.errors import CSRunError
 from wse_sim.api import pb
 from wse_sim.api.tensors import from_tensor
-from wse_sim.optimizers import OptimizerConfig, make_optimizer, slot_name
 from workers.feed import run_worker
 from workers.rendezvous import InputSpec, Rendezvous, publish
-
 
 
 def program_inputs(program: pb.Program) -> tuple[InputSpec, ...]:
@@ -43,18 +41,27 @@ def program_variables(program: pb.Program) -> list[str]:
     return [p.variable for k in program.kernels for p in k.params]
 
 
-def cs_state(program: pb.Program, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The program's weights and, when it trains, their optimizer slots from a checkpoint."""
+# The TF optimizer whose slots each CS optimizer keeps (launcher.checkpoints.optimizer_of).
+_TF_OPTIMIZER = {"sgd": "", "momentum": "Momentum", "adam": "Adam", "rmsprop": "RMSProp",
+                 "adagrad": "Adagrad"}
+
+
+def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
+             path: str = "the checkpoint") -> dict[str, np.ndarray]:
+    """The program's weights and, when it trains with the optimizer whose state the
+    checkpoint holds, that state (another optimizer starts fresh, as on the CPU path)."""
+    from launcher.checkpoints import OPTIMIZER_SCALARS, is_optimizer_state, optimizer_changed
+
     variables = set(program_variables(program))
     missing = sorted(variables - set(tensors))
     if missing:
-        raise CSRunError(f"the checkpoint has no {', '.join(missing[:3])}: it was written by "
+        raise CSRunError(f"{path} has no {', '.join(missing[:3])}: it was written by "
                          "another model", "use a new model_dir for a changed model")
     keep = set(variables)
-    if program.HasField("optimizer") and program.optimizer.type:
-        optimizer = make_optimizer(OptimizerConfig.from_message(program.optimizer))
-        keep |= {slot_name(v, s) for v in variables for s in optimizer.slot_suffixes}
-        keep |= set(optimizer.scalar_names)
+    if program.HasField("optimizer") and program.optimizer.type and not optimizer_changed(
+            path, tensors, _TF_OPTIMIZER.get(program.optimizer.type, program.optimizer.type)):
+        keep |= {n for n in tensors if is_optimizer_state(n)
+                 and (n in OPTIMIZER_SCALARS or n.rsplit("/", 1)[0] in variables)}
     return {n: np.asarray(a) for n, a in tensors.items() if n in keep}
 
 
@@ -142,8 +149,20 @@ class Chief:
         self.config = estimator.config
 
     def run(self, action: str, input_fn: Callable, **kwargs: Any) -> Any:
-        return {"train": self.train, "evaluate": self.evaluate, "predict": self.predict}[action](
-            input_fn, **kwargs)
+        """Run the phase; if it ends without publishing its rendezvous (nothing to do, or an
+        error first), publish an ended one so that the input workers stop at once."""
+        try:
+            result = {"train": self.train, "evaluate": self.evaluate, "predict": self.predict}[action](
+                input_fn, **kwargs)
+        except BaseException as error:
+            self._end_phase(f"the chief stopped: {error}" if str(error) else "the chief stopped")
+            raise
+        self._end_phase("the chief had nothing to do (max_steps already reached)")
+        return result
+
+    def _end_phase(self, why: str) -> None:
+        if not self.rendezvous_path.exists():
+            publish(self.rendezvous_path, Rendezvous.nothing(self.role.num_workers, why))
 
     def _compile(self, input_fn: Callable, mode: str) -> Any:
         from launcher.compiler import compile_model
@@ -153,6 +172,12 @@ class Chief:
 
     def train(self, input_fn: Callable, steps: int | None = None,
               max_steps: int | None = None) -> None:
+        from launcher.model_dir_lock import model_dir_locked
+
+        with model_dir_locked(self.model_dir):
+            self._train(input_fn, steps, max_steps)
+
+    def _train(self, input_fn: Callable, steps: int | None, max_steps: int | None) -> None:
         from launcher import checkpoints, progress
         from launcher.estimator_spec import ModeKeys
         from launcher.events import EventWriter
@@ -166,7 +191,7 @@ class Chief:
             progress.restoring(latest)
             step = checkpoints.checkpoint_step(latest)
             stored = checkpoints.read_checkpoint(latest)
-            state = cs_state(program, stored)
+            state = cs_state(program, stored, latest)
             host = host_state(compiled.host_variables, stored)
         else:
             step = 0
@@ -212,7 +237,8 @@ class Chief:
         from launcher import checkpoints
 
         path = checkpoints.chosen_checkpoint(self.model_dir, checkpoint_path)
-        return path, checkpoints.checkpoint_step(path), cs_state(program, checkpoints.read_checkpoint(path))
+        state = cs_state(program, checkpoints.read_checkpoint(path), path)
+        return path, checkpoints.checkpoint_step(path), state
 
     def evaluate(self, input_fn: Callable, steps: int | None = None,
                  checkpoint_path: str | None = None) -> dict[str, float]:
