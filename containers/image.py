@@ -12,8 +12,9 @@ the same recipe's steps, as spython parses them, are applied to a Debian root fi
    registries exactly as the host's pip does: the host's pip settings (`pip config list`)
    pass as PIP_* variables, and the local indexes/wheel folders they name are bound.
 
-The image is rebuilt only when its stamp changes: a hash of the recipe, the pins
-(constraints.txt, setup.cfg) and the %files it copies. A failing step stops the build,
+The image is rebuilt only when the recipe or the pins (constraints.txt, setup.cfg,
+pyproject.toml) change; when only the sources its %files copies change, they are copied
+again and %post re-runs on the built image (pip then reinstalls just the project). A failing step stops the build,
 naming the step and its output's last line (the whole output: `build.log` next to the image).
 
     python -m containers.image [--image DIR] [--force]
@@ -55,16 +56,17 @@ BASES = {
 
 
 def stamp_of(definition: Definition, root: Path = ROOT) -> str:
-    """The hash of the recipe, the pins and every file the recipe copies."""
-    digest = hashlib.sha256(definition.path.read_bytes())
-    paths = [root / pin for pin in PINS]
+    """"RECIPE SOURCES": the hash of the recipe and the pins, then of the files it copies."""
+    recipe = hashlib.sha256(definition.path.read_bytes())
+    for pin in PINS:
+        recipe.update(pin.encode() + b"\0" + (root / pin).read_bytes())
+    sources = hashlib.sha256()
     for source, _ in definition.files:
         path = root / source
-        paths += sorted(p for p in path.rglob("*") if p.is_file() and not _ignored(p.relative_to(root))) \
-            if path.is_dir() else [path]
-    for path in paths:
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+        for file in sorted(p for p in path.rglob("*") if p.is_file() and not _ignored(p.relative_to(root))) \
+                if path.is_dir() else [path]:
+            sources.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
+    return f"{recipe.hexdigest()} {sources.hexdigest()}"
 
 
 def _ignored(path: Path) -> bool:
@@ -129,9 +131,11 @@ def build_image(image: Path = DEFAULT_IMAGE, definition_path: Path = DEFINITION,
                 force: bool = False) -> bool:
     """Build `image` from the recipe unless it is up to date; True when it was built."""
     definition = read_definition(definition_path)
-    stamp = stamp_of(definition, root)
-    if not force and image_stamp(image) == stamp:
+    stamp, built = stamp_of(definition, root), image_stamp(image)
+    if not force and built == stamp:
         return False
+    # Only the copied sources changed: copy them again and re-run %post on the built image.
+    refresh = not force and built is not None and built.split()[0] == stamp.split()[0]
     base = BASES.get(definition.base_image)
     if base is None:
         raise CSRunError(f"{definition.path}: no Debian base stands for From: {definition.base_image} here",
@@ -145,13 +149,19 @@ def build_image(image: Path = DEFAULT_IMAGE, definition_path: Path = DEFINITION,
     work.parent.mkdir(parents=True, exist_ok=True)
     log = image.with_name(image.name + ".build.log")
     log.write_text("")
-    _run_step(f"From: {definition.base_image} (mmdebstrap {base.suite})",
-              [mmdebstrap, "--variant=minbase", f"--include={','.join(base.packages)}", base.suite, str(work)], log)
-    for marker in work.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
-        marker.unlink()  # as in the python:*-slim images, pip installs as root
+    if refresh:
+        image.rename(work)
+    else:
+        _run_step(f"From: {definition.base_image} (mmdebstrap {base.suite})",
+                  [mmdebstrap, "--variant=minbase", f"--include={','.join(base.packages)}", base.suite,
+                   str(work)], log)
+        for marker in work.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
+            marker.unlink()  # as in the python:*-slim images, pip installs as root
     for source, destination in definition.files:
         target = work / destination.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_dir():
+            shutil.rmtree(target)
         if (root / source).is_dir():
             shutil.copytree(root / source, target, ignore=shutil.ignore_patterns(*IGNORED))
         else:

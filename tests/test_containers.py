@@ -149,3 +149,29 @@ def test_cli_check_and_convert(tmp_path):
     done = subprocess.run([*cmd, "convert", "Dockerfile", "-o", "out.def"], capture_output=True,
                           text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0 and (tmp_path / "out.def").read_text().startswith("Bootstrap: docker")
+
+
+def test_a_failing_recipe_step_names_the_step_its_line_and_its_last_output(tmp_path):
+    from containers.image import _run_step
+
+    log = tmp_path / "build.log"
+    post = "set -e\necho fetching\nls /no/such/folder\necho never"
+    with pytest.raises(CSRunError) as error:
+        _run_step("%post", ["/bin/sh", "-exc", post], log)
+    assert error.value.message.startswith("image recipe step %post at `ls /no/such/folder` failed (exit 2): ")
+    assert error.value.message.endswith("No such file or directory")
+    assert str(log) in error.value.hint and "fetching" in log.read_text()
+
+
+def test_the_image_is_rebuilt_only_when_its_stamp_changes(tmp_path):
+    from containers.image import STAMP, build_image, stamp_of
+
+    image = tmp_path / "image"
+    (image / STAMP).parent.mkdir(parents=True)
+    (image / STAMP).write_text(stamp_of(read_definition()) + "\n")
+    assert build_image(image) is False  # up to date: nothing runs
+    changed = tmp_path / "csrun.def"
+    changed.write_text(DEFINITION.read_text().replace("From: python:3.11-slim-bookworm", "From: python:3.12-slim"))
+    assert stamp_of(read_definition(changed)) != stamp_of(read_definition())
+    with pytest.raises(CSRunError, match="no Debian base stands for From: python:3.12-slim here"):
+        build_image(image, changed)
