@@ -181,24 +181,27 @@ def assert_same_training(result: Comparison, rtol: float = 1e-4) -> None:
     assert not problems, "the CS trained differently from TensorFlow:\n  " + "\n  ".join(problems)
 
 
-def model_op_types(model_fn: Callable, input_fn: Callable, params: dict) -> set[str]:
-    """The TF op types model_fn's training graph holds (what a refusal may name)."""
+def model_op_words(model_fn: Callable, input_fn: Callable, params: dict) -> set[str]:
+    """What a refusal may name of model_fn's training graph: its op types (MatMul), its
+    scoped op and variable names (dense/bias) and its inputs (features, labels)."""
     signature = batch_signature(make_dataset(input_fn, params))
     with model_graph(params) as graph:
         features, labels = signature.placeholders()
         call_model_fn(model_fn, features, labels, "train", params)
-        return {op.type for op in graph.get_operations()}
+        ops = graph.get_operations()
+        return ({op.type for op in ops} | {op.name for op in ops if "/" in op.name}
+                | {op.name for op in ops if op.type == "Placeholder"})
 
 
-def refusal_problem(error: CSRunError, source_file: str, op_types: set[str]) -> str:
-    """"" if the refusal's one line names an op (a TF op type of the model, or a Keras
-    layer/tf function named in it) and a line of `source_file` (its base name); else why not."""
+def refusal_problem(error: CSRunError, source_file: str, op_words: set[str]) -> str:
+    """"" if the refusal's one line names an op of the model (`model_op_words`) and a line
+    of `source_file` (its base name); else why not."""
     text = str(error)
     if "\n" in text:
         return f"the refusal is not one line: {text!r}"
     name = re.escape(source_file.rsplit("/", 1)[-1])
     if not re.search(rf"(?:^|[\s/(']){name}:\d+", text):
         return f"the refusal names no line of {source_file}: {text!r}"
-    if not any(re.search(rf"\b{re.escape(t)}\b", text) for t in op_types):
+    if not any(re.search(rf"(?<![\w/]){re.escape(t)}(?![\w/])", text) for t in op_words):
         return f"the refusal names none of the model's ops: {text!r}"
     return ""

@@ -29,8 +29,8 @@ def check_model(spec: rm.ModelSpec) -> tuple[str, str]:
         try:
             result = cs_inprocess.compare(rm.model_fn, rm.input_fn, params, model_dir, rm.STEPS)
         except CSRunError as error:
-            types = cs_inprocess.model_op_types(rm.model_fn, rm.input_fn, params)
-            problem = cs_inprocess.refusal_problem(error, rm.__file__, types)
+            words = cs_inprocess.model_op_words(rm.model_fn, rm.input_fn, params)
+            problem = cs_inprocess.refusal_problem(error, rm.__file__, words)
             return ("FAILED", problem) if problem else ("refused", str(error))
         except Exception as error:  # a crash instead of a refusal or a run
             return "FAILED", "".join(traceback.format_exception_only(error)).strip()

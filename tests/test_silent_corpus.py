@@ -35,8 +35,8 @@ def compile_or_refusal(case: corpus.Case, params: dict, model_dir: str, refusal_
     try:
         return cs_inprocess.compile_checked(case.model_fn, case.input_fn, params, model_dir)
     except CSRunError as error:
-        types = cs_inprocess.model_op_types(case.model_fn, case.input_fn, params)
-        problem = cs_inprocess.refusal_problem(error, corpus.__file__, types)
+        words = cs_inprocess.model_op_words(case.model_fn, case.input_fn, params)
+        problem = cs_inprocess.refusal_problem(error, corpus.__file__, words)
         assert not problem, problem
         assert refusal_must_say.lower() in str(error).lower(), (
             f"the refusal does not say {refusal_must_say!r}: {error}")
