@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.container, pytest.mark.slow]
 PROBE = '''import json, os, runpy, sys
 import launcher
 report = {"os_release": open("/etc/os-release").read(), "prefix": sys.prefix,
-          "launcher": launcher.__file__, "rank": os.environ.get("SUBMITIT_LOCAL_GLOBALID", "0"),
+          "launcher": launcher.__file__, "rank": os.environ.get("SUBMITIT_LOCAL_GLOBALID", os.environ.get("SLURM_PROCID", "0")),
           "stamp": open("/ch/csrun-image-stamp").read().strip()}
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"report-{os.getpid()}.json"), "w") as out:
     json.dump(report, out)
@@ -82,3 +82,23 @@ def test_csrun_wse_trains_fc_mnist_inside_the_image_with_the_host_losses(tmp_pat
         assert_inside(report, container_image)
     assert len(losses(inside.stdout)) == 6
     assert losses(inside.stdout) == losses(host.stdout)
+
+
+@pytest.mark.slurm
+def test_a_slurm_job_trains_with_every_task_inside_the_image(slurm_cluster, tmp_path, container_image):
+    params = fc_mnist_params(tmp_path, steps=6, every=3)
+    train = ["--mode", "train", "-p", str(params)]
+    host = run(["csrun_wse", "--tasks-per-node", "3", "--job-dir", str(tmp_path / "host-job"), "--",
+                "python", "run.py", *train, "-o", str(tmp_path / "host-model")], ENV)
+    assert host.returncode == 0, host.stdout + host.stderr
+    env = {**site(tmp_path, container_image), "SLURM_CONF": slurm_cluster.env["SLURM_CONF"]}
+    job = run(["csrun_wse", "--total-nodes", "1", "--tasks-per-node", "3", "--job-dir", str(tmp_path / "job"),
+               "--", "python", str(tmp_path / "probe.py"), "run.py", *train, "-o", str(tmp_path / "model")], env)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "through the slurm backend" in job.stderr
+    found = reports(tmp_path)
+    assert sorted(r["rank"] for r in found) == ["0", "1", "2"]
+    for report in found:
+        assert_inside(report, container_image)
+    assert len(losses(job.stdout)) == 6
+    assert losses(job.stdout) == losses(host.stdout)
