@@ -6,8 +6,6 @@ output y), so the arithmetic follows TF's (e.g. EluGrad and SeluGrad use the out
 """
 from __future__ import annotations
 
-import math
-
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -185,11 +183,8 @@ def _erf_grad(x, y, a, dy, out):  # grad * (2 / sqrt(pi)) * exp(-square(x))
     return np.multiply(dy * TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
 
 
-_ERFC = np.vectorize(math.erfc, otypes=[np.float64])
-
-
-def _erfc(x, a, out):  # in float64, rounded: 1 - erf(x) would lose the tail (GELU's x << 0)
-    return _store(_ERFC(x).astype(np.float32), out)
+def _erfc(x, a, out):  # TF's own approximation, not 1 - erf(x) (that loses GELU's x << 0 tail)
+    return _store(erfc(x), out)
 
 
 def _erfc_grad(x, y, a, dy, out):  # _ErfcGrad: grad * -(2 / sqrt(pi)) * exp(-square(x))
