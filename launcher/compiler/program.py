@@ -62,8 +62,12 @@ def build_program(model: MatchedModel, placement: Placement, *, name: str, graph
         for key, value in node.attrs.items():
             kernel.attrs[key].CopyFrom(attr_value(value))
         for p in node.params:
-            kernel.params.add(role=p.role, variable=p.variable, shape=list(p.shape),
-                              dtype=DTYPES[p.dtype])
+            param = kernel.params.add(
+                role=p.role, variable=p.variable, shape=list(p.shape), dtype=DTYPES[p.dtype],
+                frozen=p.frozen, regularizers=[pb.Regularizer(kind=kind, scale=scale)
+                                               for kind, scale in p.regularizers])
+            if p.variable_shape is not None and tuple(p.variable_shape) != tuple(p.shape):
+                param.variable_shape.extend(p.variable_shape)
     if model.optimizer is not None:
         o = model.optimizer
         program.optimizer.CopyFrom(pb.Optimizer(
