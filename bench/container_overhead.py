@@ -74,7 +74,7 @@ def measure() -> list[Row]:
                                         str(folder / f"model-{where}-{steps}")], env)
             rates[where] = (LONG - SHORT) * BATCH / (seconds[LONG] - seconds[SHORT])
     return [
-        ("image build, cold (mmdebstrap + %files + %post)", cold, "s", "a scratch image, pip's host cache warm"),
+        ("image build, cold (mmdebstrap + %files + %post)", cold, "s", "a scratch image; pip reads the host's registries"),
         ("image build, cached (stamp matches)", cached, "s", "recipe, pins and sources unchanged"),
         ("task start on the host", host_start, "s", f"median of {STARTS}: {' '.join(TASK)}"),
         ("task start in the container", inside_start, "s", "ch-run, same command"),
