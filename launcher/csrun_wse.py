@@ -213,13 +213,11 @@ def task_command(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig) -> 
     command = with_cs_ip(args.command, cs_ip)
     if site.container.image is None:
         return command
-    from containers.runtime import check_binds, check_image, find_runtime
+    from containers.runtime import container_exec
 
-    runtime = find_runtime(site.container.runtime)
-    check_image(site.container.image)
-    binds = (*site.mount_dirs, *args.mount_dirs)
-    check_binds(binds)
-    return tuple(runtime.exec_command(site.container.image, command, binds, str(workdir)))
+    _, argv = container_exec(site.container.image, command, (*site.mount_dirs, *args.mount_dirs),
+                             str(workdir), site.container.runtime)
+    return tuple(argv)
 
 
 def site_defaults(site: SiteConfig) -> dict[str, str]:

@@ -25,8 +25,8 @@ _SLURM_TIME = re.compile(r"(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite
 
 @dataclass(frozen=True)
 class ContainerConfig:
-    image: str | None = None    # the .sif image tasks run in; None: no container
-    runtime: str | None = None  # "apptainer" | "singularity" | None (whichever is on PATH)
+    image: str | None = None    # the image tasks run in (.sif, or a directory); None: no container
+    runtime: str | None = None  # "apptainer" | "singularity" | "charliecloud" | None (whichever is on PATH)
 
 
 @dataclass(frozen=True)
