@@ -68,6 +68,7 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
         artifacts.write_text_atomic(os.path.join(root, artifacts.VALIDATION_REPORT),
                                     "Validation failed\n" + unsupported_detail(model) + "\n")
     check_supported(model)
+    build_kernels(model)
     if validate_only:
         text = report.validation_text(model, mode, extracted.batch_size, fab)
         artifacts.write_text_atomic(os.path.join(root, artifacts.VALIDATION_REPORT), text)
@@ -101,11 +102,14 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
 
 
 def build_kernels(model: MatchedModel) -> list:
-    """The library kernels of `model` (their cost model is what placement reads)."""
+    """The library kernels of `model` (their cost model is what placement reads), built with
+    the dtypes flowing from the inputs, as the CS builds them at Load: what validates, loads."""
     built = []
+    dtypes = {spec.name: np.dtype(spec.dtype) for spec in model.inputs}
     for node in model.kernels:
         try:
             kernel = build_kernel(node.type, node.name, node.attrs, node.input_shapes)
+            dtypes[node.name] = kernel.output_dtype([dtypes[i] for i in node.inputs])
         except KernelError as error:
             raise CSRunError(f"kernel {node.name} ({node.type}) at {node.source}: {error}",
                              "change the layer's configuration to one the kernel supports") from None
