@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from launcher.compiler.extract import ExtractedGraph, data_flow_ops, user_source
 from launcher.compiler.ir import KernelNode, MatchedModel, ParamRef, UnsupportedOp
-from launcher.compiler.optimizer import read_optimizer
+from launcher.compiler.training import analyze_training
 from launcher.errors import CSRunError
 from launcher.estimator_spec import ModeKeys
 
@@ -538,13 +538,10 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
         raise CSRunError(f"no supported loss found computing {spec.loss.name}",
                          "use a tf.compat.v1.losses or tf.nn cross-entropy / squared error loss "
                          "reduced with a sum or a mean")
-    optimizer = None
-    if extracted.mode == ModeKeys.TRAIN:
-        with extracted.graph.as_default():
-            optimizer, _ = read_optimizer(spec.train_op)
+    training = analyze_training(extracted) if extracted.mode == ModeKeys.TRAIN else None
     outputs = matcher.host_outputs(hosts) if not matcher.unsupported else ()
     return MatchedModel(inputs=extracted.inputs, kernels=tuple(matcher.kernels),
-                        loss_kernel=matcher.loss_kernel, outputs=outputs, optimizer=optimizer,
+                        loss_kernel=matcher.loss_kernel, outputs=outputs, training=training,
                         unsupported=tuple(matcher.unsupported))
 
 
