@@ -334,8 +334,9 @@ def _bookkeeping(op: tf.Operation, graph: tf.Graph, optimizer: OptimizerSpec | N
 
 
 def _updates(extracted: ExtractedGraph) -> list[_Update]:
-    ops = _closure(extracted.spec.train_op)
-    writes = [op for op in ops if _is_write(op)]
+    order = {op.name: i for i, op in enumerate(extracted.graph.get_operations())}
+    writes = sorted((op for op in _closure(extracted.spec.train_op) if _is_write(op)),
+                    key=lambda op: order[op.name])
     updates: list[_Update] = []
     for op in writes:
         if op.type in APPLY_OPS:
@@ -369,7 +370,7 @@ def _updates(extracted: ExtractedGraph) -> list[_Update]:
                               f"with {first.optimizer} ('{first.op.name}' at "
                               f"{user_source(first.op)}); the CS trains every variable with "
                               "one optimizer")
-    return sorted(updates, key=lambda u: u.variable)
+    return updates  # in graph order: compute_gradients' order, the variables' creation order
 
 
 def _check_dtypes(extracted: ExtractedGraph, updates: list[_Update]) -> None:
@@ -717,8 +718,10 @@ def _merge(chains: list[_Chain]) -> list[GradientTransform]:
             merged.append((key, list(names)))
         else:
             target[1].extend(names)
-    return [GradientTransform(k[0], value=k[1], low=k[2], high=k[3], variables=tuple(v))
-            for k, v in merged]
+    rank = {c.update.variable: i for i, c in enumerate(chains)}
+    return [GradientTransform(k[0], value=k[1], low=k[2], high=k[3], variables=tuple(
+        v if k[0] == "clip_by_global_norm" else sorted(v, key=rank.__getitem__)))
+        for k, v in merged]
 
 
 def _fold_loss_scale(chains: list[_Chain]) -> list[GradientTransform]:
