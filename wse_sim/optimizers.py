@@ -1,19 +1,54 @@
-"""Optimizers with the exact `tf.compat.v1.train` update rules, applied in place, float32.
+"""Optimizers with the exact `tf.compat.v1.train` update rules, applied in place, float32,
+in the operation order of TensorFlow's CPU kernels (tensorflow/core/kernels/training_ops.cc).
 
-    sgd       var -= lr * g                                  (ApplyGradientDescent)
-    momentum  accum = accum * mu + g                          (ApplyMomentum)
-              var -= lr * accum, or with nesterov var -= g * lr + accum * mu * lr
-    adam      alpha = lr * sqrt(1 - beta2_power) / (1 - beta1_power)   (ApplyAdam)
+Dense rules (`Apply*` kernels; every product and sum rounded to float32 in this order):
+
+    sgd       var -= g * lr                                          (ApplyGradientDescent)
+    momentum  accum = accum * mu + g                                  (ApplyMomentum)
+              var -= accum * lr;  nesterov: var -= g * lr + accum * mu * lr
+    adam      alpha = lr * sqrt(1 - beta2_power) / (1 - beta1_power)  (ApplyAdam)
               m += (g - m) * (1 - beta1); v += (g * g - v) * (1 - beta2)
               var -= m * alpha / (sqrt(v) + epsilon)
               after every variable of the step: beta1_power *= beta1, beta2_power *= beta2
+    rmsprop   ms += (g * g - ms) * (1 - decay)                        (ApplyRMSProp)
+              mom = mom * momentum + g * lr / sqrt(ms + epsilon); var -= mom
+              centered: mg += (g - mg) * (1 - decay)                   (ApplyCenteredRMSProp)
+              mom = mom * momentum + g * lr / sqrt(ms - mg * mg + epsilon); var -= mom
+    adagrad   accum += g * g; var -= g * lr * rsqrt(accum)            (ApplyAdagrad)
 
-Slots are named as TensorFlow names them: "<var>/Momentum", "<var>/Adam", "<var>/Adam_1";
-Adam's step counters are "beta1_power" and "beta2_power" (scalars).
+Sparse rules (Param.update "sparse": the gradient of an embedding lookup, TF's
+IndexedSlices of one row per looked-up id, ids in batch order). SGD scatter-adds
+-g * lr row by row, duplicates included (ResourceScatterAdd). The others first sum the
+rows of duplicate ids in order of appearance (Optimizer._deduplicate_indexed_slices), then:
+
+    momentum  rows only: accum = accum * mu + g; var -= lr * accum
+              nesterov: var -= lr * g + lr * mu * accum               (SparseApplyMomentum)
+    adagrad   rows only: accum += g * g; var -= lr * g * rsqrt(accum)  (SparseApplyAdagrad;
+              a table of one column: var -= lr * g / sqrt(accum))
+    rmsprop   rows only: ms = ms * decay + g * g * (1 - decay)          (SparseApplyRMSProp)
+              mom = mom * momentum + rsqrt(ms + epsilon) * lr * g; var -= mom
+              centered: mg = mg * decay + g * (1 - decay)              (SparseApplyCenteredRMSProp)
+              mom = mom * momentum + rsqrt(ms + epsilon - mg * mg) * lr * g; var -= mom
+    adam      every row: m = m * beta1; m[rows] += g * (1 - beta1)     (AdamOptimizer._apply_sparse_shared)
+              v = v * beta2; v[rows] += g * (g * (1 - beta2))  (TF's (g * g) * (1 - beta2)
+                                 as Grappler's constant push-down reassociates it)
+              var -= alpha * m / (sqrt(v) + epsilon)
+
+Exactness. SGD, momentum (plain and Nesterov), Adam and RMSProp's dense rules, and the sparse
+SGD, momentum and Adam rules, are bit-equal to TensorFlow 2.21 on CPU. TF's `rsqrt` is Eigen's
+fast approximation (the CPU's reciprocal-square-root estimate refined by one Newton step:
+its value depends on the processor), which numpy cannot reproduce: the CS computes 1 / sqrt,
+correctly rounded twice. Affected are dense Adagrad and the sparse Adagrad and RMSProp rules
+(on tables wider than one column); tests/test_wse_optimizers.py measures at most a few float32
+ULP of difference in the updated weights after one step.
+
+Slots are named as TensorFlow's tf.compat.v1 optimizers name them ("<var>/<suffix>" with the
+suffixes below, in order) and start as TF starts them; Adam's step counters are the scalars
+"beta1_power" and "beta2_power". Everyone else reads the names from here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import numpy as np
@@ -23,7 +58,7 @@ F32 = np.float32
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """The program's optimizer message, as typed float32 hyper-parameters."""
+    """The program's optimizer message, as typed hyper-parameters."""
 
     type: str
     learning_rate: float
@@ -32,30 +67,57 @@ class OptimizerConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     epsilon: float = 1e-8
+    decay: float = 0.9
+    centered: bool = False
+    initial_accumulator_value: float = 0.1
 
     @classmethod
     def from_message(cls, message) -> "OptimizerConfig":
-        return cls(message.type, message.learning_rate, message.momentum, message.use_nesterov,
-                   message.beta1, message.beta2, message.epsilon)
+        return cls(**{f.name: getattr(message, f.name) for f in fields(cls)})
+
+
+def slot_name(variable: str, suffix: str) -> str:
+    """A slot variable's TF name."""
+    return f"{variable}/{suffix}"
+
+
+def _deduplicate(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """TF's unique + unsorted_segment_sum: each id once, its rows summed in batch order."""
+    rows, position = np.unique(indices, return_inverse=True)
+    summed = np.zeros((len(rows),) + values.shape[1:], F32)
+    np.add.at(summed, position.reshape(-1), values)
+    return rows, summed
+
+
+def _rsqrt(x: np.ndarray) -> np.ndarray:
+    return np.divide(F32(1), np.sqrt(x))
 
 
 class Optimizer:
     """Updates one variable at a time in place; `finish_step` runs once per step after all."""
 
-    slot_suffixes: ClassVar[tuple[str, ...]] = ()
     scalar_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: OptimizerConfig):
         self.config = config
         self.lr = F32(config.learning_rate)
         self.scalars: dict[str, np.ndarray] = {}
+        self.slot_suffixes: tuple[str, ...] = ()
+        self.slot_initial_values: tuple[float, ...] = ()  # by slot, as TF initialises them
 
     def initial_scalars(self) -> dict[str, np.ndarray]:
         return {}
 
     def apply(self, var: np.ndarray, grad: np.ndarray, slots: list[np.ndarray],
-              scratch: np.ndarray) -> None:
-        """var -= update(grad); `slots` in slot_suffixes order; scratch shaped like var."""
+              scratch: list[np.ndarray]) -> None:
+        """var -= update(grad); `slots` in slot_suffixes order; two scratch arrays shaped
+        like var."""
+        raise NotImplementedError
+
+    def apply_sparse(self, var: np.ndarray, indices: np.ndarray, values: np.ndarray,
+                     slots: list[np.ndarray]) -> None:
+        """The update for an IndexedSlices gradient: `values[k]` is the gradient of row
+        `indices[k]` of var (ids may repeat, in batch order)."""
         raise NotImplementedError
 
     def finish_step(self) -> None:
@@ -64,40 +126,53 @@ class Optimizer:
 
 class SGD(Optimizer):
     def apply(self, var, grad, slots, scratch):
-        np.multiply(grad, self.lr, out=scratch)
-        np.subtract(var, scratch, out=var)
+        s = scratch[0]
+        np.multiply(grad, self.lr, out=s)
+        np.subtract(var, s, out=var)
+
+    def apply_sparse(self, var, indices, values, slots):
+        np.add.at(var, indices, np.negative(values) * self.lr)
 
 
 class Momentum(Optimizer):
-    slot_suffixes = ("Momentum",)
 
     def __init__(self, config: OptimizerConfig):
         super().__init__(config)
         self.mu = F32(config.momentum)
+        self.slot_suffixes, self.slot_initial_values = ("Momentum",), (0.0,)
 
     def apply(self, var, grad, slots, scratch):
-        (accum,) = slots
+        (accum,), (s, t) = slots, scratch
         np.multiply(accum, self.mu, out=accum)
         np.add(accum, grad, out=accum)
-        if self.config.use_nesterov:
-            np.multiply(grad, self.lr, out=scratch)
-            np.subtract(var, scratch, out=var)  # var -= g * lr + accum * mu * lr, in TF's order
-            np.multiply(accum, self.mu, out=scratch)
-            np.multiply(scratch, self.lr, out=scratch)
-            np.subtract(var, scratch, out=var)
+        if self.config.use_nesterov:  # var -= g * lr + accum * mu * lr
+            np.multiply(grad, self.lr, out=s)
+            np.multiply(accum, self.mu, out=t)
+            np.multiply(t, self.lr, out=t)
+            np.add(s, t, out=s)
         else:
-            np.multiply(accum, self.lr, out=scratch)
-            np.subtract(var, scratch, out=var)
+            np.multiply(accum, self.lr, out=s)
+        np.subtract(var, s, out=var)
+
+    def apply_sparse(self, var, indices, values, slots):
+        rows, g = _deduplicate(indices, values)
+        (accum,) = slots
+        a = accum[rows] * self.mu + g
+        accum[rows] = a
+        if self.config.use_nesterov:
+            var[rows] -= self.lr * g + (self.lr * self.mu) * a
+        else:
+            var[rows] -= self.lr * a
 
 
 class Adam(Optimizer):
-    slot_suffixes = ("Adam", "Adam_1")
     scalar_names = ("beta1_power", "beta2_power")
 
     def __init__(self, config: OptimizerConfig):
         super().__init__(config)
         self.beta1, self.beta2, self.eps = F32(config.beta1), F32(config.beta2), F32(config.epsilon)
         self.one_minus_beta1, self.one_minus_beta2 = F32(1) - self.beta1, F32(1) - self.beta2
+        self.slot_suffixes, self.slot_initial_values = ("Adam", "Adam_1"), (0.0, 0.0)
 
     def initial_scalars(self):
         return {"beta1_power": np.asarray(self.beta1, F32), "beta2_power": np.asarray(self.beta2, F32)}
@@ -107,35 +182,140 @@ class Adam(Optimizer):
         return F32(self.lr * np.sqrt(F32(1) - b2) / (F32(1) - b1))
 
     def apply(self, var, grad, slots, scratch):
+        (m, v), (s, t) = slots, scratch
+        alpha = self.alpha()
+        np.subtract(grad, m, out=s)  # m += (g - m) * (1 - beta1)
+        np.multiply(s, self.one_minus_beta1, out=s)
+        np.add(m, s, out=m)
+        np.multiply(grad, grad, out=s)  # v += (g * g - v) * (1 - beta2)
+        np.subtract(s, v, out=s)
+        np.multiply(s, self.one_minus_beta2, out=s)
+        np.add(v, s, out=v)
+        np.multiply(m, alpha, out=s)  # var -= m * alpha / (sqrt(v) + epsilon)
+        np.sqrt(v, out=t)
+        np.add(t, self.eps, out=t)
+        np.divide(s, t, out=s)
+        np.subtract(var, s, out=var)
+
+    def apply_sparse(self, var, indices, values, slots):
+        rows, g = _deduplicate(indices, values)
         m, v = slots
         alpha = self.alpha()
-        np.subtract(grad, m, out=scratch)
-        np.multiply(scratch, self.one_minus_beta1, out=scratch)
-        np.add(m, scratch, out=m)
-        np.multiply(grad, grad, out=scratch)
-        np.subtract(scratch, v, out=scratch)
-        np.multiply(scratch, self.one_minus_beta2, out=scratch)
-        np.add(v, scratch, out=v)
-        np.sqrt(v, out=scratch)
-        np.add(scratch, self.eps, out=scratch)
-        np.divide(m, scratch, out=scratch)
-        np.multiply(scratch, alpha, out=scratch)
-        np.subtract(var, scratch, out=var)
+        np.multiply(m, self.beta1, out=m)
+        m[rows] += g * self.one_minus_beta1
+        np.multiply(v, self.beta2, out=v)
+        v[rows] += g * (g * self.one_minus_beta2)  # as Grappler reassociates TF's (g * g) * (1 - beta2)
+        var -= alpha * m / (np.sqrt(v) + self.eps)
 
     def finish_step(self):
         for name, beta in (("beta1_power", self.beta1), ("beta2_power", self.beta2)):
             self.scalars[name] = np.asarray(F32(self.scalars[name]) * beta, F32)
 
 
-OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "momentum": Momentum, "adam": Adam}
+class RMSProp(Optimizer):
+    """Slots: RMSProp (the mean square, starts at one), then centered RMSProp_1 (the mean
+    gradient), then the momentum accumulator (RMSProp_1, or RMSProp_2 when centered)."""
+
+
+    def __init__(self, config: OptimizerConfig):
+        super().__init__(config)
+        self.rho, self.mu, self.eps = F32(config.decay), F32(config.momentum), F32(config.epsilon)
+        self.one_minus_rho = F32(1) - self.rho
+        if config.centered:
+            self.slot_suffixes = ("RMSProp", "RMSProp_1", "RMSProp_2")
+            self.slot_initial_values = (1.0, 0.0, 0.0)
+        else:
+            self.slot_suffixes, self.slot_initial_values = ("RMSProp", "RMSProp_1"), (1.0, 0.0)
+
+    def apply(self, var, grad, slots, scratch):
+        s, t = scratch
+        ms, mom = slots[0], slots[-1]
+        np.multiply(grad, grad, out=s)  # ms += (g * g - ms) * (1 - rho)
+        np.subtract(s, ms, out=s)
+        np.multiply(s, self.one_minus_rho, out=s)
+        np.add(ms, s, out=ms)
+        if self.config.centered:
+            mg = slots[1]
+            np.subtract(grad, mg, out=s)  # mg += (g - mg) * (1 - rho)
+            np.multiply(s, self.one_minus_rho, out=s)
+            np.add(mg, s, out=mg)
+            np.multiply(mg, mg, out=t)  # denominator sqrt(ms - mg * mg + epsilon)
+            np.subtract(ms, t, out=t)
+            np.add(t, self.eps, out=t)
+        else:
+            np.add(ms, self.eps, out=t)
+        np.sqrt(t, out=t)
+        np.multiply(grad, self.lr, out=s)  # mom = mom * mu + g * lr / denominator
+        np.divide(s, t, out=s)
+        np.multiply(mom, self.mu, out=mom)
+        np.add(mom, s, out=mom)
+        np.subtract(var, mom, out=var)
+
+    def apply_sparse(self, var, indices, values, slots):
+        rows, g = _deduplicate(indices, values)
+        ms, mom = slots[0], slots[-1]
+        ms_rows = ms[rows] * self.rho + (g * g) * self.one_minus_rho
+        ms[rows] = ms_rows
+        if self.config.centered:
+            mg = slots[1]
+            mg_rows = mg[rows] * self.rho + g * self.one_minus_rho
+            mg[rows] = mg_rows
+            denominator = (ms_rows + self.eps) - mg_rows * mg_rows
+        else:
+            denominator = ms_rows + self.eps
+        mom_rows = mom[rows] * self.mu + (_rsqrt(denominator) * self.lr) * g
+        mom[rows] = mom_rows
+        var[rows] -= mom_rows
+
+
+class Adagrad(Optimizer):
+
+    def __init__(self, config: OptimizerConfig):
+        super().__init__(config)
+        self.slot_suffixes = ("Adagrad",)
+        self.slot_initial_values = (float(F32(config.initial_accumulator_value)),)
+
+    def apply(self, var, grad, slots, scratch):
+        (accum,), (s, t) = slots, scratch
+        np.multiply(grad, grad, out=s)
+        np.add(accum, s, out=accum)
+        np.multiply(grad, self.lr, out=s)  # var -= g * lr * rsqrt(accum)
+        np.sqrt(accum, out=t)
+        np.divide(F32(1), t, out=t)
+        np.multiply(s, t, out=s)
+        np.subtract(var, s, out=var)
+
+    def apply_sparse(self, var, indices, values, slots):
+        rows, g = _deduplicate(indices, values)
+        (accum,) = slots
+        a = accum[rows] + g * g
+        accum[rows] = a
+        if var[0].size == 1:
+            var[rows] -= (self.lr * g) / np.sqrt(a)
+        else:
+            var[rows] -= (self.lr * g) * _rsqrt(a)
+
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "momentum": Momentum, "adam": Adam,
+                                          "rmsprop": RMSProp, "adagrad": Adagrad}
+
+
+def config_problem(config: OptimizerConfig) -> str:
+    """Why the CS cannot run `config` as TF would, or ""."""
+    if config.type not in OPTIMIZERS:
+        return f"unknown optimizer {config.type!r}; the CS system has {', '.join(OPTIMIZERS)}"
+    if not np.isfinite(config.learning_rate):
+        return f"optimizer {config.type}: learning rate {config.learning_rate} is not finite"
+    if config.type == "adagrad" and not config.initial_accumulator_value > 0:
+        return (f"optimizer adagrad: initial_accumulator_value must be > 0 (as in TF), "
+                f"got {config.initial_accumulator_value}")
+    return ""
 
 
 def make_optimizer(config: OptimizerConfig) -> Optimizer:
-    try:
-        cls = OPTIMIZERS[config.type]
-    except KeyError:
-        raise ValueError(f"unknown optimizer {config.type!r}; the CS system has "
-                         f"{', '.join(OPTIMIZERS)}") from None
-    optimizer = cls(config)
+    problem = config_problem(config)
+    if problem:
+        raise ValueError(problem)
+    optimizer = OPTIMIZERS[config.type](config)
     optimizer.scalars = optimizer.initial_scalars()
     return optimizer

@@ -25,7 +25,7 @@ from typing import Mapping, NamedTuple, Sequence
 import numpy as np
 
 from wse_sim.kernels import Kernel, RunContext
-from wse_sim.optimizers import Optimizer
+from wse_sim.optimizers import Optimizer, slot_name
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
 # A stage thread pays off only with this much work per micro-batch (a multiply-add counts
@@ -48,7 +48,7 @@ class Region:
     trains: bool = False  # upstream of the loss: runs a backward pass
     grads: dict[str, np.ndarray] = field(default_factory=dict)  # gradient accumulators
     slots: dict[str, list[np.ndarray]] = field(default_factory=dict)  # role -> optimizer slots
-    scratch: dict[str, np.ndarray] = field(default_factory=dict)
+    scratch: dict[str, list[np.ndarray]] = field(default_factory=dict)  # role -> 2 arrays
     input_grads: tuple[bool, ...] = ()
     # the consumers' gradients it sums, as (consumer position, input index), in tick order
     inflow: tuple[tuple[int, int], ...] = ()
@@ -101,11 +101,12 @@ class Pipeline:
                 for role, var in region.variables.items():
                     shape = region.params[role].shape
                     region.grads[role] = np.zeros(shape, np.float32)
-                    region.scratch[role] = np.empty(shape, np.float32)
+                    region.scratch[role] = [np.empty(shape, np.float32) for _ in range(2)]
                     region.slots[role] = [
-                        np.array(state.get(f"{var}/{suffix}", np.zeros(shape, np.float32)),
+                        np.array(state.get(slot_name(var, suffix), np.full(shape, initial, np.float32)),
                                  dtype=np.float32, order="C")
-                        for suffix in optimizer.slot_suffixes]
+                        for suffix, initial in zip(optimizer.slot_suffixes,
+                                                   optimizer.slot_initial_values)]
             for name in optimizer.scalar_names:
                 if name in state:
                     optimizer.scalars[name] = np.asarray(state[name], np.float32)
@@ -252,7 +253,7 @@ class Pipeline:
             for role, var in region.variables.items():
                 out[var] = region.params[role]
                 for suffix, slot in zip(suffixes, region.slots.get(role, ())):
-                    out[f"{var}/{suffix}"] = slot
+                    out[slot_name(var, suffix)] = slot
         if self.optimizer is not None:
             out.update(self.optimizer.scalars)
         return out

@@ -1,6 +1,6 @@
-"""A loaded program, checked: its kernels built from the library, their shapes chained from
-the program's inputs, and the weights and optimizer state complete and of the right shapes.
-Every refusal names the kernel or tensor and both shapes."""
+"""A loaded program, checked: its kernels built from the library, their shapes and dtypes
+chained from the program's inputs, and the weights and optimizer state complete and of the
+right shapes. Every refusal names the kernel or tensor and both shapes."""
 from __future__ import annotations
 
 import math
@@ -10,20 +10,23 @@ from typing import Any, Mapping
 import numpy as np
 
 from wse_sim.api import cs_api_pb2 as pb
-from wse_sim.api.tensors import dtype_of
+from wse_sim.api.tensors import dtype_of, from_tensor
 from wse_sim.errors import invalid
 from wse_sim.kernels import Kernel, KernelError, build_kernel
-from wse_sim.optimizers import OPTIMIZERS, OptimizerConfig, make_optimizer
+from wse_sim.optimizers import OptimizerConfig, config_problem, make_optimizer, slot_name
 
 Shape = tuple[int, ...]
 
 
 def attr_value(value: pb.AttrValue) -> Any:
+    """A kernel attribute as a plain Python value (a tensor attribute as a numpy array)."""
     kind = value.WhichOneof("value")
     if kind == "ints":
         return [int(v) for v in value.ints.values]
     if kind == "floats":
         return [float(v) for v in value.floats.values]
+    if kind == "tensor":
+        return from_tensor(value.tensor)  # ValueError: its bytes do not fit its shape
     return getattr(value, kind) if kind else None
 
 
@@ -61,6 +64,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
         raise invalid(f"program {program.name!r}: batch size {program.batch_size} is not a "
                       f"multiple of micro-batch size {program.micro_batch_size}")
     shapes: dict[str, Shape] = {}
+    dtypes: dict[str, np.dtype] = {}
     inputs = []
     for spec in program.inputs:
         try:
@@ -68,7 +72,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
         except ValueError:
             raise invalid(f"program input {spec.name!r} has no dtype") from None
         inputs.append(InputSpec(spec.name, dtype, tuple(int(d) for d in spec.shape)))
-        shapes[spec.name] = inputs[-1].shape
+        shapes[spec.name], dtypes[spec.name] = inputs[-1].shape, dtype
     if not inputs:
         raise invalid(f"program {program.name!r} has no inputs")
     kernels, sources, variables = [], [], []
@@ -80,11 +84,18 @@ def check_program(program: pb.Program) -> CheckedProgram:
             raise invalid(f"kernel {message.name!r} ({message.type}): input {missing[0] if missing else '(none)'!r} "
                           f"is neither a program input nor an earlier kernel")
         input_shapes = [shapes[s] for s in message.inputs]
-        attrs = {key: attr_value(v) for key, v in message.attrs.items()}
+        attrs = {}
+        for key, value in message.attrs.items():
+            try:
+                attrs[key] = attr_value(value)
+            except ValueError as error:
+                raise invalid(f"kernel {message.name!r} ({message.type}): attribute {key!r}: "
+                              f"{error}") from None
         try:
             kernel = build_kernel(message.type, message.name, attrs, input_shapes)
             out = tuple(kernel.output_shape)
             expected_params = kernel.param_shapes()
+            dtype = kernel.output_dtype([dtypes[s] for s in message.inputs])
         except KernelError as error:
             raise invalid(f"{error} (inputs {', '.join(map(str, input_shapes))})") from None
         declared = tuple(int(d) for d in message.output_shape)
@@ -104,7 +115,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
         if set(roles) != set(expected_params):
             raise invalid(f"kernel {message.name!r} ({message.type}): params "
                           f"{sorted(expected_params)} needed, the program names {sorted(roles)}")
-        shapes[message.name] = out
+        shapes[message.name], dtypes[message.name] = out, dtype
         kernels.append(kernel)
         sources.append(tuple(message.inputs))
         variables.append(roles)
@@ -118,23 +129,23 @@ def check_program(program: pb.Program) -> CheckedProgram:
             raise invalid(f"program {program.name!r}: output {name!r} is neither an input nor a kernel")
     optimizer = None
     if program.HasField("optimizer") and program.optimizer.type:
-        if program.optimizer.type not in OPTIMIZERS:
-            raise invalid(f"program {program.name!r}: unknown optimizer {program.optimizer.type!r}; "
-                          f"the CS system has {', '.join(OPTIMIZERS)}")
         optimizer = OptimizerConfig.from_message(program.optimizer)
+        problem = config_problem(optimizer)
+        if problem:
+            raise invalid(f"program {program.name!r}: {problem}")
     return CheckedProgram(program, tuple(inputs), tuple(kernels), tuple(sources),
                           tuple(variables), optimizer)
 
 
 def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The complete job state: every weight given with its shape; slots and Adam's beta
-    powers may be missing (slots start at zero, beta powers at beta1 and beta2, as in TF)."""
+    """The complete job state: every weight given with its shape; optimizer slots and
+    scalars may be missing (they start as TF starts them: wse_sim.optimizers)."""
     shapes = checked.variable_shapes()
     optimizer = make_optimizer(checked.optimizer) if checked.optimizer else None
     suffixes = optimizer.slot_suffixes if optimizer else ()
     expected: dict[str, Shape] = dict(shapes)
     for var, shape in shapes.items():
-        expected.update({f"{var}/{suffix}": shape for suffix in suffixes})
+        expected.update({slot_name(var, suffix): shape for suffix in suffixes})
     if optimizer:
         expected.update({name: () for name in optimizer.scalar_names})
     for name, array in tensors.items():

@@ -4,9 +4,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from launcher.compiler.ir import MatchedModel, TrainingSpec
 from launcher.compiler.placement import Placement
 from wse_sim.api import cs_api_pb2 as pb
+from wse_sim.api.tensors import to_tensor
 
 DTYPES = {"float32": pb.FLOAT32, "int32": pb.INT32, "int64": pb.INT64, "float16": pb.FLOAT16,
           "float64": pb.FLOAT64, "bool": pb.BOOL}
@@ -16,6 +19,8 @@ MAX_MICRO_BATCH = 64
 
 
 def attr_value(value: Any) -> pb.AttrValue:
+    if isinstance(value, np.ndarray):
+        return pb.AttrValue(tensor=to_tensor("", value))
     if isinstance(value, bool):
         return pb.AttrValue(b=value)
     if isinstance(value, int):

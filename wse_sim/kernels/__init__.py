@@ -2,30 +2,45 @@
 
 Catalog (the contract between the compiler, which emits these, and the simulator, which
 runs them). Shapes are per sample; `activation` attrs take the names of the `activation`
-kernel's functions.
+kernel's functions. Inputs and outputs are float32 unless the dtype column says otherwise.
 
-| type | inputs | attrs | params (role: shape) |
-|---|---|---|---|
-| dense | x (..., n) | units, use_bias, activation | kernel: (n, units), bias: (units,) |
-| conv2d | x (H, W, C) NHWC | filters, kernel_size [kh, kw], strides [sh, sw], padding SAME/VALID, use_bias, activation | kernel: (kh, kw, C, filters), bias: (filters,) |
-| max_pool, avg_pool | x (H, W, C) | pool_size [ph, pw], strides [sh, sw], padding | — |
-| activation | x | function: relu, relu6, leaky_relu, elu, selu, tanh, sigmoid, softplus, linear; alpha (leaky_relu) | — |
-| dropout | x | rate | — |
-| reshape | x | shape [per-sample target shape] (flatten = reshape to [n]) | — |
-| add | x1, x2, ... same shape | — | — |
-| concat | x1, x2, ... | axis (per-sample axis, >= 0) | — |
-| sparse_softmax_cross_entropy | logits (k,), labels () int | reduction: mean or sum | — |
-| softmax_cross_entropy | logits (k,), labels (k,) | reduction | — |
-| sigmoid_cross_entropy | logits (...), labels (...) | reduction | — |
-| mean_squared_error | predictions (...), labels (...) | reduction | — |
+| type | inputs | attrs | params (role: shape) | dtypes |
+|---|---|---|---|---|
+| dense | x (..., n) | units, use_bias, activation | kernel: (n, units), bias: (units,) | |
+| conv2d | x (H, W, C) NHWC | filters, kernel_size [kh, kw], strides [sh, sw], padding SAME/VALID, use_bias, activation | kernel: (kh, kw, C, filters), bias: (filters,) | |
+| max_pool, avg_pool | x (H, W, C) | pool_size [ph, pw], strides [sh, sw], padding | — | |
+| activation | x | function: relu, relu6, leaky_relu, elu, selu, tanh, sigmoid, softplus, linear, identity, neg, abs, square, sqrt, rsqrt, exp, expm1, log, log1p, reciprocal, erf, sin, cos, sign, softsign, pow; alpha (leaky_relu); exponent (pow, float) | — | |
+| binary | the `i` operands | op: add, sub, mul, div, maximum, minimum, squared_difference, pow, greater, greater_equal, less, less_equal, equal, not_equal, logical_and, logical_or; operands (2 letters) | p<k>: attr p<k> | two operands of one dtype; add, sub, mul, maximum, minimum and comparisons also int32/int64, logical bool; comparisons and logical output bool |
+| select | the `i` operands | operands (3 letters: cond, x, y) | p<k>: attr p<k> | cond bool; x, y one dtype: the output's |
+| cast | x | dtype: float32, int32, int64, bool | — | x float32, int32, int64 or bool; output attr dtype |
+| stop_gradient | x | — | — | any, passed through |
+| one_hot | indices (...) | depth, on_value, off_value (axis -1) | — | indices int32/int64; output (..., depth) |
+| dropout | x | rate | — | |
+| reshape | x | shape [per-sample target shape] (flatten = reshape to [n]) | — | any, passed through |
+| add | x1, x2, ... same shape | — | — | |
+| concat | x1, x2, ... | axis (per-sample axis, >= 0) | — | any, all one |
+| softmax_cross_entropy_with_logits | logits (..., k), labels | sparse (bool) | — | labels (..., k) float32, or sparse (...) int32/int64; output (...) |
+| loss | t (any) | scale | — | output () = scale * sum(t) |
+| sparse_softmax_cross_entropy | logits (k,), labels () int | reduction: mean or sum | — | labels int32/int64 |
+| softmax_cross_entropy | logits (k,), labels (k,) | reduction | — | labels any |
+| sigmoid_cross_entropy | logits (...), labels (...) | reduction | — | labels any |
+| mean_squared_error | predictions (...), labels (...) | reduction | — | labels any |
+
+Operands (binary, select, and the structural kernels that take them): attr `operands` has
+a letter per operand position k, `i` the kernel's next input, `c` the constant in tensor
+attr `c<k>`, `p` the weight with param role `p<k>` and TF shape in ints attr `p<k>`; they
+broadcast as numpy (= TF) does on the micro-batch arrays (`wse_sim.kernels.operands`).
 
 Losses (`is_loss = True`) output one value per sample, already scaled so that the sum
-over the whole batch is the loss: "mean" divides by the number of loss elements in the
-batch (batch size x per-sample elements), "sum" does not. Their backward takes no
-upstream gradient and returns the gradient of that scaled value, so micro-batches add up
-to ordinary mini-batch training.
+over the whole batch is the loss: `loss` multiplies by its `scale`; the fused losses'
+"mean" divides by the number of loss elements in the batch (batch size x per-sample
+elements), "sum" does not. Their backward takes no upstream gradient and returns the
+gradient of that scaled value, so micro-batches add up to ordinary mini-batch training.
+`input_differentiable` says which inputs a gradient flows back through (not labels,
+integer or bool inputs, comparisons, stop_gradient, one_hot, casts to non-float).
 """
-from wse_sim.kernels import activations, conv, dense, losses, structure  # noqa: F401 (register)
+from wse_sim.kernels import (activations, conv, dense, elementwise, losses,  # noqa: F401 (register)
+                             structure)
 from wse_sim.kernels.base import KERNELS, Kernel, KernelError, RunContext, build_kernel, register
 
 __all__ = ["KERNELS", "Kernel", "KernelError", "RunContext", "build_kernel", "register"]

@@ -15,6 +15,9 @@ from wse_sim.kernels.base import Kernel, KernelError, RunContext, max_cores_for,
 SELU_SCALE = np.float32(1.0507009873554804934193349852946)
 SELU_ALPHA = np.float32(1.6732632423543772848170429916717)
 _ONE = np.float32(1.0)
+_TWO = np.float32(2.0)
+_HALF = np.float32(0.5)
+TWO_OVER_ROOT_PI = np.float32(2 / np.sqrt(np.pi))
 
 
 def _relu(x, alpha, out):
@@ -92,6 +95,168 @@ def _linear_grad(x, y, alpha, dy, out):
     return _linear(dy, alpha, out)
 
 
+def _neg(x, a, out):
+    return np.negative(x, out=out)
+
+
+def _neg_grad(x, y, a, dy, out):
+    return np.negative(dy, out=out)
+
+
+def _abs(x, a, out):
+    return np.abs(x, out=out)
+
+
+def _abs_grad(x, y, a, dy, out):  # grad * sign(x)
+    return np.multiply(dy, np.sign(x), out=out)
+
+
+def _square(x, a, out):
+    return np.multiply(x, x, out=out)
+
+
+def _square_grad(x, y, a, dy, out):  # grad * (x * 2)
+    return np.multiply(dy, x * _TWO, out=out)
+
+
+def _sqrt(x, a, out):
+    return np.sqrt(x, out=out)
+
+
+def _sqrt_grad(x, y, a, dy, out):  # SqrtGrad(y, dy): mul_no_nan(0.5 / y, dy)
+    return _mul_no_nan(_HALF / y, dy, out)
+
+
+def _rsqrt(x, a, out):
+    return _store(_ONE / np.sqrt(x), out)
+
+
+def _rsqrt_grad(x, y, a, dy, out):  # RsqrtGrad(y, dy): mul_no_nan(-0.5 * (y * y), mul_no_nan(y, dy))
+    return _mul_no_nan(-_HALF * (y * y), _mul_no_nan(y, dy, None), out)
+
+
+def _exp(x, a, out):
+    return np.exp(x, out=out)
+
+
+def _exp_grad(x, y, a, dy, out):  # grad * y
+    return np.multiply(dy, y, out=out)
+
+
+def _expm1(x, a, out):
+    return np.expm1(x, out=out)
+
+
+def _expm1_grad(x, y, a, dy, out):  # grad * exp(x)
+    return np.multiply(dy, np.exp(x), out=out)
+
+
+def _log(x, a, out):
+    return np.log(x, out=out)
+
+
+def _log_grad(x, y, a, dy, out):  # grad * reciprocal(x)
+    return np.multiply(dy, _ONE / x, out=out)
+
+
+def _log1p(x, a, out):
+    return np.log1p(x, out=out)
+
+
+def _log1p_grad(x, y, a, dy, out):  # grad * reciprocal(1 + x)
+    return np.multiply(dy, _ONE / (_ONE + x), out=out)
+
+
+def _reciprocal(x, a, out):
+    return np.divide(_ONE, x, out=out)
+
+
+def _reciprocal_grad(x, y, a, dy, out):  # ReciprocalGrad(y, dy): mul_no_nan(-(y * y), dy)
+    return _mul_no_nan(-(y * y), dy, out)
+
+
+def _erf(x, a, out):
+    return _store(erf(x), out)
+
+
+def _erf_grad(x, y, a, dy, out):  # grad * (2 / sqrt(pi)) * exp(-square(x))
+    return np.multiply(dy * TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
+
+
+def _sin(x, a, out):
+    return np.sin(x, out=out)
+
+
+def _sin_grad(x, y, a, dy, out):  # grad * cos(x)
+    return np.multiply(dy, np.cos(x), out=out)
+
+
+def _cos(x, a, out):
+    return np.cos(x, out=out)
+
+
+def _cos_grad(x, y, a, dy, out):  # -grad * sin(x)
+    return np.multiply(-dy, np.sin(x), out=out)
+
+
+def _sign(x, a, out):
+    return np.sign(x, out=out)
+
+
+def _sign_grad(x, y, a, dy, out):  # zeros (TF's gradient is 0, not None)
+    return _store(np.zeros_like(dy), out)
+
+
+def _softsign(x, a, out):
+    return np.divide(x, np.abs(x) + _ONE, out=out)
+
+
+def _softsign_grad(x, y, a, dy, out):  # SoftsignGrad: dy / (|x| + 1)^2
+    return np.divide(dy, np.square(np.abs(x) + _ONE), out=out)
+
+
+def _pow(x, a, out):
+    return np.power(x, np.float32(a), out=out)
+
+
+def _pow_grad(x, y, a, dy, out):  # _PowGrad: grad * e * pow(x, e - 1)
+    e = np.float32(a)
+    return np.multiply(dy * e, np.power(x, e - _ONE), out=out)
+
+
+def _mul_no_nan(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """TF's mul_no_nan(a, b): a * b, and 0 where b is 0 (even if a is inf or nan)."""
+    return _store(np.where(b == 0, np.float32(0), a * b), out)
+
+
+# erf: Eigen's float rational approximation (the one TensorFlow's Erf runs; an 11/10-degree
+# interpolant accurate to 3 ulp), coefficients highest power first, for x^2 clamped to 16.
+_ERF_NUMERATOR = np.array([2.123732201653183437883853912353515625e-06,
+                           2.861979592125862836837768554687500000e-04,
+                           3.658048342913389205932617187500000000e-03,
+                           5.243302136659622192382812500000000000e-02,
+                           1.874160766601562500000000000000000000e-01,
+                           1.128379106521606445312500000000000000e+00], np.float32)
+_ERF_DENOMINATOR = np.array([3.89185734093189239501953125000e-05,
+                             1.14329601638019084930419921875e-03,
+                             1.47520881146192550659179687500e-02,
+                             1.12945675849914550781250000000e-01,
+                             4.99425798654556274414062500000e-01, 1.0], np.float32)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function in float32, as TensorFlow computes it on CPU."""
+    x = np.asarray(x, np.float32)
+    x2 = np.minimum(np.float32(16), x * x)
+    p = np.full_like(x2, _ERF_NUMERATOR[0])
+    for c in _ERF_NUMERATOR[1:]:
+        p = p * x2 + c
+    q = np.full_like(x2, _ERF_DENOMINATOR[0])
+    for c in _ERF_DENOMINATOR[1:]:
+        q = q * x2 + c
+    return np.clip((x * p) / q, -_ONE, _ONE)
+
+
 def _store(value: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     value = value.astype(np.float32, copy=False)
     if out is None:
@@ -109,7 +274,8 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 Forward = Callable[[np.ndarray, float, "np.ndarray | None"], np.ndarray]
 Backward = Callable[[np.ndarray, np.ndarray, float, np.ndarray, "np.ndarray | None"], np.ndarray]
 
-# name -> (forward(x, alpha, out), backward(x, y, alpha, dy, out), FLOPs per element)
+# name -> (forward(x, a, out), backward(x, y, a, dy, out), FLOPs per element), where `a` is
+# the function's parameter (leaky_relu's alpha, pow's exponent; ignored by the others)
 FUNCTIONS: dict[str, tuple[Forward, Backward, int]] = {
     "relu": (_relu, _relu_grad, 1),
     "relu6": (_relu6, _relu6_grad, 2),
@@ -120,29 +286,55 @@ FUNCTIONS: dict[str, tuple[Forward, Backward, int]] = {
     "sigmoid": (_sigmoid, _sigmoid_grad, 4),
     "softplus": (_softplus, _softplus_grad, 4),
     "linear": (_linear, _linear_grad, 0),
+    "identity": (_linear, _linear_grad, 0),
+    "neg": (_neg, _neg_grad, 1),
+    "abs": (_abs, _abs_grad, 1),
+    "square": (_square, _square_grad, 1),
+    "sqrt": (_sqrt, _sqrt_grad, 4),
+    "rsqrt": (_rsqrt, _rsqrt_grad, 5),
+    "exp": (_exp, _exp_grad, 4),
+    "expm1": (_expm1, _expm1_grad, 4),
+    "log": (_log, _log_grad, 4),
+    "log1p": (_log1p, _log1p_grad, 5),
+    "reciprocal": (_reciprocal, _reciprocal_grad, 4),
+    "erf": (_erf, _erf_grad, 14),
+    "sin": (_sin, _sin_grad, 4),
+    "cos": (_cos, _cos_grad, 4),
+    "sign": (_sign, _sign_grad, 1),
+    "softsign": (_softsign, _softsign_grad, 3),
+    "pow": (_pow, _pow_grad, 8),
 }
+# Functions with a parameter of their own (the `activation` kernel's attr named here):
+# fused into dense or conv2d they would run with a default, so only `activation` takes them.
+PARAMETERS = {"pow": "exponent"}
 
 
-def check_function(kernel: str, name: Any) -> str:
+def check_function(kernel: str, name: Any, fused: bool = True) -> str:
+    """The function's name; KernelError for an unknown one (or, `fused` into dense or
+    conv2d, one that needs a parameter of its own)."""
     if name not in FUNCTIONS:
         raise KernelError(f"kernel {kernel!r}: unknown activation {name!r}; "
                           f"the library has {', '.join(FUNCTIONS)}")
+    if fused and name in PARAMETERS:
+        raise KernelError(f"kernel {kernel!r}: activation {name!r} needs its "
+                          f"{PARAMETERS[name]}: only an activation kernel applies it")
     return str(name)
 
 
-def apply(name: str, x: np.ndarray, alpha: float = 0.2, out: np.ndarray | None = None) -> np.ndarray:
-    return FUNCTIONS[name][0](x, alpha, out)
+def apply(name: str, x: np.ndarray, a: float = 0.2, out: np.ndarray | None = None) -> np.ndarray:
+    return FUNCTIONS[name][0](x, a, out)
 
 
-def gradient(name: str, x: np.ndarray, y: np.ndarray, dy: np.ndarray, alpha: float = 0.2,
+def gradient(name: str, x: np.ndarray, y: np.ndarray, dy: np.ndarray, a: float = 0.2,
              out: np.ndarray | None = None) -> np.ndarray:
     """dL/dx from dL/dy, given the function's input x and output y."""
-    return FUNCTIONS[name][1](x, y, alpha, dy, out)
+    return FUNCTIONS[name][1](x, y, a, dy, out)
 
 
 @register
 class Activation(Kernel):
-    """An element-wise function of one input (leaky_relu carries its `alpha`)."""
+    """An element-wise function of one float32 input (leaky_relu carries its `alpha`, pow
+    its `exponent`). Like TF, it lets inf and nan through (log(0), 1/0) without a warning."""
 
     type_name = "activation"
 
@@ -150,8 +342,16 @@ class Activation(Kernel):
         super().__init__(name, attrs, input_shapes)
         if len(self.input_shapes) != 1:
             raise KernelError(f"kernel {name!r}: activation takes 1 input, got {len(self.input_shapes)}")
-        self.function = check_function(name, self.attrs.get("function"))
-        self.alpha = float(self.attrs.get("alpha", 0.2))
+        self.function = check_function(name, self.attrs.get("function"), fused=False)
+        if self.function in PARAMETERS:
+            key = PARAMETERS[self.function]
+            value = self.attrs.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise KernelError(f"kernel {name!r}: activation {self.function} needs a number "
+                                  f"attr {key!r}, got {value!r}")
+            self.parameter = float(value)
+        else:
+            self.parameter = float(self.attrs.get("alpha", 0.2))
 
     @property
     def output_shape(self):
@@ -171,9 +371,11 @@ class Activation(Kernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        y = apply(self.function, x, self.alpha)
+        with np.errstate(all="ignore"):
+            y = apply(self.function, x, self.parameter)
         return y, (x, y)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         x, y = cache
-        return [gradient(self.function, x, y, grad_output, self.alpha)], {}
+        with np.errstate(all="ignore"):
+            return [gradient(self.function, x, y, grad_output, self.parameter)], {}

@@ -4,7 +4,8 @@ arithmetic read the same definition.
 
 Shapes given to and returned by a kernel's *shape* methods are per sample (no batch
 dimension). Arrays given to forward/backward carry a leading micro-batch dimension.
-All arithmetic is float32 numpy.
+All arithmetic is float32 numpy; a kernel's output may also be int32, int64 or bool
+(comparisons, casts), as its `output_dtype` says.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 Shape = tuple[int, ...]
+INTEGER = (np.int32, np.int64)  # the integer dtypes kernels take (indices, labels)
 
 
 # A core needs at least this many forward FLOPs of a kernel's work per sample to be useful:
@@ -89,6 +91,18 @@ class Kernel:
         """Bytes this kernel keeps per sample in flight for its backward pass."""
         raise NotImplementedError
 
+    # ---- dtypes and gradient flow (program checks and the executor) ----
+    def output_dtype(self, input_dtypes: Sequence[np.dtype]) -> np.dtype:
+        """The output's dtype given the inputs' (KernelError for a dtype the kernel cannot
+        take). By default every input is float32 and so is the output."""
+        check_dtypes(self, input_dtypes, [(np.float32,)] * len(input_dtypes))
+        return np.dtype(np.float32)
+
+    def input_differentiable(self, index: int) -> bool:
+        """Whether a gradient flows back through input `index` (False: stop_gradient,
+        integer or bool inputs, comparisons, labels): backward returns None for it."""
+        return True
+
     # ---- arithmetic (simulator) ----
     def forward(self, params: Mapping[str, np.ndarray], inputs: Sequence[np.ndarray],
                 ctx: RunContext) -> tuple[np.ndarray, Any]:
@@ -108,6 +122,29 @@ class Kernel:
         region accumulates its weight gradient over the batch without allocating.
         """
         raise NotImplementedError
+
+
+def check_dtypes(kernel: Kernel, input_dtypes: Sequence[np.dtype],
+                 allowed: Sequence[Sequence[type]]) -> None:
+    """Refuse an input whose dtype is not among those allowed for its position."""
+    for index, (dtype, accepted) in enumerate(zip(input_dtypes, allowed)):
+        if np.dtype(dtype) not in [np.dtype(a) for a in accepted]:
+            names = " or ".join(np.dtype(a).name for a in accepted)
+            raise KernelError(f"kernel {kernel.name!r} ({kernel.type_name}): input {index} is "
+                              f"{np.dtype(dtype).name}, it takes {names}")
+
+
+def accumulate(acc: Mapping[str, np.ndarray] | None, role: str, value: np.ndarray,
+               grads: dict[str, np.ndarray], ctx: RunContext) -> None:
+    """Add a parameter gradient into its accumulator (or hand it back when there is none)."""
+    if acc is None:
+        grads[role] = value
+        return
+    if ctx.accumulate:
+        np.add(acc[role], value, out=acc[role])
+    else:
+        np.copyto(acc[role], value)
+    grads[role] = acc[role]
 
 
 KERNELS: dict[str, type[Kernel]] = {}

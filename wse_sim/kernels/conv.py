@@ -9,8 +9,9 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from wse_sim.kernels import activations
-from wse_sim.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
-from wse_sim.kernels.dense import OUTPUT_GRADIENT, MatmulGradient, accumulate
+from wse_sim.kernels.base import (Kernel, KernelError, RunContext, accumulate, max_cores_for,
+                                  register)
+from wse_sim.kernels.dense import OUTPUT_GRADIENT, MatmulGradient
 
 
 def pair(name: str, attrs: Mapping[str, Any], key: str) -> tuple[int, int]:

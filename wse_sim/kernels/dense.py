@@ -7,23 +7,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wse_sim.kernels import activations
-from wse_sim.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
+from wse_sim.kernels.base import (Kernel, KernelError, RunContext, accumulate, max_cores_for,
+                                  register)
 
 # Activations whose gradient reads only the output: applied in place on the pre-activation.
 OUTPUT_GRADIENT = {"relu", "elu", "selu", "tanh", "sigmoid", "linear"}
-
-
-def accumulate(acc: Mapping[str, np.ndarray] | None, role: str, value: np.ndarray,
-               grads: dict[str, np.ndarray], ctx: RunContext) -> None:
-    """Add a parameter gradient into its accumulator (or hand it back when there is none)."""
-    if acc is None:
-        grads[role] = value
-        return
-    if ctx.accumulate:
-        np.add(acc[role], value, out=acc[role])
-    else:
-        np.copyto(acc[role], value)
-    grads[role] = acc[role]
 
 
 class MatmulGradient:

@@ -80,6 +80,9 @@ class Reshape(Elementwise):
     def flops_per_sample(self) -> float:
         return 0.0
 
+    def output_dtype(self, input_dtypes):
+        return np.dtype(input_dtypes[0])  # any dtype (labels are reshaped too)
+
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
         return x.reshape(x.shape[0], *self.shape), x.shape
@@ -133,6 +136,12 @@ class Concat(Elementwise):
         s = list(self.input_shapes[0])
         s[self.axis] = sum(shape[self.axis] for shape in self.input_shapes)
         return tuple(s)
+
+    def output_dtype(self, input_dtypes):
+        if len({np.dtype(d) for d in input_dtypes}) != 1:
+            raise KernelError(f"kernel {self.name!r} (concat): inputs of different dtypes "
+                              f"{[np.dtype(d).name for d in input_dtypes]}")
+        return np.dtype(input_dtypes[0])
 
     def forward(self, params, inputs, ctx: RunContext):
         return np.concatenate(inputs, axis=self.axis + 1), None
