@@ -109,13 +109,16 @@ def test_adagrad_initial_accumulator_value_is_read_from_the_graph():
     assert spec.variables[0].slots == ("hidden/kernel/Adagrad",)
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
-def test_embedding_tables_are_updated_sparse(optimizer):
-    spec = analyze(tm.embedding_bag, tm.ids_input_fn, optimizer=optimizer)
-    assert spec.update("table") == "sparse" and spec.update("dense/kernel") == "dense"
-    suffix = "Adam" if optimizer == "adam" else "Momentum"
-    assert [v.slots[0] for v in spec.variables] == [
-        f"table/{suffix}", f"dense/kernel/{suffix}", f"dense/bias/{suffix}"]
+@pytest.mark.parametrize("optimizer, suffix, keras", [
+    ("adam", "Adam", False), ("momentum", "Momentum", False), ("sgd", "", False),
+    ("adagrad", "Adagrad", True), ("adam", "Adam", True)])
+def test_embedding_tables_are_updated_sparse(optimizer, suffix, keras):
+    spec = analyze(tm.embedding_bag, tm.ids_input_fn, optimizer=optimizer, keras=keras)
+    table = "table/embeddings" if keras else "table"
+    assert spec.update(table) == "sparse" and spec.update("dense/kernel") == "dense"
+    assert names(spec) == (table, "dense/kernel", "dense/bias") and spec.transforms == ()
+    assert [v.slots[:1] for v in spec.variables] == [
+        (f"{v}/{suffix}",) if suffix else () for v in names(spec)]
 
 
 def test_clip_by_norm_of_a_sparse_gradient_is_refused():
@@ -153,11 +156,16 @@ def test_gradients_changed_by_unsupported_ops_are_refused_one_line_each(model_fn
     assert all(f"({op} '" in l and l.endswith(f"{line_of(fragment)})") for l in lines)
 
 
-def test_swapped_gradients_fail_the_numeric_check():
+def test_swapped_gradients_are_refused_by_structure_and_by_numbers(monkeypatch):
+    error = refusal(tm.swapped_gradients)
+    assert error.message.startswith("the gradient applied to a/kernel is the gradient of "
+                                    "another tensor (b_1/MatMul's input at ")
+    assert line_of("swap line") in error.message
+    # the numeric check on the first batch catches it on its own
+    monkeypatch.setattr("launcher.compiler.training._check_source", lambda *args: None)
     error = refusal(tm.swapped_gradients)
     assert error.message.startswith("the gradient applied to a/kernel is not the gradient of "
                                     "the loss model_fn returns")
-    assert line_of("swap line") in error.message
 
 
 def test_other_writes_in_the_train_op_are_refused():
@@ -185,3 +193,22 @@ def test_program_carries_frozen_params_updates_and_transforms(tmp_path):
     assert [GradientTransform.from_message(t) for t in clipped.gradient_transforms] == [
         GradientTransform("clip_by_global_norm", value=0.5, variables=CREATED)]
     assert np.isclose(clipped.optimizer.epsilon, 1e-8)
+
+
+def test_validation_report_lists_optimizer_frozen_weights_and_transforms(tmp_path):
+    text = compile_model(tm.rmsprop, tm.input_fn, {"batch_size": 16, "centered": True},
+                         str(tmp_path), validate_only=True).report_text
+    assert "Optimizer: rmsprop, learning rate 0.01, decay 0.8, momentum 0.5, epsilon 1e-06, " \
+           "centered" in text
+    text = compile_model(tm.fine_tune_last_layer, tm.input_fn, {"batch_size": 16},
+                         str(tmp_path), validate_only=True).report_text
+    assert "Frozen weights (not updated by the train_op): body/kernel, body/bias" in text
+    text = compile_model(tm.clip_value_and_norm, tm.input_fn, {"batch_size": 16},
+                         str(tmp_path), validate_only=True).report_text
+    assert "Gradient transform: clip_by_norm 1 of hidden/kernel, logits/kernel" in text
+
+
+def test_numeric_checks_are_skipped_above_their_memory_budget(monkeypatch):
+    monkeypatch.setattr("launcher.compiler.training._check_source", lambda *args: None)
+    monkeypatch.setattr("launcher.compiler.training.NUMERIC_CHECK_VALUES", 10)
+    analyze(tm.swapped_gradients)  # only the structure is proven: no Session runs

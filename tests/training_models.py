@@ -111,12 +111,16 @@ def adagrad(features, labels, mode, params):
 
 def embedding_bag(features, labels, mode, params):
     """Ids -> embedding rows (a repeated id sums its gradients) -> mean -> Dense."""
-    table = v1.get_variable("table", [20, 8])
-    h = tf.reduce_mean(tf.nn.embedding_lookup(table, features), axis=1)
-    logits = tf.keras.layers.Dense(10)(h)
+    if params.get("keras"):
+        rows = tf.keras.layers.Embedding(20, 8, name="table")(features)
+    else:
+        rows = tf.nn.embedding_lookup(v1.get_variable("table", [20, 8]), features)
+    logits = tf.keras.layers.Dense(10)(tf.reduce_mean(rows, axis=1))
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    optimizer = (v1.train.AdamOptimizer(0.01) if params["optimizer"] == "adam"
-                 else v1.train.MomentumOptimizer(0.1, 0.9))
+    optimizer = {"adam": lambda: v1.train.AdamOptimizer(0.01),
+                 "momentum": lambda: v1.train.MomentumOptimizer(0.1, 0.9),
+                 "sgd": lambda: v1.train.GradientDescentOptimizer(0.1),
+                 "adagrad": lambda: v1.train.AdagradOptimizer(0.1)}[params["optimizer"]]()
     grads_and_vars = optimizer.compute_gradients(loss)
     if params.get("clip"):
         grads_and_vars = [(tf.clip_by_norm(g, 1.0), v) for g, v in grads_and_vars]
