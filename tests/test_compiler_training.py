@@ -146,6 +146,13 @@ def test_minimizing_another_loss_is_refused_naming_both():
     assert "not the loss model_fn returns" in error.message
 
 
+def test_a_weight_decay_term_is_part_of_the_loss_minimized():
+    assert analyze(tm.weight_decay_term).trained == frozenset(CREATED)
+    error = refusal(tm.weight_decay_term, data_only=True)
+    assert error.message.startswith("the train_op minimizes part of the loss model_fn returns")
+    assert line_of("data = v1.losses") in error.message
+
+
 @pytest.mark.parametrize("model_fn, op, fragment", [
     (tm.sign_gradients, "Sign", "sign line"), (tm.noisy_gradients, "AddV2", "noise line")])
 def test_gradients_changed_by_unsupported_ops_are_refused_one_line_each(model_fn, op, fragment):

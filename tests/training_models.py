@@ -193,3 +193,15 @@ def two_optimizers(features, labels, mode, params):
     slow = v1.train.GradientDescentOptimizer(0.01).minimize(loss, var_list=body)  # slow line
     fast = v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=head)  # fast line
     return spec(loss, tf.group(slow, fast))
+
+
+def weight_decay_term(features, labels, mode, params):
+    """L2 weight decay added to the loss; minimize(the data term alone) is refused."""
+    h = tf.keras.layers.Dense(16, activation="relu", name="hidden")(features)
+    logits = tf.keras.layers.Dense(10, name="logits")(h)
+    data = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    decay = 1e-3 * tf.add_n([tf.nn.l2_loss(v) for v in v1.trainable_variables()
+                             if "kernel" in v.name])
+    loss = data + decay
+    minimized = data if params.get("data_only") else loss  # minimized line
+    return spec(loss, v1.train.GradientDescentOptimizer(0.1).minimize(minimized))

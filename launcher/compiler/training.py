@@ -471,8 +471,10 @@ class _Chain:
     inputs: list[tf.Tensor]  # the tensor each step reads
 
 
-def _gradient_calls(extracted: ExtractedGraph) -> dict[str, _GradientCall | _Refused]:
-    """tf.gradients calls by name scope (their seeds `<scope>/grad_ys_<i>`)."""
+def _gradient_calls(extracted: ExtractedGraph,
+                    updates: list[_Update]) -> dict[str, _GradientCall | _Refused]:
+    """tf.gradients calls by name scope (their seeds `<scope>/grad_ys_<i>`) and what they
+    differentiate: the loss, S * loss, or something else (refused)."""
     graph, loss = extracted.graph, extracted.spec.loss
     seeds: dict[str, list[tf.Operation]] = {}
     for op in graph.get_operations():
@@ -480,6 +482,7 @@ def _gradient_calls(extracted: ExtractedGraph) -> dict[str, _GradientCall | _Ref
         if m and op.type == "Fill":
             seeds.setdefault(m.group(1), []).append(op)
     core = _skip_identity(loss).op
+    varying = _downstream([graph.get_operation_by_name(u.variable) for u in updates])
     calls: dict[str, _GradientCall | _Refused] = {}
     for scope, fills in seeds.items():
         if len(fills) != 1:
@@ -489,18 +492,54 @@ def _gradient_calls(extracted: ExtractedGraph) -> dict[str, _GradientCall | _Ref
         seed_value = _scalar(fill.inputs[1])
         starts = {_forward_op(graph, scope, c) for c in fill.outputs[0].consumers()}
         starts.discard(None)
-        if len(starts) != 1 or seed_value is None:
+        if not starts or seed_value is None:
             calls[scope] = _fail(fill, "a gradient computation the compiler cannot follow")
             continue
-        y = starts.pop()
-        scale = _loss_scale(y, core)
+        scale = 1.0 if _is_loss(starts, core, varying) else (
+            _loss_scale(next(iter(starts)), core) if len(starts) == 1 else None)
         if scale is None:
+            upstream = set(_upstream_ops(core))
+            y = min((op for op in starts if op not in upstream), default=None,
+                    key=lambda op: op.name)
             calls[scope] = _Refused(
                 f"the train_op minimizes {y.outputs[0].name} computed at {user_source(y)}, not "
-                f"the loss model_fn returns ({loss.name} at {user_source(loss.op)})")
+                f"the loss model_fn returns ({loss.name} at {user_source(loss.op)})"
+                if y is not None else
+                f"the train_op minimizes part of the loss model_fn returns ("
+                f"{', '.join(sorted(op.name for op in starts))} at "
+                f"{user_source(min(starts, key=lambda op: op.name))}), not all of it")
             continue
         calls[scope] = _GradientCall(scope, scale * seed_value)
     return calls
+
+
+# Ops whose gradient functions may pass the seed on without creating an op.
+_PASS_THROUGH = {"Identity", "AddN", "Add", "AddV2"}
+
+
+def _is_loss(starts: set[tf.Operation], core: tf.Operation, varying: set) -> bool:
+    """The ops whose gradient functions read the seed are those of d(loss): the loss's op,
+    or the terms it passes the seed to (a sum's terms that depend on trained variables)."""
+    front = {core}
+    while True:
+        front = {op for op in front if op in varying}
+        if front == starts:
+            return True
+        expand = {op for op in front if op not in starts and op.type in _PASS_THROUGH}
+        if not expand:
+            return False
+        front = (front - expand) | {t.op for op in expand for t in op.inputs}
+
+
+def _downstream(ops: list[tf.Operation]) -> set[tf.Operation]:
+    seen, stack = set(ops), list(ops)
+    while stack:
+        for out in stack.pop().outputs:
+            for c in out.consumers():
+                if c not in seen:
+                    seen.add(c)
+                    stack.append(c)
+    return seen
 
 
 def _forward_op(graph: tf.Graph, scope: str, grad_op: tf.Operation) -> tf.Operation | None:
@@ -514,9 +553,7 @@ def _forward_op(graph: tf.Graph, scope: str, grad_op: tf.Operation) -> tf.Operat
 
 
 def _loss_scale(y: tf.Operation, core: tf.Operation) -> float | None:
-    """1 if y is the loss, S if y is S * loss (constant S), else None."""
-    if y is core:
-        return 1.0
+    """S if y is S * loss (constant S), else None."""
     if y.type == "Mul":
         a, b = y.inputs
         for x, s in ((a, b), (b, a)):
@@ -887,7 +924,7 @@ def _analyze(extracted: ExtractedGraph) -> TrainingSpec:
             _check_slots(updates)
         except _Refused as problem:
             raise _Problems([str(problem)]) from None
-        calls = _gradient_calls(extracted)
+        calls = _gradient_calls(extracted, updates)
         norms: dict = {}
         chains, problems = [], []
         for u in updates:
