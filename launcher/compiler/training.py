@@ -213,7 +213,7 @@ def _splat(tensor: tf.Tensor) -> float | None:
         return _scalar(op.inputs[1])
     if op.type == "Const":
         proto = op.get_attr("value")
-        values = [*proto.float_val, *proto.double_val, *proto.half_val, *proto.int_val]
+        values = [*proto.float_val, *proto.double_val, *proto.int_val]
         if not proto.tensor_content and len(values) == 1:
             return float(values[0])
     value = _const(tensor)
