@@ -7,12 +7,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from launcher.compiler.ir import InputSpec, KernelNode, MatchedModel
 from launcher.compiler.program import attr_value as encode_attr
+from launcher.compiler.report import model_summary
 from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.api.tensors import dtype_code
 from wse_sim.errors import CSError
 from wse_sim.kernels import KernelError, RunContext, build_kernel
 from wse_sim.kernels.activations import FUNCTIONS, erf
+from wse_sim.kernels.elementwise import where
 from wse_sim.optimizers import make_optimizer
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import attr_value, check_program
@@ -279,6 +282,19 @@ def test_select_matches_tensorflow(letters, cond_shape, x_shape, y_shape):
         close(dw[role], want)
 
 
+def test_where_selects_bit_for_bit_as_numpy_with_inf_nan_and_signed_zeros():
+    x = randn(3, 4, 5)
+    x[0, 0, :3] = [np.inf, np.nan, -0.0]
+    y, cond = randn(4, 1), RNG.random((1, 5)) > 0.5
+    for got, want in [(where(cond, x, y), np.where(cond, x, y)),
+                      (where(cond, x), np.where(cond, x, np.float32(0))),
+                      (where(cond[0], y, x), np.where(cond[0], y, x))]:
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    ints = RNG.integers(0, 9, (3, 4))
+    np.testing.assert_array_equal(where(ints > 4, ints, -ints), np.where(ints > 4, ints, -ints))
+
+
 # ---- cast, stop_gradient, one_hot ----
 @pytest.mark.parametrize("source, target", [
     ("int32", "float32"), ("int64", "float32"), ("float32", "int32"), ("float32", "int64"),
@@ -508,3 +524,10 @@ def test_weight_operands_train_through_the_pipeline_as_tensorflow():
     state = pipeline.state()
     close(state["w"], w0 - np.float32(0.1) * gw.numpy())
     close(state["b"], b0 - np.float32(0.1) * gb.numpy())
+
+
+def test_the_compile_report_names_the_generic_losss_scale():
+    node = KernelNode("loss", "loss", ("error",), ((4,),), {"scale": 0.125}, (), (), "mean:0",
+                      "model.py:9", ("Mean",))
+    model = MatchedModel((InputSpec("features", "float32", (4,), "x:0"),), (node,), "loss", (), None)
+    assert "Loss: loss, scale 0.125" in model_summary(model, "train", 8)

@@ -23,7 +23,6 @@ from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.api.tensors import from_tensor, tensor_chunks, to_tensor, CHUNK_BYTES
 from wse_sim.errors import CSError, invalid
 from wse_sim.fabric import Fabric
-from wse_sim.optimizers import make_optimizer
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import CheckedProgram, check_program, check_state
 from wse_sim.stages import usable_cpus
@@ -130,12 +129,8 @@ class CSSystem:
             state = check_state(checked, tensors)
         except CSError as error:
             raise self._refuse(error, what) from None
-        optimizer = make_optimizer(checked.optimizer) if checked.optimizer else None
         program = checked.message
-        pipeline = Pipeline(checked.kernels, checked.sources, checked.variables, state,
-                            batch_size=program.batch_size, micro_batch_size=program.micro_batch_size,
-                            loss_kernel=program.loss_kernel, optimizer=optimizer, seed=program.seed,
-                            stages=self.threads)
+        pipeline = Pipeline.load(checked, state, stages=self.threads)
         timings = {mode: timing.program_timing(program, checked.kernels, self.fabric,
                                                training=mode == "train")
                    for mode in ("train", "infer")}
@@ -148,7 +143,7 @@ class CSSystem:
                                            f"busy with job {self.job.job_id}"), what)
             self.job = job
             self.last_message = ""
-        t = timings["train" if optimizer else "infer"]
+        t = timings["train" if checked.optimizer else "infer"]
         self.log(f"loaded job {job.job_id}: program {program.name!r}, {len(checked.kernels)} kernels, "
                  f"{checked.num_parameters:,} parameters on {pipeline.stages} stage thread(s), "
                  f"{job.num_workers} input stream(s), "
@@ -346,7 +341,8 @@ class CSSystem:
                 step = job.global_step + 1 if training else job.global_step
                 wanted = outputs if not training or step in output_steps else []
                 try:
-                    result = job.pipeline.run(batch, training=training, outputs=wanted)
+                    result = job.pipeline.run(batch, training=training, outputs=wanted,
+                                              step=job.global_step)
                 except (ValueError, FloatingPointError) as error:
                     raise invalid(f"batch {job.next_batch - 1}: {error}") from None
                 seconds = time.perf_counter() - start

@@ -10,6 +10,14 @@ same way. Each region adds its micro-batches' weight gradients into its accumula
 updates its weights in place once its backward pass of the batch ends. The result is
 ordinary mini-batch training; `wse_sim.timing` says how long the wafer would take.
 
+Training follows the train op, not just the loss: only a region whose output reaches the
+loss, with a trained weight at or upstream of it (through differentiable inputs), runs
+backward; frozen weights pass gradients on but never move. Once a batch's gradients are
+complete, regularizer gradients are added (once per batch), the program's gradient
+transforms run over all of them (after every stage finished its backward pass), then the
+optimizer updates every trained weight (an embedding table by TF's sparse rule, from the
+batch's IndexedSlices). Dropout draws from a stream of (seed, position, global step).
+
 On the host, consecutive regions are grouped into stages balanced by their FLOPs
 (`wse_sim.stages`), each stage a thread working through its regions' share of the tick
 schedule, in tick order, waiting for the activations and gradients its neighbours hand it.
@@ -24,8 +32,10 @@ from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from wse_sim.grad_transforms import GradientTransform, apply_transforms
 from wse_sim.kernels import Kernel, RunContext
-from wse_sim.optimizers import Optimizer, slot_name
+from wse_sim.optimizers import Optimizer, make_optimizer, slot_name
+from wse_sim.program import CheckedProgram, ParamSpec
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
 # A stage thread pays off only with this much work per micro-batch (a multiply-add counts
@@ -44,11 +54,16 @@ class Region:
     sources: tuple[str, ...]  # program inputs or earlier kernels
     variables: dict[str, str]  # role -> TF variable name
     params: dict[str, np.ndarray]  # role -> weights (updated in place)
-    rng: np.random.Generator  # its own stream (dropout): independent of the other regions
-    trains: bool = False  # upstream of the loss: runs a backward pass
+    specs: dict[str, ParamSpec]  # role -> how it trains
+    rng: np.random.Generator | None = None  # this step's own stream (dropout)
+    backward: bool = False  # runs a backward pass (see Pipeline._mark_backward)
+    trained: tuple[str, ...] = ()  # roles the optimizer updates
     grads: dict[str, np.ndarray] = field(default_factory=dict)  # gradient accumulators
     slots: dict[str, list[np.ndarray]] = field(default_factory=dict)  # role -> optimizer slots
     scratch: dict[str, list[np.ndarray]] = field(default_factory=dict)  # role -> 2 arrays
+    # sparse roles: the batch's IndexedSlices pieces (ids, values), then the whole batch's
+    pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    slices: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     input_grads: tuple[bool, ...] = ()
     # the consumers' gradients it sums, as (consumer position, input index), in tick order
     inflow: tuple[tuple[int, int], ...] = ()
@@ -76,40 +91,60 @@ class Stage:
 
 class Pipeline:
     """A program's kernels resident on their regions; runs batches in pipelined ticks, on
-    up to `stages` threads (at most one per region, each with MIN_STAGE_FLOPS of work)."""
+    up to `stages` threads (at most one per region, each with MIN_STAGE_FLOPS of work).
+
+    `params` (by TF variable, default: dense, trained, unregularized) says which weights
+    the optimizer updates and how; `transforms` change the batch's gradients before any
+    update. Tensors of `state` that no region holds (e.g. slots of a frozen weight from an
+    earlier run) are kept and handed back by `state()` unchanged."""
 
     def __init__(self, kernels: Sequence[Kernel], sources: Sequence[Sequence[str]],
                  variables: Sequence[Mapping[str, str]], state: Mapping[str, np.ndarray], *,
                  batch_size: int, micro_batch_size: int, loss_kernel: str,
                  optimizer: Optimizer | None, seed: int, stages: int = 1,
-                 min_stage_flops: float = MIN_STAGE_FLOPS):
+                 min_stage_flops: float = MIN_STAGE_FLOPS,
+                 params: Mapping[str, ParamSpec] | None = None,
+                 transforms: Sequence[GradientTransform] = ()):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.loss_kernel = loss_kernel
         self.optimizer = optimizer
+        self.seed = seed % 2 ** 64  # SeedSequence entropy is non-negative
+        self.transforms = tuple(transforms)
+        specs = params or {}
         self.regions: list[Region] = []
-        streams = np.random.SeedSequence(seed).spawn(len(kernels))
         for position, (kernel, srcs, names) in enumerate(zip(kernels, sources, variables)):
-            params = {role: np.array(state[var], dtype=np.float32, order="C")
-                      for role, var in names.items()}
-            self.regions.append(Region(kernel, position, tuple(srcs), dict(names), params,
-                                       np.random.Generator(np.random.PCG64(streams[position]))))
+            weights = {role: np.array(state[var], dtype=np.float32, order="C")
+                       for role, var in names.items()}
+            self.regions.append(Region(kernel, position, tuple(srcs), dict(names), weights,
+                                       {role: specs.get(var, ParamSpec())
+                                        for role, var in names.items()}))
         self.by_name = {r.kernel.name: r for r in self.regions}
-        self._mark_training()
-        if optimizer is not None:
-            for region in self.regions:
-                for role, var in region.variables.items():
-                    shape = region.params[role].shape
-                    region.grads[role] = np.zeros(shape, np.float32)
+        self._mark_backward()
+        held = set()
+        for region in self.regions:
+            held.update(region.variables.values())
+            if optimizer is None or not region.backward:
+                continue
+            for role, var in region.variables.items():
+                shape = region.params[role].shape
+                region.grads[role] = np.zeros(shape, np.float32)
+                if role not in region.trained:
+                    continue
+                if region.specs[role].update == "dense":
                     region.scratch[role] = [np.empty(shape, np.float32) for _ in range(2)]
-                    region.slots[role] = [
-                        np.array(state.get(slot_name(var, suffix), np.full(shape, initial, np.float32)),
-                                 dtype=np.float32, order="C")
-                        for suffix, initial in zip(optimizer.slot_suffixes,
-                                                   optimizer.slot_initial_values)]
+                region.slots[role] = [
+                    np.array(state.get(slot_name(var, suffix), np.full(shape, initial, np.float32)),
+                             dtype=np.float32, order="C")
+                    for suffix, initial in zip(optimizer.slot_suffixes,
+                                               optimizer.slot_initial_values)]
+                held.update(slot_name(var, suffix) for suffix in optimizer.slot_suffixes)
+        if optimizer is not None:
             for name in optimizer.scalar_names:
                 if name in state:
                     optimizer.scalars[name] = np.asarray(state[name], np.float32)
+            held.update(optimizer.scalar_names)
+        self.carried = {name: np.array(a) for name, a in state.items() if name not in held}
         costs = [self._cost(r) * micro_batch_size for r in self.regions]
         self.groups = partition(costs, stages) if self.regions else ()
         while len(self.groups) > 1 and \
@@ -119,21 +154,48 @@ class Pipeline:
                          if len(self.groups) > 1 else None)
         self._plans: dict[tuple[int, bool, bool], tuple[Stage, ...]] = {}
 
-    def _mark_training(self) -> None:
-        """Regions upstream of the loss train; an input takes a gradient if it is such a region."""
+    @classmethod
+    def load(cls, checked: CheckedProgram, state: Mapping[str, np.ndarray], *, stages: int = 1,
+             min_stage_flops: float = MIN_STAGE_FLOPS) -> "Pipeline":
+        """The executor of a checked program and its checked state (check_state)."""
+        program = checked.message
+        return cls(checked.kernels, checked.sources, checked.variables, state,
+                   batch_size=program.batch_size, micro_batch_size=program.micro_batch_size,
+                   loss_kernel=program.loss_kernel,
+                   optimizer=make_optimizer(checked.optimizer) if checked.optimizer else None,
+                   seed=program.seed, stages=stages, min_stage_flops=min_stage_flops,
+                   params=checked.params, transforms=checked.transforms)
+
+    def _mark_backward(self) -> None:
+        """A region runs backward iff its output reaches the loss and a trained weight is
+        at or upstream of it, both through differentiable inputs only (a frozen layer
+        between trained ones passes gradients on; one with nothing trained upstream, or a
+        stop_gradient, ends the backward pass). Its trained roles are its non-frozen ones."""
         if not self.loss_kernel:
             return
-        needed = {self.loss_kernel}
-        for region in reversed(self.regions):
-            if region.kernel.name in needed:
-                region.trains = True
-                needed.update(region.sources)
+        trained_upstream: dict[str, bool] = {}
         for region in self.regions:
-            region.input_grads = tuple(s in self.by_name and self.by_name[s].trains
-                                       for s in region.sources)
+            trained_upstream[region.kernel.name] = \
+                any(not spec.frozen for spec in region.specs.values()) or \
+                any(trained_upstream.get(s, False) and region.kernel.input_differentiable(j)
+                    for j, s in enumerate(region.sources))
+        reaches = {self.loss_kernel}
+        for region in reversed(self.regions):
+            if region.kernel.name in reaches:
+                reaches.update(s for j, s in enumerate(region.sources)
+                               if region.kernel.input_differentiable(j))
+        for region in self.regions:
+            name = region.kernel.name
+            region.backward = name in reaches and trained_upstream[name]
+            region.trained = tuple(role for role, spec in region.specs.items()
+                                   if region.backward and not spec.frozen)
+        for region in self.regions:
+            region.input_grads = tuple(
+                s in self.by_name and self.by_name[s].backward and region.kernel.input_differentiable(j)
+                for j, s in enumerate(region.sources))
         for region in self.regions:  # the later consumer's backward comes first
             region.inflow = tuple(sorted(
-                ((c.position, j) for c in self.regions if c.trains
+                ((c.position, j) for c in self.regions if c.backward
                  for j, (s, wanted) in enumerate(zip(c.sources, c.input_grads))
                  if wanted and s == region.kernel.name),
                 key=lambda cj: (-cj[0], cj[1])))
@@ -141,7 +203,7 @@ class Pipeline:
     def _cost(self, region: Region) -> float:
         """A region's FLOPs per sample of training: forward, weight gradient, input gradient."""
         flops = region.kernel.flops_per_sample()
-        if self.optimizer is None or not region.trains:
+        if self.optimizer is None or not region.backward:
             return flops
         return flops * (1 + bool(region.params) + any(region.input_grads))
 
@@ -162,7 +224,7 @@ class Pipeline:
                     if 0 <= i < m_count:
                         schedule.append(Task(True, region, i))
                     i = tick - 2 * (k_count - 1) + region.position
-                    if backward and region.trains and 0 <= i < m_count:
+                    if backward and region.backward and 0 <= i < m_count:
                         schedule.append(Task(False, region, i))
             groups = self.groups if staged else (range(k_count),)
             self._plans[key] = tuple(
@@ -173,17 +235,27 @@ class Pipeline:
 
     # ---- running batches ----
     def run(self, batch: Mapping[str, np.ndarray], *, training: bool,
-            outputs: Sequence[str] = ()) -> StepOutput:
-        """One batch: forward (and when training, backward and update) through the pipeline."""
+            outputs: Sequence[str] = (), step: int = 0) -> StepOutput:
+        """One batch: forward (and when training, backward and update) through the pipeline.
+        `step` is the global step the batch trains from: with the program's seed and a
+        region's position it makes the region's random stream for the step (dropout), so
+        a job resumed at step n draws what an unbroken one draws."""
         m_count = self.batch_size // self.micro
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
         board = Board()
         for name, array in batch.items():
             for i in range(m_count):
                 board.items["v", name, i] = array[i * self.micro:(i + 1) * self.micro]
+        for region in self.regions:
+            region.pieces.clear()
+            region.slices.clear()
+            if training:
+                region.rng = np.random.Generator(np.random.PCG64(
+                    np.random.SeedSequence([self.seed, region.position, step])))
+        regularization = self._regularization() if self.loss_kernel else 0.0
 
         def work(stage: int, board: Board) -> None:
-            self._run_stage(plan[stage], board, training, backward)
+            self._run_stage(stage, plan, board, training, backward)
 
         with one_blas_thread():
             plan = self._plan(m_count, backward, staged=True)
@@ -195,13 +267,22 @@ class Pipeline:
         loss = 0.0
         if self.loss_kernel:
             loss = float(sum(np.sum(board.items["v", self.loss_kernel, i], dtype=np.float32)
-                             for i in range(m_count)))
+                             for i in range(m_count))) + regularization
         return StepOutput(loss, {name: np.concatenate([board.items["v", name, i]
                                                        for i in range(m_count)])
                                  for name in outputs})
 
-    def _run_stage(self, stage: Stage, board: Board, training: bool, backward: bool) -> None:
-        """A stage's tasks in tick order, then (training) its regions' weight updates."""
+    def _regularization(self) -> float:
+        """The weights' own loss terms, at the weights the batch runs with."""
+        return float(sum((reg.loss(r.params[role]) for r in self.regions
+                          for role, spec in r.specs.items() for reg in spec.regularizers),
+                         np.float32(0)))
+
+    def _run_stage(self, index: int, plan: tuple[Stage, ...], board: Board, training: bool,
+                   backward: bool) -> None:
+        """A stage's tasks in tick order; training: its regions' gradients completed, every
+        stage's gradients transformed (stage 0, once all are complete), its regions' updates."""
+        stage = plan[index]
         ctx = RunContext(training=training, batch_size=self.batch_size)
         caches: dict[tuple[int, int], object] = {}
         for forward, region, i in stage.tasks:
@@ -212,12 +293,56 @@ class Pipeline:
                 board.put(("v", region.kernel.name, i), out)
             else:
                 self._backward(region, i, caches.pop((region.position, i)), board, ctx)
-        if backward:
-            for region in stage.regions:
-                if region.trains:
-                    for role, var in region.params.items():
-                        self.optimizer.apply(var, region.grads[role], region.slots[role],
-                                             region.scratch[role])
+        if not backward:
+            return
+        for region in stage.regions:
+            self._complete_gradients(region)
+        if self.transforms:
+            if index == 0:
+                for other in range(1, len(plan)):
+                    board.get(("gradients complete", other))
+                apply_transforms(self.transforms, self._gradients())
+                board.put(("transformed",), True)
+            else:
+                board.put(("gradients complete", index), True)
+                board.get(("transformed",))
+        for region in stage.regions:
+            for role in region.trained:
+                if role in region.slices:
+                    self.optimizer.apply_sparse(region.params[role], *region.slices.pop(role),
+                                                region.slots[role])
+                else:
+                    self.optimizer.apply(region.params[role], region.grads[role],
+                                         region.slots[role], region.scratch[role])
+
+    def _complete_gradients(self, region: Region) -> None:
+        """The batch's gradients of the region's trained weights: regularizer gradients
+        added (once per batch), sparse ones assembled into one IndexedSlices in batch order."""
+        for role in region.trained:
+            spec = region.specs[role]
+            for reg in spec.regularizers:
+                reg.add_gradient(region.params[role], region.grads[role])
+            if spec.update != "sparse":
+                continue
+            pieces = region.pieces.pop(role, [])
+            if not pieces:
+                region.slices[role] = (np.zeros(0, np.int64),
+                                       np.zeros((0,) + region.params[role].shape[1:], np.float32))
+            elif region.kernel.attrs.get("operands", "pi") == "pi":
+                region.slices[role] = (np.concatenate([ids for ids, _ in pieces]),
+                                       np.concatenate([values for _, values in pieces]))
+            else:  # constant ids: one IndexedSlices of the whole batch's summed gradient
+                total = pieces[0][1]
+                for _, values in pieces[1:]:
+                    total = total + values
+                region.slices[role] = pieces[0][0], total
+
+    def _gradients(self) -> dict[str, np.ndarray]:
+        """The batch's gradients of every trained variable (sparse ones: the values of
+        their IndexedSlices, as TF's transforms see them), by TF name."""
+        return {region.variables[role]: (region.slices[role][1] if role in region.slices
+                                         else region.grads[role])
+                for region in self.regions for role in region.trained}
 
     def _backward(self, region: Region, i: int, cache, board: Board, ctx: RunContext) -> None:
         name = region.kernel.name
@@ -230,6 +355,10 @@ class Pipeline:
         input_grads: Sequence[np.ndarray | None] = [None] * len(region.sources)
         # A micro-batch whose output reached the loss by no path has no backward.
         if upstream is not None or region.kernel.is_loss:
+            for role in region.trained:
+                if region.specs[role].update == "sparse":
+                    region.pieces.setdefault(role, []).append(
+                        self._indexed_slices(region, role, i, upstream, board))
             ctx.input_grads, ctx.accumulate = region.input_grads, i > 0
             input_grads, _ = region.kernel.backward(region.params, cache, upstream, ctx,
                                                     region.grads or None)
@@ -238,6 +367,20 @@ class Pipeline:
                                                            input_grads)):
             if wanted:
                 board.put(("g", source, i, region.position, index), grad)
+
+    @staticmethod
+    def _indexed_slices(region: Region, role: str, i: int, upstream: np.ndarray,
+                        board: Board) -> tuple[np.ndarray, np.ndarray]:
+        """A gather kernel's table gradient for micro-batch i as TF's IndexedSlices piece:
+        one row of values per looked-up id, in order. Ids from the input (operands "pi"):
+        the micro-batch's; constant ids (operands "pc", the same output for every sample):
+        the ids once, their gradient summed over the micro-batch, as TF's broadcast does."""
+        row_shape = region.params[role].shape[1:]
+        if region.kernel.attrs.get("operands", "pi") == "pi":
+            ids = board.get(("v", region.sources[0], i))
+            return ids.reshape(-1).copy(), upstream.reshape((-1,) + row_shape).copy()
+        ids = np.asarray(region.kernel.attrs["c1"])
+        return ids.reshape(-1), upstream.sum(axis=0, dtype=np.float32).reshape((-1,) + row_shape)
 
     def close(self) -> None:
         """Join the stage threads (a later batch runs as one stage in the caller's thread)."""
@@ -256,4 +399,5 @@ class Pipeline:
                     out[slot_name(var, suffix)] = slot
         if self.optimizer is not None:
             out.update(self.optimizer.scalars)
+        out.update(self.carried)
         return out

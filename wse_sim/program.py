@@ -4,7 +4,7 @@ right shapes. Every refusal names the kernel or tensor and both shapes."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -12,8 +12,10 @@ import numpy as np
 from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.api.tensors import dtype_of, from_tensor
 from wse_sim.errors import invalid
+from wse_sim.grad_transforms import GradientTransform
 from wse_sim.kernels import Kernel, KernelError, build_kernel
 from wse_sim.optimizers import OptimizerConfig, config_problem, make_optimizer, slot_name
+from wse_sim.regularizers import Regularizer
 
 Shape = tuple[int, ...]
 
@@ -38,6 +40,20 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
+class ParamSpec:
+    """How the CS trains one TF variable (its Param message)."""
+
+    frozen: bool = False  # never updated (gradients still flow through its kernel)
+    regularizers: tuple[Regularizer, ...] = ()
+    update: str = "dense"  # or "sparse": TF's rule for an IndexedSlices gradient
+
+
+UPDATES = ("dense", "sparse")
+# kernels whose weight gradient TF computes as IndexedSlices: type -> the table's role
+SPARSE_GRADIENT_KERNELS = {"gather": "p0"}
+
+
+@dataclass(frozen=True)
 class CheckedProgram:
     """What the executor needs, in program order."""
 
@@ -47,6 +63,8 @@ class CheckedProgram:
     sources: tuple[tuple[str, ...], ...]
     variables: tuple[dict[str, str], ...]  # role -> TF variable name, per kernel
     optimizer: OptimizerConfig | None
+    params: dict[str, ParamSpec] = field(default_factory=dict)  # by TF variable name
+    transforms: tuple[GradientTransform, ...] = ()
 
     @property
     def num_parameters(self) -> int:
@@ -76,6 +94,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
     if not inputs:
         raise invalid(f"program {program.name!r} has no inputs")
     kernels, sources, variables = [], [], []
+    params: dict[str, ParamSpec] = {}
     for message in program.kernels:
         if message.name in shapes:
             raise invalid(f"kernel {message.name!r}: the name is used twice")
@@ -112,6 +131,10 @@ def check_program(program: pb.Program) -> CheckedProgram:
                               f"{tuple(param.shape)} in the program, the kernel needs "
                               f"{tuple(expected_params[param.role])}")
             roles[param.role] = param.variable
+            if param.variable in params:
+                raise invalid(f"kernel {message.name!r}: variable {param.variable!r} is already a "
+                              f"param of an earlier kernel (shared weights are not supported)")
+            params[param.variable] = param_spec(message, kernel, param)
         if set(roles) != set(expected_params):
             raise invalid(f"kernel {message.name!r} ({message.type}): params "
                           f"{sorted(expected_params)} needed, the program names {sorted(roles)}")
@@ -134,7 +157,45 @@ def check_program(program: pb.Program) -> CheckedProgram:
         if problem:
             raise invalid(f"program {program.name!r}: {problem}")
     return CheckedProgram(program, tuple(inputs), tuple(kernels), tuple(sources),
-                          tuple(variables), optimizer)
+                          tuple(variables), optimizer, params, check_transforms(program, params))
+
+
+def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> ParamSpec:
+    """A Param's training attributes, or the refusal naming what the CS cannot do."""
+    where = f"kernel {kernel_message.name!r} ({kernel_message.type}): param {param.variable!r}"
+    update = param.update or "dense"
+    if update not in UPDATES:
+        raise invalid(f"{where}: unknown update {param.update!r}; the CS system has "
+                      f"{', '.join(UPDATES)}")
+    if update == "sparse" and SPARSE_GRADIENT_KERNELS.get(kernel.type_name) != param.role:
+        raise invalid(f"{where}: a sparse update needs the table of a gather kernel (an "
+                      f"embedding lookup), not the {param.role!r} of a {kernel.type_name}")
+    regularizers = tuple(Regularizer(r.kind, r.scale) for r in param.regularizers)
+    for r in regularizers:
+        if r.problem():
+            raise invalid(f"{where}: {r.problem()}")
+    if update == "sparse" and regularizers and not param.frozen:
+        raise invalid(f"{where}: a regularized weight's gradient is dense in TensorFlow (the "
+                      f"regularizer's gradient is added to the lookup's): its update is dense")
+    return ParamSpec(param.frozen, regularizers, update)
+
+
+def check_transforms(program: pb.Program, params: Mapping[str, ParamSpec]) -> tuple[GradientTransform, ...]:
+    """The program's gradient transforms, each naming trained variables of the program."""
+    transforms = []
+    for index, message in enumerate(program.gradient_transforms):
+        where = f"program {program.name!r}: gradient transform {index} ({message.kind})"
+        try:
+            transform = GradientTransform.from_message(message)
+        except ValueError as error:
+            raise invalid(f"{where}: {error}") from None
+        for var in transform.variables:
+            if var not in params:
+                raise invalid(f"{where}: {var!r} is not a variable of the program")
+            if params[var].frozen:
+                raise invalid(f"{where}: {var!r} is frozen (not trained): it has no gradient")
+        transforms.append(transform)
+    return tuple(transforms)
 
 
 def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

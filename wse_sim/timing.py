@@ -30,9 +30,10 @@ from wse_sim.fabric import Fabric
 
 BYTES_PER_VALUE = 4  # weights, gradients, optimizer slots and activations are float32
 TRAIN_FLOPS_FACTOR = 3  # forward + backward-data + backward-weight
-# Optimizer slots per weight, and FLOPs per weight of one update.
-OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
-UPDATE_FLOPS_PER_WEIGHT = {"sgd": 2, "momentum": 4, "adam": 12}
+# Optimizer slots per weight (RMSProp: 3 when centered, counted so), and FLOPs per weight of
+# one update (wse_sim.optimizers' operations, a square root counted as one).
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "rmsprop": 3, "adagrad": 1}
+UPDATE_FLOPS_PER_WEIGHT = {"sgd": 2, "momentum": 4, "adam": 12, "rmsprop": 15, "adagrad": 7}
 
 
 class RegionLike(Protocol):

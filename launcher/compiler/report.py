@@ -30,7 +30,9 @@ def model_summary(model: MatchedModel, mode: str, batch_size: int) -> list[str]:
         lines += training_lines(model)
     if model.loss_kernel:
         loss = next(k for k in model.kernels if k.name == model.loss_kernel)
-        lines.append(f"Loss: {loss.type}, reduction {loss.attrs['reduction']}")
+        how = (f"reduction {loss.attrs['reduction']}" if "reduction" in loss.attrs
+               else f"scale {loss.attrs['scale']:g}")  # the generic `loss` kernel
+        lines.append(f"Loss: {loss.type}, {how}")
     if model.outputs:
         lines.append("Streamed back to the host: " + ", ".join(model.outputs))
     return lines

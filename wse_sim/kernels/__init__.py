@@ -15,6 +15,14 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | cast | x | dtype: float32, int32, int64, bool | — | x float32, int32, int64 or bool; output attr dtype |
 | stop_gradient | x | — | — | any, passed through |
 | one_hot | indices (...) | depth, on_value, off_value (axis -1) | — | indices int32/int64; output (..., depth) |
+| reduce | x | op: sum, mean, max, min; axes [per-sample axes]; keepdims | — | float32; sum, max, min also int32/int64 |
+| softmax | x | axis (per-sample, -1 = last), log (bool: log_softmax) | — | |
+| matmul | the `i` operands | operands: ii, ip, pi, ic, ci; transpose_a, transpose_b (BatchMatMulV2; activations per-sample rank >= 2, or rank 1 as the rows of operand 0 against a rank-2 weight/constant) | p<k>: attr p<k> | |
+| transpose | x | perm [per-sample permutation] | — | any, passed through |
+| slice | x | begin, end, strides (per-sample, resolved; stride < 0: end -1 = through element 0), shrink [axes] | — | any, passed through |
+| pad | x | paddings [b0, a0, b1, a1, ...] per-sample, value | — | float32, int32, int64 |
+| gather | indices (...) | operands "pi" (embedding lookup) | p0: (V, D...) | indices int32/int64 in [0, V); output indices + (D...) |
+| batch_norm_inference | x (..., C) | epsilon, scale, center (bools: the optional weights), fused (FusedBatchNorm's order) | mean, variance (frozen), scale, offset: (C,) | |
 | dropout | x | rate | — | |
 | reshape | x | shape [per-sample target shape] (flatten = reshape to [n]) | — | any, passed through |
 | add | x1, x2, ... same shape | — | — | |
@@ -26,10 +34,11 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | sigmoid_cross_entropy | logits (...), labels (...) | reduction | — | labels any |
 | mean_squared_error | predictions (...), labels (...) | reduction | — | labels any |
 
-Operands (binary, select, and the structural kernels that take them): attr `operands` has
+Operands (binary, select, matmul, gather): attr `operands` has
 a letter per operand position k, `i` the kernel's next input, `c` the constant in tensor
 attr `c<k>`, `p` the weight with param role `p<k>` and TF shape in ints attr `p<k>`; they
-broadcast as numpy (= TF) does on the micro-batch arrays (`wse_sim.kernels.operands`).
+broadcast as numpy (= TF) does on the micro-batch arrays (`wse_sim.kernels.operands`),
+matmul's leading axes as BatchMatMulV2's (`wse_sim.kernels.matmul`: never into the batch).
 
 Losses (`is_loss = True`) output one value per sample, already scaled so that the sum
 over the whole batch is the loss: `loss` multiplies by its `scale`; the fused losses'
@@ -39,8 +48,8 @@ gradient of that scaled value, so micro-batches add up to ordinary mini-batch tr
 `input_differentiable` says which inputs a gradient flows back through (not labels,
 integer or bool inputs, comparisons, stop_gradient, one_hot, casts to non-float).
 """
-from wse_sim.kernels import (activations, conv, dense, elementwise, losses,  # noqa: F401 (register)
-                             structure)
+from wse_sim.kernels import (activations, conv, dense, elementwise, embedding,  # noqa: F401
+                             losses, matmul, normalization, structure, tensor_ops)
 from wse_sim.kernels.base import KERNELS, Kernel, KernelError, RunContext, build_kernel, register
 
 __all__ = ["KERNELS", "Kernel", "KernelError", "RunContext", "build_kernel", "register"]

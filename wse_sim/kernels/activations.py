@@ -248,13 +248,17 @@ def erf(x: np.ndarray) -> np.ndarray:
     """The error function in float32, as TensorFlow computes it on CPU."""
     x = np.asarray(x, np.float32)
     x2 = np.minimum(np.float32(16), x * x)
-    p = np.full_like(x2, _ERF_NUMERATOR[0])
-    for c in _ERF_NUMERATOR[1:]:
-        p = p * x2 + c
-    q = np.full_like(x2, _ERF_DENOMINATOR[0])
-    for c in _ERF_DENOMINATOR[1:]:
-        q = q * x2 + c
-    return np.clip((x * p) / q, -_ONE, _ONE)
+    p = x2 * _ERF_NUMERATOR[0]  # Horner, in place: p = p * x2 + c
+    q = x2 * _ERF_DENOMINATOR[0]
+    for i in range(1, len(_ERF_NUMERATOR)):
+        p += _ERF_NUMERATOR[i]
+        q += _ERF_DENOMINATOR[i]
+        if i + 1 < len(_ERF_NUMERATOR):
+            p *= x2
+            q *= x2
+    p *= x
+    p /= q
+    return np.clip(p, -_ONE, _ONE, out=p)
 
 
 def _store(value: np.ndarray, out: np.ndarray | None) -> np.ndarray:

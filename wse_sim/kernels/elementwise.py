@@ -19,9 +19,24 @@ _ONE = np.float32(1)
 _TWO = np.float32(2)
 
 
-def _where(mask: np.ndarray, a: np.ndarray | np.float32, b: np.ndarray | np.float32) -> np.ndarray:
-    """TF's where_v2 of a gradient and zeros (the gradient has the result's full shape)."""
-    return np.where(mask, a, b)
+def where(cond: np.ndarray, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    """np.where(cond, x, y) (y None: zeros) for a bool `cond` and arrays of one dtype,
+    bit for bit (inf and nan included) through masks instead of np.where's per-element
+    branch, which costs 5-10x more on random conditions."""
+    shape = np.broadcast_shapes(cond.shape, x.shape, () if y is None else y.shape)
+    bits = np.dtype(f"u{x.dtype.itemsize}")
+    mask = np.broadcast_to(cond, shape).view(np.uint8).astype(bits)
+    np.negative(mask, out=mask)  # all ones where cond holds
+    out = np.bitwise_and(x.view(bits), mask)
+    if y is not None:
+        np.invert(mask, out=mask)
+        out |= y.view(bits) & mask
+    return out.view(x.dtype)
+
+
+def _selected(x_mask: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_MaximumMinimumGrad: the gradient to x where the selector holds, to y elsewhere."""
+    return where(x_mask, g), where(~x_mask, g)
 
 
 def _grad_pow(x, y, z, g):  # _PowGrad
@@ -37,10 +52,8 @@ ARITHMETIC = {
     "sub": (np.subtract, lambda x, y, z, g: (g, -g), 1),
     "mul": (np.multiply, lambda x, y, z, g: (g * y, x * g), 1),
     "div": (np.divide, lambda x, y, z, g: (g / y, g * ((-x / y) / y)), 1),
-    "maximum": (np.maximum,  # ties go to x (TF's selector: x >= y)
-                lambda x, y, z, g: (_where(x >= y, g, _ZERO), _where(x >= y, _ZERO, g)), 1),
-    "minimum": (np.minimum,
-                lambda x, y, z, g: (_where(x <= y, g, _ZERO), _where(x <= y, _ZERO, g)), 1),
+    "maximum": (np.maximum, lambda x, y, z, g: _selected(x >= y, g), 1),  # ties go to x
+    "minimum": (np.minimum, lambda x, y, z, g: _selected(x <= y, g), 1),
     "squared_difference": (lambda x, y: (x - y) * (x - y),
                            lambda x, y, z, g: ((_TWO * g) * (x - y), -((_TWO * g) * (x - y))), 2),
     "pow": (np.power, _grad_pow, 8),
@@ -159,10 +172,10 @@ class Select(Elementwise):
 
     def forward(self, params, inputs, ctx: RunContext):
         cond, x, y = self.operands.arrays(params, inputs)
-        return np.where(cond, x, y), cond
+        return where(cond, x, y), cond
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        gx, gy = _where(cache, grad_output, _ZERO), _where(cache, _ZERO, grad_output)
+        gx, gy = where(cache, grad_output), where(~cache, grad_output)
         return self.operands.gradients([None, gx, gy], ctx, param_grads)
 
 

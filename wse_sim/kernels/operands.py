@@ -56,7 +56,9 @@ def reduce_to(grad: np.ndarray, shape: Shape) -> np.ndarray:
 class Operands:
     """A kernel's `operands` attr, resolved against its inputs, attrs and params."""
 
-    def __init__(self, kernel: Kernel, count: int):
+    def __init__(self, kernel: Kernel, count: int, broadcast: bool = True):
+        """`broadcast`: the operands broadcast against each other (element-wise kernels);
+        False for kernels that contract them by their own rules (einsum)."""
         name, kind = kernel.name, kernel.type_name
         letters = kernel.attrs.get("operands")
         if not isinstance(letters, str) or len(letters) != count or \
@@ -69,11 +71,11 @@ class Operands:
                               f"{letters.count('i')} inputs (at least 1), the kernel has "
                               f"{len(inputs)}")
         ranks = {len(s) for s in inputs}
-        if len(ranks) != 1:
+        if broadcast and len(ranks) != 1:
             raise KernelError(f"kernel {name!r} ({kind}): its inputs {inputs} have different "
                               f"ranks (TF would broadcast the batch into another axis)")
         self.letters = letters
-        self.rank = ranks.pop() + 1  # R: the activations' rank with the micro-batch
+        self.rank = max(ranks) + 1  # R: the activations' rank with the micro-batch
         operands: list[Operand] = []
         for k, letter in enumerate(letters):
             if letter == "i":
@@ -94,12 +96,12 @@ class Operands:
                                       f"attr 'p{k}' must hold its shape, got {dims!r}")
                 shape = tuple(dims)
             what = "constant" if letter == "c" else "weight"
-            if len(shape) > self.rank or (len(shape) == self.rank and shape[0] != 1):
+            if broadcast and (len(shape) > self.rank or (len(shape) == self.rank and shape[0] != 1)):
                 raise KernelError(
                     f"kernel {name!r} ({kind}): the {what} of operand {k} has shape {shape}, "
                     f"which would broadcast against the batch axis of the inputs (rank "
                     f"{self.rank} with the batch); it needs fewer axes or a leading 1")
-            sample = shape[1:] if len(shape) == self.rank else shape
+            sample = shape[1:] if broadcast and len(shape) == self.rank else shape
             operands.append(Operand(letter, k, -1, shape, sample, value))
         self.operands = tuple(operands)
 

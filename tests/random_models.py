@@ -1,0 +1,252 @@
+"""Random small Estimator-style models, written the way users write them (Keras layers,
+raw tf ops, tf.compat.v1 losses and optimizers), for the differential test.
+
+A `ModelSpec` (drawn by `model_specs()`, a hypothesis strategy) names an input, a few
+blocks, a head with its loss, an optimizer, a gradient transform between compute_gradients
+and apply_gradients, an optional var_list subset and an optional L2 term; `model_fn` and
+`input_fn` build it from `params["spec"]`. The ops are created on the lines of this file,
+so a refusal must name one of them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+from hypothesis import strategies as st
+
+from launcher.estimator_spec import CSEstimatorSpec
+
+BATCH = 8
+STEPS = 10
+WIDTH = 8
+CLASSES = 3
+VOCAB = 11
+
+INPUTS = ("vector", "int_vector", "image", "tokens")
+BLOCKS = ("dense:relu", "dense:tanh", "dense:sigmoid", "dense:gelu", "dense:none", "matmul",
+          "unary:tanh", "unary:square", "unary:abs", "unary:neg", "unary:softplus",
+          "unary:log1p_abs", "unary:exp_neg_square", "unary:sqrt", "unary:rsqrt",
+          "const_affine", "broadcast", "maximum", "minimum", "softsign_by_hand", "select",
+          "residual", "concat", "layer_norm", "layer_norm_by_hand", "gelu_exact", "gelu_tanh",
+          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3")
+LOSSES = {
+    "classes": ("sparse_ce", "sparse_ce_weighted", "softmax_ce_smoothed", "nn_sparse_ce_mean"),
+    "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted"),
+    "binary": ("sigmoid_ce_smoothed", "nn_sigmoid_ce"),
+}
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "rmsprop", "rmsprop_centered", "adagrad")
+TRANSFORMS = ("none", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "scale")
+L2_TERMS = ("none", "l2_loss", "kernel_regularizer")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    inputs: str
+    blocks: tuple[str, ...]
+    task: str
+    loss: str
+    optimizer: str
+    transform: str
+    var_subset: bool  # minimize(var_list=...) leaves the first layer's variables out
+    l2: str
+    seed: int
+
+    def describe(self) -> str:
+        return (f"{self.inputs} -> {' -> '.join(self.blocks) or '(no block)'} -> {self.task} "
+                f"head, loss {self.loss}, {self.optimizer}, transform {self.transform}"
+                f"{', var_list subset' if self.var_subset else ''}"
+                f"{', ' + self.l2 if self.l2 != 'none' else ''}")
+
+
+@st.composite
+def model_specs(draw) -> ModelSpec:
+    task = draw(st.sampled_from(sorted(LOSSES)))
+    return ModelSpec(
+        inputs=draw(st.sampled_from(INPUTS)),
+        blocks=tuple(draw(st.lists(st.sampled_from(BLOCKS), min_size=0, max_size=3))),
+        task=task, loss=draw(st.sampled_from(LOSSES[task])),
+        optimizer=draw(st.sampled_from(OPTIMIZERS)), transform=draw(st.sampled_from(TRANSFORMS)),
+        var_subset=draw(st.booleans()), l2=draw(st.sampled_from(L2_TERMS)),
+        seed=draw(st.integers(0, 2 ** 16)))
+
+
+def params_for(spec: ModelSpec) -> dict:
+    return {"batch_size": BATCH, "spec": spec, "runconfig": {"tf_random_seed": spec.seed % 1000 + 1}}
+
+
+# ---- input_fn ----
+def input_fn(params):
+    spec: ModelSpec = params["spec"]
+    rng = np.random.default_rng(spec.seed)
+    n = BATCH * STEPS
+    if spec.inputs == "vector":
+        x = rng.normal(size=(n, 6)).astype(np.float32)
+    elif spec.inputs == "int_vector":
+        x = rng.integers(0, 5, size=(n, 6)).astype(np.int32)
+    elif spec.inputs == "image":
+        x = rng.uniform(size=(n, 6, 6, 2)).astype(np.float32)
+    else:
+        x = rng.integers(0, VOCAB, size=(n, 5)).astype(np.int32)
+    if spec.task == "classes":
+        y = rng.integers(0, CLASSES, size=n).astype(np.int32)
+    elif spec.task == "regression":
+        y = rng.normal(size=n).astype(np.float32)
+    else:
+        y = rng.integers(0, 2, size=(n, 1)).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(params["batch_size"], drop_remainder=True)
+
+
+# ---- model_fn ----
+def first_layer(spec: ModelSpec, features):
+    if spec.inputs == "vector":
+        return tf.keras.layers.Dense(WIDTH, activation="relu")(features)
+    if spec.inputs == "int_vector":
+        x = tf.cast(features, tf.float32) / 4.0
+        return tf.keras.layers.Dense(WIDTH, activation="tanh")(x)
+    if spec.inputs == "image":
+        x = tf.keras.layers.Conv2D(4, 3, activation="relu")(features)
+        x = tf.keras.layers.Flatten()(x)
+        return tf.keras.layers.Dense(WIDTH)(x)
+    x = tf.keras.layers.Embedding(VOCAB, WIDTH)(features)
+    return tf.reduce_mean(x, axis=1)
+
+
+def block(name: str, h, index: int):
+    kind, _, arg = name.partition(":")
+    if kind == "dense":
+        return tf.keras.layers.Dense(WIDTH, activation=None if arg == "none" else arg)(h)
+    if kind == "matmul":
+        w = tf.compat.v1.get_variable(f"w{index}", [WIDTH, WIDTH])
+        b = tf.compat.v1.get_variable(f"b{index}", [WIDTH], initializer=tf.zeros_initializer())
+        return tf.matmul(h, w) + b
+    if kind == "unary":
+        if arg == "log1p_abs":
+            return tf.math.log1p(tf.abs(h))
+        if arg == "exp_neg_square":
+            return tf.exp(-tf.square(h))
+        if arg == "sqrt":
+            return tf.sqrt(tf.square(h) + 1.0)
+        if arg == "rsqrt":
+            return tf.math.rsqrt(tf.square(h) + 1.0)
+        return {"tanh": tf.tanh, "square": tf.square, "abs": tf.abs, "neg": tf.negative,
+                "softplus": tf.nn.softplus}[arg](h)
+    if kind == "const_affine":
+        return h * 0.5 + 1.0
+    if kind == "broadcast":
+        scale = tf.constant(np.linspace(0.5, 1.5, WIDTH), tf.float32)
+        return h * scale - tf.constant(np.linspace(-1.0, 1.0, WIDTH), tf.float32)
+    if kind == "maximum":
+        return tf.maximum(h, 0.1 * h)
+    if kind == "minimum":
+        return tf.minimum(h, 1.0)
+    if kind == "softsign_by_hand":
+        return h / (1.0 + tf.abs(h))
+    if kind == "select":
+        return tf.where(h > 0, h, 0.1 * h)
+    if kind == "residual":
+        return h + tf.keras.layers.Dense(WIDTH, activation="relu")(h)
+    if kind == "concat":
+        return tf.keras.layers.Dense(WIDTH)(tf.concat([h, tf.nn.relu(h)], axis=-1))
+    if kind == "layer_norm":
+        return tf.keras.layers.LayerNormalization()(h)
+    if kind == "layer_norm_by_hand":
+        mean = tf.reduce_mean(h, axis=-1, keepdims=True)
+        variance = tf.reduce_mean(tf.square(h - mean), axis=-1, keepdims=True)
+        return (h - mean) * tf.math.rsqrt(variance + 1e-5)
+    if kind == "gelu_exact":
+        return tf.nn.gelu(h, approximate=False)
+    if kind == "gelu_tanh":
+        return tf.nn.gelu(h, approximate=True)
+    if kind == "dropout0":
+        return tf.keras.layers.Dropout(0.0)(h, training=True)
+    if kind == "softmax":
+        return tf.nn.softmax(h) * float(WIDTH)
+    if kind == "attention":
+        x = tf.reshape(h, [-1, 2, WIDTH // 2])
+        scores = tf.matmul(x, x, transpose_b=True) / math.sqrt(WIDTH // 2)
+        return tf.reshape(tf.matmul(tf.nn.softmax(scores), x), [-1, WIDTH])
+    if kind == "reduce":
+        x = tf.reshape(h, [-1, 2, WIDTH // 2])
+        return tf.concat([tf.reduce_mean(x, axis=1), tf.reduce_max(x, axis=1)], axis=-1)
+    if kind == "transpose":
+        return tf.reshape(tf.transpose(tf.reshape(h, [-1, 2, WIDTH // 2]), [0, 2, 1]), [-1, WIDTH])
+    if kind == "dense_rank3":
+        x = tf.keras.layers.Dense(WIDTH // 2, activation="relu")(tf.reshape(h, [-1, 2, WIDTH // 2]))
+        return tf.reshape(x, [-1, WIDTH])
+    raise ValueError(f"no block {name}")
+
+
+def head_and_loss(spec: ModelSpec, h, labels):
+    regularizer = tf.keras.regularizers.l2(1e-3) if spec.l2 == "kernel_regularizer" else None
+    head = tf.keras.layers.Dense(CLASSES if spec.task == "classes" else 1,
+                                 kernel_regularizer=regularizer)
+    out = head(h)
+    losses = tf.compat.v1.losses
+    if spec.loss == "sparse_ce":
+        loss = losses.sparse_softmax_cross_entropy(labels, out)
+    elif spec.loss == "sparse_ce_weighted":
+        loss = losses.sparse_softmax_cross_entropy(labels, out, weights=0.5)
+    elif spec.loss == "softmax_ce_smoothed":
+        loss = losses.softmax_cross_entropy(tf.one_hot(labels, CLASSES), out, label_smoothing=0.1)
+    elif spec.loss == "nn_sparse_ce_mean":
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=out))
+    elif spec.loss == "mse_reshape":
+        loss = losses.mean_squared_error(tf.reshape(labels, [-1, 1]), out)
+    elif spec.loss == "mse_by_hand":
+        loss = tf.reduce_mean(tf.square(out - tf.expand_dims(labels, -1)))
+    elif spec.loss == "huber":
+        loss = losses.huber_loss(tf.reshape(labels, [-1, 1]), out, delta=0.5)
+    elif spec.loss == "absolute_difference_weighted":
+        loss = losses.absolute_difference(tf.reshape(labels, [-1, 1]), out, weights=2.0)
+    elif spec.loss == "sigmoid_ce_smoothed":
+        loss = losses.sigmoid_cross_entropy(labels, out, label_smoothing=0.1)
+    else:
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+            labels=tf.cast(labels, tf.float32), logits=out))
+    if spec.l2 == "kernel_regularizer":
+        loss = loss + tf.add_n(head.losses)
+    elif spec.l2 == "l2_loss":
+        kernels = [v for v in tf.compat.v1.trainable_variables() if len(v.shape) >= 2]
+        loss = loss + 1e-3 * tf.add_n([tf.nn.l2_loss(v) for v in kernels])
+    return out, loss
+
+
+def optimizer(name: str):
+    train = tf.compat.v1.train
+    return {"sgd": lambda: train.GradientDescentOptimizer(0.05),
+            "momentum": lambda: train.MomentumOptimizer(0.05, 0.9),
+            "nesterov": lambda: train.MomentumOptimizer(0.05, 0.9, use_nesterov=True),
+            "adam": lambda: train.AdamOptimizer(0.01),
+            "rmsprop": lambda: train.RMSPropOptimizer(0.01),
+            "rmsprop_centered": lambda: train.RMSPropOptimizer(0.01, momentum=0.5, centered=True),
+            "adagrad": lambda: train.AdagradOptimizer(0.1)}[name]()
+
+
+def train_op(spec: ModelSpec, loss, var_list):
+    opt = optimizer(spec.optimizer)
+    step = tf.compat.v1.train.get_or_create_global_step()
+    grads_and_vars = [(g, v) for g, v in opt.compute_gradients(loss, var_list=var_list)
+                      if g is not None]
+    if spec.transform == "clip_by_value":
+        grads_and_vars = [(tf.clip_by_value(g, -0.05, 0.05), v) for g, v in grads_and_vars]
+    elif spec.transform == "clip_by_norm":
+        grads_and_vars = [(tf.clip_by_norm(g, 0.5), v) for g, v in grads_and_vars]
+    elif spec.transform == "clip_by_global_norm":
+        clipped, _ = tf.clip_by_global_norm([g for g, _ in grads_and_vars], 1.0)
+        grads_and_vars = list(zip(clipped, [v for _, v in grads_and_vars]))
+    elif spec.transform == "scale":
+        grads_and_vars = [(tf.math.scalar_mul(0.5, g), v) for g, v in grads_and_vars]
+    return opt.apply_gradients(grads_and_vars, global_step=step)
+
+
+def model_fn(features, labels, mode, params):
+    spec: ModelSpec = params["spec"]
+    h = first_layer(spec, features)
+    first_variables = len(tf.compat.v1.trainable_variables())
+    for index, name in enumerate(spec.blocks):
+        h = block(name, h, index)
+    out, loss = head_and_loss(spec, h, labels)
+    var_list = tf.compat.v1.trainable_variables()[first_variables if spec.var_subset else 0:]
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op(spec, loss, var_list))
