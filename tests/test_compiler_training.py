@@ -5,7 +5,9 @@ import inspect
 import numpy as np
 import pytest
 
+import tf_reference
 import training_models as tm
+from test_wse_parity import assert_parity, server, train_on_server  # noqa: F401 (fixture)
 from launcher.compiler import compile_model
 from launcher.compiler.extract import extract
 from launcher.compiler.training import analyze_training
@@ -219,3 +221,21 @@ def test_numeric_checks_are_skipped_above_their_memory_budget(monkeypatch):
     monkeypatch.setattr("launcher.compiler.training._check_source", lambda *args: None)
     monkeypatch.setattr("launcher.compiler.training.NUMERIC_CHECK_VALUES", 10)
     analyze(tm.swapped_gradients)  # only the structure is proven: no Session runs
+
+
+@pytest.mark.parametrize("model_fn, params", [
+    (tm.fine_tune_last_layer, {}), (tm.clip_value_and_norm, {}),
+    (tm.loss_scaling, {"clip": True, "loss_scale": 128.0}),
+    pytest.param(tm.clip_global_norm, {}, marks=pytest.mark.slow),
+    pytest.param(tm.scaled_gradients, {}, marks=pytest.mark.slow)])
+def test_the_cs_trains_these_train_ops_as_tensorflow_does(tmp_path, server, model_fn, params):
+    params = {"batch_size": 16, "runconfig": {"tf_random_seed": 3}, **params}
+    compiled = compile_model(model_fn, tm.input_fn, params, str(tmp_path))
+    data = tf_reference.batches(tm.input_fn, params, 10)
+    reference = tf_reference.run(model_fn, tm.input_fn, params, compiled.initial_weights, data)
+    losses, state = train_on_server(server.address, compiled, data, [10])
+    assert_parity(losses, state, reference)
+    moved = {n for n in compiled.initial_weights
+             if not np.array_equal(state[n], compiled.initial_weights[n])}
+    assert moved == {v.variable for k in compiled.program.kernels for v in k.params
+                     if not v.frozen}

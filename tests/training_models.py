@@ -12,9 +12,9 @@ v1 = tf.compat.v1
 
 def input_fn(params):
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(32, 12)).astype(np.float32)
-    y = (np.arange(32) % 10).astype(np.int32)
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
+    x = rng.normal(size=(64, 12)).astype(np.float32)
+    y = (np.arange(64) % 10).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(16, drop_remainder=True)
 
 
 def ids_input_fn(params):
