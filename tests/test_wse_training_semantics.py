@@ -113,7 +113,7 @@ LAYERS = (("h1", FEATURES, 16, "relu"), ("h2", 16, 8, "relu"), ("logits", 8, 5, 
 def mlp_program(optimizer: pb.Optimizer, *, frozen=(), regularizers=None, transforms=(),
                 dropout: float = 0.0, stop_gradient: bool = False) -> pb.Program:
     """features -> dense relu -> [dropout] [stop_gradient] -> dense relu -> dense ->
-    sparse softmax CE."""
+    mean sparse softmax cross-entropy."""
     p = pb.Program(name="mlp", fabric="cs1", batch_size=BATCH, micro_batch_size=MICRO,
                    loss_kernel="loss", seed=-7, optimizer=optimizer,
                    gradient_transforms=[t.to_message() for t in transforms])
@@ -138,10 +138,18 @@ def mlp_program(optimizer: pb.Optimizer, *, frozen=(), regularizers=None, transf
             p.kernels.add(name="stop", type="stop_gradient", inputs=[source],
                           output_shape=[units], region=REGION)
             source = "stop"
-    loss = p.kernels.add(name="loss", type="sparse_softmax_cross_entropy",
-                         inputs=[source, "labels"], region=REGION)
-    loss.attrs["reduction"].s = "mean"
+    add_loss(p, source)
     return p
+
+
+def add_loss(p: pb.Program, logits: str) -> None:
+    """The mean sparse softmax cross-entropy of `logits` against the labels."""
+    ce = p.kernels.add(name="xent", type="softmax_cross_entropy_with_logits",
+                       inputs=[logits, "labels"], output_shape=[], region=REGION)
+    ce.attrs["sparse"].b = True
+    loss = p.kernels.add(name="loss", type="loss", inputs=["xent"], output_shape=[],
+                         region=REGION)
+    loss.attrs["scale"].f = 1 / p.batch_size
 
 
 def mlp_weights(seed: int = 0) -> dict[str, np.ndarray]:
@@ -385,6 +393,29 @@ def test_each_step_draws_its_own_masks():
     assert 0.35 < np.mean(np.concatenate([first, second])) < 0.65
 
 
+@pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])
+def test_dropout_keeps_and_scales_as_tf_nn_dropout(rate):
+    """Over 2**18 values (sigma of the kept fraction < 0.001): the CS keeps 1 - rate of
+    them, as tf.nn.dropout does, and scales what it keeps by TF's float32 1 / (1 - rate),
+    bit for bit."""
+    shape, batch = (256,), 1024
+    p = pb.Program(name="dropout", fabric="cs1", batch_size=batch, micro_batch_size=64, seed=3)
+    p.inputs.add(name="features", dtype=pb.FLOAT32, shape=shape)
+    d = p.kernels.add(name="drop", type="dropout", inputs=["features"], output_shape=shape,
+                      region=REGION)
+    d.attrs["rate"].f = rate
+    checked = check_program(p)
+    x = np.random.default_rng(0).uniform(0.5, 2.0, (batch,) + shape).astype(F32)
+    cs = Pipeline.load(checked, {}).run({"features": x}, training=True, step=5,
+                                        outputs=["drop"]).outputs["drop"]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        ref = session.run(tf.nn.dropout(tf.constant(x), rate=rate, seed=11))
+    for out in (cs, ref):
+        kept = out != 0
+        assert abs(kept.mean() - (1 - rate)) < 5 * np.sqrt(rate * (1 - rate) / x.size)
+        np.testing.assert_array_equal(out[kept], x[kept] * F32(1 / (1 - rate)))
+
+
 def refusal(program: pb.Program, tensors=None) -> str:
     with pytest.raises(CSError) as error:
         checked = check_program(program)
@@ -442,3 +473,86 @@ def test_slots_of_the_programs_optimizer_are_checked_by_their_tf_names():
         program, {**weights, "h1/kernel/Adam": np.zeros((FEATURES, 16), F32)})
     assert "tensor 'h1/kernel/RMSProp_1' is (3,), the program needs (12, 16)" in refusal(
         program, {**weights, "h1/kernel/RMSProp_1": np.zeros(3, F32)})
+
+
+# ---- embedding tables: TF's sparse (IndexedSlices) rules through the pipeline ----
+VOCAB, WIDTH, IDS = 40, 6, 5
+
+
+def embedding_program(optimizer: pb.Optimizer, update: str) -> pb.Program:
+    """ids (5,) -> embedding lookup (40 x 6 table) -> flatten -> dense -> mean sparse
+    softmax cross-entropy."""
+    p = pb.Program(name="embedding", fabric="cs1", batch_size=BATCH, micro_batch_size=MICRO,
+                   loss_kernel="loss", seed=1, optimizer=optimizer)
+    p.inputs.add(name="features", dtype=pb.INT32, shape=[IDS])
+    p.inputs.add(name="labels", dtype=pb.INT32, shape=[])
+    g = p.kernels.add(name="lookup", type="gather", inputs=["features"],
+                      output_shape=[IDS, WIDTH], region=REGION)
+    g.attrs["operands"].s = "pi"
+    g.attrs["p0"].ints.values.extend([VOCAB, WIDTH])
+    g.params.add(role="p0", variable="emb", shape=[VOCAB, WIDTH], dtype=pb.FLOAT32, update=update)
+    r = p.kernels.add(name="flat", type="reshape", inputs=["lookup"], output_shape=[IDS * WIDTH],
+                      region=REGION)
+    r.attrs["shape"].ints.values.append(IDS * WIDTH)
+    k = p.kernels.add(name="logits", type="dense", inputs=["flat"], output_shape=[5], region=REGION)
+    k.attrs["units"].i, k.attrs["use_bias"].b, k.attrs["activation"].s = 5, True, "linear"
+    k.params.add(role="kernel", variable="logits/kernel", shape=[IDS * WIDTH, 5], dtype=pb.FLOAT32)
+    k.params.add(role="bias", variable="logits/bias", shape=[5], dtype=pb.FLOAT32)
+    add_loss(p, "logits")
+    return p
+
+
+def embedding_case(make_tf_optimizer, steps: int = 4):
+    rng = np.random.default_rng(3)
+    weights = {"emb": rng.normal(size=(VOCAB, WIDTH)).astype(F32),
+               "logits/kernel": rng.normal(size=(IDS * WIDTH, 5)).astype(F32) * F32(0.3),
+               "logits/bias": np.zeros(5, F32)}
+    # batch k looks up rows 4k to 4k + 7, repeating within and across samples: rows of
+    # one batch are absent from the next but one, rows from 4 * (steps + 1) on never appear
+    batches = [{"features": rng.integers(4 * k, 4 * k + 8, (BATCH, IDS)).astype(np.int32),
+                "labels": rng.integers(0, 5, BATCH).astype(np.int32)} for k in range(steps)]
+    with tf.Graph().as_default():
+        ids = tf.compat.v1.placeholder(tf.int32, (None, IDS))
+        y = tf.compat.v1.placeholder(tf.int32, (None,))
+        v = {n: tf.compat.v1.get_variable(n, initializer=w) for n, w in weights.items()}
+        h = tf.reshape(tf.nn.embedding_lookup(v["emb"], ids), (-1, IDS * WIDTH))
+        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(
+            y, tf.matmul(h, v["logits/kernel"]) + v["logits/bias"])
+        train = make_tf_optimizer().minimize(loss)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            losses = [float(session.run([loss, train], {ids: b["features"], y: b["labels"]})[0])
+                      for b in batches]
+            state = {x.op.name: session.run(x) for x in tf.compat.v1.global_variables()}
+    return weights, batches, (losses, state)
+
+
+SPARSE_CASES = {
+    "momentum": (pb.Optimizer(type="momentum", learning_rate=0.5, momentum=0.9, use_nesterov=True),
+                 lambda: tf.compat.v1.train.MomentumOptimizer(0.5, 0.9, use_nesterov=True)),
+    "rmsprop": (pb.Optimizer(type="rmsprop", learning_rate=0.05, decay=0.9, momentum=0.5,
+                             epsilon=1e-6, centered=True),
+                lambda: tf.compat.v1.train.RMSPropOptimizer(0.05, 0.9, 0.5, 1e-6, centered=True)),
+    "adam": (pb.Optimizer(type="adam", learning_rate=0.05, beta1=0.9, beta2=0.999, epsilon=1e-8),
+             lambda: tf.compat.v1.train.AdamOptimizer(0.05)),
+    "adagrad": (pb.Optimizer(type="adagrad", learning_rate=0.5, initial_accumulator_value=0.1),
+                lambda: tf.compat.v1.train.AdagradOptimizer(0.5)),
+    "sgd": (pb.Optimizer(type="sgd", learning_rate=0.5),
+            lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5)),
+}
+
+
+@pytest.mark.parametrize("case", SPARSE_CASES)
+def test_embedding_tables_train_by_tfs_sparse_rules(case):
+    """Only the looked-up rows (and, for v1 Adam, every row) move, as TF's sparse rules
+    move them; the dense rule would move the other rows too (momentum, RMSProp)."""
+    optimizer, tf_optimizer = SPARSE_CASES[case]
+    weights, batches, reference = embedding_case(tf_optimizer)
+    cs = cs_train(embedding_program(optimizer, "sparse"), weights, batches)
+    assert_matches_tf(cs, reference, [n for n in reference[1]])
+    untouched = slice(4 * (len(batches) + 1), None)
+    if case != "adam":
+        np.testing.assert_array_equal(cs[1]["emb"][untouched], weights["emb"][untouched])
+    if case in ("momentum", "rmsprop"):
+        dense = cs_train(embedding_program(optimizer, "dense"), weights, batches)
+        assert not np.allclose(dense[1]["emb"], reference[1]["emb"], rtol=1e-3)

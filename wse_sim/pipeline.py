@@ -325,17 +325,12 @@ class Pipeline:
             if spec.update != "sparse":
                 continue
             pieces = region.pieces.pop(role, [])
-            if not pieces:
-                region.slices[role] = (np.zeros(0, np.int64),
-                                       np.zeros((0,) + region.params[role].shape[1:], np.float32))
-            elif region.kernel.attrs.get("operands", "pi") == "pi":
+            if pieces:
                 region.slices[role] = (np.concatenate([ids for ids, _ in pieces]),
                                        np.concatenate([values for _, values in pieces]))
-            else:  # constant ids: one IndexedSlices of the whole batch's summed gradient
-                total = pieces[0][1]
-                for _, values in pieces[1:]:
-                    total = total + values
-                region.slices[role] = pieces[0][0], total
+            else:
+                region.slices[role] = (np.zeros(0, np.int64),
+                                       np.zeros((0,) + region.params[role].shape[1:], np.float32))
 
     def _gradients(self) -> dict[str, np.ndarray]:
         """The batch's gradients of every trained variable (sparse ones: the values of
@@ -371,16 +366,12 @@ class Pipeline:
     @staticmethod
     def _indexed_slices(region: Region, role: str, i: int, upstream: np.ndarray,
                         board: Board) -> tuple[np.ndarray, np.ndarray]:
-        """A gather kernel's table gradient for micro-batch i as TF's IndexedSlices piece:
-        one row of values per looked-up id, in order. Ids from the input (operands "pi"):
-        the micro-batch's; constant ids (operands "pc", the same output for every sample):
-        the ids once, their gradient summed over the micro-batch, as TF's broadcast does."""
+        """An embedding lookup's (gather kernel's) table gradient for micro-batch i as a
+        piece of TF's IndexedSlices: the looked-up ids (its input) in order, one row of
+        values (the gradient of the looked-up row) per id."""
+        ids = board.get(("v", region.sources[0], i))
         row_shape = region.params[role].shape[1:]
-        if region.kernel.attrs.get("operands", "pi") == "pi":
-            ids = board.get(("v", region.sources[0], i))
-            return ids.reshape(-1).copy(), upstream.reshape((-1,) + row_shape).copy()
-        ids = np.asarray(region.kernel.attrs["c1"])
-        return ids.reshape(-1), upstream.sum(axis=0, dtype=np.float32).reshape((-1,) + row_shape)
+        return ids.reshape(-1).copy(), upstream.reshape((-1,) + row_shape).copy()
 
     def close(self) -> None:
         """Join the stage threads (a later batch runs as one stage in the caller's thread)."""
