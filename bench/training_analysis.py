@@ -27,7 +27,7 @@ def measure() -> list[Row]:
     from launcher.compiler.extract import extract
     from launcher.compiler.training import analyze_training
 
-    config = yaml.safe_load((ROOT / "examples" / "fc_mnist" / "configs" / "params.yaml").read_text())
+    config = yaml.safe_load((ROOT / "examples/fc_mnist/configs/params.yaml").read_text())
     params = {**config, "batch_size": config["train_input"]["batch_size"]}
     extracting, analysing = [], []
     for _ in range(REPEATS):
