@@ -10,6 +10,7 @@ import numpy as np
 
 from launcher.errors import CSRunError
 from wse_sim.api import UNLIMITED_MESSAGES, pb, rpc
+from wse_sim.api.liveness import Liveness
 from wse_sim.api.tensors import assemble, tensor_chunks
 
 CONNECT_TIMEOUT_S = 10.0
@@ -32,7 +33,11 @@ class CSClient:
     def close(self) -> None:
         self._channel.close()
 
-    def _error(self, error: grpc.RpcError, doing: str) -> CSRunError:
+    def _error(self, error: grpc.RpcError, doing: str, live: Liveness | None = None) -> CSRunError:
+        if live is not None and live.dead:
+            return CSRunError(f"{live.dead} during {doing}",
+                              "see the CS system's log (wse_sim.log in the job folder for the "
+                              "embedded one); the newest checkpoint is the last good one")
         code = error.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return CSRunError(f"cannot reach the CS system at {self.cs_ip} ({doing}): {error.details()}",
@@ -63,25 +68,34 @@ class CSClient:
                 for chunk in tensor_chunks(name, tensors[name]):
                     yield pb.LoadRequest(chunk=chunk)
 
-        try:
-            return self._stub.Load(requests())
-        except grpc.RpcError as error:
-            raise self._error(error, "the program") from None
+        future = self._stub.Load.future(requests())
+        with Liveness(self.cs_ip, future.cancel) as live:
+            try:
+                return future.result()
+            except grpc.FutureCancelledError:  # only the liveness watch cancels it
+                raise CSRunError(f"{live.dead or 'the CS system stopped answering'} during the load",
+                                 "see the CS system's log") from None
+            except grpc.RpcError as error:
+                raise self._error(error, "the program", live) from None
 
     def run(self, action: str, steps: int, output_steps: tuple[int, ...] = ()) -> Iterator[pb.RunResult]:
         """The Train / Evaluate / Predict stream of per-step results, then the job summary."""
         call = {"train": self._stub.Train, "evaluate": self._stub.Evaluate, "predict": self._stub.Predict}[action]
-        try:
-            yield from call(pb.RunRequest(token=self.token, steps=steps, output_steps=output_steps))
-        except grpc.RpcError as error:
-            raise self._error(error, action) from None
+        responses = call(pb.RunRequest(token=self.token, steps=steps, output_steps=output_steps))
+        with Liveness(self.cs_ip, responses.cancel) as live:
+            try:
+                yield from responses
+            except grpc.RpcError as error:
+                raise self._error(error, action, live) from None
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """The job's weights and optimizer slots, by TF variable / slot name."""
-        try:
-            return assemble(self._stub.Snapshot(pb.SnapshotRequest(token=self.token)))
-        except grpc.RpcError as error:
-            raise self._error(error, "the snapshot") from None
+        responses = self._stub.Snapshot(pb.SnapshotRequest(token=self.token))
+        with Liveness(self.cs_ip, responses.cancel) as live:
+            try:
+                return assemble(responses)
+            except grpc.RpcError as error:
+                raise self._error(error, "the snapshot", live) from None
 
     def unload(self) -> None:
         try:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from containers.runtime import add_mount_dirs_flag, mount_dirs_of
-from launcher.errors import CSRunError, cli_entry
+from launcher.errors import CSRunError, Stopped, cli_entry, stop_on_signals
 from launcher.site_config import SiteConfig, load_site_config
 from slurm.backend import JobRequest, choose_backend
 from workers.rendezvous import RENDEZVOUS_DIR
@@ -122,6 +122,9 @@ def normalize_cs_ip(cs_ip: str) -> str:
     host, _, port = cs_ip.rpartition(":") if ":" in cs_ip else (cs_ip, "", "9000")
     if not host or not port.isdigit():
         raise CSRunError(f"--cs_ip {cs_ip!r} is not HOST:PORT", "e.g. --cs_ip 10.0.0.5:9000")
+    if not 1 <= int(port) <= 65535:
+        raise CSRunError(f"--cs_ip {cs_ip!r}: port {port} is not between 1 and 65535",
+                         "e.g. --cs_ip 10.0.0.5:9000")
     return f"{host}:{port}"
 
 
@@ -276,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         print(submission.text, end="")
         return 0
     job = None
+    stop_on_signals()  # SIGTERM / SIGHUP stop the job as Ctrl-C does
     try:
         if simulator is not None:
             simulator.start()
@@ -288,9 +292,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: job {job.job_id}: {job.num_tasks} task(s) through the {backend.name} "
               f"backend; logs in {args.job_dir}", file=sys.stderr, flush=True)
         outcome = job.follow(sys.stdout)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if job is not None:
             job.cancel()
+        if simulator is not None:
+            simulator.stop()
+        if isinstance(interrupt, Stopped):  # cli_entry prints it in its one line
+            stopped = [f"job {job.job_id} cancelled, every task stopped"] if job is not None else []
+            stopped += ["the embedded CS system stopped"] if simulator is not None else []
+            interrupt.done = ", ".join(stopped)
         raise
     finally:
         if simulator is not None:

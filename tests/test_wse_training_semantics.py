@@ -250,6 +250,11 @@ def test_frozen_weights_stay_and_pass_gradients_to_trained_ones_upstream():
         assert f"{var}/Momentum" not in state  # TF makes no slot for an untrained variable
     assert not np.array_equal(state["h1/kernel"], weights["h1/kernel"])
     assert pipeline.by_name["h2"].backward and pipeline.by_name["h2"].trained == ()
+    # a slot of a now frozen weight (an earlier run trained it) comes back as it was loaded
+    earlier = np.full((16, 8), 0.25, F32)
+    state = cs_train(mlp_program(MOMENTUM, frozen=frozen),
+                     {**weights, "h2/kernel/Momentum": earlier}, batches[:1])[1]
+    np.testing.assert_array_equal(state["h2/kernel/Momentum"], earlier)
 
 
 def test_a_region_runs_backward_only_when_something_upstream_trains():
@@ -436,7 +441,8 @@ def param(program, kernel, role):
 
 @pytest.mark.parametrize("edit,message", [
     (lambda p: setattr(param(p, "h1", "kernel"), "update", "lazy"),
-     "kernel 'h1' (dense): param 'h1/kernel': unknown update 'lazy'; the CS system has dense, sparse"),
+     "kernel 'h1' (dense): param 'h1/kernel': unknown update 'lazy'; the CS system has dense, "
+     "sparse"),
     (lambda p: setattr(param(p, "h1", "kernel"), "update", "sparse"),
      "kernel 'h1' (dense): param 'h1/kernel': a sparse update needs the table of a gather kernel"),
     (lambda p: param(p, "h2", "bias").regularizers.add(kind="l3", scale=0.1),
@@ -452,13 +458,15 @@ def param(program, kernel, role):
      "gradient transform 0 (scale): 'h1/bias' is frozen (not trained): it has no gradient"),
     (lambda p: p.gradient_transforms.add(kind="clip_by_global_norm", value=-1.0,
                                          variables=["h1/bias"]),
-     "gradient transform 0 (clip_by_global_norm): clip_by_global_norm needs a finite clip norm > 0"),
+     "gradient transform 0 (clip_by_global_norm): clip_by_global_norm needs a finite clip "
+     "norm > 0"),
     (lambda p: p.gradient_transforms.add(kind="clip_by_value", variables=[]),
      "gradient transform 0 (clip_by_value): gradient transform clip_by_value names no variables"),
     (lambda p: p.optimizer.CopyFrom(pb.Optimizer(type="adagrad", learning_rate=0.1)),
      "program 'mlp': optimizer adagrad: initial_accumulator_value must be > 0 (as in TF), got 0.0"),
     (lambda p: p.optimizer.CopyFrom(pb.Optimizer(type="ftrl", learning_rate=0.1)),
-     "program 'mlp': unknown optimizer 'ftrl'; the CS system has sgd, momentum, adam, rmsprop, adagrad"),
+     "program 'mlp': unknown optimizer 'ftrl'; the CS system has sgd, momentum, adam, rmsprop, "
+     "adagrad"),
 ])
 def test_bad_programs_are_refused_precisely(edit, message):
     assert message in refusal(edited(edit))

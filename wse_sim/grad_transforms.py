@@ -5,7 +5,8 @@ complete gradients (regularizer gradients included) before any weight is updated
 
     scale                g = g * value
     clip_by_value        g = maximum(minimum(g, high), low)
-    clip_by_norm         l2 = sqrt(sum(g * g)) (0 if the sum is 0); g = g * value / maximum(l2, value)
+    clip_by_norm         l2 = sqrt(sum(g * g)) (0 if the sum is 0)
+                         g = g * value / maximum(l2, value)
     clip_by_global_norm  gn = sqrt(sum over the group of sum(g * g) / 2 * 2)
                          g = g * (value * minimum(1 / gn, 1 / value) + (gn - gn))
 

@@ -64,6 +64,7 @@ class Region:
     # sparse roles: the batch's IndexedSlices pieces (ids, values), then the whole batch's
     pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     slices: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    accumulated: bool = False  # the accumulators hold a micro-batch of this batch
     input_grads: tuple[bool, ...] = ()
     # the consumers' gradients it sums, as (consumer position, input index), in tick order
     inflow: tuple[tuple[int, int], ...] = ()
@@ -191,7 +192,8 @@ class Pipeline:
                                    if region.backward and not spec.frozen)
         for region in self.regions:
             region.input_grads = tuple(
-                s in self.by_name and self.by_name[s].backward and region.kernel.input_differentiable(j)
+                s in self.by_name and self.by_name[s].backward
+                and region.kernel.input_differentiable(j)
                 for j, s in enumerate(region.sources))
         for region in self.regions:  # the later consumer's backward comes first
             region.inflow = tuple(sorted(
@@ -247,6 +249,7 @@ class Pipeline:
             for i in range(m_count):
                 board.items["v", name, i] = array[i * self.micro:(i + 1) * self.micro]
         for region in self.regions:
+            region.accumulated = False
             region.pieces.clear()
             region.slices.clear()
             if training:
@@ -318,6 +321,9 @@ class Pipeline:
     def _complete_gradients(self, region: Region) -> None:
         """The batch's gradients of the region's trained weights: regularizer gradients
         added (once per batch), sparse ones assembled into one IndexedSlices in batch order."""
+        if not region.accumulated:  # no micro-batch's gradient reached it: zero
+            for grad in region.grads.values():
+                grad.fill(0)
         for role in region.trained:
             spec = region.specs[role]
             for reg in spec.regularizers:
@@ -354,10 +360,11 @@ class Pipeline:
                 if region.specs[role].update == "sparse":
                     region.pieces.setdefault(role, []).append(
                         self._indexed_slices(region, role, i, upstream, board))
-            ctx.input_grads, ctx.accumulate = region.input_grads, i > 0
+            ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated
             input_grads, _ = region.kernel.backward(region.params, cache, upstream, ctx,
                                                     region.grads or None)
             ctx.input_grads, ctx.accumulate = None, True
+            region.accumulated = True
         for index, (source, wanted, grad) in enumerate(zip(region.sources, region.input_grads,
                                                            input_grads)):
             if wanted:

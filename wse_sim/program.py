@@ -180,7 +180,8 @@ def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> Pa
     return ParamSpec(param.frozen, regularizers, update)
 
 
-def check_transforms(program: pb.Program, params: Mapping[str, ParamSpec]) -> tuple[GradientTransform, ...]:
+def check_transforms(program: pb.Program,
+                     params: Mapping[str, ParamSpec]) -> tuple[GradientTransform, ...]:
     """The program's gradient transforms, each naming trained variables of the program."""
     transforms = []
     for index, message in enumerate(program.gradient_transforms):
