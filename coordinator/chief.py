@@ -65,6 +65,14 @@ def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
     return {n: np.asarray(a) for n, a in tensors.items() if n in keep}
 
 
+def host_state(initial: dict[str, np.ndarray],
+               checkpoint: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Variables of the user's graph the CS does not hold (e.g. Keras' dropout seed state):
+    written into every checkpoint so that the CPU path restores it, with the values of the
+    checkpoint the run resumed from where it has them."""
+    return {n: (checkpoint or {}).get(n, value) for n, value in initial.items()}
+
+
 def output_tensor_names(program: pb.Program) -> dict[str, str]:
     """CS output name (a kernel or a program input) → the TF tensor it stands for."""
     names = {s.name: f"{s.name}:0" for s in program.inputs}
@@ -182,9 +190,13 @@ class Chief:
         if latest is not None:
             progress.restoring(latest)
             step = checkpoints.checkpoint_step(latest)
-            state = cs_state(program, checkpoints.read_checkpoint(latest), latest)
+            stored = checkpoints.read_checkpoint(latest)
+            state = cs_state(program, stored, latest)
+            host = host_state(compiled.host_variables, stored)
         else:
-            step, state = 0, dict(compiled.initial_weights)
+            step = 0
+            state = dict(compiled.initial_weights)
+            host = host_state(compiled.host_variables)
         end = max_steps if max_steps is not None else step + steps
         if end <= step:
             progress.skipping(step)
@@ -211,7 +223,7 @@ class Chief:
                         events.scalars(step, {"loss": loss, "global_step/sec": rate(step),
                                               "cs/samples_per_sec": result.step.timing.sim_samples_per_sec})
                 events.flush()
-                snapshot = job.snapshot()
+                snapshot = {**host, **job.snapshot()}
                 snapshot["global_step"] = np.asarray(step, np.int64)
                 checkpoints.write_checkpoint(self.model_dir, step, snapshot, config.keep_checkpoint_max)
                 log.saved(step, self.model_dir)

@@ -307,3 +307,15 @@ def test_a_failed_tasks_reason_is_its_own_last_error(own, code, reason, tmp_path
     log = tmp_path / "1_log.out"
     log.write_text("submitit INFO (2026-11-23) - Starting with JobEnvironment\n" + own + SUBMITIT_TAIL)
     assert last_error_line(log, code) == reason
+
+
+@pytest.mark.slow
+def test_bad_params_on_the_cs_path_are_one_line(tmp_path):
+    """Through csrun_wse (a chief and an input worker): the task's own line, not a
+    `TaskFailed: exit code 1`, and no traceback on the terminal."""
+    params = _write_params(tmp_path, {"optimizer.learning_rate": "fast"})
+    done = _cli(["-m", "launcher.csrun_wse", "--tasks-per-node", "2", "--job-dir", str(tmp_path / "job"),
+                 "python", str(EXAMPLE / "run.py"), "-p", str(params), "-o", str(tmp_path / "m")],
+                tmp_path, timeout=300)
+    _one_line(done, "failed: run.py: error: optimizer.learning_rate in")
+    assert "TaskFailed" not in done.stderr and "Traceback" not in done.stdout

@@ -86,7 +86,7 @@ ACTIVATIONS = {
     "sqrt": (tf.sqrt, (0.05, 4)), "rsqrt": (tf.math.rsqrt, (0.05, 4)), "exp": (tf.exp, None),
     "expm1": (tf.math.expm1, None), "log": (tf.math.log, (0.05, 4)),
     "log1p": (tf.math.log1p, (-0.9, 4)), "reciprocal": (tf.math.reciprocal, (0.2, 3)),
-    "erf": (tf.math.erf, (-5, 5)), "sin": (tf.sin, (-6, 6)), "cos": (tf.cos, (-6, 6)),
+    "erf": (tf.math.erf, (-5, 5)), "erfc": (tf.math.erfc, (-5, 5)), "sin": (tf.sin, (-6, 6)), "cos": (tf.cos, (-6, 6)),
     "sign": (tf.sign, None), "softsign": (tf.nn.softsign, None), "identity": (tf.identity, None),
 }
 

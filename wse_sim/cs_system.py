@@ -395,7 +395,8 @@ class CSSystem:
                 raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
                                            f"job {job.job_id} is running; snapshot between runs"),
                                    "snapshot")
-            state = {name: np.array(a) for name, a in job.pipeline.state().items()}
+            state = {name: np.array(a) for name, a in
+                     job.checked.reshaped(job.pipeline.state(), to_kernels=False).items()}
             job.last_active = time.monotonic()
         size = int(chunk_bytes) if chunk_bytes > 0 else CHUNK_BYTES
         for name in sorted(state):

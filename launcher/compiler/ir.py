@@ -22,10 +22,13 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class ParamRef:
-    role: str  # kernel, bias
+    role: str  # kernel, bias, p<k> (a generic kernel's weight operand), ...
     variable: str  # TF variable name (checkpoint key)
-    shape: Shape
+    shape: Shape  # as the kernel sees it
     dtype: str = "float32"
+    variable_shape: Shape | None = None  # the variable's own shape, when it is viewed reshaped
+    frozen: bool = False  # not updated (not in the train_op's var_list, or moving statistics)
+    regularizers: tuple[tuple[str, float], ...] = ()  # (l2 | l1, scale) terms of the loss
 
 
 @dataclass(frozen=True)

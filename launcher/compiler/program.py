@@ -63,8 +63,12 @@ def build_program(model: MatchedModel, placement: Placement, *, name: str, graph
         for key, value in node.attrs.items():
             kernel.attrs[key].CopyFrom(attr_value(value))
         for p in node.params:
-            kernel.params.add(role=p.role, variable=p.variable, shape=list(p.shape),
-                              dtype=DTYPES[p.dtype])
+            param = kernel.params.add(
+                role=p.role, variable=p.variable, shape=list(p.shape), dtype=DTYPES[p.dtype],
+                frozen=p.frozen, regularizers=[pb.Regularizer(kind=kind, scale=scale)
+                                               for kind, scale in p.regularizers])
+            if p.variable_shape is not None and tuple(p.variable_shape) != tuple(p.shape):
+                param.variable_shape.extend(p.variable_shape)
     if model.training is not None:
         emit_training(program, model.training)
     for route in placement.routes:
@@ -81,11 +85,11 @@ def build_program(model: MatchedModel, placement: Placement, *, name: str, graph
 
 
 def emit_training(program: pb.Program, training: TrainingSpec) -> None:
-    """The optimizer, each param's frozen/update and the gradient transforms."""
+    """The optimizer, each param's frozen/update (frozen: constant-like, or not updated by
+    the train_op) and the gradient transforms."""
     program.optimizer.CopyFrom(pb.Optimizer(**dataclasses.asdict(training.optimizer)))
     for kernel in program.kernels:
         for param in kernel.params:
-            update = training.update(param.variable)
-            param.frozen = not update
-            param.update = update
+            param.frozen = param.frozen or not training.update(param.variable)
+            param.update = "" if param.frozen else training.update(param.variable)
     program.gradient_transforms.extend(t.to_message() for t in training.transforms)

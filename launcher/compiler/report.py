@@ -30,9 +30,12 @@ def model_summary(model: MatchedModel, mode: str, batch_size: int) -> list[str]:
         lines += training_lines(model)
     if model.loss_kernel:
         loss = next(k for k in model.kernels if k.name == model.loss_kernel)
-        how = (f"reduction {loss.attrs['reduction']}" if "reduction" in loss.attrs
-               else f"scale {loss.attrs['scale']:g}")  # the generic `loss` kernel
-        lines.append(f"Loss: {loss.type}, {how}")
+        lines.append(f"Loss: the sum over the batch of {', '.join(loss.inputs)} "
+                     f"x {loss.attrs['scale']:.6g}")
+        penalties = [f"{kind} {scale:g} on {p.variable}" for k in model.kernels for p in k.params
+                     for kind, scale in p.regularizers]
+        if penalties:
+            lines.append("Weight penalties: " + ", ".join(penalties))
     if model.outputs:
         lines.append("Streamed back to the host: " + ", ".join(model.outputs))
     return lines

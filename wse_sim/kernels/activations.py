@@ -6,6 +6,8 @@ output y), so the arithmetic follows TF's (e.g. EluGrad and SeluGrad use the out
 """
 from __future__ import annotations
 
+import math
+
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -183,6 +185,17 @@ def _erf_grad(x, y, a, dy, out):  # grad * (2 / sqrt(pi)) * exp(-square(x))
     return np.multiply(dy * TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
 
 
+_ERFC = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def _erfc(x, a, out):  # in float64, rounded: 1 - erf(x) would lose the tail (GELU's x << 0)
+    return _store(_ERFC(x).astype(np.float32), out)
+
+
+def _erfc_grad(x, y, a, dy, out):  # _ErfcGrad: grad * -(2 / sqrt(pi)) * exp(-square(x))
+    return np.multiply(dy * -TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
+
+
 def _sin(x, a, out):
     return np.sin(x, out=out)
 
@@ -346,6 +359,7 @@ FUNCTIONS: dict[str, tuple[Forward, Backward, int]] = {
     "log1p": (_log1p, _log1p_grad, 5),
     "reciprocal": (_reciprocal, _reciprocal_grad, 4),
     "erf": (_erf, _erf_grad, 14),
+    "erfc": (_erfc, _erfc_grad, 14),
     "sin": (_sin, _sin_grad, 4),
     "cos": (_cos, _cos_grad, 4),
     "sign": (_sign, _sign_grad, 1),
