@@ -281,7 +281,7 @@ def match_batch_norm(m: "Matcher") -> Callable[[tf.Operation], bool]:
             if not m.is_batched(x) or None in weights or op.get_attr("data_format") != b"NHWC":
                 return False
             return _batch_norm(m, x, op, weights[2], weights[3], weights[0], weights[1],
-                               float(op.get_attr("epsilon")), [op], op.outputs[0])
+                               float(op.get_attr("epsilon")), [op], op.outputs[0], fused=True)
         if op.type != "Mul" or not m.is_batched(op.inputs[0]) or m.is_batched(op.inputs[1]):
             return False
         found = _keras_batch_norm(m, op)
@@ -326,7 +326,7 @@ def _keras_batch_norm(m: "Matcher", mul_1: tf.Operation):
     return mean, variance, gamma, beta, float(eps), [mul_1, add], add.outputs[0]
 
 
-def _batch_norm(m, x, op, mean, variance, gamma, beta, eps, ops, out) -> bool:
+def _batch_norm(m, x, op, mean, variance, gamma, beta, eps, ops, out, fused=False) -> bool:
     if not has_kernel("batch_norm_inference"):
         return False
     params = [ParamRef("mean", mean.variable, (mean.variable_shape[-1],), frozen=True),
@@ -336,7 +336,8 @@ def _batch_norm(m, x, op, mean, variance, gamma, beta, eps, ops, out) -> bool:
     if beta is not None:
         params.append(ParamRef("offset", beta.variable, (beta.variable_shape[-1],)))
     m.add_kernel(op.name.rsplit("/", 1)[0], "batch_norm_inference", [x],
-                 {"epsilon": eps, "scale": gamma is not None, "center": beta is not None},
+                 {"epsilon": eps, "scale": gamma is not None, "center": beta is not None,
+                  "fused": fused},
                  params, ops, out)
     return True
 

@@ -6,8 +6,6 @@ output y), so the arithmetic follows TF's (e.g. EluGrad and SeluGrad use the out
 """
 from __future__ import annotations
 
-import math
-
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -185,11 +183,8 @@ def _erf_grad(x, y, a, dy, out):  # grad * (2 / sqrt(pi)) * exp(-square(x))
     return np.multiply(dy * TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
 
 
-_ERFC = np.vectorize(math.erfc, otypes=[np.float64])
-
-
-def _erfc(x, a, out):  # in float64, rounded: 1 - erf(x) would lose the tail (GELU's x << 0)
-    return _store(_ERFC(x).astype(np.float32), out)
+def _erfc(x, a, out):  # TF's own approximation, not 1 - erf(x) (that loses GELU's x << 0 tail)
+    return _store(erfc(x), out)
 
 
 def _erfc_grad(x, y, a, dy, out):  # _ErfcGrad: grad * -(2 / sqrt(pi)) * exp(-square(x))
@@ -239,7 +234,10 @@ def _pow_grad(x, y, a, dy, out):  # _PowGrad: grad * e * pow(x, e - 1)
 
 def _mul_no_nan(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """TF's mul_no_nan(a, b): a * b, and 0 where b is 0 (even if a is inf or nan)."""
-    return _store(np.where(b == 0, np.float32(0), a * b), out)
+    zero = b == 0
+    value = np.multiply(a, b, out=out)
+    np.copyto(value, np.float32(0), where=zero)  # (cheaper than np.where's branch)
+    return value
 
 
 # erf: Eigen's float rational approximation (the one TensorFlow's Erf runs; an 11/10-degree
