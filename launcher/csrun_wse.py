@@ -37,7 +37,7 @@ from pathlib import Path
 
 from containers.runtime import add_mount_dirs_flag, mount_dirs_of
 from launcher.errors import CSRunError, Stopped, cli_entry, stop_on_signals
-from launcher.site_config import SiteConfig, load_site_config
+from launcher.site_config import TLS_CA_ENV, SiteConfig, load_site_config
 from slurm.backend import JobRequest, choose_backend
 from workers.rendezvous import RENDEZVOUS_DIR
 
@@ -213,13 +213,11 @@ def task_command(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig) -> 
     command = with_cs_ip(args.command, cs_ip)
     if site.container.image is None:
         return command
-    from containers.runtime import check_binds, check_image, find_runtime
+    from containers.runtime import container_exec
 
-    runtime = find_runtime(site.container.runtime)
-    check_image(site.container.image)
-    binds = (*site.mount_dirs, *args.mount_dirs)
-    check_binds(binds)
-    return tuple(runtime.exec_command(site.container.image, command, binds, str(workdir)))
+    _, argv = container_exec(site.container.image, command, (*site.mount_dirs, *args.mount_dirs),
+                             str(workdir), site.container.runtime)
+    return tuple(argv)
 
 
 def site_defaults(site: SiteConfig) -> dict[str, str]:
@@ -241,7 +239,8 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
         tasks_per_node=args.tasks_per_node,
         cpus_per_task=args.cpus_per_task,
         env={"CSRUN_JOB_DIR": str(args.job_dir), "CSRUN_JOB_ID": args.job_dir.name,
-             "CSRUN_CS_IP": cs_ip, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
+             "CSRUN_CS_IP": cs_ip, TLS_CA_ENV: "" if embedded else (site.cs.tls_ca or ""),
+             "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
         options=dict(args.slurm_options),
         defaults=site_defaults(site),
         same_host=embedded,

@@ -19,7 +19,7 @@ from launcher.compiler import CompileResult, compile_model
 from launcher.errors import CSRunError
 from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
 from wse_sim.api import pb
-from wse_sim.api.tensors import assemble, from_tensor, to_tensor
+from wse_sim.api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
 from wse_sim.cs_system import CSSystem
 from wse_sim.fabric import get_fabric
 
@@ -54,7 +54,8 @@ def run_on_cs(program: pb.Program, weights: dict[str, np.ndarray],
     system = CSSystem(get_fabric(program.fabric or "cs1"), idle_timeout=0, log=lambda line: None)
     header = pb.JobHeader(job_id="in-process", token=TOKEN, program=program, num_workers=1,
                           global_step=global_step, first_batch=first_batch)
-    system.load(header, {n: np.asarray(a) for n, a in weights.items()})
+    system.load(header, (chunk for name in sorted(weights)
+                         for chunk in tensor_chunks(name, np.asarray(weights[name]))))
     errors: list[BaseException] = []
     feeder = threading.Thread(target=_feed, daemon=True, args=(
         system, [{"features": x, "labels": y} for x, y in data], first_batch, errors))

@@ -17,7 +17,7 @@ import yaml
 import compiler_models as m
 import tf_reference
 from launcher.compiler import compile_model
-from wse_sim.api import UNLIMITED_MESSAGES, pb, rpc
+from wse_sim.api import MESSAGE_OPTIONS, pb, rpc
 from wse_sim.api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
 from wse_sim.cs_system import CSSystem
 from wse_sim.fabric import get_fabric
@@ -29,7 +29,7 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 # ---- a minimal client of the CS API (the chief's and workers' calls, by hand) ----
 class Client:
     def __init__(self, address: str, token: str = "token-1"):
-        self.channel = grpc.insecure_channel(address, options=UNLIMITED_MESSAGES)
+        self.channel = grpc.insecure_channel(address, options=MESSAGE_OPTIONS)
         self.stub = rpc.CSSystemStub(self.channel)
         self.token = token
 
@@ -83,7 +83,7 @@ class Client:
         return assemble(self.stub.Snapshot(pb.SnapshotRequest(token=self.token, chunk_bytes=chunk_bytes)))
 
     def status(self) -> pb.StatusReply:
-        return self.stub.Status(pb.StatusRequest())
+        return self.stub.Status(pb.StatusRequest(token=self.token))
 
     def unload(self) -> None:
         self.stub.Unload(pb.UnloadRequest(token=self.token))

@@ -71,12 +71,15 @@ def test_second_job_wrong_token_and_unknown_job_are_refused(server):
     first.load(program(), weights(), job_id="job-a")
     other = Client(server.address, "token-b")
     code, details = code_and_details(lambda: other.load(program(), weights(), job_id="job-b"))
-    assert code == grpc.StatusCode.ALREADY_EXISTS and "job-a" in details
+    assert code == grpc.StatusCode.ALREADY_EXISTS and details == "the CS system is busy with another job"
     for call in (lambda: other.run("train", 1), other.snapshot, other.unload,
-                 lambda: other.stub.Feed(other.feed_requests(batches(1)))):
+                 lambda: other.stub.Feed(other.feed_requests(batches(1))),
+                 lambda: next(other.stub.Lease(pb.LeaseRequest(token=other.token)))):
         code, details = code_and_details(call)
-        assert code == grpc.StatusCode.PERMISSION_DENIED and "job-a" in details
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "job-a" not in details
+        assert "busy with another job" in details
     assert first.status().state == "loaded" and first.status().job_id == "job-a"
+    assert other.status() == pb.StatusReply(state="busy", fabric="cs1")  # nothing of job-a
     first.unload()
     assert first.status().state == "idle"
     code, _ = code_and_details(lambda: first.run("train", 1))

@@ -17,7 +17,8 @@ import grpc
 import numpy as np
 
 from launcher.errors import CSRunError
-from wse_sim.api import UNLIMITED_MESSAGES, pb, rpc
+from coordinator.cs_client import cs_channel
+from wse_sim.api import pb, rpc
 from wse_sim.api.liveness import Liveness
 from wse_sim.api.tensors import to_tensor
 from workers.rendezvous import InputSpec, Rendezvous
@@ -112,10 +113,10 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int) -> FeedS
             raise
 
     start = time.perf_counter()
-    with grpc.insecure_channel(cs_ip, options=UNLIMITED_MESSAGES) as channel:
+    with cs_channel(cs_ip) as channel:
         future = rpc.CSSystemStub(channel).Feed.future(counted())
         try:
-            with Liveness(cs_ip, future.cancel) as live:
+            with Liveness(cs_ip, future.cancel, cs_channel) as live:
                 future.result()
         except (grpc.RpcError, grpc.FutureCancelledError) as error:
             if failure:

@@ -225,9 +225,9 @@ def check_transforms(program: pb.Program,
     return tuple(transforms)
 
 
-def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The complete job state: every weight given with its shape; optimizer slots and
-    scalars may be missing (they start as TF starts them: wse_sim.optimizers)."""
+def state_shapes(checked: CheckedProgram) -> dict[str, Shape]:
+    """Every tensor a job's state may hold (float32): the weights, their optimizer slots
+    and the optimizer's scalars."""
     shapes = checked.variable_shapes()
     optimizer = make_optimizer(checked.optimizer) if checked.optimizer else None
     suffixes = optimizer.slot_suffixes if optimizer else ()
@@ -236,6 +236,14 @@ def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> d
         expected.update({slot_name(var, suffix): shape for suffix in suffixes})
     if optimizer:
         expected.update({name: () for name in optimizer.scalar_names})
+    return expected
+
+
+def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The complete job state: every weight given with its shape; optimizer slots and
+    scalars may be missing (they start as TF starts them: wse_sim.optimizers)."""
+    shapes = checked.variable_shapes()
+    expected = state_shapes(checked)
     for name, array in tensors.items():
         if name not in expected:
             raise invalid(f"tensor {name!r} {tuple(array.shape)} is not a weight or optimizer "

@@ -24,9 +24,11 @@ LIMIT_S = 30.0  # no Status answer for this long: the CS is gone (ends the job w
 class Liveness:
     """Use as a context manager around a call; `cancel` stops the call when the CS is gone."""
 
-    def __init__(self, cs_ip: str, cancel: Callable[[], object], every_s: float = EVERY_S,
-                 limit_s: float = LIMIT_S):
+    def __init__(self, cs_ip: str, cancel: Callable[[], object],
+                 open_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel,
+                 every_s: float = EVERY_S, limit_s: float = LIMIT_S):
         self.cs_ip = cs_ip
+        self._open_channel = open_channel  # the client's own (TLS when its CS speaks TLS)
         self.dead: str | None = None  # why the call was cancelled, if it was
         self._cancel = cancel
         self._every_s, self._limit_s = every_s, limit_s
@@ -35,7 +37,7 @@ class Liveness:
 
     def _watch(self) -> None:
         last_answer = time.monotonic()
-        with grpc.insecure_channel(self.cs_ip) as channel:
+        with self._open_channel(self.cs_ip) as channel:
             stub = rpc.CSSystemStub(channel)
             while not self._stop.wait(self._every_s):
                 try:
