@@ -43,7 +43,7 @@ def graph_hash(model: MatchedModel, *, mode: str, batch_size: int, fabric: Fabri
         "kernels": [{k: v for k, v in dataclasses.asdict(node).items() if k != "source"}
                     for node in model.kernels],
         "loss_kernel": model.loss_kernel, "outputs": list(model.outputs),
-        "optimizer": None if model.optimizer is None else dataclasses.asdict(model.optimizer),
+        "training": None if model.training is None else dataclasses.asdict(model.training),
         "initializers": initializers,
     }
     text = json.dumps(key, sort_keys=True, default=_json_value)

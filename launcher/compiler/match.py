@@ -18,7 +18,7 @@ from launcher.compiler import lowering, loss_tail
 from launcher.compiler.extract import ExtractedGraph, data_flow_ops, user_source
 from launcher.compiler.ir import KernelNode, MatchedModel, ParamRef, UnsupportedOp
 from launcher.compiler.operands import Operands, Weight, static_shape
-from launcher.compiler.optimizer import read_optimizer
+from launcher.compiler.training import analyze_training
 from launcher.errors import CSRunError
 from launcher.estimator_spec import ModeKeys
 
@@ -362,17 +362,16 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     loss_kernel, regularizers = "", {}
     if not predict and not matcher.unsupported:
         loss_kernel, regularizers = loss_tail.lower_loss(matcher, spec.loss)
-    optimizer = None
+    training = None
     if extracted.mode == ModeKeys.TRAIN and not matcher.unsupported:
-        with extracted.graph.as_default():
-            optimizer, _ = read_optimizer(spec.train_op)
+        training = analyze_training(extracted)
     matcher.unsupported.extend(shared_weights(matcher))
     # The root cause first: a recurrent layer explains the ops around its loop.
     matcher.unsupported.sort(key=lambda u: u.type not in lowering.RECURRENT)
     kernels = tuple(loss_tail.attach_regularizers(matcher.kernels, regularizers))
     outputs = matcher.host_outputs(hosts) if not matcher.unsupported else ()
     return MatchedModel(inputs=extracted.inputs, kernels=kernels, loss_kernel=loss_kernel,
-                        outputs=outputs, optimizer=optimizer,
+                        outputs=outputs, training=training,
                         unsupported=tuple(matcher.unsupported))
 
 
