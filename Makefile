@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS := --disable-pip-version-check -q
 
-.PHONY: venv run test test-quick bench proto cluster-up cluster-down clean
+.PHONY: venv run test test-quick bench proto image cluster-up cluster-down clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
@@ -26,6 +26,14 @@ test: $(STAMP)
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not slurm"
+
+# The Charliecloud directory image from containers/csrun.def (containers/image.py); rebuilt
+# only when the recipe, the pins or the sources it copies change. Root installs the tools.
+IMAGE ?= .cache/csrun-image
+image: $(STAMP)
+	@command -v ch-run >/dev/null && command -v mmdebstrap >/dev/null \
+	  || DEBIAN_FRONTEND=noninteractive apt-get install -y -q charliecloud-runtime mmdebstrap
+	$(PY) -m containers.image --image $(IMAGE)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py $(BENCH)

@@ -30,9 +30,6 @@ from wse_sim.api.tensors import from_tensor
 from workers.feed import run_worker
 from workers.rendezvous import InputSpec, Rendezvous, publish
 
-_SLOT_SUFFIXES = ("/Adam", "/Adam_1", "/Momentum")
-_OPTIMIZER_SCALARS = ("beta1_power", "beta2_power")
-
 
 def program_inputs(program: pb.Program) -> tuple[InputSpec, ...]:
     """The batch shapes and dtypes every streamed batch must have."""
@@ -44,17 +41,36 @@ def program_variables(program: pb.Program) -> list[str]:
     return [p.variable for k in program.kernels for p in k.params]
 
 
-def cs_state(program: pb.Program, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The program's weights and, when it trains, their optimizer slots from a checkpoint."""
+# The TF optimizer whose slots each CS optimizer keeps (launcher.checkpoints.optimizer_of).
+_TF_OPTIMIZER = {"sgd": "", "momentum": "Momentum", "adam": "Adam", "rmsprop": "RMSProp",
+                 "adagrad": "Adagrad"}
+
+
+def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
+             path: str = "the checkpoint") -> dict[str, np.ndarray]:
+    """The program's weights and, when it trains with the optimizer whose state the
+    checkpoint holds, that state (another optimizer starts fresh, as on the CPU path)."""
+    from launcher.checkpoints import OPTIMIZER_SCALARS, is_optimizer_state, optimizer_changed
+
     variables = set(program_variables(program))
     missing = sorted(variables - set(tensors))
     if missing:
-        raise CSRunError(f"the checkpoint has no {', '.join(missing[:3])}: it was written by "
+        raise CSRunError(f"{path} has no {', '.join(missing[:3])}: it was written by "
                          "another model", "use a new model_dir for a changed model")
     keep = set(variables)
-    if program.HasField("optimizer"):
-        keep |= {v + s for v in variables for s in _SLOT_SUFFIXES} | set(_OPTIMIZER_SCALARS)
+    if program.HasField("optimizer") and program.optimizer.type and not optimizer_changed(
+            path, tensors, _TF_OPTIMIZER.get(program.optimizer.type, program.optimizer.type)):
+        keep |= {n for n in tensors if is_optimizer_state(n)
+                 and (n in OPTIMIZER_SCALARS or n.rsplit("/", 1)[0] in variables)}
     return {n: np.asarray(a) for n, a in tensors.items() if n in keep}
+
+
+def host_state(initial: dict[str, np.ndarray],
+               checkpoint: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Variables of the user's graph the CS does not hold (e.g. Keras' dropout seed state):
+    written into every checkpoint so that the CPU path restores it, with the values of the
+    checkpoint the run resumed from where it has them."""
+    return {n: (checkpoint or {}).get(n, value) for n, value in initial.items()}
 
 
 def output_tensor_names(program: pb.Program) -> dict[str, str]:
@@ -133,8 +149,20 @@ class Chief:
         self.config = estimator.config
 
     def run(self, action: str, input_fn: Callable, **kwargs: Any) -> Any:
-        return {"train": self.train, "evaluate": self.evaluate, "predict": self.predict}[action](
-            input_fn, **kwargs)
+        """Run the phase; if it ends without publishing its rendezvous (nothing to do, or an
+        error first), publish an ended one so that the input workers stop at once."""
+        try:
+            result = {"train": self.train, "evaluate": self.evaluate, "predict": self.predict}[action](
+                input_fn, **kwargs)
+        except BaseException as error:
+            self._end_phase(f"the chief stopped: {error}" if str(error) else "the chief stopped")
+            raise
+        self._end_phase("the chief had nothing to do (max_steps already reached)")
+        return result
+
+    def _end_phase(self, why: str) -> None:
+        if not self.rendezvous_path.exists():
+            publish(self.rendezvous_path, Rendezvous.nothing(self.role.num_workers, why))
 
     def _compile(self, input_fn: Callable, mode: str) -> Any:
         from launcher.compiler import compile_model
@@ -144,6 +172,12 @@ class Chief:
 
     def train(self, input_fn: Callable, steps: int | None = None,
               max_steps: int | None = None) -> None:
+        from launcher.model_dir_lock import model_dir_locked
+
+        with model_dir_locked(self.model_dir):
+            self._train(input_fn, steps, max_steps)
+
+    def _train(self, input_fn: Callable, steps: int | None, max_steps: int | None) -> None:
         from launcher import checkpoints, progress
         from launcher.estimator_spec import ModeKeys
         from launcher.events import EventWriter
@@ -156,9 +190,13 @@ class Chief:
         if latest is not None:
             progress.restoring(latest)
             step = checkpoints.checkpoint_step(latest)
-            state = cs_state(program, checkpoints.read_checkpoint(latest))
+            stored = checkpoints.read_checkpoint(latest)
+            state = cs_state(program, stored, latest)
+            host = host_state(compiled.host_variables, stored)
         else:
-            step, state = 0, dict(compiled.initial_weights)
+            step = 0
+            state = dict(compiled.initial_weights)
+            host = host_state(compiled.host_variables)
         end = max_steps if max_steps is not None else step + steps
         if end <= step:
             progress.skipping(step)
@@ -185,7 +223,7 @@ class Chief:
                         events.scalars(step, {"loss": loss, "global_step/sec": rate(step),
                                               "cs/samples_per_sec": result.step.timing.sim_samples_per_sec})
                 events.flush()
-                snapshot = job.snapshot()
+                snapshot = {**host, **job.snapshot()}
                 snapshot["global_step"] = np.asarray(step, np.int64)
                 checkpoints.write_checkpoint(self.model_dir, step, snapshot, config.keep_checkpoint_max)
                 log.saved(step, self.model_dir)
@@ -199,7 +237,8 @@ class Chief:
         from launcher import checkpoints
 
         path = checkpoints.chosen_checkpoint(self.model_dir, checkpoint_path)
-        return path, checkpoints.checkpoint_step(path), cs_state(program, checkpoints.read_checkpoint(path))
+        state = cs_state(program, checkpoints.read_checkpoint(path), path)
+        return path, checkpoints.checkpoint_step(path), state
 
     def evaluate(self, input_fn: Callable, steps: int | None = None,
                  checkpoint_path: str | None = None) -> dict[str, float]:

@@ -1,15 +1,22 @@
 """The chief's connection to the CS system: the CS API calls, with gRPC failures turned
-into one-line user errors (unreachable CS, CS busy with another job, refused program)."""
+into one-line user errors (unreachable CS, CS busy with another job, refused program).
+Channels (the chief's and the workers') carry the CS API's message limits and speak TLS,
+verifying the CS's certificate, when the site names a CA (`launcher.site_config`). From
+Load on, the client holds the job's lease: if this process dies the CS frees itself."""
 from __future__ import annotations
 
 import secrets
+import threading
+from pathlib import Path
 from typing import Iterator
 
 import grpc
 import numpy as np
 
 from launcher.errors import CSRunError
-from wse_sim.api import UNLIMITED_MESSAGES, pb, rpc
+from launcher.site_config import TLS_CA_ENV, cs_tls_ca
+from wse_sim.api import MESSAGE_OPTIONS, pb, rpc
+from wse_sim.api.liveness import Liveness
 from wse_sim.api.tensors import assemble, tensor_chunks
 
 CONNECT_TIMEOUT_S = 10.0
@@ -20,19 +27,36 @@ def new_token() -> str:
     return secrets.token_hex(16)
 
 
+def cs_channel(cs_ip: str) -> grpc.Channel:
+    """A channel to the CS at `cs_ip`: TLS verified with the site's CA if it names one."""
+    ca = cs_tls_ca()
+    if ca is None:
+        return grpc.insecure_channel(cs_ip, options=MESSAGE_OPTIONS)
+    try:
+        root = Path(ca).read_bytes()
+    except OSError as error:
+        raise CSRunError(f"cannot read the CS system's CA certificate {ca}: {error.strerror}",
+                         f"fix cs.tls_ca in csrun.yaml (or {TLS_CA_ENV})") from None
+    return grpc.secure_channel(cs_ip, grpc.ssl_channel_credentials(root), options=MESSAGE_OPTIONS)
+
+
 class CSClient:
     """One job's calls to the CS at `cs_ip`."""
 
     def __init__(self, cs_ip: str):
         self.cs_ip = cs_ip
-        self._channel = grpc.insecure_channel(cs_ip, options=UNLIMITED_MESSAGES)
+        self._channel = cs_channel(cs_ip)
         self._stub = rpc.CSSystemStub(self._channel)
         self.token = new_token()
 
     def close(self) -> None:
         self._channel.close()
 
-    def _error(self, error: grpc.RpcError, doing: str) -> CSRunError:
+    def _error(self, error: grpc.RpcError, doing: str, live: Liveness | None = None) -> CSRunError:
+        if live is not None and live.dead:
+            return CSRunError(f"{live.dead} during {doing}",
+                              "see the CS system's log (wse_sim.log in the job folder for the "
+                              "embedded one); the newest checkpoint is the last good one")
         code = error.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return CSRunError(f"cannot reach the CS system at {self.cs_ip} ({doing}): {error.details()}",
@@ -45,7 +69,8 @@ class CSClient:
 
     def status(self) -> pb.StatusReply:
         try:
-            return self._stub.Status(pb.StatusRequest(), timeout=CONNECT_TIMEOUT_S, wait_for_ready=False)
+            return self._stub.Status(pb.StatusRequest(token=self.token), timeout=CONNECT_TIMEOUT_S,
+                                     wait_for_ready=False)
         except grpc.RpcError as error:
             raise self._error(error, "status") from None
 
@@ -63,25 +88,49 @@ class CSClient:
                 for chunk in tensor_chunks(name, tensors[name]):
                     yield pb.LoadRequest(chunk=chunk)
 
-        try:
-            return self._stub.Load(requests())
-        except grpc.RpcError as error:
-            raise self._error(error, "the program") from None
+        future = self._stub.Load.future(requests())
+        with Liveness(self.cs_ip, future.cancel, cs_channel) as live:
+            try:
+                reply = future.result()
+            except grpc.FutureCancelledError:  # only the liveness watch cancels it
+                raise CSRunError(f"{live.dead or 'the CS system stopped answering'} during the load",
+                                 "see the CS system's log") from None
+            except grpc.RpcError as error:
+                raise self._error(error, "the program", live) from None
+        self._hold_lease()
+        return reply
+
+    def _hold_lease(self) -> None:
+        """Hold the job's lease until the job ends or this client closes (or dies)."""
+        call = self._stub.Lease(pb.LeaseRequest(token=self.token))
+
+        def hold() -> None:
+            try:
+                for _ in call:
+                    pass
+            except grpc.RpcError:
+                pass  # the job ended or the CS went away: the job's own calls say which
+
+        threading.Thread(target=hold, name="cs-lease", daemon=True).start()
 
     def run(self, action: str, steps: int, output_steps: tuple[int, ...] = ()) -> Iterator[pb.RunResult]:
         """The Train / Evaluate / Predict stream of per-step results, then the job summary."""
         call = {"train": self._stub.Train, "evaluate": self._stub.Evaluate, "predict": self._stub.Predict}[action]
-        try:
-            yield from call(pb.RunRequest(token=self.token, steps=steps, output_steps=output_steps))
-        except grpc.RpcError as error:
-            raise self._error(error, action) from None
+        responses = call(pb.RunRequest(token=self.token, steps=steps, output_steps=output_steps))
+        with Liveness(self.cs_ip, responses.cancel, cs_channel) as live:
+            try:
+                yield from responses
+            except grpc.RpcError as error:
+                raise self._error(error, action, live) from None
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """The job's weights and optimizer slots, by TF variable / slot name."""
-        try:
-            return assemble(self._stub.Snapshot(pb.SnapshotRequest(token=self.token)))
-        except grpc.RpcError as error:
-            raise self._error(error, "the snapshot") from None
+        responses = self._stub.Snapshot(pb.SnapshotRequest(token=self.token))
+        with Liveness(self.cs_ip, responses.cancel, cs_channel) as live:
+            try:
+                return assemble(responses)
+            except grpc.RpcError as error:
+                raise self._error(error, "the snapshot", live) from None
 
     def unload(self) -> None:
         try:

@@ -31,6 +31,9 @@ def run(estimator: Any, action: str, input_fn: Callable, **kwargs: Any) -> Any:
 
         return Chief(estimator, role, path).run(action, input_fn, **kwargs)
     rendezvous = wait_for(path)
+    if rendezvous.ended:
+        print(f"input worker {role.worker_id}: nothing to stream: {rendezvous.ended}", flush=True)
+        return None
     try:
         stats = run_worker(input_fn, estimator.params, rendezvous, role.worker_id)
     except JobEnded as ended:

@@ -14,6 +14,14 @@ import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
 
+from launcher.params_spec import Key
+
+# The keys `batched` reads, for each input section (checked before any work starts).
+INPUT_KEYS = {"batch_size": Key("int", minimum=1), "shuffle": Key("bool", required=False),
+              "shuffle_seed": Key("int", minimum=0, required=False),
+              "data_dir": Key("str", required=False)}
+INPUT_SPEC = {"train_input": INPUT_KEYS, "eval_input": INPUT_KEYS}
+
 TRAIN_SAMPLES = 1500
 SPLIT_SEED = 0
 

@@ -4,8 +4,17 @@ from __future__ import annotations
 import tensorflow as tf
 
 from launcher.errors import CSRunError
+from launcher.params_spec import Key
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
+# The keys `build_optimizer` reads (checked before any work starts).
+OPTIMIZER_SPEC = {"optimizer": {
+    "optimizer_type": Key("str", choices=OPTIMIZERS, required=False),
+    "learning_rate": Key("number", above=0),
+    "momentum": Key("number", minimum=0, required=False),
+    "beta1": Key("number", minimum=0, below=1, required=False),
+    "beta2": Key("number", minimum=0, below=1, required=False),
+    "epsilon": Key("number", minimum=0, required=False)}}
 
 
 def build_optimizer(config: dict) -> tf.compat.v1.train.Optimizer:

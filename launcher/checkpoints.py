@@ -38,13 +38,14 @@ def _exists(path: str) -> bool:
     return os.path.exists(path + ".index")
 
 
-def _read_index(model_dir: str) -> list[str]:
-    """The checkpoints the index lists, oldest first (absolute prefixes)."""
+def _read_index(model_dir: str) -> list[str] | None:
+    """The checkpoints the index lists, oldest first (absolute prefixes); None when the
+    index is missing, unreadable or names no checkpoint whose files exist (damaged)."""
     try:
-        with open(os.path.join(model_dir, INDEX)) as f:
+        with open(os.path.join(model_dir, INDEX), errors="replace") as f:
             lines = f.read().splitlines()
-    except FileNotFoundError:
-        return []
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        return None
     paths, latest = [], None
     for line in lines:
         match = _ENTRY.match(line.strip())
@@ -57,7 +58,46 @@ def _read_index(model_dir: str) -> list[str]:
             paths.append(path)
     if latest is not None and latest not in paths:
         paths.append(latest)
-    return paths
+    return paths if any(_exists(p) for p in paths) else None
+
+
+def _on_disk(model_dir: str) -> list[str]:
+    """The checkpoints whose .index file is in model_dir, oldest first."""
+    found = []
+    for name in glob.glob(os.path.join(glob.escape(model_dir), f"{PREFIX}-*.index")):
+        prefix = name[:-len(".index")]
+        if re.fullmatch(r"\d+", prefix.rsplit("-", 1)[1]):
+            found.append(prefix)
+    return sorted(found, key=checkpoint_step)
+
+
+def _listed(model_dir: str) -> list[str]:
+    """The index's checkpoints; when the index is missing or damaged but checkpoint files
+    are there, the index is rebuilt from the files (nothing restarts from scratch over them)."""
+    paths = _read_index(model_dir)
+    if paths is not None:
+        return paths
+    found = _on_disk(model_dir)
+    if found:
+        index = os.path.join(model_dir, INDEX)
+        state = "damaged" if os.path.exists(index) else "missing"
+        print(f"The checkpoint index {index} is {state}: rebuilt from the checkpoint files "
+              f"({', '.join(os.path.basename(p) for p in found)})", flush=True)
+        _write_index(model_dir, found)
+    return found
+
+
+def damage(path: str) -> str | None:
+    """Why the checkpoint at `path` cannot be restored (its files read back with their
+    checksums), or None when it is intact."""
+    try:
+        reader = tf.train.load_checkpoint(path)
+        for name in reader.get_variable_to_dtype_map():
+            reader.get_tensor(name)
+    except Exception as error:  # any failure to read it back is damage (OpError, IndexError…)
+        text = str(error).strip()
+        return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+    return None
 
 
 def _write_text_atomic(path: str, text: str) -> None:
@@ -78,13 +118,29 @@ def _write_index(model_dir: str, paths: list[str]) -> None:
 
 def all_checkpoints(model_dir: str) -> list[str]:
     """The kept checkpoints whose files exist, oldest first."""
-    return [p for p in _read_index(model_dir) if _exists(p)]
+    return [p for p in _listed(model_dir) if _exists(p)]
 
 
 def latest_checkpoint(model_dir: str) -> str | None:
-    """The newest complete checkpoint's prefix (`…/model.ckpt-N`), or None."""
+    """The newest intact checkpoint's prefix (`…/model.ckpt-N`), or None when there is
+    none. A damaged newest one (truncated or corrupted files) is skipped, saying so, for
+    the intact one before it; when every checkpoint is damaged the run is refused."""
     paths = all_checkpoints(model_dir)
-    return paths[-1] if paths else None
+    damaged = []
+    for path in reversed(paths):
+        why = damage(path)
+        if why is None:
+            for bad, reason in damaged:
+                print(f"Checkpoint {bad} is damaged ({reason}): using {os.path.basename(path)}",
+                      flush=True)
+            return path
+        damaged.append((path, why))
+    if damaged:
+        bad, reason = damaged[0]
+        raise CSRunError(f"every checkpoint in {model_dir} is damaged; the newest, {bad}: {reason}",
+                         "restore the model.ckpt-* files from a copy, or move them out of the "
+                         "model_dir to train from scratch")
+    return None
 
 
 def chosen_checkpoint(model_dir: str, checkpoint_path: str | None) -> str:
@@ -144,10 +200,43 @@ def write_checkpoint(model_dir: str, step: int, tensors: dict[str, np.ndarray],
     return final
 
 
+_RNG_STATE = re.compile(r"(^|/)seed_generator(_\d+)?/seed_generator_state$")
+_SLOT = re.compile(r"/(Adam|Momentum|RMSProp|Adagrad|Adadelta|Ftrl)(_\d+)?$")
+OPTIMIZER_SCALARS = ("beta1_power", "beta2_power")
+
+
+def is_optimizer_state(name: str) -> bool:
+    """An optimizer slot (`<var>/Adam`, `<var>/Momentum`…) or Adam's beta powers."""
+    return name in OPTIMIZER_SCALARS or bool(_SLOT.search(name))
+
+
+def optimizer_of(names) -> str:
+    """The optimizer whose state these variable names hold ("" for none: plain SGD)."""
+    found = {m.group(1) for n in names if (m := _SLOT.search(n))}
+    found |= {"Adam"} if any(n in OPTIMIZER_SCALARS for n in names) else set()
+    return ", ".join(sorted(found))
+
+
+def optimizer_changed(path: str, stored, optimizer: str) -> bool:
+    """Whether the checkpoint at `path` (variable names `stored`) holds the state of
+    another optimizer than `optimizer` (`optimizer_of`'s names). A change is not an error
+    on either path: the weights and the global step resume, the new optimizer's state
+    starts as it starts in a new run, and one line says so."""
+    before = optimizer_of(stored)
+    if before == optimizer:
+        return False
+    print(f"Checkpoint {path} holds {before or 'no'} optimizer state and this model trains "
+          f"with {optimizer or 'plain gradient descent'}: resuming its weights and global "
+          "step, the optimizer state starts fresh", flush=True)
+    return True
+
+
 def restore_variables(session: tf.compat.v1.Session, variables: list, path: str) -> None:
     """Restore `variables` (of the session's graph) from the checkpoint at `path` with a
     Saver; every one must be in it with its shape."""
     stored = dict(tf.train.list_variables(path))
+    # Keras's dropout RNG state is not model state: a CS checkpoint has none, it stays as set up
+    variables = [v for v in variables if v.op.name in stored or not _RNG_STATE.search(v.op.name)]
     missing = [v.op.name for v in variables if v.op.name not in stored]
     if missing:
         raise CSRunError(f"checkpoint {path} has no {', '.join(missing[:5])}"

@@ -22,7 +22,8 @@ from launcher.errors import CSRunError
 from launcher.estimator_spec import ModeKeys
 from launcher.events import EventWriter, eval_dir
 from launcher.metrics import EvalMetrics
-from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+from launcher.model_dir_lock import model_dir_locked
+from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph, numpy_batches
 from launcher.predictions import PredictionGraph, write_predictions
 
 _PREFETCH = 2
@@ -52,7 +53,7 @@ def batches(input_fn: Callable, params: dict, start: int = 0) -> tuple[Any, Iter
     """(batch signature, numpy batches start, start + 1, … of input_fn(params))."""
     _seed(params)
     dataset = make_dataset(input_fn, params)
-    return batch_signature(dataset), dataset.skip(start).prefetch(_PREFETCH).as_numpy_iterator()
+    return batch_signature(dataset), numpy_batches(dataset.skip(start).prefetch(_PREFETCH))
 
 
 def _is_finite(input_fn: Callable, params: dict) -> bool:
@@ -101,7 +102,12 @@ def _start_session(built: _TrainGraph, settings: RunSettings) -> tf.compat.v1.Se
         session.run(tf.compat.v1.global_variables_initializer())
     if latest is not None:
         progress.restoring(latest)
-        checkpoints.restore_variables(session, built.variables, latest)
+        stored = dict(tf.train.list_variables(latest))
+        names = [v.op.name for v in built.variables]
+        restored = built.variables
+        if checkpoints.optimizer_changed(latest, stored, checkpoints.optimizer_of(names)):
+            restored = [v for v in built.variables if not checkpoints.is_optimizer_state(v.op.name)]
+        checkpoints.restore_variables(session, restored, latest)
     elif settings.warm_start_from:
         source = _checkpoint_of(settings.warm_start_from)
         print(f"Warm-starting the trainable variables from {source}", flush=True)
@@ -137,6 +143,12 @@ def train(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps: 
     if steps is None and max_steps is None:
         raise CSRunError("training needs a number of steps", "give steps or max_steps "
                          "(--steps, --max_steps or runconfig.max_steps)")
+    with model_dir_locked(settings.model_dir):
+        return _train(model_fn, input_fn, settings, steps, max_steps, hooks)
+
+
+def _train(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps: int | None,
+           max_steps: int | None, hooks: Sequence[Any]) -> int:
     params = settings.params
     signature = batch_signature(make_dataset(input_fn, params))
     built = _build_train_graph(model_fn, signature, params)

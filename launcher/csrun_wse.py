@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from containers.runtime import add_mount_dirs_flag, mount_dirs_of
-from launcher.errors import CSRunError, cli_entry
-from launcher.site_config import SiteConfig, load_site_config
+from launcher.errors import CSRunError, Stopped, cli_entry, stop_on_signals
+from launcher.site_config import TLS_CA_ENV, SiteConfig, load_site_config
 from slurm.backend import JobRequest, choose_backend
 from workers.rendezvous import RENDEZVOUS_DIR
 
@@ -122,6 +122,9 @@ def normalize_cs_ip(cs_ip: str) -> str:
     host, _, port = cs_ip.rpartition(":") if ":" in cs_ip else (cs_ip, "", "9000")
     if not host or not port.isdigit():
         raise CSRunError(f"--cs_ip {cs_ip!r} is not HOST:PORT", "e.g. --cs_ip 10.0.0.5:9000")
+    if not 1 <= int(port) <= 65535:
+        raise CSRunError(f"--cs_ip {cs_ip!r}: port {port} is not between 1 and 65535",
+                         "e.g. --cs_ip 10.0.0.5:9000")
     return f"{host}:{port}"
 
 
@@ -210,13 +213,11 @@ def task_command(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig) -> 
     command = with_cs_ip(args.command, cs_ip)
     if site.container.image is None:
         return command
-    from containers.runtime import check_binds, check_image, find_runtime
+    from containers.runtime import container_exec
 
-    runtime = find_runtime(site.container.runtime)
-    check_image(site.container.image)
-    binds = (*site.mount_dirs, *args.mount_dirs)
-    check_binds(binds)
-    return tuple(runtime.exec_command(site.container.image, command, binds, str(workdir)))
+    _, argv = container_exec(site.container.image, command, (*site.mount_dirs, *args.mount_dirs),
+                             str(workdir), site.container.runtime)
+    return tuple(argv)
 
 
 def site_defaults(site: SiteConfig) -> dict[str, str]:
@@ -239,7 +240,8 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
         tasks_per_node=args.tasks_per_node,
         cpus_per_task=args.cpus_per_task,
         env={"CSRUN_JOB_DIR": str(args.job_dir), "CSRUN_JOB_ID": args.job_dir.name,
-             "CSRUN_CS_IP": cs_ip, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
+             "CSRUN_CS_IP": cs_ip, TLS_CA_ENV: "" if embedded else (site.cs.tls_ca or ""),
+             "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
         options=dict(args.slurm_options),
         defaults=site_defaults(site),
         same_host=embedded,
@@ -277,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         print(submission.text, end="")
         return 0
     job = None
+    stop_on_signals()  # SIGTERM / SIGHUP stop the job as Ctrl-C does
     try:
         if simulator is not None:
             simulator.start()
@@ -289,9 +292,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: job {job.job_id}: {job.num_tasks} task(s) through the {backend.name} "
               f"backend; logs in {args.job_dir}", file=sys.stderr, flush=True)
         outcome = job.follow(sys.stdout)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if job is not None:
             job.cancel()
+        if simulator is not None:
+            simulator.stop()
+        if isinstance(interrupt, Stopped):  # cli_entry prints it in its one line
+            stopped = [f"job {job.job_id} cancelled, every task stopped"] if job is not None else []
+            stopped += ["the embedded CS system stopped"] if simulator is not None else []
+            interrupt.done = ", ".join(stopped)
         raise
     finally:
         if simulator is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import signal
 import sys
 from typing import Callable, TypeVar
 
@@ -21,6 +22,36 @@ class CSRunError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGTERM, SIGHUP) turned into an exception, as Ctrl-C is: the code
+    running cleans up on its way out (`stop_on_signals`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.done = ""  # what the clean-up stopped, for the one line the CLI prints
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP raise `Stopped` in the main thread (once: a second one during the
+    clean-up is ignored, so the clean-up finishes)."""
+
+    def stop(signum, _frame):
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
 
 
 def debug_enabled(argv: list[str] | None = None) -> bool:
@@ -52,6 +83,10 @@ def cli_entry(prog: str) -> Callable[[F], F]:
                     raise
                 report(prog, error)
                 raise SystemExit(1) from None
+            except Stopped as stopped:
+                done = f": {stopped.done}" if stopped.done else ""
+                print(f"{prog}: stopped by {stopped.name}{done}", file=sys.stderr, flush=True)
+                raise SystemExit(128 + stopped.signum) from None
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr, flush=True)
                 raise SystemExit(130) from None
@@ -59,6 +94,25 @@ def cli_entry(prog: str) -> Callable[[F], F]:
         return run  # type: ignore[return-value]
 
     return wrap
+
+
+def install_excepthook() -> None:
+    """A CSRunError that escapes a user's own script (one that calls `get_params`,
+    `CSEstimator.train`… without `launcher.run_flow`) prints as `run.py: error: …` with exit
+    code 1, not a traceback; `--debug` (or CSRUN_DEBUG=1) keeps the traceback. Installed by
+    importing the user API."""
+    previous = sys.excepthook
+    if getattr(previous, "csrun", False):
+        return
+
+    def hook(kind, error, trace):
+        if issubclass(kind, CSRunError) and not debug_enabled():
+            report(os.path.basename(sys.argv[0] or "") or "python", error)
+            return  # the interpreter then exits with code 1
+        previous(kind, error, trace)
+
+    hook.csrun = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from launcher import cpu_session
-from launcher.errors import CSRunError
+from launcher.errors import CSRunError, install_excepthook
 from launcher.estimator_spec import CSEstimatorSpec, ModeKeys
+
+install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 
 __all__ = ["CSEstimator", "CSEstimatorSpec", "CSRunConfig", "ModeKeys"]
 

@@ -9,15 +9,21 @@ the CS system.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Callable
 
+from coordinator.roles import task_role
 from launcher import checkpoints
 from launcher.errors import CSRunError, cli_entry
 from launcher.estimator import CSEstimator, CSRunConfig, ModeKeys
+from launcher.model_dir_lock import model_dir_locked
+from launcher.params_spec import Spec, check_params
 from launcher.run_utils import (check_env, create_arg_parser, get_params, is_cs, save_params,
                                 update_params_from_args)
+
+TRAINING_MODES = ("train", "train_and_eval")  # the modes that write checkpoints: one writer
 
 
 def estimator_for(model_fn: Callable, params: dict) -> CSEstimator:
@@ -70,19 +76,27 @@ def run_mode(estimator: CSEstimator, train_input_fn: Callable, eval_input_fn: Ca
 
 
 def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, here: str,
-        argv: list[str] | None = None) -> None:
+        argv: list[str] | None = None, params_spec: Spec | None = None) -> None:
     """main() of an example's run.py; `here` is the example's folder (configs/params.yaml and
-    the default model_dir are found there). Errors end as one line and exit code 1."""
+    the default model_dir are found there); `params_spec` the sections and keys its
+    input_fn and model_fn read, checked before any work. Errors end as one line and exit
+    code 1."""
 
     @cli_entry(os.path.basename(sys.argv[0]) or "run.py")
     def main() -> None:
         parser = create_arg_parser(os.path.join(here, "model_dir"))
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-        params = get_params(args.params or os.path.join(here, "configs", "params.yaml"))
+        path = args.params or os.path.join(here, "configs", "params.yaml")
+        params = get_params(path)
+        check_params(params, params_spec or {}, path)
         runconfig = params["runconfig"]
         update_params_from_args(args, runconfig)
         check_env(runconfig)
-        save_params(params, runconfig["model_dir"])
-        run_mode(estimator_for(model_fn, params), train_input_fn, eval_input_fn, runconfig)
+        writes = runconfig["mode"] in TRAINING_MODES and task_role().is_chief \
+            and not (runconfig["validate_only"] or runconfig["compile_only"])
+        # one writer per model_dir, from before params.yaml is written to the run's end
+        with model_dir_locked(runconfig["model_dir"]) if writes else contextlib.nullcontext():
+            save_params(params, runconfig["model_dir"])
+            run_mode(estimator_for(model_fn, params), train_input_fn, eval_input_fn, runconfig)
 
     main()

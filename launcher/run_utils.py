@@ -14,7 +14,9 @@ from typing import Any
 import yaml
 
 from launcher.csrun_wse import normalize_cs_ip
-from launcher.errors import ArgumentParser, CSRunError
+from launcher.errors import ArgumentParser, CSRunError, install_excepthook
+
+install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 
 MODES = ("train", "eval", "eval_all", "train_and_eval", "predict")
 CPU_ONLY_MODES = ("eval_all", "train_and_eval")

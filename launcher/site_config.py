@@ -3,7 +3,7 @@
 The first file that exists of `$CSRUN_CONFIG`, `./csrun.yaml`, `~/.config/csrun/csrun.yaml`,
 `/etc/csrun/csrun.yaml` is read (none: the defaults). One loader builds the frozen
 dataclasses below from it and rejects unknown keys and wrong types, naming the key and
-the file. A relative image path is relative to the file. The documented example is
+the file. A relative image or CA path is relative to the file. The documented example is
 `slurm/csrun.example.yaml`.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ _SLURM_TIME = re.compile(r"(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite
 
 @dataclass(frozen=True)
 class ContainerConfig:
-    image: str | None = None    # the .sif image tasks run in; None: no container
-    runtime: str | None = None  # "apptainer" | "singularity" | None (whichever is on PATH)
+    image: str | None = None    # the image tasks run in (.sif, or a directory); None: no container
+    runtime: str | None = None  # "apptainer" | "singularity" | "charliecloud" | None (whichever is on PATH)
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,22 @@ class SlurmConfig:
 
 
 @dataclass(frozen=True)
+class CSConfig:
+    tls_ca: str | None = None  # PEM CA of the CS systems' certificates: clients speak TLS and verify
+
+
+# Set by csrun_wse for its tasks: the CA its CS speaks TLS with ("": no TLS, e.g. the
+# embedded simulator on loopback); unset: csrun.yaml's cs.tls_ca.
+TLS_CA_ENV = "CSRUN_CS_TLS_CA"
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     path: Path | None = None  # the file read; None: the defaults
     container: ContainerConfig = field(default_factory=ContainerConfig)
     mount_dirs: tuple[str, ...] = ()  # bound into the container besides the current directory
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    cs: CSConfig = field(default_factory=CSConfig)
 
 
 def config_candidates(environ: Mapping[str, str], cwd: Path) -> list[Path]:
@@ -81,14 +92,26 @@ def load_site_config(environ: Mapping[str, str] | None = None, cwd: Path | str |
         raise CSRunError(f"{path} is not valid YAML{where}: {getattr(error, 'problem', error)}",
                          "fix the file (see slurm/csrun.example.yaml)") from None
     config = _build(SiteConfig, {} if data is None else data, "", path)
-    return dataclasses.replace(config, path=path, container=_resolve_image(config.container, path))
+    return dataclasses.replace(
+        config, path=path,
+        container=dataclasses.replace(config.container, image=_resolve(config.container.image, path)),
+        cs=dataclasses.replace(config.cs, tls_ca=_resolve(config.cs.tls_ca, path)))
 
 
-def _resolve_image(container: ContainerConfig, path: Path) -> ContainerConfig:
-    if container.image is None:
-        return container
-    image = Path(container.image).expanduser()
-    return dataclasses.replace(container, image=str(image if image.is_absolute() else path.parent / image))
+def _resolve(value: str | None, path: Path) -> str | None:
+    """A path from the file: relative ones are relative to the file."""
+    if value is None:
+        return None
+    resolved = Path(value).expanduser()
+    return str(resolved if resolved.is_absolute() else path.parent / resolved)
+
+
+def cs_tls_ca(environ: Mapping[str, str] | None = None) -> str | None:
+    """The CA a client of the CS verifies its certificate with (None: no TLS)."""
+    environ = os.environ if environ is None else environ
+    if TLS_CA_ENV in environ:
+        return environ[TLS_CA_ENV] or None
+    return load_site_config(environ).cs.tls_ca
 
 
 def _build(cls: type, data: Any, prefix: str, path: Path) -> Any:

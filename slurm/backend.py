@@ -184,7 +184,7 @@ def failed_task(folder: Path, job_id: str, num_tasks: int) -> JobOutcome | None:
     _, rank, paths, text = min(failures)
     marker = "TaskFailed: exit code "
     code = int(text.split(marker)[-1].split()[0]) if marker in text else 1
-    return JobOutcome(code or 1, rank, last_error_line(paths.stdout))
+    return JobOutcome(code or 1, rank, last_error_line(paths.stdout, code or 1))
 
 
 # Every task's first line: where it runs. `where_task_runs` writes it, `task_hosts` reads it
@@ -266,16 +266,28 @@ def copy_new(path: Path, offset: int, stream: TextIO) -> int:
     return offset + len(data)
 
 
-def last_error_line(log: Path) -> str:
-    """The reason a task failed, from its log: the last `error:` line, else the last
-    non-empty line (a traceback's exception line)."""
+def last_error_line(log: Path, exit_code: int = 1) -> str:
+    """The reason a task failed, from its own output in its log (submitit's lines and its
+    wrapper's traceback left out): the signal that killed it, else its last `error:` line,
+    else its last traceback's exception line (type and message), else its exit code."""
+    import signal
+
+    if exit_code > 128:
+        try:
+            return f"killed by {signal.Signals(exit_code - 128).name} (exit code {exit_code})"
+        except ValueError:
+            pass
     try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        text = log.read_text(errors="replace")
     except OSError:
-        return "no log"
-    # submitit appends its own traceback of the task wrapper; skip its lines
-    lines = [ln for ln in lines if not ln.startswith(("submitit", "File ", "raise ", "^"))]
+        return f"exit code {exit_code}; no log"
+    own = text.split("\nsubmitit ERROR ", 1)[0].splitlines()  # then submitit's own traceback
+    lines = [ln.rstrip() for ln in own if ln.strip() and not ln.startswith("submitit ")]
     for line in reversed(lines):
         if ": error: " in line:
-            return line
-    return lines[-1] if lines else "no output"
+            return line.strip()
+    if any(ln.startswith("Traceback (most recent call last):") for ln in lines):
+        for line in reversed(lines):
+            if not line.startswith((" ", "\t", "Traceback", "During handling", "The above exception")):
+                return line
+    return f"exit code {exit_code}"

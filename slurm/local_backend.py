@@ -50,7 +50,7 @@ class TaskCommand:
         def forward(signum, _frame):
             _signal_group(process, signum)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, forward)
         try:
             code = process.wait()

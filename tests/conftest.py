@@ -123,3 +123,19 @@ def multinode_cluster():
                     for line in subprocess.run(command, capture_output=True, text=True).stdout.splitlines()
                     if f"csr{base}" in line]
             assert not left, f"cluster.sh down left {left}"  # the machine as the session found it
+
+
+@pytest.fixture(scope="session")
+def container_image() -> Path:
+    """The Charliecloud image from containers/csrun.def (`make image`: built once, then
+    reused while its stamp matches). Without root or network the tests skip; under CI
+    (CI=true) the image must build, or they fail."""
+    done = subprocess.run(["make", "-C", str(ROOT), "image", f"VENV={sys.prefix}"], capture_output=True,
+                          text=True, timeout=1800)
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        message = f"the container image did not build: {lines[-1] if lines else 'make image failed'}"
+        if os.environ.get("CI") == "true" or os.geteuid() == 0:
+            pytest.fail(message)
+        pytest.skip(message)
+    return ROOT / ".cache" / "csrun-image"

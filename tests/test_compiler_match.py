@@ -38,9 +38,11 @@ def test_keras_mlp_is_three_dense_kernels_and_a_mean_loss(tmp_path):
         [("kernel", (300, 10)), ("bias", (10,))]]
     assert dense[0].params[0].variable == "dense/kernel"
     assert dense[0].inputs == ("features",) and dense[1].inputs == (dense[0].name,)
-    loss = model.kernels[-1]
-    assert (loss.type, loss.attrs, loss.inputs) == (
-        "sparse_softmax_cross_entropy", {"reduction": "mean"}, (dense[2].name, "labels"))
+    xent, loss = model.kernels[-2:]
+    assert (xent.type, xent.attrs, xent.inputs) == (
+        "softmax_cross_entropy_with_logits", {"sparse": True}, (dense[2].name, "labels"))
+    # tf.compat.v1.losses' weight 1.0 and num_present fold into the mean: 1 / 256.
+    assert (loss.type, loss.attrs, loss.inputs) == ("loss", {"scale": 1 / 256}, (xent.name,))
     assert model.loss_kernel == loss.name and loss.output_shape == ()
     assert model.optimizer.type == "sgd" and model.optimizer.learning_rate == pytest.approx(0.01)
     # host_call reads the logits and the labels: both are streamed back.
@@ -54,7 +56,8 @@ def test_keras_mlp_is_three_dense_kernels_and_a_mean_loss(tmp_path):
 def test_raw_tf_code_matches_the_same_kernels_with_dropout():
     model = matched(m.raw_mlp, hidden=[50, 30], optimizer="momentum", nesterov=True)
     assert [k.type for k in model.kernels] == [
-        "dense", "dropout", "dense", "dropout", "dense", "sparse_softmax_cross_entropy"]
+        "dense", "dropout", "dense", "dropout", "dense", "softmax_cross_entropy_with_logits",
+        "loss"]
     assert model.kernels[0].attrs == {"units": 50, "use_bias": True, "activation": "tanh"}
     assert [p.variable for p in model.kernels[0].params] == ["w0", "b0"]
     assert model.kernels[1].attrs["rate"] == pytest.approx(0.25)
@@ -66,7 +69,7 @@ def test_keras_and_raw_cnns_match_conv_pool_reshape():
     model = matched(m.keras_cnn, shape=(8, 8, 1), optimizer="adam", learning_rate=0.002)
     assert [k.type for k in model.kernels] == [
         "conv2d", "max_pool", "conv2d", "reshape", "dense", "dense",
-        "sparse_softmax_cross_entropy"]
+        "softmax_cross_entropy_with_logits", "loss"]
     conv = model.kernels[0]
     assert conv.attrs == {"filters": 8, "kernel_size": [3, 3], "strides": [1, 1],
                           "padding": "SAME", "use_bias": True, "activation": "relu"}
@@ -80,43 +83,55 @@ def test_keras_and_raw_cnns_match_conv_pool_reshape():
 
     raw = matched(m.raw_cnn, shape=(8, 8, 1))
     assert [k.type for k in raw.kernels] == [
-        "conv2d", "avg_pool", "reshape", "dense", "sparse_softmax_cross_entropy"]
+        "conv2d", "avg_pool", "reshape", "dense", "softmax_cross_entropy_with_logits", "loss"]
     assert raw.kernels[0].attrs == {"filters": 4, "kernel_size": [3, 3], "strides": [2, 2],
                                     "padding": "SAME", "use_bias": True, "activation": "relu6"}
     assert raw.kernels[3].attrs["use_bias"] is False
-    assert raw.kernels[-1].attrs["reduction"] == "sum"
+    assert raw.kernels[-1].attrs["scale"] == 1.0  # a reduce_sum
 
 
 def test_residual_add_concat_and_separate_leaky_relu():
     model = matched(m.residual, shape=(20,))
     kinds = [(k.type, k.attrs) for k in model.kernels]
     assert ("activation", {"function": "leaky_relu", "alpha": pytest.approx(0.1)}) in kinds
-    add = next(k for k in model.kernels if k.type == "add")
+    add = next(k for k in model.kernels if k.type == "binary")
     concat = next(k for k in model.kernels if k.type == "concat")
-    assert len(add.inputs) == 2 and concat.attrs == {"axis": 0} and concat.output_shape == (32,)
-    assert model.kernels[-2].attrs["activation"] == "sigmoid"
+    assert add.attrs == {"op": "add", "operands": "ii"} and len(add.inputs) == 2
+    assert concat.attrs == {"axis": 0} and concat.output_shape == (32,)
+    assert model.kernels[-3].attrs["activation"] == "sigmoid"
 
 
-@pytest.mark.parametrize("loss, kernel", [
-    ("mse", "mean_squared_error"), ("sigmoid", "sigmoid_cross_entropy"),
-    ("softmax", "softmax_cross_entropy")])
-def test_losses(loss, kernel):
+@pytest.mark.parametrize("loss, kernels", [
+    # losses.mean_squared_error: squared differences, meaned over 32 x 3 values
+    ("mse", [("binary", {"op": "squared_difference", "operands": "ii"}),
+             ("loss", {"scale": 1 / 96})]),
+    # tf.nn's logistic loss, op by op (max(x, 0) - x z + log1p(exp(-|x|)) as TF writes it)
+    ("sigmoid", [("binary", {"op": "add", "operands": "ii"}), ("loss", {"scale": 1 / 96})]),
+    ("softmax", [("softmax_cross_entropy_with_logits", {"sparse": False}),
+                 ("loss", {"scale": 1 / 32})]),
+])
+def test_losses_lower_to_their_ops_and_a_measured_batch_reduction(loss, kernels):
     model = matched(m.regression, input_fn=m.regression_input_fn, loss=loss)
-    last = model.kernels[-1]
-    assert (last.type, last.attrs, last.input_shapes) == (kernel, {"reduction": "mean"}, ((3,), (3,)))
+    assert [(k.type, {a: v for a, v in k.attrs.items() if not a.startswith("c")})
+            for k in model.kernels[-2:]] == kernels
     assert model.kernels[0].attrs["activation"] == "softplus"
 
 
-def test_one_hot_labels_with_softmax_cross_entropy_become_a_sparse_loss():
+def test_one_hot_labels_are_a_one_hot_kernel_on_the_labels():
     model = matched(m.one_hot_softmax, shape=(20,))
-    assert [(k.type, k.inputs) for k in model.kernels][-1] == (
-        "sparse_softmax_cross_entropy", (model.kernels[0].name, "labels"))
-    assert model.kernels[-1].input_shapes == ((10,), ())
+    one_hot = next(k for k in model.kernels if k.type == "one_hot")
+    assert one_hot.inputs == ("labels",) and one_hot.attrs == {
+        "depth": 10, "on_value": 1.0, "off_value": 0.0}
+    xent = model.kernels[-2]  # losses.softmax_cross_entropy stops the labels' gradient
+    stop = next(k for k in model.kernels if k.name == xent.inputs[1])
+    assert stop.type == "stop_gradient" and stop.inputs == (one_hot.name,)
+    assert xent.inputs[0] == model.kernels[0].name and xent.attrs == {"sparse": False}
 
 
 def test_eval_and_predict_modes():
     evaluated = matched(m.keras_mlp, mode="eval", hidden=[20])
     assert evaluated.optimizer is None and evaluated.loss_kernel
+    assert [k.type for k in evaluated.kernels][-2:] == ["softmax_cross_entropy_with_logits", "loss"]
     predicted = matched(m.keras_mlp, mode="infer", hidden=[20])
     assert predicted.loss_kernel == "" and [k.type for k in predicted.kernels] == ["dense", "dense"]
     assert predicted.outputs == (predicted.kernels[-1].name,)
@@ -133,13 +148,15 @@ def test_every_unsupported_op_is_listed_with_its_source_line(tmp_path):
                       validate_only=True)
     error = info.value
     assert "\n" not in str(error)
-    assert "4 unsupported operations" in error.message
-    lines = error.detail.splitlines()
     sort_line, svd_line = source_line("tf.sort(h)"), source_line("tf.linalg.svd")
-    assert any("TopKV2 'sort/TopKV2'" in l and l.endswith(sort_line) for l in lines)
-    assert sum("Neg 'sort/Neg" in l and l.endswith(sort_line) for l in lines) == 2
-    assert any(l.strip().startswith("Svd 'Svd'") and l.endswith(svd_line) for l in lines)
-    assert "Supported kernels:" in error.detail
+    # The first one in the user's terms, then how many more (tf.sort's Negs are supported).
+    assert error.message.startswith(f"validation failed at tests/{sort_line}: TopKV2 "
+                                    "'sort/TopKV2': no CS kernel computes this op")
+    assert "(and 1 more unsupported operation)" in error.message
+    lines = error.detail.splitlines()
+    assert any("TopKV2 'sort/TopKV2'" in l and sort_line in l for l in lines)
+    assert any(l.strip().startswith("Svd 'Svd'") and svd_line in l for l in lines)
+    assert "Supported (see README" in error.detail
     report = (tmp_path / "cs_compile" / "validation_report.txt").read_text()
     assert "Validation failed" in report and svd_line in report and sort_line in report
 
@@ -189,12 +206,11 @@ def test_cli_prints_every_unsupported_op_then_one_error_line(tmp_path):
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     lines = [l for l in proc.stderr.splitlines() if "oneDNN" not in l and "absl" not in l]
-    start = lines.index("Unsupported operations (4):")
-    listed = lines[start + 1:start + 5]
-    assert [l.split()[0] for l in listed] == ["Neg", "TopKV2", "Neg", "Svd"]
-    assert all(l.endswith((source_line("tf.sort(h)"), source_line("tf.linalg.svd")))
-               for l in listed)
-    assert lines[-1].startswith("run.py: error: validation failed: 4 unsupported operations")
+    start = lines.index("Unsupported operations (2):")
+    listed = lines[start + 1:start + 3]
+    assert [l.split()[0] for l in listed] == ["TopKV2", "Svd"]
+    assert source_line("tf.sort(h)") in listed[0] and source_line("tf.linalg.svd") in listed[1]
+    assert lines[-1].startswith("run.py: error: validation failed at tests/compiler_models.py:")
     assert "(hint: " in lines[-1]
 
 

@@ -20,8 +20,9 @@ def mlp(widths, n_in):
                                             "activation": "relu"}, [shape])
         kernels.append(k)
         shape = k.output_shape
-    kernels.append(build_kernel("sparse_softmax_cross_entropy", "loss",
-                                {"reduction": "mean"}, [shape, ()]))
+    kernels.append(build_kernel("softmax_cross_entropy_with_logits", "xent", {"sparse": True},
+                                [shape, ()]))
+    kernels.append(build_kernel("loss", "loss", {"scale": 1 / 256}, [()]))
     return kernels
 
 

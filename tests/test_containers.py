@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def executable(path: Path) -> Path:
+    """A test double of a runtime's binary: only its presence on PATH matters."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("#!/bin/sh\nexit 0\n")
     path.chmod(0o755)
@@ -44,6 +45,8 @@ def test_a_bind_with_a_comma_is_refused():
 
 def test_find_runtime_prefers_apptainer_then_singularity(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
+    executable(tmp_path / "ch-run")
+    assert find_runtime() == ContainerRuntime("charliecloud", str(tmp_path / "ch-run"))
     executable(tmp_path / "singularity")
     assert find_runtime() == ContainerRuntime("singularity", str(tmp_path / "singularity"))
     executable(tmp_path / "apptainer")
@@ -55,12 +58,35 @@ def test_find_runtime_names_what_it_looked_for(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(CSRunError) as error:
         find_runtime()
-    assert "apptainer or singularity not found on PATH" in error.value.message
+    assert "apptainer or singularity or ch-run not found on PATH" in error.value.message
     executable(tmp_path / "singularity")
     with pytest.raises(CSRunError, match=r"\(apptainer not found on PATH\)"):
         find_runtime("apptainer")
     with pytest.raises(CSRunError, match="unknown container runtime 'docker'"):
         find_runtime("docker")
+
+
+def test_charliecloud_command_sets_user_binds_src_dst_and_clears_the_host_paths(monkeypatch):
+    monkeypatch.setenv("USER", "alice")
+    argv = ContainerRuntime("charliecloud", "/usr/bin/ch-run").exec_command(
+        "/img/csrun", ["python", "run.py"], ["/data", "/scratch:/mnt/s", "/data"], "/home/u/model")
+    assert argv == ["env", "-u", "PYTHONPATH", "-u", "LD_LIBRARY_PATH", "USER=alice", "ch-run", "--set-env",
+                    "-b", "/data:/data", "-b", "/scratch:/mnt/s", "-b", "/home/u/model:/home/u/model",
+                    "-c", "/home/u/model", "/img/csrun", "--", "python", "run.py"]
+
+
+def test_charliecloud_refuses_mount_options_and_makes_mount_points(tmp_path):
+    runtime = ContainerRuntime("charliecloud", "/usr/bin/ch-run")
+    with pytest.raises(CSRunError, match="ch-run takes SRC or SRC:DST, no mount options"):
+        runtime.exec_command("img", ["true"], ["/data:/data:ro"], "/w")
+    image = tmp_path / "image"
+    image.write_bytes(b"SIF")
+    with pytest.raises(CSRunError, match="is not a directory: ch-run runs directory images"):
+        runtime.prepare(str(image), [], "/w")
+    image.unlink()
+    image.mkdir()
+    runtime.prepare(str(image), [f"{tmp_path}:/mnt/host"], "/home/u/model")
+    assert (image / "mnt" / "host").is_dir() and (image / "home" / "u" / "model").is_dir()
 
 
 def test_check_image(tmp_path):
@@ -123,3 +149,29 @@ def test_cli_check_and_convert(tmp_path):
     done = subprocess.run([*cmd, "convert", "Dockerfile", "-o", "out.def"], capture_output=True,
                           text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0 and (tmp_path / "out.def").read_text().startswith("Bootstrap: docker")
+
+
+def test_a_failing_recipe_step_names_the_step_its_line_and_its_last_output(tmp_path):
+    from containers.image import _run_step
+
+    log = tmp_path / "build.log"
+    post = "set -e\necho fetching\nls /no/such/folder\necho never"
+    with pytest.raises(CSRunError) as error:
+        _run_step("%post", ["/bin/sh", "-exc", post], log)
+    assert error.value.message.startswith("image recipe step %post at `ls /no/such/folder` failed (exit 2): ")
+    assert error.value.message.endswith("No such file or directory")
+    assert str(log) in error.value.hint and "fetching" in log.read_text()
+
+
+def test_the_image_is_rebuilt_only_when_its_stamp_changes(tmp_path):
+    from containers.image import STAMP, build_image, stamp_of
+
+    image = tmp_path / "image"
+    (image / STAMP).parent.mkdir(parents=True)
+    (image / STAMP).write_text(stamp_of(read_definition()) + "\n")
+    assert build_image(image) is False  # up to date: nothing runs
+    changed = tmp_path / "csrun.def"
+    changed.write_text(DEFINITION.read_text().replace("From: python:3.11-slim-bookworm", "From: python:3.12-slim"))
+    assert stamp_of(read_definition(changed)) != stamp_of(read_definition())
+    with pytest.raises(CSRunError, match="no Debian base stands for From: python:3.12-slim here"):
+        build_image(image, changed)

@@ -54,7 +54,11 @@ def test_a_missing_optimizer_slot_or_other_losses_are_mismatches(result):
     ("validation failed: Sort 'Sort' at /abs/tests/compiler_models.py:126 (hint: x)", True),
     ("validation failed: Sort 'Sort' at <unknown source>", False),  # no line
     ("no supported loss found at tests/compiler_models.py:126", False),  # no op
-    ("validation failed: Sort 'Sort' at tests/other.py:126", False)])  # not the model's file
+    ("validation failed: Sort 'Sort' at tests/other.py:126", False),  # not the model's file
+    ("variable dense/bias at tests/compiler_models.py:60 is float16", True),  # in user terms
+    ("the labels are reshaped at tests/compiler_models.py:60", True),
+    ("variable dense/bias_2 at tests/compiler_models.py:60 is float16", False)])
 def test_a_refusal_must_name_an_op_and_a_line_of_the_models_file(message, ok):
-    problem = cs_inprocess.refusal_problem(CSRunError(message), m.__file__, {"Sort", "MatMul"})
+    words = {"Sort", "MatMul", "dense/bias", "labels"}
+    problem = cs_inprocess.refusal_problem(CSRunError(message), m.__file__, words)
     assert (problem == "") == ok, problem

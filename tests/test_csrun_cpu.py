@@ -169,9 +169,9 @@ def test_image_but_no_runtime_is_one_line(tmp_path):
     (tmp_path / "csrun.sif").write_bytes(b"SIF")
     (tmp_path / "csrun.yaml").write_text("container: {image: csrun.sif}\n")
     path = ":".join(p for p in os.environ["PATH"].split(":")
-                    if not any(os.path.exists(os.path.join(p, r)) for r in ("apptainer", "singularity")))
+                    if not any(os.path.exists(os.path.join(p, r)) for r in ("apptainer", "singularity", "ch-run")))
     done = csrun_cpu(["--alloc-node=False", "true"], tmp_path, extra_env={"PATH": path})
-    one_error_line(done, "no container runtime is installed here (apptainer or singularity not found on PATH)")
+    one_error_line(done, "no container runtime is installed here (apptainer or singularity or ch-run not found on PATH)")
 
 
 @pytest.mark.parametrize("argv, message", [

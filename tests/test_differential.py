@@ -1,6 +1,7 @@
 """Differential test: random small models (tests/random_models.py) are either refused with
 one line naming an op and its line in random_models.py, or train on the CS for 10 steps
-with TensorFlow's losses and final weights (tests/cs_inprocess.py). Never validate and
+with TensorFlow's losses and final weights and then evaluate with TF's loss
+(tests/cs_inprocess.py). Never validate and
 diverge.
 
 Bounded and reproducible (derandomized, no shrinking): every drawn model runs, and the
@@ -28,14 +29,21 @@ def check_model(spec: rm.ModelSpec) -> tuple[str, str]:
         try:
             result = cs_inprocess.compare(rm.model_fn, rm.input_fn, params, model_dir, rm.STEPS)
         except CSRunError as error:
-            types = cs_inprocess.model_op_types(rm.model_fn, rm.input_fn, params)
-            problem = cs_inprocess.refusal_problem(error, rm.__file__, types)
+            words = cs_inprocess.model_op_words(rm.model_fn, rm.input_fn, params)
+            problem = cs_inprocess.refusal_problem(error, rm.__file__, words)
             return ("FAILED", problem) if problem else ("refused", str(error))
         except Exception as error:  # a crash instead of a refusal or a run
             return "FAILED", "".join(traceback.format_exception_only(error)).strip()
-    problems = cs_inprocess.mismatches(result)
-    if problems:
-        return "FAILED", "validated, then trained differently: " + "; ".join(problems)
+        problems = cs_inprocess.mismatches(result)
+        if problems:
+            return "FAILED", "validated, then trained differently: " + "; ".join(problems)
+        try:
+            problem = cs_inprocess.evaluation_mismatch(rm.model_fn, rm.input_fn, params, model_dir,
+                                                       result.cs.state)
+        except Exception as error:  # eval refused or crashed after training was accepted
+            problem = "".join(traceback.format_exception_only(error)).strip()
+        if problem:
+            return "FAILED", "trained like TF, but the CS evaluation failed: " + problem
     return "trained", ""
 
 

@@ -47,4 +47,6 @@ def test_example_trains_on_the_cs_like_tensorflow(name, tmp_path):
     result = cs_inprocess.compare(model.model_fn, data.train_input_fn, params, str(tmp_path),
                                   steps=20)
     cs_inprocess.assert_same_training(result)
-    assert result.cs.losses[-1] < result.cs.losses[0]
+    problem = cs_inprocess.evaluation_mismatch(model.model_fn, data.eval_input_fn, params,
+                                               str(tmp_path), result.cs.state)
+    assert not problem, problem

@@ -2,7 +2,8 @@
 the op and its line in silent_corpus.py, or trains on the CS exactly as TensorFlow does.
 Never validate and then diverge.
 
-    exact                10 steps on the CS and on the CPU: same losses and weights
+    exact                10 steps on the CS and on the CPU: same losses and weights; then
+                         the CS evaluates the trained weights with TF's loss
     dropout              the CS's masks (read from its streamed dropout output) are
                          dropout's: values kept scaled by 1/keep or zeroed, shared along
                          noise_shape's 1-axes, a new mask each step, keep rate near 1-rate;
@@ -22,7 +23,6 @@ import cs_inprocess
 import silent_corpus as corpus
 import tf_reference
 from launcher import checkpoints
-from launcher.compiler import compile_model
 from launcher.errors import CSRunError
 from launcher.estimator import CSEstimator
 
@@ -33,10 +33,10 @@ STEPS = 10
 def compile_or_refusal(case: corpus.Case, params: dict, model_dir: str, refusal_must_say: str = ""):
     """The compile result, or None after checking the refusal names an op and its line."""
     try:
-        return compile_model(case.model_fn, case.input_fn, params, model_dir)
+        return cs_inprocess.compile_checked(case.model_fn, case.input_fn, params, model_dir)
     except CSRunError as error:
-        types = cs_inprocess.model_op_types(case.model_fn, case.input_fn, params)
-        problem = cs_inprocess.refusal_problem(error, corpus.__file__, types)
+        words = cs_inprocess.model_op_words(case.model_fn, case.input_fn, params)
+        problem = cs_inprocess.refusal_problem(error, corpus.__file__, words)
         assert not problem, problem
         assert refusal_must_say.lower() in str(error).lower(), (
             f"the refusal does not say {refusal_must_say!r}: {error}")
@@ -51,6 +51,9 @@ def check_exact(case, params, model_dir, refusal_must_say=""):
     cs = cs_inprocess.run_on_cs(compiled.program, compiled.initial_weights, data)
     reference = tf_reference.run(case.model_fn, case.input_fn, params, compiled.initial_weights, data)
     cs_inprocess.assert_same_training(cs_inprocess.Comparison(compiled, cs, reference))
+    problem = cs_inprocess.evaluation_mismatch(case.model_fn, case.input_fn, params, model_dir,
+                                               cs.state)
+    assert not problem, problem
 
 
 def dropped_output(compiled, run: cs_inprocess.CSRun) -> list[np.ndarray]:

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import tensorflow as tf
 
-from launcher.compiler.ir import InputSpec, KernelNode, MatchedModel
 from launcher.compiler.program import attr_value as encode_attr
-from launcher.compiler.report import model_summary
 from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.api.tensors import dtype_code
 from wse_sim.errors import CSError
 from wse_sim.kernels import KernelError, RunContext, build_kernel
-from wse_sim.kernels.activations import FUNCTIONS, erf
+from wse_sim.kernels.activations import FUNCTIONS, erf, erfc
 from wse_sim.kernels.elementwise import where
 from wse_sim.optimizers import make_optimizer
 from wse_sim.pipeline import Pipeline
@@ -86,7 +86,7 @@ ACTIVATIONS = {
     "sqrt": (tf.sqrt, (0.05, 4)), "rsqrt": (tf.math.rsqrt, (0.05, 4)), "exp": (tf.exp, None),
     "expm1": (tf.math.expm1, None), "log": (tf.math.log, (0.05, 4)),
     "log1p": (tf.math.log1p, (-0.9, 4)), "reciprocal": (tf.math.reciprocal, (0.2, 3)),
-    "erf": (tf.math.erf, (-5, 5)), "sin": (tf.sin, (-6, 6)), "cos": (tf.cos, (-6, 6)),
+    "erf": (tf.math.erf, (-5, 5)), "erfc": (tf.math.erfc, (-5, 5)), "sin": (tf.sin, (-6, 6)), "cos": (tf.cos, (-6, 6)),
     "sign": (tf.sign, None), "softsign": (tf.nn.softsign, None), "identity": (tf.identity, None),
 }
 
@@ -316,6 +316,14 @@ def test_cast_matches_tensorflow(source, target):
         assert dx is None
 
 
+def test_cast_rounds_large_integers_as_tensorflow():
+    x = RNG.integers(-2**40, 2**40, (BATCH, 64))
+    out, _, _ = run_kernel("cast", {"dtype": "float32"}, [x])
+    np.testing.assert_array_equal(out, tf.cast(x, tf.float32).numpy())
+    out, _, _ = run_kernel("cast", {"dtype": "int32"}, [x])
+    np.testing.assert_array_equal(out, tf.cast(x, tf.int32).numpy())  # wraps around
+
+
 def test_stop_gradient_passes_values_and_no_gradient():
     x, dy = randn(BATCH, 4), randn(BATCH, 4)
     kernel = build_kernel("stop_gradient", "k1", {}, [(4,)])
@@ -526,8 +534,75 @@ def test_weight_operands_train_through_the_pipeline_as_tensorflow():
     close(state["b"], b0 - np.float32(0.1) * gb.numpy())
 
 
-def test_the_compile_report_names_the_generic_losss_scale():
-    node = KernelNode("loss", "loss", ("error",), ((4,),), {"scale": 0.125}, (), (), "mean:0",
-                      "model.py:9", ("Mean",))
-    model = MatchedModel((InputSpec("features", "float32", (4,), "x:0"),), (node,), "loss", (), None)
-    assert "Loss: loss, scale 0.125" in model_summary(model, "train", 8)
+@st.composite
+def broadcast_layouts(draw):
+    """An op, operand letters with at least one input, and shapes that broadcast to a
+    per-sample shape S: inputs of S's rank, constants and weights of any rank up to the
+    batch's (then with a leading 1), every dimension S's or 1."""
+    sample = tuple(draw(st.lists(st.integers(1, 4), max_size=3)))
+    letters = draw(st.lists(st.sampled_from("icp"), min_size=2, max_size=2).filter(lambda l: "i" in l))
+    shapes = []
+    for letter in letters:
+        rank = len(sample) if letter == "i" else draw(st.integers(0, len(sample) + 1))
+        tail = sample[len(sample) - min(rank, len(sample)):]
+        dims = tuple(d if draw(st.booleans()) else 1 for d in tail)
+        shapes.append(dims if rank <= len(sample) else (1, *dims))
+    return draw(st.sampled_from(ARITHMETIC)), "".join(letters), shapes
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(broadcast_layouts())
+def test_binary_broadcasting_matches_tensorflow_on_random_layouts(layout):
+    op, letters, shapes = layout
+    arrays = [(letter, randn(*((BATCH, *s) if letter == "i" else s), low=0.5, high=2.0))
+              for letter, s in zip(letters, shapes)]
+    inputs = [v for letter, v in arrays if letter == "i"]
+    attrs, params = kernel_setup(letters, arrays)
+    attrs["op"] = op
+    fn = lambda xs, ws: TF_BINARY[op](*tf_operands(arrays, xs, ws))  # noqa: E731
+    ref, _, _ = tf_grads(fn, inputs, params, None)
+    dy = randn(*ref.shape)
+    out, dx, dw = run_kernel("binary", attrs, inputs, params, dy=dy)
+    ref, ref_dx, ref_dw = tf_grads(fn, inputs, params, dy)
+    close(out, ref, rtol=2e-6)
+    for got, want in zip(dx, ref_dx):
+        close(got, want, rtol=4e-6)
+    for role, want in ref_dw.items():
+        close(dw[role], want, rtol=4e-6)
+
+
+def test_exact_gelu_composed_of_generic_kernels_trains_as_tf_nn_gelu():
+    """GELU as TF writes it, 0.5 * h * (1 + erf(h / sqrt(2))) with h = x * w, in five
+    kernels (h feeds two of them): one SGD step equals TF's on tf.nn.gelu."""
+    c = lambda v: np.array(v, np.float32)  # noqa: E731
+    message = program([
+        ("h", "binary", ["features"], {"op": "mul", "operands": "ip", "p1": [4]}, (4,)),
+        ("scaled", "binary", ["h"], {"op": "div", "operands": "ic", "c1": c(1.4142135623730951)}, (4,)),
+        ("erf", "activation", ["scaled"], {"function": "erf"}, (4,)),
+        ("one_plus", "binary", ["erf"], {"op": "add", "operands": "ci", "c0": c(1.0)}, (4,)),
+        ("half_h", "binary", ["h"], {"op": "mul", "operands": "ci", "c0": c(0.5)}, (4,)),
+        ("gelu", "binary", ["half_h", "one_plus"], {"op": "mul", "operands": "ii"}, (4,)),
+        ("loss", "loss", ["gelu"], {"scale": 1.0 / (BATCH * 4)}, ()),
+    ])
+    message.kernels[0].params.add(role="p1", variable="w", shape=[4], dtype=pb.FLOAT32)
+    message.loss_kernel = "loss"
+    message.optimizer.CopyFrom(pb.Optimizer(type="sgd", learning_rate=0.5))
+    checked = check_program(message)
+    w0 = randn(4)
+    pipeline = Pipeline(checked.kernels, checked.sources, checked.variables, {"w": w0},
+                        batch_size=BATCH, micro_batch_size=MICRO, loss_kernel="loss",
+                        optimizer=make_optimizer(checked.optimizer), seed=0)
+    x = randn(BATCH, 4) * 2
+    step = pipeline.run({"features": x}, training=True)
+    w = tf.Variable(w0)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nn.gelu(x * w, approximate=False))
+    assert step.loss == pytest.approx(float(loss), rel=1e-6)
+    close(pipeline.state()["w"], w0 - np.float32(0.5) * tape.gradient(loss, w).numpy())
+
+
+def test_erfc_is_tensorflows_float32_erfc_to_a_few_ulp():
+    x = np.linspace(-12, 6, 200_001, dtype=np.float32)  # beyond 6 TF's own error grows
+    got, want = erfc(x), tf.math.erfc(x).numpy()
+    ulps = np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32))
+    assert ulps.max() <= 8

@@ -7,13 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from test_wse_kernels_elementwise import (BATCH, MICRO, RNG, close, kernel_setup, program, randn,
                                           run_kernel, tf_grads, tf_operands)
 from wse_sim.kernels import KernelError, RunContext, build_kernel
-from wse_sim.optimizers import make_optimizer
+from wse_sim.kernels.embedding import scatter_add
 from wse_sim.pipeline import Pipeline
-from wse_sim.program import check_program
+from wse_sim.program import check_program, check_state
 
 
 def check_against_tf(kernel_type, attrs, inputs, fn, params=None, rtol=2e-6, grad_rtol=4e-6):
@@ -152,6 +154,76 @@ def test_matmul_refuses_products_across_samples_and_bad_shapes(letters, shapes, 
     assert message in str(error.value)
 
 
+def tf_matmul_per_sample(arrays, ta, tb, batch=3):
+    """TF's full-batch product of `arrays` ((letter, value), activations batch first) if it
+    is computed per sample: batch first, each sample's row equal to that sample alone."""
+    def product(values):
+        try:
+            return tf.matmul(*values, transpose_a=ta, transpose_b=tb).numpy()
+        except (tf.errors.InvalidArgumentError, ValueError):
+            return None
+
+    whole = product([v[:batch] if letter == "i" else v for letter, v in arrays])
+    if whole is None or whole.ndim == 0 or whole.shape[0] != batch:
+        return None
+    for b in range(batch):
+        alone = product([v[b:b + 1] if letter == "i" else v for letter, v in arrays])
+        if alone is None or alone.shape != (1, *whole.shape[1:]) or \
+                not np.allclose(alone[0], whole[b], rtol=1e-5, atol=1e-5):
+            return None
+    return whole
+
+
+def described(arrays) -> str:
+    return ", ".join(f"{letter} {v.shape}" for letter, v in arrays)
+
+
+@st.composite
+def matmul_layouts(draw):
+    """Operands whose matrices mostly fit (rows r, inner n, columns k), activations of
+    per-sample rank 0 to 4 (rank 1: only the matrix's last axis, the rows are samples),
+    weights and constants with 0 to 3 leading axes, transposes."""
+    letters = draw(st.sampled_from(["ii", "ip", "pi", "ic", "ci"]))
+    ta, tb = draw(st.booleans()), draw(st.booleans())
+    r, n, k = (draw(st.integers(1, 4)) for _ in range(3))
+    arrays = []
+    for position, letter in enumerate(letters):
+        matrix = [(r, n), (n, k)][position]
+        if (ta, tb)[position]:
+            matrix = matrix[::-1]
+        form = draw(st.sampled_from(["matrix", "matrix", "last axis", "scalar"])) \
+            if letter == "i" else "matrix"
+        lead = draw(st.lists(st.integers(1, 3), max_size=2 if letter == "i" else 3))
+        shape = {"matrix": (*lead, *matrix), "last axis": matrix[-1:], "scalar": ()}[form]
+        arrays.append((letter, randn(BATCH, *shape) if letter == "i" else randn(*shape)))
+    return letters, arrays, ta, tb
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(matmul_layouts())
+# a transposed [batch, r] against a 1-row weight: shapes that fit, samples that would mix
+@example(("ip", [("i", randn(BATCH, 2)), ("p", randn(1, 4))], True, False))
+@example(("pi", [("p", randn(3, 1)), ("i", randn(BATCH, 4))], False, True))
+def test_matmul_accepts_exactly_the_per_sample_products_and_computes_tfs(layout):
+    """Sound and general: the kernel builds iff TF's product is computed sample by sample
+    (checked on TF itself), and then its values and gradients are TF's."""
+    letters, arrays, ta, tb = layout
+    attrs, params = kernel_setup(letters, arrays)
+    attrs.update(transpose_a=ta, transpose_b=tb)
+    inputs = [v for letter, v in arrays if letter == "i"]
+    expected = tf_matmul_per_sample(arrays, ta, tb)
+    try:
+        build_kernel("matmul", "k1", attrs, [a.shape[1:] for a in inputs])
+    except KernelError:
+        assert expected is None, f"refused a per-sample product of {described(arrays)}"
+        return
+    assert expected is not None, f"accepted a product mixing samples: {described(arrays)}"
+    check_against_tf(
+        "matmul", attrs, inputs,
+        lambda xs, ws: tf.matmul(*tf_operands(arrays, xs, ws), transpose_a=ta, transpose_b=tb),
+        params, rtol=1e-5, grad_rtol=1e-5)
+
+
 # ---- transpose, slice, pad ----
 def test_transpose_matches_tensorflow_and_passes_integers_through():
     x = randn(BATCH, 3, 4, 5)
@@ -215,8 +287,20 @@ def test_gather_matches_tensorflows_lookup_and_sums_repeated_rows(table_shape, i
     grad = tf.convert_to_tensor(tape.gradient(y, variable, output_gradients=dy)).numpy()
     np.testing.assert_array_equal(out, y.numpy())
     assert dids is None
-    close(acc["p0"], grad)  # accumulated over the micro-batches, untouched rows zero
-    assert not np.any(acc["p0"][4:table_shape[0] - 1])
+    # added in order over both micro-batches: TF's UnsortedSegmentSum bit for bit
+    np.testing.assert_array_equal(acc["p0"], grad)
+    assert not np.any(acc["p0"][4:table_shape[0] - 1])  # untouched rows zero
+
+
+@pytest.mark.parametrize("vocab, count", [(50, 300), (3, 300), (1000, 40)])
+def test_scatter_add_adds_each_lookup_in_order_as_np_add_at(vocab, count):
+    ids = RNG.integers(0, vocab, count)
+    ids[: count // 3] = 1  # one row looked up far more often than the passes
+    values, table = randn(count, 2, 3), randn(vocab, 2, 3)
+    expected = table.copy()
+    np.add.at(expected, ids, values)
+    scatter_add(table, ids, values)
+    np.testing.assert_array_equal(table, expected)
 
 
 @pytest.mark.parametrize("bad", [-1, 10, 2 ** 40])
@@ -322,6 +406,17 @@ def test_kernels_refuse_dtypes_they_cannot_take(kernel_type, attrs, shapes, dtyp
 
 
 # ---- through the pipeline ----
+def train(message, weights, batches):
+    """The pipeline's losses and state after one training step per batch."""
+    checked = check_program(message)
+    pipeline = Pipeline.load(checked, check_state(checked, weights))
+    try:
+        losses = [pipeline.run(b, training=True, step=s).loss for s, b in enumerate(batches)]
+        return losses, pipeline.state()
+    finally:
+        pipeline.close()
+
+
 def test_attention_over_an_embedding_trains_through_the_pipeline_as_tensorflow():
     """Token ids -> embedding -> self-attention scores (q k^T) -> softmax -> mixing ->
     projection by a weight -> mean over the sequence -> squared error; one SGD step of the
@@ -342,14 +437,10 @@ def test_attention_over_an_embedding_trains_through_the_pipeline_as_tensorflow()
     message.kernels[4].params.add(role="p1", variable="w", shape=[dim, 1], dtype=1)
     message.loss_kernel = "loss"
     message.optimizer.type, message.optimizer.learning_rate = "sgd", 0.1
-    checked = check_program(message)
     table0, w0 = randn(vocab, dim), randn(dim, 1)
-    pipeline = Pipeline(checked.kernels, checked.sources, checked.variables,
-                        {"table": table0, "w": w0}, batch_size=BATCH, micro_batch_size=MICRO,
-                        loss_kernel="loss", optimizer=make_optimizer(checked.optimizer), seed=0)
     ids = RNG.integers(0, vocab - 3, (BATCH, seq)).astype(np.int32)
     labels = randn(BATCH)
-    step = pipeline.run({"ids": ids, "labels": labels}, training=True)
+    (loss_cs,), state = train(message, {"table": table0, "w": w0}, [{"ids": ids, "labels": labels}])
     table, w = tf.Variable(table0), tf.Variable(w0)
     with tf.GradientTape() as tape:
         e = tf.nn.embedding_lookup(table, ids)
@@ -357,8 +448,7 @@ def test_attention_over_an_embedding_trains_through_the_pipeline_as_tensorflow()
         pooled = tf.reduce_mean(tf.matmul(mixed, w), axis=[1, 2])
         loss = tf.reduce_mean(tf.math.squared_difference(pooled, labels))
     g_table, g_w = tape.gradient(loss, [table, w])
-    assert step.loss == pytest.approx(float(loss), rel=1e-5)
-    state = pipeline.state()
+    assert loss_cs == pytest.approx(float(loss), rel=1e-5)
     close(state["table"], table0 - np.float32(0.1) * tf.convert_to_tensor(g_table).numpy(), 1e-5)
     close(state["w"], w0 - np.float32(0.1) * g_w.numpy(), 1e-5)
     # rows never looked up do not move

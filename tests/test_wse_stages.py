@@ -13,7 +13,6 @@ from threadpoolctl import threadpool_limits
 import compiler_models as m
 from launcher.compiler import compile_model
 from test_wse_parity import cnn_example
-from wse_sim.optimizers import make_optimizer
 from wse_sim.pipeline import MIN_STAGE_FLOPS, Pipeline
 from wse_sim.program import check_program, check_state
 from wse_sim.stages import partition
@@ -29,13 +28,9 @@ def test_partition_balances_consecutive_regions():
 
 def pipeline(compiled, stages: int, min_stage_flops: float = 0) -> Pipeline:
     """The compiled program's executor on `stages` threads (by default however small)."""
-    program = compiled.program
-    checked = check_program(program)
-    return Pipeline(checked.kernels, checked.sources, checked.variables,
-                    check_state(checked, compiled.initial_weights), batch_size=program.batch_size,
-                    micro_batch_size=program.micro_batch_size, loss_kernel=program.loss_kernel,
-                    optimizer=make_optimizer(checked.optimizer), seed=program.seed, stages=stages,
-                    min_stage_flops=min_stage_flops)
+    checked = check_program(compiled.program)
+    return Pipeline.load(checked, check_state(checked, compiled.initial_weights), stages=stages,
+                         min_stage_flops=min_stage_flops)
 
 
 def train(compiled, batches, stages: int):
@@ -43,7 +38,7 @@ def train(compiled, batches, stages: int):
     p = pipeline(compiled, stages)
     try:
         assert p.stages == stages
-        losses = [p.run(b, training=True).loss for b in batches]
+        losses = [p.run(b, training=True, step=s).loss for s, b in enumerate(batches)]
         evaluated = p.run(batches[0], training=False, outputs=list(compiled.program.outputs))
         return losses, {k: np.array(v) for k, v in p.state().items()}, evaluated.outputs
     finally:

@@ -17,7 +17,9 @@ import grpc
 import numpy as np
 
 from launcher.errors import CSRunError
-from wse_sim.api import UNLIMITED_MESSAGES, pb, rpc
+from coordinator.cs_client import cs_channel
+from wse_sim.api import pb, rpc
+from wse_sim.api.liveness import Liveness
 from wse_sim.api.tensors import to_tensor
 from workers.rendezvous import InputSpec, Rendezvous
 
@@ -111,12 +113,17 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int) -> FeedS
             raise
 
     start = time.perf_counter()
-    with grpc.insecure_channel(cs_ip, options=UNLIMITED_MESSAGES) as channel:
+    with cs_channel(cs_ip) as channel:
+        future = rpc.CSSystemStub(channel).Feed.future(counted())
         try:
-            rpc.CSSystemStub(channel).Feed(counted())
-        except grpc.RpcError as error:
+            with Liveness(cs_ip, future.cancel, cs_channel) as live:
+                future.result()
+        except (grpc.RpcError, grpc.FutureCancelledError) as error:
             if failure:
                 raise failure[0] from None
+            if live.dead or not isinstance(error, grpc.RpcError):
+                raise CSRunError(f"input worker {worker}: {live.dead or 'the CS stopped answering'}",
+                                 "see the CS system's log") from None
             details = error.details() or ""
             if error.code() == grpc.StatusCode.ABORTED and \
                     ("unloaded by its client" in details or "the client cancelled" in details):
@@ -135,7 +142,7 @@ def shard_batches(input_fn: Callable, params: dict, rendezvous: Rendezvous,
     """This worker's (batch index, numpy batch) pairs from input_fn(params), eagerly."""
     import tensorflow as tf
 
-    from launcher.model_fn import make_dataset
+    from launcher.model_fn import make_dataset, numpy_batches
 
     seed = (params.get("runconfig") or {}).get("tf_random_seed")
     if seed is not None:
@@ -150,7 +157,7 @@ def shard_batches(input_fn: Callable, params: dict, rendezvous: Rendezvous,
                .shard(rendezvous.num_workers, offset)
                .prefetch(PREFETCH))
     produced = 0
-    for index, element in zip(indices, dataset.as_numpy_iterator()):
+    for index, element in zip(indices, numpy_batches(dataset)):
         produced += 1
         yield index, element
     if produced < len(indices):

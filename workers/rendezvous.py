@@ -41,6 +41,13 @@ class Rendezvous:
     start_batch: int   # first batch of input_fn's order this phase consumes
     num_batches: int   # batches the phase consumes (worker w sends those ≡ w mod num_workers)
     inputs: tuple[InputSpec, ...]
+    # Non-empty: the phase streams nothing and this says why (the chief had nothing to do,
+    # or stopped before it could start): the workers end at once instead of waiting.
+    ended: str = ""
+
+    @classmethod
+    def nothing(cls, num_workers: int, why: str) -> "Rendezvous":
+        return cls("", "", "", num_workers, 0, 0, (), why)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

@@ -1,17 +1,20 @@
-"""`wse_sim serve --fabric cs1|cs2 --host H --port P [--idle-timeout S] [--threads N]`: start a
-CS system."""
+"""`wse_sim serve --fabric cs1|cs2 --host H --port P [--idle-timeout S] [--threads N]
+[--tls-cert PEM --tls-key PEM]`: start a CS system (TLS only with a certificate and key;
+without them, on an address other than loopback, a warning says tokens travel in clear)."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import threadpoolctl
 
 from wse_sim.cs_system import CSSystem
 from wse_sim.fabric import FABRICS
-from wse_sim.server import CSServer
+from wse_sim.server import CSServer, TLSFiles
 from wse_sim.stages import usable_cpus
 
 PROG = "wse_sim"
@@ -30,7 +33,31 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int, default=usable_cpus(),
                        help="pipeline stages run at once, one thread each (default: the CPUs "
                             "this process may use, here %(default)s)")
+    serve.add_argument("--tls-cert", type=Path, help="PEM certificate (chain) of this server: "
+                       "serve TLS only (clients verify it with their CA; needs --tls-key)")
+    serve.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     return p
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def tls_files(args: argparse.Namespace) -> TLSFiles | None:
+    """The certificate and key, both readable (SystemExit naming the file otherwise)."""
+    if args.tls_cert is None and args.tls_key is None:
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        parser().error("--tls-cert and --tls-key go together")
+    for path in (args.tls_cert, args.tls_key):
+        try:
+            path.read_bytes()
+        except OSError as error:
+            parser().error(f"cannot read {path}: {error.strerror}")
+    return TLSFiles(args.tls_cert, args.tls_key)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("--port must be in 0..65535, --idle-timeout >= 0 and --threads >= 1")
     # One BLAS thread for the process: its spinning threads would fight the stages for cores.
     threadpoolctl.threadpool_limits(1, user_api="blas")
+    tls = tls_files(args)
     cs = CSSystem(FABRICS[args.fabric], idle_timeout=args.idle_timeout, threads=args.threads)
     try:
-        server = CSServer(cs, args.host, args.port)
+        server = CSServer(cs, args.host, args.port, tls)
     except RuntimeError:
         print(f"{PROG}: error: cannot listen on {args.host}:{args.port} (hint: the port is taken "
               f"or the address is not this host's; choose another --port or --host)",
@@ -51,8 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server.start()
+    if tls is None and not is_loopback(args.host):
+        print(f"{PROG}: warning: {args.host} is not loopback and there is no TLS: job tokens, "
+              f"weights and batches travel in clear text (hint: --tls-cert and --tls-key)",
+              file=sys.stderr, flush=True)
     print(f"{PROG}: {args.fabric} CS system serving on {server.address} "
-          f"(idle timeout {args.idle_timeout:g} s, {args.threads} thread(s))", flush=True)
+          f"({'TLS' if tls else 'no TLS'}, idle timeout {args.idle_timeout:g} s, "
+          f"{args.threads} thread(s))", flush=True)
     while not stop.wait(0.5):
         pass
     print(f"{PROG}: stopping", flush=True)

@@ -2,6 +2,14 @@
 runs. A plain Python object (no network): the gRPC servicer translates messages and calls
 into it. Refusals are CSError (a status code and a message naming what is wrong).
 
+Authenticate, then validate, then allocate: a Load's header is checked first (a busy CS
+refuses it before any weight is read; then the header, the program's declared sizes
+(`wse_sim.limits`) and the program itself), then the CS is reserved for it and only the
+weights and slots the program declares are taken, each bounded by its declared shape.
+Every later call of the job carries its token (compared in constant time); a caller
+without it learns only whether the CS is idle or busy, and no refusal names another job.
+A job's client may hold a lease (`lease`): when the lease's call ends the job is unloaded.
+
 Input streams: one per input worker. The job consumes batches strictly in `batch_index`
 order from `first_batch` on, whichever worker sent them; a stream blocks while its batch
 is more than a window of batches ahead of the next one consumed (bounded memory). A run
@@ -10,6 +18,7 @@ stream ended, or every stream is blocked on batches later than the one needed.
 """
 from __future__ import annotations
 
+import hmac
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,15 +29,17 @@ import numpy as np
 
 from wse_sim import timing
 from wse_sim.api import cs_api_pb2 as pb
-from wse_sim.api.tensors import from_tensor, tensor_chunks, to_tensor, CHUNK_BYTES
+from wse_sim.api.tensors import assemble, from_tensor, tensor_chunks, to_tensor, CHUNK_BYTES
 from wse_sim.errors import CSError, invalid
 from wse_sim.fabric import Fabric
+from wse_sim.limits import MAX_CHUNK_BYTES, check_header, check_sizes
 from wse_sim.pipeline import Pipeline
-from wse_sim.program import CheckedProgram, check_program, check_state
+from wse_sim.program import CheckedProgram, check_program, check_state, state_shapes
 from wse_sim.stages import usable_cpus
 
 BATCHES_PER_WORKER = 2  # flow-control window: batches buffered per input stream
 WAIT_POLL_S = 0.5  # how often a waiting run or stream re-checks for a cancelled job
+LEASE_BEAT_S = 2.0  # a lease's beat interval
 
 RUN_KINDS = ("train", "evaluate", "predict")
 
@@ -42,6 +53,22 @@ class Stream:
     waiting_batch: int = -1  # the batch it holds while blocked
     received: int = 0
     error: str = ""  # why a broken stream broke
+
+
+@dataclass
+class Lease:
+    """One lease call on a job; it ends once (its call's end, or its beats' end)."""
+
+    job: "Job"
+    ended: bool = False
+
+
+def same_token(given: str, token: str) -> bool:
+    """Constant-time comparison: how long a refusal takes says nothing about the token."""
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+BUSY = "the CS system is busy with another job"
 
 
 @dataclass
@@ -59,7 +86,8 @@ class Job:
     closed: str = ""  # why the job ended (unloaded); wakes waiting streams and runs
     pending: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     streams: dict[int, Stream] = field(default_factory=dict)
-    calls: int = 0  # calls in progress (feeds excluded)
+    calls: int = 0  # calls in progress (feeds and leases excluded)
+    leases: int = 0  # leases held
     last_active: float = field(default_factory=time.monotonic)
 
     @property
@@ -77,7 +105,8 @@ class CSSystem:
         self.threads = threads or usable_cpus()  # pipeline stages run at once
         self.log = log
         self.job: Job | None = None
-        self.last_message = ""
+        self._loading: pb.JobHeader | None = None  # the load being received (the CS is reserved)
+        self._last: tuple[str, str] = ("", "")  # the last job's token, and why it ended
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._runs: dict[threading.Event, Job] = {}  # runs in progress, by their cancel event
@@ -112,62 +141,83 @@ class CSSystem:
         self.log(f"refused {what}: {error.code.name}: {error.message}")
         return error
 
-    def load(self, header: pb.JobHeader, tensors: dict[str, np.ndarray]) -> pb.LoadReply:
-        """Make `header`'s program the job: check it and its weights, then keep them resident."""
+    def load(self, header: pb.JobHeader, chunks: Iterable[pb.TensorChunk]) -> pb.LoadReply:
+        """Make `header`'s program the job. Refuse it while busy, then check the header and
+        the program, then reserve the CS and take the weights and slots (`chunks`) the
+        program declares; keep them resident."""
         what = f"load of job {header.job_id!r}"
         with self._cond:
-            if self.job is not None:
-                raise self._refuse(CSError(grpc.StatusCode.ALREADY_EXISTS,
-                                           f"busy with job {self.job.job_id}"), what)
+            if self.job is not None or self._loading is not None:
+                raise self._refuse(CSError(grpc.StatusCode.ALREADY_EXISTS, BUSY), what)
+            try:
+                check_header(header)
+            except CSError as error:
+                raise self._refuse(error, what) from None
+            self._loading = header
         try:
-            if not header.job_id or not header.token:
-                raise invalid("the job header needs a job_id and a token")
-            if header.program.fabric and header.program.fabric != self.fabric.name:
-                raise invalid(f"program compiled for {header.program.fabric}, this CS system is "
-                              f"{self.fabric.name} (recompile with runconfig.fabric: {self.fabric.name})")
-            checked = check_program(header.program)
-            state = check_state(checked, tensors)
+            job = self._receive(header, chunks)
         except CSError as error:
             raise self._refuse(error, what) from None
+        finally:
+            with self._cond:
+                if self._loading is header:
+                    self._loading = None
+                    self._cond.notify_all()
+        program, optimizer = job.checked.message, job.checked.optimizer
+        t = job.timings["train" if optimizer else "infer"]
+        self.log(f"loaded job {job.job_id}: program {program.name!r}, {len(job.checked.kernels)} kernels, "
+                 f"{job.checked.num_parameters:,} parameters on {job.pipeline.stages} stage thread(s), "
+                 f"{job.num_workers} input stream(s), "
+                 f"first batch {job.next_batch}, estimate {t.samples_per_sec:,.0f} samples/s")
+        return pb.LoadReply(job_id=job.job_id, num_parameters=job.checked.num_parameters,
+                            estimate=estimate(t))
+
+    def _receive(self, header: pb.JobHeader, chunks: Iterable[pb.TensorChunk]) -> Job:
+        """The checked program, then its state from `chunks`, as the (reserved) CS's job."""
+        if header.program.fabric and header.program.fabric != self.fabric.name:
+            raise invalid(f"program compiled for {header.program.fabric}, this CS system is "
+                          f"{self.fabric.name} (recompile with runconfig.fabric: {self.fabric.name})")
+        check_sizes(header.program, self.fabric, header.num_workers)
+        checked = check_program(header.program)
+        expected = {name: (np.dtype(np.float32), shape) for name, shape in state_shapes(checked).items()}
+        try:
+            tensors = assemble(chunks, expected)
+        except ValueError as error:
+            raise invalid(str(error)) from None
+        state = check_state(checked, tensors)
         program = checked.message
         pipeline = Pipeline.load(checked, state, stages=self.threads)
         timings = {mode: timing.program_timing(program, checked.kernels, self.fabric,
                                                training=mode == "train")
                    for mode in ("train", "infer")}
         job = Job(header.job_id, header.token, checked, pipeline, timings,
-                  num_workers=max(int(header.num_workers), 1), global_step=int(header.global_step),
+                  num_workers=int(header.num_workers), global_step=int(header.global_step),
                   next_batch=int(header.first_batch))
         with self._cond:
-            if self.job is not None:  # another load won the race
-                raise self._refuse(CSError(grpc.StatusCode.ALREADY_EXISTS,
-                                           f"busy with job {self.job.job_id}"), what)
+            if self._stop.is_set():
+                pipeline.close()
+                raise CSError(grpc.StatusCode.UNAVAILABLE, "the CS system stopped")
             self.job = job
-            self.last_message = ""
-        t = timings["train" if checked.optimizer else "infer"]
-        self.log(f"loaded job {job.job_id}: program {program.name!r}, {len(checked.kernels)} kernels, "
-                 f"{checked.num_parameters:,} parameters on {pipeline.stages} stage thread(s), "
-                 f"{job.num_workers} input stream(s), "
-                 f"first batch {job.next_batch}, estimate {t.samples_per_sec:,.0f} samples/s")
-        return pb.LoadReply(job_id=job.job_id, num_parameters=checked.num_parameters,
-                            estimate=estimate(t))
+            self._last = ("", "")
+        return job
 
     def _job(self, token: str, what: str) -> Job:
         """The loaded job, if `token` is its token. Call with the lock held."""
         job = self.job
-        if job is None:
-            raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
-                                       "no job is loaded" + (f" ({self.last_message})"
-                                                             if self.last_message else "")), what)
-        if token != job.token:
+        if job is not None and same_token(token, job.token):
+            return job
+        if job is not None or self._loading is not None:
             raise self._refuse(CSError(grpc.StatusCode.PERMISSION_DENIED,
-                                       f"wrong token for job {job.job_id}"), what)
-        return job
+                                       f"the token is not the loaded job's ({BUSY})"), what)
+        last_token, why = self._last
+        raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION, "no job is loaded" + (
+            f" ({why})" if last_token and same_token(token, last_token) else "")), what)
 
     def _unload(self, job: Job, reason: str) -> None:
         """Drop `job` (lock held): streams and runs waiting on it wake up and end."""
         if self.job is job:
             self.job = None
-            self.last_message = f"job {job.job_id} unloaded: {reason}"
+            self._last = (job.token, f"job {job.job_id} unloaded: {reason}")
             self.log(f"unloaded job {job.job_id}: {reason}")
         job.closed = reason
         job.pending.clear()
@@ -179,13 +229,55 @@ class CSSystem:
             job = self._job(token, "unload")
             self._unload(job, "unloaded by its client")
 
-    def status(self) -> pb.StatusReply:
+    def status(self, token: str = "") -> pb.StatusReply:
+        """The job's state for its token; anyone else learns only idle or busy."""
+        fabric = self.fabric.name
         with self._cond:
-            job = self.job
-            if job is None:
-                return pb.StatusReply(state="idle", fabric=self.fabric.name, message=self.last_message)
-            return pb.StatusReply(state=job.state, job_id=job.job_id, global_step=job.global_step,
-                                  fabric=self.fabric.name, message=job.message)
+            job, loading = self.job, self._loading
+            if job is not None and same_token(token, job.token):
+                return pb.StatusReply(state=job.state, job_id=job.job_id, global_step=job.global_step,
+                                      fabric=fabric, message=job.message)
+            if loading is not None and same_token(token, loading.token):
+                return pb.StatusReply(state="loading", job_id=loading.job_id, fabric=fabric)
+            if job is not None or loading is not None:
+                return pb.StatusReply(state="busy", fabric=fabric)
+            last_token, why = self._last
+            return pb.StatusReply(state="idle", fabric=fabric, message=why if last_token and
+                                  same_token(token, last_token) else "")
+
+    # ---- leases ----
+    def lease(self, token: str) -> Lease:
+        """A lease on the job of `token`: while it lasts the job's client is alive."""
+        with self._cond:
+            job = self._job(token, "lease")
+            job.leases += 1
+            return Lease(job)
+
+    def beats(self, lease: Lease) -> Iterator[pb.LeaseBeat]:
+        """A beat every LEASE_BEAT_S while the job is loaded; ends with the job."""
+        def ended() -> bool:
+            return bool(lease.job.closed) or self._stop.is_set()
+
+        try:
+            while True:
+                with self._cond:
+                    if self._cond.wait_for(ended, LEASE_BEAT_S):
+                        return
+                    step = lease.job.global_step
+                yield pb.LeaseBeat(global_step=step)
+        finally:
+            self.end_lease(lease)
+
+    def end_lease(self, lease: Lease) -> None:
+        """The lease's call ended: its job's last lease ending unloads the job."""
+        with self._cond:
+            if lease.ended:
+                return
+            lease.ended = True
+            job = lease.job
+            job.leases -= 1
+            if job.leases == 0 and self.job is job:
+                self._unload(job, "its client's lease ended (the client went away)")
 
     # ---- input streams ----
     def feed(self, requests: Iterable[pb.FeedRequest]) -> pb.FeedReply:
@@ -203,9 +295,9 @@ class CSSystem:
                         job = self._job(request.token, f"input stream of worker {request.worker_id}")
                         stream = job.streams.setdefault(request.worker_id, Stream(request.worker_id))
                         stream.state = "streaming"
-                elif request.token != job.token:
+                elif not same_token(request.token, job.token):
                     raise self._refuse(CSError(grpc.StatusCode.PERMISSION_DENIED,
-                                               f"wrong token for job {job.job_id}"),
+                                               "the token is not the job's"),
                                        f"batch of worker {request.worker_id}")
                 if request.end:
                     ok = True
@@ -395,9 +487,10 @@ class CSSystem:
                 raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
                                            f"job {job.job_id} is running; snapshot between runs"),
                                    "snapshot")
-            state = {name: np.array(a) for name, a in job.pipeline.state().items()}
+            state = {name: np.array(a) for name, a in
+                     job.checked.reshaped(job.pipeline.state(), to_kernels=False).items()}
             job.last_active = time.monotonic()
-        size = int(chunk_bytes) if chunk_bytes > 0 else CHUNK_BYTES
+        size = min(int(chunk_bytes), MAX_CHUNK_BYTES) if chunk_bytes > 0 else CHUNK_BYTES
         for name in sorted(state):
             yield from tensor_chunks(name, state[name], size)
 

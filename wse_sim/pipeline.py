@@ -35,7 +35,7 @@ import numpy as np
 from wse_sim.grad_transforms import GradientTransform, apply_transforms
 from wse_sim.kernels import Kernel, RunContext
 from wse_sim.optimizers import Optimizer, make_optimizer, slot_name
-from wse_sim.program import CheckedProgram, ParamSpec
+from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
 # A stage thread pays off only with this much work per micro-batch (a multiply-add counts
@@ -330,6 +330,12 @@ class Pipeline:
                 reg.add_gradient(region.params[role], region.grads[role])
             if spec.update != "sparse":
                 continue
+            if region.kernel.type_name not in SPARSE_GRADIENT_KERNELS:
+                # a weight TF reads whole through a gather (position embeddings): every row
+                # once, in order, as that gather's IndexedSlices
+                grad = region.grads[role]
+                region.slices[role] = np.arange(grad.shape[0]), grad
+                continue
             pieces = region.pieces.pop(role, [])
             if pieces:
                 region.slices[role] = (np.concatenate([ids for ids, _ in pieces]),
@@ -357,7 +363,8 @@ class Pipeline:
         # A micro-batch whose output reached the loss by no path has no backward.
         if upstream is not None or region.kernel.is_loss:
             for role in region.trained:
-                if region.specs[role].update == "sparse":
+                if region.specs[role].update == "sparse" and \
+                        region.kernel.type_name in SPARSE_GRADIENT_KERNELS:
                     region.pieces.setdefault(role, []).append(
                         self._indexed_slices(region, role, i, upstream, board))
             ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated

@@ -49,7 +49,9 @@ class ParamSpec:
 
 
 UPDATES = ("dense", "sparse")
-# kernels whose weight gradient TF computes as IndexedSlices: type -> the table's role
+# kernels whose weight gradient TF computes as IndexedSlices: type -> the table's role;
+# a sparse weight operand (p<k>) of another generic kernel is a table TF gathers whole,
+# e.g. Keras position embeddings: every row once, in order
 SPARSE_GRADIENT_KERNELS = {"gather": "p0"}
 
 
@@ -65,14 +67,27 @@ class CheckedProgram:
     optimizer: OptimizerConfig | None
     params: dict[str, ParamSpec] = field(default_factory=dict)  # by TF variable name
     transforms: tuple[GradientTransform, ...] = ()
+    views: Mapping[str, tuple[Shape, Shape]] = field(default_factory=dict)  # var -> (TF, kernel) shapes
 
     @property
     def num_parameters(self) -> int:
         return sum(math.prod(k.param_shapes()[r]) for k, v in zip(self.kernels, self.variables) for r in v)
 
     def variable_shapes(self) -> dict[str, Shape]:
-        return {var: tuple(k.param_shapes()[role])
+        """Every weight's shape as TF (and the state Load takes and Snapshot gives) has it."""
+        return {var: self.views[var][0] if var in self.views else tuple(k.param_shapes()[role])
                 for k, names in zip(self.kernels, self.variables) for role, var in names.items()}
+
+    def reshaped(self, state: Mapping[str, np.ndarray], to_kernels: bool) -> dict[str, np.ndarray]:
+        """`state` with viewed weights and their slots ("<var>/<suffix>") in their kernel's
+        shape (to_kernels), or back in TF's."""
+        out = dict(state)
+        for name, array in state.items():
+            var = name if name in self.views else name.rsplit("/", 1)[0]
+            if var in self.views:
+                tf_shape, kernel_shape = self.views[var]
+                out[name] = array.reshape(kernel_shape if to_kernels else tf_shape)
+        return out
 
 
 def check_program(program: pb.Program) -> CheckedProgram:
@@ -95,6 +110,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
         raise invalid(f"program {program.name!r} has no inputs")
     kernels, sources, variables = [], [], []
     params: dict[str, ParamSpec] = {}
+    views: dict[str, tuple[Shape, Shape]] = {}
     for message in program.kernels:
         if message.name in shapes:
             raise invalid(f"kernel {message.name!r}: the name is used twice")
@@ -123,6 +139,12 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           f"program, the kernel computes {out} from inputs {input_shapes}")
         roles = {}
         for param in message.params:
+            if param.variable_shape and tuple(param.variable_shape) != tuple(param.shape):
+                if math.prod(param.variable_shape) != math.prod(param.shape):
+                    raise invalid(f"kernel {message.name!r}: param {param.variable!r} of shape "
+                                  f"{tuple(param.variable_shape)} cannot be viewed as "
+                                  f"{tuple(param.shape)}")
+                views[param.variable] = (tuple(param.variable_shape), tuple(param.shape))
             if param.role not in expected_params:
                 raise invalid(f"kernel {message.name!r} ({message.type}): unknown param role "
                               f"{param.role!r}; it has {sorted(expected_params) or 'none'}")
@@ -157,7 +179,8 @@ def check_program(program: pb.Program) -> CheckedProgram:
         if problem:
             raise invalid(f"program {program.name!r}: {problem}")
     return CheckedProgram(program, tuple(inputs), tuple(kernels), tuple(sources),
-                          tuple(variables), optimizer, params, check_transforms(program, params))
+                          tuple(variables), optimizer, params, check_transforms(program, params),
+                          views)
 
 
 def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> ParamSpec:
@@ -167,9 +190,12 @@ def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> Pa
     if update not in UPDATES:
         raise invalid(f"{where}: unknown update {param.update!r}; the CS system has "
                       f"{', '.join(UPDATES)}")
-    if update == "sparse" and SPARSE_GRADIENT_KERNELS.get(kernel.type_name) != param.role:
+    table = SPARSE_GRADIENT_KERNELS.get(kernel.type_name)
+    whole = table is None and "operands" in kernel.attrs and param.role.startswith("p")
+    if update == "sparse" and param.role != table and not whole:
         raise invalid(f"{where}: a sparse update needs the table of a gather kernel (an "
-                      f"embedding lookup), not the {param.role!r} of a {kernel.type_name}")
+                      f"embedding lookup) or a weight operand TF gathers whole, not the "
+                      f"{param.role!r} of a {kernel.type_name}")
     regularizers = tuple(Regularizer(r.kind, r.scale) for r in param.regularizers)
     for r in regularizers:
         if r.problem():
@@ -199,9 +225,9 @@ def check_transforms(program: pb.Program,
     return tuple(transforms)
 
 
-def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The complete job state: every weight given with its shape; optimizer slots and
-    scalars may be missing (they start as TF starts them: wse_sim.optimizers)."""
+def state_shapes(checked: CheckedProgram) -> dict[str, Shape]:
+    """Every tensor a job's state may hold (float32): the weights, their optimizer slots
+    and the optimizer's scalars."""
     shapes = checked.variable_shapes()
     optimizer = make_optimizer(checked.optimizer) if checked.optimizer else None
     suffixes = optimizer.slot_suffixes if optimizer else ()
@@ -210,6 +236,14 @@ def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> d
         expected.update({slot_name(var, suffix): shape for suffix in suffixes})
     if optimizer:
         expected.update({name: () for name in optimizer.scalar_names})
+    return expected
+
+
+def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The complete job state: every weight given with its shape; optimizer slots and
+    scalars may be missing (they start as TF starts them: wse_sim.optimizers)."""
+    shapes = checked.variable_shapes()
+    expected = state_shapes(checked)
     for name, array in tensors.items():
         if name not in expected:
             raise invalid(f"tensor {name!r} {tuple(array.shape)} is not a weight or optimizer "
@@ -223,4 +257,4 @@ def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> d
     if missing:
         raise invalid(f"weight {missing[0]!r} {shapes[missing[0]]} is missing"
                       + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    return dict(tensors)
+    return checked.reshaped(tensors, to_kernels=True)

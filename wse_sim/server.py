@@ -1,9 +1,14 @@
 """The CS API over gRPC: a thin servicer that translates messages and calls into CSSystem,
-plus the standard health service."""
+plus the standard health service. Messages above wse_sim.api.MAX_MESSAGE_BYTES are refused
+by gRPC before they are received whole; keepalive pings end the calls (and so the lease)
+of a client whose host froze or vanished. With a certificate and key the port speaks TLS
+only."""
 from __future__ import annotations
 
 import threading
 from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import grpc
@@ -11,14 +16,29 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.api import cs_api_pb2_grpc as rpc
-from wse_sim.api import UNLIMITED_MESSAGES
-from wse_sim.api.tensors import assemble
+from wse_sim.api import MESSAGE_OPTIONS
 from wse_sim.cs_system import CSSystem
 from wse_sim.errors import CSError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CSSystem"].full_name
-SERVER_OPTIONS = (*UNLIMITED_MESSAGES, ("grpc.so_reuseport", 0))  # a taken port is an error, not shared
-MAX_THREADS = 32  # calls served at once: a run, its input streams, status and snapshot
+KEEPALIVE_S = 10  # a ping every 10 s; a client that does not answer within 10 s is gone
+SERVER_OPTIONS = (*MESSAGE_OPTIONS,
+                  ("grpc.so_reuseport", 0),  # a taken port is an error, not shared
+                  ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+                  ("grpc.keepalive_timeout_ms", KEEPALIVE_S * 1000),
+                  ("grpc.http2.max_pings_without_data", 0))
+MAX_THREADS = 32  # calls served at once: a run, its input streams, lease, status and snapshot
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """The server's certificate chain and private key (PEM files)."""
+
+    cert: Path
+    key: Path
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials([(self.key.read_bytes(), self.cert.read_bytes())])
 
 
 class CSServicer(rpc.CSSystemServicer):
@@ -36,18 +56,14 @@ class CSServicer(rpc.CSSystemServicer):
                 raise CSError(grpc.StatusCode.INVALID_ARGUMENT,
                               "a Load stream starts with a JobHeader")
 
-            def chunks() -> Iterator[pb.TensorChunk]:
+            def chunks() -> Iterator[pb.TensorChunk]:  # read only once the header is accepted
                 for request in request_iterator:
                     if not request.HasField("chunk"):
                         raise CSError(grpc.StatusCode.INVALID_ARGUMENT,
                                       "a Load stream has one JobHeader, then TensorChunks")
                     yield request.chunk
 
-            try:
-                tensors = assemble(chunks())
-            except ValueError as error:
-                raise CSError(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
-            return self.cs.load(first.header, tensors)
+            return self.cs.load(first.header, chunks())
         except CSError as error:
             self._abort(context, error)
 
@@ -82,7 +98,15 @@ class CSServicer(rpc.CSSystemServicer):
             self._abort(context, error)
 
     def Status(self, request, context):
-        return self.cs.status()
+        return self.cs.status(request.token)
+
+    def Lease(self, request, context):
+        try:
+            lease = self.cs.lease(request.token)
+        except CSError as error:
+            self._abort(context, error)
+        context.add_callback(lambda: self.cs.end_lease(lease))
+        yield from self.cs.beats(lease)
 
     def Unload(self, request, context):
         try:
@@ -93,9 +117,9 @@ class CSServicer(rpc.CSSystemServicer):
 
 
 class CSServer:
-    """A CSSystem served on host:port (CS API and gRPC health)."""
+    """A CSSystem served on host:port (CS API and gRPC health), over TLS given `tls`."""
 
-    def __init__(self, cs: CSSystem, host: str, port: int):
+    def __init__(self, cs: CSSystem, host: str, port: int, tls: TLSFiles | None = None):
         self.cs = cs
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_THREADS,
                                                              thread_name_prefix="cs-call"),
@@ -103,7 +127,10 @@ class CSServer:
         rpc.add_CSSystemServicer_to_server(CSServicer(cs), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")  # RuntimeError if taken
+        address = f"{host}:{port}"
+        # RuntimeError if taken
+        self.port = (self.server.add_secure_port(address, tls.credentials()) if tls is not None
+                     else self.server.add_insecure_port(address))
         self.address = f"{host}:{self.port}"
 
     def start(self) -> "CSServer":

@@ -4,7 +4,15 @@ from __future__ import annotations
 import tensorflow as tf
 
 from examples.classifier import classifier_spec
+from examples.digits import INPUT_SPEC
+from examples.optimizer import OPTIMIZER_SPEC
 from launcher.estimator import ModeKeys
+from launcher.params_spec import Key
+
+# Every params key the model and its input read, checked before any work (run.py).
+PARAMS_SPEC = {**INPUT_SPEC, **OPTIMIZER_SPEC, "model": {
+    "conv_filters": Key("ints", minimum=1), "kernel_size": Key("int", minimum=1, required=False),
+    "dense_units": Key("int", minimum=1), "dropout": Key("number", minimum=0, below=1, required=False)}}
 
 
 def build_logits(images: tf.Tensor, config: dict, training: bool) -> tf.Tensor:

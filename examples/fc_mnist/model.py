@@ -5,9 +5,16 @@ from __future__ import annotations
 import tensorflow as tf
 
 from examples.classifier import classifier_spec
+from examples.digits import INPUT_SPEC
+from examples.optimizer import OPTIMIZER_SPEC
 from launcher.estimator import ModeKeys
+from launcher.params_spec import Key
 
 NUM_CLASSES = 10
+# Every params key the model and its input read, checked before any work (run.py).
+PARAMS_SPEC = {**INPUT_SPEC, **OPTIMIZER_SPEC, "model": {
+    "hidden_sizes": Key("ints", minimum=1), "activation_fn": Key("str", required=False),
+    "dropout": Key("number", minimum=0, below=1, required=False)}}
 
 
 def build_logits(features: tf.Tensor, config: dict, training: bool) -> tf.Tensor:

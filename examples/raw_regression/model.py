@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from examples.optimizer import build_optimizer
+from examples.digits import INPUT_SPEC
+from examples.optimizer import OPTIMIZER_SPEC, build_optimizer
 from launcher.estimator import CSEstimatorSpec, ModeKeys
+from launcher.params_spec import Key
+
+# Every params key the model and its input read, checked before any work (run.py).
+PARAMS_SPEC = {**INPUT_SPEC, **OPTIMIZER_SPEC, "model": {"hidden_sizes": Key("ints", minimum=1)}}
 
 
 def build_prediction(features: tf.Tensor, config: dict) -> tf.Tensor:

@@ -13,8 +13,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: `examples.*`
 
 from examples.raw_regression.data import eval_input_fn, train_input_fn  # noqa: E402
-from examples.raw_regression.model import model_fn  # noqa: E402
+from examples.raw_regression.model import PARAMS_SPEC, model_fn  # noqa: E402
 from launcher.run_flow import run  # noqa: E402
 
 if __name__ == "__main__":
-    run(model_fn, train_input_fn, eval_input_fn, here=HERE)
+    run(model_fn, train_input_fn, eval_input_fn, here=HERE, params_spec=PARAMS_SPEC)

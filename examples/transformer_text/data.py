@@ -11,8 +11,12 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from examples.digits import batched
+from examples.digits import INPUT_KEYS, batched
+from launcher.params_spec import Key
 
+SEQUENCE_KEYS = {**INPUT_KEYS, "num_samples": Key("int", minimum=1), "seq_len": Key("int", minimum=1),
+                 "vocab_size": Key("int", minimum=2), "num_classes": Key("int", minimum=2)}
+INPUT_SPEC = {"train_input": SEQUENCE_KEYS, "eval_input": SEQUENCE_KEYS}
 SEEDS = {True: 0, False: 1}  # train / eval samples
 
 

@@ -9,7 +9,16 @@ import math
 import tensorflow as tf
 
 from examples.classifier import classifier_spec
+from examples.optimizer import OPTIMIZER_SPEC
+from examples.transformer_text.data import INPUT_SPEC
 from launcher.estimator import ModeKeys
+from launcher.params_spec import Key
+
+# Every params key the model and its input read, checked before any work (run.py).
+PARAMS_SPEC = {**INPUT_SPEC, **OPTIMIZER_SPEC, "model": {
+    "vocab_size": Key("int", minimum=1), "num_classes": Key("int", minimum=2),
+    "embed_dim": Key("int", minimum=1), "num_heads": Key("int", minimum=1),
+    "ff_dim": Key("int", minimum=1), "dropout": Key("number", minimum=0, below=1, required=False)}}
 
 
 def token_and_position_embedding(tokens: tf.Tensor, config: dict) -> tf.Tensor:

@@ -22,7 +22,7 @@ from launcher.compiler.ir import MatchedModel
 from launcher.compiler.match import check_supported, match, unsupported_detail
 from launcher.compiler.placement import Placement, TooLargeError, place
 from launcher.compiler.program import build_program
-from launcher.compiler.weights import initial_weights, initializer_summary
+from launcher.compiler.weights import host_variables, initial_weights, initializer_summary
 from launcher.errors import CSRunError
 from launcher.estimator_spec import ModeKeys
 from wse_sim import timing
@@ -37,7 +37,8 @@ __all__ = ["CompileResult", "compile_model", "load_compiled"]
 class CompileResult:
     directory: str  # the compile directory (cs_compile/ itself after validate_only)
     program: pb.Program | None  # None after validate_only
-    initial_weights: dict[str, np.ndarray]  # TF variable name -> initial value
+    initial_weights: dict[str, np.ndarray]  # the CS's weights: TF variable name -> initial value
+    host_variables: dict[str, np.ndarray]  # the graph's other variables (e.g. a dropout seed state)
     reused: bool  # an unchanged graph's earlier compile was reused
     report_text: str
 
@@ -67,42 +68,48 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
         artifacts.write_text_atomic(os.path.join(root, artifacts.VALIDATION_REPORT),
                                     "Validation failed\n" + unsupported_detail(model) + "\n")
     check_supported(model)
+    build_kernels(model)
     if validate_only:
         text = report.validation_text(model, mode, extracted.batch_size, fab)
         artifacts.write_text_atomic(os.path.join(root, artifacts.VALIDATION_REPORT), text)
-        return CompileResult(root, None, {}, False, text)
+        return CompileResult(root, None, {}, {}, False, text)
     key = artifacts.graph_hash(model, mode=mode, batch_size=extracted.batch_size, fabric=fab,
                                seed=extracted.seed, initializers=initializer_summary(extracted))
     directory = os.path.join(root, key)
     if artifacts.is_complete(directory):
         reused = load_compiled(directory)
         note = f"Reusing the compile in {directory}: graph, shapes, hyper-parameters and fabric unchanged\n"
-        return CompileResult(directory, reused.program, reused.initial_weights, True,
-                             note + reused.report_text)
+        return CompileResult(directory, reused.program, reused.initial_weights,
+                             reused.host_variables, True, note + reused.report_text)
     placement, kernels = place_model(model, fab, mode)
     program = build_program(model, placement, name=os.path.basename(os.path.abspath(model_dir)),
                             graph_hash=key, fabric=fab.name, batch_size=extracted.batch_size,
                             seed=extracted.seed)
-    weights = initial_weights(extracted, [p.variable for k in model.kernels for p in k.params])
+    params = [p.variable for k in model.kernels for p in k.params]
+    weights = initial_weights(extracted, params)
+    host = initial_weights(extracted, host_variables(extracted, params))
     text = report.compile_text(model, placement, fab, mode=mode,
                                batch_size=extracted.batch_size, graph_hash=key)
     data = report.compile_json(model, placement, fab, mode=mode,
                                batch_size=extracted.batch_size, graph_hash=key)
     artifacts.write_compile(
-        directory, program, weights, text, data,
+        directory, program, weights, host, text, data,
         lambda path: wafer_map.render(path, fab, [k.name for k in model.kernels],
                                       [k.type for k in model.kernels], placement.regions,
                                       placement.routes, program.name))
-    return CompileResult(directory, program, weights, False,
+    return CompileResult(directory, program, weights, host, False,
                          text + f"Compile artifacts written to {directory}\n")
 
 
 def build_kernels(model: MatchedModel) -> list:
-    """The library kernels of `model` (their cost model is what placement reads)."""
+    """The library kernels of `model` (their cost model is what placement reads), built with
+    the dtypes flowing from the inputs, as the CS builds them at Load: what validates, loads."""
     built = []
+    dtypes = {spec.name: np.dtype(spec.dtype) for spec in model.inputs}
     for node in model.kernels:
         try:
             kernel = build_kernel(node.type, node.name, node.attrs, node.input_shapes)
+            dtypes[node.name] = kernel.output_dtype([dtypes[i] for i in node.inputs])
         except KernelError as error:
             raise CSRunError(f"kernel {node.name} ({node.type}) at {node.source}: {error}",
                              "change the layer's configuration to one the kernel supports") from None
@@ -144,6 +151,7 @@ def load_compiled(compile_dir: str) -> CompileResult:
         raise CSRunError(f"{compile_dir} is not a complete compile directory",
                          "compile again with --compile_only")
     return CompileResult(compile_dir, artifacts.read_program(compile_dir),
-                         artifacts.read_weights(compile_dir), True,
+                         artifacts.read_weights(compile_dir),
+                         artifacts.read_weights(compile_dir, artifacts.HOST_VARIABLES), True,
                          artifacts.read_report(compile_dir))
 

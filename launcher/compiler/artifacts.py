@@ -17,9 +17,10 @@ from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.fabric import Fabric
 from wse_sim.kernels import base as kernel_base
 
-COMPILER_VERSION = 2  # bump when the compiler's output changes for an unchanged graph
+COMPILER_VERSION = 3  # bump when the compiler's output changes for an unchanged graph
 PROGRAM = "program.pb"
 WEIGHTS = "initial_weights.npz"
+HOST_VARIABLES = "host_variables.npz"  # the graph's variables the CS does not hold
 REPORT_TXT = "compile_report.txt"
 REPORT_JSON = "compile_report.json"
 WAFER_MAP = "placement.png"
@@ -42,20 +43,28 @@ def graph_hash(model: MatchedModel, *, mode: str, batch_size: int, fabric: Fabri
         "kernels": [{k: v for k, v in dataclasses.asdict(node).items() if k != "source"}
                     for node in model.kernels],
         "loss_kernel": model.loss_kernel, "outputs": list(model.outputs),
-        "optimizer": None if model.optimizer is None else dataclasses.asdict(model.optimizer),
+        "training": None if model.training is None else dataclasses.asdict(model.training),
         "initializers": initializers,
     }
-    text = json.dumps(key, sort_keys=True, default=str)
+    text = json.dumps(key, sort_keys=True, default=_json_value)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _json_value(value: Any) -> Any:
+    """Arrays (constants in kernel attributes) by their dtype, shape and full contents."""
+    if isinstance(value, np.ndarray | np.generic):
+        array = np.asarray(value)
+        return [array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).hexdigest()]
+    return str(value)
 
 
 def is_complete(directory: str) -> bool:
     return all(os.path.exists(os.path.join(directory, f))
-               for f in (PROGRAM, WEIGHTS, REPORT_TXT, REPORT_JSON))
+               for f in (PROGRAM, WEIGHTS, HOST_VARIABLES, REPORT_TXT, REPORT_JSON))
 
 
 def write_compile(directory: str, program: pb.Program, weights: dict[str, np.ndarray],
-                  report_text: str, report_json: dict, draw_map) -> None:
+                  host_variables: dict[str, np.ndarray], report_text: str, report_json: dict, draw_map) -> None:
     """Write all artifacts into a temporary sibling, then rename it to `directory`.
 
     `draw_map(path)` renders the wafer map. A concurrent compile of the same graph that
@@ -68,6 +77,7 @@ def write_compile(directory: str, program: pb.Program, weights: dict[str, np.nda
         with open(os.path.join(tmp, PROGRAM), "wb") as f:
             f.write(program.SerializeToString())
         np.savez(os.path.join(tmp, WEIGHTS), **weights)
+        np.savez(os.path.join(tmp, HOST_VARIABLES), **host_variables)
         with open(os.path.join(tmp, REPORT_TXT), "w") as f:
             f.write(report_text)
         with open(os.path.join(tmp, REPORT_JSON), "w") as f:
@@ -101,8 +111,8 @@ def read_program(directory: str) -> pb.Program:
     return program
 
 
-def read_weights(directory: str) -> dict[str, np.ndarray]:
-    with np.load(os.path.join(directory, WEIGHTS)) as data:
+def read_weights(directory: str, name: str = WEIGHTS) -> dict[str, np.ndarray]:
+    with np.load(os.path.join(directory, name)) as data:
         return {k: data[k] for k in data.files}
 
 

@@ -8,6 +8,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import tensorflow as tf
 
 import launcher
@@ -37,6 +38,7 @@ class ExtractedGraph:
     inputs: tuple[InputSpec, ...]
     spec: CSEstimatorSpec
     seed: int | None
+    first_batch: dict[str, np.ndarray] | None = None  # train mode: input_fn's first batch
 
     def input_name(self, tensor: tf.Tensor) -> str | None:
         """The program input a placeholder tensor stands for."""
@@ -127,7 +129,9 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
     if mode not in MODES:
         raise CSRunError(f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
     # input_fn runs eagerly, outside the model's graph, only to learn its element structure.
-    signature, batch = _fixed_batch(batch_signature(make_dataset(input_fn, params)), params)
+    dataset = make_dataset(input_fn, params)
+    signature, batch = _fixed_batch(batch_signature(dataset), params)
+    first = _first_batch(dataset) if mode == ModeKeys.TRAIN else None
     seed = (params.get("runconfig") or {}).get("tf_random_seed")
     with model_graph(params) as graph:
         features, labels = signature.placeholders()
@@ -144,7 +148,20 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
         InputSpec(name, spec.dtype.name, tuple(spec.shape.as_list()[1:]), f"{name}:0")
         for name, spec in _flatten(signature))
     _check_spec(spec, mode)
-    return ExtractedGraph(graph, mode, batch, inputs, spec, seed)
+    return ExtractedGraph(graph, mode, batch, inputs, spec, seed, first)
+
+
+def _first_batch(dataset: tf.data.Dataset) -> dict[str, np.ndarray]:
+    """input_fn's first batch by program input name (the training analysis runs on it)."""
+    element = next(iter(dataset.take(1)), None)
+    if element is None:
+        raise CSRunError("input_fn's dataset yields no batch", "give the dataset some samples")
+    features, labels = element if isinstance(element, tuple) else (element, None)
+    batch = ({f"features.{k}": v for k, v in features.items()} if isinstance(features, dict)
+             else {"features": features})
+    if labels is not None:
+        batch["labels"] = labels
+    return {name: np.asarray(value) for name, value in batch.items()}
 
 
 def _check_spec(spec: CSEstimatorSpec, mode: str) -> None:

@@ -1,11 +1,12 @@
 """Emit: the CS API Program message for a matched and placed model."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
-from launcher.compiler.ir import MatchedModel
+from launcher.compiler.ir import MatchedModel, TrainingSpec
 from launcher.compiler.placement import Placement
 from wse_sim.api import cs_api_pb2 as pb
 from wse_sim.api.tensors import to_tensor
@@ -62,13 +63,14 @@ def build_program(model: MatchedModel, placement: Placement, *, name: str, graph
         for key, value in node.attrs.items():
             kernel.attrs[key].CopyFrom(attr_value(value))
         for p in node.params:
-            kernel.params.add(role=p.role, variable=p.variable, shape=list(p.shape),
-                              dtype=DTYPES[p.dtype])
-    if model.optimizer is not None:
-        o = model.optimizer
-        program.optimizer.CopyFrom(pb.Optimizer(
-            type=o.type, learning_rate=o.learning_rate, momentum=o.momentum,
-            use_nesterov=o.use_nesterov, beta1=o.beta1, beta2=o.beta2, epsilon=o.epsilon))
+            param = kernel.params.add(
+                role=p.role, variable=p.variable, shape=list(p.shape), dtype=DTYPES[p.dtype],
+                frozen=p.frozen, regularizers=[pb.Regularizer(kind=kind, scale=scale)
+                                               for kind, scale in p.regularizers])
+            if p.variable_shape is not None and tuple(p.variable_shape) != tuple(p.shape):
+                param.variable_shape.extend(p.variable_shape)
+    if model.training is not None:
+        emit_training(program, model.training)
     for route in placement.routes:
         program.routes.add(src=route.src, dst=route.dst,
                            path=[pb.Point(x=x, y=y) for x, y in route.path],
@@ -80,3 +82,14 @@ def build_program(model: MatchedModel, placement: Placement, *, name: str, graph
         active_cores=t.active_cores, compute_utilization=t.compute_utilization,
         ideal_samples_per_sec=placement.fabric_bound, pipeline_fill_seconds=t.fill_seconds))
     return program
+
+
+def emit_training(program: pb.Program, training: TrainingSpec) -> None:
+    """The optimizer, each param's frozen/update (frozen: constant-like, or not updated by
+    the train_op) and the gradient transforms."""
+    program.optimizer.CopyFrom(pb.Optimizer(**dataclasses.asdict(training.optimizer)))
+    for kernel in program.kernels:
+        for param in kernel.params:
+            param.frozen = param.frozen or not training.update(param.variable)
+            param.update = "" if param.frozen else training.update(param.variable)
+    program.gradient_transforms.extend(t.to_message() for t in training.transforms)

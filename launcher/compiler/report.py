@@ -26,19 +26,44 @@ def model_summary(model: MatchedModel, mode: str, batch_size: int) -> list[str]:
     lines = [f"Mode: {mode}, batch size {batch_size}, "
              f"{len(model.kernels)} kernels, {model.num_parameters:,} parameters"]
     lines.append("Inputs: " + ", ".join(f"{s.name} {s.shape} {s.dtype}" for s in model.inputs))
-    if model.optimizer is not None:
-        o = model.optimizer
-        extra = {"sgd": "", "momentum": f", momentum {o.momentum:g}"
-                 f"{', nesterov' if o.use_nesterov else ''}",
-                 "adam": f", beta1 {o.beta1:g}, beta2 {o.beta2:g}, epsilon {o.epsilon:g}"}[o.type]
-        lines.append(f"Optimizer: {o.type}, learning rate {o.learning_rate:g}{extra}")
+    if model.training is not None:
+        lines += training_lines(model)
     if model.loss_kernel:
         loss = next(k for k in model.kernels if k.name == model.loss_kernel)
-        how = (f"reduction {loss.attrs['reduction']}" if "reduction" in loss.attrs
-               else f"scale {loss.attrs['scale']:g}")  # the generic `loss` kernel
-        lines.append(f"Loss: {loss.type}, {how}")
+        lines.append(f"Loss: the sum over the batch of {', '.join(loss.inputs)} "
+                     f"x {loss.attrs['scale']:.6g}")
+        penalties = [f"{kind} {scale:g} on {p.variable}" for k in model.kernels for p in k.params
+                     for kind, scale in p.regularizers]
+        if penalties:
+            lines.append("Weight penalties: " + ", ".join(penalties))
     if model.outputs:
         lines.append("Streamed back to the host: " + ", ".join(model.outputs))
+    return lines
+
+
+def training_lines(model: MatchedModel) -> list[str]:
+    """The optimizer, the trained and frozen weights and the gradient transforms."""
+    training = model.training
+    o = training.optimizer
+    extra = {"sgd": "", "momentum": f", momentum {o.momentum:g}"
+             f"{', nesterov' if o.use_nesterov else ''}",
+             "adam": f", beta1 {o.beta1:g}, beta2 {o.beta2:g}, epsilon {o.epsilon:g}",
+             "rmsprop": f", decay {o.decay:g}, momentum {o.momentum:g}, epsilon {o.epsilon:g}"
+             f"{', centered' if o.centered else ''}",
+             "adagrad": f", initial accumulator {o.initial_accumulator_value:g}"}[o.type]
+    lines = [f"Optimizer: {o.type}, learning rate {o.learning_rate:g}{extra}"]
+    sparse = [v.name for v in training.variables if v.update == "sparse"]
+    lines.append(f"Trained weights: {len(training.variables)}"
+                 + (f" (sparse updates: {', '.join(sparse)})" if sparse else ""))
+    frozen = [p.variable for k in model.kernels for p in k.params
+              if p.variable not in training.trained]
+    if frozen:
+        lines.append("Frozen weights (not updated by the train_op): " + ", ".join(frozen))
+    for t in training.transforms:
+        what = {"scale": f"scale {t.value:g}", "clip_by_value": f"clip_by_value [{t.low:g}, "
+                f"{t.high:g}]", "clip_by_norm": f"clip_by_norm {t.value:g}",
+                "clip_by_global_norm": f"clip_by_global_norm {t.value:g}"}[t.kind]
+        lines.append(f"Gradient transform: {what} of {', '.join(t.variables)}")
     return lines
 
 

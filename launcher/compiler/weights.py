@@ -14,12 +14,25 @@ def _float_variables(graph: tf.Graph) -> list[Any]:
         return [v for v in tf.compat.v1.global_variables() if v.dtype.base_dtype.is_floating]
 
 
+def host_variables(extracted: ExtractedGraph, weights: Sequence[str]) -> list[str]:
+    """Variables of the user's graph besides the CS's weights, the optimizer's slots and
+    scalars and the global step (e.g. Keras' dropout seed state): the chief keeps them in
+    the checkpoints the CPU path restores."""
+    with extracted.graph.as_default():
+        names = [v.op.name for v in tf.compat.v1.global_variables()]
+    owned = set(weights)
+    return [n for n in names if n not in owned and n != "global_step"
+            and not n.endswith(("beta1_power", "beta2_power"))
+            and n.rsplit("/", 1)[0] not in owned]
+
+
 def initial_weights(extracted: ExtractedGraph, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """The variables `names` (the program's weights) after running their initializers in a
-    Session; the graph carries runconfig.tf_random_seed, as on the CPU path. Optimizer slots
-    are not stored: they start at zero (Adam's beta powers at beta1, beta2)."""
+    """The variables `names` (the program's weights and the host variables) after running
+    their initializers in a Session; the graph carries runconfig.tf_random_seed, as on the
+    CPU path. Optimizer slots are not stored: they start as TF starts them."""
     graph = extracted.graph
-    by_name = {v.op.name: v for v in _float_variables(graph)}
+    with graph.as_default():
+        by_name = {v.op.name: v for v in tf.compat.v1.global_variables()}
     missing = [n for n in names if n not in by_name]
     if missing:
         raise RuntimeError(f"kernel weights {missing} are not global variables of the graph")

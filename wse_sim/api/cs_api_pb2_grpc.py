@@ -74,6 +74,11 @@ class CSSystemStub:
                 request_serializer=wse__sim_dot_api_dot_cs__api__pb2.UnloadRequest.SerializeToString,
                 response_deserializer=wse__sim_dot_api_dot_cs__api__pb2.UnloadReply.FromString,
                 _registered_method=True)
+        self.Lease = channel.unary_stream(
+                '/csrun.cs_api.CSSystem/Lease',
+                request_serializer=wse__sim_dot_api_dot_cs__api__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=wse__sim_dot_api_dot_cs__api__pb2.LeaseBeat.FromString,
+                _registered_method=True)
 
 
 class CSSystemServicer:
@@ -127,6 +132,12 @@ class CSSystemServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lease(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CSSystemServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +180,11 @@ def add_CSSystemServicer_to_server(servicer, server):
                     servicer.Unload,
                     request_deserializer=wse__sim_dot_api_dot_cs__api__pb2.UnloadRequest.FromString,
                     response_serializer=wse__sim_dot_api_dot_cs__api__pb2.UnloadReply.SerializeToString,
+            ),
+            'Lease': grpc.unary_stream_rpc_method_handler(
+                    servicer.Lease,
+                    request_deserializer=wse__sim_dot_api_dot_cs__api__pb2.LeaseRequest.FromString,
+                    response_serializer=wse__sim_dot_api_dot_cs__api__pb2.LeaseBeat.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +403,33 @@ class CSSystem:
             '/csrun.cs_api.CSSystem/Unload',
             wse__sim_dot_api_dot_cs__api__pb2.UnloadRequest.SerializeToString,
             wse__sim_dot_api_dot_cs__api__pb2.UnloadReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/csrun.cs_api.CSSystem/Lease',
+            wse__sim_dot_api_dot_cs__api__pb2.LeaseRequest.SerializeToString,
+            wse__sim_dot_api_dot_cs__api__pb2.LeaseBeat.FromString,
             options,
             channel_credentials,
             insecure,

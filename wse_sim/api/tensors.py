@@ -2,7 +2,8 @@
 streamed outputs) and ordered `TensorChunk` pieces (weights and slots of any size)."""
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+import math
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -58,24 +59,52 @@ def tensor_chunks(name: str, array: np.ndarray, chunk_bytes: int = CHUNK_BYTES) 
                              total_bytes=total, data=bytes(data[offset:offset + chunk_bytes]))
 
 
-def assemble(chunks: Iterable[pb.TensorChunk]) -> dict[str, np.ndarray]:
+def assemble(chunks: Iterable[pb.TensorChunk],
+             expected: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None) -> dict[str, np.ndarray]:
     """Arrays from ordered TensorChunk pieces, by name. ValueError for pieces that do not
-    add up to their tensor (gaps, overlaps, sizes that do not fit the shape)."""
-    buffers: dict[str, tuple[pb.TensorChunk, bytearray, list[int]]] = {}
+    add up to their tensor (gaps, overlaps, sizes that do not fit the shape) and, given
+    `expected` (name -> dtype, shape: what a receiver takes), for a tensor not in it or of
+    another dtype or shape, refused at its first piece. An array is allocated (not
+    committed) at its first piece; memory grows with the bytes that arrive."""
+    arrays: dict[str, np.ndarray] = {}
+    filled: dict[str, int] = {}
     for chunk in chunks:
-        if chunk.name not in buffers:
-            buffers[chunk.name] = (chunk, bytearray(chunk.total_bytes), [0])
-        head, buf, filled = buffers[chunk.name]
-        if chunk.offset != filled[0] or chunk.offset + len(chunk.data) > head.total_bytes:
-            raise ValueError(f"tensor {chunk.name!r}: piece at byte {chunk.offset} "
-                             f"({len(chunk.data)} bytes) does not continue at byte {filled[0]} "
-                             f"of {head.total_bytes}")
-        buf[chunk.offset:chunk.offset + len(chunk.data)] = chunk.data
-        filled[0] += len(chunk.data)
-    arrays = {}
-    for name, (head, buf, filled) in buffers.items():
-        if filled[0] != head.total_bytes:
-            raise ValueError(f"tensor {name!r}: {filled[0]} of {head.total_bytes} bytes arrived")
-        arrays[name] = from_tensor(pb.Tensor(name=name, dtype=head.dtype, shape=head.shape,
-                                             data=bytes(buf))).copy()
+        if chunk.name not in arrays:
+            arrays[chunk.name] = _new_array(chunk, expected)
+            filled[chunk.name] = 0
+        flat = arrays[chunk.name].reshape(-1).view(np.uint8)
+        at, size = filled[chunk.name], len(chunk.data)
+        if chunk.offset != at or at + size > flat.size:
+            raise ValueError(f"tensor {chunk.name!r}: piece at byte {chunk.offset} ({size} bytes) "
+                             f"does not continue at byte {at} of {flat.size}")
+        flat[at:at + size] = np.frombuffer(chunk.data, np.uint8)
+        filled[chunk.name] = at + size
+    for name, array in arrays.items():
+        if filled[name] != array.nbytes:
+            raise ValueError(f"tensor {name!r}: {filled[name]} of {array.nbytes} bytes arrived")
     return arrays
+
+
+def _new_array(chunk: pb.TensorChunk,
+               expected: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None) -> np.ndarray:
+    """The array a tensor's first piece announces, once its name, dtype, shape and size
+    are what the receiver takes."""
+    dtype = dtype_of(chunk.dtype)
+    shape = tuple(int(d) for d in chunk.shape)
+    if expected is not None:
+        if chunk.name not in expected:
+            raise ValueError(f"tensor {chunk.name!r} {shape} is not a weight or optimizer slot of "
+                             f"the program")
+        want_dtype, want_shape = expected[chunk.name]
+        if shape != tuple(want_shape):
+            raise ValueError(f"tensor {chunk.name!r} is {shape}, the program needs {tuple(want_shape)}")
+        if dtype != want_dtype:
+            raise ValueError(f"tensor {chunk.name!r} is {dtype.name}, the program needs "
+                             f"{np.dtype(want_dtype).name}")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"tensor {chunk.name!r} has a negative dimension: {shape}")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if chunk.total_bytes != nbytes:
+        raise ValueError(f"tensor {chunk.name!r}: {chunk.total_bytes} bytes announced, shape "
+                         f"{shape} {dtype.name} has {nbytes}")
+    return np.empty(shape, dtype.newbyteorder("<"))

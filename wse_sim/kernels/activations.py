@@ -183,6 +183,14 @@ def _erf_grad(x, y, a, dy, out):  # grad * (2 / sqrt(pi)) * exp(-square(x))
     return np.multiply(dy * TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
 
 
+def _erfc(x, a, out):  # TF's own approximation, not 1 - erf(x) (that loses GELU's x << 0 tail)
+    return _store(erfc(x), out)
+
+
+def _erfc_grad(x, y, a, dy, out):  # _ErfcGrad: grad * -(2 / sqrt(pi)) * exp(-square(x))
+    return np.multiply(dy * -TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
+
+
 def _sin(x, a, out):
     return np.sin(x, out=out)
 
@@ -226,7 +234,10 @@ def _pow_grad(x, y, a, dy, out):  # _PowGrad: grad * e * pow(x, e - 1)
 
 def _mul_no_nan(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """TF's mul_no_nan(a, b): a * b, and 0 where b is 0 (even if a is inf or nan)."""
-    return _store(np.where(b == 0, np.float32(0), a * b), out)
+    zero = b == 0
+    value = np.multiply(a, b, out=out)
+    np.copyto(value, np.float32(0), where=zero)  # (cheaper than np.where's branch)
+    return value
 
 
 # erf: Eigen's float rational approximation (the one TensorFlow's Erf runs; an 11/10-degree
@@ -259,6 +270,50 @@ def erf(x: np.ndarray) -> np.ndarray:
     p *= x
     p /= q
     return np.clip(p, -_ONE, _ONE, out=p)
+
+
+# erfc: Eigen's float approximation (TensorFlow's Erfc on CPU), highest power first:
+# 1 + x * S(x^2) for |x| <= 1; exp(-x^2) / x * P(1/x^2) / Q(1/x^2) beyond, x clamped to 11.
+_ERFC_SMALL = np.array([5.61802298761904239654541015625e-04, -4.91381669417023658752441406250e-03,
+                        2.67075151205062866210937500000e-02, -1.12800106406211853027343750000e-01,
+                        3.76122951507568359375000000000e-01, -1.12837910652160644531250000000e+00],
+                       np.float32)
+_ERFC_NUMERATOR = np.array([1.0208116471767425537109375e-01, 4.2920666933059692382812500e-01,
+                            3.2379078865051269531250000e-01, 5.3971976041793823242187500e-02],
+                           np.float32)
+_ERFC_DENOMINATOR = np.array([1.7251677811145782470703125e-02, 3.9137163758277893066406250e-01,
+                              1.0, 6.2173241376876831054687500e-01,
+                              9.5662862062454223632812500e-02], np.float32)
+
+
+def _horner(z: np.ndarray, coefficients: np.ndarray) -> np.ndarray:
+    p = z * coefficients[0]
+    for c in coefficients[1:-1]:
+        p += c
+        p *= z
+    p += coefficients[-1]
+    return p
+
+
+def erfc(x: np.ndarray) -> np.ndarray:
+    """The complementary error function in float32 as TensorFlow computes it on CPU (its
+    exp is numpy's: within 8 ulp of TF's for x <= 6, where GELU reads it; beyond, TF's own
+    error reaches 65 ulp)."""
+    x = np.clip(np.asarray(x, np.float32), np.float32(-11), np.float32(11))
+    x2 = x * x
+    with np.errstate(all="ignore"):
+        small = _horner(x2, _ERFC_SMALL)
+        small *= x
+        small += _ONE
+        x2_lo = (x.astype(np.float64) * x - x2).astype(np.float32)  # x * x - x2, exactly
+        z = np.exp(-x2)
+        z -= z * x2_lo  # exp(-x^2) ~ exp(-x2) * (1 - x2_lo)
+        q2 = _ONE / x2
+        r = _horner(q2, _ERFC_NUMERATOR)
+        r /= x * _horner(q2, _ERFC_DENOMINATOR)
+        r *= z
+        r += np.where(x < 0, _TWO, np.float32(0))
+    return np.where(x2 > _ONE, r, small)
 
 
 def _store(value: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -302,6 +357,7 @@ FUNCTIONS: dict[str, tuple[Forward, Backward, int]] = {
     "log1p": (_log1p, _log1p_grad, 5),
     "reciprocal": (_reciprocal, _reciprocal_grad, 4),
     "erf": (_erf, _erf_grad, 14),
+    "erfc": (_erfc, _erfc_grad, 14),
     "sin": (_sin, _sin_grad, 4),
     "cos": (_cos, _cos_grad, 4),
     "sign": (_sign, _sign_grad, 1),

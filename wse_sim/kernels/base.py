@@ -94,7 +94,9 @@ class Kernel:
     # ---- dtypes and gradient flow (program checks and the executor) ----
     def output_dtype(self, input_dtypes: Sequence[np.dtype]) -> np.dtype:
         """The output's dtype given the inputs' (KernelError for a dtype the kernel cannot
-        take). By default every input is float32 and so is the output."""
+        take), checked along the program at Load. By default every input is float32 and so
+        is the output: a kernel taking integer or bool inputs (indices, labels) or giving a
+        non-float32 output overrides it."""
         check_dtypes(self, input_dtypes, [(np.float32,)] * len(input_dtypes))
         return np.dtype(np.float32)
 

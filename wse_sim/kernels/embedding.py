@@ -12,13 +12,26 @@ from wse_sim.kernels.base import (INTEGER, Kernel, KernelError, RunContext, Shap
 from wse_sim.kernels.operands import Operands
 
 
-def row_sums(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct ids ascending, the sum of the value rows of each), summed in the order the
-    rows come: what TF's dense conversion of an IndexedSlices (UnsortedSegmentSum) adds."""
+# Occurrences of an index up to this many are added in passes of distinct rows; a row
+# looked up more often (padding) adds the rest in one sequential accumulation.
+PASSES = 8
+
+
+def scatter_add(table: np.ndarray, ids: np.ndarray, values: np.ndarray) -> None:
+    """table[ids[i]] += values[i] in place, for i in order: np.add.at's result bit for bit
+    (and TF's UnsortedSegmentSum's, which densifies an IndexedSlices gradient), 2-3x
+    faster for rows of values. `ids` 1-D, `values` (len(ids), ...) like table's rows."""
     order = np.argsort(ids, kind="stable")
     ordered = ids[order]
     starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-    return ordered[starts], np.add.reduceat(values[order], starts, axis=0)
+    counts = np.diff(np.append(starts, len(ids)))
+    for k in range(min(int(counts.max()), PASSES)):  # the k-th lookup of every row: distinct rows
+        at = starts[counts > k] + k
+        table[ordered[at]] += values[order[at]]
+    for start, count in zip(starts[counts > PASSES], counts[counts > PASSES]):
+        row = ordered[start]
+        rest = values[order[start + PASSES:start + count]]
+        table[row] = np.add.accumulate(np.concatenate([table[row][None], rest]), axis=0)[-1]
 
 
 @register
@@ -26,8 +39,8 @@ class Gather(Kernel):
     """operands "pi": the table is the weight p0 (V, D...) (attr p0 its shape), the input
     integer indices (int32/int64, any per-sample shape S); output S + (D...). An index
     outside [0, V) raises ValueError naming the kernel, as TF's CPU gather does. The
-    table's gradient is TF's IndexedSlices made dense: each row gets the sum of the
-    gradients of its lookups, added into the table's accumulator; the indices take none."""
+    table's gradient is TF's IndexedSlices made dense: each row gets the gradients of its
+    lookups added in order into the table's accumulator; the indices take none."""
 
     type_name = "gather"
 
@@ -43,7 +56,6 @@ class Gather(Kernel):
                               f"one axis with rows")
         self.ids_shape = self.operands[1].shape
         self._shape = (*self.ids_shape, *self.table[1:])
-        self.width = math.prod(self.table[1:])
 
     @property
     def output_shape(self):
@@ -78,15 +90,13 @@ class Gather(Kernel):
         return np.take(params["p0"], ids, axis=0), ids
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        ids = cache.reshape(-1)
         if param_grads is None:
             table = np.zeros(self.table, np.float32)
         else:
             table = param_grads["p0"]
             if not ctx.accumulate:  # the batch's first micro-batch overwrites
                 table.fill(0)
+        ids = cache.reshape(-1)
         if len(ids):
-            rows, sums = row_sums(ids, grad_output.reshape(len(ids), self.width))
-            # rows are distinct: the fancy-indexed += adds each once, in place
-            table.reshape(self.table[0], self.width)[rows] += sums
+            scatter_add(table, ids, grad_output.reshape(len(ids), *self.table[1:]))
         return [None], {"p0": table}

@@ -13,6 +13,13 @@ is refused (TF would broadcast the batch into another axis). Broadcasting is num
 TF's) on the micro-batch arrays. Gradients to `i` operands are summed over their broadcast
 axes; to `p` operands over the micro-batch and their broadcast axes, added into the
 kernel's gradient accumulator like dense's.
+
+A kernel uses it as `binary` (elementwise.py) does: in __init__
+`self.operands = Operands(self, count)` (refuses bad letters, attrs and shapes naming the
+kernel); `param_shapes()` returns `self.operands.param_shapes()`; `output_dtype` checks
+`self.operands.dtypes(input_dtypes)`; forward takes `self.operands.arrays(params, inputs)`;
+backward computes each operand's gradient at the broadcast result's full shape and returns
+`self.operands.gradients(grads, ctx, param_grads)`.
 """
 from __future__ import annotations
 

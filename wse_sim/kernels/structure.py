@@ -28,7 +28,9 @@ class Elementwise(Kernel):
 @register
 class Dropout(Elementwise):
     """Training: keep each value with probability 1 - rate, scaled by 1 / (1 - rate), with
-    the program's own seeded generator; evaluation and prediction pass values through."""
+    the program's own seeded generator; evaluation and prediction pass values through.
+    attr noise_shape (per sample, 1 where the mask is shared, e.g. SpatialDropout's
+    (1, 1, C)): one keep decision broadcast over those axes, as tf.nn.dropout's noise_shape."""
 
     type_name = "dropout"
 
@@ -39,6 +41,12 @@ class Dropout(Elementwise):
             raise KernelError(f"kernel {name!r}: dropout takes 1 input and a rate in [0, 1), "
                               f"got {len(self.input_shapes)} inputs and rate {self.rate}")
         self.scale = np.float32(1.0 / (1.0 - self.rate))
+        shape = self.input_shapes[0]
+        self.noise_shape = tuple(int(d) for d in self.attrs.get("noise_shape", shape))
+        if len(self.noise_shape) != len(shape) or any(
+                n not in (1, d) for n, d in zip(self.noise_shape, shape)):
+            raise KernelError(f"kernel {name!r}: dropout noise_shape {self.noise_shape} does not "
+                              f"broadcast to the samples {shape}")
 
     @property
     def output_shape(self):
@@ -51,7 +59,8 @@ class Dropout(Elementwise):
         x = inputs[0]
         if not ctx.training or self.rate == 0:
             return x, None
-        keep = ctx.rng.random(x.shape, dtype=np.float32) >= np.float32(self.rate)
+        keep = ctx.rng.random((x.shape[0], *self.noise_shape), dtype=np.float32) >= \
+            np.float32(self.rate)
         return x * self.scale * keep, keep
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):

@@ -1,0 +1,144 @@
+"""What a CS API caller may declare and send, checked before anything is allocated.
+
+One bound gives the others: a sample batch travels as one Feed message, so a batch of the
+program's inputs (and a step's streamed outputs) may hold at most MAX_BATCH_BYTES; every
+gRPC channel and server of the project receives messages of at most MAX_MESSAGE_BYTES
+(that plus room for names and shapes). `check_sizes` refuses a program whose declared
+sizes exceed these or the wafer (regions off the fabric or of zero area, more weights
+than its SRAM holds) before `wse_sim.program.check_program` builds a kernel.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from wse_sim.api import MAX_BATCH_BYTES, pb
+from wse_sim.api.tensors import dtype_of
+from wse_sim.errors import invalid
+from wse_sim.fabric import Fabric
+
+MAX_CHUNK_BYTES = 64 << 20  # a Snapshot piece
+MAX_SAMPLE_ELEMENTS = 1 << 24  # one tensor of one sample (64 MiB of float32)
+MAX_WINDOW_WORK = 1 << 34  # window positions x window size of a pooling / conv kernel
+MAX_BATCH_SIZE = 1 << 16
+MAX_WORKERS = 1024  # input streams of one job
+MAX_PENDING_BYTES = 4 << 30  # batches a job buffers ahead (2 per input stream)
+MAX_NAME_CHARS = 256  # job ids and tokens
+
+_WINDOW_ATTRS = ("kernel_size", "pool_size")
+
+
+def _mib(size: float) -> str:
+    return f"{size / (1 << 20):,.1f} MiB"
+
+
+def _shape(what: str, dims: Iterable[int]) -> tuple[int, ...]:
+    shape = tuple(int(d) for d in dims)
+    if any(d < 1 for d in shape):
+        raise invalid(f"{what} has shape {shape}: every dimension must be at least 1")
+    if math.prod(shape) > MAX_SAMPLE_ELEMENTS:
+        raise invalid(f"{what} has shape {shape}: {math.prod(shape):,} elements per sample, the "
+                      f"CS system takes at most {MAX_SAMPLE_ELEMENTS:,}")
+    return shape
+
+
+def _pair(value: pb.AttrValue) -> tuple[int, int] | None:
+    kind = value.WhichOneof("value")
+    if kind == "i":
+        return value.i, value.i
+    if kind == "ints" and len(value.ints.values) == 2:
+        return tuple(value.ints.values)  # type: ignore[return-value]
+    return None  # check_program names what is wrong with it
+
+
+def _check_window(kernel: pb.Kernel, shape: tuple[int, ...]) -> None:
+    """A pooling or conv window: its padded input and its work per sample stay bounded."""
+    window = next((_pair(kernel.attrs[key]) for key in _WINDOW_ATTRS if key in kernel.attrs), None)
+    if window is None or len(shape) != 3 or min(window) < 1:
+        return
+    (h, w, c), (kh, kw) = shape, window
+    padded = (h + kh) * (w + kw) * c
+    work = h * w * kh * kw
+    if padded > MAX_SAMPLE_ELEMENTS or work > MAX_WINDOW_WORK:
+        raise invalid(f"kernel {kernel.name!r} ({kernel.type}): window {window} on input {shape} "
+                      f"is beyond what the CS system takes ({padded:,} padded elements, at most "
+                      f"{MAX_SAMPLE_ELEMENTS:,}; {work:,} window reads, at most {MAX_WINDOW_WORK:,})")
+
+
+def _check_region(kernel: pb.Kernel, fabric: Fabric) -> None:
+    r = kernel.region
+    if r.width < 1 or r.height < 1 or r.x < 0 or r.y < 0 or \
+            r.x + r.width > fabric.width or r.y + r.height > fabric.height:
+        raise invalid(f"kernel {kernel.name!r} ({kernel.type}): region x={r.x} y={r.y} "
+                      f"{r.width}x{r.height} is not a rectangle of at least one core on the "
+                      f"{fabric.name} fabric ({fabric.width}x{fabric.height} cores)")
+
+
+def check_header(header: pb.JobHeader) -> None:
+    """The job header's own fields (its program is `check_sizes`'s)."""
+    if not header.job_id or not header.token:
+        raise invalid("the job header needs a job_id and a token")
+    if len(header.job_id) > MAX_NAME_CHARS or len(header.token) > MAX_NAME_CHARS:
+        raise invalid(f"the job id and token may have at most {MAX_NAME_CHARS} characters")
+    if not 1 <= header.num_workers <= MAX_WORKERS:
+        raise invalid(f"num_workers is {header.num_workers}: a job has 1 to {MAX_WORKERS} "
+                      "input streams")
+    if header.global_step < 0 or header.first_batch < 0:
+        raise invalid(f"global_step {header.global_step} and first_batch {header.first_batch} "
+                      "must be >= 0")
+
+
+def check_sizes(program: pb.Program, fabric: Fabric, num_workers: int = 1) -> None:
+    """Refuse a program whose declared sizes the CS system cannot take, naming the kernel
+    or tensor: batch sizes, per-sample shapes, a batch of inputs or of streamed outputs
+    above MAX_BATCH_BYTES, the batches its input streams may buffer, weights beyond the
+    wafer's SRAM, regions off the fabric or of zero area, oversized windows."""
+    if not 1 <= program.batch_size <= MAX_BATCH_SIZE or \
+            not 1 <= program.micro_batch_size <= program.batch_size:
+        raise invalid(f"program {program.name!r}: batch size {program.batch_size} and micro-batch "
+                      f"size {program.micro_batch_size} must satisfy 1 <= micro-batch <= batch "
+                      f"<= {MAX_BATCH_SIZE}")
+    if len(program.kernels) > fabric.cores:
+        raise invalid(f"program {program.name!r} has {len(program.kernels):,} kernels, more than "
+                      f"the {fabric.cores:,} cores of the {fabric.name} fabric")
+    sample_bytes: dict[str, int] = {}
+    for spec in program.inputs:
+        try:
+            itemsize = dtype_of(spec.dtype).itemsize
+        except ValueError:
+            raise invalid(f"program input {spec.name!r} has no dtype") from None
+        sample_bytes[spec.name] = itemsize * math.prod(_shape(f"program input {spec.name!r}", spec.shape))
+    shapes = {spec.name: tuple(spec.shape) for spec in program.inputs}
+    batch = program.batch_size
+    inputs_bytes = batch * sum(sample_bytes.values())
+    if inputs_bytes > MAX_BATCH_BYTES:
+        raise _too_big(program, "a batch of its inputs", inputs_bytes)
+    pending = 2 * num_workers * inputs_bytes
+    if pending > MAX_PENDING_BYTES:
+        raise invalid(f"program {program.name!r}: {num_workers} input streams would buffer "
+                      f"{_mib(pending)} of batches, at most {_mib(MAX_PENDING_BYTES)} (use fewer "
+                      "input workers or smaller batches)")
+    weight_bytes = 0
+    for kernel in program.kernels:
+        _check_region(kernel, fabric)
+        if kernel.inputs and kernel.inputs[0] in shapes:
+            _check_window(kernel, shapes[kernel.inputs[0]])
+        out = _shape(f"kernel {kernel.name!r} ({kernel.type}) output", kernel.output_shape)
+        shapes[kernel.name] = out
+        sample_bytes[kernel.name] = 4 * math.prod(out)
+        for param in kernel.params:
+            weight_bytes += 4 * math.prod(_shape(f"kernel {kernel.name!r} param {param.variable!r}",
+                                                 param.shape))
+    if weight_bytes > fabric.sram_bytes:
+        raise invalid(f"program {program.name!r} declares {_mib(weight_bytes)} of weights, the "
+                      f"{fabric.name} wafer holds {_mib(fabric.sram_bytes)}")
+    outputs_bytes = batch * sum(sample_bytes.get(name, 0) for name in set(program.outputs))
+    if outputs_bytes > MAX_BATCH_BYTES:
+        raise _too_big(program, "a step's streamed outputs", outputs_bytes)
+
+
+def _too_big(program: pb.Program, what: str, size: int):
+    return invalid(f"program {program.name!r}: {what} is {_mib(size)} per batch of "
+                   f"{program.batch_size}, a CS API message holds at most {_mib(MAX_BATCH_BYTES)} "
+                   "(lower the batch size)")
+
