@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sysconfig
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -69,11 +68,6 @@ def user_source(op: tf.Operation) -> str:
     return "<unknown source>"
 
 
-def _exception_source(error: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if is_user_file(f.filename)]
-    return _describe(frames[-1].filename, frames[-1].lineno) if frames else ""
-
-
 def _fixed_batch(signature: BatchSignature, params: dict) -> tuple[BatchSignature, int]:
     """The signature with its batch dimension fixed; every other dimension must be known."""
     specs = dict(_flatten(signature))
@@ -118,11 +112,6 @@ def _flatten(signature: BatchSignature) -> Iterable[tuple[str, tf.TensorSpec]]:
         yield "labels", signature.labels
 
 
-def describe_signature(signature: BatchSignature) -> str:
-    return ", ".join(f"{name} {tuple(spec.shape.as_list())} {spec.dtype.name}"
-                     for name, spec in _flatten(signature))
-
-
 def extract(model_fn: Callable, input_fn: Callable, params: dict,
             mode: str = ModeKeys.TRAIN) -> ExtractedGraph:
     """Build model_fn on placeholders shaped like one input_fn batch."""
@@ -135,15 +124,7 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
     seed = (params.get("runconfig") or {}).get("tf_random_seed")
     with model_graph(params) as graph:
         features, labels = signature.placeholders()
-        try:
-            spec = call_model_fn(model_fn, features, labels, mode, params)
-        except (ValueError, TypeError) as error:
-            where = _exception_source(error)
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise CSRunError(
-                f"model_fn does not accept input_fn's batches ({describe_signature(signature)})"
-                f"{' at ' + where if where else ''}: {first}",
-                "make input_fn's sample shapes and dtypes match what model_fn expects") from error
+        spec = call_model_fn(model_fn, features, labels, mode, params)  # its errors: one line
     inputs = tuple(
         InputSpec(name, spec.dtype.name, tuple(spec.shape.as_list()[1:]), f"{name}:0")
         for name, spec in _flatten(signature))

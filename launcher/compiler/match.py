@@ -365,6 +365,7 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     training = None
     if extracted.mode == ModeKeys.TRAIN and not matcher.unsupported:
         training = analyze_training(extracted)
+        matcher.unsupported.extend(untrainable(matcher, training))
     matcher.unsupported.extend(shared_weights(matcher))
     # The root cause first: a recurrent layer explains the ops around its loop.
     matcher.unsupported.sort(key=lambda u: u.type not in lowering.RECURRENT)
@@ -373,6 +374,27 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     return MatchedModel(inputs=extracted.inputs, kernels=kernels, loss_kernel=loss_kernel,
                         outputs=outputs, training=training,
                         unsupported=tuple(matcher.unsupported))
+
+
+def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
+    """Variables the train_op updates that no kernel holds (TF would train them, the CS
+    could not), and sparse updates of a weight no embedding lookup reads."""
+    held = {p.variable: (k, p) for k in matcher.kernels for p in k.params}
+    bad = []
+    for v in training.variables:
+        if v.name not in held:
+            bad.append(UnsupportedOp("Variable", v.name, v.source,
+                                     f"the train_op updates {v.name}, which no op on the way "
+                                     "from the samples to the loss reads: the CS would not "
+                                     "train it; leave it out of var_list"))
+            continue
+        kernel, param = held[v.name]
+        sparse_ok = kernel.type == "gather" or param.role.startswith("p")
+        if v.update == "sparse" and not sparse_ok:
+            bad.append(UnsupportedOp("Variable", v.name, v.source,
+                                     f"TF updates {v.name} as an embedding table (sparse), but "
+                                     f"the CS holds it as the {param.role} of {kernel.name}"))
+    return bad
 
 
 def shared_weights(matcher: Matcher) -> list[UnsupportedOp]:
