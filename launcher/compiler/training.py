@@ -851,9 +851,13 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain]) -> None:
     with tf.compat.v1.Session(graph=graph) as session:
         session.run(init)
         raw_values, loss_grads = session.run([raw, ours], feed)
+        # A gradient that is zero in exact arithmetic (an attention key's bias) is rounding
+        # noise on both sides: judged at the scale of the model's gradients, not its own.
+        overall = max((float(np.max(np.abs(w), initial=0.0)) * abs(c.call.scale)
+                       for c, w in zip(chains, loss_grads)), default=0.0)
         for chain, got, want in zip(chains, raw_values, loss_grads):
             want = want * np.float32(chain.call.scale)
-            bound = 1e-4 * float(np.max(np.abs(want), initial=0.0)) + 1e-30
+            bound = 1e-4 * float(np.max(np.abs(want), initial=0.0)) + 1e-6 * overall + 1e-30
             if got.shape != want.shape or float(np.max(np.abs(got - want), initial=0.0)) > bound:
                 raise _fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
                                              "is not the gradient of the loss model_fn returns")
