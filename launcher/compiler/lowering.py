@@ -685,6 +685,27 @@ def _pad(m: "Matcher", op: tf.Operation) -> str:
     return ""
 
 
+def _identity_n(m: "Matcher", op: tf.Operation) -> str:
+    """tf.custom_gradient's IdentityN: the CS differentiates the forward ops, so a custom
+    gradient is refused, except TF's silu/swish (x * sigmoid(beta x)), whose custom gradient
+    is the derivative of exactly those ops."""
+    y, x = op.inputs[0], op.inputs[1]
+    beta = m.operands.constant(op.inputs[2]) if len(op.inputs) == 3 else None
+    mul = y.op
+    sigmoid = next((t.op for t in mul.inputs if t.op.type == "Sigmoid"), None) \
+        if mul.type == "Mul" else None
+    scaled = sigmoid.inputs[0].op if sigmoid is not None else None
+    if beta is None or x not in list(mul.inputs) or scaled is None or scaled.type != "Mul" or \
+            x not in list(scaled.inputs) or not m.is_batched(y):
+        return ("a custom gradient (tf.custom_gradient): the CS computes the gradient of the "
+                "forward ops, which may differ from the custom one")
+    for out, source in zip(op.outputs, op.inputs):
+        if m.is_batched(source):
+            m.values[out.name], m.shapes[out.name] = m.values[source.name], m.shape(source)
+    m.consumed.add(op)
+    return ""
+
+
 GENERIC: dict[str, Callable[["Matcher", tf.Operation], str]] = {
     **{k: _unary for k in UNARY}, **{k: _binary for k in BINARY},
     "AddN": _add_n, "Select": _select, "SelectV2": _select, "Cast": _cast,
@@ -693,7 +714,7 @@ GENERIC: dict[str, Callable[["Matcher", tf.Operation], str]] = {
     "LogSoftmax": _softmax, "MatMul": _matmul, "BatchMatMulV2": _matmul,
     "BatchMatMulV3": _matmul, "Einsum": _einsum, "GatherV2": _gather, "ResourceGather": _gather,
     "OneHot": _one_hot, "StridedSlice": _strided_slice, "Slice": _slice, "Pad": _pad,
-    "PadV2": _pad,
+    "PadV2": _pad, "IdentityN": _identity_n,
 }
 
 

@@ -49,9 +49,10 @@ class Operands:
             return None
         shape = op.get_attr("shape") if op.type == "VarHandleOp" else op.outputs[0].shape
         dtype = op.get_attr("dtype") if op.type == "VarHandleOp" else op.outputs[0].dtype
-        return Weight(op.name, tuple(int(d) for d in tf.TensorShape(shape).as_list()),
-                      tuple(int(d) for d in tensor.shape.as_list()),
-                      tf.as_dtype(dtype).base_dtype.name)
+        variable_shape = tuple(int(d) for d in tf.TensorShape(shape).as_list())
+        seen = variable_shape if tensor.dtype == tf.resource else \
+            tuple(int(d) for d in tensor.shape.as_list())  # a handle: ResourceGather's table
+        return Weight(op.name, variable_shape, seen, tf.as_dtype(dtype).base_dtype.name)
 
     def depends_on(self, tensor: tf.Tensor, types: set[str]) -> tf.Operation | None:
         """The first op of `types` that `tensor`'s value depends on (None if none)."""

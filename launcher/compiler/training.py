@@ -600,9 +600,26 @@ def _chain(update: _Update, calls: dict, norms: dict) -> _Chain:
     return _Chain(update, t, raw_indices, call, steps, inputs)
 
 
+def _depends_on(op: tf.Operation, variable: tf.Operation) -> bool:
+    """Whether the forward op's value depends on the variable (TF's gradient functions pass
+    a gradient through unchanged, e.g. Sub's when shapes agree, so the op whose `_grad` scope
+    made the tensor may read the variable only through another op)."""
+    seen, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        if current is variable:
+            return True
+        if current in seen:
+            continue
+        seen.add(current)
+        stack.extend(t.op for t in current.inputs)
+    return False
+
+
 def _check_source(update: _Update, raw: tf.Tensor, scope: str) -> None:
-    """The raw gradient is computed by the gradient functions of ops that read the
-    variable (`<scope>/<op>_grad/...`, summed by AddN), not another variable's gradient."""
+    """The raw gradient is computed by the gradient functions of ops whose value depends
+    on the variable (`<scope>/<op>_grad/...`, summed by AddN), not by another part of the
+    graph; the numeric check then proves it is that variable's gradient."""
     target = update.op.graph.get_operation_by_name(update.variable)
     forward, stack = [], [_skip_identity(raw).op]
     while stack:
@@ -618,7 +635,7 @@ def _check_source(update: _Update, raw: tf.Tensor, scope: str) -> None:
             readers.append(target.graph.get_operation_by_name(name))
         except KeyError:
             pass
-    if readers and not any(variable_op(t) is target for r in readers for t in r.inputs):
+    if readers and not any(_depends_on(r, target) for r in readers):
         raise _fail(update.op, f"the gradient applied to {update.variable} is the gradient of "
                                f"another tensor ({readers[0].name}'s input at "
                                f"{user_source(readers[0])}), not of {update.variable}")
