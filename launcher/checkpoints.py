@@ -188,9 +188,10 @@ def write_checkpoint(model_dir: str, step: int, tensors: dict[str, np.ndarray],
     final = checkpoint_path(model_dir, step)
     tmp = os.path.join(model_dir, f".{PREFIX}-{int(step)}.tmp-{os.getpid()}")
     _save_v2(tmp, tensors)
+    earlier = [p for p in all_checkpoints(model_dir) if p != final]  # before the new files show
     for written in sorted(glob.glob(glob.escape(tmp) + ".*"), key=lambda p: p.endswith(".index")):
         os.replace(written, final + written[len(tmp):])  # data first, the index last
-    kept = [p for p in all_checkpoints(model_dir) if p != final] + [final]
+    kept = earlier + [final]
     dropped = kept[:-keep_max] if keep_max else []
     kept = kept[len(dropped):]
     _write_index(model_dir, kept)
