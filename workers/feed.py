@@ -108,6 +108,8 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int) -> FeedS
                 sent["batches"] += not request.end
                 sent["bytes"] += sum(len(t.data) for t in request.tensors)
                 yield request
+        except GeneratorExit:  # gRPC closed the stream (the CS ended it): not our error
+            raise
         except BaseException as error:  # gRPC swallows iterator errors: keep ours
             failure.append(error)
             raise
