@@ -92,11 +92,14 @@ def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, h
         runconfig = params["runconfig"]
         update_params_from_args(args, runconfig)
         check_env(runconfig)
-        writes = runconfig["mode"] in TRAINING_MODES and task_role().is_chief \
+        chief = task_role().is_chief
+        writes = runconfig["mode"] in TRAINING_MODES and chief \
             and not (runconfig["validate_only"] or runconfig["compile_only"])
-        # one writer per model_dir, from before params.yaml is written to the run's end
+        # one writer per model_dir, from before params.yaml is written to the run's end; input
+        # workers (on other nodes, maybe before the chief made the folder) write nothing there
         with model_dir_locked(runconfig["model_dir"]) if writes else contextlib.nullcontext():
-            save_params(params, runconfig["model_dir"])
+            if chief:
+                save_params(params, runconfig["model_dir"])
             run_mode(estimator_for(model_fn, params), train_input_fn, eval_input_fn, runconfig)
 
     main()
