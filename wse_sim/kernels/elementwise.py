@@ -66,8 +66,23 @@ LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or}
 BINARY_OPS = (*ARITHMETIC, *COMPARISONS, *LOGICAL)
 
 
+class Broadcasting(Elementwise):
+    """An element-wise kernel over operands broadcast together (`self.operands`, set by the
+    subclass with its `_shape`): the output is their broadcast shape; weights are params."""
+
+    operands: Operands
+    _shape: tuple[int, ...]
+
+    @property
+    def output_shape(self):
+        return self._shape
+
+    def param_shapes(self):
+        return self.operands.param_shapes()
+
+
 @register
-class Binary(Elementwise):
+class Binary(Broadcasting):
     """x op y over two broadcast operands. Comparisons and logical ops output bool and
     take no gradient; squared_difference's y gradient is the negated x gradient, as TF's."""
 
@@ -81,13 +96,6 @@ class Binary(Elementwise):
                               f"has {', '.join(BINARY_OPS)}")
         self.operands = Operands(self, 2)
         self._shape = self.operands.broadcast_shape(self)
-
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
 
     def output_dtype(self, input_dtypes):
         dtypes = self.operands.dtypes(input_dtypes)
@@ -138,7 +146,7 @@ class Binary(Elementwise):
 
 
 @register
-class Select(Elementwise):
+class Select(Broadcasting):
     """where(cond, x, y) over three broadcast operands (TF's SelectV2): the gradient goes to
     x where cond holds, to y elsewhere; cond takes none."""
 
@@ -148,13 +156,6 @@ class Select(Elementwise):
         super().__init__(name, attrs, input_shapes)
         self.operands = Operands(self, 3)
         self._shape = self.operands.broadcast_shape(self)
-
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
 
     def output_dtype(self, input_dtypes):
         cond, x, y = self.operands.dtypes(input_dtypes)
