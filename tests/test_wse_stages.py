@@ -29,7 +29,7 @@ def test_partition_balances_consecutive_regions():
 def pipeline(compiled, stages: int, min_stage_flops: float = 0) -> Pipeline:
     """The compiled program's executor on `stages` threads (by default however small)."""
     checked = check_program(compiled.program)
-    return Pipeline.load(checked, check_state(checked, compiled.initial_weights), stages=stages,
+    return Pipeline.load(checked, check_state(checked, compiled.initial_weights), threads=stages,
                          min_stage_flops=min_stage_flops)
 
 

@@ -166,7 +166,7 @@ class CSSystem:
         program, optimizer = job.checked.message, job.checked.optimizer
         t = job.timings["train" if optimizer else "infer"]
         self.log(f"loaded job {job.job_id}: program {program.name!r}, {len(job.checked.kernels)} kernels, "
-                 f"{job.checked.num_parameters:,} parameters on {job.pipeline.stages} stage thread(s), "
+                 f"{job.checked.num_parameters:,} parameters on {job.pipeline.stages} stage(s) and {job.pipeline.threads} thread(s), "
                  f"{job.num_workers} input stream(s), "
                  f"first batch {job.next_batch}, estimate {t.samples_per_sec:,.0f} samples/s")
         return pb.LoadReply(job_id=job.job_id, num_parameters=job.checked.num_parameters,
@@ -186,7 +186,7 @@ class CSSystem:
             raise invalid(str(error)) from None
         state = check_state(checked, tensors)
         program = checked.message
-        pipeline = Pipeline.load(checked, state, stages=self.threads)
+        pipeline = Pipeline.load(checked, state, threads=self.threads)
         timings = {mode: timing.program_timing(program, checked.kernels, self.fabric,
                                                training=mode == "train")
                    for mode in ("train", "infer")}
