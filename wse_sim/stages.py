@@ -91,7 +91,9 @@ class Board:
         self.pending = 0  # stages still running
         self.threads = threads
         self._tiles: deque[tuple[_Share, Tile]] = deque()
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # stages wait here: values, tiles, failures
+        self._idle = threading.Condition(lock)  # helpers wait here: tiles, the batch's end
 
     def put(self, key: Hashable, value: Any) -> None:
         with self._cond:
@@ -123,6 +125,7 @@ class Board:
         with self._cond:
             self._tiles.extend((share, tile) for tile in tiles[1:])
             self._cond.notify_all()
+            self._idle.notify_all()
         self._run((share, tiles[0]))
         while True:
             with self._cond:
@@ -154,7 +157,7 @@ class Board:
         while True:
             with self._cond:
                 while not self._tiles and self.pending:
-                    self._cond.wait()
+                    self._idle.wait()
                 if not self._tiles:
                     return
                 tile = self._tiles.popleft()
@@ -166,6 +169,7 @@ class Board:
                 self.error = error
             self.pending -= 1
             self._cond.notify_all()
+            self._idle.notify_all()
 
     def wait(self) -> None:
         """Until every stage ended (helping with tiles meanwhile); re-raise the first

@@ -15,7 +15,7 @@ from functools import lru_cache
 # handing it to another thread (~10 us) and in the BLAS's efficiency on a narrower GEMM
 # than it saves. Measured (bench/wse_sim_throughput.py): FC-MNIST's 784x500 at
 # micro-batches of 64 (50 MFLOP) is fastest in 2 tiles on 2 cores.
-TILE_FLOPS = float(__import__("os").environ.get("TILE", 16e6))
+TILE_FLOPS = 16e6
 MAX_TILES = 8
 ALIGN = 16  # tile bounds at multiples of 16 elements: a 64-byte cache line of float32
 
