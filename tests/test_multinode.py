@@ -18,7 +18,7 @@ import yaml
 
 from fc_mnist_runs import ENV, losses
 from launcher import checkpoints
-from slurm.backend import task_hosts
+from slurm.task_logs import task_hosts
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.slow]
 
