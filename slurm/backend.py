@@ -36,7 +36,7 @@ from typing import Mapping, TextIO
 import submitit
 
 from slurm.submitit_api import task_log, task_result
-from slurm.task import TaskFailed
+from slurm.task import TaskCommand, TaskFailed
 from slurm.task_logs import copy_new, last_error_line
 
 
@@ -70,12 +70,13 @@ class JobRequest:
 @dataclasses.dataclass(frozen=True)
 class Submission:
     """The rendered request: `text` is what --dry-run prints (an sbatch script, or the
-    command lines of the local tasks); `payload` is whatever the backend's submit needs."""
+    command lines of the local tasks); every one of its `num_tasks` tasks runs `task`."""
 
     request: JobRequest
     backend: str
     text: str
-    payload: object = None
+    task: TaskCommand
+    num_tasks: int
 
 
 @dataclasses.dataclass(frozen=True)

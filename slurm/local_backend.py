@@ -49,13 +49,13 @@ class LocalBackend(LaunchBackend):
                 "these settings only apply to Slurm",
             )
         task = TaskCommand(tuple(request.command), str(request.workdir), tuple(sorted(request.env.items())))
-        return Submission(request=request, backend=self.name, text=render(request), payload=task)
+        return Submission(request, self.name, render(request), task, request.num_tasks)
 
     def submit(self, submission: Submission) -> "LocalJob":
         request = submission.request
         request.folder.mkdir(parents=True, exist_ok=True)
-        job = submit_local(request.folder, submission.payload, request.tasks_per_node, request.name, _TIMEOUT_MIN)
-        return LocalJob(job, request.folder, request.num_tasks)
+        job = submit_local(request.folder, submission.task, request.tasks_per_node, request.name, _TIMEOUT_MIN)
+        return LocalJob(job, request.folder, submission.num_tasks)
 
 
 class LocalJob(LaunchedJob):

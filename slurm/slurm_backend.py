@@ -175,11 +175,10 @@ class SlurmBackend(LaunchBackend):
     def build(self, request: JobRequest) -> Submission:
         text, num_tasks = render_script(request, shlex.quote(sys.executable))
         task = TaskCommand(tuple(request.command), str(request.workdir), ())
-        return Submission(request=request, backend=self.name, text=text, payload=(task, num_tasks))
+        return Submission(request, self.name, text, task, num_tasks)
 
     def submit(self, submission: Submission) -> "SlurmJob":
         request = submission.request
-        task, num_tasks = submission.payload
         conf = os.environ.get("SLURM_CONF")  # which cluster: not an outer job's variable
         with clean_env():
             if conf:
@@ -192,10 +191,10 @@ class SlurmBackend(LaunchBackend):
             request.folder.mkdir(parents=True, exist_ok=True)
             try:
                 with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's errors
-                    job = submit_script(request.folder, submission.text, num_tasks, task)
+                    job = submit_script(request.folder, submission.text, submission.num_tasks, submission.task)
             except FailedJobError as error:
                 raise refusal(str(error), request) from None
-        return SlurmJob(job, request.folder, num_tasks)
+        return SlurmJob(job, request.folder, submission.num_tasks)
 
 
 def refusal(text: str, request: JobRequest) -> CSRunError:

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import subprocess
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import submitit
 from submitit.core import utils as submitit_utils
@@ -53,7 +54,7 @@ def task_wrapper_command(python: str, folder: Path) -> str:
 
 
 def sbatch_script(folder: Path, python: str, job_name: str, setup: Iterable[str], srun_args: Iterable[str],
-                  sbatch: Mapping[str, object], additional: Mapping[str, object], time: str | None) -> str:
+                  sbatch: Mapping[str, Any], additional: Mapping[str, Any], time: str | None) -> str:
     """submitit's sbatch script running its task wrapper through `srun` (task output to the task's log);
     `sbatch`: `_make_sbatch_string`'s own parameters, `additional`: any other `#SBATCH` flag;
     `time`: the time limit, None for the partition's default."""
@@ -99,7 +100,7 @@ def submit_script(folder: Path, script: str, num_tasks: int, task: Callable[[], 
 
 
 def submit_local(folder: Path, task: Callable[[], object], tasks_per_node: int, name: str,
-                 timeout_min: int) -> LocalJob:
+                 timeout_min: int) -> submitit.Job:
     """Start `tasks_per_node` processes on this host, each running `task` (output to its log)."""
     executor = submitit.LocalExecutor(folder=folder)
     executor.update_parameters(tasks_per_node=tasks_per_node, timeout_min=timeout_min, stderr_to_stdout=True,
@@ -107,13 +108,13 @@ def submit_local(folder: Path, task: Callable[[], object], tasks_per_node: int, 
     return executor.submit(task)
 
 
-def local_controller(job: LocalJob):
-    """The local job's controller process (a subprocess.Popen; None once it is forgotten): it
-    forwards SIGTERM to every task, SIGINT interrupts them."""
-    try:
-        return job._process
-    except AttributeError:
-        raise SubmititChanged("LocalJob._process (the local controller process)") from None
+def local_controller(job: submitit.Job) -> subprocess.Popen | None:
+    """A local job's controller process (None once it is forgotten): it forwards SIGTERM to
+    every task, SIGINT interrupts them."""
+    process = getattr(job, "_process", False)
+    if not isinstance(job, LocalJob) or not (process is None or isinstance(process, subprocess.Popen)):
+        raise SubmititChanged("LocalJob._process (the local controller process)")
+    return process
 
 
 def task_paths(folder: Path, job_id: str, rank: int = 0) -> submitit_utils.JobPaths:
