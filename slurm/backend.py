@@ -113,7 +113,7 @@ class LaunchBackend(abc.ABC):
     @abc.abstractmethod
     def build(self, request: JobRequest) -> Submission:
         """Render the request exactly as `submit` would submit it; submits nothing.
-        Raises launcher.errors.CSRunError for a request this backend cannot run."""
+        Raises common.errors.CSRunError for a request this backend cannot run."""
 
     @abc.abstractmethod
     def submit(self, submission: Submission) -> LaunchedJob:

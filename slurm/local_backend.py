@@ -14,9 +14,18 @@ from typing import TextIO
 import submitit
 from submitit.core import utils as submitit_utils
 
-from launcher.errors import CSRunError
-from slurm.backend import (JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission, all_succeeded,
-                           copy_new, failed_task, where_task_runs)
+from common.errors import CSRunError
+from slurm.backend import (
+    JobOutcome,
+    JobRequest,
+    LaunchBackend,
+    LaunchedJob,
+    Submission,
+    all_succeeded,
+    copy_new,
+    failed_task,
+    where_task_runs,
+)
 
 # The local executor kills tasks at its timeout: make it effectively unbounded (30 days).
 _TIMEOUT_MIN = 30 * 24 * 60

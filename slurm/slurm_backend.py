@@ -47,9 +47,19 @@ from submitit.core.utils import FailedJobError, JobPaths
 from submitit.helpers import clean_env
 from submitit.slurm.slurm import _make_sbatch_string
 
-from launcher.errors import CSRunError
-from slurm.backend import (JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission, all_succeeded,
-                           copy_new, failed_task, slurm_answers, task_hosts)
+from common.errors import CSRunError
+from slurm.backend import (
+    JobOutcome,
+    JobRequest,
+    LaunchBackend,
+    LaunchedJob,
+    Submission,
+    all_succeeded,
+    copy_new,
+    failed_task,
+    slurm_answers,
+    task_hosts,
+)
 from slurm.local_backend import TaskCommand
 
 OPTION_KEYS = ("partition", "time", "gres", "gres_node", "licenses", "cyclic", "single_task_nodes")

@@ -19,10 +19,10 @@ import yaml
 
 from examples.fc_mnist.data import eval_input_fn, train_input_fn
 from examples.fc_mnist.model import PARAMS_SPEC, model_fn
-from launcher import checkpoints
 from launcher.csrun_wse import free_port
 from launcher.run_flow import run
 from tests.fc_mnist_runs import ENV, EXAMPLE, REPO
+from tf_model import checkpoints
 
 TINY = {"train_input": {"batch_size": 32, "shuffle": True, "shuffle_seed": 1},
         "eval_input": {"batch_size": 33, "shuffle": False},

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import CSRunError
 from launcher.csrun_wse import job_request, parse_args
-from launcher.errors import CSRunError
 from launcher.site_config import SiteConfig, SlurmConfig
 from slurm.backend import JobRequest, task_hosts, where_task_runs
 from slurm.local_backend import LocalBackend
