@@ -26,17 +26,20 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from containers.runtime import add_mount_dirs_flag, mount_dirs_of
-from launcher.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
+import grpc
+
+from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
+from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
+from cs_api import pb, rpc
 from launcher.site_config import TLS_CA_ENV, SiteConfig, load_site_config
 from slurm.auto import choose_backend
 from slurm.backend import JobRequest
@@ -169,9 +172,6 @@ class EmbeddedSimulator:
         self._process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        from wse_sim.api import pb, rpc
-        import grpc
-
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self._process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
@@ -210,8 +210,6 @@ def task_command(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig) -> 
     command = with_cs_ip(args.command, cs_ip)
     if site.container.image is None:
         return command
-    from containers.runtime import container_exec
-
     _, argv = container_exec(site.container.image, command, (*site.mount_dirs, *args.mount_dirs),
                              str(workdir), site.container.runtime)
     return tuple(argv)

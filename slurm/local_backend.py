@@ -6,7 +6,7 @@ import shlex
 import signal
 import subprocess
 
-from launcher.errors import CSRunError
+from common.errors import CSRunError
 from slurm.backend import JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission
 from slurm.submitit_api import LOCAL_RANK_ENV, local_controller, submit_local
 from slurm.task import TaskCommand

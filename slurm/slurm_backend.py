@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from submitit.core.utils import FailedJobError
 from submitit.helpers import clean_env
 
-from launcher.errors import CSRunError
+from common.errors import CSRunError
 from slurm.backend import JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission
 from slurm.submitit_api import sbatch_script, submit_script
 from slurm.task import TaskCommand

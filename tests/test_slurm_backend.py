@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import CSRunError
 from launcher.csrun_wse import job_request, parse_args
-from launcher.errors import CSRunError
 from launcher.site_config import SiteConfig, SlurmConfig
 from slurm.backend import JobRequest
-from slurm.task_logs import task_hosts, where_task_runs
 from slurm.local_backend import LocalBackend
 from slurm.slurm_backend import refusal, render_script, slurm_options
+from slurm.task_logs import task_hosts, where_task_runs
 from slurm.templates import TEMPLATES, fill
 
 ROOT = Path(__file__).resolve().parents[1]

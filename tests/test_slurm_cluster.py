@@ -79,7 +79,7 @@ def test_tasks_run_with_their_ranks_and_the_dry_run_is_the_submitted_script(slur
 
 
 def test_the_embedded_simulator_is_reached_from_the_job(slurm_cluster, tmp_path):
-    probe = ("import os, grpc; from wse_sim.api import pb, rpc; "
+    probe = ("import os, grpc; from cs_api import pb, rpc; "
              "stub = rpc.CSSystemStub(grpc.insecure_channel(os.environ['CSRUN_CS_IP'])); "
              "stub.Status(pb.StatusRequest(), timeout=10); print('CS answered at', os.environ['CSRUN_CS_IP'])")
     done = slurm_cluster.csrun_wse(["--job-dir", str(tmp_path / "job"), "--", sys.executable, "-c", probe],

@@ -11,7 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from launcher.errors import CSRunError
+from common.errors import CSRunError
 from slurm.backend import JobRequest
 from slurm.slurm_backend import slurm_options
 
