@@ -70,7 +70,7 @@ def models() -> list[Model]:
 
 def random_batches(program, count: int) -> list[dict[str, np.ndarray]]:
     """Features uniform in [0, 1), integer labels in [0, 10), shaped as the program takes."""
-    from wse_sim.api.tensors import dtype_of
+    from cs_api.tensors import dtype_of
 
     rng = np.random.default_rng(0)
     out = []
@@ -97,7 +97,7 @@ def steps_per_sec(step: Callable[[dict], None], data: list[dict]) -> float:
 # ---- the simulator, in a process of its own ----
 def child(directory: str) -> None:
     """Load the program in `directory`, train its batches ROUNDS times, print JSON."""
-    from wse_sim.api import cs_api_pb2 as pb
+    from cs_api import pb
     from wse_sim.pipeline import Pipeline
     from wse_sim.program import check_program, check_state
     from wse_sim.stages import usable_cpus
@@ -145,7 +145,7 @@ def simulator(program, weights, data) -> dict:
 def tensorflow(model: Model, params: dict, data) -> float:
     import tensorflow as tf
 
-    from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+    from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
 
     signature = batch_signature(make_dataset(model.input_fn, params))
     with model_graph(params) as graph:
@@ -161,7 +161,7 @@ def tensorflow(model: Model, params: dict, data) -> float:
 
 def measure() -> list[Row]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from launcher.compiler import compile_model
+    from coordinator.compiler import compile_model
 
     results = []
     for model in models():

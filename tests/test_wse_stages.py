@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import threading
 
+import compiler_models as m
 import numpy as np
 import pytest
+import tensorflow as tf
+from test_wse_parity import cnn_example
 from threadpoolctl import threadpool_limits
 
-import tensorflow as tf
-
-import compiler_models as m
-from launcher.compiler import compile_model
-from test_wse_parity import cnn_example
-from wse_sim.kernels.tiles import ALIGN, tiles
+from coordinator.compiler import compile_model
+from wafer.kernels.tiles import ALIGN, tiles
 from wse_sim.pipeline import MIN_STAGE_FLOPS, Pipeline
 from wse_sim.program import check_program, check_state
 from wse_sim.stages import partition

@@ -7,7 +7,7 @@ numpy's GEMMs release the GIL, so two threads really compute at once on two core
 GEMM runs with one BLAS thread (`one_blas_thread`, entered by the caller around a whole
 batch: BLAS's thread count is one setting for the process): the float32 summation order,
 and so the result, is the same whatever the machine's BLAS thread count. A kernel splits
-its large GEMMs into tiles fixed by their shapes (`wse_sim.kernels.tiles`), each tile
+its large GEMMs into tiles fixed by their shapes (`wafer.kernels.tiles`), each tile
 writing its own part of the output: which thread computes a tile changes nothing.
 """
 from __future__ import annotations
