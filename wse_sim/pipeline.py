@@ -31,7 +31,8 @@ bit-identical whatever the number of threads.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple, Sequence
+from functools import partial
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -46,6 +47,8 @@ from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 # cost more than the second core gives (measured: the 8x8 CNN example, ~0.2 MFLOP per
 # sample, is slower on two threads; FC-MNIST, ~3 MFLOP per sample of training, is faster).
 MIN_STAGE_FLOPS = 16e6
+# A dense weight's update is split into ranges of rows of at least this many elements.
+UPDATE_TILE_ELEMENTS = 1 << 17
 
 
 @dataclass
@@ -316,14 +319,30 @@ class Pipeline:
             else:
                 board.put(("gradients complete", index), True)
                 board.get(("transformed",))
+        updates = []
         for region in stage.regions:
             for role in region.trained:
                 if role in region.slices:
                     self.optimizer.apply_sparse(region.params[role], *region.slices.pop(role),
                                                 region.slots[role])
                 else:
-                    self.optimizer.apply(region.params[role], region.grads[role],
-                                         region.slots[role], region.scratch[role])
+                    updates += self._update_tiles(region, role)
+        board.share(updates)
+
+    def _update_tiles(self, region: Region, role: str) -> list[Callable[[], None]]:
+        """A dense update in ranges of the weight's rows (it is element-wise: the ranges
+        change nothing in the result)."""
+        var, grad = region.params[role], region.grads[role]
+        arrays = [var, grad, *region.slots[role], *region.scratch[role]]
+        slots = len(region.slots[role])
+        count = max(1, min(len(var) if var.ndim > 1 else 1, var.size // UPDATE_TILE_ELEMENTS))
+        bounds = [len(var) * k // count for k in range(count + 1)]
+        return [partial(self._apply_rows, arrays, slots, slice(a, b))
+                for a, b in zip(bounds, bounds[1:])]
+
+    def _apply_rows(self, arrays: list[np.ndarray], slots: int, rows: slice) -> None:
+        var, grad, *rest = (a[rows] for a in arrays)
+        self.optimizer.apply(var, grad, rest[:slots], rest[slots:])
 
     def _complete_gradients(self, region: Region) -> None:
         """The batch's gradients of the region's trained weights: regularizer gradients

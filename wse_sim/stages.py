@@ -117,7 +117,7 @@ class Board:
     def share(self, tiles: Sequence[Tile]) -> None:
         """Run every tile (independent pieces of work), idle threads of the batch taking
         some; return once all are done, re-raising the first failure."""
-        if self.threads == 1 or len(tiles) == 1:
+        if self.threads == 1 or len(tiles) <= 1:
             for tile in tiles:
                 tile()
             return
