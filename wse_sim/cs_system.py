@@ -102,7 +102,7 @@ class CSSystem:
                  log: Callable[[str], None] = lambda line: print(line, flush=True)):
         self.fabric = fabric
         self.idle_timeout = idle_timeout
-        self.threads = threads or usable_cpus()  # pipeline stages run at once
+        self.threads = threads or usable_cpus()  # computing a batch (Pipeline's threads)
         self.log = log
         self.job: Job | None = None
         self._loading: pb.JobHeader | None = None  # the load being received (the CS is reserved)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 # A tile needs this much work (a multiply-add counts 2): a smaller one costs more in
-# handing it to another thread (~10 us) and in the BLAS's efficiency on a narrower GEMM
-# than it saves. Measured (bench/wse_sim_throughput.py): FC-MNIST's 784x500 at
-# micro-batches of 64 (50 MFLOP) is fastest in 2 tiles on 2 cores.
-TILE_FLOPS = 16e6
+# handing it to another thread and in the BLAS's efficiency on a narrower GEMM than it
+# saves (bench/wse_sim_throughput.py): FC-MNIST's 784x500 at micro-batches of 64 (50 MFLOP
+# forward, and as much for its weight gradient) is 2 tiles.
+TILE_FLOPS = 20e6
 MAX_TILES = 8
 ALIGN = 16  # tile bounds at multiples of 16 elements: a 64-byte cache line of float32
 
