@@ -125,7 +125,7 @@ def test_threads_sharing_gemm_tiles_match_one_thread_bit_for_bit(tmp_path):
     bit (the large GEMMs are tiled, so the threads do share their work)."""
     fc, data = mlp(tmp_path / "fc", "momentum", learning_rate=0.05, batch_size=128)
     micro = fc.program.micro_batch_size
-    assert len(tiles(micro, 784, 500)) > 1 and len(tiles(500, micro, 784, axis=0)) > 1
+    assert len(tiles(micro, 784, 500)) > 1 and len(tiles(784, micro, 500, axis=0)) > 1
     one = train(fc, data, 1)
     assert one[0][-1] < one[0][0]  # it learns
     assert_identical(one, train(fc, data, 2))
