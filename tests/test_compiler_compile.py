@@ -17,9 +17,6 @@ from coordinator.compiler.match import match
 from coordinator.compiler.placement import equal_area_samples_per_sec
 from tf_model.model_fn import call_model_fn, model_graph
 from wafer.fabric import get_fabric
-from wafer.kernels import KERNELS
-
-pytestmark = pytest.mark.skipif("dense" not in KERNELS, reason="wse_sim kernels not implemented yet")
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 

@@ -6,7 +6,6 @@ config, a model_dir holding a checkpoint); CLI cases run the command."""
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from examples.fc_mnist.data import eval_input_fn, train_input_fn
 from examples.fc_mnist.model import PARAMS_SPEC, model_fn
 from launcher.csrun_wse import free_port
 from launcher.run_flow import run
-from tests.fc_mnist_runs import ENV, EXAMPLE, REPO
+from tests.fc_mnist_runs import ENV, EXAMPLE
 from tf_model import checkpoints
 
 TINY = {"train_input": {"batch_size": 32, "shuffle": True, "shuffle_seed": 1},

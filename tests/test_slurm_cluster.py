@@ -5,7 +5,6 @@ import re
 import signal
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
