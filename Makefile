@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m mypy
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
 
 test-quick: $(STAMP)

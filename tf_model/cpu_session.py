@@ -161,7 +161,7 @@ def _train(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps:
         if max_steps is not None:
             end = max_steps
         else:
-            assert steps is not None, "train() refuses a run without steps or max_steps"
+            assert steps is not None, "train() refused a run without steps or max_steps"
             end = step + steps
         if end <= step:
             progress.skipping(step)
