@@ -195,7 +195,7 @@ class EmbeddedSimulator:
                     if time.monotonic() > deadline:
                         self.stop()
                         raise CSRunError(f"the embedded simulator did not answer on {self.address} "
-                                         f"within {_SIM_START_TIMEOUT_S:.0f} s", f"see {self.log}")
+                                         f"within {_SIM_START_TIMEOUT_S:.0f} s", f"see {self.log}") from None
                     time.sleep(0.2)
 
     def stop(self) -> None:
