@@ -129,7 +129,7 @@ class Pipeline:
                                         for role, var in names.items()}))
         self.by_name = {r.kernel.name: r for r in self.regions}
         self._mark_backward()
-        held = set()
+        held: set[str] = set()
         for region in self.regions:
             held.update(region.variables.values())
             if optimizer is None or not region.backward:
@@ -275,7 +275,7 @@ class Pipeline:
                 plan = self._plan(m_count, backward, staged=False)  # one thread (or closed)
                 board.threads = 1
                 work(0, board)
-        if backward:
+        if backward and self.optimizer is not None:
             self.optimizer.finish_step()
         loss = 0.0
         if self.loss_kernel:
@@ -306,7 +306,7 @@ class Pipeline:
                 board.put(("v", region.kernel.name, i), out)
             else:
                 self._backward(region, i, caches.pop((region.position, i)), board, ctx)
-        if not backward:
+        if not backward or self.optimizer is None:  # (a backward step has an optimizer)
             return
         for region in stage.regions:
             self._complete_gradients(region)
@@ -389,8 +389,8 @@ class Pipeline:
         # A micro-batch whose output reached the loss by no path has no backward.
         if upstream is not None or region.kernel.is_loss:
             for role in region.trained:
-                if region.specs[role].update == "sparse" and \
-                        region.kernel.type_name in SPARSE_GRADIENT_KERNELS:
+                if upstream is not None and region.specs[role].update == "sparse" and \
+                        region.kernel.type_name in SPARSE_GRADIENT_KERNELS:  # (a gather: never the loss)
                     region.pieces.setdefault(role, []).append(
                         self._indexed_slices(region, role, i, upstream, board))
             ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated
