@@ -58,6 +58,7 @@ def cnn_params(batch: int) -> dict:
 
 def models() -> list[Model]:
     import compiler_models as m
+
     from examples.cnn_digits import data as cnn_data
     from examples.cnn_digits import model as cnn_model
 

@@ -326,23 +326,8 @@ class Pipeline:
                     self.optimizer.apply_sparse(region.params[role], *region.slices.pop(role),
                                                 region.slots[role])
                 else:
-                    updates += self._update_tiles(region, role)
+                    updates += _update_tiles(self.optimizer, region, role)
         board.share(updates)
-
-    def _update_tiles(self, region: Region, role: str) -> list[Callable[[], None]]:
-        """A dense update in ranges of the weight's rows (it is element-wise: the ranges
-        change nothing in the result)."""
-        var, grad = region.params[role], region.grads[role]
-        arrays = [var, grad, *region.slots[role], *region.scratch[role]]
-        slots = len(region.slots[role])
-        count = max(1, min(len(var) if var.ndim > 1 else 1, var.size // UPDATE_TILE_ELEMENTS))
-        bounds = [len(var) * k // count for k in range(count + 1)]
-        return [partial(self._apply_rows, arrays, slots, slice(a, b))
-                for a, b in zip(bounds, bounds[1:])]
-
-    def _apply_rows(self, arrays: list[np.ndarray], slots: int, rows: slice) -> None:
-        var, grad, *rest = (a[rows] for a in arrays)
-        self.optimizer.apply(var, grad, rest[:slots], rest[slots:])
 
     def _complete_gradients(self, region: Region) -> None:
         """The batch's gradients of the region's trained weights: regularizer gradients
@@ -432,3 +417,20 @@ class Pipeline:
             out.update(self.optimizer.scalars)
         out.update(self.carried)
         return out
+
+
+def _update_tiles(optimizer: Optimizer, region: Region, role: str) -> list[Callable[[], None]]:
+    """A dense update in ranges of the weight's rows (it is element-wise: the ranges change
+    nothing in the result)."""
+    var, grad = region.params[role], region.grads[role]
+    arrays = [var, grad, *region.slots[role], *region.scratch[role]]
+    slots = len(region.slots[role])
+    count = max(1, min(len(var) if var.ndim > 1 else 1, var.size // UPDATE_TILE_ELEMENTS))
+    bounds = [len(var) * k // count for k in range(count + 1)]
+    return [partial(_apply_rows, optimizer, arrays, slots, slice(a, b))
+            for a, b in zip(bounds, bounds[1:])]
+
+
+def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int, rows: slice) -> None:
+    var, grad, *rest = (a[rows] for a in arrays)
+    optimizer.apply(var, grad, rest[:slots], rest[slots:])

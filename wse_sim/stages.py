@@ -135,9 +135,9 @@ class Board:
                     break
                 # its own tiles first (the stage waits for them), then any other
                 mine = next((k for k, (s, _) in enumerate(self._tiles) if s is share), 0)
-                tile = self._tiles[mine]
+                item = self._tiles[mine]
                 del self._tiles[mine]
-            self._run(tile)
+            self._run(item)
         if share.error is not None:
             raise share.error
 

@@ -64,10 +64,12 @@ class Affine:
         if has_bias:
             accumulate(acc, "bias", dz.sum(axis=0), grads, ctx)
         grads["kernel"] = np.empty(w.shape, np.float32) if acc is None else acc["kernel"]
-        add = acc is not None and ctx.accumulate
-        if add and (self._scratch is None or self._scratch.shape != w.shape):
-            self._scratch = np.empty(w.shape, np.float32)
-        work = [partial(self._weight_tile, x2d, dz, grads["kernel"], add, part)
+        scratch = None  # micro-batches after the batch's first: their gradient, then added
+        if acc is not None and ctx.accumulate:
+            if self._scratch is None or self._scratch.shape != w.shape:
+                self._scratch = np.empty(w.shape, np.float32)
+            scratch = self._scratch
+        work = [partial(_weight_tile, x2d, dz, grads["kernel"], scratch, part)
                 for part in tiles(n, rows, units, axis=0)]
         dx = None
         if input_grad:
@@ -76,13 +78,15 @@ class Affine:
         ctx.run_tiles(work)
         return dx, grads
 
-    def _weight_tile(self, x2d, dz, grad, add: bool, part: slice) -> None:
-        if add:
-            scratch = self._scratch[part]
-            np.matmul(x2d[:, part].T, dz, out=scratch)
-            np.add(grad[part], scratch, out=grad[part])
-        else:
-            np.matmul(x2d[:, part].T, dz, out=grad[part])
+
+
+def _weight_tile(x2d: np.ndarray, dz: np.ndarray, grad: np.ndarray, scratch: np.ndarray | None,
+                 part: slice) -> None:
+    if scratch is None:
+        np.matmul(x2d[:, part].T, dz, out=grad[part])
+    else:
+        np.matmul(x2d[:, part].T, dz, out=scratch[part])
+        np.add(grad[part], scratch[part], out=grad[part])
 
 
 def _input_tile(dz: np.ndarray, w: np.ndarray, dx: np.ndarray, cols: slice) -> None:
