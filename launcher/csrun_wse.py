@@ -28,8 +28,10 @@ given. The embedded simulator's fabric is the job's `runconfig.fabric`, read fro
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shlex
+import signal
 import shutil
 import socket
 import subprocess
@@ -41,28 +43,25 @@ from pathlib import Path
 
 import grpc
 
-from common.errors import CSRunError, Stopped, cli_entry, stop_on_signals
+from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from coordinator.roles import CS_IP_ENV
 from cs_api import pb, rpc
 from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip, params_path
 from launcher.site_config import TLS_CA_ENV, SiteConfig, load_site_config
-from slurm.backend import JobRequest, choose_backend
+from slurm.auto import choose_backend
+from slurm.backend import JobRequest
 from slurm.templates import write_wse_sbatch
 from wafer.fabric import DEFAULT_FABRIC
 from workers.rendezvous import RENDEZVOUS_DIR
 
 PROG = "csrun_wse"
 _SIM_START_TIMEOUT_S = 60.0
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # unknown flags are errors, reported in one line
-        raise CSRunError(message, f"see {PROG} --help")
+_PR_SET_PDEATHSIG = 1  # prctl option, linux/prctl.h
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Run a training script on the CS system.")
+    p = ArgumentParser(prog=PROG, description="Run a training script on the CS system.")
     p.add_argument("--total-nodes", type=int, help="nodes (default: csrun.yaml slurm.nodes, 1)")
     p.add_argument("--tasks-per-node", type=int, help="tasks per node (default: slurm.tasks_per_node, 1)")
     p.add_argument("--cpus-per-task", type=int, help="CPUs per task (default: slurm.cpus_per_task, 1)")
@@ -148,6 +147,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _end_with_parent() -> None:
+    """In the embedded simulator's process, before it runs: Linux sends it SIGTERM when
+    csrun_wse dies, even by SIGKILL (no orphaned CS holding its port and memory)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class EmbeddedSimulator:
     """A `wse_sim serve` for one job, on a free loopback port; its log in the job folder."""
 
@@ -162,7 +167,8 @@ class EmbeddedSimulator:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self._process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)
+                                             stdin=subprocess.DEVNULL, start_new_session=True,
+                                             preexec_fn=_end_with_parent)
         deadline = time.monotonic() + _SIM_START_TIMEOUT_S
         with grpc.insecure_channel(self.address) as channel:
             stub = rpc.CSSystemStub(channel)
@@ -242,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv, site)
     workdir = Path.cwd()
     if args.emit_sbatch is not None:
-
         write_wse_sbatch(args.emit_sbatch, job_request(args, args.cs_ip or "", workdir), args.command,
                          args.cs_ip, site.container.image, (*site.mount_dirs, *args.mount_dirs),
                          fabric_of(args.command, workdir))
