@@ -162,8 +162,9 @@ class Chief:
         """Run the phase; if it ends without publishing its rendezvous (nothing to do, or an
         error first), publish an ended one so that the input workers stop at once."""
         try:
-            result = {RunKind.TRAIN: self.train, RunKind.EVALUATE: self.evaluate,
-                      RunKind.PREDICT: self.predict}[kind](input_fn, **kwargs)
+            phases: dict[RunKind, Callable[..., Any]] = {
+                RunKind.TRAIN: self.train, RunKind.EVALUATE: self.evaluate, RunKind.PREDICT: self.predict}
+            result = phases[kind](input_fn, **kwargs)
         except BaseException as error:
             self._end_phase(f"the chief stopped: {error}" if str(error) else "the chief stopped")
             raise
@@ -200,7 +201,11 @@ class Chief:
             step = 0
             state = dict(compiled.initial_weights)
             host = host_state(compiled.host_variables)
-        end = max_steps if max_steps is not None else step + steps
+        if max_steps is not None:
+            end = max_steps
+        else:
+            assert steps is not None, "refused above"
+            end = step + steps
         if end <= step:
             progress.skipping(step)
             return
@@ -255,7 +260,7 @@ class Chief:
             for result in job.run(RunKind.EVALUATE, steps):
                 if result.HasField("step"):
                     metrics.update({**host_values(program, result.step),
-                                    loss_tensor: np.float32(result.step.loss)})
+                                    loss_tensor: np.asarray(result.step.loss, np.float32)})
             results = metrics.results()
         progress.eval_results(step, results)
         with EventWriter(eval_dir(self.model_dir)) as events:

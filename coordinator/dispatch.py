@@ -1,7 +1,7 @@
 """What a task of a CS job does when the user's script calls train / evaluate / predict.
 
-`CSEstimator` calls `run(estimator, kind, input_fn, **kwargs)` (a `common.run_kinds.RunKind`) when a CS is in use. The
-task's rank (`coordinator.roles`) decides: rank 0 runs the chief (`coordinator.chief`),
+`CSEstimator` calls `run(estimator, kind, input_fn, **kwargs)` (`kind`: a
+`common.run_kinds.RunKind`) when a CS is in use. The task's rank (`coordinator.roles`) decides: rank 0 runs the chief (`coordinator.chief`),
 the others stream their shard of input_fn to the CS (`workers.feed`) once the chief has
 published the phase's rendezvous (`workers.rendezvous`). The estimator is read through
 the attributes tf.estimator.Estimator also has: `model_fn`, `params`, `model_dir`, `config`.
