@@ -18,8 +18,15 @@ from common.errors import CSRunError, cli_entry
 from coordinator.roles import task_role
 from launcher.estimator import CSEstimator, CSRunConfig, ModeKeys
 from launcher.params_spec import Spec, check_params
-from launcher.run_utils import (check_env, create_arg_parser, get_params, is_cs, params_path, save_params,
-                                update_params_from_args)
+from launcher.run_utils import (
+    check_env,
+    create_arg_parser,
+    get_params,
+    is_cs,
+    params_path,
+    save_params,
+    update_params_from_args,
+)
 from tf_model import checkpoints
 from tf_model.model_dir_lock import model_dir_locked
 
