@@ -1,7 +1,10 @@
 """The local launch backend: a job's tasks as processes on this host, through submitit's
-LocalExecutor (used when there is no Slurm)."""
+LocalExecutor (used when there is no Slurm). When the job runs `python SCRIPT.py …` and the
+launcher follows it to its end, the tasks start as forks of one Python that imported
+TensorFlow once (`slurm.fork_server`), started by `warm_up` ahead of the job."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import signal
@@ -17,6 +20,7 @@ from submitit.core import utils as submitit_utils
 from launcher.errors import CSRunError
 from slurm.backend import (JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission, all_succeeded,
                            copy_new, failed_task, where_task_runs)
+from slurm.fork_server import PRELOAD, ForkedTask, ForkServer, interpreter, request_fork, script_of
 
 # The local executor kills tasks at its timeout: make it effectively unbounded (30 days).
 _TIMEOUT_MIN = 30 * 24 * 60
@@ -35,17 +39,24 @@ class TaskFailed(Exception):
 @dataclass(frozen=True)
 class TaskCommand:
     """What every local task runs: the user's command, its output going to the task's log
-    (submitit redirects this process's stdout/stderr there). Picklable for submitit."""
+    (submitit redirects this process's stdout/stderr there), forked by the job's fork server
+    when there is one and it takes the command. Picklable for submitit."""
 
     command: tuple[str, ...]
     workdir: str
     env: tuple[tuple[str, str], ...]
+    fork_server: str | None = None  # the socket of the job's `ForkServer`
+
+    def _start(self, env: dict[str, str]) -> subprocess.Popen | ForkedTask:
+        """The command in a session of its own, so that stopping the task stops everything
+        it started."""
+        forked = request_fork(self.fork_server, self.command, self.workdir, env) if self.fork_server else None
+        return forked or subprocess.Popen(list(self.command), cwd=self.workdir, env=env, start_new_session=True)
 
     def __call__(self) -> int:
         env = {**os.environ, **dict(self.env), "PYTHONUNBUFFERED": "1"}
         print(where_task_runs(env), flush=True)
-        # Its own process group, so that stopping the task stops everything it started.
-        process = subprocess.Popen(list(self.command), cwd=self.workdir, env=env, start_new_session=True)
+        process = self._start(env)
 
         def forward(signum, _frame):
             _signal_group(process, signum)
@@ -61,7 +72,7 @@ class TaskCommand:
         return code
 
 
-def _signal_group(process: subprocess.Popen, signum: int) -> None:
+def _signal_group(process: subprocess.Popen | ForkedTask, signum: int) -> None:
     try:
         os.killpg(process.pid, signum)
     except (ProcessLookupError, PermissionError):
@@ -77,6 +88,9 @@ def render(request: JobRequest) -> str:
         "# rank 0 is the chief, ranks 1.. are input workers (SUBMITIT_LOCAL_GLOBALID)",
         f"cd {shlex.quote(str(request.workdir))}",
     ]
+    if script_of(request.command) is not None:
+        lines.append(f"# followed to its end, each task starts as a fork of one {request.command[0]} that "
+                     f"imported {', '.join(PRELOAD)} (slurm/fork_server.py)")
     for rank in range(request.num_tasks):
         lines.append(f"SUBMITIT_LOCAL_GLOBALID={rank} {env} {cmd}".replace("  ", " "))
     return "\n".join(lines) + "\n"
@@ -101,9 +115,27 @@ class LocalBackend(LaunchBackend):
         task = TaskCommand(tuple(request.command), str(request.workdir), tuple(sorted(request.env.items())))
         return Submission(request=request, backend=self.name, text=render(request), payload=task)
 
+    def __init__(self) -> None:
+        self._servers: dict[Path, ForkServer] = {}  # by job folder, from warm_up to submit
+
+    def warm_up(self, submission: Submission) -> None:
+        """Start the job's fork server (a `python SCRIPT.py` command only): it imports
+        TensorFlow while the caller prepares the rest, and dies with this process."""
+        request = submission.request
+        env = {**os.environ, **request.env, "PYTHONUNBUFFERED": "1"}
+        python = interpreter(request.command, env, str(request.workdir))
+        if script_of(request.command) is None or python is None or request.folder in self._servers:
+            return
+        request.folder.mkdir(parents=True, exist_ok=True)
+        self._servers[request.folder] = ForkServer(python, str(request.workdir), env, request.num_tasks,
+                                                   log=request.folder / "fork_server.log")
+
     def submit(self, submission: Submission) -> "LocalJob":
         request = submission.request
         request.folder.mkdir(parents=True, exist_ok=True)
+        server = self._servers.pop(request.folder, None)
+        task = submission.payload if server is None else dataclasses.replace(submission.payload,
+                                                                             fork_server=server.path)
         executor = submitit.LocalExecutor(folder=request.folder)
         executor.update_parameters(
             tasks_per_node=request.tasks_per_node,
@@ -111,17 +143,24 @@ class LocalBackend(LaunchBackend):
             stderr_to_stdout=True,
             name=request.name,
         )
-        job = executor.submit(submission.payload)
-        return LocalJob(job, request.folder, request.num_tasks)
+        try:
+            job = executor.submit(task)
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
+        return LocalJob(job, request.folder, request.num_tasks, server)
 
 
 class LocalJob(LaunchedJob):
-    def __init__(self, job: submitit.local.local.LocalJob, folder: Path, num_tasks: int):
+    def __init__(self, job: submitit.local.local.LocalJob, folder: Path, num_tasks: int,
+                 fork_server: ForkServer | None = None):
         self._job = job
         self.job_id = str(job.job_id)
         self.folder = folder
         self.num_tasks = num_tasks
         self._cancelled = False
+        self._fork_server = fork_server
 
     def task_log(self, rank: int) -> Path:
         return submitit_utils.JobPaths(self.folder, self.job_id, rank).stdout
@@ -153,12 +192,23 @@ class LocalJob(LaunchedJob):
                 break
             time.sleep(poll_seconds)
         copy_new(log, offset, stream)
+        self._stop_fork_server()
         return outcome
+
+    def _stop_fork_server(self) -> None:
+        if self._fork_server is not None:
+            self._fork_server.stop()
 
     def cancel(self) -> None:
         if self._cancelled:
             return
         self._cancelled = True
+        try:
+            self._cancel_tasks()
+        finally:
+            self._stop_fork_server()
+
+    def _cancel_tasks(self) -> None:
         process = self._job._process
         if process is None or process.poll() is not None:
             return
