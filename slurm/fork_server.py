@@ -9,7 +9,8 @@ early as it can: the job's interpreter, in the job's environment, imports the pr
 stdin/stdout/stderr; the server forks a child that becomes `python SCRIPT.py …`: its own
 session, the task's descriptors, environment, working directory, `sys.argv` and `sys.path[0]`,
 Python's default signal handlers, the script run as `__main__`, uncaught exceptions and
-`SystemExit` handled and the interpreter finalized as for any script. The server sends the
+`SystemExit` handled, threads joined, atexit handlers run and files flushed as for any script
+(the module teardown skipped, see `exit_as_python_does`). The server sends the
 child's pid, then its wait status; a task whose connection drops has its child killed.
 
 The server serves the job's tasks and then ends, once their children have ended; it dies with
@@ -22,6 +23,8 @@ This file uses the standard library only: it runs as a script under the job's in
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import importlib.machinery
 import io
@@ -35,6 +38,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,9 +269,23 @@ def _kill(pid: int) -> None:
         pass
 
 
+def show_command(argv: Sequence[str]) -> None:
+    """Make `ps`, `pgrep -f` and /proc/self/cmdline show `argv`: written over this process's
+    argument block (the server's command line ends with the job's command: room enough);
+    left as it is if it does not fit."""
+    import ctypes
+
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49 of proc(5))
+    data = b"".join(os.fsencode(a) + b"\0" for a in argv)
+    if len(data) <= end - start:
+        ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
+
+
 def become(child: Child) -> str:
     """Turn this forked process into `python SCRIPT.py …` of the request; the script's path."""
     os.setsid()
+    show_command(child.argv)
     for target, fd in enumerate(child.fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -295,6 +313,45 @@ def run_as_main(path: str) -> None:
     exec(code, main.__dict__)
 
 
+def _exit_code(exit: SystemExit) -> int:
+    """The exit status Python gives `raise SystemExit(code)`."""
+    if exit.code is None:
+        return 0
+    if isinstance(exit.code, int):
+        return exit.code & 0xFF
+    print(exit.code, file=sys.stderr)
+    return 1
+
+
+def exit_as_python_does(path: str) -> None:
+    """Run the script, then end as Python ends one — uncaught exceptions through
+    `sys.excepthook`, `SystemExit`'s code, non-daemon threads joined, atexit handlers run,
+    open files and the standard streams flushed, an uncaught KeyboardInterrupt ending by
+    SIGINT — and exit at once: the module teardown (1-3 s for a TensorFlow process; Python
+    does not promise finalizers of objects alive at exit) is skipped."""
+    interrupted = False
+    try:
+        run_as_main(path)
+        code = 0
+    except SystemExit as exit:
+        code = _exit_code(exit)
+    except BaseException as error:
+        sys.excepthook(type(error), error, error.__traceback__)
+        code, interrupted = 1, isinstance(error, KeyboardInterrupt)
+    threading._shutdown()  # type: ignore[attr-defined]  # as Python's finalization, multiprocessing's children
+    atexit._run_exitfuncs()
+    for stream in gc.get_objects():
+        if isinstance(stream, io.IOBase) and not stream.closed and stream.writable():
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
 def _die_with(parent: int) -> None:
     """End this process when `parent` ends."""
     import ctypes
@@ -305,10 +362,10 @@ def _die_with(parent: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """fork_server.py PARENT LISTENER_FD TASKS [MODULE …]: preload the modules, serve TASKS
-    requests on the listening socket inherited as LISTENER_FD."""
+    """fork_server.py PARENT LISTENER_FD TASKS [MODULE …] -- COMMAND…: preload the modules, serve
+    TASKS requests on the listening socket inherited as LISTENER_FD (COMMAND: the tasks')."""
     _die_with(int(argv[0]))
-    listener, tasks, preload = socket.socket(fileno=int(argv[1])), int(argv[2]), argv[3:]
+    listener, tasks, preload = socket.socket(fileno=int(argv[1])), int(argv[2]), argv[3:argv.index("--")]
     sys.path.pop(0)  # this file's folder: not the script's
     server = _Server(listener, tasks)
     for name in preload:
@@ -317,14 +374,13 @@ def main(argv: list[str]) -> int:
     if child is None:
         return 0
     server.close_in_child(child)
-    run_as_main(become(child))
-    return 0
+    exit_as_python_does(become(child))
 
 
 class ForkServer:
     """The server process of one job (the launcher's side)."""
 
-    def __init__(self, python: str, cwd: str, env: Mapping[str, str], tasks: int,
+    def __init__(self, python: str, command: Sequence[str], cwd: str, env: Mapping[str, str], tasks: int,
                  preload: Sequence[str] = PRELOAD, log: Path | None = None):
         self._dir = tempfile.mkdtemp(prefix="csrun-fork-")  # 0700: only this user connects
         self.path = os.path.join(self._dir, "socket")
@@ -336,7 +392,7 @@ class ForkServer:
         try:
             self._process = subprocess.Popen(
                 [python, os.path.abspath(__file__), str(os.getpid()), str(listener.fileno()), str(tasks),
-                 *preload],
+                 *preload, "--", *command],
                 cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, pass_fds=(listener.fileno(),))
         finally:

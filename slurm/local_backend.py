@@ -127,7 +127,7 @@ class LocalBackend(LaunchBackend):
         if script_of(request.command) is None or python is None or request.folder in self._servers:
             return
         request.folder.mkdir(parents=True, exist_ok=True)
-        self._servers[request.folder] = ForkServer(python, str(request.workdir), env, request.num_tasks,
+        self._servers[request.folder] = ForkServer(python, request.command, str(request.workdir), env, request.num_tasks,
                                                    log=request.folder / "fork_server.log")
 
     def submit(self, submission: Submission) -> "LocalJob":

@@ -23,6 +23,11 @@ print("file", __file__, __name__)
 print("env", os.environ.get("PROBE_VALUE"), "SUBMITIT_LOCAL_GLOBALID" in os.environ)
 print("own session", os.getsid(0) == os.getpid())
 print("stdin", sys.stdin.read())
+import atexit, threading, time
+atexit.register(print, "atexit ran")
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread joined"))).start()
+left_open = open("left_open.txt", "w")
+left_open.write("flushed at exit")
 mode = sys.argv[1]
 if mode == "exit":
     sys.exit(3)
@@ -53,7 +58,8 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def start(tmp_path: Path, tasks: int, preload=("json",)) -> ForkServer:
-    return ForkServer(sys.executable, str(tmp_path / "work"), server_env(), tasks, preload,
+    return ForkServer(sys.executable, [sys.executable, "../scripts/probe.py"], str(tmp_path / "work"),
+                      server_env(), tasks, preload,
                       log=tmp_path / "server.log")
 
 
@@ -80,10 +86,11 @@ def forked(server: ForkServer, tmp_path: Path, mode: str, name: str, env=None):
 
 
 def plain(tmp_path: Path, mode: str) -> tuple[int, str]:
+    (tmp_path / "work" / "left_open.txt").unlink()
     done = subprocess.run([sys.executable, "../scripts/probe.py", mode], cwd=tmp_path / "work",
-                          input="from stdin", capture_output=True, text=True,
+                          input="from stdin", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**server_env(), "SUBMITIT_LOCAL_GLOBALID": "1"})
-    return done.returncode, done.stdout + done.stderr
+    return done.returncode, done.stdout
 
 
 def last_lines(text: str) -> list[str]:
@@ -107,6 +114,8 @@ def test_a_forked_task_is_the_script_run_by_python(probe, mode):
     assert last_lines(text) == last_lines(plain_text)
     assert "own session True" in text
     assert f"path0 {probe / 'scripts'}" in text and "env 42 True" in text
+    assert "thread joined" in text and "atexit ran" in text
+    assert (probe / "work" / "left_open.txt").read_text() == "flushed at exit"
 
 
 def test_signals_reach_the_task_and_a_dropped_task_loses_its_child(probe):
@@ -116,6 +125,8 @@ def test_signals_reach_the_task_and_a_dropped_task_loses_its_child(probe):
         assert task is not None
         while "waiting" not in out.read_text():
             time.sleep(0.05)
+        shown = Path(f"/proc/{task.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        assert shown == [os.fsencode(sys.executable), b"../scripts/probe.py", b"wait"]  # what ps shows
         os.killpg(task.pid, signal.SIGTERM)
         assert task.wait() == -signal.SIGTERM
         dropped, out = forked(server, probe, "wait", "dropped")
@@ -153,7 +164,7 @@ def test_the_server_dies_with_the_process_that_started_it(tmp_path):
     (tmp_path / "work").mkdir()
     parent = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from slurm.fork_server import ForkServer; "
-         f"s = ForkServer(sys.executable, {str(tmp_path)!r}, {{}}, 1, ()); print(s._process.pid, flush=True); "
+         f"s = ForkServer(sys.executable, ['python', 'x.py'], {str(tmp_path)!r}, {{}}, 1, ()); print(s._process.pid, flush=True); "
          "time.sleep(60)"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     server_pid = int(parent.stdout.readline())
