@@ -39,7 +39,7 @@ bench: $(STAMP)
 	$(PY) bench/run_all.py $(BENCH)
 
 proto: $(STAMP)
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. wse_sim/api/cs_api.proto
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. cs_api/cs_api.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info

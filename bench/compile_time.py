@@ -33,7 +33,7 @@ def build_and_initialise(example: str) -> None:
     import tensorflow as tf
     import yaml
 
-    from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+    from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
 
     model = importlib.import_module(f"examples.{example}.model")
     data = importlib.import_module(f"examples.{example}.data")

@@ -75,14 +75,15 @@ def path_commands(folder: Path, steps: int, run: int) -> dict[str, list[str]]:
 
 def worker_rate() -> tuple[float, float]:
     """One input worker's samples/s and MB/s: input_fn, its shard, checked and serialized."""
+    from cs_api.input_spec import InputSpec
     from examples.fc_mnist.data import train_input_fn
     from workers.feed import feed_requests, shard_batches
-    from workers.rendezvous import InputSpec, Rendezvous
+    from workers.rendezvous import Rendezvous
 
     params = yaml.safe_load((EXAMPLE / "configs" / "params.yaml").read_text())
     params["train_input"]["batch_size"] = BATCH
-    inputs = (InputSpec("features", "float32", (BATCH, 784)), InputSpec("labels", "int32", (BATCH,)))
-    rendezvous = Rendezvous("unused", "bench", "token", 1, 0, WORKER_BATCHES, inputs)
+    inputs = (InputSpec("features", "float32", (784,)), InputSpec("labels", "int32", ()))
+    rendezvous = Rendezvous("unused", "bench", "token", 1, 0, WORKER_BATCHES, inputs, BATCH)
     batches = shard_batches(train_input_fn, params, rendezvous, 0)
     next(batches)  # the dataset's start-up is not streaming
     start, size = time.perf_counter(), 0

@@ -19,12 +19,12 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "examples", "cnn_digits")]
 import data as cnn_data  # noqa: E402  (examples/cnn_digits)
 import model as cnn_model  # noqa: E402
 
-from launcher.compiler import place_model  # noqa: E402
-from launcher.compiler.extract import extract  # noqa: E402
-from launcher.compiler.match import check_supported, match  # noqa: E402
-from launcher.compiler.placement import equal_area_samples_per_sec  # noqa: E402
-from launcher.estimator_spec import CSEstimatorSpec  # noqa: E402
-from wse_sim.fabric import get_fabric  # noqa: E402
+from coordinator.compiler import place_model  # noqa: E402
+from coordinator.compiler.extract import extract  # noqa: E402
+from coordinator.compiler.match import check_supported, match  # noqa: E402
+from coordinator.compiler.placement import equal_area_samples_per_sec  # noqa: E402
+from tf_model.estimator_spec import CSEstimatorSpec  # noqa: E402
+from wafer.fabric import get_fabric  # noqa: E402
 
 
 def mlp_input_fn(params):

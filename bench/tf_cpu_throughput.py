@@ -24,7 +24,7 @@ import yaml  # noqa: E402
 from bench.table import Row, print_table  # noqa: E402
 from examples.fc_mnist import data, model  # noqa: E402
 from launcher.estimator import CSEstimator, CSRunConfig  # noqa: E402
-from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph  # noqa: E402
+from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph  # noqa: E402
 
 BATCH = 256
 SHORT, LONG = 50, 350

@@ -22,10 +22,10 @@ REPEATS = 3
 
 
 def measure() -> list[Row]:
+    from coordinator.compiler.extract import extract
+    from coordinator.compiler.training import analyze_training
     from examples.fc_mnist.data import train_input_fn
     from examples.fc_mnist.model import model_fn
-    from launcher.compiler.extract import extract
-    from launcher.compiler.training import analyze_training
 
     config = yaml.safe_load((ROOT / "examples/fc_mnist/configs/params.yaml").read_text())
     params = {**config, "batch_size": config["train_input"]["batch_size"]}

@@ -50,7 +50,7 @@ def cases():
 
 
 def simulator(kernel_type, attrs, inputs, params) -> Callable[[], None]:
-    from wse_sim.kernels import RunContext, build_kernel
+    from wafer.kernels import RunContext, build_kernel
 
     kernel = build_kernel(kernel_type, "bench", attrs, [a.shape[1:] for a in inputs])
     acc = {role: np.zeros_like(v) for role, v in params.items()}

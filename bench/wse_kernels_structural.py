@@ -80,7 +80,7 @@ def tensorflow_gather(ids: np.ndarray, table: np.ndarray) -> Callable[[], None]:
 
 
 def scatter_add_against_add_at(ids: np.ndarray, table_shape) -> list[Row]:
-    from wse_sim.kernels.embedding import scatter_add
+    from wafer.kernels.embedding import scatter_add
 
     values = np.ones((ids.size, table_shape[1]), np.float32)
     flat = ids.reshape(-1)

@@ -39,7 +39,7 @@ def batches(count: int) -> list[dict[str, np.ndarray]]:
 
 def simulator_step(program, weights, stages: int, micro: int):
     """One training step of the CS system's executor, in process (no gRPC)."""
-    from wse_sim.optimizers import make_optimizer
+    from wafer.optimizers import make_optimizer
     from wse_sim.pipeline import Pipeline
     from wse_sim.program import check_program, check_state
 
@@ -53,7 +53,7 @@ def simulator_step(program, weights, stages: int, micro: int):
 def tensorflow_step(weights) -> tuple[Callable[[dict], None], Callable[[], None]]:
     import tensorflow as tf
 
-    from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+    from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
 
     signature = batch_signature(make_dataset(m.input_fn, PARAMS))
     with model_graph(PARAMS) as graph:
@@ -102,7 +102,7 @@ def steps_per_sec(step: Callable[[dict], None], data: list[dict]) -> float:
 
 
 def measure() -> list[Row]:
-    from launcher.compiler import compile_model
+    from coordinator.compiler import compile_model
     from wse_sim.stages import usable_cpus
 
     with tempfile.TemporaryDirectory() as tmp:

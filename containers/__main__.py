@@ -4,8 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from common.errors import ArgumentParser, CSRunError, cli_entry
 from containers.recipes import DEFINITION, dockerfile_to_definition, missing_sources, read_definition
-from launcher.errors import ArgumentParser, CSRunError, cli_entry
 
 PROG = "python -m containers"
 

@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.errors import ArgumentParser, CSRunError, cli_entry
 from containers.recipes import DEFINITION, Definition, missing_sources, read_definition
-from launcher.errors import ArgumentParser, CSRunError, cli_entry
 
 ROOT = DEFINITION.parent.parent
 DEFAULT_IMAGE = ROOT / ".cache" / "csrun-image"

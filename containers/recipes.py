@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import CSRunError
+from common.errors import CSRunError
 
 DEFINITION = Path(__file__).with_name("csrun.def")
 

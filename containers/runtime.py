@@ -27,7 +27,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Sequence
 
-from launcher.errors import CSRunError
+from common.errors import CSRunError
 
 RUNTIMES = ("apptainer", "singularity", "charliecloud")  # looked for in this order
 EXECUTABLES = {"apptainer": "apptainer", "singularity": "singularity", "charliecloud": "ch-run"}

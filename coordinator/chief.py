@@ -6,9 +6,9 @@ the CPU path writes (log lines, events, checkpoints with the TF graph's variable
   `save_checkpoints_steps`; after each segment the CS is snapshotted into a checkpoint. A
   NaN loss stops the run naming the step; the newest checkpoint stays the last good one.
 - evaluate: a checkpoint's weights run the EVAL program; the host_call metrics are computed
-  here from the outputs the CS streams back (`launcher.metrics.EvalMetrics`).
+  here from the outputs the CS streams back (`tf_model.metrics.EvalMetrics`).
 - predict: a checkpoint's weights run the PREDICT program; predictions are computed here
-  from the streamed outputs (`launcher.predictions`) and written to `model_dir/predict/`.
+  from the streamed outputs (`tf_model.predictions`) and written to `model_dir/predict/`.
 
 For every phase the chief publishes the rendezvous its input workers wait for; a job of
 one task runs one worker thread inside the chief (`CSJob`).
@@ -22,26 +22,30 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from coordinator.cs_client import CSClient
+from common.errors import CSRunError
+from coordinator.compiler import compile_model
 from coordinator.roles import TaskRole
-from launcher.errors import CSRunError
-from wse_sim.api import pb
-from wse_sim.api.tensors import from_tensor
+from cs_api import pb
+from cs_api.client import CSClient
+from cs_api.input_spec import program_inputs
+from cs_api.tensors import from_tensor
+from tf_model import checkpoints, progress
+from tf_model.checkpoints import OPTIMIZER_SCALARS, is_optimizer_state, optimizer_changed
+from tf_model.estimator_spec import ModeKeys
+from tf_model.events import EventWriter, eval_dir
+from tf_model.metrics import EvalMetrics
+from tf_model.model_dir_lock import model_dir_locked
+from tf_model.model_fn import batch_signature, make_dataset
+from tf_model.predictions import PredictionGraph, write_predictions
 from workers.feed import run_worker
-from workers.rendezvous import InputSpec, Rendezvous, publish
-
-
-def program_inputs(program: pb.Program) -> tuple[InputSpec, ...]:
-    """The batch shapes and dtypes every streamed batch must have."""
-    return tuple(InputSpec(s.name, pb.DType.Name(s.dtype).lower(), (program.batch_size, *s.shape))
-                 for s in program.inputs)
+from workers.rendezvous import Rendezvous, publish
 
 
 def program_variables(program: pb.Program) -> list[str]:
     return [p.variable for k in program.kernels for p in k.params]
 
 
-# The TF optimizer whose slots each CS optimizer keeps (launcher.checkpoints.optimizer_of).
+# The TF optimizer whose slots each CS optimizer keeps (tf_model.checkpoints.optimizer_of).
 _TF_OPTIMIZER = {"sgd": "", "momentum": "Momentum", "adam": "Adam", "rmsprop": "RMSProp",
                  "adagrad": "Adagrad"}
 
@@ -50,8 +54,6 @@ def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
              path: str = "the checkpoint") -> dict[str, np.ndarray]:
     """The program's weights and, when it trains with the optimizer whose state the
     checkpoint holds, that state (another optimizer starts fresh, as on the CPU path)."""
-    from launcher.checkpoints import OPTIMIZER_SCALARS, is_optimizer_state, optimizer_changed
-
     variables = set(program_variables(program))
     missing = sorted(variables - set(tensors))
     if missing:
@@ -89,17 +91,18 @@ def host_values(program: pb.Program, result: pb.StepResult) -> dict[str, np.ndar
 class CSJob:
     """One phase on the CS: the program loaded, the rendezvous published, and (for a job of
     one task) the input worker running in a thread. Use as a context manager."""
-
     def __init__(self, chief: "Chief", program: pb.Program, state: dict[str, np.ndarray],
                  global_step: int, first_batch: int, num_batches: int, input_fn: Callable):
         self.program = program
-        self.client = CSClient(chief.config.cs_ip)
+        self.client = CSClient(chief.config.cs_ip, chief.config.cs_tls_ca)
         self.client.status()  # an unreachable CS: one clear line before any work
         role = chief.role
         reply = self.client.load(role.job_id, program, state, role.num_workers, global_step,
                                  first_batch)
         rendezvous = Rendezvous(self.client.cs_ip, reply.job_id or role.job_id, self.client.token,
-                                role.num_workers, first_batch, num_batches, program_inputs(program))
+                                role.num_workers, first_batch, num_batches, program_inputs(program),
+                                program.batch_size,
+                                cs_tls_ca=self.client.tls_ca or "")
         publish(chief.rendezvous_path, rendezvous)
         self._errors: list[BaseException] = []
         self._thread = None
@@ -165,23 +168,16 @@ class Chief:
             publish(self.rendezvous_path, Rendezvous.nothing(self.role.num_workers, why))
 
     def _compile(self, input_fn: Callable, mode: str) -> Any:
-        from launcher.compiler import compile_model
-
         return compile_model(self.estimator.model_fn, input_fn, self.params,
                              getattr(self.estimator, "compile_dir", self.model_dir), mode=mode)
 
     def train(self, input_fn: Callable, steps: int | None = None,
               max_steps: int | None = None) -> None:
-        from launcher.model_dir_lock import model_dir_locked
 
         with model_dir_locked(self.model_dir):
             self._train(input_fn, steps, max_steps)
 
     def _train(self, input_fn: Callable, steps: int | None, max_steps: int | None) -> None:
-        from launcher import checkpoints, progress
-        from launcher.estimator_spec import ModeKeys
-        from launcher.events import EventWriter
-
         if steps is None and max_steps is None:
             raise CSRunError("training needs a number of steps", "give steps or max_steps "
                              "(--steps, --max_steps or runconfig.max_steps)")
@@ -234,18 +230,12 @@ class Chief:
                   f"{summary.wall_samples_per_sec:,.0f} samples/second", flush=True)
 
     def _checkpoint_state(self, program: pb.Program, checkpoint_path: str | None) -> tuple[str, int, dict]:
-        from launcher import checkpoints
-
         path = checkpoints.chosen_checkpoint(self.model_dir, checkpoint_path)
         state = cs_state(program, checkpoints.read_checkpoint(path), path)
         return path, checkpoints.checkpoint_step(path), state
 
     def evaluate(self, input_fn: Callable, steps: int | None = None,
                  checkpoint_path: str | None = None) -> dict[str, float]:
-        from launcher import progress
-        from launcher.estimator_spec import ModeKeys
-        from launcher.events import EventWriter, eval_dir
-        from launcher.metrics import EvalMetrics
 
         if not steps:
             raise CSRunError("evaluation on the CS system needs a number of batches",
@@ -267,9 +257,6 @@ class Chief:
 
     def predict(self, input_fn: Callable, checkpoint_path: str | None = None,
                 num_samples: int | None = None) -> dict[str, np.ndarray]:
-        from launcher.estimator_spec import ModeKeys
-        from launcher.model_fn import batch_signature, make_dataset
-        from launcher.predictions import PredictionGraph, write_predictions
 
         dataset = make_dataset(input_fn, self.params)
         program = self._compile(input_fn, ModeKeys.PREDICT).program

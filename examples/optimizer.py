@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from launcher.errors import CSRunError
+from common.errors import CSRunError
 from launcher.params_spec import Key
 
 OPTIMIZERS = ("sgd", "momentum", "adam")

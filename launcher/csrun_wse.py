@@ -26,32 +26,32 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from containers.runtime import add_mount_dirs_flag, mount_dirs_of
-from launcher.errors import CSRunError, Stopped, cli_entry, stop_on_signals
+import grpc
+
+from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
+from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
+from cs_api import pb, rpc
 from launcher.site_config import TLS_CA_ENV, SiteConfig, load_site_config
-from slurm.backend import JobRequest, choose_backend
+from slurm.auto import choose_backend
+from slurm.backend import JobRequest
+from slurm.templates import write_wse_sbatch
 from workers.rendezvous import RENDEZVOUS_DIR
 
 PROG = "csrun_wse"
 _SIM_START_TIMEOUT_S = 60.0
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # unknown flags are errors, reported in one line
-        raise CSRunError(message, f"see {PROG} --help")
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Run a training script on the CS system.")
+    p = ArgumentParser(prog=PROG, description="Run a training script on the CS system.")
     p.add_argument("--total-nodes", type=int, help="nodes (default: csrun.yaml slurm.nodes, 1)")
     p.add_argument("--tasks-per-node", type=int, help="tasks per node (default: slurm.tasks_per_node, 1)")
     p.add_argument("--cpus-per-task", type=int, help="CPUs per task (default: slurm.cpus_per_task, 1)")
@@ -172,9 +172,6 @@ class EmbeddedSimulator:
         self._process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        from wse_sim.api import pb, rpc
-        import grpc
-
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self._process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
@@ -213,8 +210,6 @@ def task_command(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig) -> 
     command = with_cs_ip(args.command, cs_ip)
     if site.container.image is None:
         return command
-    from containers.runtime import container_exec
-
     _, argv = container_exec(site.container.image, command, (*site.mount_dirs, *args.mount_dirs),
                              str(workdir), site.container.runtime)
     return tuple(argv)
@@ -261,8 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv, site)
     workdir = Path.cwd()
     if args.emit_sbatch is not None:
-        from slurm.templates import write_wse_sbatch
-
         write_wse_sbatch(args.emit_sbatch, job_request(args, args.cs_ip or "", workdir), args.command,
                          args.cs_ip, site.container.image, (*site.mount_dirs, *args.mount_dirs),
                          fabric_of(args.command, workdir))

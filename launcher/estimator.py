@@ -8,7 +8,7 @@
 A CS is in use when `config.cs_ip` is set or the script runs in a `csrun_wse` job
 (`CSRUN_CS_IP`); then train (and evaluate / predict with `use_cs=True`) go to
 `coordinator.dispatch.run`. Otherwise everything runs on the CPU with plain TensorFlow
-(`launcher.cpu_session`).
+(`tf_model.cpu_session`).
 """
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from launcher import cpu_session
-from launcher.errors import CSRunError, install_excepthook
-from launcher.estimator_spec import CSEstimatorSpec, ModeKeys
+from common.errors import CSRunError, install_excepthook
+from coordinator import compiler, dispatch
+from launcher.site_config import cs_tls_ca
+from tf_model import cpu_session
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 
@@ -35,6 +37,7 @@ class CSRunConfig:
     """Where the CS is and how often a run logs, summarizes and checkpoints (in steps)."""
 
     cs_ip: str | None = None
+    cs_tls_ca: str | None = None  # CA file the CS's TLS is verified with (default: csrun.yaml's cs.tls_ca)
     save_summary_steps: int | None = 100
     save_checkpoints_steps: int | None = None  # None: only at the end of a run
     keep_checkpoint_max: int | None = 5  # None or 0: keep all
@@ -44,7 +47,7 @@ class CSRunConfig:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name in ("cs_ip", "tf_random_seed") or value is None:
+            if field.name in ("cs_ip", "cs_tls_ca", "tf_random_seed") or value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise CSRunError(f"CSRunConfig {field.name}={value!r} is not a whole number >= 0",
@@ -60,6 +63,8 @@ class CSEstimator:
         config = config or CSRunConfig()
         if config.cs_ip is None and os.environ.get(CS_IP_ENV):
             config = dataclasses.replace(config, cs_ip=os.environ[CS_IP_ENV])
+        if config.cs_ip is not None and config.cs_tls_ca is None:
+            config = dataclasses.replace(config, cs_tls_ca=cs_tls_ca())
         params = copy.deepcopy(params) if params is not None else {}
         if config.tf_random_seed is not None:  # model_graph and input workers read it here
             params.setdefault("runconfig", {})["tf_random_seed"] = config.tf_random_seed
@@ -88,9 +93,7 @@ class CSEstimator:
         """Validate (and unless validate_only, compile) the model for the CS system; prints
         the report and returns the compiler's result. Artifacts go to
         `compile_dir/cs_compile/` (compile_dir defaults to model_dir)."""
-        from launcher.compiler import compile_model
-
-        result = compile_model(self.model_fn, input_fn, self.params, self.compile_dir, mode=mode,
+        result = compiler.compile_model(self.model_fn, input_fn, self.params, self.compile_dir, mode=mode,
                                validate_only=validate_only)
         print(result.report_text, end="", flush=True)
         return result
@@ -106,8 +109,6 @@ class CSEstimator:
         if self._on_cs(use_cs):
             if hooks:
                 raise CSRunError("hooks run on the CPU path only", "train without hooks on the CS")
-            from coordinator import dispatch
-
             dispatch.run(self, "train", input_fn, steps=steps, max_steps=max_steps)
         else:
             cpu_session.train(self.model_fn, input_fn, self.settings, steps=steps,
@@ -118,8 +119,6 @@ class CSEstimator:
                  checkpoint_path: str | None = None, use_cs: bool = False) -> dict | None:
         """The metrics of a checkpoint (the newest by default) over `steps` batches."""
         if self._on_cs(use_cs):
-            from coordinator import dispatch
-
             return dispatch.run(self, "evaluate", input_fn, steps=steps,
                                 checkpoint_path=checkpoint_path)
         return cpu_session.evaluate(self.model_fn, input_fn, self.settings, steps=steps,
@@ -129,8 +128,6 @@ class CSEstimator:
                 num_samples: int | None = None, use_cs: bool = False) -> Any:
         """Predictions of a checkpoint; also written to `model_dir/predict/`."""
         if self._on_cs(use_cs):
-            from coordinator import dispatch
-
             return dispatch.run(self, "predict", input_fn, checkpoint_path=checkpoint_path,
                                 num_samples=num_samples)
         return cpu_session.predict(self.model_fn, input_fn, self.settings,

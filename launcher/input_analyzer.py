@@ -4,7 +4,7 @@
                       [--] python run.py --mode train
 
 1. Compile: the script runs in this process with `--compile_only` appended; the analyzer
-   observes its call of `launcher.compiler.compile_model` (the user's input_fn and params,
+   observes its call of `coordinator.compiler.compile_model` (the user's input_fn and params,
    and the compile directory) and reads the program's estimated samples/s from
    `compile_report.json`.
 2. Measure input_fn the way an input worker runs it (`workers.feed.shard_batches`, then
@@ -36,7 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from launcher.errors import ArgumentParser, CSRunError, cli_entry
+from common.errors import ArgumentParser, CSRunError, cli_entry
+from coordinator import compiler
+from coordinator.compiler import load_compiled
+from cs_api.input_spec import program_inputs
+from workers.feed import feed_requests, shard_batches
+from workers.rendezvous import Rendezvous
 
 PROG = "cs_input_analyzer"
 NEAR_BEST = 0.95  # input-bound: the fewest workers within 5 % of the best rate
@@ -175,13 +180,11 @@ def script_argv(command: tuple[str, ...]) -> list[str]:
 
 @contextlib.contextmanager
 def observed_compiles(calls: list[tuple[tuple, dict, Any]]) -> Iterator[None]:
-    """Record every (args, kwargs, result) of `launcher.compiler.compile_model` meanwhile.
+    """Record every (args, kwargs, result) of `coordinator.compiler.compile_model` meanwhile.
 
-    The estimator looks the function up in `launcher.compiler` when it compiles, so the
+    The estimator looks the function up in `coordinator.compiler` when it compiles, so the
     real compiler runs and the analyzer sees the user's input_fn, params and result.
     """
-    import launcher.compiler as compiler
-
     real = compiler.compile_model
 
     def compile_model(*args, **kwargs):
@@ -230,15 +233,13 @@ def compile_script(command: tuple[str, ...]) -> CompiledScript:
 
 # ---- measuring input_fn ----------------------------------------------------------------
 
-def seconds_per_batch(input_fn: Callable, params: dict, inputs: tuple, batches: int,
-                      num_workers: int) -> float:
+def seconds_per_batch(input_fn: Callable, params: dict, inputs: tuple, batch_size: int,
+                      batches: int, num_workers: int) -> float:
     """Seconds per batch worker 0 of `num_workers` sends (input_fn's call and its first
     batch excluded), through the workers' own sharding, checks and serialization."""
-    from workers.feed import feed_requests, shard_batches
-    from workers.rendezvous import Rendezvous
-
     rendezvous = Rendezvous(cs_ip="", cs_job_id="analyzer", token="", num_workers=num_workers,
-                            start_batch=0, num_batches=(batches + 1) * num_workers, inputs=inputs)
+                            start_batch=0, num_batches=(batches + 1) * num_workers, inputs=inputs,
+                            batch_size=batch_size)
     requests = feed_requests(shard_batches(input_fn, params, rendezvous, 0), rendezvous, 0)
     next(requests)
     start = time.perf_counter()
@@ -249,13 +250,12 @@ def seconds_per_batch(input_fn: Callable, params: dict, inputs: tuple, batches: 
 def measure_costs(compiled: CompiledScript, batches: int, most_workers: int) -> InputCosts:
     """Time worker 0 of W for W = 1, 2, 4, 8, up to the first W >= `most_workers`; the
     fastest of REPEATS runs each (this node is shared: slower runs are other work)."""
-    from coordinator.chief import program_inputs
-    from launcher.compiler import load_compiled
-
-    inputs = program_inputs(load_compiled(compiled.directory).program)
+    program = load_compiled(compiled.directory).program
+    inputs = program_inputs(program)
     reach = next((w for w in MEASURED_WORKERS if w >= max(most_workers, 2)), MEASURED_WORKERS[-1])
     counts = [w for w in MEASURED_WORKERS if w <= reach]
-    seconds = tuple((w, min(seconds_per_batch(compiled.input_fn, compiled.params, inputs, batches, w)
+    seconds = tuple((w, min(seconds_per_batch(compiled.input_fn, compiled.params, inputs,
+                                              program.batch_size, batches, w)
                             for _ in range(REPEATS)))
                     for w in counts)
     return InputCosts(int(compiled.report["batch_size"]), seconds, len(os.sched_getaffinity(0)))

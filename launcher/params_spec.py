@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from launcher.errors import CSRunError
+from common.errors import CSRunError
 
 _KINDS = {"int": "a whole number", "number": "a number", "bool": "true or false",
           "str": "a string", "ints": "a list of whole numbers"}

@@ -14,14 +14,13 @@ import os
 import sys
 from typing import Callable
 
+from common.errors import CSRunError, cli_entry
 from coordinator.roles import task_role
-from launcher import checkpoints
-from launcher.errors import CSRunError, cli_entry
 from launcher.estimator import CSEstimator, CSRunConfig, ModeKeys
-from launcher.model_dir_lock import model_dir_locked
 from launcher.params_spec import Spec, check_params
-from launcher.run_utils import (check_env, create_arg_parser, get_params, is_cs, save_params,
-                                update_params_from_args)
+from launcher.run_utils import check_env, create_arg_parser, get_params, is_cs, save_params, update_params_from_args
+from tf_model import checkpoints
+from tf_model.model_dir_lock import model_dir_locked
 
 TRAINING_MODES = ("train", "train_and_eval")  # the modes that write checkpoints: one writer
 

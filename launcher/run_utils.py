@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
+from common.errors import ArgumentParser, CSRunError, install_excepthook
 from launcher.csrun_wse import normalize_cs_ip
-from launcher.errors import ArgumentParser, CSRunError, install_excepthook
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 

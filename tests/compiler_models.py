@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from launcher.estimator_spec import CSEstimatorSpec, ModeKeys
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 
 def input_fn(params):

@@ -1,4 +1,4 @@
-"""Differential runs in one process: a model compiled by launcher.compiler, trained on the
+"""Differential runs in one process: a model compiled by coordinator.compiler, trained on the
 simulated CS system (wse_sim's CSSystem object, no gRPC, no subprocess) and by TensorFlow on
 the CPU (tests/tf_reference.py) from the same initial weights and batches.
 
@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-
 import tf_reference
-from launcher.compiler import CompileResult, compile_model
-from launcher.errors import CSRunError
-from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
-from wse_sim.api import pb
-from wse_sim.api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
+
+from common.errors import CSRunError
+from coordinator.compiler import CompileResult, compile_model
+from cs_api import pb
+from cs_api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
+from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+from wafer.fabric import get_fabric
 from wse_sim.cs_system import CSSystem
-from wse_sim.fabric import get_fabric
 
 TOKEN = "in-process"
 

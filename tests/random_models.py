@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 from hypothesis import strategies as st
 
-from launcher.estimator_spec import CSEstimatorSpec
+from tf_model.estimator_spec import CSEstimatorSpec
 
 BATCH = 8
 STEPS = 10

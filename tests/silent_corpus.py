@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from launcher.estimator_spec import CSEstimatorSpec
+from tf_model.estimator_spec import CSEstimatorSpec
 
 BATCH = 16
 FEATURES = 10

@@ -1,4 +1,4 @@
-"""launcher.checkpoints: the one checkpoint writer and index of the CPU path and the chief."""
+"""tf_model.checkpoints: the one checkpoint writer and index of the CPU path and the chief."""
 from __future__ import annotations
 
 import os
@@ -7,9 +7,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launcher.checkpoints import (all_checkpoints, latest_checkpoint, read_checkpoint,
-                                  restore_variables, write_checkpoint)
-from launcher.errors import CSRunError
+from common.errors import CSRunError
+from tf_model.checkpoints import (
+    all_checkpoints,
+    latest_checkpoint,
+    read_checkpoint,
+    restore_variables,
+    write_checkpoint,
+)
 
 
 def tensors(step: int) -> dict[str, np.ndarray]:

@@ -3,21 +3,21 @@ import json
 import os
 import sys
 
+import compiler_models as m
 import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
 from PIL import Image
 
-import compiler_models as m
-from launcher.compiler import compile_model, load_compiled, place_model
-from launcher.compiler.extract import extract
-from launcher.compiler.match import match
-from launcher.compiler.placement import equal_area_samples_per_sec
-from launcher.errors import CSRunError
-from launcher.model_fn import call_model_fn, model_graph
-from wse_sim.fabric import get_fabric
-from wse_sim.kernels import KERNELS
+from common.errors import CSRunError
+from coordinator.compiler import compile_model, load_compiled, place_model
+from coordinator.compiler.extract import extract
+from coordinator.compiler.match import match
+from coordinator.compiler.placement import equal_area_samples_per_sec
+from tf_model.model_fn import call_model_fn, model_graph
+from wafer.fabric import get_fabric
+from wafer.kernels import KERNELS
 
 pytestmark = pytest.mark.skipif("dense" not in KERNELS, reason="wse_sim kernels not implemented yet")
 
@@ -96,7 +96,7 @@ def test_unchanged_graph_is_reused_and_a_changed_hyper_parameter_recompiles(tmp_
 
 def cpu_initial_values(model_fn, params):
     """What a CPU run starts from: model_fn built in model_graph on the batch placeholders."""
-    from launcher.model_fn import batch_signature, make_dataset
+    from tf_model.model_fn import batch_signature, make_dataset
     signature = batch_signature(make_dataset(m.input_fn, params))
     with model_graph(params) as graph:
         features, labels = signature.placeholders()

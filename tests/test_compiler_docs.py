@@ -1,7 +1,7 @@
 """The README's list of supported and refused operations is the compiler's own tables."""
 from pathlib import Path
 
-from launcher.compiler.lowering import supported_table
+from coordinator.compiler.lowering import supported_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -13,4 +13,4 @@ def test_readme_lists_exactly_the_compilers_supported_operations():
     listed = text.split(begin, 1)[1].split(end, 1)[0]
     assert listed == supported_table(), (
         "README's table differs from the compiler's: regenerate it with "
-        "python -m launcher.compiler.lowering")
+        "python -m coordinator.compiler.lowering")

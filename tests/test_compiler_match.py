@@ -2,13 +2,13 @@
 import inspect
 import os
 
+import compiler_models as m
 import pytest
 
-import compiler_models as m
-from launcher.compiler import compile_model
-from launcher.compiler.extract import extract
-from launcher.compiler.match import match
-from launcher.errors import CSRunError
+from common.errors import CSRunError
+from coordinator.compiler import compile_model
+from coordinator.compiler.extract import extract
+from coordinator.compiler.match import match
 
 
 def matched(model_fn, mode="train", input_fn=m.input_fn, **params):
@@ -191,8 +191,8 @@ def test_cli_prints_every_unsupported_op_then_one_error_line(tmp_path):
         import sys
         sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
         import compiler_models as m
-        from launcher.compiler import compile_model
-        from launcher.errors import cli_entry
+        from coordinator.compiler import compile_model
+        from common.errors import cli_entry
 
         @cli_entry("run.py")
         def main():

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from launcher.compiler.placement import TooLargeError, place
-from wse_sim import timing
-from wse_sim.fabric import get_fabric
-from wse_sim.kernels import KERNELS, build_kernel
+from coordinator.compiler.placement import TooLargeError, place
+from wafer import timing
+from wafer.fabric import get_fabric
+from wafer.kernels import KERNELS, build_kernel
 
 pytestmark = pytest.mark.skipif("dense" not in KERNELS, reason="wse_sim kernels not implemented yet")
 

@@ -1,12 +1,12 @@
-"""The timing model's formulas (wse_sim/timing.py), on kernels with known costs."""
+"""The timing model's formulas (wafer/timing.py), on kernels with known costs."""
 import math
 from dataclasses import dataclass
 
 import pytest
 
-from wse_sim import timing
-from wse_sim.fabric import get_fabric
-from wse_sim.kernels.base import Kernel
+from wafer import timing
+from wafer.fabric import get_fabric
+from wafer.kernels.base import Kernel
 
 
 class Matvec(Kernel):

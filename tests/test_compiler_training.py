@@ -1,18 +1,18 @@
 """Training analysis: what the train_op does, proven from the graph, or one line naming the op
-and the user's source line (launcher.compiler.training)."""
+and the user's source line (coordinator.compiler.training)."""
 import inspect
 
 import numpy as np
 import pytest
-
 import tf_reference
 import training_models as tm
 from test_wse_parity import assert_parity, server, train_on_server  # noqa: F401 (fixture)
-from launcher.compiler import compile_model
-from launcher.compiler.extract import extract
-from launcher.compiler.training import analyze_training
-from launcher.errors import CSRunError
-from wse_sim.grad_transforms import GradientTransform
+
+from common.errors import CSRunError
+from coordinator.compiler import compile_model
+from coordinator.compiler.extract import extract
+from coordinator.compiler.training import analyze_training
+from wafer.grad_transforms import GradientTransform
 
 F32 = lambda x: float(np.float32(x))  # noqa: E731  TF's float32 constants, exactly
 # the train_op's updates, compute_gradients' order: the variables' creation order
@@ -172,7 +172,7 @@ def test_swapped_gradients_are_refused_by_structure_and_by_numbers(monkeypatch):
     assert error.message.startswith("the gradient applied to b/kernel is the gradient of "
                                     "another tensor (a_1/MatMul's input at ")
     # the numeric check on the first batch catches it on its own
-    monkeypatch.setattr("launcher.compiler.training._check_source", lambda *args: None)
+    monkeypatch.setattr("coordinator.compiler.training._check_source", lambda *args: None)
     error = refusal(tm.swapped_gradients)
     assert error.message.startswith("the gradient applied to a/kernel is not the gradient of "
                                     "the loss model_fn returns")
@@ -220,8 +220,8 @@ def test_validation_report_lists_optimizer_frozen_weights_and_transforms(tmp_pat
 
 
 def test_numeric_checks_are_skipped_above_their_memory_budget(monkeypatch):
-    monkeypatch.setattr("launcher.compiler.training._check_source", lambda *args: None)
-    monkeypatch.setattr("launcher.compiler.training.NUMERIC_CHECK_VALUES", 10)
+    monkeypatch.setattr("coordinator.compiler.training._check_source", lambda *args: None)
+    monkeypatch.setattr("coordinator.compiler.training.NUMERIC_CHECK_VALUES", 10)
     analyze(tm.swapped_gradients)  # only the structure is proven: no Session runs
 
 

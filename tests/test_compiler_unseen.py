@@ -1,7 +1,6 @@
 """Unseen user-style models validate, then train on the CS exactly as TensorFlow does."""
-import pytest
-
 import cs_inprocess
+import pytest
 import unseen_models as u
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fc_mnist_runs import ENV, EXAMPLE, fc_mnist_params, losses
 
 from containers.image import image_stamp
-from fc_mnist_runs import ENV, EXAMPLE, fc_mnist_params, losses
 
 pytestmark = [pytest.mark.container, pytest.mark.slow]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import CSRunError
 from containers.recipes import DEFINITION, dockerfile_to_definition, missing_sources, read_definition
 from containers.runtime import ContainerRuntime, check_binds, check_image, find_runtime
-from launcher.errors import CSRunError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from examples.fc_mnist import data, model
-from launcher.checkpoints import checkpoint_step, latest_checkpoint, read_checkpoint
 from launcher.estimator import CSEstimator, CSRunConfig
+from tf_model.checkpoints import checkpoint_step, latest_checkpoint, read_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_PY = os.path.join(ROOT, "examples", "fc_mnist", "run.py")

@@ -10,11 +10,11 @@ import tensorflow as tf
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from common.errors import CSRunError
 from examples.fc_mnist import data, model
-from launcher.checkpoints import all_checkpoints, latest_checkpoint, read_checkpoint
-from launcher.errors import CSRunError
 from launcher.estimator import CSEstimator, CSEstimatorSpec, CSRunConfig
-from launcher.metrics import EvalMetrics
+from tf_model.checkpoints import all_checkpoints, latest_checkpoint, read_checkpoint
+from tf_model.metrics import EvalMetrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(ROOT, "examples", "fc_mnist", "configs", "params.yaml")) as f:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import compiler_models as m
+import cs_inprocess
 import numpy as np
 import pytest
 
-import compiler_models as m
-import cs_inprocess
-from launcher.errors import CSRunError
+from common.errors import CSRunError
 
 PARAMS = {"batch_size": 16, "hidden": [12], "optimizer": "momentum", "learning_rate": 0.05,
           "runconfig": {"tf_random_seed": 1}}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import CSRunError
 from launcher.csrun_cpu import CpuArgs, parse_args, plan
-from launcher.errors import CSRunError
 from launcher.site_config import ContainerConfig, SiteConfig, SlurmConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import CSRunError
 from coordinator.roles import task_role
 from launcher.csrun_wse import normalize_cs_ip, parse_args, with_cs_ip
-from launcher.errors import CSRunError
 
 CSRUN_WSE = [sys.executable, "-c", "import sys; from launcher.csrun_wse import main; sys.exit(main())"]
 # A fake CS address: these tests exercise process management only (no CS is contacted).

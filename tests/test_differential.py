@@ -12,12 +12,12 @@ from __future__ import annotations
 import tempfile
 import traceback
 
+import cs_inprocess
 import pytest
+import random_models as rm
 from hypothesis import HealthCheck, Phase, given, settings
 
-import cs_inprocess
-import random_models as rm
-from launcher.errors import CSRunError
+from common.errors import CSRunError
 
 EXAMPLES = 25
 

@@ -6,7 +6,7 @@ import textwrap
 
 def run_cli(body: str, *args: str) -> subprocess.CompletedProcess:
     code = textwrap.dedent(f"""
-        from launcher.errors import CSRunError, cli_entry
+        from common.errors import CSRunError, cli_entry
 
         @cli_entry("prog")
         def main():

@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
+from common.errors import CSRunError
 from examples.fc_mnist import data, model
 from launcher import estimator as api
-from launcher.errors import CSRunError
 from launcher.estimator import CSEstimator, CSRunConfig
 
 

@@ -8,8 +8,8 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from examples.cnn_digits import data, model
-from launcher.checkpoints import all_checkpoints
 from launcher.run_flow import run
+from tf_model.checkpoints import all_checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(ROOT, "examples", "cnn_digits")

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
+from common.errors import CSRunError
 from examples.cnn_digits import data as cnn_data
 from examples.digits import TRAIN_SAMPLES, digits_split
 from examples.fc_mnist import data, model
-from launcher.errors import CSRunError
 from launcher.run_flow import estimator_for
 from launcher.run_utils import get_params
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib
 import os
 
+import cs_inprocess
 import pytest
 import yaml
 
-import cs_inprocess
 from launcher.estimator import CSEstimator, CSRunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import CSRunError
-from launcher.input_analyzer import (InputCosts, Recommendation, compile_script, job_slots, parse_args,
-                                     recommend, script_argv)
+from common.errors import CSRunError
+from launcher.input_analyzer import (
+    InputCosts,
+    Recommendation,
+    compile_script,
+    job_slots,
+    parse_args,
+    recommend,
+    script_argv,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ANALYZER = [sys.executable, "-c", "import sys; from launcher.input_analyzer import main; sys.exit(main())"]

@@ -8,17 +8,16 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-
 from fc_mnist_runs import ENV, losses
-from launcher import checkpoints
-from slurm.backend import task_hosts
+
+from slurm.task_logs import task_hosts
+from tf_model import checkpoints
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.slow]
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.errors import CSRunError
 from coordinator.chief import cs_state
-from launcher import checkpoints
-from launcher.errors import CSRunError
-from launcher.model_dir_lock import LOCK_FILE, model_dir_locked
-from wse_sim.api import pb
+from cs_api import pb
+from tf_model import checkpoints
+from tf_model.model_dir_lock import LOCK_FILE, model_dir_locked
 
 WEIGHTS = {"dense/kernel": np.ones((2, 3), np.float32), "dense/bias": np.zeros(3, np.float32)}
 
@@ -78,7 +78,7 @@ def test_every_checkpoint_damaged_is_refused(tmp_path):
 
 
 def _hold_lock(model_dir: Path) -> subprocess.Popen:
-    code = ("import sys, time; from launcher.model_dir_lock import lock_model_dir; "
+    code = ("import sys, time; from tf_model.model_dir_lock import lock_model_dir; "
             "lock_model_dir(sys.argv[1]); print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(model_dir)], stdout=subprocess.PIPE,
                               text=True)
@@ -129,8 +129,8 @@ def test_cs_path_resumes_weights_with_fresh_state_for_another_optimizer(capsys):
 def test_cpu_path_resumes_weights_with_fresh_state_for_another_optimizer(tmp_path):
     """Adam to SGD and SGD to Momentum on the CPU path: the same line and the same choice as
     the CS path (weights and step resume, the optimizer starts fresh), and training goes on."""
-    from tests.test_reliability_bad_inputs import _write_params
     from tests.fc_mnist_runs import ENV, EXAMPLE
+    from tests.test_reliability_bad_inputs import _write_params
 
     model_dir = tmp_path / "m"
 

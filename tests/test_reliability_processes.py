@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import checkpoints
 from launcher.csrun_wse import free_port
 from tests.fc_mnist_runs import ENV, EXAMPLE, losses
 from tests.test_reliability_bad_inputs import _write_params
+from tf_model import checkpoints
 
 pytestmark = pytest.mark.slow
 RUN_PY = str(EXAMPLE / "run.py")

@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.chief import cs_state, program_inputs
-from launcher.errors import CSRunError
-from wse_sim.api import pb
+from common.errors import CSRunError
+from coordinator.chief import cs_state
+from cs_api import pb
+from cs_api.input_spec import program_inputs
 
 
 def program(optimizer=None):
@@ -18,10 +19,12 @@ def program(optimizer=None):
                       optimizer=optimizer)
 
 
-def test_program_inputs_carry_the_batch_dimension():
+def test_program_inputs_are_per_sample_and_batch_with_the_program():
     specs = program_inputs(program())
-    assert [(s.name, s.dtype, s.shape) for s in specs] == [
-        ("features", "float32", (256, 784)), ("labels", "int32", (256,))]
+    assert [(s.name, s.dtype, s.shape) for s in specs] == [("features", "float32", (784,)),
+                                                            ("labels", "int32", ())]
+    assert [s.batch_shape(256) for s in specs] == [(256, 784), (256,)]
+    assert [s.to_proto() for s in specs] == list(program().inputs)
 
 
 TENSORS = {n: np.zeros(1) for n in ("dense/kernel", "dense/bias", "dense/kernel/Adam",

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordinator.cs_client import CSClient
-from wse_sim.api.tensors import assemble, tensor_chunks
+from common.errors import CSRunError
+from cs_api.client import CSClient
+from cs_api.tensors import assemble, tensor_chunks
 from launcher.csrun_wse import free_port
-from launcher.errors import CSRunError
 
 
 def test_chunks_round_trip_exactly_above_grpc_message_limit():

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from coordinator.cs_client import CSClient
-from launcher import checkpoints
-from launcher.csrun_wse import free_port
-from launcher.errors import CSRunError
 from fc_mnist_runs import ENV, EXAMPLE, REPO, eval_results, fc_mnist_params, losses
+
+from common.errors import CSRunError
+from cs_api.client import CSClient
+from launcher.csrun_wse import free_port
+from tf_model import checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -292,7 +292,7 @@ def test_unreachable_cs_is_one_line(tmp_path, cs_run):
 
 
 def test_busy_cs_is_one_line(tmp_path, cs_run, external_cs):
-    from launcher.compiler import compile_model
+    from coordinator.compiler import compile_model
 
     sys.path.insert(0, str(REPO))
     from examples.fc_mnist.data import train_input_fn

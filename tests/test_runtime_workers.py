@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launcher.errors import CSRunError
-from wse_sim.api import pb
+from common.errors import CSRunError
+from cs_api import pb
+from cs_api.input_spec import InputSpec
+from cs_api.tensors import to_tensor
 from workers.feed import check_batch, feed_requests, flatten, shard, shard_batches
-from wse_sim.api.tensors import to_tensor
-from workers.rendezvous import InputSpec, Rendezvous, publish, rendezvous_path, wait_for
+from workers.rendezvous import Rendezvous, publish, rendezvous_path, wait_for
 
 BATCH = 4
 
@@ -26,8 +27,8 @@ def input_fn(params):
 
 
 def make_rendezvous(start=0, count=10, workers=1, inputs=None):
-    inputs = inputs or (InputSpec("features", "float32", (BATCH, 3)), InputSpec("labels", "int32", (BATCH,)))
-    return Rendezvous("127.0.0.1:1", "job", "tok", workers, start, count, tuple(inputs))
+    inputs = inputs or (InputSpec("features", "float32", (3,)), InputSpec("labels", "int32", ()))
+    return Rendezvous("127.0.0.1:1", "job", "tok", workers, start, count, tuple(inputs), BATCH)
 
 
 def reference_batches(start, count):
@@ -86,20 +87,20 @@ def test_flatten_dict_features():
 
 
 def test_shape_mismatch_names_both_shapes():
-    rdv = make_rendezvous(inputs=(InputSpec("features", "float32", (BATCH, 5)),
-                                  InputSpec("labels", "int32", (BATCH,))))
+    rdv = make_rendezvous(inputs=(InputSpec("features", "float32", (5,)),
+                                  InputSpec("labels", "int32", ())))
     with pytest.raises(CSRunError) as info:
         list(feed_requests(shard_batches(input_fn, {}, rdv, 0), rdv, 0))
     assert "features is (4, 3) float32, the compiled program takes (4, 5) float32" in info.value.message
 
 
 def test_dtype_mismatch_and_missing_input_are_named():
-    specs = (InputSpec("features", "float32", (BATCH, 3)), InputSpec("labels", "int64", (BATCH,)))
+    specs = (InputSpec("features", "float32", (3,)), InputSpec("labels", "int64", ()))
     batch = {"features": np.zeros((BATCH, 3), np.float32), "labels": np.zeros(BATCH, np.int32)}
     with pytest.raises(CSRunError, match=r"labels is \(4,\) int32, the compiled program takes \(4,\) int64"):
-        check_batch(batch, specs, 0, 0)
+        check_batch(batch, specs, BATCH, 0, 0)
     with pytest.raises(CSRunError, match=r"has inputs \['features'\], the compiled program takes"):
-        check_batch({"features": batch["features"]}, specs, 0, 0)
+        check_batch({"features": batch["features"]}, specs, BATCH, 0, 0)
 
 
 def test_finite_input_that_runs_out_is_an_error():
@@ -136,7 +137,7 @@ from concurrent import futures  # noqa: E402
 
 import grpc  # noqa: E402
 
-from wse_sim.api import rpc  # noqa: E402
+from cs_api import rpc  # noqa: E402
 from workers.feed import stream  # noqa: E402
 
 

@@ -15,16 +15,16 @@ Never validate and then diverge.
 """
 from __future__ import annotations
 
+import cs_inprocess
 import numpy as np
 import pytest
-import tensorflow as tf
-
-import cs_inprocess
 import silent_corpus as corpus
+import tensorflow as tf
 import tf_reference
-from launcher import checkpoints
-from launcher.errors import CSRunError
+
+from common.errors import CSRunError
 from launcher.estimator import CSEstimator
+from tf_model import checkpoints
 
 pytestmark = pytest.mark.slow
 STEPS = 10

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import CSRunError
+from common.errors import CSRunError
 from launcher.site_config import SiteConfig, SlurmConfig, load_site_config
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "slurm" / "csrun.example.yaml"

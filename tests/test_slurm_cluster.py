@@ -5,7 +5,6 @@ import re
 import signal
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -46,7 +45,7 @@ def wait_state(cluster, job_id: str, states: tuple[str, ...], timeout: float = 6
     deadline = time.monotonic() + timeout
     while True:
         state = cluster.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"]).stdout.strip()
-        if state.split(" ")[0] in states:
+        if state.split(" ")[0] in states and state != "PENDING None":  # None: not scheduled yet
             return state
         assert time.monotonic() < deadline, f"job {job_id} never reached {states}: {state!r}"
         time.sleep(0.3)
@@ -80,7 +79,7 @@ def test_tasks_run_with_their_ranks_and_the_dry_run_is_the_submitted_script(slur
 
 
 def test_the_embedded_simulator_is_reached_from_the_job(slurm_cluster, tmp_path):
-    probe = ("import os, grpc; from wse_sim.api import pb, rpc; "
+    probe = ("import os, grpc; from cs_api import pb, rpc; "
              "stub = rpc.CSSystemStub(grpc.insecure_channel(os.environ['CSRUN_CS_IP'])); "
              "stub.Status(pb.StatusRequest(), timeout=10); print('CS answered at', os.environ['CSRUN_CS_IP'])")
     done = slurm_cluster.csrun_wse(["--job-dir", str(tmp_path / "job"), "--", sys.executable, "-c", probe],

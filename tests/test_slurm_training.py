@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fc_mnist_runs import ENV, EXAMPLE, fc_mnist_params, losses
-from launcher import checkpoints
+
+from tf_model import checkpoints
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from wse_sim.kernels import KernelError, RunContext, build_kernel
+from wafer.kernels import KernelError, RunContext, build_kernel
 
 
 def tf_einsum(equation, a, b):

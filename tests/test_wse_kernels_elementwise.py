@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-import tensorflow as tf
 
-from launcher.compiler.program import attr_value as encode_attr
-from wse_sim.api import cs_api_pb2 as pb
-from wse_sim.api.tensors import dtype_code
+from cs_api import cs_api_pb2 as pb
+from cs_api.attrs import from_attr, to_attr
+from cs_api.tensors import dtype_code
+from wafer.kernels import KernelError, RunContext, build_kernel
+from wafer.kernels.activations import FUNCTIONS, erf, erfc
+from wafer.kernels.elementwise import where
+from wafer.optimizers import make_optimizer
 from wse_sim.errors import CSError
-from wse_sim.kernels import KernelError, RunContext, build_kernel
-from wse_sim.kernels.activations import FUNCTIONS, erf, erfc
-from wse_sim.kernels.elementwise import where
-from wse_sim.optimizers import make_optimizer
 from wse_sim.pipeline import Pipeline
-from wse_sim.program import attr_value, check_program
+from wse_sim.program import check_program
 
 RNG = np.random.default_rng(20261123)
 BATCH, MICRO = 6, 3
@@ -459,16 +459,16 @@ def program(kernels, inputs=(("features", "float32", (4,)),)):
         kernel = message.kernels.add(name=name, type=kind, inputs=list(sources),
                                      output_shape=list(shape))
         for key, value in attrs.items():
-            kernel.attrs[key].CopyFrom(encode_attr(value))
+            kernel.attrs[key].CopyFrom(to_attr(value))
     return message
 
 
 def test_a_constant_travels_as_a_tensor_attr():
     value = randn(2, 3)
-    decoded = attr_value(encode_attr(value))
+    decoded = from_attr(to_attr(value))
     np.testing.assert_array_equal(decoded, value)
     assert decoded.dtype == np.float32
-    np.testing.assert_array_equal(attr_value(encode_attr(np.array([1, 2], np.int64))), [1, 2])
+    np.testing.assert_array_equal(from_attr(to_attr(np.array([1, 2], np.int64))), [1, 2])
 
 
 def test_program_checks_chain_dtypes_and_run_bool_and_int_values_through():

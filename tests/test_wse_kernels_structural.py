@@ -9,11 +9,21 @@ import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from test_wse_kernels_elementwise import (
+    BATCH,
+    MICRO,
+    RNG,
+    close,
+    kernel_setup,
+    program,
+    randn,
+    run_kernel,
+    tf_grads,
+    tf_operands,
+)
 
-from test_wse_kernels_elementwise import (BATCH, MICRO, RNG, close, kernel_setup, program, randn,
-                                          run_kernel, tf_grads, tf_operands)
-from wse_sim.kernels import KernelError, RunContext, build_kernel
-from wse_sim.kernels.embedding import scatter_add
+from wafer.kernels import KernelError, RunContext, build_kernel
+from wafer.kernels.embedding import scatter_add
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import check_program, check_state
 

@@ -1,4 +1,4 @@
-"""One optimizer step of the CS (wse_sim.optimizers) against tf.compat.v1.train on 65,536
+"""One optimizer step of the CS (wafer.optimizers) against tf.compat.v1.train on 65,536
 random weights, gradients, slots and step counters: bit-equal for every dense rule and for
 the sparse rules of embedding lookups whose ids repeat; where TF uses Eigen's approximate
 rsqrt (Adagrad, sparse RMSProp) within a few float32 ULP of the step. Slot names and their
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from wse_sim.optimizers import OptimizerConfig, make_optimizer, slot_name
+from wafer.optimizers import OptimizerConfig, make_optimizer, slot_name
 
 F32 = np.float32
 v1 = tf.compat.v1.train

@@ -8,19 +8,19 @@ import sys
 import threading
 from typing import Sequence
 
+import compiler_models as m
 import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_reference
 import yaml
 
-import compiler_models as m
-import tf_reference
-from launcher.compiler import compile_model
-from wse_sim.api import MESSAGE_OPTIONS, pb, rpc
-from wse_sim.api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
+from coordinator.compiler import compile_model
+from cs_api import MESSAGE_OPTIONS, pb, rpc
+from cs_api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
+from wafer.fabric import get_fabric
 from wse_sim.cs_system import CSSystem
-from wse_sim.fabric import get_fabric
 from wse_sim.server import CSServer
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")

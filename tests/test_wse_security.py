@@ -19,16 +19,17 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-
-from coordinator.cs_client import CSClient
-from launcher.csrun_wse import free_port
-from launcher.errors import CSRunError
-from launcher.site_config import TLS_CA_ENV, load_site_config
 from test_wse_parity import Client
 from test_wse_server import BATCH, batches, code_and_details, program, weights
-from wse_sim.api import MAX_MESSAGE_BYTES, pb
+
+from common.errors import CSRunError
+from cs_api import MAX_MESSAGE_BYTES, pb
+from cs_api.client import CSClient
+from cs_api.input_spec import InputSpec
+from launcher.csrun_wse import free_port
+from launcher.site_config import load_site_config
 from workers.feed import feed_requests, stream
-from workers.rendezvous import InputSpec, Rendezvous
+from workers.rendezvous import Rendezvous
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -247,8 +248,8 @@ def test_a_1_5_gb_feed_message_with_a_wrong_token_is_refused_unread(server):
 CLIENT_THEN_SLEEP = """
 import sys, time
 import numpy as np
-from coordinator.cs_client import CSClient
-from wse_sim.api import pb
+from cs_api.client import CSClient
+from cs_api import pb
 program = pb.Program.FromString(open(sys.argv[1], "rb").read())
 weights = dict(np.load(sys.argv[2]))
 client = CSClient(sys.argv[3])
@@ -310,17 +311,18 @@ def tls_server(tmp_path):
     stop(served)
 
 
-def test_a_job_trains_over_tls_and_a_client_without_the_ca_is_refused(tls_server, monkeypatch):
+def test_a_job_trains_over_tls_and_a_client_without_the_ca_is_refused(tls_server):
     served, certs = tls_server
     assert "(TLS," in served.log.read_text()
-    monkeypatch.setenv(TLS_CA_ENV, str(certs["ca"]))
-    client = CSClient(served.address)  # the chief's client and the worker's stream, verifying
+    client = CSClient(served.address, str(certs["ca"]))  # the chief's client and the worker's stream, verifying
     client.load("over-tls", program(), weights(), 1, 0, 0)
-    specs = tuple(InputSpec(n, d, s) for n, d, s in (("features", "float32", (BATCH, 12)),
-                                                      ("labels", "int32", (BATCH,))))
-    rendezvous = Rendezvous(served.address, "over-tls", client.token, 1, 0, 3, specs)
+    specs = tuple(InputSpec(n, d, s) for n, d, s in (("features", "float32", (12,)),
+                                                      ("labels", "int32", ())))
+    rendezvous = Rendezvous(served.address, "over-tls", client.token, 1, 0, 3, specs, BATCH,
+                            cs_tls_ca=str(certs["ca"]))
     data = [(i, (b["features"], b["labels"])) for i, b in enumerate(batches(3))]
-    feeder = threading.Thread(target=stream, args=(feed_requests(data, rendezvous, 0), served.address, 0))
+    feeder = threading.Thread(target=stream, args=(feed_requests(data, rendezvous, 0), served.address, 0,
+                                                     str(certs["ca"])))
     feeder.start()
     steps = [r.step.step for r in client.run("train", 3) if r.HasField("step")]
     feeder.join(30)
@@ -329,14 +331,12 @@ def test_a_job_trains_over_tls_and_a_client_without_the_ca_is_refused(tls_server
     client.unload()
     client.close()
     for ca in ("", str(certs["other-ca"])):  # plaintext, or a CA that did not sign the server
-        monkeypatch.setenv(TLS_CA_ENV, ca)
-        stranger = CSClient(served.address)
+        stranger = CSClient(served.address, ca or None)
         with pytest.raises(CSRunError, match="cannot reach the CS system"):
             stranger.status()
         stranger.close()
-    monkeypatch.setenv(TLS_CA_ENV, str(served.log.parent / "missing.pem"))
     with pytest.raises(CSRunError, match="cannot read the CS system's CA certificate .*missing.pem"):
-        CSClient(served.address)
+        CSClient(served.address, str(served.log.parent / "missing.pem"))
 
 
 def csrun_wse(args: list, env: dict) -> subprocess.Popen:

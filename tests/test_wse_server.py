@@ -13,10 +13,10 @@ import time
 import grpc
 import numpy as np
 import pytest
-
-from launcher.csrun_wse import free_port
 from test_wse_parity import Client, server  # noqa: F401  (the server fixture)
-from wse_sim.api import pb
+
+from cs_api import pb
+from launcher.csrun_wse import free_port
 
 FEATURES, HIDDEN, BATCH = 12, 8, 16
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import threading
 
+import compiler_models as m
 import numpy as np
 import pytest
+from test_wse_parity import cnn_example
 from threadpoolctl import threadpool_limits
 
-import compiler_models as m
-from launcher.compiler import compile_model
-from test_wse_parity import cnn_example
+from coordinator.compiler import compile_model
 from wse_sim.pipeline import MIN_STAGE_FLOPS, Pipeline
 from wse_sim.program import check_program, check_state
 from wse_sim.stages import partition

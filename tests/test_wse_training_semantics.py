@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from test_wse_parity import Client, server  # noqa: F401  (the server fixture)
-from wse_sim.api import cs_api_pb2 as pb
+
+from cs_api import cs_api_pb2 as pb
+from wafer.grad_transforms import GradientTransform, apply_transforms
 from wse_sim.errors import CSError
-from wse_sim.grad_transforms import GradientTransform, apply_transforms
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import check_program, check_state
 

@@ -1,5 +1,5 @@
 """The TensorFlow reference the simulator is compared against: a plain tf.compat.v1 Session
-over the same model_fn (built with launcher.model_fn.model_graph), started from given
+over the same model_fn (built with tf_model.model_fn.model_graph), started from given
 weights and fed the same numpy batches."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from launcher.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from launcher.estimator_spec import CSEstimatorSpec
+from tf_model.estimator_spec import CSEstimatorSpec
 
 v1 = tf.compat.v1
 

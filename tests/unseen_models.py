@@ -1,8 +1,11 @@
 """Models written the way users write them, tried on the compiler after the lowering landed
 (each exposed a gap: Keras Conv1D, tf.nn.embedding_lookup with momentum and a huber loss,
 BatchNormalization (inference) + swish + SpatialDropout + label smoothing + clip_by_norm)."""
-import tensorflow as tf, numpy as np
-from launcher.estimator_spec import CSEstimatorSpec
+import numpy as np
+import tensorflow as tf
+
+from tf_model.estimator_spec import CSEstimatorSpec
+
 gs = tf.compat.v1.train.get_or_create_global_step
 def seq_input_fn(params):
     rng = np.random.default_rng(0)

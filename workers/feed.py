@@ -9,6 +9,7 @@ so a slow CS never makes a worker buffer more than tf.data's small prefetch.
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -16,12 +17,14 @@ from typing import Any, Callable, Iterable, Iterator
 import grpc
 import numpy as np
 
-from launcher.errors import CSRunError
-from coordinator.cs_client import cs_channel
-from wse_sim.api import pb, rpc
-from wse_sim.api.liveness import Liveness
-from wse_sim.api.tensors import to_tensor
-from workers.rendezvous import InputSpec, Rendezvous
+from common.errors import CSRunError
+from cs_api import pb, rpc
+from cs_api.client import cs_channel
+from cs_api.input_spec import InputSpec
+from cs_api.liveness import Liveness
+from cs_api.tensors import to_tensor
+from tf_model.model_fn import make_dataset, numpy_batches
+from workers.rendezvous import Rendezvous
 
 PREFETCH = 2
 
@@ -49,8 +52,8 @@ def _describe(shape: tuple[int, ...], dtype: str) -> str:
     return f"{tuple(int(d) for d in shape)} {dtype}"
 
 
-def check_batch(named: dict[str, np.ndarray], inputs: tuple[InputSpec, ...], index: int,
-                worker: int) -> None:
+def check_batch(named: dict[str, np.ndarray], inputs: tuple[InputSpec, ...], batch_size: int,
+                index: int, worker: int) -> None:
     """Stop with both shapes named when a batch is not what the program was compiled for."""
     expected = {spec.name for spec in inputs}
     if set(named) != expected:
@@ -59,12 +62,12 @@ def check_batch(named: dict[str, np.ndarray], inputs: tuple[InputSpec, ...], ind
             f"the compiled program takes {sorted(expected)}",
             "make input_fn yield what the program was compiled for (recompile after changing it)")
     for spec in inputs:
-        array = named[spec.name]
-        if tuple(array.shape) != tuple(spec.shape) or array.dtype.name != spec.dtype:
+        array, shape = named[spec.name], spec.batch_shape(batch_size)
+        if tuple(array.shape) != shape or array.dtype.name != spec.dtype:
             raise CSRunError(
                 f"input worker {worker}: batch {index} {spec.name} is "
                 f"{_describe(array.shape, array.dtype.name)}, the compiled program takes "
-                f"{_describe(spec.shape, spec.dtype)}",
+                f"{_describe(shape, spec.dtype)}",
                 "make input_fn yield batches of the compiled shape and dtype (drop_remainder=True "
                 "for a fixed batch size), or recompile")
 
@@ -75,7 +78,7 @@ def feed_requests(batches: Iterable[tuple[int, Any]], rendezvous: Rendezvous,
     order = [spec.name for spec in rendezvous.inputs]
     for index, element in batches:
         named = flatten(element)
-        check_batch(named, rendezvous.inputs, index, worker)
+        check_batch(named, rendezvous.inputs, rendezvous.batch_size, index, worker)
         yield pb.FeedRequest(token=rendezvous.token, worker_id=worker, batch_index=index,
                              tensors=[to_tensor(name, named[name]) for name in order])
     yield pb.FeedRequest(token=rendezvous.token, worker_id=worker, end=True)
@@ -97,7 +100,8 @@ class FeedStats:
         return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
 
-def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int) -> FeedStats:
+def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int,
+           tls_ca: str | None = None) -> FeedStats:
     """Send `requests` as one Feed stream; a refused or broken stream is one clear error."""
     sent = {"batches": 0, "bytes": 0}
     failure: list[BaseException] = []
@@ -115,10 +119,11 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int) -> FeedS
             raise
 
     start = time.perf_counter()
-    with cs_channel(cs_ip) as channel:
+    open_channel = functools.partial(cs_channel, tls_ca=tls_ca)
+    with open_channel(cs_ip) as channel:
         future = rpc.CSSystemStub(channel).Feed.future(counted())
         try:
-            with Liveness(cs_ip, future.cancel, cs_channel) as live:
+            with Liveness(cs_ip, future.cancel, open_channel) as live:
                 future.result()
         except (grpc.RpcError, grpc.FutureCancelledError) as error:
             if failure:
@@ -143,8 +148,6 @@ def shard_batches(input_fn: Callable, params: dict, rendezvous: Rendezvous,
                   worker: int) -> Iterator[tuple[int, Any]]:
     """This worker's (batch index, numpy batch) pairs from input_fn(params), eagerly."""
     import tensorflow as tf
-
-    from launcher.model_fn import make_dataset, numpy_batches
 
     seed = (params.get("runconfig") or {}).get("tf_random_seed")
     if seed is not None:
@@ -172,4 +175,5 @@ def shard_batches(input_fn: Callable, params: dict, rendezvous: Rendezvous,
 def run_worker(input_fn: Callable, params: dict, rendezvous: Rendezvous, worker: int) -> FeedStats:
     """Stream this worker's shard of input_fn(params) to the CS named by the rendezvous."""
     batches = shard_batches(input_fn, params, rendezvous, worker)
-    return stream(feed_requests(batches, rendezvous, worker), rendezvous.cs_ip, worker)
+    return stream(feed_requests(batches, rendezvous, worker), rendezvous.cs_ip, worker,
+                  rendezvous.cs_tls_ca or None)

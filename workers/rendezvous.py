@@ -22,14 +22,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from launcher.errors import CSRunError
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    name: str              # "features", "features.<key>" or "labels"
-    dtype: str             # numpy dtype name, e.g. "float32"
-    shape: tuple[int, ...]  # batch shape, batch dimension included
+from common.errors import CSRunError
+from cs_api.input_spec import InputSpec
 
 
 @dataclass(frozen=True)
@@ -41,13 +35,15 @@ class Rendezvous:
     start_batch: int   # first batch of input_fn's order this phase consumes
     num_batches: int   # batches the phase consumes (worker w sends those ≡ w mod num_workers)
     inputs: tuple[InputSpec, ...]
+    batch_size: int
     # Non-empty: the phase streams nothing and this says why (the chief had nothing to do,
     # or stopped before it could start): the workers end at once instead of waiting.
     ended: str = ""
+    cs_tls_ca: str = ""  # the CA certificate file the CS's TLS is verified with ("": plaintext)
 
     @classmethod
     def nothing(cls, num_workers: int, why: str) -> "Rendezvous":
-        return cls("", "", "", num_workers, 0, 0, (), why)
+        return cls("", "", "", num_workers, 0, 0, (), 0, why)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

@@ -1,4 +1,4 @@
 """The simulated CS system: a gRPC server that runs compiled programs in layer-pipelined mode.
 
-Imports numpy, grpc and the CS API (`wse_sim.api`) only: never TensorFlow, never launcher.
+Imports numpy, grpc and the CS API (`cs_api`) only: never TensorFlow, never launcher.
 """

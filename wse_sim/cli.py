@@ -12,8 +12,8 @@ from pathlib import Path
 
 import threadpoolctl
 
+from wafer.fabric import FABRICS
 from wse_sim.cs_system import CSSystem
-from wse_sim.fabric import FABRICS
 from wse_sim.server import CSServer, TLSFiles
 from wse_sim.stages import usable_cpus
 

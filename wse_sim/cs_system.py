@@ -27,11 +27,11 @@ from typing import Callable, Iterable, Iterator
 import grpc
 import numpy as np
 
-from wse_sim import timing
-from wse_sim.api import cs_api_pb2 as pb
-from wse_sim.api.tensors import assemble, from_tensor, tensor_chunks, to_tensor, CHUNK_BYTES
+from cs_api import cs_api_pb2 as pb
+from cs_api.tensors import CHUNK_BYTES, assemble, from_tensor, tensor_chunks, to_tensor
+from wafer import timing
+from wafer.fabric import Fabric
 from wse_sim.errors import CSError, invalid
-from wse_sim.fabric import Fabric
 from wse_sim.limits import MAX_CHUNK_BYTES, check_header, check_sizes
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import CheckedProgram, check_program, check_state, state_shapes
@@ -333,7 +333,7 @@ class CSSystem:
             expected = (size, *spec.shape)
             if array.shape != expected or array.dtype != spec.dtype:
                 raise invalid(f"{where}: {spec.name} is {array.shape} {array.dtype.name}, the "
-                              f"program takes {expected} {spec.dtype.name}")
+                              f"program takes {expected} {spec.dtype}")
             batch[spec.name] = array
         return batch
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from wse_sim.api import MAX_BATCH_BYTES, pb
-from wse_sim.api.tensors import dtype_of
+from cs_api import MAX_BATCH_BYTES, pb
+from cs_api.tensors import dtype_of
+from wafer.fabric import Fabric
 from wse_sim.errors import invalid
-from wse_sim.fabric import Fabric
 
 MAX_CHUNK_BYTES = 64 << 20  # a Snapshot piece
 MAX_SAMPLE_ELEMENTS = 1 << 24  # one tensor of one sample (64 MiB of float32)

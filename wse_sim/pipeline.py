@@ -8,7 +8,7 @@ loss region turns a micro-batch around in the tick it sees it), so region k work
 micro-batch i + 1 while region k + 1 works on micro-batch i, and gradients flow back the
 same way. Each region adds its micro-batches' weight gradients into its accumulator and
 updates its weights in place once its backward pass of the batch ends. The result is
-ordinary mini-batch training; `wse_sim.timing` says how long the wafer would take.
+ordinary mini-batch training; `wafer.timing` says how long the wafer would take.
 
 Training follows the train op, not just the loss: only a region whose output reaches the
 loss, with a trained weight at or upstream of it (through differentiable inputs), runs
@@ -32,9 +32,9 @@ from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from wse_sim.grad_transforms import GradientTransform, apply_transforms
-from wse_sim.kernels import Kernel, RunContext
-from wse_sim.optimizers import Optimizer, make_optimizer, slot_name
+from wafer.grad_transforms import GradientTransform, apply_transforms
+from wafer.kernels import Kernel, RunContext
+from wafer.optimizers import Optimizer, make_optimizer, slot_name
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 

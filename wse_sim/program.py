@@ -5,38 +5,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
-from wse_sim.api import cs_api_pb2 as pb
-from wse_sim.api.tensors import dtype_of, from_tensor
+from cs_api import cs_api_pb2 as pb
+from cs_api.attrs import from_attr
+from cs_api.input_spec import InputSpec
+from wafer.grad_transforms import GradientTransform
+from wafer.kernels import Kernel, KernelError, build_kernel
+from wafer.optimizers import OptimizerConfig, config_problem, make_optimizer, slot_name
+from wafer.regularizers import Regularizer
 from wse_sim.errors import invalid
-from wse_sim.grad_transforms import GradientTransform
-from wse_sim.kernels import Kernel, KernelError, build_kernel
-from wse_sim.optimizers import OptimizerConfig, config_problem, make_optimizer, slot_name
-from wse_sim.regularizers import Regularizer
 
 Shape = tuple[int, ...]
-
-
-def attr_value(value: pb.AttrValue) -> Any:
-    """A kernel attribute as a plain Python value (a tensor attribute as a numpy array)."""
-    kind = value.WhichOneof("value")
-    if kind == "ints":
-        return [int(v) for v in value.ints.values]
-    if kind == "floats":
-        return [float(v) for v in value.floats.values]
-    if kind == "tensor":
-        return from_tensor(value.tensor)  # ValueError: its bytes do not fit its shape
-    return getattr(value, kind) if kind else None
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    name: str
-    dtype: np.dtype
-    shape: Shape  # per sample
 
 
 @dataclass(frozen=True)
@@ -101,11 +83,10 @@ def check_program(program: pb.Program) -> CheckedProgram:
     inputs = []
     for spec in program.inputs:
         try:
-            dtype = dtype_of(spec.dtype)
+            inputs.append(InputSpec.from_proto(spec))
         except ValueError:
             raise invalid(f"program input {spec.name!r} has no dtype") from None
-        inputs.append(InputSpec(spec.name, dtype, tuple(int(d) for d in spec.shape)))
-        shapes[spec.name], dtypes[spec.name] = inputs[-1].shape, dtype
+        shapes[spec.name], dtypes[spec.name] = inputs[-1].shape, np.dtype(inputs[-1].dtype)
     if not inputs:
         raise invalid(f"program {program.name!r} has no inputs")
     kernels, sources, variables = [], [], []
@@ -122,7 +103,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
         attrs = {}
         for key, value in message.attrs.items():
             try:
-                attrs[key] = attr_value(value)
+                attrs[key] = from_attr(value)
             except ValueError as error:
                 raise invalid(f"kernel {message.name!r} ({message.type}): attribute {key!r}: "
                               f"{error}") from None
@@ -241,7 +222,7 @@ def state_shapes(checked: CheckedProgram) -> dict[str, Shape]:
 
 def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The complete job state: every weight given with its shape; optimizer slots and
-    scalars may be missing (they start as TF starts them: wse_sim.optimizers)."""
+    scalars may be missing (they start as TF starts them: wafer.optimizers)."""
     shapes = checked.variable_shapes()
     expected = state_shapes(checked)
     for name, array in tensors.items():

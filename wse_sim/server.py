@@ -1,5 +1,5 @@
 """The CS API over gRPC: a thin servicer that translates messages and calls into CSSystem,
-plus the standard health service. Messages above wse_sim.api.MAX_MESSAGE_BYTES are refused
+plus the standard health service. Messages above cs_api.MAX_MESSAGE_BYTES are refused
 by gRPC before they are received whole; keepalive pings end the calls (and so the lease)
 of a client whose host froze or vanished. With a certificate and key the port speaks TLS
 only."""
@@ -14,9 +14,9 @@ from typing import Iterator
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from wse_sim.api import cs_api_pb2 as pb
-from wse_sim.api import cs_api_pb2_grpc as rpc
-from wse_sim.api import MESSAGE_OPTIONS
+from cs_api import MESSAGE_OPTIONS
+from cs_api import cs_api_pb2 as pb
+from cs_api import cs_api_pb2_grpc as rpc
 from wse_sim.cs_system import CSSystem
 from wse_sim.errors import CSError
 

@@ -13,8 +13,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from common.errors import CSRunError
 from examples.digits import batched, digits_split
-from launcher.errors import CSRunError
 
 IMAGE_SIDE = 28
 MNIST_FILES = {True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

@@ -1,0 +1,121 @@
+"""The compile directory `model_dir/cs_compile/<graph hash>/`: its key, writing it
+atomically (temporary directory, then rename) and reading it back."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from coordinator.compiler.ir import MatchedModel
+from cs_api import cs_api_pb2 as pb
+from wafer.fabric import Fabric
+from wafer.kernels import base as kernel_base
+
+COMPILER_VERSION = 3  # bump when the compiler's output changes for an unchanged graph
+PROGRAM = "program.pb"
+WEIGHTS = "initial_weights.npz"
+HOST_VARIABLES = "host_variables.npz"  # the graph's variables the CS does not hold
+REPORT_TXT = "compile_report.txt"
+REPORT_JSON = "compile_report.json"
+WAFER_MAP = "placement.png"
+VALIDATION_REPORT = "validation_report.txt"
+
+
+def compile_root(model_dir: str) -> str:
+    return os.path.join(model_dir, "cs_compile")
+
+
+def graph_hash(model: MatchedModel, *, mode: str, batch_size: int, fabric: Fabric,
+               seed: int | None, initializers: list[Any]) -> str:
+    """Key of a compile: the kernels, shapes, hyper-parameters, initializers and fabric."""
+    key = {
+        "compiler": COMPILER_VERSION,
+        "min_flops_per_core": kernel_base.MIN_FLOPS_PER_CORE,
+        "mode": mode, "batch_size": batch_size, "seed": seed,
+        "fabric": dataclasses.asdict(fabric),
+        "inputs": [dataclasses.asdict(s) for s in model.inputs],
+        "kernels": [{k: v for k, v in dataclasses.asdict(node).items() if k != "source"}
+                    for node in model.kernels],
+        "loss_kernel": model.loss_kernel, "outputs": list(model.outputs),
+        "training": None if model.training is None else dataclasses.asdict(model.training),
+        "initializers": initializers,
+    }
+    text = json.dumps(key, sort_keys=True, default=_json_value)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _json_value(value: Any) -> Any:
+    """Arrays (constants in kernel attributes) by their dtype, shape and full contents."""
+    if isinstance(value, np.ndarray | np.generic):
+        array = np.asarray(value)
+        return [array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).hexdigest()]
+    return str(value)
+
+
+def is_complete(directory: str) -> bool:
+    return all(os.path.exists(os.path.join(directory, f))
+               for f in (PROGRAM, WEIGHTS, HOST_VARIABLES, REPORT_TXT, REPORT_JSON))
+
+
+def write_compile(directory: str, program: pb.Program, weights: dict[str, np.ndarray],
+                  host_variables: dict[str, np.ndarray], report_text: str, report_json: dict, draw_map) -> None:
+    """Write all artifacts into a temporary sibling, then rename it to `directory`.
+
+    `draw_map(path)` renders the wafer map. A concurrent compile of the same graph that
+    finished first wins; its artifacts are identical.
+    """
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.", dir=parent)
+    try:
+        with open(os.path.join(tmp, PROGRAM), "wb") as f:
+            f.write(program.SerializeToString())
+        np.savez(os.path.join(tmp, WEIGHTS), **weights)
+        np.savez(os.path.join(tmp, HOST_VARIABLES), **host_variables)
+        with open(os.path.join(tmp, REPORT_TXT), "w") as f:
+            f.write(report_text)
+        with open(os.path.join(tmp, REPORT_JSON), "w") as f:
+            json.dump(report_json, f, indent=2)
+        draw_map(os.path.join(tmp, WAFER_MAP))
+        if os.path.isdir(directory):  # an incomplete leftover: replace it
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.old.", dir=parent)
+            os.rename(directory, os.path.join(old, "dir"))
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.rename(tmp, directory)
+        except OSError:
+            if not is_complete(directory):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp.", dir=os.path.dirname(path))
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def read_program(directory: str) -> pb.Program:
+    program = pb.Program()
+    with open(os.path.join(directory, PROGRAM), "rb") as f:
+        program.ParseFromString(f.read())
+    return program
+
+
+def read_weights(directory: str, name: str = WEIGHTS) -> dict[str, np.ndarray]:
+    with np.load(os.path.join(directory, name)) as data:
+        return {k: data[k] for k in data.files}
+
+
+def read_report(directory: str) -> str:
+    with open(os.path.join(directory, REPORT_TXT)) as f:
+        return f.read()

@@ -1,0 +1,170 @@
+"""Extract: build model_fn in a tf.compat.v1 graph on placeholders shaped like input_fn's
+batches, and find the ops that carry the samples from the inputs to the loss."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import tensorflow as tf
+
+from common.errors import CSRunError
+from cs_api.input_spec import InputSpec
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+from tf_model.model_fn import BatchSignature, batch_signature, call_model_fn, is_user_file, make_dataset, model_graph
+
+MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
+# Ops whose outputs depend on their input's shape only: shapes are static here, so the
+# samples' values do not flow through them.
+SHAPE_OPS = {"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"}
+
+@dataclass(frozen=True)
+class ExtractedGraph:
+    """The user's model built once on placeholders, with what the later passes need."""
+
+    graph: tf.Graph
+    mode: str
+    batch_size: int
+    inputs: tuple[InputSpec, ...]
+    placeholders: dict[str, str]  # input name -> the placeholder tensor it replaces in the graph
+    spec: CSEstimatorSpec
+    seed: int | None
+    first_batch: dict[str, np.ndarray] | None = None  # train mode: input_fn's first batch
+
+    def input_name(self, tensor: tf.Tensor) -> str | None:
+        """The program input a placeholder tensor stands for."""
+        return next((name for name, placeholder in self.placeholders.items()
+                     if placeholder == tensor.name), None)
+
+
+def _describe(filename: str, lineno: int) -> str:
+    path = os.path.realpath(filename)
+    cwd = os.getcwd() + os.sep
+    shown = path[len(cwd):] if path.startswith(cwd) else path
+    return f"{shown}:{lineno}"
+
+
+def user_source(op: tf.Operation) -> str:
+    """The user's "file:line" that created `op` (innermost frame outside libraries)."""
+    for frame in reversed(op.traceback or []):
+        filename, lineno = frame[0], frame[1]
+        if is_user_file(filename):
+            return _describe(filename, lineno)
+    return "<unknown source>"
+
+
+def _fixed_batch(signature: BatchSignature, params: dict) -> tuple[BatchSignature, int]:
+    """The signature with its batch dimension fixed; every other dimension must be known."""
+    specs = dict(_flatten(signature))
+    sizes = {s.shape[0] for s in specs.values() if s.shape.rank}
+    sizes.discard(None)
+    if len(sizes) > 1:
+        raise CSRunError(f"input_fn's features and labels have different batch sizes "
+                         f"{sorted(sizes)}", "batch features and labels together")
+    batch = sizes.pop() if sizes else params.get("batch_size")
+    if not isinstance(batch, int) or batch <= 0:
+        raise CSRunError("input_fn's batches have no fixed batch size",
+                         "batch with dataset.batch(batch_size, drop_remainder=True)")
+    for name, spec in specs.items():
+        if spec.shape.rank is None or spec.shape.rank == 0 or None in spec.shape[1:]:
+            raise CSRunError(f"input_fn's {name} have shape {spec.shape}: the CS needs "
+                             "every dimension of a sample known",
+                             "give the dataset fixed sample shapes (no None dimensions)")
+
+    def fix(spec: tf.TensorSpec) -> tf.TensorSpec:
+        return tf.TensorSpec([batch, *spec.shape[1:]], spec.dtype)
+
+    def fix_all(value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, dict):
+            return {k: fix(v) for k, v in value.items()}
+        return fix(value)
+
+    return BatchSignature(fix_all(signature.features), fix_all(signature.labels)), batch
+
+
+def _flatten(signature: BatchSignature) -> Iterable[tuple[str, tf.TensorSpec]]:
+    if isinstance(signature.features, dict):
+        for key, spec in signature.features.items():
+            yield f"features.{key}", spec
+    else:
+        yield "features", signature.features
+    if isinstance(signature.labels, dict):
+        raise CSRunError("input_fn yields a dict of labels; the CS streams one labels tensor",
+                         "yield (features, labels) with labels a single tensor")
+    if signature.labels is not None:
+        yield "labels", signature.labels
+
+
+def extract(model_fn: Callable, input_fn: Callable, params: dict,
+            mode: str = ModeKeys.TRAIN) -> ExtractedGraph:
+    """Build model_fn on placeholders shaped like one input_fn batch."""
+    if mode not in MODES:
+        raise CSRunError(f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
+    # input_fn runs eagerly, outside the model's graph, only to learn its element structure.
+    dataset = make_dataset(input_fn, params)
+    signature, batch = _fixed_batch(batch_signature(dataset), params)
+    first = _first_batch(dataset) if mode == ModeKeys.TRAIN else None
+    seed = (params.get("runconfig") or {}).get("tf_random_seed")
+    with model_graph(params) as graph:
+        features, labels = signature.placeholders()
+        spec = call_model_fn(model_fn, features, labels, mode, params)  # its errors: one line
+    flat = tuple(_flatten(signature))
+    inputs = tuple(InputSpec(name, spec.dtype.name, tuple(spec.shape.as_list()[1:])) for name, spec in flat)
+    _check_spec(spec, mode)
+    return ExtractedGraph(graph, mode, batch, inputs, {name: f"{name}:0" for name, _ in flat}, spec,
+                          seed, first)
+
+
+def _first_batch(dataset: tf.data.Dataset) -> dict[str, np.ndarray]:
+    """input_fn's first batch by program input name (the training analysis runs on it)."""
+    element = next(iter(dataset.take(1)), None)
+    if element is None:
+        raise CSRunError("input_fn's dataset yields no batch", "give the dataset some samples")
+    features, labels = element if isinstance(element, tuple) else (element, None)
+    batch = ({f"features.{k}": v for k, v in features.items()} if isinstance(features, dict)
+             else {"features": features})
+    if labels is not None:
+        batch["labels"] = labels
+    return {name: np.asarray(value) for name, value in batch.items()}
+
+
+def _check_spec(spec: CSEstimatorSpec, mode: str) -> None:
+    if mode == ModeKeys.PREDICT and spec.predictions is None:
+        raise CSRunError("model_fn in predict mode returned no predictions",
+                         "return CSEstimatorSpec(mode, predictions=...)")
+    if spec.loss is not None and tuple(spec.loss.shape.as_list()) != ():
+        raise CSRunError(f"model_fn's loss has shape {tuple(spec.loss.shape.as_list())}, "
+                         "not a scalar", "reduce the per-sample losses to one value")
+
+
+def data_flow_ops(graph: tf.Graph, sources: Iterable[tf.Tensor],
+                  targets: Iterable[tf.Tensor]) -> list[tf.Operation]:
+    """Ops through which the values of `sources` reach `targets`, in graph order.
+
+    Shape-only ops (tf.shape of a sample) are cuts: with static shapes they carry no data.
+    """
+    downstream: set[tf.Operation] = set()
+    stack = [t.op for t in sources]
+    while stack:
+        op = stack.pop()
+        if op in downstream:
+            continue
+        downstream.add(op)
+        if op.type in SHAPE_OPS:
+            continue
+        for out in op.outputs:
+            stack.extend(out.consumers())
+    upstream: set[tf.Operation] = set()
+    stack = [t.op for t in targets]
+    while stack:
+        op = stack.pop()
+        if op in upstream:
+            continue
+        upstream.add(op)
+        stack.extend(t.op for t in op.inputs)
+    keep = {op for op in downstream & upstream if op.type not in SHAPE_OPS}
+    return [op for op in graph.get_operations() if op in keep]
+

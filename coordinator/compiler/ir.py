@@ -1,0 +1,124 @@
+"""The compiler's intermediate form: what each pass hands to the next (no TensorFlow here)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cs_api.input_spec import InputSpec
+
+if TYPE_CHECKING:
+    from wafer.grad_transforms import GradientTransform
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ParamRef:
+    role: str  # kernel, bias, p<k> (a generic kernel's weight operand), ...
+    variable: str  # TF variable name (checkpoint key)
+    shape: Shape  # as the kernel sees it
+    dtype: str = "float32"
+    variable_shape: Shape | None = None  # the variable's own shape, when it is viewed reshaped
+    frozen: bool = False  # not updated (not in the train_op's var_list, or moving statistics)
+    regularizers: tuple[tuple[str, float], ...] = ()  # (l2 | l1, scale) terms of the loss
+
+
+@dataclass(frozen=True)
+class KernelNode:
+    """One library kernel matched in the user's graph."""
+
+    name: str
+    type: str
+    inputs: tuple[str, ...]  # program inputs or earlier kernels
+    input_shapes: tuple[Shape, ...]
+    attrs: dict[str, Any]
+    params: tuple[ParamRef, ...]
+    output_shape: Shape
+    tf_tensor: str  # the user's tensor holding this kernel's output
+    source: str  # user file:line
+    ops: tuple[str, ...]  # TF op names grouped into this kernel
+
+
+@dataclass(frozen=True)
+class UnsupportedOp:
+    type: str
+    name: str
+    source: str
+    reason: str = ""
+
+    def line(self) -> str:
+        why = f" ({self.reason})" if self.reason else ""
+        return f"{self.type} '{self.name}' at {self.source}{why}"
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """A tf.compat.v1.train optimizer's type and constant hyper-parameters."""
+
+    type: str  # sgd, momentum, adam, rmsprop, adagrad
+    learning_rate: float
+    momentum: float = 0.0  # momentum, rmsprop
+    use_nesterov: bool = False
+    beta1: float = 0.0
+    beta2: float = 0.0
+    epsilon: float = 0.0  # adam, rmsprop
+    decay: float = 0.0  # rmsprop
+    centered: bool = False  # rmsprop
+    initial_accumulator_value: float = 0.0  # adagrad
+
+
+@dataclass(frozen=True)
+class TrainedVariable:
+    """A variable the train_op updates."""
+
+    name: str  # TF variable name
+    update: str  # dense (Apply*) or sparse (an IndexedSlices gradient: embedding lookups)
+    slots: tuple[str, ...]  # its optimizer slots' TF names, in wafer.optimizers' order
+    source: str  # user file:line of its update
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """What the train_op does, proven from the graph (coordinator.compiler.training)."""
+
+    optimizer: OptimizerSpec
+    variables: tuple[TrainedVariable, ...]  # by name; every other variable is frozen
+    transforms: tuple[GradientTransform, ...] = ()  # applied in order to d(loss)/d(var)
+
+    @property
+    def trained(self) -> frozenset[str]:
+        return frozenset(v.name for v in self.variables)
+
+    def update(self, variable: str) -> str:
+        """"dense" or "sparse" for a trained variable, "" for a frozen one."""
+        for v in self.variables:
+            if v.name == variable:
+                return v.update
+        return ""
+
+
+@dataclass(frozen=True)
+class MatchedModel:
+    """The user's model as library kernels (match's result)."""
+
+    inputs: tuple[InputSpec, ...]
+    kernels: tuple[KernelNode, ...]  # topological order
+    loss_kernel: str  # "" in predict mode
+    outputs: tuple[str, ...]  # kernels/inputs streamed back to the host
+    training: TrainingSpec | None  # None unless in train mode
+    unsupported: tuple[UnsupportedOp, ...] = field(default=())
+
+    @property
+    def optimizer(self) -> OptimizerSpec | None:
+        return None if self.training is None else self.training.optimizer
+
+    @property
+    def num_parameters(self) -> int:
+        total = 0
+        for kernel in self.kernels:
+            for p in kernel.params:
+                n = 1
+                for d in p.shape:
+                    n *= d
+                total += n
+        return total

@@ -1,0 +1,197 @@
+"""The loss tail: what the user's graph does after the per-sample values, proven linear.
+
+The CS sums per-sample values over the batch; so the loss must be
+    loss = sum_j c_j * sum(T_j) + sum_k d_k * R_k(w)
+where T_j are per-sample tensors that the graph reduces over the batch (a mean, a sum,
+weights and `num_present` of tf.compat.v1.losses folded into c_j) and R_k are terms of one
+weight alone (tf.nn.l2_loss, Keras L2/L1 regularizers, sum(square(w)), sum(abs(w))), which
+the CS computes on the weight's own region. The structure is checked op by op, then the
+coefficients are measured by feeding values into the graph and the linearity is verified
+with fresh values. Anything else is refused naming the op.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.extract import user_source
+from coordinator.compiler.ir import KernelNode, UnsupportedOp
+from coordinator.compiler.operands import static_shape
+
+if TYPE_CHECKING:
+    from coordinator.compiler.match import Matcher
+
+# Ops allowed between the batch reductions (and weight terms) and the loss: linear ones.
+TAIL_OPS = {"Sum", "Mean", "Mul", "RealDiv", "Div", "DivNoNan", "AddV2", "Add", "AddN", "Sub",
+            "Neg", "Cast", "Identity", "Reshape", "Squeeze", "ExpandDims", "L2Loss"}
+# Weight terms: op type of the base -> (regularizer kind, factor), see _weight_base.
+WEIGHT_TERM_OPS = {"Mul", "RealDiv", "AddV2", "Add", "AddN", "Neg", "Identity", "Cast"}
+RTOL = 1e-4
+
+
+def _reject(m: "Matcher", op: tf.Operation, reason: str) -> tuple[str, dict]:
+    m.unsupported.append(UnsupportedOp(op.type, op.name, user_source(op), reason))
+    return "", {}
+
+
+def _tail_ops(m: "Matcher", loss: tf.Tensor) -> list[tf.Operation]:
+    """Ops between the batch reductions and the loss (graph order)."""
+    found, stack = set(), [loss.op]
+    while stack:
+        op = stack.pop()
+        if op in found or not any(out.name in m.tail for out in op.outputs):
+            continue
+        found.add(op)
+        stack.extend(t.op for t in op.inputs)
+    return [op for op in m.ops if op in found]
+
+
+def _weight_base(m: "Matcher", tensor: tf.Tensor):
+    """(kind, factor, variable) if `tensor` is l2_loss(w), sum(square(w)) or sum(abs(w))."""
+    op = tensor.op
+    if op.type == "L2Loss":
+        w = m.operands.weight(op.inputs[0])
+        return ("l2", 0.5, w) if w is not None else None
+    if op.type == "Sum":
+        inner = op.inputs[0].op
+        axes = m.operands.constant(op.inputs[1])
+        if inner.type in ("Square", "Abs") and axes is not None:
+            w = m.operands.weight(inner.inputs[0])
+            if w is not None and len({int(a) % max(len(w.shape), 1) for a in np.atleast_1d(axes)}) \
+                    == len(w.shape):
+                return ("l2" if inner.type == "Square" else "l1", 1.0, w)
+    return None
+
+
+def _weight_terms(m: "Matcher", tensor: tf.Tensor, bases: list, reasons: list) -> None:
+    """Collect the regularizer bases under a weight-only value (through linear ops)."""
+    base = _weight_base(m, tensor)
+    if base is not None:
+        bases.append((tensor, *base))
+        return
+    op = tensor.op
+    if op.type not in WEIGHT_TERM_OPS:
+        reasons.append((op, "a term of the loss computed from weights that is not an L2 or L1 "
+                            "penalty (tf.nn.l2_loss, sum(square(w)), sum(abs(w)), Keras L1/L2)"))
+        return
+    for t in op.inputs:
+        if m.operands.constant(t) is None:
+            _weight_terms(m, t, bases, reasons)
+
+
+def lower_loss(m: "Matcher", loss: tf.Tensor) -> tuple[str, dict[str, list[tuple[str, float]]]]:
+    """Add the `loss` kernel for the batch reduction; return its name and the regularizers
+    by variable (kind, scale). Problems are added to m.unsupported."""
+    if loss.name not in m.tail:
+        return _reject(m, loss.op, "the loss is not reduced over the batch from per-sample "
+                                   "values (e.g. tf.reduce_mean of per-sample losses)")
+    ops = _tail_ops(m, loss)
+    bases: list = []
+    for op in ops:
+        if op.type not in TAIL_OPS:
+            return _reject(m, op, "the loss must be a sum or mean of per-sample values (plus "
+                                  "weight penalties): this op is not linear")
+        if op.type == "Cast" and op.outputs[0].dtype != tf.float32:
+            return _reject(m, op, "the loss is cast to a type other than float32")
+        for t in op.inputs:
+            if t.name in m.tail or m.is_batched(t) or m.operands.constant(t) is not None:
+                continue
+            reasons: list = []
+            _weight_terms(m, t, bases, reasons)
+            if reasons:
+                return _reject(m, *reasons[0])
+    frontier = list(dict.fromkeys(m.frontier))
+    coefficients = _measure(m, loss, frontier, [b[0] for b in bases])
+    if isinstance(coefficients, str):
+        return _reject(m, loss.op, coefficients)
+    data_c, weight_c = coefficients[:len(frontier)], coefficients[len(frontier):]
+    params = {p.variable for k in m.kernels for p in k.params}
+    regularizers: dict[str, list[tuple[str, float]]] = {}
+    for (tensor, kind, factor, weight), c in zip(bases, weight_c):
+        if weight.variable not in params:
+            return _reject(m, tensor.op, f"penalises {weight.variable}, which no layer on the CS "
+                                         "uses")
+        regularizers.setdefault(weight.variable, []).append((kind, float(c * factor)))
+    return _loss_kernel(m, loss, frontier, data_c), regularizers
+
+
+def _measure(m: "Matcher", loss: tf.Tensor, frontier: list[tf.Tensor],
+             bases: list[tf.Tensor]) -> list[float] | str:
+    """The coefficients c of loss = sum_i c_i * sum(x_i), measured and verified by feeding."""
+    rng = np.random.default_rng(0)
+    feeds = frontier + bases
+    shapes = [static_shape(t) for t in feeds]
+    zeros = {t: np.zeros(s, np.float32) for t, s in zip(feeds, shapes)}
+
+    def evaluate(values: dict) -> float:
+        with tf.compat.v1.Session(graph=m.x.graph) as session:
+            return float(session.run(loss, {**zeros, **values}))
+
+    try:
+        offset = evaluate({})
+        if abs(offset) > 1e-6:
+            return f"the loss adds a constant ({offset:g}) to the sum of per-sample values"
+        coefficients, draws = [], []
+        for t, s in zip(feeds, shapes):
+            value = rng.uniform(0.5, 2.0, s).astype(np.float32)
+            coefficients.append(exact(evaluate({t: value}) / float(value.sum(dtype=np.float64))))
+            draws.append(value)
+        for t, s, c in zip(feeds, shapes, coefficients):  # linear in each, with fresh values
+            value = rng.uniform(-2.0, 2.0, s).astype(np.float32)
+            if not np.isclose(evaluate({t: value}), c * float(value.sum(dtype=np.float64)),
+                              rtol=RTOL, atol=1e-6):
+                return f"the loss is not a sum or mean of the values of {t.name} (not linear)"
+        together = sum(c * float(v.sum(dtype=np.float64)) for c, v in zip(coefficients, draws))
+        if not np.isclose(evaluate(dict(zip(feeds, draws))), together, rtol=RTOL, atol=1e-6):
+            return "the loss's terms are not added (the loss is not linear in them)"
+    except tf.errors.OpError as error:
+        return f"the loss could not be evaluated from its per-sample values ({error.message})"
+    return coefficients
+
+
+def exact(c: float) -> float:
+    """A measured coefficient snapped to the n or 1/n it stands for (a mean over n values,
+    a weight), so that float32 measurement noise does not enter the CS's arithmetic."""
+    for candidate in (c, 1.0 / c if c else 0.0):
+        n = round(candidate)
+        if n and abs(candidate - n) <= 1e-5 * abs(candidate):
+            return float(n) if candidate is c else 1.0 / n
+    return c
+
+
+def _loss_kernel(m: "Matcher", loss: tf.Tensor, frontier: list[tf.Tensor],
+                 coefficients: Sequence[float]) -> str:
+    """One `loss` kernel summing scale * per-sample values (several terms combined first)."""
+    if len(frontier) == 1:
+        return m.add_kernel("loss", "loss", [frontier[0]], {"scale": float(coefficients[0])}, [],
+                            [], loss, output_shape=(), source_op=loss.op).name
+    total = None
+    for t, c in zip(frontier, coefficients):
+        shape = m.shape(t)
+        name: str | tf.Tensor = t
+        if shape:
+            name = m.add_kernel("loss/sum", "reduce", [t], {"op": "sum", "axes": list(range(len(shape))),
+                                                            "keepdims": False},
+                                [], [], None, output_shape=(), source_op=loss.op).name
+        name = m.add_kernel("loss/scale", "binary", [name], {"op": "mul", "operands": "ic",
+                                                             "c1": np.asarray(c, np.float32)},
+                            [], [], None, output_shape=(), source_op=loss.op).name
+        if total is not None:
+            name = m.add_kernel("loss/add", "binary", [total, name], {"op": "add", "operands": "ii"},
+                                [], [], None, output_shape=(), source_op=loss.op).name
+        total = name
+    return m.add_kernel("loss", "loss", [total], {"scale": 1.0}, [], [], loss, output_shape=(),
+                        source_op=loss.op).name
+
+
+def attach_regularizers(kernels: Sequence[KernelNode],
+                        regularizers: dict[str, list[tuple[str, float]]]) -> list[KernelNode]:
+    out = []
+    for k in kernels:
+        params = tuple(replace(p, regularizers=tuple(regularizers[p.variable]))
+                       if p.variable in regularizers else p for p in k.params)
+        out.append(replace(k, params=params))
+    return out

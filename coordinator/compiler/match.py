@@ -1,0 +1,434 @@
+"""Match kernels: lower every op that carries samples from the inputs to the loss (or to
+the predictions) onto the kernels of wafer.kernels, or list it as unsupported.
+
+Library kernels (dense + bias + activation, conv2d, pooling, dropout, softmax
+cross-entropy) are the fused fast paths; every other op of the forward graph lowers to a
+generic kernel through the table of `lowering.py`. The loss tail (the reduction over the
+batch and terms of the weights alone) is read by `loss_tail.py`. Nothing is assumed: an op
+that fits no rule is reported with its type, name, source line and the reason.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import tensorflow as tf
+
+from common.errors import CSRunError
+from coordinator.compiler import loss_tail, lowering
+from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
+from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, UnsupportedOp
+from coordinator.compiler.operands import Operands, Weight, static_shape
+from coordinator.compiler.training import analyze_training
+from tf_model.estimator_spec import ModeKeys
+
+# Host-side tails of predict-mode outputs: computed by the chief from streamed values.
+HOST_OPS = {"Softmax", "ArgMax", "ArgMin", "Cast", "Identity", "Squeeze", "ExpandDims",
+            "Reshape", "Sigmoid", "Round", "Greater", "GreaterEqual", "Less", "LogSoftmax"}
+STREAMED_DTYPES = ("float32", "int32", "int64", "bool")
+
+
+class Matcher:
+    """One pass over the data-flow ops, in graph (= topological) order."""
+
+    def __init__(self, extracted: ExtractedGraph, targets: list[tf.Tensor],
+                 host_tensors: list[tf.Tensor]):
+        self.x = extracted
+        graph = extracted.graph
+        sources = [graph.get_tensor_by_name(extracted.placeholders[s.name]) for s in extracted.inputs]
+        self.ops = self._drop_host_tails(data_flow_ops(graph, sources, targets), targets)
+        self.flow = set(self.ops)
+        self.operands = Operands(graph, self.flow)
+        self.values: dict[str, str] = {}  # batched tensor -> kernel or input name
+        self.shapes: dict[str, tuple[int, ...]] = {}  # batched tensor -> per-sample shape
+        self.tail: set[str] = set()  # tensors of the loss tail (after a batch reduction)
+        self.frontier: list[tf.Tensor] = []  # batched tensors the batch reductions read
+        self.internal: dict[str, str] = {}  # tensors inside a fused kernel -> kernel
+        self.consumed: set[tf.Operation] = set()
+        self.kernels: list[KernelNode] = []
+        self.unsupported: list[UnsupportedOp] = []
+        self.protected = self._host_read_tensors(host_tensors)
+        for spec in extracted.inputs:
+            placeholder = extracted.placeholders[spec.name]
+            self.values[placeholder] = spec.name
+            self.shapes[placeholder] = spec.shape
+
+    # ---- graph queries ----
+    def _drop_host_tails(self, ops: list[tf.Operation], targets: list[tf.Tensor]):
+        if self.x.mode != ModeKeys.PREDICT:
+            return ops
+        keep, changed = list(ops), True
+        while changed:
+            changed, alive = False, set(keep)
+            for op in reversed(keep):
+                users = [c for out in op.outputs for c in out.consumers() if c in alive]
+                if op.type in HOST_OPS and not users:
+                    keep.remove(op)
+                    changed = True
+                    break
+        return keep
+
+    def _host_read_tensors(self, host_tensors: list[tf.Tensor]) -> set[str]:
+        """Data-flow tensors read by host-side computations (metrics, predictions)."""
+        upstream, stack = set(), [t.op for t in host_tensors]
+        while stack:
+            op = stack.pop()
+            if op in upstream or op in self.flow:
+                continue
+            upstream.add(op)
+            stack.extend(t.op for t in op.inputs)
+            stack.extend(op.control_inputs)
+        read = {t.name for t in host_tensors if t.op in self.flow}
+        for op in upstream:
+            read.update(t.name for t in op.inputs if t.op in self.flow)
+        return read
+
+    def consumers(self, tensor: tf.Tensor) -> list[tf.Operation]:
+        return [c for c in tensor.consumers() if c in self.flow]
+
+    def sole_consumer(self, tensor: tf.Tensor) -> tf.Operation | None:
+        """The one data-flow op reading `tensor`, if fusing it hides nothing the host reads."""
+        users = self.consumers(tensor)
+        if len(users) != 1 or tensor.name in self.protected or users[0] in self.consumed:
+            return None
+        return users[0]
+
+    def value(self, tensor: tf.Tensor) -> str | None:
+        return self.values.get(tensor.name)
+
+    def shape(self, tensor: tf.Tensor) -> tuple[int, ...]:
+        return self.shapes.get(tensor.name, static_shape(tensor)[1:])
+
+    def is_batched(self, tensor: tf.Tensor) -> bool:
+        return tensor.name in self.values
+
+    def unique_name(self, base: str) -> str:
+        taken = {k.name for k in self.kernels} | {s.name for s in self.x.inputs}
+        name, i = base, 1
+        while name in taken:
+            name, i = f"{base}_{i}", i + 1
+        return name
+
+    @staticmethod
+    def scope(op: tf.Operation, variable: str = "") -> str:
+        """A kernel's base name: its variable's scope, else its op's name."""
+        if "/" in variable:
+            return variable.rsplit("/", 1)[0]
+        return op.name
+
+    # ---- recording ----
+    def add_kernel(self, base: str, type_: str, inputs: list[tf.Tensor | str], attrs: dict[str, Any],
+                   params: list[ParamRef], ops: list[tf.Operation], output: tf.Tensor | None,
+                   output_shape: tuple[int, ...] | None = None,
+                   source_op: tf.Operation | None = None) -> KernelNode:
+        """A kernel reading `inputs` (batched tensors or kernel names) that computes `output`
+        (None: an intermediate kernel of a lowering); `ops` are the TF ops it replaces."""
+        name = self.unique_name(base)
+        names = [t if isinstance(t, str) else self.values[t.name] for t in inputs]
+        shapes = [self.kernel_shape(t) if isinstance(t, str) else self.shape(t) for t in inputs]
+        if output_shape is None:
+            output_shape = static_shape(output)[1:]
+        kernel = KernelNode(
+            name=name, type=type_, inputs=tuple(names), input_shapes=tuple(shapes), attrs=attrs,
+            params=tuple(params), output_shape=tuple(output_shape),
+            tf_tensor=output.name if output is not None else "",
+            source=user_source(source_op or ops[0]),
+            ops=tuple(op.name for op in ops))
+        self.kernels.append(kernel)
+        self.consumed.update(ops)
+        for op in ops:
+            for out in op.outputs:
+                self.internal.setdefault(out.name, name)
+        if output is not None:
+            self.values[output.name] = name
+            self.shapes[output.name] = kernel.output_shape
+        return kernel
+
+    def kernel_shape(self, name: str) -> tuple[int, ...]:
+        for k in self.kernels:
+            if k.name == name:
+                return k.output_shape
+        for s in self.x.inputs:
+            if s.name == name:
+                return s.shape
+        raise KeyError(name)
+
+    def alias(self, op: tf.Operation, source: tf.Tensor) -> None:
+        """`op`'s output is `source`'s value (an identity)."""
+        self.values[op.outputs[0].name] = self.values[source.name]
+        self.shapes[op.outputs[0].name] = self.shape(source)
+        self.consumed.add(op)
+
+    def reject(self, op: tf.Operation, reason: str = "") -> None:
+        self.unsupported.append(UnsupportedOp(op.type, op.name, user_source(op), reason))
+        self.consumed.add(op)
+        for out in op.outputs:  # keep going so that every unsupported op is found
+            if out.shape.rank and out.shape[0] == self.x.batch_size:
+                self.values[out.name] = op.name
+                self.shapes[out.name] = static_shape(out)[1:]
+            else:
+                self.tail.add(out.name)
+
+    # ---- operands of generic kernels ----
+    def weight_param(self, role: str, weight: Weight) -> ParamRef:
+        return ParamRef(role, weight.variable, weight.shape, variable_shape=weight.variable_shape)
+
+    def operand_list(self, op: tf.Operation, tensors: Iterable[tf.Tensor],
+                     float_constants: bool = True):
+        """(letters, batched inputs, constant attrs, params) for the kernel's `operands`,
+        or a reason (str) why a tensor cannot be an operand."""
+        letters, inputs, attrs, params = "", [], {}, []
+        for k, t in enumerate(tensors):
+            if self.is_batched(t):
+                letters += "i"
+                inputs.append(t)
+                continue
+            if t.name in self.tail:
+                return lowering.mixes_samples(op, self.x.batch_size)
+            weight = self.operands.weight(t) or self.whole_table(t)
+            if weight is not None:
+                if weight.dtype != "float32":
+                    return f"weight {weight.variable} is {weight.dtype}: the CS computes in float32"
+                letters += "p"
+                params.append(self.weight_param(f"p{k}", weight))
+                attrs[f"p{k}"] = list(weight.shape)
+                continue
+            value = self.operands.constant(t)
+            if value is not None:
+                if value.ndim and value.ndim == len(static_shape(op.outputs[0])) and \
+                        value.shape[0] == self.x.batch_size != 1:
+                    if not (value == value[:1]).all():
+                        return (f"a constant of shape {value.shape} holds other values for "
+                                "each sample: feed per-sample values through input_fn")
+                    value = value[:1]  # the same for every sample (tf.zeros_like of a batch)
+                if float_constants and value.dtype.kind == "f":
+                    value = value.astype(np.float32)
+                value = np.asarray(value)
+                letters += "c"
+                attrs[f"c{k}"] = value
+                continue
+            random = self.operands.random_source(t)
+            if random is not None:
+                return (f"uses random numbers ({random.type} at {user_source(random)}) other "
+                        "than a dropout mask")
+            return (f"computes on weights ({t.op.type} '{t.op.name}') before they meet the "
+                    "samples: the CS keeps each weight as it is in its layer's region")
+        return letters, inputs, attrs, params
+
+    def whole_table(self, tensor: tf.Tensor) -> Weight | None:
+        """A weight gathered whole and in order, tf.gather(w, tf.range(len(w))) (Keras
+        position embeddings: Embedding(maxlen, d)(tf.range(maxlen))): the weight itself."""
+        op = tensor.op
+        if op.type not in ("GatherV2", "ResourceGather"):
+            return None
+        weight = self.operands.weight(op.inputs[0])
+        ids = self.operands.constant(op.inputs[1])
+        axis = self.operands.constant(op.inputs[2]) if op.type == "GatherV2" else np.array(0)
+        if weight is None or ids is None or axis is None or int(axis) != 0 or \
+                not np.array_equal(ids, np.arange(weight.variable_shape[0])):
+            return None
+        return Weight(weight.variable, weight.variable_shape, static_shape(tensor), weight.dtype)
+
+    # ---- the pass ----
+    def run(self) -> None:
+        fast: list[Callable[[tf.Operation], bool]] = [
+            self.match_alias, lowering.match_dropout(self), lowering.match_dense(self),
+            lowering.match_conv2d(self), lowering.match_pool(self),
+            lowering.match_batch_norm(self), lowering.match_cross_entropy(self)]
+        for op in self.ops:
+            if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
+                continue
+            bad = self._check_dtypes(op)
+            if bad and op.type not in lowering.RECURRENT:
+                self.reject(op, bad)
+                continue
+            if op.type in lowering.RECURRENT:
+                lowering.lower_generic(self, op)
+                continue
+            if self._enters_tail(op):
+                continue
+            if any(match(op) for match in fast):
+                continue
+            lowering.lower_generic(self, op)
+
+    def _check_dtypes(self, op: tf.Operation) -> str:
+        for t in list(op.outputs) + [t for t in op.inputs if t.op in self.flow]:
+            name = t.dtype.base_dtype.name
+            if name not in STREAMED_DTYPES and name != "resource":
+                return (f"computes in {name}: the CS computes in float32 (integers and booleans "
+                        "for indices and masks); compute in float32")
+        return ""
+
+    def _enters_tail(self, op: tf.Operation) -> bool:
+        """Batch reductions start the loss tail; ops reading the tail stay in it."""
+        tail_inputs = [t for t in op.inputs if t.name in self.tail]
+        if tail_inputs:
+            batched = [t for t in op.inputs if self.is_batched(t)]
+            if batched:
+                self.reject(op, lowering.mixes_samples(op, self.x.batch_size))
+                return True
+            self.tail.update(out.name for out in op.outputs)
+            self.consumed.add(op)
+            return True
+        axes = lowering.batch_reduction_axes(self, op)
+        if axes is None:
+            return False
+        self.frontier.append(op.inputs[0])
+        self.tail.update(out.name for out in op.outputs)
+        self.consumed.add(op)
+        return True
+
+    def match_alias(self, op: tf.Operation) -> bool:
+        """Ops that pass their input on unchanged (a reshape to the same shape included)."""
+        if not op.inputs or not self.is_batched(op.inputs[0]):
+            return False
+        same = op.outputs and op.outputs[0].shape == op.inputs[0].shape and \
+            op.outputs[0].dtype == op.inputs[0].dtype
+        if op.type in ("Identity", "Snapshot", "PreventGradient") or \
+                (op.type in ("Reshape", "Squeeze", "ExpandDims", "Cast", "EnsureShape") and same):
+            self.alias(op, op.inputs[0])
+            return True
+        return False
+
+    # ---- host outputs ----
+    def host_outputs(self, host_tensors: Iterable[tf.Tensor]) -> tuple[str, ...]:
+        """Kernels and inputs whose values the host needs to compute `host_tensors`."""
+        found: list[str] = []
+        seen, queue = set(), list(host_tensors)
+        while queue:
+            tensor = queue.pop(0)
+            if tensor.name in seen:
+                continue
+            seen.add(tensor.name)
+            if tensor.name in self.values:
+                name = self.values[tensor.name]
+                if name not in found:
+                    found.append(name)
+                continue
+            if tensor.name in self.internal:
+                raise CSRunError(
+                    f"host-side metrics or predictions read {tensor.name}, a value inside "
+                    f"kernel {self.internal[tensor.name]}",
+                    "compute metrics from a layer's output (e.g. the logits)")
+            if tensor.name in self.tail:
+                raise CSRunError(
+                    f"host-side metrics or predictions read {tensor.name}, a value of the loss's "
+                    "reduction over the batch", "compute metrics from per-sample values")
+            queue.extend(tensor.op.inputs)
+        return tuple(found)
+
+
+def host_tensors(extracted: ExtractedGraph) -> list[tf.Tensor]:
+    """Tensors the chief computes on the host: host_call inputs, metrics, predictions."""
+    spec = extracted.spec
+    tensors: list[Any] = []
+    if spec.host_call is not None:
+        args = spec.host_call[1]
+        tensors.extend(args.values() if isinstance(args, dict) else args)
+    if spec.eval_metric_ops:
+        for value, update in spec.eval_metric_ops.values():
+            tensors.extend([value, update])
+    if extracted.mode == ModeKeys.PREDICT and spec.predictions is not None:
+        preds = spec.predictions
+        tensors.extend(preds.values() if isinstance(preds, dict) else [preds])
+    out = []
+    for t in tensors:
+        if isinstance(t, tf.Operation):
+            out.extend(t.inputs)
+            out.extend(i for c in t.control_inputs for i in c.inputs)
+        elif isinstance(t, tf.Tensor):
+            out.append(t)
+    return out
+
+
+def _check_inputs(extracted: ExtractedGraph) -> list[UnsupportedOp]:
+    bad = []
+    for spec in extracted.inputs:
+        if spec.dtype not in STREAMED_DTYPES:
+            op = extracted.graph.get_tensor_by_name(extracted.placeholders[spec.name]).op
+            bad.append(UnsupportedOp(op.type, spec.name, "input_fn",
+                                     f"input_fn yields {spec.name} as {spec.dtype}: the CS streams "
+                                     "float32, int32, int64 or bool; cast it in input_fn"))
+    return bad
+
+
+def match(extracted: ExtractedGraph) -> MatchedModel:
+    """Lower the user's ops onto kernels; unsupported ops are listed, not raised."""
+    spec = extracted.spec
+    hosts = host_tensors(extracted)
+    predict = extracted.mode == ModeKeys.PREDICT
+    matcher = Matcher(extracted, list(hosts) if predict else [spec.loss], hosts)
+    matcher.unsupported.extend(_check_inputs(extracted))
+    matcher.run()
+    loss_kernel, regularizers = "", {}
+    if not predict and not matcher.unsupported:
+        loss_kernel, regularizers = loss_tail.lower_loss(matcher, spec.loss)
+    training = None
+    if extracted.mode == ModeKeys.TRAIN and not matcher.unsupported:
+        training = analyze_training(extracted)
+        matcher.unsupported.extend(untrainable(matcher, training))
+    matcher.unsupported.extend(shared_weights(matcher))
+    # The root cause first: a recurrent layer explains the ops around its loop.
+    matcher.unsupported.sort(key=lambda u: u.type not in lowering.RECURRENT)
+    kernels = tuple(loss_tail.attach_regularizers(matcher.kernels, regularizers))
+    outputs = matcher.host_outputs(hosts) if not matcher.unsupported else ()
+    return MatchedModel(inputs=extracted.inputs, kernels=kernels, loss_kernel=loss_kernel,
+                        outputs=outputs, training=training,
+                        unsupported=tuple(matcher.unsupported))
+
+
+def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
+    """Variables the train_op updates that no kernel holds (TF would train them, the CS
+    could not), and sparse updates of a weight no embedding lookup reads."""
+    held = {p.variable: (k, p) for k in matcher.kernels for p in k.params}
+    bad = []
+    for v in training.variables:
+        if v.name not in held:
+            bad.append(UnsupportedOp("Variable", v.name, v.source,
+                                     f"the train_op updates {v.name}, which no op on the way "
+                                     "from the samples to the loss reads: the CS would not "
+                                     "train it; leave it out of var_list"))
+            continue
+        kernel, param = held[v.name]
+        sparse_ok = kernel.type == "gather" or param.role.startswith("p")
+        if v.update == "sparse" and not sparse_ok:
+            bad.append(UnsupportedOp("Variable", v.name, v.source,
+                                     f"TF updates {v.name} as an embedding table (sparse), but "
+                                     f"the CS holds it as the {param.role} of {kernel.name}"))
+    return bad
+
+
+def shared_weights(matcher: Matcher) -> list[UnsupportedOp]:
+    """A variable read by two kernels (weight sharing): the CS keeps a weight in one region."""
+    owner: dict[str, KernelNode] = {}
+    bad = []
+    for kernel in matcher.kernels:
+        for p in kernel.params:
+            first = owner.setdefault(p.variable, kernel)
+            if first is not kernel:
+                bad.append(UnsupportedOp(kernel.type, kernel.name, kernel.source,
+                                         f"variable {p.variable} is also used by {first.name} at "
+                                         f"{first.source}: a weight lives in one layer's region "
+                                         "(weights cannot be shared between layers)"))
+    return bad
+
+
+def unsupported_detail(model: MatchedModel) -> str:
+    """The lines listing every unsupported op, and what the compiler supports."""
+    lines = [f"Unsupported operations ({len(model.unsupported)}):"]
+    lines += [f"  {op.line()}" for op in model.unsupported]
+    lines.append("Supported (see README, 'Supported operations'): "
+                 + ", ".join(sorted(lowering.supported_op_types())))
+    return "\n".join(lines)
+
+
+def check_supported(model: MatchedModel) -> None:
+    if model.unsupported:
+        first = model.unsupported[0]
+        more = len(model.unsupported) - 1
+        why = f": {first.reason}" if first.reason else ""
+        raise CSRunError(
+            f"validation failed at {first.source}: {first.type} '{first.name}'{why}"
+            f"{f' (and {more} more unsupported operation' + ('s' if more > 1 else '') + ')' if more else ''}",
+            "change the listed ops (every one is listed above with its source line)",
+            detail=unsupported_detail(model))

@@ -1,0 +1,298 @@
+"""Place: give each kernel a rectangle of cores so that the slowest kernel is as fast as
+possible, within per-core memory and each kernel's useful parallelism.
+
+Sizes: for a target throughput X, kernel k needs max(memory floor_k, F_k X / rate) cores
+and a region at least E_k X / link rate cores high for its data; the largest X whose
+rectangles still fit is found by bisection (X is capped by the kernels' parallelism).
+Layouts keep kernels in topological order so consecutive kernels touch: serpentine bands
+of every height (left to right, then right to left), and a slicing layout (split the
+sequence and the area in proportion, recursively). Of those that fit, the fastest, then
+the most compact, is kept.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from wafer import timing
+from wafer.fabric import Fabric
+
+
+@dataclass(frozen=True)
+class Rect:
+    x: int
+    y: int
+    width: int
+    height: int
+
+    @property
+    def cores(self) -> int:
+        return self.width * self.height
+
+    @property
+    def center(self) -> tuple[int, int]:
+        return self.x + self.width // 2, self.y + self.height // 2
+
+    def overlaps(self, other: "Rect") -> bool:
+        return not (self.x + self.width <= other.x or other.x + other.width <= self.x
+                    or self.y + self.height <= other.y or other.y + other.height <= self.y)
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    src: str
+    dst: str
+    path: tuple[tuple[int, int], ...]  # waypoints of an L-shaped route
+    bytes_per_sample: int
+
+    @property
+    def hops(self) -> int:
+        return sum(abs(a[0] - b[0]) + abs(a[1] - b[1]) for a, b in zip(self.path, self.path[1:]))
+
+
+@dataclass(frozen=True)
+class Placement:
+    regions: tuple[Rect, ...]  # one per kernel, topological order
+    routes: tuple[RouteSpec, ...]
+    timing: timing.PipelineTiming
+    memory_bytes: tuple[int, ...]  # per kernel, total
+    memory_per_core: tuple[int, ...]
+    balanced_bound: float  # best balanced pipeline (fractional cores)
+    fabric_bound: float  # cores x rate / FLOPs per sample
+
+    @property
+    def quality(self) -> float:
+        """Achieved compute throughput as a fraction of the balanced-pipeline bound."""
+        return self.timing.compute_samples_per_sec / self.balanced_bound
+
+
+class TooLargeError(ValueError):
+    """The model's weights, optimizer state and activations exceed the fabric's SRAM."""
+
+    def __init__(self, needed_bytes: int, fabric: Fabric, worst: str):
+        self.needed_bytes = needed_bytes
+        self.fabric = fabric
+        self.worst = worst
+        super().__init__(f"needs {needed_bytes} bytes, fabric has {fabric.sram_bytes}")
+
+
+@dataclass(frozen=True)
+class _Costs:
+    flops: tuple[float, ...]
+    caps: tuple[int, ...]
+    floors: tuple[int, ...]
+    memory: tuple[int, ...]
+    edges: tuple[int, ...]  # bytes per sample across a region's edge
+
+
+def _costs(kernels: Sequence[Any], fabric: Fabric, training: bool, optimizer: str) -> _Costs:
+    n = len(kernels)
+    memory = tuple(timing.memory_bytes(k, i, n, optimizer, training) for i, k in enumerate(kernels))
+    return _Costs(
+        flops=tuple(timing.flops_per_sample(k, training) for k in kernels),
+        caps=tuple(max(1, int(k.max_cores())) for k in kernels),
+        floors=tuple(timing.min_cores_for_memory(m, fabric) for m in memory),
+        memory=memory, edges=tuple(timing.edge_bytes_per_sample(k) for k in kernels))
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What a kernel needs for a target throughput: cores, and an edge (height) that long."""
+
+    cores: int
+    height: int
+
+
+def _demands(costs: _Costs, x: float, rate: float, link: float) -> list[Demand]:
+    """Each kernel's memory floor, compute (up to its useful parallelism) and edge for x
+    samples/s."""
+    out = []
+    for f, cap, floor, e in zip(costs.flops, costs.caps, costs.floors, costs.edges):
+        height = max(1, math.ceil(e * x / link))
+        out.append(Demand(max(floor, min(cap, math.ceil(f * x / rate)), height), height))
+    return out
+
+
+def band_layout(demands: Sequence[Demand], fabric: Fabric, band_height: int) -> list[Rect] | None:
+    """Serpentine bands of `band_height` rows, or None if the demands do not fit."""
+    bands = fabric.height // band_height
+    rects: list[Rect] = []
+    band, used = 0, 0
+    for d in demands:
+        height = min(band_height, d.cores)
+        width = math.ceil(d.cores / height)
+        if width > fabric.width or height < d.height:
+            return None
+        if used + width > fabric.width:
+            band, used = band + 1, 0
+        if band >= bands:
+            return None
+        y = band * band_height
+        x = used if band % 2 == 0 else fabric.width - used - width
+        rects.append(Rect(x, y, width, height))
+        used += width
+    return rects
+
+
+def slice_layout(demands: Sequence[Demand], fabric: Fabric) -> list[Rect] | None:
+    """Slicing layout: split the kernel sequence where its demand halves and the area across
+    its longer side in proportion, recursively (consecutive kernels stay neighbours)."""
+    budget = [4000]
+
+    def go(lo: int, hi: int, area: Rect, depth: int) -> list[Rect] | None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
+        if hi - lo == 1:
+            d = demands[lo]
+            if area.cores < d.cores or area.height < d.height:
+                return None
+            height = area.height
+            return [Rect(area.x, area.y, min(area.width, math.ceil(d.cores / height)), height)]
+        sizes = [d.cores for d in demands[lo:hi]]
+        total, run, k = sum(sizes), 0, lo + 1
+        for i, size in enumerate(sizes[:-1]):
+            run += size
+            k = lo + i + 1
+            if run >= total / 2:
+                break
+        left = sum(sizes[:k - lo])
+        right = total - left
+        cuts = ("x", "y") if area.width >= area.height else ("y", "x")
+        for axis in cuts if depth < 6 else cuts[:1]:
+            long_side = area.width if axis == "x" else area.height
+            short_side = area.height if axis == "x" else area.width
+            low, high = math.ceil(left / short_side), long_side - math.ceil(right / short_side)
+            if low > high:
+                continue
+            cut = min(high, max(low, round(long_side * left / total)))
+            if axis == "x":
+                a, b = Rect(area.x, area.y, cut, area.height), Rect(
+                    area.x + cut, area.y, area.width - cut, area.height)
+            else:
+                a, b = Rect(area.x, area.y, area.width, cut), Rect(
+                    area.x, area.y + cut, area.width, area.height - cut)
+            first = go(lo, k, a, depth + 1)
+            second = go(k, hi, b, depth + 1) if first is not None else None
+            if second is not None:
+                return first + second
+        return None
+
+    if not demands:
+        return []
+    return go(0, len(demands), Rect(0, 0, fabric.width, fabric.height), 0)
+
+
+def _layouts(demands: Sequence[Demand], fabric: Fabric, first_only: bool):
+    """Candidate layouts that fit, band layouts first."""
+    if sum(d.cores for d in demands) > fabric.cores:
+        return
+    for h in _band_heights(fabric):
+        rects = band_layout(demands, fabric, h)
+        if rects is not None:
+            yield rects
+            if first_only:
+                return
+    rects = slice_layout(demands, fabric)
+    if rects is not None:
+        yield rects
+
+
+def _fit(demands: Sequence[Demand], fabric: Fabric) -> list[Rect] | None:
+    """Some layout of `demands` that fits, or None."""
+    return next(_layouts(demands, fabric, first_only=True), None)
+
+
+def _best_layout(kernels: Sequence[Any], demands: Sequence[Demand], fabric: Fabric,
+                 training: bool) -> list[Rect] | None:
+    """Of the layouts that fit, one whose slowest kernel (compute or links) is fastest;
+    among those (within 0.1 %), the most compact (squarest bounding box: short routes)."""
+    candidates = []
+    for rects in _layouts(demands, fabric, first_only=False):
+        slowest = max(timing.kernel_timing(k, r, fabric, training=training).seconds_per_sample
+                      for k, r in zip(kernels, rects))
+        width = max(r.x + r.width for r in rects)
+        height = max(r.y + r.height for r in rects)
+        candidates.append((slowest, (max(width, height), width * height), rects))
+    if not candidates:
+        return None
+    fastest = min(c[0] for c in candidates)
+    return min((c for c in candidates if c[0] <= fastest * 1.001), key=lambda c: c[1])[2]
+
+
+def _band_heights(fabric: Fabric) -> list[int]:
+    """Candidate band heights: every height dividing the fabric into 1..64 bands, and small ones."""
+    heights = {fabric.height // b for b in range(1, 65)} | set(range(1, 17))
+    return sorted((h for h in heights if h >= 1), reverse=True)
+
+
+def place(kernels: Sequence[Any], fabric: Fabric, *, training: bool, optimizer: str = "sgd",
+          input_bytes_per_sample: int = 0, input_names: Sequence[str] = (),
+          edges: Sequence[tuple[str, str]] = ()) -> Placement:
+    """Rectangles for `kernels` (built wse_sim kernels, topological order).
+
+    `edges` are (src, dst) data paths between kernels or from program inputs (names in
+    `input_names`, which enter at the wafer's west edge). Raises TooLargeError when the
+    kernels' memory does not fit on the fabric.
+    """
+    costs = _costs(kernels, fabric, training, optimizer)
+    if sum(costs.floors) > fabric.cores:
+        worst = max(range(len(kernels)), key=lambda i: costs.memory[i])
+        raise TooLargeError(sum(costs.memory), fabric, kernels[worst].name)
+    rate, link = fabric.core_flops_per_sec, timing.link_bytes_per_sec(fabric)
+    cap = min([c * rate / f for c, f in zip(costs.caps, costs.flops) if f > 0]
+              + [fabric.height * link / e for e in costs.edges if e > 0], default=1.0)
+    target = cap
+    if _fit(_demands(costs, cap, rate, link), fabric) is None:
+        if _fit([Demand(f, 1) for f in costs.floors], fabric) is None:
+            worst = max(range(len(kernels)), key=lambda i: costs.memory[i])
+            raise TooLargeError(sum(costs.memory), fabric, kernels[worst].name)
+        lo, hi = 0.0, cap
+        while hi - lo > 1e-4 * hi:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if _fit(_demands(costs, mid, rate, link), fabric) is not None else (lo, mid)
+        target = lo
+    rects = _best_layout(kernels, _demands(costs, target, rate, link), fabric, training)
+    return _finish(kernels, rects, costs, fabric, training, optimizer, input_bytes_per_sample,
+                   input_names, edges)
+
+
+def _finish(kernels, rects, costs, fabric, training, optimizer, input_bytes, input_names,
+            edges) -> Placement:
+    by_name = {k.name: (k, r) for k, r in zip(kernels, rects)}
+    routes = []
+    for src, dst in edges:
+        kernel, rect = by_name[dst]
+        cx, cy = rect.center
+        if src in input_names:
+            start = (0, cy)
+            nbytes = math.prod(kernel.input_shapes[0]) * timing.BYTES_PER_VALUE
+        else:
+            start = by_name[src][1].center
+            nbytes = math.prod(by_name[src][0].output_shape) * timing.BYTES_PER_VALUE
+        path = (start, (cx, start[1]), (cx, cy))
+        routes.append(RouteSpec(src, dst, path, int(nbytes)))
+    hops = sum(r.hops for r in routes)
+    pipeline = timing.pipeline_timing(list(zip(kernels, rects)), fabric, training=training,
+                                      input_bytes_per_sample=input_bytes, optimizer=optimizer,
+                                      route_hops=hops)
+    return Placement(
+        regions=tuple(rects), routes=tuple(routes), timing=pipeline,
+        memory_bytes=costs.memory,
+        memory_per_core=tuple(timing.memory_per_core(m, r.cores)
+                              for m, r in zip(costs.memory, rects)),
+        balanced_bound=timing.balanced_bound_samples_per_sec(
+            kernels, fabric, training=training, min_cores=costs.floors),
+        fabric_bound=timing.fabric_bound_samples_per_sec(kernels, fabric, training=training))
+
+
+def equal_area_samples_per_sec(kernels: Sequence[Any], fabric: Fabric, *, training: bool,
+                               cores: int | None = None) -> float:
+    """The baseline: every kernel gets the same share of `cores` (default: the wafer)."""
+    share = max(1, (fabric.cores if cores is None else cores) // max(len(kernels), 1))
+    side = max(1, math.isqrt(share))
+    region = Rect(0, 0, max(1, share // side), side)
+    slowest = max(timing.kernel_timing(k, region, fabric, training=training).seconds_per_sample
+                  for k in kernels)
+    return 1.0 / slowest

@@ -1,0 +1,158 @@
+"""compile_report.txt and compile_report.json: the original's shape, plus the bounds."""
+from __future__ import annotations
+
+from typing import Any
+
+from coordinator.compiler.ir import MatchedModel
+from coordinator.compiler.placement import Placement
+from wafer import timing
+from wafer.fabric import Fabric
+
+MB = 1024 * 1024
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def fabric_line(fabric: Fabric) -> str:
+    return (f"fabric {fabric.name}: {fabric.width} x {fabric.height} cores, "
+            f"{fabric.sram_per_core // 1024} KB SRAM per core ({fabric.sram_bytes / 2**30:.1f} GB), "
+            f"{fabric.clock_hz / 1e9:g} GHz, {fabric.flops_per_cycle:g} FLOP/cycle/core at "
+            f"efficiency {fabric.efficiency:g}")
+
+
+def model_summary(model: MatchedModel, mode: str, batch_size: int) -> list[str]:
+    lines = [f"Mode: {mode}, batch size {batch_size}, "
+             f"{len(model.kernels)} kernels, {model.num_parameters:,} parameters"]
+    lines.append("Inputs: " + ", ".join(f"{s.name} {s.shape} {s.dtype}" for s in model.inputs))
+    if model.training is not None:
+        lines += training_lines(model)
+    if model.loss_kernel:
+        loss = next(k for k in model.kernels if k.name == model.loss_kernel)
+        lines.append(f"Loss: the sum over the batch of {', '.join(loss.inputs)} "
+                     f"x {loss.attrs['scale']:.6g}")
+        penalties = [f"{kind} {scale:g} on {p.variable}" for k in model.kernels for p in k.params
+                     for kind, scale in p.regularizers]
+        if penalties:
+            lines.append("Weight penalties: " + ", ".join(penalties))
+    if model.outputs:
+        lines.append("Streamed back to the host: " + ", ".join(model.outputs))
+    return lines
+
+
+def training_lines(model: MatchedModel) -> list[str]:
+    """The optimizer, the trained and frozen weights and the gradient transforms."""
+    training = model.training
+    o = training.optimizer
+    extra = {"sgd": "", "momentum": f", momentum {o.momentum:g}"
+             f"{', nesterov' if o.use_nesterov else ''}",
+             "adam": f", beta1 {o.beta1:g}, beta2 {o.beta2:g}, epsilon {o.epsilon:g}",
+             "rmsprop": f", decay {o.decay:g}, momentum {o.momentum:g}, epsilon {o.epsilon:g}"
+             f"{', centered' if o.centered else ''}",
+             "adagrad": f", initial accumulator {o.initial_accumulator_value:g}"}[o.type]
+    lines = [f"Optimizer: {o.type}, learning rate {o.learning_rate:g}{extra}"]
+    sparse = [v.name for v in training.variables if v.update == "sparse"]
+    lines.append(f"Trained weights: {len(training.variables)}"
+                 + (f" (sparse updates: {', '.join(sparse)})" if sparse else ""))
+    frozen = [p.variable for k in model.kernels for p in k.params
+              if p.variable not in training.trained]
+    if frozen:
+        lines.append("Frozen weights (not updated by the train_op): " + ", ".join(frozen))
+    for t in training.transforms:
+        what = {"scale": f"scale {t.value:g}", "clip_by_value": f"clip_by_value [{t.low:g}, "
+                f"{t.high:g}]", "clip_by_norm": f"clip_by_norm {t.value:g}",
+                "clip_by_global_norm": f"clip_by_global_norm {t.value:g}"}[t.kind]
+        lines.append(f"Gradient transform: {what} of {', '.join(t.variables)}")
+    return lines
+
+
+def validation_text(model: MatchedModel, mode: str, batch_size: int, fabric: Fabric) -> str:
+    lines = ["Validation successful", *model_summary(model, mode, batch_size), fabric_line(fabric),
+             "", f"{'kernel':<28} {'type':<30} {'inputs':<28} {'output':<14} source"]
+    for k in model.kernels:
+        lines.append(f"{k.name:<28} {k.type:<30} {', '.join(k.inputs):<28} "
+                     f"{str(k.output_shape):<14} {k.source}")
+    return "\n".join(lines) + "\n"
+
+
+def compile_json(model: MatchedModel, placement: Placement, fabric: Fabric, *, mode: str,
+                 batch_size: int, graph_hash: str) -> dict[str, Any]:
+    t = placement.timing
+    return {
+        "graph_hash": graph_hash, "fabric": fabric.name, "mode": mode, "batch_size": batch_size,
+        "num_parameters": model.num_parameters,
+        "optimizer": None if model.optimizer is None else vars(model.optimizer),
+        "estimate": {
+            "samples_per_sec": t.samples_per_sec,
+            "compute_samples_per_sec": t.compute_samples_per_sec,
+            "transmission_samples_per_sec": t.transmission_samples_per_sec,
+            "active_cores": t.active_cores,
+            "compute_utilization": t.compute_utilization,
+            "fabric_bound_samples_per_sec": placement.fabric_bound,
+            "balanced_bound_samples_per_sec": placement.balanced_bound,
+            "fraction_of_fabric_bound": t.compute_samples_per_sec / placement.fabric_bound,
+            "fraction_of_balanced_bound": placement.quality,
+            "pipeline_fill_seconds": t.fill_seconds,
+            "update_seconds": t.update_seconds,
+            "step_seconds": t.step_seconds(batch_size),
+            "memory_bytes": sum(placement.memory_bytes),
+            "fabric_sram_bytes": fabric.sram_bytes,
+        },
+        "kernels": [{
+            "name": k.name, "type": k.type, "inputs": list(k.inputs),
+            "output_shape": list(k.output_shape), "source": k.source,
+            "region": {"x": r.x, "y": r.y, "width": r.width, "height": r.height},
+            "cores": r.cores, "useful_cores": kt.useful_cores,
+            "flops_per_sample": kt.flops_per_sample, "t_comp": kt.t_comp, "t_comm": kt.t_comm,
+            "samples_per_sec": kt.samples_per_sec, "memory_per_core_bytes": mem,
+        } for k, r, kt, mem in zip(model.kernels, placement.regions, t.kernels,
+                                   placement.memory_per_core)],
+    }
+
+
+def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, mode: str,
+                 batch_size: int, graph_hash: str) -> str:
+    t = placement.timing
+    step = t.step_seconds(batch_size)
+    lines = [
+        f"Compile successful: graph {graph_hash}",
+        *model_summary(model, mode, batch_size),
+        fabric_line(fabric),
+        "",
+        "Estimated Overall Performance",
+        f"  Samples/s:               {_n(t.samples_per_sec)}",
+        f"  Compute Samples/s:       {_n(t.compute_samples_per_sec)}",
+        f"  Transmission Samples/s:  {_n(t.transmission_samples_per_sec)}",
+        f"  Active PEs:              {_n(t.active_cores)} of {_n(fabric.cores)} "
+        f"({100 * t.active_cores / fabric.cores:.2f} %)",
+        f"  Compute Utilization:     {100 * t.compute_utilization:.1f} % of the active PEs' peak",
+        f"  Ideal bound:             {_n(placement.fabric_bound)} samples/s = cores x FLOP rate / "
+        f"FLOPs per sample ({_n(fabric.cores)} x {fabric.core_flops_per_sec:.3g} / "
+        f"{t.flops_per_sample:,.0f}); this placement reaches "
+        f"{100 * t.compute_samples_per_sec / placement.fabric_bound:.2f} %",
+        f"  Balanced-pipeline bound: {_n(placement.balanced_bound)} samples/s (within the "
+        f"kernels' parallelism and memory); this placement reaches {100 * placement.quality:.1f} %",
+        f"  Step time (batch {batch_size}):  {1e3 * step:.4f} ms = {batch_size - 1} x "
+        f"{1e9 / t.samples_per_sec:.1f} ns + fill {1e6 * t.fill_seconds:.3f} us + update "
+        f"{1e6 * t.update_seconds:.3f} us ({_n(1 / step)} steps/s)",
+        f"  Memory:                  {sum(placement.memory_bytes) / MB:,.2f} MB of "
+        f"{fabric.sram_bytes / MB:,.0f} MB SRAM (weights, gradients, optimizer slots, "
+        "activations in flight)",
+        "",
+        f"{'kernel':<28} {'type':<28} {'rectangle (x,y w x h)':<24} {'cores':>8} "
+        f"{'samples/s':>14} {'mem/core':>9}  source",
+    ]
+    for k, r, kt, mem in zip(model.kernels, placement.regions, t.kernels,
+                             placement.memory_per_core):
+        rect = f"{r.x},{r.y} {r.width}x{r.height}"
+        lines.append(f"{k.name:<28} {k.type:<28} {rect:<24} {r.cores:>8,} "
+                     f"{_n(kt.samples_per_sec):>14} {mem / 1024:>7.1f}KB  {k.source}")
+    lines.append("")
+    lines.append(f"Timing model (wafer/timing.py): t_comp = F_k / (useful cores x "
+                 f"{fabric.flops_per_cycle:g} FLOP/cycle x {fabric.clock_hz / 1e9:g} GHz x "
+                 f"eta {fabric.efficiency:g}), F_k = "
+                 f"{timing.TRAIN_FLOPS_FACTOR if mode == 'train' else 1} x forward FLOPs; "
+                 "t_comm = bytes per sample / (edge cores x 4 B x f); Samples/s = "
+                 "min(1 / max_k t_k, I/O bytes/s / bytes per sample)")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,68 @@
+"""placement.png: the wafer with each kernel's rectangle, numbered and listed in a legend.
+
+Left: the whole wafer. Right: a zoom on the cores in use (small models use a corner).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from PIL import Image, ImageDraw, ImageFont
+
+from coordinator.compiler.placement import Rect, RouteSpec
+from wafer.fabric import Fabric
+
+PANEL = 520  # pixels per panel side
+LEGEND_WIDTH = 420
+PALETTE = [(78, 121, 167), (242, 142, 43), (225, 87, 89), (118, 183, 178), (89, 161, 79),
+           (237, 201, 72), (176, 122, 161), (255, 157, 167), (156, 117, 95), (186, 176, 172)]
+
+
+def _panel(draw: ImageDraw.ImageDraw, origin: tuple[int, int], view: Rect, rects: Sequence[Rect],
+           routes: Sequence[RouteSpec], names: Sequence[str], font, title: str) -> None:
+    ox, oy = origin
+    scale = min(PANEL / view.width, PANEL / view.height)
+
+    def px(x: float, y: float) -> tuple[float, float]:
+        return ox + (x - view.x) * scale, oy + 20 + (y - view.y) * scale
+
+    draw.text((ox, oy), title, fill="black", font=font)
+    draw.rectangle([px(view.x, view.y), px(view.x + view.width, view.y + view.height)],
+                   fill=(235, 235, 235), outline="black")
+    index = {n: i for i, n in enumerate(names)}
+    for i, r in enumerate(rects):
+        color = PALETTE[i % len(PALETTE)]
+        a, b = px(r.x, r.y), px(r.x + r.width, r.y + r.height)
+        draw.rectangle([a, (max(b[0], a[0] + 1), max(b[1], a[1] + 1))], fill=color,
+                       outline="black" if b[0] - a[0] > 4 else None)
+        if b[0] - a[0] > 14 and b[1] - a[1] > 10:
+            draw.text((a[0] + 2, a[1] + 1), str(i + 1), fill="white", font=font)
+    for route in routes:
+        if route.src in index and route.dst in index:  # kernel to kernel
+            draw.line([px(x + 0.5, y + 0.5) for x, y in route.path], fill=(40, 40, 40), width=1)
+
+
+def render(path: str, fabric: Fabric, names: Sequence[str], types: Sequence[str],
+           rects: Sequence[Rect], routes: Sequence[RouteSpec], title: str) -> None:
+    font = ImageFont.load_default()
+    image = Image.new("RGB", (2 * PANEL + LEGEND_WIDTH + 40, PANEL + 60), "white")
+    draw = ImageDraw.Draw(image)
+    wafer = Rect(0, 0, fabric.width, fabric.height)
+    used = Rect(0, 0, max(r.x + r.width for r in rects), max(r.y + r.height for r in rects))
+    side = max(used.width, used.height)
+    zoom = Rect(0, 0, min(side, fabric.width), min(side, fabric.height))
+    _panel(draw, (10, 10), wafer, rects, routes, names, font,
+           f"{title}: wafer {fabric.name} {fabric.width} x {fabric.height} cores")
+    _panel(draw, (PANEL + 20, 10), zoom, rects, routes, names, font,
+           f"zoom: cores (0,0)-({zoom.width},{zoom.height})")
+    x0 = 2 * PANEL + 30
+    draw.text((x0, 10), "kernel  type  rectangle (x,y w x h)", fill="black", font=font)
+    for i, (name, type_, r) in enumerate(zip(names, types, rects)):
+        y = 30 + 14 * i
+        if y > PANEL + 40:
+            draw.text((x0, y), f"... {len(names) - i} more", fill="black", font=font)
+            break
+        draw.rectangle([x0, y + 2, x0 + 9, y + 11], fill=PALETTE[i % len(PALETTE)])
+        label = name if name == type_ else f"{name} ({type_})"
+        draw.text((x0 + 14, y), f"{i + 1} {label} {r.x},{r.y} {r.width}x{r.height}",
+                  fill="black", font=font)
+    image.save(path)

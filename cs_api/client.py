@@ -1,0 +1,142 @@
+"""The chief's connection to the CS system: the CS API calls, with gRPC failures turned
+into one-line user errors (unreachable CS, CS busy with another job, refused program).
+Channels (the chief's and the workers') carry the CS API's message limits and speak TLS,
+verifying the CS's certificate, when the site names a CA (`launcher.site_config`). From
+Load on, the client holds the job's lease: if this process dies the CS frees itself."""
+from __future__ import annotations
+
+import secrets
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import numpy as np
+
+from common.errors import CSRunError
+from cs_api import MESSAGE_OPTIONS, pb, rpc
+from cs_api.liveness import Liveness
+from cs_api.tensors import assemble, tensor_chunks
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+def new_token() -> str:
+    """A per-job secret the chief hands to its workers; the CS refuses streams without it."""
+    return secrets.token_hex(16)
+
+
+def cs_channel(cs_ip: str, tls_ca: str | None = None) -> grpc.Channel:
+    """A channel to the CS at `cs_ip`: TLS verified with the CA certificate file `tls_ca`
+    (the site's `cs.tls_ca`), plaintext without one."""
+    if not tls_ca:
+        return grpc.insecure_channel(cs_ip, options=MESSAGE_OPTIONS)
+    try:
+        root = Path(tls_ca).read_bytes()
+    except OSError as error:
+        raise CSRunError(f"cannot read the CS system's CA certificate {tls_ca}: {error.strerror}",
+                         "fix cs.tls_ca in csrun.yaml") from None
+    return grpc.secure_channel(cs_ip, grpc.ssl_channel_credentials(root), options=MESSAGE_OPTIONS)
+
+
+class CSClient:
+    """One job's calls to the CS at `cs_ip`."""
+
+    def __init__(self, cs_ip: str, tls_ca: str | None = None):
+        self.cs_ip = cs_ip
+        self.tls_ca = tls_ca
+        self._channel = cs_channel(cs_ip, tls_ca)
+        self._stub = rpc.CSSystemStub(self._channel)
+        self.token = new_token()
+
+    def _open_channel(self, cs_ip: str) -> grpc.Channel:
+        return cs_channel(cs_ip, self.tls_ca)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _error(self, error: grpc.RpcError, doing: str, live: Liveness | None = None) -> CSRunError:
+        if live is not None and live.dead:
+            return CSRunError(f"{live.dead} during {doing}",
+                              "see the CS system's log (wse_sim.log in the job folder for the "
+                              "embedded one); the newest checkpoint is the last good one")
+        code = error.code()
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return CSRunError(f"cannot reach the CS system at {self.cs_ip} ({doing}): {error.details()}",
+                              "check --cs_ip and that the CS system (wse_sim serve) is running")
+        if code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.RESOURCE_EXHAUSTED) or \
+                (code == grpc.StatusCode.FAILED_PRECONDITION and "busy" in (error.details() or "")):
+            return CSRunError(f"the CS system at {self.cs_ip} is busy: {error.details()}",
+                              "wait for the running job to finish, or use another CS system")
+        return CSRunError(f"the CS system at {self.cs_ip} refused {doing}: {code.name}: {error.details()}")
+
+    def status(self) -> pb.StatusReply:
+        try:
+            return self._stub.Status(pb.StatusRequest(token=self.token), timeout=CONNECT_TIMEOUT_S,
+                                     wait_for_ready=False)
+        except grpc.RpcError as error:
+            raise self._error(error, "status") from None
+
+    def load(self, job_id: str, program: pb.Program, tensors: dict[str, np.ndarray],
+             num_workers: int, global_step: int, first_batch: int) -> pb.LoadReply:
+        """Load the program with its weights (and optimizer slots) for this job; its first
+        step consumes batch `first_batch` of input_fn's order."""
+        header = pb.JobHeader(job_id=job_id, token=self.token, program=program,
+                              num_workers=num_workers, global_step=global_step,
+                              first_batch=first_batch)
+
+        def requests() -> Iterator[pb.LoadRequest]:
+            yield pb.LoadRequest(header=header)
+            for name in sorted(tensors):
+                for chunk in tensor_chunks(name, tensors[name]):
+                    yield pb.LoadRequest(chunk=chunk)
+
+        future = self._stub.Load.future(requests())
+        with Liveness(self.cs_ip, future.cancel, self._open_channel) as live:
+            try:
+                reply = future.result()
+            except grpc.FutureCancelledError:  # only the liveness watch cancels it
+                raise CSRunError(f"{live.dead or 'the CS system stopped answering'} during the load",
+                                 "see the CS system's log") from None
+            except grpc.RpcError as error:
+                raise self._error(error, "the program", live) from None
+        self._hold_lease()
+        return reply
+
+    def _hold_lease(self) -> None:
+        """Hold the job's lease until the job ends or this client closes (or dies)."""
+        call = self._stub.Lease(pb.LeaseRequest(token=self.token))
+
+        def hold() -> None:
+            try:
+                for _ in call:
+                    pass
+            except grpc.RpcError:
+                pass  # the job ended or the CS went away: the job's own calls say which
+
+        threading.Thread(target=hold, name="cs-lease", daemon=True).start()
+
+    def run(self, action: str, steps: int, output_steps: tuple[int, ...] = ()) -> Iterator[pb.RunResult]:
+        """The Train / Evaluate / Predict stream of per-step results, then the job summary."""
+        call = {"train": self._stub.Train, "evaluate": self._stub.Evaluate, "predict": self._stub.Predict}[action]
+        responses = call(pb.RunRequest(token=self.token, steps=steps, output_steps=output_steps))
+        with Liveness(self.cs_ip, responses.cancel, self._open_channel) as live:
+            try:
+                yield from responses
+            except grpc.RpcError as error:
+                raise self._error(error, action, live) from None
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """The job's weights and optimizer slots, by TF variable / slot name."""
+        responses = self._stub.Snapshot(pb.SnapshotRequest(token=self.token))
+        with Liveness(self.cs_ip, responses.cancel, self._open_channel) as live:
+            try:
+                return assemble(responses)
+            except grpc.RpcError as error:
+                raise self._error(error, "the snapshot", live) from None
+
+    def unload(self) -> None:
+        try:
+            self._stub.Unload(pb.UnloadRequest(token=self.token), timeout=CONNECT_TIMEOUT_S)
+        except (grpc.RpcError, ValueError):  # ValueError: channel already closed
+            pass  # the job ends either way; the CS frees it when the token's job is gone

@@ -1,0 +1,36 @@
+"""A streamed program input, as the compiler declares it, the chief publishes it to the input
+workers and the CS checks every batch against it (a Program's TensorSpec)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cs_api import pb
+from cs_api.tensors import dtype_code, dtype_of
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """"features", "features.<key>" or "labels": its numpy dtype name and per-sample shape."""
+
+    name: str
+    dtype: str  # numpy dtype name: float32, int32, ...
+    shape: Shape  # per sample (the batch dimension left out)
+
+    def batch_shape(self, batch_size: int) -> Shape:
+        return (batch_size, *self.shape)
+
+    def to_proto(self) -> pb.TensorSpec:
+        return pb.TensorSpec(name=self.name, dtype=dtype_code(np.dtype(self.dtype)), shape=list(self.shape))
+
+    @classmethod
+    def from_proto(cls, spec: pb.TensorSpec) -> "InputSpec":
+        """ValueError when the message names no dtype the CS API knows."""
+        return cls(spec.name, dtype_of(spec.dtype).name, tuple(int(d) for d in spec.shape))
+
+
+def program_inputs(program: pb.Program) -> tuple[InputSpec, ...]:
+    return tuple(InputSpec.from_proto(spec) for spec in program.inputs)

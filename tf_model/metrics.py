@@ -1,0 +1,82 @@
+"""model_fn's evaluation metrics, computed in a TensorFlow Session on the host.
+
+The metrics are `host_call = (fn, tensors)` (fn(*tensors) -> {name: (value, update_op)}) or
+`eval_metric_ops`, plus `loss`, the mean of the batches' losses, as an Estimator reports
+it. `EvalMetrics` builds model_fn in EVAL mode (the same graph and variable names as
+training) and accumulates the metrics over batches from numpy values fed by tensor name:
+
+- the CPU path feeds the input batches (`input_names`) after restoring a checkpoint;
+- the CS chief feeds what the CS returns for `host_tensors` (the host_call tensors and the
+  loss): the metric ops read only those, so no weights are needed.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from common.errors import CSRunError
+from tf_model.checkpoints import restore_variables
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+
+LOSS = "loss"
+
+
+def metric_ops(spec: CSEstimatorSpec) -> dict[str, tuple[Any, Any]]:
+    """{name: (value, update_op)} of the spec's metrics, `loss` (the mean loss) included."""
+    if spec.host_call is not None:
+        fn, tensors = spec.host_call
+        ops = dict(fn(*tensors))
+    else:
+        ops = dict(spec.eval_metric_ops or {})
+    for name, pair in ops.items():
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise CSRunError(f"metric {name!r} is not a (value, update_op) pair",
+                             "return tf.compat.v1.metrics.* results, e.g. "
+                             "{'accuracy': tf.compat.v1.metrics.accuracy(labels, predictions)}")
+    ops.setdefault(LOSS, tf.compat.v1.metrics.mean(spec.loss))
+    return ops
+
+
+class EvalMetrics:
+    """model_fn's metrics in EVAL mode, accumulated over `update` calls."""
+
+    def __init__(self, model_fn: Callable, input_fn: Callable, params: dict,
+                 checkpoint: str | None = None):
+        signature = batch_signature(make_dataset(input_fn, params))
+        with model_graph(params) as graph:
+            features, labels = signature.placeholders()
+            spec = call_model_fn(model_fn, features, labels, ModeKeys.EVAL, params)
+            ops = metric_ops(spec)
+            init = tf.compat.v1.local_variables_initializer()
+            variables = tf.compat.v1.global_variables()
+        self.input_names = tuple(t.name for t in tf.nest.flatten((features, labels)))
+        host = list(spec.host_call[1]) if spec.host_call is not None else []
+        self.host_tensors = tuple(t.name for t in host) + (spec.loss.name,)
+        self._values = {name: value for name, (value, _) in ops.items()}
+        self._updates = [update for _, update in ops.values()]
+        self.session = tf.compat.v1.Session(graph=graph)
+        self.session.run(init)
+        if checkpoint is not None:
+            restore_variables(self.session, variables, checkpoint)
+
+    def update(self, values: Mapping[str, np.ndarray]) -> None:
+        """Accumulate one batch: `values` maps tensor names (input_names or host_tensors)
+        to their numpy values."""
+        graph = self.session.graph
+        self.session.run(self._updates, {graph.get_tensor_by_name(n): v for n, v in values.items()})
+
+    def results(self) -> dict[str, float]:
+        return {name: float(np.asarray(value))
+                for name, value in self.session.run(self._values).items()}
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> "EvalMetrics":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

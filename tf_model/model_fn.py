@@ -1,0 +1,166 @@
+"""Calling the user's Estimator-style functions: input_fn's batch signature and model_fn.
+
+Shared by the CPU path, the compiler and the chief so the user's code is called one way.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sysconfig
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import tensorflow as tf
+
+from common.errors import CSRunError
+from common.layers import package_dirs
+from tf_model.estimator_spec import CSEstimatorSpec
+
+_LIBRARY_DIRS = tuple(os.path.realpath(d) + os.sep for d in {
+    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+    sysconfig.get_paths()["platlib"]}) + package_dirs()
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether a traceback's file is the user's (not Python's, a library's or csrun's)."""
+    path = os.path.realpath(filename)
+    return not (filename.startswith("<") or path.startswith(_LIBRARY_DIRS))
+
+
+@dataclass(frozen=True)
+class BatchSignature:
+    """The structure of one input_fn element: (features, labels) TensorSpecs, batch dim included."""
+
+    features: Any  # tf.TensorSpec or dict of them
+    labels: Any  # tf.TensorSpec, dict, or None
+
+    def placeholders(self) -> tuple[Any, Any]:
+        """Placeholders shaped like a batch, in the current (v1) graph."""
+
+        def make(spec, name):
+            return tf.compat.v1.placeholder(spec.dtype, spec.shape, name=name)
+
+        features = (
+            {k: make(s, f"features.{k}") for k, s in self.features.items()}
+            if isinstance(self.features, dict) else make(self.features, "features"))
+        labels = None if self.labels is None else make(self.labels, "labels")
+        return features, labels
+
+
+@contextlib.contextmanager
+def model_graph(params: dict) -> Iterator[tf.Graph]:
+    """A fresh default graph to build model_fn in, the same way on every path.
+
+    Keras's global layer-name counters are reset, so variables get the same names in every
+    build (checkpoints depend on them); with `runconfig.tf_random_seed` the graph seed and
+    Keras's initializer seeds (Python, NumPy) are set, so the CPU path and the compiler's
+    initial weights are equal. Build placeholders or iterators *after* entering, in the
+    same order on every path: op-level seeds depend on the ops created before.
+    """
+    tf.keras.backend.clear_session()
+    graph = tf.Graph()
+    with graph.as_default():
+        seed = (params.get("runconfig") or {}).get("tf_random_seed")
+        if seed is not None:
+            tf.keras.utils.set_random_seed(int(seed))
+        yield graph
+
+
+_INPUT_HINT = ("check the input sections of params.yaml (train_input, eval_input) and input_fn; "
+               "--debug shows the traceback")
+_MODEL_HINT = ("check the model sections of params.yaml and model_fn (labels must suit the "
+               "loss); --debug shows the traceback")
+
+
+def user_code_error(what: str, error: BaseException, hint: str, context: str = "") -> CSRunError:
+    """One line for an exception raised by the user's own code (input_fn, model_fn): its
+    type and message and the user's innermost source line."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if is_user_file(f.filename)]
+    where = ""
+    if frames:
+        path, cwd = os.path.realpath(frames[-1].filename), os.getcwd() + os.sep
+        where = f" at {path[len(cwd):] if path.startswith(cwd) else path}:{frames[-1].lineno}"
+    text = str(error).strip().splitlines()
+    return CSRunError(f"{what} raised {type(error).__name__}{where}{context}"
+                      f"{': ' + text[0] if text else ''}", hint)
+
+
+def _describe_inputs(features: Any, labels: Any) -> str:
+    named = dict(features) if isinstance(features, dict) else {"features": features}
+    if labels is not None:
+        named["labels"] = labels
+    return ", ".join(f"{k} {tuple(v.shape.as_list())} {v.dtype.name}" for k, v in named.items()
+                     if isinstance(v, tf.Tensor))
+
+
+def make_dataset(input_fn: Callable, params: dict) -> tf.data.Dataset:
+    """Call input_fn(params) and check it returns a tf.data.Dataset."""
+    try:
+        dataset = input_fn(params)
+    except CSRunError:
+        raise
+    except Exception as error:  # the user's code: one line, the traceback with --debug
+        raise user_code_error("input_fn", error, _INPUT_HINT) from error
+    if not isinstance(dataset, tf.data.Dataset):
+        raise CSRunError(f"input_fn returned {type(dataset).__name__}, not a tf.data.Dataset",
+                         "return a dataset of (features, labels) batches")
+    batch_signature(dataset)  # its element structure and dtypes, checked before any work
+    return dataset
+
+
+def numpy_batches(dataset: tf.data.Dataset) -> Iterator[Any]:
+    """The dataset's elements as numpy; a failure inside input_fn's pipeline (a map
+    function that raises, a file that cannot be read) is one line."""
+    iterator = dataset.as_numpy_iterator()
+    while True:
+        try:
+            element = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as error:
+            raise user_code_error("input_fn's dataset", error, _INPUT_HINT) from error
+        yield element
+
+
+def _check_dtypes(spec: Any, what: str) -> None:
+    for key, leaf in (spec.items() if isinstance(spec, dict) else [(None, spec)]):
+        if isinstance(leaf, tf.TensorSpec) and leaf.dtype == tf.float64:
+            name = what if key is None else f"{what}[{key!r}]"
+            raise CSRunError(f"input_fn yields {name} as float64; the model computes in float32",
+                             "cast in input_fn: tf.cast(x, tf.float32) (or build the arrays as "
+                             "np.float32)")
+
+
+def batch_signature(dataset: tf.data.Dataset) -> BatchSignature:
+    spec = dataset.element_spec
+    if isinstance(spec, tuple) and len(spec) == 2:
+        features, labels = spec
+    elif isinstance(spec, (tf.TensorSpec, dict)):
+        features, labels = spec, None
+    else:
+        raise CSRunError(f"input_fn yields {spec}, not (features, labels)",
+                         "make the dataset yield (features, labels) tuples")
+    _check_dtypes(features, "features")
+    _check_dtypes(labels, "labels")
+    return BatchSignature(features, labels)
+
+
+def call_model_fn(model_fn: Callable, features: Any, labels: Any, mode: str,
+                  params: dict) -> CSEstimatorSpec:
+    """Call model_fn(features, labels, mode, params) and check what it returns."""
+    accepted = inspect.signature(model_fn).parameters
+    kwargs = {k: v for k, v in (("features", features), ("labels", labels), ("mode", mode),
+                                ("params", params)) if k in accepted}
+    try:
+        spec = model_fn(**kwargs)
+    except CSRunError:
+        raise
+    except Exception as error:  # the user's code: one line, the traceback with --debug
+        raise user_code_error("model_fn", error, _MODEL_HINT,
+                              f" on batches of {_describe_inputs(features, labels)}") from error
+    if not isinstance(spec, CSEstimatorSpec):
+        raise CSRunError(f"model_fn returned {type(spec).__name__}, not a CSEstimatorSpec",
+                         "return launcher.estimator.CSEstimatorSpec(mode=..., loss=..., ...)")
+    return spec

@@ -1,0 +1,62 @@
+"""The kernel library. Importing this package registers every kernel in KERNELS.
+
+Catalog (the contract between the compiler, which emits these, and the simulator, which
+runs them). Shapes are per sample; `activation` attrs take the names of the `activation`
+kernel's functions. Inputs and outputs are float32 unless the dtype column says otherwise.
+
+| type | inputs | attrs | params (role: shape) | dtypes |
+|---|---|---|---|---|
+| dense | x (..., n) | units, use_bias, activation | kernel: (n, units), bias: (units,) | |
+| conv2d | x (H, W, C) NHWC | filters, kernel_size [kh, kw], strides [sh, sw], padding SAME/VALID, use_bias, activation | kernel: (kh, kw, C, filters), bias: (filters,) | |
+| max_pool, avg_pool | x (H, W, C) | pool_size [ph, pw], strides [sh, sw], padding | — | |
+| activation | x | function: relu, relu6, leaky_relu, elu, selu, tanh, sigmoid, softplus, linear, identity, neg, abs, square, sqrt, rsqrt, exp, expm1, log, log1p, reciprocal, erf, erfc, sin, cos, sign, softsign, pow; alpha (leaky_relu); exponent (pow, float) | — | |
+| binary | the `i` operands | op: add, sub, mul, div, maximum, minimum, squared_difference, pow, greater, greater_equal, less, less_equal, equal, not_equal, logical_and, logical_or; operands (2 letters) | p<k>: attr p<k> | two operands of one dtype; add, sub, mul, maximum, minimum and comparisons also int32/int64, logical bool; comparisons and logical output bool |
+| select | the `i` operands | operands (3 letters: cond, x, y) | p<k>: attr p<k> | cond bool; x, y one dtype: the output's |
+| cast | x | dtype: float32, int32, int64, bool | — | x float32, int32, int64 or bool; output attr dtype |
+| stop_gradient | x | — | — | any, passed through |
+| one_hot | indices (...) | depth, on_value, off_value (axis -1) | — | indices int32/int64; output (..., depth) |
+| reduce | x | op: sum, mean, max, min; axes [per-sample axes]; keepdims | — | float32; sum, max, min also int32/int64 |
+| softmax | x | axis (per-sample, -1 = last), log (bool: log_softmax) | — | |
+| matmul | the `i` operands | operands: ii, ip, pi, ic, ci; transpose_a, transpose_b (BatchMatMulV2; activations per-sample rank >= 2, or rank 1 as the rows of operand 0 against a rank-2 weight/constant) | p<k>: attr p<k> | |
+| transpose | x | perm [per-sample permutation] | — | any, passed through |
+| slice | x | begin, end, strides (per-sample, resolved; stride < 0: end -1 = through element 0), shrink [axes] | — | any, passed through |
+| pad | x | paddings [b0, a0, b1, a1, ...] per-sample, value | — | float32, int32, int64 |
+| gather | indices (...) | operands "pi" (embedding lookup) | p0: (V, D...) | indices int32/int64 in [0, V); output indices + (D...) |
+| batch_norm_inference | x (..., C) | epsilon, scale, center (bools: the optional weights), fused (FusedBatchNorm's order) | mean, variance (frozen), scale, offset: (C,) | |
+| dropout | x | rate, noise_shape (per sample, 1 where one decision is shared) | — | |
+| reshape | x | shape [per-sample target shape] (flatten = reshape to [n]) | — | any, passed through |
+| add | x1, x2, ... same shape | — | — | |
+| concat | x1, x2, ... | axis (per-sample axis, >= 0) | — | any, all one |
+| softmax_cross_entropy_with_logits | logits (..., k), labels | sparse (bool) | — | labels (..., k) float32, or sparse (...) int32/int64; output (...) |
+| loss | t (any) | scale | — | output () = scale * sum(t) |
+| einsum | the `i` operands | equation (batch letter first in per-sample operands), operands | p<k>: attr p<k> | |
+
+Operands (binary, select, matmul, gather): attr `operands` has
+a letter per operand position k, `i` the kernel's next input, `c` the constant in tensor
+attr `c<k>`, `p` the weight with param role `p<k>` and TF shape in ints attr `p<k>`; they
+broadcast as numpy (= TF) does on the micro-batch arrays (`wafer.kernels.operands`),
+matmul's leading axes as BatchMatMulV2's (`wafer.kernels.matmul`: never into the batch).
+
+The loss kernel (`is_loss = True`) outputs one value per sample, already scaled so that
+the sum over the whole batch is the loss. Its backward takes no upstream gradient and
+returns the gradient of that scaled value, so micro-batches add up to ordinary mini-batch
+training.
+`input_differentiable` says which inputs a gradient flows back through (not labels,
+integer or bool inputs, comparisons, stop_gradient, one_hot, casts to non-float).
+"""
+from wafer.kernels import (  # noqa: F401
+                             activations,
+                             conv,
+                             dense,
+                             einsum,
+                             elementwise,
+                             embedding,
+                             losses,
+                             matmul,
+                             normalization,
+                             structure,
+                             tensor_ops,
+)
+from wafer.kernels.base import KERNELS, Kernel, KernelError, RunContext, build_kernel, register
+
+__all__ = ["KERNELS", "Kernel", "KernelError", "RunContext", "build_kernel", "register"]

@@ -1,0 +1,441 @@
+"""Element-wise activation functions, forward and backward side by side, and the
+`activation` kernel. Dense and conv2d kernels fuse the same functions.
+
+Each function's backward reads what TensorFlow's gradient op reads (the input x or the
+output y), so the arithmetic follows TF's (e.g. EluGrad and SeluGrad use the output).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
+
+SELU_SCALE = np.float32(1.0507009873554804934193349852946)
+SELU_ALPHA = np.float32(1.6732632423543772848170429916717)
+_ONE = np.float32(1.0)
+_TWO = np.float32(2.0)
+_HALF = np.float32(0.5)
+TWO_OVER_ROOT_PI = np.float32(2 / np.sqrt(np.pi))
+
+
+def _relu(x, alpha, out):
+    return np.maximum(x, 0, out=out)
+
+
+def _relu_grad(x, y, alpha, dy, out):
+    return np.multiply(dy, y > 0, out=out)
+
+
+def _relu6(x, alpha, out):
+    return np.clip(x, 0, 6, out=out)
+
+
+def _relu6_grad(x, y, alpha, dy, out):
+    return np.multiply(dy, (x > 0) & (x < 6), out=out)
+
+
+def _leaky(x, alpha, out):
+    return _store(np.where(x > 0, x, x * np.float32(alpha)), out)
+
+
+def _leaky_grad(x, y, alpha, dy, out):
+    return _store(np.where(x > 0, dy, dy * np.float32(alpha)), out)
+
+
+def _elu(x, alpha, out):
+    return _store(np.where(x > 0, x, np.expm1(np.minimum(x, 0))), out)
+
+
+def _elu_grad(x, y, alpha, dy, out):
+    return _store(np.where(y < 0, (y + _ONE) * dy, dy), out)
+
+
+def _selu(x, alpha, out):
+    return _store(np.where(x > 0, SELU_SCALE * x, SELU_SCALE * SELU_ALPHA * np.expm1(np.minimum(x, 0))), out)
+
+
+def _selu_grad(x, y, alpha, dy, out):
+    return _store(np.where(y < 0, dy * (y + SELU_SCALE * SELU_ALPHA), dy * SELU_SCALE), out)
+
+
+def _tanh(x, alpha, out):
+    return np.tanh(x, out=out)
+
+
+def _tanh_grad(x, y, alpha, dy, out):
+    return _store(dy * (_ONE - y * y), out)
+
+
+def _sigmoid(x, alpha, out):
+    return _store(sigmoid(x), out)
+
+
+def _sigmoid_grad(x, y, alpha, dy, out):
+    return _store(dy * y * (_ONE - y), out)
+
+
+def _softplus(x, alpha, out):
+    return np.logaddexp(np.float32(0), x, out=out)
+
+
+def _softplus_grad(x, y, alpha, dy, out):
+    return _store(dy * sigmoid(x), out)
+
+
+def _linear(x, alpha, out):
+    if out is None:
+        return x
+    np.copyto(out, x)
+    return out
+
+
+def _linear_grad(x, y, alpha, dy, out):
+    return _linear(dy, alpha, out)
+
+
+def _neg(x, a, out):
+    return np.negative(x, out=out)
+
+
+def _neg_grad(x, y, a, dy, out):
+    return np.negative(dy, out=out)
+
+
+def _abs(x, a, out):
+    return np.abs(x, out=out)
+
+
+def _abs_grad(x, y, a, dy, out):  # grad * sign(x)
+    return np.multiply(dy, np.sign(x), out=out)
+
+
+def _square(x, a, out):
+    return np.multiply(x, x, out=out)
+
+
+def _square_grad(x, y, a, dy, out):  # grad * (x * 2)
+    return np.multiply(dy, x * _TWO, out=out)
+
+
+def _sqrt(x, a, out):
+    return np.sqrt(x, out=out)
+
+
+def _sqrt_grad(x, y, a, dy, out):  # SqrtGrad(y, dy): mul_no_nan(0.5 / y, dy)
+    return _mul_no_nan(_HALF / y, dy, out)
+
+
+def _rsqrt(x, a, out):
+    return _store(_ONE / np.sqrt(x), out)
+
+
+def _rsqrt_grad(x, y, a, dy, out):  # RsqrtGrad(y, dy): mul_no_nan(-0.5 * (y * y), mul_no_nan(y, dy))
+    return _mul_no_nan(-_HALF * (y * y), _mul_no_nan(y, dy, None), out)
+
+
+def _exp(x, a, out):
+    return np.exp(x, out=out)
+
+
+def _exp_grad(x, y, a, dy, out):  # grad * y
+    return np.multiply(dy, y, out=out)
+
+
+def _expm1(x, a, out):
+    return np.expm1(x, out=out)
+
+
+def _expm1_grad(x, y, a, dy, out):  # grad * exp(x)
+    return np.multiply(dy, np.exp(x), out=out)
+
+
+def _log(x, a, out):
+    return np.log(x, out=out)
+
+
+def _log_grad(x, y, a, dy, out):  # grad * reciprocal(x)
+    return np.multiply(dy, _ONE / x, out=out)
+
+
+def _log1p(x, a, out):
+    return np.log1p(x, out=out)
+
+
+def _log1p_grad(x, y, a, dy, out):  # grad * reciprocal(1 + x)
+    return np.multiply(dy, _ONE / (_ONE + x), out=out)
+
+
+def _reciprocal(x, a, out):
+    return np.divide(_ONE, x, out=out)
+
+
+def _reciprocal_grad(x, y, a, dy, out):  # ReciprocalGrad(y, dy): mul_no_nan(-(y * y), dy)
+    return _mul_no_nan(-(y * y), dy, out)
+
+
+def _erf(x, a, out):
+    return _store(erf(x), out)
+
+
+def _erf_grad(x, y, a, dy, out):  # grad * (2 / sqrt(pi)) * exp(-square(x))
+    return np.multiply(dy * TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
+
+
+def _erfc(x, a, out):  # TF's own approximation, not 1 - erf(x) (that loses GELU's x << 0 tail)
+    return _store(erfc(x), out)
+
+
+def _erfc_grad(x, y, a, dy, out):  # _ErfcGrad: grad * -(2 / sqrt(pi)) * exp(-square(x))
+    return np.multiply(dy * -TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
+
+
+def _sin(x, a, out):
+    return np.sin(x, out=out)
+
+
+def _sin_grad(x, y, a, dy, out):  # grad * cos(x)
+    return np.multiply(dy, np.cos(x), out=out)
+
+
+def _cos(x, a, out):
+    return np.cos(x, out=out)
+
+
+def _cos_grad(x, y, a, dy, out):  # -grad * sin(x)
+    return np.multiply(-dy, np.sin(x), out=out)
+
+
+def _sign(x, a, out):
+    return np.sign(x, out=out)
+
+
+def _sign_grad(x, y, a, dy, out):  # zeros (TF's gradient is 0, not None)
+    return _store(np.zeros_like(dy), out)
+
+
+def _softsign(x, a, out):
+    return np.divide(x, np.abs(x) + _ONE, out=out)
+
+
+def _softsign_grad(x, y, a, dy, out):  # SoftsignGrad: dy / (|x| + 1)^2
+    return np.divide(dy, np.square(np.abs(x) + _ONE), out=out)
+
+
+def _pow(x, a, out):
+    return np.power(x, np.float32(a), out=out)
+
+
+def _pow_grad(x, y, a, dy, out):  # _PowGrad: grad * e * pow(x, e - 1)
+    e = np.float32(a)
+    return np.multiply(dy * e, np.power(x, e - _ONE), out=out)
+
+
+def _mul_no_nan(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """TF's mul_no_nan(a, b): a * b, and 0 where b is 0 (even if a is inf or nan)."""
+    zero = b == 0
+    value = np.multiply(a, b, out=out)
+    np.copyto(value, np.float32(0), where=zero)  # (cheaper than np.where's branch)
+    return value
+
+
+# erf: Eigen's float rational approximation (the one TensorFlow's Erf runs; an 11/10-degree
+# interpolant accurate to 3 ulp), coefficients highest power first, for x^2 clamped to 16.
+_ERF_NUMERATOR = np.array([2.123732201653183437883853912353515625e-06,
+                           2.861979592125862836837768554687500000e-04,
+                           3.658048342913389205932617187500000000e-03,
+                           5.243302136659622192382812500000000000e-02,
+                           1.874160766601562500000000000000000000e-01,
+                           1.128379106521606445312500000000000000e+00], np.float32)
+_ERF_DENOMINATOR = np.array([3.89185734093189239501953125000e-05,
+                             1.14329601638019084930419921875e-03,
+                             1.47520881146192550659179687500e-02,
+                             1.12945675849914550781250000000e-01,
+                             4.99425798654556274414062500000e-01, 1.0], np.float32)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function in float32, as TensorFlow computes it on CPU."""
+    x = np.asarray(x, np.float32)
+    x2 = np.minimum(np.float32(16), x * x)
+    p = x2 * _ERF_NUMERATOR[0]  # Horner, in place: p = p * x2 + c
+    q = x2 * _ERF_DENOMINATOR[0]
+    for i in range(1, len(_ERF_NUMERATOR)):
+        p += _ERF_NUMERATOR[i]
+        q += _ERF_DENOMINATOR[i]
+        if i + 1 < len(_ERF_NUMERATOR):
+            p *= x2
+            q *= x2
+    p *= x
+    p /= q
+    return np.clip(p, -_ONE, _ONE, out=p)
+
+
+# erfc: Eigen's float approximation (TensorFlow's Erfc on CPU), highest power first:
+# 1 + x * S(x^2) for |x| <= 1; exp(-x^2) / x * P(1/x^2) / Q(1/x^2) beyond, x clamped to 11.
+_ERFC_SMALL = np.array([5.61802298761904239654541015625e-04, -4.91381669417023658752441406250e-03,
+                        2.67075151205062866210937500000e-02, -1.12800106406211853027343750000e-01,
+                        3.76122951507568359375000000000e-01, -1.12837910652160644531250000000e+00],
+                       np.float32)
+_ERFC_NUMERATOR = np.array([1.0208116471767425537109375e-01, 4.2920666933059692382812500e-01,
+                            3.2379078865051269531250000e-01, 5.3971976041793823242187500e-02],
+                           np.float32)
+_ERFC_DENOMINATOR = np.array([1.7251677811145782470703125e-02, 3.9137163758277893066406250e-01,
+                              1.0, 6.2173241376876831054687500e-01,
+                              9.5662862062454223632812500e-02], np.float32)
+
+
+def _horner(z: np.ndarray, coefficients: np.ndarray) -> np.ndarray:
+    p = z * coefficients[0]
+    for c in coefficients[1:-1]:
+        p += c
+        p *= z
+    p += coefficients[-1]
+    return p
+
+
+def erfc(x: np.ndarray) -> np.ndarray:
+    """The complementary error function in float32 as TensorFlow computes it on CPU (its
+    exp is numpy's: within 8 ulp of TF's for x <= 6, where GELU reads it; beyond, TF's own
+    error reaches 65 ulp)."""
+    x = np.clip(np.asarray(x, np.float32), np.float32(-11), np.float32(11))
+    x2 = x * x
+    with np.errstate(all="ignore"):
+        small = _horner(x2, _ERFC_SMALL)
+        small *= x
+        small += _ONE
+        x2_lo = (x.astype(np.float64) * x - x2).astype(np.float32)  # x * x - x2, exactly
+        z = np.exp(-x2)
+        z -= z * x2_lo  # exp(-x^2) ~ exp(-x2) * (1 - x2_lo)
+        q2 = _ONE / x2
+        r = _horner(q2, _ERFC_NUMERATOR)
+        r /= x * _horner(q2, _ERFC_DENOMINATOR)
+        r *= z
+        r += np.where(x < 0, _TWO, np.float32(0))
+    return np.where(x2 > _ONE, r, small)
+
+
+def _store(value: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    value = value.astype(np.float32, copy=False)
+    if out is None:
+        return value
+    np.copyto(out, value)
+    return out
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Numerically stable logistic function, float32."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, _ONE / (_ONE + e), e / (_ONE + e)).astype(np.float32, copy=False)
+
+
+Forward = Callable[[np.ndarray, float, "np.ndarray | None"], np.ndarray]
+Backward = Callable[[np.ndarray, np.ndarray, float, np.ndarray, "np.ndarray | None"], np.ndarray]
+
+# name -> (forward(x, a, out), backward(x, y, a, dy, out), FLOPs per element), where `a` is
+# the function's parameter (leaky_relu's alpha, pow's exponent; ignored by the others)
+FUNCTIONS: dict[str, tuple[Forward, Backward, int]] = {
+    "relu": (_relu, _relu_grad, 1),
+    "relu6": (_relu6, _relu6_grad, 2),
+    "leaky_relu": (_leaky, _leaky_grad, 2),
+    "elu": (_elu, _elu_grad, 4),
+    "selu": (_selu, _selu_grad, 5),
+    "tanh": (_tanh, _tanh_grad, 4),
+    "sigmoid": (_sigmoid, _sigmoid_grad, 4),
+    "softplus": (_softplus, _softplus_grad, 4),
+    "linear": (_linear, _linear_grad, 0),
+    "identity": (_linear, _linear_grad, 0),
+    "neg": (_neg, _neg_grad, 1),
+    "abs": (_abs, _abs_grad, 1),
+    "square": (_square, _square_grad, 1),
+    "sqrt": (_sqrt, _sqrt_grad, 4),
+    "rsqrt": (_rsqrt, _rsqrt_grad, 5),
+    "exp": (_exp, _exp_grad, 4),
+    "expm1": (_expm1, _expm1_grad, 4),
+    "log": (_log, _log_grad, 4),
+    "log1p": (_log1p, _log1p_grad, 5),
+    "reciprocal": (_reciprocal, _reciprocal_grad, 4),
+    "erf": (_erf, _erf_grad, 14),
+    "erfc": (_erfc, _erfc_grad, 14),
+    "sin": (_sin, _sin_grad, 4),
+    "cos": (_cos, _cos_grad, 4),
+    "sign": (_sign, _sign_grad, 1),
+    "softsign": (_softsign, _softsign_grad, 3),
+    "pow": (_pow, _pow_grad, 8),
+}
+# Functions with a parameter of their own (the `activation` kernel's attr named here):
+# fused into dense or conv2d they would run with a default, so only `activation` takes them.
+PARAMETERS = {"pow": "exponent"}
+
+
+def check_function(kernel: str, name: Any, fused: bool = True) -> str:
+    """The function's name; KernelError for an unknown one (or, `fused` into dense or
+    conv2d, one that needs a parameter of its own)."""
+    if name not in FUNCTIONS:
+        raise KernelError(f"kernel {kernel!r}: unknown activation {name!r}; "
+                          f"the library has {', '.join(FUNCTIONS)}")
+    if fused and name in PARAMETERS:
+        raise KernelError(f"kernel {kernel!r}: activation {name!r} needs its "
+                          f"{PARAMETERS[name]}: only an activation kernel applies it")
+    return str(name)
+
+
+def apply(name: str, x: np.ndarray, a: float = 0.2, out: np.ndarray | None = None) -> np.ndarray:
+    return FUNCTIONS[name][0](x, a, out)
+
+
+def gradient(name: str, x: np.ndarray, y: np.ndarray, dy: np.ndarray, a: float = 0.2,
+             out: np.ndarray | None = None) -> np.ndarray:
+    """dL/dx from dL/dy, given the function's input x and output y."""
+    return FUNCTIONS[name][1](x, y, a, dy, out)
+
+
+@register
+class Activation(Kernel):
+    """An element-wise function of one float32 input (leaky_relu carries its `alpha`, pow
+    its `exponent`). Like TF, it lets inf and nan through (log(0), 1/0) without a warning."""
+
+    type_name = "activation"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
+        super().__init__(name, attrs, input_shapes)
+        if len(self.input_shapes) != 1:
+            raise KernelError(f"kernel {name!r}: activation takes 1 input, got {len(self.input_shapes)}")
+        self.function = check_function(name, self.attrs.get("function"), fused=False)
+        if self.function in PARAMETERS:
+            key = PARAMETERS[self.function]
+            value = self.attrs.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise KernelError(f"kernel {name!r}: activation {self.function} needs a number "
+                                  f"attr {key!r}, got {value!r}")
+            self.parameter = float(value)
+        else:
+            self.parameter = float(self.attrs.get("alpha", 0.2))
+
+    @property
+    def output_shape(self):
+        return self.input_shapes[0]
+
+    def _elements(self) -> int:
+        return int(np.prod(self.input_shapes[0], dtype=np.int64))
+
+    def flops_per_sample(self) -> float:
+        return float(max(FUNCTIONS[self.function][2], 1) * self._elements())
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        return 8 * self._elements()  # input and output
+
+    def forward(self, params, inputs, ctx: RunContext):
+        x = inputs[0]
+        with np.errstate(all="ignore"):
+            y = apply(self.function, x, self.parameter)
+        return y, (x, y)
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        x, y = cache
+        with np.errstate(all="ignore"):
+            return [gradient(self.function, x, y, grad_output, self.parameter)], {}

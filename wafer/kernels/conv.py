@@ -1,0 +1,230 @@
+"""Spatial kernels on NHWC samples: conv2d (im2col + one matmul) and max/avg pooling,
+with TensorFlow's SAME/VALID padding arithmetic."""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from wafer.kernels import activations
+from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register
+from wafer.kernels.dense import OUTPUT_GRADIENT, MatmulGradient
+
+
+def pair(name: str, attrs: Mapping[str, Any], key: str) -> tuple[int, int]:
+    value = attrs.get(key)
+    if isinstance(value, int):
+        value = [value, value]
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or min(value) <= 0:
+        raise KernelError(f"kernel {name!r}: {key} must be two positive integers, got {value!r}")
+    return int(value[0]), int(value[1])
+
+
+def output_size(size: int, window: int, stride: int, padding: str) -> tuple[int, int]:
+    """(output size, padding before) of one spatial axis, as TensorFlow computes them."""
+    if padding == "VALID":
+        return (size - window) // stride + 1, 0
+    out = -(-size // stride)
+    total = max((out - 1) * stride + window - size, 0)
+    return out, total // 2
+
+
+class Windows:
+    """The sliding windows of one kernel's input: padding, output size, im2col and col2im."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], window: tuple[int, int],
+                 strides: tuple[int, int], padding: Any):
+        if len(shape) != 3:
+            raise KernelError(f"kernel {name!r}: input must be (H, W, C) per sample, got {shape}")
+        if padding not in ("SAME", "VALID"):
+            raise KernelError(f"kernel {name!r}: padding must be SAME or VALID, got {padding!r}")
+        (h, w, _), (kh, kw), (sh, sw) = shape, window, strides
+        self.oh, self.top = output_size(h, kh, sh, padding)
+        self.ow, self.left = output_size(w, kw, sw, padding)
+        if self.oh <= 0 or self.ow <= 0:
+            raise KernelError(f"kernel {name!r}: window {window} does not fit input {shape} "
+                              f"with {padding} padding")
+        self.shape, self.window, self.strides = shape, window, strides
+        # Padded extent: every window of every output position lies inside it.
+        self.ph = max((self.oh - 1) * sh + kh, h + self.top)
+        self.pw = max((self.ow - 1) * sw + kw, w + self.left)
+
+    def pad(self, x: np.ndarray, fill: float) -> np.ndarray:
+        h, w, _ = self.shape
+        if (self.ph, self.pw) == (h, w):
+            return x
+        padded = np.full((x.shape[0], self.ph, self.pw, x.shape[3]), fill, np.float32)
+        padded[:, self.top:self.top + h, self.left:self.left + w] = x
+        return padded
+
+    def view(self, padded: np.ndarray) -> np.ndarray:
+        """(m, oh, ow, C, kh, kw) windows of a padded batch (a view, no copy)."""
+        (kh, kw), (sh, sw) = self.window, self.strides
+        v = sliding_window_view(padded, (kh, kw), axis=(1, 2))
+        return v[:, :(self.oh - 1) * sh + 1:sh, :(self.ow - 1) * sw + 1:sw]
+
+    def scatter(self, m: int, channels: int, pieces) -> np.ndarray:
+        """Sum per-window-offset gradients (i, j, (m, oh, ow, C)) back onto the input."""
+        (sh, sw) = self.strides
+        h, w, _ = self.shape
+        padded = np.zeros((m, self.ph, self.pw, channels), np.float32)
+        for i, j, piece in pieces:
+            padded[:, i:i + (self.oh - 1) * sh + 1:sh, j:j + (self.ow - 1) * sw + 1:sw] += piece
+        return padded[:, self.top:self.top + h, self.left:self.left + w]
+
+
+@register
+class Conv2D(Kernel):
+    type_name = "conv2d"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
+        super().__init__(name, attrs, input_shapes)
+        if len(self.input_shapes) != 1:
+            raise KernelError(f"kernel {name!r}: conv2d takes 1 input, got {len(self.input_shapes)}")
+        self.filters = int(self.attrs.get("filters", 0))
+        if self.filters <= 0:
+            raise KernelError(f"kernel {name!r}: conv2d needs filters > 0, got {self.filters}")
+        self.ksize = pair(name, self.attrs, "kernel_size")
+        self.windows = Windows(name, self.input_shapes[0], self.ksize,
+                               pair(name, self.attrs, "strides"), self.attrs.get("padding"))
+        self.channels = self.input_shapes[0][2]
+        self.use_bias = bool(self.attrs.get("use_bias", True))
+        self.activation = activations.check_function(name, self.attrs.get("activation", "linear"))
+        self.patch = self.ksize[0] * self.ksize[1] * self.channels
+        self._weight_grad = MatmulGradient()
+
+    @property
+    def output_shape(self):
+        return (self.windows.oh, self.windows.ow, self.filters)
+
+    def param_shapes(self):
+        shapes = {"kernel": (*self.ksize, self.channels, self.filters)}
+        if self.use_bias:
+            shapes["bias"] = (self.filters,)
+        return shapes
+
+    def flops_per_sample(self) -> float:
+        positions = self.windows.oh * self.windows.ow
+        per = 2 * self.patch * self.filters + (self.filters if self.use_bias else 0)
+        per += activations.FUNCTIONS[self.activation][2] * self.filters
+        return float(positions * per)
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        kept = math.prod(self.input_shapes[0])
+        if self.activation != "linear":
+            kept += math.prod(self.output_shape)
+        return 4 * kept
+
+    def _columns(self, x: np.ndarray) -> np.ndarray:
+        """im2col: (m * oh * ow, kh * kw * C) in the kernel's (kh, kw, C) order."""
+        v = self.windows.view(self.windows.pad(x, 0.0))  # (m, oh, ow, C, kh, kw)
+        return np.ascontiguousarray(v.transpose(0, 1, 2, 4, 5, 3)).reshape(-1, self.patch)
+
+    def forward(self, params, inputs, ctx: RunContext):
+        x = inputs[0]
+        cols = self._columns(x)
+        z = cols @ params["kernel"].reshape(self.patch, self.filters)
+        if self.use_bias:
+            np.add(z, params["bias"], out=z)
+        if self.activation in OUTPUT_GRADIENT:
+            y, pre = activations.apply(self.activation, z, out=z), None
+        else:
+            y, pre = activations.apply(self.activation, z), z
+        return y.reshape(x.shape[0], *self.output_shape), (x.shape[0], cols, pre, y)
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        m, cols, z, y = cache
+        dy = grad_output.reshape(-1, self.filters)
+        if self.activation != "linear":
+            dy = activations.gradient(self.activation, z, y, dy)
+        grads: dict[str, np.ndarray] = {}
+        kernel_shape = self.param_shapes()["kernel"]
+        acc = None if param_grads is None else {"kernel": param_grads["kernel"].reshape(self.patch, self.filters)}
+        self._weight_grad(cols, dy, acc, grads, ctx)
+        grads["kernel"] = grads["kernel"].reshape(kernel_shape)
+        if self.use_bias:
+            accumulate(param_grads, "bias", dy.sum(axis=0), grads, ctx)
+        dx = None
+        if ctx.wants_grad(0):
+            kh, kw = self.ksize
+            dcols = (dy @ params["kernel"].reshape(self.patch, self.filters).T).reshape(
+                m, self.windows.oh, self.windows.ow, kh, kw, self.channels)
+            dx = self.windows.scatter(m, self.channels, (
+                (i, j, dcols[:, :, :, i, j]) for i in range(kh) for j in range(kw)))
+        return [dx], grads
+
+
+class Pool(Kernel):
+    """Pooling over height and width: pool_size, strides, padding."""
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
+        super().__init__(name, attrs, input_shapes)
+        if len(self.input_shapes) != 1:
+            raise KernelError(f"kernel {name!r}: {self.type_name} takes 1 input, got {len(self.input_shapes)}")
+        self.pool = pair(name, self.attrs, "pool_size")
+        self.windows = Windows(name, self.input_shapes[0], self.pool,
+                               pair(name, self.attrs, "strides"), self.attrs.get("padding", "VALID"))
+        self.channels = self.input_shapes[0][2]
+
+    @property
+    def output_shape(self):
+        return (self.windows.oh, self.windows.ow, self.channels)
+
+    def flops_per_sample(self) -> float:
+        return float(math.prod(self.output_shape) * self.pool[0] * self.pool[1])
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        return 4 * math.prod(self.input_shapes[0])
+
+
+@register
+class MaxPool(Pool):
+    type_name = "max_pool"
+
+    def forward(self, params, inputs, ctx: RunContext):
+        x = inputs[0]
+        v = self.windows.view(self.windows.pad(x, -np.inf))
+        flat = v.reshape(*v.shape[:4], -1)  # (m, oh, ow, C, ph * pw)
+        arg = flat.argmax(axis=-1)  # the first maximum in row-major window order, as TF
+        y = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+        return y, (x.shape[0], arg)
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        m, arg = cache
+        ph, pw = self.pool
+        dx = self.windows.scatter(m, self.channels, (
+            (i, j, np.where(arg == i * pw + j, grad_output, np.float32(0)))
+            for i in range(ph) for j in range(pw)))
+        return [dx], {}
+
+
+@register
+class AvgPool(Pool):
+    type_name = "avg_pool"
+
+    def __init__(self, name, attrs, input_shapes):
+        super().__init__(name, attrs, input_shapes)
+        # Padded positions do not count (TF divides by the window's valid elements).
+        ones = np.ones((1, *self.input_shapes[0][:2], 1), np.float32)
+        counts = self.windows.view(self.windows.pad(ones, 0.0)).sum(axis=(-1, -2))
+        self.scale = (np.float32(1) / counts).astype(np.float32)  # (1, oh, ow, 1)
+
+    def forward(self, params, inputs, ctx: RunContext):
+        x = inputs[0]
+        v = self.windows.view(self.windows.pad(x, 0.0))
+        return (v.sum(axis=(-1, -2), dtype=np.float32) * self.scale), x.shape[0]
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        m = cache
+        share = grad_output * self.scale
+        ph, pw = self.pool
+        return [self.windows.scatter(m, self.channels, (
+            (i, j, share) for i in range(ph) for j in range(pw)))], {}

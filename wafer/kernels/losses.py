@@ -1,0 +1,124 @@
+"""The loss and cross entropy. The `loss` kernel is the batch reduction of any per-sample
+tensor (the compiler proves the user's loss is such a sum); `softmax_cross_entropy_with_logits`
+is TF's per-row op, one of the values feeding it."""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
+
+
+@register
+class SoftmaxCrossEntropyWithLogits(Kernel):
+    """tf.nn.(sparse_)softmax_cross_entropy_with_logits, one value per row (not a loss):
+    logits (..., k) with labels (..., k) float32, or with `sparse` integer labels (...);
+    output (...). Arithmetic in the order of TF's CPU kernels (xent_op, sparse_xent_op):
+    loss = sum(labels * (log(sum(exp(s))) - s)), s = logits - max; the gradient to the
+    logits is g * (softmax - labels) and, dense, to the labels g * -log_softmax(logits)."""
+
+    type_name = "softmax_cross_entropy_with_logits"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
+        super().__init__(name, attrs, input_shapes)
+        self.sparse = self.attrs.get("sparse", False)
+        if not isinstance(self.sparse, bool) or len(self.input_shapes) != 2:
+            raise KernelError(f"kernel {name!r} ({self.type_name}): takes (logits, labels) and "
+                              f"a bool attr sparse, got {len(self.input_shapes)} inputs and "
+                              f"sparse {self.sparse!r}")
+        logits, labels = self.input_shapes
+        expected = logits[:-1] if self.sparse else logits
+        if not logits or labels != expected:
+            raise KernelError(f"kernel {name!r} ({self.type_name}): logits {logits} need "
+                              f"{'sparse ' if self.sparse else ''}labels {expected} "
+                              f"(logits with a class axis), got {labels}")
+        self.k = logits[-1]
+
+    @property
+    def output_shape(self):
+        return self.input_shapes[0][:-1]
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32,), INTEGER if self.sparse else (np.float32,)])
+        return np.dtype(np.float32)
+
+    def input_differentiable(self, index: int) -> bool:
+        return index == 0 or not self.sparse
+
+    def flops_per_sample(self) -> float:
+        return float(6 * math.prod(self.input_shapes[0]))
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        return 4 * math.prod(self.input_shapes[0])  # the softmax gradient
+
+    def forward(self, params, inputs, ctx: RunContext):
+        logits, labels = inputs
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        exp = np.exp(shifted)
+        sum_exp = exp.sum(axis=-1, keepdims=True)
+        log_sum = np.log(sum_exp)
+        if self.sparse:
+            if labels.size and (labels.min() < 0 or labels.max() >= self.k):
+                bad = labels[(labels < 0) | (labels >= self.k)].flat[0]
+                raise ValueError(f"{self.name}: label {bad} is outside the {self.k} classes "
+                                 f"[0, {self.k})")
+            hot = labels[..., None] == np.arange(self.k)
+            loss = (log_sum - np.take_along_axis(shifted, labels[..., None].astype(np.intp),
+                                                  axis=-1))[..., 0]
+            backprop = exp / sum_exp - hot
+        else:
+            loss = (labels * (log_sum - shifted)).sum(axis=-1)
+            backprop = exp / sum_exp - labels
+        return loss, (backprop, None if self.sparse else shifted - log_sum)
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        backprop, log_softmax = cache
+        g = grad_output[..., None]
+        d_labels = None
+        if not self.sparse and ctx.wants_grad(1):
+            d_labels = g * -log_softmax
+        return [g * backprop if ctx.wants_grad(0) else None, d_labels], {}
+
+
+@register
+class BatchLoss(Kernel):
+    """The loss: scale * the sum of its input over a sample, one value per sample, so the
+    batch's values add up to scale * sum(T) (scale 1 / elements of the batch for a mean).
+    Its backward takes no upstream gradient: scale, shaped like T."""
+
+    type_name = "loss"
+    is_loss = True
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
+        super().__init__(name, attrs, input_shapes)
+        scale = self.attrs.get("scale")
+        if len(self.input_shapes) != 1 or isinstance(scale, bool) or \
+                not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise KernelError(f"kernel {name!r} (loss): takes 1 input and a finite number attr "
+                              f"scale, got {len(self.input_shapes)} inputs and scale {scale!r}")
+        self.scale = np.float32(scale)
+
+    @property
+    def output_shape(self):
+        return ()
+
+    def flops_per_sample(self) -> float:
+        return float(math.prod(self.input_shapes[0]))
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        return 0
+
+    def forward(self, params, inputs, ctx: RunContext):
+        t = inputs[0]
+        return self.scale * t.reshape(len(t), -1).sum(axis=1), t.shape
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [np.full(cache, self.scale, np.float32)], {}

@@ -1,0 +1,293 @@
+"""Weightless kernels that reduce, normalise or rearrange one sample's values: reduce,
+softmax (and log_softmax), transpose, slice (tf.strided_slice) and pad. Attrs name
+per-sample axes (axis 0 is the sample's first axis, the micro-batch is never touched).
+Each backward is TensorFlow's registered gradient function (math_grad.py, nn_grad.py,
+array_grad.py) on the same float32 values, so results match TF's to rounding.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, Shape, check_dtypes, register
+from wafer.kernels.structure import Elementwise
+
+_ONE = np.float32(1)
+
+
+def int_list(kernel: Kernel, key: str, length: int | None = None) -> list[int]:
+    """A list-of-ints attr (KernelError naming the kernel and attr if it is not one)."""
+    value = kernel.attrs.get(key)
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int)
+                                          for v in value) or \
+            (length is not None and len(value) != length):
+        size = "" if length is None else f" of {length}"
+        raise KernelError(f"kernel {kernel.name!r} ({kernel.type_name}): attr {key!r} must be "
+                          f"a list{size} ints, got {value!r}")
+    return value
+
+
+class SampleKernel(Elementwise):
+    """One input; a cost of one operation per output element unless it says otherwise."""
+
+    def one_input(self) -> Shape:
+        if len(self.input_shapes) != 1:
+            raise KernelError(f"kernel {self.name!r} ({self.type_name}): takes 1 input, got "
+                              f"{len(self.input_shapes)}")
+        return self.input_shapes[0]
+
+
+class Rearrangement(SampleKernel):
+    """Moves values without arithmetic: any dtype passes through; a float32 value carries
+    its gradient back."""
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER, np.bool_)])
+        return np.dtype(input_dtypes[0])
+
+
+REDUCTIONS = ("sum", "mean", "max", "min")
+
+
+@register
+class Reduce(SampleKernel):
+    """tf.reduce_{sum, mean, max, min} over per-sample `axes` (attr keepdims). Gradients:
+    _SumGrad broadcasts, _MeanGrad divides by the reduced count, _MinOrMaxGrad splits the
+    gradient equally among the elements equal to the result (ties)."""
+
+    type_name = "reduce"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.one_input()
+        self.op = self.attrs.get("op")
+        if self.op not in REDUCTIONS:
+            raise KernelError(f"kernel {name!r} (reduce): unknown op {self.op!r}; the library "
+                              f"has {', '.join(REDUCTIONS)}")
+        axes = int_list(self, "axes")
+        if any(not 0 <= a < len(shape) for a in axes) or len(set(axes)) != len(axes):
+            raise KernelError(f"kernel {name!r} (reduce): axes {axes} are not distinct "
+                              f"per-sample axes of {shape} (0 to {len(shape) - 1}; the batch "
+                              f"axis is never reduced here)")
+        keepdims = self.attrs.get("keepdims", False)
+        if not isinstance(keepdims, bool):
+            raise KernelError(f"kernel {name!r} (reduce): keepdims must be a bool, got "
+                              f"{keepdims!r}")
+        self.axes = tuple(sorted(axes))
+        self.batch_axes = tuple(a + 1 for a in self.axes)
+        self.kept = tuple(1 if a in self.axes else d for a, d in enumerate(shape))
+        self._shape = self.kept if keepdims else tuple(
+            d for a, d in enumerate(shape) if a not in self.axes)
+        self.count = np.float32(math.prod(shape[a] for a in self.axes))
+
+    @property
+    def output_shape(self):
+        return self._shape
+
+    def output_dtype(self, input_dtypes):
+        integer = () if self.op == "mean" else INTEGER  # TF's integer mean truncates
+        check_dtypes(self, input_dtypes, [(np.float32, *integer)])
+        return np.dtype(input_dtypes[0])
+
+    def flops_per_sample(self) -> float:
+        return float(math.prod(self.input_shapes[0]))
+
+    def activation_bytes_per_sample(self) -> int:
+        if self.op in ("sum", "mean"):
+            return 0
+        return 4 * (math.prod(self.input_shapes[0]) + math.prod(self.kept))
+
+    def forward(self, params, inputs, ctx: RunContext):
+        x = inputs[0]
+        if self.op in ("sum", "mean"):
+            y = np.sum(x, axis=self.batch_axes, keepdims=True, dtype=x.dtype)
+            if self.op == "mean":
+                y /= self.count
+            cache = None
+        else:
+            y = (np.max if self.op == "max" else np.min)(x, axis=self.batch_axes, keepdims=True)
+            cache = (x, y)
+        return y.reshape(x.shape[0], *self._shape), cache
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        m = grad_output.shape[0]
+        g = grad_output.reshape(m, *self.kept)
+        full = (m, *self.input_shapes[0])
+        if self.op == "sum":
+            return [np.broadcast_to(g, full).copy()], {}
+        if self.op == "mean":
+            return [np.broadcast_to(g / self.count, full).copy()], {}
+        x, y = cache
+        indicators = (y == x).astype(np.float32)
+        selected = indicators.sum(axis=self.batch_axes, keepdims=True, dtype=np.float32)
+        np.divide(indicators, selected, out=indicators)
+        return [np.multiply(indicators, g, out=indicators)], {}
+
+
+@register
+class Softmax(SampleKernel):
+    """tf.nn.softmax or (attr log) tf.nn.log_softmax along a per-sample `axis` (-1: the
+    last), in the order of TF's CPU kernel: shifted = x - max; softmax = exp(shifted) *
+    (1 / sum); log_softmax = shifted - log(sum(exp(shifted))). Gradients: _SoftmaxGrad
+    (g - sum(g * y)) * y, _LogSoftmaxGrad g - sum(g) * exp(y)."""
+
+    type_name = "softmax"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.one_input()
+        axis, log = self.attrs.get("axis", -1), self.attrs.get("log", False)
+        if not shape or isinstance(axis, bool) or not isinstance(axis, int) or \
+                not -len(shape) <= axis < len(shape) or not isinstance(log, bool):
+            raise KernelError(f"kernel {name!r} (softmax): needs a per-sample axis of {shape} "
+                              f"(-1: the last) and a bool attr log, got axis {axis!r}, "
+                              f"log {log!r}")
+        self.axis = axis % len(shape) + 1  # on the micro-batch array
+        self.log = log
+
+    @property
+    def output_shape(self):
+        return self.input_shapes[0]
+
+    def flops_per_sample(self) -> float:
+        return 5.0 * math.prod(self.input_shapes[0])  # max, subtract, exp, sum, scale
+
+    def activation_bytes_per_sample(self) -> int:
+        return 4 * math.prod(self.input_shapes[0])
+
+    def forward(self, params, inputs, ctx: RunContext):
+        x = inputs[0]
+        shifted = x - x.max(axis=self.axis, keepdims=True)
+        if self.log:
+            total = np.exp(shifted).sum(axis=self.axis, keepdims=True, dtype=np.float32)
+            y = np.subtract(shifted, np.log(total), out=shifted)
+        else:
+            y = np.exp(shifted, out=shifted)
+            y *= _ONE / y.sum(axis=self.axis, keepdims=True, dtype=np.float32)
+        return y, y
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        y, g = cache, grad_output
+        if self.log:
+            return [g - g.sum(axis=self.axis, keepdims=True, dtype=np.float32) * np.exp(y)], {}
+        dx = g - (g * y).sum(axis=self.axis, keepdims=True, dtype=np.float32)
+        return [np.multiply(dx, y, out=dx)], {}
+
+
+@register
+class Transpose(Rearrangement):
+    """tf.transpose of the sample's axes by attr `perm` (a permutation of the per-sample
+    axes); the gradient is transposed back by the inverse permutation (_TransposeGrad)."""
+
+    type_name = "transpose"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.one_input()
+        perm = int_list(self, "perm")
+        if sorted(perm) != list(range(len(shape))):
+            raise KernelError(f"kernel {name!r} (transpose): perm {perm} is not a permutation "
+                              f"of the per-sample axes of {shape} (0 to {len(shape) - 1})")
+        self.perm = (0, *(p + 1 for p in perm))
+        self.inverse = tuple(int(p) for p in np.argsort(self.perm))
+
+    @property
+    def output_shape(self):
+        return tuple(self.input_shapes[0][p - 1] for p in self.perm[1:])
+
+    def forward(self, params, inputs, ctx: RunContext):
+        return np.ascontiguousarray(inputs[0].transpose(self.perm)), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [np.ascontiguousarray(grad_output.transpose(self.inverse))], {}
+
+
+@register
+class Slice(Rearrangement):
+    """tf.strided_slice of the sample, its masks resolved: attrs begin, end, strides (one
+    per per-sample axis; a positive stride takes 0 <= begin, end <= size; a negative one
+    size > begin >= 0 and end >= -1, -1 meaning through the first element) and shrink
+    (per-sample axes removed, each sliced to exactly one element). The gradient is
+    scattered into zeros (StridedSliceGrad)."""
+
+    type_name = "slice"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.one_input()
+        rank = len(shape)
+        begin, end, strides = (int_list(self, key, rank) for key in ("begin", "end", "strides"))
+        shrink = int_list(self, "shrink") if "shrink" in self.attrs else []
+        index, kept = [slice(None)], []
+        for axis, (b, e, s, d) in enumerate(zip(begin, end, strides, shape)):
+            inside = (s > 0 and 0 <= b <= d and 0 <= e <= d) or \
+                (s < 0 and 0 <= b < d and -1 <= e < d)
+            if not inside:
+                raise KernelError(f"kernel {name!r} (slice): axis {axis} of {shape}: begin {b}, "
+                                  f"end {e}, stride {s} are not resolved bounds of a size-{d} "
+                                  f"axis (stride > 0: 0 <= begin, end <= {d}; stride < 0: "
+                                  f"0 <= begin < {d}, -1 <= end < {d})")
+            index.append(slice(b, None if e == -1 else e, s))
+            kept.append(len(range(b, e, s)))
+        if any(not 0 <= a < rank or kept[a] != 1 for a in shrink) or \
+                len(set(shrink)) != len(shrink):
+            raise KernelError(f"kernel {name!r} (slice): shrink axes {shrink} must be distinct "
+                              f"per-sample axes sliced to one element, the slice keeps {kept}")
+        self.index = tuple(index)
+        self.full = tuple(kept)
+        self._shape = tuple(d for a, d in enumerate(kept) if a not in shrink)
+
+    @property
+    def output_shape(self):
+        return self._shape
+
+    def forward(self, params, inputs, ctx: RunContext):
+        x = inputs[0]
+        return np.ascontiguousarray(x[self.index]).reshape(x.shape[0], *self._shape), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        m = grad_output.shape[0]
+        grad = np.zeros((m, *self.input_shapes[0]), grad_output.dtype)
+        grad[self.index] = grad_output.reshape(m, *self.full)
+        return [grad], {}
+
+
+@register
+class Pad(Rearrangement):
+    """tf.pad of the sample with a constant: attrs paddings (before and after for each
+    per-sample axis, flattened: [b0, a0, b1, a1, ...]) and value (default 0). The
+    gradient is the slice of the padded region (_PadGrad)."""
+
+    type_name = "pad"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.one_input()
+        flat = int_list(self, "paddings", 2 * len(shape))
+        value = self.attrs.get("value", 0.0)
+        if any(p < 0 for p in flat) or isinstance(value, bool) or \
+                not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise KernelError(f"kernel {name!r} (pad): paddings {flat} must be >= 0 and the "
+                              f"value a finite number, got value {value!r}")
+        self.pads = tuple((flat[2 * a], flat[2 * a + 1]) for a in range(len(shape)))
+        self.value = value
+        self.inner = (slice(None), *(slice(b, b + d) for (b, _), d in zip(self.pads, shape)))
+
+    @property
+    def output_shape(self):
+        return tuple(d + b + a for d, (b, a) in zip(self.input_shapes[0], self.pads))
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER)])
+        return np.dtype(input_dtypes[0])
+
+    def forward(self, params, inputs, ctx: RunContext):
+        x = inputs[0]
+        out = np.full((x.shape[0], *self.output_shape), self.value, x.dtype)
+        out[self.inner] = x
+        return out, None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [np.ascontiguousarray(grad_output[self.inner])], {}

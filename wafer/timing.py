@@ -1,0 +1,260 @@
+"""The wafer's timing and memory model (docs/design.md, "Fabric and timing model").
+
+One home for the formulas that the compiler's report and placement and the simulator's
+step timing both use. Kernels are `wafer.kernels.Kernel` objects (their FLOPs, memory and
+parallelism); regions are anything with `x`, `y`, `width` and `height` (the CS API's
+Region message, or the compiler's rectangles).
+
+For kernel k on a region of P_k cores (at most max_cores_k of them useful):
+    F_k      = 3 x forward FLOPs per sample when training (forward, backward-data,
+               backward-weight), 1 x otherwise
+    t_comp   = F_k / (useful cores x r x f x eta)            (fabric.core_flops_per_sec)
+    t_comm   = max(bytes in, bytes out) per sample / (edge cores x 4 B x f)
+               data enters a region across its west edge and leaves across its east edge,
+               so the edge is the region's height; gradients travel the opposite links
+    t_k      = max(t_comp, t_comm)
+Steady state X = min(1 / max_k t_k, I/O bytes per second / input bytes per sample).
+A step of batch B: (B - 1) x max_k t_k + pipeline fill + weight update.
+Memory per core: (weights + gradient accumulator + optimizer slots) / P_k + the activations
+kept for the backward pass of the samples in flight / P_k.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from wafer.fabric import Fabric
+
+BYTES_PER_VALUE = 4  # weights, gradients, optimizer slots and activations are float32
+TRAIN_FLOPS_FACTOR = 3  # forward + backward-data + backward-weight
+# Optimizer slots per weight (RMSProp: 3 when centered, counted so), and FLOPs per weight of
+# one update (wafer.optimizers' operations, a square root counted as one).
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "rmsprop": 3, "adagrad": 1}
+UPDATE_FLOPS_PER_WEIGHT = {"sgd": 2, "momentum": 4, "adam": 12, "rmsprop": 15, "adagrad": 7}
+
+
+class RegionLike(Protocol):
+    x: int
+    y: int
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    """One kernel on its region: where its time per sample goes."""
+
+    name: str
+    cores: int  # cores of its region
+    useful_cores: int  # min(cores, the kernel's max_cores)
+    flops_per_sample: float  # F_k (training-scaled)
+    t_comp: float  # seconds per sample
+    t_comm: float
+    update_seconds: float  # applying one batch's gradient to its weights
+
+    @property
+    def seconds_per_sample(self) -> float:
+        return max(self.t_comp, self.t_comm)
+
+    @property
+    def samples_per_sec(self) -> float:
+        return 1.0 / self.seconds_per_sample if self.seconds_per_sample > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class PipelineTiming:
+    """The whole program on the wafer, in layer-pipelined mode."""
+
+    kernels: tuple[KernelTiming, ...]
+    compute_samples_per_sec: float  # 1 / max_k t_k
+    transmission_samples_per_sec: float  # I/O bound
+    fill_seconds: float  # first sample through the pipeline (and back when training)
+    update_seconds: float  # slowest kernel's weight update at the end of a batch
+    flops_per_sample: float  # sum of F_k
+    active_cores: int
+    peak_flops_per_core: float  # r x f (no efficiency)
+
+    @property
+    def samples_per_sec(self) -> float:
+        return min(self.compute_samples_per_sec, self.transmission_samples_per_sec)
+
+    @property
+    def compute_utilization(self) -> float:
+        """Fraction of the active cores' peak FLOP rate doing the model's arithmetic."""
+        if self.active_cores == 0:
+            return 0.0
+        return (self.samples_per_sec * self.flops_per_sample
+                / (self.active_cores * self.peak_flops_per_core))
+
+    def step_seconds(self, batch_size: int) -> float:
+        """Time of one step of `batch_size` samples: steady state, fill and update."""
+        return (max(batch_size - 1, 0) / self.samples_per_sec + self.fill_seconds
+                + self.update_seconds)
+
+
+def flops_per_sample(kernel: Any, training: bool) -> float:
+    """F_k: the kernel's FLOPs per sample for one pass (training counts the backward)."""
+    return float(kernel.flops_per_sample()) * (TRAIN_FLOPS_FACTOR if training else 1)
+
+
+def num_parameters(kernel: Any) -> int:
+    return int(sum(math.prod(s) for s in kernel.param_shapes().values()))
+
+
+def in_flight_samples(position: int, num_kernels: int, training: bool) -> int:
+    """Samples whose activations kernel `position` (0-based, topological) holds at once.
+
+    Training keeps a sample's activations from its forward pass until its gradient comes
+    back: one sample per downstream stage, both ways. Inference holds one sample.
+    """
+    return 2 * (num_kernels - position) - 1 if training else 1
+
+
+def weight_bytes(kernel: Any, optimizer: str, training: bool) -> int:
+    """Weights, plus the gradient accumulator and optimizer slots when training."""
+    copies = 2 + OPTIMIZER_SLOTS[optimizer] if training else 1
+    return num_parameters(kernel) * BYTES_PER_VALUE * copies
+
+
+def memory_bytes(kernel: Any, position: int, num_kernels: int, optimizer: str,
+                 training: bool) -> int:
+    """Total bytes the kernel keeps on its region."""
+    activations = (kernel.activation_bytes_per_sample()
+                   * in_flight_samples(position, num_kernels, training))
+    return weight_bytes(kernel, optimizer, training) + int(activations)
+
+
+def memory_per_core(total_bytes: int, cores: int) -> int:
+    return math.ceil(total_bytes / max(cores, 1))
+
+
+def min_cores_for_memory(total_bytes: int, fabric: Fabric) -> int:
+    return max(1, math.ceil(total_bytes / fabric.sram_per_core))
+
+
+def _shape_bytes(shape: Sequence[int]) -> int:
+    return int(math.prod(shape)) * BYTES_PER_VALUE
+
+
+def edge_bytes_per_sample(kernel: Any) -> int:
+    """Bytes crossing the busier edge of a kernel's region per sample (inputs or output)."""
+    bytes_in = sum(_shape_bytes(s) for s in kernel.input_shapes)
+    return max(bytes_in, _shape_bytes(kernel.output_shape))
+
+
+def link_bytes_per_sec(fabric: Fabric) -> float:
+    """One core's link into its neighbour."""
+    return fabric.link_bytes_per_cycle * fabric.clock_hz
+
+
+def kernel_timing(kernel: Any, region: RegionLike, fabric: Fabric, *, training: bool,
+                  optimizer: str = "sgd") -> KernelTiming:
+    """t_comp, t_comm and the update time of `kernel` on `region`."""
+    cores = int(region.width) * int(region.height)
+    useful = max(1, min(cores, int(kernel.max_cores())))
+    flops = flops_per_sample(kernel, training)
+    t_comp = flops / (useful * fabric.core_flops_per_sec)
+    edge_cores = max(int(region.height), 1)
+    t_comm = edge_bytes_per_sample(kernel) / (edge_cores * link_bytes_per_sec(fabric))
+    update = 0.0
+    if training:
+        update = (num_parameters(kernel) * UPDATE_FLOPS_PER_WEIGHT[optimizer]
+                  / (cores * fabric.core_flops_per_sec))
+    return KernelTiming(kernel.name, cores, useful, flops, t_comp, t_comm, update)
+
+
+def pipeline_timing(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, *,
+                    training: bool, input_bytes_per_sample: int, optimizer: str = "sgd",
+                    route_hops: int = 0) -> PipelineTiming:
+    """Timing of kernels (topological order) on their regions.
+
+    `input_bytes_per_sample` is what the host streams per sample (features and labels);
+    `route_hops` is the total length, in cores, of the routes between regions (one hop
+    per cycle).
+    """
+    timings = tuple(kernel_timing(k, r, fabric, training=training, optimizer=optimizer)
+                    for k, r in placed)
+    slowest = max((t.seconds_per_sample for t in timings), default=0.0)
+    compute = 1.0 / slowest if slowest > 0 else math.inf
+    transmission = (fabric.io_bytes_per_sec / input_bytes_per_sample
+                    if input_bytes_per_sample > 0 else math.inf)
+    passes = 2 if training else 1
+    fill = sum(t.seconds_per_sample for t in timings) + passes * route_hops / fabric.clock_hz
+    update = max((t.update_seconds for t in timings), default=0.0)
+    return PipelineTiming(
+        kernels=timings,
+        compute_samples_per_sec=compute,
+        transmission_samples_per_sec=transmission,
+        fill_seconds=fill,
+        update_seconds=update,
+        flops_per_sample=sum(t.flops_per_sample for t in timings),
+        active_cores=sum(t.cores for t in timings),
+        peak_flops_per_core=fabric.flops_per_cycle * fabric.clock_hz,
+    )
+
+
+def fabric_bound_samples_per_sec(kernels: Sequence[Any], fabric: Fabric, *,
+                                 training: bool) -> float:
+    """X_ideal = cores x r x f x eta / sum_k F_k: every core of the wafer busy."""
+    total = sum(flops_per_sample(k, training) for k in kernels)
+    return fabric.cores * fabric.core_flops_per_sec / total if total > 0 else math.inf
+
+
+def balanced_bound_samples_per_sec(kernels: Sequence[Any], fabric: Fabric, *,
+                                   training: bool, min_cores: Sequence[int] | None = None,
+                                   ) -> float:
+    """The best balanced pipeline with fractional core counts (no rectangles).
+
+    The largest X such that every kernel reaches X within its useful parallelism and
+    sum_k max(min_cores_k, F_k X / rate, E_k X / link rate) <= cores, where E_k is the bytes
+    crossing its region's edge (a region is at least as large as its edge is long, and no
+    edge is longer than the fabric is high).
+    Placement quality is measured against this bound.
+    """
+    rate = fabric.core_flops_per_sec
+    flops = np.array([flops_per_sample(k, training) for k in kernels], dtype=float)
+    edges = np.array([edge_bytes_per_sample(k) for k in kernels], dtype=float)
+    floor = np.array(min_cores if min_cores is not None else [1] * len(kernels), dtype=float)
+    link = link_bytes_per_sec(fabric)
+    cap = min([k.max_cores() * rate / f for k, f in zip(kernels, flops) if f > 0]
+              + [fabric.height * link / e for e in edges if e > 0], default=math.inf)
+
+    def cores_needed(x: float) -> float:
+        return float(np.maximum(np.maximum(floor, flops * x / rate),
+                                edges * x / link).sum())
+
+    if cores_needed(0.0) > fabric.cores:
+        return 0.0
+    if math.isfinite(cap) and cores_needed(cap) <= fabric.cores:
+        return cap
+    lo, hi = 0.0, cap if math.isfinite(cap) else fabric.cores * rate / max(flops.min(), 1e-30)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cores_needed(mid) <= fabric.cores else (lo, mid)
+    return lo
+
+
+def program_timing(program: Any, kernels: Sequence[Any], fabric: Fabric, *,
+                   training: bool) -> PipelineTiming:
+    """Timing of a compiled CS API Program whose kernels (built by the caller, e.g. with
+    `wafer.kernels.build_kernel`, in `program.kernels` order) sit on their regions."""
+    regions = [k.region for k in program.kernels]
+    if len(regions) != len(kernels):
+        raise ValueError(f"program has {len(regions)} kernels, {len(kernels)} were given")
+    input_bytes = sum(_shape_bytes(spec.shape) for spec in program.inputs)
+    hops = sum(max(len(route.path) - 1, 0) for route in program.routes)
+    return pipeline_timing(list(zip(kernels, regions)), fabric, training=training,
+                           input_bytes_per_sample=input_bytes,
+                           optimizer=program.optimizer.type or "sgd", route_hops=hops)
+
+
+def run_utilization(pipeline: PipelineTiming, samples: int, sim_seconds: float) -> float:
+    """Fraction of the active cores' peak FLOP rate a run of `samples` in `sim_seconds` of
+    simulated time used (fill and update time included)."""
+    if sim_seconds <= 0 or pipeline.active_cores == 0:
+        return 0.0
+    return (samples * pipeline.flops_per_sample
+            / (sim_seconds * pipeline.active_cores * pipeline.peak_flops_per_core))
