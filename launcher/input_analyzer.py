@@ -251,6 +251,7 @@ def measure_costs(compiled: CompiledScript, batches: int, most_workers: int) -> 
     """Time worker 0 of W for W = 1, 2, 4, 8, up to the first W >= `most_workers`; the
     fastest of REPEATS runs each (this node is shared: slower runs are other work)."""
     program = load_compiled(compiled.directory).program
+    assert program is not None, "a compile directory holds its program"
     inputs = program_inputs(program)
     reach = next((w for w in MEASURED_WORKERS if w >= max(most_workers, 2)), MEASURED_WORKERS[-1])
     counts = [w for w in MEASURED_WORKERS if w <= reach]

@@ -85,9 +85,9 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
     program = build_program(model, placement, name=os.path.basename(os.path.abspath(model_dir)),
                             graph_hash=key, fabric=fab.name, batch_size=extracted.batch_size,
                             seed=extracted.seed)
-    params = [p.variable for k in model.kernels for p in k.params]
-    weights = initial_weights(extracted, params)
-    host = initial_weights(extracted, host_variables(extracted, params))
+    variables = [p.variable for k in model.kernels for p in k.params]
+    weights = initial_weights(extracted, variables)
+    host = initial_weights(extracted, host_variables(extracted, variables))
     text = report.compile_text(model, placement, fab, mode=mode,
                                batch_size=extracted.batch_size, graph_hash=key)
     data = report.compile_json(model, placement, fab, mode=mode,

@@ -76,8 +76,8 @@ def write_compile(directory: str, program: pb.Program, weights: dict[str, np.nda
     try:
         with open(os.path.join(tmp, PROGRAM), "wb") as f:
             f.write(program.SerializeToString())
-        np.savez(os.path.join(tmp, WEIGHTS), **weights)
-        np.savez(os.path.join(tmp, HOST_VARIABLES), **host_variables)
+        np.savez(os.path.join(tmp, WEIGHTS), allow_pickle=False, **weights)
+        np.savez(os.path.join(tmp, HOST_VARIABLES), allow_pickle=False, **host_variables)
         with open(os.path.join(tmp, REPORT_TXT), "w") as f:
             f.write(report_text)
         with open(os.path.join(tmp, REPORT_JSON), "w") as f:
