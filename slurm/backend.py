@@ -193,6 +193,7 @@ class LaunchBackend(abc.ABC):
     def warm_up(self, submission: Submission) -> None:
         """Start, ahead of `submit`, what lets the tasks start sooner, for a job the caller
         follows to its end (the local backend: its fork server). Default: nothing."""
+        return None
 
     @abc.abstractmethod
     def submit(self, submission: Submission) -> LaunchedJob:

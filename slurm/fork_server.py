@@ -42,7 +42,7 @@ import threading
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, NoReturn, Sequence
 
 PRELOAD = ("tensorflow", "grpc")
 # Per-task variables (the launcher's rank variables, the devices a task may use): they may
@@ -304,9 +304,8 @@ def become(child: Child) -> str:
 def run_as_main(path: str) -> None:
     """Run the script at `path` as `python SCRIPT.py` runs it: in a fresh `__main__`."""
     main = types.ModuleType("__main__")
-    main.__file__ = path
-    main.__cached__ = None
-    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    vars(main).update(__file__=path, __cached__=None,
+                      __loader__=importlib.machinery.SourceFileLoader("__main__", path))
     sys.modules["__main__"] = main
     with io.open_code(path) as f:
         code = compile(f.read(), path, "exec")
@@ -323,7 +322,7 @@ def _exit_code(exit: SystemExit) -> int:
     return 1
 
 
-def exit_as_python_does(path: str) -> None:
+def exit_as_python_does(path: str) -> NoReturn:
     """Run the script, then end as Python ends one — uncaught exceptions through
     `sys.excepthook`, `SystemExit`'s code, non-daemon threads joined, atexit handlers run,
     open files and the standard streams flushed, an uncaught KeyboardInterrupt ending by
@@ -388,17 +387,12 @@ class ForkServer:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.path)
         listener.listen(max(tasks, 8))
-        out = open(log, "ab") if log is not None else subprocess.DEVNULL
-        try:
+        with listener, open(log if log is not None else os.devnull, "ab") as out:
             self._process = subprocess.Popen(
                 [python, os.path.abspath(__file__), str(os.getpid()), str(listener.fileno()), str(tasks),
                  *preload, "--", *command],
                 cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, pass_fds=(listener.fileno(),))
-        finally:
-            listener.close()
-            if log is not None:
-                out.close()
 
     def stop(self) -> None:
         """End the server (its children, if any, stay with their tasks); idempotent."""
