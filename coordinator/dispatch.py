@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from coordinator.roles import task_role
-from workers.feed import JobEnded, run_worker
+from workers.feed import JobEnded, input_dataset, run_worker
 from workers.rendezvous import rendezvous_path, wait_for
 
 ACTIONS = ("train", "evaluate", "predict")
@@ -30,12 +30,13 @@ def run(estimator: Any, action: str, input_fn: Callable, **kwargs: Any) -> Any:
         from coordinator.chief import Chief
 
         return Chief(estimator, role, path).run(action, input_fn, **kwargs)
+    dataset = input_dataset(input_fn, estimator.params)  # while the chief compiles and loads
     rendezvous = wait_for(path)
     if rendezvous.ended:
         print(f"input worker {role.worker_id}: nothing to stream: {rendezvous.ended}", flush=True)
         return None
     try:
-        stats = run_worker(input_fn, estimator.params, rendezvous, role.worker_id)
+        stats = run_worker(input_fn, estimator.params, rendezvous, role.worker_id, dataset)
     except JobEnded as ended:
         print(f"{ended}; stopping", flush=True)
         return None

@@ -49,6 +49,7 @@ PRELOAD = ("tensorflow", "grpc")
 # differ from the server's environment, and nothing reads them at import.
 TASK_VARIABLES = ("SUBMITIT_", "CUDA_VISIBLE_DEVICES")
 _HEADER = struct.Struct("!I")
+_OPEN_FILES = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.BufferedRWPair)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -339,8 +340,8 @@ def exit_as_python_does(path: str) -> NoReturn:
         code, interrupted = 1, isinstance(error, KeyboardInterrupt)
     threading._shutdown()  # type: ignore[attr-defined]  # as Python's finalization, multiprocessing's children
     atexit._run_exitfuncs()
-    for stream in gc.get_objects():
-        if isinstance(stream, io.IOBase) and not stream.closed and stream.writable():
+    for stream in gc.get_objects():  # what open() returned, still open (a type test: 0.1 s)
+        if type(stream) in _OPEN_FILES and not stream.closed:
             try:
                 stream.flush()
             except (OSError, ValueError):
