@@ -23,7 +23,7 @@ run: $(STAMP)
 
 # ruff (rules in pyproject.toml) over the repo; mypy (its [tool.mypy]) over the packages.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check .
+	$(PY) -m ruff check .
 	$(PY) -m mypy
 
 test: lint

@@ -24,7 +24,6 @@ part of the measurement.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -279,16 +278,13 @@ def parse_args(argv: list[str]) -> AnalyzerArgs:
     p.add_argument("--cpus-per-node", type=int, default=os.cpu_count() or 1,
                    help="CPUs of a node (default: this node's)")
     p.add_argument("--batches", type=int, default=20, help="batches to time per run (default: 20)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="python run.py --mode train")
+    p.add_command("python run.py --mode train")
     ns = p.parse_args(argv)
-    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-    if not command:
-        raise CSRunError("no command to analyze", f"e.g. {PROG} python run.py --mode train")
+    command = p.command(ns, "python run.py --mode train", verb="analyze")
     for flag in ("available_nodes", "cpus_per_node", "batches"):
         if getattr(ns, flag) < 1:
             raise CSRunError(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be at least 1")
-    return AnalyzerArgs(ns.available_nodes, ns.cpus_per_node, ns.batches, tuple(command))
+    return AnalyzerArgs(ns.available_nodes, ns.cpus_per_node, ns.batches, command)
 
 
 def render(compiled: CompiledScript, costs: InputCosts, rec: Recommendation, batches: int,

@@ -8,7 +8,8 @@ import grpc
 import numpy as np
 
 from cs_api import MESSAGE_OPTIONS, pb, rpc
-from cs_api.tensors import assemble, tensor_chunks, to_tensor
+from cs_api.client import load_requests
+from cs_api.tensors import assemble, to_tensor
 
 
 class ClientDouble:
@@ -28,14 +29,7 @@ class ClientDouble:
         header = pb.JobHeader(job_id=job_id, token=self.token, program=program,
                               num_workers=num_workers, global_step=global_step,
                               first_batch=first_batch)
-
-        def requests() -> Iterator[pb.LoadRequest]:
-            yield pb.LoadRequest(header=header)
-            for name in sorted(tensors):
-                for chunk in tensor_chunks(name, tensors[name]):
-                    yield pb.LoadRequest(chunk=chunk)
-
-        return self.stub.Load(requests())
+        return self.stub.Load(load_requests(header, tensors))
 
     def feed_requests(self, batches: Sequence[dict[str, np.ndarray]], worker: int = 0,
                       num_workers: int = 1, first: int = 0, end: bool = True) -> Iterator[pb.FeedRequest]:
