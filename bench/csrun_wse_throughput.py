@@ -32,7 +32,7 @@ from bench.table import Row, print_table  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "fc_mnist"
 BATCH = 256
-SHORT, LONG = 20, 520
+SHORT, LONG = 20, 320
 WORKERS = (1, 2, 4)
 REPEATS = 2
 WORKER_BATCHES = 200
