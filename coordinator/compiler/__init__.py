@@ -27,7 +27,7 @@ from coordinator.compiler.weights import host_variables, initial_weights, initia
 from cs_api import cs_api_pb2 as pb
 from tf_model.estimator_spec import ModeKeys
 from wafer import timing
-from wafer.fabric import FABRICS, Fabric
+from wafer.fabric import DEFAULT_FABRIC, FABRICS, Fabric
 from wafer.kernels import KernelError, build_kernel
 
 __all__ = ["CompileResult", "compile_model", "load_compiled"]
@@ -54,7 +54,7 @@ def resolve_fabric(params: dict, fabric: str) -> Fabric:
 
 def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str, *,
                   mode: str = ModeKeys.TRAIN, validate_only: bool = False,
-                  fabric: str = "cs1") -> CompileResult:
+                  fabric: str = DEFAULT_FABRIC) -> CompileResult:
     """Validate (and unless validate_only, compile) model_fn for the CS system.
 
     Raises CSRunError for unsupported ops (every one listed in the error's detail and in
