@@ -11,7 +11,7 @@ import yaml
 from common.errors import CSRunError
 from launcher.run_utils import check_env, create_arg_parser, get_params, is_cs, save_params, update_params_from_args
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FC_MNIST = os.path.join(ROOT, "examples", "fc_mnist")
 
 

@@ -20,7 +20,7 @@ from wafer import timing
 from wafer.fabric import get_fabric
 from wse_sim.program import check_program
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 
 
 def fc_mnist(tmp_path, **params):

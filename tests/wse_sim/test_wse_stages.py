@@ -11,10 +11,10 @@ import compiler_models as m
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_wse_parity import cnn_example
 from threadpoolctl import threadpool_limits
 
 from coordinator.compiler import compile_model
+from tests.wse_sim.test_wse_parity import cnn_example
 from wafer.kernels.tiles import ALIGN, tiles
 from wse_sim.pipeline import MIN_STAGE_FLOPS, Pipeline
 from wse_sim.program import check_program, check_state

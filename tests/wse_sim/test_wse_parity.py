@@ -20,7 +20,7 @@ from cs_api import pb
 from cs_api.client import CSClient
 from cs_api.tensors import from_tensor
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 
 
 def named(data):

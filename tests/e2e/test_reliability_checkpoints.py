@@ -129,8 +129,8 @@ def test_cs_path_resumes_weights_with_fresh_state_for_another_optimizer(capsys):
 def test_cpu_path_resumes_weights_with_fresh_state_for_another_optimizer(tmp_path):
     """Adam to SGD and SGD to Momentum on the CPU path: the same line and the same choice as
     the CS path (weights and step resume, the optimizer starts fresh), and training goes on."""
+    from tests.e2e.test_reliability_bad_inputs import _write_params
     from tests.fc_mnist_runs import ENV, EXAMPLE
-    from tests.test_reliability_bad_inputs import _write_params
 
     model_dir = tmp_path / "m"
 
@@ -158,8 +158,8 @@ def test_a_checkpoint_without_dropout_rng_state_restores_on_the_cpu_path(tmp_pat
     from examples.fc_mnist.data import eval_input_fn, train_input_fn
     from examples.fc_mnist.model import PARAMS_SPEC, model_fn
     from launcher.run_flow import run
+    from tests.e2e.test_reliability_bad_inputs import _write_params
     from tests.fc_mnist_runs import EXAMPLE
-    from tests.test_reliability_bad_inputs import _write_params
 
     params = _write_params(tmp_path, {"model.dropout": 0.5, "runconfig.max_steps": 1})
     model_dir = tmp_path / "m"

@@ -19,7 +19,6 @@ import grpc
 import numpy as np
 import pytest
 from doubles import ClientDouble
-from test_wse_server import BATCH, batches, code_and_details, program, weights
 
 from common.errors import CSRunError
 from cs_api import MAX_MESSAGE_BYTES, pb
@@ -27,10 +26,11 @@ from cs_api.client import CSClient
 from cs_api.input_spec import InputSpec
 from launcher.csrun_wse import free_port
 from launcher.site_config import load_site_config
+from tests.wse_sim.test_wse_server import BATCH, batches, code_and_details, program, weights
 from workers.feed import feed_requests, stream
 from workers.rendezvous import Rendezvous
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 GROWTH_LIMIT = 64 * MIB  # what a refused hostile call may cost the server, at most
 

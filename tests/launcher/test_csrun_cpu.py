@@ -14,7 +14,7 @@ from common.errors import CSRunError
 from launcher.csrun_cpu import CpuArgs, parse_args, plan
 from launcher.site_config import ContainerConfig, SiteConfig, SlurmConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CSRUN_CPU = [sys.executable, "-c", "import sys; from launcher.csrun_cpu import main; sys.exit(main())"]
 
 # A TEST DOUBLE of the apptainer binary (none can be installed here): it records its

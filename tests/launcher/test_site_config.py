@@ -8,7 +8,7 @@ import pytest
 from common.errors import CSRunError
 from launcher.site_config import SiteConfig, SlurmConfig, load_site_config
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "slurm" / "csrun.example.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "slurm" / "csrun.example.yaml"
 
 
 def write(path: Path, text: str) -> Path:

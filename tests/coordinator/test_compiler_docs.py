@@ -3,7 +3,7 @@ from pathlib import Path
 
 from coordinator.compiler.lowering import supported_table
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_readme_lists_exactly_the_compilers_supported_operations():

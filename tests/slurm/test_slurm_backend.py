@@ -17,7 +17,7 @@ from slurm.slurm_backend import refusal, render_script, slurm_options
 from slurm.task_logs import task_hosts, where_task_runs
 from slurm.templates import TEMPLATES, fill
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def request(tmp_path, **fields) -> JobRequest:

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import tf_reference
 import training_models as tm
-from test_wse_parity import assert_parity, train_on_server
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
 from coordinator.compiler.extract import extract
 from coordinator.compiler.training import analyze_training
+from tests.wse_sim.test_wse_parity import assert_parity, train_on_server
 from wafer.grad_transforms import GradientTransform
 
 F32 = lambda x: float(np.float32(x))  # noqa: E731  TF's float32 constants, exactly

@@ -11,7 +11,7 @@ import yaml
 
 from launcher.estimator import CSEstimator, CSRunConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
 
 

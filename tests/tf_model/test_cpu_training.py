@@ -16,7 +16,7 @@ from launcher.estimator import CSEstimator, CSEstimatorSpec, CSRunConfig
 from tf_model.checkpoints import all_checkpoints, latest_checkpoint, read_checkpoint
 from tf_model.metrics import EvalMetrics
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 with open(os.path.join(ROOT, "examples", "fc_mnist", "configs", "params.yaml")) as f:
     FC_MNIST_PARAMS = yaml.safe_load(f)
 BATCH = 32

@@ -166,7 +166,7 @@ def test_the_server_dies_with_the_process_that_started_it(tmp_path):
         [sys.executable, "-c", "import sys, time; from slurm.fork_server import ForkServer; "
          f"s = ForkServer(sys.executable, ['python', 'x.py'], {str(tmp_path)!r}, {{}}, 1, ()); print(s._process.pid, flush=True); "
          "time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     server_pid = int(parent.stdout.readline())
     parent.kill()
     parent.wait()

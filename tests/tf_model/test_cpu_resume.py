@@ -17,7 +17,7 @@ from examples.fc_mnist import data, model
 from launcher.estimator import CSEstimator, CSRunConfig
 from tf_model.checkpoints import checkpoint_step, latest_checkpoint, read_checkpoint
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN_PY = os.path.join(ROOT, "examples", "fc_mnist", "run.py")
 MAX_STEPS = 600
 EVERY = 50

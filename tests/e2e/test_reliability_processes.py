@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from launcher.csrun_wse import free_port
+from tests.e2e.test_reliability_bad_inputs import _write_params
 from tests.fc_mnist_runs import ENV, EXAMPLE, losses
-from tests.test_reliability_bad_inputs import _write_params
 from tf_model import checkpoints
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from launcher.input_analyzer import (
     script_argv,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ANALYZER = [sys.executable, "-c", "import sys; from launcher.input_analyzer import main; sys.exit(main())"]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from wafer.fabric import FABRICS, Fabric
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "design.md"
 # The modules whose named numbers the design page explains.
 MODULES = ("wafer/timing.py", "wafer/kernels/base.py", "coordinator/compiler/placement.py",

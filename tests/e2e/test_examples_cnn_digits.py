@@ -11,7 +11,7 @@ from examples.cnn_digits import data, model
 from launcher.run_flow import run
 from tf_model.checkpoints import all_checkpoints
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.join(ROOT, "examples", "cnn_digits")
 
 

@@ -12,7 +12,7 @@ from common.errors import CSRunError
 from containers.recipes import DEFINITION, dockerfile_to_definition, missing_sources, read_definition
 from containers.runtime import ContainerRuntime, check_binds, check_image, find_runtime
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def executable(path: Path) -> Path:

@@ -189,7 +189,7 @@ def test_cli_prints_every_unsupported_op_then_one_error_line(tmp_path):
     import textwrap
     code = textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
         import compiler_models as m
         from coordinator.compiler import compile_model
         from common.errors import cli_entry

@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from test_wse_kernels_elementwise import (
+
+from tests.wafer.test_wse_kernels_elementwise import (
     BATCH,
     RNG,
     close,
@@ -20,7 +21,6 @@ from test_wse_kernels_elementwise import (
     tf_grads,
     tf_operands,
 )
-
 from wafer.kernels import KernelError, RunContext, build_kernel
 from wafer.kernels.embedding import scatter_add
 from wse_sim.pipeline import Pipeline

@@ -14,7 +14,7 @@ from examples.fc_mnist import data, model
 from launcher.run_flow import estimator_for
 from launcher.run_utils import get_params
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PARAMS = os.path.join(ROOT, "examples", "fc_mnist", "configs", "params.yaml")
 
 

@@ -21,7 +21,7 @@ NO_CS = ["--cs_ip", "127.0.0.1:1"]
 
 
 def run(args, cwd, timeout=60):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     return subprocess.run(CSRUN_WSE + args, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env)
 
@@ -149,7 +149,7 @@ def test_a_failing_chief_gives_its_exit_code(tmp_path):
 
 def test_ctrl_c_stops_every_task(tmp_path):
     job = tmp_path / "job"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     marker = f"sleep 97.{os.getpid()}"
     process = subprocess.Popen(CSRUN_WSE + ["--tasks-per-node", "2", "--job-dir", str(job), *NO_CS,
                                             *sh(f"echo started; {marker}")],
