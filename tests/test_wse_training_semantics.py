@@ -170,7 +170,7 @@ def mlp_batches(count: int, seed: int = 1) -> list[dict[str, np.ndarray]]:
 def cs_train(program: pb.Program, weights, batches, *, stages: int = 1):
     """Losses and final state of training `program` on `batches` in the simulator."""
     checked = check_program(program)
-    pipeline = Pipeline.load(checked, check_state(checked, weights), stages=stages,
+    pipeline = Pipeline.load(checked, check_state(checked, weights), threads=stages,
                              min_stage_flops=0)
     try:
         assert pipeline.stages == stages
