@@ -362,8 +362,11 @@ class CSSystem:
                 raise invalid(f"worker {stream.worker} sent batch {index} again (the job's next "
                               f"batch is {job.next_batch})")
             while index >= job.next_batch + job.window and not job.closed:
-                stream.state, stream.waiting_batch = StreamState.BLOCKED, index
-                self._cond.notify_all()
+                if (stream.state, stream.waiting_batch) != (StreamState.BLOCKED, index):
+                    # said once: two blocked streams notifying each other on every wake-up
+                    # would spin until the run takes a batch
+                    stream.state, stream.waiting_batch = StreamState.BLOCKED, index
+                    self._cond.notify_all()
                 self._cond.wait(WAIT_POLL_S)
             if job.closed:
                 raise CSError(grpc.StatusCode.ABORTED, f"job {job.job_id} ended: {job.closed}")
