@@ -11,6 +11,8 @@ from cs_api import MESSAGE_OPTIONS, pb, rpc
 from cs_api.client import load_requests
 from cs_api.tensors import assemble, to_tensor
 
+RUN_DEADLINE_S = 300.0  # far above any run of these tests, even on a loaded host
+
 
 class ClientDouble:
     """The chief's and its input workers' CS API calls, made by hand: a token the test
@@ -59,7 +61,9 @@ class ClientDouble:
             output_steps: Sequence[int] = ()) -> tuple[list[pb.StepResult], pb.JobSummary]:
         call = {"train": self.stub.Train, "evaluate": self.stub.Evaluate,
                 "predict": self.stub.Predict}[kind]
-        results = list(call(pb.RunRequest(token=self.token, steps=steps, output_steps=output_steps)))
+        # a deadline: a run that never ends fails the test (DEADLINE_EXCEEDED) instead of hanging it
+        results = list(call(pb.RunRequest(token=self.token, steps=steps, output_steps=output_steps),
+                            timeout=RUN_DEADLINE_S))
         assert results[-1].HasField("summary")
         return [r.step for r in results[:-1]], results[-1].summary
 

@@ -230,7 +230,9 @@ def test_matmul_accepts_exactly_the_per_sample_products_and_computes_tfs(layout)
     check_against_tf(
         "matmul", attrs, inputs,
         lambda xs, ws: tf.matmul(*tf_operands(arrays, xs, ws), transpose_a=ta, transpose_b=tb),
-        params, rtol=1e-5, grad_rtol=1e-5)
+        # weight gradients sum over the batch in micro-batches, TF in one GEMM: a sum that
+        # cancels is a few float32 ULP of its summands apart (a wrong product is off by O(1))
+        params, rtol=1e-5, grad_rtol=1e-4)
 
 
 # ---- transpose, slice, pad ----

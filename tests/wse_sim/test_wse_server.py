@@ -159,6 +159,11 @@ def test_a_wrong_batch_and_a_broken_feed_end_the_run_with_a_clear_status(server)
 
     def one_then_vanish():
         yield from client.feed_requests(data, end=False)
+        # break only once the CS has the batch: a stream cancelled before the CS saw it is a
+        # worker that never connected, which the launcher (not the CS) notices
+        deadline = time.monotonic() + 60
+        while not any(s.received for s in server.cs.job.streams.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise RuntimeError("worker killed")  # the client's stream breaks
 
     threading.Thread(target=lambda: code_and_details(lambda: client.stub.Feed(one_then_vanish())),
