@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from common.errors import ArgumentParser, CSRunError, cli_entry
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from launcher.site_config import SiteConfig, SlurmConfig, load_site_config
-from slurm.backend import slurm_answers
+from slurm.slurm_backend import slurm_answers
 
 PROG = "csrun_cpu"
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")

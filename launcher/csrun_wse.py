@@ -37,11 +37,12 @@ from pathlib import Path
 
 import grpc
 
-from common.errors import CSRunError, Stopped, cli_entry, stop_on_signals
+from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from cs_api import pb, rpc
 from launcher.site_config import TLS_CA_ENV, SiteConfig, load_site_config
-from slurm.backend import JobRequest, choose_backend
+from slurm.auto import choose_backend
+from slurm.backend import JobRequest
 from slurm.templates import write_wse_sbatch
 from workers.rendezvous import RENDEZVOUS_DIR
 
@@ -49,13 +50,8 @@ PROG = "csrun_wse"
 _SIM_START_TIMEOUT_S = 60.0
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # unknown flags are errors, reported in one line
-        raise CSRunError(message, f"see {PROG} --help")
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Run a training script on the CS system.")
+    p = ArgumentParser(prog=PROG, description="Run a training script on the CS system.")
     p.add_argument("--total-nodes", type=int, help="nodes (default: csrun.yaml slurm.nodes, 1)")
     p.add_argument("--tasks-per-node", type=int, help="tasks per node (default: slurm.tasks_per_node, 1)")
     p.add_argument("--cpus-per-task", type=int, help="CPUs per task (default: slurm.cpus_per_task, 1)")
@@ -260,7 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv, site)
     workdir = Path.cwd()
     if args.emit_sbatch is not None:
-
         write_wse_sbatch(args.emit_sbatch, job_request(args, args.cs_ip or "", workdir), args.command,
                          args.cs_ip, site.container.image, (*site.mount_dirs, *args.mount_dirs),
                          fabric_of(args.command, workdir))

@@ -1,8 +1,12 @@
-"""The launch-backend interface: how `csrun_wse` (and `csrun_cpu`) start a job's tasks.
+"""The launch-backend interface: how `csrun_wse` starts a job's tasks, shaped like submitit's
+(an executor that submits, a job that is followed and cancelled).
 
-One small interface, one module per backend (`local_backend.py`: submitit's local
-executor; `slurm_backend.py`: submitit's Slurm executor). The CLIs build one `JobRequest`,
-pick a backend once (`choose_backend()`, which asks each backend's `available()`) and never branch on "is this Slurm?" again.
+One interface here, with the one loop that follows a job (`LaunchedJob.follow`); one module
+per backend beside it (`local_backend.py`: submitit's local executor; `slurm_backend.py`:
+submitit's Slurm executor), each answering a few questions the loop asks (is the job still
+running, why did it fail, how to stop it); `auto.py` picks one (`choose_backend()`, which
+asks each backend's `available()`). The CLIs build one `JobRequest` and never branch on
+"is this Slurm?" again. What csrun uses of submitit beyond its API is in `submitit_api.py`.
 
 The life of a job, in the order a CLI calls it:
 
@@ -17,17 +21,23 @@ The life of a job, in the order a CLI calls it:
 5. `job.cancel()` stops every task (Ctrl-C calls it); safe to call twice.
 
 Every task runs the same `request.command`; the role comes from the task's rank, which
-the task reads from its environment (`SLURM_PROCID`, or submitit's job environment:
-see `coordinator.dispatch.task_rank`). `request.env` is added to every task's environment
-(e.g. `CSRUN_CS_IP` when the job uses an embedded simulator).
+the task reads from its environment (`SLURM_PROCID`, or submitit's local
+`SUBMITIT_LOCAL_GLOBALID`: see `coordinator.roles.task_role`). `request.env` is added to
+every task's environment (e.g. `CSRUN_CS_IP` when the job uses an embedded simulator).
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
-import re
+import time
 from pathlib import Path
 from typing import Mapping, TextIO
+
+import submitit
+
+from slurm.submitit_api import task_log, task_result
+from slurm.task import TaskCommand, TaskFailed
+from slurm.task_logs import copy_new, last_error_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +70,13 @@ class JobRequest:
 @dataclasses.dataclass(frozen=True)
 class Submission:
     """The rendered request: `text` is what --dry-run prints (an sbatch script, or the
-    command lines of the local tasks); `payload` is whatever the backend's submit needs."""
+    command lines of the local tasks); every one of its `num_tasks` tasks runs `task`."""
 
     request: JobRequest
     backend: str
     text: str
-    payload: object = None
+    task: TaskCommand
+    num_tasks: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,24 +96,86 @@ class JobOutcome:
 
 
 class LaunchedJob(abc.ABC):
-    """A submitted job."""
+    """A submitted job: `follow` it to its end, `cancel` it. A backend's job answers the
+    questions of the one follow loop (`_ended_state`, `_ended`, `_explain_failure`,
+    `_without_result`) and says how to stop its tasks (`_stop`)."""
 
-    job_id: str
-    folder: Path
-    num_tasks: int
+    poll_seconds: float = 0.2  # how often `follow` looks at the job
 
-    @abc.abstractmethod
+    def __init__(self, job: submitit.Job, folder: Path, num_tasks: int):
+        self._job = job
+        self.job_id = str(job.job_id)
+        self.folder = folder
+        self.num_tasks = num_tasks
+        self._cancelled = False
+
     def task_log(self, rank: int) -> Path:
         """The file holding task `rank`'s output (stdout and stderr)."""
+        return task_log(self.folder, self.job_id, rank)
 
-    @abc.abstractmethod
-    def follow(self, stream: TextIO, poll_seconds: float = 0.2) -> JobOutcome:
+    def follow(self, stream: TextIO) -> JobOutcome:
         """Copy the chief's log to `stream` as it grows until the job ends; stop every
         task as soon as one fails (within 30 s) and report which one and why."""
+        log = self.task_log(0)
+        offset = 0
+        while True:
+            offset = copy_new(log, offset, stream)
+            outcome = self._results()
+            if outcome is not None and outcome.exit_code != 0:
+                outcome = self._explain_failure(outcome)
+                self.cancel()
+                if outcome.failed_rank not in (None, 0):
+                    return outcome  # the chief's log after the stop is only its interruption
+                break
+            if outcome is not None:
+                break
+            state = self._ended_state()
+            if state is not None:
+                outcome = self._ended(state)
+                break
+            time.sleep(self.poll_seconds)
+        copy_new(log, offset, stream)
+        return outcome
+
+    def cancel(self) -> None:
+        """Stop every task of the job (Ctrl-C calls it). Idempotent."""
+        if not self._cancelled:
+            self._cancelled = True
+            self._stop()
+
+    def _results(self) -> JobOutcome | None:
+        """The outcome the tasks' results give: the task that failed first (its result written
+        first: the others may be failing only because the job is being stopped), its exit code
+        (carried by `TaskFailed`) and the reason from its log; success once every task
+        succeeded; None while neither."""
+        results = [task_result(self.folder, self.job_id, rank) for rank in range(self.num_tasks)]
+        failed = [r for r in results if r is not None and not r.succeeded]
+        if failed:
+            first = min(failed, key=lambda r: (r.written_ns, r.rank))
+            code = TaskFailed.exit_code_in(first.text)
+            return JobOutcome(code, first.rank, last_error_line(self.task_log(first.rank), code))
+        return JobOutcome(0) if all(r is not None for r in results) else None
+
+    def _ended(self, state: str) -> JobOutcome:
+        """The outcome of a job the backend saw end (`state`) before the loop saw every result."""
+        time.sleep(1.0)  # the last result may still be on its way
+        return self._results() or self._without_result(state)
+
+    def _explain_failure(self, outcome: JobOutcome) -> JobOutcome:
+        """What a task's failure (`outcome`) means for the job, before the job is stopped."""
+        return outcome
 
     @abc.abstractmethod
-    def cancel(self) -> None:
-        """Stop every task of the job. Idempotent."""
+    def _ended_state(self) -> str | None:
+        """The backend's state of the job once it ended, None while it runs."""
+
+    @abc.abstractmethod
+    def _without_result(self, state: str) -> JobOutcome:
+        """The outcome of a job that ended (`state`) without every task's result."""
+
+    @abc.abstractmethod
+    def _stop(self) -> None:
+        """Stop every task of the job."""
 
 
 class LaunchBackend(abc.ABC):
@@ -113,7 +186,7 @@ class LaunchBackend(abc.ABC):
     @abc.abstractmethod
     def build(self, request: JobRequest) -> Submission:
         """Render the request exactly as `submit` would submit it; submits nothing.
-        Raises common.errors.CSRunError for a request this backend cannot run."""
+        Raises CSRunError for a request this backend cannot run."""
 
     @abc.abstractmethod
     def submit(self, submission: Submission) -> LaunchedJob:
@@ -123,171 +196,3 @@ class LaunchBackend(abc.ABC):
     def available(cls) -> bool:
         """Whether this machine offers the backend (Slurm: the controller answers)."""
         return True
-
-    def dry_run(self, request: JobRequest) -> str:
-        """What `--dry-run` prints: the text of the very request `submit` would use."""
-        return self.build(request).text
-
-
-def slurm_answers(timeout_s: float = 5.0) -> bool:
-    """Whether a Slurm controller answers here (`scontrol ping` succeeds)."""
-    import shutil
-    import subprocess
-
-    if shutil.which("scontrol") is None:
-        return False
-    try:
-        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0 and "UP" in done.stdout
-
-
-def choose_backend() -> LaunchBackend:
-    """The one place that decides: Slurm when `slurm.slurm_backend.SlurmBackend.available()`,
-    else local processes."""
-    from slurm.local_backend import LocalBackend
-
-    try:
-        from slurm.slurm_backend import SlurmBackend
-    except ImportError:
-        return LocalBackend()
-    return SlurmBackend() if SlurmBackend.available() else LocalBackend()
-
-
-def task_result(paths: "submitit_utils.JobPaths") -> tuple[str, object] | None:
-    """A submitit task's result pickle ("success"/"error", value), or None while it has none."""
-    from submitit.core import utils as submitit_utils
-
-    if not paths.result_pickle.exists():
-        return None
-    try:
-        return submitit_utils.pickle_load(paths.result_pickle)
-    except Exception:  # written but not complete yet
-        return None
-
-
-def failed_task(folder: Path, job_id: str, num_tasks: int) -> JobOutcome | None:
-    """The task of a submitit job that failed first (its result written first: the others may
-    be failing only because the job is being stopped): its exit code (carried by
-    `TaskFailed`) and the reason from its log."""
-    from submitit.core.utils import JobPaths
-
-    failures = []
-    for rank in range(num_tasks):
-        paths = JobPaths(folder, job_id, rank)
-        result = task_result(paths)
-        if result is not None and result[0] == "error":
-            failures.append((paths.result_pickle.stat().st_mtime_ns, rank, paths, str(result[1])))
-    if not failures:
-        return None
-    _, rank, paths, text = min(failures)
-    marker = "TaskFailed: exit code "
-    code = int(text.split(marker)[-1].split()[0]) if marker in text else 1
-    return JobOutcome(code or 1, rank, last_error_line(paths.stdout, code or 1))
-
-
-# Every task's first line: where it runs. `where_task_runs` writes it, `task_hosts` reads it
-# back (a failed node's tasks; the tests' placement checks).
-_WHERE = re.compile(r"^csrun: task (\d+) of \d+ on (\S+) \((\S+) to the CS system at (\S+)\)$", re.M)
-
-
-def where_task_runs(env: Mapping[str, str]) -> str:
-    """`csrun: task R of N on NODE (ADDRESS to the CS system at CS_IP)`: the task's rank, its
-    host (Slurm's node name, else the host name) and the address it reaches the CS from."""
-    import socket
-
-    rank = env.get("SLURM_PROCID") or env.get("SUBMITIT_LOCAL_GLOBALID") or "0"
-    ntasks = env.get("SLURM_NTASKS") or env.get("SUBMITIT_LOCAL_NTASKS") or "1"
-    node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    cs_ip = env.get("CSRUN_CS_IP") or "none"
-    address = "-"
-    host, _, port = cs_ip.rpartition(":")
-    if host and port.isdigit():
-        try:  # the source address the kernel picks for the CS: nothing is sent
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((host, int(port)))
-                address = probe.getsockname()[0]
-        except OSError:
-            address = "no-route"
-    return f"csrun: task {rank} of {ntasks} on {node} ({address} to the CS system at {cs_ip})"
-
-
-def task_hosts(log: Path) -> tuple[str, str] | None:
-    """(node, address) from a task's log (its `where_task_runs` line), None before it ran."""
-    try:
-        with open(log, errors="replace") as f:
-            head = f.read(4096)
-    except OSError:
-        return None
-    match = _WHERE.search(head)
-    return (match.group(2), match.group(3)) if match else None
-
-
-def all_succeeded(folder: Path, job_id: str, num_tasks: int) -> bool:
-    from submitit.core.utils import JobPaths
-
-    results = [task_result(JobPaths(folder, job_id, rank)) for rank in range(num_tasks)]
-    return all(r is not None and r[0] == "success" for r in results)
-
-
-# TensorFlow's C++ start-up lines (absl INFO lines such as "oneDNN custom operations are
-# on"): TF_CPP_MIN_LOG_LEVEL does not reach them. Kept in the task logs, not in the terminal.
-TF_STARTUP_CHATTER = re.compile(
-    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    r"|I\d{4} \d\d:\d\d:[\d.]+ +\d+ \S+\.cc:\d+\] )")
-
-
-def copy_new(path: Path, offset: int, stream: TextIO) -> int:
-    """Copy what was appended to `path` since `offset` to `stream`, submitit's own
-    bookkeeping lines (and the traceback of its task wrapper that follows them), the task's
-    placement line (`where_task_runs`) and TensorFlow's start-up chatter left out; the new offset."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return offset
-    if data:
-        text = data.decode(errors="replace")
-        after = ""  # "submitit": after submitit's lines; "traceback": inside its traceback
-        for line in text.splitlines(keepends=True):
-            if line.startswith("submitit "):
-                after = "submitit"
-            elif after and line.startswith(("Traceback (most recent call last):", " ")):
-                after = "traceback"
-            elif after == "traceback":  # the exception line that ends it
-                after = ""
-            else:
-                after = ""
-                if not TF_STARTUP_CHATTER.match(line) and not _WHERE.match(line):
-                    stream.write(line)
-        stream.flush()
-    return offset + len(data)
-
-
-def last_error_line(log: Path, exit_code: int = 1) -> str:
-    """The reason a task failed, from its own output in its log (submitit's lines and its
-    wrapper's traceback left out): the signal that killed it, else its last `error:` line,
-    else its last traceback's exception line (type and message), else its exit code."""
-    import signal
-
-    if exit_code > 128:
-        try:
-            return f"killed by {signal.Signals(exit_code - 128).name} (exit code {exit_code})"
-        except ValueError:
-            pass
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return f"exit code {exit_code}; no log"
-    own = text.split("\nsubmitit ERROR ", 1)[0].splitlines()  # then submitit's own traceback
-    lines = [ln.rstrip() for ln in own if ln.strip() and not ln.startswith("submitit ")]
-    for line in reversed(lines):
-        if ": error: " in line:
-            return line.strip()
-    if any(ln.startswith("Traceback (most recent call last):") for ln in lines):
-        for line in reversed(lines):
-            if not line.startswith((" ", "\t", "Traceback", "During handling", "The above exception")):
-                return line
-    return f"exit code {exit_code}"

@@ -2,79 +2,20 @@
 LocalExecutor (used when there is no Slurm)."""
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import subprocess
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TextIO
-
-import submitit
-from submitit.core import utils as submitit_utils
 
 from common.errors import CSRunError
-from slurm.backend import (
-    JobOutcome,
-    JobRequest,
-    LaunchBackend,
-    LaunchedJob,
-    Submission,
-    all_succeeded,
-    copy_new,
-    failed_task,
-    where_task_runs,
-)
+from slurm.backend import JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission
+from slurm.submitit_api import LOCAL_RANK_ENV, local_controller, submit_local
+from slurm.task import TaskCommand
 
 # The local executor kills tasks at its timeout: make it effectively unbounded (30 days).
 _TIMEOUT_MIN = 30 * 24 * 60
 # After one task fails, the others get this long to stop before they are killed.
 _STOP_GRACE_S = 10.0
 
-
-class TaskFailed(Exception):
-    """A task's command exited non-zero (carried back to the launcher by submitit)."""
-
-    def __init__(self, exit_code: int):
-        super().__init__(f"exit code {exit_code}")
-        self.exit_code = exit_code
-
-
-@dataclass(frozen=True)
-class TaskCommand:
-    """What every local task runs: the user's command, its output going to the task's log
-    (submitit redirects this process's stdout/stderr there). Picklable for submitit."""
-
-    command: tuple[str, ...]
-    workdir: str
-    env: tuple[tuple[str, str], ...]
-
-    def __call__(self) -> int:
-        env = {**os.environ, **dict(self.env), "PYTHONUNBUFFERED": "1"}
-        print(where_task_runs(env), flush=True)
-        # Its own process group, so that stopping the task stops everything it started.
-        process = subprocess.Popen(list(self.command), cwd=self.workdir, env=env, start_new_session=True)
-
-        def forward(signum, _frame):
-            _signal_group(process, signum)
-
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, forward)
-        try:
-            code = process.wait()
-        finally:
-            _signal_group(process, signal.SIGKILL)  # leftovers of the command (its children)
-        if code != 0:
-            raise TaskFailed(code if code > 0 else 128 - code)
-        return code
-
-
-def _signal_group(process: subprocess.Popen, signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 def render(request: JobRequest) -> str:
     """The local request as text: the environment and the command every task runs."""
@@ -83,11 +24,11 @@ def render(request: JobRequest) -> str:
     lines = [
         f"# local backend (submitit LocalExecutor): {request.num_tasks} task(s) on this host",
         f"# job folder: {request.folder}",
-        "# rank 0 is the chief, ranks 1.. are input workers (SUBMITIT_LOCAL_GLOBALID)",
+        f"# rank 0 is the chief, ranks 1.. are input workers ({LOCAL_RANK_ENV})",
         f"cd {shlex.quote(str(request.workdir))}",
     ]
     for rank in range(request.num_tasks):
-        lines.append(f"SUBMITIT_LOCAL_GLOBALID={rank} {env} {cmd}".replace("  ", " "))
+        lines.append(f"{LOCAL_RANK_ENV}={rank} {env} {cmd}".replace("  ", " "))
     return "\n".join(lines) + "\n"
 
 
@@ -108,67 +49,25 @@ class LocalBackend(LaunchBackend):
                 "these settings only apply to Slurm",
             )
         task = TaskCommand(tuple(request.command), str(request.workdir), tuple(sorted(request.env.items())))
-        return Submission(request=request, backend=self.name, text=render(request), payload=task)
+        return Submission(request, self.name, render(request), task, request.num_tasks)
 
     def submit(self, submission: Submission) -> "LocalJob":
         request = submission.request
         request.folder.mkdir(parents=True, exist_ok=True)
-        executor = submitit.LocalExecutor(folder=request.folder)
-        executor.update_parameters(
-            tasks_per_node=request.tasks_per_node,
-            timeout_min=_TIMEOUT_MIN,
-            stderr_to_stdout=True,
-            name=request.name,
-        )
-        job = executor.submit(submission.payload)
-        return LocalJob(job, request.folder, request.num_tasks)
+        job = submit_local(request.folder, submission.task, request.tasks_per_node, request.name, _TIMEOUT_MIN)
+        return LocalJob(job, request.folder, submission.num_tasks)
 
 
 class LocalJob(LaunchedJob):
-    def __init__(self, job: submitit.local.local.LocalJob, folder: Path, num_tasks: int):
-        self._job = job
-        self.job_id = str(job.job_id)
-        self.folder = folder
-        self.num_tasks = num_tasks
-        self._cancelled = False
+    def _ended_state(self) -> str | None:
+        state = self._job.state  # submitit's: RUNNING, then FINISHED or INTERRUPTED
+        return None if state == "RUNNING" else state
 
-    def task_log(self, rank: int) -> Path:
-        return submitit_utils.JobPaths(self.folder, self.job_id, rank).stdout
+    def _without_result(self, state: str) -> JobOutcome:
+        return JobOutcome(1, None, "the job's tasks stopped without a result")
 
-    def _failure(self) -> JobOutcome | None:
-        return failed_task(self.folder, self.job_id, self.num_tasks)
-
-    def follow(self, stream: TextIO, poll_seconds: float = 0.2) -> JobOutcome:
-        log = self.task_log(0)
-        offset = 0
-        outcome: JobOutcome | None = None
-        while outcome is None:
-            offset = copy_new(log, offset, stream)
-            outcome = self._failure()
-            if outcome is not None:
-                self.cancel()
-                if outcome.failed_rank != 0:
-                    return outcome  # the chief's log after the stop is only its interruption
-                break
-            if all_succeeded(self.folder, self.job_id, self.num_tasks):
-                outcome = JobOutcome(0)
-                break
-            if self._job.state != "RUNNING":
-                time.sleep(1.0)  # the last result may still be on its way
-                outcome = self._failure() or (
-                    JobOutcome(0) if all_succeeded(self.folder, self.job_id, self.num_tasks)
-                    else JobOutcome(1, None, "the job's tasks stopped without a result")
-                )
-                break
-            time.sleep(poll_seconds)
-        copy_new(log, offset, stream)
-        return outcome
-
-    def cancel(self) -> None:
-        if self._cancelled:
-            return
-        self._cancelled = True
-        process = self._job._process
+    def _stop(self) -> None:
+        process = local_controller(self._job)
         if process is None or process.poll() is not None:
             return
         # SIGTERM: the controller forwards it to every task, each task to its command.

@@ -1,9 +1,9 @@
 """The Slurm launch backend: a job's tasks as one Slurm job, through submitit's Slurm executor.
 
 `render_script(request)` is the one rendering of the sbatch script: `build` calls it,
-`--dry-run` prints its text and `submit` hands that very text to sbatch (the executor's
-`_make_submission_file_text` returns it), so what is printed is what is submitted; submitit
-keeps the submitted file as `<job id>_submission.sh` in the job folder.
+`--dry-run` prints its text and `submit` hands that very text to sbatch
+(`submitit_api.submit_script`), so what is printed is what is submitted; submitit keeps the
+submitted file as `<job id>_submission.sh` in the job folder.
 
 What the script asks of Slurm:
 - `--nodes`, `--ntasks-per-node`, `--cpus-per-task` from the request; every task runs
@@ -34,38 +34,37 @@ import io
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import TextIO
 
-import submitit
-from submitit.core.utils import FailedJobError, JobPaths
+from submitit.core.utils import FailedJobError
 from submitit.helpers import clean_env
-from submitit.slurm.slurm import _make_sbatch_string
 
 from common.errors import CSRunError
-from slurm.backend import (
-    JobOutcome,
-    JobRequest,
-    LaunchBackend,
-    LaunchedJob,
-    Submission,
-    all_succeeded,
-    copy_new,
-    failed_task,
-    slurm_answers,
-    task_hosts,
-)
-from slurm.local_backend import TaskCommand
+from slurm.backend import JobOutcome, JobRequest, LaunchBackend, LaunchedJob, Submission
+from slurm.submitit_api import sbatch_script, submit_script
+from slurm.task import TaskCommand
+from slurm.task_logs import task_hosts
 
 OPTION_KEYS = ("partition", "time", "gres", "gres_node", "licenses", "cyclic", "single_task_nodes")
 _TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
              "BOOT_FAIL", "DEADLINE")
 _CANCELLED_EXIT = 143  # 128 + SIGTERM: what a shell reports for a job scancel ended
+
+
+def slurm_answers(timeout_s: float = 5.0) -> bool:
+    """Whether a Slurm controller answers here (`scontrol ping` succeeds)."""
+    if shutil.which("scontrol") is None:
+        return False
+    try:
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and "UP" in done.stdout
 
 
 def _truthy(value: str | None) -> bool:
@@ -160,30 +159,10 @@ def render_script(request: JobRequest, python: str) -> tuple[str, int]:
         *env,
         *placement,
     ]
-    text = _make_sbatch_string(
-        command=f"{python} -u -m submitit.core._submit {shlex.quote(str(request.folder))}",
-        folder=request.folder, job_name=request.name, stderr_to_stdout=True, setup=setup,
-        srun_args=srun_args, additional_parameters=extra or None, **sbatch)
-    if "time" in options:
-        text = text.replace("#SBATCH --time=5\n", f"#SBATCH --time={shlex.quote(options['time'])}\n")
-    else:  # submitit always asks for 5 minutes; without --time the partition's default applies
-        text = text.replace("#SBATCH --time=5\n", "")
+    # without --time the partition's default applies
+    text = sbatch_script(request.folder, python, request.name, setup, srun_args, sbatch, extra,
+                         options.get("time"))
     return text, num_tasks
-
-
-class _ScriptExecutor(submitit.SlurmExecutor):
-    """submitit's Slurm executor submitting a script rendered beforehand, as it is."""
-
-    def __init__(self, folder: Path, script: str, num_tasks: int):
-        super().__init__(folder)
-        self._script = script
-        self._tasks = num_tasks
-
-    def _make_submission_file_text(self, command: str, uid: str) -> str:
-        return self._script
-
-    def _num_tasks(self) -> int:
-        return self._tasks
 
 
 class SlurmBackend(LaunchBackend):
@@ -196,11 +175,10 @@ class SlurmBackend(LaunchBackend):
     def build(self, request: JobRequest) -> Submission:
         text, num_tasks = render_script(request, shlex.quote(sys.executable))
         task = TaskCommand(tuple(request.command), str(request.workdir), ())
-        return Submission(request=request, backend=self.name, text=text, payload=(task, num_tasks))
+        return Submission(request, self.name, text, task, num_tasks)
 
     def submit(self, submission: Submission) -> "SlurmJob":
         request = submission.request
-        task, num_tasks = submission.payload
         conf = os.environ.get("SLURM_CONF")  # which cluster: not an outer job's variable
         with clean_env():
             if conf:
@@ -211,13 +189,12 @@ class SlurmBackend(LaunchBackend):
             if check.returncode != 0:
                 raise refusal(check.stderr or check.stdout, request)
             request.folder.mkdir(parents=True, exist_ok=True)
-            executor = _ScriptExecutor(request.folder, submission.text, num_tasks)
             try:
                 with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's errors
-                    job = executor.submit(task)
+                    job = submit_script(request.folder, submission.text, submission.num_tasks, submission.task)
             except FailedJobError as error:
                 raise refusal(str(error), request) from None
-        return SlurmJob(job, request.folder, num_tasks)
+        return SlurmJob(job, request.folder, submission.num_tasks)
 
 
 def refusal(text: str, request: JobRequest) -> CSRunError:
@@ -313,53 +290,26 @@ def job_state(job_id: str) -> tuple[str, str]:
 
 
 class SlurmJob(LaunchedJob):
-    def __init__(self, job: submitit.Job, folder: Path, num_tasks: int):
-        self._job = job
-        self.job_id = str(job.job_id)
-        self.folder = folder
-        self.num_tasks = num_tasks
-        self._cancelled = False
-
-    @property
-    def submission_file(self) -> Path:
-        """The script sbatch ran (kept by submitit)."""
-        return JobPaths(self.folder, self.job_id).submission_file
-
-    def task_log(self, rank: int) -> Path:
-        return JobPaths(self.folder, self.job_id, rank).stdout
+    poll_seconds = 0.5
 
     def state(self) -> str:
         return job_state(self.job_id)[0]
 
-    def follow(self, stream: TextIO, poll_seconds: float = 0.5) -> JobOutcome:
-        log = self.task_log(0)
-        offset = 0
-        while True:
-            offset = copy_new(log, offset, stream)
-            outcome = failed_task(self.folder, self.job_id, self.num_tasks)
-            if outcome is not None:
-                state = self._settled_state()
-                if state == "CANCELLED":  # scancel: the tasks' SIGTERM is its sign
-                    outcome = self._ended_without_result("CANCELLED")
-                elif state == "NODE_FAIL" or self._multi_node:  # a lost host: name it, not the symptom
-                    outcome = self._node_failure(probe=state != "NODE_FAIL") or outcome
-                self.cancel()
-                break
-            if all_succeeded(self.folder, self.job_id, self.num_tasks):
-                outcome = JobOutcome(0)
-                break
-            state = self.state()
-            if state == "NODE_FAIL":
-                outcome = self._node_failure() or self._ended_without_result(state)
-                break
-            if state in _TERMINAL:
-                time.sleep(1.0)  # the last result may still be on its way
-                outcome = failed_task(self.folder, self.job_id, self.num_tasks) or (
-                    JobOutcome(0) if all_succeeded(self.folder, self.job_id, self.num_tasks)
-                    else self._ended_without_result(state))
-                break
-            time.sleep(poll_seconds)
-        copy_new(log, offset, stream)
+    def _ended_state(self) -> str | None:
+        state = self.state()
+        return state if state in _TERMINAL else None
+
+    def _ended(self, state: str) -> JobOutcome:
+        if state == "NODE_FAIL":  # a lost host: name it, not the symptom
+            return self._node_failure() or self._without_result(state)
+        return super()._ended(state)
+
+    def _explain_failure(self, outcome: JobOutcome) -> JobOutcome:
+        state = self._settled_state()
+        if state == "CANCELLED":  # scancel: the tasks' SIGTERM is its sign
+            return self._without_result("CANCELLED")
+        if state == "NODE_FAIL" or self._multi_node:  # a lost host: name it, not the symptom
+            return self._node_failure(probe=state != "NODE_FAIL") or outcome
         return outcome
 
     def _settled_state(self, timeout_s: float = 10.0) -> str:
@@ -391,13 +341,10 @@ class SlurmJob(LaunchedJob):
         return JobOutcome(1, on_node[0][0], f"its node {node} ({on_node[0][1]}) failed ({why}); "
                                             f"task(s) on {node}: {ranks}")
 
-    def _ended_without_result(self, state: str) -> JobOutcome:
+    def _without_result(self, state: str) -> JobOutcome:
         if state == "CANCELLED":
             return JobOutcome(_CANCELLED_EXIT, None, f"Slurm job {self.job_id} was cancelled (scancel)")
         return JobOutcome(1, None, f"Slurm job {self.job_id} ended {state} without a result from its tasks")
 
-    def cancel(self) -> None:
-        if self._cancelled:
-            return
-        self._cancelled = True
+    def _stop(self) -> None:
         self._job.cancel(check=False)  # scancel

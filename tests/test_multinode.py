@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 import yaml
 from fc_mnist_runs import ENV, losses
 
-from slurm.backend import task_hosts
+from slurm.task_logs import task_hosts
 from tf_model import checkpoints
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.slow]

@@ -6,7 +6,6 @@ config, a model_dir holding a checkpoint); CLI cases run the command."""
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from examples.fc_mnist.data import eval_input_fn, train_input_fn
 from examples.fc_mnist.model import PARAMS_SPEC, model_fn
 from launcher.csrun_wse import free_port
 from launcher.run_flow import run
-from tests.fc_mnist_runs import ENV, EXAMPLE, REPO
+from tests.fc_mnist_runs import ENV, EXAMPLE
 from tf_model import checkpoints
 
 TINY = {"train_input": {"batch_size": 32, "shuffle": True, "shuffle_seed": 1},
@@ -289,8 +288,8 @@ def test_csrun_wse_missing_command_is_one_line(tmp_path):
 
 
 SUBMITIT_TAIL = ("submitit ERROR (2026-11-23) - Submitted job triggered an exception\n"
-                 "Traceback (most recent call last):\n  File \"local_backend.py\", line 59, in __call__\n"
-                 "slurm.local_backend.TaskFailed: exit code 1\n")
+                 "Traceback (most recent call last):\n  File \"task.py\", line 52, in __call__\n"
+                 "slurm.task.TaskFailed: exit code 1\n")
 
 
 @pytest.mark.parametrize("own, code, reason", [
@@ -302,7 +301,7 @@ SUBMITIT_TAIL = ("submitit ERROR (2026-11-23) - Submitted job triggered an excep
     ("global step 10: loss = 1\n", 3, "exit code 3"),
 ])
 def test_a_failed_tasks_reason_is_its_own_last_error(own, code, reason, tmp_path):
-    from slurm.backend import last_error_line
+    from slurm.task_logs import last_error_line
 
     log = tmp_path / "1_log.out"
     log.write_text("submitit INFO (2026-11-23) - Starting with JobEnvironment\n" + own + SUBMITIT_TAIL)

@@ -11,9 +11,10 @@ import pytest
 from common.errors import CSRunError
 from launcher.csrun_wse import job_request, parse_args
 from launcher.site_config import SiteConfig, SlurmConfig
-from slurm.backend import JobRequest, task_hosts, where_task_runs
+from slurm.backend import JobRequest
 from slurm.local_backend import LocalBackend
 from slurm.slurm_backend import refusal, render_script, slurm_options
+from slurm.task_logs import task_hosts, where_task_runs
 from slurm.templates import TEMPLATES, fill
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +139,7 @@ def test_slurm_flags_without_slurm_are_one_line(tmp_path):
 def test_the_terminal_copy_of_a_task_log_leaves_out_submitit_and_tensorflow_chatter(tmp_path):
     import io
 
-    from slurm.backend import copy_new
+    from slurm.task_logs import copy_new
 
     log = tmp_path / "0_log.out"
     log.write_text(
@@ -149,7 +150,7 @@ def test_the_terminal_copy_of_a_task_log_leaves_out_submitit_and_tensorflow_chat
         "submitit ERROR (2026-11-22) - Submitted job triggered an exception\n"
         "Traceback (most recent call last):\n"
         "  File \"x.py\", line 1, in <module>\n"
-        "slurm.local_backend.TaskFailed: exit code 1\n"
+        "slurm.task.TaskFailed: exit code 1\n"
         "Loss for final step: 0.1.\n")
     shown = io.StringIO()
     assert copy_new(log, 0, shown) == log.stat().st_size

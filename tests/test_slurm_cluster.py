@@ -5,7 +5,6 @@ import re
 import signal
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -46,7 +45,7 @@ def wait_state(cluster, job_id: str, states: tuple[str, ...], timeout: float = 6
     deadline = time.monotonic() + timeout
     while True:
         state = cluster.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"]).stdout.strip()
-        if state.split(" ")[0] in states:
+        if state.split(" ")[0] in states and state != "PENDING None":  # None: not scheduled yet
             return state
         assert time.monotonic() < deadline, f"job {job_id} never reached {states}: {state!r}"
         time.sleep(0.3)

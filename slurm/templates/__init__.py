@@ -13,6 +13,7 @@ from pathlib import Path
 
 from common.errors import CSRunError
 from slurm.backend import JobRequest
+from slurm.slurm_backend import slurm_options
 
 TEMPLATES = Path(__file__).resolve().parent
 
@@ -40,8 +41,6 @@ def fill(template: str, sbatch: dict[str, str], settings: dict[str, str]) -> str
 def write_wse_sbatch(path: Path, request: JobRequest, command: tuple[str, ...], cs_ip: str | None,
                      image: str | None, mount_dirs: tuple[str, ...], fabric: str) -> None:
     """Write `csrun_wse.sbatch` filled in for `request` to `path` (atomically, executable)."""
-    from slurm.slurm_backend import slurm_options
-
     options = slurm_options(request)
     if options.get("single_task_nodes") == "1":
         raise CSRunError("--single-task-nodes is not in the sbatch template",

@@ -1,0 +1,64 @@
+"""What every task of a job runs, on either backend: the user's command, under submitit's
+task wrapper, which carries a failure back to the launcher as `TaskFailed`."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+
+from slurm.task_logs import where_task_runs
+
+_EXIT_CODE = "TaskFailed: exit code "  # how a TaskFailed ends the traceback in a task's result
+
+
+class TaskFailed(Exception):
+    """A task's command exited non-zero (carried back to the launcher by submitit)."""
+
+    def __init__(self, exit_code: int):
+        super().__init__(f"exit code {exit_code}")
+        self.exit_code = exit_code
+
+    @staticmethod
+    def exit_code_in(traceback_text: str) -> int:
+        """The exit code a task's result (the traceback of what it raised) carries; 1 for
+        anything but a TaskFailed."""
+        if _EXIT_CODE not in traceback_text:
+            return 1
+        return int(traceback_text.split(_EXIT_CODE)[-1].split()[0]) or 1
+
+
+@dataclass(frozen=True)
+class TaskCommand:
+    """What every task runs: the user's command, its output going to the task's log
+    (submitit redirects this process's stdout/stderr there). Picklable for submitit."""
+
+    command: tuple[str, ...]
+    workdir: str
+    env: tuple[tuple[str, str], ...]
+
+    def __call__(self) -> int:
+        env = {**os.environ, **dict(self.env), "PYTHONUNBUFFERED": "1"}
+        print(where_task_runs(env), flush=True)
+        # Its own process group, so that stopping the task stops everything it started.
+        process = subprocess.Popen(list(self.command), cwd=self.workdir, env=env, start_new_session=True)
+
+        def forward(signum, _frame):
+            _signal_group(process, signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, forward)
+        try:
+            code = process.wait()
+        finally:
+            _signal_group(process, signal.SIGKILL)  # leftovers of the command (its children)
+        if code != 0:
+            raise TaskFailed(code if code > 0 else 128 - code)
+        return code
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

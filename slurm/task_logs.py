@@ -1,0 +1,104 @@
+"""A task's log, written by the task and read by the launcher: the line saying where the task
+runs, the part of the chief's log the terminal shows, and the reason a task failed."""
+from __future__ import annotations
+
+import re
+import signal
+import socket
+from pathlib import Path
+from typing import Mapping, TextIO
+
+from slurm.submitit_api import ERROR_MARKER, LOCAL_NTASKS_ENV, LOCAL_RANK_ENV, LOG_PREFIX
+
+# Every task's first line: where it runs. `where_task_runs` writes it, `task_hosts` reads it
+# back (a failed node's tasks; the tests' placement checks).
+_WHERE = re.compile(r"^csrun: task (\d+) of \d+ on (\S+) \((\S+) to the CS system at (\S+)\)$", re.M)
+
+# TensorFlow's C++ start-up lines (absl INFO lines such as "oneDNN custom operations are
+# on"): TF_CPP_MIN_LOG_LEVEL does not reach them. Kept in the task logs, not in the terminal.
+TF_STARTUP_CHATTER = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|I\d{4} \d\d:\d\d:[\d.]+ +\d+ \S+\.cc:\d+\] )")
+
+
+def where_task_runs(env: Mapping[str, str]) -> str:
+    """`csrun: task R of N on NODE (ADDRESS to the CS system at CS_IP)`: the task's rank, its
+    host (Slurm's node name, else the host name) and the address it reaches the CS from."""
+    rank = env.get("SLURM_PROCID") or env.get(LOCAL_RANK_ENV) or "0"
+    ntasks = env.get("SLURM_NTASKS") or env.get(LOCAL_NTASKS_ENV) or "1"
+    node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    cs_ip = env.get("CSRUN_CS_IP") or "none"
+    address = "-"
+    host, _, port = cs_ip.rpartition(":")
+    if host and port.isdigit():
+        try:  # the source address the kernel picks for the CS: nothing is sent
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((host, int(port)))
+                address = probe.getsockname()[0]
+        except OSError:
+            address = "no-route"
+    return f"csrun: task {rank} of {ntasks} on {node} ({address} to the CS system at {cs_ip})"
+
+
+def task_hosts(log: Path) -> tuple[str, str] | None:
+    """(node, address) from a task's log (its `where_task_runs` line), None before it ran."""
+    try:
+        with open(log, errors="replace") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    match = _WHERE.search(head)
+    return (match.group(2), match.group(3)) if match else None
+
+
+def copy_new(path: Path, offset: int, stream: TextIO) -> int:
+    """Copy what was appended to `path` since `offset` to `stream`, submitit's own
+    bookkeeping lines (and the traceback of its task wrapper that follows them), the task's
+    placement line (`where_task_runs`) and TensorFlow's start-up chatter left out; the new offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset
+    if data:
+        text = data.decode(errors="replace")
+        after = ""  # "submitit": after submitit's lines; "traceback": inside its traceback
+        for line in text.splitlines(keepends=True):
+            if line.startswith(LOG_PREFIX):
+                after = "submitit"
+            elif after and line.startswith(("Traceback (most recent call last):", " ")):
+                after = "traceback"
+            elif after == "traceback":  # the exception line that ends it
+                after = ""
+            else:
+                after = ""
+                if not TF_STARTUP_CHATTER.match(line) and not _WHERE.match(line):
+                    stream.write(line)
+        stream.flush()
+    return offset + len(data)
+
+
+def last_error_line(log: Path, exit_code: int = 1) -> str:
+    """The reason a task failed, from its own output in its log (submitit's lines and its
+    wrapper's traceback left out): the signal that killed it, else its last `error:` line,
+    else its last traceback's exception line (type and message), else its exit code."""
+    if exit_code > 128:
+        try:
+            return f"killed by {signal.Signals(exit_code - 128).name} (exit code {exit_code})"
+        except ValueError:
+            pass
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return f"exit code {exit_code}; no log"
+    own = text.split(ERROR_MARKER, 1)[0].splitlines()  # then submitit's own traceback
+    lines = [ln.rstrip() for ln in own if ln.strip() and not ln.startswith(LOG_PREFIX)]
+    for line in reversed(lines):
+        if ": error: " in line:
+            return line.strip()
+    if any(ln.startswith("Traceback (most recent call last):") for ln in lines):
+        for line in reversed(lines):
+            if not line.startswith((" ", "\t", "Traceback", "During handling", "The above exception")):
+                return line
+    return f"exit code {exit_code}"
