@@ -42,6 +42,8 @@ class Artifacts:
 
 @dataclass(frozen=True)
 class CompileResult:
+    """What compile_model returns and load_compiled reads back."""
+
     directory: str  # the compile directory (cs_compile/ itself after validate_only)
     program: pb.Program | None  # None after validate_only
     initial_weights: dict[str, np.ndarray]  # the CS's weights: TF variable name -> initial value
@@ -74,6 +76,7 @@ class CompileCache:
         return dataclasses.replace(reused, report_text=note + reused.report_text)
 
     def store(self, key: str, artifacts: Artifacts) -> CompileResult:
+        """Write `artifacts` as the compile under `key`."""
         directory = self.directory(key)
         write_compile(directory, artifacts)
         return CompileResult(directory, artifacts.program, artifacts.initial_weights,
