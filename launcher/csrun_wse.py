@@ -24,8 +24,10 @@ the terminal; every task's log stays in the job folder; the exit code is the job
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shlex
+import signal
 import shutil
 import socket
 import subprocess
@@ -48,6 +50,7 @@ from workers.rendezvous import RENDEZVOUS_DIR
 
 PROG = "csrun_wse"
 _SIM_START_TIMEOUT_S = 60.0
+_PR_SET_PDEATHSIG = 1  # prctl option, linux/prctl.h
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -161,6 +164,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _end_with_parent() -> None:
+    """In the embedded simulator's process, before it runs: Linux sends it SIGTERM when
+    csrun_wse dies, even by SIGKILL (no orphaned CS holding its port and memory)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class EmbeddedSimulator:
     """A `wse_sim serve` for one job, on a free loopback port; its log in the job folder."""
 
@@ -175,7 +184,8 @@ class EmbeddedSimulator:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self._process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)
+                                             stdin=subprocess.DEVNULL, start_new_session=True,
+                                             preexec_fn=_end_with_parent)
         deadline = time.monotonic() + _SIM_START_TIMEOUT_S
         with grpc.insecure_channel(self.address) as channel:
             stub = rpc.CSSystemStub(channel)

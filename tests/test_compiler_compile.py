@@ -16,8 +16,10 @@ from coordinator.compiler.extract import extract
 from coordinator.compiler.match import match
 from coordinator.compiler.placement import equal_area_samples_per_sec, place_model
 from tf_model.model_fn import call_model_fn, model_graph
+from wafer import timing
 from wafer.fabric import get_fabric
 from wafer.kernels import KERNELS
+from wse_sim.program import check_program
 
 pytestmark = pytest.mark.skipif("dense" not in KERNELS, reason="wse_sim kernels not implemented yet")
 
@@ -63,6 +65,11 @@ def test_fc_mnist_on_cs2_estimates_the_published_order_and_writes_artifacts(tmp_
     assert all(k.memory_per_core_bytes > 0 for k in program.kernels if k.params)
     assert {(r.src, r.dst) for r in program.routes} >= {
         ("features", program.kernels[0].name), (program.kernels[0].name, program.kernels[1].name)}
+    # The CS times the loaded program exactly as the compiler estimated it (routes included).
+    simulated = timing.program_timing(program, check_program(program).kernels,
+                                      get_fabric("cs2"), training=True)
+    assert simulated.fill_seconds == pytest.approx(estimate.pipeline_fill_seconds, rel=1e-9)
+    assert simulated.samples_per_sec == pytest.approx(estimate.samples_per_sec, rel=1e-9)
     report = result.report_text
     for line in ("Estimated Overall Performance", "Samples/s:", "Compute Samples/s:",
                  "Transmission Samples/s:", "Active PEs:", "Compute Utilization:",

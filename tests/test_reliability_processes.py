@@ -91,6 +91,30 @@ def test_a_stop_signal_to_csrun_wse_leaves_nothing_running(signum, tmp_path):
     assert (index.stat().st_mtime_ns if index.exists() else None) == before
 
 
+def test_kill_9_of_csrun_wse_ends_its_embedded_cs_and_then_its_tasks(tmp_path):
+    params = _write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
+    job_dir = tmp_path / "job"
+    wse = _start(["-m", "launcher.csrun_wse", "--tasks-per-node", "2", "--job-dir", str(job_dir),
+                  "python", RUN_PY, "-p", str(params), "-o", str(tmp_path / "m")], tmp_path)
+    try:
+        _wait_for_line(wse, r"^global step \d+:")
+        wse.kill()
+        _, err = wse.communicate(timeout=30)
+    finally:
+        if wse.poll() is None:
+            wse.kill()
+    port = re.search(r"embedded CS system .* at [\d.]+:(\d+)", err).group(1)
+    simulator = f"serve\0--fabric\0cs1\0--host\0127.0.0.1\0--port\0{port}\0"
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(simulator) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_mentioning(simulator) == [], "the embedded CS outlived csrun_wse"
+    deadline = time.monotonic() + 90  # the chief notices the CS gone (liveness, 30 s) and stops
+    while _processes_mentioning(str(job_dir)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _processes_mentioning(str(job_dir)) == [], "a task outlived its CS by 90 s"
+
+
 def test_a_job_with_nothing_to_do_ends_at_once_and_tells_its_workers(tmp_path):
     params = _write_params(tmp_path)
     model_dir = tmp_path / "m"

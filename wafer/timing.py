@@ -166,6 +166,11 @@ def kernel_timing(kernel: Any, region: RegionLike, fabric: Fabric, *, training: 
     return KernelTiming(kernel.name, cores, useful, flops, t_comp, t_comm, update)
 
 
+def path_hops(path: Sequence[tuple[int, int]]) -> int:
+    """Cores a route crosses: the Manhattan length along its (x, y) waypoints."""
+    return sum(abs(a[0] - b[0]) + abs(a[1] - b[1]) for a, b in zip(path, path[1:]))
+
+
 def pipeline_timing(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, *,
                     training: bool, input_bytes_per_sample: int, optimizer: str = "sgd",
                     route_hops: int = 0) -> PipelineTiming:
@@ -245,7 +250,7 @@ def program_timing(program: Any, kernels: Sequence[Any], fabric: Fabric, *,
     if len(regions) != len(kernels):
         raise ValueError(f"program has {len(regions)} kernels, {len(kernels)} were given")
     input_bytes = sum(_shape_bytes(spec.shape) for spec in program.inputs)
-    hops = sum(max(len(route.path) - 1, 0) for route in program.routes)
+    hops = sum(path_hops([(p.x, p.y) for p in route.path]) for route in program.routes)
     return pipeline_timing(list(zip(kernels, regions)), fabric, training=training,
                            input_bytes_per_sample=input_bytes,
                            optimizer=program.optimizer.type or "sgd", route_hops=hops)

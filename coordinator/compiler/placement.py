@@ -26,6 +26,14 @@ from wafer import timing
 from wafer.fabric import Fabric
 from wafer.kernels import KernelError, build_kernel
 
+# Search parameters (docs/design.md, "Placement"): they bound the search, not the model.
+BISECTION_TOLERANCE = 1e-4  # relative gap at which the bisection on the target rate stops
+MAX_BANDS = 64  # band layouts try every height that divides the fabric into 1..MAX_BANDS bands
+SMALL_BAND_HEIGHTS = 16  # and every height 1..SMALL_BAND_HEIGHTS
+SLICE_BUDGET = 4000  # recursive calls of one slicing layout
+SLICE_BOTH_AXES_DEPTH = 6  # depth to which the slicing layout tries both cut axes
+FASTEST_TOLERANCE = 1.001  # layouts this close to the fastest count as fastest
+
 
 @dataclass(frozen=True)
 class Rect:
@@ -56,7 +64,7 @@ class RouteSpec:
 
     @property
     def hops(self) -> int:
-        return sum(abs(a[0] - b[0]) + abs(a[1] - b[1]) for a, b in zip(self.path, self.path[1:]))
+        return timing.path_hops(self.path)
 
 
 @dataclass(frozen=True)
@@ -146,7 +154,7 @@ def band_layout(demands: Sequence[Demand], fabric: Fabric, band_height: int) -> 
 def slice_layout(demands: Sequence[Demand], fabric: Fabric) -> list[Rect] | None:
     """Slicing layout: split the kernel sequence where its demand halves and the area across
     its longer side in proportion, recursively (consecutive kernels stay neighbours)."""
-    budget = [4000]
+    budget = [SLICE_BUDGET]
 
     def go(lo: int, hi: int, area: Rect, depth: int) -> list[Rect] | None:
         budget[0] -= 1
@@ -168,7 +176,7 @@ def slice_layout(demands: Sequence[Demand], fabric: Fabric) -> list[Rect] | None
         left = sum(sizes[:k - lo])
         right = total - left
         cuts = ("x", "y") if area.width >= area.height else ("y", "x")
-        for axis in cuts if depth < 6 else cuts[:1]:
+        for axis in cuts if depth < SLICE_BOTH_AXES_DEPTH else cuts[:1]:
             long_side = area.width if axis == "x" else area.height
             short_side = area.height if axis == "x" else area.width
             low, high = math.ceil(left / short_side), long_side - math.ceil(right / short_side)
@@ -226,12 +234,14 @@ def _best_layout(kernels: Sequence[Any], demands: Sequence[Demand], fabric: Fabr
     if not candidates:
         return None
     fastest = min(c[0] for c in candidates)
-    return min((c for c in candidates if c[0] <= fastest * 1.001), key=lambda c: c[1])[2]
+    return min((c for c in candidates if c[0] <= fastest * FASTEST_TOLERANCE), key=lambda c: c[1])[2]
 
 
 def _band_heights(fabric: Fabric) -> list[int]:
-    """Candidate band heights: every height dividing the fabric into 1..64 bands, and small ones."""
-    heights = {fabric.height // b for b in range(1, 65)} | set(range(1, 17))
+    """Candidate band heights: every height dividing the fabric into 1..MAX_BANDS bands, and
+    the small ones."""
+    heights = {fabric.height // b for b in range(1, MAX_BANDS + 1)} | \
+        set(range(1, SMALL_BAND_HEIGHTS + 1))
     return sorted((h for h in heights if h >= 1), reverse=True)
 
 
@@ -257,7 +267,7 @@ def place(kernels: Sequence[Any], fabric: Fabric, *, training: bool, optimizer: 
             worst = max(range(len(kernels)), key=lambda i: costs.memory[i])
             raise TooLargeError(sum(costs.memory), fabric, kernels[worst].name)
         lo, hi = 0.0, cap
-        while hi - lo > 1e-4 * hi:
+        while hi - lo > BISECTION_TOLERANCE * hi:
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if _fit(_demands(costs, mid, rate, link), fabric) is not None else (lo, mid)
         target = lo
