@@ -8,7 +8,7 @@ from coordinator.compiler import report, wafer_map
 from coordinator.compiler.artifacts import Artifacts
 from coordinator.compiler.extract import ExtractedGraph
 from coordinator.compiler.ir import MatchedModel, TrainingSpec
-from coordinator.compiler.placement import Placement, PlacedModel
+from coordinator.compiler.placement import PlacedModel, Placement
 from coordinator.compiler.weights import host_variables, initial_weights
 from cs_api import cs_api_pb2 as pb
 from cs_api.attrs import to_attr
