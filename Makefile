@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_FLAGS := --disable-pip-version-check -q
 
-.PHONY: venv run test test-quick bench proto image cluster-up cluster-down clean
+.PHONY: venv run lint test test-quick bench proto image cluster-up cluster-down clean
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
@@ -21,7 +21,12 @@ run: $(STAMP)
 	  && csrun_wse --tasks-per-node 2 --job-dir csrun_jobs/make-run python run.py --mode train \
 	  && csrun_wse --job-dir csrun_jobs/make-run-eval python run.py --mode eval --eval_steps 3
 
-test: $(STAMP)
+# ruff (rules in pyproject.toml) over the repo; mypy (its [tool.mypy]) over the packages.
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: lint
 	$(PY) -m pytest -q
 
 test-quick: $(STAMP)
@@ -39,7 +44,7 @@ bench: $(STAMP)
 	$(PY) bench/run_all.py $(BENCH)
 
 proto: $(STAMP)
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. cs_api/cs_api.proto
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. cs_api/cs_api.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info

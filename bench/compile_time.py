@@ -69,11 +69,11 @@ def measure() -> list[Row]:
     with TemporaryDirectory() as tmp:
         for label, example in EXAMPLES.items():
             run_py = str(ROOT / "examples" / example / "run.py")
-            build = median_seconds(lambda i: [sys.executable, __file__, "--build_and_initialise",
-                                              example], tmp)
+            build = median_seconds(lambda i, example=example: [
+                sys.executable, __file__, "--build_and_initialise", example], tmp)
             try:
-                compile_s = median_seconds(lambda i: [sys.executable, run_py, "--compile_only",
-                                                      "-o", os.path.join(tmp, f"{example}-{i}")], tmp)
+                compile_s = median_seconds(lambda i, example=example, run_py=run_py: [
+                    sys.executable, run_py, "--compile_only", "-o", os.path.join(tmp, f"{example}-{i}")], tmp)
                 why = note + ", fresh model_dir each"
             except RuntimeError as error:
                 compile_s, why = float("nan"), f"--compile_only failed: {error}"[:100]

@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.table import Row, print_table  # noqa: E402
+from bench.table import Row, print_table
 
 SHAPE = (64, 128, 64)
 ROUNDS, REPEATS = 5, 10

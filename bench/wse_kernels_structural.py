@@ -17,8 +17,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.table import Row, print_table  # noqa: E402
-from bench.wse_kernels_elementwise import best_seconds, simulator, tensorflow  # noqa: E402
+from bench.table import Row, print_table
+from bench.wse_kernels_elementwise import best_seconds, simulator, tensorflow
 
 MICRO, SEQ, HEADS, HEAD, MODEL, VOCAB = 64, 128, 4, 32, 128, 30_000
 ROUNDS = 5

@@ -121,3 +121,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise CSRunError(message, f"see {self.prog} --help")
+
+    def add_command(self, help: str) -> None:
+        """`--debug` (tracebacks, see `cli_entry`) and the command the CLI runs: every
+        argument after its own flags, an optional `--` first (read back by `command`)."""
+        self.add_argument("--debug", action="store_true", help="show tracebacks")
+        self.add_argument("command", nargs=argparse.REMAINDER, help=help)
+
+    def command(self, ns: argparse.Namespace, example: str, verb: str = "run") -> tuple[str, ...]:
+        """The command `add_command` parsed into `ns`, without its `--`; none is an error."""
+        command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+        if not command:
+            raise CSRunError(f"no command to {verb}", f"e.g. {self.prog} {example}")
+        return tuple(command)

@@ -155,8 +155,9 @@ class Chief:
         """Run the phase; if it ends without publishing its rendezvous (nothing to do, or an
         error first), publish an ended one so that the input workers stop at once."""
         try:
-            result = {"train": self.train, "evaluate": self.evaluate, "predict": self.predict}[action](
-                input_fn, **kwargs)
+            phases: dict[str, Callable[..., Any]] = {
+                "train": self.train, "evaluate": self.evaluate, "predict": self.predict}
+            result = phases[action](input_fn, **kwargs)
         except BaseException as error:
             self._end_phase(f"the chief stopped: {error}" if str(error) else "the chief stopped")
             raise
@@ -193,7 +194,11 @@ class Chief:
             step = 0
             state = dict(compiled.initial_weights)
             host = host_state(compiled.host_variables)
-        end = max_steps if max_steps is not None else step + steps
+        if max_steps is not None:
+            end = max_steps
+        else:
+            assert steps is not None, "refused above"
+            end = step + steps
         if end <= step:
             progress.skipping(step)
             return
@@ -248,7 +253,7 @@ class Chief:
             for result in job.run("evaluate", steps):
                 if result.HasField("step"):
                     metrics.update({**host_values(program, result.step),
-                                    loss_tensor: np.float32(result.step.loss)})
+                                    loss_tensor: np.asarray(result.step.loss, np.float32)})
             results = metrics.results()
         progress.eval_results(step, results)
         with EventWriter(eval_dir(self.model_dir)) as events:

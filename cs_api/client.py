@@ -8,7 +8,7 @@ from __future__ import annotations
 import secrets
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import grpc
 import numpy as np
@@ -37,6 +37,14 @@ def cs_channel(cs_ip: str, tls_ca: str | None = None) -> grpc.Channel:
         raise CSRunError(f"cannot read the CS system's CA certificate {tls_ca}: {error.strerror}",
                          "fix cs.tls_ca in csrun.yaml") from None
     return grpc.secure_channel(cs_ip, grpc.ssl_channel_credentials(root), options=MESSAGE_OPTIONS)
+
+
+def load_requests(header: pb.JobHeader, tensors: Mapping[str, np.ndarray]) -> Iterator[pb.LoadRequest]:
+    """A Load call's messages: the job's header, then each tensor's chunks, by name."""
+    yield pb.LoadRequest(header=header)
+    for name in sorted(tensors):
+        for chunk in tensor_chunks(name, tensors[name]):
+            yield pb.LoadRequest(chunk=chunk)
 
 
 class CSClient:
@@ -84,14 +92,7 @@ class CSClient:
         header = pb.JobHeader(job_id=job_id, token=self.token, program=program,
                               num_workers=num_workers, global_step=global_step,
                               first_batch=first_batch)
-
-        def requests() -> Iterator[pb.LoadRequest]:
-            yield pb.LoadRequest(header=header)
-            for name in sorted(tensors):
-                for chunk in tensor_chunks(name, tensors[name]):
-                    yield pb.LoadRequest(chunk=chunk)
-
-        future = self._stub.Load.future(requests())
+        future = self._stub.Load.future(load_requests(header, tensors))
         with Liveness(self.cs_ip, future.cancel, self._open_channel) as live:
             try:
                 reply = future.result()

@@ -3,9 +3,10 @@ streamed outputs) and ordered `TensorChunk` pieces (weights and slots of any siz
 from __future__ import annotations
 
 import math
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from cs_api import cs_api_pb2 as pb
 
@@ -19,8 +20,9 @@ def dtype_of(code: int) -> np.dtype:
     return np.dtype(pb.DType.Name(code).lower())
 
 
-def dtype_code(dtype: np.dtype) -> int:
-    return pb.DType.Value(np.dtype(dtype).name.upper())
+def dtype_code(dtype: npt.DTypeLike) -> pb.DType:
+    # (protobuf's stubs type an enum's Value() as int; the generated cs_api_pb2.pyi names it DType)
+    return cast(pb.DType, pb.DType.Value(np.dtype(dtype).name.upper()))
 
 
 def _little_endian(array: np.ndarray) -> np.ndarray:
@@ -51,12 +53,12 @@ def from_tensor(tensor: pb.Tensor) -> np.ndarray:
 def tensor_chunks(name: str, array: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> Iterator[pb.TensorChunk]:
     """`array` as ordered TensorChunk pieces (tensors above gRPC's message limit work)."""
     array = _little_endian(array)
-    data = memoryview(array.reshape(-1).view(np.uint8))
-    total = len(data)
+    data = array.reshape(-1).view(np.uint8)
+    total = data.size
     code = dtype_code(array.dtype)
     for offset in range(0, max(total, 1), chunk_bytes):
         yield pb.TensorChunk(name=name, dtype=code, shape=array.shape, offset=offset,
-                             total_bytes=total, data=bytes(data[offset:offset + chunk_bytes]))
+                             total_bytes=total, data=data[offset:offset + chunk_bytes].tobytes())
 
 
 def assemble(chunks: Iterable[pb.TensorChunk],

@@ -34,15 +34,14 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected True or False, not {text!r}")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, allow_abbrev=False,
                 description="Run a command in the csrun environment on a CPU node.")
     p.add_argument("--alloc-node", "--alloc_node", dest="alloc_node", type=_bool, default=True,
                    metavar="True|False", help="run on a node of its own through srun (default: True)")
     add_mount_dirs_flag(p)
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run")
+    p.add_command("the command to run")
     return p
 
 
@@ -61,14 +60,10 @@ class Plan:
 
 
 def parse_args(argv: list[str]) -> CpuArgs:
-    ns = _parser().parse_args(argv)
-    command = list(ns.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise CSRunError("no command to run", f"e.g. {PROG} python run.py --validate_only")
-    mount_dirs = mount_dirs_of(ns.mount_dirs)
-    return CpuArgs(ns.alloc_node, mount_dirs, ns.dry_run, tuple(command))
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    command = parser.command(ns, "python run.py --validate_only")
+    return CpuArgs(ns.alloc_node, mount_dirs_of(ns.mount_dirs), ns.dry_run, command)
 
 
 def srun_prefix(slurm: SlurmConfig) -> list[str]:

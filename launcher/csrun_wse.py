@@ -23,12 +23,11 @@ the terminal; every task's log stays in the job folder; the exit code is the job
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import shlex
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -53,7 +52,7 @@ _SIM_START_TIMEOUT_S = 60.0
 _PR_SET_PDEATHSIG = 1  # prctl option, linux/prctl.h
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description="Run a training script on the CS system.")
     p.add_argument("--total-nodes", type=int, help="nodes (default: csrun.yaml slurm.nodes, 1)")
     p.add_argument("--tasks-per-node", type=int, help="tasks per node (default: slurm.tasks_per_node, 1)")
@@ -70,8 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--detach", action="store_true", help="submit, print the job id, return (needs --cs_ip)")
     p.add_argument("--emit-sbatch", type=Path, metavar="FILE",
                    help="write an sbatch script for this job (plain sbatch), start nothing")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the command every task runs")
+    p.add_command("the command every task runs")
     return p
 
 
@@ -93,12 +91,9 @@ class WseArgs:
 
 def parse_args(argv: list[str], site: SiteConfig | None = None) -> WseArgs:
     site = site or SiteConfig()
-    ns = _parser().parse_args(argv)
-    command = list(ns.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise CSRunError("no command to run", f"e.g. {PROG} python run.py --mode train")
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    command = parser.command(ns, "python run.py --mode train")
     for flag in ("total_nodes", "tasks_per_node", "cpus_per_task"):
         if getattr(ns, flag) is None:
             setattr(ns, flag, getattr(site.slurm, flag.replace("total_", "")))
@@ -116,7 +111,7 @@ def parse_args(argv: list[str], site: SiteConfig | None = None) -> WseArgs:
     job_dir = (ns.job_dir or Path("csrun_jobs") / f"{stamp}-{uuid.uuid4().hex[:6]}").resolve()
     mount_dirs = mount_dirs_of(ns.mount_dirs)
     return WseArgs(ns.total_nodes, ns.tasks_per_node, ns.cpus_per_task, ns.cs_ip, job_dir,
-                   ns.dry_run, tuple(command), mount_dirs, ns.detach, ns.emit_sbatch,
+                   ns.dry_run, command, mount_dirs, ns.detach, ns.emit_sbatch,
                    tuple((k, v) for k, v in options.items() if v is not None))
 
 
@@ -200,7 +195,7 @@ class EmbeddedSimulator:
                     if time.monotonic() > deadline:
                         self.stop()
                         raise CSRunError(f"the embedded simulator did not answer on {self.address} "
-                                         f"within {_SIM_START_TIMEOUT_S:.0f} s", f"see {self.log}")
+                                         f"within {_SIM_START_TIMEOUT_S:.0f} s", f"see {self.log}") from None
                     time.sleep(0.2)
 
     def stop(self) -> None:

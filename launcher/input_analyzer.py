@@ -24,7 +24,6 @@ part of the measurement.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -194,20 +193,19 @@ def compile_script(command: tuple[str, ...]) -> CompiledScript:
                              f"{' '.join(argv)}` first") from None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-    compiled = [call for call in calls if call.result.program is not None]
+    compiled = [(call, program) for call in calls if (program := call.result.program) is not None]
     if not compiled:
         raise CSRunError(f"{' '.join(argv)} compiled nothing",
                          "give a CSEstimator script whose --compile_only compiles "
                          "(e.g. python run.py --mode train)")
-    call = compiled[-1]
+    call, program = compiled[-1]
     report_path = Path(call.result.directory) / "compile_report.json"
     try:
         report = json.loads(report_path.read_text())
     except (OSError, ValueError) as error:
         raise CSRunError(f"cannot read {report_path}: {error}",
                          "compile again with --compile_only") from None
-    return CompiledScript(call.input_fn, call.params, call.result.program, call.result.directory,
-                          report)
+    return CompiledScript(call.input_fn, call.params, program, call.result.directory, report)
 
 
 # ---- measuring input_fn ----------------------------------------------------------------
@@ -257,16 +255,13 @@ def parse_args(argv: list[str]) -> AnalyzerArgs:
     p.add_argument("--cpus-per-node", type=int, default=os.cpu_count() or 1,
                    help="CPUs of a node (default: this node's)")
     p.add_argument("--batches", type=int, default=20, help="batches to time per run (default: 20)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="python run.py --mode train")
+    p.add_command("python run.py --mode train")
     ns = p.parse_args(argv)
-    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-    if not command:
-        raise CSRunError("no command to analyze", f"e.g. {PROG} python run.py --mode train")
+    command = p.command(ns, "python run.py --mode train", verb="analyze")
     for flag in ("available_nodes", "cpus_per_node", "batches"):
         if getattr(ns, flag) < 1:
             raise CSRunError(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be at least 1")
-    return AnalyzerArgs(ns.available_nodes, ns.cpus_per_node, ns.batches, tuple(command))
+    return AnalyzerArgs(ns.available_nodes, ns.cpus_per_node, ns.batches, command)
 
 
 def render(compiled: CompiledScript, costs: InputCosts, rec: Recommendation, batches: int,

@@ -79,9 +79,10 @@ def load_site_config(environ: Mapping[str, str] | None = None, cwd: Path | str |
             raise CSRunError(f"CSRUN_CONFIG names {path}, which is not a file",
                              "point CSRUN_CONFIG at a csrun.yaml, or unset it")
     else:
-        path = next((p for p in config_candidates(environ, cwd) if p.is_file()), None)
-        if path is None:
+        found = next((p for p in config_candidates(environ, cwd) if p.is_file()), None)
+        if found is None:
             return SiteConfig()
+        path = found
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as error:
@@ -133,7 +134,7 @@ def _build(cls: type, data: Any, prefix: str, path: Path) -> Any:
 
 
 def _value(hint: Any, value: Any, name: str, path: Path) -> Any:
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, {} if value is None else value, f"{name}.", path)
     if hint == tuple[str, ...]:  # a list of strings, or one comma-separated string
         items = value.split(",") if isinstance(value, str) else value

@@ -1,4 +1,5 @@
-"""The Slurm clusters of the tests, each started once per session by `slurm/cluster/cluster.sh
+"""The shared fixtures: `server`, a CS system serving on a local port in this process, and
+the Slurm clusters of the tests, each started once per session by `slurm/cluster/cluster.sh
 up` (which installs what is missing) and stopped at the end if this session started it:
 - `slurm_cluster` (tests marked `slurm`): the one-host Slurm on loopback;
 - `multinode_cluster` (tests marked `multinode`): three Slurm hosts and the CS system's host,
@@ -16,6 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from wafer.fabric import get_fabric
+from wse_sim.cs_system import CSSystem
+from wse_sim.server import CSServer
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SH = ROOT / "slurm" / "cluster" / "cluster.sh"
@@ -139,3 +144,12 @@ def container_image() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return ROOT / ".cache" / "csrun-image"
+
+
+@pytest.fixture
+def server():
+    """A CS system (wse_sim) serving the CS API on a free local port, in this process."""
+    cs_server = CSServer(CSSystem(get_fabric("cs1"), idle_timeout=0, log=lambda line: None),
+                         "127.0.0.1", 0).start()
+    yield cs_server
+    cs_server.stop(grace=0)

@@ -18,10 +18,7 @@ from coordinator.compiler.placement import equal_area_samples_per_sec, place_mod
 from tf_model.model_fn import call_model_fn, model_graph
 from wafer import timing
 from wafer.fabric import get_fabric
-from wafer.kernels import KERNELS
 from wse_sim.program import check_program
-
-pytestmark = pytest.mark.skipif("dense" not in KERNELS, reason="wse_sim kernels not implemented yet")
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 

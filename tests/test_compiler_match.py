@@ -139,7 +139,7 @@ def test_eval_and_predict_modes():
 
 def source_line(fragment):
     lines = inspect.getsource(m).splitlines()
-    return f"compiler_models.py:{next(i for i, l in enumerate(lines) if fragment in l) + 1}"
+    return f"compiler_models.py:{next(i for i, line in enumerate(lines) if fragment in line) + 1}"
 
 
 def test_every_unsupported_op_is_listed_with_its_source_line(tmp_path):
@@ -154,8 +154,8 @@ def test_every_unsupported_op_is_listed_with_its_source_line(tmp_path):
                                     "'sort/TopKV2': no CS kernel computes this op")
     assert "(and 1 more unsupported operation)" in error.message
     lines = error.detail.splitlines()
-    assert any("TopKV2 'sort/TopKV2'" in l and sort_line in l for l in lines)
-    assert any(l.strip().startswith("Svd 'Svd'") and svd_line in l for l in lines)
+    assert any("TopKV2 'sort/TopKV2'" in line and sort_line in line for line in lines)
+    assert any(line.strip().startswith("Svd 'Svd'") and svd_line in line for line in lines)
     assert "Supported (see README" in error.detail
     report = (tmp_path / "cs_compile" / "validation_report.txt").read_text()
     assert "Validation failed" in report and svd_line in report and sort_line in report
@@ -205,10 +205,10 @@ def test_cli_prints_every_unsupported_op_then_one_error_line(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
-    lines = [l for l in proc.stderr.splitlines() if "oneDNN" not in l and "absl" not in l]
+    lines = [line for line in proc.stderr.splitlines() if "oneDNN" not in line and "absl" not in line]
     start = lines.index("Unsupported operations (2):")
     listed = lines[start + 1:start + 3]
-    assert [l.split()[0] for l in listed] == ["TopKV2", "Svd"]
+    assert [line.split()[0] for line in listed] == ["TopKV2", "Svd"]
     assert source_line("tf.sort(h)") in listed[0] and source_line("tf.linalg.svd") in listed[1]
     assert lines[-1].startswith("run.py: error: validation failed at tests/compiler_models.py:")
     assert "(hint: " in lines[-1]

@@ -1,16 +1,13 @@
 """Placement invariants over random MLP and CNN stacks (hypothesis property tests)."""
 from functools import partial
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from coordinator.compiler.placement import TooLargeError, place
 from wafer import timing
 from wafer.fabric import get_fabric
-from wafer.kernels import KERNELS, build_kernel
-
-pytestmark = pytest.mark.skipif("dense" not in KERNELS, reason="wse_sim kernels not implemented yet")
+from wafer.kernels import build_kernel
 
 
 def mlp(widths, n_in):

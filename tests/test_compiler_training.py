@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tf_reference
 import training_models as tm
-from test_wse_parity import assert_parity, server, train_on_server  # noqa: F401 (fixture)
+from test_wse_parity import assert_parity, train_on_server
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
@@ -33,7 +33,7 @@ def refusal(model_fn, input_fn=tm.input_fn, **params) -> CSRunError:
 
 def line_of(fragment):
     lines = inspect.getsource(tm).splitlines()
-    return f"training_models.py:{next(i for i, l in enumerate(lines) if fragment in l) + 1}"
+    return f"training_models.py:{next(i for i, line in enumerate(lines) if fragment in line) + 1}"
 
 
 def names(spec):
@@ -162,7 +162,7 @@ def test_gradients_changed_by_unsupported_ops_are_refused_one_line_each(model_fn
     assert "is changed by an op the CS cannot carry out" in error.message
     lines = error.detail.splitlines()[1:]
     assert len(lines) == 4  # one per variable
-    assert all(f"({op} '" in l and l.endswith(f"{line_of(fragment)})") for l in lines)
+    assert all(f"({op} '" in line and line.endswith(f"{line_of(fragment)})") for line in lines)
 
 
 def test_swapped_gradients_are_refused_by_structure_and_by_numbers(monkeypatch):

@@ -67,14 +67,14 @@ def test_training_writes_checkpoints_events_and_log_lines(tmp_path, capsys):
     assert sorted(losses) == [5, 10, 15, 20, 25]
     assert sorted(scalars(str(tmp_path), "mean_feature")) == [5, 10, 15, 20, 25]
     assert all(v > 0 for v in scalars(str(tmp_path), "global_step/sec").values())
-    steps = [l for l in out.splitlines() if l.startswith("global step ")]
-    assert [l.split(":")[0] for l in steps] == [f"global step {s}" for s in (5, 10, 15, 20, 25)]
+    steps = [line for line in out.splitlines() if line.startswith("global step ")]
+    assert [line.split(":")[0] for line in steps] == [f"global step {s}" for s in (5, 10, 15, 20, 25)]
     assert steps[-1].endswith("steps/sec)")
     logged = float(steps[-1].split("loss = ")[1].split(" ")[0])
     assert logged == pytest.approx(losses[25], rel=1e-5)
     assert f"Saving checkpoints for 10 into {tmp_path}/model.ckpt." in out
     assert f"Training finished with {25 * BATCH} samples in " in out and "samples/second." in out
-    final = [l for l in out.splitlines() if l.startswith("Loss for final step: ")]
+    final = [line for line in out.splitlines() if line.startswith("Loss for final step: ")]
     assert float(final[0][len("Loss for final step: "):-1]) == pytest.approx(losses[25], rel=1e-6)
 
 

@@ -1,6 +1,7 @@
 """CSEstimator / CSRunConfig: the original's signatures, and where each call runs."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import socket
 
@@ -27,7 +28,7 @@ def test_signatures_are_the_originals():
 
 def test_run_config_is_frozen_and_checks_its_numbers():
     config = CSRunConfig(save_checkpoints_steps=10)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         config.save_checkpoints_steps = 5  # type: ignore[misc]
     with pytest.raises(CSRunError, match="save_summary_steps=-1"):
         CSRunConfig(save_summary_steps=-1)

@@ -121,7 +121,7 @@ def test_bad_run_py_inputs_end_in_one_line_and_exit_1(tmp_path):
              for name, (args, _) in cases.items()}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=180)
-        lines = [l for l in err.splitlines() if l.startswith("run.py: error:")]
+        lines = [line for line in err.splitlines() if line.startswith("run.py: error:")]
         assert proc.returncode == 1, (name, err)
         assert len(lines) == 1 and cases[name][1] in lines[0] and "(hint: " in lines[0], (name, err)
         assert "Traceback" not in err + out, (name, err)

@@ -542,7 +542,7 @@ def broadcast_layouts(draw):
     per-sample shape S: inputs of S's rank, constants and weights of any rank up to the
     batch's (then with a leading 1), every dimension S's or 1."""
     sample = tuple(draw(st.lists(st.integers(1, 4), max_size=3)))
-    letters = draw(st.lists(st.sampled_from("icp"), min_size=2, max_size=2).filter(lambda l: "i" in l))
+    letters = draw(st.lists(st.sampled_from("icp"), min_size=2, max_size=2).filter(lambda chosen: "i" in chosen))
     shapes = []
     for letter in letters:
         rank = len(sample) if letter == "i" else draw(st.integers(0, len(sample) + 1))

@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_wse_kernels_elementwise import (
     BATCH,
-    MICRO,
     RNG,
     close,
     kernel_setup,

@@ -5,116 +5,55 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import threading
 from typing import Sequence
 
 import compiler_models as m
-import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_reference
 import yaml
+from doubles import ClientDouble
 
 from coordinator.compiler import compile_model
-from cs_api import MESSAGE_OPTIONS, pb, rpc
-from cs_api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
-from wafer.fabric import get_fabric
-from wse_sim.cs_system import CSSystem
-from wse_sim.server import CSServer
+from cs_api import pb
+from cs_api.client import CSClient
+from cs_api.tensors import from_tensor
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-
-
-# ---- a minimal client of the CS API (the chief's and workers' calls, by hand) ----
-class Client:
-    def __init__(self, address: str, token: str = "token-1"):
-        self.channel = grpc.insecure_channel(address, options=MESSAGE_OPTIONS)
-        self.stub = rpc.CSSystemStub(self.channel)
-        self.token = token
-
-    def load(self, program: pb.Program, tensors: dict[str, np.ndarray], *, job_id: str = "job-1",
-             num_workers: int = 1, first_batch: int = 0, global_step: int = 0) -> pb.LoadReply:
-        header = pb.JobHeader(job_id=job_id, token=self.token, program=program,
-                              num_workers=num_workers, global_step=global_step,
-                              first_batch=first_batch)
-
-        def requests():
-            yield pb.LoadRequest(header=header)
-            for name in sorted(tensors):
-                for chunk in tensor_chunks(name, tensors[name]):
-                    yield pb.LoadRequest(chunk=chunk)
-
-        return self.stub.Load(requests())
-
-    def feed_requests(self, batches: Sequence[dict[str, np.ndarray]], worker: int = 0,
-                      num_workers: int = 1, first: int = 0, end: bool = True):
-        """Worker `worker`'s FeedRequests, closed by its `end` message unless `end` is False."""
-        for index in range(first + worker, first + len(batches), num_workers):
-            yield pb.FeedRequest(token=self.token, worker_id=worker, batch_index=index, tensors=[
-                to_tensor(name, array) for name, array in batches[index - first].items()])
-        if end:
-            yield pb.FeedRequest(token=self.token, worker_id=worker, end=True)
-
-    def feed_in_background(self, batches, num_workers: int = 1, first: int = 0) -> list[threading.Thread]:
-        """One Feed stream per worker, each in a thread (worker w sends w, w + W, ...)."""
-        errors: list[grpc.RpcError] = []
-
-        def stream(worker):
-            try:
-                self.stub.Feed(self.feed_requests(batches, worker, num_workers, first))
-            except grpc.RpcError as error:
-                errors.append(error)
-
-        threads = [threading.Thread(target=stream, args=(w,), daemon=True) for w in range(num_workers)]
-        for t in threads:
-            t.start()
-        self.feed_errors = errors
-        return threads
-
-    def run(self, kind: str, steps: int, output_steps: Sequence[int] = ()):
-        call = {"train": self.stub.Train, "evaluate": self.stub.Evaluate,
-                "predict": self.stub.Predict}[kind]
-        results = list(call(pb.RunRequest(token=self.token, steps=steps, output_steps=output_steps)))
-        assert results[-1].HasField("summary")
-        return [r.step for r in results[:-1]], results[-1].summary
-
-    def snapshot(self, chunk_bytes: int = 0) -> dict[str, np.ndarray]:
-        return assemble(self.stub.Snapshot(pb.SnapshotRequest(token=self.token, chunk_bytes=chunk_bytes)))
-
-    def status(self) -> pb.StatusReply:
-        return self.stub.Status(pb.StatusRequest(token=self.token))
-
-    def unload(self) -> None:
-        self.stub.Unload(pb.UnloadRequest(token=self.token))
-
-
-@pytest.fixture
-def server():
-    cs_server = CSServer(CSSystem(get_fabric("cs1"), idle_timeout=0, log=lambda line: None),
-                         "127.0.0.1", 0).start()
-    yield cs_server
-    cs_server.stop(grace=0)
 
 
 def named(data):
     return [{"features": x, "labels": y} for x, y in data]
 
 
+def run(client: CSClient, kind: str, steps: int) -> tuple[list[pb.StepResult], pb.JobSummary]:
+    """The chief's Train / Evaluate call: the step results and the job's summary."""
+    *results, end = client.run(kind, steps)
+    assert end.HasField("summary")
+    return [r.step for r in results], end.summary
+
+
 def train_on_server(address, compiled, data, steps_per_call: Sequence[int]):
-    client = Client(address)
-    client.load(compiled.program, compiled.initial_weights, num_workers=2)
-    feeders = client.feed_in_background(named(data), num_workers=2)
-    losses = []
-    for steps in steps_per_call:  # several Train calls continue where the last ended
-        results, summary = client.run("train", steps)
-        losses += [r.loss for r in results]
-        assert summary.steps == steps and summary.samples == steps * compiled.program.batch_size
-    state = client.snapshot()
-    client.unload()
+    """Train through the chief's client; two input workers (doubles) feed `data`."""
+    client = CSClient(address)
+    try:
+        client.load("job-1", compiled.program, compiled.initial_weights, num_workers=2,
+                    global_step=0, first_batch=0)
+        workers = ClientDouble(address, client.token)
+        feeders = workers.feed_in_background(named(data), num_workers=2)
+        losses = []
+        for steps in steps_per_call:  # several Train calls continue where the last ended
+            results, summary = run(client, "train", steps)
+            losses += [r.loss for r in results]
+            assert summary.steps == steps and summary.samples == steps * compiled.program.batch_size
+        state = client.snapshot()
+        client.unload()
+    finally:
+        client.close()
     for t in feeders:
         t.join(10)
-    assert not client.feed_errors
+    assert not workers.feed_errors
     return np.array(losses), state
 
 
@@ -224,13 +163,16 @@ def test_evaluation_gives_tensorflows_loss_and_accuracy(tmp_path, server):
     logits_kernel = next(k for k in program.kernels if k.name == program.outputs[0])
     reference = tf_reference.run(model.model_fn, data.eval_input_fn, params, weights, batches,
                                  mode="eval", fetch=[logits_kernel.tf_tensor])
-    client = Client(server.address)
-    client.load(program, weights)
-    client.feed_in_background(named(batches))
-    results, summary = client.run("evaluate", 3)
-    assert client.status().global_step == 0  # evaluation does not train
+    client = CSClient(server.address)
+    try:
+        client.load("job-1", program, weights, num_workers=1, global_step=0, first_batch=0)
+        ClientDouble(server.address, client.token).feed_in_background(named(batches))
+        results, summary = run(client, "evaluate", 3)
+        assert client.status().global_step == 0  # evaluation does not train
+    finally:
+        client.close()
     np.testing.assert_allclose([r.loss for r in results], reference.losses, rtol=1e-4)
-    for result, (x, y), ref in zip(results, batches, reference.fetched):
+    for result, (_, y), ref in zip(results, batches, reference.fetched):
         outputs = {t.name: from_tensor(t) for t in result.outputs}
         assert set(outputs) == set(program.outputs)
         np.testing.assert_array_equal(outputs["labels"], y)

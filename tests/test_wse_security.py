@@ -7,7 +7,6 @@ certificate the test makes. The soak: 100 jobs on one server, a third of them ab
 mid-Load, mid-Feed and mid-Train, leave its threads and memory where they were."""
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from test_wse_parity import Client
+from doubles import ClientDouble
 from test_wse_server import BATCH, batches, code_and_details, program, weights
 
 from common.errors import CSRunError
@@ -50,7 +49,7 @@ class Served:
         raise KeyError(key)
 
     def state(self, token: str = "") -> str:
-        return Client(self.address, token).status().state
+        return ClientDouble(self.address, token).status().state
 
     def wait_idle(self, timeout_s: float = 10.0) -> float:
         """Seconds until the CS says idle (AssertionError after timeout_s)."""
@@ -88,7 +87,7 @@ def stop(served: Served) -> None:
 def server(tmp_path):
     """`wse_sim serve` with the default 120 s idle timeout: only a lease frees a job sooner."""
     served = serve(tmp_path)
-    warm = Client(served.address, "warm-up")  # the first job's imports and pools, before any figure
+    warm = ClientDouble(served.address, "warm-up")  # the first job's imports and pools, before any figure
     warm.load(program(), weights(), job_id="warm-up")
     warm.feed_in_background(batches(1))
     warm.run("train", 1)
@@ -119,11 +118,11 @@ def test_a_512_mib_chunk_costs_the_server_nothing_and_is_refused(server, case):
             "declared name, other shape": "hidden/kernel", "busy": "hidden/kernel"}[case]
     holder = None
     if case == "busy":
-        holder = Client(server.address, "holder")
+        holder = ClientDouble(server.address, "holder")
         holder.load(program(), weights(), job_id="held")
     before = server.proc("VmRSS")
     hold = threading.Event()
-    calls = [Client(server.address).stub.Load.future(load_stream(header, huge_chunk(name), hold))
+    calls = [ClientDouble(server.address).stub.Load.future(load_stream(header, huge_chunk(name), hold))
              for _ in range(8)]  # eight at once, each stream left open
     try:
         errors = [call.exception(timeout=30) for call in calls]
@@ -144,7 +143,7 @@ def test_a_512_mib_chunk_costs_the_server_nothing_and_is_refused(server, case):
         assert holder.status().state == "loaded"
         holder.unload()
     assert server.wait_idle() < 10  # a refused load leaves nothing reserved
-    Client(server.address).load(program(), weights())  # and the CS takes the next job
+    ClientDouble(server.address).load(program(), weights())  # and the CS takes the next job
 
 
 def avg_pool_program(size: int, pool: int, padding: str = "VALID") -> pb.Program:
@@ -179,7 +178,7 @@ def test_declared_sizes_are_refused_before_anything_is_built(server, bad, words)
         bad.batch_size = bad.micro_batch_size = 5  # 5 x 64 MiB: above a Feed message
         words = ["a batch of its inputs is 320.0 MiB", "at most 256.0 MiB", "lower the batch size"]
     before = server.proc("VmRSS")
-    code, details = code_and_details(lambda: Client(server.address, "t").load(bad, {}))
+    code, details = code_and_details(lambda: ClientDouble(server.address, "t").load(bad, {}))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     for word in words:
         assert word in details, details
@@ -188,13 +187,13 @@ def test_declared_sizes_are_refused_before_anything_is_built(server, bad, words)
 
 
 def test_a_tokenless_caller_learns_only_idle_or_busy(server):
-    owner = Client(server.address, "owner-token")
+    owner = ClientDouble(server.address, "owner-token")
     owner.load(program(), weights(), job_id="secret-job", global_step=7)
     for token in ("", "guess"):
-        assert Client(server.address, token).status() == pb.StatusReply(state="busy", fabric="cs1")
+        assert ClientDouble(server.address, token).status() == pb.StatusReply(state="busy", fabric="cs1")
     mine = owner.status()
     assert (mine.state, mine.job_id, mine.global_step) == ("loaded", "secret-job", 7)
-    stranger = Client(server.address, "guess")
+    stranger = ClientDouble(server.address, "guess")
     for call in (lambda: stranger.run("train", 1), stranger.snapshot, stranger.unload,
                  lambda: stranger.stub.Feed(stranger.feed_requests(batches(1))),
                  lambda: next(stranger.stub.Lease(pb.LeaseRequest(token="guess"))),
@@ -203,7 +202,7 @@ def test_a_tokenless_caller_learns_only_idle_or_busy(server):
         assert "secret-job" not in details and "owner-token" not in details
         assert code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS), details
     owner.unload()
-    assert Client(server.address).status() == pb.StatusReply(state="idle", fabric="cs1")
+    assert ClientDouble(server.address).status() == pb.StatusReply(state="idle", fabric="cs1")
     assert owner.status().message == "job secret-job unloaded: unloaded by its client"  # its owner learns why
     assert "secret-job" not in code_and_details(lambda: stranger.run("train", 1))[1]
 
@@ -227,7 +226,7 @@ def feed_message(size: int, token: str) -> bytes:
 
 @pytest.mark.slow
 def test_a_1_5_gb_feed_message_with_a_wrong_token_is_refused_unread(server):
-    owner = Client(server.address, "owner-token")
+    owner = ClientDouble(server.address, "owner-token")
     owner.load(program(), weights())
     message = feed_message(1536 * MIB, "wrong")
     before = server.proc("VmRSS")
@@ -423,7 +422,7 @@ def test_serve_refuses_half_a_tls_pair_and_warns_without_tls_off_loopback(tmp_pa
 # ---- the soak ----
 def abandoned_job(address: str, i: int, where: str) -> None:
     """A client that loads (holding the lease as the chief does) and vanishes mid-`where`."""
-    client = Client(address, f"token-{i}")
+    client = ClientDouble(address, f"token-{i}")
     job = pb.JobHeader(job_id=f"job-{i}", token=client.token, program=program(), num_workers=1)
     if where == "load":
         def some_chunks():
@@ -456,7 +455,7 @@ def abandoned_job(address: str, i: int, where: str) -> None:
 
 
 def normal_job(address: str, i: int) -> None:
-    client = Client(address, f"token-{i}")
+    client = ClientDouble(address, f"token-{i}")
     client.load(program(), weights(), job_id=f"job-{i}")
     lease = client.stub.Lease(pb.LeaseRequest(token=client.token))
     client.feed_in_background(batches(2))

@@ -3,7 +3,6 @@ weights, broken input streams, cancelled runs, snapshots above 4 MB, and no thre
 jobs left behind after many jobs; `wse_sim serve` stops cleanly on SIGTERM."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from test_wse_parity import Client, server  # noqa: F401  (the server fixture)
+from doubles import ClientDouble
 
 from cs_api import pb
 from launcher.csrun_wse import free_port
@@ -67,9 +66,9 @@ def code_and_details(call):
 
 
 def test_second_job_wrong_token_and_unknown_job_are_refused(server):
-    first = Client(server.address, "token-a")
+    first = ClientDouble(server.address, "token-a")
     first.load(program(), weights(), job_id="job-a")
-    other = Client(server.address, "token-b")
+    other = ClientDouble(server.address, "token-b")
     code, details = code_and_details(lambda: other.load(program(), weights(), job_id="job-b"))
     assert code == grpc.StatusCode.ALREADY_EXISTS and details == "the CS system is busy with another job"
     for call in (lambda: other.run("train", 1), other.snapshot, other.unload,
@@ -107,7 +106,7 @@ def broken(mutate):
      ["hidden/kernel/Adam", "(3, 8)", "(12, 8)"]),
 ])
 def test_malformed_programs_and_weights_are_refused_precisely(server, bad_program, tensors, words):
-    client = Client(server.address)
+    client = ClientDouble(server.address)
     code, details = code_and_details(lambda: client.load(bad_program, tensors))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     for word in words:
@@ -119,7 +118,7 @@ def test_malformed_programs_and_weights_are_refused_precisely(server, bad_progra
 
 def test_batches_are_consumed_in_index_order_from_first_batch_whatever_the_worker(server):
     data = batches(6)
-    client = Client(server.address)
+    client = ClientDouble(server.address)
     client.load(program(), weights(), num_workers=3, first_batch=4, global_step=4)
     # Workers start in reverse order; batch indices 4..9 regardless.
     threads = []
@@ -144,7 +143,7 @@ def test_batches_are_consumed_in_index_order_from_first_batch_whatever_the_worke
 
 
 def test_a_wrong_batch_and_a_broken_feed_end_the_run_with_a_clear_status(server):
-    client = Client(server.address)
+    client = ClientDouble(server.address)
     client.load(program(), weights())
     bad = [{"features": np.zeros((BATCH, FEATURES + 1), np.float32),
             "labels": np.zeros(BATCH, np.int32)}]
@@ -171,7 +170,7 @@ def test_a_wrong_batch_and_a_broken_feed_end_the_run_with_a_clear_status(server)
 
 
 def test_a_run_needing_batches_the_workers_do_not_send_aborts_instead_of_hanging(server):
-    client = Client(server.address)
+    client = ClientDouble(server.address)
     client.load(program(), weights(), first_batch=0)  # workers send from batch 10 on
     threading.Thread(target=lambda: code_and_details(
         lambda: client.stub.Feed(client.feed_requests(batches(8), first=10))), daemon=True).start()
@@ -181,7 +180,7 @@ def test_a_run_needing_batches_the_workers_do_not_send_aborts_instead_of_hanging
 
 
 def test_a_cancelled_train_stream_unloads_the_job(server):
-    client = Client(server.address)
+    client = ClientDouble(server.address)
     client.load(program(), weights())
     call = client.stub.Train(pb.RunRequest(token=client.token, steps=5))  # no batches come
     time.sleep(0.3)
@@ -202,7 +201,7 @@ def test_snapshot_of_a_model_above_4_mb_round_trips_exactly(server):
         tensors[f"{name}/Adam_1"] = rng.random(tensors[name].shape, dtype=np.float32)
     tensors["beta1_power"] = np.asarray(0.5, np.float32)
     tensors["beta2_power"] = np.asarray(0.25, np.float32)
-    client = Client(server.address)
+    client = ClientDouble(server.address)
     client.load(program(hidden, features), tensors)
     for chunk_bytes in (0, 3_000_001):
         got = client.snapshot(chunk_bytes)
@@ -213,7 +212,7 @@ def test_snapshot_of_a_model_above_4_mb_round_trips_exactly(server):
 
 
 def test_train_on_an_eval_program_is_refused(server):
-    client = Client(server.address)
+    client = ClientDouble(server.address)
     client.load(program(optimizer=""), weights())
     code, details = code_and_details(lambda: client.run("train", 1))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "evaluation" in details
@@ -225,7 +224,7 @@ def test_train_on_an_eval_program_is_refused(server):
 
 def test_many_jobs_leave_no_threads_or_state_behind(server):
     def job(i):
-        client = Client(server.address, f"token-{i}")
+        client = ClientDouble(server.address, f"token-{i}")
         client.load(program(), weights(), job_id=f"job-{i}")
         client.feed_in_background(batches(8), num_workers=1)  # what the runs below take
         client.run("train", 2)
@@ -234,7 +233,7 @@ def test_many_jobs_leave_no_threads_or_state_behind(server):
             next(call)
             call.cancel()
         elif i % 3 == 2:  # a wrong token on the way
-            code_and_details(lambda: Client(server.address, "bad").run("train", 1))
+            code_and_details(lambda: ClientDouble(server.address, "bad").run("train", 1))
             client.run("train", 1)
             client.unload()
         else:
@@ -255,7 +254,7 @@ def test_many_jobs_leave_no_threads_or_state_behind(server):
     assert threading.active_count() <= baseline + 2, [t.name for t in threading.enumerate()]
     cs = server.cs
     assert cs.job is None and not cs._runs
-    assert Client(server.address).status().state == "idle"
+    assert ClientDouble(server.address).status().state == "idle"
 
 
 def test_wse_sim_serve_answers_health_and_stops_on_sigterm():
@@ -271,7 +270,7 @@ def test_wse_sim_serve_answers_health_and_stops_on_sigterm():
             health = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service="csrun.cs_api.CSSystem"), timeout=5)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
-            assert Client(f"127.0.0.1:{port}").status().fabric == "cs2"
+            assert ClientDouble(f"127.0.0.1:{port}").status().fabric == "cs2"
             taken = subprocess.run(command, capture_output=True, text=True, timeout=30)
             assert taken.returncode == 1 and "Traceback" not in taken.stderr
             assert taken.stderr.strip().splitlines()[-1] == (

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_wse_parity import Client, server  # noqa: F401  (the server fixture)
+from doubles import ClientDouble
 
 from cs_api import cs_api_pb2 as pb
 from wafer.grad_transforms import GradientTransform, apply_transforms
@@ -360,7 +360,7 @@ def test_a_resumed_run_draws_the_dropout_masks_of_an_unbroken_one(server):
     weights, batches = mlp_weights(), mlp_batches(5)
 
     def train(tensors, first, steps):
-        client = Client(server.address)
+        client = ClientDouble(server.address)
         client.load(program, tensors, global_step=first, first_batch=first)
         client.feed_in_background(batches[first:first + steps], first=first)
         results, _ = client.run("train", steps)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -126,7 +127,7 @@ def latest_checkpoint(model_dir: str) -> str | None:
     none. A damaged newest one (truncated or corrupted files) is skipped, saying so, for
     the intact one before it; when every checkpoint is damaged the run is refused."""
     paths = all_checkpoints(model_dir)
-    damaged = []
+    damaged: list[tuple[str, str]] = []
     for path in reversed(paths):
         why = damage(path)
         if why is None:
@@ -175,7 +176,7 @@ def _save_v2(prefix: str, tensors: dict[str, np.ndarray]) -> None:
         save = tf.raw_ops.SaveV2(prefix=path, tensor_names=names, shape_and_slices=[""] * len(names),
                                  tensors=[feeds[n] for n in names])
     with tf.compat.v1.Session(graph=graph) as session:
-        feed = {feeds[n]: np.asarray(tensors[n]) for n in names}
+        feed: dict[Any, Any] = {feeds[n]: np.asarray(tensors[n]) for n in names}
         feed[path] = prefix
         session.run(save, feed)
 

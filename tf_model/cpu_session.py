@@ -133,7 +133,7 @@ def _save(session: tf.compat.v1.Session, built: _TrainGraph, settings: RunSettin
 
 
 def _every(n: int | None, step: int) -> bool:
-    return bool(n) and step % n == 0
+    return bool(n and step % n == 0)
 
 
 def train(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps: int | None = None,
@@ -158,7 +158,11 @@ def _train(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps:
     session = _start_session(built, settings)
     try:
         step = int(session.run(built.global_step))
-        end = max_steps if max_steps is not None else step + steps
+        if max_steps is not None:
+            end = max_steps
+        else:
+            assert steps is not None, "train() refused a run without steps or max_steps"
+            end = step + steps
         if end <= step:
             progress.skipping(step)
             return step
@@ -217,6 +221,7 @@ def _train_loop(session: tf.compat.v1.Session, built: _TrainGraph, settings: Run
     if step < end and not stop:
         raise CSRunError(f"input_fn ran out after {step} steps, the run needs {end}",
                          "make the training input repeat (dataset.repeat()) or lower the steps")
+    assert log is not None, "a run that took no batch ended above"
     log.finished(step, loss)
     return step
 

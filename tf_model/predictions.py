@@ -60,7 +60,7 @@ def write_predictions(model_dir: str, step: int, batches: Mapping[str, list[np.n
     os.makedirs(out_dir, exist_ok=True)
     target = os.path.join(out_dir, f"predictions-{step}.npz")
     tmp = f"{target}.tmp-{os.getpid()}.npz"
-    np.savez(tmp, **results)
+    np.savez(tmp, allow_pickle=False, **results)
     os.replace(tmp, target)
     count = len(next(iter(results.values()))) if results else 0
     print(f"Wrote {count} predictions of step {step} to {target}", flush=True)

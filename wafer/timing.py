@@ -37,10 +37,16 @@ UPDATE_FLOPS_PER_WEIGHT = {"sgd": 2, "momentum": 4, "adam": 12, "rmsprop": 15, "
 
 
 class RegionLike(Protocol):
-    x: int
-    y: int
-    width: int
-    height: int
+    """A rectangle of cores (read-only: the compiler's frozen Rect)."""
+
+    @property
+    def x(self) -> int: ...
+    @property
+    def y(self) -> int: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def height(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -290,7 +290,7 @@ class CSSystem:
         ok = False
         try:
             for request in requests:
-                if job is None:
+                if job is None or stream is None:  # (the first request: both are set together)
                     with self._cond:
                         job = self._job(request.token, f"input stream of worker {request.worker_id}")
                         stream = job.streams.setdefault(request.worker_id, Stream(request.worker_id))
@@ -307,7 +307,7 @@ class CSSystem:
             error = refused.message
             raise
         finally:
-            if job is not None:
+            if stream is not None:
                 with self._cond:
                     stream.state = "done" if ok else "broken"
                     stream.error = "" if ok else error

@@ -122,7 +122,7 @@ class Pipeline:
                                         for role, var in names.items()}))
         self.by_name = {r.kernel.name: r for r in self.regions}
         self._mark_backward()
-        held = set()
+        held: set[str] = set()
         for region in self.regions:
             held.update(region.variables.values())
             if optimizer is None or not region.backward:
@@ -265,7 +265,7 @@ class Pipeline:
             if self._threads is None or not self._threads.run(work, board):
                 plan = self._plan(m_count, backward, staged=False)  # one stage (or closed)
                 work(0, board)
-        if backward:
+        if backward and self.optimizer is not None:
             self.optimizer.finish_step()
         loss = 0.0
         if self.loss_kernel:
@@ -296,7 +296,7 @@ class Pipeline:
                 board.put(("v", region.kernel.name, i), out)
             else:
                 self._backward(region, i, caches.pop((region.position, i)), board, ctx)
-        if not backward:
+        if not backward or self.optimizer is None:  # (a backward step has an optimizer)
             return
         for region in stage.regions:
             self._complete_gradients(region)
@@ -363,8 +363,8 @@ class Pipeline:
         # A micro-batch whose output reached the loss by no path has no backward.
         if upstream is not None or region.kernel.is_loss:
             for role in region.trained:
-                if region.specs[role].update == "sparse" and \
-                        region.kernel.type_name in SPARSE_GRADIENT_KERNELS:
+                if upstream is not None and region.specs[role].update == "sparse" and \
+                        region.kernel.type_name in SPARSE_GRADIENT_KERNELS:  # (a gather: never the loss)
                     region.pieces.setdefault(role, []).append(
                         self._indexed_slices(region, role, i, upstream, board))
             ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated

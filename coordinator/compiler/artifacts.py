@@ -132,8 +132,8 @@ def write_compile(directory: str, artifacts: Artifacts) -> None:
     try:
         with open(os.path.join(tmp, PROGRAM), "wb") as f:
             f.write(artifacts.program.SerializeToString())
-        np.savez(os.path.join(tmp, WEIGHTS), **artifacts.initial_weights)
-        np.savez(os.path.join(tmp, HOST_VARIABLES), **artifacts.host_variables)
+        np.savez(os.path.join(tmp, WEIGHTS), allow_pickle=False, **artifacts.initial_weights)
+        np.savez(os.path.join(tmp, HOST_VARIABLES), allow_pickle=False, **artifacts.host_variables)
         with open(os.path.join(tmp, REPORT_TXT), "w") as f:
             f.write(artifacts.report_text)
         with open(os.path.join(tmp, REPORT_JSON), "w") as f:

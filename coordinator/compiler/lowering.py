@@ -86,10 +86,10 @@ def batch_reduction_axes(m: "Matcher", op: tf.Operation) -> tuple[int, ...] | No
         return tuple(range(rank))
     if op.type not in REDUCTIONS and op.type != "Prod":
         return None
-    axes = m.operands.constant(op.inputs[1])
-    if axes is None:
+    constant = m.operands.constant(op.inputs[1])
+    if constant is None:
         return None
-    axes = tuple(sorted({int(a) % rank for a in np.atleast_1d(axes)})) if rank else ()
+    axes = tuple(sorted({int(a) % rank for a in np.atleast_1d(constant)})) if rank else ()
     return axes if 0 in axes or rank == 0 else None
 
 
@@ -248,10 +248,10 @@ def match_dropout(m: "Matcher") -> Callable[[tf.Operation], bool]:
         if cond.op in m.flow or cond.op.type != "GreaterEqual":
             return False
         uniform, rate_t = cond.op.inputs
-        rate, zero = m.operands.constant(rate_t), m.operands.constant(select.inputs[2])
-        if rate is None or zero is None or np.any(zero != 0) or not _uniform_01(m, uniform):
+        rate_c, zero = m.operands.constant(rate_t), m.operands.constant(select.inputs[2])
+        if rate_c is None or zero is None or np.any(zero != 0) or not _uniform_01(m, uniform):
             return False
-        rate = float(rate)
+        rate = float(rate_c)
         if not np.isclose(float(scale), 1.0 / (1.0 - rate), rtol=1e-6):
             return False
         full, noise = static_shape(data[0]), static_shape(uniform)
@@ -525,13 +525,13 @@ def _concat(m: "Matcher", op: tf.Operation) -> str:
 
 
 def _reduce(m: "Matcher", op: tf.Operation) -> str:
-    axes = m.operands.constant(op.inputs[1])
+    constant = m.operands.constant(op.inputs[1])
     rank = len(static_shape(op.inputs[0]))
-    if axes is None:
+    if constant is None:
         return "reduction axes are not constant"
     if not has_kernel("reduce"):
         return "the CS has no reduce kernel"
-    axes = sorted({int(a) % rank for a in np.atleast_1d(axes)})
+    axes = sorted({int(a) % rank for a in np.atleast_1d(constant)})
     m.add_kernel(op.name, "reduce", [op.inputs[0]],
                  {"op": REDUCTIONS[op.type], "axes": [a - 1 for a in axes],
                   "keepdims": bool(op.get_attr("keep_dims"))}, [], [op], op.outputs[0])
@@ -604,6 +604,7 @@ def _gather(m: "Matcher", op: tf.Operation) -> str:
     if letters != "pi":
         return "gathers from a constant table"
     weight = m.operands.weight(table)
+    assert weight is not None, "letter p: _operands found the table's weight"
     m.add_kernel(m.scope(op, weight.variable), "gather", inputs, {"operands": letters, **attrs},
                  params, [op], op.outputs[0])
     return ""

@@ -177,7 +177,8 @@ class Matcher:
                      float_constants: bool = True):
         """(letters, batched inputs, constant attrs, params) for the kernel's `operands`,
         or a reason (str) why a tensor cannot be an operand."""
-        letters, inputs, attrs, params = "", [], {}, []
+        letters, inputs, params = "", [], []
+        attrs: dict[str, Any] = {}
         for k, t in enumerate(tensors):
             if self.is_batched(t):
                 letters += "i"
@@ -360,7 +361,7 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     matcher = Matcher(extracted, list(hosts) if predict else [spec.loss], hosts)
     matcher.unsupported.extend(_check_inputs(extracted))
     matcher.run()
-    loss_kernel, regularizers = "", {}
+    loss_kernel, regularizers = "", dict[str, list[tuple[str, float]]]()
     if not predict and not matcher.unsupported:
         loss_kernel, regularizers = loss_tail.lower_loss(matcher, spec.loss)
     training = None

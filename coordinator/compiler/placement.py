@@ -191,7 +191,7 @@ def slice_layout(demands: Sequence[Demand], fabric: Fabric) -> list[Rect] | None
                     area.x, area.y + cut, area.width, area.height - cut)
             first = go(lo, k, a, depth + 1)
             second = go(k, hi, b, depth + 1) if first is not None else None
-            if second is not None:
+            if first is not None and second is not None:
                 return first + second
         return None
 

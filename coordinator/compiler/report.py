@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.compiler.ir import MatchedModel
+from coordinator.compiler.ir import MatchedModel, TrainingSpec
 from coordinator.compiler.placement import Placement
 from wafer import timing
 from wafer.fabric import Fabric
@@ -27,7 +27,7 @@ def model_summary(model: MatchedModel, mode: str, batch_size: int) -> list[str]:
              f"{len(model.kernels)} kernels, {model.num_parameters:,} parameters"]
     lines.append("Inputs: " + ", ".join(f"{s.name} {s.shape} {s.dtype}" for s in model.inputs))
     if model.training is not None:
-        lines += training_lines(model)
+        lines += training_lines(model, model.training)
     if model.loss_kernel:
         loss = next(k for k in model.kernels if k.name == model.loss_kernel)
         lines.append(f"Loss: the sum over the batch of {', '.join(loss.inputs)} "
@@ -41,9 +41,8 @@ def model_summary(model: MatchedModel, mode: str, batch_size: int) -> list[str]:
     return lines
 
 
-def training_lines(model: MatchedModel) -> list[str]:
+def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
     """The optimizer, the trained and frozen weights and the gradient transforms."""
-    training = model.training
     o = training.optimizer
     extra = {"sgd": "", "momentum": f", momentum {o.momentum:g}"
              f"{', nesterov' if o.use_nesterov else ''}",

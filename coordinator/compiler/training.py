@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import tensorflow as tf
@@ -189,7 +190,7 @@ def _apply_update(op: tf.Operation) -> _Update:
     if kind.optimizer == "adagrad":
         values["initial_accumulator_value"] = _initial_value(op, variable_op(op.inputs[1]))
     spec = OptimizerSpec(type=kind.optimizer, use_nesterov=nesterov,
-                         **{**values, **kind.fixed})  # type: ignore[arg-type]
+                         **{**values, **kind.fixed})  # type: ignore[arg-type]  # (float hyper-parameters only)
     grad, indices = op.inputs[kind.grad], None
     if kind.indices is not None:
         grad, indices = _dedup(op, grad, op.inputs[kind.indices])
@@ -282,7 +283,7 @@ def _adam_sparse(op: tf.Operation) -> _Update | None:
     _check_powers(op, [b1p, b2p], values)
     grad, indices = _dedup(op, m_grad, m_idx)
     slots = (variable_op(m_read).name, variable_op(v_read).name)
-    return _Update(variable_op(op.inputs[0]).name, op, OptimizerSpec(type="adam", **values),
+    return _Update(variable_op(op.inputs[0]).name, op, OptimizerSpec(type="adam", **values),  # type: ignore[arg-type]  # (floats only)
                    slots, grad, indices, {op} | m_owned | v_owned)
 
 
@@ -490,8 +491,8 @@ def _gradient_calls(extracted: ExtractedGraph,
             continue
         fill = fills[0]
         seed_value = _scalar(fill.inputs[1])
-        starts = {_forward_op(graph, scope, c) for c in fill.outputs[0].consumers()}
-        starts.discard(None)
+        starts = {op for c in fill.outputs[0].consumers()
+                  if (op := _forward_op(graph, scope, c)) is not None}
         if not starts or seed_value is None:
             calls[scope] = _fail(fill, "a gradient computation the compiler cannot follow")
             continue
@@ -500,7 +501,7 @@ def _gradient_calls(extracted: ExtractedGraph,
         if scale is None:
             upstream = set(_upstream_ops(core))
             y = min((op for op in starts if op not in upstream), default=None,
-                    key=lambda op: op.name)
+                    key=attrgetter("name"))
             calls[scope] = _Refused(
                 f"the train_op minimizes {y.outputs[0].name} computed at {user_source(y)}, not "
                 f"the loss model_fn returns ({loss.name} at {user_source(loss.op)})"
@@ -575,7 +576,7 @@ def _chain(update: _Update, calls: dict, norms: dict) -> _Chain:
     inputs: list[tf.Tensor] = []
     t = update.grad
     sparse = update.indices is not None
-    while _in_scope(t.op, calls) is None:
+    while (scope := _in_scope(t.op, calls)) is None:
         op = t.op
         if op.type in ("Identity", "Snapshot") or (op.type == "Cast" and
                                                     op.inputs[0].dtype == t.dtype):
@@ -584,7 +585,6 @@ def _chain(update: _Update, calls: dict, norms: dict) -> _Chain:
         step, t = _recognise(op, update.variable, sparse, calls, norms)
         steps.append(step)
         inputs.append(t)
-    scope = _in_scope(t.op, calls)
     call = calls[scope]
     if isinstance(call, _Refused):
         raise call
@@ -850,10 +850,10 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain]) -> None:
     if sum(v.shape.num_elements() or 0 for v in variables) > NUMERIC_CHECK_VALUES:
         return  # the weights alone exceed the check's memory: the structure is what is proven
     with graph.as_default(), tf.name_scope("csrun_training_check"):
-        handles = [graph.get_operation_by_name(c.update.variable).outputs[0] for c in chains]
-        expected = tf.gradients(loss, handles)
+        tensors = [graph.get_operation_by_name(c.update.variable).outputs[0] for c in chains]
+        expected = tf.gradients(loss, tensors)
         raw, ours = [], []
-        for chain, grad, handle in zip(chains, expected, handles):
+        for chain, grad, handle in zip(chains, expected, tensors):
             if grad is None:
                 raise _fail(chain.update.op, f"the loss does not depend on {chain.update.variable}")
             if chain.raw_indices is not None:

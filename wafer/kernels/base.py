@@ -111,7 +111,7 @@ class Kernel:
         """Return (output, cache); the cache is handed back to backward."""
         raise NotImplementedError
 
-    def backward(self, params: Mapping[str, np.ndarray], cache: Any, grad_output: np.ndarray,
+    def backward(self, params: Mapping[str, np.ndarray], cache: Any, grad_output: np.ndarray | None,
                  ctx: RunContext, param_grads: Mapping[str, np.ndarray] | None = None,
                  ) -> tuple[list[np.ndarray | None], dict[str, np.ndarray]]:
         """Return (gradients w.r.t. inputs, gradients w.r.t. params by role).

@@ -100,7 +100,7 @@ class Conv2D(Kernel):
         return (self.windows.oh, self.windows.ow, self.filters)
 
     def param_shapes(self):
-        shapes = {"kernel": (*self.ksize, self.channels, self.filters)}
+        shapes: dict[str, tuple[int, ...]] = {"kernel": (*self.ksize, self.channels, self.filters)}
         if self.use_bias:
             shapes["bias"] = (self.filters,)
         return shapes

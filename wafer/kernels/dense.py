@@ -56,7 +56,7 @@ class Dense(Kernel):
         return (*self.input_shapes[0][:-1], self.units)
 
     def param_shapes(self):
-        shapes = {"kernel": (self.n, self.units)}
+        shapes: dict[str, tuple[int, ...]] = {"kernel": (self.n, self.units)}
         if self.use_bias:
             shapes["bias"] = (self.units,)
         return shapes

@@ -6,7 +6,7 @@ array_grad.py) on the same float32 values, so results match TF's to rounding.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -47,7 +47,7 @@ def _grad_pow(x, y, z, g):  # _PowGrad
 
 
 # op -> (forward(x, y), backward(x, y, z, g) -> (gx, gy) before reduction, FLOPs per element)
-ARITHMETIC = {
+ARITHMETIC: dict[str, tuple[Callable[..., np.ndarray], Callable[..., tuple[np.ndarray, np.ndarray]], int]] = {
     "add": (np.add, lambda x, y, z, g: (g, g), 1),
     "sub": (np.subtract, lambda x, y, z, g: (g, -g), 1),
     "mul": (np.multiply, lambda x, y, z, g: (g * y, x * g), 1),
@@ -90,10 +90,11 @@ class Binary(Broadcasting):
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
-        self.op = self.attrs.get("op")
-        if self.op not in BINARY_OPS:
-            raise KernelError(f"kernel {name!r} (binary): unknown op {self.op!r}; the library "
+        op = self.attrs.get("op")
+        if op not in BINARY_OPS:
+            raise KernelError(f"kernel {name!r} (binary): unknown op {op!r}; the library "
                               f"has {', '.join(BINARY_OPS)}")
+        self.op: str = op
         self.operands = Operands(self, 2)
         self._shape = self.operands.broadcast_shape(self)
 

@@ -42,7 +42,7 @@ class Operand:
     input_index: int  # i: its index in the kernel's inputs (-1 otherwise)
     shape: Shape  # i: per sample; c, p: the TF shape
     sample_shape: Shape  # the shape it broadcasts as against one sample
-    value: np.ndarray | None = None  # c: the constant
+    value: np.ndarray | None = None  # c: the constant (None for i and p)
 
     @property
     def role(self) -> str:
@@ -133,13 +133,13 @@ class Operands:
     def dtypes(self, input_dtypes: Sequence[np.dtype]) -> list[np.dtype]:
         """Every operand's dtype (weights are float32)."""
         return [np.dtype(input_dtypes[o.input_index]) if o.letter == "i" else
-                o.value.dtype if o.letter == "c" else np.dtype(np.float32)
+                o.value.dtype if o.value is not None else np.dtype(np.float32)
                 for o in self.operands]
 
     def arrays(self, params: Mapping[str, np.ndarray], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The operands' arrays for one micro-batch: inputs batch first, the others as they are."""
         return [inputs[o.input_index] if o.letter == "i" else
-                o.value if o.letter == "c" else params[o.role] for o in self.operands]
+                o.value if o.value is not None else params[o.role] for o in self.operands]
 
     def input_position(self, index: int) -> int:
         """The operand position of the kernel's input `index`."""

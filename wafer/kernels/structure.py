@@ -59,6 +59,7 @@ class Dropout(Elementwise):
         x = inputs[0]
         if not ctx.training or self.rate == 0:
             return x, None
+        assert ctx.rng is not None, "the pipeline gives a training step's regions their random stream"
         keep = ctx.rng.random((x.shape[0], *self.noise_shape), dtype=np.float32) >= \
             np.float32(self.rate)
         return x * self.scale * keep, keep

@@ -1,0 +1,438 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    FLOAT32: _ClassVar[DType]
+    INT32: _ClassVar[DType]
+    INT64: _ClassVar[DType]
+    FLOAT16: _ClassVar[DType]
+    FLOAT64: _ClassVar[DType]
+    BOOL: _ClassVar[DType]
+DTYPE_UNSPECIFIED: DType
+FLOAT32: DType
+INT32: DType
+INT64: DType
+FLOAT16: DType
+FLOAT64: DType
+BOOL: DType
+
+class Tensor(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class TensorChunk(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "offset", "total_bytes", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    offset: int
+    total_bytes: int
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "dtype", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AttrValue(_message.Message):
+    __slots__ = ("i", "f", "s", "b", "ints", "floats", "tensor")
+    I_FIELD_NUMBER: _ClassVar[int]
+    F_FIELD_NUMBER: _ClassVar[int]
+    S_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    INTS_FIELD_NUMBER: _ClassVar[int]
+    FLOATS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    i: int
+    f: float
+    s: str
+    b: bool
+    ints: IntList
+    floats: FloatList
+    tensor: Tensor
+    def __init__(self, i: _Optional[int] = ..., f: _Optional[float] = ..., s: _Optional[str] = ..., b: _Optional[bool] = ..., ints: _Optional[_Union[IntList, _Mapping]] = ..., floats: _Optional[_Union[FloatList, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class IntList(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, values: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class FloatList(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Param(_message.Message):
+    __slots__ = ("role", "variable", "shape", "dtype", "frozen", "regularizers", "update", "variable_shape")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    VARIABLE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    FROZEN_FIELD_NUMBER: _ClassVar[int]
+    REGULARIZERS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
+    VARIABLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    variable: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: DType
+    frozen: bool
+    regularizers: _containers.RepeatedCompositeFieldContainer[Regularizer]
+    update: str
+    variable_shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, role: _Optional[str] = ..., variable: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., frozen: _Optional[bool] = ..., regularizers: _Optional[_Iterable[_Union[Regularizer, _Mapping]]] = ..., update: _Optional[str] = ..., variable_shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Regularizer(_message.Message):
+    __slots__ = ("kind", "scale")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    scale: float
+    def __init__(self, kind: _Optional[str] = ..., scale: _Optional[float] = ...) -> None: ...
+
+class GradientTransform(_message.Message):
+    __slots__ = ("kind", "value", "low", "high", "variables")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    HIGH_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    value: float
+    low: float
+    high: float
+    variables: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[str] = ..., value: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., variables: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Region(_message.Message):
+    __slots__ = ("x", "y", "width", "height")
+    X_FIELD_NUMBER: _ClassVar[int]
+    Y_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    x: int
+    y: int
+    width: int
+    height: int
+    def __init__(self, x: _Optional[int] = ..., y: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
+
+class Point(_message.Message):
+    __slots__ = ("x", "y")
+    X_FIELD_NUMBER: _ClassVar[int]
+    Y_FIELD_NUMBER: _ClassVar[int]
+    x: int
+    y: int
+    def __init__(self, x: _Optional[int] = ..., y: _Optional[int] = ...) -> None: ...
+
+class Route(_message.Message):
+    __slots__ = ("src", "dst", "path", "bytes_per_sample")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    src: str
+    dst: str
+    path: _containers.RepeatedCompositeFieldContainer[Point]
+    bytes_per_sample: int
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., path: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., bytes_per_sample: _Optional[int] = ...) -> None: ...
+
+class Kernel(_message.Message):
+    __slots__ = ("name", "type", "inputs", "attrs", "params", "output_shape", "region", "source", "flops_per_sample", "samples_per_sec", "memory_per_core_bytes", "tf_tensor")
+    class AttrsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: AttrValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[AttrValue, _Mapping]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    ATTRS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FLOPS_PER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PER_CORE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TF_TENSOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    attrs: _containers.MessageMap[str, AttrValue]
+    params: _containers.RepeatedCompositeFieldContainer[Param]
+    output_shape: _containers.RepeatedScalarFieldContainer[int]
+    region: Region
+    source: str
+    flops_per_sample: float
+    samples_per_sec: float
+    memory_per_core_bytes: int
+    tf_tensor: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., attrs: _Optional[_Mapping[str, AttrValue]] = ..., params: _Optional[_Iterable[_Union[Param, _Mapping]]] = ..., output_shape: _Optional[_Iterable[int]] = ..., region: _Optional[_Union[Region, _Mapping]] = ..., source: _Optional[str] = ..., flops_per_sample: _Optional[float] = ..., samples_per_sec: _Optional[float] = ..., memory_per_core_bytes: _Optional[int] = ..., tf_tensor: _Optional[str] = ...) -> None: ...
+
+class Optimizer(_message.Message):
+    __slots__ = ("type", "learning_rate", "momentum", "use_nesterov", "beta1", "beta2", "epsilon", "decay", "centered", "initial_accumulator_value")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    USE_NESTEROV_FIELD_NUMBER: _ClassVar[int]
+    BETA1_FIELD_NUMBER: _ClassVar[int]
+    BETA2_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DECAY_FIELD_NUMBER: _ClassVar[int]
+    CENTERED_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_ACCUMULATOR_VALUE_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    learning_rate: float
+    momentum: float
+    use_nesterov: bool
+    beta1: float
+    beta2: float
+    epsilon: float
+    decay: float
+    centered: bool
+    initial_accumulator_value: float
+    def __init__(self, type: _Optional[str] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., use_nesterov: _Optional[bool] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., epsilon: _Optional[float] = ..., decay: _Optional[float] = ..., centered: _Optional[bool] = ..., initial_accumulator_value: _Optional[float] = ...) -> None: ...
+
+class Estimate(_message.Message):
+    __slots__ = ("samples_per_sec", "compute_samples_per_sec", "transmission_samples_per_sec", "active_cores", "compute_utilization", "ideal_samples_per_sec", "pipeline_fill_seconds")
+    SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
+    TRANSMISSION_SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CORES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    IDEAL_SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    samples_per_sec: float
+    compute_samples_per_sec: float
+    transmission_samples_per_sec: float
+    active_cores: int
+    compute_utilization: float
+    ideal_samples_per_sec: float
+    pipeline_fill_seconds: float
+    def __init__(self, samples_per_sec: _Optional[float] = ..., compute_samples_per_sec: _Optional[float] = ..., transmission_samples_per_sec: _Optional[float] = ..., active_cores: _Optional[int] = ..., compute_utilization: _Optional[float] = ..., ideal_samples_per_sec: _Optional[float] = ..., pipeline_fill_seconds: _Optional[float] = ...) -> None: ...
+
+class Program(_message.Message):
+    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_HASH_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_KERNEL_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_TRANSFORMS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    graph_hash: str
+    fabric: str
+    batch_size: int
+    micro_batch_size: int
+    inputs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    kernels: _containers.RepeatedCompositeFieldContainer[Kernel]
+    loss_kernel: str
+    optimizer: Optimizer
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    routes: _containers.RepeatedCompositeFieldContainer[Route]
+    estimate: Estimate
+    seed: int
+    gradient_transforms: _containers.RepeatedCompositeFieldContainer[GradientTransform]
+    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ...) -> None: ...
+
+class JobHeader(_message.Message):
+    __slots__ = ("job_id", "token", "program", "num_workers", "global_step", "first_batch")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BATCH_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    token: str
+    program: Program
+    num_workers: int
+    global_step: int
+    first_batch: int
+    def __init__(self, job_id: _Optional[str] = ..., token: _Optional[str] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., num_workers: _Optional[int] = ..., global_step: _Optional[int] = ..., first_batch: _Optional[int] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: JobHeader
+    chunk: TensorChunk
+    def __init__(self, header: _Optional[_Union[JobHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+
+class LoadReply(_message.Message):
+    __slots__ = ("job_id", "num_parameters", "estimate")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    num_parameters: int
+    estimate: Estimate
+    def __init__(self, job_id: _Optional[str] = ..., num_parameters: _Optional[int] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ...) -> None: ...
+
+class FeedRequest(_message.Message):
+    __slots__ = ("token", "worker_id", "batch_index", "tensors", "end")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    worker_id: int
+    batch_index: int
+    tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
+    end: bool
+    def __init__(self, token: _Optional[str] = ..., worker_id: _Optional[int] = ..., batch_index: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., end: _Optional[bool] = ...) -> None: ...
+
+class FeedReply(_message.Message):
+    __slots__ = ("batches_received",)
+    BATCHES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    batches_received: int
+    def __init__(self, batches_received: _Optional[int] = ...) -> None: ...
+
+class RunRequest(_message.Message):
+    __slots__ = ("token", "steps", "output_steps")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    steps: int
+    output_steps: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token: _Optional[str] = ..., steps: _Optional[int] = ..., output_steps: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class StepTiming(_message.Message):
+    __slots__ = ("sim_seconds", "sim_samples_per_sec", "wall_seconds")
+    SIM_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SIM_SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
+    WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    sim_seconds: float
+    sim_samples_per_sec: float
+    wall_seconds: float
+    def __init__(self, sim_seconds: _Optional[float] = ..., sim_samples_per_sec: _Optional[float] = ..., wall_seconds: _Optional[float] = ...) -> None: ...
+
+class StepResult(_message.Message):
+    __slots__ = ("step", "loss", "timing", "outputs")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    loss: float
+    timing: StepTiming
+    outputs: _containers.RepeatedCompositeFieldContainer[Tensor]
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., timing: _Optional[_Union[StepTiming, _Mapping]] = ..., outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ...) -> None: ...
+
+class JobSummary(_message.Message):
+    __slots__ = ("steps", "samples", "sim_seconds", "sim_samples_per_sec", "wall_seconds", "wall_samples_per_sec", "utilization")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SIM_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SIM_SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
+    WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WALL_SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    samples: int
+    sim_seconds: float
+    sim_samples_per_sec: float
+    wall_seconds: float
+    wall_samples_per_sec: float
+    utilization: float
+    def __init__(self, steps: _Optional[int] = ..., samples: _Optional[int] = ..., sim_seconds: _Optional[float] = ..., sim_samples_per_sec: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., wall_samples_per_sec: _Optional[float] = ..., utilization: _Optional[float] = ...) -> None: ...
+
+class RunResult(_message.Message):
+    __slots__ = ("step", "summary")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    step: StepResult
+    summary: JobSummary
+    def __init__(self, step: _Optional[_Union[StepResult, _Mapping]] = ..., summary: _Optional[_Union[JobSummary, _Mapping]] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ("token", "chunk_bytes")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    chunk_bytes: int
+    def __init__(self, token: _Optional[str] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("state", "job_id", "global_step", "fabric", "message")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    job_id: str
+    global_step: int
+    fabric: str
+    message: str
+    def __init__(self, state: _Optional[str] = ..., job_id: _Optional[str] = ..., global_step: _Optional[int] = ..., fabric: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class LeaseBeat(_message.Message):
+    __slots__ = ("global_step",)
+    GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    global_step: int
+    def __init__(self, global_step: _Optional[int] = ...) -> None: ...
+
+class UnloadRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class UnloadReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
