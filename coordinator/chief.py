@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from common.errors import CSRunError
+from common.run_kinds import RunKind
 from coordinator.compiler import compile_model
 from coordinator.roles import TaskRole
 from cs_api import pb
@@ -30,13 +31,14 @@ from cs_api.client import CSClient
 from cs_api.input_spec import program_inputs
 from cs_api.tensors import from_tensor
 from tf_model import checkpoints, progress
-from tf_model.checkpoints import OPTIMIZER_SCALARS, is_optimizer_state, optimizer_changed
+from tf_model.checkpoints import OPTIMIZER_SCALARS, is_optimizer_state, optimizer_changed, optimizer_of
 from tf_model.estimator_spec import ModeKeys
 from tf_model.events import EventWriter, eval_dir
 from tf_model.metrics import EvalMetrics
 from tf_model.model_dir_lock import model_dir_locked
 from tf_model.model_fn import batch_signature, make_dataset
 from tf_model.predictions import PredictionGraph, write_predictions
+from wafer.optimizers import OPTIMIZERS, OptimizerConfig, slot_name
 from workers.feed import run_worker
 from workers.rendezvous import Rendezvous, publish
 
@@ -45,9 +47,14 @@ def program_variables(program: pb.Program) -> list[str]:
     return [p.variable for k in program.kernels for p in k.params]
 
 
-# The TF optimizer whose slots each CS optimizer keeps (tf_model.checkpoints.optimizer_of).
-_TF_OPTIMIZER = {"sgd": "", "momentum": "Momentum", "adam": "Adam", "rmsprop": "RMSProp",
-                 "adagrad": "Adagrad"}
+def tf_optimizer(optimizer: pb.Optimizer) -> str:
+    """The TF optimizer whose state the CS optimizer keeps, as `optimizer_of` names it from
+    the slot and scalar names `wafer.optimizers` gives ("" for plain SGD)."""
+    rule = OPTIMIZERS.get(optimizer.type)
+    if rule is None:  # the CS refuses the program, naming the optimizer
+        return optimizer.type
+    kept = rule(OptimizerConfig.from_message(optimizer))
+    return optimizer_of([*(slot_name("w", s) for s in kept.slot_suffixes), *kept.scalar_names])
 
 
 def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
@@ -61,7 +68,7 @@ def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
                          "another model", "use a new model_dir for a changed model")
     keep = set(variables)
     if program.HasField("optimizer") and program.optimizer.type and not optimizer_changed(
-            path, tensors, _TF_OPTIMIZER.get(program.optimizer.type, program.optimizer.type)):
+            path, tensors, tf_optimizer(program.optimizer)):
         keep |= {n for n in tensors if is_optimizer_state(n)
                  and (n in OPTIMIZER_SCALARS or n.rsplit("/", 1)[0] in variables)}
     return {n: np.asarray(a) for n, a in tensors.items() if n in keep}
@@ -118,10 +125,10 @@ class CSJob:
             self._errors.append(error)
             self.client.close()  # ends the chief's run stream, which waits for batches
 
-    def run(self, action: str, steps: int, output_steps: tuple[int, ...] = ()) -> Iterator[pb.RunResult]:
+    def run(self, kind: RunKind, steps: int, output_steps: tuple[int, ...] = ()) -> Iterator[pb.RunResult]:
         """The CS's per-step results; a failure of the in-chief worker is the error raised."""
         try:
-            yield from self.client.run(action, steps, output_steps)
+            yield from self.client.run(kind, steps, output_steps)
         except CSRunError:
             if self._errors:
                 raise self._errors[0] from None
@@ -151,13 +158,13 @@ class Chief:
         self.model_dir = str(estimator.model_dir)
         self.config = estimator.config
 
-    def run(self, action: str, input_fn: Callable, **kwargs: Any) -> Any:
+    def run(self, kind: RunKind, input_fn: Callable, **kwargs: Any) -> Any:
         """Run the phase; if it ends without publishing its rendezvous (nothing to do, or an
         error first), publish an ended one so that the input workers stop at once."""
         try:
-            phases: dict[str, Callable[..., Any]] = {
-                "train": self.train, "evaluate": self.evaluate, "predict": self.predict}
-            result = phases[action](input_fn, **kwargs)
+            phases: dict[RunKind, Callable[..., Any]] = {
+                RunKind.TRAIN: self.train, RunKind.EVALUATE: self.evaluate, RunKind.PREDICT: self.predict}
+            result = phases[kind](input_fn, **kwargs)
         except BaseException as error:
             self._end_phase(f"the chief stopped: {error}" if str(error) else "the chief stopped")
             raise
@@ -210,7 +217,7 @@ class Chief:
         with CSJob(self, program, state, step, step, end - step, input_fn) as job, \
                 EventWriter(self.model_dir) as events:
             while step < end:
-                for result in job.run("train", min(every - step % every, end - step)):
+                for result in job.run(RunKind.TRAIN, min(every - step % every, end - step)):
                     if result.HasField("summary"):
                         summary = result.summary
                         continue
@@ -250,7 +257,7 @@ class Chief:
         with EvalMetrics(self.estimator.model_fn, input_fn, self.params) as metrics, \
                 CSJob(self, program, state, step, 0, steps, input_fn) as job:
             loss_tensor = metrics.host_tensors[-1]
-            for result in job.run("evaluate", steps):
+            for result in job.run(RunKind.EVALUATE, steps):
                 if result.HasField("step"):
                     metrics.update({**host_values(program, result.step),
                                     loss_tensor: np.asarray(result.step.loss, np.float32)})
@@ -277,7 +284,7 @@ class Chief:
         collected: dict[str, list[np.ndarray]] = {}
         with PredictionGraph(self.estimator.model_fn, batch_signature(dataset), self.params, path) as graph, \
                 CSJob(self, program, state, step, 0, steps, input_fn) as job:
-            for result in job.run("predict", steps):
+            for result in job.run(RunKind.PREDICT, steps):
                 if result.HasField("step"):
                     for key, value in graph.run(host_values(program, result.step)).items():
                         collected.setdefault(key, []).append(value)

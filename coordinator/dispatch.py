@@ -1,7 +1,7 @@
 """What a task of a CS job does when the user's script calls train / evaluate / predict.
 
-`CSEstimator` calls `run(estimator, action, input_fn, **kwargs)` when a CS is in use. The
-task's rank (`coordinator.roles`) decides: rank 0 runs the chief (`coordinator.chief`),
+`CSEstimator` calls `run(estimator, kind, input_fn, **kwargs)` (`kind`: a
+`common.run_kinds.RunKind`) when a CS is in use. The task's rank (`coordinator.roles`) decides: rank 0 runs the chief (`coordinator.chief`),
 the others stream their shard of input_fn to the CS (`workers.feed`) once the chief has
 published the phase's rendezvous (`workers.rendezvous`). The estimator is read through
 the attributes tf.estimator.Estimator also has: `model_fn`, `params`, `model_dir`, `config`.
@@ -12,24 +12,23 @@ import itertools
 from pathlib import Path
 from typing import Any, Callable
 
+from common.run_kinds import RunKind
 from coordinator.roles import task_role
 from workers.feed import JobEnded, run_worker
 from workers.rendezvous import rendezvous_path, wait_for
 
-ACTIONS = ("train", "evaluate", "predict")
 _calls = itertools.count(1)  # the n-th CS call of this script: the same n in every task
 
 
-def run(estimator: Any, action: str, input_fn: Callable, **kwargs: Any) -> Any:
-    if action not in ACTIONS:
-        raise ValueError(f"action {action!r} is not one of {ACTIONS}")
+def run(estimator: Any, kind: RunKind, input_fn: Callable, **kwargs: Any) -> Any:
+    kind = RunKind(kind)  # ValueError for another kind
     role = task_role()
-    phase = f"{next(_calls)}-{action}"
+    phase = f"{next(_calls)}-{kind}"
     path = rendezvous_path(phase, role.job_id, role.job_dir, Path(estimator.model_dir))
     if role.is_chief:
         from coordinator.chief import Chief
 
-        return Chief(estimator, role, path).run(action, input_fn, **kwargs)
+        return Chief(estimator, role, path).run(kind, input_fn, **kwargs)
     rendezvous = wait_for(path)
     if rendezvous.ended:
         print(f"input worker {role.worker_id}: nothing to stream: {rendezvous.ended}", flush=True)

@@ -1,4 +1,4 @@
-"""A task's place in its job: rank, number of tasks, the job's id and folder.
+"""A task's place in its job: rank, number of tasks, the job's id, folder and CS system.
 
 Every task of a CS job runs the same user command; the rank decides the role: rank 0 is
 the chief, the others are input workers. The rank comes from, in order:
@@ -9,6 +9,11 @@ the chief, the others are input workers. The rank comes from, in order:
   inherits,
 - Slurm (`SLURM_PROCID` / `SLURM_NTASKS`),
 - otherwise a job of one task (rank 0 of 1): `python run.py --cs_ip …` by hand.
+
+The job's CS system reaches a task by one channel: `CSRUN_CS_IP`, which `csrun_wse` (and
+its sbatch template) sets for every task, whatever the command; it is read here only.
+The user's script gets it from `TaskRole.cs_ip` (`launcher.run_utils` for run.py,
+`CSEstimator` otherwise); input workers take the address from the chief's rendezvous.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+CS_IP_ENV = "CSRUN_CS_IP"  # HOST:PORT of the job's CS system
 _SOURCES = (
     ("CSRUN_TASK_RANK", "CSRUN_NUM_TASKS", "CSRUN_JOB_ID"),
     ("SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_JOB_ID"),
@@ -29,6 +35,7 @@ class TaskRole:
     num_tasks: int
     job_id: str          # the launch's id: the rendezvous is keyed on it
     job_dir: Path | None  # the launcher's job folder (CSRUN_JOB_DIR), if any
+    cs_ip: str | None = None  # the job's CS system (CS_IP_ENV), if the launcher named one
 
     @property
     def is_chief(self) -> bool:
@@ -48,11 +55,12 @@ class TaskRole:
 def task_role(environ: dict[str, str] | None = None) -> TaskRole:
     env = os.environ if environ is None else environ
     job_dir = Path(env["CSRUN_JOB_DIR"]) if env.get("CSRUN_JOB_DIR") else None
+    cs_ip = env.get(CS_IP_ENV) or None
     for rank_key, count_key, job_key in _SOURCES:
         if env.get(rank_key, "") != "":
             rank, count = int(env[rank_key]), int(env.get(count_key) or 1)
             if not 0 <= rank < count:
                 raise ValueError(f"{rank_key}={rank} is not below {count_key}={count}")
             job_id = env.get("CSRUN_JOB_ID") or env.get(job_key) or "local"
-            return TaskRole(rank, count, job_id, job_dir)
-    return TaskRole(0, 1, env.get("CSRUN_JOB_ID") or f"pid{os.getpid()}", job_dir)
+            return TaskRole(rank, count, job_id, job_dir, cs_ip)
+    return TaskRole(0, 1, env.get("CSRUN_JOB_ID") or f"pid{os.getpid()}", job_dir, cs_ip)

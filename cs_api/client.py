@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 
 from common.errors import CSRunError
+from common.run_kinds import RunKind
 from cs_api import MESSAGE_OPTIONS, pb, rpc
 from cs_api.liveness import Liveness
 from cs_api.tensors import assemble, tensor_chunks
@@ -117,15 +118,16 @@ class CSClient:
 
         threading.Thread(target=hold, name="cs-lease", daemon=True).start()
 
-    def run(self, action: str, steps: int, output_steps: tuple[int, ...] = ()) -> Iterator[pb.RunResult]:
+    def run(self, kind: RunKind, steps: int, output_steps: tuple[int, ...] = ()) -> Iterator[pb.RunResult]:
         """The Train / Evaluate / Predict stream of per-step results, then the job summary."""
-        call = {"train": self._stub.Train, "evaluate": self._stub.Evaluate, "predict": self._stub.Predict}[action]
+        call = {RunKind.TRAIN: self._stub.Train, RunKind.EVALUATE: self._stub.Evaluate,
+                RunKind.PREDICT: self._stub.Predict}[kind]
         responses = call(pb.RunRequest(token=self.token, steps=steps, output_steps=output_steps))
         with Liveness(self.cs_ip, responses.cancel, self._open_channel) as live:
             try:
                 yield from responses
             except grpc.RpcError as error:
-                raise self._error(error, action, live) from None
+                raise self._error(error, kind, live) from None
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """The job's weights and optimizer slots, by TF variable / slot name."""

@@ -17,9 +17,13 @@ loopback port and stopped at the end: the tasks must then run on this host (a Sl
 is pinned to this host's node; several nodes are an error: pass `--cs_ip`), and
 `--detach` is refused (the simulator lives as long as csrun_wse). `--detach` prints the
 Slurm job id and returns; `--emit-sbatch FILE` writes `slurm/templates/csrun_wse.sbatch`
-filled in with this job's settings, for plain `sbatch`. A `python X.py`
-command gets `--cs_ip HOST:PORT` appended unless it names one. The chief's log streams to
+filled in with this job's settings, for plain `sbatch`. The chief's log streams to
 the terminal; every task's log stays in the job folder; the exit code is the job's.
+
+The job's CS reaches every task by one channel, the task's environment (`CSRUN_CS_IP`,
+`coordinator.roles`): it reaches any command, in a container or not; the command runs as
+given. The embedded simulator's fabric is the job's `runconfig.fabric`, read from a
+`python X.py` command's params as run.py reads them (`launcher.run_utils`).
 """
 from __future__ import annotations
 
@@ -40,11 +44,14 @@ import grpc
 
 from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
+from coordinator.roles import CS_IP_ENV
 from cs_api import pb, rpc
+from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip, params_path
 from launcher.site_config import TLS_CA_ENV, SiteConfig, load_site_config
 from slurm.auto import choose_backend
 from slurm.backend import JobRequest
 from slurm.templates import write_wse_sbatch
+from wafer.fabric import DEFAULT_FABRIC
 from workers.rendezvous import RENDEZVOUS_DIR
 
 PROG = "csrun_wse"
@@ -115,42 +122,18 @@ def parse_args(argv: list[str], site: SiteConfig | None = None) -> WseArgs:
                    tuple((k, v) for k, v in options.items() if v is not None))
 
 
-def normalize_cs_ip(cs_ip: str) -> str:
-    """HOST[:PORT] → HOST:PORT (default port 9000, as run.py's --cs_ip)."""
-    host, _, port = cs_ip.rpartition(":") if ":" in cs_ip else (cs_ip, "", "9000")
-    if not host or not port.isdigit():
-        raise CSRunError(f"--cs_ip {cs_ip!r} is not HOST:PORT", "e.g. --cs_ip 10.0.0.5:9000")
-    if not 1 <= int(port) <= 65535:
-        raise CSRunError(f"--cs_ip {cs_ip!r}: port {port} is not between 1 and 65535",
-                         "e.g. --cs_ip 10.0.0.5:9000")
-    return f"{host}:{port}"
-
-
-def with_cs_ip(command: tuple[str, ...], cs_ip: str) -> tuple[str, ...]:
-    """`python X.py …` gets `--cs_ip` appended unless it already names one."""
-    is_script = (len(command) >= 2 and Path(command[0]).name.startswith("python")
-                 and command[1].endswith(".py"))
-    if not is_script or any(a == "--cs_ip" or a.startswith("--cs_ip=") for a in command):
-        return command
-    return (*command, "--cs_ip", cs_ip)
-
-
 def fabric_of(command: tuple[str, ...], workdir: Path) -> str:
-    """The fabric the job's params name (`runconfig.fabric`), for the embedded simulator."""
-    import yaml
-
-    path = workdir / "configs" / "params.yaml"
-    for flag in ("-p", "--params"):
-        if flag in command[:-1]:
-            path = workdir / command[command.index(flag) + 1]
-    for arg in command:
-        if arg.startswith("--params="):
-            path = workdir / arg.split("=", 1)[1]
+    """The fabric of the job's runconfig, for the embedded simulator: a `python X.py …`
+    command's params, found and read as run.py finds and reads them; DEFAULT_FABRIC for
+    another command or params that cannot be read (the run itself then says why)."""
+    if not (len(command) >= 2 and Path(command[0]).name.startswith("python") and command[1].endswith(".py")):
+        return DEFAULT_FABRIC
     try:
-        params = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return "cs1"  # the run itself reports a bad params file
-    return str((params.get("runconfig") or {}).get("fabric") or "cs1")
+        flags, _ = create_arg_parser("").parse_known_args([a for a in command[2:] if a not in ("-h", "--help")])
+        path = workdir / params_path(flags.params, str((workdir / command[1]).parent))
+        return str(get_params(str(path))["runconfig"]["fabric"])
+    except CSRunError:
+        return DEFAULT_FABRIC
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -210,12 +193,11 @@ class EmbeddedSimulator:
             process.wait()
 
 
-def task_command(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig) -> tuple[str, ...]:
-    """What every task runs: the user's command (with --cs_ip), in the site's container if any."""
-    command = with_cs_ip(args.command, cs_ip)
+def task_command(args: WseArgs, workdir: Path, site: SiteConfig) -> tuple[str, ...]:
+    """What every task runs: the user's command, in the site's container if any."""
     if site.container.image is None:
-        return command
-    _, argv = container_exec(site.container.image, command, (*site.mount_dirs, *args.mount_dirs),
+        return args.command
+    _, argv = container_exec(site.container.image, args.command, (*site.mount_dirs, *args.mount_dirs),
                              str(workdir), site.container.runtime)
     return tuple(argv)
 
@@ -232,7 +214,7 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
                 embedded: bool = False) -> JobRequest:
     site = site or SiteConfig()
     return JobRequest(
-        command=task_command(args, cs_ip, workdir, site),
+        command=task_command(args, workdir, site),
         folder=args.job_dir,
         workdir=workdir,
         name=PROG,
@@ -240,7 +222,7 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
         tasks_per_node=args.tasks_per_node,
         cpus_per_task=args.cpus_per_task,
         env={"CSRUN_JOB_DIR": str(args.job_dir), "CSRUN_JOB_ID": args.job_dir.name,
-             "CSRUN_CS_IP": cs_ip, TLS_CA_ENV: "" if embedded else (site.cs.tls_ca or ""),
+             CS_IP_ENV: cs_ip, TLS_CA_ENV: "" if embedded else (site.cs.tls_ca or ""),
              "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
         options=dict(args.slurm_options),
         defaults=site_defaults(site),

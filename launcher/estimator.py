@@ -5,8 +5,8 @@
     estimator.train(train_input_fn, max_steps=1000)
     estimator.evaluate(eval_input_fn, steps=3)
 
-A CS is in use when `config.cs_ip` is set or the script runs in a `csrun_wse` job
-(`CSRUN_CS_IP`); then train (and evaluate / predict with `use_cs=True`) go to
+A CS is in use when `config.cs_ip` is set or, when it is not, the script runs in a
+`csrun_wse` job (the job's CS: `coordinator.roles.TaskRole.cs_ip`); then train (and evaluate / predict with `use_cs=True`) go to
 `coordinator.dispatch.run`. Otherwise everything runs on the CPU with plain TensorFlow
 (`tf_model.cpu_session`).
 
@@ -19,14 +19,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import os
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from common.errors import CSRunError, install_excepthook
+from common.run_kinds import RunKind
 from coordinator import dispatch
 from coordinator.compiler import CompileResult, compile_model
+from coordinator.roles import task_role
 from launcher.site_config import cs_tls_ca
 from tf_model import cpu_session
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
@@ -34,8 +35,6 @@ from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 
 __all__ = ["CSEstimator", "CSEstimatorSpec", "CSRunConfig", "ModeKeys"]
-
-CS_IP_ENV = "CSRUN_CS_IP"
 
 
 @dataclass(frozen=True)
@@ -91,8 +90,8 @@ class CSEstimator:
                  compile_dir: str | None = None, config: CSRunConfig | None = None,
                  params: dict | None = None, warm_start_from: str | None = None):
         config = config or CSRunConfig()
-        if config.cs_ip is None and os.environ.get(CS_IP_ENV):
-            config = dataclasses.replace(config, cs_ip=os.environ[CS_IP_ENV])
+        if config.cs_ip is None:
+            config = dataclasses.replace(config, cs_ip=task_role().cs_ip)
         if config.cs_ip is not None and config.cs_tls_ca is None:
             config = dataclasses.replace(config, cs_tls_ca=cs_tls_ca())
         params = copy.deepcopy(params) if params is not None else {}
@@ -141,7 +140,7 @@ class CSEstimator:
         if self._on_cs(use_cs):
             if hooks:
                 raise CSRunError("hooks run on the CPU path only", "train without hooks on the CS")
-            dispatch.run(self, "train", input_fn, steps=steps, max_steps=max_steps)
+            dispatch.run(self, RunKind.TRAIN, input_fn, steps=steps, max_steps=max_steps)
         else:
             cpu_session.train(self.model_fn, input_fn, self.settings, steps=steps,
                               max_steps=max_steps, hooks=list(hooks or ()))
@@ -151,7 +150,7 @@ class CSEstimator:
                  checkpoint_path: str | None = None, use_cs: bool = False) -> dict | None:
         """The metrics of a checkpoint (the newest by default) over `steps` batches."""
         if self._on_cs(use_cs):
-            return dispatch.run(self, "evaluate", input_fn, steps=steps,
+            return dispatch.run(self, RunKind.EVALUATE, input_fn, steps=steps,
                                 checkpoint_path=checkpoint_path)
         return cpu_session.evaluate(self.model_fn, input_fn, self.settings, steps=steps,
                                     checkpoint_path=checkpoint_path)
@@ -160,7 +159,7 @@ class CSEstimator:
                 num_samples: int | None = None, use_cs: bool = False) -> Any:
         """Predictions of a checkpoint; also written to `model_dir/predict/`."""
         if self._on_cs(use_cs):
-            return dispatch.run(self, "predict", input_fn, checkpoint_path=checkpoint_path,
+            return dispatch.run(self, RunKind.PREDICT, input_fn, checkpoint_path=checkpoint_path,
                                 num_samples=num_samples)
         return cpu_session.predict(self.model_fn, input_fn, self.settings,
                                    checkpoint_path=checkpoint_path, num_samples=num_samples)

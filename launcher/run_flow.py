@@ -4,8 +4,8 @@ eval / eval_all / train_and_eval / predict, or validate_only / compile_only.
     from launcher.run_flow import run
     run(model_fn, train_input_fn, eval_input_fn, here=os.path.dirname(__file__))
 
-`python run.py` runs on the CPU; with `--cs_ip` (or under `csrun_wse`) train and eval go to
-the CS system.
+`python run.py` runs on the CPU; with `--cs_ip` (or under `csrun_wse`, which names the job's
+CS to every task: `coordinator.roles`) train and eval go to the CS system.
 """
 from __future__ import annotations
 
@@ -18,7 +18,15 @@ from common.errors import CSRunError, cli_entry
 from coordinator.roles import task_role
 from launcher.estimator import CSEstimator, CSRunConfig, ModeKeys
 from launcher.params_spec import Spec, check_params
-from launcher.run_utils import check_env, create_arg_parser, get_params, is_cs, save_params, update_params_from_args
+from launcher.run_utils import (
+    check_env,
+    create_arg_parser,
+    get_params,
+    is_cs,
+    params_path,
+    save_params,
+    update_params_from_args,
+)
 from tf_model import checkpoints
 from tf_model.model_dir_lock import model_dir_locked
 
@@ -85,13 +93,14 @@ def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, h
     def main() -> None:
         parser = create_arg_parser(os.path.join(here, "model_dir"))
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-        path = args.params or os.path.join(here, "configs", "params.yaml")
+        path = params_path(args.params, here)
         params = get_params(path)
         check_params(params, params_spec or {}, path)
         runconfig = params["runconfig"]
-        update_params_from_args(args, runconfig)
+        role = task_role()
+        update_params_from_args(args, runconfig, job_cs_ip=role.cs_ip)
         check_env(runconfig)
-        chief = task_role().is_chief
+        chief = role.is_chief
         writes = runconfig["mode"] in TRAINING_MODES and chief \
             and not (runconfig["validate_only"] or runconfig["compile_only"])
         # one writer per model_dir, from before params.yaml is written to the run's end; input

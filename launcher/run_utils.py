@@ -3,7 +3,12 @@
 
 Params are YAML with a `runconfig` section; its keys are checked (an unknown key or a wrong
 type names the key and the file) and missing ones get defaults. A command-line flag
-overrides the YAML when it is given.
+overrides the YAML when it is given. This module is the one reader of run.py's flags and
+params: `csrun_wse` reads a job's fabric through it too.
+
+The CS system a run uses (`runconfig.cs_ip`): the `--cs_ip` flag, else the CS of the job
+the task runs in (`coordinator.roles.TaskRole.cs_ip`, which `csrun_wse` sets), else the
+YAML's; none: the run stays on the CPU.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from typing import Any
 import yaml
 
 from common.errors import ArgumentParser, CSRunError, install_excepthook
-from launcher.csrun_wse import normalize_cs_ip
+from wafer.fabric import DEFAULT_FABRIC
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 
@@ -23,12 +28,23 @@ CPU_ONLY_MODES = ("eval_all", "train_and_eval")
 _STEP_KEYS = ("max_steps", "steps", "eval_steps", "save_summary_steps", "save_checkpoints_steps",
               "keep_checkpoint_max", "log_step_count_steps")
 RUNCONFIG_DEFAULTS: dict[str, Any] = {
-    "mode": "train", "model_dir": None, "cs_ip": None, "fabric": "cs1", "tf_random_seed": None,
+    "mode": "train", "model_dir": None, "cs_ip": None, "fabric": DEFAULT_FABRIC, "tf_random_seed": None,
     "max_steps": None, "steps": None, "eval_steps": None, "save_summary_steps": 100,
     "save_checkpoints_steps": None, "keep_checkpoint_max": 5, "log_step_count_steps": 100,
     "validate_only": False, "compile_only": False,
 }
 PARAMS_FILE = "params.yaml"
+
+
+def normalize_cs_ip(cs_ip: str) -> str:
+    """HOST[:PORT] → HOST:PORT (default port 9000)."""
+    host, _, port = cs_ip.rpartition(":") if ":" in cs_ip else (cs_ip, "", "9000")
+    if not host or not port.isdigit():
+        raise CSRunError(f"--cs_ip {cs_ip!r} is not HOST:PORT", "e.g. --cs_ip 10.0.0.5:9000")
+    if not 1 <= int(port) <= 65535:
+        raise CSRunError(f"--cs_ip {cs_ip!r}: port {port} is not between 1 and 65535",
+                         "e.g. --cs_ip 10.0.0.5:9000")
+    return f"{host}:{port}"
 
 
 def _check_runconfig(runconfig: dict, path: str) -> None:
@@ -52,6 +68,12 @@ def _check_runconfig(runconfig: dict, path: str) -> None:
                                  f"use one of {', '.join(MODES)}")
         elif not isinstance(value, str):
             raise CSRunError(f"runconfig.{key} in {path} is {value!r}, not a string")
+
+
+def params_path(params_flag: str | None, here: str) -> str:
+    """The params file a run reads: `-p/--params`, else `<here>/configs/params.yaml`
+    (`here`: the example's folder)."""
+    return params_flag or os.path.join(here, "configs", "params.yaml")
 
 
 def get_params(path: str) -> dict:
@@ -101,11 +123,14 @@ def create_arg_parser(default_model_dir: str) -> argparse.ArgumentParser:
     return p
 
 
-def update_params_from_args(args: argparse.Namespace, runconfig: dict) -> None:
+def update_params_from_args(args: argparse.Namespace, runconfig: dict, job_cs_ip: str | None = None) -> None:
     """Flags given on the command line override `runconfig` (in place); `--steps` replaces
-    the YAML's `max_steps` and the other way round; `cs_ip` gets port 9000 if it has none."""
+    the YAML's `max_steps` and the other way round; the job's CS (`job_cs_ip`) overrides
+    the YAML's `cs_ip` as `--cs_ip` does (the flag wins); `cs_ip` gets port 9000 if it has none."""
     for key in ("model_dir", "cs_ip", "steps", "max_steps", "eval_steps", "mode"):
         value = getattr(args, key, None)
+        if key == "cs_ip" and value is None:
+            value = job_cs_ip
         if value is not None:
             if key in ("steps", "max_steps") and value < 0:
                 raise CSRunError(f"--{key} {value}: must be >= 0")

@@ -12,7 +12,8 @@ import pytest
 
 from common.errors import CSRunError
 from coordinator.roles import task_role
-from launcher.csrun_wse import normalize_cs_ip, parse_args, with_cs_ip
+from launcher.csrun_wse import fabric_of, parse_args
+from launcher.run_utils import normalize_cs_ip
 
 CSRUN_WSE = [sys.executable, "-c", "import sys; from launcher.csrun_wse import main; sys.exit(main())"]
 # A fake CS address: these tests exercise process management only (no CS is contacted).
@@ -30,7 +31,8 @@ def sh(script):
 
 
 def test_roles_from_environment():
-    assert task_role({}).rank == 0 and task_role({}).num_tasks == 1
+    assert task_role({}).rank == 0 and task_role({}).num_tasks == 1 and task_role({}).cs_ip is None
+    assert task_role({"CSRUN_CS_IP": "10.0.0.5:9000"}).cs_ip == "10.0.0.5:9000"  # the job's CS
     role = task_role({"SUBMITIT_LOCAL_GLOBALID": "2", "SUBMITIT_LOCAL_NTASKS": "3",
                       "SUBMITIT_LOCAL_JOB_ID": "99", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
     assert (role.rank, role.num_tasks, role.job_id, role.is_chief) == (2, 3, "99", False)
@@ -41,14 +43,29 @@ def test_roles_from_environment():
         (True, 1, 0, "5", "/j")
 
 
-def test_cs_ip_is_appended_to_python_scripts_only():
-    assert with_cs_ip(("python", "run.py", "--mode", "train"), "h:1") == \
-        ("python", "run.py", "--mode", "train", "--cs_ip", "h:1")
-    assert with_cs_ip(("python", "run.py", "--cs_ip", "x:2"), "h:1") == ("python", "run.py", "--cs_ip", "x:2")
-    assert with_cs_ip(("sh", "-c", "true"), "h:1") == ("sh", "-c", "true")
+def test_cs_ip_gets_the_default_port_and_bad_addresses_are_refused():
     assert normalize_cs_ip("10.0.0.5") == "10.0.0.5:9000"
     with pytest.raises(CSRunError):
         normalize_cs_ip("host:port")
+
+
+def test_the_embedded_simulator_fabric_is_read_as_run_py_reads_params(tmp_path):
+    example = tmp_path / "ex"
+    (example / "configs").mkdir(parents=True)
+    (example / "configs" / "params.yaml").write_text("runconfig:\n  fabric: cs2\n")
+    (tmp_path / "other.yaml").write_text("runconfig:\n  fabric: cs2\n  max_steps: 3\n")
+    (tmp_path / "bad.yaml").write_text("runconfig:\n  fabrik: cs2\n")
+    # the script folder's configs/params.yaml, wherever the job starts, as run.py finds it
+    assert fabric_of(("python", "ex/run.py", "--mode", "train"), tmp_path) == "cs2"
+    assert fabric_of(("python", "run.py", "--mode", "train"), example) == "cs2"
+    # -p / --params / --params= / an abbreviation, relative to the working directory
+    assert fabric_of(("python", "run.py"), tmp_path) == "cs1"  # no configs/params.yaml here
+    for flags in (("-p", "other.yaml"), ("--params", "other.yaml"), ("--params=other.yaml",), ("--par", "other.yaml")):
+        assert fabric_of(("python", "run.py", *flags, "--help"), tmp_path) == "cs2", flags
+    # the run itself reports a bad params file or flag; another command has no params
+    assert fabric_of(("python", "ex/run.py", "-p", "bad.yaml"), tmp_path) == "cs1"
+    assert fabric_of(("python", "ex/run.py", "--mode", "bogus"), tmp_path) == "cs1"
+    assert fabric_of(("sh", "-c", "python ex/run.py"), tmp_path) == "cs1"
 
 
 def test_parse_rejects_bad_arguments():
@@ -69,7 +86,8 @@ def test_dry_run_prints_every_task_and_the_embedded_simulator(tmp_path):
     port = lines[0].rsplit(" ", 1)[1]
     tasks = [ln for ln in lines if ln.startswith("SUBMITIT_LOCAL_GLOBALID=")]
     assert len(tasks) == 3
-    assert all(ln.endswith(f"python run.py --mode train --cs_ip 127.0.0.1:{port}") for ln in tasks)
+    assert all(f"CSRUN_CS_IP=127.0.0.1:{port} " in ln and ln.endswith(" python run.py --mode train")
+               for ln in tasks)
     assert not (tmp_path / "job").exists()  # nothing started
 
 

@@ -61,6 +61,17 @@ def test_flags_override_the_yaml_only_when_given(tmp_path):
     assert fresh["model_dir"] == "/default/model_dir" and not is_cs(fresh)
 
 
+def test_the_jobs_cs_overrides_the_yaml_and_the_flag_overrides_both(tmp_path):
+    """Under csrun_wse the task's CS (coordinator.roles) is the job's, as if given by --cs_ip."""
+    parser = create_arg_parser("/default/model_dir")
+    path = write_params(tmp_path / "p.yaml", {"cs_ip": "yaml-cs"})
+    for flags, job, expected in (([], None, "yaml-cs:9000"), ([], "job-cs:1", "job-cs:1"),
+                                 (["--cs_ip", "flag-cs:2"], "job-cs:1", "flag-cs:2")):
+        rc = get_params(path)["runconfig"]
+        update_params_from_args(parser.parse_args(flags), rc, job_cs_ip=job)
+        assert rc["cs_ip"] == expected
+
+
 def test_unknown_flags_and_bad_modes_are_one_line_errors():
     parser = create_arg_parser("md")
     with pytest.raises(CSRunError, match="unrecognized arguments: --max-steps"):

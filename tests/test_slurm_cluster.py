@@ -63,7 +63,7 @@ def test_tasks_run_with_their_ranks_and_the_dry_run_is_the_submitted_script(slur
                                    SLURM_CPUS_PER_TASK="3", SBATCH_PARTITION="nope")
     assert done.returncode == 0, done.stderr
     job_id = job_id_of(done.stderr)
-    assert "rank 0 of 3 argv ['--cs_ip', '127.0.0.1:1']" in done.stdout
+    assert "rank 0 of 3 argv []" in done.stdout  # the command runs as given: the CS is in CSRUN_CS_IP
     assert "rank 1" not in done.stdout  # only the chief's log streams to the terminal
     for rank in range(3):
         log = (job / f"{job_id}_{rank}_log.out").read_text()
@@ -185,9 +185,9 @@ def test_the_emitted_csrun_wse_template_runs_under_plain_sbatch(slurm_cluster, t
     assert done.returncode == 0, done.stderr + (tmp_path / f"csrun_wse-{done.stdout.strip()}.out").read_text()
     job_id = done.stdout.strip()
     logs = tmp_path / "csrun_jobs" / f"slurm-{job_id}"
-    for rank in range(2):  # the embedded simulator's address was appended, as csrun_wse does
-        assert re.search(rf"rank {rank} of 2 argv \['--cs_ip', '127\.0\.0\.1:\d+'\]",
-                         (logs / f"{job_id}_{rank}_log.out").read_text())
+    for rank in range(2):  # the embedded simulator's address is in every task's CSRUN_CS_IP
+        log = (logs / f"{job_id}_{rank}_log.out").read_text()
+        assert f"rank {rank} of 2 argv []" in log and re.search(r"^CSRUN_CS_IP=127\.0\.0\.1:\d+$", log, re.M)
     assert (logs / "wse_sim.log").exists()
 
 

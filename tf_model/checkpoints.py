@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
+from wafer.optimizers import OPTIMIZERS
 
 INDEX = "checkpoint"
 PREFIX = "model.ckpt"
@@ -204,7 +205,7 @@ def write_checkpoint(model_dir: str, step: int, tensors: dict[str, np.ndarray],
 
 _RNG_STATE = re.compile(r"(^|/)seed_generator(_\d+)?/seed_generator_state$")
 _SLOT = re.compile(r"/(Adam|Momentum|RMSProp|Adagrad|Adadelta|Ftrl)(_\d+)?$")
-OPTIMIZER_SCALARS = ("beta1_power", "beta2_power")
+OPTIMIZER_SCALARS = tuple(name for rule in OPTIMIZERS.values() for name in rule.scalar_names)  # Adam's beta powers
 
 
 def is_optimizer_state(name: str) -> bool:

@@ -35,6 +35,7 @@ FABRICS: dict[str, Fabric] = {
     "cs1": Fabric("cs1", 633, 633, 48 * 1024, 0.9e9, 8.0, 0.5, 12 * 100e9 / 8),
     "cs2": Fabric("cs2", 757, 996, 48 * 1024, 1.1e9, 8.0, 0.5, 12 * 100e9 / 8),
 }
+DEFAULT_FABRIC = "cs1"  # a run's fabric when its runconfig names none; `wse_sim serve`'s default
 
 
 def get_fabric(name: str) -> Fabric:

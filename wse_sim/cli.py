@@ -12,7 +12,7 @@ from pathlib import Path
 
 import threadpoolctl
 
-from wafer.fabric import FABRICS
+from wafer.fabric import DEFAULT_FABRIC, FABRICS
 from wse_sim.cs_system import CSSystem
 from wse_sim.server import CSServer, TLSFiles
 from wse_sim.stages import usable_cpus
@@ -24,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="The simulated CS system.")
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the CS API (gRPC) for one job at a time")
-    serve.add_argument("--fabric", choices=sorted(FABRICS), default="cs1")
+    serve.add_argument("--fabric", choices=sorted(FABRICS), default=DEFAULT_FABRIC)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     serve.add_argument("--port", type=int, default=50051)
     serve.add_argument("--idle-timeout", type=float, default=120.0,

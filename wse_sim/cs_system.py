@@ -18,6 +18,7 @@ stream ended, or every stream is blocked on batches later than the one needed.
 """
 from __future__ import annotations
 
+import enum
 import hmac
 import threading
 import time
@@ -27,6 +28,7 @@ from typing import Callable, Iterable, Iterator
 import grpc
 import numpy as np
 
+from common.run_kinds import RunKind
 from cs_api import cs_api_pb2 as pb
 from cs_api.tensors import CHUNK_BYTES, assemble, from_tensor, tensor_chunks, to_tensor
 from wafer import timing
@@ -41,7 +43,24 @@ BATCHES_PER_WORKER = 2  # flow-control window: batches buffered per input stream
 WAIT_POLL_S = 0.5  # how often a waiting run or stream re-checks for a cancelled job
 LEASE_BEAT_S = 2.0  # a lease's beat interval
 
-RUN_KINDS = ("train", "evaluate", "predict")
+
+class JobState(enum.StrEnum):
+    """What Status replies (`StatusReply.state`): a caller without the job's token learns
+    only IDLE or BUSY; the job's client the job's own state."""
+
+    IDLE = "idle"
+    BUSY = "busy"
+    LOADING = "loading"  # the Load is being received
+    LOADED = "loaded"  # between runs
+    RUNNING = "running"
+    FAILED = "failed"  # its last run failed (StatusReply.message says why); it stays loaded
+
+
+class StreamState(enum.StrEnum):
+    STREAMING = "streaming"
+    BLOCKED = "blocked"  # holding a batch more than a window ahead of the one consumed
+    DONE = "done"  # ended with its `end` message
+    BROKEN = "broken"  # ended without it
 
 
 @dataclass
@@ -49,7 +68,7 @@ class Stream:
     """One input worker's Feed stream, as the job sees it."""
 
     worker: int
-    state: str = "streaming"  # streaming, blocked, done, broken
+    state: StreamState = StreamState.STREAMING
     waiting_batch: int = -1  # the batch it holds while blocked
     received: int = 0
     error: str = ""  # why a broken stream broke
@@ -81,7 +100,7 @@ class Job:
     num_workers: int
     global_step: int
     next_batch: int
-    state: str = "loaded"  # loaded, running, failed
+    state: JobState = JobState.LOADED  # LOADED, RUNNING or FAILED
     message: str = ""
     closed: str = ""  # why the job ended (unloaded); wakes waiting streams and runs
     pending: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
@@ -235,14 +254,14 @@ class CSSystem:
         with self._cond:
             job, loading = self.job, self._loading
             if job is not None and same_token(token, job.token):
-                return pb.StatusReply(state=job.state, job_id=job.job_id, global_step=job.global_step,
+                return pb.StatusReply(state=job.state.value, job_id=job.job_id, global_step=job.global_step,
                                       fabric=fabric, message=job.message)
             if loading is not None and same_token(token, loading.token):
-                return pb.StatusReply(state="loading", job_id=loading.job_id, fabric=fabric)
+                return pb.StatusReply(state=JobState.LOADING.value, job_id=loading.job_id, fabric=fabric)
             if job is not None or loading is not None:
-                return pb.StatusReply(state="busy", fabric=fabric)
+                return pb.StatusReply(state=JobState.BUSY.value, fabric=fabric)
             last_token, why = self._last
-            return pb.StatusReply(state="idle", fabric=fabric, message=why if last_token and
+            return pb.StatusReply(state=JobState.IDLE.value, fabric=fabric, message=why if last_token and
                                   same_token(token, last_token) else "")
 
     # ---- leases ----
@@ -294,7 +313,7 @@ class CSSystem:
                     with self._cond:
                         job = self._job(request.token, f"input stream of worker {request.worker_id}")
                         stream = job.streams.setdefault(request.worker_id, Stream(request.worker_id))
-                        stream.state = "streaming"
+                        stream.state = StreamState.STREAMING
                 elif not same_token(request.token, job.token):
                     raise self._refuse(CSError(grpc.StatusCode.PERMISSION_DENIED,
                                                "the token is not the job's"),
@@ -309,7 +328,7 @@ class CSSystem:
         finally:
             if stream is not None:
                 with self._cond:
-                    stream.state = "done" if ok else "broken"
+                    stream.state = StreamState.DONE if ok else StreamState.BROKEN
                     stream.error = "" if ok else error
                     self._cond.notify_all()
         return pb.FeedReply(batches_received=stream.received if stream else 0)
@@ -343,12 +362,12 @@ class CSSystem:
                 raise invalid(f"worker {stream.worker} sent batch {index} again (the job's next "
                               f"batch is {job.next_batch})")
             while index >= job.next_batch + job.window and not job.closed:
-                stream.state, stream.waiting_batch = "blocked", index
+                stream.state, stream.waiting_batch = StreamState.BLOCKED, index
                 self._cond.notify_all()
                 self._cond.wait(WAIT_POLL_S)
             if job.closed:
                 raise CSError(grpc.StatusCode.ABORTED, f"job {job.job_id} ended: {job.closed}")
-            stream.state = "streaming"
+            stream.state = StreamState.STREAMING
             job.pending[index] = batch
             stream.received += 1
             self._cond.notify_all()
@@ -373,53 +392,53 @@ class CSSystem:
     @staticmethod
     def _stalled(job: Job, index: int) -> str:
         """Why batch `index` can never arrive, or ""."""
-        broken = sorted((s.worker, s.error) for s in job.streams.values() if s.state == "broken")
+        broken = sorted((s.worker, s.error) for s in job.streams.values() if s.state == StreamState.BROKEN)
         if broken:
             return (f"the input stream of worker {broken[0][0]} broke ({broken[0][1]}) while the "
                     f"run waited for batch {index}")
         if len(job.streams) < job.num_workers:
             return ""
-        if all(s.state == "done" for s in job.streams.values()):
+        if all(s.state == StreamState.DONE for s in job.streams.values()):
             return (f"every input stream ended ({sum(s.received for s in job.streams.values())} "
                     f"batches) before batch {index}")
         stuck = [s for s in job.streams.values()
-                 if s.state == "blocked" and s.waiting_batch >= index + job.window]
-        if stuck and all(s.state == "done" or s in stuck for s in job.streams.values()):
+                 if s.state == StreamState.BLOCKED and s.waiting_batch >= index + job.window]
+        if stuck and all(s.state == StreamState.DONE or s in stuck for s in job.streams.values()):
             held = sorted(s.waiting_batch for s in stuck)
             return (f"the run needs batch {index} but the input workers hold batches from "
                     f"{held[0]} on (the job's first batch is set by JobHeader.first_batch)")
         return ""
 
     # ---- runs ----
-    def run(self, kind: str, request: pb.RunRequest, cancelled: threading.Event) -> Iterator[pb.RunResult]:
+    def run(self, kind: RunKind, request: pb.RunRequest, cancelled: threading.Event) -> Iterator[pb.RunResult]:
         """Stream `request.steps` step results of a train / evaluate / predict run, then the
         summary. If the client goes away (`cancelled` set, or the generator closed before
         the summary), the job is unloaded."""
         with self._cond:
             job = self._job(request.token, kind)
             program = job.checked.message
-            if kind == "train" and (job.checked.optimizer is None or not program.loss_kernel):
+            if kind == RunKind.TRAIN and (job.checked.optimizer is None or not program.loss_kernel):
                 raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
                                            f"job {job.job_id}'s program has no optimizer and loss: "
                                            "it was compiled for evaluation or prediction"), kind)
-            if kind == "evaluate" and not program.loss_kernel:
+            if kind == RunKind.EVALUATE and not program.loss_kernel:
                 raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
                                            f"job {job.job_id}'s program has no loss: it was "
                                            "compiled for prediction"), kind)
-            if job.state == "running":
+            if job.state == JobState.RUNNING:
                 raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
                                            f"job {job.job_id} is already running"), kind)
             if request.steps < 0:
                 raise self._refuse(invalid(f"steps must be >= 0, got {request.steps}"), kind)
-            job.state, job.message = "running", ""
+            job.state, job.message = JobState.RUNNING, ""
             job.calls += 1
             self._runs[cancelled] = job
         return self._steps(job, kind, request, cancelled)
 
-    def _steps(self, job: Job, kind: str, request: pb.RunRequest,
+    def _steps(self, job: Job, kind: RunKind, request: pb.RunRequest,
                cancelled: threading.Event) -> Iterator[pb.RunResult]:
         program = job.checked.message
-        training = kind == "train"
+        training = kind == RunKind.TRAIN
         pipe_timing = job.timings["train" if training else "infer"]
         step_sim = pipe_timing.step_seconds(program.batch_size)
         output_steps = set(request.output_steps)
@@ -442,7 +461,7 @@ class CSSystem:
                 if training:
                     job.global_step = step
                 yield pb.RunResult(step=pb.StepResult(
-                    step=step, loss=result.loss if program.loss_kernel and kind != "predict" else 0.0,
+                    step=step, loss=result.loss if program.loss_kernel and kind != RunKind.PREDICT else 0.0,
                     timing=pb.StepTiming(sim_seconds=step_sim,
                                          sim_samples_per_sec=program.batch_size / step_sim,
                                          wall_seconds=seconds),
@@ -450,7 +469,7 @@ class CSSystem:
             samples = request.steps * program.batch_size
             finished = True
             with self._cond:
-                job.state = "loaded"
+                job.state = JobState.LOADED
             yield pb.RunResult(summary=pb.JobSummary(
                 steps=request.steps, samples=samples, sim_seconds=sim,
                 sim_samples_per_sec=samples / sim if sim > 0 else 0.0, wall_seconds=wall,
@@ -458,7 +477,7 @@ class CSSystem:
                 utilization=timing.run_utilization(pipe_timing, samples, sim)))
         except CSError as error:
             with self._cond:
-                job.state, job.message = "failed", error.message
+                job.state, job.message = JobState.FAILED, error.message
             self.log(f"job {job.job_id} {kind} failed: {error.code.name}: {error.message}")
             raise
         finally:
@@ -466,7 +485,7 @@ class CSSystem:
                 self._runs.pop(cancelled, None)
                 job.calls -= 1
                 job.last_active = time.monotonic()
-                if not finished and (cancelled.is_set() or job.state == "running"):
+                if not finished and (cancelled.is_set() or job.state == JobState.RUNNING):
                     self._unload(job, f"the client cancelled its {kind} stream")
 
     def cancel(self, cancelled: threading.Event) -> None:
@@ -483,7 +502,7 @@ class CSSystem:
         """Every weight, optimizer slot and beta power of the job, in chunks."""
         with self._cond:
             job = self._job(token, "snapshot")
-            if job.state == "running":
+            if job.state == JobState.RUNNING:
                 raise self._refuse(CSError(grpc.StatusCode.FAILED_PRECONDITION,
                                            f"job {job.job_id} is running; snapshot between runs"),
                                    "snapshot")

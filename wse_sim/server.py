@@ -14,6 +14,7 @@ from typing import Iterator
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from common.run_kinds import RunKind
 from cs_api import MESSAGE_OPTIONS
 from cs_api import cs_api_pb2 as pb
 from cs_api import cs_api_pb2_grpc as rpc
@@ -73,7 +74,7 @@ class CSServicer(rpc.CSSystemServicer):
         except CSError as error:
             self._abort(context, error)
 
-    def _run(self, kind: str, request: pb.RunRequest, context) -> Iterator[pb.RunResult]:
+    def _run(self, kind: RunKind, request: pb.RunRequest, context) -> Iterator[pb.RunResult]:
         cancelled = threading.Event()
         try:
             results = self.cs.run(kind, request, cancelled)
@@ -83,13 +84,13 @@ class CSServicer(rpc.CSSystemServicer):
             self._abort(context, error)
 
     def Train(self, request, context):
-        return self._run("train", request, context)
+        return self._run(RunKind.TRAIN, request, context)
 
     def Evaluate(self, request, context):
-        return self._run("evaluate", request, context)
+        return self._run(RunKind.EVALUATE, request, context)
 
     def Predict(self, request, context):
-        return self._run("predict", request, context)
+        return self._run(RunKind.PREDICT, request, context)
 
     def Snapshot(self, request, context):
         try:

@@ -23,7 +23,13 @@ from coordinator.compiler.program import emit
 from coordinator.compiler.report import validation_text
 from coordinator.compiler.weights import initializer_summary
 from tf_model.estimator_spec import ModeKeys
+<<<<<<< HEAD
 from wafer.fabric import FABRICS, Fabric
+=======
+from wafer import timing
+from wafer.fabric import DEFAULT_FABRIC, FABRICS, Fabric
+from wafer.kernels import KernelError, build_kernel
+>>>>>>> main
 
 __all__ = ["CompileResult", "compile_model", "load_compiled"]
 
@@ -39,7 +45,7 @@ def resolve_fabric(params: dict, fabric: str) -> Fabric:
 
 def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str, *,
                   mode: str = ModeKeys.TRAIN, validate_only: bool = False,
-                  fabric: str = "cs1") -> CompileResult:
+                  fabric: str = DEFAULT_FABRIC) -> CompileResult:
     """Validate (and unless validate_only, compile) model_fn for the CS system.
 
     Raises CSRunError for unsupported ops (every one listed in the error's detail and in
