@@ -23,13 +23,7 @@ from coordinator.compiler.program import emit
 from coordinator.compiler.report import validation_text
 from coordinator.compiler.weights import initializer_summary
 from tf_model.estimator_spec import ModeKeys
-<<<<<<< HEAD
-from wafer.fabric import FABRICS, Fabric
-=======
-from wafer import timing
 from wafer.fabric import DEFAULT_FABRIC, FABRICS, Fabric
-from wafer.kernels import KernelError, build_kernel
->>>>>>> main
 
 __all__ = ["CompileResult", "compile_model", "load_compiled"]
 
