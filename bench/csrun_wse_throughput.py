@@ -1,13 +1,17 @@
-"""End-to-end training throughput of `csrun_wse` (chief + 2 input workers + the embedded
-simulator) against `python run.py` on the CPU path, FC-MNIST (784-500-300-10, batch 256),
-same params and batches; and the rate one input worker streams at against the rate the
-simulator consumes.
+"""csrun_wse end to end vs python run.py: start-up and steady state, 1/2/4 input workers.
 
+`csrun_wse` (a chief, 1/2/4 input workers and the embedded simulator) against `python run.py`
+on the CPU path, FC-MNIST (784-500-300-10, batch 256), same params and batches: start-up of a
+short run, steady-state samples/s, the ratios; and the rate one input worker streams at
+against the rate the simulator consumes.
+
+Start-up: the wall time of a 20-step run, command to exit (imports, compile, simulator, the
+20 steps, the final checkpoint, exit); its overhead is csrun_wse's time minus the CPU path's.
 Steady state per path: the difference of a long and a short run of the same command, so
-start-up (imports, compile, simulator start, the final checkpoint) cancels out. The
-worker's rate is `input_fn` → its shard → checked, serialized FeedRequests, as
-`workers.feed` makes them (no CS needed); the simulator's consumption is its own wall
-clock rate from the long run's summary line.
+start-up cancels out. Runs interleaved, best of two (the machine is shared). The worker's
+rate is `input_fn` → its shard → checked, serialized FeedRequests, as `workers.feed` makes
+them (no CS needed); the simulator's consumption is its own wall clock rate from the long
+runs' summary lines.
 """
 from __future__ import annotations
 
@@ -28,7 +32,9 @@ from bench.table import Row, print_table  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "fc_mnist"
 BATCH = 256
-SHORT, LONG = 20, 220
+SHORT, LONG = 20, 320
+WORKERS = (1, 2, 4)
+REPEATS = 2
 WORKER_BATCHES = 200
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
        "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
@@ -55,11 +61,16 @@ def timed(command: list[str]) -> tuple[float, str]:
 
 
 def path_commands(folder: Path, steps: int, run: int) -> dict[str, list[str]]:
+    """"cpu" and "csrun_wse W" (W input workers: W + 1 tasks) for a run of `steps` steps."""
     params = write_params(folder, steps)
     train = ["python", "run.py", "--mode", "train", "-p", str(params)]
-    return {"cpu": [*train, "-o", str(folder / f"cpu-{steps}-{run}")],
-            "csrun_wse": ["csrun_wse", "--tasks-per-node", "3", "--job-dir", str(folder / f"job-{steps}-{run}"),
-                          "--", *train, "-o", str(folder / f"cs-{steps}-{run}")]}
+    commands = {"cpu": [*train, "-o", str(folder / f"cpu-{steps}-{run}")]}
+    for workers in WORKERS:
+        name = f"{steps}-{run}-{workers}"
+        commands[f"csrun_wse {workers}"] = ["csrun_wse", "--tasks-per-node", str(workers + 1), "--job-dir",
+                                            str(folder / f"job-{name}"), "--", *train, "-o",
+                                            str(folder / f"cs-{name}")]
+    return commands
 
 
 def worker_rate() -> tuple[float, float]:
@@ -88,33 +99,41 @@ def measure() -> list[Row]:
         folder = Path(tmp)
         best: dict[tuple[str, int], float] = {}
         sim_rates = []
-        for run in range(2):  # interleaved, best of two (the machine is shared)
+        for run in range(REPEATS):  # interleaved, best of REPEATS (the machine is shared)
             for steps in (SHORT, LONG):
                 for path, command in path_commands(folder, steps, run).items():
                     seconds, output = timed(command)
                     best[path, steps] = min(best.get((path, steps), float("inf")), seconds)
-                    if path == "csrun_wse" and steps == LONG:
+                    if path != "cpu" and steps == LONG:
                         sim_rates += [float(m.replace(",", "")) for m in SIM_RATE.findall(output)]
-        rates = {path: (LONG - SHORT) * BATCH / (best[path, LONG] - best[path, SHORT])
-                 for path in ("cpu", "csrun_wse")}
+    paths = ["cpu", *(f"csrun_wse {w}" for w in WORKERS)]
+    rates = {path: (LONG - SHORT) * BATCH / (best[path, LONG] - best[path, SHORT]) for path in paths}
+    rows: list[Row] = [
+        ("python run.py (CPU, TensorFlow): start-up", best["cpu", SHORT], "s", f"a {SHORT}-step run, command to exit"),
+        ("python run.py: steady state", rates["cpu"], "samples/s", f"({LONG} - {SHORT} steps) / time difference"),
+    ]
+    for workers in WORKERS:
+        path = f"csrun_wse {workers}"
+        tasks = f"chief + {workers} worker{'s' if workers > 1 else ''} + sim"
+        rows += [
+            (f"csrun_wse ({tasks}): start-up", best[path, SHORT], "s", f"a {SHORT}-step run, command to exit"),
+            (f"  start-up overhead, {workers} worker(s)", best[path, SHORT] - best["cpu", SHORT], "s",
+             "minus python run.py's; aim: <= 2"),
+            (f"  steady state, {workers} worker(s)", rates[path], "samples/s", "same method"),
+            (f"  csrun_wse / CPU path, {workers} worker(s)", rates[path] / rates["cpu"], "ratio", "aim: >= 1"),
+        ]
     worker_samples, worker_mb = worker_rate()
     sim = max(sim_rates) if sim_rates else float("nan")
-    return [
-        ("python run.py (CPU, TensorFlow) steady state", rates["cpu"], "samples/s",
-         f"({LONG} - {SHORT} steps) / time difference"),
-        ("csrun_wse (chief + 2 workers + sim) steady state", rates["csrun_wse"], "samples/s", "same"),
-        ("csrun_wse / CPU path", rates["csrun_wse"] / rates["cpu"], "ratio", "aim: >= 1"),
-        ("start-up, csrun_wse short run", best["csrun_wse", SHORT], "s", f"{SHORT} steps, end to end"),
-        ("start-up, python run.py short run", best["cpu", SHORT], "s", f"{SHORT} steps, end to end"),
+    return rows + [
         ("one input worker streams", worker_samples, "samples/s", "input_fn + shard + check + serialize"),
         ("one input worker streams", worker_mb, "MB/s", ""),
-        ("simulator consumes (its wall clock)", sim, "samples/s", "the long run's summary line"),
+        ("simulator consumes (its wall clock)", sim, "samples/s", "the long runs' summary lines, best"),
         ("one worker / simulator", worker_samples / sim, "ratio", "> 1: workers are not the bottleneck"),
     ]
 
 
 def main() -> None:
-    print_table(measure(), "csrun_wse end-to-end throughput (FC-MNIST, batch 256)")
+    print_table(measure(), "csrun_wse end to end vs python run.py (FC-MNIST, batch 256)")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from common.run_kinds import RunKind
 from coordinator.roles import task_role
-from workers.feed import JobEnded, run_worker
+from workers.feed import JobEnded, input_dataset, run_worker
 from workers.rendezvous import rendezvous_path, wait_for
 
 _calls = itertools.count(1)  # the n-th CS call of this script: the same n in every task
@@ -29,12 +29,13 @@ def run(estimator: Any, kind: RunKind, input_fn: Callable, **kwargs: Any) -> Any
         from coordinator.chief import Chief
 
         return Chief(estimator, role, path).run(kind, input_fn, **kwargs)
+    dataset = input_dataset(input_fn, estimator.params)  # while the chief compiles and loads
     rendezvous = wait_for(path)
     if rendezvous.ended:
         print(f"input worker {role.worker_id}: nothing to stream: {rendezvous.ended}", flush=True)
         return None
     try:
-        stats = run_worker(input_fn, estimator.params, rendezvous, role.worker_id)
+        stats = run_worker(input_fn, estimator.params, rendezvous, role.worker_id, dataset)
     except JobEnded as ended:
         print(f"{ended}; stopping", flush=True)
         return None

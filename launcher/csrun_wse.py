@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     job = None
     stop_on_signals()  # SIGTERM / SIGHUP stop the job as Ctrl-C does
     try:
+        if not args.detach:
+            backend.warm_up(submission)  # the tasks' start-up runs while the simulator starts
         if simulator is not None:
             simulator.start()
             print(f"{PROG}: embedded CS system ({simulator.command[-5]}) at {cs_ip}", file=sys.stderr)

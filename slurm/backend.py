@@ -14,7 +14,9 @@ The life of a job, in the order a CLI calls it:
    submit (the sbatch script, or the local command line) without submitting anything.
 2. `--dry-run`: print `submission.text` and stop. Dry run and submit share `build`, so the
    printed text is the submitted request, never a second rendering.
-3. `backend.submit(submission) -> LaunchedJob` starts the job.
+3. `backend.warm_up(submission)` (a job the CLI follows to its end) starts what lets the
+   tasks start sooner, while the CLI prepares the rest (the embedded simulator);
+   `backend.submit(submission) -> LaunchedJob` starts the job.
 4. `job.follow(stream) -> JobOutcome` streams the chief's (rank 0) log to `stream` until
    the job ends; if any task fails it cancels the others (within 30 s) and returns the
    failing rank with the reason (last error line of that task's log).
@@ -188,9 +190,14 @@ class LaunchBackend(abc.ABC):
         """Render the request exactly as `submit` would submit it; submits nothing.
         Raises CSRunError for a request this backend cannot run."""
 
+    def warm_up(self, submission: Submission) -> None:
+        """Start, ahead of `submit`, what lets the tasks start sooner, for a job the caller
+        follows to its end (the local backend: its fork server). Default: nothing."""
+        return None
+
     @abc.abstractmethod
     def submit(self, submission: Submission) -> LaunchedJob:
-        """Start the job built by `build`."""
+        """Start the job built by `build` (and warmed up, if it was)."""
 
     @classmethod
     def available(cls) -> bool:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 
+from slurm.fork_server import ForkedTask, request_fork
 from slurm.task_logs import where_task_runs
 
 _EXIT_CODE = "TaskFailed: exit code "  # how a TaskFailed ends the traceback in a task's result
@@ -31,17 +32,24 @@ class TaskFailed(Exception):
 @dataclass(frozen=True)
 class TaskCommand:
     """What every task runs: the user's command, its output going to the task's log
-    (submitit redirects this process's stdout/stderr there). Picklable for submitit."""
+    (submitit redirects this process's stdout/stderr there), forked by the job's fork server
+    when there is one and it takes the command. Picklable for submitit."""
 
     command: tuple[str, ...]
     workdir: str
     env: tuple[tuple[str, str], ...]
+    fork_server: str | None = None  # the socket of the job's `slurm.fork_server.ForkServer`
+
+    def _start(self, env: dict[str, str]) -> subprocess.Popen | ForkedTask:
+        """The command in a session of its own, so that stopping the task stops everything
+        it started."""
+        forked = request_fork(self.fork_server, self.command, self.workdir, env) if self.fork_server else None
+        return forked or subprocess.Popen(list(self.command), cwd=self.workdir, env=env, start_new_session=True)
 
     def __call__(self) -> int:
         env = {**os.environ, **dict(self.env), "PYTHONUNBUFFERED": "1"}
         print(where_task_runs(env), flush=True)
-        # Its own process group, so that stopping the task stops everything it started.
-        process = subprocess.Popen(list(self.command), cwd=self.workdir, env=env, start_new_session=True)
+        process = self._start(env)
 
         def forward(signum, _frame):
             _signal_group(process, signum)
@@ -57,7 +65,7 @@ class TaskCommand:
         return code
 
 
-def _signal_group(process: subprocess.Popen, signum: int) -> None:
+def _signal_group(process: subprocess.Popen | ForkedTask, signum: int) -> None:
     try:
         os.killpg(process.pid, signum)
     except (ProcessLookupError, PermissionError):

@@ -209,9 +209,11 @@ def test_cpu_checkpoint_resumes_on_the_cs(tmp_path, cpu_reference):
 
 
 # ---- a killed run resumes and ends like an unbroken one ----
-def job_processes(job_dir: Path) -> dict[int, int]:
-    """rank → pid of the job's `python run.py` task processes, found through /proc."""
-    found = {}
+def job_processes(job_dir: Path, model_dir: Path) -> dict[int, int]:
+    """rank → pid of the job's two `python run.py` task processes (plain, or forked by the
+    local backend's fork server: their command line is the task's, their /proc environ the
+    server's), found through /proc; the chief is the pid holding model_dir's lock."""
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -222,9 +224,11 @@ def job_processes(job_dir: Path) -> dict[int, int]:
         except OSError:
             continue
         if environ.get(b"CSRUN_JOB_DIR") == str(job_dir).encode() and b"run.py" in cmdline \
-                and b"SUBMITIT_LOCAL_GLOBALID" in environ:
-            found[int(environ[b"SUBMITIT_LOCAL_GLOBALID"])] = int(entry.name)
-    return found
+                and not any(arg.endswith(b"fork_server.py") for arg in cmdline):
+            found.append(int(entry.name))
+    chief = int(re.search(r"pid=(\d+)", (model_dir / ".csrun.lock").read_text()).group(1))
+    assert chief in found and len(found) == 2, (chief, found)
+    return {0: chief, 1: next(pid for pid in found if pid != chief)}
 
 
 def child_simulator(parent: int) -> int:
@@ -266,7 +270,8 @@ def test_killed_run_resumes_to_the_unbroken_runs_weights(tmp_path, cs_run, exter
     params = fc_mnist_params(tmp_path, steps=STEPS, every=1)
     args = ["--mode", "train", "-p", params, "-o", tmp_path / "model"]
     cs_ip = external_cs if victim == "chief" else None  # a dead chief's job must be freed
-    pick = {"chief": lambda p: job_processes(job_dir)[0], "worker": lambda p: job_processes(job_dir)[1],
+    pick = {"chief": lambda p: job_processes(job_dir, tmp_path / "model")[0],
+            "worker": lambda p: job_processes(job_dir, tmp_path / "model")[1],
             "simulator": lambda p: child_simulator(p.pid)}[victim]
     code, output, stop_s = run_and_kill(csrun_wse_command(job_dir, 2, args, cs_ip=cs_ip), pick, 2)
     assert code != 0, output

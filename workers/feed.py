@@ -144,19 +144,26 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int,
     return FeedStats(sent["batches"], sent["bytes"], time.perf_counter() - start)
 
 
-def shard_batches(input_fn: Callable, params: dict, rendezvous: Rendezvous,
-                  worker: int) -> Iterator[tuple[int, Any]]:
-    """This worker's (batch index, numpy batch) pairs from input_fn(params), eagerly."""
+def input_dataset(input_fn: Callable, params: dict) -> Any:
+    """input_fn(params) as a tf.data.Dataset, under the graph seed the CPU path's model_graph
+    sets (a worker builds it while the chief compiles, before the rendezvous)."""
     import tensorflow as tf
 
     seed = (params.get("runconfig") or {}).get("tf_random_seed")
     if seed is not None:
-        tf.random.set_seed(int(seed))  # the graph seed the CPU path's model_graph sets
+        tf.random.set_seed(int(seed))
+    return make_dataset(input_fn, params)
+
+
+def shard_batches(input_fn: Callable, params: dict, rendezvous: Rendezvous, worker: int,
+                  dataset: Any = None) -> Iterator[tuple[int, Any]]:
+    """This worker's (batch index, numpy batch) pairs from input_fn(params) (or its
+    `input_dataset`, built already), eagerly."""
     indices = shard(rendezvous.start_batch, rendezvous.num_batches, worker, rendezvous.num_workers)
     if len(indices) == 0:
         return
     offset = indices.start - rendezvous.start_batch
-    dataset = (make_dataset(input_fn, params)
+    dataset = ((input_dataset(input_fn, params) if dataset is None else dataset)
                .skip(rendezvous.start_batch)
                .take(rendezvous.num_batches)
                .shard(rendezvous.num_workers, offset)
@@ -172,8 +179,10 @@ def shard_batches(input_fn: Callable, params: dict, rendezvous: Rendezvous,
             "make the training input repeat (dataset.repeat()) or lower the steps")
 
 
-def run_worker(input_fn: Callable, params: dict, rendezvous: Rendezvous, worker: int) -> FeedStats:
-    """Stream this worker's shard of input_fn(params) to the CS named by the rendezvous."""
-    batches = shard_batches(input_fn, params, rendezvous, worker)
+def run_worker(input_fn: Callable, params: dict, rendezvous: Rendezvous, worker: int,
+               dataset: Any = None) -> FeedStats:
+    """Stream this worker's shard of input_fn(params) (or of its `input_dataset`, built
+    already) to the CS named by the rendezvous."""
+    batches = shard_batches(input_fn, params, rendezvous, worker, dataset)
     return stream(feed_requests(batches, rendezvous, worker), rendezvous.cs_ip, worker,
                   rendezvous.cs_tls_ca or None)

@@ -74,7 +74,7 @@ def publish(path: Path, rendezvous: Rendezvous) -> None:
     os.replace(tmp, path)
 
 
-def wait_for(path: Path, timeout_s: float = 1800.0, poll_s: float = 0.1) -> Rendezvous:
+def wait_for(path: Path, timeout_s: float = 1800.0, poll_s: float = 0.02) -> Rendezvous:
     """The chief's rendezvous for this phase, once it is written (the chief compiles first)."""
     deadline = time.monotonic() + timeout_s
     while not path.exists():
