@@ -1,5 +1,5 @@
 """The project's packages in layers, bottom first: a module imports only from its own package
-or from a lower layer (`tests/test_layers.py` checks every import). docs/design.md says what
+or from a lower layer (`tests/common/test_layers.py` checks every import). docs/design.md says what
 each layer holds and why."""
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ on these parts of submitit that it does not document as its API:
   variables (`LOCAL_RANK_ENV`, `LOCAL_NTASKS_ENV`).
 
 A submitit release that changes one of them raises `SubmititChanged` here, at its first use,
-and fails tests/test_slurm_submitit_api.py, which checks each of them against the installed
+and fails tests/slurm/test_slurm_submitit_api.py, which checks each of them against the installed
 submitit (the version pinned in constraints.txt).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 then trained differently on the CS ("silent"), and ordinary code the compiler refused.
 
 Each must be refused with one line naming the op and its line here, or train on the CS
-exactly as TensorFlow trains it (tests/test_silent_corpus.py says how each is checked).
+exactly as TensorFlow trains it (tests/coordinator/test_silent_corpus.py says how each is checked).
 """
 from __future__ import annotations
 

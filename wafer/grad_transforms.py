@@ -15,7 +15,7 @@ which TF's Eigen reduces in its own blocked order; numpy sums float32 in another
 may differ from TF's in its last bits. Only the clipping factor depends on it: a gradient
 that is not clipped is bit-equal to TF's (the factor is value / value, resp.
 value * (1 / value), computed as TF computes it), a clipped one is within a few float32 ULP
-(tests/test_wse_training_semantics.py measures it).
+(tests/wse_sim/test_wse_training_semantics.py measures it).
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ fast approximation (the CPU's reciprocal-square-root estimate refined by one New
 its value depends on the processor), which numpy cannot reproduce: the CS computes 1 / sqrt,
 correctly rounded twice. Affected are dense Adagrad and the sparse Adagrad and RMSProp rules
 (on the columns of a table that fill Eigen's 8-float packets: a table of one column, and the
-last 4 of 12 columns, take TF's exact scalar path): tests/test_wse_optimizers.py measures
+last 4 of 12 columns, take TF's exact scalar path): tests/wafer/test_wse_optimizers.py measures
 2-4 float32 ULP of difference in one step's update (bound asserted: 6).
 
 Slots are named as TensorFlow's tf.compat.v1 optimizers name them ("<var>/<suffix>" with the

@@ -31,8 +31,9 @@ def parser() -> argparse.ArgumentParser:
                        help="unload a job with no call in progress for this many seconds "
                             "(0: never)")
     serve.add_argument("--threads", type=int, default=usable_cpus(),
-                       help="pipeline stages run at once, one thread each (default: the CPUs "
-                            "this process may use, here %(default)s)")
+                       help="threads computing a batch: pipeline stages, and helpers sharing the "
+                            "tiles of large GEMMs (default: the CPUs this process may use, "
+                            "here %(default)s)")
     serve.add_argument("--tls-cert", type=Path, help="PEM certificate (chain) of this server: "
                        "serve TLS only (clients verify it with their CA; needs --tls-key)")
     serve.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")

@@ -121,7 +121,7 @@ class CSSystem:
                  log: Callable[[str], None] = lambda line: print(line, flush=True)):
         self.fabric = fabric
         self.idle_timeout = idle_timeout
-        self.threads = threads or usable_cpus()  # pipeline stages run at once
+        self.threads = threads or usable_cpus()  # computing a batch (Pipeline's threads)
         self.log = log
         self.job: Job | None = None
         self._loading: pb.JobHeader | None = None  # the load being received (the CS is reserved)
@@ -185,7 +185,7 @@ class CSSystem:
         program, optimizer = job.checked.message, job.checked.optimizer
         t = job.timings["train" if optimizer else "infer"]
         self.log(f"loaded job {job.job_id}: program {program.name!r}, {len(job.checked.kernels)} kernels, "
-                 f"{job.checked.num_parameters:,} parameters on {job.pipeline.stages} stage thread(s), "
+                 f"{job.checked.num_parameters:,} parameters on {job.pipeline.stages} stage(s) and {job.pipeline.threads} thread(s), "
                  f"{job.num_workers} input stream(s), "
                  f"first batch {job.next_batch}, estimate {t.samples_per_sec:,.0f} samples/s")
         return pb.LoadReply(job_id=job.job_id, num_parameters=job.checked.num_parameters,
@@ -205,7 +205,7 @@ class CSSystem:
             raise invalid(str(error)) from None
         state = check_state(checked, tensors)
         program = checked.message
-        pipeline = Pipeline.load(checked, state, stages=self.threads)
+        pipeline = Pipeline.load(checked, state, threads=self.threads)
         timings = {mode: timing.program_timing(program, checked.kernels, self.fabric,
                                                training=mode == "train")
                    for mode in ("train", "infer")}
@@ -362,8 +362,11 @@ class CSSystem:
                 raise invalid(f"worker {stream.worker} sent batch {index} again (the job's next "
                               f"batch is {job.next_batch})")
             while index >= job.next_batch + job.window and not job.closed:
-                stream.state, stream.waiting_batch = StreamState.BLOCKED, index
-                self._cond.notify_all()
+                if (stream.state, stream.waiting_batch) != (StreamState.BLOCKED, index):
+                    # said once: two blocked streams notifying each other on every wake-up
+                    # would spin until the run takes a batch
+                    stream.state, stream.waiting_batch = StreamState.BLOCKED, index
+                    self._cond.notify_all()
                 self._cond.wait(WAIT_POLL_S)
             if job.closed:
                 raise CSError(grpc.StatusCode.ABORTED, f"job {job.job_id} ended: {job.closed}")

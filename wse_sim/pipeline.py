@@ -23,12 +23,16 @@ On the host, consecutive regions are grouped into stages balanced by their FLOPs
 schedule, in tick order, waiting for the activations and gradients its neighbours hand it.
 Every region therefore sees its micro-batches in the same order, and a gradient fed by
 several consumers is summed in the same order (the later consumer first), whatever the
-number of stages: the arithmetic is bit-identical to one stage.
+number of stages. A kernel splits its large GEMMs into tiles fixed by their shapes; a
+thread waiting for its neighbours, or with no stage of its own, computes tiles of the
+others (so the largest region no longer bounds the batch). The arithmetic is therefore
+bit-identical whatever the number of threads.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple, Sequence
+from functools import partial
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -38,11 +42,13 @@ from wafer.optimizers import Optimizer, make_optimizer, slot_name
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
-# A stage thread pays off only with this much work per micro-batch (a multiply-add counts
-# 2): below it, handing activations over and taking turns on the GIL cost more than the
-# second core gives (measured: the 8x8 CNN example, ~0.2 MFLOP per sample, is slower on
-# two stages; FC-MNIST, ~3 MFLOP per sample of training, is 1.6x faster).
+# A thread (a stage's or a helper's) pays off only with this much work per micro-batch (a
+# multiply-add counts 2): below it, handing activations over and taking turns on the GIL
+# cost more than the second core gives (measured: the 8x8 CNN example, ~0.2 MFLOP per
+# sample, is slower on two threads; FC-MNIST, ~3 MFLOP per sample of training, is faster).
 MIN_STAGE_FLOPS = 16e6
+# A dense weight's update is split into ranges of rows of at least this many elements.
+UPDATE_TILE_ELEMENTS = 1 << 17
 
 
 @dataclass
@@ -92,7 +98,8 @@ class Stage:
 
 class Pipeline:
     """A program's kernels resident on their regions; runs batches in pipelined ticks, on
-    up to `stages` threads (at most one per region, each with MIN_STAGE_FLOPS of work).
+    up to `threads` threads, each with MIN_STAGE_FLOPS of work per micro-batch: as many
+    stages (at most one per region), the others helping with the stages' GEMM tiles.
 
     `params` (by TF variable, default: dense, trained, unregularized) says which weights
     the optimizer updates and how; `transforms` change the batch's gradients before any
@@ -102,7 +109,7 @@ class Pipeline:
     def __init__(self, kernels: Sequence[Kernel], sources: Sequence[Sequence[str]],
                  variables: Sequence[Mapping[str, str]], state: Mapping[str, np.ndarray], *,
                  batch_size: int, micro_batch_size: int, loss_kernel: str,
-                 optimizer: Optimizer | None, seed: int, stages: int = 1,
+                 optimizer: Optimizer | None, seed: int, threads: int = 1,
                  min_stage_flops: float = MIN_STAGE_FLOPS,
                  params: Mapping[str, ParamSpec] | None = None,
                  transforms: Sequence[GradientTransform] = ()):
@@ -147,16 +154,18 @@ class Pipeline:
             held.update(optimizer.scalar_names)
         self.carried = {name: np.array(a) for name, a in state.items() if name not in held}
         costs = [self._cost(r) * micro_batch_size for r in self.regions]
-        self.groups = partition(costs, stages) if self.regions else ()
+        self.groups = partition(costs, threads) if self.regions else ()
         while len(self.groups) > 1 and \
                 min(sum(costs[k] for k in group) for group in self.groups) < min_stage_flops:
             self.groups = partition(costs, len(self.groups) - 1)
-        self._threads = (StageThreads(len(self.groups), "wse-pipeline")
-                         if len(self.groups) > 1 else None)
+        useful = int(sum(costs) // min_stage_flops) if min_stage_flops > 0 else threads
+        self.threads = max(len(self.groups), min(threads, useful))
+        self._threads = (StageThreads(self.threads, len(self.groups), "wse-pipeline")
+                         if self.threads > 1 else None)
         self._plans: dict[tuple[int, bool, bool], tuple[Stage, ...]] = {}
 
     @classmethod
-    def load(cls, checked: CheckedProgram, state: Mapping[str, np.ndarray], *, stages: int = 1,
+    def load(cls, checked: CheckedProgram, state: Mapping[str, np.ndarray], *, threads: int = 1,
              min_stage_flops: float = MIN_STAGE_FLOPS) -> "Pipeline":
         """The executor of a checked program and its checked state (check_state)."""
         program = checked.message
@@ -164,7 +173,7 @@ class Pipeline:
                    batch_size=program.batch_size, micro_batch_size=program.micro_batch_size,
                    loss_kernel=program.loss_kernel,
                    optimizer=make_optimizer(checked.optimizer) if checked.optimizer else None,
-                   seed=program.seed, stages=stages, min_stage_flops=min_stage_flops,
+                   seed=program.seed, threads=threads, min_stage_flops=min_stage_flops,
                    params=checked.params, transforms=checked.transforms)
 
     def _mark_backward(self) -> None:
@@ -244,7 +253,7 @@ class Pipeline:
         a job resumed at step n draws what an unbroken one draws."""
         m_count = self.batch_size // self.micro
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
-        board = Board()
+        board = Board(self.threads)
         for name, array in batch.items():
             for i in range(m_count):
                 board.items["v", name, i] = array[i * self.micro:(i + 1) * self.micro]
@@ -263,7 +272,8 @@ class Pipeline:
         with one_blas_thread():
             plan = self._plan(m_count, backward, staged=True)
             if self._threads is None or not self._threads.run(work, board):
-                plan = self._plan(m_count, backward, staged=False)  # one stage (or closed)
+                plan = self._plan(m_count, backward, staged=False)  # one thread (or closed)
+                board.threads = 1
                 work(0, board)
         if backward and self.optimizer is not None:
             self.optimizer.finish_step()
@@ -286,7 +296,7 @@ class Pipeline:
         """A stage's tasks in tick order; training: its regions' gradients completed, every
         stage's gradients transformed (stage 0, once all are complete), its regions' updates."""
         stage = plan[index]
-        ctx = RunContext(training=training, batch_size=self.batch_size)
+        ctx = RunContext(training=training, batch_size=self.batch_size, run_tiles=board.share)
         caches: dict[tuple[int, int], object] = {}
         for forward, region, i in stage.tasks:
             if forward:
@@ -309,14 +319,15 @@ class Pipeline:
             else:
                 board.put(("gradients complete", index), True)
                 board.get(("transformed",))
+        updates = []
         for region in stage.regions:
             for role in region.trained:
                 if role in region.slices:
                     self.optimizer.apply_sparse(region.params[role], *region.slices.pop(role),
                                                 region.slots[role])
                 else:
-                    self.optimizer.apply(region.params[role], region.grads[role],
-                                         region.slots[role], region.scratch[role])
+                    updates += _update_tiles(self.optimizer, region, role)
+        board.share(updates)
 
     def _complete_gradients(self, region: Region) -> None:
         """The batch's gradients of the region's trained weights: regularizer gradients
@@ -406,3 +417,20 @@ class Pipeline:
             out.update(self.optimizer.scalars)
         out.update(self.carried)
         return out
+
+
+def _update_tiles(optimizer: Optimizer, region: Region, role: str) -> list[Callable[[], None]]:
+    """A dense update in ranges of the weight's rows (it is element-wise: the ranges change
+    nothing in the result)."""
+    var, grad = region.params[role], region.grads[role]
+    arrays = [var, grad, *region.slots[role], *region.scratch[role]]
+    slots = len(region.slots[role])
+    count = max(1, min(len(var) if var.ndim > 1 else 1, var.size // UPDATE_TILE_ELEMENTS))
+    bounds = [len(var) * k // count for k in range(count + 1)]
+    return [partial(_apply_rows, optimizer, arrays, slots, slice(a, b))
+            for a, b in zip(bounds, bounds[1:])]
+
+
+def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int, rows: slice) -> None:
+    var, grad, *rest = (a[rows] for a in arrays)
+    optimizer.apply(var, grad, rest[:slots], rest[slots:])

@@ -1,17 +1,21 @@
 """Concurrent pipeline stages: how the regions are grouped into stages, the per-batch
-exchange through which stages hand each other activations and gradients, and the stage
-threads (one per stage but the first, which runs in the caller's thread).
+exchange through which stages hand each other activations and gradients and share the
+tiles of their large GEMMs, and the threads of a batch (the first stage runs in the
+caller's thread, every other thread runs a stage or only helps with tiles).
 
-numpy's GEMMs release the GIL, so two stages really compute at once on two cores. Every
+numpy's GEMMs release the GIL, so two threads really compute at once on two cores. Every
 GEMM runs with one BLAS thread (`one_blas_thread`, entered by the caller around a whole
 batch: BLAS's thread count is one setting for the process): the float32 summation order,
-and so the result, is the same whatever the machine's BLAS thread count.
+and so the result, is the same whatever the machine's BLAS thread count. A kernel splits
+its large GEMMs into tiles fixed by their shapes (`wafer.kernels.tiles`), each tile
+writing its own part of the output: which thread computes a tile changes nothing.
 """
 from __future__ import annotations
 
 import os
 import queue
 import threading
+from collections import deque
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Hashable, Sequence
 
@@ -63,15 +67,33 @@ class Aborted(Exception):
     """Another stage of the batch failed: this one stops waiting."""
 
 
+Tile = Callable[[], None]
+
+
+class _Share:
+    """The tiles of one `Board.share` call still running, and the first failure."""
+
+    __slots__ = ("left", "error")
+
+    def __init__(self, count: int):
+        self.left = count
+        self.error: BaseException | None = None
+
+
 class Board:
     """One batch's exchange: stages put values under keys and take them, waiting until
-    they are there; a failure anywhere wakes every waiting stage."""
+    they are there, and share tiles of work; a thread waiting for anything runs queued
+    tiles meanwhile. A failure anywhere wakes every waiting stage."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = 1) -> None:
         self.items: dict[Hashable, Any] = {}
         self.error: BaseException | None = None
         self.pending = 0  # stages still running
-        self._cond = threading.Condition()
+        self.threads = threads
+        self._tiles: deque[tuple[_Share, Tile]] = deque()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # stages wait here: values, tiles, failures
+        self._idle = threading.Condition(lock)  # helpers wait here: tiles, the batch's end
 
     def put(self, key: Hashable, value: Any) -> None:
         with self._cond:
@@ -80,13 +102,66 @@ class Board:
 
     def get(self, key: Hashable, *, pop: bool = False) -> Any:
         items = self.items
-        if key not in items:
+        while key not in items:
             with self._cond:
-                while key not in items:
+                while key not in items and not self._tiles:
                     if self.error is not None:
                         raise Aborted
                     self._cond.wait()
+                if key in items:
+                    break
+                tile = self._tiles.popleft()
+            self._run(tile)
         return items.pop(key) if pop else items[key]
+
+    def share(self, tiles: Sequence[Tile]) -> None:
+        """Run every tile (independent pieces of work), idle threads of the batch taking
+        some; return once all are done, re-raising the first failure."""
+        if self.threads == 1 or len(tiles) <= 1:
+            for tile in tiles:
+                tile()
+            return
+        share = _Share(len(tiles))
+        with self._cond:
+            self._tiles.extend((share, tile) for tile in tiles[1:])
+            self._cond.notify_all()
+            self._idle.notify_all()
+        self._run((share, tiles[0]))
+        while True:
+            with self._cond:
+                while share.left and not self._tiles:
+                    self._cond.wait()
+                if not share.left:
+                    break
+                # its own tiles first (the stage waits for them), then any other
+                mine = next((k for k, (s, _) in enumerate(self._tiles) if s is share), 0)
+                item = self._tiles[mine]
+                del self._tiles[mine]
+            self._run(item)
+        if share.error is not None:
+            raise share.error
+
+    def _run(self, item: tuple[_Share, Tile]) -> None:
+        share, tile = item
+        try:
+            tile()
+        except BaseException as failure:  # re-raised by the thread that shared it
+            share.error = share.error or failure
+        with self._cond:
+            share.left -= 1
+            if not share.left:
+                self._cond.notify_all()
+
+    def help(self) -> None:
+        """Run queued tiles until every stage of the batch ended."""
+        while True:
+            with self._cond:
+                while not self._tiles and self.pending:
+                    self._idle.wait()
+                if not self._tiles:
+                    return
+                tile = self._tiles.popleft()
+            self._run(tile)
 
     def stage_ended(self, error: BaseException | None = None) -> None:
         with self._cond:
@@ -94,12 +169,12 @@ class Board:
                 self.error = error
             self.pending -= 1
             self._cond.notify_all()
+            self._idle.notify_all()
 
     def wait(self) -> None:
-        """Until every stage ended; re-raise the first stage's failure."""
-        with self._cond:
-            while self.pending:
-                self._cond.wait()
+        """Until every stage ended (helping with tiles meanwhile); re-raise the first
+        stage's failure."""
+        self.help()
         if self.error is not None:
             raise self.error
 
@@ -108,9 +183,12 @@ StageWork = Callable[[int, Board], None]  # run stage s of a batch
 
 
 class StageThreads:
-    """Threads for stages 1..S-1, started on first use and kept until `close`."""
+    """Threads 1..T-1 of a batch, started on first use and kept until `close`: thread s
+    runs stage s (while there is one), then helps with the stages' tiles until the batch
+    ends."""
 
-    def __init__(self, stages: int, name: str):
+    def __init__(self, threads: int, stages: int, name: str):
+        self.threads = threads
         self.stages = stages
         self.name = name
         self._inboxes: list[queue.SimpleQueue] = []
@@ -119,24 +197,28 @@ class StageThreads:
         self.closed = False
 
     def _start(self) -> None:
-        for stage in range(1, self.stages):
+        for index in range(1, self.threads):
             inbox: queue.SimpleQueue = queue.SimpleQueue()
-            thread = threading.Thread(target=self._serve, args=(stage, inbox), daemon=True,
-                                      name=f"{self.name}-stage-{stage}")
+            role = "stage" if index < self.stages else "helper"
+            thread = threading.Thread(target=self._serve, args=(index, inbox), daemon=True,
+                                      name=f"{self.name}-{role}-{index}")
             thread.start()
             self._inboxes.append(inbox)
             self._threads.append(thread)
 
-    @staticmethod
-    def _serve(stage: int, inbox: queue.SimpleQueue) -> None:
+    def _serve(self, index: int, inbox: queue.SimpleQueue) -> None:
         while (item := inbox.get()) is not None:
             work, board = item
+            if index >= self.stages:
+                board.help()
+                continue
             error = None
             try:
-                work(stage, board)
+                work(index, board)
             except BaseException as failure:  # handed to the caller's thread
                 error = failure
             board.stage_ended(error)
+            board.help()
 
     def run(self, work: StageWork, board: Board) -> bool:
         """Run `work` for every stage at once (stage 0 in this thread) and wait for all;

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -33,6 +33,14 @@ def max_cores_for(flops_per_sample: float) -> int:
     return max(1, math.ceil(flops_per_sample / MIN_FLOPS_PER_CORE))
 
 
+Tile = Callable[[], None]  # a piece of a kernel's work writing its own part of the output
+
+
+def run_in_order(tiles: Sequence[Tile]) -> None:
+    for tile in tiles:
+        tile()
+
+
 class KernelError(ValueError):
     """A kernel built with attributes or input shapes it cannot accept."""
 
@@ -46,6 +54,9 @@ class RunContext:
     rng: np.random.Generator | None = None  # dropout's own seeded generator
     input_grads: Sequence[bool] | None = None  # which inputs need a gradient (None: all)
     accumulate: bool = True  # add into backward's param_grads (False: the batch's first, overwrite)
+    # runs the tiles of a kernel's large GEMMs (`tiles`), maybe several at once on the
+    # executor's threads; returns once all are done
+    run_tiles: Callable[[Sequence[Tile]], None] = run_in_order
     extra: dict[str, Any] = field(default_factory=dict)
 
     def wants_grad(self, index: int) -> bool:

@@ -9,8 +9,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from wafer.kernels import activations
-from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register
-from wafer.kernels.dense import OUTPUT_GRADIENT, MatmulGradient
+from wafer.kernels.affine import Affine
+from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
 
 
 def pair(name: str, attrs: Mapping[str, Any], key: str) -> tuple[int, int]:
@@ -93,7 +93,7 @@ class Conv2D(Kernel):
         self.use_bias = bool(self.attrs.get("use_bias", True))
         self.activation = activations.check_function(name, self.attrs.get("activation", "linear"))
         self.patch = self.ksize[0] * self.ksize[1] * self.channels
-        self._weight_grad = MatmulGradient()
+        self._affine = Affine(self.activation)
 
     @property
     def output_shape(self):
@@ -128,32 +128,22 @@ class Conv2D(Kernel):
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
         cols = self._columns(x)
-        z = cols @ params["kernel"].reshape(self.patch, self.filters)
-        if self.use_bias:
-            np.add(z, params["bias"], out=z)
-        if self.activation in OUTPUT_GRADIENT:
-            y, pre = activations.apply(self.activation, z, out=z), None
-        else:
-            y, pre = activations.apply(self.activation, z), z
-        return y.reshape(x.shape[0], *self.output_shape), (x.shape[0], cols, pre, y)
+        y, cache = self._affine.forward(cols, params["kernel"].reshape(self.patch, self.filters),
+                                        params.get("bias"), ctx)
+        return y.reshape(x.shape[0], *self.output_shape), (x.shape[0], cache)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        m, cols, z, y = cache
-        dy = grad_output.reshape(-1, self.filters)
-        if self.activation != "linear":
-            dy = activations.gradient(self.activation, z, y, dy)
-        grads: dict[str, np.ndarray] = {}
-        kernel_shape = self.param_shapes()["kernel"]
-        acc = None if param_grads is None else {"kernel": param_grads["kernel"].reshape(self.patch, self.filters)}
-        self._weight_grad(cols, dy, acc, grads, ctx)
-        grads["kernel"] = grads["kernel"].reshape(kernel_shape)
-        if self.use_bias:
-            accumulate(param_grads, "bias", dy.sum(axis=0), grads, ctx)
+        m, affine_cache = cache
+        w = params["kernel"].reshape(self.patch, self.filters)
+        acc = None if param_grads is None else \
+            {**param_grads, "kernel": param_grads["kernel"].reshape(self.patch, self.filters)}
+        dcols, grads = self._affine.backward(affine_cache, grad_output.reshape(-1, self.filters),
+                                             w, self.use_bias, acc, ctx, ctx.wants_grad(0))
+        grads["kernel"] = grads["kernel"].reshape(self.param_shapes()["kernel"])
         dx = None
-        if ctx.wants_grad(0):
+        if dcols is not None:
             kh, kw = self.ksize
-            dcols = (dy @ params["kernel"].reshape(self.patch, self.filters).T).reshape(
-                m, self.windows.oh, self.windows.ow, kh, kw, self.channels)
+            dcols = dcols.reshape(m, self.windows.oh, self.windows.ow, kh, kw, self.channels)
             dx = self.windows.scatter(m, self.channels, (
                 (i, j, dcols[:, :, :, i, j]) for i in range(kh) for j in range(kw)))
         return [dx], grads

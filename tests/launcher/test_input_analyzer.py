@@ -1,0 +1,149 @@
+"""cs_input_analyzer: the cost model, the recommendation, the command line, end to end."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.errors import CSRunError
+from launcher.input_analyzer import (
+    InputCosts,
+    Recommendation,
+    compile_script,
+    job_slots,
+    parse_args,
+    recommend,
+    script_argv,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+ANALYZER = [sys.executable, "-c", "import sys; from launcher.input_analyzer import main; sys.exit(main())"]
+
+
+def test_costs_interpolate_and_extrapolate_the_measurements():
+    costs = InputCosts(100, ((1, 0.001), (2, 0.001), (4, 0.002), (8, 0.004)), cpus=2)
+    assert costs.seconds_per_batch(1) == 0.001 and costs.seconds_per_batch(3) == pytest.approx(0.0015)
+    assert costs.slope == pytest.approx(0.0005)
+    assert costs.seconds_per_batch(16) == pytest.approx(0.008)
+    assert costs.worker_rate(4) == pytest.approx(50_000) and costs.total_rate(4) == pytest.approx(200_000)
+    assert costs.total_rate(16) == pytest.approx(200_000) and costs.pipeline_limit == pytest.approx(200_000)
+    # noise never makes a worker faster with more workers; no slope: no pipeline limit
+    noisy = InputCosts(100, ((1, 0.002), (2, 0.0015)), cpus=1)
+    assert noisy.seconds_per_batch(2) == 0.002 and noisy.pipeline_limit == math.inf
+    assert noisy.total_rate(10) == pytest.approx(500_000)
+    with pytest.raises(ValueError):
+        InputCosts(100, ((2, 0.001),), cpus=1)
+
+
+def test_recommend_the_fewest_workers_that_feed_the_cs():
+    costs = InputCosts(100, ((1, 0.001), (2, 0.001)), cpus=2)  # 100k samples/s per worker, flat
+    rec = recommend(costs, 250_000, available_nodes=4, cpus_per_node=8)
+    assert rec == Recommendation(1, 4, 2, 3, pytest.approx(300_000), 250_000)
+    assert rec.flags() == "--total-nodes 1 --tasks-per-node 4 --cpus-per-task 2"
+    assert not rec.input_bound and rec.expected_samples_per_sec == 250_000
+
+
+def test_recommend_input_bound_stops_near_the_best():
+    # t(W) = (W + 1) ms: total(W) = 100 W / (W + 1) k samples/s: 50k, 66.7k, 75k ... toward 100k
+    costs = InputCosts(100, ((1, 0.002), (2, 0.003), (4, 0.005), (8, 0.009)), cpus=1)
+    rec = recommend(costs, 1_000_000, available_nodes=2, cpus_per_node=4)
+    # 8 slots: at most 7 workers (87.5k); 95 % of that needs 5 workers (83.3k): 6 tasks on 2 nodes
+    assert (rec.total_nodes, rec.tasks_per_node, rec.cpus_per_task, rec.workers) == (2, 3, 1, 5)
+    assert rec.input_bound and rec.expected_samples_per_sec == pytest.approx(500_000 / 6)
+    assert costs.pipeline_limit == pytest.approx(100_000)
+
+
+def test_recommend_rounds_up_to_whole_nodes_and_caps_cpus():
+    costs = InputCosts(10, ((1, 0.001), (2, 0.001)), cpus=64)  # 10k samples/s per worker
+    rec = recommend(costs, 40_000, available_nodes=3, cpus_per_node=4)
+    # a worker gets a whole node's 4 CPUs: 1 task per node; 4 workers wanted, 2 available
+    assert (rec.total_nodes, rec.tasks_per_node, rec.cpus_per_task, rec.workers) == (3, 1, 4, 2)
+    assert rec.input_bound and rec.input_samples_per_sec == pytest.approx(20_000)
+    lone = recommend(costs, 40_000, available_nodes=1, cpus_per_node=4)
+    assert (lone.total_nodes, lone.tasks_per_node, lone.workers) == (1, 1, 1)  # worker in the chief
+    uneven = recommend(InputCosts(10, ((1, 0.001),), 1), 45_000, available_nodes=2, cpus_per_node=4)
+    assert (uneven.total_nodes, uneven.tasks_per_node, uneven.workers) == (2, 3, 5)
+    assert job_slots(2, 2, 4) == (2, 2, 3)
+
+
+def test_parse_and_script_argv(tmp_path, monkeypatch):
+    args = parse_args(["--available-nodes", "3", "--cpus-per-node=16", "python", "run.py", "--mode", "train"])
+    assert (args.available_nodes, args.cpus_per_node, args.batches) == (3, 16, 20)
+    assert args.command == ("python", "run.py", "--mode", "train")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.py").write_text("")
+    assert script_argv(("python3", "run.py", "--mode", "train")) == ["run.py", "--mode", "train", "--compile_only"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bogus", "python", "run.py"], "unrecognized arguments: --bogus"),
+    ([], "no command to analyze"),
+    (["--available-nodes", "0", "python", "run.py"], "--available-nodes 0: must be at least 1"),
+    (["--cpus-per-node", "x", "python", "run.py"], "invalid int value: 'x'"),
+])
+def test_parse_rejects_bad_arguments(argv, message):
+    with pytest.raises(CSRunError, match=message):
+        parse_args(argv)
+
+
+def test_script_argv_rejects_what_it_cannot_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CSRunError, match="runs a Python training script, not 'bash train.sh'"):
+        script_argv(("bash", "train.sh"))
+    with pytest.raises(CSRunError, match="script nope.py not found"):
+        script_argv(("python", "nope.py"))
+
+
+def run_analyzer(args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run(ANALYZER + args, cwd=cwd, capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_a_script_that_compiles_nothing_is_one_line(tmp_path):
+    (tmp_path / "run.py").write_text("import sys\nprint('hello', sys.argv[1:])\n")
+    done = run_analyzer(["python", "run.py"], tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stdout == "hello ['--compile_only']\n"
+    assert done.stderr.strip().splitlines()[-1] == (
+        "cs_input_analyzer: error: run.py --compile_only compiled nothing (hint: give a CSEstimator "
+        "script whose --compile_only compiles (e.g. python run.py --mode train))")
+
+
+def test_a_failing_compile_is_reported_and_argv_restored(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.py").write_text("raise SystemExit(2)\n")
+    argv = sys.argv[:]
+    with pytest.raises(CSRunError, match=r"the compile \(bad.py --compile_only\) failed with exit code 2"):
+        compile_script(("python", "bad.py"))
+    assert sys.argv == argv
+
+
+@pytest.mark.slow
+def test_end_to_end_on_the_cnn_example(tmp_path):
+    model_dir = tmp_path / "model_dir"
+    done = run_analyzer(["--available-nodes", "2", "--cpus-per-node", "4", "--batches", "5",
+                         "python", "run.py", "--mode", "train", "--model_dir", str(model_dir)],
+                        ROOT / "examples" / "cnn_digits")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    reports = list((model_dir / "cs_compile").glob("*/compile_report.json"))
+    assert len(reports) == 1
+    report = json.loads(reports[0].read_text())
+    assert f"({report['fabric']}, batch 64): the CS consumes up to " \
+           f"{report['estimate']['samples_per_sec']:,.0f} samples/s" in out
+    assert "5 batches of 64 samples" in out
+    rows = out.split("samples/s in total\n")[1].split("Recommended")[0].splitlines()
+    measured = [int(r.split()[0]) for r in rows if "polated" not in r]
+    most = job_slots(len(os.sched_getaffinity(0)), 2, 4)[2]  # workers 2 nodes of 4 CPUs allow
+    assert measured == [1, 2, 4, 8][:[1, 2, 4, 8].index(next(w for w in (2, 4, 8) if w >= most)) + 1]
+    flags = out.split("Recommended: ")[1].splitlines()[0].split()
+    nodes, per_node, cpus = int(flags[1]), int(flags[3]), int(flags[5])
+    assert 1 <= nodes <= 2 and 1 <= cpus <= 4 and per_node * cpus <= 4
+    assert f"csrun_wse {' '.join(flags)} python run.py --mode train --model_dir {model_dir}" in out

@@ -1,0 +1,168 @@
+"""The Slurm backend's rendering and csrun_wse's Slurm flags, without a cluster."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.errors import CSRunError
+from launcher.csrun_wse import job_request, parse_args
+from launcher.site_config import SiteConfig, SlurmConfig
+from slurm.backend import JobRequest
+from slurm.local_backend import LocalBackend
+from slurm.slurm_backend import refusal, render_script, slurm_options
+from slurm.task_logs import task_hosts, where_task_runs
+from slurm.templates import TEMPLATES, fill
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def request(tmp_path, **fields) -> JobRequest:
+    return JobRequest(("python", "run.py"), tmp_path / "job", tmp_path, env={"CSRUN_CS_IP": "h:1"}, **fields)
+
+
+def test_script_carries_the_request(tmp_path):
+    text, tasks = render_script(request(tmp_path, tasks_per_node=3, cpus_per_task=2,
+                                        options={"partition": "p1", "time": "1:00:00", "cyclic": "1"},
+                                        defaults={"gres": "cs:1", "partition": "site"}), "py")
+    assert tasks == 3
+    for line in ("#SBATCH --partition=p1", "#SBATCH --time=1:00:00", "#SBATCH --gres=cs:1",
+                 "#SBATCH --ntasks-per-node=3", "#SBATCH --cpus-per-task=2", "#SBATCH --distribution=cyclic",
+                 "export CSRUN_CS_IP=h:1", "#   python run.py"):
+        assert line + "\n" in text
+    srun = text.strip().splitlines()[-1]
+    assert srun.startswith("srun --unbuffered") and "--kill-on-bad-exit=1 --distribution=cyclic py -u -m " \
+        "submitit.core._submit" in srun
+
+
+def test_without_time_the_partition_default_applies(tmp_path):
+    text, _ = render_script(request(tmp_path), "py")
+    assert "--time" not in text and "--gres" not in text and "--partition" not in text
+
+
+def test_unknown_options_and_impossible_layouts_are_refused(tmp_path):
+    with pytest.raises(CSRunError, match="the Slurm backend does not take colour"):
+        slurm_options(request(tmp_path, options={"colour": "red"}))
+    with pytest.raises(CSRunError, match="leaves no node for the input workers"):
+        render_script(request(tmp_path, options={"single_task_nodes": "1"}), "py")
+
+
+def test_single_task_nodes_counts_one_chief_and_the_workers(tmp_path):
+    text, tasks = render_script(request(tmp_path, total_nodes=3, tasks_per_node=4,
+                                        options={"single_task_nodes": "1"}), "py")
+    assert tasks == 9
+    assert "#SBATCH --ntasks=9\n" in text and "--distribution=arbitrary --ntasks=9" in text
+    assert "ntasks-per-node" not in text
+
+
+def test_refusals_name_what_to_change(tmp_path):
+    r = request(tmp_path, defaults={"gres": "cs:2"})
+    error = refusal("sbatch: error: Invalid generic resource (gres) specification\n", r)
+    assert str(error).startswith("Slurm refused the GRES 'cs:2': Invalid generic resource (gres) specification")
+    error = refusal("sbatch: error: Batch job submission failed: Job dependency problem", r)
+    assert error.message == "Slurm refused the job: Job dependency problem"
+
+
+def test_the_cs_as_a_cluster_license(tmp_path):
+    """A site of several nodes: the CS system is a license, asked for by every job."""
+    site = SiteConfig(slurm=SlurmConfig(gres=None, licenses="cs:1"))
+    args = parse_args(["--cs_ip", "h:1", "--total-nodes", "3", "--", "python", "run.py"], site)
+    text, _ = render_script(job_request(args, "h:1", tmp_path, site), "py")
+    assert "#SBATCH --licenses=cs:1\n" in text and "--gres" not in text and "#SBATCH --nodes=3\n" in text
+    error = refusal("sbatch: error: Invalid license specification\n", request(tmp_path, defaults={"licenses": "x:1"}))
+    assert str(error).startswith("Slurm refused the license 'x:1': Invalid license specification")
+    assert "scontrol show licenses" in error.hint
+
+
+def test_site_defaults_and_flags(tmp_path):
+    site = SiteConfig(slurm=SlurmConfig(nodes=1, tasks_per_node=4, cpus_per_task=2, partition="cs", gres="cs:1"))
+    args = parse_args(["--cs_ip", "h:1", "--cyclic", "--", "python", "run.py"], site)
+    assert (args.total_nodes, args.tasks_per_node, args.cpus_per_task) == (1, 4, 2)
+    req = job_request(args, "h:1", tmp_path, site)
+    assert dict(req.options) == {"cyclic": "1"}
+    assert dict(req.defaults) == {"partition": "cs", "gres": "cs:1"}
+    assert parse_args(["--tasks-per-node", "2", "true"], site).tasks_per_node == 2
+    with pytest.raises(CSRunError, match="--detach needs --cs_ip"):
+        parse_args(["--detach", "true"])
+    with pytest.raises(CSRunError, match="invalid choice: 2"):
+        parse_args(["--single-task-nodes", "2", "true"])
+
+
+def test_local_backend_ignores_site_defaults_and_refuses_slurm_flags(tmp_path):
+    ok = LocalBackend().build(request(tmp_path, defaults={"gres": "cs:1", "partition": "cs"}))
+    assert ok.backend == "local"
+    with pytest.raises(CSRunError, match="the local backend does not take --cyclic, --partition"):
+        LocalBackend().build(request(tmp_path, options={"partition": "cs", "cyclic": "1"}))
+
+
+def test_fill_sets_sbatch_lines_and_settings():
+    template = (TEMPLATES / "csrun_wse.sbatch").read_text()
+    text = fill(template, {"nodes": "2", "partition": "cs"}, {"CS_IP": "h:1"})
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node" in text
+    assert "#SBATCH --output=csrun_wse-%j.out\n#SBATCH --partition=cs\n" in text
+    assert "\nCS_IP=h:1\n" in text and text.count("#SBATCH --nodes=") == 1
+    with pytest.raises(ValueError, match="no setting NOPE"):
+        fill(template, {}, {"NOPE": "1"})
+
+
+def csrun_wse(args, cwd):
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    return subprocess.run([sys.executable, "-m", "launcher.csrun_wse", *args], cwd=cwd, capture_output=True,
+                          text=True, env={**env, "PYTHONPATH": str(ROOT)}, timeout=60)
+
+
+def test_emit_sbatch_writes_a_filled_in_template(tmp_path):
+    done = csrun_wse(["--emit-sbatch", "j.sbatch", "--tasks-per-node", "3", "--cyclic", "--cs_ip", "h:9",
+                      "--", "python", "run.py", "--mode", "train"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "j.sbatch").read_text()
+    for line in ("#SBATCH --ntasks-per-node=3", "#SBATCH --gres=cs:1", "#SBATCH --distribution=cyclic",
+                 "COMMAND=(python run.py --mode train)", "CS_IP=h:9", f"CSRUN_ENV={sys.prefix}"):
+        assert f"\n{line}\n" in text
+    assert os.access(tmp_path / "j.sbatch", os.X_OK)
+    refused = csrun_wse(["--emit-sbatch", "k.sbatch", "--total-nodes", "2", "--single-task-nodes", "1",
+                         "--", "true"], tmp_path)
+    assert refused.returncode == 1 and not (tmp_path / "k.sbatch").exists()
+    assert refused.stderr.startswith("csrun_wse: error: --single-task-nodes is not in the sbatch template")
+
+
+def test_slurm_flags_without_slurm_are_one_line(tmp_path):
+    done = csrun_wse(["--partition", "cs", "--cs_ip", "h:1", "--", "true"], tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "csrun_wse: error: the local backend does not take --partition (hint: these settings only apply to Slurm)"]
+
+
+def test_the_terminal_copy_of_a_task_log_leaves_out_submitit_and_tensorflow_chatter(tmp_path):
+    import io
+
+    from slurm.task_logs import copy_new
+
+    log = tmp_path / "0_log.out"
+    log.write_text(
+        "submitit INFO (2026-11-22) - Starting with JobEnvironment\n"
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        "I0000 00:00:1795381587.539320   20723 port.cc:153] oneDNN custom operations are on.\n"
+        "global step 100: loss = 0.0191494 (56.94 steps/sec)\n"
+        "submitit ERROR (2026-11-22) - Submitted job triggered an exception\n"
+        "Traceback (most recent call last):\n"
+        "  File \"x.py\", line 1, in <module>\n"
+        "slurm.task.TaskFailed: exit code 1\n"
+        "Loss for final step: 0.1.\n")
+    shown = io.StringIO()
+    assert copy_new(log, 0, shown) == log.stat().st_size
+    assert shown.getvalue() == ("global step 100: loss = 0.0191494 (56.94 steps/sec)\n"
+                                "Loss for final step: 0.1.\n")
+
+
+def test_every_task_says_where_it_runs_and_the_launcher_reads_it_back(tmp_path):
+    line = where_task_runs({"SLURM_PROCID": "3", "SLURM_NTASKS": "6", "SLURMD_NODENAME": "node2",
+                            "CSRUN_CS_IP": "127.0.0.1:9"})
+    assert line == "csrun: task 3 of 6 on node2 (127.0.0.1 to the CS system at 127.0.0.1:9)"
+    log = tmp_path / "log.out"
+    log.write_text(f"submitit INFO (...) - Starting\n{line}\nglobal step 1: loss = 2.0\n")
+    assert task_hosts(log) == ("node2", "127.0.0.1")
+    assert task_hosts(tmp_path / "missing.out") is None
