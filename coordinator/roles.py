@@ -21,9 +21,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-CS_IP_ENV = "CSRUN_CS_IP"  # HOST:PORT of the job's CS system
+from common import task_env
+
 _SOURCES = (
-    ("CSRUN_TASK_RANK", "CSRUN_NUM_TASKS", "CSRUN_JOB_ID"),
+    (task_env.TASK_RANK, task_env.NUM_TASKS, task_env.JOB_ID),
     ("SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_JOB_ID"),
     ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"),
 )
@@ -35,7 +36,7 @@ class TaskRole:
     num_tasks: int
     job_id: str          # the launch's id: the rendezvous is keyed on it
     job_dir: Path | None  # the launcher's job folder (CSRUN_JOB_DIR), if any
-    cs_ip: str | None = None  # the job's CS system (CS_IP_ENV), if the launcher named one
+    cs_ip: str | None = None  # the job's CS system (task_env.CS_IP), if the launcher named one
 
     @property
     def is_chief(self) -> bool:
@@ -54,13 +55,13 @@ class TaskRole:
 
 def task_role(environ: dict[str, str] | None = None) -> TaskRole:
     env = os.environ if environ is None else environ
-    job_dir = Path(env["CSRUN_JOB_DIR"]) if env.get("CSRUN_JOB_DIR") else None
-    cs_ip = env.get(CS_IP_ENV) or None
+    job_dir = Path(env[task_env.JOB_DIR]) if env.get(task_env.JOB_DIR) else None
+    cs_ip = env.get(task_env.CS_IP) or None
     for rank_key, count_key, job_key in _SOURCES:
         if env.get(rank_key, "") != "":
             rank, count = int(env[rank_key]), int(env.get(count_key) or 1)
             if not 0 <= rank < count:
                 raise ValueError(f"{rank_key}={rank} is not below {count_key}={count}")
-            job_id = env.get("CSRUN_JOB_ID") or env.get(job_key) or "local"
+            job_id = env.get(task_env.JOB_ID) or env.get(job_key) or "local"
             return TaskRole(rank, count, job_id, job_dir, cs_ip)
-    return TaskRole(0, 1, env.get("CSRUN_JOB_ID") or f"pid{os.getpid()}", job_dir, cs_ip)
+    return TaskRole(0, 1, env.get(task_env.JOB_ID) or f"pid{os.getpid()}", job_dir, cs_ip)

@@ -42,12 +42,12 @@ from pathlib import Path
 
 import grpc
 
+from common import task_env
 from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
-from coordinator.roles import CS_IP_ENV
 from cs_api import pb, rpc
 from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip, params_path
-from launcher.site_config import TLS_CA_ENV, SiteConfig, load_site_config
+from launcher.site_config import SiteConfig, load_site_config
 from slurm.auto import choose_backend
 from slurm.backend import JobRequest
 from slurm.templates import write_wse_sbatch
@@ -221,8 +221,8 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
         total_nodes=args.total_nodes,
         tasks_per_node=args.tasks_per_node,
         cpus_per_task=args.cpus_per_task,
-        env={"CSRUN_JOB_DIR": str(args.job_dir), "CSRUN_JOB_ID": args.job_dir.name,
-             CS_IP_ENV: cs_ip, TLS_CA_ENV: "" if embedded else (site.cs.tls_ca or ""),
+        env={task_env.JOB_DIR: str(args.job_dir), task_env.JOB_ID: args.job_dir.name,
+             task_env.CS_IP: cs_ip, task_env.CS_TLS_CA: "" if embedded else (site.cs.tls_ca or ""),
              "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
         options=dict(args.slurm_options),
         defaults=site_defaults(site),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from common import task_env
 from common.errors import CSRunError
 from containers.runtime import RUNTIMES
 
@@ -48,7 +49,6 @@ class CSConfig:
 
 # Set by csrun_wse for its tasks: the CA its CS speaks TLS with ("": no TLS, e.g. the
 # embedded simulator on loopback); unset: csrun.yaml's cs.tls_ca.
-TLS_CA_ENV = "CSRUN_CS_TLS_CA"
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,8 @@ def _resolve(value: str | None, path: Path) -> str | None:
 def cs_tls_ca(environ: Mapping[str, str] | None = None) -> str | None:
     """The CA a client of the CS verifies its certificate with (None: no TLS)."""
     environ = os.environ if environ is None else environ
-    if TLS_CA_ENV in environ:
-        return environ[TLS_CA_ENV] or None
+    if task_env.CS_TLS_CA in environ:
+        return environ[task_env.CS_TLS_CA] or None
     return load_site_config(environ).cs.tls_ca
 
 

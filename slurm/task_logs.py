@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from typing import Mapping, TextIO
 
+from common import task_env
 from slurm.submitit_api import ERROR_MARKER, LOCAL_NTASKS_ENV, LOCAL_RANK_ENV, LOG_PREFIX
 
 # Every task's first line: where it runs. `where_task_runs` writes it, `task_hosts` reads it
@@ -27,7 +28,7 @@ def where_task_runs(env: Mapping[str, str]) -> str:
     rank = env.get("SLURM_PROCID") or env.get(LOCAL_RANK_ENV) or "0"
     ntasks = env.get("SLURM_NTASKS") or env.get(LOCAL_NTASKS_ENV) or "1"
     node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    cs_ip = env.get("CSRUN_CS_IP") or "none"
+    cs_ip = env.get(task_env.CS_IP) or "none"
     address = "-"
     host, _, port = cs_ip.rpartition(":")
     if host and port.isdigit():
