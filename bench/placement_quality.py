@@ -19,10 +19,9 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "examples", "cnn_digits")]
 import data as cnn_data  # noqa: E402  (examples/cnn_digits)
 import model as cnn_model  # noqa: E402
 
-from coordinator.compiler import place_model  # noqa: E402
 from coordinator.compiler.extract import extract  # noqa: E402
 from coordinator.compiler.match import check_supported, match  # noqa: E402
-from coordinator.compiler.placement import equal_area_samples_per_sec  # noqa: E402
+from coordinator.compiler.placement import equal_area_samples_per_sec, place_model  # noqa: E402
 from tf_model.estimator_spec import CSEstimatorSpec  # noqa: E402
 from wafer.fabric import get_fabric  # noqa: E402
 
@@ -58,7 +57,8 @@ def measure() -> list[tuple[str, float, str, str]]:
         fabric = get_fabric(fabric_name)
         model = match(extract(model_fn, input_fn, params, "train"))
         check_supported(model)
-        placement, kernels = place_model(model, fabric, "train")
+        placed = place_model(model, fabric, "train")
+        placement, kernels = placed.placement, placed.kernels
         achieved = placement.timing.compute_samples_per_sec
         wafer = equal_area_samples_per_sec(kernels, fabric, training=True)
         same = equal_area_samples_per_sec(kernels, fabric, training=True,

@@ -9,18 +9,24 @@ A CS is in use when `config.cs_ip` is set or, when it is not, the script runs in
 `csrun_wse` job (the job's CS: `coordinator.roles.TaskRole.cs_ip`); then train (and evaluate / predict with `use_cs=True`) go to
 `coordinator.dispatch.run`. Otherwise everything runs on the CPU with plain TensorFlow
 (`tf_model.cpu_session`).
+
+`recorded_compiles()` collects the compiles CSEstimator.compile runs meanwhile (what it
+handed the compiler and what came out): cs_input_analyzer runs an unmodified user script
+inside it.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from common.errors import CSRunError, install_excepthook
 from common.run_kinds import RunKind
-from coordinator import compiler, dispatch
+from coordinator import dispatch
+from coordinator.compiler import CompileResult, compile_model
 from coordinator.roles import task_role
 from launcher.site_config import cs_tls_ca
 from tf_model import cpu_session
@@ -29,6 +35,30 @@ from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 
 __all__ = ["CSEstimator", "CSEstimatorSpec", "CSRunConfig", "ModeKeys"]
+
+
+@dataclass(frozen=True)
+class CompileCall:
+    """One CSEstimator.compile: what it handed the compiler and what the compiler returned."""
+
+    input_fn: Callable
+    params: dict
+    mode: str
+    result: CompileResult  # its program is None after validate_only
+
+
+_recorders: list[list[CompileCall]] = []  # one list per open recorded_compiles()
+
+
+@contextlib.contextmanager
+def recorded_compiles() -> Iterator[list[CompileCall]]:
+    """The compiles every CSEstimator runs inside the block, in order."""
+    calls: list[CompileCall] = []
+    _recorders.append(calls)
+    try:
+        yield calls
+    finally:
+        _recorders.remove(calls)
 
 
 @dataclass(frozen=True)
@@ -88,12 +118,14 @@ class CSEstimator:
         return bool(use_cs and self.config.cs_ip)
 
     def compile(self, input_fn: Callable, validate_only: bool = False,
-                mode: str = ModeKeys.TRAIN) -> Any:
+                mode: str = ModeKeys.TRAIN) -> CompileResult:
         """Validate (and unless validate_only, compile) the model for the CS system; prints
         the report and returns the compiler's result. Artifacts go to
         `compile_dir/cs_compile/` (compile_dir defaults to model_dir)."""
-        result = compiler.compile_model(self.model_fn, input_fn, self.params, self.compile_dir, mode=mode,
-                               validate_only=validate_only)
+        result = compile_model(self.model_fn, input_fn, self.params, self.compile_dir,
+                               mode=mode, validate_only=validate_only)
+        for calls in _recorders:
+            calls.append(CompileCall(input_fn, self.params, mode, result))
         print(result.report_text, end="", flush=True)
         return result
 

@@ -3,10 +3,10 @@
     cs_input_analyzer [--available-nodes N] [--cpus-per-node C] [--batches B] [--debug]
                       [--] python run.py --mode train
 
-1. Compile: the script runs in this process with `--compile_only` appended; the analyzer
-   observes its call of `coordinator.compiler.compile_model` (the user's input_fn and params,
-   and the compile directory) and reads the program's estimated samples/s from
-   `compile_report.json`.
+1. Compile: the script runs in this process with `--compile_only` appended, inside
+   `launcher.estimator.recorded_compiles()`: its CSEstimator's compile hands over the
+   user's input_fn and params and the compiled program; the program's estimated samples/s
+   is read from its `compile_report.json`.
 2. Measure input_fn the way an input worker runs it (`workers.feed.shard_batches`, then
    `feed_requests`: flatten, check, serialize with `to_tensor`), B batches as worker 0 of
    W for W = 1, 2, 4, 8 (as far as the nodes allow). Every worker runs input_fn's whole
@@ -24,7 +24,6 @@ part of the measurement.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -33,12 +32,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from common.errors import ArgumentParser, CSRunError, cli_entry
-from coordinator import compiler
-from coordinator.compiler import load_compiled
+from cs_api import cs_api_pb2 as pb
 from cs_api.input_spec import program_inputs
+from launcher.estimator import recorded_compiles
 from workers.feed import feed_requests, shard_batches
 from workers.rendezvous import Rendezvous
 
@@ -159,6 +158,7 @@ class CompiledScript:
 
     input_fn: Callable
     params: dict
+    program: pb.Program
     directory: str           # the compile directory (holds compile_report.json)
     report: dict[str, Any]   # compile_report.json
 
@@ -177,36 +177,14 @@ def script_argv(command: tuple[str, ...]) -> list[str]:
     return [command[1], *command[2:], "--compile_only"]
 
 
-@contextlib.contextmanager
-def observed_compiles(calls: list[tuple[tuple, dict, Any]]) -> Iterator[None]:
-    """Record every (args, kwargs, result) of `coordinator.compiler.compile_model` meanwhile.
-
-    The estimator looks the function up in `coordinator.compiler` when it compiles, so the
-    real compiler runs and the analyzer sees the user's input_fn, params and result.
-    """
-    real = compiler.compile_model
-
-    def compile_model(*args, **kwargs):
-        result = real(*args, **kwargs)
-        calls.append((args, kwargs, result))
-        return result
-
-    compiler.compile_model = compile_model
-    try:
-        yield
-    finally:
-        compiler.compile_model = real
-
-
 def compile_script(command: tuple[str, ...]) -> CompiledScript:
-    """Run the script's --compile_only path in this process; return what it compiled."""
+    """Run the script's --compile_only path in this process; return what it compiled last."""
     argv = script_argv(command)
-    calls: list[tuple[tuple, dict, Any]] = []
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
     try:
-        with observed_compiles(calls):
+        with recorded_compiles() as calls:
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as done:
         if done.code not in (None, 0):
@@ -215,19 +193,19 @@ def compile_script(command: tuple[str, ...]) -> CompiledScript:
                              f"{' '.join(argv)}` first") from None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-    if not calls:
+    compiled = [(call, program) for call in calls if (program := call.result.program) is not None]
+    if not compiled:
         raise CSRunError(f"{' '.join(argv)} compiled nothing",
                          "give a CSEstimator script whose --compile_only compiles "
                          "(e.g. python run.py --mode train)")
-    args, kwargs, result = calls[-1]
-    named = dict(zip(("model_fn", "input_fn", "params", "model_dir"), args)) | kwargs
-    report_path = Path(result.directory) / "compile_report.json"
+    call, program = compiled[-1]
+    report_path = Path(call.result.directory) / "compile_report.json"
     try:
         report = json.loads(report_path.read_text())
     except (OSError, ValueError) as error:
         raise CSRunError(f"cannot read {report_path}: {error}",
                          "compile again with --compile_only") from None
-    return CompiledScript(named["input_fn"], named["params"], result.directory, report)
+    return CompiledScript(call.input_fn, call.params, program, call.result.directory, report)
 
 
 # ---- measuring input_fn ----------------------------------------------------------------
@@ -249,8 +227,7 @@ def seconds_per_batch(input_fn: Callable, params: dict, inputs: tuple, batch_siz
 def measure_costs(compiled: CompiledScript, batches: int, most_workers: int) -> InputCosts:
     """Time worker 0 of W for W = 1, 2, 4, 8, up to the first W >= `most_workers`; the
     fastest of REPEATS runs each (this node is shared: slower runs are other work)."""
-    program = load_compiled(compiled.directory).program
-    assert program is not None, "a compile directory holds its program"
+    program = compiled.program
     inputs = program_inputs(program)
     reach = next((w for w in MEASURED_WORKERS if w >= max(most_workers, 2)), MEASURED_WORKERS[-1])
     counts = [w for w in MEASURED_WORKERS if w <= reach]

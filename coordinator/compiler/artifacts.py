@@ -1,5 +1,5 @@
-"""The compile directory `model_dir/cs_compile/<graph hash>/`: its key, writing it
-atomically (temporary directory, then rename) and reading it back."""
+"""The compile cache `model_dir/cs_compile/<graph hash>/`: a compile's key, its artifacts
+written atomically (temporary directory, then rename) and read back while the key is unchanged."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,62 @@ REPORT_TXT = "compile_report.txt"
 REPORT_JSON = "compile_report.json"
 WAFER_MAP = "placement.png"
 VALIDATION_REPORT = "validation_report.txt"
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """What the emit pass writes: the files of a compile directory."""
+
+    program: pb.Program
+    initial_weights: dict[str, np.ndarray]  # the CS's weights: TF variable name -> initial value
+    host_variables: dict[str, np.ndarray]  # the graph's other variables (e.g. a dropout seed state)
+    report_text: str
+    report_json: dict[str, Any]
+    wafer_map_png: bytes
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """What compile_model returns and load_compiled reads back."""
+
+    directory: str  # the compile directory (cs_compile/ itself after validate_only)
+    program: pb.Program | None  # None after validate_only
+    initial_weights: dict[str, np.ndarray]  # the CS's weights: TF variable name -> initial value
+    host_variables: dict[str, np.ndarray]  # the graph's other variables (e.g. a dropout seed state)
+    reused: bool  # an unchanged graph's earlier compile was reused
+    report_text: str
+
+
+class CompileCache:
+    """`model_dir/cs_compile/`: one directory per graph hash, reused while it is complete,
+    and the validation report beside them."""
+
+    def __init__(self, model_dir: str):
+        self.root = compile_root(model_dir)
+
+    def directory(self, key: str) -> str:
+        return os.path.join(self.root, key)
+
+    def write_validation_report(self, text: str) -> None:
+        write_text_atomic(os.path.join(self.root, VALIDATION_REPORT), text)
+
+    def load(self, key: str) -> CompileResult | None:
+        """The earlier compile under `key`, or None when there is no complete one."""
+        directory = self.directory(key)
+        if not is_complete(directory):
+            return None
+        reused = read_compile(directory)
+        note = (f"Reusing the compile in {directory}: graph, shapes, hyper-parameters and "
+                "fabric unchanged\n")
+        return dataclasses.replace(reused, report_text=note + reused.report_text)
+
+    def store(self, key: str, artifacts: Artifacts) -> CompileResult:
+        """Write `artifacts` as the compile under `key`."""
+        directory = self.directory(key)
+        write_compile(directory, artifacts)
+        return CompileResult(directory, artifacts.program, artifacts.initial_weights,
+                             artifacts.host_variables, False,
+                             artifacts.report_text + f"Compile artifacts written to {directory}\n")
 
 
 def compile_root(model_dir: str) -> str:
@@ -63,26 +120,26 @@ def is_complete(directory: str) -> bool:
                for f in (PROGRAM, WEIGHTS, HOST_VARIABLES, REPORT_TXT, REPORT_JSON))
 
 
-def write_compile(directory: str, program: pb.Program, weights: dict[str, np.ndarray],
-                  host_variables: dict[str, np.ndarray], report_text: str, report_json: dict, draw_map) -> None:
+def write_compile(directory: str, artifacts: Artifacts) -> None:
     """Write all artifacts into a temporary sibling, then rename it to `directory`.
 
-    `draw_map(path)` renders the wafer map. A concurrent compile of the same graph that
-    finished first wins; its artifacts are identical.
+    A concurrent compile of the same graph that finished first wins; its artifacts are
+    identical.
     """
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.", dir=parent)
     try:
         with open(os.path.join(tmp, PROGRAM), "wb") as f:
-            f.write(program.SerializeToString())
-        np.savez(os.path.join(tmp, WEIGHTS), allow_pickle=False, **weights)
-        np.savez(os.path.join(tmp, HOST_VARIABLES), allow_pickle=False, **host_variables)
+            f.write(artifacts.program.SerializeToString())
+        np.savez(os.path.join(tmp, WEIGHTS), allow_pickle=False, **artifacts.initial_weights)
+        np.savez(os.path.join(tmp, HOST_VARIABLES), allow_pickle=False, **artifacts.host_variables)
         with open(os.path.join(tmp, REPORT_TXT), "w") as f:
-            f.write(report_text)
+            f.write(artifacts.report_text)
         with open(os.path.join(tmp, REPORT_JSON), "w") as f:
-            json.dump(report_json, f, indent=2)
-        draw_map(os.path.join(tmp, WAFER_MAP))
+            json.dump(artifacts.report_json, f, indent=2)
+        with open(os.path.join(tmp, WAFER_MAP), "wb") as f:
+            f.write(artifacts.wafer_map_png)
         if os.path.isdir(directory):  # an incomplete leftover: replace it
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.old.", dir=parent)
             os.rename(directory, os.path.join(old, "dir"))
@@ -102,6 +159,12 @@ def write_text_atomic(path: str, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def read_compile(directory: str) -> CompileResult:
+    """A complete compile directory, read back."""
+    return CompileResult(directory, read_program(directory), read_weights(directory),
+                         read_weights(directory, HOST_VARIABLES), True, read_report(directory))
 
 
 def read_program(directory: str) -> pb.Program:

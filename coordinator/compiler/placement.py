@@ -8,6 +8,8 @@ Layouts keep kernels in topological order so consecutive kernels touch: serpenti
 of every height (left to right, then right to left), and a slicing layout (split the
 sequence and the area in proportion, recursively). Of those that fit, the fastest, then
 the most compact, is kept.
+
+`place_model` is the compiler's place pass: a matched model's library kernels, placed.
 """
 from __future__ import annotations
 
@@ -15,8 +17,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
+from common.errors import CSRunError
+from coordinator.compiler.ir import MatchedModel
+from tf_model.estimator_spec import ModeKeys
 from wafer import timing
 from wafer.fabric import Fabric
+from wafer.kernels import KernelError, build_kernel
 
 # Search parameters (docs/design.md, "Placement"): they bound the search, not the model.
 BISECTION_TOLERANCE = 1e-4  # relative gap at which the bisection on the target rate stops
@@ -306,3 +314,58 @@ def equal_area_samples_per_sec(kernels: Sequence[Any], fabric: Fabric, *, traini
     slowest = max(timing.kernel_timing(k, region, fabric, training=training).seconds_per_sample
                   for k in kernels)
     return 1.0 / slowest
+
+
+@dataclass(frozen=True)
+class PlacedModel:
+    """The place pass's result: the matched model, its library kernels and their rectangles."""
+
+    model: MatchedModel
+    fabric: Fabric
+    mode: str
+    kernels: tuple[Any, ...]  # the built library kernels, in model.kernels' order
+    placement: Placement
+
+
+def build_kernels(model: MatchedModel) -> list:
+    """The library kernels of `model` (their cost model is what placement reads), built with
+    the dtypes flowing from the inputs, as the CS builds them at Load: what validates, loads."""
+    built = []
+    dtypes = {spec.name: np.dtype(spec.dtype) for spec in model.inputs}
+    for node in model.kernels:
+        try:
+            kernel = build_kernel(node.type, node.name, node.attrs, node.input_shapes)
+            dtypes[node.name] = kernel.output_dtype([dtypes[i] for i in node.inputs])
+        except KernelError as error:
+            raise CSRunError(f"kernel {node.name} ({node.type}) at {node.source}: {error}",
+                             "change the layer's configuration to one the kernel supports") from None
+        if tuple(kernel.output_shape) != tuple(node.output_shape):
+            raise RuntimeError(f"kernel {node.name}: library output shape {kernel.output_shape} "
+                               f"differs from TensorFlow's {node.output_shape}")
+        built.append(kernel)
+    return built
+
+
+def place_model(model: MatchedModel, fab: Fabric, mode: str) -> PlacedModel:
+    """Build the kernels of `model` and place them on `fab` (CSRunError if it does not fit)."""
+    kernels = build_kernels(model)
+    training = mode == ModeKeys.TRAIN
+    optimizer = model.optimizer.type if model.optimizer is not None else "sgd"
+    input_names = [s.name for s in model.inputs]
+    edges = [(src, node.name) for node in model.kernels for src in node.inputs]
+    input_bytes = sum(math.prod(s.shape) * timing.BYTES_PER_VALUE for s in model.inputs)
+    try:
+        placement = place(kernels, fab, training=training, optimizer=optimizer,
+                          input_bytes_per_sample=input_bytes, input_names=input_names,
+                          edges=edges)
+    except TooLargeError as error:
+        gb = 2 ** 30
+        raise CSRunError(
+            f"the model does not fit on {fab.name}: it needs {error.needed_bytes / gb:,.2f} GB of "
+            f"SRAM for {model.num_parameters:,} parameters (weights, gradients"
+            f"{', ' + optimizer + ' slots' if optimizer != 'sgd' else ''} and activations in "
+            f"flight; largest kernel {error.worst}), the fabric has {fab.sram_bytes / gb:,.2f} GB "
+            f"({fab.width} x {fab.height} cores x {fab.sram_per_core // 1024} KB)",
+            "pipelined mode is for models below about a billion parameters: make the model "
+            "smaller") from None
+    return PlacedModel(model, fab, mode, tuple(kernels), placement)

@@ -1,10 +1,15 @@
-"""Emit: the CS API Program message for a matched and placed model."""
+"""Emit: a placed model's artifacts — the CS API Program message, the initial weights, the
+compile reports and the wafer map."""
 from __future__ import annotations
 
 import dataclasses
 
+from coordinator.compiler import report, wafer_map
+from coordinator.compiler.artifacts import Artifacts
+from coordinator.compiler.extract import ExtractedGraph
 from coordinator.compiler.ir import MatchedModel, TrainingSpec
-from coordinator.compiler.placement import Placement
+from coordinator.compiler.placement import PlacedModel, Placement
+from coordinator.compiler.weights import host_variables, initial_weights
 from cs_api import cs_api_pb2 as pb
 from cs_api.attrs import to_attr
 from cs_api.tensors import dtype_code
@@ -18,6 +23,27 @@ MAX_MICRO_BATCH = 256
 def micro_batch_size(batch_size: int) -> int:
     """The largest divisor of the batch not above MAX_MICRO_BATCH."""
     return max(d for d in range(1, min(batch_size, MAX_MICRO_BATCH) + 1) if batch_size % d == 0)
+
+
+def emit(placed: PlacedModel, extracted: ExtractedGraph, *, name: str,
+         graph_hash: str) -> Artifacts:
+    """The artifacts of `placed`; the initial weights are the values of `extracted`'s graph."""
+    model, placement, fab, mode = placed.model, placed.placement, placed.fabric, placed.mode
+    batch_size = extracted.batch_size
+    program = build_program(model, placement, name=name, graph_hash=graph_hash, fabric=fab.name,
+                            batch_size=batch_size, seed=extracted.seed)
+    weights = [p.variable for k in model.kernels for p in k.params]
+    return Artifacts(
+        program=program,
+        initial_weights=initial_weights(extracted, weights),
+        host_variables=initial_weights(extracted, host_variables(extracted, weights)),
+        report_text=report.compile_text(model, placement, fab, mode=mode, batch_size=batch_size,
+                                        graph_hash=graph_hash),
+        report_json=report.compile_json(model, placement, fab, mode=mode, batch_size=batch_size,
+                                        graph_hash=graph_hash),
+        wafer_map_png=wafer_map.render(fab, [k.name for k in model.kernels],
+                                       [k.type for k in model.kernels], placement.regions,
+                                       placement.routes, program.name))
 
 
 def build_program(model: MatchedModel, placement: Placement, *, name: str, graph_hash: str,

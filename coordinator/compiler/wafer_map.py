@@ -4,6 +4,7 @@ Left: the whole wafer. Right: a zoom on the cores in use (small models use a cor
 """
 from __future__ import annotations
 
+import io
 from typing import Sequence
 
 from PIL import Image, ImageDraw, ImageFont
@@ -41,8 +42,9 @@ def _panel(draw: ImageDraw.ImageDraw, origin: tuple[int, int], view: Rect, rects
             draw.line([px(x + 0.5, y + 0.5) for x, y in route.path], fill=(40, 40, 40), width=1)
 
 
-def render(path: str, fabric: Fabric, names: Sequence[str], types: Sequence[str],
-           rects: Sequence[Rect], routes: Sequence[RouteSpec], title: str) -> None:
+def render(fabric: Fabric, names: Sequence[str], types: Sequence[str], rects: Sequence[Rect],
+           routes: Sequence[RouteSpec], title: str) -> bytes:
+    """The wafer map as PNG bytes."""
     font = ImageFont.load_default()
     image = Image.new("RGB", (2 * PANEL + LEGEND_WIDTH + 40, PANEL + 60), "white")
     draw = ImageDraw.Draw(image)
@@ -65,4 +67,6 @@ def render(path: str, fabric: Fabric, names: Sequence[str], types: Sequence[str]
         label = name if name == type_ else f"{name} ({type_})"
         draw.text((x0 + 14, y), f"{i + 1} {label} {r.x},{r.y} {r.width}x{r.height}",
                   fill="black", font=font)
-    image.save(path)
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    return png.getvalue()

@@ -11,10 +11,10 @@ import yaml
 from PIL import Image
 
 from common.errors import CSRunError
-from coordinator.compiler import compile_model, load_compiled, place_model
+from coordinator.compiler import compile_model, load_compiled
 from coordinator.compiler.extract import extract
 from coordinator.compiler.match import match
-from coordinator.compiler.placement import equal_area_samples_per_sec
+from coordinator.compiler.placement import equal_area_samples_per_sec, place_model
 from tf_model.model_fn import call_model_fn, model_graph
 from wafer import timing
 from wafer.fabric import get_fabric
@@ -147,11 +147,12 @@ def test_cnn_example_compiles(tmp_path):
 def test_deep_mlp_reaches_90_percent_of_the_bound_and_beats_equal_area():
     fabric = get_fabric("cs1")
     model = match(extract(m.mlp_stack, m.input_fn, {"batch_size": 256, "hidden": [4096] * 23}))
-    placement, kernels = place_model(model, fabric, "train")
+    placed = place_model(model, fabric, "train")
+    placement = placed.placement
     achieved = placement.timing.compute_samples_per_sec
     assert placement.balanced_bound < placement.fabric_bound * 1.0001  # wafer-bound
     assert achieved >= 0.9 * placement.balanced_bound
-    assert achieved > equal_area_samples_per_sec(kernels, fabric, training=True)
+    assert achieved > equal_area_samples_per_sec(placed.kernels, fabric, training=True)
 
 
 def test_too_large_model_is_refused_with_memory_figures(tmp_path):

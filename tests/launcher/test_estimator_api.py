@@ -58,3 +58,20 @@ def test_train_goes_to_the_cs_when_one_is_configured_and_to_the_cpu_otherwise(tm
     assert (tmp_path / "model.ckpt-2.index").exists()
     with pytest.raises(CSRunError, match="both steps and max_steps"):
         est.train(data.train_input_fn, steps=1, max_steps=2, use_cs=False)
+
+
+def test_recorded_compiles_hand_over_what_the_estimator_compiled(tmp_path, capsys):
+    params = {"train_input": {"batch_size": 16, "data_dir": None}, "model": {"hidden_sizes": [8]},
+              "optimizer": {"optimizer_type": "sgd", "learning_rate": 0.1}}
+    est = CSEstimator(model.model_fn, str(tmp_path), params=params)
+    with api.recorded_compiles() as outer:
+        est.compile(data.train_input_fn, validate_only=True)
+        with api.recorded_compiles() as inner:
+            compiled = est.compile(data.train_input_fn)
+    est.compile(data.train_input_fn)  # no recorder open: nothing recorded
+    assert [c.result for c in outer] == [outer[0].result, compiled] and inner[0].result is compiled
+    assert outer[0].result.program is None and compiled.program.batch_size == 16
+    call = inner[0]
+    assert (call.input_fn, call.params, call.mode) == (data.train_input_fn, est.params, "train")
+    assert len(outer) == 2 and len(inner) == 1 and not api._recorders
+    assert "Validation successful" in capsys.readouterr().out
