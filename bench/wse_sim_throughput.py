@@ -113,7 +113,7 @@ def measure() -> list[Row]:
     data = batches(STEPS)
     threads = usable_cpus()
     chosen = compiled.program.micro_batch_size
-    other = 64 if chosen != 64 else 256
+    other = 256 if chosen == 64 else 64
     configs = [(1, chosen), (threads, chosen), (threads, other)]
     pipelines = {config: simulator_step(compiled.program, compiled.initial_weights, *config)
                  for config in configs}
