@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import CSRunError
+from common.layers import PACKAGES
 from containers.recipes import DEFINITION, dockerfile_to_definition, missing_sources, read_definition
 from containers.runtime import ContainerRuntime, check_binds, check_image, find_runtime
 
@@ -109,8 +110,8 @@ def test_the_shipped_definition_parses_and_copies_what_exists():
     definition = read_definition()
     assert definition.base_image == "python:3.11-slim-bookworm"
     assert ("constraints.txt", "/opt/csrun/constraints.txt") in definition.files
-    assert {"launcher", "coordinator", "workers", "wse_sim", "containers", "slurm"} <= \
-        {source for source, _ in definition.files}
+    copied = {source for source, _ in definition.files}
+    assert set(PACKAGES) <= copied, f"the image lacks {sorted(set(PACKAGES) - copied)}"
     assert any("-c /opt/csrun/constraints.txt /opt/csrun" in line for line in definition.post)
     assert missing_sources(definition, ROOT) == []
     assert missing_sources(definition, ROOT / "tests") != []
