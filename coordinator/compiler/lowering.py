@@ -342,8 +342,34 @@ def _batch_norm(m, x, op, mean, variance, gamma, beta, eps, ops, out, fused=Fals
     return True
 
 
+def _flattened_cross_entropy(m: "Matcher", reshape: tf.Operation) -> bool:
+    """tf.nn.sparse_softmax_cross_entropy_with_logits on logits of rank > 2 (a loss per
+    token): TF flattens logits and labels across the batch, takes the loss and reshapes it
+    back; each sample's rows stay its own, so it is the kernel on (..., k) logits."""
+    xent = m.sole_consumer(reshape.outputs[0])
+    if xent is None or xent.type != "SparseSoftmaxCrossEntropyWithLogits":
+        return False
+    flat_logits, flat_labels = xent.inputs
+    reshapes = [t.op for t in (flat_logits, flat_labels)]
+    back = m.sole_consumer(xent.outputs[0])
+    if any(r.type != "Reshape" or m.sole_consumer(r.outputs[0]) is not xent or
+           not m.is_batched(r.inputs[0]) for r in reshapes) or back is None or \
+            back.type != "Reshape":
+        return False
+    logits, labels = (r.inputs[0] for r in reshapes)
+    lead = static_shape(logits)[:-1]
+    if static_shape(labels) != lead or static_shape(back.outputs[0]) != lead or \
+            static_shape(flat_logits) != (int(np.prod(lead)), static_shape(logits)[-1]):
+        return False
+    m.add_kernel(xent.name, "softmax_cross_entropy_with_logits", [logits, labels],
+                 {"sparse": True}, [], [*reshapes, xent, back], back.outputs[0], source_op=xent)
+    return True
+
+
 def match_cross_entropy(m: "Matcher") -> Callable[[tf.Operation], bool]:
     def match(op: tf.Operation) -> bool:
+        if op.type == "Reshape" and m.is_batched(op.inputs[0]):
+            return _flattened_cross_entropy(m, op)
         if op.type not in ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits"):
             return False
         logits, labels = op.inputs
@@ -603,7 +629,7 @@ def _gather(m: "Matcher", op: tf.Operation) -> str:
     letters, inputs, attrs, params = found
     if letters != "pi":
         return "gathers from a constant table"
-    weight = m.operands.weight(table)
+    weight = m.operands.weight(table) or m.operands.view(table)
     assert weight is not None, "letter p: _operands found the table's weight"
     m.add_kernel(m.scope(op, weight.variable), "gather", inputs, {"operands": letters, **attrs},
                  params, [op], op.outputs[0])

@@ -3,7 +3,7 @@ its value), a weight (a read of a variable, possibly viewed through a reshape), 
 numbers, or a computation on weights the CS cannot place."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
@@ -12,6 +12,9 @@ import tensorflow as tf
 VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
 # Between a variable and its use: reads, and shape changes that keep its values in order.
 VARIABLE_VIEW_OPS = {"ReadVariableOp", "Identity", "Reshape", "Squeeze", "ExpandDims", "Cast"}
+# Static views: they pick elements of a weight by constant indices (a slice, a constant
+# gather, a transpose); the CS reads the view and scatters its gradient back, as TF's do.
+INDEX_VIEW_OPS = {"StridedSlice", "Slice", "GatherV2", "ResourceGather", "Transpose"}
 RANDOM_OPS = {"RandomUniform", "RandomStandardNormal", "TruncatedNormal", "RandomUniformInt",
               "StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessRandomUniform",
               "StatelessRandomNormal", "StatelessTruncatedNormalV2", "Multinomial",
@@ -28,6 +31,8 @@ class Weight:
     variable_shape: tuple[int, ...]
     shape: tuple[int, ...]
     dtype: str
+    # a static view: the flat index into the variable of each element its user sees
+    view: np.ndarray | None = field(default=None, compare=False)
 
 
 class Operands:
@@ -53,6 +58,58 @@ class Operands:
         seen = variable_shape if tensor.dtype == tf.resource else \
             tuple(int(d) for d in tensor.shape.as_list())  # a handle: ResourceGather's table
         return Weight(op.name, variable_shape, seen, tf.as_dtype(dtype).base_dtype.name)
+
+    def view(self, tensor: tf.Tensor) -> Weight | None:
+        """A static view of a variable (slices, constant gathers, transposes and reshapes of
+        its read, pos_table[:n]), with its index map; None if `tensor` is not one. A view
+        that keeps every element in order is the weight itself (tf.gather(w, tf.range(n)))."""
+        chain, op = [], tensor.op
+        while op not in self.flow and op.type in VARIABLE_VIEW_OPS | INDEX_VIEW_OPS and op.inputs:
+            chain.append(op)
+            op = op.inputs[0].op
+        if op in self.flow or op.type not in VARIABLE_OPS or \
+                not any(o.type in INDEX_VIEW_OPS for o in chain):
+            return None
+        base = self.weight(op.outputs[0])
+        if base is None:
+            return None
+        index = np.arange(int(np.prod(base.variable_shape)), dtype=np.int64).reshape(base.variable_shape)
+        for step in reversed(chain):
+            index = self._replay(step, index)
+            if index is None:
+                return None
+        shape = static_shape(tensor)
+        if tuple(index.shape) != shape:
+            return None
+        whole = index.size == int(np.prod(base.variable_shape)) and \
+            np.array_equal(index.reshape(-1), np.arange(index.size))
+        return Weight(base.variable, base.variable_shape, shape, base.dtype,
+                      None if whole else index)
+
+    def _replay(self, op: tf.Operation, index: np.ndarray) -> np.ndarray | None:
+        """`op` applied to the index array of its input (None: not a static view)."""
+        kind = op.type
+        if kind == "Cast":
+            return index if op.get_attr("SrcT") == op.get_attr("DstT") else None
+        if kind in ("ReadVariableOp", "Identity"):
+            return index
+        if kind in ("Reshape", "Squeeze", "ExpandDims"):
+            return index.reshape(static_shape(op.outputs[0]))
+        args = [self.constant(t) for t in op.inputs[1:]]
+        if any(a is None for a in args):
+            return None
+        if kind == "Transpose":
+            return np.transpose(index, [int(p) for p in args[0]])
+        if kind in ("GatherV2", "ResourceGather"):
+            axis = int(args[1]) if kind == "GatherV2" else 0
+            if op.get_attr("batch_dims") != 0:
+                return None
+            return np.take(index, args[0].astype(np.int64), axis=axis)
+        if kind == "Slice":
+            begin, size = (a.astype(np.int64) for a in args)
+            return index[tuple(slice(int(b), None if int(n) < 0 else int(b) + int(n))
+                               for b, n in zip(begin, size))]
+        return index[_strided_index(op, *args)]
 
     def depends_on(self, tensor: tf.Tensor, types: set[str]) -> tf.Operation | None:
         """The first op of `types` that `tensor`'s value depends on (None if none)."""
@@ -82,6 +139,25 @@ class Operands:
 
     def random_source(self, tensor: tf.Tensor) -> tf.Operation | None:
         return self.depends_on(tensor, RANDOM_OPS)
+
+
+def _strided_index(op: tf.Operation, begin: np.ndarray, end: np.ndarray,
+                   strides: np.ndarray) -> tuple:
+    """A StridedSlice's numpy index: TF's strided_slice is Python's slicing, spelt in masks."""
+    masks = {k: op.get_attr(k) for k in ("begin_mask", "end_mask", "ellipsis_mask",
+                                         "new_axis_mask", "shrink_axis_mask")}
+    index: list = []
+    for axis, (b, e, s) in enumerate(zip(begin, end, strides)):
+        if masks["ellipsis_mask"] >> axis & 1:
+            index.append(Ellipsis)
+        elif masks["new_axis_mask"] >> axis & 1:
+            index.append(np.newaxis)
+        elif masks["shrink_axis_mask"] >> axis & 1:
+            index.append(int(b))
+        else:
+            index.append(slice(None if masks["begin_mask"] >> axis & 1 else int(b),
+                               None if masks["end_mask"] >> axis & 1 else int(e), int(s)))
+    return tuple(index)
 
 
 def static_shape(tensor: tf.Tensor) -> tuple[int, ...]:
