@@ -109,7 +109,8 @@ def small_transformer(features, labels, mode, params):
 def recurrent(features, labels, mode, params):
     """A Keras recurrent layer (params['cell']: LSTM, GRU, SimpleRNN) over the sequence."""
     cell = getattr(tf.keras.layers, params.get("cell", "LSTM"))
-    h = cell(8, return_sequences=params.get("return_sequences", False))(features)
+    h = cell(8, return_sequences=params.get("return_sequences", False),
+             unroll=params.get("unroll", False))(features)
     if params.get("return_sequences", False):
         h = tf.reduce_mean(h, axis=1)
     return _spec(mode, labels, tf.keras.layers.Dense(4)(h), params)

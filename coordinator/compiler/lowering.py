@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.ir import ParamRef
+from coordinator.compiler import sequences
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from wafer.kernels import KERNELS
 
@@ -531,7 +532,7 @@ def _reshape(m: "Matcher", op: tf.Operation) -> str:
 def _transpose(m: "Matcher", op: tf.Operation) -> str:
     perm = m.operands.constant(op.inputs[1])
     if perm is None or int(perm[0]) != 0:
-        return "transposes the batch axis away from the first position"
+        return sequences.time_major_unstack(m, op)
     if not has_kernel("transpose"):
         return "the CS has no transpose kernel"
     m.add_kernel(op.name, "transpose", [op.inputs[0]], {"perm": [int(p) - 1 for p in perm[1:]]},
@@ -741,7 +742,8 @@ GENERIC: dict[str, Callable[["Matcher", tf.Operation], str]] = {
     "LogSoftmax": _softmax, "MatMul": _matmul, "BatchMatMulV2": _matmul,
     "BatchMatMulV3": _matmul, "Einsum": _einsum, "GatherV2": _gather, "ResourceGather": _gather,
     "OneHot": _one_hot, "StridedSlice": _strided_slice, "Slice": _slice, "Pad": _pad,
-    "PadV2": _pad, "IdentityN": _identity_n,
+    "PadV2": _pad, "IdentityN": _identity_n, "Unpack": sequences.unpack, "Split": sequences.split,
+    "SplitV": sequences.split, "Pack": sequences.pack,
 }
 
 

@@ -196,6 +196,8 @@ class Matcher:
                 attrs[f"p{k}"] = list(weight.shape)
                 continue
             value = self.operands.constant(t)
+            if value is None:
+                value = self.operands.zero_product(t)
             if value is not None:
                 if value.ndim and value.ndim == len(static_shape(op.outputs[0])) and \
                         value.shape[0] == self.x.batch_size != 1:

@@ -137,6 +137,20 @@ class Operands:
             self._constants[tensor.name] = value
         return self._constants[tensor.name]
 
+    def zero_product(self, tensor: tf.Tensor) -> np.ndarray | None:
+        """Zeros, if `tensor` is a product of a weight and a constant of zeros (a recurrent
+        layer's first step: its zero initial state times the recurrent kernel); TF's
+        gradient of such a product to the weight is zero too."""
+        op = tensor.op
+        if op in self.flow or op.type not in ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Mul"):
+            return None
+        factors = [self.constant(t) for t in op.inputs]
+        if not any(f is not None and f.size and not f.any() for f in factors) or \
+                not all(f is not None or self.weight(t) is not None
+                        for f, t in zip(factors, op.inputs)):
+            return None
+        return np.zeros(static_shape(tensor), tensor.dtype.as_numpy_dtype)
+
     def random_source(self, tensor: tf.Tensor) -> tf.Operation | None:
         return self.depends_on(tensor, RANDOM_OPS)
 
