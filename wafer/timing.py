@@ -14,7 +14,11 @@ For kernel k on a region of P_k cores (at most max_cores_k of them useful):
                so the edge is the region's height; gradients travel the opposite links
     t_k      = max(t_comp, t_comm)
 Steady state X = min(1 / max_k t_k, I/O bytes per second / input bytes per sample).
-A step of batch B: (B - 1) x max_k t_k + pipeline fill + weight update.
+A step of batch B: (B - 1) x max_k t_k + pipeline fill + weight update + shared reads.
+A shared weight's read (a kernel reading a weight held by another's region): once a batch
+the weight travels to the reader and, training, its gradient back, each way
+    hops / f + bytes / (the reader's height x 4 B x f);
+the slowest read adds to the step.
 Memory per core: (weights + gradient accumulator + optimizer slots) / P_k + the activations
 kept for the backward pass of the samples in flight / P_k.
 """
@@ -82,6 +86,7 @@ class PipelineTiming:
     flops_per_sample: float  # sum of F_k
     active_cores: int
     peak_flops_per_core: float  # r x f (no efficiency)
+    shared_read_seconds: float = 0.0  # the slowest shared weight's read (and gradient back)
 
     @property
     def samples_per_sec(self) -> float:
@@ -98,7 +103,7 @@ class PipelineTiming:
     def step_seconds(self, batch_size: int) -> float:
         """Time of one step of `batch_size` samples: steady state, fill and update."""
         return (max(batch_size - 1, 0) / self.samples_per_sec + self.fill_seconds
-                + self.update_seconds)
+                + self.update_seconds + self.shared_read_seconds)
 
 
 def flops_per_sample(kernel: Any, training: bool) -> float:
@@ -177,14 +182,30 @@ def path_hops(path: Sequence[tuple[int, int]]) -> int:
     return sum(abs(a[0] - b[0]) + abs(a[1] - b[1]) for a, b in zip(path, path[1:]))
 
 
+@dataclass(frozen=True)
+class SharedRead:
+    """A kernel reading a weight another kernel's region holds: its route's length in
+    cores, the weight's bytes, the reader region's height (the links it enters by)."""
+
+    hops: int
+    bytes_per_batch: int
+    edge_cores: int
+
+    def seconds(self, fabric: Fabric, training: bool) -> float:
+        """The weight to the reader, and when training its gradient back."""
+        one_way = (self.hops / fabric.clock_hz + self.bytes_per_batch
+                   / (max(self.edge_cores, 1) * link_bytes_per_sec(fabric)))
+        return one_way * (2 if training else 1)
+
+
 def pipeline_timing(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, *,
                     training: bool, input_bytes_per_sample: int, optimizer: str = "sgd",
-                    route_hops: int = 0) -> PipelineTiming:
+                    route_hops: int = 0, shared_reads: Sequence[SharedRead] = ()) -> PipelineTiming:
     """Timing of kernels (topological order) on their regions.
 
     `input_bytes_per_sample` is what the host streams per sample (features and labels);
     `route_hops` is the total length, in cores, of the routes between regions (one hop
-    per cycle).
+    per cycle); `shared_reads` are the shared weights' reads, once a batch.
     """
     timings = tuple(kernel_timing(k, r, fabric, training=training, optimizer=optimizer)
                     for k, r in placed)
@@ -204,6 +225,7 @@ def pipeline_timing(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, *,
         flops_per_sample=sum(t.flops_per_sample for t in timings),
         active_cores=sum(t.cores for t in timings),
         peak_flops_per_core=fabric.flops_per_cycle * fabric.clock_hz,
+        shared_read_seconds=max((r.seconds(fabric, training) for r in shared_reads), default=0.0),
     )
 
 
@@ -256,10 +278,16 @@ def program_timing(program: Any, kernels: Sequence[Any], fabric: Fabric, *,
     if len(regions) != len(kernels):
         raise ValueError(f"program has {len(regions)} kernels, {len(kernels)} were given")
     input_bytes = sum(_shape_bytes(spec.shape) for spec in program.inputs)
-    hops = sum(path_hops([(p.x, p.y) for p in route.path]) for route in program.routes)
+    hops = sum(path_hops([(p.x, p.y) for p in route.path]) for route in program.routes
+               if not route.bytes_per_batch)
+    heights = {k.name: k.region.height for k in program.kernels}
+    reads = [SharedRead(path_hops([(p.x, p.y) for p in route.path]), route.bytes_per_batch,
+                        heights[route.dst])
+             for route in program.routes if route.bytes_per_batch]
     return pipeline_timing(list(zip(kernels, regions)), fabric, training=training,
                            input_bytes_per_sample=input_bytes,
-                           optimizer=program.optimizer.type or "sgd", route_hops=hops)
+                           optimizer=program.optimizer.type or "sgd", route_hops=hops,
+                           shared_reads=reads)
 
 
 def run_utilization(pipeline: PipelineTiming, samples: int, sim_seconds: float) -> float:

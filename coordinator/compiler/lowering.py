@@ -57,11 +57,14 @@ REFUSED = {
                                      "layer-pipelined micro-batches never see together; use "
                                      "LayerNormalization, or training=False",
     "recurrent layers (While loops)": "LSTM, GRU, SimpleRNN and tf.while_loop: the CS pipelines "
-                                      "one pass per sample; unroll the recurrence",
+                                      "one pass per sample; pass unroll=True to a Keras LSTM or "
+                                      "SimpleRNN over fixed-length sequences (GRU's first step "
+                                      "computes on its weights alone: refused)",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss",
     "random numbers": "other than a dropout mask",
-    "weight sharing": "a variable read by two layers",
+    "computations on weights": "a weight changed by anything but a static view (slice, "
+                               "constant gather, transpose, reshape) before it meets the samples",
     "dtypes": "float16, bfloat16, float64 (the CS computes in float32)",
 }
 
@@ -386,9 +389,10 @@ def match_cross_entropy(m: "Matcher") -> Callable[[tf.Operation], bool]:
 def lower_generic(m: "Matcher", op: tf.Operation) -> None:
     handler = GENERIC.get(op.type)
     if op.type in RECURRENT:
-        m.reject(op, "recurrent layers (LSTM, GRU, RNN) and tf.while_loop are not supported: the "
-                     "CS pipelines one pass per sample; unroll the recurrence (e.g. unroll=True) "
-                     "or use attention or convolutions")
+        m.reject(op, "a While loop (a Keras LSTM, GRU or SimpleRNN, or tf.while_loop): the CS "
+                     "pipelines one pass per sample; over sequences of fixed length pass "
+                     "unroll=True to the Keras layer (LSTM and SimpleRNN train unrolled, every "
+                     "step reading the cell's weights), or use attention or convolutions")
     elif op.type in RANDOM_OPS:
         m.reject(op, "random numbers are supported only as a dropout mask")
     elif handler is None:
@@ -769,6 +773,14 @@ def supported_table() -> str:
                  "values (tf.compat.v1.losses.* with constant weights, label smoothing, "
                  "hand-written MSE) plus L2/L1 penalties of single weights (tf.nn.l2_loss, "
                  "Keras regularizers), proven linear by the compiler |")
+    lines.append("| weights (shared, viewed) | a weight read by several kernels (tied input/output "
+                 "embeddings, a Keras layer called twice, an unrolled LSTM's cell at every step) "
+                 "lives in one region, its uses' gradients summed before the one update; a "
+                 "static view of a weight (a slice, a gather by constant indices, a transpose or "
+                 "reshape: pos_table[:n]) is read as such, its gradient scattered back |")
+    lines.append("| sequences | Pack, Split, SplitV, Unpack along a sample's axes; the time-major "
+                 "transpose and unstack/stack of Keras' unrolled recurrent layers; "
+                 "sparse_softmax_cross_entropy_with_logits on logits of rank > 2 |")
     lines += ["", "Refused, with the reason:", ""]
     lines += [f"- **{what}**: {why}" for what, why in REFUSED.items()]
     return "\n".join(lines) + "\n"

@@ -61,6 +61,7 @@ class RouteSpec:
     dst: str
     path: tuple[tuple[int, int], ...]  # waypoints of an L-shaped route
     bytes_per_sample: int
+    bytes_per_batch: int = 0  # a shared weight's read: the weight (and its gradient back)
 
     @property
     def hops(self) -> int:
@@ -247,12 +248,13 @@ def _band_heights(fabric: Fabric) -> list[int]:
 
 def place(kernels: Sequence[Any], fabric: Fabric, *, training: bool, optimizer: str = "sgd",
           inputs: Mapping[str, int] | None = None,
-          edges: Sequence[tuple[str, str]] = ()) -> Placement:
+          edges: Sequence[tuple[str, str]] = (),
+          shared_reads: Sequence[tuple[str, str, int]] = ()) -> Placement:
     """Rectangles for `kernels` (built wse_sim kernels, topological order).
 
     `inputs` are the program's inputs with the bytes each streams per sample; they enter
     at the wafer's west edge. `edges` are (src, dst) data paths between kernels or from
-    inputs. Raises TooLargeError when the kernels' memory does not fit on the fabric.
+    inputs; `shared_reads` (holder, reader, bytes) are weights read over the fabric. Raises TooLargeError when the kernels' memory does not fit on the fabric.
     """
     inputs = inputs or {}
     costs = _costs(kernels, fabric, training, optimizer)
@@ -273,10 +275,11 @@ def place(kernels: Sequence[Any], fabric: Fabric, *, training: bool, optimizer: 
             lo, hi = (mid, hi) if _fit(_demands(costs, mid, rate, link), fabric) is not None else (lo, mid)
         target = lo
     rects = _best_layout(kernels, _demands(costs, target, rate, link), fabric, training)
-    return _finish(kernels, rects, costs, fabric, training, optimizer, inputs, edges)
+    return _finish(kernels, rects, costs, fabric, training, optimizer, inputs, edges, shared_reads)
 
 
-def _finish(kernels, rects, costs, fabric, training, optimizer, inputs, edges) -> Placement:
+def _finish(kernels, rects, costs, fabric, training, optimizer, inputs, edges,
+            shared_reads=()) -> Placement:
     by_name = {k.name: (k, r) for k, r in zip(kernels, rects)}
     routes = []
     for src, dst in edges:
@@ -291,12 +294,17 @@ def _finish(kernels, rects, costs, fabric, training, optimizer, inputs, edges) -
         path = (start, (cx, start[1]), (cx, cy))
         routes.append(RouteSpec(src, dst, path, int(nbytes)))
     hops = sum(r.hops for r in routes)
-    pipeline = timing.pipeline_timing(list(zip(kernels, rects)), fabric, training=training,
-                                      input_bytes_per_sample=sum(inputs.values()),
-                                      optimizer=optimizer,
-                                      route_hops=hops)
+    reads = []
+    for src, dst, nbytes in shared_reads:
+        (sx, sy), (cx, cy) = by_name[src][1].center, by_name[dst][1].center
+        reads.append(RouteSpec(src, dst, ((sx, sy), (cx, sy), (cx, cy)), 0, int(nbytes)))
+    pipeline = timing.pipeline_timing(
+        list(zip(kernels, rects)), fabric, training=training,
+        input_bytes_per_sample=sum(inputs.values()), optimizer=optimizer, route_hops=hops,
+        shared_reads=[timing.SharedRead(r.hops, r.bytes_per_batch, by_name[r.dst][1].height)
+                      for r in reads])
     return Placement(
-        regions=tuple(rects), routes=tuple(routes), timing=pipeline,
+        regions=tuple(rects), routes=tuple(routes + reads), timing=pipeline,
         memory_bytes=costs.memory,
         memory_per_core=tuple(timing.memory_per_core(m, r.cores)
                               for m, r in zip(costs.memory, rects)),
@@ -346,6 +354,19 @@ def build_kernels(model: MatchedModel) -> list:
     return built
 
 
+def shared_reads(model: MatchedModel) -> list[tuple[str, str, int]]:
+    """(holder, reader, bytes) of every weight a kernel reads from another's region: a
+    variable lives with its first reader, in program order."""
+    holder: dict[str, str] = {}
+    reads = []
+    for node in model.kernels:
+        for p in node.params:
+            first = holder.setdefault(p.variable, node.name)
+            if first != node.name:
+                reads.append((first, node.name, math.prod(p.shape) * timing.BYTES_PER_VALUE))
+    return reads
+
+
 def place_model(model: MatchedModel, fab: Fabric, mode: str) -> PlacedModel:
     """Build the kernels of `model` and place them on `fab` (CSRunError if it does not fit)."""
     kernels = build_kernels(model)
@@ -355,7 +376,7 @@ def place_model(model: MatchedModel, fab: Fabric, mode: str) -> PlacedModel:
     inputs = {s.name: math.prod(s.shape) * timing.BYTES_PER_VALUE for s in model.inputs}
     try:
         placement = place(kernels, fab, training=training, optimizer=optimizer,
-                          inputs=inputs, edges=edges)
+                          inputs=inputs, edges=edges, shared_reads=shared_reads(model))
     except TooLargeError as error:
         gb = 2 ** 30
         raise CSRunError(

@@ -81,7 +81,8 @@ def build_program(model: MatchedModel, placement: Placement, *, name: str, graph
     for route in placement.routes:
         program.routes.add(src=route.src, dst=route.dst,
                            path=[pb.Point(x=x, y=y) for x, y in route.path],
-                           bytes_per_sample=route.bytes_per_sample)
+                           bytes_per_sample=route.bytes_per_sample,
+                           bytes_per_batch=route.bytes_per_batch)
     t = placement.timing
     program.estimate.CopyFrom(pb.Estimate(
         samples_per_sec=t.samples_per_sec, compute_samples_per_sec=t.compute_samples_per_sec,
