@@ -69,6 +69,19 @@ def tied_embeddings(features, labels, mode, params):
     return _spec(mode, labels, logits, params)
 
 
+# The output vocabulary in another order than the input's.
+OUTPUT_ORDER = np.random.default_rng(5).permutation(VOCAB)
+
+
+def gathered_rows(features, labels, mode, params):
+    """Tied embeddings whose output projection gathers the table's rows in another order
+    (TF updates the table as an embedding table: sparse)."""
+    embedding = tf.keras.layers.Embedding(VOCAB, DIM)
+    h = tf.keras.layers.Dense(DIM, activation="tanh")(embedding(features))
+    logits = tf.matmul(h, tf.gather(embedding.embeddings, OUTPUT_ORDER), transpose_b=True)
+    return _spec(mode, labels, logits, params)
+
+
 def dense_called_twice(features, labels, mode, params):
     """One Dense layer applied twice (a weight-tied residual block)."""
     shared = tf.keras.layers.Dense(12, activation="tanh")
