@@ -30,7 +30,8 @@ BLOCKS = ("dense:relu", "dense:tanh", "dense:sigmoid", "dense:gelu", "dense:none
           "unary:log1p_abs", "unary:exp_neg_square", "unary:sqrt", "unary:rsqrt",
           "const_affine", "broadcast", "maximum", "minimum", "softsign_by_hand", "select",
           "residual", "concat", "layer_norm", "layer_norm_by_hand", "gelu_exact", "gelu_tanh",
-          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3")
+          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3",
+          "shared_dense", "sliced_weight", "tied_weight")
 LOSSES = {
     "classes": ("sparse_ce", "sparse_ce_weighted", "softmax_ce_smoothed", "nn_sparse_ce_mean"),
     "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted"),
@@ -175,6 +176,15 @@ def block(name: str, h, index: int):
     if kind == "dense_rank3":
         x = tf.keras.layers.Dense(WIDTH // 2, activation="relu")(tf.reshape(h, [-1, 2, WIDTH // 2]))
         return tf.reshape(x, [-1, WIDTH])
+    if kind == "shared_dense":  # one layer called twice
+        layer = tf.keras.layers.Dense(WIDTH, activation="tanh")
+        return layer(layer(h)) + h
+    if kind == "sliced_weight":  # every other row of a taller table, plus its first row
+        w = tf.compat.v1.get_variable(f"w{index}", [2 * WIDTH + 1, WIDTH])
+        return tf.matmul(h, w[1::2]) + w[0]
+    if kind == "tied_weight":  # a tied autoencoder: the decoder is the encoder transposed
+        w = tf.compat.v1.get_variable(f"w{index}", [WIDTH, WIDTH // 2])
+        return tf.matmul(tf.tanh(tf.matmul(h, w)), tf.transpose(w))
     raise ValueError(f"no block {name}")
 
 

@@ -111,7 +111,8 @@ def test_shared_weights_give_the_same_bits_on_any_number_of_stages(compared):
 
 @pytest.mark.parametrize("model_fn, input_fn, extra, words", [
     (m.recurrent, m.sequence_input_fn, {}, "unroll=True"),  # Keras' While loop
-    (m.recurrent, m.sequence_input_fn, {"unroll": True, "cell": "GRU"}, "computes on weights"),
+    pytest.param(m.recurrent, m.sequence_input_fn, {"unroll": True, "cell": "GRU"},
+                 "computes on weights", marks=pytest.mark.slow),
     (m.gathered_rows, m.token_input_fn, {"optimizer": "adam"}, "embedding table (sparse)"),
 ])
 def test_what_the_cs_cannot_do_is_refused_at_validation_in_one_line(tmp_path, model_fn,
