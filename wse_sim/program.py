@@ -115,7 +115,9 @@ def check_program(program: pb.Program) -> CheckedProgram:
         shapes[spec.name], dtypes[spec.name] = inputs[-1].shape, np.dtype(inputs[-1].dtype)
     if not inputs:
         raise invalid(f"program {program.name!r} has no inputs")
-    kernels, sources, variables = [], [], []
+    kernels: list[Kernel] = []
+    sources: list[tuple[str, ...]] = []
+    variables: list[dict[str, str]] = []
     params: dict[str, ParamSpec] = {}
     views: dict[str, tuple[Shape, Shape]] = {}
     uses: dict[str, list[WeightUse]] = {}
@@ -168,11 +170,11 @@ def check_program(program: pb.Program) -> CheckedProgram:
                               f"{tuple(param.shape)} in the program, the kernel needs "
                               f"{tuple(expected_params[param.role])}")
             roles[param.role] = param.variable
-            spec = param_spec(message, kernel, param)
-            if params.setdefault(param.variable, spec) != spec:
+            trains = param_spec(message, kernel, param)
+            if params.setdefault(param.variable, trains) != trains:
                 raise invalid(f"kernel {message.name!r}: variable {param.variable!r} is read by "
                               f"an earlier kernel that trains it otherwise ({params[param.variable]} "
-                              f"there, {spec} here)")
+                              f"there, {trains} here)")
         if set(roles) != set(expected_params):
             raise invalid(f"kernel {message.name!r} ({message.type}): params "
                           f"{sorted(expected_params)} needed, the program names {sorted(roles)}")

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from cs_api.input_spec import InputSpec
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.ir import ParamRef
 from coordinator.compiler import sequences
+from coordinator.compiler.ir import ParamRef
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from wafer.kernels import KERNELS
 

@@ -73,11 +73,12 @@ class Operands:
         base = self.weight(op.outputs[0])
         if base is None:
             return None
-        index = np.arange(int(np.prod(base.variable_shape)), dtype=np.int64).reshape(base.variable_shape)
+        index: np.ndarray | None = np.arange(int(np.prod(base.variable_shape)),
+                                             dtype=np.int64).reshape(base.variable_shape)
         for step in reversed(chain):
-            index = self._replay(step, index)
-            if index is None:
-                return None
+            index = self._replay(step, index) if index is not None else None
+        if index is None:
+            return None
         shape = static_shape(tensor)
         if tuple(index.shape) != shape:
             return None
@@ -95,8 +96,9 @@ class Operands:
             return index
         if kind in ("Reshape", "Squeeze", "ExpandDims"):
             return index.reshape(static_shape(op.outputs[0]))
-        args = [self.constant(t) for t in op.inputs[1:]]
-        if any(a is None for a in args):
+        found = [self.constant(t) for t in op.inputs[1:]]
+        args = [a for a in found if a is not None]
+        if len(args) != len(found):
             return None
         if kind == "Transpose":
             return np.transpose(index, [int(p) for p in args[0]])

@@ -68,8 +68,9 @@ def pack(m: "Matcher", op: tf.Operation) -> str:
     axis, out, ops = op.get_attr("axis") % rank, op.outputs[0], [op]
     if axis == 0:
         back = m.sole_consumer(out)
-        perm = m.operands.constant(back.inputs[1]) if back is not None and \
-            back.type == "Transpose" else None
+        if back is None or back.type != "Transpose":
+            return "stacks per-sample values along the batch axis"
+        perm = m.operands.constant(back.inputs[1])
         if perm is None or [int(p) for p in perm] != [1, 0, *range(2, rank)]:
             return "stacks per-sample values along the batch axis"
         axis, out, ops = 1, back.outputs[0], [op, back]

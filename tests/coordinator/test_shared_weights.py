@@ -9,11 +9,11 @@ import cs_inprocess
 import numpy as np
 import pytest
 import shared_weight_models as m
-from tests.wse_sim.test_wse_stages import assert_identical, train
 
 from common.errors import CSRunError
 from cs_api import pb
 from cs_api.tensors import to_tensor
+from tests.wse_sim.test_wse_stages import assert_identical, train
 from wafer import timing
 from wafer.fabric import get_fabric
 from wse_sim.errors import CSError
