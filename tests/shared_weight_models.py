@@ -82,6 +82,16 @@ def gathered_rows(features, labels, mode, params):
     return _spec(mode, labels, logits, params)
 
 
+def embedding_called_twice(features, labels, mode, params):
+    """One Embedding layer looking up two halves of each sequence (a siamese pair): TF
+    updates its table from both lookups' IndexedSlices."""
+    embedding = tf.keras.layers.Embedding(VOCAB, DIM)
+    half = LENGTH // 2
+    pair = tf.concat([tf.reduce_mean(embedding(features[:, :half]), axis=1),
+                      tf.reduce_mean(embedding(features[:, half:]), axis=1)], axis=-1)
+    return _spec(mode, labels[:, 0], tf.keras.layers.Dense(VOCAB)(pair), params)
+
+
 def dense_called_twice(features, labels, mode, params):
     """One Dense layer applied twice (a weight-tied residual block)."""
     shared = tf.keras.layers.Dense(12, activation="tanh")

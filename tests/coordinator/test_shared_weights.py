@@ -22,6 +22,7 @@ from wse_sim.program import check_program
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 CASES = {
     "tied_embeddings": (m.tied_embeddings, m.token_input_fn, {"optimizer": "adam", "learning_rate": 0.01}),
+    "embedding_called_twice": (m.embedding_called_twice, m.token_input_fn, {"optimizer": "adam"}),
     "dense_called_twice": (m.dense_called_twice, m.vector_input_fn, {"optimizer": "momentum"}),
     "sliced_positions": (m.sliced_positions, m.token_input_fn, {}),
     "small_transformer": (m.small_transformer, m.token_input_fn, {"optimizer": "adam", "learning_rate": 0.01}),
@@ -45,7 +46,8 @@ def compared(tmp_path_factory):
     return run
 
 
-FAST = ("tied_embeddings", "sliced_positions", "lstm")  # the other tests read these
+# the other tests read the first three; the fourth is a sparse (IndexedSlices) shared update
+FAST = ("tied_embeddings", "sliced_positions", "lstm", "embedding_called_twice")
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
