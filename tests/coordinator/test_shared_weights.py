@@ -81,6 +81,9 @@ def test_a_tied_embedding_lives_once_and_its_read_is_charged(compared):
     assert t.step_seconds(8) == pytest.approx(
         7 / t.samples_per_sec + t.fill_seconds + t.update_seconds + expected)
     assert program.estimate.pipeline_fill_seconds == pytest.approx(t.fill_seconds)
+    report = compared("tied_embeddings").compiled.report_text
+    assert f"Shared weight embedding/embeddings: held by {users[0]}, read over the fabric by " \
+        f"{users[1]}" in report
 
 
 def test_an_unrolled_lstm_reads_its_cell_at_every_step(compared):
@@ -100,6 +103,8 @@ def test_a_sliced_position_table_is_a_view_with_its_gradient_scattered_back(comp
     end = result.cs.state["position_table/table"]
     assert not np.array_equal(end[:m.LENGTH], start[:m.LENGTH])
     np.testing.assert_array_equal(end[m.LENGTH:], start[m.LENGTH:])  # rows no sample reads
+    assert f"View of position_table/table ({m.MAXLEN}, {m.DIM}): ({m.LENGTH}, {m.DIM})" in \
+        result.compiled.report_text
 
 
 def test_shared_weights_give_the_same_bits_on_any_number_of_stages(compared):
