@@ -9,17 +9,13 @@ from pathlib import Path
 from typing import Mapping, TextIO
 
 from common import task_env
+from common.tf_startup import CHATTER
 from slurm.submitit_api import ERROR_MARKER, LOCAL_NTASKS_ENV, LOCAL_RANK_ENV, LOG_PREFIX
 
 # Every task's first line: where it runs. `where_task_runs` writes it, `task_hosts` reads it
 # back (a failed node's tasks; the tests' placement checks).
 _WHERE = re.compile(r"^csrun: task (\d+) of \d+ on (\S+) \((\S+) to the CS system at (\S+)\)$", re.M)
 
-# TensorFlow's C++ start-up lines (absl INFO lines such as "oneDNN custom operations are
-# on"): TF_CPP_MIN_LOG_LEVEL does not reach them. Kept in the task logs, not in the terminal.
-TF_STARTUP_CHATTER = re.compile(
-    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    r"|I\d{4} \d\d:\d\d:[\d.]+ +\d+ \S+\.cc:\d+\] )")
 
 
 def where_task_runs(env: Mapping[str, str]) -> str:
@@ -74,7 +70,7 @@ def copy_new(path: Path, offset: int, stream: TextIO) -> int:
                 after = ""
             else:
                 after = ""
-                if not TF_STARTUP_CHATTER.match(line) and not _WHERE.match(line):
+                if not CHATTER.match(line) and not _WHERE.match(line):
                     stream.write(line)
         stream.flush()
     return offset + len(data)
