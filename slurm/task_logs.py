@@ -18,6 +18,11 @@ _WHERE = re.compile(r"^csrun: task (\d+) of \d+ on (\S+) \((\S+) to the CS syste
 
 
 
+# A task's own one-line error (`run.py: error: …`): the launcher's line naming the failed task
+# carries it (`last_error_line`), so the terminal shows it once.
+_OWN_ERROR = re.compile(r"^\S+: error: ")
+
+
 def where_task_runs(env: Mapping[str, str]) -> str:
     """`csrun: task R of N on NODE (ADDRESS to the CS system at CS_IP)`: the task's rank, its
     host (Slurm's node name, else the host name) and the address it reaches the CS from."""
@@ -51,7 +56,8 @@ def task_hosts(log: Path) -> tuple[str, str] | None:
 def copy_new(path: Path, offset: int, stream: TextIO) -> int:
     """Copy what was appended to `path` since `offset` to `stream`, submitit's own
     bookkeeping lines (and the traceback of its task wrapper that follows them), the task's
-    placement line (`where_task_runs`) and TensorFlow's start-up chatter left out; the new offset."""
+    placement line (`where_task_runs`), its own `error:` line and TensorFlow's start-up chatter
+    left out; the new offset."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -70,7 +76,7 @@ def copy_new(path: Path, offset: int, stream: TextIO) -> int:
                 after = ""
             else:
                 after = ""
-                if not CHATTER.match(line) and not _WHERE.match(line):
+                if not CHATTER.match(line) and not _WHERE.match(line) and not _OWN_ERROR.match(line):
                     stream.write(line)
         stream.flush()
     return offset + len(data)
