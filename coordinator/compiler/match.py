@@ -9,6 +9,7 @@ that fits no rule is reported with its type, name, source line and the reason.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -188,6 +189,8 @@ class Matcher:
             if t.name in self.tail:
                 return lowering.mixes_samples(op, self.x.batch_size)
             weight = self.operands.weight(t) or self.operands.view(t)
+            if weight is not None and weight.view is not None:
+                weight = self.per_sample_view(op, weight)
             if weight is not None:
                 if weight.dtype != "float32":
                     return f"weight {weight.variable} is {weight.dtype}: the CS computes in float32"
@@ -218,6 +221,17 @@ class Matcher:
             return (f"computes on weights ({t.op.type} '{t.op.name}') before they meet the "
                     "samples: the CS keeps each weight as it is in its layer's region")
         return letters, inputs, attrs, params
+
+    def per_sample_view(self, op: tf.Operation, weight: Weight) -> Weight:
+        """A view broadcast over the batch (zeros of a batch's shape plus a weight: a
+        recurrent layer's first step) reads the same elements for every sample: one row."""
+        view = weight.view
+        assert view is not None
+        if view.ndim == len(static_shape(op.outputs[0])) and view.shape[0] == self.x.batch_size \
+                != 1 and (view == view[:1]).all():
+            return dataclasses.replace(weight, shape=(1, *weight.shape[1:]),
+                                       view=np.ascontiguousarray(view[:1]))
+        return weight
 
     # ---- the pass ----
     def run(self) -> None:

@@ -14,7 +14,9 @@ VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
 VARIABLE_VIEW_OPS = {"ReadVariableOp", "Identity", "Reshape", "Squeeze", "ExpandDims", "Cast"}
 # Static views: they pick elements of a weight by constant indices (a slice, a constant
 # gather, a transpose); the CS reads the view and scatters its gradient back, as TF's do.
-INDEX_VIEW_OPS = {"StridedSlice", "Slice", "GatherV2", "ResourceGather", "Transpose"}
+INDEX_VIEW_OPS = {"StridedSlice", "Slice", "GatherV2", "ResourceGather", "Transpose", "Split",
+                  "SplitV", "Unpack"}
+VIEW_SOURCE = VARIABLE_VIEW_OPS | INDEX_VIEW_OPS | {"AddV2", "Add"}
 RANDOM_OPS = {"RandomUniform", "RandomStandardNormal", "TruncatedNormal", "RandomUniformInt",
               "StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessRandomUniform",
               "StatelessRandomNormal", "StatelessTruncatedNormalV2", "Multinomial",
@@ -60,15 +62,20 @@ class Operands:
         return Weight(op.name, variable_shape, seen, tf.as_dtype(dtype).base_dtype.name)
 
     def view(self, tensor: tf.Tensor) -> Weight | None:
-        """A static view of a variable (slices, constant gathers, transposes and reshapes of
-        its read, pos_table[:n]), with its index map; None if `tensor` is not one. A view
-        that keeps every element in order is the weight itself (tf.gather(w, tf.range(n)))."""
-        chain, op = [], tensor.op
-        while op not in self.flow and op.type in VARIABLE_VIEW_OPS | INDEX_VIEW_OPS and op.inputs:
-            chain.append(op)
-            op = op.inputs[0].op
+        """A static view of a variable (slices, constant gathers and splits, transposes and
+        reshapes of its read, pos_table[:n]; a sum with zeros broadcasts it), with its index
+        map; None if `tensor` is not one. A view that keeps every element in order is the
+        weight itself (tf.gather(w, tf.range(n)))."""
+        chain: list[tf.Tensor] = []
+        t = tensor
+        while t.op not in self.flow and t.op.type in VIEW_SOURCE and t.op.inputs:
+            chain.append(t)
+            t = self._viewed_input(t)
+            if t is None:
+                return None
+        op = t.op
         if op in self.flow or op.type not in VARIABLE_OPS or \
-                not any(o.type in INDEX_VIEW_OPS for o in chain):
+                not any(c.op.type in INDEX_VIEW_OPS for c in chain):
             return None
         base = self.weight(op.outputs[0])
         if base is None:
@@ -77,31 +84,50 @@ class Operands:
                                              dtype=np.int64).reshape(base.variable_shape)
         for step in reversed(chain):
             index = self._replay(step, index) if index is not None else None
-        if index is None:
-            return None
         shape = static_shape(tensor)
-        if tuple(index.shape) != shape:
+        if index is None or tuple(index.shape) != shape:
             return None
         whole = index.size == int(np.prod(base.variable_shape)) and \
             np.array_equal(index.reshape(-1), np.arange(index.size))
         return Weight(base.variable, base.variable_shape, shape, base.dtype,
-                      None if whole else index)
+                      None if whole else np.ascontiguousarray(index))
 
-    def _replay(self, op: tf.Operation, index: np.ndarray) -> np.ndarray | None:
-        """`op` applied to the index array of its input (None: not a static view)."""
+    def _viewed_input(self, t: tf.Tensor) -> tf.Tensor | None:
+        """The tensor a view op reads its values from (None: no single one)."""
+        op = t.op
+        if op.type == "Split":
+            return op.inputs[1]
+        if op.type in ("AddV2", "Add"):  # zeros + a view (a recurrent layer's first step)
+            rest = [x for x in op.inputs if self.zeros(x) is None]
+            return rest[0] if len(rest) == 1 else None
+        return op.inputs[0]
+
+    def _replay(self, t: tf.Tensor, index: np.ndarray) -> np.ndarray | None:
+        """`t`'s op applied to the index array of its viewed input (None: not a static view)."""
+        op = t.op
         kind = op.type
         if kind == "Cast":
             return index if op.get_attr("SrcT") == op.get_attr("DstT") else None
         if kind in ("ReadVariableOp", "Identity"):
             return index
         if kind in ("Reshape", "Squeeze", "ExpandDims"):
-            return index.reshape(static_shape(op.outputs[0]))
-        found = [self.constant(t) for t in op.inputs[1:]]
+            return index.reshape(static_shape(t))
+        if kind in ("AddV2", "Add"):
+            return np.broadcast_to(index, static_shape(t))
+        if kind == "Unpack":
+            return np.take(index, t.value_index, axis=op.get_attr("axis"))
+        args_of = {"Split": op.inputs[:1], "SplitV": op.inputs[1:]}.get(kind, op.inputs[1:])
+        found = [self.constant(x) for x in args_of]
         args = [a for a in found if a is not None]
         if len(args) != len(found):
             return None
         if kind == "Transpose":
             return np.transpose(index, [int(p) for p in args[0]])
+        if kind in ("Split", "SplitV"):
+            axis = int(args[0] if kind == "Split" else args[1]) % index.ndim
+            sizes = [static_shape(o)[axis] for o in op.outputs]
+            lo = sum(sizes[:t.value_index])
+            return np.take(index, np.arange(lo, lo + sizes[t.value_index]), axis=axis)
         if kind in ("GatherV2", "ResourceGather"):
             axis = int(args[1]) if kind == "GatherV2" else 0
             if op.get_attr("batch_dims") != 0:
@@ -112,6 +138,13 @@ class Operands:
             return index[tuple(slice(int(b), None if int(n) < 0 else int(b) + int(n))
                                for b, n in zip(begin, size))]
         return index[_strided_index(op, *args)]
+
+    def zeros(self, tensor: tf.Tensor) -> np.ndarray | None:
+        """Zeros, if `tensor` is a constant of zeros or a product of one and a weight."""
+        value = self.constant(tensor)
+        if value is None:
+            value = self.zero_product(tensor)
+        return value if value is not None and value.size and not value.any() else None
 
     def depends_on(self, tensor: tf.Tensor, types: set[str]) -> tf.Operation | None:
         """The first op of `types` that `tensor`'s value depends on (None if none)."""
