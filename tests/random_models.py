@@ -2,7 +2,8 @@
 raw tf ops, tf.compat.v1 losses and optimizers), for the differential test.
 
 A `ModelSpec` (drawn by `model_specs()`, a hypothesis strategy) names an input, a few
-blocks, a head with its loss, an optimizer, a gradient transform between compute_gradients
+blocks, maybe a weight read twice or through a view (a layer called twice, a strided slice
+of a weight, a tied transposed weight), a head with its loss, an optimizer, a gradient transform between compute_gradients
 and apply_gradients, an optional var_list subset and an optional L2 term; `model_fn` and
 `input_fn` build it from `params["spec"]`. The ops are created on the lines of this file,
 so a refusal must name one of them.
@@ -30,8 +31,9 @@ BLOCKS = ("dense:relu", "dense:tanh", "dense:sigmoid", "dense:gelu", "dense:none
           "unary:log1p_abs", "unary:exp_neg_square", "unary:sqrt", "unary:rsqrt",
           "const_affine", "broadcast", "maximum", "minimum", "softsign_by_hand", "select",
           "residual", "concat", "layer_norm", "layer_norm_by_hand", "gelu_exact", "gelu_tanh",
-          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3",
-          "shared_dense", "sliced_weight", "tied_weight")
+          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3")
+# A weight read in several places or through a view, after the blocks (issue 22).
+WEIGHT_USES = ("none", "shared_dense", "sliced_weight", "tied_weight")
 LOSSES = {
     "classes": ("sparse_ce", "sparse_ce_weighted", "softmax_ce_smoothed", "nn_sparse_ce_mean"),
     "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted"),
@@ -53,9 +55,11 @@ class ModelSpec:
     var_subset: bool  # minimize(var_list=...) leaves the first layer's variables out
     l2: str
     seed: int
+    weights: str = "none"  # one of WEIGHT_USES
 
     def describe(self) -> str:
-        return (f"{self.inputs} -> {' -> '.join(self.blocks) or '(no block)'} -> {self.task} "
+        blocks = self.blocks + ((self.weights,) if self.weights != "none" else ())
+        return (f"{self.inputs} -> {' -> '.join(blocks) or '(no block)'} -> {self.task} "
                 f"head, loss {self.loss}, {self.optimizer}, transform {self.transform}"
                 f"{', var_list subset' if self.var_subset else ''}"
                 f"{', ' + self.l2 if self.l2 != 'none' else ''}")
@@ -70,7 +74,7 @@ def model_specs(draw) -> ModelSpec:
         task=task, loss=draw(st.sampled_from(LOSSES[task])),
         optimizer=draw(st.sampled_from(OPTIMIZERS)), transform=draw(st.sampled_from(TRANSFORMS)),
         var_subset=draw(st.booleans()), l2=draw(st.sampled_from(L2_TERMS)),
-        seed=draw(st.integers(0, 2 ** 16)))
+        seed=draw(st.integers(0, 2 ** 16)), weights=draw(st.sampled_from(WEIGHT_USES)))
 
 
 def params_for(spec: ModelSpec) -> dict:
@@ -257,6 +261,8 @@ def model_fn(features, labels, mode, params):
     first_variables = len(tf.compat.v1.trainable_variables())
     for index, name in enumerate(spec.blocks):
         h = block(name, h, index)
+    if spec.weights != "none":
+        h = block(spec.weights, h, len(spec.blocks))
     out, loss = head_and_loss(spec, h, labels)
     var_list = tf.compat.v1.trainable_variables()[first_variables if spec.var_subset else 0:]
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op(spec, loss, var_list))
