@@ -56,10 +56,8 @@ REFUSED = {
     "BatchNormalization (training)": "normalises with statistics of the whole batch, which "
                                      "layer-pipelined micro-batches never see together; use "
                                      "LayerNormalization, or training=False",
-    "recurrent layers (While loops)": "LSTM, GRU, SimpleRNN and tf.while_loop: the CS pipelines "
-                                      "one pass per sample; pass unroll=True to a Keras LSTM or "
-                                      "SimpleRNN over fixed-length sequences (GRU's first step "
-                                      "computes on its weights alone: refused)",
+    "While loops": "tf.while_loop (the CS pipelines one pass per sample; Keras' LSTM, GRU and "
+                   "SimpleRNN over fixed-length sequences are unrolled by the compiler)",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss",
     "random numbers": "other than a dropout mask",
@@ -389,10 +387,10 @@ def match_cross_entropy(m: "Matcher") -> Callable[[tf.Operation], bool]:
 def lower_generic(m: "Matcher", op: tf.Operation) -> None:
     handler = GENERIC.get(op.type)
     if op.type in RECURRENT:
-        m.reject(op, "a While loop (a Keras LSTM, GRU or SimpleRNN, or tf.while_loop): the CS "
-                     "pipelines one pass per sample; over sequences of fixed length pass "
-                     "unroll=True to the Keras layer (LSTM and SimpleRNN train unrolled, every "
-                     "step reading the cell's weights), or use attention or convolutions")
+        m.reject(op, "a While loop (tf.while_loop, or a recurrent layer over sequences of "
+                     "unknown length): the CS pipelines one pass per sample; unroll it in Python "
+                     "(a for loop over the steps) or use Keras' LSTM, GRU or SimpleRNN over "
+                     "fixed-length sequences, which the compiler unrolls")
     elif op.type in RANDOM_OPS:
         m.reject(op, "random numbers are supported only as a dropout mask")
     elif handler is None:
@@ -778,8 +776,9 @@ def supported_table() -> str:
                  "lives in one region, its uses' gradients summed before the one update; a "
                  "static view of a weight (a slice, a gather by constant indices, a transpose or "
                  "reshape: pos_table[:n]) is read as such, its gradient scattered back |")
-    lines.append("| sequences | Pack, Split, SplitV, Unpack along a sample's axes; the time-major "
-                 "transpose and unstack/stack of Keras' unrolled recurrent layers; "
+    lines.append("| sequences | Keras LSTM, GRU, SimpleRNN over fixed-length sequences "
+                 "(return_sequences either way): their While loop unrolled, every step reading "
+                 "the cell's shared weights; Pack, Split, SplitV, Unpack along a sample's axes; "
                  "sparse_softmax_cross_entropy_with_logits on logits of rank > 2 |")
     lines += ["", "Refused, with the reason:", ""]
     lines += [f"- **{what}**: {why}" for what, why in REFUSED.items()]

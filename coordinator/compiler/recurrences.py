@@ -3,7 +3,7 @@ loop, which the CS cannot pipeline. Over sequences of a length known at compile 
 compiler builds model_fn a second time with Keras' own unrolling (`unroll=True`, the same
 cell's ops once per step, reading its shared weights), and proves the unrolled graph
 computes what the user's does: with the same weights, on one batch of input_fn, the loss
-and its gradient to every trainable variable agree to RTOL. A loop Keras does not unroll (a
+and its gradient to every trainable variable agree to UNROLL_RTOL. A loop Keras does not unroll (a
 hand-written tf.while_loop) stays in the graph, and the matcher refuses it."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import tensorflow as tf
 from common.errors import CSRunError
 
 LOOPS = {"While", "StatelessWhile"}
-RTOL = 1e-5  # float32 sums of the same terms in another order (gradients over the steps)
+UNROLL_RTOL = 1e-5  # float32 sums of the same terms in another order (gradients over the steps)
 
 
 def has_loops(graph: tf.Graph) -> bool:
@@ -79,8 +79,8 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
                          "layers yourself")
     _, (loss2, grads2) = _values(graph2, spec2, feed, weights)
     differ = [name for name in grads if name not in grads2 or not np.allclose(
-        grads2[name], grads[name], rtol=RTOL, atol=RTOL * float(np.abs(grads[name]).max(initial=0)))]
-    if not np.isclose(loss2, loss, rtol=RTOL) or differ or set(grads2) != set(grads):
+        grads2[name], grads[name], rtol=UNROLL_RTOL, atol=UNROLL_RTOL * float(np.abs(grads[name]).max(initial=0)))]
+    if not np.isclose(loss2, loss, rtol=UNROLL_RTOL) or differ or set(grads2) != set(grads):
         raise CSRunError("the recurrent layers' unrolled graph computes another loss or "
                          f"gradient than their loop ({', '.join(differ[:3]) or 'the loss'})",
                          "pass unroll=True to the Keras recurrent layers yourself, or report it")

@@ -1,4 +1,4 @@
-"""Shared weights, static views of weights and unrolled recurrences (issue 22): each model
+"""Shared weights, static views of weights and fixed-length recurrences (issue 22): each model
 trains on the CS as TensorFlow trains it; a shared weight lives once and its reads are
 charged by the timing model; what the CS cannot do is refused at validation, one line."""
 from __future__ import annotations
@@ -26,10 +26,12 @@ CASES = {
     "dense_called_twice": (m.dense_called_twice, m.vector_input_fn, {"optimizer": "momentum"}),
     "sliced_positions": (m.sliced_positions, m.token_input_fn, {}),
     "small_transformer": (m.small_transformer, m.token_input_fn, {"optimizer": "adam", "learning_rate": 0.01}),
-    "lstm": (m.recurrent, m.sequence_input_fn, {"unroll": True, "optimizer": "adam"}),
-    "lstm_sequences": (m.recurrent, m.sequence_input_fn, {"unroll": True, "return_sequences": True}),
-    "simple_rnn": (m.recurrent, m.sequence_input_fn, {"unroll": True, "cell": "SimpleRNN",
-                                                      "optimizer": "momentum"}),
+    "lstm": (m.recurrent, m.sequence_input_fn, {"optimizer": "adam"}),  # Keras' While loop
+    "lstm_sequences": (m.recurrent, m.sequence_input_fn, {"return_sequences": True}),
+    "gru": (m.recurrent, m.sequence_input_fn, {"cell": "GRU", "optimizer": "adam"}),
+    "gru_sequences": (m.recurrent, m.sequence_input_fn, {"cell": "GRU", "return_sequences": True}),
+    "simple_rnn": (m.recurrent, m.sequence_input_fn, {"cell": "SimpleRNN", "optimizer": "momentum"}),
+    "lstm_unrolled_by_the_user": (m.recurrent, m.sequence_input_fn, {"unroll": True}),
 }
 
 
@@ -47,7 +49,7 @@ def compared(tmp_path_factory):
 
 
 # the other tests read the first three; the fourth is a sparse (IndexedSlices) shared update
-FAST = ("tied_embeddings", "sliced_positions", "lstm", "embedding_called_twice")
+FAST = ("tied_embeddings", "sliced_positions", "lstm", "embedding_called_twice", "gru")
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
@@ -86,7 +88,7 @@ def test_a_tied_embedding_lives_once_and_its_read_is_charged(compared):
         f"{users[1]}" in report
 
 
-def test_an_unrolled_lstm_reads_its_cell_at_every_step(compared):
+def test_an_lstm_over_fixed_length_sequences_is_unrolled_reading_its_cell_at_every_step(compared):
     program = compared("lstm").compiled.program
     kernel_reads = [k.name for k in program.kernels for p in k.params
                     if p.variable == "lstm/lstm_cell/kernel"]
@@ -117,9 +119,7 @@ def test_shared_weights_give_the_same_bits_on_any_number_of_stages(compared):
 
 
 @pytest.mark.parametrize("model_fn, input_fn, extra, words", [
-    (m.recurrent, m.sequence_input_fn, {}, "unroll=True"),  # Keras' While loop
-    pytest.param(m.recurrent, m.sequence_input_fn, {"unroll": True, "cell": "GRU"},
-                 "computes on weights", marks=pytest.mark.slow),
+    (m.hand_written_loop, m.sequence_input_fn, {}, "a While loop (tf.while_loop"),
     (m.gathered_rows, m.token_input_fn, {"optimizer": "adam"}, "embedding table (sparse)"),
 ])
 def test_what_the_cs_cannot_do_is_refused_at_validation_in_one_line(tmp_path, model_fn,
