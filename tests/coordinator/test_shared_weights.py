@@ -49,7 +49,7 @@ def compared(tmp_path_factory):
 
 
 # the other tests read the first three; the fourth is a sparse (IndexedSlices) shared update
-FAST = ("tied_embeddings", "sliced_positions", "lstm", "embedding_called_twice", "gru")
+FAST = ("tied_embeddings", "sliced_positions", "lstm", "embedding_called_twice")
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
