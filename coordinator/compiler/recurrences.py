@@ -47,7 +47,8 @@ def _values(graph: tf.Graph, spec: Any, feed: dict[str, np.ndarray],
     with graph.as_default():
         variables = tf.compat.v1.global_variables()
         trainable = tf.compat.v1.trainable_variables()
-        grads = tf.gradients(spec.loss, trainable)
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g  # dense
+                 for g in tf.gradients(spec.loss, trainable)]
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(tf.compat.v1.global_variables_initializer())
             for v in variables:
