@@ -61,6 +61,14 @@ def _values(graph: tf.Graph, spec: Any, feed: dict[str, np.ndarray],
     return state, [loss, dict(zip((n for n, _ in pairs), values))]
 
 
+def _host_names(spec: Any) -> list[str]:
+    """The names of the tensors host-side computations read (the chief feeds them by name
+    into the user's graph)."""
+    found = [spec.host_call[1] if spec.host_call is not None else [], spec.predictions,
+             spec.eval_metric_ops]
+    return [t.name for t in tf.nest.flatten(found) if isinstance(t, tf.Tensor)]
+
+
 def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: Any,
              feed: dict[str, np.ndarray] | None) -> tuple[tf.Graph, Any]:
     """`graph` and `spec`, or when their loops are Keras' and unroll, model_fn built again
@@ -71,6 +79,10 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
         graph2, spec2 = build()
     if has_loops(graph2):  # not (only) Keras' loops: the matcher refuses them
         return graph, spec
+    if _host_names(spec) != _host_names(spec2):
+        raise CSRunError("host-side metrics or predictions read a recurrent layer's output, "
+                         "whose tensor the compiler's unrolled graph names otherwise",
+                         "compute metrics and predictions from a layer after the recurrent one")
     weights, (loss, grads) = _values(graph, spec, feed, None)
     initial, _ = _values(graph2, spec2, feed, None)
     if initial.keys() != weights.keys() or \
