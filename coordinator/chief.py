@@ -226,9 +226,7 @@ class Chief:
                         continue
                     step, loss = result.step.step, result.step.loss
                     if not math.isfinite(loss):
-                        raise CSRunError(f"the loss became {loss} at step {step}",
-                                         "lower the learning rate; the newest checkpoint is the "
-                                         "last good one")
+                        raise checkpoints.non_finite_loss(loss, step, self.model_dir)
                     log.step(step, loss)
                     if config.save_summary_steps and step % config.save_summary_steps == 0:
                         events.scalars(step, {"loss": loss, "global_step/sec": rate(step),

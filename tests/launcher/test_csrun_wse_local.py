@@ -66,6 +66,10 @@ def test_the_embedded_simulator_fabric_is_read_as_run_py_reads_params(tmp_path):
     assert fabric_of(("python", "ex/run.py", "-p", "bad.yaml"), tmp_path) == "cs1"
     assert fabric_of(("python", "ex/run.py", "--mode", "bogus"), tmp_path) == "cs1"
     assert fabric_of(("sh", "-c", "python ex/run.py"), tmp_path) == "cs1"
+    # a fabric no simulator has: said here, before the simulator starts (it named only its log)
+    (tmp_path / "cs9.yaml").write_text("runconfig:\n  fabric: cs9\n")
+    with pytest.raises(CSRunError, match=r"unknown fabric 'cs9' \(runconfig.fabric in .*cs9.yaml\)"):
+        fabric_of(("python", "ex/run.py", "-p", "cs9.yaml"), tmp_path)
 
 
 def test_parse_rejects_bad_arguments():
