@@ -39,6 +39,7 @@ import numpy as np
 from wafer.grad_transforms import GradientTransform, apply_transforms
 from wafer.kernels import Kernel, RunContext
 from wafer.optimizers import Optimizer, make_optimizer, slot_name
+from wafer.precision import is_half, round_half, round_half_
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
@@ -74,6 +75,8 @@ class Region:
     input_grads: tuple[bool, ...] = ()
     # the consumers' gradients it sums, as (consumer position, input index), in tick order
     inflow: tuple[tuple[int, int], ...] = ()
+    half: bool = False  # computes in float16 (wafer.precision)
+    compute: dict[str, np.ndarray] = field(default_factory=dict)  # the batch's operands: params, float16-rounded if half
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,8 @@ class Pipeline:
                        for role, var in names.items()}
             self.regions.append(Region(kernel, position, tuple(srcs), dict(names), weights,
                                        {role: specs.get(var, ParamSpec())
-                                        for role, var in names.items()}))
+                                        for role, var in names.items()},
+                                       half=is_half(kernel.attrs) and not kernel.is_loss))
         self.by_name = {r.kernel.name: r for r in self.regions}
         self._mark_backward()
         held: set[str] = set()
@@ -258,6 +262,8 @@ class Pipeline:
             for i in range(m_count):
                 board.items["v", name, i] = array[i * self.micro:(i + 1) * self.micro]
         for region in self.regions:
+            region.compute = ({role: round_half(p) for role, p in region.params.items()}
+                              if region.half else region.params)
             region.accumulated = False
             region.pieces.clear()
             region.slices.clear()
@@ -302,7 +308,9 @@ class Pipeline:
             if forward:
                 ctx.rng = region.rng
                 out, caches[region.position, i] = region.kernel.forward(
-                    region.params, [board.get(("v", s, i)) for s in region.sources], ctx)
+                    region.compute, [board.get(("v", s, i)) for s in region.sources], ctx)
+                if region.half and out.dtype == np.float32:
+                    out = round_half(out)
                 board.put(("v", region.kernel.name, i), out)
             else:
                 self._backward(region, i, caches.pop((region.position, i)), board, ctx)
@@ -337,6 +345,8 @@ class Pipeline:
                 grad.fill(0)
         for role in region.trained:
             spec = region.specs[role]
+            if region.half:  # TF's float16 gradient of the whole batch, then cast to float32
+                round_half_(region.grads[role])
             for reg in spec.regularizers:
                 reg.add_gradient(region.params[role], region.grads[role])
             if spec.update != "sparse":
@@ -370,6 +380,8 @@ class Pipeline:
                 grad = board.get(("g", name, i, consumer, index), pop=True)
                 if grad is not None:
                     upstream = grad if upstream is None else upstream + grad
+            if region.half and upstream is not None:
+                upstream = round_half(upstream)
         input_grads: Sequence[np.ndarray | None] = [None] * len(region.sources)
         # A micro-batch whose output reached the loss by no path has no backward.
         if upstream is not None or region.kernel.is_loss:
@@ -379,7 +391,7 @@ class Pipeline:
                     region.pieces.setdefault(role, []).append(
                         self._indexed_slices(region, role, i, upstream, board))
             ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated
-            input_grads, _ = region.kernel.backward(region.params, cache, upstream, ctx,
+            input_grads, _ = region.kernel.backward(region.compute, cache, upstream, ctx,
                                                     region.grads or None)
             ctx.input_grads, ctx.accumulate = None, True
             region.accumulated = True

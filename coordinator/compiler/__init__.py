@@ -19,6 +19,7 @@ from coordinator.compiler.artifacts import CompileCache, CompileResult, graph_ha
 from coordinator.compiler.extract import extract
 from coordinator.compiler.match import check_supported, match, unsupported_detail
 from coordinator.compiler.placement import build_kernels, place_model
+from coordinator.compiler.precision import check_config
 from coordinator.compiler.program import emit
 from coordinator.compiler.report import validation_text
 from coordinator.compiler.weights import initializer_summary
@@ -46,6 +47,7 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
     the report), a model too large for the fabric, or input_fn batches model_fn rejects.
     """
     fab = resolve_fabric(params, fabric)
+    check_config(params)
     cache = CompileCache(model_dir)
     extracted = extract(model_fn, input_fn, params, mode)
     model = match(extracted)
