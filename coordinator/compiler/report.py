@@ -7,6 +7,7 @@ from coordinator.compiler.ir import MatchedModel, TrainingSpec
 from coordinator.compiler.placement import Placement
 from wafer import timing
 from wafer.fabric import Fabric
+from wafer.precision import is_half, precision_of
 
 MB = 1024 * 1024
 
@@ -99,7 +100,7 @@ def compile_json(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
             "fabric_sram_bytes": fabric.sram_bytes,
         },
         "kernels": [{
-            "name": k.name, "type": k.type, "inputs": list(k.inputs),
+            "name": k.name, "type": k.type, "precision": precision_of(k.attrs), "inputs": list(k.inputs),
             "output_shape": list(k.output_shape), "source": k.source,
             "region": {"x": r.x, "y": r.y, "width": r.width, "height": r.height},
             "cores": r.cores, "useful_cores": kt.useful_cores,
@@ -138,6 +139,7 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         f"  Memory:                  {sum(placement.memory_bytes) / MB:,.2f} MB of "
         f"{fabric.sram_bytes / MB:,.0f} MB SRAM (weights, gradients, optimizer slots, "
         "activations in flight)",
+        *_precision_lines(model),
         "",
         f"{'kernel':<28} {'type':<28} {'rectangle (x,y w x h)':<24} {'cores':>8} "
         f"{'samples/s':>14} {'mem/core':>9}  source",
@@ -145,7 +147,8 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
     for k, r, kt, mem in zip(model.kernels, placement.regions, t.kernels,
                              placement.memory_per_core):
         rect = f"{r.x},{r.y} {r.width}x{r.height}"
-        lines.append(f"{k.name:<28} {k.type:<28} {rect:<24} {r.cores:>8,} "
+        kind = k.type + (" (float16)" if is_half(k.attrs) else "")
+        lines.append(f"{k.name:<28} {kind:<28} {rect:<24} {r.cores:>8,} "
                      f"{_n(kt.samples_per_sec):>14} {mem / 1024:>7.1f}KB  {k.source}")
     lines.append("")
     lines.append(f"Timing model (wafer/timing.py): t_comp = F_k / (useful cores x "
@@ -155,3 +158,15 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
                  "t_comm = bytes per sample / (edge cores x 4 B x f); Samples/s = "
                  "min(1 / max_k t_k, I/O bytes/s / bytes per sample)")
     return "\n".join(lines) + "\n"
+
+
+def _precision_lines(model: MatchedModel) -> list[str]:
+    """Mixed precision, when the model has float16 kernels: how many, and the loss scale."""
+    half = sum(is_half(k.attrs) for k in model.kernels)
+    if not half:
+        return []
+    scale = model.training.loss_scale if model.training is not None else 1.0
+    return [f"  Precision:               {half} of {len(model.kernels)} kernels in float16 "
+            f"(float16 operands and results, float32 accumulation; float32 master weights "
+            f"and optimizer); weights and activations of float16 kernels at 2 B"
+            + (f"; loss scale {scale:g}" if scale != 1.0 else "")]

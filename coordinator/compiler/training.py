@@ -109,8 +109,17 @@ def variable_op(tensor: tf.Tensor) -> tf.Operation:
     return op
 
 
+# Arithmetic on constants that tf.get_static_value does not fold (MixedPrecisionLossScale-
+# Optimizer's 1 / S of a FixedLossScale): evaluated when every op above is one of these.
+_FOLDABLE = {"Const", "Identity", "Cast", "RealDiv", "Mul", "Reciprocal", "AddV2", "Sub", "Neg"}
+
+
 def _const(tensor: tf.Tensor) -> np.ndarray | None:
     value = tf.get_static_value(tensor)
+    if value is None and tensor.shape.rank == 0 and \
+            all(op.type in _FOLDABLE for op in _upstream_ops(tensor.op)):
+        with tf.compat.v1.Session(graph=tensor.graph) as session:
+            value = session.run(tensor)
     return None if value is None else np.asarray(value)
 
 
@@ -376,6 +385,11 @@ def _updates(extracted: ExtractedGraph) -> list[_Update]:
         target = variable_op(op.inputs[0]) if op.inputs else op
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
                         "the CS carries out")
+    conds = [op for op in _closure(extracted.spec.train_op) if op.type in ("If", "StatelessIf")]
+    if not updates and conds:
+        raise _fail(conds[-1], "the train_op applies its updates inside a tf.cond: dynamic loss "
+                               "scaling (a LossScaleOptimizer with 'dynamic') is not carried out "
+                               "on the CS; use a fixed loss scale (a number)")
     if not updates:
         raise _Refused(f"the train_op updates no variable with a supported optimizer "
                        f"(supported: {SUPPORTED})")
