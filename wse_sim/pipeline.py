@@ -132,6 +132,9 @@ class Pipeline:
                                         for role, var in names.items()},
                                        half=is_half(kernel.attrs) and not kernel.is_loss))
         self.by_name = {r.kernel.name: r for r in self.regions}
+        # a float16 program's loss scale S, seeded into its backward (wafer.kernels.losses)
+        self.loss_scale = float(self.by_name[loss_kernel].kernel.attrs.get("loss_scale", 1.0)) \
+            if loss_kernel in self.by_name else 1.0
         self._mark_backward()
         held: set[str] = set()
         for region in self.regions:
@@ -348,7 +351,12 @@ class Pipeline:
             if region.half:  # TF's float16 gradient of the whole batch, then cast to float32
                 round_half_(region.grads[role])
             for reg in spec.regularizers:
-                reg.add_gradient(region.params[role], region.grads[role])
+                if self.loss_scale == 1.0:
+                    reg.add_gradient(region.params[role], region.grads[role])
+                else:  # the backward holds S x the loss's gradient: the penalty's too
+                    term = np.zeros_like(region.grads[role])
+                    reg.add_gradient(region.params[role], term)
+                    region.grads[role] += term * np.float32(self.loss_scale)
             if spec.update != "sparse":
                 continue
             if region.kernel.type_name not in SPARSE_GRADIENT_KERNELS:

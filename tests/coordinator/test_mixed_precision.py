@@ -34,7 +34,8 @@ def model_fn(features, labels, mode, params):
     """FC layers as users write them under a Keras policy; the loss by tf.compat.v1.losses
     (float32 inside, cast back to float16), or a float16 reduce_mean as the modelzoo's."""
     tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16"))
-    h = tf.keras.layers.Dense(128, activation="relu")(features)
+    first = tf.keras.layers.Dense(128, activation="relu")
+    h = first(features)
     h = tf.keras.layers.Dropout(0.0)(h, training=mode == ModeKeys.TRAIN)
     h = tf.keras.layers.Dense(64, activation="relu")(h)
     logits = tf.keras.layers.Dense(10)(h)
@@ -43,6 +44,8 @@ def model_fn(features, labels, mode, params):
             labels=labels, logits=logits))
     else:
         loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if params.get("l2"):  # a float32 penalty on the float32 weight
+        loss = tf.cast(loss, tf.float32) + params["l2"] * tf.nn.l2_loss(first.kernel)
     optimizer = tf.compat.v1.train.AdamOptimizer(1e-3)
     step = tf.compat.v1.train.get_or_create_global_step()
     scale = params.get("loss_scale")
@@ -112,16 +115,18 @@ def test_mixed_float16_model_trains_with_tensorflows_losses(tmp_path):
     assert not cs_inprocess.mismatches(run, rtol=2e-2), "weights and slots too"
 
 
-@pytest.mark.parametrize("scale", ["by_hand", 1024.0])
-def test_static_loss_scale_seeds_the_float16_backward(tmp_path, scale):
+@pytest.mark.parametrize("scale,l2", [("by_hand", 0.0), (1024.0, 0.0), (1024.0, 1e-2)])
+def test_static_loss_scale_seeds_the_float16_backward(tmp_path, scale, l2):
     """loss * S with gradients / S by hand, and MixedPrecisionLossScaleOptimizer with a fixed
-    scale (tf.compat.v1.mixed_precision): S seeds the float16 backward, 1/S is the
-    optimizer's; training matches TF's, the float16 reduce_mean loss tail included."""
-    run = cs_inprocess.compare(model_fn, input_fn, params(loss_scale=scale, loss="reduce_mean"),
-                               str(tmp_path), steps=8)
+    scale (tf.compat.v1.mixed_precision): S seeds the float16 backward (a weight penalty's
+    gradient scaled with it), 1/S is the optimizer's; training matches TF's, the float16
+    reduce_mean loss tail included."""
+    run = cs_inprocess.compare(model_fn, input_fn, params(loss_scale=scale, loss="reduce_mean",
+                                                          l2=l2), str(tmp_path), steps=8)
     loss = next(k for k in run.compiled.program.kernels if k.type == "loss")
     assert from_attr(loss.attrs["loss_scale"]) == 1024.0
     assert [t.value for t in run.compiled.program.gradient_transforms] == [1 / 1024]
+    assert any(p.regularizers for k in run.compiled.program.kernels for p in k.params) == bool(l2)
     assert not cs_inprocess.mismatches(run, rtol=1e-2)
 
 
