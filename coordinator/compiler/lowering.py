@@ -744,6 +744,10 @@ def supported_table() -> str:
                  "values (tf.compat.v1.losses.* with constant weights, label smoothing, "
                  "hand-written MSE) plus L2/L1 penalties of single weights (tf.nn.l2_loss, "
                  "Keras regularizers), proven linear by the compiler |")
+    lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
+                 "mixed_float16 policy or casts by hand: float32 weights read through Cast, "
+                 "float16 operands and results, float32 accumulation (docs/design.md); a static "
+                 "loss scale (loss * S, MixedPrecisionLossScaleOptimizer with a number) |")
     lines += ["", "Refused, with the reason:", ""]
     lines += [f"- **{what}**: {why}" for what, why in REFUSED.items()]
     return "\n".join(lines) + "\n"
