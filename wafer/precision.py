@@ -15,8 +15,8 @@ float32 accumulation) and as TensorFlow's CPU kernels do for Eigen::half:
   batch (TF computes it as one float16 op over the whole batch), then cast to float32 for
   the float32 optimizer.
 
-Rounding is round-to-nearest-even with float16's overflow to infinity (what loss scaling
-detects); numpy's float16 conversion, never a float16 GEMM.
+Rounding is IEEE float16's (round to nearest even, overflow to infinity: what loss scaling
+detects), carried out in float32 arithmetic; never a float16 GEMM.
 """
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ import numpy as np
 FLOAT16 = "float16"
 PRECISIONS = ("float32", FLOAT16)
 BYTES = {"float32": 4, FLOAT16: 2}  # bytes of one value on the wafer
+EXPONENT_BITS = np.uint32(0x7F800000)  # a float32's exponent field
+SMALLEST_NORMAL = np.float32(2.0 ** -14)  # float16's; below it the quantum is 2 ** -24
+LARGEST_BINADE = np.float32(2.0 ** 16)  # beyond float16's largest value, 65504
+SHIFT_FACTOR = np.float32(1.5 * 2.0 ** 13)  # 1.5 x 2 ** 23 quanta of 2 ** -10 x 2 ** e
+OVERFLOW_SCALE = np.float32(2.0 ** 112)  # 2 ** 16 x this overflows float32
 
 
 def precision_of(attrs: Mapping[str, object]) -> str:
@@ -40,15 +45,27 @@ def is_half(attrs: Mapping[str, object]) -> bool:
 
 
 def round_half(x: np.ndarray) -> np.ndarray:
-    """`x` (float32) rounded to float16 values, as a new float32 array."""
+    """`x` (float32) rounded to float16 values, as a new float32 array: bit-equal to numpy's (IEEE) float16
+    conversion and back, in float32 arithmetic (numpy's float16 conversion is not
+    vectorised: 3x slower). x is rounded to a multiple of its float16 quantum q (2 ** -24
+    below float16's smallest normal) by (x + 1.5 q 2 ** 23) - 1.5 q 2 ** 23, whose sum lies
+    in a binade of float32 spacing q: round to nearest, ties to even. Scaling by 2 ** 112 and
+    back turns the magnitudes that round to 2 ** 16 or more (float16's overflow: from 65520)
+    into infinities and leaves the others exact; the sign is x's (signed zeros)."""
+    shift = (x.view(np.uint32) & EXPONENT_BITS).view(np.float32)  # 2 ** exponent(x)
+    np.clip(shift, SMALLEST_NORMAL, LARGEST_BINADE, out=shift)
+    shift *= SHIFT_FACTOR
+    rounded = x + shift
+    rounded -= shift
     with np.errstate(over="ignore"):
-        return x.astype(np.float16).astype(np.float32)
+        rounded *= OVERFLOW_SCALE
+    rounded *= np.float32(1.0) / OVERFLOW_SCALE
+    return np.copysign(rounded, x, out=rounded)
 
 
 def round_half_(x: np.ndarray) -> None:
     """Round a float32 array to float16 values in place."""
-    with np.errstate(over="ignore"):
-        np.copyto(x, x.astype(np.float16))
+    np.copyto(x, round_half(x))
 
 
 def value_bytes(kernel: object) -> int:

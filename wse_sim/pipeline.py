@@ -76,7 +76,9 @@ class Region:
     # the consumers' gradients it sums, as (consumer position, input index), in tick order
     inflow: tuple[tuple[int, int], ...] = ()
     half: bool = False  # computes in float16 (wafer.precision)
-    compute: dict[str, np.ndarray] = field(default_factory=dict)  # the batch's operands: params, float16-rounded if half
+    # the operands its kernel reads: `params`, or when half their float16 rounding (made at
+    # Load, then by each update's tiles from the updated float32 master weights)
+    compute: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,9 @@ class Pipeline:
                                         for role, var in names.items()},
                                        half=is_half(kernel.attrs) and not kernel.is_loss))
         self.by_name = {r.kernel.name: r for r in self.regions}
+        for region in self.regions:
+            region.compute = ({role: round_half(p) for role, p in region.params.items()}
+                              if region.half else region.params)
         # a float16 program's loss scale S, seeded into its backward (wafer.kernels.losses)
         self.loss_scale = float(self.by_name[loss_kernel].kernel.attrs.get("loss_scale", 1.0)) \
             if loss_kernel in self.by_name else 1.0
@@ -265,8 +270,6 @@ class Pipeline:
             for i in range(m_count):
                 board.items["v", name, i] = array[i * self.micro:(i + 1) * self.micro]
         for region in self.regions:
-            region.compute = ({role: round_half(p) for role, p in region.params.items()}
-                              if region.half else region.params)
             region.accumulated = False
             region.pieces.clear()
             region.slices.clear()
@@ -312,7 +315,8 @@ class Pipeline:
                 ctx.rng = region.rng
                 out, caches[region.position, i] = region.kernel.forward(
                     region.compute, [board.get(("v", s, i)) for s in region.sources], ctx)
-                if region.half and out.dtype == np.float32:
+                if region.half and out.dtype == np.float32 and \
+                        not region.kernel.rounds_own_output:
                     out = round_half(out)
                 board.put(("v", region.kernel.name, i), out)
             else:
@@ -336,6 +340,8 @@ class Pipeline:
                 if role in region.slices:
                     self.optimizer.apply_sparse(region.params[role], *region.slices.pop(role),
                                                 region.slots[role])
+                    if region.half:
+                        np.copyto(region.compute[role], round_half(region.params[role]))
                 else:
                     updates += _update_tiles(self.optimizer, region, role)
         board.share(updates)
@@ -447,10 +453,16 @@ def _update_tiles(optimizer: Optimizer, region: Region, role: str) -> list[Calla
     slots = len(region.slots[role])
     count = max(1, min(len(var) if var.ndim > 1 else 1, var.size // UPDATE_TILE_ELEMENTS))
     bounds = [len(var) * k // count for k in range(count + 1)]
-    return [partial(_apply_rows, optimizer, arrays, slots, slice(a, b))
+    half = region.compute[role] if region.half else None
+    return [partial(_apply_rows, optimizer, arrays, slots, slice(a, b), half)
             for a, b in zip(bounds, bounds[1:])]
 
 
-def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int, rows: slice) -> None:
+def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int, rows: slice,
+                half: np.ndarray | None) -> None:
+    """The update of some rows; for a float16 region, their float16 operands for the next
+    batch too."""
     var, grad, *rest = (a[rows] for a in arrays)
     optimizer.apply(var, grad, rest[:slots], rest[slots:])
+    if half is not None:
+        half[rows] = round_half(var)

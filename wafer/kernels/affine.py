@@ -22,12 +22,15 @@ from wafer.precision import round_half_
 
 # Activations whose gradient reads only the output: applied in place on the pre-activation.
 OUTPUT_GRADIENT = {"relu", "elu", "selu", "tanh", "sigmoid", "linear"}
+# Activations whose result of a float16 value is a float16 value (no rounding needed).
+EXACT_IN_HALF = {"relu", "relu6", "linear"}
 
 
 class Affine:
     """One kernel's x @ w (+ b) then `activation`, with its scratch for the weight
     gradient of micro-batches after the batch's first. `half`: a float16 layer (TF's
-    MatMul, BiasAdd and activation each round their result to float16; wafer.precision)."""
+    MatMul, BiasAdd and activation each round their result to float16; wafer.precision),
+    whose output is therefore float16-valued already."""
 
     def __init__(self, activation: str, half: bool = False):
         self.activation = activation
@@ -55,7 +58,7 @@ class Affine:
                 round_half_(zc)
         if self.activation != "linear":
             activations.apply(self.activation, zc, out=y[:, cols])
-            if self.half:
+            if self.half and self.activation not in EXACT_IN_HALF:
                 round_half_(y[:, cols])
 
     def backward(self, cache: tuple, dy: np.ndarray, w: np.ndarray, has_bias: bool,
@@ -69,7 +72,7 @@ class Affine:
         dz = dy
         if self.activation != "linear":
             dz = activations.gradient(self.activation, z, y, dy)
-            if self.half:
+            if self.half and self.activation not in EXACT_IN_HALF:
                 round_half_(dz)
         grads: dict[str, np.ndarray] = {}
         if has_bias:

@@ -91,6 +91,7 @@ class Windows:
 @register
 class Conv2D(Kernel):
     type_name = "conv2d"
+    rounds_own_output = True
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)

@@ -13,6 +13,7 @@ from wafer.precision import is_half
 @register
 class Dense(Kernel):
     type_name = "dense"
+    rounds_own_output = True
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
