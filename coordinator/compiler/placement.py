@@ -366,6 +366,8 @@ def place_replicated(kernels: Sequence[Any], fabric: Fabric, *, training: bool,
     costs = _costs(kernels, fabric, training, optimizer)
     floor = sum(costs.floors)
     if replicas is not None:
+        if replicas * floor > fabric.cores:
+            raise ReplicasDoNotFitError(replicas, floor, single.timing.active_cores, fabric)
         placed = _replicate(kernels, single, costs, fabric, replicas, training, optimizer,
                             inputs, edges)
         if placed is None:
