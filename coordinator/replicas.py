@@ -66,7 +66,7 @@ def packed_columns(tile: tuple[int, int], width: int, height: int, count: int) -
 def tile_grids(width: int, height: int, count: int) -> list[tuple[int, int]]:
     """(columns, rows) grids of at least `count` tiles cutting a `width` x `height` fabric,
     none with both more columns and more rows than another (each tile as large as it can be)."""
-    grids = []
+    grids: list[tuple[int, int]] = []
     for columns in range(1, min(count, width) + 1):
         rows = math.ceil(count / columns)
         if rows > height or (grids and grids[-1][1] == rows):

@@ -20,9 +20,9 @@ from coordinator.compiler.extract import extract
 from coordinator.compiler.match import check_supported, match, unsupported_detail
 from coordinator.compiler.placement import build_kernels, place_model
 from coordinator.compiler.program import emit
-from coordinator.replicas import requested_replicas
 from coordinator.compiler.report import validation_text
 from coordinator.compiler.weights import initializer_summary
+from coordinator.replicas import requested_replicas
 from tf_model.estimator_spec import ModeKeys
 from wafer.fabric import DEFAULT_FABRIC, FABRICS, Fabric
 

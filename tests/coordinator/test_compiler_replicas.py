@@ -13,8 +13,7 @@ from test_compiler_placement import mlp
 from common.errors import CSRunError
 from coordinator import replicas as rep
 from coordinator.compiler import report, wafer_map
-from coordinator.compiler.placement import (FASTEST_TOLERANCE, Rect, ReplicasDoNotFitError,
-                                            place, place_replicated)
+from coordinator.compiler.placement import FASTEST_TOLERANCE, Rect, ReplicasDoNotFitError, place, place_replicated
 from wafer import timing
 from wafer.fabric import get_fabric
 
