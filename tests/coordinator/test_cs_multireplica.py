@@ -16,6 +16,7 @@ import training_models as tm
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
+from tests.wse_sim import test_wse_stages as stages
 from wafer import timing
 from wafer.fabric import get_fabric
 from wse_sim.errors import CSError
@@ -156,3 +157,13 @@ def test_the_cs_refuses_replicas_that_overlap_or_do_not_split_the_batch(four):
     off.replica_offsets[3].x = fabric.width
     with pytest.raises(CSError, match="is not on the cs1 fabric"):
         check_sizes(off, fabric)
+
+
+@pytest.mark.slow
+def test_the_replicas_sum_is_the_same_on_one_two_or_three_stage_threads(tmp_path):
+    compiled, data = stages.mlp(tmp_path, "adam", learning_rate=1e-3,
+                                runconfig={"tf_random_seed": 1, "num_replicas": 4})
+    assert compiled.program.num_replicas == 4
+    one = stages.train(compiled, data, 1)
+    stages.assert_identical(one, stages.train(compiled, data, 2))
+    stages.assert_identical(one, stages.train(compiled, data, 3))
