@@ -15,7 +15,7 @@ import os
 from typing import Callable
 
 from common.errors import CSRunError
-from coordinator.compiler.artifacts import CompileCache, CompileResult, graph_hash, is_complete, read_compile
+from coordinator.compiler.artifacts import CompileCache, CompileResult, damage_of, graph_hash, read_compile
 from coordinator.compiler.extract import extract
 from coordinator.compiler.match import check_supported, match, unsupported_detail
 from coordinator.compiler.placement import build_kernels, place_model
@@ -23,6 +23,7 @@ from coordinator.compiler.precision import check_config
 from coordinator.compiler.program import emit
 from coordinator.compiler.report import validation_text
 from coordinator.compiler.weights import initializer_summary
+from coordinator.replicas import requested_replicas
 from tf_model.estimator_spec import ModeKeys
 from wafer.fabric import DEFAULT_FABRIC, FABRICS, Fabric
 
@@ -48,6 +49,11 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
     """
     fab = resolve_fabric(params, fabric)
     check_config(params)
+    replicas = requested_replicas(params.get("runconfig") or {})
+    if replicas != 1 and mode != ModeKeys.TRAIN and not validate_only:
+        print(f"multireplica is for training (as on the original CS system): {mode} runs "
+              "on one copy of the network", flush=True)
+        replicas = 1
     cache = CompileCache(model_dir)
     extracted = extract(model_fn, input_fn, params, mode)
     model = match(extracted)
@@ -60,10 +66,11 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
         cache.write_validation_report(text)
         return CompileResult(cache.root, None, {}, {}, False, text)
     key = graph_hash(model, mode=mode, batch_size=extracted.batch_size, fabric=fab,
-                     seed=extracted.seed, initializers=initializer_summary(extracted))
+                     seed=extracted.seed, initializers=initializer_summary(extracted),
+                     replicas=replicas)
     if (reused := cache.load(key)) is not None:
         return reused
-    placed = place_model(model, fab, mode)
+    placed = place_model(model, fab, mode, batch_size=extracted.batch_size, replicas=replicas)
     artifacts = emit(placed, extracted, name=os.path.basename(os.path.abspath(model_dir)),
                      graph_hash=key)
     return cache.store(key, artifacts)
@@ -71,7 +78,7 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
 
 def load_compiled(compile_dir: str) -> CompileResult:
     """A compile directory written by compile_model, read back."""
-    if not is_complete(compile_dir):
-        raise CSRunError(f"{compile_dir} is not a complete compile directory",
+    if (damage := damage_of(compile_dir)) is not None:
+        raise CSRunError(f"{compile_dir} is not a complete compile directory: {damage}",
                          "compile again with --compile_only")
     return read_compile(compile_dir)
