@@ -30,8 +30,10 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from wafer.fabric import Fabric
+from wafer.precision import value_bytes
 
-BYTES_PER_VALUE = 4  # weights, gradients, optimizer slots and activations are float32
+BYTES_PER_VALUE = 4  # a float32 value: gradients, optimizer slots; weights and activations of float32 kernels
+# (a float16 kernel's weights and activations take wafer.precision's 2 B)
 TRAIN_FLOPS_FACTOR = 3  # forward + backward-data + backward-weight
 # Optimizer slots per weight (RMSProp: 3 when centered, counted so), and FLOPs per weight of
 # one update (wafer.optimizers' operations, a square root counted as one).
@@ -135,14 +137,16 @@ def in_flight_samples(position: int, num_kernels: int, training: bool) -> int:
 
 def weight_bytes(kernel: Any, optimizer: str, training: bool) -> int:
     """Weights, plus the gradient accumulator and optimizer slots when training."""
-    copies = 2 + OPTIMIZER_SLOTS[optimizer] if training else 1
-    return num_parameters(kernel) * BYTES_PER_VALUE * copies
+    per_weight = value_bytes(kernel)
+    if training:  # the float32 gradient accumulator and slots
+        per_weight += BYTES_PER_VALUE * (1 + OPTIMIZER_SLOTS[optimizer])
+    return num_parameters(kernel) * per_weight
 
 
 def memory_bytes(kernel: Any, position: int, num_kernels: int, optimizer: str,
                  training: bool) -> int:
     """Total bytes the kernel keeps on its region."""
-    activations = (kernel.activation_bytes_per_sample()
+    activations = (kernel.activation_bytes_per_sample() * value_bytes(kernel) // BYTES_PER_VALUE
                    * in_flight_samples(position, num_kernels, training))
     return weight_bytes(kernel, optimizer, training) + int(activations)
 
@@ -155,14 +159,16 @@ def min_cores_for_memory(total_bytes: int, fabric: Fabric) -> int:
     return max(1, math.ceil(total_bytes / fabric.sram_per_core))
 
 
-def _shape_bytes(shape: Sequence[int]) -> int:
-    return int(math.prod(shape)) * BYTES_PER_VALUE
+def _shape_bytes(shape: Sequence[int], per_value: int = BYTES_PER_VALUE) -> int:
+    return int(math.prod(shape)) * per_value
 
 
 def edge_bytes_per_sample(kernel: Any) -> int:
-    """Bytes crossing the busier edge of a kernel's region per sample (inputs or output)."""
-    bytes_in = sum(_shape_bytes(s) for s in kernel.input_shapes)
-    return max(bytes_in, _shape_bytes(kernel.output_shape))
+    """Bytes crossing the busier edge of a kernel's region per sample (inputs or output;
+    a float16 kernel's at 2 B a value)."""
+    per_value = value_bytes(kernel)
+    bytes_in = sum(_shape_bytes(s, per_value) for s in kernel.input_shapes)
+    return max(bytes_in, _shape_bytes(kernel.output_shape, per_value))
 
 
 def link_bytes_per_sec(fabric: Fabric) -> float:

@@ -46,6 +46,7 @@ import numpy as np
 from wafer.grad_transforms import GradientTransform, apply_transforms
 from wafer.kernels import Kernel, RunContext
 from wafer.optimizers import Optimizer, make_optimizer, slot_name
+from wafer.precision import is_half, round_half, round_half_
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
@@ -84,6 +85,10 @@ class Region:
     input_grads: tuple[bool, ...] = ()
     # the consumers' gradients it sums, as (consumer position, input index), in tick order
     inflow: tuple[tuple[int, int], ...] = ()
+    half: bool = False  # computes in float16 (wafer.precision)
+    # the operands its kernel reads: `params`, or when half their float16 rounding (made at
+    # Load, then by each update's tiles from the updated float32 master weights)
+    compute: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -138,8 +143,15 @@ class Pipeline:
                        for role, var in names.items()}
             self.regions.append(Region(kernel, position, tuple(srcs), dict(names), weights,
                                        {role: specs.get(var, ParamSpec())
-                                        for role, var in names.items()}))
+                                        for role, var in names.items()},
+                                       half=is_half(kernel.attrs) and not kernel.is_loss))
         self.by_name = {r.kernel.name: r for r in self.regions}
+        for region in self.regions:
+            region.compute = ({role: round_half(p) for role, p in region.params.items()}
+                              if region.half else region.params)
+        # a float16 program's loss scale S, seeded into its backward (wafer.kernels.losses)
+        self.loss_scale = float(self.by_name[loss_kernel].kernel.attrs.get("loss_scale", 1.0)) \
+            if loss_kernel in self.by_name else 1.0
         self._mark_backward()
         held: set[str] = set()
         for region in self.regions:
@@ -317,7 +329,10 @@ class Pipeline:
             if forward:
                 ctx.rng = region.rng
                 out, caches[region.position, i] = region.kernel.forward(
-                    region.params, [board.get(("v", s, i)) for s in region.sources], ctx)
+                    region.compute, [board.get(("v", s, i)) for s in region.sources], ctx)
+                if region.half and out.dtype == np.float32 and \
+                        not region.kernel.rounds_own_output:
+                    out = round_half(out)
                 board.put(("v", region.kernel.name, i), out)
             else:
                 self._backward(region, i, caches.pop((region.position, i)), board, ctx)
@@ -342,6 +357,8 @@ class Pipeline:
                 if role in region.slices:
                     self.optimizer.apply_sparse(region.params[role], *region.slices.pop(role),
                                                 region.slots[role])
+                    if region.half:
+                        np.copyto(region.compute[role], round_half(region.params[role]))
                 else:
                     updates += _update_tiles(self.optimizer, region, role)
         board.share(updates)
@@ -372,8 +389,15 @@ class Pipeline:
                 grad.fill(0)
         for role in region.trained:
             spec = region.specs[role]
+            if region.half:  # TF's float16 gradient of the whole batch, then cast to float32
+                round_half_(region.grads[role])
             for reg in spec.regularizers:
-                reg.add_gradient(region.params[role], region.grads[role])
+                if self.loss_scale == 1.0:
+                    reg.add_gradient(region.params[role], region.grads[role])
+                else:  # the backward holds S x the loss's gradient: the penalty's too
+                    term = np.zeros_like(region.grads[role])
+                    reg.add_gradient(region.params[role], term)
+                    region.grads[role] += term * np.float32(self.loss_scale)
             if spec.update != "sparse":
                 continue
             if region.kernel.type_name not in SPARSE_GRADIENT_KERNELS:
@@ -405,6 +429,8 @@ class Pipeline:
                 grad = board.get(("g", name, i, consumer, index), pop=True)
                 if grad is not None:
                     upstream = grad if upstream is None else upstream + grad
+            if region.half and upstream is not None:
+                upstream = round_half(upstream)
         input_grads: Sequence[np.ndarray | None] = [None] * len(region.sources)
         # A micro-batch whose output reached the loss by no path has no backward.
         if upstream is not None or region.kernel.is_loss:
@@ -414,7 +440,7 @@ class Pipeline:
                     region.pieces.setdefault(role, []).append(
                         self._indexed_slices(region, role, i, upstream, board))
             ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated
-            input_grads, _ = region.kernel.backward(region.params, cache, upstream, ctx,
+            input_grads, _ = region.kernel.backward(region.compute, cache, upstream, ctx,
                                                     region.grads or None)
             ctx.input_grads, ctx.accumulate = None, True
             region.accumulated = True
@@ -462,10 +488,16 @@ def _update_tiles(optimizer: Optimizer, region: Region, role: str) -> list[Calla
     slots = len(region.slots[role])
     count = max(1, min(len(var) if var.ndim > 1 else 1, var.size // UPDATE_TILE_ELEMENTS))
     bounds = [len(var) * k // count for k in range(count + 1)]
-    return [partial(_apply_rows, optimizer, arrays, slots, slice(a, b))
+    half = region.compute[role] if region.half else None
+    return [partial(_apply_rows, optimizer, arrays, slots, slice(a, b), half)
             for a, b in zip(bounds, bounds[1:])]
 
 
-def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int, rows: slice) -> None:
+def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int, rows: slice,
+                half: np.ndarray | None) -> None:
+    """The update of some rows; for a float16 region, their float16 operands for the next
+    batch too."""
     var, grad, *rest = (a[rows] for a in arrays)
     optimizer.apply(var, grad, rest[:slots], rest[slots:])
+    if half is not None:
+        half[rows] = round_half(var)

@@ -19,6 +19,7 @@ from coordinator.compiler.artifacts import CompileCache, CompileResult, damage_o
 from coordinator.compiler.extract import extract
 from coordinator.compiler.match import check_supported, match, unsupported_detail
 from coordinator.compiler.placement import build_kernels, place_model
+from coordinator.compiler.precision import check_config
 from coordinator.compiler.program import emit
 from coordinator.compiler.report import validation_text
 from coordinator.compiler.weights import initializer_summary
@@ -47,6 +48,7 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
     the report), a model too large for the fabric, or input_fn batches model_fn rejects.
     """
     fab = resolve_fabric(params, fabric)
+    check_config(params)
     replicas = requested_replicas(params.get("runconfig") or {})
     if replicas != 1 and mode != ModeKeys.TRAIN and not validate_only:
         print(f"multireplica is for training (as on the original CS system): {mode} runs "

@@ -33,6 +33,7 @@ from tf_model.estimator_spec import ModeKeys
 from wafer import timing
 from wafer.fabric import Fabric
 from wafer.kernels import KernelError, build_kernel
+from wafer.precision import value_bytes
 
 # Search parameters (docs/design.md, "Placement"): they bound the search, not the model.
 BISECTION_TOLERANCE = 1e-4  # relative gap at which the bisection on the target rate stops
@@ -325,7 +326,7 @@ def _finish(kernels, rects, costs, fabric, training, optimizer, inputs, edges,
                 nbytes = inputs[src]
             else:
                 start = by_name[src][1].center
-                nbytes = math.prod(by_name[src][0].output_shape) * timing.BYTES_PER_VALUE
+                nbytes = math.prod(by_name[src][0].output_shape) * value_bytes(by_name[src][0])
             path = (start, (cx, start[1]), (cx, cy))
             routes.append(RouteSpec(src, dst, path, int(nbytes), replica))
     hops = [0] * len(offsets)

@@ -7,6 +7,7 @@ from coordinator.compiler.ir import MatchedModel, TrainingSpec
 from coordinator.compiler.placement import Placement
 from wafer import timing
 from wafer.fabric import Fabric
+from wafer.precision import is_half, precision_of
 
 MB = 1024 * 1024
 
@@ -137,7 +138,7 @@ def compile_json(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
             "candidates": [list(c) for c in placement.replica_candidates],
         },
         "kernels": [{
-            "name": k.name, "type": k.type, "inputs": list(k.inputs),
+            "name": k.name, "type": k.type, "precision": precision_of(k.attrs), "inputs": list(k.inputs),
             "output_shape": list(k.output_shape), "source": k.source,
             "region": {"x": r.x, "y": r.y, "width": r.width, "height": r.height},
             "cores": r.cores, "useful_cores": kt.useful_cores,
@@ -180,6 +181,7 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         "activations in flight" + (f"; {placement.replicas} replicas" if placement.replicas > 1 else "")
         + ")",
         *(f"  {line}" for line in replica_lines(placement, fabric, batch_size)),
+        *_precision_lines(model),
         "",
         f"{'kernel':<28} {'type':<28} "
         f"{'rectangle (x,y w x h)' + (' of replica 0' if replicated else ''):<24} {'cores':>8} "
@@ -188,7 +190,8 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
     for k, r, kt, mem in zip(model.kernels, placement.regions, t.kernels,
                              placement.memory_per_core):
         rect = f"{r.x},{r.y} {r.width}x{r.height}"
-        lines.append(f"{k.name:<28} {k.type:<28} {rect:<24} {r.cores:>8,} "
+        kind = k.type + (" (float16)" if is_half(k.attrs) else "")
+        lines.append(f"{k.name:<28} {kind:<28} {rect:<24} {r.cores:>8,} "
                      f"{_n(kt.samples_per_sec):>14} {mem / 1024:>7.1f}KB  {k.source}")
     lines.append("")
     lines.append(f"Timing model (wafer/timing.py): t_comp = F_k / (useful cores x "
@@ -199,3 +202,15 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
                  f"min({f'{placement.replicas} replicas x ' if replicated else ''}1 / max_k t_k, "
                  "I/O bytes/s / bytes per sample)")
     return "\n".join(lines) + "\n"
+
+
+def _precision_lines(model: MatchedModel) -> list[str]:
+    """Mixed precision, when the model has float16 kernels: how many, and the loss scale."""
+    half = sum(is_half(k.attrs) for k in model.kernels)
+    if not half:
+        return []
+    scale = model.training.loss_scale if model.training is not None else 1.0
+    return [f"  Precision:               {half} of {len(model.kernels)} kernels in float16 "
+            f"(float16 operands and results, float32 accumulation; float32 master weights "
+            f"and optimizer); weights and activations of float16 kernels at 2 B"
+            + (f"; loss scale {scale:g}" if scale != 1.0 else "")]
