@@ -48,8 +48,10 @@ class Operands:
         """The variable `tensor` reads (through value-preserving views), or None."""
         op, casts_ok = tensor.op, True
         while op not in self.flow and op.type in VARIABLE_VIEW_OPS and op.inputs:
-            if op.type == "Cast" and op.get_attr("SrcT") != op.get_attr("DstT"):
-                casts_ok = False
+            if op.type == "Cast" and op.get_attr("SrcT") != op.get_attr("DstT") and not (
+                    op.get_attr("SrcT") == tf.float32 and op.get_attr("DstT") == tf.float16
+                    and tensor.dtype == tf.float16):  # Keras' AutoCastVariable: the layer's
+                casts_ok = False  # float16 kernel reads the float32 weight rounded
             op = op.inputs[0].op
         if op in self.flow or op.type not in VARIABLE_OPS or not casts_ok:
             return None
