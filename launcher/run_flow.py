@@ -97,10 +97,9 @@ def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, h
         params = get_params(path)
         check_params(params, params_spec or {}, path)
         runconfig = params["runconfig"]
-        role = task_role()
-        update_params_from_args(args, runconfig, job_cs_ip=role.cs_ip)
+        update_params_from_args(args, runconfig)
         check_env(runconfig)
-        chief = role.is_chief
+        chief = task_role().is_chief
         writes = runconfig["mode"] in TRAINING_MODES and chief \
             and not (runconfig["validate_only"] or runconfig["compile_only"])
         # one writer per model_dir, from before params.yaml is written to the run's end; input

@@ -7,8 +7,9 @@ overrides the YAML when it is given. This module is the one reader of run.py's f
 params: `csrun_wse` reads a job's fabric through it too.
 
 The CS system a run uses (`runconfig.cs_ip`): the `--cs_ip` flag, else the CS of the job
-the task runs in (`coordinator.roles.TaskRole.cs_ip`, which `csrun_wse` sets), else the
-YAML's; none: the run stays on the CPU.
+the task runs in (`csrun_wse` names it), else the YAML's (`coordinator.roles.run_cs_ip`);
+none: the run stays on the CPU. A script written against the original's helpers
+(`update_params_from_args(args, params["runconfig"])`, then `is_cs(runconfig)`) gets it so.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from common.errors import ArgumentParser, CSRunError, install_excepthook
+from coordinator.roles import run_cs_ip
 from wafer.fabric import DEFAULT_FABRIC
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
@@ -123,14 +125,12 @@ def create_arg_parser(default_model_dir: str) -> argparse.ArgumentParser:
     return p
 
 
-def update_params_from_args(args: argparse.Namespace, runconfig: dict, job_cs_ip: str | None = None) -> None:
+def update_params_from_args(args: argparse.Namespace, runconfig: dict) -> None:
     """Flags given on the command line override `runconfig` (in place); `--steps` replaces
-    the YAML's `max_steps` and the other way round; the job's CS (`job_cs_ip`) overrides
-    the YAML's `cs_ip` as `--cs_ip` does (the flag wins); `cs_ip` gets port 9000 if it has none."""
-    for key in ("model_dir", "cs_ip", "steps", "max_steps", "eval_steps", "mode"):
+    the YAML's `max_steps` and the other way round; `cs_ip` is the run's CS
+    (`coordinator.roles.run_cs_ip`: the flag, the job's, the YAML's), with port 9000 if it has none."""
+    for key in ("model_dir", "steps", "max_steps", "eval_steps", "mode"):
         value = getattr(args, key, None)
-        if key == "cs_ip" and value is None:
-            value = job_cs_ip
         if value is not None:
             if key in ("steps", "max_steps") and value < 0:
                 raise CSRunError(f"--{key} {value}: must be >= 0")
@@ -144,13 +144,13 @@ def update_params_from_args(args: argparse.Namespace, runconfig: dict, job_cs_ip
             runconfig[flag] = True
     if not runconfig.get("model_dir"):
         runconfig["model_dir"] = getattr(args, "default_model_dir", None) or "model_dir"
-    if runconfig.get("cs_ip"):
-        runconfig["cs_ip"] = normalize_cs_ip(runconfig["cs_ip"])
+    cs_ip = run_cs_ip(getattr(args, "cs_ip", None), runconfig.get("cs_ip"))
+    runconfig["cs_ip"] = normalize_cs_ip(cs_ip) if cs_ip else None
 
 
 def is_cs(runconfig: dict) -> bool:
-    """Does this run use a CS system?"""
-    return bool(runconfig.get("cs_ip"))
+    """Does this run use a CS system (`runconfig.cs_ip`, or the job's CS inside a csrun_wse task)?"""
+    return bool(run_cs_ip(configured=runconfig.get("cs_ip")))
 
 
 def check_env(runconfig: dict) -> None:

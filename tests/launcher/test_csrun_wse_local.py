@@ -31,8 +31,7 @@ def sh(script):
 
 
 def test_roles_from_environment():
-    assert task_role({}).rank == 0 and task_role({}).num_tasks == 1 and task_role({}).cs_ip is None
-    assert task_role({"CSRUN_CS_IP": "10.0.0.5:9000"}).cs_ip == "10.0.0.5:9000"  # the job's CS
+    assert task_role({}).rank == 0 and task_role({}).num_tasks == 1
     role = task_role({"SUBMITIT_LOCAL_GLOBALID": "2", "SUBMITIT_LOCAL_NTASKS": "3",
                       "SUBMITIT_LOCAL_JOB_ID": "99", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
     assert (role.rank, role.num_tasks, role.job_id, role.is_chief) == (2, 3, "99", False)

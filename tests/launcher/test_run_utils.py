@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from common.errors import CSRunError
+from coordinator.roles import run_cs_ip
 from launcher.run_utils import check_env, create_arg_parser, get_params, is_cs, save_params, update_params_from_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,15 +62,21 @@ def test_flags_override_the_yaml_only_when_given(tmp_path):
     assert fresh["model_dir"] == "/default/model_dir" and not is_cs(fresh)
 
 
-def test_the_jobs_cs_overrides_the_yaml_and_the_flag_overrides_both(tmp_path):
-    """Under csrun_wse the task's CS (coordinator.roles) is the job's, as if given by --cs_ip."""
+def test_the_jobs_cs_overrides_the_yaml_and_the_flag_overrides_both(tmp_path, monkeypatch):
+    """Inside a csrun_wse task (CSRUN_CS_IP) the job's CS is the default of the original's
+    two-argument `update_params_from_args` and of `is_cs`; run.py's --cs_ip still wins."""
     parser = create_arg_parser("/default/model_dir")
     path = write_params(tmp_path / "p.yaml", {"cs_ip": "yaml-cs"})
     for flags, job, expected in (([], None, "yaml-cs:9000"), ([], "job-cs:1", "job-cs:1"),
                                  (["--cs_ip", "flag-cs:2"], "job-cs:1", "flag-cs:2")):
+        if job:
+            monkeypatch.setenv("CSRUN_CS_IP", job)
         rc = get_params(path)["runconfig"]
-        update_params_from_args(parser.parse_args(flags), rc, job_cs_ip=job)
+        update_params_from_args(parser.parse_args(flags), rc)
         assert rc["cs_ip"] == expected
+    assert run_cs_ip() == "job-cs:1" and is_cs({"cs_ip": None})  # a script that skips update_params_from_args
+    monkeypatch.delenv("CSRUN_CS_IP")
+    assert run_cs_ip() is None and not is_cs({"cs_ip": None})
 
 
 def test_unknown_flags_and_bad_modes_are_one_line_errors():
