@@ -46,7 +46,7 @@ from common import task_env
 from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from cs_api import pb, rpc
-from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip, params_path
+from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip
 from launcher.site_config import SiteConfig, load_site_config
 from slurm.auto import choose_backend
 from slurm.backend import JobRequest
@@ -129,9 +129,9 @@ def fabric_of(command: tuple[str, ...], workdir: Path) -> str:
     if not (len(command) >= 2 and Path(command[0]).name.startswith("python") and command[1].endswith(".py")):
         return DEFAULT_FABRIC
     try:
-        flags, _ = create_arg_parser("").parse_known_args([a for a in command[2:] if a not in ("-h", "--help")])
-        path = workdir / params_path(flags.params, str((workdir / command[1]).parent))
-        return str(get_params(str(path))["runconfig"]["fabric"])
+        parser = create_arg_parser(str((workdir / command[1]).parent / "model_dir"))
+        flags, _ = parser.parse_known_args([a for a in command[2:] if a not in ("-h", "--help")])
+        return str(get_params(str(workdir / flags.params), notes=False)["runconfig"]["fabric"])
     except CSRunError:
         return DEFAULT_FABRIC
 

@@ -30,7 +30,7 @@ from coordinator import dispatch
 from coordinator.compiler import CompileResult, compile_model
 from coordinator.roles import run_cs_ip
 from launcher.site_config import cs_tls_ca
-from tf_model import cpu_session
+from tf_model import checkpoints, cpu_session
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
@@ -141,6 +141,11 @@ class CSEstimator:
         if self._on_cs(use_cs):
             if hooks:
                 raise CSRunError("hooks run on the CPU path only", "train without hooks on the CS")
+            if self.warm_start_from and checkpoints.latest_checkpoint(self.model_dir) is None:
+                raise CSRunError(f"starting a training run from {self.warm_start_from} (warm start, "
+                                 "checkpoint_path) runs on the CPU path only for now",
+                                 "train a first step on the CPU (python run.py --steps 1), then "
+                                 "continue on the CS from that model_dir")
             dispatch.run(self, RunKind.TRAIN, input_fn, steps=steps, max_steps=max_steps)
         else:
             cpu_session.train(self.model_fn, input_fn, self.settings, steps=steps,
