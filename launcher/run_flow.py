@@ -109,8 +109,7 @@ def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, h
         # one writer per model_dir, from before params.yaml is written to the run's end; input
         # workers (on other nodes, maybe before the chief made the folder) write nothing there
         with model_dir_locked(runconfig["model_dir"]) if writes else contextlib.nullcontext():
-            if chief:
-                save_params(params, runconfig["model_dir"])
+            save_params(params, runconfig["model_dir"])  # the chief's only
             run_mode(estimator_for(model_fn, params), train_input_fn, eval_input_fn, runconfig)
 
     main()

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from common.errors import ArgumentParser, CSRunError, install_excepthook
-from coordinator.roles import run_cs_ip
+from coordinator.roles import run_cs_ip, task_role
 from launcher.params_spec import Key, check_original_keys, check_section, refuse_misspelling
 from wafer.fabric import DEFAULT_FABRIC
 
@@ -220,8 +220,13 @@ def check_env(runconfig: dict) -> None:
 
 
 def save_params(params: dict, model_dir: str) -> str:
-    """Write `params` to `model_dir/params.yaml` (atomically); returns the path."""
+    """Write `params` to `model_dir/params.yaml` (atomically); returns the path. In a
+    csrun_wse job only the chief writes it (one writer per model_dir: the chief's lock
+    clears other writers' temporary files); input workers, whose params are the same, write
+    nothing."""
     path = os.path.join(model_dir, PARAMS_FILE)
+    if not task_role().is_chief:
+        return path
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         os.makedirs(model_dir, exist_ok=True)

@@ -121,6 +121,15 @@ def test_save_params_writes_params_yaml_and_refuses_an_unwritable_dir(tmp_path):
         save_params({}, str(tmp_path / "file" / "md"))
 
 
+def test_only_the_chief_of_a_job_saves_params(tmp_path, monkeypatch):
+    """A modelzoo run.py calls save_params in every task; an input worker writes nothing (the
+    chief's model_dir lock clears other writers' temporary files)."""
+    monkeypatch.setenv("CSRUN_TASK_RANK", "1")
+    monkeypatch.setenv("CSRUN_NUM_TASKS", "3")
+    save_params({"runconfig": {}}, str(tmp_path / "md"))
+    assert not (tmp_path / "md").exists()
+
+
 def bad_run_cases(tmp_path):
     good = yaml.safe_load(open(os.path.join(FC_MNIST, "configs", "params.yaml")))
     unknown = {**good, "runconfig": {**good["runconfig"], "save_every": 5}}
