@@ -123,6 +123,16 @@ def all_checkpoints(model_dir: str) -> list[str]:
     return [p for p in _listed(model_dir) if _exists(p)]
 
 
+def non_finite_loss(loss: float, step: int, model_dir: str) -> CSRunError:
+    """The error that stops a run (CPU or CS) whose loss became NaN or infinite at `step`,
+    naming the checkpoint to go back to, if there is one."""
+    paths = all_checkpoints(model_dir)
+    kept = (f"the newest checkpoint, {os.path.basename(paths[-1])}, is the last good one" if paths
+            else "no checkpoint was written before it")
+    return CSRunError(f"the loss became {loss} at step {step}",
+                      f"check the input for NaN or infinite values, or lower the learning rate; {kept}")
+
+
 def latest_checkpoint(model_dir: str) -> str | None:
     """The newest intact checkpoint's prefix (`…/model.ckpt-N`), or None when there is
     none. A damaged newest one (truncated or corrupted files) is skipped, saying so, for

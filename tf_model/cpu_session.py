@@ -200,8 +200,7 @@ def _train_loop(session: tf.compat.v1.Session, built: _TrainGraph, settings: Run
             step += 1
             loss = float(out["loss"])
             if not math.isfinite(loss):
-                raise CSRunError(f"the loss became {loss} at step {step}",
-                                 "lower the learning rate; the newest checkpoint is the last good one")
+                raise checkpoints.non_finite_loss(loss, step, settings.model_dir)
             if step == first and int(session.run(built.global_step)) != step:
                 raise CSRunError("model_fn's train_op does not increment the global step",
                                  "pass global_step=tf.compat.v1.train.get_or_create_global_step() "

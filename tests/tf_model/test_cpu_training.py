@@ -150,9 +150,13 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
         bad = tf.where(step >= 8, tf.constant(np.nan, tf.float32), 0.0)
         return CSEstimatorSpec(mode=mode, loss=spec.loss + bad, train_op=spec.train_op)
 
-    with pytest.raises(CSRunError, match=r"the loss became nan at step \d+"):
+    with pytest.raises(CSRunError, match=r"the loss became nan at step \d+ .*the newest checkpoint, "
+                                         r"model.ckpt-5, is the last good one"):
         estimator(tmp_path, nan_after_8, save_checkpoints_steps=5).train(data.train_input_fn, max_steps=20)
     assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-5")
+    with pytest.raises(CSRunError, match=r"the loss became nan at step 9 .*check the input for NaN.*"
+                                         r"no checkpoint was written before it"):
+        estimator(tmp_path / "fresh", nan_after_8).train(data.train_input_fn, max_steps=20)
 
 
 def test_a_train_op_without_the_global_step_is_refused(tmp_path):
