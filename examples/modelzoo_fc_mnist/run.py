@@ -9,11 +9,14 @@ with the import lines changed to csrun's `launcher`).
 import os
 import sys
 
+import tensorflow as tf
+
 sys.path.append(os.path.join(os.path.dirname(__file__), "../.."))
 from examples.modelzoo_fc_mnist.data import eval_input_fn, train_input_fn
 from examples.modelzoo_fc_mnist.model import model_fn
 from examples.modelzoo_fc_mnist.utils import get_params
 from launcher.estimator import CSEstimator, CSRunConfig, ModeKeys
+from launcher.run_flow import train_and_eval
 from launcher.run_utils import (
     check_env,
     create_arg_parser,
@@ -22,7 +25,6 @@ from launcher.run_utils import (
     save_params,
     update_params_from_args,
 )
-from tf_model.checkpoints import all_checkpoints
 
 
 def validate_params(params):
@@ -86,7 +88,8 @@ def run(args, params, model_fn, train_input_fn=None, eval_input_fn=None):
             use_cs=use_cs,
         )
     elif runconfig_params["mode"] == "eval_all":
-        for ckpt in all_checkpoints(runconfig_params["model_dir"]):
+        ckpt_list = tf.train.get_checkpoint_state(runconfig_params["model_dir"]).all_model_checkpoint_paths
+        for ckpt in ckpt_list:
             est.evaluate(
                 input_fn=eval_input_fn,
                 checkpoint_path=ckpt,
@@ -94,8 +97,8 @@ def run(args, params, model_fn, train_input_fn=None, eval_input_fn=None):
                 use_cs=use_cs,
             )
     elif runconfig_params["mode"] == "train_and_eval":
-        est.train(input_fn=train_input_fn, max_steps=runconfig_params["max_steps"])
-        est.evaluate(input_fn=eval_input_fn, steps=runconfig_params["eval_steps"])
+        # tf.estimator.train_and_evaluate's rule: an evaluation after checkpoints, throttle_secs apart
+        train_and_eval(est, train_input_fn, eval_input_fn, runconfig_params)
     elif runconfig_params["mode"] == "predict":
         est.predict(
             input_fn=eval_input_fn,
