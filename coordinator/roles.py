@@ -36,6 +36,7 @@ class TaskRole:
     num_tasks: int
     job_id: str          # the launch's id: the rendezvous is keyed on it
     job_dir: Path | None  # the launcher's job folder (CSRUN_JOB_DIR), if any
+    cs_wait_s: float = 0.0  # how long the chief waits for a CS busy with another job (task_env.CS_WAIT_S)
 
     @property
     def is_chief(self) -> bool:
@@ -55,14 +56,15 @@ class TaskRole:
 def task_role(environ: dict[str, str] | None = None) -> TaskRole:
     env = os.environ if environ is None else environ
     job_dir = Path(env[task_env.JOB_DIR]) if env.get(task_env.JOB_DIR) else None
+    cs_wait_s = float(env.get(task_env.CS_WAIT_S) or 0)
     for rank_key, count_key, job_key in _SOURCES:
         if env.get(rank_key, "") != "":
             rank, count = int(env[rank_key]), int(env.get(count_key) or 1)
             if not 0 <= rank < count:
                 raise ValueError(f"{rank_key}={rank} is not below {count_key}={count}")
             job_id = env.get(task_env.JOB_ID) or env.get(job_key) or "local"
-            return TaskRole(rank, count, job_id, job_dir)
-    return TaskRole(0, 1, env.get(task_env.JOB_ID) or f"pid{os.getpid()}", job_dir)
+            return TaskRole(rank, count, job_id, job_dir, cs_wait_s)
+    return TaskRole(0, 1, env.get(task_env.JOB_ID) or f"pid{os.getpid()}", job_dir, cs_wait_s)
 
 
 def run_cs_ip(given: str | None = None, configured: str | None = None,

@@ -21,6 +21,7 @@ import yaml
 
 from common import tf_startup
 from common.errors import ArgumentParser, CSRunError, install_excepthook
+from coordinator.replicas import requested_replicas
 from coordinator.roles import run_cs_ip, task_role
 from launcher.params_spec import Key, check_original_keys, check_section, refuse_misspelling
 from wafer.fabric import DEFAULT_FABRIC
@@ -44,8 +45,8 @@ RUNCONFIG_SPEC: dict[str, Key] = {
     "checkpoint_path": _TEXT,  # eval / predict read it; a training run without a checkpoint starts from it
     "throttle_secs": Key("number", minimum=0, required=False),  # train_and_eval: seconds between evaluations
     "disable_standard_logs": _FLAG,  # no `global step N: loss = …` lines
-    "multireplica": Key("bool", required=False, note=(
-        "data-parallel copies of the model on the wafer are not carried out yet: the model is placed once")),
+    # data-parallel copies on the wafer (coordinator.replicas reads them; checked there)
+    "multireplica": Key("any", required=False), "num_replicas": Key("any", required=False),
     "device": Key("str", required=False, note=(
         "the original's device for the CPU/GPU path; csrun's CPU path runs on this host's CPU")),
     "enable_distributed": Key("bool", required=False, note=(
@@ -88,6 +89,7 @@ def _check_runconfig(runconfig: dict, path: str) -> None:
             raise CSRunError(f"unknown runconfig key {key!r} in {path}",
                              f"known keys: {', '.join(sorted(RUNCONFIG_SPEC))}")
     check_section(runconfig, RUNCONFIG_SPEC, "runconfig", path)
+    requested_replicas(runconfig, path)
 
 
 def _runconfig_notes(runconfig: dict) -> list[str]:
@@ -158,7 +160,7 @@ def create_arg_parser(default_model_dir: str) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint_path",
                    help="the checkpoint eval / predict read, and a new training run starts from")
     p.add_argument("--multireplica", action="store_true",
-                   help="data-parallel copies of the model on the wafer (runconfig.multireplica)")
+                   help="train several copies of the model data-parallel on the wafer")
     p.add_argument("--device", help="the original's device for the CPU/GPU path (the CPU here)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(default_model_dir=default_model_dir)

@@ -27,12 +27,6 @@ from launcher.run_utils import (
 )
 
 
-def validate_params(params):
-    runconfig_params = params["runconfig"]
-    if runconfig_params["multireplica"] and not is_cs(runconfig_params):
-        raise ValueError("Multi-replica training is only possible on the Cerebras System.")
-
-
 def run(args, params, model_fn, train_input_fn=None, eval_input_fn=None):
     """
     Set up estimator and run based on mode
@@ -45,7 +39,6 @@ def run(args, params, model_fn, train_input_fn=None, eval_input_fn=None):
     # update and validate runtime params
     runconfig_params = params["runconfig"]
     update_params_from_args(args, runconfig_params)
-    validate_params(params)
     # save params for reproducibility
     save_params(params, model_dir=runconfig_params["model_dir"])
 
