@@ -44,7 +44,9 @@ from workers.rendezvous import Rendezvous, publish
 
 
 def program_variables(program: pb.Program) -> list[str]:
-    return [p.variable for k in program.kernels for p in k.params]
+    """The variables the CS holds: the kernels' weights and what the schedules read."""
+    return [p.variable for k in program.kernels for p in k.params] + list(dict.fromkeys(
+        o.name for s in program.schedules for o in s.ops if o.op == "variable"))
 
 
 def tf_optimizer(optimizer: pb.Optimizer) -> str:

@@ -39,6 +39,7 @@ import numpy as np
 from wafer.grad_transforms import GradientTransform, apply_transforms
 from wafer.kernels import Kernel, RunContext
 from wafer.optimizers import Optimizer, make_optimizer, slot_name
+from wafer.schedules import Schedule, evaluate
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
@@ -112,13 +113,15 @@ class Pipeline:
                  optimizer: Optimizer | None, seed: int, threads: int = 1,
                  min_stage_flops: float = MIN_STAGE_FLOPS,
                  params: Mapping[str, ParamSpec] | None = None,
-                 transforms: Sequence[GradientTransform] = ()):
+                 transforms: Sequence[GradientTransform] = (),
+                 schedules: Sequence[Schedule] = ()):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.loss_kernel = loss_kernel
         self.optimizer = optimizer
         self.seed = seed % 2 ** 64  # SeedSequence entropy is non-negative
         self.transforms = tuple(transforms)
+        self.schedules = tuple(schedules)
         specs = params or {}
         self.regions: list[Region] = []
         for position, (kernel, srcs, names) in enumerate(zip(kernels, sources, variables)):
@@ -174,7 +177,8 @@ class Pipeline:
                    loss_kernel=program.loss_kernel,
                    optimizer=make_optimizer(checked.optimizer) if checked.optimizer else None,
                    seed=program.seed, threads=threads, min_stage_flops=min_stage_flops,
-                   params=checked.params, transforms=checked.transforms)
+                   params=checked.params, transforms=checked.transforms,
+                   schedules=checked.schedules)
 
     def _mark_backward(self) -> None:
         """A region runs backward iff its output reaches the loss and a trained weight is
@@ -265,6 +269,9 @@ class Pipeline:
                 region.rng = np.random.Generator(np.random.PCG64(
                     np.random.SeedSequence([self.seed, region.position, step])))
         regularization = self._regularization() if self.loss_kernel else 0.0
+        if backward and self.schedules and self.optimizer is not None:
+            self.optimizer.set_hyper_parameters({  # (a schedule's variables are carried state)
+                s.hyper_parameter: evaluate(s, step, self.carried) for s in self.schedules})
 
         def work(stage: int, board: Board) -> None:
             self._run_stage(stage, plan, board, training, backward)

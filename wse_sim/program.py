@@ -14,8 +14,9 @@ from cs_api.attrs import from_attr
 from cs_api.input_spec import InputSpec
 from wafer.grad_transforms import GradientTransform
 from wafer.kernels import Kernel, KernelError, build_kernel
-from wafer.optimizers import OptimizerConfig, config_problem, make_optimizer, slot_name
+from wafer.optimizers import SCHEDULABLE, OptimizerConfig, config_problem, make_optimizer, slot_name
 from wafer.regularizers import Regularizer
+from wafer.schedules import Schedule, schedule_problem
 from wse_sim.errors import invalid
 
 Shape = tuple[int, ...]
@@ -50,6 +51,7 @@ class CheckedProgram:
     params: dict[str, ParamSpec] = field(default_factory=dict)  # by TF variable name
     transforms: tuple[GradientTransform, ...] = ()
     views: Mapping[str, tuple[Shape, Shape]] = field(default_factory=dict)  # var -> (TF, kernel) shapes
+    schedules: tuple[Schedule, ...] = ()  # hyper-parameters computed before every training step
 
     @property
     def num_parameters(self) -> int:
@@ -161,7 +163,33 @@ def check_program(program: pb.Program) -> CheckedProgram:
             raise invalid(f"program {program.name!r}: {problem}")
     return CheckedProgram(program, tuple(inputs), tuple(kernels), tuple(sources),
                           tuple(variables), optimizer, params, check_transforms(program, params),
-                          views)
+                          views, check_schedules(program, optimizer, params))
+
+
+def check_schedules(program: pb.Program, optimizer: OptimizerConfig | None,
+                    params: Mapping[str, ParamSpec]) -> tuple[Schedule, ...]:
+    """The program's schedules: each of a hyper-parameter its optimizer may change per step,
+    once, its ops well-typed, its variables not weights of the program."""
+    schedules: list[Schedule] = []
+    for index, message in enumerate(program.schedules):
+        schedule = Schedule.from_message(message)
+        where = f"program {program.name!r}: schedule {index} ({schedule.hyper_parameter})"
+        if optimizer is None:
+            raise invalid(f"{where}: the program has no optimizer")
+        allowed = SCHEDULABLE.get(optimizer.type, ())
+        if schedule.hyper_parameter not in allowed:
+            raise invalid(f"{where}: the {optimizer.type} optimizer's schedules may compute "
+                          f"{', '.join(allowed)}")
+        if any(s.hyper_parameter == schedule.hyper_parameter for s in schedules):
+            raise invalid(f"{where}: a second schedule of {schedule.hyper_parameter}")
+        problem = schedule_problem(schedule)
+        if problem:
+            raise invalid(f"{where}: {problem}")
+        for var in schedule.variables:
+            if var in params:
+                raise invalid(f"{where}: it reads {var!r}, a weight of the program")
+        schedules.append(schedule)
+    return tuple(schedules)
 
 
 def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> ParamSpec:
@@ -217,6 +245,7 @@ def state_shapes(checked: CheckedProgram) -> dict[str, Shape]:
         expected.update({slot_name(var, suffix): shape for suffix in suffixes})
     if optimizer:
         expected.update({name: () for name in optimizer.scalar_names})
+    expected.update({var: () for s in checked.schedules for var in s.variables})
     return expected
 
 
@@ -234,8 +263,9 @@ def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> d
                           f"{expected[name]}")
         if array.dtype != np.float32:
             raise invalid(f"tensor {name!r} is {array.dtype.name}, the program needs float32")
-    missing = [var for var in shapes if var not in tensors]
+    missing = [var for var in [*shapes, *(v for s in checked.schedules for v in s.variables)]
+               if var not in tensors]
     if missing:
-        raise invalid(f"weight {missing[0]!r} {shapes[missing[0]]} is missing"
+        raise invalid(f"weight {missing[0]!r} {expected[missing[0]]} is missing"
                       + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     return checked.reshaped(tensors, to_kernels=True)

@@ -8,6 +8,7 @@ from cs_api.input_spec import InputSpec
 
 if TYPE_CHECKING:
     from wafer.grad_transforms import GradientTransform
+    from wafer.schedules import Schedule
 
 Shape = tuple[int, ...]
 
@@ -84,6 +85,12 @@ class TrainingSpec:
     optimizer: OptimizerSpec
     variables: tuple[TrainedVariable, ...]  # by name; every other variable is frozen
     transforms: tuple[GradientTransform, ...] = ()  # applied in order to d(loss)/d(var)
+    schedules: tuple[Schedule, ...] = ()  # hyper-parameters computed per step (these override)
+
+    @property
+    def schedule_variables(self) -> tuple[str, ...]:
+        """Variables the schedules read: loaded into the CS with the weights."""
+        return tuple(dict.fromkeys(v for s in self.schedules for v in s.variables))
 
     @property
     def trained(self) -> frozenset[str]:

@@ -29,6 +29,7 @@ import tensorflow as tf
 from common.errors import CSRunError
 from coordinator.compiler.extract import ExtractedGraph, user_source
 from coordinator.compiler.ir import OptimizerSpec, TrainedVariable, TrainingSpec
+from coordinator.compiler.schedules import ScheduleRefused, Scheduled, lower_schedules
 from wafer import optimizers as cs_optimizers
 from wafer.grad_transforms import GradientTransform, apply_transforms
 
@@ -134,6 +135,7 @@ class _Update:
     grad: tf.Tensor  # dense gradient, or the sparse gradient's values before deduplication
     indices: tf.Tensor | None  # sparse: the IndexedSlices' indices before deduplication
     owned: set = field(default_factory=set)  # write ops belonging to this update
+    scheduled: dict = field(default_factory=dict)  # hyper-parameter -> its per-step tensor
 
 
 def _closure(train_op) -> list[tf.Operation]:
@@ -160,8 +162,9 @@ def _hyper(op: tf.Operation, tensor: tf.Tensor, key: str) -> float:
     value = _scalar(tensor)
     if value is None:
         raise _fail(_skip_identity(tensor).op,
-                    f"the {key} of the optimizer is not a constant: the CS needs constant "
-                    "hyper-parameters (learning-rate schedules are not supported)")
+                    f"the {key} of the optimizer is not a constant: the CS computes schedules "
+                    "for the dense tf.compat.v1.train updates and their sparse Apply kernels "
+                    "only")
     return value
 
 
@@ -177,7 +180,13 @@ def _dedup(op: tf.Operation, values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.
 
 def _apply_update(op: tf.Operation) -> _Update:
     kind = APPLY_OPS[op.type]
-    values = {key: _hyper(op, op.inputs[i], key) for key, i in kind.hyper.items()}
+    scheduled = {key: op.inputs[i] for key, i in kind.hyper.items()
+                 if _scalar(op.inputs[i]) is None}
+    if kind.optimizer == "adam" and {"beta1", "beta2"} & set(scheduled):
+        raise _fail(op, "Adam's beta1 or beta2 is computed per step; the CS keeps them "
+                        "constant (its beta powers multiply by them)")
+    values = {key: 0.0 if key in scheduled else _hyper(op, op.inputs[i], key)
+              for key, i in kind.hyper.items()}
     nesterov = bool(op.get_attr("use_nesterov")) if "use_nesterov" in op.node_def.attr else False
     if kind.optimizer == "adam" and nesterov:
         raise _fail(op, "Adam with Nesterov momentum is not a tf.compat.v1 optimizer")
@@ -194,7 +203,8 @@ def _apply_update(op: tf.Operation) -> _Update:
     grad, indices = op.inputs[kind.grad], None
     if kind.indices is not None:
         grad, indices = _dedup(op, grad, op.inputs[kind.indices])
-    return _Update(variable_op(op.inputs[0]).name, op, spec, slots, grad, indices, {op})
+    return _Update(variable_op(op.inputs[0]).name, op, spec, slots, grad, indices, {op},
+                   scheduled)
 
 
 def _initial_value(op: tf.Operation, slot: tf.Operation) -> float:
@@ -385,7 +395,7 @@ def _updates(extracted: ExtractedGraph) -> list[_Update]:
         by_var[u.variable] = u
     first = updates[0]
     for u in updates[1:]:
-        if u.optimizer != first.optimizer:
+        if u.optimizer != first.optimizer or set(u.scheduled) != set(first.scheduled):
             raise _fail(u.op, f"{u.variable} is trained with {u.optimizer}, but {first.variable} "
                               f"with {first.optimizer} ('{first.op.name}' at "
                               f"{user_source(first.op)}); the CS trains every variable with "
@@ -961,6 +971,19 @@ def _analyze(extracted: ExtractedGraph) -> TrainingSpec:
         except _Refused as problem:
             raise _Problems([str(problem)]) from None
         transforms = _fold_loss_scale(chains)
+        try:
+            schedules = _schedules(extracted, updates)
+        except ScheduleRefused as problem:
+            raise _Problems([str(problem)]) from None
     variables = tuple(TrainedVariable(u.variable, "dense" if u.indices is None else "sparse",
                                       u.slots, user_source(u.op)) for u in updates)
-    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms))
+    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), schedules)
+
+
+def _schedules(extracted: ExtractedGraph, updates: list[_Update]):
+    """The schedules of the hyper-parameters the updates read per step (coordinator.compiler.
+    schedules: lowered from the graph TF executes)."""
+    items = [Scheduled(key, u.op, tensor) for u in updates for key, tensor in u.scheduled.items()]
+    written = {variable_op(op.inputs[0]).name for op in _closure(extracted.spec.train_op)
+               if _is_write(op)}
+    return lower_schedules(extracted, items, written)
