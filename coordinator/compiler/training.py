@@ -381,6 +381,11 @@ def _updates(extracted: ExtractedGraph) -> list[_Update]:
         if op in owned or _bookkeeping(op, extracted.graph, optimizer):
             continue
         target = variable_op(op.inputs[0]) if op.inputs else op
+        if "ExponentialMovingAverage" in target.name:
+            raise _fail(op, f"the train_op keeps an ExponentialMovingAverage of "
+                            f"{target.name.rsplit('/', 1)[0]}: the CS does not keep weight moving "
+                            "averages (ExponentialMovingAverage.apply); train without them on "
+                            "the CS")
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
                         "the CS carries out")
     if not updates:

@@ -1,0 +1,174 @@
+"""Learning-rate schedules on the CS: every schedule kind trains with TensorFlow's losses and
+weights, its scalar program gives TF's float32 rate bit for bit at the boundaries and at
+random steps, a resumed run uses the checkpointed global step, and what cannot be computed
+per step is refused naming the op."""
+from __future__ import annotations
+
+import cs_inprocess
+import numpy as np
+import pytest
+import schedule_models as sm
+import tensorflow as tf
+import tf_reference
+
+from common.errors import CSRunError
+from coordinator.compiler import compile_model
+from cs_api import pb
+from tf_model.estimator_spec import CSEstimatorSpec
+from wafer.schedules import ScalarOp, Schedule, evaluate
+from wse_sim.errors import CSError
+from wse_sim.program import check_program
+
+
+def _params(name: str, momentum: bool = False) -> dict:
+    return {"batch_size": sm.BATCH, "schedule": name, "momentum": momentum}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(sm.SCHEDULES))
+def test_schedule_trains_like_tensorflow_and_its_rate_is_tf_s_bit_for_bit(name, tmp_path):
+    result = cs_inprocess.compare(sm.model_fn, sm.input_fn, _params(name, momentum=True),
+                                  str(tmp_path), sm.STEPS)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    (message,) = result.compiled.program.schedules
+    schedule = Schedule.from_message(message)
+    rng = np.random.default_rng(len(name))
+    steps = sorted({*range(12), *sm.BOUNDARIES[name], *rng.integers(0, 10 ** 6, 40).tolist()})
+    variables = {v: result.compiled.initial_weights[v] for v in schedule.variables}
+    ours = np.asarray([evaluate(schedule, s, variables) for s in steps], np.float32)
+    want = sm.tf_values(name, steps)
+    differ = [(s, float(a), float(b)) for s, a, b in zip(steps, ours, want)
+              if a.tobytes() != b.tobytes()]
+    assert not differ, f"(step, CS, TF) where the rates differ: {differ[:5]}"
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_the_schedule_from_the_checkpointed_step(tmp_path):
+    params = _params("warmup_where", momentum=True)
+    compiled = cs_inprocess.compile_checked(sm.model_fn, sm.input_fn, params, str(tmp_path))
+    data = tf_reference.batches(sm.input_fn, params, sm.STEPS)
+    first = cs_inprocess.run_on_cs(compiled.program, compiled.initial_weights, data[:4])
+    resumed = cs_inprocess.run_on_cs(compiled.program, first.state, data[4:], global_step=4,
+                                     first_batch=4)
+    unbroken = cs_inprocess.run_on_cs(compiled.program, compiled.initial_weights, data)
+    assert first.losses + resumed.losses == unbroken.losses
+    for name, value in unbroken.state.items():
+        np.testing.assert_array_equal(resumed.state[name], value, err_msg=name)
+    reference = tf_reference.run(sm.model_fn, sm.input_fn, params,
+                                 {**first.state, "global_step": np.int64(4)}, data[4:])
+    np.testing.assert_allclose(resumed.losses, reference.losses, rtol=1e-5)
+
+
+def test_the_compile_report_shows_the_schedule(tmp_path):
+    compile_model(sm.model_fn, sm.input_fn, _params("exponential_staircase"), str(tmp_path))
+    report = next(tmp_path.glob("cs_compile/*/compile_report.txt")).read_text()
+    assert "Schedule of learning_rate" in report
+    assert "floor" in report and "schedule_models.py" in report
+    assert "step 3: 0.05" in report
+
+
+def _refused(model_fn, tmp_path) -> str:
+    with pytest.raises(CSRunError) as error:
+        compile_model(model_fn, sm.input_fn, {"batch_size": sm.BATCH}, str(tmp_path),
+                      validate_only=True)
+    return str(error.value)
+
+
+def _spec(loss, train_op):
+    return CSEstimatorSpec(mode="train", loss=loss, train_op=train_op)
+
+
+def _head(features, labels):
+    logits = tf.keras.layers.Dense(3)(features)
+    return tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+
+
+def test_a_rate_computed_from_the_batch_is_refused_naming_the_input(tmp_path):
+    def model_fn(features, labels, mode, params):
+        loss = _head(features, labels)
+        rate = 0.01 * tf.reduce_mean(features)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        return _spec(loss, tf.compat.v1.train.GradientDescentOptimizer(rate).minimize(
+            loss, global_step=step))
+
+    line = _refused(model_fn, tmp_path)
+    assert "model's input features" in line and "test_schedules.py:" in line
+
+
+def test_a_random_rate_is_refused_naming_the_op(tmp_path):
+    def model_fn(features, labels, mode, params):
+        loss = _head(features, labels)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        rate = tf.compat.v1.train.exponential_decay(0.1, step, 3, 0.5) * \
+            tf.random.uniform([], 0.5, 1.0)
+        return _spec(loss, tf.compat.v1.train.GradientDescentOptimizer(rate).minimize(
+            loss, global_step=step))
+
+    line = _refused(model_fn, tmp_path)
+    assert "RandomUniform" in line and "test_schedules.py:" in line
+
+
+def test_a_rate_the_train_op_writes_is_refused(tmp_path):
+    def model_fn(features, labels, mode, params):
+        loss = _head(features, labels)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        rate = tf.compat.v1.get_variable("rate", [], trainable=False,
+                                         initializer=tf.constant_initializer(0.1))
+        update = tf.compat.v1.train.GradientDescentOptimizer(rate).minimize(loss, global_step=step)
+        with tf.control_dependencies([update]):
+            return _spec(loss, tf.compat.v1.assign(rate, rate * 0.9).op)
+
+    line = _refused(model_fn, tmp_path)
+    assert "rate" in line and "test_schedules.py:" in line
+
+
+def test_weight_moving_averages_are_refused_naming_exponential_moving_average(tmp_path):
+    def model_fn(features, labels, mode, params):
+        loss = _head(features, labels)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        update = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
+        ema = tf.compat.v1.train.ExponentialMovingAverage(0.99)
+        with tf.control_dependencies([update]):
+            train_op = ema.apply(tf.compat.v1.trainable_variables())
+        return _spec(loss, train_op)
+
+    line = _refused(model_fn, tmp_path)
+    assert "ExponentialMovingAverage" in line and "test_schedules.py:" in line
+    assert "\n" not in line
+
+
+def _program(ops: list[ScalarOp], hyper: str = "learning_rate") -> pb.Program:
+    program = pb.Program(name="p", batch_size=2, micro_batch_size=2, optimizer=pb.Optimizer(
+        type="sgd", learning_rate=0.1))
+    program.inputs.add(name="features", dtype=pb.FLOAT32, shape=[3])
+    program.kernels.add(name="d", type="dense", inputs=["features"], output_shape=[2],
+                        attrs={"units": pb.AttrValue(i=2), "use_bias": pb.AttrValue(b=False)},
+                        params=[pb.Param(role="kernel", variable="w", shape=[3, 2],
+                                         dtype=pb.FLOAT32)])
+    program.schedules.append(Schedule(hyper, tuple(ops)).to_message(pb))
+    return program
+
+
+@pytest.mark.parametrize("ops, hyper, words", [
+    ([ScalarOp("step", "int64"), ScalarOp("cos", "float32", (0,))], "learning_rate",
+     "float32 only"),
+    ([ScalarOp("const", "float32", (), (), 0.1), ScalarOp("mul", "float32", (0, 5))],
+     "learning_rate", "not an earlier one"),
+    ([ScalarOp("gamma", "float32")], "learning_rate", "unknown op"),
+    ([ScalarOp("const", "float32", (), (), 0.1)], "beta1", "schedules may compute"),
+    ([ScalarOp("variable", "float32", name="w")], "learning_rate", "a weight of the program"),
+])
+def test_the_cs_refuses_a_malformed_schedule_before_anything_is_allocated(ops, hyper, words):
+    with pytest.raises(CSError) as error:
+        check_program(_program(ops, hyper))
+    assert words in str(error.value)
+
+
+def test_a_failed_assertion_of_the_schedule_names_the_step():
+    schedule = Schedule("learning_rate", (
+        ScalarOp("step", "int64"), ScalarOp("const", "int64", (), (), 5.0),
+        ScalarOp("less", "bool", (0, 1)), ScalarOp("assert", "bool", (2,), name="check"),
+        ScalarOp("const", "float32", (), (3,), 0.5)))
+    assert evaluate(schedule, 4, {}) == np.float32(0.5)
+    with pytest.raises(ValueError, match="check of the learning_rate schedule failed at step 7"):
+        evaluate(schedule, 7, {})
