@@ -114,7 +114,8 @@ class Optimizer:
         """This step's values of scheduled hyper-parameters (wafer.schedules): the optimizer
         is as if configured with them; its slots and scalars stay."""
         scalars = self.scalars
-        type(self).__init__(self, replace(self.config, **{k: float(v) for k, v in values.items()}))
+        changed: dict = {k: float(v) for k, v in values.items()}
+        type(self).__init__(self, replace(self.config, **changed))
         self.scalars = scalars
 
     def apply(self, var: np.ndarray, grad: np.ndarray, slots: list[np.ndarray],

@@ -217,7 +217,7 @@ class _Lowering:
             return self.add(ScalarOp("cast", self._dtype(node, tf.as_dtype(attr["DstT"].type)),
                                      (source,), controls))
         if t == "Switch":
-            inputs = (self.lower(data[0]), self.lower(data[1]))
+            inputs: tuple[int, ...] = (self.lower(data[0]), self.lower(data[1]))
             return self.add(ScalarOp("switch_true" if port == 1 else "switch_false",
                                      self.ops[inputs[0]].dtype, inputs, controls))
         if t == "Merge":

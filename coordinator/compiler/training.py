@@ -29,7 +29,7 @@ import tensorflow as tf
 from common.errors import CSRunError
 from coordinator.compiler.extract import ExtractedGraph, user_source
 from coordinator.compiler.ir import OptimizerSpec, TrainedVariable, TrainingSpec
-from coordinator.compiler.schedules import ScheduleRefused, Scheduled, lower_schedules
+from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from wafer import optimizers as cs_optimizers
 from wafer.grad_transforms import GradientTransform, apply_transforms
 
