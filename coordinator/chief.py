@@ -44,9 +44,12 @@ from workers.rendezvous import Rendezvous, publish
 
 
 def program_variables(program: pb.Program) -> list[str]:
-    """The variables the CS holds: the kernels' weights and what the schedules read."""
+    """The variables the CS holds: the kernels' weights, their moving averages and what
+    the schedules read."""
+    schedules = [*program.schedules, *(m.factor for m in program.moving_averages)]
     return [p.variable for k in program.kernels for p in k.params] + list(dict.fromkeys(
-        o.name for s in program.schedules for o in s.ops if o.op == "variable"))
+        [*(m.shadow for m in program.moving_averages),
+         *(o.name for s in schedules for o in s.ops if o.op == "variable")]))
 
 
 def tf_optimizer(optimizer: pb.Optimizer) -> str:

@@ -86,8 +86,13 @@ def model_fn(features, labels, mode, params):
     learning_rate = SCHEDULES[params["schedule"]](step)
     optimizer = train.MomentumOptimizer(learning_rate, 0.9) if params.get("momentum") else \
         train.GradientDescentOptimizer(learning_rate)
-    return CSEstimatorSpec(mode=mode, loss=loss,
-                           train_op=optimizer.minimize(loss, global_step=step))
+    train_op = optimizer.minimize(loss, global_step=step)
+    if params.get("moving_average"):  # "plain" or "num_updates"
+        ema = train.ExponentialMovingAverage(
+            0.9, num_updates=step if params["moving_average"] == "num_updates" else None)
+        with tf.control_dependencies([train_op]):
+            train_op = ema.apply(tf.compat.v1.trainable_variables())
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
 
 
 def tf_values(name: str, steps: list[int]) -> np.ndarray:

@@ -8,6 +8,7 @@ from cs_api.input_spec import InputSpec
 
 if TYPE_CHECKING:
     from wafer.grad_transforms import GradientTransform
+    from wafer.moving_averages import MovingAverage
     from wafer.schedules import Schedule
 
 Shape = tuple[int, ...]
@@ -86,11 +87,15 @@ class TrainingSpec:
     variables: tuple[TrainedVariable, ...]  # by name; every other variable is frozen
     transforms: tuple[GradientTransform, ...] = ()  # applied in order to d(loss)/d(var)
     schedules: tuple[Schedule, ...] = ()  # hyper-parameters computed per step (these override)
+    moving_averages: tuple[MovingAverage, ...] = ()  # ExponentialMovingAverage.apply
 
     @property
-    def schedule_variables(self) -> tuple[str, ...]:
-        """Variables the schedules read: loaded into the CS with the weights."""
-        return tuple(dict.fromkeys(v for s in self.schedules for v in s.variables))
+    def state_variables(self) -> tuple[str, ...]:
+        """Variables the CS holds besides the weights: the average's shadows and what the
+        schedules read (loaded with the weights, checkpointed under their TF names)."""
+        schedules = (*self.schedules, *(m.factor for m in self.moving_averages))
+        return tuple(dict.fromkeys([*(m.shadow for m in self.moving_averages),
+                                    *(v for s in schedules for v in s.variables)]))
 
     @property
     def trained(self) -> frozenset[str]:

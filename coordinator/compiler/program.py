@@ -35,7 +35,7 @@ def emit(placed: PlacedModel, extracted: ExtractedGraph, *, name: str,
                             batch_size=batch_size, seed=extracted.seed)
     weights = [p.variable for k in model.kernels for p in k.params]
     if model.training is not None:
-        weights += model.training.schedule_variables
+        weights += model.training.state_variables
     return Artifacts(
         program=program,
         initial_weights=initial_weights(extracted, weights),
@@ -100,3 +100,4 @@ def emit_training(program: pb.Program, training: TrainingSpec) -> None:
             param.update = "" if param.frozen else training.update(param.variable)
     program.gradient_transforms.extend(t.to_message() for t in training.transforms)
     program.schedules.extend(s.to_message(pb) for s in training.schedules)
+    program.moving_averages.extend(m.to_message(pb) for m in training.moving_averages)

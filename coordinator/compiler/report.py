@@ -79,6 +79,10 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
             except ScheduleError as error:
                 values = [str(error)]
             lines.append(f"  {schedule.hyper_parameter} at " + ", ".join(values))
+    for average in training.moving_averages:
+        lines.append(f"Moving average: {average.shadow} of {average.variable} after every "
+                     f"update, shadow -= (shadow - weight) * ({render(average.factor)})"
+                     + (" at the incremented global step" if average.step_offset else ""))
     return lines
 
 

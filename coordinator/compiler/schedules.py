@@ -47,9 +47,16 @@ class ScheduleRefused(Exception):
 class Scheduled:
     """A hyper-parameter the graph computes: the update op reading it, and the tensor."""
 
-    key: str
+    key: str  # the schedule's hyper_parameter
     apply: tf.Operation
     tensor: tf.Tensor
+    label: str = ""  # what the user reads ("" : the optimizer's `key`)
+    name: str = ""  # identifies the schedule ("": key); updates of one name share it
+    before_increment: bool = True  # read before the step's increment (an optimizer update)
+
+    @property
+    def what(self) -> str:
+        return self.label or f"the {self.key} of the optimizer"
 
 
 def _refuse(op: tf.Operation, what: str) -> ScheduleRefused:
@@ -63,9 +70,9 @@ def _check_leaves(extracted: ExtractedGraph, item: Scheduled, written: set[str])
     with graph.as_default():
         trainable = {v.op.name for v in tf.compat.v1.trainable_variables()}
     variables = set()
-    for op in _closure(item.tensor.op):
+    for op in _data_upstream(item.tensor.op):
         if op.type == "Placeholder":
-            raise _refuse(item.apply, f"the {item.key} of the optimizer is computed from the "
+            raise _refuse(item.apply, f"{item.what} is computed from the "
                                       f"model's input {op.name}; the CS computes hyper-parameters "
                                       "from the global step and constants only")
         if op.type not in ("VarHandleOp", "VariableV2") or op.name == step:
@@ -77,7 +84,7 @@ def _check_leaves(extracted: ExtractedGraph, item: Scheduled, written: set[str])
                f"it is {dtype.name}, not float32" if dtype != tf.float32 else
                f"it is not a scalar ({shape})" if shape.rank != 0 else "")
         if why:
-            raise _refuse(op, f"the {item.key} of the optimizer reads the variable {op.name}: "
+            raise _refuse(op, f"{item.what} reads the variable {op.name}: "
                               f"{why}; a schedule may read the global step, constants and "
                               "float32 scalar variables nothing trains or writes")
         variables.add(op.name)
@@ -100,10 +107,21 @@ def _check_increment(extracted: ExtractedGraph, items: list[Scheduled]) -> None:
                 _handle_name(op.inputs[0].op) == step:
             before = set(_closure(op))
             for item in items:
-                if item.apply not in before:
-                    raise _refuse(op, f"the global step's increment does not wait for "
-                                      f"'{item.apply.name}', whose {item.key} reads the global "
-                                      "step: TF may read it before or after the increment")
+                reads = [r for r in _data_upstream(item.tensor.op) if r.type in _READS
+                         and r.inputs and _handle_name(r.inputs[0].op) == step]
+                after = [r for r in reads if op in set(_closure(r))]
+                if item.before_increment and item.apply in before and not after:
+                    continue
+                if not item.before_increment and len(after) == len(reads):
+                    continue
+                raise _refuse(op, f"the global step's increment and {item.what} (read by "
+                                  f"'{item.apply.name}') do not wait for each other: TF may "
+                                  "read the step before or after the increment")
+
+
+_READS = ("ReadVariableOp", "Identity")
+_LIVENESS = {"Switch", "Merge", "Const", "HostConst", "Assert", "NoOp", "Cast", "Select",
+             "SelectV2"}
 
 
 def _closure(op: tf.Operation) -> list[tf.Operation]:
@@ -117,6 +135,17 @@ def _closure(op: tf.Operation) -> list[tf.Operation]:
         stack.extend(t.op for t in current.inputs)
         stack.extend(current.control_inputs)
     return order
+
+
+def _data_upstream(op: tf.Operation) -> list[tf.Operation]:
+    """The ops `op` computes from (its data inputs, transitively; control inputs only order)."""
+    seen, stack = {op}, [op]
+    while stack:
+        for t in stack.pop().inputs:
+            if t.op not in seen:
+                seen.add(t.op)
+                stack.append(t.op)
+    return list(seen)
 
 
 def _handle_name(op: tf.Operation) -> str:
@@ -169,7 +198,7 @@ class _Lowering:
 
     def refuse(self, node, what: str) -> ScheduleRefused:
         op = self.user_op(node.name)
-        return _refuse(op, f"the {self.item.key} of the optimizer is computed per step by "
+        return _refuse(op, f"{self.item.what} is computed per step by "
                            f"{node.op} '{node.name}': {what}")
 
     def add(self, op: ScalarOp) -> int:
@@ -184,13 +213,19 @@ class _Lowering:
         if key not in self.index:
             node = self.nodes.get(name)
             if node is None:
-                raise _refuse(self.item.apply, f"the {self.item.key} of the optimizer reads "
+                raise _refuse(self.item.apply, f"{self.item.what} reads "
                                                f"{ref}, which TensorFlow does not execute")
             self.index[key] = self._node(node, port)
         return self.index[key]
 
     def _controls(self, node) -> tuple[int, ...]:
-        return tuple(self.lower(i[1:]) for i in node.input if i.startswith("^"))
+        """The control inputs a node's deadness depends on: those of the scalar program (a
+        cond's pivots, asserts); others (the optimizer's updates, the step's increment: never
+        in a cond of the schedule) only order it."""
+        names = [i[1:] for i in node.input if i.startswith("^")]
+        return tuple(self.lower(name) for name in names if name in self.nodes and (
+            self.nodes[name].op in _LIVENESS or self.nodes[name].op in _UNARY
+            or self.nodes[name].op in _BINARY))
 
     def _node(self, node, port: int) -> int:
         data = [i for i in node.input if not i.startswith("^")]
@@ -307,11 +342,11 @@ class _Lowering:
 
 
 def lower_schedules(extracted: ExtractedGraph, items: list[Scheduled],
-                    written: set[str]) -> tuple[Schedule, ...]:
-    """The schedule of each scheduled hyper-parameter (one per key: every update reads the
+                    written: set[str]) -> dict[str, Schedule]:
+    """The schedule of each scheduled hyper-parameter by name (updates of one name read the
     same tensor), or ScheduleRefused."""
     if not items:
-        return ()
+        return {}
     variables = set()
     for item in items:
         variables |= _check_leaves(extracted, item, written)
@@ -321,19 +356,26 @@ def lower_schedules(extracted: ExtractedGraph, items: list[Scheduled],
     schedules: dict[str, Schedule] = {}
     for item in items:
         lowering = _Lowering(extracted.graph, nodes, item, step, variables)
-        apply = nodes.get(item.apply.name)
-        index = list(item.apply.inputs).index(item.tensor)
-        ref = apply.input[index] if apply is not None else item.tensor.op.name
+        ref = item.tensor.name.removesuffix(":0")
+        if ref.partition(":")[0] not in nodes:  # rewritten away: what the update reads
+            apply = nodes.get(item.apply.name)
+            if apply is None:
+                raise _refuse(item.apply, f"{item.what}: TensorFlow does not execute "
+                                          f"'{item.apply.name}' as built")
+            index = list(item.apply.inputs).index(item.tensor)
+            ref = apply.input[index]
+            others = {t.op.name for j, t in enumerate(item.apply.inputs) if j != index}
+            if item.apply.type == "Mul" and ref.partition(":")[0] in others:  # commuted
+                ref = apply.input[1 - index]
         lowering.lower(ref)
         schedule = Schedule(item.key, tuple(lowering.ops), item.tensor.name,
                             user_source(item.tensor.op))
         problem = schedule_problem(schedule)
         if problem:
-            raise _refuse(item.tensor.op, f"the {item.key} schedule cannot run on the CS: "
-                                          f"{problem}")
-        known = schedules.setdefault(item.key, schedule)
+            raise _refuse(item.tensor.op, f"{item.what} cannot run on the CS: {problem}")
+        known = schedules.setdefault(item.name or item.key, schedule)
         if known.ops != schedule.ops:
             raise _refuse(item.apply, f"the {item.key} of '{item.apply.name}' is computed "
                                       f"differently from that of the other updates; the CS "
                                       "trains every variable with one optimizer")
-    return tuple(schedules.values())
+    return schedules

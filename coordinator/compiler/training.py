@@ -32,6 +32,7 @@ from coordinator.compiler.ir import OptimizerSpec, TrainedVariable, TrainingSpec
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from wafer import optimizers as cs_optimizers
 from wafer.grad_transforms import GradientTransform, apply_transforms
+from wafer.moving_averages import FACTOR, MovingAverage
 
 SUPPORTED = ("tf.compat.v1.train.GradientDescentOptimizer, MomentumOptimizer, AdamOptimizer, "
              "RMSPropOptimizer, AdagradOptimizer")
@@ -363,7 +364,33 @@ def _bookkeeping(op: tf.Operation, graph: tf.Graph, optimizer: OptimizerSpec | N
     return False
 
 
-def _updates(extracted: ExtractedGraph) -> list[_Update]:
+@dataclass(frozen=True)
+class _Average:
+    """ExponentialMovingAverage.apply's update of one shadow variable."""
+
+    op: tf.Operation  # AssignSub(shadow, (shadow - variable) * factor)
+    variable: str
+    shadow: str
+    mul: tf.Operation
+    factor: tf.Tensor  # 1 - decay
+
+
+def _moving_average(op: tf.Operation) -> _Average | None:
+    if op.type not in ("AssignSubVariableOp", "AssignSub"):
+        return None
+    try:
+        mul = _expect(op.inputs[1], "Mul")
+        sub = _expect(mul.inputs[0], "Sub")
+    except _NoMatch:
+        return None
+    shadow, variable = variable_op(op.inputs[0]), variable_op(sub.inputs[1])
+    if variable_op(sub.inputs[0]) is not shadow or variable.type not in ("VarHandleOp",
+                                                                         "VariableV2"):
+        return None
+    return _Average(op, variable.name, shadow.name, mul, mul.inputs[1])
+
+
+def _updates(extracted: ExtractedGraph) -> tuple[list[_Update], list[_Average]]:
     order = {op.name: i for i, op in enumerate(extracted.graph.get_operations())}
     writes = sorted((op for op in _closure(extracted.spec.train_op) if _is_write(op)),
                     key=lambda op: order[op.name])
@@ -377,8 +404,13 @@ def _updates(extracted: ExtractedGraph) -> list[_Update]:
             updates.append(found)
     owned = set().union(*(u.owned for u in updates)) if updates else set()
     optimizer = updates[0].optimizer if updates else None
+    averages = []
     for op in writes:
         if op in owned or _bookkeeping(op, extracted.graph, optimizer):
+            continue
+        average = _moving_average(op)
+        if average is not None:
+            averages.append(average)
             continue
         target = variable_op(op.inputs[0]) if op.inputs else op
         if "ExponentialMovingAverage" in target.name:
@@ -405,7 +437,13 @@ def _updates(extracted: ExtractedGraph) -> list[_Update]:
                               f"with {first.optimizer} ('{first.op.name}' at "
                               f"{user_source(first.op)}); the CS trains every variable with "
                               "one optimizer")
-    return updates  # in graph order: compute_gradients' order, the variables' creation order
+    for a in averages:
+        if a.variable not in by_var or by_var[a.variable].op not in set(_closure(a.op)):
+            raise _fail(a.op, f"the ExponentialMovingAverage of {a.variable} does not wait for "
+                              f"its update: the CS averages the weights the train_op trains, "
+                              "after their update (ema.apply under "
+                              "tf.control_dependencies([the optimizer's op]))")
+    return updates, averages  # updates in graph order: compute_gradients' (creation) order
 
 
 def _variables_under(tensor: tf.Tensor) -> list[tf.Operation]:
@@ -955,7 +993,7 @@ def _analyze(extracted: ExtractedGraph) -> TrainingSpec:
         raise _Problems(["model_fn returned no train_op in train mode"])
     with extracted.graph.as_default():
         try:
-            updates = _updates(extracted)
+            updates, averages = _updates(extracted)
             _check_dtypes(extracted, updates)
             _check_slots(updates)
         except _Refused as problem:
@@ -977,18 +1015,32 @@ def _analyze(extracted: ExtractedGraph) -> TrainingSpec:
             raise _Problems([str(problem)]) from None
         transforms = _fold_loss_scale(chains)
         try:
-            schedules = _schedules(extracted, updates)
+            schedules, moving = _schedules(extracted, updates, averages)
         except ScheduleRefused as problem:
             raise _Problems([str(problem)]) from None
     variables = tuple(TrainedVariable(u.variable, "dense" if u.indices is None else "sparse",
                                       u.slots, user_source(u.op)) for u in updates)
-    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), schedules)
+    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), schedules, moving)
 
 
-def _schedules(extracted: ExtractedGraph, updates: list[_Update]):
-    """The schedules of the hyper-parameters the updates read per step (coordinator.compiler.
-    schedules: lowered from the graph TF executes)."""
+def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list[_Average]):
+    """The schedules of the hyper-parameters the updates read per step, and the moving
+    averages with their factors (coordinator.compiler.schedules: lowered from the graph TF
+    executes)."""
+    train = extracted.spec.train_op
+    increments = [op for op in _closure(train) if _is_write(op) and op.type in (
+        "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph, None)]
     items = [Scheduled(key, u.op, tensor) for u in updates for key, tensor in u.scheduled.items()]
-    written = {variable_op(op.inputs[0]).name for op in _closure(extracted.spec.train_op)
-               if _is_write(op)}
-    return lower_schedules(extracted, items, written)
+    offsets = {}
+    for a in averages:
+        offsets[a.shadow] = int(bool(increments) and increments[0] in set(_closure(a.op)))
+        items.append(Scheduled(FACTOR, a.mul, a.factor, name=a.shadow,
+                               before_increment=not offsets[a.shadow],
+                               label=f"the decay of the ExponentialMovingAverage of {a.variable}"))
+    written = {variable_op(op.inputs[0]).name for op in _closure(train) if _is_write(op)}
+    lowered = lower_schedules(extracted, items, written)
+    schedules = tuple(lowered[key] for key in dict.fromkeys(
+        key for u in updates for key in u.scheduled))
+    moving = tuple(MovingAverage(a.variable, a.shadow, lowered[a.shadow], offsets[a.shadow])
+                   for a in averages)
+    return schedules, moving

@@ -122,14 +122,31 @@ def test_a_rate_the_train_op_writes_is_refused(tmp_path):
     assert "rate" in line and "test_schedules.py:" in line
 
 
-def test_weight_moving_averages_are_refused_naming_exponential_moving_average(tmp_path):
+@pytest.mark.parametrize("kind", ["plain", "num_updates"])
+def test_weight_moving_averages_are_kept_on_the_cs_as_tensorflow_keeps_them(kind, tmp_path):
+    params = {**_params("piecewise_constant", momentum=True), "moving_average": kind}
+    result = cs_inprocess.compare(sm.model_fn, sm.input_fn, params, str(tmp_path), sm.STEPS)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    shadows = [n for n in result.cs.state if n.endswith("/ExponentialMovingAverage")]
+    assert len(shadows) == 4  # two Dense layers' kernels and biases, under TF's names
+    assert set(shadows) <= set(result.reference.state)  # compared above, with the weights
+    for name in shadows:  # and they moved away from their weights' start
+        assert not np.array_equal(result.cs.state[name],
+                                  result.compiled.initial_weights[name.rsplit("/", 1)[0]])
+    report = next(tmp_path.glob("cs_compile/*/compile_report.txt")).read_text()
+    assert "Moving average" in report
+
+
+def test_a_moving_average_of_a_weight_the_train_op_does_not_train_is_refused(tmp_path):
     def model_fn(features, labels, mode, params):
         loss = _head(features, labels)
         step = tf.compat.v1.train.get_or_create_global_step()
-        update = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
+        variables = tf.compat.v1.trainable_variables()
+        update = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+            loss, global_step=step, var_list=variables[1:])
         ema = tf.compat.v1.train.ExponentialMovingAverage(0.99)
         with tf.control_dependencies([update]):
-            train_op = ema.apply(tf.compat.v1.trainable_variables())
+            train_op = ema.apply(variables)
         return _spec(loss, train_op)
 
     line = _refused(model_fn, tmp_path)
