@@ -136,7 +136,7 @@ class _Update:
     grad: tf.Tensor  # dense gradient, or the sparse gradient's values before deduplication
     indices: tf.Tensor | None  # sparse: the IndexedSlices' indices before deduplication
     owned: set = field(default_factory=set)  # write ops belonging to this update
-    scheduled: dict = field(default_factory=dict)  # hyper-parameter -> its per-step tensor
+    scheduled: dict = field(default_factory=dict)  # hyper-parameter -> (reader op, its tensor)
 
 
 def _closure(train_op) -> list[tf.Operation]:
@@ -163,9 +163,8 @@ def _hyper(op: tf.Operation, tensor: tf.Tensor, key: str) -> float:
     value = _scalar(tensor)
     if value is None:
         raise _fail(_skip_identity(tensor).op,
-                    f"the {key} of the optimizer is not a constant: the CS computes schedules "
-                    "for the dense tf.compat.v1.train updates and their sparse Apply kernels "
-                    "only")
+                    f"the {key} of the optimizer is not a constant (this update takes a "
+                    "schedule of the learning rate only)")
     return value
 
 
@@ -181,7 +180,7 @@ def _dedup(op: tf.Operation, values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.
 
 def _apply_update(op: tf.Operation) -> _Update:
     kind = APPLY_OPS[op.type]
-    scheduled = {key: op.inputs[i] for key, i in kind.hyper.items()
+    scheduled = {key: (op, op.inputs[i]) for key, i in kind.hyper.items()
                  if _scalar(op.inputs[i]) is None}
     if kind.optimizer == "adam" and {"beta1", "beta2"} & set(scheduled):
         raise _fail(op, "Adam's beta1 or beta2 is computed per step; the CS keeps them "
@@ -258,9 +257,11 @@ def _sgd_sparse(op: tf.Operation) -> _Update | None:
     if len(neg) != 1:
         return None
     lr = [t for t in delta.inputs if t is not neg[0]][0]
-    spec = OptimizerSpec(type="sgd", learning_rate=_hyper(op, lr, "learning_rate"))
+    scheduled = {"learning_rate": (delta, lr)} if _scalar(lr) is None else {}
+    spec = OptimizerSpec(type="sgd", learning_rate=0.0 if scheduled else
+                         _hyper(op, lr, "learning_rate"))
     return _Update(variable_op(op.inputs[0]).name, op, spec, (), neg[0].op.inputs[0],
-                   op.inputs[1], {op})
+                   op.inputs[1], {op}, scheduled)
 
 
 def _adam_sparse(op: tf.Operation) -> _Update | None:
@@ -288,14 +289,15 @@ def _adam_sparse(op: tf.Operation) -> _Update | None:
         return None
     if m_grad.name != v_grad.name or m_idx.name != v_idx.name:
         return None
-    values = {"learning_rate": _hyper(op, lr, "learning_rate"),
+    scheduled = {"learning_rate": (lr_mul, lr)} if _scalar(lr) is None else {}
+    values = {"learning_rate": 0.0 if scheduled else _hyper(op, lr, "learning_rate"),
               "beta1": _hyper(op, beta1, "beta1"), "beta2": _hyper(op, beta2, "beta2"),
               "epsilon": _hyper(op, eps, "epsilon")}
     _check_powers(op, [b1p, b2p], values)
     grad, indices = _dedup(op, m_grad, m_idx)
     slots = (variable_op(m_read).name, variable_op(v_read).name)
     return _Update(variable_op(op.inputs[0]).name, op, OptimizerSpec(type="adam", **values),  # type: ignore[arg-type]  # (floats only)
-                   slots, grad, indices, {op} | m_owned | v_owned)
+                   slots, grad, indices, {op} | m_owned | v_owned, scheduled)
 
 
 class _NoMatch(Exception):
@@ -1030,7 +1032,8 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
     train = extracted.spec.train_op
     increments = [op for op in _closure(train) if _is_write(op) and op.type in (
         "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph, None)]
-    items = [Scheduled(key, u.op, tensor) for u in updates for key, tensor in u.scheduled.items()]
+    items = [Scheduled(key, reader, tensor) for u in updates
+             for key, (reader, tensor) in u.scheduled.items()]
     offsets = {}
     for a in averages:
         offsets[a.shadow] = int(bool(increments) and increments[0] in set(_closure(a.op)))
