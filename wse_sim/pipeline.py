@@ -38,9 +38,9 @@ import numpy as np
 
 from wafer.grad_transforms import GradientTransform, apply_transforms
 from wafer.kernels import Kernel, RunContext
-from wafer.optimizers import Optimizer, make_optimizer, slot_name
 from wafer.moving_averages import MovingAverage
 from wafer.moving_averages import update as update_average
+from wafer.optimizers import Optimizer, make_optimizer, slot_name
 from wafer.schedules import Schedule, evaluate
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition

@@ -14,9 +14,9 @@ from cs_api.attrs import from_attr
 from cs_api.input_spec import InputSpec
 from wafer.grad_transforms import GradientTransform
 from wafer.kernels import Kernel, KernelError, build_kernel
+from wafer.moving_averages import FACTOR, MovingAverage
 from wafer.optimizers import SCHEDULABLE, OptimizerConfig, config_problem, make_optimizer, slot_name
 from wafer.regularizers import Regularizer
-from wafer.moving_averages import FACTOR, MovingAverage
 from wafer.schedules import Schedule, schedule_problem
 from wse_sim.errors import invalid
 
