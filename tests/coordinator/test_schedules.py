@@ -122,6 +122,7 @@ def test_a_rate_the_train_op_writes_is_refused(tmp_path):
     assert "rate" in line and "test_schedules.py:" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["plain", "num_updates"])
 def test_weight_moving_averages_are_kept_on_the_cs_as_tensorflow_keeps_them(kind, tmp_path):
     params = {**_params("piecewise_constant", momentum=True), "moving_average": kind}
