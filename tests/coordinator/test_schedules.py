@@ -14,6 +14,8 @@ import tf_reference
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
 from cs_api import pb
+from tf_model import checkpoints
+from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
 from tf_model.estimator_spec import CSEstimatorSpec
 from wafer.schedules import ScalarOp, Schedule, evaluate
 from wse_sim.errors import CSError
@@ -136,6 +138,19 @@ def test_weight_moving_averages_are_kept_on_the_cs_as_tensorflow_keeps_them(kind
                                   result.compiled.initial_weights[name.rsplit("/", 1)[0]])
     report = next(tmp_path.glob("cs_compile/*/compile_report.txt")).read_text()
     assert "Moving average" in report
+    # the chief's checkpoint of the CS's state restores on the CPU path, shadows included
+    path = checkpoints.write_checkpoint(str(tmp_path / "model"), sm.STEPS, {
+        **result.cs.state, "global_step": np.asarray(sm.STEPS, np.int64)}, None)
+    signature = batch_signature(make_dataset(sm.input_fn, params))
+    with model_graph(params) as graph:
+        call_model_fn(sm.model_fn, *signature.placeholders(), "train", params)
+        variables = [v for v in tf.compat.v1.global_variables() if v.op.name in shadows]
+        with tf.compat.v1.Session(graph=graph) as session:
+            checkpoints.restore_variables(session, variables, path)
+            restored = dict(zip(shadows, session.run(
+                [next(v for v in variables if v.op.name == n) for n in shadows])))
+    for name in shadows:
+        np.testing.assert_array_equal(restored[name], result.cs.state[name], err_msg=name)
 
 
 def test_a_moving_average_of_a_weight_the_train_op_does_not_train_is_refused(tmp_path):
