@@ -15,8 +15,8 @@ from common.errors import CSRunError
 from coordinator.compiler import compile_model
 from cs_api import pb
 from tf_model import checkpoints
-from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
 from tf_model.estimator_spec import CSEstimatorSpec
+from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
 from wafer.schedules import ScalarOp, Schedule, evaluate
 from wse_sim.errors import CSError
 from wse_sim.program import check_program
