@@ -24,7 +24,10 @@ F32 = np.float32
 DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
 _TINY = np.finfo(np.float32).tiny
 
-_libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+try:
+    _libm = ctypes.CDLL("libm.so.6")  # glibc's, which TensorFlow's kernels call
+except OSError:
+    _libm = ctypes.CDLL(ctypes.util.find_library("m"))
 for _name, _argc in (("expf", 1), ("logf", 1), ("cosf", 1), ("sinf", 1), ("powf", 2)):
     getattr(_libm, _name).restype = ctypes.c_float
     getattr(_libm, _name).argtypes = [ctypes.c_float] * _argc
@@ -44,12 +47,21 @@ UNARY = {
 }
 BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-    "floordiv": np.floor_divide, "floormod": np.mod, "minimum": np.minimum,
+    "floordiv": lambda x, y: np.floor(x / y) if isinstance(x, np.floating) else x // y,
+    "floormod": lambda x, y: _floormod(x, y), "minimum": np.minimum,
     "maximum": np.maximum, "pow": _libm_call("powf"), "less": np.less,
     "less_equal": np.less_equal, "greater": np.greater, "greater_equal": np.greater_equal,
     "equal": np.equal, "not_equal": np.not_equal, "logical_and": np.logical_and,
     "logical_or": np.logical_or, "squared_difference": lambda x, y: (x - y) * (x - y),
 }
+def _floormod(x, y):
+    """TF's FloorMod: C's fmod, moved into the divisor's sign (integers: Python's %)."""
+    if not isinstance(x, np.floating):
+        return x % y
+    rest = np.fmod(x, y)
+    return rest + y if rest != 0 and (y < 0) != (rest < 0) else rest
+
+
 _FLOAT_ONLY = {"sqrt", "rsqrt", "exp", "log", "cos", "sin", "div", "pow"}
 _COMPARE = {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal"}
 _LOGICAL = {"logical_not", "logical_and", "logical_or"}

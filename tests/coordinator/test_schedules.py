@@ -205,3 +205,42 @@ def test_a_failed_assertion_of_the_schedule_names_the_step():
     assert evaluate(schedule, 4, {}) == np.float32(0.5)
     with pytest.raises(ValueError, match="check of the learning_rate schedule failed at step 7"):
         evaluate(schedule, 7, {})
+
+
+SCALAR_OPS = {"neg": tf.negative, "abs": tf.abs, "floor": tf.floor, "ceil": tf.math.ceil,
+              "sqrt": tf.sqrt, "rsqrt": tf.math.rsqrt, "square": tf.square,
+              "reciprocal": tf.math.reciprocal, "exp": tf.exp, "log": tf.math.log,
+              "cos": tf.cos, "sin": tf.sin, "add": tf.add, "sub": tf.subtract,
+              "mul": tf.multiply, "div": tf.math.truediv, "floordiv": tf.math.floordiv,
+              "floormod": tf.math.floormod, "minimum": tf.minimum, "maximum": tf.maximum,
+              "pow": tf.pow, "squared_difference": tf.math.squared_difference}
+
+
+UNARY_OPS = ("neg", "abs", "floor", "ceil", "sqrt", "rsqrt", "square", "reciprocal", "exp",
+             "log", "cos", "sin")
+
+
+def test_each_float_op_of_a_schedule_computes_tensorflow_s_scalar_bit_for_bit():
+    """Random scalars (underflows to denormals included) through each float32 op, against
+    TF's kernel for one element (fed at run time: nothing folded)."""
+    rng = np.random.default_rng(3)
+    a = (rng.uniform(-30, 30, 60) * np.exp(rng.uniform(-3, 3, 60))).astype(np.float32)
+    b = rng.uniform(-4, 40, 60).astype(np.float32)
+    a[:4], b[:4] = [0.5, 1e-20, 0.9, -2.0], [200.0, 1e-19, 900.0, 3.0]
+    positive = ("sqrt", "rsqrt", "log")
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        x, y, z = (tf.compat.v1.placeholder(tf.float32, []) for _ in range(3))
+        ops = {name: fn(z if name in positive else x) if name in UNARY_OPS else fn(x, y)
+               for name, fn in SCALAR_OPS.items()}
+        differ = []
+        for u, v in zip(a, b):
+            want = session.run(ops, {x: u, y: v, z: abs(u)})
+            for name, value in want.items():
+                arg = abs(u) if name in positive else u
+                consts = (ScalarOp("const", "float32", (), (), float(arg)),
+                          ScalarOp("const", "float32", (), (), float(v)))
+                got = evaluate(Schedule("learning_rate", (*consts, ScalarOp(
+                    name, "float32", (0,) if name in UNARY_OPS else (0, 1)))), 0, {})
+                if np.float32(got).tobytes() != np.float32(value).tobytes():
+                    differ.append((name, float(arg), float(v), float(got), float(value)))
+    assert not differ, f"(op, x, y, CS, TF): {differ[:5]}"
