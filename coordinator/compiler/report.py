@@ -79,10 +79,16 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
             except ScheduleError as error:
                 values = [str(error)]
             lines.append(f"  {schedule.hyper_parameter} at " + ", ".join(values))
+    groups: dict[tuple, list[str]] = {}
     for average in training.moving_averages:
-        lines.append(f"Moving average: {average.shadow} of {average.variable} after every "
-                     f"update, shadow -= (shadow - weight) * ({render(average.factor)})"
-                     + (" at the incremented global step" if average.step_offset else ""))
+        groups.setdefault((average.factor.ops, average.step_offset), []).append(average.shadow)
+    for average in training.moving_averages:
+        shadows = groups.pop((average.factor.ops, average.step_offset), None)
+        if shadows:
+            lines.append(f"Moving averages (after every update, shadow -= (shadow - weight) * "
+                         f"{render(average.factor)}"
+                         + (", at the incremented global step" if average.step_offset else "")
+                         + f"): {', '.join(shadows)}")
     return lines
 
 

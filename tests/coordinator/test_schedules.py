@@ -137,7 +137,7 @@ def test_weight_moving_averages_are_kept_on_the_cs_as_tensorflow_keeps_them(kind
         assert not np.array_equal(result.cs.state[name],
                                   result.compiled.initial_weights[name.rsplit("/", 1)[0]])
     report = next(tmp_path.glob("cs_compile/*/compile_report.txt")).read_text()
-    assert "Moving average" in report
+    assert "Moving averages" in report
     # the chief's checkpoint of the CS's state restores on the CPU path, shadows included
     path = checkpoints.write_checkpoint(str(tmp_path / "model"), sm.STEPS, {
         **result.cs.state, "global_step": np.asarray(sm.STEPS, np.int64)}, None)
