@@ -17,6 +17,7 @@ from cs_api import pb
 from tf_model import checkpoints
 from tf_model.estimator_spec import CSEstimatorSpec
 from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+from wafer.moving_averages import FACTOR, MovingAverage
 from wafer.schedules import ScalarOp, Schedule, evaluate
 from wse_sim.errors import CSError
 from wse_sim.program import check_program
@@ -194,6 +195,20 @@ def _program(ops: list[ScalarOp], hyper: str = "learning_rate") -> pb.Program:
 def test_the_cs_refuses_a_malformed_schedule_before_anything_is_allocated(ops, hyper, words):
     with pytest.raises(CSError) as error:
         check_program(_program(ops, hyper))
+    assert words in str(error.value)
+
+
+@pytest.mark.parametrize("variable, shadow, offset, words", [
+    ("v", "v/ExponentialMovingAverage", 1, "not a weight of the program"),
+    ("w", "w", 1, "name is empty or taken"),
+    ("w", "w/ExponentialMovingAverage", 2, "step offset of 0 or 1"),
+])
+def test_the_cs_refuses_a_malformed_moving_average(variable, shadow, offset, words):
+    program = _program([ScalarOp("const", "float32", (), (), 0.1)])
+    factor = Schedule(FACTOR, (ScalarOp("const", "float32", (), (), 0.01),))
+    program.moving_averages.append(MovingAverage(variable, shadow, factor, offset).to_message(pb))
+    with pytest.raises(CSError) as error:
+        check_program(program)
     assert words in str(error.value)
 
 
