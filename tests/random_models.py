@@ -3,8 +3,8 @@ raw tf ops, tf.compat.v1 losses and optimizers), for the differential test.
 
 A `ModelSpec` (drawn by `model_specs()`, a hypothesis strategy) names an input, a few
 blocks, a head with its loss, an optimizer with a learning-rate schedule (often constant),
-a gradient transform between compute_gradients
-and apply_gradients, an optional var_list subset and an optional L2 term; `model_fn` and
+a gradient transform between compute_gradients and apply_gradients, an optional var_list
+subset, an optional L2 term and the replicas the CS trains it on (multireplica); `model_fn` and
 `input_fn` build it from `params["spec"]`. The ops are created on the lines of this file,
 so a refusal must name one of them.
 """
@@ -56,13 +56,15 @@ class ModelSpec:
     var_subset: bool  # minimize(var_list=...) leaves the first layer's variables out
     l2: str
     seed: int
+    replicas: int = 1  # runconfig.num_replicas: data-parallel copies on the CS
 
     def describe(self) -> str:
         return (f"{self.inputs} -> {' -> '.join(self.blocks) or '(no block)'} -> {self.task} "
                 f"head, loss {self.loss}, {self.optimizer} ({self.schedule} rate), "
                 f"transform {self.transform}"
                 f"{', var_list subset' if self.var_subset else ''}"
-                f"{', ' + self.l2 if self.l2 != 'none' else ''}")
+                f"{', ' + self.l2 if self.l2 != 'none' else ''}"
+                f"{f', {self.replicas} replicas' if self.replicas > 1 else ''}")
 
 
 @st.composite
@@ -75,11 +77,14 @@ def model_specs(draw) -> ModelSpec:
         optimizer=draw(st.sampled_from(OPTIMIZERS)), schedule=draw(st.sampled_from(SCHEDULES)),
         transform=draw(st.sampled_from(TRANSFORMS)),
         var_subset=draw(st.booleans()), l2=draw(st.sampled_from(L2_TERMS)),
-        seed=draw(st.integers(0, 2 ** 16)))
+        seed=draw(st.integers(0, 2 ** 16)), replicas=draw(st.sampled_from((1, 1, 2, 4))))
 
 
 def params_for(spec: ModelSpec) -> dict:
-    return {"batch_size": BATCH, "spec": spec, "runconfig": {"tf_random_seed": spec.seed % 1000 + 1}}
+    runconfig = {"tf_random_seed": spec.seed % 1000 + 1}
+    if spec.replicas > 1:
+        runconfig["num_replicas"] = spec.replicas
+    return {"batch_size": BATCH, "spec": spec, "runconfig": runconfig}
 
 
 # ---- input_fn ----

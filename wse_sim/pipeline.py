@@ -18,6 +18,13 @@ transforms run over all of them (after every stage finished its backward pass), 
 optimizer updates every trained weight (an embedding table by TF's sparse rule, from the
 batch's IndexedSlices). Dropout draws from a stream of (seed, position, global step).
 
+Multireplica: R copies of the network each take B / R consecutive samples of the batch (a
+whole number of micro-batches). On the host the replicas' micro-batches run through the
+same regions in batch order; each replica's weight gradients accumulate apart, and at each
+replica's last micro-batch a region adds them to the replicas' sum in replica order
+((g_0 + g_1) + g_2 ...), so the one update sees the sum of the replicas' gradients: a
+one-replica run's gradient up to the order of its float32 additions.
+
 On the host, consecutive regions are grouped into stages balanced by their FLOPs
 (`wse_sim.stages`), each stage a thread working through its regions' share of the tick
 schedule, in tick order, waiting for the activations and gradients its neighbours hand it.
@@ -73,7 +80,10 @@ class Region:
     # sparse roles: the batch's IndexedSlices pieces (ids, values), then the whole batch's
     pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     slices: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    accumulated: bool = False  # the accumulators hold a micro-batch of this batch
+    accumulated: bool = False  # the accumulators hold a micro-batch of this batch (replica)
+    # multireplica: the replicas' gradient sum so far (role -> array), and whether it has one
+    replica_sum: dict[str, np.ndarray] = field(default_factory=dict)
+    summed: bool = False
     input_grads: tuple[bool, ...] = ()
     # the consumers' gradients it sums, as (consumer position, input index), in tick order
     inflow: tuple[tuple[int, int], ...] = ()
@@ -115,11 +125,13 @@ class Pipeline:
                  optimizer: Optimizer | None, seed: int, threads: int = 1,
                  min_stage_flops: float = MIN_STAGE_FLOPS,
                  params: Mapping[str, ParamSpec] | None = None,
-                 transforms: Sequence[GradientTransform] = (),
+                 transforms: Sequence[GradientTransform] = (), replicas: int = 1,
                  schedules: Sequence[Schedule] = (),
                  moving_averages: Sequence[MovingAverage] = ()):
         self.batch_size = batch_size
         self.micro = micro_batch_size
+        self.replicas = replicas
+        self.replica_micros = batch_size // replicas // micro_batch_size  # micro-batches each
         self.loss_kernel = loss_kernel
         self.optimizer = optimizer
         self.seed = seed % 2 ** 64  # SeedSequence entropy is non-negative
@@ -144,6 +156,8 @@ class Pipeline:
             for role, var in region.variables.items():
                 shape = region.params[role].shape
                 region.grads[role] = np.zeros(shape, np.float32)
+                if replicas > 1:
+                    region.replica_sum[role] = np.zeros(shape, np.float32)
                 if role not in region.trained:
                     continue
                 if region.specs[role].update == "dense":
@@ -182,6 +196,7 @@ class Pipeline:
                    optimizer=make_optimizer(checked.optimizer) if checked.optimizer else None,
                    seed=program.seed, threads=threads, min_stage_flops=min_stage_flops,
                    params=checked.params, transforms=checked.transforms,
+                   replicas=max(program.num_replicas, 1),
                    schedules=checked.schedules, moving_averages=checked.moving_averages)
 
     def _mark_backward(self) -> None:
@@ -266,7 +281,7 @@ class Pipeline:
             for i in range(m_count):
                 board.items["v", name, i] = array[i * self.micro:(i + 1) * self.micro]
         for region in self.regions:
-            region.accumulated = False
+            region.accumulated = region.summed = False
             region.pieces.clear()
             region.slices.clear()
             if training:
@@ -329,6 +344,8 @@ class Pipeline:
                 board.put(("v", region.kernel.name, i), out)
             else:
                 self._backward(region, i, caches.pop((region.position, i)), board, ctx)
+                if self.replicas > 1 and (i + 1) % self.replica_micros == 0:
+                    self._add_replica(region, last=(i + 1) * self.micro == self.batch_size)
         if not backward or self.optimizer is None:  # (a backward step has an optimizer)
             return
         for region in stage.regions:
@@ -351,6 +368,24 @@ class Pipeline:
                 else:
                     updates += _update_tiles(self.optimizer, region, role)
         board.share(updates)
+
+    @staticmethod
+    def _add_replica(region: Region, last: bool) -> None:
+        """A replica's backward pass through `region` ended: add its gradients to the
+        replicas' sum (the first replica's are copied), and after the last replica hand the
+        sum to the accumulators the update reads."""
+        if region.accumulated:
+            for role, grad in region.grads.items():
+                if region.summed:
+                    region.replica_sum[role] += grad
+                else:
+                    np.copyto(region.replica_sum[role], grad)
+            region.summed = True
+        region.accumulated = False  # the next replica starts its own accumulation
+        if last and region.summed:
+            for role, total in region.replica_sum.items():
+                np.copyto(region.grads[role], total)
+            region.accumulated, region.summed = True, False
 
     def _complete_gradients(self, region: Region) -> None:
         """The batch's gradients of the region's trained weights: regularizer gradients

@@ -4,7 +4,6 @@ numbers, or a computation on weights the CS cannot place."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 import tensorflow as tf
@@ -87,6 +86,3 @@ class Operands:
 def static_shape(tensor: tf.Tensor) -> tuple[int, ...]:
     return tuple(int(d) for d in tensor.shape.as_list())
 
-
-def all_known(tensors: Iterable[tf.Tensor]) -> bool:
-    return all(t.shape.rank is not None and None not in t.shape.as_list() for t in tensors)

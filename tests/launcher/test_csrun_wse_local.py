@@ -66,6 +66,10 @@ def test_the_embedded_simulator_fabric_is_read_as_run_py_reads_params(tmp_path):
     assert fabric_of(("python", "ex/run.py", "-p", "bad.yaml"), tmp_path) == "cs1"
     assert fabric_of(("python", "ex/run.py", "--mode", "bogus"), tmp_path) == "cs1"
     assert fabric_of(("sh", "-c", "python ex/run.py"), tmp_path) == "cs1"
+    # a fabric no simulator has: said here, before the simulator starts (it named only its log)
+    (tmp_path / "cs9.yaml").write_text("runconfig:\n  fabric: cs9\n")
+    with pytest.raises(CSRunError, match=r"unknown fabric 'cs9' \(runconfig.fabric in .*cs9.yaml\)"):
+        fabric_of(("python", "ex/run.py", "-p", "cs9.yaml"), tmp_path)
 
 
 def test_parse_rejects_bad_arguments():
@@ -193,3 +197,14 @@ def test_a_command_that_cannot_start_is_refused_before_anything_starts(tmp_path,
     assert result.returncode == 1
     assert result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1, result.stderr
     assert not (tmp_path / "job").exists()  # no job folder, no simulator, no task
+
+
+def test_cs_wait_reaches_the_chief_through_the_task_environment(tmp_path):
+    from launcher.csrun_wse import job_request
+
+    args = parse_args(["--cs_ip", "10.0.0.5", "--cs-wait", "600", "python", "run.py"])
+    env = job_request(args, args.cs_ip, tmp_path).env
+    assert task_role(env).cs_wait_s == 600 and task_role(env).cs_ip == "10.0.0.5:9000"
+    assert task_role({}).cs_wait_s == 0
+    with pytest.raises(CSRunError, match=r"--cs-wait -1.0: must be a number of seconds >= 0"):
+        parse_args(["--cs-wait", "-1", "python", "run.py"])
