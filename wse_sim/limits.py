@@ -57,12 +57,28 @@ def _check_window(kernel: pb.Kernel, shape: tuple[int, ...]) -> None:
     if window is None or len(shape) != 3 or min(window) < 1:
         return
     (h, w, c), (kh, kw) = shape, window
-    padded = (h + kh) * (w + kw) * c
+    dilations = _pair(kernel.attrs["dilations"]) if "dilations" in kernel.attrs else (1, 1)
+    pads = kernel.attrs["padding"].ints.values if "padding" in kernel.attrs else ()
+    if dilations is not None and min(dilations) >= 1:  # the dilated window's extent
+        kh, kw = (kh - 1) * dilations[0] + 1, (kw - 1) * dilations[1] + 1
+    padded = (h + kh + sum(pads)) * (w + kw + sum(pads)) * c
     work = h * w * kh * kw
     if padded > MAX_SAMPLE_ELEMENTS or work > MAX_WINDOW_WORK:
         raise invalid(f"kernel {kernel.name!r} ({kernel.type}): window {window} on input {shape} "
                       f"is beyond what the CS system takes ({padded:,} padded elements, at most "
                       f"{MAX_SAMPLE_ELEMENTS:,}; {work:,} window reads, at most {MAX_WINDOW_WORK:,})")
+
+
+def _check_growth(kernel: pb.Kernel, shape: tuple[int, ...]) -> None:
+    """An output sized by attributes (resize's size, conv2d_transpose's output_size, tile's
+    multiples) stays within a sample's bound before the kernel is built."""
+    sizes = [list(kernel.attrs[key].ints.values) for key in ("size", "output_size") if key in kernel.attrs]
+    if "multiples" in kernel.attrs:
+        sizes.append([*kernel.attrs["multiples"].ints.values, math.prod(shape)])
+    for values in sizes:
+        if math.prod(max(int(v), 1) for v in values) > MAX_SAMPLE_ELEMENTS:
+            raise invalid(f"kernel {kernel.name!r} ({kernel.type}): its attributes ask for an "
+                          f"output of more than {MAX_SAMPLE_ELEMENTS:,} elements per sample")
 
 
 def _check_region(kernel: pb.Kernel, fabric: Fabric) -> None:
@@ -123,6 +139,7 @@ def check_sizes(program: pb.Program, fabric: Fabric, num_workers: int = 1) -> No
         _check_region(kernel, fabric)
         if kernel.inputs and kernel.inputs[0] in shapes:
             _check_window(kernel, shapes[kernel.inputs[0]])
+            _check_growth(kernel, shapes[kernel.inputs[0]])
         out = _shape(f"kernel {kernel.name!r} ({kernel.type}) output", kernel.output_shape)
         shapes[kernel.name] = out
         sample_bytes[kernel.name] = 4 * math.prod(out)
