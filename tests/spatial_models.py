@@ -90,3 +90,23 @@ def resize_layers(features, labels, mode, params):
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=opt.minimize(loss, global_step=gs()))
+
+
+def batch_norm_by_hand(x, name):
+    mean, variance = tf.nn.moments(x, axes=[0, 1, 2])
+    gamma = tf.compat.v1.get_variable(name + "_gamma", [x.shape[-1]], initializer=tf.ones_initializer())
+    beta = tf.compat.v1.get_variable(name + "_beta", [x.shape[-1]], initializer=tf.zeros_initializer())
+    return tf.nn.batch_normalization(x, mean, variance, beta, gamma, 1e-3)
+
+
+def refused_layers(features, labels, mode, params):
+    """Two hand-written batch norms (six refused ops) and a named Conv3D."""
+    h = L.Conv2D(4, 3, padding="same")(features)
+    h = tf.nn.relu(batch_norm_by_hand(h, "bn1"))
+    h = L.Conv2D(4, 3, padding="same")(h)
+    h = tf.nn.relu(batch_norm_by_hand(h, "bn2"))
+    h = L.Conv3D(2, 1, name="volume")(tf.expand_dims(h, 1))
+    logits = L.Dense(4)(L.Flatten()(h))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=opt.minimize(loss, global_step=gs()))

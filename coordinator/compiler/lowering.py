@@ -64,6 +64,7 @@ REFUSED = {
     "random numbers": "other than a dropout mask",
     "weight sharing": "a variable read by two layers",
     "dtypes": "float16, bfloat16, float64 (the CS computes in float32)",
+    **lowering_spatial.REFUSED,
 }
 
 

@@ -29,6 +29,13 @@ KERNEL_ROWS = {
     "resize": "ResizeBilinear, ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
 }
 
+VOLUMES = ("3-D convolution and pooling have no CS kernel: fold the depth axis into the channels "
+           "and use the 2-D layers")
+REFUSED = {"3-D convolution and pooling": "Conv3D, Conv3DTranspose, MaxPooling3D, "
+                                          "AveragePooling3D: " + VOLUMES}
+# What to use instead of ops no kernel computes, by op type (coordinator.compiler.refusals).
+INSTEAD = dict.fromkeys(("Conv3D", "Conv3DBackpropInputV2", "MaxPool3D", "AvgPool3D"), VOLUMES)
+
 
 def _nhwc(op: tf.Operation) -> str:
     if op.get_attr("data_format") != b"NHWC":

@@ -1,10 +1,14 @@
 """Keras' spatial layers compile onto the CS's kernels and train as TensorFlow does: a
 UNet-like autoencoder, a MobileNet-style classifier, the 1-D forms with pooling of every
-kind, and resizing with transposed and dilated convolutions."""
+kind, and resizing with transposed and dilated convolutions; what is refused is named in
+the user's terms, a line per layer."""
+import inspect
+
 import cs_inprocess
 import pytest
 import spatial_models as s
 
+from common.errors import CSRunError
 from coordinator.compiler import compile_model
 
 PARAMS = {"runconfig": {"tf_random_seed": 3}}
@@ -32,3 +36,31 @@ def test_compile_report_and_wafer_picture_place_the_new_kernels(tmp_path):
     assert any(k.type == "depthwise_conv2d" and k.region.width * k.region.height >= 1
                for k in compiled.program.kernels)
     assert next((tmp_path / "cs_compile").glob("*/placement.png")).stat().st_size > 0
+
+
+def line_of(fragment):
+    lines = inspect.getsource(s).splitlines()
+    return f"tests/spatial_models.py:{next(i for i, line in enumerate(lines) if fragment in line) + 1}"
+
+
+def test_refusals_name_each_layer_the_user_wrote_once_and_what_to_use_instead(tmp_path):
+    with pytest.raises(CSRunError) as info:
+        compile_model(s.refused_layers, s.image_input_fn, PARAMS, str(tmp_path), validate_only=True)
+    error, moments = info.value, line_of("tf.nn.moments(x")
+    assert "\n" not in str(error)
+    assert error.message.startswith(
+        f"validation failed: BatchNormalization (hand-written: tf.nn.moments) at {moments} (layer "
+        "'moments': SquaredDifference 'moments/SquaredDifference' and 2 more ops): ")
+    assert "use LayerNormalization" in error.message
+    assert error.message.endswith("(and 2 more unsupported layers or operations)")
+    lines = error.detail.splitlines()
+    assert lines[0] == "Unsupported layers and operations (3):"
+    layers = [line for line in lines if line.startswith("  ") and not line.startswith("      ")]
+    assert [line.split(" at ")[0].strip() for line in layers] == [
+        "BatchNormalization (hand-written: tf.nn.moments)"] * 2 + ["Conv3D"]
+    conv3d = line_of('name="volume"')
+    assert layers[2].startswith(f"  Conv3D at {conv3d} (layer 'volume")
+    assert "fold the depth axis into the channels" in layers[2]
+    # every refused op follows its layer's line
+    ops = [line.strip() for line in lines if line.startswith("      ")]
+    assert len(ops) == 7 and ops[1].startswith("Mul 'batchnorm/mul_1'") and ops[6].startswith("Conv3D '")

@@ -1,0 +1,136 @@
+"""Refusals in the user's terms: the ops the compiler refuses, grouped by the layer the user
+wrote (a Keras layer, or a TF function such as a hand-written batch norm's tf.nn.moments),
+one line per layer naming its class, its source line and what to do; the ops follow.
+
+An op is attributed when it is refused (`attribute`): to its Keras layer (the op's name
+scope and traceback), or, when it reads a value reduced over the batch, to the op that
+reduced it (the batch statistics' tf.nn.moments, not the ops that use them)."""
+from __future__ import annotations
+
+import linecache
+import os
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import tensorflow as tf
+
+from coordinator.compiler import lowering_spatial
+from coordinator.compiler.extract import user_source
+from coordinator.compiler.ir import UnsupportedOp
+from tf_model.model_fn import is_user_file
+
+if TYPE_CHECKING:
+    from coordinator.compiler.match import Matcher
+
+KERAS_FILES = f"{os.sep}keras{os.sep}src{os.sep}layers{os.sep}"
+# Keras layer classes by their lower-case name without underscores (up_sampling2d too).
+KERAS_LAYERS = {name.lower(): name for name in dir(tf.keras.layers) if name[:1].isupper()}
+# TF functions whose name scope says what the user wrote, when their ops are refused.
+TF_FUNCTIONS = {"moments": "BatchNormalization (hand-written: tf.nn.moments)",
+                "batchnorm": "BatchNormalization (hand-written: tf.nn.batch_normalization)"}
+NO_KERNEL = "no CS kernel computes this op"
+BATCH_STATISTICS = ("the batch's mean and variance mix samples, and layer-pipelined micro-batches "
+                    "never see a whole batch together: use LayerNormalization, or "
+                    "BatchNormalization with training=False")
+
+
+def _scope(op: tf.Operation) -> str:
+    return op.name.split("/", 1)[0]
+
+
+def keras_layer(op: tf.Operation) -> str:
+    """The class of the Keras layer that created `op` ("" if no Keras layer did): from its
+    name scope (a default layer name), else the user's line that called it, else the Keras
+    module it ran in."""
+    frames = list(op.traceback or [])
+    keras = [f[0] for f in frames if KERAS_FILES in f[0]]
+    if not keras:
+        return ""
+    default = re.sub(r"_\d+$", "", _scope(op)).replace("_", "")
+    if default in KERAS_LAYERS:
+        return KERAS_LAYERS[default]
+    user = [f for f in frames if is_user_file(f[0])]
+    if user:
+        line = linecache.getline(user[-1][0], user[-1][1])
+        for word in re.findall(r"\b([A-Z]\w*)\s*\(", line):
+            if word.lower() in KERAS_LAYERS:
+                return KERAS_LAYERS[word.lower()]
+    modules = [os.path.basename(f)[:-3].replace("_", "") for f in keras if not f.endswith("layer.py")]
+    return next((KERAS_LAYERS[m] for m in reversed(modules) if m in KERAS_LAYERS), "Keras layer")
+
+
+def _batch_reduction(m: "Matcher", op: tf.Operation) -> tf.Operation | None:
+    """The op that reduced over the batch a value `op` reads (None if it reads none)."""
+    stack, seen = [t for t in op.inputs if t.name in m.tail], set()
+    while stack:
+        tensor = stack.pop()
+        if tensor.name in seen:
+            continue
+        seen.add(tensor.name)
+        source = tensor.op
+        if any(m.is_batched(t) for t in source.inputs):
+            return source
+        stack.extend(t for t in source.inputs if t.name in m.tail)
+    return None
+
+
+def attribute(m: "Matcher", op: tf.Operation, reason: str) -> UnsupportedOp:
+    """The refused op, attributed to the layer the user wrote."""
+    origin = _batch_reduction(m, op) or op
+    layer = keras_layer(origin)
+    scope = _scope(origin)
+    if not layer and re.sub(r"_\d+$", "", scope) in TF_FUNCTIONS:
+        layer = TF_FUNCTIONS[re.sub(r"_\d+$", "", scope)]
+    return UnsupportedOp(op.type, op.name, user_source(op), reason, layer=layer,
+                         scope=scope if layer else "", layer_source=user_source(origin) if layer else "")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The refused ops of one layer the user wrote (or one op outside any layer)."""
+
+    ops: tuple[UnsupportedOp, ...]
+
+    @property
+    def source(self) -> str:
+        return self.ops[0].layer_source or self.ops[0].source
+
+    @property
+    def reason(self) -> str:
+        first = self.ops[0]
+        if first.layer.startswith("BatchNormalization (hand-written"):
+            return BATCH_STATISTICS
+        if first.reason == NO_KERNEL:
+            return f"{NO_KERNEL} ({first.type}); " + lowering_spatial.INSTEAD.get(
+                first.type, "the README's 'Supported operations' lists what the CS computes")
+        return first.reason
+
+    def headline(self) -> str:
+        """`Conv2DTranspose at model.py:21 (layer 'dec2_1': Conv2DBackpropInput
+        'dec2_1/conv_transpose')`, or the op and its line outside a layer."""
+        first = self.ops[0]
+        op = f"{first.type} '{first.name}'"
+        if not first.layer:
+            return f"{op} at {self.source}"
+        more = f" and {len(self.ops) - 1} more op{'s' if len(self.ops) > 2 else ''}" if len(self.ops) > 1 else ""
+        return f"{first.layer} at {self.source} (layer '{first.scope}': {op}{more})"
+
+
+def group(unsupported: Sequence[UnsupportedOp]) -> list[Refusal]:
+    """One refusal per layer, in the order their first ops were refused."""
+    groups: dict[tuple[str, str], list[UnsupportedOp]] = {}
+    for index, op in enumerate(unsupported):
+        key = (op.scope, op.layer_source) if op.layer else (str(index), "")
+        groups.setdefault(key, []).append(op)
+    return [Refusal(tuple(ops)) for ops in groups.values()]
+
+
+def detail_lines(refusals: Sequence[Refusal]) -> list[str]:
+    """A line per layer (its class, source line and reason), its ops indented under it."""
+    lines = [f"Unsupported layers and operations ({len(refusals)}):"]
+    for refusal in refusals:
+        lines.append(f"  {refusal.headline()}: {refusal.reason}")
+        if refusal.ops[0].layer:
+            lines += [f"      {op.line()}" for op in refusal.ops]
+    return lines
