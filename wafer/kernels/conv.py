@@ -39,7 +39,7 @@ def explicit_pads(name: str, padding: Any) -> tuple[int, int, int, int] | None:
             not all(isinstance(p, int) and p >= 0 for p in padding):
         raise KernelError(f"kernel {name!r}: padding must be SAME, VALID or four non-negative "
                           f"integers [top, bottom, left, right], got {padding!r}")
-    return tuple(padding)  # type: ignore[return-value]
+    return tuple(padding)
 
 
 class Windows:
