@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 KERAS_FILES = f"{os.sep}keras{os.sep}src{os.sep}layers{os.sep}"
 # Keras layer classes by their lower-case name without underscores (up_sampling2d too).
 KERAS_LAYERS = {name.lower(): name for name in dir(tf.keras.layers) if name[:1].isupper()}
+# Default scopes of Keras models, whose layers are the next scope down.
+MODELS = ("sequential", "functional", "model")
 # TF functions whose name scope says what the user wrote, when their ops are refused.
 TF_FUNCTIONS = {"moments": "BatchNormalization (hand-written: tf.nn.moments)",
                 "batchnorm": "BatchNormalization (hand-written: tf.nn.batch_normalization)"}
@@ -35,29 +37,31 @@ BATCH_STATISTICS = ("the batch's mean and variance mix samples, and layer-pipeli
                     "BatchNormalization with training=False")
 
 
-def _scope(op: tf.Operation) -> str:
-    return op.name.split("/", 1)[0]
+def _default_name(component: str) -> str:
+    """The Keras class a scope component names by default (conv2d_transpose_1), or ""."""
+    return KERAS_LAYERS.get(re.sub(r"_\d+$", "", component).replace("_", ""), "")
 
 
-def keras_layer(op: tf.Operation) -> str:
-    """The class of the Keras layer that created `op` ("" if no Keras layer did): from its
-    name scope (a default layer name), else the user's line that called it, else the Keras
-    module it ran in."""
+def keras_layer(op: tf.Operation) -> tuple[str, str]:
+    """(class, name scope) of the Keras layer that created `op` (("", "") if none did): the
+    deepest scope named like a layer class (a layer inside a Sequential model included),
+    else the first scope below any model's, its class the one Keras layer class named on the
+    user's line that called it ("Keras layer" if the line names none or several)."""
     frames = list(op.traceback or [])
-    keras = [f[0] for f in frames if KERAS_FILES in f[0]]
-    if not keras:
-        return ""
-    default = re.sub(r"_\d+$", "", _scope(op)).replace("_", "")
-    if default in KERAS_LAYERS:
-        return KERAS_LAYERS[default]
+    if not any(KERAS_FILES in f[0] for f in frames):
+        return "", ""
+    components = op.name.split("/")[:-1] or op.name.split("/")
+    for depth in range(len(components), 0, -1):
+        if _default_name(components[depth - 1]):
+            return _default_name(components[depth - 1]), "/".join(components[:depth])
+    depth = 1
+    while depth < len(components) and re.sub(r"_\d+$", "", components[depth - 1]) in MODELS:
+        depth += 1
     user = [f for f in frames if is_user_file(f[0])]
-    if user:
-        line = linecache.getline(user[-1][0], user[-1][1])
-        for word in re.findall(r"\b([A-Z]\w*)\s*\(", line):
-            if word.lower() in KERAS_LAYERS:
-                return KERAS_LAYERS[word.lower()]
-    modules = [os.path.basename(f)[:-3].replace("_", "") for f in keras if not f.endswith("layer.py")]
-    return next((KERAS_LAYERS[m] for m in reversed(modules) if m in KERAS_LAYERS), "Keras layer")
+    line = linecache.getline(user[-1][0], user[-1][1]) if user else ""
+    named = {KERAS_LAYERS[w.lower()] for w in re.findall(r"\b([A-Z]\w*)\s*\(", line)
+             if w.lower() in KERAS_LAYERS}
+    return (named.pop() if len(named) == 1 else "Keras layer"), "/".join(components[:depth])
 
 
 def _batch_reduction(m: "Matcher", op: tf.Operation) -> tf.Operation | None:
@@ -78,10 +82,10 @@ def _batch_reduction(m: "Matcher", op: tf.Operation) -> tf.Operation | None:
 def attribute(m: "Matcher", op: tf.Operation, reason: str) -> UnsupportedOp:
     """The refused op, attributed to the layer the user wrote."""
     origin = _batch_reduction(m, op) or op
-    layer = keras_layer(origin)
-    scope = _scope(origin)
-    if not layer and re.sub(r"_\d+$", "", scope) in TF_FUNCTIONS:
-        layer = TF_FUNCTIONS[re.sub(r"_\d+$", "", scope)]
+    layer, scope = keras_layer(origin)
+    function = re.sub(r"_\d+$", "", origin.name.split("/", 1)[0])
+    if not layer and function in TF_FUNCTIONS:
+        layer, scope = TF_FUNCTIONS[function], origin.name.split("/", 1)[0]
     return UnsupportedOp(op.type, op.name, user_source(op), reason, layer=layer,
                          scope=scope if layer else "", layer_source=user_source(origin) if layer else "")
 
