@@ -21,12 +21,12 @@ if TYPE_CHECKING:
 KERNEL_ROWS = {
     "conv2d_transpose": "Conv2DBackpropInput (Keras Conv2DTranspose, Conv1DTranspose: NHWC, "
                         "SAME/VALID, strides, output_padding)",
-    "depthwise_conv2d": "DepthwiseConv2dNative (Keras DepthwiseConv2D, SeparableConv2D with a "
-                        "conv2d, their 1-D forms: depth multiplier, strides, dilation)",
-    "conv2d (dilated)": "SpaceToBatchND -> Conv2D or DepthwiseConv2dNative -> BatchToSpaceND "
-                        "(Keras' dilation_rate)",
-    "tile": "Tile within a sample (Keras UpSampling1D/2D/3D, nearest: ExpandDims, Tile, Reshape)",
-    "resize": "ResizeBilinear, ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
+    "depthwise_conv2d, conv2d (dilated)": "DepthwiseConv2dNative (Keras DepthwiseConv2D, "
+                                          "SeparableConv2D, their 1-D forms: depth multiplier, "
+                                          "strides), dilation_rate (SpaceToBatchND -> Conv2D or "
+                                          "DepthwiseConv2dNative -> BatchToSpaceND)",
+    "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest), ResizeBilinear, "
+                    "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
 }
 
 VOLUMES = ("3-D convolution and pooling have no CS kernel: fold the depth axis into the channels "
