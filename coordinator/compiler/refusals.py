@@ -7,6 +7,7 @@ scope and traceback), or, when it reads a value reduced over the batch, to the o
 reduced it (the batch statistics' tf.nn.moments, not the ops that use them)."""
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import re
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
     from coordinator.compiler.match import Matcher
 
 KERAS_FILES = f"{os.sep}keras{os.sep}src{os.sep}layers{os.sep}"
-# Keras layer classes by their lower-case name without underscores (up_sampling2d too).
-KERAS_LAYERS = {name.lower(): name for name in dir(tf.keras.layers) if name[:1].isupper()}
 # Default scopes of Keras models, whose layers are the next scope down.
 MODELS = ("sequential", "functional", "model")
 # TF functions whose name scope says what the user wrote, when their ops are refused.
@@ -37,9 +36,16 @@ BATCH_STATISTICS = ("the batch's mean and variance mix samples, and layer-pipeli
                     "BatchNormalization with training=False")
 
 
+@functools.cache
+def keras_layers() -> dict[str, str]:
+    """Keras layer classes by their lower-case name without underscores (up_sampling2d too);
+    read when a refused op came from Keras, so that compiling imports no more of it."""
+    return {name.lower(): name for name in dir(tf.keras.layers) if name[:1].isupper()}
+
+
 def _default_name(component: str) -> str:
     """The Keras class a scope component names by default (conv2d_transpose_1), or ""."""
-    return KERAS_LAYERS.get(re.sub(r"_\d+$", "", component).replace("_", ""), "")
+    return keras_layers().get(re.sub(r"_\d+$", "", component).replace("_", ""), "")
 
 
 def keras_layer(op: tf.Operation) -> tuple[str, str]:
@@ -59,8 +65,8 @@ def keras_layer(op: tf.Operation) -> tuple[str, str]:
         depth += 1
     user = [f for f in frames if is_user_file(f[0])]
     line = linecache.getline(user[-1][0], user[-1][1]) if user else ""
-    named = {KERAS_LAYERS[w.lower()] for w in re.findall(r"\b([A-Z]\w*)\s*\(", line)
-             if w.lower() in KERAS_LAYERS}
+    named = {keras_layers()[w.lower()] for w in re.findall(r"\b([A-Z]\w*)\s*\(", line)
+             if w.lower() in keras_layers()}
     return (named.pop() if len(named) == 1 else "Keras layer"), "/".join(components[:depth])
 
 
