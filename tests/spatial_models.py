@@ -92,6 +92,20 @@ def resize_layers(features, labels, mode, params):
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=opt.minimize(loss, global_step=gs()))
 
 
+def volume_layers(features, labels, mode, params):
+    """Conv3D, MaxPooling3D, AveragePooling3D, UpSampling3D, GlobalAveragePooling3D on the
+    image seen as a (4, 4, 12, 1) volume."""
+    h = tf.reshape(features, [-1, 4, 4, 12, 1])
+    h = L.Conv3D(4, 3, padding="same", activation="relu")(h)
+    h = L.MaxPooling3D(2)(h)  # (2, 2, 6, 4)
+    h = L.AveragePooling3D((1, 2, 3), strides=1, padding="same")(h)
+    h = L.Conv3D(3, (1, 2, 2), strides=(1, 1, 2))(L.UpSampling3D((1, 1, 2))(h))
+    logits = L.Dense(4)(L.GlobalAveragePooling3D()(h))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    opt = tf.compat.v1.train.AdamOptimizer(1e-2)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=opt.minimize(loss, global_step=gs()))
+
+
 def batch_norm_by_hand(x, name):
     mean, variance = tf.nn.moments(x, axes=[0, 1, 2])
     gamma = tf.compat.v1.get_variable(name + "_gamma", [x.shape[-1]], initializer=tf.ones_initializer())
@@ -100,12 +114,12 @@ def batch_norm_by_hand(x, name):
 
 
 def refused_layers(features, labels, mode, params):
-    """Two hand-written batch norms (six refused ops) and a named Conv3D."""
+    """Two hand-written batch norms (six refused ops) and a named Conv3DTranspose."""
     h = L.Conv2D(4, 3, padding="same")(features)
     h = tf.nn.relu(batch_norm_by_hand(h, "bn1"))
     h = L.Conv2D(4, 3, padding="same")(h)
     h = tf.nn.relu(batch_norm_by_hand(h, "bn2"))
-    h = L.Conv3D(2, 1, name="volume")(tf.expand_dims(h, 1))
+    h = L.Conv3DTranspose(2, 1, name="volume")(tf.expand_dims(h, 1))
     logits = L.Dense(4)(L.Flatten()(h))
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)

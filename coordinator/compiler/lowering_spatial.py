@@ -1,7 +1,7 @@
 """Lowerings of the spatial ops beyond conv2d and pooling: transposed convolution
 (Conv2DBackpropInput), depthwise convolution (DepthwiseConv2dNative), dilated convolution
 (TF's SpaceToBatchND -> conv -> BatchToSpaceND), tiling within a sample (Keras UpSampling's
-repeat) and image resizing. Registered in `lowering.GENERIC`; each handler lowers its op
+repeat), image resizing, and 3-D convolution and pooling. Registered in `lowering.GENERIC`; each handler lowers its op
 onto a library kernel, or returns why it cannot (the per-sample proof is in the checks:
 the batch axis is never tiled, resized or moved)."""
 from __future__ import annotations
@@ -25,16 +25,17 @@ KERNEL_ROWS = {
                                           "SeparableConv2D, their 1-D forms: depth multiplier, "
                                           "strides), dilation_rate (SpaceToBatchND -> Conv2D or "
                                           "DepthwiseConv2dNative -> BatchToSpaceND)",
+    "conv3d, max_pool3d, avg_pool3d": "Conv3D, MaxPool3D, AvgPool3D (NDHWC, SAME/VALID, strides: "
+                                      "Keras Conv3D, MaxPooling3D, AveragePooling3D)",
     "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest), ResizeBilinear, "
                     "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
 }
 
-VOLUMES = ("3-D convolution and pooling have no CS kernel: fold the depth axis into the channels "
-           "and use the 2-D layers")
-REFUSED = {"3-D convolution and pooling": "Conv3D, Conv3DTranspose, MaxPooling3D, "
-                                          "AveragePooling3D: " + VOLUMES}
+TRANSPOSED_3D = ("3-D transposed convolution (Conv3DTranspose) has no CS kernel: upsample with "
+                 "UpSampling3D, then Conv3D")
+REFUSED = {"Conv3DTranspose": TRANSPOSED_3D}
 # What to use instead of ops no kernel computes, by op type (coordinator.compiler.refusals).
-INSTEAD = dict.fromkeys(("Conv3D", "Conv3DBackpropInputV2", "MaxPool3D", "AvgPool3D"), VOLUMES)
+INSTEAD = {"Conv3DBackpropInputV2": TRANSPOSED_3D}
 
 
 def _nhwc(op: tf.Operation) -> str:
@@ -165,8 +166,33 @@ def _resize(m: "Matcher", op: tf.Operation) -> str:
     return ""
 
 
+def _volume(m: "Matcher", op: tf.Operation) -> str:
+    """Conv3D, MaxPool3D, AvgPool3D on per-sample (D, H, W, C) volumes."""
+    x = op.inputs[0]
+    strides = list(op.get_attr("strides"))
+    padding = op.get_attr("padding").decode()
+    if not m.is_batched(x) or op.get_attr("data_format") != b"NDHWC" or \
+            strides[0] != 1 or strides[4] != 1 or padding not in ("SAME", "VALID"):
+        return f"{op.type} needs per-sample NDHWC volumes, SAME or VALID padding, strides over D, H, W"
+    attrs: dict[str, Any] = {"strides": [int(s) for s in strides[1:4]], "padding": padding}
+    if op.type != "Conv3D":
+        ksize = list(op.get_attr("ksize"))
+        if ksize[0] != 1 or ksize[4] != 1:
+            return "pools over the batch or channel axis"
+        m.add_kernel(op.name, "max_pool3d" if op.type == "MaxPool3D" else "avg_pool3d", [x],
+                     {"pool_size": [int(k) for k in ksize[1:4]], **attrs}, [], [op], op.outputs[0])
+        return ""
+    weight = m.operands.weight(op.inputs[1])
+    if weight is None or list(op.get_attr("dilations")) != [1] * 5:
+        return "Conv3D of the samples by a weight, without dilation, is supported"
+    attrs.update(filters=int(weight.shape[4]), kernel_size=[int(k) for k in weight.shape[:3]])
+    m.add_kernel(m.scope(op, weight.variable), "conv3d", [x], attrs, [_kernel_param(weight)], [op],
+                 op.outputs[0])
+    return ""
+
+
 GENERIC: dict[str, Callable[["Matcher", tf.Operation], str]] = {
     "Conv2DBackpropInput": _conv_transpose, "DepthwiseConv2dNative": _depthwise,
     "SpaceToBatchND": _space_to_batch, "Tile": _tile, "ResizeBilinear": _resize,
-    "ResizeNearestNeighbor": _resize,
+    "ResizeNearestNeighbor": _resize, "Conv3D": _volume, "MaxPool3D": _volume, "AvgPool3D": _volume,
 }

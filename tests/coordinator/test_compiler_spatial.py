@@ -1,6 +1,6 @@
 """Keras' spatial layers compile onto the CS's kernels and train as TensorFlow does: a
 UNet-like autoencoder, a MobileNet-style classifier, the 1-D forms with pooling of every
-kind, and resizing with transposed and dilated convolutions; what is refused is named in
+kind, resizing with transposed and dilated convolutions, 3-D convolution and pooling; what is refused is named in
 the user's terms, a line per layer."""
 import inspect
 
@@ -21,7 +21,8 @@ PARAMS = {"runconfig": {"tf_random_seed": 3}}
     (s.sequence_layers, s.sequence_input_fn,
      {"conv2d_transpose", "depthwise_conv2d", "max_pool", "avg_pool", "tile", "reduce"}),
     (s.resize_layers, s.image_input_fn, {"resize", "conv2d", "avg_pool", "conv2d_transpose"}),
-], ids=["unet", "mobilenet", "sequence_layers", "resize_layers"])
+    (s.volume_layers, s.image_input_fn, {"conv3d", "max_pool3d", "avg_pool3d", "tile"}),
+], ids=["unet", "mobilenet", "sequence_layers", "resize_layers", "volume_layers"])
 def test_spatial_model_trains_like_tensorflow(tmp_path, model_fn, input_fn, kernels):
     result = cs_inprocess.compare(model_fn, input_fn, PARAMS, str(tmp_path), steps=4)
     assert kernels <= {k.type for k in result.compiled.program.kernels}
@@ -57,10 +58,10 @@ def test_refusals_name_each_layer_the_user_wrote_once_and_what_to_use_instead(tm
     assert lines[0] == "Unsupported layers and operations (3):"
     layers = [line for line in lines if line.startswith("  ") and not line.startswith("      ")]
     assert [line.split(" at ")[0].strip() for line in layers] == [
-        "BatchNormalization (hand-written: tf.nn.moments)"] * 2 + ["Conv3D"]
-    conv3d = line_of('name="volume"')
-    assert layers[2].startswith(f"  Conv3D at {conv3d} (layer 'volume")
-    assert "fold the depth axis into the channels" in layers[2]
+        "BatchNormalization (hand-written: tf.nn.moments)"] * 2 + ["Conv3DTranspose"]
+    volume = line_of('name="volume"')
+    assert layers[2].startswith(f"  Conv3DTranspose at {volume} (layer 'volume")
+    assert "upsample with UpSampling3D, then Conv3D" in layers[2]
     # every refused op follows its layer's line
     ops = [line.strip() for line in lines if line.startswith("      ")]
-    assert len(ops) == 7 and ops[1].startswith("Mul 'batchnorm/mul_1'") and ops[6].startswith("Conv3D '")
+    assert len(ops) == 7 and ops[1].startswith("Mul 'batchnorm/mul_1'") and ops[6].startswith("Conv3DBackpropInputV2 '")

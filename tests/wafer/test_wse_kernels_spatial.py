@@ -102,3 +102,26 @@ def test_resize_matches_tensorflow(method, size, align_corners, half_pixel):
                      lambda xs, ws: op(images=xs[0], size=size, align_corners=align_corners,
                                        half_pixel_centers=half_pixel),
                      rtol=2e-6, grad_rtol=1e-5)
+
+
+@pytest.mark.parametrize("strides, padding", [((1, 1, 1), "SAME"), ((2, 1, 2), "VALID"),
+                                              ((2, 2, 1), "SAME")])
+def test_conv3d_matches_tensorflow(strides, padding):
+    x, kernel = randn(BATCH, 5, 4, 6, 2), randn(3, 2, 3, 2, 4)
+    built = check_against_tf(
+        "conv3d", {"filters": 4, "kernel_size": [3, 2, 3], "strides": list(strides), "padding": padding},
+        [x], lambda xs, ws: tf.nn.conv3d(xs[0], ws["kernel"], [1, *strides, 1], padding),
+        {"kernel": kernel}, rtol=1e-5, grad_rtol=1e-5)
+    assert built.param_shapes() == {"kernel": (3, 2, 3, 2, 4)}
+
+
+@pytest.mark.parametrize("kind", ["max_pool3d", "avg_pool3d"])
+@pytest.mark.parametrize("pool, strides, padding", [((2, 2, 2), (2, 2, 2), "VALID"),
+                                                    ((3, 2, 3), (1, 2, 2), "SAME")])
+def test_pooling3d_matches_tensorflow_with_ties(kind, pool, strides, padding):
+    x = randn(BATCH, 5, 4, 6, 2)
+    if kind == "max_pool3d":
+        x = np.round(x)
+    op = tf.nn.max_pool3d if kind == "max_pool3d" else tf.nn.avg_pool3d
+    check_against_tf(kind, {"pool_size": list(pool), "strides": list(strides), "padding": padding},
+                     [x], lambda xs, ws: op(xs[0], pool, strides, padding))
