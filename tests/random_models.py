@@ -32,7 +32,7 @@ BLOCKS = ("dense:relu", "dense:tanh", "dense:sigmoid", "dense:gelu", "dense:none
           "residual", "concat", "layer_norm", "layer_norm_by_hand", "gelu_exact", "gelu_tanh",
           "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3",
           "conv_transpose", "depthwise", "separable", "dilated", "upsample", "upsample_bilinear",
-          "pool1d")
+          "pool1d", "volume")
 LOSSES = {
     "classes": ("sparse_ce", "sparse_ce_weighted", "softmax_ce_smoothed", "nn_sparse_ce_mean"),
     "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted"),
@@ -179,6 +179,10 @@ def block(name: str, h, index: int):
         return tf.reshape(x, [-1, WIDTH])
     if kind in SPATIAL:
         return tf.reshape(SPATIAL[kind](tf.reshape(h, [-1, 2, 2, WIDTH // 4])), [-1, WIDTH])
+    if kind == "volume":
+        x = tf.reshape(h, [-1, 2, 2, WIDTH // 4, 1])
+        x = L.AveragePooling3D(2, strides=1, padding="same")(L.Conv3D(1, 2, padding="same")(x))
+        return tf.reshape(L.MaxPooling3D((1, 1, 2), strides=1, padding="same")(x), [-1, WIDTH])
     if kind == "pool1d":
         x = tf.keras.layers.MaxPooling1D(2)(tf.reshape(h, [-1, 4, WIDTH // 4]))
         return tf.reshape(tf.keras.layers.UpSampling1D(2)(x), [-1, WIDTH])
