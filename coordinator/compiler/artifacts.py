@@ -5,6 +5,7 @@ again, saying so)."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import CSRunError
 from coordinator.compiler.ir import MatchedModel
 from cs_api import cs_api_pb2 as pb
 from wafer.fabric import Fabric
@@ -87,7 +89,16 @@ class CompileCache:
     def store(self, key: str, artifacts: Artifacts) -> CompileResult:
         """Write `artifacts` as the compile under `key`."""
         directory = self.directory(key)
-        write_compile(directory, artifacts)
+        try:
+            write_compile(directory, artifacts)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            size = (artifacts.program.ByteSize() + len(artifacts.wafer_map_png)
+                    + sum(np.asarray(w).nbytes for w in artifacts.initial_weights.values()))
+            raise CSRunError(f"no space left on the device of {self.root} to write the compile "
+                             f"(it needs about {size / 1e6:,.1f} MB)",
+                             "free space there, or use another model_dir") from None
         return CompileResult(directory, artifacts.program, artifacts.initial_weights,
                              artifacts.host_variables, False,
                              (self.damaged + "\n" if self.damaged else "") + artifacts.report_text

@@ -70,6 +70,19 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(how, tmp_path,
     np.testing.assert_array_equal(tensors["dense/kernel"], WEIGHTS["dense/kernel"] * 10)
 
 
+def test_a_training_run_sets_a_damaged_checkpoint_aside_so_rotation_keeps_the_intact_one(tmp_path, capsys):
+    _write(tmp_path, 10, 20)
+    (tmp_path / "model.ckpt-20.data-00000-of-00001").write_bytes(b"x")
+    assert _step(tmp_path) == 10 and (tmp_path / "model.ckpt-20.index").exists()  # reading moves nothing
+    latest = checkpoints.latest_checkpoint(str(tmp_path), set_aside=True)  # what a training run does
+    assert latest is not None and checkpoints.checkpoint_step(latest) == 10
+    assert "its files set aside as damaged-model.ckpt-20.*; using model.ckpt-10" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.glob("damaged-*")) == [
+        "damaged-model.ckpt-20.data-00000-of-00001", "damaged-model.ckpt-20.index"]
+    checkpoints.write_checkpoint(str(tmp_path), 30, {**WEIGHTS, "global_step": np.asarray(30, np.int64)}, 2)
+    assert [checkpoints.checkpoint_step(p) for p in checkpoints.all_checkpoints(str(tmp_path))] == [10, 30]
+
+
 def test_every_checkpoint_damaged_is_refused(tmp_path):
     _write(tmp_path, 10)
     (tmp_path / "model.ckpt-10.data-00000-of-00001").write_bytes(b"x")
@@ -176,3 +189,41 @@ def test_a_checkpoint_without_dropout_rng_state_restores_on_the_cpu_path(tmp_pat
     checkpoints.write_checkpoint(str(model_dir), 1, cs_like, 5)
     train(2)
     assert "global step 2:" in capsys.readouterr().out
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB file system (tmpfs; root, as CI runs)."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("a full disk is made with a small tmpfs: root needed")
+        pytest.skip("a full disk is made with a small tmpfs: root needed")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_the_earlier_ones_stay(small_disk):
+    _write(small_disk, 10)
+    before = {p.name: p.read_bytes() for p in small_disk.iterdir()}
+    big = {"dense/kernel": np.ones((1000, 1000), np.float32), "global_step": np.asarray(20, np.int64)}
+    with pytest.raises(CSRunError, match=r"^no space left on the device of .* to write checkpoint 20 "
+                                         r"\(it needs about 4.0 MB\) \(hint: ") as raised:
+        checkpoints.write_checkpoint(str(small_disk), 20, big, 5)
+    assert "the checkpoints before it are intact" in raised.value.hint
+    assert {p.name: p.read_bytes() for p in small_disk.iterdir()} == before  # no leftovers, nothing torn
+    assert _step(small_disk) == 10
+
+
+def test_a_full_disk_while_compiling_is_one_line(small_disk):
+    import compiler_models as m
+
+    from coordinator.compiler import compile_model
+
+    with pytest.raises(CSRunError, match=r"^no space left on the device of .*cs_compile to write the compile "
+                                         r"\(it needs about [\d.]+ MB\) \(hint: "):
+        compile_model(m.keras_mlp, m.input_fn, {"batch_size": 32, "hidden": [500, 300]}, str(small_disk))
