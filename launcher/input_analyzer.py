@@ -1,7 +1,11 @@
 """cs_input_analyzer: can the input workers keep up with the compiled program?
 
-    cs_input_analyzer [--available-nodes N] [--cpus-per-node C] [--batches B] [--debug]
-                      [--] python run.py --mode train
+    cs_input_analyzer [--available-nodes N] [--cpus-per-node C] [--batches B] [--mount-dirs A,B]
+                      [--debug] [--] python run.py --mode train
+
+When csrun.yaml names a container image the analyzer runs inside it, as the original's ran
+its steps through csrun_cpu: csrun.yaml's mount dirs, `--mount-dirs` and the current
+directory bound (`containers.runtime`), on this host.
 
 1. Compile: the script runs in this process with `--compile_only` appended, inside
    `launcher.estimator.recorded_compiles()`: its CSEstimator's compile hands over the
@@ -28,6 +32,7 @@ import json
 import math
 import os
 import runpy
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -35,13 +40,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from common.errors import ArgumentParser, CSRunError, cli_entry
+from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from cs_api import cs_api_pb2 as pb
 from cs_api.input_spec import program_inputs
 from launcher.estimator import recorded_compiles
+from launcher.site_config import load_site_config
 from workers.feed import feed_requests, shard_batches
 from workers.rendezvous import Rendezvous
 
 PROG = "cs_input_analyzer"
+_IN_CONTAINER = "CSRUN_INPUT_ANALYZER_IN_CONTAINER"  # set for the analyzer run inside the image
 NEAR_BEST = 0.95  # input-bound: the fewest workers within 5 % of the best rate
 MEASURED_WORKERS = (1, 2, 4, 8)
 REPEATS = 2
@@ -246,6 +254,7 @@ class AnalyzerArgs:
     cpus_per_node: int
     batches: int
     command: tuple[str, ...]
+    mount_dirs: tuple[str, ...] = ()
 
 
 def parse_args(argv: list[str]) -> AnalyzerArgs:
@@ -255,13 +264,14 @@ def parse_args(argv: list[str]) -> AnalyzerArgs:
     p.add_argument("--cpus-per-node", type=int, default=os.cpu_count() or 1,
                    help="CPUs of a node (default: this node's)")
     p.add_argument("--batches", type=int, default=20, help="batches to time per run (default: 20)")
+    add_mount_dirs_flag(p)
     p.add_command("python run.py --mode train")
     ns = p.parse_args(argv)
     command = p.command(ns, "python run.py --mode train", verb="analyze")
     for flag in ("available_nodes", "cpus_per_node", "batches"):
         if getattr(ns, flag) < 1:
             raise CSRunError(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be at least 1")
-    return AnalyzerArgs(ns.available_nodes, ns.cpus_per_node, ns.batches, command)
+    return AnalyzerArgs(ns.available_nodes, ns.cpus_per_node, ns.batches, command, mount_dirs_of(ns.mount_dirs))
 
 
 def render(compiled: CompiledScript, costs: InputCosts, rec: Recommendation, batches: int,
@@ -297,7 +307,18 @@ def render(compiled: CompiledScript, costs: InputCosts, rec: Recommendation, bat
 
 @cli_entry(PROG)
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    site = load_site_config()
+    image = site.container.image
+    if image is not None and not os.environ.get(_IN_CONTAINER):
+        runtime, inner = container_exec(image, (PROG, *argv), (*site.mount_dirs, *args.mount_dirs),
+                                        os.getcwd(), site.container.runtime)
+        print(f"{PROG}: running in the {runtime.name} container {image}", file=sys.stderr, flush=True)
+        return subprocess.run(inner, env={**os.environ, _IN_CONTAINER: "1"}).returncode
+    if image is None and args.mount_dirs:
+        print(f"{PROG}: --mount-dirs unused: no container.image in "
+              f"{site.path or 'csrun.yaml (none found)'}", file=sys.stderr, flush=True)
     compiled = compile_script(args.command)
     print(file=sys.stdout)
     _, _, most = job_slots(len(os.sched_getaffinity(0)), args.available_nodes, args.cpus_per_node)

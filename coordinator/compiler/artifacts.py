@@ -110,8 +110,9 @@ def compile_root(model_dir: str) -> str:
 
 
 def graph_hash(model: MatchedModel, *, mode: str, batch_size: int, fabric: Fabric,
-               seed: int | None, initializers: list[Any]) -> str:
-    """Key of a compile: the kernels, shapes, hyper-parameters, initializers and fabric."""
+               seed: int | None, initializers: list[Any], replicas: int | None = 1) -> str:
+    """Key of a compile: the kernels, shapes, hyper-parameters, initializers, fabric and
+    the replicas asked for (None: the compiler's choice)."""
     key = {
         "compiler": COMPILER_VERSION,
         "min_flops_per_core": kernel_base.MIN_FLOPS_PER_CORE,
@@ -124,6 +125,8 @@ def graph_hash(model: MatchedModel, *, mode: str, batch_size: int, fabric: Fabri
         "training": None if model.training is None else dataclasses.asdict(model.training),
         "initializers": initializers,
     }
+    if replicas != 1:  # (one copy keeps the keys of compiles before multireplica)
+        key["replicas"] = "auto" if replicas is None else replicas
     text = json.dumps(key, sort_keys=True, default=_json_value)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
