@@ -191,8 +191,21 @@ def _volume(m: "Matcher", op: tf.Operation) -> str:
     return ""
 
 
+def _float32_only(handler: Callable[["Matcher", tf.Operation], str]) -> Callable[["Matcher", tf.Operation], str]:
+    """These kernels are proven against TF's float32 kernels only: a float16 op (mixed
+    precision) is refused rather than computed with other rounding than TF's."""
+    def lower(m: "Matcher", op: tf.Operation) -> str:
+        if any(t.dtype.base_dtype == tf.float16 for t in op.outputs):
+            return (f"{op.type} in float16 (mixed precision) is not proven against TF's float16 "
+                    "kernel on the CS: give this layer dtype='float32'")
+        return handler(m, op)
+    return lower
+
+
 GENERIC: dict[str, Callable[["Matcher", tf.Operation], str]] = {
-    "Conv2DBackpropInput": _conv_transpose, "DepthwiseConv2dNative": _depthwise,
-    "SpaceToBatchND": _space_to_batch, "Tile": _tile, "ResizeBilinear": _resize,
-    "ResizeNearestNeighbor": _resize, "Conv3D": _volume, "MaxPool3D": _volume, "AvgPool3D": _volume,
+    op_type: _float32_only(handler) for op_type, handler in {
+        "Conv2DBackpropInput": _conv_transpose, "DepthwiseConv2dNative": _depthwise,
+        "SpaceToBatchND": _space_to_batch, "Tile": _tile, "ResizeBilinear": _resize,
+        "ResizeNearestNeighbor": _resize, "Conv3D": _volume, "MaxPool3D": _volume,
+        "AvgPool3D": _volume}.items()
 }
