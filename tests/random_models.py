@@ -31,7 +31,9 @@ BLOCKS = ("dense:relu", "dense:tanh", "dense:sigmoid", "dense:gelu", "dense:none
           "unary:log1p_abs", "unary:exp_neg_square", "unary:sqrt", "unary:rsqrt",
           "const_affine", "broadcast", "maximum", "minimum", "softsign_by_hand", "select",
           "residual", "concat", "layer_norm", "layer_norm_by_hand", "gelu_exact", "gelu_tanh",
-          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3")
+          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3",
+          "conv_transpose", "depthwise", "separable", "dilated", "upsample", "upsample_bilinear",
+          "pool1d", "volume")
 LOSSES = {
     "classes": ("sparse_ce", "sparse_ce_weighted", "softmax_ce_smoothed", "nn_sparse_ce_mean"),
     "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted"),
@@ -203,7 +205,29 @@ def block(name: str, h, index: int):
     if kind == "dense_rank3":
         x = tf.keras.layers.Dense(WIDTH // 2, activation="relu")(tf.reshape(h, [-1, 2, WIDTH // 2]))
         return tf.reshape(x, [-1, WIDTH])
+    if kind in SPATIAL:
+        return tf.reshape(SPATIAL[kind](tf.reshape(h, [-1, 2, 2, WIDTH // 4])), [-1, WIDTH])
+    if kind == "volume":
+        x = tf.reshape(h, [-1, 2, 2, WIDTH // 4, 1])
+        x = L.AveragePooling3D(2, strides=1, padding="same")(L.Conv3D(1, 2, padding="same")(x))
+        return tf.reshape(L.MaxPooling3D((1, 1, 2), strides=1, padding="same")(x), [-1, WIDTH])
+    if kind == "pool1d":
+        x = tf.keras.layers.MaxPooling1D(2)(tf.reshape(h, [-1, 4, WIDTH // 4]))
+        return tf.reshape(tf.keras.layers.UpSampling1D(2)(x), [-1, WIDTH])
     raise ValueError(f"no block {name}")
+
+
+L = tf.keras.layers
+# Spatial blocks on the (2, 2, WIDTH / 4) image of a sample, back to that shape.
+SPATIAL = {
+    "conv_transpose": lambda x: L.AveragePooling2D(2)(
+        L.Conv2DTranspose(WIDTH // 4, 3, strides=2, padding="same", activation="relu")(x)),
+    "depthwise": lambda x: L.DepthwiseConv2D(2, padding="same", depth_multiplier=1)(x),
+    "separable": lambda x: L.SeparableConv2D(WIDTH // 4, 2, padding="same", activation="tanh")(x),
+    "dilated": lambda x: L.DepthwiseConv2D(2, dilation_rate=2, padding="same")(x),
+    "upsample": lambda x: L.MaxPooling2D(2)(L.UpSampling2D(2)(x)),
+    "upsample_bilinear": lambda x: L.AveragePooling2D(2)(L.UpSampling2D(2, interpolation="bilinear")(x)),
+}
 
 
 def head_and_loss(spec: ModelSpec, h, labels):

@@ -47,6 +47,9 @@ class UnsupportedOp:
     name: str
     source: str
     reason: str = ""
+    layer: str = ""  # the Keras layer class (or TF function) the user wrote, if known
+    scope: str = ""  # that layer's name scope (the ops of one layer share it)
+    layer_source: str = ""  # the user's line of that layer (of the batch reduction it reads)
 
     def line(self) -> str:
         why = f" ({self.reason})" if self.reason else ""
