@@ -162,9 +162,6 @@ def check_env(runconfig: dict) -> None:
     if is_cs(runconfig) and mode in CPU_ONLY_MODES:
         raise CSRunError(f"mode {mode} runs on the CPU only, not on the CS system",
                          "drop --cs_ip, or use --mode train / eval")
-    if is_cs(runconfig) and mode == "eval" and not runconfig.get("eval_steps"):
-        raise CSRunError("eval on the CS system needs eval_steps",
-                         "give --eval_steps N (the CS streams a fixed number of batches)")
 
 
 def save_params(params: dict, model_dir: str) -> str:
