@@ -24,7 +24,10 @@ from wafer.fabric import DEFAULT_FABRIC
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 
 MODES = ("train", "eval", "eval_all", "train_and_eval", "predict")
-CPU_ONLY_MODES = ("eval_all", "train_and_eval")
+# train_and_eval's sequence of train and evaluate calls starts at the newest checkpoint each
+# task finds: on the CS, an input worker starting after the chief's first checkpoint would
+# call another sequence than the chief's (every task runs the script; calls are matched by number).
+CPU_ONLY_MODES = ("train_and_eval",)
 _STEP_KEYS = ("max_steps", "steps", "eval_steps", "save_summary_steps", "save_checkpoints_steps",
               "keep_checkpoint_max", "log_step_count_steps")
 RUNCONFIG_DEFAULTS: dict[str, Any] = {
@@ -161,7 +164,7 @@ def check_env(runconfig: dict) -> None:
     mode = runconfig.get("mode")
     if is_cs(runconfig) and mode in CPU_ONLY_MODES:
         raise CSRunError(f"mode {mode} runs on the CPU only, not on the CS system",
-                         "drop --cs_ip, or use --mode train / eval")
+                         "drop --cs_ip, or use --mode train then --mode eval")
 
 
 def save_params(params: dict, model_dir: str) -> str:
