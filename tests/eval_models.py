@@ -3,7 +3,7 @@ written the way users write them: a binary classifier of Keras Dense layers whos
 carries weight penalties, with AUC, precision and recall as eval_metric_ops, and labels
 given as a dict.
 
-    params["model"]["penalty"]:  "keras"   kernel_regularizer + get_regularization_loss()
+    params["model"]["penalty"]:  "keras"   kernel_regularizer, get_regularization_loss() + layer.losses
                                  "l2_loss" tf.nn.l2_loss of every kernel
                                  "none"
     params["model"]["dict_labels"]: labels={"clicked": ..., "weight": ...}
@@ -51,8 +51,9 @@ def eval_input_fn(params):
 def model_fn(features, labels, mode, params):
     config = params["model"]
     regularizer = tf.keras.regularizers.l2(1e-3) if config["penalty"] == "keras" else None
-    hidden = tf.keras.layers.Dense(16, activation="relu", kernel_regularizer=regularizer)(features)
-    logits = tf.keras.layers.Dense(1, kernel_regularizer=regularizer)(hidden)
+    layers = [tf.keras.layers.Dense(16, activation="relu", kernel_regularizer=regularizer),
+              tf.keras.layers.Dense(1, kernel_regularizer=regularizer)]
+    logits = layers[1](layers[0](features))
     probability = tf.sigmoid(logits)
     if mode == ModeKeys.PREDICT:
         if config["single_prediction"]:
@@ -62,8 +63,8 @@ def model_fn(features, labels, mode, params):
     clicked = labels["clicked"] if isinstance(labels, dict) else labels
     cross_entropy = tf.compat.v1.losses.sigmoid_cross_entropy(clicked, logits)
     loss = cross_entropy
-    if config["penalty"] == "keras":
-        loss += tf.compat.v1.losses.get_regularization_loss()
+    if config["penalty"] == "keras":  # Keras 3 layers keep their penalties in layer.losses
+        loss += tf.compat.v1.losses.get_regularization_loss() + tf.add_n(layers[0].losses + layers[1].losses)
     elif config["penalty"] == "l2_loss":
         loss += 1e-3 * tf.add_n([tf.nn.l2_loss(v) for v in tf.compat.v1.trainable_variables()
                                  if "kernel" in v.name])

@@ -36,6 +36,7 @@ def test_a_model_trained_on_the_cs_evaluates_and_predicts_there_like_the_cpu_pat
         assert not problem, problem
 
 
+@pytest.mark.slow
 def test_the_eval_program_streams_what_the_metrics_read(tmp_path):
     """AUC's update reaches the logits through control dependencies only, the cross-entropy
     metric reads the loss's reduction over the batch: the logits, the per-sample cross
@@ -58,6 +59,7 @@ def test_dict_labels_train_evaluate_and_predict_on_the_cpu_path(tmp_path):
     assert len(samples) == em.SAMPLES and set(samples[0]) == {"probability", "clicked"}
 
 
+@pytest.mark.slow
 def test_predictions_of_one_tensor_are_an_array_per_sample(tmp_path):
     est = CSEstimator(em.model_fn, str(tmp_path), params=em.params_for(penalty="none", single_prediction=True))
     est.train(em.train_input_fn, max_steps=1)
