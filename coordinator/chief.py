@@ -66,6 +66,8 @@ def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
     if missing:
         raise CSRunError(f"{path} has no {', '.join(missing[:3])}: it was written by "
                          "another model", "use a new model_dir for a changed model")
+    checkpoints.check_shapes(path, {p.variable: tuple(p.shape) for k in program.kernels for p in k.params},
+                             {n: np.shape(a) for n, a in tensors.items()})
     keep = set(variables)
     if program.HasField("optimizer") and program.optimizer.type and not optimizer_changed(
             path, tensors, tf_optimizer(program.optimizer)):
@@ -188,8 +190,11 @@ class Chief:
             publish(self.rendezvous_path, Rendezvous.nothing(self.role.num_workers, why))
 
     def _compile(self, input_fn: Callable, mode: str) -> Any:
-        return compile_model(self.estimator.model_fn, input_fn, self.params,
-                             getattr(self.estimator, "compile_dir", self.model_dir), mode=mode)
+        result = compile_model(self.estimator.model_fn, input_fn, self.params,
+                               getattr(self.estimator, "compile_dir", self.model_dir), mode=mode)
+        if result.note:
+            print(result.note, flush=True)
+        return result
 
     def train(self, input_fn: Callable, steps: int | None = None,
               max_steps: int | None = None) -> None:
@@ -235,9 +240,7 @@ class Chief:
                         continue
                     step, loss = result.step.step, result.step.loss
                     if not math.isfinite(loss):
-                        raise CSRunError(f"the loss became {loss} at step {step}",
-                                         "lower the learning rate; the newest checkpoint is the "
-                                         "last good one")
+                        raise checkpoints.non_finite_loss(loss, step, self.model_dir)
                     log.step(step, loss)
                     if config.save_summary_steps and step % config.save_summary_steps == 0:
                         events.scalars(step, {"loss": loss, "global_step/sec": rate(step),

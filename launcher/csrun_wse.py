@@ -46,12 +46,13 @@ from common import task_env
 from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from cs_api import pb, rpc
+from launcher.command_checks import check_command
 from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip, params_path
 from launcher.site_config import SiteConfig, load_site_config
 from slurm.auto import choose_backend
 from slurm.backend import JobRequest
 from slurm.templates import write_wse_sbatch
-from wafer.fabric import DEFAULT_FABRIC
+from wafer.fabric import DEFAULT_FABRIC, FABRICS
 from workers.rendezvous import RENDEZVOUS_DIR
 
 PROG = "csrun_wse"
@@ -131,9 +132,13 @@ def fabric_of(command: tuple[str, ...], workdir: Path) -> str:
     try:
         flags, _ = create_arg_parser("").parse_known_args([a for a in command[2:] if a not in ("-h", "--help")])
         path = workdir / params_path(flags.params, str((workdir / command[1]).parent))
-        return str(get_params(str(path))["runconfig"]["fabric"])
+        fabric = str(get_params(str(path))["runconfig"]["fabric"])
     except CSRunError:
         return DEFAULT_FABRIC
+    if fabric not in FABRICS:  # the simulator could not start: say why here, not in its log
+        raise CSRunError(f"unknown fabric {fabric!r} (runconfig.fabric in {path})",
+                         f"set runconfig.fabric to one of {', '.join(FABRICS)}")
+    return fabric
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -248,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                          fabric_of(args.command, workdir))
         print(f"{PROG}: wrote {args.emit_sbatch} (submit it with: sbatch {args.emit_sbatch})", file=sys.stderr)
         return 0
+    if not args.dry_run:
+        check_command(args.command, workdir, in_container=site.container.image is not None)
     backend = choose_backend()
     simulator = None if args.cs_ip else EmbeddedSimulator(
         fabric_of(args.command, workdir), args.job_dir / "wse_sim.log")

@@ -123,6 +123,16 @@ def all_checkpoints(model_dir: str) -> list[str]:
     return [p for p in _listed(model_dir) if _exists(p)]
 
 
+def non_finite_loss(loss: float, step: int, model_dir: str) -> CSRunError:
+    """The error that stops a run (CPU or CS) whose loss became NaN or infinite at `step`,
+    naming the checkpoint to go back to, if there is one."""
+    paths = all_checkpoints(model_dir)
+    kept = (f"the newest checkpoint, {os.path.basename(paths[-1])}, is the last good one" if paths
+            else "no checkpoint was written before it")
+    return CSRunError(f"the loss became {loss} at step {step}",
+                      f"check the input for NaN or infinite values, or lower the learning rate; {kept}")
+
+
 def latest_checkpoint(model_dir: str) -> str | None:
     """The newest intact checkpoint's prefix (`…/model.ckpt-N`), or None when there is
     none. A damaged newest one (truncated or corrupted files) is skipped, saying so, for
@@ -234,6 +244,17 @@ def optimizer_changed(path: str, stored, optimizer: str) -> bool:
     return True
 
 
+def check_shapes(path: str, model: dict[str, tuple[int, ...]], stored: dict[str, Any]) -> None:
+    """The model's variables (name → shape) must have the shapes the checkpoint at `path`
+    stored (name → shape): else it was trained with another model, say so."""
+    wrong = [f"{name} {tuple(stored[name])} there, {shape} in the model" for name, shape in model.items()
+             if name in stored and tuple(stored[name]) != shape]
+    if wrong:
+        raise CSRunError(f"the checkpoint {path} was trained with other shapes: {', '.join(wrong[:3])}"
+                         f"{' …' if len(wrong) > 3 else ''}",
+                         "use a new model_dir for a changed model (or change the model back)")
+
+
 def restore_variables(session: tf.compat.v1.Session, variables: list, path: str) -> None:
     """Restore `variables` (of the session's graph) from the checkpoint at `path` with a
     Saver; every one must be in it with its shape."""
@@ -245,10 +266,6 @@ def restore_variables(session: tf.compat.v1.Session, variables: list, path: str)
         raise CSRunError(f"checkpoint {path} has no {', '.join(missing[:5])}"
                          f"{' …' if len(missing) > 5 else ''}: it was written by another model",
                          "use a new model_dir for a changed model")
-    wrong = [f"{v.op.name} {tuple(v.shape.as_list())} vs {tuple(stored[v.op.name])}"
-             for v in variables if tuple(v.shape.as_list()) != tuple(stored[v.op.name])]
-    if wrong:
-        raise CSRunError(f"checkpoint {path} has other shapes: {', '.join(wrong[:3])}",
-                         "use a new model_dir for a changed model")
+    check_shapes(path, {v.op.name: tuple(v.shape.as_list()) for v in variables}, stored)
     with session.graph.as_default():
         tf.compat.v1.train.Saver(var_list={v.op.name: v for v in variables}).restore(session, path)

@@ -31,6 +31,7 @@ from tf_model.model_fn import (
     make_dataset,
     model_graph,
     numpy_batches,
+    op_errors_in_one_line,
 )
 from tf_model.predictions import PredictionGraph, Predictions, write_predictions
 
@@ -144,6 +145,7 @@ def _every(n: int | None, step: int) -> bool:
     return bool(n and step % n == 0)
 
 
+@op_errors_in_one_line
 def train(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps: int | None = None,
           max_steps: int | None = None, hooks: Sequence[Any] = ()) -> int:
     """Train from the newest checkpoint (or initial weights) to `max_steps` (absolute) or
@@ -208,8 +210,7 @@ def _train_loop(session: tf.compat.v1.Session, built: _TrainGraph, settings: Run
             step += 1
             loss = float(out["loss"])
             if not math.isfinite(loss):
-                raise CSRunError(f"the loss became {loss} at step {step}",
-                                 "lower the learning rate; the newest checkpoint is the last good one")
+                raise checkpoints.non_finite_loss(loss, step, settings.model_dir)
             if step == first and int(session.run(built.global_step)) != step:
                 raise CSRunError("model_fn's train_op does not increment the global step",
                                  "pass global_step=tf.compat.v1.train.get_or_create_global_step() "
@@ -250,6 +251,7 @@ def _run_with_hooks(session: tf.compat.v1.Session, fetches: dict, feed: dict,
     return out["user"], context.stop_requested
 
 
+@op_errors_in_one_line
 def evaluate(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps: int | None = None,
              checkpoint_path: str | None = None) -> dict[str, float]:
     """Evaluate a checkpoint (the newest by default) on `steps` batches (all when None):
@@ -278,6 +280,7 @@ def evaluate(model_fn: Callable, input_fn: Callable, settings: RunSettings, step
     return {**results, "global_step": step}
 
 
+@op_errors_in_one_line
 def predict(model_fn: Callable, input_fn: Callable, settings: RunSettings,
             checkpoint_path: str | None = None, num_samples: int | None = None) -> Predictions:
     """Predictions for `num_samples` samples (the whole input when None) from a checkpoint,

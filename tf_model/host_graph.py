@@ -16,8 +16,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import tensorflow as tf
 
-from common.errors import CSRunError
-from tf_model.model_fn import message_line, user_source
+from tf_model.model_fn import graph_op_error
 
 
 def feed_only(graph: tf.Graph, fed: Iterable[str]) -> None:
@@ -32,16 +31,11 @@ def feed_only(graph: tf.Graph, fed: Iterable[str]) -> None:
             op._add_control_inputs(kept)
 
 
-def run(session: tf.compat.v1.Session, fetches: Any, values: Mapping[str, np.ndarray], what: str) -> Any:
-    """session.run(fetches) fed `values` by tensor name; a TensorFlow error is one line
-    naming `what`, the op and the user's source line."""
+def run(session: tf.compat.v1.Session, fetches: Any, values: Mapping[str, np.ndarray]) -> Any:
+    """session.run(fetches) fed `values` by tensor name; a failing op is one line
+    (`graph_op_error`: the op, the user's source line, TensorFlow's own line)."""
     graph = session.graph
     try:
         return session.run(fetches, {graph.get_tensor_by_name(n): v for n, v in values.items()})
     except tf.errors.OpError as error:
-        raise CSRunError(f"{what} failed{_where(error.op)}: {message_line(error)}",
-                         "--debug shows the traceback") from error
-
-
-def _where(op: tf.Operation | None) -> str:
-    return "" if op is None else f" at op '{op.name}' ({user_source(op)})"
+        raise graph_op_error(error) from error

@@ -72,10 +72,10 @@ class EvalMetrics:
     def update(self, values: Mapping[str, np.ndarray]) -> None:
         """Accumulate one batch: `values` maps tensor names (input_names, or the streamed
         ones and loss_name) to their numpy values."""
-        host_graph.run(self.session, self._updates, values, "computing the eval metrics")
+        host_graph.run(self.session, self._updates, values)
 
     def results(self) -> dict[str, float]:
-        values = host_graph.run(self.session, self._values, {}, "computing the eval metrics")
+        values = host_graph.run(self.session, self._values, {})
         return {name: float(np.asarray(value)) for name, value in values.items()}
 
     def close(self) -> None:

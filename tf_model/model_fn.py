@@ -5,12 +5,13 @@ Shared by the CPU path, the compiler and the chief so the user's code is called 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 import sysconfig
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -19,6 +20,8 @@ from common.errors import CSRunError
 from common.layers import package_dirs
 from common.run_kinds import RunKind
 from tf_model.estimator_spec import CSEstimatorSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _LIBRARY_DIRS = tuple(os.path.realpath(d) + os.sep for d in {
     sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
@@ -31,13 +34,16 @@ def is_user_file(filename: str) -> bool:
     return not (filename.startswith("<") or path.startswith(_LIBRARY_DIRS))
 
 
+UNKNOWN_SOURCE = "<unknown source>"
+
+
 def user_source(op: tf.Operation) -> str:
     """The user's "file:line" that created `op` (its innermost frame outside libraries;
     relative to the working directory when below it)."""
     for frame in reversed(op.traceback or []):
         if is_user_file(frame.filename):
             return _source_line(frame.filename, frame.lineno)
-    return "<unknown source>"
+    return UNKNOWN_SOURCE
 
 
 def _source_line(filename: str, lineno: int) -> str:
@@ -107,19 +113,39 @@ def user_code_error(what: str, error: BaseException, hint: str, context: str = "
     type and message and the user's innermost source line."""
     frames = [f for f in traceback.extract_tb(error.__traceback__) if is_user_file(f.filename)]
     where = f" at {_source_line(frames[-1].filename, frames[-1].lineno or 0)}" if frames else ""
-    text = message_line(error)
+    text = str(error).strip().splitlines()
     return CSRunError(f"{what} raised {type(error).__name__}{where}{context}"
-                      f"{': ' + text if text else ''}", hint)
+                      f"{': ' + text[0] if text else ''}", hint)
 
 
-# Lines of TensorFlow's error messages that say where, not what (TF 2.21's graph errors).
-_TF_WHERE = ("Graph execution error", "Detected at node", "File ", "Node:", "[[")
+def graph_op_error(error: tf.errors.OpError) -> CSRunError:
+    """One line for a TensorFlow op that failed while the model ran (a label out of range, a
+    bad reshape): the op, the user's source line that made it, TensorFlow's first line."""
+    op = getattr(error, "op", None)
+    source = user_source(op) if op is not None else UNKNOWN_SOURCE
+    where = f" at {source}" if source != UNKNOWN_SOURCE else ""
+    what = f"{op.type} '{op.name}'" if op is not None else "a TensorFlow op"
+    # TensorFlow's message: "Graph execution error:", where the node was made, then its own line
+    said = [line for line in (error.message or "").splitlines() if line.strip()
+            and not line.startswith((" ", "\t", "Graph execution error", "Detected at node", "Node: "))]
+    detail = said[0].split(".  ")[0] if said else type(error).__name__
+    return CSRunError(f"{what}{where} failed on a batch: {detail}",
+                      "check the batch's values against what the model expects (--debug shows "
+                      "TensorFlow's traceback)")
 
 
-def message_line(error: BaseException) -> str:
-    """The line of an exception's message that says what went wrong."""
-    lines = [line.strip() for line in str(getattr(error, "message", None) or error).splitlines() if line.strip()]
-    return next((line for line in lines if not line.startswith(_TF_WHERE)), lines[0] if lines else "")
+def op_errors_in_one_line(run: F) -> F:
+    """Decorate a CPU-path run (train, evaluate, predict): a TensorFlow op failing on a batch
+    is `graph_op_error`'s one line, not TensorFlow's traceback."""
+
+    @functools.wraps(run)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(*args, **kwargs)
+        except tf.errors.OpError as error:
+            raise graph_op_error(error) from error
+
+    return wrapped  # type: ignore[return-value]
 
 
 def _describe_inputs(features: Any, labels: Any) -> str:

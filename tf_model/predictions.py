@@ -46,7 +46,7 @@ class PredictionGraph:
 
     def run(self, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The predictions of one batch; `values` maps tensor names to numpy values."""
-        return host_graph.run(self.session, self.outputs, values, "computing the predictions")
+        return host_graph.run(self.session, self.outputs, values)
 
     def close(self) -> None:
         self.session.close()

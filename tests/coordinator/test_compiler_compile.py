@@ -102,6 +102,29 @@ def test_unchanged_graph_is_reused_and_a_changed_hyper_parameter_recompiles(tmp_
                                   first.initial_weights["dense/kernel"])
 
 
+@pytest.mark.parametrize("damage", ["garbage program", "empty program", "truncated weights", "no checksums"])
+def test_a_damaged_compile_is_said_and_compiled_again(tmp_path, damage):
+    first = fc_mnist(tmp_path, hidden=[32])
+    name, content = {"garbage program": ("program.pb", b"\x12garbage"), "empty program": ("program.pb", b""),
+                     "truncated weights": ("initial_weights.npz", None),
+                     "no checksums": ("checksums.json", None)}[damage]
+    path = os.path.join(first.directory, name)
+    if damage == "truncated weights":
+        content = open(path, "rb").read()[:100]
+    if content is None:
+        os.remove(path)
+    else:
+        open(path, "wb").write(content)
+    with pytest.raises(CSRunError, match=f"is not a complete compile directory: {name} "):
+        load_compiled(first.directory)
+    again = fc_mnist(tmp_path, hidden=[32])
+    assert not again.reused and again.directory == first.directory
+    assert again.note.startswith(f"The compile in {first.directory} is damaged ({name} ")
+    assert again.report_text.startswith(again.note + "\n")
+    assert again.program == first.program
+    assert fc_mnist(tmp_path, hidden=[32]).reused  # whole again
+
+
 def cpu_initial_values(model_fn, params):
     """What a CPU run starts from: model_fn built in model_graph on the batch placeholders."""
     from tf_model.model_fn import batch_signature, make_dataset
@@ -170,3 +193,16 @@ def test_too_large_model_is_refused_with_memory_figures(tmp_path):
     assert "billion parameters" in message
     assert not os.path.exists(tmp_path / "cs_compile") or not [
         d for d in os.listdir(tmp_path / "cs_compile") if not d.endswith(".txt")]
+
+
+@pytest.mark.parametrize("batch_size, shape", [(10 ** 9, (784,)), (40_000, (28, 28, 64))])
+def test_a_batch_the_cs_cannot_take_is_refused_before_input_fn_builds_one(tmp_path, batch_size, shape):
+    def input_fn(params):  # a repeated dataset: building one batch of 1e9 samples fills the host
+        x = np.zeros((4, *shape), np.float32)
+        y = np.zeros((4,), np.int32)
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(params["batch_size"],
+                                                                         drop_remainder=True)
+
+    with pytest.raises(CSRunError, match=rf"input_fn's batches of {batch_size:,} samples hold .* MiB: the CS "
+                                         r"takes at most 65,536 samples and 256 MiB a batch \(hint: lower"):
+        compile_model(m.keras_mlp, input_fn, {"batch_size": batch_size}, str(tmp_path), validate_only=True)

@@ -66,6 +66,10 @@ def test_the_embedded_simulator_fabric_is_read_as_run_py_reads_params(tmp_path):
     assert fabric_of(("python", "ex/run.py", "-p", "bad.yaml"), tmp_path) == "cs1"
     assert fabric_of(("python", "ex/run.py", "--mode", "bogus"), tmp_path) == "cs1"
     assert fabric_of(("sh", "-c", "python ex/run.py"), tmp_path) == "cs1"
+    # a fabric no simulator has: said here, before the simulator starts (it named only its log)
+    (tmp_path / "cs9.yaml").write_text("runconfig:\n  fabric: cs9\n")
+    with pytest.raises(CSRunError, match=r"unknown fabric 'cs9' \(runconfig.fabric in .*cs9.yaml\)"):
+        fabric_of(("python", "ex/run.py", "-p", "cs9.yaml"), tmp_path)
 
 
 def test_parse_rejects_bad_arguments():
@@ -143,27 +147,32 @@ def test_a_failing_chief_gives_its_exit_code(tmp_path):
                   *sh('if [ "$SUBMITIT_LOCAL_GLOBALID" = 0 ]; then echo "chief: error: bad"; exit 3; fi; sleep 120')],
                  tmp_path)
     assert result.returncode == 3
-    assert "chief: error: bad" in result.stdout
+    assert "chief: error: bad" not in result.stdout  # once, in the line naming the task and its log
     assert "task 0 (chief) failed: chief: error: bad" in result.stderr
 
 
-def test_ctrl_c_stops_every_task(tmp_path):
+@pytest.mark.parametrize("to", ["csrun_wse", "the terminal's process group"])
+def test_ctrl_c_stops_every_task(tmp_path, to):
     job = tmp_path / "job"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     marker = f"sleep 97.{os.getpid()}"
     process = subprocess.Popen(CSRUN_WSE + ["--tasks-per-node", "2", "--job-dir", str(job), *NO_CS,
                                             *sh(f"echo started; {marker}")],
                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, start_new_session=True,  # a terminal's foreground group
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     while subprocess.run(["pgrep", "-x", "-f", marker], capture_output=True,
                          text=True).stdout.count("\n") != 2:
         assert time.monotonic() < deadline, "tasks did not start"
         time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
+    if to == "csrun_wse":
+        process.send_signal(signal.SIGINT)
+    else:  # what Ctrl-C does: every process of the group (the local controller too) gets it
+        os.killpg(process.pid, signal.SIGINT)
     out, err = process.communicate(timeout=30)
     assert process.returncode == 130
-    assert "csrun_wse: interrupted" in err
+    assert err.splitlines()[-1] == "csrun_wse: interrupted" and "Traceback" not in err, err
     assert subprocess.run(["pgrep", "-x", "-f", marker], capture_output=True).stdout == b""
 
 
@@ -174,3 +183,17 @@ def test_a_failed_task_line_keeps_one_hint():
     assert with_hint(task, "its log: j/2.out") == (
         "task 2 (input worker) failed: run.py: error: bad shape (hint: recompile; its log: j/2.out)")
     assert with_hint("the job's tasks stopped", "logs in j") == "the job's tasks stopped (hint: logs in j)"
+
+
+@pytest.mark.parametrize("command, message", [
+    (["nosuchcommand"], "csrun_wse: error: command 'nosuchcommand' not found (hint: give a program on PATH"),
+    (["python", "nosuch.py"], "csrun_wse: error: script nosuch.py not found in "),
+    (["python", "broken.py", "--mode", "train"],
+     "csrun_wse: error: broken.py, line 2: SyntaxError: '(' was never closed (hint: fix the script; nothing"),
+])
+def test_a_command_that_cannot_start_is_refused_before_anything_starts(tmp_path, command, message):
+    (tmp_path / "broken.py").write_text("import os\nx = (\n")
+    result = run(["--job-dir", str(tmp_path / "job"), "--", *command], tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1, result.stderr
+    assert not (tmp_path / "job").exists()  # no job folder, no simulator, no task
