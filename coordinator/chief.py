@@ -207,7 +207,7 @@ class Chief:
             raise CSRunError("training needs a number of steps", "give steps or max_steps "
                              "(--steps, --max_steps or runconfig.max_steps)")
         program = (compiled := self._compile(input_fn, ModeKeys.TRAIN)).program
-        latest = checkpoints.latest_checkpoint(self.model_dir)
+        latest = checkpoints.latest_checkpoint(self.model_dir, set_aside=True)
         if latest is not None:
             progress.restoring(latest)
             step = checkpoints.checkpoint_step(latest)

@@ -133,18 +133,27 @@ def non_finite_loss(loss: float, step: int, model_dir: str) -> CSRunError:
                       f"check the input for NaN or infinite values, or lower the learning rate; {kept}")
 
 
-def latest_checkpoint(model_dir: str) -> str | None:
+DAMAGED = "damaged-"  # the name prefix of a damaged checkpoint's files, set aside by a training run
+
+
+def latest_checkpoint(model_dir: str, set_aside: bool = False) -> str | None:
     """The newest intact checkpoint's prefix (`…/model.ckpt-N`), or None when there is
     none. A damaged newest one (truncated or corrupted files) is skipped, saying so, for
-    the intact one before it; when every checkpoint is damaged the run is refused."""
+    the intact one before it; when every checkpoint is damaged the run is refused. With
+    `set_aside` (a training run, holding the model_dir's lock) the damaged ones also leave
+    the index and their files are renamed `damaged-model.ckpt-N.*`, kept for inspection:
+    rotation then never drops an intact checkpoint for them."""
     paths = all_checkpoints(model_dir)
     damaged: list[tuple[str, str]] = []
     for path in reversed(paths):
         why = damage(path)
         if why is None:
             for bad, reason in damaged:
-                print(f"Checkpoint {bad} is damaged ({reason}): using {os.path.basename(path)}",
+                aside = f": its files set aside as {DAMAGED}{os.path.basename(bad)}.*" if set_aside else ""
+                print(f"Checkpoint {bad} is damaged ({reason}){aside}; using {os.path.basename(path)}",
                       flush=True)
+            if set_aside and damaged:
+                _set_aside(model_dir, [bad for bad, _ in damaged], paths)
             return path
         damaged.append((path, why))
     if damaged:
@@ -153,6 +162,14 @@ def latest_checkpoint(model_dir: str) -> str | None:
                          "restore the model.ckpt-* files from a copy, or move them out of the "
                          "model_dir to train from scratch")
     return None
+
+
+def _set_aside(model_dir: str, damaged: list[str], listed: list[str]) -> None:
+    """Take `damaged` out of the index, then rename their files with the DAMAGED prefix."""
+    _write_index(model_dir, [p for p in listed if p not in damaged])
+    for prefix in damaged:
+        for name in glob.glob(glob.escape(prefix) + ".*"):
+            os.replace(name, os.path.join(model_dir, DAMAGED + os.path.basename(name)))
 
 
 def chosen_checkpoint(model_dir: str, checkpoint_path: str | None) -> str:

@@ -106,7 +106,7 @@ def _build_train_graph(model_fn: Callable, signature: Any, params: dict) -> _Tra
 def _start_session(built: _TrainGraph, settings: RunSettings) -> tf.compat.v1.Session:
     """A session with the newest checkpoint restored, or initial (warm-started) weights."""
     session = tf.compat.v1.Session(graph=built.graph)
-    latest = checkpoints.latest_checkpoint(settings.model_dir)
+    latest = checkpoints.latest_checkpoint(settings.model_dir, set_aside=True)
     with built.graph.as_default():
         session.run(tf.compat.v1.global_variables_initializer())
     if latest is not None:
