@@ -66,7 +66,8 @@ def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
     if missing:
         raise CSRunError(f"{path} has no {', '.join(missing[:3])}: it was written by "
                          "another model", "use a new model_dir for a changed model")
-    checkpoints.check_shapes(path, {p.variable: tuple(p.shape) for k in program.kernels for p in k.params},
+    checkpoints.check_shapes(path, {p.variable: tuple(p.variable_shape or p.shape) for k in program.kernels
+                                    for p in k.params},
                              {n: np.shape(a) for n, a in tensors.items()})
     keep = set(variables)
     if program.HasField("optimizer") and program.optimizer.type and not optimizer_changed(
