@@ -84,6 +84,9 @@ class TrainingSpec:
     optimizer: OptimizerSpec
     variables: tuple[TrainedVariable, ...]  # by name; every other variable is frozen
     transforms: tuple[GradientTransform, ...] = ()  # applied in order to d(loss)/d(var)
+    # a float16 program's loss scale S: the backward is seeded with S x the loss's gradient
+    # (the transforms then hold the optimizer's 1 / S); float32 programs fold S away (1.0)
+    loss_scale: float = 1.0
 
     @property
     def trained(self) -> frozenset[str]:

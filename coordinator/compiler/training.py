@@ -38,6 +38,9 @@ TRANSFORMS = "scaling, tf.clip_by_value, tf.clip_by_norm, tf.clip_by_global_norm
 # The numeric checks initialise every variable on the host: above this many values (1 GiB of
 # float32) they are skipped and the structural proof stands alone.
 NUMERIC_CHECK_VALUES = 2 ** 28
+# A float16 backward's raw gradients against S x tf.gradients(loss): rounded apart by
+# float16 (2 ** -11 per op), to this fraction of the largest.
+HALF_GRADIENT_RTOL = 1e-2
 
 
 @dataclass(frozen=True)
@@ -106,8 +109,17 @@ def variable_op(tensor: tf.Tensor) -> tf.Operation:
     return op
 
 
+# Arithmetic on constants that tf.get_static_value does not fold (MixedPrecisionLossScale-
+# Optimizer's 1 / S of a FixedLossScale): evaluated when every op above is one of these.
+_FOLDABLE = {"Const", "Identity", "Cast", "RealDiv", "Mul", "Reciprocal", "AddV2", "Sub", "Neg"}
+
+
 def _const(tensor: tf.Tensor) -> np.ndarray | None:
     value = tf.get_static_value(tensor)
+    if value is None and tensor.shape.rank == 0 and \
+            all(op.type in _FOLDABLE for op in _upstream_ops(tensor.op)):
+        with tf.compat.v1.Session(graph=tensor.graph) as session:
+            value = session.run(tensor)
     return None if value is None else np.asarray(value)
 
 
@@ -373,6 +385,11 @@ def _updates(extracted: ExtractedGraph) -> list[_Update]:
         target = variable_op(op.inputs[0]) if op.inputs else op
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
                         "the CS carries out")
+    conds = [op for op in _closure(extracted.spec.train_op) if op.type in ("If", "StatelessIf")]
+    if not updates and conds:
+        raise _fail(conds[-1], "the train_op applies its updates inside a tf.cond: dynamic loss "
+                               "scaling (a LossScaleOptimizer with 'dynamic') is not carried out "
+                               "on the CS; use a fixed loss scale (a number)")
     if not updates:
         raise _Refused(f"the train_op updates no variable with a supported optimizer "
                        f"(supported: {SUPPORTED})")
@@ -821,9 +838,17 @@ def _merge(chains: list[_Chain]) -> list[GradientTransform]:
         for k, v in merged]
 
 
-def _fold_loss_scale(chains: list[_Chain]) -> list[GradientTransform]:
+def _fold_loss_scale(chains: list[_Chain], half: bool) -> tuple[list[GradientTransform], float]:
     """The steps as the CS applies them to d(loss)/d(var): the loss scale S first, folded
-    into the scale steps that follow it (S * (1 / S) = 1 drops both)."""
+    into the scale steps that follow it (S * (1 / S) = 1 drops both); and the scale left in
+    the backward's seed. A float16 program keeps S in its seed (float16 gradients of S x the
+    loss are what TF rounds and what overflows), and its 1 / S steps in the transforms."""
+    if half:
+        scales = {chain.call.scale for chain in chains}
+        if len(scales) > 1:
+            raise _fail(chains[0].update.op, f"gradients of the loss scaled by several factors "
+                                             f"({', '.join(map(str, sorted(scales)))})")
+        return _merge(chains), scales.pop()
     for chain in chains:
         if chain.call.scale != 1.0:
             chain.steps.insert(0, _Step("scale", chain.raw.op, value=chain.call.scale))
@@ -835,14 +860,15 @@ def _fold_loss_scale(chains: list[_Chain]) -> list[GradientTransform]:
         if chain.steps and chain.steps[0].kind == "scale" and \
                 abs(chain.steps[0].value - 1.0) < 1e-6:
             chain.steps.pop(0)
-    return _merge(chains)
+    return _merge(chains), 1.0
 
 
 # ---- 4. numbers ----
 
-def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain]) -> None:
-    """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var); then TF's
-    transforms == apply_transforms on random gradients."""
+def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain], rtol: float = 1e-4) -> None:
+    """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
+    a float16 backward rounds S * g and g differently); then TF's transforms ==
+    apply_transforms on random gradients."""
     graph, loss = extracted.graph, extracted.spec.loss
     handles = {op.name for op in _variables_under(loss)} | {c.update.variable for c in chains}
     with graph.as_default():
@@ -874,7 +900,7 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain]) -> None:
                        for c, w in zip(chains, loss_grads)), default=0.0)
         for chain, got, want in zip(chains, raw_values, loss_grads):
             want = want * np.float32(chain.call.scale)
-            bound = 1e-4 * float(np.max(np.abs(want), initial=0.0)) + 1e-6 * overall + 1e-30
+            bound = rtol * float(np.max(np.abs(want), initial=0.0)) + 1e-6 * overall + 1e-30
             if got.shape != want.shape or float(np.max(np.abs(got - want), initial=0.0)) > bound:
                 raise _fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
                                              "is not the gradient of the loss model_fn returns")
@@ -915,11 +941,12 @@ def _check_transforms(session, chains: list[_Chain]) -> None:
 
 # ---- the pass ----
 
-def analyze_training(extracted: ExtractedGraph) -> TrainingSpec:
+def analyze_training(extracted: ExtractedGraph, half: bool = False) -> TrainingSpec:
     """The TrainingSpec of extracted.spec.train_op, or CSRunError listing every problem
-    (one line each: op, what is wrong, the user's source line)."""
+    (one line each: op, what is wrong, the user's source line). `half`: the forward graph
+    computes in float16 (mixed precision)."""
     try:
-        return _analyze(extracted)
+        return _analyze(extracted, half)
     except _Problems as problems:
         lines = list(dict.fromkeys(problems.lines))
     raise CSRunError(lines[0],
@@ -935,7 +962,7 @@ class _Problems(Exception):
         self.lines = lines
 
 
-def _analyze(extracted: ExtractedGraph) -> TrainingSpec:
+def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
     if extracted.spec.train_op is None:
         raise _Problems(["model_fn returned no train_op in train mode"])
     with extracted.graph.as_default():
@@ -957,10 +984,10 @@ def _analyze(extracted: ExtractedGraph) -> TrainingSpec:
             raise _Problems(problems)
         try:
             _group_order(chains)
-            _check_numbers(extracted, chains)
+            _check_numbers(extracted, chains, HALF_GRADIENT_RTOL if half else 1e-4)
+            transforms, loss_scale = _fold_loss_scale(chains, half)
         except _Refused as problem:
             raise _Problems([str(problem)]) from None
-        transforms = _fold_loss_scale(chains)
     variables = tuple(TrainedVariable(u.variable, "dense" if u.indices is None else "sparse",
                                       u.slots, user_source(u.op)) for u in updates)
-    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms))
+    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), loss_scale)
