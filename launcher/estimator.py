@@ -163,11 +163,20 @@ class CSEstimator:
         return cpu_session.evaluate(self.model_fn, input_fn, self.settings, steps=steps,
                                     checkpoint_path=checkpoint_path)
 
-    def predict(self, input_fn: Callable, checkpoint_path: str | None = None,
-                num_samples: int | None = None, use_cs: bool = False) -> Any:
-        """Predictions of a checkpoint; also written to `model_dir/predict/`."""
+    def predict(self, input_fn: Callable, predict_keys: Sequence[str] | None = None,
+                checkpoint_path: str | None = None, yield_single_examples: bool = True,
+                num_samples: int | None = None, use_cs: bool = False) -> Iterator[Any]:
+        """Predictions of a checkpoint (the newest by default) for the whole input (or
+        `num_samples`), computed now and written to `model_dir/predict/`; the iterator yields
+        what tf.estimator.Estimator.predict yields: a dict per sample (only `predict_keys`
+        when given), or an array per sample when model_fn's predictions are one tensor; a
+        batch at a time with `yield_single_examples=False`. An input worker's is empty."""
         if self._on_cs(use_cs):
-            return dispatch.run(self, RunKind.PREDICT, input_fn, checkpoint_path=checkpoint_path,
-                                num_samples=num_samples)
-        return cpu_session.predict(self.model_fn, input_fn, self.settings,
-                                   checkpoint_path=checkpoint_path, num_samples=num_samples)
+            predictions = dispatch.run(self, RunKind.PREDICT, input_fn, checkpoint_path=checkpoint_path,
+                                       num_samples=num_samples)
+            if predictions is None:  # an input worker: it streamed its shard
+                return iter(())
+        else:
+            predictions = cpu_session.predict(self.model_fn, input_fn, self.settings,
+                                              checkpoint_path=checkpoint_path, num_samples=num_samples)
+        return predictions.iterate(predict_keys, yield_single_examples)

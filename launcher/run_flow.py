@@ -5,7 +5,8 @@ eval / eval_all / train_and_eval / predict, or validate_only / compile_only.
     run(model_fn, train_input_fn, eval_input_fn, here=os.path.dirname(__file__))
 
 `python run.py` runs on the CPU; with `--cs_ip` (or under `csrun_wse`, which names the job's
-CS to every task: `coordinator.roles`) train and eval go to the CS system.
+CS to every task: `coordinator.roles`) train, eval, eval_all (a CS phase per checkpoint) and
+predict go to the CS system; train_and_eval stays on the CPU (`run_utils.CPU_ONLY_MODES`).
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def run_mode(estimator: CSEstimator, train_input_fn: Callable, eval_input_fn: Ca
             raise CSRunError(f"no checkpoint in {estimator.model_dir} to evaluate",
                              "train first (--mode train)")
         for path in paths:
-            estimator.evaluate(eval_input_fn, steps=runconfig["eval_steps"], checkpoint_path=path)
+            estimator.evaluate(eval_input_fn, steps=runconfig["eval_steps"], checkpoint_path=path,
+                               use_cs=is_cs(runconfig))
     elif mode == "train_and_eval":
         train_and_eval(estimator, train_input_fn, eval_input_fn, runconfig)
     else:  # predict

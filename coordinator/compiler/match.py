@@ -83,6 +83,7 @@ class Matcher:
         read = {t.name for t in host_tensors if t.op in self.flow}
         for op in upstream:
             read.update(t.name for t in op.inputs if t.op in self.flow)
+            read.update(t.name for c in op.control_inputs if c in self.flow for t in c.outputs[:1])
         return read
 
     def consumers(self, tensor: tf.Tensor) -> list[tf.Operation]:
@@ -298,30 +299,34 @@ class Matcher:
         return False
 
     # ---- host outputs ----
-    def host_outputs(self, host_tensors: Iterable[tf.Tensor]) -> tuple[str, ...]:
-        """Kernels and inputs whose values the host needs to compute `host_tensors`."""
+    def host_outputs(self, host_tensors: Iterable[tf.Tensor], known: Iterable[tf.Tensor] = ()) -> tuple[str, ...]:
+        """Kernels and inputs whose values the host needs to compute `host_tensors`.
+
+        The host is fed these values (and the `known` ones: the loss, returned every step)
+        and computes everything else itself, with the checkpoint's weights: every data or
+        control path from `host_tensors` back to the samples ends at a fed value (the host
+        drops control dependencies on the ops whose values it is fed: `tf_model.host_graph`).
+        A value inside a fused kernel or of the loss's reduction is recomputed from the
+        values before it."""
         found: list[str] = []
-        seen, queue = set(), list(host_tensors)
+        fed = {t.name for t in known}
+        seen: set[str] = set()
+        queue: list[tf.Tensor | tf.Operation] = list(host_tensors)
         while queue:
-            tensor = queue.pop(0)
-            if tensor.name in seen:
+            item = queue.pop(0)
+            if item.name in seen:
                 continue
-            seen.add(tensor.name)
-            if tensor.name in self.values:
-                name = self.values[tensor.name]
-                if name not in found:
+            seen.add(item.name)
+            tensors = item.outputs if isinstance(item, tf.Operation) else [item]
+            ready = [t for t in tensors if t.name in fed or t.name in self.values]
+            if ready:  # a control dependency is met by any fed output of its op
+                name = self.values.get(ready[0].name)
+                if ready[0].name not in fed and name is not None and name not in found:
                     found.append(name)
                 continue
-            if tensor.name in self.internal:
-                raise CSRunError(
-                    f"host-side metrics or predictions read {tensor.name}, a value inside "
-                    f"kernel {self.internal[tensor.name]}",
-                    "compute metrics from a layer's output (e.g. the logits)")
-            if tensor.name in self.tail:
-                raise CSRunError(
-                    f"host-side metrics or predictions read {tensor.name}, a value of the loss's "
-                    "reduction over the batch", "compute metrics from per-sample values")
-            queue.extend(tensor.op.inputs)
+            op = item if isinstance(item, tf.Operation) else item.op
+            queue.extend(op.inputs)
+            queue.extend(op.control_inputs)
         return tuple(found)
 
 
@@ -381,7 +386,8 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     # The root cause first: a recurrent layer explains the ops around its loop.
     matcher.unsupported.sort(key=lambda u: u.type not in lowering.RECURRENT)
     kernels = tuple(loss_tail.attach_regularizers(matcher.kernels, regularizers))
-    outputs = matcher.host_outputs(hosts) if not matcher.unsupported else ()
+    known = [spec.loss] if spec.loss is not None and not predict else []
+    outputs = matcher.host_outputs(hosts, known) if not matcher.unsupported else ()
     return MatchedModel(inputs=extracted.inputs, kernels=kernels, loss_kernel=loss_kernel,
                         outputs=outputs, training=training,
                         unsupported=tuple(matcher.unsupported))

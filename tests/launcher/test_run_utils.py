@@ -98,8 +98,6 @@ def test_unknown_flags_and_bad_modes_are_one_line_errors():
 
 @pytest.mark.parametrize("runconfig, message", [
     ({"validate_only": True, "compile_only": True}, "--validate_only and --compile_only"),
-    ({"mode": "eval", "cs_ip": "h:1"}, "eval on the CS system needs eval_steps"),
-    ({"mode": "eval_all", "cs_ip": "h:1"}, "eval_all runs on the CPU only"),
     ({"mode": "train_and_eval", "cs_ip": "h:1"}, "train_and_eval runs on the CPU only"),
 ])
 def test_check_env_refuses_what_cannot_run(runconfig, message):
@@ -108,7 +106,8 @@ def test_check_env_refuses_what_cannot_run(runconfig, message):
 
 
 def test_check_env_accepts_runnable_settings():
-    for runconfig in ({"mode": "eval", "cs_ip": "h:1", "eval_steps": 3}, {"mode": "eval_all"},
+    for runconfig in ({"mode": "eval", "cs_ip": "h:1", "eval_steps": 3}, {"mode": "eval", "cs_ip": "h:1"},
+                      {"mode": "eval_all"}, {"mode": "eval_all", "cs_ip": "h:1"},
                       {"mode": "train", "cs_ip": "h:1", "compile_only": True}):
         check_env(runconfig)
 
@@ -141,7 +140,6 @@ def bad_run_cases(tmp_path):
         "malformed yaml": (["-p", "broken.yaml"], "params file broken.yaml is not valid YAML at line"),
         "unknown key": (["-p", "unknown.yaml"], "unknown runconfig key 'save_every' in unknown.yaml"),
         "both compile flags": (["--validate_only", "--compile_only"], "--validate_only and --compile_only"),
-        "eval on CS": (["--mode", "eval", "--cs_ip", "127.0.0.1"], "eval on the CS system needs eval_steps"),
         "unwritable model_dir": (["-o", "file/md"], "cannot write to model_dir file/md"),
     }
 

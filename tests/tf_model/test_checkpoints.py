@@ -61,7 +61,7 @@ def test_restoring_a_variable_the_checkpoint_lacks_names_it(tmp_path):
     session = tf.compat.v1.Session(graph=graph)
     with pytest.raises(CSRunError, match="conv/kernel"):
         restore_variables(session, [other], path)
-    with pytest.raises(CSRunError, match=r"dense/kernel \(5, 3\) vs \(4, 3\)"):
+    with pytest.raises(CSRunError, match=r"trained with other shapes: dense/kernel \(4, 3\) there, \(5, 3\) in the model"):
         restore_variables(session, [wrong], path)
 
 
