@@ -44,7 +44,12 @@ from workers.rendezvous import Rendezvous, publish
 
 
 def program_variables(program: pb.Program) -> list[str]:
-    return [p.variable for k in program.kernels for p in k.params]
+    """The variables the CS holds: the kernels' weights, their moving averages and what
+    the schedules read."""
+    schedules = [*program.schedules, *(m.factor for m in program.moving_averages)]
+    return [p.variable for k in program.kernels for p in k.params] + list(dict.fromkeys(
+        [*(m.shadow for m in program.moving_averages),
+         *(o.name for s in schedules for o in s.ops if o.op == "variable")]))
 
 
 def tf_optimizer(optimizer: pb.Optimizer) -> str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler import lowering_spatial
 from coordinator.compiler.ir import ParamRef
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from wafer.kernels import KERNELS
@@ -50,6 +51,7 @@ FAST_PATHS = {
     "batch_norm_inference": "BatchNormalization with training=False, FusedBatchNormV3 (inference)",
     "softmax_cross_entropy_with_logits": "SparseSoftmaxCrossEntropyWithLogits, "
                                          "SoftmaxCrossEntropyWithLogits",
+    **lowering_spatial.KERNEL_ROWS,
 }
 REFUSED = {
     "BatchNormalization (training)": "normalises with statistics of the whole batch, which "
@@ -63,6 +65,7 @@ REFUSED = {
     "weight sharing": "a variable read by two layers",
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision); csconfig.use_cbfloat16",
+    **lowering_spatial.REFUSED,
 }
 
 
@@ -718,7 +721,7 @@ GENERIC: dict[str, Callable[["Matcher", tf.Operation], str]] = {
     "LogSoftmax": _softmax, "MatMul": _matmul, "BatchMatMulV2": _matmul,
     "BatchMatMulV3": _matmul, "Einsum": _einsum, "GatherV2": _gather, "ResourceGather": _gather,
     "OneHot": _one_hot, "StridedSlice": _strided_slice, "Slice": _slice, "Pad": _pad,
-    "PadV2": _pad, "IdentityN": _identity_n,
+    "PadV2": _pad, "IdentityN": _identity_n, **lowering_spatial.GENERIC,
 }
 
 
@@ -732,7 +735,7 @@ def supported_op_types() -> set[str]:
 def supported_table() -> str:
     """The README's 'Supported operations' section, generated from the tables above
     (`python -m coordinator.compiler.lowering` prints it; a test keeps the README equal)."""
-    generic = sorted(set(GENERIC) - set(UNARY) - set(BINARY))
+    generic = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - set(lowering_spatial.GENERIC))
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in FAST_PATHS.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "

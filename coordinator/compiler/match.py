@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler import loss_tail, lowering, precision
+from coordinator.compiler import loss_tail, lowering, precision, refusals
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
@@ -164,7 +164,7 @@ class Matcher:
         self.consumed.add(op)
 
     def reject(self, op: tf.Operation, reason: str = "") -> None:
-        self.unsupported.append(UnsupportedOp(op.type, op.name, user_source(op), reason))
+        self.unsupported.append(refusals.attribute(self, op, reason))
         self.consumed.add(op)
         for out in op.outputs:  # keep going so that every unsupported op is found
             if out.shape.rank and out.shape[0] == self.x.batch_size:
@@ -422,9 +422,8 @@ def shared_weights(matcher: Matcher) -> list[UnsupportedOp]:
 
 
 def unsupported_detail(model: MatchedModel) -> str:
-    """The lines listing every unsupported op, and what the compiler supports."""
-    lines = [f"Unsupported operations ({len(model.unsupported)}):"]
-    lines += [f"  {op.line()}" for op in model.unsupported]
+    """The lines listing every unsupported layer and op, and what the compiler supports."""
+    lines = refusals.detail_lines(refusals.group(model.unsupported))
     lines.append("Supported (see README, 'Supported operations'): "
                  + ", ".join(sorted(lowering.supported_op_types())))
     return "\n".join(lines)
@@ -432,11 +431,12 @@ def unsupported_detail(model: MatchedModel) -> str:
 
 def check_supported(model: MatchedModel) -> None:
     if model.unsupported:
-        first = model.unsupported[0]
-        more = len(model.unsupported) - 1
+        grouped = refusals.group(model.unsupported)
+        first, more = grouped[0], len(grouped) - 1
         why = f": {first.reason}" if first.reason else ""
+        others = f" (and {more} more unsupported layer{'s' if more > 1 else ''} or " \
+                 f"operation{'s' if more > 1 else ''})" if more else ""
         raise CSRunError(
-            f"validation failed at {first.source}: {first.type} '{first.name}'{why}"
-            f"{f' (and {more} more unsupported operation' + ('s' if more > 1 else '') + ')' if more else ''}",
+            f"validation failed: {first.headline()}{why}{others}",
             "change the listed ops (every one is listed above with its source line)",
             detail=unsupported_detail(model))

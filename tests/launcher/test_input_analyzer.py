@@ -11,16 +11,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import CSRunError
-from launcher.input_analyzer import (
-    InputCosts,
-    Recommendation,
-    compile_script,
-    job_slots,
-    main,
-    parse_args,
-    recommend,
-    script_argv,
-)
+from launcher.input_analyzer import InputCosts, Recommendation, job_slots, main, parse_args, recommend
+from launcher.input_measurement import compile_script, script_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 ANALYZER = [sys.executable, "-c", "import sys; from launcher.input_analyzer import main; sys.exit(main())"]
@@ -187,3 +179,13 @@ def test_mount_dirs_without_a_container_say_they_are_unused(tmp_path, monkeypatc
         main(argv)
     assert f"cs_input_analyzer: --mount-dirs unused: no container.image in {tmp_path / 'csrun.yaml'}" in \
         capfd.readouterr().err
+
+
+@pytest.mark.parametrize("cli", ["launcher.input_analyzer", "launcher.csrun_wse", "launcher.csrun_cpu"])
+@pytest.mark.parametrize("args", [["--help"], ["--no-such-flag"]])
+def test_help_and_argument_errors_answer_before_tensorflow_is_imported(cli, args):
+    probe = (f"import sys\nfrom {cli} import main\ntry:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
+             "print('tensorflow imported:', 'tensorflow' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.splitlines()[-1] == "tensorflow imported: False", done.stdout + done.stderr
