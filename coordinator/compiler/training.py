@@ -438,7 +438,7 @@ def _updates(extracted: ExtractedGraph) -> tuple[list[_Update], list[_Average]]:
     if not updates and conds:
         raise _fail(conds[-1], "the train_op applies its updates inside a tf.cond: dynamic loss "
                                "scaling (a LossScaleOptimizer with 'dynamic') is not carried out "
-                               "on the CS; use a fixed loss scale (a number)")
+                               "on the CS yet; use a fixed loss scale (a number)")
     if not updates:
         raise _Refused(f"the train_op updates no variable with a supported optimizer "
                        f"(supported: {SUPPORTED})")
