@@ -93,7 +93,7 @@ class FloatList(_message.Message):
     def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Param(_message.Message):
-    __slots__ = ("role", "variable", "shape", "dtype", "frozen", "regularizers", "update", "variable_shape")
+    __slots__ = ("role", "variable", "shape", "dtype", "frozen", "regularizers", "update", "variable_shape", "view")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     VARIABLE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class Param(_message.Message):
     REGULARIZERS_FIELD_NUMBER: _ClassVar[int]
     UPDATE_FIELD_NUMBER: _ClassVar[int]
     VARIABLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     role: str
     variable: str
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -110,7 +111,8 @@ class Param(_message.Message):
     regularizers: _containers.RepeatedCompositeFieldContainer[Regularizer]
     update: str
     variable_shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, role: _Optional[str] = ..., variable: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., frozen: _Optional[bool] = ..., regularizers: _Optional[_Iterable[_Union[Regularizer, _Mapping]]] = ..., update: _Optional[str] = ..., variable_shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    view: Tensor
+    def __init__(self, role: _Optional[str] = ..., variable: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., frozen: _Optional[bool] = ..., regularizers: _Optional[_Iterable[_Union[Regularizer, _Mapping]]] = ..., update: _Optional[str] = ..., variable_shape: _Optional[_Iterable[int]] = ..., view: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class Regularizer(_message.Message):
     __slots__ = ("kind", "scale")
@@ -155,18 +157,20 @@ class Point(_message.Message):
     def __init__(self, x: _Optional[int] = ..., y: _Optional[int] = ...) -> None: ...
 
 class Route(_message.Message):
-    __slots__ = ("src", "dst", "path", "bytes_per_sample", "replica")
+    __slots__ = ("src", "dst", "path", "bytes_per_sample", "replica", "bytes_per_batch")
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_BATCH_FIELD_NUMBER: _ClassVar[int]
     src: str
     dst: str
     path: _containers.RepeatedCompositeFieldContainer[Point]
     bytes_per_sample: int
     replica: int
-    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., path: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., bytes_per_sample: _Optional[int] = ..., replica: _Optional[int] = ...) -> None: ...
+    bytes_per_batch: int
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., path: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., bytes_per_sample: _Optional[int] = ..., replica: _Optional[int] = ..., bytes_per_batch: _Optional[int] = ...) -> None: ...
 
 class Kernel(_message.Message):
     __slots__ = ("name", "type", "inputs", "attrs", "params", "output_shape", "region", "source", "flops_per_sample", "samples_per_sec", "memory_per_core_bytes", "tf_tensor")

@@ -2,9 +2,11 @@
 raw tf ops, tf.compat.v1 losses and optimizers), for the differential test.
 
 A `ModelSpec` (drawn by `model_specs()`, a hypothesis strategy) names an input, a few
-blocks, a head with its loss, an optimizer with a learning-rate schedule (often constant),
-a gradient transform between compute_gradients and apply_gradients, an optional var_list
-subset, an optional L2 term and the replicas the CS trains it on (multireplica); `model_fn` and
+blocks, maybe a weight read twice or through a view (a layer called twice, a strided slice
+of a weight, a tied transposed weight), a head with its loss, an optimizer with a
+learning-rate schedule (often constant), a gradient transform between compute_gradients and
+apply_gradients, an optional var_list subset, an optional L2 term and the replicas the CS
+trains it on (multireplica); `model_fn` and
 `input_fn` build it from `params["spec"]`. The ops are created on the lines of this file,
 so a refusal must name one of them.
 """
@@ -34,6 +36,8 @@ BLOCKS = ("dense:relu", "dense:tanh", "dense:sigmoid", "dense:gelu", "dense:none
           "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3",
           "conv_transpose", "depthwise", "separable", "dilated", "upsample", "upsample_bilinear",
           "pool1d", "volume")
+# A weight read in several places or through a view, after the blocks (issue 22).
+WEIGHT_USES = ("none", "shared_dense", "sliced_weight", "tied_weight")
 LOSSES = {
     "classes": ("sparse_ce", "sparse_ce_weighted", "softmax_ce_smoothed", "nn_sparse_ce_mean"),
     "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted"),
@@ -64,12 +68,13 @@ class ModelSpec:
     var_subset: bool  # minimize(var_list=...) leaves the first layer's variables out
     l2: str
     seed: int
+    weights: str = "none"  # one of WEIGHT_USES
     replicas: int = 1  # runconfig.num_replicas: data-parallel copies on the CS
 
     @property
     def mixed(self) -> bool:
         """Built under the mixed_float16 policy (float16 layers, float32 weights)."""
-        return self.seed % 4 == 0 and self.l2 == "none" and self.loss in MIXED_LOSSES and \
+        return self.seed % 4 == 0 and self.l2 == "none" and self.weights == "none" and self.loss in MIXED_LOSSES and \
             all(b in MIXED_BLOCKS for b in self.blocks)
 
     @property
@@ -77,7 +82,8 @@ class ModelSpec:
         return MIXED_RTOL if self.mixed else 1e-4
 
     def describe(self) -> str:
-        return (f"{self.inputs} -> {' -> '.join(self.blocks) or '(no block)'} -> {self.task} "
+        blocks = self.blocks + ((self.weights,) if self.weights != "none" else ())
+        return (f"{self.inputs} -> {' -> '.join(blocks) or '(no block)'} -> {self.task} "
                 f"head, loss {self.loss}, {self.optimizer} ({self.schedule} rate), "
                 f"transform {self.transform}"
                 f"{', var_list subset' if self.var_subset else ''}"
@@ -96,7 +102,8 @@ def model_specs(draw) -> ModelSpec:
         optimizer=draw(st.sampled_from(OPTIMIZERS)), schedule=draw(st.sampled_from(SCHEDULES)),
         transform=draw(st.sampled_from(TRANSFORMS)),
         var_subset=draw(st.booleans()), l2=draw(st.sampled_from(L2_TERMS)),
-        seed=draw(st.integers(0, 2 ** 16)), replicas=draw(st.sampled_from((1, 1, 2, 4))))
+        seed=draw(st.integers(0, 2 ** 16)), replicas=draw(st.sampled_from((1, 1, 2, 4))),
+        weights=draw(st.sampled_from(WEIGHT_USES)))
 
 
 def params_for(spec: ModelSpec) -> dict:
@@ -205,6 +212,15 @@ def block(name: str, h, index: int):
     if kind == "dense_rank3":
         x = tf.keras.layers.Dense(WIDTH // 2, activation="relu")(tf.reshape(h, [-1, 2, WIDTH // 2]))
         return tf.reshape(x, [-1, WIDTH])
+    if kind == "shared_dense":  # one layer called twice
+        layer = tf.keras.layers.Dense(WIDTH, activation="tanh")
+        return layer(layer(h)) + h
+    if kind == "sliced_weight":  # every other row of a taller table, plus its first row
+        w = tf.compat.v1.get_variable(f"w{index}", [2 * WIDTH + 1, WIDTH])
+        return tf.matmul(h, w[1::2]) + w[0]
+    if kind == "tied_weight":  # a tied autoencoder: the decoder is the encoder transposed
+        w = tf.compat.v1.get_variable(f"w{index}", [WIDTH, WIDTH // 2])
+        return tf.matmul(tf.tanh(tf.matmul(h, w)), tf.transpose(w))
     if kind in SPATIAL:
         return tf.reshape(SPATIAL[kind](tf.reshape(h, [-1, 2, 2, WIDTH // 4])), [-1, WIDTH])
     if kind == "volume":
@@ -321,6 +337,8 @@ def model_fn(features, labels, mode, params):
     first_variables = len(tf.compat.v1.trainable_variables())
     for index, name in enumerate(spec.blocks):
         h = block(name, h, index)
+    if spec.weights != "none":
+        h = block(spec.weights, h, len(spec.blocks))
     out, loss = head_and_loss(spec, h, labels)
     var_list = tf.compat.v1.trainable_variables()[first_variables if spec.var_subset else 0:]
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op(spec, loss, var_list))

@@ -17,7 +17,11 @@ Steady state X = min(R / max_k t_k, I/O bytes per second / input bytes per sampl
 replicas of the network (multireplica: data-parallel copies, each on its own tile, each
 taking B / R samples of every batch; R = 1 otherwise).
 A step of batch B: (B - R) / X + pipeline fill + the replicas' gradient all-reduce (R > 1,
-training) + weight update.
+training) + weight update + shared reads.
+A shared weight's read (a kernel reading a weight held by another's region): once a batch
+the weight travels to the reader and, training, its gradient back, each way
+    hops / f + bytes / (the reader's height x 4 B x f);
+the slowest read adds to the step.
 Memory per core: (weights + gradient accumulator + optimizer slots) / P_k + the activations
 kept for the backward pass of the samples in flight / P_k.
 """
@@ -92,6 +96,7 @@ class PipelineTiming:
     peak_flops_per_core: float  # r x f (no efficiency)
     replicas: int = 1
     allreduce_seconds: float = 0.0  # summing the replicas' gradients (training, R > 1)
+    shared_read_seconds: float = 0.0  # the slowest shared weight's read (and gradient back)
 
     @property
     def samples_per_sec(self) -> float:
@@ -112,9 +117,9 @@ class PipelineTiming:
 
     def step_seconds(self, batch_size: int) -> float:
         """Time of one step of `batch_size` samples (B / R per replica, the replicas side by
-        side): steady state, fill, the gradients' all-reduce and update."""
+        side): steady state, fill, the gradients' all-reduce, update and shared reads."""
         return (max(batch_size - self.replicas, 0) / self.samples_per_sec + self.fill_seconds
-                + self.allreduce_seconds + self.update_seconds)
+                + self.allreduce_seconds + self.update_seconds + self.shared_read_seconds)
 
 
 def flops_per_sample(kernel: Any, training: bool) -> float:
@@ -213,16 +218,32 @@ def allreduce_seconds(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, 
     return ALLREDUCE_PASSES * (rounds * per_round + span_hops / fabric.clock_hz)
 
 
+@dataclass(frozen=True)
+class SharedRead:
+    """A kernel reading a weight another kernel's region holds: its route's length in
+    cores, the weight's bytes, the reader region's height (the links it enters by)."""
+
+    hops: int
+    bytes_per_batch: int
+    edge_cores: int
+
+    def seconds(self, fabric: Fabric, training: bool) -> float:
+        """The weight to the reader, and when training its gradient back."""
+        one_way = (self.hops / fabric.clock_hz + self.bytes_per_batch
+                   / (max(self.edge_cores, 1) * link_bytes_per_sec(fabric)))
+        return one_way * (2 if training else 1)
+
+
 def pipeline_timing(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, *,
                     training: bool, input_bytes_per_sample: int, optimizer: str = "sgd",
-                    route_hops: int = 0, replicas: int = 1,
-                    replica_span_hops: int = 0) -> PipelineTiming:
+                    route_hops: int = 0, replicas: int = 1, replica_span_hops: int = 0,
+                    shared_reads: Sequence[SharedRead] = ()) -> PipelineTiming:
     """Timing of kernels (topological order) on their regions, `replicas` copies of them.
 
     `input_bytes_per_sample` is what the host streams per sample (features and labels);
     `route_hops` is the total length, in cores, of one replica's routes between regions
     (the longest replica's; one hop per cycle); `replica_span_hops` the Manhattan distance
-    between the farthest replicas.
+    between the farthest replicas; `shared_reads` the shared weights' reads, once a batch.
     """
     timings = tuple(kernel_timing(k, r, fabric, training=training, optimizer=optimizer)
                     for k, r in placed)
@@ -245,6 +266,7 @@ def pipeline_timing(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, *,
         replicas=replicas,
         allreduce_seconds=(allreduce_seconds(placed, fabric, replicas, replica_span_hops)
                            if training else 0.0),
+        shared_read_seconds=max((r.seconds(fabric, training) for r in shared_reads), default=0.0),
     )
 
 
@@ -301,12 +323,18 @@ def program_timing(program: Any, kernels: Sequence[Any], fabric: Fabric, *,
     replicas = max(int(program.num_replicas), 1)
     hops = [0] * replicas
     for route in program.routes:
-        hops[min(int(route.replica), replicas - 1)] += path_hops([(p.x, p.y) for p in route.path])
+        if not route.bytes_per_batch:  # a shared weight's read is not on the samples' path
+            hops[min(int(route.replica), replicas - 1)] += path_hops([(p.x, p.y) for p in route.path])
+    heights = {k.name: k.region.height for k in program.kernels}
+    reads = [SharedRead(path_hops([(p.x, p.y) for p in route.path]), route.bytes_per_batch,
+                        heights[route.dst])
+             for route in program.routes if route.bytes_per_batch]
     return pipeline_timing(list(zip(kernels, regions)), fabric, training=training,
                            input_bytes_per_sample=input_bytes,
                            optimizer=program.optimizer.type or "sgd", route_hops=max(hops),
                            replicas=replicas, replica_span_hops=replica_span(
-                               [(p.x, p.y) for p in program.replica_offsets]))
+                               [(p.x, p.y) for p in program.replica_offsets]),
+                           shared_reads=reads)
 
 
 def replica_span(offsets: Sequence[tuple[int, int]]) -> int:

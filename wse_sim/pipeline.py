@@ -50,7 +50,8 @@ from wafer.moving_averages import update as update_average
 from wafer.optimizers import Optimizer, make_optimizer, slot_name
 from wafer.precision import is_half, round_half, round_half_
 from wafer.schedules import Schedule, evaluate
-from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec
+from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec, SharedWeight
+from wse_sim.shared_weights import SharedWeights
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
 # A thread (a stage's or a helper's) pays off only with this much work per micro-batch (a
@@ -74,7 +75,8 @@ class Region:
     specs: dict[str, ParamSpec]  # role -> how it trains
     rng: np.random.Generator | None = None  # this step's own stream (dropout)
     backward: bool = False  # runs a backward pass (see Pipeline._mark_backward)
-    trained: tuple[str, ...] = ()  # roles the optimizer updates
+    trained: tuple[str, ...] = ()  # roles the optimizer updates (a shared weight's: none)
+    collects: tuple[str, ...] = ()  # roles whose IndexedSlices pieces it collects (lookups)
     grads: dict[str, np.ndarray] = field(default_factory=dict)  # gradient accumulators
     slots: dict[str, list[np.ndarray]] = field(default_factory=dict)  # role -> optimizer slots
     scratch: dict[str, list[np.ndarray]] = field(default_factory=dict)  # role -> 2 arrays
@@ -132,7 +134,8 @@ class Pipeline:
                  params: Mapping[str, ParamSpec] | None = None,
                  transforms: Sequence[GradientTransform] = (), replicas: int = 1,
                  schedules: Sequence[Schedule] = (),
-                 moving_averages: Sequence[MovingAverage] = ()):
+                 moving_averages: Sequence[MovingAverage] = (),
+                 shared: Mapping[str, SharedWeight] | None = None):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.replicas = replicas
@@ -144,9 +147,11 @@ class Pipeline:
         self.schedules = tuple(schedules)
         self.moving_averages = tuple(moving_averages)
         specs = params or {}
+        self.shared = SharedWeights(shared or {}, specs, state)
         self.regions: list[Region] = []
         for position, (kernel, srcs, names) in enumerate(zip(kernels, sources, variables)):
-            weights = {role: np.array(state[var], dtype=np.float32, order="C")
+            weights = {role: self.shared.param(var, position, role) if var in self.shared else
+                       np.array(state[var], dtype=np.float32, order="C")
                        for role, var in names.items()}
             self.regions.append(Region(kernel, position, tuple(srcs), dict(names), weights,
                                        {role: specs.get(var, ParamSpec())
@@ -160,7 +165,10 @@ class Pipeline:
         self.loss_scale = float(self.by_name[loss_kernel].kernel.attrs.get("loss_scale", 1.0)) \
             if loss_kernel in self.by_name else 1.0
         self._mark_backward()
-        held: set[str] = set()
+        self.shared.bind(self.regions, optimizer, state, {
+            region.variables[role] for region in self.regions if region.backward
+            for role, spec in region.specs.items() if not spec.frozen})
+        held: set[str] = set(self.shared.state(optimizer.slot_suffixes if optimizer else ()))
         for region in self.regions:
             held.update(region.variables.values())
             if optimizer is None or not region.backward:
@@ -209,7 +217,8 @@ class Pipeline:
                    seed=program.seed, threads=threads, min_stage_flops=min_stage_flops,
                    params=checked.params, transforms=checked.transforms,
                    replicas=max(program.num_replicas, 1),
-                   schedules=checked.schedules, moving_averages=checked.moving_averages)
+                   schedules=checked.schedules, moving_averages=checked.moving_averages,
+                   shared=checked.shared)
 
     def _mark_backward(self) -> None:
         """A region runs backward iff its output reaches the loss and a trained weight is
@@ -233,7 +242,12 @@ class Pipeline:
             name = region.kernel.name
             region.backward = name in reaches and trained_upstream[name]
             region.trained = tuple(role for role, spec in region.specs.items()
-                                   if region.backward and not spec.frozen)
+                                   if region.backward and not spec.frozen
+                                   and region.variables[role] not in self.shared)
+            region.collects = tuple(
+                role for role, spec in region.specs.items() if region.backward
+                and not spec.frozen and spec.update == "sparse"
+                and region.kernel.type_name in SPARSE_GRADIENT_KERNELS)
         for region in self.regions:
             region.input_grads = tuple(
                 s in self.by_name and self.by_name[s].backward
@@ -338,8 +352,9 @@ class Pipeline:
     def _regularization(self) -> float:
         """The weights' own loss terms, at the weights the batch runs with."""
         return float(sum((reg.loss(r.params[role]) for r in self.regions
-                          for role, spec in r.specs.items() for reg in spec.regularizers),
-                         np.float32(0)))
+                          for role, spec in r.specs.items() for reg in spec.regularizers
+                          if r.variables[role] not in self.shared),
+                         np.float32(0))) + self.shared.regularization()
 
     def _run_stage(self, index: int, plan: tuple[Stage, ...], board: Board, training: bool,
                    backward: bool) -> None:
@@ -365,11 +380,13 @@ class Pipeline:
             return
         for region in stage.regions:
             self._complete_gradients(region)
-        if self.transforms:
+        if self.transforms or self.shared:  # every stage's gradients first
             if index == 0:
                 for other in range(1, len(plan)):
                     board.get(("gradients complete", other))
-                apply_transforms(self.transforms, self._gradients())
+                self.shared.gather_gradients()
+                if self.transforms:
+                    apply_transforms(self.transforms, self._gradients())
                 board.put(("transformed",), True)
             else:
                 board.put(("gradients complete", index), True)
@@ -384,7 +401,14 @@ class Pipeline:
                         np.copyto(region.compute[role], round_half(region.params[role]))
                 else:
                     updates += _update_tiles(self.optimizer, region, role)
+        if index == 0 and self.shared:
+            updates.append(partial(self.shared.update, self.optimizer))
         board.share(updates)
+        if index == 0 and self.shared:  # float16 kernels read a rounded copy of the new values
+            for region in self.regions:
+                for role, var in region.variables.items():
+                    if region.half and var in self.shared:
+                        np.copyto(region.compute[role], round_half(region.params[role]))
 
     @staticmethod
     def _add_replica(region: Region, last: bool) -> None:
@@ -440,9 +464,10 @@ class Pipeline:
     def _gradients(self) -> dict[str, np.ndarray]:
         """The batch's gradients of every trained variable (sparse ones: the values of
         their IndexedSlices, as TF's transforms see them), by TF name."""
-        return {region.variables[role]: (region.slices[role][1] if role in region.slices
-                                         else region.grads[role])
-                for region in self.regions for role in region.trained}
+        return {**{region.variables[role]: (region.slices[role][1] if role in region.slices
+                                            else region.grads[role])
+                   for region in self.regions for role in region.trained},
+                **self.shared.gradients()}
 
     def _backward(self, region: Region, i: int, cache, board: Board, ctx: RunContext) -> None:
         name = region.kernel.name
@@ -457,9 +482,8 @@ class Pipeline:
         input_grads: Sequence[np.ndarray | None] = [None] * len(region.sources)
         # A micro-batch whose output reached the loss by no path has no backward.
         if upstream is not None or region.kernel.is_loss:
-            for role in region.trained:
-                if upstream is not None and region.specs[role].update == "sparse" and \
-                        region.kernel.type_name in SPARSE_GRADIENT_KERNELS:  # (a gather: never the loss)
+            for role in region.collects:
+                if upstream is not None:  # (a gather: never the loss)
                     region.pieces.setdefault(role, []).append(
                         self._indexed_slices(region, role, i, upstream, board))
             ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated
@@ -497,6 +521,7 @@ class Pipeline:
                 out[var] = region.params[role]
                 for suffix, slot in zip(suffixes, region.slots.get(role, ())):
                     out[slot_name(var, suffix)] = slot
+        out.update(self.shared.state(suffixes))
         if self.optimizer is not None:
             out.update(self.optimizer.scalars)
         out.update(self.carried)

@@ -12,6 +12,7 @@ import numpy as np
 from cs_api import cs_api_pb2 as pb
 from cs_api.attrs import from_attr
 from cs_api.input_spec import InputSpec
+from cs_api.tensors import from_tensor
 from wafer.grad_transforms import GradientTransform
 from wafer.kernels import Kernel, KernelError, build_kernel
 from wafer.moving_averages import FACTOR, MovingAverage
@@ -41,6 +42,29 @@ SPARSE_GRADIENT_KERNELS = {"gather": "p0"}
 
 
 @dataclass(frozen=True)
+class WeightUse:
+    """One kernel's read of a variable: its param `role` of kernel `kernel` (program index),
+    seen through `view` (flat indices into the variable, shaped like the param) or, with
+    None, the variable itself reshaped to `shape`."""
+
+    kernel: int
+    role: str
+    shape: Shape
+    view: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class SharedWeight:
+    """A variable read by several kernels, or through a static view: it lives once (in the
+    region of its first use); the other uses read it, and their gradients are summed into
+    its one gradient (wse_sim.shared_weights)."""
+
+    variable: str
+    shape: Shape  # the variable's (TF's) shape
+    uses: tuple[WeightUse, ...]  # program order; the first holds the variable
+
+
+@dataclass(frozen=True)
 class CheckedProgram:
     """What the executor needs, in program order."""
 
@@ -63,14 +87,16 @@ class CheckedProgram:
         schedules = (*self.schedules, *(m.factor for m in self.moving_averages))
         return {**{m.shadow: m.variable for m in self.moving_averages},
                 **{v: "" for s in schedules for v in s.variables}}
+    shared: Mapping[str, SharedWeight] = field(default_factory=dict)  # by variable
 
     @property
     def num_parameters(self) -> int:
-        return sum(math.prod(k.param_shapes()[r]) for k, v in zip(self.kernels, self.variables) for r in v)
+        return sum(math.prod(shape) for shape in self.variable_shapes().values())
 
     def variable_shapes(self) -> dict[str, Shape]:
         """Every weight's shape as TF (and the state Load takes and Snapshot gives) has it."""
-        return {var: self.views[var][0] if var in self.views else tuple(k.param_shapes()[role])
+        return {var: self.shared[var].shape if var in self.shared else
+                self.views[var][0] if var in self.views else tuple(k.param_shapes()[role])
                 for k, names in zip(self.kernels, self.variables) for role, var in names.items()}
 
     def reshaped(self, state: Mapping[str, np.ndarray], to_kernels: bool) -> dict[str, np.ndarray]:
@@ -103,9 +129,13 @@ def check_program(program: pb.Program) -> CheckedProgram:
         shapes[spec.name], dtypes[spec.name] = inputs[-1].shape, np.dtype(inputs[-1].dtype)
     if not inputs:
         raise invalid(f"program {program.name!r} has no inputs")
-    kernels, sources, variables = [], [], []
+    kernels: list[Kernel] = []
+    sources: list[tuple[str, ...]] = []
+    variables: list[dict[str, str]] = []
     params: dict[str, ParamSpec] = {}
     views: dict[str, tuple[Shape, Shape]] = {}
+    uses: dict[str, list[WeightUse]] = {}
+    tf_shapes: dict[str, Shape] = {}
     for message in program.kernels:
         if message.name in shapes:
             raise invalid(f"kernel {message.name!r}: the name is used twice")
@@ -137,12 +167,18 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           f"program, the kernel computes {out} from inputs {input_shapes}")
         roles = {}
         for param in message.params:
-            if param.variable_shape and tuple(param.variable_shape) != tuple(param.shape):
-                if math.prod(param.variable_shape) != math.prod(param.shape):
-                    raise invalid(f"kernel {message.name!r}: param {param.variable!r} of shape "
-                                  f"{tuple(param.variable_shape)} cannot be viewed as "
-                                  f"{tuple(param.shape)}")
-                views[param.variable] = (tuple(param.variable_shape), tuple(param.shape))
+            tf_shape = tuple(param.variable_shape) or tuple(param.shape)
+            view = _view(message, param, tf_shape)
+            if view is None and math.prod(tf_shape) != math.prod(param.shape):
+                raise invalid(f"kernel {message.name!r}: param {param.variable!r} of shape "
+                              f"{tf_shape} cannot be viewed as {tuple(param.shape)}")
+            if view is None and tf_shape != tuple(param.shape):
+                views[param.variable] = (tf_shape, tuple(param.shape))
+            if tf_shapes.setdefault(param.variable, tf_shape) != tf_shape:
+                raise invalid(f"kernel {message.name!r}: variable {param.variable!r} is "
+                              f"{tf_shape} here, {tf_shapes[param.variable]} in an earlier kernel")
+            uses.setdefault(param.variable, []).append(
+                WeightUse(len(kernels), param.role, tuple(param.shape), view))
             if param.role not in expected_params:
                 raise invalid(f"kernel {message.name!r} ({message.type}): unknown param role "
                               f"{param.role!r}; it has {sorted(expected_params) or 'none'}")
@@ -151,10 +187,11 @@ def check_program(program: pb.Program) -> CheckedProgram:
                               f"{tuple(param.shape)} in the program, the kernel needs "
                               f"{tuple(expected_params[param.role])}")
             roles[param.role] = param.variable
-            if param.variable in params:
-                raise invalid(f"kernel {message.name!r}: variable {param.variable!r} is already a "
-                              f"param of an earlier kernel (shared weights are not supported)")
-            params[param.variable] = param_spec(message, kernel, param)
+            trains = param_spec(message, kernel, param)
+            if params.setdefault(param.variable, trains) != trains:
+                raise invalid(f"kernel {message.name!r}: variable {param.variable!r} is read by "
+                              f"an earlier kernel that trains it otherwise ({params[param.variable]} "
+                              f"there, {trains} here)")
         if set(roles) != set(expected_params):
             raise invalid(f"kernel {message.name!r} ({message.type}): params "
                           f"{sorted(expected_params)} needed, the program names {sorted(roles)}")
@@ -176,10 +213,17 @@ def check_program(program: pb.Program) -> CheckedProgram:
         problem = config_problem(optimizer)
         if problem:
             raise invalid(f"program {program.name!r}: {problem}")
+    shared = {var: SharedWeight(var, tf_shapes[var], tuple(found)) for var, found in uses.items()
+              if len(found) > 1 or found[0].view is not None}
+    for var, weight in shared.items():
+        views.pop(var, None)
+        problem = sparse_problem(weight, params[var], kernels)
+        if problem:
+            raise invalid(f"variable {var!r}: {problem}")
     return CheckedProgram(program, tuple(inputs), tuple(kernels), tuple(sources),
                           tuple(variables), optimizer, params, check_transforms(program, params),
                           views, check_schedules(program, optimizer, params),
-                          check_moving_averages(program, params))
+                          check_moving_averages(program, params), shared)
 
 
 def check_moving_averages(program: pb.Program,
@@ -233,6 +277,38 @@ def check_schedules(program: pb.Program, optimizer: OptimizerConfig | None,
                 raise invalid(f"{where}: it reads {var!r}, a weight of the program")
         schedules.append(schedule)
     return tuple(schedules)
+
+
+def _view(message: pb.Kernel, param: pb.Param, tf_shape: Shape) -> np.ndarray | None:
+    """A param's static view of its variable (flat indices shaped like the param), checked."""
+    if not param.HasField("view"):
+        return None
+    where = f"kernel {message.name!r}: param {param.variable!r}"
+    try:
+        view = from_tensor(param.view)
+    except ValueError as error:
+        raise invalid(f"{where}: view: {error}") from None
+    if view.dtype != np.int64 or tuple(view.shape) != tuple(param.shape):
+        raise invalid(f"{where}: its view is {view.dtype.name} {tuple(view.shape)}, it must be "
+                      f"int64 {tuple(param.shape)} (the param's shape)")
+    if view.size and (view.min() < 0 or view.max() >= math.prod(tf_shape)):
+        raise invalid(f"{where}: its view indexes outside the variable's "
+                      f"{math.prod(tf_shape)} elements")
+    return view
+
+
+def sparse_problem(weight: SharedWeight, spec: ParamSpec, kernels: list[Kernel]) -> str:
+    """Why a shared or viewed weight cannot take TF's sparse update here ("" if it can):
+    each use must be an embedding lookup of the whole table."""
+    if spec.update != "sparse" or spec.frozen:
+        return ""
+    for use in weight.uses:
+        if use.view is not None or tuple(use.shape) != tuple(weight.shape) or \
+                kernels[use.kernel].type_name not in SPARSE_GRADIENT_KERNELS and \
+                "operands" not in kernels[use.kernel].attrs:
+            return (f"a sparse (IndexedSlices) update needs every read to be a lookup in the "
+                    f"whole table; kernel {kernels[use.kernel].name!r} reads a view of it")
+    return ""
 
 
 def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> ParamSpec:

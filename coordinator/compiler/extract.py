@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
+from coordinator.compiler.recurrences import has_loops, unrolled
 from cs_api import MAX_BATCH_BYTES
 from cs_api.input_spec import InputSpec
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
@@ -104,10 +105,18 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
     signature, batch = _fixed_batch(batch_signature(dataset), params)
     first = _first_batch(dataset) if mode == ModeKeys.TRAIN else None
     seed = (params.get("runconfig") or {}).get("tf_random_seed")
-    with model_graph(params) as graph:
-        features, labels = signature.placeholders()
-        spec = call_model_fn(model_fn, features, labels, mode, params)  # its errors: one line
+
+    def build() -> tuple[tf.Graph, CSEstimatorSpec]:
+        with model_graph(params) as graph:
+            features, labels = signature.placeholders()
+            return graph, call_model_fn(model_fn, features, labels, mode, params)  # one line
+
+    graph, spec = build()
     flat = tuple(_flatten(signature))
+    if has_loops(graph):  # Keras' recurrent layers over fixed-length sequences: unrolled
+        batch_values = first if first is not None else _first_batch(dataset)
+        graph, spec = unrolled(build, graph, spec, {f"{name}:0": batch_values[name]
+                                                    for name, _ in flat})
     inputs = tuple(InputSpec(name, spec.dtype.name, tuple(spec.shape.as_list()[1:])) for name, spec in flat)
     _check_spec(spec, mode)
     return ExtractedGraph(graph, mode, batch, inputs, {name: f"{name}:0" for name, _ in flat}, spec,

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from cs_api.input_spec import InputSpec
 
 if TYPE_CHECKING:
@@ -23,6 +25,8 @@ class ParamRef:
     variable_shape: Shape | None = None  # the variable's own shape, when it is viewed reshaped
     frozen: bool = False  # not updated (not in the train_op's var_list, or moving statistics)
     regularizers: tuple[tuple[str, float], ...] = ()  # (l2 | l1, scale) terms of the loss
+    # a static view of the variable: each element's flat index into it (pos_table[:n])
+    view: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -132,11 +136,6 @@ class MatchedModel:
 
     @property
     def num_parameters(self) -> int:
-        total = 0
-        for kernel in self.kernels:
-            for p in kernel.params:
-                n = 1
-                for d in p.shape:
-                    n *= d
-                total += n
-        return total
+        """The variables the kernels hold, each once (a shared weight is one)."""
+        shapes = {p.variable: p.variable_shape or p.shape for k in self.kernels for p in k.params}
+        return sum(int(np.prod(shape)) for shape in shapes.values())

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import lowering_spatial
+from coordinator.compiler import lowering_spatial, sequences
 from coordinator.compiler.ir import ParamRef
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from wafer.kernels import KERNELS
@@ -57,12 +57,13 @@ REFUSED = {
     "BatchNormalization (training)": "normalises with statistics of the whole batch, which "
                                      "layer-pipelined micro-batches never see together; use "
                                      "LayerNormalization, or training=False",
-    "recurrent layers (While loops)": "LSTM, GRU, SimpleRNN and tf.while_loop: the CS pipelines "
-                                      "one pass per sample; unroll the recurrence",
+    "While loops": "tf.while_loop (the CS pipelines one pass per sample; Keras' LSTM, GRU and "
+                   "SimpleRNN over fixed-length sequences are unrolled by the compiler)",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss",
     "random numbers": "other than a dropout mask",
-    "weight sharing": "a variable read by two layers",
+    "computations on weights": "a weight changed by anything but a static view (slice, "
+                               "constant gather, transpose, reshape) before it meets the samples",
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision); csconfig.use_cbfloat16",
     **lowering_spatial.REFUSED,
@@ -347,8 +348,34 @@ def _batch_norm(m, x, op, mean, variance, gamma, beta, eps, ops, out, fused=Fals
     return True
 
 
+def _flattened_cross_entropy(m: "Matcher", reshape: tf.Operation) -> bool:
+    """tf.nn.sparse_softmax_cross_entropy_with_logits on logits of rank > 2 (a loss per
+    token): TF flattens logits and labels across the batch, takes the loss and reshapes it
+    back; each sample's rows stay its own, so it is the kernel on (..., k) logits."""
+    xent = m.sole_consumer(reshape.outputs[0])
+    if xent is None or xent.type != "SparseSoftmaxCrossEntropyWithLogits":
+        return False
+    flat_logits, flat_labels = xent.inputs
+    reshapes = [t.op for t in (flat_logits, flat_labels)]
+    back = m.sole_consumer(xent.outputs[0])
+    if any(r.type != "Reshape" or m.sole_consumer(r.outputs[0]) is not xent or
+           not m.is_batched(r.inputs[0]) for r in reshapes) or back is None or \
+            back.type != "Reshape":
+        return False
+    logits, labels = (r.inputs[0] for r in reshapes)
+    lead = static_shape(logits)[:-1]
+    if static_shape(labels) != lead or static_shape(back.outputs[0]) != lead or \
+            static_shape(flat_logits) != (int(np.prod(lead)), static_shape(logits)[-1]):
+        return False
+    m.add_kernel(xent.name, "softmax_cross_entropy_with_logits", [logits, labels],
+                 {"sparse": True}, [], [*reshapes, xent, back], back.outputs[0], source_op=xent)
+    return True
+
+
 def match_cross_entropy(m: "Matcher") -> Callable[[tf.Operation], bool]:
     def match(op: tf.Operation) -> bool:
+        if op.type == "Reshape" and m.is_batched(op.inputs[0]):
+            return _flattened_cross_entropy(m, op)
         if op.type not in ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits"):
             return False
         logits, labels = op.inputs
@@ -364,9 +391,10 @@ def match_cross_entropy(m: "Matcher") -> Callable[[tf.Operation], bool]:
 def lower_generic(m: "Matcher", op: tf.Operation) -> None:
     handler = GENERIC.get(op.type)
     if op.type in RECURRENT:
-        m.reject(op, "recurrent layers (LSTM, GRU, RNN) and tf.while_loop are not supported: the "
-                     "CS pipelines one pass per sample; unroll the recurrence (e.g. unroll=True) "
-                     "or use attention or convolutions")
+        m.reject(op, "a While loop (tf.while_loop, or a recurrent layer over sequences of "
+                     "unknown length): the CS pipelines one pass per sample; unroll it in Python "
+                     "(a for loop over the steps) or use Keras' LSTM, GRU or SimpleRNN over "
+                     "fixed-length sequences, which the compiler unrolls")
     elif op.type in RANDOM_OPS:
         m.reject(op, "random numbers are supported only as a dropout mask")
     elif handler is None:
@@ -511,7 +539,7 @@ def _reshape(m: "Matcher", op: tf.Operation) -> str:
 def _transpose(m: "Matcher", op: tf.Operation) -> str:
     perm = m.operands.constant(op.inputs[1])
     if perm is None or int(perm[0]) != 0:
-        return "transposes the batch axis away from the first position"
+        return sequences.time_major_unstack(m, op)
     if not has_kernel("transpose"):
         return "the CS has no transpose kernel"
     m.add_kernel(op.name, "transpose", [op.inputs[0]], {"perm": [int(p) - 1 for p in perm[1:]]},
@@ -609,7 +637,7 @@ def _gather(m: "Matcher", op: tf.Operation) -> str:
     letters, inputs, attrs, params = found
     if letters != "pi":
         return "gathers from a constant table"
-    weight = m.operands.weight(table)
+    weight = m.operands.weight(table) or m.operands.view(table)
     assert weight is not None, "letter p: _operands found the table's weight"
     m.add_kernel(m.scope(op, weight.variable), "gather", inputs, {"operands": letters, **attrs},
                  params, [op], op.outputs[0])
@@ -721,7 +749,9 @@ GENERIC: dict[str, Callable[["Matcher", tf.Operation], str]] = {
     "LogSoftmax": _softmax, "MatMul": _matmul, "BatchMatMulV2": _matmul,
     "BatchMatMulV3": _matmul, "Einsum": _einsum, "GatherV2": _gather, "ResourceGather": _gather,
     "OneHot": _one_hot, "StridedSlice": _strided_slice, "Slice": _slice, "Pad": _pad,
-    "PadV2": _pad, "IdentityN": _identity_n, **lowering_spatial.GENERIC,
+    "PadV2": _pad, "IdentityN": _identity_n, "Unpack": sequences.unpack, "Split": sequences.split,
+    "SplitV": sequences.split, "Pack": sequences.pack,
+    **lowering_spatial.GENERIC,
 }
 
 
@@ -747,6 +777,15 @@ def supported_table() -> str:
                  "values (tf.compat.v1.losses.* with constant weights, label smoothing, "
                  "hand-written MSE) plus L2/L1 penalties of single weights (tf.nn.l2_loss, "
                  "Keras regularizers), proven linear by the compiler |")
+    lines.append("| weights (shared, viewed) | a weight read by several kernels (tied input/output "
+                 "embeddings, a Keras layer called twice, an unrolled LSTM's cell at every step) "
+                 "lives in one region, its uses' gradients summed before the one update; a "
+                 "static view of a weight (a slice, a gather by constant indices, a transpose or "
+                 "reshape: pos_table[:n]) is read as such, its gradient scattered back |")
+    lines.append("| sequences | Keras LSTM, GRU, SimpleRNN over fixed-length sequences "
+                 "(return_sequences either way): their While loop unrolled, every step reading "
+                 "the cell's shared weights; Pack, Split, SplitV, Unpack along a sample's axes; "
+                 "sparse_softmax_cross_entropy_with_logits on logits of rank > 2 |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
                  "mixed_float16 policy or casts by hand: float32 weights read through Cast, "
                  "float16 operands and results, float32 accumulation (docs/design.md); a static "

@@ -9,6 +9,7 @@ that fits no rule is reported with its type, name, source line and the reason.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from typing import Any, Callable, Iterable
 
@@ -176,7 +177,8 @@ class Matcher:
 
     # ---- operands of generic kernels ----
     def weight_param(self, role: str, weight: Weight) -> ParamRef:
-        return ParamRef(role, weight.variable, weight.shape, variable_shape=weight.variable_shape)
+        return ParamRef(role, weight.variable, weight.shape, variable_shape=weight.variable_shape,
+                        view=weight.view)
 
     def operand_list(self, op: tf.Operation, tensors: Iterable[tf.Tensor],
                      float_constants: bool = True):
@@ -191,7 +193,9 @@ class Matcher:
                 continue
             if t.name in self.tail:
                 return lowering.mixes_samples(op, self.x.batch_size)
-            weight = self.operands.weight(t) or self.whole_table(t)
+            weight = self.operands.weight(t) or self.operands.view(t)
+            if weight is not None and weight.view is not None:
+                weight = self.per_sample_view(op, weight)
             if weight is not None:
                 if weight.dtype != "float32":
                     return f"weight {weight.variable} is {weight.dtype}: the CS computes in float32"
@@ -200,6 +204,8 @@ class Matcher:
                 attrs[f"p{k}"] = list(weight.shape)
                 continue
             value = self.operands.constant(t)
+            if value is None:
+                value = self.operands.zero_product(t)
             if value is not None:
                 if value.ndim and value.ndim == len(static_shape(op.outputs[0])) and \
                         value.shape[0] == self.x.batch_size != 1:
@@ -221,19 +227,16 @@ class Matcher:
                     "samples: the CS keeps each weight as it is in its layer's region")
         return letters, inputs, attrs, params
 
-    def whole_table(self, tensor: tf.Tensor) -> Weight | None:
-        """A weight gathered whole and in order, tf.gather(w, tf.range(len(w))) (Keras
-        position embeddings: Embedding(maxlen, d)(tf.range(maxlen))): the weight itself."""
-        op = tensor.op
-        if op.type not in ("GatherV2", "ResourceGather"):
-            return None
-        weight = self.operands.weight(op.inputs[0])
-        ids = self.operands.constant(op.inputs[1])
-        axis = self.operands.constant(op.inputs[2]) if op.type == "GatherV2" else np.array(0)
-        if weight is None or ids is None or axis is None or int(axis) != 0 or \
-                not np.array_equal(ids, np.arange(weight.variable_shape[0])):
-            return None
-        return Weight(weight.variable, weight.variable_shape, static_shape(tensor), weight.dtype)
+    def per_sample_view(self, op: tf.Operation, weight: Weight) -> Weight:
+        """A view broadcast over the batch (zeros of a batch's shape plus a weight: a
+        recurrent layer's first step) reads the same elements for every sample: one row."""
+        view = weight.view
+        assert view is not None
+        if view.ndim == len(static_shape(op.outputs[0])) and view.shape[0] == self.x.batch_size \
+                != 1 and (view == view[:1]).all():
+            return dataclasses.replace(weight, shape=(1, *weight.shape[1:]),
+                                       view=np.ascontiguousarray(view[:1]))
+        return weight
 
     # ---- the pass ----
     def run(self) -> None:
@@ -380,7 +383,6 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
         if training.loss_scale != 1.0:  # into the float16 backward's seed
             matcher.kernels = [replace(k, attrs={**k.attrs, "loss_scale": training.loss_scale})
                                if k.name == loss_kernel else k for k in matcher.kernels]
-    matcher.unsupported.extend(shared_weights(matcher))
     # The root cause first: a recurrent layer explains the ops around its loop.
     matcher.unsupported.sort(key=lambda u: u.type not in lowering.RECURRENT)
     kernels = tuple(loss_tail.attach_regularizers(matcher.kernels, regularizers))
@@ -393,8 +395,12 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
 
 def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
     """Variables the train_op updates that no kernel holds (TF would train them, the CS
-    could not), and sparse updates of a weight no embedding lookup reads."""
-    held = {p.variable: (k, p) for k in matcher.kernels for p in k.params}
+    could not), and sparse updates of a weight some kernel reads other than as a whole
+    table (an embedding lookup, or a read of every row in order)."""
+    held: dict[str, list[tuple[KernelNode, ParamRef]]] = {}
+    for k in matcher.kernels:
+        for p in k.params:
+            held.setdefault(p.variable, []).append((k, p))
     bad = []
     for v in training.variables:
         if v.name not in held:
@@ -403,27 +409,14 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
                                      "from the samples to the loss reads: the CS would not "
                                      "train it; leave it out of var_list"))
             continue
-        kernel, param = held[v.name]
-        sparse_ok = kernel.type == "gather" or param.role.startswith("p")
-        if v.update == "sparse" and not sparse_ok:
-            bad.append(UnsupportedOp("Variable", v.name, v.source,
-                                     f"TF updates {v.name} as an embedding table (sparse), but "
-                                     f"the CS holds it as the {param.role} of {kernel.name}"))
-    return bad
-
-
-def shared_weights(matcher: Matcher) -> list[UnsupportedOp]:
-    """A variable read by two kernels (weight sharing): the CS keeps a weight in one region."""
-    owner: dict[str, KernelNode] = {}
-    bad = []
-    for kernel in matcher.kernels:
-        for p in kernel.params:
-            first = owner.setdefault(p.variable, kernel)
-            if first is not kernel:
-                bad.append(UnsupportedOp(kernel.type, kernel.name, kernel.source,
-                                         f"variable {p.variable} is also used by {first.name} at "
-                                         f"{first.source}: a weight lives in one layer's region "
-                                         "(weights cannot be shared between layers)"))
+        for kernel, param in held[v.name]:
+            sparse_ok = param.view is None and (kernel.type == "gather" or param.role.startswith("p"))
+            if v.update == "sparse" and not sparse_ok:
+                what = "a view" if param.view is not None else f"the {param.role}"
+                bad.append(UnsupportedOp("Variable", v.name, v.source,
+                                         f"TF updates {v.name} as an embedding table (sparse), "
+                                         f"but the CS holds {what} of it in {kernel.name}"))
+                break
     return bad
 
 

@@ -3,7 +3,7 @@ its value), a weight (a read of a variable, possibly viewed through a reshape), 
 numbers, or a computation on weights the CS cannot place."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
@@ -11,6 +11,11 @@ import tensorflow as tf
 VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
 # Between a variable and its use: reads, and shape changes that keep its values in order.
 VARIABLE_VIEW_OPS = {"ReadVariableOp", "Identity", "Reshape", "Squeeze", "ExpandDims", "Cast"}
+# Static views: they pick elements of a weight by constant indices (a slice, a constant
+# gather, a transpose); the CS reads the view and scatters its gradient back, as TF's do.
+INDEX_VIEW_OPS = {"StridedSlice", "Slice", "GatherV2", "ResourceGather", "Transpose", "Split",
+                  "SplitV", "Unpack"}
+VIEW_SOURCE = VARIABLE_VIEW_OPS | INDEX_VIEW_OPS | {"AddV2", "Add"}
 RANDOM_OPS = {"RandomUniform", "RandomStandardNormal", "TruncatedNormal", "RandomUniformInt",
               "StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessRandomUniform",
               "StatelessRandomNormal", "StatelessTruncatedNormalV2", "Multinomial",
@@ -27,6 +32,8 @@ class Weight:
     variable_shape: tuple[int, ...]
     shape: tuple[int, ...]
     dtype: str
+    # a static view: the flat index into the variable of each element its user sees
+    view: np.ndarray | None = field(default=None, compare=False)
 
 
 class Operands:
@@ -55,6 +62,91 @@ class Operands:
             tuple(int(d) for d in tensor.shape.as_list())  # a handle: ResourceGather's table
         return Weight(op.name, variable_shape, seen, tf.as_dtype(dtype).base_dtype.name)
 
+    def view(self, tensor: tf.Tensor) -> Weight | None:
+        """A static view of a variable (slices, constant gathers and splits, transposes and
+        reshapes of its read, pos_table[:n]; a sum with zeros broadcasts it), with its index
+        map; None if `tensor` is not one. A view that keeps every element in order is the
+        weight itself (tf.gather(w, tf.range(n)))."""
+        chain: list[tf.Tensor] = []
+        t = tensor
+        while t.op not in self.flow and t.op.type in VIEW_SOURCE and t.op.inputs:
+            chain.append(t)
+            t = self._viewed_input(t)
+            if t is None:
+                return None
+        op = t.op
+        if op in self.flow or op.type not in VARIABLE_OPS or \
+                not any(c.op.type in INDEX_VIEW_OPS for c in chain):
+            return None
+        base = self.weight(op.outputs[0])
+        if base is None:
+            return None
+        index: np.ndarray | None = np.arange(int(np.prod(base.variable_shape)),
+                                             dtype=np.int64).reshape(base.variable_shape)
+        for step in reversed(chain):
+            index = self._replay(step, index) if index is not None else None
+        shape = static_shape(tensor)
+        if index is None or tuple(index.shape) != shape:
+            return None
+        whole = index.size == int(np.prod(base.variable_shape)) and \
+            np.array_equal(index.reshape(-1), np.arange(index.size))
+        return Weight(base.variable, base.variable_shape, shape, base.dtype,
+                      None if whole else np.ascontiguousarray(index))
+
+    def _viewed_input(self, t: tf.Tensor) -> tf.Tensor | None:
+        """The tensor a view op reads its values from (None: no single one)."""
+        op = t.op
+        if op.type == "Split":
+            return op.inputs[1]
+        if op.type in ("AddV2", "Add"):  # zeros + a view (a recurrent layer's first step)
+            rest = [x for x in op.inputs if self.zeros(x) is None]
+            return rest[0] if len(rest) == 1 else None
+        return op.inputs[0]
+
+    def _replay(self, t: tf.Tensor, index: np.ndarray) -> np.ndarray | None:
+        """`t`'s op applied to the index array of its viewed input (None: not a static view)."""
+        op = t.op
+        kind = op.type
+        if kind == "Cast":
+            return index if op.get_attr("SrcT") == op.get_attr("DstT") else None
+        if kind in ("ReadVariableOp", "Identity"):
+            return index
+        if kind in ("Reshape", "Squeeze", "ExpandDims"):
+            return index.reshape(static_shape(t))
+        if kind in ("AddV2", "Add"):
+            return np.broadcast_to(index, static_shape(t))
+        if kind == "Unpack":
+            return np.take(index, t.value_index, axis=op.get_attr("axis"))
+        args_of = {"Split": op.inputs[:1], "SplitV": op.inputs[1:]}.get(kind, op.inputs[1:])
+        found = [self.constant(x) for x in args_of]
+        args = [a for a in found if a is not None]
+        if len(args) != len(found):
+            return None
+        if kind == "Transpose":
+            return np.transpose(index, [int(p) for p in args[0]])
+        if kind in ("Split", "SplitV"):
+            axis = int(args[0] if kind == "Split" else args[1]) % index.ndim
+            sizes = [static_shape(o)[axis] for o in op.outputs]
+            lo = sum(sizes[:t.value_index])
+            return np.take(index, np.arange(lo, lo + sizes[t.value_index]), axis=axis)
+        if kind in ("GatherV2", "ResourceGather"):
+            axis = int(args[1]) if kind == "GatherV2" else 0
+            if op.get_attr("batch_dims") != 0:
+                return None
+            return np.take(index, args[0].astype(np.int64), axis=axis)
+        if kind == "Slice":
+            begin, size = (a.astype(np.int64) for a in args)
+            return index[tuple(slice(int(b), None if int(n) < 0 else int(b) + int(n))
+                               for b, n in zip(begin, size))]
+        return index[_strided_index(op, *args)]
+
+    def zeros(self, tensor: tf.Tensor) -> np.ndarray | None:
+        """Zeros, if `tensor` is a constant of zeros or a product of one and a weight."""
+        value = self.constant(tensor)
+        if value is None:
+            value = self.zero_product(tensor)
+        return value if value is not None and value.size and not value.any() else None
+
     def depends_on(self, tensor: tf.Tensor, types: set[str]) -> tf.Operation | None:
         """The first op of `types` that `tensor`'s value depends on (None if none)."""
         seen, stack = set(), [tensor.op]
@@ -81,8 +173,41 @@ class Operands:
             self._constants[tensor.name] = value
         return self._constants[tensor.name]
 
+    def zero_product(self, tensor: tf.Tensor) -> np.ndarray | None:
+        """Zeros, if `tensor` is a product of a weight and a constant of zeros (a recurrent
+        layer's first step: its zero initial state times the recurrent kernel); TF's
+        gradient of such a product to the weight is zero too."""
+        op = tensor.op
+        if op in self.flow or op.type not in ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Mul"):
+            return None
+        factors = [self.constant(t) for t in op.inputs]
+        if not any(f is not None and f.size and not f.any() for f in factors) or \
+                not all(f is not None or self.weight(t) is not None
+                        for f, t in zip(factors, op.inputs)):
+            return None
+        return np.zeros(static_shape(tensor), tensor.dtype.as_numpy_dtype)
+
     def random_source(self, tensor: tf.Tensor) -> tf.Operation | None:
         return self.depends_on(tensor, RANDOM_OPS)
+
+
+def _strided_index(op: tf.Operation, begin: np.ndarray, end: np.ndarray,
+                   strides: np.ndarray) -> tuple:
+    """A StridedSlice's numpy index: TF's strided_slice is Python's slicing, spelt in masks."""
+    masks = {k: op.get_attr(k) for k in ("begin_mask", "end_mask", "ellipsis_mask",
+                                         "new_axis_mask", "shrink_axis_mask")}
+    index: list = []
+    for axis, (b, e, s) in enumerate(zip(begin, end, strides)):
+        if masks["ellipsis_mask"] >> axis & 1:
+            index.append(Ellipsis)
+        elif masks["new_axis_mask"] >> axis & 1:
+            index.append(np.newaxis)
+        elif masks["shrink_axis_mask"] >> axis & 1:
+            index.append(int(b))
+        else:
+            index.append(slice(None if masks["begin_mask"] >> axis & 1 else int(b),
+                               None if masks["end_mask"] >> axis & 1 else int(e), int(s)))
+    return tuple(index)
 
 
 def static_shape(tensor: tf.Tensor) -> tuple[int, ...]:

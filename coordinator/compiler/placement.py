@@ -71,6 +71,7 @@ class RouteSpec:
     path: tuple[tuple[int, int], ...]  # waypoints of an L-shaped route
     bytes_per_sample: int
     replica: int = 0
+    bytes_per_batch: int = 0  # a shared weight's read: the weight (and its gradient back)
 
     @property
     def hops(self) -> int:
@@ -461,6 +462,41 @@ def build_kernels(model: MatchedModel) -> list:
     return built
 
 
+def shared_reads(model: MatchedModel) -> list[tuple[str, str, int]]:
+    """(holder, reader, bytes) of every weight a kernel reads from another's region: a
+    variable lives with its first reader, in program order."""
+    holder: dict[str, str] = {}
+    reads = []
+    for node in model.kernels:
+        for p in node.params:
+            first = holder.setdefault(p.variable, node.name)
+            if first != node.name:
+                reads.append((first, node.name, math.prod(p.shape) * timing.BYTES_PER_VALUE))
+    return reads
+
+
+def with_shared_reads(placement: Placement, kernels: Sequence[Any],
+                      reads: Sequence[tuple[str, str, int]], fabric: Fabric,
+                      training: bool) -> Placement:
+    """`placement` with a route from each shared weight's holder to each reader (in every
+    replica) and the slowest read in its step time."""
+    if not reads:
+        return placement
+    routes, seconds = [], 0.0
+    for replica, (dx, dy) in enumerate(placement.replica_offsets):
+        rect = {k.name: Rect(r.x + dx, r.y + dy, r.width, r.height)
+                for k, r in zip(kernels, placement.regions)}
+        for src, dst, nbytes in reads:
+            (sx, sy), (cx, cy) = rect[src].center, rect[dst].center
+            route = RouteSpec(src, dst, ((sx, sy), (cx, sy), (cx, cy)), 0, replica, int(nbytes))
+            routes.append(route)
+            seconds = max(seconds, timing.SharedRead(route.hops, route.bytes_per_batch,
+                                                     rect[dst].height).seconds(fabric, training))
+    return dataclasses.replace(placement, routes=placement.routes + tuple(routes),
+                               timing=dataclasses.replace(placement.timing,
+                                                          shared_read_seconds=seconds))
+
+
 def place_model(model: MatchedModel, fab: Fabric, mode: str, *, batch_size: int = 1,
                 replicas: int | None = 1) -> PlacedModel:
     """Build the kernels of `model` and place them on `fab`, `replicas` copies of them (None:
@@ -476,9 +512,10 @@ def place_model(model: MatchedModel, fab: Fabric, mode: str, *, batch_size: int 
                          f"use a batch size that is a multiple of {replicas}, or another "
                          "num_replicas (multireplica: true lets the compiler choose)")
     try:
-        placement = place_replicated(kernels, fab, training=training, batch_size=batch_size,
-                                     replicas=replicas, optimizer=optimizer, inputs=inputs,
-                                     edges=edges)
+        placement = with_shared_reads(
+            place_replicated(kernels, fab, training=training, batch_size=batch_size,
+                             replicas=replicas, optimizer=optimizer, inputs=inputs, edges=edges),
+            kernels, shared_reads(model), fab, training)
     except TooLargeError as error:
         gb = 2 ** 30
         raise CSRunError(

@@ -12,7 +12,7 @@ from coordinator.compiler.placement import PlacedModel, Placement
 from coordinator.compiler.weights import host_variables, initial_weights
 from cs_api import cs_api_pb2 as pb
 from cs_api.attrs import to_attr
-from cs_api.tensors import dtype_code
+from cs_api.tensors import dtype_code, to_tensor
 
 # Micro-batches of up to 256 samples: on the host, bigger GEMMs beat fuller stages, since
 # threads share a region's GEMM tiles (FC-MNIST batch 256 on 2 threads, one bench run: 58
@@ -77,14 +77,18 @@ def build_program(model: MatchedModel, placement: Placement, *, name: str, graph
                 role=p.role, variable=p.variable, shape=list(p.shape), dtype=dtype_code(p.dtype),
                 frozen=p.frozen, regularizers=[pb.Regularizer(kind=kind, scale=scale)
                                                for kind, scale in p.regularizers])
-            if p.variable_shape is not None and tuple(p.variable_shape) != tuple(p.shape):
+            if p.variable_shape is not None and (tuple(p.variable_shape) != tuple(p.shape)
+                                                 or p.view is not None):
                 param.variable_shape.extend(p.variable_shape)
+            if p.view is not None:
+                param.view.CopyFrom(to_tensor("view", p.view))
     if model.training is not None:
         emit_training(program, model.training)
     for route in placement.routes:
         program.routes.add(src=route.src, dst=route.dst,
                            path=[pb.Point(x=x, y=y) for x, y in route.path],
-                           bytes_per_sample=route.bytes_per_sample, replica=route.replica)
+                           bytes_per_sample=route.bytes_per_sample, replica=route.replica,
+                           bytes_per_batch=route.bytes_per_batch)
     t = placement.timing
     program.estimate.CopyFrom(pb.Estimate(
         samples_per_sec=t.samples_per_sec, compute_samples_per_sec=t.compute_samples_per_sec,

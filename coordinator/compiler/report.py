@@ -37,12 +37,26 @@ def model_summary(model: MatchedModel, mode: str, batch_size: int) -> list[str]:
         loss = next(k for k in model.kernels if k.name == model.loss_kernel)
         lines.append(f"Loss: the sum over the batch of {', '.join(loss.inputs)} "
                      f"x {loss.attrs['scale']:.6g}")
-        penalties = [f"{kind} {scale:g} on {p.variable}" for k in model.kernels for p in k.params
-                     for kind, scale in p.regularizers]
+        penalties = list(dict.fromkeys(f"{kind} {scale:g} on {p.variable}" for k in model.kernels
+                                       for p in k.params for kind, scale in p.regularizers))
         if penalties:
             lines.append("Weight penalties: " + ", ".join(penalties))
+    lines += weight_lines(model)
     if model.outputs:
         lines.append("Streamed back to the host: " + ", ".join(model.outputs))
+    return lines
+
+
+def weight_lines(model: MatchedModel) -> list[str]:
+    """Weights read by several kernels (held by the first) and static views of weights."""
+    readers: dict[str, list[str]] = {}
+    for k in model.kernels:
+        for p in k.params:
+            readers.setdefault(p.variable, []).append(k.name)
+    lines = [f"Shared weight {var}: held by {names[0]}, read over the fabric by "
+             + ", ".join(names[1:]) for var, names in readers.items() if len(names) > 1]
+    lines += [f"View of {p.variable} {p.variable_shape}: {p.shape} in {k.name}"
+              for k in model.kernels for p in k.params if p.view is not None]
     return lines
 
 
@@ -61,8 +75,8 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
     sparse = [v.name for v in training.variables if v.update == "sparse"]
     lines.append(f"Trained weights: {len(training.variables)}"
                  + (f" (sparse updates: {', '.join(sparse)})" if sparse else ""))
-    frozen = [p.variable for k in model.kernels for p in k.params
-              if p.variable not in training.trained]
+    frozen = list(dict.fromkeys(p.variable for k in model.kernels for p in k.params
+                                if p.variable not in training.trained))
     if frozen:
         lines.append("Frozen weights (not updated by the train_op): " + ", ".join(frozen))
     for t in training.transforms:

@@ -45,7 +45,8 @@ def _panel(draw: ImageDraw.ImageDraw, origin: tuple[int, int], view: Rect, rects
                 draw.text((a[0] + 2, a[1] + 1), str(i + 1), fill="white", font=font)
     for route in routes:
         if route.src in index and route.dst in index:  # kernel to kernel
-            draw.line([px(x + 0.5, y + 0.5) for x, y in route.path], fill=(40, 40, 40), width=1)
+            draw.line([px(x + 0.5, y + 0.5) for x, y in route.path], width=1,
+                      fill=(130, 50, 170) if route.bytes_per_batch else (40, 40, 40))  # a shared read
 
 
 def render(fabric: Fabric, names: Sequence[str], types: Sequence[str], rects: Sequence[Rect],

@@ -11,7 +11,8 @@ Never validate and then diverge.
     resume               3 steps, snapshot, reload at global step 3, 3 more steps = 6 steps
     checkpoint           a CS checkpoint of a Keras-Dropout model resumes on the CPU path
     batch_norm_training  refused naming LayerNorm as the alternative (or exact)
-    recurrent            refused saying recurrent layers are not supported (or exact)
+    recurrent            exact (Keras LSTM over fixed-length sequences: unrolled), or refused
+                         saying recurrent layers are not supported
 """
 from __future__ import annotations
 

@@ -450,7 +450,7 @@ def param(program, kernel, role):
     (lambda p: param(p, "h2", "bias").regularizers.add(kind="l2", scale=float("nan")),
      "param 'h2/bias': regularizer l2 has scale nan"),
     (lambda p: setattr(param(p, "h2", "bias"), "variable", "h1/kernel"),
-     "kernel 'h2': variable 'h1/kernel' is already a param of an earlier kernel (shared weights"),
+     "kernel 'h2': variable 'h1/kernel' is (8,) here, (12, 16) in an earlier kernel"),
     (lambda p: p.gradient_transforms.add(kind="clip_by_norm", value=1.0, variables=["h3/kernel"]),
      "gradient transform 0 (clip_by_norm): 'h3/kernel' is not a variable of the program"),
     (lambda p: (setattr(param(p, "h1", "bias"), "frozen", True),

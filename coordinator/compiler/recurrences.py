@@ -1,0 +1,100 @@
+"""Fixed-length recurrences: Keras' recurrent layers (LSTM, GRU, SimpleRNN) build a While
+loop, which the CS cannot pipeline. Over sequences of a length known at compile time the
+compiler builds model_fn a second time with Keras' own unrolling (`unroll=True`, the same
+cell's ops once per step, reading its shared weights), and proves the unrolled graph
+computes what the user's does: with the same weights, on one batch of input_fn, the loss
+and its gradient to every trainable variable agree to UNROLL_RTOL. A loop Keras does not unroll (a
+hand-written tf.while_loop) stays in the graph, and the matcher refuses it."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from common.errors import CSRunError
+
+LOOPS = {"While", "StatelessWhile"}
+UNROLL_RTOL = 1e-5  # float32 sums of the same terms in another order (gradients over the steps)
+
+
+def has_loops(graph: tf.Graph) -> bool:
+    return any(op.type in LOOPS for op in graph.get_operations())
+
+
+@contextlib.contextmanager
+def keras_unrolled() -> Iterator[None]:
+    """Keras recurrent layers built meanwhile unroll their loop over the (static) steps."""
+    from keras.src import backend  # Keras' backend dispatch, which its RNN layer calls
+
+    loop = backend.rnn
+
+    def unrolled(*args: Any, **kwargs: Any) -> Any:
+        return loop(*args, **{**kwargs, "unroll": True})
+
+    backend.rnn = unrolled
+    try:
+        yield
+    finally:
+        backend.rnn = loop
+
+
+def _values(graph: tf.Graph, spec: Any, feed: dict[str, np.ndarray],
+            weights: dict[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], list[Any]]:
+    """(the graph's variables, [loss, gradient by variable name]) at `weights` (None: the
+    graph's initializers) on the batch `feed` (placeholder name -> value)."""
+    with graph.as_default():
+        variables = tf.compat.v1.global_variables()
+        trainable = tf.compat.v1.trainable_variables()
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g  # dense
+                 for g in tf.gradients(spec.loss, trainable)]
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for v in variables:
+                if weights is not None and v.op.name in weights:
+                    v.load(weights[v.op.name], session)
+            state = {v.op.name: session.run(v) for v in variables}
+            pairs = [(v.op.name, g) for v, g in zip(trainable, grads) if g is not None]
+            loss, values = session.run([spec.loss, [g for _, g in pairs]],
+                                       {graph.get_tensor_by_name(n): x for n, x in feed.items()})
+    return state, [loss, dict(zip((n for n, _ in pairs), values))]
+
+
+def _host_names(spec: Any) -> list[str]:
+    """The names of the tensors host-side computations read (the chief feeds them by name
+    into the user's graph)."""
+    found = [spec.host_call[1] if spec.host_call is not None else [], spec.predictions,
+             spec.eval_metric_ops]
+    return [t.name for t in tf.nest.flatten(found) if isinstance(t, tf.Tensor)]
+
+
+def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: Any,
+             feed: dict[str, np.ndarray] | None) -> tuple[tf.Graph, Any]:
+    """`graph` and `spec`, or when their loops are Keras' and unroll, model_fn built again
+    unrolled (by `build`) and proven equal on the batch `feed` (placeholder -> value)."""
+    if not has_loops(graph) or spec.loss is None or feed is None:
+        return graph, spec
+    with keras_unrolled():
+        graph2, spec2 = build()
+    if has_loops(graph2):  # not (only) Keras' loops: the matcher refuses them
+        return graph, spec
+    if _host_names(spec) != _host_names(spec2):
+        raise CSRunError("host-side metrics or predictions read a recurrent layer's output, "
+                         "whose tensor the compiler's unrolled graph names otherwise",
+                         "compute metrics and predictions from a layer after the recurrent one")
+    weights, (loss, grads) = _values(graph, spec, feed, None)
+    initial, _ = _values(graph2, spec2, feed, None)
+    if initial.keys() != weights.keys() or \
+            any(not np.array_equal(initial[n], weights[n]) for n in weights):
+        raise CSRunError("the recurrent layers' unrolled graph has other variables or initial "
+                         "values than their loop", "pass unroll=True to the Keras recurrent "
+                         "layers yourself")
+    _, (loss2, grads2) = _values(graph2, spec2, feed, weights)
+    differ = [name for name in grads if name not in grads2 or not np.allclose(
+        grads2[name], grads[name], rtol=UNROLL_RTOL, atol=UNROLL_RTOL * float(np.abs(grads[name]).max(initial=0)))]
+    if not np.isclose(loss2, loss, rtol=UNROLL_RTOL) or differ or set(grads2) != set(grads):
+        raise CSRunError("the recurrent layers' unrolled graph computes another loss or "
+                         f"gradient than their loop ({', '.join(differ[:3]) or 'the loss'})",
+                         "pass unroll=True to the Keras recurrent layers yourself, or report it")
+    return graph2, spec2

@@ -1,0 +1,102 @@
+"""Lowerings of the ops that take sequences apart and put them together per sample: unstack,
+split and stack along a sample's axes, and the time-major round trip of Keras' unrolled
+recurrent layers (transpose the time axis first, unstack it; stack the steps, transpose
+back), which moves the batch axis only in between. Each becomes slice, reshape and concat
+kernels on the samples' own axes; a recurrent cell's weights are read at every step
+(shared weights, `wse_sim.shared_weights`)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import tensorflow as tf
+
+from coordinator.compiler.operands import static_shape
+
+if TYPE_CHECKING:
+    from coordinator.compiler.match import Matcher
+
+
+def _take(m: "Matcher", op: tf.Operation, x: tf.Tensor, out: tf.Tensor, axis: int,
+          lo: int, hi: int, shrink: bool, ops: list[tf.Operation]) -> None:
+    """`out` = x[..., lo:hi, ...] along per-sample axis `axis` (dropped when `shrink`)."""
+    shape = m.shape(x)
+    m.add_kernel(f"{op.name}/{out.value_index}", "slice",
+                 [x], {"begin": [lo if a == axis else 0 for a in range(len(shape))],
+                       "end": [hi if a == axis else d for a, d in enumerate(shape)],
+                       "strides": [1] * len(shape), "shrink": [axis] if shrink else []},
+                 [], ops, out, source_op=op)
+
+
+def unpack(m: "Matcher", op: tf.Operation) -> str:
+    """tf.unstack(x, axis=a) of a per-sample x, a != 0: one slice per step."""
+    x = op.inputs[0]
+    if not m.is_batched(x):
+        return "unstacks a value that is not per-sample"
+    axis = op.get_attr("axis") % len(static_shape(x))
+    if axis == 0:
+        return "unstacks the batch axis"
+    for i, out in enumerate(op.outputs):
+        _take(m, op, x, out, axis - 1, i, i + 1, True, [op])
+    return ""
+
+
+def split(m: "Matcher", op: tf.Operation) -> str:
+    """tf.split along a sample's axis (Split: equal parts; SplitV: given sizes)."""
+    x, axis_t = (op.inputs[1], op.inputs[0]) if op.type == "Split" else (op.inputs[0], op.inputs[2])
+    axis_c = m.operands.constant(axis_t)
+    if not m.is_batched(x) or axis_c is None:
+        return "splits a value that is not per-sample, or along an axis that is not constant"
+    axis = int(axis_c) % len(static_shape(x))
+    if axis == 0:
+        return "splits the batch axis"
+    lo = 0
+    for out in op.outputs:
+        size = static_shape(out)[axis]
+        _take(m, op, x, out, axis - 1, lo, lo + size, False, [op])
+        lo += size
+    return ""
+
+
+def pack(m: "Matcher", op: tf.Operation) -> str:
+    """tf.stack of per-sample values along a sample's axis, or along axis 0 followed by the
+    transpose that puts the batch first again (Keras' return_sequences): a unit axis added
+    to each, then one concat."""
+    values = list(op.inputs)
+    if not all(m.is_batched(t) for t in values):
+        return "stacks values that are not all per-sample"
+    rank = len(static_shape(op.outputs[0]))
+    axis, out, ops = op.get_attr("axis") % rank, op.outputs[0], [op]
+    if axis == 0:
+        back = m.sole_consumer(out)
+        if back is None or back.type != "Transpose":
+            return "stacks per-sample values along the batch axis"
+        perm = m.operands.constant(back.inputs[1])
+        if perm is None or [int(p) for p in perm] != [1, 0, *range(2, rank)]:
+            return "stacks per-sample values along the batch axis"
+        axis, out, ops = 1, back.outputs[0], [op, back]
+    parts: list[tf.Tensor | str] = []
+    for k, t in enumerate(values):
+        shape = list(m.shape(t))
+        shape.insert(axis - 1, 1)
+        parts.append(m.add_kernel(f"{op.name}/expand_{k}", "reshape", [t], {"shape": shape}, [],
+                                  [], None, output_shape=tuple(shape), source_op=op).name)
+    m.add_kernel(op.name, "concat", parts, {"axis": axis - 1}, [], ops, out)
+    return ""
+
+
+def time_major_unstack(m: "Matcher", op: tf.Operation) -> str:
+    """A transpose moving a time axis first, then unstacking it (Keras' unrolled recurrent
+    layers): step i is x[:, ..., i, ...], one slice each; "" if lowered, else why not."""
+    x, perm = op.inputs[0], m.operands.constant(op.inputs[1])
+    unstack = m.sole_consumer(op.outputs[0])
+    rank = len(static_shape(x))
+    if perm is None or unstack is None or unstack.type != "Unpack" or \
+            unstack.get_attr("axis") % rank != 0 or not m.is_batched(x):
+        return "transposes the batch axis away from the first position"
+    order = [int(p) for p in perm]
+    time = order[0]
+    if order[1] != 0 or order[1:] != [a for a in range(rank) if a != time]:
+        return "transposes the batch axis away from the first position"
+    for i, out in enumerate(unstack.outputs):
+        _take(m, unstack, x, out, time - 1, i, i + 1, True, [op, unstack])
+    return ""

@@ -1,0 +1,158 @@
+"""Weights read by several kernels (tied embeddings, a layer called twice), or through a
+static view (a slice or constant gather of a position table): each lives once, in the region
+of its first use, with its one gradient and optimizer slots; every use reads it (over the
+fabric, `wafer.timing`), keeps its own gradient accumulator, and at the end of a batch the
+uses' gradients are scattered back into the variable's shape and summed in program order
+(TF sums the gradients of a variable's reads with AddN: the same terms, maybe another order)
+before the one update. A view is refreshed from the variable after each update; a reshape
+is a numpy view of the variable's memory and needs none.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from wafer.optimizers import Optimizer, slot_name
+from wse_sim.program import SPARSE_GRADIENT_KERNELS, ParamSpec, SharedWeight, WeightUse
+
+
+class UseRegion(Protocol):
+    """What a use needs of its region (wse_sim.pipeline.Region)."""
+
+    kernel: Any
+    params: dict[str, np.ndarray]
+    grads: dict[str, np.ndarray]
+    pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]]
+
+
+@dataclass
+class Variable:
+    """One shared or viewed variable on the CS, with what its updates keep."""
+
+    weight: SharedWeight
+    spec: ParamSpec
+    value: np.ndarray  # TF's shape, updated in place
+    regions: list[UseRegion] = field(default_factory=list)  # of each use, in order
+    grad: np.ndarray | None = None
+    slots: list[np.ndarray] = field(default_factory=list)
+    scratch: list[np.ndarray] = field(default_factory=list)
+    slices: tuple[np.ndarray, np.ndarray] | None = None  # a sparse update's IndexedSlices
+
+    def param(self, use: WeightUse) -> np.ndarray:
+        """The array a use's kernel reads: the variable's memory, or a copy of its view."""
+        if use.view is None:
+            return self.value.reshape(use.shape)
+        return np.take(self.value.reshape(-1), use.view)
+
+    def refresh(self) -> None:
+        """After an update: every viewed use reads the new values."""
+        flat = self.value.reshape(-1)
+        for use, region in zip(self.weight.uses, self.regions):
+            if use.view is not None:
+                np.take(flat, use.view, out=region.params[use.role])
+
+
+class SharedWeights:
+    """A program's shared and viewed variables (CheckedProgram.shared) on the pipeline."""
+
+    def __init__(self, shared: Mapping[str, SharedWeight], specs: Mapping[str, ParamSpec],
+                 state: Mapping[str, np.ndarray]):
+        self.variables = {var: Variable(w, specs.get(var, ParamSpec()),
+                                        np.array(state[var], np.float32, order="C"))
+                          for var, w in shared.items()}
+
+    def __contains__(self, variable: str) -> bool:
+        return variable in self.variables
+
+    def __bool__(self) -> bool:
+        return bool(self.variables)
+
+    def param(self, variable: str, kernel: int, role: str) -> np.ndarray:
+        v = self.variables[variable]
+        return v.param(next(u for u in v.weight.uses if u.kernel == kernel and u.role == role))
+
+    def bind(self, regions: Sequence[UseRegion], optimizer: Optimizer | None,
+             state: Mapping[str, np.ndarray], trained: set[str]) -> None:
+        """Know each use's region; give the `trained` variables a gradient and slots."""
+        for var, v in self.variables.items():
+            v.regions = [regions[use.kernel] for use in v.weight.uses]
+            if optimizer is None or var not in trained:
+                continue
+            shape = v.value.shape
+            v.grad = np.zeros(shape, np.float32)
+            v.scratch = [np.empty(shape, np.float32) for _ in range(2)]
+            v.slots = [np.array(state.get(slot_name(var, suffix), np.full(shape, initial, np.float32)),
+                                dtype=np.float32, order="C")
+                       for suffix, initial in zip(optimizer.slot_suffixes,
+                                                  optimizer.slot_initial_values)]
+
+    def trained(self) -> list[Variable]:
+        return [v for v in self.variables.values() if v.grad is not None]
+
+    def gather_gradients(self) -> None:
+        """Every trained variable's batch gradient: its uses' gradients scattered into its
+        shape and summed in program order, plus its regularizers' (once); a sparse one as
+        the IndexedSlices of its lookups, in program order."""
+        for v in self.trained():
+            assert v.grad is not None
+            if v.spec.update == "sparse":
+                v.slices = _slices(v)
+                continue
+            v.grad.fill(0)
+            flat = v.grad.reshape(-1)
+            for use, region in zip(v.weight.uses, v.regions):
+                g = region.grads[use.role]
+                if use.view is None:
+                    flat += g.reshape(-1)
+                else:
+                    np.add.at(flat, use.view.reshape(-1), g.reshape(-1))
+            for reg in v.spec.regularizers:
+                reg.add_gradient(v.value, v.grad)
+
+    def gradients(self) -> dict[str, np.ndarray]:
+        """The batch's gradients by TF name (sparse: their IndexedSlices' values)."""
+        return {v.weight.variable: v.slices[1] if v.slices is not None else v.grad
+                for v in self.trained() if v.grad is not None}
+
+    def regularization(self) -> float:
+        return float(sum((reg.loss(v.value) for v in self.variables.values()
+                          for reg in v.spec.regularizers), np.float32(0)))
+
+    def update(self, optimizer: Optimizer) -> None:
+        """Apply the batch's gradients, then refresh the views."""
+        for v in self.trained():
+            if v.slices is not None:
+                optimizer.apply_sparse(v.value, *v.slices, v.slots)
+                v.slices = None
+            else:
+                assert v.grad is not None
+                optimizer.apply(v.value, v.grad, v.slots, v.scratch)
+            v.refresh()
+
+    def state(self, suffixes: Sequence[str]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for var, v in self.variables.items():
+            out[var] = v.value
+            for suffix, slot in zip(suffixes, v.slots):
+                out[slot_name(var, suffix)] = slot
+        return out
+
+
+def _slices(v: Variable) -> tuple[np.ndarray, np.ndarray]:
+    """The IndexedSlices of a table every use looks up (a gather's pieces) or reads whole."""
+    ids, values = [], []
+    for use, region in zip(v.weight.uses, v.regions):
+        pieces = region.pieces.pop(use.role, [])
+        if region.kernel.type_name not in SPARSE_GRADIENT_KERNELS:
+            # read whole (position embeddings): every row once, in order
+            grad = region.grads[use.role]
+            ids.append(np.arange(grad.shape[0]))
+            values.append(grad)
+            continue
+        ids += [i for i, _ in pieces]
+        values += [x for _, x in pieces]
+    if not ids:
+        return np.zeros(0, np.int64), np.zeros((0,) + v.value.shape[1:], np.float32)
+    return np.concatenate(ids), np.concatenate(values)
