@@ -78,12 +78,26 @@ class TrainedVariable:
 
 
 @dataclass(frozen=True)
+class MovingAverage:
+    """A moving statistic the train_op moves toward a batch statistic (BatchNormalization's
+    moving mean and variance), as wafer.kernels.normalization's MOVING_UPDATES say."""
+
+    variable: str  # TF variable name
+    statistic: str  # the tensor it moves toward (a batch_norm_training kernel's moment)
+    update: str  # affine: v * a + s * b; delta: v - (v - s) * d
+    constants: tuple[float, ...]  # (a, b) or (d,), float32 values
+    shape: Shape
+    source: str  # user file:line of the assign op
+
+
+@dataclass(frozen=True)
 class TrainingSpec:
     """What the train_op does, proven from the graph (coordinator.compiler.training)."""
 
     optimizer: OptimizerSpec
     variables: tuple[TrainedVariable, ...]  # by name; every other variable is frozen
     transforms: tuple[GradientTransform, ...] = ()  # applied in order to d(loss)/d(var)
+    moving_averages: tuple[MovingAverage, ...] = ()  # batch norm's moving statistics
 
     @property
     def trained(self) -> frozenset[str]:

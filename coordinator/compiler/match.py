@@ -9,6 +9,7 @@ that fits no rule is reported with its type, name, source line and the reason.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -17,7 +18,7 @@ import tensorflow as tf
 from common.errors import CSRunError
 from coordinator.compiler import loss_tail, lowering
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
-from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, UnsupportedOp
+from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
 from coordinator.compiler.training import analyze_training
 from tf_model.estimator_spec import ModeKeys
@@ -48,6 +49,8 @@ class Matcher:
         self.kernels: list[KernelNode] = []
         self.unsupported: list[UnsupportedOp] = []
         self.protected = self._host_read_tensors(host_tensors)
+        # a batch_norm_training kernel's moments (keepdims and squeezed) -> (kernel, statistic)
+        self.statistics: dict[str, tuple[str, str]] = {}
         for spec in extracted.inputs:
             placeholder = extracted.placeholders[spec.name]
             self.values[placeholder] = spec.name
@@ -236,6 +239,7 @@ class Matcher:
             self.match_alias, lowering.match_dropout(self), lowering.match_dense(self),
             lowering.match_conv2d(self), lowering.match_pool(self),
             lowering.match_batch_norm(self), lowering.match_cross_entropy(self)]
+        batch_norm_training = lowering.match_batch_norm_training(self)
         for op in self.ops:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
                 continue
@@ -246,7 +250,7 @@ class Matcher:
             if op.type in lowering.RECURRENT:
                 lowering.lower_generic(self, op)
                 continue
-            if self._enters_tail(op):
+            if batch_norm_training(op) or self._enters_tail(op):
                 continue
             if any(match(op) for match in fast):
                 continue
@@ -368,6 +372,7 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     if extracted.mode == ModeKeys.TRAIN and not matcher.unsupported:
         training = analyze_training(extracted)
         matcher.unsupported.extend(untrainable(matcher, training))
+        matcher.unsupported.extend(moving_statistics(matcher, training))
     matcher.unsupported.extend(shared_weights(matcher))
     # The root cause first: a recurrent layer explains the ops around its loop.
     matcher.unsupported.sort(key=lambda u: u.type not in lowering.RECURRENT)
@@ -396,6 +401,38 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
             bad.append(UnsupportedOp("Variable", v.name, v.source,
                                      f"TF updates {v.name} as an embedding table (sparse), but "
                                      f"the CS holds it as the {param.role} of {kernel.name}"))
+    return bad
+
+
+def moving_statistics(matcher: Matcher, training: TrainingSpec) -> list[UnsupportedOp]:
+    """The train_op's moving-average updates, each of a batch_norm_training kernel's batch
+    statistic: its kernel moves the variable by the same rule (a frozen weight it holds);
+    an update of any other value is refused."""
+    bad = []
+    for ma in training.moving_averages:
+        owner = matcher.statistics.get(ma.statistic)
+        index = next((i for i, k in enumerate(matcher.kernels)
+                      if owner is not None and k.name == owner[0]), None)
+        if owner is None or index is None:
+            bad.append(UnsupportedOp("Variable", ma.variable, ma.source,
+                                     f"the train_op moves {ma.variable} toward {ma.statistic}, "
+                                     "which is not a batch statistic of a BatchNormalization "
+                                     "the CS carries out"))
+            continue
+        kernel, stat = matcher.kernels[index], owner[1]
+        channels = kernel.output_shape[-1]
+        problem = ""
+        if kernel.attrs[f"{stat}_update"]:
+            problem = f"the batch {stat} of {kernel.name} moves a second variable"
+        elif ma.shape != (channels,):
+            problem = f"{ma.variable} is {ma.shape}, the batch {stat} ({channels},)"
+        if problem:
+            bad.append(UnsupportedOp("Variable", ma.variable, ma.source, problem))
+            continue
+        attrs = {**kernel.attrs, f"{stat}_rule": ma.update, f"{stat}_update": list(ma.constants)}
+        param = ParamRef(f"moving_{stat}", ma.variable, (channels,), frozen=True)
+        matcher.kernels[index] = dataclasses.replace(kernel, attrs=attrs,
+                                                     params=kernel.params + (param,))
     return bad
 
 

@@ -24,7 +24,8 @@ RULES = {"affine": [np.float32(MOMENTUM), np.float32(1.0 - MOMENTUM)],
 
 def bn_program(micro: int, update: str) -> pb.Program:
     """features * w -> batch norm (gamma, beta, moving statistics) -> * labels -> sum."""
-    attrs = {"epsilon": EPS, "scale": True, "center": True, "update": update,
+    attrs = {"epsilon": EPS, "scale": True, "center": True, "mean_rule": update,
+             "variance_rule": update,
              "mean_update": [float(c) for c in RULES[update]],
              "variance_update": [float(c) for c in RULES[update]]}
     message = program([
@@ -111,7 +112,7 @@ def test_batch_norm_training_evaluates_with_batch_statistics_and_moves_nothing()
 
 @pytest.mark.parametrize("attrs, message", [
     ({}, "a number attr epsilon"),
-    ({"epsilon": 1e-3, "update": "ema"}, "update one of affine, delta"),
+    ({"epsilon": 1e-3, "mean_rule": "ema"}, "mean_rule and variance_rule one of affine, delta"),
     ({"epsilon": 1e-3, "mean_update": [0.9]}, "mean_update and variance_update"),
 ])
 def test_batch_norm_training_refuses_bad_attrs_naming_the_kernel(attrs, message):

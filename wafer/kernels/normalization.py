@@ -99,7 +99,7 @@ class BatchNormInference(Kernel):
         return [dx], grads
 
 
-# How a moving statistic follows the batch's (attr `update`): Keras' and the usual
+# How a moving statistic follows the batch's (attrs mean_rule, variance_rule): Keras' and the usual
 # hand-written `v.assign(v * a + s * b)`, or tf.compat.v1's assign_moving_average,
 # `v.assign_sub((v - s) * d)`.
 MOVING_UPDATES = ("affine", "delta")
@@ -119,8 +119,8 @@ class BatchNormTraining(Kernel):
     A batch barrier (`batch_barrier`): the executor hands it the whole batch's input before
     any micro-batch's forward (`batch_statistics`) and every micro-batch's output gradient
     before any backward (`gradient_statistics`); each micro-batch then reads them from
-    ctx.batch. With attrs mean_update / variance_update (the constants of `update`, empty:
-    none) the training batch also moves the frozen weights moving_mean / moving_variance,
+    ctx.batch. With attrs mean_update / variance_update (the constants of mean_rule /
+    variance_rule, empty: none) the training batch also moves the frozen weights moving_mean / moving_variance,
     as the train_op's assign ops do."""
 
     type_name = "batch_norm_training"
@@ -130,22 +130,24 @@ class BatchNormTraining(Kernel):
         super().__init__(name, attrs, input_shapes)
         flags = {k: self.attrs.get(k, True) for k in ("scale", "center")}
         eps = self.attrs.get("epsilon")
-        self.update = self.attrs.get("update", "affine")
+        self.kinds = {stat: self.attrs.get(f"{stat}_rule", "affine") for stat in ("mean", "variance")}
         self.rules = {stat: [float(c) for c in self.attrs.get(f"{stat}_update", [])]
                       for stat in ("mean", "variance")}
-        sizes = {"affine": 2, "delta": 1}.get(self.update)
+        sizes = {"affine": 2, "delta": 1}
         if len(self.input_shapes) != 1 or not self.input_shapes[0] or \
                 any(not isinstance(f, bool) for f in flags.values()) or \
                 isinstance(eps, bool) or not isinstance(eps, (int, float)) or \
-                not (math.isfinite(eps) and eps >= 0) or sizes is None or \
-                any(len(r) not in (0, sizes) or not all(map(math.isfinite, r))
-                    for r in self.rules.values()):
+                not (math.isfinite(eps) and eps >= 0) or \
+                any(kind not in sizes for kind in self.kinds.values()) or \
+                any(len(r) not in (0, sizes[self.kinds[s]]) or not all(map(math.isfinite, r))
+                    for s, r in self.rules.items()):
             raise KernelError(f"kernel {name!r} (batch_norm_training): takes 1 input with "
                               f"channels last, a number attr epsilon >= 0, bool attrs scale, "
-                              f"center, update one of {', '.join(MOVING_UPDATES)} with "
-                              f"mean_update and variance_update of its constants (or none), "
-                              f"got inputs {self.input_shapes}, epsilon {eps!r}, {flags}, "
-                              f"update {self.update!r} {self.rules}")
+                              f"center, mean_rule and variance_rule one of "
+                              f"{', '.join(MOVING_UPDATES)} with mean_update and "
+                              f"variance_update their constants (or none), got inputs "
+                              f"{self.input_shapes}, epsilon {eps!r}, {flags}, rules "
+                              f"{self.kinds} {self.rules}")
         self.scale, self.center = flags["scale"], flags["center"]
         self.eps = np.float32(eps)
         self.channels = self.input_shapes[0][-1]
@@ -183,7 +185,7 @@ class BatchNormTraining(Kernel):
                 if not rule:
                     continue
                 moving = params[f"moving_{stat}"]
-                if self.update == "affine":
+                if self.kinds[stat] == "affine":
                     moving[...] = moving * rule[0] + value * rule[1]
                 else:
                     moving -= (moving - value) * rule[0]
