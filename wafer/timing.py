@@ -14,7 +14,8 @@ For kernel k on a region of P_k cores (at most max_cores_k of them useful):
                so the edge is the region's height; gradients travel the opposite links
     t_k      = max(t_comp, t_comm)
 Steady state X = min(1 / max_k t_k, I/O bytes per second / input bytes per sample).
-A step of batch B: (B - 1) x max_k t_k + pipeline fill + weight update.
+A step of batch B: (B - 1) x max_k t_k + pipeline fill + weight update, + for each batch
+barrier (BatchNormalization in training) passes x (B - 1) x max_k t_k + its reductions.
 Memory per core: (weights + gradient accumulator + optimizer slots) / P_k + the activations
 kept for the backward pass of the samples in flight / P_k.
 """
@@ -34,6 +35,12 @@ TRAIN_FLOPS_FACTOR = 3  # forward + backward-data + backward-weight
 # one update (wafer.optimizers' operations, a square root counted as one).
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "rmsprop": 3, "adagrad": 1}
 UPDATE_FLOPS_PER_WEIGHT = {"sgd": 2, "momentum": 4, "adam": 12, "rmsprop": 15, "adagrad": 7}
+
+
+# A batch barrier (BatchNormalization in training) reduces per-channel sums over its region
+# before it releases any micro-batch: this many reductions per pass (forward: the mean, then
+# the centred second moment; backward: sum(g) and sum(g xhat)).
+BARRIER_REDUCTIONS = 2
 
 
 class RegionLike(Protocol):
@@ -71,6 +78,30 @@ class KernelTiming:
 
 
 @dataclass(frozen=True)
+class Barrier:
+    """A batch barrier on its region: the batch queues at it until its last sample arrived
+    (forward, and backward when training), then its sums cross the region."""
+
+    name: str
+    passes: int  # 2 when training (forward and backward), else 1
+    sync_seconds: float  # the reductions of all passes
+
+    def stall_seconds(self, batch_size: int, samples_per_sec: float) -> float:
+        """passes x (B - 1) / X + the reductions: what the barrier adds to a step."""
+        return self.passes * max(batch_size - 1, 0) / samples_per_sec + self.sync_seconds
+
+
+def barrier(kernel: Any, region: RegionLike, fabric: Fabric, *, training: bool) -> Barrier:
+    """Each pass: BARRIER_REDUCTIONS reductions of the C channels' sums, every one crossing
+    the region to a corner and back (2 (width + height) hops) with C x 4 B through one link."""
+    passes = 2 if training else 1
+    channels = int(kernel.output_shape[-1]) if kernel.output_shape else 1
+    cycles = 2 * (int(region.width) + int(region.height)) + \
+        channels * BYTES_PER_VALUE / fabric.link_bytes_per_cycle
+    return Barrier(kernel.name, passes, passes * BARRIER_REDUCTIONS * cycles / fabric.clock_hz)
+
+
+@dataclass(frozen=True)
 class PipelineTiming:
     """The whole program on the wafer, in layer-pipelined mode."""
 
@@ -82,6 +113,7 @@ class PipelineTiming:
     flops_per_sample: float  # sum of F_k
     active_cores: int
     peak_flops_per_core: float  # r x f (no efficiency)
+    barriers: tuple[Barrier, ...] = ()  # batch barriers (BatchNormalization in training)
 
     @property
     def samples_per_sec(self) -> float:
@@ -96,9 +128,13 @@ class PipelineTiming:
                 / (self.active_cores * self.peak_flops_per_core))
 
     def step_seconds(self, batch_size: int) -> float:
-        """Time of one step of `batch_size` samples: steady state, fill and update."""
+        """Time of one step of `batch_size` samples: steady state, fill, update and the
+        batch barriers' stalls."""
         return (max(batch_size - 1, 0) / self.samples_per_sec + self.fill_seconds
-                + self.update_seconds)
+                + self.update_seconds + self.barrier_seconds(batch_size))
+
+    def barrier_seconds(self, batch_size: int) -> float:
+        return sum(b.stall_seconds(batch_size, self.samples_per_sec) for b in self.barriers)
 
 
 def flops_per_sample(kernel: Any, training: bool) -> float:
@@ -204,6 +240,8 @@ def pipeline_timing(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, *,
         flops_per_sample=sum(t.flops_per_sample for t in timings),
         active_cores=sum(t.cores for t in timings),
         peak_flops_per_core=fabric.flops_per_cycle * fabric.clock_hz,
+        barriers=tuple(barrier(k, r, fabric, training=training) for k, r in placed
+                       if getattr(k, "batch_barrier", False)),
     )
 
 
