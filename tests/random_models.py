@@ -30,7 +30,8 @@ BLOCKS = ("dense:relu", "dense:tanh", "dense:sigmoid", "dense:gelu", "dense:none
           "unary:log1p_abs", "unary:exp_neg_square", "unary:sqrt", "unary:rsqrt",
           "const_affine", "broadcast", "maximum", "minimum", "softsign_by_hand", "select",
           "residual", "concat", "layer_norm", "layer_norm_by_hand", "gelu_exact", "gelu_tanh",
-          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3")
+          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3",
+          "batch_norm", "batch_norm_moments")
 LOSSES = {
     "classes": ("sparse_ce", "sparse_ce_weighted", "softmax_ce_smoothed", "nn_sparse_ce_mean"),
     "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted"),
@@ -113,8 +114,33 @@ def first_layer(spec: ModelSpec, features):
     return tf.reduce_mean(x, axis=1)
 
 
-def block(name: str, h, index: int):
+def moments_batch_norm(h, index: int, training: bool):
+    """Batch normalisation the TF1 way: tf.nn.moments in training, the moving averages
+    registered in UPDATE_OPS (train_op runs them), the moving statistics otherwise."""
+    with tf.compat.v1.variable_scope(f"bn{index}"):
+        gamma = tf.compat.v1.get_variable("gamma", [WIDTH], initializer=tf.ones_initializer())
+        beta = tf.compat.v1.get_variable("beta", [WIDTH], initializer=tf.zeros_initializer())
+        moving_mean = tf.compat.v1.get_variable("moving_mean", [WIDTH], trainable=False,
+                                                initializer=tf.zeros_initializer())
+        moving_variance = tf.compat.v1.get_variable("moving_variance", [WIDTH], trainable=False,
+                                                    initializer=tf.ones_initializer())
+    if not training:
+        return tf.nn.batch_normalization(h, moving_mean, moving_variance, beta, gamma, 1e-3)
+    mean, variance = tf.nn.moments(h, axes=[0])
+    for moving, batch in ((moving_mean, mean), (moving_variance, variance)):
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS,
+                                       moving.assign(moving * 0.9 + batch * 0.1))
+    return tf.nn.batch_normalization(h, mean, variance, beta, gamma, 1e-3)
+
+
+def block(name: str, h, index: int, training: bool = True):
     kind, _, arg = name.partition(":")
+    if kind == "batch_norm":  # the usual conv/dense block: no bias, batch norm, relu
+        h = tf.keras.layers.Dense(WIDTH, use_bias=False)(h)
+        return tf.nn.relu(tf.keras.layers.BatchNormalization()(h, training=True))
+    if kind == "batch_norm_moments":
+        h = tf.keras.layers.Dense(WIDTH, use_bias=False)(h)
+        return tf.nn.relu(moments_batch_norm(h, index, training))
     if kind == "dense":
         return tf.keras.layers.Dense(WIDTH, activation=None if arg == "none" else arg)(h)
     if kind == "matmul":
@@ -238,7 +264,8 @@ def train_op(spec: ModelSpec, loss, var_list):
         grads_and_vars = list(zip(clipped, [v for _, v in grads_and_vars]))
     elif spec.transform == "scale":
         grads_and_vars = [(tf.math.scalar_mul(0.5, g), v) for g, v in grads_and_vars]
-    return opt.apply_gradients(grads_and_vars, global_step=step)
+    with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
+        return opt.apply_gradients(grads_and_vars, global_step=step)
 
 
 def model_fn(features, labels, mode, params):
@@ -246,7 +273,7 @@ def model_fn(features, labels, mode, params):
     h = first_layer(spec, features)
     first_variables = len(tf.compat.v1.trainable_variables())
     for index, name in enumerate(spec.blocks):
-        h = block(name, h, index)
+        h = block(name, h, index, mode == "train")
     out, loss = head_and_loss(spec, h, labels)
     var_list = tf.compat.v1.trainable_variables()[first_variables if spec.var_subset else 0:]
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op(spec, loss, var_list))
