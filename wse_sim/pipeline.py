@@ -6,7 +6,11 @@ of ticks. At tick t the region at topological position k runs the forward pass o
 micro-batch t - k and the backward pass of micro-batch t - 2(K - 1) + k (K regions; the
 loss region turns a micro-batch around in the tick it sees it), so region k works on
 micro-batch i + 1 while region k + 1 works on micro-batch i, and gradients flow back the
-same way. Each region adds its micro-batches' weight gradients into its accumulator and
+same way. A batch barrier (BatchNormalization in training: `Kernel.batch_barrier`) starts
+M - 1 ticks later, forward and backward, so that it has every micro-batch's input (output
+gradient) before it releases the first: it computes the whole batch's statistics, and the
+regions after it start that much later too. Each region adds its micro-batches' weight
+gradients into its accumulator and
 updates its weights in place once its backward pass of the batch ends. The result is
 ordinary mini-batch training; `wafer.timing` says how long the wafer would take.
 

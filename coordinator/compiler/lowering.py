@@ -51,15 +51,17 @@ FAST_PATHS = {
     "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape)",
     "batch_norm_inference": "BatchNormalization with training=False, FusedBatchNormV3 (inference)",
     "batch_norm_training": "BatchNormalization with training=True, tf.nn.moments + "
-                           "tf.nn.batch_normalization: the whole batch's statistics (a batch "
-                           "barrier), moving statistics as the train_op's assign ops move them",
+                           "tf.nn.batch_normalization, FusedBatchNormV3 with is_training: the "
+                           "whole batch's statistics (a batch barrier), moving statistics as "
+                           "the train_op's assign ops move them",
     "softmax_cross_entropy_with_logits": "SparseSoftmaxCrossEntropyWithLogits, "
                                          "SoftmaxCrossEntropyWithLogits",
 }
+_FUSED = "FusedBatchNormV3 in training, other than"
 REFUSED = {
-    "FusedBatchNormV3 with is_training (tf.compat.v1.nn.fused_batch_norm)": "not carried out; "
-                                     "use Keras' BatchNormalization or tf.nn.moments + "
-                                     "tf.nn.batch_normalization",
+    _FUSED: "on NHWC data with scale and offset weights and exponential_avg_factor 1 "
+            "(tf.compat.v1.nn.fused_batch_norm's default): compute the moving averages with "
+            "assign ops of its batch_mean and batch_variance",
     "recurrent layers (While loops)": "LSTM, GRU, SimpleRNN and tf.while_loop: the CS pipelines "
                                       "one pass per sample; unroll the recurrence",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
@@ -75,9 +77,6 @@ def has_kernel(name: str) -> bool:
 
 
 def mixes_samples(op: tf.Operation, batch: int) -> str:
-    if op.type.startswith("FusedBatchNorm"):
-        return ("fused batch normalization in training mode (is_training) is "
-                + REFUSED["FusedBatchNormV3 with is_training (tf.compat.v1.nn.fused_batch_norm)"])
     return ("combines values of different samples (a reduction over the batch axis feeding "
             "per-sample computation): the CS computes each sample on its own; reduce over "
             "non-batch axes, or only in the loss")
@@ -280,8 +279,7 @@ def match_batch_norm(m: "Matcher") -> Callable[[tf.Operation], bool]:
     def match(op: tf.Operation) -> bool:
         if op.type.startswith("FusedBatchNorm"):
             if op.get_attr("is_training"):
-                m.reject(op, mixes_samples(op, m.x.batch_size))
-                return True
+                return _fused_batch_norm_training(m, op)
             x, scale, offset, mean, variance = op.inputs[:5]
             weights = [m.operands.weight(t) for t in (scale, offset, mean, variance)]
             if not m.is_batched(x) or None in weights or op.get_attr("data_format") != b"NHWC":
@@ -371,6 +369,40 @@ def match_batch_norm_training(m: "Matcher") -> Callable[[tf.Operation], bool]:
                 m.statistics[t.name] = (kernel.name, stat)
         return True
     return match
+
+
+def _fused_batch_norm_training(m: "Matcher", op: tf.Operation) -> bool:
+    """FusedBatchNormV3 with is_training (tf.compat.v1.nn.fused_batch_norm): the whole
+    batch's statistics, its batch_mean and (Bessel-corrected) batch_variance outputs read
+    only by the train_op's moving averages."""
+    x, scale, offset = op.inputs[:3]
+    if not m.is_batched(x):
+        return False
+    weights = [m.operands.weight(t) for t in (scale, offset)]
+    factor = op.get_attr("exponential_avg_factor") \
+        if "exponential_avg_factor" in op.node_def.attr else 1.0
+    channels = static_shape(x)[-1]
+    if op.type != "FusedBatchNormV3" or op.get_attr("data_format") != b"NHWC" or \
+            any(w is None or w.variable_shape != (channels,) for w in weights) or factor != 1.0:
+        m.reject(op, "fused batch normalization in training is carried out only "
+                     + REFUSED[_FUSED])
+        return True
+    if any(m.consumers(t) or t.name in m.protected for t in op.outputs[1:]):
+        m.reject(op, "the batch's mean or variance of fused batch normalization in training is "
+                     "read on the way to the loss or by the host: only the train_op's moving "
+                     "averages may read them")
+        return True
+    params = [ParamRef(role, w.variable, (channels,))
+              for role, w in zip(("scale", "offset"), weights) if w is not None]
+    kernel = m.add_kernel(op.name.rsplit("/", 1)[0] if "/" in op.name else op.name,
+                          "batch_norm_training", [x], {
+                              "epsilon": float(op.get_attr("epsilon")), "scale": True,
+                              "center": True, "fused": True, "mean_rule": "affine",
+                              "mean_update": [], "variance_rule": "affine",
+                              "variance_update": []}, params, [op], op.outputs[0])
+    m.statistics[op.outputs[1].name] = (kernel.name, "mean")
+    m.statistics[op.outputs[2].name] = (kernel.name, "variance")
+    return True
 
 
 def _moments(m: "Matcher", mean_op: tf.Operation):

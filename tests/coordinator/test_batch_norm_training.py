@@ -37,8 +37,9 @@ def keras_model_fn(features, labels, mode, params):
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
 
 
-def batch_norm(x, training: bool, name: str):
-    """The TF1 way: tf.nn.moments in training, moving averages registered in UPDATE_OPS."""
+def batch_norm(x, training: bool, name: str, fused: bool = False):
+    """The TF1 way: tf.nn.moments (or tf.compat.v1.nn.fused_batch_norm, whose batch variance
+    is Bessel-corrected) in training, moving averages registered in UPDATE_OPS."""
     channels = x.shape[-1]
     with tf.compat.v1.variable_scope(name):
         gamma = tf.compat.v1.get_variable("gamma", [channels], initializer=tf.ones_initializer())
@@ -47,21 +48,27 @@ def batch_norm(x, training: bool, name: str):
                                                 initializer=tf.zeros_initializer())
         moving_variance = tf.compat.v1.get_variable("moving_variance", [channels], trainable=False,
                                                     initializer=tf.ones_initializer())
+    if fused and not training:
+        return tf.compat.v1.nn.fused_batch_norm(x, gamma, beta, moving_mean, moving_variance,
+                                                epsilon=1e-3, is_training=False)[0]
     if not training:
         return tf.nn.batch_normalization(x, moving_mean, moving_variance, beta, gamma, 1e-3)
-    mean, variance = tf.nn.moments(x, axes=list(range(len(x.shape) - 1)))
+    if fused:
+        y, mean, variance = tf.compat.v1.nn.fused_batch_norm(x, gamma, beta, epsilon=1e-3)[:3]
+    else:
+        mean, variance = tf.nn.moments(x, axes=list(range(len(x.shape) - 1)))
     decay = 0.8
     updates = tf.compat.v1.GraphKeys.UPDATE_OPS
     tf.compat.v1.add_to_collection(updates, tf.compat.v1.assign(
         moving_mean, moving_mean * decay + mean * (1 - decay)))
     tf.compat.v1.add_to_collection(updates, tf.compat.v1.assign_sub(
         moving_variance, (moving_variance - variance) * (1 - decay)))
-    return tf.nn.batch_normalization(x, mean, variance, beta, gamma, 1e-3)
+    return y if fused else tf.nn.batch_normalization(x, mean, variance, beta, gamma, 1e-3)
 
 
 def moments_model_fn(features, labels, mode, params):
     h = tf.keras.layers.Conv2D(4, 3, use_bias=False)(features)
-    h = tf.nn.relu(batch_norm(h, mode == "train", "bn1"))
+    h = tf.nn.relu(batch_norm(h, mode == "train", "bn1", fused=params.get("fused", False)))
     h = tf.keras.layers.Dense(5, use_bias=False)(tf.keras.layers.Flatten()(h))
     h = batch_norm(h, mode == "train", "bn2")
     logits = tf.keras.layers.Dense(3)(h)
@@ -75,15 +82,15 @@ def moments_model_fn(features, labels, mode, params):
 PARAMS = {"batch_size": BATCH, "runconfig": {"tf_random_seed": 3}}
 
 
-def train_both(model_fn, model_dir, micro: int) -> cs_inprocess.Comparison:
+def train_both(model_fn, model_dir, micro: int, params=PARAMS) -> cs_inprocess.Comparison:
     """Compile, then train STEPS batches on the CS (micro-batches of `micro`) and on TF."""
-    compiled = cs_inprocess.compile_checked(model_fn, input_fn, PARAMS, model_dir)
+    compiled = cs_inprocess.compile_checked(model_fn, input_fn, params, model_dir)
     program = type(compiled.program)()
     program.CopyFrom(compiled.program)
     program.micro_batch_size = micro
-    data = tf_reference.batches(input_fn, PARAMS, STEPS)
+    data = tf_reference.batches(input_fn, params, STEPS)
     cs = cs_inprocess.run_on_cs(program, compiled.initial_weights, data)
-    reference = tf_reference.run(model_fn, input_fn, PARAMS, compiled.initial_weights, data)
+    reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data)
     return cs_inprocess.Comparison(compiled, cs, reference)
 
 
@@ -104,22 +111,28 @@ def test_keras_batch_norm_trains_with_the_whole_batchs_statistics_like_tensorflo
                                             {**host, **result.cs.state}) == ""
 
 
-def test_hand_written_moments_move_the_moving_statistics_like_tensorflow(tmp_path):
-    result = train_both(moments_model_fn, str(tmp_path), 4)
+@pytest.mark.parametrize("fused", [False, True])
+def test_hand_written_batch_norm_moves_the_moving_statistics_like_tensorflow(tmp_path, fused):
+    params = {**PARAMS, "fused": fused}
+    result = train_both(moments_model_fn, str(tmp_path), 4, params)
     cs_inprocess.assert_same_training(result)
     for name in ("bn1/moving_mean", "bn1/moving_variance", "bn2/moving_mean", "bn2/moving_variance"):
         assert not np.array_equal(result.cs.state[name], result.compiled.initial_weights[name])
         np.testing.assert_allclose(result.cs.state[name], result.reference.state[name], rtol=1e-5,
                                    atol=1e-6)
     # evaluation normalises with the moving statistics (the inference kernel)
-    eval_compiled = cs_inprocess.compile_checked(moments_model_fn, input_fn, PARAMS, str(tmp_path),
+    eval_compiled = cs_inprocess.compile_checked(moments_model_fn, input_fn, params, str(tmp_path),
                                                  mode="eval")
     assert "batch_norm_inference" in {k.type for k in eval_compiled.program.kernels}
-    assert cs_inprocess.evaluation_mismatch(moments_model_fn, input_fn, PARAMS, str(tmp_path),
+    assert cs_inprocess.evaluation_mismatch(moments_model_fn, input_fn, params, str(tmp_path),
                                             result.cs.state) == ""
+    assert "Moving statistic: bn1/moving_variance = v - (v - batch) * 0.2" in \
+        result.compiled.report_text
+    if fused:
+        return
     # a resume from step 2's state ends where an unbroken run ends
     program, weights = result.compiled.program, result.compiled.initial_weights
-    data = tf_reference.batches(input_fn, PARAMS, STEPS)
+    data = tf_reference.batches(input_fn, params, STEPS)
     first = cs_inprocess.run_on_cs(program, weights, data[:2])
     resumed = cs_inprocess.run_on_cs(program, first.state, data[2:], global_step=2, first_batch=2)
     unbroken = cs_inprocess.run_on_cs(program, weights, data)

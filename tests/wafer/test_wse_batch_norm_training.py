@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from cs_api import pb
 from tests.wafer.test_wse_kernels_elementwise import close, program, randn
-from wafer.kernels import KernelError, build_kernel
+from wafer.kernels import KernelError, RunContext, build_kernel
 from wafer.optimizers import make_optimizer
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import check_program
@@ -118,3 +118,37 @@ def test_batch_norm_training_evaluates_with_batch_statistics_and_moves_nothing()
 def test_batch_norm_training_refuses_bad_attrs_naming_the_kernel(attrs, message):
     with pytest.raises(KernelError, match=rf"'bad_kernel' \(batch_norm_training\).*{message}"):
         build_kernel("batch_norm_training", "bad_kernel", attrs, [(3,)])
+
+
+def test_fused_batch_norm_training_and_its_bessel_corrected_moving_variance_match_tensorflow():
+    """FusedBatchNormV3 with is_training: (x - mean) * (rsqrt(var + eps) * gamma) + beta with
+    the biased variance; its batch_variance output (what a moving average follows) is
+    Bessel-corrected, n / (n - 1) with n = B H W; epsilon as given (no clamp)."""
+    eps = 1e-5
+    attrs = {"epsilon": eps, "fused": True, "mean_rule": "affine", "variance_rule": "affine",
+             "mean_update": [0.0, 1.0], "variance_update": [0.0, 1.0]}  # moving = the batch's
+    kernel = build_kernel("batch_norm_training", "bn", attrs, [SHAPE])
+    params = {"scale": randn(3, low=0.5, high=1.5), "offset": randn(3),
+              "moving_mean": np.zeros(3, np.float32), "moving_variance": np.zeros(3, np.float32)}
+    x, dy = randn(BATCH, *SHAPE) * 3 + 1, randn(BATCH, *SHAPE)
+    xt, gamma, beta = tf.constant(x), tf.Variable(params["scale"]), tf.Variable(params["offset"])
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y, batch_mean, batch_variance = tf.compat.v1.nn.fused_batch_norm(
+            xt, gamma, beta, epsilon=eps, is_training=True)[:3]
+    gx, gg, gb = tape.gradient(y, [xt, gamma, beta], output_gradients=dy)
+    # as the executor runs it: two micro-batches, each with the statistics of both
+    micro = (slice(0, 4), slice(4, 8))
+    ctx = RunContext(training=True, batch_size=BATCH)
+    ctx.batch = (kernel.batch_statistics(params, x, ctx),)
+    out = np.concatenate([kernel.forward(params, [x[m]], ctx)[0] for m in micro])
+    close(out, y.numpy(), rtol=2e-5)
+    np.testing.assert_array_equal(params["moving_mean"], batch_mean.numpy())
+    close(params["moving_variance"], batch_variance.numpy(), rtol=1e-6)
+    ctx.batch += (kernel.gradient_statistics(params, [x[m] for m in micro], [dy[m] for m in micro],
+                                             ctx),)
+    grads = {"scale": np.zeros(3, np.float32), "offset": np.zeros(3, np.float32)}
+    dx = [kernel.backward(params, x[m], dy[m], ctx, grads)[0][0] for m in micro]
+    close(np.concatenate(dx), gx.numpy(), rtol=2e-4)
+    close(grads["scale"], gg.numpy(), rtol=2e-4)
+    close(grads["offset"], gb.numpy(), rtol=2e-5)

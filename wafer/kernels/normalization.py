@@ -112,6 +112,10 @@ class BatchNormTraining(Kernel):
     training=True): over every axis but the last,
         mean = mean(x);  variance = mean((x - mean)^2)   (the biased estimator)
         inv = rsqrt(variance + epsilon) [* scale];  y = x * inv + (offset - mean * inv)
+    or, attr fused, as FusedBatchNormV3 with is_training: y = (x - mean) * inv + offset,
+    and the variance its moving statistic follows is its batch_variance output, Bessel's
+    correction of the biased one: variance * (n / (n - 1)), n the batch's values per
+    channel (the normalisation itself uses the biased variance).
     Gradients (of those ops, in closed form; N the batch's values per channel,
     xhat = (x - mean) rsqrt(variance + epsilon)):
         dx = inv (g - sum(g) / N - xhat sum(g xhat) / N); scale (sum(g x) - sum(g) mean)
@@ -128,7 +132,8 @@ class BatchNormTraining(Kernel):
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        flags = {k: self.attrs.get(k, True) for k in ("scale", "center")}
+        flags = {k: self.attrs.get(k, default) for k, default in
+                 (("scale", True), ("center", True), ("fused", False))}
         eps = self.attrs.get("epsilon")
         self.kinds = {stat: self.attrs.get(f"{stat}_rule", "affine") for stat in ("mean", "variance")}
         self.rules = {stat: [float(c) for c in self.attrs.get(f"{stat}_update", [])]
@@ -143,12 +148,12 @@ class BatchNormTraining(Kernel):
                     for s, r in self.rules.items()):
             raise KernelError(f"kernel {name!r} (batch_norm_training): takes 1 input with "
                               f"channels last, a number attr epsilon >= 0, bool attrs scale, "
-                              f"center, mean_rule and variance_rule one of "
+                              f"center, fused, mean_rule and variance_rule one of "
                               f"{', '.join(MOVING_UPDATES)} with mean_update and "
                               f"variance_update their constants (or none), got inputs "
                               f"{self.input_shapes}, epsilon {eps!r}, {flags}, rules "
                               f"{self.kinds} {self.rules}")
-        self.scale, self.center = flags["scale"], flags["center"]
+        self.scale, self.center, self.fused = flags["scale"], flags["center"], flags["fused"]
         self.eps = np.float32(eps)
         self.channels = self.input_shapes[0][-1]
 
@@ -180,7 +185,12 @@ class BatchNormTraining(Kernel):
         r = _ONE / np.sqrt(variance + self.eps)
         inv = r * params["scale"] if self.scale else r
         if ctx.training:
-            for stat, value in (("mean", mean), ("variance", variance)):
+            batch_variance = variance
+            if self.fused:  # FusedBatchNormV3's batch_variance output: Bessel's correction
+                count = x.size // self.channels
+                with np.errstate(divide="ignore"):
+                    batch_variance = variance * (np.float32(count) / np.float32(count - 1))
+            for stat, value in (("mean", mean), ("variance", batch_variance)):
                 rule = [np.float32(c) for c in self.rules[stat]]
                 if not rule:
                     continue
@@ -209,6 +219,9 @@ class BatchNormTraining(Kernel):
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
         mean, _, _, inv = ctx.batch[0]
+        if self.fused:
+            y = (x - mean) * inv
+            return (y + params["offset"] if self.center else y), x
         shift = params["offset"] - mean * inv if self.center else -(mean * inv)
         return x * inv + shift, x
 
@@ -220,7 +233,10 @@ class BatchNormTraining(Kernel):
         grads: dict[str, np.ndarray] = {}
         g_sum = g.sum(axis=rows, dtype=np.float32)
         if self.scale:
-            d_inv = (g * x).sum(axis=rows, dtype=np.float32) - g_sum * mean
+            if self.fused:
+                d_inv = (g * (x - mean)).sum(axis=rows, dtype=np.float32)
+            else:
+                d_inv = (g * x).sum(axis=rows, dtype=np.float32) - g_sum * mean
             accumulate(param_grads, "scale", d_inv * r, grads, ctx)
         if self.center:
             accumulate(param_grads, "offset", g_sum, grads, ctx)
