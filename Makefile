@@ -7,9 +7,10 @@ PIP_FLAGS := --disable-pip-version-check -q
 
 .PHONY: venv run lint test test-quick bench proto image cluster-up cluster-down clean
 
-$(STAMP): setup.cfg pyproject.toml constraints.txt
+$(STAMP): setup.cfg pyproject.toml constraints.txt common/tf_startup.py
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) -c constraints.txt -e '.[test]'
+	$(PY) -m common.tf_startup >/dev/null  # TensorFlow's start-up chatter off the terminal
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -17,7 +18,7 @@ venv: $(STAMP)
 # FC-MNIST on the embedded default: a chief and an input worker streaming to an embedded
 # simulated CS system; then the test accuracy of the final checkpoint, evaluated on the CS.
 run: $(STAMP)
-	cd examples/fc_mnist && export PATH=$(abspath $(VENV))/bin:$$PATH TF_CPP_MIN_LOG_LEVEL=2 \
+	cd examples/fc_mnist && export PATH=$(abspath $(VENV))/bin:$$PATH \
 	  && csrun_wse --tasks-per-node 2 --job-dir csrun_jobs/make-run python run.py --mode train \
 	  && csrun_wse --job-dir csrun_jobs/make-run-eval python run.py --mode eval --eval_steps 3
 

@@ -176,8 +176,11 @@ class Chief:
             publish(self.rendezvous_path, Rendezvous.nothing(self.role.num_workers, why))
 
     def _compile(self, input_fn: Callable, mode: str) -> Any:
-        return compile_model(self.estimator.model_fn, input_fn, self.params,
-                             getattr(self.estimator, "compile_dir", self.model_dir), mode=mode)
+        result = compile_model(self.estimator.model_fn, input_fn, self.params,
+                               getattr(self.estimator, "compile_dir", self.model_dir), mode=mode)
+        if result.note:
+            print(result.note, flush=True)
+        return result
 
     def train(self, input_fn: Callable, steps: int | None = None,
               max_steps: int | None = None) -> None:

@@ -46,6 +46,7 @@ from common import task_env
 from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from cs_api import pb, rpc
+from launcher.command_checks import check_command
 from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip, params_path
 from launcher.site_config import SiteConfig, load_site_config
 from slurm.auto import choose_backend
@@ -248,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                          fabric_of(args.command, workdir))
         print(f"{PROG}: wrote {args.emit_sbatch} (submit it with: sbatch {args.emit_sbatch})", file=sys.stderr)
         return 0
+    if not args.dry_run:
+        check_command(args.command, workdir, in_container=site.container.image is not None)
     backend = choose_backend()
     simulator = None if args.cs_ip else EmbeddedSimulator(
         fabric_of(args.command, workdir), args.job_dir / "wse_sim.log")

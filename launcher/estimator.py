@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+from common import tf_startup
 from common.errors import CSRunError, install_excepthook
 from common.run_kinds import RunKind
 from coordinator import dispatch
@@ -33,6 +34,7 @@ from tf_model import cpu_session
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
+tf_startup.install()  # TensorFlow's start-up chatter off the terminal (the .pth did it already)
 
 __all__ = ["CSEstimator", "CSEstimatorSpec", "CSRunConfig", "ModeKeys"]
 

@@ -18,10 +18,12 @@ from typing import Any
 
 import yaml
 
+from common import tf_startup
 from common.errors import ArgumentParser, CSRunError, install_excepthook
 from wafer.fabric import DEFAULT_FABRIC
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
+tf_startup.install()  # TensorFlow's start-up chatter off the terminal (the .pth did it already)
 
 MODES = ("train", "eval", "eval_all", "train_and_eval", "predict")
 CPU_ONLY_MODES = ("eval_all", "train_and_eval")

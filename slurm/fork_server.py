@@ -319,14 +319,29 @@ def become(child: Child) -> str:
     return os.path.join(os.getcwd(), script)  # as Python makes `__file__` absolute: not normalized
 
 
-def run_as_main(path: str) -> None:
-    """Run the script at `path` as `python SCRIPT.py` runs it: in a fresh `__main__`."""
+def compile_script(path: str, interpreter: str) -> types.CodeType:
+    """The script's code; a script Python cannot open or compile ends the process as
+    `python SCRIPT.py` does: its one message (`can't open file`, exit code 2; the syntax
+    error's file, line and caret, exit code 1), no frames of this server."""
+    try:
+        with io.open_code(path) as f:
+            return compile(f.read(), path, "exec")
+    except OSError as error:
+        print(f"{interpreter}: can't open file {path!r}: [Errno {error.errno}] {error.strerror}",
+              file=sys.stderr, flush=True)
+        os._exit(2)
+    except (SyntaxError, ValueError) as error:  # ValueError: a NUL byte in the source
+        sys.excepthook(type(error), error.with_traceback(None), None)
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def run_as_main(path: str, code: types.CodeType) -> None:
+    """Run the script's `code` as `python SCRIPT.py` runs it: in a fresh `__main__`."""
     main = types.ModuleType("__main__")
     vars(main).update(__file__=path, __cached__=None,
                       __loader__=importlib.machinery.SourceFileLoader("__main__", path))
     sys.modules["__main__"] = main
-    with io.open_code(path) as f:
-        code = compile(f.read(), path, "exec")
     exec(code, main.__dict__)
 
 
@@ -340,15 +355,16 @@ def _exit_code(exit: SystemExit) -> int:
     return 1
 
 
-def exit_as_python_does(path: str) -> NoReturn:
+def exit_as_python_does(path: str, interpreter: str) -> NoReturn:
     """Run the script, then end as Python ends one — uncaught exceptions through
     `sys.excepthook`, `SystemExit`'s code, non-daemon threads joined, atexit handlers run,
     open files and the standard streams flushed, an uncaught KeyboardInterrupt ending by
     SIGINT — and exit at once: the module teardown (1-3 s for a TensorFlow process; Python
     does not promise finalizers of objects alive at exit) is skipped."""
     interrupted = False
+    script = compile_script(path, interpreter)
     try:
-        run_as_main(path)
+        run_as_main(path, script)
         code = 0
     except SystemExit as exit:
         code = _exit_code(exit)
@@ -399,7 +415,7 @@ def main(argv: list[str]) -> int:
     if child is None:
         return 0
     server.close_in_child(child)
-    exit_as_python_does(become(child))
+    exit_as_python_does(become(child), child.argv[0])
 
 
 class ForkServer:

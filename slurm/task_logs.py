@@ -9,17 +9,18 @@ from pathlib import Path
 from typing import Mapping, TextIO
 
 from common import task_env
+from common.tf_startup import CHATTER
 from slurm.submitit_api import ERROR_MARKER, LOCAL_NTASKS_ENV, LOCAL_RANK_ENV, LOG_PREFIX
 
 # Every task's first line: where it runs. `where_task_runs` writes it, `task_hosts` reads it
 # back (a failed node's tasks; the tests' placement checks).
 _WHERE = re.compile(r"^csrun: task (\d+) of \d+ on (\S+) \((\S+) to the CS system at (\S+)\)$", re.M)
 
-# TensorFlow's C++ start-up lines (absl INFO lines such as "oneDNN custom operations are
-# on"): TF_CPP_MIN_LOG_LEVEL does not reach them. Kept in the task logs, not in the terminal.
-TF_STARTUP_CHATTER = re.compile(
-    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    r"|I\d{4} \d\d:\d\d:[\d.]+ +\d+ \S+\.cc:\d+\] )")
+
+
+# A task's own one-line error (`run.py: error: …`): the launcher's line naming the failed task
+# carries it (`last_error_line`), so the terminal shows it once.
+_OWN_ERROR = re.compile(r"^\S+: error: ")
 
 
 def where_task_runs(env: Mapping[str, str]) -> str:
@@ -55,7 +56,8 @@ def task_hosts(log: Path) -> tuple[str, str] | None:
 def copy_new(path: Path, offset: int, stream: TextIO) -> int:
     """Copy what was appended to `path` since `offset` to `stream`, submitit's own
     bookkeeping lines (and the traceback of its task wrapper that follows them), the task's
-    placement line (`where_task_runs`) and TensorFlow's start-up chatter left out; the new offset."""
+    placement line (`where_task_runs`), its own `error:` line and TensorFlow's start-up chatter
+    left out; the new offset."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -74,7 +76,7 @@ def copy_new(path: Path, offset: int, stream: TextIO) -> int:
                 after = ""
             else:
                 after = ""
-                if not TF_STARTUP_CHATTER.match(line) and not _WHERE.match(line):
+                if not CHATTER.match(line) and not _WHERE.match(line) and not _OWN_ERROR.match(line):
                     stream.write(line)
         stream.flush()
     return offset + len(data)

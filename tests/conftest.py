@@ -23,6 +23,9 @@ from wse_sim.cs_system import CSSystem
 from wse_sim.server import CSServer
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every TensorFlow the suite starts prints its oneDNN start-up lines, as TensorFlow does by
+# default on CPUs with AVX-512: what a user sees must not depend on the CPU the suite runs on.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 CLUSTER_SH = ROOT / "slurm" / "cluster" / "cluster.sh"
 
 

@@ -15,7 +15,7 @@ import os
 from typing import Callable
 
 from common.errors import CSRunError
-from coordinator.compiler.artifacts import CompileCache, CompileResult, graph_hash, is_complete, read_compile
+from coordinator.compiler.artifacts import CompileCache, CompileResult, damage_of, graph_hash, read_compile
 from coordinator.compiler.extract import extract
 from coordinator.compiler.match import check_supported, match, unsupported_detail
 from coordinator.compiler.placement import build_kernels, place_model
@@ -69,7 +69,7 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
 
 def load_compiled(compile_dir: str) -> CompileResult:
     """A compile directory written by compile_model, read back."""
-    if not is_complete(compile_dir):
-        raise CSRunError(f"{compile_dir} is not a complete compile directory",
+    if (damage := damage_of(compile_dir)) is not None:
+        raise CSRunError(f"{compile_dir} is not a complete compile directory: {damage}",
                          "compile again with --compile_only")
     return read_compile(compile_dir)

@@ -1,5 +1,7 @@
 """The compile cache `model_dir/cs_compile/<graph hash>/`: a compile's key, its artifacts
-written atomically (temporary directory, then rename) and read back while the key is unchanged."""
+written atomically (temporary directory, then rename) with their checksums, and read back
+while the key is unchanged and every file matches its checksum (a damaged entry is compiled
+again, saying so)."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,6 +28,8 @@ REPORT_TXT = "compile_report.txt"
 REPORT_JSON = "compile_report.json"
 WAFER_MAP = "placement.png"
 VALIDATION_REPORT = "validation_report.txt"
+CHECKSUMS = "checksums.json"  # sha256 of each file a compile is read back from, written last
+_READ_BACK = (PROGRAM, WEIGHTS, HOST_VARIABLES, REPORT_TXT, REPORT_JSON)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class CompileResult:
     host_variables: dict[str, np.ndarray]  # the graph's other variables (e.g. a dropout seed state)
     reused: bool  # an unchanged graph's earlier compile was reused
     report_text: str
+    note: str = ""  # one line a run says besides the report (a damaged compile compiled again)
 
 
 class CompileCache:
@@ -58,6 +63,7 @@ class CompileCache:
 
     def __init__(self, model_dir: str):
         self.root = compile_root(model_dir)
+        self.damaged = ""  # what `load` found damaged, said in the next compile's report
 
     def directory(self, key: str) -> str:
         return os.path.join(self.root, key)
@@ -68,7 +74,10 @@ class CompileCache:
     def load(self, key: str) -> CompileResult | None:
         """The earlier compile under `key`, or None when there is no complete one."""
         directory = self.directory(key)
-        if not is_complete(directory):
+        if not os.path.isdir(directory):
+            return None
+        if (damage := damage_of(directory)) is not None:
+            self.damaged = f"The compile in {directory} is damaged ({damage}): compiled it again"
             return None
         reused = read_compile(directory)
         note = (f"Reusing the compile in {directory}: graph, shapes, hyper-parameters and "
@@ -81,7 +90,8 @@ class CompileCache:
         write_compile(directory, artifacts)
         return CompileResult(directory, artifacts.program, artifacts.initial_weights,
                              artifacts.host_variables, False,
-                             artifacts.report_text + f"Compile artifacts written to {directory}\n")
+                             (self.damaged + "\n" if self.damaged else "") + artifacts.report_text
+                             + f"Compile artifacts written to {directory}\n", self.damaged)
 
 
 def compile_root(model_dir: str) -> str:
@@ -115,9 +125,31 @@ def _json_value(value: Any) -> Any:
     return str(value)
 
 
-def is_complete(directory: str) -> bool:
-    return all(os.path.exists(os.path.join(directory, f))
-               for f in (PROGRAM, WEIGHTS, HOST_VARIABLES, REPORT_TXT, REPORT_JSON))
+def damage_of(directory: str) -> str | None:
+    """What is wrong with a compile directory (a file missing, or not what was written), None
+    when every file it is read back from matches its checksum."""
+    try:
+        with open(os.path.join(directory, CHECKSUMS)) as f:
+            expected = json.load(f)
+    except FileNotFoundError:
+        return f"{CHECKSUMS} is missing"
+    except (OSError, ValueError):
+        return f"{CHECKSUMS} is unreadable"
+    for name in _READ_BACK:
+        try:
+            if _sha256(os.path.join(directory, name)) != expected.get(name):
+                return f"{name} differs from its checksum"
+        except FileNotFoundError:
+            return f"{name} is missing"
+    return None
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def write_compile(directory: str, artifacts: Artifacts) -> None:
@@ -140,6 +172,8 @@ def write_compile(directory: str, artifacts: Artifacts) -> None:
             json.dump(artifacts.report_json, f, indent=2)
         with open(os.path.join(tmp, WAFER_MAP), "wb") as f:
             f.write(artifacts.wafer_map_png)
+        with open(os.path.join(tmp, CHECKSUMS), "w") as f:
+            json.dump({name: _sha256(os.path.join(tmp, name)) for name in _READ_BACK}, f, indent=2)
         if os.path.isdir(directory):  # an incomplete leftover: replace it
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.old.", dir=parent)
             os.rename(directory, os.path.join(old, "dir"))
@@ -147,7 +181,7 @@ def write_compile(directory: str, artifacts: Artifacts) -> None:
         try:
             os.rename(tmp, directory)
         except OSError:
-            if not is_complete(directory):
+            if damage_of(directory) is not None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -102,6 +102,29 @@ def test_unchanged_graph_is_reused_and_a_changed_hyper_parameter_recompiles(tmp_
                                   first.initial_weights["dense/kernel"])
 
 
+@pytest.mark.parametrize("damage", ["garbage program", "empty program", "truncated weights", "no checksums"])
+def test_a_damaged_compile_is_said_and_compiled_again(tmp_path, damage):
+    first = fc_mnist(tmp_path, hidden=[32])
+    name, content = {"garbage program": ("program.pb", b"\x12garbage"), "empty program": ("program.pb", b""),
+                     "truncated weights": ("initial_weights.npz", None),
+                     "no checksums": ("checksums.json", None)}[damage]
+    path = os.path.join(first.directory, name)
+    if damage == "truncated weights":
+        content = open(path, "rb").read()[:100]
+    if content is None:
+        os.remove(path)
+    else:
+        open(path, "wb").write(content)
+    with pytest.raises(CSRunError, match=f"is not a complete compile directory: {name} "):
+        load_compiled(first.directory)
+    again = fc_mnist(tmp_path, hidden=[32])
+    assert not again.reused and again.directory == first.directory
+    assert again.note.startswith(f"The compile in {first.directory} is damaged ({name} ")
+    assert again.report_text.startswith(again.note + "\n")
+    assert again.program == first.program
+    assert fc_mnist(tmp_path, hidden=[32]).reused  # whole again
+
+
 def cpu_initial_values(model_fn, params):
     """What a CPU run starts from: model_fn built in model_graph on the batch placeholders."""
     from tf_model.model_fn import batch_signature, make_dataset

@@ -278,12 +278,11 @@ def test_unreachable_cs_is_one_line(tmp_path):
     _one_line(done, "cannot reach the CS system")
 
 
-@pytest.mark.slow
-def test_csrun_wse_missing_command_is_one_line(tmp_path):
+def test_csrun_wse_missing_command_is_one_line_before_anything_starts(tmp_path):
     done = _cli(["-m", "launcher.csrun_wse", "--job-dir", str(tmp_path / "job"), "no-such-command-x"],
                 tmp_path, timeout=300)
-    _one_line(done, "task 0 (chief) failed")
-    assert done.returncode != 0
+    _one_line(done, "command 'no-such-command-x' not found")
+    assert done.returncode != 0 and not (tmp_path / "job").exists()
 
 
 

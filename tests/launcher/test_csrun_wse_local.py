@@ -143,7 +143,7 @@ def test_a_failing_chief_gives_its_exit_code(tmp_path):
                   *sh('if [ "$SUBMITIT_LOCAL_GLOBALID" = 0 ]; then echo "chief: error: bad"; exit 3; fi; sleep 120')],
                  tmp_path)
     assert result.returncode == 3
-    assert "chief: error: bad" in result.stdout
+    assert "chief: error: bad" not in result.stdout  # once, in the line naming the task and its log
     assert "task 0 (chief) failed: chief: error: bad" in result.stderr
 
 
@@ -174,3 +174,17 @@ def test_a_failed_task_line_keeps_one_hint():
     assert with_hint(task, "its log: j/2.out") == (
         "task 2 (input worker) failed: run.py: error: bad shape (hint: recompile; its log: j/2.out)")
     assert with_hint("the job's tasks stopped", "logs in j") == "the job's tasks stopped (hint: logs in j)"
+
+
+@pytest.mark.parametrize("command, message", [
+    (["nosuchcommand"], "csrun_wse: error: command 'nosuchcommand' not found (hint: give a program on PATH"),
+    (["python", "nosuch.py"], "csrun_wse: error: script nosuch.py not found in "),
+    (["python", "broken.py", "--mode", "train"],
+     "csrun_wse: error: broken.py, line 2: SyntaxError: '(' was never closed (hint: fix the script; nothing"),
+])
+def test_a_command_that_cannot_start_is_refused_before_anything_starts(tmp_path, command, message):
+    (tmp_path / "broken.py").write_text("import os\nx = (\n")
+    result = run(["--job-dir", str(tmp_path / "job"), "--", *command], tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1, result.stderr
+    assert not (tmp_path / "job").exists()  # no job folder, no simulator, no task

@@ -69,8 +69,8 @@ def outputs(tmp_path: Path, name: str):
     return (open(tmp_path / f"{name}.in", "w+b"), open(tmp_path / f"{name}.out", "w+b"))
 
 
-def forked(server: ForkServer, tmp_path: Path, mode: str, name: str, env=None):
-    """Run the probe through the server with its own stdin/stdout/stderr files."""
+def forked(server: ForkServer, tmp_path: Path, mode: str, name: str, env=None, script="../scripts/probe.py"):
+    """Run the probe (or `script`) through the server with its own stdin/stdout/stderr files."""
     stdin, out = outputs(tmp_path, name)
     stdin.write(b"from stdin")
     stdin.seek(0)
@@ -78,7 +78,7 @@ def forked(server: ForkServer, tmp_path: Path, mode: str, name: str, env=None):
     try:
         for fd, f in zip((0, 1, 2), (stdin, out, out)):
             os.dup2(f.fileno(), fd)
-        task = request_fork(server.address, [sys.executable, "../scripts/probe.py", mode],
+        task = request_fork(server.address, [sys.executable, script, mode],
                             str(tmp_path / "work"), env or {**server_env(), "SUBMITIT_LOCAL_GLOBALID": "1"})
     finally:
         for fd, copy in zip((0, 1, 2), saved):
@@ -118,6 +118,22 @@ def test_a_forked_task_is_the_script_run_by_python(probe, mode):
     assert f"path0 {probe / 'scripts'}" in text and "env 42 True" in text
     assert "thread joined" in text and "atexit ran" in text
     assert (probe / "work" / "left_open.txt").read_text() == "flushed at exit"
+
+
+@pytest.mark.parametrize("script", ["missing.py", "broken.py"])
+def test_a_script_python_cannot_open_or_compile_ends_as_python_says_it(probe, script):
+    (probe / "work" / "broken.py").write_text("import os\nx = (\n")
+    server = start(probe, 1)
+    try:
+        task, out = forked(server, probe, "ok", script, script=script)
+        assert task is not None, (probe / "server.log").read_text()
+        code = task.wait()
+    finally:
+        server.stop()
+    done = subprocess.run([sys.executable, script, "ok"], cwd=probe / "work", capture_output=True, text=True)
+    assert (code, out.read_text()) == (done.returncode, done.stderr)
+    assert code == {"missing.py": 2, "broken.py": 1}[script]
+    assert "fork_server" not in done.stderr and "Traceback" not in done.stderr
 
 
 def test_signals_reach_the_task_and_a_dropped_task_loses_its_child(probe):
