@@ -1,9 +1,10 @@
 """Random small Estimator-style models, written the way users write them (Keras layers,
 raw tf ops, tf.compat.v1 losses and optimizers), for the differential test.
 
-A `ModelSpec` (drawn by `model_specs()`, a hypothesis strategy) names an input, a few
-blocks, a head with its loss, an optimizer, a gradient transform between compute_gradients
-and apply_gradients, an optional var_list subset and an optional L2 term; `model_fn` and
+A `ModelSpec` (drawn by `model_specs()`, a hypothesis strategy) names an input, an optional
+BatchNormalization in training (Keras or tf.nn.moments), a few blocks, a head with its
+loss, an optimizer, a gradient transform between compute_gradients and apply_gradients, an
+optional var_list subset and an optional L2 term; `model_fn` and
 `input_fn` build it from `params["spec"]`. The ops are created on the lines of this file,
 so a refusal must name one of them.
 """
@@ -30,8 +31,10 @@ BLOCKS = ("dense:relu", "dense:tanh", "dense:sigmoid", "dense:gelu", "dense:none
           "unary:log1p_abs", "unary:exp_neg_square", "unary:sqrt", "unary:rsqrt",
           "const_affine", "broadcast", "maximum", "minimum", "softsign_by_hand", "select",
           "residual", "concat", "layer_norm", "layer_norm_by_hand", "gelu_exact", "gelu_tanh",
-          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3",
-          "batch_norm", "batch_norm_moments")
+          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3")
+# BatchNormalization in training after the first layer: Keras' layer, or tf.nn.moments with
+# moving averages in UPDATE_OPS (half the models have one)
+BATCH_NORMS = ("none", "none", "batch_norm", "batch_norm_moments")
 LOSSES = {
     "classes": ("sparse_ce", "sparse_ce_weighted", "softmax_ce_smoothed", "nn_sparse_ce_mean"),
     "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted"),
@@ -53,9 +56,11 @@ class ModelSpec:
     var_subset: bool  # minimize(var_list=...) leaves the first layer's variables out
     l2: str
     seed: int
+    batch_norm: str = "none"
 
     def describe(self) -> str:
-        return (f"{self.inputs} -> {' -> '.join(self.blocks) or '(no block)'} -> {self.task} "
+        blocks = ((self.batch_norm,) if self.batch_norm != "none" else ()) + self.blocks
+        return (f"{self.inputs} -> {' -> '.join(blocks) or '(no block)'} -> {self.task} "
                 f"head, loss {self.loss}, {self.optimizer}, transform {self.transform}"
                 f"{', var_list subset' if self.var_subset else ''}"
                 f"{', ' + self.l2 if self.l2 != 'none' else ''}")
@@ -70,7 +75,7 @@ def model_specs(draw) -> ModelSpec:
         task=task, loss=draw(st.sampled_from(LOSSES[task])),
         optimizer=draw(st.sampled_from(OPTIMIZERS)), transform=draw(st.sampled_from(TRANSFORMS)),
         var_subset=draw(st.booleans()), l2=draw(st.sampled_from(L2_TERMS)),
-        seed=draw(st.integers(0, 2 ** 16)))
+        seed=draw(st.integers(0, 2 ** 16)), batch_norm=draw(st.sampled_from(BATCH_NORMS)))
 
 
 def params_for(spec: ModelSpec) -> dict:
@@ -272,7 +277,8 @@ def model_fn(features, labels, mode, params):
     spec: ModelSpec = params["spec"]
     h = first_layer(spec, features)
     first_variables = len(tf.compat.v1.trainable_variables())
-    for index, name in enumerate(spec.blocks):
+    blocks = ((spec.batch_norm,) if spec.batch_norm != "none" else ()) + spec.blocks
+    for index, name in enumerate(blocks):
         h = block(name, h, index, mode == "train")
     out, loss = head_and_loss(spec, h, labels)
     var_list = tf.compat.v1.trainable_variables()[first_variables if spec.var_subset else 0:]

@@ -10,9 +10,9 @@ same way. A batch barrier (BatchNormalization in training: `Kernel.batch_barrier
 M - 1 ticks later, forward and backward, so that it has every micro-batch's input (output
 gradient) before it releases the first: it computes the whole batch's statistics, and the
 regions after it start that much later too. Each region adds its micro-batches' weight
-gradients into its accumulator and
-updates its weights in place once its backward pass of the batch ends. The result is
-ordinary mini-batch training; `wafer.timing` says how long the wafer would take.
+gradients into its accumulator and updates its weights in place once its backward pass of
+the batch ends. The result is ordinary mini-batch training; `wafer.timing` says how long
+the wafer would take.
 
 Training follows the train op, not just the loss: only a region whose output reaches the
 loss, with a trained weight at or upstream of it (through differentiable inputs), runs

@@ -77,6 +77,12 @@ def has_kernel(name: str) -> bool:
 
 
 def mixes_samples(op: tf.Operation, batch: int) -> str:
+    name = op.name.lower()
+    if "batch_norm" in name or "batchnorm" in name or "/moments/" in f"/{name}":
+        return ("combines values of different samples in a batch normalization the CS does not "
+                "recognise: it carries out BatchNormalization in training as tf.nn.moments over "
+                "every axis but the last feeding tf.nn.batch_normalization (Keras' "
+                "BatchNormalization, channels last), or FusedBatchNormV3")
     return ("combines values of different samples (a reduction over the batch axis feeding "
             "per-sample computation): the CS computes each sample on its own; reduce over "
             "non-batch axes, or only in the loss")

@@ -157,3 +157,20 @@ def test_other_batch_statistics_stay_refused_naming_the_op(tmp_path):
     words = cs_inprocess.model_op_words(other_reduction_model_fn, input_fn, PARAMS)
     assert cs_inprocess.refusal_problem(error.value, __file__, words) == ""
     assert "combines values of different samples" in str(error.value)
+
+
+def renorm_model_fn(features, labels, mode, params):
+    h = tf.keras.layers.Dense(4)(tf.keras.layers.Flatten()(features))
+    h = tf.keras.layers.BatchNormalization(renorm=True)(h, training=True)  # batch renormalization
+    logits = tf.keras.layers.Dense(3)(h)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=tf.compat.v1.train.GradientDescentOptimizer(
+        0.1).minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step()))
+
+
+def test_a_batch_normalization_the_cs_does_not_carry_out_is_refused_saying_what_it_does(tmp_path):
+    with pytest.raises(CSRunError) as error:
+        cs_inprocess.compile_checked(renorm_model_fn, input_fn, PARAMS, str(tmp_path))
+    words = cs_inprocess.model_op_words(renorm_model_fn, input_fn, PARAMS)
+    assert cs_inprocess.refusal_problem(error.value, __file__, words) == ""
+    assert "tf.nn.moments over every axis but the last" in str(error.value)
