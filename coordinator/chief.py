@@ -66,6 +66,8 @@ def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
     if missing:
         raise CSRunError(f"{path} has no {', '.join(missing[:3])}: it was written by "
                          "another model", "use a new model_dir for a changed model")
+    checkpoints.check_shapes(path, {p.variable: tuple(p.shape) for k in program.kernels for p in k.params},
+                             {n: np.shape(a) for n, a in tensors.items()})
     keep = set(variables)
     if program.HasField("optimizer") and program.optimizer.type and not optimizer_changed(
             path, tensors, tf_optimizer(program.optimizer)):
@@ -193,7 +195,7 @@ class Chief:
             raise CSRunError("training needs a number of steps", "give steps or max_steps "
                              "(--steps, --max_steps or runconfig.max_steps)")
         program = (compiled := self._compile(input_fn, ModeKeys.TRAIN)).program
-        latest = checkpoints.latest_checkpoint(self.model_dir)
+        latest = checkpoints.latest_checkpoint(self.model_dir, set_aside=True)
         if latest is not None:
             progress.restoring(latest)
             step = checkpoints.checkpoint_step(latest)
@@ -226,9 +228,7 @@ class Chief:
                         continue
                     step, loss = result.step.step, result.step.loss
                     if not math.isfinite(loss):
-                        raise CSRunError(f"the loss became {loss} at step {step}",
-                                         "lower the learning rate; the newest checkpoint is the "
-                                         "last good one")
+                        raise checkpoints.non_finite_loss(loss, step, self.model_dir)
                     log.step(step, loss)
                     if config.save_summary_steps and step % config.save_summary_steps == 0:
                         events.scalars(step, {"loss": loss, "global_step/sec": rate(step),

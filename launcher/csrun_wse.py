@@ -52,7 +52,7 @@ from launcher.site_config import SiteConfig, load_site_config
 from slurm.auto import choose_backend
 from slurm.backend import JobRequest
 from slurm.templates import write_wse_sbatch
-from wafer.fabric import DEFAULT_FABRIC
+from wafer.fabric import DEFAULT_FABRIC, FABRICS
 from workers.rendezvous import RENDEZVOUS_DIR
 
 PROG = "csrun_wse"
@@ -132,9 +132,13 @@ def fabric_of(command: tuple[str, ...], workdir: Path) -> str:
     try:
         flags, _ = create_arg_parser("").parse_known_args([a for a in command[2:] if a not in ("-h", "--help")])
         path = workdir / params_path(flags.params, str((workdir / command[1]).parent))
-        return str(get_params(str(path))["runconfig"]["fabric"])
+        fabric = str(get_params(str(path))["runconfig"]["fabric"])
     except CSRunError:
         return DEFAULT_FABRIC
+    if fabric not in FABRICS:  # the simulator could not start: say why here, not in its log
+        raise CSRunError(f"unknown fabric {fabric!r} (runconfig.fabric in {path})",
+                         f"set runconfig.fabric to one of {', '.join(FABRICS)}")
+    return fabric
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -105,7 +106,15 @@ def submit_local(folder: Path, task: Callable[[], object], tasks_per_node: int, 
     executor = submitit.LocalExecutor(folder=folder)
     executor.update_parameters(tasks_per_node=tasks_per_node, timeout_min=timeout_min, stderr_to_stdout=True,
                                name=name)
-    return executor.submit(task)
+    # The controller (a Python started in the launcher's process group) ignores SIGINT: a
+    # Ctrl-C at the terminal reaches the launcher, which stops the job; without this the
+    # controller printed its own KeyboardInterrupt traceback. Tasks do not inherit it: their
+    # wrapper handles SIGINT, and what it runs starts with the default.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return executor.submit(task)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def local_controller(job: submitit.Job) -> subprocess.Popen | None:

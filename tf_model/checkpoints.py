@@ -123,18 +123,37 @@ def all_checkpoints(model_dir: str) -> list[str]:
     return [p for p in _listed(model_dir) if _exists(p)]
 
 
-def latest_checkpoint(model_dir: str) -> str | None:
+def non_finite_loss(loss: float, step: int, model_dir: str) -> CSRunError:
+    """The error that stops a run (CPU or CS) whose loss became NaN or infinite at `step`,
+    naming the checkpoint to go back to, if there is one."""
+    paths = all_checkpoints(model_dir)
+    kept = (f"the newest checkpoint, {os.path.basename(paths[-1])}, is the last good one" if paths
+            else "no checkpoint was written before it")
+    return CSRunError(f"the loss became {loss} at step {step}",
+                      f"check the input for NaN or infinite values, or lower the learning rate; {kept}")
+
+
+DAMAGED = "damaged-"  # the name prefix of a damaged checkpoint's files, set aside by a training run
+
+
+def latest_checkpoint(model_dir: str, set_aside: bool = False) -> str | None:
     """The newest intact checkpoint's prefix (`…/model.ckpt-N`), or None when there is
     none. A damaged newest one (truncated or corrupted files) is skipped, saying so, for
-    the intact one before it; when every checkpoint is damaged the run is refused."""
+    the intact one before it; when every checkpoint is damaged the run is refused. With
+    `set_aside` (a training run, holding the model_dir's lock) the damaged ones also leave
+    the index and their files are renamed `damaged-model.ckpt-N.*`, kept for inspection:
+    rotation then never drops an intact checkpoint for them."""
     paths = all_checkpoints(model_dir)
     damaged: list[tuple[str, str]] = []
     for path in reversed(paths):
         why = damage(path)
         if why is None:
             for bad, reason in damaged:
-                print(f"Checkpoint {bad} is damaged ({reason}): using {os.path.basename(path)}",
+                aside = f": its files set aside as {DAMAGED}{os.path.basename(bad)}.*" if set_aside else ""
+                print(f"Checkpoint {bad} is damaged ({reason}){aside}; using {os.path.basename(path)}",
                       flush=True)
+            if set_aside and damaged:
+                _set_aside(model_dir, [bad for bad, _ in damaged], paths)
             return path
         damaged.append((path, why))
     if damaged:
@@ -143,6 +162,14 @@ def latest_checkpoint(model_dir: str) -> str | None:
                          "restore the model.ckpt-* files from a copy, or move them out of the "
                          "model_dir to train from scratch")
     return None
+
+
+def _set_aside(model_dir: str, damaged: list[str], listed: list[str]) -> None:
+    """Take `damaged` out of the index, then rename their files with the DAMAGED prefix."""
+    _write_index(model_dir, [p for p in listed if p not in damaged])
+    for prefix in damaged:
+        for name in glob.glob(glob.escape(prefix) + ".*"):
+            os.replace(name, os.path.join(model_dir, DAMAGED + os.path.basename(name)))
 
 
 def chosen_checkpoint(model_dir: str, checkpoint_path: str | None) -> str:
@@ -234,6 +261,17 @@ def optimizer_changed(path: str, stored, optimizer: str) -> bool:
     return True
 
 
+def check_shapes(path: str, model: dict[str, tuple[int, ...]], stored: dict[str, Any]) -> None:
+    """The model's variables (name → shape) must have the shapes the checkpoint at `path`
+    stored (name → shape): else it was trained with another model, say so."""
+    wrong = [f"{name} {tuple(stored[name])} there, {shape} in the model" for name, shape in model.items()
+             if name in stored and tuple(stored[name]) != shape]
+    if wrong:
+        raise CSRunError(f"the checkpoint {path} was trained with other shapes: {', '.join(wrong[:3])}"
+                         f"{' …' if len(wrong) > 3 else ''}",
+                         "use a new model_dir for a changed model (or change the model back)")
+
+
 def restore_variables(session: tf.compat.v1.Session, variables: list, path: str) -> None:
     """Restore `variables` (of the session's graph) from the checkpoint at `path` with a
     Saver; every one must be in it with its shape."""
@@ -245,10 +283,6 @@ def restore_variables(session: tf.compat.v1.Session, variables: list, path: str)
         raise CSRunError(f"checkpoint {path} has no {', '.join(missing[:5])}"
                          f"{' …' if len(missing) > 5 else ''}: it was written by another model",
                          "use a new model_dir for a changed model")
-    wrong = [f"{v.op.name} {tuple(v.shape.as_list())} vs {tuple(stored[v.op.name])}"
-             for v in variables if tuple(v.shape.as_list()) != tuple(stored[v.op.name])]
-    if wrong:
-        raise CSRunError(f"checkpoint {path} has other shapes: {', '.join(wrong[:3])}",
-                         "use a new model_dir for a changed model")
+    check_shapes(path, {v.op.name: tuple(v.shape.as_list()) for v in variables}, stored)
     with session.graph.as_default():
         tf.compat.v1.train.Saver(var_list={v.op.name: v for v in variables}).restore(session, path)

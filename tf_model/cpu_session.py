@@ -23,7 +23,14 @@ from tf_model.estimator_spec import ModeKeys
 from tf_model.events import EventWriter, eval_dir
 from tf_model.metrics import EvalMetrics
 from tf_model.model_dir_lock import model_dir_locked
-from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph, numpy_batches
+from tf_model.model_fn import (
+    batch_signature,
+    call_model_fn,
+    make_dataset,
+    model_graph,
+    numpy_batches,
+    op_errors_in_one_line,
+)
 from tf_model.predictions import PredictionGraph, write_predictions
 
 _PREFETCH = 2
@@ -97,7 +104,7 @@ def _build_train_graph(model_fn: Callable, signature: Any, params: dict) -> _Tra
 def _start_session(built: _TrainGraph, settings: RunSettings) -> tf.compat.v1.Session:
     """A session with the newest checkpoint restored, or initial (warm-started) weights."""
     session = tf.compat.v1.Session(graph=built.graph)
-    latest = checkpoints.latest_checkpoint(settings.model_dir)
+    latest = checkpoints.latest_checkpoint(settings.model_dir, set_aside=True)
     with built.graph.as_default():
         session.run(tf.compat.v1.global_variables_initializer())
     if latest is not None:
@@ -136,6 +143,7 @@ def _every(n: int | None, step: int) -> bool:
     return bool(n and step % n == 0)
 
 
+@op_errors_in_one_line
 def train(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps: int | None = None,
           max_steps: int | None = None, hooks: Sequence[Any] = ()) -> int:
     """Train from the newest checkpoint (or initial weights) to `max_steps` (absolute) or
@@ -200,8 +208,7 @@ def _train_loop(session: tf.compat.v1.Session, built: _TrainGraph, settings: Run
             step += 1
             loss = float(out["loss"])
             if not math.isfinite(loss):
-                raise CSRunError(f"the loss became {loss} at step {step}",
-                                 "lower the learning rate; the newest checkpoint is the last good one")
+                raise checkpoints.non_finite_loss(loss, step, settings.model_dir)
             if step == first and int(session.run(built.global_step)) != step:
                 raise CSRunError("model_fn's train_op does not increment the global step",
                                  "pass global_step=tf.compat.v1.train.get_or_create_global_step() "
@@ -242,6 +249,7 @@ def _run_with_hooks(session: tf.compat.v1.Session, fetches: dict, feed: dict,
     return out["user"], context.stop_requested
 
 
+@op_errors_in_one_line
 def evaluate(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps: int | None = None,
              checkpoint_path: str | None = None) -> dict[str, float]:
     """Evaluate a checkpoint (the newest by default) on `steps` batches (all when None):
@@ -271,6 +279,7 @@ def evaluate(model_fn: Callable, input_fn: Callable, settings: RunSettings, step
     return {**results, "global_step": step}
 
 
+@op_errors_in_one_line
 def predict(model_fn: Callable, input_fn: Callable, settings: RunSettings,
             checkpoint_path: str | None = None, num_samples: int | None = None) -> dict[str, np.ndarray]:
     """Predictions for `num_samples` samples (the whole input when None) from a checkpoint,

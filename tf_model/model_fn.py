@@ -5,18 +5,21 @@ Shared by the CPU path, the compiler and the chief so the user's code is called 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 import sysconfig
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import tensorflow as tf
 
 from common.errors import CSRunError
 from common.layers import package_dirs
 from tf_model.estimator_spec import CSEstimatorSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _LIBRARY_DIRS = tuple(os.path.realpath(d) + os.sep for d in {
     sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
@@ -85,6 +88,39 @@ def user_code_error(what: str, error: BaseException, hint: str, context: str = "
     text = str(error).strip().splitlines()
     return CSRunError(f"{what} raised {type(error).__name__}{where}{context}"
                       f"{': ' + text[0] if text else ''}", hint)
+
+
+def graph_op_error(error: tf.errors.OpError) -> CSRunError:
+    """One line for a TensorFlow op that failed while the model ran (a label out of range, a
+    bad reshape): the op, the user's source line that made it, TensorFlow's first line."""
+    op = getattr(error, "op", None)
+    frames = [f for f in (getattr(op, "traceback", None) or ()) if is_user_file(f[0])]
+    where = ""
+    if frames:
+        path, cwd = os.path.realpath(frames[-1][0]), os.getcwd() + os.sep
+        where = f" at {path[len(cwd):] if path.startswith(cwd) else path}:{frames[-1][1]}"
+    what = f"{op.type} '{op.name}'" if op is not None else "a TensorFlow op"
+    # TensorFlow's message: "Graph execution error:", where the node was made, then its own line
+    said = [line for line in (error.message or "").splitlines() if line.strip()
+            and not line.startswith((" ", "\t", "Graph execution error", "Detected at node", "Node: "))]
+    detail = said[0].split(".  ")[0] if said else type(error).__name__
+    return CSRunError(f"{what}{where} failed on a batch: {detail}",
+                      "check the batch's values against what the model expects (--debug shows "
+                      "TensorFlow's traceback)")
+
+
+def op_errors_in_one_line(run: F) -> F:
+    """Decorate a CPU-path run (train, evaluate, predict): a TensorFlow op failing on a batch
+    is `graph_op_error`'s one line, not TensorFlow's traceback."""
+
+    @functools.wraps(run)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(*args, **kwargs)
+        except tf.errors.OpError as error:
+            raise graph_op_error(error) from error
+
+    return wrapped  # type: ignore[return-value]
 
 
 def _describe_inputs(features: Any, labels: Any) -> str:

@@ -10,9 +10,11 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
+from cs_api import MAX_BATCH_BYTES
 from cs_api.input_spec import InputSpec
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 from tf_model.model_fn import BatchSignature, batch_signature, call_model_fn, is_user_file, make_dataset, model_graph
+from wse_sim.limits import MAX_BATCH_SIZE
 
 MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
 # Ops whose outputs depend on their input's shape only: shapes are static here, so the
@@ -72,6 +74,8 @@ def _fixed_batch(signature: BatchSignature, params: dict) -> tuple[BatchSignatur
                              "every dimension of a sample known",
                              "give the dataset fixed sample shapes (no None dimensions)")
 
+    _check_batch_fits(batch, specs)
+
     def fix(spec: tf.TensorSpec) -> tf.TensorSpec:
         return tf.TensorSpec([batch, *spec.shape[1:]], spec.dtype)
 
@@ -83,6 +87,16 @@ def _fixed_batch(signature: BatchSignature, params: dict) -> tuple[BatchSignatur
         return fix(value)
 
     return BatchSignature(fix_all(signature.features), fix_all(signature.labels)), batch
+
+
+def _check_batch_fits(batch: int, specs: dict[str, tf.TensorSpec]) -> None:
+    """A batch the CS cannot take is refused before input_fn builds one (a batch_size of
+    1e9 would otherwise fill the host's memory on the way to the CS's refusal)."""
+    size = sum(batch * int(np.prod(spec.shape[1:], dtype=np.int64)) * spec.dtype.size for spec in specs.values())
+    if batch > MAX_BATCH_SIZE or size > MAX_BATCH_BYTES:
+        raise CSRunError(f"input_fn's batches of {batch:,} samples hold {size / (1 << 20):,.1f} MiB: the CS "
+                         f"takes at most {MAX_BATCH_SIZE:,} samples and {MAX_BATCH_BYTES >> 20} MiB a batch",
+                         "lower batch_size")
 
 
 def _flatten(signature: BatchSignature) -> Iterable[tuple[str, tf.TensorSpec]]:

@@ -193,3 +193,16 @@ def test_too_large_model_is_refused_with_memory_figures(tmp_path):
     assert "billion parameters" in message
     assert not os.path.exists(tmp_path / "cs_compile") or not [
         d for d in os.listdir(tmp_path / "cs_compile") if not d.endswith(".txt")]
+
+
+@pytest.mark.parametrize("batch_size, shape", [(10 ** 9, (784,)), (40_000, (28, 28, 64))])
+def test_a_batch_the_cs_cannot_take_is_refused_before_input_fn_builds_one(tmp_path, batch_size, shape):
+    def input_fn(params):  # a repeated dataset: building one batch of 1e9 samples fills the host
+        x = np.zeros((4, *shape), np.float32)
+        y = np.zeros((4,), np.int32)
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(params["batch_size"],
+                                                                         drop_remainder=True)
+
+    with pytest.raises(CSRunError, match=rf"input_fn's batches of {batch_size:,} samples hold .* MiB: the CS "
+                                         r"takes at most 65,536 samples and 256 MiB a batch \(hint: lower"):
+        compile_model(m.keras_mlp, input_fn, {"batch_size": batch_size}, str(tmp_path), validate_only=True)

@@ -11,8 +11,8 @@ from cs_api.input_spec import program_inputs
 
 
 def program(optimizer=None):
-    dense = pb.Kernel(name="d", type="dense", params=[pb.Param(role="kernel", variable="dense/kernel"),
-                                                      pb.Param(role="bias", variable="dense/bias")])
+    dense = pb.Kernel(name="d", type="dense", params=[pb.Param(role="kernel", variable="dense/kernel", shape=[1]),
+                                                      pb.Param(role="bias", variable="dense/bias", shape=[1])])
     return pb.Program(batch_size=256, kernels=[dense],
                       inputs=[pb.TensorSpec(name="features", dtype=pb.FLOAT32, shape=[784]),
                               pb.TensorSpec(name="labels", dtype=pb.INT32, shape=[])],
@@ -61,3 +61,9 @@ def test_cs_state_of_an_eval_program_keeps_the_weights():
 def test_a_checkpoint_of_another_model_is_one_clear_error():
     with pytest.raises(CSRunError, match="the checkpoint has no dense/bias"):
         cs_state(program(), {"dense/kernel": np.zeros(1)})
+
+
+def test_a_checkpoint_of_the_model_with_other_shapes_says_so_before_the_cs_is_asked():
+    with pytest.raises(CSRunError, match=r"the checkpoint m/model.ckpt-5 was trained with other shapes: "
+                                         r"dense/kernel \(784, 32\) there, \(1,\) in the model \(hint: use a new"):
+        cs_state(program(), {**TENSORS, "dense/kernel": np.zeros((784, 32))}, "m/model.ckpt-5")

@@ -70,6 +70,19 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(how, tmp_path,
     np.testing.assert_array_equal(tensors["dense/kernel"], WEIGHTS["dense/kernel"] * 10)
 
 
+def test_a_training_run_sets_a_damaged_checkpoint_aside_so_rotation_keeps_the_intact_one(tmp_path, capsys):
+    _write(tmp_path, 10, 20)
+    (tmp_path / "model.ckpt-20.data-00000-of-00001").write_bytes(b"x")
+    assert _step(tmp_path) == 10 and (tmp_path / "model.ckpt-20.index").exists()  # reading moves nothing
+    latest = checkpoints.latest_checkpoint(str(tmp_path), set_aside=True)  # what a training run does
+    assert latest is not None and checkpoints.checkpoint_step(latest) == 10
+    assert "its files set aside as damaged-model.ckpt-20.*; using model.ckpt-10" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.glob("damaged-*")) == [
+        "damaged-model.ckpt-20.data-00000-of-00001", "damaged-model.ckpt-20.index"]
+    checkpoints.write_checkpoint(str(tmp_path), 30, {**WEIGHTS, "global_step": np.asarray(30, np.int64)}, 2)
+    assert [checkpoints.checkpoint_step(p) for p in checkpoints.all_checkpoints(str(tmp_path))] == [10, 30]
+
+
 def test_every_checkpoint_damaged_is_refused(tmp_path):
     _write(tmp_path, 10)
     (tmp_path / "model.ckpt-10.data-00000-of-00001").write_bytes(b"x")

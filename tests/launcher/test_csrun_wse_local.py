@@ -66,6 +66,10 @@ def test_the_embedded_simulator_fabric_is_read_as_run_py_reads_params(tmp_path):
     assert fabric_of(("python", "ex/run.py", "-p", "bad.yaml"), tmp_path) == "cs1"
     assert fabric_of(("python", "ex/run.py", "--mode", "bogus"), tmp_path) == "cs1"
     assert fabric_of(("sh", "-c", "python ex/run.py"), tmp_path) == "cs1"
+    # a fabric no simulator has: said here, before the simulator starts (it named only its log)
+    (tmp_path / "cs9.yaml").write_text("runconfig:\n  fabric: cs9\n")
+    with pytest.raises(CSRunError, match=r"unknown fabric 'cs9' \(runconfig.fabric in .*cs9.yaml\)"):
+        fabric_of(("python", "ex/run.py", "-p", "cs9.yaml"), tmp_path)
 
 
 def test_parse_rejects_bad_arguments():
@@ -147,23 +151,28 @@ def test_a_failing_chief_gives_its_exit_code(tmp_path):
     assert "task 0 (chief) failed: chief: error: bad" in result.stderr
 
 
-def test_ctrl_c_stops_every_task(tmp_path):
+@pytest.mark.parametrize("to", ["csrun_wse", "the terminal's process group"])
+def test_ctrl_c_stops_every_task(tmp_path, to):
     job = tmp_path / "job"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     marker = f"sleep 97.{os.getpid()}"
     process = subprocess.Popen(CSRUN_WSE + ["--tasks-per-node", "2", "--job-dir", str(job), *NO_CS,
                                             *sh(f"echo started; {marker}")],
                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, start_new_session=True,  # a terminal's foreground group
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     while subprocess.run(["pgrep", "-x", "-f", marker], capture_output=True,
                          text=True).stdout.count("\n") != 2:
         assert time.monotonic() < deadline, "tasks did not start"
         time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
+    if to == "csrun_wse":
+        process.send_signal(signal.SIGINT)
+    else:  # what Ctrl-C does: every process of the group (the local controller too) gets it
+        os.killpg(process.pid, signal.SIGINT)
     out, err = process.communicate(timeout=30)
     assert process.returncode == 130
-    assert "csrun_wse: interrupted" in err
+    assert err.splitlines()[-1] == "csrun_wse: interrupted" and "Traceback" not in err, err
     assert subprocess.run(["pgrep", "-x", "-f", marker], capture_output=True).stdout == b""
 
 

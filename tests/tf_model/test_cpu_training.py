@@ -150,9 +150,13 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
         bad = tf.where(step >= 8, tf.constant(np.nan, tf.float32), 0.0)
         return CSEstimatorSpec(mode=mode, loss=spec.loss + bad, train_op=spec.train_op)
 
-    with pytest.raises(CSRunError, match=r"the loss became nan at step \d+"):
+    with pytest.raises(CSRunError, match=r"the loss became nan at step \d+ .*the newest checkpoint, "
+                                         r"model.ckpt-5, is the last good one"):
         estimator(tmp_path, nan_after_8, save_checkpoints_steps=5).train(data.train_input_fn, max_steps=20)
     assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-5")
+    with pytest.raises(CSRunError, match=r"the loss became nan at step 9 .*check the input for NaN.*"
+                                         r"no checkpoint was written before it"):
+        estimator(tmp_path / "fresh", nan_after_8).train(data.train_input_fn, max_steps=20)
 
 
 def test_a_train_op_without_the_global_step_is_refused(tmp_path):
@@ -163,3 +167,24 @@ def test_a_train_op_without_the_global_step_is_refused(tmp_path):
 
     with pytest.raises(CSRunError, match="global step"):
         estimator(tmp_path, no_step).train(data.train_input_fn, max_steps=3)
+
+
+def test_labels_out_of_range_on_the_cpu_path_are_one_line_naming_the_op_and_the_users_line(tmp_path):
+    def shifted_labels(params):
+        return data.train_input_fn(params).map(lambda x, y: (x, y + 5))  # labels 5..14 of 10 classes
+
+    with pytest.raises(CSRunError) as raised:
+        estimator(tmp_path).train(shifted_labels, max_steps=3)
+    line = str(raised.value)
+    assert "SparseSoftmaxCrossEntropyWithLogits" in line and "examples/classifier.py:" in line, line
+    assert "failed on a batch: Received a label value of " in line and "outside the valid range of [0, 10)" in line
+    assert "\n" not in line and "--debug" in raised.value.hint
+
+
+def test_a_changed_model_on_an_existing_checkpoint_says_it_was_trained_with_other_shapes(tmp_path):
+    estimator(tmp_path).train(data.train_input_fn, max_steps=2)
+    changed = estimator(tmp_path)
+    changed.params["model"]["hidden_sizes"] = [8]
+    with pytest.raises(CSRunError, match=r"the checkpoint .*model.ckpt-2 was trained with other shapes: "
+                                         r"dense/kernel \(784, 16\) there, \(784, 8\) in the model"):
+        changed.train(data.train_input_fn, max_steps=4)
