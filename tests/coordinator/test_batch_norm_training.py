@@ -94,6 +94,7 @@ def train_both(model_fn, model_dir, micro: int, params=PARAMS) -> cs_inprocess.C
     return cs_inprocess.Comparison(compiled, cs, reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("micro", [16, 4, 1])
 def test_keras_batch_norm_trains_with_the_whole_batchs_statistics_like_tensorflow(tmp_path, micro):
     result = train_both(keras_model_fn, str(tmp_path), micro)
@@ -111,6 +112,7 @@ def test_keras_batch_norm_trains_with_the_whole_batchs_statistics_like_tensorflo
                                             {**host, **result.cs.state}) == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fused", [False, True])
 def test_hand_written_batch_norm_moves_the_moving_statistics_like_tensorflow(tmp_path, fused):
     params = {**PARAMS, "fused": fused}
