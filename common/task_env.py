@@ -8,4 +8,5 @@ JOB_DIR = "CSRUN_JOB_DIR"  # the launcher's job folder (rendezvous files, task l
 TASK_RANK = "CSRUN_TASK_RANK"  # set by hand for a task started outside a launcher
 NUM_TASKS = "CSRUN_NUM_TASKS"
 CS_IP = "CSRUN_CS_IP"  # HOST:PORT of the job's CS system
+CS_WAIT_S = "CSRUN_CS_WAIT_S"  # seconds the chief waits for a CS busy with another job (csrun_wse --cs-wait)
 CS_TLS_CA = "CSRUN_CS_TLS_CA"  # the CA file the CS's TLS is verified with ("": plaintext)

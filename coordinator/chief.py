@@ -107,7 +107,7 @@ class CSJob:
         self.client.status()  # an unreachable CS: one clear line before any work
         role = chief.role
         reply = self.client.load(role.job_id, program, state, role.num_workers, global_step,
-                                 first_batch)
+                                 first_batch, wait_s=role.cs_wait_s)
         rendezvous = Rendezvous(self.client.cs_ip, reply.job_id or role.job_id, self.client.token,
                                 role.num_workers, first_batch, num_batches, program_inputs(program),
                                 program.batch_size,

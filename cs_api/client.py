@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -20,6 +21,7 @@ from cs_api.liveness import Liveness
 from cs_api.tensors import assemble, tensor_chunks
 
 CONNECT_TIMEOUT_S = 10.0
+BUSY_RETRY_S = 2.0  # how often a busy CS is asked again while the job waits for it
 
 
 def new_token() -> str:
@@ -46,6 +48,14 @@ def load_requests(header: pb.JobHeader, tensors: Mapping[str, np.ndarray]) -> It
     for name in sorted(tensors):
         for chunk in tensor_chunks(name, tensors[name]):
             yield pb.LoadRequest(chunk=chunk)
+
+
+class _Busy(Exception):
+    """Load refused: the CS holds another job (`error` is what the user is told)."""
+
+    def __init__(self, error: CSRunError):
+        super().__init__(str(error))
+        self.error = error
 
 
 class CSClient:
@@ -81,7 +91,8 @@ class CSClient:
         if code == grpc.StatusCode.ALREADY_EXISTS or \
                 (code == grpc.StatusCode.FAILED_PRECONDITION and "busy" in (error.details() or "")):
             return CSRunError(f"the CS system at {self.cs_ip} is busy: {error.details()}",
-                              "wait for the running job to finish, or use another CS system")
+                              "wait for the running job to finish (csrun_wse --cs-wait SECONDS waits "
+                              "for it), or use another CS system")
         return CSRunError(f"the CS system at {self.cs_ip} refused {doing}: {code.name}: {error.details()}")
 
     def status(self) -> pb.StatusReply:
@@ -92,23 +103,42 @@ class CSClient:
             raise self._error(error, "status") from None
 
     def load(self, job_id: str, program: pb.Program, tensors: dict[str, np.ndarray],
-             num_workers: int, global_step: int, first_batch: int) -> pb.LoadReply:
+             num_workers: int, global_step: int, first_batch: int, wait_s: float = 0.0) -> pb.LoadReply:
         """Load the program with its weights (and optimizer slots) for this job; its first
-        step consumes batch `first_batch` of input_fn's order."""
+        step consumes batch `first_batch` of input_fn's order. A CS busy with another job is
+        asked again every BUSY_RETRY_S for up to `wait_s` seconds, saying so once."""
         header = pb.JobHeader(job_id=job_id, token=self.token, program=program,
                               num_workers=num_workers, global_step=global_step,
                               first_batch=first_batch)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                reply = self._load(header, tensors)
+                break
+            except _Busy as busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise busy.error from None
+                if wait_s and left + BUSY_RETRY_S > wait_s:  # the first refusal
+                    print(f"The CS system at {self.cs_ip} is busy with another job: waiting up to "
+                          f"{wait_s:.0f} s for it", flush=True)
+                time.sleep(min(BUSY_RETRY_S, left))
+        self._hold_lease()
+        return reply
+
+    def _load(self, header: pb.JobHeader, tensors: dict[str, np.ndarray]) -> pb.LoadReply:
         future = self._stub.Load.future(load_requests(header, tensors))
         with Liveness(self.cs_ip, future.cancel, self._open_channel) as live:
             try:
-                reply = future.result()
+                return future.result()
             except grpc.FutureCancelledError:  # only the liveness watch cancels it
                 raise CSRunError(f"{live.dead or 'the CS system stopped answering'} during the load",
                                  "see the CS system's log") from None
             except grpc.RpcError as error:
-                raise self._error(error, "the program", live) from None
-        self._hold_lease()
-        return reply
+                failure = self._error(error, "the program", live)
+                if error.code() == grpc.StatusCode.ALREADY_EXISTS:
+                    raise _Busy(failure) from None
+                raise failure from None
 
     def _hold_lease(self) -> None:
         """Hold the job's lease until the job ends or this client closes (or dies)."""

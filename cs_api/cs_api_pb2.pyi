@@ -155,16 +155,18 @@ class Point(_message.Message):
     def __init__(self, x: _Optional[int] = ..., y: _Optional[int] = ...) -> None: ...
 
 class Route(_message.Message):
-    __slots__ = ("src", "dst", "path", "bytes_per_sample")
+    __slots__ = ("src", "dst", "path", "bytes_per_sample", "replica")
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     src: str
     dst: str
     path: _containers.RepeatedCompositeFieldContainer[Point]
     bytes_per_sample: int
-    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., path: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., bytes_per_sample: _Optional[int] = ...) -> None: ...
+    replica: int
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., path: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., bytes_per_sample: _Optional[int] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class Kernel(_message.Message):
     __slots__ = ("name", "type", "inputs", "attrs", "params", "output_shape", "region", "source", "flops_per_sample", "samples_per_sec", "memory_per_core_bytes", "tf_tensor")
@@ -244,7 +246,7 @@ class Estimate(_message.Message):
     def __init__(self, samples_per_sec: _Optional[float] = ..., compute_samples_per_sec: _Optional[float] = ..., transmission_samples_per_sec: _Optional[float] = ..., active_cores: _Optional[int] = ..., compute_utilization: _Optional[float] = ..., ideal_samples_per_sec: _Optional[float] = ..., pipeline_fill_seconds: _Optional[float] = ...) -> None: ...
 
 class Program(_message.Message):
-    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms")
+    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRAPH_HASH_FIELD_NUMBER: _ClassVar[int]
     FABRIC_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +261,8 @@ class Program(_message.Message):
     ESTIMATE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_TRANSFORMS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     name: str
     graph_hash: str
     fabric: str
@@ -273,7 +277,9 @@ class Program(_message.Message):
     estimate: Estimate
     seed: int
     gradient_transforms: _containers.RepeatedCompositeFieldContainer[GradientTransform]
-    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ...) -> None: ...
+    num_replicas: int
+    replica_offsets: _containers.RepeatedCompositeFieldContainer[Point]
+    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ...) -> None: ...
 
 class JobHeader(_message.Message):
     __slots__ = ("job_id", "token", "program", "num_workers", "global_step", "first_batch")

@@ -72,6 +72,8 @@ def _parser() -> ArgumentParser:
     p.add_argument("--time", help="Slurm time limit (default: slurm.time, else the partition's)")
     add_mount_dirs_flag(p)
     p.add_argument("--cs_ip", help="HOST:PORT of a running CS system (default: an embedded simulator)")
+    p.add_argument("--cs-wait", type=float, default=0.0, metavar="SECONDS",
+                   help="wait up to SECONDS for a CS system busy with another job (default: 0, fail at once)")
     p.add_argument("--job-dir", type=Path, help="job folder (default: ./csrun_jobs/<time>-<id>)")
     p.add_argument("--dry-run", action="store_true", help="print the request, start nothing")
     p.add_argument("--detach", action="store_true", help="submit, print the job id, return (needs --cs_ip)")
@@ -95,6 +97,7 @@ class WseArgs:
     emit_sbatch: Path | None = None
     # Slurm settings the user gave (partition, time, cyclic, single_task_nodes)
     slurm_options: tuple[tuple[str, str], ...] = ()
+    cs_wait_s: float = 0.0  # how long the chief waits for a busy CS
 
 
 def parse_args(argv: list[str], site: SiteConfig | None = None) -> WseArgs:
@@ -109,6 +112,8 @@ def parse_args(argv: list[str], site: SiteConfig | None = None) -> WseArgs:
             raise CSRunError(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be at least 1")
     if ns.cs_ip is not None:
         ns.cs_ip = normalize_cs_ip(ns.cs_ip)
+    if not ns.cs_wait >= 0:
+        raise CSRunError(f"--cs-wait {ns.cs_wait}: must be a number of seconds >= 0")
     if ns.detach and ns.cs_ip is None and not ns.dry_run:
         raise CSRunError("--detach needs --cs_ip: the embedded CS simulator lives only as long as csrun_wse",
                          "start `wse_sim serve` and pass --cs_ip HOST:PORT, or leave --detach out")
@@ -120,7 +125,7 @@ def parse_args(argv: list[str], site: SiteConfig | None = None) -> WseArgs:
     mount_dirs = mount_dirs_of(ns.mount_dirs)
     return WseArgs(ns.total_nodes, ns.tasks_per_node, ns.cpus_per_task, ns.cs_ip, job_dir,
                    ns.dry_run, command, mount_dirs, ns.detach, ns.emit_sbatch,
-                   tuple((k, v) for k, v in options.items() if v is not None))
+                   tuple((k, v) for k, v in options.items() if v is not None), ns.cs_wait)
 
 
 def fabric_of(command: tuple[str, ...], workdir: Path) -> str:
@@ -228,6 +233,7 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
         cpus_per_task=args.cpus_per_task,
         env={task_env.JOB_DIR: str(args.job_dir), task_env.JOB_ID: args.job_dir.name,
              task_env.CS_IP: cs_ip, task_env.CS_TLS_CA: "" if embedded else (site.cs.tls_ca or ""),
+             task_env.CS_WAIT_S: f"{args.cs_wait_s:g}",
              "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
         options=dict(args.slurm_options),
         defaults=site_defaults(site),

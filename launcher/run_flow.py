@@ -15,6 +15,7 @@ import sys
 from typing import Callable
 
 from common.errors import CSRunError, cli_entry
+from coordinator.replicas import requested_replicas
 from coordinator.roles import task_role
 from launcher.estimator import CSEstimator, CSRunConfig, ModeKeys
 from launcher.params_spec import Spec, check_params
@@ -101,6 +102,10 @@ def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, h
         update_params_from_args(args, runconfig, job_cs_ip=role.cs_ip)
         check_env(runconfig)
         chief = role.is_chief
+        if chief and requested_replicas(runconfig) != 1 and not is_cs(runconfig) \
+                and not (runconfig["validate_only"] or runconfig["compile_only"]):
+            print("multireplica: copies of the network run on the CS system only; on the CPU "
+                  "the model runs as one copy (the same updates)", flush=True)
         writes = runconfig["mode"] in TRAINING_MODES and chief \
             and not (runconfig["validate_only"] or runconfig["compile_only"])
         # one writer per model_dir, from before params.yaml is written to the run's end; input

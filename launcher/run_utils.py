@@ -20,6 +20,7 @@ import yaml
 
 from common import tf_startup
 from common.errors import ArgumentParser, CSRunError, install_excepthook
+from coordinator.replicas import requested_replicas
 from wafer.fabric import DEFAULT_FABRIC
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
@@ -34,6 +35,7 @@ RUNCONFIG_DEFAULTS: dict[str, Any] = {
     "max_steps": None, "steps": None, "eval_steps": None, "save_summary_steps": 100,
     "save_checkpoints_steps": None, "keep_checkpoint_max": 5, "log_step_count_steps": 100,
     "validate_only": False, "compile_only": False,
+    "multireplica": False, "num_replicas": None,  # coordinator.compiler.replicas reads them
 }
 PARAMS_FILE = "params.yaml"
 
@@ -61,6 +63,8 @@ def _check_runconfig(runconfig: dict, path: str) -> None:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise CSRunError(f"runconfig.{key} in {path} is {value!r}, not a whole number >= 0",
                                  f"set {key} to a number like 100")
+        elif key in ("multireplica", "num_replicas"):
+            requested_replicas(runconfig, path)
         elif key in ("validate_only", "compile_only"):
             if not isinstance(value, bool):
                 raise CSRunError(f"runconfig.{key} in {path} is {value!r}, not true or false")
@@ -120,6 +124,8 @@ def create_arg_parser(default_model_dir: str) -> argparse.ArgumentParser:
     p.add_argument("-m", "--mode", choices=MODES, help="what to run (default: runconfig.mode)")
     p.add_argument("--validate_only", action="store_true", help="check the model maps onto the CS")
     p.add_argument("--compile_only", action="store_true", help="compile for the CS, do not run")
+    p.add_argument("--multireplica", action="store_true",
+                   help="train several copies of the model data-parallel on the wafer")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(default_model_dir=default_model_dir)
     return p
@@ -141,7 +147,7 @@ def update_params_from_args(args: argparse.Namespace, runconfig: dict, job_cs_ip
         runconfig["max_steps"] = None
     elif getattr(args, "max_steps", None) is not None and getattr(args, "steps", None) is None:
         runconfig["steps"] = None
-    for flag in ("validate_only", "compile_only"):
+    for flag in ("validate_only", "compile_only", "multireplica"):
         if getattr(args, flag, False):
             runconfig[flag] = True
     if not runconfig.get("model_dir"):

@@ -4,7 +4,8 @@ raw tf ops, tf.compat.v1 losses and optimizers), for the differential test.
 A `ModelSpec` (drawn by `model_specs()`, a hypothesis strategy) names an input, an optional
 BatchNormalization in training (Keras or tf.nn.moments), a few blocks, a head with its
 loss, an optimizer, a gradient transform between compute_gradients and apply_gradients, an
-optional var_list subset and an optional L2 term; `model_fn` and
+optional var_list subset, an optional L2 term and the replicas the CS trains it on
+(multireplica); `model_fn` and
 `input_fn` build it from `params["spec"]`. The ops are created on the lines of this file,
 so a refusal must name one of them.
 """
@@ -43,6 +44,12 @@ LOSSES = {
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "rmsprop", "rmsprop_centered", "adagrad")
 TRANSFORMS = ("none", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "scale")
 L2_TERMS = ("none", "l2_loss", "kernel_regularizer")
+# Under a Keras mixed_float16 policy (a quarter of the models these fit, by seed): blocks and
+# losses that mix no float32 tensor of their own with the layers' float16 ones.
+MIXED_BLOCKS = tuple(b for b in BLOCKS if b not in ("matmul", "broadcast"))
+MIXED_LOSSES = tuple(loss for losses in LOSSES.values() for loss in losses
+                     if loss not in ("mse_by_hand", "nn_sigmoid_ce"))
+MIXED_RTOL = 1e-2  # float16 rounding: the CS and TF agree to about a float16 ULP per op
 
 
 @dataclass(frozen=True)
@@ -56,14 +63,27 @@ class ModelSpec:
     var_subset: bool  # minimize(var_list=...) leaves the first layer's variables out
     l2: str
     seed: int
+    replicas: int = 1  # runconfig.num_replicas: data-parallel copies on the CS
     batch_norm: str = "none"
+
+    @property
+    def mixed(self) -> bool:
+        """Built under the mixed_float16 policy (float16 layers, float32 weights)."""
+        return self.seed % 4 == 0 and self.l2 == "none" and self.loss in MIXED_LOSSES and \
+            all(b in MIXED_BLOCKS for b in self.blocks) and self.batch_norm == "none"
+
+    @property
+    def rtol(self) -> float:
+        return MIXED_RTOL if self.mixed else 1e-4
 
     def describe(self) -> str:
         blocks = ((self.batch_norm,) if self.batch_norm != "none" else ()) + self.blocks
         return (f"{self.inputs} -> {' -> '.join(blocks) or '(no block)'} -> {self.task} "
                 f"head, loss {self.loss}, {self.optimizer}, transform {self.transform}"
                 f"{', var_list subset' if self.var_subset else ''}"
-                f"{', ' + self.l2 if self.l2 != 'none' else ''}")
+                f"{', ' + self.l2 if self.l2 != 'none' else ''}"
+                f"{', mixed_float16' if self.mixed else ''}"
+                f"{f', {self.replicas} replicas' if self.replicas > 1 else ''}")
 
 
 @st.composite
@@ -75,11 +95,15 @@ def model_specs(draw) -> ModelSpec:
         task=task, loss=draw(st.sampled_from(LOSSES[task])),
         optimizer=draw(st.sampled_from(OPTIMIZERS)), transform=draw(st.sampled_from(TRANSFORMS)),
         var_subset=draw(st.booleans()), l2=draw(st.sampled_from(L2_TERMS)),
-        seed=draw(st.integers(0, 2 ** 16)), batch_norm=draw(st.sampled_from(BATCH_NORMS)))
+        seed=draw(st.integers(0, 2 ** 16)), replicas=draw(st.sampled_from((1, 1, 2, 4))),
+        batch_norm=draw(st.sampled_from(BATCH_NORMS)))
 
 
 def params_for(spec: ModelSpec) -> dict:
-    return {"batch_size": BATCH, "spec": spec, "runconfig": {"tf_random_seed": spec.seed % 1000 + 1}}
+    runconfig = {"tf_random_seed": spec.seed % 1000 + 1}
+    if spec.replicas > 1:
+        runconfig["num_replicas"] = spec.replicas
+    return {"batch_size": BATCH, "spec": spec, "runconfig": runconfig}
 
 
 # ---- input_fn ----
@@ -275,6 +299,8 @@ def train_op(spec: ModelSpec, loss, var_list):
 
 def model_fn(features, labels, mode, params):
     spec: ModelSpec = params["spec"]
+    if spec.mixed:
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
     h = first_layer(spec, features)
     first_variables = len(tf.compat.v1.trainable_variables())
     blocks = ((spec.batch_norm,) if spec.batch_norm != "none" else ()) + spec.blocks

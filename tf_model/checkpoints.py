@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
+from tf_model.model_fn import op_error_text
 from wafer.optimizers import OPTIMIZERS
 
 INDEX = "checkpoint"
@@ -216,7 +217,18 @@ def write_checkpoint(model_dir: str, step: int, tensors: dict[str, np.ndarray],
     os.makedirs(model_dir, exist_ok=True)
     final = checkpoint_path(model_dir, step)
     tmp = os.path.join(model_dir, f".{PREFIX}-{int(step)}.tmp-{os.getpid()}")
-    _save_v2(tmp, tensors)
+    try:
+        _save_v2(tmp, tensors)
+    except tf.errors.OpError as error:
+        for leftover in glob.glob(glob.escape(tmp) + "*"):
+            os.remove(leftover)
+        size = sum(np.asarray(t).nbytes for t in tensors.values())
+        if "No space left on device" in (error.message or ""):
+            raise CSRunError(f"no space left on the device of {model_dir} to write checkpoint {step} "
+                             f"(it needs about {size / 1e6:,.1f} MB)",
+                             "free space there, or train into another model_dir; the checkpoints "
+                             "before it are intact") from None
+        raise CSRunError(f"cannot write checkpoint {step} into {model_dir}: {op_error_text(error)}") from None
     earlier = [p for p in all_checkpoints(model_dir) if p != final]  # before the new files show
     for written in sorted(glob.glob(glob.escape(tmp) + ".*"), key=lambda p: p.endswith(".index")):
         os.replace(written, final + written[len(tmp):])  # data first, the index last

@@ -90,6 +90,14 @@ def user_code_error(what: str, error: BaseException, hint: str, context: str = "
                       f"{': ' + text[0] if text else ''}", hint)
 
 
+def op_error_text(error: tf.errors.OpError) -> str:
+    """TensorFlow's own line of an op's error, without "Graph execution error:", where the
+    node was made and the node's name."""
+    said = [line for line in (error.message or "").splitlines() if line.strip()
+            and not line.startswith((" ", "\t", "Graph execution error", "Detected at node", "Node: "))]
+    return said[0].split(".  ")[0] if said else type(error).__name__
+
+
 def graph_op_error(error: tf.errors.OpError) -> CSRunError:
     """One line for a TensorFlow op that failed while the model ran (a label out of range, a
     bad reshape): the op, the user's source line that made it, TensorFlow's first line."""
@@ -100,11 +108,7 @@ def graph_op_error(error: tf.errors.OpError) -> CSRunError:
         path, cwd = os.path.realpath(frames[-1][0]), os.getcwd() + os.sep
         where = f" at {path[len(cwd):] if path.startswith(cwd) else path}:{frames[-1][1]}"
     what = f"{op.type} '{op.name}'" if op is not None else "a TensorFlow op"
-    # TensorFlow's message: "Graph execution error:", where the node was made, then its own line
-    said = [line for line in (error.message or "").splitlines() if line.strip()
-            and not line.startswith((" ", "\t", "Graph execution error", "Detected at node", "Node: "))]
-    detail = said[0].split(".  ")[0] if said else type(error).__name__
-    return CSRunError(f"{what}{where} failed on a batch: {detail}",
+    return CSRunError(f"{what}{where} failed on a batch: {op_error_text(error)}",
                       "check the batch's values against what the model expects (--debug shows "
                       "TensorFlow's traceback)")
 

@@ -13,9 +13,12 @@ For kernel k on a region of P_k cores (at most max_cores_k of them useful):
                data enters a region across its west edge and leaves across its east edge,
                so the edge is the region's height; gradients travel the opposite links
     t_k      = max(t_comp, t_comm)
-Steady state X = min(1 / max_k t_k, I/O bytes per second / input bytes per sample).
-A step of batch B: (B - 1) x max_k t_k + pipeline fill + weight update, + for each batch
-barrier (BatchNormalization in training) passes x (B - 1) x max_k t_k + its reductions.
+Steady state X = min(R / max_k t_k, I/O bytes per second / input bytes per sample) for R
+replicas of the network (multireplica: data-parallel copies, each on its own tile, each
+taking B / R samples of every batch; R = 1 otherwise).
+A step of batch B: (B - R) / X + pipeline fill + the replicas' gradient all-reduce (R > 1,
+training) + weight update, + for each batch barrier (BatchNormalization in training)
+passes x (B - R) / X + its reductions.
 Memory per core: (weights + gradient accumulator + optimizer slots) / P_k + the activations
 kept for the backward pass of the samples in flight / P_k.
 """
@@ -28,13 +31,18 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from wafer.fabric import Fabric
+from wafer.precision import value_bytes
 
-BYTES_PER_VALUE = 4  # weights, gradients, optimizer slots and activations are float32
+BYTES_PER_VALUE = 4  # a float32 value: gradients, optimizer slots; weights and activations of float32 kernels
+# (a float16 kernel's weights and activations take wafer.precision's 2 B)
 TRAIN_FLOPS_FACTOR = 3  # forward + backward-data + backward-weight
 # Optimizer slots per weight (RMSProp: 3 when centered, counted so), and FLOPs per weight of
 # one update (wafer.optimizers' operations, a square root counted as one).
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "rmsprop": 3, "adagrad": 1}
 UPDATE_FLOPS_PER_WEIGHT = {"sgd": 2, "momentum": 4, "adam": 12, "rmsprop": 15, "adagrad": 7}
+# Multireplica: the replicas' weight gradients are summed by a binary tree over the replicas,
+# then the sum is sent back down the tree (a reduce, then a broadcast: 2 passes).
+ALLREDUCE_PASSES = 2
 
 
 # A batch barrier (BatchNormalization in training) reduces per-channel sums over its region
@@ -86,33 +94,38 @@ class Barrier:
     passes: int  # 2 when training (forward and backward), else 1
     sync_seconds: float  # the reductions of all passes
 
-    def stall_seconds(self, batch_size: int, samples_per_sec: float) -> float:
-        """passes x (B - 1) / X + the reductions: what the barrier adds to a step."""
-        return self.passes * max(batch_size - 1, 0) / samples_per_sec + self.sync_seconds
+    def stall_seconds(self, batch_size: int, samples_per_sec: float, replicas: int = 1) -> float:
+        """passes x (B - R) / X + the reductions: what the barrier adds to a step."""
+        return (self.passes * max(batch_size - replicas, 0) / samples_per_sec
+                + self.sync_seconds)
 
 
-def barrier(kernel: Any, region: RegionLike, fabric: Fabric, *, training: bool) -> Barrier:
+def barrier(kernel: Any, region: RegionLike, fabric: Fabric, *, training: bool,
+            span_hops: int = 0) -> Barrier:
     """Each pass: BARRIER_REDUCTIONS reductions of the C channels' sums, every one crossing
-    the region to a corner and back (2 (width + height) hops) with C x 4 B through one link."""
+    the region to a corner and back (2 (width + height) hops; with replicas, the batch's
+    statistics span them: 2 x `span_hops` more) with C x 4 B through one link."""
     passes = 2 if training else 1
     channels = int(kernel.output_shape[-1]) if kernel.output_shape else 1
-    cycles = 2 * (int(region.width) + int(region.height)) + \
+    cycles = 2 * (int(region.width) + int(region.height) + span_hops) + \
         channels * BYTES_PER_VALUE / fabric.link_bytes_per_cycle
     return Barrier(kernel.name, passes, passes * BARRIER_REDUCTIONS * cycles / fabric.clock_hz)
 
 
 @dataclass(frozen=True)
 class PipelineTiming:
-    """The whole program on the wafer, in layer-pipelined mode."""
+    """The whole program on the wafer, in layer-pipelined mode (`replicas` copies of it)."""
 
-    kernels: tuple[KernelTiming, ...]
-    compute_samples_per_sec: float  # 1 / max_k t_k
+    kernels: tuple[KernelTiming, ...]  # one replica's
+    compute_samples_per_sec: float  # R / max_k t_k
     transmission_samples_per_sec: float  # I/O bound
     fill_seconds: float  # first sample through the pipeline (and back when training)
     update_seconds: float  # slowest kernel's weight update at the end of a batch
     flops_per_sample: float  # sum of F_k
-    active_cores: int
+    active_cores: int  # of every replica
     peak_flops_per_core: float  # r x f (no efficiency)
+    replicas: int = 1
+    allreduce_seconds: float = 0.0  # summing the replicas' gradients (training, R > 1)
     barriers: tuple[Barrier, ...] = ()  # batch barriers (BatchNormalization in training)
 
     @property
@@ -127,14 +140,22 @@ class PipelineTiming:
         return (self.samples_per_sec * self.flops_per_sample
                 / (self.active_cores * self.peak_flops_per_core))
 
+    @property
+    def replica_samples_per_sec(self) -> float:
+        """One replica's share of the steady state."""
+        return self.samples_per_sec / self.replicas
+
     def step_seconds(self, batch_size: int) -> float:
-        """Time of one step of `batch_size` samples: steady state, fill, update and the
-        batch barriers' stalls."""
-        return (max(batch_size - 1, 0) / self.samples_per_sec + self.fill_seconds
-                + self.update_seconds + self.barrier_seconds(batch_size))
+        """Time of one step of `batch_size` samples (B / R per replica, the replicas side by
+        side): steady state, fill, the gradients' all-reduce, update and the batch barriers'
+        stalls."""
+        return (max(batch_size - self.replicas, 0) / self.samples_per_sec + self.fill_seconds
+                + self.allreduce_seconds + self.update_seconds
+                + self.barrier_seconds(batch_size))
 
     def barrier_seconds(self, batch_size: int) -> float:
-        return sum(b.stall_seconds(batch_size, self.samples_per_sec) for b in self.barriers)
+        return sum(b.stall_seconds(batch_size, self.samples_per_sec, self.replicas)
+                   for b in self.barriers)
 
 
 def flops_per_sample(kernel: Any, training: bool) -> float:
@@ -157,14 +178,16 @@ def in_flight_samples(position: int, num_kernels: int, training: bool) -> int:
 
 def weight_bytes(kernel: Any, optimizer: str, training: bool) -> int:
     """Weights, plus the gradient accumulator and optimizer slots when training."""
-    copies = 2 + OPTIMIZER_SLOTS[optimizer] if training else 1
-    return num_parameters(kernel) * BYTES_PER_VALUE * copies
+    per_weight = value_bytes(kernel)
+    if training:  # the float32 gradient accumulator and slots
+        per_weight += BYTES_PER_VALUE * (1 + OPTIMIZER_SLOTS[optimizer])
+    return num_parameters(kernel) * per_weight
 
 
 def memory_bytes(kernel: Any, position: int, num_kernels: int, optimizer: str,
                  training: bool) -> int:
     """Total bytes the kernel keeps on its region."""
-    activations = (kernel.activation_bytes_per_sample()
+    activations = (kernel.activation_bytes_per_sample() * value_bytes(kernel) // BYTES_PER_VALUE
                    * in_flight_samples(position, num_kernels, training))
     return weight_bytes(kernel, optimizer, training) + int(activations)
 
@@ -177,14 +200,16 @@ def min_cores_for_memory(total_bytes: int, fabric: Fabric) -> int:
     return max(1, math.ceil(total_bytes / fabric.sram_per_core))
 
 
-def _shape_bytes(shape: Sequence[int]) -> int:
-    return int(math.prod(shape)) * BYTES_PER_VALUE
+def _shape_bytes(shape: Sequence[int], per_value: int = BYTES_PER_VALUE) -> int:
+    return int(math.prod(shape)) * per_value
 
 
 def edge_bytes_per_sample(kernel: Any) -> int:
-    """Bytes crossing the busier edge of a kernel's region per sample (inputs or output)."""
-    bytes_in = sum(_shape_bytes(s) for s in kernel.input_shapes)
-    return max(bytes_in, _shape_bytes(kernel.output_shape))
+    """Bytes crossing the busier edge of a kernel's region per sample (inputs or output;
+    a float16 kernel's at 2 B a value)."""
+    per_value = value_bytes(kernel)
+    bytes_in = sum(_shape_bytes(s, per_value) for s in kernel.input_shapes)
+    return max(bytes_in, _shape_bytes(kernel.output_shape, per_value))
 
 
 def link_bytes_per_sec(fabric: Fabric) -> float:
@@ -213,19 +238,37 @@ def path_hops(path: Sequence[tuple[int, int]]) -> int:
     return sum(abs(a[0] - b[0]) + abs(a[1] - b[1]) for a, b in zip(path, path[1:]))
 
 
+def allreduce_seconds(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, replicas: int,
+                      span_hops: int) -> float:
+    """Summing R replicas' weight gradients and handing the sum back to every replica: a
+    binary tree of ceil(log2 R) rounds, ALLREDUCE_PASSES times (reduce, then broadcast). In
+    a round every kernel sends its gradient (parameters x 4 B) to its partner replica's copy
+    across its region's edge (height cores x link rate), all kernels at once; the rounds'
+    routes together cross the replicas' span (`span_hops`, cores) once per pass."""
+    if replicas <= 1:
+        return 0.0
+    rounds = math.ceil(math.log2(replicas))
+    link = link_bytes_per_sec(fabric)
+    per_round = max((num_parameters(k) * BYTES_PER_VALUE / (max(int(r.height), 1) * link)
+                     for k, r in placed), default=0.0)
+    return ALLREDUCE_PASSES * (rounds * per_round + span_hops / fabric.clock_hz)
+
+
 def pipeline_timing(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, *,
                     training: bool, input_bytes_per_sample: int, optimizer: str = "sgd",
-                    route_hops: int = 0) -> PipelineTiming:
-    """Timing of kernels (topological order) on their regions.
+                    route_hops: int = 0, replicas: int = 1,
+                    replica_span_hops: int = 0) -> PipelineTiming:
+    """Timing of kernels (topological order) on their regions, `replicas` copies of them.
 
     `input_bytes_per_sample` is what the host streams per sample (features and labels);
-    `route_hops` is the total length, in cores, of the routes between regions (one hop
-    per cycle).
+    `route_hops` is the total length, in cores, of one replica's routes between regions
+    (the longest replica's; one hop per cycle); `replica_span_hops` the Manhattan distance
+    between the farthest replicas.
     """
     timings = tuple(kernel_timing(k, r, fabric, training=training, optimizer=optimizer)
                     for k, r in placed)
     slowest = max((t.seconds_per_sample for t in timings), default=0.0)
-    compute = 1.0 / slowest if slowest > 0 else math.inf
+    compute = replicas / slowest if slowest > 0 else math.inf
     transmission = (fabric.io_bytes_per_sec / input_bytes_per_sample
                     if input_bytes_per_sample > 0 else math.inf)
     passes = 2 if training else 1
@@ -238,10 +281,14 @@ def pipeline_timing(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, *,
         fill_seconds=fill,
         update_seconds=update,
         flops_per_sample=sum(t.flops_per_sample for t in timings),
-        active_cores=sum(t.cores for t in timings),
+        active_cores=replicas * sum(t.cores for t in timings),
         peak_flops_per_core=fabric.flops_per_cycle * fabric.clock_hz,
-        barriers=tuple(barrier(k, r, fabric, training=training) for k, r in placed
-                       if getattr(k, "batch_barrier", False)),
+        replicas=replicas,
+        allreduce_seconds=(allreduce_seconds(placed, fabric, replicas, replica_span_hops)
+                           if training else 0.0),
+        barriers=tuple(barrier(k, r, fabric, training=training,
+                               span_hops=replica_span_hops if replicas > 1 else 0)
+                       for k, r in placed if getattr(k, "batch_barrier", False)),
     )
 
 
@@ -289,15 +336,30 @@ def balanced_bound_samples_per_sec(kernels: Sequence[Any], fabric: Fabric, *,
 def program_timing(program: Any, kernels: Sequence[Any], fabric: Fabric, *,
                    training: bool) -> PipelineTiming:
     """Timing of a compiled CS API Program whose kernels (built by the caller, e.g. with
-    `wafer.kernels.build_kernel`, in `program.kernels` order) sit on their regions."""
+    `wafer.kernels.build_kernel`, in `program.kernels` order) sit on their regions, with
+    its replicas (`num_replicas` copies at `replica_offsets`; the routes name their replica)."""
     regions = [k.region for k in program.kernels]
     if len(regions) != len(kernels):
         raise ValueError(f"program has {len(regions)} kernels, {len(kernels)} were given")
     input_bytes = sum(_shape_bytes(spec.shape) for spec in program.inputs)
-    hops = sum(path_hops([(p.x, p.y) for p in route.path]) for route in program.routes)
+    replicas = max(int(program.num_replicas), 1)
+    hops = [0] * replicas
+    for route in program.routes:
+        hops[min(int(route.replica), replicas - 1)] += path_hops([(p.x, p.y) for p in route.path])
     return pipeline_timing(list(zip(kernels, regions)), fabric, training=training,
                            input_bytes_per_sample=input_bytes,
-                           optimizer=program.optimizer.type or "sgd", route_hops=hops)
+                           optimizer=program.optimizer.type or "sgd", route_hops=max(hops),
+                           replicas=replicas, replica_span_hops=replica_span(
+                               [(p.x, p.y) for p in program.replica_offsets]))
+
+
+def replica_span(offsets: Sequence[tuple[int, int]]) -> int:
+    """Cores between the farthest two replicas (Manhattan, between their offsets)."""
+    if not offsets:
+        return 0
+    sums = [x + y for x, y in offsets]
+    differences = [x - y for x, y in offsets]
+    return max(max(sums) - min(sums), max(differences) - min(differences))
 
 
 def run_utilization(pipeline: PipelineTiming, samples: int, sim_seconds: float) -> float:

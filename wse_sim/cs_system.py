@@ -193,7 +193,9 @@ class CSSystem:
         program, optimizer = job.checked.message, job.checked.optimizer
         t = job.timings["train" if optimizer else "infer"]
         self.log(f"loaded job {job.job_id}: program {program.name!r}, {len(job.checked.kernels)} kernels, "
-                 f"{job.checked.num_parameters:,} parameters on {job.pipeline.stages} stage(s) and {job.pipeline.threads} thread(s), "
+                 f"{job.checked.num_parameters:,} parameters"
+                 + (f" x {job.pipeline.replicas} replicas" if job.pipeline.replicas > 1 else "")
+                 + f" on {job.pipeline.stages} stage(s) and {job.pipeline.threads} thread(s), "
                  f"{job.num_workers} input stream(s), "
                  f"first batch {job.next_batch}, estimate {t.samples_per_sec:,.0f} samples/s")
         return pb.LoadReply(job_id=job.job_id, num_parameters=job.checked.num_parameters,

@@ -74,6 +74,45 @@ def _check_region(kernel: pb.Kernel, fabric: Fabric) -> None:
                       f"{fabric.name} fabric ({fabric.width}x{fabric.height} cores)")
 
 
+def _check_replicas(program: pb.Program, fabric: Fabric) -> list[tuple[int, int]]:
+    """The replicas' offsets: as many as `num_replicas`, the first (0, 0), each replica's
+    kernels (the first replica's regions, shifted) within its own rectangle (their bounding
+    box) on the fabric, no two of those overlapping; the batch splits evenly among them."""
+    count = max(program.num_replicas, 1)
+    if count == 1 and not program.replica_offsets:
+        return [(0, 0)]
+    offsets = [(p.x, p.y) for p in program.replica_offsets]
+    if len(offsets) != count or offsets[0] != (0, 0):
+        raise invalid(f"program {program.name!r}: {count} replicas need {count} replica "
+                      f"offsets, the first (0, 0); it gives {offsets[:4]}"
+                      + (" ..." if len(offsets) > 4 else ""))
+    if program.batch_size % count or (program.batch_size // count) % program.micro_batch_size:
+        raise invalid(f"program {program.name!r}: batch size {program.batch_size} does not split "
+                      f"into {count} replicas of whole micro-batches of {program.micro_batch_size}")
+    if count * len(program.kernels) > fabric.cores:
+        raise invalid(f"program {program.name!r}: {count} replicas of {len(program.kernels)} "
+                      f"kernels are more than the {fabric.cores:,} cores of the {fabric.name} fabric")
+    if not program.kernels:
+        return offsets
+    regions = [k.region for k in program.kernels]
+    x0, y0 = min(r.x for r in regions), min(r.y for r in regions)
+    x1, y1 = max(r.x + r.width for r in regions), max(r.y + r.height for r in regions)
+    boxes = sorted((x0 + dx, y0 + dy, x1 + dx, y1 + dy) for dx, dy in offsets)
+    for box in boxes:
+        if box[0] < 0 or box[1] < 0 or box[2] > fabric.width or box[3] > fabric.height:
+            raise invalid(f"program {program.name!r}: the replica at {box[0] - x0, box[1] - y0} "
+                          f"is not on the {fabric.name} fabric ({fabric.width}x{fabric.height} "
+                          "cores)")
+    for i, a in enumerate(boxes):  # sweep along x: only boxes starting before a ends
+        for b in boxes[i + 1:]:
+            if b[0] >= a[2]:
+                break
+            if b[1] < a[3] and a[1] < b[3]:
+                raise invalid(f"program {program.name!r}: the replicas at {a[:2]} and {b[:2]} "
+                              "overlap")
+    return offsets
+
+
 def check_header(header: pb.JobHeader) -> None:
     """The job header's own fields (its program is `check_sizes`'s)."""
     if not header.job_id or not header.token:
@@ -92,7 +131,8 @@ def check_sizes(program: pb.Program, fabric: Fabric, num_workers: int = 1) -> No
     """Refuse a program whose declared sizes the CS system cannot take, naming the kernel
     or tensor: batch sizes, per-sample shapes, a batch of inputs or of streamed outputs
     above MAX_BATCH_BYTES, the batches its input streams may buffer, weights beyond the
-    wafer's SRAM, regions off the fabric or of zero area, oversized windows."""
+    wafer's SRAM, regions off the fabric or of zero area (every replica's), replicas that
+    overlap or do not split the batch, oversized windows."""
     if not 1 <= program.batch_size <= MAX_BATCH_SIZE or \
             not 1 <= program.micro_batch_size <= program.batch_size:
         raise invalid(f"program {program.name!r}: batch size {program.batch_size} and micro-batch "
@@ -129,9 +169,11 @@ def check_sizes(program: pb.Program, fabric: Fabric, num_workers: int = 1) -> No
         for param in kernel.params:
             weight_bytes += 4 * math.prod(_shape(f"kernel {kernel.name!r} param {param.variable!r}",
                                                  param.shape))
-    if weight_bytes > fabric.sram_bytes:
-        raise invalid(f"program {program.name!r} declares {_mib(weight_bytes)} of weights, the "
-                      f"{fabric.name} wafer holds {_mib(fabric.sram_bytes)}")
+    offsets = _check_replicas(program, fabric)
+    if weight_bytes * len(offsets) > fabric.sram_bytes:
+        copies = f" ({len(offsets)} replicas)" if len(offsets) > 1 else ""
+        raise invalid(f"program {program.name!r} declares {_mib(weight_bytes * len(offsets))} of "
+                      f"weights{copies}, the {fabric.name} wafer holds {_mib(fabric.sram_bytes)}")
     outputs_bytes = batch * sum(sample_bytes.get(name, 0) for name in set(program.outputs))
     if outputs_bytes > MAX_BATCH_BYTES:
         raise _too_big(program, "a step's streamed outputs", outputs_bytes)

@@ -22,6 +22,13 @@ transforms run over all of them (after every stage finished its backward pass), 
 optimizer updates every trained weight (an embedding table by TF's sparse rule, from the
 batch's IndexedSlices). Dropout draws from a stream of (seed, position, global step).
 
+Multireplica: R copies of the network each take B / R consecutive samples of the batch (a
+whole number of micro-batches). On the host the replicas' micro-batches run through the
+same regions in batch order; each replica's weight gradients accumulate apart, and at each
+replica's last micro-batch a region adds them to the replicas' sum in replica order
+((g_0 + g_1) + g_2 ...), so the one update sees the sum of the replicas' gradients: a
+one-replica run's gradient up to the order of its float32 additions.
+
 On the host, consecutive regions are grouped into stages balanced by their FLOPs
 (`wse_sim.stages`), each stage a thread working through its regions' share of the tick
 schedule, in tick order, waiting for the activations and gradients its neighbours hand it.
@@ -43,6 +50,7 @@ import numpy as np
 from wafer.grad_transforms import GradientTransform, apply_transforms
 from wafer.kernels import Kernel, RunContext
 from wafer.optimizers import Optimizer, make_optimizer, slot_name
+from wafer.precision import is_half, round_half, round_half_
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
@@ -74,11 +82,18 @@ class Region:
     # sparse roles: the batch's IndexedSlices pieces (ids, values), then the whole batch's
     pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     slices: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    accumulated: bool = False  # the accumulators hold a micro-batch of this batch
+    accumulated: bool = False  # the accumulators hold a micro-batch of this batch (replica)
     statistics: tuple = ()  # a batch barrier's statistics of this batch (RunContext.batch)
+    # multireplica: the replicas' gradient sum so far (role -> array), and whether it has one
+    replica_sum: dict[str, np.ndarray] = field(default_factory=dict)
+    summed: bool = False
     input_grads: tuple[bool, ...] = ()
     # the consumers' gradients it sums, as (consumer position, input index), in tick order
     inflow: tuple[tuple[int, int], ...] = ()
+    half: bool = False  # computes in float16 (wafer.precision)
+    # the operands its kernel reads: `params`, or when half their float16 rounding (made at
+    # Load, then by each update's tiles from the updated float32 master weights)
+    compute: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -117,9 +132,11 @@ class Pipeline:
                  optimizer: Optimizer | None, seed: int, threads: int = 1,
                  min_stage_flops: float = MIN_STAGE_FLOPS,
                  params: Mapping[str, ParamSpec] | None = None,
-                 transforms: Sequence[GradientTransform] = ()):
+                 transforms: Sequence[GradientTransform] = (), replicas: int = 1):
         self.batch_size = batch_size
         self.micro = micro_batch_size
+        self.replicas = replicas
+        self.replica_micros = batch_size // replicas // micro_batch_size  # micro-batches each
         self.loss_kernel = loss_kernel
         self.optimizer = optimizer
         self.seed = seed % 2 ** 64  # SeedSequence entropy is non-negative
@@ -131,8 +148,15 @@ class Pipeline:
                        for role, var in names.items()}
             self.regions.append(Region(kernel, position, tuple(srcs), dict(names), weights,
                                        {role: specs.get(var, ParamSpec())
-                                        for role, var in names.items()}))
+                                        for role, var in names.items()},
+                                       half=is_half(kernel.attrs) and not kernel.is_loss))
         self.by_name = {r.kernel.name: r for r in self.regions}
+        for region in self.regions:
+            region.compute = ({role: round_half(p) for role, p in region.params.items()}
+                              if region.half else region.params)
+        # a float16 program's loss scale S, seeded into its backward (wafer.kernels.losses)
+        self.loss_scale = float(self.by_name[loss_kernel].kernel.attrs.get("loss_scale", 1.0)) \
+            if loss_kernel in self.by_name else 1.0
         self._mark_backward()
         held: set[str] = set()
         for region in self.regions:
@@ -142,6 +166,8 @@ class Pipeline:
             for role, var in region.variables.items():
                 shape = region.params[role].shape
                 region.grads[role] = np.zeros(shape, np.float32)
+                if replicas > 1:
+                    region.replica_sum[role] = np.zeros(shape, np.float32)
                 if role not in region.trained:
                     continue
                 if region.specs[role].update == "dense":
@@ -179,7 +205,8 @@ class Pipeline:
                    loss_kernel=program.loss_kernel,
                    optimizer=make_optimizer(checked.optimizer) if checked.optimizer else None,
                    seed=program.seed, threads=threads, min_stage_flops=min_stage_flops,
-                   params=checked.params, transforms=checked.transforms)
+                   params=checked.params, transforms=checked.transforms,
+                   replicas=max(program.num_replicas, 1))
 
     def _mark_backward(self) -> None:
         """A region runs backward iff its output reaches the loss and a trained weight is
@@ -281,7 +308,7 @@ class Pipeline:
             for i in range(m_count):
                 board.items["v", name, i] = array[i * self.micro:(i + 1) * self.micro]
         for region in self.regions:
-            region.accumulated = False
+            region.accumulated = region.summed = False
             region.pieces.clear()
             region.slices.clear()
             if training:
@@ -332,13 +359,18 @@ class Pipeline:
                         region.kernel.batch_statistics(region.params, batch, ctx),)
                 ctx.rng = region.rng
                 out, caches[region.position, i] = region.kernel.forward(
-                    region.params, [board.get(("v", s, i)) for s in region.sources], ctx)
+                    region.compute, [board.get(("v", s, i)) for s in region.sources], ctx)
+                if region.half and out.dtype == np.float32 and \
+                        not region.kernel.rounds_own_output:
+                    out = round_half(out)
                 board.put(("v", region.kernel.name, i), out)
             else:
                 if region.kernel.batch_barrier and i == 0:
                     self._gradient_statistics(region, m_count, caches, board, ctx)
                     ctx.batch = region.statistics
                 self._backward(region, i, caches.pop((region.position, i)), board, ctx)
+                if self.replicas > 1 and (i + 1) % self.replica_micros == 0:
+                    self._add_replica(region, last=(i + 1) * self.micro == self.batch_size)
         ctx.batch = ()
         if not backward or self.optimizer is None:  # (a backward step has an optimizer)
             return
@@ -359,9 +391,29 @@ class Pipeline:
                 if role in region.slices:
                     self.optimizer.apply_sparse(region.params[role], *region.slices.pop(role),
                                                 region.slots[role])
+                    if region.half:
+                        np.copyto(region.compute[role], round_half(region.params[role]))
                 else:
                     updates += _update_tiles(self.optimizer, region, role)
         board.share(updates)
+
+    @staticmethod
+    def _add_replica(region: Region, last: bool) -> None:
+        """A replica's backward pass through `region` ended: add its gradients to the
+        replicas' sum (the first replica's are copied), and after the last replica hand the
+        sum to the accumulators the update reads."""
+        if region.accumulated:
+            for role, grad in region.grads.items():
+                if region.summed:
+                    region.replica_sum[role] += grad
+                else:
+                    np.copyto(region.replica_sum[role], grad)
+            region.summed = True
+        region.accumulated = False  # the next replica starts its own accumulation
+        if last and region.summed:
+            for role, total in region.replica_sum.items():
+                np.copyto(region.grads[role], total)
+            region.accumulated, region.summed = True, False
 
     def _complete_gradients(self, region: Region) -> None:
         """The batch's gradients of the region's trained weights: regularizer gradients
@@ -371,8 +423,15 @@ class Pipeline:
                 grad.fill(0)
         for role in region.trained:
             spec = region.specs[role]
+            if region.half:  # TF's float16 gradient of the whole batch, then cast to float32
+                round_half_(region.grads[role])
             for reg in spec.regularizers:
-                reg.add_gradient(region.params[role], region.grads[role])
+                if self.loss_scale == 1.0:
+                    reg.add_gradient(region.params[role], region.grads[role])
+                else:  # the backward holds S x the loss's gradient: the penalty's too
+                    term = np.zeros_like(region.grads[role])
+                    reg.add_gradient(region.params[role], term)
+                    region.grads[role] += term * np.float32(self.loss_scale)
             if spec.update != "sparse":
                 continue
             if region.kernel.type_name not in SPARSE_GRADIENT_KERNELS:
@@ -403,6 +462,8 @@ class Pipeline:
             grad = board.get(("g", region.kernel.name, i, consumer, index), pop=True)
             if grad is not None:
                 upstream = grad if upstream is None else upstream + grad
+        if region.half and upstream is not None:
+            upstream = round_half(upstream)
         return upstream
 
     def _gradient_statistics(self, region: Region, m_count: int, caches, board: Board,
@@ -417,7 +478,7 @@ class Pipeline:
             board.put(("upstream", region.kernel.name, j), upstream)
             grads.append(upstream)
         region.statistics = (region.statistics[0], region.kernel.gradient_statistics(
-            region.params, [caches[region.position, j] for j in range(m_count)], grads, ctx))
+            region.compute, [caches[region.position, j] for j in range(m_count)], grads, ctx))
 
     def _backward(self, region: Region, i: int, cache, board: Board, ctx: RunContext) -> None:
         upstream = None
@@ -434,7 +495,7 @@ class Pipeline:
                     region.pieces.setdefault(role, []).append(
                         self._indexed_slices(region, role, i, upstream, board))
             ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated
-            input_grads, _ = region.kernel.backward(region.params, cache, upstream, ctx,
+            input_grads, _ = region.kernel.backward(region.compute, cache, upstream, ctx,
                                                     region.grads or None)
             ctx.input_grads, ctx.accumulate = None, True
             region.accumulated = True
@@ -482,10 +543,16 @@ def _update_tiles(optimizer: Optimizer, region: Region, role: str) -> list[Calla
     slots = len(region.slots[role])
     count = max(1, min(len(var) if var.ndim > 1 else 1, var.size // UPDATE_TILE_ELEMENTS))
     bounds = [len(var) * k // count for k in range(count + 1)]
-    return [partial(_apply_rows, optimizer, arrays, slots, slice(a, b))
+    half = region.compute[role] if region.half else None
+    return [partial(_apply_rows, optimizer, arrays, slots, slice(a, b), half)
             for a, b in zip(bounds, bounds[1:])]
 
 
-def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int, rows: slice) -> None:
+def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int, rows: slice,
+                half: np.ndarray | None) -> None:
+    """The update of some rows; for a float16 region, their float16 operands for the next
+    batch too."""
     var, grad, *rest = (a[rows] for a in arrays)
     optimizer.apply(var, grad, rest[:slots], rest[slots:])
+    if half is not None:
+        half[rows] = round_half(var)

@@ -15,6 +15,7 @@ from cs_api.input_spec import InputSpec
 from wafer.grad_transforms import GradientTransform
 from wafer.kernels import Kernel, KernelError, build_kernel
 from wafer.optimizers import OptimizerConfig, config_problem, make_optimizer, slot_name
+from wafer.precision import PRECISIONS
 from wafer.regularizers import Regularizer
 from wse_sim.errors import invalid
 
@@ -107,6 +108,9 @@ def check_program(program: pb.Program) -> CheckedProgram:
             except ValueError as error:
                 raise invalid(f"kernel {message.name!r} ({message.type}): attribute {key!r}: "
                               f"{error}") from None
+        if attrs.get("precision", "float32") not in PRECISIONS:
+            raise invalid(f"kernel {message.name!r} ({message.type}): precision "
+                          f"{attrs['precision']!r}; the CS computes in {', '.join(PRECISIONS)}")
         try:
             kernel = build_kernel(message.type, message.name, attrs, input_shapes)
             out = tuple(kernel.output_shape)

@@ -19,9 +19,11 @@ from coordinator.compiler.artifacts import CompileCache, CompileResult, damage_o
 from coordinator.compiler.extract import extract
 from coordinator.compiler.match import check_supported, match, unsupported_detail
 from coordinator.compiler.placement import build_kernels, place_model
+from coordinator.compiler.precision import check_config
 from coordinator.compiler.program import emit
 from coordinator.compiler.report import validation_text
 from coordinator.compiler.weights import initializer_summary
+from coordinator.replicas import requested_replicas
 from tf_model.estimator_spec import ModeKeys
 from wafer.fabric import DEFAULT_FABRIC, FABRICS, Fabric
 
@@ -46,6 +48,12 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
     the report), a model too large for the fabric, or input_fn batches model_fn rejects.
     """
     fab = resolve_fabric(params, fabric)
+    check_config(params)
+    replicas = requested_replicas(params.get("runconfig") or {})
+    if replicas != 1 and mode != ModeKeys.TRAIN and not validate_only:
+        print(f"multireplica is for training (as on the original CS system): {mode} runs "
+              "on one copy of the network", flush=True)
+        replicas = 1
     cache = CompileCache(model_dir)
     extracted = extract(model_fn, input_fn, params, mode)
     model = match(extracted)
@@ -58,10 +66,11 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
         cache.write_validation_report(text)
         return CompileResult(cache.root, None, {}, {}, False, text)
     key = graph_hash(model, mode=mode, batch_size=extracted.batch_size, fabric=fab,
-                     seed=extracted.seed, initializers=initializer_summary(extracted))
+                     seed=extracted.seed, initializers=initializer_summary(extracted),
+                     replicas=replicas)
     if (reused := cache.load(key)) is not None:
         return reused
-    placed = place_model(model, fab, mode)
+    placed = place_model(model, fab, mode, batch_size=extracted.batch_size, replicas=replicas)
     artifacts = emit(placed, extracted, name=os.path.basename(os.path.abspath(model_dir)),
                      graph_hash=key)
     return cache.store(key, artifacts)

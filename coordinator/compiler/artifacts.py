@@ -5,6 +5,7 @@ again, saying so)."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import CSRunError
 from coordinator.compiler.ir import MatchedModel
 from cs_api import cs_api_pb2 as pb
 from wafer.fabric import Fabric
@@ -87,7 +89,16 @@ class CompileCache:
     def store(self, key: str, artifacts: Artifacts) -> CompileResult:
         """Write `artifacts` as the compile under `key`."""
         directory = self.directory(key)
-        write_compile(directory, artifacts)
+        try:
+            write_compile(directory, artifacts)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            size = (artifacts.program.ByteSize() + len(artifacts.wafer_map_png)
+                    + sum(np.asarray(w).nbytes for w in artifacts.initial_weights.values()))
+            raise CSRunError(f"no space left on the device of {self.root} to write the compile "
+                             f"(it needs about {size / 1e6:,.1f} MB)",
+                             "free space there, or use another model_dir") from None
         return CompileResult(directory, artifacts.program, artifacts.initial_weights,
                              artifacts.host_variables, False,
                              (self.damaged + "\n" if self.damaged else "") + artifacts.report_text
@@ -99,8 +110,9 @@ def compile_root(model_dir: str) -> str:
 
 
 def graph_hash(model: MatchedModel, *, mode: str, batch_size: int, fabric: Fabric,
-               seed: int | None, initializers: list[Any]) -> str:
-    """Key of a compile: the kernels, shapes, hyper-parameters, initializers and fabric."""
+               seed: int | None, initializers: list[Any], replicas: int | None = 1) -> str:
+    """Key of a compile: the kernels, shapes, hyper-parameters, initializers, fabric and
+    the replicas asked for (None: the compiler's choice)."""
     key = {
         "compiler": COMPILER_VERSION,
         "min_flops_per_core": kernel_base.MIN_FLOPS_PER_CORE,
@@ -113,6 +125,8 @@ def graph_hash(model: MatchedModel, *, mode: str, batch_size: int, fabric: Fabri
         "training": None if model.training is None else dataclasses.asdict(model.training),
         "initializers": initializers,
     }
+    if replicas != 1:  # (one copy keeps the keys of compiles before multireplica)
+        key["replicas"] = "auto" if replicas is None else replicas
     text = json.dumps(key, sort_keys=True, default=_json_value)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -98,6 +98,9 @@ class TrainingSpec:
     variables: tuple[TrainedVariable, ...]  # by name; every other variable is frozen
     transforms: tuple[GradientTransform, ...] = ()  # applied in order to d(loss)/d(var)
     moving_averages: tuple[MovingAverage, ...] = ()  # batch norm's moving statistics
+    # a float16 program's loss scale S: the backward is seeded with S x the loss's gradient
+    # (the transforms then hold the optimizer's 1 / S); float32 programs fold S away (1.0)
+    loss_scale: float = 1.0
 
     @property
     def trained(self) -> frozenset[str]:

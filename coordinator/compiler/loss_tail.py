@@ -30,6 +30,9 @@ TAIL_OPS = {"Sum", "Mean", "Mul", "RealDiv", "Div", "DivNoNan", "AddV2", "Add", 
 # Weight terms: op type of the base -> (regularizer kind, factor), see _weight_base.
 WEIGHT_TERM_OPS = {"Mul", "RealDiv", "AddV2", "Add", "AddN", "Neg", "Identity", "Cast"}
 RTOL = 1e-4
+# A tail computing in float16 (a mixed_float16 loss) is measured to float16's precision:
+# a few units in its last place (2 ** -11).
+HALF_RTOL = 4e-3
 
 
 def _reject(m: "Matcher", op: tf.Operation, reason: str) -> tuple[str, dict]:
@@ -94,8 +97,8 @@ def lower_loss(m: "Matcher", loss: tf.Tensor) -> tuple[str, dict[str, list[tuple
         if op.type not in TAIL_OPS:
             return _reject(m, op, "the loss must be a sum or mean of per-sample values (plus "
                                   "weight penalties): this op is not linear")
-        if op.type == "Cast" and op.outputs[0].dtype != tf.float32:
-            return _reject(m, op, "the loss is cast to a type other than float32")
+        if op.type == "Cast" and op.outputs[0].dtype not in (tf.float32, tf.float16):
+            return _reject(m, op, "the loss is cast to a type other than float32 or float16")
         for t in op.inputs:
             if t.name in m.tail or m.is_batched(t) or m.operands.constant(t) is not None:
                 continue
@@ -104,7 +107,10 @@ def lower_loss(m: "Matcher", loss: tf.Tensor) -> tuple[str, dict[str, list[tuple
             if reasons:
                 return _reject(m, *reasons[0])
     frontier = list(dict.fromkeys(m.frontier))
-    coefficients = _measure(m, loss, frontier, [b[0] for b in bases])
+    half = any(t.dtype == tf.float16 for t in frontier) or \
+        any(t.dtype == tf.float16 for op in ops for t in op.outputs)
+    coefficients = _measure(m, loss, frontier, [b[0] for b in bases],
+                            HALF_RTOL if half else RTOL)
     if isinstance(coefficients, str):
         return _reject(m, loss.op, coefficients)
     data_c, weight_c = coefficients[:len(frontier)], coefficients[len(frontier):]
@@ -119,7 +125,7 @@ def lower_loss(m: "Matcher", loss: tf.Tensor) -> tuple[str, dict[str, list[tuple
 
 
 def _measure(m: "Matcher", loss: tf.Tensor, frontier: list[tf.Tensor],
-             bases: list[tf.Tensor]) -> list[float] | str:
+             bases: list[tf.Tensor], rtol: float = RTOL) -> list[float] | str:
     """The coefficients c of loss = sum_i c_i * sum(x_i), measured and verified by feeding."""
     rng = np.random.default_rng(0)
     feeds = frontier + bases
@@ -137,27 +143,29 @@ def _measure(m: "Matcher", loss: tf.Tensor, frontier: list[tf.Tensor],
         coefficients, draws = [], []
         for t, s in zip(feeds, shapes):
             value = rng.uniform(0.5, 2.0, s).astype(np.float32)
-            coefficients.append(exact(evaluate({t: value}) / float(value.sum(dtype=np.float64))))
+            coefficients.append(exact(evaluate({t: value}) / float(value.sum(dtype=np.float64)),
+                                      rtol / 2 if rtol > RTOL else 1e-5))
             draws.append(value)
         for t, s, c in zip(feeds, shapes, coefficients):  # linear in each, with fresh values
             value = rng.uniform(-2.0, 2.0, s).astype(np.float32)
             if not np.isclose(evaluate({t: value}), c * float(value.sum(dtype=np.float64)),
-                              rtol=RTOL, atol=1e-6):
+                              rtol=rtol, atol=1e-6 if rtol == RTOL else rtol):
                 return f"the loss is not a sum or mean of the values of {t.name} (not linear)"
         together = sum(c * float(v.sum(dtype=np.float64)) for c, v in zip(coefficients, draws))
-        if not np.isclose(evaluate(dict(zip(feeds, draws))), together, rtol=RTOL, atol=1e-6):
+        if not np.isclose(evaluate(dict(zip(feeds, draws))), together, rtol=rtol,
+                          atol=1e-6 if rtol == RTOL else rtol):
             return "the loss's terms are not added (the loss is not linear in them)"
     except tf.errors.OpError as error:
         return f"the loss could not be evaluated from its per-sample values ({error.message})"
     return coefficients
 
 
-def exact(c: float) -> float:
+def exact(c: float, rtol: float = 1e-5) -> float:
     """A measured coefficient snapped to the n or 1/n it stands for (a mean over n values,
-    a weight), so that float32 measurement noise does not enter the CS's arithmetic."""
+    a weight), so that measurement noise does not enter the CS's arithmetic."""
     for candidate in (c, 1.0 / c if c else 0.0):
         n = round(candidate)
-        if n and abs(candidate - n) <= 1e-5 * abs(candidate):
+        if n and abs(candidate - n) <= rtol * abs(candidate):
             return float(n) if candidate is c else 1.0 / n
     return c
 

@@ -68,7 +68,8 @@ REFUSED = {
                           "outside the loss",
     "random numbers": "other than a dropout mask",
     "weight sharing": "a variable read by two layers",
-    "dtypes": "float16, bfloat16, float64 (the CS computes in float32)",
+    "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
+              "accumulation: mixed precision); csconfig.use_cbfloat16",
 }
 
 
@@ -263,7 +264,8 @@ def match_dropout(m: "Matcher") -> Callable[[tf.Operation], bool]:
         if rate_c is None or zero is None or np.any(zero != 0) or not _uniform_01(m, uniform):
             return False
         rate = float(rate_c)
-        if not np.isclose(float(scale), 1.0 / (1.0 - rate), rtol=1e-6):
+        half = op.outputs[0].dtype == tf.float16  # 1 / (1 - rate) rounded to float16
+        if not np.isclose(float(scale), 1.0 / (1.0 - rate), rtol=1e-3 if half else 1e-6):
             return False
         full, noise = static_shape(data[0]), static_shape(uniform)
         if len(noise) != len(full) or noise[0] != full[0] or any(
@@ -642,13 +644,14 @@ def _select(m: "Matcher", op: tf.Operation) -> str:
 
 def _cast(m: "Matcher", op: tf.Operation) -> str:
     source, target = op.get_attr("SrcT"), op.get_attr("DstT")
-    if source == target:
-        m.alias(op, op.inputs[0])
+    if source == target or (source, target) == (tf.float16, tf.float32):
+        m.alias(op, op.inputs[0])  # float16 values travel as float32 already (wafer.precision)
         return ""
     if not has_kernel("cast"):
         return "the CS has no cast kernel"
-    m.add_kernel(op.name, "cast", [op.inputs[0]], {"dtype": tf.as_dtype(target).name}, [], [op],
-                 op.outputs[0])
+    # to float16: a float32 cast whose kernel rounds (attr precision, set by add_kernel)
+    dtype = "float32" if target == tf.float16 else tf.as_dtype(target).name
+    m.add_kernel(op.name, "cast", [op.inputs[0]], {"dtype": dtype}, [], [op], op.outputs[0])
     return ""
 
 
@@ -908,6 +911,10 @@ def supported_table() -> str:
                  "values (tf.compat.v1.losses.* with constant weights, label smoothing, "
                  "hand-written MSE) plus L2/L1 penalties of single weights (tf.nn.l2_loss, "
                  "Keras regularizers), proven linear by the compiler |")
+    lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
+                 "mixed_float16 policy or casts by hand: float32 weights read through Cast, "
+                 "float16 operands and results, float32 accumulation (docs/design.md); a static "
+                 "loss scale (loss * S, MixedPrecisionLossScaleOptimizer with a number) |")
     lines += ["", "Refused, with the reason:", ""]
     lines += [f"- **{what}**: {why}" for what, why in REFUSED.items()]
     return "\n".join(lines) + "\n"

@@ -9,14 +9,14 @@ that fits no rule is reported with its type, name, source line and the reason.
 """
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler import loss_tail, lowering
+from coordinator.compiler import loss_tail, lowering, precision
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
@@ -131,6 +131,9 @@ class Matcher:
         shapes = [self.kernel_shape(t) if isinstance(t, str) else self.shape(t) for t in inputs]
         if output_shape is None:
             output_shape = static_shape(output)[1:]
+        computed = output if output is not None else (source_op or ops[0]).outputs[0]
+        if type_ != "loss" and precision.tensor_precision(computed):
+            attrs = {**attrs, "precision": precision.tensor_precision(computed)}
         kernel = KernelNode(
             name=name, type=type_, inputs=tuple(names), input_shapes=tuple(shapes), attrs=attrs,
             params=tuple(params), output_shape=tuple(output_shape),
@@ -259,9 +262,8 @@ class Matcher:
     def _check_dtypes(self, op: tf.Operation) -> str:
         for t in list(op.outputs) + [t for t in op.inputs if t.op in self.flow]:
             name = t.dtype.base_dtype.name
-            if name not in STREAMED_DTYPES and name != "resource":
-                return (f"computes in {name}: the CS computes in float32 (integers and booleans "
-                        "for indices and masks); compute in float32")
+            if name not in STREAMED_DTYPES + precision.COMPUTED and name != "resource":
+                return precision.dtype_problem(name)
         return ""
 
     def _enters_tail(self, op: tf.Operation) -> bool:
@@ -370,9 +372,13 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
         loss_kernel, regularizers = loss_tail.lower_loss(matcher, spec.loss)
     training = None
     if extracted.mode == ModeKeys.TRAIN and not matcher.unsupported:
-        training = analyze_training(extracted)
+        half = any(k.attrs.get("precision") == precision.FLOAT16 for k in matcher.kernels)
+        training = analyze_training(extracted, half=half)
         matcher.unsupported.extend(untrainable(matcher, training))
         matcher.unsupported.extend(moving_statistics(matcher, training))
+        if training.loss_scale != 1.0:  # into the float16 backward's seed
+            matcher.kernels = [replace(k, attrs={**k.attrs, "loss_scale": training.loss_scale})
+                               if k.name == loss_kernel else k for k in matcher.kernels]
     matcher.unsupported.extend(shared_weights(matcher))
     # The root cause first: a recurrent layer explains the ops around its loop.
     matcher.unsupported.sort(key=lambda u: u.type not in lowering.RECURRENT)
@@ -431,7 +437,7 @@ def moving_statistics(matcher: Matcher, training: TrainingSpec) -> list[Unsuppor
             continue
         attrs = {**kernel.attrs, f"{stat}_rule": ma.update, f"{stat}_update": list(ma.constants)}
         param = ParamRef(f"moving_{stat}", ma.variable, (channels,), frozen=True)
-        matcher.kernels[index] = dataclasses.replace(kernel, attrs=attrs,
+        matcher.kernels[index] = replace(kernel, attrs=attrs,
                                                      params=kernel.params + (param,))
     return bad
 

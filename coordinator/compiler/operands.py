@@ -4,7 +4,6 @@ numbers, or a computation on weights the CS cannot place."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 import tensorflow as tf
@@ -42,8 +41,10 @@ class Operands:
         """The variable `tensor` reads (through value-preserving views), or None."""
         op, casts_ok = tensor.op, True
         while op not in self.flow and op.type in VARIABLE_VIEW_OPS and op.inputs:
-            if op.type == "Cast" and op.get_attr("SrcT") != op.get_attr("DstT"):
-                casts_ok = False
+            if op.type == "Cast" and op.get_attr("SrcT") != op.get_attr("DstT") and not (
+                    op.get_attr("SrcT") == tf.float32 and op.get_attr("DstT") == tf.float16
+                    and tensor.dtype == tf.float16):  # Keras' AutoCastVariable: the layer's
+                casts_ok = False  # float16 kernel reads the float32 weight rounded
             op = op.inputs[0].op
         if op in self.flow or op.type not in VARIABLE_OPS or not casts_ok:
             return None
@@ -87,6 +88,3 @@ class Operands:
 def static_shape(tensor: tf.Tensor) -> tuple[int, ...]:
     return tuple(int(d) for d in tensor.shape.as_list())
 
-
-def all_known(tensors: Iterable[tf.Tensor]) -> bool:
-    return all(t.shape.rank is not None and None not in t.shape.as_list() for t in tensors)

@@ -9,10 +9,17 @@ of every height (left to right, then right to left), and a slicing layout (split
 sequence and the area in proportion, recursively). Of those that fit, the fastest, then
 the most compact, is kept.
 
+Multireplica (`place_replicated`): R copies of the network, each on its own tile of the
+wafer: copies of the one-replica placement's bounding box when R of them fit (each replica as
+fast as one alone), else the placement on the largest tile of a grid of at least R tiles. When
+the compiler chooses R, it takes the count (a divisor of the batch) whose modelled step of the
+batch is fastest, the fewest replicas among those within FASTEST_TOLERANCE.
+
 `place_model` is the compiler's place pass: a matched model's library kernels, placed.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -20,11 +27,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from common.errors import CSRunError
+from coordinator import replicas as rep
 from coordinator.compiler.ir import MatchedModel
 from tf_model.estimator_spec import ModeKeys
 from wafer import timing
 from wafer.fabric import Fabric
 from wafer.kernels import KernelError, build_kernel
+from wafer.precision import value_bytes
 
 # Search parameters (docs/design.md, "Placement"): they bound the search, not the model.
 BISECTION_TOLERANCE = 1e-4  # relative gap at which the bisection on the target rate stops
@@ -61,6 +70,7 @@ class RouteSpec:
     dst: str
     path: tuple[tuple[int, int], ...]  # waypoints of an L-shaped route
     bytes_per_sample: int
+    replica: int = 0
 
     @property
     def hops(self) -> int:
@@ -69,18 +79,31 @@ class RouteSpec:
 
 @dataclass(frozen=True)
 class Placement:
-    regions: tuple[Rect, ...]  # one per kernel, topological order
-    routes: tuple[RouteSpec, ...]
+    regions: tuple[Rect, ...]  # one per kernel, topological order (replica 0's)
+    routes: tuple[RouteSpec, ...]  # every replica's
     timing: timing.PipelineTiming
     memory_bytes: tuple[int, ...]  # per kernel, total
     memory_per_core: tuple[int, ...]
-    balanced_bound: float  # best balanced pipeline (fractional cores)
+    balanced_bound: float  # best balanced pipeline (fractional cores), x the replicas
     fabric_bound: float  # cores x rate / FLOPs per sample
+    # multireplica: replica r's regions are `regions` shifted by offsets[r], in a tile each
+    replica_offsets: tuple[tuple[int, int], ...] = ((0, 0),)
+    tile: tuple[int, int] | None = None  # a replica's tile (width, height); None: the wafer
+    # the replica counts the compiler weighed (count, modelled samples/s of a step)
+    replica_candidates: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def replicas(self) -> int:
+        return len(self.replica_offsets)
 
     @property
     def quality(self) -> float:
         """Achieved compute throughput as a fraction of the balanced-pipeline bound."""
         return self.timing.compute_samples_per_sec / self.balanced_bound
+
+    def replica_regions(self, replica: int) -> tuple[Rect, ...]:
+        dx, dy = self.replica_offsets[replica]
+        return tuple(Rect(r.x + dx, r.y + dy, r.width, r.height) for r in self.regions)
 
 
 class TooLargeError(ValueError):
@@ -91,6 +114,16 @@ class TooLargeError(ValueError):
         self.fabric = fabric
         self.worst = worst
         super().__init__(f"needs {needed_bytes} bytes, fabric has {fabric.sram_bytes}")
+
+
+class ReplicasDoNotFitError(ValueError):
+    """`count` copies of the model do not fit on the fabric (one does)."""
+
+    def __init__(self, count: int, floor_cores: int, placed_cores: int, fabric: Fabric):
+        self.count = count
+        self.floor_cores = floor_cores  # one copy's cores for its memory alone
+        self.placed_cores = placed_cores  # one copy's cores placed alone on the wafer
+        super().__init__(f"{count} replicas do not fit on {fabric.name}")
 
 
 @dataclass(frozen=True)
@@ -276,33 +309,115 @@ def place(kernels: Sequence[Any], fabric: Fabric, *, training: bool, optimizer: 
     return _finish(kernels, rects, costs, fabric, training, optimizer, inputs, edges)
 
 
-def _finish(kernels, rects, costs, fabric, training, optimizer, inputs, edges) -> Placement:
-    by_name = {k.name: (k, r) for k, r in zip(kernels, rects)}
+def _finish(kernels, rects, costs, fabric, training, optimizer, inputs, edges,
+            offsets: tuple[tuple[int, int], ...] = ((0, 0),),
+            tile: tuple[int, int] | None = None) -> Placement:
+    """`rects` (replica 0's) with their routes and timing, for each replica at `offsets`:
+    program inputs enter at the wafer's west edge, on the row of the region they feed."""
     routes = []
-    for src, dst in edges:
-        kernel, rect = by_name[dst]
-        cx, cy = rect.center
-        if src in inputs:
-            start = (0, cy)
-            nbytes = inputs[src]
-        else:
-            start = by_name[src][1].center
-            nbytes = math.prod(by_name[src][0].output_shape) * timing.BYTES_PER_VALUE
-        path = (start, (cx, start[1]), (cx, cy))
-        routes.append(RouteSpec(src, dst, path, int(nbytes)))
-    hops = sum(r.hops for r in routes)
+    for replica, (dx, dy) in enumerate(offsets):
+        by_name = {k.name: (k, Rect(r.x + dx, r.y + dy, r.width, r.height))
+                   for k, r in zip(kernels, rects)}
+        for src, dst in edges:
+            kernel, rect = by_name[dst]
+            cx, cy = rect.center
+            if src in inputs:
+                start = (0, cy)
+                nbytes = inputs[src]
+            else:
+                start = by_name[src][1].center
+                nbytes = math.prod(by_name[src][0].output_shape) * value_bytes(by_name[src][0])
+            path = (start, (cx, start[1]), (cx, cy))
+            routes.append(RouteSpec(src, dst, path, int(nbytes), replica))
+    hops = [0] * len(offsets)
+    for route in routes:
+        hops[route.replica] += route.hops
     pipeline = timing.pipeline_timing(list(zip(kernels, rects)), fabric, training=training,
                                       input_bytes_per_sample=sum(inputs.values()),
-                                      optimizer=optimizer,
-                                      route_hops=hops)
+                                      optimizer=optimizer, route_hops=max(hops),
+                                      replicas=len(offsets),
+                                      replica_span_hops=timing.replica_span(offsets))
+    region_fabric = fabric if tile is None else dataclasses.replace(
+        fabric, width=tile[0], height=tile[1])
     return Placement(
         regions=tuple(rects), routes=tuple(routes), timing=pipeline,
         memory_bytes=costs.memory,
         memory_per_core=tuple(timing.memory_per_core(m, r.cores)
                               for m, r in zip(costs.memory, rects)),
-        balanced_bound=timing.balanced_bound_samples_per_sec(
-            kernels, fabric, training=training, min_cores=costs.floors),
-        fabric_bound=timing.fabric_bound_samples_per_sec(kernels, fabric, training=training))
+        balanced_bound=len(offsets) * timing.balanced_bound_samples_per_sec(
+            kernels, region_fabric, training=training, min_cores=costs.floors),
+        fabric_bound=timing.fabric_bound_samples_per_sec(kernels, fabric, training=training),
+        replica_offsets=tuple(offsets), tile=tile)
+
+
+def place_replicated(kernels: Sequence[Any], fabric: Fabric, *, training: bool,
+                     batch_size: int, replicas: int | None, optimizer: str = "sgd",
+                     inputs: Mapping[str, int] | None = None,
+                     edges: Sequence[tuple[str, str]] = ()) -> Placement:
+    """`replicas` copies of `kernels` (None: the count, a divisor of `batch_size`, whose
+    modelled step of `batch_size` samples is fastest), each on its own tile.
+
+    Raises TooLargeError when one copy does not fit, ReplicasDoNotFitError when `replicas`
+    copies do not (the caller checks that `replicas` divides the batch)."""
+    inputs = inputs or {}
+    single = place(kernels, fabric, training=training, optimizer=optimizer, inputs=inputs,
+                   edges=edges)
+    if replicas == 1:
+        return single
+    costs = _costs(kernels, fabric, training, optimizer)
+    floor = sum(costs.floors)
+    if replicas is not None:
+        if replicas * floor > fabric.cores:
+            raise ReplicasDoNotFitError(replicas, floor, single.timing.active_cores, fabric)
+        placed = _replicate(kernels, single, costs, fabric, replicas, training, optimizer,
+                            inputs, edges)
+        if placed is None:
+            raise ReplicasDoNotFitError(replicas, floor, single.timing.active_cores, fabric)
+        return placed
+    candidates = [single]
+    for count in rep.divisors(batch_size)[1:]:
+        if count * floor > fabric.cores:
+            break
+        placed = _replicate(kernels, single, costs, fabric, count, training, optimizer,
+                            inputs, edges)
+        if placed is None:  # more copies have smaller tiles still
+            break
+        candidates.append(placed)
+    rates = [batch_size / p.timing.step_seconds(batch_size) for p in candidates]
+    best = max(rates)
+    chosen = next(p for p, rate in zip(candidates, rates) if rate * FASTEST_TOLERANCE >= best)
+    return dataclasses.replace(chosen, replica_candidates=tuple(
+        (p.replicas, rate) for p, rate in zip(candidates, rates)))
+
+
+def _replicate(kernels, single: Placement, costs: _Costs, fabric: Fabric, count: int,
+               training: bool, optimizer: str, inputs, edges) -> Placement | None:
+    """`count` copies: of `single`'s bounding box when they fit (each copy as fast as one
+    alone), else the fastest of the placements on the tiles of each grid of at least
+    `count` tiles (the most compact among equals); None when no tile holds a copy."""
+    box = (max(r.x + r.width for r in single.regions), max(r.y + r.height for r in single.regions))
+    columns = rep.packed_columns(box, fabric.width, fabric.height, count)
+    if columns is not None:
+        return _finish(kernels, single.regions, costs, fabric, training, optimizer, inputs,
+                       edges, rep.grid_offsets(box, columns, count), box)
+    options = []
+    for columns, rows in rep.tile_grids(fabric.width, fabric.height, count):
+        tile = (fabric.width // columns, fabric.height // rows)
+        try:
+            placed = place(kernels, dataclasses.replace(fabric, width=tile[0], height=tile[1]),
+                           training=training, optimizer=optimizer)
+        except TooLargeError:
+            continue
+        rows_used = math.ceil(count / columns)
+        options.append((placed.timing.compute_samples_per_sec,
+                        max(columns * tile[0], rows_used * tile[1]), placed.regions, tile, columns))
+    if not options:
+        return None
+    fastest = max(o[0] for o in options)
+    _, _, rects, tile, columns = min((o for o in options if o[0] * FASTEST_TOLERANCE >= fastest),
+                                     key=lambda o: o[1])
+    return _finish(kernels, rects, costs, fabric, training, optimizer, inputs, edges,
+                   rep.grid_offsets(tile, columns, count), tile)
 
 
 def equal_area_samples_per_sec(kernels: Sequence[Any], fabric: Fabric, *, training: bool,
@@ -346,16 +461,24 @@ def build_kernels(model: MatchedModel) -> list:
     return built
 
 
-def place_model(model: MatchedModel, fab: Fabric, mode: str) -> PlacedModel:
-    """Build the kernels of `model` and place them on `fab` (CSRunError if it does not fit)."""
+def place_model(model: MatchedModel, fab: Fabric, mode: str, *, batch_size: int = 1,
+                replicas: int | None = 1) -> PlacedModel:
+    """Build the kernels of `model` and place them on `fab`, `replicas` copies of them (None:
+    as many as make the step of `batch_size` fastest); CSRunError if they do not fit."""
     kernels = build_kernels(model)
     training = mode == ModeKeys.TRAIN
     optimizer = model.optimizer.type if model.optimizer is not None else "sgd"
     edges = [(src, node.name) for node in model.kernels for src in node.inputs]
     inputs = {s.name: math.prod(s.shape) * timing.BYTES_PER_VALUE for s in model.inputs}
+    if replicas is not None and replicas > 1 and batch_size % replicas:
+        raise CSRunError(f"runconfig.num_replicas {replicas} does not divide the batch size "
+                         f"{batch_size}: every replica takes an equal share of each batch",
+                         f"use a batch size that is a multiple of {replicas}, or another "
+                         "num_replicas (multireplica: true lets the compiler choose)")
     try:
-        placement = place(kernels, fab, training=training, optimizer=optimizer,
-                          inputs=inputs, edges=edges)
+        placement = place_replicated(kernels, fab, training=training, batch_size=batch_size,
+                                     replicas=replicas, optimizer=optimizer, inputs=inputs,
+                                     edges=edges)
     except TooLargeError as error:
         gb = 2 ** 30
         raise CSRunError(
@@ -366,4 +489,11 @@ def place_model(model: MatchedModel, fab: Fabric, mode: str) -> PlacedModel:
             f"({fab.width} x {fab.height} cores x {fab.sram_per_core // 1024} KB)",
             "pipelined mode is for models below about a billion parameters: make the model "
             "smaller") from None
+    except ReplicasDoNotFitError as error:
+        raise CSRunError(
+            f"runconfig.num_replicas {error.count}: {error.count} copies of the model do not fit "
+            f"on {fab.name} ({fab.cores:,} cores): one copy needs {error.floor_cores:,} cores for "
+            f"its memory alone and is placed on {error.placed_cores:,} when alone",
+            "ask for fewer replicas, or set multireplica: true to let the compiler choose") from None
     return PlacedModel(model, fab, mode, tuple(kernels), placement)
+

@@ -44,15 +44,19 @@ def emit(placed: PlacedModel, extracted: ExtractedGraph, *, name: str,
                                         graph_hash=graph_hash),
         wafer_map_png=wafer_map.render(fab, [k.name for k in model.kernels],
                                        [k.type for k in model.kernels], placement.regions,
-                                       placement.routes, program.name))
+                                       placement.routes, program.name,
+                                       placement.replica_offsets, placement.tile))
 
 
 def build_program(model: MatchedModel, placement: Placement, *, name: str, graph_hash: str,
                   fabric: str, batch_size: int, seed: int | None) -> pb.Program:
+    replicas = placement.replicas
     program = pb.Program(name=name, graph_hash=graph_hash, fabric=fabric, batch_size=batch_size,
-                         micro_batch_size=micro_batch_size(batch_size),
+                         micro_batch_size=micro_batch_size(batch_size // replicas),
                          loss_kernel=model.loss_kernel, outputs=list(model.outputs),
-                         seed=int(seed or 0))
+                         seed=int(seed or 0), num_replicas=replicas)
+    if replicas > 1:
+        program.replica_offsets.extend(pb.Point(x=x, y=y) for x, y in placement.replica_offsets)
     program.inputs.extend(spec.to_proto() for spec in model.inputs)
     timings = placement.timing.kernels
     for i, node in enumerate(model.kernels):
@@ -78,7 +82,7 @@ def build_program(model: MatchedModel, placement: Placement, *, name: str, graph
     for route in placement.routes:
         program.routes.add(src=route.src, dst=route.dst,
                            path=[pb.Point(x=x, y=y) for x, y in route.path],
-                           bytes_per_sample=route.bytes_per_sample)
+                           bytes_per_sample=route.bytes_per_sample, replica=route.replica)
     t = placement.timing
     program.estimate.CopyFrom(pb.Estimate(
         samples_per_sec=t.samples_per_sec, compute_samples_per_sec=t.compute_samples_per_sec,

@@ -7,6 +7,7 @@ from coordinator.compiler.ir import MatchedModel, TrainingSpec
 from coordinator.compiler.placement import Placement
 from wafer import timing
 from wafer.fabric import Fabric
+from wafer.precision import is_half, precision_of
 
 MB = 1024 * 1024
 
@@ -80,6 +81,36 @@ def validation_text(model: MatchedModel, mode: str, batch_size: int, fabric: Fab
     return "\n".join(lines) + "\n"
 
 
+def replica_lines(placement: Placement, fabric: Fabric, batch_size: int) -> list[str]:
+    """Multireplica: how many copies, where, and why that many (none without multireplica)."""
+    t, count = placement.timing, placement.replicas
+    lines = []
+    if count > 1:
+        tile = placement.tile or (fabric.width, fabric.height)
+        lines.append(
+            f"Replicas: {count} copies of the network (multireplica), each on a tile of "
+            f"{tile[0]} x {tile[1]} cores at {_n(t.replica_samples_per_sec)} samples/s, each "
+            f"taking {batch_size // count} consecutive samples of every batch of {batch_size}; "
+            f"their gradients are summed (all-reduce {1e6 * t.allreduce_seconds:.3f} us) before "
+            "the one update")
+    elif placement.replica_candidates:
+        floor = sum(timing.min_cores_for_memory(m, fabric) for m in placement.memory_bytes)
+        if 2 * floor > fabric.cores:
+            why = (f"the model is too big to replicate: one copy needs {_n(floor)} of the "
+                   f"{_n(fabric.cores)} cores of {fabric.name} for its memory alone")
+        elif len(placement.replica_candidates) == 1:
+            why = (f"no number of copies that divides the batch size {batch_size} fits on "
+                   f"{fabric.name}")
+        else:
+            why = f"one copy gives the fastest step of {batch_size} samples"
+        lines.append(f"Replicas: 1 (multireplica asked for; {why})")
+    if len(placement.replica_candidates) > 1:
+        lines.append(f"Replica counts weighed (modelled samples/s of a step of {batch_size}): "
+                     + ", ".join(f"{r}: {_n(rate)}" for r, rate in placement.replica_candidates)
+                     + f"; chosen: {count}")
+    return lines
+
+
 def compile_json(model: MatchedModel, placement: Placement, fabric: Fabric, *, mode: str,
                  batch_size: int, graph_hash: str) -> dict[str, Any]:
     t = placement.timing
@@ -100,13 +131,21 @@ def compile_json(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
             "pipeline_fill_seconds": t.fill_seconds,
             "update_seconds": t.update_seconds,
             "step_seconds": t.step_seconds(batch_size),
-            "barrier_seconds": {b.name: b.stall_seconds(batch_size, t.samples_per_sec)
+            "barrier_seconds": {b.name: b.stall_seconds(batch_size, t.samples_per_sec, t.replicas)
                                 for b in t.barriers},
-            "memory_bytes": sum(placement.memory_bytes),
+            "memory_bytes": placement.replicas * sum(placement.memory_bytes),
             "fabric_sram_bytes": fabric.sram_bytes,
         },
+        "replicas": {
+            "count": placement.replicas, "samples_per_batch": batch_size // placement.replicas,
+            "offsets": [list(o) for o in placement.replica_offsets],
+            "tile": list(placement.tile) if placement.tile else None,
+            "samples_per_sec_each": t.replica_samples_per_sec,
+            "allreduce_seconds": t.allreduce_seconds,
+            "candidates": [list(c) for c in placement.replica_candidates],
+        },
         "kernels": [{
-            "name": k.name, "type": k.type, "inputs": list(k.inputs),
+            "name": k.name, "type": k.type, "precision": precision_of(k.attrs), "inputs": list(k.inputs),
             "output_shape": list(k.output_shape), "source": k.source,
             "region": {"x": r.x, "y": r.y, "width": r.width, "height": r.height},
             "cores": r.cores, "useful_cores": kt.useful_cores,
@@ -121,6 +160,7 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
                  batch_size: int, graph_hash: str) -> str:
     t = placement.timing
     step = t.step_seconds(batch_size)
+    replicated = placement.replicas > 1
     lines = [
         f"Compile successful: graph {graph_hash}",
         *model_summary(model, mode, batch_size),
@@ -139,26 +179,33 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         f"{100 * t.compute_samples_per_sec / placement.fabric_bound:.2f} %",
         f"  Balanced-pipeline bound: {_n(placement.balanced_bound)} samples/s (within the "
         f"kernels' parallelism and memory); this placement reaches {100 * placement.quality:.1f} %",
-        f"  Step time (batch {batch_size}):  {1e3 * step:.4f} ms = {batch_size - 1} x "
-        f"{1e9 / t.samples_per_sec:.1f} ns + fill {1e6 * t.fill_seconds:.3f} us + update "
-        f"{1e6 * t.update_seconds:.3f} us"
+        f"  Step time (batch {batch_size}):  {1e3 * step:.4f} ms = {batch_size - t.replicas} x "
+        f"{1e9 / t.samples_per_sec:.1f} ns + fill {1e6 * t.fill_seconds:.3f} us + "
+        + (f"all-reduce {1e6 * t.allreduce_seconds:.3f} us + " if t.replicas > 1 else "")
+        + f"update {1e6 * t.update_seconds:.3f} us"
         + (f" + batch barriers {1e6 * t.barrier_seconds(batch_size):.3f} us" if t.barriers
            else "") + f" ({_n(1 / step)} steps/s)",
         *[f"  Batch barrier: {b.name} (the whole batch's statistics): the batch waits "
-          f"{b.passes} x {batch_size - 1} x {1e9 / t.samples_per_sec:.1f} ns + reductions "
-          f"{1e6 * b.sync_seconds:.3f} us = {1e6 * b.stall_seconds(batch_size, t.samples_per_sec):.3f}"
-          f" us per step" for b in t.barriers],
-        f"  Memory:                  {sum(placement.memory_bytes) / MB:,.2f} MB of "
+          f"{b.passes} x {batch_size - t.replicas} x {1e9 / t.samples_per_sec:.1f} ns + "
+          f"reductions {1e6 * b.sync_seconds:.3f} us = "
+          f"{1e6 * b.stall_seconds(batch_size, t.samples_per_sec, t.replicas):.3f} us per step"
+          for b in t.barriers],
+        f"  Memory:                  {placement.replicas * sum(placement.memory_bytes) / MB:,.2f} MB of "
         f"{fabric.sram_bytes / MB:,.0f} MB SRAM (weights, gradients, optimizer slots, "
-        "activations in flight)",
+        "activations in flight" + (f"; {placement.replicas} replicas" if placement.replicas > 1 else "")
+        + ")",
+        *(f"  {line}" for line in replica_lines(placement, fabric, batch_size)),
+        *_precision_lines(model),
         "",
-        f"{'kernel':<28} {'type':<28} {'rectangle (x,y w x h)':<24} {'cores':>8} "
+        f"{'kernel':<28} {'type':<28} "
+        f"{'rectangle (x,y w x h)' + (' of replica 0' if replicated else ''):<24} {'cores':>8} "
         f"{'samples/s':>14} {'mem/core':>9}  source",
     ]
     for k, r, kt, mem in zip(model.kernels, placement.regions, t.kernels,
                              placement.memory_per_core):
         rect = f"{r.x},{r.y} {r.width}x{r.height}"
-        lines.append(f"{k.name:<28} {k.type:<28} {rect:<24} {r.cores:>8,} "
+        kind = k.type + (" (float16)" if is_half(k.attrs) else "")
+        lines.append(f"{k.name:<28} {kind:<28} {rect:<24} {r.cores:>8,} "
                      f"{_n(kt.samples_per_sec):>14} {mem / 1024:>7.1f}KB  {k.source}")
     lines.append("")
     lines.append(f"Timing model (wafer/timing.py): t_comp = F_k / (useful cores x "
@@ -166,5 +213,18 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
                  f"eta {fabric.efficiency:g}), F_k = "
                  f"{timing.TRAIN_FLOPS_FACTOR if mode == 'train' else 1} x forward FLOPs; "
                  "t_comm = bytes per sample / (edge cores x 4 B x f); Samples/s = "
-                 "min(1 / max_k t_k, I/O bytes/s / bytes per sample)")
+                 f"min({f'{placement.replicas} replicas x ' if replicated else ''}1 / max_k t_k, "
+                 "I/O bytes/s / bytes per sample)")
     return "\n".join(lines) + "\n"
+
+
+def _precision_lines(model: MatchedModel) -> list[str]:
+    """Mixed precision, when the model has float16 kernels: how many, and the loss scale."""
+    half = sum(is_half(k.attrs) for k in model.kernels)
+    if not half:
+        return []
+    scale = model.training.loss_scale if model.training is not None else 1.0
+    return [f"  Precision:               {half} of {len(model.kernels)} kernels in float16 "
+            f"(float16 operands and results, float32 accumulation; float32 master weights "
+            f"and optimizer); weights and activations of float16 kernels at 2 B"
+            + (f"; loss scale {scale:g}" if scale != 1.0 else "")]

@@ -39,6 +39,9 @@ TRANSFORMS = "scaling, tf.clip_by_value, tf.clip_by_norm, tf.clip_by_global_norm
 # The numeric checks initialise every variable on the host: above this many values (1 GiB of
 # float32) they are skipped and the structural proof stands alone.
 NUMERIC_CHECK_VALUES = 2 ** 28
+# A float16 backward's raw gradients against S x tf.gradients(loss): rounded apart by
+# float16 (2 ** -11 per op), to this fraction of the largest.
+HALF_GRADIENT_RTOL = 1e-2
 
 
 @dataclass(frozen=True)
@@ -107,8 +110,17 @@ def variable_op(tensor: tf.Tensor) -> tf.Operation:
     return op
 
 
+# Arithmetic on constants that tf.get_static_value does not fold (MixedPrecisionLossScale-
+# Optimizer's 1 / S of a FixedLossScale): evaluated when every op above is one of these.
+_FOLDABLE = {"Const", "Identity", "Cast", "RealDiv", "Mul", "Reciprocal", "AddV2", "Sub", "Neg"}
+
+
 def _const(tensor: tf.Tensor) -> np.ndarray | None:
     value = tf.get_static_value(tensor)
+    if value is None and tensor.shape.rank == 0 and \
+            all(op.type in _FOLDABLE for op in _upstream_ops(tensor.op)):
+        with tf.compat.v1.Session(graph=tensor.graph) as session:
+            value = session.run(tensor)
     return None if value is None else np.asarray(value)
 
 
@@ -379,6 +391,11 @@ def _updates(extracted: ExtractedGraph, averages: list[MovingAverage]) -> list[_
         target = variable_op(op.inputs[0]) if op.inputs else op
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
                         "the CS carries out")
+    conds = [op for op in _closure(extracted.spec.train_op) if op.type in ("If", "StatelessIf")]
+    if not updates and conds:
+        raise _fail(conds[-1], "the train_op applies its updates inside a tf.cond: dynamic loss "
+                               "scaling (a LossScaleOptimizer with 'dynamic') is not carried out "
+                               "on the CS; use a fixed loss scale (a number)")
     if not updates:
         raise _Refused(f"the train_op updates no variable with a supported optimizer "
                        f"(supported: {SUPPORTED})")
@@ -873,9 +890,17 @@ def _merge(chains: list[_Chain]) -> list[GradientTransform]:
         for k, v in merged]
 
 
-def _fold_loss_scale(chains: list[_Chain]) -> list[GradientTransform]:
+def _fold_loss_scale(chains: list[_Chain], half: bool) -> tuple[list[GradientTransform], float]:
     """The steps as the CS applies them to d(loss)/d(var): the loss scale S first, folded
-    into the scale steps that follow it (S * (1 / S) = 1 drops both)."""
+    into the scale steps that follow it (S * (1 / S) = 1 drops both); and the scale left in
+    the backward's seed. A float16 program keeps S in its seed (float16 gradients of S x the
+    loss are what TF rounds and what overflows), and its 1 / S steps in the transforms."""
+    if half:
+        scales = {chain.call.scale for chain in chains}
+        if len(scales) > 1:
+            raise _fail(chains[0].update.op, f"gradients of the loss scaled by several factors "
+                                             f"({', '.join(map(str, sorted(scales)))})")
+        return _merge(chains), scales.pop()
     for chain in chains:
         if chain.call.scale != 1.0:
             chain.steps.insert(0, _Step("scale", chain.raw.op, value=chain.call.scale))
@@ -887,16 +912,17 @@ def _fold_loss_scale(chains: list[_Chain]) -> list[GradientTransform]:
         if chain.steps and chain.steps[0].kind == "scale" and \
                 abs(chain.steps[0].value - 1.0) < 1e-6:
             chain.steps.pop(0)
-    return _merge(chains)
+    return _merge(chains), 1.0
 
 
 # ---- 4. numbers ----
 
 def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
-                   averages: list[MovingAverage]) -> None:
-    """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var); then TF's
-    transforms == apply_transforms on random gradients. (Moving averages are initialised
-    too: gradients computed under tf.control_dependencies(update_ops) run them.)"""
+                   averages: list[MovingAverage], rtol: float = 1e-4) -> None:
+    """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
+    a float16 backward rounds S * g and g differently); then TF's transforms ==
+    apply_transforms on random gradients. (Moving averages are initialised too: gradients
+    computed under tf.control_dependencies(update_ops) run them.)"""
     graph, loss = extracted.graph, extracted.spec.loss
     handles = {op.name for op in _variables_under(loss)} | {c.update.variable for c in chains} \
         | {a.variable for a in averages}
@@ -929,7 +955,7 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
                        for c, w in zip(chains, loss_grads)), default=0.0)
         for chain, got, want in zip(chains, raw_values, loss_grads):
             want = want * np.float32(chain.call.scale)
-            bound = 1e-4 * float(np.max(np.abs(want), initial=0.0)) + 1e-6 * overall + 1e-30
+            bound = rtol * float(np.max(np.abs(want), initial=0.0)) + 1e-6 * overall + 1e-30
             if got.shape != want.shape or float(np.max(np.abs(got - want), initial=0.0)) > bound:
                 raise _fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
                                              "is not the gradient of the loss model_fn returns")
@@ -970,11 +996,12 @@ def _check_transforms(session, chains: list[_Chain]) -> None:
 
 # ---- the pass ----
 
-def analyze_training(extracted: ExtractedGraph) -> TrainingSpec:
+def analyze_training(extracted: ExtractedGraph, half: bool = False) -> TrainingSpec:
     """The TrainingSpec of extracted.spec.train_op, or CSRunError listing every problem
-    (one line each: op, what is wrong, the user's source line)."""
+    (one line each: op, what is wrong, the user's source line). `half`: the forward graph
+    computes in float16 (mixed precision)."""
     try:
-        return _analyze(extracted)
+        return _analyze(extracted, half)
     except _Problems as problems:
         lines = list(dict.fromkeys(problems.lines))
     raise CSRunError(lines[0],
@@ -990,7 +1017,7 @@ class _Problems(Exception):
         self.lines = lines
 
 
-def _analyze(extracted: ExtractedGraph) -> TrainingSpec:
+def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
     if extracted.spec.train_op is None:
         raise _Problems(["model_fn returned no train_op in train mode"])
     with extracted.graph.as_default():
@@ -1013,10 +1040,11 @@ def _analyze(extracted: ExtractedGraph) -> TrainingSpec:
             raise _Problems(problems)
         try:
             _group_order(chains)
-            _check_numbers(extracted, chains, averages)
+            _check_numbers(extracted, chains, averages, HALF_GRADIENT_RTOL if half else 1e-4)
+            transforms, loss_scale = _fold_loss_scale(chains, half)
         except _Refused as problem:
             raise _Problems([str(problem)]) from None
-        transforms = _fold_loss_scale(chains)
     variables = tuple(TrainedVariable(u.variable, "dense" if u.indices is None else "sparse",
                                       u.slots, user_source(u.op)) for u in updates)
-    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), tuple(averages))
+    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms),
+                        moving_averages=tuple(averages), loss_scale=loss_scale)

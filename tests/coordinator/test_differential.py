@@ -34,12 +34,12 @@ def check_model(spec: rm.ModelSpec) -> tuple[str, str]:
             return ("FAILED", problem) if problem else ("refused", str(error))
         except Exception as error:  # a crash instead of a refusal or a run
             return "FAILED", "".join(traceback.format_exception_only(error)).strip()
-        problems = cs_inprocess.mismatches(result)
+        problems = cs_inprocess.mismatches(result, spec.rtol)
         if problems:
             return "FAILED", "validated, then trained differently: " + "; ".join(problems)
         try:
             problem = cs_inprocess.evaluation_mismatch(rm.model_fn, rm.input_fn, params, model_dir,
-                                                       result.cs.state)
+                                                       result.cs.state, rtol=spec.rtol)
         except Exception as error:  # eval refused or crashed after training was accepted
             problem = "".join(traceback.format_exception_only(error)).strip()
         if problem:

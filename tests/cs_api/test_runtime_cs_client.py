@@ -1,6 +1,8 @@
 """The chief's CS client: chunked tensors, and an unreachable CS as one clear error."""
 from __future__ import annotations
 
+import threading
+
 import grpc
 import numpy as np
 import pytest
@@ -71,3 +73,26 @@ def test_a_refusal_names_its_cause(code, details, starts, hint):
         client.close()
     assert error.message.startswith(starts) and details in error.message
     assert hint in error.hint
+
+
+def test_a_busy_cs_is_waited_for_up_to_the_time_given_saying_so_once(server, capsys):
+    from tests.wse_sim.test_wse_server import program, weights
+
+    holder = CSClient(server.address)
+    holder.load("holder", program(), weights(), 1, 0, 0)
+    waiting = CSClient(server.address)
+    try:
+        with pytest.raises(CSRunError, match=f"the CS system at {server.address} is busy") as busy:
+            waiting.load("at-once", program(), weights(), 1, 0, 0)  # no wait: refused at once
+        assert "--cs-wait SECONDS" in busy.value.hint
+        with pytest.raises(CSRunError, match="is busy"):
+            waiting.load("short", program(), weights(), 1, 0, 0, wait_s=0.5)
+        threading.Timer(1.0, holder.unload).start()
+        reply = waiting.load("patient", program(), weights(), 1, 0, 0, wait_s=60)
+        assert reply.job_id
+        out = capsys.readouterr().out
+        assert out.count(f"The CS system at {server.address} is busy with another job: waiting up to ") == 2
+    finally:
+        holder.close()
+        waiting.unload()
+        waiting.close()

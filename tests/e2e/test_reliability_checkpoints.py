@@ -189,3 +189,41 @@ def test_a_checkpoint_without_dropout_rng_state_restores_on_the_cpu_path(tmp_pat
     checkpoints.write_checkpoint(str(model_dir), 1, cs_like, 5)
     train(2)
     assert "global step 2:" in capsys.readouterr().out
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB file system (tmpfs; root, as CI runs)."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("a full disk is made with a small tmpfs: root needed")
+        pytest.skip("a full disk is made with a small tmpfs: root needed")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_the_earlier_ones_stay(small_disk):
+    _write(small_disk, 10)
+    before = {p.name: p.read_bytes() for p in small_disk.iterdir()}
+    big = {"dense/kernel": np.ones((1000, 1000), np.float32), "global_step": np.asarray(20, np.int64)}
+    with pytest.raises(CSRunError, match=r"^no space left on the device of .* to write checkpoint 20 "
+                                         r"\(it needs about 4.0 MB\) \(hint: ") as raised:
+        checkpoints.write_checkpoint(str(small_disk), 20, big, 5)
+    assert "the checkpoints before it are intact" in raised.value.hint
+    assert {p.name: p.read_bytes() for p in small_disk.iterdir()} == before  # no leftovers, nothing torn
+    assert _step(small_disk) == 10
+
+
+def test_a_full_disk_while_compiling_is_one_line(small_disk):
+    import compiler_models as m
+
+    from coordinator.compiler import compile_model
+
+    with pytest.raises(CSRunError, match=r"^no space left on the device of .*cs_compile to write the compile "
+                                         r"\(it needs about [\d.]+ MB\) \(hint: "):
+        compile_model(m.keras_mlp, m.input_fn, {"batch_size": 32, "hidden": [500, 300]}, str(small_disk))

@@ -197,3 +197,14 @@ def test_a_command_that_cannot_start_is_refused_before_anything_starts(tmp_path,
     assert result.returncode == 1
     assert result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1, result.stderr
     assert not (tmp_path / "job").exists()  # no job folder, no simulator, no task
+
+
+def test_cs_wait_reaches_the_chief_through_the_task_environment(tmp_path):
+    from launcher.csrun_wse import job_request
+
+    args = parse_args(["--cs_ip", "10.0.0.5", "--cs-wait", "600", "python", "run.py"])
+    env = job_request(args, args.cs_ip, tmp_path).env
+    assert task_role(env).cs_wait_s == 600 and task_role(env).cs_ip == "10.0.0.5:9000"
+    assert task_role({}).cs_wait_s == 0
+    with pytest.raises(CSRunError, match=r"--cs-wait -1.0: must be a number of seconds >= 0"):
+        parse_args(["--cs-wait", "-1", "python", "run.py"])

@@ -29,7 +29,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | add | x1, x2, ... same shape | — | — | |
 | concat | x1, x2, ... | axis (per-sample axis, >= 0) | — | any, all one |
 | softmax_cross_entropy_with_logits | logits (..., k), labels | sparse (bool) | — | labels (..., k) float32, or sparse (...) int32/int64; output (...) |
-| loss | t (any) | scale | — | output () = scale * sum(t) |
+| loss | t (any) | scale, loss_scale (the backward's seed factor, default 1) | — | output () = scale * sum(t) |
 | einsum | the `i` operands | equation (batch letter first in per-sample operands), operands | p<k>: attr p<k> | |
 
 Operands (binary, select, matmul, gather): attr `operands` has
@@ -42,6 +42,10 @@ The loss kernel (`is_loss = True`) outputs one value per sample, already scaled 
 the sum over the whole batch is the loss. Its backward takes no upstream gradient and
 returns the gradient of that scaled value, so micro-batches add up to ordinary mini-batch
 training.
+Any kernel may carry attr `precision` "float16": it computes a float16 tensor of the
+user's graph as `wafer.precision` says (operands and result rounded to float16, float32
+arithmetic inside); its values still travel as float32 arrays.
+
 `input_differentiable` says which inputs a gradient flows back through (not labels,
 integer or bool inputs, comparisons, stop_gradient, one_hot, casts to non-float).
 """

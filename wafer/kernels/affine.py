@@ -18,17 +18,23 @@ import numpy as np
 from wafer.kernels import activations
 from wafer.kernels.base import RunContext, accumulate
 from wafer.kernels.tiles import tiles
+from wafer.precision import round_half_
 
 # Activations whose gradient reads only the output: applied in place on the pre-activation.
 OUTPUT_GRADIENT = {"relu", "elu", "selu", "tanh", "sigmoid", "linear"}
+# Activations whose result of a float16 value is a float16 value (no rounding needed).
+EXACT_IN_HALF = {"relu", "relu6", "linear"}
 
 
 class Affine:
     """One kernel's x @ w (+ b) then `activation`, with its scratch for the weight
-    gradient of micro-batches after the batch's first."""
+    gradient of micro-batches after the batch's first. `half`: a float16 layer (TF's
+    MatMul, BiasAdd and activation each round their result to float16; wafer.precision),
+    whose output is therefore float16-valued already."""
 
-    def __init__(self, activation: str):
+    def __init__(self, activation: str, half: bool = False):
         self.activation = activation
+        self.half = half
         self._scratch: np.ndarray | None = None
 
     def forward(self, x2d: np.ndarray, w: np.ndarray, b: np.ndarray | None,
@@ -44,10 +50,16 @@ class Affine:
     def _forward_tile(self, x2d, w, b, z, y, cols: slice) -> None:
         zc = z[:, cols]
         np.matmul(x2d, w[:, cols], out=zc)
+        if self.half:
+            round_half_(zc)
         if b is not None:
             np.add(zc, b[cols], out=zc)
+            if self.half:
+                round_half_(zc)
         if self.activation != "linear":
             activations.apply(self.activation, zc, out=y[:, cols])
+            if self.half and self.activation not in EXACT_IN_HALF:
+                round_half_(y[:, cols])
 
     def backward(self, cache: tuple, dy: np.ndarray, w: np.ndarray, has_bias: bool,
                  acc: Mapping[str, np.ndarray] | None, ctx: RunContext, input_grad: bool,
@@ -60,6 +72,8 @@ class Affine:
         dz = dy
         if self.activation != "linear":
             dz = activations.gradient(self.activation, z, y, dy)
+            if self.half and self.activation not in EXACT_IN_HALF:
+                round_half_(dz)
         grads: dict[str, np.ndarray] = {}
         if has_bias:
             accumulate(acc, "bias", dz.sum(axis=0), grads, ctx)

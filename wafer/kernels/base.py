@@ -82,6 +82,9 @@ class Kernel:
     # batch's input (`batch_statistics`) before any micro-batch's forward, and every
     # micro-batch's output gradient (`gradient_statistics`) before any backward.
     batch_barrier: ClassVar[bool] = False
+    # a float16 kernel (attr precision) whose forward rounds its own output (the fused
+    # affine kernels round each TF op's result inside); others are rounded by the executor
+    rounds_own_output: ClassVar[bool] = False
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         self.name = name

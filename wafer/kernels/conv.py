@@ -11,6 +11,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from wafer.kernels import activations
 from wafer.kernels.affine import Affine
 from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
+from wafer.precision import is_half
 
 
 def pair(name: str, attrs: Mapping[str, Any], key: str) -> tuple[int, int]:
@@ -90,6 +91,7 @@ class Windows:
 @register
 class Conv2D(Kernel):
     type_name = "conv2d"
+    rounds_own_output = True
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
@@ -105,7 +107,7 @@ class Conv2D(Kernel):
         self.use_bias = bool(self.attrs.get("use_bias", True))
         self.activation = activations.check_function(name, self.attrs.get("activation", "linear"))
         self.patch = self.ksize[0] * self.ksize[1] * self.channels
-        self._affine = Affine(self.activation)
+        self._affine = Affine(self.activation, is_half(self.attrs))
 
     @property
     def output_shape(self):

@@ -7,11 +7,13 @@ from typing import Any, Mapping, Sequence
 from wafer.kernels import activations
 from wafer.kernels.affine import Affine
 from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
+from wafer.precision import is_half
 
 
 @register
 class Dense(Kernel):
     type_name = "dense"
+    rounds_own_output = True
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
@@ -24,7 +26,7 @@ class Dense(Kernel):
         self.use_bias = bool(self.attrs.get("use_bias", True))
         self.activation = activations.check_function(name, self.attrs.get("activation", "linear"))
         self.n = self.input_shapes[0][-1]
-        self._affine = Affine(self.activation)
+        self._affine = Affine(self.activation, is_half(self.attrs))
 
     @property
     def output_shape(self):

@@ -102,6 +102,14 @@ class BatchLoss(Kernel):
             raise KernelError(f"kernel {name!r} (loss): takes 1 input and a finite number attr "
                               f"scale, got {len(self.input_shapes)} inputs and scale {scale!r}")
         self.scale = np.float32(scale)
+        # loss scaling into a float16 backward: the gradient seeded with loss_scale x the
+        # loss's (the optimizer divides it out); 1 for float32 programs (folded away)
+        loss_scale = self.attrs.get("loss_scale", 1.0)
+        if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)) or \
+                not math.isfinite(loss_scale) or loss_scale <= 0:
+            raise KernelError(f"kernel {name!r} (loss): loss_scale must be a positive finite "
+                              f"number, got {loss_scale!r}")
+        self.seed = np.float32(self.scale * np.float32(loss_scale))
 
     @property
     def output_shape(self):
@@ -121,4 +129,4 @@ class BatchLoss(Kernel):
         return self.scale * t.reshape(len(t), -1).sum(axis=1), t.shape
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        return [np.full(cache, self.scale, np.float32)], {}
+        return [np.full(cache, self.seed, np.float32)], {}
