@@ -95,9 +95,11 @@ def train_both(model_fn, model_dir, micro: int, params=PARAMS) -> cs_inprocess.C
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("micro", [16, 4, 1])
-def test_keras_batch_norm_trains_with_the_whole_batchs_statistics_like_tensorflow(tmp_path, micro):
-    result = train_both(keras_model_fn, str(tmp_path), micro)
+@pytest.mark.parametrize("micro, replicas", [(16, 1), (4, 1), (1, 1), (4, 2)])
+def test_keras_batch_norm_trains_with_the_whole_batchs_statistics_like_tensorflow(tmp_path, micro,
+                                                                                  replicas):
+    params = {**PARAMS, "runconfig": {**PARAMS["runconfig"], "num_replicas": replicas}}
+    result = train_both(keras_model_fn, str(tmp_path), micro, params)
     cs_inprocess.assert_same_training(result)
     assert "batch_norm_training" in {k.type for k in result.compiled.program.kernels}
     # Keras 3 in a v1 graph: nothing runs the layer's assign ops, so TF leaves the moving
@@ -108,7 +110,7 @@ def test_keras_batch_norm_trains_with_the_whole_batchs_statistics_like_tensorflo
         assert name not in result.cs.state
         np.testing.assert_array_equal(host[name], result.reference.state[name])
     assert "Batch barrier: batch_normalization" in result.compiled.report_text
-    assert cs_inprocess.evaluation_mismatch(keras_model_fn, input_fn, PARAMS, str(tmp_path),
+    assert cs_inprocess.evaluation_mismatch(keras_model_fn, input_fn, params, str(tmp_path),
                                             {**host, **result.cs.state}) == ""
 
 
