@@ -36,15 +36,20 @@ from tf_model.estimator_spec import ModeKeys
 from tf_model.events import EventWriter, eval_dir
 from tf_model.metrics import EvalMetrics
 from tf_model.model_dir_lock import model_dir_locked
-from tf_model.model_fn import batch_signature, make_dataset
-from tf_model.predictions import PredictionGraph, write_predictions
+from tf_model.model_fn import batch_signature, make_dataset, run_batches
+from tf_model.predictions import PredictionGraph, Predictions, write_predictions
 from wafer.optimizers import OPTIMIZERS, OptimizerConfig, slot_name
 from workers.feed import run_worker
 from workers.rendezvous import Rendezvous, publish
 
 
 def program_variables(program: pb.Program) -> list[str]:
-    return [p.variable for k in program.kernels for p in k.params]
+    """The variables the CS holds: the kernels' weights, their moving averages and what
+    the schedules read."""
+    schedules = [*program.schedules, *(m.factor for m in program.moving_averages)]
+    return [p.variable for k in program.kernels for p in k.params] + list(dict.fromkeys(
+        [*(m.shadow for m in program.moving_averages),
+         *(o.name for s in schedules for o in s.ops if o.op == "variable")]))
 
 
 def tf_optimizer(optimizer: pb.Optimizer) -> str:
@@ -66,7 +71,8 @@ def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
     if missing:
         raise CSRunError(f"{path} has no {', '.join(missing[:3])}: it was written by "
                          "another model", "use a new model_dir for a changed model")
-    checkpoints.check_shapes(path, {p.variable: tuple(p.shape) for k in program.kernels for p in k.params},
+    checkpoints.check_shapes(path, {p.variable: tuple(p.variable_shape or p.shape) for k in program.kernels
+                                    for p in k.params},
                              {n: np.shape(a) for n, a in tensors.items()})
     keep = set(variables)
     if program.HasField("optimizer") and program.optimizer.type and not optimizer_changed(
@@ -91,6 +97,12 @@ def output_tensor_names(program: pb.Program) -> dict[str, str]:
     return names
 
 
+def streamed_names(program: pb.Program) -> list[str]:
+    """The TF tensors the program's streamed outputs stand for."""
+    names = output_tensor_names(program)
+    return [names[name] for name in program.outputs]
+
+
 def host_values(program: pb.Program, result: pb.StepResult) -> dict[str, np.ndarray]:
     """A step's streamed outputs by the TF tensor names the host-side graphs feed."""
     names = output_tensor_names(program)
@@ -101,7 +113,8 @@ class CSJob:
     """One phase on the CS: the program loaded, the rendezvous published, and (for a job of
     one task) the input worker running in a thread. Use as a context manager."""
     def __init__(self, chief: "Chief", program: pb.Program, state: dict[str, np.ndarray],
-                 global_step: int, first_batch: int, num_batches: int, input_fn: Callable):
+                 global_step: int, first_batch: int, num_batches: int, input_fn: Callable,
+                 kind: RunKind = RunKind.TRAIN):
         self.program = program
         self.client = CSClient(chief.config.cs_ip, chief.config.cs_tls_ca)
         self.client.status()  # an unreachable CS: one clear line before any work
@@ -110,8 +123,7 @@ class CSJob:
                                  first_batch, wait_s=role.cs_wait_s)
         rendezvous = Rendezvous(self.client.cs_ip, reply.job_id or role.job_id, self.client.token,
                                 role.num_workers, first_batch, num_batches, program_inputs(program),
-                                program.batch_size,
-                                cs_tls_ca=self.client.tls_ca or "")
+                                program.batch_size, cs_tls_ca=self.client.tls_ca or "", kind=str(kind))
         publish(chief.rendezvous_path, rendezvous)
         self._errors: list[BaseException] = []
         self._thread = None
@@ -139,7 +151,13 @@ class CSJob:
             raise self._errors[0]
 
     def snapshot(self) -> dict[str, np.ndarray]:
-        return self.client.snapshot()
+        """The CS's state; a failure of the in-chief worker (which closed the client) is the error raised."""
+        try:
+            return self.client.snapshot()
+        except CSRunError:
+            if self._errors:
+                raise self._errors[0] from None
+            raise
 
     def __enter__(self) -> "CSJob":
         return self
@@ -251,19 +269,17 @@ class Chief:
 
     def evaluate(self, input_fn: Callable, steps: int | None = None,
                  checkpoint_path: str | None = None) -> dict[str, float]:
-
-        if not steps:
-            raise CSRunError("evaluation on the CS system needs a number of batches",
-                             "give --eval_steps (runconfig.eval_steps)")
+        """The metrics of `steps` batches (the whole input when None) on the CS."""
+        steps = run_batches(make_dataset(input_fn, self.params), RunKind.EVALUATE, steps, "--eval_steps")
         program = self._compile(input_fn, ModeKeys.EVAL).program
         path, step, state = self._checkpoint_state(program, checkpoint_path)
-        with EvalMetrics(self.estimator.model_fn, input_fn, self.params) as metrics, \
-                CSJob(self, program, state, step, 0, steps, input_fn) as job:
-            loss_tensor = metrics.host_tensors[-1]
+        streamed = streamed_names(program)
+        with EvalMetrics(self.estimator.model_fn, input_fn, self.params, path, streamed) as metrics, \
+                CSJob(self, program, state, step, 0, steps, input_fn, RunKind.EVALUATE) as job:
             for result in job.run(RunKind.EVALUATE, steps):
                 if result.HasField("step"):
                     metrics.update({**host_values(program, result.step),
-                                    loss_tensor: np.asarray(result.step.loss, np.float32)})
+                                    metrics.loss_name: np.asarray(result.step.loss, np.float32)})
             results = metrics.results()
         progress.eval_results(step, results)
         with EventWriter(eval_dir(self.model_dir)) as events:
@@ -271,24 +287,24 @@ class Chief:
         return {**results, "global_step": step}
 
     def predict(self, input_fn: Callable, checkpoint_path: str | None = None,
-                num_samples: int | None = None) -> dict[str, np.ndarray]:
+                num_samples: int | None = None) -> Predictions:
 
         dataset = make_dataset(input_fn, self.params)
         program = self._compile(input_fn, ModeKeys.PREDICT).program
         batch = program.batch_size
-        if num_samples is not None:
+        if num_samples is None:
+            steps = run_batches(dataset, RunKind.PREDICT, None, "num_samples")
+        else:  # as on the CPU path, a shorter input gives fewer predictions
             steps = -(-num_samples // batch)
-        else:
-            steps = int(dataset.cardinality())
-            if steps < 0:
-                raise CSRunError("the prediction input repeats forever and no num_samples is given",
-                                 "give num_samples or make the input end")
+            known = int(dataset.cardinality())
+            steps = min(steps, known) if known >= 0 else steps
         path, step, state = self._checkpoint_state(program, checkpoint_path)
         collected: dict[str, list[np.ndarray]] = {}
-        with PredictionGraph(self.estimator.model_fn, batch_signature(dataset), self.params, path) as graph, \
-                CSJob(self, program, state, step, 0, steps, input_fn) as job:
+        with PredictionGraph(self.estimator.model_fn, batch_signature(dataset), self.params, path,
+                             streamed_names(program)) as graph, \
+                CSJob(self, program, state, step, 0, steps, input_fn, RunKind.PREDICT) as job:
             for result in job.run(RunKind.PREDICT, steps):
                 if result.HasField("step"):
                     for key, value in graph.run(host_values(program, result.step)).items():
                         collected.setdefault(key, []).append(value)
-        return write_predictions(self.model_dir, step, collected, num_samples)
+        return write_predictions(self.model_dir, step, collected, num_samples, graph.keyed, batch)

@@ -11,8 +11,8 @@ the chief, the others are input workers. The rank comes from, in order:
 - otherwise a job of one task (rank 0 of 1): `python run.py --cs_ip …` by hand.
 
 The job's CS system reaches a task by one channel: `CSRUN_CS_IP`, which `csrun_wse` (and
-its sbatch template) sets for every task, whatever the command; it is read here only.
-The user's script gets it from `TaskRole.cs_ip` (`launcher.run_utils` for run.py,
+its sbatch template) sets for every task, whatever the command; it is read here only, by
+`run_cs_ip`, the one place that decides which CS a run uses (`launcher.run_utils` for run.py,
 `CSEstimator` otherwise); input workers take the address from the chief's rendezvous.
 """
 from __future__ import annotations
@@ -36,7 +36,6 @@ class TaskRole:
     num_tasks: int
     job_id: str          # the launch's id: the rendezvous is keyed on it
     job_dir: Path | None  # the launcher's job folder (CSRUN_JOB_DIR), if any
-    cs_ip: str | None = None  # the job's CS system (task_env.CS_IP), if the launcher named one
     cs_wait_s: float = 0.0  # how long the chief waits for a CS busy with another job (task_env.CS_WAIT_S)
 
     @property
@@ -57,7 +56,6 @@ class TaskRole:
 def task_role(environ: dict[str, str] | None = None) -> TaskRole:
     env = os.environ if environ is None else environ
     job_dir = Path(env[task_env.JOB_DIR]) if env.get(task_env.JOB_DIR) else None
-    cs_ip = env.get(task_env.CS_IP) or None
     cs_wait_s = float(env.get(task_env.CS_WAIT_S) or 0)
     for rank_key, count_key, job_key in _SOURCES:
         if env.get(rank_key, "") != "":
@@ -65,5 +63,14 @@ def task_role(environ: dict[str, str] | None = None) -> TaskRole:
             if not 0 <= rank < count:
                 raise ValueError(f"{rank_key}={rank} is not below {count_key}={count}")
             job_id = env.get(task_env.JOB_ID) or env.get(job_key) or "local"
-            return TaskRole(rank, count, job_id, job_dir, cs_ip, cs_wait_s)
-    return TaskRole(0, 1, env.get(task_env.JOB_ID) or f"pid{os.getpid()}", job_dir, cs_ip, cs_wait_s)
+            return TaskRole(rank, count, job_id, job_dir, cs_wait_s)
+    return TaskRole(0, 1, env.get(task_env.JOB_ID) or f"pid{os.getpid()}", job_dir, cs_wait_s)
+
+
+def run_cs_ip(given: str | None = None, configured: str | None = None,
+              environ: dict[str, str] | None = None) -> str | None:
+    """The CS system a run uses: the one given for this run (run.py's `--cs_ip`,
+    `CSRunConfig.cs_ip`), else the CS of the `csrun_wse` job this process is a task of
+    (`CSRUN_CS_IP`), else the configured one (params.yaml's `runconfig.cs_ip`); None: the CPU."""
+    env = os.environ if environ is None else environ
+    return given or env.get(task_env.CS_IP) or configured or None

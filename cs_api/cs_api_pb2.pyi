@@ -227,6 +227,46 @@ class Optimizer(_message.Message):
     initial_accumulator_value: float
     def __init__(self, type: _Optional[str] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., use_nesterov: _Optional[bool] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., epsilon: _Optional[float] = ..., decay: _Optional[float] = ..., centered: _Optional[bool] = ..., initial_accumulator_value: _Optional[float] = ...) -> None: ...
 
+class ScalarOp(_message.Message):
+    __slots__ = ("op", "dtype", "inputs", "controls", "value", "name")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    CONTROLS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    dtype: str
+    inputs: _containers.RepeatedScalarFieldContainer[int]
+    controls: _containers.RepeatedScalarFieldContainer[int]
+    value: float
+    name: str
+    def __init__(self, op: _Optional[str] = ..., dtype: _Optional[str] = ..., inputs: _Optional[_Iterable[int]] = ..., controls: _Optional[_Iterable[int]] = ..., value: _Optional[float] = ..., name: _Optional[str] = ...) -> None: ...
+
+class Schedule(_message.Message):
+    __slots__ = ("hyper_parameter", "ops", "tf_tensor", "source")
+    HYPER_PARAMETER_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    TF_TENSOR_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    hyper_parameter: str
+    ops: _containers.RepeatedCompositeFieldContainer[ScalarOp]
+    tf_tensor: str
+    source: str
+    def __init__(self, hyper_parameter: _Optional[str] = ..., ops: _Optional[_Iterable[_Union[ScalarOp, _Mapping]]] = ..., tf_tensor: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class MovingAverage(_message.Message):
+    __slots__ = ("variable", "shadow", "factor", "step_offset")
+    VARIABLE_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    STEP_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    variable: str
+    shadow: str
+    factor: Schedule
+    step_offset: int
+    def __init__(self, variable: _Optional[str] = ..., shadow: _Optional[str] = ..., factor: _Optional[_Union[Schedule, _Mapping]] = ..., step_offset: _Optional[int] = ...) -> None: ...
+
 class Estimate(_message.Message):
     __slots__ = ("samples_per_sec", "compute_samples_per_sec", "transmission_samples_per_sec", "active_cores", "compute_utilization", "ideal_samples_per_sec", "pipeline_fill_seconds")
     SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
@@ -246,7 +286,7 @@ class Estimate(_message.Message):
     def __init__(self, samples_per_sec: _Optional[float] = ..., compute_samples_per_sec: _Optional[float] = ..., transmission_samples_per_sec: _Optional[float] = ..., active_cores: _Optional[int] = ..., compute_utilization: _Optional[float] = ..., ideal_samples_per_sec: _Optional[float] = ..., pipeline_fill_seconds: _Optional[float] = ...) -> None: ...
 
 class Program(_message.Message):
-    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets")
+    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets", "schedules", "moving_averages")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRAPH_HASH_FIELD_NUMBER: _ClassVar[int]
     FABRIC_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +303,8 @@ class Program(_message.Message):
     GRADIENT_TRANSFORMS_FIELD_NUMBER: _ClassVar[int]
     NUM_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    MOVING_AVERAGES_FIELD_NUMBER: _ClassVar[int]
     name: str
     graph_hash: str
     fabric: str
@@ -279,7 +321,9 @@ class Program(_message.Message):
     gradient_transforms: _containers.RepeatedCompositeFieldContainer[GradientTransform]
     num_replicas: int
     replica_offsets: _containers.RepeatedCompositeFieldContainer[Point]
-    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ...) -> None: ...
+    schedules: _containers.RepeatedCompositeFieldContainer[Schedule]
+    moving_averages: _containers.RepeatedCompositeFieldContainer[MovingAverage]
+    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ...) -> None: ...
 
 class JobHeader(_message.Message):
     __slots__ = ("job_id", "token", "program", "num_workers", "global_step", "first_batch")

@@ -14,7 +14,7 @@ Shape = tuple[int, ...]
 
 @dataclass(frozen=True)
 class InputSpec:
-    """"features", "features.<key>" or "labels": its numpy dtype name and per-sample shape."""
+    """"features", "features.<key>", "labels" or "labels.<key>": its numpy dtype name and per-sample shape."""
 
     name: str
     dtype: str  # numpy dtype name: float32, int32, ...

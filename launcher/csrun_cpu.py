@@ -1,14 +1,18 @@
 """csrun_cpu: run a command in the toolkit's environment on a CPU node.
 
-    csrun_cpu [--alloc-node=True|False] [--mount-dirs=A,B] [--dry-run] [--debug] [--] COMMAND…
+    csrun_cpu [--alloc-node=True|False] [--exclude-gres=True|False] [--mount-dirs=A,B]
+              [--dry-run] [--debug] [--] [COMMAND…]
 
 e.g. `csrun_cpu python run.py --validate_only`. The command runs inside the container
 when csrun.yaml names an image (`containers.runtime`: the configured mount dirs,
 `--mount-dirs` and the current directory bound, the host's PYTHONPATH/LD_LIBRARY_PATH
 unset), through `srun --nodes=1 --exclusive` when `--alloc-node` is true (the default)
 and a Slurm controller answers, and plainly on this host otherwise; one line on stderr
-says which. `--dry-run` prints the exact command and runs nothing. The exit code is the
-command's. The original spellings `--alloc_node` and `--mount_dirs` are accepted.
+says which. As the original's, srun keeps off the CS's node (`--exclude=` csrun.yaml's
+`slurm.gres_node`) unless `--exclude-gres=False`. No command, or a shell alone (`bash`),
+is an interactive shell in the container (`srun --pty` on an allocated node).
+`--dry-run` prints the exact command and runs nothing. The exit code is the command's.
+The original spellings `--alloc_node`, `--exclude_gres` and `--mount_dirs` are accepted.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from slurm.slurm_backend import slurm_answers
 
 PROG = "csrun_cpu"
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+SHELLS = ("bash", "sh", "zsh")  # alone, an interactive shell
 
 
 def _bool(text: str) -> bool:
@@ -39,9 +44,11 @@ def _parser() -> ArgumentParser:
                 description="Run a command in the csrun environment on a CPU node.")
     p.add_argument("--alloc-node", "--alloc_node", dest="alloc_node", type=_bool, default=True,
                    metavar="True|False", help="run on a node of its own through srun (default: True)")
+    p.add_argument("--exclude-gres", "--exclude_gres", dest="exclude_gres", type=_bool, default=True,
+                   metavar="True|False", help="keep srun off the CS's node, slurm.gres_node (default: True)")
     add_mount_dirs_flag(p)
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
-    p.add_command("the command to run")
+    p.add_command("the command to run (default: an interactive bash)")
     return p
 
 
@@ -51,6 +58,11 @@ class CpuArgs:
     mount_dirs: tuple[str, ...]
     dry_run: bool
     command: tuple[str, ...]
+    exclude_gres: bool = True
+
+    @property
+    def interactive(self) -> bool:
+        return len(self.command) == 1 and os.path.basename(self.command[0]) in SHELLS
 
 
 @dataclass(frozen=True)
@@ -62,13 +74,17 @@ class Plan:
 def parse_args(argv: list[str]) -> CpuArgs:
     parser = _parser()
     ns = parser.parse_args(argv)
-    command = parser.command(ns, "python run.py --validate_only")
-    return CpuArgs(ns.alloc_node, mount_dirs_of(ns.mount_dirs), ns.dry_run, command)
+    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    return CpuArgs(ns.alloc_node, mount_dirs_of(ns.mount_dirs), ns.dry_run, tuple(command) or ("bash",),
+                   ns.exclude_gres)
 
 
-def srun_prefix(slurm: SlurmConfig) -> list[str]:
-    """srun for a whole CPU node of the site's partition."""
-    argv = ["srun", "--nodes=1", "--exclusive", f"--job-name={PROG}"]
+def srun_prefix(slurm: SlurmConfig, pty: bool = False, exclude: str | None = None) -> list[str]:
+    """srun for a whole CPU node of the site's partition (a terminal with `pty`; never the
+    node `exclude`)."""
+    argv = ["srun", *(["--pty"] if pty else []), "--nodes=1", "--exclusive", f"--job-name={PROG}"]
+    if exclude:
+        argv.append(f"--exclude={exclude}")
     if slurm.partition:
         argv.append(f"--partition={slurm.partition}")
     if slurm.time:
@@ -88,10 +104,14 @@ def plan(args: CpuArgs, config: SiteConfig, workdir: str, slurm_answers: bool) -
         source = f"no container.image in {config.path}" if config.path else "no csrun.yaml found"
         unused = "; --mount-dirs unused" if args.mount_dirs else ""
         how = f"without a container ({source}{unused})"
+    if args.interactive:
+        how = f"an interactive shell, {how}"
     if args.alloc_node and slurm_answers:
-        argv = [*srun_prefix(config.slurm), *argv]
+        exclude = config.slurm.gres_node if args.exclude_gres else None
+        argv = [*srun_prefix(config.slurm, pty=args.interactive, exclude=exclude), *argv]
         partition = config.slurm.partition or "the default partition"
-        where = f"on a node of its own through srun ({partition})"
+        off = f", not {exclude} (the CS's node)" if exclude else ""
+        where = f"on a node of its own through srun ({partition}{off})"
     elif args.alloc_node:
         where = "on this host (no Slurm controller answers)"
     else:

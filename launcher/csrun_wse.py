@@ -1,7 +1,7 @@
 """csrun_wse: run a training script on the CS system, as a job of a chief and input workers.
 
     csrun_wse [--total-nodes N] [--tasks-per-node T] [--cpus-per-task C]
-              [--single-task-nodes 0|1] [--cyclic] [--partition P] [--time T] [--mount-dirs A,B]
+              [--single-task-nodes N] [--cyclic] [--partition P] [--time T] [--mount-dirs A,B]
               [--cs_ip HOST:PORT] [--job-dir DIR] [--dry-run] [--detach] [--emit-sbatch FILE]
               [--debug] [--] python run.py …
 
@@ -10,7 +10,9 @@ Every task runs the command; rank 0 is the chief, the others input workers
 (`slurm/slurm_backend.py`: the CS GRES, partition, time, placement flags); otherwise the
 tasks are local processes (submitit's local executor, `slurm/local_backend.py`), which
 refuse the Slurm-only flags. Defaults come from the site's csrun.yaml
-(`launcher.site_config`); when it names a container image every task runs inside it
+(`launcher.site_config`); as in the original, `--cpus-per-task C` without `--tasks-per-node`
+runs as many tasks per node as C-CPU tasks fit on this host's CPUs, and the first
+`--single-task-nodes N` nodes (N below the node count) run one task each; when it names a container image every task runs inside it
 (`containers.runtime`, with its mount dirs, `--mount-dirs` and the current directory
 bound). Without `--cs_ip` an embedded `wse_sim serve` is started for the job on a free
 loopback port and stopped at the end: the tasks must then run on this host (a Slurm job
@@ -47,7 +49,7 @@ from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_o
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from cs_api import pb, rpc
 from launcher.command_checks import check_command
-from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip, params_path
+from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip
 from launcher.site_config import SiteConfig, load_site_config
 from slurm.auto import choose_backend
 from slurm.backend import JobRequest
@@ -63,10 +65,11 @@ _PR_SET_PDEATHSIG = 1  # prctl option, linux/prctl.h
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description="Run a training script on the CS system.")
     p.add_argument("--total-nodes", type=int, help="nodes (default: csrun.yaml slurm.nodes, 1)")
-    p.add_argument("--tasks-per-node", type=int, help="tasks per node (default: slurm.tasks_per_node, 1)")
+    p.add_argument("--tasks-per-node", type=int, help="tasks per node (default: as many --cpus-per-task "
+                   "tasks as this host's CPUs hold when that is given, else slurm.tasks_per_node, 1)")
     p.add_argument("--cpus-per-task", type=int, help="CPUs per task (default: slurm.cpus_per_task, 1)")
-    p.add_argument("--single-task-nodes", type=int, choices=(0, 1),
-                   help="1: the chief gets the first node to itself (Slurm)")
+    p.add_argument("--single-task-nodes", type=int, metavar="N",
+                   help="the first N nodes run one task each, the chief's first (Slurm; default 0)")
     p.add_argument("--cyclic", action="store_true", help="place tasks round-robin over the nodes (Slurm)")
     p.add_argument("--partition", help="Slurm partition (default: slurm.partition)")
     p.add_argument("--time", help="Slurm time limit (default: slurm.time, else the partition's)")
@@ -105,11 +108,20 @@ def parse_args(argv: list[str], site: SiteConfig | None = None) -> WseArgs:
     parser = _parser()
     ns = parser.parse_args(argv)
     command = parser.command(ns, "python run.py --mode train")
+    if ns.tasks_per_node is None and ns.cpus_per_task is not None and ns.cpus_per_task >= 1:
+        cpus = len(os.sched_getaffinity(0))
+        ns.tasks_per_node = max(cpus // ns.cpus_per_task, 1)
+        print(f"{PROG}: --cpus-per-task {ns.cpus_per_task} without --tasks-per-node: {ns.tasks_per_node} "
+              f"task(s) per node ({cpus} CPU(s) on this host)", file=sys.stderr)
     for flag in ("total_nodes", "tasks_per_node", "cpus_per_task"):
         if getattr(ns, flag) is None:
             setattr(ns, flag, getattr(site.slurm, flag.replace("total_", "")))
         if getattr(ns, flag) < 1:
             raise CSRunError(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be at least 1")
+    single = ns.single_task_nodes or 0
+    if not 0 <= single < ns.total_nodes:
+        raise CSRunError(f"--single-task-nodes {single} must be at least 0 and less than the number of "
+                         f"nodes ({ns.total_nodes})", "give more --total-nodes, or fewer single-task nodes")
     if ns.cs_ip is not None:
         ns.cs_ip = normalize_cs_ip(ns.cs_ip)
     if not ns.cs_wait >= 0:
@@ -119,7 +131,7 @@ def parse_args(argv: list[str], site: SiteConfig | None = None) -> WseArgs:
                          "start `wse_sim serve` and pass --cs_ip HOST:PORT, or leave --detach out")
     options = {"partition": ns.partition, "time": ns.time,
                "cyclic": "1" if ns.cyclic else None,
-               "single_task_nodes": None if ns.single_task_nodes is None else str(ns.single_task_nodes)}
+               "single_task_nodes": str(single) if single else None}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     job_dir = (ns.job_dir or Path("csrun_jobs") / f"{stamp}-{uuid.uuid4().hex[:6]}").resolve()
     mount_dirs = mount_dirs_of(ns.mount_dirs)
@@ -135,9 +147,10 @@ def fabric_of(command: tuple[str, ...], workdir: Path) -> str:
     if not (len(command) >= 2 and Path(command[0]).name.startswith("python") and command[1].endswith(".py")):
         return DEFAULT_FABRIC
     try:
-        flags, _ = create_arg_parser("").parse_known_args([a for a in command[2:] if a not in ("-h", "--help")])
-        path = workdir / params_path(flags.params, str((workdir / command[1]).parent))
-        fabric = str(get_params(str(path))["runconfig"]["fabric"])
+        parser = create_arg_parser(str((workdir / command[1]).parent / "model_dir"))
+        flags, _ = parser.parse_known_args([a for a in command[2:] if a not in ("-h", "--help")])
+        path = workdir / flags.params
+        fabric = str(get_params(str(path), notes=False)["runconfig"]["fabric"])
     except CSRunError:
         return DEFAULT_FABRIC
     if fabric not in FABRICS:  # the simulator could not start: say why here, not in its log

@@ -6,7 +6,8 @@
     estimator.evaluate(eval_input_fn, steps=3)
 
 A CS is in use when `config.cs_ip` is set or, when it is not, the script runs in a
-`csrun_wse` job (the job's CS: `coordinator.roles.TaskRole.cs_ip`); then train (and evaluate / predict with `use_cs=True`) go to
+`csrun_wse` job (the job's CS: `coordinator.roles.run_cs_ip`); then train (and evaluate /
+predict with `use_cs=True`) go to
 `coordinator.dispatch.run`. Otherwise everything runs on the CPU with plain TensorFlow
 (`tf_model.cpu_session`).
 
@@ -28,9 +29,9 @@ from common.errors import CSRunError, install_excepthook
 from common.run_kinds import RunKind
 from coordinator import dispatch
 from coordinator.compiler import CompileResult, compile_model
-from coordinator.roles import task_role
+from coordinator.roles import run_cs_ip
 from launcher.site_config import cs_tls_ca
-from tf_model import cpu_session
+from tf_model import checkpoints, cpu_session
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
@@ -93,7 +94,7 @@ class CSEstimator:
                  params: dict | None = None, warm_start_from: str | None = None):
         config = config or CSRunConfig()
         if config.cs_ip is None:
-            config = dataclasses.replace(config, cs_ip=task_role().cs_ip)
+            config = dataclasses.replace(config, cs_ip=run_cs_ip())
         if config.cs_ip is not None and config.cs_tls_ca is None:
             config = dataclasses.replace(config, cs_tls_ca=cs_tls_ca())
         params = copy.deepcopy(params) if params is not None else {}
@@ -142,6 +143,11 @@ class CSEstimator:
         if self._on_cs(use_cs):
             if hooks:
                 raise CSRunError("hooks run on the CPU path only", "train without hooks on the CS")
+            if self.warm_start_from and checkpoints.latest_checkpoint(self.model_dir) is None:
+                raise CSRunError(f"starting a training run from {self.warm_start_from} (warm start, "
+                                 "checkpoint_path) runs on the CPU path only for now",
+                                 "train a first step on the CPU (python run.py --steps 1), then "
+                                 "continue on the CS from that model_dir")
             dispatch.run(self, RunKind.TRAIN, input_fn, steps=steps, max_steps=max_steps)
         else:
             cpu_session.train(self.model_fn, input_fn, self.settings, steps=steps,
@@ -157,11 +163,20 @@ class CSEstimator:
         return cpu_session.evaluate(self.model_fn, input_fn, self.settings, steps=steps,
                                     checkpoint_path=checkpoint_path)
 
-    def predict(self, input_fn: Callable, checkpoint_path: str | None = None,
-                num_samples: int | None = None, use_cs: bool = False) -> Any:
-        """Predictions of a checkpoint; also written to `model_dir/predict/`."""
+    def predict(self, input_fn: Callable, predict_keys: Sequence[str] | None = None,
+                checkpoint_path: str | None = None, yield_single_examples: bool = True,
+                num_samples: int | None = None, use_cs: bool = False) -> Iterator[Any]:
+        """Predictions of a checkpoint (the newest by default) for the whole input (or
+        `num_samples`), computed now and written to `model_dir/predict/`; the iterator yields
+        what tf.estimator.Estimator.predict yields: a dict per sample (only `predict_keys`
+        when given), or an array per sample when model_fn's predictions are one tensor; a
+        batch at a time with `yield_single_examples=False`. An input worker's is empty."""
         if self._on_cs(use_cs):
-            return dispatch.run(self, RunKind.PREDICT, input_fn, checkpoint_path=checkpoint_path,
-                                num_samples=num_samples)
-        return cpu_session.predict(self.model_fn, input_fn, self.settings,
-                                   checkpoint_path=checkpoint_path, num_samples=num_samples)
+            predictions = dispatch.run(self, RunKind.PREDICT, input_fn, checkpoint_path=checkpoint_path,
+                                       num_samples=num_samples)
+            if predictions is None:  # an input worker: it streamed its shard
+                return iter(())
+        else:
+            predictions = cpu_session.predict(self.model_fn, input_fn, self.settings,
+                                              checkpoint_path=checkpoint_path, num_samples=num_samples)
+        return predictions.iterate(predict_keys, yield_single_examples)

@@ -1,7 +1,11 @@
 """cs_input_analyzer: can the input workers keep up with the compiled program?
 
-    cs_input_analyzer [--available-nodes N] [--cpus-per-node C] [--batches B] [--debug]
-                      [--] python run.py --mode train
+    cs_input_analyzer [--available-nodes N] [--cpus-per-node C] [--batches B] [--mount-dirs A,B]
+                      [--debug] [--] python run.py --mode train
+
+When csrun.yaml names a container image the analyzer runs inside it, as the original's ran
+its steps through csrun_cpu: csrun.yaml's mount dirs, `--mount-dirs` and the current
+directory bound (`containers.runtime`), on this host.
 
 1. Compile: the script runs in this process with `--compile_only` appended, inside
    `launcher.estimator.recorded_compiles()`: its CSEstimator's compile hands over the
@@ -24,24 +28,22 @@ part of the measurement.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import runpy
+import subprocess
 import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING
 
 from common.errors import ArgumentParser, CSRunError, cli_entry
-from cs_api import cs_api_pb2 as pb
-from cs_api.input_spec import program_inputs
-from launcher.estimator import recorded_compiles
-from workers.feed import feed_requests, shard_batches
-from workers.rendezvous import Rendezvous
+from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
+from launcher.site_config import load_site_config
+
+if TYPE_CHECKING:  # the measuring module imports TensorFlow: --help answers without it
+    from launcher.input_measurement import CompiledScript
 
 PROG = "cs_input_analyzer"
+_IN_CONTAINER = "CSRUN_INPUT_ANALYZER_IN_CONTAINER"  # set for the analyzer run inside the image
 NEAR_BEST = 0.95  # input-bound: the fewest workers within 5 % of the best rate
 MEASURED_WORKERS = (1, 2, 4, 8)
 REPEATS = 2
@@ -150,94 +152,6 @@ def recommend(costs: InputCosts, cs_samples_per_sec: float, available_nodes: int
                           cs_samples_per_sec)
 
 
-# ---- compiling the user's script -------------------------------------------------------
-
-@dataclass(frozen=True)
-class CompiledScript:
-    """What the script's --compile_only run handed the compiler, and what came out."""
-
-    input_fn: Callable
-    params: dict
-    program: pb.Program
-    directory: str           # the compile directory (holds compile_report.json)
-    report: dict[str, Any]   # compile_report.json
-
-    @property
-    def samples_per_sec(self) -> float:
-        return float(self.report["estimate"]["samples_per_sec"])
-
-
-def script_argv(command: tuple[str, ...]) -> list[str]:
-    """`python SCRIPT.py ARGS…` → [SCRIPT.py, ARGS…, --compile_only]."""
-    if len(command) < 2 or not Path(command[0]).name.startswith("python") or not command[1].endswith(".py"):
-        raise CSRunError(f"{PROG} runs a Python training script, not {' '.join(command)!r}",
-                         f"e.g. {PROG} python run.py --mode train")
-    if not Path(command[1]).is_file():
-        raise CSRunError(f"script {command[1]} not found", "run from the script's directory or give its path")
-    return [command[1], *command[2:], "--compile_only"]
-
-
-def compile_script(command: tuple[str, ...]) -> CompiledScript:
-    """Run the script's --compile_only path in this process; return what it compiled last."""
-    argv = script_argv(command)
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = argv
-    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-    try:
-        with recorded_compiles() as calls:
-            runpy.run_path(argv[0], run_name="__main__")
-    except SystemExit as done:
-        if done.code not in (None, 0):
-            raise CSRunError(f"the compile ({' '.join(argv)}) failed with exit code {done.code}",
-                             "see its error above; fix it with `python "
-                             f"{' '.join(argv)}` first") from None
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-    compiled = [(call, program) for call in calls if (program := call.result.program) is not None]
-    if not compiled:
-        raise CSRunError(f"{' '.join(argv)} compiled nothing",
-                         "give a CSEstimator script whose --compile_only compiles "
-                         "(e.g. python run.py --mode train)")
-    call, program = compiled[-1]
-    report_path = Path(call.result.directory) / "compile_report.json"
-    try:
-        report = json.loads(report_path.read_text())
-    except (OSError, ValueError) as error:
-        raise CSRunError(f"cannot read {report_path}: {error}",
-                         "compile again with --compile_only") from None
-    return CompiledScript(call.input_fn, call.params, program, call.result.directory, report)
-
-
-# ---- measuring input_fn ----------------------------------------------------------------
-
-def seconds_per_batch(input_fn: Callable, params: dict, inputs: tuple, batch_size: int,
-                      batches: int, num_workers: int) -> float:
-    """Seconds per batch worker 0 of `num_workers` sends (input_fn's call and its first
-    batch excluded), through the workers' own sharding, checks and serialization."""
-    rendezvous = Rendezvous(cs_ip="", cs_job_id="analyzer", token="", num_workers=num_workers,
-                            start_batch=0, num_batches=(batches + 1) * num_workers, inputs=inputs,
-                            batch_size=batch_size)
-    requests = feed_requests(shard_batches(input_fn, params, rendezvous, 0), rendezvous, 0)
-    next(requests)
-    start = time.perf_counter()
-    sent = sum(not request.end for request in requests)
-    return (time.perf_counter() - start) / sent
-
-
-def measure_costs(compiled: CompiledScript, batches: int, most_workers: int) -> InputCosts:
-    """Time worker 0 of W for W = 1, 2, 4, 8, up to the first W >= `most_workers`; the
-    fastest of REPEATS runs each (this node is shared: slower runs are other work)."""
-    program = compiled.program
-    inputs = program_inputs(program)
-    reach = next((w for w in MEASURED_WORKERS if w >= max(most_workers, 2)), MEASURED_WORKERS[-1])
-    counts = [w for w in MEASURED_WORKERS if w <= reach]
-    seconds = tuple((w, min(seconds_per_batch(compiled.input_fn, compiled.params, inputs,
-                                              program.batch_size, batches, w)
-                            for _ in range(REPEATS)))
-                    for w in counts)
-    return InputCosts(int(compiled.report["batch_size"]), seconds, len(os.sched_getaffinity(0)))
-
-
 # ---- the command line ------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -246,6 +160,7 @@ class AnalyzerArgs:
     cpus_per_node: int
     batches: int
     command: tuple[str, ...]
+    mount_dirs: tuple[str, ...] = ()
 
 
 def parse_args(argv: list[str]) -> AnalyzerArgs:
@@ -255,13 +170,14 @@ def parse_args(argv: list[str]) -> AnalyzerArgs:
     p.add_argument("--cpus-per-node", type=int, default=os.cpu_count() or 1,
                    help="CPUs of a node (default: this node's)")
     p.add_argument("--batches", type=int, default=20, help="batches to time per run (default: 20)")
+    add_mount_dirs_flag(p)
     p.add_command("python run.py --mode train")
     ns = p.parse_args(argv)
     command = p.command(ns, "python run.py --mode train", verb="analyze")
     for flag in ("available_nodes", "cpus_per_node", "batches"):
         if getattr(ns, flag) < 1:
             raise CSRunError(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be at least 1")
-    return AnalyzerArgs(ns.available_nodes, ns.cpus_per_node, ns.batches, command)
+    return AnalyzerArgs(ns.available_nodes, ns.cpus_per_node, ns.batches, command, mount_dirs_of(ns.mount_dirs))
 
 
 def render(compiled: CompiledScript, costs: InputCosts, rec: Recommendation, batches: int,
@@ -297,7 +213,20 @@ def render(compiled: CompiledScript, costs: InputCosts, rec: Recommendation, bat
 
 @cli_entry(PROG)
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    site = load_site_config()
+    image = site.container.image
+    if image is not None and not os.environ.get(_IN_CONTAINER):
+        runtime, inner = container_exec(image, (PROG, *argv), (*site.mount_dirs, *args.mount_dirs),
+                                        os.getcwd(), site.container.runtime)
+        print(f"{PROG}: running in the {runtime.name} container {image}", file=sys.stderr, flush=True)
+        return subprocess.run(inner, env={**os.environ, _IN_CONTAINER: "1"}).returncode
+    if image is None and args.mount_dirs:
+        print(f"{PROG}: --mount-dirs unused: no container.image in "
+              f"{site.path or 'csrun.yaml (none found)'}", file=sys.stderr, flush=True)
+    from launcher.input_measurement import compile_script, measure_costs  # TensorFlow: after the flags
+
     compiled = compile_script(args.command)
     print(file=sys.stdout)
     _, _, most = job_slots(len(os.sched_getaffinity(0)), args.available_nodes, args.cpus_per_node)

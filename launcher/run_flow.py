@@ -5,13 +5,15 @@ eval / eval_all / train_and_eval / predict, or validate_only / compile_only.
     run(model_fn, train_input_fn, eval_input_fn, here=os.path.dirname(__file__))
 
 `python run.py` runs on the CPU; with `--cs_ip` (or under `csrun_wse`, which names the job's
-CS to every task: `coordinator.roles`) train and eval go to the CS system.
+CS to every task: `coordinator.roles`) train, eval, eval_all (a CS phase per checkpoint) and
+predict go to the CS system; train_and_eval stays on the CPU (`run_utils.CPU_ONLY_MODES`).
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
+import time
 from typing import Callable
 
 from common.errors import CSRunError, cli_entry
@@ -22,9 +24,9 @@ from launcher.params_spec import Spec, check_params
 from launcher.run_utils import (
     check_env,
     create_arg_parser,
+    get_csrunconfig_dict,
     get_params,
     is_cs,
-    params_path,
     save_params,
     update_params_from_args,
 )
@@ -36,26 +38,27 @@ TRAINING_MODES = ("train", "train_and_eval")  # the modes that write checkpoints
 
 def estimator_for(model_fn: Callable, params: dict) -> CSEstimator:
     runconfig = params["runconfig"]
-    config = CSRunConfig(
-        cs_ip=runconfig["cs_ip"], save_summary_steps=runconfig["save_summary_steps"],
-        save_checkpoints_steps=runconfig["save_checkpoints_steps"],
-        keep_checkpoint_max=runconfig["keep_checkpoint_max"],
-        log_step_count_steps=runconfig["log_step_count_steps"],
-        tf_random_seed=runconfig["tf_random_seed"])
-    return CSEstimator(model_fn, model_dir=runconfig["model_dir"], config=config, params=params)
+    config = CSRunConfig(cs_ip=runconfig["cs_ip"], **get_csrunconfig_dict(runconfig))
+    return CSEstimator(model_fn, model_dir=runconfig["model_dir"], config=config, params=params,
+                       warm_start_from=runconfig["checkpoint_path"])
 
 
 def train_and_eval(estimator: CSEstimator, train_input_fn: Callable, eval_input_fn: Callable,
                    runconfig: dict) -> None:
-    """Train to each checkpoint step, evaluating after each, up to max_steps (or steps more)."""
+    """Train to each checkpoint step up to max_steps (or steps more), evaluating after the
+    first, the last, and each other one that comes `throttle_secs` or more after the start
+    of the evaluation before it (tf.estimator.train_and_evaluate's rule)."""
     start = checkpoints.latest_checkpoint(estimator.model_dir)
     step = checkpoints.checkpoint_step(start) if start else 0
     end = runconfig["max_steps"] if runconfig["max_steps"] is not None else step + (runconfig["steps"] or 0)
     every = runconfig["save_checkpoints_steps"] or max(end - step, 1)
+    last_eval: float | None = None
     while step < end:
         step = min((step // every + 1) * every, end)
         estimator.train(train_input_fn, max_steps=step)
-        estimator.evaluate(eval_input_fn, steps=runconfig["eval_steps"])
+        if last_eval is None or step == end or time.monotonic() - last_eval >= (runconfig["throttle_secs"] or 0):
+            last_eval = time.monotonic()
+            estimator.evaluate(eval_input_fn, steps=runconfig["eval_steps"])
 
 
 def run_mode(estimator: CSEstimator, train_input_fn: Callable, eval_input_fn: Callable,
@@ -69,18 +72,21 @@ def run_mode(estimator: CSEstimator, train_input_fn: Callable, eval_input_fn: Ca
     elif mode == "train":
         estimator.train(train_input_fn, steps=runconfig["steps"], max_steps=runconfig["max_steps"])
     elif mode == "eval":
-        estimator.evaluate(eval_input_fn, steps=runconfig["eval_steps"], use_cs=is_cs(runconfig))
+        estimator.evaluate(eval_input_fn, steps=runconfig["eval_steps"],
+                           checkpoint_path=runconfig["checkpoint_path"], use_cs=is_cs(runconfig))
     elif mode == "eval_all":
         paths = checkpoints.all_checkpoints(estimator.model_dir)
         if not paths:
             raise CSRunError(f"no checkpoint in {estimator.model_dir} to evaluate",
                              "train first (--mode train)")
         for path in paths:
-            estimator.evaluate(eval_input_fn, steps=runconfig["eval_steps"], checkpoint_path=path)
+            estimator.evaluate(eval_input_fn, steps=runconfig["eval_steps"], checkpoint_path=path,
+                               use_cs=is_cs(runconfig))
     elif mode == "train_and_eval":
         train_and_eval(estimator, train_input_fn, eval_input_fn, runconfig)
     else:  # predict
-        estimator.predict(eval_input_fn, use_cs=is_cs(runconfig))
+        estimator.predict(eval_input_fn, checkpoint_path=runconfig["checkpoint_path"],
+                          use_cs=is_cs(runconfig))
 
 
 def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, here: str,
@@ -94,14 +100,13 @@ def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, h
     def main() -> None:
         parser = create_arg_parser(os.path.join(here, "model_dir"))
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-        path = params_path(args.params, here)
+        path = args.params
         params = get_params(path)
         check_params(params, params_spec or {}, path)
         runconfig = params["runconfig"]
-        role = task_role()
-        update_params_from_args(args, runconfig, job_cs_ip=role.cs_ip)
+        update_params_from_args(args, runconfig)
         check_env(runconfig)
-        chief = role.is_chief
+        chief = task_role().is_chief
         if chief and requested_replicas(runconfig) != 1 and not is_cs(runconfig) \
                 and not (runconfig["validate_only"] or runconfig["compile_only"]):
             print("multireplica: copies of the network run on the CS system only; on the CPU "
@@ -111,8 +116,7 @@ def run(model_fn: Callable, train_input_fn: Callable, eval_input_fn: Callable, h
         # one writer per model_dir, from before params.yaml is written to the run's end; input
         # workers (on other nodes, maybe before the chief made the folder) write nothing there
         with model_dir_locked(runconfig["model_dir"]) if writes else contextlib.nullcontext():
-            if chief:
-                save_params(params, runconfig["model_dir"])
+            save_params(params, runconfig["model_dir"])  # the chief's only
             run_mode(estimator_for(model_fn, params), train_input_fn, eval_input_fn, runconfig)
 
     main()

@@ -7,8 +7,9 @@ overrides the YAML when it is given. This module is the one reader of run.py's f
 params: `csrun_wse` reads a job's fabric through it too.
 
 The CS system a run uses (`runconfig.cs_ip`): the `--cs_ip` flag, else the CS of the job
-the task runs in (`coordinator.roles.TaskRole.cs_ip`, which `csrun_wse` sets), else the
-YAML's; none: the run stays on the CPU.
+the task runs in (`csrun_wse` names it), else the YAML's (`coordinator.roles.run_cs_ip`);
+none: the run stays on the CPU. A script written against the original's helpers
+(`update_params_from_args(args, params["runconfig"])`, then `is_cs(runconfig)`) gets it so.
 """
 from __future__ import annotations
 
@@ -21,21 +22,54 @@ import yaml
 from common import tf_startup
 from common.errors import ArgumentParser, CSRunError, install_excepthook
 from coordinator.replicas import requested_replicas
+from coordinator.roles import run_cs_ip, task_role
+from launcher.params_spec import Key, check_original_keys, check_section, refuse_misspelling
 from wafer.fabric import DEFAULT_FABRIC
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 tf_startup.install()  # TensorFlow's start-up chatter off the terminal (the .pth did it already)
 
 MODES = ("train", "eval", "eval_all", "train_and_eval", "predict")
-CPU_ONLY_MODES = ("eval_all", "train_and_eval")
-_STEP_KEYS = ("max_steps", "steps", "eval_steps", "save_summary_steps", "save_checkpoints_steps",
-              "keep_checkpoint_max", "log_step_count_steps")
+# train_and_eval's sequence of train and evaluate calls starts at the newest checkpoint each
+# task finds: on the CS, an input worker starting after the chief's first checkpoint would
+# call another sequence than the chief's (every task runs the script; calls are matched by number).
+CPU_ONLY_MODES = ("train_and_eval",)
+_STEPS = Key("int", minimum=0, required=False)
+_FLAG = Key("bool", required=False)
+_TEXT = Key("str", required=False)
+# Every runconfig key: csrun's and the original's. A key with a `note` is accepted although it
+# means nothing here; a run prints its note when it is set.
+RUNCONFIG_SPEC: dict[str, Key] = {
+    "mode": Key("str", choices=MODES, required=False), "model_dir": _TEXT, "cs_ip": _TEXT,
+    "fabric": _TEXT, "tf_random_seed": _STEPS, "max_steps": _STEPS, "steps": _STEPS,
+    "eval_steps": _STEPS, "save_summary_steps": _STEPS, "save_checkpoints_steps": _STEPS,
+    "keep_checkpoint_max": _STEPS, "log_step_count_steps": _STEPS,
+    "validate_only": _FLAG, "compile_only": _FLAG,
+    "checkpoint_path": _TEXT,  # eval / predict read it; a training run without a checkpoint starts from it
+    "throttle_secs": Key("number", minimum=0, required=False),  # train_and_eval: seconds between evaluations
+    "disable_standard_logs": _FLAG,  # no `global step N: loss = …` lines
+    # data-parallel copies on the wafer (coordinator.replicas reads them; checked there)
+    "multireplica": Key("any", required=False), "num_replicas": Key("any", required=False),
+    "device": Key("str", required=False, note=(
+        "the original's device for the CPU/GPU path; csrun's CPU path runs on this host's CPU")),
+    "enable_distributed": Key("bool", required=False, note=(
+        "the original's multi-GPU tf.distribute strategy; csrun's CPU path trains in one process: not used")),
+    "multiple_workers": Key("bool", required=False, note=(
+        "the original's multi-worker GPU strategy; csrun's CPU path trains in one process: not used")),
+    "enable_gpu_optimizations": Key("bool", required=False, note=(
+        "GPU-specific layers in the original's models; csrun has no GPU path: not used")),
+    "num_wgt_servers": Key("int", minimum=1, required=False, note=(
+        "weight streaming's weight servers; csrun's CS runs layer-pipelined, every weight "
+        "resident on the wafer: not used")),
+    "disable_input_pipeline_ckpt": Key("bool", required=False, note=(
+        "a resumed run here continues input_fn's batches from the checkpoint's step, on the CS "
+        "and the CPU alike: not used")),
+}
 RUNCONFIG_DEFAULTS: dict[str, Any] = {
-    "mode": "train", "model_dir": None, "cs_ip": None, "fabric": DEFAULT_FABRIC, "tf_random_seed": None,
-    "max_steps": None, "steps": None, "eval_steps": None, "save_summary_steps": 100,
-    "save_checkpoints_steps": None, "keep_checkpoint_max": 5, "log_step_count_steps": 100,
-    "validate_only": False, "compile_only": False,
-    "multireplica": False, "num_replicas": None,  # coordinator.compiler.replicas reads them
+    **{key: None for key in RUNCONFIG_SPEC}, "mode": "train", "fabric": DEFAULT_FABRIC,
+    "save_summary_steps": 100, "keep_checkpoint_max": 5, "log_step_count_steps": 100,
+    "validate_only": False, "compile_only": False, "multireplica": False,
+    "disable_standard_logs": False,
 }
 PARAMS_FILE = "params.yaml"
 
@@ -52,38 +86,34 @@ def normalize_cs_ip(cs_ip: str) -> str:
 
 
 def _check_runconfig(runconfig: dict, path: str) -> None:
-    unknown = sorted(set(runconfig) - set(RUNCONFIG_DEFAULTS))
-    if unknown:
-        raise CSRunError(f"unknown runconfig key {unknown[0]!r} in {path}",
-                         f"known keys: {', '.join(sorted(RUNCONFIG_DEFAULTS))}")
-    for key, value in runconfig.items():
-        if value is None:
+    for key in runconfig:
+        if key not in RUNCONFIG_SPEC:
+            refuse_misspelling("runconfig", key, RUNCONFIG_SPEC, path)
+            raise CSRunError(f"unknown runconfig key {key!r} in {path}",
+                             f"known keys: {', '.join(sorted(RUNCONFIG_SPEC))}")
+    check_section(runconfig, RUNCONFIG_SPEC, "runconfig", path)
+    requested_replicas(runconfig, path)
+
+
+def _runconfig_notes(runconfig: dict) -> list[str]:
+    notes = []
+    for key, spec in RUNCONFIG_SPEC.items():
+        value = runconfig.get(key)
+        if not spec.note or value in (None, False) or (key == "device" and "cpu" in str(value).lower()):
             continue
-        if key in _STEP_KEYS + ("tf_random_seed",):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise CSRunError(f"runconfig.{key} in {path} is {value!r}, not a whole number >= 0",
-                                 f"set {key} to a number like 100")
-        elif key in ("multireplica", "num_replicas"):
-            requested_replicas(runconfig, path)
-        elif key in ("validate_only", "compile_only"):
-            if not isinstance(value, bool):
-                raise CSRunError(f"runconfig.{key} in {path} is {value!r}, not true or false")
-        elif key == "mode":
-            if value not in MODES:
-                raise CSRunError(f"runconfig.mode in {path} is {value!r}",
-                                 f"use one of {', '.join(MODES)}")
-        elif not isinstance(value, str):
-            raise CSRunError(f"runconfig.{key} in {path} is {value!r}, not a string")
+        notes.append(f"runconfig.{key} = {value}: {spec.note}")
+    return notes
 
 
-def params_path(params_flag: str | None, here: str) -> str:
-    """The params file a run reads: `-p/--params`, else `<here>/configs/params.yaml`
-    (`here`: the example's folder)."""
-    return params_flag or os.path.join(here, "configs", "params.yaml")
+def _say_notes(notes: list[str]) -> None:
+    for note in notes:
+        print(f"note: {note}", flush=True)
 
 
-def get_params(path: str) -> dict:
-    """The params of the YAML file at `path`, with a checked, completed `runconfig`."""
+def get_params(path: str, notes: bool = True) -> dict:
+    """The params of the YAML file at `path`, with a checked, completed `runconfig` and the
+    original's keys checked (`launcher.params_spec.ORIGINAL_SPEC`); prints a note for each key
+    set that means nothing here (runconfig's: `update_params_from_args`), unless `notes` is false."""
     try:
         with open(path) as f:
             params = yaml.safe_load(f)
@@ -107,14 +137,20 @@ def get_params(path: str) -> dict:
     if not isinstance(runconfig, dict):
         raise CSRunError(f"runconfig in {path} is not a mapping", "write runconfig: with keys below it")
     _check_runconfig(runconfig, path)
+    found = check_original_keys(params, path)
+    if notes:
+        _say_notes(found)
     params["runconfig"] = {**RUNCONFIG_DEFAULTS, **runconfig}
     return params
 
 
 def create_arg_parser(default_model_dir: str) -> argparse.ArgumentParser:
-    """The original run.py flags. Flags left out stay None, so the YAML decides."""
+    """The original run.py flags. `default_model_dir` is `<the script's folder>/model_dir`;
+    the default params file is `configs/params.yaml` beside it. Flags left out stay None, so
+    the YAML decides."""
     p = ArgumentParser(description="Train, evaluate, predict, validate or compile a model.")
-    p.add_argument("-p", "--params", help="the params YAML file (default: configs/params.yaml)")
+    p.add_argument("-p", "--params", default=os.path.join(os.path.dirname(default_model_dir), "configs", PARAMS_FILE),
+                   help="the params YAML file (default: configs/params.yaml beside run.py)")
     p.add_argument("-o", "--model_dir",
                    help=f"checkpoints, summaries and compiles go here (default: {default_model_dir})")
     p.add_argument("--cs_ip", help="HOST[:PORT] of the CS system (port 9000 if left out)")
@@ -124,21 +160,23 @@ def create_arg_parser(default_model_dir: str) -> argparse.ArgumentParser:
     p.add_argument("-m", "--mode", choices=MODES, help="what to run (default: runconfig.mode)")
     p.add_argument("--validate_only", action="store_true", help="check the model maps onto the CS")
     p.add_argument("--compile_only", action="store_true", help="compile for the CS, do not run")
+    p.add_argument("--checkpoint_path",
+                   help="the checkpoint eval / predict read, and a new training run starts from")
     p.add_argument("--multireplica", action="store_true",
                    help="train several copies of the model data-parallel on the wafer")
+    p.add_argument("--device", help="the original's device for the CPU/GPU path (the CPU here)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(default_model_dir=default_model_dir)
     return p
 
 
-def update_params_from_args(args: argparse.Namespace, runconfig: dict, job_cs_ip: str | None = None) -> None:
+def update_params_from_args(args: argparse.Namespace, runconfig: dict) -> None:
     """Flags given on the command line override `runconfig` (in place); `--steps` replaces
-    the YAML's `max_steps` and the other way round; the job's CS (`job_cs_ip`) overrides
-    the YAML's `cs_ip` as `--cs_ip` does (the flag wins); `cs_ip` gets port 9000 if it has none."""
-    for key in ("model_dir", "cs_ip", "steps", "max_steps", "eval_steps", "mode"):
+    the YAML's `max_steps` and the other way round; `cs_ip` is the run's CS
+    (`coordinator.roles.run_cs_ip`: the flag, the job's, the YAML's), with port 9000 if it has
+    none. Prints a note for each runconfig key set that means nothing here."""
+    for key in ("model_dir", "steps", "max_steps", "eval_steps", "mode", "checkpoint_path", "device"):
         value = getattr(args, key, None)
-        if key == "cs_ip" and value is None:
-            value = job_cs_ip
         if value is not None:
             if key in ("steps", "max_steps") and value < 0:
                 raise CSRunError(f"--{key} {value}: must be >= 0")
@@ -152,13 +190,26 @@ def update_params_from_args(args: argparse.Namespace, runconfig: dict, job_cs_ip
             runconfig[flag] = True
     if not runconfig.get("model_dir"):
         runconfig["model_dir"] = getattr(args, "default_model_dir", None) or "model_dir"
-    if runconfig.get("cs_ip"):
-        runconfig["cs_ip"] = normalize_cs_ip(runconfig["cs_ip"])
+    cs_ip = run_cs_ip(getattr(args, "cs_ip", None), runconfig.get("cs_ip"))
+    runconfig["cs_ip"] = normalize_cs_ip(cs_ip) if cs_ip else None
+    _say_notes(_runconfig_notes(runconfig))
+
+
+def get_csrunconfig_dict(runconfig: dict) -> dict[str, Any]:
+    """The `CSRunConfig` settings of `runconfig` (the original's helper): how often a run
+    logs, summarizes and checkpoints, and its seed; `disable_standard_logs` turns the step
+    lines off."""
+    keys = ("tf_random_seed", "save_summary_steps", "save_checkpoints_steps", "keep_checkpoint_max",
+            "log_step_count_steps")
+    settings = {key: runconfig[key] for key in keys if key in runconfig}
+    if runconfig.get("disable_standard_logs"):
+        settings["log_step_count_steps"] = None
+    return settings
 
 
 def is_cs(runconfig: dict) -> bool:
-    """Does this run use a CS system?"""
-    return bool(runconfig.get("cs_ip"))
+    """Does this run use a CS system (`runconfig.cs_ip`, or the job's CS inside a csrun_wse task)?"""
+    return bool(run_cs_ip(configured=runconfig.get("cs_ip")))
 
 
 def check_env(runconfig: dict) -> None:
@@ -169,15 +220,17 @@ def check_env(runconfig: dict) -> None:
     mode = runconfig.get("mode")
     if is_cs(runconfig) and mode in CPU_ONLY_MODES:
         raise CSRunError(f"mode {mode} runs on the CPU only, not on the CS system",
-                         "drop --cs_ip, or use --mode train / eval")
-    if is_cs(runconfig) and mode == "eval" and not runconfig.get("eval_steps"):
-        raise CSRunError("eval on the CS system needs eval_steps",
-                         "give --eval_steps N (the CS streams a fixed number of batches)")
+                         "drop --cs_ip, or use --mode train then --mode eval")
 
 
 def save_params(params: dict, model_dir: str) -> str:
-    """Write `params` to `model_dir/params.yaml` (atomically); returns the path."""
+    """Write `params` to `model_dir/params.yaml` (atomically); returns the path. In a
+    csrun_wse job only the chief writes it (one writer per model_dir: the chief's lock
+    clears other writers' temporary files); input workers, whose params are the same, write
+    nothing."""
     path = os.path.join(model_dir, PARAMS_FILE)
+    if not task_role().is_chief:
+        return path
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         os.makedirs(model_dir, exist_ok=True)

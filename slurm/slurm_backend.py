@@ -15,8 +15,8 @@ What the script asks of Slurm:
 - `licenses` (csrun.yaml `slurm.licenses`, e.g. `cs:1`): the CS system as a cluster license,
   what a site of several nodes configures (one CS for the cluster, any node's job may hold it).
 - `partition`, `time` (none: the partition's default limit), `cyclic` (tasks round-robin over
-  the nodes), `single_task_nodes` (the first node runs the chief alone; the workers go on
-  the others, `tasks_per_node` each).
+  the nodes), `single_task_nodes` N (the first N nodes run one task each, the chief on the
+  first; the other nodes `tasks_per_node` each).
 - `same_host` (the tasks reach the embedded simulator on this host's loopback): the job is
   pinned to this host's Slurm node (`--nodelist`); several nodes, or a host that is not a
   Slurm node, are a clear error (start `wse_sim serve --host ADDR` and pass `--cs_ip`).
@@ -84,27 +84,26 @@ def slurm_options(request: JobRequest) -> dict[str, str]:
 def task_layout(request: JobRequest, options: dict[str, str]) -> tuple[int, list[str]]:
     """How many tasks, and the setup lines placing them (single-task nodes, cyclic)."""
     single = int(options.get("single_task_nodes", "0") or 0)
-    if single not in (0, 1):
-        raise CSRunError(f"--single-task-nodes {single}: only the chief's node can run a single task",
-                         "use --single-task-nodes 0 or 1")
     if not single:
         return request.num_tasks, []
-    if request.total_nodes < 2:
-        raise CSRunError("--single-task-nodes 1 with --total-nodes 1 leaves no node for the input workers",
-                         "use --total-nodes 2 or more, or leave --single-task-nodes out")
-    tasks = 1 + (request.total_nodes - 1) * request.tasks_per_node
+    if not 0 < single < request.total_nodes:
+        raise CSRunError(f"--single-task-nodes {single} with --total-nodes {request.total_nodes} leaves no "
+                         "node for the other tasks", f"use --total-nodes {single + 1} or more, or fewer "
+                         "single-task nodes")
+    per_node = request.tasks_per_node
+    tasks = single + (request.total_nodes - single) * per_node
     order = "cyclic" if _truthy(options.get("cyclic")) else "block"
-    # SLURM_HOSTFILE + --distribution=arbitrary: the chief alone on the first node.
+    # SLURM_HOSTFILE + --distribution=arbitrary: one task on each of the first nodes, the chief first.
+    rest = '"${nodes[@]:%d}"' % single
     setup = [
-        "# the chief alone on the first node; the workers on the others "
-        f"({request.tasks_per_node} each, {order})",
+        f"# one task on each of the first {single} node(s), the chief's first; "
+        f"{per_node} on each other node ({order})",
         'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
         f'export SLURM_HOSTFILE={shlex.quote(str(request.folder))}/"hostfile_$SLURM_JOB_ID"',
-        '{ echo "${nodes[0]}"; '
-        + ('for i in $(seq %d); do printf "%%s\\n" "${nodes[@]:1}"; done; }' % request.tasks_per_node
+        '{ printf "%%s\\n" "${nodes[@]:0:%d}"; ' % single
+        + ('for i in $(seq %d); do printf "%%s\\n" %s; done; }' % (per_node, rest)
            if order == "cyclic" else
-           'for n in "${nodes[@]:1}"; do for i in $(seq %d); do echo "$n"; done; done; }'
-           % request.tasks_per_node)
+           'for n in %s; do for i in $(seq %d); do echo "$n"; done; done; }' % (rest, per_node))
         + ' > "$SLURM_HOSTFILE"',
     ]
     return tasks, setup

@@ -10,20 +10,26 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tf_reference
 
 from common.errors import CSRunError
+from coordinator.chief import cs_state, output_tensor_names, streamed_names
 from coordinator.compiler import CompileResult, compile_model
 from cs_api import pb
 from cs_api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
-from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+from tf_model import checkpoints, cpu_session
+from tf_model.metrics import EvalMetrics
+from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph, named_inputs, numpy_batches
+from tf_model.predictions import PredictionGraph
 from wafer.fabric import get_fabric
+from workers.feed import input_dataset
 from wse_sim.cs_system import CSSystem
 
 TOKEN = "in-process"
+STEPS_WRITTEN = 10  # the global step of the checkpoints trained_checkpoint writes
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ def _feed(system: CSSystem, data: Sequence[dict[str, np.ndarray]], first: int,
 
 
 def run_on_cs(program: pb.Program, weights: dict[str, np.ndarray],
-              data: Sequence[tuple[np.ndarray, np.ndarray]], *, kind: str = "train",
+              data: Sequence[tuple[Any, Any]], *, kind: str = "train",
               global_step: int = 0, first_batch: int = 0, with_outputs: bool = False) -> CSRun:
     """Run `len(data)` steps of `kind` on a fresh simulated CS system, one input stream."""
     system = CSSystem(get_fabric(program.fabric or "cs1"), idle_timeout=0, log=lambda line: None)
@@ -58,7 +64,7 @@ def run_on_cs(program: pb.Program, weights: dict[str, np.ndarray],
                          for chunk in tensor_chunks(name, np.asarray(weights[name]))))
     errors: list[BaseException] = []
     feeder = threading.Thread(target=_feed, daemon=True, args=(
-        system, [{"features": x, "labels": y} for x, y in data], first_batch, errors))
+        system, [named_inputs(x, y) for x, y in data], first_batch, errors))
     feeder.start()
     try:
         steps = len(data)
@@ -108,18 +114,83 @@ def compare(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str
     return Comparison(compiled, cs, reference)
 
 
-def evaluation_mismatch(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
-                        weights: dict[str, np.ndarray], steps: int = 2, rtol: float = 1e-4) -> str:
-    """"" if the CS's evaluation (a program compiled for eval, loaded with `weights`) gives
-    TensorFlow's loss on `steps` batches; else what differs."""
+def trained_checkpoint(model_dir: str, trained: Comparison, step: int = STEPS_WRITTEN) -> str:
+    """What the chief writes after a CS run: the CS's state (weights and optimizer slots), the
+    graph's host-side variables and the global step, as `model.ckpt-<step>` in model_dir."""
+    state = {**trained.compiled.host_variables, **trained.cs.state, "global_step": np.asarray(step, np.int64)}
+    checkpoints.write_checkpoint(model_dir, step, state, keep_max=None)
+    return checkpoints.checkpoint_path(model_dir, step)
+
+
+def first_batches(input_fn: Callable, params: dict, count: int) -> list[tuple[Any, Any]]:
+    """The first `count` (features, labels) numpy batches as an input worker streams them."""
+    dataset = input_dataset(input_fn, params).take(count)
+    return [element if isinstance(element, tuple) else (element, None) for element in numpy_batches(dataset)]
+
+
+def evaluate_like_the_chief(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
+                            checkpoint: str, steps: int) -> dict[str, float]:
+    """The chief's evaluation of `checkpoint` on `steps` batches: the EVAL program loaded with
+    its weights runs on the in-process CS, and the metrics come from its streamed outputs
+    and losses (coordinator.chief.Chief.evaluate)."""
     compiled = compile_checked(model_fn, input_fn, params, model_dir, mode="eval")
-    data = tf_reference.batches(input_fn, params, steps)
-    loaded = {n: weights[n] for n in compiled.initial_weights}
-    cs = run_on_cs(compiled.program, loaded, data, kind="evaluate")
-    reference = tf_reference.run(model_fn, input_fn, params, loaded, data, mode="eval")
-    if not np.allclose(cs.losses, reference.losses, rtol=rtol):
-        return f"evaluation losses: CS {cs.losses} vs TF {reference.losses}"
+    program = compiled.program
+    state = cs_state(program, checkpoints.read_checkpoint(checkpoint), checkpoint)
+    run = run_on_cs(program, state, first_batches(input_fn, params, steps), kind="evaluate")
+    names = output_tensor_names(program)
+    with EvalMetrics(model_fn, input_fn, params, checkpoint, streamed_names(program)) as metrics:
+        for loss, outputs in zip(run.losses, run.outputs):
+            metrics.update({**{names[n]: v for n, v in outputs.items()},
+                            metrics.loss_name: np.asarray(loss, np.float32)})
+        return metrics.results()
+
+
+def evaluation_mismatch(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
+                        trained: Comparison, steps: int = 2, rtol: float = 1e-4) -> str:
+    """"" if the CS evaluates a checkpoint of the `trained` state (as the chief does) with the
+    CPU path's metrics on that checkpoint (every metric, the mean loss included, to `rtol`);
+    else what differs."""
+    path = trained_checkpoint(model_dir, trained)
+    settings = cpu_session.RunSettings(model_dir, params, None, None, None, None)
+    cpu = cpu_session.evaluate(model_fn, input_fn, settings, steps=steps, checkpoint_path=path)
+    cpu.pop("global_step")
+    cs = evaluate_like_the_chief(model_fn, input_fn, params, model_dir, path, steps)
+    if set(cs) != set(cpu) or not all(np.isclose(cs[k], cpu[k], rtol=rtol, atol=rtol * 1e-2) for k in cpu):
+        return f"evaluation metrics: CS {cs} vs the CPU path {cpu}"
     return ""
+
+
+def predict_like_the_chief(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
+                           checkpoint: str, steps: int) -> dict[str, np.ndarray]:
+    """The chief's predictions of `checkpoint` on `steps` batches: the PREDICT program on the
+    in-process CS, its streamed outputs fed to the host-side graph (Chief.predict)."""
+    program = compile_checked(model_fn, input_fn, params, model_dir, mode="infer").program
+    state = cs_state(program, checkpoints.read_checkpoint(checkpoint), checkpoint)
+    run = run_on_cs(program, state, first_batches(input_fn, params, steps), kind="predict")
+    names = output_tensor_names(program)
+    signature = batch_signature(make_dataset(input_fn, params))
+    with PredictionGraph(model_fn, signature, params, checkpoint, streamed_names(program)) as graph:
+        batches = [graph.run({names[n]: v for n, v in outputs.items()}) for outputs in run.outputs]
+    return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
+
+
+def prediction_mismatch(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
+                        trained: Comparison, steps: int = 2, rtol: float = 1e-4) -> str:
+    """"" if the CS predicts from a checkpoint of the `trained` state (as the chief does) what
+    the CPU path predicts from it (integers exactly, floats to `rtol`); else what differs."""
+    path = trained_checkpoint(model_dir, trained)
+    settings = cpu_session.RunSettings(model_dir, params, None, None, None, None)
+    cs = predict_like_the_chief(model_fn, input_fn, params, model_dir, path, steps)
+    cpu = cpu_session.predict(model_fn, input_fn, settings, checkpoint_path=path,
+                              num_samples=len(next(iter(cs.values())))).arrays
+    problems = [] if set(cs) == set(cpu) else [f"keys: CS {sorted(cs)} vs the CPU path {sorted(cpu)}"]
+    for key in sorted(set(cs) & set(cpu)):
+        same = (cs[key].shape == cpu[key].shape and (
+            np.array_equal(cs[key], cpu[key]) if cpu[key].dtype.kind in "iub"
+            else np.allclose(cs[key], cpu[key], rtol=rtol, atol=rtol * 1e-2)))
+        if not same:
+            problems.append(f"{key}: CS {cs[key][:4]} vs the CPU path {cpu[key][:4]}")
+    return "; ".join(problems)
 
 
 def mismatches(result: Comparison, rtol: float = 1e-4) -> list[str]:

@@ -3,9 +3,9 @@ raw tf ops, tf.compat.v1 losses and optimizers), for the differential test.
 
 A `ModelSpec` (drawn by `model_specs()`, a hypothesis strategy) names an input, an optional
 BatchNormalization in training (Keras or tf.nn.moments), a few blocks, a head with its
-loss, an optimizer, a gradient transform between compute_gradients and apply_gradients, an
-optional var_list subset, an optional L2 term and the replicas the CS trains it on
-(multireplica); `model_fn` and
+loss, an optimizer with a learning-rate schedule (often constant), a gradient transform
+between compute_gradients and apply_gradients, an optional var_list subset, an optional L2
+term and the replicas the CS trains it on (multireplica); `model_fn` and
 `input_fn` build it from `params["spec"]`. The ops are created on the lines of this file,
 so a refusal must name one of them.
 """
@@ -32,7 +32,9 @@ BLOCKS = ("dense:relu", "dense:tanh", "dense:sigmoid", "dense:gelu", "dense:none
           "unary:log1p_abs", "unary:exp_neg_square", "unary:sqrt", "unary:rsqrt",
           "const_affine", "broadcast", "maximum", "minimum", "softsign_by_hand", "select",
           "residual", "concat", "layer_norm", "layer_norm_by_hand", "gelu_exact", "gelu_tanh",
-          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3")
+          "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3",
+          "conv_transpose", "depthwise", "separable", "dilated", "upsample", "upsample_bilinear",
+          "pool1d", "volume")
 # BatchNormalization in training after the first layer: Keras' layer, or tf.nn.moments with
 # moving averages in UPDATE_OPS (half the models have one)
 BATCH_NORMS = ("none", "none", "batch_norm", "batch_norm_moments")
@@ -42,6 +44,8 @@ LOSSES = {
     "binary": ("sigmoid_ce_smoothed", "nn_sigmoid_ce"),
 }
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "rmsprop", "rmsprop_centered", "adagrad")
+SCHEDULES = ("constant", "constant", "exponential_staircase", "piecewise", "warmup_polynomial",
+             "cosine_restarts", "cond_warmup")
 TRANSFORMS = ("none", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "scale")
 L2_TERMS = ("none", "l2_loss", "kernel_regularizer")
 # Under a Keras mixed_float16 policy (a quarter of the models these fit, by seed): blocks and
@@ -59,6 +63,7 @@ class ModelSpec:
     task: str
     loss: str
     optimizer: str
+    schedule: str
     transform: str
     var_subset: bool  # minimize(var_list=...) leaves the first layer's variables out
     l2: str
@@ -79,7 +84,8 @@ class ModelSpec:
     def describe(self) -> str:
         blocks = ((self.batch_norm,) if self.batch_norm != "none" else ()) + self.blocks
         return (f"{self.inputs} -> {' -> '.join(blocks) or '(no block)'} -> {self.task} "
-                f"head, loss {self.loss}, {self.optimizer}, transform {self.transform}"
+                f"head, loss {self.loss}, {self.optimizer} ({self.schedule} rate), "
+                f"transform {self.transform}"
                 f"{', var_list subset' if self.var_subset else ''}"
                 f"{', ' + self.l2 if self.l2 != 'none' else ''}"
                 f"{', mixed_float16' if self.mixed else ''}"
@@ -93,7 +99,8 @@ def model_specs(draw) -> ModelSpec:
         inputs=draw(st.sampled_from(INPUTS)),
         blocks=tuple(draw(st.lists(st.sampled_from(BLOCKS), min_size=0, max_size=3))),
         task=task, loss=draw(st.sampled_from(LOSSES[task])),
-        optimizer=draw(st.sampled_from(OPTIMIZERS)), transform=draw(st.sampled_from(TRANSFORMS)),
+        optimizer=draw(st.sampled_from(OPTIMIZERS)), schedule=draw(st.sampled_from(SCHEDULES)),
+        transform=draw(st.sampled_from(TRANSFORMS)),
         var_subset=draw(st.booleans()), l2=draw(st.sampled_from(L2_TERMS)),
         seed=draw(st.integers(0, 2 ** 16)), replicas=draw(st.sampled_from((1, 1, 2, 4))),
         batch_norm=draw(st.sampled_from(BATCH_NORMS)))
@@ -230,7 +237,29 @@ def block(name: str, h, index: int, training: bool = True):
     if kind == "dense_rank3":
         x = tf.keras.layers.Dense(WIDTH // 2, activation="relu")(tf.reshape(h, [-1, 2, WIDTH // 2]))
         return tf.reshape(x, [-1, WIDTH])
+    if kind in SPATIAL:
+        return tf.reshape(SPATIAL[kind](tf.reshape(h, [-1, 2, 2, WIDTH // 4])), [-1, WIDTH])
+    if kind == "volume":
+        x = tf.reshape(h, [-1, 2, 2, WIDTH // 4, 1])
+        x = L.AveragePooling3D(2, strides=1, padding="same")(L.Conv3D(1, 2, padding="same")(x))
+        return tf.reshape(L.MaxPooling3D((1, 1, 2), strides=1, padding="same")(x), [-1, WIDTH])
+    if kind == "pool1d":
+        x = tf.keras.layers.MaxPooling1D(2)(tf.reshape(h, [-1, 4, WIDTH // 4]))
+        return tf.reshape(tf.keras.layers.UpSampling1D(2)(x), [-1, WIDTH])
     raise ValueError(f"no block {name}")
+
+
+L = tf.keras.layers
+# Spatial blocks on the (2, 2, WIDTH / 4) image of a sample, back to that shape.
+SPATIAL = {
+    "conv_transpose": lambda x: L.AveragePooling2D(2)(
+        L.Conv2DTranspose(WIDTH // 4, 3, strides=2, padding="same", activation="relu")(x)),
+    "depthwise": lambda x: L.DepthwiseConv2D(2, padding="same", depth_multiplier=1)(x),
+    "separable": lambda x: L.SeparableConv2D(WIDTH // 4, 2, padding="same", activation="tanh")(x),
+    "dilated": lambda x: L.DepthwiseConv2D(2, dilation_rate=2, padding="same")(x),
+    "upsample": lambda x: L.MaxPooling2D(2)(L.UpSampling2D(2)(x)),
+    "upsample_bilinear": lambda x: L.AveragePooling2D(2)(L.UpSampling2D(2, interpolation="bilinear")(x)),
+}
 
 
 def head_and_loss(spec: ModelSpec, h, labels):
@@ -268,20 +297,40 @@ def head_and_loss(spec: ModelSpec, h, labels):
     return out, loss
 
 
-def optimizer(name: str):
+def learning_rate(schedule: str, base: float, step):
     train = tf.compat.v1.train
-    return {"sgd": lambda: train.GradientDescentOptimizer(0.05),
-            "momentum": lambda: train.MomentumOptimizer(0.05, 0.9),
-            "nesterov": lambda: train.MomentumOptimizer(0.05, 0.9, use_nesterov=True),
-            "adam": lambda: train.AdamOptimizer(0.01),
-            "rmsprop": lambda: train.RMSPropOptimizer(0.01),
-            "rmsprop_centered": lambda: train.RMSPropOptimizer(0.01, momentum=0.5, centered=True),
-            "adagrad": lambda: train.AdagradOptimizer(0.1)}[name]()
+    if schedule == "exponential_staircase":
+        return train.exponential_decay(base, step, 3, 0.5, staircase=True)
+    if schedule == "piecewise":
+        return train.piecewise_constant(step, [3, 6], [base, base * 0.5, base * 0.1])
+    if schedule == "warmup_polynomial":
+        warm = base * tf.cast(step + 1, tf.float32) / 3.0
+        return tf.where(step < 3, warm, train.polynomial_decay(base, step, 10, base * 0.1))
+    if schedule == "cosine_restarts":
+        return train.cosine_decay_restarts(base, step, 4, alpha=0.1)
+    if schedule == "cond_warmup":
+        return tf.cond(step < 2, lambda: base * 0.5,
+                       lambda: train.exponential_decay(base, step, 5, 0.8))
+    return base
+
+
+def optimizer(name: str, schedule: str, step):
+    train = tf.compat.v1.train
+    rate = {"sgd": 0.05, "momentum": 0.05, "nesterov": 0.05, "adam": 0.01, "rmsprop": 0.01,
+            "rmsprop_centered": 0.01, "adagrad": 0.1}[name]
+    lr = learning_rate(schedule, rate, step)
+    return {"sgd": lambda: train.GradientDescentOptimizer(lr),
+            "momentum": lambda: train.MomentumOptimizer(lr, 0.9),
+            "nesterov": lambda: train.MomentumOptimizer(lr, 0.9, use_nesterov=True),
+            "adam": lambda: train.AdamOptimizer(lr),
+            "rmsprop": lambda: train.RMSPropOptimizer(lr),
+            "rmsprop_centered": lambda: train.RMSPropOptimizer(lr, momentum=0.5, centered=True),
+            "adagrad": lambda: train.AdagradOptimizer(lr)}[name]()
 
 
 def train_op(spec: ModelSpec, loss, var_list):
-    opt = optimizer(spec.optimizer)
     step = tf.compat.v1.train.get_or_create_global_step()
+    opt = optimizer(spec.optimizer, spec.schedule, step)
     grads_and_vars = [(g, v) for g, v in opt.compute_gradients(loss, var_list=var_list)
                       if g is not None]
     if spec.transform == "clip_by_value":

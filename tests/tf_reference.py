@@ -4,7 +4,7 @@ weights and fed the same numpy batches."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -19,14 +19,15 @@ class Reference:
     fetched: list[dict[str, np.ndarray]]  # per batch: the requested tensors' values
 
 
-def batches(input_fn: Callable, params: dict, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The first `count` (features, labels) numpy batches of input_fn(params)."""
+def batches(input_fn: Callable, params: dict, count: int) -> list[tuple[Any, Any]]:
+    """The first `count` (features, labels) numpy batches of input_fn(params) (arrays, or
+    dicts of them)."""
     dataset = make_dataset(input_fn, params).take(count)
-    return [(np.asarray(x), np.asarray(y)) for x, y in dataset.as_numpy_iterator()]
+    return [(x, y) for x, y in dataset.as_numpy_iterator()]
 
 
 def run(model_fn: Callable, input_fn: Callable, params: dict, weights: dict[str, np.ndarray],
-        data: Sequence[tuple[np.ndarray, np.ndarray]], mode: str = "train",
+        data: Sequence[tuple[Any, Any]], mode: str = "train",
         fetch: Sequence[str] = (), floatx: str = "float32") -> Reference:
     """Train (or evaluate) model_fn on `data` from `weights` (variables by name; those not
     given keep their initial values: optimizer slots zero, beta powers beta1 and beta2).
@@ -61,7 +62,7 @@ def _run(model_fn, params, weights, data, mode, fetch, signature) -> Reference:
                 ops = [spec.loss, fetched_tensors]
                 if mode == "train":
                     ops.append(spec.train_op)
-                out = session.run(ops, {features: x, labels: y})
+                out = session.run(ops, dict(zip(tf.nest.flatten((features, labels)), tf.nest.flatten((x, y)))))
                 losses.append(float(out[0]))
                 fetched.append(dict(zip(fetch, out[1])))
             floats = {n: v for n, v in variables.items() if v.dtype.base_dtype.is_floating}

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
+from common.run_kinds import RunKind
 from tf_model import checkpoints, progress
 from tf_model.estimator_spec import ModeKeys
 from tf_model.events import EventWriter, eval_dir
@@ -26,12 +27,13 @@ from tf_model.model_dir_lock import model_dir_locked
 from tf_model.model_fn import (
     batch_signature,
     call_model_fn,
+    input_ran_out,
     make_dataset,
     model_graph,
     numpy_batches,
     op_errors_in_one_line,
 )
-from tf_model.predictions import PredictionGraph, write_predictions
+from tf_model.predictions import PredictionGraph, Predictions, write_predictions
 
 _PREFETCH = 2
 
@@ -270,8 +272,7 @@ def evaluate(model_fn: Callable, input_fn: Callable, settings: RunSettings, step
             metrics.update(dict(zip(metrics.input_names, tf.nest.flatten(batch))))
             done += 1
         if steps is not None and done < steps:
-            raise CSRunError(f"the evaluation input ran out after {done} of {steps} batches",
-                             "lower --eval_steps or make the eval input repeat")
+            raise input_ran_out(RunKind.EVALUATE, f"after {done} of {steps} batches")
         results = metrics.results()
     progress.eval_results(step, results)
     with EventWriter(eval_dir(settings.model_dir)) as events:
@@ -281,7 +282,7 @@ def evaluate(model_fn: Callable, input_fn: Callable, settings: RunSettings, step
 
 @op_errors_in_one_line
 def predict(model_fn: Callable, input_fn: Callable, settings: RunSettings,
-            checkpoint_path: str | None = None, num_samples: int | None = None) -> dict[str, np.ndarray]:
+            checkpoint_path: str | None = None, num_samples: int | None = None) -> Predictions:
     """Predictions for `num_samples` samples (the whole input when None) from a checkpoint,
     written to `model_dir/predict/predictions-<step>.npz` and returned."""
     params = settings.params
@@ -291,7 +292,7 @@ def predict(model_fn: Callable, input_fn: Callable, settings: RunSettings,
     path = checkpoints.chosen_checkpoint(settings.model_dir, checkpoint_path)
     signature, stream = batches(input_fn, params)
     collected: dict[str, list[np.ndarray]] = {}
-    count = 0
+    count = batch_size = 0
     with PredictionGraph(model_fn, signature, params, path) as graph:
         names = [t.name for t in tf.nest.flatten(graph.inputs)]
         for batch in stream:
@@ -299,6 +300,7 @@ def predict(model_fn: Callable, input_fn: Callable, settings: RunSettings,
                 break
             for key, value in graph.run(dict(zip(names, tf.nest.flatten(batch)))).items():
                 collected.setdefault(key, []).append(value)
+            batch_size = batch_size or _batch_size(batch)
             count += _batch_size(batch)
     return write_predictions(settings.model_dir, checkpoints.checkpoint_step(path), collected,
-                             num_samples)
+                             num_samples, graph.keyed, batch_size)

@@ -6,17 +6,18 @@ it. `EvalMetrics` builds model_fn in EVAL mode (the same graph and variable name
 training) and accumulates the metrics over batches from numpy values fed by tensor name:
 
 - the CPU path feeds the input batches (`input_names`) after restoring a checkpoint;
-- the CS chief feeds what the CS returns for `host_tensors` (the host_call tensors and the
-  loss): the metric ops read only those, so no weights are needed.
+- the CS chief restores the same checkpoint and feeds what the CS returns: the values the
+  compiler streams for the metrics (`streamed`) and each batch's loss.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
+from tf_model import host_graph
 from tf_model.checkpoints import restore_variables
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
@@ -41,10 +42,15 @@ def metric_ops(spec: CSEstimatorSpec) -> dict[str, tuple[Any, Any]]:
 
 
 class EvalMetrics:
-    """model_fn's metrics in EVAL mode, accumulated over `update` calls."""
+    """model_fn's metrics in EVAL mode, accumulated over `update` calls, with a checkpoint's
+    weights restored (when given).
+
+    `streamed`: the tensor names the chief feeds from the CS's outputs (the loss, `loss_name`,
+    is fed with them); control dependencies on their ops are dropped (`host_graph.feed_only`).
+    Without it the CPU path feeds the input batches (`input_names`)."""
 
     def __init__(self, model_fn: Callable, input_fn: Callable, params: dict,
-                 checkpoint: str | None = None):
+                 checkpoint: str | None = None, streamed: Collection[str] | None = None):
         signature = batch_signature(make_dataset(input_fn, params))
         with model_graph(params) as graph:
             features, labels = signature.placeholders()
@@ -53,8 +59,9 @@ class EvalMetrics:
             init = tf.compat.v1.local_variables_initializer()
             variables = tf.compat.v1.global_variables()
         self.input_names = tuple(t.name for t in tf.nest.flatten((features, labels)))
-        host = list(spec.host_call[1]) if spec.host_call is not None else []
-        self.host_tensors = tuple(t.name for t in host) + (spec.loss.name,)
+        self.loss_name = spec.loss.name
+        if streamed is not None:
+            host_graph.feed_only(graph, [*streamed, self.loss_name])
         self._values = {name: value for name, (value, _) in ops.items()}
         self._updates = [update for _, update in ops.values()]
         self.session = tf.compat.v1.Session(graph=graph)
@@ -63,14 +70,13 @@ class EvalMetrics:
             restore_variables(self.session, variables, checkpoint)
 
     def update(self, values: Mapping[str, np.ndarray]) -> None:
-        """Accumulate one batch: `values` maps tensor names (input_names or host_tensors)
-        to their numpy values."""
-        graph = self.session.graph
-        self.session.run(self._updates, {graph.get_tensor_by_name(n): v for n, v in values.items()})
+        """Accumulate one batch: `values` maps tensor names (input_names, or the streamed
+        ones and loss_name) to their numpy values."""
+        host_graph.run(self.session, self._updates, values)
 
     def results(self) -> dict[str, float]:
-        return {name: float(np.asarray(value))
-                for name, value in self.session.run(self._values).items()}
+        values = host_graph.run(self.session, self._values, {})
+        return {name: float(np.asarray(value)) for name, value in values.items()}
 
     def close(self) -> None:
         self.session.close()

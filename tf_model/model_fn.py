@@ -13,10 +13,12 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar
 
+import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
 from common.layers import package_dirs
+from common.run_kinds import RunKind
 from tf_model.estimator_spec import CSEstimatorSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -32,6 +34,23 @@ def is_user_file(filename: str) -> bool:
     return not (filename.startswith("<") or path.startswith(_LIBRARY_DIRS))
 
 
+UNKNOWN_SOURCE = "<unknown source>"
+
+
+def user_source(op: tf.Operation) -> str:
+    """The user's "file:line" that created `op` (its innermost frame outside libraries;
+    relative to the working directory when below it)."""
+    for frame in reversed(op.traceback or []):
+        if is_user_file(frame.filename):
+            return _source_line(frame.filename, frame.lineno)
+    return UNKNOWN_SOURCE
+
+
+def _source_line(filename: str, lineno: int) -> str:
+    path, cwd = os.path.realpath(filename), os.getcwd() + os.sep
+    return f"{path[len(cwd):] if path.startswith(cwd) else path}:{lineno}"
+
+
 @dataclass(frozen=True)
 class BatchSignature:
     """The structure of one input_fn element: (features, labels) TensorSpecs, batch dim included."""
@@ -40,16 +59,28 @@ class BatchSignature:
     labels: Any  # tf.TensorSpec, dict, or None
 
     def placeholders(self) -> tuple[Any, Any]:
-        """Placeholders shaped like a batch, in the current (v1) graph."""
+        """Placeholders shaped like a batch, in the current (v1) graph, each named after the
+        program input it stands for (`named_inputs`)."""
 
-        def make(spec, name):
+        def make(spec: Any, name: str) -> Any:
+            if isinstance(spec, dict):
+                return {k: tf.compat.v1.placeholder(s.dtype, s.shape, name=f"{name}.{k}")
+                        for k, s in spec.items()}
             return tf.compat.v1.placeholder(spec.dtype, spec.shape, name=name)
 
-        features = (
-            {k: make(s, f"features.{k}") for k, s in self.features.items()}
-            if isinstance(self.features, dict) else make(self.features, "features"))
-        labels = None if self.labels is None else make(self.labels, "labels")
-        return features, labels
+        return make(self.features, "features"), None if self.labels is None else make(self.labels, "labels")
+
+
+def named_inputs(features: Any, labels: Any) -> dict[str, Any]:
+    """An input_fn element (or its specs, or its placeholders) by program input name:
+    "features" or "features.<key>" for a dict, "labels" or "labels.<key>"."""
+    named: dict[str, Any] = {}
+    for name, value in (("features", features), ("labels", labels)):
+        if isinstance(value, dict):
+            named.update({f"{name}.{k}": v for k, v in value.items()})
+        elif value is not None:
+            named[name] = value
+    return named
 
 
 @contextlib.contextmanager
@@ -81,10 +112,7 @@ def user_code_error(what: str, error: BaseException, hint: str, context: str = "
     """One line for an exception raised by the user's own code (input_fn, model_fn): its
     type and message and the user's innermost source line."""
     frames = [f for f in traceback.extract_tb(error.__traceback__) if is_user_file(f.filename)]
-    where = ""
-    if frames:
-        path, cwd = os.path.realpath(frames[-1].filename), os.getcwd() + os.sep
-        where = f" at {path[len(cwd):] if path.startswith(cwd) else path}:{frames[-1].lineno}"
+    where = f" at {_source_line(frames[-1].filename, frames[-1].lineno or 0)}" if frames else ""
     text = str(error).strip().splitlines()
     return CSRunError(f"{what} raised {type(error).__name__}{where}{context}"
                       f"{': ' + text[0] if text else ''}", hint)
@@ -102,11 +130,8 @@ def graph_op_error(error: tf.errors.OpError) -> CSRunError:
     """One line for a TensorFlow op that failed while the model ran (a label out of range, a
     bad reshape): the op, the user's source line that made it, TensorFlow's first line."""
     op = getattr(error, "op", None)
-    frames = [f for f in (getattr(op, "traceback", None) or ()) if is_user_file(f[0])]
-    where = ""
-    if frames:
-        path, cwd = os.path.realpath(frames[-1][0]), os.getcwd() + os.sep
-        where = f" at {path[len(cwd):] if path.startswith(cwd) else path}:{frames[-1][1]}"
+    source = user_source(op) if op is not None else UNKNOWN_SOURCE
+    where = f" at {source}" if source != UNKNOWN_SOURCE else ""
     what = f"{op.type} '{op.name}'" if op is not None else "a TensorFlow op"
     return CSRunError(f"{what}{where} failed on a batch: {op_error_text(error)}",
                       "check the batch's values against what the model expects (--debug shows "
@@ -128,11 +153,8 @@ def op_errors_in_one_line(run: F) -> F:
 
 
 def _describe_inputs(features: Any, labels: Any) -> str:
-    named = dict(features) if isinstance(features, dict) else {"features": features}
-    if labels is not None:
-        named["labels"] = labels
-    return ", ".join(f"{k} {tuple(v.shape.as_list())} {v.dtype.name}" for k, v in named.items()
-                     if isinstance(v, tf.Tensor))
+    return ", ".join(f"{k} {tuple(v.shape.as_list())} {v.dtype.name}"
+                     for k, v in named_inputs(features, labels).items() if isinstance(v, tf.Tensor))
 
 
 def make_dataset(input_fn: Callable, params: dict) -> tf.data.Dataset:
@@ -148,6 +170,42 @@ def make_dataset(input_fn: Callable, params: dict) -> tf.data.Dataset:
                          "return a dataset of (features, labels) batches")
     batch_signature(dataset)  # its element structure and dtypes, checked before any work
     return dataset
+
+
+# What a run's input is called in its errors, and what to do when it runs out.
+RUN_INPUTS = {
+    RunKind.TRAIN: ("training", "make the training input repeat (dataset.repeat()) or lower the steps"),
+    RunKind.EVALUATE: ("evaluation", "lower --eval_steps or make the eval input repeat"),
+    RunKind.PREDICT: ("prediction", "lower num_samples"),
+}
+
+
+def input_ran_out(kind: RunKind, detail: str, who: str = "") -> CSRunError:
+    """One line for a run whose input ended before the batches it needs (`detail`: how far it got)."""
+    what, hint = RUN_INPUTS[RunKind(kind)]
+    return CSRunError(f"{who}the {what} input ran out {detail}", hint)
+
+
+def run_batches(dataset: tf.data.Dataset, kind: RunKind, steps: int | None, flag: str) -> int:
+    """The batches an evaluation or prediction takes of `dataset`: `steps`, or all of a
+    finite dataset when None (counted by running it when tf.data cannot tell: a filter, a
+    generator). One line when it repeats forever and `flag` (--eval_steps, num_samples)
+    does not say how much to take, or when it is known to hold fewer than `steps`."""
+    what = RUN_INPUTS[RunKind(kind)][0]
+    count = int(dataset.cardinality())
+    if steps is not None:
+        if 0 <= count < steps:
+            raise input_ran_out(kind, f"after {count} of {steps} batches")
+        return steps
+    if count == int(tf.data.INFINITE_CARDINALITY):
+        raise CSRunError(f"the {what} input repeats forever and no {flag} is given",
+                         f"give {flag} or make the {what} input end")
+    if count == int(tf.data.UNKNOWN_CARDINALITY):
+        try:
+            count = int(dataset.reduce(np.int64(0), lambda n, _: n + 1))
+        except tf.errors.OpError as error:
+            raise user_code_error("input_fn's dataset", error, _INPUT_HINT) from error
+    return count
 
 
 def numpy_batches(dataset: tf.data.Dataset) -> Iterator[Any]:

@@ -50,7 +50,7 @@ suffixes below, in order) and start as TF starts them; Adam's step counters are 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
 import numpy as np
@@ -109,6 +109,14 @@ class Optimizer:
 
     def initial_scalars(self) -> dict[str, np.ndarray]:
         return {}
+
+    def set_hyper_parameters(self, values: dict[str, np.float32]) -> None:
+        """This step's values of scheduled hyper-parameters (wafer.schedules): the optimizer
+        is as if configured with them; its slots and scalars stay."""
+        scalars = self.scalars
+        changed: dict = {k: float(v) for k, v in values.items()}
+        type(self).__init__(self, replace(self.config, **changed))
+        self.scalars = scalars
 
     def apply(self, var: np.ndarray, grad: np.ndarray, slots: list[np.ndarray],
               scratch: list[np.ndarray]) -> None:
@@ -301,6 +309,14 @@ class Adagrad(Optimizer):
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "momentum": Momentum, "adam": Adam,
                                           "rmsprop": RMSProp, "adagrad": Adagrad}
+
+
+# Hyper-parameters a schedule may compute per step, by optimizer (Adam's betas stay fixed:
+# its beta powers multiply by them).
+SCHEDULABLE = {"sgd": ("learning_rate",), "momentum": ("learning_rate", "momentum"),
+               "adam": ("learning_rate", "epsilon"),
+               "rmsprop": ("learning_rate", "decay", "momentum", "epsilon"),
+               "adagrad": ("learning_rate",)}
 
 
 def config_problem(config: OptimizerConfig) -> str:

@@ -18,12 +18,13 @@ import grpc
 import numpy as np
 
 from common.errors import CSRunError
+from common.run_kinds import RunKind
 from cs_api import pb, rpc
 from cs_api.client import cs_channel
 from cs_api.input_spec import InputSpec
 from cs_api.liveness import Liveness
 from cs_api.tensors import tensor_bytes, to_tensor
-from tf_model.model_fn import make_dataset, numpy_batches
+from tf_model.model_fn import input_ran_out, make_dataset, named_inputs, numpy_batches
 from workers.rendezvous import Rendezvous
 
 PREFETCH = 2
@@ -36,16 +37,9 @@ def shard(start: int, count: int, worker: int, num_workers: int) -> range:
 
 
 def flatten(element: Any) -> dict[str, np.ndarray]:
-    """A (features, labels) batch as the program's named inputs: "features" or
-    "features.<key>" for a dict, and "labels"."""
+    """A (features, labels) batch as the program's named inputs (`named_inputs`)."""
     features, labels = element if isinstance(element, tuple) else (element, None)
-    named = ({f"features.{k}": v for k, v in features.items()} if isinstance(features, dict)
-             else {"features": features})
-    if isinstance(labels, dict):
-        named.update({f"labels.{k}": v for k, v in labels.items()})
-    elif labels is not None:
-        named["labels"] = labels
-    return {k: np.asarray(v) for k, v in named.items()}
+    return {k: np.asarray(v) for k, v in named_inputs(features, labels).items()}
 
 
 def _describe(shape: tuple[int, ...], dtype: str) -> str:
@@ -186,10 +180,9 @@ def shard_batches(input_fn: Callable, params: dict, rendezvous: Rendezvous, work
         produced += 1
         yield index, element
     if produced < len(indices):
-        raise CSRunError(
-            f"input worker {worker}: input_fn ran out after batch {indices[produced - 1] if produced else rendezvous.start_batch - 1}"
-            f", the run needs batches up to {indices[-1]}",
-            "make the training input repeat (dataset.repeat()) or lower the steps")
+        last = indices[produced - 1] if produced else rendezvous.start_batch - 1
+        raise input_ran_out(RunKind(rendezvous.kind), f"after batch {last}, the run needs batches up to {indices[-1]}",
+                            f"input worker {worker}: ")
 
 
 def run_worker(input_fn: Callable, params: dict, rendezvous: Rendezvous, worker: int,

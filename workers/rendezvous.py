@@ -40,6 +40,7 @@ class Rendezvous:
     # or stopped before it could start): the workers end at once instead of waiting.
     ended: str = ""
     cs_tls_ca: str = ""  # the CA certificate file the CS's TLS is verified with ("": plaintext)
+    kind: str = "train"  # the phase's common.run_kinds.RunKind: what its input is called in errors
 
     @classmethod
     def nothing(cls, num_workers: int, why: str) -> "Rendezvous":

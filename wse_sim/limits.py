@@ -42,27 +42,43 @@ def _shape(what: str, dims: Iterable[int]) -> tuple[int, ...]:
     return shape
 
 
-def _pair(value: pb.AttrValue) -> tuple[int, int] | None:
+def _ints(value: pb.AttrValue) -> tuple[int, ...] | None:
     kind = value.WhichOneof("value")
     if kind == "i":
         return value.i, value.i
-    if kind == "ints" and len(value.ints.values) == 2:
-        return tuple(value.ints.values)  # type: ignore[return-value]
+    if kind == "ints" and len(value.ints.values) in (2, 3):
+        return tuple(value.ints.values)
     return None  # check_program names what is wrong with it
 
 
 def _check_window(kernel: pb.Kernel, shape: tuple[int, ...]) -> None:
-    """A pooling or conv window: its padded input and its work per sample stay bounded."""
-    window = next((_pair(kernel.attrs[key]) for key in _WINDOW_ATTRS if key in kernel.attrs), None)
-    if window is None or len(shape) != 3 or min(window) < 1:
+    """A pooling or conv window (2-D or 3-D): its padded input and its work per sample stay
+    bounded."""
+    window = next((_ints(kernel.attrs[key]) for key in _WINDOW_ATTRS if key in kernel.attrs), None)
+    if window is None or len(shape) != len(window) + 1 or min(window) < 1:
         return
-    (h, w, c), (kh, kw) = shape, window
-    padded = (h + kh) * (w + kw) * c
-    work = h * w * kh * kw
+    dilations = _ints(kernel.attrs["dilations"]) if "dilations" in kernel.attrs else None
+    if dilations is not None and len(dilations) == len(window) and min(dilations) >= 1:
+        window = tuple((k - 1) * d + 1 for k, d in zip(window, dilations))  # the dilated extent
+    pads = sum(kernel.attrs["padding"].ints.values) if "padding" in kernel.attrs else 0
+    padded = math.prod(n + k + pads for n, k in zip(shape, window)) * shape[-1]
+    work = math.prod(shape[:-1]) * math.prod(window)
     if padded > MAX_SAMPLE_ELEMENTS or work > MAX_WINDOW_WORK:
         raise invalid(f"kernel {kernel.name!r} ({kernel.type}): window {window} on input {shape} "
                       f"is beyond what the CS system takes ({padded:,} padded elements, at most "
                       f"{MAX_SAMPLE_ELEMENTS:,}; {work:,} window reads, at most {MAX_WINDOW_WORK:,})")
+
+
+def _check_growth(kernel: pb.Kernel, shape: tuple[int, ...]) -> None:
+    """An output sized by attributes (resize's size, conv2d_transpose's output_size, tile's
+    multiples) stays within a sample's bound before the kernel is built."""
+    sizes = [list(kernel.attrs[key].ints.values) for key in ("size", "output_size") if key in kernel.attrs]
+    if "multiples" in kernel.attrs:
+        sizes.append([*kernel.attrs["multiples"].ints.values, math.prod(shape)])
+    for values in sizes:
+        if math.prod(max(int(v), 1) for v in values) > MAX_SAMPLE_ELEMENTS:
+            raise invalid(f"kernel {kernel.name!r} ({kernel.type}): its attributes ask for an "
+                          f"output of more than {MAX_SAMPLE_ELEMENTS:,} elements per sample")
 
 
 def _check_region(kernel: pb.Kernel, fabric: Fabric) -> None:
@@ -163,6 +179,7 @@ def check_sizes(program: pb.Program, fabric: Fabric, num_workers: int = 1) -> No
         _check_region(kernel, fabric)
         if kernel.inputs and kernel.inputs[0] in shapes:
             _check_window(kernel, shapes[kernel.inputs[0]])
+            _check_growth(kernel, shapes[kernel.inputs[0]])
         out = _shape(f"kernel {kernel.name!r} ({kernel.type}) output", kernel.output_shape)
         shapes[kernel.name] = out
         sample_bytes[kernel.name] = 4 * math.prod(out)

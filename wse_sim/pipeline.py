@@ -49,8 +49,11 @@ import numpy as np
 
 from wafer.grad_transforms import GradientTransform, apply_transforms
 from wafer.kernels import Kernel, RunContext
+from wafer.moving_averages import MovingAverage
+from wafer.moving_averages import update as update_average
 from wafer.optimizers import Optimizer, make_optimizer, slot_name
 from wafer.precision import is_half, round_half, round_half_
+from wafer.schedules import Schedule, evaluate
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
@@ -132,7 +135,9 @@ class Pipeline:
                  optimizer: Optimizer | None, seed: int, threads: int = 1,
                  min_stage_flops: float = MIN_STAGE_FLOPS,
                  params: Mapping[str, ParamSpec] | None = None,
-                 transforms: Sequence[GradientTransform] = (), replicas: int = 1):
+                 transforms: Sequence[GradientTransform] = (), replicas: int = 1,
+                 schedules: Sequence[Schedule] = (),
+                 moving_averages: Sequence[MovingAverage] = ()):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.replicas = replicas
@@ -141,6 +146,8 @@ class Pipeline:
         self.optimizer = optimizer
         self.seed = seed % 2 ** 64  # SeedSequence entropy is non-negative
         self.transforms = tuple(transforms)
+        self.schedules = tuple(schedules)
+        self.moving_averages = tuple(moving_averages)
         specs = params or {}
         self.regions: list[Region] = []
         for position, (kernel, srcs, names) in enumerate(zip(kernels, sources, variables)):
@@ -206,7 +213,8 @@ class Pipeline:
                    optimizer=make_optimizer(checked.optimizer) if checked.optimizer else None,
                    seed=program.seed, threads=threads, min_stage_flops=min_stage_flops,
                    params=checked.params, transforms=checked.transforms,
-                   replicas=max(program.num_replicas, 1))
+                   replicas=max(program.num_replicas, 1),
+                   schedules=checked.schedules, moving_averages=checked.moving_averages)
 
     def _mark_backward(self) -> None:
         """A region runs backward iff its output reaches the loss and a trained weight is
@@ -315,6 +323,9 @@ class Pipeline:
                 region.rng = np.random.Generator(np.random.PCG64(
                     np.random.SeedSequence([self.seed, region.position, step])))
         regularization = self._regularization() if self.loss_kernel else 0.0
+        if backward and self.schedules and self.optimizer is not None:
+            self.optimizer.set_hyper_parameters({  # (a schedule's variables are carried state)
+                s.hyper_parameter: evaluate(s, step, self.carried) for s in self.schedules})
 
         def work(stage: int, board: Board) -> None:
             self._run_stage(stage, plan, board, training, backward)
@@ -327,6 +338,7 @@ class Pipeline:
                 work(0, board)
         if backward and self.optimizer is not None:
             self.optimizer.finish_step()
+            self._update_averages(step)
         loss = 0.0
         if self.loss_kernel:
             loss = float(sum(np.sum(board.items["v", self.loss_kernel, i], dtype=np.float32)
@@ -334,6 +346,17 @@ class Pipeline:
         return StepOutput(loss, {name: np.concatenate([board.items["v", name, i]
                                                        for i in range(m_count)])
                                  for name in outputs})
+
+    def _update_averages(self, step: int) -> None:
+        """The moving averages of the weights after the step's updates (their shadows are
+        carried state)."""
+        if not self.moving_averages:
+            return
+        weights = {var: region.params[role] for region in self.regions
+                   for role, var in region.variables.items()}
+        for average in self.moving_averages:
+            factor = evaluate(average.factor, step + average.step_offset, self.carried)
+            update_average(self.carried[average.shadow], weights[average.variable], factor)
 
     def _regularization(self) -> float:
         """The weights' own loss terms, at the weights the batch runs with."""

@@ -14,9 +14,11 @@ from cs_api.attrs import from_attr
 from cs_api.input_spec import InputSpec
 from wafer.grad_transforms import GradientTransform
 from wafer.kernels import Kernel, KernelError, build_kernel
-from wafer.optimizers import OptimizerConfig, config_problem, make_optimizer, slot_name
+from wafer.moving_averages import FACTOR, MovingAverage
+from wafer.optimizers import SCHEDULABLE, OptimizerConfig, config_problem, make_optimizer, slot_name
 from wafer.precision import PRECISIONS
 from wafer.regularizers import Regularizer
+from wafer.schedules import Schedule, schedule_problem
 from wse_sim.errors import invalid
 
 Shape = tuple[int, ...]
@@ -51,6 +53,16 @@ class CheckedProgram:
     params: dict[str, ParamSpec] = field(default_factory=dict)  # by TF variable name
     transforms: tuple[GradientTransform, ...] = ()
     views: Mapping[str, tuple[Shape, Shape]] = field(default_factory=dict)  # var -> (TF, kernel) shapes
+    schedules: tuple[Schedule, ...] = ()  # hyper-parameters computed before every training step
+    moving_averages: tuple[MovingAverage, ...] = ()  # updated after every training step
+
+    @property
+    def state_variables(self) -> dict[str, str]:
+        """State besides weights and optimizer state: shadow -> its weight, and the schedules'
+        variables (-> "")."""
+        schedules = (*self.schedules, *(m.factor for m in self.moving_averages))
+        return {**{m.shadow: m.variable for m in self.moving_averages},
+                **{v: "" for s in schedules for v in s.variables}}
 
     @property
     def num_parameters(self) -> int:
@@ -66,7 +78,8 @@ class CheckedProgram:
         shape (to_kernels), or back in TF's."""
         out = dict(state)
         for name, array in state.items():
-            var = name if name in self.views else name.rsplit("/", 1)[0]
+            var = name if name in self.views else \
+                self.state_variables.get(name) or name.rsplit("/", 1)[0]
             if var in self.views:
                 tf_shape, kernel_shape = self.views[var]
                 out[name] = array.reshape(kernel_shape if to_kernels else tf_shape)
@@ -165,7 +178,61 @@ def check_program(program: pb.Program) -> CheckedProgram:
             raise invalid(f"program {program.name!r}: {problem}")
     return CheckedProgram(program, tuple(inputs), tuple(kernels), tuple(sources),
                           tuple(variables), optimizer, params, check_transforms(program, params),
-                          views)
+                          views, check_schedules(program, optimizer, params),
+                          check_moving_averages(program, params))
+
+
+def check_moving_averages(program: pb.Program,
+                          params: Mapping[str, ParamSpec]) -> tuple[MovingAverage, ...]:
+    """The program's moving averages: each of a weight of the program, once, its shadow no
+    other tensor's name, its factor a valid schedule."""
+    averages: list[MovingAverage] = []
+    taken = set(params)
+    for index, message in enumerate(program.moving_averages):
+        average = MovingAverage.from_message(message)
+        where = f"program {program.name!r}: moving average {index} ({average.shadow})"
+        if average.variable not in params:
+            raise invalid(f"{where}: {average.variable!r} is not a weight of the program")
+        if not average.shadow or average.shadow in taken:
+            raise invalid(f"{where}: its shadow's name is empty or taken")
+        if average.step_offset not in (0, 1) or average.factor.hyper_parameter != FACTOR:
+            raise invalid(f"{where}: a factor schedule of {FACTOR!r} and a step offset of 0 "
+                          "or 1 needed")
+        problem = schedule_problem(average.factor)
+        if problem:
+            raise invalid(f"{where}: {problem}")
+        for var in average.factor.variables:
+            if var in params:
+                raise invalid(f"{where}: its factor reads {var!r}, a weight of the program")
+        taken.add(average.shadow)
+        averages.append(average)
+    return tuple(averages)
+
+
+def check_schedules(program: pb.Program, optimizer: OptimizerConfig | None,
+                    params: Mapping[str, ParamSpec]) -> tuple[Schedule, ...]:
+    """The program's schedules: each of a hyper-parameter its optimizer may change per step,
+    once, its ops well-typed, its variables not weights of the program."""
+    schedules: list[Schedule] = []
+    for index, message in enumerate(program.schedules):
+        schedule = Schedule.from_message(message)
+        where = f"program {program.name!r}: schedule {index} ({schedule.hyper_parameter})"
+        if optimizer is None:
+            raise invalid(f"{where}: the program has no optimizer")
+        allowed = SCHEDULABLE.get(optimizer.type, ())
+        if schedule.hyper_parameter not in allowed:
+            raise invalid(f"{where}: the {optimizer.type} optimizer's schedules may compute "
+                          f"{', '.join(allowed)}")
+        if any(s.hyper_parameter == schedule.hyper_parameter for s in schedules):
+            raise invalid(f"{where}: a second schedule of {schedule.hyper_parameter}")
+        problem = schedule_problem(schedule)
+        if problem:
+            raise invalid(f"{where}: {problem}")
+        for var in schedule.variables:
+            if var in params:
+                raise invalid(f"{where}: it reads {var!r}, a weight of the program")
+        schedules.append(schedule)
+    return tuple(schedules)
 
 
 def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> ParamSpec:
@@ -221,6 +288,8 @@ def state_shapes(checked: CheckedProgram) -> dict[str, Shape]:
         expected.update({slot_name(var, suffix): shape for suffix in suffixes})
     if optimizer:
         expected.update({name: () for name in optimizer.scalar_names})
+    expected.update({name: shapes[var] if var else () for name, var
+                     in checked.state_variables.items()})
     return expected
 
 
@@ -238,8 +307,8 @@ def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> d
                           f"{expected[name]}")
         if array.dtype != np.float32:
             raise invalid(f"tensor {name!r} is {array.dtype.name}, the program needs float32")
-    missing = [var for var in shapes if var not in tensors]
+    missing = [var for var in [*shapes, *checked.state_variables] if var not in tensors]
     if missing:
-        raise invalid(f"weight {missing[0]!r} {shapes[missing[0]]} is missing"
+        raise invalid(f"weight {missing[0]!r} {expected[missing[0]]} is missing"
                       + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     return checked.reshaped(tensors, to_kernels=True)

@@ -2,7 +2,6 @@
 batches, and find the ops that carry the samples from the inputs to the loss."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -13,7 +12,15 @@ from common.errors import CSRunError
 from cs_api import MAX_BATCH_BYTES
 from cs_api.input_spec import InputSpec
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
-from tf_model.model_fn import BatchSignature, batch_signature, call_model_fn, is_user_file, make_dataset, model_graph
+from tf_model.model_fn import (
+    BatchSignature,
+    batch_signature,
+    call_model_fn,
+    make_dataset,
+    model_graph,
+    named_inputs,
+)
+from tf_model.model_fn import user_source as user_source  # the compiler's passes name ops by it
 from wse_sim.limits import MAX_BATCH_SIZE
 
 MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
@@ -38,22 +45,6 @@ class ExtractedGraph:
         """The program input a placeholder tensor stands for."""
         return next((name for name, placeholder in self.placeholders.items()
                      if placeholder == tensor.name), None)
-
-
-def _describe(filename: str, lineno: int) -> str:
-    path = os.path.realpath(filename)
-    cwd = os.getcwd() + os.sep
-    shown = path[len(cwd):] if path.startswith(cwd) else path
-    return f"{shown}:{lineno}"
-
-
-def user_source(op: tf.Operation) -> str:
-    """The user's "file:line" that created `op` (innermost frame outside libraries)."""
-    for frame in reversed(op.traceback or []):
-        filename, lineno = frame[0], frame[1]
-        if is_user_file(filename):
-            return _describe(filename, lineno)
-    return "<unknown source>"
 
 
 def _fixed_batch(signature: BatchSignature, params: dict) -> tuple[BatchSignature, int]:
@@ -100,16 +91,7 @@ def _check_batch_fits(batch: int, specs: dict[str, tf.TensorSpec]) -> None:
 
 
 def _flatten(signature: BatchSignature) -> Iterable[tuple[str, tf.TensorSpec]]:
-    if isinstance(signature.features, dict):
-        for key, spec in signature.features.items():
-            yield f"features.{key}", spec
-    else:
-        yield "features", signature.features
-    if isinstance(signature.labels, dict):
-        raise CSRunError("input_fn yields a dict of labels; the CS streams one labels tensor",
-                         "yield (features, labels) with labels a single tensor")
-    if signature.labels is not None:
-        yield "labels", signature.labels
+    return named_inputs(signature.features, signature.labels).items()
 
 
 def extract(model_fn: Callable, input_fn: Callable, params: dict,
@@ -138,11 +120,7 @@ def _first_batch(dataset: tf.data.Dataset) -> dict[str, np.ndarray]:
     if element is None:
         raise CSRunError("input_fn's dataset yields no batch", "give the dataset some samples")
     features, labels = element if isinstance(element, tuple) else (element, None)
-    batch = ({f"features.{k}": v for k, v in features.items()} if isinstance(features, dict)
-             else {"features": features})
-    if labels is not None:
-        batch["labels"] = labels
-    return {name: np.asarray(value) for name, value in batch.items()}
+    return {name: np.asarray(value) for name, value in named_inputs(features, labels).items()}
 
 
 def _check_spec(spec: CSEstimatorSpec, mode: str) -> None:

@@ -8,6 +8,8 @@ from cs_api.input_spec import InputSpec
 
 if TYPE_CHECKING:
     from wafer.grad_transforms import GradientTransform
+    from wafer.moving_averages import MovingAverage
+    from wafer.schedules import Schedule
 
 Shape = tuple[int, ...]
 
@@ -45,6 +47,9 @@ class UnsupportedOp:
     name: str
     source: str
     reason: str = ""
+    layer: str = ""  # the Keras layer class (or TF function) the user wrote, if known
+    scope: str = ""  # that layer's name scope (the ops of one layer share it)
+    layer_source: str = ""  # the user's line of that layer (of the batch reduction it reads)
 
     def line(self) -> str:
         why = f" ({self.reason})" if self.reason else ""
@@ -78,7 +83,7 @@ class TrainedVariable:
 
 
 @dataclass(frozen=True)
-class MovingAverage:
+class StatisticAverage:
     """A moving statistic the train_op moves toward a batch statistic (BatchNormalization's
     moving mean and variance), as wafer.kernels.normalization's MOVING_UPDATES say."""
 
@@ -97,10 +102,20 @@ class TrainingSpec:
     optimizer: OptimizerSpec
     variables: tuple[TrainedVariable, ...]  # by name; every other variable is frozen
     transforms: tuple[GradientTransform, ...] = ()  # applied in order to d(loss)/d(var)
-    moving_averages: tuple[MovingAverage, ...] = ()  # batch norm's moving statistics
+    statistic_averages: tuple[StatisticAverage, ...] = ()  # batch norm's moving statistics
     # a float16 program's loss scale S: the backward is seeded with S x the loss's gradient
     # (the transforms then hold the optimizer's 1 / S); float32 programs fold S away (1.0)
     loss_scale: float = 1.0
+    schedules: tuple[Schedule, ...] = ()  # hyper-parameters computed per step (these override)
+    moving_averages: tuple[MovingAverage, ...] = ()  # ExponentialMovingAverage.apply
+
+    @property
+    def state_variables(self) -> tuple[str, ...]:
+        """Variables the CS holds besides the weights: the average's shadows and what the
+        schedules read (loaded with the weights, checkpointed under their TF names)."""
+        schedules = (*self.schedules, *(m.factor for m in self.moving_averages))
+        return tuple(dict.fromkeys([*(m.shadow for m in self.moving_averages),
+                                    *(v for s in schedules for v in s.variables)]))
 
     @property
     def trained(self) -> frozenset[str]:

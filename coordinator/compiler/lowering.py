@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler import lowering_spatial
 from coordinator.compiler.ir import ParamRef
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from wafer.kernels import KERNELS
@@ -56,6 +57,7 @@ FAST_PATHS = {
                            "the train_op's assign ops move them",
     "softmax_cross_entropy_with_logits": "SparseSoftmaxCrossEntropyWithLogits, "
                                          "SoftmaxCrossEntropyWithLogits",
+    **lowering_spatial.KERNEL_ROWS,
 }
 _FUSED = "FusedBatchNormV3 in training, other than"
 REFUSED = {
@@ -70,6 +72,7 @@ REFUSED = {
     "weight sharing": "a variable read by two layers",
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision); csconfig.use_cbfloat16",
+    **lowering_spatial.REFUSED,
 }
 
 
@@ -885,7 +888,7 @@ GENERIC: dict[str, Callable[["Matcher", tf.Operation], str]] = {
     "LogSoftmax": _softmax, "MatMul": _matmul, "BatchMatMulV2": _matmul,
     "BatchMatMulV3": _matmul, "Einsum": _einsum, "GatherV2": _gather, "ResourceGather": _gather,
     "OneHot": _one_hot, "StridedSlice": _strided_slice, "Slice": _slice, "Pad": _pad,
-    "PadV2": _pad, "IdentityN": _identity_n,
+    "PadV2": _pad, "IdentityN": _identity_n, **lowering_spatial.GENERIC,
 }
 
 
@@ -899,7 +902,7 @@ def supported_op_types() -> set[str]:
 def supported_table() -> str:
     """The README's 'Supported operations' section, generated from the tables above
     (`python -m coordinator.compiler.lowering` prints it; a test keeps the README equal)."""
-    generic = sorted(set(GENERIC) - set(UNARY) - set(BINARY))
+    generic = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - set(lowering_spatial.GENERIC))
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in FAST_PATHS.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "

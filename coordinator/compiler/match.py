@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler import loss_tail, lowering, precision
+from coordinator.compiler import loss_tail, lowering, precision, refusals
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
@@ -84,6 +84,7 @@ class Matcher:
         read = {t.name for t in host_tensors if t.op in self.flow}
         for op in upstream:
             read.update(t.name for t in op.inputs if t.op in self.flow)
+            read.update(t.name for c in op.control_inputs if c in self.flow for t in c.outputs[:1])
         return read
 
     def consumers(self, tensor: tf.Tensor) -> list[tf.Operation]:
@@ -166,7 +167,7 @@ class Matcher:
         self.consumed.add(op)
 
     def reject(self, op: tf.Operation, reason: str = "") -> None:
-        self.unsupported.append(UnsupportedOp(op.type, op.name, user_source(op), reason))
+        self.unsupported.append(refusals.attribute(self, op, reason))
         self.consumed.add(op)
         for out in op.outputs:  # keep going so that every unsupported op is found
             if out.shape.rank and out.shape[0] == self.x.batch_size:
@@ -298,30 +299,34 @@ class Matcher:
         return False
 
     # ---- host outputs ----
-    def host_outputs(self, host_tensors: Iterable[tf.Tensor]) -> tuple[str, ...]:
-        """Kernels and inputs whose values the host needs to compute `host_tensors`."""
+    def host_outputs(self, host_tensors: Iterable[tf.Tensor], known: Iterable[tf.Tensor] = ()) -> tuple[str, ...]:
+        """Kernels and inputs whose values the host needs to compute `host_tensors`.
+
+        The host is fed these values (and the `known` ones: the loss, returned every step)
+        and computes everything else itself, with the checkpoint's weights: every data or
+        control path from `host_tensors` back to the samples ends at a fed value (the host
+        drops control dependencies on the ops whose values it is fed: `tf_model.host_graph`).
+        A value inside a fused kernel or of the loss's reduction is recomputed from the
+        values before it."""
         found: list[str] = []
-        seen, queue = set(), list(host_tensors)
+        fed = {t.name for t in known}
+        seen: set[str] = set()
+        queue: list[tf.Tensor | tf.Operation] = list(host_tensors)
         while queue:
-            tensor = queue.pop(0)
-            if tensor.name in seen:
+            item = queue.pop(0)
+            if item.name in seen:
                 continue
-            seen.add(tensor.name)
-            if tensor.name in self.values:
-                name = self.values[tensor.name]
-                if name not in found:
+            seen.add(item.name)
+            tensors = item.outputs if isinstance(item, tf.Operation) else [item]
+            ready = [t for t in tensors if t.name in fed or t.name in self.values]
+            if ready:  # a control dependency is met by any fed output of its op
+                name = self.values.get(ready[0].name)
+                if ready[0].name not in fed and name is not None and name not in found:
                     found.append(name)
                 continue
-            if tensor.name in self.internal:
-                raise CSRunError(
-                    f"host-side metrics or predictions read {tensor.name}, a value inside "
-                    f"kernel {self.internal[tensor.name]}",
-                    "compute metrics from a layer's output (e.g. the logits)")
-            if tensor.name in self.tail:
-                raise CSRunError(
-                    f"host-side metrics or predictions read {tensor.name}, a value of the loss's "
-                    "reduction over the batch", "compute metrics from per-sample values")
-            queue.extend(tensor.op.inputs)
+            op = item if isinstance(item, tf.Operation) else item.op
+            queue.extend(op.inputs)
+            queue.extend(op.control_inputs)
         return tuple(found)
 
 
@@ -383,7 +388,8 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     # The root cause first: a recurrent layer explains the ops around its loop.
     matcher.unsupported.sort(key=lambda u: u.type not in lowering.RECURRENT)
     kernels = tuple(loss_tail.attach_regularizers(matcher.kernels, regularizers))
-    outputs = matcher.host_outputs(hosts) if not matcher.unsupported else ()
+    known = [spec.loss] if spec.loss is not None and not predict else []
+    outputs = matcher.host_outputs(hosts, known) if not matcher.unsupported else ()
     return MatchedModel(inputs=extracted.inputs, kernels=kernels, loss_kernel=loss_kernel,
                         outputs=outputs, training=training,
                         unsupported=tuple(matcher.unsupported))
@@ -415,7 +421,7 @@ def moving_statistics(matcher: Matcher, training: TrainingSpec) -> list[Unsuppor
     statistic: its kernel moves the variable by the same rule (a frozen weight it holds);
     an update of any other value is refused."""
     bad = []
-    for ma in training.moving_averages:
+    for ma in training.statistic_averages:
         owner = matcher.statistics.get(ma.statistic)
         index = next((i for i, k in enumerate(matcher.kernels)
                       if owner is not None and k.name == owner[0]), None)
@@ -458,9 +464,8 @@ def shared_weights(matcher: Matcher) -> list[UnsupportedOp]:
 
 
 def unsupported_detail(model: MatchedModel) -> str:
-    """The lines listing every unsupported op, and what the compiler supports."""
-    lines = [f"Unsupported operations ({len(model.unsupported)}):"]
-    lines += [f"  {op.line()}" for op in model.unsupported]
+    """The lines listing every unsupported layer and op, and what the compiler supports."""
+    lines = refusals.detail_lines(refusals.group(model.unsupported))
     lines.append("Supported (see README, 'Supported operations'): "
                  + ", ".join(sorted(lowering.supported_op_types())))
     return "\n".join(lines)
@@ -468,11 +473,12 @@ def unsupported_detail(model: MatchedModel) -> str:
 
 def check_supported(model: MatchedModel) -> None:
     if model.unsupported:
-        first = model.unsupported[0]
-        more = len(model.unsupported) - 1
+        grouped = refusals.group(model.unsupported)
+        first, more = grouped[0], len(grouped) - 1
         why = f": {first.reason}" if first.reason else ""
+        others = f" (and {more} more unsupported layer{'s' if more > 1 else ''} or " \
+                 f"operation{'s' if more > 1 else ''})" if more else ""
         raise CSRunError(
-            f"validation failed at {first.source}: {first.type} '{first.name}'{why}"
-            f"{f' (and {more} more unsupported operation' + ('s' if more > 1 else '') + ')' if more else ''}",
+            f"validation failed: {first.headline()}{why}{others}",
             "change the listed ops (every one is listed above with its source line)",
             detail=unsupported_detail(model))

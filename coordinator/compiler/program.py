@@ -34,6 +34,8 @@ def emit(placed: PlacedModel, extracted: ExtractedGraph, *, name: str,
     program = build_program(model, placement, name=name, graph_hash=graph_hash, fabric=fab.name,
                             batch_size=batch_size, seed=extracted.seed)
     weights = [p.variable for k in model.kernels for p in k.params]
+    if model.training is not None:
+        weights += model.training.state_variables
     return Artifacts(
         program=program,
         initial_weights=initial_weights(extracted, weights),
@@ -101,3 +103,5 @@ def emit_training(program: pb.Program, training: TrainingSpec) -> None:
             param.frozen = param.frozen or not training.update(param.variable)
             param.update = "" if param.frozen else training.update(param.variable)
     program.gradient_transforms.extend(t.to_message() for t in training.transforms)
+    program.schedules.extend(s.to_message(pb) for s in training.schedules)
+    program.moving_averages.extend(m.to_message(pb) for m in training.moving_averages)

@@ -8,6 +8,10 @@ from coordinator.compiler.placement import Placement
 from wafer import timing
 from wafer.fabric import Fabric
 from wafer.precision import is_half, precision_of
+from wafer.schedules import ScheduleError, evaluate, render
+
+# Steps at which the compile report shows each schedule's value.
+REPORT_STEPS = (0, 1, 2, 3, 10, 100, 1000, 10000, 100000)
 
 MB = 1024 * 1024
 
@@ -51,17 +55,19 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
              "rmsprop": f", decay {o.decay:g}, momentum {o.momentum:g}, epsilon {o.epsilon:g}"
              f"{', centered' if o.centered else ''}",
              "adagrad": f", initial accumulator {o.initial_accumulator_value:g}"}[o.type]
-    lines = [f"Optimizer: {o.type}, learning rate {o.learning_rate:g}{extra}"]
+    scheduled = {s.hyper_parameter for s in training.schedules}
+    rate = "from a schedule" if "learning_rate" in scheduled else f"{o.learning_rate:g}"
+    lines = [f"Optimizer: {o.type}, learning rate {rate}{extra}"]
     sparse = [v.name for v in training.variables if v.update == "sparse"]
     lines.append(f"Trained weights: {len(training.variables)}"
                  + (f" (sparse updates: {', '.join(sparse)})" if sparse else ""))
-    moving = {a.variable: a for a in training.moving_averages}
+    moving = {a.variable: a for a in training.statistic_averages}
     frozen = [p.variable for k in model.kernels for p in k.params
               if p.variable not in training.trained and p.variable not in moving]
     if frozen:
         lines.append("Frozen weights (not updated by the train_op): " + ", ".join(frozen))
     rules = {"affine": "v * {0:g} + batch * {1:g}", "delta": "v - (v - batch) * {0:g}"}
-    for a in training.moving_averages:
+    for a in training.statistic_averages:
         lines.append(f"Moving statistic: {a.variable} = {rules[a.update].format(*a.constants)} "
                      f"(each training batch, at its batch barrier)")
     for t in training.transforms:
@@ -69,6 +75,26 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
                 f"{t.high:g}]", "clip_by_norm": f"clip_by_norm {t.value:g}",
                 "clip_by_global_norm": f"clip_by_global_norm {t.value:g}"}[t.kind]
         lines.append(f"Gradient transform: {what} of {', '.join(t.variables)}")
+    for schedule in training.schedules:
+        lines.append(f"Schedule of {schedule.hyper_parameter} ({schedule.tf_tensor} at "
+                     f"{schedule.source}, {len(schedule.ops)} scalar ops evaluated before "
+                     f"every step): {render(schedule)}")
+        if not schedule.variables:
+            try:
+                values = [f"step {s}: {evaluate(schedule, s, {}):.6g}" for s in REPORT_STEPS]
+            except ScheduleError as error:
+                values = [str(error)]
+            lines.append(f"  {schedule.hyper_parameter} at " + ", ".join(values))
+    groups: dict[tuple, list[str]] = {}
+    for average in training.moving_averages:
+        groups.setdefault((average.factor.ops, average.step_offset), []).append(average.shadow)
+    for average in training.moving_averages:
+        shadows = groups.pop((average.factor.ops, average.step_offset), None)
+        if shadows:
+            lines.append(f"Moving averages (after every update, shadow -= (shadow - weight) * "
+                         f"{render(average.factor)}"
+                         + (", at the incremented global step" if average.step_offset else "")
+                         + f"): {', '.join(shadows)}")
     return lines
 
 

@@ -29,9 +29,11 @@ import tensorflow as tf
 
 from common.errors import CSRunError
 from coordinator.compiler.extract import ExtractedGraph, user_source
-from coordinator.compiler.ir import MovingAverage, OptimizerSpec, TrainedVariable, TrainingSpec
+from coordinator.compiler.ir import OptimizerSpec, StatisticAverage, TrainedVariable, TrainingSpec
+from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from wafer import optimizers as cs_optimizers
 from wafer.grad_transforms import GradientTransform, apply_transforms
+from wafer.moving_averages import FACTOR, MovingAverage
 
 SUPPORTED = ("tf.compat.v1.train.GradientDescentOptimizer, MomentumOptimizer, AdamOptimizer, "
              "RMSPropOptimizer, AdagradOptimizer")
@@ -147,6 +149,7 @@ class _Update:
     grad: tf.Tensor  # dense gradient, or the sparse gradient's values before deduplication
     indices: tf.Tensor | None  # sparse: the IndexedSlices' indices before deduplication
     owned: set = field(default_factory=set)  # write ops belonging to this update
+    scheduled: dict = field(default_factory=dict)  # hyper-parameter -> (reader op, its tensor)
 
 
 def _closure(train_op) -> list[tf.Operation]:
@@ -173,8 +176,8 @@ def _hyper(op: tf.Operation, tensor: tf.Tensor, key: str) -> float:
     value = _scalar(tensor)
     if value is None:
         raise _fail(_skip_identity(tensor).op,
-                    f"the {key} of the optimizer is not a constant: the CS needs constant "
-                    "hyper-parameters (learning-rate schedules are not supported)")
+                    f"the {key} of the optimizer is not a constant (this update takes a "
+                    "schedule of the learning rate only)")
     return value
 
 
@@ -190,7 +193,13 @@ def _dedup(op: tf.Operation, values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.
 
 def _apply_update(op: tf.Operation) -> _Update:
     kind = APPLY_OPS[op.type]
-    values = {key: _hyper(op, op.inputs[i], key) for key, i in kind.hyper.items()}
+    scheduled = {key: (op, op.inputs[i]) for key, i in kind.hyper.items()
+                 if _scalar(op.inputs[i]) is None}
+    if kind.optimizer == "adam" and {"beta1", "beta2"} & set(scheduled):
+        raise _fail(op, "Adam's beta1 or beta2 is computed per step; the CS keeps them "
+                        "constant (its beta powers multiply by them)")
+    values = {key: 0.0 if key in scheduled else _hyper(op, op.inputs[i], key)
+              for key, i in kind.hyper.items()}
     nesterov = bool(op.get_attr("use_nesterov")) if "use_nesterov" in op.node_def.attr else False
     if kind.optimizer == "adam" and nesterov:
         raise _fail(op, "Adam with Nesterov momentum is not a tf.compat.v1 optimizer")
@@ -207,7 +216,8 @@ def _apply_update(op: tf.Operation) -> _Update:
     grad, indices = op.inputs[kind.grad], None
     if kind.indices is not None:
         grad, indices = _dedup(op, grad, op.inputs[kind.indices])
-    return _Update(variable_op(op.inputs[0]).name, op, spec, slots, grad, indices, {op})
+    return _Update(variable_op(op.inputs[0]).name, op, spec, slots, grad, indices, {op},
+                   scheduled)
 
 
 def _initial_value(op: tf.Operation, slot: tf.Operation) -> float:
@@ -260,9 +270,11 @@ def _sgd_sparse(op: tf.Operation) -> _Update | None:
     if len(neg) != 1:
         return None
     lr = [t for t in delta.inputs if t is not neg[0]][0]
-    spec = OptimizerSpec(type="sgd", learning_rate=_hyper(op, lr, "learning_rate"))
+    scheduled = {"learning_rate": (delta, lr)} if _scalar(lr) is None else {}
+    spec = OptimizerSpec(type="sgd", learning_rate=0.0 if scheduled else
+                         _hyper(op, lr, "learning_rate"))
     return _Update(variable_op(op.inputs[0]).name, op, spec, (), neg[0].op.inputs[0],
-                   op.inputs[1], {op})
+                   op.inputs[1], {op}, scheduled)
 
 
 def _adam_sparse(op: tf.Operation) -> _Update | None:
@@ -290,14 +302,15 @@ def _adam_sparse(op: tf.Operation) -> _Update | None:
         return None
     if m_grad.name != v_grad.name or m_idx.name != v_idx.name:
         return None
-    values = {"learning_rate": _hyper(op, lr, "learning_rate"),
+    scheduled = {"learning_rate": (lr_mul, lr)} if _scalar(lr) is None else {}
+    values = {"learning_rate": 0.0 if scheduled else _hyper(op, lr, "learning_rate"),
               "beta1": _hyper(op, beta1, "beta1"), "beta2": _hyper(op, beta2, "beta2"),
               "epsilon": _hyper(op, eps, "epsilon")}
     _check_powers(op, [b1p, b2p], values)
     grad, indices = _dedup(op, m_grad, m_idx)
     slots = (variable_op(m_read).name, variable_op(v_read).name)
     return _Update(variable_op(op.inputs[0]).name, op, OptimizerSpec(type="adam", **values),  # type: ignore[arg-type]  # (floats only)
-                   slots, grad, indices, {op} | m_owned | v_owned)
+                   slots, grad, indices, {op} | m_owned | v_owned, scheduled)
 
 
 class _NoMatch(Exception):
@@ -366,8 +379,36 @@ def _bookkeeping(op: tf.Operation, graph: tf.Graph, optimizer: OptimizerSpec | N
     return False
 
 
-def _updates(extracted: ExtractedGraph, averages: list[MovingAverage]) -> list[_Update]:
-    """The optimizer updates of the train_op (the moving-average updates into `averages`)."""
+@dataclass(frozen=True)
+class _Average:
+    """ExponentialMovingAverage.apply's update of one shadow variable."""
+
+    op: tf.Operation  # AssignSub(shadow, (shadow - variable) * factor)
+    variable: str
+    shadow: str
+    mul: tf.Operation
+    factor: tf.Tensor  # 1 - decay
+
+
+def _moving_average(op: tf.Operation) -> _Average | None:
+    if op.type not in ("AssignSubVariableOp", "AssignSub"):
+        return None
+    try:
+        mul = _expect(op.inputs[1], "Mul")
+        sub = _expect(mul.inputs[0], "Sub")
+    except _NoMatch:
+        return None
+    shadow, variable = variable_op(op.inputs[0]), variable_op(sub.inputs[1])
+    if variable_op(sub.inputs[0]) is not shadow or variable.type not in ("VarHandleOp",
+                                                                         "VariableV2"):
+        return None
+    return _Average(op, variable.name, shadow.name, mul, mul.inputs[1])
+
+
+def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
+             ) -> tuple[list[_Update], list[_Average]]:
+    """The optimizer updates and ExponentialMovingAverage updates of the train_op (the
+    moving averages of batch statistics into `statistics`)."""
     order = {op.name: i for i, op in enumerate(extracted.graph.get_operations())}
     writes = sorted((op for op in _closure(extracted.spec.train_op) if _is_write(op)),
                     key=lambda op: order[op.name])
@@ -381,6 +422,7 @@ def _updates(extracted: ExtractedGraph, averages: list[MovingAverage]) -> list[_
             updates.append(found)
     owned = set().union(*(u.owned for u in updates)) if updates else set()
     optimizer = updates[0].optimizer if updates else None
+    averages = []
     for op in writes:
         if op in owned or _bookkeeping(op, extracted.graph, optimizer):
             continue
@@ -388,7 +430,16 @@ def _updates(extracted: ExtractedGraph, averages: list[MovingAverage]) -> list[_
         if average is not None:
             averages.append(average)
             continue
+        statistic = _statistic_average(op)
+        if statistic is not None:
+            statistics.append(statistic)
+            continue
         target = variable_op(op.inputs[0]) if op.inputs else op
+        if "ExponentialMovingAverage" in target.name:
+            raise _fail(op, f"the train_op keeps an ExponentialMovingAverage of "
+                            f"{target.name.rsplit('/', 1)[0]}: the CS does not keep weight moving "
+                            "averages (ExponentialMovingAverage.apply); train without them on "
+                            "the CS")
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
                         "the CS carries out")
     conds = [op for op in _closure(extracted.spec.train_op) if op.type in ("If", "StatelessIf")]
@@ -408,15 +459,21 @@ def _updates(extracted: ExtractedGraph, averages: list[MovingAverage]) -> list[_
         by_var[u.variable] = u
     first = updates[0]
     for u in updates[1:]:
-        if u.optimizer != first.optimizer:
+        if u.optimizer != first.optimizer or set(u.scheduled) != set(first.scheduled):
             raise _fail(u.op, f"{u.variable} is trained with {u.optimizer}, but {first.variable} "
                               f"with {first.optimizer} ('{first.op.name}' at "
                               f"{user_source(first.op)}); the CS trains every variable with "
                               "one optimizer")
-    return updates  # in graph order: compute_gradients' order, the variables' creation order
+    for a in averages:
+        if a.variable not in by_var or by_var[a.variable].op not in set(_closure(a.op)):
+            raise _fail(a.op, f"the ExponentialMovingAverage of {a.variable} does not wait for "
+                              f"its update: the CS averages the weights the train_op trains, "
+                              "after their update (ema.apply under "
+                              "tf.control_dependencies([the optimizer's op]))")
+    return updates, averages  # updates in graph order: compute_gradients' (creation) order
 
 
-def _moving_average(op: tf.Operation) -> MovingAverage | None:
+def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
     """A write moving a variable toward another value: `v.assign(v * a + s * b)` (Keras'
     BatchNormalization, written by hand) or `v.assign_sub((v - s) * d)`
     (assign_moving_average), a, b, d constants. Whether s is a batch statistic the CS
@@ -458,8 +515,8 @@ def _moving_average(op: tf.Operation) -> MovingAverage | None:
     if found is None:
         return None
     update, constants, statistic = found
-    return MovingAverage(target.name, _skip_identity(statistic).name, update, constants, dims,
-                         user_source(op))
+    return StatisticAverage(target.name, _skip_identity(statistic).name, update, constants,
+                            dims, user_source(op))
 
 
 def _variables_under(tensor: tf.Tensor) -> list[tf.Operation]:
@@ -918,7 +975,7 @@ def _fold_loss_scale(chains: list[_Chain], half: bool) -> tuple[list[GradientTra
 # ---- 4. numbers ----
 
 def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
-                   averages: list[MovingAverage], rtol: float = 1e-4) -> None:
+                   averages: list[StatisticAverage], rtol: float = 1e-4) -> None:
     """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
     a float16 backward rounds S * g and g differently); then TF's transforms ==
     apply_transforms on random gradients. (Moving averages are initialised too: gradients
@@ -1021,9 +1078,9 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
     if extracted.spec.train_op is None:
         raise _Problems(["model_fn returned no train_op in train mode"])
     with extracted.graph.as_default():
-        averages: list[MovingAverage] = []
+        statistic_averages: list[StatisticAverage] = []
         try:
-            updates = _updates(extracted, averages)
+            updates, averages = _updates(extracted, statistic_averages)
             _check_dtypes(extracted, updates)
             _check_slots(updates)
         except _Refused as problem:
@@ -1040,11 +1097,41 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
             raise _Problems(problems)
         try:
             _group_order(chains)
-            _check_numbers(extracted, chains, averages, HALF_GRADIENT_RTOL if half else 1e-4)
+            _check_numbers(extracted, chains, statistic_averages,
+                           HALF_GRADIENT_RTOL if half else 1e-4)
             transforms, loss_scale = _fold_loss_scale(chains, half)
         except _Refused as problem:
             raise _Problems([str(problem)]) from None
+        try:
+            schedules, moving = _schedules(extracted, updates, averages)
+        except ScheduleRefused as problem:
+            raise _Problems([str(problem)]) from None
     variables = tuple(TrainedVariable(u.variable, "dense" if u.indices is None else "sparse",
                                       u.slots, user_source(u.op)) for u in updates)
-    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms),
-                        moving_averages=tuple(averages), loss_scale=loss_scale)
+    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), loss_scale=loss_scale,
+                        schedules=schedules, moving_averages=moving,
+                        statistic_averages=tuple(statistic_averages))
+
+
+def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list[_Average]):
+    """The schedules of the hyper-parameters the updates read per step, and the moving
+    averages with their factors (coordinator.compiler.schedules: lowered from the graph TF
+    executes)."""
+    train = extracted.spec.train_op
+    increments = [op for op in _closure(train) if _is_write(op) and op.type in (
+        "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph, None)]
+    items = [Scheduled(key, reader, tensor) for u in updates
+             for key, (reader, tensor) in u.scheduled.items()]
+    offsets = {}
+    for a in averages:
+        offsets[a.shadow] = int(bool(increments) and increments[0] in set(_closure(a.op)))
+        items.append(Scheduled(FACTOR, a.mul, a.factor, name=a.shadow,
+                               before_increment=not offsets[a.shadow],
+                               label=f"the decay of the ExponentialMovingAverage of {a.variable}"))
+    written = {variable_op(op.inputs[0]).name for op in _closure(train) if _is_write(op)}
+    lowered = lower_schedules(extracted, items, written)
+    schedules = tuple(lowered[key] for key in dict.fromkeys(
+        key for u in updates for key in u.scheduled))
+    moving = tuple(MovingAverage(a.variable, a.shadow, lowered[a.shadow], offsets[a.shadow])
+                   for a in averages)
+    return schedules, moving

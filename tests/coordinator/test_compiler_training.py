@@ -135,10 +135,10 @@ def test_float16_variable_is_refused_at_compile_time_naming_it():
     assert line_of("float16 variable line") in error.message and "float16" in error.message
 
 
-def test_learning_rate_schedule_is_refused_naming_its_line():
-    error = refusal(tm.lr_schedule)
-    assert error.message.startswith("the learning_rate of the optimizer is not a constant")
-    assert error.message.endswith(f"{line_of('schedule line')})")
+def test_a_learning_rate_schedule_is_lowered_naming_its_line():
+    (schedule,) = analyze(tm.lr_schedule).schedules
+    assert schedule.hyper_parameter == "learning_rate"
+    assert schedule.source.endswith(line_of("schedule line"))
 
 
 def test_minimizing_another_loss_is_refused_naming_both():

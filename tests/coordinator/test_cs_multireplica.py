@@ -109,8 +109,7 @@ def test_dropout_masks_are_those_of_one_replica(tmp_path):
 
 def test_evaluation_under_multireplica_runs_one_copy_and_says_so(four, tmp_path, capsys):
     params = with_replicas(MLP, multireplica=True)
-    assert cs_inprocess.evaluation_mismatch(m.keras_mlp, m.input_fn, params, str(tmp_path),
-                                            four.cs.state) == ""
+    assert cs_inprocess.evaluation_mismatch(m.keras_mlp, m.input_fn, params, str(tmp_path), four) == ""
     out = capsys.readouterr().out
     assert out.count("multireplica is for training (as on the original CS system): eval runs "
                      "on one copy of the network") == 1

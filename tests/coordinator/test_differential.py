@@ -38,8 +38,8 @@ def check_model(spec: rm.ModelSpec) -> tuple[str, str]:
         if problems:
             return "FAILED", "validated, then trained differently: " + "; ".join(problems)
         try:
-            problem = cs_inprocess.evaluation_mismatch(rm.model_fn, rm.input_fn, params, model_dir,
-                                                       result.cs.state, rtol=spec.rtol)
+            problem = cs_inprocess.evaluation_mismatch(rm.model_fn, rm.input_fn, params, model_dir, result,
+                                                       rtol=spec.rtol)
         except Exception as error:  # eval refused or crashed after training was accepted
             problem = "".join(traceback.format_exception_only(error)).strip()
         if problem:

@@ -49,9 +49,9 @@ def check_exact(case, params, model_dir, refusal_must_say=""):
     data = tf_reference.batches(case.input_fn, params, STEPS)
     cs = cs_inprocess.run_on_cs(compiled.program, compiled.initial_weights, data)
     reference = tf_reference.run(case.model_fn, case.input_fn, params, compiled.initial_weights, data)
-    cs_inprocess.assert_same_training(cs_inprocess.Comparison(compiled, cs, reference))
-    problem = cs_inprocess.evaluation_mismatch(case.model_fn, case.input_fn, params, model_dir,
-                                               cs.state)
+    trained = cs_inprocess.Comparison(compiled, cs, reference)
+    cs_inprocess.assert_same_training(trained)
+    problem = cs_inprocess.evaluation_mismatch(case.model_fn, case.input_fn, params, model_dir, trained)
     assert not problem, problem
 
 

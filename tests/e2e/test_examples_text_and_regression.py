@@ -47,6 +47,6 @@ def test_example_trains_on_the_cs_like_tensorflow(name, tmp_path):
     result = cs_inprocess.compare(model.model_fn, data.train_input_fn, params, str(tmp_path),
                                   steps=20)
     cs_inprocess.assert_same_training(result)
-    problem = cs_inprocess.evaluation_mismatch(model.model_fn, data.eval_input_fn, params,
-                                               str(tmp_path), result.cs.state)
-    assert not problem, problem
+    for mismatch in (cs_inprocess.evaluation_mismatch, cs_inprocess.prediction_mismatch):
+        problem = mismatch(model.model_fn, data.eval_input_fn, params, str(tmp_path), result)
+        assert not problem, problem

@@ -59,7 +59,6 @@ def test_parse_accepts_both_spellings_and_true_false():
     (["--alloc-node=maybe", "ls"], "expected True or False, not 'maybe'"),
     (["--bogus", "ls"], "unrecognized arguments: --bogus"),
     (["--alloc"], "unrecognized arguments: --alloc"),  # no abbreviations
-    (["--dry-run"], "no command to run"),
 ])
 def test_parse_rejects_bad_arguments(argv, message):
     with pytest.raises(CSRunError, match=message):
@@ -98,6 +97,24 @@ def test_plan_host_srun_and_container(tmp_path, monkeypatch):
                            "python", "run.py")
     assert chosen.where == (f"csrun_cpu: running in the singularity container {image}, on a node "
                             "of its own through srun (the default partition)")
+
+
+def test_no_command_is_an_interactive_shell_kept_off_the_cs_node(tmp_path):
+    """As the original's: `csrun_cpu` alone (or `bash`) is a shell in the container on an
+    allocated node, `srun --pty`, never on the CS's GRES node unless --exclude-gres=False."""
+    assert parse_args([]).command == ("bash",) and parse_args(["--dry-run"]).interactive
+    assert parse_args(["bash"]).interactive and not parse_args(["bash", "-c", "ls"]).interactive
+    config = SiteConfig(slurm=SlurmConfig(partition="cpu", gres_node="csnode"))
+    shell = plan(parse_args([]), config, "/w", slurm_answers=True)
+    assert shell.argv == ("srun", "--pty", "--nodes=1", "--exclusive", "--job-name=csrun_cpu",
+                          "--exclude=csnode", "--partition=cpu", "bash")
+    assert shell.where == ("csrun_cpu: running an interactive shell, without a container (no csrun.yaml "
+                           "found), on a node of its own through srun (cpu, not csnode (the CS's node))")
+    command = plan(parse_args(["--exclude_gres=False", "python", "run.py"]), config, "/w", slurm_answers=True)
+    assert command.argv == ("srun", "--nodes=1", "--exclusive", "--job-name=csrun_cpu", "--partition=cpu",
+                            "python", "run.py")
+    done = csrun_cpu(["--alloc-node=False", "--dry-run"], tmp_path)
+    assert (done.returncode, done.stdout) == (0, "bash\n"), done.stderr
 
 
 def test_runs_through_the_container_runtime_double(tmp_path):
@@ -176,7 +193,6 @@ def test_image_but_no_runtime_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--bogus", "true"], "unrecognized arguments: --bogus"),
-    ([], "no command to run"),
     (["--alloc-node=maybe", "true"], "expected True or False, not 'maybe'"),
     (["--alloc-node=False", "no-such-command-xyz"], "command not found: no-such-command-xyz"),
 ])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import CSRunError
-from coordinator.roles import task_role
+from coordinator.roles import run_cs_ip, task_role
 from launcher.csrun_wse import fabric_of, parse_args
 from launcher.run_utils import normalize_cs_ip
 
@@ -31,8 +31,7 @@ def sh(script):
 
 
 def test_roles_from_environment():
-    assert task_role({}).rank == 0 and task_role({}).num_tasks == 1 and task_role({}).cs_ip is None
-    assert task_role({"CSRUN_CS_IP": "10.0.0.5:9000"}).cs_ip == "10.0.0.5:9000"  # the job's CS
+    assert task_role({}).rank == 0 and task_role({}).num_tasks == 1
     role = task_role({"SUBMITIT_LOCAL_GLOBALID": "2", "SUBMITIT_LOCAL_NTASKS": "3",
                       "SUBMITIT_LOCAL_JOB_ID": "99", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
     assert (role.rank, role.num_tasks, role.job_id, role.is_chief) == (2, 3, "99", False)
@@ -204,7 +203,7 @@ def test_cs_wait_reaches_the_chief_through_the_task_environment(tmp_path):
 
     args = parse_args(["--cs_ip", "10.0.0.5", "--cs-wait", "600", "python", "run.py"])
     env = job_request(args, args.cs_ip, tmp_path).env
-    assert task_role(env).cs_wait_s == 600 and task_role(env).cs_ip == "10.0.0.5:9000"
+    assert task_role(env).cs_wait_s == 600 and run_cs_ip(environ=env) == "10.0.0.5:9000"
     assert task_role({}).cs_wait_s == 0
     with pytest.raises(CSRunError, match=r"--cs-wait -1.0: must be a number of seconds >= 0"):
         parse_args(["--cs-wait", "-1", "python", "run.py"])

@@ -22,7 +22,8 @@ def test_signatures_are_the_originals():
     assert names(CSEstimator.compile) == ["self", "input_fn", "validate_only", "mode"]
     assert names(CSEstimator.train) == ["self", "input_fn", "steps", "max_steps", "hooks", "use_cs"]
     assert names(CSEstimator.evaluate) == ["self", "input_fn", "steps", "checkpoint_path", "use_cs"]
-    assert names(CSEstimator.predict) == ["self", "input_fn", "checkpoint_path", "num_samples", "use_cs"]
+    assert names(CSEstimator.predict) == ["self", "input_fn", "predict_keys", "checkpoint_path",
+                                          "yield_single_examples", "num_samples", "use_cs"]
     assert {"CSEstimatorSpec", "ModeKeys"} <= set(api.__all__)
 
 

@@ -11,15 +11,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import CSRunError
-from launcher.input_analyzer import (
-    InputCosts,
-    Recommendation,
-    compile_script,
-    job_slots,
-    parse_args,
-    recommend,
-    script_argv,
-)
+from launcher.input_analyzer import InputCosts, Recommendation, job_slots, main, parse_args, recommend
+from launcher.input_measurement import compile_script, script_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 ANALYZER = [sys.executable, "-c", "import sys; from launcher.input_analyzer import main; sys.exit(main())"]
@@ -147,3 +140,52 @@ def test_end_to_end_on_the_cnn_example(tmp_path):
     nodes, per_node, cpus = int(flags[1]), int(flags[3]), int(flags[5])
     assert 1 <= nodes <= 2 and 1 <= cpus <= 4 and per_node * cpus <= 4
     assert f"csrun_wse {' '.join(flags)} python run.py --mode train --model_dir {model_dir}" in out
+
+
+@pytest.mark.slow
+def test_mount_dirs_bind_into_the_sites_container(tmp_path):
+    """With a container image in csrun.yaml the analyzer runs inside it (csrun.yaml's mount
+    dirs, --mount-dirs and the current directory bound), as the original's ran through
+    csrun_cpu; without one, --mount-dirs is unused and says so."""
+    from test_csrun_cpu import APPTAINER_DOUBLE
+
+    bin_dir, data, extra = tmp_path / "bin", tmp_path / "data", tmp_path / "extra"
+    for folder in (bin_dir, data, extra):
+        folder.mkdir()
+    (bin_dir / "apptainer").write_text(APPTAINER_DOUBLE)
+    (bin_dir / "apptainer").chmod(0o755)
+    image = tmp_path / "csrun.sif"
+    image.write_bytes(b"SIF")
+    (tmp_path / "csrun.yaml").write_text(f"container: {{image: {image}}}\nmount_dirs: [{data}]\n")
+    record = tmp_path / "args.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2", "DOUBLE_RECORD": str(record), "DOUBLE_IMAGE": str(image),
+           "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("CSRUN_CONFIG", None)
+    argv = ["--mount-dirs", str(extra), "python", "nope.py"]
+    done = subprocess.run(ANALYZER + argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert record.read_text().splitlines() == ["exec", "--bind", f"{data},{extra},{tmp_path}", "--pwd",
+                                               str(tmp_path), str(image), "cs_input_analyzer", *argv]
+    lines = done.stderr.strip().splitlines()  # inside, the analyzer itself ran (once)
+    assert lines.count(f"cs_input_analyzer: running in the apptainer container {image}") == 1, done.stderr
+    assert lines[-1].startswith("cs_input_analyzer: error: script nope.py not found") and done.returncode == 1
+
+
+def test_mount_dirs_without_a_container_say_they_are_unused(tmp_path, monkeypatch, capfd):
+    (tmp_path / "csrun.yaml").write_text("mount_dirs: []\n")
+    argv = ["--mount-dirs", str(tmp_path), "python", "nope.py"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CSRUN_CONFIG", raising=False)
+    with pytest.raises(SystemExit, match="1"):  # script nope.py not found
+        main(argv)
+    assert f"cs_input_analyzer: --mount-dirs unused: no container.image in {tmp_path / 'csrun.yaml'}" in \
+        capfd.readouterr().err
+
+
+@pytest.mark.parametrize("cli", ["launcher.input_analyzer", "launcher.csrun_wse", "launcher.csrun_cpu"])
+@pytest.mark.parametrize("args", [["--help"], ["--no-such-flag"]])
+def test_help_and_argument_errors_answer_before_tensorflow_is_imported(cli, args):
+    probe = (f"import sys\nfrom {cli} import main\ntry:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
+             "print('tensorflow imported:', 'tensorflow' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.splitlines()[-1] == "tensorflow imported: False", done.stdout + done.stderr

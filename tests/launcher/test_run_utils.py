@@ -9,7 +9,17 @@ import pytest
 import yaml
 
 from common.errors import CSRunError
-from launcher.run_utils import check_env, create_arg_parser, get_params, is_cs, save_params, update_params_from_args
+from coordinator.roles import run_cs_ip
+from launcher.params_spec import check_params
+from launcher.run_utils import (
+    check_env,
+    create_arg_parser,
+    get_csrunconfig_dict,
+    get_params,
+    is_cs,
+    save_params,
+    update_params_from_args,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FC_MNIST = os.path.join(ROOT, "examples", "fc_mnist")
@@ -61,15 +71,21 @@ def test_flags_override_the_yaml_only_when_given(tmp_path):
     assert fresh["model_dir"] == "/default/model_dir" and not is_cs(fresh)
 
 
-def test_the_jobs_cs_overrides_the_yaml_and_the_flag_overrides_both(tmp_path):
-    """Under csrun_wse the task's CS (coordinator.roles) is the job's, as if given by --cs_ip."""
+def test_the_jobs_cs_overrides_the_yaml_and_the_flag_overrides_both(tmp_path, monkeypatch):
+    """Inside a csrun_wse task (CSRUN_CS_IP) the job's CS is the default of the original's
+    two-argument `update_params_from_args` and of `is_cs`; run.py's --cs_ip still wins."""
     parser = create_arg_parser("/default/model_dir")
     path = write_params(tmp_path / "p.yaml", {"cs_ip": "yaml-cs"})
     for flags, job, expected in (([], None, "yaml-cs:9000"), ([], "job-cs:1", "job-cs:1"),
                                  (["--cs_ip", "flag-cs:2"], "job-cs:1", "flag-cs:2")):
+        if job:
+            monkeypatch.setenv("CSRUN_CS_IP", job)
         rc = get_params(path)["runconfig"]
-        update_params_from_args(parser.parse_args(flags), rc, job_cs_ip=job)
+        update_params_from_args(parser.parse_args(flags), rc)
         assert rc["cs_ip"] == expected
+    assert run_cs_ip() == "job-cs:1" and is_cs({"cs_ip": None})  # a script that skips update_params_from_args
+    monkeypatch.delenv("CSRUN_CS_IP")
+    assert run_cs_ip() is None and not is_cs({"cs_ip": None})
 
 
 def test_unknown_flags_and_bad_modes_are_one_line_errors():
@@ -82,8 +98,6 @@ def test_unknown_flags_and_bad_modes_are_one_line_errors():
 
 @pytest.mark.parametrize("runconfig, message", [
     ({"validate_only": True, "compile_only": True}, "--validate_only and --compile_only"),
-    ({"mode": "eval", "cs_ip": "h:1"}, "eval on the CS system needs eval_steps"),
-    ({"mode": "eval_all", "cs_ip": "h:1"}, "eval_all runs on the CPU only"),
     ({"mode": "train_and_eval", "cs_ip": "h:1"}, "train_and_eval runs on the CPU only"),
 ])
 def test_check_env_refuses_what_cannot_run(runconfig, message):
@@ -92,7 +106,8 @@ def test_check_env_refuses_what_cannot_run(runconfig, message):
 
 
 def test_check_env_accepts_runnable_settings():
-    for runconfig in ({"mode": "eval", "cs_ip": "h:1", "eval_steps": 3}, {"mode": "eval_all"},
+    for runconfig in ({"mode": "eval", "cs_ip": "h:1", "eval_steps": 3}, {"mode": "eval", "cs_ip": "h:1"},
+                      {"mode": "eval_all"}, {"mode": "eval_all", "cs_ip": "h:1"},
                       {"mode": "train", "cs_ip": "h:1", "compile_only": True}):
         check_env(runconfig)
 
@@ -103,6 +118,15 @@ def test_save_params_writes_params_yaml_and_refuses_an_unwritable_dir(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(CSRunError, match=r"cannot write to model_dir .*file/md: Not a directory"):
         save_params({}, str(tmp_path / "file" / "md"))
+
+
+def test_only_the_chief_of_a_job_saves_params(tmp_path, monkeypatch):
+    """A modelzoo run.py calls save_params in every task; an input worker writes nothing (the
+    chief's model_dir lock clears other writers' temporary files)."""
+    monkeypatch.setenv("CSRUN_TASK_RANK", "1")
+    monkeypatch.setenv("CSRUN_NUM_TASKS", "3")
+    save_params({"runconfig": {}}, str(tmp_path / "md"))
+    assert not (tmp_path / "md").exists()
 
 
 def bad_run_cases(tmp_path):
@@ -116,7 +140,6 @@ def bad_run_cases(tmp_path):
         "malformed yaml": (["-p", "broken.yaml"], "params file broken.yaml is not valid YAML at line"),
         "unknown key": (["-p", "unknown.yaml"], "unknown runconfig key 'save_every' in unknown.yaml"),
         "both compile flags": (["--validate_only", "--compile_only"], "--validate_only and --compile_only"),
-        "eval on CS": (["--mode", "eval", "--cs_ip", "127.0.0.1"], "eval on the CS system needs eval_steps"),
         "unwritable model_dir": (["-o", "file/md"], "cannot write to model_dir file/md"),
     }
 
@@ -137,3 +160,72 @@ def test_bad_run_py_inputs_end_in_one_line_and_exit_1(tmp_path):
         assert len(lines) == 1 and cases[name][1] in lines[0] and "(hint: " in lines[0], (name, err)
         assert "Traceback" not in err + out, (name, err)
     assert not os.path.exists(tmp_path / "model_dir" / "checkpoint")  # nothing ran
+
+
+# ---- the original's params keys and flags (issue 20) ----
+ORIGINAL_PARAMS = """
+description: "every key the original documents"
+train_input: {data_dir: ./tfds, batch_size: 16, shuffle: true, shuffle_seed: 1, num_parallel_calls: 0,
+              shuffle_buffer: 100, num_parallel_reads: 4, repeat: true}
+eval_input: {data_dir: [./a, ./b], batch_size: 16, shuffle: false}
+model: {mixed_precision: false, boundary_casting: true, tf_summary: false, hidden_sizes: [8]}
+optimizer: {optimizer_type: adam, learning_rate: 0.001, epsilon: '1e-6', loss_scaling_factor: dynamic,
+            initial_loss_scale: 32768.0, max_loss_scale: 2147483648.0, max_gradient_norm: 1.0}
+csconfig: {use_cbfloat16: true, some_stack_setting: 3}
+runconfig: {mode: train, max_steps: 10, multireplica: false, enable_distributed: false, throttle_secs: 0,
+            num_wgt_servers: 12, enable_gpu_optimizations: false, checkpoint_path: null,
+            disable_standard_logs: true, disable_input_pipeline_ckpt: true, device: /gpu:0}
+"""
+
+
+def test_every_original_key_is_accepted_and_those_meaning_nothing_here_say_so_once(tmp_path, capsys):
+    params = get_params(write_params(tmp_path / "p.yaml", text=ORIGINAL_PARAMS))
+    update_params_from_args(create_arg_parser("md").parse_args(["--multireplica"]), params["runconfig"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    noted = sorted(line.split(" = ")[0].removeprefix("note: ") for line in notes)
+    assert noted == ["csconfig.some_stack_setting", "csconfig.use_cbfloat16", "model.boundary_casting",
+                     "runconfig.device", "runconfig.disable_input_pipeline_ckpt",
+                     "runconfig.num_wgt_servers"], notes
+    assert all(": not used" in n or "this host's CPU" in n for n in notes)
+    rc = params["runconfig"]
+    assert rc["multireplica"] is True and rc["disable_standard_logs"] is True  # carried in params
+    assert get_csrunconfig_dict(rc)["log_step_count_steps"] is None  # disable_standard_logs honoured
+    assert params["model"]["mixed_precision"] is False and params["csconfig"]["some_stack_setting"] == 3
+
+
+def test_the_originals_run_py_flags(tmp_path):
+    rc = get_params(write_params(tmp_path / "p.yaml", {}))["runconfig"]
+    assert (rc["multireplica"], rc["checkpoint_path"], rc["device"]) == (False, None, None)
+    flags = ["--multireplica", "--checkpoint_path", "md/model.ckpt-4", "--device", "/cpu:0"]
+    update_params_from_args(create_arg_parser("md").parse_args(flags), rc)
+    assert (rc["multireplica"], rc["checkpoint_path"], rc["device"]) == (True, "md/model.ckpt-4", "/cpu:0")
+
+
+def test_the_default_params_file_is_beside_run_py():
+    assert create_arg_parser("/ex/model_dir").parse_args([]).params == "/ex/configs/params.yaml"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("runconfig: {multireplca: false}", "unknown runconfig key 'multireplca' .* did you mean 'multireplica'"),
+    ("runconfig: {throttle_sec: 5}", "unknown runconfig key 'throttle_sec' .* did you mean 'throttle_secs'"),
+    ("runconfig: {save_every: 5}", "unknown runconfig key 'save_every' .*known keys: "),
+    ("model: {mixed_precison: true}", "unknown model key 'mixed_precison' .* did you mean 'mixed_precision'"),
+    ("optimizer: {loss_scaling_factr: 2.0}", "did you mean 'loss_scaling_factor'"),
+    ("runconfg: {max_steps: 5}", "unknown params section key 'runconfg' .* did you mean 'runconfig'"),
+    ("runconfig: {multireplica: 'yes'}", "runconfig.multireplica in .* is 'yes', not true or false"),
+    ("runconfig: {throttle_secs: -1}", "runconfig.throttle_secs in .* is -1, not a number >= 0"),
+])
+def test_a_misspelt_or_mistyped_key_is_refused_naming_the_nearest(tmp_path, text, message):
+    with pytest.raises(CSRunError, match=message):
+        get_params(write_params(tmp_path / "p.yaml", text=text))
+
+
+def test_a_misspelt_model_key_is_refused_naming_the_specs_key(tmp_path):
+    from examples.fc_mnist.model import PARAMS_SPEC
+    params = yaml.safe_load(open(os.path.join(FC_MNIST, "configs", "params.yaml")))
+    params["model"]["hiden_sizes"] = params["model"].pop("hidden_sizes")
+    with pytest.raises(CSRunError, match="unknown model key 'hiden_sizes' .*did you mean 'hidden_sizes'"):
+        check_params(params, PARAMS_SPEC, "p.yaml")
+    params["model"]["hidden_sizes"] = params["model"].pop("hiden_sizes")
+    params["model"]["my_own_setting"] = 1  # a key the model may read: left to it
+    check_params(params, PARAMS_SPEC, "p.yaml")

@@ -13,7 +13,7 @@ from launcher.csrun_wse import job_request, parse_args
 from launcher.site_config import SiteConfig, SlurmConfig
 from slurm.backend import JobRequest
 from slurm.local_backend import LocalBackend
-from slurm.slurm_backend import refusal, render_script, slurm_options
+from slurm.slurm_backend import refusal, render_script, slurm_options, task_layout
 from slurm.task_logs import task_hosts, where_task_runs
 from slurm.templates import TEMPLATES, fill
 
@@ -46,7 +46,7 @@ def test_without_time_the_partition_default_applies(tmp_path):
 def test_unknown_options_and_impossible_layouts_are_refused(tmp_path):
     with pytest.raises(CSRunError, match="the Slurm backend does not take colour"):
         slurm_options(request(tmp_path, options={"colour": "red"}))
-    with pytest.raises(CSRunError, match="leaves no node for the input workers"):
+    with pytest.raises(CSRunError, match="leaves no node for the other tasks"):
         render_script(request(tmp_path, options={"single_task_nodes": "1"}), "py")
 
 
@@ -56,6 +56,40 @@ def test_single_task_nodes_counts_one_chief_and_the_workers(tmp_path):
     assert tasks == 9
     assert "#SBATCH --ntasks=9\n" in text and "--distribution=arbitrary --ntasks=9" in text
     assert "ntasks-per-node" not in text
+
+
+def test_any_number_of_single_task_nodes_below_the_node_count(tmp_path):
+    """The original's --single-task-nodes N: the first N nodes one task each (the chief's
+    first), the other nodes --tasks-per-node each; the hostfile the script writes says so."""
+    args = parse_args(["--cs_ip", "h:1", "--total-nodes", "4", "--tasks-per-node", "2",
+                       "--single-task-nodes", "2", "--", "python", "run.py"])
+    text, tasks = render_script(job_request(args, "h:1", tmp_path), "py")
+    assert tasks == 6 and "#SBATCH --ntasks=6\n" in text and "--distribution=arbitrary --ntasks=6" in text
+    hostfile = next(line for line in text.splitlines() if line.startswith("{ printf"))  # what runs
+    for cyclic, expected in (("", "n1 n2 n3 n3 n4 n4"), ("1", "n1 n2 n3 n4 n3 n4")):
+        _, setup = task_layout(request(tmp_path, total_nodes=4, tasks_per_node=2),
+                               {"single_task_nodes": "2", "cyclic": cyclic})
+        if not cyclic:
+            assert setup[-1] == hostfile
+        script = "nodes=(n1 n2 n3 n4); SLURM_HOSTFILE=/dev/stdout; " + setup[-1]
+        assert subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout.split() == \
+            expected.split()
+
+
+def test_tasks_per_node_from_cpus_per_task(tmp_path, capsys):
+    """As the original's csrun_wse: --cpus-per-task C alone runs as many C-CPU tasks per node
+    as this host's CPUs hold."""
+    cpus = len(os.sched_getaffinity(0))
+    args = parse_args(["--cs_ip", "h:1", "--cpus-per-task", "1", "true"])
+    assert (args.tasks_per_node, args.cpus_per_task) == (cpus, 1)
+    assert f"--cpus-per-task 1 without --tasks-per-node: {cpus} task(s) per node" in capsys.readouterr().err
+    assert parse_args(["--cs_ip", "h:1", "--cpus-per-task", str(cpus + 1), "true"]).tasks_per_node == 1
+    assert parse_args(["--cs_ip", "h:1", "--cpus-per-task", "1", "--tasks-per-node", "3", "true"]).tasks_per_node == 3
+    done = subprocess.run([sys.executable, "-m", "launcher.csrun_wse", "--dry-run", "--cpus-per-task", "1",
+                           "--cs_ip", "h:1", "--job-dir", str(tmp_path / "j"), "--", "python", "run.py"],
+                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert f"# local backend (submitit LocalExecutor): {cpus} task(s) on this host" in done.stdout
 
 
 def test_refusals_name_what_to_change(tmp_path):
@@ -87,8 +121,9 @@ def test_site_defaults_and_flags(tmp_path):
     assert parse_args(["--tasks-per-node", "2", "true"], site).tasks_per_node == 2
     with pytest.raises(CSRunError, match="--detach needs --cs_ip"):
         parse_args(["--detach", "true"])
-    with pytest.raises(CSRunError, match="invalid choice: 2"):
-        parse_args(["--single-task-nodes", "2", "true"])
+    with pytest.raises(CSRunError, match=r"--single-task-nodes 2 must be at least 0 and less than the number "
+                                         r"of nodes \(2\)"):
+        parse_args(["--total-nodes", "2", "--single-task-nodes", "2", "true"])
 
 
 def test_local_backend_ignores_site_defaults_and_refuses_slurm_flags(tmp_path):

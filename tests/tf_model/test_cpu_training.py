@@ -98,28 +98,53 @@ def test_evaluate_matches_predictions_and_writes_eval_events(tmp_path):
     est.train(data.train_input_fn, max_steps=30)
     results = est.evaluate(data.eval_input_fn)
     assert results["global_step"] == 30 and set(results) == {"accuracy", "loss", "global_step"}
-    predictions = est.predict(data.eval_input_fn)
+    samples = list(est.predict(data.eval_input_fn))  # a dict per sample, as tf.estimator yields
     _, labels = data.digits_as_mnist(training=False)
-    assert predictions["classes"].shape == (297,) and predictions["probabilities"].shape == (297, 10)
-    assert results["accuracy"] == pytest.approx(np.mean(predictions["classes"] == labels))
+    assert len(samples) == 297 and set(samples[0]) == {"classes", "probabilities"}
+    assert samples[0]["classes"].shape == () and samples[0]["probabilities"].shape == (10,)
+    classes = np.array([s["classes"] for s in samples])
+    assert results["accuracy"] == pytest.approx(np.mean(classes == labels))
     stored = np.load(tmp_path / "predict" / "predictions-30.npz")
-    np.testing.assert_array_equal(stored["classes"], predictions["classes"])
+    np.testing.assert_array_equal(stored["classes"], classes)
+    batches = list(est.predict(data.eval_input_fn, predict_keys=["classes"], yield_single_examples=False))
+    assert [set(b) for b in batches] == [{"classes"}] * 3 and [len(b["classes"]) for b in batches] == [99] * 3
+    with pytest.raises(CSRunError, match="predict_keys 'class' is not a key of model_fn's predictions"):
+        est.predict(data.eval_input_fn, predict_keys=["class"])
     assert scalars(str(tmp_path / "eval"), "accuracy") == {30: pytest.approx(results["accuracy"])}
     older = est.evaluate(data.eval_input_fn, steps=1, checkpoint_path=str(tmp_path / "model.ckpt-20"))
     assert older["global_step"] == 20
 
 
-def test_metrics_from_fed_host_tensors_need_no_weights():
-    """The chief's way: values of the host_call tensors and the loss, no checkpoint."""
-    with EvalMetrics(model.model_fn, data.eval_input_fn, small_params()) as metrics:
-        logits_name, labels_name, loss_name = metrics.host_tensors
-        assert labels_name == "labels:0" and metrics.input_names == ("features:0", "labels:0")
+def scored(features, labels, mode, params):
+    """A model whose metric averages a value under a control dependency (metrics.mean does)."""
+    logits = tf.identity(tf.keras.layers.Dense(10)(features), name="logits")
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits) + tf.add_n(
+        [tf.nn.l2_loss(v) for v in tf.compat.v1.trainable_variables()])
+    return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
+        "accuracy": tf.compat.v1.metrics.accuracy(labels, tf.argmax(logits, axis=1)),
+        "mean_logit": tf.compat.v1.metrics.mean(logits)})
+
+
+def test_metrics_from_streamed_values_need_neither_the_samples_nor_the_weights():
+    """The chief's way: values for the streamed tensors and the loss; control dependencies on
+    their ops are dropped, so the model's ops (which read the samples) never run."""
+    with EvalMetrics(scored, data.eval_input_fn, small_params(), streamed=["logits:0", "labels:0"]) as metrics:
         labels = np.arange(99, dtype=np.int32) % 10  # one eval batch
         right = np.eye(10, dtype=np.float32)[labels]
         wrong = np.roll(right, 1, axis=1)
-        metrics.update({logits_name: right, labels_name: labels, loss_name: np.float32(0.5)})
-        metrics.update({logits_name: wrong, labels_name: labels, loss_name: np.float32(1.5)})
-        assert metrics.results() == {"accuracy": 0.5, "loss": 1.0}
+        metrics.update({"logits:0": right, "labels:0": labels, metrics.loss_name: np.float32(0.5)})
+        metrics.update({"logits:0": wrong, "labels:0": labels, metrics.loss_name: np.float32(1.5)})
+        assert metrics.results() == {"accuracy": 0.5, "loss": 1.0, "mean_logit": pytest.approx(0.1)}
+
+
+def test_a_metric_that_fails_on_the_host_is_one_line_naming_its_source():
+    with EvalMetrics(scored, data.eval_input_fn, small_params(), streamed=["logits:0"]) as metrics:
+        with pytest.raises(CSRunError) as error:  # labels are not fed: TF's error, in one line
+            metrics.update({"logits:0": np.zeros((99, 10), np.float32), metrics.loss_name: np.float32(0)})
+    line = error.value.message
+    assert "\n" not in line and line.startswith("Placeholder 'labels' at ")
+    assert line.endswith(" failed on a batch: You must feed a value for placeholder tensor 'labels' with dtype "
+                         "int32 and shape [99]")
 
 
 def test_evaluate_without_a_checkpoint_is_one_clear_error(tmp_path):

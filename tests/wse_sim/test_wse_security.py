@@ -159,6 +159,21 @@ def avg_pool_program(size: int, pool: int, padding: str = "VALID") -> pb.Program
     return p
 
 
+def spatial_program(kind: str, attrs: dict) -> pb.Program:
+    """features (64, 64, 1) -> one spatial kernel whose attributes ask for a huge window or
+    output (its declared output is small: the attributes alone must be refused)."""
+    p = pb.Program(name="spatial", fabric="cs1", batch_size=1, micro_batch_size=1, outputs=["k"])
+    p.inputs.add(name="features", dtype=pb.FLOAT32, shape=[64, 64, 1])
+    k = p.kernels.add(name="k", type=kind, inputs=["features"], output_shape=[64, 64, 1],
+                      region=pb.Region(x=0, y=0, width=1, height=1))
+    for key, value in attrs.items():
+        if isinstance(value, str):
+            k.attrs[key].s = value
+        else:
+            k.attrs[key].ints.values[:] = value
+    return p
+
+
 def with_region(region: pb.Region) -> pb.Program:
     p = program()
     p.kernels[1].region.CopyFrom(region)
@@ -168,6 +183,11 @@ def with_region(region: pb.Region) -> pb.Program:
 @pytest.mark.parametrize("bad, words", [
     (avg_pool_program(10583, 2), ["'features'", "(10583, 10583, 1)", "111,999,889", "16,777,216"]),
     (avg_pool_program(64, 100_000, "SAME"), ["kernel 'pool' (avg_pool)", "window (100000, 100000)"]),
+    (spatial_program("depthwise_conv2d", {"kernel_size": [3, 3], "dilations": [100_000, 100_000],
+                                          "padding": "SAME"}), ["kernel 'k' (depthwise_conv2d)", "window (200001, 200001)"]),
+    (spatial_program("resize", {"size": [1 << 13, 1 << 13], "method": "nearest"}),
+     ["kernel 'k' (resize)", "more than 16,777,216 elements"]),
+    (spatial_program("tile", {"multiples": [1 << 13, 1, 1]}), ["kernel 'k' (tile)", "more than 16,777,216"]),
     (with_region(pb.Region(x=3, y=0, width=0, height=2)),
      ["kernel 'logits' (dense)", "x=3 y=0 0x2", "at least one core", "633x633"]),
     (with_region(pb.Region(x=630, y=0, width=8, height=1)), ["kernel 'logits'", "630", "8x1"]),

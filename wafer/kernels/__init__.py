@@ -7,7 +7,13 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | type | inputs | attrs | params (role: shape) | dtypes |
 |---|---|---|---|---|
 | dense | x (..., n) | units, use_bias, activation | kernel: (n, units), bias: (units,) | |
-| conv2d | x (H, W, C) NHWC | filters, kernel_size [kh, kw], strides [sh, sw], padding SAME/VALID, use_bias, activation | kernel: (kh, kw, C, filters), bias: (filters,) | |
+| conv2d | x (H, W, C) NHWC | filters, kernel_size [kh, kw], strides [sh, sw], padding SAME/VALID or [top, bottom, left, right], dilations [dh, dw] (default 1), use_bias, activation | kernel: (kh, kw, C, filters), bias: (filters,) | |
+| conv2d_transpose | x (H, W, C) | filters, kernel_size, strides, padding SAME/VALID, dilations, output_size [OH, OW] (a conv2d of it gives back (H, W)) | kernel: (kh, kw, filters, C) | |
+| depthwise_conv2d | x (H, W, C) | depth_multiplier M, kernel_size, strides, padding (as conv2d), dilations | kernel: (kh, kw, C, M); output channel c * M + q | |
+| conv3d | x (D, H, W, C) NDHWC | filters, kernel_size [kd, kh, kw], strides [sd, sh, sw], padding SAME/VALID | kernel: (kd, kh, kw, C, filters) | |
+| max_pool3d, avg_pool3d | x (D, H, W, C) | pool_size, strides (three each), padding; max: the gradient to every tie, as MaxPool3DGrad | — | |
+| tile | x | multiples [per-sample axis] | — | |
+| resize | x (H, W, C) | size [OH, OW], method bilinear/nearest, align_corners, half_pixel_centers | — | |
 | max_pool, avg_pool | x (H, W, C) | pool_size [ph, pw], strides [sh, sw], padding | — | |
 | activation | x | function: relu, relu6, leaky_relu, elu, selu, tanh, sigmoid, softplus, linear, identity, neg, abs, square, sqrt, rsqrt, exp, expm1, log, log1p, reciprocal, erf, erfc, sin, cos, sign, softsign, pow; alpha (leaky_relu); exponent (pow, float) | — | |
 | binary | the `i` operands | op: add, sub, mul, div, maximum, minimum, squared_difference, pow, greater, greater_equal, less, less_equal, equal, not_equal, logical_and, logical_or; operands (2 letters) | p<k>: attr p<k> | two operands of one dtype; add, sub, mul, maximum, minimum and comparisons also int32/int64, logical bool; comparisons and logical output bool |
@@ -52,15 +58,19 @@ integer or bool inputs, comparisons, stop_gradient, one_hot, casts to non-float)
 from wafer.kernels import (  # noqa: F401
                              activations,
                              conv,
+                             conv_transpose,
                              dense,
+                             depthwise,
                              einsum,
                              elementwise,
                              embedding,
                              losses,
                              matmul,
                              normalization,
+                             resampling,
                              structure,
                              tensor_ops,
+                             volume,
 )
 from wafer.kernels.base import KERNELS, Kernel, KernelError, RunContext, build_kernel, register
 

@@ -32,25 +32,44 @@ def output_size(size: int, window: int, stride: int, padding: str) -> tuple[int,
     return out, total // 2
 
 
+def explicit_pads(name: str, padding: Any) -> tuple[int, int, int, int] | None:
+    """[top, bottom, left, right] of explicit padding (None for SAME or VALID)."""
+    if padding in ("SAME", "VALID"):
+        return None
+    if not isinstance(padding, (list, tuple)) or len(padding) != 4 or \
+            not all(isinstance(p, int) and p >= 0 for p in padding):
+        raise KernelError(f"kernel {name!r}: padding must be SAME, VALID or four non-negative "
+                          f"integers [top, bottom, left, right], got {padding!r}")
+    return tuple(padding)
+
+
 class Windows:
-    """The sliding windows of one kernel's input: padding, output size, im2col and col2im."""
+    """The sliding windows of one kernel's input: padding, output size, im2col and col2im.
+
+    `dilations` spread a window's taps apart (TF's dilations: tap i reads row i * d);
+    `padding` is SAME, VALID or explicit [top, bottom, left, right] zeros."""
 
     def __init__(self, name: str, shape: tuple[int, ...], window: tuple[int, int],
-                 strides: tuple[int, int], padding: Any):
+                 strides: tuple[int, int], padding: Any, dilations: tuple[int, int] = (1, 1)):
         if len(shape) != 3:
             raise KernelError(f"kernel {name!r}: input must be (H, W, C) per sample, got {shape}")
-        if padding not in ("SAME", "VALID"):
-            raise KernelError(f"kernel {name!r}: padding must be SAME or VALID, got {padding!r}")
-        (h, w, _), (kh, kw), (sh, sw) = shape, window, strides
-        self.oh, self.top = output_size(h, kh, sh, padding)
-        self.ow, self.left = output_size(w, kw, sw, padding)
+        pads = explicit_pads(name, padding)
+        (h, w, _), (kh, kw), (sh, sw), (dh, dw) = shape, window, strides, dilations
+        ekh, ekw = (kh - 1) * dh + 1, (kw - 1) * dw + 1  # the dilated window's extent
+        if pads is None:
+            self.oh, self.top = output_size(h, ekh, sh, padding)
+            self.ow, self.left = output_size(w, ekw, sw, padding)
+        else:
+            self.top, self.left = pads[0], pads[2]
+            self.oh = (h + pads[0] + pads[1] - ekh) // sh + 1
+            self.ow = (w + pads[2] + pads[3] - ekw) // sw + 1
         if self.oh <= 0 or self.ow <= 0:
             raise KernelError(f"kernel {name!r}: window {window} does not fit input {shape} "
                               f"with {padding} padding")
-        self.shape, self.window, self.strides = shape, window, strides
+        self.shape, self.window, self.strides, self.dilations = shape, window, strides, dilations
         # Padded extent: every window of every output position lies inside it.
-        self.ph = max((self.oh - 1) * sh + kh, h + self.top)
-        self.pw = max((self.ow - 1) * sw + kw, w + self.left)
+        self.ph = max((self.oh - 1) * sh + ekh, h + self.top)
+        self.pw = max((self.ow - 1) * sw + ekw, w + self.left)
 
     def pad(self, x: np.ndarray, fill: float) -> np.ndarray:
         h, w, _ = self.shape
@@ -62,14 +81,15 @@ class Windows:
 
     def view(self, padded: np.ndarray) -> np.ndarray:
         """(m, oh, ow, C, kh, kw) windows of a padded batch (a view, no copy)."""
-        (kh, kw), (sh, sw) = self.window, self.strides
-        v = sliding_window_view(padded, (kh, kw), axis=(1, 2))
-        return v[:, :(self.oh - 1) * sh + 1:sh, :(self.ow - 1) * sw + 1:sw]
+        (kh, kw), (sh, sw), (dh, dw) = self.window, self.strides, self.dilations
+        v = sliding_window_view(padded, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2))
+        return v[:, :(self.oh - 1) * sh + 1:sh, :(self.ow - 1) * sw + 1:sw, :, ::dh, ::dw]
 
     def at(self, padded: np.ndarray, i: int, j: int) -> np.ndarray:
-        """The (m, oh, ow, C) values at offset (i, j) of every window (a strided view)."""
-        sh, sw = self.strides
-        return padded[:, i:i + (self.oh - 1) * sh + 1:sh, j:j + (self.ow - 1) * sw + 1:sw]
+        """The (m, oh, ow, C) values at tap (i, j) of every window (a strided view)."""
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        return padded[:, i * dh:i * dh + (self.oh - 1) * sh + 1:sh,
+                      j * dw:j * dw + (self.ow - 1) * sw + 1:sw]
 
     def offsets(self, padded: np.ndarray):
         """(i, j, `at(padded, i, j)`) per window offset, in row-major window order."""
@@ -77,6 +97,12 @@ class Windows:
         for i in range(kh):
             for j in range(kw):
                 yield i, j, self.at(padded, i, j)
+
+    def columns(self, x: np.ndarray) -> np.ndarray:
+        """im2col: (m * oh * ow, kh * kw * C) in a conv kernel's (kh, kw, C) order."""
+        kh, kw = self.window
+        v = self.view(self.pad(x, 0.0))  # (m, oh, ow, C, kh, kw)
+        return np.ascontiguousarray(v.transpose(0, 1, 2, 4, 5, 3)).reshape(-1, kh * kw * self.shape[2])
 
     def scatter(self, m: int, channels: int, pieces) -> np.ndarray:
         """Sum per-window-offset gradients (i, j, (m, oh, ow, C)) back onto the input."""
@@ -86,6 +112,13 @@ class Windows:
             target = self.at(padded, i, j)
             target += piece
         return padded[:, self.top:self.top + h, self.left:self.left + w]
+
+    def uncolumns(self, m: int, cols: np.ndarray) -> np.ndarray:
+        """col2im: (m * oh * ow, kh * kw * C) columns summed back onto the (m, H, W, C) input."""
+        (kh, kw), channels = self.window, self.shape[2]
+        cols = cols.reshape(m, self.oh, self.ow, kh, kw, channels)
+        return self.scatter(m, channels, ((i, j, cols[:, :, :, i, j])
+                                          for i in range(kh) for j in range(kw)))
 
 
 @register
@@ -102,7 +135,8 @@ class Conv2D(Kernel):
             raise KernelError(f"kernel {name!r}: conv2d needs filters > 0, got {self.filters}")
         self.ksize = pair(name, self.attrs, "kernel_size")
         self.windows = Windows(name, self.input_shapes[0], self.ksize,
-                               pair(name, self.attrs, "strides"), self.attrs.get("padding"))
+                               pair(name, self.attrs, "strides"), self.attrs.get("padding"),
+                               pair(name, {"dilations": [1, 1], **self.attrs}, "dilations"))
         self.channels = self.input_shapes[0][2]
         self.use_bias = bool(self.attrs.get("use_bias", True))
         self.activation = activations.check_function(name, self.attrs.get("activation", "linear"))
@@ -134,14 +168,9 @@ class Conv2D(Kernel):
             kept += math.prod(self.output_shape)
         return 4 * kept
 
-    def _columns(self, x: np.ndarray) -> np.ndarray:
-        """im2col: (m * oh * ow, kh * kw * C) in the kernel's (kh, kw, C) order."""
-        v = self.windows.view(self.windows.pad(x, 0.0))  # (m, oh, ow, C, kh, kw)
-        return np.ascontiguousarray(v.transpose(0, 1, 2, 4, 5, 3)).reshape(-1, self.patch)
-
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        cols = self._columns(x)
+        cols = self.windows.columns(x)
         y, cache = self._affine.forward(cols, params["kernel"].reshape(self.patch, self.filters),
                                         params.get("bias"), ctx)
         return y.reshape(x.shape[0], *self.output_shape), (x.shape[0], cache)
@@ -156,10 +185,7 @@ class Conv2D(Kernel):
         grads["kernel"] = grads["kernel"].reshape(self.param_shapes()["kernel"])
         dx = None
         if dcols is not None:
-            kh, kw = self.ksize
-            dcols = dcols.reshape(m, self.windows.oh, self.windows.ow, kh, kw, self.channels)
-            dx = self.windows.scatter(m, self.channels, (
-                (i, j, dcols[:, :, :, i, j]) for i in range(kh) for j in range(kw)))
+            dx = self.windows.uncolumns(m, dcols)
         return [dx], grads
 
 

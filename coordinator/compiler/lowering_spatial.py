@@ -1,0 +1,211 @@
+"""Lowerings of the spatial ops beyond conv2d and pooling: transposed convolution
+(Conv2DBackpropInput), depthwise convolution (DepthwiseConv2dNative), dilated convolution
+(TF's SpaceToBatchND -> conv -> BatchToSpaceND), tiling within a sample (Keras UpSampling's
+repeat), image resizing, and 3-D convolution and pooling. Registered in `lowering.GENERIC`; each handler lowers its op
+onto a library kernel, or returns why it cannot (the per-sample proof is in the checks:
+the batch axis is never tiled, resized or moved)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.ir import ParamRef
+from coordinator.compiler.operands import Weight, static_shape
+
+if TYPE_CHECKING:
+    from coordinator.compiler.match import Matcher
+
+# The README's rows: kernel -> the TF ops and Keras layers it computes.
+KERNEL_ROWS = {
+    "conv2d_transpose": "Conv2DBackpropInput (Keras Conv2DTranspose, Conv1DTranspose: NHWC, "
+                        "SAME/VALID, strides, output_padding)",
+    "depthwise_conv2d, conv2d (dilated)": "DepthwiseConv2dNative (Keras DepthwiseConv2D, "
+                                          "SeparableConv2D, their 1-D forms: depth multiplier, "
+                                          "strides), dilation_rate (SpaceToBatchND -> Conv2D or "
+                                          "DepthwiseConv2dNative -> BatchToSpaceND)",
+    "conv3d, max_pool3d, avg_pool3d": "Conv3D, MaxPool3D, AvgPool3D (NDHWC, SAME/VALID, strides: "
+                                      "Keras Conv3D, MaxPooling3D, AveragePooling3D)",
+    "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest), ResizeBilinear, "
+                    "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
+}
+
+TRANSPOSED_3D = ("3-D transposed convolution (Conv3DTranspose) has no CS kernel: upsample with "
+                 "UpSampling3D, then Conv3D")
+REFUSED = {"Conv3DTranspose": TRANSPOSED_3D}
+# What to use instead of ops no kernel computes, by op type (coordinator.compiler.refusals).
+INSTEAD = {"Conv3DBackpropInputV2": TRANSPOSED_3D}
+
+
+def _nhwc(op: tf.Operation) -> str:
+    if op.get_attr("data_format") != b"NHWC":
+        return f"{op.type} needs NHWC data"
+    strides = list(op.get_attr("strides"))
+    if strides[0] != 1 or strides[3] != 1:
+        return f"{op.type} strides the batch or channel axis"
+    return ""
+
+
+def _padding(op: tf.Operation) -> str | list[int]:
+    padding = op.get_attr("padding").decode()
+    if padding == "EXPLICIT":
+        pads = list(op.get_attr("explicit_paddings"))
+        if any(pads[:2]) or any(pads[6:]):
+            return "pads the batch or channel axis"
+        return [int(p) for p in pads[2:6]]
+    return padding
+
+
+def _kernel_param(weight: Weight) -> ParamRef:
+    return ParamRef("kernel", weight.variable, weight.shape, variable_shape=weight.variable_shape)
+
+
+def _conv_transpose(m: "Matcher", op: tf.Operation) -> str:
+    sizes_t, filter_t, x = op.inputs
+    weight, sizes = m.operands.weight(filter_t), m.operands.constant(sizes_t)
+    if not m.is_batched(x) or weight is None or sizes is None:
+        return "a transposed convolution of the samples by a weight, to a constant size, is supported"
+    bad = _nhwc(op)
+    if bad:
+        return bad
+    if list(op.get_attr("dilations")) != [1, 1, 1, 1]:
+        return "dilated transposed convolutions are not supported (nor computed by TF's CPU)"
+    padding = _padding(op)
+    if padding not in ("SAME", "VALID"):
+        return "a transposed convolution needs SAME or VALID padding"
+    if int(sizes[0]) != m.x.batch_size:
+        return "the transposed convolution's output batch differs from its input's"
+    strides = list(op.get_attr("strides"))
+    kh, kw, filters, _ = weight.shape
+    m.add_kernel(m.scope(op, weight.variable), "conv2d_transpose", [x], {
+        "filters": int(filters), "kernel_size": [int(kh), int(kw)],
+        "strides": [int(strides[1]), int(strides[2])], "padding": padding,
+        "output_size": [int(sizes[1]), int(sizes[2])]}, [_kernel_param(weight)], [op], op.outputs[0])
+    return ""
+
+
+def _conv(m: "Matcher", op: tf.Operation, x: tf.Tensor, ops: list[tf.Operation], out: tf.Tensor,
+          padding: str | list[int], dilations: list[int]) -> str:
+    """Conv2D or DepthwiseConv2dNative `op` of the samples `x` (through `ops`) by a weight."""
+    weight = m.operands.weight(op.inputs[1])
+    if not m.is_batched(x) or weight is None:
+        return f"{op.type} of the samples by a weight is supported"
+    bad = _nhwc(op)
+    if bad:
+        return bad
+    strides = list(op.get_attr("strides"))
+    kh, kw = weight.shape[:2]
+    attrs: dict[str, Any] = {"kernel_size": [int(kh), int(kw)], "padding": padding,
+                             "strides": [int(strides[1]), int(strides[2])], "dilations": dilations}
+    if op.type == "Conv2D":
+        attrs.update(filters=int(weight.shape[3]), use_bias=False, activation="linear")
+        kind = "conv2d"
+    else:
+        attrs["depth_multiplier"] = int(weight.shape[3])
+        kind = "depthwise_conv2d"
+    m.add_kernel(m.scope(op, weight.variable), kind, [x], attrs, [_kernel_param(weight)], ops, out)
+    return ""
+
+
+def _depthwise(m: "Matcher", op: tf.Operation) -> str:
+    padding = _padding(op)
+    if not isinstance(padding, list) and padding not in ("SAME", "VALID"):
+        return padding
+    dilations = list(op.get_attr("dilations"))
+    if dilations[0] != 1 or dilations[3] != 1:
+        return "dilates the batch or channel axis"
+    return _conv(m, op, op.inputs[0], [op], op.outputs[0], padding, [int(d) for d in dilations[1:3]])
+
+
+def _space_to_batch(m: "Matcher", op: tf.Operation) -> str:
+    """TF's dilated convolution: x padded and split into block-strided phases on the batch
+    axis, a VALID convolution, the phases put back and cropped. Together they compute a
+    dilated convolution of each sample with padding (before - crop, after - crop)."""
+    why = ("moves values into the batch axis (SpaceToBatchND); only TF's dilated convolution "
+           "(SpaceToBatchND, Conv2D or DepthwiseConv2dNative, BatchToSpaceND) is supported")
+    block, paddings = (m.operands.constant(t) for t in op.inputs[1:3])
+    conv = m.sole_consumer(op.outputs[0])
+    if block is None or paddings is None or conv is None or block.shape != (2,) or \
+            conv.type not in ("Conv2D", "DepthwiseConv2dNative") or conv.inputs[0] is not op.outputs[0]:
+        return why
+    back = m.sole_consumer(conv.outputs[0])
+    if back is None or back.type != "BatchToSpaceND" or \
+            conv.get_attr("padding") != b"VALID" or list(conv.get_attr("strides")) != [1, 1, 1, 1] or \
+            list(conv.get_attr("dilations")) != [1, 1, 1, 1]:
+        return why
+    back_block, crops = (m.operands.constant(t) for t in back.inputs[1:3])
+    if back_block is None or crops is None or not np.array_equal(back_block, block):
+        return why
+    pads = (np.asarray(paddings) - np.asarray(crops)).ravel()
+    if (pads < 0).any():
+        return "a dilated convolution whose crops exceed its padding"
+    return _conv(m, conv, op.inputs[0], [op, conv, back], back.outputs[0],
+                 [int(p) for p in pads], [int(b) for b in block])
+
+
+def _tile(m: "Matcher", op: tf.Operation) -> str:
+    multiples = m.operands.constant(op.inputs[1])
+    if not m.is_batched(op.inputs[0]) or multiples is None:
+        return "tiles by multiples that are not constant, or a value that is not per-sample"
+    if int(multiples[0]) != 1:
+        return "tiles the batch axis (copies of samples): tile within each sample"
+    m.add_kernel(op.name, "tile", [op.inputs[0]], {"multiples": [int(k) for k in multiples[1:]]},
+                 [], [op], op.outputs[0])
+    return ""
+
+
+def _resize(m: "Matcher", op: tf.Operation) -> str:
+    size = m.operands.constant(op.inputs[1])
+    if not m.is_batched(op.inputs[0]) or size is None or len(static_shape(op.inputs[0])) != 4:
+        return "resizes to a size that is not constant, or a value that is not per-sample images"
+    m.add_kernel(op.name, "resize", [op.inputs[0]], {
+        "size": [int(s) for s in size], "method": "bilinear" if op.type == "ResizeBilinear" else "nearest",
+        "align_corners": bool(op.get_attr("align_corners")),
+        "half_pixel_centers": bool(op.get_attr("half_pixel_centers"))}, [], [op], op.outputs[0])
+    return ""
+
+
+def _volume(m: "Matcher", op: tf.Operation) -> str:
+    """Conv3D, MaxPool3D, AvgPool3D on per-sample (D, H, W, C) volumes."""
+    x = op.inputs[0]
+    strides = list(op.get_attr("strides"))
+    padding = op.get_attr("padding").decode()
+    if not m.is_batched(x) or op.get_attr("data_format") != b"NDHWC" or \
+            strides[0] != 1 or strides[4] != 1 or padding not in ("SAME", "VALID"):
+        return f"{op.type} needs per-sample NDHWC volumes, SAME or VALID padding, strides over D, H, W"
+    attrs: dict[str, Any] = {"strides": [int(s) for s in strides[1:4]], "padding": padding}
+    if op.type != "Conv3D":
+        ksize = list(op.get_attr("ksize"))
+        if ksize[0] != 1 or ksize[4] != 1:
+            return "pools over the batch or channel axis"
+        m.add_kernel(op.name, "max_pool3d" if op.type == "MaxPool3D" else "avg_pool3d", [x],
+                     {"pool_size": [int(k) for k in ksize[1:4]], **attrs}, [], [op], op.outputs[0])
+        return ""
+    weight = m.operands.weight(op.inputs[1])
+    if weight is None or list(op.get_attr("dilations")) != [1] * 5:
+        return "Conv3D of the samples by a weight, without dilation, is supported"
+    attrs.update(filters=int(weight.shape[4]), kernel_size=[int(k) for k in weight.shape[:3]])
+    m.add_kernel(m.scope(op, weight.variable), "conv3d", [x], attrs, [_kernel_param(weight)], [op],
+                 op.outputs[0])
+    return ""
+
+
+def _float32_only(handler: Callable[["Matcher", tf.Operation], str]) -> Callable[["Matcher", tf.Operation], str]:
+    """These kernels are proven against TF's float32 kernels only: a float16 op (mixed
+    precision) is refused rather than computed with other rounding than TF's."""
+    def lower(m: "Matcher", op: tf.Operation) -> str:
+        if any(t.dtype.base_dtype == tf.float16 for t in op.outputs):
+            return (f"{op.type} in float16 (mixed precision) is not proven against TF's float16 "
+                    "kernel on the CS: give this layer dtype='float32'")
+        return handler(m, op)
+    return lower
+
+
+GENERIC: dict[str, Callable[["Matcher", tf.Operation], str]] = {
+    op_type: _float32_only(handler) for op_type, handler in {
+        "Conv2DBackpropInput": _conv_transpose, "DepthwiseConv2dNative": _depthwise,
+        "SpaceToBatchND": _space_to_batch, "Tile": _tile, "ResizeBilinear": _resize,
+        "ResizeNearestNeighbor": _resize, "Conv3D": _volume, "MaxPool3D": _volume,
+        "AvgPool3D": _volume}.items()
+}

@@ -1,0 +1,78 @@
+"""Keras' spatial layers compile onto the CS's kernels and train as TensorFlow does: a
+UNet-like autoencoder, a MobileNet-style classifier, the 1-D forms with pooling of every
+kind, resizing with transposed and dilated convolutions, 3-D convolution and pooling; what is refused is named in
+the user's terms, a line per layer."""
+import inspect
+
+import cs_inprocess
+import pytest
+import spatial_models as s
+import tensorflow as tf
+
+from common.errors import CSRunError
+from coordinator.compiler import compile_model
+
+PARAMS = {"runconfig": {"tf_random_seed": 3}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_fn, input_fn, kernels", [
+    (s.unet, s.image_input_fn, {"conv2d", "max_pool", "conv2d_transpose", "tile", "concat"}),
+    (s.mobilenet, s.image_input_fn, {"conv2d", "depthwise_conv2d", "reduce", "dense"}),
+    (s.sequence_layers, s.sequence_input_fn,
+     {"conv2d_transpose", "depthwise_conv2d", "max_pool", "avg_pool", "tile", "reduce"}),
+    (s.resize_layers, s.image_input_fn, {"resize", "conv2d", "avg_pool", "conv2d_transpose"}),
+    (s.volume_layers, s.image_input_fn, {"conv3d", "max_pool3d", "avg_pool3d", "tile"}),
+], ids=["unet", "mobilenet", "sequence_layers", "resize_layers", "volume_layers"])
+def test_spatial_model_trains_like_tensorflow(tmp_path, model_fn, input_fn, kernels):
+    result = cs_inprocess.compare(model_fn, input_fn, PARAMS, str(tmp_path), steps=4)
+    assert kernels <= {k.type for k in result.compiled.program.kernels}
+    assert not cs_inprocess.mismatches(result), cs_inprocess.mismatches(result)
+
+
+def test_compile_report_and_wafer_picture_place_the_new_kernels(tmp_path):
+    compiled = compile_model(s.mobilenet, s.image_input_fn, PARAMS, str(tmp_path))
+    report = (tmp_path / "cs_compile").glob("*/compile_report.txt")
+    text = next(report).read_text()
+    assert "depthwise_conv2d" in text
+    assert any(k.type == "depthwise_conv2d" and k.region.width * k.region.height >= 1
+               for k in compiled.program.kernels)
+    assert next((tmp_path / "cs_compile").glob("*/placement.png")).stat().st_size > 0
+
+
+def line_of(fragment):
+    lines = inspect.getsource(s).splitlines()
+    return f"tests/spatial_models.py:{next(i for i, line in enumerate(lines) if fragment in line) + 1}"
+
+
+def test_refusals_name_each_layer_the_user_wrote_once_and_what_to_use_instead(tmp_path):
+    """The two hand-written batch norms (tf.nn.moments + tf.nn.batch_normalization) are
+    BatchNormalization in training, which the CS carries out: the Conv3DTranspose alone is
+    refused, once, naming the layer and what to use instead."""
+    with pytest.raises(CSRunError) as info:
+        compile_model(s.refused_layers, s.image_input_fn, PARAMS, str(tmp_path), validate_only=True)
+    error, volume = info.value, line_of('name="volume"')
+    assert "\n" not in str(error)
+    assert error.message.startswith(f"validation failed: Conv3DTranspose at {volume} (layer 'volume")
+    assert "upsample with UpSampling3D, then Conv3D" in error.message
+    lines = error.detail.splitlines()
+    assert lines[0] == "Unsupported layers and operations (1):"
+    assert not any("moments" in line or "batchnorm" in line for line in lines)
+
+
+def test_the_spatial_kernels_in_float16_are_refused_naming_the_layer(tmp_path):
+    """Proven against TF's float32 kernels only: mixed precision is refused, not rounded
+    otherwise than TF rounds."""
+    def model_fn(features, labels, mode, params):
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            return s.mobilenet(features, labels, mode, params)
+        finally:
+            tf.keras.mixed_precision.set_global_policy("float32")
+
+    with pytest.raises(CSRunError) as info:
+        compile_model(model_fn, s.image_input_fn, PARAMS, str(tmp_path), validate_only=True)
+    assert info.value.message.startswith(
+        f"validation failed: DepthwiseConv2D at {line_of('L.DepthwiseConv2D(3, padding')} ")
+    assert "in float16 (mixed precision) is not proven" in info.value.message
+    assert "dtype='float32'" in info.value.message
