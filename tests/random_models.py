@@ -1,12 +1,13 @@
 """Random small Estimator-style models, written the way users write them (Keras layers,
 raw tf ops, tf.compat.v1 losses and optimizers), for the differential test.
 
-A `ModelSpec` (drawn by `model_specs()`, a hypothesis strategy) names an input, a few
-blocks, maybe a weight read twice or through a view (a layer called twice, a strided slice
-of a weight, a tied transposed weight), a head with its loss, an optimizer with a
-learning-rate schedule (often constant), a gradient transform between compute_gradients and
-apply_gradients, an optional var_list subset, an optional L2 term and the replicas the CS
-trains it on (multireplica); `model_fn` and
+A `ModelSpec` (drawn by `model_specs()`, a hypothesis strategy) names an input, an optional
+BatchNormalization in training (Keras or tf.nn.moments), a few blocks, maybe a weight read
+twice or through a view (a layer called twice, a strided slice of a weight, a tied
+transposed weight), a head with its loss, an optimizer with a learning-rate schedule (often
+constant), a gradient transform between compute_gradients and apply_gradients, an optional
+var_list subset, an optional L2 term and the replicas the CS trains it on (multireplica);
+`model_fn` and
 `input_fn` build it from `params["spec"]`. The ops are created on the lines of this file,
 so a refusal must name one of them.
 """
@@ -38,6 +39,9 @@ BLOCKS = ("dense:relu", "dense:tanh", "dense:sigmoid", "dense:gelu", "dense:none
           "pool1d", "volume")
 # A weight read in several places or through a view, after the blocks (issue 22).
 WEIGHT_USES = ("none", "shared_dense", "sliced_weight", "tied_weight")
+# BatchNormalization in training after the first layer: Keras' layer, or tf.nn.moments with
+# moving averages in UPDATE_OPS (half the models have one)
+BATCH_NORMS = ("none", "none", "batch_norm", "batch_norm_moments")
 LOSSES = {
     "classes": ("sparse_ce", "sparse_ce_weighted", "softmax_ce_smoothed", "nn_sparse_ce_mean"),
     "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted"),
@@ -70,19 +74,21 @@ class ModelSpec:
     seed: int
     weights: str = "none"  # one of WEIGHT_USES
     replicas: int = 1  # runconfig.num_replicas: data-parallel copies on the CS
+    batch_norm: str = "none"
 
     @property
     def mixed(self) -> bool:
         """Built under the mixed_float16 policy (float16 layers, float32 weights)."""
         return self.seed % 4 == 0 and self.l2 == "none" and self.weights == "none" and self.loss in MIXED_LOSSES and \
-            all(b in MIXED_BLOCKS for b in self.blocks)
+            all(b in MIXED_BLOCKS for b in self.blocks) and self.batch_norm == "none"
 
     @property
     def rtol(self) -> float:
         return MIXED_RTOL if self.mixed else 1e-4
 
     def describe(self) -> str:
-        blocks = self.blocks + ((self.weights,) if self.weights != "none" else ())
+        blocks = (((self.batch_norm,) if self.batch_norm != "none" else ()) + self.blocks
+                  + ((self.weights,) if self.weights != "none" else ()))
         return (f"{self.inputs} -> {' -> '.join(blocks) or '(no block)'} -> {self.task} "
                 f"head, loss {self.loss}, {self.optimizer} ({self.schedule} rate), "
                 f"transform {self.transform}"
@@ -103,7 +109,8 @@ def model_specs(draw) -> ModelSpec:
         transform=draw(st.sampled_from(TRANSFORMS)),
         var_subset=draw(st.booleans()), l2=draw(st.sampled_from(L2_TERMS)),
         seed=draw(st.integers(0, 2 ** 16)), replicas=draw(st.sampled_from((1, 1, 2, 4))),
-        weights=draw(st.sampled_from(WEIGHT_USES)))
+        weights=draw(st.sampled_from(WEIGHT_USES)),
+        batch_norm=draw(st.sampled_from(BATCH_NORMS)))
 
 
 def params_for(spec: ModelSpec) -> dict:
@@ -150,8 +157,33 @@ def first_layer(spec: ModelSpec, features):
     return tf.reduce_mean(x, axis=1)
 
 
-def block(name: str, h, index: int):
+def moments_batch_norm(h, index: int, training: bool):
+    """Batch normalisation the TF1 way: tf.nn.moments in training, the moving averages
+    registered in UPDATE_OPS (train_op runs them), the moving statistics otherwise."""
+    with tf.compat.v1.variable_scope(f"bn{index}"):
+        gamma = tf.compat.v1.get_variable("gamma", [WIDTH], initializer=tf.ones_initializer())
+        beta = tf.compat.v1.get_variable("beta", [WIDTH], initializer=tf.zeros_initializer())
+        moving_mean = tf.compat.v1.get_variable("moving_mean", [WIDTH], trainable=False,
+                                                initializer=tf.zeros_initializer())
+        moving_variance = tf.compat.v1.get_variable("moving_variance", [WIDTH], trainable=False,
+                                                    initializer=tf.ones_initializer())
+    if not training:
+        return tf.nn.batch_normalization(h, moving_mean, moving_variance, beta, gamma, 1e-3)
+    mean, variance = tf.nn.moments(h, axes=[0])
+    for moving, batch in ((moving_mean, mean), (moving_variance, variance)):
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS,
+                                       moving.assign(moving * 0.9 + batch * 0.1))
+    return tf.nn.batch_normalization(h, mean, variance, beta, gamma, 1e-3)
+
+
+def block(name: str, h, index: int, training: bool = True):
     kind, _, arg = name.partition(":")
+    if kind == "batch_norm":  # the usual conv/dense block: no bias, batch norm, relu
+        h = tf.keras.layers.Dense(WIDTH, use_bias=False)(h)
+        return tf.nn.relu(tf.keras.layers.BatchNormalization()(h, training=True))
+    if kind == "batch_norm_moments":
+        h = tf.keras.layers.Dense(WIDTH, use_bias=False)(h)
+        return tf.nn.relu(moments_batch_norm(h, index, training))
     if kind == "dense":
         return tf.keras.layers.Dense(WIDTH, activation=None if arg == "none" else arg)(h)
     if kind == "matmul":
@@ -326,7 +358,8 @@ def train_op(spec: ModelSpec, loss, var_list):
         grads_and_vars = list(zip(clipped, [v for _, v in grads_and_vars]))
     elif spec.transform == "scale":
         grads_and_vars = [(tf.math.scalar_mul(0.5, g), v) for g, v in grads_and_vars]
-    return opt.apply_gradients(grads_and_vars, global_step=step)
+    with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
+        return opt.apply_gradients(grads_and_vars, global_step=step)
 
 
 def model_fn(features, labels, mode, params):
@@ -335,10 +368,11 @@ def model_fn(features, labels, mode, params):
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
     h = first_layer(spec, features)
     first_variables = len(tf.compat.v1.trainable_variables())
-    for index, name in enumerate(spec.blocks):
-        h = block(name, h, index)
+    blocks = ((spec.batch_norm,) if spec.batch_norm != "none" else ()) + spec.blocks
+    for index, name in enumerate(blocks):
+        h = block(name, h, index, mode == "train")
     if spec.weights != "none":
-        h = block(spec.weights, h, len(spec.blocks))
+        h = block(spec.weights, h, len(blocks), mode == "train")
     out, loss = head_and_loss(spec, h, labels)
     var_list = tf.compat.v1.trainable_variables()[first_variables if spec.var_subset else 0:]
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op(spec, loss, var_list))

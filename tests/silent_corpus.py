@@ -307,7 +307,7 @@ def lstm(features, labels, mode, params):
 class Case:
     model_fn: Callable
     input_fn: Callable
-    check: str = "exact"  # exact, dropout, resume, checkpoint, batch_norm_training, recurrent
+    check: str = "exact"  # exact, dropout, resume, checkpoint, recurrent
     reference: Callable | None = None  # dropout: the model without its dropout
     shared_axes: tuple[int, ...] = ()  # dropout: axes one mask entry covers (noise_shape 1s)
 
@@ -343,7 +343,7 @@ CASES: dict[str, Case] = {
     "kernel_regularizer": Case(kernel_regularizer, vector_input_fn),
     "weighted_loss": Case(weighted_loss, vector_input_fn),
     "label_smoothing": Case(label_smoothing, vector_input_fn),
-    "batch_norm_training": Case(batch_norm_training, vector_input_fn, "batch_norm_training"),
+    "batch_norm_training": Case(batch_norm_training, vector_input_fn),
     "batch_norm_inference": Case(batch_norm_inference, vector_input_fn),
     "lstm": Case(lstm, token_input_fn, "recurrent"),
 }

@@ -114,7 +114,8 @@ def batch_norm_by_hand(x, name):
 
 
 def refused_layers(features, labels, mode, params):
-    """Two hand-written batch norms (six refused ops) and a named Conv3DTranspose."""
+    """Two hand-written batch norms (BatchNormalization in training, carried out) and a
+    named Conv3DTranspose (refused)."""
     h = L.Conv2D(4, 3, padding="same")(features)
     h = tf.nn.relu(batch_norm_by_hand(h, "bn1"))
     h = L.Conv2D(4, 3, padding="same")(h)

@@ -17,7 +17,8 @@ Steady state X = min(R / max_k t_k, I/O bytes per second / input bytes per sampl
 replicas of the network (multireplica: data-parallel copies, each on its own tile, each
 taking B / R samples of every batch; R = 1 otherwise).
 A step of batch B: (B - R) / X + pipeline fill + the replicas' gradient all-reduce (R > 1,
-training) + weight update + shared reads.
+training) + weight update + shared reads, + for each batch barrier (BatchNormalization in
+training) passes x (B - R) / X + its reductions.
 A shared weight's read (a kernel reading a weight held by another's region): once a batch
 the weight travels to the reader and, training, its gradient back, each way
     hops / f + bytes / (the reader's height x 4 B x f);
@@ -46,6 +47,12 @@ UPDATE_FLOPS_PER_WEIGHT = {"sgd": 2, "momentum": 4, "adam": 12, "rmsprop": 15, "
 # Multireplica: the replicas' weight gradients are summed by a binary tree over the replicas,
 # then the sum is sent back down the tree (a reduce, then a broadcast: 2 passes).
 ALLREDUCE_PASSES = 2
+
+
+# A batch barrier (BatchNormalization in training) reduces per-channel sums over its region
+# before it releases any micro-batch: this many reductions per pass (forward: the mean, then
+# the centred second moment; backward: sum(g) and sum(g xhat)).
+BARRIER_REDUCTIONS = 2
 
 
 class RegionLike(Protocol):
@@ -83,6 +90,33 @@ class KernelTiming:
 
 
 @dataclass(frozen=True)
+class Barrier:
+    """A batch barrier on its region: the batch queues at it until its last sample arrived
+    (forward, and backward when training), then its sums cross the region."""
+
+    name: str
+    passes: int  # 2 when training (forward and backward), else 1
+    sync_seconds: float  # the reductions of all passes
+
+    def stall_seconds(self, batch_size: int, samples_per_sec: float, replicas: int = 1) -> float:
+        """passes x (B - R) / X + the reductions: what the barrier adds to a step."""
+        return (self.passes * max(batch_size - replicas, 0) / samples_per_sec
+                + self.sync_seconds)
+
+
+def barrier(kernel: Any, region: RegionLike, fabric: Fabric, *, training: bool,
+            span_hops: int = 0) -> Barrier:
+    """Each pass: BARRIER_REDUCTIONS reductions of the C channels' sums, every one crossing
+    the region to a corner and back (2 (width + height) hops; with replicas, the batch's
+    statistics span them: 2 x `span_hops` more) with C x 4 B through one link."""
+    passes = 2 if training else 1
+    channels = int(kernel.output_shape[-1]) if kernel.output_shape else 1
+    cycles = 2 * (int(region.width) + int(region.height) + span_hops) + \
+        channels * BYTES_PER_VALUE / fabric.link_bytes_per_cycle
+    return Barrier(kernel.name, passes, passes * BARRIER_REDUCTIONS * cycles / fabric.clock_hz)
+
+
+@dataclass(frozen=True)
 class PipelineTiming:
     """The whole program on the wafer, in layer-pipelined mode (`replicas` copies of it)."""
 
@@ -97,6 +131,7 @@ class PipelineTiming:
     replicas: int = 1
     allreduce_seconds: float = 0.0  # summing the replicas' gradients (training, R > 1)
     shared_read_seconds: float = 0.0  # the slowest shared weight's read (and gradient back)
+    barriers: tuple[Barrier, ...] = ()  # batch barriers (BatchNormalization in training)
 
     @property
     def samples_per_sec(self) -> float:
@@ -117,9 +152,15 @@ class PipelineTiming:
 
     def step_seconds(self, batch_size: int) -> float:
         """Time of one step of `batch_size` samples (B / R per replica, the replicas side by
-        side): steady state, fill, the gradients' all-reduce, update and shared reads."""
+        side): steady state, fill, the gradients' all-reduce, update, shared reads and the batch
+        barriers' stalls."""
         return (max(batch_size - self.replicas, 0) / self.samples_per_sec + self.fill_seconds
-                + self.allreduce_seconds + self.update_seconds + self.shared_read_seconds)
+                + self.allreduce_seconds + self.update_seconds + self.shared_read_seconds
+                + self.barrier_seconds(batch_size))
+
+    def barrier_seconds(self, batch_size: int) -> float:
+        return sum(b.stall_seconds(batch_size, self.samples_per_sec, self.replicas)
+                   for b in self.barriers)
 
 
 def flops_per_sample(kernel: Any, training: bool) -> float:
@@ -267,6 +308,9 @@ def pipeline_timing(placed: Sequence[tuple[Any, RegionLike]], fabric: Fabric, *,
         allreduce_seconds=(allreduce_seconds(placed, fabric, replicas, replica_span_hops)
                            if training else 0.0),
         shared_read_seconds=max((r.seconds(fabric, training) for r in shared_reads), default=0.0),
+        barriers=tuple(barrier(k, r, fabric, training=training,
+                               span_hops=replica_span_hops if replicas > 1 else 0)
+                       for k, r in placed if getattr(k, "batch_barrier", False)),
     )
 
 

@@ -6,9 +6,13 @@ of ticks. At tick t the region at topological position k runs the forward pass o
 micro-batch t - k and the backward pass of micro-batch t - 2(K - 1) + k (K regions; the
 loss region turns a micro-batch around in the tick it sees it), so region k works on
 micro-batch i + 1 while region k + 1 works on micro-batch i, and gradients flow back the
-same way. Each region adds its micro-batches' weight gradients into its accumulator and
-updates its weights in place once its backward pass of the batch ends. The result is
-ordinary mini-batch training; `wafer.timing` says how long the wafer would take.
+same way. A batch barrier (BatchNormalization in training: `Kernel.batch_barrier`) starts
+M - 1 ticks later, forward and backward, so that it has every micro-batch's input (output
+gradient) before it releases the first: it computes the whole batch's statistics, and the
+regions after it start that much later too. Each region adds its micro-batches' weight
+gradients into its accumulator and updates its weights in place once its backward pass of
+the batch ends. The result is ordinary mini-batch training; `wafer.timing` says how long
+the wafer would take.
 
 Training follows the train op, not just the loss: only a region whose output reaches the
 loss, with a trained weight at or upstream of it (through differentiable inputs), runs
@@ -84,6 +88,7 @@ class Region:
     pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     slices: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     accumulated: bool = False  # the accumulators hold a micro-batch of this batch (replica)
+    statistics: tuple = ()  # a batch barrier's statistics of this batch (RunContext.batch)
     # multireplica: the replicas' gradient sum so far (role -> array), and whether it has one
     replica_sum: dict[str, np.ndarray] = field(default_factory=dict)
     summed: bool = False
@@ -276,14 +281,15 @@ class Pipeline:
         key = (m_count, backward, staged)
         if key not in self._plans:
             k_count = len(self.regions)
+            forward_start, backward_start = self._starts(m_count, backward)
             schedule = []
-            last_tick = m_count - 1 + (2 * (k_count - 1) if backward else k_count - 1)
+            last_tick = max(forward_start + backward_start, default=0) + m_count - 1
             for tick in range(last_tick + 1):
                 for region in self.regions:
-                    i = tick - region.position
+                    i = tick - forward_start[region.position]
                     if 0 <= i < m_count:
                         schedule.append(Task(True, region, i))
-                    i = tick - 2 * (k_count - 1) + region.position
+                    i = tick - backward_start[region.position]
                     if backward and region.backward and 0 <= i < m_count:
                         schedule.append(Task(False, region, i))
             groups = self.groups if staged else (range(k_count),)
@@ -292,6 +298,23 @@ class Pipeline:
                       tuple(t for t in schedule if t.region.position in group))
                 for group in groups)
         return self._plans[key]
+
+    def _starts(self, m_count: int, backward: bool) -> tuple[list[int], list[int]]:
+        """The tick of each region's forward and backward pass of micro-batch 0. A region
+        starts a tick after the region before it (the loss turns around in its own tick),
+        and a batch barrier M - 1 ticks later still: its input's last micro-batch arrives
+        before it releases the first (backward: its output gradient's)."""
+        hold = m_count - 1
+        forward_start: list[int] = []
+        for region in self.regions:
+            start = forward_start[-1] + 1 if forward_start else 0
+            forward_start.append(start + hold * region.kernel.batch_barrier)
+        backward_start = list(forward_start)
+        for region in reversed(self.regions[:-1]):
+            k = region.position
+            backward_start[k] = backward_start[k + 1] + 1 + \
+                hold * (region.kernel.batch_barrier and backward and region.backward)
+        return forward_start, backward_start
 
     # ---- running batches ----
     def run(self, batch: Mapping[str, np.ndarray], *, training: bool,
@@ -363,8 +386,15 @@ class Pipeline:
         stage = plan[index]
         ctx = RunContext(training=training, batch_size=self.batch_size, run_tiles=board.share)
         caches: dict[tuple[int, int], object] = {}
+        m_count = self.batch_size // self.micro
         for forward, region, i in stage.tasks:
+            ctx.batch = region.statistics
             if forward:
+                if region.kernel.batch_barrier and i == 0:
+                    batch = np.concatenate([board.get(("v", region.sources[0], j))
+                                            for j in range(m_count)])
+                    region.statistics = ctx.batch = (
+                        region.kernel.batch_statistics(region.params, batch, ctx),)
                 ctx.rng = region.rng
                 out, caches[region.position, i] = region.kernel.forward(
                     region.compute, [board.get(("v", s, i)) for s in region.sources], ctx)
@@ -373,9 +403,13 @@ class Pipeline:
                     out = round_half(out)
                 board.put(("v", region.kernel.name, i), out)
             else:
+                if region.kernel.batch_barrier and i == 0:
+                    self._gradient_statistics(region, m_count, caches, board, ctx)
+                    ctx.batch = region.statistics
                 self._backward(region, i, caches.pop((region.position, i)), board, ctx)
                 if self.replicas > 1 and (i + 1) % self.replica_micros == 0:
                     self._add_replica(region, last=(i + 1) * self.micro == self.batch_size)
+        ctx.batch = ()
         if not backward or self.optimizer is None:  # (a backward step has an optimizer)
             return
         for region in stage.regions:
@@ -469,16 +503,37 @@ class Pipeline:
                    for region in self.regions for role in region.trained},
                 **self.shared.gradients()}
 
-    def _backward(self, region: Region, i: int, cache, board: Board, ctx: RunContext) -> None:
-        name = region.kernel.name
+    def _upstream(self, region: Region, i: int, board: Board) -> np.ndarray | None:
+        """Micro-batch i's output gradient: its consumers' summed in `inflow`'s order."""
         upstream = None
-        if not region.kernel.is_loss:
-            for consumer, index in region.inflow:
-                grad = board.get(("g", name, i, consumer, index), pop=True)
-                if grad is not None:
-                    upstream = grad if upstream is None else upstream + grad
-            if region.half and upstream is not None:
-                upstream = round_half(upstream)
+        for consumer, index in region.inflow:
+            grad = board.get(("g", region.kernel.name, i, consumer, index), pop=True)
+            if grad is not None:
+                upstream = grad if upstream is None else upstream + grad
+        if region.half and upstream is not None:
+            upstream = round_half(upstream)
+        return upstream
+
+    def _gradient_statistics(self, region: Region, m_count: int, caches, board: Board,
+                             ctx: RunContext) -> None:
+        """A batch barrier's backward: every micro-batch's output gradient first (a
+        micro-batch no path reached contributes zeros), then the batch's statistics."""
+        grads = []
+        for j in range(m_count):
+            upstream = self._upstream(region, j, board)
+            if upstream is None:
+                upstream = np.zeros((self.micro, *region.kernel.output_shape), np.float32)
+            board.put(("upstream", region.kernel.name, j), upstream)
+            grads.append(upstream)
+        region.statistics = (region.statistics[0], region.kernel.gradient_statistics(
+            region.compute, [caches[region.position, j] for j in range(m_count)], grads, ctx))
+
+    def _backward(self, region: Region, i: int, cache, board: Board, ctx: RunContext) -> None:
+        upstream = None
+        if region.kernel.batch_barrier:
+            upstream = board.get(("upstream", region.kernel.name, i), pop=True)
+        elif not region.kernel.is_loss:
+            upstream = self._upstream(region, i, board)
         input_grads: Sequence[np.ndarray | None] = [None] * len(region.sources)
         # A micro-batch whose output reached the loss by no path has no backward.
         if upstream is not None or region.kernel.is_loss:

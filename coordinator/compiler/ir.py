@@ -87,12 +87,26 @@ class TrainedVariable:
 
 
 @dataclass(frozen=True)
+class StatisticAverage:
+    """A moving statistic the train_op moves toward a batch statistic (BatchNormalization's
+    moving mean and variance), as wafer.kernels.normalization's MOVING_UPDATES say."""
+
+    variable: str  # TF variable name
+    statistic: str  # the tensor it moves toward (a batch_norm_training kernel's moment)
+    update: str  # affine: v * a + s * b; delta: v - (v - s) * d
+    constants: tuple[float, ...]  # (a, b) or (d,), float32 values
+    shape: Shape
+    source: str  # user file:line of the assign op
+
+
+@dataclass(frozen=True)
 class TrainingSpec:
     """What the train_op does, proven from the graph (coordinator.compiler.training)."""
 
     optimizer: OptimizerSpec
     variables: tuple[TrainedVariable, ...]  # by name; every other variable is frozen
     transforms: tuple[GradientTransform, ...] = ()  # applied in order to d(loss)/d(var)
+    statistic_averages: tuple[StatisticAverage, ...] = ()  # batch norm's moving statistics
     # a float16 program's loss scale S: the backward is seeded with S x the loss's gradient
     # (the transforms then hold the optimizer's 1 / S); float32 programs fold S away (1.0)
     loss_scale: float = 1.0

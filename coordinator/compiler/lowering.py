@@ -1,9 +1,11 @@
 """How each TensorFlow op of the forward graph becomes a CS kernel: the library fast paths
-(dense, conv2d, pooling, dropout, batch norm in inference, softmax cross-entropy) and the
-table of generic lowerings. The tables here are also what the README lists as supported.
+(dense, conv2d, pooling, dropout, batch norm, softmax cross-entropy) and the table of
+generic lowerings. The tables here are also what the README lists as supported.
 
 Every lowering proves its op is computed per sample (the batch stays the first axis and
-no value of one sample reaches another) or refuses it with the reason.
+no value of one sample reaches another) or refuses it with the reason. The one exception
+is BatchNormalization in training (`match_batch_norm_training`): exactly tf.nn.moments over
+every axis but the last feeding tf.nn.batch_normalization, carried out as a batch barrier.
 """
 from __future__ import annotations
 
@@ -49,14 +51,19 @@ FAST_PATHS = {
     "max_pool, avg_pool": "MaxPool, AvgPool (NHWC, over height and width)",
     "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape)",
     "batch_norm_inference": "BatchNormalization with training=False, FusedBatchNormV3 (inference)",
+    "batch_norm_training": "BatchNormalization with training=True, tf.nn.moments + "
+                           "tf.nn.batch_normalization, FusedBatchNormV3 with is_training: the "
+                           "whole batch's statistics (a batch barrier), moving statistics as "
+                           "the train_op's assign ops move them",
     "softmax_cross_entropy_with_logits": "SparseSoftmaxCrossEntropyWithLogits, "
                                          "SoftmaxCrossEntropyWithLogits",
     **lowering_spatial.KERNEL_ROWS,
 }
+_FUSED = "FusedBatchNormV3 in training, other than"
 REFUSED = {
-    "BatchNormalization (training)": "normalises with statistics of the whole batch, which "
-                                     "layer-pipelined micro-batches never see together; use "
-                                     "LayerNormalization, or training=False",
+    _FUSED: "on NHWC data with scale and offset weights and exponential_avg_factor 1 "
+            "(tf.compat.v1.nn.fused_batch_norm's default): compute the moving averages with "
+            "assign ops of its batch_mean and batch_variance",
     "While loops": "tf.while_loop (the CS pipelines one pass per sample; Keras' LSTM, GRU and "
                    "SimpleRNN over fixed-length sequences are unrolled by the compiler)",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
@@ -75,8 +82,12 @@ def has_kernel(name: str) -> bool:
 
 
 def mixes_samples(op: tf.Operation, batch: int) -> str:
-    if "batch_norm" in op.name.lower() or op.type.startswith("FusedBatchNorm"):
-        return ("BatchNormalization in training mode " + REFUSED["BatchNormalization (training)"])
+    name = op.name.lower()
+    if "batch_norm" in name or "batchnorm" in name or "/moments/" in f"/{name}":
+        return ("combines values of different samples in a batch normalization the CS does not "
+                "recognise: it carries out BatchNormalization in training as tf.nn.moments over "
+                "every axis but the last feeding tf.nn.batch_normalization (Keras' "
+                "BatchNormalization, channels last), or FusedBatchNormV3")
     return ("combines values of different samples (a reduction over the batch axis feeding "
             "per-sample computation): the CS computes each sample on its own; reduce over "
             "non-batch axes, or only in the loss")
@@ -280,8 +291,7 @@ def match_batch_norm(m: "Matcher") -> Callable[[tf.Operation], bool]:
     def match(op: tf.Operation) -> bool:
         if op.type.startswith("FusedBatchNorm"):
             if op.get_attr("is_training"):
-                m.reject(op, mixes_samples(op, m.x.batch_size))
-                return True
+                return _fused_batch_norm_training(m, op)
             x, scale, offset, mean, variance = op.inputs[:5]
             weights = [m.operands.weight(t) for t in (scale, offset, mean, variance)]
             if not m.is_batched(x) or None in weights or op.get_attr("data_format") != b"NHWC":
@@ -330,6 +340,163 @@ def _keras_batch_norm(m: "Matcher", mul_1: tf.Operation):
     if mean is None:
         return None
     return mean, variance, gamma, beta, float(eps), [mul_1, add], add.outputs[0]
+
+
+def match_batch_norm_training(m: "Matcher") -> Callable[[tf.Operation], bool]:
+    """BatchNormalization in training, the one sanctioned group of ops whose samples meet:
+    tf.nn.moments of a per-sample tensor over every axis but the last (mean; the mean of
+    squared_difference from its stop_gradient) feeding tf.nn.batch_normalization of that
+    same tensor and nothing else on the way to the loss (Keras' BatchNormalization with
+    training=True builds exactly this). It becomes a batch_norm_training kernel, a batch
+    barrier; the moments' values are recorded (`Matcher.statistics`) for the train_op's
+    moving-average updates. Any other reduction over the batch axis stays refused."""
+    def match(op: tf.Operation) -> bool:
+        if op.type != "Mean" or not m.is_batched(op.inputs[0]):
+            return False
+        found = _moments(m, op)
+        if found is None:
+            return False
+        mean, variance, group = found
+        norm = _normalization(m, op.inputs[0], mean, variance)
+        if norm is None:
+            return False
+        gamma, beta, eps, ops, out = norm
+        if any(not set(m.consumers(t)) <= set(group + ops) for t in mean + variance):
+            return False  # a moment read by anything else: refused as mixing samples
+        channels = static_shape(op.inputs[0])[-1]
+        params = [ParamRef(role, w.variable, (channels,)) for role, w in
+                  (("scale", gamma), ("offset", beta)) if w is not None]
+        if any(w is not None and w.variable_shape != (channels,) for w in (gamma, beta)):
+            return False
+        base = m.scope(op, gamma.variable if gamma is not None else "")
+        if gamma is None:
+            base = op.name.split("/moments/")[0] if "/moments/" in op.name else op.name
+        kernel = m.add_kernel(base, "batch_norm_training", [op.inputs[0]], {
+            "epsilon": eps, "scale": gamma is not None, "center": beta is not None,
+            "mean_rule": "affine", "mean_update": [], "variance_rule": "affine",
+            "variance_update": []},
+            params, group + ops, out)
+        for stat, tensors in (("mean", mean), ("variance", variance)):
+            for t in tensors:
+                m.statistics[t.name] = (kernel.name, stat)
+        return True
+    return match
+
+
+def _fused_batch_norm_training(m: "Matcher", op: tf.Operation) -> bool:
+    """FusedBatchNormV3 with is_training (tf.compat.v1.nn.fused_batch_norm): the whole
+    batch's statistics, its batch_mean and (Bessel-corrected) batch_variance outputs read
+    only by the train_op's moving averages."""
+    x, scale, offset = op.inputs[:3]
+    if not m.is_batched(x):
+        return False
+    weights = [m.operands.weight(t) for t in (scale, offset)]
+    factor = op.get_attr("exponential_avg_factor") \
+        if "exponential_avg_factor" in op.node_def.attr else 1.0
+    channels = static_shape(x)[-1]
+    if op.type != "FusedBatchNormV3" or op.get_attr("data_format") != b"NHWC" or \
+            any(w is None or w.variable_shape != (channels,) for w in weights) or factor != 1.0:
+        m.reject(op, "fused batch normalization in training is carried out only "
+                     + REFUSED[_FUSED])
+        return True
+    if any(m.consumers(t) or t.name in m.protected for t in op.outputs[1:]):
+        m.reject(op, "the batch's mean or variance of fused batch normalization in training is "
+                     "read on the way to the loss or by the host: only the train_op's moving "
+                     "averages may read them")
+        return True
+    params = [ParamRef(role, w.variable, (channels,))
+              for role, w in zip(("scale", "offset"), weights) if w is not None]
+    kernel = m.add_kernel(op.name.rsplit("/", 1)[0] if "/" in op.name else op.name,
+                          "batch_norm_training", [x], {
+                              "epsilon": float(op.get_attr("epsilon")), "scale": True,
+                              "center": True, "fused": True, "mean_rule": "affine",
+                              "mean_update": [], "variance_rule": "affine",
+                              "variance_update": []}, params, [op], op.outputs[0])
+    m.statistics[op.outputs[1].name] = (kernel.name, "mean")
+    m.statistics[op.outputs[2].name] = (kernel.name, "variance")
+    return True
+
+
+def _moments(m: "Matcher", mean_op: tf.Operation):
+    """tf.nn.moments(x, every axis but the last): ([mean tensors], [variance tensors],
+    ops), the tensors being the keepdims moments and their squeezed values."""
+    x = mean_op.inputs[0]
+    rank = len(static_shape(x))
+    axes = m.operands.constant(mean_op.inputs[1])
+    if rank < 2 or axes is None or not mean_op.get_attr("keep_dims") or \
+            sorted({int(a) % rank for a in np.atleast_1d(axes)}) != list(range(rank - 1)):
+        return None
+    users = m.consumers(mean_op.outputs[0])
+    stop = next((u for u in users if u.type == "StopGradient"), None)
+    if stop is None:
+        return None
+    diff = m.consumers(stop.outputs[0])
+    if len(diff) != 1 or diff[0].type != "SquaredDifference" or diff[0].inputs[0] is not x:
+        return None
+    var_ops = m.consumers(diff[0].outputs[0])
+    if len(var_ops) != 1 or var_ops[0].type != "Mean" or not var_ops[0].get_attr("keep_dims"):
+        return None
+    var_op = var_ops[0]
+    var_axes = m.operands.constant(var_op.inputs[1])
+    if var_axes is None or sorted({int(a) % rank for a in np.atleast_1d(var_axes)}) != \
+            list(range(rank - 1)):
+        return None
+    group = [mean_op, stop, diff[0], var_op]
+    stats = []
+    for t, allowed in ((mean_op.outputs[0], {stop}), (var_op.outputs[0], set())):
+        tensors = [t]
+        squeeze = [u for u in m.consumers(t) if u.type == "Squeeze" and u not in allowed]
+        if len(squeeze) == 1 and len(m.consumers(t)) == len(allowed) + 1:
+            group.append(squeeze[0])
+            tensors.append(squeeze[0].outputs[0])
+        stats.append(tensors)
+    return stats[0], stats[1], group
+
+
+def _normalization(m: "Matcher", x: tf.Tensor, mean: list[tf.Tensor], variance: list[tf.Tensor]):
+    """tf.nn.batch_normalization(x, mean, variance, beta, gamma, eps), the moments read by
+    nothing else on the way to the loss or by the host: (gamma, beta, eps, ops, output)."""
+    mean_t, var_t = mean[-1], variance[-1]
+    if any(t.name in m.protected for t in mean + variance):
+        return None
+    add = m.consumers(var_t)
+    if len(add) != 1 or add[0].type not in ("AddV2", "Add") or add[0].inputs[0] is not var_t:
+        return None
+    eps = m.operands.constant(add[0].inputs[1])
+    rsqrt = m.consumers(add[0].outputs[0])
+    if eps is None or eps.size != 1 or len(rsqrt) != 1 or rsqrt[0].type != "Rsqrt":
+        return None
+    ops = [add[0], rsqrt[0]]
+    inv, gamma = rsqrt[0].outputs[0], None
+    users = m.consumers(inv)
+    if len(users) == 1 and users[0].type == "Mul":
+        gamma = m.operands.weight(users[0].inputs[1])
+        if gamma is None or users[0].inputs[0] is not inv:
+            return None
+        ops.append(users[0])
+        inv = users[0].outputs[0]
+    users = m.consumers(inv)
+    mul_x = [u for u in users if u.type == "Mul" and list(u.inputs) == [x, inv]]
+    mul_mean = [u for u in users if u.type == "Mul" and list(u.inputs) == [mean_t, inv]]
+    if len(users) != 2 or len(mul_x) != 1 or len(mul_mean) != 1:
+        return None
+    shift = m.consumers(mul_mean[0].outputs[0])
+    beta = None
+    if len(shift) != 1 or shift[0].type not in ("Sub", "Neg"):
+        return None
+    if shift[0].type == "Sub":
+        beta = m.operands.weight(shift[0].inputs[0])
+        if beta is None or shift[0].inputs[1] is not mul_mean[0].outputs[0]:
+            return None
+    out = m.consumers(mul_x[0].outputs[0])
+    if len(out) != 1 or out[0].type not in ("AddV2", "Add") or \
+            set(out[0].inputs) != {mul_x[0].outputs[0], shift[0].outputs[0]} or \
+            m.consumers(shift[0].outputs[0]) != out:
+        return None
+    ops += [mul_x[0], mul_mean[0], shift[0], out[0]]
+    if any(t.name in m.protected for op in ops[:-1] for t in op.outputs):
+        return None
+    return gamma, beta, float(eps), ops, out[0].outputs[0]
 
 
 def _batch_norm(m, x, op, mean, variance, gamma, beta, eps, ops, out, fused=False) -> bool:

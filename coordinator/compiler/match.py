@@ -19,7 +19,7 @@ import tensorflow as tf
 from common.errors import CSRunError
 from coordinator.compiler import loss_tail, lowering, precision, refusals
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
-from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, UnsupportedOp
+from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
 from coordinator.compiler.training import analyze_training
 from tf_model.estimator_spec import ModeKeys
@@ -50,6 +50,8 @@ class Matcher:
         self.kernels: list[KernelNode] = []
         self.unsupported: list[UnsupportedOp] = []
         self.protected = self._host_read_tensors(host_tensors)
+        # a batch_norm_training kernel's moments (keepdims and squeezed) -> (kernel, statistic)
+        self.statistics: dict[str, tuple[str, str]] = {}
         for spec in extracted.inputs:
             placeholder = extracted.placeholders[spec.name]
             self.values[placeholder] = spec.name
@@ -244,6 +246,7 @@ class Matcher:
             self.match_alias, lowering.match_dropout(self), lowering.match_dense(self),
             lowering.match_conv2d(self), lowering.match_pool(self),
             lowering.match_batch_norm(self), lowering.match_cross_entropy(self)]
+        batch_norm_training = lowering.match_batch_norm_training(self)
         for op in self.ops:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
                 continue
@@ -254,7 +257,7 @@ class Matcher:
             if op.type in lowering.RECURRENT:
                 lowering.lower_generic(self, op)
                 continue
-            if self._enters_tail(op):
+            if batch_norm_training(op) or self._enters_tail(op):
                 continue
             if any(match(op) for match in fast):
                 continue
@@ -380,6 +383,7 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
         half = any(k.attrs.get("precision") == precision.FLOAT16 for k in matcher.kernels)
         training = analyze_training(extracted, half=half)
         matcher.unsupported.extend(untrainable(matcher, training))
+        matcher.unsupported.extend(moving_statistics(matcher, training))
         if training.loss_scale != 1.0:  # into the float16 backward's seed
             matcher.kernels = [replace(k, attrs={**k.attrs, "loss_scale": training.loss_scale})
                                if k.name == loss_kernel else k for k in matcher.kernels]
@@ -418,6 +422,39 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
                                          f"but the CS holds {what} of it in {kernel.name}"))
                 break
     return bad
+
+
+def moving_statistics(matcher: Matcher, training: TrainingSpec) -> list[UnsupportedOp]:
+    """The train_op's moving-average updates, each of a batch_norm_training kernel's batch
+    statistic: its kernel moves the variable by the same rule (a frozen weight it holds);
+    an update of any other value is refused."""
+    bad = []
+    for ma in training.statistic_averages:
+        owner = matcher.statistics.get(ma.statistic)
+        index = next((i for i, k in enumerate(matcher.kernels)
+                      if owner is not None and k.name == owner[0]), None)
+        if owner is None or index is None:
+            bad.append(UnsupportedOp("Variable", ma.variable, ma.source,
+                                     f"the train_op moves {ma.variable} toward {ma.statistic}, "
+                                     "which is not a batch statistic of a BatchNormalization "
+                                     "the CS carries out"))
+            continue
+        kernel, stat = matcher.kernels[index], owner[1]
+        channels = kernel.output_shape[-1]
+        problem = ""
+        if kernel.attrs[f"{stat}_update"]:
+            problem = f"the batch {stat} of {kernel.name} moves a second variable"
+        elif ma.shape != (channels,):
+            problem = f"{ma.variable} is {ma.shape}, the batch {stat} ({channels},)"
+        if problem:
+            bad.append(UnsupportedOp("Variable", ma.variable, ma.source, problem))
+            continue
+        attrs = {**kernel.attrs, f"{stat}_rule": ma.update, f"{stat}_update": list(ma.constants)}
+        param = ParamRef(f"moving_{stat}", ma.variable, (channels,), frozen=True)
+        matcher.kernels[index] = replace(kernel, attrs=attrs,
+                                                     params=kernel.params + (param,))
+    return bad
+
 
 
 def unsupported_detail(model: MatchedModel) -> str:

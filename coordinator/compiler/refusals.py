@@ -31,9 +31,11 @@ MODELS = ("sequential", "functional", "model")
 TF_FUNCTIONS = {"moments": "BatchNormalization (hand-written: tf.nn.moments)",
                 "batchnorm": "BatchNormalization (hand-written: tf.nn.batch_normalization)"}
 NO_KERNEL = "no CS kernel computes this op"
-BATCH_STATISTICS = ("the batch's mean and variance mix samples, and layer-pipelined micro-batches "
-                    "never see a whole batch together: use LayerNormalization, or "
-                    "BatchNormalization with training=False")
+BATCH_STATISTICS = ("the batch's mean and variance mix samples: the CS carries them out only in "
+                    "BatchNormalization in training, as tf.nn.moments over every axis but the "
+                    "last feeding tf.nn.batch_normalization (Keras' BatchNormalization) or "
+                    "FusedBatchNormV3; else use LayerNormalization, or BatchNormalization with "
+                    "training=False")
 
 
 @functools.cache

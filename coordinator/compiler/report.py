@@ -75,10 +75,15 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
     sparse = [v.name for v in training.variables if v.update == "sparse"]
     lines.append(f"Trained weights: {len(training.variables)}"
                  + (f" (sparse updates: {', '.join(sparse)})" if sparse else ""))
+    moving = {a.variable: a for a in training.statistic_averages}
     frozen = list(dict.fromkeys(p.variable for k in model.kernels for p in k.params
-                                if p.variable not in training.trained))
+                                if p.variable not in training.trained and p.variable not in moving))
     if frozen:
         lines.append("Frozen weights (not updated by the train_op): " + ", ".join(frozen))
+    rules = {"affine": "v * {0:g} + batch * {1:g}", "delta": "v - (v - batch) * {0:g}"}
+    for a in training.statistic_averages:
+        lines.append(f"Moving statistic: {a.variable} = {rules[a.update].format(*a.constants)} "
+                     f"(each training batch, at its batch barrier)")
     for t in training.transforms:
         what = {"scale": f"scale {t.value:g}", "clip_by_value": f"clip_by_value [{t.low:g}, "
                 f"{t.high:g}]", "clip_by_norm": f"clip_by_norm {t.value:g}",
@@ -166,6 +171,8 @@ def compile_json(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
             "pipeline_fill_seconds": t.fill_seconds,
             "update_seconds": t.update_seconds,
             "step_seconds": t.step_seconds(batch_size),
+            "barrier_seconds": {b.name: b.stall_seconds(batch_size, t.samples_per_sec, t.replicas)
+                                for b in t.barriers},
             "memory_bytes": placement.replicas * sum(placement.memory_bytes),
             "fabric_sram_bytes": fabric.sram_bytes,
         },
@@ -215,7 +222,14 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         f"  Step time (batch {batch_size}):  {1e3 * step:.4f} ms = {batch_size - t.replicas} x "
         f"{1e9 / t.samples_per_sec:.1f} ns + fill {1e6 * t.fill_seconds:.3f} us + "
         + (f"all-reduce {1e6 * t.allreduce_seconds:.3f} us + " if t.replicas > 1 else "")
-        + f"update {1e6 * t.update_seconds:.3f} us ({_n(1 / step)} steps/s)",
+        + f"update {1e6 * t.update_seconds:.3f} us"
+        + (f" + batch barriers {1e6 * t.barrier_seconds(batch_size):.3f} us" if t.barriers
+           else "") + f" ({_n(1 / step)} steps/s)",
+        *[f"  Batch barrier: {b.name} (the whole batch's statistics): the batch waits "
+          f"{b.passes} x {batch_size - t.replicas} x {1e9 / t.samples_per_sec:.1f} ns + "
+          f"reductions {1e6 * b.sync_seconds:.3f} us = "
+          f"{1e6 * b.stall_seconds(batch_size, t.samples_per_sec, t.replicas):.3f} us per step"
+          for b in t.barriers],
         f"  Memory:                  {placement.replicas * sum(placement.memory_bytes) / MB:,.2f} MB of "
         f"{fabric.sram_bytes / MB:,.0f} MB SRAM (weights, gradients, optimizer slots, "
         "activations in flight" + (f"; {placement.replicas} replicas" if placement.replicas > 1 else "")

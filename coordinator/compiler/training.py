@@ -4,8 +4,9 @@
 
 1. Writes. Every variable write the train_op runs is an optimizer update of one variable
    (Apply*/SparseApply*, v1 Adam's and SGD's sparse patterns), the optimizer's own
-   bookkeeping (Adam's beta powers), the global step's increment or a Keras seed
-   generator's state; any other write is refused. Variables not updated are frozen.
+   bookkeeping (Adam's beta powers), the global step's increment, a Keras seed
+   generator's state or a moving average (BatchNormalization's moving statistics, whose
+   batch statistic the matcher must find); any other write is refused. Variables not updated are frozen.
 2. Updates. One optimizer type with constant hyper-parameters for all variables (a
    schedule is refused), float32 only, dense or sparse (an IndexedSlices gradient), its
    slots named as wafer.optimizers names them.
@@ -28,7 +29,7 @@ import tensorflow as tf
 
 from common.errors import CSRunError
 from coordinator.compiler.extract import ExtractedGraph, user_source
-from coordinator.compiler.ir import OptimizerSpec, TrainedVariable, TrainingSpec
+from coordinator.compiler.ir import OptimizerSpec, StatisticAverage, TrainedVariable, TrainingSpec
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from wafer import optimizers as cs_optimizers
 from wafer.grad_transforms import GradientTransform, apply_transforms
@@ -404,7 +405,10 @@ def _moving_average(op: tf.Operation) -> _Average | None:
     return _Average(op, variable.name, shadow.name, mul, mul.inputs[1])
 
 
-def _updates(extracted: ExtractedGraph) -> tuple[list[_Update], list[_Average]]:
+def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
+             ) -> tuple[list[_Update], list[_Average]]:
+    """The optimizer updates and ExponentialMovingAverage updates of the train_op (the
+    moving averages of batch statistics into `statistics`)."""
     order = {op.name: i for i, op in enumerate(extracted.graph.get_operations())}
     writes = sorted((op for op in _closure(extracted.spec.train_op) if _is_write(op)),
                     key=lambda op: order[op.name])
@@ -425,6 +429,10 @@ def _updates(extracted: ExtractedGraph) -> tuple[list[_Update], list[_Average]]:
         average = _moving_average(op)
         if average is not None:
             averages.append(average)
+            continue
+        statistic = _statistic_average(op)
+        if statistic is not None:
+            statistics.append(statistic)
             continue
         target = variable_op(op.inputs[0]) if op.inputs else op
         if "ExponentialMovingAverage" in target.name:
@@ -463,6 +471,52 @@ def _updates(extracted: ExtractedGraph) -> tuple[list[_Update], list[_Average]]:
                               "after their update (ema.apply under "
                               "tf.control_dependencies([the optimizer's op]))")
     return updates, averages  # updates in graph order: compute_gradients' (creation) order
+
+
+def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
+    """A write moving a variable toward another value: `v.assign(v * a + s * b)` (Keras'
+    BatchNormalization, written by hand) or `v.assign_sub((v - s) * d)`
+    (assign_moving_average), a, b, d constants. Whether s is a batch statistic the CS
+    computes is the matcher's to decide (match.moving_statistics)."""
+    target = variable_op(op.inputs[0])
+    shape = target.get_attr("shape") if "shape" in target.node_def.attr else None
+    if shape is None or len(op.inputs) != 2:
+        return None
+    dims = tuple(int(d.size) for d in shape.dim)
+
+    def own(t: tf.Tensor) -> bool:
+        return variable_op(_skip_identity(t)) is target
+
+    def products(t: tf.Tensor) -> tuple[tf.Tensor, float] | None:
+        mul = _skip_identity(t).op
+        if mul.type != "Mul":
+            return None
+        for x, c in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
+            if _scalar(c) is not None:
+                return x, float(np.float32(_scalar(c)))
+        return None
+
+    value = _skip_identity(op.inputs[1]).op
+    found: tuple[str, tuple[float, ...], tf.Tensor] | None = None
+    if op.type in ("AssignVariableOp", "Assign") and value.type in ("AddV2", "Add"):
+        terms = [products(t) for t in value.inputs]
+        if None not in terms:
+            (x0, c0), (x1, c1) = terms  # type: ignore[misc]
+            if own(x0) and not own(x1):
+                found = ("affine", (c0, c1), x1)
+            elif own(x1) and not own(x0):
+                found = ("affine", (c1, c0), x0)
+    elif op.type in ("AssignSubVariableOp", "AssignSub"):
+        term = products(op.inputs[1])
+        sub = _skip_identity(term[0]).op if term is not None else None
+        if term is not None and sub is not None and sub.type == "Sub" and \
+                own(sub.inputs[0]) and not own(sub.inputs[1]):
+            found = ("delta", (term[1],), sub.inputs[1])
+    if found is None:
+        return None
+    update, constants, statistic = found
+    return StatisticAverage(target.name, _skip_identity(statistic).name, update, constants,
+                            dims, user_source(op))
 
 
 def _variables_under(tensor: tf.Tensor) -> list[tf.Operation]:
@@ -920,12 +974,15 @@ def _fold_loss_scale(chains: list[_Chain], half: bool) -> tuple[list[GradientTra
 
 # ---- 4. numbers ----
 
-def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain], rtol: float = 1e-4) -> None:
+def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
+                   averages: list[StatisticAverage], rtol: float = 1e-4) -> None:
     """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
     a float16 backward rounds S * g and g differently); then TF's transforms ==
-    apply_transforms on random gradients."""
+    apply_transforms on random gradients. (Moving averages are initialised too: gradients
+    computed under tf.control_dependencies(update_ops) run them.)"""
     graph, loss = extracted.graph, extracted.spec.loss
-    handles = {op.name for op in _variables_under(loss)} | {c.update.variable for c in chains}
+    handles = {op.name for op in _variables_under(loss)} | {c.update.variable for c in chains} \
+        | {a.variable for a in averages}
     with graph.as_default():
         variables = [v for v in tf.compat.v1.global_variables() if v.op.name in handles]
     if sum(v.shape.num_elements() or 0 for v in variables) > NUMERIC_CHECK_VALUES:
@@ -1021,8 +1078,9 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
     if extracted.spec.train_op is None:
         raise _Problems(["model_fn returned no train_op in train mode"])
     with extracted.graph.as_default():
+        statistic_averages: list[StatisticAverage] = []
         try:
-            updates, averages = _updates(extracted)
+            updates, averages = _updates(extracted, statistic_averages)
             _check_dtypes(extracted, updates)
             _check_slots(updates)
         except _Refused as problem:
@@ -1039,7 +1097,8 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
             raise _Problems(problems)
         try:
             _group_order(chains)
-            _check_numbers(extracted, chains, HALF_GRADIENT_RTOL if half else 1e-4)
+            _check_numbers(extracted, chains, statistic_averages,
+                           HALF_GRADIENT_RTOL if half else 1e-4)
             transforms, loss_scale = _fold_loss_scale(chains, half)
         except _Refused as problem:
             raise _Problems([str(problem)]) from None
@@ -1050,7 +1109,8 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
     variables = tuple(TrainedVariable(u.variable, "dense" if u.indices is None else "sparse",
                                       u.slots, user_source(u.op)) for u in updates)
     return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), loss_scale=loss_scale,
-                        schedules=schedules, moving_averages=moving)
+                        schedules=schedules, moving_averages=moving,
+                        statistic_averages=tuple(statistic_averages))
 
 
 def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list[_Average]):

@@ -46,26 +46,18 @@ def line_of(fragment):
 
 
 def test_refusals_name_each_layer_the_user_wrote_once_and_what_to_use_instead(tmp_path):
+    """The two hand-written batch norms (tf.nn.moments + tf.nn.batch_normalization) are
+    BatchNormalization in training, which the CS carries out: the Conv3DTranspose alone is
+    refused, once, naming the layer and what to use instead."""
     with pytest.raises(CSRunError) as info:
         compile_model(s.refused_layers, s.image_input_fn, PARAMS, str(tmp_path), validate_only=True)
-    error, moments = info.value, line_of("tf.nn.moments(x")
+    error, volume = info.value, line_of('name="volume"')
     assert "\n" not in str(error)
-    assert error.message.startswith(
-        f"validation failed: BatchNormalization (hand-written: tf.nn.moments) at {moments} (layer "
-        "'moments': SquaredDifference 'moments/SquaredDifference' and 2 more ops): ")
-    assert "use LayerNormalization" in error.message
-    assert error.message.endswith("(and 2 more unsupported layers or operations)")
+    assert error.message.startswith(f"validation failed: Conv3DTranspose at {volume} (layer 'volume")
+    assert "upsample with UpSampling3D, then Conv3D" in error.message
     lines = error.detail.splitlines()
-    assert lines[0] == "Unsupported layers and operations (3):"
-    layers = [line for line in lines if line.startswith("  ") and not line.startswith("      ")]
-    assert [line.split(" at ")[0].strip() for line in layers] == [
-        "BatchNormalization (hand-written: tf.nn.moments)"] * 2 + ["Conv3DTranspose"]
-    volume = line_of('name="volume"')
-    assert layers[2].startswith(f"  Conv3DTranspose at {volume} (layer 'volume")
-    assert "upsample with UpSampling3D, then Conv3D" in layers[2]
-    # every refused op follows its layer's line
-    ops = [line.strip() for line in lines if line.startswith("      ")]
-    assert len(ops) == 7 and ops[1].startswith("Mul 'batchnorm/mul_1'") and ops[6].startswith("Conv3DBackpropInputV2 '")
+    assert lines[0] == "Unsupported layers and operations (1):"
+    assert not any("moments" in line or "batchnorm" in line for line in lines)
 
 
 def test_the_spatial_kernels_in_float16_are_refused_naming_the_layer(tmp_path):

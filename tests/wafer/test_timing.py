@@ -6,6 +6,7 @@ import pytest
 
 from wafer import timing
 from wafer.fabric import get_fabric
+from wafer.kernels import build_kernel
 from wafer.kernels.base import Kernel
 
 
@@ -68,6 +69,26 @@ def test_pipeline_is_as_fast_as_its_slowest_kernel_and_step_adds_fill():
     assert p.step_seconds(256) == pytest.approx(255 / p.samples_per_sec + p.fill_seconds
                                                 + p.update_seconds)
     assert p.active_cores == 110
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_batch_barrier_stalls_the_step_by_the_batch_and_its_reductions(training):
+    """BatchNormalization in training: the batch queues at the barrier (forward, and again
+    backward when training), then C channels' sums cross the region and back."""
+    fabric = get_fabric("cs1")
+    a = Matvec("a", {"units": 16, "max_cores": 10**6}, [(100,)])
+    bn = build_kernel("batch_norm_training", "bn", {"epsilon": 1e-3}, [(16,)])
+    plain = timing.pipeline_timing([(a, Rect(0, 0, 10, 10))], fabric, training=training,
+                                   input_bytes_per_sample=400)
+    p = timing.pipeline_timing([(a, Rect(0, 0, 10, 10)), (bn, Rect(10, 0, 3, 2))], fabric,
+                               training=training, input_bytes_per_sample=400)
+    passes = 2 if training else 1
+    sync = passes * timing.BARRIER_REDUCTIONS * (2 * (3 + 2) + 16 * 4 / 4) / fabric.clock_hz
+    assert [(b.name, b.passes) for b in p.barriers] == [("bn", passes)]
+    assert p.barriers[0].sync_seconds == pytest.approx(sync)
+    assert not plain.barriers
+    assert p.step_seconds(256) == pytest.approx(
+        255 / p.samples_per_sec * (1 + passes) + p.fill_seconds + p.update_seconds + sync)
 
 
 def test_memory_counts_optimizer_slots_and_in_flight_activations():

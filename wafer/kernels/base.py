@@ -58,6 +58,9 @@ class RunContext:
     # executor's threads; returns once all are done
     run_tiles: Callable[[Sequence[Tile]], None] = run_in_order
     extra: dict[str, Any] = field(default_factory=dict)
+    # a batch barrier's statistics of the whole batch: (batch_statistics,) in forward,
+    # (batch_statistics, gradient_statistics) in backward
+    batch: tuple[Any, ...] = ()
 
     def wants_grad(self, index: int) -> bool:
         return self.input_grads is None or bool(self.input_grads[index])
@@ -74,6 +77,11 @@ class Kernel:
 
     type_name: ClassVar[str]
     is_loss: ClassVar[bool] = False
+    # A batch barrier computes with statistics of the whole batch (BatchNormalization in
+    # training): the one kind of kernel whose samples meet. The executor gives it the whole
+    # batch's input (`batch_statistics`) before any micro-batch's forward, and every
+    # micro-batch's output gradient (`gradient_statistics`) before any backward.
+    batch_barrier: ClassVar[bool] = False
     # a float16 kernel (attr precision) whose forward rounds its own output (the fused
     # affine kernels round each TF op's result inside); others are rounded by the executor
     rounds_own_output: ClassVar[bool] = False
@@ -123,6 +131,18 @@ class Kernel:
     def forward(self, params: Mapping[str, np.ndarray], inputs: Sequence[np.ndarray],
                 ctx: RunContext) -> tuple[np.ndarray, Any]:
         """Return (output, cache); the cache is handed back to backward."""
+        raise NotImplementedError
+
+    def batch_statistics(self, params: Mapping[str, np.ndarray], x: np.ndarray,
+                         ctx: RunContext) -> Any:
+        """A batch barrier: the statistics of the whole batch `x` (every micro-batch of its
+        input, in order), which forward reads as ctx.batch[0]."""
+        raise NotImplementedError
+
+    def gradient_statistics(self, params: Mapping[str, np.ndarray], caches: Sequence[Any],
+                            grads: Sequence[np.ndarray], ctx: RunContext) -> Any:
+        """A batch barrier: the statistics of the whole batch's output gradient (every
+        micro-batch's, with its forward cache), which backward reads as ctx.batch[1]."""
         raise NotImplementedError
 
     def backward(self, params: Mapping[str, np.ndarray], cache: Any, grad_output: np.ndarray | None,

@@ -1,5 +1,6 @@
-"""Batch normalisation with moving statistics (inference): a per-channel affine map of the
-last axis, so each sample is computed on its own."""
+"""Batch normalisation: with moving statistics (inference), a per-channel affine map of the
+last axis, so each sample is computed on its own; with the statistics of the whole batch
+(training), a batch barrier."""
 from __future__ import annotations
 
 import math
@@ -95,4 +96,151 @@ class BatchNormInference(Kernel):
         if self.center:
             accumulate(param_grads, "offset", g_sum, grads, ctx)
         dx = g * inv if ctx.wants_grad(0) else None
+        return [dx], grads
+
+
+# How a moving statistic follows the batch's (attrs mean_rule, variance_rule): Keras' and the usual
+# hand-written `v.assign(v * a + s * b)`, or tf.compat.v1's assign_moving_average,
+# `v.assign_sub((v - s) * d)`.
+MOVING_UPDATES = ("affine", "delta")
+
+
+@register
+class BatchNormTraining(Kernel):
+    """Batch normalisation with the statistics of the whole batch (training), as
+    tf.nn.moments + tf.nn.batch_normalization compute it (Keras 3's BatchNormalization with
+    training=True): over every axis but the last,
+        mean = mean(x);  variance = mean((x - mean)^2)   (the biased estimator)
+        inv = rsqrt(variance + epsilon) [* scale];  y = x * inv + (offset - mean * inv)
+    or, attr fused, as FusedBatchNormV3 with is_training: y = (x - mean) * inv + offset,
+    and the variance its moving statistic follows is its batch_variance output, Bessel's
+    correction of the biased one: variance * (n / (n - 1)), n the batch's values per
+    channel (the normalisation itself uses the biased variance).
+    Gradients (of those ops, in closed form; N the batch's values per channel,
+    xhat = (x - mean) rsqrt(variance + epsilon)):
+        dx = inv (g - sum(g) / N - xhat sum(g xhat) / N); scale (sum(g x) - sum(g) mean)
+        rsqrt(...); offset sum(g).
+    A batch barrier (`batch_barrier`): the executor hands it the whole batch's input before
+    any micro-batch's forward (`batch_statistics`) and every micro-batch's output gradient
+    before any backward (`gradient_statistics`); each micro-batch then reads them from
+    ctx.batch. With attrs mean_update / variance_update (the constants of mean_rule /
+    variance_rule, empty: none) the training batch also moves the frozen weights moving_mean / moving_variance,
+    as the train_op's assign ops do."""
+
+    type_name = "batch_norm_training"
+    batch_barrier = True
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        flags = {k: self.attrs.get(k, default) for k, default in
+                 (("scale", True), ("center", True), ("fused", False))}
+        eps = self.attrs.get("epsilon")
+        self.kinds = {stat: self.attrs.get(f"{stat}_rule", "affine") for stat in ("mean", "variance")}
+        self.rules = {stat: [float(c) for c in self.attrs.get(f"{stat}_update", [])]
+                      for stat in ("mean", "variance")}
+        sizes = {"affine": 2, "delta": 1}
+        if len(self.input_shapes) != 1 or not self.input_shapes[0] or \
+                any(not isinstance(f, bool) for f in flags.values()) or \
+                isinstance(eps, bool) or not isinstance(eps, (int, float)) or \
+                not (math.isfinite(eps) and eps >= 0) or \
+                any(kind not in sizes for kind in self.kinds.values()) or \
+                any(len(r) not in (0, sizes[self.kinds[s]]) or not all(map(math.isfinite, r))
+                    for s, r in self.rules.items()):
+            raise KernelError(f"kernel {name!r} (batch_norm_training): takes 1 input with "
+                              f"channels last, a number attr epsilon >= 0, bool attrs scale, "
+                              f"center, fused, mean_rule and variance_rule one of "
+                              f"{', '.join(MOVING_UPDATES)} with mean_update and "
+                              f"variance_update their constants (or none), got inputs "
+                              f"{self.input_shapes}, epsilon {eps!r}, {flags}, rules "
+                              f"{self.kinds} {self.rules}")
+        self.scale, self.center, self.fused = flags["scale"], flags["center"], flags["fused"]
+        self.eps = np.float32(eps)
+        self.channels = self.input_shapes[0][-1]
+
+    @property
+    def output_shape(self):
+        return self.input_shapes[0]
+
+    def param_shapes(self):
+        roles = ["scale"] * self.scale + ["offset"] * self.center + \
+            [f"moving_{stat}" for stat, rule in self.rules.items() if rule]
+        return {role: (self.channels,) for role in roles}
+
+    def flops_per_sample(self) -> float:
+        return 6.0 * math.prod(self.input_shapes[0])  # moments (3), normalise (2), ~1 more
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        return 4 * math.prod(self.input_shapes[0])  # x, until the statistics are known
+
+    # ---- the batch barrier ----
+    def batch_statistics(self, params, x: np.ndarray, ctx: RunContext):
+        """(mean, variance, r = rsqrt(variance + eps), inv = r [* scale]) of the whole
+        batch `x`; a training batch moves the moving statistics."""
+        rows = tuple(range(x.ndim - 1))
+        mean = np.mean(x, axis=rows, dtype=np.float32)
+        variance = np.mean(np.square(x - mean), axis=rows, dtype=np.float32)
+        r = _ONE / np.sqrt(variance + self.eps)
+        inv = r * params["scale"] if self.scale else r
+        if ctx.training:
+            batch_variance = variance
+            if self.fused:  # FusedBatchNormV3's batch_variance output: Bessel's correction
+                count = x.size // self.channels
+                with np.errstate(divide="ignore"):
+                    batch_variance = variance * (np.float32(count) / np.float32(count - 1))
+            for stat, value in (("mean", mean), ("variance", batch_variance)):
+                rule = [np.float32(c) for c in self.rules[stat]]
+                if not rule:
+                    continue
+                moving = params[f"moving_{stat}"]
+                if self.kinds[stat] == "affine":
+                    moving[...] = moving * rule[0] + value * rule[1]
+                else:
+                    moving -= (moving - value) * rule[0]
+        return mean, variance, r, inv
+
+    def gradient_statistics(self, params, caches: Sequence[Any], grads: Sequence[np.ndarray],
+                            ctx: RunContext):
+        """(sum(g) / N, sum(g xhat) / N) over the whole batch: every micro-batch's output
+        gradient `grads` with its forward cache."""
+        mean, _, r, _ = ctx.batch[0]
+        count = sum(math.prod(g.shape[:-1]) for g in grads)
+        g_sum = np.zeros(self.channels, np.float32)
+        gx_sum = np.zeros(self.channels, np.float32)
+        for x, g in zip(caches, grads):
+            rows = tuple(range(g.ndim - 1))
+            g_sum += g.sum(axis=rows, dtype=np.float32)
+            gx_sum += (g * ((x - mean) * r)).sum(axis=rows, dtype=np.float32)
+        return g_sum / np.float32(count), gx_sum / np.float32(count)
+
+    # ---- one micro-batch ----
+    def forward(self, params, inputs, ctx: RunContext):
+        x = inputs[0]
+        mean, _, _, inv = ctx.batch[0]
+        if self.fused:
+            y = (x - mean) * inv
+            return (y + params["offset"] if self.center else y), x
+        shift = params["offset"] - mean * inv if self.center else -(mean * inv)
+        return x * inv + shift, x
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        x, g = cache, grad_output
+        mean, _, r, inv = ctx.batch[0]
+        g_mean, gx_mean = ctx.batch[1]
+        rows = tuple(range(g.ndim - 1))
+        grads: dict[str, np.ndarray] = {}
+        g_sum = g.sum(axis=rows, dtype=np.float32)
+        if self.scale:
+            if self.fused:
+                d_inv = (g * (x - mean)).sum(axis=rows, dtype=np.float32)
+            else:
+                d_inv = (g * x).sum(axis=rows, dtype=np.float32) - g_sum * mean
+            accumulate(param_grads, "scale", d_inv * r, grads, ctx)
+        if self.center:
+            accumulate(param_grads, "offset", g_sum, grads, ctx)
+        dx = None
+        if ctx.wants_grad(0):
+            dx = inv * (g - g_mean - ((x - mean) * r) * gx_mean)
         return [dx], grads
