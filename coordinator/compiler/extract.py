@@ -169,3 +169,18 @@ def data_flow_ops(graph: tf.Graph, sources: Iterable[tf.Tensor],
     keep = {op for op in downstream & upstream if op.type not in SHAPE_OPS}
     return [op for op in graph.get_operations() if op in keep]
 
+
+def op_closure(start: tf.Operation | tf.Tensor) -> list[tf.Operation]:
+    """Every op `start` (an op, or a tensor's op) depends on through data and control edges,
+    `start` first."""
+    first = start.op if isinstance(start, tf.Tensor) else start
+    seen, stack, order = set(), [first], []
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        order.append(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return order

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, user_source
+from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
 from wafer.schedules import ARITY, ScalarOp, Schedule, schedule_problem
 
 _UNARY = {"Identity": "identity", "Snapshot": "identity", "StopGradient": "identity",
@@ -102,14 +102,14 @@ def _check_increment(extracted: ExtractedGraph, items: list[Scheduled]) -> None:
     step = _global_step(extracted.graph)
     train = extracted.spec.train_op
     train_op = train.op if isinstance(train, tf.Tensor) else train
-    for op in _closure(train_op):
+    for op in op_closure(train_op):
         if op.type in ("AssignAddVariableOp", "AssignAdd") and op.inputs and \
                 _handle_name(op.inputs[0].op) == step:
-            before = set(_closure(op))
+            before = set(op_closure(op))
             for item in items:
                 reads = [r for r in _data_upstream(item.tensor.op) if r.type in _READS
                          and r.inputs and _handle_name(r.inputs[0].op) == step]
-                after = [r for r in reads if op in set(_closure(r))]
+                after = [r for r in reads if op in set(op_closure(r))]
                 if item.before_increment and item.apply in before and not after:
                     continue
                 if not item.before_increment and len(after) == len(reads):
@@ -122,19 +122,6 @@ def _check_increment(extracted: ExtractedGraph, items: list[Scheduled]) -> None:
 _READS = ("ReadVariableOp", "Identity")
 _LIVENESS = {"Switch", "Merge", "Const", "HostConst", "Assert", "NoOp", "Cast", "Select",
              "SelectV2"}
-
-
-def _closure(op: tf.Operation) -> list[tf.Operation]:
-    seen, stack, order = set(), [op], []
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        order.append(current)
-        stack.extend(t.op for t in current.inputs)
-        stack.extend(current.control_inputs)
-    return order
 
 
 def _data_upstream(op: tf.Operation) -> list[tf.Operation]:

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler.extract import ExtractedGraph, user_source
+from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
 from coordinator.compiler.ir import OptimizerSpec, StatisticAverage, TrainedVariable, TrainingSpec
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from wafer import optimizers as cs_optimizers
@@ -150,20 +150,6 @@ class _Update:
     indices: tf.Tensor | None  # sparse: the IndexedSlices' indices before deduplication
     owned: set = field(default_factory=set)  # write ops belonging to this update
     scheduled: dict = field(default_factory=dict)  # hyper-parameter -> (reader op, its tensor)
-
-
-def _closure(train_op) -> list[tf.Operation]:
-    start = train_op.op if isinstance(train_op, tf.Tensor) else train_op
-    seen, stack, order = set(), [start], []
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        order.append(op)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
-    return order
 
 
 def _is_write(op: tf.Operation) -> bool:
@@ -410,7 +396,7 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
     """The optimizer updates and ExponentialMovingAverage updates of the train_op (the
     moving averages of batch statistics into `statistics`)."""
     order = {op.name: i for i, op in enumerate(extracted.graph.get_operations())}
-    writes = sorted((op for op in _closure(extracted.spec.train_op) if _is_write(op)),
+    writes = sorted((op for op in op_closure(extracted.spec.train_op) if _is_write(op)),
                     key=lambda op: order[op.name])
     updates: list[_Update] = []
     for op in writes:
@@ -442,7 +428,7 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                             "the CS")
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
                         "the CS carries out")
-    conds = [op for op in _closure(extracted.spec.train_op) if op.type in ("If", "StatelessIf")]
+    conds = [op for op in op_closure(extracted.spec.train_op) if op.type in ("If", "StatelessIf")]
     if not updates and conds:
         raise _fail(conds[-1], "the train_op applies its updates inside a tf.cond: dynamic loss "
                                "scaling (a LossScaleOptimizer with 'dynamic') is not carried out "
@@ -465,7 +451,7 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                               f"{user_source(first.op)}); the CS trains every variable with "
                               "one optimizer")
     for a in averages:
-        if a.variable not in by_var or by_var[a.variable].op not in set(_closure(a.op)):
+        if a.variable not in by_var or by_var[a.variable].op not in set(op_closure(a.op)):
             raise _fail(a.op, f"the ExponentialMovingAverage of {a.variable} does not wait for "
                               f"its update: the CS averages the weights the train_op trains, "
                               "after their update (ema.apply under "
@@ -1118,17 +1104,17 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
     averages with their factors (coordinator.compiler.schedules: lowered from the graph TF
     executes)."""
     train = extracted.spec.train_op
-    increments = [op for op in _closure(train) if _is_write(op) and op.type in (
+    increments = [op for op in op_closure(train) if _is_write(op) and op.type in (
         "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph, None)]
     items = [Scheduled(key, reader, tensor) for u in updates
              for key, (reader, tensor) in u.scheduled.items()]
     offsets = {}
     for a in averages:
-        offsets[a.shadow] = int(bool(increments) and increments[0] in set(_closure(a.op)))
+        offsets[a.shadow] = int(bool(increments) and increments[0] in set(op_closure(a.op)))
         items.append(Scheduled(FACTOR, a.mul, a.factor, name=a.shadow,
                                before_increment=not offsets[a.shadow],
                                label=f"the decay of the ExponentialMovingAverage of {a.variable}"))
-    written = {variable_op(op.inputs[0]).name for op in _closure(train) if _is_write(op)}
+    written = {variable_op(op.inputs[0]).name for op in op_closure(train) if _is_write(op)}
     lowered = lower_schedules(extracted, items, written)
     schedules = tuple(lowered[key] for key in dict.fromkeys(
         key for u in updates for key in u.scheduled))
