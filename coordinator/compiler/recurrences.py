@@ -51,9 +51,9 @@ def _values(graph: tf.Graph, spec: Any, feed: dict[str, np.ndarray],
                  for g in tf.gradients(spec.loss, trainable)]
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(tf.compat.v1.global_variables_initializer())
-            for v in variables:
+            for v in variables:  # the initializer fed with the weight (Variable.load is deprecated)
                 if weights is not None and v.op.name in weights:
-                    v.load(weights[v.op.name], session)
+                    session.run(v.initializer, {v.initializer.inputs[1]: weights[v.op.name]})
             state = {v.op.name: session.run(v) for v in variables}
             pairs = [(v.op.name, g) for v, g in zip(trainable, grads) if g is not None]
             loss, values = session.run([spec.loss, [g for _, g in pairs]],
