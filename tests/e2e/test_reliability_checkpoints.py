@@ -124,8 +124,8 @@ ADAM = {"dense/kernel": np.ones((2, 3), np.float32), "dense/bias": np.zeros(3, n
 
 
 def _program(optimizer: str) -> pb.Program:
-    return pb.Program(kernels=[pb.Kernel(params=[pb.Param(variable="dense/kernel"),
-                                                 pb.Param(variable="dense/bias")])],
+    return pb.Program(kernels=[pb.Kernel(params=[pb.Param(variable="dense/kernel", shape=[2, 3]),
+                                                 pb.Param(variable="dense/bias", shape=[3])])],
                       optimizer=pb.Optimizer(type=optimizer))
 
 
