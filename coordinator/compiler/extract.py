@@ -184,3 +184,15 @@ def op_closure(start: tf.Operation | tf.Tensor) -> list[tf.Operation]:
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
     return order
+
+
+def data_upstream(op: tf.Operation) -> list[tf.Operation]:
+    """The ops `op` computes from (its data inputs, transitively; control inputs only order),
+    `op` included."""
+    seen, stack = {op}, [op]
+    while stack:
+        for t in stack.pop().inputs:
+            if t.op not in seen:
+                seen.add(t.op)
+                stack.append(t.op)
+    return list(seen)

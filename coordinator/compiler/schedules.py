@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 from wafer.schedules import ARITY, ScalarOp, Schedule, schedule_problem
 
 _UNARY = {"Identity": "identity", "Snapshot": "identity", "StopGradient": "identity",
@@ -70,7 +70,7 @@ def _check_leaves(extracted: ExtractedGraph, item: Scheduled, written: set[str])
     with graph.as_default():
         trainable = {v.op.name for v in tf.compat.v1.trainable_variables()}
     variables = set()
-    for op in _data_upstream(item.tensor.op):
+    for op in data_upstream(item.tensor.op):
         if op.type == "Placeholder":
             raise _refuse(item.apply, f"{item.what} is computed from the "
                                       f"model's input {op.name}; the CS computes hyper-parameters "
@@ -107,7 +107,7 @@ def _check_increment(extracted: ExtractedGraph, items: list[Scheduled]) -> None:
                 _handle_name(op.inputs[0].op) == step:
             before = set(op_closure(op))
             for item in items:
-                reads = [r for r in _data_upstream(item.tensor.op) if r.type in _READS
+                reads = [r for r in data_upstream(item.tensor.op) if r.type in _READS
                          and r.inputs and _handle_name(r.inputs[0].op) == step]
                 after = [r for r in reads if op in set(op_closure(r))]
                 if item.before_increment and item.apply in before and not after:
@@ -122,17 +122,6 @@ def _check_increment(extracted: ExtractedGraph, items: list[Scheduled]) -> None:
 _READS = ("ReadVariableOp", "Identity")
 _LIVENESS = {"Switch", "Merge", "Const", "HostConst", "Assert", "NoOp", "Cast", "Select",
              "SelectV2"}
-
-
-def _data_upstream(op: tf.Operation) -> list[tf.Operation]:
-    """The ops `op` computes from (its data inputs, transitively; control inputs only order)."""
-    seen, stack = {op}, [op]
-    while stack:
-        for t in stack.pop().inputs:
-            if t.op not in seen:
-                seen.add(t.op)
-                stack.append(t.op)
-    return list(seen)
 
 
 def _handle_name(op: tf.Operation) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import OptimizerSpec, StatisticAverage, TrainedVariable, TrainingSpec
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from wafer import optimizers as cs_optimizers
@@ -120,7 +120,7 @@ _FOLDABLE = {"Const", "Identity", "Cast", "RealDiv", "Mul", "Reciprocal", "AddV2
 def _const(tensor: tf.Tensor) -> np.ndarray | None:
     value = tf.get_static_value(tensor)
     if value is None and tensor.shape.rank == 0 and \
-            all(op.type in _FOLDABLE for op in _upstream_ops(tensor.op)):
+            all(op.type in _FOLDABLE for op in data_upstream(tensor.op)):
         with tf.compat.v1.Session(graph=tensor.graph) as session:
             value = session.run(tensor)
     return None if value is None else np.asarray(value)
@@ -507,7 +507,7 @@ def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
 
 def _variables_under(tensor: tf.Tensor) -> list[tf.Operation]:
     """The variables `tensor` is computed from."""
-    return [op for op in _upstream_ops(tensor.op) if op.type in ("VarHandleOp", "VariableV2")]
+    return [op for op in data_upstream(tensor.op) if op.type in ("VarHandleOp", "VariableV2")]
 
 
 def _check_dtypes(extracted: ExtractedGraph, updates: list[_Update]) -> None:
@@ -611,7 +611,7 @@ def _gradient_calls(extracted: ExtractedGraph,
         scale = 1.0 if _is_loss(starts, core, varying) else (
             _loss_scale(next(iter(starts)), core) if len(starts) == 1 else None)
         if scale is None:
-            upstream = set(_upstream_ops(core))
+            upstream = set(data_upstream(core))
             y = min((op for op in starts if op not in upstream), default=None,
                     key=attrgetter("name"))
             calls[scope] = _Refused(
@@ -758,7 +758,7 @@ def _recognise(op: tf.Operation, variable: str, sparse: bool, calls: dict,
     """The transform `op` computes from one gradient tensor, and that tensor."""
 
     def why() -> _Refused:
-        if not any(_in_scope(o, calls) for o in _upstream_ops(op)):
+        if not any(_in_scope(o, calls) for o in data_upstream(op)):
             return _fail(op, f"the gradient applied to {variable} is not computed from the "
                              "loss's gradient (tf.gradients / compute_gradients)")
         return _fail(op, f"the gradient of {variable} is changed by an op the CS cannot carry "
@@ -796,16 +796,6 @@ def _recognise(op: tf.Operation, variable: str, sparse: bool, calls: dict,
                             "looked-up row before duplicates are summed; the CS cannot")
         return _Step("clip_by_value", op, low=low, high=high), inner.inputs[0]
     raise why()
-
-
-def _upstream_ops(op: tf.Operation) -> list[tf.Operation]:
-    seen, stack = {op}, [op]
-    while stack:
-        for t in stack.pop().inputs:
-            if t.op not in seen:
-                seen.add(t.op)
-                stack.append(t.op)
-    return list(seen)
 
 
 def _norm_graph(tensor: tf.Tensor) -> tuple[list[tf.Operation], list[tf.Tensor]] | None:
