@@ -39,7 +39,7 @@ import submitit
 
 from slurm.submitit_api import task_log, task_result
 from slurm.task import TaskCommand, TaskFailed
-from slurm.task_logs import copy_new, last_error_line
+from slurm.task_logs import LogCopy, last_error_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,10 +118,9 @@ class LaunchedJob(abc.ABC):
     def follow(self, stream: TextIO) -> JobOutcome:
         """Copy the chief's log to `stream` as it grows until the job ends; stop every
         task as soon as one fails (within 30 s) and report which one and why."""
-        log = self.task_log(0)
-        offset = 0
+        chief_log = LogCopy(self.task_log(0), stream)
         while True:
-            offset = copy_new(log, offset, stream)
+            chief_log.copy_new()
             outcome = self._results()
             if outcome is not None and outcome.exit_code != 0:
                 outcome = self._explain_failure(outcome)
@@ -136,7 +135,7 @@ class LaunchedJob(abc.ABC):
                 outcome = self._ended(state)
                 break
             time.sleep(self.poll_seconds)
-        copy_new(log, offset, stream)
+        chief_log.copy_new(final=True)
         return outcome
 
     def cancel(self) -> None:

@@ -53,33 +53,48 @@ def task_hosts(log: Path) -> tuple[str, str] | None:
     return (match.group(2), match.group(3)) if match else None
 
 
-def copy_new(path: Path, offset: int, stream: TextIO) -> int:
-    """Copy what was appended to `path` since `offset` to `stream`, submitit's own
-    bookkeeping lines (and the traceback of its task wrapper that follows them), the task's
-    placement line (`where_task_runs`), its own `error:` line and TensorFlow's start-up chatter
-    left out; the new offset."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return offset
-    if data:
-        text = data.decode(errors="replace")
-        after = ""  # "submitit": after submitit's lines; "traceback": inside its traceback
-        for line in text.splitlines(keepends=True):
-            if line.startswith(LOG_PREFIX):
-                after = "submitit"
-            elif after and line.startswith(("Traceback (most recent call last):", " ")):
-                after = "traceback"
-            elif after == "traceback":  # the exception line that ends it
-                after = ""
-            else:
-                after = ""
-                if not CHATTER.match(line) and not _WHERE.match(line) and not _OWN_ERROR.match(line):
-                    stream.write(line)
-        stream.flush()
-    return offset + len(data)
+class LogCopy:
+    """The terminal copy of a task's log as it grows: each `copy_new` writes the whole lines
+    appended since the last call, submitit's own bookkeeping lines (and the traceback of its
+    task wrapper that follows them), the task's placement line (`where_task_runs`), its own
+    `error:` line and TensorFlow's start-up chatter left out. A line still being written, and
+    whether a submitit line came before, carry over to the next call."""
+
+    def __init__(self, path: Path, stream: TextIO):
+        self.path = path
+        self.stream = stream
+        self.offset = 0
+        self._partial = ""
+        self._after = ""  # "submitit": after submitit's lines; "traceback": inside its traceback
+
+    def copy_new(self, final: bool = False) -> None:
+        """Copy what was appended since the last call; `final`: the log is complete, so a last
+        line without its newline is copied too."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        self.offset += len(data)
+        text = self._partial + data.decode(errors="replace")
+        lines = text.splitlines(keepends=True)
+        self._partial = "" if final or not lines or lines[-1].endswith("\n") else lines.pop()
+        for line in lines:
+            self._copy(line)
+        self.stream.flush()
+
+    def _copy(self, line: str) -> None:
+        if line.startswith(LOG_PREFIX):
+            self._after = "submitit"
+        elif self._after and line.startswith(("Traceback (most recent call last):", " ")):
+            self._after = "traceback"
+        elif self._after == "traceback":  # the exception line that ends it
+            self._after = ""
+        else:
+            self._after = ""
+            if not CHATTER.match(line) and not _WHERE.match(line) and not _OWN_ERROR.match(line):
+                self.stream.write(line)
 
 
 def last_error_line(log: Path, exit_code: int = 1) -> str:

@@ -171,26 +171,50 @@ def test_slurm_flags_without_slurm_are_one_line(tmp_path):
         "csrun_wse: error: the local backend does not take --partition (hint: these settings only apply to Slurm)"]
 
 
+TASK_LOG = ("submitit INFO (2026-11-22) - Starting with JobEnvironment\n"
+            "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+            "I0000 00:00:1795381587.539320   20723 port.cc:153] oneDNN custom operations are on.\n"
+            "global step 100: loss = 0.0191494 (56.94 steps/sec)\n"
+            "submitit ERROR (2026-11-22) - Submitted job triggered an exception\n"
+            "Traceback (most recent call last):\n"
+            "  File \"x.py\", line 1, in <module>\n"
+            "slurm.task.TaskFailed: exit code 1\n"
+            "Loss for final step: 0.1.\n")
+TASK_LOG_SHOWN = "global step 100: loss = 0.0191494 (56.94 steps/sec)\nLoss for final step: 0.1.\n"
+
+
 def test_the_terminal_copy_of_a_task_log_leaves_out_submitit_and_tensorflow_chatter(tmp_path):
     import io
 
-    from slurm.task_logs import copy_new
+    from slurm.task_logs import LogCopy
 
     log = tmp_path / "0_log.out"
-    log.write_text(
-        "submitit INFO (2026-11-22) - Starting with JobEnvironment\n"
-        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
-        "I0000 00:00:1795381587.539320   20723 port.cc:153] oneDNN custom operations are on.\n"
-        "global step 100: loss = 0.0191494 (56.94 steps/sec)\n"
-        "submitit ERROR (2026-11-22) - Submitted job triggered an exception\n"
-        "Traceback (most recent call last):\n"
-        "  File \"x.py\", line 1, in <module>\n"
-        "slurm.task.TaskFailed: exit code 1\n"
-        "Loss for final step: 0.1.\n")
+    log.write_text(TASK_LOG)
     shown = io.StringIO()
-    assert copy_new(log, 0, shown) == log.stat().st_size
-    assert shown.getvalue() == ("global step 100: loss = 0.0191494 (56.94 steps/sec)\n"
-                                "Loss for final step: 0.1.\n")
+    copy = LogCopy(log, shown)
+    copy.copy_new(final=True)
+    assert copy.offset == log.stat().st_size
+    assert shown.getvalue() == TASK_LOG_SHOWN
+
+
+def test_a_task_log_read_while_it_is_written_shows_the_same_lines(tmp_path):
+    """The launcher reads the chief's log while the task writes it: however its reads cut the
+    text (between submitit's line and the traceback after it, inside a line), the terminal
+    shows what one read of the whole log shows."""
+    import io
+
+    from slurm.task_logs import LogCopy
+
+    log = tmp_path / "0_log.out"
+    for cut in range(1, len(TASK_LOG)):
+        log.write_text(TASK_LOG[:cut])
+        shown = io.StringIO()
+        copy = LogCopy(log, shown)
+        copy.copy_new()
+        with open(log, "a") as f:
+            f.write(TASK_LOG[cut:])
+        copy.copy_new(final=True)
+        assert shown.getvalue() == TASK_LOG_SHOWN, cut
 
 
 def test_every_task_says_where_it_runs_and_the_launcher_reads_it_back(tmp_path):

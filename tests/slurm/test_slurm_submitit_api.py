@@ -10,7 +10,7 @@ import pytest
 
 from slurm import submitit_api as api
 from slurm.task import TaskCommand, TaskFailed
-from slurm.task_logs import copy_new, last_error_line
+from slurm.task_logs import LogCopy, last_error_line
 
 SBATCH = {"nodes": 2, "cpus_per_task": 3, "ntasks_per_node": 4, "partition": "p", "gres": "cs:1",
           "nodelist": "n1"}
@@ -106,7 +106,7 @@ def test_local_tasks_have_their_ranks_logs_and_results(tmp_path):
     assert "csrun: task 1 of 2 on " in texts[1] and api.ERROR_MARKER in texts[1]
     assert last_error_line(logs[1], 7) == "run.py: error: bad batch"
     shown = io.StringIO()
-    copy_new(logs[1], 0, shown)
+    LogCopy(logs[1], shown).copy_new(final=True)
     assert shown.getvalue() == "rank 1\n"  # its error line: once, in the launcher's line naming the task
     assert api.task_result(folder, job.job_id, 2) is None
 
