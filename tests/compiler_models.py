@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from examples.mlp import input_fn, keras_mlp, optimizer, spec_for  # noqa: F401  (m.input_fn, m.keras_mlp)
-from tf_model.estimator_spec import CSEstimatorSpec
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys  # noqa: F401  (m.ModeKeys)
 
 
 def regression_input_fn(params):
