@@ -5,11 +5,17 @@ for bit: the GEMM is numpy's own `cblas_sgemm` called with the arguments numpy's
 passes (`wafer.blas`), and every element-wise step is the same float32 operation in the
 same order (no fast-math: no reassociation, no fused multiply-add).
 
-Compiled code is cached on disk (`cache=True`, under NUMBA_CACHE_DIR when set), so only
-the first run after an install compiles it (`python -m wafer.compiled` does it at install).
+Compiled code is cached on disk (`cache=True`): beside this file when it is writable (a
+venv: `make venv` compiles it, `python -m wafer.compiled`), else (a read-only image) in a
+directory of the user's under the temporary directory, unless NUMBA_CACHE_DIR says where;
+`wse_sim serve` loads it in the background at start (`warm_up`), before a program arrives.
 """
 from __future__ import annotations
 
+import os
+import tempfile
+
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -23,6 +29,11 @@ from wafer.precision import (EXPONENT_BITS, LARGEST_BINADE, OVERFLOW_SCALE, SHIF
 # (the others' tiles run in numpy)
 LINEAR, RELU, RELU6 = 0, 1, 2
 CODES = {"linear": LINEAR, "relu": RELU, "relu6": RELU6}
+
+if not numba.config.CACHE_DIR and \
+        not os.access(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__"),
+                      os.W_OK):
+    numba.config.CACHE_DIR = os.path.join(tempfile.gettempdir(), f"csrun-numba-{os.getuid()}")
 
 _MAGNITUDE = np.uint32(0x7FFFFFFF)
 _SIGN = np.uint32(0x80000000)
@@ -152,3 +163,23 @@ def input_gradient(dz, w, dx, c0, c1):
     n = w.shape[0]
     SGEMM(ROW_MAJOR, NO_TRANS, TRANS, rows, c1 - c0, units, _ONE, dz.ctypes.data, units,
           w.ctypes.data + 4 * c0 * units, units, _ZERO, dx.ctypes.data + 4 * c0, n)
+
+
+def warm_up() -> None:
+    """Load (the first time: compile) every function for the arrays the simulator passes."""
+    x, w = np.ones((32, 32), np.float32), np.ones((32, 32), np.float32)
+    z, dz, grad, scratch = (np.zeros((32, 32), np.float32) for _ in range(4))
+    bias = np.ones(32, np.float32)
+    for half in (False, True):
+        affine_forward(x, w, bias, z, z, 0, 32, True, RELU, half)
+    affine_gradient(x, z, z, dz, bias, True, RELU)
+    affine_gradient(x[:, :16], z[:, :16], z[:, :16], dz[:, :16], bias[:16], True, RELU)
+    for add in (False, True):
+        weight_gradient(x, dz, grad, scratch, 0, 32, add)
+    input_gradient(dz, w, grad, 0, 32)
+    round_flat(x.reshape(-1), x.reshape(-1))
+    round_rows(x[:, :16])
+
+
+if __name__ == "__main__":
+    warm_up()

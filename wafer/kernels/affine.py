@@ -15,11 +15,11 @@ run in numpy.
 from __future__ import annotations
 
 from functools import partial
+from types import ModuleType
 from typing import Mapping
 
 import numpy as np
 
-from wafer import compiled
 from wafer.kernels import activations
 from wafer.kernels.base import RunContext, accumulate
 from wafer.kernels.tiles import tiles
@@ -32,6 +32,13 @@ EXACT_IN_HALF = {"relu", "relu6", "linear"}
 _NO_BIAS = np.zeros(0, np.float32)
 
 
+def compiled() -> ModuleType:
+    """wafer.compiled, imported on first use (numba's import is the simulator's alone)."""
+    from wafer import compiled as module
+
+    return module
+
+
 class Affine:
     """One kernel's x @ w (+ b) then `activation`, with its scratch for the weight
     gradient of micro-batches after the batch's first. `half`: a float16 layer (TF's
@@ -42,12 +49,14 @@ class Affine:
         self.activation = activation
         self.half = half
         self._scratch: np.ndarray | None = None
-        self._code = compiled.CODES.get(activation)
+        self._code: int | None = None  # its code in wafer.compiled, if it has one
 
     def _compiled(self, x2d: np.ndarray, w: np.ndarray) -> bool:
         """Whether this GEMM's tiles run compiled: a coded activation, C-contiguous float32
         operands, and no dimension of 1 (numpy's matmul calls gemv or dot there)."""
-        return self._code is not None and x2d.flags.c_contiguous and w.flags.c_contiguous \
+        if self._code is None:
+            self._code = compiled().CODES.get(self.activation, -1)
+        return self._code >= 0 and x2d.flags.c_contiguous and w.flags.c_contiguous \
             and x2d.dtype == w.dtype == np.float32 and min(*x2d.shape, w.shape[1]) > 1
 
     def forward(self, x2d: np.ndarray, w: np.ndarray, b: np.ndarray | None,
@@ -57,8 +66,8 @@ class Affine:
         z = np.empty((rows, units), np.float32)
         y = z if self.activation in OUTPUT_GRADIENT else np.empty_like(z)
         if self._compiled(x2d, w):
-            bias = _NO_BIAS if b is None else b
-            ctx.run_tiles([partial(compiled.affine_forward, x2d, w, bias, z, y, cols.start,
+            bias, run = _NO_BIAS if b is None else b, compiled()
+            ctx.run_tiles([partial(run.affine_forward, x2d, w, bias, z, y, cols.start,
                                    cols.stop, b is not None, self._code, self.half)
                            for cols in tiles(rows, n, units)])
             return y, (x2d, None if y is z else z, y)
@@ -117,7 +126,8 @@ class Affine:
         (rows, units), n = dy.shape, w.shape[0]
         dz = np.empty((rows, units), np.float32)
         bias_sum = np.empty(units if has_bias else 0, np.float32)
-        compiled.affine_gradient(dy, y if z is None else z, y, dz, bias_sum, has_bias,
+        run = compiled()
+        run.affine_gradient(dy, y if z is None else z, y, dz, bias_sum, has_bias,
                                  self._code)
         grads: dict[str, np.ndarray] = {}
         if has_bias:
@@ -127,12 +137,12 @@ class Affine:
         if add and (self._scratch is None or self._scratch.shape != w.shape):
             self._scratch = np.empty(w.shape, np.float32)
         scratch = self._scratch if add else grads["kernel"]
-        work = [partial(compiled.weight_gradient, x2d, dz, grads["kernel"], scratch,
+        work = [partial(run.weight_gradient, x2d, dz, grads["kernel"], scratch,
                         part.start, part.stop, add) for part in tiles(n, rows, units, axis=0)]
         dx = None
         if input_grad:
             dx = np.empty((rows, n), np.float32)
-            work += [partial(compiled.input_gradient, dz, w, dx, cols.start, cols.stop)
+            work += [partial(run.input_gradient, dz, w, dx, cols.start, cols.stop)
                      for cols in tiles(rows, units, n)]
         ctx.run_tiles(work)
         return dx, grads
