@@ -2,10 +2,10 @@
 (and loads), bound by name for numba (`SGEMM`), so that a compiled tile calls exactly the
 GEMM numpy's matmul calls, with the same arguments, and sums in the same order.
 
-numpy's matmul of two float32 matrices whose rows or columns are contiguous calls
-`cblas_sgemm(RowMajor, ta, tb, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)` with `ta` NoTrans
-when a's rows are contiguous (lda: its row stride in elements), else Trans (lda: its column
-stride); `tb` alike; ldc the output's row stride. `gemm_arguments` gives those for views.
+numpy's matmul of two float32 matrices (no dimension 1) whose rows or columns are
+contiguous calls `cblas_sgemm(RowMajor, ta, tb, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)` with
+`ta` NoTrans when a's rows are contiguous (lda: its row stride in elements), else Trans
+(lda: its column stride); `tb` alike; ldc the output's row stride.
 The thread count is the library's own (`wse_sim.stages.one_blas_thread` sets it to one).
 """
 from __future__ import annotations
@@ -48,14 +48,3 @@ def _bind() -> types.ExternalFunction:
 
 SGEMM = _bind()
 
-
-def gemm_arguments(a: np.ndarray) -> tuple[int, int] | None:
-    """(trans, ld) numpy's matmul passes for a float32 2-D operand, None if it does not call
-    BLAS for it (neither its rows nor its columns contiguous)."""
-    rows, cols = a.shape
-    row_stride, col_stride = (s // 4 for s in a.strides)
-    if a.strides[1] == 4 and a.strides[0] % 4 == 0 and row_stride >= max(cols, 1):
-        return NO_TRANS, row_stride
-    if a.strides[0] == 4 and a.strides[1] % 4 == 0 and col_stride >= max(rows, 1):
-        return TRANS, col_stride
-    return None

@@ -22,8 +22,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from wafer.blas import NO_TRANS, ROW_MAJOR, SGEMM, TRANS
-from wafer.precision import (EXPONENT_BITS, LARGEST_BINADE, OVERFLOW_SCALE, SHIFT_FACTOR,
-                             SMALLEST_NORMAL)
+from wafer.precision import EXPONENT_BITS, LARGEST_BINADE, OVERFLOW_SCALE, SHIFT_FACTOR, SMALLEST_NORMAL
 
 # activation codes of the affine tiles, whose result of a float16 value is a float16 value
 # (the others' tiles run in numpy)

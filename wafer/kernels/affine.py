@@ -49,14 +49,15 @@ class Affine:
         self.activation = activation
         self.half = half
         self._scratch: np.ndarray | None = None
-        self._code: int | None = None  # its code in wafer.compiled, if it has one
+        # its activation's code in wafer.compiled (-1: numpy tiles, as for the bench's A/B)
+        self.code: int | None = None
 
     def _compiled(self, x2d: np.ndarray, w: np.ndarray) -> bool:
         """Whether this GEMM's tiles run compiled: a coded activation, C-contiguous float32
         operands, and no dimension of 1 (numpy's matmul calls gemv or dot there)."""
-        if self._code is None:
-            self._code = compiled().CODES.get(self.activation, -1)
-        return self._code >= 0 and x2d.flags.c_contiguous and w.flags.c_contiguous \
+        if self.code is None:
+            self.code = compiled().CODES.get(self.activation, -1)
+        return self.code >= 0 and x2d.flags.c_contiguous and w.flags.c_contiguous \
             and x2d.dtype == w.dtype == np.float32 and min(*x2d.shape, w.shape[1]) > 1
 
     def forward(self, x2d: np.ndarray, w: np.ndarray, b: np.ndarray | None,
@@ -68,7 +69,7 @@ class Affine:
         if self._compiled(x2d, w):
             bias, run = _NO_BIAS if b is None else b, compiled()
             ctx.run_tiles([partial(run.affine_forward, x2d, w, bias, z, y, cols.start,
-                                   cols.stop, b is not None, self._code, self.half)
+                                   cols.stop, b is not None, self.code, self.half)
                            for cols in tiles(rows, n, units)])
             return y, (x2d, None if y is z else z, y)
         ctx.run_tiles([partial(self._forward_tile, x2d, w, b, z, y, cols)
@@ -128,7 +129,7 @@ class Affine:
         bias_sum = np.empty(units if has_bias else 0, np.float32)
         run = compiled()
         run.affine_gradient(dy, y if z is None else z, y, dz, bias_sum, has_bias,
-                                 self._code)
+                                 self.code)
         grads: dict[str, np.ndarray] = {}
         if has_bias:
             accumulate(acc, "bias", bias_sum, grads, ctx)
