@@ -72,9 +72,17 @@ def round_value(x):
 
 @njit(nogil=True, cache=True)
 def round_flat(x, out):
-    """out[k] = x[k] rounded to float16 (1-D float32 arrays; out may be x)."""
+    """out[k] = x[k] rounded to float16 (1-D float32 arrays apart: `round_in_place` for
+    one, whose loop is vectorised without a check of the two overlapping)."""
     for k in range(x.size):
         out[k] = round_value(x[k])
+
+
+@njit(nogil=True, cache=True)
+def round_in_place(x):
+    """x[k] rounded to float16 in place (a 1-D float32 array)."""
+    for k in range(x.size):
+        x[k] = round_value(x[k])
 
 
 @njit(nogil=True, cache=True)
@@ -87,34 +95,50 @@ def round_rows(x):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _activate(v, code):
-    if code == RELU:  # np.maximum(v, 0): nan stays, -0 becomes 0
-        return v if (v > _ZERO or v != v) else _ZERO
-    if code == RELU6:  # np.clip(v, 0, 6): nan and -0 stay
-        return _ZERO if v < _ZERO else (_SIX if v > _SIX else v)
-    return v
+def _bias_row(z, b, has_bias, half):
+    """z (one row's columns) + b, rounding the GEMM's and the sum's results when `half`.
+    (Each case its own loop without branches: it vectorises.)"""
+    if half and has_bias:
+        for j in range(z.size):
+            z[j] = round_value(round_value(z[j]) + b[j])
+    elif half:
+        for j in range(z.size):
+            z[j] = round_value(z[j])
+    elif has_bias:
+        for j in range(z.size):
+            z[j] = z[j] + b[j]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _activate_row(z, y, code):
+    """y = activation(z) for one row's columns (y may be z)."""
+    if code == RELU:  # np.maximum(z, 0): nan stays, -0 becomes 0
+        for j in range(z.size):
+            v = z[j]
+            y[j] = v if (v > _ZERO or v != v) else _ZERO
+    elif code == RELU6:  # np.clip(z, 0, 6): nan and -0 stay
+        for j in range(z.size):
+            v = z[j]
+            y[j] = _ZERO if v < _ZERO else (_SIX if v > _SIX else v)
+    else:
+        for j in range(z.size):
+            y[j] = z[j]
 
 
 @njit(nogil=True, cache=True)
 def affine_forward(x, w, b, z, y, c0, c1, has_bias, code, half):
     """Columns c0:c1 of z = x @ w (+ b), each op's result rounded to float16 when `half`,
-    and of y = activation(z) (y may be z). x (rows, n) and w (n, units) C-contiguous;
-    z and y (rows, units)."""
+    and of y = activation(z) (y may be z: then z holds the activation). x (rows, n) and
+    w (n, units) C-contiguous; z and y (rows, units)."""
     rows, n = x.shape
     units = w.shape[1]
     SGEMM(ROW_MAJOR, NO_TRANS, NO_TRANS, rows, c1 - c0, n, _ONE, x.ctypes.data, n,
           w.ctypes.data + 4 * c0, units, _ZERO, z.ctypes.data + 4 * c0, units)
+    bias = b[c0:c1] if has_bias else b
     for i in range(rows):
-        for j in range(c0, c1):
-            v = z[i, j]
-            if half:
-                v = round_value(v)
-            if has_bias:
-                v = v + b[j]
-                if half:
-                    v = round_value(v)
-            z[i, j] = v
-            y[i, j] = _activate(v, code)
+        zi = z[i, c0:c1]
+        _bias_row(zi, bias, has_bias, half)
+        _activate_row(zi, y[i, c0:c1], code)
 
 
 @njit(nogil=True, cache=True)
@@ -124,19 +148,24 @@ def affine_gradient(dy, z, y, dz, bias_sum, has_bias, code):
     values are float16 values: no rounding.)"""
     rows, units = dy.shape
     for i in range(rows):
-        for j in range(units):
-            d = dy[i, j]
-            if code == RELU:  # np.multiply(dy, y > 0)
-                d = d * (_ONE if y[i, j] > _ZERO else _ZERO)
-            elif code == RELU6:  # np.multiply(dy, (z > 0) & (z < 6))
-                d = d * (_ONE if (z[i, j] > _ZERO and z[i, j] < _SIX) else _ZERO)
-            dz[i, j] = d
-    if has_bias:
-        for j in range(units):
-            bias_sum[j] = dz[0, j]
-        for i in range(1, rows):
+        d, out = dy[i], dz[i]
+        if code == RELU:  # np.multiply(dy, y > 0)
+            yi = y[i]
             for j in range(units):
-                bias_sum[j] = bias_sum[j] + dz[i, j]
+                out[j] = d[j] * (_ONE if yi[j] > _ZERO else _ZERO)
+        elif code == RELU6:  # np.multiply(dy, (z > 0) & (z < 6))
+            zi = z[i]
+            for j in range(units):
+                out[j] = d[j] * (_ONE if (zi[j] > _ZERO and zi[j] < _SIX) else _ZERO)
+        else:
+            for j in range(units):
+                out[j] = d[j]
+    if has_bias:
+        bias_sum[:] = dz[0]
+        for i in range(1, rows):
+            row = dz[i]
+            for j in range(units):
+                bias_sum[j] = bias_sum[j] + row[j]
 
 
 @njit(nogil=True, cache=True)
@@ -176,7 +205,8 @@ def warm_up() -> None:
     for add in (False, True):
         weight_gradient(x, dz, grad, scratch, 0, 32, add)
     input_gradient(dz, w, grad, 0, 32)
-    round_flat(x.reshape(-1), x.reshape(-1))
+    round_flat(x.reshape(-1), z.reshape(-1))
+    round_in_place(x.reshape(-1))
     round_rows(x[:, :16])
 
 

@@ -65,8 +65,7 @@ def round_half_(x: np.ndarray) -> None:
     from wafer import compiled
 
     if x.flags.c_contiguous:
-        flat = x.reshape(-1)
-        compiled.round_flat(flat, flat)
+        compiled.round_in_place(x.reshape(-1))
     elif x.ndim == 2:
         compiled.round_rows(x)
     else:
