@@ -60,6 +60,16 @@ def round_half(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def round_half_into(x: np.ndarray, out: np.ndarray) -> None:
+    """Write `x` rounded to float16 values into `out` (float32, x's shape; one pass)."""
+    from wafer import compiled
+
+    if x.flags.c_contiguous and out.flags.c_contiguous:
+        compiled.round_flat(x.reshape(-1), out.reshape(-1))
+    else:
+        np.copyto(out, round_half(x))
+
+
 def round_half_(x: np.ndarray) -> None:
     """Round a float32 array to float16 values in place."""
     from wafer import compiled
