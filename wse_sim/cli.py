@@ -13,6 +13,7 @@ from pathlib import Path
 import threadpoolctl
 
 from wafer.fabric import DEFAULT_FABRIC, FABRICS
+from wafer.kernels.affine import compiled as compiled_tiles
 from wse_sim.cs_system import CSSystem
 from wse_sim.server import CSServer, TLSFiles
 from wse_sim.stages import usable_cpus
@@ -62,9 +63,7 @@ def tls_files(args: argparse.Namespace) -> TLSFiles | None:
 
 
 def _warm_up() -> None:
-    from wafer.compiled import warm_up
-
-    warm_up()
+    compiled_tiles().warm_up()
 
 
 def main(argv: list[str] | None = None) -> int:
