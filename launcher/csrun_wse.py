@@ -206,6 +206,11 @@ class EmbeddedSimulator:
                                          f"within {_SIM_START_TIMEOUT_S:.0f} s", f"see {self.log}") from None
                     time.sleep(0.2)
 
+    def cpu_seconds(self) -> float:
+        """The CPU time the simulator's process has used (user and system)."""
+        fields = Path(f"/proc/{self._process.pid}/stat").read_text().rsplit(")", 1)[1].split()  # type: ignore[union-attr]
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def ended(self) -> str | None:
         """Why the simulator ended while its job ran (killed, exited), None while it runs."""
         code = None if self._process is None else self._process.poll()
