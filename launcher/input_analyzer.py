@@ -13,18 +13,26 @@ directory bound (`containers.runtime`), on this host.
    is read from its `compile_report.json`.
 2. Measure input_fn the way an input worker runs it (`workers.feed.shard_batches`, then
    `feed_requests`: flatten, check, serialize with `to_tensor`), B batches as worker 0 of
-   W for W = 1, 2, 4, 8 (as far as the nodes allow). Every worker runs input_fn's whole
+   W for W = 1, 2, 4, 8, wall and CPU seconds. Every worker runs input_fn's whole
    pipeline and keeps one batch in W (`dataset.shard` after batching), so a worker's
    batches get slower as W grows, while prefetching overlaps the pipeline with the
    serialization: measuring, not a formula, says by how much. Between and beyond the
    measurements the time per batch is piecewise linear.
-3. Recommend `--total-nodes / --tasks-per-node / --cpus-per-task` for csrun_wse: the
-   fewest workers whose total rate W·B/t(W) reaches the CS's rate or, input-bound,
-   95 % of the best the available nodes allow; one task more for the chief.
+3. Measure the rest of a batch's way (`input_measurement.measure_stream`): gRPC's
+   serialization and parsing of a Feed message, and the CS system — a `wse_sim serve`
+   started for it, loaded with the program, fed worker 0's batches over gRPC and read as
+   the chief reads it — wall and CPU seconds per batch.
+4. Predict the samples/s of a job of W workers (`JobModel`): the least of what the workers
+   send, what the CS consumes (and the compiled estimate), and what each node's CPUs hold
+   of the processes it runs (the first node: the chief, the CS as csrun_wse's embedded
+   simulator, its share of the workers), naming the limit.
+5. Recommend `--total-nodes / --tasks-per-node / --cpus-per-task` for csrun_wse: the
+   fewest workers whose predicted rate is within 5 % of the best the available nodes
+   allow; one task more for the chief.
 
 A worker is measured with the CPUs this process may use; the recommendation gives each
-worker that many (at most a node's). gRPC transfer (about 1.2 GB/s over loopback) is not
-part of the measurement.
+worker that many (at most a node's). The prediction is within 2x of what csrun_wse streams
+on this host at 1 and 2 workers (tests/launcher/test_input_analyzer.py).
 """
 from __future__ import annotations
 
