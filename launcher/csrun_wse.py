@@ -276,7 +276,7 @@ def cs_gone(cs_ip: str, tls_ca: str | None) -> str | None:
     try:
         client.status()
     except CSRunError as error:
-        return f"the CS system went away while the job ran: {error.message}"
+        return str(error)
     finally:
         client.close()
     return None
