@@ -328,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"{PROG}: job {job.job_id}: {job.num_tasks} task(s) through the {backend.name} "
               f"backend; logs in {args.job_dir}", file=sys.stderr, flush=True)
-        outcome = job.follow(sys.stdout, simulator.ended if simulator is not None else
-                             lambda: cs_gone(cs_ip, site.cs.tls_ca))
+        job.cs_gone = simulator.ended if simulator is not None else lambda: cs_gone(cs_ip, site.cs.tls_ca)
+        outcome = job.follow(sys.stdout)
     except KeyboardInterrupt as interrupt:
         if job is not None:
             job.cancel()

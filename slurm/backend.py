@@ -17,10 +17,11 @@ The life of a job, in the order a CLI calls it:
 3. `backend.warm_up(submission)` (a job the CLI follows to its end) starts what lets the
    tasks start sooner, while the CLI prepares the rest (the embedded simulator);
    `backend.submit(submission) -> LaunchedJob` starts the job.
-4. `job.follow(stream, cs_gone) -> JobOutcome` streams the chief's (rank 0) log to `stream`
-   until the job ends; if any task fails it cancels the others (within 30 s) and returns the
-   rank that failed first with the reason (last error line of that task's log), or the CS
-   (`cs_gone()`'s line) when the tasks failed because it went away (`slurm.blame`).
+4. `job.follow(stream) -> JobOutcome` streams the chief's (rank 0) log to `stream` until
+   the job ends; if any task fails it cancels the others (within 30 s) and returns the rank
+   that failed first with the reason (last error line of that task's log), or the CS
+   (`job.cs_gone()`'s line, set by the launcher) when the tasks failed because it went away
+   (`slurm.blame`).
 5. `job.cancel()` stops every task (Ctrl-C calls it); safe to call twice.
 
 Every task runs the same `request.command`; the role comes from the task's rank, which
@@ -113,19 +114,17 @@ class LaunchedJob(abc.ABC):
         self.folder = folder
         self.num_tasks = num_tasks
         self._cancelled = False
-        self._cs_gone: Callable[[], str | None] = lambda: None
+        # why the job's CS went away, None while it answers (the launcher knows its CS)
+        self.cs_gone: Callable[[], str | None] = lambda: None
         self._first_failure: float | None = None  # when `_results` first saw a failed task
 
     def task_log(self, rank: int) -> Path:
         """The file holding task `rank`'s output (stdout and stderr)."""
         return task_log(self.folder, self.job_id, rank)
 
-    def follow(self, stream: TextIO, cs_gone: Callable[[], str | None] | None = None) -> JobOutcome:
+    def follow(self, stream: TextIO) -> JobOutcome:
         """Copy the chief's log to `stream` as it grows until the job ends; stop every
-        task as soon as one fails (within 30 s) and report which one failed first and why;
-        `cs_gone()` says why the job's CS went away (None while it answers)."""
-        if cs_gone is not None:
-            self._cs_gone = cs_gone
+        task as soon as one fails (within 30 s) and report which one failed first and why."""
         chief_log = LogCopy(self.task_log(0), stream)
         while True:
             chief_log.copy_new()
@@ -170,7 +169,7 @@ class LaunchedJob(abc.ABC):
             return None
         first = min(failed, key=lambda r: (r.written_ns, r.rank))
         if verdict.cs:
-            gone = self._cs_gone()
+            gone = self.cs_gone()
             if gone is not None:
                 return JobOutcome(TaskFailed.exit_code_in(first.text), None, gone)
         rank = first.rank if verdict.rank is None else verdict.rank

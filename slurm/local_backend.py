@@ -10,7 +10,7 @@ import shlex
 import signal
 import subprocess
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 import submitit
 
@@ -97,9 +97,9 @@ class LocalJob(LaunchedJob):
         super().__init__(job, folder, num_tasks)
         self._fork_server = fork_server
 
-    def follow(self, stream: TextIO, cs_gone: Callable[[], str | None] | None = None) -> JobOutcome:
+    def follow(self, stream: TextIO) -> JobOutcome:
         try:
-            return super().follow(stream, cs_gone)
+            return super().follow(stream)
         finally:
             self._stop_fork_server()
 
