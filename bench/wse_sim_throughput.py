@@ -22,11 +22,10 @@ from typing import Callable
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
-
-import compiler_models as m  # noqa: E402  (tests/compiler_models.py: FC-MNIST)
+sys.path.insert(0, ROOT)
 
 from bench.table import Row, print_table  # noqa: E402
+from examples import mlp as m  # noqa: E402  (FC-MNIST)
 
 BATCH = 256
 STEPS = 30
