@@ -51,8 +51,10 @@ from cs_api import pb, rpc
 from launcher.command_checks import check_command
 from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip
 from launcher.site_config import SiteConfig, load_site_config
+from slurm import jobs
 from slurm.auto import choose_backend
-from slurm.backend import JobRequest
+from slurm.backend import JobRequest, LaunchedJob
+from slurm.heartbeat import HEARTBEAT, HEARTBEAT_ENV, Heartbeat
 from slurm.templates import write_wse_sbatch
 from wafer.fabric import DEFAULT_FABRIC, FABRICS
 from workers.rendezvous import RENDEZVOUS_DIR
@@ -234,7 +236,8 @@ def site_defaults(site: SiteConfig) -> dict[str, str]:
 
 
 def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | None = None,
-                embedded: bool = False) -> JobRequest:
+                embedded: bool = False, heartbeat: bool = False) -> JobRequest:
+    """The job's request; `heartbeat`: its tasks stop when this launcher dies (`slurm.heartbeat`)."""
     site = site or SiteConfig()
     return JobRequest(
         command=task_command(args, workdir, site),
@@ -247,11 +250,20 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
         env={task_env.JOB_DIR: str(args.job_dir), task_env.JOB_ID: args.job_dir.name,
              task_env.CS_IP: cs_ip, task_env.CS_TLS_CA: "" if embedded else (site.cs.tls_ca or ""),
              task_env.CS_WAIT_S: f"{args.cs_wait_s:g}",
-             "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
+             "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+             **({HEARTBEAT_ENV: str(args.job_dir / HEARTBEAT)} if heartbeat else {})},
         options=dict(args.slurm_options),
         defaults=site_defaults(site),
         same_host=embedded,
+        detached=args.detach,
     )
+
+
+def register(job: LaunchedJob, backend: str, args: WseArgs, cs_ip: str, embedded: bool) -> None:
+    """The job in this user's registry (`slurm.jobs`), for `csrun_job`."""
+    jobs.register(jobs.JobRecord(
+        job.job_id, backend, str(args.job_dir), str(Path.cwd()), args.command, job.num_tasks, cs_ip, embedded,
+        socket.gethostname(), time.time(), None if args.detach else os.getpid()))
 
 
 def with_hint(message: str, hint: str) -> str:
@@ -278,13 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     simulator = None if args.cs_ip else EmbeddedSimulator(
         fabric_of(args.command, workdir), args.job_dir / "wse_sim.log")
     cs_ip = args.cs_ip or simulator.address  # type: ignore[union-attr]
-    submission = backend.build(job_request(args, cs_ip, workdir, site, embedded=simulator is not None))
+    # a Slurm job's tasks outlive a SIGKILLed launcher but for its heartbeat (local ones end by
+    # parent-death signals)
+    beating = backend.name == "slurm" and not args.detach
+    submission = backend.build(job_request(args, cs_ip, workdir, site, embedded=simulator is not None,
+                                           heartbeat=beating))
     if args.dry_run:
         if simulator is not None:
             print(f"# embedded CS system: {shlex.join(simulator.command)}")
         print(submission.text, end="")
         return 0
     job = None
+    heartbeat = None
     stop_on_signals()  # SIGTERM / SIGHUP stop the job as Ctrl-C does
     try:
         if not args.detach:
@@ -293,7 +310,13 @@ def main(argv: list[str] | None = None) -> int:
             simulator.start()
             print(f"{PROG}: embedded CS system ({simulator.command[-5]}) at {cs_ip}", file=sys.stderr)
         shutil.rmtree(args.job_dir / RENDEZVOUS_DIR, ignore_errors=True)  # a reused job folder's old phases
+        for old in (jobs.END, jobs.PROGRESS):
+            (args.job_dir / old).unlink(missing_ok=True)
+        if beating:
+            args.job_dir.mkdir(parents=True, exist_ok=True)
+            heartbeat = Heartbeat(args.job_dir)
         job = backend.submit(submission)
+        register(job, backend.name, args, cs_ip, embedded=simulator is not None)
         if args.detach:
             print(job.job_id, flush=True)
             return 0
@@ -305,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
             job.cancel()
         if simulator is not None:
             simulator.stop()
+        if job is not None:
+            name = interrupt.name if isinstance(interrupt, Stopped) else "SIGINT"
+            jobs.record_end(args.job_dir, 130 if name == "SIGINT" else 143, f"cancelled ({name} to csrun_wse)")
         if isinstance(interrupt, Stopped):  # cli_entry prints it in its one line
             stopped = [f"job {job.job_id} cancelled, every task stopped"] if job is not None else []
             stopped += ["the embedded CS system stopped"] if simulator is not None else []
@@ -313,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if simulator is not None:
             simulator.stop()
+        if heartbeat is not None:
+            heartbeat.stop()
+    jobs.record_end(args.job_dir, outcome.exit_code, outcome.message)
     if outcome.exit_code != 0:
         where = (f"its log: {job.task_log(outcome.failed_rank)}" if outcome.failed_rank is not None
                  else f"logs in {args.job_dir}")

@@ -63,6 +63,9 @@ class JobRequest:
     # The tasks reach a service on this host's loopback (the embedded simulator): they
     # must run on this host.
     same_host: bool = False
+    # The launcher returns once the job is submitted (--detach): the job must not hold its
+    # terminal (the local tasks' output goes to the job folder only).
+    detached: bool = False
 
     @property
     def num_tasks(self) -> int:

@@ -84,7 +84,8 @@ class LocalBackend(LaunchBackend):
         server = self._servers.pop(request.folder, None)
         task = submission.task if server is None else dataclasses.replace(submission.task, fork_server=server.address)
         try:
-            job = submit_local(request.folder, task, request.tasks_per_node, request.name, _TIMEOUT_MIN)
+            job = submit_local(request.folder, task, request.tasks_per_node, request.name, _TIMEOUT_MIN,
+                               request.detached)
         except BaseException:
             if server is not None:
                 server.stop()

@@ -288,6 +288,11 @@ def job_state(job_id: str) -> tuple[str, str]:
     return state.split()[0], state
 
 
+def scancel(job_id: str) -> None:
+    """Cancel a Slurm job (every step and task of it)."""
+    subprocess.run(["scancel", job_id], capture_output=True, text=True)
+
+
 class SlurmJob(LaunchedJob):
     poll_seconds = 0.5
 

@@ -1,0 +1,157 @@
+"""csrun_job on the local backend: a detached job listed, inspected, followed and cancelled
+(every process gone within 10 s, the newest checkpoint intact); an attached run's status and
+log after its end; unknown ids, another user's job and an ended job are one line each."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher import csrun_job
+from launcher.csrun_wse import free_port
+from slurm import jobs
+from tests.fc_mnist_runs import ENV, EXAMPLE, fc_mnist_params
+from tf_model import checkpoints
+
+RUN_PY = str(EXAMPLE / "run.py")
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch) -> dict[str, str]:
+    """This test's own job index (the user's registry), in and out of process."""
+    folder = tmp_path / "state"
+    monkeypatch.setenv(jobs.STATE_DIR_ENV, str(folder))
+    return {**ENV, jobs.STATE_DIR_ENV: str(folder)}
+
+
+def csrun_job_cli(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.csrun_job", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            found.append(int(entry.name))
+    return found
+
+
+def test_unknown_ids_and_another_users_job_are_one_line_each(state_dir, tmp_path, capsys):
+    for action in (["status", "4242"], ["logs", "4242"], ["cancel", "4242"], ["logs", "4242", "--follow"]):
+        with pytest.raises(SystemExit) as ended:
+            csrun_job.main(action)
+        assert ended.value.code == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["csrun_job: error: no job 4242 of yours (hint: csrun_job list shows your jobs (the id "
+                       "csrun_wse printed, or a job folder))"]
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    jobs.register(jobs.JobRecord("77", "local", str(folder), str(tmp_path), ("true",), 1, "127.0.0.1:1", False,
+                                 "elsewhere", time.time()))
+    os.chown(folder / jobs.RECORD, 65534, 65534)
+    for job_id in ("77", str(folder)):
+        with pytest.raises(SystemExit):
+            csrun_job.main(["cancel", job_id])
+        err = capsys.readouterr().err.strip()
+        assert re.fullmatch(rf"csrun_job: error: job {re.escape(job_id)} is user \S+'s, not yours \(hint: "
+                            r"csrun_job acts on your own jobs only\)", err), err
+    with pytest.raises(SystemExit):
+        csrun_job.main(["frobnicate", "1"])
+    assert capsys.readouterr().err.startswith("csrun_job: error: argument ACTION: invalid choice: 'frobnicate'")
+
+
+@pytest.mark.slow
+def test_a_detached_job_is_listed_inspected_followed_and_cancelled(state_dir, tmp_path):
+    port = free_port()
+    cs = subprocess.Popen([sys.executable, "-m", "wse_sim.cli", "serve", "--port", str(port)], env=ENV,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        params = fc_mnist_params(tmp_path, steps=100000, every=50)
+        job_dir = tmp_path / "job"
+        started = subprocess.run(
+            [sys.executable, "-m", "launcher.csrun_wse", "--detach", "--tasks-per-node", "2", "--cs_ip",
+             f"127.0.0.1:{port}", "--job-dir", str(job_dir), "python", RUN_PY, "-p", str(params), "-o",
+             str(tmp_path / "m")], cwd=tmp_path, env=state_dir, capture_output=True, text=True, timeout=120)
+        assert started.returncode == 0, started.stderr
+        job_id = started.stdout.strip()
+        # the job trains on after csrun_wse returned: its progress reaches the registry
+        deadline = time.monotonic() + 240
+        while (progress := jobs.Progress.read(job_dir)) is None or not progress.checkpoint:
+            assert time.monotonic() < deadline, csrun_job_cli(["logs", job_id], state_dir).stdout[-2000:]
+            time.sleep(1)
+        listed = csrun_job_cli(["list"], state_dir)
+        assert listed.returncode == 0, listed.stderr
+        header, row = listed.stdout.splitlines()[:2]
+        assert header.split() == ["ID", "BACKEND", "STATE", "STEP", "LOSS", "SAMPLES/S", "STARTED", "FOLDER"]
+        assert row.split()[:3] == [job_id, "local", "RUNNING"] and row.endswith(str(job_dir))
+        assert re.fullmatch(r"\d+/100000", row.split()[3])
+        status = csrun_job_cli(["status", job_id], state_dir)
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.startswith(f"job {job_id} (local backend): RUNNING\n")
+        assert re.search(r"step: +\d+ / 100000, ETA \d+:\d\d", status.stdout), status.stdout
+        assert re.search(r"samples/s: +[\d,]+ wall clock, [\d,]+ simulated CS system", status.stdout)
+        assert f"CS system:  127.0.0.1:{port}\n" in status.stdout
+        assert re.search(r"checkpoint: .*/m/model\.ckpt-\d+\n", status.stdout)
+        assert "task 1 (input worker, on " in status.stdout
+        logs = csrun_job_cli(["logs", job_id], state_dir)
+        assert re.search(r"^global step \d+: loss = ", logs.stdout, re.M) and "submitit" not in logs.stdout
+        follower = subprocess.Popen([sys.executable, "-m", "launcher.csrun_job", "logs", job_id, "--follow"],
+                                    env=state_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(2)
+        cancelled = csrun_job_cli(["cancel", job_id], state_dir)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert re.fullmatch(rf"csrun_job: job {job_id} cancelled: CANCELLED; newest checkpoint \S+model\.ckpt-\d+",
+                            cancelled.stderr.strip()), cancelled.stderr
+        deadline = time.monotonic() + 10
+        while _processes_mentioning(str(job_dir)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _processes_mentioning(str(job_dir)) == []
+        followed, _ = follower.communicate(timeout=30)  # --follow ends with the job
+        assert follower.returncode == 0 and re.search(r"^global step \d+: loss = ", followed, re.M)
+        newest = checkpoints.latest_checkpoint(str(tmp_path / "m"))
+        assert newest is not None and checkpoints.read_checkpoint(newest)["global_step"] > 0
+        again = csrun_job_cli(["cancel", job_id], state_dir)
+        assert again.returncode == 1
+        assert again.stderr.strip() == (f"csrun_job: error: job {job_id} already ended: CANCELLED (cancelled "
+                                        "(csrun_job cancel)) (hint: nothing to cancel)")
+        assert csrun_job_cli(["status", str(job_dir)], state_dir).stdout.startswith(
+            f"job {job_id} (local backend): CANCELLED")
+    finally:
+        cs.terminate()
+        cs.wait(10)
+
+
+@pytest.mark.slow
+def test_an_attached_run_is_in_the_registry_when_it_ends(state_dir, tmp_path):
+    params = fc_mnist_params(tmp_path, steps=20, every=10)
+    job_dir = tmp_path / "job"
+    done = subprocess.run([sys.executable, "-m", "launcher.csrun_wse", "--job-dir", str(job_dir), "python",
+                           RUN_PY, "-p", str(params), "-o", str(tmp_path / "m")], cwd=tmp_path, env=state_dir,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    job_id = re.search(r"csrun_wse: job (\S+):", done.stderr).group(1)
+    status = csrun_job_cli(["status", job_id], state_dir)
+    assert status.stdout.startswith(f"job {job_id} (local backend): COMPLETED\n"), status.stdout
+    assert re.search(r"step: +20 / 20 \(finished\)\n", status.stdout)
+    assert f"checkpoint: {tmp_path / 'm' / 'model.ckpt-20'}\n" in status.stdout
+    assert "(embedded simulator)" in status.stdout
+    logs = csrun_job_cli(["logs", job_id, "--follow"], state_dir)  # an ended job: its whole log, at once
+    assert logs.returncode == 0 and logs.stdout == done.stdout
+    no_task = csrun_job_cli(["logs", job_id, "--task", "3"], state_dir)
+    assert no_task.returncode == 1
+    assert no_task.stderr.strip() == f"csrun_job: error: job {job_id} has no task 3 (hint: its tasks are 0..0)"
+    ended = csrun_job_cli(["cancel", job_id], state_dir)
+    assert ended.returncode == 1 and ended.stderr.strip() == (
+        f"csrun_job: error: job {job_id} already ended: COMPLETED (hint: nothing to cancel)")
