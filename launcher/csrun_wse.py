@@ -48,7 +48,7 @@ from common import task_env
 from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from cs_api import pb, rpc
-from launcher.command_checks import check_command
+from launcher.command_checks import check_command, check_run
 from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip
 from launcher.site_config import SiteConfig, load_site_config
 from slurm import jobs
@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.dry_run:
         check_command(args.command, workdir, in_container=site.container.image is not None)
+        check_run(args.command, workdir, args.cs_ip)
     backend = choose_backend()
     simulator = None if args.cs_ip else EmbeddedSimulator(
         fabric_of(args.command, workdir), args.job_dir / "wse_sim.log")
