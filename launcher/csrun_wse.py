@@ -313,10 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.job_dir / RENDEZVOUS_DIR, ignore_errors=True)  # a reused job folder's old phases
         for old in (jobs.END, jobs.PROGRESS):
             (args.job_dir / old).unlink(missing_ok=True)
-        if beating:
-            args.job_dir.mkdir(parents=True, exist_ok=True)
-            heartbeat = Heartbeat(args.job_dir)
         job = backend.submit(submission)
+        if beating:  # a task that starts first waits HEARTBEAT_TIMEOUT_S for the first beat
+            heartbeat = Heartbeat(args.job_dir)
         register(job, backend.name, args, cs_ip, embedded=simulator is not None)
         if args.detach:
             print(job.job_id, flush=True)
