@@ -12,11 +12,11 @@ that ended is one line and exit code 1.
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 
 from common.errors import ArgumentParser, CSRunError, cli_entry
+from launcher.progress_line import duration, loss_text
 from slurm import jobs
 from slurm.task_logs import LogCopy, task_hosts
 
@@ -47,16 +47,6 @@ def _when(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
-
-
-def _loss(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.6g}"
-
-
 def list_jobs() -> int:
     records = jobs.all_jobs()
     if not records:
@@ -68,7 +58,7 @@ def list_jobs() -> int:
         progress = jobs.Progress.read(record.path)
         rows.append((record.job_id, record.backend, state.state,
                      f"{progress.step}/{progress.end_step}" if progress else "-",
-                     _loss(progress.loss) if progress else "-",
+                     loss_text(progress.loss) if progress else "-",
                      f"{progress.samples_per_sec:,.0f}" if progress else "-",
                      _when(record.started), record.folder))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -88,9 +78,9 @@ def status(job_id: str) -> int:
     if progress is not None:
         eta = progress.eta_s if not state.ended else None
         lines += [f"  step:       {progress.step} / {progress.end_step}"
-                  + (f", ETA {_duration(eta)}" if eta is not None else "")
+                  + (f", ETA {duration(eta)}" if eta is not None else "")
                   + (" (finished)" if progress.finished else ""),
-                  f"  loss:       {_loss(progress.loss)} (updated {_when(progress.updated)})",
+                  f"  loss:       {loss_text(progress.loss)} (updated {_when(progress.updated)})",
                   f"  samples/s:  {progress.samples_per_sec:,.0f} wall clock, "
                   f"{progress.sim_samples_per_sec:,.0f} simulated CS system",
                   f"  checkpoint: {progress.checkpoint or 'none yet'}"]

@@ -41,6 +41,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO, cast
 
 import grpc
 
@@ -49,6 +50,7 @@ from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_o
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from cs_api import pb, rpc
 from launcher.command_checks import check_command, check_run
+from launcher.progress_line import ProgressLine, summary
 from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip
 from launcher.site_config import SiteConfig, load_site_config
 from slurm import jobs
@@ -322,7 +324,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"{PROG}: job {job.job_id}: {job.num_tasks} task(s) through the {backend.name} "
               f"backend; logs in {args.job_dir}", file=sys.stderr, flush=True)
-        outcome = job.follow(sys.stdout)
+        line = ProgressLine(args.job_dir, sys.stdout)
+        try:
+            outcome = job.follow(cast(TextIO, line), line.refresh)  # a text stream (io.TextIOBase)
+        finally:
+            line.done()
     except KeyboardInterrupt as interrupt:
         if job is not None:
             job.cancel()
@@ -342,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         if heartbeat is not None:
             heartbeat.stop()
     jobs.record_end(args.job_dir, outcome.exit_code, outcome.message)
+    trained = summary(args.job_dir)
+    if trained is not None:
+        print(f"{PROG}: job {job.job_id}: {trained}", file=sys.stderr, flush=True)
     if outcome.exit_code != 0:
         where = (f"its log: {job.task_log(outcome.failed_rank)}" if outcome.failed_rank is not None
                  else f"logs in {args.job_dir}")

@@ -33,7 +33,7 @@ import abc
 import dataclasses
 import time
 from pathlib import Path
-from typing import Mapping, TextIO
+from typing import Callable, Mapping, TextIO
 
 import submitit
 
@@ -118,12 +118,15 @@ class LaunchedJob(abc.ABC):
         """The file holding task `rank`'s output (stdout and stderr)."""
         return task_log(self.folder, self.job_id, rank)
 
-    def follow(self, stream: TextIO) -> JobOutcome:
+    def follow(self, stream: TextIO, on_poll: Callable[[], None] | None = None) -> JobOutcome:
         """Copy the chief's log to `stream` as it grows until the job ends; stop every
-        task as soon as one fails (within 30 s) and report which one and why."""
+        task as soon as one fails (within 30 s) and report which one and why. `on_poll` is
+        called at every look at the job (the launcher's progress line)."""
         chief_log = LogCopy(self.task_log(0), stream)
         while True:
             chief_log.copy_new()
+            if on_poll is not None:
+                on_poll()
             outcome = self._results()
             if outcome is not None and outcome.exit_code != 0:
                 outcome = self._explain_failure(outcome)

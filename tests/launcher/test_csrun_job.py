@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -133,19 +134,45 @@ def test_a_detached_job_is_listed_inspected_followed_and_cancelled(state_dir, tm
         cs.wait(10)
 
 
+def _read_all(fd: int, into: list[bytes]) -> None:
+    while True:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:  # EIO: the terminal's other side closed
+            return
+        if not data:
+            return
+        into.append(data)
+
+
 @pytest.mark.slow
 def test_an_attached_run_is_in_the_registry_when_it_ends(state_dir, tmp_path):
-    params = fc_mnist_params(tmp_path, steps=20, every=10)
+    """...and its launcher showed a progress line on the terminal (stderr a terminal here),
+    none in the log (stdout a pipe), and a summary at the end."""
+    params = fc_mnist_params(tmp_path, steps=400, every=200)
     job_dir = tmp_path / "job"
+    terminal, other_side = os.openpty()
+    seen: list[bytes] = []
+    reader = threading.Thread(target=_read_all, args=(terminal, seen))
+    reader.start()
     done = subprocess.run([sys.executable, "-m", "launcher.csrun_wse", "--job-dir", str(job_dir), "python",
                            RUN_PY, "-p", str(params), "-o", str(tmp_path / "m")], cwd=tmp_path, env=state_dir,
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr
-    job_id = re.search(r"csrun_wse: job (\S+):", done.stderr).group(1)
+                          stdout=subprocess.PIPE, stderr=other_side, text=True, timeout=240)
+    os.close(other_side)
+    reader.join(10)
+    os.close(terminal)
+    stderr = b"".join(seen).decode()
+    assert done.returncode == 0, stderr
+    assert "\x1b" not in done.stdout and re.search(r"^global step 400: loss = ", done.stdout, re.M)
+    assert re.search(r"\r\x1b\[Kstep \d+/400  loss \S+  [\d,]+ samples/s", stderr), stderr
+    job_id = re.search(r"csrun_wse: job (\S+):", stderr).group(1)
+    assert re.search(rf"(?:^|\x1b\[K)csrun_wse: job {job_id}: steps 0->400 of 400 in \d+:\d\d, [\d,]+ samples/s wall clock, "
+                     rf"[\d,]+ simulated CS system; final loss \S+; newest checkpoint {tmp_path / 'm'}/model\.ckpt-400; "
+                     rf"job folder {job_dir}\r?$", stderr, re.M), stderr
     status = csrun_job_cli(["status", job_id], state_dir)
     assert status.stdout.startswith(f"job {job_id} (local backend): COMPLETED\n"), status.stdout
-    assert re.search(r"step: +20 / 20 \(finished\)\n", status.stdout)
-    assert f"checkpoint: {tmp_path / 'm' / 'model.ckpt-20'}\n" in status.stdout
+    assert re.search(r"step: +400 / 400 \(finished\)\n", status.stdout)
+    assert f"checkpoint: {tmp_path / 'm' / 'model.ckpt-400'}\n" in status.stdout
     assert "(embedded simulator)" in status.stdout
     logs = csrun_job_cli(["logs", job_id, "--follow"], state_dir)  # an ended job: its whole log, at once
     assert logs.returncode == 0 and logs.stdout == done.stdout
