@@ -4,11 +4,15 @@
     csrun_job status ID                         state, step, loss, rates, ETA, tasks, CS, logs, checkpoint
     csrun_job logs ID [--task N] [--follow]     the chief's log (or task N's), followed until the job ends
     csrun_job cancel ID                         stop every task (and the embedded CS)
+    csrun_job cs [--cs_ip HOST:PORT]            who holds the CS system, who waits for it
 
 ID is what `csrun_wse` printed (the Slurm job id, or the local job's id), or a job folder.
 Everything is read from the job registry (`slurm.jobs`): the job folder's records, the
 chief's progress, the backend's state. An unknown id, another user's job, or cancelling a job
-that ended is one line and exit code 1.
+that ended is one line and exit code 1. `cs` answers from Slurm's queue (the jobs holding
+or waiting for the site's CS GRES or license) and, with `--cs_ip`, from the CS itself, which
+tells a caller without a job's token only whether it is busy: a job of this user's registry on
+that CS is named, another user's is not.
 """
 from __future__ import annotations
 
@@ -16,8 +20,12 @@ import sys
 import time
 
 from common.errors import ArgumentParser, CSRunError, cli_entry
+from cs_api.client import CSClient
 from launcher.progress_line import duration, loss_text
+from launcher.run_utils import normalize_cs_ip
+from launcher.site_config import load_site_config
 from slurm import jobs
+from slurm.slurm_backend import cs_queue, slurm_answers
 from slurm.task_logs import LogCopy, task_hosts
 
 PROG = "csrun_job"
@@ -38,7 +46,9 @@ def _parser() -> ArgumentParser:
     logs.add_argument("--follow", "-f", action="store_true", help="follow the log until the job ends")
     cancel = sub.add_parser("cancel", help="stop every task of a job")
     cancel.add_argument("job", metavar="ID")
-    for parser in (status, logs, cancel):
+    cs = sub.add_parser("cs", help="who holds the CS system, who waits for it")
+    cs.add_argument("--cs_ip", help="HOST:PORT of a CS system to ask (default: Slurm's queue only)")
+    for parser in (status, logs, cancel, cs):
         parser.error = p.error  # type: ignore[method-assign]  # one line, as the top parser's
     return p
 
@@ -127,6 +137,51 @@ def cancel(job_id: str) -> int:
     return 0 if stopped.ended else 1
 
 
+def _step(record: jobs.JobRecord | None) -> str:
+    progress = jobs.Progress.read(record.path) if record is not None else None
+    return f", step {progress.step}/{progress.end_step}" if progress is not None else ""
+
+
+def cs_holders(cs_ip: str | None) -> int:
+    mine = {record.job_id: record for record in jobs.all_jobs()}
+    lines = []
+    if slurm_answers(2.0):
+        site = load_site_config().slurm
+        queue = cs_queue(site.gres, site.licenses)
+        what = " and ".join(f"{kind} {name}" for kind, name in (("GRES", site.gres), ("license", site.licenses))
+                            if name)
+        if not queue:
+            lines.append(f"Slurm: no job holds or waits for the CS system ({what})")
+        for row in queue:
+            record = mine.get(row["job_id"])
+            if row["state"] == "RUNNING":
+                lines.append(f"Slurm: job {row['job_id']} of {row['user']} holds the CS system ({what}) since "
+                             f"{row['start']} on {row['nodes']}{_step(record)}")
+            else:
+                lines.append(f"Slurm: job {row['job_id']} of {row['user']} waits ({row['reason']}), expected "
+                             f"start {row['start']}")
+    if cs_ip is not None:
+        address = normalize_cs_ip(cs_ip)
+        client = CSClient(address, load_site_config().cs.tls_ca)
+        try:
+            state = client.status().state
+        finally:
+            client.close()
+        running = [r for r in mine.values() if r.cs_ip == address and not jobs.job_state(r).ended]
+        if state == "idle":
+            lines.append(f"CS system at {address}: idle")
+        elif running:
+            lines += [f"CS system at {address}: {state}, with your job {r.job_id} (started "
+                      f"{_when(r.started)}{_step(r)})" for r in running]
+        else:
+            lines.append(f"CS system at {address}: {state}, with a job that is not one of yours (the CS "
+                         "names another job only to the holder of its token)")
+    if not lines:
+        raise CSRunError("no Slurm answers here and no CS system was named", "give --cs_ip HOST:PORT")
+    print("\n".join(lines))
+    return 0
+
+
 @cli_entry(PROG)
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -136,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         return status(ns.job)
     if ns.action == "logs":
         return logs(ns.job, ns.task, ns.follow)
+    if ns.action == "cs":
+        return cs_holders(ns.cs_ip)
     return cancel(ns.job)
 
 

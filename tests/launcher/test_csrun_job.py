@@ -80,6 +80,11 @@ def test_a_detached_job_is_listed_inspected_followed_and_cancelled(state_dir, tm
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         params = fc_mnist_params(tmp_path, steps=100000, every=50)
+        deadline = time.monotonic() + 60
+        while (idle := csrun_job_cli(["cs", "--cs_ip", f"127.0.0.1:{port}"], state_dir)).returncode != 0:
+            assert time.monotonic() < deadline, idle.stderr
+            time.sleep(1)
+        assert idle.stdout == f"CS system at 127.0.0.1:{port}: idle\n"
         job_dir = tmp_path / "job"
         started = subprocess.run(
             [sys.executable, "-m", "launcher.csrun_wse", "--detach", "--tasks-per-node", "2", "--cs_ip",
@@ -106,6 +111,9 @@ def test_a_detached_job_is_listed_inspected_followed_and_cancelled(state_dir, tm
         assert f"CS system:  127.0.0.1:{port}\n" in status.stdout
         assert re.search(r"checkpoint: .*/m/model\.ckpt-\d+\n", status.stdout)
         assert "task 1 (input worker, on " in status.stdout
+        held = csrun_job_cli(["cs", "--cs_ip", f"127.0.0.1:{port}"], state_dir)
+        assert re.fullmatch(rf"CS system at 127\.0\.0\.1:{port}: busy, with your job {job_id} \(started [\d-]+ "
+                            r"[\d:]+, step \d+/100000\)\n", held.stdout), held.stdout + held.stderr
         logs = csrun_job_cli(["logs", job_id], state_dir)
         assert re.search(r"^global step \d+: loss = ", logs.stdout, re.M) and "submitit" not in logs.stdout
         follower = subprocess.Popen([sys.executable, "-m", "launcher.csrun_job", "logs", job_id, "--follow"],

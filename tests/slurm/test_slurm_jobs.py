@@ -64,6 +64,11 @@ def test_detached_slurm_jobs_are_listed_queued_followed_and_cancelled(slurm_clus
     listed = csrun_job(cluster_env, "list")
     rows = [line.split() for line in listed.stdout.splitlines()[1:]]
     assert [row[:3] for row in rows] == [[second, "slurm", "PENDING"], [first, "slurm", "RUNNING"]], listed.stdout
+    holders = csrun_job(cluster_env, "cs").stdout.splitlines()
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    assert re.fullmatch(rf"Slurm: job {first} of {user} holds the CS system \(GRES cs:1\) since \S+ on \S+",
+                        holders[0]), holders
+    assert re.fullmatch(rf"Slurm: job {second} of {user} waits \(Resources\), expected start \S+", holders[1])
     queued = csrun_job(cluster_env, "status", second)
     assert queued.stdout.startswith(f"job {second} (slurm backend): PENDING (Resources)\n"), queued.stdout
     wait_for(lambda: "tick 2\n" in csrun_job(cluster_env, "logs", first).stdout, 60, "no log")
