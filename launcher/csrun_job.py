@@ -26,7 +26,7 @@ from launcher.run_utils import normalize_cs_ip
 from launcher.site_config import load_site_config
 from slurm import jobs
 from slurm.slurm_backend import cs_queue, slurm_answers
-from slurm.task_logs import LogCopy, task_hosts
+from slurm.task_logs import LogCopy, task_hosts, task_pid
 
 PROG = "csrun_job"
 _FOLLOW_POLL_S = 0.5
@@ -98,9 +98,9 @@ def status(job_id: str) -> int:
         lines.append("  step:       no training progress yet")
     lines.append(f"  CS system:  {record.cs_ip}" + (" (embedded simulator)" if record.embedded else ""))
     for rank in range(record.num_tasks):
-        hosts = task_hosts(record.task_log(rank))
+        hosts, pid = task_hosts(record.task_log(rank)), task_pid(record.task_log(rank))
         role = "chief" if rank == 0 else "input worker"
-        where = f"on {hosts[0]}" if hosts else "not started"
+        where = (f"on {hosts[0]}" + (f", pid {pid}" if pid else "")) if hosts else "not started"
         lines.append(f"  task {rank} ({role}, {where}): {record.task_log(rank)}")
     print("\n".join(lines))
     return 0

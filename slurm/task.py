@@ -12,7 +12,7 @@ from pathlib import Path
 
 from slurm.fork_server import ForkedTask, request_fork
 from slurm.heartbeat import HEARTBEAT_ENV, HEARTBEAT_TIMEOUT_S, watch_heartbeat
-from slurm.task_logs import where_task_runs
+from slurm.task_logs import command_started, where_task_runs
 
 _EXIT_CODE = "TaskFailed: exit code "  # how a TaskFailed ends the traceback in a task's result
 
@@ -52,8 +52,10 @@ class TaskCommand:
 
     def __call__(self) -> int:
         env = {**os.environ, **dict(self.env), "PYTHONUNBUFFERED": "1"}
-        print(where_task_runs(env), flush=True)
+        where = where_task_runs(env)
+        print(where, flush=True)
         process = self._start(env)
+        print(command_started(where.split()[2], process.pid), flush=True)
 
         def forward(signum, _frame):
             _signal_group(process, signum)

@@ -110,7 +110,7 @@ def test_a_detached_job_is_listed_inspected_followed_and_cancelled(state_dir, tm
         assert re.search(r"samples/s: +[\d,]+ wall clock, [\d,]+ simulated CS system", status.stdout)
         assert f"CS system:  127.0.0.1:{port}\n" in status.stdout
         assert re.search(r"checkpoint: .*/m/model\.ckpt-\d+\n", status.stdout)
-        assert "task 1 (input worker, on " in status.stdout
+        assert re.search(r"task 1 \(input worker, on \S+, pid \d+\): ", status.stdout), status.stdout
         held = csrun_job_cli(["cs", "--cs_ip", f"127.0.0.1:{port}"], state_dir)
         assert re.fullmatch(rf"CS system at 127\.0\.0\.1:{port}: busy, with your job {job_id} \(started [\d-]+ "
                             r"[\d:]+, step \d+/100000\)\n", held.stdout), held.stdout + held.stderr

@@ -74,7 +74,7 @@ def test_detached_slurm_jobs_are_listed_queued_followed_and_cancelled(slurm_clus
     wait_for(lambda: "tick 2\n" in csrun_job(cluster_env, "logs", first).stdout, 60, "no log")
     status = csrun_job(cluster_env, "status", first)
     assert status.stdout.startswith(f"job {first} (slurm backend): RUNNING\n")
-    assert re.search(r"task 0 \(chief, on \S+\): \S+_0_log\.out\n", status.stdout), status.stdout
+    assert re.search(r"task 0 \(chief, on \S+, pid \d+\): \S+_0_log\.out\n", status.stdout), status.stdout
     follower = subprocess.Popen([sys.executable, "-m", "launcher.csrun_job", "logs", first, "--follow"],
                                 env=cluster_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cancelled = csrun_job(cluster_env, "cancel", first)
