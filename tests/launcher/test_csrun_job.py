@@ -190,3 +190,27 @@ def test_an_attached_run_is_in_the_registry_when_it_ends(state_dir, tmp_path):
     ended = csrun_job_cli(["cancel", job_id], state_dir)
     assert ended.returncode == 1 and ended.stderr.strip() == (
         f"csrun_job: error: job {job_id} already ended: COMPLETED (hint: nothing to cancel)")
+
+
+@pytest.mark.slow
+def test_cancelling_an_attached_job_stops_it_through_its_launcher(state_dir, tmp_path):
+    (tmp_path / "ticker.py").write_text("import time\nfor i in range(1000):\n    print(f'tick {i}', flush=True)\n"
+                                        "    time.sleep(0.5)\n")
+    job_dir = tmp_path / "job"
+    wse = subprocess.Popen([sys.executable, "-m", "launcher.csrun_wse", "--cs_ip", "127.0.0.1:1", "--tasks-per-node",
+                            "2", "--job-dir", str(job_dir), "python", "ticker.py"], cwd=tmp_path, env=state_dir,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wse.stdout.readline() == "tick 0\n"
+        record = jobs.JobRecord.read(job_dir)
+        assert record is not None and record.launcher_pid == wse.pid and record.num_tasks == 2
+        cancelled = csrun_job_cli(["cancel", record.job_id], state_dir)
+        _, err = wse.communicate(timeout=30)
+    finally:
+        if wse.poll() is None:
+            wse.kill()
+    assert cancelled.returncode == 0 and cancelled.stderr.strip() == (
+        f"csrun_job: job {record.job_id} cancelled: CANCELLED"), cancelled.stderr
+    assert wse.returncode == 143 and err.strip().splitlines()[-1] == (
+        f"csrun_wse: stopped by SIGTERM: job {record.job_id} cancelled, every task stopped")
+    assert _processes_mentioning(str(job_dir)) == []

@@ -110,3 +110,25 @@ def test_a_sigkilled_attached_launcher_takes_its_slurm_job_with_it(slurm_cluster
     assert "csrun: error: the launcher (csrun_wse) of this job died" in log
     state = csrun_job(cluster_env, "status", record.job_id).stdout.splitlines()[0]
     assert state.startswith(f"job {record.job_id} (slurm backend): FAILED"), state
+
+
+def test_cancelling_an_attached_job_stops_it_through_its_launcher(slurm_cluster, cluster_env, tmp_path):
+    wse = subprocess.Popen([sys.executable, "-m", "launcher.csrun_wse", *NO_CS, "--job-dir", str(tmp_path / "job"),
+                            "--", sys.executable, "ticker.py", "1000"], cwd=tmp_path, env=cluster_env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wse.stdout.readline() == "tick 0\n"
+        record = jobs.JobRecord.read(tmp_path / "job")
+        cancelled = csrun_job(cluster_env, "cancel", record.job_id)
+        _, err = wse.communicate(timeout=30)
+    finally:
+        if wse.poll() is None:
+            wse.kill()
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stderr.strip() == f"csrun_job: job {record.job_id} cancelled: CANCELLED"
+    assert wse.returncode == 128 + signal.SIGTERM
+    assert err.strip().splitlines()[-1] == (f"csrun_wse: stopped by SIGTERM: job {record.job_id} cancelled, every "
+                                            "task stopped")
+    assert squeue(slurm_cluster, record.job_id) in ("", "CANCELLED")
+    assert csrun_job(cluster_env, "status", record.job_id).stdout.startswith(
+        f"job {record.job_id} (slurm backend): CANCELLED (cancelled (SIGTERM to csrun_wse))\n")
