@@ -275,10 +275,13 @@ def job_state(record: JobRecord) -> JobState:
     if end is not None:
         code = int(end.get("exit_code", 1))
         how = str(end.get("how", ""))
-        return JobState("COMPLETED" if code == 0 else "CANCELLED" if how.startswith("cancelled") else "FAILED",
+        return JobState("COMPLETED" if code == 0 else "CANCELLED" if "cancelled" in how else "FAILED",
                         how if code != 0 else "")
     if record.backend == "slurm":
-        state, reason = slurm_backend.job_state(record.job_id)
+        try:
+            state, reason = slurm_backend.job_state(record.job_id)
+        except OSError:  # no Slurm commands here: what the tasks left says the rest
+            state, reason = "UNKNOWN", ""
         if state in _ACTIVE:
             return JobState(state, reason if state == "PENDING" and reason not in ("", "None") else "")
         if state in ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "DEADLINE"):
