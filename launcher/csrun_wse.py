@@ -263,9 +263,11 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
 
 def register(job: LaunchedJob, backend: str, args: WseArgs, cs_ip: str, embedded: bool) -> None:
     """The job in this user's registry (`slurm.jobs`), for `csrun_job`."""
-    jobs.register(jobs.JobRecord(
+    why = jobs.register(jobs.JobRecord(
         job.job_id, backend, str(args.job_dir), str(Path.cwd()), args.command, job.num_tasks, cs_ip, embedded,
         socket.gethostname(), time.time(), None if args.detach else os.getpid()))
+    if why is not None:
+        print(f"{PROG}: note: job {job.job_id} runs, but csrun_job will not know it ({why})", file=sys.stderr)
 
 
 def with_hint(message: str, hint: str) -> str:

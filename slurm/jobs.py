@@ -99,21 +99,30 @@ class JobRecord:
             return None
 
 
-def register(record: JobRecord) -> None:
-    """Write the job's record and link its id in this user's index."""
-    _write_json(record.path / RECORD, dataclasses.asdict(record))
-    index = index_dir()
-    index.mkdir(parents=True, exist_ok=True)
-    link = index / record.job_id
-    tmp = index / f".{record.job_id}.tmp-{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(record.path)
-    os.replace(tmp, link)  # a local id (a pid) used again names the newer job
+def register(record: JobRecord) -> str | None:
+    """Write the job's record and link its id in this user's index; why not (a folder that
+    cannot be written: the job runs on, unregistered), else None."""
+    try:
+        _write_json(record.path / RECORD, dataclasses.asdict(record))
+        index = index_dir()
+        index.mkdir(parents=True, exist_ok=True)
+        link = index / record.job_id
+        tmp = index / f".{record.job_id}.tmp-{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(record.path)
+        os.replace(tmp, link)  # a local id (a pid) used again names the newer job
+    except OSError as error:
+        return f"{error.filename}: {error.strerror}"
+    return None
 
 
 def record_end(folder: Path, exit_code: int, how: str) -> None:
-    """How the job ended (the launcher that followed it, or `csrun_job cancel`)."""
-    _write_json(folder / END, {"exit_code": exit_code, "how": how, "ended": time.time()})
+    """How the job ended (the launcher that followed it, or `csrun_job cancel`); a job
+    folder that is gone or full loses only this record."""
+    try:
+        _write_json(folder / END, {"exit_code": exit_code, "how": how, "ended": time.time()})
+    except OSError:
+        pass
 
 
 def owner(folder: Path) -> str:

@@ -214,3 +214,15 @@ def test_cancelling_an_attached_job_stops_it_through_its_launcher(state_dir, tmp
     assert wse.returncode == 143 and err.strip().splitlines()[-1] == (
         f"csrun_wse: stopped by SIGTERM: job {record.job_id} cancelled, every task stopped")
     assert _processes_mentioning(str(job_dir)) == []
+
+
+def test_a_registry_that_cannot_be_written_costs_the_job_nothing(tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    done = subprocess.run([sys.executable, "-m", "launcher.csrun_wse", "--cs_ip", "127.0.0.1:1", "--job-dir",
+                           str(tmp_path / "job"), "--", "sh", "-c", "echo ran"], cwd=tmp_path,
+                          env={**ENV, jobs.STATE_DIR_ENV: str(blocked / "state")}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout == "ran\n", done.stderr
+    assert re.search(rf"^csrun_wse: note: job \d+ runs, but csrun_job will not know it \({blocked}/state/jobs: "
+                     r"Not a directory\)$", done.stderr, re.M), done.stderr
