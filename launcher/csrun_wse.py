@@ -22,6 +22,12 @@ Slurm job id and returns; `--emit-sbatch FILE` writes `slurm/templates/csrun_wse
 filled in with this job's settings, for plain `sbatch`. The chief's log streams to
 the terminal; every task's log stays in the job folder; the exit code is the job's.
 
+Before submitting, what the run would refuse is refused here (`launcher.command_checks`);
+once submitted, the job is registered for `csrun_job` (`slurm.jobs`). Following it, the
+launcher shows a progress line under the chief's log on a terminal and a summary at the end
+(`launcher.progress_line`), and on Slurm keeps a heartbeat its tasks watch, so that they stop
+when it dies, even by SIGKILL (`slurm.heartbeat`).
+
 The job's CS reaches every task by one channel, the task's environment (`CSRUN_CS_IP`,
 `coordinator.roles`): it reaches any command, in a container or not; the command runs as
 given. The embedded simulator's fabric is the job's `runconfig.fabric`, read from a
