@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import CSRunError
+from common.task_failure import read_failures
 from slurm import slurm_backend
+from slurm.blame import blame
 from slurm.submitit_api import task_log, task_result
 from slurm.task import TaskFailed
 from slurm.task_logs import last_error_line
@@ -272,10 +274,15 @@ def _local_controller_alive(record: JobRecord) -> bool:
 def _from_results(record: JobRecord) -> JobState | None:
     results = [task_result(record.path, record.job_id, rank) for rank in range(record.num_tasks)]
     failed = [r for r in results if r is not None and not r.succeeded]
-    if failed:
+    if failed:  # named as the launcher names it (`slurm.blame`), the job being over
+        verdict = blame(failed, read_failures(record.path), record.num_tasks, True)
+        if verdict.cs:
+            return JobState("FAILED", f"its tasks lost the CS system at {record.cs_ip}")
         first = min(failed, key=lambda r: (r.written_ns, r.rank))
-        code = TaskFailed.exit_code_in(first.text)
-        return JobState("FAILED", f"task {first.rank}: {last_error_line(record.task_log(first.rank), code)}")
+        rank = first.rank if verdict.rank is None else verdict.rank
+        result = next((r for r in failed if r.rank == rank), None)
+        code = TaskFailed.exit_code_in(result.text) if result is not None else 1
+        return JobState("FAILED", f"task {rank}: {last_error_line(record.task_log(rank), code)}")
     return JobState("COMPLETED") if results and all(r is not None for r in results) else None
 
 
