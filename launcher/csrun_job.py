@@ -158,8 +158,9 @@ def cs_holders(cs_ip: str | None) -> int:
                 lines.append(f"Slurm: job {row['job_id']} of {row['user']} holds the CS system ({what}) since "
                              f"{row['start']} on {row['nodes']}{_step(record)}")
             else:
-                lines.append(f"Slurm: job {row['job_id']} of {row['user']} waits ({row['reason']}), expected "
-                             f"start {row['start']}")
+                reason = row["reason"] if row["reason"] not in ("", "None") else "not scheduled yet"
+                start = row["start"] if row["start"] not in ("", "N/A") else "not known yet"
+                lines.append(f"Slurm: job {row['job_id']} of {row['user']} waits ({reason}), expected start {start}")
     if cs_ip is not None:
         address = normalize_cs_ip(cs_ip)
         client = CSClient(address, load_site_config().cs.tls_ca)
