@@ -31,6 +31,7 @@ from cs_api import pb
 from cs_api.client import CSClient
 from cs_api.input_spec import program_inputs
 from cs_api.tensors import from_tensor
+from slurm.jobs import ProgressFile
 from tf_model import checkpoints, progress
 from tf_model.checkpoints import OPTIMIZER_SCALARS, is_optimizer_state, optimizer_changed, optimizer_of
 from tf_model.estimator_spec import ModeKeys
@@ -232,6 +233,7 @@ class Chief:
         rate = progress.StepRate(step)
         every = config.save_checkpoints_steps or (end - step)
         loss, summary = math.nan, None
+        status = ProgressFile(self.role.job_dir, step, end, program.batch_size) if self.role.job_dir else None
         with CSJob(self, program, state, step, step, end - step, input_fn) as job, \
                 EventWriter(self.model_dir) as events:
             while step < end:
@@ -243,15 +245,21 @@ class Chief:
                     if not math.isfinite(loss):
                         raise checkpoints.non_finite_loss(loss, step, self.model_dir)
                     log.step(step, loss)
+                    if status is not None:
+                        status.step(step, loss, result.step.timing.sim_samples_per_sec)
                     if config.save_summary_steps and step % config.save_summary_steps == 0:
                         events.scalars(step, {"loss": loss, "global_step/sec": rate(step),
                                               "cs/samples_per_sec": result.step.timing.sim_samples_per_sec})
                 events.flush()
                 snapshot = {**host, **job.snapshot()}
                 snapshot["global_step"] = np.asarray(step, np.int64)
-                checkpoints.write_checkpoint(self.model_dir, step, snapshot, config.keep_checkpoint_max)
+                saved = checkpoints.write_checkpoint(self.model_dir, step, snapshot, config.keep_checkpoint_max)
                 log.saved(step, self.model_dir)
+                if status is not None:
+                    status.saved(saved)
         log.finished(step, loss)
+        if status is not None:
+            status.finished()
         if summary is not None:
             print(f"Simulated CS system: {summary.sim_samples_per_sec:,.0f} samples/second "
                   f"(utilization {summary.utilization:.1%}); wall clock here: "

@@ -1,12 +1,17 @@
 """What `csrun_wse` checks of the job's command before it starts or queues anything: a
-command that cannot start would otherwise fail in every task, each with its own error."""
+command that cannot start would otherwise fail in every task, each with its own error, and
+a run that would refuse its flags or params, or find its model_dir or CS unavailable, would
+say so only once the job ran (after its wait in the queue)."""
 from __future__ import annotations
 
 import shutil
+import socket
 from pathlib import Path
 
 from common.errors import CSRunError
+from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip
 from slurm.fork_server import script_of
+from tf_model.model_dir_lock import check_model_dir_free
 
 _EXAMPLE = "e.g. csrun_wse python run.py --mode train"
 
@@ -35,3 +40,51 @@ def check_command(command: tuple[str, ...], workdir: Path, in_container: bool) -
                          "fix the script; nothing was started") from None
     except ValueError as error:  # a NUL byte in the source
         raise CSRunError(f"{script}: {error}", "fix the script; nothing was started") from None
+
+
+_CS_MODES = ("train", "eval", "eval_all", "predict")
+_CS_ANSWER_S = 5.0
+
+
+def check_run(command: tuple[str, ...], workdir: Path, cs_ip: str | None) -> None:
+    """What a `python SCRIPT.py …` run with a params file (run.py's flags: `-p`, default
+    `configs/params.yaml` beside the script) would refuse first, checked here: its flags,
+    its params (`get_params`: unknown keys, wrong types), a training run's model_dir held by
+    another run, and the CS it would use (`cs_ip`, or run.py's own `--cs_ip`) not answering.
+    Another command, or a script without a params file, is left to itself."""
+    script = script_of(command)
+    if script is None:
+        return
+    parser = create_arg_parser(str((workdir / script).parent / "model_dir"))
+    parser.prog = script
+    flags, _ = parser.parse_known_args([a for a in command[2:] if a not in ("-h", "--help")])
+    path = workdir / flags.params
+    if not path.is_file():
+        if flags.params != parser.get_default("params"):
+            raise CSRunError(f"{script}: params file {flags.params} not found in {workdir}",
+                             "give its path with -p; nothing was started")
+        return
+    runconfig = get_params(str(path), notes=False)["runconfig"]
+    if flags.validate_only or flags.compile_only or runconfig.get("validate_only") or runconfig.get("compile_only"):
+        return
+    mode = flags.mode or runconfig.get("mode") or "train"
+    if mode == "train":
+        model_dir = flags.model_dir or runconfig.get("model_dir") or flags.default_model_dir
+        check_model_dir_free(str(workdir / model_dir))
+    target = flags.cs_ip or cs_ip
+    if mode in _CS_MODES and target:
+        check_cs_answers(normalize_cs_ip(target))
+
+
+def check_cs_answers(cs_ip: str, timeout_s: float = _CS_ANSWER_S) -> None:
+    """The CS system at `cs_ip` accepts a connection (within `timeout_s`)."""
+    host, _, port = cs_ip.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except OSError as error:
+        why = error.strerror or ("no answer within %.0f s" % timeout_s if isinstance(error, TimeoutError)
+                                 else type(error).__name__)
+    raise CSRunError(f"cannot reach the CS system at {cs_ip}: {why}",
+                     "start it (wse_sim serve) or check --cs_ip; nothing was queued")
+

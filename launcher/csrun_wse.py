@@ -22,6 +22,12 @@ Slurm job id and returns; `--emit-sbatch FILE` writes `slurm/templates/csrun_wse
 filled in with this job's settings, for plain `sbatch`. The chief's log streams to
 the terminal; every task's log stays in the job folder; the exit code is the job's.
 
+Before submitting, what the run would refuse is refused here (`launcher.command_checks`);
+once submitted, the job is registered for `csrun_job` (`slurm.jobs`). Following it, the
+launcher shows a progress line under the chief's log on a terminal and a summary at the end
+(`launcher.progress_line`), and on Slurm keeps a heartbeat its tasks watch, so that they stop
+when it dies, even by SIGKILL (`slurm.heartbeat`).
+
 The job's CS reaches every task by one channel, the task's environment (`CSRUN_CS_IP`,
 `coordinator.roles`): it reaches any command, in a container or not; the command runs as
 given. The embedded simulator's fabric is the job's `runconfig.fabric`, read from a
@@ -41,6 +47,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO, cast
 
 import grpc
 
@@ -50,11 +57,14 @@ from common.task_failure import FAILURES_DIR
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from cs_api import pb, rpc
 from cs_api.client import CSClient
-from launcher.command_checks import check_command
+from launcher.command_checks import check_command, check_run
+from launcher.progress_line import ProgressLine, summary
 from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip
 from launcher.site_config import SiteConfig, load_site_config
+from slurm import jobs
 from slurm.auto import choose_backend
-from slurm.backend import JobRequest
+from slurm.backend import JobRequest, LaunchedJob
+from slurm.heartbeat import HEARTBEAT, HEARTBEAT_ENV, Heartbeat
 from slurm.templates import write_wse_sbatch
 from wafer.fabric import DEFAULT_FABRIC, FABRICS
 from workers.rendezvous import RENDEZVOUS_DIR
@@ -249,7 +259,8 @@ def site_defaults(site: SiteConfig) -> dict[str, str]:
 
 
 def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | None = None,
-                embedded: bool = False) -> JobRequest:
+                embedded: bool = False, heartbeat: bool = False) -> JobRequest:
+    """The job's request; `heartbeat`: its tasks stop when this launcher dies (`slurm.heartbeat`)."""
     site = site or SiteConfig()
     return JobRequest(
         command=task_command(args, workdir, site),
@@ -262,11 +273,22 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
         env={task_env.JOB_DIR: str(args.job_dir), task_env.JOB_ID: args.job_dir.name,
              task_env.CS_IP: cs_ip, task_env.CS_TLS_CA: "" if embedded else (site.cs.tls_ca or ""),
              task_env.CS_WAIT_S: f"{args.cs_wait_s:g}",
-             "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")},
+             "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+             **({HEARTBEAT_ENV: str(args.job_dir / HEARTBEAT)} if heartbeat else {})},
         options=dict(args.slurm_options),
         defaults=site_defaults(site),
         same_host=embedded,
+        detached=args.detach,
     )
+
+
+def register(job: LaunchedJob, backend: str, args: WseArgs, cs_ip: str, embedded: bool) -> None:
+    """The job in this user's registry (`slurm.jobs`), for `csrun_job`."""
+    why = jobs.register(jobs.JobRecord(
+        job.job_id, backend, str(args.job_dir), str(Path.cwd()), args.command, job.num_tasks, cs_ip, embedded,
+        socket.gethostname(), time.time(), None if args.detach else os.getpid()))
+    if why is not None:
+        print(f"{PROG}: note: job {job.job_id} runs, but csrun_job will not know it ({why})", file=sys.stderr)
 
 
 def cs_gone(cs_ip: str, tls_ca: str | None) -> str | None:
@@ -302,17 +324,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.dry_run:
         check_command(args.command, workdir, in_container=site.container.image is not None)
+        check_run(args.command, workdir, args.cs_ip)
     backend = choose_backend()
     simulator = None if args.cs_ip else EmbeddedSimulator(
         fabric_of(args.command, workdir), args.job_dir / "wse_sim.log")
     cs_ip = args.cs_ip or simulator.address  # type: ignore[union-attr]
-    submission = backend.build(job_request(args, cs_ip, workdir, site, embedded=simulator is not None))
+    # a Slurm job's tasks outlive a SIGKILLed launcher but for its heartbeat (local ones end by
+    # parent-death signals)
+    beating = backend.name == "slurm" and not args.detach
+    submission = backend.build(job_request(args, cs_ip, workdir, site, embedded=simulator is not None,
+                                           heartbeat=beating))
     if args.dry_run:
         if simulator is not None:
             print(f"# embedded CS system: {shlex.join(simulator.command)}")
         print(submission.text, end="")
         return 0
     job = None
+    heartbeat = None
     stop_on_signals()  # SIGTERM / SIGHUP stop the job as Ctrl-C does
     try:
         if not args.detach:
@@ -322,19 +350,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: embedded CS system ({simulator.command[-5]}) at {cs_ip}", file=sys.stderr)
         for old in (RENDEZVOUS_DIR, FAILURES_DIR):  # a reused job folder's old phases and failures
             shutil.rmtree(args.job_dir / old, ignore_errors=True)
+        for old in (jobs.END, jobs.PROGRESS):
+            (args.job_dir / old).unlink(missing_ok=True)
         job = backend.submit(submission)
+        if beating:  # a task that starts first waits HEARTBEAT_TIMEOUT_S for the first beat
+            heartbeat = Heartbeat(args.job_dir)
+        register(job, backend.name, args, cs_ip, embedded=simulator is not None)
         if args.detach:
             print(job.job_id, flush=True)
             return 0
         print(f"{PROG}: job {job.job_id}: {job.num_tasks} task(s) through the {backend.name} "
               f"backend; logs in {args.job_dir}", file=sys.stderr, flush=True)
         job.cs_gone = simulator.ended if simulator is not None else lambda: cs_gone(cs_ip, site.cs.tls_ca)
-        outcome = job.follow(sys.stdout)
+        line = ProgressLine(args.job_dir, sys.stdout)
+        try:
+            outcome = job.follow(cast(TextIO, line), line.refresh)  # a text stream (io.TextIOBase)
+        finally:
+            line.done()
     except KeyboardInterrupt as interrupt:
         if job is not None:
             job.cancel()
         if simulator is not None:
             simulator.stop()
+        if job is not None:
+            name = interrupt.name if isinstance(interrupt, Stopped) else "SIGINT"
+            jobs.record_end(args.job_dir, 130 if name == "SIGINT" else 143, f"cancelled ({name} to csrun_wse)")
         if isinstance(interrupt, Stopped):  # cli_entry prints it in its one line
             stopped = [f"job {job.job_id} cancelled, every task stopped"] if job is not None else []
             stopped += ["the embedded CS system stopped"] if simulator is not None else []
@@ -343,6 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if simulator is not None:
             simulator.stop()
+        if heartbeat is not None:
+            heartbeat.stop()
+    jobs.record_end(args.job_dir, outcome.exit_code, outcome.message)
+    trained = summary(args.job_dir)
+    if trained is not None:
+        print(f"{PROG}: job {job.job_id}: {trained}", file=sys.stderr, flush=True)
     if outcome.exit_code != 0:
         where = (f"its log: {job.task_log(outcome.failed_rank)}" if outcome.failed_rank is not None
                  else f"logs in {args.job_dir}")

@@ -67,6 +67,9 @@ class JobRequest:
     # The tasks reach a service on this host's loopback (the embedded simulator): they
     # must run on this host.
     same_host: bool = False
+    # The launcher returns once the job is submitted (--detach): the job must not hold its
+    # terminal (the local tasks' output goes to the job folder only).
+    detached: bool = False
 
     @property
     def num_tasks(self) -> int:
@@ -122,12 +125,15 @@ class LaunchedJob(abc.ABC):
         """The file holding task `rank`'s output (stdout and stderr)."""
         return task_log(self.folder, self.job_id, rank)
 
-    def follow(self, stream: TextIO) -> JobOutcome:
+    def follow(self, stream: TextIO, on_poll: Callable[[], None] | None = None) -> JobOutcome:
         """Copy the chief's log to `stream` as it grows until the job ends; stop every
-        task as soon as one fails (within 30 s) and report which one failed first and why."""
+        task as soon as one fails (within 30 s) and report which one failed first and why.
+        `on_poll` is called at every look at the job (the launcher's progress line)."""
         chief_log = LogCopy(self.task_log(0), stream)
         while True:
             chief_log.copy_new()
+            if on_poll is not None:
+                on_poll()
             outcome = self._results()
             if outcome is not None and outcome.exit_code != 0:
                 outcome = self._explain_failure(outcome)

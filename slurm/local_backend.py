@@ -10,7 +10,7 @@ import shlex
 import signal
 import subprocess
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 import submitit
 
@@ -84,7 +84,8 @@ class LocalBackend(LaunchBackend):
         server = self._servers.pop(request.folder, None)
         task = submission.task if server is None else dataclasses.replace(submission.task, fork_server=server.address)
         try:
-            job = submit_local(request.folder, task, request.tasks_per_node, request.name, _TIMEOUT_MIN)
+            job = submit_local(request.folder, task, request.tasks_per_node, request.name, _TIMEOUT_MIN,
+                               request.detached)
         except BaseException:
             if server is not None:
                 server.stop()
@@ -97,9 +98,9 @@ class LocalJob(LaunchedJob):
         super().__init__(job, folder, num_tasks)
         self._fork_server = fork_server
 
-    def follow(self, stream: TextIO) -> JobOutcome:
+    def follow(self, stream: TextIO, on_poll: Callable[[], None] | None = None) -> JobOutcome:
         try:
-            return super().follow(stream)
+            return super().follow(stream, on_poll)
         finally:
             self._stop_fork_server()
 

@@ -288,6 +288,29 @@ def job_state(job_id: str) -> tuple[str, str]:
     return state.split()[0], state
 
 
+def cs_queue(gres: str | None, licenses: str | None) -> list[dict[str, str]]:
+    """The Slurm jobs holding or waiting for the CS system (the site's GRES or license, by
+    name), running first, then by expected start: id, user, state, reason, start (the
+    start time, or Slurm's expected start of a pending job), node list."""
+    names = [n.split(":")[0] for n in (gres, licenses) if n]
+    done = subprocess.run(["squeue", "-h", "-t", "RUNNING,PENDING,COMPLETING,CONFIGURING", "-o",
+                           "%i|%u|%T|%r|%S|%N|%b|%W"], capture_output=True, text=True)
+    rows = []
+    for line in done.stdout.splitlines():
+        fields = line.split("|")
+        if len(fields) != 8:
+            continue
+        wants = f"{fields[6]},{fields[7]}"
+        if any(re.search(rf"(^|[,:/]){re.escape(name)}([:,(]|$)", wants) for name in names):
+            rows.append(dict(zip(("job_id", "user", "state", "reason", "start", "nodes"), fields[:6])))
+    return sorted(rows, key=lambda r: (r["state"] != "RUNNING", r["start"]))
+
+
+def scancel(job_id: str) -> None:
+    """Cancel a Slurm job (every step and task of it)."""
+    subprocess.run(["scancel", job_id], capture_output=True, text=True)
+
+
 class SlurmJob(LaunchedJob):
     poll_seconds = 0.5
 

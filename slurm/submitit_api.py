@@ -21,12 +21,15 @@ submitit (the version pinned in constraints.txt).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import shlex
 import signal
 import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import submitit
 from submitit.core import utils as submitit_utils
@@ -101,8 +104,10 @@ def submit_script(folder: Path, script: str, num_tasks: int, task: Callable[[], 
 
 
 def submit_local(folder: Path, task: Callable[[], object], tasks_per_node: int, name: str,
-                 timeout_min: int) -> submitit.Job:
-    """Start `tasks_per_node` processes on this host, each running `task` (output to its log)."""
+                 timeout_min: int, detached: bool = False) -> submitit.Job:
+    """Start `tasks_per_node` processes on this host, each running `task` (output to its log).
+    `detached`: the controller's own standard streams go to `folder/controller.log`, not the
+    launcher's (a `$(csrun_wse --detach …)` returns at once, not when the job ends)."""
     executor = submitit.LocalExecutor(folder=folder)
     executor.update_parameters(tasks_per_node=tasks_per_node, timeout_min=timeout_min, stderr_to_stdout=True,
                                name=name)
@@ -111,10 +116,33 @@ def submit_local(folder: Path, task: Callable[[], object], tasks_per_node: int, 
     # controller printed its own KeyboardInterrupt traceback. Tasks do not inherit it: their
     # wrapper handles SIGINT, and what it runs starts with the default.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with _streams_to(folder / "controller.log" if detached else None):
+        try:
+            return executor.submit(task)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _streams_to(log: Path | None) -> Iterator[None]:
+    """While the controller starts (it inherits them): stdin from /dev/null, stdout and
+    stderr to `log`; nothing when None."""
+    if log is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
     try:
-        return executor.submit(task)
+        with open(os.devnull, "rb") as null, open(log, "ab") as out:
+            os.dup2(null.fileno(), 0)
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+        yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for fd, copy in enumerate(saved):
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def local_controller(job: submitit.Job) -> subprocess.Popen | None:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from slurm.fork_server import ForkedTask, request_fork
-from slurm.task_logs import where_task_runs
+from slurm.heartbeat import HEARTBEAT_ENV, HEARTBEAT_TIMEOUT_S, watch_heartbeat
+from slurm.task_logs import command_started, where_task_runs
 
 _EXIT_CODE = "TaskFailed: exit code "  # how a TaskFailed ends the traceback in a task's result
 
@@ -48,14 +52,18 @@ class TaskCommand:
 
     def __call__(self) -> int:
         env = {**os.environ, **dict(self.env), "PYTHONUNBUFFERED": "1"}
-        print(where_task_runs(env), flush=True)
+        where = where_task_runs(env)
+        print(where, flush=True)
         process = self._start(env)
+        print(command_started(where.split()[2], process.pid), flush=True)
 
         def forward(signum, _frame):
             _signal_group(process, signum)
 
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, forward)
+        if env.get(HEARTBEAT_ENV):
+            watch_heartbeat(Path(env[HEARTBEAT_ENV]), lambda: _launcher_died(process))
         try:
             code = process.wait()
         finally:
@@ -63,6 +71,16 @@ class TaskCommand:
         if code != 0:
             raise TaskFailed(code if code > 0 else 128 - code)
         return code
+
+
+def _launcher_died(process: subprocess.Popen | ForkedTask) -> None:
+    """The launcher following the job stopped beating: stop the command (SIGTERM, then
+    SIGKILL), so the task ends and with it the job."""
+    print(f"csrun: error: the launcher (csrun_wse) of this job died: its heartbeat stopped for "
+          f"{HEARTBEAT_TIMEOUT_S:.0f} s; stopping the task", file=sys.stderr, flush=True)
+    _signal_group(process, signal.SIGTERM)
+    time.sleep(10)  # the task ends as soon as the command does; this thread with it
+    _signal_group(process, signal.SIGKILL)
 
 
 def _signal_group(process: subprocess.Popen | ForkedTask, signum: int) -> None:

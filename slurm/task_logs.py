@@ -16,7 +16,8 @@ from slurm.submitit_api import ERROR_MARKER, LOCAL_NTASKS_ENV, LOCAL_RANK_ENV, L
 # back (a failed node's tasks; the tests' placement checks).
 _WHERE = re.compile(r"^csrun: task (\d+) of \d+ on (\S+) \((\S+) to the CS system at (\S+)\)$", re.M)
 
-
+# The line after it, once the command started: its pid (`task_pid` reads it back).
+_PID = re.compile(r"^csrun: task (\d+) runs as pid (\d+)$", re.M)
 
 # A task's own one-line error (`run.py: error: …`): the launcher's line naming the failed task
 # carries it (`last_error_line`), so the terminal shows it once.
@@ -53,11 +54,27 @@ def task_hosts(log: Path) -> tuple[str, str] | None:
     return (match.group(2), match.group(3)) if match else None
 
 
+def command_started(rank: str, pid: int) -> str:
+    """`csrun: task R runs as pid P`: the task's command started (its process group's pid)."""
+    return f"csrun: task {rank} runs as pid {pid}"
+
+
+def task_pid(log: Path) -> int | None:
+    """The pid of a task's command (its `command_started` line), None before it started."""
+    try:
+        with open(log, errors="replace") as f:
+            head = f.read(8192)
+    except OSError:
+        return None
+    match = _PID.search(head)
+    return int(match.group(2)) if match else None
+
+
 class LogCopy:
     """The terminal copy of a task's log as it grows: each `copy_new` writes the whole lines
     appended since the last call, submitit's own bookkeeping lines (and the traceback of its
     task wrapper that follows them), the task's placement line (`where_task_runs`), its own
-    `error:` line and TensorFlow's start-up chatter left out. A line still being written, and
+    `error:` line and TensorFlow's start-up chatter left out (and its pid line). A line still being written, and
     whether a submitit line came before, carry over to the next call."""
 
     def __init__(self, path: Path, stream: TextIO):
@@ -93,7 +110,8 @@ class LogCopy:
             self._after = ""
         else:
             self._after = ""
-            if not CHATTER.match(line) and not _WHERE.match(line) and not _OWN_ERROR.match(line):
+            if not CHATTER.match(line) and not _WHERE.match(line) and not _PID.match(line) \
+                    and not _OWN_ERROR.match(line):
                 self.stream.write(line)
 
 

@@ -72,6 +72,23 @@ def lock_model_dir(model_dir: str) -> None:
                 pass
 
 
+def check_model_dir_free(model_dir: str) -> None:
+    """Refuse, naming its holder, a model_dir another run holds now (what `lock_model_dir`
+    would refuse), without taking its lock or changing anything in it."""
+    try:
+        fd = os.open(os.path.join(os.path.realpath(model_dir), LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # no lock file: no run ever held it (or it cannot be read: the run says why)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise CSRunError(f"model_dir {model_dir} is in use by another run: "
+                         f"{_holder(os.pread(fd, 4096, 0).decode(errors='replace'))}",
+                         "wait for that run to end or stop it, or use another model_dir (-o/--model_dir)") from None
+    finally:
+        os.close(fd)
+
+
 def release_model_dir(model_dir: str) -> None:
     """Give the lock back (the file is emptied: nothing stale is left to report)."""
     fd = _held.pop(os.path.realpath(model_dir), None)
