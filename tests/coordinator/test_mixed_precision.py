@@ -130,6 +130,16 @@ def test_static_loss_scale_seeds_the_float16_backward(tmp_path, scale, l2):
     assert not cs_inprocess.mismatches(run, rtol=1e-2)
 
 
+def test_mixed_float16_model_evaluates_on_the_cs_with_the_cpu_paths_metrics(tmp_path):
+    """The mean-loss metric of a mixed_float16 model reads the loss through the policy's
+    float32 -> float16 -> float32 casts, which TensorFlow's graph optimizer folds to their
+    float32 source: the chief still evaluates from the streamed loss alone, as the CPU path
+    does (it used to ask for the samples)."""
+    run = cs_inprocess.compare(model_fn, input_fn, params(), str(tmp_path), steps=2)
+    assert not cs_inprocess.evaluation_mismatch(model_fn, input_fn, params(), str(tmp_path), run,
+                                                rtol=1e-2)
+
+
 def test_compile_report_shows_float16_and_halves_its_bytes(tmp_path):
     """The report marks float16 kernels and the loss scale; their weights and activations
     take 2 B on the wafer (float32 gradients and slots stay 4 B)."""
