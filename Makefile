@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not slurm"

@@ -172,7 +172,7 @@ def test_swapped_gradients_are_refused_by_structure_and_by_numbers(monkeypatch):
     assert error.message.startswith("the gradient applied to b/kernel is the gradient of "
                                     "another tensor (a_1/MatMul's input at ")
     # the numeric check on the first batch catches it on its own
-    monkeypatch.setattr("coordinator.compiler.training._check_source", lambda *args: None)
+    monkeypatch.setattr("coordinator.compiler.training.gradients._check_source", lambda *args: None)
     error = refusal(tm.swapped_gradients)
     assert error.message.startswith("the gradient applied to a/kernel is not the gradient of "
                                     "the loss model_fn returns")
@@ -220,8 +220,8 @@ def test_validation_report_lists_optimizer_frozen_weights_and_transforms(tmp_pat
 
 
 def test_numeric_checks_are_skipped_above_their_memory_budget(monkeypatch):
-    monkeypatch.setattr("coordinator.compiler.training._check_source", lambda *args: None)
-    monkeypatch.setattr("coordinator.compiler.training.NUMERIC_CHECK_VALUES", 10)
+    monkeypatch.setattr("coordinator.compiler.training.gradients._check_source", lambda *args: None)
+    monkeypatch.setattr("coordinator.compiler.training.numbers.NUMERIC_CHECK_VALUES", 10)
     analyze(tm.swapped_gradients)  # only the structure is proven: no Session runs
 
 

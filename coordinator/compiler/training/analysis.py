@@ -1,0 +1,99 @@
+"""The pass: writes and updates, gradients, numbers, schedules, in that order; every problem
+of a stage reported at once."""
+from __future__ import annotations
+
+from common.errors import CSRunError
+from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
+from coordinator.compiler.ir import StatisticAverage, TrainedVariable, TrainingSpec
+from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
+from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
+from coordinator.compiler.training.graph import _Refused, variable_op
+from coordinator.compiler.training.numbers import HALF_GRADIENT_RTOL, _check_numbers
+from coordinator.compiler.training.transforms import _fold_loss_scale
+from coordinator.compiler.training.updates import _check_dtypes, _check_slots, _Update
+from coordinator.compiler.training.writes import _Average, _bookkeeping, _is_write, _updates
+from wafer.moving_averages import FACTOR, MovingAverage
+
+
+def analyze_training(extracted: ExtractedGraph, half: bool = False) -> TrainingSpec:
+    """The TrainingSpec of extracted.spec.train_op, or CSRunError listing every problem
+    (one line each: op, what is wrong, the user's source line). `half`: the forward graph
+    computes in float16 (mixed precision)."""
+    try:
+        return _analyze(extracted, half)
+    except _Problems as problems:
+        lines = list(dict.fromkeys(problems.lines))
+    raise CSRunError(lines[0],
+                     "train with one tf.compat.v1.train optimizer (constant hyper-parameters, "
+                     f"float32) minimizing model_fn's loss, gradients changed only by "
+                     f"{TRANSFORMS}",
+                     detail="Training problems:\n" + "\n".join(f"  {line}" for line in lines))
+
+
+class _Problems(Exception):
+    def __init__(self, lines: list[str]):
+        super().__init__(lines[0])
+        self.lines = lines
+
+
+def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
+    if extracted.spec.train_op is None:
+        raise _Problems(["model_fn returned no train_op in train mode"])
+    with extracted.graph.as_default():
+        statistic_averages: list[StatisticAverage] = []
+        try:
+            updates, averages = _updates(extracted, statistic_averages)
+            _check_dtypes(extracted, updates)
+            _check_slots(updates)
+        except _Refused as problem:
+            raise _Problems([str(problem)]) from None
+        calls = _gradient_calls(extracted, updates)
+        norms: dict = {}
+        chains, problems = [], []
+        for u in updates:
+            try:
+                chains.append(_chain(u, calls, norms))
+            except _Refused as problem:
+                problems.append(str(problem))
+        if problems:
+            raise _Problems(problems)
+        try:
+            _group_order(chains)
+            _check_numbers(extracted, chains, statistic_averages,
+                           HALF_GRADIENT_RTOL if half else 1e-4)
+            transforms, loss_scale = _fold_loss_scale(chains, half)
+        except _Refused as problem:
+            raise _Problems([str(problem)]) from None
+        try:
+            schedules, moving = _schedules(extracted, updates, averages)
+        except ScheduleRefused as problem:
+            raise _Problems([str(problem)]) from None
+    variables = tuple(TrainedVariable(u.variable, "dense" if u.indices is None else "sparse",
+                                      u.slots, user_source(u.op)) for u in updates)
+    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), loss_scale=loss_scale,
+                        schedules=schedules, moving_averages=moving,
+                        statistic_averages=tuple(statistic_averages))
+
+
+def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list[_Average]):
+    """The schedules of the hyper-parameters the updates read per step, and the moving
+    averages with their factors (coordinator.compiler.schedules: lowered from the graph TF
+    executes)."""
+    train = extracted.spec.train_op
+    increments = [op for op in op_closure(train) if _is_write(op) and op.type in (
+        "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph, None)]
+    items = [Scheduled(key, reader, tensor) for u in updates
+             for key, (reader, tensor) in u.scheduled.items()]
+    offsets = {}
+    for a in averages:
+        offsets[a.shadow] = int(bool(increments) and increments[0] in set(op_closure(a.op)))
+        items.append(Scheduled(FACTOR, a.mul, a.factor, name=a.shadow,
+                               before_increment=not offsets[a.shadow],
+                               label=f"the decay of the ExponentialMovingAverage of {a.variable}"))
+    written = {variable_op(op.inputs[0]).name for op in op_closure(train) if _is_write(op)}
+    lowered = lower_schedules(extracted, items, written)
+    schedules = tuple(lowered[key] for key in dict.fromkeys(
+        key for u in updates for key in u.scheduled))
+    moving = tuple(MovingAverage(a.variable, a.shadow, lowered[a.shadow], offsets[a.shadow])
+                   for a in averages)
+    return schedules, moving

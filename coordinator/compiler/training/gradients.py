@@ -1,0 +1,358 @@
+"""Gradients: each applied gradient peeled back through recognised transforms (scale,
+clip_by_value, clip_by_norm, clip_by_global_norm) to the output of tf.gradients, whose seed
+must sit on model_fn's loss (or on S * loss: loss scaling, a scale S)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from operator import attrgetter
+
+import tensorflow as tf
+
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, user_source
+from coordinator.compiler.training.graph import _const, _fail, _Refused, _scalar, _skip_identity
+from coordinator.compiler.training.updates import _Update
+
+TRANSFORMS = "scaling, tf.clip_by_value, tf.clip_by_norm, tf.clip_by_global_norm"
+
+
+# Ops allowed inside a clipping factor's computation (norms of gradients).
+_NORM_OPS = {"Mul", "Sum", "Greater", "Fill", "Select", "SelectV2", "Sqrt", "Maximum",
+             "Minimum", "RealDiv", "AddV2", "Add", "Sub", "Pack", "L2Loss", "Const",
+             "Identity", "OnesLike", "ZerosLike", "Cast"}
+
+
+@dataclass(frozen=True)
+class _GradientCall:
+    """One tf.gradients call: its name scope and the loss scale S of y = S * loss."""
+
+    scope: str
+    scale: float
+
+
+@dataclass(eq=False)
+class _Step:
+    """A recognised transform (one instance shared by a clip_by_global_norm group)."""
+
+    kind: str
+    anchor: tf.Operation
+    value: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    group: tuple[tf.Tensor, ...] = ()  # clip_by_global_norm: the gradients, in TF's order
+    variables: tuple[str, ...] = ()  # clip_by_global_norm: the group's variables
+
+
+@dataclass(eq=False)
+class _Chain:
+    """One update's gradient: raw (tf.gradients' output) -> steps -> applied."""
+
+    update: _Update
+    raw: tf.Tensor
+    raw_indices: tf.Tensor | None
+    call: _GradientCall
+    steps: list[_Step]
+    inputs: list[tf.Tensor]  # the tensor each step reads
+
+
+def _gradient_calls(extracted: ExtractedGraph,
+                    updates: list[_Update]) -> dict[str, _GradientCall | _Refused]:
+    """tf.gradients calls by name scope (their seeds `<scope>/grad_ys_<i>`) and what they
+    differentiate: the loss, S * loss, or something else (refused)."""
+    graph, loss = extracted.graph, extracted.spec.loss
+    seeds: dict[str, list[tf.Operation]] = {}
+    for op in graph.get_operations():
+        m = re.match(r"^(.*)/grad_ys_\d+$", op.name)
+        if m and op.type == "Fill":
+            seeds.setdefault(m.group(1), []).append(op)
+    core = _skip_identity(loss).op
+    varying = _downstream([graph.get_operation_by_name(u.variable) for u in updates])
+    calls: dict[str, _GradientCall | _Refused] = {}
+    for scope, fills in seeds.items():
+        if len(fills) != 1:
+            calls[scope] = _fail(fills[0], "gradients of several tensors at once")
+            continue
+        fill = fills[0]
+        seed_value = _scalar(fill.inputs[1])
+        starts = {op for c in fill.outputs[0].consumers()
+                  if (op := _forward_op(graph, scope, c)) is not None}
+        if not starts or seed_value is None:
+            calls[scope] = _fail(fill, "a gradient computation the compiler cannot follow")
+            continue
+        scale = 1.0 if _is_loss(starts, core, varying) else (
+            _loss_scale(next(iter(starts)), core) if len(starts) == 1 else None)
+        if scale is None:
+            upstream = set(data_upstream(core))
+            y = min((op for op in starts if op not in upstream), default=None,
+                    key=attrgetter("name"))
+            calls[scope] = _Refused(
+                f"the train_op minimizes {y.outputs[0].name} computed at {user_source(y)}, not "
+                f"the loss model_fn returns ({loss.name} at {user_source(loss.op)})"
+                if y is not None else
+                f"the train_op minimizes part of the loss model_fn returns ("
+                f"{', '.join(sorted(op.name for op in starts))} at "
+                f"{user_source(min(starts, key=lambda op: op.name))}), not all of it")
+            continue
+        calls[scope] = _GradientCall(scope, scale * seed_value)
+    return calls
+
+
+# Ops whose gradient functions may pass the seed on without creating an op.
+_PASS_THROUGH = {"Identity", "AddN", "Add", "AddV2"}
+
+
+def _is_loss(starts: set[tf.Operation], core: tf.Operation, varying: set) -> bool:
+    """The ops whose gradient functions read the seed are those of d(loss): the loss's op,
+    or the terms it passes the seed to (a sum's terms that depend on trained variables)."""
+    front = {core}
+    while True:
+        front = {op for op in front if op in varying}
+        if front == starts:
+            return True
+        expand = {op for op in front if op not in starts and op.type in _PASS_THROUGH}
+        if not expand:
+            return False
+        front = (front - expand) | {t.op for op in expand for t in op.inputs}
+
+
+def _downstream(ops: list[tf.Operation]) -> set[tf.Operation]:
+    seen, stack = set(ops), list(ops)
+    while stack:
+        for out in stack.pop().outputs:
+            for c in out.consumers():
+                if c not in seen:
+                    seen.add(c)
+                    stack.append(c)
+    return seen
+
+
+def _forward_op(graph: tf.Graph, scope: str, grad_op: tf.Operation) -> tf.Operation | None:
+    rest = grad_op.name[len(scope) + 1:]
+    if "_grad/" not in rest:
+        return None
+    try:
+        return graph.get_operation_by_name(rest[:rest.index("_grad/")])
+    except KeyError:
+        return None
+
+
+def _loss_scale(y: tf.Operation, core: tf.Operation) -> float | None:
+    """S if y is S * loss (constant S), else None."""
+    if y.type == "Mul":
+        a, b = y.inputs
+        for x, s in ((a, b), (b, a)):
+            if _skip_identity(x).op is core and _scalar(s) is not None:
+                return _scalar(s)
+    return None
+
+
+def _in_scope(op: tf.Operation, calls: dict) -> str | None:
+    for scope in calls:
+        if op.name.startswith(scope + "/"):
+            return scope
+    return None
+
+
+def _chain(update: _Update, calls: dict, norms: dict) -> _Chain:
+    """Peel update.grad back to the tf.gradients output it is computed from."""
+    steps: list[_Step] = []
+    inputs: list[tf.Tensor] = []
+    t = update.grad
+    sparse = update.indices is not None
+    while (scope := _in_scope(t.op, calls)) is None:
+        op = t.op
+        if op.type in ("Identity", "Snapshot") or (op.type == "Cast" and
+                                                    op.inputs[0].dtype == t.dtype):
+            t = op.inputs[0]
+            continue
+        step, t = _recognise(op, update.variable, sparse, calls, norms)
+        steps.append(step)
+        inputs.append(t)
+    call = calls[scope]
+    if isinstance(call, _Refused):
+        raise call
+    raw_indices = None
+    if sparse:
+        raw_indices = _skip_identity(update.indices)
+        if _in_scope(raw_indices.op, calls) != scope:
+            raise _fail(update.op, f"the sparse gradient of {update.variable} has indices "
+                                   "not computed by tf.gradients")
+    _check_source(update, t, scope)
+    steps.reverse()
+    inputs.reverse()
+    return _Chain(update, t, raw_indices, call, steps, inputs)
+
+
+def _depends_on(op: tf.Operation, variable: tf.Operation) -> bool:
+    """Whether the forward op's value depends on the variable (TF's gradient functions pass
+    a gradient through unchanged, e.g. Sub's when shapes agree, so the op whose `_grad` scope
+    made the tensor may read the variable only through another op)."""
+    seen, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        if current is variable:
+            return True
+        if current in seen:
+            continue
+        seen.add(current)
+        stack.extend(t.op for t in current.inputs)
+    return False
+
+
+def _check_source(update: _Update, raw: tf.Tensor, scope: str) -> None:
+    """The raw gradient is computed by the gradient functions of ops whose value depends
+    on the variable (`<scope>/<op>_grad/...`, summed by AddN), not by another part of the
+    graph; the numeric check then proves it is that variable's gradient."""
+    target = update.op.graph.get_operation_by_name(update.variable)
+    forward, stack = [], [_skip_identity(raw).op]
+    while stack:
+        op = stack.pop()
+        rest = op.name[len(scope) + 1:]
+        if op.type == "AddN" and "_grad/" not in rest:
+            stack.extend(_skip_identity(t).op for t in op.inputs)
+        elif "_grad/" in rest:
+            forward.append(rest[:rest.index("_grad/")])
+    readers = []
+    for name in forward:
+        try:
+            readers.append(target.graph.get_operation_by_name(name))
+        except KeyError:
+            pass
+    if readers and not any(_depends_on(r, target) for r in readers):
+        raise _fail(update.op, f"the gradient applied to {update.variable} is the gradient of "
+                               f"another tensor ({readers[0].name}'s input at "
+                               f"{user_source(readers[0])}), not of {update.variable}")
+
+
+def _recognise(op: tf.Operation, variable: str, sparse: bool, calls: dict,
+               norms: dict) -> tuple[_Step, tf.Tensor]:
+    """The transform `op` computes from one gradient tensor, and that tensor."""
+
+    def why() -> _Refused:
+        if not any(_in_scope(o, calls) for o in data_upstream(op)):
+            return _fail(op, f"the gradient applied to {variable} is not computed from the "
+                             "loss's gradient (tf.gradients / compute_gradients)")
+        return _fail(op, f"the gradient of {variable} is changed by an op the CS cannot carry "
+                         f"out (it carries out {TRANSFORMS})")
+
+    if op.type == "Mul":
+        a, b = op.inputs
+        for x, s in ((a, b), (b, a)):
+            c = _scalar(s)
+            if c is not None:
+                return _Step("scale", op, value=c), x
+        for x, s in ((a, b), (b, a)):
+            step = _global_norm(s, norms)
+            if step is not None and any(_skip_identity(g).name == _skip_identity(x).name
+                                        for g in step.group):
+                if sparse:
+                    raise _fail(op, "clip_by_global_norm of a sparse (embedding) gradient "
+                                    "measures the looked-up rows, duplicates included; the CS "
+                                    "cannot")
+                return step, x
+        raise why()
+    if op.type == "RealDiv":
+        c = _scalar(op.inputs[1])
+        if c is not None and c != 0:
+            return _Step("scale", op, value=1.0 / c), op.inputs[0]
+        return _clip_by_norm(op, sparse, why)
+    if op.type == "Maximum":
+        low = _scalar(op.inputs[1])
+        inner = op.inputs[0].op
+        high = _scalar(inner.inputs[1]) if inner.type == "Minimum" else None
+        if low is None or high is None:
+            raise why()
+        if sparse:
+            raise _fail(op, "clip_by_value of a sparse (embedding) gradient clips each "
+                            "looked-up row before duplicates are summed; the CS cannot")
+        return _Step("clip_by_value", op, low=low, high=high), inner.inputs[0]
+    raise why()
+
+
+def _norm_graph(tensor: tf.Tensor) -> tuple[list[tf.Operation], list[tf.Tensor]] | None:
+    """The ops of a norm computation and the gradients whose squares it sums (None: it
+    reads something else or uses an op outside _NORM_OPS)."""
+    ops, leaves, seen, stack = [], [], set(), [tensor]
+    while stack:
+        t = stack.pop()
+        if t.name in seen:
+            continue
+        seen.add(t.name)
+        op = t.op
+        if op.type == "Const":
+            continue
+        if op.type == "L2Loss" or (op.type == "Mul" and op.inputs[0].name == op.inputs[1].name):
+            ops.append(op)
+            leaves.append(op.inputs[0])
+            continue
+        if op.type not in _NORM_OPS:
+            return None
+        ops.append(op)
+        if op.type not in ("OnesLike", "ZerosLike"):
+            stack.extend(op.inputs)
+    return ops, leaves
+
+
+def _clip_by_norm(op: tf.Operation, sparse: bool, why) -> tuple[_Step, tf.Tensor]:
+    """t * c / maximum(l2norm(t), c) (tf.clip_by_norm over all axes)."""
+    mul, maximum = op.inputs[0].op, op.inputs[1].op
+    if mul.type != "Mul" or maximum.type != "Maximum":
+        raise why()
+    x, c = mul.inputs[0], _scalar(mul.inputs[1])
+    found = _norm_graph(maximum.inputs[0])
+    if c is None or _scalar(maximum.inputs[1]) != c or found is None or \
+            {t.name for t in found[1]} != {x.name}:
+        raise why()
+    rank = x.shape.rank
+    for s in (o for o in found[0] if o.type == "Sum"):
+        axes = _const(s.inputs[1])
+        if axes is None or rank is None or sorted({int(a) % rank for a in axes.flat}) != \
+                list(range(rank)):
+            raise _fail(op, "clip_by_norm over some axes only; the CS clips by the norm of "
+                            "the whole gradient")
+    if sparse:
+        raise _fail(op, "clip_by_norm of a sparse (embedding) gradient measures the looked-up "
+                        "rows, duplicates included; the CS cannot")
+    return _Step("clip_by_norm", op, value=c), x
+
+
+def _global_norm(scale: tf.Tensor, norms: dict) -> _Step | None:
+    """clip_norm * minimum(1 / gn, 1 / clip_norm) + (gn - gn), gn the group's global norm."""
+    add = _skip_identity(scale).op
+    if add in norms:
+        return norms[add]
+    if add.type not in ("AddV2", "Add"):
+        return None
+    mul = next((t.op for t in add.inputs if t.op.type == "Mul"), None)
+    clip = None if mul is None else next(
+        (_scalar(t) for t in mul.inputs if _scalar(t) is not None), None)
+    found = _norm_graph(add.outputs[0])
+    if clip is None or found is None or not found[1]:
+        return None
+    packs = [o for o in found[0] if o.type == "Pack"]
+    l2 = {o.outputs[0].name: o.inputs[0] for o in found[0] if o.type == "L2Loss"}
+    if len(packs) == 1 and len(l2) == len(found[1]):
+        group = tuple(l2[t.name] for t in packs[0].inputs if t.name in l2)
+    else:
+        group = tuple(found[1])
+    step = _Step("clip_by_global_norm", add, value=clip, group=group)
+    norms[add] = step
+    return step
+
+
+def _group_order(chains: list[_Chain]) -> None:
+    """A clip_by_global_norm group's variables in TF's order (the norm sums in it)."""
+    for chain in chains:
+        for step in chain.steps:
+            if step.kind != "clip_by_global_norm" or step.variables:
+                continue
+            members = {_skip_identity(c.inputs[c.steps.index(step)]).name: c.update.variable
+                       for c in chains if step in c.steps}
+            names = []
+            for g in step.group:
+                if _skip_identity(g).name not in members:
+                    raise _fail(step.anchor, "clip_by_global_norm over gradients the train_op "
+                                             "does not apply; the CS computes the norm of the "
+                                             "applied gradients only")
+                names.append(members[_skip_identity(g).name])
+            step.variables = tuple(names)

@@ -1,0 +1,98 @@
+"""Numbers: one Session.run on input_fn's first batch compares the raw gradients with
+tf.gradients(loss) (same run, same dropout masks); random gradients fed into TF's transform
+subgraph are compared with wafer.grad_transforms.apply_transforms."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.extract import ExtractedGraph
+from coordinator.compiler.ir import StatisticAverage
+from coordinator.compiler.training.gradients import TRANSFORMS, _Chain
+from coordinator.compiler.training.graph import _fail, _variables_under
+from coordinator.compiler.training.transforms import _merge
+from wafer.grad_transforms import apply_transforms
+
+# The numeric checks initialise every variable on the host: above this many values (1 GiB of
+# float32) they are skipped and the structural proof stands alone.
+NUMERIC_CHECK_VALUES = 2 ** 28
+# A float16 backward's raw gradients against S x tf.gradients(loss): rounded apart by
+# float16 (2 ** -11 per op), to this fraction of the largest.
+HALF_GRADIENT_RTOL = 1e-2
+
+
+def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
+                   averages: list[StatisticAverage], rtol: float = 1e-4) -> None:
+    """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
+    a float16 backward rounds S * g and g differently); then TF's transforms ==
+    apply_transforms on random gradients. (Moving averages are initialised too: gradients
+    computed under tf.control_dependencies(update_ops) run them.)"""
+    graph, loss = extracted.graph, extracted.spec.loss
+    handles = {op.name for op in _variables_under(loss)} | {c.update.variable for c in chains} \
+        | {a.variable for a in averages}
+    with graph.as_default():
+        variables = [v for v in tf.compat.v1.global_variables() if v.op.name in handles]
+    if sum(v.shape.num_elements() or 0 for v in variables) > NUMERIC_CHECK_VALUES:
+        return  # the weights alone exceed the check's memory: the structure is what is proven
+    with graph.as_default(), tf.name_scope("csrun_training_check"):
+        tensors = [graph.get_operation_by_name(c.update.variable).outputs[0] for c in chains]
+        expected = tf.gradients(loss, tensors)
+        raw, ours = [], []
+        for chain, grad, handle in zip(chains, expected, tensors):
+            if grad is None:
+                raise _fail(chain.update.op, f"the loss does not depend on {chain.update.variable}")
+            if chain.raw_indices is not None:
+                rows = handle.op.get_attr("shape").dim[0].size
+                raw.append(tf.math.unsorted_segment_sum(chain.raw, chain.raw_indices, rows))
+            else:
+                raw.append(chain.raw)
+            ours.append(tf.convert_to_tensor(grad))
+        init = tf.compat.v1.variables_initializer(variables)
+    batch = extracted.first_batch or {}
+    feed = {graph.get_tensor_by_name(extracted.placeholders[s.name]): batch[s.name] for s in extracted.inputs}
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(init)
+        raw_values, loss_grads = session.run([raw, ours], feed)
+        # A gradient that is zero in exact arithmetic (an attention key's bias) is rounding
+        # noise on both sides: judged at the scale of the model's gradients, not its own.
+        overall = max((float(np.max(np.abs(w), initial=0.0)) * abs(c.call.scale)
+                       for c, w in zip(chains, loss_grads)), default=0.0)
+        for chain, got, want in zip(chains, raw_values, loss_grads):
+            want = want * np.float32(chain.call.scale)
+            bound = rtol * float(np.max(np.abs(want), initial=0.0)) + 1e-6 * overall + 1e-30
+            if got.shape != want.shape or float(np.max(np.abs(got - want), initial=0.0)) > bound:
+                raise _fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
+                                             "is not the gradient of the loss model_fn returns")
+        _check_transforms(session, chains)
+
+
+def _check_transforms(session, chains: list[_Chain]) -> None:
+    """TF's transform subgraph and apply_transforms agree on random gradients, with every
+    clipping both inactive (tiny gradients) and active (large ones), and mixed."""
+    transforms = _merge(chains)
+    if not transforms:
+        return
+    limits = [abs(v) for t in transforms if t.kind != "scale" for v in (t.value, t.low, t.high)
+              if v]
+    shapes = {c.update.variable: c.raw.shape for c in chains}
+    if not all(s.is_fully_defined() for s in shapes.values()):
+        raise _fail(chains[0].update.op, "a gradient of unknown shape")
+    size = max(s.num_elements() for s in shapes.values())
+    scales = [10.0 * max(limits), min(limits) / (10.0 * np.sqrt(size))] if limits else [1.0]
+    rng = np.random.default_rng(0)
+    for trial in range(len(scales) + 1):
+        feed, grads = {}, {}
+        for c in chains:
+            factor = scales[trial] if trial < len(scales) else float(
+                np.exp(rng.uniform(np.log(min(scales)), np.log(max(scales)))))
+            values = (rng.normal(size=shapes[c.update.variable].as_list()) * factor)
+            feed[c.raw] = values.astype(np.float32)
+            grads[c.update.variable] = feed[c.raw].copy()
+        applied = session.run([c.update.grad for c in chains], feed)
+        apply_transforms(transforms, grads)
+        for c, want in zip(chains, applied):
+            bound = 1e-5 * float(np.max(np.abs(want), initial=0.0)) + 1e-30
+            if float(np.max(np.abs(grads[c.update.variable] - want), initial=0.0)) > bound:
+                anchor = c.steps[-1].anchor if c.steps else c.update.op
+                raise _fail(anchor, f"the gradient transforms of {c.update.variable} do not "
+                                    f"compute what the CS computes ({TRANSFORMS})")

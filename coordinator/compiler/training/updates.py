@@ -1,0 +1,304 @@
+"""Optimizer updates: one TF update op (Apply*/SparseApply*, v1 Adam's and SGD's sparse
+patterns) as the variable, optimizer, slots and gradient it applies; constant
+hyper-parameters or schedules (coordinator.compiler.schedules), float32 only, its slots
+named and started as wafer.optimizers names and starts them."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.extract import ExtractedGraph, user_source
+from coordinator.compiler.ir import OptimizerSpec
+from coordinator.compiler.training.graph import (
+    _const,
+    _fail,
+    _Refused,
+    _scalar,
+    _skip_identity,
+    _variables_under,
+    variable_op,
+)
+from wafer import optimizers as cs_optimizers
+
+SUPPORTED = ("tf.compat.v1.train.GradientDescentOptimizer, MomentumOptimizer, AdamOptimizer, "
+             "RMSPropOptimizer, AdagradOptimizer")
+
+
+@dataclass(frozen=True)
+class _ApplyKind:
+    """A TF update op's inputs: slots (wafer.optimizers' order), hyper-parameters, grad."""
+
+    optimizer: str
+    slots: tuple[int, ...]
+    hyper: dict[str, int]
+    grad: int
+    indices: int | None = None
+    powers: tuple[int, ...] = ()  # Adam's beta1_power, beta2_power reads
+    fixed: dict[str, object] = field(default_factory=dict)
+
+
+_DENSE = {
+    "ApplyGradientDescent": _ApplyKind("sgd", (), {"learning_rate": 1}, 2),
+    "ApplyMomentum": _ApplyKind("momentum", (1,), {"learning_rate": 2, "momentum": 4}, 3),
+    "ApplyAdam": _ApplyKind("adam", (1, 2), {"learning_rate": 5, "beta1": 6, "beta2": 7,
+                                             "epsilon": 8}, 9, powers=(3, 4)),
+    "ApplyRMSProp": _ApplyKind("rmsprop", (1, 2), {"learning_rate": 3, "decay": 4,
+                                                   "momentum": 5, "epsilon": 6}, 7),
+    "ApplyCenteredRMSProp": _ApplyKind("rmsprop", (2, 1, 3), {
+        "learning_rate": 4, "decay": 5, "momentum": 6, "epsilon": 7}, 8,
+        fixed={"centered": True}),
+    "ApplyAdagrad": _ApplyKind("adagrad", (1,), {"learning_rate": 2}, 3),
+}
+_SPARSE = {
+    "SparseApplyMomentum": _ApplyKind("momentum", (1,), {"learning_rate": 2, "momentum": 5},
+                                      3, indices=4),
+    "SparseApplyRMSProp": _ApplyKind("rmsprop", (1, 2), {"learning_rate": 3, "decay": 4,
+                                                         "momentum": 5, "epsilon": 6}, 7, 8),
+    "SparseApplyCenteredRMSProp": _ApplyKind("rmsprop", (2, 1, 3), {
+        "learning_rate": 4, "decay": 5, "momentum": 6, "epsilon": 7}, 8, 9,
+        fixed={"centered": True}),
+    "SparseApplyAdagrad": _ApplyKind("adagrad", (1,), {"learning_rate": 2}, 3, indices=4),
+}
+APPLY_OPS = {prefix + name: kind for table in (_DENSE, _SPARSE) for name, kind in table.items()
+             for prefix in ("", "Resource")}
+
+
+@dataclass(eq=False)
+class _Update:
+    variable: str
+    op: tf.Operation  # the op that updates the variable itself
+    optimizer: OptimizerSpec
+    slots: tuple[str, ...]
+    grad: tf.Tensor  # dense gradient, or the sparse gradient's values before deduplication
+    indices: tf.Tensor | None  # sparse: the IndexedSlices' indices before deduplication
+    owned: set = field(default_factory=set)  # write ops belonging to this update
+    scheduled: dict = field(default_factory=dict)  # hyper-parameter -> (reader op, its tensor)
+
+
+def _hyper(op: tf.Operation, tensor: tf.Tensor, key: str) -> float:
+    value = _scalar(tensor)
+    if value is None:
+        raise _fail(_skip_identity(tensor).op,
+                    f"the {key} of the optimizer is not a constant (this update takes a "
+                    "schedule of the learning rate only)")
+    return value
+
+
+def _dedup(op: tf.Operation, values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The IndexedSlices before the optimizer's _deduplicate_indexed_slices."""
+    summed, unique = values.op, indices.op
+    if (summed.type != "UnsortedSegmentSum" or unique.type != "Unique"
+            or summed.inputs[1].name != unique.outputs[1].name
+            or indices.name != unique.outputs[0].name):
+        raise _fail(op, "a sparse update whose gradient is not TF's deduplicated IndexedSlices")
+    return summed.inputs[0], unique.inputs[0]
+
+
+def _apply_update(op: tf.Operation) -> _Update:
+    kind = APPLY_OPS[op.type]
+    scheduled = {key: (op, op.inputs[i]) for key, i in kind.hyper.items()
+                 if _scalar(op.inputs[i]) is None}
+    if kind.optimizer == "adam" and {"beta1", "beta2"} & set(scheduled):
+        raise _fail(op, "Adam's beta1 or beta2 is computed per step; the CS keeps them "
+                        "constant (its beta powers multiply by them)")
+    values = {key: 0.0 if key in scheduled else _hyper(op, op.inputs[i], key)
+              for key, i in kind.hyper.items()}
+    nesterov = bool(op.get_attr("use_nesterov")) if "use_nesterov" in op.node_def.attr else False
+    if kind.optimizer == "adam" and nesterov:
+        raise _fail(op, "Adam with Nesterov momentum is not a tf.compat.v1 optimizer")
+    if kind.optimizer == "adagrad" and "update_slots" in op.node_def.attr and \
+            not op.get_attr("update_slots"):
+        raise _fail(op, "Adagrad without accumulator updates is not supported")
+    if kind.optimizer == "adam":
+        _check_powers(op, [op.inputs[i] for i in kind.powers], values)
+    slots = tuple(variable_op(op.inputs[i]).name for i in kind.slots)
+    if kind.optimizer == "adagrad":
+        values["initial_accumulator_value"] = _initial_value(op, variable_op(op.inputs[1]))
+    spec = OptimizerSpec(type=kind.optimizer, use_nesterov=nesterov,
+                         **{**values, **kind.fixed})  # type: ignore[arg-type]  # (float hyper-parameters only)
+    grad, indices = op.inputs[kind.grad], None
+    if kind.indices is not None:
+        grad, indices = _dedup(op, grad, op.inputs[kind.indices])
+    return _Update(variable_op(op.inputs[0]).name, op, spec, slots, grad, indices, {op},
+                   scheduled)
+
+
+def _initial_value(op: tf.Operation, slot: tf.Operation) -> float:
+    """The constant a slot variable is initialized with (Adagrad's accumulator)."""
+    inits = [c for c in slot.outputs[0].consumers()
+             if c.type in ("AssignVariableOp", "Assign") and c.name.startswith(slot.name + "/")]
+    value = _splat(inits[0].inputs[1]) if len(inits) == 1 else None
+    if value is None:
+        raise _fail(op, f"the slot {slot.name} has no constant initial value")
+    return value
+
+
+def _splat(tensor: tf.Tensor) -> float | None:
+    """The one value a constant-filled tensor holds (without materialising it)."""
+    op = _skip_identity(tensor).op
+    if op.type == "Fill":
+        return _scalar(op.inputs[1])
+    if op.type == "Const":
+        proto = op.get_attr("value")
+        values = [*proto.float_val, *proto.double_val, *proto.int_val]
+        if not proto.tensor_content and len(values) == 1:
+            return float(values[0])
+    value = _const(tensor)
+    if value is None or value.size == 0 or np.any(value != value.flat[0]):
+        return None
+    return float(value.flat[0])
+
+
+def _check_powers(op: tf.Operation, reads: list[tf.Tensor], values: dict[str, float]) -> None:
+    names = tuple(variable_op(t).name for t in reads)
+    if names != tuple(cs_optimizers.Adam.scalar_names):
+        raise _fail(op, f"Adam's step counters are {', '.join(names)}, the CS names them "
+                        f"{', '.join(cs_optimizers.Adam.scalar_names)} (a second Adam optimizer "
+                        "in the graph)")
+    for name, read in zip(names, reads):
+        beta = values["beta1" if name.startswith("beta1") else "beta2"]
+        init = _initial_value(op, variable_op(read))
+        if np.float32(init) != np.float32(beta):
+            raise _fail(op, f"{name} starts at {init}, not at its beta {beta}")
+
+
+def _sgd_sparse(op: tf.Operation) -> _Update | None:
+    """ResourceScatterAdd(var, indices, -grad * lr): GradientDescent's sparse update."""
+    if op.type != "ResourceScatterAdd":
+        return None
+    delta = op.inputs[2].op
+    if delta.type != "Mul":
+        return None
+    neg = [t for t in delta.inputs if t.op.type == "Neg"]
+    if len(neg) != 1:
+        return None
+    lr = [t for t in delta.inputs if t is not neg[0]][0]
+    scheduled = {"learning_rate": (delta, lr)} if _scalar(lr) is None else {}
+    spec = OptimizerSpec(type="sgd", learning_rate=0.0 if scheduled else
+                         _hyper(op, lr, "learning_rate"))
+    return _Update(variable_op(op.inputs[0]).name, op, spec, (), neg[0].op.inputs[0],
+                   op.inputs[1], {op}, scheduled)
+
+
+def _adam_sparse(op: tf.Operation) -> _Update | None:
+    """v1 Adam's _apply_sparse_shared: var -= lr * m_t / (sqrt(v_t) + eps), with
+    m = m * beta1 then m[rows] += g * (1 - beta1) (v alike with g * g, beta2)."""
+    if op.type != "AssignSubVariableOp":
+        return None
+    try:
+        div = _expect(op.inputs[1], "RealDiv")
+        num, den = div.inputs
+        num_op = _expect(num, "Mul")
+        lr_t, m_read = num_op.inputs
+        lr_div = _expect(lr_t, "RealDiv")
+        lr_mul = _expect(lr_div.inputs[0], "Mul")
+        lr = lr_mul.inputs[0]
+        sqrt_b2 = _expect(lr_mul.inputs[1], "Sqrt")
+        b2p = _one_minus(sqrt_b2.inputs[0])
+        b1p = _one_minus(lr_div.inputs[1])
+        add = _expect(den, "AddV2")
+        v_read = _expect(add.inputs[0], "Sqrt").inputs[0]
+        eps = add.inputs[1]
+        m_grad, m_idx, beta1, m_owned = _decayed_scatter(m_read, squared=False)
+        v_grad, v_idx, beta2, v_owned = _decayed_scatter(v_read, squared=True)
+    except _NoMatch:
+        return None
+    if m_grad.name != v_grad.name or m_idx.name != v_idx.name:
+        return None
+    scheduled = {"learning_rate": (lr_mul, lr)} if _scalar(lr) is None else {}
+    values = {"learning_rate": 0.0 if scheduled else _hyper(op, lr, "learning_rate"),
+              "beta1": _hyper(op, beta1, "beta1"), "beta2": _hyper(op, beta2, "beta2"),
+              "epsilon": _hyper(op, eps, "epsilon")}
+    _check_powers(op, [b1p, b2p], values)
+    grad, indices = _dedup(op, m_grad, m_idx)
+    slots = (variable_op(m_read).name, variable_op(v_read).name)
+    return _Update(variable_op(op.inputs[0]).name, op, OptimizerSpec(type="adam", **values),  # type: ignore[arg-type]  # (floats only)
+                   slots, grad, indices, {op} | m_owned | v_owned, scheduled)
+
+
+class _NoMatch(Exception):
+    pass
+
+
+def _expect(tensor: tf.Tensor, type_: str) -> tf.Operation:
+    tensor = _skip_identity(tensor)
+    if tensor.op.type != type_:
+        raise _NoMatch
+    return tensor.op
+
+
+def _one_minus(tensor: tf.Tensor) -> tf.Tensor:
+    """x for 1 - x (a beta power read)."""
+    sub = _expect(tensor, "Sub")
+    if _scalar(sub.inputs[0]) != 1.0:
+        raise _NoMatch
+    return sub.inputs[1]
+
+
+def _decayed_scatter(read: tf.Tensor, squared: bool):
+    """A slot read after `slot = slot * beta` and `slot[i] += g (* g) * (1 - beta)`."""
+    read = _skip_identity(read)
+    if read.op.type != "ReadVariableOp":
+        raise _NoMatch
+    slot = variable_op(read)
+    deps = {c.type: c for c in read.op.control_inputs}
+    assign, scatter = deps.get("AssignVariableOp"), deps.get("ResourceScatterAdd")
+    if assign is None or scatter is None or variable_op(assign.inputs[0]) is not slot \
+            or variable_op(scatter.inputs[0]) is not slot:
+        raise _NoMatch
+    decay = _expect(assign.inputs[1], "Mul")
+    if variable_op(decay.inputs[0]) is not slot:
+        raise _NoMatch
+    beta = decay.inputs[1]
+    scaled = _expect(scatter.inputs[2], "Mul")
+    grad_t, one_minus = scaled.inputs
+    if _one_minus(one_minus).name != beta.name:
+        raise _NoMatch
+    if squared:
+        square = _expect(grad_t, "Mul")
+        if square.inputs[0].name != square.inputs[1].name:
+            raise _NoMatch
+        grad_t = square.inputs[0]
+    return grad_t, scatter.inputs[1], beta, {assign, scatter}
+
+
+def _check_dtypes(extracted: ExtractedGraph, updates: list[_Update]) -> None:
+    """float32 variables under the loss and float32 optimizer computations only."""
+    variables = {op.name: op for op in _variables_under(extracted.spec.loss)}
+    variables.update({u.variable: variable_op(u.op.inputs[0]) for u in updates})
+    for name in sorted(variables):
+        dtype = tf.as_dtype(variables[name].get_attr("dtype")).base_dtype
+        if dtype.is_floating and dtype != tf.float32:
+            op = variables[name]
+            raise _Refused(f"variable {name} at {user_source(op)} is {dtype.name}: the CS "
+                           "computes and trains in float32 only")
+    for u in updates:
+        dtype = u.op.get_attr("T") if "T" in u.op.node_def.attr else u.grad.dtype
+        if tf.as_dtype(dtype).base_dtype != tf.float32:
+            raise _fail(u.op, f"the update of {u.variable} computes in "
+                              f"{tf.as_dtype(dtype).name}; the CS trains in float32 only")
+
+
+def _check_slots(updates: list[_Update]) -> None:
+    """The CS's optimizer for the spec exists, names the slots as the graph does and
+    starts them where the graph's initializers do."""
+    for u in updates:
+        config = cs_optimizers.OptimizerConfig(**dataclasses.asdict(u.optimizer))
+        problem = cs_optimizers.config_problem(config)
+        if problem:
+            raise _fail(u.op, problem)
+        cs = cs_optimizers.make_optimizer(config)
+        expected = tuple(cs_optimizers.slot_name(u.variable, s) for s in cs.slot_suffixes)
+        if u.slots != expected:
+            raise _fail(u.op, f"the optimizer's slots of {u.variable} are named "
+                              f"{', '.join(u.slots)}; the CS checkpoints them as "
+                              f"{', '.join(expected)} (create the optimizer without name=)")
+        graph = u.op.graph
+        for slot, value in zip(u.slots, cs.slot_initial_values):
+            start = _initial_value(u.op, graph.get_operation_by_name(slot))
+            if np.float32(start) != np.float32(value):
+                raise _fail(u.op, f"the slot {slot} starts at {start}, the CS starts it at "
+                                  f"{value}")

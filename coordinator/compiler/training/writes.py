@@ -1,0 +1,199 @@
+"""Every variable write the train_op runs: an optimizer update of one variable (updates.py),
+the optimizer's own bookkeeping (Adam's beta powers), the global step's increment, a Keras
+seed generator's state, an ExponentialMovingAverage of a trained weight, or a moving average
+of a batch statistic (which the matcher must find); any other write is refused."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
+from coordinator.compiler.ir import OptimizerSpec, StatisticAverage
+from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
+from coordinator.compiler.training.updates import (
+    APPLY_OPS,
+    SUPPORTED,
+    _adam_sparse,
+    _apply_update,
+    _expect,
+    _NoMatch,
+    _sgd_sparse,
+    _Update,
+)
+
+_WRITE_PREFIXES = ("Assign", "ResourceScatter", "Scatter", "ResourceApply", "Apply",
+                   "SparseApply", "ResourceSparseApply", "ResourceStridedSliceAssign",
+                   "StridedSliceAssign")
+
+
+_SEED_STATE = re.compile(r"(^|/)seed_generator(_\d+)?/seed_generator_state$")
+_BETA_POWER = re.compile(r"^beta([12])_power$")
+
+
+def _is_write(op: tf.Operation) -> bool:
+    """An op that writes a variable: its first input is a resource handle or a ref."""
+    return (op.type.startswith(_WRITE_PREFIXES) and bool(op.inputs)
+            and (op.inputs[0].dtype == tf.resource or op.inputs[0].dtype._is_ref_dtype))
+
+
+def _bookkeeping(op: tf.Operation, graph: tf.Graph, optimizer: OptimizerSpec | None) -> bool:
+    """The global step's increment, Adam's beta powers, a Keras seed generator's state."""
+    target = variable_op(op.inputs[0])
+    steps = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP)
+    if steps and target is variable_op(steps[0]) and op.type in ("AssignAddVariableOp",
+                                                                 "AssignAdd"):
+        return _scalar(op.inputs[1]) == 1
+    if _SEED_STATE.search(target.name) and not tf.as_dtype(target.get_attr("dtype")).is_floating:
+        return True
+    match = _BETA_POWER.match(target.name)
+    if match and optimizer is not None and optimizer.type == "adam" and \
+            op.type == "AssignVariableOp":
+        mul = _skip_identity(op.inputs[1]).op
+        beta = optimizer.beta1 if match.group(1) == "1" else optimizer.beta2
+        return (mul.type == "Mul" and variable_op(mul.inputs[0]) is target
+                and _scalar(mul.inputs[1]) is not None
+                and np.float32(_scalar(mul.inputs[1])) == np.float32(beta))
+    return False
+
+
+@dataclass(frozen=True)
+class _Average:
+    """ExponentialMovingAverage.apply's update of one shadow variable."""
+
+    op: tf.Operation  # AssignSub(shadow, (shadow - variable) * factor)
+    variable: str
+    shadow: str
+    mul: tf.Operation
+    factor: tf.Tensor  # 1 - decay
+
+
+def _moving_average(op: tf.Operation) -> _Average | None:
+    if op.type not in ("AssignSubVariableOp", "AssignSub"):
+        return None
+    try:
+        mul = _expect(op.inputs[1], "Mul")
+        sub = _expect(mul.inputs[0], "Sub")
+    except _NoMatch:
+        return None
+    shadow, variable = variable_op(op.inputs[0]), variable_op(sub.inputs[1])
+    if variable_op(sub.inputs[0]) is not shadow or variable.type not in ("VarHandleOp",
+                                                                         "VariableV2"):
+        return None
+    return _Average(op, variable.name, shadow.name, mul, mul.inputs[1])
+
+
+def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
+             ) -> tuple[list[_Update], list[_Average]]:
+    """The optimizer updates and ExponentialMovingAverage updates of the train_op (the
+    moving averages of batch statistics into `statistics`)."""
+    order = {op.name: i for i, op in enumerate(extracted.graph.get_operations())}
+    writes = sorted((op for op in op_closure(extracted.spec.train_op) if _is_write(op)),
+                    key=lambda op: order[op.name])
+    updates: list[_Update] = []
+    for op in writes:
+        if op.type in APPLY_OPS:
+            updates.append(_apply_update(op))
+            continue
+        found = _adam_sparse(op) or _sgd_sparse(op)
+        if found is not None:
+            updates.append(found)
+    owned = set().union(*(u.owned for u in updates)) if updates else set()
+    optimizer = updates[0].optimizer if updates else None
+    averages = []
+    for op in writes:
+        if op in owned or _bookkeeping(op, extracted.graph, optimizer):
+            continue
+        average = _moving_average(op)
+        if average is not None:
+            averages.append(average)
+            continue
+        statistic = _statistic_average(op)
+        if statistic is not None:
+            statistics.append(statistic)
+            continue
+        target = variable_op(op.inputs[0]) if op.inputs else op
+        if "ExponentialMovingAverage" in target.name:
+            raise _fail(op, f"the train_op keeps an ExponentialMovingAverage of "
+                            f"{target.name.rsplit('/', 1)[0]}: the CS does not keep weight moving "
+                            "averages (ExponentialMovingAverage.apply); train without them on "
+                            "the CS")
+        raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
+                        "the CS carries out")
+    conds = [op for op in op_closure(extracted.spec.train_op) if op.type in ("If", "StatelessIf")]
+    if not updates and conds:
+        raise _fail(conds[-1], "the train_op applies its updates inside a tf.cond: dynamic loss "
+                               "scaling (a LossScaleOptimizer with 'dynamic') is not carried out "
+                               "on the CS yet; use a fixed loss scale (a number)")
+    if not updates:
+        raise _Refused(f"the train_op updates no variable with a supported optimizer "
+                       f"(supported: {SUPPORTED})")
+    by_var: dict[str, _Update] = {}
+    for u in updates:
+        if u.variable in by_var:
+            raise _fail(u.op, f"{u.variable} is updated twice (also by "
+                              f"'{by_var[u.variable].op.name}' at "
+                              f"{user_source(by_var[u.variable].op)})")
+        by_var[u.variable] = u
+    first = updates[0]
+    for u in updates[1:]:
+        if u.optimizer != first.optimizer or set(u.scheduled) != set(first.scheduled):
+            raise _fail(u.op, f"{u.variable} is trained with {u.optimizer}, but {first.variable} "
+                              f"with {first.optimizer} ('{first.op.name}' at "
+                              f"{user_source(first.op)}); the CS trains every variable with "
+                              "one optimizer")
+    for a in averages:
+        if a.variable not in by_var or by_var[a.variable].op not in set(op_closure(a.op)):
+            raise _fail(a.op, f"the ExponentialMovingAverage of {a.variable} does not wait for "
+                              f"its update: the CS averages the weights the train_op trains, "
+                              "after their update (ema.apply under "
+                              "tf.control_dependencies([the optimizer's op]))")
+    return updates, averages  # updates in graph order: compute_gradients' (creation) order
+
+
+def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
+    """A write moving a variable toward another value: `v.assign(v * a + s * b)` (Keras'
+    BatchNormalization, written by hand) or `v.assign_sub((v - s) * d)`
+    (assign_moving_average), a, b, d constants. Whether s is a batch statistic the CS
+    computes is the matcher's to decide (match.moving_statistics)."""
+    target = variable_op(op.inputs[0])
+    shape = target.get_attr("shape") if "shape" in target.node_def.attr else None
+    if shape is None or len(op.inputs) != 2:
+        return None
+    dims = tuple(int(d.size) for d in shape.dim)
+
+    def own(t: tf.Tensor) -> bool:
+        return variable_op(_skip_identity(t)) is target
+
+    def products(t: tf.Tensor) -> tuple[tf.Tensor, float] | None:
+        mul = _skip_identity(t).op
+        if mul.type != "Mul":
+            return None
+        for x, c in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
+            if _scalar(c) is not None:
+                return x, float(np.float32(_scalar(c)))
+        return None
+
+    value = _skip_identity(op.inputs[1]).op
+    found: tuple[str, tuple[float, ...], tf.Tensor] | None = None
+    if op.type in ("AssignVariableOp", "Assign") and value.type in ("AddV2", "Add"):
+        terms = [products(t) for t in value.inputs]
+        if None not in terms:
+            (x0, c0), (x1, c1) = terms  # type: ignore[misc]
+            if own(x0) and not own(x1):
+                found = ("affine", (c0, c1), x1)
+            elif own(x1) and not own(x0):
+                found = ("affine", (c1, c0), x0)
+    elif op.type in ("AssignSubVariableOp", "AssignSub"):
+        term = products(op.inputs[1])
+        sub = _skip_identity(term[0]).op if term is not None else None
+        if term is not None and sub is not None and sub.type == "Sub" and \
+                own(sub.inputs[0]) and not own(sub.inputs[1]):
+            found = ("delta", (term[1],), sub.inputs[1])
+    if found is None:
+        return None
+    update, constants, statistic = found
+    return StatisticAverage(target.name, _skip_identity(statistic).name, update, constants,
+                            dims, user_source(op))
