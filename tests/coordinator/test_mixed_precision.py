@@ -1,6 +1,7 @@
 """Mixed precision: Keras mixed_float16 graphs (and casts written by hand) compile to float16
 kernels that compute as TensorFlow's CPU float16 ops do (wafer.precision), train with the
-losses of `python run.py` on the same graph, take static loss scales, and the CS refuses
+losses of `python run.py` on the same graph (BatchNormalization in training too), evaluate
+on the CS, take static loss scales, and the CS refuses
 what it does not carry out (bfloat16, cbfloat16, dynamic loss scaling) in one line."""
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def model_fn(features, labels, mode, params):
     first = tf.keras.layers.Dense(128, activation="relu")
     h = first(features)
     h = tf.keras.layers.Dropout(0.0)(h, training=mode == ModeKeys.TRAIN)
+    if params.get("batch_norm"):  # in training: the batch's statistics, under the policy
+        h = tf.keras.layers.BatchNormalization()(h, training=mode == ModeKeys.TRAIN)
     h = tf.keras.layers.Dense(64, activation="relu")(h)
     logits = tf.keras.layers.Dense(10)(h)
     if params.get("loss") == "reduce_mean":
@@ -130,14 +133,18 @@ def test_static_loss_scale_seeds_the_float16_backward(tmp_path, scale, l2):
     assert not cs_inprocess.mismatches(run, rtol=1e-2)
 
 
-def test_mixed_float16_model_evaluates_on_the_cs_with_the_cpu_paths_metrics(tmp_path):
-    """The mean-loss metric of a mixed_float16 model reads the loss through the policy's
-    float32 -> float16 -> float32 casts, which TensorFlow's graph optimizer folds to their
-    float32 source: the chief still evaluates from the streamed loss alone, as the CPU path
-    does (it used to ask for the samples)."""
-    run = cs_inprocess.compare(model_fn, input_fn, params(), str(tmp_path), steps=2)
-    assert not cs_inprocess.evaluation_mismatch(model_fn, input_fn, params(), str(tmp_path), run,
-                                                rtol=1e-2)
+@pytest.mark.slow
+def test_mixed_float16_model_with_batch_norm_trains_and_evaluates_on_the_cs(tmp_path):
+    """BatchNormalization in training under mixed_float16 trains with TF's numbers (its
+    moving statistics too); and the CS evaluates the checkpoint with the CPU path's metrics:
+    the mean-loss metric reads the loss through the policy's float32 -> float16 -> float32
+    casts, which TensorFlow's graph optimizer folds to their float32 source, and the chief
+    still evaluates from the streamed values alone (it used to ask for the samples)."""
+    run = cs_inprocess.compare(model_fn, input_fn, params(batch_norm=True), str(tmp_path), steps=3)
+    assert any(k.type == "batch_norm_training" for k in run.compiled.program.kernels)
+    assert not cs_inprocess.mismatches(run, rtol=1e-2)
+    assert not cs_inprocess.evaluation_mismatch(model_fn, input_fn, params(batch_norm=True),
+                                                str(tmp_path), run, rtol=1e-2)
 
 
 def test_compile_report_shows_float16_and_halves_its_bytes(tmp_path):
