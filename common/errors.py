@@ -14,11 +14,14 @@ F = TypeVar("F", bound=Callable[..., int | None])
 class CSRunError(Exception):
     """A user mistake or an environment problem: what is wrong, and what to do."""
 
-    def __init__(self, message: str, hint: str | None = None, detail: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, detail: str | None = None,
+                 caused_by: str = ""):
         super().__init__(message)
         self.message = message
         self.hint = hint
         self.detail = detail  # optional lines printed before the one-line error (a list)
+        # in a task of a job: whose failure this one follows (`common.task_failure`), "" its own
+        self.caused_by = caused_by
 
     def __str__(self) -> str:
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
@@ -59,11 +62,23 @@ def debug_enabled(argv: list[str] | None = None) -> bool:
     return "--debug" in argv or os.environ.get("CSRUN_DEBUG") == "1"
 
 
+_on_report: list[Callable[[CSRunError], None]] = []
+
+
+def on_report(hook: Callable[[CSRunError], None]) -> None:
+    """Call `hook` with every error `report` prints (a task records its failure for its
+    launcher: `coordinator.roles`)."""
+    if hook not in _on_report:
+        _on_report.append(hook)
+
+
 def report(prog: str, error: CSRunError) -> None:
     """Print the one line a user sees for `error`, after its detail lines if it has any."""
     if error.detail:
         print(error.detail.rstrip("\n"), file=sys.stderr)
     print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+    for hook in _on_report:
+        hook(error)
 
 
 def cli_entry(prog: str) -> Callable[[F], F]:

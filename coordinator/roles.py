@@ -18,10 +18,13 @@ its sbatch template) sets for every task, whatever the command; it is read here 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from common import task_env
+from common.errors import CSRunError, on_report
+from common.task_failure import TaskFailure, write_failure
 
 _SOURCES = (
     (task_env.TASK_RANK, task_env.NUM_TASKS, task_env.JOB_ID),
@@ -74,3 +77,18 @@ def run_cs_ip(given: str | None = None, configured: str | None = None,
     (`CSRUN_CS_IP`), else the configured one (params.yaml's `runconfig.cs_ip`); None: the CPU."""
     env = os.environ if environ is None else environ
     return given or env.get(task_env.CS_IP) or configured or None
+
+
+def record_failure(error: CSRunError) -> None:
+    """As a task of a launcher's job reports its error: write its failure record (when it
+    failed, and whether it was its own: `common.task_failure`) into the job folder."""
+    role = task_role()
+    if role.job_dir is None:
+        return
+    try:
+        write_failure(role.job_dir, TaskFailure(role.rank, time.time_ns(), error.caused_by))
+    except OSError:
+        pass  # without it the launcher takes the failure for the task's own
+
+
+on_report(record_failure)

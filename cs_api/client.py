@@ -5,6 +5,7 @@ verifying the CS's certificate, when the site names a CA (`launcher.site_config`
 Load on, the client holds the job's lease: if this process dies the CS frees itself."""
 from __future__ import annotations
 
+import re
 import secrets
 import threading
 import time
@@ -16,12 +17,14 @@ import numpy as np
 
 from common.errors import CSRunError
 from common.run_kinds import RunKind
+from common.task_failure import CS, worker_cause
 from cs_api import MAX_MESSAGE_BYTES, MESSAGE_OPTIONS, pb, rpc
 from cs_api.liveness import Liveness
 from cs_api.tensors import assemble, tensor_chunks
 
 CONNECT_TIMEOUT_S = 10.0
 BUSY_RETRY_S = 2.0  # how often a busy CS is asked again while the job waits for it
+_BROKEN_STREAM = re.compile(r"the input stream of worker (\d+) broke")  # the CS's ABORTED of a run
 
 
 def new_token() -> str:
@@ -78,11 +81,11 @@ class CSClient:
         if live is not None and live.dead:
             return CSRunError(f"{live.dead} during {doing}",
                               "see the CS system's log (wse_sim.log in the job folder for the "
-                              "embedded one); the newest checkpoint is the last good one")
+                              "embedded one); the newest checkpoint is the last good one", caused_by=CS)
         code = error.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return CSRunError(f"cannot reach the CS system at {self.cs_ip} ({doing}): {error.details()}",
-                              "check --cs_ip and that the CS system (wse_sim serve) is running")
+                              "check --cs_ip and that the CS system (wse_sim serve) is running", caused_by=CS)
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # gRPC's own message size limit
             return CSRunError(f"a message of {doing} exceeds the CS API's limit of "
                               f"{MAX_MESSAGE_BYTES:,} bytes: {error.details()}",
@@ -93,7 +96,9 @@ class CSClient:
             return CSRunError(f"the CS system at {self.cs_ip} is busy: {error.details()}",
                               "wait for the running job to finish (csrun_wse --cs-wait SECONDS waits "
                               "for it), or use another CS system")
-        return CSRunError(f"the CS system at {self.cs_ip} refused {doing}: {code.name}: {error.details()}")
+        broken = _BROKEN_STREAM.search(error.details() or "") if code == grpc.StatusCode.ABORTED else None
+        return CSRunError(f"the CS system at {self.cs_ip} refused {doing}: {code.name}: {error.details()}",
+                          caused_by=worker_cause(int(broken.group(1))) if broken else "")
 
     def status(self) -> pb.StatusReply:
         try:
@@ -133,7 +138,7 @@ class CSClient:
                 return future.result()
             except grpc.FutureCancelledError:  # only the liveness watch cancels it
                 raise CSRunError(f"{live.dead or 'the CS system stopped answering'} during the load",
-                                 "see the CS system's log") from None
+                                 "see the CS system's log", caused_by=CS) from None
             except grpc.RpcError as error:
                 failure = self._error(error, "the program", live)
                 if error.code() == grpc.StatusCode.ALREADY_EXISTS:

@@ -46,8 +46,10 @@ import grpc
 
 from common import task_env
 from common.errors import ArgumentParser, CSRunError, Stopped, cli_entry, stop_on_signals
+from common.task_failure import FAILURES_DIR
 from containers.runtime import add_mount_dirs_flag, container_exec, mount_dirs_of
 from cs_api import pb, rpc
+from cs_api.client import CSClient
 from launcher.command_checks import check_command
 from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip
 from launcher.site_config import SiteConfig, load_site_config
@@ -204,6 +206,19 @@ class EmbeddedSimulator:
                                          f"within {_SIM_START_TIMEOUT_S:.0f} s", f"see {self.log}") from None
                     time.sleep(0.2)
 
+    def cpu_seconds(self) -> float:
+        """The CPU time the simulator's process has used (user and system)."""
+        fields = Path(f"/proc/{self._process.pid}/stat").read_text().rsplit(")", 1)[1].split()  # type: ignore[union-attr]
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def ended(self) -> str | None:
+        """Why the simulator ended while its job ran (killed, exited), None while it runs."""
+        code = None if self._process is None else self._process.poll()
+        if code is None:
+            return None
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        return f"the embedded CS system at {self.address} ended while the job ran ({how}; its log: {self.log.name})"
+
     def stop(self) -> None:
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
@@ -254,6 +269,19 @@ def job_request(args: WseArgs, cs_ip: str, workdir: Path, site: SiteConfig | Non
     )
 
 
+def cs_gone(cs_ip: str, tls_ca: str | None) -> str | None:
+    """Why the CS system at `cs_ip` cannot serve the job any more (it does not answer its
+    Status call), None while it answers."""
+    client = CSClient(cs_ip, tls_ca)
+    try:
+        client.status()
+    except CSRunError as error:
+        return str(error)
+    finally:
+        client.close()
+    return None
+
+
 def with_hint(message: str, hint: str) -> str:
     """`message (hint: hint)`; a task's own one-line error keeps its hint, `hint` joins it."""
     if message.endswith(")") and " (hint: " in message:
@@ -292,13 +320,15 @@ def main(argv: list[str] | None = None) -> int:
         if simulator is not None:
             simulator.start()
             print(f"{PROG}: embedded CS system ({simulator.command[-5]}) at {cs_ip}", file=sys.stderr)
-        shutil.rmtree(args.job_dir / RENDEZVOUS_DIR, ignore_errors=True)  # a reused job folder's old phases
+        for old in (RENDEZVOUS_DIR, FAILURES_DIR):  # a reused job folder's old phases and failures
+            shutil.rmtree(args.job_dir / old, ignore_errors=True)
         job = backend.submit(submission)
         if args.detach:
             print(job.job_id, flush=True)
             return 0
         print(f"{PROG}: job {job.job_id}: {job.num_tasks} task(s) through the {backend.name} "
               f"backend; logs in {args.job_dir}", file=sys.stderr, flush=True)
+        job.cs_gone = simulator.ended if simulator is not None else lambda: cs_gone(cs_ip, site.cs.tls_ca)
         outcome = job.follow(sys.stdout)
     except KeyboardInterrupt as interrupt:
         if job is not None:

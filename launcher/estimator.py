@@ -26,10 +26,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 from common import tf_startup
 from common.errors import CSRunError, install_excepthook
+from common.params_reads import ReadParams
 from common.run_kinds import RunKind
 from coordinator import dispatch
 from coordinator.compiler import CompileResult, compile_model
 from coordinator.roles import run_cs_ip
+from launcher.params_spec import ORIGINAL_SPEC
 from launcher.site_config import cs_tls_ca
 from tf_model import checkpoints, cpu_session
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
@@ -100,6 +102,7 @@ class CSEstimator:
         params = copy.deepcopy(params) if params is not None else {}
         if config.tf_random_seed is not None:  # model_graph and input workers read it here
             params.setdefault("runconfig", {})["tf_random_seed"] = config.tf_random_seed
+        params = ReadParams(params, quiet=ORIGINAL_SPEC)  # notes keys model_fn and input_fn never read
         if model_dir is None:
             model_dir = tempfile.mkdtemp(prefix="csrun_model_")
             print(f"Using a temporary model_dir: {model_dir}", flush=True)

@@ -13,18 +13,26 @@ directory bound (`containers.runtime`), on this host.
    is read from its `compile_report.json`.
 2. Measure input_fn the way an input worker runs it (`workers.feed.shard_batches`, then
    `feed_requests`: flatten, check, serialize with `to_tensor`), B batches as worker 0 of
-   W for W = 1, 2, 4, 8 (as far as the nodes allow). Every worker runs input_fn's whole
+   W for W = 1, 2, 4, 8, wall and CPU seconds. Every worker runs input_fn's whole
    pipeline and keeps one batch in W (`dataset.shard` after batching), so a worker's
    batches get slower as W grows, while prefetching overlaps the pipeline with the
    serialization: measuring, not a formula, says by how much. Between and beyond the
    measurements the time per batch is piecewise linear.
-3. Recommend `--total-nodes / --tasks-per-node / --cpus-per-task` for csrun_wse: the
-   fewest workers whose total rate W·B/t(W) reaches the CS's rate or, input-bound,
-   95 % of the best the available nodes allow; one task more for the chief.
+3. Measure the rest of a batch's way (`input_measurement.measure_stream`): gRPC's
+   serialization and parsing of a Feed message, and the CS system — a `wse_sim serve`
+   started for it, loaded with the program, fed worker 0's batches over gRPC and read as
+   the chief reads it — wall and CPU seconds per batch.
+4. Predict the samples/s of a job of W workers (`JobModel`): the least of what the workers
+   send, what the CS consumes (and the compiled estimate), and what each node's CPUs hold
+   of the processes it runs (the first node: the chief, the CS as csrun_wse's embedded
+   simulator, its share of the workers), naming the limit.
+5. Recommend `--total-nodes / --tasks-per-node / --cpus-per-task` for csrun_wse: the
+   fewest workers whose predicted rate is within 5 % of the best the available nodes
+   allow; one task more for the chief.
 
 A worker is measured with the CPUs this process may use; the recommendation gives each
-worker that many (at most a node's). gRPC transfer (about 1.2 GB/s over loopback) is not
-part of the measurement.
+worker that many (at most a node's). The prediction is within 2x of what csrun_wse streams
+on this host at 1 and 2 workers (tests/launcher/test_input_analyzer.py).
 """
 from __future__ import annotations
 
@@ -57,6 +65,7 @@ class InputCosts:
     batch_size: int
     seconds: tuple[tuple[int, float], ...]  # (W, seconds per batch worker 0 of W sends), W from 1 up
     cpus: int                               # CPUs the measuring worker could use
+    cpu_per_second: float = 1.0             # CPU seconds a worker spends per second (TF's threads)
 
     def __post_init__(self) -> None:
         workers = [w for w, _ in self.seconds]
@@ -105,21 +114,81 @@ class InputCosts:
 
 
 @dataclass(frozen=True)
+class StreamCosts:
+    """Seconds per batch of the rest of its way, measured on this host: gRPC's serialization
+    of a Feed message and its parsing (`wire`, CPU, half on each side), and the CS system
+    consuming it — here the simulator: its wall and CPU seconds per batch (the chief's
+    reading of each step's result included)."""
+
+    wire: float
+    cs_wall: float
+    cs_cpu: float
+
+
+def _rate(samples: float, seconds: float) -> float:
+    return samples / seconds if seconds > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """The samples/s a job of W input workers streams: the least of what the workers send,
+    what the CS consumes (the simulator's rate here; the compiled program's estimate on a
+    CS), and what each node's CPUs hold of the processes it runs (the first: the chief, the
+    CS (csrun_wse's embedded simulator) and its share of the workers)."""
+
+    costs: InputCosts
+    stream: StreamCosts
+    cs_estimate: float  # the compiled program's samples/s (compile_report.json)
+    available_nodes: int
+    cpus_per_node: int
+
+    def layout(self, workers: int) -> tuple[int, int]:
+        """(nodes, workers on the first node) of a job of `workers` input workers and the
+        chief, spread as csrun_wse spreads them over the nodes its slots need."""
+        _, per_node, _ = job_slots(self.costs.cpus, self.available_nodes, self.cpus_per_node)
+        nodes = min(self.available_nodes, math.ceil((workers + 1) / per_node))
+        return nodes, min(workers, math.ceil((workers + 1) / nodes) - 1)
+
+    def limits(self, workers: int) -> dict[str, float]:
+        """Samples/s each part of the job allows, by what it is."""
+        batch, stream = self.costs.batch_size, self.stream
+        sent = self.costs.seconds_per_batch(workers) + stream.wire / 2
+        worker_cpu = self.costs.seconds_per_batch(workers) * self.costs.cpu_per_second + stream.wire / 2
+        nodes, first = self.layout(workers)
+        first_cpu = stream.cs_cpu + stream.wire / 2 + first / workers * worker_cpu
+        limits = {
+            "the input workers": workers * batch / sent,
+            f"the CS system (the simulator: {1e3 * stream.cs_wall:.1f} ms per batch here)": _rate(batch, stream.cs_wall),
+            "the compiled program's rate": self.cs_estimate,
+            f"the first node's {self.cpus_per_node} CPU(s) (the chief, the CS, {first} worker(s))":
+                _rate(self.cpus_per_node * batch, first_cpu),
+        }
+        if nodes > 1:
+            most = math.ceil((workers - first) / (nodes - 1))
+            limits[f"another node's {self.cpus_per_node} CPU(s) ({most} worker(s))"] = \
+                _rate(self.cpus_per_node * batch, most / workers * worker_cpu)
+        return limits
+
+    def rate(self, workers: int) -> float:
+        return min(self.limits(workers).values())
+
+    def limited_by(self, workers: int) -> str:
+        limits = self.limits(workers)
+        return min(limits, key=lambda name: limits[name])
+
+
+@dataclass(frozen=True)
 class Recommendation:
     total_nodes: int
     tasks_per_node: int
     cpus_per_task: int
-    workers: int                # input workers (the tasks besides the chief; 1 in a lone chief)
-    input_samples_per_sec: float  # what the workers can send
-    cs_samples_per_sec: float     # what the compiled program consumes
-
-    @property
-    def expected_samples_per_sec(self) -> float:
-        return min(self.input_samples_per_sec, self.cs_samples_per_sec)
+    workers: int            # input workers (the tasks besides the chief; 1 in a lone chief)
+    samples_per_sec: float  # what the job is expected to stream (`JobModel.rate`)
+    limited_by: str         # what limits it (`JobModel.limited_by`)
 
     @property
     def input_bound(self) -> bool:
-        return self.input_samples_per_sec < self.cs_samples_per_sec
+        return self.limited_by == "the input workers"
 
     def flags(self) -> str:
         return (f"--total-nodes {self.total_nodes} --tasks-per-node {self.tasks_per_node} "
@@ -136,20 +205,17 @@ def job_slots(cpus: int, available_nodes: int, cpus_per_node: int) -> tuple[int,
     return cpus_per_task, per_node, max(available_nodes * per_node - 1, 1)  # a lone chief runs one
 
 
-def recommend(costs: InputCosts, cs_samples_per_sec: float, available_nodes: int,
-              cpus_per_node: int) -> Recommendation:
-    """The smallest job whose input workers feed the CS at its rate, or as near as the
-    nodes allow (within NEAR_BEST of the best): rank 0 is the chief, the rest workers."""
-    cpus_per_task, slots_per_node, most = job_slots(costs.cpus, available_nodes, cpus_per_node)
-    best = max(costs.total_rate(w) for w in range(1, most + 1))
-    target = min(cs_samples_per_sec, NEAR_BEST * best)
-    workers = next(w for w in range(1, most + 1) if costs.total_rate(w) >= target)
-    tasks = 1 if available_nodes * slots_per_node == 1 else workers + 1
+def recommend(model: JobModel) -> Recommendation:
+    """The smallest job that streams within NEAR_BEST of the best rate the available nodes
+    allow: rank 0 is the chief, the rest workers."""
+    cpus_per_task, slots_per_node, most = job_slots(model.costs.cpus, model.available_nodes, model.cpus_per_node)
+    best = max(model.rate(w) for w in range(1, most + 1))
+    workers = next(w for w in range(1, most + 1) if model.rate(w) >= NEAR_BEST * best)
+    tasks = 1 if model.available_nodes * slots_per_node == 1 else workers + 1
     nodes = math.ceil(tasks / slots_per_node)
     per_node = math.ceil(tasks / nodes)
     workers = max(nodes * per_node - 1, 1)  # csrun_wse runs nodes x tasks-per-node tasks
-    return Recommendation(nodes, per_node, cpus_per_task, workers, costs.total_rate(workers),
-                          cs_samples_per_sec)
+    return Recommendation(nodes, per_node, cpus_per_task, workers, model.rate(workers), model.limited_by(workers))
 
 
 # ---- the command line ------------------------------------------------------------------
@@ -180,27 +246,28 @@ def parse_args(argv: list[str]) -> AnalyzerArgs:
     return AnalyzerArgs(ns.available_nodes, ns.cpus_per_node, ns.batches, command, mount_dirs_of(ns.mount_dirs))
 
 
-def render(compiled: CompiledScript, costs: InputCosts, rec: Recommendation, batches: int,
+def render(compiled: CompiledScript, model: JobModel, rec: Recommendation, batches: int,
            command: tuple[str, ...]) -> str:
-    report = compiled.report
+    report, costs, stream = compiled.report, model.costs, model.stream
     lines = [
         f"Compiled program ({report['fabric']}, batch {report['batch_size']}): the CS consumes "
         f"up to {compiled.samples_per_sec:,.0f} samples/s ({compiled.directory})",
+        f"On this host a batch costs the CS system (the simulator) {1e3 * stream.cs_wall:.1f} ms "
+        f"({1e3 * stream.cs_cpu:.1f} ms of CPU) and gRPC {1e3 * stream.wire:.1f} ms of CPU",
         f"input_fn as input worker 0 of W with {costs.cpus} CPU(s), {batches} batches of "
-        f"{costs.batch_size} samples (every worker runs the whole pipeline, keeps 1 batch in W):",
-        "  workers   ms per batch sent   samples/s per worker   samples/s in total",
+        f"{costs.batch_size} samples (every worker runs the whole pipeline, keeps 1 batch in W); "
+        f"the job on {model.available_nodes} node(s) of {model.cpus_per_node} CPU(s):",
+        "  workers   ms per batch sent   samples/s sent   job samples/s   limited by",
     ]
     measured = {w for w, _ in costs.seconds}
     for w in sorted(measured | {rec.workers}):
-        note = "" if w in measured else "   (interpolated)" if w < max(measured) else "   (extrapolated)"
-        lines.append(f"  {w:7d}   {1e3 * costs.seconds_per_batch(w):17.3f}   "
-                     f"{costs.worker_rate(w):20,.0f}   {costs.total_rate(w):18,.0f}{note}")
-    bound = (f"input-bound: the CS could take {rec.cs_samples_per_sec:,.0f}" if rec.input_bound
-             else "CS-bound: the workers keep up")
+        note = "" if w in measured else " (interpolated)" if w < max(measured) else " (extrapolated)"
+        lines.append(f"  {w:7d}   {1e3 * costs.seconds_per_batch(w):17.3f}   {costs.total_rate(w):14,.0f}   "
+                     f"{model.rate(w):13,.0f}   {model.limited_by(w)}{note}")
     lines += [
         f"Recommended: {rec.flags()}",
-        f"  the chief and {rec.workers} input worker(s); expected {rec.expected_samples_per_sec:,.0f} "
-        f"samples/s ({bound})",
+        f"  the chief and {rec.workers} input worker(s); expected {rec.samples_per_sec:,.0f} "
+        f"samples/s (limited by {rec.limited_by})",
         f"  csrun_wse {rec.flags()} {' '.join(command)}",
     ]
     if rec.input_bound:
@@ -225,14 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     if image is None and args.mount_dirs:
         print(f"{PROG}: --mount-dirs unused: no container.image in "
               f"{site.path or 'csrun.yaml (none found)'}", file=sys.stderr, flush=True)
-    from launcher.input_measurement import compile_script, measure_costs  # TensorFlow: after the flags
+    from launcher.input_measurement import compile_script, measure_costs, measure_stream  # TensorFlow: after the flags
 
     compiled = compile_script(args.command)
     print(file=sys.stdout)
-    _, _, most = job_slots(len(os.sched_getaffinity(0)), args.available_nodes, args.cpus_per_node)
-    costs = measure_costs(compiled, args.batches, most)
-    rec = recommend(costs, compiled.samples_per_sec, args.available_nodes, args.cpus_per_node)
-    sys.stdout.write(render(compiled, costs, rec, args.batches, args.command))
+    model = JobModel(measure_costs(compiled, args.batches), measure_stream(compiled, args.batches),
+                     compiled.samples_per_sec, args.available_nodes, args.cpus_per_node)
+    sys.stdout.write(render(compiled, model, recommend(model), args.batches, args.command))
     return 0
 
 

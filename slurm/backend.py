@@ -18,8 +18,10 @@ The life of a job, in the order a CLI calls it:
    tasks start sooner, while the CLI prepares the rest (the embedded simulator);
    `backend.submit(submission) -> LaunchedJob` starts the job.
 4. `job.follow(stream) -> JobOutcome` streams the chief's (rank 0) log to `stream` until
-   the job ends; if any task fails it cancels the others (within 30 s) and returns the
-   failing rank with the reason (last error line of that task's log).
+   the job ends; if any task fails it cancels the others (within 30 s) and returns the rank
+   that failed first with the reason (last error line of that task's log), or the CS
+   (`job.cs_gone()`'s line, set by the launcher) when the tasks failed because it went away
+   (`slurm.blame`).
 5. `job.cancel()` stops every task (Ctrl-C calls it); safe to call twice.
 
 Every task runs the same `request.command`; the role comes from the task's rank, which
@@ -33,10 +35,12 @@ import abc
 import dataclasses
 import time
 from pathlib import Path
-from typing import Mapping, TextIO
+from typing import Callable, Mapping, TextIO
 
 import submitit
 
+from common.task_failure import read_failures
+from slurm.blame import BLAME_WAIT_S, blame
 from slurm.submitit_api import task_log, task_result
 from slurm.task import TaskCommand, TaskFailed
 from slurm.task_logs import LogCopy, last_error_line
@@ -110,6 +114,9 @@ class LaunchedJob(abc.ABC):
         self.folder = folder
         self.num_tasks = num_tasks
         self._cancelled = False
+        # why the job's CS went away, None while it answers (the launcher knows its CS)
+        self.cs_gone: Callable[[], str | None] = lambda: None
+        self._first_failure: float | None = None  # when `_results` first saw a failed task
 
     def task_log(self, rank: int) -> Path:
         """The file holding task `rank`'s output (stdout and stderr)."""
@@ -117,7 +124,7 @@ class LaunchedJob(abc.ABC):
 
     def follow(self, stream: TextIO) -> JobOutcome:
         """Copy the chief's log to `stream` as it grows until the job ends; stop every
-        task as soon as one fails (within 30 s) and report which one and why."""
+        task as soon as one fails (within 30 s) and report which one failed first and why."""
         chief_log = LogCopy(self.task_log(0), stream)
         while True:
             chief_log.copy_new()
@@ -144,23 +151,36 @@ class LaunchedJob(abc.ABC):
             self._cancelled = True
             self._stop()
 
-    def _results(self) -> JobOutcome | None:
-        """The outcome the tasks' results give: the task that failed first (its result written
-        first: the others may be failing only because the job is being stopped), its exit code
-        (carried by `TaskFailed`) and the reason from its log; success once every task
-        succeeded; None while neither."""
+    def _results(self, ended: bool = False) -> JobOutcome | None:
+        """The outcome the tasks' results give: the task that failed first (`slurm.blame`: a
+        task whose failure is its own before one that failed because of it; the CS when the
+        tasks failed because it went away), its exit code (carried by `TaskFailed`) and the
+        reason from its log; success once every task succeeded; None while neither, or while
+        a failure waits (up to BLAME_WAIT_S, the job still running) for the one it follows."""
         results = [task_result(self.folder, self.job_id, rank) for rank in range(self.num_tasks)]
         failed = [r for r in results if r is not None and not r.succeeded]
-        if failed:
-            first = min(failed, key=lambda r: (r.written_ns, r.rank))
-            code = TaskFailed.exit_code_in(first.text)
-            return JobOutcome(code, first.rank, last_error_line(self.task_log(first.rank), code))
-        return JobOutcome(0) if all(r is not None for r in results) else None
+        if not failed:
+            return JobOutcome(0) if all(r is not None for r in results) else None
+        if self._first_failure is None:
+            self._first_failure = time.monotonic()
+        waited_out = ended or time.monotonic() - self._first_failure > BLAME_WAIT_S
+        verdict = blame(failed, read_failures(self.folder), self.num_tasks, waited_out)
+        if verdict.waiting:
+            return None
+        first = min(failed, key=lambda r: (r.written_ns, r.rank))
+        if verdict.cs:
+            gone = self.cs_gone()
+            if gone is not None:
+                return JobOutcome(TaskFailed.exit_code_in(first.text), None, gone)
+        rank = first.rank if verdict.rank is None else verdict.rank
+        result = results[rank]
+        code = TaskFailed.exit_code_in(result.text) if result is not None else 1
+        return JobOutcome(code, rank, last_error_line(self.task_log(rank), code))
 
     def _ended(self, state: str) -> JobOutcome:
         """The outcome of a job the backend saw end (`state`) before the loop saw every result."""
         time.sleep(1.0)  # the last result may still be on its way
-        return self._results() or self._without_result(state)
+        return self._results(ended=True) or self._without_result(state)
 
     def _explain_failure(self, outcome: JobOutcome) -> JobOutcome:
         """What a task's failure (`outcome`) means for the job, before the job is stopped."""

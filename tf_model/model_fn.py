@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from common.errors import CSRunError
 from common.layers import package_dirs
+from common.params_reads import recording, say_unread
 from common.run_kinds import RunKind
 from tf_model.estimator_spec import CSEstimatorSpec
 
@@ -160,7 +161,8 @@ def _describe_inputs(features: Any, labels: Any) -> str:
 def make_dataset(input_fn: Callable, params: dict) -> tf.data.Dataset:
     """Call input_fn(params) and check it returns a tf.data.Dataset."""
     try:
-        dataset = input_fn(params)
+        with recording(params):
+            dataset = input_fn(params)
     except CSRunError:
         raise
     except Exception as error:  # the user's code: one line, the traceback with --debug
@@ -252,12 +254,14 @@ def call_model_fn(model_fn: Callable, features: Any, labels: Any, mode: str,
     kwargs = {k: v for k, v in (("features", features), ("labels", labels), ("mode", mode),
                                 ("params", params)) if k in accepted}
     try:
-        spec = model_fn(**kwargs)
+        with recording(params):
+            spec = model_fn(**kwargs)
     except CSRunError:
         raise
     except Exception as error:  # the user's code: one line, the traceback with --debug
         raise user_code_error("model_fn", error, _MODEL_HINT,
                               f" on batches of {_describe_inputs(features, labels)}") from error
+    say_unread(params)  # after the first model_fn: input_fn has run before it
     if not isinstance(spec, CSEstimatorSpec):
         raise CSRunError(f"model_fn returned {type(spec).__name__}, not a CSEstimatorSpec",
                          "return launcher.estimator.CSEstimatorSpec(mode=..., loss=..., ...)")

@@ -19,6 +19,7 @@ import numpy as np
 
 from common.errors import CSRunError
 from common.run_kinds import RunKind
+from common.task_failure import CS, rank_cause
 from cs_api import pb, rpc
 from cs_api.client import cs_channel
 from cs_api.input_spec import InputSpec
@@ -124,7 +125,7 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int,
                 raise failure[0] from None
             if live.dead or not isinstance(error, grpc.RpcError):
                 raise CSRunError(f"input worker {worker}: {live.dead or 'the CS stopped answering'}",
-                                 "see the CS system's log") from None
+                                 "see the CS system's log", caused_by=CS) from None
             details = error.details() or ""
             if error.code() == grpc.StatusCode.ABORTED and \
                     ("unloaded by its client" in details or "the client cancelled" in details):
@@ -132,10 +133,21 @@ def stream(requests: Iterable[pb.FeedRequest], cs_ip: str, worker: int,
             raise CSRunError(
                 f"input worker {worker}: the CS at {cs_ip} ended the input stream: "
                 f"{error.code().name}: {error.details()}",
-                "see the chief's log (task 0) for the job's state") from None
+                "see the chief's log (task 0) for the job's state",
+                caused_by=_stream_end_cause(error.code(), details)) from None
     if failure:
         raise failure[0]
     return FeedStats(sent["batches"], sent["bytes"], time.perf_counter() - start)
+
+
+def _stream_end_cause(code: grpc.StatusCode, details: str) -> str:
+    """Whose failure a Feed stream the CS ended follows (`common.task_failure`): the CS's when
+    it went away or stopped, the chief's when the CS ended the job (ABORTED), else its own (a
+    batch the CS refused)."""
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or \
+            "the CS system stopped" in details:
+        return CS
+    return rank_cause(0) if code == grpc.StatusCode.ABORTED else ""
 
 
 def input_dataset(input_fn: Callable, params: dict) -> Any:
