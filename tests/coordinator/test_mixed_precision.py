@@ -195,6 +195,7 @@ def test_cbfloat16_is_refused_in_one_line(tmp_path):
 DYNAMIC = {"initial_loss_scale": 2.0 ** 20, "increment_period": 3}
 
 
+@pytest.mark.slow
 def test_dynamic_loss_scaling_skips_steps_and_moves_the_scale_as_tensorflow(tmp_path):
     """TF's DynamicLossScale from a scale that overflows float16 (2 ** 20) with a growth
     period of 3: steps 1-5 (S = 2 ** 20 ... 2 ** 16) and 9 (S grown back to 2 ** 16) have
