@@ -7,10 +7,11 @@ PIP_FLAGS := --disable-pip-version-check -q
 
 .PHONY: venv run lint test test-quick bench proto image cluster-up cluster-down clean
 
-$(STAMP): setup.cfg pyproject.toml constraints.txt common/tf_startup.py
+$(STAMP): setup.cfg pyproject.toml constraints.txt common/tf_startup.py wafer/compiled.py
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) -c constraints.txt -e '.[test]'
 	$(PY) -m common.tf_startup >/dev/null  # TensorFlow's start-up chatter off the terminal
+	$(PY) -m wafer.compiled  # the simulator's compiled tiles, cached (wafer/__pycache__)
 	touch $(STAMP)
 
 venv: $(STAMP)

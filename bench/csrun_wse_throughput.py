@@ -10,8 +10,9 @@ Start-up: the wall time of a 20-step run, command to exit (imports, compile, sim
 Steady state per path: a long run's log lines after the first (`global step N: … (R
 steps/sec)`, the same log on both paths; for csrun_wse the chief's, which gets a step's result
 as the CS finishes it): the steps between them over the time the process's own clock gave
-them, so neither start-up nor the end weighs in. Runs interleaved, best of two (the machine
-is shared). The worker's
+them, so neither start-up nor the end weighs in. Runs interleaved in rounds (the machine is
+shared); each ratio and overhead is the median over the rounds of that round's (its paths
+ran side by side), with the load average before and after. The worker's
 rate is `input_fn` → its shard → checked, serialized FeedRequests, as `workers.feed` makes
 them (no CS needed); the simulator's consumption is its own wall clock rate from the long
 runs' summary lines.
@@ -29,15 +30,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 from bench.table import Row, print_table  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "fc_mnist"
 BATCH = 256
-SHORT, LONG = 20, 820
-WORKERS = (1, 2, 4)
-REPEATS = 2
+SHORT = 20
+LONG = int(os.environ.get("BENCH_LONG_STEPS", 820))
+WORKERS = tuple(int(w) for w in os.environ.get("BENCH_WORKERS", "1,2,4").split(","))
+REPEATS = int(os.environ.get("BENCH_ROUNDS", 5))  # rounds: BENCH_ROUNDS=5 BENCH_WORKERS=1,2 ...
 LOG_EVERY = 100
 WORKER_BATCHES = 200
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
@@ -176,27 +179,35 @@ def worker_rate() -> tuple[float, float]:
 
 
 def measure() -> list[Row]:
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench_csrun_wse_") as tmp:
         folder = Path(tmp)
-        start_up: dict[str, float] = {}
-        rates: dict[str, float] = {}
+        start_up: dict[str, list[float]] = {}
+        rates: dict[str, list[float]] = {}
         cpu: dict[str, dict[str, float]] = {}  # CPU ms per step by role, of the best run
         sim_rates = []
-        for run in range(REPEATS):  # interleaved, best of REPEATS (the machine is shared)
+        for run in range(REPEATS):  # interleaved rounds (the machine is shared)
             for steps in (SHORT, LONG):
                 for path, command in path_commands(folder, steps, run).items():
                     if steps == SHORT:
                         seconds, _ = timed(command)
-                        start_up[path] = min(start_up.get(path, float("inf")), seconds)
+                        start_up.setdefault(path, []).append(seconds)
                         continue
                     output, spent = steady_cpu(command)
-                    if steady_rate(output) > rates.get(path, 0.0):
-                        rates[path], cpu[path] = steady_rate(output), spent
+                    if steady_rate(output) > max(rates.get(path, [0.0])):
+                        cpu[path] = spent
+                    rates.setdefault(path, []).append(steady_rate(output))
                     if path != "cpu":
                         sim_rates += [float(m.replace(",", "")) for m in SIM_RATE.findall(output)]
+    load_after = os.getloadavg()
+
+    def median(values) -> float:
+        return float(np.median(list(values)))
+
     rows: list[Row] = [
-        ("python run.py (CPU, TensorFlow): start-up", start_up["cpu"], "s", f"a {SHORT}-step run, command to exit"),
-        ("python run.py: steady state", rates["cpu"], "samples/s",
+        ("python run.py (CPU, TensorFlow): start-up", median(start_up["cpu"]), "s",
+         f"a {SHORT}-step run, command to exit; median of {REPEATS}"),
+        ("python run.py: steady state", median(rates["cpu"]), "samples/s",
          f"steps {2 * LOG_EVERY}-{LONG // LOG_EVERY * LOG_EVERY} of a {LONG}-step run"),
         ("  CPU per step", sum(cpu["cpu"].values()), "ms", "all its threads, same steps"),
     ]
@@ -204,15 +215,22 @@ def measure() -> list[Row]:
         path = f"csrun_wse {workers}"
         tasks = f"chief + {workers} worker{'s' if workers > 1 else ''} + sim"
         rows += [
-            (f"csrun_wse ({tasks}): start-up", start_up[path], "s", f"a {SHORT}-step run, command to exit"),
-            (f"  start-up overhead, {workers} worker(s)", start_up[path] - start_up["cpu"], "s",
-             "minus python run.py's; aim: <= 2"),
-            (f"  steady state, {workers} worker(s)", rates[path], "samples/s", "same method"),
-            (f"  csrun_wse / CPU path, {workers} worker(s)", rates[path] / rates["cpu"], "ratio", "aim: >= 1"),
+            (f"csrun_wse ({tasks}): start-up", median(start_up[path]), "s",
+             f"a {SHORT}-step run, command to exit"),
+            (f"  start-up overhead, {workers} worker(s)",
+             median(a - b for a, b in zip(start_up[path], start_up["cpu"])), "s",
+             "minus python run.py's in the same round; aim: <= 2"),
+            (f"  steady state, {workers} worker(s)", median(rates[path]), "samples/s", "same method"),
+            (f"  csrun_wse / CPU path, {workers} worker(s)",
+             median(a / b for a, b in zip(rates[path], rates["cpu"])), "ratio",
+             "median of the rounds' ratios; aim: >= 1"),
             *((f"  CPU per step: {role}", cpu[path].get(role, 0.0), "ms",
                "all workers" if role == "worker" else "the rest: csrun_wse, submitit, fork server" if
                role == "launcher" else "same steps") for role in ("simulator", "chief", "worker", "launcher")),
         ]
+    rows.append(("load average (1/5/15 min)", load_before[0], "before",
+                 f"before {'/'.join(f'{x:.1f}' for x in load_before)}, "
+                 f"after {'/'.join(f'{x:.1f}' for x in load_after)}"))
     worker_samples, worker_mb = worker_rate()
     sim = max(sim_rates) if sim_rates else float("nan")
     return rows + [

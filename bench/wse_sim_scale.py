@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path.insert(0, ROOT)
 
 from bench.table import Row, print_table  # noqa: E402
 
@@ -57,8 +57,7 @@ def cnn_params(batch: int) -> dict:
 
 
 def models() -> list[Model]:
-    import compiler_models as m
-
+    from examples import mlp as m
     from examples.cnn_digits import data as cnn_data
     from examples.cnn_digits import model as cnn_model
 

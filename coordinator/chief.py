@@ -24,6 +24,7 @@ import numpy as np
 
 from common.errors import CSRunError
 from common.run_kinds import RunKind
+from common.run_settings import RunSettings, end_step
 from coordinator.compiler import compile_model
 from coordinator.roles import TaskRole
 from cs_api import pb
@@ -118,6 +119,7 @@ class CSJob:
                  global_step: int, first_batch: int, num_batches: int, input_fn: Callable,
                  kind: RunKind = RunKind.TRAIN):
         self.program = program
+        assert chief.config.cs_ip is not None, "the estimator dispatches to the chief with a CS only"
         self.client = CSClient(chief.config.cs_ip, chief.config.cs_tls_ca)
         self.client.status()  # an unreachable CS: one clear line before any work
         role = chief.role
@@ -172,13 +174,13 @@ class CSJob:
 
 
 class Chief:
-    def __init__(self, estimator: Any, role: TaskRole, rendezvous_path: Path):
-        self.estimator = estimator
+    def __init__(self, model_fn: Callable, config: RunSettings, role: TaskRole, rendezvous_path: Path):
+        self.model_fn = model_fn
+        self.config = config
         self.role = role
         self.rendezvous_path = rendezvous_path
-        self.params = estimator.params
-        self.model_dir = str(estimator.model_dir)
-        self.config = estimator.config
+        self.params = config.params
+        self.model_dir = config.model_dir
 
     def run(self, kind: RunKind, input_fn: Callable, **kwargs: Any) -> Any:
         """Run the phase; if it ends without publishing its rendezvous (nothing to do, or an
@@ -198,8 +200,8 @@ class Chief:
             publish(self.rendezvous_path, Rendezvous.nothing(self.role.num_workers, why))
 
     def _compile(self, input_fn: Callable, mode: str) -> Any:
-        result = compile_model(self.estimator.model_fn, input_fn, self.params,
-                               getattr(self.estimator, "compile_dir", self.model_dir), mode=mode)
+        result = compile_model(self.model_fn, input_fn, self.params, self.config.compile_dir,
+                               mode=mode)
         if result.note:
             print(result.note, flush=True)
         return result
@@ -211,9 +213,6 @@ class Chief:
             self._train(input_fn, steps, max_steps)
 
     def _train(self, input_fn: Callable, steps: int | None, max_steps: int | None) -> None:
-        if steps is None and max_steps is None:
-            raise CSRunError("training needs a number of steps", "give steps or max_steps "
-                             "(--steps, --max_steps or runconfig.max_steps)")
         program = (compiled := self._compile(input_fn, ModeKeys.TRAIN)).program
         latest = checkpoints.latest_checkpoint(self.model_dir, set_aside=True)
         if latest is not None:
@@ -226,11 +225,7 @@ class Chief:
             step = 0
             state = dict(compiled.initial_weights)
             host = host_state(compiled.host_variables)
-        if max_steps is not None:
-            end = max_steps
-        else:
-            assert steps is not None, "refused above"
-            end = step + steps
+        end = end_step(step, steps, max_steps)
         if end <= step:
             progress.skipping(step)
             return
@@ -276,7 +271,7 @@ class Chief:
         program = self._compile(input_fn, ModeKeys.EVAL).program
         path, step, state = self._checkpoint_state(program, checkpoint_path)
         streamed = streamed_names(program)
-        with EvalMetrics(self.estimator.model_fn, input_fn, self.params, path, streamed) as metrics, \
+        with EvalMetrics(self.model_fn, input_fn, self.params, path, streamed) as metrics, \
                 CSJob(self, program, state, step, 0, steps, input_fn, RunKind.EVALUATE) as job:
             for result in job.run(RunKind.EVALUATE, steps):
                 if result.HasField("step"):
@@ -302,7 +297,7 @@ class Chief:
             steps = min(steps, known) if known >= 0 else steps
         path, step, state = self._checkpoint_state(program, checkpoint_path)
         collected: dict[str, list[np.ndarray]] = {}
-        with PredictionGraph(self.estimator.model_fn, batch_signature(dataset), self.params, path,
+        with PredictionGraph(self.model_fn, batch_signature(dataset), self.params, path,
                              streamed_names(program)) as graph, \
                 CSJob(self, program, state, step, 0, steps, input_fn, RunKind.PREDICT) as job:
             for result in job.run(RunKind.PREDICT, steps):

@@ -1,10 +1,10 @@
 """What a task of a CS job does when the user's script calls train / evaluate / predict.
 
-`CSEstimator` calls `run(estimator, kind, input_fn, **kwargs)` (`kind`: a
-`common.run_kinds.RunKind`) when a CS is in use. The task's rank (`coordinator.roles`) decides: rank 0 runs the chief (`coordinator.chief`),
+`CSEstimator` calls `run(model_fn, settings, kind, input_fn, **kwargs)` (`settings`: the
+run's `common.run_settings.RunSettings`; `kind`: a `common.run_kinds.RunKind`) when a CS
+is in use. The task's rank (`coordinator.roles`) decides: rank 0 runs the chief (`coordinator.chief`),
 the others stream their shard of input_fn to the CS (`workers.feed`) once the chief has
-published the phase's rendezvous (`workers.rendezvous`). The estimator is read through
-the attributes tf.estimator.Estimator also has: `model_fn`, `params`, `model_dir`, `config`.
+published the phase's rendezvous (`workers.rendezvous`).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from common.run_kinds import RunKind
+from common.run_settings import RunSettings
 from coordinator.roles import task_role
 from workers.feed import JobEnded, input_dataset, run_worker
 from workers.rendezvous import rendezvous_path, wait_for
@@ -20,22 +21,23 @@ from workers.rendezvous import rendezvous_path, wait_for
 _calls = itertools.count(1)  # the n-th CS call of this script: the same n in every task
 
 
-def run(estimator: Any, kind: RunKind, input_fn: Callable, **kwargs: Any) -> Any:
+def run(model_fn: Callable, settings: RunSettings, kind: RunKind, input_fn: Callable,
+        **kwargs: Any) -> Any:
     kind = RunKind(kind)  # ValueError for another kind
     role = task_role()
     phase = f"{next(_calls)}-{kind}"
-    path = rendezvous_path(phase, role.job_id, role.job_dir, Path(estimator.model_dir))
+    path = rendezvous_path(phase, role.job_id, role.job_dir, Path(settings.model_dir))
     if role.is_chief:
         from coordinator.chief import Chief
 
-        return Chief(estimator, role, path).run(kind, input_fn, **kwargs)
-    dataset = input_dataset(input_fn, estimator.params)  # while the chief compiles and loads
+        return Chief(model_fn, settings, role, path).run(kind, input_fn, **kwargs)
+    dataset = input_dataset(input_fn, settings.params)  # while the chief compiles and loads
     rendezvous = wait_for(path)
     if rendezvous.ended:
         print(f"input worker {role.worker_id}: nothing to stream: {rendezvous.ended}", flush=True)
         return None
     try:
-        stats = run_worker(input_fn, estimator.params, rendezvous, role.worker_id, dataset)
+        stats = run_worker(input_fn, settings.params, rendezvous, role.worker_id, dataset)
     except JobEnded as ended:
         print(f"{ended}; stopping", flush=True)
         return None

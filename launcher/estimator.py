@@ -28,6 +28,7 @@ from common import tf_startup
 from common.errors import CSRunError, install_excepthook
 from common.params_reads import ReadParams
 from common.run_kinds import RunKind
+from common.run_settings import RunSettings, check_steps, whole_number
 from coordinator import dispatch
 from coordinator.compiler import CompileResult, compile_model
 from coordinator.roles import run_cs_ip
@@ -83,7 +84,7 @@ class CSRunConfig:
             value = getattr(self, field.name)
             if field.name in ("cs_ip", "cs_tls_ca", "tf_random_seed") or value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not whole_number(value):
                 raise CSRunError(f"CSRunConfig {field.name}={value!r} is not a whole number >= 0",
                                  f"set {field.name} to a number of steps")
 
@@ -112,13 +113,11 @@ class CSEstimator:
         self.config = config
         self.params = params
         self.warm_start_from = warm_start_from
-
-    @property
-    def settings(self) -> cpu_session.RunSettings:
-        c = self.config
-        return cpu_session.RunSettings(self.model_dir, self.params, c.save_summary_steps,
-                                       c.save_checkpoints_steps, c.keep_checkpoint_max,
-                                       c.log_step_count_steps, self.warm_start_from)
+        # what the CPU path, the dispatch and the chief read: built once, here
+        self.settings = RunSettings(
+            self.model_dir, params, config.save_summary_steps, config.save_checkpoints_steps,
+            config.keep_checkpoint_max, config.log_step_count_steps, warm_start_from,
+            compile_dir=self.compile_dir, cs_ip=config.cs_ip, cs_tls_ca=config.cs_tls_ca)
 
     def _on_cs(self, use_cs: bool) -> bool:
         return bool(use_cs and self.config.cs_ip)
@@ -138,11 +137,7 @@ class CSEstimator:
     def train(self, input_fn: Callable, steps: int | None = None, max_steps: int | None = None,
               hooks: Sequence[Any] | None = None, use_cs: bool = True) -> "CSEstimator":
         """Train to `max_steps` (absolute) or `steps` more, from the newest checkpoint."""
-        if steps is not None and max_steps is not None:
-            raise CSRunError("train got both steps and max_steps", "give one of them")
-        for name, value in (("steps", steps), ("max_steps", max_steps)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise CSRunError(f"{name}={value!r} is not a whole number >= 0")
+        check_steps(steps, max_steps)
         if self._on_cs(use_cs):
             if hooks:
                 raise CSRunError("hooks run on the CPU path only", "train without hooks on the CS")
@@ -151,7 +146,7 @@ class CSEstimator:
                                  "checkpoint_path) runs on the CPU path only for now",
                                  "train a first step on the CPU (python run.py --steps 1), then "
                                  "continue on the CS from that model_dir")
-            dispatch.run(self, RunKind.TRAIN, input_fn, steps=steps, max_steps=max_steps)
+            dispatch.run(self.model_fn, self.settings, RunKind.TRAIN, input_fn, steps=steps, max_steps=max_steps)
         else:
             cpu_session.train(self.model_fn, input_fn, self.settings, steps=steps,
                               max_steps=max_steps, hooks=list(hooks or ()))
@@ -161,7 +156,7 @@ class CSEstimator:
                  checkpoint_path: str | None = None, use_cs: bool = False) -> dict | None:
         """The metrics of a checkpoint (the newest by default) over `steps` batches."""
         if self._on_cs(use_cs):
-            return dispatch.run(self, RunKind.EVALUATE, input_fn, steps=steps,
+            return dispatch.run(self.model_fn, self.settings, RunKind.EVALUATE, input_fn, steps=steps,
                                 checkpoint_path=checkpoint_path)
         return cpu_session.evaluate(self.model_fn, input_fn, self.settings, steps=steps,
                                     checkpoint_path=checkpoint_path)
@@ -175,8 +170,8 @@ class CSEstimator:
         when given), or an array per sample when model_fn's predictions are one tensor; a
         batch at a time with `yield_single_examples=False`. An input worker's is empty."""
         if self._on_cs(use_cs):
-            predictions = dispatch.run(self, RunKind.PREDICT, input_fn, checkpoint_path=checkpoint_path,
-                                       num_samples=num_samples)
+            predictions = dispatch.run(self.model_fn, self.settings, RunKind.PREDICT, input_fn,
+                                       checkpoint_path=checkpoint_path, num_samples=num_samples)
             if predictions is None:  # an input worker: it streamed its shard
                 return iter(())
         else:

@@ -17,6 +17,7 @@ import time
 from typing import Callable
 
 from common.errors import CSRunError, cli_entry
+from common.run_settings import end_step
 from coordinator.replicas import requested_replicas
 from coordinator.roles import task_role
 from launcher.estimator import CSEstimator, CSRunConfig, ModeKeys
@@ -50,7 +51,7 @@ def train_and_eval(estimator: CSEstimator, train_input_fn: Callable, eval_input_
     of the evaluation before it (tf.estimator.train_and_evaluate's rule)."""
     start = checkpoints.latest_checkpoint(estimator.model_dir)
     step = checkpoints.checkpoint_step(start) if start else 0
-    end = runconfig["max_steps"] if runconfig["max_steps"] is not None else step + (runconfig["steps"] or 0)
+    end = end_step(step, runconfig["steps"] or 0, runconfig["max_steps"])  # neither: no training
     every = runconfig["save_checkpoints_steps"] or max(end - step, 1)
     last_eval: float | None = None
     while step < end:

@@ -16,6 +16,7 @@ import numpy as np
 import tf_reference
 
 from common.errors import CSRunError
+from common.run_settings import RunSettings
 from coordinator.chief import cs_state, output_tensor_names, streamed_names
 from coordinator.compiler import CompileResult, compile_model
 from cs_api import pb
@@ -151,7 +152,7 @@ def evaluation_mismatch(model_fn: Callable, input_fn: Callable, params: dict, mo
     CPU path's metrics on that checkpoint (every metric, the mean loss included, to `rtol`);
     else what differs."""
     path = trained_checkpoint(model_dir, trained)
-    settings = cpu_session.RunSettings(model_dir, params, None, None, None, None)
+    settings = RunSettings(model_dir, params, None, None, None, None)
     cpu = cpu_session.evaluate(model_fn, input_fn, settings, steps=steps, checkpoint_path=path)
     cpu.pop("global_step")
     cs = evaluate_like_the_chief(model_fn, input_fn, params, model_dir, path, steps)
@@ -179,7 +180,7 @@ def prediction_mismatch(model_fn: Callable, input_fn: Callable, params: dict, mo
     """"" if the CS predicts from a checkpoint of the `trained` state (as the chief does) what
     the CPU path predicts from it (integers exactly, floats to `rtol`); else what differs."""
     path = trained_checkpoint(model_dir, trained)
-    settings = cpu_session.RunSettings(model_dir, params, None, None, None, None)
+    settings = RunSettings(model_dir, params, None, None, None, None)
     cs = predict_like_the_chief(model_fn, input_fn, params, model_dir, path, steps)
     cpu = cpu_session.predict(model_fn, input_fn, settings, checkpoint_path=path,
                               num_samples=len(next(iter(cs.values())))).arrays

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from common.errors import CSRunError
 from common.run_kinds import RunKind
+from common.run_settings import RunSettings, check_steps, end_step
 from tf_model import checkpoints, progress
 from tf_model.estimator_spec import ModeKeys
 from tf_model.events import EventWriter, eval_dir
@@ -36,19 +37,6 @@ from tf_model.model_fn import (
 from tf_model.predictions import PredictionGraph, Predictions, write_predictions
 
 _PREFETCH = 2
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What a CPU run reads from the estimator: where, how often, and the user's params."""
-
-    model_dir: str
-    params: dict
-    save_summary_steps: int | None
-    save_checkpoints_steps: int | None
-    keep_checkpoint_max: int | None
-    log_step_count_steps: int | None
-    warm_start_from: str | None = None
 
 
 def _seed(params: dict) -> None:
@@ -150,9 +138,7 @@ def train(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps: 
           max_steps: int | None = None, hooks: Sequence[Any] = ()) -> int:
     """Train from the newest checkpoint (or initial weights) to `max_steps` (absolute) or
     `steps` more; returns the final global step. `hooks` are tf.compat.v1.train.SessionRunHooks."""
-    if steps is None and max_steps is None:
-        raise CSRunError("training needs a number of steps", "give steps or max_steps "
-                         "(--steps, --max_steps or runconfig.max_steps)")
+    check_steps(steps, max_steps)
     with model_dir_locked(settings.model_dir):
         return _train(model_fn, input_fn, settings, steps, max_steps, hooks)
 
@@ -168,11 +154,7 @@ def _train(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps:
     session = _start_session(built, settings)
     try:
         step = int(session.run(built.global_step))
-        if max_steps is not None:
-            end = max_steps
-        else:
-            assert steps is not None, "train() refused a run without steps or max_steps"
-            end = step + steps
+        end = end_step(step, steps, max_steps)
         if end <= step:
             progress.skipping(step)
             return step

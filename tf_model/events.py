@@ -14,10 +14,12 @@ from typing import Mapping
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from common.closing import Closing
+
 EVAL_DIR = "eval"
 
 
-class EventWriter:
+class EventWriter(Closing):
     """Appends scalar events to a new event file in `logdir` (created if missing)."""
 
     def __init__(self, logdir: str):
@@ -45,12 +47,6 @@ class EventWriter:
 
     def close(self) -> None:
         self._writer.close()
-
-    def __enter__(self) -> "EventWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def eval_dir(model_dir: str) -> str:

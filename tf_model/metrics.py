@@ -16,6 +16,7 @@ from typing import Any, Callable, Collection, Mapping
 import numpy as np
 import tensorflow as tf
 
+from common.closing import Closing
 from common.errors import CSRunError
 from tf_model import host_graph
 from tf_model.checkpoints import restore_variables
@@ -41,7 +42,7 @@ def metric_ops(spec: CSEstimatorSpec) -> dict[str, tuple[Any, Any]]:
     return ops
 
 
-class EvalMetrics:
+class EvalMetrics(Closing):
     """model_fn's metrics in EVAL mode, accumulated over `update` calls, with a checkpoint's
     weights restored (when given).
 
@@ -80,9 +81,3 @@ class EvalMetrics:
 
     def close(self) -> None:
         self.session.close()
-
-    def __enter__(self) -> "EvalMetrics":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -13,6 +13,7 @@ from typing import Any, Collection, Iterator, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from common.closing import Closing
 from common.errors import CSRunError
 from tf_model import checkpoints, host_graph
 from tf_model.estimator_spec import ModeKeys
@@ -22,7 +23,7 @@ PREDICT_DIR = "predict"
 SINGLE_KEY = "predictions"  # the file's key when model_fn's predictions are one tensor
 
 
-class PredictionGraph:
+class PredictionGraph(Closing):
     """model_fn built in PREDICT mode with a checkpoint's weights restored. `streamed`: the
     tensor names the chief feeds from the CS's outputs (the graph is cut at them:
     `host_graph.feed_only`)."""
@@ -49,12 +50,6 @@ class PredictionGraph:
 
     def close(self) -> None:
         self.session.close()
-
-    def __enter__(self) -> "PredictionGraph":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)

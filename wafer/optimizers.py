@@ -50,32 +50,39 @@ suffixes below, in order) and start as TF starts them; Adam's step counters are 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import ClassVar
 
 import numpy as np
+
+from cs_api import cs_api_pb2 as pb
 
 F32 = np.float32
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """The program's optimizer message, as typed hyper-parameters."""
+    """A tf.compat.v1.train optimizer's type and hyper-parameters: what the compiler proves
+    from the graph, the program carries (`to_message`, `from_message`) and the CS applies.
+    A hyper-parameter the optimizer does not read is 0, as a field the message leaves out."""
 
-    type: str
+    type: str  # sgd, momentum, adam, rmsprop, adagrad
     learning_rate: float
-    momentum: float = 0.0
-    use_nesterov: bool = False
-    beta1: float = 0.9
-    beta2: float = 0.999
-    epsilon: float = 1e-8
-    decay: float = 0.9
-    centered: bool = False
-    initial_accumulator_value: float = 0.1
+    momentum: float = 0.0  # momentum, rmsprop
+    use_nesterov: bool = False  # momentum
+    beta1: float = 0.0  # adam
+    beta2: float = 0.0  # adam
+    epsilon: float = 0.0  # adam, rmsprop
+    decay: float = 0.0  # rmsprop
+    centered: bool = False  # rmsprop
+    initial_accumulator_value: float = 0.0  # adagrad
 
     @classmethod
-    def from_message(cls, message) -> "OptimizerConfig":
+    def from_message(cls, message: pb.Optimizer) -> "OptimizerConfig":
         return cls(**{f.name: getattr(message, f.name) for f in fields(cls)})
+
+    def to_message(self) -> pb.Optimizer:
+        return pb.Optimizer(**asdict(self))
 
 
 def slot_name(variable: str, suffix: str) -> str:

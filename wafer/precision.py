@@ -51,21 +51,35 @@ def round_half(x: np.ndarray) -> np.ndarray:
     below float16's smallest normal) by (x + 1.5 q 2 ** 23) - 1.5 q 2 ** 23, whose sum lies
     in a binade of float32 spacing q: round to nearest, ties to even. Scaling by 2 ** 112 and
     back turns the magnitudes that round to 2 ** 16 or more (float16's overflow: from 65520)
-    into infinities and leaves the others exact; the sign is x's (signed zeros)."""
-    shift = (x.view(np.uint32) & EXPONENT_BITS).view(np.float32)  # 2 ** exponent(x)
-    np.clip(shift, SMALLEST_NORMAL, LARGEST_BINADE, out=shift)
-    shift *= SHIFT_FACTOR
-    rounded = x + shift
-    rounded -= shift
-    with np.errstate(over="ignore"):
-        rounded *= OVERFLOW_SCALE
-    rounded *= np.float32(1.0) / OVERFLOW_SCALE
-    return np.copysign(rounded, x, out=rounded)
+    into infinities and leaves the others exact; the sign is x's (signed zeros). One
+    compiled pass without the GIL (`wafer.compiled.round_value`)."""
+    from wafer import compiled  # (numba: imported by the simulator's first rounding)
+
+    out = np.empty(x.shape, np.float32)
+    compiled.round_flat(np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
+    return out
+
+
+def round_half_into(x: np.ndarray, out: np.ndarray) -> None:
+    """Write `x` rounded to float16 values into `out` (float32, x's shape; one pass)."""
+    from wafer import compiled
+
+    if x.flags.c_contiguous and out.flags.c_contiguous:
+        compiled.round_flat(x.reshape(-1), out.reshape(-1))
+    else:
+        np.copyto(out, round_half(x))
 
 
 def round_half_(x: np.ndarray) -> None:
     """Round a float32 array to float16 values in place."""
-    np.copyto(x, round_half(x))
+    from wafer import compiled
+
+    if x.flags.c_contiguous:
+        compiled.round_in_place(x.reshape(-1))
+    elif x.ndim == 2:
+        compiled.round_rows(x)
+    else:
+        np.copyto(x, round_half(x))
 
 
 def value_bytes(kernel: object) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 import threadpoolctl
 
 from wafer.fabric import DEFAULT_FABRIC, FABRICS
+from wafer.kernels.affine import compiled as compiled_tiles
 from wse_sim.cs_system import CSSystem
 from wse_sim.server import CSServer, TLSFiles
 from wse_sim.stages import usable_cpus
@@ -61,6 +62,10 @@ def tls_files(args: argparse.Namespace) -> TLSFiles | None:
     return TLSFiles(args.tls_cert, args.tls_key)
 
 
+def _warm_up() -> None:
+    compiled_tiles().warm_up()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if not 0 <= args.port < 65536 or args.idle_timeout < 0 or args.threads < 1:
@@ -87,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{PROG}: {args.fabric} CS system serving on {server.address} "
           f"({'TLS' if tls else 'no TLS'}, idle timeout {args.idle_timeout:g} s, "
           f"{args.threads} thread(s))", flush=True)
+    # the compiled tiles loaded (the first time: compiled) before a program arrives
+    threading.Thread(target=_warm_up, daemon=True, name="wse-warm-up").start()
     while not stop.wait(0.5):
         pass
     print(f"{PROG}: stopping", flush=True)

@@ -54,7 +54,7 @@ from wafer.loss_scaling import DynamicLossScale, all_finite
 from wafer.moving_averages import MovingAverage
 from wafer.moving_averages import update as update_average
 from wafer.optimizers import Optimizer, make_optimizer, slot_name
-from wafer.precision import is_half, round_half, round_half_
+from wafer.precision import is_half, round_half, round_half_, round_half_into
 from wafer.schedules import Schedule, evaluate
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec, SharedWeight
 from wse_sim.shared_weights import SharedWeights
@@ -477,7 +477,7 @@ class Pipeline:
                     self.optimizer.apply_sparse(region.params[role], *region.slices.pop(role),
                                                 region.slots[role])
                     if region.half:
-                        np.copyto(region.compute[role], round_half(region.params[role]))
+                        round_half_into(region.params[role], region.compute[role])
                 else:
                     updates += _update_tiles(self.optimizer, region, role)
         if index == 0 and self.shared:
@@ -487,7 +487,7 @@ class Pipeline:
             for region in self.regions:
                 for role, var in region.variables.items():
                     if region.half and var in self.shared:
-                        np.copyto(region.compute[role], round_half(region.params[role]))
+                        round_half_into(region.params[role], region.compute[role])
 
     @staticmethod
     def _add_replica(region: Region, last: bool) -> None:
@@ -648,4 +648,4 @@ def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int, rows
     var, grad, *rest = (a[rows] for a in arrays)
     optimizer.apply(var, grad, rest[:slots], rest[slots:])
     if half is not None:
-        half[rows] = round_half(var)
+        round_half_into(var, half[rows])

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from wafer.grad_transforms import GradientTransform
     from wafer.loss_scaling import DynamicLossScale
     from wafer.moving_averages import MovingAverage
+    from wafer.optimizers import OptimizerConfig
     from wafer.schedules import Schedule
 
 Shape = tuple[int, ...]
@@ -62,22 +63,6 @@ class UnsupportedOp:
 
 
 @dataclass(frozen=True)
-class OptimizerSpec:
-    """A tf.compat.v1.train optimizer's type and constant hyper-parameters."""
-
-    type: str  # sgd, momentum, adam, rmsprop, adagrad
-    learning_rate: float
-    momentum: float = 0.0  # momentum, rmsprop
-    use_nesterov: bool = False
-    beta1: float = 0.0
-    beta2: float = 0.0
-    epsilon: float = 0.0  # adam, rmsprop
-    decay: float = 0.0  # rmsprop
-    centered: bool = False  # rmsprop
-    initial_accumulator_value: float = 0.0  # adagrad
-
-
-@dataclass(frozen=True)
 class TrainedVariable:
     """A variable the train_op updates."""
 
@@ -104,7 +89,7 @@ class StatisticAverage:
 class TrainingSpec:
     """What the train_op does, proven from the graph (coordinator.compiler.training)."""
 
-    optimizer: OptimizerSpec
+    optimizer: OptimizerConfig
     variables: tuple[TrainedVariable, ...]  # by name; every other variable is frozen
     transforms: tuple[GradientTransform, ...] = ()  # applied in order to d(loss)/d(var)
     statistic_averages: tuple[StatisticAverage, ...] = ()  # batch norm's moving statistics
@@ -152,7 +137,7 @@ class MatchedModel:
     unsupported: tuple[UnsupportedOp, ...] = field(default=())
 
     @property
-    def optimizer(self) -> OptimizerSpec | None:
+    def optimizer(self) -> OptimizerConfig | None:
         return None if self.training is None else self.training.optimizer
 
     @property

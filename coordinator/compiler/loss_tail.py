@@ -12,7 +12,7 @@ with fresh values. Anything else is refused naming the op.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -20,9 +20,7 @@ import tensorflow as tf
 from coordinator.compiler.extract import user_source
 from coordinator.compiler.ir import KernelNode, UnsupportedOp
 from coordinator.compiler.operands import static_shape
-
-if TYPE_CHECKING:
-    from coordinator.compiler.match import Matcher
+from coordinator.compiler.rules import TailContext
 
 # Ops allowed between the batch reductions (and weight terms) and the loss: linear ones.
 TAIL_OPS = {"Sum", "Mean", "Mul", "RealDiv", "Div", "DivNoNan", "AddV2", "Add", "AddN", "Sub",
@@ -35,12 +33,12 @@ RTOL = 1e-4
 HALF_RTOL = 4e-3
 
 
-def _reject(m: "Matcher", op: tf.Operation, reason: str) -> tuple[str, dict]:
+def _reject(m: TailContext, op: tf.Operation, reason: str) -> tuple[str, dict]:
     m.unsupported.append(UnsupportedOp(op.type, op.name, user_source(op), reason))
     return "", {}
 
 
-def _tail_ops(m: "Matcher", loss: tf.Tensor) -> list[tf.Operation]:
+def _tail_ops(m: TailContext, loss: tf.Tensor) -> list[tf.Operation]:
     """Ops between the batch reductions and the loss (graph order)."""
     found, stack = set(), [loss.op]
     while stack:
@@ -52,7 +50,7 @@ def _tail_ops(m: "Matcher", loss: tf.Tensor) -> list[tf.Operation]:
     return [op for op in m.ops if op in found]
 
 
-def _weight_base(m: "Matcher", tensor: tf.Tensor):
+def _weight_base(m: TailContext, tensor: tf.Tensor):
     """(kind, factor, variable) if `tensor` is l2_loss(w), sum(square(w)) or sum(abs(w))."""
     op = tensor.op
     if op.type == "L2Loss":
@@ -69,7 +67,7 @@ def _weight_base(m: "Matcher", tensor: tf.Tensor):
     return None
 
 
-def _weight_terms(m: "Matcher", tensor: tf.Tensor, bases: list, reasons: list) -> None:
+def _weight_terms(m: TailContext, tensor: tf.Tensor, bases: list, reasons: list) -> None:
     """Collect the regularizer bases under a weight-only value (through linear ops)."""
     base = _weight_base(m, tensor)
     if base is not None:
@@ -85,7 +83,7 @@ def _weight_terms(m: "Matcher", tensor: tf.Tensor, bases: list, reasons: list) -
             _weight_terms(m, t, bases, reasons)
 
 
-def lower_loss(m: "Matcher", loss: tf.Tensor) -> tuple[str, dict[str, list[tuple[str, float]]]]:
+def lower_loss(m: TailContext, loss: tf.Tensor) -> tuple[str, dict[str, list[tuple[str, float]]]]:
     """Add the `loss` kernel for the batch reduction; return its name and the regularizers
     by variable (kind, scale). Problems are added to m.unsupported."""
     if loss.name not in m.tail:
@@ -124,7 +122,7 @@ def lower_loss(m: "Matcher", loss: tf.Tensor) -> tuple[str, dict[str, list[tuple
     return _loss_kernel(m, loss, frontier, data_c), regularizers
 
 
-def _measure(m: "Matcher", loss: tf.Tensor, frontier: list[tf.Tensor],
+def _measure(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
              bases: list[tf.Tensor], rtol: float = RTOL) -> list[float] | str:
     """The coefficients c of loss = sum_i c_i * sum(x_i), measured and verified by feeding."""
     rng = np.random.default_rng(0)
@@ -133,7 +131,7 @@ def _measure(m: "Matcher", loss: tf.Tensor, frontier: list[tf.Tensor],
     zeros = {t: np.zeros(s, np.float32) for t, s in zip(feeds, shapes)}
 
     def evaluate(values: dict) -> float:
-        with tf.compat.v1.Session(graph=m.x.graph) as session:
+        with tf.compat.v1.Session(graph=m.graph) as session:
             return float(session.run(loss, {**zeros, **values}))
 
     try:
@@ -170,7 +168,7 @@ def exact(c: float, rtol: float = 1e-5) -> float:
     return c
 
 
-def _loss_kernel(m: "Matcher", loss: tf.Tensor, frontier: list[tf.Tensor],
+def _loss_kernel(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
                  coefficients: Sequence[float]) -> str:
     """One `loss` kernel summing scale * per-sample values (several terms combined first)."""
     if len(frontier) == 1:

@@ -1,21 +1,19 @@
 """Lowerings of the spatial ops beyond conv2d and pooling: transposed convolution
 (Conv2DBackpropInput), depthwise convolution (DepthwiseConv2dNative), dilated convolution
 (TF's SpaceToBatchND -> conv -> BatchToSpaceND), tiling within a sample (Keras UpSampling's
-repeat), image resizing, and 3-D convolution and pooling. Registered in `lowering.GENERIC`; each handler lowers its op
-onto a library kernel, or returns why it cannot (the per-sample proof is in the checks:
+repeat), image resizing, and 3-D convolution and pooling. Each handler (registered in
+`rules.GENERIC`) lowers its op onto a library kernel, or returns why it cannot (the per-sample proof is in the checks:
 the batch axis is never tiled, resized or moved)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.ir import ParamRef
 from coordinator.compiler.operands import Weight, static_shape
-
-if TYPE_CHECKING:
-    from coordinator.compiler.match import Matcher
+from coordinator.compiler.rules import Context, GenericRule, generic
 
 # The README's rows: kernel -> the TF ops and Keras layers it computes.
 KERNEL_ROWS = {
@@ -61,7 +59,7 @@ def _kernel_param(weight: Weight) -> ParamRef:
     return ParamRef("kernel", weight.variable, weight.shape, variable_shape=weight.variable_shape)
 
 
-def _conv_transpose(m: "Matcher", op: tf.Operation) -> str:
+def _conv_transpose(m: Context, op: tf.Operation) -> str:
     sizes_t, filter_t, x = op.inputs
     weight, sizes = m.operands.weight(filter_t), m.operands.constant(sizes_t)
     if not m.is_batched(x) or weight is None or sizes is None:
@@ -74,7 +72,7 @@ def _conv_transpose(m: "Matcher", op: tf.Operation) -> str:
     padding = _padding(op)
     if padding not in ("SAME", "VALID"):
         return "a transposed convolution needs SAME or VALID padding"
-    if int(sizes[0]) != m.x.batch_size:
+    if int(sizes[0]) != m.batch_size:
         return "the transposed convolution's output batch differs from its input's"
     strides = list(op.get_attr("strides"))
     kh, kw, filters, _ = weight.shape
@@ -85,7 +83,7 @@ def _conv_transpose(m: "Matcher", op: tf.Operation) -> str:
     return ""
 
 
-def _conv(m: "Matcher", op: tf.Operation, x: tf.Tensor, ops: list[tf.Operation], out: tf.Tensor,
+def _conv(m: Context, op: tf.Operation, x: tf.Tensor, ops: list[tf.Operation], out: tf.Tensor,
           padding: str | list[int], dilations: list[int]) -> str:
     """Conv2D or DepthwiseConv2dNative `op` of the samples `x` (through `ops`) by a weight."""
     weight = m.operands.weight(op.inputs[1])
@@ -108,7 +106,7 @@ def _conv(m: "Matcher", op: tf.Operation, x: tf.Tensor, ops: list[tf.Operation],
     return ""
 
 
-def _depthwise(m: "Matcher", op: tf.Operation) -> str:
+def _depthwise(m: Context, op: tf.Operation) -> str:
     padding = _padding(op)
     if not isinstance(padding, list) and padding not in ("SAME", "VALID"):
         return padding
@@ -118,7 +116,7 @@ def _depthwise(m: "Matcher", op: tf.Operation) -> str:
     return _conv(m, op, op.inputs[0], [op], op.outputs[0], padding, [int(d) for d in dilations[1:3]])
 
 
-def _space_to_batch(m: "Matcher", op: tf.Operation) -> str:
+def _space_to_batch(m: Context, op: tf.Operation) -> str:
     """TF's dilated convolution: x padded and split into block-strided phases on the batch
     axis, a VALID convolution, the phases put back and cropped. Together they compute a
     dilated convolution of each sample with padding (before - crop, after - crop)."""
@@ -144,7 +142,7 @@ def _space_to_batch(m: "Matcher", op: tf.Operation) -> str:
                  [int(p) for p in pads], [int(b) for b in block])
 
 
-def _tile(m: "Matcher", op: tf.Operation) -> str:
+def _tile(m: Context, op: tf.Operation) -> str:
     multiples = m.operands.constant(op.inputs[1])
     if not m.is_batched(op.inputs[0]) or multiples is None:
         return "tiles by multiples that are not constant, or a value that is not per-sample"
@@ -155,7 +153,7 @@ def _tile(m: "Matcher", op: tf.Operation) -> str:
     return ""
 
 
-def _resize(m: "Matcher", op: tf.Operation) -> str:
+def _resize(m: Context, op: tf.Operation) -> str:
     size = m.operands.constant(op.inputs[1])
     if not m.is_batched(op.inputs[0]) or size is None or len(static_shape(op.inputs[0])) != 4:
         return "resizes to a size that is not constant, or a value that is not per-sample images"
@@ -166,7 +164,7 @@ def _resize(m: "Matcher", op: tf.Operation) -> str:
     return ""
 
 
-def _volume(m: "Matcher", op: tf.Operation) -> str:
+def _volume(m: Context, op: tf.Operation) -> str:
     """Conv3D, MaxPool3D, AvgPool3D on per-sample (D, H, W, C) volumes."""
     x = op.inputs[0]
     strides = list(op.get_attr("strides"))
@@ -191,10 +189,10 @@ def _volume(m: "Matcher", op: tf.Operation) -> str:
     return ""
 
 
-def _float32_only(handler: Callable[["Matcher", tf.Operation], str]) -> Callable[["Matcher", tf.Operation], str]:
+def _float32_only(handler: GenericRule) -> GenericRule:
     """These kernels are proven against TF's float32 kernels only: a float16 op (mixed
     precision) is refused rather than computed with other rounding than TF's."""
-    def lower(m: "Matcher", op: tf.Operation) -> str:
+    def lower(m: Context, op: tf.Operation) -> str:
         if any(t.dtype.base_dtype == tf.float16 for t in op.outputs):
             return (f"{op.type} in float16 (mixed precision) is not proven against TF's float16 "
                     "kernel on the CS: give this layer dtype='float32'")
@@ -202,10 +200,8 @@ def _float32_only(handler: Callable[["Matcher", tf.Operation], str]) -> Callable
     return lower
 
 
-GENERIC: dict[str, Callable[["Matcher", tf.Operation], str]] = {
-    op_type: _float32_only(handler) for op_type, handler in {
-        "Conv2DBackpropInput": _conv_transpose, "DepthwiseConv2dNative": _depthwise,
-        "SpaceToBatchND": _space_to_batch, "Tile": _tile, "ResizeBilinear": _resize,
-        "ResizeNearestNeighbor": _resize, "Conv3D": _volume, "MaxPool3D": _volume,
-        "AvgPool3D": _volume}.items()
-}
+for op_types, rule in (("Conv2DBackpropInput", _conv_transpose), ("DepthwiseConv2dNative", _depthwise),
+                       ("SpaceToBatchND", _space_to_batch), ("Tile", _tile),
+                       (("ResizeBilinear", "ResizeNearestNeighbor"), _resize),
+                       (("Conv3D", "MaxPool3D", "AvgPool3D"), _volume)):
+    generic(*([op_types] if isinstance(op_types, str) else op_types))(_float32_only(rule))

@@ -1,26 +1,29 @@
 """Match kernels: lower every op that carries samples from the inputs to the loss (or to
 the predictions) onto the kernels of wafer.kernels, or list it as unsupported.
 
-Library kernels (dense + bias + activation, conv2d, pooling, dropout, softmax
-cross-entropy) are the fused fast paths; every other op of the forward graph lowers to a
-generic kernel through the table of `lowering.py`. The loss tail (the reduction over the
-batch and terms of the weights alone) is read by `loss_tail.py`. Nothing is assumed: an op
+Library kernels (dense + bias + activation, conv2d, pooling, dropout, batch norm, softmax
+cross-entropy) are the fused fast paths (`fast_paths.py`); every other op of the forward
+graph lowers to a generic kernel through the registry of `rules.py` (`lowering.py`,
+`lowering_spatial.py`, `sequences.py`). The Matcher is the rules' `rules.Context`. The loss
+tail (the reduction over the batch and terms of the weights alone) is read by
+`loss_tail.py`. Nothing is assumed: an op
 that fits no rule is reported with its type, name, source line and the reason.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import replace
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler import loss_tail, lowering, precision, refusals
+from coordinator.compiler import fast_paths, loss_tail, lowering, precision, refusals
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
+from coordinator.compiler.rules import FAST_PATHS
 from coordinator.compiler.training import analyze_training
 from tf_model.estimator_spec import ModeKeys
 
@@ -36,7 +39,8 @@ class Matcher:
     def __init__(self, extracted: ExtractedGraph, targets: list[tf.Tensor],
                  host_tensors: list[tf.Tensor]):
         self.x = extracted
-        graph = extracted.graph
+        self.batch_size = extracted.batch_size
+        graph = self.graph = extracted.graph
         sources = [graph.get_tensor_by_name(extracted.placeholders[s.name]) for s in extracted.inputs]
         self.ops = self._drop_host_tails(data_flow_ops(graph, sources, targets), targets)
         self.flow = set(self.ops)
@@ -161,14 +165,15 @@ class Matcher:
                 return s.shape
         raise KeyError(name)
 
-    def alias(self, op: tf.Operation, source: tf.Tensor) -> None:
-        """`op`'s output is `source`'s value (an identity)."""
-        self.values[op.outputs[0].name] = self.values[source.name]
-        self.shapes[op.outputs[0].name] = self.shape(source)
+    def alias(self, op: tf.Operation, source: tf.Tensor, output: tf.Tensor | None = None) -> None:
+        """`op`'s output (its first, or `output`) is `source`'s value (an identity)."""
+        output = op.outputs[0] if output is None else output
+        self.values[output.name] = self.values[source.name]
+        self.shapes[output.name] = self.shape(source)
         self.consumed.add(op)
 
     def reject(self, op: tf.Operation, reason: str = "") -> None:
-        self.unsupported.append(refusals.attribute(self, op, reason))
+        self.unsupported.append(refusals.attribute(op, reason, self.tail, self.is_batched))
         self.consumed.add(op)
         for out in op.outputs:  # keep going so that every unsupported op is found
             if out.shape.rank and out.shape[0] == self.x.batch_size:
@@ -242,11 +247,6 @@ class Matcher:
 
     # ---- the pass ----
     def run(self) -> None:
-        fast: list[Callable[[tf.Operation], bool]] = [
-            self.match_alias, lowering.match_dropout(self), lowering.match_dense(self),
-            lowering.match_conv2d(self), lowering.match_pool(self),
-            lowering.match_batch_norm(self), lowering.match_cross_entropy(self)]
-        batch_norm_training = lowering.match_batch_norm_training(self)
         for op in self.ops:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
                 continue
@@ -257,9 +257,9 @@ class Matcher:
             if op.type in lowering.RECURRENT:
                 lowering.lower_generic(self, op)
                 continue
-            if batch_norm_training(op) or self._enters_tail(op):
+            if fast_paths.match_batch_norm_training(self, op) or self._enters_tail(op):
                 continue
-            if any(match(op) for match in fast):
+            if self.match_alias(op) or any(rule(self, op) for rule in FAST_PATHS):
                 continue
             lowering.lower_generic(self, op)
 

@@ -2,8 +2,6 @@
 compile reports and the wafer map."""
 from __future__ import annotations
 
-import dataclasses
-
 from coordinator.compiler import report, wafer_map
 from coordinator.compiler.artifacts import Artifacts
 from coordinator.compiler.extract import ExtractedGraph
@@ -101,7 +99,7 @@ def build_program(model: MatchedModel, placement: Placement, *, name: str, graph
 def emit_training(program: pb.Program, training: TrainingSpec) -> None:
     """The optimizer, each param's frozen/update (frozen: constant-like, or not updated by
     the train_op) and the gradient transforms."""
-    program.optimizer.CopyFrom(pb.Optimizer(**dataclasses.asdict(training.optimizer)))
+    program.optimizer.CopyFrom(training.optimizer.to_message())
     for kernel in program.kernels:
         for param in kernel.params:
             param.frozen = param.frozen or not training.update(param.variable)

@@ -12,7 +12,7 @@ import linecache
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Callable, Sequence
 
 import tensorflow as tf
 
@@ -20,9 +20,6 @@ from coordinator.compiler import lowering_spatial
 from coordinator.compiler.extract import user_source
 from coordinator.compiler.ir import UnsupportedOp
 from tf_model.model_fn import is_user_file
-
-if TYPE_CHECKING:
-    from coordinator.compiler.match import Matcher
 
 KERAS_FILES = f"{os.sep}keras{os.sep}src{os.sep}layers{os.sep}"
 # Default scopes of Keras models, whose layers are the next scope down.
@@ -72,24 +69,28 @@ def keras_layer(op: tf.Operation) -> tuple[str, str]:
     return (named.pop() if len(named) == 1 else "Keras layer"), "/".join(components[:depth])
 
 
-def _batch_reduction(m: "Matcher", op: tf.Operation) -> tf.Operation | None:
-    """The op that reduced over the batch a value `op` reads (None if it reads none)."""
-    stack, seen = [t for t in op.inputs if t.name in m.tail], set()
+def _batch_reduction(op: tf.Operation, tail: set[str],
+                     is_batched: Callable[[tf.Tensor], bool]) -> tf.Operation | None:
+    """The op that reduced over the batch a value `op` reads (None if it reads none): the
+    first op back through the loss tail's tensors (`tail`) that reads a batched tensor."""
+    stack, seen = [t for t in op.inputs if t.name in tail], set()
     while stack:
         tensor = stack.pop()
         if tensor.name in seen:
             continue
         seen.add(tensor.name)
         source = tensor.op
-        if any(m.is_batched(t) for t in source.inputs):
+        if any(is_batched(t) for t in source.inputs):
             return source
-        stack.extend(t for t in source.inputs if t.name in m.tail)
+        stack.extend(t for t in source.inputs if t.name in tail)
     return None
 
 
-def attribute(m: "Matcher", op: tf.Operation, reason: str) -> UnsupportedOp:
-    """The refused op, attributed to the layer the user wrote."""
-    origin = _batch_reduction(m, op) or op
+def attribute(op: tf.Operation, reason: str, tail: set[str],
+              is_batched: Callable[[tf.Tensor], bool]) -> UnsupportedOp:
+    """The refused op, attributed to the layer the user wrote (an op reading the loss tail's
+    `tail` tensors: to the op that reduced over the batch)."""
+    origin = _batch_reduction(op, tail, is_batched) or op
     layer, scope = keras_layer(origin)
     function = re.sub(r"_\d+$", "", origin.name.split("/", 1)[0])
     if not layer and function in TF_FUNCTIONS:

@@ -6,17 +6,13 @@ kernels on the samples' own axes; a recurrent cell's weights are read at every s
 (shared weights, `wse_sim.shared_weights`)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import tensorflow as tf
 
 from coordinator.compiler.operands import static_shape
-
-if TYPE_CHECKING:
-    from coordinator.compiler.match import Matcher
+from coordinator.compiler.rules import Context, generic
 
 
-def _take(m: "Matcher", op: tf.Operation, x: tf.Tensor, out: tf.Tensor, axis: int,
+def _take(m: Context, op: tf.Operation, x: tf.Tensor, out: tf.Tensor, axis: int,
           lo: int, hi: int, shrink: bool, ops: list[tf.Operation]) -> None:
     """`out` = x[..., lo:hi, ...] along per-sample axis `axis` (dropped when `shrink`)."""
     shape = m.shape(x)
@@ -27,7 +23,8 @@ def _take(m: "Matcher", op: tf.Operation, x: tf.Tensor, out: tf.Tensor, axis: in
                  [], ops, out, source_op=op)
 
 
-def unpack(m: "Matcher", op: tf.Operation) -> str:
+@generic("Unpack")
+def unpack(m: Context, op: tf.Operation) -> str:
     """tf.unstack(x, axis=a) of a per-sample x, a != 0: one slice per step."""
     x = op.inputs[0]
     if not m.is_batched(x):
@@ -40,7 +37,8 @@ def unpack(m: "Matcher", op: tf.Operation) -> str:
     return ""
 
 
-def split(m: "Matcher", op: tf.Operation) -> str:
+@generic("Split", "SplitV")
+def split(m: Context, op: tf.Operation) -> str:
     """tf.split along a sample's axis (Split: equal parts; SplitV: given sizes)."""
     x, axis_t = (op.inputs[1], op.inputs[0]) if op.type == "Split" else (op.inputs[0], op.inputs[2])
     axis_c = m.operands.constant(axis_t)
@@ -57,7 +55,8 @@ def split(m: "Matcher", op: tf.Operation) -> str:
     return ""
 
 
-def pack(m: "Matcher", op: tf.Operation) -> str:
+@generic("Pack")
+def pack(m: Context, op: tf.Operation) -> str:
     """tf.stack of per-sample values along a sample's axis, or along axis 0 followed by the
     transpose that puts the batch first again (Keras' return_sequences): a unit axis added
     to each, then one concat."""
@@ -84,7 +83,7 @@ def pack(m: "Matcher", op: tf.Operation) -> str:
     return ""
 
 
-def time_major_unstack(m: "Matcher", op: tf.Operation) -> str:
+def time_major_unstack(m: Context, op: tf.Operation) -> str:
     """A transpose moving a time axis first, then unstacking it (Keras' unrolled recurrent
     layers): step i is x[:, ..., i, ...], one slice each; "" if lowered, else why not."""
     x, perm = op.inputs[0], m.operands.constant(op.inputs[1])

@@ -9,6 +9,7 @@ from common.errors import CSRunError
 from coordinator.compiler import compile_model
 from coordinator.compiler.extract import extract
 from coordinator.compiler.match import match
+from examples import mlp
 
 
 def matched(model_fn, mode="train", input_fn=m.input_fn, **params):
@@ -48,8 +49,8 @@ def test_keras_mlp_is_three_dense_kernels_and_a_mean_loss(tmp_path):
     # host_call reads the logits and the labels: both are streamed back.
     assert model.outputs == (dense[2].name, "labels")
     assert dense[2].tf_tensor.endswith("BiasAdd:0")
-    assert dense[0].source.endswith("compiler_models.py:" + str(
-        inspect.getsource(m).splitlines().index(
+    assert dense[0].source.endswith("examples/mlp.py:" + str(
+        inspect.getsource(mlp).splitlines().index(
             '        h = tf.keras.layers.Dense(units, activation="relu")(h)') + 1))
 
 

@@ -7,10 +7,15 @@ pass. Backward, the activation's derivative and the bias gradient come first (un
 cheap), then the weight gradient in ranges of the weight's rows (contiguous, so adding it
 into the accumulator is one pass) and the input gradient in ranges of the input's
 columns, all tiles of one batch of work.
+
+A tile whose activation is relu, relu6 or linear, on C-contiguous operands, runs compiled
+(`wafer.compiled`: one call holding no GIL, numpy's arithmetic bit for bit); the others
+run in numpy.
 """
 from __future__ import annotations
 
 from functools import partial
+from types import ModuleType
 from typing import Mapping
 
 import numpy as np
@@ -24,6 +29,14 @@ from wafer.precision import round_half_
 OUTPUT_GRADIENT = {"relu", "elu", "selu", "tanh", "sigmoid", "linear"}
 # Activations whose result of a float16 value is a float16 value (no rounding needed).
 EXACT_IN_HALF = {"relu", "relu6", "linear"}
+_NO_BIAS = np.zeros(0, np.float32)
+
+
+def compiled() -> ModuleType:
+    """wafer.compiled, imported on first use (numba's import is the simulator's alone)."""
+    from wafer import compiled as module
+
+    return module
 
 
 class Affine:
@@ -36,6 +49,16 @@ class Affine:
         self.activation = activation
         self.half = half
         self._scratch: np.ndarray | None = None
+        # its activation's code in wafer.compiled (-1: numpy tiles, as for the bench's A/B)
+        self.code: int | None = None
+
+    def _compiled(self, x2d: np.ndarray, w: np.ndarray) -> bool:
+        """Whether this GEMM's tiles run compiled: a coded activation, C-contiguous float32
+        operands, and no dimension of 1 (numpy's matmul calls gemv or dot there)."""
+        if self.code is None:
+            self.code = compiled().CODES.get(self.activation, -1)
+        return self.code >= 0 and x2d.flags.c_contiguous and w.flags.c_contiguous \
+            and x2d.dtype == w.dtype == np.float32 and min(*x2d.shape, w.shape[1]) > 1
 
     def forward(self, x2d: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                 ctx: RunContext) -> tuple[np.ndarray, tuple]:
@@ -43,6 +66,12 @@ class Affine:
         (rows, n), units = x2d.shape, w.shape[1]
         z = np.empty((rows, units), np.float32)
         y = z if self.activation in OUTPUT_GRADIENT else np.empty_like(z)
+        if self._compiled(x2d, w):
+            bias, run = _NO_BIAS if b is None else b, compiled()
+            ctx.run_tiles([partial(run.affine_forward, x2d, w, bias, z, y, cols.start,
+                                   cols.stop, b is not None, self.code, self.half)
+                           for cols in tiles(rows, n, units)])
+            return y, (x2d, None if y is z else z, y)
         ctx.run_tiles([partial(self._forward_tile, x2d, w, b, z, y, cols)
                        for cols in tiles(rows, n, units)])
         return y, (x2d, None if y is z else z, y)
@@ -69,6 +98,8 @@ class Affine:
         micro-batch) and returned, or new arrays without accumulators."""
         x2d, z, y = cache
         (rows, units), n = dy.shape, w.shape[0]
+        if self._compiled(x2d, w):
+            return self._compiled_backward(x2d, z, y, dy, w, has_bias, acc, ctx, input_grad)
         dz = dy
         if self.activation != "linear":
             dz = activations.gradient(self.activation, z, y, dy)
@@ -89,6 +120,31 @@ class Affine:
         if input_grad:
             dx = np.empty((rows, n), np.float32)
             work += [partial(_input_tile, dz, w, dx, cols) for cols in tiles(rows, units, n)]
+        ctx.run_tiles(work)
+        return dx, grads
+
+    def _compiled_backward(self, x2d, z, y, dy, w, has_bias, acc, ctx, input_grad):
+        (rows, units), n = dy.shape, w.shape[0]
+        dz = np.empty((rows, units), np.float32)
+        bias_sum = np.empty(units if has_bias else 0, np.float32)
+        run = compiled()
+        run.affine_gradient(dy, y if z is None else z, y, dz, bias_sum, has_bias,
+                                 self.code)
+        grads: dict[str, np.ndarray] = {}
+        if has_bias:
+            accumulate(acc, "bias", bias_sum, grads, ctx)
+        grads["kernel"] = np.empty(w.shape, np.float32) if acc is None else acc["kernel"]
+        add = acc is not None and ctx.accumulate
+        if add and (self._scratch is None or self._scratch.shape != w.shape):
+            self._scratch = np.empty(w.shape, np.float32)
+        scratch = self._scratch if add else grads["kernel"]
+        work = [partial(run.weight_gradient, x2d, dz, grads["kernel"], scratch,
+                        part.start, part.stop, add) for part in tiles(n, rows, units, axis=0)]
+        dx = None
+        if input_grad:
+            dx = np.empty((rows, n), np.float32)
+            work += [partial(run.input_gradient, dz, w, dx, cols.start, cols.stop)
+                     for cols in tiles(rows, units, n)]
         ctx.run_tiles(work)
         return dx, grads
 

@@ -141,7 +141,7 @@ class Conv2D(Kernel):
         self.use_bias = bool(self.attrs.get("use_bias", True))
         self.activation = activations.check_function(name, self.attrs.get("activation", "linear"))
         self.patch = self.ksize[0] * self.ksize[1] * self.channels
-        self._affine = Affine(self.activation, is_half(self.attrs))
+        self.affine = Affine(self.activation, is_half(self.attrs))
 
     @property
     def output_shape(self):
@@ -171,7 +171,7 @@ class Conv2D(Kernel):
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
         cols = self.windows.columns(x)
-        y, cache = self._affine.forward(cols, params["kernel"].reshape(self.patch, self.filters),
+        y, cache = self.affine.forward(cols, params["kernel"].reshape(self.patch, self.filters),
                                         params.get("bias"), ctx)
         return y.reshape(x.shape[0], *self.output_shape), (x.shape[0], cache)
 
@@ -180,7 +180,7 @@ class Conv2D(Kernel):
         w = params["kernel"].reshape(self.patch, self.filters)
         acc = None if param_grads is None else \
             {**param_grads, "kernel": param_grads["kernel"].reshape(self.patch, self.filters)}
-        dcols, grads = self._affine.backward(affine_cache, grad_output.reshape(-1, self.filters),
+        dcols, grads = self.affine.backward(affine_cache, grad_output.reshape(-1, self.filters),
                                              w, self.use_bias, acc, ctx, ctx.wants_grad(0))
         grads["kernel"] = grads["kernel"].reshape(self.param_shapes()["kernel"])
         dx = None

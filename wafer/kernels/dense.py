@@ -26,7 +26,7 @@ class Dense(Kernel):
         self.use_bias = bool(self.attrs.get("use_bias", True))
         self.activation = activations.check_function(name, self.attrs.get("activation", "linear"))
         self.n = self.input_shapes[0][-1]
-        self._affine = Affine(self.activation, is_half(self.attrs))
+        self.affine = Affine(self.activation, is_half(self.attrs))
 
     @property
     def output_shape(self):
@@ -55,12 +55,12 @@ class Dense(Kernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        y, cache = self._affine.forward(x.reshape(-1, self.n), params["kernel"],
+        y, cache = self.affine.forward(x.reshape(-1, self.n), params["kernel"],
                                         params.get("bias"), ctx)
         return y.reshape(*x.shape[:-1], self.units), cache
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        dx, grads = self._affine.backward(cache, grad_output.reshape(-1, self.units),
+        dx, grads = self.affine.backward(cache, grad_output.reshape(-1, self.units),
                                           params["kernel"], self.use_bias, param_grads, ctx,
                                           ctx.wants_grad(0))
         if dx is not None:

@@ -13,8 +13,38 @@ from wafer.kernels.base import Kernel, KernelError, RunContext, Shape, accumulat
 _ONE = np.float32(1)
 
 
+class _BatchNorm(Kernel):
+    """What both batch normalisations take: 1 input with channels last, a number attr
+    epsilon >= 0 and bool attrs scale, center (the optional weights) and fused
+    (FusedBatchNormV3's order)."""
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        flags = {k: self.attrs.get(k, default) for k, default in
+                 (("scale", True), ("center", True), ("fused", False))}
+        eps = self.attrs.get("epsilon")
+        if len(self.input_shapes) != 1 or not self.input_shapes[0] or \
+                any(not isinstance(f, bool) for f in flags.values()) or \
+                isinstance(eps, bool) or not isinstance(eps, (int, float)) or \
+                not (math.isfinite(eps) and eps >= 0):
+            raise KernelError(f"kernel {name!r} ({self.type_name}): takes 1 input with "
+                              f"channels last, a number attr epsilon >= 0 and bool attrs scale, "
+                              f"center, fused, got inputs {self.input_shapes}, epsilon {eps!r}, "
+                              f"{flags}")
+        self.scale, self.center, self.fused = flags["scale"], flags["center"], flags["fused"]
+        self.eps = np.float32(eps)
+        self.channels = self.input_shapes[0][-1]
+
+    @property
+    def output_shape(self):
+        return self.input_shapes[0]
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+
 @register
-class BatchNormInference(Kernel):
+class BatchNormInference(_BatchNorm):
     """x (..., C) with the frozen weights mean and variance (C,), optional scale (attr
     scale) and offset (attr center), attr epsilon, in TF's order:
       tf.nn.batch_normalization (Keras' BatchNormalization):
@@ -27,36 +57,12 @@ class BatchNormInference(Kernel):
 
     type_name = "batch_norm_inference"
 
-    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
-        super().__init__(name, attrs, input_shapes)
-        flags = {k: self.attrs.get(k, default) for k, default in
-                 (("scale", True), ("center", True), ("fused", False))}
-        eps = self.attrs.get("epsilon")
-        if len(self.input_shapes) != 1 or not self.input_shapes[0] or \
-                any(not isinstance(f, bool) for f in flags.values()) or \
-                isinstance(eps, bool) or not isinstance(eps, (int, float)) or \
-                not (math.isfinite(eps) and eps >= 0):
-            raise KernelError(f"kernel {name!r} (batch_norm_inference): takes 1 input with "
-                              f"channels last, a number attr epsilon >= 0 and bool attrs scale, "
-                              f"center, fused, got inputs {self.input_shapes}, epsilon {eps!r}, "
-                              f"{flags}")
-        self.scale, self.center, self.fused = flags["scale"], flags["center"], flags["fused"]
-        self.eps = np.float32(eps)
-        self.channels = self.input_shapes[0][-1]
-
-    @property
-    def output_shape(self):
-        return self.input_shapes[0]
-
     def param_shapes(self):
         roles = ["mean", "variance"] + ["scale"] * self.scale + ["offset"] * self.center
         return {role: (self.channels,) for role in roles}
 
     def flops_per_sample(self) -> float:
         return 2.0 * math.prod(self.input_shapes[0])  # a multiply-add per value
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
 
     def activation_bytes_per_sample(self) -> int:
         return 4 * math.prod(self.input_shapes[0]) if self.scale else 0  # x, for scale's gradient
@@ -106,7 +112,7 @@ MOVING_UPDATES = ("affine", "delta")
 
 
 @register
-class BatchNormTraining(Kernel):
+class BatchNormTraining(_BatchNorm):
     """Batch normalisation with the statistics of the whole batch (training), as
     tf.nn.moments + tf.nn.batch_normalization compute it (Keras 3's BatchNormalization with
     training=True): over every axis but the last,
@@ -132,34 +138,17 @@ class BatchNormTraining(Kernel):
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        flags = {k: self.attrs.get(k, default) for k, default in
-                 (("scale", True), ("center", True), ("fused", False))}
-        eps = self.attrs.get("epsilon")
         self.kinds = {stat: self.attrs.get(f"{stat}_rule", "affine") for stat in ("mean", "variance")}
         self.rules = {stat: [float(c) for c in self.attrs.get(f"{stat}_update", [])]
                       for stat in ("mean", "variance")}
         sizes = {"affine": 2, "delta": 1}
-        if len(self.input_shapes) != 1 or not self.input_shapes[0] or \
-                any(not isinstance(f, bool) for f in flags.values()) or \
-                isinstance(eps, bool) or not isinstance(eps, (int, float)) or \
-                not (math.isfinite(eps) and eps >= 0) or \
-                any(kind not in sizes for kind in self.kinds.values()) or \
+        if any(kind not in sizes for kind in self.kinds.values()) or \
                 any(len(r) not in (0, sizes[self.kinds[s]]) or not all(map(math.isfinite, r))
                     for s, r in self.rules.items()):
-            raise KernelError(f"kernel {name!r} (batch_norm_training): takes 1 input with "
-                              f"channels last, a number attr epsilon >= 0, bool attrs scale, "
-                              f"center, fused, mean_rule and variance_rule one of "
-                              f"{', '.join(MOVING_UPDATES)} with mean_update and "
-                              f"variance_update their constants (or none), got inputs "
-                              f"{self.input_shapes}, epsilon {eps!r}, {flags}, rules "
+            raise KernelError(f"kernel {name!r} (batch_norm_training): takes mean_rule and "
+                              f"variance_rule one of {', '.join(MOVING_UPDATES)} with mean_update "
+                              f"and variance_update their constants (or none), got rules "
                               f"{self.kinds} {self.rules}")
-        self.scale, self.center, self.fused = flags["scale"], flags["center"], flags["fused"]
-        self.eps = np.float32(eps)
-        self.channels = self.input_shapes[0][-1]
-
-    @property
-    def output_shape(self):
-        return self.input_shapes[0]
 
     def param_shapes(self):
         roles = ["scale"] * self.scale + ["offset"] * self.center + \
@@ -168,9 +157,6 @@ class BatchNormTraining(Kernel):
 
     def flops_per_sample(self) -> float:
         return 6.0 * math.prod(self.input_shapes[0])  # moments (3), normalise (2), ~1 more
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
 
     def activation_bytes_per_sample(self) -> int:
         return 4 * math.prod(self.input_shapes[0])  # x, until the statistics are known

@@ -4,14 +4,12 @@ hyper-parameters or schedules (coordinator.compiler.schedules), float32 only, it
 named and started as wafer.optimizers names and starts them."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, user_source
-from coordinator.compiler.ir import OptimizerSpec
 from coordinator.compiler.training.graph import (
     _const,
     _fail,
@@ -22,6 +20,7 @@ from coordinator.compiler.training.graph import (
     variable_op,
 )
 from wafer import optimizers as cs_optimizers
+from wafer.optimizers import OptimizerConfig
 
 SUPPORTED = ("tf.compat.v1.train.GradientDescentOptimizer, MomentumOptimizer, AdamOptimizer, "
              "RMSPropOptimizer, AdagradOptimizer")
@@ -70,7 +69,7 @@ APPLY_OPS = {prefix + name: kind for table in (_DENSE, _SPARSE) for name, kind i
 class _Update:
     variable: str
     op: tf.Operation  # the op that updates the variable itself
-    optimizer: OptimizerSpec
+    optimizer: OptimizerConfig
     slots: tuple[str, ...]
     grad: tf.Tensor  # dense gradient, or the sparse gradient's values before deduplication
     indices: tf.Tensor | None  # sparse: the IndexedSlices' indices before deduplication
@@ -117,7 +116,7 @@ def _apply_update(op: tf.Operation) -> _Update:
     slots = tuple(variable_op(op.inputs[i]).name for i in kind.slots)
     if kind.optimizer == "adagrad":
         values["initial_accumulator_value"] = _initial_value(op, variable_op(op.inputs[1]))
-    spec = OptimizerSpec(type=kind.optimizer, use_nesterov=nesterov,
+    spec = OptimizerConfig(type=kind.optimizer, use_nesterov=nesterov,
                          **{**values, **kind.fixed})  # type: ignore[arg-type]  # (float hyper-parameters only)
     grad, indices = op.inputs[kind.grad], None
     if kind.indices is not None:
@@ -177,7 +176,7 @@ def _sgd_sparse(op: tf.Operation) -> _Update | None:
         return None
     lr = [t for t in delta.inputs if t is not neg[0]][0]
     scheduled = {"learning_rate": (delta, lr)} if _scalar(lr) is None else {}
-    spec = OptimizerSpec(type="sgd", learning_rate=0.0 if scheduled else
+    spec = OptimizerConfig(type="sgd", learning_rate=0.0 if scheduled else
                          _hyper(op, lr, "learning_rate"))
     return _Update(variable_op(op.inputs[0]).name, op, spec, (), neg[0].op.inputs[0],
                    op.inputs[1], {op}, scheduled)
@@ -215,7 +214,7 @@ def _adam_sparse(op: tf.Operation) -> _Update | None:
     _check_powers(op, [b1p, b2p], values)
     grad, indices = _dedup(op, m_grad, m_idx)
     slots = (variable_op(m_read).name, variable_op(v_read).name)
-    return _Update(variable_op(op.inputs[0]).name, op, OptimizerSpec(type="adam", **values),  # type: ignore[arg-type]  # (floats only)
+    return _Update(variable_op(op.inputs[0]).name, op, OptimizerConfig(type="adam", **values),  # type: ignore[arg-type]  # (floats only)
                    slots, grad, indices, {op} | m_owned | v_owned, scheduled)
 
 
@@ -286,7 +285,7 @@ def _check_slots(updates: list[_Update]) -> None:
     """The CS's optimizer for the spec exists, names the slots as the graph does and
     starts them where the graph's initializers do."""
     for u in updates:
-        config = cs_optimizers.OptimizerConfig(**dataclasses.asdict(u.optimizer))
+        config = u.optimizer
         problem = cs_optimizers.config_problem(config)
         if problem:
             raise _fail(u.op, problem)

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
-from coordinator.compiler.ir import OptimizerSpec, StatisticAverage
+from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
 from coordinator.compiler.training.updates import (
     APPLY_OPS,
@@ -23,6 +23,7 @@ from coordinator.compiler.training.updates import (
     _sgd_sparse,
     _Update,
 )
+from wafer.optimizers import OptimizerConfig
 
 _WRITE_PREFIXES = ("Assign", "ResourceScatter", "Scatter", "ResourceApply", "Apply",
                    "SparseApply", "ResourceSparseApply", "ResourceStridedSliceAssign",
@@ -39,7 +40,7 @@ def _is_write(op: tf.Operation) -> bool:
             and (op.inputs[0].dtype == tf.resource or op.inputs[0].dtype._is_ref_dtype))
 
 
-def _bookkeeping(op: tf.Operation, graph: tf.Graph, optimizer: OptimizerSpec | None) -> bool:
+def _bookkeeping(op: tf.Operation, graph: tf.Graph, optimizer: OptimizerConfig | None) -> bool:
     """The global step's increment, Adam's beta powers, a Keras seed generator's state."""
     target = variable_op(op.inputs[0])
     steps = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP)
