@@ -46,12 +46,14 @@ from workers.rendezvous import Rendezvous, publish
 
 
 def program_variables(program: pb.Program) -> list[str]:
-    """The variables the CS holds: the kernels' weights, their moving averages and what
-    the schedules read."""
+    """The variables the CS holds: the kernels' weights, their moving averages, what the
+    schedules read and a dynamic loss scale's variables."""
     schedules = [*program.schedules, *(m.factor for m in program.moving_averages)]
+    dynamic = program.dynamic_loss_scale if program.HasField("dynamic_loss_scale") else None
     return [p.variable for k in program.kernels for p in k.params] + list(dict.fromkeys(
         [*(m.shadow for m in program.moving_averages),
-         *(o.name for s in schedules for o in s.ops if o.op == "variable")]))
+         *(o.name for s in schedules for o in s.ops if o.op == "variable"),
+         *((dynamic.scale_variable, dynamic.good_steps_variable) if dynamic else ())]))
 
 
 def tf_optimizer(optimizer: pb.Optimizer) -> str:

@@ -136,6 +136,20 @@ class GradientTransform(_message.Message):
     variables: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, kind: _Optional[str] = ..., value: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., variables: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class DynamicLossScale(_message.Message):
+    __slots__ = ("scale_variable", "good_steps_variable", "increment_period", "multiplier", "half_seed")
+    SCALE_VARIABLE_FIELD_NUMBER: _ClassVar[int]
+    GOOD_STEPS_VARIABLE_FIELD_NUMBER: _ClassVar[int]
+    INCREMENT_PERIOD_FIELD_NUMBER: _ClassVar[int]
+    MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    HALF_SEED_FIELD_NUMBER: _ClassVar[int]
+    scale_variable: str
+    good_steps_variable: str
+    increment_period: int
+    multiplier: float
+    half_seed: bool
+    def __init__(self, scale_variable: _Optional[str] = ..., good_steps_variable: _Optional[str] = ..., increment_period: _Optional[int] = ..., multiplier: _Optional[float] = ..., half_seed: _Optional[bool] = ...) -> None: ...
+
 class Region(_message.Message):
     __slots__ = ("x", "y", "width", "height")
     X_FIELD_NUMBER: _ClassVar[int]
@@ -290,7 +304,7 @@ class Estimate(_message.Message):
     def __init__(self, samples_per_sec: _Optional[float] = ..., compute_samples_per_sec: _Optional[float] = ..., transmission_samples_per_sec: _Optional[float] = ..., active_cores: _Optional[int] = ..., compute_utilization: _Optional[float] = ..., ideal_samples_per_sec: _Optional[float] = ..., pipeline_fill_seconds: _Optional[float] = ...) -> None: ...
 
 class Program(_message.Message):
-    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets", "schedules", "moving_averages")
+    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets", "schedules", "moving_averages", "dynamic_loss_scale")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRAPH_HASH_FIELD_NUMBER: _ClassVar[int]
     FABRIC_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +323,7 @@ class Program(_message.Message):
     REPLICA_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULES_FIELD_NUMBER: _ClassVar[int]
     MOVING_AVERAGES_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_LOSS_SCALE_FIELD_NUMBER: _ClassVar[int]
     name: str
     graph_hash: str
     fabric: str
@@ -327,7 +342,8 @@ class Program(_message.Message):
     replica_offsets: _containers.RepeatedCompositeFieldContainer[Point]
     schedules: _containers.RepeatedCompositeFieldContainer[Schedule]
     moving_averages: _containers.RepeatedCompositeFieldContainer[MovingAverage]
-    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ...) -> None: ...
+    dynamic_loss_scale: DynamicLossScale
+    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ..., dynamic_loss_scale: _Optional[_Union[DynamicLossScale, _Mapping]] = ...) -> None: ...
 
 class JobHeader(_message.Message):
     __slots__ = ("job_id", "token", "program", "num_workers", "global_step", "first_batch")

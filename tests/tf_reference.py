@@ -15,7 +15,7 @@ from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, mode
 @dataclass(frozen=True)
 class Reference:
     losses: list[float]  # one per batch (train: before that batch's update)
-    state: dict[str, np.ndarray]  # every global float variable after the run (slots included)
+    state: dict[str, np.ndarray]  # every global number variable after the run (slots included)
     fetched: list[dict[str, np.ndarray]]  # per batch: the requested tensors' values
 
 
@@ -65,6 +65,7 @@ def _run(model_fn, params, weights, data, mode, fetch, signature) -> Reference:
                 out = session.run(ops, dict(zip(tf.nest.flatten((features, labels)), tf.nest.flatten((x, y)))))
                 losses.append(float(out[0]))
                 fetched.append(dict(zip(fetch, out[1])))
-            floats = {n: v for n, v in variables.items() if v.dtype.base_dtype.is_floating}
-            state = dict(zip(floats, session.run(list(floats.values()))))
+            numbers = {n: v for n, v in variables.items()
+                       if v.dtype.base_dtype.is_floating or v.dtype.base_dtype.is_integer}
+            state = dict(zip(numbers, session.run(list(numbers.values()))))
     return Reference(losses, state, fetched)

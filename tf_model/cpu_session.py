@@ -178,6 +178,7 @@ def _train_loop(session: tf.compat.v1.Session, built: _TrainGraph, settings: Run
     loss = math.nan
     first = step + 1
     stop = False
+    unmoved = True  # TF's global step has not moved yet
     with EventWriter(settings.model_dir) as events:
         for batch in stream:
             if log is None:
@@ -193,10 +194,8 @@ def _train_loop(session: tf.compat.v1.Session, built: _TrainGraph, settings: Run
             loss = float(out["loss"])
             if not math.isfinite(loss):
                 raise checkpoints.non_finite_loss(loss, step, settings.model_dir)
-            if step == first and int(session.run(built.global_step)) != step:
-                raise CSRunError("model_fn's train_op does not increment the global step",
-                                 "pass global_step=tf.compat.v1.train.get_or_create_global_step() "
-                                 "to optimizer.minimize")
+            if unmoved:  # (dynamic loss scaling's skipped steps leave it, so not only the first)
+                unmoved = int(session.run(built.global_step)) == first - 1
             log.step(step, loss)
             if summarize:
                 tags = events.summary(step, out["summary"]) if "summary" in out else set()
@@ -209,6 +208,10 @@ def _train_loop(session: tf.compat.v1.Session, built: _TrainGraph, settings: Run
                 _save(session, built, settings, step)
             if step == end or stop:
                 break
+    if unmoved and step >= first:
+        raise CSRunError("model_fn's train_op does not increment the global step",
+                         "pass global_step=tf.compat.v1.train.get_or_create_global_step() "
+                         "to optimizer.minimize")
     if step < end and not stop:
         raise CSRunError(f"input_fn ran out after {step} steps, the run needs {end}",
                          "make the training input repeat (dataset.repeat()) or lower the steps")

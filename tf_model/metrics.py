@@ -47,7 +47,7 @@ class EvalMetrics(Closing):
     weights restored (when given).
 
     `streamed`: the tensor names the chief feeds from the CS's outputs (the loss, `loss_name`,
-    is fed with them); control dependencies on their ops are dropped (`host_graph.feed_only`).
+    is fed with them); the graph is cut at them (`host_graph.feed_only`).
     Without it the CPU path feeds the input batches (`input_names`)."""
 
     def __init__(self, model_fn: Callable, input_fn: Callable, params: dict,
@@ -61,7 +61,7 @@ class EvalMetrics(Closing):
             variables = tf.compat.v1.global_variables()
         self.input_names = tuple(t.name for t in tf.nest.flatten((features, labels)))
         self.loss_name = spec.loss.name
-        if streamed is not None:
+        self._stand_ins = {} if streamed is None else \
             host_graph.feed_only(graph, [*streamed, self.loss_name])
         self._values = {name: value for name, (value, _) in ops.items()}
         self._updates = [update for _, update in ops.values()]
@@ -73,10 +73,10 @@ class EvalMetrics(Closing):
     def update(self, values: Mapping[str, np.ndarray]) -> None:
         """Accumulate one batch: `values` maps tensor names (input_names, or the streamed
         ones and loss_name) to their numpy values."""
-        host_graph.run(self.session, self._updates, values)
+        host_graph.run(self.session, self._updates, values, self._stand_ins)
 
     def results(self) -> dict[str, float]:
-        values = host_graph.run(self.session, self._values, {})
+        values = host_graph.run(self.session, self._values, {}, self._stand_ins)
         return {name: float(np.asarray(value)) for name, value in values.items()}
 
     def close(self) -> None:

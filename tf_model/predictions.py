@@ -25,8 +25,8 @@ SINGLE_KEY = "predictions"  # the file's key when model_fn's predictions are one
 
 class PredictionGraph(Closing):
     """model_fn built in PREDICT mode with a checkpoint's weights restored. `streamed`: the
-    tensor names the chief feeds from the CS's outputs (control dependencies on their ops
-    are dropped: `host_graph.feed_only`)."""
+    tensor names the chief feeds from the CS's outputs (the graph is cut at them:
+    `host_graph.feed_only`)."""
 
     def __init__(self, model_fn: Any, signature: BatchSignature, params: dict, checkpoint: str,
                  streamed: Collection[str] | None = None):
@@ -40,14 +40,13 @@ class PredictionGraph(Closing):
         predictions = spec.predictions
         self.keyed = isinstance(predictions, dict)
         self.outputs = predictions if self.keyed else {SINGLE_KEY: predictions}
-        if streamed is not None:
-            host_graph.feed_only(graph, streamed)
+        self.stand_ins = {} if streamed is None else host_graph.feed_only(graph, streamed)
         self.session = tf.compat.v1.Session(graph=graph)
         checkpoints.restore_variables(self.session, variables, checkpoint)
 
     def run(self, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The predictions of one batch; `values` maps tensor names to numpy values."""
-        return host_graph.run(self.session, self.outputs, values)
+        return host_graph.run(self.session, self.outputs, values, self.stand_ins)
 
     def close(self) -> None:
         self.session.close()

@@ -190,11 +190,23 @@ def weight_bytes(kernel: Any, optimizer: str, training: bool) -> int:
 
 
 def memory_bytes(kernel: Any, position: int, num_kernels: int, optimizer: str,
-                 training: bool) -> int:
-    """Total bytes the kernel keeps on its region."""
+                 training: bool, batch_held: int = 0) -> int:
+    """Total bytes the kernel keeps on its region. `batch_held`: the samples of a batch a
+    batch barrier makes it hold at once (`batch_samples_held`), when more than in flight."""
+    samples = max(in_flight_samples(position, num_kernels, training), batch_held)
     activations = (kernel.activation_bytes_per_sample() * value_bytes(kernel) // BYTES_PER_VALUE
-                   * in_flight_samples(position, num_kernels, training))
+                   * samples)
     return weight_bytes(kernel, optimizer, training) + int(activations)
+
+
+def batch_samples_held(kernels: Sequence[Any], batch_size: int, training: bool) -> list[int]:
+    """Per kernel (topological order), the samples a batch barrier makes it hold: the
+    barrier holds its copy's whole batch (it releases none before the last arrived), and
+    when training so does every kernel before the last barrier (no gradient comes back to
+    it before the barrier's backward gathered the whole batch); 0 elsewhere."""
+    barriers = [i for i, k in enumerate(kernels) if getattr(k, "batch_barrier", False)]
+    last = barriers[-1] if barriers and training else -1
+    return [batch_size if i in barriers or i <= last else 0 for i in range(len(kernels))]
 
 
 def memory_per_core(total_bytes: int, cores: int) -> int:

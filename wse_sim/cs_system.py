@@ -208,7 +208,7 @@ class CSSystem:
                           f"{self.fabric.name} (recompile with runconfig.fabric: {self.fabric.name})")
         check_sizes(header.program, self.fabric, header.num_workers)
         checked = check_program(header.program)
-        expected = {name: (np.dtype(np.float32), shape) for name, shape in state_shapes(checked).items()}
+        expected = {name: (checked.state_dtype(name), shape) for name, shape in state_shapes(checked).items()}
         try:
             tensors = assemble(chunks, expected)
         except ValueError as error:

@@ -49,6 +49,8 @@ import numpy as np
 
 from wafer.grad_transforms import GradientTransform, apply_transforms
 from wafer.kernels import Kernel, RunContext
+from wafer.kernels.losses import BatchLoss
+from wafer.loss_scaling import DynamicLossScale, all_finite
 from wafer.moving_averages import MovingAverage
 from wafer.moving_averages import update as update_average
 from wafer.optimizers import Optimizer, make_optimizer, slot_name
@@ -140,7 +142,8 @@ class Pipeline:
                  transforms: Sequence[GradientTransform] = (), replicas: int = 1,
                  schedules: Sequence[Schedule] = (),
                  moving_averages: Sequence[MovingAverage] = (),
-                 shared: Mapping[str, SharedWeight] | None = None):
+                 shared: Mapping[str, SharedWeight] | None = None,
+                 dynamic_loss_scale: DynamicLossScale | None = None):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.replicas = replicas
@@ -151,6 +154,9 @@ class Pipeline:
         self.transforms = tuple(transforms)
         self.schedules = tuple(schedules)
         self.moving_averages = tuple(moving_averages)
+        self.dynamic = dynamic_loss_scale
+        self._applying = True  # this step's update runs (dynamic loss scaling skips some)
+        self._scale = np.float32(1.0)  # the step's dynamic loss scale
         specs = params or {}
         self.shared = SharedWeights(shared or {}, specs, state)
         self.regions: list[Region] = []
@@ -223,7 +229,7 @@ class Pipeline:
                    params=checked.params, transforms=checked.transforms,
                    replicas=max(program.num_replicas, 1),
                    schedules=checked.schedules, moving_averages=checked.moving_averages,
-                   shared=checked.shared)
+                   shared=checked.shared, dynamic_loss_scale=checked.dynamic_loss_scale)
 
     def _mark_backward(self) -> None:
         """A region runs backward iff its output reaches the loss and a trained weight is
@@ -337,12 +343,18 @@ class Pipeline:
                 region.rng = np.random.Generator(np.random.PCG64(
                     np.random.SeedSequence([self.seed, region.position, step])))
         regularization = self._regularization() if self.loss_kernel else 0.0
+        if backward and self.dynamic is not None:
+            self._seed_scale(np.float32(self.carried[self.dynamic.scale_variable]))
         if backward and self.schedules and self.optimizer is not None:
             self.optimizer.set_hyper_parameters({  # (a schedule's variables are carried state)
                 s.hyper_parameter: evaluate(s, step, self.carried) for s in self.schedules})
 
         def work(stage: int, board: Board) -> None:
-            self._run_stage(stage, plan, board, training, backward)
+            if self.dynamic is None:
+                self._run_stage(stage, plan, board, training, backward)
+                return
+            with np.errstate(over="ignore", invalid="ignore"):  # a scale that overflows
+                self._run_stage(stage, plan, board, training, backward)  # (then skipped)
 
         with one_blas_thread():
             plan = self._plan(m_count, backward, staged=True)
@@ -350,9 +362,15 @@ class Pipeline:
                 plan = self._plan(m_count, backward, staged=False)  # one thread (or closed)
                 board.threads = 1
                 work(0, board)
-        if backward and self.optimizer is not None:
+        if backward and self.optimizer is not None and self._applying:
             self.optimizer.finish_step()
             self._update_averages(step)
+        if backward and self.dynamic is not None:
+            scale, good = self.dynamic.next(
+                np.float32(self.carried[self.dynamic.scale_variable]),
+                np.int64(self.carried[self.dynamic.good_steps_variable]), self._applying)
+            self.carried[self.dynamic.scale_variable] = np.asarray(scale, np.float32)
+            self.carried[self.dynamic.good_steps_variable] = np.asarray(good, np.int64)
         loss = 0.0
         if self.loss_kernel:
             loss = float(sum(np.sum(board.items["v", self.loss_kernel, i], dtype=np.float32)
@@ -360,6 +378,29 @@ class Pipeline:
         return StepOutput(loss, {name: np.concatenate([board.items["v", name, i]
                                                        for i in range(m_count)])
                                  for name in outputs})
+
+    def _seed_scale(self, scale: np.float32) -> None:
+        """Dynamic loss scaling: this step's backward carries the scale S (its seed and a
+        weight penalty's gradient; the gradients are unscaled by 1 / S before the
+        transforms: `_unscale`)."""
+        assert self.dynamic is not None
+        seed = self.dynamic.seed(scale)
+        loss = self.by_name[self.loss_kernel].kernel
+        assert isinstance(loss, BatchLoss), "check_program: a dynamic loss scale seeds a loss kernel"
+        loss.set_loss_scale(seed)
+        self.loss_scale = float(seed)
+        self._scale = np.float32(scale)
+
+    def _unscale(self) -> None:
+        """Dynamic loss scaling: every gradient times 1 / S (float32, TF's reciprocal), and
+        whether the update runs: every gradient the optimizer would apply is finite."""
+        gradients = self._gradients()
+        reciprocal = np.float32(1.0) / self._scale
+        for grad in gradients.values():
+            np.multiply(grad, reciprocal, out=grad)
+        if self.transforms:
+            apply_transforms(self.transforms, gradients)
+        self._applying = all_finite(gradients.values())
 
     def _update_averages(self, step: int) -> None:
         """The moving averages of the weights after the step's updates (their shadows are
@@ -414,17 +455,21 @@ class Pipeline:
             return
         for region in stage.regions:
             self._complete_gradients(region)
-        if self.transforms or self.shared:  # every stage's gradients first
+        if self.transforms or self.shared or self.dynamic:  # every stage's gradients first
             if index == 0:
                 for other in range(1, len(plan)):
                     board.get(("gradients complete", other))
                 self.shared.gather_gradients()
-                if self.transforms:
+                if self.dynamic is not None:
+                    self._unscale()
+                elif self.transforms:
                     apply_transforms(self.transforms, self._gradients())
                 board.put(("transformed",), True)
             else:
                 board.put(("gradients complete", index), True)
                 board.get(("transformed",))
+        if not self._applying:  # a skipped step (dynamic loss scaling): no update
+            return
         updates = []
         for region in stage.regions:
             for role in region.trained:

@@ -15,6 +15,8 @@ from cs_api.input_spec import InputSpec
 from cs_api.tensors import from_tensor
 from wafer.grad_transforms import GradientTransform
 from wafer.kernels import Kernel, KernelError, build_kernel
+from wafer.loss_scaling import DynamicLossScale
+from wafer.loss_scaling import problem as loss_scaling_problem
 from wafer.moving_averages import FACTOR, MovingAverage
 from wafer.optimizers import SCHEDULABLE, OptimizerConfig, config_problem, make_optimizer, slot_name
 from wafer.precision import PRECISIONS
@@ -85,9 +87,17 @@ class CheckedProgram:
         """State besides weights and optimizer state: shadow -> its weight, and the schedules'
         variables (-> "")."""
         schedules = (*self.schedules, *(m.factor for m in self.moving_averages))
+        dynamic = self.dynamic_loss_scale
         return {**{m.shadow: m.variable for m in self.moving_averages},
-                **{v: "" for s in schedules for v in s.variables}}
+                **{v: "" for s in schedules for v in s.variables},
+                **({dynamic.scale_variable: "", dynamic.good_steps_variable: ""} if dynamic else {})}
     shared: Mapping[str, SharedWeight] = field(default_factory=dict)  # by variable
+    dynamic_loss_scale: DynamicLossScale | None = None  # its variables are state
+
+    def state_dtype(self, name: str) -> np.dtype:
+        """float32, but a dynamic loss scale's good-step counter is TF's int64."""
+        dynamic = self.dynamic_loss_scale
+        return np.dtype(np.int64 if dynamic and name == dynamic.good_steps_variable else np.float32)
 
     @property
     def num_parameters(self) -> int:
@@ -223,7 +233,23 @@ def check_program(program: pb.Program) -> CheckedProgram:
     return CheckedProgram(program, tuple(inputs), tuple(kernels), tuple(sources),
                           tuple(variables), optimizer, params, check_transforms(program, params),
                           views, check_schedules(program, optimizer, params),
-                          check_moving_averages(program, params), shared)
+                          check_moving_averages(program, params), shared,
+                          check_dynamic_loss_scale(program, optimizer))
+
+
+def check_dynamic_loss_scale(program: pb.Program,
+                             optimizer: OptimizerConfig | None) -> DynamicLossScale | None:
+    """The program's dynamic loss scale: valid, on a program that trains."""
+    if not program.HasField("dynamic_loss_scale"):
+        return None
+    scaling = DynamicLossScale.from_message(program.dynamic_loss_scale)
+    seeded = [k for k in program.kernels if k.name == program.loss_kernel and k.type == "loss"]
+    problem = (loss_scaling_problem(scaling) or
+               ("" if optimizer is not None and seeded else "the program does not train from "
+                "a loss kernel (type 'loss') it could seed"))
+    if problem:
+        raise invalid(f"program {program.name!r}: dynamic loss scale: {problem}")
+    return scaling
 
 
 def check_moving_averages(program: pb.Program,
@@ -381,8 +407,9 @@ def check_state(checked: CheckedProgram, tensors: Mapping[str, np.ndarray]) -> d
         if tuple(array.shape) != expected[name]:
             raise invalid(f"tensor {name!r} is {tuple(array.shape)}, the program needs "
                           f"{expected[name]}")
-        if array.dtype != np.float32:
-            raise invalid(f"tensor {name!r} is {array.dtype.name}, the program needs float32")
+        if array.dtype != checked.state_dtype(name):
+            raise invalid(f"tensor {name!r} is {array.dtype.name}, the program needs "
+                          f"{checked.state_dtype(name).name}")
     missing = [var for var in [*shapes, *checked.state_variables] if var not in tensors]
     if missing:
         raise invalid(f"weight {missing[0]!r} {expected[missing[0]]} is missing"

@@ -10,6 +10,7 @@ from cs_api.input_spec import InputSpec
 
 if TYPE_CHECKING:
     from wafer.grad_transforms import GradientTransform
+    from wafer.loss_scaling import DynamicLossScale
     from wafer.moving_averages import MovingAverage
     from wafer.optimizers import OptimizerConfig
     from wafer.schedules import Schedule
@@ -97,14 +98,20 @@ class TrainingSpec:
     loss_scale: float = 1.0
     schedules: tuple[Schedule, ...] = ()  # hyper-parameters computed per step (these override)
     moving_averages: tuple[MovingAverage, ...] = ()  # ExponentialMovingAverage.apply
+    # dynamic loss scaling (loss_scale is then the scale's initial value)
+    dynamic_loss_scale: DynamicLossScale | None = None
 
     @property
     def state_variables(self) -> tuple[str, ...]:
-        """Variables the CS holds besides the weights: the average's shadows and what the
-        schedules read (loaded with the weights, checkpointed under their TF names)."""
+        """Variables the CS holds besides the weights: the average's shadows, what the
+        schedules read and a dynamic loss scale's variables (loaded with the weights,
+        checkpointed under their TF names)."""
         schedules = (*self.schedules, *(m.factor for m in self.moving_averages))
+        dynamic = self.dynamic_loss_scale
         return tuple(dict.fromkeys([*(m.shadow for m in self.moving_averages),
-                                    *(v for s in schedules for v in s.variables)]))
+                                    *(v for s in schedules for v in s.variables),
+                                    *((dynamic.scale_variable, dynamic.good_steps_variable)
+                                      if dynamic else ())]))
 
     @property
     def trained(self) -> frozenset[str]:

@@ -487,7 +487,9 @@ def supported_table() -> str:
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
                  "mixed_float16 policy or casts by hand: float32 weights read through Cast, "
                  "float16 operands and results, float32 accumulation (docs/design.md); a static "
-                 "loss scale (loss * S, MixedPrecisionLossScaleOptimizer with a number) |")
+                 "loss scale (loss * S, MixedPrecisionLossScaleOptimizer with a number) or "
+                 "TF's dynamic one ('dynamic', DynamicLossScale: a non-finite step skipped, the "
+                 "scale halved; doubled after N finite steps) |")
     lines += ["", "Refused, with the reason:", ""]
     lines += [f"- **{what}**: {why}" for what, why in REFUSED.items()]
     return "\n".join(lines) + "\n"

@@ -136,9 +136,12 @@ class _Costs:
     edges: tuple[int, ...]  # bytes per sample across a region's edge
 
 
-def _costs(kernels: Sequence[Any], fabric: Fabric, training: bool, optimizer: str) -> _Costs:
+def _costs(kernels: Sequence[Any], fabric: Fabric, training: bool, optimizer: str,
+           batch_size: int = 1) -> _Costs:
     n = len(kernels)
-    memory = tuple(timing.memory_bytes(k, i, n, optimizer, training) for i, k in enumerate(kernels))
+    held = timing.batch_samples_held(kernels, batch_size, training)
+    memory = tuple(timing.memory_bytes(k, i, n, optimizer, training, held[i])
+                   for i, k in enumerate(kernels))
     return _Costs(
         flops=tuple(timing.flops_per_sample(k, training) for k in kernels),
         caps=tuple(max(1, int(k.max_cores())) for k in kernels),
@@ -281,15 +284,16 @@ def _band_heights(fabric: Fabric) -> list[int]:
 
 def place(kernels: Sequence[Any], fabric: Fabric, *, training: bool, optimizer: str = "sgd",
           inputs: Mapping[str, int] | None = None,
-          edges: Sequence[tuple[str, str]] = ()) -> Placement:
-    """Rectangles for `kernels` (built wse_sim kernels, topological order).
+          edges: Sequence[tuple[str, str]] = (), batch_size: int = 1) -> Placement:
+    """Rectangles for `kernels` (built wse_sim kernels, topological order); `batch_size`
+    the samples of a batch one copy takes (what its batch barriers hold).
 
     `inputs` are the program's inputs with the bytes each streams per sample; they enter
     at the wafer's west edge. `edges` are (src, dst) data paths between kernels or from
     inputs. Raises TooLargeError when the kernels' memory does not fit on the fabric.
     """
     inputs = inputs or {}
-    costs = _costs(kernels, fabric, training, optimizer)
+    costs = _costs(kernels, fabric, training, optimizer, batch_size)
     if sum(costs.floors) > fabric.cores:
         worst = max(range(len(kernels)), key=lambda i: costs.memory[i])
         raise TooLargeError(sum(costs.memory), fabric, kernels[worst].name)
@@ -362,25 +366,30 @@ def place_replicated(kernels: Sequence[Any], fabric: Fabric, *, training: bool,
     copies do not (the caller checks that `replicas` divides the batch)."""
     inputs = inputs or {}
     single = place(kernels, fabric, training=training, optimizer=optimizer, inputs=inputs,
-                   edges=edges)
+                   edges=edges, batch_size=batch_size)
     if replicas == 1:
         return single
-    costs = _costs(kernels, fabric, training, optimizer)
-    floor = sum(costs.floors)
+
+    def copies(count: int) -> tuple[_Costs, int]:  # a copy's barriers hold its share
+        costs = _costs(kernels, fabric, training, optimizer, batch_size // count)
+        return costs, sum(costs.floors)
+
     if replicas is not None:
+        costs, floor = copies(replicas)
         if replicas * floor > fabric.cores:
             raise ReplicasDoNotFitError(replicas, floor, single.timing.active_cores, fabric)
         placed = _replicate(kernels, single, costs, fabric, replicas, training, optimizer,
-                            inputs, edges)
+                            inputs, edges, batch_size)
         if placed is None:
             raise ReplicasDoNotFitError(replicas, floor, single.timing.active_cores, fabric)
         return placed
     candidates = [single]
     for count in rep.divisors(batch_size)[1:]:
+        costs, floor = copies(count)
         if count * floor > fabric.cores:
             break
         placed = _replicate(kernels, single, costs, fabric, count, training, optimizer,
-                            inputs, edges)
+                            inputs, edges, batch_size)
         if placed is None:  # more copies have smaller tiles still
             break
         candidates.append(placed)
@@ -392,7 +401,8 @@ def place_replicated(kernels: Sequence[Any], fabric: Fabric, *, training: bool,
 
 
 def _replicate(kernels, single: Placement, costs: _Costs, fabric: Fabric, count: int,
-               training: bool, optimizer: str, inputs, edges) -> Placement | None:
+               training: bool, optimizer: str, inputs, edges,
+               batch_size: int) -> Placement | None:
     """`count` copies: of `single`'s bounding box when they fit (each copy as fast as one
     alone), else the fastest of the placements on the tiles of each grid of at least
     `count` tiles (the most compact among equals); None when no tile holds a copy."""
@@ -406,7 +416,8 @@ def _replicate(kernels, single: Placement, costs: _Costs, fabric: Fabric, count:
         tile = (fabric.width // columns, fabric.height // rows)
         try:
             placed = place(kernels, dataclasses.replace(fabric, width=tile[0], height=tile[1]),
-                           training=training, optimizer=optimizer)
+                           training=training, optimizer=optimizer,
+                           batch_size=max(batch_size // count, 1))
         except TooLargeError:
             continue
         rows_used = math.ceil(count / columns)

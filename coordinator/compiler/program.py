@@ -107,3 +107,5 @@ def emit_training(program: pb.Program, training: TrainingSpec) -> None:
     program.gradient_transforms.extend(t.to_message() for t in training.transforms)
     program.schedules.extend(s.to_message(pb) for s in training.schedules)
     program.moving_averages.extend(m.to_message(pb) for m in training.moving_averages)
+    if training.dynamic_loss_scale is not None:
+        program.dynamic_loss_scale.CopyFrom(training.dynamic_loss_scale.to_message(pb))

@@ -264,7 +264,11 @@ def _precision_lines(model: MatchedModel) -> list[str]:
     if not half:
         return []
     scale = model.training.loss_scale if model.training is not None else 1.0
+    dynamic = model.training.dynamic_loss_scale if model.training is not None else None
+    scaling = (f"; dynamic loss scale from {scale:g} (x {dynamic.multiplier:g} after "
+               f"{dynamic.increment_period} finite steps, / {dynamic.multiplier:g} and the step "
+               f"skipped on a non-finite gradient)" if dynamic is not None else
+               f"; loss scale {scale:g}" if scale != 1.0 else "")
     return [f"  Precision:               {half} of {len(model.kernels)} kernels in float16 "
             f"(float16 operands and results, float32 accumulation; float32 master weights "
-            f"and optimizer); weights and activations of float16 kernels at 2 B"
-            + (f"; loss scale {scale:g}" if scale != 1.0 else "")]
+            f"and optimizer); weights and activations of float16 kernels at 2 B" + scaling]

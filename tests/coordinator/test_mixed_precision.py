@@ -1,7 +1,9 @@
 """Mixed precision: Keras mixed_float16 graphs (and casts written by hand) compile to float16
 kernels that compute as TensorFlow's CPU float16 ops do (wafer.precision), train with the
-losses of `python run.py` on the same graph, take static loss scales, and the CS refuses
-what it does not carry out (bfloat16, cbfloat16, dynamic loss scaling) in one line."""
+losses of `python run.py` on the same graph (BatchNormalization in training too), evaluate
+on the CS, take static and dynamic loss scales (TF's rule: skipped steps, the scale's
+trajectory), and the CS refuses what it does not carry out (bfloat16, cbfloat16, dynamic
+loss scaling of float32 models) in one line."""
 from __future__ import annotations
 
 import json
@@ -37,6 +39,8 @@ def model_fn(features, labels, mode, params):
     first = tf.keras.layers.Dense(128, activation="relu")
     h = first(features)
     h = tf.keras.layers.Dropout(0.0)(h, training=mode == ModeKeys.TRAIN)
+    if params.get("batch_norm"):  # in training: the batch's statistics, under the policy
+        h = tf.keras.layers.BatchNormalization()(h, training=mode == ModeKeys.TRAIN)
     h = tf.keras.layers.Dense(64, activation="relu")(h)
     logits = tf.keras.layers.Dense(10)(h)
     if params.get("loss") == "reduce_mean":
@@ -52,6 +56,10 @@ def model_fn(features, labels, mode, params):
     if scale == "by_hand":
         grads = optimizer.compute_gradients(loss * 1024.0)
         train_op = optimizer.apply_gradients([(g / 1024.0, v) for g, v in grads], step)
+    elif isinstance(scale, dict):  # dynamic: DynamicLossScale's arguments
+        optimizer = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+            optimizer, tf.compat.v1.mixed_precision.DynamicLossScale(**scale))
+        train_op = optimizer.minimize(loss, global_step=step)
     elif scale is not None:
         optimizer = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, scale)
         train_op = optimizer.minimize(loss, global_step=step)
@@ -130,6 +138,20 @@ def test_static_loss_scale_seeds_the_float16_backward(tmp_path, scale, l2):
     assert not cs_inprocess.mismatches(run, rtol=1e-2)
 
 
+@pytest.mark.slow
+def test_mixed_float16_model_with_batch_norm_trains_and_evaluates_on_the_cs(tmp_path):
+    """BatchNormalization in training under mixed_float16 trains with TF's numbers (its
+    moving statistics too); and the CS evaluates the checkpoint with the CPU path's metrics:
+    the mean-loss metric reads the loss through the policy's float32 -> float16 -> float32
+    casts, which TensorFlow's graph optimizer folds to their float32 source, and the chief
+    still evaluates from the streamed values alone (it used to ask for the samples)."""
+    run = cs_inprocess.compare(model_fn, input_fn, params(batch_norm=True), str(tmp_path), steps=3)
+    assert any(k.type == "batch_norm_training" for k in run.compiled.program.kernels)
+    assert not cs_inprocess.mismatches(run, rtol=1e-2)
+    assert not cs_inprocess.evaluation_mismatch(model_fn, input_fn, params(batch_norm=True),
+                                                str(tmp_path), run, rtol=1e-2)
+
+
 def test_compile_report_shows_float16_and_halves_its_bytes(tmp_path):
     """The report marks float16 kernels and the loss scale; their weights and activations
     take 2 B on the wafer (float32 gradients and slots stay 4 B)."""
@@ -170,6 +192,32 @@ def test_cbfloat16_is_refused_in_one_line(tmp_path):
     assert "csconfig.use_cbfloat16" in line
 
 
-def test_dynamic_loss_scaling_is_refused_in_one_line(tmp_path):
-    line = _refusal(tmp_path, loss_scale="dynamic")
-    assert "dynamic loss scaling" in line and "test_mixed_precision.py:" in line
+DYNAMIC = {"initial_loss_scale": 2.0 ** 20, "increment_period": 3}
+
+
+@pytest.mark.slow
+def test_dynamic_loss_scaling_skips_steps_and_moves_the_scale_as_tensorflow(tmp_path):
+    """TF's DynamicLossScale from a scale that overflows float16 (2 ** 20) with a growth
+    period of 3: steps 1-5 (S = 2 ** 20 ... 2 ** 16) and 9 (S grown back to 2 ** 16) have
+    non-finite gradients and are skipped, S halving each time; the CS trains with TF's
+    losses, ends with its scale, good-step counter (checkpointed under TF's names) and
+    weights, and skipped Adam's bookkeeping as TF did (beta1_power = 0.9 ** (1 + 6))."""
+    p = params(loss_scale=DYNAMIC, loss="reduce_mean")
+    run = cs_inprocess.compare(model_fn, input_fn, p, str(tmp_path), steps=12)
+    data = tf_reference.batches(input_fn, p, 12)
+    read = "current_loss_scale/Read/ReadVariableOp:0"
+    ref = tf_reference.run(model_fn, input_fn, p, run.compiled.initial_weights, data, fetch=(read,))
+    assert [float(f[read]) for f in ref.fetched] == [2.0 ** e for e in (
+        20, 19, 18, 17, 16, 15, 15, 15, 16, 15, 15, 15)]
+    assert int(ref.state["global_step"]) == 6  # TF counts the applied steps
+    state = run.cs.state
+    assert float(state["current_loss_scale"]) == 2.0 ** 16 and int(state["good_steps"]) == 0
+    assert state["good_steps"].dtype == np.int64
+    assert float(state["beta1_power"]) == pytest.approx(0.9 ** 7)
+    assert not cs_inprocess.mismatches(run, rtol=1e-2)
+    assert "dynamic" in run.compiled.report_text
+
+
+def test_dynamic_loss_scaling_of_a_float32_model_is_refused_in_one_line(tmp_path):
+    line = _refusal(tmp_path, loss_scale=DYNAMIC, policy="float32")
+    assert "dynamic loss scaling of a float32 model" in line and "\n" not in line

@@ -91,6 +91,22 @@ def test_a_batch_barrier_stalls_the_step_by_the_batch_and_its_reductions(trainin
         255 / p.samples_per_sec * (1 + passes) + p.fill_seconds + p.update_seconds + sync)
 
 
+def test_a_batch_barrier_and_the_kernels_before_it_hold_the_whole_batch():
+    """BatchNormalization in training releases no sample before the batch's last arrived,
+    and no gradient returns before its backward gathered the batch: the barrier and every
+    kernel before it keep the whole batch's activations (inference: the barrier alone)."""
+    dense = Matvec("d", {"units": 16, "max_cores": 1}, [(100,)])
+    bn = build_kernel("batch_norm_training", "bn", {"epsilon": 1e-3}, [(16,)])
+    after = Matvec("e", {"units": 10, "max_cores": 1}, [(16,)])
+    kernels = [dense, bn, after]
+    assert timing.batch_samples_held(kernels, 256, training=True) == [256, 256, 0]
+    assert timing.batch_samples_held(kernels, 256, training=False) == [0, 256, 0]
+    assert timing.batch_samples_held([dense, after], 256, training=True) == [0, 0]
+    held = timing.memory_bytes(bn, 1, 3, "sgd", True, 256)
+    assert held - timing.weight_bytes(bn, "sgd", True) == bn.activation_bytes_per_sample() * 256
+    assert timing.memory_bytes(bn, 1, 3, "sgd", True, 2) == timing.memory_bytes(bn, 1, 3, "sgd", True)
+
+
 def test_memory_counts_optimizer_slots_and_in_flight_activations():
     k = Matvec("d", {"units": 10, "max_cores": 1}, [(100,)])
     assert timing.memory_bytes(k, 0, 3, "adam", True) == 1000 * 4 * 4 + 400 * 5

@@ -464,6 +464,13 @@ def param(program, kernel, role):
      "gradient transform 0 (clip_by_value): gradient transform clip_by_value names no variables"),
     (lambda p: p.optimizer.CopyFrom(pb.Optimizer(type="adagrad", learning_rate=0.1)),
      "program 'mlp': optimizer adagrad: initial_accumulator_value must be > 0 (as in TF), got 0.0"),
+    (lambda p: p.dynamic_loss_scale.CopyFrom(pb.DynamicLossScale(
+        scale_variable="current_loss_scale", good_steps_variable="good_steps",
+        increment_period=3, multiplier=1.0)),
+     "program 'mlp': dynamic loss scale: multiplier must be a finite number above 1, got 1.0"),
+    (lambda p: p.dynamic_loss_scale.CopyFrom(pb.DynamicLossScale(
+        scale_variable="s", good_steps_variable="s", increment_period=3, multiplier=2.0)),
+     "dynamic loss scale: needs two distinct variables"),
     (lambda p: p.optimizer.CopyFrom(pb.Optimizer(type="ftrl", learning_rate=0.1)),
      "program 'mlp': unknown optimizer 'ftrl'; the CS system has sgd, momentum, adam, rmsprop, "
      "adagrad"),

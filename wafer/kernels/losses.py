@@ -111,6 +111,10 @@ class BatchLoss(Kernel):
                               f"number, got {loss_scale!r}")
         self.seed = np.float32(self.scale * np.float32(loss_scale))
 
+    def set_loss_scale(self, loss_scale: np.float32) -> None:
+        """Seed the next backward with this loss scale (dynamic loss scaling: per step)."""
+        self.seed = np.float32(self.scale * np.float32(loss_scale))
+
     @property
     def output_shape(self):
         return ()

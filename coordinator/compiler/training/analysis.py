@@ -2,16 +2,21 @@
 of a stage reported at once."""
 from __future__ import annotations
 
+import numpy as np
+
 from common.errors import CSRunError
 from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
 from coordinator.compiler.ir import StatisticAverage, TrainedVariable, TrainingSpec
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
+from coordinator.compiler.training import loss_scaling
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
-from coordinator.compiler.training.graph import _Refused, variable_op
+from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
 from coordinator.compiler.training.numbers import HALF_GRADIENT_RTOL, _check_numbers
 from coordinator.compiler.training.transforms import _fold_loss_scale
 from coordinator.compiler.training.updates import _check_dtypes, _check_slots, _Update
 from coordinator.compiler.training.writes import _Average, _bookkeeping, _is_write, _updates
+from wafer.grad_transforms import GradientTransform
+from wafer.loss_scaling import DynamicLossScale
 from wafer.moving_averages import FACTOR, MovingAverage
 
 
@@ -24,8 +29,9 @@ def analyze_training(extracted: ExtractedGraph, half: bool = False) -> TrainingS
     except _Problems as problems:
         lines = list(dict.fromkeys(problems.lines))
     raise CSRunError(lines[0],
-                     "train with one tf.compat.v1.train optimizer (constant hyper-parameters, "
-                     f"float32) minimizing model_fn's loss, gradients changed only by "
+                     "train with one tf.compat.v1.train optimizer (constant hyper-parameters "
+                     "or schedules of the global step, float32) minimizing model_fn's loss, "
+                     f"gradients changed only by "
                      f"{TRANSFORMS}",
                      detail="Training problems:\n" + "\n".join(f"  {line}" for line in lines))
 
@@ -42,6 +48,9 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
     with extracted.graph.as_default():
         statistic_averages: list[StatisticAverage] = []
         try:
+            dynamic = loss_scaling.inline(extracted)
+            if dynamic is not None:
+                extracted = dynamic[0]
             updates, averages = _updates(extracted, statistic_averages)
             _check_dtypes(extracted, updates)
             _check_slots(updates)
@@ -62,6 +71,11 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
             _check_numbers(extracted, chains, statistic_averages,
                            HALF_GRADIENT_RTOL if half else 1e-4)
             transforms, loss_scale = _fold_loss_scale(chains, half)
+            scaling = None
+            if dynamic is not None:
+                transforms, scaling = _dynamic(chains, transforms, loss_scale, half, dynamic[1:],
+                                               averages)
+                loss_scale = dynamic[2]
         except _Refused as problem:
             raise _Problems([str(problem)]) from None
         try:
@@ -72,7 +86,34 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
                                       u.slots, user_source(u.op)) for u in updates)
     return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), loss_scale=loss_scale,
                         schedules=schedules, moving_averages=moving,
-                        statistic_averages=tuple(statistic_averages))
+                        statistic_averages=tuple(statistic_averages),
+                        dynamic_loss_scale=scaling)
+
+
+def _dynamic(chains: list, transforms: list[GradientTransform], loss_scale: float, half: bool,
+             dynamic: tuple[DynamicLossScale, float, set[str]], averages: list[_Average],
+             ) -> tuple[list[GradientTransform], DynamicLossScale]:
+    """The transforms without the leading 1 / P (the CS unscales by the current S), after
+    the static proof with S pinned to P (loss_scaling.PROOF_SCALE); and S's initial value
+    as the loss scale; what the CS does not carry out with it, refused."""
+    rule, _, checked = dynamic
+    anchor = chains[0].update.op
+    if checked != {_skip_identity(c.update.grad).name for c in chains}:
+        raise _fail(anchor, "dynamic loss scaling checks other tensors than the gradients the "
+                            "optimizer applies for being finite: not TensorFlow's rule")
+    if not half:
+        raise _fail(anchor, "dynamic loss scaling of a float32 model: the CS carries it out "
+                            "for float16 (mixed precision) models; train without it")
+    if averages:
+        raise _fail(averages[0].op, "an ExponentialMovingAverage with dynamic loss scaling: the "
+                                    "CS does not skip it with a skipped step; train without one")
+    unscale = float(np.float32(1.0) / np.float32(loss_scaling.PROOF_SCALE))
+    first = transforms[0] if transforms else None
+    if loss_scale != loss_scaling.PROOF_SCALE or first is None or first.kind != "scale" or \
+            first.value != unscale or set(first.variables) != {c.update.variable for c in chains}:
+        raise _fail(anchor, "the loss scale's reads do not scale the loss and unscale every "
+                            "gradient first: not TensorFlow's dynamic loss scaling")
+    return transforms[1:], rule
 
 
 def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list[_Average]):

@@ -123,11 +123,6 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                             "the CS")
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
                         "the CS carries out")
-    conds = [op for op in op_closure(extracted.spec.train_op) if op.type in ("If", "StatelessIf")]
-    if not updates and conds:
-        raise _fail(conds[-1], "the train_op applies its updates inside a tf.cond: dynamic loss "
-                               "scaling (a LossScaleOptimizer with 'dynamic') is not carried out "
-                               "on the CS yet; use a fixed loss scale (a number)")
     if not updates:
         raise _Refused(f"the train_op updates no variable with a supported optimizer "
                        f"(supported: {SUPPORTED})")

@@ -1,0 +1,179 @@
+"""Dynamic loss scaling in the train_op (wafer.loss_scaling), proven from the graph.
+
+`MixedPrecisionLossScaleOptimizer(optimizer, "dynamic")` builds two tf.conds on one
+predicate, "every applied gradient is finite" (reduce_all of is_finite per gradient): one
+applies the updates (its true branch: the wrapped optimizer's apply_gradients, the global
+step's increment included; its false branch: nothing), the other moves the scale S and its
+good-step counter. The loss is multiplied by a read of S and each gradient by 1 / S.
+
+`inline` hands the rest of the pass a view of the graph it already knows: the apply
+branch's ops imported into the graph (reading the tensors the cond captured) as the
+train_op, and S's reads replaced by `PROOF_SCALE`, so that the pass proves a static loss
+scale P (seed P, then 1 / P first among the transforms; P, not S's initial value, which
+may overflow the float16 backward on purpose); the CS then uses the current S where the
+graph reads S. The scale's cond is proven by running it on the host
+from states around each of its branches against wafer.loss_scaling's rule.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.extract import ExtractedGraph, op_closure
+from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
+from coordinator.compiler.training.writes import _is_write
+from wafer.loss_scaling import DynamicLossScale
+
+_CONDS = ("If", "StatelessIf")
+# The value S's reads take in the view: a power of two no float16 backward overflows at.
+PROOF_SCALE = 256.0
+_PREDICATE_OPS = {"All", "Pack", "IsFinite", "Const", "Identity", "Reshape", "Range", "Rank"}
+
+
+def inline(extracted: ExtractedGraph) -> tuple[ExtractedGraph, DynamicLossScale, float,
+                                               set[str]] | None:
+    """(the view, the rule, S's initial value, the gradients the predicate checks) when the
+    train_op scales its loss dynamically; None when it runs no tf.cond that writes;
+    _Refused for a cond it does not recognise."""
+    conds = [op for op in op_closure(extracted.spec.train_op) if op.type in _CONDS and (
+        _writes(op._true_graph) or _writes(op._false_graph))]  # (a schedule's conds write not)
+    if not conds:
+        return None
+    why = _fail(conds[-1], "the train_op applies its updates inside a tf.cond: the CS carries "
+                           "out the conds of dynamic loss scaling (tf.compat.v1.mixed_precision."
+                           "MixedPrecisionLossScaleOptimizer with 'dynamic' or a "
+                           "DynamicLossScale) and no other")
+    apply = [op for op in conds if _writes(op._true_graph) and not _writes(op._false_graph)]
+    moves = [op for op in conds if op not in apply]
+    if len(conds) != 2 or len(apply) != 1 or moves[0].inputs[0] is not apply[0].inputs[0]:
+        raise why
+    apply_if, scale_if = apply[0], moves[0]
+    graph = extracted.graph
+    handles = [t for t in scale_if.inputs[1:] if t.dtype == tf.resource]
+    kinds = {variable_op(t).get_attr("dtype"): variable_op(t) for t in handles}
+    if len(handles) != 2 or set(kinds) != {tf.float32, tf.int64}:
+        raise why
+    scale_var, good_var = kinds[tf.float32], kinds[tf.int64]
+    rule = DynamicLossScale(scale_var.name, good_var.name,
+                            int(_constant(scale_if, "GreaterEqual")), _constant(scale_if, "RealDiv"))
+    initial = _initial(graph, scale_var.name)
+    seed_half = _pin_reads(graph, scale_var, scale_if, apply_if, why)
+    rule = dataclasses.replace(rule, half_seed=seed_half)
+    checked = _prove_rule(graph, scale_if, handles, kinds, rule, why)
+    view = _import_branch(graph, apply_if)
+    return dataclasses.replace(extracted, spec=dataclasses.replace(
+        extracted.spec, train_op=view)), checked, initial, _checked_gradients(apply_if, why)
+
+
+def _writes(branch) -> bool:
+    return any(_is_write(op) for op in branch.get_operations())
+
+
+def _constant(scale_if: tf.Operation, op_type: str) -> float:
+    """The constant operand of the scale's cond's GreaterEqual (the increment period, in its
+    true branch) or RealDiv (S / multiplier, in its false branch)."""
+    branch = scale_if._true_graph if op_type == "GreaterEqual" else scale_if._false_graph
+    for op in branch.get_operations():
+        if op.type == op_type and op.inputs[1].op.type == "Const":
+            return tf.get_static_value(op.inputs[1]).item()
+    raise _fail(scale_if, f"the loss scale's tf.cond has no {op_type} by a constant: not "
+                          "TensorFlow's DynamicLossScale")
+
+
+def _initial(graph: tf.Graph, name: str) -> float:
+    with graph.as_default():
+        variable = next(v for v in tf.compat.v1.global_variables() if v.op.name == name)
+        with tf.compat.v1.Session(graph=graph) as session:
+            return float(session.run(variable.initial_value))
+
+
+def _pin_reads(graph: tf.Graph, scale_var: tf.Operation, scale_if: tf.Operation,
+               apply_if: tf.Operation, why: _Refused) -> bool:
+    """Replace S's reads outside the conds by PROOF_SCALE: each must scale the loss
+    (loss * S, S maybe cast to the loss's dtype) or be 1 / S. Whether S meets the loss as
+    a float16."""
+    half = False
+    with graph.as_default():
+        pinned = tf.constant(np.float32(PROOF_SCALE), name="csrun_proof_loss_scale")
+    for read in [op for op in scale_var.outputs[0].consumers() if op.type == "ReadVariableOp"]:
+        for user in read.outputs[0].consumers():
+            if user in (scale_if, apply_if):
+                continue
+            targets = [user]
+            if user.type == "Cast":
+                half = half or user.outputs[0].dtype == tf.float16
+                targets = user.outputs[0].consumers()
+            for target in targets:
+                reciprocal = target.type == "RealDiv" and target is user and \
+                    tf.get_static_value(target.inputs[0]) == 1
+                if not (target.type == "Mul" or reciprocal) or not targets:
+                    raise why
+            if not targets:
+                raise why
+            user._update_input(list(user.inputs).index(read.outputs[0]), pinned)
+    return half
+
+
+def _prove_rule(graph: tf.Graph, scale_if: tf.Operation, handles: list[tf.Tensor], kinds: dict,
+                rule: DynamicLossScale, why: _Refused) -> DynamicLossScale:
+    """Run the scale's cond from states around each branch; every result must be the rule's."""
+    if rule.increment_period < 1 or not rule.multiplier > 1:
+        raise why
+    period = rule.increment_period
+    states = [(1024.0, 0, False), (1.5, 0, False), (1.0, 3, False), (1024.0, 0, True),
+              (1024.0, period - 1, True), (3.0e38, period - 1, True), (1024.0, period + 5, True)]
+    if period >= 2:
+        states.append((1024.0, period - 2, True))
+    handle = {kinds[dtype].name: t for t in handles for dtype in kinds if variable_op(t) is kinds[dtype]}
+    scale_h, good_h = handle[rule.scale_variable], handle[rule.good_steps_variable]
+    with graph.as_default(), tf.name_scope("csrun_loss_scale_check"):
+        scale_in = tf.compat.v1.placeholder(tf.float32, [])
+        good_in = tf.compat.v1.placeholder(tf.int64, [])
+        assign = [tf.raw_ops.AssignVariableOp(resource=scale_h, value=scale_in),
+                  tf.raw_ops.AssignVariableOp(resource=good_h, value=good_in)]
+        reads = [tf.raw_ops.ReadVariableOp(resource=scale_h, dtype=tf.float32),
+                 tf.raw_ops.ReadVariableOp(resource=good_h, dtype=tf.int64)]
+        # the cond runs through the ops the train_op groups (its own op is not fetchable)
+        step = [c for out in scale_if.outputs for c in out.consumers()]
+    predicate = scale_if.inputs[0]
+    with tf.compat.v1.Session(graph=graph) as session:
+        for scale, good, finite in states:
+            session.run(assign, {scale_in: scale, good_in: good})
+            session.run(step, {predicate: finite})
+            got = session.run(reads)
+            want = rule.next(np.float32(scale), np.int64(good), finite)
+            if np.float32(got[0]).tobytes() != np.float32(want[0]).tobytes() or int(got[1]) != int(want[1]):
+                raise why
+    return rule
+
+
+def _import_branch(graph: tf.Graph, apply_if: tf.Operation) -> tf.Operation:
+    """The apply cond's true branch as ops of the graph, reading what the cond captured."""
+    branch = apply_if._true_graph
+    mapping = {inner.name: outer for inner, outer in zip(branch.inputs, apply_if.inputs[1:])}
+    writes = [op.name for op in branch.get_operations() if _is_write(op)]
+    with graph.as_default():
+        imported = tf.graph_util.import_graph_def(branch.as_graph_def(), input_map=mapping,
+                                                  return_elements=writes,
+                                                  name="csrun_dynamic_loss_scale")
+        return tf.group(*imported)
+
+
+def _checked_gradients(apply_if: tf.Operation, why: _Refused) -> set[str]:
+    """The tensors the predicate is reduce_all of is_finite of (the analysis compares them
+    with the gradients the updates apply)."""
+    checked, stack, seen = set(), [apply_if.inputs[0].op], set()
+    while stack:  # reduce_all over is_finite of each gradient
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type not in _PREDICATE_OPS:
+            raise why
+        if op.type == "IsFinite":
+            checked.add(_skip_identity(op.inputs[0]).name)
+        elif op.type != "Rank":  # (a shape only)
+            stack.extend(t.op for t in op.inputs)
+    return checked
