@@ -198,12 +198,12 @@ def test_a_second_run_on_a_model_dir_is_refused_naming_the_first(tmp_path):
     assert f"ended without releasing it (pid {first.pid}" in after.stdout
 
 
-KILLS = 20
+KILLS = 10
 REFERENCE_STEPS = 400
 
 
 def test_kill_9_of_the_chief_while_it_writes_checkpoints(tmp_path):
-    """A checkpoint every step, SIGKILL at varied points, 20 times: the newest checkpoint
+    """A checkpoint every step, SIGKILL at varied points, 10 times: the newest checkpoint
     always loads, no leftovers pile up, and every rerun resumes exactly (its losses are the
     unbroken run's, step for step)."""
     reference_params = _write_params(tmp_path, {"runconfig.max_steps": REFERENCE_STEPS,
