@@ -17,7 +17,6 @@ import yaml
 from cs_inprocess import compile_checked
 from fc_mnist_runs import ENV, REPO, eval_results, losses
 
-from common.errors import CSRunError
 from cs_api.attrs import from_attr
 from examples.modelzoo_fc_mnist import data, model
 from examples.modelzoo_fc_mnist.utils import get_params
@@ -48,20 +47,22 @@ def test_the_model_builds_its_layers_under_the_policy_model_mixed_precision_name
 
 
 @pytest.mark.slow
-def test_loss_scaling_factor_is_a_static_scale_on_the_cs_and_dynamic_is_refused_in_one_line(tmp_path):
+def test_loss_scaling_factor_is_a_static_scale_or_tensorflows_dynamic_rule_on_the_cs(tmp_path):
     """A number wraps the optimizer in MixedPrecisionLossScaleOptimizer: S seeds the CS's
-    float16 backward and 1/S scales the gradients; 'dynamic' validates to one line."""
+    float16 backward and 1/S scales the gradients; 'dynamic' compiles to TensorFlow's dynamic
+    rule (its scale and good-step variables, doubling every 2,000 finite steps)."""
     params = get_params(str(EXAMPLE / "configs" / "params.yaml"))
     params["optimizer"]["loss_scaling_factor"] = 1024.0
     compiled = compile_checked(model.model_fn, data.train_input_fn, params, str(tmp_path / "static"))
     loss = next(k for k in compiled.program.kernels if k.type == "loss")
     assert from_attr(loss.attrs["loss_scale"]) == 1024.0
     assert [t.value for t in compiled.program.gradient_transforms] == [1 / 1024]
+    assert not compiled.program.HasField("dynamic_loss_scale")
     params["optimizer"]["loss_scaling_factor"] = "dynamic"
-    with pytest.raises(CSRunError) as error:
-        compile_checked(model.model_fn, data.train_input_fn, params, str(tmp_path / "dynamic"))
-    line = str(error.value)
-    assert "\n" not in line and "dynamic loss scaling" in line and "fixed loss scale" in line, line
+    compiled = compile_checked(model.model_fn, data.train_input_fn, params, str(tmp_path / "dynamic"))
+    dynamic = compiled.program.dynamic_loss_scale
+    assert dynamic.scale_variable and dynamic.good_steps_variable
+    assert (dynamic.increment_period, dynamic.multiplier) == (2000, 2.0)
 
 
 @pytest.mark.slow
