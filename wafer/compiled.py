@@ -29,9 +29,16 @@ from wafer.precision import EXPONENT_BITS, LARGEST_BINADE, OVERFLOW_SCALE, SHIFT
 LINEAR, RELU, RELU6 = 0, 1, 2
 CODES = {"linear": LINEAR, "relu": RELU, "relu6": RELU6}
 
-if not numba.config.CACHE_DIR and \
-        not os.access(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__"),
-                      os.W_OK):
+
+def _in_tree_cache_writable() -> bool:
+    """Whether numba can keep its cache in `__pycache__` beside this file (it creates the
+    folder when Python has not: PYTHONDONTWRITEBYTECODE)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    pycache = os.path.join(here, "__pycache__")
+    return os.access(pycache, os.W_OK) if os.path.isdir(pycache) else os.access(here, os.W_OK)
+
+
+if not numba.config.CACHE_DIR and not _in_tree_cache_writable():
     numba.config.CACHE_DIR = os.path.join(tempfile.gettempdir(), f"csrun-numba-{os.getuid()}")
 
 _MAGNITUDE = np.uint32(0x7FFFFFFF)
