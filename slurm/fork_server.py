@@ -34,6 +34,7 @@ import io
 import json
 import os
 import secrets
+import select
 import selectors
 import shutil
 import signal
@@ -123,8 +124,11 @@ class ForkedTask:
     pid: int
     _sock: socket.socket
 
-    def wait(self) -> int:
-        """The child's exit code as `subprocess.Popen.returncode` gives it (-N: signal N)."""
+    def wait(self, timeout: float | None = None) -> int:
+        """The child's exit code as `subprocess.Popen.returncode` gives it (-N: signal N);
+        subprocess.TimeoutExpired when it has not ended within `timeout` seconds."""
+        if timeout is not None and not select.select([self._sock], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired(str(self.pid), timeout)
         try:
             message, _ = _recv(self._sock)
             return os.waitstatus_to_exitcode(message["status"])

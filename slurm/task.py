@@ -54,23 +54,43 @@ class TaskCommand:
         env = {**os.environ, **dict(self.env), "PYTHONUNBUFFERED": "1"}
         where = where_task_runs(env)
         print(where, flush=True)
-        process = self._start(env)
-        print(command_started(where.split()[2], process.pid), flush=True)
+        started: list[subprocess.Popen | ForkedTask] = []
+        early: list[int] = []  # a stop that came while the command was starting
 
         def forward(signum, _frame):
-            _signal_group(process, signum)
+            if started:
+                _signal_group(started[0], signum)
+            else:
+                early.append(signum)
 
+        # before the command starts: submitit's own handler would swallow a SIGTERM
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, forward)
+        process = self._start(env)
+        started.append(process)
+        for signum in early:
+            _signal_group(process, signum)
+        print(command_started(where.split()[2], process.pid), flush=True)
         if env.get(HEARTBEAT_ENV):
             watch_heartbeat(Path(env[HEARTBEAT_ENV]), lambda: _launcher_died(process))
         try:
-            code = process.wait()
+            code = _wait(process)
         finally:
             _signal_group(process, signal.SIGKILL)  # leftovers of the command (its children)
         if code != 0:
             raise TaskFailed(code if code > 0 else 128 - code)
         return code
+
+
+def _wait(process: subprocess.Popen | ForkedTask) -> int:
+    """The command's exit code, waited for in short slices: a stop signal that the kernel
+    hands to another thread of this process (submitit's, a heartbeat's) runs its Python
+    handler only when the main thread wakes, which a plain blocking wait never does."""
+    while True:
+        try:
+            return process.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _launcher_died(process: subprocess.Popen | ForkedTask) -> None:
