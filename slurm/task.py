@@ -70,7 +70,10 @@ class TaskCommand:
         started.append(process)
         for signum in early:
             _signal_group(process, signum)
-        print(command_started(where.split()[2], process.pid), flush=True)
+        # one write: the command already writes to the same log, and a line printed in two
+        # writes (text, then its newline) could take the command's first line into it
+        sys.stdout.write(command_started(where.split()[2], process.pid) + "\n")
+        sys.stdout.flush()
         if env.get(HEARTBEAT_ENV):
             watch_heartbeat(Path(env[HEARTBEAT_ENV]), lambda: _launcher_died(process))
         try:
