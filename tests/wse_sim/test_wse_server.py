@@ -15,6 +15,7 @@ import pytest
 from doubles import RUN_DEADLINE_S, ClientDouble
 
 from cs_api import pb
+from cs_api.tensors import to_tensor
 from launcher.csrun_wse import free_port
 
 FEATURES, HIDDEN, BATCH = 12, 8, 16
@@ -78,7 +79,8 @@ def test_second_job_wrong_token_and_unknown_job_are_refused(server):
         assert code == grpc.StatusCode.PERMISSION_DENIED and "job-a" not in details
         assert "busy with another job" in details
     assert first.status().state == "loaded" and first.status().job_id == "job-a"
-    assert other.status() == pb.StatusReply(state="busy", fabric="cs1")  # nothing of job-a
+    seen = other.status()  # what squeue would show, never the token or the job's messages
+    assert (seen.state, seen.job_id, seen.global_step, seen.fabric, seen.message) == ("busy", "job-a", 0, "cs1", "")
     first.unload()
     assert first.status().state == "idle"
     code, _ = code_and_details(lambda: first.run("train", 1))
@@ -140,6 +142,34 @@ def test_batches_are_consumed_in_index_order_from_first_batch_whatever_the_worke
     for t in threads:
         t.join(5)
     assert client.status().global_step == 10
+
+
+def test_each_step_reports_how_long_the_cs_waited_for_its_batch(server):
+    """Batches already sent: little wait; a worker sending one batch every 0.3 s: the CS waits
+    about that long for each (the job's input starvation, as the chief sees it)."""
+    data = batches(8)
+    client = ClientDouble(server.address)
+    client.load(program(), weights(), num_workers=2)  # a window of 4 batches: 0..3 sent at once
+    first_run_done = threading.Event()
+
+    def stream():
+        for index in range(8):
+            if index >= 4:
+                first_run_done.wait(RUN_DEADLINE_S)
+                time.sleep(0.3)
+            yield pb.FeedRequest(token=client.token, worker_id=0, batch_index=index, tensors=[
+                to_tensor(name, array) for name, array in data[index].items()])
+        yield pb.FeedRequest(token=client.token, worker_id=0, end=True)
+
+    threading.Thread(target=lambda: client.stub.Feed(stream()), daemon=True).start()
+    time.sleep(1.0)  # batches 0..3 arrive before the run asks for them
+    ready, ready_summary = client.run("train", 4)
+    first_run_done.set()
+    slow, slow_summary = client.run("train", 4)
+    assert all(r.timing.input_wait_seconds > 0.2 for r in slow), [r.timing for r in slow]
+    assert slow_summary.input_wait_seconds > 0.8 > ready_summary.input_wait_seconds
+    for results, summary in ((ready, ready_summary), (slow, slow_summary)):
+        assert summary.input_wait_seconds == pytest.approx(sum(r.timing.input_wait_seconds for r in results))
 
 
 def test_a_wrong_batch_and_a_broken_feed_end_the_run_with_a_clear_status(server):
