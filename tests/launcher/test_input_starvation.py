@@ -13,7 +13,7 @@ import pytest
 from coordinator.starvation import StarvationWatch
 from cs_api import pb
 from slurm import jobs
-from tests.fc_mnist_runs import ENV, REPO, fc_mnist_params
+from tests.fc_mnist_runs import ENV, EXAMPLE, REPO, fc_mnist_params
 
 STARVED = re.compile(r"^Input starvation: the CS system waited for input (\d+)% of the time \(steps (\d+)-(\d+)\): "
                      r"1 input worker\(s\) delivered ([\d,]+) samples/s each, the CS system computed ([\d,]+); "
@@ -78,13 +78,17 @@ def test_a_window_waiting_for_input_names_the_workers_that_would_keep_up():
     assert kept_up.flush() is None and kept_up.summary() == ""
 
 
-def _train(tmp_path: Path, pause_s: float, steps: int) -> tuple[subprocess.CompletedProcess, jobs.Progress]:
-    (tmp_path / "run.py").write_text(SLOW_READER)
-    params = fc_mnist_params(tmp_path, steps=steps, every=steps, log_step_count_steps=steps)
+def _train(tmp_path: Path, pause_s: float | None, steps: int) -> tuple[subprocess.CompletedProcess, jobs.Progress]:
+    """csrun_wse trains FC-MNIST for `steps` from the slow reader (`pause_s` a sample), or
+    from the example's own input_fn (None: arrays in memory, tf.data's from_tensor_slices)."""
+    script = tmp_path / "run.py" if pause_s is not None else EXAMPLE / "run.py"
+    if pause_s is not None:
+        script.write_text(SLOW_READER)
+    params = fc_mnist_params(tmp_path, steps=steps, every=steps)
     job_dir = tmp_path / "job"
     done = subprocess.run([sys.executable, "-m", "launcher.csrun_wse", "--job-dir", str(job_dir), "python",
-                           "run.py", "-p", str(params), "-o", str(tmp_path / "m")], cwd=tmp_path,
-                          env={**ENV, "READER_PAUSE_S": str(pause_s), jobs.STATE_DIR_ENV: str(tmp_path / "state")},
+                           str(script), "-p", str(params), "-o", str(tmp_path / "m")], cwd=tmp_path,
+                          env={**ENV, "READER_PAUSE_S": str(pause_s or 0), jobs.STATE_DIR_ENV: str(tmp_path / "state")},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     progress = jobs.Progress.read(job_dir)
@@ -112,6 +116,6 @@ def test_a_slow_reader_starves_the_cs_and_the_run_says_how_many_workers_would_ke
 
 @pytest.mark.slow
 def test_a_reader_that_keeps_up_logs_no_starvation(tmp_path):
-    done, progress = _train(tmp_path, pause_s=0.0, steps=30)
+    done, progress = _train(tmp_path, pause_s=None, steps=30)
     assert "starvation" not in done.stdout.lower() and "starvation" not in done.stderr.lower(), done.stdout
     assert progress.starvation == ""
