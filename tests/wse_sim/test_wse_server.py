@@ -3,6 +3,7 @@ weights, broken input streams, cancelled runs, snapshots above 4 MB, and no thre
 jobs left behind after many jobs; `wse_sim serve` stops cleanly on SIGTERM."""
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -336,3 +337,30 @@ def test_wse_sim_serve_answers_health_and_stops_on_sigterm():
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_wse_sim_status_names_the_job_holding_the_cs_and_an_unreachable_address_in_one_line(server, capsys):
+    from cs_api.client import CSClient, this_user
+    from wse_sim import cli
+
+    assert cli.main(["status", "--cs_ip", server.address]) == 0
+    assert capsys.readouterr().out == f"CS system at {server.address}: idle\n"
+    holder = CSClient(server.address)  # the chief's client: it declares its user
+    holder.load("job-7", program(), weights(), num_workers=1, global_step=3, first_batch=3)
+    try:
+        assert cli.main(["status", "--cs_ip", server.address]) == 0
+        out = capsys.readouterr().out
+        assert re.fullmatch(rf"CS system at {re.escape(server.address)}: busy with job job-7 of "
+                            rf"{re.escape(this_user())} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d, step 3\n", out), out
+    finally:
+        holder.unload()
+        holder.close()
+    port = free_port()
+    assert cli.main(["status", "--cs_ip", f"127.0.0.1:{port}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"wse_sim: error: cannot reach the CS system at 127.0.0.1:{port} "
+                                               "(status): "), err
+    assert err[0].endswith("(hint: check --cs_ip and that the CS system (wse_sim serve) is running)")
+    with pytest.raises(SystemExit):
+        cli.main(["status", "--cs_ip", "no-port"])
+    assert capsys.readouterr().err.strip().endswith("error: --cs_ip 'no-port' is not HOST:PORT")
