@@ -92,6 +92,7 @@ class CSRunConfig:
             if value is not None and not key.accepts(value):
                 raise CSRunError(f"CSRunConfig {name}={value!r} is not {key.describe()}",
                                  f"set {name} to {key.describe()}")
+        requested_replicas(self.as_dict())
 
     @property
     def step_log_steps(self) -> int | None:

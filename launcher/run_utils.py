@@ -3,8 +3,8 @@
 
 Params are YAML with a `runconfig` section; its keys are checked (an unknown key or a wrong
 type names the key and the file) and missing ones get defaults. A command-line flag
-overrides the YAML when it is given. This module is the one reader of run.py's flags and
-params: `csrun_wse` reads a job's fabric through it too.
+overrides the YAML when it is given. This module reads run.py's params file and parses its
+flags (`csrun_wse` reads a job's fabric through it too).
 
 The run's configuration is one typed record (`launcher.run_config.CSRunConfig`, built by
 `run_config`); the original's helpers read and write `params["runconfig"]` as a dict on top
