@@ -22,7 +22,7 @@ import time
 from common.errors import ArgumentParser, CSRunError, cli_entry
 from cs_api.client import cs_status, holder_text
 from launcher.progress_line import duration, loss_text
-from launcher.run_utils import normalize_cs_ip
+from launcher.run_config import normalize_cs_ip
 from launcher.site_config import load_site_config
 from slurm import jobs
 from slurm.slurm_backend import cs_queue, slurm_answers

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,6 +16,7 @@ from launcher import csrun_job
 from launcher.csrun_wse import free_port
 from slurm import jobs
 from tests.fc_mnist_runs import ENV, EXAMPLE, fc_mnist_params
+from tests.processes import left_running, processes_mentioning
 from tf_model import checkpoints
 
 RUN_PY = str(EXAMPLE / "run.py")
@@ -33,20 +33,6 @@ def state_dir(tmp_path, monkeypatch) -> dict[str, str]:
 def csrun_job_cli(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "launcher.csrun_job", *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if text.encode() in blob:
-            found.append(int(entry.name))
-    return found
 
 
 def test_unknown_ids_and_another_users_job_are_one_line_each(state_dir, tmp_path, capsys):
@@ -124,10 +110,7 @@ def test_a_detached_job_is_listed_inspected_followed_and_cancelled(state_dir, tm
         assert cancelled.returncode == 0, cancelled.stderr
         assert re.fullmatch(rf"csrun_job: job {job_id} cancelled: CANCELLED; newest checkpoint \S+model\.ckpt-\d+",
                             cancelled.stderr.strip()), cancelled.stderr
-        deadline = time.monotonic() + 10
-        while _processes_mentioning(str(job_dir)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert _processes_mentioning(str(job_dir)) == []
+        assert left_running(str(job_dir), 10) == []
         followed, _ = follower.communicate(timeout=30)  # --follow ends with the job
         assert follower.returncode == 0 and re.search(r"^global step \d+: loss = ", followed, re.M)
         newest = checkpoints.latest_checkpoint(str(tmp_path / "m"))
@@ -214,7 +197,7 @@ def test_cancelling_an_attached_job_stops_it_through_its_launcher(state_dir, tmp
         f"csrun_job: job {record.job_id} cancelled: CANCELLED"), cancelled.stderr
     assert wse.returncode == 143 and err.strip().splitlines()[-1] == (
         f"csrun_wse: stopped by SIGTERM: job {record.job_id} cancelled, every task stopped")
-    assert _processes_mentioning(str(job_dir)) == []
+    assert processes_mentioning(str(job_dir)) == []
 
 
 def test_a_registry_that_cannot_be_written_costs_the_job_nothing(tmp_path):
