@@ -66,7 +66,8 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
         for chain, got, want in zip(chains, raw_values, loss_grads):
             want = want * np.float32(chain.call.scale)
             bound = rtol * float(np.max(np.abs(want), initial=0.0)) + noise * overall + 1e-30
-            if got.shape != want.shape or float(np.max(np.abs(got - want), initial=0.0)) > bound:
+            # (written so that a NaN gradient, which compares false with anything, fails)
+            if got.shape != want.shape or not float(np.max(np.abs(got - want), initial=0.0)) <= bound:
                 raise _fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
                                              "is not the gradient of the loss model_fn returns")
         _check_transforms(session, chains)
@@ -98,7 +99,7 @@ def _check_transforms(session, chains: list[_Chain]) -> None:
         apply_transforms(transforms, grads)
         for c, want in zip(chains, applied):
             bound = 1e-5 * float(np.max(np.abs(want), initial=0.0)) + 1e-30
-            if float(np.max(np.abs(grads[c.update.variable] - want), initial=0.0)) > bound:
+            if not float(np.max(np.abs(grads[c.update.variable] - want), initial=0.0)) <= bound:
                 anchor = c.steps[-1].anchor if c.steps else c.update.op
                 raise _fail(anchor, f"the gradient transforms of {c.update.variable} do not "
                                     f"compute what the CS computes ({TRANSFORMS})")
