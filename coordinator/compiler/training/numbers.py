@@ -65,6 +65,10 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
                        for c, w in zip(chains, loss_grads)), default=0.0)
         for chain, got, want in zip(chains, raw_values, loss_grads):
             want = want * np.float32(chain.call.scale)
+            if not np.isfinite(want).all():
+                raise _fail(chain.update.op, f"the gradient of the loss for {chain.update.variable} "
+                                             "is not finite on input_fn's first batch (NaN or "
+                                             "infinity): the training cannot be checked")
             bound = rtol * float(np.max(np.abs(want), initial=0.0)) + noise * overall + 1e-30
             # (written so that a NaN gradient, which compares false with anything, fails)
             if got.shape != want.shape or not float(np.max(np.abs(got - want), initial=0.0)) <= bound:
