@@ -357,12 +357,14 @@ def _sample_gather(m: Context, op: tf.Operation) -> str:
     x, ids = op.inputs[0], op.inputs[1]
     rank = len(static_shape(x))
     axis = m.operands.constant(op.inputs[2]) if op.type == "GatherV2" else None
-    if axis is None or op.get_attr("batch_dims") != 1 or int(axis) % max(rank, 1) != 1 \
-            or rank < 2:
+    if axis is None or op.get_attr("batch_dims") != 1 or rank < 2 or int(axis) % rank != 1:
         return ("gathers from a per-sample value other than by tf.gather(x, ids, batch_dims=1) "
                 "(each sample's rows at its own indices: axis 1, batch_dims 1)")
-    if not m.is_batched(ids) or len(static_shape(ids)) < 2:
+    if not m.is_batched(ids):
         return "gathers from a per-sample value at indices that are not per-sample"
+    if len(static_shape(ids)) < 2:
+        return ("gathers from a per-sample value one row per sample (indices of rank 1 with "
+                "batch_dims=1): give each sample a vector of indices")
     if not has_kernel("sample_gather"):
         return "the CS has no sample_gather kernel"
     m.add_kernel(op.name, "sample_gather", [x, ids], {}, [], [op], op.outputs[0])

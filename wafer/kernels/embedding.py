@@ -115,7 +115,7 @@ class Gather(Kernel):
 
 @register
 class SampleGather(Kernel):
-    """Inputs x (per sample (L, D...), float32) and integer indices (int32/int64, per-sample
+    """Inputs x (per sample (L, D...); float32, or integers or bools passed through) and integer indices (int32/int64, per-sample
     shape S); output S + (D...): each sample's rows of its own x at its own indices
     (tf.gather(x, ids, axis=1, batch_dims=1)). An index outside [0, L) raises ValueError
     naming the kernel, as TF's CPU gather does. Backward: TF's _BatchGatherGrad, an
@@ -138,11 +138,11 @@ class SampleGather(Kernel):
         return self._shape
 
     def output_dtype(self, input_dtypes):
-        check_dtypes(self, input_dtypes, [(np.float32,), INTEGER])
-        return np.dtype(np.float32)
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER, np.bool_), INTEGER])
+        return np.dtype(input_dtypes[0])
 
     def input_differentiable(self, index: int) -> bool:
-        return index == 0
+        return index == 0  # (a float32 x: an integer one has no trained weight upstream)
 
     def flops_per_sample(self) -> float:
         return float(math.prod(self._shape))  # a copy per value
