@@ -27,6 +27,7 @@ from common.run_kinds import RunKind
 from common.run_settings import RunSettings, end_step
 from coordinator.compiler import compile_model
 from coordinator.roles import TaskRole
+from coordinator.starvation import StarvationWatch
 from cs_api import pb
 from cs_api.client import CSClient
 from cs_api.input_spec import program_inputs
@@ -236,6 +237,7 @@ class Chief:
         every = config.save_checkpoints_steps or (end - step)
         loss, summary = math.nan, None
         status = ProgressFile(self.role.job_dir, step, end, program.batch_size) if self.role.job_dir else None
+        starvation = StarvationWatch(self.role.num_workers, program.batch_size)
         with CSJob(self, program, state, step, step, end - step, input_fn) as job, \
                 EventWriter(self.model_dir) as events:
             while step < end:
@@ -247,6 +249,8 @@ class Chief:
                     if not math.isfinite(loss):
                         raise checkpoints.non_finite_loss(loss, step, self.model_dir)
                     log.step(step, loss)
+                    if starved := starvation.step(step, result.step.timing):
+                        print(starved, flush=True)
                     if status is not None:
                         status.step(step, loss, result.step.timing.sim_samples_per_sec)
                     if config.save_summary_steps and step % config.save_summary_steps == 0:
@@ -259,13 +263,17 @@ class Chief:
                 log.saved(step, self.model_dir)
                 if status is not None:
                     status.saved(saved)
+        if starved := starvation.flush():
+            print(starved, flush=True)
         log.finished(step, loss)
         if status is not None:
-            status.finished()
+            status.finished(starvation.summary())
         if summary is not None:
             print(f"Simulated CS system: {summary.sim_samples_per_sec:,.0f} samples/second "
                   f"(utilization {summary.utilization:.1%}); wall clock here: "
                   f"{summary.wall_samples_per_sec:,.0f} samples/second", flush=True)
+        if starvation.summary():
+            print(f"Input starvation over the run: {starvation.summary()}", flush=True)
 
     def _checkpoint_state(self, program: pb.Program, checkpoint_path: str | None) -> tuple[str, int, dict]:
         path = checkpoints.chosen_checkpoint(self.model_dir, checkpoint_path)
