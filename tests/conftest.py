@@ -9,6 +9,7 @@ Without root or packages the tests skip; under CI (CI=true) the cluster must com
 they fail with the reason."""
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
@@ -27,6 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # default on CPUs with AVX-512: what a user sees must not depend on the CPU the suite runs on.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 CLUSTER_SH = ROOT / "slurm" / "cluster" / "cluster.sh"
+
+
+def pytest_collection_finish(session):
+    """The modules every test imported (TensorFlow, Keras: some 300,000 objects) leave the
+    garbage collector's view: each `tf.keras.backend.clear_session()` (one per graph the
+    suite builds: tf_model.model_fn.model_graph) runs a full collection, which otherwise
+    walks them all, about 0.4-1.6 s each. Garbage made later is still collected."""
+    gc.collect()
+    gc.freeze()
 
 
 @dataclass(frozen=True)
