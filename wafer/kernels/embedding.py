@@ -115,9 +115,9 @@ class Gather(Kernel):
 
 @register
 class SampleGather(Kernel):
-    """Inputs x (per sample (L, D...); float32, or integers or bools passed through) and integer indices (int32/int64, per-sample
-    shape S); output S + (D...): each sample's rows of its own x at its own indices
-    (tf.gather(x, ids, axis=1, batch_dims=1)). An index outside [0, L) raises ValueError
+    """Inputs x (per sample (L, D...); float32, or integers or bools passed through) and
+    integer indices (int32/int64, per-sample shape S); output S + (D...): each sample's
+    rows of its own x at its own indices (tf.gather(x, ids, axis=1, batch_dims=1)). An index outside [0, L) raises ValueError
     naming the kernel, as TF's CPU gather does. Backward: TF's _BatchGatherGrad, an
     UnsortedSegmentSum of the output gradient into each sample's rows (a repeated index
     adds its gradients in order, each sum rounded to float16 in a float16 kernel, as TF's
