@@ -100,6 +100,8 @@ node_lines() {  # the nodes, the partition and the CS system, for slurm.conf
         echo "# The CS system: a count-1 GRES on the one node, so two jobs never share it."
         echo "NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$mem Gres=cs:1 State=UNKNOWN"
         echo "PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP"
+        echo "# Batch jobs may be requeued (csrun_wse --requeue: scontrol requeue, a preemption)."
+        echo "JobRequeue=1"
         return
     fi
     echo "# $NODES hosts on the bridge $BRIDGE ($SUBNET.0/24); the CS system at $CS_ADDR:$CS_PORT is"
