@@ -39,17 +39,6 @@ def batches(count: int) -> list[dict[str, np.ndarray]]:
              "labels": rng.integers(0, 10, BATCH).astype(np.int32)} for _ in range(count)]
 
 
-def mixed_mlp(features, labels, mode, params):
-    """FC-MNIST under Keras' mixed_float16 policy (float16 layers, float32 weights)."""
-    import tensorflow as tf
-
-    tf.keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        return m.keras_mlp(features, labels, mode, params)
-    finally:
-        tf.keras.mixed_precision.set_global_policy("float32")
-
-
 def simulator_step(program, weights, threads: int, micro: int, compiled: bool = True):
     """The CS system's executor, in process (no gRPC): `run` trains one step; not
     `compiled`: its affine tiles in numpy (the A/B)."""
@@ -134,7 +123,7 @@ def measure() -> list[Row]:
 
     with tempfile.TemporaryDirectory() as tmp:
         compiled = compile_model(m.keras_mlp, m.input_fn, PARAMS, tmp, fabric="cs2")
-        mixed = compile_model(mixed_mlp, m.input_fn, PARAMS, tmp + "/mixed", fabric="cs2")
+        mixed = compile_model(m.mixed_float16(m.keras_mlp), m.input_fn, PARAMS, tmp + "/mixed", fabric="cs2")
     data = batches(STEPS)
     threads = usable_cpus()
     micro = compiled.program.micro_batch_size

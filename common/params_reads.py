@@ -15,7 +15,46 @@ from typing import Any, Iterable, Iterator, Mapping
 _SKIPPED_SECTIONS = ("runconfig", "description")  # checked by the toolkit itself
 
 
-class _Section(dict):
+class _Recording(dict):
+    """A dict that calls `_read(key)` before a read of one key and `_read_all()` before it is
+    read whole (iterated, its keys, values or items, a deep copy)."""
+
+    def _read(self, *keys: Any) -> None:
+        raise NotImplementedError
+
+    def _read_all(self) -> None:
+        raise NotImplementedError
+
+    def __getitem__(self, key: Any) -> Any:
+        self._read(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._read(key)
+        return super().get(key, default)
+
+    def __iter__(self) -> Iterator:
+        self._read_all()
+        return super().__iter__()
+
+    def keys(self):
+        self._read_all()
+        return super().keys()
+
+    def values(self):
+        self._read_all()
+        return super().values()
+
+    def items(self):
+        self._read_all()
+        return super().items()
+
+    def __deepcopy__(self, memo: dict) -> dict:
+        self._read_all()
+        return copy.deepcopy(dict(dict.items(self)), memo)
+
+
+class _Section(_Recording):
     """A section of a ReadParams: records the keys read while its owner records. Reading it
     whole (iterating it, copying it) counts as reading every key."""
 
@@ -29,15 +68,7 @@ class _Section(dict):
             self._owner.reads.update((self._name, key) for key in keys)
 
     def _read_all(self) -> None:
-        self._read(*super().keys())
-
-    def __getitem__(self, key: Any) -> Any:
-        self._read(key)
-        return super().__getitem__(key)
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        self._read(key)
-        return super().get(key, default)
+        self._read(*dict.keys(self))
 
     def __contains__(self, key: object) -> bool:
         self._read(key)
@@ -51,34 +82,15 @@ class _Section(dict):
         self._read(key)
         return super().pop(key, *default)
 
-    def __iter__(self) -> Iterator:
-        self._read_all()
-        return super().__iter__()
-
-    def keys(self):
-        self._read_all()
-        return super().keys()
-
-    def values(self):
-        self._read_all()
-        return super().values()
-
-    def items(self):
-        self._read_all()
-        return super().items()
-
     def copy(self) -> dict:
         self._read_all()
-        return dict(super().items())
-
-    def __deepcopy__(self, memo: dict) -> dict:
-        self._read_all()
-        return copy.deepcopy(dict(super().items()), memo)
+        return dict(dict.items(self))
 
 
-class ReadParams(dict):
+class ReadParams(_Recording):
     """A model's params whose sections record the keys the model's code reads
-    (`recording`); the toolkit reads it as any dict."""
+    (`recording`); the toolkit reads it as any dict. Reading a section opens it; reading
+    the params whole opens every section (no notes then)."""
 
     def __init__(self, params: Mapping, quiet: Mapping[str, Iterable[str]] | None = None):
         super().__init__({name: _Section(values, name, self) if isinstance(values, dict) else values
@@ -90,41 +102,13 @@ class ReadParams(dict):
         self.noted = False
         self._quiet = {(section, key) for section, keys in (quiet or {}).items() for key in keys}
 
-    def _open(self, name: Any) -> None:
+    def _read(self, *names: Any) -> None:
         if self.recording:
-            self.opened.add(name)
+            self.opened.update(names)
 
-    def _open_all(self) -> None:
+    def _read_all(self) -> None:
         if self.recording:
             self.everything = True
-
-    def __getitem__(self, name: Any) -> Any:
-        self._open(name)
-        return super().__getitem__(name)
-
-    def get(self, name: Any, default: Any = None) -> Any:
-        self._open(name)
-        return super().get(name, default)
-
-    def __iter__(self) -> Iterator:
-        self._open_all()
-        return super().__iter__()
-
-    def keys(self):
-        self._open_all()
-        return super().keys()
-
-    def values(self):
-        self._open_all()
-        return super().values()
-
-    def items(self):
-        self._open_all()
-        return super().items()
-
-    def __deepcopy__(self, memo: dict) -> dict:
-        self._open_all()
-        return copy.deepcopy(dict(super().items()), memo)
 
     def unread(self) -> list[str]:
         """One note per key of an opened section the model's code never read, naming the

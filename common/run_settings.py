@@ -5,9 +5,9 @@ numbers of steps every run follows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from common.errors import CSRunError
+from common.param_keys import STEPS
 
 
 @dataclass(frozen=True)
@@ -31,19 +31,14 @@ class RunSettings:
             object.__setattr__(self, "compile_dir", self.model_dir)
 
 
-def whole_number(value: Any) -> bool:
-    """A number of steps: an int >= 0 (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def check_steps(steps: int | None, max_steps: int | None) -> None:
     """A training run's length as train() takes it: `steps` more or `max_steps` (absolute),
     one of them, a whole number."""
     if steps is not None and max_steps is not None:
         raise CSRunError("train got both steps and max_steps", "give one of them")
     for name, value in (("steps", steps), ("max_steps", max_steps)):
-        if value is not None and not whole_number(value):
-            raise CSRunError(f"{name}={value!r} is not a whole number >= 0")
+        if value is not None and not STEPS.accepts(value):
+            raise CSRunError(f"{name}={value!r} is not {STEPS.describe()}")
     if steps is None and max_steps is None:
         raise CSRunError("training needs a number of steps", "give steps or max_steps "
                          "(--steps, --max_steps or runconfig.max_steps)")

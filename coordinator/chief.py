@@ -30,6 +30,7 @@ from common.run_kinds import RunKind
 from common.run_settings import RunSettings, end_step
 from coordinator.compiler import compile_model
 from coordinator.roles import TaskRole
+from coordinator.starvation import StarvationWatch
 from coordinator.stop_request import StopRequest, next_piece
 from cs_api import pb
 from cs_api.client import CSClient
@@ -121,7 +122,8 @@ def combined(total: pb.JobSummary | None, run: pb.JobSummary) -> pb.JobSummary:
     return pb.JobSummary(steps=total.steps + run.steps, samples=samples, sim_seconds=sim, wall_seconds=wall,
                          sim_samples_per_sec=samples / sim if sim > 0 else 0.0,
                          wall_samples_per_sec=samples / wall if wall > 0 else 0.0,
-                         utilization=used / sim if sim > 0 else 0.0)
+                         utilization=used / sim if sim > 0 else 0.0,
+                         input_wait_seconds=total.input_wait_seconds + run.input_wait_seconds)
 
 
 def host_values(program: pb.Program, result: pb.StepResult) -> dict[str, np.ndarray]:
@@ -253,6 +255,7 @@ class Chief:
         every = config.save_checkpoints_steps or (end - step)
         loss, summary = math.nan, None
         status = ProgressFile(self.role.job_dir, step, end, program.batch_size) if self.role.job_dir else None
+        starvation = StarvationWatch(self.role.num_workers, program.batch_size)
         with CSJob(self, program, state, step, step, end - step, input_fn) as job, \
                 EventWriter(self.model_dir) as events, StopRequest() as stop:
             piece = 1
@@ -268,6 +271,8 @@ class Chief:
                         if not math.isfinite(loss):
                             raise checkpoints.non_finite_loss(loss, step, self.model_dir)
                         log.step(step, loss)
+                        if starved := starvation.step(step, result.step.timing):
+                            print(starved, flush=True)
                         if status is not None:
                             status.step(step, loss, result.step.timing.sim_samples_per_sec)
                         if config.save_summary_steps and step % config.save_summary_steps == 0:
@@ -285,13 +290,17 @@ class Chief:
                     stopped = Stopped(stop.signum)
                     stopped.done = f"checkpoint at step {step} written ({saved})"
                     raise stopped
+        if starved := starvation.flush():
+            print(starved, flush=True)
         log.finished(step, loss)
         if status is not None:
-            status.finished()
+            status.finished(starvation.summary())
         if summary is not None:
             print(f"Simulated CS system: {summary.sim_samples_per_sec:,.0f} samples/second "
                   f"(utilization {summary.utilization:.1%}); wall clock here: "
                   f"{summary.wall_samples_per_sec:,.0f} samples/second", flush=True)
+        if starvation.summary():
+            print(f"Input starvation over the run: {starvation.summary()}", flush=True)
 
     def _checkpoint_state(self, program: pb.Program, checkpoint_path: str | None) -> tuple[str, int, dict]:
         path = checkpoints.chosen_checkpoint(self.model_dir, checkpoint_path)

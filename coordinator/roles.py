@@ -12,8 +12,9 @@ the chief, the others are input workers. The rank comes from, in order:
 
 The job's CS system reaches a task by one channel: `CSRUN_CS_IP`, which `csrun_wse` (and
 its sbatch template) sets for every task, whatever the command; it is read here only, by
-`run_cs_ip`, the one place that decides which CS a run uses (`launcher.run_utils` for run.py,
-`CSEstimator` otherwise); input workers take the address from the chief's rendezvous.
+`run_cs_ip`, the one place that decides which CS a run uses (`launcher.run_config.the_cs`
+normalises it for run.py, the original's helpers and `CSEstimator`); input workers take the
+address from the chief's rendezvous.
 """
 from __future__ import annotations
 

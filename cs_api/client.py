@@ -5,6 +5,8 @@ verifying the CS's certificate, when the site names a CA (`launcher.site_config`
 Load on, the client holds the job's lease: if this process dies the CS frees itself."""
 from __future__ import annotations
 
+import os
+import pwd
 import re
 import secrets
 import threading
@@ -43,6 +45,32 @@ def cs_channel(cs_ip: str, tls_ca: str | None = None) -> grpc.Channel:
         raise CSRunError(f"cannot read the CS system's CA certificate {tls_ca}: {error.strerror}",
                          "fix cs.tls_ca in csrun.yaml") from None
     return grpc.secure_channel(cs_ip, grpc.ssl_channel_credentials(root), options=MESSAGE_OPTIONS)
+
+
+def this_user() -> str:
+    """The user a job is declared for (`JobHeader.user`): this process's login name."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def cs_status(cs_ip: str, tls_ca: str | None = None) -> pb.StatusReply:
+    """What the CS at `cs_ip` tells any caller (no job's token): idle, or busy with which
+    job; one line (CSRunError) when it does not answer."""
+    client = CSClient(cs_ip, tls_ca)
+    try:
+        return client.status()
+    finally:
+        client.close()
+
+
+def holder_text(reply: pb.StatusReply) -> str:
+    """`idle`, or `busy with job ID of USER since TIME, step N` (a tokenless Status reply)."""
+    if reply.state == "idle":
+        return "idle"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(reply.since)) if reply.since else "?"
+    return f"{reply.state} with job {reply.job_id} of {reply.user or '?'} since {since}, step {reply.global_step}"
 
 
 def load_requests(header: pb.JobHeader, tensors: Mapping[str, np.ndarray]) -> Iterator[pb.LoadRequest]:
@@ -114,7 +142,7 @@ class CSClient:
         asked again every BUSY_RETRY_S for up to `wait_s` seconds, saying so once."""
         header = pb.JobHeader(job_id=job_id, token=self.token, program=program,
                               num_workers=num_workers, global_step=global_step,
-                              first_batch=first_batch)
+                              first_batch=first_batch, user=this_user())
         deadline = time.monotonic() + wait_s
         while True:
             try:

@@ -346,20 +346,22 @@ class Program(_message.Message):
     def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ..., dynamic_loss_scale: _Optional[_Union[DynamicLossScale, _Mapping]] = ...) -> None: ...
 
 class JobHeader(_message.Message):
-    __slots__ = ("job_id", "token", "program", "num_workers", "global_step", "first_batch")
+    __slots__ = ("job_id", "token", "program", "num_workers", "global_step", "first_batch", "user")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     FIRST_BATCH_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     token: str
     program: Program
     num_workers: int
     global_step: int
     first_batch: int
-    def __init__(self, job_id: _Optional[str] = ..., token: _Optional[str] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., num_workers: _Optional[int] = ..., global_step: _Optional[int] = ..., first_batch: _Optional[int] = ...) -> None: ...
+    user: str
+    def __init__(self, job_id: _Optional[str] = ..., token: _Optional[str] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., num_workers: _Optional[int] = ..., global_step: _Optional[int] = ..., first_batch: _Optional[int] = ..., user: _Optional[str] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ("header", "chunk")
@@ -410,14 +412,16 @@ class RunRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ..., steps: _Optional[int] = ..., output_steps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepTiming(_message.Message):
-    __slots__ = ("sim_seconds", "sim_samples_per_sec", "wall_seconds")
+    __slots__ = ("sim_seconds", "sim_samples_per_sec", "wall_seconds", "input_wait_seconds")
     SIM_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SIM_SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
     WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     sim_seconds: float
     sim_samples_per_sec: float
     wall_seconds: float
-    def __init__(self, sim_seconds: _Optional[float] = ..., sim_samples_per_sec: _Optional[float] = ..., wall_seconds: _Optional[float] = ...) -> None: ...
+    input_wait_seconds: float
+    def __init__(self, sim_seconds: _Optional[float] = ..., sim_samples_per_sec: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., input_wait_seconds: _Optional[float] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("step", "loss", "timing", "outputs")
@@ -432,7 +436,7 @@ class StepResult(_message.Message):
     def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., timing: _Optional[_Union[StepTiming, _Mapping]] = ..., outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ...) -> None: ...
 
 class JobSummary(_message.Message):
-    __slots__ = ("steps", "samples", "sim_seconds", "sim_samples_per_sec", "wall_seconds", "wall_samples_per_sec", "utilization")
+    __slots__ = ("steps", "samples", "sim_seconds", "sim_samples_per_sec", "wall_seconds", "wall_samples_per_sec", "utilization", "input_wait_seconds")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SIM_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -440,6 +444,7 @@ class JobSummary(_message.Message):
     WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WALL_SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     steps: int
     samples: int
     sim_seconds: float
@@ -447,7 +452,8 @@ class JobSummary(_message.Message):
     wall_seconds: float
     wall_samples_per_sec: float
     utilization: float
-    def __init__(self, steps: _Optional[int] = ..., samples: _Optional[int] = ..., sim_seconds: _Optional[float] = ..., sim_samples_per_sec: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., wall_samples_per_sec: _Optional[float] = ..., utilization: _Optional[float] = ...) -> None: ...
+    input_wait_seconds: float
+    def __init__(self, steps: _Optional[int] = ..., samples: _Optional[int] = ..., sim_seconds: _Optional[float] = ..., sim_samples_per_sec: _Optional[float] = ..., wall_seconds: _Optional[float] = ..., wall_samples_per_sec: _Optional[float] = ..., utilization: _Optional[float] = ..., input_wait_seconds: _Optional[float] = ...) -> None: ...
 
 class RunResult(_message.Message):
     __slots__ = ("step", "summary")
@@ -472,18 +478,22 @@ class StatusRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("state", "job_id", "global_step", "fabric", "message")
+    __slots__ = ("state", "job_id", "global_step", "fabric", "message", "user", "since")
     STATE_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_STEP_FIELD_NUMBER: _ClassVar[int]
     FABRIC_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
     state: str
     job_id: str
     global_step: int
     fabric: str
     message: str
-    def __init__(self, state: _Optional[str] = ..., job_id: _Optional[str] = ..., global_step: _Optional[int] = ..., fabric: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    user: str
+    since: float
+    def __init__(self, state: _Optional[str] = ..., job_id: _Optional[str] = ..., global_step: _Optional[int] = ..., fabric: _Optional[str] = ..., message: _Optional[str] = ..., user: _Optional[str] = ..., since: _Optional[float] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("token",)

@@ -47,6 +47,19 @@ def spec_for(mode, loss, logits, labels, params):
                            host_call=(metrics, [logits, labels]))
 
 
+def mixed_float16(model_fn):
+    """`model_fn` built under Keras' mixed_float16 policy (float16 layers, float32 weights);
+    the float32 policy is back once it returns."""
+    def mixed(features, labels, mode, params):
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            return model_fn(features, labels, mode, params)
+        finally:
+            tf.keras.mixed_precision.set_global_policy("float32")
+
+    return mixed
+
+
 def keras_mlp(features, labels, mode, params):
     """FC-MNIST: 784-500-300-10 with Keras layers."""
     h = features

@@ -9,7 +9,8 @@ import socket
 from pathlib import Path
 
 from common.errors import CSRunError
-from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip
+from launcher.run_config import normalize_cs_ip
+from launcher.run_utils import create_arg_parser, read_run_config
 from slurm.fork_server import script_of
 from tf_model.model_dir_lock import check_model_dir_free
 
@@ -64,15 +65,13 @@ def check_run(command: tuple[str, ...], workdir: Path, cs_ip: str | None) -> Non
             raise CSRunError(f"{script}: params file {flags.params} not found in {workdir}",
                              "give its path with -p; nothing was started")
         return
-    runconfig = get_params(str(path), notes=False)["runconfig"]
-    if flags.validate_only or flags.compile_only or runconfig.get("validate_only") or runconfig.get("compile_only"):
+    config = read_run_config(str(path), flags)
+    if config.validate_only or config.compile_only:
         return
-    mode = flags.mode or runconfig.get("mode") or "train"
-    if mode == "train":
-        model_dir = flags.model_dir or runconfig.get("model_dir") or flags.default_model_dir
-        check_model_dir_free(str(workdir / model_dir))
+    if config.mode == "train":
+        check_model_dir_free(str(workdir / str(config.model_dir)))
     target = flags.cs_ip or cs_ip
-    if mode in _CS_MODES and target:
+    if config.mode in _CS_MODES and target:
         check_cs_answers(normalize_cs_ip(target))
 
 

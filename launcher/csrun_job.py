@@ -10,9 +10,9 @@ ID is what `csrun_wse` printed (the Slurm job id, or the local job's id), or a j
 Everything is read from the job registry (`slurm.jobs`): the job folder's records, the
 chief's progress, the backend's state. An unknown id, another user's job, or cancelling a job
 that ended is one line and exit code 1. `cs` answers from Slurm's queue (the jobs holding
-or waiting for the site's CS GRES or license) and, with `--cs_ip`, from the CS itself, which
-tells a caller without a job's token only whether it is busy: a job of this user's registry on
-that CS is named, another user's is not.
+or waiting for the site's CS GRES or license) and, with `--cs_ip`, from the CS itself (what
+`wse_sim status` says: idle, or the job holding it, its user, since when, its step), adding
+the step count and folder when the job is one of this user's.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import sys
 import time
 
 from common.errors import ArgumentParser, CSRunError, cli_entry
-from cs_api.client import CSClient
+from cs_api.client import cs_status, holder_text
 from launcher.progress_line import duration, loss_text
-from launcher.run_utils import normalize_cs_ip
+from launcher.run_config import normalize_cs_ip
 from launcher.site_config import load_site_config
 from slurm import jobs
 from slurm.slurm_backend import cs_queue, slurm_answers
@@ -94,6 +94,8 @@ def status(job_id: str) -> int:
                   f"  samples/s:  {progress.samples_per_sec:,.0f} wall clock, "
                   f"{progress.sim_samples_per_sec:,.0f} simulated CS system",
                   f"  checkpoint: {progress.checkpoint or 'none yet'}"]
+        if progress.starvation:
+            lines.append(f"  input:      {progress.starvation}")
     else:
         lines.append("  step:       no training progress yet")
     restarts = jobs.requeues(record)
@@ -166,20 +168,12 @@ def cs_holders(cs_ip: str | None) -> int:
                 lines.append(f"Slurm: job {row['job_id']} of {row['user']} waits ({reason}), expected start {start}")
     if cs_ip is not None:
         address = normalize_cs_ip(cs_ip)
-        client = CSClient(address, load_site_config().cs.tls_ca)
-        try:
-            state = client.status().state
-        finally:
-            client.close()
-        running = [r for r in mine.values() if r.cs_ip == address and not jobs.job_state(r).ended]
-        if state == "idle":
-            lines.append(f"CS system at {address}: idle")
-        elif running:
-            lines += [f"CS system at {address}: {state}, with your job {r.job_id} (started "
-                      f"{_when(r.started)}{_step(r)})" for r in running]
-        else:
-            lines.append(f"CS system at {address}: {state}, with a job that is not one of yours (the CS "
-                         "names another job only to the holder of its token)")
+        reply = cs_status(address, load_site_config().cs.tls_ca)
+        # the CS knows a job by its folder's name (the chief's job id)
+        yours = [r for r in mine.values() if r.cs_ip == address and r.path.name == reply.job_id
+                 and reply.state != "idle"]
+        lines.append(f"CS system at {address}: {holder_text(reply)}" + "".join(
+            f" (your job {r.job_id}{_step(r)}, job folder {r.folder})" for r in yours[:1]))
     if not lines:
         raise CSRunError("no Slurm answers here and no CS system was named", "give --cs_ip HOST:PORT")
     print("\n".join(lines))

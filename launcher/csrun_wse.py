@@ -60,7 +60,8 @@ from cs_api import pb, rpc
 from cs_api.client import CSClient
 from launcher.command_checks import check_command, check_run
 from launcher.progress_line import ProgressLine, summary
-from launcher.run_utils import create_arg_parser, get_params, normalize_cs_ip
+from launcher.run_config import normalize_cs_ip
+from launcher.run_utils import create_arg_parser, read_run_config
 from launcher.site_config import SiteConfig, load_site_config
 from slurm import jobs
 from slurm.auto import choose_backend
@@ -166,7 +167,7 @@ def fabric_of(command: tuple[str, ...], workdir: Path) -> str:
         parser = create_arg_parser(str((workdir / command[1]).parent / "model_dir"))
         flags, _ = parser.parse_known_args([a for a in command[2:] if a not in ("-h", "--help")])
         path = workdir / flags.params
-        fabric = str(get_params(str(path), notes=False)["runconfig"]["fabric"])
+        fabric = read_run_config(str(path)).fabric
     except CSRunError:
         return DEFAULT_FABRIC
     if fabric not in FABRICS:  # the simulator could not start: say why here, not in its log

@@ -1,4 +1,5 @@
-"""The user API: `CSEstimator` and `CSRunConfig`, with the original's signatures.
+"""The user API: `CSEstimator` and `CSRunConfig` (the run's configuration,
+`launcher.run_config`), with the original's signatures.
 
     estimator = CSEstimator(model_fn, model_dir="model_dir", config=CSRunConfig(...), params=params)
     estimator.compile(train_input_fn, validate_only=True)
@@ -6,7 +7,7 @@
     estimator.evaluate(eval_input_fn, steps=3)
 
 A CS is in use when `config.cs_ip` is set or, when it is not, the script runs in a
-`csrun_wse` job (the job's CS: `coordinator.roles.run_cs_ip`); then train (and evaluate /
+`csrun_wse` job (the job's CS: `launcher.run_config.the_cs`); then train (and evaluate /
 predict with `use_cs=True`) go to
 `coordinator.dispatch.run`. Otherwise everything runs on the CPU with plain TensorFlow
 (`tf_model.cpu_session`).
@@ -28,11 +29,11 @@ from common import tf_startup
 from common.errors import CSRunError, install_excepthook
 from common.params_reads import ReadParams
 from common.run_kinds import RunKind
-from common.run_settings import RunSettings, check_steps, whole_number
+from common.run_settings import RunSettings, check_steps
 from coordinator import dispatch
 from coordinator.compiler import CompileResult, compile_model
-from coordinator.roles import run_cs_ip
 from launcher.params_spec import ORIGINAL_SPEC
+from launcher.run_config import CSRunConfig, the_cs
 from launcher.site_config import cs_tls_ca
 from tf_model import checkpoints, cpu_session
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
@@ -67,28 +68,6 @@ def recorded_compiles() -> Iterator[list[CompileCall]]:
         _recorders.remove(calls)
 
 
-@dataclass(frozen=True)
-class CSRunConfig:
-    """Where the CS is and how often a run logs, summarizes and checkpoints (in steps)."""
-
-    cs_ip: str | None = None
-    cs_tls_ca: str | None = None  # CA file the CS's TLS is verified with (default: csrun.yaml's cs.tls_ca)
-    save_summary_steps: int | None = 100
-    save_checkpoints_steps: int | None = None  # None: only at the end of a run
-    keep_checkpoint_max: int | None = 5  # None or 0: keep all
-    log_step_count_steps: int | None = 100
-    tf_random_seed: int | None = None
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.name in ("cs_ip", "cs_tls_ca", "tf_random_seed") or value is None:
-                continue
-            if not whole_number(value):
-                raise CSRunError(f"CSRunConfig {field.name}={value!r} is not a whole number >= 0",
-                                 f"set {field.name} to a number of steps")
-
-
 class CSEstimator:
     """An Estimator-style front for model_fn on the CPU or the CS system."""
 
@@ -96,10 +75,10 @@ class CSEstimator:
                  compile_dir: str | None = None, config: CSRunConfig | None = None,
                  params: dict | None = None, warm_start_from: str | None = None):
         config = config or CSRunConfig()
-        if config.cs_ip is None:
-            config = dataclasses.replace(config, cs_ip=run_cs_ip())
+        config = dataclasses.replace(config, cs_ip=the_cs(config.cs_ip))
         if config.cs_ip is not None and config.cs_tls_ca is None:
             config = dataclasses.replace(config, cs_tls_ca=cs_tls_ca())
+        model_dir = model_dir if model_dir is not None else config.model_dir
         params = copy.deepcopy(params) if params is not None else {}
         if config.tf_random_seed is not None:  # model_graph and input workers read it here
             params.setdefault("runconfig", {})["tf_random_seed"] = config.tf_random_seed
@@ -116,7 +95,7 @@ class CSEstimator:
         # what the CPU path, the dispatch and the chief read: built once, here
         self.settings = RunSettings(
             self.model_dir, params, config.save_summary_steps, config.save_checkpoints_steps,
-            config.keep_checkpoint_max, config.log_step_count_steps, warm_start_from,
+            config.keep_checkpoint_max, config.step_log_steps, warm_start_from,
             compile_dir=self.compile_dir, cs_ip=config.cs_ip, cs_tls_ca=config.cs_tls_ca)
 
     def _on_cs(self, use_cs: bool) -> bool:

@@ -94,4 +94,5 @@ def summary(folder: Path) -> str | None:
     return (f"steps {progress.start_step}->{progress.step} of {progress.end_step} in {duration(seconds)}, "
             f"{progress.samples_per_sec:,.0f} samples/s wall clock, {progress.sim_samples_per_sec:,.0f} "
             f"simulated CS system; final loss {loss_text(progress.loss)}; newest checkpoint "
-            f"{progress.checkpoint or 'none'}; job folder {folder}")
+            f"{progress.checkpoint or 'none'}; job folder {folder}"
+            + (f"; input starvation: {progress.starvation}" if progress.starvation else ""))

@@ -3,13 +3,13 @@
 
 Params are YAML with a `runconfig` section; its keys are checked (an unknown key or a wrong
 type names the key and the file) and missing ones get defaults. A command-line flag
-overrides the YAML when it is given. This module is the one reader of run.py's flags and
-params: `csrun_wse` reads a job's fabric through it too.
+overrides the YAML when it is given. This module reads run.py's params file and parses its
+flags (`csrun_wse` reads a job's fabric through it too).
 
-The CS system a run uses (`runconfig.cs_ip`): the `--cs_ip` flag, else the CS of the job
-the task runs in (`csrun_wse` names it), else the YAML's (`coordinator.roles.run_cs_ip`);
-none: the run stays on the CPU. A script written against the original's helpers
-(`update_params_from_args(args, params["runconfig"])`, then `is_cs(runconfig)`) gets it so.
+The run's configuration is one typed record (`launcher.run_config.CSRunConfig`, built by
+`run_config`); the original's helpers read and write `params["runconfig"]` as a dict on top
+of it, for scripts written against them (`update_params_from_args(args, params["runconfig"])`,
+then `is_cs(runconfig)`); the run's CS comes with it (`launcher.run_config.the_cs`).
 """
 from __future__ import annotations
 
@@ -21,88 +21,14 @@ import yaml
 
 from common import tf_startup
 from common.errors import ArgumentParser, CSRunError, install_excepthook
-from coordinator.replicas import requested_replicas
-from coordinator.roles import run_cs_ip, task_role
-from launcher.params_spec import Key, check_original_keys, check_section, refuse_misspelling
-from wafer.fabric import DEFAULT_FABRIC
+from coordinator.roles import task_role
+from launcher.params_spec import check_original_keys
+from launcher.run_config import CPU_ONLY_MODES, MODES, CSRunConfig, run_config
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 tf_startup.install()  # TensorFlow's start-up chatter off the terminal (the .pth did it already)
 
-MODES = ("train", "eval", "eval_all", "train_and_eval", "predict")
-# train_and_eval's sequence of train and evaluate calls starts at the newest checkpoint each
-# task finds: on the CS, an input worker starting after the chief's first checkpoint would
-# call another sequence than the chief's (every task runs the script; calls are matched by number).
-CPU_ONLY_MODES = ("train_and_eval",)
-_STEPS = Key("int", minimum=0, required=False)
-_FLAG = Key("bool", required=False)
-_TEXT = Key("str", required=False)
-# Every runconfig key: csrun's and the original's. A key with a `note` is accepted although it
-# means nothing here; a run prints its note when it is set.
-RUNCONFIG_SPEC: dict[str, Key] = {
-    "mode": Key("str", choices=MODES, required=False), "model_dir": _TEXT, "cs_ip": _TEXT,
-    "fabric": _TEXT, "tf_random_seed": _STEPS, "max_steps": _STEPS, "steps": _STEPS,
-    "eval_steps": _STEPS, "save_summary_steps": _STEPS, "save_checkpoints_steps": _STEPS,
-    "keep_checkpoint_max": _STEPS, "log_step_count_steps": _STEPS,
-    "validate_only": _FLAG, "compile_only": _FLAG,
-    "checkpoint_path": _TEXT,  # eval / predict read it; a training run without a checkpoint starts from it
-    "throttle_secs": Key("number", minimum=0, required=False),  # train_and_eval: seconds between evaluations
-    "disable_standard_logs": _FLAG,  # no `global step N: loss = …` lines
-    # data-parallel copies on the wafer (coordinator.replicas reads them; checked there)
-    "multireplica": Key("any", required=False), "num_replicas": Key("any", required=False),
-    "device": Key("str", required=False, note=(
-        "the original's device for the CPU/GPU path; csrun's CPU path runs on this host's CPU")),
-    "enable_distributed": Key("bool", required=False, note=(
-        "the original's multi-GPU tf.distribute strategy; csrun's CPU path trains in one process: not used")),
-    "multiple_workers": Key("bool", required=False, note=(
-        "the original's multi-worker GPU strategy; csrun's CPU path trains in one process: not used")),
-    "enable_gpu_optimizations": Key("bool", required=False, note=(
-        "GPU-specific layers in the original's models; csrun has no GPU path: not used")),
-    "num_wgt_servers": Key("int", minimum=1, required=False, note=(
-        "weight streaming's weight servers; csrun's CS runs layer-pipelined, every weight "
-        "resident on the wafer: not used")),
-    "disable_input_pipeline_ckpt": Key("bool", required=False, note=(
-        "a resumed run here continues input_fn's batches from the checkpoint's step, on the CS "
-        "and the CPU alike: not used")),
-}
-RUNCONFIG_DEFAULTS: dict[str, Any] = {
-    **{key: None for key in RUNCONFIG_SPEC}, "mode": "train", "fabric": DEFAULT_FABRIC,
-    "save_summary_steps": 100, "keep_checkpoint_max": 5, "log_step_count_steps": 100,
-    "validate_only": False, "compile_only": False, "multireplica": False,
-    "disable_standard_logs": False,
-}
 PARAMS_FILE = "params.yaml"
-
-
-def normalize_cs_ip(cs_ip: str) -> str:
-    """HOST[:PORT] → HOST:PORT (default port 9000)."""
-    host, _, port = cs_ip.rpartition(":") if ":" in cs_ip else (cs_ip, "", "9000")
-    if not host or not port.isdigit():
-        raise CSRunError(f"--cs_ip {cs_ip!r} is not HOST:PORT", "e.g. --cs_ip 10.0.0.5:9000")
-    if not 1 <= int(port) <= 65535:
-        raise CSRunError(f"--cs_ip {cs_ip!r}: port {port} is not between 1 and 65535",
-                         "e.g. --cs_ip 10.0.0.5:9000")
-    return f"{host}:{port}"
-
-
-def _check_runconfig(runconfig: dict, path: str) -> None:
-    for key in runconfig:
-        if key not in RUNCONFIG_SPEC:
-            refuse_misspelling("runconfig", key, RUNCONFIG_SPEC, path)
-            raise CSRunError(f"unknown runconfig key {key!r} in {path}",
-                             f"known keys: {', '.join(sorted(RUNCONFIG_SPEC))}")
-    check_section(runconfig, RUNCONFIG_SPEC, "runconfig", path)
-    requested_replicas(runconfig, path)
-
-
-def _runconfig_notes(runconfig: dict) -> list[str]:
-    notes = []
-    for key, spec in RUNCONFIG_SPEC.items():
-        value = runconfig.get(key)
-        if not spec.note or value in (None, False) or (key == "device" and "cpu" in str(value).lower()):
-            continue
-        notes.append(f"runconfig.{key} = {value}: {spec.note}")
-    return notes
 
 
 def _say_notes(notes: list[str]) -> None:
@@ -136,12 +62,18 @@ def get_params(path: str, notes: bool = True) -> dict:
     runconfig = params.get("runconfig") or {}
     if not isinstance(runconfig, dict):
         raise CSRunError(f"runconfig in {path} is not a mapping", "write runconfig: with keys below it")
-    _check_runconfig(runconfig, path)
+    config = run_config(runconfig, path)
     found = check_original_keys(params, path)
     if notes:
         _say_notes(found)
-    params["runconfig"] = {**RUNCONFIG_DEFAULTS, **runconfig}
+    params["runconfig"] = config.as_dict()
     return params
+
+
+def read_run_config(path: str, args: argparse.Namespace | None = None) -> CSRunConfig:
+    """The run configuration of the params file at `path` with run.py's flags `args` over it
+    (no notes printed)."""
+    return run_config(get_params(path, notes=False)["runconfig"], path, args)
 
 
 def create_arg_parser(default_model_dir: str) -> argparse.ArgumentParser:
@@ -173,53 +105,41 @@ def create_arg_parser(default_model_dir: str) -> argparse.ArgumentParser:
 def update_params_from_args(args: argparse.Namespace, runconfig: dict) -> None:
     """Flags given on the command line override `runconfig` (in place); `--steps` replaces
     the YAML's `max_steps` and the other way round; `cs_ip` is the run's CS
-    (`coordinator.roles.run_cs_ip`: the flag, the job's, the YAML's), with port 9000 if it has
-    none. Prints a note for each runconfig key set that means nothing here."""
-    for key in ("model_dir", "steps", "max_steps", "eval_steps", "mode", "checkpoint_path", "device"):
-        value = getattr(args, key, None)
-        if value is not None:
-            if key in ("steps", "max_steps") and value < 0:
-                raise CSRunError(f"--{key} {value}: must be >= 0")
-            runconfig[key] = value
-    if getattr(args, "steps", None) is not None and getattr(args, "max_steps", None) is None:
-        runconfig["max_steps"] = None
-    elif getattr(args, "max_steps", None) is not None and getattr(args, "steps", None) is None:
-        runconfig["steps"] = None
-    for flag in ("validate_only", "compile_only", "multireplica"):
-        if getattr(args, flag, False):
-            runconfig[flag] = True
-    if not runconfig.get("model_dir"):
-        runconfig["model_dir"] = getattr(args, "default_model_dir", None) or "model_dir"
-    cs_ip = run_cs_ip(getattr(args, "cs_ip", None), runconfig.get("cs_ip"))
-    runconfig["cs_ip"] = normalize_cs_ip(cs_ip) if cs_ip else None
-    _say_notes(_runconfig_notes(runconfig))
+    (`launcher.run_config.the_cs`: the flag, the job's, the YAML's). Prints a note for each
+    runconfig key set that means nothing here."""
+    apply_args(args, runconfig)
 
 
-def get_csrunconfig_dict(runconfig: dict) -> dict[str, Any]:
+def apply_args(args: argparse.Namespace, runconfig: dict) -> CSRunConfig:
+    """`update_params_from_args`, returning the run's configuration."""
+    config = run_config(runconfig, args=args)
+    runconfig.update(config.as_dict())
+    _say_notes(config.notes())
+    return config
+
+
+def get_csrunconfig_dict(runconfig: dict | CSRunConfig) -> dict[str, Any]:
     """The `CSRunConfig` settings of `runconfig` (the original's helper): how often a run
     logs, summarizes and checkpoints, and its seed; `disable_standard_logs` turns the step
     lines off."""
-    keys = ("tf_random_seed", "save_summary_steps", "save_checkpoints_steps", "keep_checkpoint_max",
-            "log_step_count_steps")
-    settings = {key: runconfig[key] for key in keys if key in runconfig}
-    if runconfig.get("disable_standard_logs"):
-        settings["log_step_count_steps"] = None
-    return settings
+    config = run_config(runconfig)
+    keys = ("tf_random_seed", "save_summary_steps", "save_checkpoints_steps", "keep_checkpoint_max")
+    return {**{key: getattr(config, key) for key in keys}, "log_step_count_steps": config.step_log_steps}
 
 
-def is_cs(runconfig: dict) -> bool:
+def is_cs(runconfig: dict | CSRunConfig) -> bool:
     """Does this run use a CS system (`runconfig.cs_ip`, or the job's CS inside a csrun_wse task)?"""
-    return bool(run_cs_ip(configured=runconfig.get("cs_ip")))
+    return run_config(runconfig).cs_ip is not None
 
 
-def check_env(runconfig: dict) -> None:
+def check_env(runconfig: dict | CSRunConfig) -> None:
     """Combinations of settings that cannot run, as one-line errors."""
-    if runconfig.get("validate_only") and runconfig.get("compile_only"):
+    config = run_config(runconfig)
+    if config.validate_only and config.compile_only:
         raise CSRunError("--validate_only and --compile_only both given",
                          "validate_only checks the model, compile_only compiles it: pick one")
-    mode = runconfig.get("mode")
-    if is_cs(runconfig) and mode in CPU_ONLY_MODES:
-        raise CSRunError(f"mode {mode} runs on the CPU only, not on the CS system",
+    if config.cs_ip and config.mode in CPU_ONLY_MODES:
+        raise CSRunError(f"mode {config.mode} runs on the CPU only, not on the CS system",
                          "drop --cs_ip, or use --mode train then --mode eval")
 
 

@@ -193,6 +193,7 @@ class Progress:
     started: float               # time.time() of the run's start
     updated: float
     finished: bool = False
+    starvation: str = ""         # at the end: how the CS waited for input, "" when it kept up
 
     @property
     def eta_s(self) -> float | None:
@@ -235,8 +236,8 @@ class ProgressFile:
         self._current = dataclasses.replace(self._current, checkpoint=checkpoint)
         self._write()
 
-    def finished(self) -> None:
-        self._current = dataclasses.replace(self._current, finished=True)
+    def finished(self, starvation: str = "") -> None:
+        self._current = dataclasses.replace(self._current, finished=True, starvation=starvation)
         self._write()
 
     def _write(self) -> None:

@@ -1,6 +1,9 @@
 """`wse_sim serve --fabric cs1|cs2 --host H --port P [--idle-timeout S] [--threads N]
 [--tls-cert PEM --tls-key PEM]`: start a CS system (TLS only with a certificate and key;
-without them, on an address other than loopback, a warning says tokens travel in clear)."""
+without them, on an address other than loopback, a warning says tokens travel in clear).
+
+`wse_sim status --cs_ip HOST:PORT [--tls-ca PEM]`: who holds a CS system (idle, or busy with
+which job: id, user, since, step); one line when it does not answer."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +15,8 @@ from pathlib import Path
 
 import threadpoolctl
 
+from common.errors import CSRunError, report
+from cs_api.client import cs_status, holder_text
 from wafer.fabric import DEFAULT_FABRIC, FABRICS
 from wafer.kernels.affine import compiled as compiled_tiles
 from wse_sim.cs_system import CSSystem
@@ -38,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", type=Path, help="PEM certificate (chain) of this server: "
                        "serve TLS only (clients verify it with their CA; needs --tls-key)")
     serve.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    status = sub.add_parser("status", help="who holds a CS system: idle, or busy with which job")
+    status.add_argument("--cs_ip", required=True, metavar="HOST:PORT", help="the CS system to ask")
+    status.add_argument("--tls-ca", help="PEM CA certificate that verifies a CS serving TLS")
     return p
 
 
@@ -66,8 +74,23 @@ def _warm_up() -> None:
     compiled_tiles().warm_up()
 
 
+def status(cs_ip: str, tls_ca: str | None) -> int:
+    host, _, port = cs_ip.rpartition(":")
+    if not host or not port.isdigit():
+        parser().error(f"--cs_ip {cs_ip!r} is not HOST:PORT")
+    try:
+        reply = cs_status(cs_ip, tls_ca)
+    except CSRunError as error:
+        report(PROG, error)
+        return 1
+    print(f"CS system at {cs_ip}: {holder_text(reply)}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "status":
+        return status(args.cs_ip, args.tls_ca)
     if not 0 <= args.port < 65536 or args.idle_timeout < 0 or args.threads < 1:
         parser().error("--port must be in 0..65535, --idle-timeout >= 0 and --threads >= 1")
     # One BLAS thread for the process: its spinning threads would fight the stages for cores.

@@ -7,7 +7,9 @@ refuses it before any weight is read; then the header, the program's declared si
 (`wse_sim.limits`) and the program itself), then the CS is reserved for it and only the
 weights and slots the program declares are taken, each bounded by its declared shape.
 Every later call of the job carries its token (compared in constant time); a caller
-without it learns only whether the CS is idle or busy, and no refusal names another job.
+without it learns whether the CS is idle or busy and, when busy, the job's id, user, start
+and step (what `squeue` shows of a job on a cluster) but never its token or why it failed;
+no refusal names another job.
 A job's client may hold a lease (`lease`): when the lease's call ends the job is unloaded.
 
 Input streams: one per input worker. The job consumes batches strictly in `batch_index`
@@ -48,7 +50,7 @@ RESULTS_AHEAD = 2  # step results a run computes ahead of those its client has t
 
 class JobState(enum.StrEnum):
     """What Status replies (`StatusReply.state`): a caller without the job's token learns
-    only IDLE or BUSY; the job's client the job's own state."""
+    IDLE or BUSY; the job's client the job's own state."""
 
     IDLE = "idle"
     BUSY = "busy"
@@ -102,6 +104,8 @@ class Job:
     num_workers: int
     global_step: int
     next_batch: int
+    user: str = ""  # JobHeader.user
+    since: float = field(default_factory=time.time)  # when its Load began
     state: JobState = JobState.LOADED  # LOADED, RUNNING or FAILED
     message: str = ""
     closed: str = ""  # why the job ended (unloaded); wakes waiting streams and runs
@@ -127,6 +131,7 @@ class CSSystem:
         self.log = log
         self.job: Job | None = None
         self._loading: pb.JobHeader | None = None  # the load being received (the CS is reserved)
+        self._loading_since = 0.0  # when it began
         self._last: tuple[str, str] = ("", "")  # the last job's token, and why it ended
         # One lock, three conditions, so that a wake-up reaches only the threads it concerns:
         # `_cond` the CS's state (a job's end, loads, leases); `_arrived` a batch or a
@@ -180,7 +185,7 @@ class CSSystem:
                 check_header(header)
             except CSError as error:
                 raise self._refuse(error, what) from None
-            self._loading = header
+            self._loading, self._loading_since = header, time.time()
         try:
             job = self._receive(header, chunks)
         except CSError as error:
@@ -221,7 +226,7 @@ class CSSystem:
                    for mode in ("train", "infer")}
         job = Job(header.job_id, header.token, checked, pipeline, timings,
                   num_workers=int(header.num_workers), global_step=int(header.global_step),
-                  next_batch=int(header.first_batch))
+                  next_batch=int(header.first_batch), user=header.user, since=self._loading_since)
         with self._cond:
             if self._stop.is_set():
                 pipeline.close()
@@ -260,17 +265,21 @@ class CSSystem:
             self._unload(job, "unloaded by its client")
 
     def status(self, token: str = "") -> pb.StatusReply:
-        """The job's state for its token; anyone else learns only idle or busy."""
+        """The job's state for its token; anyone else learns idle, or busy with which job
+        (id, user, since, step: what squeue shows), never the job's token or message."""
         fabric = self.fabric.name
         with self._cond:
             job, loading = self.job, self._loading
-            if job is not None and same_token(token, job.token):
-                return pb.StatusReply(state=job.state.value, job_id=job.job_id, global_step=job.global_step,
-                                      fabric=fabric, message=job.message)
-            if loading is not None and same_token(token, loading.token):
-                return pb.StatusReply(state=JobState.LOADING.value, job_id=loading.job_id, fabric=fabric)
-            if job is not None or loading is not None:
-                return pb.StatusReply(state=JobState.BUSY.value, fabric=fabric)
+            if job is not None:
+                mine = same_token(token, job.token)
+                return pb.StatusReply(state=(job.state if mine else JobState.BUSY).value, job_id=job.job_id,
+                                      global_step=job.global_step, fabric=fabric, user=job.user,
+                                      since=job.since, message=job.message if mine else "")
+            if loading is not None:
+                mine = same_token(token, loading.token)
+                return pb.StatusReply(state=(JobState.LOADING if mine else JobState.BUSY).value,
+                                      job_id=loading.job_id, global_step=loading.global_step, fabric=fabric,
+                                      user=loading.user, since=self._loading_since)
             last_token, why = self._last
             return pb.StatusReply(state=JobState.IDLE.value, fabric=fabric, message=why if last_token and
                                   same_token(token, last_token) else "")
@@ -506,11 +515,13 @@ class CSSystem:
         step_sim = pipe_timing.step_seconds(program.batch_size)
         output_steps = set(request.output_steps)
         outputs = list(program.outputs)
-        wall = sim = 0.0
+        wall = sim = waited = 0.0
         try:
             for _ in range(request.steps):
+                waiting = time.perf_counter()
                 batch = self._take(job, cancelled)
                 start = time.perf_counter()
+                waited += start - waiting
                 step = job.global_step + 1 if training else job.global_step
                 wanted = outputs if not training or step in output_steps else []
                 try:
@@ -526,7 +537,7 @@ class CSSystem:
                         step=step, loss=result.loss if program.loss_kernel and kind != RunKind.PREDICT else 0.0,
                         timing=pb.StepTiming(sim_seconds=step_sim,
                                              sim_samples_per_sec=program.batch_size / step_sim,
-                                             wall_seconds=seconds),
+                                             wall_seconds=seconds, input_wait_seconds=start - waiting),
                         outputs=[to_tensor(name, value) for name, value in result.outputs.items()]))):
                     return
             samples = request.steps * program.batch_size
@@ -536,7 +547,7 @@ class CSSystem:
                 steps=request.steps, samples=samples, sim_seconds=sim,
                 sim_samples_per_sec=samples / sim if sim > 0 else 0.0, wall_seconds=wall,
                 wall_samples_per_sec=samples / wall if wall > 0 else 0.0,
-                utilization=timing.run_utilization(pipe_timing, samples, sim))))
+                utilization=timing.run_utilization(pipe_timing, samples, sim), input_wait_seconds=waited)))
         except BaseException as error:  # the client's stream raises it
             put(error)
 

@@ -133,8 +133,8 @@ def check_header(header: pb.JobHeader) -> None:
     """The job header's own fields (its program is `check_sizes`'s)."""
     if not header.job_id or not header.token:
         raise invalid("the job header needs a job_id and a token")
-    if len(header.job_id) > MAX_NAME_CHARS or len(header.token) > MAX_NAME_CHARS:
-        raise invalid(f"the job id and token may have at most {MAX_NAME_CHARS} characters")
+    if max(len(header.job_id), len(header.token), len(header.user)) > MAX_NAME_CHARS:
+        raise invalid(f"the job id, token and user may have at most {MAX_NAME_CHARS} characters")
     if not 1 <= header.num_workers <= MAX_WORKERS:
         raise invalid(f"num_workers is {header.num_workers}: a job has 1 to {MAX_WORKERS} "
                       "input streams")

@@ -3,7 +3,7 @@ batches, and find the ops that carry the samples from the inputs to the loss."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -184,6 +184,17 @@ def op_closure(start: tf.Operation | tf.Tensor) -> list[tf.Operation]:
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
     return order
+
+
+def each_once(stack: list[Any]) -> Iterator[Any]:
+    """Pop `stack` (tensors or ops) depth-first, yielding each once (by name); the caller
+    pushes onto `stack` what to visit next."""
+    seen: set[str] = set()
+    while stack:
+        item = stack.pop()
+        if item.name not in seen:
+            seen.add(item.name)
+            yield item
 
 
 def data_upstream(op: tf.Operation) -> list[tf.Operation]:

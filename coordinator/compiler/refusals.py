@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from coordinator.compiler import lowering_spatial
-from coordinator.compiler.extract import user_source
+from coordinator.compiler.extract import each_once, user_source
 from coordinator.compiler.ir import UnsupportedOp
 from tf_model.model_fn import is_user_file
 
@@ -73,12 +73,8 @@ def _batch_reduction(op: tf.Operation, tail: set[str],
                      is_batched: Callable[[tf.Tensor], bool]) -> tf.Operation | None:
     """The op that reduced over the batch a value `op` reads (None if it reads none): the
     first op back through the loss tail's tensors (`tail`) that reads a batched tensor."""
-    stack, seen = [t for t in op.inputs if t.name in tail], set()
-    while stack:
-        tensor = stack.pop()
-        if tensor.name in seen:
-            continue
-        seen.add(tensor.name)
+    stack = [t for t in op.inputs if t.name in tail]
+    for tensor in each_once(stack):
         source = tensor.op
         if any(is_batched(t) for t in source.inputs):
             return source

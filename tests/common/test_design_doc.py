@@ -19,7 +19,7 @@ MODULES = ("wafer/timing.py", "wafer/kernels/base.py", "coordinator/compiler/pla
            "coordinator/compiler/recurrences.py", "cs_api/liveness.py", "cs_api/client.py",
            "wse_sim/limits.py",
            "wse_sim/cs_system.py", "wse_sim/server.py", "wse_sim/pipeline.py",
-           "workers/feed.py")
+           "workers/feed.py", "coordinator/starvation.py")
 NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?")
 
 

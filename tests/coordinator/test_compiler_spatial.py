@@ -7,10 +7,10 @@ import inspect
 import cs_inprocess
 import pytest
 import spatial_models as s
-import tensorflow as tf
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
+from examples.mlp import mixed_float16
 
 PARAMS = {"runconfig": {"tf_random_seed": 3}}
 
@@ -63,15 +63,8 @@ def test_refusals_name_each_layer_the_user_wrote_once_and_what_to_use_instead(tm
 def test_the_spatial_kernels_in_float16_are_refused_naming_the_layer(tmp_path):
     """Proven against TF's float32 kernels only: mixed precision is refused, not rounded
     otherwise than TF rounds."""
-    def model_fn(features, labels, mode, params):
-        tf.keras.mixed_precision.set_global_policy("mixed_float16")
-        try:
-            return s.mobilenet(features, labels, mode, params)
-        finally:
-            tf.keras.mixed_precision.set_global_policy("float32")
-
     with pytest.raises(CSRunError) as info:
-        compile_model(model_fn, s.image_input_fn, PARAMS, str(tmp_path), validate_only=True)
+        compile_model(mixed_float16(s.mobilenet), s.image_input_fn, PARAMS, str(tmp_path), validate_only=True)
     assert info.value.message.startswith(
         f"validation failed: DepthwiseConv2D at {line_of('L.DepthwiseConv2D(3, padding')} ")
     assert "in float16 (mixed precision) is not proven" in info.value.message

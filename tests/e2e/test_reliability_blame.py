@@ -16,8 +16,8 @@ from common.task_failure import CS, OWN, TaskFailure, rank_cause
 from slurm.blame import Blame, blame
 from slurm.submitit_api import TaskResult
 from tests.e2e.test_reliability_bad_inputs import _write_params
-from tests.e2e.test_reliability_processes import _start, _wait_for_line
 from tests.fc_mnist_runs import EXAMPLE, REPO
+from tests.processes import start, wait_for_line
 
 
 def _failed(*ranks: int) -> list[TaskResult]:
@@ -46,7 +46,7 @@ def test_tasks_that_lost_the_cs_blame_the_cs_and_two_own_failures_the_earlier():
 
 
 def _job(tmp_path: Path, script: Path, params: Path) -> subprocess.Popen:
-    return _start(["-m", "launcher.csrun_wse", "--tasks-per-node", "2", "--job-dir", str(tmp_path / "job"),
+    return start(["-m", "launcher.csrun_wse", "--tasks-per-node", "2", "--job-dir", str(tmp_path / "job"),
                    "python", str(script), "-p", str(params), "-o", str(tmp_path / "m")], tmp_path)
 
 
@@ -55,7 +55,7 @@ def test_a_killed_embedded_cs_is_named_not_the_input_worker(tmp_path):
     params = _write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
     wse = _job(tmp_path, EXAMPLE / "run.py", params)
     try:
-        _wait_for_line(wse, r"^global step \d+:")
+        wait_for_line(wse, r"^global step \d+:")
         children = " ".join(Path(f"/proc/{wse.pid}/task/{t}/children").read_text()
                             for t in os.listdir(f"/proc/{wse.pid}/task"))
         (simulator,) = [int(pid) for pid in children.split()

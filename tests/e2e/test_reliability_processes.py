@@ -19,43 +19,11 @@ import pytest
 from launcher.csrun_wse import free_port
 from tests.e2e.test_reliability_bad_inputs import _write_params
 from tests.fc_mnist_runs import ENV, EXAMPLE, losses
+from tests.processes import left_running, start, wait_for_line
 from tf_model import checkpoints
 
 pytestmark = pytest.mark.slow
 RUN_PY = str(EXAMPLE / "run.py")
-
-
-def _start(argv: list[str], cwd: Path, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, **{"env": ENV, **popen})
-
-
-def _wait_for_line(process: subprocess.Popen, pattern: str, timeout: float = 240) -> list[str]:
-    """stdout lines up to the first matching `pattern` (the process must still run)."""
-    seen, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            raise AssertionError(f"ended before {pattern!r}: {process.stderr.read()[-2000:]}")
-        seen.append(line)
-        if re.search(pattern, line):
-            return seen
-    raise AssertionError(f"no {pattern!r} within {timeout} s")
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    """Pids whose command line or environment mentions `text` (the job folder)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if text.encode() in blob:
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
@@ -63,11 +31,11 @@ def test_a_stop_signal_to_csrun_wse_leaves_nothing_running(signum, tmp_path):
     params = _write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
     job_dir = tmp_path / "job"
     model_dir = tmp_path / "m"
-    wse = _start(["-m", "launcher.csrun_wse", "--tasks-per-node", "2", "--job-dir", str(job_dir),
+    wse = start(["-m", "launcher.csrun_wse", "--tasks-per-node", "2", "--job-dir", str(job_dir),
                   "python", RUN_PY, "-p", str(params), "-o", str(model_dir)], tmp_path,
                  start_new_session=True)
     try:
-        _wait_for_line(wse, r"^global step \d+:")
+        wait_for_line(wse, r"^global step \d+:")
         wse.send_signal(signum)
         sent = time.monotonic()
         out, err = wse.communicate(timeout=30)
@@ -81,10 +49,7 @@ def test_a_stop_signal_to_csrun_wse_leaves_nothing_running(signum, tmp_path):
     assert err.strip().splitlines()[-1] == (
         f"csrun_wse: stopped by {name}: job {err.split('job ')[1].split(':')[0]} cancelled, every task "
         "stopped, the embedded CS system stopped")
-    deadline = time.monotonic() + 10
-    while _processes_mentioning(str(job_dir)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _processes_mentioning(str(job_dir)) == []
+    assert left_running(str(job_dir), 10) == []
     index = model_dir / "checkpoint"
     before = index.stat().st_mtime_ns if index.exists() else None
     time.sleep(3)
@@ -97,11 +62,11 @@ def test_kill_9_of_csrun_wse_ends_its_embedded_cs_and_then_its_tasks(tmp_path):
     job_dir = tmp_path / "job"
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    wse = _start(["-m", "launcher.csrun_wse", "--tasks-per-node", "2", "--job-dir", str(job_dir),
+    wse = start(["-m", "launcher.csrun_wse", "--tasks-per-node", "2", "--job-dir", str(job_dir),
                   "python", RUN_PY, "-p", str(params), "-o", str(tmp_path / "m")], tmp_path,
                  env={**ENV, "TMPDIR": str(scratch)})
     try:
-        _wait_for_line(wse, r"^global step \d+:")
+        wait_for_line(wse, r"^global step \d+:")
         wse.kill()
         _, err = wse.communicate(timeout=30)
     finally:
@@ -109,14 +74,9 @@ def test_kill_9_of_csrun_wse_ends_its_embedded_cs_and_then_its_tasks(tmp_path):
             wse.kill()
     port = re.search(r"embedded CS system .* at [\d.]+:(\d+)", err).group(1)
     simulator = f"serve\0--fabric\0cs1\0--host\0127.0.0.1\0--port\0{port}\0"
-    deadline = time.monotonic() + 10
-    while _processes_mentioning(simulator) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _processes_mentioning(simulator) == [], "the embedded CS outlived csrun_wse"
-    deadline = time.monotonic() + 90  # the chief notices the CS gone (liveness, 30 s) and stops
-    while _processes_mentioning(str(job_dir)) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert _processes_mentioning(str(job_dir)) == [], "a task outlived its CS by 90 s"
+    assert left_running(simulator, 10, 0.2) == [], "the embedded CS outlived csrun_wse"
+    # the chief notices the CS gone (liveness, 30 s) and stops
+    assert left_running(str(job_dir), 90, 1) == [], "a task outlived its CS by 90 s"
     assert sorted(os.listdir(scratch)) == []
 
 
@@ -155,9 +115,9 @@ def test_a_frozen_cs_ends_the_job_with_one_line_within_60_s(tmp_path):
     server, address = _serve(tmp_path)
     params = _write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.save_checkpoints_steps": 50,
                                       "runconfig.log_step_count_steps": 10})
-    chief = _start([RUN_PY, "-p", str(params), "-o", str(tmp_path / "m"), "--cs_ip", address], tmp_path)
+    chief = start([RUN_PY, "-p", str(params), "-o", str(tmp_path / "m"), "--cs_ip", address], tmp_path)
     try:
-        _wait_for_line(chief, r"^global step \d+:")
+        wait_for_line(chief, r"^global step \d+:")
         server.send_signal(signal.SIGSTOP)
         frozen = time.monotonic()
         _, err = chief.communicate(timeout=120)
@@ -177,9 +137,9 @@ def test_a_frozen_cs_ends_the_job_with_one_line_within_60_s(tmp_path):
 def test_a_second_run_on_a_model_dir_is_refused_naming_the_first(tmp_path):
     params = _write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
     model_dir = tmp_path / "m"
-    first = _start([RUN_PY, "-p", str(params), "-o", str(model_dir)], tmp_path)
+    first = start([RUN_PY, "-p", str(params), "-o", str(model_dir)], tmp_path)
     try:
-        _wait_for_line(first, r"^global step \d+:")
+        wait_for_line(first, r"^global step \d+:")
         second = subprocess.run([sys.executable, RUN_PY, "-p", str(params), "-o", str(model_dir)], env=ENV,
                                 capture_output=True, text=True, timeout=300)
         job = subprocess.run([sys.executable, "-m", "launcher.csrun_wse", "--job-dir", str(tmp_path / "job"),
@@ -218,9 +178,9 @@ def test_kill_9_of_the_chief_while_it_writes_checkpoints(tmp_path):
     rng = random.Random(12)
     newest, resumed = 0, 0
     for _ in range(KILLS):
-        chief = _start([RUN_PY, "-p", str(params), "-o", str(model_dir)], tmp_path)
+        chief = start([RUN_PY, "-p", str(params), "-o", str(model_dir)], tmp_path)
         try:
-            seen = _wait_for_line(chief, r"^Saving checkpoints for \d+")
+            seen = wait_for_line(chief, r"^Saving checkpoints for \d+")
             time.sleep(rng.uniform(0.0, 0.4))
         finally:
             chief.kill()

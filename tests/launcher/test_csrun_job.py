@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,6 +16,7 @@ from launcher import csrun_job
 from launcher.csrun_wse import free_port
 from slurm import jobs
 from tests.fc_mnist_runs import ENV, EXAMPLE, fc_mnist_params
+from tests.processes import left_running, processes_mentioning
 from tf_model import checkpoints
 
 RUN_PY = str(EXAMPLE / "run.py")
@@ -33,20 +33,6 @@ def state_dir(tmp_path, monkeypatch) -> dict[str, str]:
 def csrun_job_cli(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "launcher.csrun_job", *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if text.encode() in blob:
-            found.append(int(entry.name))
-    return found
 
 
 def test_unknown_ids_and_another_users_job_are_one_line_each(state_dir, tmp_path, capsys):
@@ -112,8 +98,9 @@ def test_a_detached_job_is_listed_inspected_followed_and_cancelled(state_dir, tm
         assert re.search(r"checkpoint: .*/m/model\.ckpt-\d+\n", status.stdout)
         assert re.search(r"task 1 \(input worker, on \S+, pid \d+\): ", status.stdout), status.stdout
         held = csrun_job_cli(["cs", "--cs_ip", f"127.0.0.1:{port}"], state_dir)
-        assert re.fullmatch(rf"CS system at 127\.0\.0\.1:{port}: busy, with your job {job_id} \(started [\d-]+ "
-                            r"[\d:]+, step \d+/100000\)\n", held.stdout), held.stdout + held.stderr
+        assert re.fullmatch(rf"CS system at 127\.0\.0\.1:{port}: busy with job job of \S+ since [\d-]+ [\d:]+, "
+                            rf"step \d+ \(your job {job_id}, step \d+/100000, job folder {job_dir}\)\n",
+                            held.stdout), held.stdout + held.stderr
         logs = csrun_job_cli(["logs", job_id], state_dir)
         assert re.search(r"^global step \d+: loss = ", logs.stdout, re.M) and "submitit" not in logs.stdout
         follower = subprocess.Popen([sys.executable, "-m", "launcher.csrun_job", "logs", job_id, "--follow"],
@@ -123,10 +110,7 @@ def test_a_detached_job_is_listed_inspected_followed_and_cancelled(state_dir, tm
         assert cancelled.returncode == 0, cancelled.stderr
         assert re.fullmatch(rf"csrun_job: job {job_id} cancelled: CANCELLED; newest checkpoint \S+model\.ckpt-\d+",
                             cancelled.stderr.strip()), cancelled.stderr
-        deadline = time.monotonic() + 10
-        while _processes_mentioning(str(job_dir)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert _processes_mentioning(str(job_dir)) == []
+        assert left_running(str(job_dir), 10) == []
         followed, _ = follower.communicate(timeout=30)  # --follow ends with the job
         assert follower.returncode == 0 and re.search(r"^global step \d+: loss = ", followed, re.M)
         newest = checkpoints.latest_checkpoint(str(tmp_path / "m"))
@@ -213,7 +197,7 @@ def test_cancelling_an_attached_job_stops_it_through_its_launcher(state_dir, tmp
         f"csrun_job: job {record.job_id} cancelled: CANCELLED"), cancelled.stderr
     assert wse.returncode == 143 and err.strip().splitlines()[-1] == (
         f"csrun_wse: stopped by SIGTERM: job {record.job_id} cancelled, every task stopped")
-    assert _processes_mentioning(str(job_dir)) == []
+    assert processes_mentioning(str(job_dir)) == []
 
 
 def test_a_registry_that_cannot_be_written_costs_the_job_nothing(tmp_path):
@@ -226,3 +210,30 @@ def test_a_registry_that_cannot_be_written_costs_the_job_nothing(tmp_path):
     assert done.returncode == 0 and done.stdout == "ran\n", done.stderr
     assert re.search(rf"^csrun_wse: note: job \d+ runs, but csrun_job will not know it \({blocked}/state/jobs: "
                      r"Not a directory\)$", done.stderr, re.M), done.stderr
+
+
+def test_csrun_job_cs_names_the_job_holding_the_cs_and_your_own_by_its_id(state_dir, tmp_path, server, capsys):
+    from cs_api.client import CSClient, this_user
+    from tests.wse_sim.test_wse_server import program, weights
+
+    folder = tmp_path / "20261125-run"  # the CS knows a job by its folder's name
+    folder.mkdir()
+    jobs.register(jobs.JobRecord("4242", "local", str(folder), str(tmp_path), ("python", "run.py"), 1,
+                                 server.address, False, "here", time.time()))
+    holder = CSClient(server.address)
+    holder.load(folder.name, program(), weights(), num_workers=1, global_step=5, first_batch=5)
+    try:
+        assert csrun_job.main(["cs", "--cs_ip", server.address]) == 0
+        out = capsys.readouterr().out
+    finally:
+        holder.unload()
+        holder.close()
+    line = next(line for line in out.splitlines() if line.startswith("CS system at"))
+    assert re.fullmatch(rf"CS system at {re.escape(server.address)}: busy with job 20261125-run of "
+                        rf"{re.escape(this_user())} since [\d-]+ [\d:]+, step 5 \(your job 4242, job folder "
+                        rf"{re.escape(str(folder))}\)", line), out
+    with pytest.raises(SystemExit) as ended:
+        csrun_job.main(["cs", "--cs_ip", f"127.0.0.1:{free_port()}"])
+    assert ended.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("csrun_job: error: cannot reach the CS system at 127.0.0.1:"), err

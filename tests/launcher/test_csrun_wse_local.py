@@ -13,7 +13,7 @@ import pytest
 from common.errors import CSRunError
 from coordinator.roles import run_cs_ip, task_role
 from launcher.csrun_wse import fabric_of, parse_args
-from launcher.run_utils import normalize_cs_ip
+from launcher.run_config import normalize_cs_ip
 
 CSRUN_WSE = [sys.executable, "-c", "import sys; from launcher.csrun_wse import main; sys.exit(main())"]
 # A fake CS address: these tests exercise process management only (no CS is contacted).

@@ -206,11 +206,17 @@ def test_declared_sizes_are_refused_before_anything_is_built(server, bad, words)
     assert server.state() == "idle"
 
 
-def test_a_tokenless_caller_learns_only_idle_or_busy(server):
+def test_a_tokenless_caller_learns_who_holds_the_cs_and_nothing_it_could_use(server):
+    """What squeue shows of a job on a cluster (its id, user, since, step), never its token,
+    its failures, or any way to act on it."""
     owner = ClientDouble(server.address, "owner-token")
+    before = time.time()
     owner.load(program(), weights(), job_id="secret-job", global_step=7)
     for token in ("", "guess"):
-        assert ClientDouble(server.address, token).status() == pb.StatusReply(state="busy", fabric="cs1")
+        seen = ClientDouble(server.address, token).status()
+        assert (seen.state, seen.job_id, seen.global_step, seen.fabric, seen.message) == (
+            "busy", "secret-job", 7, "cs1", "")
+        assert before <= seen.since <= time.time() and "owner-token" not in str(seen)
     mine = owner.status()
     assert (mine.state, mine.job_id, mine.global_step) == ("loaded", "secret-job", 7)
     stranger = ClientDouble(server.address, "guess")

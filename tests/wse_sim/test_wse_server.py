@@ -3,6 +3,7 @@ weights, broken input streams, cancelled runs, snapshots above 4 MB, and no thre
 jobs left behind after many jobs; `wse_sim serve` stops cleanly on SIGTERM."""
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from doubles import RUN_DEADLINE_S, ClientDouble
 
 from cs_api import pb
+from cs_api.tensors import to_tensor
 from launcher.csrun_wse import free_port
 
 FEATURES, HIDDEN, BATCH = 12, 8, 16
@@ -78,7 +80,8 @@ def test_second_job_wrong_token_and_unknown_job_are_refused(server):
         assert code == grpc.StatusCode.PERMISSION_DENIED and "job-a" not in details
         assert "busy with another job" in details
     assert first.status().state == "loaded" and first.status().job_id == "job-a"
-    assert other.status() == pb.StatusReply(state="busy", fabric="cs1")  # nothing of job-a
+    seen = other.status()  # what squeue would show, never the token or the job's messages
+    assert (seen.state, seen.job_id, seen.global_step, seen.fabric, seen.message) == ("busy", "job-a", 0, "cs1", "")
     first.unload()
     assert first.status().state == "idle"
     code, _ = code_and_details(lambda: first.run("train", 1))
@@ -140,6 +143,34 @@ def test_batches_are_consumed_in_index_order_from_first_batch_whatever_the_worke
     for t in threads:
         t.join(5)
     assert client.status().global_step == 10
+
+
+def test_each_step_reports_how_long_the_cs_waited_for_its_batch(server):
+    """Batches already sent: little wait; a worker sending one batch every 0.3 s: the CS waits
+    about that long for each (the job's input starvation, as the chief sees it)."""
+    data = batches(8)
+    client = ClientDouble(server.address)
+    client.load(program(), weights(), num_workers=2)  # a window of 4 batches: 0..3 sent at once
+    first_run_done = threading.Event()
+
+    def stream():
+        for index in range(8):
+            if index >= 4:
+                first_run_done.wait(RUN_DEADLINE_S)
+                time.sleep(0.3)
+            yield pb.FeedRequest(token=client.token, worker_id=0, batch_index=index, tensors=[
+                to_tensor(name, array) for name, array in data[index].items()])
+        yield pb.FeedRequest(token=client.token, worker_id=0, end=True)
+
+    threading.Thread(target=lambda: client.stub.Feed(stream()), daemon=True).start()
+    time.sleep(1.0)  # batches 0..3 arrive before the run asks for them
+    ready, ready_summary = client.run("train", 4)
+    first_run_done.set()
+    slow, slow_summary = client.run("train", 4)
+    assert all(r.timing.input_wait_seconds > 0.2 for r in slow), [r.timing for r in slow]
+    assert slow_summary.input_wait_seconds > 0.8 > ready_summary.input_wait_seconds
+    for results, summary in ((ready, ready_summary), (slow, slow_summary)):
+        assert summary.input_wait_seconds == pytest.approx(sum(r.timing.input_wait_seconds for r in results))
 
 
 def test_a_wrong_batch_and_a_broken_feed_end_the_run_with_a_clear_status(server):
@@ -306,3 +337,30 @@ def test_wse_sim_serve_answers_health_and_stops_on_sigterm():
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_wse_sim_status_names_the_job_holding_the_cs_and_an_unreachable_address_in_one_line(server, capsys):
+    from cs_api.client import CSClient, this_user
+    from wse_sim import cli
+
+    assert cli.main(["status", "--cs_ip", server.address]) == 0
+    assert capsys.readouterr().out == f"CS system at {server.address}: idle\n"
+    holder = CSClient(server.address)  # the chief's client: it declares its user
+    holder.load("job-7", program(), weights(), num_workers=1, global_step=3, first_batch=3)
+    try:
+        assert cli.main(["status", "--cs_ip", server.address]) == 0
+        out = capsys.readouterr().out
+        assert re.fullmatch(rf"CS system at {re.escape(server.address)}: busy with job job-7 of "
+                            rf"{re.escape(this_user())} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d, step 3\n", out), out
+    finally:
+        holder.unload()
+        holder.close()
+    port = free_port()
+    assert cli.main(["status", "--cs_ip", f"127.0.0.1:{port}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"wse_sim: error: cannot reach the CS system at 127.0.0.1:{port} "
+                                               "(status): "), err
+    assert err[0].endswith("(hint: check --cs_ip and that the CS system (wse_sim serve) is running)")
+    with pytest.raises(SystemExit):
+        cli.main(["status", "--cs_ip", "no-port"])
+    assert capsys.readouterr().err.strip().endswith("error: --cs_ip 'no-port' is not HOST:PORT")

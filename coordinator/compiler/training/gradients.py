@@ -9,7 +9,7 @@ from operator import attrgetter
 
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, each_once, user_source
 from coordinator.compiler.training.graph import _const, _fail, _Refused, _scalar, _skip_identity
 from coordinator.compiler.training.updates import _Update
 
@@ -272,12 +272,8 @@ def _recognise(op: tf.Operation, variable: str, sparse: bool, calls: dict,
 def _norm_graph(tensor: tf.Tensor) -> tuple[list[tf.Operation], list[tf.Tensor]] | None:
     """The ops of a norm computation and the gradients whose squares it sums (None: it
     reads something else or uses an op outside _NORM_OPS)."""
-    ops, leaves, seen, stack = [], [], set(), [tensor]
-    while stack:
-        t = stack.pop()
-        if t.name in seen:
-            continue
-        seen.add(t.name)
+    ops, leaves, stack = [], [], [tensor]
+    for t in each_once(stack):
         op = t.op
         if op.type == "Const":
             continue

@@ -21,7 +21,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, op_closure
+from coordinator.compiler.extract import ExtractedGraph, each_once, op_closure
 from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
 from coordinator.compiler.training.writes import _is_write
 from wafer.loss_scaling import DynamicLossScale
@@ -164,12 +164,8 @@ def _import_branch(graph: tf.Graph, apply_if: tf.Operation) -> tf.Operation:
 def _checked_gradients(apply_if: tf.Operation, why: _Refused) -> set[str]:
     """The tensors the predicate is reduce_all of is_finite of (the analysis compares them
     with the gradients the updates apply)."""
-    checked, stack, seen = set(), [apply_if.inputs[0].op], set()
-    while stack:  # reduce_all over is_finite of each gradient
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
+    checked, stack = set(), [apply_if.inputs[0].op]
+    for op in each_once(stack):  # reduce_all over is_finite of each gradient
         if op.type not in _PREDICATE_OPS:
             raise why
         if op.type == "IsFinite":

@@ -1,0 +1,54 @@
+"""Real processes in tests: start one with the test environment, read its stdout up to a
+line, and find the processes a job left behind."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.fc_mnist_runs import ENV
+
+
+def start(argv: list[str], cwd: Path, **popen) -> subprocess.Popen:
+    """`python argv…` in `cwd` with the tests' environment, its stdout and stderr piped."""
+    return subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **{"env": ENV, **popen})
+
+
+def wait_for_line(process: subprocess.Popen, pattern: str, timeout: float = 240) -> list[str]:
+    """stdout lines up to the first matching `pattern` (the process must still run)."""
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            raise AssertionError(f"ended before {pattern!r}: {process.stderr.read()[-2000:]}")
+        seen.append(line)
+        if re.search(pattern, line):
+            return seen
+    raise AssertionError(f"no {pattern!r} within {timeout} s")
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line or environment mentions `text` (e.g. a job folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            found.append(int(entry.name))
+    return found
+
+
+def left_running(text: str, within_s: float, poll_s: float = 0.5) -> list[int]:
+    """The processes mentioning `text` still there after up to `within_s` seconds (none: at once)."""
+    deadline = time.monotonic() + within_s
+    while (found := processes_mentioning(text)) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return found
