@@ -48,6 +48,7 @@ ORIGINAL_SPEC: dict[str, dict[str, Key]] = {
     "optimizer": {key: _MODELS_OWN for key in (
         "optimizer_type", "learning_rate", "beta1", "beta2", "beta_1", "beta_2", "epsilon", "momentum",
         "weight_decay_rate", "loss_scaling_factor", "initial_loss_scale", "max_loss_scale",
+        "steps_per_increase", "min_loss_scale", "overflow_tolerance",
         "max_gradient_norm", "grad_accum_steps", "log_summaries")},
     "csconfig": {
         "use_cbfloat16": Key("any", required=False, note=(

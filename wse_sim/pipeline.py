@@ -2,16 +2,10 @@
 the whole job, owning its weights, gradient accumulator and optimizer slots.
 
 A batch of B samples streams through as M = B / micro_batch_size micro-batches on a clock
-of ticks. At tick t the region at topological position k runs the forward pass of
-micro-batch t - k and the backward pass of micro-batch t - 2(K - 1) + k (K regions; the
-loss region turns a micro-batch around in the tick it sees it), so region k works on
-micro-batch i + 1 while region k + 1 works on micro-batch i, and gradients flow back the
-same way. A batch barrier (BatchNormalization in training: `Kernel.batch_barrier`) starts
-M - 1 ticks later, forward and backward, so that it has every micro-batch's input (output
-gradient) before it releases the first: it computes the whole batch's statistics, and the
-regions after it start that much later too. Each region adds its micro-batches' weight
-gradients into its accumulator and updates its weights in place once its backward pass of
-the batch ends. The result is ordinary mini-batch training; `wafer.timing` says how long
+of ticks (`wse_sim.ticks`: region k + 1 works on micro-batch i while region k works on
+i + 1, gradients flow back the same way, a batch barrier holds M - 1 ticks). Each region
+adds its micro-batches' weight gradients into its accumulator and updates its weights in
+place once its backward pass of the batch ends. The result is ordinary mini-batch training; `wafer.timing` says how long
 the wafer would take.
 
 Training follows the train op, not just the loss: only a region whose output reaches the
@@ -43,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -56,6 +50,7 @@ from wafer.moving_averages import update as update_average
 from wafer.optimizers import Optimizer, make_optimizer, slot_name
 from wafer.precision import is_half, round_half, round_half_, round_half_into
 from wafer.schedules import Schedule, evaluate
+from wse_sim import ticks
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec, SharedWeight
 from wse_sim.shared_weights import SharedWeights
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
@@ -107,20 +102,6 @@ class Region:
 class StepOutput:
     loss: float
     outputs: dict[str, np.ndarray]  # requested kernel or input values, batch first
-
-
-class Task(NamedTuple):
-    forward: bool  # else backward
-    region: Region
-    micro: int
-
-
-@dataclass(frozen=True)
-class Stage:
-    """A stage's regions and its share of a batch's tick schedule."""
-
-    regions: tuple[Region, ...]
-    tasks: tuple[Task, ...]
 
 
 class Pipeline:
@@ -214,7 +195,7 @@ class Pipeline:
         self.threads = max(len(self.groups), min(threads, useful))
         self._threads = (StageThreads(self.threads, len(self.groups), "wse-pipeline")
                          if self.threads > 1 else None)
-        self._plans: dict[tuple[int, bool, bool], tuple[Stage, ...]] = {}
+        self._plans: dict[tuple[int, bool, bool], tuple[ticks.Stage, ...]] = {}
 
     @classmethod
     def load(cls, checked: CheckedProgram, state: Mapping[str, np.ndarray], *, threads: int = 1,
@@ -282,45 +263,13 @@ class Pipeline:
     def stages(self) -> int:
         return len(self.groups)
 
-    def _plan(self, m_count: int, backward: bool, staged: bool) -> tuple[Stage, ...]:
+    def _plan(self, m_count: int, backward: bool, staged: bool) -> tuple[ticks.Stage, ...]:
         """The batch's tick schedule, split by stage (or whole, for one stage)."""
         key = (m_count, backward, staged)
         if key not in self._plans:
-            k_count = len(self.regions)
-            forward_start, backward_start = self._starts(m_count, backward)
-            schedule = []
-            last_tick = max(forward_start + backward_start, default=0) + m_count - 1
-            for tick in range(last_tick + 1):
-                for region in self.regions:
-                    i = tick - forward_start[region.position]
-                    if 0 <= i < m_count:
-                        schedule.append(Task(True, region, i))
-                    i = tick - backward_start[region.position]
-                    if backward and region.backward and 0 <= i < m_count:
-                        schedule.append(Task(False, region, i))
-            groups = self.groups if staged else (range(k_count),)
-            self._plans[key] = tuple(
-                Stage(tuple(self.regions[k] for k in group),
-                      tuple(t for t in schedule if t.region.position in group))
-                for group in groups)
+            groups = self.groups if staged else (range(len(self.regions)),)
+            self._plans[key] = ticks.plan(self.regions, groups, m_count, backward)
         return self._plans[key]
-
-    def _starts(self, m_count: int, backward: bool) -> tuple[list[int], list[int]]:
-        """The tick of each region's forward and backward pass of micro-batch 0. A region
-        starts a tick after the region before it (the loss turns around in its own tick),
-        and a batch barrier M - 1 ticks later still: its input's last micro-batch arrives
-        before it releases the first (backward: its output gradient's)."""
-        hold = m_count - 1
-        forward_start: list[int] = []
-        for region in self.regions:
-            start = forward_start[-1] + 1 if forward_start else 0
-            forward_start.append(start + hold * region.kernel.batch_barrier)
-        backward_start = list(forward_start)
-        for region in reversed(self.regions[:-1]):
-            k = region.position
-            backward_start[k] = backward_start[k + 1] + 1 + \
-                hold * (region.kernel.batch_barrier and backward and region.backward)
-        return forward_start, backward_start
 
     # ---- running batches ----
     def run(self, batch: Mapping[str, np.ndarray], *, training: bool,
@@ -339,7 +288,7 @@ class Pipeline:
             region.accumulated = region.summed = False
             region.pieces.clear()
             region.slices.clear()
-            if training:
+            if training and region.kernel.draws_random:
                 region.rng = np.random.Generator(np.random.PCG64(
                     np.random.SeedSequence([self.seed, region.position, step])))
         regularization = self._regularization() if self.loss_kernel else 0.0
@@ -420,7 +369,7 @@ class Pipeline:
                           if r.variables[role] not in self.shared),
                          np.float32(0))) + self.shared.regularization()
 
-    def _run_stage(self, index: int, plan: tuple[Stage, ...], board: Board, training: bool,
+    def _run_stage(self, index: int, plan: tuple[ticks.Stage, ...], board: Board, training: bool,
                    backward: bool) -> None:
         """A stage's tasks in tick order; training: its regions' gradients completed, every
         stage's gradients transformed (stage 0, once all are complete), its regions' updates."""

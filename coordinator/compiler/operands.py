@@ -107,8 +107,10 @@ class Operands:
         """`t`'s op applied to the index array of its viewed input (None: not a static view)."""
         op = t.op
         kind = op.type
-        if kind == "Cast":
-            return index if op.get_attr("SrcT") == op.get_attr("DstT") else None
+        if kind == "Cast":  # a float16 kernel reads its float32 weight rounded (weight())
+            same = op.get_attr("SrcT") == op.get_attr("DstT")
+            to_half = (op.get_attr("SrcT"), op.get_attr("DstT")) == (tf.float32, tf.float16)
+            return index if same or to_half else None
         if kind in ("ReadVariableOp", "Identity"):
             return index
         if kind in ("Reshape", "Squeeze", "ExpandDims"):

@@ -1,10 +1,12 @@
 """Simple FC MNIST model to be used with CSEstimator (the original's fc_mnist/tf/model.py):
 Dense + Activation + Dropout blocks, built under a Keras mixed_float16 policy when
-`model.mixed_precision` is true; `optimizer.loss_scaling_factor` (a number, or "dynamic")
-wraps the optimizer in TensorFlow's loss-scale optimizer."""
+`model.mixed_precision` is true; `optimizer.loss_scaling_factor` (a number, or "dynamic" with
+`initial_loss_scale` and `steps_per_increase`) wraps the optimizer in TensorFlow's loss-scale
+optimizer (examples.modelzoo_loss_scale)."""
 import tensorflow as tf
 from tensorflow.keras.layers import Activation, Dense, Dropout
 
+from examples.modelzoo_loss_scale import wrap_optimizer
 from launcher.estimator import CSEstimatorSpec, ModeKeys
 
 NUM_CLASSES = 10
@@ -61,9 +63,7 @@ def model_fn(features, labels, mode, params):
                 learning_rate=optimizer_params["learning_rate"])
         else:
             raise ValueError(f"Unsupported optimizer {optimizer_type}")
-        loss_scale = optimizer_params.get("loss_scaling_factor", 1.0)
-        if loss_scale != 1.0:
-            opt = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, loss_scale)
+        opt = wrap_optimizer(opt, optimizer_params)
         train_op = opt.minimize(
             loss=loss, global_step=tf.compat.v1.train.get_or_create_global_step())
     elif mode == ModeKeys.EVAL:

@@ -4,6 +4,7 @@ import inspect
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import tf_reference
 import training_models as tm
 
@@ -11,6 +12,7 @@ from common.errors import CSRunError
 from coordinator.compiler import compile_model
 from coordinator.compiler.extract import extract
 from coordinator.compiler.training import analyze_training
+from launcher.estimator import CSEstimatorSpec
 from tests.wse_sim.test_wse_parity import assert_parity, train_on_server
 from wafer.grad_transforms import GradientTransform
 
@@ -241,3 +243,18 @@ def test_the_cs_trains_these_train_ops_as_tensorflow_does(tmp_path, server, mode
              if not np.array_equal(state[n], compiled.initial_weights[n])}
     assert moved == {v.variable for k in compiled.program.kernels for v in k.params
                      if not v.frozen}
+
+
+def nan_gradient(features, labels, mode, params):
+    """sqrt of a ReLU's output: infinite slopes where the ReLU is zero, NaN gradients (0 x inf)."""
+    hidden = tf.keras.layers.Dense(8, activation="relu")(features)
+    loss = tf.reduce_mean(tf.sqrt(hidden))
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+        loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def test_a_nan_gradient_on_the_first_batch_is_refused_not_let_through():
+    """The numeric check compares with <=, so a NaN (which compares false) fails it."""
+    error = refusal(nan_gradient)
+    assert "is not finite on input_fn's first batch" in error.message

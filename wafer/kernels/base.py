@@ -85,6 +85,9 @@ class Kernel:
     # a float16 kernel (attr precision) whose forward rounds its own output (the fused
     # affine kernels round each TF op's result inside); others are rounded by the executor
     rounds_own_output: ClassVar[bool] = False
+    # its forward draws from the step's random stream (`RunContext.rng`: dropout); the
+    # executor makes a stream only for such kernels (a generator costs ~25 us a step)
+    draws_random: ClassVar[bool] = False
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         self.name = name

@@ -33,6 +33,7 @@ class Dropout(Elementwise):
     (1, 1, C)): one keep decision broadcast over those axes, as tf.nn.dropout's noise_shape."""
 
     type_name = "dropout"
+    draws_random = True
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)

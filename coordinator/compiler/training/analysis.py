@@ -11,7 +11,7 @@ from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_sch
 from coordinator.compiler.training import loss_scaling
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
 from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
-from coordinator.compiler.training.numbers import HALF_GRADIENT_RTOL, _check_numbers
+from coordinator.compiler.training.numbers import HALF_GRADIENT_NOISE, HALF_GRADIENT_RTOL, _check_numbers
 from coordinator.compiler.training.transforms import _fold_loss_scale
 from coordinator.compiler.training.updates import _check_dtypes, _check_slots, _Update
 from coordinator.compiler.training.writes import _Average, _bookkeeping, _is_write, _updates
@@ -68,8 +68,11 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
             raise _Problems(problems)
         try:
             _group_order(chains)
-            _check_numbers(extracted, chains, statistic_averages,
-                           HALF_GRADIENT_RTOL if half else 1e-4)
+            if half:
+                _check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
+                               HALF_GRADIENT_NOISE)
+            else:
+                _check_numbers(extracted, chains, statistic_averages)
             transforms, loss_scale = _fold_loss_scale(chains, half)
             scaling = None
             if dynamic is not None:
