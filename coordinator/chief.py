@@ -5,6 +5,8 @@ the CPU path writes (log lines, events, checkpoints with the TF graph's variable
   checkpoint's weights and optimizer slots, and trained in segments of
   `save_checkpoints_steps`; after each segment the CS is snapshotted into a checkpoint. A
   NaN loss stops the run naming the step; the newest checkpoint stays the last good one.
+  A stop signal (`coordinator.stop_request`) ends the run with a checkpoint at the step
+  the CS reached, for an exact resume (Slurm's requeue, a rerun).
 - evaluate: a checkpoint's weights run the EVAL program; the host_call metrics are computed
   here from the outputs the CS streams back (`tf_model.metrics.EvalMetrics`).
 - predict: a checkpoint's weights run the PREDICT program; predictions are computed here
@@ -17,17 +19,19 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from common.errors import CSRunError
+from common.errors import CSRunError, Stopped
 from common.run_kinds import RunKind
 from common.run_settings import RunSettings, end_step
 from coordinator.compiler import compile_model
 from coordinator.roles import TaskRole
 from coordinator.starvation import StarvationWatch
+from coordinator.stop_request import StopRequest, next_piece
 from cs_api import pb
 from cs_api.client import CSClient
 from cs_api.input_spec import program_inputs
@@ -106,6 +110,20 @@ def streamed_names(program: pb.Program) -> list[str]:
     """The TF tensors the program's streamed outputs stand for."""
     names = output_tensor_names(program)
     return [names[name] for name in program.outputs]
+
+
+def combined(total: pb.JobSummary | None, run: pb.JobSummary) -> pb.JobSummary:
+    """The summary of the runs so far and `run` (utilization weighted by simulated time)."""
+    if total is None:
+        return run
+    samples, sim, wall = total.samples + run.samples, total.sim_seconds + run.sim_seconds, \
+        total.wall_seconds + run.wall_seconds
+    used = total.utilization * total.sim_seconds + run.utilization * run.sim_seconds
+    return pb.JobSummary(steps=total.steps + run.steps, samples=samples, sim_seconds=sim, wall_seconds=wall,
+                         sim_samples_per_sec=samples / sim if sim > 0 else 0.0,
+                         wall_samples_per_sec=samples / wall if wall > 0 else 0.0,
+                         utilization=used / sim if sim > 0 else 0.0,
+                         input_wait_seconds=total.input_wait_seconds + run.input_wait_seconds)
 
 
 def host_values(program: pb.Program, result: pb.StepResult) -> dict[str, np.ndarray]:
@@ -239,23 +257,28 @@ class Chief:
         status = ProgressFile(self.role.job_dir, step, end, program.batch_size) if self.role.job_dir else None
         starvation = StarvationWatch(self.role.num_workers, program.batch_size)
         with CSJob(self, program, state, step, step, end - step, input_fn) as job, \
-                EventWriter(self.model_dir) as events:
+                EventWriter(self.model_dir) as events, StopRequest() as stop:
+            piece = 1
             while step < end:
-                for result in job.run(RunKind.TRAIN, min(every - step % every, end - step)):
-                    if result.HasField("summary"):
-                        summary = result.summary
-                        continue
-                    step, loss = result.step.step, result.step.loss
-                    if not math.isfinite(loss):
-                        raise checkpoints.non_finite_loss(loss, step, self.model_dir)
-                    log.step(step, loss)
-                    if starved := starvation.step(step, result.step.timing):
-                        print(starved, flush=True)
-                    if status is not None:
-                        status.step(step, loss, result.step.timing.sim_samples_per_sec)
-                    if config.save_summary_steps and step % config.save_summary_steps == 0:
-                        events.scalars(step, {"loss": loss, "global_step/sec": rate(step),
-                                              "cs/samples_per_sec": result.step.timing.sim_samples_per_sec})
+                segment_end = min(step + every - step % every, end)
+                while step < segment_end and stop.signum is None:
+                    started, first = time.monotonic(), step
+                    for result in job.run(RunKind.TRAIN, min(piece, segment_end - step)):
+                        if result.HasField("summary"):
+                            summary = combined(summary, result.summary)
+                            continue
+                        step, loss = result.step.step, result.step.loss
+                        if not math.isfinite(loss):
+                            raise checkpoints.non_finite_loss(loss, step, self.model_dir)
+                        log.step(step, loss)
+                        if starved := starvation.step(step, result.step.timing):
+                            print(starved, flush=True)
+                        if status is not None:
+                            status.step(step, loss, result.step.timing.sim_samples_per_sec)
+                        if config.save_summary_steps and step % config.save_summary_steps == 0:
+                            events.scalars(step, {"loss": loss, "global_step/sec": rate(step),
+                                                  "cs/samples_per_sec": result.step.timing.sim_samples_per_sec})
+                    piece = next_piece(step - first, time.monotonic() - started, end - step)
                 events.flush()
                 snapshot = {**host, **job.snapshot()}
                 snapshot["global_step"] = np.asarray(step, np.int64)
@@ -263,6 +286,10 @@ class Chief:
                 log.saved(step, self.model_dir)
                 if status is not None:
                     status.saved(saved)
+                if stop.signum is not None:
+                    stopped = Stopped(stop.signum)
+                    stopped.done = f"checkpoint at step {step} written ({saved})"
+                    raise stopped
         if starved := starvation.flush():
             print(starved, flush=True)
         log.finished(step, loss)

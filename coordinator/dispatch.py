@@ -15,6 +15,7 @@ from typing import Any, Callable
 from common.run_kinds import RunKind
 from common.run_settings import RunSettings
 from coordinator.roles import task_role
+from coordinator.stop_request import linger_on_stop
 from workers.feed import JobEnded, input_dataset, run_worker
 from workers.rendezvous import rendezvous_path, wait_for
 
@@ -25,12 +26,14 @@ def run(model_fn: Callable, settings: RunSettings, kind: RunKind, input_fn: Call
         **kwargs: Any) -> Any:
     kind = RunKind(kind)  # ValueError for another kind
     role = task_role()
-    phase = f"{next(_calls)}-{kind}"
+    # a requeued job's tasks run the script again in the same job folder: phases of their own
+    phase = f"{next(_calls)}-{kind}" + (f"-requeue{role.restarts}" if role.restarts else "")
     path = rendezvous_path(phase, role.job_id, role.job_dir, Path(settings.model_dir))
     if role.is_chief:
         from coordinator.chief import Chief
 
         return Chief(model_fn, settings, role, path).run(kind, input_fn, **kwargs)
+    linger_on_stop()  # a stopped chief's last piece still needs this worker's batches
     dataset = input_dataset(input_fn, settings.params)  # while the chief compiles and loads
     rendezvous = wait_for(path)
     if rendezvous.ended:

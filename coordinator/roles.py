@@ -32,6 +32,7 @@ _SOURCES = (
     ("SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_JOB_ID"),
     ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"),
 )
+_RESTARTS = "SLURM_RESTART_COUNT"  # set by Slurm in a requeued job: its runs before this one
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TaskRole:
     job_id: str          # the launch's id: the rendezvous is keyed on it
     job_dir: Path | None  # the launcher's job folder (CSRUN_JOB_DIR), if any
     cs_wait_s: float = 0.0  # how long the chief waits for a CS busy with another job (task_env.CS_WAIT_S)
+    restarts: int = 0  # how often Slurm requeued the job before this run (SLURM_RESTART_COUNT)
 
     @property
     def is_chief(self) -> bool:
@@ -61,13 +63,14 @@ def task_role(environ: dict[str, str] | None = None) -> TaskRole:
     env = os.environ if environ is None else environ
     job_dir = Path(env[task_env.JOB_DIR]) if env.get(task_env.JOB_DIR) else None
     cs_wait_s = float(env.get(task_env.CS_WAIT_S) or 0)
+    restarts = int(env.get(_RESTARTS) or 0)
     for rank_key, count_key, job_key in _SOURCES:
         if env.get(rank_key, "") != "":
             rank, count = int(env[rank_key]), int(env.get(count_key) or 1)
             if not 0 <= rank < count:
                 raise ValueError(f"{rank_key}={rank} is not below {count_key}={count}")
             job_id = env.get(task_env.JOB_ID) or env.get(job_key) or "local"
-            return TaskRole(rank, count, job_id, job_dir, cs_wait_s)
+            return TaskRole(rank, count, job_id, job_dir, cs_wait_s, restarts)
     return TaskRole(0, 1, env.get(task_env.JOB_ID) or f"pid{os.getpid()}", job_dir, cs_wait_s)
 
 

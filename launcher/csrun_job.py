@@ -98,6 +98,9 @@ def status(job_id: str) -> int:
             lines.append(f"  input:      {progress.starvation}")
     else:
         lines.append("  step:       no training progress yet")
+    restarts = jobs.requeues(record)
+    if restarts:
+        lines.append(f"  requeued:   {restarts} time(s) by Slurm, each run resuming from the newest checkpoint")
     lines.append(f"  CS system:  {record.cs_ip}" + (" (embedded simulator)" if record.embedded else ""))
     for rank in range(record.num_tasks):
         hosts, pid = task_hosts(record.task_log(rank)), task_pid(record.task_log(rank))

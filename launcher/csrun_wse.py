@@ -1,8 +1,8 @@
 """csrun_wse: run a training script on the CS system, as a job of a chief and input workers.
 
     csrun_wse [--total-nodes N] [--tasks-per-node T] [--cpus-per-task C]
-              [--single-task-nodes N] [--cyclic] [--partition P] [--time T] [--mount-dirs A,B]
-              [--cs_ip HOST:PORT] [--job-dir DIR] [--dry-run] [--detach] [--emit-sbatch FILE]
+              [--single-task-nodes N] [--cyclic] [--partition P] [--time T] [--requeue]
+              [--mount-dirs A,B] [--cs_ip HOST:PORT] [--job-dir DIR] [--dry-run] [--detach] [--emit-sbatch FILE]
               [--debug] [--] python run.py …
 
 Every task runs the command; rank 0 is the chief, the others input workers
@@ -26,7 +26,8 @@ Before submitting, what the run would refuse is refused here (`launcher.command_
 once submitted, the job is registered for `csrun_job` (`slurm.jobs`). Following it, the
 launcher shows a progress line under the chief's log on a terminal and a summary at the end
 (`launcher.progress_line`), and on Slurm keeps a heartbeat its tasks watch, so that they stop
-when it dies, even by SIGKILL (`slurm.heartbeat`).
+when it dies, even by SIGKILL (`slurm.heartbeat`). `--requeue` (Slurm): a job Slurm signals
+checkpoints and requeues itself, and the launcher follows it through the requeue (`slurm.task`).
 
 The job's CS reaches every task by one channel, the task's environment (`CSRUN_CS_IP`,
 `coordinator.roles`): it reaches any command, in a container or not; the command runs as
@@ -86,6 +87,9 @@ def _parser() -> ArgumentParser:
     p.add_argument("--cyclic", action="store_true", help="place tasks round-robin over the nodes (Slurm)")
     p.add_argument("--partition", help="Slurm partition (default: slurm.partition)")
     p.add_argument("--time", help="Slurm time limit (default: slurm.time, else the partition's)")
+    p.add_argument("--requeue", action="store_true",
+                   help="when Slurm signals the job (time limit, preemption), checkpoint and requeue it "
+                        "(default: slurm.requeue)")
     add_mount_dirs_flag(p)
     p.add_argument("--cs_ip", help="HOST:PORT of a running CS system (default: an embedded simulator)")
     p.add_argument("--cs-wait", type=float, default=0.0, metavar="SECONDS",
@@ -143,7 +147,7 @@ def parse_args(argv: list[str], site: SiteConfig | None = None) -> WseArgs:
         raise CSRunError("--detach needs --cs_ip: the embedded CS simulator lives only as long as csrun_wse",
                          "start `wse_sim serve` and pass --cs_ip HOST:PORT, or leave --detach out")
     options = {"partition": ns.partition, "time": ns.time,
-               "cyclic": "1" if ns.cyclic else None,
+               "cyclic": "1" if ns.cyclic else None, "requeue": "1" if ns.requeue else None,
                "single_task_nodes": str(single) if single else None}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     job_dir = (ns.job_dir or Path("csrun_jobs") / f"{stamp}-{uuid.uuid4().hex[:6]}").resolve()
@@ -255,7 +259,7 @@ def site_defaults(site: SiteConfig) -> dict[str, str]:
     """The site's Slurm settings, for a backend that takes them."""
     slurm = site.slurm
     values = {"partition": slurm.partition, "time": slurm.time, "gres": slurm.gres, "gres_node": slurm.gres_node,
-              "licenses": slurm.licenses}
+              "licenses": slurm.licenses, "requeue": "1" if slurm.requeue else None}
     return {k: v for k, v in values.items() if v is not None}
 
 

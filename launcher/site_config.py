@@ -40,6 +40,7 @@ class SlurmConfig:
     gres_node: str | None = None  # the node that holds the CS GRES (the chief runs there)
     time: str | None = None       # Slurm --time
     licenses: str | None = None   # the CS system as a cluster license (e.g. "cs:1"), several nodes
+    requeue: bool = False         # a job Slurm signals (time limit, preemption) checkpoints and requeues
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,10 @@ def _value(hint: Any, value: Any, name: str, path: Path) -> Any:
         if optional:
             return None
         raise _wrong(name, path, _expected(hint), value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise _wrong(name, path, "true or false", value)
+        return value
     if int in (hint, *typing.get_args(hint)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise _wrong(name, path, "a whole number of at least 1", value)

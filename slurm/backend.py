@@ -120,6 +120,7 @@ class LaunchedJob(abc.ABC):
         # why the job's CS went away, None while it answers (the launcher knows its CS)
         self.cs_gone: Callable[[], str | None] = lambda: None
         self._first_failure: float | None = None  # when `_results` first saw a failed task
+        self._run_since_ns = 0  # results written before are of a run the backend requeued
 
     def task_log(self, rank: int) -> Path:
         """The file holding task `rank`'s output (stdout and stderr)."""
@@ -134,9 +135,16 @@ class LaunchedJob(abc.ABC):
             chief_log.copy_new()
             if on_poll is not None:
                 on_poll()
+            requeued = self._requeued()
+            if requeued is not None:
+                chief_log.copy_new()  # the run before ends with the chief's checkpoint
+                self._rerun(stream, requeued)
             outcome = self._results()
             if outcome is not None and outcome.exit_code != 0:
-                outcome = self._explain_failure(outcome)
+                explained = self._explain_failure(outcome)
+                if explained is None:  # the backend requeued the job: its tasks run again
+                    continue
+                outcome = explained
                 self.cancel()
                 if outcome.failed_rank not in (None, 0):
                     return outcome  # the chief's log after the stop is only its interruption
@@ -163,7 +171,8 @@ class LaunchedJob(abc.ABC):
         tasks failed because it went away), its exit code (carried by `TaskFailed`) and the
         reason from its log; success once every task succeeded; None while neither, or while
         a failure waits (up to BLAME_WAIT_S, the job still running) for the one it follows."""
-        results = [task_result(self.folder, self.job_id, rank) for rank in range(self.num_tasks)]
+        results = [r if r is not None and r.written_ns >= self._run_since_ns else None
+                   for r in (task_result(self.folder, self.job_id, rank) for rank in range(self.num_tasks))]
         failed = [r for r in results if r is not None and not r.succeeded]
         if not failed:
             return JobOutcome(0) if all(r is not None for r in results) else None
@@ -188,9 +197,22 @@ class LaunchedJob(abc.ABC):
         time.sleep(1.0)  # the last result may still be on its way
         return self._results(ended=True) or self._without_result(state)
 
-    def _explain_failure(self, outcome: JobOutcome) -> JobOutcome:
-        """What a task's failure (`outcome`) means for the job, before the job is stopped."""
+    def _explain_failure(self, outcome: JobOutcome) -> JobOutcome | None:
+        """What a task's failure (`outcome`) means for the job, before the job is stopped;
+        None when it means nothing (the backend requeued the job)."""
         return outcome
+
+    def _requeued(self) -> str | None:
+        """A line saying so once the backend requeued the job since the last look (its
+        tasks ended and will run again); None otherwise."""
+        return None
+
+    def _rerun(self, stream: TextIO, why: str) -> None:
+        """The backend runs the job's tasks again (a requeue): the results of the run
+        before are ignored from now on (its tasks have ended)."""
+        self._run_since_ns = time.time_ns()
+        self._first_failure = None
+        print(why, file=stream, flush=True)
 
     @abc.abstractmethod
     def _ended_state(self) -> str | None:

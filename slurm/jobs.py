@@ -309,6 +309,17 @@ def job_state(record: JobRecord) -> JobState:
     return _from_results(record) or JobState("FAILED", "its processes ended without a result (killed)")
 
 
+def requeues(record: JobRecord) -> int:
+    """How often Slurm requeued the job (its `Restarts`, while the controller knows the job)."""
+    if record.backend != "slurm":
+        return 0
+    try:
+        fields = slurm_backend.job_fields(record.job_id) or {}
+    except OSError:  # no Slurm commands here
+        return 0
+    return int(fields.get("Restarts", "0") or 0)
+
+
 def launcher_alive(record: JobRecord) -> bool:
     """Whether the csrun_wse that follows the job still runs (on this host)."""
     if record.launcher_pid is None or record.host != socket.gethostname():

@@ -14,6 +14,8 @@ What the script asks of Slurm:
   nodes needs it on each of them (`gres_node` names the node that holds it; the chief's).
 - `licenses` (csrun.yaml `slurm.licenses`, e.g. `cs:1`): the CS system as a cluster license,
   what a site of several nodes configures (one CS for the cluster, any node's job may hold it).
+- `requeue` (csrun_wse --requeue, csrun.yaml `slurm.requeue`): `--requeue`, and a task that
+  requeues the job when Slurm signals it (`slurm.task`: the chief checkpoints first).
 - `partition`, `time` (none: the partition's default limit), `cyclic` (tasks round-robin over
   the nodes), `single_task_nodes` N (the first N nodes run one task each, the chief on the
   first; the other nodes `tasks_per_node` each).
@@ -50,7 +52,7 @@ from slurm.submitit_api import sbatch_script, submit_script
 from slurm.task import TaskCommand
 from slurm.task_logs import task_hosts
 
-OPTION_KEYS = ("partition", "time", "gres", "gres_node", "licenses", "cyclic", "single_task_nodes")
+OPTION_KEYS = ("partition", "time", "gres", "gres_node", "licenses", "cyclic", "single_task_nodes", "requeue")
 _TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
              "BOOT_FAIL", "DEADLINE")
 _CANCELLED_EXIT = 143  # 128 + SIGTERM: what a shell reports for a job scancel ended
@@ -141,6 +143,8 @@ def render_script(request: JobRequest, python: str) -> tuple[str, int]:
             sbatch[key] = options[key]
     if "licenses" in options:
         extra["licenses"] = options["licenses"]
+    if _truthy(options.get("requeue")):  # Slurm may requeue it (scontrol requeue, a preemption)
+        extra["requeue"] = True
     if request.same_host:
         if request.total_nodes != 1:
             raise CSRunError(
@@ -173,7 +177,8 @@ class SlurmBackend(LaunchBackend):
 
     def build(self, request: JobRequest) -> Submission:
         text, num_tasks = render_script(request, shlex.quote(sys.executable))
-        task = TaskCommand(tuple(request.command), str(request.workdir), ())
+        task = TaskCommand(tuple(request.command), str(request.workdir), (),
+                           requeue=_truthy(slurm_options(request).get("requeue")))
         return Submission(request, self.name, text, task, num_tasks)
 
     def submit(self, submission: Submission) -> "SlurmJob":
@@ -314,6 +319,24 @@ def scancel(job_id: str) -> None:
 class SlurmJob(LaunchedJob):
     poll_seconds = 0.5
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._restarts = 0  # Slurm's requeues of the job seen so far
+
+    def _restart_count(self) -> int:
+        return int((job_fields(self.job_id) or {}).get("Restarts", "0") or 0)
+
+    def _requeued(self) -> str | None:
+        restarts = self._restart_count()
+        if restarts <= self._restarts:
+            return None
+        self._restarts = restarts
+        deadline = time.monotonic() + 30.0
+        while self.state() in ("COMPLETING", "REQUEUED") and time.monotonic() < deadline:
+            time.sleep(0.2)  # the run before stops; its tasks leave their results
+        return (f"csrun: Slurm requeued job {self.job_id} (restart {restarts}); it resumes from the newest "
+                "checkpoint when it runs again")
+
     def state(self) -> str:
         return job_state(self.job_id)[0]
 
@@ -326,8 +349,10 @@ class SlurmJob(LaunchedJob):
             return self._node_failure() or self._without_result(state)
         return super()._ended(state)
 
-    def _explain_failure(self, outcome: JobOutcome) -> JobOutcome:
+    def _explain_failure(self, outcome: JobOutcome) -> JobOutcome | None:
         state = self._settled_state()
+        if self._restart_count() > self._restarts:  # stopped by a requeue: the next look says so
+            return None
         if state == "CANCELLED":  # scancel: the tasks' SIGTERM is its sign
             return self._without_result("CANCELLED")
         if state == "NODE_FAIL" or self._multi_node:  # a lost host: name it, not the symptom

@@ -2,6 +2,7 @@
 runs, the part of the chief's log the terminal shows, and the reason a task failed."""
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -89,6 +90,8 @@ class LogCopy:
         line without its newline is copied too."""
         try:
             with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.offset:  # rewritten (a requeued job's new run)
+                    self.offset, self._partial = 0, ""
                 f.seek(self.offset)
                 data = f.read()
         except FileNotFoundError:

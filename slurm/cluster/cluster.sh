@@ -100,6 +100,10 @@ node_lines() {  # the nodes, the partition and the CS system, for slurm.conf
         echo "# The CS system: a count-1 GRES on the one node, so two jobs never share it."
         echo "NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$mem Gres=cs:1 State=UNKNOWN"
         echo "PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP"
+        echo "# Batch jobs may be requeued (csrun_wse --requeue: scontrol requeue, a preemption); a"
+        echo "# stopped chief has KillWait seconds between SIGTERM and SIGKILL for its last checkpoint."
+        echo "JobRequeue=1"
+        echo "KillWait=15"
         return
     fi
     echo "# $NODES hosts on the bridge $BRIDGE ($SUBNET.0/24); the CS system at $CS_ADDR:$CS_PORT is"
@@ -108,6 +112,7 @@ node_lines() {  # the nodes, the partition and the CS system, for slurm.conf
     echo "# A host that stops answering is DOWN within ~SlurmdTimeout; its job ends NODE_FAIL, not requeued."
     echo "SlurmdTimeout=15"
     echo "JobRequeue=0"
+    echo "KillWait=5"
     for n in $(node_names); do
         echo "NodeName=$n NodeAddr=$(node_addr "$n") CPUs=$CPUS RealMemory=$mem State=UNKNOWN"
     done

@@ -79,6 +79,7 @@ def test_empty_file_gives_the_defaults(tmp_path):
     ("container: {image: [a]}\n", "container.image must be a string, not list"),
     ("slurm: {time: 'two hours'}\n", "slurm.time 'two hours' is not a Slurm time"),
     ("slurm: {partition: ''}\n", "slurm.partition is empty"),
+    ("slurm: {requeue: 'yes'}\n", "slurm.requeue must be true or false, not str 'yes'"),
     ("slurm: {nodes: 1\n", "is not valid YAML at line 2"),
 ])
 def test_bad_files_name_the_key_and_the_file(tmp_path, text, message):

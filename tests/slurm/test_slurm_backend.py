@@ -13,7 +13,7 @@ from launcher.csrun_wse import job_request, parse_args
 from launcher.site_config import SiteConfig, SlurmConfig
 from slurm.backend import JobRequest
 from slurm.local_backend import LocalBackend
-from slurm.slurm_backend import refusal, render_script, slurm_options, task_layout
+from slurm.slurm_backend import SlurmBackend, refusal, render_script, slurm_options, task_layout
 from slurm.task_logs import task_hosts, where_task_runs
 from slurm.templates import TEMPLATES, fill
 
@@ -124,6 +124,22 @@ def test_site_defaults_and_flags(tmp_path):
     with pytest.raises(CSRunError, match=r"--single-task-nodes 2 must be at least 0 and less than the number "
                                          r"of nodes \(2\)"):
         parse_args(["--total-nodes", "2", "--single-task-nodes", "2", "true"])
+
+
+def test_requeue_from_the_flag_or_the_site_asks_slurm_and_arms_the_task(tmp_path):
+    """--requeue (or csrun.yaml slurm.requeue): the job is requeueable and its task requeues it
+    when Slurm signals it; without, Slurm's signal ends the job after the chief's checkpoint."""
+    site = SiteConfig(slurm=SlurmConfig(requeue=True))
+    for args, config in ((["--requeue"], SiteConfig()), ([], site)):
+        req = job_request(parse_args(["--cs_ip", "h:1", *args, "--", "python", "run.py"], config), "h:1", tmp_path,
+                          config)
+        text, _ = render_script(req, "py")
+        assert "#SBATCH --requeue\n" in text
+        assert SlurmBackend().build(req).task.requeue
+    plain = job_request(parse_args(["--cs_ip", "h:1", "python", "run.py"]), "h:1", tmp_path)
+    assert "--requeue" not in render_script(plain, "py")[0] and not SlurmBackend().build(plain).task.requeue
+    with pytest.raises(CSRunError, match="the local backend does not take --requeue"):
+        LocalBackend().build(request(tmp_path, options={"requeue": "1"}))
 
 
 def test_local_backend_ignores_site_defaults_and_refuses_slurm_flags(tmp_path):
