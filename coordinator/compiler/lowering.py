@@ -332,10 +332,12 @@ def _einsum(m: Context, op: tf.Operation) -> str:
 def _gather(m: Context, op: tf.Operation) -> str:
     table, ids = op.inputs[0], op.inputs[1]
     if m.is_batched(table):
-        return "gathers from a per-sample value (only embedding lookups in a weight are supported)"
+        return _sample_gather(m, op)
+    if op.get_attr("batch_dims") != 0:
+        return "gathers from a weight with batch_dims (an embedding lookup has batch_dims 0)"
     if op.type == "GatherV2":
         axis = m.operands.constant(op.inputs[2])
-        if axis is None or int(axis) != 0 or op.get_attr("batch_dims") != 0:
+        if axis is None or int(axis) != 0:
             return "gathers along an axis other than the table's first"
     found = _operands(m, op, (table, ids), "gather")
     if isinstance(found, str):
@@ -347,6 +349,25 @@ def _gather(m: Context, op: tf.Operation) -> str:
     assert weight is not None, "letter p: _operands found the table's weight"
     m.add_kernel(m.scope(op, weight.variable), "gather", inputs, {"operands": letters, **attrs},
                  params, [op], op.outputs[0])
+    return ""
+
+
+def _sample_gather(m: Context, op: tf.Operation) -> str:
+    """tf.gather(x, ids, batch_dims=1) of a per-sample x at per-sample integer ids."""
+    x, ids = op.inputs[0], op.inputs[1]
+    rank = len(static_shape(x))
+    axis = m.operands.constant(op.inputs[2]) if op.type == "GatherV2" else None
+    if axis is None or op.get_attr("batch_dims") != 1 or rank < 2 or int(axis) % rank != 1:
+        return ("gathers from a per-sample value other than by tf.gather(x, ids, batch_dims=1) "
+                "(each sample's rows at its own indices: axis 1, batch_dims 1)")
+    if not m.is_batched(ids):
+        return "gathers from a per-sample value at indices that are not per-sample"
+    if len(static_shape(ids)) < 2:
+        return ("gathers from a per-sample value one row per sample (indices of rank 1 with "
+                "batch_dims=1): give each sample a vector of indices")
+    if not has_kernel("sample_gather"):
+        return "the CS has no sample_gather kernel"
+    m.add_kernel(op.name, "sample_gather", [x, ids], {}, [], [op], op.outputs[0])
     return ""
 
 
@@ -471,6 +492,10 @@ def supported_table() -> str:
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "
                  + ", ".join(sorted(BINARY)) + " |")
     lines.append("| generic | " + ", ".join(others) + " |")
+    lines.append("| `gather`, `sample_gather` | GatherV2, ResourceGather: an embedding lookup in a "
+                 "weight (axis 0; Keras Embedding, tf.nn.embedding_lookup); tf.gather(x, ids, "
+                 "batch_dims=1) of a per-sample value at per-sample indices (BERT's masked "
+                 "positions; a repeated index adds its gradients) |")
     lines.append("| `loss` (the batch reduction) | any sum or mean over the batch of per-sample "
                  "values (tf.compat.v1.losses.* with constant weights, label smoothing, "
                  "hand-written MSE) plus L2/L1 penalties of single weights (tf.nn.l2_loss, "

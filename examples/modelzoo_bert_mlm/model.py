@@ -59,9 +59,8 @@ def build_model(features, labels, mode, model_params):
     for _ in range(model_params["num_hidden_layers"]):
         x = encoder_block(x, model_params, policy, training)
 
-    # the masked-LM head reads the masked positions only (gathered by a one-hot product)
-    pick = tf.one_hot(features["masked_lm_positions"], length, dtype=x.dtype)
-    masked = tf.matmul(pick, x)
+    # the masked-LM head reads the masked positions only
+    masked = tf.gather(x, features["masked_lm_positions"], batch_dims=1)
     masked = Dense(hidden, activation=model_params["encoder_nonlinearity"], dtype=policy)(masked)
     masked = LayerNormalization(epsilon=epsilon, dtype=policy)(masked)
     if model_params.get("share_embedding_weights", True):

@@ -68,6 +68,7 @@ def test_bert_mlm_trains_mixed_on_the_cs_with_the_cpu_losses_and_evaluates_there
     assert program.dynamic_loss_scale.increment_period == 2000
     assert "dynamic loss scale from 32768" in run.compiled.report_text
     assert "Schedule of learning_rate" in run.compiled.report_text
+    assert [k.type for k in program.kernels].count("sample_gather") == 1  # the masked positions
     assert sum(from_attr(k.attrs["precision"]) == "float16" for k in program.kernels
                if "precision" in k.attrs) > 50
     cs, cpu = np.array(run.cs.losses), np.array(run.reference.losses)

@@ -323,6 +323,47 @@ def test_gather_refuses_indices_outside_the_table_naming_the_kernel(bad):
         kernel.forward({"p0": randn(10, 4)}, [ids], RunContext(training=True, batch_size=2))
 
 
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+@pytest.mark.parametrize("rows, ids_shape, dtype", [
+    ((7, 5), (4,), np.int32), ((6, 2, 3), (2, 12), np.int64)])
+def test_sample_gather_matches_tensorflows_batch_dims_gather_and_gradient(rows, ids_shape, dtype,
+                                                                        precision):
+    """Each sample's own rows, bit for bit; the gradient of a repeated position (twice, and
+    more often than scatter_add's passes) adds in TF's order, in float16 each sum rounded."""
+    half = precision == "float16"
+    x, dy = randn(BATCH, *rows), randn(BATCH, *ids_shape, *rows[1:])
+    if half:
+        x, dy = x.astype(np.float16).astype(np.float32), dy.astype(np.float16).astype(np.float32)
+    ids = RNG.integers(0, rows[0], (BATCH, *ids_shape)).astype(dtype)
+    ids.reshape(BATCH, -1)[0, :] = rows[0] - 1  # one sample's every index the same row
+    ids.reshape(BATCH, -1)[1, 1] = ids.reshape(BATCH, -1)[1, 0]
+    attrs = {"precision": "float16"} if half else {}
+    kernel = build_kernel("sample_gather", "model/gather", attrs, [rows, ids_shape])
+    assert kernel.output_dtype([np.dtype(np.float32), np.dtype(dtype)]) == np.float32
+    assert kernel.input_differentiable(0) and not kernel.input_differentiable(1)
+    ctx = RunContext(training=True, batch_size=BATCH)
+    out, cache = kernel.forward({}, [x, ids], ctx)
+    (dx, dids), _ = kernel.backward({}, cache, dy, ctx)
+    tf_dtype = tf.float16 if half else tf.float32
+    value = tf.constant(x, tf_dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(value)
+        y = tf.gather(value, ids, batch_dims=1)
+    grad = tape.gradient(y, value, output_gradients=tf.constant(dy, tf_dtype))
+    np.testing.assert_array_equal(out, y.numpy().astype(np.float32))
+    np.testing.assert_array_equal(dx, tf.convert_to_tensor(grad).numpy().astype(np.float32))
+    assert dids is None and out.shape == (BATCH, *kernel.output_shape)
+
+
+@pytest.mark.parametrize("bad", [-1, 7])
+def test_sample_gather_refuses_positions_outside_the_sample_naming_the_kernel(bad):
+    kernel = build_kernel("sample_gather", "model/gather", {}, [(7, 4), (2,)])
+    ids = np.array([[1, 2], [bad, 0]], np.int32)
+    with pytest.raises(ValueError, match=rf"model/gather: index {bad} is outside each sample's 7 "
+                                         rf"rows \[0, 7\)"):
+        kernel.forward({}, [randn(2, 7, 4), ids], RunContext(training=True, batch_size=2))
+
+
 # ---- batch norm with moving statistics ----
 @pytest.mark.parametrize("scale, center", [(True, True), (False, False), (True, False)])
 def test_batch_norm_inference_matches_keras(scale, center):

@@ -28,6 +28,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | slice | x | begin, end, strides (per-sample, resolved; stride < 0: end -1 = through element 0), shrink [axes] | — | any, passed through |
 | pad | x | paddings [b0, a0, b1, a1, ...] per-sample, value | — | float32, int32, int64 |
 | gather | indices (...) | operands "pi" (embedding lookup) | p0: (V, D...) | indices int32/int64 in [0, V); output indices + (D...) |
+| sample_gather | x (L, D...), indices (...) | — (tf.gather(x, indices, batch_dims=1): each sample's rows) | — | x float32, int32, int64 or bool (the output's); indices int32/int64 in [0, L); output indices + (D...) |
 | batch_norm_inference | x (..., C) | epsilon, scale, center (bools: the optional weights), fused (FusedBatchNorm's order) | mean, variance (frozen), scale, offset: (C,) | |
 | batch_norm_training | x (..., C) | epsilon, scale, center; mean_rule, variance_rule (affine: v * a + s * b, delta: v - (v - s) * d) with mean_update, variance_update their constants (empty: not moved) | scale, offset; moving_mean, moving_variance (frozen) when moved: (C,) | a batch barrier (`batch_barrier`) |
 | dropout | x | rate, noise_shape (per sample, 1 where one decision is shared) | — | |

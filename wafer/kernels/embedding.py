@@ -1,5 +1,7 @@
-"""The gather kernel: an embedding lookup, rows of a weight table at a sample's integer
-indices (tf.gather / tf.nn.embedding_lookup / Keras Embedding on axis 0)."""
+"""The gather kernels: an embedding lookup, rows of a weight table at a sample's integer
+indices (tf.gather / tf.nn.embedding_lookup / Keras Embedding on axis 0), and the
+per-sample gather, rows of each sample's own value at its own indices
+(tf.gather(x, positions, batch_dims=1): BERT's masked positions)."""
 from __future__ import annotations
 
 import math
@@ -9,27 +11,42 @@ import numpy as np
 
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, Shape, check_dtypes, max_cores_for, register
 from wafer.kernels.operands import Operands
+from wafer.precision import is_half, round_half
 
 # Occurrences of an index up to this many are added in passes of distinct rows; a row
 # looked up more often (padding) adds the rest in one sequential accumulation.
 PASSES = 8
 
 
-def scatter_add(table: np.ndarray, ids: np.ndarray, values: np.ndarray) -> None:
+def scatter_add(table: np.ndarray, ids: np.ndarray, values: np.ndarray, half: bool = False) -> None:
     """table[ids[i]] += values[i] in place, for i in order: np.add.at's result bit for bit
     (and TF's UnsortedSegmentSum's, which densifies an IndexedSlices gradient), 2-3x
-    faster for rows of values. `ids` 1-D, `values` (len(ids), ...) like table's rows."""
+    faster for rows of values. `ids` 1-D, `values` (len(ids), ...) like table's rows.
+    `half`: every sum rounded to float16, as TF's float16 UnsortedSegmentSum adds."""
     order = np.argsort(ids, kind="stable")
     ordered = ids[order]
     starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
     counts = np.diff(np.append(starts, len(ids)))
     for k in range(min(int(counts.max()), PASSES)):  # the k-th lookup of every row: distinct rows
         at = starts[counts > k] + k
-        table[ordered[at]] += values[order[at]]
+        sums = table[ordered[at]] + values[order[at]]
+        table[ordered[at]] = round_half(sums) if half else sums
     for start, count in zip(starts[counts > PASSES], counts[counts > PASSES]):
         row = ordered[start]
         rest = values[order[start + PASSES:start + count]]
-        table[row] = np.add.accumulate(np.concatenate([table[row][None], rest]), axis=0)[-1]
+        if half:
+            for value in rest:
+                table[row] = round_half(table[row] + value)
+        else:
+            table[row] = np.add.accumulate(np.concatenate([table[row][None], rest]), axis=0)[-1]
+
+
+def check_indices(kernel: Kernel, ids: np.ndarray, rows: int, what: str) -> None:
+    """ValueError naming the kernel for an index outside [0, rows), as TF's CPU gather."""
+    if ids.size and (ids.min() < 0 or ids.max() >= rows):
+        bad = ids[(ids < 0) | (ids >= rows)].flat[0]
+        raise ValueError(f"{kernel.name}: index {bad} is outside {what}'s {rows} rows "
+                         f"[0, {rows})")
 
 
 @register
@@ -80,11 +97,7 @@ class Gather(Kernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         ids = inputs[0]
-        rows = self.table[0]
-        if ids.size and (ids.min() < 0 or ids.max() >= rows):
-            bad = ids[(ids < 0) | (ids >= rows)].flat[0]
-            raise ValueError(f"{self.name}: index {bad} is outside the table's {rows} rows "
-                             f"[0, {rows})")
+        check_indices(self, ids, self.table[0], "the table")
         return np.take(params["p0"], ids, axis=0), ids
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
@@ -98,3 +111,60 @@ class Gather(Kernel):
         if len(ids):
             scatter_add(table, ids, grad_output.reshape(len(ids), *self.table[1:]))
         return [None], {"p0": table}
+
+
+@register
+class SampleGather(Kernel):
+    """Inputs x (per sample (L, D...); float32, or integers or bools passed through) and
+    integer indices (int32/int64, per-sample shape S); output S + (D...): each sample's
+    rows of its own x at its own indices (tf.gather(x, ids, axis=1, batch_dims=1)). An index outside [0, L) raises ValueError
+    naming the kernel, as TF's CPU gather does. Backward: TF's _BatchGatherGrad, an
+    UnsortedSegmentSum of the output gradient into each sample's rows (a repeated index
+    adds its gradients in order, each sum rounded to float16 in a float16 kernel, as TF's
+    float16 kernel adds); the indices take none."""
+
+    type_name = "sample_gather"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        if len(self.input_shapes) != 2 or not self.input_shapes[0] or self.input_shapes[0][0] == 0:
+            raise KernelError(f"kernel {name!r} (sample_gather): takes a value with rows (L, "
+                              f"...) and integer indices, got inputs {self.input_shapes}")
+        self.rows, self.ids_shape = self.input_shapes[0], self.input_shapes[1]
+        self._shape = (*self.ids_shape, *self.rows[1:])
+
+    @property
+    def output_shape(self):
+        return self._shape
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER, np.bool_), INTEGER])
+        return np.dtype(input_dtypes[0])
+
+    def input_differentiable(self, index: int) -> bool:
+        return index == 0  # (a float32 x: an integer one has no trained weight upstream)
+
+    def flops_per_sample(self) -> float:
+        return float(math.prod(self._shape))  # a copy per value
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        return 8 * math.prod(self.ids_shape)  # the indices
+
+    def forward(self, params, inputs, ctx: RunContext):
+        x, ids = inputs
+        check_indices(self, ids, self.rows[0], "each sample")
+        m = len(x)
+        flat = (ids.reshape(m, -1) + np.arange(m)[:, None] * self.rows[0]).reshape(-1)
+        out = np.take(x.reshape(m * self.rows[0], *self.rows[1:]), flat, axis=0)
+        return out.reshape(m, *self._shape), flat
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        m = len(grad_output)
+        grad = np.zeros((m * self.rows[0], *self.rows[1:]), np.float32)
+        if len(cache):
+            scatter_add(grad, cache, grad_output.reshape(len(cache), *self.rows[1:]),
+                        half=is_half(self.attrs))
+        return [grad.reshape(m, *self.rows), None], {}
