@@ -11,6 +11,7 @@ from common.errors import CSRunError
 from examples.cnn_digits import data as cnn_data
 from examples.digits import TRAIN_SAMPLES, digits_split
 from examples.fc_mnist import data, model
+from launcher.run_config import run_config
 from launcher.run_flow import estimator_for
 from launcher.run_utils import get_params
 
@@ -82,7 +83,7 @@ def test_fc_mnist_reaches_90_percent_test_accuracy(tmp_path):
     params["runconfig"]["model_dir"] = str(tmp_path)
     for section in ("train_input", "eval_input"):
         params[section]["data_dir"] = None
-    est = estimator_for(model.model_fn, params)
+    est = estimator_for(model.model_fn, params, run_config(params["runconfig"]))
     assert params["model"]["hidden_sizes"] == [500, 300]
     est.train(data.train_input_fn, max_steps=params["runconfig"]["max_steps"])
     results = est.evaluate(data.eval_input_fn)
