@@ -49,8 +49,24 @@ def check_indices(kernel: Kernel, ids: np.ndarray, rows: int, what: str) -> None
                          f"[0, {rows})")
 
 
+class _RowCopyCost:
+    """The cost of a gather (either kind): a copy per output value; it holds the indices."""
+
+    _shape: Shape
+    ids_shape: Shape
+
+    def flops_per_sample(self) -> float:
+        return float(math.prod(self._shape))  # a copy per value
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        return 8 * math.prod(self.ids_shape)  # the indices
+
+
 @register
-class Gather(Kernel):
+class Gather(_RowCopyCost, Kernel):
     """operands "pi": the table is the weight p0 (V, D...) (attr p0 its shape), the input
     integer indices (int32/int64, any per-sample shape S); output S + (D...). An index
     outside [0, V) raises ValueError naming the kernel, as TF's CPU gather does. The
@@ -86,15 +102,6 @@ class Gather(Kernel):
     def input_differentiable(self, index: int) -> bool:
         return False
 
-    def flops_per_sample(self) -> float:
-        return float(math.prod(self._shape))  # a copy per value
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
-
-    def activation_bytes_per_sample(self) -> int:
-        return 8 * math.prod(self.ids_shape)  # the indices
-
     def forward(self, params, inputs, ctx: RunContext):
         ids = inputs[0]
         check_indices(self, ids, self.table[0], "the table")
@@ -114,7 +121,7 @@ class Gather(Kernel):
 
 
 @register
-class SampleGather(Kernel):
+class SampleGather(_RowCopyCost, Kernel):
     """Inputs x (per sample (L, D...); float32, or integers or bools passed through) and
     integer indices (int32/int64, per-sample shape S); output S + (D...): each sample's
     rows of its own x at its own indices (tf.gather(x, ids, axis=1, batch_dims=1)). An index outside [0, L) raises ValueError
@@ -143,15 +150,6 @@ class SampleGather(Kernel):
 
     def input_differentiable(self, index: int) -> bool:
         return index == 0  # (a float32 x: an integer one has no trained weight upstream)
-
-    def flops_per_sample(self) -> float:
-        return float(math.prod(self._shape))  # a copy per value
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
-
-    def activation_bytes_per_sample(self) -> int:
-        return 8 * math.prod(self.ids_shape)  # the indices
 
     def forward(self, params, inputs, ctx: RunContext):
         x, ids = inputs
