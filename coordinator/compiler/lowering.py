@@ -23,12 +23,13 @@ from wafer.kernels.elementwise import ARITHMETIC
 UNARY = {"Neg": "neg", "Abs": "abs", "Square": "square", "Sqrt": "sqrt", "Rsqrt": "rsqrt",
          "Exp": "exp", "Expm1": "expm1", "Log": "log", "Log1p": "log1p",
          "Reciprocal": "reciprocal", "Inv": "reciprocal", "Erf": "erf", "Erfc": "erfc",
-         "Sin": "sin", "Cos": "cos", "Sign": "sign", "Softsign": "softsign", "Relu": "relu",
+         "Sin": "sin", "Cos": "cos", "Sign": "sign", "Floor": "floor",
+         "Ceil": "ceil", "Round": "round", "Rint": "round", "Softsign": "softsign", "Relu": "relu",
          "Relu6": "relu6", "Elu": "elu", "Selu": "selu", "Tanh": "tanh", "Sigmoid": "sigmoid",
          "Softplus": "softplus", "LeakyRelu": "leaky_relu"}
 # TF op -> the `binary` kernel's op (numpy broadcasting = TF's).
 BINARY = {"Add": "add", "AddV2": "add", "BiasAdd": "add", "Sub": "sub", "Mul": "mul",
-          "RealDiv": "div", "Div": "div", "Maximum": "maximum", "Minimum": "minimum",
+          "RealDiv": "div", "Div": "div", "FloorDiv": "floor_div", "FloorMod": "floor_mod", "Maximum": "maximum", "Minimum": "minimum",
           "SquaredDifference": "squared_difference", "Pow": "pow", "Greater": "greater",
           "GreaterEqual": "greater_equal", "Less": "less", "LessEqual": "less_equal",
           "Equal": "equal", "NotEqual": "not_equal", "LogicalAnd": "logical_and",
@@ -40,7 +41,7 @@ RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
 # transposes, products of matrices and stop_gradient (tf.nn.moments' of a weight).
 WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMETIC}
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, "AddN", *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "StopGradient"})
+                             "Transpose", "MatMul", "StopGradient", "Cumsum"})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
              "NextIteration", "LoopCond"}
@@ -53,7 +54,7 @@ REFUSED = {
                           "outside the loss",
     "random numbers": "other than a dropout mask",
     "computations on weights": "other than the weight program's (above) before the weight "
-                               "meets the samples (e.g. tf.cumsum(w), tf.sort(w)), or in "
+                               "meets the samples (e.g. tf.sort(w)), or in "
                                "float16",
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision); csconfig.use_cbfloat16",
@@ -221,6 +222,19 @@ def _cast(m: Context, op: tf.Operation) -> str:
     # to float16: a float32 cast whose kernel rounds (attr precision, set by add_kernel)
     dtype = "float32" if target == tf.float16 else tf.as_dtype(target).name
     m.add_kernel(op.name, "cast", [op.inputs[0]], {"dtype": dtype}, [], [op], op.outputs[0])
+    return ""
+
+
+@generic("Cumsum")
+def _cumsum(m: Context, op: tf.Operation) -> str:
+    axis = m.operands.constant(op.inputs[1])
+    rank = len(static_shape(op.inputs[0]))
+    if not m.is_batched(op.inputs[0]) or axis is None or int(axis) % rank == 0:
+        return ("cumsum of a per-sample value along one of its own axes (not the batch axis) "
+                "with a constant axis is supported")
+    m.add_kernel(op.name, "cumsum", [op.inputs[0]], {
+        "axis": int(axis) % rank - 1, "exclusive": bool(op.get_attr("exclusive")),
+        "reverse": bool(op.get_attr("reverse"))}, [], [op], op.outputs[0])
     return ""
 
 

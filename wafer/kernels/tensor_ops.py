@@ -1,5 +1,5 @@
 """Weightless kernels that reduce, normalise or rearrange one sample's values: reduce,
-softmax (and log_softmax), transpose, slice (tf.strided_slice) and pad. Attrs name
+cumsum, softmax (and log_softmax), transpose, slice (tf.strided_slice) and pad. Attrs name
 per-sample axes (axis 0 is the sample's first axis, the micro-batch is never touched).
 Each backward is TensorFlow's registered gradient function (math_grad.py, nn_grad.py,
 array_grad.py) on the same float32 values, so results match TF's to rounding.
@@ -124,6 +124,53 @@ class Reduce(SampleKernel):
         selected = indicators.sum(axis=self.batch_axes, keepdims=True, dtype=np.float32)
         np.divide(indicators, selected, out=indicators)
         return [np.multiply(indicators, g, out=indicators)], {}
+
+
+def cumulative_sum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
+    """tf.cumsum along `axis` of the array: each element added in turn from the first (the
+    last: reverse), in float32 as TF's CPU scan; exclusive leaves the element itself out."""
+    if reverse:
+        x = np.flip(x, axis)
+    total = np.cumsum(x, axis=axis, dtype=x.dtype)
+    if exclusive:
+        total = np.roll(total, 1, axis)
+        total[(slice(None),) * axis + (0,)] = 0
+    return np.ascontiguousarray(np.flip(total, axis) if reverse else total)
+
+
+@register
+class Cumsum(SampleKernel):
+    """tf.cumsum along a per-sample `axis` (attrs exclusive, reverse). The gradient is the
+    cumulative sum of the upstream gradient the other way (_CumsumGrad)."""
+
+    type_name = "cumsum"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.one_input()
+        axis = self.attrs.get("axis")
+        flags = (self.attrs.get("exclusive", False), self.attrs.get("reverse", False))
+        if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < len(shape) or \
+                not all(isinstance(f, bool) for f in flags):
+            raise KernelError(f"kernel {name!r} (cumsum): needs a per-sample axis of {shape} "
+                              f"(0 to {len(shape) - 1}) and bool attrs exclusive and reverse, "
+                              f"got axis {axis!r}, exclusive {flags[0]!r}, reverse {flags[1]!r}")
+        self.axis = axis + 1  # on the micro-batch array
+        self.exclusive, self.reverse = flags
+
+    @property
+    def output_shape(self):
+        return self.input_shapes[0]
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER)])
+        return np.dtype(input_dtypes[0])
+
+    def forward(self, params, inputs, ctx: RunContext):
+        return cumulative_sum(inputs[0], self.axis, self.exclusive, self.reverse), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [cumulative_sum(grad_output, self.axis, self.exclusive, not self.reverse)], {}
 
 
 @register

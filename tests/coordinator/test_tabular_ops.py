@@ -1,0 +1,64 @@
+"""Ops that unseen tabular models needed (issue 21) train on the CS with TF's numbers and
+evaluate as the CPU path does: hashed crosses (tf.math.floormod of ids), ordinal cut-points
+(tf.cumsum on the weight program), tf.cumsum of activations, tf.math.floormod of floats,
+tf.floor, tf.math.ceil, tf.round; each kernel computes TF's values bit for bit."""
+import cs_inprocess
+import numpy as np
+import pytest
+import tabular_models as t
+import tensorflow as tf
+
+from wafer.kernels import RunContext, build_kernel
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_fn, input_fn, kernels", [
+    (t.hashed_cross, t.categorical_input_fn, {"binary", "one_hot", "gather"}),
+    (t.ordinal, t.ordinal_input_fn, {"cumsum"}),
+    (t.rounded_features, t.regression_input_fn, {"cumsum", "binary", "activation"}),
+], ids=["hashed_cross", "ordinal_cutpoints", "cumsum_floor_round"])
+def test_tabular_op_trains_like_tensorflow_and_evaluates_like_the_cpu(tmp_path, model_fn, input_fn,
+                                                                     kernels):
+    params = {"runconfig": {"tf_random_seed": 5}}
+    result = cs_inprocess.compare(model_fn, input_fn, params, str(tmp_path), steps=4)
+    program = result.compiled.program
+    assert kernels <= {k.type for k in (*program.kernels, *program.weight_program.kernels)}
+    assert not cs_inprocess.mismatches(result), cs_inprocess.mismatches(result)
+    assert not cs_inprocess.evaluation_mismatch(model_fn, input_fn, params, str(tmp_path), result)
+
+
+def _run(kind, attrs, x, y=None, grad=None):
+    kernel = build_kernel(kind, "k", attrs, [x.shape[1:]] + ([y.shape[1:]] if y is not None else []))
+    ctx = RunContext(training=True, batch_size=len(x))
+    out, cache = kernel.forward({}, [x] if y is None else [x, y], ctx)
+    if grad is None:
+        return out, None
+    return out, kernel.backward({}, cache, grad, ctx)[0]
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cumsum_is_tensorflows_forward_and_gradient(exclusive, reverse):
+    x = np.random.default_rng(0).normal(size=(3, 5, 7)).astype(np.float32) * 1e3
+    g = np.random.default_rng(1).normal(size=x.shape).astype(np.float32)
+    out, (dx,) = _run("cumsum", {"axis": 1, "exclusive": exclusive, "reverse": reverse}, x, grad=g)
+    tx = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(tx)
+        want = tf.cumsum(tx, axis=2, exclusive=exclusive, reverse=reverse)
+    np.testing.assert_array_equal(out, want.numpy())
+    np.testing.assert_array_equal(dx, tape.gradient(want, tx, output_gradients=tf.constant(g)).numpy())
+
+
+def test_floormod_floordiv_floor_ceil_round_are_tensorflows():
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.normal(size=(2, 8)) * 10, np.full((1, 8), 2.5),
+                        np.arange(-4, 4, dtype=np.float64)[None] * 0.5]).astype(np.float32)
+    y = np.where(rng.random(x.shape) < 0.5, -1.7, 1.3).astype(np.float32)
+    for op, fn in [("floor_mod", tf.math.floormod), ("floor_div", tf.math.floordiv)]:
+        np.testing.assert_array_equal(_run("binary", {"op": op, "operands": "ii"}, x, y)[0], fn(x, y).numpy())
+        ints = (x * 7).astype(np.int32), np.where(y < 0, -3, 4).astype(np.int32)
+        np.testing.assert_array_equal(_run("binary", {"op": op, "operands": "ii"}, *ints)[0],
+                                      fn(*ints).numpy())
+    for name, fn in [("floor", tf.floor), ("ceil", tf.math.ceil), ("round", tf.round)]:
+        np.testing.assert_array_equal(_run("activation", {"function": name}, x)[0], fn(x).numpy())
