@@ -76,7 +76,8 @@ def rounded_features(features, labels, mode, params):
     h = L.Dense(6, activation="tanh")(features)
     sums = tf.cumsum(h, axis=-1, reverse=True) + tf.cumsum(h, axis=1, exclusive=True)
     period = tf.math.floormod(L.Dense(6)(features), 1.7)
-    steps = tf.floor(features) + tf.math.ceil(features * 0.5)
+    steps = tf.floor(features) + tf.math.divide_no_nan(tf.math.ceil(features * 0.5),
+                                                       tf.round(features))
     rounded = h + tf.stop_gradient(tf.round(h * 4.0) / 4.0 - h)
     out = L.Dense(1)(tf.concat([sums, period, steps, rounded], 1))
     loss = v1.losses.huber_loss(labels, out)

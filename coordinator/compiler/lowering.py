@@ -29,7 +29,7 @@ UNARY = {"Neg": "neg", "Abs": "abs", "Square": "square", "Sqrt": "sqrt", "Rsqrt"
          "Softplus": "softplus", "LeakyRelu": "leaky_relu"}
 # TF op -> the `binary` kernel's op (numpy broadcasting = TF's).
 BINARY = {"Add": "add", "AddV2": "add", "BiasAdd": "add", "Sub": "sub", "Mul": "mul",
-          "RealDiv": "div", "Div": "div", "FloorDiv": "floor_div", "FloorMod": "floor_mod", "Maximum": "maximum", "Minimum": "minimum",
+          "RealDiv": "div", "Div": "div", "DivNoNan": "div_no_nan", "FloorDiv": "floor_div", "FloorMod": "floor_mod", "Maximum": "maximum", "Minimum": "minimum",
           "SquaredDifference": "squared_difference", "Pow": "pow", "Greater": "greater",
           "GreaterEqual": "greater_equal", "Less": "less", "LessEqual": "less_equal",
           "Equal": "equal", "NotEqual": "not_equal", "LogicalAnd": "logical_and",

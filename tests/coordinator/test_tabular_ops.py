@@ -1,7 +1,7 @@
 """Ops that unseen tabular models needed (issue 21) train on the CS with TF's numbers and
 evaluate as the CPU path does: hashed crosses (tf.math.floormod of ids), ordinal cut-points
 (tf.cumsum on the weight program), tf.cumsum of activations, tf.math.floormod of floats,
-tf.floor, tf.math.ceil, tf.round; each kernel computes TF's values bit for bit."""
+tf.math.divide_no_nan, tf.floor, tf.math.ceil, tf.round; each kernel computes TF's values bit for bit."""
 import cs_inprocess
 import numpy as np
 import pytest
@@ -50,11 +50,21 @@ def test_cumsum_is_tensorflows_forward_and_gradient(exclusive, reverse):
     np.testing.assert_array_equal(dx, tape.gradient(want, tx, output_gradients=tf.constant(g)).numpy())
 
 
-def test_floormod_floordiv_floor_ceil_round_are_tensorflows():
+def test_divnonan_floormod_floordiv_floor_ceil_round_are_tensorflows():
     rng = np.random.default_rng(2)
     x = np.concatenate([rng.normal(size=(2, 8)) * 10, np.full((1, 8), 2.5),
                         np.arange(-4, 4, dtype=np.float64)[None] * 0.5]).astype(np.float32)
     y = np.where(rng.random(x.shape) < 0.5, -1.7, 1.3).astype(np.float32)
+    y[0, :3] = 0
+    got, (dx, dy) = _run("binary", {"op": "div_no_nan", "operands": "ii"}, x, y, grad=np.ones_like(x))
+    tx, ty = tf.constant(x), tf.constant(y)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([tx, ty])
+        want = tf.math.divide_no_nan(tx, ty)
+    np.testing.assert_array_equal(got, want.numpy())
+    np.testing.assert_array_equal(dx, tape.gradient(want, tx).numpy())
+    np.testing.assert_array_equal(dy, tape.gradient(want, ty).numpy())
+    y[0, :3] = 1.3
     for op, fn in [("floor_mod", tf.math.floormod), ("floor_div", tf.math.floordiv)]:
         np.testing.assert_array_equal(_run("binary", {"op": op, "operands": "ii"}, x, y)[0], fn(x, y).numpy())
         ints = (x * 7).astype(np.int32), np.where(y < 0, -3, 4).astype(np.int32)

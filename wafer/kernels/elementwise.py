@@ -57,6 +57,14 @@ def _floor_mod(x, y):  # TF's FloorMod: the remainder with the divisor's sign (P
     return np.where((r != 0) & ((y < 0) != (r < 0)), r + y, r)
 
 
+def _div_no_nan(x, y):  # TF's DivNoNan: x / y, and 0 where y is 0
+    return where(np.asarray(y != 0), np.divide(x, y), None)
+
+
+def _grad_div_no_nan(x, y, z, g):  # _DivNoNanGrad: div_no_nan(g, y), g * div_no_nan(div_no_nan(-x, y), y)
+    return _div_no_nan(g, y), g * _div_no_nan(_div_no_nan(-x, y), y)
+
+
 def _grad_floor_mod(x, y, z, g):  # _FloorModGrad
     return g, g * -np.floor(x / y)
 
@@ -72,6 +80,7 @@ ARITHMETIC: dict[str, tuple[Callable[..., np.ndarray], Callable[..., tuple[np.nd
     "squared_difference": (lambda x, y: (x - y) * (x - y),
                            lambda x, y, z, g: ((_TWO * g) * (x - y), -((_TWO * g) * (x - y))), 2),
     "pow": (np.power, _grad_pow, 8),
+    "div_no_nan": (_div_no_nan, _grad_div_no_nan, 1),
     "floor_mod": (_floor_mod, _grad_floor_mod, 3),
     "floor_div": (_floor_div, lambda x, y, z, g: (np.zeros_like(g), np.zeros_like(g)), 2),  # TF: None
 }
