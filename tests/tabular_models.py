@@ -83,3 +83,15 @@ def rounded_features(features, labels, mode, params):
     loss = v1.losses.huber_loss(labels, out)
     return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
                  {"mae": v1.metrics.mean_absolute_error(labels, out)})
+
+
+def feature_columns(features, labels, mode, params):
+    """tf.feature_column's input layer: its categorical columns build SparseTensors."""
+    fc = v1.feature_column
+    columns = [fc.numeric_column("num", shape=(3,)),
+               fc.embedding_column(fc.categorical_column_with_identity("a", 5), 4),
+               fc.indicator_column(fc.categorical_column_with_identity("b", 4))]
+    logits = L.Dense(2)(fc.input_layer(features, columns))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
+                 {})

@@ -99,6 +99,12 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
                      "fixed-length sequences, which the compiler unrolls")
     elif op.type in RANDOM_OPS:
         m.reject(op, "random numbers are supported only as a dropout mask")
+    elif handler is None and (op.type == "Where" or op.type.startswith("Sparse")):
+        m.reject(op, "builds or reads a SparseTensor (tf.feature_column's categorical columns, "
+                     "tf.sparse, tf.nn.embedding_lookup_sparse, tf.where with one argument), "
+                     "whose size depends on the values: the CS computes fixed-size values; "
+                     "feed integer ids to tf.one_hot or a Keras Embedding (a bag: the masked "
+                     "tf.reduce_sum or mean of its rows)")
     elif handler is None:
         m.reject(op, "no CS kernel computes this op")
     else:

@@ -1,13 +1,18 @@
 """Ops that unseen tabular models needed (issue 21) train on the CS with TF's numbers and
 evaluate as the CPU path does: hashed crosses (tf.math.floormod of ids), ordinal cut-points
 (tf.cumsum on the weight program), tf.cumsum of activations, tf.math.floormod of floats,
-tf.math.divide_no_nan, tf.floor, tf.math.ceil, tf.round; each kernel computes TF's values bit for bit."""
+tf.math.divide_no_nan, tf.floor, tf.math.ceil, tf.round; each kernel computes TF's values bit
+for bit. tf.feature_column's sparse columns stay refused, in one line saying what to use."""
+import inspect
+
 import cs_inprocess
 import numpy as np
 import pytest
 import tabular_models as t
 import tensorflow as tf
 
+from common.errors import CSRunError
+from coordinator.compiler import compile_model
 from wafer.kernels import RunContext, build_kernel
 
 
@@ -72,3 +77,14 @@ def test_divnonan_floormod_floordiv_floor_ceil_round_are_tensorflows():
                                       fn(*ints).numpy())
     for name, fn in [("floor", tf.floor), ("ceil", tf.math.ceil), ("round", tf.round)]:
         np.testing.assert_array_equal(_run("activation", {"function": name}, x)[0], fn(x).numpy())
+
+
+def test_feature_columns_are_refused_naming_the_line_and_what_to_use(tmp_path):
+    with pytest.raises(CSRunError) as info:
+        compile_model(t.feature_columns, t.categorical_input_fn, {}, str(tmp_path), validate_only=True)
+    lines = inspect.getsource(t).splitlines()
+    line = next(i for i, text in enumerate(lines) if "fc.input_layer(" in text) + 1
+    assert "\n" not in str(info.value)
+    assert f"Where 'input_layer/a_embedding/to_sparse_input/indices' at tests/tabular_models.py:{line}: " \
+           "builds or reads a SparseTensor (tf.feature_column's categorical columns" in info.value.message
+    assert "feed integer ids to tf.one_hot or a Keras Embedding" in info.value.message
