@@ -1,5 +1,6 @@
 """Small tabular models written the way users write them, with the ops issue 21's unseen
-tabular models needed: a hashed feature cross (tf.math.floormod of integer ids), ordinal
+tabular models needed: a hashed feature cross (tf.math.floormod of integer ids) with class
+weights (tf.gather of a constant by label), ordinal
 regression with cut-points tf.cumsum(tf.nn.softplus(raw)), and features made with
 tf.cumsum (exclusive, reverse), tf.math.floormod of floats, tf.floor/ceil/round."""
 import numpy as np
@@ -44,13 +45,16 @@ def _spec(mode, loss, train_op, metrics):
 
 def hashed_cross(features, labels, mode, params):
     """Wide & deep with a hashed cross of two categorical ids (floormod into 11 buckets),
-    trained with FTRL."""
+    per-class loss weights gathered from a constant, trained with FTRL."""
     cross = tf.math.floormod(features["a"] * 131 + features["b"] * 17, 11)
     wide = L.Dense(2, use_bias=False)(tf.one_hot(cross, 11))
     deep = L.Dense(2)(L.Dense(8, activation="relu")(
         tf.concat([L.Embedding(11, 4)(cross), features["num"]], axis=1)))
     logits = wide + deep
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    class_weights = tf.gather(tf.constant([1.0, 3.0]), labels)
+    reduction = params.get("reduction", v1.losses.Reduction.SUM_OVER_BATCH_SIZE)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits, weights=class_weights,
+                                                  reduction=reduction)
     return _spec(mode, loss, lambda: v1.train.FtrlOptimizer(0.1).minimize(loss, global_step=gs()),
                  {"accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
 

@@ -394,8 +394,12 @@ def _gather(m: Context, op: tf.Operation) -> str:
     if isinstance(found, str):
         return found
     letters, inputs, attrs, params = found
+    if letters == "ci":  # a per-sample lookup in constants (class weights by label)
+        m.add_kernel(op.name, "gather", inputs, {"operands": letters, **attrs}, params, [op],
+                     op.outputs[0])
+        return ""
     if letters != "pi":
-        return "gathers from a constant table"
+        return "gathers from a constant table by constant indices"
     weight = m.operands.weight(table) or m.operands.view(table) or m.derived_weight(table)
     assert weight is not None, "letter p: _operands found the table's weight"
     m.add_kernel(m.scope(op, weight.variable), "gather", inputs, {"operands": letters, **attrs},
@@ -576,7 +580,8 @@ def supported_table() -> str:
                  + ", ".join(sorted(BINARY)) + " |")
     lines.append("| generic | " + ", ".join(others) + " |")
     lines.append("| `gather`, `sample_gather` | GatherV2, ResourceGather: an embedding lookup in a "
-                 "weight (axis 0; Keras Embedding, tf.nn.embedding_lookup); tf.gather(x, ids, "
+                 "weight (axis 0; Keras Embedding, tf.nn.embedding_lookup), or in a constant (class "
+                 "weights: tf.gather(weights, labels)); tf.gather(x, ids, "
                  "batch_dims=1) of a per-sample value at per-sample indices (BERT's masked "
                  "positions; a repeated index adds its gradients) |")
     lines.append("| `slice`, `top_k`, `is_finite` | StridedSlice with `...`, tf.newaxis after the batch "

@@ -1,5 +1,6 @@
 """Ops that unseen tabular models needed (issue 21) train on the CS with TF's numbers and
-evaluate as the CPU path does: hashed crosses (tf.math.floormod of ids), ordinal cut-points
+evaluate as the CPU path does: hashed crosses (tf.math.floormod of ids), class weights
+(tf.gather of a constant), ordinal cut-points
 (tf.cumsum on the weight program), tf.cumsum of activations, tf.math.floormod of floats,
 tf.math.divide_no_nan, tf.floor, tf.math.ceil, tf.round; each kernel computes TF's values bit
 for bit. tf.feature_column's sparse columns stay refused, in one line saying what to use."""
@@ -18,7 +19,7 @@ from wafer.kernels import RunContext, build_kernel
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_fn, input_fn, kernels", [
-    (t.hashed_cross, t.categorical_input_fn, {"binary", "one_hot", "gather"}),
+    (t.hashed_cross, t.categorical_input_fn, {"binary", "one_hot", "gather"}),  # a constant's too
     (t.ordinal, t.ordinal_input_fn, {"cumsum"}),
     (t.rounded_features, t.regression_input_fn, {"cumsum", "binary", "activation"}),
 ], ids=["hashed_cross", "ordinal_cutpoints", "cumsum_floor_round"])
@@ -88,3 +89,12 @@ def test_feature_columns_are_refused_naming_the_line_and_what_to_use(tmp_path):
     assert f"Where 'input_layer/a_embedding/to_sparse_input/indices' at tests/tabular_models.py:{line}: " \
            "builds or reads a SparseTensor (tf.feature_column's categorical columns" in info.value.message
     assert "feed integer ids to tf.one_hot or a Keras Embedding" in info.value.message
+
+
+def test_per_sample_weights_divided_by_their_count_are_refused_saying_which_reduction(tmp_path):
+    params = {"reduction": tf.compat.v1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS}
+    with pytest.raises(CSRunError) as info:
+        compile_model(t.hashed_cross, t.categorical_input_fn, params, str(tmp_path), validate_only=True)
+    assert "\n" not in str(info.value)
+    assert "DivNoNan 'sparse_softmax_cross_entropy_loss/value' at tests/tabular_models.py:" in info.value.message
+    assert "pass reduction=tf.compat.v1.losses.Reduction.SUM_OVER_BATCH_SIZE" in info.value.message
