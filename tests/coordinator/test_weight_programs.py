@@ -103,7 +103,7 @@ def test_the_weight_program_is_in_the_report_and_charged_once_a_step(compared):
 def test_an_op_the_cs_cannot_run_on_a_weight_is_refused_in_one_line(tmp_path):
     with pytest.raises(CSRunError) as refused:
         cs_inprocess.compile_checked(m.cumulative_kernel, m.input_fn, BASE, str(tmp_path))
-    assert "computes on weights with Cumsum 'Cumsum' at" in str(refused.value)
+    assert "computes on weights with Cumprod 'Cumprod' at" in str(refused.value)
     assert cs_inprocess.refusal_problem(refused.value, m.__file__, cs_inprocess.model_op_words(
         m.cumulative_kernel, m.input_fn, BASE)) == ""
 
