@@ -8,7 +8,8 @@ The matcher treats these ops as sources of per-sample values, like the program's
 (`DRAWS`). What stays refused, in one line naming the op: numbers not drawn one set per
 sample (a shape without the batch axis: shared by the batch, or a weight's noise), a shape
 computed from values, a stateless op with a constant seed (TF repeats its numbers every
-step), integer and categorical draws and shuffles, and candidate samplers.
+step), integer and categorical draws and shuffles, candidate samplers, and random numbers
+that meet the labels before any weight (label noise).
 """
 from __future__ import annotations
 
@@ -35,16 +36,18 @@ CANDIDATE_SAMPLERS = ("LogUniformCandidateSampler", "UniformCandidateSampler",
 USE_INSTEAD = ("draw floats per sample: tf.random.normal, truncated_normal or uniform of "
                "tf.shape(x), x a per-sample value")
 # The README's "Supported operations" row and refusal.
-KERNEL_ROWS = {"random": ("RandomStandardNormal, TruncatedNormal, RandomUniform and their stateless forms "
-             "of a per-sample shape (the batch axis first: tf.random.normal(tf.shape(x)), "
-             "tf.random.normal([batch, k]), tf.keras.backend.random_normal, truncated_normal, "
-             "uniform; a VAE's mean + tf.exp(0.5 * log_var) * eps, Keras GaussianNoise and "
-             "GaussianDropout in training, Gumbel noise): drawn on the CS, fresh every step and "
-             "in evaluation and prediction too, as TF's ops")}
-REFUSED = {"random numbers": ("other than dropout masks and the draws above: numbers shared by the batch or "
-           "drawn for weights, shapes computed from values, stateless ops with a constant "
-           "seed, integer and categorical draws, shuffles, candidate samplers "
-           "(tf.nn.nce_loss, sampled_softmax_loss)")}
+KERNEL_ROWS = {"random": (
+    "RandomStandardNormal, TruncatedNormal, RandomUniform and their stateless forms of a "
+    "per-sample shape (the batch axis first: tf.random.normal(tf.shape(x)), "
+    "tf.random.normal([batch, k]), tf.keras.backend.random_normal, truncated_normal, uniform; "
+    "a VAE's mean + tf.exp(0.5 * log_var) * eps, Keras GaussianNoise and GaussianDropout in "
+    "training, Gumbel noise): drawn on the CS, fresh every step and in evaluation and "
+    "prediction too, as TF's ops")}
+REFUSED = {"random numbers": (
+    "other than dropout masks and the draws above: numbers shared by the batch or drawn for "
+    "weights, shapes computed from values, stateless ops with a constant seed, integer and "
+    "categorical draws, shuffles, candidate samplers (tf.nn.nce_loss, sampled_softmax_loss), "
+    "noise on the labels")}
 
 
 def is_random(op_type: str) -> bool:
