@@ -207,7 +207,8 @@ def match_dropout(m: Context, op: tf.Operation) -> bool:
             select.type not in ("SelectV2", "Select") or select.inputs[1] is not op.outputs[0]:
         return False
     cond = select.inputs[0]
-    if cond.op.type != "GreaterEqual" or m.sole_consumer(cond) is not select:
+    reader = m.sole_consumer(cond)
+    if cond.op.type != "GreaterEqual" or reader is None or reader is not select:
         return False
     uniform, rate_t = cond.op.inputs
     rate_c, zero = m.operands.constant(rate_t), m.operands.constant(select.inputs[2])

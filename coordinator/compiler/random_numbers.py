@@ -98,10 +98,10 @@ def refusal(op_type: str) -> str:
 
 @generic(*DRAWS)
 def _draw(m: Context, op: tf.Operation) -> str:
-    shape = m.operands.constant(op.inputs[0])
-    if shape is None:
+    value = m.operands.constant(op.inputs[0])
+    if value is None:
         return f"the shape of its random numbers is computed from values: {USE_INSTEAD}"
-    shape = tuple(int(d) for d in np.atleast_1d(shape)) if np.ndim(shape) else ()
+    shape = tuple(int(d) for d in np.atleast_1d(value)) if np.ndim(value) else ()
     if not shape or shape[0] != m.batch_size:
         return (f"draws random numbers of shape {shape}, not one set per sample (shared by the "
                 f"batch of {m.batch_size}, or noise on weights): the CS draws random numbers "
