@@ -21,6 +21,7 @@ import tf_reference
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
 from tf_model import checkpoints
+from wafer.kernels import KernelError, build_kernel
 from wafer.kernels.random_numbers import TRUNCATE, draw
 
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
@@ -241,3 +242,8 @@ def test_the_draws_of_a_replay_are_the_kernels_values_not_a_stub(drawn):
     own = cs_inprocess.run_on_cs(result.compiled.program, result.compiled.initial_weights,
                                  tf_reference.batches(nm.input_fn, {**BASE, "autoencoder": True}, 4))
     assert own.losses != result.cs.losses
+
+
+def test_a_random_kernel_of_an_unknown_distribution_is_refused_at_load():
+    with pytest.raises(KernelError, match="a distribution among normal, truncated_normal, uniform"):
+        build_kernel("random", "r", {"distribution": "poisson", "shape": [3]}, [(4,)])
