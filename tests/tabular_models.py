@@ -99,3 +99,11 @@ def feature_columns(features, labels, mode, params):
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
                  {})
+
+
+def keras_optimizer(features, labels, mode, params):
+    """A Keras optimizer in an Estimator model_fn (TF 2.21's Keras 3 builds no graph train op)."""
+    logits = L.Dense(2)(features["num"])
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    optimizer = tf.keras.optimizers.Nadam(1e-2)
+    return _spec(mode, loss, lambda: optimizer.minimize(loss, var_list=v1.trainable_variables()), {})

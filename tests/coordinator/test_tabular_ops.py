@@ -98,3 +98,11 @@ def test_per_sample_weights_divided_by_their_count_are_refused_saying_which_redu
     assert "\n" not in str(info.value)
     assert "DivNoNan 'sparse_softmax_cross_entropy_loss/value' at tests/tabular_models.py:" in info.value.message
     assert "pass reduction=tf.compat.v1.losses.Reduction.SUM_OVER_BATCH_SIZE" in info.value.message
+
+
+def test_a_keras_optimizer_in_model_fn_is_refused_saying_which_optimizers_work(tmp_path):
+    with pytest.raises(CSRunError) as info:
+        compile_model(t.keras_optimizer, t.categorical_input_fn, {}, str(tmp_path), validate_only=True)
+    assert "\n" not in str(info.value)
+    assert info.value.message.startswith("model_fn raised AttributeError at tests/tabular_models.py:")
+    assert "use a tf.compat.v1.train optimizer" in info.value.hint
