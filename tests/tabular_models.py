@@ -83,7 +83,8 @@ def rounded_features(features, labels, mode, params):
     steps = tf.floor(features) + tf.math.divide_no_nan(tf.math.ceil(features * 0.5),
                                                        tf.round(features))
     rounded = h + tf.stop_gradient(tf.round(h * 4.0) / 4.0 - h)
-    out = L.Dense(1)(tf.concat([sums, period, steps, rounded], 1))
+    none = tf.reduce_prod(1.0 - tf.sigmoid(h), axis=1, keepdims=True)  # a noisy-OR's complement
+    out = L.Dense(1)(tf.concat([sums, period, steps, rounded, none], 1))
     loss = v1.losses.huber_loss(labels, out)
     return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
                  {"mae": v1.metrics.mean_absolute_error(labels, out)})

@@ -34,7 +34,7 @@ BINARY = {"Add": "add", "AddV2": "add", "BiasAdd": "add", "Sub": "sub", "Mul": "
           "GreaterEqual": "greater_equal", "Less": "less", "LessEqual": "less_equal",
           "Equal": "equal", "NotEqual": "not_equal", "LogicalAnd": "logical_and",
           "LogicalOr": "logical_or"}
-REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min"}
+REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min", "Prod": "prod"}
 RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
 # What the weight program (weight_program.py) computes on weights alone: element-wise ops,
 # arithmetic of weights and constants (TF op -> the binary kernel's op), reductions, reshapes,

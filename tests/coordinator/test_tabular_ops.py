@@ -21,7 +21,7 @@ from wafer.kernels import RunContext, build_kernel
 @pytest.mark.parametrize("model_fn, input_fn, kernels", [
     (t.hashed_cross, t.categorical_input_fn, {"binary", "one_hot", "gather"}),  # a constant's too
     (t.ordinal, t.ordinal_input_fn, {"cumsum"}),
-    (t.rounded_features, t.regression_input_fn, {"cumsum", "binary", "activation"}),
+    (t.rounded_features, t.regression_input_fn, {"cumsum", "binary", "activation", "reduce"}),
 ], ids=["hashed_cross", "ordinal_cutpoints", "cumsum_floor_round"])
 def test_tabular_op_trains_like_tensorflow_and_evaluates_like_the_cpu(tmp_path, model_fn, input_fn,
                                                                      kernels):
@@ -106,3 +106,19 @@ def test_a_keras_optimizer_in_model_fn_is_refused_saying_which_optimizers_work(t
     assert "\n" not in str(info.value)
     assert info.value.message.startswith("model_fn raised AttributeError at tests/tabular_models.py:")
     assert "use a tf.compat.v1.train optimizer" in info.value.hint
+
+
+@pytest.mark.parametrize("axes", [[1], [0, 2]])
+def test_reduce_prod_is_tensorflows_forward_and_gradient_with_zeros(axes):
+    x = np.random.default_rng(3).uniform(0.5, 1.5, size=(3, 4, 5, 2)).astype(np.float32)
+    x[0, 1, 2, 0] = x[1, 2, 3, 1] = x[1, 0, 3, 1] = 0  # one zero, and two in one product
+    kept = [d for a, d in enumerate(x.shape[1:]) if a not in axes]
+    g = np.random.default_rng(4).normal(size=(3, *kept)).astype(np.float32)
+    out, (dx,) = _run("reduce", {"op": "prod", "axes": axes, "keepdims": False}, x, grad=g)
+    tx = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(tx)
+        want = tf.reduce_prod(tx, axis=[a + 1 for a in axes])
+    np.testing.assert_allclose(out, want.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(dx, tape.gradient(want, tx, output_gradients=tf.constant(g)).numpy(),
+                               rtol=1e-6)

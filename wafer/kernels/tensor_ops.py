@@ -48,14 +48,16 @@ class Rearrangement(SampleKernel):
         return np.dtype(input_dtypes[0])
 
 
-REDUCTIONS = ("sum", "mean", "max", "min")
+REDUCTIONS = ("sum", "mean", "max", "min", "prod")
 
 
 @register
 class Reduce(SampleKernel):
-    """tf.reduce_{sum, mean, max, min} over per-sample `axes` (attr keepdims). Gradients:
-    _SumGrad broadcasts, _MeanGrad divides by the reduced count, _MinOrMaxGrad splits the
-    gradient equally among the elements equal to the result (ties)."""
+    """tf.reduce_{sum, mean, max, min, prod} over per-sample `axes` (attr keepdims).
+    Gradients: _SumGrad broadcasts, _MeanGrad divides by the reduced count, _MinOrMaxGrad
+    splits the gradient equally among the elements equal to the result (ties), _ProdGrad
+    multiplies by the product of the other elements (exclusive cumulative products from
+    both ends: exact with zeros)."""
 
     type_name = "reduce"
 
@@ -97,7 +99,8 @@ class Reduce(SampleKernel):
     def activation_bytes_per_sample(self) -> int:
         if self.op in ("sum", "mean"):
             return 0
-        return 4 * (math.prod(self.input_shapes[0]) + math.prod(self.kept))
+        kept = math.prod(self.kept) if self.op != "prod" else 0
+        return 4 * (math.prod(self.input_shapes[0]) + kept)
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
@@ -106,6 +109,9 @@ class Reduce(SampleKernel):
             if self.op == "mean":
                 y /= self.count
             cache = None
+        elif self.op == "prod":
+            y = np.prod(x, axis=self.batch_axes, keepdims=True, dtype=x.dtype)
+            cache = (x, y)
         else:
             y = (np.max if self.op == "max" else np.min)(x, axis=self.batch_axes, keepdims=True)
             cache = (x, y)
@@ -120,10 +126,31 @@ class Reduce(SampleKernel):
         if self.op == "mean":
             return [np.broadcast_to(g / self.count, full).copy()], {}
         x, y = cache
+        if self.op == "prod":
+            return [np.multiply(self._others_product(x), g, dtype=np.float32)], {}
         indicators = (y == x).astype(np.float32)
         selected = indicators.sum(axis=self.batch_axes, keepdims=True, dtype=np.float32)
         np.divide(indicators, selected, out=indicators)
         return [np.multiply(indicators, g, out=indicators)], {}
+
+    def _others_product(self, x: np.ndarray) -> np.ndarray:
+        """For each element, the product of the others it was reduced with (_ProdGrad: the
+        reduced axes flattened into one, left and right exclusive cumulative products)."""
+        others = tuple(a for a in range(x.ndim) if a not in self.batch_axes)
+        perm = (*self.batch_axes, *others)
+        permuted = x.transpose(perm)
+        flat = permuted.reshape(int(self.count), -1)
+        product = _exclusive_cumprod(flat, False) * _exclusive_cumprod(flat, True)
+        return product.reshape(permuted.shape).transpose(np.argsort(perm))
+
+
+def _exclusive_cumprod(x: np.ndarray, reverse: bool) -> np.ndarray:
+    """tf.math.cumprod(x, axis=0, exclusive=True, reverse=reverse) in float32 order."""
+    if reverse:
+        x = x[::-1]
+    out = np.ones_like(x)
+    np.cumprod(x[:-1], axis=0, dtype=x.dtype, out=out[1:])
+    return out[::-1] if reverse else out
 
 
 def cumulative_sum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
