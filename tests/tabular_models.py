@@ -1,8 +1,9 @@
 """Small tabular models written the way users write them, with the ops issue 21's unseen
 tabular models needed: a hashed feature cross (tf.math.floormod of integer ids) with class
-weights (tf.gather of a constant by label), ordinal
-regression with cut-points tf.cumsum(tf.nn.softplus(raw)), and features made with
-tf.cumsum (exclusive, reverse), tf.math.floormod of floats, tf.floor/ceil/round."""
+weights (tf.gather of a constant by label), ordinal regression with cut-points
+tf.cumsum(tf.nn.softplus(raw)), and features made with tf.cumsum (exclusive, reverse),
+tf.math.floormod of floats, tf.floor/ceil/round, tf.math.divide_no_nan, tf.reduce_prod; and
+what stays refused (tf.feature_column's sparse columns, a Keras optimizer)."""
 import numpy as np
 import tensorflow as tf
 
@@ -75,8 +76,9 @@ def ordinal(features, labels, mode, params):
 
 def rounded_features(features, labels, mode, params):
     """Running sums of a hidden layer (tf.cumsum reverse and exclusive), a periodic feature
-    (tf.math.floormod of floats, whose gradient flows), tf.floor/tf.math.ceil of the inputs
-    and a straight-through tf.round."""
+    (tf.math.floormod of floats, whose gradient flows), tf.floor, tf.math.ceil and
+    tf.math.divide_no_nan of the inputs, a straight-through tf.round and a noisy-OR's
+    tf.reduce_prod."""
     h = L.Dense(6, activation="tanh")(features)
     sums = tf.cumsum(h, axis=-1, reverse=True) + tf.cumsum(h, axis=1, exclusive=True)
     period = tf.math.floormod(L.Dense(6)(features), 1.7)

@@ -1,9 +1,9 @@
 """Ops that unseen tabular models needed (issue 21) train on the CS with TF's numbers and
 evaluate as the CPU path does: hashed crosses (tf.math.floormod of ids), class weights
-(tf.gather of a constant), ordinal cut-points
-(tf.cumsum on the weight program), tf.cumsum of activations, tf.math.floormod of floats,
-tf.math.divide_no_nan, tf.floor, tf.math.ceil, tf.round; each kernel computes TF's values bit
-for bit. tf.feature_column's sparse columns stay refused, in one line saying what to use."""
+(tf.gather of a constant), ordinal cut-points (tf.cumsum on the weight program), tf.cumsum of
+activations, tf.math.floormod of floats, tf.math.divide_no_nan, tf.floor, tf.math.ceil,
+tf.round, tf.reduce_prod; each kernel computes TF's values (bit for bit, but reduce_prod's
+order of products). What stays refused says so in one line with what to use instead."""
 import inspect
 
 import cs_inprocess
