@@ -7,15 +7,28 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from tests.fc_mnist_runs import ENV
+
+T = TypeVar("T")
 
 
 def start(argv: list[str], cwd: Path, **popen) -> subprocess.Popen:
     """`python argv…` in `cwd` with the tests' environment, its stdout and stderr piped."""
     return subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, **{"env": ENV, **popen})
+
+
+def together(*calls: Callable[[], T]) -> list[T]:
+    """Each call at once, in a thread of its own (independent runs, e.g. the CPU path's beside
+    the CS's, share the machine's cores); their results in order, or the first call's error."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]
 
 
 def wait_for_line(process: subprocess.Popen, pattern: str, timeout: float = 240) -> list[str]:

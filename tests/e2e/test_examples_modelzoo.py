@@ -8,6 +8,7 @@ path does; its model reads `model.mixed_precision` for its Keras policy and
 from __future__ import annotations
 
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import tensorflow as tf
 import yaml
 from cs_inprocess import compile_checked
 from fc_mnist_runs import ENV, REPO, eval_results, losses
+from processes import together
 
 from cs_api.attrs import from_attr
 from examples.modelzoo_fc_mnist import data, model
@@ -86,9 +88,10 @@ def test_modelzoo_fc_mnist_trains_mixed_on_the_jobs_cs_in_every_task_like_the_cp
     params["model"]["dropout"] = 0.0  # the CS draws dropout masks of its own: no step-for-step parity
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     args = ["-p", str(tmp_path / "params.yaml")]
-    cpu = run(["python", str(EXAMPLE / "run.py"), "--mode", "train", *args, "-o", "cpu"], tmp_path)
-    cs = run(["csrun_wse", "--tasks-per-node", "3", "--job-dir", "job", "python", str(EXAMPLE / "run.py"),
-              "--mode", "train", *args, "-o", "cs"], tmp_path)
+    cpu, cs = together(partial(run, ["python", str(EXAMPLE / "run.py"), "--mode", "train", *args, "-o", "cpu"],
+                               tmp_path),
+                       partial(run, ["csrun_wse", "--tasks-per-node", "3", "--job-dir", "job", "python",
+                                     str(EXAMPLE / "run.py"), "--mode", "train", *args, "-o", "cs"], tmp_path))
     assert "Simulated CS system:" in cs.stdout, cs.stdout + cs.stderr  # the chief trained on the CS
     assert sorted(losses(cs.stdout)) == list(range(1, STEPS + 1))
     on_cs = np.array([losses(cs.stdout)[s] for s in range(1, STEPS + 1)])
@@ -100,9 +103,10 @@ def test_modelzoo_fc_mnist_trains_mixed_on_the_jobs_cs_in_every_task_like_the_cp
         log = next((tmp_path / "job").glob(f"*_{worker}_log.out")).read_text()
         assert f"input worker {worker - 1}: sent" in log, log
     evaluate = ["--mode", "eval", "--eval_steps", "3", *args, "-o", "cs"]
-    cpu_eval = eval_results(run(["python", str(EXAMPLE / "run.py"), *evaluate], tmp_path).stdout)
-    cs_eval = eval_results(run(["csrun_wse", "--job-dir", "eval_job", "python", str(EXAMPLE / "run.py"),
-                                *evaluate], tmp_path).stdout)
+    cpu_eval, cs_eval = (eval_results(done.stdout) for done in together(
+        partial(run, ["python", str(EXAMPLE / "run.py"), *evaluate], tmp_path),
+        partial(run, ["csrun_wse", "--job-dir", "eval_job", "python", str(EXAMPLE / "run.py"), *evaluate],
+                tmp_path)))
     served = (tmp_path / "eval_job" / "wse_sim.log").read_text()
     assert "loaded job eval_job: program" in served, served  # it evaluated on the CS
     assert cpu_eval["global_step"] == cs_eval["global_step"] == STEPS

@@ -6,6 +6,7 @@ path's losses and evaluates there; and the modelzoo's loss-scaling keys
 from __future__ import annotations
 
 import subprocess
+from functools import partial
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import tensorflow as tf
 import yaml
 from cs_inprocess import compare, compile_checked, evaluation_mismatch, mismatches
 from fc_mnist_runs import ENV, REPO, eval_results, losses
+from processes import together
 
 from common.errors import CSRunError
 from cs_api.attrs import from_attr
@@ -149,18 +151,18 @@ def test_bert_mlm_trains_under_csrun_wse_with_the_cpu_losses_and_evaluates_on_th
     params["optimizer"]["learning_rate"][0].update(steps=10)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     script, args = str(EXAMPLE / "run.py"), ["-p", str(tmp_path / "params.yaml")]
-    cpu = run(["python", script, "--mode", "train", *args, "-o", "cpu"], tmp_path)
-    cs = run(["csrun_wse", "--job-dir", "job", "python", script, "--mode", "train", *args, "-o", "cs"],
-             tmp_path)
+    cpu, cs = together(partial(run, ["python", script, "--mode", "train", *args, "-o", "cpu"], tmp_path),
+                       partial(run, ["csrun_wse", "--job-dir", "job", "python", script, "--mode", "train",
+                                    *args, "-o", "cs"], tmp_path))
     assert "Simulated CS system:" in cs.stdout, cs.stdout + cs.stderr
     on_cs = np.array([losses(cs.stdout)[s] for s in range(1, 61)])
     on_cpu = np.array([losses(cpu.stdout)[s] for s in range(1, 61)])
     assert np.all(np.abs(on_cs - on_cpu) / on_cpu < 1e-2), (on_cs, on_cpu)
     assert on_cs[-5:].mean() < 0.9 * on_cs[:5].mean()  # it learns (measured: 27.7 to 23.4)
     evaluate = ["--mode", "eval", "--eval_steps", "3", *args, "-o", "cs"]
-    cpu_eval = eval_results(run(["python", script, *evaluate], tmp_path).stdout)
-    cs_eval = eval_results(run(["csrun_wse", "--job-dir", "eval_job", "python", script, *evaluate],
-                               tmp_path).stdout)
+    cpu_eval, cs_eval = (eval_results(done.stdout) for done in together(
+        partial(run, ["python", script, *evaluate], tmp_path),
+        partial(run, ["csrun_wse", "--job-dir", "eval_job", "python", script, *evaluate], tmp_path)))
     assert "loaded job eval_job: program" in (tmp_path / "eval_job" / "wse_sim.log").read_text()
     assert cpu_eval["global_step"] == cs_eval["global_step"] == 60
     assert cs_eval["masked_lm_accuracy"] == pytest.approx(cpu_eval["masked_lm_accuracy"], abs=1e-6)
@@ -184,9 +186,9 @@ def test_skipped_steps_leave_the_global_step_on_the_cs_as_on_the_cpu_and_a_resum
     for max_steps in (8, 12):
         params["runconfig"]["max_steps"] = max_steps
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-        cpu = run(["python", script, "--mode", "train", *args, "-o", "cpu"], tmp_path)
-        cs = run(["csrun_wse", "--job-dir", f"job{max_steps}", "python", script, "--mode", "train",
-                  *args, "-o", "cs"], tmp_path)
+        cpu, cs = together(partial(run, ["python", script, "--mode", "train", *args, "-o", "cpu"], tmp_path),
+                           partial(run, ["csrun_wse", "--job-dir", f"job{max_steps}", "python", script,
+                                        "--mode", "train", *args, "-o", "cs"], tmp_path))
         on_cpu, on_cs = losses(cpu.stdout), losses(cs.stdout)
         assert sorted(on_cs) == sorted(on_cpu) and len(on_cs) >= 4, (cs.stdout, cpu.stdout)
         assert all(abs(on_cs[s] - on_cpu[s]) < 1e-2 * on_cpu[s] for s in on_cpu), (on_cs, on_cpu)
