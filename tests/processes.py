@@ -1,9 +1,13 @@
 """Real processes in tests: start one with the test environment, read its stdout up to a
-line, and find the processes a job left behind."""
+line, run several at once, and find the processes a job left behind; and a `python run.py`
+run in this process where the run is a reference, not what the test is about."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
+import runpy
 import subprocess
 import sys
 import time
@@ -21,6 +25,22 @@ def start(argv: list[str], cwd: Path, **popen) -> subprocess.Popen:
     """`python argv…` in `cwd` with the tests' environment, its stdout and stderr piped."""
     return subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, **{"env": ENV, **popen})
+
+
+def run_py_in_process(script: Path, argv: list[str], cwd: Path) -> str:
+    """`python SCRIPT ARGV…` in `cwd`, run in this process (no interpreter or TensorFlow
+    start-up): its standard output. Its exit must be a success."""
+    out = io.StringIO()
+    saved = sys.argv
+    sys.argv = [str(script), *map(str, argv)]
+    try:
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out):
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as ended:
+        assert ended.code in (None, 0), out.getvalue()
+    finally:
+        sys.argv = saved
+    return out.getvalue()
 
 
 def together(*calls: Callable[[], T]) -> list[T]:

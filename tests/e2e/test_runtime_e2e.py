@@ -1,6 +1,6 @@
-"""The CS runtime end to end: real `csrun_wse` and `python run.py` subprocesses on FC-MNIST.
+"""The CS runtime end to end: real `csrun_wse` subprocesses on FC-MNIST.
 
-One CPU reference run (`python run.py`, plain TensorFlow) and one unbroken CS run
+One CPU reference run (run.py in this process, plain TensorFlow) and one unbroken CS run
 (chief + 1 input worker + embedded simulator) are shared by the tests of this module.
 Runs are short (12 Adam steps): the simulator's float32 GEMMs sum in another order than
 TensorFlow's, and a ReLU whose input rounds across 0 then flips one sample's gradient,
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import yaml
 from fc_mnist_runs import ENV, EXAMPLE, REPO, eval_results, fc_mnist_params, losses
-from processes import together
+from processes import run_py_in_process, together
 
 from common.errors import CSRunError
 from cs_api.client import CSClient
@@ -40,11 +40,9 @@ def write_params(folder: Path, **runconfig) -> Path:
     return fc_mnist_params(folder, steps=STEPS, every=EVERY, **runconfig)
 
 
-def run_py(args: list, timeout: float = 300) -> subprocess.CompletedProcess:
-    result = subprocess.run(["python", "run.py", *map(str, args)], cwd=EXAMPLE, env=ENV,
-                            capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result
+def in_process(args: list) -> str:
+    """`python run.py ARGS` of the example, in this process (the CPU path): its output."""
+    return run_py_in_process(EXAMPLE / "run.py", args, EXAMPLE)
 
 
 def csrun_wse_command(job_dir: Path, tasks: int, args: list, script: str = "run.py",
@@ -99,14 +97,14 @@ class Run:
 
 @pytest.fixture(scope="module")
 def reference_runs(tmp_path_factory) -> tuple[Run, Run]:
-    """The CPU reference and an unbroken CS run (chief + 1 input worker + the embedded
-    simulator), run at once."""
+    """The CPU reference (run.py in process) and an unbroken CS run (chief + 1 input worker +
+    the embedded simulator), run at once."""
     cpu, cs = tmp_path_factory.mktemp("cpu"), tmp_path_factory.mktemp("cs")
     cpu_params, cs_params = write_params(cpu), write_params(cs)
     on_cpu, on_cs = together(
-        partial(run_py, ["--mode", "train", "-p", cpu_params, "-o", cpu / "model"]),
+        partial(in_process, ["--mode", "train", "-p", cpu_params, "-o", cpu / "model"]),
         partial(csrun_wse, cs / "job", 2, ["--mode", "train", "-p", cs_params, "-o", cs / "model"]))
-    return Run(cpu, cpu_params, cpu / "model", on_cpu.stdout), Run(cs, cs_params, cs / "model", on_cs.stdout)
+    return Run(cpu, cpu_params, cpu / "model", on_cpu), Run(cs, cs_params, cs / "model", on_cs.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -177,8 +175,8 @@ def test_every_worker_count_trains_like_the_cpu_path(tmp_path, cpu_reference, ta
 # ---- checkpoints cross between the paths ----
 def test_cs_checkpoint_evaluates_the_same_on_the_cpu_and_the_cs(cs_run):
     args = ["--mode", "eval", "--eval_steps", EVAL_STEPS, "-p", cs_run.params, "-o", cs_run.model_dir]
-    cpu, cs = (eval_results(done.stdout) for done in together(
-        partial(run_py, args), partial(csrun_wse, cs_run.folder / "eval_job", 2, args)))
+    on_cpu, on_cs = together(partial(in_process, args), partial(csrun_wse, cs_run.folder / "eval_job", 2, args))
+    cpu, cs = eval_results(on_cpu), eval_results(on_cs.stdout)
     assert cpu["global_step"] == cs["global_step"] == STEPS
     assert cs["accuracy"] == pytest.approx(cpu["accuracy"], abs=1e-6)
     assert cs["loss"] == pytest.approx(cpu["loss"], rel=1e-4)
@@ -187,7 +185,7 @@ def test_cs_checkpoint_evaluates_the_same_on_the_cpu_and_the_cs(cs_run):
 def test_cs_predictions_equal_the_cpu_paths(cs_run):
     args = ["--mode", "predict", "-p", cs_run.params, "-o", cs_run.model_dir]
     target = cs_run.model_dir / "predict" / f"predictions-{STEPS}.npz"
-    run_py(args)
+    in_process(args)
     with np.load(target) as f:
         cpu = dict(f)
     target.unlink()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 from fc_mnist_runs import ENV, losses
-from processes import together
+from processes import run_py_in_process, together
 
 from slurm.task_logs import task_hosts
 from tf_model import checkpoints
@@ -101,11 +101,9 @@ def placement(folder: Path, job: str, jid: str, num_tasks: int) -> list[tuple[st
 
 @pytest.fixture(scope="module")
 def cpu_losses(tmp_path_factory) -> dict[int, float]:
+    """The user's run.py on the CPU (in process): its losses."""
     folder = write_user_dir(tmp_path_factory.mktemp("cpu"), steps=12)
-    done = subprocess.run(["python", "run.py", "--mode", "train"], cwd=folder, env=ENV, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return losses(done.stdout)
+    return losses(run_py_in_process(folder / "run.py", ["--mode", "train"], folder))
 
 
 @pytest.fixture(scope="module")
