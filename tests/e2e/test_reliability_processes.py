@@ -85,9 +85,7 @@ def test_kill_9_of_csrun_wse_ends_its_embedded_cs_and_then_its_tasks(tmp_path):
 def test_a_job_with_nothing_to_do_ends_at_once_and_tells_its_workers(tmp_path):
     params = _write_params(tmp_path)
     model_dir = tmp_path / "m"
-    first = subprocess.run([sys.executable, RUN_PY, "-p", str(params), "-o", str(model_dir)], env=ENV,
-                           capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
+    run_py_in_process(EXAMPLE / "run.py", ["-p", params, "-o", model_dir], tmp_path)  # to its max_steps
     job_dir = tmp_path / "job"
     done = subprocess.run([sys.executable, "-m", "launcher.csrun_wse", "--tasks-per-node", "3", "--job-dir",
                            str(job_dir), "python", RUN_PY, "-p", str(params), "-o", str(model_dir)],
