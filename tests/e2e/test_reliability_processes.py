@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 from launcher.csrun_wse import free_port
 from tests.e2e.test_reliability_bad_inputs import _write_params
 from tests.fc_mnist_runs import ENV, EXAMPLE, losses
-from tests.processes import left_running, run_py_in_process, start, together, wait_for_line
+from tests.processes import left_running, run_py_in_process, start, wait_for_line
 from tf_model import checkpoints
 
 pytestmark = pytest.mark.slow
@@ -140,12 +139,11 @@ def test_a_second_run_on_a_model_dir_is_refused_naming_the_first(tmp_path):
     first = start([RUN_PY, "-p", str(params), "-o", str(model_dir)], tmp_path)
     try:
         wait_for_line(first, r"^global step \d+:")
-        second, job = together(  # both at once, while the first holds the model_dir
-            partial(subprocess.run, [sys.executable, RUN_PY, "-p", str(params), "-o", str(model_dir)], env=ENV,
-                    capture_output=True, text=True, timeout=300),
-            partial(subprocess.run, [sys.executable, "-m", "launcher.csrun_wse", "--job-dir", str(tmp_path / "job"),
-                                     "python", RUN_PY, "-p", str(params), "-o", str(model_dir)], cwd=tmp_path,
-                    env=ENV, capture_output=True, text=True, timeout=300))
+        second = subprocess.run([sys.executable, RUN_PY, "-p", str(params), "-o", str(model_dir)], env=ENV,
+                                capture_output=True, text=True, timeout=300)
+        job = subprocess.run([sys.executable, "-m", "launcher.csrun_wse", "--job-dir", str(tmp_path / "job"),
+                              "python", RUN_PY, "-p", str(params), "-o", str(model_dir)], cwd=tmp_path,
+                             env=ENV, capture_output=True, text=True, timeout=300)
     finally:
         first.kill()
         first.wait()
