@@ -501,16 +501,19 @@ def _slice(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-@generic("Pad", "PadV2")
+@generic("Pad", "PadV2", "MirrorPad")
 def _pad(m: Context, op: tf.Operation) -> str:
+    """tf.pad: CONSTANT (Pad, PadV2), REFLECT and SYMMETRIC (MirrorPad)."""
     paddings = m.operands.constant(op.inputs[1])
     value = m.operands.constant(op.inputs[2]) if op.type == "PadV2" else np.float32(0)
     if paddings is None or value is None or np.any(paddings[0] != 0):
         return "pads the batch axis or with non-constant paddings"
     if not has_kernel("pad"):
         return "the CS has no pad kernel"
-    m.add_kernel(op.name, "pad", [op.inputs[0]], {"paddings": [int(p) for p in paddings[1:].ravel()],
-                                                 "value": float(value)}, [], [op], op.outputs[0])
+    attrs = {"paddings": [int(p) for p in paddings[1:].ravel()], "value": float(value)}
+    if op.type == "MirrorPad":
+        attrs["mode"] = op.get_attr("mode").decode()
+    m.add_kernel(op.name, "pad", [op.inputs[0]], attrs, [], [op], op.outputs[0])
     return ""
 
 
