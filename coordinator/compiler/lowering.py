@@ -290,8 +290,10 @@ def _concat(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-@generic(*REDUCTIONS)
+@generic(*REDUCTIONS, "Any", "All")
 def _reduce(m: Context, op: tf.Operation) -> str:
+    """tf.reduce_{sum, mean, max, min} over a sample's axes, and reduce_{any, all} of a bool
+    value (Keras' Masking layer)."""
     constant = m.operands.constant(op.inputs[1])
     rank = len(static_shape(op.inputs[0]))
     if constant is None:
@@ -300,7 +302,7 @@ def _reduce(m: Context, op: tf.Operation) -> str:
         return "the CS has no reduce kernel"
     axes = sorted({int(a) % rank for a in np.atleast_1d(constant)})
     m.add_kernel(op.name, "reduce", [op.inputs[0]],
-                 {"op": REDUCTIONS[op.type], "axes": [a - 1 for a in axes],
+                 {"op": REDUCTIONS.get(op.type, op.type.lower()), "axes": [a - 1 for a in axes],
                   "keepdims": bool(op.get_attr("keep_dims"))}, [], [op], op.outputs[0])
     return ""
 

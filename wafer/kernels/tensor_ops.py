@@ -48,12 +48,14 @@ class Rearrangement(SampleKernel):
         return np.dtype(input_dtypes[0])
 
 
-REDUCTIONS = ("sum", "mean", "max", "min")
+REDUCTIONS = ("sum", "mean", "max", "min", "any", "all")
+LOGICAL_REDUCTIONS = ("any", "all")  # of bool values, no gradient
 
 
 @register
 class Reduce(SampleKernel):
-    """tf.reduce_{sum, mean, max, min} over per-sample `axes` (attr keepdims). Gradients:
+    """tf.reduce_{sum, mean, max, min} over per-sample `axes` (attr keepdims), and
+    reduce_{any, all} of bool values (no gradient). Gradients:
     _SumGrad broadcasts, _MeanGrad divides by the reduced count, _MinOrMaxGrad splits the
     gradient equally among the elements equal to the result (ties)."""
 
@@ -87,9 +89,15 @@ class Reduce(SampleKernel):
         return self._shape
 
     def output_dtype(self, input_dtypes):
+        if self.op in LOGICAL_REDUCTIONS:
+            check_dtypes(self, input_dtypes, [(np.bool_,)])
+            return np.dtype(np.bool_)
         integer = () if self.op == "mean" else INTEGER  # TF's integer mean truncates
         check_dtypes(self, input_dtypes, [(np.float32, *integer)])
         return np.dtype(input_dtypes[0])
+
+    def input_differentiable(self, index: int) -> bool:
+        return self.op not in LOGICAL_REDUCTIONS
 
     def flops_per_sample(self) -> float:
         return float(math.prod(self.input_shapes[0]))
@@ -105,6 +113,9 @@ class Reduce(SampleKernel):
             y = np.sum(x, axis=self.batch_axes, keepdims=True, dtype=x.dtype)
             if self.op == "mean":
                 y /= self.count
+            cache = None
+        elif self.op in LOGICAL_REDUCTIONS:
+            y = (np.any if self.op == "any" else np.all)(x, axis=self.batch_axes, keepdims=True)
             cache = None
         else:
             y = (np.max if self.op == "max" else np.min)(x, axis=self.batch_axes, keepdims=True)
