@@ -587,7 +587,9 @@ def supported_table() -> str:
                  "kernels to the weights |")
     lines.append("| sequences | Keras LSTM, GRU, SimpleRNN over fixed-length sequences "
                  "(return_sequences either way): their While loop unrolled, every step reading "
-                 "the cell's shared weights; Pack, Split, SplitV, Unpack along a sample's axes; "
+                 "the cell's shared weights, masked (Keras Masking, Embedding mask_zero) or "
+                 "not; Bidirectional (ReverseV2 along a sample's axes); TimeDistributed (its "
+                 "time-major x[i] per step); Pack, Split, SplitV, Unpack along a sample's axes; "
                  "sparse_softmax_cross_entropy_with_logits on logits of rank > 2 |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
                  "mixed_float16 policy or casts by hand: float32 weights read through Cast, "
