@@ -177,7 +177,7 @@ def match_grouped_conv2d(m: Context, op: tf.Operation) -> bool:
     convolution."""
     if op.type != "StatefulPartitionedCall" or len(op.inputs) != 2:
         return False
-    function = op.graph._get_function(op.get_attr("f").name)  # noqa: SLF001 (TF has no public lookup)
+    function = op.graph._get_function(op.get_attr("f").name)
     definition = getattr(function, "definition", None)
     if definition is None:
         return False

@@ -121,8 +121,9 @@ def time_major_unstack(m: Context, op: tf.Operation) -> str:
     indices = [_step_index(m, s, steps) for s in slices]
     if not slices or None in indices:
         return refusal
-    for i, step in zip(indices, slices):
-        _take(m, step, x, step.outputs[0], time - 1, i, i + 1, True, [op, step])
+    for index, step in zip(indices, slices):
+        assert index is not None
+        _take(m, step, x, step.outputs[0], time - 1, index, index + 1, True, [op, step])
     return ""
 
 

@@ -11,8 +11,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from wafer.kernels import activations
 from wafer.kernels.affine import Affine
-from wafer.kernels.base import (Kernel, KernelError, RunContext, accumulate, max_cores_for, register,
-                                run_in_order)
+from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register, run_in_order
 from wafer.precision import is_half
 
 
