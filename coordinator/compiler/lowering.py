@@ -37,10 +37,13 @@ REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min"}
 RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
 # What the weight program (weight_program.py) computes on weights alone: element-wise ops,
 # arithmetic of weights and constants (TF op -> the binary kernel's op), reductions, reshapes,
-# transposes, products of matrices and stop_gradient (tf.nn.moments' of a weight).
+# transposes, products of matrices, stop_gradient (tf.nn.moments' of a weight) and the views
+# users take of weights (slices, splits, constant gathers, concatenations, stacks).
 WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMETIC}
+WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
+                "ResourceGather", "ConcatV2", "Pack")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, "AddN", *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "StopGradient"})
+                             "Transpose", "MatMul", "StopGradient", *WEIGHT_VIEWS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
              "NextIteration", "LoopCond"}
