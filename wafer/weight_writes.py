@@ -47,7 +47,7 @@ class WeightWrite:
 
     @classmethod
     def from_message(cls, message) -> "WeightWrite":
-        return cls(message.variable, tuple(WriteStep(s.op, tuple(s.inputs))  # type: ignore[arg-type]
+        return cls(message.variable, tuple(WriteStep(s.op, (s.inputs[0], s.inputs[1]))
                                            for s in message.steps),
                    tuple(Schedule.from_message(f) for f in message.factors),
                    bool(message.before_update), int(message.step_offset), message.source)

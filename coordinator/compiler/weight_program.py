@@ -187,8 +187,9 @@ class WeightProgramBuilder:
         inputs = list(op.inputs)
         data, rest = {"Split": (inputs[1:], inputs[:1]), "ConcatV2": (inputs[:-1], inputs[-1:]),
                       "Pack": (inputs, [])}.get(kind, (inputs[:1], inputs[1:]))
-        args = [self.operands.constant(t) for t in rest]
-        if any(a is None for a in args):
+        found = [self.operands.constant(t) for t in rest]
+        args = [a for a in found if a is not None]
+        if len(args) != len(found):
             raise _Unfit("its bounds, indices or axis are not constant")
         table = self.operands.weight(data[0]) if kind == "ResourceGather" else None
         if kind == "ResourceGather":  # tf.gather of a variable's handle: axis 0

@@ -266,14 +266,15 @@ class Take(Rearrangement):
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
         shape = self.one_input()
-        self.axis = self.attrs.get("axis")
+        axis = self.attrs.get("axis")
         indices = int_list(self, "indices")
-        if not isinstance(self.axis, int) or not 0 <= self.axis < len(shape) or \
-                any(not 0 <= i < shape[self.axis] for i in indices):
-            raise KernelError(f"kernel {name!r} (take): axis {self.axis!r} must be a per-sample "
+        if not isinstance(axis, int) or not 0 <= axis < len(shape) or \
+                any(not 0 <= i < shape[axis] for i in indices):
+            raise KernelError(f"kernel {name!r} (take): axis {axis!r} must be a per-sample "
                               f"axis of {shape} and the indices {indices} within it")
+        self.axis = axis
         self.indices = np.asarray(indices, np.int64)
-        self.index = (slice(None),) * (self.axis + 1) + (self.indices,)
+        self.index: tuple[Any, ...] = (slice(None),) * (axis + 1) + (self.indices,)
 
     @property
     def output_shape(self):

@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, op_closure
-from coordinator.compiler.operands import VARIABLE_OPS
 from coordinator.compiler.ir import StatisticAverage
+from coordinator.compiler.operands import VARIABLE_OPS
 from coordinator.compiler.training.gradients import TRANSFORMS, _Chain
 from coordinator.compiler.training.graph import _fail, _variables_under
 from coordinator.compiler.training.noise import check_noise

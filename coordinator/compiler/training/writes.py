@@ -230,8 +230,9 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
     target_shape = tf.TensorShape(target.get_attr("shape") if "shape" in target.node_def.attr
                                   else target.outputs[0].shape)
     value = lower(op.inputs[1], op)
-    if _WRITE_STEP[op.type] is not None:
-        steps.append((_WRITE_STEP[op.type], (WEIGHT, value)))
+    last = _WRITE_STEP[op.type]
+    if last is not None:
+        steps.append((last, (WEIGHT, value)))
     if not steps or not reads:
         raise _fail(op, not_affine)
     after = all(update.op in set(op_closure(r)) for r in reads)
