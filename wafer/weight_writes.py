@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wafer.schedules import Schedule, schedule_problem
+from wafer.schedules import Schedule, render, schedule_problem
 
 FACTOR = "weight_write"  # the factor schedules' hyper_parameter
 OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
@@ -78,3 +78,14 @@ def apply(write: WeightWrite, weight: np.ndarray, factors: list[np.float32]) -> 
         a, b = (values[name] for name in step.inputs)
         values[f"s{index}"] = OPS[step.op](a, b, dtype=np.float32)
     np.copyto(weight, values[f"s{len(write.steps) - 1}"])
+
+
+def describe(write: WeightWrite) -> str:
+    """The written value as a formula of the weight `w` and the factors (the report's)."""
+    symbols = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+    rendered = [render(f) for f in write.factors]
+    terms = {WEIGHT: "w", **{f"f{k}": f"({r})" if " " in r else r for k, r in enumerate(rendered)}}
+    for index, step in enumerate(write.steps):
+        a, b = (terms[name] for name in step.inputs)
+        terms[f"s{index}"] = f"({a} {symbols[step.op]} {b})"
+    return terms[f"s{len(write.steps) - 1}"].removeprefix("(").removesuffix(")")

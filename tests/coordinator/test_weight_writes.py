@@ -47,6 +47,14 @@ def test_weight_decay_by_hand_trains_like_tensorflow(compared, name):
                for w in program.weight_writes)
 
 
+def test_the_compile_report_shows_each_write_in_tfs_order(compared):
+    report = compared("adam_after").compiled.report_text
+    assert "Weight write of dense/kernel (after every update, at tests/weight_decay_models.py:" \
+        in report
+    assert "w = w - (0.005 * w)" in report
+    assert "w = w * 0.9" in compared("momentum_scale").compiled.report_text
+
+
 def test_without_the_decay_the_same_model_trains_to_other_weights(compared, tmp_path):
     decayed = compared("adam_after")
     plain = cs_inprocess.compare(m.mlp, m.input_fn, {**BASE, "weight_decay": 0.0},
