@@ -25,7 +25,10 @@ def compared(tmp_path_factory):
     return cs_inprocess.cached_comparisons(CASES, BASE, tmp_path_factory)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if "gru" in n else n
+SLOW = {"gru_reset_before", "gru_reset_after", "split_kernel_lstm"}  # unrolled sequences
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
                                   for n in CASES])
 def test_models_viewing_their_weights_train_and_evaluate_like_tensorflow(compared, name,
                                                                          tmp_path):
