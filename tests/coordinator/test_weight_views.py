@@ -3,12 +3,15 @@
 kernel) and True, a hand-written LSTM splitting its kernels with tf.split, a language model
 tying its output layer to its embedding table, and a kernel pieced together from gathered,
 reversed and concatenated weights train on the CS as TensorFlow trains them (4 steps,
-rtol 1e-4) and evaluate there with the CPU path's metrics."""
+rtol 1e-4) and evaluate there with the CPU path's metrics; a view the CS does not compute
+is refused in one line naming the op."""
 from __future__ import annotations
 
 import cs_inprocess
 import pytest
 import weight_view_models as m
+
+from common.errors import CSRunError
 
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 CASES = {
@@ -47,3 +50,13 @@ def test_a_pieced_kernel_is_computed_by_the_weight_program_from_its_two_weights(
     program = compared("pieced_kernel").compiled.program.weight_program
     assert {p.variable for p in program.sources} == {"a", "b"}
     assert {"take", "slice", "concat", "transpose"} <= {k.type for k in program.kernels}
+
+
+def test_a_view_mixing_a_weight_and_a_constant_is_refused_in_one_line(tmp_path):
+    with pytest.raises(CSRunError) as refused:
+        cs_inprocess.compile_checked(m.kernel_with_constant_column, m.sequence_input_fn, BASE,
+                                     str(tmp_path))
+    assert "computes on weights with ConcatV2 'concat' at" in str(refused.value)
+    assert "it mixes weights and constants" in str(refused.value)
+    assert cs_inprocess.refusal_problem(refused.value, m.__file__, cs_inprocess.model_op_words(
+        m.kernel_with_constant_column, m.sequence_input_fn, BASE)) == ""
