@@ -55,6 +55,12 @@ def test_the_compile_report_shows_each_write_in_tfs_order(compared):
     assert "w = w * 0.9" in compared("momentum_scale").compiled.report_text
 
 
+def test_a_scheduled_decay_resumes_where_it_stopped(tmp_path):
+    params = {**BASE, **CASES["adam_schedule_after"][2]}
+    cs_inprocess.assert_resume_is_unbroken(m.mlp, m.input_fn, params, str(tmp_path),
+                                           {"dense/kernel/Adam"})
+
+
 def test_without_the_decay_the_same_model_trains_to_other_weights(compared, tmp_path):
     decayed = compared("adam_after")
     plain = cs_inprocess.compare(m.mlp, m.input_fn, {**BASE, "weight_decay": 0.0},
