@@ -37,10 +37,13 @@ REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min"}
 RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
 # What the weight program (weight_program.py) computes on weights alone: element-wise ops,
 # arithmetic of weights and constants (TF op -> the binary kernel's op), reductions, reshapes,
-# transposes, products of matrices and stop_gradient (tf.nn.moments' of a weight).
+# transposes, products of matrices, stop_gradient (tf.nn.moments' of a weight) and the views
+# users take of weights (slices, splits, constant gathers, concatenations, stacks).
 WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMETIC}
+WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
+                "ResourceGather", "ConcatV2", "Pack")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, "AddN", *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "StopGradient"})
+                             "Transpose", "MatMul", "StopGradient", *WEIGHT_VIEWS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
              "NextIteration", "LoopCond"}
@@ -579,9 +582,12 @@ def supported_table() -> str:
                  + ", ".join(WEIGHT_PROGRAM_OPS) + " of weights and constants (tf.nn.l2_normalize"
                  "(w, 0) of a cosine classifier, weight normalization's g * v / tf.norm(v), a "
                  "learned temperature's tf.exp(t), tf.nn.softplus(w), w * mask, a low-rank kernel "
-                 "tf.matmul(u, v), a conv kernel standardised with tf.nn.moments): run on the CS "
-                 "once a step before the batch, the gradient taken back through the same "
-                 "kernels to the weights |")
+                 "tf.matmul(u, v), a conv kernel standardised with tf.nn.moments; views: slices "
+                 "with any masks and negative strides, tf.split/unstack, tf.gather at constant "
+                 "indices, tf.concat/stack of weights, as Keras GRU(reset_after=False)'s "
+                 "recurrent_kernel[:, 2 * units:]): run on the CS once a step before the batch, "
+                 "the gradient taken back through the same kernels to the weights (a view's "
+                 "scattered back) |")
     lines.append("| sequences | Keras LSTM, GRU, SimpleRNN over fixed-length sequences "
                  "(return_sequences either way): their While loop unrolled, every step reading "
                  "the cell's shared weights; Pack, Split, SplitV, Unpack along a sample's axes; "
