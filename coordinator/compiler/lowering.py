@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import fast_paths, lowering_spatial, sequences
+from coordinator.compiler import fast_paths, lowering_spatial, random_numbers, sequences
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.elementwise import ARITHMETIC
@@ -37,10 +37,13 @@ REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min"}
 RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
 # What the weight program (weight_program.py) computes on weights alone: element-wise ops,
 # arithmetic of weights and constants (TF op -> the binary kernel's op), reductions, reshapes,
-# transposes, products of matrices and stop_gradient (tf.nn.moments' of a weight).
+# transposes, products of matrices, stop_gradient (tf.nn.moments' of a weight) and the views
+# users take of weights (slices, splits, constant gathers, concatenations, stacks).
 WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMETIC}
+WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
+                "ResourceGather", "ConcatV2", "Pack")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, "AddN", *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "StopGradient"})
+                             "Transpose", "MatMul", "StopGradient", *WEIGHT_VIEWS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
              "NextIteration", "LoopCond"}
@@ -51,7 +54,7 @@ REFUSED = {
                    "SimpleRNN over fixed-length sequences are unrolled by the compiler)",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss",
-    "random numbers": "other than a dropout mask",
+    **random_numbers.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
                                "meets the samples (e.g. tf.cumsum(w), tf.sort(w)), or in "
                                "float16",
@@ -96,8 +99,9 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
                      "unknown length): the CS pipelines one pass per sample; unroll it in Python "
                      "(a for loop over the steps) or use Keras' LSTM, GRU or SimpleRNN over "
                      "fixed-length sequences, which the compiler unrolls")
-    elif op.type in RANDOM_OPS:
-        m.reject(op, "random numbers are supported only as a dropout mask")
+    elif op.type in RANDOM_OPS - set(random_numbers.DRAWS) or \
+            op.type in random_numbers.CANDIDATE_SAMPLERS:
+        m.reject(op, random_numbers.refusal(op.type))
     elif handler is None:
         m.reject(op, "no CS kernel computes this op")
     else:
@@ -551,10 +555,11 @@ def supported_table() -> str:
     """The README's 'Supported operations' section, generated from the tables above
     (`python -m coordinator.compiler.lowering` prints it; a test keeps the README equal)."""
     spatial = {op for op, rule in GENERIC.items() if rule.__module__ == lowering_spatial.__name__}
-    others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial)
+    others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - set(random_numbers.DRAWS))
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
-              {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS}.items()]
+              {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
+               **random_numbers.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "
@@ -582,9 +587,12 @@ def supported_table() -> str:
                  + ", ".join(WEIGHT_PROGRAM_OPS) + " of weights and constants (tf.nn.l2_normalize"
                  "(w, 0) of a cosine classifier, weight normalization's g * v / tf.norm(v), a "
                  "learned temperature's tf.exp(t), tf.nn.softplus(w), w * mask, a low-rank kernel "
-                 "tf.matmul(u, v), a conv kernel standardised with tf.nn.moments): run on the CS "
-                 "once a step before the batch, the gradient taken back through the same "
-                 "kernels to the weights |")
+                 "tf.matmul(u, v), a conv kernel standardised with tf.nn.moments; views: slices "
+                 "with any masks and negative strides, tf.split/unstack, tf.gather at constant "
+                 "indices, tf.concat/stack of weights, as Keras GRU(reset_after=False)'s "
+                 "recurrent_kernel[:, 2 * units:]): run on the CS once a step before the batch, "
+                 "the gradient taken back through the same kernels to the weights (a view's "
+                 "scattered back) |")
     lines.append("| sequences | Keras LSTM, GRU, SimpleRNN over fixed-length sequences "
                  "(return_sequences either way): their While loop unrolled, every step reading "
                  "the cell's shared weights, masked (Keras Masking, Embedding mask_zero) or "

@@ -1,8 +1,9 @@
 """Weightless kernels that reduce, normalise or rearrange one sample's values: reduce,
-softmax (and log_softmax), transpose, slice (tf.strided_slice) and pad. Attrs name
-per-sample axes (axis 0 is the sample's first axis, the micro-batch is never touched).
-Each backward is TensorFlow's registered gradient function (math_grad.py, nn_grad.py,
-array_grad.py) on the same float32 values, so results match TF's to rounding.
+softmax (and log_softmax), transpose, slice (tf.strided_slice), take (tf.gather at constant
+indices) and pad. Attrs name per-sample axes (axis 0 is the sample's first axis, the
+micro-batch is never touched). Each backward is TensorFlow's registered gradient function
+(math_grad.py, nn_grad.py, array_grad.py) on the same float32 values, so results match
+TF's to rounding.
 """
 from __future__ import annotations
 
@@ -262,6 +263,42 @@ class Slice(Rearrangement):
         m = grad_output.shape[0]
         grad = np.zeros((m, *self.input_shapes[0]), grad_output.dtype)
         grad[self.index] = grad_output.reshape(m, *self.full)
+        return [grad], {}
+
+
+@register
+class Take(Rearrangement):
+    """tf.gather of the sample at constant indices along a per-sample axis: attrs axis and
+    indices (a list of ints in [0, size)). The gradient is TF's _GatherV2Grad, an
+    UnsortedSegmentSum: each index's gradients added into zeros in order (np.add.at)."""
+
+    type_name = "take"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.one_input()
+        axis = self.attrs.get("axis")
+        indices = int_list(self, "indices")
+        if not isinstance(axis, int) or not 0 <= axis < len(shape) or \
+                any(not 0 <= i < shape[axis] for i in indices):
+            raise KernelError(f"kernel {name!r} (take): axis {axis!r} must be a per-sample "
+                              f"axis of {shape} and the indices {indices} within it")
+        self.axis = axis
+        self.indices = np.asarray(indices, np.int64)
+        self.index: tuple[Any, ...] = (slice(None),) * (axis + 1) + (self.indices,)
+
+    @property
+    def output_shape(self):
+        shape = list(self.input_shapes[0])
+        shape[self.axis] = len(self.indices)
+        return tuple(shape)
+
+    def forward(self, params, inputs, ctx: RunContext):
+        return np.take(inputs[0], self.indices, axis=self.axis + 1), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        grad = np.zeros((grad_output.shape[0], *self.input_shapes[0]), grad_output.dtype)
+        np.add.at(grad, self.index, grad_output)
         return [grad], {}
 
 
