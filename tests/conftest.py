@@ -143,26 +143,20 @@ def multinode_cluster():
             assert not left, f"cluster.sh down left {left}"  # the machine as the session found it
 
 
-# The tests' image sits outside the checkout ($CSRUN_TEST_IMAGE): a fresh clone reuses the one
-# built from the same recipe and pins and, when only the sources it copies differ, refreshes it
-# (containers/image.py: the sources copied again, %post re-run) instead of building it anew.
-TEST_IMAGE = Path(os.environ.get("CSRUN_TEST_IMAGE", Path.home() / ".cache" / "csrun" / "csrun-image"))
-
-
 @pytest.fixture(scope="session")
 def container_image() -> Path:
     """The Charliecloud image from containers/csrun.def (`make image`: built once, then
     reused while its stamp matches). Without root or network the tests skip; under CI
     (CI=true) the image must build, or they fail."""
-    done = subprocess.run(["make", "-C", str(ROOT), "image", f"VENV={sys.prefix}", f"IMAGE={TEST_IMAGE}"],
-                          capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(["make", "-C", str(ROOT), "image", f"VENV={sys.prefix}"], capture_output=True,
+                          text=True, timeout=1800)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
         message = f"the container image did not build: {lines[-1] if lines else 'make image failed'}"
         if os.environ.get("CI") == "true" or os.geteuid() == 0:
             pytest.fail(message)
         pytest.skip(message)
-    return TEST_IMAGE
+    return ROOT / ".cache" / "csrun-image"
 
 
 @pytest.fixture
