@@ -125,7 +125,8 @@ def huge_chunk(name: str, shape=(128, MIB)) -> pb.TensorChunk:
 
 # ---- authenticate, then validate, then allocate ----
 @pytest.mark.parametrize("case", ["tokenless", "undeclared", "declared name, other shape", "busy"])
-def test_a_512_mib_chunk_costs_the_server_nothing_and_is_refused(server, case):
+def test_a_512_mib_chunk_costs_the_server_nothing_and_is_refused(idle_server, case):
+    server = idle_server
     header = pb.JobHeader(job_id="hostile", token="" if case == "tokenless" else "t" * 32,
                           program=program(), num_workers=1)
     name = {"tokenless": "hidden/kernel", "undeclared": "stray",
@@ -157,7 +158,9 @@ def test_a_512_mib_chunk_costs_the_server_nothing_and_is_refused(server, case):
         assert holder.status().state == "loaded"
         holder.unload()
     assert server.wait_idle() < 10  # a refused load leaves nothing reserved
-    ClientDouble(server.address).load(program(), weights())  # and the CS takes the next job
+    taker = ClientDouble(server.address)
+    taker.load(program(), weights())  # and the CS takes the next job
+    taker.unload()
 
 
 def avg_pool_program(size: int, pool: int, padding: str = "VALID") -> pb.Program:
