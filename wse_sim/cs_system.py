@@ -564,7 +564,7 @@ class CSSystem:
                 counted = job.variable_step
                 try:
                     result = job.pipeline.run(batch, training=training, outputs=wanted,
-                                              step=counted)
+                                              step=counted, index=job.next_batch - 1)
                 except (ValueError, FloatingPointError) as error:
                     raise invalid(f"batch {job.next_batch - 1}: {error}") from None
                 seconds = time.perf_counter() - start

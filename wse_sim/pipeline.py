@@ -14,7 +14,8 @@ backward; frozen weights pass gradients on but never move. Once a batch's gradie
 complete, regularizer gradients are added (once per batch), the program's gradient
 transforms run over all of them (after every stage finished its backward pass), then the
 optimizer updates every trained weight (an embedding table by TF's sparse rule, from the
-batch's IndexedSlices). Dropout draws from a stream of (seed, position, global step).
+batch's IndexedSlices). Dropout and random numbers draw from a stream of (seed, position,
+global step).
 
 Multireplica: R copies of the network each take B / R consecutive samples of the batch (a
 whole number of micro-batches). On the host the replicas' micro-batches run through the
@@ -75,7 +76,7 @@ class Region:
     variables: dict[str, str]  # role -> TF variable name
     params: dict[str, np.ndarray]  # role -> weights (updated in place)
     specs: dict[str, ParamSpec]  # role -> how it trains
-    rng: np.random.Generator | None = None  # this step's own stream (dropout)
+    rng: np.random.Generator | None = None  # this step's own stream (dropout, random)
     backward: bool = False  # runs a backward pass (see Pipeline._mark_backward)
     trained: tuple[str, ...] = ()  # roles the optimizer updates (a shared weight's: none)
     collects: tuple[str, ...] = ()  # roles whose IndexedSlices pieces it collects (lookups)
@@ -280,11 +281,13 @@ class Pipeline:
 
     # ---- running batches ----
     def run(self, batch: Mapping[str, np.ndarray], *, training: bool,
-            outputs: Sequence[str] = (), step: int = 0) -> StepOutput:
+            outputs: Sequence[str] = (), step: int = 0, index: int = 0) -> StepOutput:
         """One batch: forward (and when training, backward and update) through the pipeline.
         `step` is the global step the batch trains from: with the program's seed and a
-        region's position it makes the region's random stream for the step (dropout), so
-        a job resumed at step n draws what an unbroken one draws."""
+        region's position it makes the region's random stream for the step (dropout,
+        random), so a job resumed at step n draws what an unbroken one draws. Evaluation and
+        prediction (whose step stays the checkpoint's) draw from a stream of the batch's
+        `index` in the input too, apart from the training streams."""
         m_count = self.batch_size // self.micro
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
         board = Board(self.threads)
@@ -299,6 +302,9 @@ class Pipeline:
             if training and region.kernel.draws_random:
                 region.rng = np.random.Generator(np.random.PCG64(
                     np.random.SeedSequence([self.seed, region.position, step])))
+            elif region.kernel.draws_in_inference:
+                region.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
+                    [self.seed, region.position, step, index], spawn_key=(1,))))
         regularization = self._regularization() if self.loss_kernel else 0.0
         if backward and self.dynamic is not None:
             self._seed_scale(np.float32(self.carried[self.dynamic.scale_variable]))

@@ -171,20 +171,25 @@ def match_pool(m: Context, op: tf.Operation) -> bool:
     return True
 
 
-def _uniform_01(m: Context, tensor: tf.Tensor) -> bool:
-    """Whether `tensor` is uniform random numbers in [0, 1) (TF's or Keras' sampler)."""
+def _uniform_01(m: Context, tensor: tf.Tensor) -> list[tf.Operation] | None:
+    """The ops drawing `tensor` if it is uniform random numbers in [0, 1) (TF's or Keras'
+    sampler) that nothing else reads, else None."""
     op = tensor.op
+    if m.value(tensor) is not None:  # already drawn by a `random` kernel
+        return None
     if op.type == "RandomUniform":
-        return True
+        return [op]
     if op.type in ("AddV2", "Add"):  # Keras: stateless uniform * (max - min) + min
         mul, low = op.inputs
-        if mul.op.type != "Mul":
-            return False
+        if mul.op.type != "Mul" or m.sole_consumer(mul) is not op:
+            return None
         raw, span = mul.op.inputs
         lo, sp = m.operands.constant(low), m.operands.constant(span)
-        return raw.op.type in ("StatelessRandomUniformV2", "StatelessRandomUniform") and \
-            lo is not None and sp is not None and float(lo) == 0.0 and float(sp) == 1.0
-    return False
+        if raw.op.type in ("StatelessRandomUniformV2", "StatelessRandomUniform") and \
+                m.sole_consumer(raw) is mul.op and lo is not None and sp is not None and \
+                float(lo) == 0.0 and float(sp) == 1.0:
+            return [raw.op, mul.op, op]
+    return None
 
 
 @fast_path
@@ -202,11 +207,13 @@ def match_dropout(m: Context, op: tf.Operation) -> bool:
             select.type not in ("SelectV2", "Select") or select.inputs[1] is not op.outputs[0]:
         return False
     cond = select.inputs[0]
-    if cond.op in m.flow or cond.op.type != "GreaterEqual":
+    reader = m.sole_consumer(cond)
+    if cond.op.type != "GreaterEqual" or reader is None or reader is not select:
         return False
     uniform, rate_t = cond.op.inputs
     rate_c, zero = m.operands.constant(rate_t), m.operands.constant(select.inputs[2])
-    if rate_c is None or zero is None or np.any(zero != 0) or not _uniform_01(m, uniform):
+    mask = _uniform_01(m, uniform) if m.sole_consumer(uniform) is cond.op else None
+    if rate_c is None or zero is None or np.any(zero != 0) or mask is None:
         return False
     rate = float(rate_c)
     half = op.outputs[0].dtype == tf.float16  # 1 / (1 - rate) rounded to float16
@@ -221,7 +228,8 @@ def match_dropout(m: Context, op: tf.Operation) -> bool:
     if noise != full:
         attrs["noise_shape"] = list(noise[1:])
     m.add_kernel(op.name.rsplit("/", 1)[0] if "/" in op.name else op.name, "dropout",
-                 [data[0]], attrs, [], [op, select], select.outputs[0])
+                 [data[0]], attrs, [], [op, select, cond.op, *mask], select.outputs[0],
+                 source_op=op)
     return True
 
 

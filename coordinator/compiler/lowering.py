@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import fast_paths, lowering_spatial, sequences
+from coordinator.compiler import fast_paths, lowering_spatial, random_numbers, sequences
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.elementwise import ARITHMETIC
@@ -51,7 +51,7 @@ REFUSED = {
                    "SimpleRNN over fixed-length sequences are unrolled by the compiler)",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss",
-    "random numbers": "other than a dropout mask",
+    **random_numbers.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
                                "meets the samples (e.g. tf.cumsum(w), tf.sort(w)), or in "
                                "float16",
@@ -96,8 +96,9 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
                      "unknown length): the CS pipelines one pass per sample; unroll it in Python "
                      "(a for loop over the steps) or use Keras' LSTM, GRU or SimpleRNN over "
                      "fixed-length sequences, which the compiler unrolls")
-    elif op.type in RANDOM_OPS:
-        m.reject(op, "random numbers are supported only as a dropout mask")
+    elif op.type in RANDOM_OPS - set(random_numbers.DRAWS) or \
+            op.type in random_numbers.CANDIDATE_SAMPLERS:
+        m.reject(op, random_numbers.refusal(op.type))
     elif handler is None:
         m.reject(op, "no CS kernel computes this op")
     else:
@@ -546,10 +547,11 @@ def supported_table() -> str:
     """The README's 'Supported operations' section, generated from the tables above
     (`python -m coordinator.compiler.lowering` prints it; a test keeps the README equal)."""
     spatial = {op for op, rule in GENERIC.items() if rule.__module__ == lowering_spatial.__name__}
-    others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial)
+    others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - set(random_numbers.DRAWS))
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
-              {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS}.items()]
+              {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
+               **random_numbers.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "

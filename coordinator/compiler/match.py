@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler import fast_paths, loss_tail, lowering, precision, refusals
+from coordinator.compiler import fast_paths, loss_tail, lowering, precision, random_numbers, refusals
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
@@ -43,6 +43,8 @@ class Matcher:
         self.batch_size = extracted.batch_size
         graph = self.graph = extracted.graph
         sources = [graph.get_tensor_by_name(extracted.placeholders[s.name]) for s in extracted.inputs]
+        # random numbers are drawn per sample on the CS (or refused): sources of values too
+        sources += [op.outputs[0] for op in graph.get_operations() if random_numbers.is_draw(op)]
         self.ops = self._drop_host_tails(data_flow_ops(graph, sources, targets), targets)
         self.flow = set(self.ops)
         self.operands = Operands(graph, self.flow)
@@ -106,6 +108,9 @@ class Matcher:
 
     def value(self, tensor: tf.Tensor) -> str | None:
         return self.values.get(tensor.name)
+
+    def sample_input(self) -> str:
+        return self.x.inputs[0].name
 
     def shape(self, tensor: tf.Tensor) -> tuple[int, ...]:
         return self.shapes.get(tensor.name, static_shape(tensor)[1:])
@@ -250,8 +255,8 @@ class Matcher:
                 continue
             random = self.operands.random_source(t)
             if random is not None:
-                return (f"uses random numbers ({random.type} at {user_source(random)}) other "
-                        "than a dropout mask")
+                return (f"uses random numbers ({random.type} at {user_source(random)}): "
+                        f"{random_numbers.refusal(random.type)}")
             derived = self.weight_program.derive(t)
             if isinstance(derived, str):
                 return derived
@@ -280,7 +285,7 @@ class Matcher:
             if bad and op.type not in lowering.RECURRENT:
                 self.reject(op, bad)
                 continue
-            if op.type in lowering.RECURRENT:
+            if op.type in lowering.RECURRENT or random_numbers.is_draw(op):
                 lowering.lower_generic(self, op)
                 continue
             if fast_paths.match_batch_norm_training(self, op) or self._enters_tail(op):
@@ -413,8 +418,12 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
         if training.loss_scale != 1.0:  # into the float16 backward's seed
             matcher.kernels = [replace(k, attrs={**k.attrs, "loss_scale": training.loss_scale})
                                if k.name == loss_kernel else k for k in matcher.kernels]
-    # The root cause first: a recurrent layer explains the ops around its loop.
-    matcher.unsupported.sort(key=lambda u: u.type not in lowering.RECURRENT)
+    if not matcher.unsupported:
+        matcher.unsupported.extend(random_numbers.noisy_labels(matcher.kernels, extracted.graph))
+    # The root cause first: a recurrent layer explains the ops around its loop, a random
+    # op the values drawn from it.
+    matcher.unsupported.sort(key=lambda u: (u.type not in lowering.RECURRENT,
+                                            not random_numbers.is_random(u.type)))
     kernels = tuple(loss_tail.attach_regularizers(matcher.kernels, regularizers))
     weights = matcher.weight_program.program({p.variable for k in kernels for p in k.params})
     if weights is not None:

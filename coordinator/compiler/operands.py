@@ -19,7 +19,9 @@ VIEW_SOURCE = VARIABLE_VIEW_OPS | INDEX_VIEW_OPS | {"AddV2", "Add"}
 RANDOM_OPS = {"RandomUniform", "RandomStandardNormal", "TruncatedNormal", "RandomUniformInt",
               "StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessRandomUniform",
               "StatelessRandomNormal", "StatelessTruncatedNormalV2", "Multinomial",
-              "RandomShuffle", "StatelessRandomGetKeyCounter"}
+              "RandomShuffle", "StatelessRandomGetKeyCounter", "StatelessRandomUniformInt",
+              "StatelessRandomUniformIntV2", "StatelessRandomUniformFullIntV2",
+              "StatelessMultinomial", "RandomGamma", "RandomPoissonV2"}
 # Ops whose value depends on something other than their inputs: never folded to a constant.
 STATEFUL_SOURCES = VARIABLE_OPS | RANDOM_OPS | {"Placeholder", "PlaceholderWithDefault"}
 

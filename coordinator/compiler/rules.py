@@ -39,6 +39,10 @@ class Context(Protocol):
 
     def value(self, tensor: tf.Tensor) -> str | None: ...
 
+    def sample_input(self) -> str:
+        """A program input every mode streams (the features): what a kernel reading only the
+        micro-batch's size (random numbers) takes."""
+
     def shape(self, tensor: tf.Tensor) -> tuple[int, ...]: ...
 
     def kernel_shape(self, name: str) -> tuple[int, ...]: ...

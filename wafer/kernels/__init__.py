@@ -32,6 +32,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | batch_norm_inference | x (..., C) | epsilon, scale, center (bools: the optional weights), fused (FusedBatchNorm's order) | mean, variance (frozen), scale, offset: (C,) | |
 | batch_norm_training | x (..., C) | epsilon, scale, center; mean_rule, variance_rule (affine: v * a + s * b, delta: v - (v - s) * d) with mean_update, variance_update their constants (empty: not moved) | scale, offset; moving_mean, moving_variance (frozen) when moved: (C,) | a batch barrier (`batch_barrier`) |
 | dropout | x | rate, noise_shape (per sample, 1 where one decision is shared) | — | |
+| random | any value of the micro-batch (its size only; no gradient) | distribution: normal, truncated_normal (abs < 2), uniform ([0, 1)); shape [per sample] | — | any input; output float32, drawn in every mode |
 | reshape | x | shape [per-sample target shape] (flatten = reshape to [n]) | — | any, passed through |
 | add | x1, x2, ... same shape | — | — | |
 | concat | x1, x2, ... | axis (per-sample axis, >= 0) | — | any, all one |
@@ -68,6 +69,7 @@ from wafer.kernels import (  # noqa: F401
                              losses,
                              matmul,
                              normalization,
+                             random_numbers,
                              resampling,
                              structure,
                              tensor_ops,

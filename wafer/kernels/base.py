@@ -51,7 +51,7 @@ class RunContext:
 
     training: bool
     batch_size: int  # the full batch (losses reduced with "mean" divide by it)
-    rng: np.random.Generator | None = None  # dropout's own seeded generator
+    rng: np.random.Generator | None = None  # the region's own seeded stream (dropout, random)
     input_grads: Sequence[bool] | None = None  # which inputs need a gradient (None: all)
     accumulate: bool = True  # add into backward's param_grads (False: the batch's first, overwrite)
     # runs the tiles of a kernel's large GEMMs (`tiles`), maybe several at once on the
@@ -89,6 +89,8 @@ class Kernel:
     # its forward draws from the step's random stream (`RunContext.rng`: dropout); the
     # executor makes a stream only for such kernels (a generator costs ~25 us a step)
     draws_random: ClassVar[bool] = False
+    # it draws in evaluation and prediction too (tf.random.* draws in every mode; dropout not)
+    draws_in_inference: ClassVar[bool] = False
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         self.name = name

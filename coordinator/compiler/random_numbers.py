@@ -1,0 +1,119 @@
+"""Random numbers on the samples' side: TF's ops drawing floats of a per-sample shape
+(tf.random.normal, truncated_normal, uniform, their tf.compat.v1 and Keras forms, the
+stateless ops of Keras' GaussianNoise and GaussianDropout) become `random` kernels
+(wafer.kernels.random_numbers) drawing the op's raw values; the graph's scale and shift
+(stddev, mean, maxval - minval, minval) are ordinary kernels after them.
+
+The matcher treats these ops as sources of per-sample values, like the program's inputs
+(`DRAWS`). What stays refused, in one line naming the op: numbers not drawn one set per
+sample (a shape without the batch axis: shared by the batch, or a weight's noise), a shape
+computed from values, a stateless op with a constant seed (TF repeats its numbers every
+step), integer and categorical draws and shuffles, candidate samplers, and random numbers
+that meet the labels before any weight (label noise).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.ir import KernelNode, UnsupportedOp
+from coordinator.compiler.operands import RANDOM_OPS
+from coordinator.compiler.rules import Context, generic
+
+# TF op -> the `random` kernel's distribution (the op's raw draws).
+DRAWS = {"RandomStandardNormal": "normal", "StatelessRandomNormal": "normal",
+         "StatelessRandomNormalV2": "normal", "TruncatedNormal": "truncated_normal",
+         "StatelessTruncatedNormal": "truncated_normal",
+         "StatelessTruncatedNormalV2": "truncated_normal", "RandomUniform": "uniform",
+         "StatelessRandomUniform": "uniform", "StatelessRandomUniformV2": "uniform"}
+# Draws of classes for the batch (tf.nn.nce_loss, tf.nn.sampled_softmax_loss).
+CANDIDATE_SAMPLERS = ("LogUniformCandidateSampler", "UniformCandidateSampler",
+                      "LearnedUnigramCandidateSampler", "FixedUnigramCandidateSampler",
+                      "ThreadUnsafeUnigramCandidateSampler", "AllCandidateSampler",
+                      "ComputeAccidentalHits")
+USE_INSTEAD = ("draw floats per sample: tf.random.normal, truncated_normal or uniform of "
+               "tf.shape(x), x a per-sample value")
+# The README's "Supported operations" row and refusal.
+KERNEL_ROWS = {"random": (
+    "RandomStandardNormal, TruncatedNormal, RandomUniform and their stateless forms of a "
+    "per-sample shape (the batch axis first: tf.random.normal(tf.shape(x)), "
+    "tf.random.normal([batch, k]), tf.keras.backend.random_normal, truncated_normal, uniform; "
+    "a VAE's mean + tf.exp(0.5 * log_var) * eps, Keras GaussianNoise and GaussianDropout in "
+    "training, Gumbel noise): drawn on the CS, fresh every step and in evaluation and "
+    "prediction too, as TF's ops")}
+REFUSED = {"random numbers": (
+    "other than dropout masks and the draws above: numbers shared by the batch or drawn for "
+    "weights, shapes computed from values, stateless ops with a constant seed, integer and "
+    "categorical draws, shuffles, candidate samplers (tf.nn.nce_loss, sampled_softmax_loss), "
+    "noise on the labels")}
+
+
+def is_random(op_type: str) -> bool:
+    return op_type in RANDOM_OPS or op_type in CANDIDATE_SAMPLERS
+
+
+def is_draw(op: tf.Operation) -> bool:
+    """An op whose values the matcher starts from, as from an input: random numbers (the
+    CS's draws, or a refusal naming the op), not Keras' seed arithmetic."""
+    return op.type in RANDOM_OPS and op.type != "StatelessRandomGetKeyCounter"
+
+
+def noisy_labels(kernels: Sequence[KernelNode], graph: tf.Graph) -> list[UnsupportedOp]:
+    """Random numbers that meet the labels before any weight (label noise), refused: the
+    CS draws random numbers for the model's computation, not for its targets."""
+    drawn: dict[str, str] = {}  # value -> the random kernel it is computed from
+    labels: set[str] = set()
+    weighted: set[str] = set()
+    for k in kernels:
+        ins = list(k.inputs) if k.type != "random" else []
+        sources = [drawn[i] for i in ins if i in drawn]
+        if k.type == "random":
+            sources = [k.name]
+        if sources:
+            drawn[k.name] = sources[0]
+        if any(i in labels or i == "labels" or i.startswith("labels.") for i in ins):
+            labels.add(k.name)
+        if k.params or any(i in weighted for i in ins):
+            weighted.add(k.name)
+        if k.name in labels and k.name in drawn and k.name not in weighted:
+            random = next(r for r in kernels if r.name == drawn[k.name])
+            op = graph.get_operation_by_name(random.ops[0])
+            return [UnsupportedOp(op.type, op.name, random.source,
+                                  "random numbers reach the labels (label noise): the CS draws "
+                                  "random numbers for the model's computation only; add noise "
+                                  "to the labels in input_fn")]
+    return []
+
+
+def refusal(op_type: str) -> str:
+    """Why the CS does not draw what an op of `op_type` (a random op not in DRAWS) draws."""
+    if op_type in CANDIDATE_SAMPLERS:
+        return ("a candidate sampler (tf.nn.nce_loss, tf.nn.sampled_softmax_loss) draws classes "
+                "for the whole batch: the CS computes each sample on its own; use the full "
+                "softmax (tf.nn.sparse_softmax_cross_entropy_with_logits)")
+    return f"draws integers, categories or a shuffle: the CS draws only floats; {USE_INSTEAD}"
+
+
+@generic(*DRAWS)
+def _draw(m: Context, op: tf.Operation) -> str:
+    value = m.operands.constant(op.inputs[0])
+    if value is None:
+        return f"the shape of its random numbers is computed from values: {USE_INSTEAD}"
+    shape = tuple(int(d) for d in np.atleast_1d(value)) if np.ndim(value) else ()
+    if not shape or shape[0] != m.batch_size:
+        return (f"draws random numbers of shape {shape}, not one set per sample (shared by the "
+                f"batch of {m.batch_size}, or noise on weights): the CS draws random numbers "
+                f"only on the samples' side; {USE_INSTEAD}")
+    if op.type.startswith("Stateless"):
+        seed = op.inputs[1]
+        if seed.op.type == "StatelessRandomGetKeyCounter":
+            seed = seed.op.inputs[0]
+        if m.operands.constant(seed) is not None:
+            return ("a stateless random op with a constant seed draws the same numbers at every "
+                    "step; the CS draws fresh ones each step: use tf.random.normal, "
+                    "truncated_normal or uniform (or Keras' GaussianNoise)")
+    m.add_kernel(op.name, "random", [m.sample_input()],
+                 {"distribution": DRAWS[op.type], "shape": list(shape[1:])}, [], [op], op.outputs[0])
+    return ""

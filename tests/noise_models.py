@@ -1,0 +1,161 @@
+"""Models with random numbers in the samples' computation, written the way users write them:
+a variational autoencoder (Dense encoder -> mean, log_var -> z = mean + exp(0.5 log_var) *
+eps -> Dense decoder; sigmoid cross-entropy reconstruction + KL; Adam), classifiers with
+Keras' GaussianNoise and GaussianDropout, Gumbel noise on logits, and one model per random
+number the CS refuses."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+
+PIXELS, HIDDEN, LATENT, CLASSES = 16, 12, 3, 4
+
+
+def input_fn(params):
+    """Binary 'images' of PIXELS values and a class each; the autoencoder's labels are the
+    images themselves."""
+    batch = params.get("batch_size", 8)
+    rng = np.random.default_rng(7)
+    x = (rng.random((8 * batch, PIXELS)) < 0.4).astype(np.float32)
+    y = (x[:, :CLASSES].sum(1) % CLASSES).astype(np.int32)
+    labels = x if params.get("autoencoder") else y
+    return tf.data.Dataset.from_tensor_slices((x, labels)).batch(batch, drop_remainder=True)
+
+
+def _train_op(loss, params):
+    if params.get("optimizer") == "sgd":
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(params.get("learning_rate", 0.1))
+    else:
+        optimizer = tf.compat.v1.train.AdamOptimizer(params.get("learning_rate", 0.01))
+    return optimizer.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+
+
+def vae(features, labels, mode, params):
+    """A variational autoencoder; the predictions hold the latent sample and its moments."""
+    h = tf.keras.layers.Dense(HIDDEN, activation="relu")(features)
+    mean = tf.keras.layers.Dense(LATENT)(h)
+    log_var = tf.keras.layers.Dense(LATENT)(h)
+    eps = tf.random.normal(tf.shape(mean))
+    z = mean + tf.exp(0.5 * log_var) * eps
+    d = tf.keras.layers.Dense(HIDDEN, activation="relu")(z)
+    logits = tf.keras.layers.Dense(PIXELS)(d)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={"z": z, "mean": mean, "log_var": log_var})
+    reconstruction = tf.reduce_sum(
+        tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits), axis=1)
+    kl = -0.5 * tf.reduce_sum(1.0 + log_var - tf.square(mean) - tf.exp(log_var), axis=1)
+    loss = tf.reduce_mean(reconstruction + kl)
+    train_op = _train_op(loss, params) if mode == ModeKeys.TRAIN else None
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def _classifier_spec(mode, labels, logits, params):
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={"logits": logits})
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    train_op = _train_op(loss, params) if mode == ModeKeys.TRAIN else None
+    metrics = {"accuracy": tf.compat.v1.metrics.accuracy(labels, tf.argmax(logits, -1))}
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op, eval_metric_ops=metrics)
+
+
+def gaussian_noise(features, labels, mode, params):
+    """Keras GaussianNoise on the inputs and on a hidden layer, active in training only."""
+    training = mode == ModeKeys.TRAIN
+    x = tf.keras.layers.GaussianNoise(0.3)(features, training=training)
+    h = tf.keras.layers.Dense(HIDDEN, activation="relu")(x)
+    h = tf.keras.layers.GaussianNoise(0.1)(h, training=training)
+    return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
+
+
+def gaussian_dropout(features, labels, mode, params):
+    """Keras GaussianDropout (multiplicative noise of mean 1) after a hidden layer."""
+    h = tf.keras.layers.Dense(HIDDEN, activation="tanh")(features)
+    h = tf.keras.layers.GaussianDropout(0.3)(h, training=mode == ModeKeys.TRAIN)
+    return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
+
+
+def gumbel_logits(features, labels, mode, params):
+    """Gumbel noise from tf.random.uniform added to the logits (Gumbel-max exploration),
+    and truncated-normal noise on the features, in every mode."""
+    x = features + tf.random.truncated_normal(tf.shape(features), stddev=0.2)
+    logits = tf.keras.layers.Dense(CLASSES)(tf.keras.layers.Dense(HIDDEN, activation="relu")(x))
+    u = tf.random.uniform([params.get("batch_size", 8), CLASSES], minval=1e-6, maxval=1.0)
+    return _classifier_spec(mode, labels, logits - tf.math.log(-tf.math.log(u)), params)
+
+
+def draws(kind: str, shape_of: str = "batch"):
+    """A model_fn predicting `features + <kind> draws` (tf.random.normal(mean 0.5, stddev
+    2), truncated_normal(stddev 1.5), uniform(-1, 3)) of the features' shape: what the CS
+    draws, for the distribution tests. A Dense layer gives the program a weight."""
+    def model_fn(features, labels, mode, params):
+        shape = tf.shape(features)
+        noise = {"normal": lambda: tf.random.normal(shape, mean=0.5, stddev=2.0),
+                 "truncated_normal": lambda: tf.random.truncated_normal(shape, stddev=1.5),
+                 "uniform": lambda: tf.random.uniform(shape, -1.0, 3.0)}[kind]()
+        drawn = features + noise
+        logits = tf.keras.layers.Dense(CLASSES)(drawn)
+        return CSEstimatorSpec(mode=mode, predictions={"drawn": drawn, "logits": logits})
+    return model_fn
+
+
+def draw_input_fn(params):
+    """Zeros: what the `draws` models predict is the noise itself."""
+    batch, width = params.get("batch_size", 256), params.get("width", 1024)
+    x = np.zeros((batch, width), np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, np.zeros(batch, np.int32))).batch(batch)
+
+
+# ---- random numbers the CS refuses ----
+
+def shared_noise(features, labels, mode, params):
+    """One noise vector for the whole batch (no batch axis)."""
+    h = tf.keras.layers.Dense(HIDDEN)(features) + tf.random.normal([HIDDEN])
+    return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
+
+
+def weight_noise(features, labels, mode, params):
+    """Noise on a weight (a Bayesian layer's sample of its kernel)."""
+    w = tf.compat.v1.get_variable("w", [PIXELS, CLASSES])
+    logits = tf.matmul(features, w + 0.1 * tf.random.normal([PIXELS, CLASSES]))
+    return _classifier_spec(mode, labels, logits, params)
+
+
+def constant_seed(features, labels, mode, params):
+    """A stateless op with a constant seed: the same numbers at every step."""
+    noise = tf.random.stateless_normal(tf.shape(features), seed=[1, 2])
+    return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(features + noise), params)
+
+
+def value_shaped(features, labels, mode, params):
+    """Noise whose shape is computed from the samples' values."""
+    n = tf.cast(tf.reduce_max(features), tf.int32) + 1
+    noise = tf.random.normal(tf.stack([n, PIXELS]))
+    return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(features + noise), params)
+
+
+def integer_draws(features, labels, mode, params):
+    """Random integers (a random feature index per sample)."""
+    index = tf.random.uniform([params.get("batch_size", 8)], 0, PIXELS, dtype=tf.int32)
+    picked = tf.gather(features, index, batch_dims=1)[:, None]
+    return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(features * picked), params)
+
+
+def sampled_softmax(features, labels, mode, params):
+    """tf.nn.sampled_softmax_loss: a candidate sampler draws classes for the batch."""
+    h = tf.keras.layers.Dense(HIDDEN, activation="relu")(features)
+    weights = tf.compat.v1.get_variable("softmax_w", [CLASSES * 4, HIDDEN])
+    biases = tf.compat.v1.get_variable("softmax_b", [CLASSES * 4])
+    loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
+        weights, biases, tf.cast(labels[:, None], tf.int64), h, num_sampled=3,
+        num_classes=CLASSES * 4))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
+
+
+def noisy_labels(features, labels, mode, params):
+    """Label noise: random numbers added to the regression targets."""
+    prediction = tf.keras.layers.Dense(PIXELS)(features)
+    targets = labels + tf.random.normal(tf.shape(labels), stddev=0.1)
+    loss = tf.compat.v1.losses.mean_squared_error(targets, prediction)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))

@@ -1,0 +1,102 @@
+"""The `random` kernel: random numbers drawn on the CS, one set per sample (tf.random.normal,
+truncated_normal, uniform and their stateless forms: a VAE's reparameterisation, Keras'
+GaussianNoise and GaussianDropout), as the raw draws of TF's op (standard normal, normal
+truncated to |z| < 2, uniform in [0, 1)); the graph's scale and shift are kernels after it.
+
+The CS draws its own numbers (TF's Philox stream is not the contract): the region's stream
+of the step (`RunContext.rng`, made by the executor from the program's seed, the region's
+position and the global step; in evaluation and prediction from the batch's index too).
+Each value is drawn in sample order from that stream, so micro-batches of any size and
+replicas draw what one whole batch draws.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from wafer.kernels.base import KernelError, RunContext, register
+from wafer.kernels.structure import Elementwise
+
+DISTRIBUTIONS = ("normal", "truncated_normal", "uniform")
+# TF's TruncatedNormal keeps the standard normal values with |z| below this, redrawing others.
+TRUNCATE = 2.0
+
+# The test seam: (kernel name, micro-batch shape) -> the values the kernel returns instead
+# of its own draws (a test hands the CS the numbers TF drew); None: the kernel draws.
+Replay = Callable[[str, tuple[int, ...]], np.ndarray]
+_replay: Replay | None = None
+
+
+@contextmanager
+def replayed_draws(replay: Replay) -> Iterator[None]:
+    """Within the block every `random` kernel returns `replay`'s values (tests only)."""
+    global _replay
+    _replay = replay
+    try:
+        yield
+    finally:
+        _replay = None
+
+
+def draw(rng: np.random.Generator, distribution: str, shape: tuple[int, ...]) -> np.ndarray:
+    """`shape` float32 values of `distribution`, taken from `rng` value after value (the
+    truncated normal redraws only what it rejected, so the stream is used as a draw of one
+    value at a time would use it)."""
+    if distribution == "uniform":
+        return rng.random(shape, dtype=np.float32)
+    values = rng.standard_normal(shape, dtype=np.float32)
+    if distribution == "normal":
+        return values
+    flat = values.reshape(-1)
+    kept = flat[np.abs(flat) < TRUNCATE]
+    while kept.size < flat.size:
+        more = rng.standard_normal(flat.size - kept.size, dtype=np.float32)
+        kept = np.concatenate([kept, more[np.abs(more) < TRUNCATE]])
+    return kept.reshape(shape)
+
+
+@register
+class RandomNumbers(Elementwise):
+    """attrs distribution (DISTRIBUTIONS), shape (per sample). Its one input is any value of
+    the micro-batch (it reads only its number of samples) and takes no gradient. Draws in
+    training, evaluation and prediction alike, as TF's op does in every mode."""
+
+    type_name = "random"
+    draws_random = True
+    draws_in_inference = True
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
+        super().__init__(name, attrs, input_shapes)
+        self.distribution = str(self.attrs.get("distribution", ""))
+        self.shape = tuple(int(d) for d in self.attrs.get("shape", ()))
+        if len(self.input_shapes) != 1 or self.distribution not in DISTRIBUTIONS or \
+                any(d < 0 for d in self.shape):
+            raise KernelError(f"kernel {name!r}: random takes 1 input, a distribution among "
+                              f"{', '.join(DISTRIBUTIONS)} and a shape, got "
+                              f"{len(self.input_shapes)} inputs, {self.distribution!r}, {self.shape}")
+
+    @property
+    def output_shape(self):
+        return self.shape
+
+    def flops_per_sample(self) -> float:
+        return float(max(math.prod(self.shape), 1))
+
+    def output_dtype(self, input_dtypes):
+        return np.dtype(np.float32)  # whatever the input it reads the size of
+
+    def input_differentiable(self, index: int) -> bool:
+        return False
+
+    def forward(self, params, inputs, ctx: RunContext):
+        shape = (inputs[0].shape[0], *self.shape)
+        if _replay is not None:
+            return np.asarray(_replay(self.name, shape), np.float32).reshape(shape), None
+        assert ctx.rng is not None, "the pipeline gives a drawing region its random stream"
+        return draw(ctx.rng, self.distribution, shape), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [None], {}
