@@ -52,6 +52,8 @@ from wafer.optimizers import Optimizer, make_optimizer, slot_name
 from wafer.precision import is_half, round_half, round_half_, round_half_into
 from wafer.schedules import Schedule, evaluate
 from wafer.weight_programs import WeightProgram
+from wafer.weight_writes import WeightWrite
+from wafer.weight_writes import apply as write_weight
 from wse_sim import ticks
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec, SharedWeight
 from wse_sim.shared_weights import SharedWeights
@@ -131,7 +133,8 @@ class Pipeline:
                  moving_averages: Sequence[MovingAverage] = (),
                  shared: Mapping[str, SharedWeight] | None = None,
                  dynamic_loss_scale: Rule | None = None,
-                 weight_program: WeightProgram | None = None):
+                 weight_program: WeightProgram | None = None,
+                 weight_writes: Sequence[WeightWrite] = ()):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.replicas = replicas
@@ -142,6 +145,8 @@ class Pipeline:
         self.transforms = tuple(transforms)
         self.schedules = tuple(schedules)
         self.moving_averages = tuple(moving_averages)
+        self.writes = {w.variable: w for w in weight_writes}
+        self._step = 0  # the global step the running batch trains from
         self.dynamic = dynamic_loss_scale
         self._applying = True  # this step's update runs (dynamic loss scaling skips some)
         self._scale = np.float32(1.0)  # the step's dynamic loss scale
@@ -218,7 +223,7 @@ class Pipeline:
                    replicas=max(program.num_replicas, 1),
                    schedules=checked.schedules, moving_averages=checked.moving_averages,
                    shared=checked.shared, dynamic_loss_scale=checked.dynamic_loss_scale,
-                   weight_program=checked.weight_program)
+                   weight_program=checked.weight_program, weight_writes=checked.weight_writes)
 
     def _mark_backward(self) -> None:
         """A region runs backward iff its output reaches the loss and a trained weight is
@@ -290,6 +295,7 @@ class Pipeline:
         `index` in the input too, apart from the training streams."""
         m_count = self.batch_size // self.micro
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
+        self._step = step
         board = Board(self.threads)
         for name, array in batch.items():
             for i in range(m_count):
@@ -327,6 +333,7 @@ class Pipeline:
                 work(0, board)
         if backward and self.optimizer is not None and self._applying:
             self.optimizer.finish_step()
+            self._write_after_updates()
             self._update_averages(step)
         applied = not backward or self.dynamic is None or self._applying
         if backward and self.dynamic is not None:
@@ -363,6 +370,35 @@ class Pipeline:
         if self.transforms:
             apply_transforms(self.transforms, gradients)
         self._applying = self.dynamic.finite(gradients.values())
+
+    def _written(self, variable: str, weight: np.ndarray, before: bool) -> bool:
+        """Whether the program writes `variable` besides its update at this time (before or
+        after the update), having written `weight` in place."""
+        write = self.writes.get(variable)
+        if write is None or write.before_update != before:
+            return False
+        step = self._step + write.step_offset
+        write_weight(write, weight, [evaluate(f, step, self.carried) for f in write.factors])
+        return True
+
+    def _write_after_updates(self) -> None:
+        """The weights' writes after the step's updates (decoupled weight decay), float16
+        kernels' rounded copies and the shared weights' views and derived weights after."""
+        if not self.writes:
+            return
+        for region in self.regions:
+            for role, var in region.variables.items():
+                if var not in self.shared and role in region.trained and \
+                        self._written(var, region.params[role], before=False) and region.half:
+                    round_half_into(region.params[role], region.compute[role])
+        written = {var for var, v in self.shared.variables.items()
+                   if self._written(var, v.value, before=False)}
+        if written:
+            self.shared.rewritten(written)
+            for region in self.regions:
+                for role, var in region.variables.items():
+                    if region.half and var in self.shared:
+                        round_half_into(region.params[role], region.compute[role])
 
     def _update_averages(self, step: int) -> None:
         """The moving averages of the weights after the step's updates (their shadows are
@@ -438,6 +474,8 @@ class Pipeline:
         updates = []
         for region in stage.regions:
             for role in region.trained:
+                if region.variables[role] not in self.shared:
+                    self._written(region.variables[role], region.params[role], before=True)
                 rule = self.optimizer.for_variable(region.variables[role])
                 if role in region.slices:
                     rule.apply_sparse(region.params[role], *region.slices.pop(role),
@@ -448,7 +486,8 @@ class Pipeline:
                     updates += _update_tiles(rule, region, role,
                                              self._rounds_in_update(region, role))
         if index == 0 and self.shared:
-            updates.append(partial(self.shared.update, self.optimizer))
+            updates.append(partial(self.shared.update, self.optimizer,
+                                   partial(self._written, before=True)))
         board.share(updates)
         if index == 0 and self.shared:  # float16 kernels read a rounded copy of the new values
             for region in self.regions:

@@ -23,6 +23,7 @@ from wafer.precision import PRECISIONS
 from wafer.regularizers import Regularizer
 from wafer.schedules import Schedule, schedule_problem
 from wafer.weight_programs import WeightProgram, WeightStep
+from wafer.weight_writes import WeightWrite, write_problem
 from wse_sim.errors import invalid
 
 Shape = tuple[int, ...]
@@ -98,6 +99,7 @@ class CheckedProgram:
     # the weight program (None: none) and the derived weights its kernels compute, by name
     weight_program: WeightProgram | None = None
     derived: Mapping[str, Shape] = field(default_factory=dict)
+    weight_writes: tuple[WeightWrite, ...] = ()  # a weight's writes besides its update
 
     def state_dtype(self, name: str) -> np.dtype:
         """float32, but a dynamic loss scale's counters are TF's int64."""
@@ -244,7 +246,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           views, check_schedules(program, optimizer, params),
                           check_moving_averages(program, params), shared,
                           check_dynamic_loss_scale(program, optimizer), program.step_counts_applied,
-                          weights, derived)
+                          weights, derived, check_weight_writes(program, params, derived))
 
 
 def check_weight_program(program: pb.Program, params: dict[str, ParamSpec],
@@ -351,6 +353,26 @@ def check_moving_averages(program: pb.Program,
         taken.add(average.shadow)
         averages.append(average)
     return tuple(averages)
+
+
+def check_weight_writes(program: pb.Program, params: Mapping[str, ParamSpec],
+                        derived: Mapping[str, Shape]) -> tuple[WeightWrite, ...]:
+    """The program's weight writes: each of a trained weight of the program (not derived),
+    once, its steps and factors valid (wafer.weight_writes)."""
+    writes: list[WeightWrite] = []
+    for index, message in enumerate(program.weight_writes):
+        write = WeightWrite.from_message(message)
+        where = f"program {program.name!r}: weight write {index} ({write.variable})"
+        spec = params.get(write.variable)
+        if spec is None or spec.frozen or write.variable in derived:
+            raise invalid(f"{where}: not a trained weight of the program")
+        if write.variable in {w.variable for w in writes}:
+            raise invalid(f"{where}: the weight is written twice")
+        problem = write_problem(write)
+        if problem:
+            raise invalid(f"{where}: {problem}")
+        writes.append(write)
+    return tuple(writes)
 
 
 def check_schedules(program: pb.Program, optimizer: OptimizerConfig | None,

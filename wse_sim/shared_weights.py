@@ -15,7 +15,7 @@ gradients (summed in program order) flow back through it and are added to its so
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -164,9 +164,13 @@ class SharedWeights:
         return float(sum((reg.loss(v.value) for v in self.variables.values()
                           for reg in v.spec.regularizers), np.float32(0)))
 
-    def update(self, optimizer: Optimizer) -> None:
-        """Apply the batch's gradients, then refresh the views and the derived weights."""
+    def update(self, optimizer: Optimizer,
+               write_before: Callable[[str, np.ndarray], object] | None = None) -> None:
+        """Apply the batch's gradients (`write_before` writing each weight first: a weight
+        write before its update), then refresh the views and the derived weights."""
         for v in self.trained():
+            if write_before is not None:
+                write_before(v.weight.variable, v.value)
             rule = optimizer.for_variable(v.weight.variable)
             if v.slices is not None:
                 rule.apply_sparse(v.value, *v.slices, v.slots)
@@ -175,6 +179,16 @@ class SharedWeights:
                 assert v.grad is not None
                 rule.apply(v.value, v.grad, v.slots, v.scratch)
             v.refresh()
+        self._refresh_derived()
+
+    def rewritten(self, variables: set[str]) -> None:
+        """After `variables`' values were written in place: their views and the derived
+        weights read the new values."""
+        for var in variables:
+            self.variables[var].refresh()
+        self._refresh_derived()
+
+    def _refresh_derived(self) -> None:
         if self.program is not None:
             self.derived = self._derive()
             for var, reads in self.reads.items():

@@ -26,7 +26,8 @@ FUSABLE_ACTIVATIONS = {"Relu": "relu", "Relu6": "relu6", "Elu": "elu", "Selu": "
 # The README's rows: kernel -> the TF ops it starts from.
 KERNEL_ROWS = {
     "dense": "MatMul / BatchMatMulV2 / Keras Tensordot with a weight [+ BiasAdd] [+ activation]",
-    "conv2d": "Conv2D (NHWC, SAME/VALID, strides) [+ BiasAdd] [+ activation]",
+    "conv2d": "Conv2D (NHWC, SAME/VALID, strides; grouped: Keras Conv2D(groups=)'s XLA function "
+              "of one Conv2D) [+ BiasAdd] [+ activation]",
     "max_pool, avg_pool": "MaxPool, AvgPool (NHWC, over height and width)",
     "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape)",
     "batch_norm_inference": "BatchNormalization with training=False, FusedBatchNormV3 (inference)",
@@ -134,24 +135,71 @@ def match_conv2d(m: Context, op: tf.Operation) -> bool:
         if derived:  # a filter computed from weights by ops the CS cannot run
             m.reject(op, derived)
         return derived != ""
-    padding = op.get_attr("padding").decode()
-    strides = list(op.get_attr("strides"))
-    if op.get_attr("data_format").decode() != "NHWC" or padding not in ("SAME", "VALID"):
+    return _conv2d(m, op, op.node_def, x, weight)
+
+
+def _conv2d(m: Context, op: tf.Operation, conv: Any, x: tf.Tensor, weight: Any) -> bool:
+    """A conv2d kernel for `op` computing the Conv2D node `conv` (op's own NodeDef, or the
+    one in the function op calls) of x and weight [+ bias] [+ activation]; grouped when
+    the weight has fewer input channels than x (TF's grouped convolution)."""
+    attr = conv.attr
+    padding = attr["padding"].s.decode()
+    strides = list(attr["strides"].list.i)
+    if attr["data_format"].s.decode() != "NHWC" or padding not in ("SAME", "VALID"):
         m.reject(op, "conv2d needs NHWC data and SAME or VALID padding")
         return True
-    if list(op.get_attr("dilations")) != [1, 1, 1, 1] or strides[0] != 1 or strides[3] != 1:
+    if list(attr["dilations"].list.i) != [1, 1, 1, 1] or strides[0] != 1 or strides[3] != 1:
         m.reject(op, "dilated convolutions are not supported")
         return True
-    kh, kw, _, filters = weight.shape
+    kh, kw, part, filters = weight.shape
+    channels = static_shape(x)[-1]
+    if channels % part or filters % (channels // part):
+        m.reject(op, f"a grouped conv2d of {channels} channels with a kernel of {part} input "
+                     f"channels and {filters} filters")
+        return True
     params = [ParamRef("kernel", weight.variable, weight.shape,
                        variable_shape=weight.variable_shape)]
     ops = [op]
     out, activation = _bias_and_activation(m, op.outputs[0], filters, ops, params)
-    m.add_kernel(m.scope(op, weight.variable), "conv2d", [x], {
-        "filters": int(filters), "kernel_size": [int(kh), int(kw)],
-        "strides": [int(strides[1]), int(strides[2])], "padding": padding,
-        "use_bias": len(params) == 2, "activation": activation}, params, ops, out)
+    attrs = {"filters": int(filters), "kernel_size": [int(kh), int(kw)],
+             "strides": [int(strides[1]), int(strides[2])], "padding": padding,
+             "use_bias": len(params) == 2, "activation": activation}
+    if channels != part:
+        attrs["groups"] = channels // part
+    m.add_kernel(m.scope(op, weight.variable), "conv2d", [x], attrs, params, ops, out)
     return True
+
+
+@fast_path
+def match_grouped_conv2d(m: Context, op: tf.Operation) -> bool:
+    """Keras Conv2D(groups=): a call of an XLA-compiled function holding one Conv2D of its
+    arguments (a variable's read as the filter), which TF's CPU runs as a grouped
+    convolution."""
+    if op.type != "StatefulPartitionedCall" or len(op.inputs) != 2:
+        return False
+    function = op.graph._get_function(op.get_attr("f").name)
+    definition = getattr(function, "definition", None)
+    if definition is None:
+        return False
+    nodes = {n.name: n for n in definition.node_def}
+    convs = [n for n in nodes.values() if n.op == "Conv2D"]
+    if len(convs) != 1 or sorted(n.op for n in nodes.values()) != ["Conv2D", "Identity", "NoOp", "ReadVariableOp"]:
+        return False
+    args = [a.name for a in definition.signature.input_arg]
+    conv, read = convs[0], next(n for n in nodes.values() if n.op == "ReadVariableOp")
+    identity = next(n for n in nodes.values() if n.op == "Identity")
+    # outputs after the first: the forward's values kept for the gradient's call
+    returns = [definition.ret[a.name] for a in definition.signature.output_arg]
+    if list(conv.input) != [args[1], f"{read.name}:value:0"] or list(read.input) != [args[0]] or \
+            list(identity.input)[:1] != [f"{conv.name}:output:0"] or \
+            returns[0] != f"{identity.name}:output:0" or \
+            not set(returns[1:]) <= {args[1], f"{read.name}:value:0"} or \
+            not m.is_batched(op.inputs[1]) or op.inputs[1].dtype != tf.float32:
+        return False
+    weight = m.operands.weight(op.inputs[0])
+    if weight is None or weight.dtype != "float32":
+        return False
+    return _conv2d(m, op, conv, op.inputs[1], weight)
 
 
 @fast_path

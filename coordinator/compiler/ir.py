@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from wafer.moving_averages import MovingAverage
     from wafer.optimizers import OptimizerConfig
     from wafer.schedules import Schedule
+    from wafer.weight_writes import WeightWrite
 
 Shape = tuple[int, ...]
 
@@ -98,6 +99,7 @@ class TrainingSpec:
     loss_scale: float = 1.0
     schedules: tuple[Schedule, ...] = ()  # hyper-parameters computed per step (these override)
     moving_averages: tuple[MovingAverage, ...] = ()  # ExponentialMovingAverage.apply
+    weight_writes: tuple[WeightWrite, ...] = ()  # decoupled weight decay written by hand
     # dynamic loss scaling (loss_scale is then the scale's initial value)
     dynamic_loss_scale: Rule | None = None
     step_counts_applied: bool = False  # its skipped steps leave the global step (TF's wrapper)

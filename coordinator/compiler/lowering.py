@@ -37,10 +37,13 @@ REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min"}
 RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
 # What the weight program (weight_program.py) computes on weights alone: element-wise ops,
 # arithmetic of weights and constants (TF op -> the binary kernel's op), reductions, reshapes,
-# transposes, products of matrices and stop_gradient (tf.nn.moments' of a weight).
+# transposes, products of matrices, stop_gradient (tf.nn.moments' of a weight) and the views
+# users take of weights (slices, splits, constant gathers, concatenations, stacks).
 WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMETIC}
+WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
+                "ResourceGather", "ConcatV2", "Pack")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, "AddN", *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "StopGradient"})
+                             "Transpose", "MatMul", "StopGradient", *WEIGHT_VIEWS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
              "NextIteration", "LoopCond"}
@@ -291,8 +294,10 @@ def _concat(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-@generic(*REDUCTIONS)
+@generic(*REDUCTIONS, "Any", "All")
 def _reduce(m: Context, op: tf.Operation) -> str:
+    """tf.reduce_{sum, mean, max, min} over a sample's axes, and reduce_{any, all} of a bool
+    value (Keras' Masking layer)."""
     constant = m.operands.constant(op.inputs[1])
     rank = len(static_shape(op.inputs[0]))
     if constant is None:
@@ -301,7 +306,7 @@ def _reduce(m: Context, op: tf.Operation) -> str:
         return "the CS has no reduce kernel"
     axes = sorted({int(a) % rank for a in np.atleast_1d(constant)})
     m.add_kernel(op.name, "reduce", [op.inputs[0]],
-                 {"op": REDUCTIONS[op.type], "axes": [a - 1 for a in axes],
+                 {"op": REDUCTIONS.get(op.type, op.type.lower()), "axes": [a - 1 for a in axes],
                   "keepdims": bool(op.get_attr("keep_dims"))}, [], [op], op.outputs[0])
     return ""
 
@@ -502,16 +507,19 @@ def _slice(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-@generic("Pad", "PadV2")
+@generic("Pad", "PadV2", "MirrorPad")
 def _pad(m: Context, op: tf.Operation) -> str:
+    """tf.pad: CONSTANT (Pad, PadV2), REFLECT and SYMMETRIC (MirrorPad)."""
     paddings = m.operands.constant(op.inputs[1])
     value = m.operands.constant(op.inputs[2]) if op.type == "PadV2" else np.float32(0)
     if paddings is None or value is None or np.any(paddings[0] != 0):
         return "pads the batch axis or with non-constant paddings"
     if not has_kernel("pad"):
         return "the CS has no pad kernel"
-    m.add_kernel(op.name, "pad", [op.inputs[0]], {"paddings": [int(p) for p in paddings[1:].ravel()],
-                                                 "value": float(value)}, [], [op], op.outputs[0])
+    attrs = {"paddings": [int(p) for p in paddings[1:].ravel()], "value": float(value)}
+    if op.type == "MirrorPad":
+        attrs["mode"] = op.get_attr("mode").decode()
+    m.add_kernel(op.name, "pad", [op.inputs[0]], attrs, [], [op], op.outputs[0])
     return ""
 
 
@@ -579,12 +587,17 @@ def supported_table() -> str:
                  + ", ".join(WEIGHT_PROGRAM_OPS) + " of weights and constants (tf.nn.l2_normalize"
                  "(w, 0) of a cosine classifier, weight normalization's g * v / tf.norm(v), a "
                  "learned temperature's tf.exp(t), tf.nn.softplus(w), w * mask, a low-rank kernel "
-                 "tf.matmul(u, v), a conv kernel standardised with tf.nn.moments): run on the CS "
-                 "once a step before the batch, the gradient taken back through the same "
-                 "kernels to the weights |")
+                 "tf.matmul(u, v), a conv kernel standardised with tf.nn.moments; views: slices "
+                 "with any masks and negative strides, tf.split/unstack, tf.gather at constant "
+                 "indices, tf.concat/stack of weights, as Keras GRU(reset_after=False)'s "
+                 "recurrent_kernel[:, 2 * units:]): run on the CS once a step before the batch, "
+                 "the gradient taken back through the same kernels to the weights (a view's "
+                 "scattered back) |")
     lines.append("| sequences | Keras LSTM, GRU, SimpleRNN over fixed-length sequences "
                  "(return_sequences either way): their While loop unrolled, every step reading "
-                 "the cell's shared weights; Pack, Split, SplitV, Unpack along a sample's axes; "
+                 "the cell's shared weights, masked (Keras Masking, Embedding mask_zero) or "
+                 "not; Bidirectional (ReverseV2 along a sample's axes); TimeDistributed (its "
+                 "time-major x[i] per step); Pack, Split, SplitV, Unpack along a sample's axes; "
                  "sparse_softmax_cross_entropy_with_logits on logits of rank > 2 |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
                  "mixed_float16 policy or casts by hand: float32 weights read through Cast, "

@@ -178,15 +178,20 @@ class Operands:
         return self._constants[tensor.name]
 
     def zero_product(self, tensor: tf.Tensor) -> np.ndarray | None:
-        """Zeros, if `tensor` is a product of a weight and a constant of zeros (a recurrent
-        layer's first step: its zero initial state times the recurrent kernel); TF's
-        gradient of such a product to the weight is zero too."""
+        """Zeros, if `tensor` is a product of a weight (or a static view of one) and a constant
+        of zeros (a recurrent layer's first step: its zero initial state times the recurrent
+        kernel, or Keras GRU's slice of it), or a view of such zeros; TF's gradient of such a
+        product to the weight is zero too."""
         op = tensor.op
+        if op not in self.flow and op.type in INDEX_VIEW_OPS | VARIABLE_VIEW_OPS - {"Cast"}:
+            inner = self._viewed_input(tensor)
+            return None if inner is None or self.zero_product(inner) is None else \
+                np.zeros(static_shape(tensor), tensor.dtype.as_numpy_dtype)
         if op in self.flow or op.type not in ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Mul"):
             return None
         factors = [self.constant(t) for t in op.inputs]
         if not any(f is not None and f.size and not f.any() for f in factors) or \
-                not all(f is not None or self.weight(t) is not None
+                not all(f is not None or self.weight(t) is not None or self.view(t) is not None
                         for f, t in zip(factors, op.inputs)):
             return None
         return np.zeros(static_shape(tensor), tensor.dtype.as_numpy_dtype)

@@ -11,6 +11,7 @@ from wafer.kernels import build_kernel
 from wafer.loss_scaling import CS1DynamicLossScale, Rule
 from wafer.precision import is_half, precision_of
 from wafer.schedules import ScheduleError, evaluate, render
+from wafer.weight_writes import describe
 
 # Steps at which the compile report shows each schedule's value.
 REPORT_STEPS = (0, 1, 2, 3, 10, 100, 1000, 10000, 100000)
@@ -138,6 +139,10 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
                          f"{render(average.factor)}"
                          + (", at the incremented global step" if average.step_offset else "")
                          + f"): {', '.join(shadows)}")
+    for write in training.weight_writes:
+        lines.append(f"Weight write of {write.variable} ({'before' if write.before_update else 'after'}"
+                     f" every update, at {write.source}): w = {describe(write)}"
+                     + (" (factors at the incremented global step)" if write.step_offset else ""))
     return lines
 
 

@@ -110,8 +110,9 @@ def _check_increment(extracted: ExtractedGraph, items: list[Scheduled]) -> None:
                 reads = [r for r in data_upstream(item.tensor.op) if r.type in _READS
                          and r.inputs and _handle_name(r.inputs[0].op) == step]
                 after = [r for r in reads if op in set(op_closure(r))]
-                if item.before_increment and item.apply in before and not after:
-                    continue
+                if item.before_increment and not after and (
+                        item.apply in before or reads and all(r in before for r in reads)):
+                    continue  # (the increment waits for the update reading it, or the reads)
                 if not item.before_increment and len(after) == len(reads):
                     continue
                 raise _refuse(op, f"the global step's increment and {item.what} (read by "

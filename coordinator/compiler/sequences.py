@@ -1,7 +1,8 @@
 """Lowerings of the ops that take sequences apart and put them together per sample: unstack,
-split and stack along a sample's axes, and the time-major round trip of Keras' unrolled
-recurrent layers (transpose the time axis first, unstack it; stack the steps, transpose
-back), which moves the batch axis only in between. Each becomes slice, reshape and concat
+split, stack and reverse along a sample's axes, and the time-major round trip of Keras'
+unrolled recurrent layers and TimeDistributed (transpose the time axis first, unstack it or
+take x[i] of every step; stack the steps, transpose back), which moves the batch axis only
+in between. Each becomes slice, reshape and concat
 kernels on the samples' own axes; a recurrent cell's weights are read at every step
 (shared weights, `wse_sim.shared_weights`)."""
 from __future__ import annotations
@@ -83,19 +84,64 @@ def pack(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+def _step_index(m: Context, op: tf.Operation, steps: int) -> int | None:
+    """i if op is x[i] of a time-major x (a StridedSlice of axis 0 alone, shrinking it)."""
+    if op.type != "StridedSlice" or any(op.get_attr(k) for k in (
+            "begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask")) or \
+            op.get_attr("shrink_axis_mask") != 1:
+        return None
+    begin, end, strides = (m.operands.constant(t) for t in op.inputs[1:])
+    if begin is None or end is None or strides is None or \
+            not len(begin) == len(end) == len(strides) == 1 or int(strides[0]) != 1:
+        return None
+    i = int(begin[0])
+    return i if 0 <= i < steps and int(end[0]) == i + 1 else None
+
+
 def time_major_unstack(m: Context, op: tf.Operation) -> str:
-    """A transpose moving a time axis first, then unstacking it (Keras' unrolled recurrent
-    layers): step i is x[:, ..., i, ...], one slice each; "" if lowered, else why not."""
+    """A transpose moving a time axis first, then taking it apart step by step (Keras'
+    unrolled recurrent layers: unstack; Keras' TimeDistributed: x[i] for every i): step i
+    is x[:, ..., i, ...], one slice each; "" if lowered, else why not."""
     x, perm = op.inputs[0], m.operands.constant(op.inputs[1])
     unstack = m.sole_consumer(op.outputs[0])
     rank = len(static_shape(x))
-    if perm is None or unstack is None or unstack.type != "Unpack" or \
-            unstack.get_attr("axis") % rank != 0 or not m.is_batched(x):
-        return "transposes the batch axis away from the first position"
+    refusal = "transposes the batch axis away from the first position"
+    if perm is None or not m.is_batched(x):
+        return refusal
     order = [int(p) for p in perm]
     time = order[0]
     if order[1] != 0 or order[1:] != [a for a in range(rank) if a != time]:
-        return "transposes the batch axis away from the first position"
-    for i, out in enumerate(unstack.outputs):
-        _take(m, unstack, x, out, time - 1, i, i + 1, True, [op, unstack])
+        return refusal
+    if unstack is not None and unstack.type == "Unpack" and unstack.get_attr("axis") % rank == 0:
+        for i, out in enumerate(unstack.outputs):
+            _take(m, unstack, x, out, time - 1, i, i + 1, True, [op, unstack])
+        return ""
+    steps = static_shape(x)[time]
+    slices = op.outputs[0].consumers()
+    indices = [_step_index(m, s, steps) for s in slices]
+    if not slices or None in indices:
+        return refusal
+    for index, step in zip(indices, slices):
+        assert index is not None
+        _take(m, step, x, step.outputs[0], time - 1, index, index + 1, True, [op, step])
+    return ""
+
+
+@generic("ReverseV2")
+def reverse(m: Context, op: tf.Operation) -> str:
+    """tf.reverse of a per-sample value along sample axes (Keras' Bidirectional realigns
+    its backward layer's sequence): a slice with stride -1 on those axes."""
+    x, axes_c = op.inputs[0], m.operands.constant(op.inputs[1])
+    rank = len(static_shape(x))
+    if not m.is_batched(x) or axes_c is None:
+        return "reverses a value that is not per-sample, or along axes that are not constant"
+    axes = {int(a) % rank for a in axes_c.ravel()}
+    if 0 in axes:
+        return "reverses the batch axis"
+    shape = m.shape(x)
+    flips = [a + 1 in axes for a in range(len(shape))]
+    m.add_kernel(op.name, "slice", [x], {"begin": [d - 1 if f else 0 for d, f in zip(shape, flips)],
+                                         "end": [-1 if f else d for d, f in zip(shape, flips)],
+                                         "strides": [-1 if f else 1 for f in flips], "shrink": []},
+                 [], [op], op.outputs[0])
     return ""

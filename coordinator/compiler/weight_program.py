@@ -7,8 +7,12 @@ before the batch, and takes the gradient its readers accumulate back through the
 kernels (their backward, TF's gradient functions) to the variables.
 
 Only element-wise ops, broadcasting arithmetic with constants or other weights, reductions,
-transposes, reshapes, products of matrices and stop_gradient are lowered; any other op on
-the way from a weight to the samples is refused, naming it and its source line.
+transposes, reshapes, products of matrices, stop_gradient and views (strided slices with any
+masks, tf.split/unstack, tf.gather at constant indices, tf.concat/stack of weights: Keras
+GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) are lowered; a
+view's gradient is scattered back into its input's shape, and the gradients of a weight's
+views summed, as TF's. Any other op on the way from a weight to the samples is refused,
+naming it and its source line.
 """
 from __future__ import annotations
 
@@ -19,7 +23,14 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, WeightProgram
-from coordinator.compiler.lowering import REDUCTIONS, UNARY, WEIGHT_ARITHMETIC, WEIGHT_PROGRAM_OPS
+from coordinator.compiler.lowering import (
+    REDUCTIONS,
+    UNARY,
+    WEIGHT_ARITHMETIC,
+    WEIGHT_PROGRAM_OPS,
+    WEIGHT_VIEWS,
+    slice_bounds,
+)
 from coordinator.compiler.operands import Operands, Weight, static_shape
 from wafer.kernels import KernelError, build_kernel
 
@@ -107,6 +118,8 @@ class WeightProgramBuilder:
             if inner is None:
                 return self._refuse(tensor, self.problems[op.inputs[0].name])
             return inner
+        if op.type in WEIGHT_VIEWS:
+            return self._view(op, tensor)
         if op.type not in WEIGHT_PROGRAM_OPS:
             return self._refuse(tensor, f"computes on weights with {where}, which the CS cannot "
                                         "run on weights (it runs element-wise ops, arithmetic, "
@@ -166,6 +179,86 @@ class WeightProgramBuilder:
             return self._add(op, tensor, "transpose", inputs[:1],
                              {"perm": [int(p) for p in inputs[1]]})
         return self._add(op, tensor, "reshape", inputs[:1], {"shape": list(out)})
+
+    def _view(self, op: tf.Operation, tensor: tf.Tensor) -> str | None:
+        """A view of weights: slice, take, concat or reshape kernels (_Unfit: constant
+        bounds, indices or axes missing, a constant among concatenated weights)."""
+        kind = op.type
+        inputs = list(op.inputs)
+        data, rest = {"Split": (inputs[1:], inputs[:1]), "ConcatV2": (inputs[:-1], inputs[-1:]),
+                      "Pack": (inputs, [])}.get(kind, (inputs[:1], inputs[1:]))
+        found = [self.operands.constant(t) for t in rest]
+        args = [a for a in found if a is not None]
+        if len(args) != len(found):
+            raise _Unfit("its bounds, indices or axis are not constant")
+        table = self.operands.weight(data[0]) if kind == "ResourceGather" else None
+        if kind == "ResourceGather":  # tf.gather of a variable's handle: axis 0
+            if table is None:
+                raise _Unfit("it gathers from a handle that is no variable's")
+            kind, args = "GatherV2", [args[0], np.asarray(0)]
+        values = [self._source(data[0], table) if table is not None else self._lower(t)
+                  for t in data]
+        bad = next((t for t, v in zip(data, values) if v is None), None)
+        if bad is not None:
+            return self._refuse(tensor, self.problems[bad.name])
+        if not all(isinstance(v, str) for v in values):
+            raise _Unfit("it mixes weights and constants")
+        names: list[str] = values  # type: ignore[assignment]  # (all kernels or variables)
+        shape = table.variable_shape if table is not None else static_shape(data[0])
+        out = static_shape(tensor)
+        if kind in ("ConcatV2", "Pack"):
+            axis = int(args[0]) if kind == "ConcatV2" else int(op.get_attr("axis"))
+            rank = len(out)
+            if kind == "Pack":
+                names = [self._add(op, None, "reshape", [n], {"shape": [
+                    *shape[:axis % rank], 1, *shape[axis % rank:]]}, suffix=f"/expand_{k}")
+                    for k, n in enumerate(names)]
+            if len(names) == 1:
+                return self._add(op, tensor, "reshape", names, {"shape": list(out)})
+            return self._add(op, tensor, "concat", names, {"axis": axis % rank})
+        if kind == "GatherV2":
+            if op.get_attr("batch_dims") != 0:
+                raise _Unfit("it gathers with batch_dims")
+            indices, axis = np.asarray(args[0]), int(args[1]) % len(shape)
+            size = shape[axis]
+            flat = [int(i) % size if -size <= int(i) < size else int(i)
+                    for i in indices.reshape(-1)]
+            attrs = {"axis": axis, "indices": flat}
+            if indices.ndim == 1:
+                return self._add(op, tensor, "take", names, attrs)
+            taken = self._add(op, None, "take", names, attrs, suffix="/take")
+            return self._add(op, tensor, "reshape", [taken], {"shape": list(out)})
+        bounds = self._bounds(op, tensor, shape, args)
+        sliced = tuple(len(range(lo, hi, step)) for lo, hi, step, shrink in bounds
+                       if not shrink)
+        attrs = {"begin": [b[0] for b in bounds], "end": [b[1] for b in bounds],
+                 "strides": [b[2] for b in bounds],
+                 "shrink": [a for a, b in enumerate(bounds) if b[3]]}
+        if sliced == out:
+            return self._add(op, tensor, "slice", names, attrs)
+        piece = self._add(op, None, "slice", names, attrs, suffix="/slice")
+        return self._add(op, tensor, "reshape", [piece], {"shape": list(out)})
+
+    def _bounds(self, op: tf.Operation, tensor: tf.Tensor, shape: tuple[int, ...],
+                args: list[np.ndarray]) -> list[tuple[int, int, int, bool]]:
+        """(begin, end, stride, shrink) per axis of the viewed weight, TF's bounds resolved."""
+        kind = op.type
+        if kind == "StridedSlice":
+            return slice_bounds(op, *args)
+        whole = [(0, d, 1, False) for d in shape]
+        if kind == "Slice":
+            begin, size = (a.astype(np.int64) for a in args)
+            return [(int(b), d if int(n) < 0 else int(b) + int(n), 1, False)
+                    for b, n, d in zip(begin, size, shape)]
+        if kind == "Unpack":
+            axis = int(op.get_attr("axis")) % len(shape)
+            whole[axis] = (tensor.value_index, tensor.value_index + 1, 1, True)
+            return whole
+        axis = int(args[0] if kind == "Split" else args[1]) % len(shape)
+        sizes = [static_shape(o)[axis] for o in op.outputs]
+        lo = sum(sizes[:tensor.value_index])
+        whole[axis] = (lo, lo + sizes[tensor.value_index], 1, False)
+        return whole
 
     def _arithmetic(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any],
                     out: tuple[int, ...]) -> str:

@@ -151,6 +151,15 @@ EXPRESSIONS = {
     "ExpandDims": lambda w, v, g, s: tf.expand_dims(w * v, 1), "Transpose": lambda w, v, g, s: tf.transpose(w * v),
     "MatMul": lambda w, v, g, s: tf.matmul(w, v, transpose_b=True),
     "StopGradient": lambda w, v, g, s: tf.stop_gradient(w) * v,
+    "StridedSlice": lambda w, v, g, s: (w * v)[::-2, tf.newaxis, 1:-1],
+    "Slice": lambda w, v, g, s: tf.slice(w * v, [1, 0], [-1, 3]),
+    "Split": lambda w, v, g, s: tf.split(w * v, 2, axis=1)[1],
+    "SplitV": lambda w, v, g, s: tf.split(w * v, [1, 3], axis=1)[1] * 2.0,
+    "Unpack": lambda w, v, g, s: tf.unstack(w * v)[2],
+    "GatherV2": lambda w, v, g, s: tf.gather(w * v, [[3, 0], [3, 3]], axis=-1),
+    "ResourceGather": lambda w, v, g, s: tf.gather(w, [2, 0, 2]) * v,
+    "ConcatV2": lambda w, v, g, s: tf.concat([w, v * 2.0, s, w], axis=-1),
+    "Pack": lambda w, v, g, s: tf.stack([w, v * 2.0, w], axis=1),
 }
 
 
@@ -166,7 +175,7 @@ def test_every_op_of_the_weight_program_computes_tfs_values_and_gradients():
         outputs = {op: f(*variables.values()) for op, f in EXPRESSIONS.items()}
         seeds = {op: tf.constant(rng.normal(size=y.shape.as_list()), tf.float32)
                  for op, y in outputs.items()}
-        grads = {op: [tf.zeros_like(x) if d is None else d for x, d in zip(
+        grads = {op: [tf.zeros_like(x) if d is None else tf.convert_to_tensor(d) for x, d in zip(
             variables.values(), tf.gradients(tf.reduce_sum(y * seeds[op]), list(variables.values())))]
             for op, y in outputs.items()}
         with tf.compat.v1.Session() as session:

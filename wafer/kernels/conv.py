@@ -1,7 +1,8 @@
-"""Spatial kernels on NHWC samples: conv2d (im2col + one matmul) and max/avg pooling,
-with TensorFlow's SAME/VALID padding arithmetic."""
+"""Spatial kernels on NHWC samples: conv2d (im2col + one matmul; grouped: a block-diagonal
+filter matrix) and max/avg pooling, with TensorFlow's SAME/VALID padding arithmetic."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
@@ -10,7 +11,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from wafer.kernels import activations
 from wafer.kernels.affine import Affine
-from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
+from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register, run_in_order
 from wafer.precision import is_half
 
 
@@ -123,6 +124,10 @@ class Windows:
 
 @register
 class Conv2D(Kernel):
+    """attr groups (default 1): TF's grouped convolution (Keras Conv2D(groups=)): the
+    channels in `groups` equal parts, each convolved with its own filters' share; the
+    kernel is (kh, kw, channels / groups, filters), as TF's."""
+
     type_name = "conv2d"
     rounds_own_output = True
 
@@ -138,6 +143,10 @@ class Conv2D(Kernel):
                                pair(name, self.attrs, "strides"), self.attrs.get("padding"),
                                pair(name, {"dilations": [1, 1], **self.attrs}, "dilations"))
         self.channels = self.input_shapes[0][2]
+        self.groups = int(self.attrs.get("groups", 1))
+        if self.groups <= 0 or self.channels % self.groups or self.filters % self.groups:
+            raise KernelError(f"kernel {name!r}: conv2d groups {self.groups} must divide its "
+                              f"{self.channels} channels and {self.filters} filters")
         self.use_bias = bool(self.attrs.get("use_bias", True))
         self.activation = activations.check_function(name, self.attrs.get("activation", "linear"))
         self.patch = self.ksize[0] * self.ksize[1] * self.channels
@@ -148,14 +157,15 @@ class Conv2D(Kernel):
         return (self.windows.oh, self.windows.ow, self.filters)
 
     def param_shapes(self):
-        shapes: dict[str, tuple[int, ...]] = {"kernel": (*self.ksize, self.channels, self.filters)}
+        shapes: dict[str, tuple[int, ...]] = {
+            "kernel": (*self.ksize, self.channels // self.groups, self.filters)}
         if self.use_bias:
             shapes["bias"] = (self.filters,)
         return shapes
 
     def flops_per_sample(self) -> float:
         positions = self.windows.oh * self.windows.ow
-        per = 2 * self.patch * self.filters + (self.filters if self.use_bias else 0)
+        per = 2 * self.patch * self.filters // self.groups + (self.filters if self.use_bias else 0)
         per += activations.FUNCTIONS[self.activation][2] * self.filters
         return float(positions * per)
 
@@ -168,15 +178,48 @@ class Conv2D(Kernel):
             kept += math.prod(self.output_shape)
         return 4 * kept
 
+    def _matrix(self, kernel: np.ndarray) -> np.ndarray:
+        """The (patch, filters) matrix of im2col rows: with groups, block-diagonal (a
+        group's filters read its own channels; the zeros add nothing)."""
+        if self.groups == 1:
+            return kernel.reshape(self.patch, self.filters)
+        taps, part, share = self.ksize[0] * self.ksize[1], self.channels // self.groups, \
+            self.filters // self.groups
+        w = np.zeros((taps, self.channels, self.filters), kernel.dtype)
+        blocks = kernel.reshape(taps, part, self.filters)
+        for g in range(self.groups):
+            w[:, g * part:(g + 1) * part, g * share:(g + 1) * share] = \
+                blocks[:, :, g * share:(g + 1) * share]
+        return w.reshape(self.patch, self.filters)
+
+    def _kernel_of(self, matrix: np.ndarray) -> np.ndarray:
+        """The grouped kernel's entries of a (patch, filters) matrix (`_matrix`'s inverse)."""
+        taps, part, share = self.ksize[0] * self.ksize[1], self.channels // self.groups, \
+            self.filters // self.groups
+        full = matrix.reshape(taps, self.channels, self.filters)
+        kernel = np.empty((taps, part, self.filters), matrix.dtype)
+        for g in range(self.groups):
+            kernel[:, :, g * share:(g + 1) * share] = \
+                full[:, g * part:(g + 1) * part, g * share:(g + 1) * share]
+        return kernel.reshape(self.param_shapes()["kernel"])
+
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
         cols = self.windows.columns(x)
-        y, cache = self.affine.forward(cols, params["kernel"].reshape(self.patch, self.filters),
-                                        params.get("bias"), ctx)
+        y, cache = self.affine.forward(cols, self._matrix(params["kernel"]), params.get("bias"), ctx)
         return y.reshape(x.shape[0], *self.output_shape), (x.shape[0], cache)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         m, affine_cache = cache
+        if self.groups > 1:  # the full matrix's gradient, then its blocks into the accumulators
+            dcols, full = self.affine.backward(
+                affine_cache, grad_output.reshape(-1, self.filters), self._matrix(params["kernel"]),
+                self.use_bias, None, dataclasses.replace(ctx, run_tiles=run_in_order), ctx.wants_grad(0))
+            grads: dict[str, np.ndarray] = {}
+            accumulate(param_grads, "kernel", self._kernel_of(full["kernel"]), grads, ctx)
+            if self.use_bias:
+                accumulate(param_grads, "bias", full["bias"], grads, ctx)
+            return [None if dcols is None else self.windows.uncolumns(m, dcols)], grads
         w = params["kernel"].reshape(self.patch, self.filters)
         acc = None if param_grads is None else \
             {**param_grads, "kernel": param_grads["kernel"].reshape(self.patch, self.filters)}

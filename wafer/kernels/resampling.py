@@ -8,14 +8,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
+from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
 from wafer.kernels.conv import pair
 
 
 @register
 class Tile(Kernel):
-    """attr multiples (per sample): the sample repeated multiples[a] times along axis a;
-    the gradient of each value is the sum over its copies."""
+    """attr multiples (per sample): the sample repeated multiples[a] times along axis a
+    (float32, integers or bool: a recurrent layer's mask); the gradient of each value is the
+    sum over its copies."""
 
     type_name = "tile"
 
@@ -39,6 +40,10 @@ class Tile(Kernel):
 
     def activation_bytes_per_sample(self) -> int:
         return 0
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER, np.bool_)])  # a mask too
+        return np.dtype(input_dtypes[0])
 
     def forward(self, params, inputs, ctx: RunContext):
         return np.tile(inputs[0], (1, *self.multiples)), len(inputs[0])

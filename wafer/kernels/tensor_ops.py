@@ -1,8 +1,9 @@
 """Weightless kernels that reduce, normalise or rearrange one sample's values: reduce,
-softmax (and log_softmax), transpose, slice (tf.strided_slice) and pad. Attrs name
-per-sample axes (axis 0 is the sample's first axis, the micro-batch is never touched).
-Each backward is TensorFlow's registered gradient function (math_grad.py, nn_grad.py,
-array_grad.py) on the same float32 values, so results match TF's to rounding.
+softmax (and log_softmax), transpose, slice (tf.strided_slice), take (tf.gather at constant
+indices) and pad. Attrs name per-sample axes (axis 0 is the sample's first axis, the
+micro-batch is never touched). Each backward is TensorFlow's registered gradient function
+(math_grad.py, nn_grad.py, array_grad.py) on the same float32 values, so results match
+TF's to rounding.
 """
 from __future__ import annotations
 
@@ -48,12 +49,14 @@ class Rearrangement(SampleKernel):
         return np.dtype(input_dtypes[0])
 
 
-REDUCTIONS = ("sum", "mean", "max", "min")
+REDUCTIONS = ("sum", "mean", "max", "min", "any", "all")
+LOGICAL_REDUCTIONS = ("any", "all")  # of bool values, no gradient
 
 
 @register
 class Reduce(SampleKernel):
-    """tf.reduce_{sum, mean, max, min} over per-sample `axes` (attr keepdims). Gradients:
+    """tf.reduce_{sum, mean, max, min} over per-sample `axes` (attr keepdims), and
+    reduce_{any, all} of bool values (no gradient). Gradients:
     _SumGrad broadcasts, _MeanGrad divides by the reduced count, _MinOrMaxGrad splits the
     gradient equally among the elements equal to the result (ties)."""
 
@@ -87,9 +90,15 @@ class Reduce(SampleKernel):
         return self._shape
 
     def output_dtype(self, input_dtypes):
+        if self.op in LOGICAL_REDUCTIONS:
+            check_dtypes(self, input_dtypes, [(np.bool_,)])
+            return np.dtype(np.bool_)
         integer = () if self.op == "mean" else INTEGER  # TF's integer mean truncates
         check_dtypes(self, input_dtypes, [(np.float32, *integer)])
         return np.dtype(input_dtypes[0])
+
+    def input_differentiable(self, index: int) -> bool:
+        return self.op not in LOGICAL_REDUCTIONS
 
     def flops_per_sample(self) -> float:
         return float(math.prod(self.input_shapes[0]))
@@ -105,6 +114,9 @@ class Reduce(SampleKernel):
             y = np.sum(x, axis=self.batch_axes, keepdims=True, dtype=x.dtype)
             if self.op == "mean":
                 y /= self.count
+            cache = None
+        elif self.op in LOGICAL_REDUCTIONS:
+            y = (np.any if self.op == "any" else np.all)(x, axis=self.batch_axes, keepdims=True)
             cache = None
         else:
             y = (np.max if self.op == "max" else np.min)(x, axis=self.batch_axes, keepdims=True)
@@ -255,10 +267,48 @@ class Slice(Rearrangement):
 
 
 @register
+class Take(Rearrangement):
+    """tf.gather of the sample at constant indices along a per-sample axis: attrs axis and
+    indices (a list of ints in [0, size)). The gradient is TF's _GatherV2Grad, an
+    UnsortedSegmentSum: each index's gradients added into zeros in order (np.add.at)."""
+
+    type_name = "take"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.one_input()
+        axis = self.attrs.get("axis")
+        indices = int_list(self, "indices")
+        if not isinstance(axis, int) or not 0 <= axis < len(shape) or \
+                any(not 0 <= i < shape[axis] for i in indices):
+            raise KernelError(f"kernel {name!r} (take): axis {axis!r} must be a per-sample "
+                              f"axis of {shape} and the indices {indices} within it")
+        self.axis = axis
+        self.indices = np.asarray(indices, np.int64)
+        self.index: tuple[Any, ...] = (slice(None),) * (axis + 1) + (self.indices,)
+
+    @property
+    def output_shape(self):
+        shape = list(self.input_shapes[0])
+        shape[self.axis] = len(self.indices)
+        return tuple(shape)
+
+    def forward(self, params, inputs, ctx: RunContext):
+        return np.take(inputs[0], self.indices, axis=self.axis + 1), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        grad = np.zeros((grad_output.shape[0], *self.input_shapes[0]), grad_output.dtype)
+        np.add.at(grad, self.index, grad_output)
+        return [grad], {}
+
+
+@register
 class Pad(Rearrangement):
-    """tf.pad of the sample with a constant: attrs paddings (before and after for each
-    per-sample axis, flattened: [b0, a0, b1, a1, ...]) and value (default 0). The
-    gradient is the slice of the padded region (_PadGrad)."""
+    """tf.pad of the sample: attrs paddings (before and after for each per-sample axis,
+    flattened: [b0, a0, b1, a1, ...]), mode (CONSTANT, the default, with value, default 0;
+    REFLECT or SYMMETRIC: MirrorPad, pads below an axis's size, or up to it for
+    SYMMETRIC). The gradient is the slice of the padded region (_PadGrad); a mirror's
+    also adds each mirrored value's gradient onto its source (MirrorPadGrad)."""
 
     type_name = "pad"
 
@@ -273,6 +323,13 @@ class Pad(Rearrangement):
                               f"value a finite number, got value {value!r}")
         self.pads = tuple((flat[2 * a], flat[2 * a + 1]) for a in range(len(shape)))
         self.value = value
+        self.mode = self.attrs.get("mode", "CONSTANT")
+        limit = {"CONSTANT": None, "REFLECT": 0, "SYMMETRIC": 1}.get(self.mode, -1)
+        if limit == -1 or (limit is not None and any(
+                max(p) > d - 1 + limit for p, d in zip(self.pads, shape))):
+            raise KernelError(f"kernel {name!r} (pad): mode {self.mode!r} must be CONSTANT, "
+                              f"REFLECT (paddings below the axis's size) or SYMMETRIC (up to "
+                              f"it), got paddings {flat} of a sample {shape}")
         self.inner = (slice(None), *(slice(b, b + d) for (b, _), d in zip(self.pads, shape)))
 
     @property
@@ -285,12 +342,24 @@ class Pad(Rearrangement):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
+        if self.mode != "CONSTANT":
+            return np.pad(x, ((0, 0), *self.pads), mode=self.mode.lower()), None
         out = np.full((x.shape[0], *self.output_shape), self.value, x.dtype)
         out[self.inner] = x
         return out, None
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        return [np.ascontiguousarray(grad_output[self.inner])], {}
+        if self.mode == "CONSTANT":
+            return [np.ascontiguousarray(grad_output[self.inner])], {}
+        grad = grad_output
+        shift = 1 if self.mode == "REFLECT" else 0  # REFLECT does not repeat the edge
+        for axis, ((before, after), size) in enumerate(zip(self.pads, self.input_shapes[0]), 1):
+            g = np.moveaxis(grad, axis, 0)
+            folded = g[before:before + size].copy()
+            folded[shift:shift + before] += g[:before][::-1]
+            folded[size - shift - after:size - shift] += g[before + size:][::-1]
+            grad = np.moveaxis(folded, 0, axis)
+        return [np.ascontiguousarray(grad)], {}
 
 
 @register

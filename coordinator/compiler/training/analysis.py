@@ -5,19 +5,22 @@ from __future__ import annotations
 import numpy as np
 
 from common.errors import CSRunError
-from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import StatisticAverage, TrainedVariable, TrainingSpec
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from coordinator.compiler.training import loss_scaling
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
-from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
+from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
 from coordinator.compiler.training.numbers import HALF_GRADIENT_NOISE, HALF_GRADIENT_RTOL, _check_numbers
 from coordinator.compiler.training.transforms import _fold_loss_scale
 from coordinator.compiler.training.updates import SUPPORTED, _check_dtypes, _check_slots, _Update
-from coordinator.compiler.training.writes import _Average, _bookkeeping, _is_write, _updates
+from coordinator.compiler.training.writes import _Average, _bookkeeping, _is_write, _updates, _Write
 from wafer.grad_transforms import GradientTransform
 from wafer.loss_scaling import Rule
 from wafer.moving_averages import FACTOR, MovingAverage
+from wafer.schedules import ScalarOp, Schedule
+from wafer.weight_writes import FACTOR as FACTOR_OF_WRITE
+from wafer.weight_writes import WeightWrite, WriteStep
 
 
 def analyze_training(extracted: ExtractedGraph, half: bool = False) -> TrainingSpec:
@@ -50,7 +53,11 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
             dynamic = loss_scaling.inline(extracted)
             if dynamic is not None:
                 extracted = dynamic.view
-            updates, averages = _updates(extracted, statistic_averages)
+            updates, averages, written = _updates(extracted, statistic_averages)
+            if dynamic is not None and written:
+                raise _fail(written[0].op, "a write of a weight besides its update with dynamic "
+                                           "loss scaling: the CS does not skip it with a "
+                                           "skipped step; train without one")
             _check_dtypes(extracted, updates)
             _check_slots(updates)
         except _Refused as problem:
@@ -81,13 +88,13 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
         except _Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
         try:
-            schedules, moving = _schedules(extracted, updates, averages)
+            schedules, moving, writes = _schedules(extracted, updates, averages, written)
         except ScheduleRefused as problem:
             raise _Problems([str(problem)]) from None
     variables = tuple(TrainedVariable(u.variable, "dense" if u.indices is None else "sparse",
                                       u.slots, user_source(u.op)) for u in updates)
     return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), loss_scale=loss_scale,
-                        schedules=schedules, moving_averages=moving,
+                        schedules=schedules, moving_averages=moving, weight_writes=writes,
                         statistic_averages=tuple(statistic_averages),
                         dynamic_loss_scale=scaling,
                         step_counts_applied=dynamic is not None and dynamic.step_counts_applied)
@@ -119,10 +126,11 @@ def _dynamic(chains: list, transforms: list[GradientTransform], loss_scale: floa
     return transforms[1:], dynamic.rule
 
 
-def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list[_Average]):
-    """The schedules of the hyper-parameters the updates read per step, and the moving
-    averages with their factors (coordinator.compiler.schedules: lowered from the graph TF
-    executes)."""
+def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list[_Average],
+               written: list[_Write]):
+    """The schedules of the hyper-parameters the updates read per step, the moving averages
+    and the weight writes with their factors (coordinator.compiler.schedules: lowered from
+    the graph TF executes; a constant factor is its value)."""
     train = extracted.spec.train_op
     increments = [op for op in op_closure(train) if _is_write(op) and op.type in (
         "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph, None)]
@@ -134,10 +142,38 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
         items.append(Scheduled(FACTOR, a.mul, a.factor, name=a.shadow,
                                before_increment=not offsets[a.shadow],
                                label=f"the decay of the ExponentialMovingAverage of {a.variable}"))
-    written = {variable_op(op.inputs[0]).name for op in op_closure(train) if _is_write(op)}
-    lowered = lower_schedules(extracted, items, written)
+    write_offsets, constants = {}, {}
+    for w in written:
+        offset = set()
+        for k, (tensor, reader) in enumerate(w.factors):
+            name = f"{w.variable}/{FACTOR_OF_WRITE}_{k}"
+            value = _scalar(tensor)
+            if value is not None:
+                constants[name] = Schedule(FACTOR_OF_WRITE, (ScalarOp(
+                    "const", "float32", value=float(np.float32(value))),), tensor.name,
+                    user_source(tensor.op))
+                continue
+            late = bool(increments) and all(
+                increments[0] in set(op_closure(r)) for r in data_upstream(tensor.op)
+                if r.type in ("ReadVariableOp", "Identity") and variable_op(r.outputs[0]) is
+                variable_op(increments[0].inputs[0]))
+            offset.add(int(late))
+            items.append(Scheduled(FACTOR_OF_WRITE, reader, tensor, name=name,
+                                   before_increment=not late,
+                                   label=f"a factor of the write of {w.variable} ('{w.op.name}')"))
+        if len(offset) > 1:
+            raise ScheduleRefused(f"the write of {w.variable} reads the global step before and "
+                                  f"after the step's increment ({w.op.type} '{w.op.name}' at "
+                                  f"{user_source(w.op)})")
+        write_offsets[w.variable] = offset.pop() if offset else 0
+    written_vars = {variable_op(op.inputs[0]).name for op in op_closure(train) if _is_write(op)}
+    lowered = {**lower_schedules(extracted, items, written_vars), **constants}
     schedules = tuple(lowered[key] for key in dict.fromkeys(
         key for u in updates for key in u.scheduled))
     moving = tuple(MovingAverage(a.variable, a.shadow, lowered[a.shadow], offsets[a.shadow])
                    for a in averages)
-    return schedules, moving
+    writes = tuple(WeightWrite(
+        w.variable, tuple(WriteStep(op, inputs) for op, inputs in w.steps),
+        tuple(lowered[f"{w.variable}/{FACTOR_OF_WRITE}_{k}"] for k in range(len(w.factors))),
+        w.before_update, write_offsets[w.variable], user_source(w.op)) for w in written)
+    return schedules, moving, writes

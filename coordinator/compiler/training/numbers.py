@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph
+from coordinator.compiler.extract import ExtractedGraph, op_closure
 from coordinator.compiler.ir import StatisticAverage
+from coordinator.compiler.operands import VARIABLE_OPS
 from coordinator.compiler.training.gradients import TRANSFORMS, _Chain
 from coordinator.compiler.training.graph import _fail, _variables_under
 from coordinator.compiler.training.noise import check_noise
@@ -33,11 +34,13 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
     """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
     a float16 backward rounds S * g and g differently), and no rounding noise among them
     that the optimizer would amplify (noise.py); then TF's transforms == apply_transforms
-    on random gradients. (Moving averages are initialised too: gradients computed under
-    tf.control_dependencies(update_ops) run them.)"""
+    on random gradients. (Moving averages and what else the gradients' control dependencies
+    read are initialised too: gradients computed under tf.control_dependencies(update_ops)
+    or a weight decay run them.)"""
     graph, loss = extracted.graph, extracted.spec.loss
     handles = {op.name for op in _variables_under(loss)} | {c.update.variable for c in chains} \
-        | {a.variable for a in averages}
+        | {a.variable for a in averages} | {  # (what gradients under control dependencies run)
+            op.name for c in chains for op in op_closure(c.raw) if op.type in VARIABLE_OPS}
     with graph.as_default():
         variables = [v for v in tf.compat.v1.global_variables() if v.op.name in handles]
     if sum(v.shape.num_elements() or 0 for v in variables) > NUMERIC_CHECK_VALUES:

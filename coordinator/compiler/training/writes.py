@@ -1,7 +1,9 @@
 """Every variable write the train_op runs: an optimizer update of one variable (updates.py),
 the optimizer's own bookkeeping (Adam's beta powers), the global step's increment, a Keras
-seed generator's state, an ExponentialMovingAverage of a trained weight, or a moving average
-of a batch statistic (which the matcher must find); any other write is refused."""
+seed generator's state, an ExponentialMovingAverage of a trained weight, a moving average
+of a batch statistic (which the matcher must find), or a write of a trained weight that is
+an affine expression of it before or after its update (decoupled weight decay by hand,
+wafer.weight_writes); any other write is refused."""
 from __future__ import annotations
 
 import re
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
 from coordinator.compiler.training.updates import (
@@ -26,6 +28,7 @@ from coordinator.compiler.training.updates import (
     merge_weight_decay,
 )
 from wafer.optimizers import OptimizerConfig
+from wafer.weight_writes import WEIGHT
 
 _WRITE_PREFIXES = ("Assign", "ResourceScatter", "Scatter", "ResourceApply", "Apply",
                    "SparseApply", "ResourceSparseApply", "ResourceStridedSliceAssign",
@@ -91,9 +94,10 @@ def _moving_average(op: tf.Operation) -> _Average | None:
 
 
 def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
-             ) -> tuple[list[_Update], list[_Average]]:
-    """The optimizer updates and ExponentialMovingAverage updates of the train_op (the
-    moving averages of batch statistics into `statistics`)."""
+             ) -> tuple[list[_Update], list[_Average], list["_Write"]]:
+    """The optimizer updates, ExponentialMovingAverage updates and other writes of trained
+    weights (decoupled weight decay) of the train_op (the moving averages of batch
+    statistics into `statistics`)."""
     order = {op.name: i for i, op in enumerate(extracted.graph.get_operations())}
     writes = sorted((op for op in op_closure(extracted.spec.train_op) if _is_write(op)),
                     key=lambda op: order[op.name])
@@ -108,7 +112,7 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
     merge_weight_decay(updates)
     owned = set().union(*(u.owned for u in updates)) if updates else set()
     optimizer = updates[0].optimizer if updates else None
-    averages = []
+    averages, others = [], []
     for op in writes:
         if op in owned or _bookkeeping(op, extracted.graph, optimizer):
             continue
@@ -121,6 +125,9 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
             statistics.append(statistic)
             continue
         target = variable_op(op.inputs[0]) if op.inputs else op
+        if op.type in _WRITE_STEP and "ExponentialMovingAverage" not in target.name:
+            others.append(op)
+            continue
         if "ExponentialMovingAverage" in target.name:
             raise _fail(op, f"the train_op keeps an ExponentialMovingAverage of "
                             f"{target.name.rsplit('/', 1)[0]}: the CS does not keep weight moving "
@@ -154,7 +161,87 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                               f"its update: the CS averages the weights the train_op trains, "
                               "after their update (ema.apply under "
                               "tf.control_dependencies([the optimizer's op]))")
-    return updates, averages  # updates in graph order: compute_gradients' (creation) order
+    written = [_weight_write(op, by_var) for op in others]
+    twice = next((w for k, w in enumerate(written) if w.variable in
+                  {x.variable for x in written[:k]}), None)
+    if twice is not None:
+        raise _fail(twice.op, f"the train_op writes {twice.variable} twice besides its update: "
+                              "the CS carries out one such write per weight")
+    # updates in graph order: compute_gradients' (creation) order
+    return updates, averages, written
+
+
+# TF's variable writes -> the last step of the value they write (None: the value itself)
+_WRITE_STEP = {"AssignSubVariableOp": "sub", "AssignAddVariableOp": "add",
+               "AssignVariableOp": None, "AssignSub": "sub", "AssignAdd": "add", "Assign": None}
+_EXPRESSION = {"Mul": "mul", "Sub": "sub", "AddV2": "add", "Add": "add", "RealDiv": "div"}
+
+
+@dataclass(frozen=True)
+class _Write:
+    """A write of a trained weight besides its update (decoupled weight decay by hand)."""
+
+    op: tf.Operation
+    variable: str
+    steps: tuple[tuple[str, tuple[str, str]], ...]  # wafer.weight_writes' steps
+    factors: tuple[tuple[tf.Tensor, tf.Operation], ...]  # scalar tensors and their readers
+    before_update: bool
+
+
+def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
+    """`op`'s write as element-wise steps on its weight (wafer.weight_writes), or refused:
+    the weight must be trained, the value a per-weight affine expression of the weight,
+    constants and scalars computed per step, and the write ordered with the update."""
+    target = variable_op(op.inputs[0])
+    update = by_var.get(target.name)
+    if update is None:
+        raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
+                        "the CS carries out")
+    steps: list[tuple[str, tuple[str, str]]] = []
+    factors: list[tuple[tf.Tensor, tf.Operation]] = []
+    reads: list[tf.Operation] = []
+    not_affine = (f"the train_op writes {target.name} with a value that is not a per-weight "
+                  "affine expression of it, constants and schedules (the CS carries out "
+                  "decoupled weight decay such as v.assign_sub(wd * lr * v))")
+
+    def reads_target(t: tf.Tensor) -> bool:
+        return target in set(data_upstream(t.op))
+
+    def lower(t: tf.Tensor, reader: tf.Operation) -> str:
+        t = _skip_identity(t)
+        if t.op.type in ("ReadVariableOp", "VariableV2") and variable_op(t) is target:
+            reads.append(t.op)
+            return WEIGHT
+        if not reads_target(t):
+            value = _scalar(t)
+            if t.dtype.base_dtype != tf.float32 or (value is None and t.shape.rank != 0) or \
+                    (value is not None and t.shape.rank > len(target_shape)):
+                raise _fail(t.op, not_affine)
+            factors.append((t, reader))
+            return f"f{len(factors) - 1}"
+        kind = _EXPRESSION.get(t.op.type)
+        if kind is None or (kind == "mul" and all(reads_target(x) for x in t.op.inputs)) or \
+                (kind == "div" and reads_target(t.op.inputs[1])):
+            raise _fail(t.op, not_affine)
+        a, b = (lower(x, t.op) for x in t.op.inputs)
+        steps.append((kind, (a, b)))
+        return f"s{len(steps) - 1}"
+
+    target_shape = tf.TensorShape(target.get_attr("shape") if "shape" in target.node_def.attr
+                                  else target.outputs[0].shape)
+    value = lower(op.inputs[1], op)
+    last = _WRITE_STEP[op.type]
+    if last is not None:
+        steps.append((last, (WEIGHT, value)))
+    if not steps or not reads:
+        raise _fail(op, not_affine)
+    after = all(update.op in set(op_closure(r)) for r in reads)
+    before = op in set(op_closure(update.op))
+    if after == before:
+        raise _fail(op, f"the train_op writes {target.name} besides its update, and neither "
+                        "waits for the other: TF may run them in either order (write under "
+                        "tf.control_dependencies([the optimizer's op]), or the other way round)")
+    return _Write(op, target.name, tuple(steps), tuple(factors), before)
 
 
 def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
