@@ -1,8 +1,10 @@
 """Gradient transforms between compute_gradients and apply_gradients, with TensorFlow's
 formulas in float32 and TF's operation order (tf.clip_by_value, tf.clip_by_norm,
-tf.clip_by_global_norm, scaling). The CS applies them, in program order, to a batch's
+tf.clip_by_global_norm, scaling), and the exact 0 of a gradient that is 0 in exact arithmetic
+(coordinator.compiler.training.shift). The CS applies them, in program order, to a batch's
 complete gradients (regularizer gradients included) before any weight is updated.
 
+    zero                 g = g * 0 (what was not finite stays so: the finite test sees it)
     scale                g = g * value
     clip_by_value        g = maximum(minimum(g, high), low)
     clip_by_norm         l2 = sqrt(sum(g * g)) (0 if the sum is 0)
@@ -10,7 +12,7 @@ complete gradients (regularizer gradients included) before any weight is updated
     clip_by_global_norm  gn = sqrt(sum over the group of sum(g * g) / 2 * 2)
                          g = g * (value * minimum(1 / gn, 1 / value) + (gn - gn))
 
-scale and clip_by_value are elementwise and bit-equal to TF. The norms are sums of squares,
+zero, scale and clip_by_value are elementwise and bit-equal to TF. The norms are sums of squares,
 which TF's Eigen reduces in its own blocked order; numpy sums float32 in another, so a norm
 may differ from TF's in its last bits. Only the clipping factor depends on it: a gradient
 that is not clipped is bit-equal to TF's (the factor is value / value, resp.
@@ -27,7 +29,7 @@ import numpy as np
 from cs_api import cs_api_pb2 as pb
 
 F32 = np.float32
-KINDS = ("scale", "clip_by_value", "clip_by_norm", "clip_by_global_norm")
+KINDS = ("zero", "scale", "clip_by_value", "clip_by_norm", "clip_by_global_norm")
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ def apply_transforms(transforms: Sequence[GradientTransform],
             _clip_by_global_norm(group, F32(t.value))
             continue
         for g in group:
-            if t.kind == "scale":
+            if t.kind in ("scale", "zero"):
                 np.multiply(g, F32(t.value), out=g)
             elif t.kind == "clip_by_value":
                 np.minimum(g, F32(t.high), out=g)
