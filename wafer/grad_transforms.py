@@ -4,7 +4,9 @@ tf.clip_by_global_norm, scaling), and the exact 0 of a gradient that is 0 in exa
 (coordinator.compiler.training.shift). The CS applies them, in program order, to a batch's
 complete gradients (regularizer gradients included) before any weight is updated.
 
-    zero                 g = g * 0 (what was not finite stays so: the finite test sees it)
+    zero                 g = g * 0: a gradient 0 in exact arithmetic, of which TF computes
+                         rounding noise (the compiler emits it last; wse_sim applies it at
+                         the update, after the finite test of dynamic loss scaling)
     scale                g = g * value
     clip_by_value        g = maximum(minimum(g, high), low)
     clip_by_norm         l2 = sqrt(sum(g * g)) (0 if the sum is 0)
@@ -12,7 +14,7 @@ complete gradients (regularizer gradients included) before any weight is updated
     clip_by_global_norm  gn = sqrt(sum over the group of sum(g * g) / 2 * 2)
                          g = g * (value * minimum(1 / gn, 1 / value) + (gn - gn))
 
-zero, scale and clip_by_value are elementwise and bit-equal to TF. The norms are sums of squares,
+scale and clip_by_value are elementwise and bit-equal to TF. The norms are sums of squares,
 which TF's Eigen reduces in its own blocked order; numpy sums float32 in another, so a norm
 may differ from TF's in its last bits. Only the clipping factor depends on it: a gradient
 that is not clipped is bit-equal to TF's (the factor is value / value, resp.

@@ -109,3 +109,49 @@ def test_validation_reports_the_zero_gradient():
     with tempfile.TemporaryDirectory() as model_dir:
         text = compile_model(model_fn, input_fn, PARAMS, model_dir, validate_only=True).report_text
     assert f"{BIAS}: gradient 0 exactly" in text
+
+
+def _scores(kind: str):
+    """A float64 graph: h -> Dense(1) scores -> `kind` -> a loss; the bias's name."""
+    x = tf.constant(np.random.default_rng(5).normal(size=(4, 6, 3)), tf.float64)
+    labels = tf.constant([0, 1, 2, 1])
+    layer = tf.keras.layers.Dense(3 if kind == "per class" else 1, name="s", dtype=tf.float64,
+                                  bias_initializer=tf.keras.initializers.Constant(0.3),
+                                  bias_regularizer="l2" if kind == "regularized" else None)
+    score = layer(x)
+    if kind == "softmax over axis 1":  # TF transposes the axis last and back
+        alpha = tf.nn.softmax(score * 3.0, axis=1)
+        logits = tf.reduce_sum(x * alpha, 1)
+    elif kind == "times an input":  # d varies along T: the shift is not shared
+        alpha = tf.nn.softmax(tf.squeeze(score, -1) * x[..., 0])
+        logits = tf.reduce_sum(x * alpha[..., None], 1)
+    elif kind == "log_softmax logits":
+        logits = tf.nn.log_softmax(tf.reshape(score, [4, 6]) - 1.0)[:, :3]
+    elif kind == "per class":  # a bias of [3]: a shift per logit, not one shared
+        logits = score[:, 0]
+    else:  # squeezed, scaled, cast; also "regularized"
+        logits = tf.reduce_sum(x * tf.nn.softmax(
+            tf.cast(tf.squeeze(score, -1), tf.float64) / 2.0)[..., None], 1)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits) + tf.add_n(
+        layer.losses or [tf.constant(0.0, tf.float64)])
+    return loss, [v.op.name for v in tf.compat.v1.trainable_variables() if "bias" in v.op.name]
+
+
+@pytest.mark.parametrize("kind, zero", [("squeezed", True), ("softmax over axis 1", True),
+                                        ("log_softmax logits", True), ("times an input", False),
+                                        ("regularized", False), ("per class", False)])
+def test_only_a_shift_every_path_hands_to_a_softmax_is_zeroed(kind, zero):
+    """What the proof accepts has a float64 gradient of 0 (to 1e-12); what it leaves real
+    (a factor that varies along the softmax's axis, a regularizer, a bias per class) has
+    one."""
+    from coordinator.compiler.training.shift import zero_gradients
+    with tf.Graph().as_default():
+        loss, biases = _scores(kind)
+        zeroed = zero_gradients(loss, biases)
+        grads = tf.gradients(loss, tf.compat.v1.trainable_variables())
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            values = dict(zip([v.op.name for v in tf.compat.v1.trainable_variables()],
+                              session.run(grads)))
+    assert zeroed == (tuple(biases) if zero else ())
+    assert (float(np.abs(values[biases[0]]).max()) < 1e-12) == zero

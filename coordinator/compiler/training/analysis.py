@@ -90,8 +90,8 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
             raise _Problems([str(problem)], problem.hint) from None
         zeroed = zero_gradients(extracted.spec.loss, [u.variable for u in updates
                                                       if u.indices is None])
-        if zeroed:  # (first: the exact 0 is what any clipping and the finite test see)
-            transforms = [GradientTransform("zero", variables=zeroed), *transforms]
+        if zeroed:  # (last: the other transforms and the finite test read TF's gradient)
+            transforms = [*transforms, GradientTransform("zero", variables=zeroed)]
         try:
             schedules, moving, writes = _schedules(extracted, updates, averages, written)
         except ScheduleRefused as problem:

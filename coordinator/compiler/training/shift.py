@@ -99,7 +99,7 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
         floats = x.dtype.is_floating and out.dtype.is_floating
         return constant if floats else None
     if op.type == "ExpandDims" and index == 0:
-        axis = tf.get_static_value(op.inputs[1])
+        axis = _static(op.inputs[1])
         if axis is None:
             return None
         a = int(np.ravel(axis)[0]) % out_rank
@@ -111,7 +111,7 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
         kept = [k for k in range(rank) if k not in dropped]
         return frozenset(j for j, k in enumerate(kept) if k in constant)
     if op.type == "Transpose" and index == 0:
-        perm = tf.get_static_value(op.inputs[1])
+        perm = _static(op.inputs[1])
         return None if perm is None else frozenset(
             j for j, k in enumerate(np.ravel(perm)) if int(k) in constant)
     if op.type == "Reshape" and index == 0:
@@ -136,6 +136,8 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
     if op.type == "RealDiv" and index != 0:
         return None
     other = op.inputs[1 - index]
+    if other.shape.rank is None:
+        return None
     return broadcast & _broadcast(other, _constant_axes(other), out_rank)
 
 
@@ -149,10 +151,23 @@ def _broadcast(x: tf.Tensor, constant: frozenset[int], out_rank: int) -> frozens
 
 def _constant_axes(k: tf.Tensor) -> frozenset[int]:
     """The axes along which k is constant: size 1, or a constant's values that repeat."""
-    value = tf.get_static_value(k)
+    value = _static(k)
     rank = k.shape.rank or 0
     if value is None:
         return frozenset(a for a in range(rank) if k.shape[a] == 1)
     value = np.asarray(value)
     return frozenset(a for a in range(value.ndim)
                      if np.all(value == np.take(value, [0], axis=a)))
+
+
+def _static(tensor: tf.Tensor) -> np.ndarray | None:
+    """The value of a tensor computed from constants alone (tf.nn.softmax's permutation
+    along another axis: Range, ConcatV2 of Consts), or None."""
+    value = tf.get_static_value(tensor)
+    if value is None:
+        ops = data_upstream(tensor.op)
+        if any(op.op_def.is_stateful or (not op.inputs and op.type != "Const") for op in ops):
+            return None
+        with tf.compat.v1.Session(graph=tensor.graph) as session:
+            value = session.run(tensor)
+    return np.asarray(value)
