@@ -31,7 +31,7 @@ import numpy as np
 from cs_api import cs_api_pb2 as pb
 
 F32 = np.float32
-KINDS = ("zero", "scale", "clip_by_value", "clip_by_norm", "clip_by_global_norm")
+KINDS = ("scale", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "zero")
 
 
 @dataclass(frozen=True)

@@ -66,11 +66,14 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
             indices = [i for i, t in enumerate(op.inputs) if t is tensor]
             if len(indices) != 1:
                 return False
+            if op.type in _SOFTMAX:  # the logits: a shift along the last axis is ignored
+                if indices[0] != 0 or tensor.shape.rank - 1 not in constant:
+                    return False
+                continue
             out = _through(op, indices[0], constant, reached)
             if out is None:
                 return False
-            if out != "end":
-                stack.append((op.outputs[0], out))
+            stack.append((op.outputs[0], out))
     return True
 
 
@@ -86,15 +89,12 @@ def _downstream(start: tf.Operation, upstream: set[tf.Operation]) -> set[tf.Oper
 
 
 def _through(op: tf.Operation, index: int, constant: frozenset[int],
-             reached: set[tf.Operation]) -> frozenset[int] | str | None:
-    """The axes of op's output along which d is constant, "end" (a softmax's logits that
-    ignore the shift), or None (not proven)."""
+             reached: set[tf.Operation]) -> frozenset[int] | None:
+    """The axes of op's output along which d is constant, or None (not proven)."""
     x, out = op.inputs[index], op.outputs[0]
     rank, out_rank = x.shape.rank, out.shape.rank
     if rank is None or out_rank is None:
         return None
-    if op.type in _SOFTMAX:
-        return "end" if index == 0 and rank - 1 in constant else None
     if op.type in _SAME:
         floats = x.dtype.is_floating and out.dtype.is_floating
         return constant if floats else None
