@@ -5,12 +5,13 @@ A `ModelSpec` (drawn by `model_specs()`, a hypothesis strategy) names an input, 
 BatchNormalization in training (Keras or tf.nn.moments), a few blocks, maybe a weight read
 twice or through a view (a layer called twice, a strided slice of a weight, a tied
 transposed weight) or computed on before it meets the samples (weight normalization, a
-normalised weight read raw too with a learned temperature), a head with its loss, an optimizer with a learning-rate schedule (often
-constant), a gradient transform between compute_gradients and apply_gradients, an optional
-var_list subset, an optional L2 term and the replicas the CS trains it on (multireplica);
-`model_fn` and
-`input_fn` build it from `params["spec"]`. The ops are created on the lines of this file,
-so a refusal must name one of them.
+normalised weight read raw too with a learned temperature), a head with its loss, an optimizer
+(tf.compat.v1.train's, the modelzoo's AdamW) with a learning-rate schedule (often constant),
+a gradient transform between compute_gradients and apply_gradients (clipping an embedding
+table's sparse gradient too, with tokens), an optional var_list subset, an optional L2
+term and the replicas the CS trains it on (multireplica); `model_fn` and `input_fn` build it
+from `params["spec"]`. The ops are created on the lines of this file, so a refusal must name
+one of them.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 from hypothesis import strategies as st
 
+from examples.modelzoo_adamw import AdamWOptimizer
 from tf_model.estimator_spec import CSEstimatorSpec
 
 BATCH = 8
@@ -50,7 +52,8 @@ LOSSES = {
     "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted"),
     "binary": ("sigmoid_ce_smoothed", "nn_sigmoid_ce"),
 }
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "rmsprop", "rmsprop_centered", "adagrad")
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "rmsprop", "rmsprop_centered", "adagrad",
+              "adadelta", "ftrl", "proximal_adagrad", "proximal_sgd", "adamw")
 SCHEDULES = ("constant", "constant", "exponential_staircase", "piecewise", "warmup_polynomial",
              "cosine_restarts", "cond_warmup")
 TRANSFORMS = ("none", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "scale")
@@ -353,7 +356,8 @@ def learning_rate(schedule: str, base: float, step):
 def optimizer(name: str, schedule: str, step):
     train = tf.compat.v1.train
     rate = {"sgd": 0.05, "momentum": 0.05, "nesterov": 0.05, "adam": 0.01, "rmsprop": 0.01,
-            "rmsprop_centered": 0.01, "adagrad": 0.1}[name]
+            "rmsprop_centered": 0.01, "adagrad": 0.1, "adadelta": 1.0, "ftrl": 0.1,
+            "proximal_adagrad": 0.1, "proximal_sgd": 0.05, "adamw": 0.01}[name]
     lr = learning_rate(schedule, rate, step)
     return {"sgd": lambda: train.GradientDescentOptimizer(lr),
             "momentum": lambda: train.MomentumOptimizer(lr, 0.9),
@@ -361,7 +365,16 @@ def optimizer(name: str, schedule: str, step):
             "adam": lambda: train.AdamOptimizer(lr),
             "rmsprop": lambda: train.RMSPropOptimizer(lr),
             "rmsprop_centered": lambda: train.RMSPropOptimizer(lr, momentum=0.5, centered=True),
-            "adagrad": lambda: train.AdagradOptimizer(lr)}[name]()
+            "adagrad": lambda: train.AdagradOptimizer(lr),
+            "adadelta": lambda: train.AdadeltaOptimizer(lr, rho=0.9),
+            "ftrl": lambda: train.FtrlOptimizer(lr, l1_regularization_strength=1e-3,
+                                                l2_regularization_strength=1e-3),
+            "proximal_adagrad": lambda: train.ProximalAdagradOptimizer(
+                lr, l1_regularization_strength=1e-3),
+            "proximal_sgd": lambda: train.ProximalGradientDescentOptimizer(
+                lr, l2_regularization_strength=1e-3),
+            "adamw": lambda: AdamWOptimizer(lr, weight_decay_rate=0.01, epsilon=1e-6,
+                                            exclude_from_weight_decay=["bias"])}[name]()
 
 
 def train_op(spec: ModelSpec, loss, var_list):

@@ -126,7 +126,7 @@ def normalized_embedding(features, labels, mode, params):
 
 
 def cumulative_kernel(features, labels, mode, params):
-    """A kernel built by a cumulative sum of a weight: an op the CS does not run on weights."""
+    """A kernel built by a cumulative product of a weight: an op the CS does not run on weights."""
     w = tf.compat.v1.get_variable("w", [FEATURES, CLASSES])
-    logits = tf.matmul(features, tf.cumsum(w, axis=0))
+    logits = tf.matmul(features, tf.math.cumprod(w, axis=0))
     return _spec(mode, labels, logits, params)

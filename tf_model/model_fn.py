@@ -118,6 +118,12 @@ _INPUT_HINT = ("check the input sections of params.yaml (train_input, eval_input
                "--debug shows the traceback")
 _MODEL_HINT = ("check the model sections of params.yaml and model_fn (labels must suit the "
                "loss); --debug shows the traceback")
+# An AttributeError naming these: a Keras 3 optimizer asked for a tf.compat.v1 graph's train op.
+_KERAS_OPTIMIZER = ("'minimize'", "'compute_gradients'", "keras.optimizers.legacy")
+_KERAS_OPTIMIZER_HINT = ("Keras 3 optimizers (tf.keras.optimizers.*; its legacy module is gone) "
+                         "build no train op in model_fn's graph: use a tf.compat.v1.train "
+                         "optimizer (AdamOptimizer, MomentumOptimizer, AdagradOptimizer, "
+                         "FtrlOptimizer, ...) and its minimize(loss, global_step=...)")
 
 
 def user_code_error(what: str, error: BaseException, hint: str, context: str = "") -> CSRunError:
@@ -270,7 +276,8 @@ def call_model_fn(model_fn: Callable, features: Any, labels: Any, mode: str,
     except CSRunError:
         raise
     except Exception as error:  # the user's code: one line, the traceback with --debug
-        raise user_code_error("model_fn", error, _MODEL_HINT,
+        keras = isinstance(error, AttributeError) and any(k in str(error) for k in _KERAS_OPTIMIZER)
+        raise user_code_error("model_fn", error, _KERAS_OPTIMIZER_HINT if keras else _MODEL_HINT,
                               f" on batches of {_describe_inputs(features, labels)}") from error
     say_unread(params)  # after the first model_fn: input_fn has run before it
     if not isinstance(spec, CSEstimatorSpec):

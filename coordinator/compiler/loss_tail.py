@@ -28,6 +28,10 @@ TAIL_OPS = {"Sum", "Mean", "Mul", "RealDiv", "Div", "DivNoNan", "AddV2", "Add", 
 # Weight terms: op type of the base -> (regularizer kind, factor), see _weight_base.
 WEIGHT_TERM_OPS = {"Mul", "RealDiv", "AddV2", "Add", "AddN", "Neg", "Identity", "Cast"}
 RTOL = 1e-4
+COUNTED = ("; it is divided by a count or sum of the batch's values (tf.compat.v1.losses' default "
+           "reduction with per-sample weights divides by the count of nonzero weights): pass "
+           "reduction=tf.compat.v1.losses.Reduction.SUM_OVER_BATCH_SIZE, or write "
+           "tf.reduce_mean(weights * losses)")
 # A tail computing in float16 (a mixed_float16 loss) is measured to float16's precision:
 # a few units in its last place (2 ** -11).
 HALF_RTOL = 4e-3
@@ -110,7 +114,9 @@ def lower_loss(m: TailContext, loss: tf.Tensor) -> tuple[str, dict[str, list[tup
     coefficients = _measure(m, loss, frontier, [b[0] for b in bases],
                             HALF_RTOL if half else RTOL)
     if isinstance(coefficients, str):
-        return _reject(m, loss.op, coefficients)
+        counted = any(op.type == "DivNoNan" and m.operands.constant(op.inputs[1]) is None
+                      for op in ops)
+        return _reject(m, loss.op, coefficients + (COUNTED if counted else ""))
     data_c, weight_c = coefficients[:len(frontier)], coefficients[len(frontier):]
     params = {p.variable for k in m.kernels for p in k.params} | m.weight_program_sources()
     regularizers: dict[str, list[tuple[str, float]]] = {}

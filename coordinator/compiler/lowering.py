@@ -23,17 +23,18 @@ from wafer.kernels.elementwise import ARITHMETIC
 UNARY = {"Neg": "neg", "Abs": "abs", "Square": "square", "Sqrt": "sqrt", "Rsqrt": "rsqrt",
          "Exp": "exp", "Expm1": "expm1", "Log": "log", "Log1p": "log1p",
          "Reciprocal": "reciprocal", "Inv": "reciprocal", "Erf": "erf", "Erfc": "erfc",
-         "Sin": "sin", "Cos": "cos", "Sign": "sign", "Softsign": "softsign", "Relu": "relu",
+         "Sin": "sin", "Cos": "cos", "Sign": "sign", "Floor": "floor",
+         "Ceil": "ceil", "Round": "round", "Rint": "round", "Softsign": "softsign", "Relu": "relu",
          "Relu6": "relu6", "Elu": "elu", "Selu": "selu", "Tanh": "tanh", "Sigmoid": "sigmoid",
          "Softplus": "softplus", "LeakyRelu": "leaky_relu"}
 # TF op -> the `binary` kernel's op (numpy broadcasting = TF's).
 BINARY = {"Add": "add", "AddV2": "add", "BiasAdd": "add", "Sub": "sub", "Mul": "mul",
-          "RealDiv": "div", "Div": "div", "Maximum": "maximum", "Minimum": "minimum",
+          "RealDiv": "div", "Div": "div", "DivNoNan": "div_no_nan", "FloorDiv": "floor_div", "FloorMod": "floor_mod", "Maximum": "maximum", "Minimum": "minimum",
           "SquaredDifference": "squared_difference", "Pow": "pow", "Greater": "greater",
           "GreaterEqual": "greater_equal", "Less": "less", "LessEqual": "less_equal",
           "Equal": "equal", "NotEqual": "not_equal", "LogicalAnd": "logical_and",
           "LogicalOr": "logical_or"}
-REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min"}
+REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min", "Prod": "prod"}
 RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
 # What the weight program (weight_program.py) computes on weights alone: element-wise ops,
 # arithmetic of weights and constants (TF op -> the binary kernel's op), reductions, reshapes,
@@ -43,7 +44,7 @@ WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMET
 WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
                 "ResourceGather", "ConcatV2", "Pack")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, "AddN", *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "StopGradient", *WEIGHT_VIEWS})
+                             "Transpose", "MatMul", "StopGradient", "Cumsum", *WEIGHT_VIEWS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
              "NextIteration", "LoopCond"}
@@ -56,7 +57,7 @@ REFUSED = {
                           "outside the loss",
     **random_numbers.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
-                               "meets the samples (e.g. tf.cumsum(w), tf.sort(w)), or in "
+                               "meets the samples (e.g. tf.sort(w)), or in "
                                "float16",
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision); csconfig.use_cbfloat16",
@@ -102,6 +103,12 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
     elif op.type in RANDOM_OPS - set(random_numbers.DRAWS) or \
             op.type in random_numbers.CANDIDATE_SAMPLERS:
         m.reject(op, random_numbers.refusal(op.type))
+    elif handler is None and (op.type == "Where" or op.type.startswith("Sparse")):
+        m.reject(op, "builds or reads a SparseTensor (tf.feature_column's categorical columns, "
+                     "tf.sparse, tf.nn.embedding_lookup_sparse, tf.where with one argument), "
+                     "whose size depends on the values: the CS computes fixed-size values; "
+                     "feed integer ids to tf.one_hot or a Keras Embedding (a bag: the masked "
+                     "tf.reduce_sum or mean of its rows)")
     elif handler is None:
         m.reject(op, "no CS kernel computes this op")
     else:
@@ -225,6 +232,19 @@ def _cast(m: Context, op: tf.Operation) -> str:
     # to float16: a float32 cast whose kernel rounds (attr precision, set by add_kernel)
     dtype = "float32" if target == tf.float16 else tf.as_dtype(target).name
     m.add_kernel(op.name, "cast", [op.inputs[0]], {"dtype": dtype}, [], [op], op.outputs[0])
+    return ""
+
+
+@generic("Cumsum")
+def _cumsum(m: Context, op: tf.Operation) -> str:
+    axis = m.operands.constant(op.inputs[1])
+    rank = len(static_shape(op.inputs[0]))
+    if not m.is_batched(op.inputs[0]) or axis is None or int(axis) % rank == 0:
+        return ("cumsum of a per-sample value along one of its own axes (not the batch axis) "
+                "with a constant axis is supported")
+    m.add_kernel(op.name, "cumsum", [op.inputs[0]], {
+        "axis": int(axis) % rank - 1, "exclusive": bool(op.get_attr("exclusive")),
+        "reverse": bool(op.get_attr("reverse"))}, [], [op], op.outputs[0])
     return ""
 
 
@@ -380,8 +400,12 @@ def _gather(m: Context, op: tf.Operation) -> str:
     if isinstance(found, str):
         return found
     letters, inputs, attrs, params = found
+    if letters == "ci":  # a per-sample lookup in constants (class weights by label)
+        m.add_kernel(op.name, "gather", inputs, {"operands": letters, **attrs}, params, [op],
+                     op.outputs[0])
+        return ""
     if letters != "pi":
-        return "gathers from a constant table"
+        return "gathers from a constant table by constant indices"
     weight = m.operands.weight(table) or m.operands.view(table) or m.derived_weight(table)
     assert weight is not None, "letter p: _operands found the table's weight"
     m.add_kernel(m.scope(op, weight.variable), "gather", inputs, {"operands": letters, **attrs},
@@ -566,7 +590,8 @@ def supported_table() -> str:
                  + ", ".join(sorted(BINARY)) + " |")
     lines.append("| generic | " + ", ".join(others) + " |")
     lines.append("| `gather`, `sample_gather` | GatherV2, ResourceGather: an embedding lookup in a "
-                 "weight (axis 0; Keras Embedding, tf.nn.embedding_lookup); tf.gather(x, ids, "
+                 "weight (axis 0; Keras Embedding, tf.nn.embedding_lookup), or in a constant (class "
+                 "weights: tf.gather(weights, labels)); tf.gather(x, ids, "
                  "batch_dims=1) of a per-sample value at per-sample indices (BERT's masked "
                  "positions; a repeated index adds its gradients) |")
     lines.append("| `slice`, `top_k`, `is_finite` | StridedSlice with `...`, tf.newaxis after the batch "

@@ -173,6 +173,12 @@ class WeightProgramBuilder:
             return self._add(op, tensor, "reduce", inputs[:1], {
                 "op": REDUCTIONS[op.type], "keepdims": bool(op.get_attr("keep_dims")),
                 "axes": sorted({int(a) % rank for a in np.atleast_1d(axes)}) if rank else []})
+        if op.type == "Cumsum":  # ordinal cut-points: tf.cumsum(tf.nn.softplus(raw))
+            if isinstance(inputs[1], str):
+                raise _Unfit("its axis is not constant")
+            return self._add(op, tensor, "cumsum", inputs[:1], {
+                "axis": int(inputs[1]) % len(out), "exclusive": bool(op.get_attr("exclusive")),
+                "reverse": bool(op.get_attr("reverse"))})
         if op.type == "Transpose":
             if isinstance(inputs[1], str):
                 raise _Unfit("its permutation is not constant")

@@ -9,7 +9,10 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+from functools import partial
 from pathlib import Path
+
+from processes import together
 
 from common import tf_startup
 
@@ -30,11 +33,11 @@ def test_the_install_step_put_the_startup_hook_into_this_environment():
 
 
 def test_a_script_importing_tensorflow_first_shows_no_startup_lines_but_debug_does():
-    quiet = _python(["-c", IMPORT_TF])
+    quiet, loud, asked = together(partial(_python, ["-c", IMPORT_TF]),
+                                  partial(_python, ["-c", IMPORT_TF, "--debug"]),
+                                  partial(_python, ["-c", IMPORT_TF], TF_CPP_MIN_LOG_LEVEL="0"))
     assert quiet.stderr == "imported\n"
-    loud = _python(["-c", IMPORT_TF, "--debug"])  # the condition is real: TF prints them here
-    assert "oneDNN custom operations are on" in loud.stderr
-    asked = _python(["-c", IMPORT_TF], TF_CPP_MIN_LOG_LEVEL="0")
+    assert "oneDNN custom operations are on" in loud.stderr  # the condition is real: TF prints them here
     assert "oneDNN custom operations are on" in asked.stderr
 
 

@@ -66,12 +66,22 @@ def test_csrun_cpu_validates_inside_the_image(tmp_path, container_image):
     assert_inside(report, container_image)
 
 
-def test_csrun_wse_trains_fc_mnist_inside_the_image_with_the_host_losses(tmp_path, container_image):
+@pytest.fixture(scope="module")
+def host_losses(tmp_path_factory) -> dict[int, float]:
+    """The losses of FC-MNIST's short run (TRAIN) under csrun_wse on the host, 3 tasks."""
+    folder = tmp_path_factory.mktemp("host")
+    params = fc_mnist_params(folder, steps=6, every=3)
+    host = run(["csrun_wse", "--tasks-per-node", "3", "--job-dir", str(folder / "host-job"), "--",
+                "python", "run.py", "--mode", "train", "-p", str(params), "-o", str(folder / "host-model")], ENV)
+    assert host.returncode == 0, host.stdout + host.stderr
+    assert len(losses(host.stdout)) == 6
+    return losses(host.stdout)
+
+
+def test_csrun_wse_trains_fc_mnist_inside_the_image_with_the_host_losses(tmp_path, container_image,
+                                                                          host_losses):
     params = fc_mnist_params(tmp_path, steps=6, every=3)
     train = ["--mode", "train", "-p", str(params)]
-    host = run(["csrun_wse", "--tasks-per-node", "3", "--job-dir", str(tmp_path / "host-job"), "--",
-                "python", "run.py", *train, "-o", str(tmp_path / "host-model")], ENV)
-    assert host.returncode == 0, host.stdout + host.stderr
     env = site(tmp_path, container_image)
     inside = run(["csrun_wse", "--tasks-per-node", "3", "--job-dir", str(tmp_path / "job"), "--",
                   "python", str(tmp_path / "probe.py"), "run.py", *train, "-o", str(tmp_path / "model")], env)
@@ -80,17 +90,14 @@ def test_csrun_wse_trains_fc_mnist_inside_the_image_with_the_host_losses(tmp_pat
     assert sorted(r["rank"] for r in found) == ["0", "1", "2"]  # the chief and two input workers
     for report in found:
         assert_inside(report, container_image)
-    assert len(losses(inside.stdout)) == 6
-    assert losses(inside.stdout) == losses(host.stdout)
+    assert losses(inside.stdout) == host_losses
 
 
 @pytest.mark.slurm
-def test_a_slurm_job_trains_with_every_task_inside_the_image(slurm_cluster, tmp_path, container_image):
+def test_a_slurm_job_trains_with_every_task_inside_the_image(slurm_cluster, tmp_path, container_image,
+                                                             host_losses):
     params = fc_mnist_params(tmp_path, steps=6, every=3)
     train = ["--mode", "train", "-p", str(params)]
-    host = run(["csrun_wse", "--tasks-per-node", "3", "--job-dir", str(tmp_path / "host-job"), "--",
-                "python", "run.py", *train, "-o", str(tmp_path / "host-model")], ENV)
-    assert host.returncode == 0, host.stdout + host.stderr
     env = {**site(tmp_path, container_image), "SLURM_CONF": slurm_cluster.env["SLURM_CONF"]}
     job = run(["csrun_wse", "--total-nodes", "1", "--tasks-per-node", "3", "--job-dir", str(tmp_path / "job"),
                "--", "python", str(tmp_path / "probe.py"), "run.py", *train, "-o", str(tmp_path / "model")], env)
@@ -100,5 +107,4 @@ def test_a_slurm_job_trains_with_every_task_inside_the_image(slurm_cluster, tmp_
     assert sorted(r["rank"] for r in found) == ["0", "1", "2"]
     for report in found:
         assert_inside(report, container_image)
-    assert len(losses(job.stdout)) == 6
-    assert losses(job.stdout) == losses(host.stdout)
+    assert losses(job.stdout) == host_losses

@@ -82,24 +82,40 @@ def moments_model_fn(features, labels, mode, params):
 PARAMS = {"batch_size": BATCH, "runconfig": {"tf_random_seed": 3}}
 
 
-def train_both(model_fn, model_dir, micro: int, params=PARAMS) -> cs_inprocess.Comparison:
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """(model_fn, params) -> its compile, STEPS batches and TF's training on them, each made
+    once for the module: the micro-batch size changes only the CS's run."""
+    cache: dict[tuple, tuple] = {}
+
+    def get(model_fn, params: dict) -> tuple:
+        key = (model_fn, repr(params))
+        if key not in cache:
+            model_dir = str(tmp_path_factory.mktemp(model_fn.__name__))
+            compiled = cs_inprocess.compile_checked(model_fn, input_fn, params, model_dir)
+            data = tf_reference.batches(input_fn, params, STEPS)
+            reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data)
+            cache[key] = compiled, data, reference
+        return cache[key]
+    return get
+
+
+def train_both(prepared, model_fn, micro: int, params=PARAMS) -> cs_inprocess.Comparison:
     """Compile, then train STEPS batches on the CS (micro-batches of `micro`) and on TF."""
-    compiled = cs_inprocess.compile_checked(model_fn, input_fn, params, model_dir)
+    compiled, data, reference = prepared(model_fn, params)
     program = type(compiled.program)()
     program.CopyFrom(compiled.program)
     program.micro_batch_size = micro
-    data = tf_reference.batches(input_fn, params, STEPS)
     cs = cs_inprocess.run_on_cs(program, compiled.initial_weights, data)
-    reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data)
     return cs_inprocess.Comparison(compiled, cs, reference)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("micro, replicas", [(16, 1), (4, 1), (1, 1), (4, 2)])
-def test_keras_batch_norm_trains_with_the_whole_batchs_statistics_like_tensorflow(tmp_path, micro,
-                                                                                  replicas):
+def test_keras_batch_norm_trains_with_the_whole_batchs_statistics_like_tensorflow(tmp_path, prepared,
+                                                                                  micro, replicas):
     params = {**PARAMS, "runconfig": {**PARAMS["runconfig"], "num_replicas": replicas}}
-    result = train_both(keras_model_fn, str(tmp_path), micro, params)
+    result = train_both(prepared, keras_model_fn, micro, params)
     cs_inprocess.assert_same_training(result)
     assert "batch_norm_training" in {k.type for k in result.compiled.program.kernels}
     # Keras 3 in a v1 graph: nothing runs the layer's assign ops, so TF leaves the moving
@@ -116,9 +132,9 @@ def test_keras_batch_norm_trains_with_the_whole_batchs_statistics_like_tensorflo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fused", [False, True])
-def test_hand_written_batch_norm_moves_the_moving_statistics_like_tensorflow(tmp_path, fused):
+def test_hand_written_batch_norm_moves_the_moving_statistics_like_tensorflow(tmp_path, prepared, fused):
     params = {**PARAMS, "fused": fused}
-    result = train_both(moments_model_fn, str(tmp_path), 4, params)
+    result = train_both(prepared, moments_model_fn, 4, params)
     cs_inprocess.assert_same_training(result)
     for name in ("bn1/moving_mean", "bn1/moving_variance", "bn2/moving_mean", "bn2/moving_variance"):
         assert not np.array_equal(result.cs.state[name], result.compiled.initial_weights[name])

@@ -103,7 +103,7 @@ def test_the_weight_program_is_in_the_report_and_charged_once_a_step(compared):
 def test_an_op_the_cs_cannot_run_on_a_weight_is_refused_in_one_line(tmp_path):
     with pytest.raises(CSRunError) as refused:
         cs_inprocess.compile_checked(m.cumulative_kernel, m.input_fn, BASE, str(tmp_path))
-    assert "computes on weights with Cumsum 'Cumsum' at" in str(refused.value)
+    assert "computes on weights with Cumprod 'Cumprod' at" in str(refused.value)
     assert cs_inprocess.refusal_problem(refused.value, m.__file__, cs_inprocess.model_op_words(
         m.cumulative_kernel, m.input_fn, BASE)) == ""
 
@@ -160,6 +160,13 @@ EXPRESSIONS = {
     "ResourceGather": lambda w, v, g, s: tf.gather(w, [2, 0, 2]) * v,
     "ConcatV2": lambda w, v, g, s: tf.concat([w, v * 2.0, s, w], axis=-1),
     "Pack": lambda w, v, g, s: tf.stack([w, v * 2.0, w], axis=1),
+    "Floor": lambda w, v, g, s: tf.floor(w * 3.0) * v, "Ceil": lambda w, v, g, s: tf.math.ceil(w * 3.0) * v,
+    "Round": lambda w, v, g, s: tf.round(w * 3.0) * v, "Rint": lambda w, v, g, s: tf.math.rint(w * 3.0) * v,
+    "FloorDiv": lambda w, v, g, s: tf.math.floordiv(w * 3.0, v) * v,
+    "FloorMod": lambda w, v, g, s: tf.math.floormod(w * 3.0, v),
+    "DivNoNan": lambda w, v, g, s: tf.math.divide_no_nan(w, tf.nn.relu(v - 1.0)),
+    "Cumsum": lambda w, v, g, s: tf.cumsum(w * v, axis=1, reverse=True),
+    "Prod": lambda w, v, g, s: tf.reduce_prod(w, 0),
 }
 
 

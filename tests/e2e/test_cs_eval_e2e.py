@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fc_mnist_runs import ENV, REPO, eval_results
+from processes import run_py_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -35,18 +36,14 @@ def test_csrun_wse_evaluates_a_penalised_model_with_the_cpu_paths_metrics(tmp_pa
     def command(*argv: str) -> list[str]:
         return ["python", "run.py", *argv, "-o", "model"]
 
-    trained = subprocess.run(command("--mode", "train"), cwd=tmp_path, env=ENV, capture_output=True,
-                             text=True, timeout=300)
-    assert trained.returncode == 0, trained.stderr
-    runs = {"cpu": subprocess.Popen(command("--mode", "eval"), cwd=tmp_path, env=ENV, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE),
-            "cs": subprocess.Popen(["csrun_wse", "--job-dir", "job", *command("--mode", "eval")], cwd=tmp_path,
-                                   env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)}
-    outputs = {name: run.communicate(timeout=300) for name, run in runs.items()}
-    for name, run in runs.items():
-        assert run.returncode == 0, outputs[name][1]
-        assert "Traceback" not in "".join(outputs[name])
-    cpu, cs = (eval_results(outputs[name][0]) for name in ("cpu", "cs"))
+    run_py_in_process(tmp_path / "run.py", ["--mode", "train", "-o", "model"], tmp_path)
+    on_cs = subprocess.Popen(["csrun_wse", "--job-dir", "job", *command("--mode", "eval")], cwd=tmp_path,
+                             env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    on_cpu = run_py_in_process(tmp_path / "run.py", ["--mode", "eval", "-o", "model"], tmp_path)  # meanwhile
+    out, err = on_cs.communicate(timeout=300)
+    assert on_cs.returncode == 0, err
+    assert "Traceback" not in out + err
+    cpu, cs = eval_results(on_cpu), eval_results(out)
     assert cpu["global_step"] == cs["global_step"] == 10
     assert set(cs) == set(cpu) == {"auc", "precision", "recall", "mean_probability", "mean_logit",
                                    "cross_entropy", "loss", "global_step"}

@@ -8,6 +8,7 @@ path does; its model reads `model.mixed_precision` for its Keras policy and
 from __future__ import annotations
 
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import tensorflow as tf
 import yaml
 from cs_inprocess import compile_checked
 from fc_mnist_runs import ENV, REPO, eval_results, losses
+from processes import run_py_in_process, together
 
 from cs_api.attrs import from_attr
 from examples.modelzoo_fc_mnist import data, model
@@ -74,8 +76,8 @@ def test_loss_scaling_factor_is_a_static_scale_or_tensorflows_dynamic_rule_on_th
 
 @pytest.mark.slow
 def test_modelzoo_fc_mnist_trains_mixed_on_the_jobs_cs_in_every_task_like_the_cpu_path(tmp_path):
-    """The shipped params (mixed_float16, dropout off) for STEPS (30) steps, `python run.py` on
-    the CPU and `csrun_wse` (3 tasks) on the CS: each of the first LARGE (10) steps' losses
+    """The shipped params (mixed_float16, dropout off) for STEPS (30) steps, run.py on the CPU
+    (in process, beside the CS run) and `csrun_wse` (3 tasks) on the CS: each of the first LARGE (10) steps' losses
     within 1e-2 relative of the CPU's, and the mean relative difference over all 30 within 1e-2
     (float16 rounds the same values one ULP apart now and then, and the relative difference
     of a small loss grows). Then the CS's checkpoint evaluates (3 batches) on the CS to the CPU's
@@ -86,13 +88,14 @@ def test_modelzoo_fc_mnist_trains_mixed_on_the_jobs_cs_in_every_task_like_the_cp
     params["model"]["dropout"] = 0.0  # the CS draws dropout masks of its own: no step-for-step parity
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     args = ["-p", str(tmp_path / "params.yaml")]
-    cpu = run(["python", str(EXAMPLE / "run.py"), "--mode", "train", *args, "-o", "cpu"], tmp_path)
-    cs = run(["csrun_wse", "--tasks-per-node", "3", "--job-dir", "job", "python", str(EXAMPLE / "run.py"),
-              "--mode", "train", *args, "-o", "cs"], tmp_path)
+    cpu, cs = together(partial(run_py_in_process, EXAMPLE / "run.py", ["--mode", "train", *args, "-o", "cpu"],
+                               tmp_path),
+                       partial(run, ["csrun_wse", "--tasks-per-node", "3", "--job-dir", "job", "python",
+                                     str(EXAMPLE / "run.py"), "--mode", "train", *args, "-o", "cs"], tmp_path))
     assert "Simulated CS system:" in cs.stdout, cs.stdout + cs.stderr  # the chief trained on the CS
     assert sorted(losses(cs.stdout)) == list(range(1, STEPS + 1))
     on_cs = np.array([losses(cs.stdout)[s] for s in range(1, STEPS + 1)])
-    on_cpu = np.array([losses(cpu.stdout)[s] for s in range(1, STEPS + 1)])
+    on_cpu = np.array([losses(cpu)[s] for s in range(1, STEPS + 1)])
     relative = np.abs(on_cs - on_cpu) / on_cpu
     assert np.all(relative[:LARGE] < 1e-2), relative
     assert relative.mean() < 1e-2, relative
@@ -100,9 +103,11 @@ def test_modelzoo_fc_mnist_trains_mixed_on_the_jobs_cs_in_every_task_like_the_cp
         log = next((tmp_path / "job").glob(f"*_{worker}_log.out")).read_text()
         assert f"input worker {worker - 1}: sent" in log, log
     evaluate = ["--mode", "eval", "--eval_steps", "3", *args, "-o", "cs"]
-    cpu_eval = eval_results(run(["python", str(EXAMPLE / "run.py"), *evaluate], tmp_path).stdout)
-    cs_eval = eval_results(run(["csrun_wse", "--job-dir", "eval_job", "python", str(EXAMPLE / "run.py"),
-                                *evaluate], tmp_path).stdout)
+    cpu_out, cs_done = together(
+        partial(run_py_in_process, EXAMPLE / "run.py", evaluate, tmp_path),
+        partial(run, ["csrun_wse", "--job-dir", "eval_job", "python", str(EXAMPLE / "run.py"), *evaluate],
+                tmp_path))
+    cpu_eval, cs_eval = eval_results(cpu_out), eval_results(cs_done.stdout)
     served = (tmp_path / "eval_job" / "wse_sim.log").read_text()
     assert "loaded job eval_job: program" in served, served  # it evaluated on the CS
     assert cpu_eval["global_step"] == cs_eval["global_step"] == STEPS

@@ -6,6 +6,7 @@ path's losses and evaluates there; and the modelzoo's loss-scaling keys
 from __future__ import annotations
 
 import subprocess
+from functools import partial
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import tensorflow as tf
 import yaml
 from cs_inprocess import compare, compile_checked, evaluation_mismatch, mismatches
 from fc_mnist_runs import ENV, REPO, eval_results, losses
+from processes import run_py_in_process, together
 
 from common.errors import CSRunError
 from cs_api.attrs import from_attr
@@ -139,9 +141,9 @@ def test_run_py_refuses_min_loss_scale_above_max_in_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_bert_mlm_trains_under_csrun_wse_with_the_cpu_losses_and_evaluates_on_the_cs(tmp_path):
-    """60 steps (warmup of 10 to the shipped peak 0.001) with `python run.py` and with
-    `csrun_wse`: every step's loss within 1e-2 relative (measured in process: 1.2e-3 at
-    most), and the loss falls; the CS's checkpoint evaluates on the CS (3 batches) to the
+    """60 steps (warmup of 10 to the shipped peak 0.001) with run.py on the CPU (in process,
+    beside the CS run) and with `csrun_wse`: every step's loss within 1e-2 relative (measured
+    in process: 1.2e-3 at most), and the loss falls; the CS's checkpoint evaluates on the CS (3 batches) to the
     CPU path's masked-LM accuracy, its loss within 1e-2. (A peak of 0.003 makes this AdamW
     run chaotic: TF against TF with one weight tensor 1 ULP up differs by 5% from step 20.)"""
     params = yaml.safe_load((EXAMPLE / "configs" / "params.yaml").read_text())
@@ -149,18 +151,20 @@ def test_bert_mlm_trains_under_csrun_wse_with_the_cpu_losses_and_evaluates_on_th
     params["optimizer"]["learning_rate"][0].update(steps=10)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     script, args = str(EXAMPLE / "run.py"), ["-p", str(tmp_path / "params.yaml")]
-    cpu = run(["python", script, "--mode", "train", *args, "-o", "cpu"], tmp_path)
-    cs = run(["csrun_wse", "--job-dir", "job", "python", script, "--mode", "train", *args, "-o", "cs"],
-             tmp_path)
+    cpu, cs = together(partial(run_py_in_process, EXAMPLE / "run.py", ["--mode", "train", *args, "-o", "cpu"],
+                               tmp_path),
+                       partial(run, ["csrun_wse", "--job-dir", "job", "python", script, "--mode", "train",
+                                    *args, "-o", "cs"], tmp_path))
     assert "Simulated CS system:" in cs.stdout, cs.stdout + cs.stderr
     on_cs = np.array([losses(cs.stdout)[s] for s in range(1, 61)])
-    on_cpu = np.array([losses(cpu.stdout)[s] for s in range(1, 61)])
+    on_cpu = np.array([losses(cpu)[s] for s in range(1, 61)])
     assert np.all(np.abs(on_cs - on_cpu) / on_cpu < 1e-2), (on_cs, on_cpu)
     assert on_cs[-5:].mean() < 0.9 * on_cs[:5].mean()  # it learns (measured: 27.7 to 23.4)
     evaluate = ["--mode", "eval", "--eval_steps", "3", *args, "-o", "cs"]
-    cpu_eval = eval_results(run(["python", script, *evaluate], tmp_path).stdout)
-    cs_eval = eval_results(run(["csrun_wse", "--job-dir", "eval_job", "python", script, *evaluate],
-                               tmp_path).stdout)
+    cpu_out, cs_done = together(
+        partial(run_py_in_process, EXAMPLE / "run.py", evaluate, tmp_path),
+        partial(run, ["csrun_wse", "--job-dir", "eval_job", "python", script, *evaluate], tmp_path))
+    cpu_eval, cs_eval = eval_results(cpu_out), eval_results(cs_done.stdout)
     assert "loaded job eval_job: program" in (tmp_path / "eval_job" / "wse_sim.log").read_text()
     assert cpu_eval["global_step"] == cs_eval["global_step"] == 60
     assert cs_eval["masked_lm_accuracy"] == pytest.approx(cpu_eval["masked_lm_accuracy"], abs=1e-6)
@@ -170,8 +174,8 @@ def test_bert_mlm_trains_under_csrun_wse_with_the_cpu_losses_and_evaluates_on_th
 @pytest.mark.slow
 def test_skipped_steps_leave_the_global_step_on_the_cs_as_on_the_cpu_and_a_resume_starts_there(tmp_path):
     """The CS-1's rule from 2 ** 20 (max_loss_scale 2 ** 20): the first steps overflow
-    float16 and are skipped. 8 steps with `python run.py` and with `csrun_wse` (the warmup
-    schedule of the global step): the same losses, and model.ckpt-8 holds TF's global step
+    float16 and are skipped. 8 steps with run.py on the CPU (in process) and with `csrun_wse`
+    (the warmup schedule of the global step): the same losses, and model.ckpt-8 holds TF's global step
     (below 8: the skipped steps do not count) and the rule's variables, equal on both paths;
     resumed to max_steps 12, both continue from that global step (its batch) with the same
     losses and end with equal global steps and rule variables."""
@@ -184,11 +188,12 @@ def test_skipped_steps_leave_the_global_step_on_the_cs_as_on_the_cpu_and_a_resum
     for max_steps in (8, 12):
         params["runconfig"]["max_steps"] = max_steps
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-        cpu = run(["python", script, "--mode", "train", *args, "-o", "cpu"], tmp_path)
-        cs = run(["csrun_wse", "--job-dir", f"job{max_steps}", "python", script, "--mode", "train",
-                  *args, "-o", "cs"], tmp_path)
-        on_cpu, on_cs = losses(cpu.stdout), losses(cs.stdout)
-        assert sorted(on_cs) == sorted(on_cpu) and len(on_cs) >= 4, (cs.stdout, cpu.stdout)
+        cpu, cs = together(partial(run_py_in_process, EXAMPLE / "run.py", ["--mode", "train", *args, "-o", "cpu"],
+                                   tmp_path),
+                           partial(run, ["csrun_wse", "--job-dir", f"job{max_steps}", "python", script,
+                                        "--mode", "train", *args, "-o", "cs"], tmp_path))
+        on_cpu, on_cs = losses(cpu), losses(cs.stdout)
+        assert sorted(on_cs) == sorted(on_cpu) and len(on_cs) >= 4, (cs.stdout, cpu)
         assert all(abs(on_cs[s] - on_cpu[s]) < 1e-2 * on_cpu[s] for s in on_cpu), (on_cs, on_cpu)
         stored = [read_checkpoint(latest_checkpoint(str(tmp_path / out))) for out in ("cpu", "cs")]
         for name in ("global_step", "current_loss_scale", "steps_since_rescale",

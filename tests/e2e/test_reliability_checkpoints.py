@@ -139,21 +139,24 @@ def test_cs_path_resumes_weights_with_fresh_state_for_another_optimizer(capsys):
 
 
 @pytest.mark.slow
-def test_cpu_path_resumes_weights_with_fresh_state_for_another_optimizer(tmp_path):
-    """Adam to SGD and SGD to Momentum on the CPU path: the same line and the same choice as
-    the CS path (weights and step resume, the optimizer starts fresh), and training goes on."""
+def test_cpu_path_resumes_weights_with_fresh_state_for_another_optimizer(tmp_path, capsys):
+    """Adam to SGD and SGD to Momentum on the CPU path (FC-MNIST's run flow, in process): the
+    same line and the same choice as the CS path (weights and step resume, the optimizer
+    starts fresh), and training goes on."""
+    from examples.fc_mnist.data import eval_input_fn, train_input_fn
+    from examples.fc_mnist.model import PARAMS_SPEC, model_fn
+    from launcher.run_flow import run
     from tests.e2e.test_reliability_bad_inputs import _write_params
-    from tests.fc_mnist_runs import ENV, EXAMPLE
+    from tests.fc_mnist_runs import EXAMPLE
 
     model_dir = tmp_path / "m"
 
     def train(optimizer: str, steps: int) -> str:
         params = _write_params(tmp_path, {"optimizer.optimizer_type": optimizer})
-        done = subprocess.run([sys.executable, str(EXAMPLE / "run.py"), "-p", str(params), "-o",
-                               str(model_dir), "--max_steps", str(steps)], env=ENV, capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        capsys.readouterr()
+        run(model_fn, train_input_fn, eval_input_fn, here=str(EXAMPLE), params_spec=PARAMS_SPEC,
+            argv=["-p", str(params), "-o", str(model_dir), "--max_steps", str(steps)])
+        return capsys.readouterr().out
 
     train("adam", 2)
     out = train("sgd", 4)

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from launcher.csrun_wse import free_port
 from tests.e2e.test_reliability_bad_inputs import _write_params
 from tests.fc_mnist_runs import ENV, EXAMPLE, losses
-from tests.processes import left_running, start, wait_for_line
+from tests.processes import left_running, run_py_in_process, start, wait_for_line
 from tf_model import checkpoints
 
 pytestmark = pytest.mark.slow
@@ -83,9 +84,7 @@ def test_kill_9_of_csrun_wse_ends_its_embedded_cs_and_then_its_tasks(tmp_path):
 def test_a_job_with_nothing_to_do_ends_at_once_and_tells_its_workers(tmp_path):
     params = _write_params(tmp_path)
     model_dir = tmp_path / "m"
-    first = subprocess.run([sys.executable, RUN_PY, "-p", str(params), "-o", str(model_dir)], env=ENV,
-                           capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
+    run_py_in_process(EXAMPLE / "run.py", ["-p", params, "-o", model_dir], tmp_path)  # to its max_steps
     job_dir = tmp_path / "job"
     done = subprocess.run([sys.executable, "-m", "launcher.csrun_wse", "--tasks-per-node", "3", "--job-dir",
                            str(job_dir), "python", RUN_PY, "-p", str(params), "-o", str(model_dir)],
@@ -165,38 +164,40 @@ REFERENCE_STEPS = 400
 def test_kill_9_of_the_chief_while_it_writes_checkpoints(tmp_path):
     """A checkpoint every step, SIGKILL at varied points, 10 times: the newest checkpoint
     always loads, no leftovers pile up, and every rerun resumes exactly (its losses are the
-    unbroken run's, step for step)."""
-    reference_params = _write_params(tmp_path, {"runconfig.max_steps": REFERENCE_STEPS,
-                                                "runconfig.save_checkpoints_steps": None})
-    reference = subprocess.run([sys.executable, RUN_PY, "-p", str(reference_params), "-o",
-                                str(tmp_path / "reference")], env=ENV, capture_output=True, text=True,
-                               timeout=600)
-    assert reference.returncode == 0, reference.stderr
-    expected = losses(reference.stdout)
-    params = _write_params(tmp_path, {"runconfig.max_steps": REFERENCE_STEPS, "runconfig.keep_checkpoint_max": 3})
-    model_dir = tmp_path / "m"
-    rng = random.Random(12)
-    newest, resumed = 0, 0
-    for _ in range(KILLS):
-        chief = start([RUN_PY, "-p", str(params), "-o", str(model_dir)], tmp_path)
-        try:
-            seen = wait_for_line(chief, r"^Saving checkpoints for \d+")
-            time.sleep(rng.uniform(0.0, 0.4))
-        finally:
-            chief.kill()
-            rest, _ = chief.communicate()
-        output = "".join(seen) + rest
-        restored = re.search(r"Restoring parameters from .*model\.ckpt-(\d+)", output)
-        assert (int(restored.group(1)) if restored else 0) == newest
-        resumed += restored is not None
-        for step, loss in losses(output).items():
-            assert loss == expected[step], (step, loss, expected[step])
-        latest = checkpoints.latest_checkpoint(str(model_dir))
-        assert latest is not None and checkpoints.damage(latest) is None
-        assert checkpoints.checkpoint_step(latest) >= newest
-        newest = checkpoints.checkpoint_step(latest)
-        if newest >= REFERENCE_STEPS:
-            break
+    unbroken run's, step for step; the unbroken run trains meanwhile, in process)."""
+    (tmp_path / "reference").mkdir()
+    reference_params = _write_params(tmp_path / "reference", {"runconfig.max_steps": REFERENCE_STEPS,
+                                                              "runconfig.save_checkpoints_steps": None})
+    with ThreadPoolExecutor(1) as meanwhile:
+        unbroken = meanwhile.submit(run_py_in_process, EXAMPLE / "run.py",
+                                    ["-p", reference_params, "-o", tmp_path / "reference"], tmp_path)
+        params = _write_params(tmp_path, {"runconfig.max_steps": REFERENCE_STEPS, "runconfig.keep_checkpoint_max": 3})
+        model_dir = tmp_path / "m"
+        rng = random.Random(12)
+        newest, resumed, rerun_losses = 0, 0, []
+        for _ in range(KILLS):
+            chief = start([RUN_PY, "-p", str(params), "-o", str(model_dir)], tmp_path)
+            try:
+                seen = wait_for_line(chief, r"^Saving checkpoints for \d+")
+                time.sleep(rng.uniform(0.0, 0.4))
+            finally:
+                chief.kill()
+                rest, _ = chief.communicate()
+            output = "".join(seen) + rest
+            restored = re.search(r"Restoring parameters from .*model\.ckpt-(\d+)", output)
+            assert (int(restored.group(1)) if restored else 0) == newest
+            resumed += restored is not None
+            rerun_losses.append(losses(output))
+            latest = checkpoints.latest_checkpoint(str(model_dir))
+            assert latest is not None and checkpoints.damage(latest) is None
+            assert checkpoints.checkpoint_step(latest) >= newest
+            newest = checkpoints.checkpoint_step(latest)
+            if newest >= REFERENCE_STEPS:
+                break
+        expected = losses(unbroken.result())
+        for run in rerun_losses:
+            for step, loss in run.items():
+                assert loss == expected[step], (step, loss, expected[step])
     leftovers = [p.name for p in model_dir.iterdir() if ".tmp-" in p.name]
     assert len(leftovers) <= 4  # at most the last kill's, cleaned by the next run
     assert resumed >= min(KILLS - 1, 10)

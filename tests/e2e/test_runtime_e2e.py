@@ -1,6 +1,6 @@
-"""The CS runtime end to end: real `csrun_wse` and `python run.py` subprocesses on FC-MNIST.
+"""The CS runtime end to end: real `csrun_wse` subprocesses on FC-MNIST.
 
-One CPU reference run (`python run.py`, plain TensorFlow) and one unbroken CS run
+One CPU reference run (run.py in this process, plain TensorFlow) and one unbroken CS run
 (chief + 1 input worker + embedded simulator) are shared by the tests of this module.
 Runs are short (12 Adam steps): the simulator's float32 GEMMs sum in another order than
 TensorFlow's, and a ReLU whose input rounds across 0 then flips one sample's gradient,
@@ -17,12 +17,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 from fc_mnist_runs import ENV, EXAMPLE, REPO, eval_results, fc_mnist_params, losses
+from processes import run_py_in_process, together
 
 from common.errors import CSRunError
 from cs_api.client import CSClient
@@ -38,11 +40,9 @@ def write_params(folder: Path, **runconfig) -> Path:
     return fc_mnist_params(folder, steps=STEPS, every=EVERY, **runconfig)
 
 
-def run_py(args: list, timeout: float = 300) -> subprocess.CompletedProcess:
-    result = subprocess.run(["python", "run.py", *map(str, args)], cwd=EXAMPLE, env=ENV,
-                            capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result
+def in_process(args: list) -> str:
+    """`python run.py ARGS` of the example, in this process (the CPU path): its output."""
+    return run_py_in_process(EXAMPLE / "run.py", args, EXAMPLE)
 
 
 def csrun_wse_command(job_dir: Path, tasks: int, args: list, script: str = "run.py",
@@ -96,22 +96,27 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def cpu_reference(tmp_path_factory) -> Run:
-    folder = tmp_path_factory.mktemp("cpu")
-    params = write_params(folder)
-    result = run_py(["--mode", "train", "-p", params, "-o", folder / "model"])
-    run = Run(folder, params, folder / "model", result.stdout)
+def reference_runs(tmp_path_factory) -> tuple[Run, Run]:
+    """The CPU reference (run.py in process) and an unbroken CS run (chief + 1 input worker +
+    the embedded simulator), run at once."""
+    cpu, cs = tmp_path_factory.mktemp("cpu"), tmp_path_factory.mktemp("cs")
+    cpu_params, cs_params = write_params(cpu), write_params(cs)
+    on_cpu, on_cs = together(
+        partial(in_process, ["--mode", "train", "-p", cpu_params, "-o", cpu / "model"]),
+        partial(csrun_wse, cs / "job", 2, ["--mode", "train", "-p", cs_params, "-o", cs / "model"]))
+    return Run(cpu, cpu_params, cpu / "model", on_cpu), Run(cs, cs_params, cs / "model", on_cs.stdout)
+
+
+@pytest.fixture(scope="module")
+def cpu_reference(reference_runs) -> Run:
+    run = reference_runs[0]
     assert sorted(run.losses) == list(range(1, STEPS + 1))
     return run
 
 
 @pytest.fixture(scope="module")
-def cs_run(tmp_path_factory) -> Run:
-    """An unbroken CS run: chief + 1 input worker + the embedded simulator."""
-    folder = tmp_path_factory.mktemp("cs")
-    params = write_params(folder)
-    result = csrun_wse(folder / "job", 2, ["--mode", "train", "-p", params, "-o", folder / "model"])
-    return Run(folder, params, folder / "model", result.stdout)
+def cs_run(reference_runs) -> Run:
+    return reference_runs[1]
 
 
 @pytest.fixture
@@ -170,8 +175,8 @@ def test_every_worker_count_trains_like_the_cpu_path(tmp_path, cpu_reference, ta
 # ---- checkpoints cross between the paths ----
 def test_cs_checkpoint_evaluates_the_same_on_the_cpu_and_the_cs(cs_run):
     args = ["--mode", "eval", "--eval_steps", EVAL_STEPS, "-p", cs_run.params, "-o", cs_run.model_dir]
-    cpu = eval_results(run_py(args).stdout)
-    cs = eval_results(csrun_wse(cs_run.folder / "eval_job", 2, args).stdout)
+    on_cpu, on_cs = together(partial(in_process, args), partial(csrun_wse, cs_run.folder / "eval_job", 2, args))
+    cpu, cs = eval_results(on_cpu), eval_results(on_cs.stdout)
     assert cpu["global_step"] == cs["global_step"] == STEPS
     assert cs["accuracy"] == pytest.approx(cpu["accuracy"], abs=1e-6)
     assert cs["loss"] == pytest.approx(cpu["loss"], rel=1e-4)
@@ -180,7 +185,7 @@ def test_cs_checkpoint_evaluates_the_same_on_the_cpu_and_the_cs(cs_run):
 def test_cs_predictions_equal_the_cpu_paths(cs_run):
     args = ["--mode", "predict", "-p", cs_run.params, "-o", cs_run.model_dir]
     target = cs_run.model_dir / "predict" / f"predictions-{STEPS}.npz"
-    run_py(args)
+    in_process(args)
     with np.load(target) as f:
         cpu = dict(f)
     target.unlink()

@@ -69,7 +69,7 @@ def test_a_detached_job_is_listed_inspected_followed_and_cancelled(state_dir, tm
         deadline = time.monotonic() + 60
         while (idle := csrun_job_cli(["cs", "--cs_ip", f"127.0.0.1:{port}"], state_dir)).returncode != 0:
             assert time.monotonic() < deadline, idle.stderr
-            time.sleep(1)
+            time.sleep(0.2)
         assert idle.stdout == f"CS system at 127.0.0.1:{port}: idle\n"
         job_dir = tmp_path / "job"
         started = subprocess.run(
@@ -82,7 +82,7 @@ def test_a_detached_job_is_listed_inspected_followed_and_cancelled(state_dir, tm
         deadline = time.monotonic() + 240
         while (progress := jobs.Progress.read(job_dir)) is None or not progress.checkpoint:
             assert time.monotonic() < deadline, csrun_job_cli(["logs", job_id], state_dir).stdout[-2000:]
-            time.sleep(1)
+            time.sleep(0.2)
         listed = csrun_job_cli(["list"], state_dir)
         assert listed.returncode == 0, listed.stderr
         header, row = listed.stdout.splitlines()[:2]
@@ -105,13 +105,14 @@ def test_a_detached_job_is_listed_inspected_followed_and_cancelled(state_dir, tm
         assert re.search(r"^global step \d+: loss = ", logs.stdout, re.M) and "submitit" not in logs.stdout
         follower = subprocess.Popen([sys.executable, "-m", "launcher.csrun_job", "logs", job_id, "--follow"],
                                     env=state_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2)
+        first = follower.stdout.readline()  # it follows: the log so far comes first
         cancelled = csrun_job_cli(["cancel", job_id], state_dir)
         assert cancelled.returncode == 0, cancelled.stderr
         assert re.fullmatch(rf"csrun_job: job {job_id} cancelled: CANCELLED; newest checkpoint \S+model\.ckpt-\d+",
                             cancelled.stderr.strip()), cancelled.stderr
         assert left_running(str(job_dir), 10) == []
-        followed, _ = follower.communicate(timeout=30)  # --follow ends with the job
+        rest, _ = follower.communicate(timeout=30)  # --follow ends with the job
+        followed = first + rest
         assert follower.returncode == 0 and re.search(r"^global step \d+: loss = ", followed, re.M)
         newest = checkpoints.latest_checkpoint(str(tmp_path / "m"))
         assert newest is not None and checkpoints.read_checkpoint(newest)["global_step"] > 0

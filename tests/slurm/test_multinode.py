@@ -9,12 +9,14 @@ import re
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 from fc_mnist_runs import ENV, losses
+from processes import run_py_in_process, together
 
 from slurm.task_logs import task_hosts
 from tf_model import checkpoints
@@ -99,11 +101,9 @@ def placement(folder: Path, job: str, jid: str, num_tasks: int) -> list[tuple[st
 
 @pytest.fixture(scope="module")
 def cpu_losses(tmp_path_factory) -> dict[int, float]:
+    """The user's run.py on the CPU (in process): its losses."""
     folder = write_user_dir(tmp_path_factory.mktemp("cpu"), steps=12)
-    done = subprocess.run(["python", "run.py", "--mode", "train"], cwd=folder, env=ENV, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return losses(done.stdout)
+    return losses(run_py_in_process(folder / "run.py", ["--mode", "train"], folder))
 
 
 @pytest.fixture(scope="module")
@@ -220,18 +220,22 @@ def test_a_host_dropping_off_ends_the_job_naming_it_and_a_rerun_resumes(multinod
         assert all(np.all(np.isfinite(v)) for v in state.values() if v.dtype.kind == "f")
 
         # node3 is down: the rerun gets the two remaining hosts and resumes from the newest checkpoint
+        # to the weights of a run that was never broken (meanwhile, on this host's embedded CS
+        # system: the CS host serves one job at a time; one task: the chief feeds itself)
         end = step + EVERY
         write_user_dir(folder, steps=end)
-        done = csrun_wse(multinode_cluster, folder, "job2", "--total-nodes", "2", "--tasks-per-node", "2")
+        unbroken = write_user_dir(tmp_path / "unbroken", steps=end)
+        local = {k: v for k, v in ENV.items() if k != "SLURM_CONF"}
+        done, reference_run = together(
+            partial(csrun_wse, multinode_cluster, folder, "job2", "--total-nodes", "2", "--tasks-per-node", "2"),
+            partial(subprocess.run, [sys.executable, "-m", "launcher.csrun_wse", "--tasks-per-node", "1",
+                                     "--job-dir", "job", "--", "python", "run.py", "--mode", "train"],
+                    cwd=unbroken, env=local, capture_output=True, text=True, timeout=300))
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"Restoring parameters from model/model.ckpt-{step}\n" in done.stdout
         assert sorted(losses(done.stdout)) == list(range(step + 1, end + 1))
         assert {node for node, _ in placement(folder, "job2", job_id(done.stderr), 4)} == {"node1", "node2"}
-
-        # ... to the weights of a run that was never broken (one task: the chief feeds itself)
-        unbroken = write_user_dir(tmp_path / "unbroken", steps=end)
-        done = csrun_wse(multinode_cluster, unbroken, "job", "--total-nodes", "1", "--tasks-per-node", "1")
-        assert done.returncode == 0, done.stdout + done.stderr
+        assert reference_run.returncode == 0, reference_run.stdout + reference_run.stderr
         resumed = checkpoints.read_checkpoint(checkpoints.latest_checkpoint(str(folder / "model")))
         reference = checkpoints.read_checkpoint(checkpoints.latest_checkpoint(str(unbroken / "model")))
         assert sorted(resumed) == sorted(reference)

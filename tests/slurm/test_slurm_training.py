@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fc_mnist_runs import ENV, EXAMPLE, fc_mnist_params, losses
+from processes import run_py_in_process
 
 from tf_model import checkpoints
 
@@ -26,13 +27,11 @@ def csrun(cluster, tool: str, args: list[str], timeout: float = 300) -> subproce
 
 @pytest.fixture(scope="module")
 def cpu_losses(tmp_path_factory) -> dict[int, float]:
+    """FC-MNIST's run.py on the CPU (in process): its losses."""
     folder = tmp_path_factory.mktemp("cpu")
     params = fc_mnist_params(folder, steps=STEPS, every=EVERY)
-    done = subprocess.run(["python", "run.py", "--mode", "train", "-p", str(params), "-o",
-                           str(folder / "model")], cwd=EXAMPLE, env=ENV, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return losses(done.stdout)
+    return losses(run_py_in_process(EXAMPLE / "run.py", ["--mode", "train", "-p", params, "-o", folder / "model"],
+                                    EXAMPLE))
 
 
 def test_csrun_wse_trains_fc_mnist_as_a_slurm_job_with_the_cpu_losses(slurm_cluster, tmp_path,

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -38,35 +39,41 @@ def start(params_path: str, model_dir: str) -> subprocess.Popen:
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
+def train_unbroken(model_dir: str) -> None:
+    """The same run in process, without a stop: one checkpoint, at its end."""
+    CSEstimator(model.model_fn, model_dir=model_dir,
+                config=CSRunConfig(save_checkpoints_steps=MAX_STEPS, tf_random_seed=1234, log_step_count_steps=None,
+                                   save_summary_steps=None),
+                params=copy.deepcopy(params())).train(data.train_input_fn, max_steps=MAX_STEPS)
+
+
 @pytest.mark.slow
 def test_a_killed_run_resumes_and_ends_like_an_unbroken_one(tmp_path):
     params_path = tmp_path / "params.yaml"
     params_path.write_text(yaml.safe_dump(params()))
     broken = str(tmp_path / "broken")
-    proc = start(str(params_path), broken)
-    deadline = time.monotonic() + 300
-    while True:  # kill once two checkpoints exist, well before the end
-        latest = latest_checkpoint(broken)
-        if latest is not None and checkpoint_step(latest) >= 2 * EVERY:
-            break
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = checkpoint_step(latest_checkpoint(broken))
-    assert proc.returncode == -signal.SIGKILL and killed_at < MAX_STEPS
+    with ThreadPoolExecutor(1) as meanwhile:
+        unbroken = meanwhile.submit(train_unbroken, str(tmp_path / "unbroken"))
+        proc = start(str(params_path), broken)
+        deadline = time.monotonic() + 300
+        while True:  # kill once two checkpoints exist, well before the end
+            latest = latest_checkpoint(broken)
+            if latest is not None and checkpoint_step(latest) >= 2 * EVERY:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed_at = checkpoint_step(latest_checkpoint(broken))
+        assert proc.returncode == -signal.SIGKILL and killed_at < MAX_STEPS
 
-    again = start(str(params_path), broken)
-    out, _ = again.communicate(timeout=300)
-    assert again.returncode == 0, out
-    assert f"Restoring parameters from {broken}/model.ckpt-{killed_at}" in out
-    assert f"Training finished with {(MAX_STEPS - killed_at) * 256} samples" in out
+        again = start(str(params_path), broken)
+        out, _ = again.communicate(timeout=300)
+        assert again.returncode == 0, out
+        assert f"Restoring parameters from {broken}/model.ckpt-{killed_at}" in out
+        assert f"Training finished with {(MAX_STEPS - killed_at) * 256} samples" in out
+        unbroken.result()
 
-    unbroken = CSEstimator(model.model_fn, model_dir=str(tmp_path / "unbroken"),
-                           config=CSRunConfig(save_checkpoints_steps=MAX_STEPS, tf_random_seed=1234,
-                                              log_step_count_steps=None, save_summary_steps=None),
-                           params=copy.deepcopy(params()))
-    unbroken.train(data.train_input_fn, max_steps=MAX_STEPS)
     a = read_checkpoint(latest_checkpoint(str(tmp_path / "unbroken")))
     b = read_checkpoint(latest_checkpoint(broken))
     assert b["global_step"] == MAX_STEPS and sorted(a) == sorted(b)

@@ -438,7 +438,7 @@ def test_batch_norm_inference_fused_matches_fused_batch_norm():
 
 # ---- refusals ----
 @pytest.mark.parametrize("kernel_type, attrs, shapes, message", [
-    ("reduce", {"op": "prod", "axes": [0]}, [(3,)], "unknown op 'prod'"),
+    ("reduce", {"op": "cumprod", "axes": [0]}, [(3,)], "unknown op 'cumprod'"),
     ("reduce", {"op": "sum", "axes": [1]}, [(3,)], "axes [1] are not distinct per-sample axes"),
     ("reduce", {"op": "sum", "axes": [0, 0]}, [(3,)], "not distinct"),
     ("reduce", {"op": "sum", "axes": 0}, [(3,)], "attr 'axes' must be a list"),

@@ -83,15 +83,29 @@ def stop(served: Served) -> None:
         served.process.wait()
 
 
-@pytest.fixture
-def server(tmp_path):
+def warm_server(folder: Path) -> Served:
     """`wse_sim serve` with the default 120 s idle timeout: only a lease frees a job sooner."""
-    served = serve(tmp_path)
+    served = serve(folder)
     warm = ClientDouble(served.address, "warm-up")  # the first job's imports and pools, before any figure
     warm.load(program(), weights(), job_id="warm-up")
     warm.feed_in_background(batches(1))
     warm.run("train", 1)
     warm.unload()
+    return served
+
+
+@pytest.fixture
+def server(tmp_path):
+    served = warm_server(tmp_path)
+    yield served
+    stop(served)
+
+
+@pytest.fixture(scope="module")
+def idle_server(tmp_path_factory):
+    """One `server` for the tests that leave it idle, as each asserts (a start and stop each
+    cost seconds)."""
+    served = warm_server(tmp_path_factory.mktemp("idle_server"))
     yield served
     stop(served)
 
@@ -111,7 +125,8 @@ def huge_chunk(name: str, shape=(128, MIB)) -> pb.TensorChunk:
 
 # ---- authenticate, then validate, then allocate ----
 @pytest.mark.parametrize("case", ["tokenless", "undeclared", "declared name, other shape", "busy"])
-def test_a_512_mib_chunk_costs_the_server_nothing_and_is_refused(server, case):
+def test_a_512_mib_chunk_costs_the_server_nothing_and_is_refused(idle_server, case):
+    server = idle_server
     header = pb.JobHeader(job_id="hostile", token="" if case == "tokenless" else "t" * 32,
                           program=program(), num_workers=1)
     name = {"tokenless": "hidden/kernel", "undeclared": "stray",
@@ -143,7 +158,9 @@ def test_a_512_mib_chunk_costs_the_server_nothing_and_is_refused(server, case):
         assert holder.status().state == "loaded"
         holder.unload()
     assert server.wait_idle() < 10  # a refused load leaves nothing reserved
-    ClientDouble(server.address).load(program(), weights())  # and the CS takes the next job
+    taker = ClientDouble(server.address)
+    taker.load(program(), weights())  # and the CS takes the next job
+    taker.unload()
 
 
 def avg_pool_program(size: int, pool: int, padding: str = "VALID") -> pb.Program:
@@ -193,7 +210,8 @@ def with_region(region: pb.Region) -> pb.Program:
     (with_region(pb.Region(x=630, y=0, width=8, height=1)), ["kernel 'logits'", "630", "8x1"]),
     (avg_pool_program(4096, 2), ["a batch of its inputs is 64.0 MiB"]),
 ])
-def test_declared_sizes_are_refused_before_anything_is_built(server, bad, words):
+def test_declared_sizes_are_refused_before_anything_is_built(idle_server, bad, words):
+    server = idle_server
     if "batch of its inputs" in words[0]:
         bad.batch_size = bad.micro_batch_size = 5  # 5 x 64 MiB: above a Feed message
         words = ["a batch of its inputs is 320.0 MiB", "at most 256.0 MiB", "lower the batch size"]
@@ -206,9 +224,10 @@ def test_declared_sizes_are_refused_before_anything_is_built(server, bad, words)
     assert server.state() == "idle"
 
 
-def test_a_tokenless_caller_learns_who_holds_the_cs_and_nothing_it_could_use(server):
+def test_a_tokenless_caller_learns_who_holds_the_cs_and_nothing_it_could_use(idle_server):
     """What squeue shows of a job on a cluster (its id, user, since, step), never its token,
     its failures, or any way to act on it."""
+    server = idle_server
     owner = ClientDouble(server.address, "owner-token")
     before = time.time()
     owner.load(program(), weights(), job_id="secret-job", global_step=7)

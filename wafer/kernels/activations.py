@@ -211,8 +211,20 @@ def _sign(x, a, out):
     return np.sign(x, out=out)
 
 
-def _sign_grad(x, y, a, dy, out):  # zeros (TF's gradient is 0, not None)
+def _zero_grad(x, y, a, dy, out):  # zeros: Sign's (TF: 0); Floor, Ceil, Round's (TF: None, no flow)
     return _store(np.zeros_like(dy), out)
+
+
+def _floor(x, a, out):
+    return np.floor(x, out=out)
+
+
+def _ceil(x, a, out):
+    return np.ceil(x, out=out)
+
+
+def _round(x, a, out):  # half to even, as TF's Round and Rint
+    return np.rint(x, out=out)
 
 
 def _softsign(x, a, out):
@@ -360,7 +372,10 @@ FUNCTIONS: dict[str, tuple[Forward, Backward, int]] = {
     "erfc": (_erfc, _erfc_grad, 14),
     "sin": (_sin, _sin_grad, 4),
     "cos": (_cos, _cos_grad, 4),
-    "sign": (_sign, _sign_grad, 1),
+    "sign": (_sign, _zero_grad, 1),
+    "floor": (_floor, _zero_grad, 1),
+    "ceil": (_ceil, _zero_grad, 1),
+    "round": (_round, _zero_grad, 1),
     "softsign": (_softsign, _softsign_grad, 3),
     "pow": (_pow, _pow_grad, 8),
 }

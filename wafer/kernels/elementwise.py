@@ -46,6 +46,29 @@ def _grad_pow(x, y, z, g):  # _PowGrad
     return gx, g * z * log_x
 
 
+def _floor_div(x, y):  # TF's FloorDiv: floor(x / y) for floats, Python's // for integers
+    return np.floor_divide(x, y) if x.dtype.kind in "iu" else np.floor(x / y)
+
+
+def _floor_mod(x, y):  # TF's FloorMod: the remainder with the divisor's sign (Python's %)
+    if x.dtype.kind in "iu":
+        return np.mod(x, y)
+    r = np.fmod(x, y)
+    return np.where((r != 0) & ((y < 0) != (r < 0)), r + y, r)
+
+
+def _div_no_nan(x, y):  # TF's DivNoNan: x / y, and 0 where y is 0
+    return where(np.asarray(y != 0), np.divide(x, y), None)
+
+
+def _grad_div_no_nan(x, y, z, g):  # _DivNoNanGrad: div_no_nan(g, y), g * div_no_nan(div_no_nan(-x, y), y)
+    return _div_no_nan(g, y), g * _div_no_nan(_div_no_nan(-x, y), y)
+
+
+def _grad_floor_mod(x, y, z, g):  # _FloorModGrad
+    return g, g * -np.floor(x / y)
+
+
 # op -> (forward(x, y), backward(x, y, z, g) -> (gx, gy) before reduction, FLOPs per element)
 ARITHMETIC: dict[str, tuple[Callable[..., np.ndarray], Callable[..., tuple[np.ndarray, np.ndarray]], int]] = {
     "add": (np.add, lambda x, y, z, g: (g, g), 1),
@@ -57,9 +80,12 @@ ARITHMETIC: dict[str, tuple[Callable[..., np.ndarray], Callable[..., tuple[np.nd
     "squared_difference": (lambda x, y: (x - y) * (x - y),
                            lambda x, y, z, g: ((_TWO * g) * (x - y), -((_TWO * g) * (x - y))), 2),
     "pow": (np.power, _grad_pow, 8),
+    "div_no_nan": (_div_no_nan, _grad_div_no_nan, 1),
+    "floor_mod": (_floor_mod, _grad_floor_mod, 3),
+    "floor_div": (_floor_div, lambda x, y, z, g: (np.zeros_like(g), np.zeros_like(g)), 2),  # TF: None
 }
 # TF's int kernels of these compute what numpy's do; the others are float32 only.
-INTEGER_ARITHMETIC = {"add", "sub", "mul", "maximum", "minimum"}
+INTEGER_ARITHMETIC = {"add", "sub", "mul", "maximum", "minimum", "floor_mod", "floor_div"}
 COMPARISONS = {"greater": np.greater, "greater_equal": np.greater_equal, "less": np.less,
                "less_equal": np.less_equal, "equal": np.equal, "not_equal": np.not_equal}
 LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or}

@@ -71,16 +71,19 @@ class Gather(_RowCopyCost, Kernel):
     integer indices (int32/int64, any per-sample shape S); output S + (D...). An index
     outside [0, V) raises ValueError naming the kernel, as TF's CPU gather does. The
     table's gradient is TF's IndexedSlices made dense: each row gets the gradients of its
-    lookups added in order into the table's accumulator; the indices take none."""
+    lookups added in order into the table's accumulator; the indices take none. Operands
+    "ci": a constant table c0 (per-class loss weights: tf.gather(class_weights, labels)),
+    of any dtype the CS computes in, which takes no gradient."""
 
     type_name = "gather"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
         self.operands = Operands(self, 2, broadcast=False)
-        if self.operands.letters != "pi":
-            raise KernelError(f"kernel {name!r} (gather): operands must be 'pi' (a weight table, "
-                              f"integer indices from the input), got {self.operands.letters!r}")
+        if self.operands.letters not in ("pi", "ci"):
+            raise KernelError(f"kernel {name!r} (gather): operands must be 'pi' or 'ci' (a weight "
+                              f"or constant table, integer indices from the input), got "
+                              f"{self.operands.letters!r}")
         self.table = self.operands[0].shape
         if not self.table or self.table[0] == 0:
             raise KernelError(f"kernel {name!r} (gather): the table {self.table} needs at least "
@@ -97,17 +100,19 @@ class Gather(_RowCopyCost, Kernel):
 
     def output_dtype(self, input_dtypes):
         check_dtypes(self, input_dtypes, [INTEGER])
-        return np.dtype(np.float32)
+        return self.operands.dtypes(input_dtypes)[0]
 
     def input_differentiable(self, index: int) -> bool:
         return False
 
     def forward(self, params, inputs, ctx: RunContext):
-        ids = inputs[0]
+        table, ids = self.operands.arrays(params, inputs)
         check_indices(self, ids, self.table[0], "the table")
-        return np.take(params["p0"], ids, axis=0), ids
+        return np.take(table, ids, axis=0), ids
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        if self.operands.letters == "ci":
+            return [None], {}
         if param_grads is None:
             table = np.zeros(self.table, np.float32)
         else:

@@ -1,6 +1,6 @@
 """Weightless kernels that reduce, normalise or rearrange one sample's values: reduce,
-softmax (and log_softmax), transpose, slice (tf.strided_slice), take (tf.gather at constant
-indices) and pad. Attrs name per-sample axes (axis 0 is the sample's first axis, the
+cumsum, softmax (and log_softmax), transpose, slice (tf.strided_slice), take (tf.gather at
+constant indices) and pad. Attrs name per-sample axes (axis 0 is the sample's first axis, the
 micro-batch is never touched). Each backward is TensorFlow's registered gradient function
 (math_grad.py, nn_grad.py, array_grad.py) on the same float32 values, so results match
 TF's to rounding.
@@ -49,16 +49,17 @@ class Rearrangement(SampleKernel):
         return np.dtype(input_dtypes[0])
 
 
-REDUCTIONS = ("sum", "mean", "max", "min", "any", "all")
+REDUCTIONS = ("sum", "mean", "max", "min", "prod", "any", "all")
 LOGICAL_REDUCTIONS = ("any", "all")  # of bool values, no gradient
 
 
 @register
 class Reduce(SampleKernel):
-    """tf.reduce_{sum, mean, max, min} over per-sample `axes` (attr keepdims), and
-    reduce_{any, all} of bool values (no gradient). Gradients:
-    _SumGrad broadcasts, _MeanGrad divides by the reduced count, _MinOrMaxGrad splits the
-    gradient equally among the elements equal to the result (ties)."""
+    """tf.reduce_{sum, mean, max, min, prod} over per-sample `axes` (attr keepdims), and
+    reduce_{any, all} of bool values (no gradient). Gradients: _SumGrad broadcasts, _MeanGrad
+    divides by the reduced count, _MinOrMaxGrad splits the gradient equally among the
+    elements equal to the result (ties), _ProdGrad multiplies by the product of the other
+    elements (exclusive cumulative products from both ends: exact with zeros)."""
 
     type_name = "reduce"
 
@@ -106,7 +107,8 @@ class Reduce(SampleKernel):
     def activation_bytes_per_sample(self) -> int:
         if self.op in ("sum", "mean"):
             return 0
-        return 4 * (math.prod(self.input_shapes[0]) + math.prod(self.kept))
+        kept = math.prod(self.kept) if self.op != "prod" else 0
+        return 4 * (math.prod(self.input_shapes[0]) + kept)
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
@@ -115,6 +117,9 @@ class Reduce(SampleKernel):
             if self.op == "mean":
                 y /= self.count
             cache = None
+        elif self.op == "prod":
+            y = np.prod(x, axis=self.batch_axes, keepdims=True, dtype=x.dtype)
+            cache = (x, y)
         elif self.op in LOGICAL_REDUCTIONS:
             y = (np.any if self.op == "any" else np.all)(x, axis=self.batch_axes, keepdims=True)
             cache = None
@@ -132,10 +137,78 @@ class Reduce(SampleKernel):
         if self.op == "mean":
             return [np.broadcast_to(g / self.count, full).copy()], {}
         x, y = cache
+        if self.op == "prod":
+            return [np.multiply(self._others_product(x), g, dtype=np.float32)], {}
         indicators = (y == x).astype(np.float32)
         selected = indicators.sum(axis=self.batch_axes, keepdims=True, dtype=np.float32)
         np.divide(indicators, selected, out=indicators)
         return [np.multiply(indicators, g, out=indicators)], {}
+
+    def _others_product(self, x: np.ndarray) -> np.ndarray:
+        """For each element, the product of the others it was reduced with (_ProdGrad: the
+        reduced axes flattened into one, left and right exclusive cumulative products)."""
+        others = tuple(a for a in range(x.ndim) if a not in self.batch_axes)
+        perm = (*self.batch_axes, *others)
+        permuted = x.transpose(perm)
+        flat = permuted.reshape(int(self.count), -1)
+        product = _exclusive_cumprod(flat, False) * _exclusive_cumprod(flat, True)
+        return product.reshape(permuted.shape).transpose(np.argsort(perm))
+
+
+def _exclusive_cumprod(x: np.ndarray, reverse: bool) -> np.ndarray:
+    """tf.math.cumprod(x, axis=0, exclusive=True, reverse=reverse) in float32 order."""
+    if reverse:
+        x = x[::-1]
+    out = np.ones_like(x)
+    np.cumprod(x[:-1], axis=0, dtype=x.dtype, out=out[1:])
+    return out[::-1] if reverse else out
+
+
+def cumulative_sum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
+    """tf.cumsum along `axis` of the array: each element added in turn from the first (the
+    last: reverse), in float32 as TF's CPU scan; exclusive leaves the element itself out."""
+    if reverse:
+        x = np.flip(x, axis)
+    total = np.cumsum(x, axis=axis, dtype=x.dtype)
+    if exclusive:
+        total = np.roll(total, 1, axis)
+        total[(slice(None),) * axis + (0,)] = 0
+    return np.ascontiguousarray(np.flip(total, axis) if reverse else total)
+
+
+@register
+class Cumsum(SampleKernel):
+    """tf.cumsum along a per-sample `axis` (attrs exclusive, reverse). The gradient is the
+    cumulative sum of the upstream gradient the other way (_CumsumGrad)."""
+
+    type_name = "cumsum"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.one_input()
+        axis = self.attrs.get("axis")
+        flags = (self.attrs.get("exclusive", False), self.attrs.get("reverse", False))
+        if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < len(shape) or \
+                not all(isinstance(f, bool) for f in flags):
+            raise KernelError(f"kernel {name!r} (cumsum): needs a per-sample axis of {shape} "
+                              f"(0 to {len(shape) - 1}) and bool attrs exclusive and reverse, "
+                              f"got axis {axis!r}, exclusive {flags[0]!r}, reverse {flags[1]!r}")
+        self.axis = axis + 1  # on the micro-batch array
+        self.exclusive, self.reverse = flags
+
+    @property
+    def output_shape(self):
+        return self.input_shapes[0]
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER)])
+        return np.dtype(input_dtypes[0])
+
+    def forward(self, params, inputs, ctx: RunContext):
+        return cumulative_sum(inputs[0], self.axis, self.exclusive, self.reverse), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [cumulative_sum(grad_output, self.axis, self.exclusive, not self.reverse)], {}
 
 
 @register

@@ -1,0 +1,112 @@
+"""Small tabular models written the way users write them, with the ops issue 21's unseen
+tabular models needed: a hashed feature cross (tf.math.floormod of integer ids) with class
+weights (tf.gather of a constant by label), ordinal regression with cut-points
+tf.cumsum(tf.nn.softplus(raw)), and features made with tf.cumsum (exclusive, reverse),
+tf.math.floormod of floats, tf.floor/ceil/round, tf.math.divide_no_nan, tf.reduce_prod; and
+what stays refused (tf.feature_column's sparse columns, a Keras optimizer)."""
+import numpy as np
+import tensorflow as tf
+
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+
+L = tf.keras.layers
+v1 = tf.compat.v1
+gs = v1.train.get_or_create_global_step
+
+
+def categorical_input_fn(params):
+    rng = np.random.default_rng(params.get("data_seed", 2))
+    a = rng.integers(0, 5, size=32).astype(np.int32)
+    b = rng.integers(0, 4, size=32).astype(np.int32)
+    num = rng.normal(size=(32, 3)).astype(np.float32)
+    y = (((a + b) % 3 == 0) ^ (num[:, 0] > 0)).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices(({"a": a, "b": b, "num": num}, y)).batch(
+        8, drop_remainder=True)
+
+
+def ordinal_input_fn(params):
+    rng = np.random.default_rng(params.get("data_seed", 3))
+    x = rng.normal(size=(32, 6)).astype(np.float32)
+    y = np.digitize(x[:, 0] + 0.5 * x[:, 1], [-1.0, 0.0, 1.0]).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
+
+
+def regression_input_fn(params):
+    rng = np.random.default_rng(params.get("data_seed", 4))
+    x = (2 * rng.normal(size=(32, 6))).astype(np.float32)
+    y = (np.sin(x[:, :1]) + 0.1 * x[:, 1:2] ** 2).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
+
+
+def _spec(mode, loss, train_op, metrics):
+    if mode == ModeKeys.TRAIN:
+        return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op())
+    return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops=metrics)
+
+
+def hashed_cross(features, labels, mode, params):
+    """Wide & deep with a hashed cross of two categorical ids (floormod into 11 buckets),
+    per-class loss weights gathered from a constant, trained with FTRL."""
+    cross = tf.math.floormod(features["a"] * 131 + features["b"] * 17, 11)
+    wide = L.Dense(2, use_bias=False)(tf.one_hot(cross, 11))
+    deep = L.Dense(2)(L.Dense(8, activation="relu")(
+        tf.concat([L.Embedding(11, 4)(cross), features["num"]], axis=1)))
+    logits = wide + deep
+    class_weights = tf.gather(tf.constant([1.0, 3.0]), labels)
+    reduction = params.get("reduction", v1.losses.Reduction.SUM_OVER_BATCH_SIZE)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits, weights=class_weights,
+                                                  reduction=reduction)
+    return _spec(mode, loss, lambda: v1.train.FtrlOptimizer(0.1).minimize(loss, global_step=gs()),
+                 {"accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
+
+
+def ordinal(features, labels, mode, params):
+    """Cumulative-link ordinal regression: ordered cut-points tf.cumsum(tf.nn.softplus(raw))
+    (computed on the CS's weight program), P(y <= k) = sigmoid(cut_k - score)."""
+    score = L.Dense(1)(L.Dense(8, activation="relu")(features))
+    raw = v1.get_variable("cut_raw", [3], initializer=v1.constant_initializer([0.1, 0.5, 0.5]))
+    cuts = tf.cumsum(tf.nn.softplus(raw)) - 1.0
+    cdf = tf.sigmoid(cuts - score)
+    targets = tf.cast(tf.expand_dims(labels, 1) <= tf.range(3), tf.float32)
+    loss = v1.losses.log_loss(targets, cdf)
+    predicted = tf.reduce_sum(tf.cast(cdf < 0.5, tf.int32), 1)
+    return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
+                 {"accuracy": v1.metrics.accuracy(labels, predicted)})
+
+
+def rounded_features(features, labels, mode, params):
+    """Running sums of a hidden layer (tf.cumsum reverse and exclusive), a periodic feature
+    (tf.math.floormod of floats, whose gradient flows), tf.floor, tf.math.ceil and
+    tf.math.divide_no_nan of the inputs, a straight-through tf.round and a noisy-OR's
+    tf.reduce_prod."""
+    h = L.Dense(6, activation="tanh")(features)
+    sums = tf.cumsum(h, axis=-1, reverse=True) + tf.cumsum(h, axis=1, exclusive=True)
+    period = tf.math.floormod(L.Dense(6)(features), 1.7)
+    steps = tf.floor(features) + tf.math.divide_no_nan(tf.math.ceil(features * 0.5),
+                                                       tf.round(features))
+    rounded = h + tf.stop_gradient(tf.round(h * 4.0) / 4.0 - h)
+    none = tf.reduce_prod(1.0 - tf.sigmoid(h), axis=1, keepdims=True)  # a noisy-OR's complement
+    out = L.Dense(1)(tf.concat([sums, period, steps, rounded, none], 1))
+    loss = v1.losses.huber_loss(labels, out)
+    return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
+                 {"mae": v1.metrics.mean_absolute_error(labels, out)})
+
+
+def feature_columns(features, labels, mode, params):
+    """tf.feature_column's input layer: its categorical columns build SparseTensors."""
+    fc = v1.feature_column
+    columns = [fc.numeric_column("num", shape=(3,)),
+               fc.embedding_column(fc.categorical_column_with_identity("a", 5), 4),
+               fc.indicator_column(fc.categorical_column_with_identity("b", 4))]
+    logits = L.Dense(2)(fc.input_layer(features, columns))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
+                 {})
+
+
+def keras_optimizer(features, labels, mode, params):
+    """A Keras optimizer in an Estimator model_fn (TF 2.21's Keras 3 builds no graph train op)."""
+    logits = L.Dense(2)(features["num"])
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    optimizer = tf.keras.optimizers.Nadam(1e-2)
+    return _spec(mode, loss, lambda: optimizer.minimize(loss, var_list=v1.trainable_variables()), {})
