@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-
-from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+from weight_program_models import _spec  # the classifier head and optimizers of that corpus
 
 STEPS, FEATURES, UNITS, CLASSES, VOCAB, DIM = 4, 3, 5, 3, 11, 6
 
@@ -28,20 +27,6 @@ def token_input_fn(params):
     x = rng.integers(0, VOCAB, size=(4 * batch, STEPS)).astype(np.int32)
     y = rng.integers(0, VOCAB, size=(4 * batch,)).astype(np.int32)
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
-
-
-def _spec(mode, labels, logits, params):
-    if mode == ModeKeys.PREDICT:
-        return CSEstimatorSpec(mode=mode, predictions={"classes": tf.argmax(logits, -1)})
-    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    train_op = None
-    if mode == ModeKeys.TRAIN:
-        lr = params.get("learning_rate", 0.05)
-        optimizer = tf.compat.v1.train.AdamOptimizer(lr) if params.get("optimizer") == "adam" \
-            else tf.compat.v1.train.GradientDescentOptimizer(lr)
-        train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
-    metrics = {"accuracy": tf.compat.v1.metrics.accuracy(labels, tf.argmax(logits, -1))}
-    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op, eval_metric_ops=metrics)
 
 
 def gru_reset_before(features, labels, mode, params):
