@@ -188,7 +188,7 @@ class Operands:
             return None if inner is None or self.zero_product(inner) is None else \
                 np.zeros(static_shape(tensor), tensor.dtype.as_numpy_dtype)
         if op in self.flow or op.type not in ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Mul",
-                                                        "Conv2D"):
+                                                        "Conv2D", "Conv3D"):
             return None
         factors = [self.constant(t) for t in op.inputs]
         if not any(f is not None and f.size and not f.any() for f in factors) or \
