@@ -259,6 +259,14 @@ def prediction_mismatch(model_fn: Callable, input_fn: Callable, params: dict, mo
     return "; ".join(problems)
 
 
+def zero_gradient_variables(compiled: CompileResult) -> set[str]:
+    """The variables the compiler gives the exact gradient 0 (a `zero` gradient transform:
+    coordinator/compiler/training/shift.py)."""
+    assert compiled.program is not None
+    return {v for t in compiled.program.gradient_transforms if t.kind == "zero"
+            for v in t.variables}
+
+
 def mismatches(result: Comparison, rtol: float = 1e-4) -> list[str]:
     """Where the CS's training differs from TensorFlow's, one line each (empty: the same).
 
@@ -267,9 +275,20 @@ def mismatches(result: Comparison, rtol: float = 1e-4) -> list[str]:
     one name: near-zero entries such as an attention key bias, whose true gradient is 0,
     are rounding noise at that scale), and its change over the run to 1% of TF's largest
     change (a frozen weight that moved, an unclipped gradient). TF's optimizer slots of the
-    CS's variables must be in the CS's state."""
+    CS's variables must be in the CS's state. A variable the compiler gives the exact
+    gradient 0 (a softmax's shared shift) must equal its initial value, what exact
+    arithmetic gives without weight decay (float32 TF's noise steps it by up to the learning
+    rate); decayed (AdamW, a weight write) it is compared with nothing."""
     problems = []
     cs, ref, initial = result.cs, result.reference, result.compiled.initial_weights
+    program = result.compiled.program
+    zeroed = zero_gradient_variables(result.compiled)
+    decayed = {w.variable for w in program.weight_writes} if program.optimizer.type != "adamw" \
+        else zeroed
+    for name in sorted(zeroed - decayed):
+        if not np.array_equal(cs.state[name], initial[name]):
+            problems.append(f"{name}: its gradient is 0 exactly, yet the CS moved it from "
+                            f"{initial[name].ravel()[:1]} to {cs.state[name].ravel()[:1]}")
     losses, ref_losses = np.asarray(cs.losses, np.float64), np.asarray(ref.losses, np.float64)
     if losses.shape != ref_losses.shape or not np.allclose(
             losses, ref_losses, rtol=rtol, atol=rtol * 1e-2 * np.abs(ref_losses).max(initial=0)):
@@ -286,6 +305,8 @@ def mismatches(result: Comparison, rtol: float = 1e-4) -> list[str]:
         kind_scale[kind(name)] = max(kind_scale.get(kind(name), 0.0),
                                      float(np.abs(np.asarray(value, np.float64)).max(initial=0.0)))
     for name, value in sorted(cs.state.items()):
+        if name in zeroed:
+            continue
         if name not in ref.state:
             problems.append(f"{name}: not a variable of the TF graph")
             continue

@@ -1,8 +1,12 @@
 """Gradient transforms between compute_gradients and apply_gradients, with TensorFlow's
 formulas in float32 and TF's operation order (tf.clip_by_value, tf.clip_by_norm,
-tf.clip_by_global_norm, scaling). The CS applies them, in program order, to a batch's
+tf.clip_by_global_norm, scaling), and the exact 0 of a gradient that is 0 in exact arithmetic
+(coordinator.compiler.training.shift). The CS applies them, in program order, to a batch's
 complete gradients (regularizer gradients included) before any weight is updated.
 
+    zero                 g = g * 0: a gradient 0 in exact arithmetic, of which TF computes
+                         rounding noise (the compiler emits it last; wse_sim applies it at
+                         the update, after the finite test of dynamic loss scaling)
     scale                g = g * value
     clip_by_value        g = maximum(minimum(g, high), low)
     clip_by_norm         l2 = sqrt(sum(g * g)) (0 if the sum is 0)
@@ -27,7 +31,7 @@ import numpy as np
 from cs_api import cs_api_pb2 as pb
 
 F32 = np.float32
-KINDS = ("scale", "clip_by_value", "clip_by_norm", "clip_by_global_norm")
+KINDS = ("scale", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "zero")
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ def apply_transforms(transforms: Sequence[GradientTransform],
             _clip_by_global_norm(group, F32(t.value))
             continue
         for g in group:
-            if t.kind == "scale":
+            if t.kind in ("scale", "zero"):
                 np.multiply(g, F32(t.value), out=g)
             elif t.kind == "clip_by_value":
                 np.minimum(g, F32(t.high), out=g)

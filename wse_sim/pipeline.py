@@ -142,7 +142,10 @@ class Pipeline:
         self.loss_kernel = loss_kernel
         self.optimizer = optimizer
         self.seed = seed % 2 ** 64  # SeedSequence entropy is non-negative
-        self.transforms = tuple(transforms)
+        self.transforms = tuple(t for t in transforms if t.kind != "zero")
+        # (the exact 0 comes last in program order: applied at the update, after the
+        # other transforms and the finite test read TF's gradient)
+        self.zeroed = frozenset(v for t in transforms if t.kind == "zero" for v in t.variables)
         self.schedules = tuple(schedules)
         self.moving_averages = tuple(moving_averages)
         self.writes = {w.variable: w for w in weight_writes}
@@ -474,6 +477,8 @@ class Pipeline:
         updates = []
         for region in stage.regions:
             for role in region.trained:
+                if region.variables[role] in self.zeroed and role in region.grads:
+                    np.multiply(region.grads[role], np.float32(0), out=region.grads[role])
                 if region.variables[role] not in self.shared:
                     self._written(region.variables[role], region.params[role], before=True)
                 rule = self.optimizer.for_variable(region.variables[role])
@@ -486,6 +491,9 @@ class Pipeline:
                     updates += _update_tiles(rule, region, role,
                                              self._rounds_in_update(region, role))
         if index == 0 and self.shared:
+            for var, grad in self.shared.gradients().items():
+                if var in self.zeroed:
+                    np.multiply(grad, np.float32(0), out=grad)
             updates.append(partial(self.shared.update, self.optimizer,
                                    partial(self._written, before=True)))
         board.share(updates)

@@ -5,6 +5,7 @@ from typing import Any
 
 from coordinator.compiler.ir import MatchedModel, TrainingSpec
 from coordinator.compiler.placement import Placement
+from coordinator.compiler.training.shift import REASON
 from wafer import timing
 from wafer.fabric import Fabric
 from wafer.kernels import build_kernel
@@ -115,6 +116,9 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
         lines.append(f"Moving statistic: {a.variable} = {rules[a.update].format(*a.constants)} "
                      f"(each training batch, at its batch barrier)")
     for t in training.transforms:
+        if t.kind == "zero":
+            lines.extend(f"{v}: gradient 0 exactly ({REASON})" for v in t.variables)
+            continue
         what = {"scale": f"scale {t.value:g}", "clip_by_value": f"clip_by_value [{t.low:g}, "
                 f"{t.high:g}]", "clip_by_norm": f"clip_by_norm {t.value:g}",
                 "clip_by_global_norm": f"clip_by_global_norm {t.value:g}"}[t.kind]

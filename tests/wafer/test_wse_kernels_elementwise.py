@@ -122,9 +122,22 @@ def test_erf_is_tensorflows_float32_erf_bit_for_bit():
     np.testing.assert_array_equal(erf(x), tf.math.erf(x).numpy())
 
 
+ROUNDING = {"floor": tf.floor, "ceil": tf.math.ceil, "round": tf.round}
+
+
+@pytest.mark.parametrize("function", sorted(ROUNDING))
+def test_rounding_is_tensorflows_with_no_gradient(function):
+    """Halves round to even (tf.round); TF registers no gradient for them: the CS passes 0."""
+    x = randn(BATCH, 5, 7) * 3
+    x[0, 0, :6] = [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5]
+    out, (dx,), _ = run_kernel("activation", {"function": function}, [x], dy=randn(BATCH, 5, 7))
+    np.testing.assert_array_equal(out, ROUNDING[function](x).numpy())
+    np.testing.assert_array_equal(dx, np.zeros_like(x))
+
+
 def test_every_activation_function_is_tested_or_was_there_before():
     earlier = {"relu", "relu6", "leaky_relu", "elu", "selu", "tanh", "sigmoid", "softplus", "linear"}
-    assert set(FUNCTIONS) == earlier | set(ACTIVATIONS) | {"pow"}
+    assert set(FUNCTIONS) == earlier | set(ACTIVATIONS) | set(ROUNDING) | {"pow"}
 
 
 # ---- binary ----

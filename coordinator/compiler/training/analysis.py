@@ -12,6 +12,7 @@ from coordinator.compiler.training import loss_scaling
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
 from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
 from coordinator.compiler.training.numbers import HALF_GRADIENT_NOISE, HALF_GRADIENT_RTOL, _check_numbers
+from coordinator.compiler.training.shift import zero_gradients
 from coordinator.compiler.training.transforms import _fold_loss_scale
 from coordinator.compiler.training.updates import SUPPORTED, _check_dtypes, _check_slots, _Update
 from coordinator.compiler.training.writes import _Average, _bookkeeping, _is_write, _updates, _Write
@@ -87,6 +88,10 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
                 loss_scale = dynamic.initial
         except _Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
+        zeroed = zero_gradients(extracted.spec.loss, [u.variable for u in updates
+                                                      if u.indices is None])
+        if zeroed:  # (last: the other transforms and the finite test read TF's gradient)
+            transforms = [*transforms, GradientTransform("zero", variables=zeroed)]
         try:
             schedules, moving, writes = _schedules(extracted, updates, averages, written)
         except ScheduleRefused as problem:

@@ -1,0 +1,173 @@
+"""Shift: a trained variable whose gradient is 0 in exact arithmetic because every path from
+it to the loss ends in a softmax that ignores it (softmax(x + c) = softmax(x) for a c shared
+along the softmax's axis). Attention pooling's score bias, Dense(1)(h) -> softmax over T, is
+the case found: its gradient is rounding noise on both sides, which Adam (dividing by the
+gradient's size) turns into steps of the learning rate in directions no two machines share.
+The CS applies the exact 0 instead (wafer.grad_transforms' `zero`): the variable's value is
+then what exact arithmetic (and float64 TF) gives.
+
+The proof (sufficient, not general): the variable holds one value (shape [], [1], all ones)
+and every tensor on a path from one of its reads to the loss is affine in it, x = u + v * d,
+with d (which does not depend on it) tracked as the set of axes along which d is constant.
+Identity, Snapshot, float Cast, Neg, ExpandDims, Squeeze, Transpose and Reshape (when it
+only adds or drops axes of size 1, or d is constant along every axis) move the axes; Add,
+AddV2, Sub and BiasAdd with a tensor not computed from the variable (a mask) keep d,
+broadcasting it along the other side's axes; Mul, and RealDiv by it, with such a tensor k
+keep d constant along an axis where k is (k has size 1 there, or is a constant whose values
+do not change along it). Each path must end in the logits of Softmax, LogSoftmax or
+(Sparse)SoftmaxCrossEntropyWithLogits with d constant along their last axis. Any other op on
+a path (a regularizer's L2Loss, a second use of the variable, a loss that reads it) leaves
+its gradient real.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.extract import data_upstream
+
+REASON = "softmax ignores a shift shared along its axis"
+
+_SAME = {"Identity", "Snapshot", "Neg", "Cast"}
+_SHIFTS = {"Add", "AddV2", "Sub", "BiasAdd"}
+_SCALES = {"Mul", "RealDiv"}
+_SOFTMAX = {"Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
+            "SparseSoftmaxCrossEntropyWithLogits"}
+
+
+def zero_gradients(loss: tf.Tensor, variables: list[str]) -> tuple[str, ...]:
+    """Those of `variables` (TF names of dense-updated variables) whose gradient of `loss`
+    is 0 in exact arithmetic, as the module docstring proves it."""
+    graph, upstream = loss.graph, set(data_upstream(loss.op))
+    return tuple(v for v in variables
+                 if _shift_only(graph.get_operation_by_name(v), loss, upstream))
+
+
+def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operation]) -> bool:
+    shape = tf.TensorShape(handle.get_attr("shape"))
+    if not shape.is_fully_defined() or shape.num_elements() != 1:
+        return False
+    reads = [c.outputs[0] for c in handle.outputs[0].consumers() if c in upstream
+             and c.type in ("ReadVariableOp", "Identity")]
+    reached = {op for read in reads for op in _downstream(read.op, upstream)}
+    if not reads or any(c in upstream and c.type not in ("ReadVariableOp", "Identity")
+                        for c in handle.outputs[0].consumers()):
+        return False
+    stack = [(read, frozenset(range(read.shape.rank or 0))) for read in reads]
+    seen = set()
+    while stack:
+        tensor, constant = stack.pop()
+        if tensor is loss or tensor.shape.rank is None:
+            return False
+        for op in tensor.consumers():
+            if op not in upstream or (op, tensor.ref()) in seen:
+                continue
+            seen.add((op, tensor.ref()))
+            indices = [i for i, t in enumerate(op.inputs) if t is tensor]
+            if len(indices) != 1:
+                return False
+            if op.type in _SOFTMAX:  # the logits: a shift along the last axis is ignored
+                if indices[0] != 0 or tensor.shape.rank - 1 not in constant:
+                    return False
+                continue
+            out = _through(op, indices[0], constant, reached)
+            if out is None:
+                return False
+            stack.append((op.outputs[0], out))
+    return True
+
+
+def _downstream(start: tf.Operation, upstream: set[tf.Operation]) -> set[tf.Operation]:
+    seen, stack = {start}, [start]
+    while stack:
+        for t in stack.pop().outputs:
+            for c in t.consumers():
+                if c in upstream and c not in seen:
+                    seen.add(c)
+                    stack.append(c)
+    return seen
+
+
+def _through(op: tf.Operation, index: int, constant: frozenset[int],
+             reached: set[tf.Operation]) -> frozenset[int] | None:
+    """The axes of op's output along which d is constant, or None (not proven)."""
+    x, out = op.inputs[index], op.outputs[0]
+    rank, out_rank = x.shape.rank, out.shape.rank
+    if rank is None or out_rank is None:
+        return None
+    if op.type in _SAME:
+        floats = x.dtype.is_floating and out.dtype.is_floating
+        return constant if floats else None
+    if op.type == "ExpandDims" and index == 0:
+        axis = _static(op.inputs[1])
+        if axis is None:
+            return None
+        a = int(np.ravel(axis)[0]) % out_rank
+        return frozenset({k if k < a else k + 1 for k in constant} | {a})
+    if op.type == "Squeeze":
+        dims = list(x.shape)
+        dropped = {int(d) % rank for d in op.get_attr("squeeze_dims")} or \
+            {k for k, d in enumerate(dims) if d == 1}
+        kept = [k for k in range(rank) if k not in dropped]
+        return frozenset(j for j, k in enumerate(kept) if k in constant)
+    if op.type == "Transpose" and index == 0:
+        perm = _static(op.inputs[1])
+        return None if perm is None else frozenset(
+            j for j, k in enumerate(np.ravel(perm)) if int(k) in constant)
+    if op.type == "Reshape" and index == 0:
+        if constant == frozenset(range(rank)):
+            return frozenset(range(out_rank))
+        ins = [k for k, d in enumerate(x.shape) if d != 1]
+        outs = [j for j, d in enumerate(out.shape) if d != 1]
+        if [x.shape[k] for k in ins] != [out.shape[j] for j in outs] or None in \
+                [x.shape[k] for k in ins]:
+            return None
+        return frozenset(j for j in range(out_rank) if j not in outs) | frozenset(
+            j for j, k in zip(outs, ins) if k in constant)
+    if op.type not in _SHIFTS | _SCALES or op.inputs[1 - index].op in reached:
+        return None
+    if op.type == "BiasAdd":
+        if index == 0:
+            return constant
+        return frozenset(range(out_rank)) if 0 in constant else None
+    broadcast = _broadcast(x, constant, out_rank)
+    if op.type in _SHIFTS:
+        return broadcast
+    if op.type == "RealDiv" and index != 0:
+        return None
+    other = op.inputs[1 - index]
+    if other.shape.rank is None:
+        return None
+    return broadcast & _broadcast(other, _constant_axes(other), out_rank)
+
+
+def _broadcast(x: tf.Tensor, constant: frozenset[int], out_rank: int) -> frozenset[int]:
+    """The output axes along which x, broadcast to rank out_rank, is constant where it is
+    constant along `constant`."""
+    lead = out_rank - (x.shape.rank or 0)
+    return frozenset(j for j in range(out_rank)
+                     if j < lead or x.shape[j - lead] == 1 or j - lead in constant)
+
+
+def _constant_axes(k: tf.Tensor) -> frozenset[int]:
+    """The axes along which k is constant: size 1, or a constant's values that repeat."""
+    value = _static(k)
+    rank = k.shape.rank or 0
+    if value is None:
+        return frozenset(a for a in range(rank) if k.shape[a] == 1)
+    value = np.asarray(value)
+    return frozenset(a for a in range(value.ndim)
+                     if np.all(value == np.take(value, [0], axis=a)))
+
+
+def _static(tensor: tf.Tensor) -> np.ndarray | None:
+    """The value of a tensor computed from constants alone (tf.nn.softmax's permutation
+    along another axis: Range, ConcatV2 of Consts), or None."""
+    value = tf.get_static_value(tensor)
+    if value is None:
+        ops = data_upstream(tensor.op)
+        if any(op.op_def.is_stateful or (not op.inputs and op.type != "Const") for op in ops):
+            return None
+        with tf.compat.v1.Session(graph=tensor.graph) as session:
+            value = session.run(tensor)
+    return np.asarray(value)
