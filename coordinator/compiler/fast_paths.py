@@ -129,7 +129,7 @@ def match_conv2d(m: Context, op: tf.Operation) -> bool:
     x, w = op.inputs
     if not m.is_batched(x):
         return False
-    weight = m.operands.weight(w) or m.derived_weight(w)
+    weight = m.operands.weight(w) or m.operands.view(w) or m.derived_weight(w)
     if weight is None:
         derived = m.weight_problem(w)
         if derived:  # a filter computed from weights by ops the CS cannot run
@@ -158,7 +158,7 @@ def _conv2d(m: Context, op: tf.Operation, conv: Any, x: tf.Tensor, weight: Any) 
                      f"channels and {filters} filters")
         return True
     params = [ParamRef("kernel", weight.variable, weight.shape,
-                       variable_shape=weight.variable_shape)]
+                       variable_shape=weight.variable_shape, view=weight.view)]
     ops = [op]
     out, activation = _bias_and_activation(m, op.outputs[0], filters, ops, params)
     attrs = {"filters": int(filters), "kernel_size": [int(kh), int(kw)],

@@ -618,9 +618,10 @@ def supported_table() -> str:
                  "recurrent_kernel[:, 2 * units:]): run on the CS once a step before the batch, "
                  "the gradient taken back through the same kernels to the weights (a view's "
                  "scattered back) |")
-    lines.append("| sequences | Keras LSTM, GRU, SimpleRNN over fixed-length sequences "
-                 "(return_sequences either way): their While loop unrolled, every step reading "
-                 "the cell's shared weights, masked (Keras Masking, Embedding mask_zero) or "
+    lines.append("| sequences | Keras LSTM, GRU, SimpleRNN, ConvLSTM1D/2D/3D over "
+                 "fixed-length sequences (return_sequences either way): their While loop "
+                 "unrolled, every step reading the cell's shared weights (ConvLSTM: convolution "
+                 "kernels reading its kernels' tf.split gates), masked (Keras Masking, Embedding mask_zero) or "
                  "not; Bidirectional (ReverseV2 along a sample's axes); TimeDistributed (its "
                  "time-major x[i] per step); Pack, Split, SplitV, Unpack along a sample's axes; "
                  "sparse_softmax_cross_entropy_with_logits on logits of rank > 2 |")

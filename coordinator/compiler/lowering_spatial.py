@@ -57,7 +57,8 @@ def _padding(op: tf.Operation) -> str | list[int]:
 
 
 def _kernel_param(weight: Weight) -> ParamRef:
-    return ParamRef("kernel", weight.variable, weight.shape, variable_shape=weight.variable_shape)
+    return ParamRef("kernel", weight.variable, weight.shape, variable_shape=weight.variable_shape,
+                    view=weight.view)
 
 
 def _conv_transpose(m: Context, op: tf.Operation) -> str:
@@ -96,7 +97,7 @@ def _conv_kernel(m: Context, op: tf.Operation, x: tf.Tensor | str, ops: list[tf.
                  dilations: list[int]) -> KernelNode | str:
     """_conv's kernel, or why not; `x` may be a kernel's name, and `out` the per-sample
     shape of an intermediate result that a kernel after it reads."""
-    weight = m.operands.weight(op.inputs[1])
+    weight = m.operands.weight(op.inputs[1]) or m.operands.view(op.inputs[1])
     if not (isinstance(x, str) or m.is_batched(x)) or weight is None:
         return f"{op.type} of the samples by a weight is supported"
     bad = _nhwc(op)
@@ -230,7 +231,7 @@ def _volume(m: Context, op: tf.Operation) -> str:
         m.add_kernel(op.name, "max_pool3d" if op.type == "MaxPool3D" else "avg_pool3d", [x],
                      {"pool_size": [int(k) for k in ksize[1:4]], **attrs}, [], [op], op.outputs[0])
         return ""
-    weight = m.operands.weight(op.inputs[1])
+    weight = m.operands.weight(op.inputs[1]) or m.operands.view(op.inputs[1])
     if weight is None or list(op.get_attr("dilations")) != [1] * 5:
         return "Conv3D of the samples by a weight, without dilation, is supported"
     attrs.update(filters=int(weight.shape[4]), kernel_size=[int(k) for k in weight.shape[:3]])

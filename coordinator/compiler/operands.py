@@ -180,14 +180,15 @@ class Operands:
     def zero_product(self, tensor: tf.Tensor) -> np.ndarray | None:
         """Zeros, if `tensor` is a product of a weight (or a static view of one) and a constant
         of zeros (a recurrent layer's first step: its zero initial state times the recurrent
-        kernel, or Keras GRU's slice of it), or a view of such zeros; TF's gradient of such a
-        product to the weight is zero too."""
+        kernel, or Keras GRU's slice of it, or ConvLSTM2D's convolved by its gate's slice), or
+        a view of such zeros; TF's gradient of such a product to the weight is zero too."""
         op = tensor.op
         if op not in self.flow and op.type in INDEX_VIEW_OPS | VARIABLE_VIEW_OPS - {"Cast"}:
             inner = self._viewed_input(tensor)
             return None if inner is None or self.zero_product(inner) is None else \
                 np.zeros(static_shape(tensor), tensor.dtype.as_numpy_dtype)
-        if op in self.flow or op.type not in ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Mul"):
+        if op in self.flow or op.type not in ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Mul",
+                                                        "Conv2D", "Conv3D"):
             return None
         factors = [self.constant(t) for t in op.inputs]
         if not any(f is not None and f.size and not f.any() for f in factors) or \
