@@ -136,9 +136,10 @@ def _measure(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
     shapes = [static_shape(t) for t in feeds]
     zeros = {t: np.zeros(s, np.float32) for t, s in zip(feeds, shapes)}
 
+    session = tf.compat.v1.Session(graph=m.graph)  # one for every feed (each new one copies the graph)
+
     def evaluate(values: dict) -> float:
-        with tf.compat.v1.Session(graph=m.graph) as session:
-            return float(session.run(loss, {**zeros, **values}))
+        return float(session.run(loss, {**zeros, **values}))
 
     try:
         offset = evaluate({})
@@ -161,6 +162,8 @@ def _measure(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
             return "the loss's terms are not added (the loss is not linear in them)"
     except tf.errors.OpError as error:
         return f"the loss could not be evaluated from its per-sample values ({error.message})"
+    finally:
+        session.close()
     return coefficients
 
 
