@@ -76,10 +76,12 @@ def _loss_of(kind, labels, logits, target, weights, reduction):
 
 def fraud_classifier(features, labels, mode, params):
     """An MLP whose loss weighs each sample by its class (tf.gather of a constant by label:
-    the rare class 0 weighs 0 or 4), params["loss"] of tf.compat.v1.losses under
-    params["reduction"] (default: TF's, SUM_BY_NONZERO_WEIGHTS), plus an L2 penalty."""
-    hidden = L.Dense(16, activation="relu", kernel_regularizer=tf.keras.regularizers.l2(1e-3))(
-        features["x"])
+    the rare class 0 weighs 0 by default), params["loss"] of tf.compat.v1.losses under
+    params["reduction"] (default: TF's, SUM_BY_NONZERO_WEIGHTS), plus an L2 penalty
+    (params["l2"])."""
+    l2 = params.get("l2", 1e-3)
+    hidden = L.Dense(16, activation="relu",
+                     kernel_regularizer=tf.keras.regularizers.l2(l2) if l2 else None)(features["x"])
     logits = L.Dense(CLASSES)(hidden)
     class_weights = tf.gather(tf.constant(params.get("class_weights", [0.0, 1.0, 2.5])), labels)
     reduction = params.get("reduction", R.SUM_BY_NONZERO_WEIGHTS)

@@ -99,6 +99,12 @@ def _weight_terms(m: TailContext, tensor: tf.Tensor, bases: list, reasons: list)
 def lower_loss(m: TailContext, loss: tf.Tensor) -> tuple[str, dict[str, list[tuple[str, float]]]]:
     """Add the `loss` kernel for the batch reduction; return its name and the regularizers
     by variable (kind, scale). Problems are added to m.unsupported."""
+    with tf.compat.v1.Session(graph=m.graph) as session:  # (one for every measurement)
+        return _lower_loss(m, loss, session)
+
+
+def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
+                ) -> tuple[str, dict[str, list[tuple[str, float]]]]:
     if loss.name not in m.tail:
         return _reject(m, loss.op, "the loss is not reduced over the batch from per-sample "
                                    "values (e.g. tf.reduce_mean of per-sample losses)")
@@ -132,12 +138,12 @@ def lower_loss(m: TailContext, loss: tf.Tensor) -> tuple[str, dict[str, list[tup
                                       f"{user_source(model)}): the CS divides by a count or sum "
                                       "of the batch's inputs and labels only")
     fixed = {op.inputs[1]: np.float32(1.0) for op in divisions}
-    coefficients = _measure(m, loss, frontier, [b[0] for b in bases], rtol, fixed)
+    coefficients = _measure(session, loss, frontier, [b[0] for b in bases], rtol, fixed)
     if isinstance(coefficients, str):
         return _reject(m, loss.op, coefficients)
     divided_by = [-1] * len(coefficients)
     for r, op in enumerate(divisions):  # which terms each divides: halved with it doubled
-        doubled = _measure(m, loss, frontier, [b[0] for b in bases], rtol,
+        doubled = _measure(session, loss, frontier, [b[0] for b in bases], rtol,
                            {**fixed, op.inputs[1]: np.float32(2.0)})
         for j, c2 in enumerate(doubled if not isinstance(doubled, str) else [None]):
             c = coefficients[j]
@@ -153,12 +159,12 @@ def lower_loss(m: TailContext, loss: tf.Tensor) -> tuple[str, dict[str, list[tup
     denominators = []
     for op in divisions:
         summed = _summed(m, op.inputs[1])
-        form = _measure(m, op.inputs[1], summed, [], rtol, affine=True)
+        form = _measure(session, op.inputs[1], summed, [], rtol, affine=True)
         if isinstance(form, str):
             return _reject(m, op, form.replace("the loss", "the divisor"))
         denominators.append((op, summed, form))
     if divisions:
-        problem = _check_ratio(m, loss, frontier, [b[0] for b in bases],
+        problem = _check_ratio(session, loss, frontier, [b[0] for b in bases],
                                coefficients[:len(frontier)], divided_by, denominators, rtol)
         if problem:
             return _reject(m, loss.op, problem)
@@ -195,7 +201,7 @@ def _model_op(tensor: tf.Tensor) -> tf.Operation | None:
     return None
 
 
-def _check_ratio(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
+def _check_ratio(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.Tensor],
                  bases: list[tf.Tensor], coefficients: Sequence[float], divided_by: Sequence[int],
                  denominators: list, rtol: float) -> str:
     """'' if the loss is sum_j c_j sum(T_j) / d_r(j) with fresh values of every per-sample
@@ -208,14 +214,13 @@ def _check_ratio(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
          for _, summed, (offset, *form) in denominators]
     want = sum(c * sums[t.name] / (d[r] if r >= 0 else 1.0)
                for t, c, r in zip(frontier, coefficients, divided_by))
-    with tf.compat.v1.Session(graph=m.graph) as session:
-        got = float(session.run(loss, values))
+    got = float(session.run(loss, values))
     if not np.isclose(got, want, rtol=rtol, atol=1e-6 if rtol == RTOL else rtol):
         return "the loss is not a sum of per-sample values divided by a count or sum of the batch"
     return ""
 
 
-def _measure(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
+def _measure(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.Tensor],
              bases: list[tf.Tensor], rtol: float = RTOL, fixed: dict | None = None,
              affine: bool = False) -> list[float] | str:
     """The coefficients c of loss = sum_i c_i * sum(x_i), measured and verified by feeding
@@ -227,8 +232,7 @@ def _measure(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
     zeros = {**{t: np.zeros(s, np.float32) for t, s in zip(feeds, shapes)}, **(fixed or {})}
 
     def evaluate(values: dict) -> float:
-        with tf.compat.v1.Session(graph=m.graph) as session:
-            return float(session.run(loss, {**zeros, **values})) - base
+        return float(session.run(loss, {**zeros, **values})) - base
 
     try:
         base = 0.0

@@ -187,7 +187,7 @@ def _is_identity(kind: str, letters: str, attrs: dict, op: tf.Operation) -> bool
     neutral = {"mul": 1, "div": 1, "add": 0, "sub": 0}.get(kind)
     if kind in ("div", "sub") and letters == "ci":
         return False
-    return neutral is not None and value.size == 1 and float(value) == neutral
+    return neutral is not None and value.size == 1 and value.item() == neutral
 
 
 @generic("AddN")
