@@ -78,7 +78,8 @@ def fraud_classifier(features, labels, mode, params):
     """An MLP whose loss weighs each sample by its class (tf.gather of a constant by label:
     the rare class 0 weighs 0 by default), params["loss"] of tf.compat.v1.losses under
     params["reduction"] (default: TF's, SUM_BY_NONZERO_WEIGHTS), plus an L2 penalty
-    (params["l2"])."""
+    (params["l2"]); with params["two_tasks"], plus a regression loss weighted by another
+    mask (two denominators)."""
     l2 = params.get("l2", 1e-3)
     hidden = L.Dense(16, activation="relu",
                      kernel_regularizer=tf.keras.regularizers.l2(l2) if l2 else None)(features["x"])
@@ -87,6 +88,9 @@ def fraud_classifier(features, labels, mode, params):
     reduction = params.get("reduction", R.SUM_BY_NONZERO_WEIGHTS)
     data_loss = _loss_of(params.get("loss", "sparse_softmax_cross_entropy"), labels, logits,
                          features["target"], class_weights, reduction)
+    if params.get("two_tasks"):  # a second weighted loss: its own count of nonzero weights
+        data_loss += 0.5 * v1.losses.mean_squared_error(
+            features["target"], logits[:, 1:2], weights=tf.cast(labels[:, None] > 1, tf.float32))
     loss = data_loss + tf.add_n(v1.get_collection(v1.GraphKeys.REGULARIZATION_LOSSES) or
                                 [tf.constant(0.0)])
     return _spec(mode, loss, params, {

@@ -8,13 +8,13 @@ outputs is refused in one line naming the op."""
 import inspect
 
 import cs_inprocess
-import numpy as np
 import pytest
 import tensorflow as tf
 import weighted_loss_models as w
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
+from cs_api.attrs import from_attr
 
 R = tf.compat.v1.losses.Reduction
 BASE = {"runconfig": {"tf_random_seed": 5}}
@@ -25,8 +25,7 @@ CASES = {
        for loss in LOSSES},
     **{f"reduction_{r}": (w.fraud_classifier, w.tabular_input_fn, {"reduction": r})
        for r in (R.MEAN, R.SUM, R.SUM_OVER_BATCH_SIZE)},
-    "mean_mse": (w.fraud_classifier, w.tabular_input_fn,
-                 {"reduction": R.MEAN, "loss": "mean_squared_error"}),
+    "two_denominators": (w.fraud_classifier, w.tabular_input_fn, {"two_tasks": True}),
     "tagger_nonzero": (w.ner_tagger, w.tagging_input_fn, {}),
     "tagger_mean": (w.ner_tagger, w.tagging_input_fn, {"reduction": R.MEAN}),
     "tagger_hand_written": (w.ner_tagger, w.tagging_input_fn, {"hand_written": True}),
@@ -54,6 +53,8 @@ def test_weighted_loss_trains_with_tensorflows_numbers(trained, name):
     assert not cs_inprocess.mismatches(result, rtol=1e-5), cs_inprocess.mismatches(result, 1e-5)
     # divided by the batch's count or sum of weights, but for SUM and SUM_OVER_BATCH_SIZE
     assert bool(_divided(result)) == (not name.startswith(("reduction_weighted_sum", "keras")))
+    if name == "two_denominators":  # each loss divided by its own count (DivNoNan's 0 at 0)
+        assert from_attr(_divided(result)[0].attrs["div_no_nan"]) == [1, 1]
 
 
 @pytest.mark.slow
