@@ -101,13 +101,16 @@ def fraud_classifier(features, labels, mode, params):
 def ner_tagger(features, labels, mode, params):
     """Embedding, a Dense per token, sparse softmax cross-entropy per token weighted by the
     padding mask labels != PAD ([batch, T]) under params["reduction"]; or, with
-    params["hand_written"], tf.reduce_sum(losses * mask) / tf.reduce_sum(mask)."""
+    params["hand_written"], tf.reduce_sum(losses * mask) / tf.reduce_sum(mask) (or, with
+    "count_nonzero", / tf.math.count_nonzero(labels))."""
     hidden = L.Dense(16, activation="tanh")(L.Embedding(VOCAB, 8)(features))
     logits = L.Dense(CLASSES)(hidden)
     mask = tf.cast(tf.not_equal(labels, PAD), tf.float32)
     if params.get("hand_written"):
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-        loss = tf.reduce_sum(losses * mask) / tf.reduce_sum(mask)
+        count = tf.reduce_sum(mask) if params["hand_written"] != "count_nonzero" else \
+            tf.cast(tf.math.count_nonzero(labels), tf.float32)
+        loss = tf.reduce_sum(losses * mask) / count
     else:
         loss = v1.losses.sparse_softmax_cross_entropy(
             labels, logits, weights=mask, reduction=params.get("reduction", R.SUM_BY_NONZERO_WEIGHTS))

@@ -207,7 +207,7 @@ def _check_ratio(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[
     """'' if the loss is sum_j c_j sum(T_j) / d_r(j) with fresh values of every per-sample
     tensor (the denominators computed by the graph from theirs); else what is not."""
     rng = np.random.default_rng(1)
-    values = {t: rng.uniform(0.5, 2.0, static_shape(t)).astype(np.float32) for t in frontier}
+    values = {t: _draw(rng, t, static_shape(t), 0.5, 2.0) for t in frontier}
     values.update({t: np.zeros(static_shape(t), np.float32) for t in bases})
     sums = {t.name: float(v.sum(dtype=np.float64)) for t, v in values.items()}
     d = [offset + sum(e * sums[t.name] for e, t in zip(form, summed))
@@ -242,12 +242,12 @@ def _measure(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.T
         base = offset if affine else 0.0
         coefficients, draws = [], []
         for t, s in zip(feeds, shapes):
-            value = rng.uniform(0.5, 2.0, s).astype(np.float32)
+            value = _draw(rng, t, s, 0.5, 2.0)
             coefficients.append(exact(evaluate({t: value}) / float(value.sum(dtype=np.float64)),
                                       rtol / 2 if rtol > RTOL else 1e-5))
             draws.append(value)
         for t, s, c in zip(feeds, shapes, coefficients):  # linear in each, with fresh values
-            value = rng.uniform(-2.0, 2.0, s).astype(np.float32)
+            value = _draw(rng, t, s, -2.0, 2.0)
             if not np.isclose(evaluate({t: value}), c * float(value.sum(dtype=np.float64)),
                               rtol=rtol, atol=1e-6 if rtol == RTOL else rtol):
                 return f"the loss is not a sum or mean of the values of {t.name} (not linear)"
@@ -258,6 +258,15 @@ def _measure(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.T
     except tf.errors.OpError as error:
         return f"the loss could not be evaluated from its per-sample values ({error.message})"
     return [exact(offset), *coefficients] if affine else coefficients
+
+
+def _draw(rng: np.random.Generator, t: tf.Tensor, shape: tuple[int, ...], low: float,
+          high: float) -> np.ndarray:
+    """Values in [low, high] for `t`: float32, or whole numbers for an integer tensor (a
+    count: tf.math.count_nonzero)."""
+    if t.dtype.is_integer:
+        return rng.integers(int(np.ceil(low)), int(high) + 1, shape).astype(t.dtype.as_numpy_dtype)
+    return rng.uniform(low, high, shape).astype(np.float32)
 
 
 def exact(c: float, rtol: float = 1e-5) -> float:
