@@ -79,9 +79,10 @@ def fraud_classifier(features, labels, mode, params):
     the rare class 0 weighs 0 by default), params["loss"] of tf.compat.v1.losses under
     params["reduction"] (default: TF's, SUM_BY_NONZERO_WEIGHTS), plus an L2 penalty
     (params["l2"]); with params["two_tasks"], plus a regression loss weighted by another
-    mask (two denominators)."""
+    mask (two denominators); params["mixed"]: the hidden layer under mixed_float16."""
     l2 = params.get("l2", 1e-3)
-    hidden = L.Dense(16, activation="relu",
+    policy = "mixed_float16" if params.get("mixed") else None  # (the output layer float32)
+    hidden = L.Dense(16, activation="relu", dtype=policy,
                      kernel_regularizer=tf.keras.regularizers.l2(l2) if l2 else None)(features["x"])
     logits = L.Dense(CLASSES)(hidden)
     class_weights = tf.gather(tf.constant(params.get("class_weights", [0.0, 1.0, 2.5])), labels)

@@ -33,7 +33,9 @@ CASES = {
     "zero_weights_adam": (w.fraud_classifier, w.tabular_input_fn, {"zero_batch": True, "l2": 0.0}),
     "zero_mask_tagger": (w.ner_tagger, w.tagging_input_fn, {"zero_batch": True}),
     "keras_sample_weight": (w.keras_sample_weight, w.tabular_input_fn, {}),
+    "mixed_float16": (w.fraud_classifier, w.tabular_input_fn, {"mixed": True}),
 }
+RTOL = {"mixed_float16": 1e-2}  # (float16 layers: the project's mixed-precision tolerance)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,8 @@ def _divided(result) -> list:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_weighted_loss_trains_with_tensorflows_numbers(trained, name):
     result = trained(name)
-    assert not cs_inprocess.mismatches(result, rtol=1e-5), cs_inprocess.mismatches(result, 1e-5)
+    rtol = RTOL.get(name, 1e-5)
+    assert not cs_inprocess.mismatches(result, rtol), cs_inprocess.mismatches(result, rtol)
     # divided by the batch's count or sum of weights, but for SUM and SUM_OVER_BATCH_SIZE
     assert bool(_divided(result)) == (not name.startswith(("reduction_weighted_sum", "keras")))
     if name == "two_denominators":  # each loss divided by its own count (DivNoNan's 0 at 0)
