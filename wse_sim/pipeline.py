@@ -434,11 +434,11 @@ class Pipeline:
             ctx.batch = region.statistics
             if forward:
                 if region.kernel.batch_barrier and i == 0:
-                    batch = np.concatenate([board.get(("v", region.sources[0], j))
-                                            for j in range(m_count)])
+                    wholes = [np.concatenate([board.get(("v", source, j)) for j in range(m_count)])
+                              for source in region.sources]
                     region.statistics = ctx.batch = (
-                        region.kernel.batch_statistics(region.params, batch, ctx),)
-                ctx.rng = region.rng
+                        region.kernel.batch_statistics(region.params, wholes, ctx),)
+                ctx.rng, ctx.offset = region.rng, i * self.micro
                 out, caches[region.position, i] = region.kernel.forward(
                     region.compute, [board.get(("v", s, i)) for s in region.sources], ctx)
                 if region.half and out.dtype == np.float32 and \

@@ -1,0 +1,50 @@
+"""In-batch products that mix samples, written the ordinary way: a two-tower retrieval model
+(Keras Dense towers, tf.math.l2_normalize, a temperature, in-batch negatives: logits =
+tf.matmul(q, d, transpose_b=True), labels tf.range(batch)) and a SimCLR/CLIP-style symmetric
+InfoNCE (both directions' cross entropy averaged, labels tf.eye(batch))."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tf_model.estimator_spec import CSEstimatorSpec
+
+BATCH, STEPS = 8, 4
+
+
+def input_fn(params):
+    rng = np.random.default_rng(11)
+    n = params["batch_size"] * STEPS * 2
+    queries = rng.normal(size=(n, 6)).astype(np.float32)
+    documents = (queries @ rng.normal(size=(6, 5)) + 0.3 * rng.normal(size=(n, 5))).astype(np.float32)
+    features = {"query": queries, "document": documents}
+    return tf.data.Dataset.from_tensor_slices((features, np.zeros(n, np.int32))).batch(
+        params["batch_size"], drop_remainder=True)
+
+
+def _train(loss, params):
+    optimizer = tf.compat.v1.train.AdamOptimizer(params.get("learning_rate", 0.01))
+    return optimizer.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+
+
+def two_tower_model_fn(features, labels, mode, params):
+    q = tf.keras.layers.Dense(8, activation="relu")(features["query"])
+    q = tf.keras.layers.Dense(4)(q)
+    d = tf.keras.layers.Dense(4)(features["document"])
+    q, d = tf.math.l2_normalize(q, axis=1), tf.math.l2_normalize(d, axis=1)
+    logits = tf.matmul(q, d, transpose_b=True) / 0.1
+    batch = tf.shape(logits)[0]
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(tf.range(batch), logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def symmetric_model_fn(features, labels, mode, params):
+    q = tf.keras.layers.Dense(4, use_bias=False)(features["query"])
+    d = tf.keras.layers.Dense(4)(features["document"])
+    q, d = tf.math.l2_normalize(q, axis=-1), tf.math.l2_normalize(d, axis=-1)
+    logits = tf.matmul(q, d, transpose_b=True) * 5.0
+    targets = tf.eye(params["batch_size"])
+    loss_q = tf.compat.v1.losses.softmax_cross_entropy(targets, logits)
+    loss_d = tf.compat.v1.losses.softmax_cross_entropy(targets, tf.transpose(logits))
+    loss = (loss_q + loss_d) / 2
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
