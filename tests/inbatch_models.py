@@ -18,7 +18,8 @@ def input_fn(params):
     queries = rng.normal(size=(n, 6)).astype(np.float32)
     documents = (queries @ rng.normal(size=(6, 5)) + 0.3 * rng.normal(size=(n, 5))).astype(np.float32)
     features = {"query": queries, "document": documents}
-    return tf.data.Dataset.from_tensor_slices((features, np.zeros(n, np.int32))).batch(
+    classes = (queries[:, 0] > 0).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((features, classes)).batch(
         params["batch_size"], drop_remainder=True)
 
 
@@ -34,7 +35,12 @@ def two_tower_model_fn(features, labels, mode, params):
     q, d = tf.math.l2_normalize(q, axis=1), tf.math.l2_normalize(d, axis=1)
     logits = tf.matmul(q, d, transpose_b=True) / 0.1
     batch = tf.shape(logits)[0]
-    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(tf.range(batch), logits)
+    targets = tf.range(batch)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(targets, logits)
+    if mode == "eval":  # in-batch retrieval: is each query's own document its best match?
+        metrics = {"recall_at_1": tf.compat.v1.metrics.accuracy(targets, tf.argmax(logits, axis=1)),
+                   "mean_logit": tf.compat.v1.metrics.mean(logits)}
+        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops=metrics)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
 
 
@@ -47,4 +53,27 @@ def symmetric_model_fn(features, labels, mode, params):
     loss_q = tf.compat.v1.losses.softmax_cross_entropy(targets, logits)
     loss_d = tf.compat.v1.losses.softmax_cross_entropy(targets, tf.transpose(logits))
     loss = (loss_q + loss_d) / 2
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def batch_attention_model_fn(features, labels, mode, params):
+    """Each sample attends over the batch (a memory of the batch's documents), then a Keras
+    classifier reads what it gathered: the mixing product feeds further per-sample layers."""
+    q = tf.keras.layers.Dense(4)(features["query"])
+    k = tf.keras.layers.Dense(4, use_bias=False)(features["document"])  # (a key bias cancels)
+    v = tf.keras.layers.Dense(3, activation="tanh")(features["document"])
+    weights = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) / 2.0)
+    mixed = tf.matmul(weights, v)
+    logits = tf.keras.layers.Dense(2)(tf.concat([mixed, q], axis=1))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def cross_correlation_model_fn(features, labels, mode, params):
+    """Barlow Twins: the [n, n] cross-correlation of two views over the batch
+    (tf.matmul(za, zb, transpose_a=True)): a product whose rows are no samples."""
+    za = tf.keras.layers.Dense(4)(features["query"])
+    zb = tf.keras.layers.Dense(4)(features["document"])
+    c = tf.matmul(za, zb, transpose_a=True) / params["batch_size"]
+    loss = tf.reduce_sum(tf.square(c - tf.eye(4)))
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
