@@ -54,7 +54,8 @@ REFUSED = {
     "While loops": "tf.while_loop (the CS pipelines one pass per sample; Keras' LSTM, GRU and "
                    "SimpleRNN over fixed-length sequences are unrolled by the compiler)",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
-                          "outside the loss",
+                          "outside the loss, but BatchNormalization's moments and the in-batch "
+                          "products above (e.g. Barlow Twins' tf.matmul(za, zb, transpose_a=True))",
     **random_numbers.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
                                "meets the samples (e.g. tf.sort(w)), or in "

@@ -79,10 +79,10 @@ class Kernel:
 
     type_name: ClassVar[str]
     is_loss: ClassVar[bool] = False
-    # A batch barrier computes with statistics of the whole batch (BatchNormalization in
-    # training): the one kind of kernel whose samples meet. The executor gives it the whole
-    # batch's input (`batch_statistics`) before any micro-batch's forward, and every
-    # micro-batch's output gradient (`gradient_statistics`) before any backward.
+    # A batch barrier computes with values of the whole batch (BatchNormalization in
+    # training, in-batch products): the kernels whose samples meet. The executor gives it
+    # the whole batch of its inputs (`batch_statistics`) before any micro-batch's forward,
+    # and every micro-batch's output gradient (`gradient_statistics`) before any backward.
     batch_barrier: ClassVar[bool] = False
     barrier_holds: ClassVar[str] = "the whole batch's statistics"  # (the compile report's words)
     # a float16 kernel (attr precision) whose forward rounds its own output (the fused

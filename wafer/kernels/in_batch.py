@@ -22,8 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import (INTEGER, Kernel, KernelError, RunContext, Shape, check_dtypes,
-                                max_cores_for, register)
+from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, Shape, check_dtypes, max_cores_for, register
 
 
 def _batch_size(kernel: Kernel) -> int:
