@@ -77,3 +77,14 @@ def cross_correlation_model_fn(features, labels, mode, params):
     c = tf.matmul(za, zb, transpose_a=True) / params["batch_size"]
     loss = tf.reduce_sum(tf.square(c - tf.eye(4)))
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def column_softmax_model_fn(features, labels, mode, params):
+    """The documents' side of InfoNCE written as a softmax over the batch axis (axis=0) and
+    the positives taken with tf.linalg.diag_part; a learned temperature."""
+    q = tf.math.l2_normalize(tf.keras.layers.Dense(4)(features["query"]), axis=1)
+    d = tf.math.l2_normalize(tf.keras.layers.Dense(4)(features["document"]), axis=1)
+    log_t = tf.compat.v1.get_variable("log_temperature", [], initializer=tf.constant_initializer(2.0))
+    logits = tf.matmul(q, d, transpose_b=True) * tf.exp(log_t)
+    loss = -tf.reduce_mean(tf.linalg.diag_part(tf.nn.log_softmax(logits, axis=0)))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))

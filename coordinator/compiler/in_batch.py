@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from coordinator.compiler import precision
 from coordinator.compiler.operands import static_shape
-from coordinator.compiler.rules import Context, has_kernel
+from coordinator.compiler.rules import Context, generic, has_kernel
 
 # The README's rows: kernel -> the TF ops it starts from.
 KERNEL_ROWS = {
@@ -26,7 +26,9 @@ KERNEL_ROWS = {
                                         "symmetric loss's other direction): batch barriers, TF's "
                                         "numbers whatever the micro-batch size; constants whose "
                                         "first axis is the batch (tf.range(batch), tf.eye(batch) "
-                                        "labels) give each sample its row",
+                                        "labels) give each sample its row; tf.linalg.diag_part of "
+                                        "a per-sample [batch, batch] value (each sample's own "
+                                        "entry: a sample_gather)",
 }
 
 
@@ -65,13 +67,16 @@ def transpose(m: Context, op: tf.Operation, perm: np.ndarray | None) -> bool:
 
 # Ops whose second input is the labels of the first's samples (rank one less: sparse).
 LABELLED = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
+# Besides the element-wise binary ops: the ops pairing a constant's rows with the samples.
+PAIRING = ("Select", "SelectV2", "ConcatV2", *LABELLED)
 
 
 def sample_constants(m: Context, op: tf.Operation) -> None:
-    """Constants among `op`'s inputs whose first axis is the batch and whose rows differ
-    (tf.range(B), tf.eye(B): the labels of in-batch negatives), read with per-sample values
-    of the same rank (or as the labels of a cross entropy): each sample's row, as TF pairs
-    them, from a sample_constant kernel. Rows all equal stay broadcast constants."""
+    """Constants among the inputs of an element-wise op (or one of PAIRING) whose first axis
+    is the batch and whose rows differ (tf.range(B), tf.eye(B): the labels of in-batch
+    negatives), read with per-sample values of the same rank (or as the labels of a cross
+    entropy): each sample's row, as TF pairs them, from a sample_constant kernel. Rows all
+    equal stay broadcast constants."""
     batched = [t for t in op.inputs if m.is_batched(t)]
     if not batched or not has_kernel("sample_constant"):
         return
@@ -87,3 +92,22 @@ def sample_constants(m: Context, op: tf.Operation) -> None:
             continue
         m.add_kernel(f"{t.op.name}/rows", "sample_constant", [m.sample_input()],
                      {"value": np.asarray(value, t.dtype.base_dtype.as_numpy_dtype)}, [], [t.op], t)
+
+
+@generic("MatrixDiagPartV3", "MatrixDiagPart")
+def diagonal(m: Context, op: tf.Operation) -> str:
+    """tf.linalg.diag_part of a per-sample [B, B] value (the positives of in-batch logits):
+    sample i's entry i, a sample_gather at per-sample indices tf.range(B)."""
+    x = op.inputs[0]
+    batch = m.batch_size
+    offset = m.operands.constant(op.inputs[1]) if op.type == "MatrixDiagPartV3" else 0
+    if not m.is_batched(x) or static_shape(x) != (batch, batch) or offset is None or \
+            np.any(offset != 0):
+        return ("takes a diagonal of a value other than the main diagonal of a per-sample "
+                "[batch, batch] one (in-batch logits)")
+    if not has_kernel("sample_gather"):
+        return "the CS has no sample_gather kernel"
+    ids = m.add_kernel(f"{op.name}/rows", "sample_constant", [m.sample_input()],
+                       {"value": np.arange(batch, dtype=np.int32)}, [], [op], None, output_shape=())
+    m.add_kernel(op.name, "sample_gather", [x, ids.name], {}, [], [op], op.outputs[0])
+    return ""

@@ -288,7 +288,8 @@ class Matcher:
             if op.type in lowering.RECURRENT or random_numbers.is_draw(op):
                 lowering.lower_generic(self, op)
                 continue
-            in_batch.sample_constants(self, op)
+            if op.type in lowering.BINARY or op.type in in_batch.PAIRING:
+                in_batch.sample_constants(self, op)
             if fast_paths.match_batch_norm_training(self, op) or self._enters_tail(op):
                 continue
             if self.match_alias(op) or any(rule(self, op) for rule in FAST_PATHS):

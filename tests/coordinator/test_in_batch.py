@@ -89,3 +89,13 @@ def test_a_product_over_the_batch_whose_rows_are_no_samples_is_refused_naming_th
     words = cs_inprocess.model_op_words(model_fn, models.input_fn, PARAMS)
     assert cs_inprocess.refusal_problem(error.value, models.__file__, words) == ""
     assert "tf.matmul(q, d, transpose_b=True)" in str(error.value)
+
+
+@pytest.mark.slow
+def test_a_softmax_over_the_batch_axis_and_its_diagonal_train_like_tensorflow(prepared):
+    """tf.nn.log_softmax(logits, axis=0) transposes the logits there and back (two
+    batch_transpose barriers); tf.linalg.diag_part takes each sample's own entry."""
+    result = train_both(prepared, models.column_softmax_model_fn, 2)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    types = [k.type for k in result.compiled.program.kernels]
+    assert types.count("batch_transpose") == 2 and "sample_gather" in types
