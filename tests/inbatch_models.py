@@ -88,3 +88,58 @@ def column_softmax_model_fn(features, labels, mode, params):
     logits = tf.matmul(q, d, transpose_b=True) * tf.exp(log_t)
     loss = -tf.reduce_mean(tf.linalg.diag_part(tf.nn.log_softmax(logits, axis=0)))
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def random_model_fn(seed: int):
+    """A two-tower contrastive model drawn from `seed`: tower widths and depth, Keras
+    activations, l2-normalised or not, a fixed or learned temperature, labels tf.range /
+    tf.eye / tf.one_hot(tf.range), one direction or both (tf.transpose or the second
+    product), tf.compat.v1 losses or tf.nn, and the optimizer."""
+    rng = np.random.default_rng(seed)
+    widths = [int(w) for w in rng.integers(4, 9, size=int(rng.integers(1, 3)))]
+    embedding = int(rng.integers(3, 7))
+    # (not relu: a relu tower dead for a sample outputs its bias, zero at the start, and
+    # l2-normalising a zero vector multiplies its gradient by 1 / sqrt(1e-12): TF's float32
+    # gradients elsewhere are then rounding noise, which Adam's first step turns into +-lr)
+    activation = str(rng.choice(["tanh", "elu", "softplus"]))
+    normalise, learned = bool(rng.integers(2)), bool(rng.integers(2))
+    labels_kind = str(rng.choice(["range", "eye", "one_hot"]))
+    direction = str(rng.choice(["one", "transpose", "product"]))
+    temperature = float(rng.uniform(0.1, 1.0))
+    optimizer = str(rng.choice(["adam", "sgd", "momentum"]))
+
+    def tower(x, name):
+        with tf.compat.v1.variable_scope(name):
+            for width in widths:
+                x = tf.keras.layers.Dense(width, activation=activation)(x)
+            x = tf.keras.layers.Dense(embedding)(x)
+        return tf.math.l2_normalize(x, axis=1) if normalise else x
+
+    def cross_entropy(logits, batch):
+        if labels_kind == "range":
+            return tf.compat.v1.losses.sparse_softmax_cross_entropy(tf.range(batch), logits)
+        targets = tf.eye(batch) if labels_kind == "eye" else tf.one_hot(tf.range(batch), batch)
+        return tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits))
+
+    def model_fn(features, labels, mode, params):
+        q, d = tower(features["query"], "query"), tower(features["document"], "document")
+        scale = 1.0 / temperature
+        if learned:
+            scale = tf.exp(tf.compat.v1.get_variable(
+                "log_scale", [], initializer=tf.constant_initializer(np.log(scale))))
+        logits = tf.matmul(q, d, transpose_b=True) * scale
+        batch = params["batch_size"]
+        loss = cross_entropy(logits, batch)
+        if direction != "one":
+            other = tf.transpose(logits) if direction == "transpose" else \
+                tf.matmul(d, q, transpose_b=True) * scale
+            loss = (loss + cross_entropy(other, batch)) / 2
+        rate = 0.01 if optimizer == "adam" else 0.1
+        train_op = {"adam": tf.compat.v1.train.AdamOptimizer(rate),
+                    "sgd": tf.compat.v1.train.GradientDescentOptimizer(rate),
+                    "momentum": tf.compat.v1.train.MomentumOptimizer(rate, 0.9)}[optimizer].minimize(
+            loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+    model_fn.__name__ = f"random_in_batch_{seed}"
+    return model_fn

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import cs_inprocess
 import inbatch_models as models
+import numpy as np
 import pytest
 import tf_reference
 
@@ -99,3 +100,23 @@ def test_a_softmax_over_the_batch_axis_and_its_diagonal_train_like_tensorflow(pr
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     types = [k.type for k in result.compiled.program.kernels]
     assert types.count("batch_transpose") == 2 and "sample_gather" in types
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(6))
+def test_random_in_batch_models_train_like_tensorflow(tmp_path, seed):
+    """Differential: two-tower contrastive models drawn at random, at a random batch and
+    micro-batch size."""
+    rng = np.random.default_rng(1000 + seed)
+    batch = int(rng.choice([4, 6, 8]))
+    micro = int(rng.choice([m for m in (1, 2, batch) if batch % m == 0]))
+    params = {"batch_size": batch}
+    model_fn = models.random_model_fn(seed)
+    compiled = cs_inprocess.compile_checked(model_fn, models.input_fn, params, str(tmp_path))
+    data = tf_reference.batches(models.input_fn, params, models.STEPS)
+    reference = tf_reference.run(model_fn, models.input_fn, params, compiled.initial_weights, data)
+    program = type(compiled.program)()
+    program.CopyFrom(compiled.program)
+    program.micro_batch_size = micro
+    cs = cs_inprocess.run_on_cs(program, compiled.initial_weights, data)
+    cs_inprocess.assert_same_training(cs_inprocess.Comparison(compiled, cs, reference), rtol=RTOL)
