@@ -32,18 +32,8 @@ _LIBRARY_DIRS = tuple(os.path.realpath(d) + os.sep for d in {
 
 def is_user_file(filename: str) -> bool:
     """Whether a traceback's file is the user's (not Python's, a library's or csrun's)."""
-    if filename.startswith("<"):
-        return False
-    if os.path.isabs(filename):  # (a relative one depends on the working directory)
-        return not _in_library(filename)
-    return not os.path.realpath(filename).startswith(_LIBRARY_DIRS)
-
-
-@functools.lru_cache(maxsize=None)
-def _in_library(path: str) -> bool:
-    """An absolute path below Python's, a library's or csrun's folders (every op's traceback
-    asks of the same few hundred files: one realpath each)."""
-    return os.path.realpath(path).startswith(_LIBRARY_DIRS)
+    path = os.path.realpath(filename)
+    return not (filename.startswith("<") or path.startswith(_LIBRARY_DIRS))
 
 
 UNKNOWN_SOURCE = "<unknown source>"
