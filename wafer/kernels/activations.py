@@ -382,12 +382,12 @@ FUNCTIONS: dict[str, tuple[Forward, Backward, int]] = {
 }
 # float16 backwards (docs/design.md, "Mixed precision"): TF's gradient of a float16 function
 # is a chain of float16 ops (Python's, or Eigen's *Grad functor on Eigen::half), each rounding
-# its result; `r` rounds as one of them does. x, y and dy are float16-valued.
+# its result; `_r` rounds as one of them does. x, y and dy are float16-valued.
 def _r(value: np.ndarray) -> np.ndarray:
     return round_half(np.asarray(value, np.float32))
 
 
-_HALF_TWO_OVER_ROOT_PI = _r(TWO_OVER_ROOT_PI)  # the float16 constant of _ErfGrad/_ErfcGrad
+_HALF_TWO_OVER_ROOT_PI = np.float32(np.float16(TWO_OVER_ROOT_PI))  # the float16 constant of _ErfGrad/_ErfcGrad
 
 
 def _where_dy(value: np.ndarray, dy: np.ndarray) -> np.ndarray:
