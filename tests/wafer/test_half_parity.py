@@ -43,7 +43,7 @@ def cs_values(kind, attrs, inputs):
 @pytest.mark.parametrize("function, tf_function, x", [
     ("erf", tf.math.erf, X), ("erfc", tf.math.erfc, X), ("tanh", tf.math.tanh, X),
     ("exp", tf.math.exp, X), ("neg", tf.negative, X), ("square", tf.math.square, X),
-    ("relu", tf.nn.relu, X), ("rsqrt", tf.math.rsqrt, POSITIVE), ("sqrt", tf.math.sqrt, POSITIVE),
+    ("relu", tf.nn.relu, X), ("sin", tf.math.sin, X), ("rsqrt", tf.math.rsqrt, POSITIVE), ("sqrt", tf.math.sqrt, POSITIVE),
     ("reciprocal", tf.math.reciprocal, POSITIVE), ("log", tf.math.log, POSITIVE),
 ])
 def test_float16_functions_and_their_gradients_are_tensorflows_bit_for_bit(function, tf_function, x):

@@ -410,6 +410,10 @@ HALF_GRADIENTS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndar
     "exp": lambda x, y, dy: _r(dy * y),
     # _LogGrad: grad * reciprocal(x)
     "log": lambda x, y, dy: _r(dy * _r(_ONE / x)),
+    # _Expm1Grad: grad * exp(x)
+    "expm1": lambda x, y, dy: _r(dy * _r(np.exp(x))),
+    # _SinGrad: grad * cos(x)
+    "sin": lambda x, y, dy: _r(dy * _r(np.cos(x))),
     # _ErfGrad: grad * (2 / sqrt(pi)) * exp(-square(x))
     "erf": lambda x, y, dy: _r(_r(dy * _HALF_TWO_OVER_ROOT_PI) * _r(np.exp(-_r(x * x)))),
     # _ErfcGrad: grad * -(2 / sqrt(pi)) * exp(-square(x))
