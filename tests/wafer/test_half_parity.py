@@ -97,3 +97,30 @@ def test_float16_einsum_sums_in_float32_where_tensorflows_sums_in_float16():
     assert np.array_equal(got, round_half(exact.astype(np.float32)))
     theirs = np.asarray(tf.einsum(equation, tf.constant(a), tf.constant(b)), np.float64)
     assert np.abs(got - exact).max() < np.abs(theirs - exact).max()
+
+
+@pytest.mark.parametrize("activation", ["tanh", "sigmoid"])
+def test_float16_dense_with_a_fused_activation_takes_tensorflows_gradient(activation):
+    """Dense(activation=tanh or sigmoid) under the policy: TanhGrad/SigmoidGrad in float16
+    feed the bias gradient (BiasAddGrad: float32 sums, rounded once) and the input gradient."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(64, 40)).astype(np.float16)
+    w = (rng.normal(size=(40, 30)) * 0.3).astype(np.float32)
+    b = rng.normal(size=30).astype(np.float32)
+    dy = rng.normal(size=(64, 30)).astype(np.float16)
+    xt, wt, bt = tf.constant(x), tf.constant(w), tf.constant(b)
+    with tf.GradientTape() as tape:
+        tape.watch([xt, wt, bt])
+        z = tf.nn.bias_add(tf.matmul(xt, tf.cast(wt, tf.float16)), tf.cast(bt, tf.float16))
+        y = tf.math.tanh(z) if activation == "tanh" else tf.math.sigmoid(z)
+    dx, db = (np.asarray(g, np.float32) for g in tape.gradient(y, [xt, bt], output_gradients=tf.constant(dy)))
+    kernel = build_kernel("dense", "d", {"units": 30, "use_bias": True, "activation": activation,
+                                         "precision": "float16"}, [(40,)])
+    ctx = RunContext(training=True, batch_size=64)
+    half = {"kernel": round_half(w), "bias": round_half(b)}
+    out, cache = kernel.forward(half, [x.astype(np.float32)], ctx)
+    if activation == "sigmoid":  # (TF's float16 logistic is its own: read TF's output)
+        cache = (*cache[:2], np.asarray(y, np.float32))
+    grads_in, grads = kernel.backward(half, cache, dy.astype(np.float32), ctx)
+    assert np.mean(round_half(grads["bias"]) == np.asarray(round_half(db))) == 1.0
+    assert np.mean(round_half(grads_in[0]) == dx) > 0.99
