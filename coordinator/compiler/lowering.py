@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import fast_paths, lowering_spatial, random_numbers, sequences
+from coordinator.compiler import fast_paths, in_batch, lowering_spatial, random_numbers, sequences
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.elementwise import ARITHMETIC
@@ -54,7 +54,8 @@ REFUSED = {
     "While loops": "tf.while_loop (the CS pipelines one pass per sample; Keras' LSTM, GRU and "
                    "SimpleRNN over fixed-length sequences are unrolled by the compiler)",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
-                          "outside the loss",
+                          "outside the loss, but BatchNormalization's moments and the in-batch "
+                          "products above (e.g. Barlow Twins' tf.matmul(za, zb, transpose_a=True))",
     **random_numbers.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
                                "meets the samples (e.g. tf.sort(w)), or in "
@@ -187,7 +188,7 @@ def _is_identity(kind: str, letters: str, attrs: dict, op: tf.Operation) -> bool
     neutral = {"mul": 1, "div": 1, "add": 0, "sub": 0}.get(kind)
     if kind in ("div", "sub") and letters == "ci":
         return False
-    return neutral is not None and value.size == 1 and float(value) == neutral
+    return neutral is not None and value.size == 1 and value.item() == neutral
 
 
 @generic("AddN")
@@ -293,6 +294,8 @@ def _reshape(m: Context, op: tf.Operation) -> str:
 @generic("Transpose")
 def _transpose(m: Context, op: tf.Operation) -> str:
     perm = m.operands.constant(op.inputs[1])
+    if in_batch.transpose(m, op, perm):
+        return ""
     if perm is None or int(perm[0]) != 0:
         return sequences.time_major_unstack(m, op)
     if not has_kernel("transpose"):
@@ -346,8 +349,7 @@ def _matmul(m: Context, op: tf.Operation) -> str:
     if op.type == "MatMul":
         flags = (bool(op.get_attr("transpose_a")), bool(op.get_attr("transpose_b")))
         if m.is_batched(a) and m.is_batched(b):
-            return ("multiplies two per-sample matrices of rank 2 (a [batch, n] x [n, batch] "
-                    "product mixes samples); use tf.matmul on [batch, m, n] tensors")
+            return in_batch.product(m, op, *flags)
         if flags[0] and m.is_batched(a) or flags[1] and m.is_batched(b):
             return "transposes the batch axis of a per-sample operand"
     else:
@@ -583,7 +585,7 @@ def supported_table() -> str:
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
-               **random_numbers.KERNEL_ROWS}.items()]
+               **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "
@@ -602,7 +604,11 @@ def supported_table() -> str:
     lines.append("| `loss` (the batch reduction) | any sum or mean over the batch of per-sample "
                  "values (tf.compat.v1.losses.* with constant weights, label smoothing, "
                  "hand-written MSE) plus L2/L1 penalties of single weights (tf.nn.l2_loss, "
-                 "Keras regularizers), proven linear by the compiler |")
+                 "Keras regularizers), proven linear by the compiler; divided by a count or sum "
+                 "of the batch computed from its inputs and labels alone (tf.compat.v1.losses' "
+                 "default SUM_BY_NONZERO_WEIGHTS and MEAN with per-sample weights: class weights "
+                 "by label, a padding mask; sum(l * mask) / sum(mask)), known before the batch "
+                 "streams through |")
     lines.append("| weights (shared, viewed) | a weight read by several kernels (tied input/output "
                  "embeddings, a Keras layer called twice, an unrolled LSTM's cell at every step) "
                  "lives in one region, its uses' gradients summed before the one update; a "
