@@ -48,6 +48,14 @@ def user_source(op: tf.Operation) -> str:
     return UNKNOWN_SOURCE
 
 
+def function_source(fn: Callable) -> str:
+    """The "file:line" where the user's function `fn` (input_fn) is defined, else its name."""
+    try:
+        return _source_line(inspect.getsourcefile(fn) or "", inspect.getsourcelines(fn)[1])
+    except (OSError, TypeError):
+        return getattr(fn, "__name__", UNKNOWN_SOURCE)
+
+
 def _source_line(filename: str, lineno: int) -> str:
     path, cwd = os.path.realpath(filename), os.getcwd() + os.sep
     return f"{path[len(cwd):] if path.startswith(cwd) else path}:{lineno}"

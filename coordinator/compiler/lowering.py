@@ -256,6 +256,16 @@ def _is_finite(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+@generic("Bucketize")
+def _bucketize(m: Context, op: tf.Operation) -> str:
+    if not m.is_batched(op.inputs[0]) or op.inputs[0].dtype != tf.float32:
+        return "Bucketize of a per-sample float32 value is supported"
+    m.add_kernel(op.name, "bucketize", [op.inputs[0]],
+                 {"boundaries": [float(b) for b in op.get_attr("boundaries")]}, [], [op],
+                 op.outputs[0])
+    return ""
+
+
 @generic("TopKV2")
 def _top_k(m: Context, op: tf.Operation) -> str:
     """tf.math.top_k along a sample's last axis: a kernel for the values, and one for the
@@ -624,7 +634,8 @@ def supported_table() -> str:
                  "kernels reading its kernels' tf.split gates), masked (Keras Masking, Embedding mask_zero) or "
                  "not; Bidirectional (ReverseV2 along a sample's axes); TimeDistributed (its "
                  "time-major x[i] per step); Pack, Split, SplitV, Unpack along a sample's axes; "
-                 "sparse_softmax_cross_entropy_with_logits on logits of rank > 2 |")
+                 "(sparse_)softmax_cross_entropy_with_logits on logits of rank > 2 (a tagger's "
+                 "tf.compat.v1.losses.softmax_cross_entropy of one-hot labels per token) |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
                  "mixed_float16 policy or casts by hand: float32 weights read through Cast, "
                  "float16 operands and results, float32 accumulation (docs/design.md); a static "
