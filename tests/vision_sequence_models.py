@@ -1,8 +1,8 @@
 """Small vision and sequence models written the way users write them, one construct each
 that unseen models needed (issue 21): Keras Conv2D(groups=) as in ResNeXt, tf.pad's REFLECT
 and SYMMETRIC modes, Bidirectional recurrent layers returning sequences with a
-TimeDistributed head, and Keras' Masking layer and Embedding(mask_zero=True) before a
-recurrent layer."""
+TimeDistributed head, Keras' Masking layer and Embedding(mask_zero=True) before a
+recurrent layer, and a token tagger's label-smoothed one-hot cross-entropy per token."""
 import numpy as np
 import tensorflow as tf
 
@@ -78,6 +78,16 @@ def bidirectional_tagger(features, labels, mode, params):
     loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
     return _spec(mode, loss, {"accuracy": tf.compat.v1.metrics.accuracy(
         labels, tf.cast(logits > 0, tf.float32))})
+
+
+def smoothed_tagger(features, labels, mode, params):
+    """A tag per token: tf.compat.v1.losses.softmax_cross_entropy of one-hot tags with label
+    smoothing on logits (batch, steps, tags), which TF flattens across the batch."""
+    h = L.Conv1D(8, 3, padding="same", activation="relu")(L.Embedding(20, 6)(features))
+    logits = L.Dense(3)(h)
+    tags = features % 3
+    loss = tf.compat.v1.losses.softmax_cross_entropy(tf.one_hot(tags, 3), logits, label_smoothing=0.1)
+    return _spec(mode, loss, {"accuracy": tf.compat.v1.metrics.accuracy(tags, tf.argmax(logits, -1))})
 
 
 def masked_rnn(features, labels, mode, params):

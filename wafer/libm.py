@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -21,7 +21,7 @@ for _name, _argc in (("expf", 1), ("logf", 1), ("cosf", 1), ("sinf", 1), ("powf"
     getattr(_libm, _name).argtypes = [ctypes.c_float] * _argc
 
 
-def scalar(name: str) -> Callable[..., np.float32]:
+def scalar(name: str) -> Callable[..., Any]:
     """libm's `name` (expf, logf, cosf, sinf, powf) on float32 scalars."""
     fn = getattr(_libm, name)
     return lambda *xs: F32(fn(*(float(x) for x in xs)))

@@ -14,7 +14,7 @@ takes its one live input, and an op with a dead input (data or control) is dead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -24,14 +24,14 @@ F32 = np.float32
 DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
 _TINY = np.finfo(np.float32).tiny
 
-UNARY = {
+UNARY: dict[str, Callable[..., Any]] = {
     "identity": lambda x: x, "neg": np.negative, "abs": np.abs, "floor": np.floor,
     "ceil": np.ceil, "sqrt": np.sqrt, "square": lambda x: x * x,
     "reciprocal": lambda x: np.divide(x.dtype.type(1), x), "rsqrt": lambda x: F32(1) / np.sqrt(x),
     "exp": scalar("expf"), "log": scalar("logf"), "cos": scalar("cosf"),
     "sin": scalar("sinf"), "logical_not": np.logical_not,
 }
-BINARY = {
+BINARY: dict[str, Callable[..., Any]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "floordiv": lambda x, y: np.floor(x / y) if isinstance(x, np.floating) else x // y,
     "floormod": lambda x, y: _floormod(x, y), "minimum": np.minimum,
