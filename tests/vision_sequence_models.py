@@ -2,7 +2,8 @@
 that unseen models needed (issue 21): Keras Conv2D(groups=) as in ResNeXt, tf.pad's REFLECT
 and SYMMETRIC modes, Bidirectional recurrent layers returning sequences with a
 TimeDistributed head, Keras' Masking layer and Embedding(mask_zero=True) before a
-recurrent layer, and a token tagger's label-smoothed one-hot cross-entropy per token."""
+recurrent layer, a token tagger's label-smoothed one-hot cross-entropy per token, and
+tf.einsum of one operand."""
 import numpy as np
 import tensorflow as tf
 
@@ -88,6 +89,16 @@ def smoothed_tagger(features, labels, mode, params):
     tags = features % 3
     loss = tf.compat.v1.losses.softmax_cross_entropy(tf.one_hot(tags, 3), logits, label_smoothing=0.1)
     return _spec(mode, loss, {"accuracy": tf.compat.v1.metrics.accuracy(tags, tf.argmax(logits, -1))})
+
+
+def einsum_pooling(features, labels, mode, params):
+    """tf.einsum of one operand: a sum over the steps ('btd->bd') and a transpose ('btd->bdt')."""
+    h = L.Embedding(20, 4)(features)
+    pooled = tf.einsum("btd->bd", h) / 6.0
+    peak = tf.reduce_max(tf.einsum("btd->bdt", L.Dense(4, activation="tanh")(h)), axis=-1)
+    logits = L.Dense(2)(tf.concat([pooled, peak], -1))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return _spec(mode, loss, _classify(labels, logits))
 
 
 def masked_rnn(features, labels, mode, params):

@@ -386,12 +386,41 @@ def _einsum(m: Context, op: tf.Operation) -> str:
     for term, t in zip(terms, op.inputs):
         if m.is_batched(t) != (term[:1] == batch) or batch in term[1:]:
             return f"einsum {equation!r} does not keep the batch axis {batch!r} first in every per-sample operand"
+    if len(terms) == 1:
+        return _einsum_of_one(m, op, terms[0], out)
     found = _operands(m, op, op.inputs, "einsum")
     if isinstance(found, str):
         return found
     letters, inputs, attrs, params = found
     m.add_kernel(op.name, "einsum", inputs, {"equation": equation, "operands": letters, **attrs},
                  params, [op], op.outputs[0])
+    return ""
+
+
+def _einsum_of_one(m: Context, op: tf.Operation, term: str, out: str) -> str:
+    """tf.einsum of one operand ('btd->bd', 'bij->bji'): a sum over the letters the output
+    drops (a reduce kernel), then the transpose to the output's order."""
+    if len(set(term)) != len(term) or not set(out) <= set(term) or len(set(out)) != len(out):
+        return f"einsum {term}->{out}: a repeated letter (a diagonal or trace) is not supported"
+    kept = [c for c in term if c in out]
+    summed = [i for i, c in enumerate(term) if c not in out]
+    perm = [kept.index(c) for c in out]
+    current: Any = op.inputs[0]
+    if not summed and perm == sorted(perm):
+        m.alias(op, current)
+        return ""
+    if summed:
+        last = perm == sorted(perm)
+        shape = tuple(d for i, d in enumerate(static_shape(op.inputs[0])) if i not in summed)[1:]
+        kernel = m.add_kernel(op.name if last else f"{op.name}/sum", "reduce", [current],
+                              {"op": "sum", "axes": [a - 1 for a in summed], "keepdims": False},
+                              [], [op] if last else [], op.outputs[0] if last else None,
+                              output_shape=shape, source_op=op)
+        if last:
+            return ""
+        current = kernel.name
+    m.add_kernel(op.name, "transpose", [current], {"perm": [p - 1 for p in perm[1:]]}, [], [op],
+                 op.outputs[0], source_op=op)
     return ""
 
 
