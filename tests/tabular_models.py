@@ -2,8 +2,9 @@
 tabular models needed: a hashed feature cross (tf.math.floormod of integer ids) with class
 weights (tf.gather of a constant by label), ordinal regression with cut-points
 tf.cumsum(tf.nn.softplus(raw)), and features made with tf.cumsum (exclusive, reverse),
-tf.math.floormod of floats, tf.floor/ceil/round, tf.math.divide_no_nan, tf.reduce_prod; and
-what stays refused (tf.feature_column's sparse columns, a Keras optimizer)."""
+tf.math.floormod of floats, tf.floor/ceil/round, tf.math.divide_no_nan, tf.reduce_prod,
+numbers bucketized (Keras Discretization, tf.raw_ops.Bucketize) into embeddings; and what
+stays refused (tf.feature_column's sparse columns, a Keras optimizer, a string feature)."""
 import numpy as np
 import tensorflow as tf
 
@@ -90,6 +91,32 @@ def rounded_features(features, labels, mode, params):
     loss = v1.losses.huber_loss(labels, out)
     return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
                  {"mae": v1.metrics.mean_absolute_error(labels, out)})
+
+
+def bucketized(features, labels, mode, params):
+    """Numbers in buckets: Keras Discretization into an Embedding, tf.raw_ops.Bucketize one-hot."""
+    ages = L.Discretization(bin_boundaries=[-1.0, -0.25, 0.0, 0.5, 1.0])(features[:, :2])
+    edges = tf.raw_ops.Bucketize(input=features[:, 2:4], boundaries=[-0.5, 0.0, 0.5])
+    h = tf.concat([tf.reshape(L.Embedding(6, 3)(ages), [-1, 6]),
+                   tf.reshape(tf.one_hot(edges, 4), [-1, 8]), features[:, 4:]], axis=1)
+    pred = L.Dense(1)(L.Dense(8, activation="relu")(h))
+    loss = v1.losses.mean_squared_error(labels, pred)
+    return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
+                 {"mae": v1.metrics.mean_absolute_error(labels, pred)} if mode == ModeKeys.EVAL else {})
+
+
+def string_input_fn(params):
+    words = np.array(["apple", "pear", "plum", "fig"])[np.arange(32) % 4]
+    return tf.data.Dataset.from_tensor_slices(({"word": words}, np.arange(32) % 2)).batch(
+        8, drop_remainder=True)
+
+
+def string_feature(features, labels, mode, params):
+    ids = tf.strings.to_hash_bucket_fast(features["word"], 10)
+    logits = L.Dense(2)(L.Embedding(10, 4)(ids))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
+                 {})
 
 
 def feature_columns(features, labels, mode, params):

@@ -195,6 +195,26 @@ def two_optimizers(features, labels, mode, params):
     return spec(loss, tf.group(slow, fast))
 
 
+def accumulated_gradients(features, labels, mode, params):
+    """Gradient accumulation: sums in variables, applied every 2nd step in a tf.cond; the
+    train_op is the global step's assign_add (a variable's value, not an op)."""
+    logits = tf.keras.layers.Dense(10, name="head")(features)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    tvars = v1.trainable_variables()
+    sums = [v1.get_variable(v.op.name + "/sum", v.shape, trainable=False,
+                            initializer=v1.zeros_initializer()) for v in tvars]
+    added = [s.assign_add(g) for s, g in zip(sums, tf.gradients(loss, tvars))]
+    step = v1.train.get_or_create_global_step()
+
+    def apply():
+        return v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+            [(s / 2.0, v) for s, v in zip(sums, tvars)])
+    with tf.control_dependencies(added):
+        applied = tf.cond(tf.equal(step % 2, 1), apply, tf.no_op)  # cond line
+    with tf.control_dependencies([applied]):
+        return spec(loss, v1.assign_add(step, 1))
+
+
 def weight_decay_term(features, labels, mode, params):
     """L2 weight decay added to the loss; minimize(the data term alone) is refused."""
     h = tf.keras.layers.Dense(16, activation="relu", name="hidden")(features)

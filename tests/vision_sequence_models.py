@@ -1,8 +1,9 @@
 """Small vision and sequence models written the way users write them, one construct each
 that unseen models needed (issue 21): Keras Conv2D(groups=) as in ResNeXt, tf.pad's REFLECT
 and SYMMETRIC modes, Bidirectional recurrent layers returning sequences with a
-TimeDistributed head, and Keras' Masking layer and Embedding(mask_zero=True) before a
-recurrent layer."""
+TimeDistributed head, Keras' Masking layer and Embedding(mask_zero=True) before a
+recurrent layer, a token tagger's label-smoothed one-hot cross-entropy per token, and
+tf.einsum of one operand."""
 import numpy as np
 import tensorflow as tf
 
@@ -78,6 +79,26 @@ def bidirectional_tagger(features, labels, mode, params):
     loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
     return _spec(mode, loss, {"accuracy": tf.compat.v1.metrics.accuracy(
         labels, tf.cast(logits > 0, tf.float32))})
+
+
+def smoothed_tagger(features, labels, mode, params):
+    """A tag per token: tf.compat.v1.losses.softmax_cross_entropy of one-hot tags with label
+    smoothing on logits (batch, steps, tags), which TF flattens across the batch."""
+    h = L.Conv1D(8, 3, padding="same", activation="relu")(L.Embedding(20, 6)(features))
+    logits = L.Dense(3)(h)
+    tags = features % 3
+    loss = tf.compat.v1.losses.softmax_cross_entropy(tf.one_hot(tags, 3), logits, label_smoothing=0.1)
+    return _spec(mode, loss, {"accuracy": tf.compat.v1.metrics.accuracy(tags, tf.argmax(logits, -1))})
+
+
+def einsum_pooling(features, labels, mode, params):
+    """tf.einsum of one operand: a sum over the steps ('btd->bd') and a transpose ('btd->bdt')."""
+    h = L.Embedding(20, 4)(features)
+    pooled = tf.einsum("btd->bd", h) / 6.0
+    peak = tf.reduce_max(tf.einsum("btd->bdt", L.Dense(4, activation="tanh")(h)), axis=-1)
+    logits = L.Dense(2)(tf.concat([pooled, peak], -1))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return _spec(mode, loss, _classify(labels, logits))
 
 
 def masked_rnn(features, labels, mode, params):

@@ -48,6 +48,14 @@ def user_source(op: tf.Operation) -> str:
     return UNKNOWN_SOURCE
 
 
+def function_source(fn: Callable) -> str:
+    """The "file:line" where the user's function `fn` (input_fn) is defined, else its name."""
+    try:
+        return _source_line(inspect.getsourcefile(fn) or "", inspect.getsourcelines(fn)[1])
+    except (OSError, TypeError):
+        return getattr(fn, "__name__", UNKNOWN_SOURCE)
+
+
 def _source_line(filename: str, lineno: int) -> str:
     path, cwd = os.path.realpath(filename), os.getcwd() + os.sep
     return f"{path[len(cwd):] if path.startswith(cwd) else path}:{lineno}"
@@ -283,4 +291,11 @@ def call_model_fn(model_fn: Callable, features: Any, labels: Any, mode: str,
     if not isinstance(spec, CSEstimatorSpec):
         raise CSRunError(f"model_fn returned {type(spec).__name__}, not a CSEstimatorSpec",
                          "return launcher.estimator.CSEstimatorSpec(mode=..., loss=..., ...)")
+    if spec.train_op is not None and not isinstance(spec.train_op, (tf.Operation, tf.Tensor)):
+        # the value of an assign to a resource variable (v.assign_add(1)): its assign op
+        if not isinstance(getattr(spec.train_op, "op", None), tf.Operation):
+            raise CSRunError(f"model_fn's train_op is a {type(spec.train_op).__name__}, not a "
+                             "TensorFlow op or tensor",
+                             "return optimizer.minimize(...) or tf.group(...) of the updates")
+        spec.train_op = spec.train_op.op
     return spec

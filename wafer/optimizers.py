@@ -58,8 +58,9 @@ rows of duplicate ids in order of appearance (Optimizer._deduplicate_indexed_sli
     proximal_adagrad  rows only: the dense rule (SparseApplyProximalAdagrad); a table of one
               column: a = lr / sqrt(accum), the quotient in float64 as proximal_sgd's
     ftrl      rows only: the dense rule, var = (clip(linear, -l1, l1) - linear) / y (SparseApplyFtrl;
-              equal to the dense select; a table of one column raises to the power 0.5 with
-              Eigen's pow: refused by the compiler)
+              equal to the dense select; a table of one column takes TF's scalar path:
+              linear = (linear + g) - (powf(new, 0.5) - powf(accum, 0.5)) / lr * var, with
+              glibc's powf, which the CS calls too: wafer/libm.py)
     adam      every row: m = m * beta1; m[rows] += g * (1 - beta1)   (_apply_sparse_shared)
               v = v * beta2; v[rows] += g * (g * (1 - beta2))
               var -= alpha * m / (sqrt(v) + epsilon)
@@ -90,6 +91,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import numpy as np
 
 from cs_api import cs_api_pb2 as pb
+from wafer.libm import powf
 from wafer.precision import round_half_, round_half_into
 
 F32 = np.float32
@@ -508,7 +510,11 @@ class Ftrl(Optimizer):
         v, a = var[rows], accum[rows]
         shrunk = g + (F32(2) * self.shrinkage) * v if self.shrinkage else g
         new_accum = a + g * g
-        lin = linear[rows] + (shrunk - (np.sqrt(new_accum) - np.sqrt(a)) / self.lr * v)
+        if var[0].size == 1:  # TF's scalar path: (l + g) - sigma * v, sigma by libm's powf
+            sigma = (powf(new_accum, 0.5) - powf(a, 0.5)) / self.lr
+            lin = (linear[rows] + shrunk) - sigma * v
+        else:
+            lin = linear[rows] + (shrunk - (np.sqrt(new_accum) - np.sqrt(a)) / self.lr * v)
         x = np.maximum(np.minimum(lin, self.l1), -self.l1) - lin
         var[rows] = x / (np.sqrt(new_accum) / self.lr + F32(2) * self.l2)
         accum[rows], linear[rows] = new_accum, lin

@@ -13,43 +13,29 @@ takes its one live input, and an op with a dead input (data or control) is dead.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
+
+from wafer.libm import scalar
 
 F32 = np.float32
 DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
 _TINY = np.finfo(np.float32).tiny
 
-try:
-    _libm = ctypes.CDLL("libm.so.6")  # glibc's, which TensorFlow's kernels call
-except OSError:
-    _libm = ctypes.CDLL(ctypes.util.find_library("m"))
-for _name, _argc in (("expf", 1), ("logf", 1), ("cosf", 1), ("sinf", 1), ("powf", 2)):
-    getattr(_libm, _name).restype = ctypes.c_float
-    getattr(_libm, _name).argtypes = [ctypes.c_float] * _argc
-
-
-def _libm_call(name: str):
-    fn = getattr(_libm, name)
-    return lambda *xs: F32(fn(*(float(x) for x in xs)))
-
-
-UNARY = {
+UNARY: dict[str, Callable[..., Any]] = {
     "identity": lambda x: x, "neg": np.negative, "abs": np.abs, "floor": np.floor,
     "ceil": np.ceil, "sqrt": np.sqrt, "square": lambda x: x * x,
     "reciprocal": lambda x: np.divide(x.dtype.type(1), x), "rsqrt": lambda x: F32(1) / np.sqrt(x),
-    "exp": _libm_call("expf"), "log": _libm_call("logf"), "cos": _libm_call("cosf"),
-    "sin": _libm_call("sinf"), "logical_not": np.logical_not,
+    "exp": scalar("expf"), "log": scalar("logf"), "cos": scalar("cosf"),
+    "sin": scalar("sinf"), "logical_not": np.logical_not,
 }
-BINARY = {
+BINARY: dict[str, Callable[..., Any]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "floordiv": lambda x, y: np.floor(x / y) if isinstance(x, np.floating) else x // y,
     "floormod": lambda x, y: _floormod(x, y), "minimum": np.minimum,
-    "maximum": np.maximum, "pow": _libm_call("powf"), "less": np.less,
+    "maximum": np.maximum, "pow": scalar("powf"), "less": np.less,
     "less_equal": np.less_equal, "greater": np.greater, "greater_equal": np.greater_equal,
     "equal": np.equal, "not_equal": np.not_equal, "logical_and": np.logical_and,
     "logical_or": np.logical_or, "squared_difference": lambda x, y: (x - y) * (x - y),

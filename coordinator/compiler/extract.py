@@ -17,6 +17,7 @@ from tf_model.model_fn import (
     BatchSignature,
     batch_signature,
     call_model_fn,
+    function_source,
     make_dataset,
     model_graph,
     named_inputs,
@@ -41,6 +42,7 @@ class ExtractedGraph:
     spec: CSEstimatorSpec
     seed: int | None
     first_batch: dict[str, np.ndarray] | None = None  # train mode: input_fn's first batch
+    input_source: str = "input_fn"  # where input_fn is defined ("file:line")
 
     def input_name(self, tensor: tf.Tensor) -> str | None:
         """The program input a placeholder tensor stands for."""
@@ -120,7 +122,7 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
     inputs = tuple(InputSpec(name, spec.dtype.name, tuple(spec.shape.as_list()[1:])) for name, spec in flat)
     _check_spec(spec, mode)
     return ExtractedGraph(graph, mode, batch, inputs, {name: f"{name}:0" for name, _ in flat}, spec,
-                          seed, first)
+                          seed, first, function_source(input_fn))
 
 
 def _first_batch(dataset: tf.data.Dataset) -> dict[str, np.ndarray]:

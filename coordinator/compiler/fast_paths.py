@@ -509,12 +509,14 @@ def _batch_norm(m, x, op, mean, variance, gamma, beta, eps, ops, out, fused=Fals
 
 
 def _flattened_cross_entropy(m: Context, reshape: tf.Operation) -> bool:
-    """tf.nn.sparse_softmax_cross_entropy_with_logits on logits of rank > 2 (a loss per
+    """tf.nn.(sparse_)softmax_cross_entropy_with_logits on logits of rank > 2 (a loss per
     token): TF flattens logits and labels across the batch, takes the loss and reshapes it
     back; each sample's rows stay its own, so it is the kernel on (..., k) logits."""
     xent = m.sole_consumer(reshape.outputs[0])
-    if xent is None or xent.type != "SparseSoftmaxCrossEntropyWithLogits":
+    if xent is None or xent.type not in ("SparseSoftmaxCrossEntropyWithLogits",
+                                         "SoftmaxCrossEntropyWithLogits"):
         return False
+    sparse = xent.type.startswith("Sparse")
     flat_logits, flat_labels = xent.inputs
     reshapes = [t.op for t in (flat_logits, flat_labels)]
     back = m.sole_consumer(xent.outputs[0])
@@ -524,11 +526,12 @@ def _flattened_cross_entropy(m: Context, reshape: tf.Operation) -> bool:
         return False
     logits, labels = (r.inputs[0] for r in reshapes)
     lead = static_shape(logits)[:-1]
-    if static_shape(labels) != lead or static_shape(back.outputs[0]) != lead or \
+    if static_shape(labels) != (lead if sparse else static_shape(logits)) or \
+            static_shape(back.outputs[0]) != lead or \
             static_shape(flat_logits) != (int(np.prod(lead)), static_shape(logits)[-1]):
         return False
     m.add_kernel(xent.name, "softmax_cross_entropy_with_logits", [logits, labels],
-                 {"sparse": True}, [], [*reshapes, xent, back], back.outputs[0], source_op=xent)
+                 {"sparse": sparse}, [], [*reshapes, xent, back], back.outputs[0], source_op=xent)
     return True
 
 

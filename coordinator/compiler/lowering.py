@@ -257,6 +257,16 @@ def _is_finite(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+@generic("Bucketize")
+def _bucketize(m: Context, op: tf.Operation) -> str:
+    if not m.is_batched(op.inputs[0]) or op.inputs[0].dtype != tf.float32:
+        return "Bucketize of a per-sample float32 value is supported"
+    m.add_kernel(op.name, "bucketize", [op.inputs[0]],
+                 {"boundaries": [float(b) for b in op.get_attr("boundaries")]}, [], [op],
+                 op.outputs[0])
+    return ""
+
+
 @generic("TopKV2")
 def _top_k(m: Context, op: tf.Operation) -> str:
     """tf.math.top_k along a sample's last axis: a kernel for the values, and one for the
@@ -378,12 +388,41 @@ def _einsum(m: Context, op: tf.Operation) -> str:
     for term, t in zip(terms, op.inputs):
         if m.is_batched(t) != (term[:1] == batch) or batch in term[1:]:
             return f"einsum {equation!r} does not keep the batch axis {batch!r} first in every per-sample operand"
+    if len(terms) == 1:
+        return _einsum_of_one(m, op, terms[0], out)
     found = _operands(m, op, op.inputs, "einsum")
     if isinstance(found, str):
         return found
     letters, inputs, attrs, params = found
     m.add_kernel(op.name, "einsum", inputs, {"equation": equation, "operands": letters, **attrs},
                  params, [op], op.outputs[0])
+    return ""
+
+
+def _einsum_of_one(m: Context, op: tf.Operation, term: str, out: str) -> str:
+    """tf.einsum of one operand ('btd->bd', 'bij->bji'): a sum over the letters the output
+    drops (a reduce kernel), then the transpose to the output's order."""
+    if len(set(term)) != len(term) or not set(out) <= set(term) or len(set(out)) != len(out):
+        return f"einsum {term}->{out}: a repeated letter (a diagonal or trace) is not supported"
+    kept = [c for c in term if c in out]
+    summed = [i for i, c in enumerate(term) if c not in out]
+    perm = [kept.index(c) for c in out]
+    current: Any = op.inputs[0]
+    if not summed and perm == sorted(perm):
+        m.alias(op, current)
+        return ""
+    if summed:
+        last = perm == sorted(perm)
+        shape = tuple(d for i, d in enumerate(static_shape(op.inputs[0])) if i not in summed)[1:]
+        kernel = m.add_kernel(op.name if last else f"{op.name}/sum", "reduce", [current],
+                              {"op": "sum", "axes": [a - 1 for a in summed], "keepdims": False},
+                              [], [op] if last else [], op.outputs[0] if last else None,
+                              output_shape=shape, source_op=op)
+        if last:
+            return ""
+        current = kernel.name
+    m.add_kernel(op.name, "transpose", [current], {"perm": [p - 1 for p in perm[1:]]}, [], [op],
+                 op.outputs[0], source_op=op)
     return ""
 
 
@@ -630,7 +669,8 @@ def supported_table() -> str:
                  "kernels reading its kernels' tf.split gates), masked (Keras Masking, Embedding mask_zero) or "
                  "not; Bidirectional (ReverseV2 along a sample's axes); TimeDistributed (its "
                  "time-major x[i] per step); Pack, Split, SplitV, Unpack along a sample's axes; "
-                 "sparse_softmax_cross_entropy_with_logits on logits of rank > 2 |")
+                 "(sparse_)softmax_cross_entropy_with_logits on logits of rank > 2 (a tagger's "
+                 "tf.compat.v1.losses.softmax_cross_entropy of one-hot labels per token) |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
                  "mixed_float16 policy or casts by hand: float32 weights read through Cast, "
                  "float16 operands and results, float32 accumulation (docs/design.md); a static "

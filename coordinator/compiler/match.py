@@ -394,9 +394,11 @@ def _check_inputs(extracted: ExtractedGraph) -> list[UnsupportedOp]:
     for spec in extracted.inputs:
         if spec.dtype not in STREAMED_DTYPES:
             op = extracted.graph.get_tensor_by_name(extracted.placeholders[spec.name]).op
-            bad.append(UnsupportedOp(op.type, spec.name, "input_fn",
+            what = ("map strings to integer ids in input_fn (tf.strings.to_hash_bucket_fast, "
+                    "tf.lookup.StaticHashTable)" if spec.dtype == "string" else "cast it in input_fn")
+            bad.append(UnsupportedOp(op.type, spec.name, f"{extracted.input_source} (input_fn)",
                                      f"input_fn yields {spec.name} as {spec.dtype}: the CS streams "
-                                     "float32, int32, int64 or bool; cast it in input_fn"))
+                                     f"float32, int32, int64 or bool; {what}"))
     return bad
 
 

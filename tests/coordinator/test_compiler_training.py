@@ -190,7 +190,15 @@ def test_other_writes_in_the_train_op_are_refused():
 def test_two_optimizer_configurations_are_refused_naming_both_lines():
     error = refusal(tm.two_optimizers)
     assert line_of("slow line") in error.message and line_of("fast line") in error.message
-    assert "one optimizer" in error.message
+    assert "head/kernel is trained with another sgd than body/kernel (learning_rate 0.1 vs " \
+           "0.01)" in error.message and "the CS trains every variable with one optimizer" in error.message
+
+
+def test_gradients_accumulated_and_applied_in_a_cond_are_refused_naming_it():
+    """(its train_op, an assign_add's value rather than an op, is read as the assign op)"""
+    error = refusal(tm.accumulated_gradients)
+    assert error.message.startswith("the train_op applies its updates inside a tf.cond")
+    assert line_of("cond line") in error.message
 
 
 def test_program_carries_frozen_params_updates_and_transforms(tmp_path):

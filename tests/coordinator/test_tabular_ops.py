@@ -2,7 +2,7 @@
 evaluate as the CPU path does: hashed crosses (tf.math.floormod of ids), class weights
 (tf.gather of a constant), ordinal cut-points (tf.cumsum on the weight program), tf.cumsum of
 activations, tf.math.floormod of floats, tf.math.divide_no_nan, tf.floor, tf.math.ceil,
-tf.round, tf.reduce_prod; each kernel computes TF's values (bit for bit, but reduce_prod's
+tf.round, tf.reduce_prod, Bucketize (Keras Discretization); each kernel computes TF's values (bit for bit, but reduce_prod's
 order of products). What stays refused says so in one line with what to use instead."""
 import inspect
 
@@ -22,7 +22,8 @@ from wafer.kernels import RunContext, build_kernel
     (t.hashed_cross, t.categorical_input_fn, {"binary", "one_hot", "gather"}),  # a constant's too
     (t.ordinal, t.ordinal_input_fn, {"cumsum"}),
     (t.rounded_features, t.regression_input_fn, {"cumsum", "binary", "activation", "reduce"}),
-], ids=["hashed_cross", "ordinal_cutpoints", "cumsum_floor_round"])
+    (t.bucketized, t.regression_input_fn, {"bucketize", "gather", "one_hot"}),
+], ids=["hashed_cross", "ordinal_cutpoints", "cumsum_floor_round", "bucketized"])
 def test_tabular_op_trains_like_tensorflow_and_evaluates_like_the_cpu(tmp_path, model_fn, input_fn,
                                                                      kernels):
     params = {"runconfig": {"tf_random_seed": 5}}
@@ -78,6 +79,26 @@ def test_divnonan_floormod_floordiv_floor_ceil_round_are_tensorflows():
                                       fn(*ints).numpy())
     for name, fn in [("floor", tf.floor), ("ceil", tf.math.ceil), ("round", tf.round)]:
         np.testing.assert_array_equal(_run("activation", {"function": name}, x)[0], fn(x).numpy())
+
+
+def test_bucketize_is_tensorflows_at_the_boundaries_and_beyond():
+    boundaries = [-1.0, -0.25, 0.0, 0.5, 1.0]
+    x = np.array([[-2.0, -1.0, -0.25, -0.0, 0.0, 0.25, 0.5, 1.0, 3.0],
+                  [np.nan, np.inf, -np.inf, 1e-30, -1e-30, 0.49999997, 0.5000001, 0.9999999, 1.0000001]],
+                 np.float32)
+    got, _ = _run("bucketize", {"boundaries": boundaries}, x)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, tf.raw_ops.Bucketize(input=x, boundaries=boundaries).numpy())
+
+
+def test_a_string_feature_is_refused_naming_input_fn_and_what_to_do(tmp_path):
+    with pytest.raises(CSRunError) as info:
+        compile_model(t.string_feature, t.string_input_fn, {}, str(tmp_path), validate_only=True)
+    line = inspect.getsourcelines(t.string_input_fn)[1]
+    assert "\n" not in str(info.value)
+    assert f"Placeholder 'features.word' at tests/tabular_models.py:{line} (input_fn): input_fn " \
+           "yields features.word as string: the CS streams float32, int32, int64 or bool; map " \
+           "strings to integer ids in input_fn (tf.strings.to_hash_bucket_fast" in info.value.message
 
 
 def test_feature_columns_are_refused_naming_the_line_and_what_to_use(tmp_path):

@@ -2,7 +2,9 @@
 with TF's numbers and evaluate as the CPU path does: Keras Conv2D(groups=) (a grouped conv2d
 kernel), tf.pad REFLECT/SYMMETRIC (the pad kernel's mirror modes, MirrorPadGrad),
 Bidirectional(return_sequences=True) (ReverseV2) with a TimeDistributed head, Keras Masking
-(reduce_any) and Embedding(mask_zero=True) (a tiled bool mask) before a recurrent layer."""
+(reduce_any) and Embedding(mask_zero=True) (a tiled bool mask) before a recurrent layer,
+a softmax cross-entropy of label-smoothed one-hot tags per token (logits of rank 3), tf.einsum
+of one operand (a sum and a transpose)."""
 import cs_inprocess
 import numpy as np
 import pytest
@@ -20,7 +22,10 @@ from wafer.kernels.base import RunContext
     (v.bidirectional_tagger, v.sequence_input_fn, {"slice", "concat"}),
     (v.masked_rnn, v.sequence_input_fn, {"reduce", "tile", "select"}),
     (v.masked_embedding_rnn, v.token_input_fn, {"tile", "select"}),
-], ids=["grouped_conv", "mirror_pad", "bidirectional_time_distributed", "masking", "mask_zero"])
+    (v.smoothed_tagger, v.token_input_fn, {"softmax_cross_entropy_with_logits"}),
+    (v.einsum_pooling, v.token_input_fn, {"reduce", "transpose"}),
+], ids=["grouped_conv", "mirror_pad", "bidirectional_time_distributed", "masking", "mask_zero",
+        "smoothed_tagger", "einsum_of_one_operand"])
 def test_construct_trains_like_tensorflow_and_evaluates_like_the_cpu(tmp_path, model_fn, input_fn,
                                                                     kernels):
     params = {"runconfig": {"tf_random_seed": 4}}

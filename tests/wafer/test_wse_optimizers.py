@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from examples.modelzoo_adamw import AdamWOptimizer
+from wafer.libm import powf
 from wafer.optimizers import OptimizerConfig, make_optimizer, slot_name
 
 F32 = np.float32
@@ -185,11 +186,13 @@ def test_one_step_is_bit_equal_to_tf(case, sparse):
 @pytest.mark.parametrize("case,shape", [
     (c, s) for c in ("adagrad", "rmsprop_momentum", "rmsprop_centered", "adadelta",
                      "proximal_adagrad", "proximal_sgd", "proximal_sgd_l2")
-    for s in ((64,), (64, 1), (64, 12))] + [("ftrl", (64, 12)), ("ftrl_shrinkage", (64, 12))])
+    for s in ((64,), (64, 1), (64, 12))] + [
+    (c, s) for c in ("ftrl", "ftrl_shrinkage") for s in ((64,), (64, 1), (64, 12))])
 def test_sparse_rules_of_narrow_tables_without_vector_rsqrt_are_bit_equal(case, shape):
     """A table of one column takes TF's scalar path (1 / sqrt, exact); Eigen's packets of
     8 floats leave the last 4 of 12 columns to the scalar path too. (FTRL's scalar path
-    raises to the power 0.5 with Eigen's pow: the compiler refuses FTRL on such a table.)"""
+    takes square roots with glibc's powf(x, 0.5), 1 ULP from sqrt for some x: the CS calls
+    the same powf.)"""
     _, ref, (_, var, slots) = run_both(case, sparse=True, shape=shape)
     columns = slice(None) if len(shape) == 1 or shape[1] == 1 else slice(8, None)
     np.testing.assert_array_equal(var[..., columns], ref["var"][..., columns])
@@ -223,3 +226,23 @@ def test_unknown_optimizer_and_bad_adagrad_are_refused():
     with pytest.raises(ValueError, match="FTRL's learning_rate_power is -0.3: the CS carries "
                                          "out -0.5 only"):
         make_optimizer(OptimizerConfig("ftrl", 0.1, lr_power=-0.3, initial_accumulator_value=0.1))
+
+
+def test_ftrl_on_a_table_of_one_column_takes_tfs_powf_square_roots():
+    """TF's sparse FTRL on a table of one column computes sigma = (pow(new, 0.5) -
+    pow(accum, 0.5)) / lr with glibc's powf: on accumulators where powf(x, 0.5) is not the
+    correctly rounded sqrt(x), the CS's step equals TF's bit for bit (and sqrt would not)."""
+    rng = np.random.default_rng(3)
+    candidates = rng.uniform(0.1, 100.0, 400_000).astype(F32)
+    odd = candidates[powf(candidates, 0.5) != np.sqrt(candidates)][:64]
+    assert len(odd) == 64
+    var0 = rng.normal(size=(64, 1)).astype(F32)
+    slots0 = [odd[:, None], rng.normal(size=(64, 1)).astype(F32)]
+    ids, values = np.arange(64)[:, None], (1e-3 * rng.normal(size=(64, 1, 1))).astype(F32)
+    ref = tf_step("ftrl", var0, slots0, {}, ids=ids, values=values)
+    _, var, slots = cs_step("ftrl", var0, slots0, {}, ids=ids, values=values)
+    np.testing.assert_array_equal(var, ref["var"])
+    np.testing.assert_array_equal(slots[1], ref["slots"][1])
+    g, lr = values.reshape(64, 1), F32(0.1)
+    by_sqrt = (slots0[1] + g) - (np.sqrt(odd[:, None] + g * g) - np.sqrt(odd[:, None])) / lr * var0
+    assert not np.array_equal(by_sqrt, ref["slots"][1])

@@ -365,3 +365,39 @@ class IsFinite(Elementwise):
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         return [None], {}
+
+
+@register
+class Bucketize(Elementwise):
+    """tf.raw_ops.Bucketize (Keras Discretization, tf.feature_column.bucketized_column): the
+    index of each value's bucket, the count of `boundaries` at or below it (C++'s
+    upper_bound, as TF's kernel; NaN past the last); int32 output, no gradient."""
+
+    type_name = "bucketize"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
+        super().__init__(name, attrs, input_shapes)
+        if len(self.input_shapes) != 1:
+            raise KernelError(f"kernel {name!r} (bucketize): takes 1 input, got "
+                              f"{len(self.input_shapes)}")
+        self.boundaries = np.asarray(self.attrs.get("boundaries", ()), np.float32)
+        if self.boundaries.ndim != 1 or np.any(np.diff(self.boundaries) < 0):
+            raise KernelError(f"kernel {name!r} (bucketize): boundaries must be a sorted list, "
+                              f"got {self.attrs.get('boundaries')!r}")
+
+    @property
+    def output_shape(self):
+        return self.input_shapes[0]
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32,)])
+        return np.dtype(np.int32)
+
+    def input_differentiable(self, index: int) -> bool:
+        return False
+
+    def forward(self, params, inputs, ctx: RunContext):
+        return np.searchsorted(self.boundaries, inputs[0], side="right").astype(np.int32), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [None], {}

@@ -151,11 +151,6 @@ def _apply_update(op: tf.Operation) -> _Update:
     grad, indices = op.inputs[kind.grad], None
     if kind.indices is not None:
         grad, indices = _dedup(op, grad, op.inputs[kind.indices])
-        dims = [d.size for d in variable_op(op.inputs[0]).get_attr("shape").dim]
-        if kind.optimizer == "ftrl" and int(np.prod(dims[1:])) == 1:
-            raise _fail(op, f"FTRL on {variable_op(op.inputs[0]).name}, a table of one column: "
-                            "TF's sparse kernel then raises to the power 0.5 with Eigen's pow, "
-                            "which the CS does not reproduce (give the table 2 or more columns)")
     return _Update(variable_op(op.inputs[0]).name, op, spec, slots, grad, indices, {op},
                    scheduled)
 

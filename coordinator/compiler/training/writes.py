@@ -7,7 +7,8 @@ wafer.weight_writes); any other write is refused."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -151,10 +152,9 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
     first = updates[0]
     for u in updates[1:]:
         if u.optimizer != first.optimizer or set(u.scheduled) != set(first.scheduled):
-            raise _fail(u.op, f"{u.variable} is trained with {u.optimizer}, but {first.variable} "
-                              f"with {first.optimizer} ('{first.op.name}' at "
-                              f"{user_source(first.op)}); the CS trains every variable with "
-                              "one optimizer")
+            raise _fail(u.op, f"{u.variable} is trained {_difference(u, first)} "
+                              f"('{first.op.name}' at {user_source(first.op)}); the CS trains "
+                              "every variable with one optimizer")
     for a in averages:
         if a.variable not in by_var or by_var[a.variable].op not in set(op_closure(a.op)):
             raise _fail(a.op, f"the ExponentialMovingAverage of {a.variable} does not wait for "
@@ -288,3 +288,19 @@ def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
     update, constants, statistic = found
     return StatisticAverage(target.name, _skip_identity(statistic).name, update, constants,
                             dims, user_source(op))
+
+
+def _difference(u: _Update, first: _Update) -> str:
+    """How u's optimizer differs from first's, in the user's terms."""
+    if u.optimizer.type != first.optimizer.type:
+        return (f"with {u.optimizer.type} (learning rate {u.optimizer.learning_rate:g}), but "
+                f"{first.variable} with {first.optimizer.type} (learning rate "
+                f"{first.optimizer.learning_rate:g})")
+    def shown(value: Any) -> str:
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    differ = [f"{f.name} {shown(getattr(u.optimizer, f.name))} vs "
+              f"{shown(getattr(first.optimizer, f.name))}" for f in fields(u.optimizer)
+              if getattr(u.optimizer, f.name) != getattr(first.optimizer, f.name)]
+    if set(u.scheduled) != set(first.scheduled):
+        differ.append(f"scheduled {sorted(u.scheduled)} vs {sorted(first.scheduled)}")
+    return f"with another {u.optimizer.type} than {first.variable} ({', '.join(differ)})"
