@@ -55,7 +55,7 @@ from wafer.weight_programs import WeightProgram
 from wafer.weight_writes import WeightWrite
 from wafer.weight_writes import apply as write_weight
 from wse_sim import ticks
-from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec, SharedWeight
+from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec, SharedWeight, ahead_kernels
 from wse_sim.shared_weights import SharedWeights
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
@@ -97,6 +97,9 @@ class Region:
     # the consumers' gradients it sums, as (consumer position, input index), in tick order
     inflow: tuple[tuple[int, int], ...] = ()
     half: bool = False  # computes in float16 (wafer.precision)
+    # computes a denominator of the loss from the program's inputs alone: runs over the
+    # whole batch before the batch streams through (wse_sim.program.ahead_kernels)
+    ahead: bool = False
     # the operands its kernel reads: `params`, or when half their float16 rounding (made at
     # Load, then by each update's tiles from the updated float32 master weights)
     compute: dict[str, np.ndarray] = field(default_factory=dict)
@@ -165,6 +168,9 @@ class Pipeline:
                                         for role, var in names.items()},
                                        half=is_half(kernel.attrs) and not kernel.is_loss))
         self.by_name = {r.kernel.name: r for r in self.regions}
+        for name in ahead_kernels(kernels, sources, loss_kernel):
+            self.by_name[name].ahead = True
+        self.ahead = tuple(r for r in self.regions if r.ahead)
         for region in self.regions:
             region.compute = ({role: round_half(p) for role, p in region.params.items()}
                               if region.half else region.params)
@@ -321,6 +327,9 @@ class Pipeline:
             self.optimizer.set_hyper_parameters({  # (a schedule's variables are carried state)
                 s.hyper_parameter: evaluate(s, step, self.carried) for s in self.schedules})
 
+        if self.loss_kernel:
+            self._run_ahead(board, m_count, training)
+
         def work(stage: int, board: Board) -> None:
             if self.dynamic is None:
                 self._run_stage(stage, plan, board, training, backward)
@@ -348,6 +357,32 @@ class Pipeline:
         return StepOutput(loss, {name: np.concatenate([board.items["v", name, i]
                                                        for i in range(m_count)])
                                  for name in outputs}, applied)
+
+    def _run_ahead(self, board: Board, m_count: int, training: bool) -> None:
+        """The loss's denominators of the batch: the regions they are computed from (from
+        the program's inputs alone) run every micro-batch first, leaving their values on the
+        board for the pipeline, and the loss kernel takes the whole batch's inputs."""
+        loss = self.by_name[self.loss_kernel]
+        if not isinstance(loss.kernel, BatchLoss) or not loss.kernel.denominator_inputs:
+            return
+        ctx = RunContext(training=training, batch_size=self.batch_size)
+        for region in self.ahead:
+            for i in range(m_count):
+                self._forward(region, i, board, ctx)
+        loss.kernel.set_batch([np.concatenate([board.get(("v", loss.sources[j], i))
+                                               for i in range(m_count)])
+                               for j in loss.kernel.denominator_inputs])
+
+    def _forward(self, region: Region, i: int, board: Board, ctx: RunContext) -> object:
+        """Micro-batch i's forward pass through `region`: its output on the board, its cache
+        returned."""
+        ctx.rng = region.rng
+        out, cache = region.kernel.forward(
+            region.compute, [board.get(("v", s, i)) for s in region.sources], ctx)
+        if region.half and out.dtype == np.float32 and not region.kernel.rounds_own_output:
+            out = round_half(out)
+        board.put(("v", region.kernel.name, i), out)
+        return cache
 
     def _seed_scale(self, scale: np.float32) -> None:
         """Dynamic loss scaling: this step's backward carries the scale S (its seed and a
@@ -438,13 +473,8 @@ class Pipeline:
                                             for j in range(m_count)])
                     region.statistics = ctx.batch = (
                         region.kernel.batch_statistics(region.params, batch, ctx),)
-                ctx.rng = region.rng
-                out, caches[region.position, i] = region.kernel.forward(
-                    region.compute, [board.get(("v", s, i)) for s in region.sources], ctx)
-                if region.half and out.dtype == np.float32 and \
-                        not region.kernel.rounds_own_output:
-                    out = round_half(out)
-                board.put(("v", region.kernel.name, i), out)
+                if not region.ahead:  # (else its value is on the board: _run_ahead)
+                    caches[region.position, i] = self._forward(region, i, board, ctx)
             else:
                 if region.kernel.batch_barrier and i == 0:
                     self._gradient_statistics(region, m_count, caches, board, ctx)

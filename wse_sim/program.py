@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -223,6 +223,13 @@ def check_program(program: pb.Program) -> CheckedProgram:
                                 not names[program.loss_kernel].is_loss):
         raise invalid(f"program {program.name!r}: loss kernel {program.loss_kernel!r} is not a "
                       f"loss kernel of the program")
+    ahead = set(ahead_kernels(kernels, sources, program.loss_kernel))
+    for k, roles in zip(kernels, variables):
+        if k.name in ahead and (roles or k.draws_random or k.draws_in_inference or
+                                k.batch_barrier):
+            raise invalid(f"program {program.name!r}: kernel {k.name!r} computes a denominator of "
+                          f"the loss from weights, random numbers or batch statistics: a "
+                          f"denominator depends on the program's inputs alone")
     for name in program.outputs:
         if name not in shapes:
             raise invalid(f"program {program.name!r}: output {name!r} is neither an input nor a kernel")
@@ -247,6 +254,22 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           check_moving_averages(program, params), shared,
                           check_dynamic_loss_scale(program, optimizer), program.step_counts_applied,
                           weights, derived, check_weight_writes(program, params, derived))
+
+
+def ahead_kernels(kernels: Sequence[Kernel], sources: Sequence[Sequence[str]],
+                  loss_kernel: str) -> list[str]:
+    """The kernels the loss's denominators are computed from (wafer.kernels.losses'
+    BatchLoss), in program order: the executor runs them over the whole batch before the
+    batch streams through, as they depend on the program's inputs alone."""
+    names = [k.name for k in kernels]
+    if loss_kernel not in names:
+        return []
+    loss = names.index(loss_kernel)
+    needed = {sources[loss][j] for j in getattr(kernels[loss], "denominator_inputs", ())}
+    for k in reversed(range(len(kernels))):
+        if names[k] in needed:
+            needed.update(sources[k])
+    return [name for name in names if name in needed]
 
 
 def check_weight_program(program: pb.Program, params: dict[str, ParamSpec],

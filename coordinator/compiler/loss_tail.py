@@ -8,6 +8,14 @@ weight alone (tf.nn.l2_loss, Keras L2/L1 regularizers, sum(square(w)), sum(abs(w
 the CS computes on the weight's own region. The structure is checked op by op, then the
 coefficients are measured by feeding values into the graph and the linearity is verified
 with fresh values. Anything else is refused naming the op.
+
+A term may be divided by a count or sum of the batch (tf.compat.v1.losses' default
+reduction with per-sample weights, SUM_BY_NONZERO_WEIGHTS: DivNoNan by the count of nonzero
+weights; MEAN: by their sum; a hand-written sum(l * mask) / sum(mask)): d = e_0 + sum_k e_k *
+sum(U_k), the U_k per-sample tensors computed from the program's inputs alone (never from
+the model's outputs or weights), so the CS knows d before the batch's backward pass
+(wafer.kernels.losses.BatchLoss). Feeding the denominators proves which terms each divides
+and measures the rest as above.
 """
 from __future__ import annotations
 
@@ -17,9 +25,10 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import user_source
+from coordinator.compiler.extract import SHAPE_OPS, user_source
 from coordinator.compiler.ir import KernelNode, UnsupportedOp
 from coordinator.compiler.operands import static_shape
+from coordinator.compiler.random_numbers import is_draw
 from coordinator.compiler.rules import TailContext
 
 # Ops allowed between the batch reductions (and weight terms) and the loss: linear ones.
@@ -28,10 +37,10 @@ TAIL_OPS = {"Sum", "Mean", "Mul", "RealDiv", "Div", "DivNoNan", "AddV2", "Add", 
 # Weight terms: op type of the base -> (regularizer kind, factor), see _weight_base.
 WEIGHT_TERM_OPS = {"Mul", "RealDiv", "AddV2", "Add", "AddN", "Neg", "Identity", "Cast"}
 RTOL = 1e-4
-COUNTED = ("; it is divided by a count or sum of the batch's values (tf.compat.v1.losses' default "
-           "reduction with per-sample weights divides by the count of nonzero weights): pass "
-           "reduction=tf.compat.v1.losses.Reduction.SUM_OVER_BATCH_SIZE, or write "
-           "tf.reduce_mean(weights * losses)")
+# Divisions of the loss by a value of the batch (a count or sum of per-sample weights).
+DIVISIONS = {"DivNoNan": True, "RealDiv": False, "Div": False}  # -> 0 where the divisor is 0
+# Ops of a denominator's upstream that make it the model's, not the inputs' (see _model_op).
+VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
 # A tail computing in float16 (a mixed_float16 loss) is measured to float16's precision:
 # a few units in its last place (2 ** -11).
 HALF_RTOL = 4e-3
@@ -90,6 +99,12 @@ def _weight_terms(m: TailContext, tensor: tf.Tensor, bases: list, reasons: list)
 def lower_loss(m: TailContext, loss: tf.Tensor) -> tuple[str, dict[str, list[tuple[str, float]]]]:
     """Add the `loss` kernel for the batch reduction; return its name and the regularizers
     by variable (kind, scale). Problems are added to m.unsupported."""
+    with tf.compat.v1.Session(graph=m.graph) as session:  # (one for every measurement)
+        return _lower_loss(m, loss, session)
+
+
+def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
+                ) -> tuple[str, dict[str, list[tuple[str, float]]]]:
     if loss.name not in m.tail:
         return _reject(m, loss.op, "the loss is not reduced over the batch from per-sample "
                                    "values (e.g. tf.reduce_mean of per-sample losses)")
@@ -111,12 +126,48 @@ def lower_loss(m: TailContext, loss: tf.Tensor) -> tuple[str, dict[str, list[tup
     frontier = list(dict.fromkeys(m.frontier))
     half = any(t.dtype == tf.float16 for t in frontier) or \
         any(t.dtype == tf.float16 for op in ops for t in op.outputs)
-    coefficients = _measure(m, loss, frontier, [b[0] for b in bases],
-                            HALF_RTOL if half else RTOL)
+    rtol = HALF_RTOL if half else RTOL
+    divisions = list({op.inputs[1].name: op for op in ops if op.type in DIVISIONS
+                      and op.inputs[1].name in m.tail}.values())
+    for op in divisions:
+        for t in _summed(m, op.inputs[1]):
+            model = _model_op(t)
+            if model is not None:
+                return _reject(m, op, f"the loss is divided by a value computed from the model's "
+                                      f"outputs or weights ({model.type} '{model.name}' at "
+                                      f"{user_source(model)}): the CS divides by a count or sum "
+                                      "of the batch's inputs and labels only")
+    fixed = {op.inputs[1]: np.float32(1.0) for op in divisions}
+    coefficients = _measure(session, loss, frontier, [b[0] for b in bases], rtol, fixed)
     if isinstance(coefficients, str):
-        counted = any(op.type == "DivNoNan" and m.operands.constant(op.inputs[1]) is None
-                      for op in ops)
-        return _reject(m, loss.op, coefficients + (COUNTED if counted else ""))
+        return _reject(m, loss.op, coefficients)
+    divided_by = [-1] * len(coefficients)
+    for r, op in enumerate(divisions):  # which terms each divides: halved with it doubled
+        doubled = _measure(session, loss, frontier, [b[0] for b in bases], rtol,
+                           {**fixed, op.inputs[1]: np.float32(2.0)})
+        for j, c2 in enumerate(doubled if not isinstance(doubled, str) else [None]):
+            c = coefficients[j]
+            if c2 is None or not (np.isclose(c2, c, rtol=rtol) or (
+                    divided_by[j] < 0 and np.isclose(c2, c / 2, rtol=rtol))):
+                return _reject(m, op, "the loss is not a sum of per-sample values divided by "
+                                      "a count or sum of the batch (not linear in them)")
+            if c and not np.isclose(c2, c, rtol=rtol):
+                divided_by[j] = r
+    if any(r >= 0 for r in divided_by[len(frontier):]):
+        return _reject(m, divisions[0], "a weight penalty is divided by a count or sum of the "
+                                        "batch: add penalties to the loss after the division")
+    denominators = []
+    for op in divisions:
+        summed = _summed(m, op.inputs[1])
+        form = _measure(session, op.inputs[1], summed, [], rtol, affine=True)
+        if isinstance(form, str):
+            return _reject(m, op, form.replace("the loss", "the divisor"))
+        denominators.append((op, summed, form))
+    if divisions:
+        problem = _check_ratio(session, loss, frontier, [b[0] for b in bases],
+                               coefficients[:len(frontier)], divided_by, denominators, rtol)
+        if problem:
+            return _reject(m, loss.op, problem)
     data_c, weight_c = coefficients[:len(frontier)], coefficients[len(frontier):]
     params = {p.variable for k in m.kernels for p in k.params} | m.weight_program_sources()
     regularizers: dict[str, list[tuple[str, float]]] = {}
@@ -125,33 +176,78 @@ def lower_loss(m: TailContext, loss: tf.Tensor) -> tuple[str, dict[str, list[tup
             return _reject(m, tensor.op, f"penalises {weight.variable}, which no layer on the CS "
                                          "uses")
         regularizers.setdefault(weight.variable, []).append((kind, float(c * factor)))
-    return _loss_kernel(m, loss, frontier, data_c), regularizers
+    return _loss_kernel(m, loss, frontier, data_c, divided_by[:len(frontier)],
+                        denominators), regularizers
 
 
-def _measure(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
-             bases: list[tf.Tensor], rtol: float = RTOL) -> list[float] | str:
-    """The coefficients c of loss = sum_i c_i * sum(x_i), measured and verified by feeding."""
+def _summed(m: TailContext, tensor: tf.Tensor) -> list[tf.Tensor]:
+    """The per-sample tensors whose batch sums `tensor` (of the tail) is computed from."""
+    return list(dict.fromkeys(t for op in _tail_ops(m, tensor) for t in op.inputs
+                              if m.is_batched(t)))
+
+
+def _model_op(tensor: tf.Tensor) -> tf.Operation | None:
+    """A variable or random draw `tensor`'s value is computed from (through data, not
+    shapes: tf.ones_like(losses) reads a shape), or None: from the inputs alone."""
+    seen, stack = set(), [tensor.op]
+    while stack:
+        op = stack.pop()
+        if op in seen or op.type in SHAPE_OPS:
+            continue
+        seen.add(op)
+        if op.type in VARIABLE_OPS or is_draw(op):
+            return op
+        stack.extend(t.op for t in op.inputs)
+    return None
+
+
+def _check_ratio(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.Tensor],
+                 bases: list[tf.Tensor], coefficients: Sequence[float], divided_by: Sequence[int],
+                 denominators: list, rtol: float) -> str:
+    """'' if the loss is sum_j c_j sum(T_j) / d_r(j) with fresh values of every per-sample
+    tensor (the denominators computed by the graph from theirs); else what is not."""
+    rng = np.random.default_rng(1)
+    values = {t: _draw(rng, t, static_shape(t), 0.5, 2.0) for t in frontier}
+    values.update({t: np.zeros(static_shape(t), np.float32) for t in bases})
+    sums = {t.name: float(v.sum(dtype=np.float64)) for t, v in values.items()}
+    d = [offset + sum(e * sums[t.name] for e, t in zip(form, summed))
+         for _, summed, (offset, *form) in denominators]
+    want = sum(c * sums[t.name] / (d[r] if r >= 0 else 1.0)
+               for t, c, r in zip(frontier, coefficients, divided_by))
+    got = float(session.run(loss, values))
+    if not np.isclose(got, want, rtol=rtol, atol=1e-6 if rtol == RTOL else rtol):
+        return "the loss is not a sum of per-sample values divided by a count or sum of the batch"
+    return ""
+
+
+def _measure(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.Tensor],
+             bases: list[tf.Tensor], rtol: float = RTOL, fixed: dict | None = None,
+             affine: bool = False) -> list[float] | str:
+    """The coefficients c of loss = sum_i c_i * sum(x_i), measured and verified by feeding
+    (with the `fixed` tensors fed their values); `affine`: [c_0, c_1, ...] of
+    c_0 + sum_i c_i * sum(x_i)."""
     rng = np.random.default_rng(0)
     feeds = frontier + bases
     shapes = [static_shape(t) for t in feeds]
-    zeros = {t: np.zeros(s, np.float32) for t, s in zip(feeds, shapes)}
+    zeros = {**{t: np.zeros(s, np.float32) for t, s in zip(feeds, shapes)}, **(fixed or {})}
 
     def evaluate(values: dict) -> float:
-        with tf.compat.v1.Session(graph=m.graph) as session:
-            return float(session.run(loss, {**zeros, **values}))
+        return float(session.run(loss, {**zeros, **values})) - base
 
     try:
+        base = 0.0
         offset = evaluate({})
-        if abs(offset) > 1e-6:
+        if abs(offset) > 1e-6 and not affine:
             return f"the loss adds a constant ({offset:g}) to the sum of per-sample values"
+        base = offset if affine else 0.0
         coefficients, draws = [], []
         for t, s in zip(feeds, shapes):
-            value = rng.uniform(0.5, 2.0, s).astype(np.float32)
+            value = _draw(rng, t, s, 0.5, 2.0)
             coefficients.append(exact(evaluate({t: value}) / float(value.sum(dtype=np.float64)),
                                       rtol / 2 if rtol > RTOL else 1e-5))
             draws.append(value)
         for t, s, c in zip(feeds, shapes, coefficients):  # linear in each, with fresh values
-            value = rng.uniform(-2.0, 2.0, s).astype(np.float32)
+            value = _draw(rng, t, s, -2.0, 2.0)
             if not np.isclose(evaluate({t: value}), c * float(value.sum(dtype=np.float64)),
                               rtol=rtol, atol=1e-6 if rtol == RTOL else rtol):
                 return f"the loss is not a sum or mean of the values of {t.name} (not linear)"
@@ -161,7 +257,16 @@ def _measure(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
             return "the loss's terms are not added (the loss is not linear in them)"
     except tf.errors.OpError as error:
         return f"the loss could not be evaluated from its per-sample values ({error.message})"
-    return coefficients
+    return [exact(offset), *coefficients] if affine else coefficients
+
+
+def _draw(rng: np.random.Generator, t: tf.Tensor, shape: tuple[int, ...], low: float,
+          high: float) -> np.ndarray:
+    """Values in [low, high] for `t`: float32, or whole numbers for an integer tensor (a
+    count: tf.math.count_nonzero)."""
+    if t.dtype.is_integer:
+        return rng.integers(int(np.ceil(low)), int(high) + 1, shape).astype(t.dtype.as_numpy_dtype)
+    return rng.uniform(low, high, shape).astype(np.float32)
 
 
 def exact(c: float, rtol: float = 1e-5) -> float:
@@ -175,11 +280,40 @@ def exact(c: float, rtol: float = 1e-5) -> float:
 
 
 def _loss_kernel(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
-                 coefficients: Sequence[float]) -> str:
-    """One `loss` kernel summing scale * per-sample values (several terms combined first)."""
-    if len(frontier) == 1:
-        return m.add_kernel("loss", "loss", [frontier[0]], {"scale": float(coefficients[0])}, [],
-                            [], loss, output_shape=(), source_op=loss.op).name
+                 coefficients: Sequence[float], divided_by: Sequence[int] = (),
+                 denominators: Sequence = ()) -> str:
+    """One `loss` kernel summing scale * per-sample values (several terms combined first),
+    each group of terms divided by its denominator (wafer.kernels.losses.BatchLoss)."""
+    if not denominators:
+        if len(frontier) == 1:
+            return m.add_kernel("loss", "loss", [frontier[0]], {"scale": float(coefficients[0])},
+                                [], [], loss, output_shape=(), source_op=loss.op).name
+        return m.add_kernel("loss", "loss", [_combined(m, loss, frontier, coefficients)],
+                            {"scale": 1.0}, [], [], loss, output_shape=(), source_op=loss.op).name
+    divided_by = list(divided_by)
+    groups = sorted({r for r, c in zip(divided_by, coefficients) if c})
+    inputs: list = []
+    for r in groups:
+        terms = [(t, c) for t, c, g in zip(frontier, coefficients, divided_by) if g == r and c]
+        inputs.append(_combined(m, loss, [t for t, _ in terms], [c for _, c in terms]))
+    summed = list(dict.fromkeys(t for _, ts, _ in denominators for t in ts))
+    table = np.zeros((len(denominators), 1 + len(summed)))
+    for r, (_, ts, (offset, *form)) in enumerate(denominators):
+        table[r, 0] = offset
+        for t, e in zip(ts, form):
+            table[r, 1 + summed.index(t)] = e
+    attrs = {"scale": 1.0, "divided_by": groups, "denominators": table,
+             "div_no_nan": [int(DIVISIONS[op.type]) for op, _, _ in denominators]}
+    return m.add_kernel("loss", "loss", inputs + summed, attrs, [], [], loss, output_shape=(),
+                        source_op=loss.op).name
+
+
+def _combined(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
+              coefficients: Sequence[float]) -> str | tf.Tensor:
+    """A per-sample value whose batch sum is sum_j c_j * sum(T_j): T itself with c 1, else
+    kernels summing each T_j over its sample, scaling and adding them."""
+    if len(frontier) == 1 and coefficients[0] == 1.0:
+        return frontier[0]
     total = None
     for t, c in zip(frontier, coefficients):
         shape = m.shape(t)
@@ -195,8 +329,8 @@ def _loss_kernel(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
             name = m.add_kernel("loss/add", "binary", [total, name], {"op": "add", "operands": "ii"},
                                 [], [], None, output_shape=(), source_op=loss.op).name
         total = name
-    return m.add_kernel("loss", "loss", [total], {"scale": 1.0}, [], [], loss, output_shape=(),
-                        source_op=loss.op).name
+    assert total is not None
+    return total
 
 
 def attach_regularizers(kernels: Sequence[KernelNode],

@@ -187,7 +187,7 @@ def _is_identity(kind: str, letters: str, attrs: dict, op: tf.Operation) -> bool
     neutral = {"mul": 1, "div": 1, "add": 0, "sub": 0}.get(kind)
     if kind in ("div", "sub") and letters == "ci":
         return False
-    return neutral is not None and value.size == 1 and float(value) == neutral
+    return neutral is not None and value.size == 1 and value.item() == neutral
 
 
 @generic("AddN")
@@ -602,7 +602,11 @@ def supported_table() -> str:
     lines.append("| `loss` (the batch reduction) | any sum or mean over the batch of per-sample "
                  "values (tf.compat.v1.losses.* with constant weights, label smoothing, "
                  "hand-written MSE) plus L2/L1 penalties of single weights (tf.nn.l2_loss, "
-                 "Keras regularizers), proven linear by the compiler |")
+                 "Keras regularizers), proven linear by the compiler; divided by a count or sum "
+                 "of the batch computed from its inputs and labels alone (tf.compat.v1.losses' "
+                 "default SUM_BY_NONZERO_WEIGHTS and MEAN with per-sample weights: class weights "
+                 "by label, a padding mask; sum(l * mask) / sum(mask)), known before the batch "
+                 "streams through |")
     lines.append("| weights (shared, viewed) | a weight read by several kernels (tied input/output "
                  "embeddings, a Keras layer called twice, an unrolled LSTM's cell at every step) "
                  "lives in one region, its uses' gradients summed before the one update; a "

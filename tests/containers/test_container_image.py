@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -66,16 +68,27 @@ def test_csrun_cpu_validates_inside_the_image(tmp_path, container_image):
     assert_inside(report, container_image)
 
 
-@pytest.fixture(scope="module")
-def host_losses(tmp_path_factory) -> dict[int, float]:
+def host_run(folder: Path) -> dict[int, float]:
     """The losses of FC-MNIST's short run (TRAIN) under csrun_wse on the host, 3 tasks."""
-    folder = tmp_path_factory.mktemp("host")
     params = fc_mnist_params(folder, steps=6, every=3)
     host = run(["csrun_wse", "--tasks-per-node", "3", "--job-dir", str(folder / "host-job"), "--",
                 "python", "run.py", "--mode", "train", "-p", str(params), "-o", str(folder / "host-model")], ENV)
     assert host.returncode == 0, host.stdout + host.stderr
     assert len(losses(host.stdout)) == 6
     return losses(host.stdout)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def host_run_meanwhile(tmp_path_factory) -> Iterator[Future]:
+    """The host run starts with the module, before the image is built (on a fresh machine the
+    build, mostly downloads and unpacking, takes minutes; the host run meanwhile)."""
+    with ThreadPoolExecutor(1) as meanwhile:
+        yield meanwhile.submit(host_run, tmp_path_factory.mktemp("host"))
+
+
+@pytest.fixture(scope="module")
+def host_losses(host_run_meanwhile) -> dict[int, float]:
+    return host_run_meanwhile.result()
 
 
 def test_csrun_wse_trains_fc_mnist_inside_the_image_with_the_host_losses(tmp_path, container_image,

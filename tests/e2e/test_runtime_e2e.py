@@ -182,15 +182,17 @@ def test_cs_checkpoint_evaluates_the_same_on_the_cpu_and_the_cs(cs_run):
     assert cs["loss"] == pytest.approx(cpu["loss"], rel=1e-4)
 
 
-def test_cs_predictions_equal_the_cpu_paths(cs_run):
-    args = ["--mode", "predict", "-p", cs_run.params, "-o", cs_run.model_dir]
-    target = cs_run.model_dir / "predict" / f"predictions-{STEPS}.npz"
-    in_process(args)
-    with np.load(target) as f:
+def test_cs_predictions_equal_the_cpu_paths(cs_run, tmp_path):
+    """Both paths predict at once from the CS run's checkpoint (the CPU path from a copy of
+    its model_dir: each writes model_dir/predict/)."""
+    copy = tmp_path / "model"
+    shutil.copytree(cs_run.model_dir, copy, ignore=shutil.ignore_patterns(".csrun.lock", "predict"))
+    args = ["--mode", "predict", "-p", cs_run.params, "-o"]
+    together(partial(in_process, [*args, copy]),
+             partial(csrun_wse, cs_run.folder / "predict_job", 2, [*args, cs_run.model_dir]))
+    with np.load(copy / "predict" / f"predictions-{STEPS}.npz") as f:
         cpu = dict(f)
-    target.unlink()
-    csrun_wse(cs_run.folder / "predict_job", 2, args)
-    with np.load(target) as f:
+    with np.load(cs_run.model_dir / "predict" / f"predictions-{STEPS}.npz") as f:
         cs = dict(f)
     assert set(cs) == set(cpu) and cpu
     for key in cpu:

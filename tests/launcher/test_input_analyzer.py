@@ -203,14 +203,20 @@ def test_mount_dirs_without_a_container_say_they_are_unused(tmp_path, monkeypatc
         capfd.readouterr().err
 
 
-@pytest.mark.parametrize("cli", ["launcher.input_analyzer", "launcher.csrun_wse", "launcher.csrun_cpu"])
-@pytest.mark.parametrize("args", [["--help"], ["--no-such-flag"]])
-def test_help_and_argument_errors_answer_before_tensorflow_is_imported(cli, args):
-    probe = (f"import sys\nfrom {cli} import main\ntry:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
-             "print('tensorflow imported:', 'tensorflow' in sys.modules)")
+def test_help_and_argument_errors_answer_before_tensorflow_is_imported():
+    """Each CLI's --help and a bad flag, one after the other in one fresh interpreter: after
+    each, TensorFlow is still not imported."""
+    calls = [(cli, args) for cli in ("launcher.input_analyzer", "launcher.csrun_wse", "launcher.csrun_cpu")
+             for args in (["--help"], ["--no-such-flag"])]
+    probe = "import importlib, sys\n" + "".join(
+        f"try:\n    importlib.import_module({cli!r}).main({args!r})\nexcept SystemExit:\n    pass\n"
+        f"print({cli!r}, {args[0]!r}, 'tensorflow imported:', 'tensorflow' in sys.modules)\n"
+        for cli, args in calls)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.stdout.splitlines()[-1] == "tensorflow imported: False", done.stdout + done.stderr
+    answers = [line for line in done.stdout.splitlines() if "tensorflow imported:" in line]
+    assert answers == [f"{cli} {args[0]} tensorflow imported: False" for cli, args in calls], \
+        done.stdout + done.stderr
 
 
 PROGRESS = re.compile(r"^global step \d+: loss = \S+ \(([\d.]+) steps/sec\)", re.M)

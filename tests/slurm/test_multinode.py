@@ -23,7 +23,7 @@ from tf_model import checkpoints
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.slow]
 
-STEPS, EVERY = 240, 10
+STEPS, EVERY = 60, 10  # each of the 5 input workers streams 12 batches over the bridge
 
 # An MLP on scikit-learn's 8x8 digits, written the way a user writes one (Keras layers, a
 # tf.compat.v1 loss and optimizer); no example of the repository has it.

@@ -92,7 +92,17 @@ class SoftmaxCrossEntropyWithLogits(Kernel):
 class BatchLoss(Kernel):
     """The loss: scale * the sum of its input over a sample, one value per sample, so the
     batch's values add up to scale * sum(T) (scale 1 / elements of the batch for a mean).
-    Its backward takes no upstream gradient: scale, shaped like T."""
+    Its backward takes no upstream gradient: scale, shaped like T.
+
+    Divided by a count or sum of the batch (tf.compat.v1.losses' default reduction with
+    per-sample weights: sum(w * l) / count_nonzero(w), DivNoNan; MEAN's sum(w); a masked
+    mean sum(l * mask) / sum(mask)): the inputs are T_1..T_n, then U_1..U_k; `divided_by[j]`
+    names the denominator of T_j (-1: none), and denominator r is d_r = offset_r + sum_k
+    weights[r, k] * sum(U_k) over the whole batch (`denominators`: one row (offset, weights)
+    each; `div_no_nan[r]`: 0 where d_r is 0, else TF's x / 0). The U inputs depend on the
+    program's inputs alone (the executor computes them ahead of the batch): `set_batch`
+    takes them before the batch's first micro-batch, so each sample's value is
+    scale * sum(T_j) / d_r and its seed scale / d_r, as TF's DivNoNan and its gradient."""
 
     type_name = "loss"
     is_loss = True
@@ -100,11 +110,25 @@ class BatchLoss(Kernel):
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
         scale = self.attrs.get("scale")
-        if len(self.input_shapes) != 1 or isinstance(scale, bool) or \
-                not isinstance(scale, (int, float)) or not math.isfinite(scale):
-            raise KernelError(f"kernel {name!r} (loss): takes 1 input and a finite number attr "
-                              f"scale, got {len(self.input_shapes)} inputs and scale {scale!r}")
+        divided_by = self.attrs.get("divided_by", [-1])
+        table = np.asarray(self.attrs.get("denominators", np.zeros((0, 1))), np.float64)
+        no_nan = self.attrs.get("div_no_nan", [])
+        n = len(divided_by) if isinstance(divided_by, list) else 0
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
+                not math.isfinite(scale) or n < 1 or table.ndim != 2 or \
+                len(self.input_shapes) != n + table.shape[1] - 1 or \
+                any(not -1 <= r < len(table) for r in divided_by) or \
+                not isinstance(no_nan, list) or len(no_nan) != len(table) or \
+                not np.isfinite(table).all():
+            raise KernelError(f"kernel {name!r} (loss): takes its per-sample values (one input, "
+                              f"or one per entry of divided_by), then a denominator's inputs "
+                              f"(denominators: a row of 1 + their count each, div_no_nan a flag "
+                              f"each) and a finite number attr scale, got "
+                              f"{len(self.input_shapes)} inputs, scale {scale!r}, divided_by "
+                              f"{divided_by!r}, denominators of shape {table.shape}")
         self.scale = np.float32(scale)
+        self.divided_by, self.table, self.no_nan = list(divided_by), table, [bool(f) for f in no_nan]
+        self.terms = n
         # loss scaling into a float16 backward: the gradient seeded with loss_scale x the
         # loss's (the optimizer divides it out); 1 for float32 programs (folded away)
         loss_scale = self.attrs.get("loss_scale", 1.0)
@@ -113,17 +137,45 @@ class BatchLoss(Kernel):
             raise KernelError(f"kernel {name!r} (loss): loss_scale must be a positive finite "
                               f"number, got {loss_scale!r}")
         self.seed = np.float32(self.scale * np.float32(loss_scale))
+        self.denominators = np.ones(len(table), np.float32)  # this batch's (set_batch)
+
+    @property
+    def denominator_inputs(self) -> range:
+        """The inputs the denominators sum over the batch (after the per-sample values)."""
+        return range(self.terms, len(self.input_shapes))
 
     def set_loss_scale(self, loss_scale: np.float32) -> None:
         """Seed the next backward with this loss scale (dynamic loss scaling: per step)."""
         self.seed = np.float32(self.scale * np.float32(loss_scale))
 
+    def set_batch(self, inputs: Sequence[np.ndarray]) -> None:
+        """The batch's denominators from the whole batch's denominator inputs (in order)."""
+        sums = np.array([1.0] + [float(np.sum(u, dtype=np.float64)) for u in inputs])
+        self.denominators = (self.table @ sums).astype(np.float32)
+
+    def _divide(self, x: np.ndarray, r: int) -> np.ndarray:
+        if r < 0:
+            return x
+        d = self.denominators[r]
+        if d == 0 and self.no_nan[r]:
+            return np.zeros_like(x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return x / d
+
     @property
     def output_shape(self):
         return ()
 
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32,)] * self.terms +
+                     [(np.float32,) + INTEGER + (np.bool_,)] * len(self.denominator_inputs))
+        return np.dtype(np.float32)
+
+    def input_differentiable(self, index: int) -> bool:
+        return index < self.terms
+
     def flops_per_sample(self) -> float:
-        return float(math.prod(self.input_shapes[0]))
+        return float(sum(math.prod(s) for s in self.input_shapes))
 
     def max_cores(self) -> int:
         return max_cores_for(self.flops_per_sample())
@@ -132,8 +184,15 @@ class BatchLoss(Kernel):
         return 0
 
     def forward(self, params, inputs, ctx: RunContext):
-        t = inputs[0]
-        return self.scale * t.reshape(len(t), -1).sum(axis=1), t.shape
+        values = None
+        for j, t in enumerate(inputs[:self.terms]):
+            value = self._divide(self.scale * t.reshape(len(t), -1).sum(axis=1),
+                                 self.divided_by[j])
+            values = value if values is None else values + value
+        return values, [t.shape for t in inputs[:self.terms]]
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        return [np.full(cache, self.seed, np.float32)], {}
+        grads: list[np.ndarray | None] = [
+            np.full(shape, self._divide(np.asarray(self.seed), r), np.float32)
+            for shape, r in zip(cache, self.divided_by)]
+        return grads + [None] * len(self.denominator_inputs), {}
