@@ -65,6 +65,7 @@ def test_biases_before_batch_normalization_get_the_exact_zero(trained):
     cs_inprocess.assert_same_training(trained)  # the biases against their start, the rest against TF
 
 
+@pytest.mark.slow
 def test_a_bias_that_also_reaches_the_loss_past_the_normalization_keeps_its_gradient():
     with tempfile.TemporaryDirectory() as model_dir:
         result = cs_inprocess.compare(model_fn, input_fn, {**PARAMS, "residual": True},
