@@ -28,8 +28,20 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# Two lanes at once (each about half the suite; the machine has two cores and the cluster
+# lane spends much of its time waiting on Slurm, containers and subprocesses): the cluster
+# lane (Slurm, multinode, container, then the end-to-end runs) logs to $(LANE_LOG), shown
+# when both have ended; the test fails if either lane fails.
+CLUSTER_TIERS := slurm or multinode or container
+LANE_LOG := .cache/test-cluster-lane.log
 test: lint
-	$(PY) -m pytest -q --durations=25
+	@mkdir -p .cache; echo "cluster lane: $(LANE_LOG)"
+	@( $(PY) -m pytest -q --durations=10 -m "$(CLUSTER_TIERS)"; tiers=$$?; \
+	   $(PY) -m pytest -q --durations=10 -m "not ($(CLUSTER_TIERS))" tests/e2e; exit $$(( tiers || $$? )) ) \
+	  > $(LANE_LOG) 2>&1 & lane=$$!; \
+	$(PY) -m pytest -q --durations=15 -m "not ($(CLUSTER_TIERS))" --ignore=tests/e2e; rest=$$?; \
+	wait $$lane; cluster=$$?; echo "---- cluster lane ----"; cat $(LANE_LOG); \
+	echo "in-process lane exit $$rest, cluster lane exit $$cluster"; exit $$(( rest || cluster ))
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not slurm"

@@ -102,7 +102,8 @@ class Barrier:
 
     name: str
     passes: int  # 2 when training (forward and backward), else 1
-    sync_seconds: float  # the reductions of all passes
+    sync_seconds: float  # the reductions (transfers) of all passes
+    holds: str = "the whole batch's statistics"  # what it gathers (Kernel.barrier_holds)
 
     def stall_seconds(self, batch_size: int, samples_per_sec: float, replicas: int = 1) -> float:
         """passes x (B - R) / X + the reductions: what the barrier adds to a step."""
@@ -112,14 +113,20 @@ class Barrier:
 
 def barrier(kernel: Any, region: RegionLike, fabric: Fabric, *, training: bool,
             span_hops: int = 0) -> Barrier:
-    """Each pass: BARRIER_REDUCTIONS reductions of the C channels' sums, every one crossing
-    the region to a corner and back (2 (width + height) hops; with replicas, the batch's
-    statistics span them: 2 x `span_hops` more) with C x 4 B through one link."""
+    """Each pass: its transfers (`Kernel.barrier_transfers`; BatchNormalization's:
+    BARRIER_REDUCTIONS reductions of the C channels' sums; an in-batch product's: the whole
+    batch of an operand or gradient), every one crossing the region to a corner and back
+    (2 (width + height) hops; with replicas, the batch's values span them: 2 x `span_hops`
+    more) with its values x 4 B through one link."""
     passes = 2 if training else 1
-    channels = int(kernel.output_shape[-1]) if kernel.output_shape else 1
-    cycles = 2 * (int(region.width) + int(region.height) + span_hops) + \
-        channels * BYTES_PER_VALUE / fabric.link_bytes_per_cycle
-    return Barrier(kernel.name, passes, passes * BARRIER_REDUCTIONS * cycles / fabric.clock_hz)
+    transfers = kernel.barrier_transfers()
+    if transfers is None:
+        channels = int(kernel.output_shape[-1]) if kernel.output_shape else 1
+        transfers = (channels,) * BARRIER_REDUCTIONS
+    cycles = sum(2 * (int(region.width) + int(region.height) + span_hops)
+                 + values * BYTES_PER_VALUE / fabric.link_bytes_per_cycle for values in transfers)
+    return Barrier(kernel.name, passes, passes * cycles / fabric.clock_hz,
+                   kernel.barrier_holds)
 
 
 @dataclass(frozen=True)

@@ -376,7 +376,7 @@ class Pipeline:
     def _forward(self, region: Region, i: int, board: Board, ctx: RunContext) -> object:
         """Micro-batch i's forward pass through `region`: its output on the board, its cache
         returned."""
-        ctx.rng = region.rng
+        ctx.rng, ctx.offset = region.rng, i * self.micro
         out, cache = region.kernel.forward(
             region.compute, [board.get(("v", s, i)) for s in region.sources], ctx)
         if region.half and out.dtype == np.float32 and not region.kernel.rounds_own_output:
@@ -469,10 +469,10 @@ class Pipeline:
             ctx.batch = region.statistics
             if forward:
                 if region.kernel.batch_barrier and i == 0:
-                    batch = np.concatenate([board.get(("v", region.sources[0], j))
-                                            for j in range(m_count)])
+                    wholes = [np.concatenate([board.get(("v", source, j)) for j in range(m_count)])
+                              for source in region.sources]
                     region.statistics = ctx.batch = (
-                        region.kernel.batch_statistics(region.params, batch, ctx),)
+                        region.kernel.batch_statistics(region.params, wholes, ctx),)
                 if not region.ahead:  # (else its value is on the board: _run_ahead)
                     caches[region.position, i] = self._forward(region, i, board, ctx)
             else:

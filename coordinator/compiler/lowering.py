@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import fast_paths, lowering_spatial, random_numbers, sequences
+from coordinator.compiler import fast_paths, in_batch, lowering_spatial, random_numbers, sequences
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.elementwise import ARITHMETIC
@@ -54,7 +54,8 @@ REFUSED = {
     "While loops": "tf.while_loop (the CS pipelines one pass per sample; Keras' LSTM, GRU and "
                    "SimpleRNN over fixed-length sequences are unrolled by the compiler)",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
-                          "outside the loss",
+                          "outside the loss, but BatchNormalization's moments and the in-batch "
+                          "products above (e.g. Barlow Twins' tf.matmul(za, zb, transpose_a=True))",
     **random_numbers.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
                                "meets the samples (e.g. tf.sort(w)), or in "
@@ -293,6 +294,8 @@ def _reshape(m: Context, op: tf.Operation) -> str:
 @generic("Transpose")
 def _transpose(m: Context, op: tf.Operation) -> str:
     perm = m.operands.constant(op.inputs[1])
+    if in_batch.transpose(m, op, perm):
+        return ""
     if perm is None or int(perm[0]) != 0:
         return sequences.time_major_unstack(m, op)
     if not has_kernel("transpose"):
@@ -346,8 +349,7 @@ def _matmul(m: Context, op: tf.Operation) -> str:
     if op.type == "MatMul":
         flags = (bool(op.get_attr("transpose_a")), bool(op.get_attr("transpose_b")))
         if m.is_batched(a) and m.is_batched(b):
-            return ("multiplies two per-sample matrices of rank 2 (a [batch, n] x [n, batch] "
-                    "product mixes samples); use tf.matmul on [batch, m, n] tensors")
+            return in_batch.product(m, op, *flags)
         if flags[0] and m.is_batched(a) or flags[1] and m.is_batched(b):
             return "transposes the batch axis of a per-sample operand"
     else:
@@ -583,7 +585,7 @@ def supported_table() -> str:
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
-               **random_numbers.KERNEL_ROWS}.items()]
+               **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "

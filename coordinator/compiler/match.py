@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler import fast_paths, loss_tail, lowering, precision, random_numbers, refusals
+from coordinator.compiler import fast_paths, in_batch, loss_tail, lowering, precision, random_numbers, refusals
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
@@ -288,6 +288,8 @@ class Matcher:
             if op.type in lowering.RECURRENT or random_numbers.is_draw(op):
                 lowering.lower_generic(self, op)
                 continue
+            if op.type in lowering.BINARY or op.type in in_batch.PAIRING:
+                in_batch.sample_constants(self, op)
             if fast_paths.match_batch_norm_training(self, op) or self._enters_tail(op):
                 continue
             if self.match_alias(op) or any(rule(self, op) for rule in FAST_PATHS):

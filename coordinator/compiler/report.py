@@ -265,9 +265,9 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
            if model.weight_program is not None else "")
         + (f" + batch barriers {1e6 * t.barrier_seconds(batch_size):.3f} us" if t.barriers
            else "") + f" ({_n(1 / step)} steps/s)",
-        *[f"  Batch barrier: {b.name} (the whole batch's statistics): the batch waits "
+        *[f"  Batch barrier: {b.name} ({b.holds}): the batch waits "
           f"{b.passes} x {batch_size - t.replicas} x {1e9 / t.samples_per_sec:.1f} ns + "
-          f"reductions {1e6 * b.sync_seconds:.3f} us = "
+          f"transfers {1e6 * b.sync_seconds:.3f} us = "
           f"{1e6 * b.stall_seconds(batch_size, t.samples_per_sec, t.replicas):.3f} us per step"
           for b in t.barriers],
         f"  Memory:                  {placement.replicas * sum(placement.memory_bytes) / MB:,.2f} MB of "

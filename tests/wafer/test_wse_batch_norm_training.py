@@ -140,7 +140,7 @@ def test_fused_batch_norm_training_and_its_bessel_corrected_moving_variance_matc
     # as the executor runs it: two micro-batches, each with the statistics of both
     micro = (slice(0, 4), slice(4, 8))
     ctx = RunContext(training=True, batch_size=BATCH)
-    ctx.batch = (kernel.batch_statistics(params, x, ctx),)
+    ctx.batch = (kernel.batch_statistics(params, [x], ctx),)
     out = np.concatenate([kernel.forward(params, [x[m]], ctx)[0] for m in micro])
     close(out, y.numpy(), rtol=2e-5)
     close(params["moving_mean"], batch_mean.numpy(), rtol=1e-6)

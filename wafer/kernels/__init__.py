@@ -31,6 +31,9 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | sample_gather | x (L, D...), indices (...) | — (tf.gather(x, indices, batch_dims=1): each sample's rows) | — | x float32, int32, int64 or bool (the output's); indices int32/int64 in [0, L); output indices + (D...) |
 | batch_norm_inference | x (..., C) | epsilon, scale, center (bools: the optional weights), fused (FusedBatchNorm's order) | mean, variance (frozen), scale, offset: (C,) | |
 | batch_norm_training | x (..., C) | epsilon, scale, center; mean_rule, variance_rule (affine: v * a + s * b, delta: v - (v - s) * d) with mean_update, variance_update their constants (empty: not moved) | scale, offset; moving_mean, moving_variance (frozen) when moved: (C,) | a batch barrier (`batch_barrier`) |
+| in_batch_matmul | q (n,), d (n,) with transpose_b; p (B,), v (n,) without | transpose_b, batch_size B | — | a batch barrier: output (B,) (rows of q d^T) or (n,) (rows of p v) |
+| batch_transpose | x (B,) | batch_size B | — | any float32; a batch barrier: row j of the result is column j of the batch's [B, B] |
+| sample_constant | any value of the micro-batch (no gradient) | value (the batch first: B rows) | — | output value's dtype: the micro-batch's own rows |
 | dropout | x | rate, noise_shape (per sample, 1 where one decision is shared) | — | |
 | random | any value of the micro-batch (its size only; no gradient) | distribution: normal, truncated_normal (abs < 2), uniform ([0, 1)); shape [per sample] | — | any input; output float32, drawn in every mode |
 | reshape | x | shape [per-sample target shape] (flatten = reshape to [n]) | — | any, passed through |
@@ -66,6 +69,7 @@ from wafer.kernels import (  # noqa: F401
                              einsum,
                              elementwise,
                              embedding,
+                             in_batch,
                              losses,
                              matmul,
                              normalization,

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
+from wafer.precision import is_half, round_half, round_half_
 
 SELU_SCALE = np.float32(1.0507009873554804934193349852946)
 SELU_ALPHA = np.float32(1.6732632423543772848170429916717)
@@ -379,6 +380,47 @@ FUNCTIONS: dict[str, tuple[Forward, Backward, int]] = {
     "softsign": (_softsign, _softsign_grad, 3),
     "pow": (_pow, _pow_grad, 8),
 }
+# float16 backwards (docs/design.md, "Mixed precision"): TF's gradient of a float16 function
+# is a chain of float16 ops (Python's, or Eigen's *Grad functor on Eigen::half), each rounding
+# its result; `_r` rounds as one of them does. x, y and dy are float16-valued.
+def _r(value: np.ndarray) -> np.ndarray:
+    return round_half(np.asarray(value, np.float32))
+
+
+_HALF_TWO_OVER_ROOT_PI = np.float32(np.float16(TWO_OVER_ROOT_PI))  # the float16 constant of _ErfGrad/_ErfcGrad
+
+
+def _where_dy(value: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """0 where dy is 0 (the *Grad functors' `if (output_gradient == T(0)) return T(0)`)."""
+    return np.where(dy == 0, np.float32(0), value)
+
+
+HALF_GRADIENTS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
+    # TanhGrad: dy * (1 - y * y)
+    "tanh": lambda x, y, dy: _r(dy * _r(_ONE - _r(y * y))),
+    # SigmoidGrad: dy * (y * (1 - y))
+    "sigmoid": lambda x, y, dy: _r(dy * _r(y * _r(_ONE - y))),
+    # SqrtGrad: mul_no_nan(0.5 / y, dy)
+    "sqrt": lambda x, y, dy: _where_dy(_r(_r(_HALF / y) * dy), dy),
+    # RsqrtGrad: mul_no_nan(-0.5 * (y * y), mul_no_nan(y, dy)), as Eigen orders it
+    "rsqrt": lambda x, y, dy: _where_dy(_r(_r(-_HALF * _r(dy * y)) * _r(y * y)), dy),
+    # ReciprocalGrad: mul_no_nan(-(y * y), dy)
+    "reciprocal": lambda x, y, dy: _where_dy(_r(-_r(y * y) * dy), dy),
+    # _ExpGrad: grad * y
+    "exp": lambda x, y, dy: _r(dy * y),
+    # _LogGrad: grad * reciprocal(x)
+    "log": lambda x, y, dy: _r(dy * _r(_ONE / x)),
+    # _Expm1Grad: grad * exp(x)
+    "expm1": lambda x, y, dy: _r(dy * _r(np.exp(x))),
+    # _SinGrad: grad * cos(x)
+    "sin": lambda x, y, dy: _r(dy * _r(np.cos(x))),
+    # _ErfGrad: grad * (2 / sqrt(pi)) * exp(-square(x))
+    "erf": lambda x, y, dy: _r(_r(dy * _HALF_TWO_OVER_ROOT_PI) * _r(np.exp(-_r(x * x)))),
+    # _ErfcGrad: grad * -(2 / sqrt(pi)) * exp(-square(x))
+    "erfc": lambda x, y, dy: _r(_r(dy * -_HALF_TWO_OVER_ROOT_PI) * _r(np.exp(-_r(x * x)))),
+}
+
+
 # Functions with a parameter of their own (the `activation` kernel's attr named here):
 # fused into dense or conv2d they would run with a default, so only `activation` takes them.
 PARAMETERS = {"pow": "exponent"}
@@ -401,8 +443,11 @@ def apply(name: str, x: np.ndarray, a: float = 0.2, out: np.ndarray | None = Non
 
 
 def gradient(name: str, x: np.ndarray, y: np.ndarray, dy: np.ndarray, a: float = 0.2,
-             out: np.ndarray | None = None) -> np.ndarray:
-    """dL/dx from dL/dy, given the function's input x and output y."""
+             out: np.ndarray | None = None, half: bool = False) -> np.ndarray:
+    """dL/dx from dL/dy, given the function's input x and output y; `half`: of a float16
+    function (x, y and dy float16-valued), rounded where TF's float16 gradient ops round."""
+    if half and name in HALF_GRADIENTS:
+        return _store(HALF_GRADIENTS[name](x, y, dy), out)
     return FUNCTIONS[name][1](x, y, a, dy, out)
 
 
@@ -427,6 +472,7 @@ class Activation(Kernel):
             self.parameter = float(value)
         else:
             self.parameter = float(self.attrs.get("alpha", 0.2))
+        self.half = is_half(self.attrs)
 
     @property
     def output_shape(self):
@@ -448,9 +494,12 @@ class Activation(Kernel):
         x = inputs[0]
         with np.errstate(all="ignore"):
             y = apply(self.function, x, self.parameter)
+        if self.half and y is not x:  # the float16 output TF's gradient reads
+            round_half_(y)
         return y, (x, y)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         x, y = cache
         with np.errstate(all="ignore"):
-            return [gradient(self.function, x, y, grad_output, self.parameter)], {}
+            return [gradient(self.function, x, y, grad_output, self.parameter,
+                             half=self.half)], {}

@@ -103,7 +103,7 @@ class Affine:
             return self._compiled_backward(x2d, z, y, dy, w, has_bias, acc, ctx, input_grad)
         dz = dy
         if self.activation != "linear":
-            dz = activations.gradient(self.activation, z, y, dy)
+            dz = activations.gradient(self.activation, z, y, dy, half=self.half)
             if self.half and self.activation not in EXACT_IN_HALF:
                 round_half_(dz)
         grads: dict[str, np.ndarray] = {}

@@ -62,6 +62,7 @@ class RunContext:
     # a batch barrier's statistics of the whole batch: (batch_statistics,) in forward,
     # (batch_statistics, gradient_statistics) in backward
     batch: tuple[Any, ...] = ()
+    offset: int = 0  # the batch's index of the micro-batch's first sample (forward)
 
     def wants_grad(self, index: int) -> bool:
         return self.input_grads is None or bool(self.input_grads[index])
@@ -78,11 +79,12 @@ class Kernel:
 
     type_name: ClassVar[str]
     is_loss: ClassVar[bool] = False
-    # A batch barrier computes with statistics of the whole batch (BatchNormalization in
-    # training): the one kind of kernel whose samples meet. The executor gives it the whole
-    # batch's input (`batch_statistics`) before any micro-batch's forward, and every
-    # micro-batch's output gradient (`gradient_statistics`) before any backward.
+    # A batch barrier computes with values of the whole batch (BatchNormalization in
+    # training, in-batch products): the kernels whose samples meet. The executor gives it
+    # the whole batch of its inputs (`batch_statistics`) before any micro-batch's forward,
+    # and every micro-batch's output gradient (`gradient_statistics`) before any backward.
     batch_barrier: ClassVar[bool] = False
+    barrier_holds: ClassVar[str] = "the whole batch's statistics"  # (the compile report's words)
     # a float16 kernel (attr precision) whose forward rounds its own output (the fused
     # affine kernels round each TF op's result inside); others are rounded by the executor
     rounds_own_output: ClassVar[bool] = False
@@ -139,11 +141,16 @@ class Kernel:
         """Return (output, cache); the cache is handed back to backward."""
         raise NotImplementedError
 
-    def batch_statistics(self, params: Mapping[str, np.ndarray], x: np.ndarray,
+    def batch_statistics(self, params: Mapping[str, np.ndarray], inputs: Sequence[np.ndarray],
                          ctx: RunContext) -> Any:
-        """A batch barrier: the statistics of the whole batch `x` (every micro-batch of its
-        input, in order), which forward reads as ctx.batch[0]."""
+        """A batch barrier: the statistics of the whole batch of each input (every
+        micro-batch of it, in order), which forward reads as ctx.batch[0]."""
         raise NotImplementedError
+
+    def barrier_transfers(self) -> tuple[int, ...] | None:
+        """A batch barrier: the values each of its transfers across its region carries in a
+        pass (None: BatchNormalization's, the channels' sums: wafer.timing.barrier)."""
+        return None
 
     def gradient_statistics(self, params: Mapping[str, np.ndarray], caches: Sequence[Any],
                             grads: Sequence[np.ndarray], ctx: RunContext) -> Any:

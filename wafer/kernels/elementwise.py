@@ -13,6 +13,7 @@ import numpy as np
 from wafer.kernels.base import INTEGER, KernelError, RunContext, check_dtypes, register
 from wafer.kernels.operands import Operands
 from wafer.kernels.structure import Elementwise
+from wafer.precision import is_half, round_half
 
 _ZERO = np.float32(0)
 _ONE = np.float32(1)
@@ -84,6 +85,21 @@ ARITHMETIC: dict[str, tuple[Callable[..., np.ndarray], Callable[..., tuple[np.nd
     "floor_mod": (_floor_mod, _grad_floor_mod, 3),
     "floor_div": (_floor_div, lambda x, y, z, g: (np.zeros_like(g), np.zeros_like(g)), 2),  # TF: None
 }
+# float16 ops whose TF kernel or gradient rounds in between (docs/design.md, "Mixed
+# precision"): Eigen's SquaredDifference is abs2(x - y) on Eigen::half (x - y rounded);
+# _SquaredDifferenceGrad is (2 * g) * (x - y), _RealDivGrad's y gradient g * ((-x / y) / y),
+# each a float16 op. (The others round only their result, which the executor does.)
+HALF_ARITHMETIC: dict[str, tuple[Callable[..., np.ndarray], Callable[..., tuple[np.ndarray, np.ndarray]]]] = {
+    "squared_difference": (lambda x, y: round_half(x - y) ** 2,
+                           lambda x, y, z, g: _negated_pair(round_half((_TWO * g) * round_half(x - y)))),
+    "div": (np.divide, lambda x, y, z, g: (g / y, g * round_half(round_half(-x / y) / y))),
+}
+
+
+def _negated_pair(gx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return gx, -gx
+
+
 # TF's int kernels of these compute what numpy's do; the others are float32 only.
 INTEGER_ARITHMETIC = {"add", "sub", "mul", "maximum", "minimum", "floor_mod", "floor_div"}
 COMPARISONS = {"greater": np.greater, "greater_equal": np.greater_equal, "less": np.less,
@@ -121,6 +137,7 @@ class Binary(Broadcasting):
             raise KernelError(f"kernel {name!r} (binary): unknown op {op!r}; the library "
                               f"has {', '.join(BINARY_OPS)}")
         self.op: str = op
+        self.half = is_half(self.attrs)
         self.operands = Operands(self, 2)
         self._shape = self.operands.broadcast_shape(self)
 
@@ -160,7 +177,7 @@ class Binary(Broadcasting):
         if self.op in LOGICAL:
             return LOGICAL[self.op](x, y), None
         with np.errstate(all="ignore"):
-            z = ARITHMETIC[self.op][0](x, y)
+            z = (HALF_ARITHMETIC if self.half and self.op in HALF_ARITHMETIC else ARITHMETIC)[self.op][0](x, y)
         return z, (x, y, z)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
@@ -168,7 +185,8 @@ class Binary(Broadcasting):
             return [None] * len(self.input_shapes), {}
         x, y, z = cache
         with np.errstate(all="ignore"):
-            gx, gy = ARITHMETIC[self.op][1](x, y, z, grad_output)
+            gx, gy = (HALF_ARITHMETIC if self.half and self.op in HALF_ARITHMETIC
+                      else ARITHMETIC)[self.op][1](x, y, z, grad_output)
         return self.operands.gradients([gx, gy], ctx, param_grads)
 
 

@@ -162,9 +162,10 @@ class BatchNormTraining(_BatchNorm):
         return 4 * math.prod(self.input_shapes[0])  # x, until the statistics are known
 
     # ---- the batch barrier ----
-    def batch_statistics(self, params, x: np.ndarray, ctx: RunContext):
+    def batch_statistics(self, params, inputs: Sequence[np.ndarray], ctx: RunContext):
         """(mean, variance, r = rsqrt(variance + eps), inv = r [* scale]) of the whole
-        batch `x`; a training batch moves the moving statistics."""
+        batch of x; a training batch moves the moving statistics."""
+        x = inputs[0]
         rows = tuple(range(x.ndim - 1))
         mean = np.mean(x, axis=rows, dtype=np.float32)
         variance = np.mean(np.square(x - mean), axis=rows, dtype=np.float32)

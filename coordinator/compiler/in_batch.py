@@ -1,0 +1,113 @@
+"""In-batch products: values of different samples meeting through a matmul over the batch
+(two-tower retrieval with in-batch negatives, SimCLR/CLIP's InfoNCE), lowered onto batch
+barriers (wafer.kernels.in_batch): tf.matmul(q, d, transpose_b=True) of two per-sample
+[B, n] values (a [B, B] value, row i sample i's), tf.matmul(p, v) of a per-sample [B, B]
+value by a per-sample [B, n] one, and tf.transpose of a per-sample [B, B] value. Their
+results are per-sample values like any other (row i goes with sample i), so what follows
+(a temperature, softmax cross entropy against tf.range(B) or tf.eye(B), row reductions, more
+layers) lowers as usual; the constants whose first axis is the batch become per-sample
+constants (`sample_constant`)."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler import precision
+from coordinator.compiler.operands import static_shape
+from coordinator.compiler.rules import Context, generic, has_kernel
+
+# The README's rows: kernel -> the TF ops it starts from.
+KERNEL_ROWS = {
+    "in_batch_matmul, batch_transpose": "MatMul of two per-sample [batch, n] values with "
+                                        "transpose_b (tf.matmul(q, d, transpose_b=True): in-batch "
+                                        "negatives, contrastive losses), or of a per-sample "
+                                        "[batch, batch] value by a per-sample [batch, n] one; "
+                                        "Transpose of a per-sample [batch, batch] value (the "
+                                        "symmetric loss's other direction): batch barriers, TF's "
+                                        "numbers whatever the micro-batch size; constants whose "
+                                        "first axis is the batch (tf.range(batch), tf.eye(batch) "
+                                        "labels) give each sample its row; tf.linalg.diag_part of "
+                                        "a per-sample [batch, batch] value (each sample's own "
+                                        "entry: a sample_gather)",
+}
+
+
+def product(m: Context, op: tf.Operation, transpose_a: bool, transpose_b: bool) -> str:
+    """MatMul of two per-sample rank-2 values: an in_batch_matmul kernel, or why not."""
+    a, b = op.inputs
+    batch = m.batch_size
+    shapes = static_shape(a), static_shape(b)
+    if transpose_a or len(shapes[0]) != 2 or len(shapes[1]) != 2:
+        return ("multiplies two per-sample matrices with the batch axis transposed away: the "
+                "CS multiplies over the batch as tf.matmul(q, d, transpose_b=True) ([batch, n] x "
+                "[n, batch]) or tf.matmul(p, v) ([batch, batch] x [batch, n])")
+    if not transpose_b and shapes[0][1] != batch:
+        return (f"multiplies a per-sample {list(shapes[0])} value by a per-sample "
+                f"{list(shapes[1])} one: their product contracts a per-sample axis with the batch")
+    if precision.tensor_precision(op.outputs[0]):
+        return "an in-batch product in float16: the CS multiplies over the batch in float32"
+    if not has_kernel("in_batch_matmul"):
+        return "the CS has no in-batch product kernel"
+    m.add_kernel(op.name, "in_batch_matmul", [a, b],
+                 {"transpose_b": transpose_b, "batch_size": batch}, [], [op], op.outputs[0])
+    return ""
+
+
+def transpose(m: Context, op: tf.Operation, perm: np.ndarray | None) -> bool:
+    """tf.transpose of a per-sample [B, B] value: a batch_transpose kernel (False: not one)."""
+    x = op.inputs[0]
+    batch = m.batch_size
+    if perm is None or [int(p) for p in perm] != [1, 0] or not m.is_batched(x) or \
+            static_shape(x) != (batch, batch) or x.dtype != tf.float32 or \
+            not has_kernel("batch_transpose"):
+        return False
+    m.add_kernel(op.name, "batch_transpose", [x], {"batch_size": batch}, [], [op], op.outputs[0])
+    return True
+
+
+# Ops whose second input is the labels of the first's samples (rank one less: sparse).
+LABELLED = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
+# Besides the element-wise binary ops: the ops pairing a constant's rows with the samples.
+PAIRING = ("Select", "SelectV2", "ConcatV2", *LABELLED)
+
+
+def sample_constants(m: Context, op: tf.Operation) -> None:
+    """Constants among the inputs of an element-wise op (or one of PAIRING) whose first axis
+    is the batch and whose rows differ (tf.range(B), tf.eye(B): the labels of in-batch
+    negatives), read with per-sample values of the same rank (or as the labels of a cross
+    entropy): each sample's row, as TF pairs them, from a sample_constant kernel. Rows all
+    equal stay broadcast constants."""
+    batched = [t for t in op.inputs if m.is_batched(t)]
+    if not batched or not has_kernel("sample_constant"):
+        return
+    rank = len(static_shape(batched[0]))
+    for k, t in enumerate(op.inputs):
+        if m.is_batched(t) or t.dtype.base_dtype not in (tf.float32, tf.int32, tf.int64, tf.bool):
+            continue
+        value = m.operands.constant(t)
+        labels = op.type in LABELLED and k == 1 and m.is_batched(op.inputs[0])
+        if value is None or value.ndim == 0 or value.shape[0] != m.batch_size or \
+                m.batch_size == 1 or (value == value[:1]).all() or \
+                value.ndim != (rank - 1 if labels and op.type.startswith("Sparse") else rank):
+            continue
+        m.add_kernel(f"{t.op.name}/rows", "sample_constant", [m.sample_input()],
+                     {"value": np.asarray(value, t.dtype.base_dtype.as_numpy_dtype)}, [], [t.op], t)
+
+
+@generic("MatrixDiagPartV3", "MatrixDiagPart")
+def diagonal(m: Context, op: tf.Operation) -> str:
+    """tf.linalg.diag_part of a per-sample [B, B] value (the positives of in-batch logits):
+    sample i's entry i, a sample_gather at per-sample indices tf.range(B)."""
+    x = op.inputs[0]
+    batch = m.batch_size
+    offset = m.operands.constant(op.inputs[1]) if op.type == "MatrixDiagPartV3" else 0
+    if not m.is_batched(x) or static_shape(x) != (batch, batch) or offset is None or \
+            np.any(offset != 0):
+        return ("takes a diagonal of a value other than the main diagonal of a per-sample "
+                "[batch, batch] one (in-batch logits)")
+    if not has_kernel("sample_gather"):
+        return "the CS has no sample_gather kernel"
+    ids = m.add_kernel(f"{op.name}/rows", "sample_constant", [m.sample_input()],
+                       {"value": np.arange(batch, dtype=np.int32)}, [], [op], None, output_shape=())
+    m.add_kernel(op.name, "sample_gather", [x, ids.name], {}, [], [op], op.outputs[0])
+    return ""

@@ -1,0 +1,122 @@
+"""In-batch products (tests/inbatch_models.py), compiled and trained in process on the
+simulated CS against TensorFlow (tests/cs_inprocess.py): a two-tower retrieval model with
+in-batch negatives (tf.range labels), a SimCLR/CLIP-style symmetric InfoNCE (tf.eye labels,
+tf.transpose of the logits) and attention over the batch feeding a Keras classifier, each
+TF's numbers whatever the micro-batch size and with replicas; the CS's evaluation equals
+the CPU's; the compile report charges the barriers; a product the CS does not carry out is
+refused naming the op."""
+from __future__ import annotations
+
+import cs_inprocess
+import inbatch_models as models
+import numpy as np
+import pytest
+import tf_reference
+
+from common.errors import CSRunError
+
+PARAMS = {"batch_size": models.BATCH}
+RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """(model_fn, replicas) -> its compile, STEPS batches and TF's training on them, once per
+    module: the micro-batch size changes only the CS's run."""
+    cache: dict = {}
+
+    def get(model_fn, replicas: int = 1) -> tuple:
+        if (model_fn, replicas) not in cache:
+            model_dir = str(tmp_path_factory.mktemp(model_fn.__name__))
+            params = {**PARAMS, "runconfig": {"num_replicas": replicas}}
+            compiled = cs_inprocess.compile_checked(model_fn, models.input_fn, params, model_dir)
+            data = tf_reference.batches(models.input_fn, PARAMS, models.STEPS)
+            reference = tf_reference.run(model_fn, models.input_fn, PARAMS,
+                                         compiled.initial_weights, data)
+            cache[model_fn, replicas] = compiled, data, reference
+        return cache[model_fn, replicas]
+    return get
+
+
+def train_both(prepared, model_fn, micro: int, replicas: int = 1) -> cs_inprocess.Comparison:
+    compiled, data, reference = prepared(model_fn, replicas)
+    program = type(compiled.program)()
+    program.CopyFrom(compiled.program)
+    program.micro_batch_size = micro
+    cs = cs_inprocess.run_on_cs(program, compiled.initial_weights, data)
+    return cs_inprocess.Comparison(compiled, cs, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("micro, replicas", [(8, 1), (2, 1), (1, 1), (2, 2)])
+def test_two_tower_retrieval_with_in_batch_negatives_trains_like_tensorflow(prepared, micro, replicas):
+    """The batch barrier holds the whole batch (every replica's): the micro-batch size and
+    the replicas change nothing."""
+    result = train_both(prepared, models.two_tower_model_fn, micro, replicas)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    kernels = {k.type for k in result.compiled.program.kernels}
+    assert {"in_batch_matmul", "sample_constant"} <= kernels
+    assert f"Batch barrier: MatMul (the whole batch's operand): the batch waits 2 x {8 - replicas} x" \
+        in result.compiled.report_text
+
+
+@pytest.mark.slow
+def test_symmetric_infonce_trains_like_tensorflow(prepared):
+    result = train_both(prepared, models.symmetric_model_fn, 2)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert [k.type for k in result.compiled.program.kernels].count("sample_constant") == 2
+    assert "Batch barrier: transpose (the whole batch's value)" in result.compiled.report_text
+
+
+@pytest.mark.slow
+def test_attention_over_the_batch_feeding_more_layers_trains_like_tensorflow(prepared):
+    result = train_both(prepared, models.batch_attention_model_fn, 4)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert [k.type for k in result.compiled.program.kernels].count("in_batch_matmul") == 2
+
+
+@pytest.mark.slow
+def test_two_tower_evaluates_on_the_cs_with_the_cpus_metrics(tmp_path, prepared):
+    result = train_both(prepared, models.two_tower_model_fn, 2)
+    assert cs_inprocess.evaluation_mismatch(models.two_tower_model_fn, models.input_fn, PARAMS,
+                                            str(tmp_path), result, rtol=RTOL) == ""
+
+
+def test_a_product_over_the_batch_whose_rows_are_no_samples_is_refused_naming_the_op(tmp_path):
+    """Barlow Twins' cross-correlation tf.matmul(za, zb, transpose_a=True) is [n, n]."""
+    model_fn = models.cross_correlation_model_fn
+    with pytest.raises(CSRunError) as error:
+        cs_inprocess.compile_checked(model_fn, models.input_fn, PARAMS, str(tmp_path))
+    words = cs_inprocess.model_op_words(model_fn, models.input_fn, PARAMS)
+    assert cs_inprocess.refusal_problem(error.value, models.__file__, words) == ""
+    assert "tf.matmul(q, d, transpose_b=True)" in str(error.value)
+
+
+@pytest.mark.slow
+def test_a_softmax_over_the_batch_axis_and_its_diagonal_train_like_tensorflow(prepared):
+    """tf.nn.log_softmax(logits, axis=0) transposes the logits there and back (two
+    batch_transpose barriers); tf.linalg.diag_part takes each sample's own entry."""
+    result = train_both(prepared, models.column_softmax_model_fn, 2)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    types = [k.type for k in result.compiled.program.kernels]
+    assert types.count("batch_transpose") == 2 and "sample_gather" in types
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(6))
+def test_random_in_batch_models_train_like_tensorflow(tmp_path, seed):
+    """Differential: two-tower contrastive models drawn at random, at a random batch and
+    micro-batch size."""
+    rng = np.random.default_rng(1000 + seed)
+    batch = int(rng.choice([4, 6, 8]))
+    micro = int(rng.choice([m for m in (1, 2, batch) if batch % m == 0]))
+    params = {"batch_size": batch}
+    model_fn = models.random_model_fn(seed)
+    compiled = cs_inprocess.compile_checked(model_fn, models.input_fn, params, str(tmp_path))
+    data = tf_reference.batches(models.input_fn, params, models.STEPS)
+    reference = tf_reference.run(model_fn, models.input_fn, params, compiled.initial_weights, data)
+    program = type(compiled.program)()
+    program.CopyFrom(compiled.program)
+    program.micro_batch_size = micro
+    cs = cs_inprocess.run_on_cs(program, compiled.initial_weights, data)
+    cs_inprocess.assert_same_training(cs_inprocess.Comparison(compiled, cs, reference), rtol=RTOL)

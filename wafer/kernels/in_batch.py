@@ -1,0 +1,197 @@
+"""Kernels whose samples meet through a product over the batch (two-tower retrieval with
+in-batch negatives, contrastive losses), and the per-sample constants such losses take.
+
+A sample's value is a row of the batch. `in_batch_matmul` is TF's MatMul of two per-sample
+matrices: with transpose_b, row i of q [B, n] x d [B, n]^T is q_i against every d_j (its
+output per sample is (B,)); without, row i of p [B, B] x v [B, n] mixes every v_j by p_i.
+`batch_transpose` is tf.transpose of a [B, B] value (row j of the result is column j: the
+other direction of a symmetric loss). Both are batch barriers (`Kernel.batch_barrier`): the
+executor hands them the whole batch of every input before any micro-batch's forward, and
+every micro-batch's output gradient before any backward, so each micro-batch computes its
+rows of TF's result, whatever the micro-batch size. Gradients are TF's (_MatMulGrad):
+    transpose_b: dq = g @ d, dd = g^T @ q;   otherwise: dp = g @ v^T, dv = p^T @ g,
+the whole batch's g gathered first; a micro-batch takes its rows of dd (dv).
+
+`sample_constant` is a constant of the user's graph whose first axis is the batch (the
+labels of in-batch negatives, tf.range(B) or tf.eye(B)): a micro-batch reads its own rows
+(`RunContext.offset`); its one input is any value of the micro-batch, without gradient.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, Shape, check_dtypes, max_cores_for, register
+
+
+def _batch_size(kernel: Kernel) -> int:
+    size = kernel.attrs.get("batch_size")
+    if not isinstance(size, int) or size < 1:
+        raise KernelError(f"kernel {kernel.name!r} ({kernel.type_name}): takes attr batch_size "
+                          f"(the batch's samples, >= 1), got {size!r}")
+    return size
+
+
+def _rows(x: np.ndarray, offset: int, count: int) -> np.ndarray:
+    return np.ascontiguousarray(x[offset:offset + count])
+
+
+@register
+class InBatchMatmul(Kernel):
+    """attrs transpose_b (bool), batch_size B. Inputs q (n,), d (n,) with transpose_b (output
+    (B,)); p (B,), v (n,) without (output (n,)). A batch barrier (see the module)."""
+
+    type_name = "in_batch_matmul"
+    batch_barrier = True
+    barrier_holds = "the whole batch's operand"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        self.batch = _batch_size(self)
+        self.tb = self.attrs.get("transpose_b", False)
+        shapes = self.input_shapes
+        inner = self.batch if not self.tb else shapes[1][0] if len(shapes) == 2 and \
+            len(shapes[1]) == 1 else -1
+        if not isinstance(self.tb, bool) or len(shapes) != 2 or \
+                any(len(s) != 1 for s in shapes) or shapes[0][0] != inner:
+            raise KernelError(f"kernel {name!r} (in_batch_matmul): takes two rank-1 per-sample "
+                              "inputs, (n,) and (n,) with transpose_b, (B,) and (n,) without, "
+                              f"got {shapes} (transpose_b {self.tb!r}, B {self.batch})")
+
+    @property
+    def output_shape(self):
+        return (self.batch,) if self.tb else self.input_shapes[1]
+
+    def flops_per_sample(self) -> float:
+        return 2.0 * self.input_shapes[0][0] * self.output_shape[0]
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        return 4 * sum(s[0] for s in self.input_shapes)  # both rows, until the batch is whole
+
+    def barrier_transfers(self) -> tuple[int, ...]:
+        """Values crossing the region in each pass: the whole other operand (forward), the
+        whole output gradient (backward)."""
+        return self.batch * self.input_shapes[1][0], self.batch * self.output_shape[0]
+
+    # ---- the batch barrier ----
+    def batch_statistics(self, params, inputs: Sequence[np.ndarray], ctx: RunContext):
+        """The whole batch of both operands."""
+        return tuple(np.ascontiguousarray(x, np.float32) for x in inputs)
+
+    def gradient_statistics(self, params, caches: Sequence[Any], grads: Sequence[np.ndarray],
+                            ctx: RunContext):
+        """The whole batch's gradient of the second operand (TF's matmul of the whole g)."""
+        left, _ = ctx.batch[0]
+        g = np.concatenate(grads)
+        return g.T @ left if self.tb else left.T @ g
+
+    # ---- one micro-batch ----
+    def forward(self, params, inputs, ctx: RunContext):
+        right = ctx.batch[0][1]
+        return inputs[0] @ (right.T if self.tb else right), ctx.offset
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        right, d_right = ctx.batch[0][1], ctx.batch[1]
+        d_left = None
+        if ctx.wants_grad(0):
+            d_left = grad_output @ (right if self.tb else right.T)
+        return [d_left, _rows(d_right, cache, len(grad_output))], {}
+
+
+@register
+class BatchTranspose(Kernel):
+    """attr batch_size B; input x (B,): output row j is column j of the batch's [B, B]
+    value, its gradient likewise. A batch barrier (see the module)."""
+
+    type_name = "batch_transpose"
+    batch_barrier = True
+    barrier_holds = "the whole batch's value"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        self.batch = _batch_size(self)
+        if self.input_shapes != [(self.batch,)]:
+            raise KernelError(f"kernel {name!r} (batch_transpose): takes one input of per-sample "
+                              f"shape (B,) = ({self.batch},), got {self.input_shapes}")
+
+    @property
+    def output_shape(self):
+        return (self.batch,)
+
+    def flops_per_sample(self) -> float:
+        return float(self.batch)  # a move per value
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        return 4 * self.batch
+
+    def barrier_transfers(self) -> tuple[int, ...]:
+        return (self.batch * self.batch,)  # the whole value (forward), its gradient (backward)
+
+    def batch_statistics(self, params, inputs: Sequence[np.ndarray], ctx: RunContext):
+        return np.ascontiguousarray(inputs[0].T)
+
+    def gradient_statistics(self, params, caches: Sequence[Any], grads: Sequence[np.ndarray],
+                            ctx: RunContext):
+        return np.ascontiguousarray(np.concatenate(grads).T)
+
+    def forward(self, params, inputs, ctx: RunContext):
+        return _rows(ctx.batch[0], ctx.offset, len(inputs[0])), ctx.offset
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [_rows(ctx.batch[1], cache, len(grad_output))], {}
+
+
+@register
+class SampleConstant(Kernel):
+    """attr value (an array whose first axis is the batch, B rows): each micro-batch's rows.
+    Its one input is any value of the micro-batch (read for nothing), without gradient."""
+
+    type_name = "sample_constant"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        self.value = np.asarray(self.attrs.get("value", np.zeros(0)))
+        if len(self.input_shapes) != 1 or self.value.ndim < 1 or \
+                self.value.dtype not in [np.dtype(t) for t in (np.float32, *INTEGER, np.bool_)]:
+            raise KernelError(f"kernel {name!r} (sample_constant): takes 1 input and attr value "
+                              "(float32, int32, int64 or bool, the batch first), got "
+                              f"{len(self.input_shapes)} inputs, {self.value.dtype} "
+                              f"{self.value.shape}")
+
+    @property
+    def output_shape(self):
+        return tuple(self.value.shape[1:])
+
+    def flops_per_sample(self) -> float:
+        return 0.0
+
+    def max_cores(self) -> int:
+        return 1
+
+    def activation_bytes_per_sample(self) -> int:
+        return 0
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER, np.bool_)])
+        return self.value.dtype
+
+    def input_differentiable(self, index: int) -> bool:
+        return False
+
+    def forward(self, params, inputs, ctx: RunContext):
+        count = len(inputs[0])
+        if ctx.offset + count > len(self.value):
+            raise KernelError(f"kernel {self.name!r} (sample_constant): holds {len(self.value)} "
+                              f"samples' rows, the batch has more ({ctx.offset + count})")
+        return _rows(self.value, ctx.offset, count), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [None], {}
+
