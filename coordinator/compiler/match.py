@@ -381,6 +381,8 @@ def host_tensors(extracted: ExtractedGraph) -> list[tf.Tensor]:
         tensors.extend(preds.values() if isinstance(preds, dict) else [preds])
     out = []
     for t in tensors:
+        if isinstance(t, tf.Variable):  # an update op that is a variable's assign_add
+            t = t.op                   # (tf.compat.v1.metrics.mean_iou's): its op
         if isinstance(t, tf.Operation):
             out.extend(t.inputs)
             out.extend(i for c in t.control_inputs for i in c.inputs)
@@ -416,7 +418,7 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     training = None
     if extracted.mode == ModeKeys.TRAIN and not matcher.unsupported:
         half = any(k.attrs.get("precision") == precision.FLOAT16 for k in matcher.kernels)
-        training = analyze_training(extracted, half=half)
+        training = analyze_training(extracted, half=half, normalized=normalized(matcher))
         matcher.unsupported.extend(untrainable(matcher, training))
         matcher.unsupported.extend(moving_statistics(matcher, training))
         if training.loss_scale != 1.0:  # into the float16 backward's seed
@@ -439,6 +441,14 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     return MatchedModel(inputs=extracted.inputs, kernels=kernels, loss_kernel=loss_kernel,
                         outputs=outputs, training=training,
                         unsupported=tuple(matcher.unsupported), weight_program=weights)
+
+
+def normalized(matcher: Matcher) -> dict[str, frozenset[str]]:
+    """The batch normalizations in training: {the tensor normalized: the kernel's ops}
+    (its first op, tf.nn.moments' Mean or FusedBatchNormV3, reads that tensor first)."""
+    graph = matcher.graph
+    return {graph.get_operation_by_name(k.ops[0]).inputs[0].name: frozenset(k.ops)
+            for k in matcher.kernels if k.type == "batch_norm_training"}
 
 
 def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:

@@ -1,7 +1,8 @@
 """A gradient that is rounding noise (zero in exact arithmetic: a bias before a batch
 normalization in training) under an optimizer that divides by the gradient's size (Adam,
 RMSProp) is refused in one line naming the variable and its source line, with what to do
-(coordinator/compiler/training/noise.py); under SGD and momentum, whose steps stay at the
+(coordinator/compiler/training/noise.py), unless the compiler proves it 0 and applies the
+exact 0 (a bias right before the normalization: shift.py); under SGD and momentum, whose steps stay at the
 noise's level, and without the bias, the model trains on the CS like TensorFlow."""
 from __future__ import annotations
 
@@ -109,13 +110,12 @@ def resnet_model_fn(features, labels, mode, params):
 RESNET = {"batch_size": 16, "runconfig": {"tf_random_seed": 3}}
 
 
-def test_a_conv_bias_before_keras_batch_normalization_under_adam_is_refused_with_the_fix():
-    error = refusal(resnet_model_fn, resnet_input_fn, {**RESNET, "use_bias": True})
-    assert error is not None and "\n" not in str(error)
-    assert str(error).startswith("the gradient of conv2d/bias is rounding noise")
-    assert "and Adam turns it into steps" in str(error)
-    assert "test_noise_gradients.py:" in str(error)
-    assert "use_bias=False" in error.hint
+def test_a_conv_bias_right_before_keras_batch_normalization_gets_the_exact_zero_instead():
+    """Proven 0 (shift.py: the normalization removes a per-channel shift), not refused."""
+    with tempfile.TemporaryDirectory() as model_dir:
+        compiled = compile_model(resnet_model_fn, resnet_input_fn, {**RESNET, "use_bias": True},
+                                 model_dir, validate_only=True)
+    assert "conv2d/bias: gradient 0 exactly" in compiled.report_text
 
 
 @pytest.mark.slow

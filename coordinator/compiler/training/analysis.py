@@ -2,6 +2,8 @@
 of a stage reported at once."""
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
 from common.errors import CSRunError
@@ -24,12 +26,14 @@ from wafer.weight_writes import FACTOR as FACTOR_OF_WRITE
 from wafer.weight_writes import WeightWrite, WriteStep
 
 
-def analyze_training(extracted: ExtractedGraph, half: bool = False) -> TrainingSpec:
+def analyze_training(extracted: ExtractedGraph, half: bool = False,
+                     normalized: Mapping[str, frozenset[str]] | None = None) -> TrainingSpec:
     """The TrainingSpec of extracted.spec.train_op, or CSRunError listing every problem
     (one line each: op, what is wrong, the user's source line). `half`: the forward graph
-    computes in float16 (mixed precision)."""
+    computes in float16 (mixed precision). `normalized`: the batch normalizations in
+    training, {the tensor normalized: the ops computing it} (shift.zero_gradients)."""
     try:
-        return _analyze(extracted, half)
+        return _analyze(extracted, half, normalized or {})
     except _Problems as problems:
         lines, hint = list(dict.fromkeys(problems.lines)), problems.hint
     raise CSRunError(lines[0],
@@ -45,7 +49,8 @@ class _Problems(Exception):
         self.lines, self.hint = lines, hint
 
 
-def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
+def _analyze(extracted: ExtractedGraph, half: bool,
+             normalized: Mapping[str, frozenset[str]]) -> TrainingSpec:
     if extracted.spec.train_op is None:
         raise _Problems(["model_fn returned no train_op in train mode"])
     with extracted.graph.as_default():
@@ -73,13 +78,15 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
                 problems.append(str(problem))
         if problems:
             raise _Problems(problems)
+        zeroed = zero_gradients(extracted.spec.loss, [u.variable for u in updates
+                                                      if u.indices is None], normalized)
         try:
             _group_order(chains)
             if half:
                 _check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
-                               HALF_GRADIENT_NOISE)
+                               HALF_GRADIENT_NOISE, zeroed)
             else:
-                _check_numbers(extracted, chains, statistic_averages)
+                _check_numbers(extracted, chains, statistic_averages, zeroed=zeroed)
             transforms, loss_scale = _fold_loss_scale(chains, half)
             scaling = None
             if dynamic is not None:
@@ -88,8 +95,6 @@ def _analyze(extracted: ExtractedGraph, half: bool) -> TrainingSpec:
                 loss_scale = dynamic.initial
         except _Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
-        zeroed = zero_gradients(extracted.spec.loss, [u.variable for u in updates
-                                                      if u.indices is None])
         if zeroed:  # (last: the other transforms and the finite test read TF's gradient)
             transforms = [*transforms, GradientTransform("zero", variables=zeroed)]
         try:

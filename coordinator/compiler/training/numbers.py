@@ -30,10 +30,11 @@ HALF_GRADIENT_NOISE = 2.0 ** -11
 
 def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
                    averages: list[StatisticAverage], rtol: float = 1e-4,
-                   noise: float = GRADIENT_NOISE) -> None:
+                   noise: float = GRADIENT_NOISE, zeroed: tuple[str, ...] = ()) -> None:
     """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
     a float16 backward rounds S * g and g differently), and no rounding noise among them
-    that the optimizer would amplify (noise.py); then TF's transforms == apply_transforms
+    that the optimizer would amplify (noise.py; `zeroed`, the variables the CS gives the
+    exact 0 (shift.py), excepted); then TF's transforms == apply_transforms
     on random gradients. (Moving averages and what else the gradients' control dependencies
     read are initialised too: gradients computed under tf.control_dependencies(update_ops)
     or a weight decay run them.)"""
@@ -80,7 +81,8 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
                 raise _fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
                                              "is not the gradient of the loss model_fn returns")
         check_noise(graph, {c.update.variable: (c.update.optimizer, float(np.max(
-            np.abs(got), initial=0.0)) / abs(c.call.scale)) for c, got in zip(chains, raw_values)},
+            np.abs(got), initial=0.0)) / abs(c.call.scale)) for c, got in zip(chains, raw_values)
+            if c.update.variable not in zeroed},
             noise)
         _check_transforms(session, chains)
 

@@ -15,18 +15,27 @@ AddV2, Sub and BiasAdd with a tensor not computed from the variable (a mask) kee
 broadcasting it along the other side's axes; Mul, and RealDiv by it, with such a tensor k
 keep d constant along an axis where k is (k has size 1 there, or is a constant whose values
 do not change along it). Each path must end in the logits of Softmax, LogSoftmax or
-(Sparse)SoftmaxCrossEntropyWithLogits with d constant along their last axis. Any other op on
-a path (a regularizer's L2Loss, a second use of the variable, a loss that reads it) leaves
-its gradient real.
+(Sparse)SoftmaxCrossEntropyWithLogits with d constant along their last axis. A path may also end in
+a batch normalization in training (Keras' BatchNormalization, tf.nn.moments feeding
+tf.nn.batch_normalization, FusedBatchNormV3: the compiler's batch_norm_training kernels)
+of a tensor whose d is constant along every axis but the channels: the normalization
+subtracts the batch's mean per channel, so a bias before it (Conv2D(use_bias=True) ->
+BatchNormalization, the common case) has the gradient 0; a variable of more than one value
+(a bias of C values) is proven component by component, each constant along its read's axes
+of size 1. Any other op on a path (a regularizer's L2Loss, a second use of the variable, a
+loss that reads it) leaves its gradient real.
 """
 from __future__ import annotations
+
+from typing import Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import data_upstream
 
-REASON = "softmax ignores a shift shared along its axis"
+REASON = ("softmax ignores a shift shared along its axis, batch normalization in training "
+          "one per channel")
 
 _SAME = {"Identity", "Snapshot", "Neg", "Cast"}
 _SHIFTS = {"Add", "AddV2", "Sub", "BiasAdd"}
@@ -35,17 +44,20 @@ _SOFTMAX = {"Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
             "SparseSoftmaxCrossEntropyWithLogits"}
 
 
-def zero_gradients(loss: tf.Tensor, variables: list[str]) -> tuple[str, ...]:
+def zero_gradients(loss: tf.Tensor, variables: list[str],
+                   normalized: Mapping[str, frozenset[str]] | None = None) -> tuple[str, ...]:
     """Those of `variables` (TF names of dense-updated variables) whose gradient of `loss`
-    is 0 in exact arithmetic, as the module docstring proves it."""
+    is 0 in exact arithmetic, as the module docstring proves it. `normalized`: the batch
+    normalizations in training, {the tensor normalized: the names of the ops computing it}."""
     graph, upstream = loss.graph, set(data_upstream(loss.op))
     return tuple(v for v in variables
-                 if _shift_only(graph.get_operation_by_name(v), loss, upstream))
+                 if _shift_only(graph.get_operation_by_name(v), loss, upstream, normalized or {}))
 
 
-def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operation]) -> bool:
+def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operation],
+                normalized: Mapping[str, frozenset[str]]) -> bool:
     shape = tf.TensorShape(handle.get_attr("shape"))
-    if not shape.is_fully_defined() or shape.num_elements() != 1:
+    if not shape.is_fully_defined():
         return False
     reads = [c.outputs[0] for c in handle.outputs[0].consumers() if c in upstream
              and c.type in ("ReadVariableOp", "Identity")]
@@ -53,7 +65,8 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
     if not reads or any(c in upstream and c.type not in ("ReadVariableOp", "Identity")
                         for c in handle.outputs[0].consumers()):
         return False
-    stack = [(read, frozenset(range(read.shape.rank or 0))) for read in reads]
+    stack = [(read, frozenset(a for a in range(read.shape.rank or 0) if read.shape[a] == 1
+                              or shape.num_elements() == 1)) for read in reads]
     seen = set()
     while stack:
         tensor, constant = stack.pop()
@@ -63,6 +76,10 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
             if op not in upstream or (op, tensor.ref()) in seen:
                 continue
             seen.add((op, tensor.ref()))
+            if op.name in normalized.get(tensor.name, ()):  # the per-channel mean removed
+                if not set(range(tensor.shape.rank - 1)) <= constant:
+                    return False
+                continue
             indices = [i for i, t in enumerate(op.inputs) if t is tensor]
             if len(indices) != 1:
                 return False
@@ -129,7 +146,7 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
     if op.type == "BiasAdd":
         if index == 0:
             return constant
-        return frozenset(range(out_rank)) if 0 in constant else None
+        return frozenset(range(out_rank - 1)) | ({out_rank - 1} if 0 in constant else set())
     broadcast = _broadcast(x, constant, out_rank)
     if op.type in _SHIFTS:
         return broadcast
