@@ -135,3 +135,21 @@ def static_batch_tile(features, labels, mode, params):
     x = tf.concat([tf.tile(token, [params["batch_size"], 1, 1]), x], 1)
     logits = tf.keras.layers.Dense(CLASSES)(tf.reduce_max(x, 1))
     return _spec(mode, labels, logits, params)
+
+
+def sorted_token(features, labels, mode, params):
+    """A token the CS cannot compute (tf.sort of a weight), tiled over the batch."""
+    x = tf.keras.layers.Dense(WIDTH, activation="relu")(features)
+    token = tf.sort(tf.compat.v1.get_variable("token", [1, 1, WIDTH]), axis=-1)
+    x = tf.concat([tf.tile(token, [tf.shape(x)[0], 1, 1]), x], 1)
+    logits = tf.keras.layers.Dense(CLASSES)(tf.reduce_max(x, 1))
+    return _spec(mode, labels, logits, params)
+
+
+def scaled_token(features, labels, mode, params):
+    """A token computed from weights (2 * w, the weight program's) tiled over the batch."""
+    x = tf.keras.layers.Dense(WIDTH, activation="relu")(features)
+    token = 2.0 * tf.compat.v1.get_variable("token", [1, 1, WIDTH])
+    x = tf.concat([tf.tile(token, [tf.shape(x)[0], 1, 1]), x], 1)
+    logits = tf.keras.layers.Dense(CLASSES)(tf.reduce_max(x, 1))
+    return _spec(mode, labels, logits, params)
