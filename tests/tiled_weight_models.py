@@ -153,3 +153,12 @@ def scaled_token(features, labels, mode, params):
     x = tf.concat([tf.tile(token, [tf.shape(x)[0], 1, 1]), x], 1)
     logits = tf.keras.layers.Dense(CLASSES)(tf.reduce_max(x, 1))
     return _spec(mode, labels, logits, params)
+
+
+def tiled_along_a_token_axis(features, labels, mode, params):
+    """Tokens tiled over the batch and repeated twice along their own axis."""
+    x = tf.keras.layers.Dense(WIDTH, activation="relu")(features)
+    tokens = tf.compat.v1.get_variable("tokens", [1, 2, WIDTH])
+    x = tf.concat([tf.tile(tokens, [tf.shape(x)[0], 2, 1]), x], 1)
+    logits = tf.keras.layers.Dense(CLASSES)(tf.reduce_max(x, 1))
+    return _spec(mode, labels, logits, params)

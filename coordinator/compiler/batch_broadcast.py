@@ -3,7 +3,8 @@ token `tf.tile(cls, [tf.shape(x)[0], 1, 1])`, a Set Transformer's seed queries, 
 latents by `tf.broadcast_to(w, [batch, ...])`, DETR queries by `tf.repeat(w[None], batch,
 0)`, `tf.ones_like(x[:, :1]) * w`). Such an op is a source of the data flow, like an input:
 a `broadcast` kernel gives each sample of the micro-batch the weight (or the weight
-program's value), and what follows is computed per sample as TF computes it. The weight's
+program's value), a `tile` kernel repeats it within the sample when the tile does too, and
+what follows is computed per sample as TF computes it. The weight's
 gradient is the sum over the batch of the per-sample gradients (TF's TileGrad: a Sum over
 the tiled axis), accumulated as any weight's.
 """
@@ -58,10 +59,9 @@ def broadcast_value(op: tf.Operation, batch: int) -> tuple[tf.Tensor, tuple[int,
         return None
     found: tuple[tf.Tensor, tuple[int, ...]] | None = None
     if op.type == "Tile" and op.inputs[0].shape.is_fully_defined():
-        value = op.inputs[0]
-        shape = static_shape(value)  # tiled along axes of 1 only: a broadcast
-        if len(shape) == len(out) and all(d in (1, n) for d, n in zip(shape, out)):
-            found = (value, shape)
+        value = op.inputs[0]  # tiled within the sample too: a `tile` kernel follows
+        if len(static_shape(value)) == len(out):
+            found = (value, static_shape(value))
     elif op.type == "BroadcastTo" and op.inputs[0].shape.is_fully_defined():
         found = (op.inputs[0], static_shape(op.inputs[0]))
     elif op.type == "Mul":
@@ -97,7 +97,16 @@ def lower(m: Context, op: tf.Operation) -> str:
         return f"weight {weight.variable} is {weight.dtype}: the CS computes in float32"
     view = None if weight.view is None else np.ascontiguousarray(weight.view.reshape(shape))
     param = ParamRef("value", weight.variable, shape, variable_shape=weight.variable_shape, view=view)
-    m.add_kernel(m.scope(op), "broadcast", [m.sample_input()],
-                 {"shape": list(static_shape(op.outputs[0])[1:]), "value": list(shape)},
-                 [param], [op], op.outputs[0])
+    out = static_shape(op.outputs[0])[1:]
+    aligned = (1,) * (len(out) + 1 - len(shape)) + shape
+    multiples = [n // d if d != 1 else 1 for d, n in zip(aligned[1:], out)]
+    if op.type != "Tile" or multiples == [1] * len(out):
+        m.add_kernel(m.scope(op), "broadcast", [m.sample_input()],
+                     {"shape": list(out), "value": list(shape)}, [param], [op], op.outputs[0])
+        return ""
+    # tf.tile(w, [batch, k, 1]): every sample's copy of w, then tiled within the sample
+    each = [n if d == 1 else d for d, n in zip(aligned[1:], out)]  # unit axes broadcast
+    copies = m.add_kernel(m.scope(op), "broadcast", [m.sample_input()],
+                          {"shape": each, "value": list(shape)}, [param], [op], None, tuple(each))
+    m.add_kernel(m.scope(op), "tile", [copies.name], {"multiples": multiples}, [], [op], op.outputs[0])
     return ""

@@ -26,6 +26,7 @@ CASES = {
     "ones_like_token": (m.ones_like_token, m.set_input_fn, {}),
     "static_batch_tile": (m.static_batch_tile, m.set_input_fn, {}),
     "scaled_token": (m.scaled_token, m.set_input_fn, {}),
+    "tiled_along_a_token_axis": (m.tiled_along_a_token_axis, m.set_input_fn, {}),
 }
 # each model's tiled weight (the broadcast kernel's), and the shape it is read as
 TILED = {"vit": ("class_token/cls_token", (1, 1, m.WIDTH)),
@@ -34,7 +35,8 @@ TILED = {"vit": ("class_token/cls_token", (1, 1, m.WIDTH)),
          "object_queries": ("queries", (1, m.ELEMENTS, m.WIDTH)),
          "ones_like_token": ("token", (m.WIDTH,)),
          "static_batch_tile": ("token", (1, 1, m.WIDTH)),
-         "scaled_token": ("mul", (1, 1, m.WIDTH))}
+         "scaled_token": ("mul", (1, 1, m.WIDTH)),
+         "tiled_along_a_token_axis": ("tokens", (1, 2, m.WIDTH))}
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,9 @@ def test_a_weight_tiled_over_the_batch_trains_like_tensorflow(compared, name):
     [param] = kernel.params
     assert (param.variable.split(":")[0], tuple(param.shape)) == (variable, shape)
     source = variable if name != "scaled_token" else "token"
+    if name == "tiled_along_a_token_axis":  # the copies, then tiled within each sample
+        [tile] = [k for k in result.compiled.program.kernels if k.type == "tile"]
+        assert list(tile.inputs) == [kernel.name] and list(tile.output_shape) == [4, m.WIDTH]
     assert not np.array_equal(result.cs.state[source], result.compiled.initial_weights[source])
 
 
