@@ -7,6 +7,8 @@ and evaluate there with the CPU path's metrics; a value the CS cannot compute, t
 refused in one line."""
 from __future__ import annotations
 
+import inspect
+
 import cs_inprocess
 import numpy as np
 import pytest
@@ -55,6 +57,8 @@ def test_a_weight_tiled_over_the_batch_trains_like_tensorflow(compared, name):
     [param] = kernel.params
     assert (param.variable.split(":")[0], tuple(param.shape)) == (variable, shape)
     source = variable if name != "scaled_token" else "token"
+    if name in ("vit", "set_transformer_pma"):  # softmax ignores the key bias: exactly 0
+        assert any(v.endswith("key/bias") for v in cs_inprocess.zero_gradient_variables(result.compiled))
     if name == "tiled_along_a_token_axis":  # the copies, then tiled within each sample
         [tile] = [k for k in result.compiled.program.kernels if k.type == "tile"]
         assert list(tile.inputs) == [kernel.name] and list(tile.output_shape) == [4, m.WIDTH]
@@ -67,6 +71,12 @@ def test_a_vit_evaluates_on_the_cs_with_the_cpu_paths_metrics(compared, tmp_path
                                             compared("vit")) == ""
 
 
+@pytest.mark.slow
+def test_a_set_transformer_predicts_on_the_cs_what_the_cpu_path_predicts(compared, tmp_path):
+    assert cs_inprocess.prediction_mismatch(m.set_transformer_pma, m.set_input_fn, BASE,
+                                            str(tmp_path), compared("set_transformer_pma")) == ""
+
+
 def test_a_token_tiled_by_tf_shape_is_a_broadcast_of_the_weight_programs_value(tmp_path):
     compiled = cs_inprocess.compile_checked(m.scaled_token, m.set_input_fn, BASE, str(tmp_path))
     program = compiled.program
@@ -77,12 +87,9 @@ def test_a_token_tiled_by_tf_shape_is_a_broadcast_of_the_weight_programs_value(t
     assert [(p.variable, list(p.shape)) for p in broadcast.params] == [("mul", [1, 1, m.WIDTH])]
     assert [p.variable for p in program.weight_program.sources] == ["token"]
     assert kernels["concat"].inputs[0] == broadcast.name
-    assert broadcast.source.endswith(f"tiled_weight_models.py:{_line('tf.tile(token')}")
-
-
-def _line(text: str) -> int:
-    lines = open(m.__file__).read().splitlines()
-    return [i for i, line in enumerate(lines, 1) if text in line][-1]
+    lines, start = inspect.getsourcelines(m.scaled_token)
+    tile = start + next(i for i, line in enumerate(lines) if "tf.tile(" in line)
+    assert broadcast.source.endswith(f"tiled_weight_models.py:{tile}")
 
 
 def test_the_broadcast_gradient_is_the_batchs_sum_no_farther_from_float64_than_tfs():
