@@ -162,3 +162,12 @@ def tiled_along_a_token_axis(features, labels, mode, params):
     x = tf.concat([tf.tile(tokens, [tf.shape(x)[0], 2, 1]), x], 1)
     logits = tf.keras.layers.Dense(CLASSES)(tf.reduce_max(x, 1))
     return _spec(mode, labels, logits, params)
+
+
+def mixed_class_token(features, labels, mode, params):
+    """The class token and position embedding under the mixed_float16 policy (float32
+    weights read as float16 copies), in front of float16 elements."""
+    x = tf.keras.layers.Dense(WIDTH, activation="relu", dtype="mixed_float16")(features)
+    x = ClassToken(dtype="mixed_float16")(x)
+    logits = tf.keras.layers.Dense(CLASSES)(tf.keras.layers.Flatten()(x))
+    return _spec(mode, labels, logits, params)

@@ -6,7 +6,8 @@ a `broadcast` kernel gives each sample of the micro-batch the weight (or the wei
 program's value), a `tile` kernel repeats it within the sample when the tile does too, and
 what follows is computed per sample as TF computes it. The weight's
 gradient is the sum over the batch of the per-sample gradients (TF's TileGrad: a Sum over
-the tiled axis), accumulated as any weight's.
+the tiled axis), accumulated as any weight's. A float16 tile (of a Keras mixed_float16
+layer's weight) is a float16 kernel reading the weight's float16 copy.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def _is_ones(tensor: tf.Tensor) -> bool:
 def broadcast_value(op: tf.Operation, batch: int) -> tuple[tf.Tensor, tuple[int, ...]] | None:
     """(the value, the shape it is read as) if `op`'s output is a value of weights alone
     given unchanged to each of the batch's samples; None otherwise."""
-    if len(op.outputs) != 1 or op.outputs[0].dtype != tf.float32 or \
+    if len(op.outputs) != 1 or op.outputs[0].dtype not in (tf.float32, tf.float16) or \
             not op.outputs[0].shape.is_fully_defined():
         return None
     out = static_shape(op.outputs[0])

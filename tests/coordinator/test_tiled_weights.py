@@ -1,7 +1,8 @@
 """A weight given to every sample (issue 21): a tiny ViT (class token tf.tile'd over the batch,
 concatenated, a learned position embedding, Keras MultiHeadAttention), a Set Transformer's
 pooling by multihead attention, Perceiver latents by tf.broadcast_to, DETR queries by
-tf.repeat, tf.ones_like(x[:, :1]) * w and a tile by the static batch size train on the CS as
+tf.repeat, tf.ones_like(x[:, :1]) * w, a tile by the static batch size, one repeating the
+tokens within the sample too and a class token under mixed_float16 train on the CS as
 TensorFlow trains them (the weight's gradient: the batch's sum of the per-sample gradients)
 and evaluate there with the CPU path's metrics; a value the CS cannot compute, tiled, is
 refused in one line."""
@@ -29,7 +30,10 @@ CASES = {
     "static_batch_tile": (m.static_batch_tile, m.set_input_fn, {}),
     "scaled_token": (m.scaled_token, m.set_input_fn, {}),
     "tiled_along_a_token_axis": (m.tiled_along_a_token_axis, m.set_input_fn, {}),
+    "mixed_class_token": (m.mixed_class_token, m.set_input_fn, {}),
 }
+# float16 (the class token's float16 copy): the mixed precision tests' tolerance
+RTOL = {"mixed_class_token": 1e-2}
 # each model's tiled weight (the broadcast kernel's), and the shape it is read as
 TILED = {"vit": ("class_token/cls_token", (1, 1, m.WIDTH)),
          "set_transformer_pma": ("pooling_by_attention/seed", (1, 2, m.WIDTH)),
@@ -38,7 +42,8 @@ TILED = {"vit": ("class_token/cls_token", (1, 1, m.WIDTH)),
          "ones_like_token": ("token", (m.WIDTH,)),
          "static_batch_tile": ("token", (1, 1, m.WIDTH)),
          "scaled_token": ("mul", (1, 1, m.WIDTH)),
-         "tiled_along_a_token_axis": ("tokens", (1, 2, m.WIDTH))}
+         "tiled_along_a_token_axis": ("tokens", (1, 2, m.WIDTH)),
+         "mixed_class_token": ("class_token/cls_token", (1, 1, m.WIDTH))}
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +55,12 @@ def compared(tmp_path_factory):
 @pytest.mark.parametrize("name", CASES)
 def test_a_weight_tiled_over_the_batch_trains_like_tensorflow(compared, name):
     result = compared(name)
-    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    cs_inprocess.assert_same_training(result, rtol=RTOL.get(name, 1e-5))
     assert result.cs.losses[0] != result.cs.losses[-1]  # it trained
     variable, shape = TILED[name]
     [kernel] = [k for k in result.compiled.program.kernels if k.type == "broadcast"]
     [param] = kernel.params
+    assert dict(kernel.attrs).get("precision") is None or name == "mixed_class_token"
     assert (param.variable.split(":")[0], tuple(param.shape)) == (variable, shape)
     source = variable if name != "scaled_token" else "token"
     if name in ("vit", "set_transformer_pma"):  # softmax ignores the key bias: exactly 0
