@@ -78,7 +78,10 @@ def test_a_framed_audio_keyword_model_trains_like_tensorflow(tmp_path, pad_end):
     run = cs_inprocess.compare(keyword_model, audio_input_fn, params(pad_end=pad_end),
                                str(tmp_path), steps=4)
     assert "take" in [k.type for k in run.compiled.program.kernels]
-    assert not cs_inprocess.mismatches(run, rtol=1e-5)
+    # the zero-padded last frames' near-zero energies: log(b^2 + 1e-6) amplifies the Dense's
+    # summation order, and TF's own threaded matmul moves its Adam slots by 5e-5 from run to
+    # run there (with relu for the log, the CS and TF agree to 1e-6)
+    assert not cs_inprocess.mismatches(run, rtol=1e-4 if pad_end else 1e-5)
 
 
 @pytest.mark.slow
