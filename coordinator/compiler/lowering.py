@@ -433,8 +433,9 @@ def _einsum_of_one(m: Context, op: tf.Operation, term: str, out: str) -> str:
 def _gather(m: Context, op: tf.Operation) -> str:
     table, ids = op.inputs[0], op.inputs[1]
     if m.is_batched(table):
-        return _constant_gather(m, op) if op.get_attr("batch_dims") == 0 and \
-            m.operands.constant(ids) is not None else _sample_gather(m, op)
+        return _constant_gather(m, op) if op.type == "GatherV2" and \
+            op.get_attr("batch_dims") == 0 and m.operands.constant(ids) is not None \
+            else _sample_gather(m, op)
     if op.get_attr("batch_dims") != 0:
         return "gathers from a weight with batch_dims (an embedding lookup has batch_dims 0)"
     if op.type == "GatherV2":
@@ -481,20 +482,20 @@ def _constant_gather(m: Context, op: tf.Operation) -> str:
     """tf.gather(x, indices, axis=k) of a per-sample x at constant indices along one of its
     own axes (k >= 1: tf.signal.frame's windows): a static view of the sample, the gradient
     added back into it index by index (_GatherV2Grad's UnsortedSegmentSum)."""
-    x, indices = op.inputs[0], m.operands.constant(op.inputs[1])
+    x, found = op.inputs[0], m.operands.constant(op.inputs[1])
+    constant_axis = m.operands.constant(op.inputs[2])
     rank = len(static_shape(x))
-    axis = m.operands.constant(op.inputs[2]) if op.type == "GatherV2" else np.int64(0)
-    if axis is None or int(axis) % rank == 0:
+    if constant_axis is None or int(constant_axis) % rank == 0:
         return ("gathers from a per-sample value along the batch axis (or a non-constant axis): "
                 "the CS computes each sample on its own; gather along a sample's own axes")
-    axis = int(axis) % rank
+    axis, indices = int(constant_axis) % rank, np.asarray(found, np.int64)
     size = static_shape(x)[axis]
     if indices.size and (indices.min() < 0 or indices.max() >= size):
         return (f"gathers at constant indices outside [0, {size}) of axis {axis} (TensorFlow "
                 "fails on them at run time)")
     if not has_kernel("take"):
         return "the CS has no take kernel"
-    _take(m, op, x, axis - 1, np.asarray(indices, np.int64), op.outputs[0], True)
+    _take(m, op, x, axis - 1, indices, op.outputs[0], True)
     return ""
 
 

@@ -91,27 +91,34 @@ def test_a_cyclic_shift_inside_the_graph_trains_like_tensorflow(tmp_path):
     assert not cs_inprocess.mismatches(run, rtol=1e-5)
 
 
+@pytest.mark.parametrize("precision", ["float32", "float16"])
 @pytest.mark.parametrize("axis, indices", [
     (1, [[0, 1, 2, 3], [2, 3, 4, 5], [4, 5, 6, 7], [4, 5, 6, 7]]),  # frames, one repeated
-    (2, [3, 3, 0, 3, 1]), (1, 4)])
-def test_take_at_constant_indices_matches_tensorflows_gather_and_gradient(axis, indices):
+    (2, [3, 3, 0, 3, 1]), (1, 4), (1, [5] * 12)])
+def test_take_at_constant_indices_matches_tensorflows_gather_and_gradient(axis, indices,
+                                                                          precision):
     """tf.gather(x, indices, axis) bit for bit; the gradient of an index taken several times
-    adds its gradients in TF's order (_GatherV2Grad's UnsortedSegmentSum)."""
+    (up to more often than scatter_add's passes) adds its gradients in TF's order
+    (_GatherV2Grad's UnsortedSegmentSum), in float16 each sum rounded."""
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((3, 8, 6)).astype(np.float32)
-    value = tf.constant(x)
+    dtype = tf.float16 if precision == "float16" else tf.float32
+    x = rng.standard_normal((3, 8, 6)).astype(dtype.as_numpy_dtype).astype(np.float32)
+    value = tf.constant(x, dtype)
     with tf.GradientTape() as tape:
         tape.watch(value)
         y = tf.gather(value, indices, axis=axis)
-    dy = (rng.standard_normal(y.shape) * 10.0 ** rng.integers(-3, 4, y.shape)).astype(np.float32)
-    grad = tf.convert_to_tensor(tape.gradient(y, value, output_gradients=tf.constant(dy)))
+    dy = (rng.standard_normal(y.shape) * 10.0 ** rng.integers(-3, 4, y.shape)).astype(
+        dtype.as_numpy_dtype).astype(np.float32)
+    grad = tf.convert_to_tensor(tape.gradient(y, value, output_gradients=tf.constant(dy, dtype)))
     flat = np.asarray(indices).ravel().tolist()
-    kernel = build_kernel("take", "model/frame", {"axis": axis - 1, "indices": flat}, [(8, 6)])
+    attrs = {"axis": axis - 1, "indices": flat, **({"precision": precision} if
+                                                     precision == "float16" else {})}
+    kernel = build_kernel("take", "model/frame", attrs, [(8, 6)])
     ctx = RunContext(training=True, batch_size=3)
     out, cache = kernel.forward({}, [x], ctx)
     (dx,), _ = kernel.backward({}, cache, dy.reshape(out.shape), ctx)
-    np.testing.assert_array_equal(out.reshape(y.shape), y.numpy())
-    np.testing.assert_array_equal(dx, grad.numpy())
+    np.testing.assert_array_equal(out.reshape(y.shape), y.numpy().astype(np.float32))
+    np.testing.assert_array_equal(dx, grad.numpy().astype(np.float32))
 
 
 def refused_model(features, labels, mode, params):
