@@ -1,7 +1,8 @@
 """Audio front-ends and cyclic shifts in the graph on the CS: tf.signal.frame (a gather of a
 sample's values at constant indices along its own axis) and tf.roll along a sample's axes,
 trained with TensorFlow's numbers; the take kernel's gradient of overlapping windows adds
-in TF's order; the real FFT (tf.signal.stft) and gathers across samples refused in one line."""
+in TF's order; the real FFT (tf.signal.stft), gathers across samples and
+tf.image.crop_and_resize refused in one line."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -128,6 +129,9 @@ def refused_model(features, labels, mode, params):
         "across samples": lambda: tf.gather(waves, [0, 0, 1, 2, 3, 4, 5, 6]),
         "outside": lambda: tf.gather(waves, [[0, 1], [SAMPLES - 1, SAMPLES]], axis=1),
         "roll the batch": lambda: tf.roll(waves, shift=1, axis=0),
+        "crop and resize": lambda: tf.image.crop_and_resize(
+            tf.reshape(waves, [BATCH, 16, 8, 1]), tf.abs(waves[:, :4]) / 4, tf.range(BATCH),
+            [4, 4]),
     }[params["case"]]()
     logits = tf.keras.layers.Dense(WORDS)(tf.reshape(x, [BATCH, -1]))
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
@@ -137,7 +141,8 @@ def refused_model(features, labels, mode, params):
 
 @pytest.mark.parametrize("case, op, words", [
     ("stft", "RFFT", "no FFT kernel"), ("across samples", "GatherV2", "along the batch axis"),
-    ("outside", "GatherV2", "outside [0, 128)"), ("roll the batch", "Roll", "batch axis")])
+    ("outside", "GatherV2", "outside [0, 128)"), ("roll the batch", "Roll", "batch axis"),
+    ("crop and resize", "CropAndResize", "crop in input_fn")])
 def test_what_the_cs_cannot_compute_is_refused_in_one_line(tmp_path, case, op, words):
     with pytest.raises(CSRunError) as error:
         compile_model(refused_model, audio_input_fn, params(case=case), str(tmp_path),
