@@ -10,6 +10,8 @@ import pytest
 
 from cs_api import cs_api_pb2 as pb
 from cs_api.attrs import to_attr
+from wafer.kernels.losses import DIVISOR, divisors_attr, sum_name
+from wafer.schedules import ScalarOp, Schedule
 from wse_sim.errors import CSError
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import check_program, check_state
@@ -47,7 +49,8 @@ def program(micro: int, divisor_source: str = "present") -> pb.Program:
     loss = p.kernels.add(name="loss", type="loss", inputs=["weighted", divisor_source.replace(
         "present", "count")], output_shape=[], region=REGION)
     loss.attrs["scale"].f = 1.0
-    for key, value in (("divided_by", [0]), ("denominators", np.array([[0.0, 1.0]])),
+    count = Schedule(DIVISOR, (ScalarOp("input", "float32", name=sum_name(0)),))
+    for key, value in (("divided_by", [0]), ("divisors", divisors_attr([count])),
                        ("div_no_nan", [1])):
         loss.attrs[key].CopyFrom(to_attr(value))
     return p
