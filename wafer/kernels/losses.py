@@ -16,16 +16,17 @@ DIVISOR = "loss divisor"  # the hyper_parameter of a divisor's Schedule (what er
 
 
 def divisors_attr(programs: Sequence[Schedule]) -> str:
-    """The `divisors` attr of a loss kernel: each divisor's scalar ops as JSON."""
-    return json.dumps([[[o.op, o.dtype, list(o.inputs), o.value, o.name] for o in p.ops]
-                       for p in programs])
+    """The `divisors` attr of a loss kernel: each divisor's scalar ops (and the TF tensor
+    and source line it computes) as JSON."""
+    return json.dumps([[[[o.op, o.dtype, list(o.inputs), o.value, o.name] for o in p.ops],
+                        p.tf_tensor, p.source] for p in programs])
 
 
 def divisor_programs(text: str) -> list[Schedule]:
     """The divisors of a `divisors` attr (ValueError, TypeError: not one)."""
     return [Schedule(DIVISOR, tuple(ScalarOp(op, dtype, tuple(inputs), (), float(value), name)
-                                    for op, dtype, inputs, value, name in ops))
-            for ops in json.loads(text)]
+                                    for op, dtype, inputs, value, name in ops), str(tensor), str(source))
+            for ops, tensor, source in json.loads(text)]
 
 
 def sum_name(k: int) -> str:
