@@ -26,7 +26,7 @@ _PASS = {"Identity", "Snapshot", "Reshape", "Squeeze", "ExpandDims"}
 # Ops the loss tail allows only on a divisor's side (not linear): see loss_tail.py.
 DIVISOR_OPS = {*_UNARY, *_BINARY, "ClipByValue", "Select", "SelectV2", "Cast", "AddN", *_PASS,
                "Sum", "Mean"}
-SUPPORTED = ("sums or means of the batch's inputs and labels (tf.reduce_sum, tf.reduce_mean, "
+SUPPORTED_DIVISORS = ("sums or means of the batch's inputs and labels (tf.reduce_sum, tf.reduce_mean, "
              "tf.math.count_nonzero), constants, and element-wise ops on them (tf.maximum, "
              "tf.minimum, tf.clip_by_value, +, -, *, /, tf.sqrt, tf.cast, tf.where)")
 
@@ -66,7 +66,7 @@ class _Lowering:
         dtype = _DTYPES[t.dtype.base_dtype]
         if self.m.is_batched(t) or t.shape.num_elements() != 1:
             raise DivisorRefused(op, f"the loss is divided by a tensor of shape {t.shape}: "
-                                     f"the CS divides by one value of the batch, from {SUPPORTED}")
+                                     f"the CS divides by one value of the batch, from {SUPPORTED_DIVISORS}")
         value = self.m.operands.constant(t)
         if value is not None:
             return self.add("const", dtype, value=float(np.asarray(value).reshape(())))
@@ -100,7 +100,7 @@ class _Lowering:
         kind = _UNARY.get(op.type) or _BINARY.get(op.type)
         if kind is None or len(inputs) != ARITY[kind]:
             raise DivisorRefused(op, f"the loss is divided by a value computed by {op.type}: the "
-                                     f"CS evaluates a divisor from {SUPPORTED}")
+                                     f"CS evaluates a divisor from {SUPPORTED_DIVISORS}")
         return self.add(kind, "bool" if kind in _BOOL_OUT else dtype,
                         tuple(self.lower(i) for i in inputs))
 
@@ -115,9 +115,9 @@ def lower_divisor(m: TailContext, division: tf.Operation, summed: list[tf.Tensor
     return Schedule(DIVISOR, tuple(lowering.ops), division.inputs[1].name, user_source(division))
 
 
-def batch_sums(values: dict[tf.Tensor, np.ndarray], summed: list[tf.Tensor]) -> dict[str, object]:
+def batch_sums(values: dict[tf.Tensor, np.ndarray], summed: list[tf.Tensor]) -> dict[str, np.ndarray]:
     """The sums a divisor program reads, as the loss kernel computes them (its set_batch)."""
-    return {sum_name(k): np.sum(values[u], dtype=np.int64 if u.dtype.is_integer else np.float64)
+    return {sum_name(k): np.asarray(np.sum(values[u], dtype=np.int64 if u.dtype.is_integer else np.float64))
             for k, u in enumerate(summed) if u in values}
 
 

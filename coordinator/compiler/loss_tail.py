@@ -28,8 +28,14 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import SHAPE_OPS, user_source
 from coordinator.compiler.ir import KernelNode, UnsupportedOp
-from coordinator.compiler.loss_divisors import DIVISOR_OPS, SUPPORTED as DIVISOR_SUPPORTED, DivisorRefused, batch_sums, \
-    lower_divisor, prove_divisor
+from coordinator.compiler.loss_divisors import (
+    DIVISOR_OPS,
+    SUPPORTED_DIVISORS,
+    DivisorRefused,
+    batch_sums,
+    lower_divisor,
+    prove_divisor,
+)
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.random_numbers import is_draw
 from coordinator.compiler.rules import TailContext
@@ -136,7 +142,7 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
     for op in ops:
         if op not in linear and op.type not in DIVISOR_OPS:
             return _reject(m, op, f"the loss is divided by a value computed by {op.type}: the "
-                                  f"CS evaluates a divisor from {DIVISOR_SUPPORTED}")
+                                  f"CS evaluates a divisor from {SUPPORTED_DIVISORS}")
         if op.type not in TAIL_OPS and op in linear:
             return _reject(m, op, "the loss must be a sum or mean of per-sample values (plus "
                                   "weight penalties): this op is not linear")
@@ -181,7 +187,8 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
     if any(r >= 0 for r in divided_by[len(frontier):]):
         return _reject(m, divisions[0], "a weight penalty is divided by a count or sum of the "
                                         "batch: add penalties to the loss after the division")
-    denominators, summed = [], []
+    denominators: list = []
+    summed: list[tf.Tensor] = []
     for op in divisions:
         try:
             program = lower_divisor(m, op, summed)

@@ -188,7 +188,7 @@ class BatchLoss(Kernel):
         """The batch's divisors from the whole batch's denominator inputs (in order): each
         summed exactly (float64, then rounded once to its dtype: TF's float32 sum of counts
         is exact below 2^24; integers exactly), then each divisor's program in float32."""
-        sums = {sum_name(k): np.sum(u, dtype=np.int64 if u.dtype.kind in "iub" else np.float64)
+        sums = {sum_name(k): np.asarray(np.sum(u, dtype=np.int64 if u.dtype.kind in "iub" else np.float64))
                 for k, u in enumerate(inputs)}
         self.denominators = np.array([evaluate(p, 0, sums) for p in self.programs], np.float32)
 
