@@ -126,6 +126,8 @@ DIVISORS = {  # params["divisor"] of masked_tagger -> the divisor of sum(losses 
     "count_nonzero": lambda mask: tf.maximum(tf.cast(tf.math.count_nonzero(mask), tf.float32), 1.0),
     "clip": lambda mask: tf.clip_by_value(tf.reduce_sum(mask), 1.0, np.inf),
     "sqrt": lambda mask: tf.sqrt(tf.maximum(tf.reduce_sum(mask), 1.0)),
+    "where": lambda mask: tf.where(tf.reduce_sum(mask) > 0, tf.reduce_sum(mask), 1.0),
+    "per_sequence": lambda mask: tf.maximum(tf.reduce_sum(mask) / BATCH, 1.0),  # (x * 1/8)
     "longest": lambda mask: tf.reduce_max(tf.reduce_sum(mask, 1)),  # (refused: Max)
 }
 

@@ -5,7 +5,9 @@ batch sum of a per-sample tensor U_k computed from the inputs and labels alone
 (tf.reduce_sum or tf.reduce_mean over all its axes: a count of tokens, the sum of a mask,
 tf.math.count_nonzero), f a scalar program of element-wise ops on them and constants
 (wafer.schedules' ops: tf.maximum(count, 1), count + 1e-8, tf.clip_by_value as TF's minimum
-then maximum, casts, tf.sqrt, tf.where of a comparison), lowered op by op from the graph.
+then maximum, casts, tf.sqrt, tf.where of a comparison), lowered op by op from the graph as
+TF executes it (a division by a constant as the multiplication by its float32 reciprocal
+that Grappler makes of it).
 The proof: the U_k are fed whole-number values (all zero, all one, random counts and
 quarters), and the program must give TF's float32 divisor bit for bit every time.
 """
@@ -97,7 +99,17 @@ class _Lowering:
             for i in inputs[1:]:
                 total = self.add("add", dtype, (total, self.lower(i)))
             return total
+        if op.type in ("Sum", "Mean"):
+            raise DivisorRefused(op, f"the loss is divided by a {op.type} of a reduction over "
+                                     "the batch axis: reduce the batch's values over all their "
+                                     "axes at once (tf.reduce_sum(mask))")
         kind = _UNARY.get(op.type) or _BINARY.get(op.type)
+        if kind == "div" and dtype == "float32" and self.m.operands.constant(inputs[1]) is not None:
+            # Grappler's constant folding: x / c runs as x * (1 / c), 1 / c rounded to float32
+            c = np.float32(np.asarray(self.m.operands.constant(inputs[1])).reshape(()))
+            with np.errstate(divide="ignore"):
+                reciprocal = self.add("const", dtype, value=float(np.float32(1) / c))
+            return self.add("mul", dtype, (self.lower(inputs[0]), reciprocal))
         if kind is None or len(inputs) != ARITY[kind]:
             raise DivisorRefused(op, f"the loss is divided by a value computed by {op.type}: the "
                                      f"CS evaluates a divisor from {SUPPORTED_DIVISORS}")

@@ -39,8 +39,8 @@ CASES = {
     "mixed_float16": (w.fraud_classifier, w.tabular_input_fn, {"mixed": True}),
     # everyday masked-loss divisors (batch 1's mask all zero: d from tf.maximum(0, 1) etc.)
     **{f"divisor_{d}": (w.masked_tagger, w.tagging_input_fn, {"divisor": d, "zero_batch": True})
-       for d in ("maximum", "epsilon", "count_nonzero", "clip", "sqrt", "divide_no_nan",
-                 "mean_ratio", "two_level")},
+       for d in ("maximum", "epsilon", "count_nonzero", "clip", "sqrt", "where", "per_sequence",
+                 "divide_no_nan", "mean_ratio", "two_level")},
 }
 RTOL = {"mixed_float16": 1e-2}  # (float16 layers: the project's mixed-precision tolerance)
 

@@ -108,3 +108,13 @@ def test_load_refuses_a_denominator_computed_from_weights():
     with pytest.raises(CSError) as info:
         check_program(program(4, divisor_source="xent"))
     assert "kernel 'logits' computes a denominator of the loss from weights" in str(info.value)
+
+
+def test_load_refuses_a_divisor_reading_a_sum_the_loss_does_not_have():
+    p = program(4)
+    loss = next(k for k in p.kernels if k.name == "loss")
+    reads_s1 = Schedule(DIVISOR, (ScalarOp("input", "float32", name=sum_name(1)),))
+    loss.attrs["divisors"].CopyFrom(to_attr(divisors_attr([reads_s1])))
+    with pytest.raises(CSError) as info:
+        check_program(p)
+    assert "'loss' (loss)" in str(info.value) and "(divisor 0: reads an unknown sum)" in str(info.value)
