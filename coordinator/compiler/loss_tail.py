@@ -146,7 +146,7 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
         if op.type not in TAIL_OPS and op in linear:
             return _reject(m, op, "the loss must be a sum or mean of per-sample values (plus "
                                   "weight penalties): this op is not linear")
-        if op.type == "Cast" and op.outputs[0].dtype not in (tf.float32, tf.float16):
+        if op.type == "Cast" and op in linear and op.outputs[0].dtype not in (tf.float32, tf.float16):
             return _reject(m, op, "the loss is cast to a type other than float32 or float16")
         for t in op.inputs:
             if t.name in m.tail or m.is_batched(t) or m.operands.constant(t) is not None:
