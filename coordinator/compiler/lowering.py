@@ -63,6 +63,9 @@ REFUSED = {
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision); csconfig.use_cbfloat16",
     **lowering_spatial.REFUSED,
+    "Fourier transforms": "tf.signal.stft, tf.signal.rfft and complex values (the CS computes "
+                          "real float32 values; tf.signal.frame and a learned Dense or Conv1D "
+                          "filterbank over the frames train)",
 }
 
 
@@ -430,7 +433,9 @@ def _einsum_of_one(m: Context, op: tf.Operation, term: str, out: str) -> str:
 def _gather(m: Context, op: tf.Operation) -> str:
     table, ids = op.inputs[0], op.inputs[1]
     if m.is_batched(table):
-        return _sample_gather(m, op)
+        return _constant_gather(m, op) if op.type == "GatherV2" and \
+            op.get_attr("batch_dims") == 0 and m.operands.constant(ids) is not None \
+            else _sample_gather(m, op)
     if op.get_attr("batch_dims") != 0:
         return "gathers from a weight with batch_dims (an embedding lookup has batch_dims 0)"
     if op.type == "GatherV2":
@@ -451,6 +456,74 @@ def _gather(m: Context, op: tf.Operation) -> str:
     assert weight is not None, "letter p: _operands found the table's weight"
     m.add_kernel(m.scope(op, weight.variable), "gather", inputs, {"operands": letters, **attrs},
                  params, [op], op.outputs[0])
+    return ""
+
+
+def _take(m: Context, op: tf.Operation, x: tf.Tensor | str, axis: int, indices: np.ndarray,
+          out: tf.Tensor | None, last: bool) -> str:
+    """A `take` kernel: x's values at constant `indices` along per-sample `axis` (a reshape
+    after it for indices of rank other than 1); the kernel's name."""
+    shape = m.kernel_shape(x) if isinstance(x, str) else m.shape(x)
+    taken = (*shape[:axis], indices.size, *shape[axis + 1:])
+    attrs = {"axis": axis, "indices": [int(i) for i in indices.ravel()]}
+    reshaped = (*shape[:axis], *indices.shape, *shape[axis + 1:])
+    if indices.ndim == 1:
+        return m.add_kernel(op.name if last else f"{op.name}/take_{axis}", "take", [x], attrs, [],
+                            [op] if last else [], out if last else None, output_shape=taken,
+                            source_op=op).name
+    kernel = m.add_kernel(f"{op.name}/take", "take", [x], attrs, [], [], None,
+                          output_shape=taken, source_op=op)
+    return m.add_kernel(op.name, "reshape", [kernel.name], {"shape": list(reshaped)}, [],
+                        [op] if last else [], out if last else None, output_shape=reshaped,
+                        source_op=op).name
+
+
+def _constant_gather(m: Context, op: tf.Operation) -> str:
+    """tf.gather(x, indices, axis=k) of a per-sample x at constant indices along one of its
+    own axes (k >= 1: tf.signal.frame's windows): a static view of the sample, the gradient
+    added back into it index by index (_GatherV2Grad's UnsortedSegmentSum)."""
+    x, found = op.inputs[0], m.operands.constant(op.inputs[1])
+    constant_axis = m.operands.constant(op.inputs[2])
+    rank = len(static_shape(x))
+    if constant_axis is None or int(constant_axis) % rank == 0:
+        return ("gathers from a per-sample value along the batch axis (or a non-constant axis): "
+                "the CS computes each sample on its own; gather along a sample's own axes")
+    axis, indices = int(constant_axis) % rank, np.asarray(found, np.int64)
+    size = static_shape(x)[axis]
+    if indices.size and (indices.min() < 0 or indices.max() >= size):
+        return (f"gathers at constant indices outside [0, {size}) of axis {axis} (TensorFlow "
+                "fails on them at run time)")
+    if not has_kernel("take"):
+        return "the CS has no take kernel"
+    _take(m, op, x, axis - 1, indices, op.outputs[0], True)
+    return ""
+
+
+@generic("Roll")
+def _roll(m: Context, op: tf.Operation) -> str:
+    """tf.roll of a per-sample value by constant shifts along its own axes: one `take` per
+    axis at the rolled positions (np.roll; the gradient rolled back, as _RollGrad)."""
+    x = op.inputs[0]
+    shift, axes = m.operands.constant(op.inputs[1]), m.operands.constant(op.inputs[2])
+    rank = len(static_shape(x))
+    if not m.is_batched(x) or shift is None or axes is None:
+        return "rolls a value that is not per-sample, or by shifts or axes that are not constant"
+    total: dict[int, int] = {}
+    for s, a in zip(np.atleast_1d(shift).ravel(), np.atleast_1d(axes).ravel()):
+        total[int(a) % rank] = total.get(int(a) % rank, 0) + int(s)
+    if 0 in total:
+        return "rolls along the batch axis: the CS computes each sample on its own"
+    if not has_kernel("take"):
+        return "the CS has no take kernel"
+    shape = static_shape(x)
+    moves = [(a, s % shape[a]) for a, s in sorted(total.items()) if s % shape[a]]
+    if not moves:
+        m.alias(op, x)
+        return ""
+    current: tf.Tensor | str = x
+    for k, (a, s) in enumerate(moves):
+        current = _take(m, op, current, a - 1, (np.arange(shape[a]) - s) % shape[a],
+                        op.outputs[0], k == len(moves) - 1)
     return ""
 
 
@@ -630,11 +703,15 @@ def supported_table() -> str:
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "
                  + ", ".join(sorted(BINARY)) + " |")
     lines.append("| generic | " + ", ".join(others) + " |")
-    lines.append("| `gather`, `sample_gather` | GatherV2, ResourceGather: an embedding lookup in a "
+    lines.append("| `gather`, `sample_gather`, `take` | GatherV2, ResourceGather: an embedding lookup in a "
                  "weight (axis 0; Keras Embedding, tf.nn.embedding_lookup), or in a constant (class "
                  "weights: tf.gather(weights, labels)); tf.gather(x, ids, "
                  "batch_dims=1) of a per-sample value at per-sample indices (BERT's masked "
-                 "positions; a repeated index adds its gradients) |")
+                 "positions; a repeated index adds its gradients); tf.gather(x, indices, axis=k) "
+                 "of a per-sample value at constant indices along its own axis k >= 1 "
+                 "(tf.signal.frame's overlapping windows: a repeated index adds its gradients in "
+                 "TF's order); Roll by constant shifts along a sample's axes (tf.roll: a take "
+                 "per axis) |")
     lines.append("| `slice`, `top_k`, `is_finite` | StridedSlice with `...`, tf.newaxis after the batch "
                  "axis (a reshape after the slice) and negative strides (x[:, ::-1]); TopKV2 "
                  "along a sample's last axis (tf.math.top_k, tf.sort: largest first, equal "

@@ -32,9 +32,13 @@ KERNEL_ROWS = {
 
 TRANSPOSED_3D = ("3-D transposed convolution (Conv3DTranspose) has no CS kernel: upsample with "
                  "UpSampling3D, then Conv3D")
-REFUSED = {"Conv3DTranspose": TRANSPOSED_3D}
+CROP_AND_RESIZE = ("tf.image.crop_and_resize (CropAndResize) has no CS kernel: its rows are "
+                   "boxes, each reading the image its box index names at positions computed "
+                   "from values, not samples: crop in input_fn, or resize a constant slice "
+                   "(tf.image.resize(x[:, a:b, c:d], size))")
+REFUSED = {"Conv3DTranspose": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE}
 # What to use instead of ops no kernel computes, by op type (coordinator.compiler.refusals).
-INSTEAD = {"Conv3DBackpropInputV2": TRANSPOSED_3D}
+INSTEAD = {"Conv3DBackpropInputV2": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE}
 
 
 def _nhwc(op: tf.Operation) -> str:

@@ -26,6 +26,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | matmul | the `i` operands | operands: ii, ip, pi, ic, ci; transpose_a, transpose_b (BatchMatMulV2; activations per-sample rank >= 2, or rank 1 as the rows of operand 0 against a rank-2 weight/constant) | p<k>: attr p<k> | |
 | transpose | x | perm [per-sample permutation] | — | any, passed through |
 | slice | x | begin, end, strides (per-sample, resolved; stride < 0: end -1 = through element 0), shrink [axes] | — | any, passed through |
+| take | x | axis (per-sample), indices [ints in [0, size)] (tf.gather at constant indices: tf.signal.frame, tf.roll; a weight's view) | — | any, passed through |
 | pad | x | paddings [b0, a0, b1, a1, ...] per-sample, value | — | float32, int32, int64 |
 | gather | indices (...) | operands "pi" (embedding lookup) | p0: (V, D...) | indices int32/int64 in [0, V); output indices + (D...) |
 | sample_gather | x (L, D...), indices (...) | — (tf.gather(x, indices, batch_dims=1): each sample's rows) | — | x float32, int32, int64 or bool (the output's); indices int32/int64 in [0, L); output indices + (D...) |

@@ -13,7 +13,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, Shape, check_dtypes, register
+from wafer.kernels.embedding import scatter_add
 from wafer.kernels.structure import Elementwise
+from wafer.precision import is_half
 
 _ONE = np.float32(1)
 
@@ -343,7 +345,8 @@ class Slice(Rearrangement):
 class Take(Rearrangement):
     """tf.gather of the sample at constant indices along a per-sample axis: attrs axis and
     indices (a list of ints in [0, size)). The gradient is TF's _GatherV2Grad, an
-    UnsortedSegmentSum: each index's gradients added into zeros in order (np.add.at)."""
+    UnsortedSegmentSum: each index's gradients added into zeros in order (np.add.at's
+    result; in a float16 kernel each sum rounded to float16, as TF's float16 kernel adds)."""
 
     type_name = "take"
 
@@ -358,7 +361,6 @@ class Take(Rearrangement):
                               f"axis of {shape} and the indices {indices} within it")
         self.axis = axis
         self.indices = np.asarray(indices, np.int64)
-        self.index: tuple[Any, ...] = (slice(None),) * (axis + 1) + (self.indices,)
 
     @property
     def output_shape(self):
@@ -371,7 +373,9 @@ class Take(Rearrangement):
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         grad = np.zeros((grad_output.shape[0], *self.input_shapes[0]), grad_output.dtype)
-        np.add.at(grad, self.index, grad_output)
+        if len(self.indices):
+            scatter_add(np.moveaxis(grad, self.axis + 1, 0), self.indices,
+                        np.moveaxis(grad_output, self.axis + 1, 0), half=is_half(self.attrs))
         return [grad], {}
 
 
