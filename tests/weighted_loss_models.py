@@ -2,7 +2,8 @@
 classifier and NER tagger): tf.compat.v1.losses.* with `weights=` of shape [batch] (class
 weights gathered by label) or [batch, T] (a padding mask from labels != pad) under each
 Reduction, the default SUM_BY_NONZERO_WEIGHTS (sum(w * l) / count_nonzero(w), DivNoNan)
-first; a hand-written masked mean sum(l * mask) / sum(mask); a Keras loss with
+first; a hand-written masked mean sum(l * mask) / sum(mask) and the everyday variants of its
+divisor (tf.maximum(., 1), + 1e-8, count_nonzero, clip_by_value, two-level means); a Keras loss with
 sample_weight; and a denominator computed from the model's outputs (refused)."""
 import numpy as np
 import tensorflow as tf
@@ -115,6 +116,43 @@ def ner_tagger(features, labels, mode, params):
     else:
         loss = v1.losses.sparse_softmax_cross_entropy(
             labels, logits, weights=mask, reduction=params.get("reduction", R.SUM_BY_NONZERO_WEIGHTS))
+    return _spec(mode, loss, params, {
+        "token_accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, -1), weights=mask)})
+
+
+DIVISORS = {  # params["divisor"] of masked_tagger -> the divisor of sum(losses * mask)
+    "maximum": lambda mask: tf.maximum(tf.reduce_sum(mask), 1.0),
+    "epsilon": lambda mask: tf.reduce_sum(mask) + 1e-8,
+    "count_nonzero": lambda mask: tf.maximum(tf.cast(tf.math.count_nonzero(mask), tf.float32), 1.0),
+    "clip": lambda mask: tf.clip_by_value(tf.reduce_sum(mask), 1.0, np.inf),
+    "sqrt": lambda mask: tf.sqrt(tf.maximum(tf.reduce_sum(mask), 1.0)),
+    "where": lambda mask: tf.where(tf.reduce_sum(mask) > 0, tf.reduce_sum(mask), 1.0),
+    "per_sequence": lambda mask: tf.maximum(tf.reduce_sum(mask) / BATCH, 1.0),  # (x * 1/8)
+    "longest": lambda mask: tf.reduce_max(tf.reduce_sum(mask, 1)),  # (refused: Max)
+}
+
+
+def masked_tagger(features, labels, mode, params):
+    """The NER tagger's loss as masked-loss code is written by hand: the token-level mean
+    over the batch, sum(losses * mask) / DIVISORS[params["divisor"]](mask); "divide_no_nan":
+    tf.math.divide_no_nan(sum(losses * mask), sum(mask)); "mean_ratio": mean(losses * mask) /
+    tf.maximum(mean(mask), 1e-6); "two_level": each sequence's mean over its tokens
+    (/ tf.maximum(its count, 1)), then the mean over the batch."""
+    hidden = L.Dense(16, activation="tanh")(L.Embedding(VOCAB, 8)(features))
+    logits = L.Dense(CLASSES)(hidden)
+    mask = tf.cast(tf.not_equal(labels, PAD), tf.float32)
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    divisor = params["divisor"]
+    if divisor == "divide_no_nan":
+        loss = tf.math.divide_no_nan(tf.reduce_sum(losses * mask), tf.reduce_sum(mask))
+    elif divisor == "mean_ratio":
+        loss = tf.reduce_mean(losses * mask) / tf.maximum(tf.reduce_mean(mask), 1e-6)
+    elif divisor == "two_level":
+        per_sequence = tf.reduce_sum(losses * mask, axis=1) / tf.maximum(
+            tf.reduce_sum(mask, axis=1), 1.0)
+        loss = tf.reduce_mean(per_sequence)
+    else:
+        loss = tf.reduce_sum(losses * mask) / DIVISORS[divisor](mask)
     return _spec(mode, loss, params, {
         "token_accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, -1), weights=mask)})
 

@@ -52,7 +52,7 @@ _FLOAT_ONLY = {"sqrt", "rsqrt", "exp", "log", "cos", "sin", "div", "pow"}
 _COMPARE = {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal"}
 _LOGICAL = {"logical_not", "logical_and", "logical_or"}
 # op -> number of data inputs (None: one or more)
-ARITY = {"const": 0, "step": 0, "variable": 0, "cast": 1, "select": 3, "switch_false": 2,
+ARITY = {"const": 0, "step": 0, "variable": 0, "input": 0, "cast": 1, "select": 3, "switch_false": 2,
          "switch_true": 2, "merge": None, "assert": 1,
          **{op: 1 for op in UNARY}, **{op: 2 for op in BINARY}}
 
@@ -68,7 +68,7 @@ class ScalarOp:
     inputs: tuple[int, ...] = ()  # earlier ops' indices
     controls: tuple[int, ...] = ()  # earlier ops whose deadness it inherits
     value: float = 0.0  # const
-    name: str = ""  # variable: its TF name; assert: the assertion's op
+    name: str = ""  # variable: its TF name; input: its key in `variables`; assert: its op
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,8 @@ def schedule_problem(schedule: Schedule) -> str:
             return f"{where}: {problem}"
         if o.op == "variable" and (not o.name or o.dtype != "float32"):
             return f"{where}: a variable needs a name and float32"
+        if o.op == "input" and not o.name:
+            return f"{where}: an input needs a name"
         if o.op == "const" and o.dtype == "float32" and np.float32(o.value) != o.value and \
                 np.isfinite(o.value):
             return f"{where}: {o.value!r} is not a float32 value"
@@ -181,6 +183,8 @@ def evaluate(schedule: Schedule, step: int, variables: Mapping[str, np.ndarray])
                 value = np.int64(step)
             elif o.op == "variable":
                 value = F32(np.asarray(variables[o.name]).reshape(()))
+            elif o.op == "input":  # a value of its dtype the caller computed (a batch's sum)
+                value = dtype(np.asarray(variables[o.name]).reshape(()))
             elif o.op == "cast":
                 value = _cast(ins[0], dtype)
             elif o.op == "select":
@@ -221,7 +225,7 @@ def render(schedule: Schedule) -> str:
             text.append(f"{o.value:g}" if o.dtype != "bool" else str(bool(o.value)))
         elif o.op == "step":
             text.append("global_step")
-        elif o.op == "variable":
+        elif o.op in ("variable", "input"):
             text.append(o.name)
         elif o.op in ("identity", "switch_false", "switch_true", "assert"):
             text.append(a[0])

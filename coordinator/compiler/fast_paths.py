@@ -329,9 +329,12 @@ def _keras_batch_norm(m: Context, mul_1: tf.Operation):
             return None
     elif sub.type == "Neg":
         mean_mul = sub.inputs[0].op
+    elif sub.type == "Mul" and sub.inputs[0].op.type == "Neg":  # Keras 3 without center
+        mean_mul = sub
     if mean_mul is None or mean_mul.type != "Mul" or mean_mul.inputs[1] is not mul_1.inputs[1]:
         return None
-    mean = m.operands.weight(mean_mul.inputs[0])
+    mean_t = mean_mul.inputs[0]
+    mean = m.operands.weight(mean_t.op.inputs[0] if mean_mul is sub else mean_t)
     if mean is None:
         return None
     return mean, variance, gamma, beta, float(eps), [mul_1, add], add.outputs[0]
@@ -471,12 +474,20 @@ def _normalization(m: Context, x: tf.Tensor, mean: list[tf.Tensor], variance: li
     users = m.consumers(inv)
     mul_x = [u for u in users if u.type == "Mul" and list(u.inputs) == [x, inv]]
     mul_mean = [u for u in users if u.type == "Mul" and list(u.inputs) == [mean_t, inv]]
+    mul_mean += [u for u in users if u.type == "Mul" and u.inputs[1] is inv and  # (-mean) * inv:
+                 u.inputs[0].op.type == "Neg" and u.inputs[0].op.inputs[0] is mean_t]  # Keras 3
     if len(users) != 2 or len(mul_x) != 1 or len(mul_mean) != 1:
         return None
-    shift = m.consumers(mul_mean[0].outputs[0])
+    if mul_mean[0].inputs[0] is not mean_t:  # without center: its shift is the product itself
+        neg = mul_mean[0].inputs[0].op
+        if m.consumers(neg.outputs[0]) != [mul_mean[0]]:
+            return None
+        mul_mean, shift = [neg], [mul_mean[0]]
+    else:
+        shift = m.consumers(mul_mean[0].outputs[0])
+        if len(shift) != 1 or shift[0].type not in ("Sub", "Neg"):
+            return None
     beta = None
-    if len(shift) != 1 or shift[0].type not in ("Sub", "Neg"):
-        return None
     if shift[0].type == "Sub":
         beta = m.operands.weight(shift[0].inputs[0])
         if beta is None or shift[0].inputs[1] is not mul_mean[0].outputs[0]:

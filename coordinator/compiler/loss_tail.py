@@ -9,13 +9,14 @@ the CS computes on the weight's own region. The structure is checked op by op, t
 coefficients are measured by feeding values into the graph and the linearity is verified
 with fresh values. Anything else is refused naming the op.
 
-A term may be divided by a count or sum of the batch (tf.compat.v1.losses' default
-reduction with per-sample weights, SUM_BY_NONZERO_WEIGHTS: DivNoNan by the count of nonzero
-weights; MEAN: by their sum; a hand-written sum(l * mask) / sum(mask)): d = e_0 + sum_k e_k *
-sum(U_k), the U_k per-sample tensors computed from the program's inputs alone (never from
-the model's outputs or weights), so the CS knows d before the batch's backward pass
-(wafer.kernels.losses.BatchLoss). Feeding the denominators proves which terms each divides
-and measures the rest as above.
+A term may be divided by a value of the batch (tf.compat.v1.losses' default reduction with
+per-sample weights, SUM_BY_NONZERO_WEIGHTS: DivNoNan by the count of nonzero weights; MEAN:
+by their sum; a hand-written sum(l * mask) / tf.maximum(sum(mask), 1)): d = f(sum(U_1), ..),
+the U_k per-sample tensors computed from the program's inputs alone (never from the model's
+outputs or weights), f a scalar program (loss_divisors.py), so the CS knows d before the
+batch's backward pass (wafer.kernels.losses.BatchLoss). Feeding the divisors proves which
+terms each divides and measures the rest as above; the ops computing a divisor from the
+batch's sums need not be linear.
 """
 from __future__ import annotations
 
@@ -27,9 +28,19 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import SHAPE_OPS, user_source
 from coordinator.compiler.ir import KernelNode, UnsupportedOp
+from coordinator.compiler.loss_divisors import (
+    DIVISOR_OPS,
+    SUPPORTED_DIVISORS,
+    DivisorRefused,
+    batch_sums,
+    lower_divisor,
+    prove_divisor,
+)
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.random_numbers import is_draw
 from coordinator.compiler.rules import TailContext
+from wafer.kernels.losses import divisors_attr
+from wafer.schedules import evaluate
 
 # Ops allowed between the batch reductions (and weight terms) and the loss: linear ones.
 TAIL_OPS = {"Sum", "Mean", "Mul", "RealDiv", "Div", "DivNoNan", "AddV2", "Add", "AddN", "Sub",
@@ -61,6 +72,23 @@ def _tail_ops(m: TailContext, loss: tf.Tensor) -> list[tf.Operation]:
         found.add(op)
         stack.extend(t.op for t in op.inputs)
     return [op for op in m.ops if op in found]
+
+
+def _divisions(m: TailContext, loss: tf.Tensor) -> tuple[list[tf.Operation], set[tf.Operation]]:
+    """The divisions of the loss by a value of the batch, and the tail ops that compute
+    the loss other than through a divisor (those must be linear)."""
+    divisions, found, stack = [], set(), [loss.op]
+    while stack:
+        op = stack.pop()
+        if op in found or not any(out.name in m.tail for out in op.outputs):
+            continue
+        found.add(op)
+        inputs = list(op.inputs)
+        if op.type in DIVISIONS and inputs[1].name in m.tail:
+            divisions.append(op)
+            inputs = inputs[:1]
+        stack.extend(t.op for t in inputs)
+    return [op for op in m.ops if op in divisions], found
 
 
 def _weight_base(m: TailContext, tensor: tf.Tensor):
@@ -109,12 +137,16 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
         return _reject(m, loss.op, "the loss is not reduced over the batch from per-sample "
                                    "values (e.g. tf.reduce_mean of per-sample losses)")
     ops = _tail_ops(m, loss)
+    divisions, linear = _divisions(m, loss)
     bases: list = []
     for op in ops:
-        if op.type not in TAIL_OPS:
+        if op not in linear and op.type not in DIVISOR_OPS:
+            return _reject(m, op, f"the loss is divided by a value computed by {op.type}: the "
+                                  f"CS evaluates a divisor from {SUPPORTED_DIVISORS}")
+        if op.type not in TAIL_OPS and op in linear:
             return _reject(m, op, "the loss must be a sum or mean of per-sample values (plus "
                                   "weight penalties): this op is not linear")
-        if op.type == "Cast" and op.outputs[0].dtype not in (tf.float32, tf.float16):
+        if op.type == "Cast" and op in linear and op.outputs[0].dtype not in (tf.float32, tf.float16):
             return _reject(m, op, "the loss is cast to a type other than float32 or float16")
         for t in op.inputs:
             if t.name in m.tail or m.is_batched(t) or m.operands.constant(t) is not None:
@@ -127,8 +159,7 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
     half = any(t.dtype == tf.float16 for t in frontier) or \
         any(t.dtype == tf.float16 for op in ops for t in op.outputs)
     rtol = HALF_RTOL if half else RTOL
-    divisions = list({op.inputs[1].name: op for op in ops if op.type in DIVISIONS
-                      and op.inputs[1].name in m.tail}.values())
+    divisions = list({op.inputs[1].name: op for op in divisions}.values())
     for op in divisions:
         for t in _summed(m, op.inputs[1]):
             model = _model_op(t)
@@ -156,16 +187,21 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
     if any(r >= 0 for r in divided_by[len(frontier):]):
         return _reject(m, divisions[0], "a weight penalty is divided by a count or sum of the "
                                         "batch: add penalties to the loss after the division")
-    denominators = []
+    denominators: list = []
+    summed: list[tf.Tensor] = []
     for op in divisions:
-        summed = _summed(m, op.inputs[1])
-        form = _measure(session, op.inputs[1], summed, [], rtol, affine=True)
-        if isinstance(form, str):
-            return _reject(m, op, form.replace("the loss", "the divisor"))
-        denominators.append((op, summed, form))
+        try:
+            program = lower_divisor(m, op, summed)
+        except DivisorRefused as refused:
+            return _reject(m, refused.op, refused.reason)
+        problem = prove_divisor(session, op, program, summed)
+        if problem:
+            return _reject(m, op, problem)
+        denominators.append((op, program))
     if divisions:
         problem = _check_ratio(session, loss, frontier, [b[0] for b in bases],
-                               coefficients[:len(frontier)], divided_by, denominators, rtol)
+                               coefficients[:len(frontier)], divided_by, denominators, summed,
+                               rtol)
         if problem:
             return _reject(m, loss.op, problem)
     data_c, weight_c = coefficients[:len(frontier)], coefficients[len(frontier):]
@@ -177,7 +213,7 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
                                          "uses")
         regularizers.setdefault(weight.variable, []).append((kind, float(c * factor)))
     return _loss_kernel(m, loss, frontier, data_c, divided_by[:len(frontier)],
-                        denominators), regularizers
+                        denominators, summed), regularizers
 
 
 def _summed(m: TailContext, tensor: tf.Tensor) -> list[tf.Tensor]:
@@ -203,15 +239,16 @@ def _model_op(tensor: tf.Tensor) -> tf.Operation | None:
 
 def _check_ratio(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.Tensor],
                  bases: list[tf.Tensor], coefficients: Sequence[float], divided_by: Sequence[int],
-                 denominators: list, rtol: float) -> str:
+                 denominators: list, summed: list[tf.Tensor], rtol: float) -> str:
     """'' if the loss is sum_j c_j sum(T_j) / d_r(j) with fresh values of every per-sample
     tensor (the denominators computed by the graph from theirs); else what is not."""
     rng = np.random.default_rng(1)
     values = {t: _draw(rng, t, static_shape(t), 0.5, 2.0) for t in frontier}
     values.update({t: np.zeros(static_shape(t), np.float32) for t in bases})
     sums = {t.name: float(v.sum(dtype=np.float64)) for t, v in values.items()}
-    d = [offset + sum(e * sums[t.name] for e, t in zip(form, summed))
-         for _, summed, (offset, *form) in denominators]
+    with np.errstate(all="ignore"):
+        d = [float(evaluate(program, 0, batch_sums(values, summed)))
+             for _, program in denominators]
     want = sum(c * sums[t.name] / (d[r] if r >= 0 else 1.0)
                for t, c, r in zip(frontier, coefficients, divided_by))
     got = float(session.run(loss, values))
@@ -222,24 +259,21 @@ def _check_ratio(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[
 
 def _measure(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.Tensor],
              bases: list[tf.Tensor], rtol: float = RTOL, fixed: dict | None = None,
-             affine: bool = False) -> list[float] | str:
+             ) -> list[float] | str:
     """The coefficients c of loss = sum_i c_i * sum(x_i), measured and verified by feeding
-    (with the `fixed` tensors fed their values); `affine`: [c_0, c_1, ...] of
-    c_0 + sum_i c_i * sum(x_i)."""
+    (with the `fixed` tensors fed their values)."""
     rng = np.random.default_rng(0)
     feeds = frontier + bases
     shapes = [static_shape(t) for t in feeds]
     zeros = {**{t: np.zeros(s, np.float32) for t, s in zip(feeds, shapes)}, **(fixed or {})}
 
     def evaluate(values: dict) -> float:
-        return float(session.run(loss, {**zeros, **values})) - base
+        return float(session.run(loss, {**zeros, **values}))
 
     try:
-        base = 0.0
         offset = evaluate({})
-        if abs(offset) > 1e-6 and not affine:
+        if abs(offset) > 1e-6:
             return f"the loss adds a constant ({offset:g}) to the sum of per-sample values"
-        base = offset if affine else 0.0
         coefficients, draws = [], []
         for t, s in zip(feeds, shapes):
             value = _draw(rng, t, s, 0.5, 2.0)
@@ -257,7 +291,7 @@ def _measure(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.T
             return "the loss's terms are not added (the loss is not linear in them)"
     except tf.errors.OpError as error:
         return f"the loss could not be evaluated from its per-sample values ({error.message})"
-    return [exact(offset), *coefficients] if affine else coefficients
+    return coefficients
 
 
 def _draw(rng: np.random.Generator, t: tf.Tensor, shape: tuple[int, ...], low: float,
@@ -281,7 +315,7 @@ def exact(c: float, rtol: float = 1e-5) -> float:
 
 def _loss_kernel(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
                  coefficients: Sequence[float], divided_by: Sequence[int] = (),
-                 denominators: Sequence = ()) -> str:
+                 denominators: Sequence = (), summed: Sequence[tf.Tensor] = ()) -> str:
     """One `loss` kernel summing scale * per-sample values (several terms combined first),
     each group of terms divided by its denominator (wafer.kernels.losses.BatchLoss)."""
     if not denominators:
@@ -296,15 +330,10 @@ def _loss_kernel(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
     for r in groups:
         terms = [(t, c) for t, c, g in zip(frontier, coefficients, divided_by) if g == r and c]
         inputs.append(_combined(m, loss, [t for t, _ in terms], [c for _, c in terms]))
-    summed = list(dict.fromkeys(t for _, ts, _ in denominators for t in ts))
-    table = np.zeros((len(denominators), 1 + len(summed)))
-    for r, (_, ts, (offset, *form)) in enumerate(denominators):
-        table[r, 0] = offset
-        for t, e in zip(ts, form):
-            table[r, 1 + summed.index(t)] = e
-    attrs = {"scale": 1.0, "divided_by": groups, "denominators": table,
-             "div_no_nan": [int(DIVISIONS[op.type]) for op, _, _ in denominators]}
-    return m.add_kernel("loss", "loss", inputs + summed, attrs, [], [], loss, output_shape=(),
+    attrs = {"scale": 1.0, "divided_by": groups,
+             "divisors": divisors_attr([program for _, program in denominators]),
+             "div_no_nan": [int(DIVISIONS[op.type]) for op, _ in denominators]}
+    return m.add_kernel("loss", "loss", inputs + list(summed), attrs, [], [], loss, output_shape=(),
                         source_op=loss.op).name
 
 

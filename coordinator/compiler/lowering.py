@@ -723,8 +723,10 @@ def supported_table() -> str:
                  "Keras regularizers), proven linear by the compiler; divided by a count or sum "
                  "of the batch computed from its inputs and labels alone (tf.compat.v1.losses' "
                  "default SUM_BY_NONZERO_WEIGHTS and MEAN with per-sample weights: class weights "
-                 "by label, a padding mask; sum(l * mask) / sum(mask)), known before the batch "
-                 "streams through |")
+                 "by label, a padding mask; sum(l * mask) / sum(mask)) or a scalar function of "
+                 "such sums (tf.maximum(sum(mask), 1.0), + 1e-8, count_nonzero, "
+                 "tf.clip_by_value, tf.math.divide_no_nan, tf.sqrt: TF's float32 bit for bit), "
+                 "known before the batch streams through |")
     lines.append("| weights (shared, viewed) | a weight read by several kernels (tied input/output "
                  "embeddings, a Keras layer called twice, an unrolled LSTM's cell at every step) "
                  "lives in one region, its uses' gradients summed before the one update; a "

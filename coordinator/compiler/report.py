@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.compiler.ir import MatchedModel, TrainingSpec
+from coordinator.compiler.ir import KernelNode, MatchedModel, TrainingSpec
 from coordinator.compiler.placement import Placement
 from coordinator.compiler.training.shift import REASON
 from wafer import timing
 from wafer.fabric import Fabric
 from wafer.kernels import build_kernel
+from wafer.kernels.losses import divisor_programs
 from wafer.loss_scaling import CS1DynamicLossScale, Rule
 from wafer.precision import is_half, precision_of
 from wafer.schedules import ScheduleError, evaluate, render
@@ -39,8 +40,10 @@ def model_summary(model: MatchedModel, mode: str, batch_size: int) -> list[str]:
         lines += training_lines(model, model.training)
     if model.loss_kernel:
         loss = next(k for k in model.kernels if k.name == model.loss_kernel)
-        lines.append(f"Loss: the sum over the batch of {', '.join(loss.inputs)} "
+        terms = loss.inputs[:len(loss.attrs["divided_by"])] if "divisors" in loss.attrs else loss.inputs
+        lines.append(f"Loss: the sum over the batch of {', '.join(terms)} "
                      f"x {loss.attrs['scale']:.6g}")
+        lines += divisor_lines(loss)
         penalties = list(dict.fromkeys(f"{kind} {scale:g} on {p.variable}" for k in model.kernels
                                        for p in k.params for kind, scale in p.regularizers))
         if penalties:
@@ -76,6 +79,24 @@ def weight_lines(model: MatchedModel) -> list[str]:
 def _weight_kernel(kind: str, attrs: dict[str, Any]) -> str:
     """A weight program kernel in a word: its op or function."""
     return str(attrs.get("function") or attrs.get("op") or kind)
+
+
+def divisor_lines(loss: KernelNode) -> list[str]:
+    """The loss's divisors of the batch (wafer.kernels.losses.BatchLoss), one line each."""
+    if "divisors" not in loss.attrs:
+        return []
+    divided_by = list(loss.attrs["divided_by"])
+    sums = loss.inputs[len(divided_by):]
+    lines = []
+    for r, (program, no_nan) in enumerate(zip(divisor_programs(loss.attrs["divisors"]),
+                                              loss.attrs["div_no_nan"])):
+        terms = ", ".join(t for t, g in zip(loss.inputs, divided_by) if g == r)
+        read = sorted({o.name for o in program.ops if o.op == "input"})
+        where = ", ".join(f"{name} = the batch's sum of {sums[int(name[1:])]}" for name in read)
+        lines.append(f"  {terms} divided by {render(program)}{' (0 where it is 0)' * bool(no_nan)}"
+                     f", computed before each batch from its inputs: {where} ({program.tf_tensor} "
+                     f"at {program.source})")
+    return lines
 
 
 def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:

@@ -161,6 +161,33 @@ def test_hand_written_batch_norm_moves_the_moving_statistics_like_tensorflow(tmp
         np.testing.assert_array_equal(resumed.state[name], value, err_msg=name)
 
 
+def film_model_fn(features, labels, mode, params):
+    """FiLM's conditional normalisation: BatchNormalization(center=False[, scale=False]) then a
+    per-sample scale and shift computed from the input (Keras 3 builds x * inv + (-mean) * inv)."""
+    h = tf.keras.layers.Conv2D(4, 3)(features)
+    h = tf.keras.layers.BatchNormalization(center=False, scale=params["scale"])(
+        h, training=mode == "train")
+    condition = tf.keras.layers.Dense(8)(tf.reduce_mean(features, axis=[1, 2]))
+    gamma, beta = tf.split(condition[:, None, None, :], 2, axis=-1)
+    h = tf.nn.relu((1.0 + gamma) * h + beta)
+    logits = tf.keras.layers.Dense(3)(tf.keras.layers.Flatten()(h))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
+        loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", [False, True])
+def test_batch_norm_without_center_trains_and_evaluates_like_tensorflow(tmp_path, prepared, scale):
+    params = {**PARAMS, "scale": scale}
+    result = train_both(prepared, film_model_fn, 4, params)
+    cs_inprocess.assert_same_training(result)
+    assert "batch_norm_training" in {k.type for k in result.compiled.program.kernels}
+    assert cs_inprocess.evaluation_mismatch(film_model_fn, input_fn, params, str(tmp_path),
+                                            result) == ""
+
+
 def other_reduction_model_fn(features, labels, mode, params):
     h = tf.keras.layers.Dense(4)(tf.keras.layers.Flatten()(features))
     mean, variance = tf.nn.moments(h, axes=[0])

@@ -10,6 +10,8 @@ import pytest
 
 from cs_api import cs_api_pb2 as pb
 from cs_api.attrs import to_attr
+from wafer.kernels.losses import DIVISOR, divisors_attr, sum_name
+from wafer.schedules import ScalarOp, Schedule
 from wse_sim.errors import CSError
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import check_program, check_state
@@ -47,7 +49,8 @@ def program(micro: int, divisor_source: str = "present") -> pb.Program:
     loss = p.kernels.add(name="loss", type="loss", inputs=["weighted", divisor_source.replace(
         "present", "count")], output_shape=[], region=REGION)
     loss.attrs["scale"].f = 1.0
-    for key, value in (("divided_by", [0]), ("denominators", np.array([[0.0, 1.0]])),
+    count = Schedule(DIVISOR, (ScalarOp("input", "float32", name=sum_name(0)),))
+    for key, value in (("divided_by", [0]), ("divisors", divisors_attr([count])),
                        ("div_no_nan", [1])):
         loss.attrs[key].CopyFrom(to_attr(value))
     return p
@@ -105,3 +108,13 @@ def test_load_refuses_a_denominator_computed_from_weights():
     with pytest.raises(CSError) as info:
         check_program(program(4, divisor_source="xent"))
     assert "kernel 'logits' computes a denominator of the loss from weights" in str(info.value)
+
+
+def test_load_refuses_a_divisor_reading_a_sum_the_loss_does_not_have():
+    p = program(4)
+    loss = next(k for k in p.kernels if k.name == "loss")
+    reads_s1 = Schedule(DIVISOR, (ScalarOp("input", "float32", name=sum_name(1)),))
+    loss.attrs["divisors"].CopyFrom(to_attr(divisors_attr([reads_s1])))
+    with pytest.raises(CSError) as info:
+        check_program(p)
+    assert "'loss' (loss)" in str(info.value) and "(divisor 0: reads an unknown sum)" in str(info.value)

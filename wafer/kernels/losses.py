@@ -3,12 +3,35 @@ tensor (the compiler proves the user's loss is such a sum); `softmax_cross_entro
 is TF's per-row op, one of the values feeding it."""
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
+from wafer.schedules import ScalarOp, Schedule, evaluate, schedule_problem
+
+DIVISOR = "loss divisor"  # the hyper_parameter of a divisor's Schedule (what errors name)
+
+
+def divisors_attr(programs: Sequence[Schedule]) -> str:
+    """The `divisors` attr of a loss kernel: each divisor's scalar ops (and the TF tensor
+    and source line it computes) as JSON."""
+    return json.dumps([[[[o.op, o.dtype, list(o.inputs), o.value, o.name] for o in p.ops],
+                        p.tf_tensor, p.source] for p in programs])
+
+
+def divisor_programs(text: str) -> list[Schedule]:
+    """The divisors of a `divisors` attr (ValueError, TypeError: not one)."""
+    return [Schedule(DIVISOR, tuple(ScalarOp(op, dtype, tuple(inputs), (), float(value), name)
+                                    for op, dtype, inputs, value, name in ops), str(tensor), str(source))
+            for ops, tensor, source in json.loads(text)]
+
+
+def sum_name(k: int) -> str:
+    """The name of a divisor's `input` op reading the batch sum of denominator input k."""
+    return f"S{k}"
 
 
 @register
@@ -94,15 +117,18 @@ class BatchLoss(Kernel):
     batch's values add up to scale * sum(T) (scale 1 / elements of the batch for a mean).
     Its backward takes no upstream gradient: scale, shaped like T.
 
-    Divided by a count or sum of the batch (tf.compat.v1.losses' default reduction with
-    per-sample weights: sum(w * l) / count_nonzero(w), DivNoNan; MEAN's sum(w); a masked
-    mean sum(l * mask) / sum(mask)): the inputs are T_1..T_n, then U_1..U_k; `divided_by[j]`
-    names the denominator of T_j (-1: none), and denominator r is d_r = offset_r + sum_k
-    weights[r, k] * sum(U_k) over the whole batch (`denominators`: one row (offset, weights)
-    each; `div_no_nan[r]`: 0 where d_r is 0, else TF's x / 0). The U inputs depend on the
-    program's inputs alone (the executor computes them ahead of the batch): `set_batch`
-    takes them before the batch's first micro-batch, so each sample's value is
-    scale * sum(T_j) / d_r and its seed scale / d_r, as TF's DivNoNan and its gradient."""
+    Divided by a value of the batch (tf.compat.v1.losses' default reduction with per-sample
+    weights: sum(w * l) / count_nonzero(w), DivNoNan; MEAN's sum(w); a masked mean
+    sum(l * mask) / tf.maximum(sum(mask), 1)): the inputs are T_1..T_n, then U_1..U_k;
+    `divided_by[j]` names the divisor of T_j (-1: none), and divisor r is the scalar program
+    `divisors[r]` (wafer.schedules' ops, as JSON: divisors_attr) of the batch sums
+    S_k = sum(U_k) over the whole batch (its `input` ops named sum_name(k)), evaluated in
+    float32 op by op as TF does; `div_no_nan[r]`: 0 where d_r is 0, else TF's x / 0. The U
+    inputs depend on the program's inputs alone (the executor computes them ahead of the
+    batch): `set_batch` takes them before the batch's first micro-batch, so each sample's
+    value is scale * sum(T_j) / d_r and its seed scale / d_r, as TF's DivNoNan and its
+    gradient.
+    """
 
     type_name = "loss"
     is_loss = True
@@ -111,23 +137,33 @@ class BatchLoss(Kernel):
         super().__init__(name, attrs, input_shapes)
         scale = self.attrs.get("scale")
         divided_by = self.attrs.get("divided_by", [-1])
-        table = np.asarray(self.attrs.get("denominators", np.zeros((0, 1))), np.float64)
         no_nan = self.attrs.get("div_no_nan", [])
         n = len(divided_by) if isinstance(divided_by, list) else 0
+        try:
+            programs = divisor_programs(self.attrs.get("divisors", "[]"))
+        except (ValueError, TypeError) as error:
+            raise KernelError(f"kernel {name!r} (loss): divisors is not a list of scalar "
+                              f"programs ({error})") from None
+        sums = {sum_name(k) for k in range(len(self.input_shapes) - n)}
+        problems = [f"divisor {r}: {schedule_problem(p) or 'reads an unknown sum'}"
+                    for r, p in enumerate(programs) if schedule_problem(p) or
+                    any(o.op in ("step", "variable") or (o.op == "input" and o.name not in sums)
+                        for o in p.ops)]
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
-                not math.isfinite(scale) or n < 1 or table.ndim != 2 or \
-                len(self.input_shapes) != n + table.shape[1] - 1 or \
-                any(not -1 <= r < len(table) for r in divided_by) or \
-                not isinstance(no_nan, list) or len(no_nan) != len(table) or \
-                not np.isfinite(table).all():
+                not math.isfinite(scale) or n < 1 or problems or \
+                len(self.input_shapes) != n + len(sums) or (sums and not programs) or \
+                any(not -1 <= r < len(programs) for r in divided_by) or \
+                not isinstance(no_nan, list) or len(no_nan) != len(programs):
             raise KernelError(f"kernel {name!r} (loss): takes its per-sample values (one input, "
-                              f"or one per entry of divided_by), then a denominator's inputs "
-                              f"(denominators: a row of 1 + their count each, div_no_nan a flag "
-                              f"each) and a finite number attr scale, got "
+                              f"or one per entry of divided_by), then the inputs its divisors "
+                              f"sum over the batch (divisors: scalar programs of their sums, "
+                              f"div_no_nan a flag each) and a finite number attr scale, got "
                               f"{len(self.input_shapes)} inputs, scale {scale!r}, divided_by "
-                              f"{divided_by!r}, denominators of shape {table.shape}")
+                              f"{divided_by!r}, {len(programs)} divisors"
+                              + (f" ({problems[0]})" if problems else ""))
         self.scale = np.float32(scale)
-        self.divided_by, self.table, self.no_nan = list(divided_by), table, [bool(f) for f in no_nan]
+        self.divided_by, self.programs = list(divided_by), programs
+        self.no_nan = [bool(f) for f in no_nan]
         self.terms = n
         # loss scaling into a float16 backward: the gradient seeded with loss_scale x the
         # loss's (the optimizer divides it out); 1 for float32 programs (folded away)
@@ -137,7 +173,7 @@ class BatchLoss(Kernel):
             raise KernelError(f"kernel {name!r} (loss): loss_scale must be a positive finite "
                               f"number, got {loss_scale!r}")
         self.seed = np.float32(self.scale * np.float32(loss_scale))
-        self.denominators = np.ones(len(table), np.float32)  # this batch's (set_batch)
+        self.denominators = np.ones(len(programs), np.float32)  # this batch's (set_batch)
 
     @property
     def denominator_inputs(self) -> range:
@@ -149,9 +185,12 @@ class BatchLoss(Kernel):
         self.seed = np.float32(self.scale * np.float32(loss_scale))
 
     def set_batch(self, inputs: Sequence[np.ndarray]) -> None:
-        """The batch's denominators from the whole batch's denominator inputs (in order)."""
-        sums = np.array([1.0] + [float(np.sum(u, dtype=np.float64)) for u in inputs])
-        self.denominators = (self.table @ sums).astype(np.float32)
+        """The batch's divisors from the whole batch's denominator inputs (in order): each
+        summed exactly (float64, then rounded once to its dtype: TF's float32 sum of counts
+        is exact below 2^24; integers exactly), then each divisor's program in float32."""
+        sums = {sum_name(k): np.asarray(np.sum(u, dtype=np.int64 if u.dtype.kind in "iub" else np.float64))
+                for k, u in enumerate(inputs)}
+        self.denominators = np.array([evaluate(p, 0, sums) for p in self.programs], np.float32)
 
     def _divide(self, x: np.ndarray, r: int) -> np.ndarray:
         if r < 0:
