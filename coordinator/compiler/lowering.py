@@ -732,6 +732,11 @@ def supported_table() -> str:
                  "lives in one region, its uses' gradients summed before the one update; a "
                  "static view of a weight (a slice, a gather by constant indices, a transpose or "
                  "reshape: pos_table[:n]) is read as such, its gradient scattered back |")
+    lines.append("| `broadcast` (a weight given to every sample) | a weight, a view or the weight "
+                 "program's value tiled over the batch: Tile (ViT's class token "
+                 "tf.tile(cls, [tf.shape(x)[0], 1, 1]), a tile within the sample after it), "
+                 "BroadcastTo, tf.repeat(w[None], batch, 0), tf.ones_like(x[:, :1]) * w; its "
+                 "gradient the batch's sum |")
     lines.append("| weight program (computations on weights before they meet the samples) | "
                  + ", ".join(WEIGHT_PROGRAM_OPS) + " of weights and constants (tf.nn.l2_normalize"
                  "(w, 0) of a cosine classifier, weight normalization's g * v / tf.norm(v), a "

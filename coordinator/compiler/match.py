@@ -19,7 +19,16 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler import fast_paths, in_batch, loss_tail, lowering, precision, random_numbers, refusals
+from coordinator.compiler import (
+    batch_broadcast,
+    fast_paths,
+    in_batch,
+    loss_tail,
+    lowering,
+    precision,
+    random_numbers,
+    refusals,
+)
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
@@ -45,6 +54,10 @@ class Matcher:
         sources = [graph.get_tensor_by_name(extracted.placeholders[s.name]) for s in extracted.inputs]
         # random numbers are drawn per sample on the CS (or refused): sources of values too
         sources += [op.outputs[0] for op in graph.get_operations() if random_numbers.is_draw(op)]
+        # so is a weight tiled over the batch: every sample's copy of it (batch_broadcast.py)
+        self.broadcasts = {op for op in graph.get_operations()
+                           if batch_broadcast.broadcast_value(op, self.batch_size) is not None}
+        sources += [op.outputs[0] for op in self.broadcasts]
         self.ops = self._drop_host_tails(data_flow_ops(graph, sources, targets), targets)
         self.flow = set(self.ops)
         self.operands = Operands(graph, self.flow)
@@ -287,6 +300,11 @@ class Matcher:
                 continue
             if op.type in lowering.RECURRENT or random_numbers.is_draw(op):
                 lowering.lower_generic(self, op)
+                continue
+            if op in self.broadcasts:
+                reason = batch_broadcast.lower(self, op)
+                if reason:
+                    self.reject(op, reason)
                 continue
             if op.type in lowering.BINARY or op.type in in_batch.PAIRING:
                 in_batch.sample_constants(self, op)

@@ -1,4 +1,5 @@
-"""Kernels that move or combine values without weights: dropout, reshape, add, concat."""
+"""Kernels that move or combine values: dropout, reshape, add, concat (without weights), and
+broadcast (a weight given to every sample)."""
 from __future__ import annotations
 
 import math
@@ -6,7 +7,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
+from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register
+from wafer.kernels.operands import reduce_to
 
 
 class Elementwise(Kernel):
@@ -159,3 +161,50 @@ class Concat(Elementwise):
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         return list(np.split(grad_output, self.splits, axis=self.axis + 1)), {}
+
+
+@register
+class Broadcast(Elementwise):
+    """A weight given to every sample: ViT's class token tf.tile'd over the batch, learned
+    queries by tf.broadcast_to or tf.repeat, tf.ones_like(x[:, :1]) * w. Its one input is any
+    value of the micro-batch (its size only; no gradient); param `value` (attr value: its TF
+    shape, with a leading 1 for the batch or fewer axes) is broadcast to attr shape (per
+    sample). Its gradient is the sum of the micro-batch's gradients over the batch and the
+    broadcast axes (TF's TileGrad and BroadcastTo's: a sum over the tiled axes), accumulated
+    over the batch as any weight's."""
+
+    type_name = "broadcast"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
+        super().__init__(name, attrs, input_shapes)
+        self.shape = tuple(int(d) for d in self.attrs.get("shape", ()))
+        self.value = tuple(int(d) for d in self.attrs.get("value", ()))
+        full = (1, *self.shape)
+        aligned = (1,) * (len(full) - len(self.value)) + self.value
+        if len(self.input_shapes) != 1 or len(self.value) > len(full) or aligned[0] != 1 or \
+                any(v not in (1, d) for v, d in zip(aligned, full)):
+            raise KernelError(f"kernel {name!r} (broadcast): takes 1 input and a weight of shape "
+                              f"{self.value} that broadcasts to every sample's {self.shape} "
+                              f"(a leading 1 for the batch, or fewer axes), got "
+                              f"{len(self.input_shapes)} inputs")
+
+    @property
+    def output_shape(self):
+        return self.shape
+
+    def param_shapes(self):
+        return {"value": self.value}
+
+    def output_dtype(self, input_dtypes):
+        return np.dtype(np.float32)  # whatever the input it reads the size of
+
+    def input_differentiable(self, index: int) -> bool:
+        return False
+
+    def forward(self, params, inputs, ctx: RunContext):
+        return np.broadcast_to(params["value"], (inputs[0].shape[0], *self.shape)).copy(), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        grads: dict[str, np.ndarray] = {}
+        accumulate(param_grads, "value", reduce_to(grad_output, self.value), grads, ctx)
+        return [None], grads

@@ -15,7 +15,11 @@ AddV2, Sub and BiasAdd with a tensor not computed from the variable (a mask) kee
 broadcasting it along the other side's axes; Mul, and RealDiv by it, with such a tensor k
 keep d constant along an axis where k is (k has size 1 there, or is a constant whose values
 do not change along it). Each path must end in the logits of Softmax, LogSoftmax or
-(Sparse)SoftmaxCrossEntropyWithLogits with d constant along their last axis. A path may also end in
+(Sparse)SoftmaxCrossEntropyWithLogits with d constant along their last axis. An Einsum of
+two operands (no ellipsis or repeated letter) with a tensor k not computed from the variable
+keeps d constant along an output letter along which both d and k are constant (or that the
+operand lacks): Keras MultiHeadAttention's key bias, constant along the key positions, the
+softmax's axis. A path may also end in
 a batch normalization in training (Keras' BatchNormalization, tf.nn.moments feeding
 tf.nn.batch_normalization, FusedBatchNormV3: the compiler's batch_norm_training kernels)
 of a tensor whose d is constant along every axis but the channels: the normalization
@@ -141,6 +145,8 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
             return None
         return frozenset(j for j in range(out_rank) if j not in outs) | frozenset(
             j for j, k in zip(outs, ins) if k in constant)
+    if op.type == "Einsum" and len(op.inputs) == 2 and op.inputs[1 - index].op not in reached:
+        return _einsum(op, index, constant)
     if op.type not in _SHIFTS | _SCALES or op.inputs[1 - index].op in reached:
         return None
     if op.type == "BiasAdd":
@@ -156,6 +162,24 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
     if other.shape.rank is None:
         return None
     return broadcast & _broadcast(other, _constant_axes(other), out_rank)
+
+
+def _einsum(op: tf.Operation, index: int, constant: frozenset[int]) -> frozenset[int] | None:
+    """A product of x (operand `index`) and k, linear in x (Keras MultiHeadAttention's
+    scores of the keys, the key bias's shift constant along the key positions): the output
+    is constant along a letter that x is constant along (or lacks) and k is too."""
+    equation = op.get_attr("equation").decode().replace(" ", "")
+    terms, _, result = equation.partition("->")
+    letters = terms.split(",")
+    if "." in equation or len(letters) != 2 or any(len(set(t)) != len(t) for t in letters):
+        return None
+    other = op.inputs[1 - index]
+    if other.shape.rank is None:
+        return None
+    kept = [{t[a] for a in axes} | (set(result) - set(t))
+            for t, axes in ((letters[index], constant),
+                            (letters[1 - index], _constant_axes(other)))]
+    return frozenset(j for j, letter in enumerate(result) if letter in kept[0] & kept[1])
 
 
 def _broadcast(x: tf.Tensor, constant: frozenset[int], out_rank: int) -> frozenset[int]:

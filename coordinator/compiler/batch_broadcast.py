@@ -1,0 +1,113 @@
+"""A weight given to every sample: a value of weights alone tiled over the batch (ViT's class
+token `tf.tile(cls, [tf.shape(x)[0], 1, 1])`, a Set Transformer's seed queries, Perceiver
+latents by `tf.broadcast_to(w, [batch, ...])`, DETR queries by `tf.repeat(w[None], batch,
+0)`, `tf.ones_like(x[:, :1]) * w`). Such an op is a source of the data flow, like an input:
+a `broadcast` kernel gives each sample of the micro-batch the weight (or the weight
+program's value), a `tile` kernel repeats it within the sample when the tile does too, and
+what follows is computed per sample as TF computes it. The weight's
+gradient is the sum over the batch of the per-sample gradients (TF's TileGrad: a Sum over
+the tiled axis), accumulated as any weight's. A float16 tile (of a Keras mixed_float16
+layer's weight) is a float16 kernel reading the weight's float16 copy.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.extract import SHAPE_OPS
+from coordinator.compiler.ir import ParamRef
+from coordinator.compiler.operands import RANDOM_OPS, VARIABLE_OPS, static_shape
+from coordinator.compiler.rules import Context
+
+SOURCE_OPS = {"Placeholder", "PlaceholderWithDefault"} | RANDOM_OPS
+
+
+def _reads(tensor: tf.Tensor, types: set[str]) -> bool:
+    """Whether `tensor`'s value depends on an op of `types` (tf.shape of a sample is no data)."""
+    seen, stack = set(), [tensor.op]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type in types:
+            return True
+        if op.type not in SHAPE_OPS:
+            stack.extend(t.op for t in op.inputs)
+    return False
+
+
+def _static(tensor: tf.Tensor) -> np.ndarray | None:
+    value = tf.get_static_value(tensor)
+    return None if value is None else np.asarray(value)
+
+
+def _is_ones(tensor: tf.Tensor) -> bool:
+    if tensor.op.type == "OnesLike":
+        return True
+    value = _static(tensor)
+    return value is not None and value.size > 0 and bool((value == 1).all())
+
+
+def broadcast_value(op: tf.Operation, batch: int) -> tuple[tf.Tensor, tuple[int, ...]] | None:
+    """(the value, the shape it is read as) if `op`'s output is a value of weights alone
+    given unchanged to each of the batch's samples; None otherwise."""
+    if len(op.outputs) != 1 or op.outputs[0].dtype not in (tf.float32, tf.float16) or \
+            not op.outputs[0].shape.is_fully_defined():
+        return None
+    out = static_shape(op.outputs[0])
+    if len(out) < 1 or out[0] != batch:
+        return None
+    found: tuple[tf.Tensor, tuple[int, ...]] | None = None
+    if op.type == "Tile" and op.inputs[0].shape.is_fully_defined():
+        value = op.inputs[0]  # tiled within the sample too: a `tile` kernel follows
+        if len(static_shape(value)) == len(out):
+            found = (value, static_shape(value))
+    elif op.type == "BroadcastTo" and op.inputs[0].shape.is_fully_defined():
+        found = (op.inputs[0], static_shape(op.inputs[0]))
+    elif op.type == "Mul":
+        ones = [t for t in op.inputs if _is_ones(t)]
+        rest = [t for t in op.inputs if not _is_ones(t)]
+        if len(ones) == 1 and len(rest) == 1 and rest[0].shape.is_fully_defined() and \
+                static_shape(ones[0]) == tuple(out):
+            found = (rest[0], static_shape(rest[0]))
+    elif op.type == "Reshape" and op.inputs[0].op.type == "Tile":  # tf.repeat over axis 0
+        value = op.inputs[0].op.inputs[0]
+        if value.shape.is_fully_defined() and static_shape(value) == (1, 1, *out[1:]) and \
+                static_shape(op.inputs[0]) == (1, *out):
+            found = (value, (1, *out[1:]))
+    if found is None:
+        return None
+    value, shape = found
+    if len(shape) > len(out) or (len(shape) == len(out) and shape[0] != 1) or \
+            _reads(value, SOURCE_OPS) or not _reads(value, VARIABLE_OPS):
+        return None
+    return found
+
+
+def lower(m: Context, op: tf.Operation) -> str:
+    """A `broadcast` kernel giving each sample the weight `op` tiles over the batch (or why
+    the CS cannot read that value)."""
+    found = broadcast_value(op, m.batch_size)
+    assert found is not None
+    value, shape = found
+    weight = m.operands.weight(value) or m.operands.view(value) or m.derived_weight(value)
+    if weight is None:
+        return m.weight_problem(value) or "tiles over the batch a value the CS cannot compute"
+    if weight.dtype != "float32":
+        return f"weight {weight.variable} is {weight.dtype}: the CS computes in float32"
+    view = None if weight.view is None else np.ascontiguousarray(weight.view.reshape(shape))
+    param = ParamRef("value", weight.variable, shape, variable_shape=weight.variable_shape, view=view)
+    out = static_shape(op.outputs[0])[1:]
+    aligned = (1,) * (len(out) + 1 - len(shape)) + shape
+    multiples = [n // d if d != 1 else 1 for d, n in zip(aligned[1:], out)]
+    if op.type != "Tile" or multiples == [1] * len(out):
+        m.add_kernel(m.scope(op), "broadcast", [m.sample_input()],
+                     {"shape": list(out), "value": list(shape)}, [param], [op], op.outputs[0])
+        return ""
+    # tf.tile(w, [batch, k, 1]): every sample's copy of w, then tiled within the sample
+    each = [n if d == 1 else d for d, n in zip(aligned[1:], out)]  # unit axes broadcast
+    copies = m.add_kernel(m.scope(op), "broadcast", [m.sample_input()],
+                          {"shape": each, "value": list(shape)}, [param], [op], None, tuple(each))
+    m.add_kernel(m.scope(op), "tile", [copies.name], {"multiples": multiples}, [], [op], op.outputs[0])
+    return ""
