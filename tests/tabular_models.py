@@ -4,7 +4,8 @@ weights (tf.gather of a constant by label), ordinal regression with cut-points
 tf.cumsum(tf.nn.softplus(raw)), and features made with tf.cumsum (exclusive, reverse),
 tf.math.floormod of floats, tf.floor/ceil/round, tf.math.divide_no_nan, tf.reduce_prod,
 numbers bucketized (Keras Discretization, tf.raw_ops.Bucketize) into embeddings; and what
-stays refused (tf.feature_column's sparse columns, a Keras optimizer, a string feature)."""
+stays refused (tf.feature_column's sparse columns, a Keras optimizer, a string feature, a Cox
+partial likelihood's sort of the batch)."""
 import numpy as np
 import tensorflow as tf
 
@@ -137,3 +138,24 @@ def keras_optimizer(features, labels, mode, params):
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     optimizer = tf.keras.optimizers.Nadam(1e-2)
     return _spec(mode, loss, lambda: optimizer.minimize(loss, var_list=v1.trainable_variables()), {})
+
+
+def survival_input_fn(params):
+    rng = np.random.default_rng(params.get("data_seed", 5))
+    x = rng.normal(size=(32, 6)).astype(np.float32)
+    time = rng.exponential(np.exp(-x[:, 0])).astype(np.float32)
+    event = (rng.random(32) < 0.7).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, np.stack([time, event], 1))).batch(
+        8, drop_remainder=True)
+
+
+def cox_partial_likelihood(features, labels, mode, params):
+    """DeepSurv: the Cox partial likelihood, each sample's risk against the batch's risk set
+    of samples still at risk (the batch sorted by time: refused, it ranks samples)."""
+    risk = tf.squeeze(L.Dense(1)(L.Dense(8, activation="relu")(features)), -1)
+    order = tf.argsort(labels[:, 0], direction="DESCENDING")
+    risk, event = tf.gather(risk, order), tf.gather(labels[:, 1], order)
+    log_risk_set = tf.math.log(tf.cumsum(tf.exp(risk)))
+    loss = -tf.reduce_sum((risk - log_risk_set) * event) / tf.maximum(tf.reduce_sum(event), 1.0)
+    return _spec(mode, loss, lambda: v1.train.AdamOptimizer(0.01).minimize(loss, global_step=gs()),
+                 {})

@@ -263,7 +263,9 @@ def _is_finite(m: Context, op: tf.Operation) -> str:
 @generic("Bucketize")
 def _bucketize(m: Context, op: tf.Operation) -> str:
     if not m.is_batched(op.inputs[0]) or op.inputs[0].dtype != tf.float32:
-        return "Bucketize of a per-sample float32 value is supported"
+        return (f"Bucketize of a {op.inputs[0].dtype.name} value"
+                f"{'' if m.is_batched(op.inputs[0]) else ' that is not per-sample'}: "
+                "the CS bucketizes per-sample float32 values")
     m.add_kernel(op.name, "bucketize", [op.inputs[0]],
                  {"boundaries": [float(b) for b in op.get_attr("boundaries")]}, [], [op],
                  op.outputs[0])
@@ -276,8 +278,12 @@ def _top_k(m: Context, op: tf.Operation) -> str:
     indices if anything reads them."""
     k = m.operands.constant(op.inputs[1])
     shape = static_shape(op.inputs[0])
-    if not m.is_batched(op.inputs[0]) or k is None or len(shape) < 2:
-        return "top_k of a per-sample value with a constant k is supported"
+    if not m.is_batched(op.inputs[0]) or len(shape) < 2:
+        return ("sorts across the batch (tf.math.top_k, tf.sort or tf.argsort of a [batch] value "
+                "ranks the samples against each other, e.g. a Cox partial likelihood's risk set): "
+                "the CS computes each sample on its own; sort along a sample's own last axis")
+    if k is None:
+        return "top_k with a k computed at run time: the CS needs a constant k"
     for out, indices in zip(op.outputs, (False, True)):
         if not indices or m.consumers(out) or out.name in m.protected:
             m.add_kernel(op.name if not indices else f"{op.name}/indices", "top_k",

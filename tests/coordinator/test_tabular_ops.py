@@ -112,6 +112,19 @@ def test_feature_columns_are_refused_naming_the_line_and_what_to_use(tmp_path):
     assert "feed integer ids to tf.one_hot or a Keras Embedding" in info.value.message
 
 
+def test_a_sort_across_the_batch_is_refused_saying_it_ranks_the_samples(tmp_path):
+    """A Cox partial likelihood sorts the batch by time: the line says what is wrong, not
+    what would be supported."""
+    with pytest.raises(CSRunError) as info:
+        compile_model(t.cox_partial_likelihood, t.survival_input_fn, {}, str(tmp_path),
+                      validate_only=True)
+    line = next(i for i, text in enumerate(inspect.getsource(t).splitlines())
+                if "tf.argsort(labels" in text) + 1
+    assert "\n" not in str(info.value)
+    assert f"at tests/tabular_models.py:{line}: sorts across the batch (tf.math.top_k, tf.sort or " \
+           "tf.argsort of a [batch] value ranks the samples against each other" in info.value.message
+
+
 def test_per_sample_weights_divided_by_their_count_validate(tmp_path):
     """SUM_BY_NONZERO_WEIGHTS (tests/coordinator/test_weighted_losses.py trains it)."""
     params = {"reduction": tf.compat.v1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS}
