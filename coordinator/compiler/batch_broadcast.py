@@ -16,25 +16,10 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import SHAPE_OPS
 from coordinator.compiler.ir import ParamRef
-from coordinator.compiler.operands import RANDOM_OPS, VARIABLE_OPS, static_shape
+from coordinator.compiler.operands import RANDOM_OPS, VARIABLE_OPS, depends_on, static_shape
 from coordinator.compiler.rules import Context
 
 SOURCE_OPS = {"Placeholder", "PlaceholderWithDefault"} | RANDOM_OPS
-
-
-def _reads(tensor: tf.Tensor, types: set[str]) -> bool:
-    """Whether `tensor`'s value depends on an op of `types` (tf.shape of a sample is no data)."""
-    seen, stack = set(), [tensor.op]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        if op.type in types:
-            return True
-        if op.type not in SHAPE_OPS:
-            stack.extend(t.op for t in op.inputs)
-    return False
 
 
 def _static(tensor: tf.Tensor) -> np.ndarray | None:
@@ -80,7 +65,8 @@ def broadcast_value(op: tf.Operation, batch: int) -> tuple[tf.Tensor, tuple[int,
         return None
     value, shape = found
     if len(shape) > len(out) or (len(shape) == len(out) and shape[0] != 1) or \
-            _reads(value, SOURCE_OPS) or not _reads(value, VARIABLE_OPS):
+            depends_on(value, SOURCE_OPS, SHAPE_OPS) is not None or \
+            depends_on(value, VARIABLE_OPS, SHAPE_OPS) is None:
         return None
     return found
 

@@ -3,6 +3,7 @@ its value), a weight (a read of a variable, possibly viewed through a reshape), 
 numbers, or a computation on weights the CS cannot place."""
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,16 +154,7 @@ class Operands:
 
     def depends_on(self, tensor: tf.Tensor, types: set[str]) -> tf.Operation | None:
         """The first op of `types` that `tensor`'s value depends on (None if none)."""
-        seen, stack = set(), [tensor.op]
-        while stack:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
-            if op.type in types:
-                return op
-            stack.extend(t.op for t in op.inputs)
-        return None
+        return depends_on(tensor, types)
 
     def constant(self, tensor: tf.Tensor) -> np.ndarray | None:
         """The value of `tensor` if it depends on no input, variable or random op."""
@@ -218,6 +210,23 @@ def _strided_index(op: tf.Operation, begin: np.ndarray, end: np.ndarray,
             index.append(slice(None if masks["begin_mask"] >> axis & 1 else int(b),
                                None if masks["end_mask"] >> axis & 1 else int(e), int(s)))
     return tuple(index)
+
+
+def depends_on(tensor: tf.Tensor, types: set[str],
+               not_through: AbstractSet[str] = frozenset()) -> tf.Operation | None:
+    """The first op of `types` that `tensor`'s value depends on (None if none), not looking
+    past ops of `not_through` (e.g. tf.shape: a sample's shape is no data)."""
+    seen, stack = set(), [tensor.op]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type in types:
+            return op
+        if op.type not in not_through:
+            stack.extend(t.op for t in op.inputs)
+    return None
 
 
 def static_shape(tensor: tf.Tensor) -> tuple[int, ...]:
