@@ -86,6 +86,14 @@ def run_on_cs(program: pb.Program, weights: dict[str, np.ndarray],
     return CSRun(losses, state, outputs, global_steps)
 
 
+def at_micro_batch(program: pb.Program, micro: int) -> pb.Program:
+    """A copy of `program` that streams micro-batches of `micro` samples."""
+    copy = pb.Program()
+    copy.CopyFrom(program)
+    copy.micro_batch_size = micro
+    return copy
+
+
 @dataclass(frozen=True)
 class Comparison:
     compiled: CompileResult

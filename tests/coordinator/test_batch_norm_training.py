@@ -103,10 +103,8 @@ def prepared(tmp_path_factory):
 def train_both(prepared, model_fn, micro: int, params=PARAMS) -> cs_inprocess.Comparison:
     """Compile, then train STEPS batches on the CS (micro-batches of `micro`) and on TF."""
     compiled, data, reference = prepared(model_fn, params)
-    program = type(compiled.program)()
-    program.CopyFrom(compiled.program)
-    program.micro_batch_size = micro
-    cs = cs_inprocess.run_on_cs(program, compiled.initial_weights, data)
+    cs = cs_inprocess.run_on_cs(cs_inprocess.at_micro_batch(compiled.program, micro),
+                                compiled.initial_weights, data)
     return cs_inprocess.Comparison(compiled, cs, reference)
 
 

@@ -40,10 +40,8 @@ def prepared(tmp_path_factory):
 
 def train_both(prepared, model_fn, micro: int, replicas: int = 1) -> cs_inprocess.Comparison:
     compiled, data, reference = prepared(model_fn, replicas)
-    program = type(compiled.program)()
-    program.CopyFrom(compiled.program)
-    program.micro_batch_size = micro
-    cs = cs_inprocess.run_on_cs(program, compiled.initial_weights, data)
+    cs = cs_inprocess.run_on_cs(cs_inprocess.at_micro_batch(compiled.program, micro),
+                                compiled.initial_weights, data)
     return cs_inprocess.Comparison(compiled, cs, reference)
 
 
@@ -115,8 +113,6 @@ def test_random_in_batch_models_train_like_tensorflow(tmp_path, seed):
     compiled = cs_inprocess.compile_checked(model_fn, models.input_fn, params, str(tmp_path))
     data = tf_reference.batches(models.input_fn, params, models.STEPS)
     reference = tf_reference.run(model_fn, models.input_fn, params, compiled.initial_weights, data)
-    program = type(compiled.program)()
-    program.CopyFrom(compiled.program)
-    program.micro_batch_size = micro
-    cs = cs_inprocess.run_on_cs(program, compiled.initial_weights, data)
+    cs = cs_inprocess.run_on_cs(cs_inprocess.at_micro_batch(compiled.program, micro),
+                                compiled.initial_weights, data)
     cs_inprocess.assert_same_training(cs_inprocess.Comparison(compiled, cs, reference), rtol=RTOL)
