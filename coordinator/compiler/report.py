@@ -136,6 +136,14 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
     for a in training.statistic_averages:
         lines.append(f"Moving statistic: {a.variable} = {rules[a.update].format(*a.constants)} "
                      f"(each training batch, at its batch barrier)")
+    for k in model.kernels:
+        if k.type == "batch_norm_training" and not k.attrs["mean_update"] and \
+                not k.attrs["variance_update"]:
+            lines.append(f"Batch normalization {k.name}: the train_op moves no moving statistics "
+                         "toward its batch statistics (e.g. Keras 3's BatchNormalization in a "
+                         "tf.compat.v1 graph leaves its updates out of UPDATE_OPS): an evaluation "
+                         "normalising with moving statistics reads their initial values, as on "
+                         "the CPU")
     for t in training.transforms:
         if t.kind == "zero":
             lines.extend(f"{v}: gradient 0 exactly ({REASON})" for v in t.variables)

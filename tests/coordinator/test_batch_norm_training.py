@@ -124,6 +124,8 @@ def test_keras_batch_norm_trains_with_the_whole_batchs_statistics_like_tensorflo
         assert name not in result.cs.state
         np.testing.assert_array_equal(host[name], result.reference.state[name])
     assert "Batch barrier: batch_normalization" in result.compiled.report_text
+    assert "Batch normalization batch_normalization: the train_op moves no moving statistics" \
+        in result.compiled.report_text  # the user learns it before evaluating
     assert cs_inprocess.evaluation_mismatch(keras_model_fn, input_fn, params, str(tmp_path),
                                             result) == ""
 
@@ -146,6 +148,7 @@ def test_hand_written_batch_norm_moves_the_moving_statistics_like_tensorflow(tmp
                                             result) == ""
     assert "Moving statistic: bn1/moving_variance = v - (v - batch) * 0.2" in \
         result.compiled.report_text
+    assert "the train_op moves no moving statistics" not in result.compiled.report_text
     if fused:
         return
     # a resume from step 2's state ends where an unbroken run ends
