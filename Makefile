@@ -30,16 +30,17 @@ lint: $(STAMP)
 
 # Two lanes at once (each about half the suite; the machine has two cores and the cluster
 # lane spends much of its time waiting on Slurm, containers and subprocesses): the cluster
-# lane (Slurm, multinode, container, then the end-to-end runs) logs to $(LANE_LOG), shown
-# when both have ended; the test fails if either lane fails.
+# lane (Slurm, multinode, container, then the end-to-end and launcher runs, subprocesses
+# too) logs to $(LANE_LOG), shown when both have ended; the test fails if either lane fails.
 CLUSTER_TIERS := slurm or multinode or container
+SUBPROCESS_DIRS := tests/e2e tests/launcher
 LANE_LOG := .cache/test-cluster-lane.log
 test: lint
 	@mkdir -p .cache; echo "cluster lane: $(LANE_LOG)"
 	@( $(PY) -m pytest -q --durations=10 -m "$(CLUSTER_TIERS)"; tiers=$$?; \
-	   $(PY) -m pytest -q --durations=10 -m "not ($(CLUSTER_TIERS))" tests/e2e; exit $$(( tiers || $$? )) ) \
+	   $(PY) -m pytest -q --durations=10 -m "not ($(CLUSTER_TIERS))" $(SUBPROCESS_DIRS); exit $$(( tiers || $$? )) ) \
 	  > $(LANE_LOG) 2>&1 & lane=$$!; \
-	$(PY) -m pytest -q --durations=15 -m "not ($(CLUSTER_TIERS))" --ignore=tests/e2e; rest=$$?; \
+	$(PY) -m pytest -q --durations=15 -m "not ($(CLUSTER_TIERS))" $(SUBPROCESS_DIRS:%=--ignore=%); rest=$$?; \
 	wait $$lane; cluster=$$?; echo "---- cluster lane ----"; cat $(LANE_LOG); \
 	echo "in-process lane exit $$rest, cluster lane exit $$cluster"; exit $$(( rest || cluster ))
 
