@@ -19,14 +19,14 @@ import tensorflow as tf
 from coordinator.compiler.extract import user_source
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import TailContext
-from coordinator.compiler.schedules import _BINARY, _BOOL_OUT, _DTYPES, _UNARY
+from coordinator.compiler.scalar_ops import BINARY, BOOL_RESULTS, DTYPES, UNARY
 from wafer.kernels.losses import DIVISOR, sum_name
 from wafer.schedules import ARITY, ScalarOp, Schedule, evaluate
 
 # Ops that pass their one data input on (Reshape's second input is a shape).
 _PASS = {"Identity", "Snapshot", "Reshape", "Squeeze", "ExpandDims"}
 # Ops the loss tail allows only on a divisor's side (not linear): see loss_tail.py.
-DIVISOR_OPS = {*_UNARY, *_BINARY, "ClipByValue", "Select", "SelectV2", "Cast", "AddN", *_PASS,
+DIVISOR_OPS = {*UNARY, *BINARY, "ClipByValue", "Select", "SelectV2", "Cast", "AddN", *_PASS,
                "Sum", "Mean"}
 SUPPORTED_DIVISORS = ("sums or means of the batch's inputs and labels (tf.reduce_sum, tf.reduce_mean, "
              "tf.math.count_nonzero), constants, and element-wise ops on them (tf.maximum, "
@@ -62,10 +62,10 @@ class _Lowering:
 
     def _tensor(self, t: tf.Tensor) -> int:
         op = t.op
-        if t.dtype.base_dtype not in _DTYPES:
+        if t.dtype.base_dtype not in DTYPES:
             raise DivisorRefused(op, f"the loss's divisor is computed in {t.dtype.name}: the CS "
                                      "computes divisors in float32, int64, int32 and bool")
-        dtype = _DTYPES[t.dtype.base_dtype]
+        dtype = DTYPES[t.dtype.base_dtype]
         if self.m.is_batched(t) or t.shape.num_elements() != 1:
             raise DivisorRefused(op, f"the loss is divided by a tensor of shape {t.shape}: "
                                      f"the CS divides by one value of the batch, from {SUPPORTED_DIVISORS}")
@@ -103,7 +103,7 @@ class _Lowering:
             raise DivisorRefused(op, f"the loss is divided by a {op.type} of a reduction over "
                                      "the batch axis: reduce the batch's values over all their "
                                      "axes at once (tf.reduce_sum(mask))")
-        kind = _UNARY.get(op.type) or _BINARY.get(op.type)
+        kind = UNARY.get(op.type) or BINARY.get(op.type)
         if kind == "div" and dtype == "float32" and self.m.operands.constant(inputs[1]) is not None:
             # Grappler's constant folding: x / c runs as x * (1 / c), 1 / c rounded to float32
             c = np.float32(np.asarray(self.m.operands.constant(inputs[1])).reshape(()))
@@ -113,7 +113,7 @@ class _Lowering:
         if kind is None or len(inputs) != ARITY[kind]:
             raise DivisorRefused(op, f"the loss is divided by a value computed by {op.type}: the "
                                      f"CS evaluates a divisor from {SUPPORTED_DIVISORS}")
-        return self.add(kind, "bool" if kind in _BOOL_OUT else dtype,
+        return self.add(kind, "bool" if kind in BOOL_RESULTS else dtype,
                         tuple(self.lower(i) for i in inputs))
 
 

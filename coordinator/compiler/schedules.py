@@ -19,21 +19,9 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
+from coordinator.compiler.scalar_ops import BINARY, BOOL_RESULTS, DTYPES, UNARY
 from wafer.schedules import ARITY, ScalarOp, Schedule, schedule_problem
 
-_UNARY = {"Identity": "identity", "Snapshot": "identity", "StopGradient": "identity",
-          "Neg": "neg", "Abs": "abs", "Floor": "floor", "Ceil": "ceil", "Sqrt": "sqrt",
-          "Rsqrt": "rsqrt", "Square": "square", "Reciprocal": "reciprocal", "Inv": "reciprocal",
-          "Exp": "exp", "Log": "log", "Cos": "cos", "Sin": "sin", "LogicalNot": "logical_not"}
-_BINARY = {"Add": "add", "AddV2": "add", "Sub": "sub", "Mul": "mul", "RealDiv": "div",
-           "Div": "div", "FloorDiv": "floordiv", "FloorMod": "floormod", "Pow": "pow",
-           "Minimum": "minimum", "Maximum": "maximum", "Less": "less", "LessEqual": "less_equal",
-           "Greater": "greater", "GreaterEqual": "greater_equal", "Equal": "equal",
-           "NotEqual": "not_equal", "LogicalAnd": "logical_and", "LogicalOr": "logical_or",
-           "SquaredDifference": "squared_difference"}
-_BOOL_OUT = {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
-             "logical_and", "logical_or", "logical_not"}
-_DTYPES = {tf.float32: "float32", tf.int64: "int64", tf.int32: "int32", tf.bool: "bool"}
 SUPPORTED = ("tf.compat.v1.train.exponential_decay, piecewise_constant, polynomial_decay, "
              "cosine_decay, cosine_decay_restarts, inverse_time_decay, natural_exp_decay, "
              "warmups with tf.where / tf.cond / tf.minimum")
@@ -201,8 +189,8 @@ class _Lowering:
         in a cond of the schedule) only order it."""
         names = [i[1:] for i in node.input if i.startswith("^")]
         return tuple(self.lower(name) for name in names if name in self.nodes and (
-            self.nodes[name].op in _LIVENESS or self.nodes[name].op in _UNARY
-            or self.nodes[name].op in _BINARY))
+            self.nodes[name].op in _LIVENESS or self.nodes[name].op in UNARY
+            or self.nodes[name].op in BINARY))
 
     def _node(self, node, port: int) -> int:
         data = [i for i in node.input if not i.startswith("^")]
@@ -248,15 +236,15 @@ class _Lowering:
         if t in ("Select", "SelectV2"):
             inputs = tuple(self.lower(i) for i in data)
             return self.add(ScalarOp("select", self.ops[inputs[1]].dtype, inputs, controls))
-        kind = _UNARY.get(t) or _BINARY.get(t)
+        kind = UNARY.get(t) or BINARY.get(t)
         if kind is None:
             raise self.refuse(node, f"the CS evaluates {SUPPORTED} (the ops "
-                                    f"{', '.join(sorted({*_UNARY, *_BINARY}))}, casts and "
+                                    f"{', '.join(sorted({*UNARY, *BINARY}))}, casts and "
                                     "conditionals of scalars)")
         inputs = tuple(self.lower(i) for i in data)
         if len(inputs) != ARITY[kind]:
             raise self.refuse(node, f"{len(inputs)} inputs")
-        dtype = "bool" if kind in _BOOL_OUT else self.ops[inputs[0]].dtype
+        dtype = "bool" if kind in BOOL_RESULTS else self.ops[inputs[0]].dtype
         return self.add(ScalarOp(kind, dtype, inputs, controls))
 
     def _sum(self, node, data, controls) -> int:
@@ -312,10 +300,10 @@ class _Lowering:
         return tuple(controls)
 
     def _dtype(self, node, dtype: tf.DType) -> str:
-        if dtype.base_dtype not in _DTYPES:
+        if dtype.base_dtype not in DTYPES:
             raise self.refuse(node, f"it computes in {dtype.name}; schedules compute in "
                                     "float32, int64, int32 and bool")
-        return _DTYPES[dtype.base_dtype]
+        return DTYPES[dtype.base_dtype]
 
 
 def lower_schedules(extracted: ExtractedGraph, items: list[Scheduled],
