@@ -188,6 +188,27 @@ def cached_comparisons(cases: dict[str, tuple[Callable, Callable, dict]], base: 
     return run
 
 
+def micro_batch_comparisons(input_fn: Callable, tmp_path_factory: Any,
+                            steps: int) -> Callable[[Callable, dict, int], Comparison]:
+    """(model_fn, params, micro) -> compare() with the CS streaming micro-batches of `micro`;
+    the compile, the batches and TF's training made once per (model_fn, params) for a
+    module-scoped fixture: the micro-batch size changes only the CS's run."""
+    cache: dict[tuple, tuple] = {}
+
+    def run(model_fn: Callable, params: dict, micro: int) -> Comparison:
+        key = (model_fn, repr(params))
+        if key not in cache:
+            model_dir = str(tmp_path_factory.mktemp(model_fn.__name__))
+            compiled = compile_checked(model_fn, input_fn, params, model_dir)
+            data = tf_reference.batches(input_fn, params, steps)
+            cache[key] = compiled, data, tf_reference.run(model_fn, input_fn, params,
+                                                          compiled.initial_weights, data)
+        compiled, data, reference = cache[key]
+        cs = run_on_cs(at_micro_batch(compiled.program, micro), compiled.initial_weights, data)
+        return Comparison(compiled, cs, reference)
+    return run
+
+
 def trained_checkpoint(model_dir: str, trained: Comparison, step: int = STEPS_WRITTEN) -> str:
     """What the chief writes after a CS run: the CS's state (weights and optimizer slots), the
     graph's host-side variables and the global step, as `model.ckpt-<step>` in model_dir."""

@@ -84,28 +84,12 @@ PARAMS = {"batch_size": BATCH, "runconfig": {"tf_random_seed": 3}}
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    """(model_fn, params) -> its compile, STEPS batches and TF's training on them, each made
-    once for the module: the micro-batch size changes only the CS's run."""
-    cache: dict[tuple, tuple] = {}
-
-    def get(model_fn, params: dict) -> tuple:
-        key = (model_fn, repr(params))
-        if key not in cache:
-            model_dir = str(tmp_path_factory.mktemp(model_fn.__name__))
-            compiled = cs_inprocess.compile_checked(model_fn, input_fn, params, model_dir)
-            data = tf_reference.batches(input_fn, params, STEPS)
-            reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data)
-            cache[key] = compiled, data, reference
-        return cache[key]
-    return get
+    return cs_inprocess.micro_batch_comparisons(input_fn, tmp_path_factory, STEPS)
 
 
 def train_both(prepared, model_fn, micro: int, params=PARAMS) -> cs_inprocess.Comparison:
     """Compile, then train STEPS batches on the CS (micro-batches of `micro`) and on TF."""
-    compiled, data, reference = prepared(model_fn, params)
-    cs = cs_inprocess.run_on_cs(cs_inprocess.at_micro_batch(compiled.program, micro),
-                                compiled.initial_weights, data)
-    return cs_inprocess.Comparison(compiled, cs, reference)
+    return prepared(model_fn, params, micro)
 
 
 @pytest.mark.slow

@@ -21,28 +21,11 @@ RTOL = 1e-5
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    """(model_fn, replicas) -> its compile, STEPS batches and TF's training on them, once per
-    module: the micro-batch size changes only the CS's run."""
-    cache: dict = {}
-
-    def get(model_fn, replicas: int = 1) -> tuple:
-        if (model_fn, replicas) not in cache:
-            model_dir = str(tmp_path_factory.mktemp(model_fn.__name__))
-            params = {**PARAMS, "runconfig": {"num_replicas": replicas}}
-            compiled = cs_inprocess.compile_checked(model_fn, models.input_fn, params, model_dir)
-            data = tf_reference.batches(models.input_fn, PARAMS, models.STEPS)
-            reference = tf_reference.run(model_fn, models.input_fn, PARAMS,
-                                         compiled.initial_weights, data)
-            cache[model_fn, replicas] = compiled, data, reference
-        return cache[model_fn, replicas]
-    return get
+    return cs_inprocess.micro_batch_comparisons(models.input_fn, tmp_path_factory, models.STEPS)
 
 
 def train_both(prepared, model_fn, micro: int, replicas: int = 1) -> cs_inprocess.Comparison:
-    compiled, data, reference = prepared(model_fn, replicas)
-    cs = cs_inprocess.run_on_cs(cs_inprocess.at_micro_batch(compiled.program, micro),
-                                compiled.initial_weights, data)
-    return cs_inprocess.Comparison(compiled, cs, reference)
+    return prepared(model_fn, {**PARAMS, "runconfig": {"num_replicas": replicas}}, micro)
 
 
 @pytest.mark.slow
