@@ -187,6 +187,15 @@ def test_other_writes_in_the_train_op_are_refused():
     assert line_of("decay line") in error.message
 
 
+def test_a_gans_two_adam_optimizers_are_refused_in_the_users_terms():
+    error = refusal(tm.gan_two_adams)
+    assert error.message.startswith("a second Adam optimizer trains generator/kernel (its step "
+                                    "counters are beta1_power_1, beta2_power_1): the CS trains "
+                                    "every variable with one optimizer minimizing model_fn's loss")
+    assert "a GAN's generator and discriminator optimizers" in error.message
+    assert line_of("generator line") in error.message
+
+
 def test_two_optimizer_configurations_are_refused_naming_both_lines():
     error = refusal(tm.two_optimizers)
     assert line_of("slow line") in error.message and line_of("fast line") in error.message

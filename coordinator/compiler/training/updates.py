@@ -4,6 +4,7 @@ hyper-parameters or schedules (coordinator.compiler.schedules), float32 only, it
 named and started as wafer.optimizers names and starts them."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -186,10 +187,16 @@ def _splat(tensor: tf.Tensor) -> float | None:
 
 def _check_powers(op: tf.Operation, reads: list[tf.Tensor], values: dict[str, float]) -> None:
     names = tuple(variable_op(t).name for t in reads)
-    if names != tuple(cs_optimizers.Adam.scalar_names):
+    expected = tuple(cs_optimizers.Adam.scalar_names)
+    if names != expected:
+        if all(re.fullmatch(re.escape(e) + r"_\d+", n) for n, e in zip(names, expected)):
+            raise _fail(op, f"a second Adam optimizer trains {variable_op(op.inputs[0]).name} "
+                            f"(its step counters are {', '.join(names)}): the CS trains every "
+                            "variable with one optimizer minimizing model_fn's loss, so a GAN's "
+                            "generator and discriminator optimizers, or two losses trained at "
+                            "once, do not run on it")
         raise _fail(op, f"Adam's step counters are {', '.join(names)}, the CS names them "
-                        f"{', '.join(cs_optimizers.Adam.scalar_names)} (a second Adam optimizer "
-                        "in the graph)")
+                        f"{', '.join(expected)}")
     for name, read in zip(names, reads):
         beta = values["beta1" if name.startswith("beta1") else "beta2"]
         init = _initial_value(op, variable_op(read))
