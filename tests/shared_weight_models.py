@@ -129,15 +129,6 @@ def small_transformer(features, labels, mode, params):
     return _spec(mode, labels, logits, params)
 
 
-def hand_written_loop(features, labels, mode, params):
-    """A tf.while_loop over the steps, written by hand (not a Keras layer)."""
-    def step(i, h):
-        return i + 1, tf.tanh(0.5 * h + features[:, i, :])
-
-    _, h = tf.while_loop(lambda i, h: i < LENGTH, step, (0, tf.zeros_like(features[:, 0, :])))
-    return _spec(mode, labels, tf.keras.layers.Dense(4)(h), params)
-
-
 def recurrent(features, labels, mode, params):
     """A Keras recurrent layer (params['cell']: LSTM, GRU, SimpleRNN) over the sequence."""
     cell = getattr(tf.keras.layers, params.get("cell", "LSTM"))

@@ -76,7 +76,8 @@ def sample_constants(m: Context, op: tf.Operation) -> None:
     is the batch and whose rows differ (tf.range(B), tf.eye(B): the labels of in-batch
     negatives), read with per-sample values of the same rank (or as the labels of a cross
     entropy): each sample's row, as TF pairs them, from a sample_constant kernel. Rows all
-    equal stay broadcast constants."""
+    equal stay broadcast constants but in a concat (a hand-written recurrence's zero initial
+    state, tf.zeros([tf.shape(x)[0], n]), concatenated with the step's input)."""
     batched = [t for t in op.inputs if m.is_batched(t)]
     if not batched or not has_kernel("sample_constant"):
         return
@@ -87,7 +88,7 @@ def sample_constants(m: Context, op: tf.Operation) -> None:
         value = m.operands.constant(t)
         labels = op.type in LABELLED and k == 1 and m.is_batched(op.inputs[0])
         if value is None or value.ndim == 0 or value.shape[0] != m.batch_size or \
-                m.batch_size == 1 or (value == value[:1]).all() or \
+                m.batch_size == 1 or (value == value[:1]).all() and op.type != "ConcatV2" or \
                 value.ndim != (rank - 1 if labels and op.type.startswith("Sparse") else rank):
             continue
         m.add_kernel(f"{t.op.name}/rows", "sample_constant", [m.sample_input()],

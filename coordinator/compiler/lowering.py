@@ -51,8 +51,9 @@ RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTens
 # The README's list of what is refused, with the reason.
 REFUSED = {
     **fast_paths.REFUSED,
-    "While loops": "tf.while_loop (the CS pipelines one pass per sample; Keras' LSTM, GRU and "
-                   "SimpleRNN over fixed-length sequences are unrolled by the compiler)",
+    "While loops": "whose number of steps is not known when the graph is built (the CS "
+                   "pipelines one pass per sample): tf.while_loop whose condition reads the "
+                   "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss, but BatchNormalization's moments and the in-batch "
                           "products above (e.g. Barlow Twins' tf.matmul(za, zb, transpose_a=True))",
@@ -100,10 +101,13 @@ def batch_reduction_axes(m: Context, op: tf.Operation) -> tuple[int, ...] | None
 def lower_generic(m: Context, op: tf.Operation) -> None:
     handler = GENERIC.get(op.type)
     if op.type in RECURRENT:
-        m.reject(op, "a While loop (tf.while_loop, or a recurrent layer over sequences of "
-                     "unknown length): the CS pipelines one pass per sample; unroll it in Python "
-                     "(a for loop over the steps) or use Keras' LSTM, GRU or SimpleRNN over "
-                     "fixed-length sequences, which the compiler unrolls")
+        m.reject(op, "a While loop whose number of steps is not known when the graph is "
+                     "built (tf.while_loop whose condition reads the batch, a weight or a random "
+                     "value, a TensorArray, tf.map_fn, or a recurrent layer over sequences of "
+                     "unknown length): the CS pipelines one pass per sample; loop over a "
+                     "constant number of steps (tf.while_loop, tf.scan over a fixed length, a "
+                     "Python for loop, Keras' recurrent layers over fixed-length sequences), "
+                     "which the compiler unrolls")
     elif op.type in RANDOM_OPS - set(random_numbers.DRAWS) or \
             op.type in random_numbers.CANDIDATE_SAMPLERS:
         m.reject(op, random_numbers.refusal(op.type))
@@ -757,8 +761,11 @@ def supported_table() -> str:
                  "fixed-length sequences (return_sequences either way): their While loop "
                  "unrolled, every step reading the cell's shared weights (ConvLSTM: convolution "
                  "kernels reading its kernels' tf.split gates), masked (Keras Masking, Embedding mask_zero) or "
-                 "not; Bidirectional (ReverseV2 along a sample's axes); TimeDistributed (its "
-                 "time-major x[i] per step); Pack, Split, SplitV, Unpack along a sample's axes; "
+                 "not; hand-written loops of a number of steps known when the graph is built "
+                 "(tf.while_loop whose condition reads only constants and its own counters, "
+                 "tf.scan over a fixed length: unrolled, the unrolled graph proven to compute "
+                 "the user's loss and gradients); Bidirectional (ReverseV2 along a sample's "
+                 "axes); TimeDistributed (its time-major x[i] per step, x[-1]); Pack, Split, SplitV, Unpack along a sample's axes; "
                  "(sparse_)softmax_cross_entropy_with_logits on logits of rank > 2 (a tagger's "
                  "tf.compat.v1.losses.softmax_cross_entropy of one-hot labels per token) |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "

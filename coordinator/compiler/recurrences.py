@@ -3,8 +3,9 @@ loop, which the CS cannot pipeline. Over sequences of a length known at compile 
 compiler builds model_fn a second time with Keras' own unrolling (`unroll=True`, the same
 cell's ops once per step, reading its shared weights), and proves the unrolled graph
 computes what the user's does: with the same weights, on one batch of input_fn, the loss
-and its gradient to every trainable variable agree to UNROLL_RTOL. A loop Keras does not unroll (a
-hand-written tf.while_loop) stays in the graph, and the matcher refuses it."""
+and its gradient to every trainable variable agree to UNROLL_RTOL. Hand-written tf.while_loop and tf.scan of a number of steps known at build
+time run as Python loops in that second build (static_loops.py) and are proven alike; a loop
+left (its steps depend on the data) stays in the graph, and the matcher refuses it."""
 from __future__ import annotations
 
 import contextlib
@@ -14,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
+from coordinator.compiler.static_loops import python_loops
 
 LOOPS = {"While", "StatelessWhile"}
 UNROLL_RTOL = 1e-5  # float32 sums of the same terms in another order (gradients over the steps)
@@ -71,30 +73,32 @@ def _host_names(spec: Any) -> list[str]:
 
 def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: Any,
              feed: dict[str, np.ndarray] | None) -> tuple[tf.Graph, Any]:
-    """`graph` and `spec`, or when their loops are Keras' and unroll, model_fn built again
-    unrolled (by `build`) and proven equal on the batch `feed` (placeholder -> value)."""
+    """`graph` and `spec`, or when their loops unroll (Keras' recurrent layers, loops of steps
+    known at build time), model_fn built again unrolled (by `build`) and proven equal on the
+    batch `feed` (placeholder -> value)."""
     if not has_loops(graph) or spec.loss is None or feed is None:
         return graph, spec
-    with keras_unrolled():
+    with keras_unrolled(), python_loops():
         graph2, spec2 = build()
-    if has_loops(graph2):  # not (only) Keras' loops: the matcher refuses them
+    if has_loops(graph2):  # a loop of data-dependent steps: the matcher refuses it
         return graph, spec
     if _host_names(spec) != _host_names(spec2):
-        raise CSRunError("host-side metrics or predictions read a recurrent layer's output, "
-                         "whose tensor the compiler's unrolled graph names otherwise",
+        raise CSRunError("host-side metrics or predictions read a recurrent layer's or a loop's "
+                         "output, whose tensor the compiler's unrolled graph names otherwise",
                          "compute metrics and predictions from a layer after the recurrent one")
     weights, (loss, grads) = _values(graph, spec, feed, None)
     initial, _ = _values(graph2, spec2, feed, None)
     if initial.keys() != weights.keys() or \
             any(not np.array_equal(initial[n], weights[n]) for n in weights):
-        raise CSRunError("the recurrent layers' unrolled graph has other variables or initial "
-                         "values than their loop", "pass unroll=True to the Keras recurrent "
-                         "layers yourself")
+        raise CSRunError("the unrolled graph of the recurrent layers or loops has other "
+                         "variables or initial values than their loop", "pass unroll=True to "
+                         "the Keras recurrent layers, or write the loop as a Python for loop")
     _, (loss2, grads2) = _values(graph2, spec2, feed, weights)
     differ = [name for name in grads if name not in grads2 or not np.allclose(
         grads2[name], grads[name], rtol=UNROLL_RTOL, atol=UNROLL_RTOL * float(np.abs(grads[name]).max(initial=0)))]
     if not np.isclose(loss2, loss, rtol=UNROLL_RTOL) or differ or set(grads2) != set(grads):
-        raise CSRunError("the recurrent layers' unrolled graph computes another loss or "
-                         f"gradient than their loop ({', '.join(differ[:3]) or 'the loss'})",
-                         "pass unroll=True to the Keras recurrent layers yourself, or report it")
+        raise CSRunError("the unrolled graph of the recurrent layers or loops computes another "
+                         f"loss or gradient than their loop ({', '.join(differ[:3]) or 'the loss'})",
+                         "pass unroll=True to the Keras recurrent layers, or write the loop as "
+                         "a Python for loop")
     return graph2, spec2

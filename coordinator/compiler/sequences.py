@@ -85,7 +85,8 @@ def pack(m: Context, op: tf.Operation) -> str:
 
 
 def _step_index(m: Context, op: tf.Operation, steps: int) -> int | None:
-    """i if op is x[i] of a time-major x (a StridedSlice of axis 0 alone, shrinking it)."""
+    """i if op is x[i] of a time-major x (a StridedSlice of axis 0 alone, shrinking it; x[-1]
+    is the last step)."""
     if op.type != "StridedSlice" or any(op.get_attr(k) for k in (
             "begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask")) or \
             op.get_attr("shrink_axis_mask") != 1:
@@ -94,8 +95,9 @@ def _step_index(m: Context, op: tf.Operation, steps: int) -> int | None:
     if begin is None or end is None or strides is None or \
             not len(begin) == len(end) == len(strides) == 1 or int(strides[0]) != 1:
         return None
-    i = int(begin[0])
-    return i if 0 <= i < steps and int(end[0]) == i + 1 else None
+    i = int(begin[0])  # (a shrunk axis reads begin alone, from the end when negative: x[-1])
+    i = i + steps if -steps <= i < 0 else i
+    return i if 0 <= i < steps else None
 
 
 def time_major_unstack(m: Context, op: tf.Operation) -> str:

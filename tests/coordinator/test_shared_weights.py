@@ -111,7 +111,6 @@ def test_shared_weights_give_the_same_bits_on_any_number_of_stages(compared):
 
 
 @pytest.mark.parametrize("model_fn, input_fn, extra, words", [
-    (m.hand_written_loop, m.sequence_input_fn, {}, "a While loop (tf.while_loop"),
     (m.gathered_rows, m.token_input_fn, {"optimizer": "adam"}, "embedding table (sparse)"),
 ])
 def test_what_the_cs_cannot_do_is_refused_at_validation_in_one_line(tmp_path, model_fn,

@@ -1,0 +1,34 @@
+"""Loops whose number of steps is known when model_fn builds its graph (issue 21): a
+tf.scan recurrence, a tf.while_loop recurrence reading the sequence by its counter and an Euler-integrated
+neural ODE of a float time run as their unrolled steps on the CS, train as TensorFlow trains
+them (4 steps) and evaluate there as the CPU path does; a loop whose trip count depends on
+the batch stays refused, naming the While and its line."""
+import cs_inprocess
+import loop_models as m
+import pytest
+
+from common.errors import CSRunError
+
+PARAMS = {"runconfig": {"tf_random_seed": 2}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_fn", [m.scan_rnn, m.while_rnn, m.neural_ode],
+                         ids=lambda f: f.__name__)
+def test_a_loop_of_known_steps_trains_like_tensorflow_and_evaluates_like_the_cpu(tmp_path,
+                                                                               model_fn):
+    result = cs_inprocess.compare(model_fn, m.sequence_input_fn, PARAMS, str(tmp_path), steps=4)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    for variable, start in result.compiled.initial_weights.items():
+        if variable != "global_step":
+            assert (result.cs.state[variable] != start).any(), f"{variable} was not trained"
+    assert cs_inprocess.evaluation_mismatch(model_fn, m.sequence_input_fn, PARAMS,
+                                            str(tmp_path), result) == ""
+
+
+def test_a_loop_whose_trip_count_depends_on_the_batch_is_refused_naming_it(tmp_path):
+    with pytest.raises(CSRunError) as caught:
+        cs_inprocess.compile_checked(m.until_small, m.sequence_input_fn, PARAMS, str(tmp_path))
+    message = caught.value.message
+    assert "While 'while' at " in message and "loop_models.py:" in message
+    assert "whose number of steps is not known when the graph is built" in message
