@@ -99,6 +99,18 @@ def divisor_lines(loss: KernelNode) -> list[str]:
     return lines
 
 
+STILL_STATISTICS = ("the train_op moves no moving statistics toward its batch statistics (e.g. "
+                    "Keras 3's BatchNormalization in a tf.compat.v1 graph leaves its updates out "
+                    "of UPDATE_OPS): an evaluation normalising with moving statistics reads their "
+                    "initial values, as on the CPU")
+
+
+def still_statistics(model: MatchedModel) -> list[str]:
+    """The batch normalizations in training whose moving statistics the train_op never moves."""
+    return [k.name for k in model.kernels if k.type == "batch_norm_training"
+            and not k.attrs["mean_update"] and not k.attrs["variance_update"]]
+
+
 def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
     """The optimizer, the trained and frozen weights and the gradient transforms."""
     o = training.optimizer
@@ -136,14 +148,7 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
     for a in training.statistic_averages:
         lines.append(f"Moving statistic: {a.variable} = {rules[a.update].format(*a.constants)} "
                      f"(each training batch, at its batch barrier)")
-    for k in model.kernels:
-        if k.type == "batch_norm_training" and not k.attrs["mean_update"] and \
-                not k.attrs["variance_update"]:
-            lines.append(f"Batch normalization {k.name}: the train_op moves no moving statistics "
-                         "toward its batch statistics (e.g. Keras 3's BatchNormalization in a "
-                         "tf.compat.v1 graph leaves its updates out of UPDATE_OPS): an evaluation "
-                         "normalising with moving statistics reads their initial values, as on "
-                         "the CPU")
+    lines.extend(f"Batch normalization {name}: {STILL_STATISTICS}" for name in still_statistics(model))
     for t in training.transforms:
         if t.kind == "zero":
             lines.extend(f"{v}: gradient 0 exactly ({REASON})" for v in t.variables)
