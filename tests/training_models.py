@@ -78,6 +78,17 @@ def clip_value_and_norm(features, labels, mode, params):
     return spec(loss, optimizer.apply_gradients(clipped))
 
 
+def clip_norm_with_a_temperature(features, labels, mode, params):
+    """Every gradient clipped by its norm, a learned scalar temperature's too."""
+    h = tf.keras.layers.Dense(16, activation="relu", name="hidden")(features)
+    temperature = v1.get_variable("temperature", [], initializer=tf.ones_initializer())
+    logits = tf.keras.layers.Dense(10, name="logits")(h) / temperature
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    optimizer = v1.train.AdamOptimizer(0.01)
+    return spec(loss, optimizer.apply_gradients(
+        [(tf.clip_by_norm(g, 0.05), v) for g, v in optimizer.compute_gradients(loss)]))
+
+
 def scaled_gradients(features, labels, mode, params):
     loss = mlp_loss(features, labels)
     optimizer = v1.train.GradientDescentOptimizer(0.1)

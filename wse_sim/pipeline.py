@@ -36,6 +36,7 @@ bit-identical whatever the number of threads.
 """
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Mapping, Sequence
@@ -713,13 +714,16 @@ def _update_tiles(optimizer: Optimizer, region: Region, role: str,
     arrays = [var, grad, *region.slots[role], *region.scratch[role]]
     slots = len(region.slots[role])
     count = max(1, min(len(var) if var.ndim > 1 else 1, var.size // UPDATE_TILE_ELEMENTS))
-    bounds = [len(var) * k // count for k in range(count + 1)]
+    bounds = [len(var) * k // count for k in range(count + 1)] if var.ndim else []
+    spans: list[slice | types.EllipsisType] = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+    spans = spans or [Ellipsis]  # a scalar weight: one tile
     half = region.compute[role] if region.half else None
-    return [partial(_apply_rows, optimizer, arrays, slots, slice(a, b), half, round_gradient)
-            for a, b in zip(bounds, bounds[1:])]
+    return [partial(_apply_rows, optimizer, arrays, slots, rows, half, round_gradient)
+            for rows in spans]
 
 
-def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int, rows: slice,
+def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int,
+                rows: slice | types.EllipsisType,
                 half: np.ndarray | None, round_gradient: bool) -> None:
     """The update of some rows; for a float16 region, their float16 operands for the next
     batch too (`Optimizer.apply_fused`: SGD's is one compiled pass)."""

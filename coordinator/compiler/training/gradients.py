@@ -19,7 +19,7 @@ TRANSFORMS = "scaling, tf.clip_by_value, tf.clip_by_norm, tf.clip_by_global_norm
 # Ops allowed inside a clipping factor's computation (norms of gradients).
 _NORM_OPS = {"Mul", "Sum", "Greater", "Fill", "Select", "SelectV2", "Sqrt", "Maximum",
              "Minimum", "RealDiv", "AddV2", "Add", "Sub", "Pack", "L2Loss", "Const",
-             "Identity", "OnesLike", "ZerosLike", "Cast"}
+             "Identity", "OnesLike", "ZerosLike", "Cast", "Range"}
 
 
 @dataclass(frozen=True)
