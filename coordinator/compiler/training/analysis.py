@@ -75,14 +75,15 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             raise _Problems([str(problem)], problem.hint) from None
         calls = _gradient_calls(extracted, updates)
         norms: dict = {}
-        chains, problems = [], []
+        chains, problems, hints = [], [], []
         for u in updates:
             try:
                 chains.append(_chain(u, calls, norms))
             except _Refused as problem:
                 problems.append(str(problem))
+                hints.append(problem.hint)
         if problems:
-            raise _Problems(problems)
+            raise _Problems(problems, hints[0])
         zeroed = zero_gradients(extracted.spec.loss, [u.variable for u in updates
                                                       if u.indices is None], normalized)
         try:
