@@ -435,7 +435,7 @@ def check_optimizer_groups(program: pb.Program, optimizer: OptimizerConfig | Non
             if var not in params or params[var].frozen:
                 problem = f"{var!r} is not a trained weight of the program"
             elif var in named:
-                problem = f"{var!r} is in two groups"
+                problem = f"{var!r} is named twice"
             named.add(var)
         if problem or not group.variables:
             raise invalid(f"{where}: {problem or 'names no variable'}")

@@ -20,6 +20,9 @@ from cs_inprocess import (
 )
 
 from common.errors import CSRunError
+from cs_api import pb
+from wse_sim.errors import CSError
+from wse_sim.program import check_program
 from tf_model.estimator_spec import CSEstimatorSpec
 
 v1 = tf.compat.v1
@@ -101,6 +104,23 @@ def test_each_group_trains_with_its_own_optimizer_as_tensorflow(trained, case, s
         or case == "two_adams"
     assert "Optimizers (one backward pass of the loss; each updates its variables from the " \
            "gradients before the step): " + report in run.compiled.report_text
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda g: g.variables.append("head/kernel"), "'head/kernel' is named twice"),
+    (lambda g: g.variables.append("nowhere"), "'nowhere' is not a trained weight"),
+    (lambda g: g.optimizer.ClearField("scalar_names"), "two optimizers keep the scalars "
+                                                       "beta1_power, beta2_power, beta1_power"),
+    (lambda g: setattr(g.optimizer, "type", "adamw"), "AdamW with a second optimizer"),
+], ids=["twice", "unknown", "same_scalars", "adamw"])
+def test_the_cs_refuses_a_malformed_optimizer_group_before_anything_is_allocated(
+        trained, change, words):
+    program = pb.Program()
+    program.CopyFrom(trained("two_adams").compiled.program)
+    change(program.optimizer_groups[0])
+    with pytest.raises(CSError) as error:
+        check_program(program)
+    assert words in str(error.value)
 
 
 def test_the_trained_model_evaluates_on_the_cs_as_on_the_cpu(trained, tmp_path):
