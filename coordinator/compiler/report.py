@@ -239,6 +239,8 @@ def compile_json(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         "graph_hash": graph_hash, "fabric": fabric.name, "mode": mode, "batch_size": batch_size,
         "num_parameters": model.num_parameters,
         "optimizer": None if model.optimizer is None else vars(model.optimizer),
+        "optimizer_groups": [{"optimizer": vars(g.config), "variables": list(g.variables)}
+                             for g in (model.training.optimizer_groups if model.training else ())],
         "estimate": {
             "samples_per_sec": t.samples_per_sec,
             "compute_samples_per_sec": t.compute_samples_per_sec,
