@@ -38,7 +38,7 @@ def analyze_training(extracted: ExtractedGraph, half: bool = False,
     except _Problems as problems:
         lines, hint = list(dict.fromkeys(problems.lines)), problems.hint
     raise CSRunError(lines[0],
-                     hint or f"train with one optimizer the CS carries out ({SUPPORTED}; constant "
+                     hint or f"train with optimizers the CS carries out ({SUPPORTED}; constant "
                      "hyper-parameters or schedules of the global step, float32) minimizing "
                      f"model_fn's loss, gradients changed only by {TRANSFORMS}",
                      detail="Training problems:\n" + "\n".join(f"  {line}" for line in lines))

@@ -162,12 +162,9 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                                    "step a batch", hint="pass global_step to one optimizer only")
     first = updates[0]
     for u in updates[1:]:
-        if u.optimizer == first.optimizer and set(u.scheduled) != set(first.scheduled):
-            raise _fail(u.op, f"{u.variable} is trained {_difference(u, first)} "
-                              f"('{first.op.name}' at {user_source(first.op)}); the CS trains "
-                              "every variable with one optimizer")
-        if u.optimizer != first.optimizer and (u.scheduled or first.scheduled or "adamw" in (
-                u.optimizer.type, first.optimizer.type)):
+        if (u.optimizer == first.optimizer and set(u.scheduled) != set(first.scheduled)) or (
+                u.optimizer != first.optimizer and (u.scheduled or first.scheduled or "adamw" in (
+                    u.optimizer.type, first.optimizer.type))):
             raise _fail(u.op, f"{u.variable} is trained {_difference(u, first)} "
                               f"('{first.op.name}' at {user_source(first.op)}); the CS trains "
                               "several optimizers at once only with constant hyper-parameters "
