@@ -123,7 +123,6 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
             if op.type in ("AssignAddVariableOp", "AssignAdd"):
                 increments.append(op)
             continue
-            continue
         average = _moving_average(op)
         if average is not None:
             averages.append(average)
