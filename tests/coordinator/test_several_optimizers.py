@@ -20,12 +20,12 @@ from cs_inprocess import (
     assert_same_training,
     at_micro_batch,
     cached_comparisons,
-    compile_checked,
     evaluation_mismatch,
     run_on_cs,
 )
 
 from common.errors import CSRunError
+from coordinator.compiler import compile_model
 from cs_api import pb
 from tf_model.estimator_spec import CSEstimatorSpec
 from wse_sim.errors import CSError
@@ -231,7 +231,7 @@ def _line(fragment: str) -> str:
 @pytest.mark.parametrize("kind", ["gan", "wgan"])
 def test_two_losses_trained_at_once_are_refused_in_one_line(kind, tmp_path):
     with pytest.raises(CSRunError) as info:
-        compile_checked(gan, input_fn, {"kind": kind}, str(tmp_path))
+        compile_model(gan, input_fn, {"kind": kind}, str(tmp_path), validate_only=True)
     message = info.value.message
     assert message.startswith("the train_op's optimizers minimize different losses (")
     assert "a GAN's discriminator and generator steps, or any two losses trained in one step, " \
@@ -242,7 +242,7 @@ def test_two_losses_trained_at_once_are_refused_in_one_line(kind, tmp_path):
 
 def test_the_global_step_counted_by_two_optimizers_is_refused(tmp_path):
     with pytest.raises(CSRunError) as info:
-        compile_checked(twice_counted, input_fn, {}, str(tmp_path))
+        compile_model(twice_counted, input_fn, {}, str(tmp_path), validate_only=True)
     assert info.value.message.startswith("the train_op increments the global step twice a step")
     assert _line("second count line") in info.value.message
     assert info.value.hint == "pass global_step to one optimizer only"
