@@ -201,7 +201,8 @@ def two_optimizers(features, labels, mode, params):
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     body = [v for v in v1.trainable_variables() if v.name.startswith("body/")]
     head = [v for v in v1.trainable_variables() if v.name.startswith("head/")]
-    slow = v1.train.GradientDescentOptimizer(0.01).minimize(loss, var_list=body)  # slow line
+    decayed = v1.train.exponential_decay(0.01, v1.train.get_or_create_global_step(), 10, 0.5)
+    slow = v1.train.GradientDescentOptimizer(decayed).minimize(loss, var_list=body)  # slow line
     fast = v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=head)  # fast line
     return spec(loss, tf.group(slow, fast))
 
@@ -217,7 +218,7 @@ def gan_two_adams(features, labels, mode, params):
     g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
     d_vars = [v for v in v1.trainable_variables() if not v.name.startswith("generator/")]
     g_vars = [v for v in v1.trainable_variables() if v.name.startswith("generator/")]
-    d_train = v1.train.AdamOptimizer(1e-3).minimize(d_loss, var_list=d_vars)
+    d_train = v1.train.AdamOptimizer(1e-3).minimize(d_loss, var_list=d_vars)  # discriminator line
     g_train = v1.train.AdamOptimizer(1e-3).minimize(g_loss, var_list=g_vars)  # generator line
     return spec(d_loss + g_loss, tf.group(d_train, g_train))
 
