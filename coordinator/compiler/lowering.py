@@ -17,12 +17,14 @@ import tensorflow as tf
 from coordinator.compiler import fast_paths, in_batch, lowering_spatial, random_numbers, sequences
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
+from wafer.kernels.activations import FLOAT32_ONLY
 from wafer.kernels.elementwise import ARITHMETIC
 
 # TF op -> the `activation` kernel's function (element-wise, one input).
 UNARY = {"Neg": "neg", "Abs": "abs", "Square": "square", "Sqrt": "sqrt", "Rsqrt": "rsqrt",
          "Exp": "exp", "Expm1": "expm1", "Log": "log", "Log1p": "log1p",
          "Reciprocal": "reciprocal", "Inv": "reciprocal", "Erf": "erf", "Erfc": "erfc",
+         "Lgamma": "lgamma", "Digamma": "digamma",
          "Sin": "sin", "Cos": "cos", "Sign": "sign", "Floor": "floor",
          "Ceil": "ceil", "Round": "round", "Rint": "round", "Softsign": "softsign", "Relu": "relu",
          "Relu6": "relu6", "Elu": "elu", "Selu": "selu", "Tanh": "tanh", "Sigmoid": "sigmoid",
@@ -137,6 +139,9 @@ def _unary(m: Context, op: tf.Operation) -> str:
     if not m.is_batched(op.inputs[0]):
         return "its input is not a per-sample value"
     attrs: dict[str, Any] = {"function": UNARY[op.type]}
+    if attrs["function"] in FLOAT32_ONLY and op.outputs[0].dtype == tf.float16:
+        return (f"{op.type} in float16 (mixed precision) is not proven against TF's float16 "
+                "kernel on the CS: compute it in float32 (tf.cast the input)")
     if op.type == "LeakyRelu":
         attrs["alpha"] = float(op.get_attr("alpha"))
     m.add_kernel(op.name, "activation", [op.inputs[0]], attrs, [], [op], op.outputs[0])
