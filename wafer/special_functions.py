@@ -1,4 +1,5 @@
-"""log Γ, digamma and trigamma in float32 as TensorFlow's CPU kernels compute them.
+"""log Γ, digamma, trigamma and the exponentially scaled Bessel functions I0e and I1e in
+float32 as TensorFlow's CPU kernels compute them.
 
 Lgamma is Eigen's `lgamma`, which calls glibc's `lgammaf_r`: the CS calls glibc's `lgammaf`
 (wafer/libm.py). Digamma is Eigen's `digamma_impl<float>` (Cephes' psi: the reflection
@@ -7,7 +8,8 @@ series), and Polygamma(1, x), Digamma's gradient, is Eigen's `polygamma_impl`: e
 · (-1)² · `zeta_impl<float>`(2, x) (Cephes' Hurwitz zeta: 10 terms, then Euler-Maclaurin),
 = ζ(2, x) exactly. Each float32 operation here is the one Eigen's scalar code does, in its
 order, with libm's logf, tanf and powf where Eigen calls them; numpy's masks stand for its
-branches and its early exits (an element that left a loop takes no further step)."""
+branches and its early exits (an element that left a loop takes no further step).
+BesselI0e and BesselI1e are Eigen's generic_i0e/i1e<float> (Cephes' Chebyshev series)."""
 from __future__ import annotations
 
 import numpy as np
@@ -98,3 +100,59 @@ def trigamma(q: np.ndarray) -> np.ndarray:
             k = np.where(done, k, k + _ONE)
         pole = (q <= _ZERO) & (q == np.floor(q))
         return np.where(pole, F32(np.inf), s).astype(F32)
+
+
+# generic_i0e<float> and generic_i1e<float>'s Chebyshev coefficients (Cephes' i0ef, i1ef):
+# A for |x| <= 8 at |x| / 2 - 2, B beyond at 32 / |x| - 2
+_I0E_A = np.array([-1.30002500998624804212e-8, 6.04699502254191894932e-8, -2.67079385394061173391e-7,
+                   1.11738753912010371815e-6, -4.41673835845875056359e-6, 1.64484480707288970893e-5,
+                   -5.75419501008210370398e-5, 1.88502885095841655729e-4, -5.76375574538582365885e-4,
+                   1.63947561694133579842e-3, -4.32430999505057594430e-3, 1.05464603945949983183e-2,
+                   -2.37374148058994688156e-2, 4.93052842396707084878e-2, -9.49010970480476444210e-2,
+                   1.71620901522208775349e-1, -3.04682672343198398683e-1, 6.76795274409476084995e-1], F32)
+_I0E_B = np.array([3.39623202570838634515e-9, 2.26666899049817806459e-8, 2.04891858946906374183e-7,
+                   2.89137052083475648297e-6, 6.88975834691682398426e-5, 3.36911647825569408990e-3,
+                   8.04490411014108831608e-1], F32)
+_I1E_A = np.array([9.38153738649577178388e-9, -4.44505912879632808065e-8, 2.00329475355213526229e-7,
+                   -8.56872026469545474066e-7, 3.47025130813767847674e-6, -1.32731636560394358279e-5,
+                   4.78156510755005422638e-5, -1.61760815825896745588e-4, 5.12285956168575772895e-4,
+                   -1.51357245063125314899e-3, 4.15642294431288815669e-3, -1.05640848946261981558e-2,
+                   2.47264490306265168283e-2, -5.29459812080949914269e-2, 1.02643658689847095384e-1,
+                   -1.76416518357834055153e-1, 2.52587186443633654823e-1], F32)
+_I1E_B = np.array([-3.83538038596423702205e-9, -2.63146884688951950684e-8, -2.51223623787020892529e-7,
+                   -3.88256480887769039346e-6, -1.10588938762623716291e-4, -9.76109749136146840777e-3,
+                   7.78576235018280120474e-1], F32)
+
+
+def _chebyshev(x: np.ndarray, coefficients: np.ndarray) -> np.ndarray:
+    """Eigen's pchebevl: b0 = x * b1 + c - b2 (a multiply, then the adds: no FMA), then
+    0.5 * (b0 - b2)."""
+    b0, b1, b2 = np.full_like(x, coefficients[0]), np.zeros_like(x), np.zeros_like(x)
+    for c in coefficients[1:]:
+        b2, b1 = b1, b0
+        b0 = x * b1 + c - b2
+    return _HALF * (b0 - b2)
+
+
+def _scaled_bessel(x: np.ndarray, small: np.ndarray, large: np.ndarray) -> np.ndarray:
+    y = np.abs(x)
+    with np.errstate(all="ignore"):
+        near = _chebyshev(_HALF * y + F32(-2), small)
+        far = _chebyshev(F32(32) / y - F32(2), large) * (_ONE / np.sqrt(y))
+    return y, np.where(y <= F32(8), near, far)
+
+
+def bessel_i0e(x: np.ndarray) -> np.ndarray:
+    """exp(-|x|) I0(x), Eigen's generic_i0e<float> (beyond |x| = 8 TF's vectorised path takes
+    Eigen's approximate reciprocal square root: within a few ulp of this exact one)."""
+    _, value = _scaled_bessel(np.asarray(x, F32), _I0E_A, _I0E_B)
+    return value.astype(F32)
+
+
+def bessel_i1e(x: np.ndarray) -> np.ndarray:
+    """exp(-|x|) I1(x), Eigen's generic_i1e<float> (the same approximation beyond 8)."""
+    x = np.asarray(x, F32)
+    y, value = _scaled_bessel(x, _I1E_A, _I1E_B)
+    with np.errstate(all="ignore"):
+        value = np.where(y <= F32(8), y * value, value)
+    return np.where(x < _ZERO, -value, value).astype(F32)

@@ -24,7 +24,7 @@ from wafer.kernels.elementwise import ARITHMETIC
 UNARY = {"Neg": "neg", "Abs": "abs", "Square": "square", "Sqrt": "sqrt", "Rsqrt": "rsqrt",
          "Exp": "exp", "Expm1": "expm1", "Log": "log", "Log1p": "log1p",
          "Reciprocal": "reciprocal", "Inv": "reciprocal", "Erf": "erf", "Erfc": "erfc",
-         "Lgamma": "lgamma", "Digamma": "digamma",
+         "Lgamma": "lgamma", "Digamma": "digamma", "BesselI0e": "bessel_i0e",
          "Sin": "sin", "Cos": "cos", "Sign": "sign", "Floor": "floor",
          "Ceil": "ceil", "Round": "round", "Rint": "round", "Softsign": "softsign", "Relu": "relu",
          "Relu6": "relu6", "Elu": "elu", "Selu": "selu", "Tanh": "tanh", "Sigmoid": "sigmoid",

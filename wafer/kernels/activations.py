@@ -12,7 +12,7 @@ import numpy as np
 
 from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
 from wafer.precision import is_half, round_half, round_half_
-from wafer.special_functions import digamma, lgamma, trigamma
+from wafer.special_functions import bessel_i0e, bessel_i1e, digamma, lgamma, trigamma
 
 SELU_SCALE = np.float32(1.0507009873554804934193349852946)
 SELU_ALPHA = np.float32(1.6732632423543772848170429916717)
@@ -225,6 +225,14 @@ def _digamma_grad(x, y, a, dy, out):  # _DigammaGrad: grad * polygamma(1, x)
     return np.multiply(dy, trigamma(x), out=out)
 
 
+def _i0e(x, a, out):
+    return _store(bessel_i0e(x), out)
+
+
+def _i0e_grad(x, y, a, dy, out):  # _BesselI0eGrad: grad * (bessel_i1e(x) - sign(x) * y)
+    return np.multiply(dy, bessel_i1e(x) - np.sign(x) * y, out=out)
+
+
 def _sign(x, a, out):
     return np.sign(x, out=out)
 
@@ -390,6 +398,7 @@ FUNCTIONS: dict[str, tuple[Forward, Backward, int]] = {
     "erfc": (_erfc, _erfc_grad, 14),
     "lgamma": (_lgamma, _lgamma_grad, 40),
     "digamma": (_digamma, _digamma_grad, 40),
+    "bessel_i0e": (_i0e, _i0e_grad, 40),
     "sin": (_sin, _sin_grad, 4),
     "cos": (_cos, _cos_grad, 4),
     "sign": (_sign, _zero_grad, 1),
@@ -442,7 +451,7 @@ HALF_GRADIENTS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndar
 
 # Functions proven against TF's float32 kernels only (wafer/special_functions.py): the
 # compiler refuses them in float16.
-FLOAT32_ONLY = ("lgamma", "digamma")
+FLOAT32_ONLY = ("lgamma", "digamma", "bessel_i0e")
 # Functions with a parameter of their own (the `activation` kernel's attr named here):
 # fused into dense or conv2d they would run with a default, so only `activation` takes them.
 PARAMETERS = {"pow": "exponent"}
