@@ -282,6 +282,32 @@ def expectile_regression(features, labels, mode, params):
     return _spec(mode, tf.reduce_mean(weight * tf.square(error)), prediction)
 
 
+def censored_gamma(features, labels, mode, params):
+    """A Gamma survival likelihood with right-censoring (targets above 3 are censored): the
+    survival function by tf.math.igammac (refused: no CS kernel computes Igammac)."""
+    h = _hidden(features)
+    alpha = tf.nn.softplus(L.Dense(1)(h)) + 0.1
+    beta = tf.nn.softplus(L.Dense(1)(h)) + 0.1
+    censored = labels > 3.0
+    log_density = (alpha * tf.math.log(beta) + (alpha - 1.0) * tf.math.log(labels)
+                   - beta * labels - tf.math.lgamma(alpha))
+    log_survival = tf.math.log(tf.math.igammac(alpha, beta * 3.0))
+    return _spec(mode, -tf.reduce_mean(tf.where(censored, log_survival, log_density)),
+                 alpha / beta)
+
+
+def mixed_precision_gamma(features, labels, mode, params):
+    """The Gamma NLL with its layers under mixed_float16: lgamma of a float16 concentration
+    (refused: the CS's lgamma is proven in float32 only)."""
+    h = L.Dense(16, activation="tanh", dtype="mixed_float16")(features)
+    alpha = tf.nn.softplus(L.Dense(1, dtype="mixed_float16")(h)) + 0.1
+    beta = tf.nn.softplus(L.Dense(1)(tf.cast(h, tf.float32))) + 0.1
+    log_gamma = tf.cast(tf.math.lgamma(alpha), tf.float32)
+    alpha = tf.cast(alpha, tf.float32)
+    nll = log_gamma - alpha * tf.math.log(beta) - (alpha - 1.0) * tf.math.log(labels) + beta * labels
+    return _spec(mode, tf.reduce_mean(nll), alpha / beta)
+
+
 # name -> (model_fn, params): the corpus, each model with the target it reads
 CORPUS = {
     "poisson": (poisson_regression, {"target": "count"}),
@@ -305,4 +331,10 @@ CORPUS = {
     "beta_bernoulli": (beta_bernoulli, {"target": "binary"}),
     "quantile": (quantile_regression, {"target": "real"}),
     "expectile": (expectile_regression, {"target": "real"}),
+}
+
+# what the CS refuses, each with the op its one line names
+REFUSED = {
+    "censored_gamma": (censored_gamma, {"target": "positive"}, "Igammac"),
+    "mixed_precision_gamma": (mixed_precision_gamma, {"target": "positive"}, "Lgamma"),
 }

@@ -134,7 +134,9 @@ def _chebyshev(x: np.ndarray, coefficients: np.ndarray) -> np.ndarray:
     return _HALF * (b0 - b2)
 
 
-def _scaled_bessel(x: np.ndarray, small: np.ndarray, large: np.ndarray) -> np.ndarray:
+def _scaled_bessel(x: np.ndarray, small: np.ndarray,
+                   large: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(|x|, the series of `small` coefficients to |x| = 8 and of `large` beyond)."""
     y = np.abs(x)
     with np.errstate(all="ignore"):
         near = _chebyshev(_HALF * y + F32(-2), small)
