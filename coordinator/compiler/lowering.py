@@ -66,6 +66,10 @@ REFUSED = {
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision); csconfig.use_cbfloat16",
     **lowering_spatial.REFUSED,
+    "special functions": "tf.math.igamma, igammac, betainc, polygamma, zeta, erfinv, ndtri, "
+                         "bessel_i1e and the other Bessel functions (no CS kernel); lgamma, "
+                         "digamma and bessel_i0e in float16 (proven against TF's float32 "
+                         "kernels only)",
     "Fourier transforms": "tf.signal.stft, tf.signal.rfft and complex values (the CS computes "
                           "real float32 values; tf.signal.frame and a learned Dense or Conv1D "
                           "filterbank over the frames train)",
