@@ -8,7 +8,9 @@ import ctypes
 import ctypes.util
 from typing import Any, Callable
 
+import llvmlite.binding
 import numpy as np
+from numba import types
 
 F32 = np.float32
 
@@ -16,14 +18,13 @@ try:
     _libm = ctypes.CDLL("libm.so.6")  # glibc's, which TensorFlow's kernels call
 except OSError:
     _libm = ctypes.CDLL(ctypes.util.find_library("m"))
-for _name, _argc in (("expf", 1), ("logf", 1), ("cosf", 1), ("sinf", 1), ("tanf", 1),
-                     ("lgammaf", 1), ("powf", 2)):
+for _name, _argc in (("expf", 1), ("logf", 1), ("cosf", 1), ("sinf", 1), ("powf", 2)):
     getattr(_libm, _name).restype = ctypes.c_float
     getattr(_libm, _name).argtypes = [ctypes.c_float] * _argc
 
 
 def scalar(name: str) -> Callable[..., Any]:
-    """libm's `name` (expf, logf, cosf, sinf, tanf, lgammaf, powf) on float32 scalars."""
+    """libm's `name` (expf, logf, cosf, sinf, powf) on float32 scalars."""
     fn = getattr(_libm, name)
     return lambda *xs: F32(fn(*(float(x) for x in xs)))
 
@@ -37,9 +38,10 @@ def powf(x: np.ndarray, y: float) -> np.ndarray:
     return np.array([_powf(v, y) for v in flat], F32).reshape(np.shape(x))
 
 
-def elementwise(name: str, x: np.ndarray) -> np.ndarray:
-    """libm's one-argument `name` of every element of float32 x (a loop: about 1 µs an
-    element)."""
-    fn = getattr(_libm, name)
-    flat = np.asarray(x, F32).ravel()
-    return np.fromiter((fn(float(v)) for v in flat), F32, len(flat)).reshape(np.shape(x))
+def external(name: str, signature: Any) -> types.ExternalFunction:
+    """libm's `name` for compiled code (wafer/compiled.py), bound by its address under the
+    name csrun_<name>: the very function TF calls, which LLVM does not know as a libm
+    function and so calls as it is (no constant folding, no rewriting of a power)."""
+    address = ctypes.cast(getattr(_libm, name), ctypes.c_void_p).value
+    llvmlite.binding.add_symbol(f"csrun_{name}", address)
+    return types.ExternalFunction(f"csrun_{name}", signature)

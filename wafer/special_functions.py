@@ -1,8 +1,8 @@
 """log Γ, digamma, trigamma and the exponentially scaled Bessel functions I0e and I1e in
 float32 as TensorFlow's CPU kernels compute them.
 
-Lgamma is Eigen's `lgamma`, which calls glibc's `lgammaf_r`: the CS calls glibc's `lgammaf`
-(wafer/libm.py). Digamma is Eigen's `digamma_impl<float>` (Cephes' psi: the reflection
+Lgamma is Eigen's `lgamma`, which calls glibc's `lgammaf_r`: so does the CS
+(wafer/compiled.py's `libm`). Digamma is Eigen's `digamma_impl<float>` (Cephes' psi: the reflection
 π / tan(πx) for x <= 0, the recurrence ψ(x + 1) = ψ(x) + 1/x up to 10, then the asymptotic
 series), and Polygamma(1, x), Digamma's gradient, is Eigen's `polygamma_impl`: exp(lgamma(2))
 · (-1)² · `zeta_impl<float>`(2, x) (Cephes' Hurwitz zeta: 10 terms, then Euler-Maclaurin),
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wafer.libm import elementwise, powf
+from wafer.compiled import libm
 
 F32 = np.float32
 _ZERO, _HALF, _ONE = F32(0), F32(0.5), F32(1)
@@ -31,10 +31,10 @@ _ZETA_SERIES = np.array([12.0, -720.0, 30240.0, -1209600.0, 47900160.0,
 
 
 def lgamma(x: np.ndarray) -> np.ndarray:
-    """log |Γ(x)| (glibc's lgammaf of every element; a subnormal x, which TF's threads read
+    """log |Γ(x)| (glibc's lgammaf_r of every element; a subnormal x, which TF's threads read
     as 0 (DAZ) but glibc does not, differs)."""
     with np.errstate(all="ignore"):
-        return elementwise("lgammaf", x)
+        return libm("lgammaf", x)
 
 
 def digamma(x: np.ndarray) -> np.ndarray:
@@ -51,7 +51,7 @@ def digamma(x: np.ndarray) -> np.ndarray:
         tangent = negative & ~pole & (nz != _HALF)
         reflection = np.zeros_like(x)
         if tangent.any():
-            reflection[tangent] = _PI / elementwise("tanf", _PI * nz[tangent])
+            reflection[tangent] = _PI / libm("tanf", _PI * nz[tangent])
         s = np.where(negative, _ONE - x, x)
         w = np.zeros_like(x)
         below = s < F32(10)
@@ -64,7 +64,7 @@ def digamma(x: np.ndarray) -> np.ndarray:
         for c in _PSI_SERIES[1:]:
             series = series * z + c
         y = np.where(s < F32(1e8), z * series, _ZERO)
-        y = elementwise("logf", s) - _HALF / s - y - w
+        y = libm("logf", s) - _HALF / s - y - w
         y = np.where(negative, y - reflection, y)
         return np.where(pole, F32(np.nan), y).astype(F32)
 
@@ -75,12 +75,12 @@ def trigamma(q: np.ndarray) -> np.ndarray:
     q = np.asarray(q, F32)
     x = F32(2)
     with np.errstate(all="ignore"):
-        s = powf(q, -2.0)
+        s = libm("powf", q, -2.0)
         a, b = q.copy(), np.zeros_like(q)
         done = np.zeros(q.shape, bool)
         for _ in range(9):  # zeta_impl_series<float>
             a = np.where(done, a, a + _ONE)
-            b = np.where(done, b, powf(a, -2.0))
+            b = np.where(done, b, libm("powf", a, -2.0))
             s = np.where(done, s, s + b)
             done |= np.abs(b / s) < _MACHEP
         done |= b == _ZERO
