@@ -1,6 +1,6 @@
 """Probabilistic and likelihood-based models written the ordinary way (issue 21,
 tests/probabilistic_models.py) train 4 steps as TensorFlow trains them (1e-5), two evaluate
-on the CS as the CPU path does: one of each special function in the fast lane (a negative
+(one predicts) on the CS as the CPU path does: one of each special function in the fast lane (a negative
 binomial's lgamma, a Beta's lbeta, evidential regression, the Dirichlet KL's digamma, a
 von Mises' BesselI0e), the rest of the corpus in the slow lane (the other lgamma and digamma
 likelihoods, Poisson, MDN, Gaussian and heteroscedastic NLL, VAE with TF's draws, focal,
@@ -15,6 +15,7 @@ from common.errors import CSRunError
 BASE = {"runconfig": {"tf_random_seed": 2}}
 ONE_OF_EACH = ["negative_binomial", "beta", "evidential", "dirichlet_kl", "von_mises"]
 EVALUATED = {"evidential", "dirichlet_kl"}
+PREDICTED = {"evidential"}
 
 
 def _trains_like_tensorflow(name: str, tmp_path) -> None:
@@ -26,6 +27,9 @@ def _trains_like_tensorflow(name: str, tmp_path) -> None:
     if name in EVALUATED:
         assert cs_inprocess.evaluation_mismatch(model_fn, m.input_fn, params, str(tmp_path),
                                                 result) == ""
+    if name in PREDICTED:
+        assert cs_inprocess.prediction_mismatch(model_fn, m.input_fn, params,
+                                                str(tmp_path / "infer"), result) == ""
 
 
 @pytest.mark.parametrize("name", ONE_OF_EACH)
