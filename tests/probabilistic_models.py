@@ -282,6 +282,25 @@ def expectile_regression(features, labels, mode, params):
     return _spec(mode, tf.reduce_mean(weight * tf.square(error)), prediction)
 
 
+def binomial_counts(features, labels, mode, params):
+    """A binomial NLL of counts out of 6 trials: the coefficient by lgamma, the likelihood
+    by tf.math.xlogy and tf.math.xlog1py."""
+    trials = 6.0
+    p = tf.sigmoid(L.Dense(1)(_hidden(features)))
+    successes = tf.minimum(labels, trials)
+    log_coefficient = (tf.math.lgamma(trials + 1.0) - tf.math.lgamma(successes + 1.0)
+                       - tf.math.lgamma(trials - successes + 1.0))
+    log_likelihood = (log_coefficient + tf.math.xlogy(successes, p)
+                      + tf.math.xlog1py(trials - successes, -p))
+    return _spec(mode, -tf.reduce_mean(log_likelihood), trials * p)
+
+
+def keras_poisson(features, labels, mode, params):
+    """Keras' Poisson loss of a softplus rate."""
+    rate = L.Dense(1, activation="softplus")(_hidden(features))
+    return _spec(mode, tf.reduce_mean(tf.keras.losses.poisson(labels, rate)), rate)
+
+
 def censored_gamma(features, labels, mode, params):
     """A Gamma survival likelihood with right-censoring (targets above 3 are censored): the
     survival function by tf.math.igammac (refused: no CS kernel computes Igammac)."""
@@ -329,6 +348,8 @@ CORPUS = {
     "von_mises": (von_mises, {"target": "angle"}),
     "ordinal": (ordinal_regression, {"target": "ordinal"}),
     "beta_bernoulli": (beta_bernoulli, {"target": "binary"}),
+    "binomial": (binomial_counts, {"target": "count"}),
+    "keras_poisson": (keras_poisson, {"target": "count"}),
     "quantile": (quantile_regression, {"target": "real"}),
     "expectile": (expectile_regression, {"target": "real"}),
 }

@@ -2,8 +2,8 @@
 tests/probabilistic_models.py) train 4 steps as TensorFlow trains them (1e-5), two evaluate
 (one predicts) on the CS as the CPU path does: one of each special function in the fast lane (a negative
 binomial's lgamma, a Beta's lbeta, evidential regression, the Dirichlet KL's digamma, a
-von Mises' BesselI0e), the rest of the corpus in the slow lane (the other lgamma and digamma
-likelihoods, Poisson, MDN, Gaussian and heteroscedastic NLL, VAE with TF's draws, focal,
+von Mises' BesselI0e, a binomial's xlogy and xlog1py), the rest of the corpus in the slow lane (the other lgamma and digamma
+likelihoods, Poisson (by hand and Keras'), MDN, Gaussian and heteroscedastic NLL, VAE with TF's draws, focal,
 Tweedie, ordinal, quantile, expectile); what stays out is refused in one line naming the op
 and its line."""
 import cs_inprocess
@@ -13,7 +13,7 @@ import pytest
 from common.errors import CSRunError
 
 BASE = {"runconfig": {"tf_random_seed": 2}}
-ONE_OF_EACH = ["negative_binomial", "beta", "evidential", "dirichlet_kl", "von_mises"]
+ONE_OF_EACH = ["negative_binomial", "beta", "evidential", "dirichlet_kl", "von_mises", "binomial"]
 EVALUATED = {"evidential", "dirichlet_kl"}
 PREDICTED = {"evidential"}
 

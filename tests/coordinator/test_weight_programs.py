@@ -141,6 +141,7 @@ EXPRESSIONS = {
     "Square": lambda w, v, g, s: tf.square(w), "Tanh": lambda w, v, g, s: tf.tanh(w),
     "Lgamma": lambda w, v, g, s: tf.math.lgamma(w), "Digamma": lambda w, v, g, s: tf.math.digamma(w),
     "BesselI0e": lambda w, v, g, s: tf.math.bessel_i0e(w),
+    "Xlogy": lambda w, v, g, s: tf.math.xlogy(w - 1.0, v), "Xlog1py": lambda w, v, g, s: tf.math.xlog1py(v, w),
     "Add": lambda w, v, g, s: tf.raw_ops.Add(x=w, y=v), "AddV2": lambda w, v, g, s: w + g,
     "BiasAdd": lambda w, v, g, s: tf.nn.bias_add(w, g), "Div": lambda w, v, g, s: tf.raw_ops.Div(x=w, y=v),
     "Maximum": lambda w, v, g, s: tf.maximum(w, v), "Minimum": lambda w, v, g, s: tf.minimum(w, 1.0),

@@ -147,8 +147,10 @@ TF_BINARY = {
     "maximum": tf.maximum, "minimum": tf.minimum, "squared_difference": tf.math.squared_difference,
     "pow": tf.pow, "greater": tf.greater, "greater_equal": tf.greater_equal, "less": tf.less,
     "less_equal": tf.less_equal, "equal": tf.equal, "not_equal": tf.not_equal,
+    "xlogy": tf.math.xlogy, "xlog1py": tf.math.xlog1py,
 }
-ARITHMETIC = ["add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow"]
+ARITHMETIC = ["add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow",
+              "xlogy", "xlog1py"]
 # operands, per-sample input shapes, constant/weight shapes by position
 LAYOUTS = [
     ("ii", [(4, 5), (4, 5)], {}),
@@ -164,7 +166,7 @@ LAYOUTS = [
 
 def operand_values(op, letters, input_shapes, other_shapes):
     """Inputs (batch first) and constants/weights, in a range the op is defined on."""
-    low, high = (0.3, 2.5) if op in ("pow", "div") else (-2, 2)
+    low, high = (0.3, 2.5) if op in ("pow", "div", "xlogy", "xlog1py") else (-2, 2)
     inputs = [randn(BATCH, *s, low=low, high=high) for s in input_shapes]
     others = {k: randn(*s, low=low, high=high) for k, s in other_shapes.items()}
     if op in ("maximum", "minimum", "equal", "not_equal", "greater_equal", "less_equal"):
@@ -178,6 +180,8 @@ def operand_values(op, letters, input_shapes, other_shapes):
             n += 1
         else:
             arrays.append((letter, others[k]))
+    if op in ("xlogy", "xlog1py"):  # x = 0 (value and gradients 0 whatever y)
+        arrays[0][1].reshape(-1)[::3] = 0
     return inputs, arrays
 
 

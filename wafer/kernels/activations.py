@@ -449,9 +449,9 @@ HALF_GRADIENTS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndar
 }
 
 
-# Functions proven against TF's float32 kernels only (wafer/special_functions.py): the
-# compiler refuses them in float16.
-FLOAT32_ONLY = ("lgamma", "digamma", "bessel_i0e")
+# Functions (and binary ops) proven against TF's float32 kernels only
+# (wafer/special_functions.py, xlogy and xlog1py): the compiler refuses them in float16.
+FLOAT32_ONLY = ("lgamma", "digamma", "bessel_i0e", "xlogy", "xlog1py")
 # Functions with a parameter of their own (the `activation` kernel's attr named here):
 # fused into dense or conv2d they would run with a default, so only `activation` takes them.
 PARAMETERS = {"pow": "exponent"}
