@@ -8,9 +8,7 @@ import ctypes
 import ctypes.util
 from typing import Any, Callable
 
-import llvmlite.binding
 import numpy as np
-from numba import types
 
 F32 = np.float32
 
@@ -38,10 +36,14 @@ def powf(x: np.ndarray, y: float) -> np.ndarray:
     return np.array([_powf(v, y) for v in flat], F32).reshape(np.shape(x))
 
 
-def external(name: str, signature: Any) -> types.ExternalFunction:
-    """libm's `name` for compiled code (wafer/compiled.py), bound by its address under the
-    name csrun_<name>: the very function TF calls, which LLVM does not know as a libm
-    function and so calls as it is (no constant folding, no rewriting of a power)."""
+def external(name: str, signature: Any) -> Any:
+    """libm's `name` for compiled code (wafer/compiled.py: a numba ExternalFunction of
+    `signature`), bound by its address under the name csrun_<name>: the very function TF
+    calls, which LLVM does not know as a libm function and so calls as it is (no constant
+    folding, no rewriting of a power)."""
+    import llvmlite.binding
+    from numba import types
+
     address = ctypes.cast(getattr(_libm, name), ctypes.c_void_p).value
     llvmlite.binding.add_symbol(f"csrun_{name}", address)
     return types.ExternalFunction(f"csrun_{name}", signature)

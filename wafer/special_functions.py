@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from wafer.compiled import libm
-
 F32 = np.float32
 _ZERO, _HALF, _ONE = F32(0), F32(0.5), F32(1)
 _PI = F32(np.pi)
@@ -28,6 +26,13 @@ _ZETA_SERIES = np.array([12.0, -720.0, 30240.0, -1209600.0, 47900160.0,
                          -1.8924375803183791606e9, 7.47242496e10, -2.950130727918164224e12,
                          1.1646782814350067249e14, -4.5979787224074726105e15,
                          1.8152105401943546773e17, -7.1661652561756670113e18], F32)
+
+
+def libm(name: str, x: np.ndarray, y: float | None = None) -> np.ndarray:
+    """wafer.compiled.libm, imported on first use (numba's import is the simulator's alone)."""
+    from wafer import compiled
+
+    return compiled.libm(name, x, y)
 
 
 def lgamma(x: np.ndarray) -> np.ndarray:
