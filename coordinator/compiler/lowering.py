@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import fast_paths, in_batch, lowering_spatial, random_numbers, sequences
+from coordinator.compiler import fast_paths, in_batch, lowering_spatial, random_numbers, second_order, sequences
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.elementwise import ARITHMETIC

@@ -21,6 +21,7 @@ import tensorflow as tf
 from common.errors import CSRunError
 from coordinator.compiler import (
     batch_broadcast,
+    second_order,
     fast_paths,
     in_batch,
     loss_tail,
@@ -58,6 +59,10 @@ class Matcher:
         self.broadcasts = {op for op in graph.get_operations()
                            if batch_broadcast.broadcast_value(op, self.batch_size) is not None}
         sources += [op.outputs[0] for op in self.broadcasts]
+        # and the seed of a gradient the loss takes (second_order.py): ones per sample
+        self.seeds = {op for op in graph.get_operations()
+                      if second_order.is_seed(op, self.batch_size)}
+        sources += [op.outputs[0] for op in self.seeds]
         self.ops = self._drop_host_tails(data_flow_ops(graph, sources, targets), targets)
         self.flow = set(self.ops)
         self.operands = Operands(graph, self.flow)
@@ -300,6 +305,9 @@ class Matcher:
                 continue
             if op.type in lowering.RECURRENT or random_numbers.is_draw(op):
                 lowering.lower_generic(self, op)
+                continue
+            if op in self.seeds:
+                second_order.lower(self, op, self.graph)
                 continue
             if op in self.broadcasts:
                 reason = batch_broadcast.lower(self, op)

@@ -1,0 +1,65 @@
+"""A gradient inside the loss (tf.gradients in model_fn: physics-informed networks, gradient
+penalties): its seed and the activations' gradient ops.
+
+The seed. `tf.gradients(u, x)` of a per-sample u [B, ...]
+starts from ones shaped like u (`gradients/Fill`, or tf.ones_like(u) given as grad_ys), or,
+of a scalar (a mean over the batch), from a scalar 1 tiled over the batch by the mean's
+gradient: a constant whose first axis is the batch. Everything the gradient then computes
+is per sample (the gradient of a sum of per-sample values to one sample's input is that
+sample's own), so such a constant is a source of the data flow, like an input: a
+`sample_constant` kernel gives each sample its row, and the ops of the gradient that read
+it (the MatMul by a transposed weight, Mul, ...) are lowered per sample.
+
+The activations' gradient ops (TanhGrad, SigmoidGrad, ReluGrad, LeakyReluGrad, EluGrad) of
+two per-sample values become `activation_grad` kernels (wafer/kernels/activation_grads.py):
+TF's arithmetic forward, TF's registered second-order gradient backward."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.operands import STATEFUL_SOURCES, depends_on, static_shape
+from coordinator.compiler.rules import Context, generic
+from wafer.kernels.activation_grads import OPS
+
+_GRADIENT_SCOPE = re.compile(r"^(.*/)?gradients(_\d+)?/")
+
+
+def _is_batch_constant(tensor: tf.Tensor, batch: int) -> bool:
+    if tensor.dtype != tf.float32 or not tensor.shape.is_fully_defined():
+        return False
+    shape = static_shape(tensor)
+    return len(shape) >= 1 and shape[0] == batch and \
+        depends_on(tensor, STATEFUL_SOURCES) is None
+
+
+def is_seed(op: tf.Operation, batch: int) -> bool:
+    """An op of tf.gradients' scope giving a constant whose first axis is the batch, from
+    inputs that are not such constants (the first of a chain: Fill, a Tile of a scalar)."""
+    return len(op.outputs) == 1 and _GRADIENT_SCOPE.match(op.name) is not None and \
+        _is_batch_constant(op.outputs[0], batch) and \
+        not any(_is_batch_constant(t, batch) for t in op.inputs)
+
+
+def lower(m: Context, op: tf.Operation, graph: tf.Graph) -> None:
+    """Each sample's row of the seed, from a `sample_constant` kernel."""
+    value = tf.get_static_value(op.outputs[0])
+    if value is None:
+        with tf.compat.v1.Session(graph=graph) as session:
+            value = session.run(op.outputs[0])
+    m.add_kernel(op.name, "sample_constant", [m.sample_input()],
+                 {"value": np.asarray(value, np.float32)}, [], [op], op.outputs[0])
+
+
+@generic(*OPS)
+def _activation_grad(m: Context, op: tf.Operation) -> str:
+    if not all(m.is_batched(t) for t in op.inputs) or m.shape(op.inputs[0]) != m.shape(op.inputs[1]):
+        return (f"{op.type} of values that are not both per-sample of one shape: the CS computes "
+                "a gradient inside the loss from the seed tf.gradients gives each sample")
+    attrs: dict = {"function": OPS[op.type]}
+    if op.type == "LeakyReluGrad":
+        attrs["alpha"] = float(op.get_attr("alpha"))
+    m.add_kernel(op.name, "activation_grad", list(op.inputs), attrs, [], [op], op.outputs[0])
+    return ""
