@@ -52,10 +52,11 @@ def oscillator_input_fn(params):
 
 
 def critic_input_fn(params):
-    """Real samples (features) and a generator's fixed fakes (labels) for a critic alone."""
+    """Real samples and a generator's fixed fakes for a critic alone (labels unused)."""
     rng = np.random.default_rng(params.get("data_seed", 7))
     real = rng.normal(1.0, 0.5, size=(64, 4)).astype(np.float32)
-    return _batches(real, rng.normal(size=(64, 4)).astype(np.float32))
+    return _batches({"real": real, "fake": rng.normal(size=(64, 4)).astype(np.float32)},
+                    np.zeros(64, np.float32))
 
 
 def _train(mode, loss, optimizer, eval_metric_ops=None):
@@ -104,7 +105,7 @@ def wgan_gp_critic(features, labels, mode, params):
     the penalty (||grad critic(x_hat)|| - 1)^2 at random interpolates x_hat."""
     critic = tf.keras.Sequential([L.Dense(16), L.LeakyReLU(0.2), L.Dense(16), L.LeakyReLU(0.2),
                                   L.Dense(1)])
-    real, fake = features, labels
+    real, fake = features["real"], features["fake"]
     eps = tf.random.uniform([tf.shape(real)[0], 1])
     x_hat = eps * real + (1.0 - eps) * fake
     grad = tf.gradients(critic(x_hat), x_hat)[0]

@@ -569,11 +569,12 @@ def _one_hot(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-def slice_bounds(op: tf.Operation, begin, end, strides) -> list[tuple[int, int, int, bool]]:
-    """tf.strided_slice's spec resolved against the input's static shape: (begin, end,
-    stride, shrink) per input axis, `...` expanded to whole axes and tf.newaxis entries
-    dropped (they add unit axes, a reshape of the result)."""
-    shape = static_shape(op.inputs[0])
+def slice_bounds(op: tf.Operation, begin, end, strides,
+                 shape: tuple[int, ...] | None = None) -> list[tuple[int, int, int, bool]]:
+    """tf.strided_slice's spec resolved against the input's static shape (or `shape`: a
+    StridedSliceGrad's): (begin, end, stride, shrink) per input axis, `...` expanded to
+    whole axes and tf.newaxis entries dropped (they add unit axes, a reshape of the result)."""
+    shape = static_shape(op.inputs[0]) if shape is None else shape
     masks = {k: op.get_attr(k) for k in ("begin_mask", "end_mask", "shrink_axis_mask",
                                          "ellipsis_mask", "new_axis_mask")}
     entries = len(begin)
@@ -635,6 +636,30 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
                           None, output_shape=sliced, source_op=op)
     m.add_kernel(op.name, "reshape", [kernel.name], {"shape": list(out[1:])}, [], [op],
                  op.outputs[0])
+    return ""
+
+
+@generic("StridedSliceGrad")
+def _strided_slice_grad(m: Context, op: tf.Operation) -> str:
+    """The gradient of x[...] inside the loss (tf.gradients(y[:, i], x)): the per-sample
+    gradient dy put back at the slice's place among zeros, a `pad` kernel (a reshape first
+    for the axes the slice shrank); its own gradient is the slice, as TF's."""
+    shape, begin, end, strides = (m.operands.constant(t) for t in op.inputs[:4])
+    if shape is None or begin is None or end is None or strides is None or \
+            not m.is_batched(op.inputs[4]) or op.get_attr("new_axis_mask"):
+        return ("the gradient of a slice with bounds computed at run time, tf.newaxis, or of "
+                "a value that is not per-sample")
+    bounds = slice_bounds(op, begin, end, strides, tuple(int(d) for d in shape))
+    if bounds[0] != (0, int(shape[0]), 1, False) or any(b[2] != 1 for b in bounds):
+        return ("the gradient of a slice of the batch axis or of a strided slice: the CS puts "
+                "back a slice of a sample's own axes with stride 1")
+    dy: Any = op.inputs[4]
+    sliced = tuple(hi - lo for lo, hi, _, _ in bounds[1:])
+    if any(b[3] for b in bounds):
+        dy = m.add_kernel(f"{op.name}/unshrunk", "reshape", [dy], {"shape": list(sliced)}, [],
+                          [], None, output_shape=sliced, source_op=op).name
+    paddings = [p for (lo, hi, _, _), size in zip(bounds[1:], shape[1:]) for p in (lo, int(size) - hi)]
+    m.add_kernel(op.name, "pad", [dy], {"paddings": paddings}, [], [op], op.outputs[0])
     return ""
 
 
