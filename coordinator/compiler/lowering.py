@@ -51,6 +51,11 @@ RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTens
 # The README's list of what is refused, with the reason.
 REFUSED = {
     **fast_paths.REFUSED,
+    "gradients inside the loss": "of a fused softmax cross-entropy (its backprop output; "
+                                 "take the gradient of an MSE, or of a hand-written "
+                                 "log_softmax cross-entropy), to a weight (BiasAddGrad, a "
+                                 "MatMul over the batch: they mix samples), and gradient ops "
+                                 "of other activations (SeluGrad, Relu6Grad, SoftsignGrad, ...)",
     "While loops": "whose number of steps is not known when the graph is built (the CS "
                    "pipelines one pass per sample): tf.while_loop whose condition reads the "
                    "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",
@@ -728,7 +733,9 @@ def supported_table() -> str:
     """The README's 'Supported operations' section, generated from the tables above
     (`python -m coordinator.compiler.lowering` prints it; a test keeps the README equal)."""
     spatial = {op for op, rule in GENERIC.items() if rule.__module__ == lowering_spatial.__name__}
-    others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - set(random_numbers.DRAWS))
+    gradient_ops = {*second_order.OPS, "StridedSliceGrad"}
+    others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - set(random_numbers.DRAWS)
+                    - gradient_ops)
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
@@ -772,6 +779,12 @@ def supported_table() -> str:
                  "tf.tile(cls, [tf.shape(x)[0], 1, 1]), a tile within the sample after it), "
                  "BroadcastTo, tf.repeat(w[None], batch, 0), tf.ones_like(x[:, :1]) * w; its "
                  "gradient the batch's sum |")
+    lines.append("| `activation_grad`, `pad` (a gradient inside the loss) | tf.gradients(u, x) of "
+                 "per-sample values in model_fn (a physics-informed network's u_x, u_xx, a "
+                 "gradient penalty, double backprop, a Jacobian penalty, Sobolev training, a "
+                 "Hamiltonian network): its seed given to each sample, "
+                 + ", ".join(sorted(gradient_ops)) + " per sample, trained with TF's "
+                 "second-order gradient |")
     lines.append("| weight program (computations on weights before they meet the samples) | "
                  + ", ".join(WEIGHT_PROGRAM_OPS) + " of weights and constants (tf.nn.l2_normalize"
                  "(w, 0) of a cosine classifier, weight normalization's g * v / tf.norm(v), a "

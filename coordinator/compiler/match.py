@@ -21,7 +21,6 @@ import tensorflow as tf
 from common.errors import CSRunError
 from coordinator.compiler import (
     batch_broadcast,
-    second_order,
     fast_paths,
     in_batch,
     loss_tail,
@@ -29,6 +28,7 @@ from coordinator.compiler import (
     precision,
     random_numbers,
     refusals,
+    second_order,
 )
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
@@ -299,7 +299,7 @@ class Matcher:
         for op in self.ops:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
                 continue
-            bad = self._check_dtypes(op)
+            bad = self._check_dtypes(op) or second_order.cross_entropy_backprop(op)
             if bad and op.type not in lowering.RECURRENT:
                 self.reject(op, bad)
                 continue

@@ -24,6 +24,9 @@ from coordinator.compiler.operands import STATEFUL_SOURCES, depends_on, static_s
 from coordinator.compiler.rules import Context, generic
 from wafer.kernels.activation_grads import OPS
 
+__all__ = ["OPS", "cross_entropy_backprop", "is_seed", "lower"]
+
+CROSS_ENTROPIES = {"SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"}
 _GRADIENT_SCOPE = re.compile(r"^(.*/)?gradients(_\d+)?/")
 
 
@@ -41,6 +44,18 @@ def is_seed(op: tf.Operation, batch: int) -> bool:
     return len(op.outputs) == 1 and _GRADIENT_SCOPE.match(op.name) is not None and \
         _is_batch_constant(op.outputs[0], batch) and \
         not any(_is_batch_constant(t, batch) for t in op.inputs)
+
+
+def cross_entropy_backprop(op: tf.Operation) -> str:
+    """Why `op` cannot be lowered if it reads a fused softmax cross-entropy's backprop output
+    (tf.gradients of that loss in model_fn), else ""."""
+    for t in op.inputs:
+        if t.op.type in CROSS_ENTROPIES and t.value_index == 1:
+            return (f"takes the gradient of the fused {t.op.type} '{t.op.name}' inside the loss "
+                    "(its backprop output): the CS computes that loss as one kernel whose "
+                    "gradient is not a value of the forward pass; take the gradient of a "
+                    "cross-entropy written with tf.nn.log_softmax, or of an MSE")
+    return ""
 
 
 def lower(m: Context, op: tf.Operation, graph: tf.Graph) -> None:

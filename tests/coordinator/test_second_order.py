@@ -35,4 +35,4 @@ def test_the_gradient_of_a_fused_cross_entropy_is_refused_naming_it(tmp_path):
                                      str(tmp_path))
     message = caught.value.message
     assert "xentropy_grad" in message and "second_order_models.py:" in message
-    assert "SparseSoftmaxCrossEntropyWithLogits" in message
+    assert "fused SparseSoftmaxCrossEntropyWithLogits" in message and "log_softmax" in message

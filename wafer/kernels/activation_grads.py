@@ -54,7 +54,7 @@ class ActivationGrad(Elementwise):
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
-        self.function = self.attrs.get("function")
+        self.function = str(self.attrs.get("function"))
         if self.function not in FUNCTIONS or len(self.input_shapes) != 2 or \
                 self.input_shapes[0] != self.input_shapes[1]:
             raise KernelError(f"kernel {name!r} (activation_grad): takes 2 inputs of one shape "
