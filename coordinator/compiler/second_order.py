@@ -10,8 +10,8 @@ sample's own), so such a constant is a source of the data flow, like an input: a
 `sample_constant` kernel gives each sample its row, and the ops of the gradient that read
 it (the MatMul by a transposed weight, Mul, ...) are lowered per sample.
 
-The activations' gradient ops (TanhGrad, SigmoidGrad, ReluGrad, LeakyReluGrad, EluGrad) of
-two per-sample values become `activation_grad` kernels (wafer/kernels/activation_grads.py):
+The activations' gradient ops (TanhGrad, SigmoidGrad, ReluGrad, LeakyReluGrad, EluGrad,
+Relu6Grad, SeluGrad) of two per-sample values become `activation_grad` kernels (wafer/kernels/activation_grads.py):
 TF's arithmetic forward, TF's registered second-order gradient backward."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The activation_grad kernel against TensorFlow's gradient ops, float32: its forward is the
-op's value (TanhGrad, SigmoidGrad, ReluGrad, LeakyReluGrad, EluGrad) and its backward TF's
-registered gradient of that op (the second order a loss holding a gradient trains with),
+op's value (TanhGrad, SigmoidGrad, ReluGrad, LeakyReluGrad, EluGrad, Relu6Grad, SeluGrad)
+and its backward TF's registered gradient of that op (the second order a loss holding a gradient trains with),
 bit for bit on 4096 values of each input (zeros and ties included)."""
 import numpy as np
 import pytest
@@ -13,15 +13,20 @@ RAW = {"TanhGrad": lambda a, b: tf.raw_ops.TanhGrad(y=a, dy=b),
        "SigmoidGrad": lambda a, b: tf.raw_ops.SigmoidGrad(y=a, dy=b),
        "ReluGrad": lambda a, b: tf.raw_ops.ReluGrad(gradients=a, features=b),
        "LeakyReluGrad": lambda a, b: tf.raw_ops.LeakyReluGrad(gradients=a, features=b, alpha=0.3),
-       "EluGrad": lambda a, b: tf.raw_ops.EluGrad(gradients=a, outputs=b)}
+       "EluGrad": lambda a, b: tf.raw_ops.EluGrad(gradients=a, outputs=b),
+       "Relu6Grad": lambda a, b: tf.raw_ops.Relu6Grad(gradients=a, features=b),
+       "SeluGrad": lambda a, b: tf.raw_ops.SeluGrad(gradients=a, outputs=b)}
 
 
 def _inputs(op_type: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     a, b, g = (rng.normal(size=(64, 64)).astype(np.float32) for _ in range(3))
     if op_type in ("TanhGrad", "SigmoidGrad"):  # a is the activation's output y
         a = (np.tanh(a) if op_type == "TanhGrad" else 1 / (1 + np.exp(-a))).astype(np.float32)
-    if op_type == "EluGrad":  # b is Elu's output, > -1
-        b = np.where(b > 0, b, np.expm1(b)).astype(np.float32)
+    if op_type in ("EluGrad", "SeluGrad"):  # b is the activation's output
+        b = tf.nn.elu(b).numpy() if op_type == "EluGrad" else tf.nn.selu(b).numpy()
+    if op_type == "Relu6Grad":
+        b = 4 * b
+        b[1, :8] = 6.0
     b[0, :8] = 0.0  # the ties of the comparisons
     return a, b, g
 

@@ -1,7 +1,7 @@
 """The `activation_grad` kernel: an activation's gradient op (TanhGrad, SigmoidGrad,
-ReluGrad, LeakyReluGrad, EluGrad) computed as a value of the forward pass, when the loss
-holds a gradient (tf.gradients(u, x) of a physics-informed network, a gradient penalty).
-Its two inputs are the TF op's, in its order; its forward is TF's CPU kernel's arithmetic
+ReluGrad, LeakyReluGrad, EluGrad, Relu6Grad, SeluGrad) computed as a value of the forward
+pass, when the loss holds a gradient (tf.gradients(u, x) of a physics-informed network, a
+gradient penalty). Its two inputs are the TF op's, in its order; its forward is TF's CPU kernel's arithmetic
 (Eigen's scalar_*_gradient_op and the nn_ops functors, float32, the same operation order),
 its backward TF's registered gradient of that op (math_grad._TanhGradGrad, ...), so the
 weights' training gradient is TF's second-order one."""
@@ -11,11 +11,20 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from wafer.kernels.activations import SELU_ALPHA, SELU_SCALE
 from wafer.kernels.base import KernelError, RunContext, register
 from wafer.kernels.structure import Elementwise
 
 _ONE, _TWO, _MINUS_TWO = np.float32(1), np.float32(2), np.float32(-2)
 _ZERO = np.float32(0)
+
+def _inside(x: np.ndarray) -> np.ndarray:
+    return ((x > 0) & (x < 6)).astype(np.float32)
+
+
+def _selu_grad(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.where(y < 0, dy * (y + SELU_SCALE * SELU_ALPHA), dy * SELU_SCALE)
+
 
 Pair = tuple[np.ndarray, np.ndarray]
 # function -> (forward(a, b, alpha), backward(a, b, alpha, g) -> (ga, gb), FLOPs per element);
@@ -35,6 +44,13 @@ FUNCTIONS: dict[str, tuple[Callable[..., np.ndarray], Callable[..., Pair], int]]
     # LeakyReluGrad(dy, x) = x > 0 ? dy : dy * alpha; _LeakyReluGradGrad: (LeakyReluGrad(g, x), 0)
     "leaky_relu": (lambda dy, x, a: np.where(x > 0, dy, dy * a),
                    lambda dy, x, a, g: (np.where(x > 0, g, g * a), np.zeros_like(x)), 2),
+    # Relu6Grad(dy, x) = dy * float(0 < x < 6); _Relu6GradGrad: (Relu6Grad(g, x), zeros)
+    "relu6": (lambda dy, x, a: dy * _inside(x),
+              lambda dy, x, a, g: (g * _inside(x), np.zeros_like(x)), 2),
+    # SeluGrad(dy, y) = y < 0 ? dy * (y + scale * alpha) : dy * scale; _SeluGradGrad:
+    # (SeluGrad(g, y), where(y < 0, g * dy, 0))
+    "selu": (lambda dy, y, a: _selu_grad(dy, y),
+             lambda dy, y, a, g: (_selu_grad(g, y), np.where(y < 0, g * dy, _ZERO)), 3),
     # EluGrad(dy, y) = y < 0 ? dy * (y + 1) : dy; _EluGradGrad: (EluGrad(g, y),
     # where(y < 0, g * dy, 0))
     "elu": (lambda dy, y, a: np.where(y < 0, dy * (y + _ONE), dy),
@@ -43,7 +59,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., np.ndarray], Callable[..., Pair], int]]
 }
 # TF op -> the kernel's function
 OPS = {"TanhGrad": "tanh", "SigmoidGrad": "sigmoid", "ReluGrad": "relu",
-       "LeakyReluGrad": "leaky_relu", "EluGrad": "elu"}
+       "LeakyReluGrad": "leaky_relu", "EluGrad": "elu", "Relu6Grad": "relu6", "SeluGrad": "selu"}
 
 
 @register
