@@ -1,7 +1,8 @@
 """Models whose loss contains a gradient (tf.gradients inside model_fn), written the way users
 write them: physics-informed networks (Burgers' and the heat equation's residual from first
 and second derivatives), a WGAN-GP critic's gradient penalty, input-gradient regularisation,
-double backprop, a Jacobian norm penalty, Sobolev training and a Hamiltonian neural network."""
+double backprop, a Jacobian norm penalty, Sobolev training, a Hamiltonian neural network, and
+a penalty on the weights' gradient."""
 import numpy as np
 import tensorflow as tf
 
@@ -100,6 +101,18 @@ def pinn_heat(features, labels, mode, params):
     return _train(mode, loss, v1.train.GradientDescentOptimizer(0.05))
 
 
+def pinn_gelu(features, labels, mode, params):
+    """The heat equation by a GELU network (Erf's gradient inside the loss), the second
+    derivative from tf.gradients of the first's column."""
+    net = _mlp([16, 16], "gelu")
+    xt = features["colloc"]
+    du = tf.gradients(net(xt), xt)[0]
+    u_xx = tf.gradients(du[:, 0], xt)[0][:, :1]
+    loss = tf.reduce_mean(tf.square(du[:, 1:] - 0.1 * u_xx)) + \
+        tf.reduce_mean(tf.square(net(features["boundary"]) - labels))
+    return _train(mode, loss, v1.train.AdamOptimizer(1e-3))
+
+
 def wgan_gp_critic(features, labels, mode, params):
     """A WGAN-GP critic trained alone against fixed fakes: the Wasserstein estimate plus 10 x
     the penalty (||grad critic(x_hat)|| - 1)^2 at random interpolates x_hat."""
@@ -158,6 +171,15 @@ def sobolev(features, labels, mode, params):
     return _train(mode, loss, v1.train.AdamOptimizer(1e-2))
 
 
+def weight_gradient_penalty(features, labels, mode, params):
+    """A gradient norm penalty on the weights' gradient (refused: a sum over the batch)."""
+    net = _mlp([16], "tanh")
+    mse = tf.reduce_mean(tf.square(net(features) - labels[:, :1]))
+    grads = tf.gradients(mse, net.trainable_variables)
+    loss = mse + 0.01 * tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads])
+    return _train(mode, loss, v1.train.AdamOptimizer(1e-2))
+
+
 def hamiltonian(features, labels, mode, params):
     """A Hamiltonian neural network (Greydanus et al.): H = MLP(q, p), the dynamics
     (dH/dp, -dH/dq) fitted to the observed time derivatives."""
@@ -173,10 +195,12 @@ def hamiltonian(features, labels, mode, params):
 CORPUS = {
     "pinn_burgers": (pinn_burgers, pde_input_fn),
     "pinn_heat": (pinn_heat, pde_input_fn),
+    "pinn_gelu": (pinn_gelu, pde_input_fn),
     "wgan_gp_critic": (wgan_gp_critic, critic_input_fn),
     "input_gradient_classifier": (input_gradient_classifier, class_input_fn),
     "double_backprop": (double_backprop, points_input_fn),
     "jacobian_penalty": (jacobian_penalty, points_input_fn),
     "sobolev": (sobolev, points_input_fn),
     "hamiltonian": (hamiltonian, oscillator_input_fn),
+    "weight_gradient_penalty": (weight_gradient_penalty, points_input_fn),
 }

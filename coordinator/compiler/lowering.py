@@ -377,6 +377,8 @@ def _matmul(m: Context, op: tf.Operation) -> str:
     if op.type == "MatMul":
         flags = (bool(op.get_attr("transpose_a")), bool(op.get_attr("transpose_b")))
         if m.is_batched(a) and m.is_batched(b):
+            if flags[0] and second_order.in_gradient(op):
+                return second_order.WEIGHT_GRADIENT
             return in_batch.product(m, op, *flags)
         if flags[0] and m.is_batched(a) or flags[1] and m.is_batched(b):
             return "transposes the batch axis of a per-sample operand"

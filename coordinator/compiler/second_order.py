@@ -24,10 +24,21 @@ from coordinator.compiler.operands import STATEFUL_SOURCES, depends_on, static_s
 from coordinator.compiler.rules import Context, generic
 from wafer.kernels.activation_grads import OPS
 
-__all__ = ["OPS", "cross_entropy_backprop", "is_seed", "lower"]
+__all__ = ["OPS", "WEIGHT_GRADIENT", "cross_entropy_backprop", "in_gradient", "is_seed", "lower"]
 
 CROSS_ENTROPIES = {"SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"}
 _GRADIENT_SCOPE = re.compile(r"^(.*/)?gradients(_\d+)?/")
+
+
+WEIGHT_GRADIENT = ("takes a gradient to a weight inside the loss (tf.gradients(loss, weights): "
+                   "a sum over the batch's samples before the loss, a gradient norm penalty): "
+                   "the CS computes each sample on its own; penalise the gradient to the "
+                   "inputs (tf.gradients(u, x)) instead")
+
+
+def in_gradient(op: tf.Operation) -> bool:
+    """Whether `op` is one of tf.gradients' ops."""
+    return _GRADIENT_SCOPE.match(op.name) is not None
 
 
 def _is_batch_constant(tensor: tf.Tensor, batch: int) -> bool:
@@ -41,7 +52,7 @@ def _is_batch_constant(tensor: tf.Tensor, batch: int) -> bool:
 def is_seed(op: tf.Operation, batch: int) -> bool:
     """An op of tf.gradients' scope giving a constant whose first axis is the batch, from
     inputs that are not such constants (the first of a chain: Fill, a Tile of a scalar)."""
-    return len(op.outputs) == 1 and _GRADIENT_SCOPE.match(op.name) is not None and \
+    return len(op.outputs) == 1 and in_gradient(op) and \
         _is_batch_constant(op.outputs[0], batch) and \
         not any(_is_batch_constant(t, batch) for t in op.inputs)
 
@@ -78,3 +89,8 @@ def _activation_grad(m: Context, op: tf.Operation) -> str:
         attrs["alpha"] = float(op.get_attr("alpha"))
     m.add_kernel(op.name, "activation_grad", list(op.inputs), attrs, [], [op], op.outputs[0])
     return ""
+
+
+@generic("BiasAddGrad")
+def _bias_add_grad(m: Context, op: tf.Operation) -> str:
+    return WEIGHT_GRADIENT

@@ -3,7 +3,8 @@ networks, a WGAN-GP critic's penalty, double backprop, a Jacobian penalty, Sobol
 and a Hamiltonian network train on the CS as TensorFlow trains them (4 steps, the second
 order included: TanhGrad, SigmoidGrad, LeakyReluGrad, EluGrad, StridedSliceGrad lowered per
 sample), and evaluate there as the CPU path does; the gradient of a fused softmax
-cross-entropy stays refused in one line naming the op and its line."""
+cross-entropy and a gradient to a weight (a sum over the batch) stay refused in one line
+naming the op and its line."""
 import cs_inprocess
 import pytest
 import second_order_models as m
@@ -11,8 +12,10 @@ import second_order_models as m
 from common.errors import CSRunError
 
 PARAMS = {"runconfig": {"tf_random_seed": 2}}
-TRAINED = ["pinn_burgers", "pinn_heat", "wgan_gp_critic", "double_backprop",
-           "jacobian_penalty", "sobolev", "hamiltonian"]
+SLOW = {"pinn_heat", "pinn_gelu"}  # the same kernels as pinn_burgers, jacobian_penalty
+TRAINED = [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
+           for name in ("pinn_burgers", "pinn_heat", "pinn_gelu", "wgan_gp_critic",
+                        "double_backprop", "jacobian_penalty", "sobolev", "hamiltonian")]
 
 
 @pytest.mark.parametrize("name", TRAINED)
@@ -36,3 +39,12 @@ def test_the_gradient_of_a_fused_cross_entropy_is_refused_naming_it(tmp_path):
     message = caught.value.message
     assert "xentropy_grad" in message and "second_order_models.py:" in message
     assert "fused SparseSoftmaxCrossEntropyWithLogits" in message and "log_softmax" in message
+
+
+def test_a_gradient_to_a_weight_inside_the_loss_is_refused_naming_it(tmp_path):
+    with pytest.raises(CSRunError) as caught:
+        cs_inprocess.compile_checked(m.weight_gradient_penalty, m.points_input_fn, PARAMS,
+                                     str(tmp_path))
+    message = caught.value.message
+    assert "MatMul_grad" in message and "second_order_models.py:" in message
+    assert "takes a gradient to a weight inside the loss" in message
