@@ -128,6 +128,20 @@ def wgan_gp_critic(features, labels, mode, params):
     return _train(mode, loss, v1.train.AdamOptimizer(1e-3, beta1=0.5, beta2=0.9))
 
 
+def wgan_gp_conv_critic(features, labels, mode, params):
+    """The critic's penalty through a Conv2D (its input gradient: Conv2DBackpropInput)."""
+    critic = tf.keras.Sequential([L.Reshape((2, 2, 1)), L.Conv2D(8, 2, padding="same"),
+                                  L.LeakyReLU(0.2), L.Flatten(), L.Dense(1)])
+    real, fake = features["real"], features["fake"]
+    eps = tf.random.uniform([tf.shape(real)[0], 1])
+    x_hat = eps * real + (1.0 - eps) * fake
+    grad = tf.gradients(critic(x_hat), x_hat)[0]
+    norm = tf.sqrt(tf.reduce_sum(tf.square(grad), axis=1) + 1e-12)
+    loss = tf.reduce_mean(critic(fake)) - tf.reduce_mean(critic(real)) + \
+        10.0 * tf.reduce_mean(tf.square(norm - 1.0))
+    return _train(mode, loss, v1.train.AdamOptimizer(1e-3, beta1=0.5, beta2=0.9))
+
+
 def input_gradient_classifier(features, labels, mode, params):
     """Input-gradient regularisation (Ross & Doshi-Velez): cross-entropy plus the squared
     norm of its gradient with respect to the input, a ReLU classifier."""
@@ -197,6 +211,7 @@ CORPUS = {
     "pinn_heat": (pinn_heat, pde_input_fn),
     "pinn_gelu": (pinn_gelu, pde_input_fn),
     "wgan_gp_critic": (wgan_gp_critic, critic_input_fn),
+    "wgan_gp_conv_critic": (wgan_gp_conv_critic, critic_input_fn),
     "input_gradient_classifier": (input_gradient_classifier, class_input_fn),
     "double_backprop": (double_backprop, points_input_fn),
     "jacobian_penalty": (jacobian_penalty, points_input_fn),

@@ -1,8 +1,9 @@
 """Losses holding a gradient (issue 21, tests/second_order_models.py): physics-informed
-networks, a WGAN-GP critic's penalty, double backprop, a Jacobian penalty, Sobolev training
-and a Hamiltonian network train on the CS as TensorFlow trains them (4 steps, the second
-order included: TanhGrad, SigmoidGrad, LeakyReluGrad, EluGrad, StridedSliceGrad lowered per
-sample), and evaluate there as the CPU path does; the gradient of a fused softmax
+networks, a WGAN-GP critic's penalty (through Dense layers, and a Conv2D), double backprop,
+a Jacobian penalty, Sobolev training and a Hamiltonian network train on the CS as TensorFlow
+trains them (4 steps, the second order included: TanhGrad, SigmoidGrad, LeakyReluGrad,
+EluGrad and StridedSliceGrad lowered per sample, Conv2DBackpropInput as the transposed
+convolution), and evaluate there as the CPU path does; the gradient of a fused softmax
 cross-entropy and a gradient to a weight (a sum over the batch) stay refused in one line
 naming the op and its line."""
 import cs_inprocess
@@ -12,10 +13,12 @@ import second_order_models as m
 from common.errors import CSRunError
 
 PARAMS = {"runconfig": {"tf_random_seed": 2}}
-SLOW = {"pinn_heat", "pinn_gelu"}  # the same kernels as pinn_burgers, jacobian_penalty
+SLOW = {"pinn_heat", "pinn_gelu", "wgan_gp_critic"}  # (pinn_burgers, jacobian_penalty and
+# wgan_gp_conv_critic cover their forms in the quick lane)
 TRAINED = [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
            for name in ("pinn_burgers", "pinn_heat", "pinn_gelu", "wgan_gp_critic",
-                        "double_backprop", "jacobian_penalty", "sobolev", "hamiltonian")]
+                        "wgan_gp_conv_critic", "double_backprop", "jacobian_penalty", "sobolev",
+                        "hamiltonian")]
 
 
 @pytest.mark.parametrize("name", TRAINED)
