@@ -785,8 +785,9 @@ def supported_table() -> str:
                  "per-sample values in model_fn (a physics-informed network's u_x, u_xx, a "
                  "gradient penalty, double backprop, a Jacobian penalty, Sobolev training, a "
                  "Hamiltonian network): its seed given to each sample, "
-                 + ", ".join(sorted(gradient_ops)) + " per sample, trained with TF's "
-                 "second-order gradient |")
+                 + ", ".join(sorted(gradient_ops)) + " per sample (and a Conv2D's input "
+                 "gradient, Conv2DBackpropInput, as the transposed convolution), trained with "
+                 "TF's second-order gradient |")
     lines.append("| weight program (computations on weights before they meet the samples) | "
                  + ", ".join(WEIGHT_PROGRAM_OPS) + " of weights and constants (tf.nn.l2_normalize"
                  "(w, 0) of a cosine classifier, weight normalization's g * v / tf.norm(v), a "
