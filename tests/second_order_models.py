@@ -194,6 +194,21 @@ def weight_gradient_penalty(features, labels, mode, params):
     return _train(mode, loss, v1.train.AdamOptimizer(1e-2))
 
 
+def sobolev_mixed_float16(features, labels, mode, params):
+    """Sobolev training of a Keras mixed_float16 network (refused: TF's float16 second order
+    rounds every op)."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        net = _mlp([16], "tanh")
+        u = tf.cast(net(features), tf.float32)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    du = tf.gradients(u, features)[0]
+    loss = tf.reduce_mean(tf.square(u - labels[:, :1])) + \
+        tf.reduce_mean(tf.square(du - labels[:, 1:]))
+    return _train(mode, loss, v1.train.AdamOptimizer(1e-2))
+
+
 def hamiltonian(features, labels, mode, params):
     """A Hamiltonian neural network (Greydanus et al.): H = MLP(q, p), the dynamics
     (dH/dp, -dH/dq) fitted to the observed time derivatives."""
@@ -218,4 +233,5 @@ CORPUS = {
     "sobolev": (sobolev, points_input_fn),
     "hamiltonian": (hamiltonian, oscillator_input_fn),
     "weight_gradient_penalty": (weight_gradient_penalty, points_input_fn),
+    "sobolev_mixed_float16": (sobolev_mixed_float16, points_input_fn),
 }

@@ -55,7 +55,7 @@ REFUSED = {
                                  "take the gradient of an MSE, or of a hand-written "
                                  "log_softmax cross-entropy), to a weight (BiasAddGrad, a "
                                  "MatMul over the batch: they mix samples), and gradient ops "
-                                 "of other activations (SoftsignGrad, ...)",
+                                 "of other activations (SoftsignGrad, ...) or in float16",
     "While loops": "whose number of steps is not known when the graph is built (the CS "
                    "pipelines one pass per sample): tf.while_loop whose condition reads the "
                    "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",

@@ -81,6 +81,10 @@ def lower(m: Context, op: tf.Operation, graph: tf.Graph) -> None:
 
 @generic(*OPS)
 def _activation_grad(m: Context, op: tf.Operation) -> str:
+    if op.outputs[0].dtype != tf.float32:
+        return (f"{op.type} in {op.outputs[0].dtype.name}: the CS computes a gradient inside "
+                "the loss in float32 (TF rounds each op of its second order in float16); "
+                "build that part of the model in float32")
     if not all(m.is_batched(t) for t in op.inputs) or m.shape(op.inputs[0]) != m.shape(op.inputs[1]):
         return (f"{op.type} of values that are not both per-sample of one shape: the CS computes "
                 "a gradient inside the loss from the seed tf.gradients gives each sample")

@@ -4,8 +4,8 @@ a Jacobian penalty, Sobolev training and a Hamiltonian network train on the CS a
 trains them (4 steps, the second order included: TanhGrad, SigmoidGrad, LeakyReluGrad,
 EluGrad and StridedSliceGrad lowered per sample, Conv2DBackpropInput as the transposed
 convolution), and evaluate there as the CPU path does; the gradient of a fused softmax
-cross-entropy and a gradient to a weight (a sum over the batch) stay refused in one line
-naming the op and its line."""
+cross-entropy, a gradient to a weight (a sum over the batch) and one in float16 stay refused
+in one line naming the op and its line."""
 import cs_inprocess
 import pytest
 import second_order_models as m
@@ -51,3 +51,12 @@ def test_a_gradient_to_a_weight_inside_the_loss_is_refused_naming_it(tmp_path):
     message = caught.value.message
     assert "MatMul_grad" in message and "second_order_models.py:" in message
     assert "takes a gradient to a weight inside the loss" in message
+
+
+def test_a_gradient_inside_the_loss_in_float16_is_refused_naming_it(tmp_path):
+    with pytest.raises(CSRunError) as caught:
+        cs_inprocess.compile_checked(m.sobolev_mixed_float16, m.points_input_fn, PARAMS,
+                                     str(tmp_path))
+    message = caught.value.message
+    assert "TanhGrad 'gradients/" in message and "second_order_models.py:" in message
+    assert "TanhGrad in float16" in message
