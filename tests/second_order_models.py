@@ -154,6 +154,17 @@ def input_gradient_classifier(features, labels, mode, params):
         "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
 
 
+def input_gradient_log_softmax(features, labels, mode, params):
+    """The same regularisation with the cross-entropy written by hand on tf.nn.log_softmax."""
+    net = tf.keras.Sequential([L.Dense(16, activation="relu"), L.Dense(3)])
+    logits = net(features)
+    xent = -tf.reduce_mean(tf.reduce_sum(tf.one_hot(labels, 3) * tf.nn.log_softmax(logits), 1))
+    grad = tf.gradients(xent, features)[0]
+    loss = xent + 0.1 * tf.reduce_mean(tf.reduce_sum(tf.square(grad), 1))
+    return _train(mode, loss, v1.train.AdamOptimizer(1e-2), {
+        "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
+
+
 def double_backprop(features, labels, mode, params):
     """Double backprop (Drucker & LeCun): a regression MSE plus the squared gradient of that
     MSE with respect to the input, an ELU network."""
@@ -228,6 +239,7 @@ CORPUS = {
     "wgan_gp_critic": (wgan_gp_critic, critic_input_fn),
     "wgan_gp_conv_critic": (wgan_gp_conv_critic, critic_input_fn),
     "input_gradient_classifier": (input_gradient_classifier, class_input_fn),
+    "input_gradient_log_softmax": (input_gradient_log_softmax, class_input_fn),
     "double_backprop": (double_backprop, points_input_fn),
     "jacobian_penalty": (jacobian_penalty, points_input_fn),
     "sobolev": (sobolev, points_input_fn),

@@ -1,5 +1,6 @@
 """Losses holding a gradient (issue 21, tests/second_order_models.py): physics-informed
-networks, a WGAN-GP critic's penalty (through Dense layers, and a Conv2D), double backprop,
+networks, a WGAN-GP critic's penalty (through Dense layers, and a Conv2D), input-gradient
+regularisation of a log_softmax cross-entropy, double backprop,
 a Jacobian penalty, Sobolev training and a Hamiltonian network train on the CS as TensorFlow
 trains them (4 steps, the second order included: TanhGrad, SigmoidGrad, LeakyReluGrad,
 EluGrad and StridedSliceGrad lowered per sample, Conv2DBackpropInput as the transposed
@@ -17,8 +18,8 @@ SLOW = {"pinn_heat", "pinn_gelu", "wgan_gp_critic"}  # (pinn_burgers, jacobian_p
 # wgan_gp_conv_critic cover their forms in the quick lane)
 TRAINED = [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
            for name in ("pinn_burgers", "pinn_heat", "pinn_gelu", "wgan_gp_critic",
-                        "wgan_gp_conv_critic", "double_backprop", "jacobian_penalty", "sobolev",
-                        "hamiltonian")]
+                        "wgan_gp_conv_critic", "input_gradient_log_softmax", "double_backprop",
+                        "jacobian_penalty", "sobolev", "hamiltonian")]
 
 
 @pytest.mark.parametrize("name", TRAINED)
@@ -30,7 +31,7 @@ def test_a_loss_holding_a_gradient_trains_like_tensorflow(tmp_path, name):
     for variable, start in result.compiled.initial_weights.items():
         if "kernel" in variable:  # (the critic's last bias has the gradient 0, in TF too)
             assert (result.cs.state[variable] != start).any(), f"{variable} was not trained"
-    if name in ("pinn_burgers", "sobolev"):
+    if name in ("pinn_burgers", "input_gradient_log_softmax"):
         assert cs_inprocess.evaluation_mismatch(model_fn, input_fn, PARAMS, str(tmp_path),
                                                 result) == ""
 
