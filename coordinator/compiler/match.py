@@ -60,8 +60,7 @@ class Matcher:
                            if batch_broadcast.broadcast_value(op, self.batch_size) is not None}
         sources += [op.outputs[0] for op in self.broadcasts]
         # and the seed of a gradient the loss takes (second_order.py): ones per sample
-        self.seeds = {op for op in graph.get_operations()
-                      if second_order.is_seed(op, self.batch_size)}
+        self.seeds = second_order.seeds(graph, self.batch_size)
         sources += [op.outputs[0] for op in self.seeds]
         self.ops = self._drop_host_tails(data_flow_ops(graph, sources, targets), targets)
         self.flow = set(self.ops)

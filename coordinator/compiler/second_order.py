@@ -20,11 +20,11 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.operands import STATEFUL_SOURCES, depends_on, static_shape
+from coordinator.compiler.operands import STATEFUL_SOURCES, static_shape
 from coordinator.compiler.rules import Context, generic
 from wafer.kernels.activation_grads import OPS
 
-__all__ = ["OPS", "WEIGHT_GRADIENT", "cross_entropy_backprop", "in_gradient", "is_seed", "lower"]
+__all__ = ["OPS", "WEIGHT_GRADIENT", "cross_entropy_backprop", "in_gradient", "lower", "seeds"]
 
 CROSS_ENTROPIES = {"SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"}
 _GRADIENT_SCOPE = re.compile(r"^(.*/)?gradients(_\d+)?/")
@@ -41,20 +41,28 @@ def in_gradient(op: tf.Operation) -> bool:
     return _GRADIENT_SCOPE.match(op.name) is not None
 
 
-def _is_batch_constant(tensor: tf.Tensor, batch: int) -> bool:
-    if tensor.dtype != tf.float32 or not tensor.shape.is_fully_defined():
+def _is_batch_constant(tensor: tf.Tensor, batch: int, stateful: set[tf.Operation]) -> bool:
+    if tensor.dtype != tf.float32 or not tensor.shape.is_fully_defined() or \
+            tensor.op in stateful:
         return False
     shape = static_shape(tensor)
-    return len(shape) >= 1 and shape[0] == batch and \
-        depends_on(tensor, STATEFUL_SOURCES) is None
+    return len(shape) >= 1 and shape[0] == batch
 
 
-def is_seed(op: tf.Operation, batch: int) -> bool:
-    """An op of tf.gradients' scope giving a constant whose first axis is the batch, from
+def seeds(graph: tf.Graph, batch: int) -> set[tf.Operation]:
+    """The ops of tf.gradients' scope giving a constant whose first axis is the batch, from
     inputs that are not such constants (the first of a chain: Fill, a Tile of a scalar)."""
-    return len(op.outputs) == 1 and in_gradient(op) and \
-        _is_batch_constant(op.outputs[0], batch) and \
-        not any(_is_batch_constant(t, batch) for t in op.inputs)
+    stateful: set[tf.Operation] = set()  # ops computed from an input, variable or random op
+    grown = True
+    while grown:  # (graph order is topological but for a v1 loop's back edges)
+        before = len(stateful)
+        stateful.update(op for op in graph.get_operations() if op.type in STATEFUL_SOURCES or
+                        any(t.op in stateful for t in op.inputs))
+        grown = len(stateful) > before
+    return {op for op in graph.get_operations()
+            if len(op.outputs) == 1 and in_gradient(op) and
+            _is_batch_constant(op.outputs[0], batch, stateful) and
+            not any(_is_batch_constant(t, batch, stateful) for t in op.inputs)}
 
 
 def cross_entropy_backprop(op: tf.Operation) -> str:
