@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import fast_paths, in_batch, lowering_spatial, random_numbers, sequences
+from coordinator.compiler import fast_paths, in_batch, lowering_spatial, random_numbers, second_order, sequences
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.activations import FLOAT32_ONLY
@@ -53,6 +53,11 @@ RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTens
 # The README's list of what is refused, with the reason.
 REFUSED = {
     **fast_paths.REFUSED,
+    "gradients inside the loss": "of a fused softmax cross-entropy (its backprop output; "
+                                 "take the gradient of an MSE, or of a hand-written "
+                                 "log_softmax cross-entropy), to a weight (BiasAddGrad, a "
+                                 "MatMul over the batch: they mix samples), and gradient ops "
+                                 "of other activations (SoftsignGrad, ...) or in float16",
     "While loops": "whose number of steps is not known when the graph is built (the CS "
                    "pipelines one pass per sample): tf.while_loop whose condition reads the "
                    "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",
@@ -387,6 +392,8 @@ def _matmul(m: Context, op: tf.Operation) -> str:
     if op.type == "MatMul":
         flags = (bool(op.get_attr("transpose_a")), bool(op.get_attr("transpose_b")))
         if m.is_batched(a) and m.is_batched(b):
+            if flags[0] and second_order.in_gradient(op):
+                return second_order.WEIGHT_GRADIENT
             return in_batch.product(m, op, *flags)
         if flags[0] and m.is_batched(a) or flags[1] and m.is_batched(b):
             return "transposes the batch axis of a per-sample operand"
@@ -584,11 +591,12 @@ def _one_hot(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-def slice_bounds(op: tf.Operation, begin, end, strides) -> list[tuple[int, int, int, bool]]:
-    """tf.strided_slice's spec resolved against the input's static shape: (begin, end,
-    stride, shrink) per input axis, `...` expanded to whole axes and tf.newaxis entries
-    dropped (they add unit axes, a reshape of the result)."""
-    shape = static_shape(op.inputs[0])
+def slice_bounds(op: tf.Operation, begin, end, strides,
+                 shape: tuple[int, ...] | None = None) -> list[tuple[int, int, int, bool]]:
+    """tf.strided_slice's spec resolved against the input's static shape (or `shape`: a
+    StridedSliceGrad's): (begin, end, stride, shrink) per input axis, `...` expanded to
+    whole axes and tf.newaxis entries dropped (they add unit axes, a reshape of the result)."""
+    shape = static_shape(op.inputs[0]) if shape is None else shape
     masks = {k: op.get_attr(k) for k in ("begin_mask", "end_mask", "shrink_axis_mask",
                                          "ellipsis_mask", "new_axis_mask")}
     entries = len(begin)
@@ -650,6 +658,30 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
                           None, output_shape=sliced, source_op=op)
     m.add_kernel(op.name, "reshape", [kernel.name], {"shape": list(out[1:])}, [], [op],
                  op.outputs[0])
+    return ""
+
+
+@generic("StridedSliceGrad")
+def _strided_slice_grad(m: Context, op: tf.Operation) -> str:
+    """The gradient of x[...] inside the loss (tf.gradients(y[:, i], x)): the per-sample
+    gradient dy put back at the slice's place among zeros, a `pad` kernel (a reshape first
+    for the axes the slice shrank); its own gradient is the slice, as TF's."""
+    shape, begin, end, strides = (m.operands.constant(t) for t in op.inputs[:4])
+    if shape is None or begin is None or end is None or strides is None or \
+            not m.is_batched(op.inputs[4]) or op.get_attr("new_axis_mask"):
+        return ("the gradient of a slice with bounds computed at run time, tf.newaxis, or of "
+                "a value that is not per-sample")
+    bounds = slice_bounds(op, begin, end, strides, tuple(int(d) for d in shape))
+    if bounds[0] != (0, int(shape[0]), 1, False) or any(b[2] != 1 for b in bounds):
+        return ("the gradient of a slice of the batch axis or of a strided slice: the CS puts "
+                "back a slice of a sample's own axes with stride 1")
+    dy: Any = op.inputs[4]
+    sliced = tuple(hi - lo for lo, hi, _, _ in bounds[1:])
+    if any(b[3] for b in bounds):
+        dy = m.add_kernel(f"{op.name}/unshrunk", "reshape", [dy], {"shape": list(sliced)}, [],
+                          [], None, output_shape=sliced, source_op=op).name
+    paddings = [p for (lo, hi, _, _), size in zip(bounds[1:], shape[1:]) for p in (lo, int(size) - hi)]
+    m.add_kernel(op.name, "pad", [dy], {"paddings": paddings}, [], [op], op.outputs[0])
     return ""
 
 
@@ -718,7 +750,9 @@ def supported_table() -> str:
     """The README's 'Supported operations' section, generated from the tables above
     (`python -m coordinator.compiler.lowering` prints it; a test keeps the README equal)."""
     spatial = {op for op, rule in GENERIC.items() if rule.__module__ == lowering_spatial.__name__}
-    others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - set(random_numbers.DRAWS))
+    gradient_ops = {*second_order.OPS, "StridedSliceGrad"}
+    others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - set(random_numbers.DRAWS)
+                    - gradient_ops)
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
@@ -762,6 +796,13 @@ def supported_table() -> str:
                  "tf.tile(cls, [tf.shape(x)[0], 1, 1]), a tile within the sample after it), "
                  "BroadcastTo, tf.repeat(w[None], batch, 0), tf.ones_like(x[:, :1]) * w; its "
                  "gradient the batch's sum |")
+    lines.append("| `activation_grad`, `pad` (a gradient inside the loss) | tf.gradients(u, x) of "
+                 "per-sample values in model_fn (a physics-informed network's u_x, u_xx, a "
+                 "gradient penalty, double backprop, a Jacobian penalty, Sobolev training, a "
+                 "Hamiltonian network): its seed given to each sample, "
+                 + ", ".join(sorted(gradient_ops)) + " per sample (and a Conv2D's input "
+                 "gradient, Conv2DBackpropInput, as the transposed convolution), trained with "
+                 "TF's second-order gradient |")
     lines.append("| weight program (computations on weights before they meet the samples) | "
                  + ", ".join(WEIGHT_PROGRAM_OPS) + " of weights and constants (tf.nn.l2_normalize"
                  "(w, 0) of a cosine classifier, weight normalization's g * v / tf.norm(v), a "

@@ -68,6 +68,9 @@ def _kernel_param(weight: Weight) -> ParamRef:
 def _conv_transpose(m: Context, op: tf.Operation) -> str:
     sizes_t, filter_t, x = op.inputs
     weight, sizes = m.operands.weight(filter_t), m.operands.constant(sizes_t)
+    shaped = sizes_t.op.inputs[sizes_t.value_index] if sizes_t.op.type == "ShapeN" else None
+    if sizes is None and shaped is not None and shaped.shape.is_fully_defined():
+        sizes = np.array(static_shape(shaped))  # a Conv2D's gradient (tf.gradients in the loss)
     if not m.is_batched(x) or weight is None or sizes is None:
         return "a transposed convolution of the samples by a weight, to a constant size, is supported"
     bad = _nhwc(op)

@@ -28,6 +28,7 @@ from coordinator.compiler import (
     precision,
     random_numbers,
     refusals,
+    second_order,
 )
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
@@ -58,6 +59,9 @@ class Matcher:
         self.broadcasts = {op for op in graph.get_operations()
                            if batch_broadcast.broadcast_value(op, self.batch_size) is not None}
         sources += [op.outputs[0] for op in self.broadcasts]
+        # and the seed of a gradient the loss takes (second_order.py): ones per sample
+        self.seeds = second_order.seeds(graph, self.batch_size)
+        sources += [op.outputs[0] for op in self.seeds]
         self.ops = self._drop_host_tails(data_flow_ops(graph, sources, targets), targets)
         self.flow = set(self.ops)
         self.operands = Operands(graph, self.flow)
@@ -294,12 +298,15 @@ class Matcher:
         for op in self.ops:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
                 continue
-            bad = self._check_dtypes(op)
+            bad = self._check_dtypes(op) or second_order.cross_entropy_backprop(op)
             if bad and op.type not in lowering.RECURRENT:
                 self.reject(op, bad)
                 continue
             if op.type in lowering.RECURRENT or random_numbers.is_draw(op):
                 lowering.lower_generic(self, op)
+                continue
+            if op in self.seeds:
+                second_order.lower(self, op, self.graph)
                 continue
             if op in self.broadcasts:
                 reason = batch_broadcast.lower(self, op)

@@ -250,7 +250,7 @@ class WeightProgramBuilder:
         """(begin, end, stride, shrink) per axis of the viewed weight, TF's bounds resolved."""
         kind = op.type
         if kind == "StridedSlice":
-            return slice_bounds(op, *args)
+            return slice_bounds(op, args[0], args[1], args[2])
         whole = [(0, d, 1, False) for d in shape]
         if kind == "Slice":
             begin, size = (a.astype(np.int64) for a in args)

@@ -63,6 +63,7 @@ arithmetic inside); its values still travel as float32 arrays.
 integer or bool inputs, comparisons, stop_gradient, one_hot, casts to non-float).
 """
 from wafer.kernels import (  # noqa: F401
+                             activation_grads,
                              activations,
                              conv,
                              conv_transpose,
