@@ -93,7 +93,7 @@ class FloatList(_message.Message):
     def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Param(_message.Message):
-    __slots__ = ("role", "variable", "shape", "dtype", "frozen", "regularizers", "update", "variable_shape", "view")
+    __slots__ = ("role", "variable", "shape", "dtype", "frozen", "regularizers", "update", "variable_shape", "view", "scalar_variable")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     VARIABLE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class Param(_message.Message):
     UPDATE_FIELD_NUMBER: _ClassVar[int]
     VARIABLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     VIEW_FIELD_NUMBER: _ClassVar[int]
+    SCALAR_VARIABLE_FIELD_NUMBER: _ClassVar[int]
     role: str
     variable: str
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -112,7 +113,8 @@ class Param(_message.Message):
     update: str
     variable_shape: _containers.RepeatedScalarFieldContainer[int]
     view: Tensor
-    def __init__(self, role: _Optional[str] = ..., variable: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., frozen: _Optional[bool] = ..., regularizers: _Optional[_Iterable[_Union[Regularizer, _Mapping]]] = ..., update: _Optional[str] = ..., variable_shape: _Optional[_Iterable[int]] = ..., view: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    scalar_variable: bool
+    def __init__(self, role: _Optional[str] = ..., variable: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., frozen: _Optional[bool] = ..., regularizers: _Optional[_Iterable[_Union[Regularizer, _Mapping]]] = ..., update: _Optional[str] = ..., variable_shape: _Optional[_Iterable[int]] = ..., view: _Optional[_Union[Tensor, _Mapping]] = ..., scalar_variable: _Optional[bool] = ...) -> None: ...
 
 class Regularizer(_message.Message):
     __slots__ = ("kind", "scale")

@@ -89,6 +89,15 @@ def clip_norm_with_a_temperature(features, labels, mode, params):
         [(tf.clip_by_norm(g, 0.05), v) for g, v in optimizer.compute_gradients(loss)]))
 
 
+def scalar_offset_reshaped(features, labels, mode, params):
+    """A scalar offset added to the logits seen as a vector (tf.reshape(b0, [1]))."""
+    h = tf.keras.layers.Dense(16, activation="relu", name="hidden")(features)
+    b0 = v1.get_variable("b0", [], initializer=tf.zeros_initializer())
+    logits = tf.keras.layers.Dense(10, name="logits")(h) + tf.reshape(b0, [1])
+    loss = v1.losses.sigmoid_cross_entropy(tf.one_hot(labels, 10), logits)
+    return spec(loss, v1.train.MomentumOptimizer(0.05, 0.9).minimize(loss))
+
+
 def scaled_gradients(features, labels, mode, params):
     loss = mlp_loss(features, labels)
     optimizer = v1.train.GradientDescentOptimizer(0.1)

@@ -201,7 +201,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           f"program, the kernel computes {out} from inputs {input_shapes}")
         roles = {}
         for param in message.params:
-            tf_shape = tuple(param.variable_shape) or tuple(param.shape)
+            tf_shape = () if param.scalar_variable else tuple(param.variable_shape) or tuple(param.shape)
             view = _view(message, param, tf_shape)
             if view is None and math.prod(tf_shape) != math.prod(param.shape):
                 raise invalid(f"kernel {message.name!r}: param {param.variable!r} of shape "

@@ -105,6 +105,7 @@ def _add_param(kernel: pb.Kernel | pb.WeightProgram, p: ParamRef) -> None:
     if p.variable_shape is not None and (tuple(p.variable_shape) != tuple(p.shape)
                                          or p.view is not None):
         param.variable_shape.extend(p.variable_shape)
+        param.scalar_variable = not p.variable_shape and bool(p.shape)
     if p.view is not None:
         param.view.CopyFrom(to_tensor("view", p.view))
 

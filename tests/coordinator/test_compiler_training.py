@@ -248,7 +248,7 @@ def test_numeric_checks_are_skipped_above_their_memory_budget(monkeypatch):
 
 @pytest.mark.parametrize("model_fn, params", [
     (tm.fine_tune_last_layer, {}), (tm.clip_value_and_norm, {}),
-    (tm.clip_norm_with_a_temperature, {}),
+    (tm.clip_norm_with_a_temperature, {}), (tm.scalar_offset_reshaped, {}),
     (tm.loss_scaling, {"clip": True, "loss_scale": 128.0}),
     pytest.param(tm.clip_global_norm, {}, marks=pytest.mark.slow),
     pytest.param(tm.scaled_gradients, {}, marks=pytest.mark.slow)])
