@@ -22,6 +22,7 @@ from common.errors import CSRunError
 from coordinator.compiler import (
     batch_broadcast,
     fast_paths,
+    feature_columns,
     in_batch,
     loss_tail,
     lowering,
