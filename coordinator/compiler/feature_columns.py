@@ -19,6 +19,12 @@ from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, fast_path, has_kernel
 from wafer.kernels.embedding import MAX_BAG_IDS
 
+KERNEL_ROWS = {
+    "embedding_bag": "tf.compat.v1.feature_column.input_layer's embedding_column (combiner sum, "
+                     f"mean, sqrtn; up to {MAX_BAG_IDS} ids a sample, -1 pads skipped) and "
+                     "indicator_column (a `cast`, then one_hot) of categorical_column_with_identity "
+                     "on dense integer ids: the dense-to-SparseTensor round trip, per sample",
+}
 COMBINERS = {"SparseSegmentSum": "sum", "SparseSegmentMean": "mean", "SparseSegmentSqrtN": "sqrtn"}
 # the ops between the NotEqual and the round trip's last op
 ROUND_TRIP_OPS = {"NotEqual", "Where", "GatherNd", "Cast", "SparseReshape", "GreaterEqual",

@@ -22,7 +22,6 @@ from common.errors import CSRunError
 from coordinator.compiler import (
     batch_broadcast,
     fast_paths,
-    feature_columns,
     in_batch,
     loss_tail,
     lowering,
