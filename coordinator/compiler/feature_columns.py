@@ -62,6 +62,14 @@ def _round_trip(m: Context, start: tf.Operation) -> tuple[list[tf.Operation], tf
     return region, ends[0]
 
 
+def _reads(t: tf.Tensor, source: tf.Tensor) -> bool:
+    """Whether `t` is `source` through Reshape, Tile and StridedSlice (the empty-row mask
+    tiled to the rows' width; the segment ids, the indices' first column)."""
+    while t.name != source.name and t.op.type in ("Reshape", "Tile", "StridedSlice", "Identity"):
+        t = t.op.inputs[0]
+    return t.name == source.name
+
+
 @fast_path
 def feature_column(m: Context, op: tf.Operation) -> bool:
     x = op.inputs[0] if op.inputs else None
@@ -72,6 +80,8 @@ def feature_column(m: Context, op: tf.Operation) -> bool:
     if ignore is None or ignore.size != 1 or found is None:
         return False
     region, end = found
+    if any(o.type == "GatherNd" and o.inputs[0].name != x.name for o in region):
+        return False  # the SparseTensor's values are x's own
     if end.type == "SparseToDense":
         return _indicator(m, x, int(ignore), region, end)
     return _embedding(m, x, int(ignore), region, end)
@@ -103,7 +113,8 @@ def _embedding(m: Context, x: tf.Tensor, ignore: int, region, end: tf.Operation)
     if rows.type != "ResourceGather" or unique.type != "Unique" or \
             rows.inputs[1].name != unique.outputs[0].name or fill is None or \
             fill.type != "SparseFillEmptyRows" or m.operands.constant(fill.inputs[3]) != 0 or \
-            end.inputs[1].op.type != "ZerosLike" or len(prune) != 1 or \
+            end.inputs[1].op.type != "ZerosLike" or not _reads(end.inputs[0], fill.outputs[2]) or \
+            not _reads(segment.inputs[2], fill.outputs[0]) or len(prune) != 1 or \
             m.operands.constant(prune[0].inputs[1]) != 0 or \
             len(m.shape(x)) != 1 or not 1 <= m.shape(x)[0] <= MAX_BAG_IDS or \
             not has_kernel("embedding_bag"):
