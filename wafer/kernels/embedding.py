@@ -65,8 +65,40 @@ class _RowCopyCost:
         return 8 * math.prod(self.ids_shape)  # the indices
 
 
+class _TableLookup(_RowCopyCost, Kernel):
+    """A lookup in the table p0 (or a constant c0): its shapes, no gradient to the ids, and
+    the table's gradient added from the micro-batch's IndexedSlices (`table_slices`)."""
+
+    operands: Operands
+    table: Shape
+
+    @property
+    def output_shape(self):
+        return self._shape
+
+    def param_shapes(self):
+        return self.operands.param_shapes()
+
+    def input_differentiable(self, index: int) -> bool:
+        return False
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        if self.operands.letters == "ci":
+            return [None], {}
+        if param_grads is None:
+            table = np.zeros(self.table, np.float32)
+        else:
+            table = param_grads["p0"]
+            if not ctx.accumulate:  # the batch's first micro-batch overwrites
+                table.fill(0)
+        ids, values = self.table_slices(cache, grad_output)
+        if len(ids):
+            scatter_add(table, ids, values)
+        return [None], {"p0": table}
+
+
 @register
-class Gather(_RowCopyCost, Kernel):
+class Gather(_TableLookup):
     """operands "pi": the table is the weight p0 (V, D...) (attr p0 its shape), the input
     integer indices (int32/int64, any per-sample shape S); output S + (D...). An index
     outside [0, V) raises ValueError naming the kernel, as TF's CPU gather does. The
@@ -91,19 +123,9 @@ class Gather(_RowCopyCost, Kernel):
         self.ids_shape = self.operands[1].shape
         self._shape = (*self.ids_shape, *self.table[1:])
 
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
-
     def output_dtype(self, input_dtypes):
         check_dtypes(self, input_dtypes, [INTEGER])
         return self.operands.dtypes(input_dtypes)[0]
-
-    def input_differentiable(self, index: int) -> bool:
-        return False
 
     def forward(self, params, inputs, ctx: RunContext):
         table, ids = self.operands.arrays(params, inputs)
@@ -114,20 +136,6 @@ class Gather(_RowCopyCost, Kernel):
         """The micro-batch's IndexedSlices of the table: the looked-up ids in order, one row
         of values (the gradient of the looked-up row) per id."""
         return cache.reshape(-1).copy(), grad_output.reshape((-1,) + self.table[1:]).copy()
-
-    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        if self.operands.letters == "ci":
-            return [None], {}
-        if param_grads is None:
-            table = np.zeros(self.table, np.float32)
-        else:
-            table = param_grads["p0"]
-            if not ctx.accumulate:  # the batch's first micro-batch overwrites
-                table.fill(0)
-        ids = cache.reshape(-1)
-        if len(ids):
-            scatter_add(table, ids, grad_output.reshape(len(ids), *self.table[1:]))
-        return [None], {"p0": table}
 
 
 @register
@@ -185,7 +193,7 @@ COMBINERS = ("sum", "mean", "sqrtn")
 
 
 @register
-class EmbeddingBag(_RowCopyCost, Kernel):
+class EmbeddingBag(_TableLookup):
     """A feature column's embedding (tf.feature_column.embedding_column of a categorical
     column of dense ids): input integer ids (per-sample shape (k,), k <= MAX_BAG_IDS), param
     p0 the table (V, D); output (D,). Each sample combines the rows of its own ids, skipping
@@ -215,19 +223,9 @@ class EmbeddingBag(_RowCopyCost, Kernel):
         self.ignore = int(attrs.get("ignore", -1))
         self._shape = (self.table[1],)
 
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
-
     def output_dtype(self, input_dtypes):
         check_dtypes(self, input_dtypes, [INTEGER])
         return np.dtype(np.float32)
-
-    def input_differentiable(self, index: int) -> bool:
-        return False
 
     def _factors(self, counts: np.ndarray, dtype: type) -> np.ndarray:
         """1, 1 / n or 1 / sqrt(n) in `dtype` (the forward's float32, the gradient's float64),
@@ -270,15 +268,3 @@ class EmbeddingBag(_RowCopyCost, Kernel):
         summed = np.zeros((len(order), self.table[1]), np.float32)
         scatter_add(summed, slot[occurrences], rows)
         return order, summed
-
-    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        if param_grads is None:
-            table = np.zeros(self.table, np.float32)
-        else:
-            table = param_grads["p0"]
-            if not ctx.accumulate:  # the batch's first micro-batch overwrites
-                table.fill(0)
-        ids, values = self.table_slices(cache, grad_output)
-        if len(ids):
-            scatter_add(table, ids, values)
-        return [None], {"p0": table}
