@@ -10,8 +10,10 @@ trips are recognised whole, from the NotEqual to their last op, and lowered per 
   empty rows are one `embedding_bag` kernel (wafer/kernels/embedding.py: TF's arithmetic and
   IndexedSlices).
 Anything else on the way (a hashed, vocabulary, crossed or weighted column, linear_model)
-declines, and the Where is refused naming the column (lowering.sparse_refusal)."""
+declines, and the Where is refused naming the column (`refusal`)."""
 from __future__ import annotations
+
+import re
 
 import tensorflow as tf
 
@@ -26,6 +28,8 @@ KERNEL_ROWS = {
                      "on dense integer ids: the dense-to-SparseTensor round trip, per sample",
 }
 COMBINERS = {"SparseSegmentSum": "sum", "SparseSegmentMean": "mean", "SparseSegmentSqrtN": "sqrtn"}
+# a feature column's scope in input_layer / linear_model: "<scope>/<column>_<kind>/..."
+COLUMN_SCOPE = re.compile(r"(?:^|/)(input_layer|linear_model)(?:_\d+)?/(?:linear_model/)?([^/]+)/")
 # the ops between the NotEqual and the round trip's last op
 ROUND_TRIP_OPS = {"NotEqual", "Where", "GatherNd", "Cast", "SparseReshape", "GreaterEqual",
                   "Reshape", "GatherV2", "SparseFillEmptyRows", "StridedSlice", "Unique",
@@ -133,3 +137,24 @@ def _embedding(m: Context, x: tf.Tensor, ignore: int, region, end: tf.Operation)
                   "ignore": ignore}, params, ops, out, output_shape=(attrs["p0"][1],),
                  source_op=end)
     return True
+
+
+def refusal(op: tf.Operation) -> str:
+    """Why a SparseTensor op (Where, Sparse*) is refused, in the terms of the feature column
+    that built it."""
+    scope = COLUMN_SCOPE.search(op.name)
+    if scope is None:
+        return ("builds or reads a SparseTensor (tf.sparse, tf.nn.embedding_lookup_sparse, "
+                "tf.where with one argument), whose size depends on the values: the CS computes "
+                "fixed-size values; feed integer ids to tf.one_hot or a Keras Embedding (a bag: "
+                "the masked tf.reduce_sum or mean of its rows)")
+    if scope.group(1) == "linear_model":
+        instead = ("write the linear part as input_layer(features, [indicator_column(c), "
+                   "numeric columns]) into a Dense(1)")
+    else:
+        instead = ("map ids to 0..n-1 in input_fn and use categorical_column_with_identity, or "
+                   "tf.one_hot / tf.nn.embedding_lookup and tf.reduce_mean of the rows")
+    return (f"tf.feature_column column '{scope.group(2)}' builds a SparseTensor the CS cannot "
+            f"compute (the CS takes indicator_column and embedding_column (up to {MAX_BAG_IDS} "
+            "ids a sample) of categorical_column_with_identity on integer ids, in input_layer; "
+            f"not hashed, vocabulary, crossed or weighted columns, linear_model): {instead}")

@@ -9,7 +9,6 @@ no value of one sample reaches another) or refuses it with the reason.
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,6 @@ from coordinator.compiler import (
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.elementwise import ARITHMETIC
-from wafer.kernels.embedding import MAX_BAG_IDS
 
 # TF op -> the `activation` kernel's function (element-wise, one input).
 UNARY = {"Neg": "neg", "Abs": "abs", "Square": "square", "Sqrt": "sqrt", "Rsqrt": "rsqrt",
@@ -107,26 +105,6 @@ def batch_reduction_axes(m: Context, op: tf.Operation) -> tuple[int, ...] | None
     return axes if 0 in axes or rank == 0 else None
 
 
-# a feature column's scope in input_layer / linear_model: "<scope>/<column>_<kind>/..."
-FEATURE_COLUMN = re.compile(r"(?:^|/)(?:input_layer|linear_model)(?:_\d+)?/(?:linear_model/)?([^/]+)/")
-
-
-def sparse_refusal(op: tf.Operation) -> str:
-    """Why a SparseTensor op is refused, in the terms of the feature column that built it."""
-    column = FEATURE_COLUMN.search(op.name)
-    if column is None:
-        return ("builds or reads a SparseTensor (tf.sparse, tf.nn.embedding_lookup_sparse, "
-                "tf.where with one argument), whose size depends on the values: the CS computes "
-                "fixed-size values; feed integer ids to tf.one_hot or a Keras Embedding (a bag: "
-                "the masked tf.reduce_sum or mean of its rows)")
-    return (f"tf.feature_column column '{column.group(1)}' builds a SparseTensor the CS cannot "
-            "compute (the CS takes indicator_column and embedding_column (up to "
-            f"{MAX_BAG_IDS} ids a sample) of categorical_column_with_identity on integer ids, "
-            "in input_layer; not hashed, vocabulary, crossed or weighted columns, linear_model): "
-            "map ids to 0..n-1 in input_fn and use categorical_column_with_identity, or "
-            "tf.one_hot / tf.nn.embedding_lookup and tf.reduce_mean of the rows")
-
-
 def lower_generic(m: Context, op: tf.Operation) -> None:
     handler = GENERIC.get(op.type)
     if op.type in RECURRENT:
@@ -141,7 +119,7 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
             op.type in random_numbers.CANDIDATE_SAMPLERS:
         m.reject(op, random_numbers.refusal(op.type))
     elif handler is None and (op.type == "Where" or op.type.startswith("Sparse")):
-        m.reject(op, sparse_refusal(op))
+        m.reject(op, feature_columns.refusal(op))
     elif handler is None:
         m.reject(op, "no CS kernel computes this op")
     else:

@@ -59,11 +59,18 @@ def test_embedding_bag_is_safe_embedding_lookup_sparse_forward_and_gradient(comb
     np.testing.assert_array_equal(values, slices.values.numpy())
 
 
-@pytest.mark.parametrize("model_fn, column, call", [
-    (t.hash_bucket, "device_embedding", "fc.input_layer(features, columns)))"),
-    (t.crossed, "age_bucketized_X_city_indicator", "fc.input_layer(features, columns)))"),
-], ids=["hash_bucket", "crossed"])
-def test_other_columns_are_refused_naming_the_column_and_what_to_write(tmp_path, model_fn, column, call):
+IDENTITY = ("use categorical_column_with_identity, or tf.one_hot / tf.nn.embedding_lookup and "
+            "tf.reduce_mean of the rows")
+
+
+@pytest.mark.parametrize("model_fn, column, call, instead", [
+    (t.hash_bucket, "device_embedding", "fc.input_layer(features, columns)))", IDENTITY),
+    (t.crossed, "age_bucketized_X_city_indicator", "fc.input_layer(features, columns)))", IDENTITY),
+    (t.linear_model, "age_bucketized", "fc.linear_model(", "write the linear part as "
+     "input_layer(features, [indicator_column(c), numeric columns]) into a Dense(1)"),
+], ids=["hash_bucket", "crossed", "linear_model"])
+def test_other_columns_are_refused_naming_the_column_and_what_to_write(tmp_path, model_fn, column, call,
+                                                                       instead):
     with pytest.raises(CSRunError) as info:
         compile_model(model_fn, t.input_fn, {}, str(tmp_path), validate_only=True)
     source, first = inspect.getsourcelines(model_fn)
@@ -71,5 +78,4 @@ def test_other_columns_are_refused_naming_the_column_and_what_to_write(tmp_path,
     assert "\n" not in str(info.value)
     assert f"at tests/tabular_feature_models.py:{line}: tf.feature_column column '{column}' builds " \
            "a SparseTensor the CS cannot compute" in info.value.message
-    assert "use categorical_column_with_identity, or tf.one_hot / tf.nn.embedding_lookup and " \
-           "tf.reduce_mean of the rows" in info.value.message
+    assert f"{instead} (and " in info.value.message
