@@ -79,3 +79,16 @@ def test_other_columns_are_refused_naming_the_column_and_what_to_write(tmp_path,
     assert f"at tests/tabular_feature_models.py:{line}: tf.feature_column column '{column}' builds " \
            "a SparseTensor the CS cannot compute" in info.value.message
     assert f"{instead} (and " in info.value.message
+
+
+@pytest.fixture(scope="module")
+def at_micro_batch(tmp_path_factory):
+    return cs_inprocess.micro_batch_comparisons(t.input_fn, tmp_path_factory, steps=4)
+
+
+@pytest.mark.parametrize("model_fn", [t.embedding_sqrtn, t.embedding_mean], ids=["adagrad", "sgd"])
+def test_an_embedding_column_trains_alike_in_micro_batches(at_micro_batch, model_fn):
+    """Micro-batches of 2: the table's IndexedSlices are the micro-batches' in order (Adagrad
+    sums them per id as TF's deduplication does; SGD adds them one by one: within rounding)."""
+    result = at_micro_batch(model_fn, PARAMS, 2)
+    assert not cs_inprocess.mismatches(result), cs_inprocess.mismatches(result)
