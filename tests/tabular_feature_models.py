@@ -214,3 +214,18 @@ def tweedie_claims(features, labels, mode, params):
 MODELS = [numeric_bucketized, indicator, embedding_mean, embedding_sqrtn, sequence_mean_pool,
           hash_bucket, vocabulary_list, crossed, linear_model, wide_and_deep, dcn, deepfm,
           two_tower, multi_task, tweedie_claims]
+
+
+def default_id(features, labels, mode, params):
+    """Identity columns with a default id for ids outside [0, n) (devices 0..4 in 4 buckets,
+    cities 0..9 in 8), one-hot and embedded, into a DNN."""
+    device = fc.categorical_column_with_identity("device", 4, default_value=3)
+    tags = fc.categorical_column_with_identity("tags", 5, default_value=0)
+    city = fc.categorical_column_with_identity("city", 8, default_value=7)  # int32
+    columns = _numeric() + [fc.indicator_column(device), fc.embedding_column(tags, 3),
+                            fc.embedding_column(city, 2)]
+    h = L.Dense(8, activation="relu")(fc.input_layer(features, columns))
+    return _ctr(mode, labels, L.Dense(1)(h))
+
+
+MODELS.append(default_id)

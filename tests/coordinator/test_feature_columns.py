@@ -20,9 +20,10 @@ PARAMS = {"runconfig": {"tf_random_seed": 5}}
 @pytest.mark.parametrize("model_fn, kernels", [
     (t.indicator, {"cast", "one_hot"}),
     (t.embedding_sqrtn, {"embedding_bag"}),  # multi-hot, -1 pads, an empty sample; Adagrad
+    (t.default_id, {"embedding_bag", "select"}),  # ids outside [0, n) to the default id
     pytest.param(t.sequence_mean_pool, {"embedding_bag"}, marks=pytest.mark.slow),  # momentum
     pytest.param(t.wide_and_deep, {"embedding_bag", "cast"}, marks=pytest.mark.slow),
-], ids=["indicator", "embedding_sqrtn", "sequence_mean_pool", "wide_and_deep"])
+], ids=["indicator", "embedding_sqrtn", "default_id", "sequence_mean_pool", "wide_and_deep"])
 def test_feature_columns_train_like_tensorflow_and_evaluate_like_the_cpu(tmp_path, model_fn, kernels):
     result = cs_inprocess.compare(model_fn, t.input_fn, PARAMS, str(tmp_path), steps=4)
     assert kernels <= {k.type for k in result.compiled.program.kernels}
