@@ -57,6 +57,8 @@ def _spec(mode, loss, metrics, optimizer=None):
 
 
 def _ctr(mode, labels, logit, optimizer=None):
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={"p_click": tf.sigmoid(logit)})
     y = tf.cast(tf.reshape(labels["click"], [-1, 1]), tf.float32)
     loss = v1.losses.sigmoid_cross_entropy(y, logit)
     return _spec(mode, loss, {"auc_proxy": v1.metrics.accuracy(y, tf.cast(logit > 0, tf.float32))}
@@ -100,6 +102,8 @@ def sequence_mean_pool(features, labels, mode, params):
     h = L.Dense(8, activation="relu")(tf.concat([pooled / tf.maximum(count, 1.0),
                                                  features["dense"]], 1))
     logits = L.Dense(2)(h)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={"click": tf.argmax(logits, 1)})
     weights = tf.gather(tf.constant([1.0, 2.5]), labels["click"])
     loss = v1.losses.sparse_softmax_cross_entropy(labels["click"], logits, weights=weights)
     return _spec(mode, loss, {"accuracy": v1.metrics.accuracy(labels["click"], tf.argmax(logits, 1))}

@@ -1,5 +1,5 @@
 """tf.compat.v1.feature_column.input_layer's indicator and embedding columns of identity ids
-train on the CS with TF's numbers and evaluate as the CPU path does (issue 21); the
+train on the CS with TF's numbers and evaluate and predict as the CPU path does (issue 21); the
 embedding_bag kernel is TF's safe_embedding_lookup_sparse bit for bit; the columns that stay
 out are refused in one line naming the column and what to write instead."""
 import inspect
@@ -24,11 +24,12 @@ PARAMS = {"runconfig": {"tf_random_seed": 5}}
     pytest.param(t.sequence_mean_pool, {"embedding_bag"}, marks=pytest.mark.slow),  # momentum
     pytest.param(t.wide_and_deep, {"embedding_bag", "cast"}, marks=pytest.mark.slow),
 ], ids=["indicator", "embedding_sqrtn", "default_id", "sequence_mean_pool", "wide_and_deep"])
-def test_feature_columns_train_like_tensorflow_and_evaluate_like_the_cpu(tmp_path, model_fn, kernels):
+def test_feature_columns_train_like_tensorflow_and_evaluate_and_predict_like_the_cpu(tmp_path, model_fn, kernels):
     result = cs_inprocess.compare(model_fn, t.input_fn, PARAMS, str(tmp_path), steps=4)
     assert kernels <= {k.type for k in result.compiled.program.kernels}
     assert not cs_inprocess.mismatches(result), cs_inprocess.mismatches(result)
     assert not cs_inprocess.evaluation_mismatch(model_fn, t.input_fn, PARAMS, str(tmp_path), result)
+    assert not cs_inprocess.prediction_mismatch(model_fn, t.input_fn, PARAMS, str(tmp_path), result)
 
 
 def test_an_embedding_column_under_sgd_trains_like_tensorflow(tmp_path):
