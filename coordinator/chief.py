@@ -38,7 +38,7 @@ from cs_api.input_spec import program_inputs
 from cs_api.tensors import from_tensor
 from slurm.jobs import ProgressFile
 from tf_model import checkpoints, progress
-from tf_model.checkpoints import OPTIMIZER_SCALARS, is_optimizer_state, optimizer_changed, optimizer_of
+from tf_model.checkpoints import is_optimizer_scalar, is_optimizer_state, optimizer_changed, optimizer_of
 from tf_model.estimator_spec import ModeKeys
 from tf_model.events import EventWriter, eval_dir
 from tf_model.metrics import EvalMetrics
@@ -70,14 +70,17 @@ def program_variables(program: pb.Program) -> list[str]:
          *(dynamic.state if dynamic else ())]))
 
 
-def tf_optimizer(optimizer: pb.Optimizer) -> str:
-    """The TF optimizer whose state the CS optimizer keeps, as `optimizer_of` names it from
-    the slot and scalar names `wafer.optimizers` gives ("" for plain SGD)."""
-    rule = OPTIMIZERS.get(optimizer.type)
-    if rule is None:  # the CS refuses the program, naming the optimizer
-        return optimizer.type
-    kept = rule(OptimizerConfig.from_message(optimizer))
-    return optimizer_of([*(slot_name("w", s) for s in kept.slot_suffixes), *kept.scalar_names])
+def tf_optimizer(*optimizers: pb.Optimizer) -> str:
+    """The TF optimizers whose state the CS optimizers keep, as `optimizer_of` names them
+    from the slot and scalar names `wafer.optimizers` gives ("" for plain SGD)."""
+    names = []
+    for optimizer in optimizers:
+        rule = OPTIMIZERS.get(optimizer.type)
+        if rule is None:  # the CS refuses the program, naming the optimizer
+            return optimizer.type
+        kept = rule(OptimizerConfig.from_message(optimizer))
+        names += [*(slot_name("w", s) for s in kept.slot_suffixes), *kept.scalar_names]
+    return optimizer_of(names)
 
 
 def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
@@ -94,9 +97,10 @@ def cs_state(program: pb.Program, tensors: dict[str, np.ndarray],
                              {n: np.shape(a) for n, a in tensors.items()})
     keep = set(variables)
     if program.HasField("optimizer") and program.optimizer.type and not optimizer_changed(
-            path, tensors, tf_optimizer(program.optimizer)):
+            path, tensors, tf_optimizer(program.optimizer,
+                                        *(g.optimizer for g in program.optimizer_groups))):
         keep |= {n for n in tensors if is_optimizer_state(n)
-                 and (n in OPTIMIZER_SCALARS or n.rsplit("/", 1)[0] in variables)}
+                 and (is_optimizer_scalar(n) or n.rsplit("/", 1)[0] in variables)}
     return {n: np.asarray(a) for n, a in tensors.items() if n in keep}
 
 

@@ -242,7 +242,7 @@ class Kernel(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., attrs: _Optional[_Mapping[str, AttrValue]] = ..., params: _Optional[_Iterable[_Union[Param, _Mapping]]] = ..., output_shape: _Optional[_Iterable[int]] = ..., region: _Optional[_Union[Region, _Mapping]] = ..., source: _Optional[str] = ..., flops_per_sample: _Optional[float] = ..., samples_per_sec: _Optional[float] = ..., memory_per_core_bytes: _Optional[int] = ..., tf_tensor: _Optional[str] = ...) -> None: ...
 
 class Optimizer(_message.Message):
-    __slots__ = ("type", "learning_rate", "momentum", "use_nesterov", "beta1", "beta2", "epsilon", "decay", "centered", "initial_accumulator_value", "weight_decay_rate", "use_bias_correction", "no_weight_decay", "one_minus_beta1", "one_minus_beta2", "l1", "l2", "l2_shrinkage", "lr_power")
+    __slots__ = ("type", "learning_rate", "momentum", "use_nesterov", "beta1", "beta2", "epsilon", "decay", "centered", "initial_accumulator_value", "weight_decay_rate", "use_bias_correction", "no_weight_decay", "one_minus_beta1", "one_minus_beta2", "l1", "l2", "l2_shrinkage", "lr_power", "scalar_names")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     MOMENTUM_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +262,7 @@ class Optimizer(_message.Message):
     L2_FIELD_NUMBER: _ClassVar[int]
     L2_SHRINKAGE_FIELD_NUMBER: _ClassVar[int]
     LR_POWER_FIELD_NUMBER: _ClassVar[int]
+    SCALAR_NAMES_FIELD_NUMBER: _ClassVar[int]
     type: str
     learning_rate: float
     momentum: float
@@ -281,7 +282,16 @@ class Optimizer(_message.Message):
     l2: float
     l2_shrinkage: float
     lr_power: float
-    def __init__(self, type: _Optional[str] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., use_nesterov: _Optional[bool] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., epsilon: _Optional[float] = ..., decay: _Optional[float] = ..., centered: _Optional[bool] = ..., initial_accumulator_value: _Optional[float] = ..., weight_decay_rate: _Optional[float] = ..., use_bias_correction: _Optional[bool] = ..., no_weight_decay: _Optional[_Iterable[str]] = ..., one_minus_beta1: _Optional[float] = ..., one_minus_beta2: _Optional[float] = ..., l1: _Optional[float] = ..., l2: _Optional[float] = ..., l2_shrinkage: _Optional[float] = ..., lr_power: _Optional[float] = ...) -> None: ...
+    scalar_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, type: _Optional[str] = ..., learning_rate: _Optional[float] = ..., momentum: _Optional[float] = ..., use_nesterov: _Optional[bool] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., epsilon: _Optional[float] = ..., decay: _Optional[float] = ..., centered: _Optional[bool] = ..., initial_accumulator_value: _Optional[float] = ..., weight_decay_rate: _Optional[float] = ..., use_bias_correction: _Optional[bool] = ..., no_weight_decay: _Optional[_Iterable[str]] = ..., one_minus_beta1: _Optional[float] = ..., one_minus_beta2: _Optional[float] = ..., l1: _Optional[float] = ..., l2: _Optional[float] = ..., l2_shrinkage: _Optional[float] = ..., lr_power: _Optional[float] = ..., scalar_names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class OptimizerGroup(_message.Message):
+    __slots__ = ("optimizer", "variables")
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    optimizer: Optimizer
+    variables: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ScalarOp(_message.Message):
     __slots__ = ("op", "dtype", "inputs", "controls", "value", "name")
@@ -374,7 +384,7 @@ class WeightProgram(_message.Message):
     def __init__(self, sources: _Optional[_Iterable[_Union[Param, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ...) -> None: ...
 
 class Program(_message.Message):
-    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets", "schedules", "moving_averages", "dynamic_loss_scale", "cs1_dynamic_loss_scale", "step_counts_applied", "weight_program", "weight_writes")
+    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets", "schedules", "moving_averages", "dynamic_loss_scale", "cs1_dynamic_loss_scale", "step_counts_applied", "weight_program", "weight_writes", "optimizer_groups")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRAPH_HASH_FIELD_NUMBER: _ClassVar[int]
     FABRIC_FIELD_NUMBER: _ClassVar[int]
@@ -398,6 +408,7 @@ class Program(_message.Message):
     STEP_COUNTS_APPLIED_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_PROGRAM_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_WRITES_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_GROUPS_FIELD_NUMBER: _ClassVar[int]
     name: str
     graph_hash: str
     fabric: str
@@ -421,7 +432,8 @@ class Program(_message.Message):
     step_counts_applied: bool
     weight_program: WeightProgram
     weight_writes: _containers.RepeatedCompositeFieldContainer[WeightWrite]
-    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ..., dynamic_loss_scale: _Optional[_Union[DynamicLossScale, _Mapping]] = ..., cs1_dynamic_loss_scale: _Optional[_Union[CS1DynamicLossScale, _Mapping]] = ..., step_counts_applied: _Optional[bool] = ..., weight_program: _Optional[_Union[WeightProgram, _Mapping]] = ..., weight_writes: _Optional[_Iterable[_Union[WeightWrite, _Mapping]]] = ...) -> None: ...
+    optimizer_groups: _containers.RepeatedCompositeFieldContainer[OptimizerGroup]
+    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ..., dynamic_loss_scale: _Optional[_Union[DynamicLossScale, _Mapping]] = ..., cs1_dynamic_loss_scale: _Optional[_Union[CS1DynamicLossScale, _Mapping]] = ..., step_counts_applied: _Optional[bool] = ..., weight_program: _Optional[_Union[WeightProgram, _Mapping]] = ..., weight_writes: _Optional[_Iterable[_Union[WeightWrite, _Mapping]]] = ..., optimizer_groups: _Optional[_Iterable[_Union[OptimizerGroup, _Mapping]]] = ...) -> None: ...
 
 class JobHeader(_message.Message):
     __slots__ = ("job_id", "token", "program", "num_workers", "global_step", "first_batch", "user")

@@ -46,6 +46,24 @@ def scan_rnn(features, labels, mode, params):
     return _spec(mode, labels, logits, v1.train.AdamOptimizer(1e-2))
 
 
+def scan_sequence(features, labels, mode, params):
+    """tf.scan's states of every step, put back batch-major and pooled over time (a
+    minimal gated cell written by hand)."""
+    units = 8
+    w = v1.get_variable("w", [FEATURES + units, 2 * units])
+
+    def step(h, x_t):
+        gate, candidate = tf.split(tf.matmul(tf.concat([x_t, h], 1), w), 2, axis=1)
+        z = tf.sigmoid(gate)
+        return z * h + (1 - z) * tf.tanh(candidate)
+
+    h0 = tf.zeros([tf.shape(features)[0], units])
+    states = tf.transpose(tf.scan(step, tf.transpose(features, [1, 0, 2]), initializer=h0),
+                          [1, 0, 2])
+    logits = L.Dense(CLASSES)(tf.reduce_mean(states, axis=1))
+    return _spec(mode, labels, logits, v1.train.AdamOptimizer(1e-2))
+
+
 def while_rnn(features, labels, mode, params):
     """A recurrent cell written by hand: a tf.while_loop over the T steps reading
     features[:, i, :] by the loop's counter, one Dense cell reused at every step."""

@@ -39,7 +39,8 @@ BLOCKS = ("dense:relu", "dense:tanh", "dense:sigmoid", "dense:gelu", "dense:none
           "residual", "concat", "layer_norm", "layer_norm_by_hand", "gelu_exact", "gelu_tanh",
           "dropout0", "softmax", "attention", "reduce", "transpose", "dense_rank3",
           "conv_transpose", "depthwise", "separable", "dilated", "upsample", "upsample_bilinear",
-          "pool1d", "volume", "logsumexp", "top_k", "newaxis", "dilated1d")
+          "pool1d", "volume", "logsumexp", "top_k", "newaxis", "dilated1d", "tiled_token",
+          "roll", "frame", "scan", "while_refine")
 # A weight read in several places or through a view, after the blocks (issue 22), or
 # computed on before it meets the samples (the weight program, issue 21).
 WEIGHT_USES = ("none", "shared_dense", "sliced_weight", "tied_weight", "weight_norm",
@@ -49,7 +50,8 @@ WEIGHT_USES = ("none", "shared_dense", "sliced_weight", "tied_weight", "weight_n
 BATCH_NORMS = ("none", "none", "batch_norm", "batch_norm_moments")
 LOSSES = {
     "classes": ("sparse_ce", "sparse_ce_weighted", "softmax_ce_smoothed", "nn_sparse_ce_mean"),
-    "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted"),
+    "regression": ("mse_reshape", "mse_by_hand", "huber", "absolute_difference_weighted",
+                   "masked_mse"),
     "binary": ("sigmoid_ce_smoothed", "nn_sigmoid_ce"),
 }
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "rmsprop", "rmsprop_centered", "adagrad",
@@ -60,9 +62,9 @@ TRANSFORMS = ("none", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "s
 L2_TERMS = ("none", "l2_loss", "kernel_regularizer")
 # Under a Keras mixed_float16 policy (a quarter of the models these fit, by seed): blocks and
 # losses that mix no float32 tensor of their own with the layers' float16 ones.
-MIXED_BLOCKS = tuple(b for b in BLOCKS if b not in ("matmul", "broadcast"))
+MIXED_BLOCKS = tuple(b for b in BLOCKS if b not in ("matmul", "broadcast", "tiled_token"))
 MIXED_LOSSES = tuple(loss for losses in LOSSES.values() for loss in losses
-                     if loss not in ("mse_by_hand", "nn_sigmoid_ce"))
+                     if loss not in ("mse_by_hand", "nn_sigmoid_ce", "masked_mse"))
 MIXED_RTOL = 1e-2  # float16 rounding: the CS and TF agree to about a float16 ULP per op
 
 
@@ -285,6 +287,23 @@ def block(name: str, h, index: int, training: bool = True):
     if kind == "dilated1d":
         x = L.Conv1D(2, 2, dilation_rate=2, padding="causal")(tf.reshape(h, [-1, 4, WIDTH // 4]))
         return tf.reshape(x, [-1, WIDTH])
+    if kind == "tiled_token":  # a learned token given to every sample (ViT's class token)
+        token = tf.compat.v1.get_variable(f"token{index}", [1, 2, WIDTH // 2])
+        x = tf.concat([tf.tile(token, [tf.shape(h)[0], 1, 1]), tf.reshape(h, [-1, 2, WIDTH // 2])], 1)
+        return tf.reshape(L.Dense(WIDTH // 4)(x), [-1, WIDTH])
+    if kind == "roll":
+        return tf.roll(h, shift=3, axis=1) - 0.5 * h
+    if kind == "frame":  # overlapping windows of the sample's values (tf.signal)
+        return tf.reshape(tf.signal.frame(h, 4, 2)[:, :2], [-1, WIDTH])
+    if kind == "scan":  # a recurrence over the sample's 4 steps of 2 values, by tf.scan
+        w = tf.compat.v1.get_variable(f"w{index}", [2, 2])
+        steps = tf.transpose(tf.reshape(h, [-1, 4, 2]), [1, 0, 2])
+        states = tf.scan(lambda s, x: tf.tanh(tf.matmul(s, w) + x), steps)
+        return tf.reshape(tf.transpose(states, [1, 0, 2]), [-1, WIDTH])
+    if kind == "while_refine":  # three refinement steps of one layer, by tf.while_loop
+        layer = L.Dense(WIDTH, activation="tanh")
+        return tf.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x + 0.5 * layer(x)),
+                             (tf.constant(0), h))[1]
     raise ValueError(f"no block {name}")
 
 
@@ -323,6 +342,10 @@ def head_and_loss(spec: ModelSpec, h, labels):
         loss = losses.huber_loss(tf.reshape(labels, [-1, 1]), out, delta=0.5)
     elif spec.loss == "absolute_difference_weighted":
         loss = losses.absolute_difference(tf.reshape(labels, [-1, 1]), out, weights=2.0)
+    elif spec.loss == "masked_mse":  # samples with a small label left out of the mean
+        mask = tf.cast(tf.abs(labels) > 0.3, tf.float32)
+        per_sample = tf.square(out[:, 0] - labels) * mask
+        loss = tf.reduce_sum(per_sample) / tf.maximum(tf.reduce_sum(mask), 1.0)
     elif spec.loss == "sigmoid_ce_smoothed":
         loss = losses.sigmoid_cross_entropy(labels, out, label_smoothing=0.1)
     else:

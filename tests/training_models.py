@@ -78,6 +78,17 @@ def clip_value_and_norm(features, labels, mode, params):
     return spec(loss, optimizer.apply_gradients(clipped))
 
 
+def clip_norm_with_a_temperature(features, labels, mode, params):
+    """Every gradient clipped by its norm, a learned scalar temperature's too."""
+    h = tf.keras.layers.Dense(16, activation="relu", name="hidden")(features)
+    temperature = v1.get_variable("temperature", [], initializer=tf.ones_initializer())
+    logits = tf.keras.layers.Dense(10, name="logits")(h) / temperature
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    optimizer = v1.train.AdamOptimizer(0.01)
+    return spec(loss, optimizer.apply_gradients(
+        [(tf.clip_by_norm(g, 0.05), v) for g, v in optimizer.compute_gradients(loss)]))
+
+
 def scaled_gradients(features, labels, mode, params):
     loss = mlp_loss(features, labels)
     optimizer = v1.train.GradientDescentOptimizer(0.1)
@@ -190,7 +201,8 @@ def two_optimizers(features, labels, mode, params):
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     body = [v for v in v1.trainable_variables() if v.name.startswith("body/")]
     head = [v for v in v1.trainable_variables() if v.name.startswith("head/")]
-    slow = v1.train.GradientDescentOptimizer(0.01).minimize(loss, var_list=body)  # slow line
+    decayed = v1.train.exponential_decay(0.01, v1.train.get_or_create_global_step(), 10, 0.5)
+    slow = v1.train.GradientDescentOptimizer(decayed).minimize(loss, var_list=body)  # slow line
     fast = v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=head)  # fast line
     return spec(loss, tf.group(slow, fast))
 
@@ -206,7 +218,7 @@ def gan_two_adams(features, labels, mode, params):
     g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
     d_vars = [v for v in v1.trainable_variables() if not v.name.startswith("generator/")]
     g_vars = [v for v in v1.trainable_variables() if v.name.startswith("generator/")]
-    d_train = v1.train.AdamOptimizer(1e-3).minimize(d_loss, var_list=d_vars)
+    d_train = v1.train.AdamOptimizer(1e-3).minimize(d_loss, var_list=d_vars)  # discriminator line
     g_train = v1.train.AdamOptimizer(1e-3).minimize(g_loss, var_list=g_vars)  # generator line
     return spec(d_loss + g_loss, tf.group(d_train, g_train))
 

@@ -246,17 +246,24 @@ _RNG_STATE = re.compile(r"(^|/)seed_generator(_\d+)?/seed_generator_state$")
 _SLOT = re.compile(r"/(AdamW|Adam|Momentum|RMSProp|ProximalAdagrad|Adagrad|Adadelta|Ftrl)(_\d+)?$")
 OPTIMIZER_SCALARS = tuple(dict.fromkeys(name for rule in OPTIMIZERS.values()
                                         for name in rule.scalar_names))  # Adam's beta powers
+# (a second AdamOptimizer's are beta1_power_1, beta2_power_1)
+_SCALAR = re.compile("^(" + "|".join(map(re.escape, OPTIMIZER_SCALARS)) + r")(_\d+)?$")
+
+
+def is_optimizer_scalar(name: str) -> bool:
+    """Adam's beta powers, a second Adam's among them."""
+    return bool(_SCALAR.match(name))
 
 
 def is_optimizer_state(name: str) -> bool:
     """An optimizer slot (`<var>/Adam`, `<var>/Momentum`…) or Adam's beta powers."""
-    return name in OPTIMIZER_SCALARS or bool(_SLOT.search(name))
+    return is_optimizer_scalar(name) or bool(_SLOT.search(name))
 
 
 def optimizer_of(names) -> str:
-    """The optimizer whose state these variable names hold ("" for none: plain SGD)."""
+    """The optimizers whose state these variable names hold ("" for none: plain SGD)."""
     found = {m.group(1) for n in names if (m := _SLOT.search(n))}
-    found |= {"Adam"} if any(n in OPTIMIZER_SCALARS for n in names) and "AdamW" not in found \
+    found |= {"Adam"} if any(is_optimizer_scalar(n) for n in names) and "AdamW" not in found \
         else set()
     return ", ".join(sorted(found))
 

@@ -1,5 +1,6 @@
 """The simulator's hot loops compiled (numba, `nogil`): an affine kernel's tiles (GEMM, bias,
 activation, float16 rounding; their backward), SGD's dense update and float16 rounding,
+loops of glibc's float32 functions (lgammaf_r, logf, tanf, powf: wafer/special_functions.py),
 each one call that holds no GIL, so the executor's threads compute at once. The arithmetic
 is numpy's, bit for bit: the GEMM is numpy's own `cblas_sgemm` called with the arguments
 numpy's matmul passes (`wafer.blas`), and every element-wise step is the same float32
@@ -22,6 +23,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from wafer.blas import NO_TRANS, ROW_MAJOR, SGEMM, TRANS
+from wafer.libm import external
 from wafer.precision import EXPONENT_BITS, LARGEST_BINADE, OVERFLOW_SCALE, SHIFT_FACTOR, SMALLEST_NORMAL
 
 # activation codes of the affine tiles, whose result of a float16 value is a float16 value
@@ -225,6 +227,47 @@ def sgd_update(var, grad, lr, half, round_gradient, round_var):
             var[k] = var[k] - grad[k] * lr
 
 
+# glibc's functions the special functions call (wafer/special_functions.py): lgammaf_r (what
+# Eigen's lgamma calls; the sign through a pointer), logf, tanf, powf
+_LGAMMAF_R = external("lgammaf_r", types.float32(types.float32, types.intp))
+_LOGF = external("logf", types.float32(types.float32))
+_TANF = external("tanf", types.float32(types.float32))
+_POWF = external("powf", types.float32(types.float32, types.float32))
+LIBM_UNARY = {"lgammaf": 0, "logf": 1, "tanf": 2}  # libm_unary's codes
+
+
+@njit(nogil=True, cache=True)
+def libm_unary(code, x, out):
+    """out = glibc's lgammaf (code 0), logf (1) or tanf (2) of every element of 1-D x."""
+    sign = np.zeros(1, np.int32)
+    for k in range(x.size):
+        if code == 0:
+            out[k] = _LGAMMAF_R(x[k], sign.ctypes.data)
+        elif code == 1:
+            out[k] = _LOGF(x[k])
+        else:
+            out[k] = _TANF(x[k])
+
+
+@njit(nogil=True, cache=True)
+def libm_pow(x, y, out):
+    """out = glibc's powf(x, y) of every element of 1-D x."""
+    for k in range(x.size):
+        out[k] = _POWF(x[k], y)
+
+
+def libm(name: str, x: np.ndarray, y: float | None = None) -> np.ndarray:
+    """glibc's float32 `name` (lgammaf, logf, tanf; powf with its exponent y) of every element
+    of x, compiled."""
+    flat = np.ascontiguousarray(x, np.float32).reshape(-1)
+    out = np.empty_like(flat)
+    if name == "powf":
+        libm_pow(flat, np.float32(y), out)
+    else:
+        libm_unary(LIBM_UNARY[name], flat, out)
+    return out.reshape(np.shape(x))
+
+
 def warm_up() -> None:
     """Load (the first time: compile) every function for the arrays the simulator passes."""
     x, w = np.ones((32, 32), np.float32), np.ones((32, 32), np.float32)
@@ -242,6 +285,9 @@ def warm_up() -> None:
     round_flat(x.reshape(-1), z.reshape(-1))
     round_in_place(x.reshape(-1))
     round_rows(x[:, :16])
+    for name in LIBM_UNARY:
+        libm(name, bias)
+    libm("powf", bias, -2.0)
 
 
 if __name__ == "__main__":

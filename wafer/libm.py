@@ -34,3 +34,16 @@ def powf(x: np.ndarray, y: float) -> np.ndarray:
     """glibc's powf(x, y) of every element of float32 x (a loop: for a few rows)."""
     flat = np.asarray(x, F32).ravel()
     return np.array([_powf(v, y) for v in flat], F32).reshape(np.shape(x))
+
+
+def external(name: str, signature: Any) -> Any:
+    """libm's `name` for compiled code (wafer/compiled.py: a numba ExternalFunction of
+    `signature`), bound by its address under the name csrun_<name>: the very function TF
+    calls, which LLVM does not know as a libm function and so calls as it is (no constant
+    folding, no rewriting of a power)."""
+    import llvmlite.binding
+    from numba import types
+
+    address = ctypes.cast(getattr(_libm, name), ctypes.c_void_p).value
+    llvmlite.binding.add_symbol(f"csrun_{name}", address)
+    return types.ExternalFunction(f"csrun_{name}", signature)

@@ -87,6 +87,7 @@ suffixes below, in order) and start as TF starts them; Adam's step counters are 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -123,11 +124,15 @@ class OptimizerConfig:
     l2: float = 0.0
     l2_shrinkage: float = 0.0  # ftrl
     lr_power: float = 0.0  # ftrl
+    # adam: its step counters' TF names when not beta1_power, beta2_power (a second
+    # AdamOptimizer of the graph keeps beta1_power_1, beta2_power_1)
+    scalar_names: tuple[str, ...] = ()
 
     @classmethod
     def from_message(cls, message: pb.Optimizer) -> "OptimizerConfig":
         values = {f.name: getattr(message, f.name) for f in fields(cls)}
-        return cls(**{**values, "no_weight_decay": tuple(values["no_weight_decay"])})
+        return cls(**{**values, "no_weight_decay": tuple(values["no_weight_decay"]),
+                      "scalar_names": tuple(values["scalar_names"])})
 
     def to_message(self) -> pb.Optimizer:
         return pb.Optimizer(**asdict(self))
@@ -164,6 +169,12 @@ class Optimizer:
 
     def initial_scalars(self) -> dict[str, np.ndarray]:
         return {}
+
+    def load_scalars(self, state: Mapping[str, np.ndarray]) -> None:
+        """Take the scalars `state` holds (a checkpoint's, a snapshot's)."""
+        for name in self.scalar_names:
+            if name in state:
+                self.scalars[name] = np.asarray(state[name], F32)
 
     def set_hyper_parameters(self, values: dict[str, np.float32]) -> None:
         """This step's values of scheduled hyper-parameters (wafer.schedules): the optimizer
@@ -267,13 +278,14 @@ class Adam(Optimizer):
         self.beta1, self.beta2, self.eps = F32(config.beta1), F32(config.beta2), F32(config.epsilon)
         self.one_minus_beta1, self.one_minus_beta2 = F32(1) - self.beta1, F32(1) - self.beta2
         self.slot_suffixes, self.slot_initial_values = ("Adam", "Adam_1"), (0.0, 0.0)
+        self.scalar_names = config.scalar_names or Adam.scalar_names
 
     def initial_scalars(self):
-        return {"beta1_power": np.asarray(self.beta1, F32),
-                "beta2_power": np.asarray(self.beta2, F32)}
+        return {self.scalar_names[0]: np.asarray(self.beta1, F32),
+                self.scalar_names[1]: np.asarray(self.beta2, F32)}
 
     def alpha(self) -> np.float32:
-        b1, b2 = F32(self.scalars["beta1_power"]), F32(self.scalars["beta2_power"])
+        b1, b2 = (F32(self.scalars[name]) for name in self.scalar_names)
         return F32(self.lr * np.sqrt(F32(1) - b2) / (F32(1) - b1))
 
     def apply(self, var, grad, slots, scratch):
@@ -303,7 +315,7 @@ class Adam(Optimizer):
         var -= alpha * m / (np.sqrt(v) + self.eps)
 
     def finish_step(self):
-        for name, beta in (("beta1_power", self.beta1), ("beta2_power", self.beta2)):
+        for name, beta in zip(self.scalar_names, (self.beta1, self.beta2)):
             self.scalars[name] = np.asarray(F32(self.scalars[name]) * beta, F32)
 
 
@@ -617,3 +629,58 @@ def make_optimizer(config: OptimizerConfig) -> Optimizer:
     optimizer = OPTIMIZERS[config.type](config)
     optimizer.scalars = optimizer.initial_scalars()
     return optimizer
+
+
+@dataclass(frozen=True)
+class OptimizerGroup:
+    """A further optimizer of the train_op and the variables it updates (a second
+    `minimize(loss, var_list=...)` of model_fn's loss); the program's `optimizer` updates
+    every other trained variable."""
+
+    config: OptimizerConfig
+    variables: tuple[str, ...]
+
+    @classmethod
+    def from_message(cls, message: pb.OptimizerGroup) -> "OptimizerGroup":
+        return cls(OptimizerConfig.from_message(message.optimizer), tuple(message.variables))
+
+    def to_message(self) -> pb.OptimizerGroup:
+        return pb.OptimizerGroup(optimizer=self.config.to_message(), variables=list(self.variables))
+
+
+class Grouped(Optimizer):
+    """Several optimizers in one step, each with its own hyper-parameters, slots and
+    scalars, each variable updated by its group's (`for_variable`); every gradient is the
+    one loss's, computed before any update, as TF's grouped minimize ops compute them."""
+
+    def __init__(self, default: Optimizer, groups: Sequence[tuple[Optimizer, Sequence[str]]]):
+        self.members = (default, *(o for o, _ in groups))
+        self.default, self.by_variable = default, {v: o for o, names in groups for v in names}
+        self.config = default.config
+        self.scalar_names = tuple(n for o in self.members for n in o.scalar_names)
+
+    @property
+    def scalars(self) -> dict[str, np.ndarray]:  # type: ignore[override]
+        return {name: value for o in self.members for name, value in o.scalars.items()}
+
+    def load_scalars(self, state):
+        for o in self.members:
+            o.load_scalars(state)
+
+    def set_hyper_parameters(self, values):
+        raise ValueError("schedules of several optimizers: the program refuses them")
+
+    def for_variable(self, name):
+        return self.by_variable.get(name, self.default).for_variable(name)
+
+    def finish_step(self):
+        for o in self.members:
+            o.finish_step()
+
+
+def make_optimizers(config: OptimizerConfig, groups: Sequence[OptimizerGroup]) -> Optimizer:
+    """The program's optimizer, and with further groups the optimizer of every group."""
+    default = make_optimizer(config)
+    if not groups:
+        return default
+    return Grouped(default, [(make_optimizer(g.config), g.variables) for g in groups])

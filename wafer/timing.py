@@ -50,6 +50,14 @@ OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "rmsprop": 3, "adagrad": 
 UPDATE_FLOPS_PER_WEIGHT = {"sgd": 2, "momentum": 4, "adam": 12, "rmsprop": 15, "adagrad": 7,
                            "adamw": 15, "adadelta": 17, "ftrl": 20, "proximal_adagrad": 15,
                            "proximal_sgd": 9}
+
+
+def costliest(types) -> str:
+    """Of several optimizers in one step, the one whose slots and update cost most: the
+    model charges every weight with it (an upper bound of memory and update time)."""
+    return max(types, key=lambda t: (OPTIMIZER_SLOTS[t], UPDATE_FLOPS_PER_WEIGHT[t]))
+
+
 # Multireplica: the replicas' weight gradients are summed by a binary tree over the replicas,
 # then the sum is sent back down the tree (a reduce, then a broadcast: 2 passes).
 ALLREDUCE_PASSES = 2
@@ -417,7 +425,9 @@ def program_timing(program: Any, kernels: Sequence[Any], fabric: Fabric, *,
              for route in program.routes if route.bytes_per_batch]
     return pipeline_timing(list(zip(kernels, regions)), fabric, training=training,
                            input_bytes_per_sample=input_bytes,
-                           optimizer=program.optimizer.type or "sgd", route_hops=max(hops),
+                           optimizer=costliest([program.optimizer.type or "sgd", *(
+                               g.optimizer.type for g in program.optimizer_groups)]),
+                           route_hops=max(hops),
                            replicas=replicas, replica_span_hops=replica_span(
                                [(p.x, p.y) for p in program.replica_offsets]),
                            shared_reads=reads,

@@ -36,6 +36,7 @@ bit-identical whatever the number of threads.
 """
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Mapping, Sequence
@@ -48,7 +49,7 @@ from wafer.kernels.losses import BatchLoss
 from wafer.loss_scaling import Rule
 from wafer.moving_averages import MovingAverage
 from wafer.moving_averages import update as update_average
-from wafer.optimizers import Optimizer, make_optimizer, slot_name
+from wafer.optimizers import Optimizer, slot_name
 from wafer.precision import is_half, round_half, round_half_, round_half_into
 from wafer.schedules import Schedule, evaluate
 from wafer.weight_programs import WeightProgram
@@ -181,7 +182,7 @@ class Pipeline:
         self.shared.bind(self.regions, optimizer, state, {
             region.variables[role] for region in self.regions if region.backward
             for role, spec in region.specs.items() if not spec.frozen})
-        held: set[str] = set(self.shared.state(optimizer.slot_suffixes if optimizer else ()))
+        held: set[str] = set(self.shared.state(optimizer))
         for region in self.regions:
             held.update(region.variables.values())
             if optimizer is None or not region.backward:
@@ -195,16 +196,14 @@ class Pipeline:
                     continue
                 if region.specs[role].update == "dense":
                     region.scratch[role] = [np.empty(shape, np.float32) for _ in range(2)]
+                rule = optimizer.for_variable(var)
                 region.slots[role] = [
                     np.array(state.get(slot_name(var, suffix), np.full(shape, initial, np.float32)),
                              dtype=np.float32, order="C")
-                    for suffix, initial in zip(optimizer.slot_suffixes,
-                                               optimizer.slot_initial_values)]
-                held.update(slot_name(var, suffix) for suffix in optimizer.slot_suffixes)
+                    for suffix, initial in zip(rule.slot_suffixes, rule.slot_initial_values)]
+                held.update(slot_name(var, suffix) for suffix in rule.slot_suffixes)
         if optimizer is not None:
-            for name in optimizer.scalar_names:
-                if name in state:
-                    optimizer.scalars[name] = np.asarray(state[name], np.float32)
+            optimizer.load_scalars(state)
             held.update(optimizer.scalar_names)
         self.carried = {name: np.array(a) for name, a in state.items() if name not in held}
         costs = [self._cost(r) * micro_batch_size for r in self.regions]
@@ -226,7 +225,7 @@ class Pipeline:
         return cls(checked.kernels, checked.sources, checked.variables, state,
                    batch_size=program.batch_size, micro_batch_size=program.micro_batch_size,
                    loss_kernel=program.loss_kernel,
-                   optimizer=make_optimizer(checked.optimizer) if checked.optimizer else None,
+                   optimizer=checked.make_optimizer(),
                    seed=program.seed, threads=threads, min_stage_flops=min_stage_flops,
                    params=checked.params, transforms=checked.transforms,
                    replicas=max(program.num_replicas, 1),
@@ -664,15 +663,16 @@ class Pipeline:
     def state(self) -> dict[str, np.ndarray]:
         """Weights, optimizer slots and scalars by their TensorFlow names."""
         out: dict[str, np.ndarray] = {}
-        suffixes = self.optimizer.slot_suffixes if self.optimizer is not None else ()
         for region in self.regions:
             for role, var in region.variables.items():
                 if var in self.shared.derived:  # computed from its sources, not state
                     continue
                 out[var] = region.params[role]
-                for suffix, slot in zip(suffixes, region.slots.get(role, ())):
-                    out[slot_name(var, suffix)] = slot
-        out.update(self.shared.state(suffixes))
+                if role in region.slots:
+                    suffixes = self.optimizer.for_variable(var).slot_suffixes  # type: ignore[union-attr]
+                    for suffix, slot in zip(suffixes, region.slots[role]):
+                        out[slot_name(var, suffix)] = slot
+        out.update(self.shared.state(self.optimizer))
         if self.optimizer is not None:
             out.update(self.optimizer.scalars)
         out.update(self.carried)
@@ -703,13 +703,16 @@ def _update_tiles(optimizer: Optimizer, region: Region, role: str,
     arrays = [var, grad, *region.slots[role], *region.scratch[role]]
     slots = len(region.slots[role])
     count = max(1, min(len(var) if var.ndim > 1 else 1, var.size // UPDATE_TILE_ELEMENTS))
-    bounds = [len(var) * k // count for k in range(count + 1)]
+    bounds = [len(var) * k // count for k in range(count + 1)] if var.ndim else []
+    spans: list[slice | types.EllipsisType] = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+    spans = spans or [Ellipsis]  # a scalar weight: one tile
     half = region.compute[role] if region.half else None
-    return [partial(_apply_rows, optimizer, arrays, slots, slice(a, b), half, round_gradient)
-            for a, b in zip(bounds, bounds[1:])]
+    return [partial(_apply_rows, optimizer, arrays, slots, rows, half, round_gradient)
+            for rows in spans]
 
 
-def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int, rows: slice,
+def _apply_rows(optimizer: Optimizer, arrays: list[np.ndarray], slots: int,
+                rows: slice | types.EllipsisType,
                 half: np.ndarray | None, round_gradient: bool) -> None:
     """The update of some rows; for a float16 region, their float16 operands for the next
     batch too (`Optimizer.apply_fused`: SGD's is one compiled pass)."""

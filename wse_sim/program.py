@@ -18,7 +18,16 @@ from wafer.kernels import Kernel, KernelError, build_kernel
 from wafer.loss_scaling import Rule, of_program
 from wafer.loss_scaling import problem as loss_scaling_problem
 from wafer.moving_averages import FACTOR, MovingAverage
-from wafer.optimizers import SCHEDULABLE, OptimizerConfig, config_problem, make_optimizer, slot_name
+from wafer.optimizers import (
+    SCHEDULABLE,
+    Optimizer,
+    OptimizerConfig,
+    OptimizerGroup,
+    config_problem,
+    make_optimizer,
+    make_optimizers,
+    slot_name,
+)
 from wafer.precision import PRECISIONS
 from wafer.regularizers import Regularizer
 from wafer.schedules import Schedule, schedule_problem
@@ -100,6 +109,12 @@ class CheckedProgram:
     weight_program: WeightProgram | None = None
     derived: Mapping[str, Shape] = field(default_factory=dict)
     weight_writes: tuple[WeightWrite, ...] = ()  # a weight's writes besides its update
+    optimizer_groups: tuple[OptimizerGroup, ...] = ()  # further optimizers and their variables
+
+    def make_optimizer(self) -> Optimizer | None:
+        """The step's optimizer (with groups, one updating each variable by its group's)."""
+        return None if self.optimizer is None else make_optimizers(self.optimizer,
+                                                                   self.optimizer_groups)
 
     def state_dtype(self, name: str) -> np.dtype:
         """float32, but a dynamic loss scale's counters are TF's int64."""
@@ -253,7 +268,8 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           views, check_schedules(program, optimizer, params),
                           check_moving_averages(program, params), shared,
                           check_dynamic_loss_scale(program, optimizer), program.step_counts_applied,
-                          weights, derived, check_weight_writes(program, params, derived))
+                          weights, derived, check_weight_writes(program, params, derived),
+                          check_optimizer_groups(program, optimizer, params))
 
 
 def ahead_kernels(kernels: Sequence[Kernel], sources: Sequence[Sequence[str]],
@@ -398,6 +414,41 @@ def check_weight_writes(program: pb.Program, params: Mapping[str, ParamSpec],
     return tuple(writes)
 
 
+def check_optimizer_groups(program: pb.Program, optimizer: OptimizerConfig | None,
+                           params: Mapping[str, ParamSpec]) -> tuple[OptimizerGroup, ...]:
+    """The further optimizers: each a valid one (not AdamW) of trained weights no other group
+    names, and none with schedules or dynamic loss scaling."""
+    groups: list[OptimizerGroup] = []
+    named: set[str] = set()
+    for index, message in enumerate(program.optimizer_groups):
+        group = OptimizerGroup.from_message(message)
+        where = f"program {program.name!r}: optimizer group {index}"
+        problem = config_problem(group.config) if optimizer is not None else "no optimizer"
+        if not problem and "adamw" in (group.config.type, optimizer.type if optimizer else ""):
+            problem = "AdamW with a second optimizer"
+        if not problem and (program.schedules or program.HasField("dynamic_loss_scale")
+                            or program.HasField("cs1_dynamic_loss_scale")):
+            problem = "schedules or dynamic loss scaling with several optimizers"
+        for var in group.variables:
+            if problem:
+                break
+            if var not in params or params[var].frozen:
+                problem = f"{var!r} is not a trained weight of the program"
+            elif var in named:
+                problem = f"{var!r} is named twice"
+            named.add(var)
+        if problem or not group.variables:
+            raise invalid(f"{where}: {problem or 'names no variable'}")
+        groups.append(group)
+    scalars = [n for g in groups for n in make_optimizer(g.config).scalar_names]
+    if optimizer is not None and groups:
+        scalars += make_optimizer(optimizer).scalar_names
+    if len(set(scalars)) != len(scalars):
+        raise invalid(f"program {program.name!r}: two optimizers keep the scalars "
+                      f"{', '.join(scalars)}")
+    return tuple(groups)
+
+
 def check_schedules(program: pb.Program, optimizer: OptimizerConfig | None,
                     params: Mapping[str, ParamSpec]) -> tuple[Schedule, ...]:
     """The program's schedules: each of a hyper-parameter its optimizer may change per step,
@@ -502,10 +553,10 @@ def state_shapes(checked: CheckedProgram) -> dict[str, Shape]:
     """Every tensor a job's state may hold (float32): the weights, their optimizer slots
     and the optimizer's scalars."""
     shapes = checked.variable_shapes()
-    optimizer = make_optimizer(checked.optimizer) if checked.optimizer else None
-    suffixes = optimizer.slot_suffixes if optimizer else ()
+    optimizer = checked.make_optimizer()
     expected: dict[str, Shape] = dict(shapes)
     for var, shape in shapes.items():
+        suffixes = optimizer.for_variable(var).slot_suffixes if optimizer else ()
         expected.update({slot_name(var, suffix): shape for suffix in suffixes})
     if optimizer:
         expected.update({name: () for name in optimizer.scalar_names})

@@ -110,10 +110,10 @@ class SharedWeights:
             shape = v.value.shape
             v.grad = np.zeros(shape, np.float32)
             v.scratch = [np.empty(shape, np.float32) for _ in range(2)]
+            rule = optimizer.for_variable(var)
             v.slots = [np.array(state.get(slot_name(var, suffix), np.full(shape, initial, np.float32)),
                                 dtype=np.float32, order="C")
-                       for suffix, initial in zip(optimizer.slot_suffixes,
-                                                  optimizer.slot_initial_values)]
+                       for suffix, initial in zip(rule.slot_suffixes, rule.slot_initial_values)]
 
     def trained(self) -> list[Variable]:
         return [v for v in self.variables.values() if v.grad is not None]
@@ -195,10 +195,12 @@ class SharedWeights:
                 for region, role in reads:
                     np.copyto(region.params[role], self.derived[var])
 
-    def state(self, suffixes: Sequence[str]) -> dict[str, np.ndarray]:
+    def state(self, optimizer: Optimizer | None) -> dict[str, np.ndarray]:
+        """The variables and, under their TF names, the slots of the trained ones."""
         out: dict[str, np.ndarray] = {}
         for var, v in self.variables.items():
             out[var] = v.value
+            suffixes = optimizer.for_variable(var).slot_suffixes if v.slots and optimizer else ()
             for suffix, slot in zip(suffixes, v.slots):
                 out[slot_name(var, suffix)] = slot
         return out

@@ -21,7 +21,7 @@ from coordinator.compiler.match import check_supported, match, unsupported_detai
 from coordinator.compiler.placement import build_kernels, place_model
 from coordinator.compiler.precision import check_config
 from coordinator.compiler.program import emit
-from coordinator.compiler.report import validation_text
+from coordinator.compiler.report import STILL_STATISTICS, still_statistics, validation_text
 from coordinator.compiler.weights import initializer_summary
 from coordinator.replicas import requested_replicas
 from tf_model.estimator_spec import ModeKeys
@@ -61,6 +61,11 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
         cache.write_validation_report("Validation failed\n" + unsupported_detail(model) + "\n")
     check_supported(model)
     build_kernels(model)  # each kernel's configuration: what validates, loads
+    if still := still_statistics(model):
+        print(f"csrun: warning: batch normalization {', '.join(still)}: {STILL_STATISTICS} "
+              "(hint: compute them with tf.nn.moments and tf.compat.v1.train."
+              "assign_moving_average in UPDATE_OPS, or tf.compat.v1.nn.fused_batch_norm and "
+              "assign ops)", flush=True)
     if validate_only:
         text = validation_text(model, mode, extracted.batch_size, fab)
         cache.write_validation_report(text)

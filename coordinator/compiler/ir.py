@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from wafer.grad_transforms import GradientTransform
     from wafer.loss_scaling import Rule
     from wafer.moving_averages import MovingAverage
-    from wafer.optimizers import OptimizerConfig
+    from wafer.optimizers import OptimizerConfig, OptimizerGroup
     from wafer.schedules import Schedule
     from wafer.weight_writes import WeightWrite
 
@@ -93,6 +93,8 @@ class TrainingSpec:
     optimizer: OptimizerConfig
     variables: tuple[TrainedVariable, ...]  # by name; every other variable is frozen
     transforms: tuple[GradientTransform, ...] = ()  # applied in order to d(loss)/d(var)
+    # further optimizers of the loss and their variables (`optimizer`: every other variable)
+    optimizer_groups: tuple[OptimizerGroup, ...] = ()
     statistic_averages: tuple[StatisticAverage, ...] = ()  # batch norm's moving statistics
     # a float16 program's loss scale S: the backward is seeded with S x the loss's gradient
     # (the transforms then hold the optimizer's 1 / S); float32 programs fold S away (1.0)

@@ -24,12 +24,14 @@ from coordinator.compiler import (
 )
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
+from wafer.kernels.activations import FLOAT32_ONLY
 from wafer.kernels.elementwise import ARITHMETIC
 
 # TF op -> the `activation` kernel's function (element-wise, one input).
 UNARY = {"Neg": "neg", "Abs": "abs", "Square": "square", "Sqrt": "sqrt", "Rsqrt": "rsqrt",
          "Exp": "exp", "Expm1": "expm1", "Log": "log", "Log1p": "log1p",
          "Reciprocal": "reciprocal", "Inv": "reciprocal", "Erf": "erf", "Erfc": "erfc",
+         "Lgamma": "lgamma", "Digamma": "digamma", "BesselI0e": "bessel_i0e",
          "Sin": "sin", "Cos": "cos", "Sign": "sign", "Floor": "floor",
          "Ceil": "ceil", "Round": "round", "Rint": "round", "Softsign": "softsign", "Relu": "relu",
          "Relu6": "relu6", "Elu": "elu", "Selu": "selu", "Tanh": "tanh", "Sigmoid": "sigmoid",
@@ -40,7 +42,7 @@ BINARY = {"Add": "add", "AddV2": "add", "BiasAdd": "add", "Sub": "sub", "Mul": "
           "SquaredDifference": "squared_difference", "Pow": "pow", "Greater": "greater",
           "GreaterEqual": "greater_equal", "Less": "less", "LessEqual": "less_equal",
           "Equal": "equal", "NotEqual": "not_equal", "LogicalAnd": "logical_and",
-          "LogicalOr": "logical_or"}
+          "LogicalOr": "logical_or", "Xlogy": "xlogy", "Xlog1py": "xlog1py"}
 REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min", "Prod": "prod"}
 RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
 # What the weight program (weight_program.py) computes on weights alone: element-wise ops,
@@ -71,6 +73,10 @@ REFUSED = {
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision); csconfig.use_cbfloat16",
     **lowering_spatial.REFUSED,
+    "special functions": "tf.math.igamma, igammac, betainc, polygamma, zeta, erfinv, ndtri, "
+                         "bessel_i1e and the other Bessel functions (no CS kernel); lgamma, "
+                         "digamma, bessel_i0e, xlogy and xlog1py in float16 (proven against "
+                         "TF's float32 kernels only)",
     "Fourier transforms": "tf.signal.stft, tf.signal.rfft and complex values (the CS computes "
                           "real float32 values; tf.signal.frame and a learned Dense or Conv1D "
                           "filterbank over the frames train)",
@@ -135,11 +141,18 @@ def _operands(m: Context, op: tf.Operation, tensors, kernel: str):
     return m.operand_list(op, tensors)
 
 
+def _float32_only(op: tf.Operation) -> str:
+    return (f"{op.type} in float16 (mixed precision) is not proven against TF's float16 "
+            "kernel on the CS: compute it in float32 (tf.cast the input)")
+
+
 @generic(*UNARY)
 def _unary(m: Context, op: tf.Operation) -> str:
     if not m.is_batched(op.inputs[0]):
         return "its input is not a per-sample value"
     attrs: dict[str, Any] = {"function": UNARY[op.type]}
+    if attrs["function"] in FLOAT32_ONLY and op.outputs[0].dtype == tf.float16:
+        return _float32_only(op)
     if op.type == "LeakyRelu":
         attrs["alpha"] = float(op.get_attr("alpha"))
     m.add_kernel(op.name, "activation", [op.inputs[0]], attrs, [], [op], op.outputs[0])
@@ -169,6 +182,8 @@ def _binary(m: Context, op: tf.Operation) -> str:
         return "BiasAdd needs NHWC data"
     if op.type == "Div" and not op.outputs[0].dtype.is_floating:
         return "integer division"
+    if kind in FLOAT32_ONLY and op.outputs[0].dtype == tf.float16:
+        return _float32_only(op)
     if op.type == "Pow":
         exponent = m.operands.constant(op.inputs[1])
         if exponent is not None and exponent.size == 1 and m.is_batched(op.inputs[0]):

@@ -545,7 +545,8 @@ def place_model(model: MatchedModel, fab: Fabric, mode: str, *, batch_size: int 
     as many as make the step of `batch_size` fastest); CSRunError if they do not fit."""
     kernels = build_kernels(model)
     training = mode == ModeKeys.TRAIN
-    optimizer = model.optimizer.type if model.optimizer is not None else "sgd"
+    optimizer = "sgd" if model.training is None else timing.costliest(
+        [model.training.optimizer.type, *(g.config.type for g in model.training.optimizer_groups)])
     edges = [(src, node.name) for node in model.kernels for src in node.inputs]
     inputs = {s.name: math.prod(s.shape) * timing.BYTES_PER_VALUE for s in model.inputs}
     if replicas is not None and replicas > 1 and batch_size % replicas:

@@ -130,6 +130,7 @@ def emit_training(program: pb.Program, training: TrainingSpec,
     the train_op; a derived weight: when none of its sources is trained) and the gradient
     transforms."""
     program.optimizer.CopyFrom(training.optimizer.to_message())
+    program.optimizer_groups.extend(g.to_message() for g in training.optimizer_groups)
     for param in program.weight_program.sources:
         param.frozen = param.frozen or not training.update(param.variable)
         param.update = "" if param.frozen else training.update(param.variable)

@@ -11,6 +11,7 @@ from wafer.fabric import Fabric
 from wafer.kernels import build_kernel
 from wafer.kernels.losses import divisor_programs
 from wafer.loss_scaling import CS1DynamicLossScale, Rule
+from wafer.optimizers import OptimizerConfig
 from wafer.precision import is_half, precision_of
 from wafer.schedules import ScheduleError, evaluate, render
 from wafer.weight_writes import describe
@@ -99,9 +100,20 @@ def divisor_lines(loss: KernelNode) -> list[str]:
     return lines
 
 
-def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
-    """The optimizer, the trained and frozen weights and the gradient transforms."""
-    o = training.optimizer
+STILL_STATISTICS = ("the train_op moves no moving statistics toward its batch statistics (e.g. "
+                    "Keras 3's BatchNormalization in a tf.compat.v1 graph leaves its updates out "
+                    "of UPDATE_OPS): an evaluation normalising with moving statistics reads their "
+                    "initial values, as on the CPU")
+
+
+def still_statistics(model: MatchedModel) -> list[str]:
+    """The batch normalizations in training whose moving statistics the train_op never moves."""
+    return [k.name for k in model.kernels if k.type == "batch_norm_training"
+            and not k.attrs["mean_update"] and not k.attrs["variance_update"]]
+
+
+def _optimizer(o: OptimizerConfig, training: TrainingSpec) -> str:
+    """An optimizer's type and hyper-parameters, as the report shows them."""
     scheduled = {s.hyper_parameter for s in training.schedules}
     l2 = "from a schedule" if "l2" in scheduled else f"{o.l2:g}"
     extra = {"sgd": "", "momentum": f", momentum {o.momentum:g}"
@@ -121,7 +133,21 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
              + (f" (not of {', '.join(o.no_weight_decay)})" if o.no_weight_decay else "")
              + (", bias correction" if o.use_bias_correction else "")}[o.type]
     rate = "from a schedule" if "learning_rate" in scheduled else f"{o.learning_rate:g}"
-    lines = [f"Optimizer: {o.type}, learning rate {rate}{extra}"]
+    return f"{o.type}, learning rate {rate}{extra}"
+
+
+def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
+    """The optimizer, the trained and frozen weights and the gradient transforms."""
+    lines = [f"Optimizer: {_optimizer(training.optimizer, training)}"]
+    if training.optimizer_groups:
+        named = {v for g in training.optimizer_groups for v in g.variables}
+        rest = [v.name for v in training.variables if v.name not in named]
+        lines = [f"Optimizers (one backward pass of the loss; each updates its variables from "
+                 f"the gradients before the step): {_optimizer(training.optimizer, training)} "
+                 f"for {', '.join(rest)}"]
+        lines += [f"  {_optimizer(g.config, training)} for {', '.join(g.variables)}"
+                  + (f" (step counters {', '.join(g.config.scalar_names)})"
+                     if g.config.scalar_names else "") for g in training.optimizer_groups]
     sparse = [v.name for v in training.variables if v.update == "sparse"]
     lines.append(f"Trained weights: {len(training.variables)}"
                  + (f" (sparse updates: {', '.join(sparse)})" if sparse else ""))
@@ -136,14 +162,7 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
     for a in training.statistic_averages:
         lines.append(f"Moving statistic: {a.variable} = {rules[a.update].format(*a.constants)} "
                      f"(each training batch, at its batch barrier)")
-    for k in model.kernels:
-        if k.type == "batch_norm_training" and not k.attrs["mean_update"] and \
-                not k.attrs["variance_update"]:
-            lines.append(f"Batch normalization {k.name}: the train_op moves no moving statistics "
-                         "toward its batch statistics (e.g. Keras 3's BatchNormalization in a "
-                         "tf.compat.v1 graph leaves its updates out of UPDATE_OPS): an evaluation "
-                         "normalising with moving statistics reads their initial values, as on "
-                         "the CPU")
+    lines.extend(f"Batch normalization {name}: {STILL_STATISTICS}" for name in still_statistics(model))
     for t in training.transforms:
         if t.kind == "zero":
             lines.extend(f"{v}: gradient 0 exactly ({REASON})" for v in t.variables)
@@ -225,6 +244,8 @@ def compile_json(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         "graph_hash": graph_hash, "fabric": fabric.name, "mode": mode, "batch_size": batch_size,
         "num_parameters": model.num_parameters,
         "optimizer": None if model.optimizer is None else vars(model.optimizer),
+        "optimizer_groups": [{"optimizer": vars(g.config), "variables": list(g.variables)}
+                             for g in (model.training.optimizer_groups if model.training else ())],
         "estimate": {
             "samples_per_sec": t.samples_per_sec,
             "compute_samples_per_sec": t.compute_samples_per_sec,

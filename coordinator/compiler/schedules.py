@@ -342,5 +342,6 @@ def lower_schedules(extracted: ExtractedGraph, items: list[Scheduled],
         if known.ops != schedule.ops:
             raise _refuse(item.apply, f"the {item.key} of '{item.apply.name}' is computed "
                                       f"differently from that of the other updates; the CS "
-                                      "trains every variable with one optimizer")
+                                      "trains several optimizers at once only with constant "
+                                      "hyper-parameters")
     return schedules

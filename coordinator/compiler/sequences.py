@@ -103,7 +103,8 @@ def _step_index(m: Context, op: tf.Operation, steps: int) -> int | None:
 def time_major_unstack(m: Context, op: tf.Operation) -> str:
     """A transpose moving a time axis first, then taking it apart step by step (Keras'
     unrolled recurrent layers: unstack; Keras' TimeDistributed: x[i] for every i): step i
-    is x[:, ..., i, ...], one slice each; "" if lowered, else why not."""
+    is x[:, ..., i, ...], one slice each; or transposed back to batch-major (one per-sample
+    transpose); "" if lowered, else why not."""
     x, perm = op.inputs[0], m.operands.constant(op.inputs[1])
     unstack = m.sole_consumer(op.outputs[0])
     rank = len(static_shape(x))
@@ -119,14 +120,28 @@ def time_major_unstack(m: Context, op: tf.Operation) -> str:
             _take(m, unstack, x, out, time - 1, i, i + 1, True, [op, unstack])
         return ""
     steps = static_shape(x)[time]
-    slices = op.outputs[0].consumers()
-    indices = [_step_index(m, s, steps) for s in slices]
-    if not slices or None in indices:
+    consumers = op.outputs[0].consumers()
+    indices = [_step_index(m, c, steps) for c in consumers]
+    backs = [_batch_first_again(m, order, c) for c in consumers]
+    if not consumers or any(i is None and b is None for i, b in zip(indices, backs)):
         return refusal
-    for index, step in zip(indices, slices):
-        assert index is not None
-        _take(m, step, x, step.outputs[0], time - 1, index, index + 1, True, [op, step])
+    for index, back, c in zip(indices, backs, consumers):
+        if index is not None:
+            _take(m, c, x, c.outputs[0], time - 1, index, index + 1, True, [op, c])
+        else:
+            m.add_kernel(c.name, "transpose", [x], {"perm": back}, [], [op, c], c.outputs[0])
     return ""
+
+
+def _batch_first_again(m: Context, order: list[int], op: tf.Operation) -> list[int] | None:
+    """The per-sample permutation (of a sample's axes) of x, if op transposes transpose(x,
+    order) so that the batch is first again (a time-major sequence of tf.scan's steps, put
+    back batch-major by the user): the two transposes as one."""
+    perm = m.operands.constant(op.inputs[1]) if op.type == "Transpose" else None
+    if perm is None:
+        return None
+    composed = [order[int(p)] for p in perm]
+    return [a - 1 for a in composed[1:]] if composed[0] == 0 else None
 
 
 @generic("ReverseV2")

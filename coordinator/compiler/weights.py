@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph
-from tf_model.checkpoints import OPTIMIZER_SCALARS
+from tf_model.checkpoints import is_optimizer_scalar
 
 
 def _float_variables(graph: tf.Graph) -> list[Any]:
@@ -23,7 +23,7 @@ def host_variables(extracted: ExtractedGraph, weights: Sequence[str]) -> list[st
         names = [v.op.name for v in tf.compat.v1.global_variables()]
     owned = set(weights)
     return [n for n in names if n not in owned and n != "global_step"
-            and not n.endswith(OPTIMIZER_SCALARS)
+            and not is_optimizer_scalar(n)
             and n.rsplit("/", 1)[0] not in owned]
 
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 import tf_reference
 
 from common.errors import CSRunError
+from coordinator.compiler import compile_model
 from tf_model.estimator_spec import CSEstimatorSpec
 
 BATCH, STEPS = 16, 4
@@ -206,3 +207,14 @@ def test_a_batch_normalization_the_cs_does_not_carry_out_is_refused_saying_what_
     words = cs_inprocess.model_op_words(renorm_model_fn, input_fn, PARAMS)
     assert cs_inprocess.refusal_problem(error.value, __file__, words) == ""
     assert "tf.nn.moments over every axis but the last" in str(error.value)
+
+
+def test_a_batch_norm_whose_statistics_never_move_is_said_on_the_console_at_compile(tmp_path, capsys):
+    """Keras 3's layer in a v1 graph: the user learns it when the model compiles, not from a
+    stale evaluation; the hand-written pattern moving its statistics says nothing."""
+    compile_model(keras_model_fn, input_fn, PARAMS, str(tmp_path / "keras"), validate_only=True)
+    said = capsys.readouterr().out
+    assert "csrun: warning: batch normalization batch_normalization: the train_op moves no " \
+        "moving statistics" in said and "hint: compute them with tf.nn.moments" in said
+    compile_model(moments_model_fn, input_fn, PARAMS, str(tmp_path / "moments"), validate_only=True)
+    assert "warning" not in capsys.readouterr().out

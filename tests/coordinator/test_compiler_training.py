@@ -188,19 +188,21 @@ def test_other_writes_in_the_train_op_are_refused():
 
 
 def test_a_gans_two_adam_optimizers_are_refused_in_the_users_terms():
+    """(Two optimizers of model_fn's loss train: tests/coordinator/test_several_optimizers.py)"""
     error = refusal(tm.gan_two_adams)
-    assert error.message.startswith("a second Adam optimizer trains generator/kernel (its step "
-                                    "counters are beta1_power_1, beta2_power_1): the CS trains "
-                                    "every variable with one optimizer minimizing model_fn's loss")
-    assert "a GAN's generator and discriminator optimizers" in error.message
+    assert error.message.startswith("the train_op's optimizers minimize different losses (")
+    assert "a GAN's discriminator and generator steps" in error.message
+    assert line_of("discriminator line") in error.message
     assert line_of("generator line") in error.message
 
 
-def test_two_optimizer_configurations_are_refused_naming_both_lines():
+def test_two_optimizers_one_with_a_schedule_are_refused_naming_both_lines():
     error = refusal(tm.two_optimizers)
     assert line_of("slow line") in error.message and line_of("fast line") in error.message
     assert "head/kernel is trained with another sgd than body/kernel (learning_rate 0.1 vs " \
-           "0.01)" in error.message and "the CS trains every variable with one optimizer" in error.message
+           "0, scheduled [] vs ['learning_rate'])" in error.message
+    assert "the CS trains several optimizers at once only with constant hyper-parameters" \
+        in error.message
 
 
 def test_gradients_accumulated_and_applied_in_a_cond_are_refused_naming_it():
@@ -246,6 +248,7 @@ def test_numeric_checks_are_skipped_above_their_memory_budget(monkeypatch):
 
 @pytest.mark.parametrize("model_fn, params", [
     (tm.fine_tune_last_layer, {}), (tm.clip_value_and_norm, {}),
+    (tm.clip_norm_with_a_temperature, {}),
     (tm.loss_scaling, {"clip": True, "loss_scale": 128.0}),
     pytest.param(tm.clip_global_norm, {}, marks=pytest.mark.slow),
     pytest.param(tm.scaled_gradients, {}, marks=pytest.mark.slow)])

@@ -1,5 +1,5 @@
 """Loops whose number of steps is known when model_fn builds its graph (issue 21): a
-tf.scan recurrence, a tf.while_loop recurrence reading the sequence by its counter and an Euler-integrated
+tf.scan recurrence (its last state, or every state put back batch-major), a tf.while_loop recurrence reading the sequence by its counter and an Euler-integrated
 neural ODE of a float time run as their unrolled steps on the CS, train as TensorFlow trains
 them (4 steps) and evaluate there as the CPU path does; a loop whose trip count depends on
 the batch stays refused, naming the While and its line."""
@@ -13,7 +13,7 @@ PARAMS = {"runconfig": {"tf_random_seed": 2}}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_fn", [m.scan_rnn, m.while_rnn, m.neural_ode],
+@pytest.mark.parametrize("model_fn", [m.scan_rnn, m.scan_sequence, m.while_rnn, m.neural_ode],
                          ids=lambda f: f.__name__)
 def test_a_loop_of_known_steps_trains_like_tensorflow_and_evaluates_like_the_cpu(tmp_path,
                                                                                model_fn):

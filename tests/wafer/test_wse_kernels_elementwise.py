@@ -137,7 +137,8 @@ def test_rounding_is_tensorflows_with_no_gradient(function):
 
 def test_every_activation_function_is_tested_or_was_there_before():
     earlier = {"relu", "relu6", "leaky_relu", "elu", "selu", "tanh", "sigmoid", "softplus", "linear"}
-    assert set(FUNCTIONS) == earlier | set(ACTIVATIONS) | set(ROUNDING) | {"pow"}
+    special = {"lgamma", "digamma", "bessel_i0e"}  # tests/wafer/test_special_functions.py
+    assert set(FUNCTIONS) == earlier | set(ACTIVATIONS) | set(ROUNDING) | {"pow"} | special
 
 
 # ---- binary ----
@@ -146,8 +147,10 @@ TF_BINARY = {
     "maximum": tf.maximum, "minimum": tf.minimum, "squared_difference": tf.math.squared_difference,
     "pow": tf.pow, "greater": tf.greater, "greater_equal": tf.greater_equal, "less": tf.less,
     "less_equal": tf.less_equal, "equal": tf.equal, "not_equal": tf.not_equal,
+    "xlogy": tf.math.xlogy, "xlog1py": tf.math.xlog1py,
 }
-ARITHMETIC = ["add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow"]
+ARITHMETIC = ["add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow",
+              "xlogy", "xlog1py"]
 # operands, per-sample input shapes, constant/weight shapes by position
 LAYOUTS = [
     ("ii", [(4, 5), (4, 5)], {}),
@@ -163,7 +166,7 @@ LAYOUTS = [
 
 def operand_values(op, letters, input_shapes, other_shapes):
     """Inputs (batch first) and constants/weights, in a range the op is defined on."""
-    low, high = (0.3, 2.5) if op in ("pow", "div") else (-2, 2)
+    low, high = (0.3, 2.5) if op in ("pow", "div", "xlogy", "xlog1py") else (-2, 2)
     inputs = [randn(BATCH, *s, low=low, high=high) for s in input_shapes]
     others = {k: randn(*s, low=low, high=high) for k, s in other_shapes.items()}
     if op in ("maximum", "minimum", "equal", "not_equal", "greater_equal", "less_equal"):
@@ -177,6 +180,8 @@ def operand_values(op, letters, input_shapes, other_shapes):
             n += 1
         else:
             arrays.append((letter, others[k]))
+    if op in ("xlogy", "xlog1py"):  # x = 0 (value and gradients 0 whatever y)
+        arrays[0][1].reshape(-1)[::3] = 0
     return inputs, arrays
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
 from wafer.precision import is_half, round_half, round_half_
+from wafer.special_functions import bessel_i0e, bessel_i1e, digamma, lgamma, trigamma
 
 SELU_SCALE = np.float32(1.0507009873554804934193349852946)
 SELU_ALPHA = np.float32(1.6732632423543772848170429916717)
@@ -208,6 +209,30 @@ def _cos_grad(x, y, a, dy, out):  # -grad * sin(x)
     return np.multiply(-dy, np.sin(x), out=out)
 
 
+def _lgamma(x, a, out):
+    return _store(lgamma(x), out)
+
+
+def _lgamma_grad(x, y, a, dy, out):  # _LgammaGrad: grad * digamma(x)
+    return np.multiply(dy, digamma(x), out=out)
+
+
+def _digamma(x, a, out):
+    return _store(digamma(x), out)
+
+
+def _digamma_grad(x, y, a, dy, out):  # _DigammaGrad: grad * polygamma(1, x)
+    return np.multiply(dy, trigamma(x), out=out)
+
+
+def _i0e(x, a, out):
+    return _store(bessel_i0e(x), out)
+
+
+def _i0e_grad(x, y, a, dy, out):  # _BesselI0eGrad: grad * (bessel_i1e(x) - sign(x) * y)
+    return np.multiply(dy, bessel_i1e(x) - np.sign(x) * y, out=out)
+
+
 def _sign(x, a, out):
     return np.sign(x, out=out)
 
@@ -371,6 +396,9 @@ FUNCTIONS: dict[str, tuple[Forward, Backward, int]] = {
     "reciprocal": (_reciprocal, _reciprocal_grad, 4),
     "erf": (_erf, _erf_grad, 14),
     "erfc": (_erfc, _erfc_grad, 14),
+    "lgamma": (_lgamma, _lgamma_grad, 40),
+    "digamma": (_digamma, _digamma_grad, 40),
+    "bessel_i0e": (_i0e, _i0e_grad, 40),
     "sin": (_sin, _sin_grad, 4),
     "cos": (_cos, _cos_grad, 4),
     "sign": (_sign, _zero_grad, 1),
@@ -421,6 +449,9 @@ HALF_GRADIENTS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndar
 }
 
 
+# Functions (and binary ops) proven against TF's float32 kernels only
+# (wafer/special_functions.py, xlogy and xlog1py): the compiler refuses them in float16.
+FLOAT32_ONLY = ("lgamma", "digamma", "bessel_i0e", "xlogy", "xlog1py")
 # Functions with a parameter of their own (the `activation` kernel's attr named here):
 # fused into dense or conv2d they would run with a default, so only `activation` takes them.
 PARAMETERS = {"pow": "exponent"}

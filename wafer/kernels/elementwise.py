@@ -70,6 +70,26 @@ def _grad_floor_mod(x, y, z, g):  # _FloorModGrad
     return g, g * -np.floor(x / y)
 
 
+def _x_times(x, fx):  # Eigen's xlogy/xlog1py/xdivy: x where x is 0, else x * f(y) (x / y)
+    return np.where(x == 0, x, fx)
+
+
+def _xlogy(x, y):  # TF's Xlogy: x * log(y), 0 where x is 0
+    return _x_times(x, x * np.log(y))
+
+
+def _xlog1py(x, y):  # TF's Xlog1py: x * log1p(y), 0 where x is 0
+    return _x_times(x, x * np.log1p(y))
+
+
+def _grad_xlogy(x, y, z, g):  # _XLogyGrad: xlogy(x != 0, y) * g, xdivy(x, y) * g
+    return _xlogy((x != 0).astype(np.float32), y) * g, _x_times(x, x / y) * g
+
+
+def _grad_xlog1py(x, y, z, g):  # _XLog1pyGrad: xlog1py(x != 0, y) * g, xdivy(x, y + 1) * g
+    return _xlog1py((x != 0).astype(np.float32), y) * g, _x_times(x, x / (y + _ONE)) * g
+
+
 # op -> (forward(x, y), backward(x, y, z, g) -> (gx, gy) before reduction, FLOPs per element)
 ARITHMETIC: dict[str, tuple[Callable[..., np.ndarray], Callable[..., tuple[np.ndarray, np.ndarray]], int]] = {
     "add": (np.add, lambda x, y, z, g: (g, g), 1),
@@ -84,6 +104,8 @@ ARITHMETIC: dict[str, tuple[Callable[..., np.ndarray], Callable[..., tuple[np.nd
     "div_no_nan": (_div_no_nan, _grad_div_no_nan, 1),
     "floor_mod": (_floor_mod, _grad_floor_mod, 3),
     "floor_div": (_floor_div, lambda x, y, z, g: (np.zeros_like(g), np.zeros_like(g)), 2),  # TF: None
+    "xlogy": (_xlogy, _grad_xlogy, 5),
+    "xlog1py": (_xlog1py, _grad_xlog1py, 6),
 }
 # float16 ops whose TF kernel or gradient rounds in between (docs/design.md, "Mixed
 # precision"): Eigen's SquaredDifference is abs2(x - y) on Eigen::half (x - y rounded);

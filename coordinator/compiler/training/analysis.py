@@ -21,6 +21,7 @@ from coordinator.compiler.training.writes import _Average, _bookkeeping, _is_wri
 from wafer.grad_transforms import GradientTransform
 from wafer.loss_scaling import Rule
 from wafer.moving_averages import FACTOR, MovingAverage
+from wafer.optimizers import OptimizerConfig, OptimizerGroup
 from wafer.schedules import ScalarOp, Schedule
 from wafer.weight_writes import FACTOR as FACTOR_OF_WRITE
 from wafer.weight_writes import WeightWrite, WriteStep
@@ -37,7 +38,7 @@ def analyze_training(extracted: ExtractedGraph, half: bool = False,
     except _Problems as problems:
         lines, hint = list(dict.fromkeys(problems.lines)), problems.hint
     raise CSRunError(lines[0],
-                     hint or f"train with one optimizer the CS carries out ({SUPPORTED}; constant "
+                     hint or f"train with optimizers the CS carries out ({SUPPORTED}; constant "
                      "hyper-parameters or schedules of the global step, float32) minimizing "
                      f"model_fn's loss, gradients changed only by {TRANSFORMS}",
                      detail="Training problems:\n" + "\n".join(f"  {line}" for line in lines))
@@ -60,6 +61,10 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             if dynamic is not None:
                 extracted = dynamic.view
             updates, averages, written = _updates(extracted, statistic_averages)
+            groups = optimizer_groups(updates)
+            if dynamic is not None and groups:
+                raise _fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
+                                            "CS carries it out for one; train without it")
             if dynamic is not None and written:
                 raise _fail(written[0].op, "a write of a weight besides its update with dynamic "
                                            "loss scaling: the CS does not skip it with a "
@@ -70,14 +75,15 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             raise _Problems([str(problem)], problem.hint) from None
         calls = _gradient_calls(extracted, updates)
         norms: dict = {}
-        chains, problems = [], []
+        chains, problems, hints = [], [], []
         for u in updates:
             try:
                 chains.append(_chain(u, calls, norms))
             except _Refused as problem:
                 problems.append(str(problem))
+                hints.append(problem.hint)
         if problems:
-            raise _Problems(problems)
+            raise _Problems(problems, hints[0])
         zeroed = zero_gradients(extracted.spec.loss, [u.variable for u in updates
                                                       if u.indices is None], normalized)
         try:
@@ -103,11 +109,22 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             raise _Problems([str(problem)]) from None
     variables = tuple(TrainedVariable(u.variable, "dense" if u.indices is None else "sparse",
                                       u.slots, user_source(u.op)) for u in updates)
-    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), loss_scale=loss_scale,
+    return TrainingSpec(updates[0].optimizer, variables, tuple(transforms), groups,
+                        loss_scale=loss_scale,
                         schedules=schedules, moving_averages=moving, weight_writes=writes,
                         statistic_averages=tuple(statistic_averages),
                         dynamic_loss_scale=scaling,
                         step_counts_applied=dynamic is not None and dynamic.step_counts_applied)
+
+
+def optimizer_groups(updates: list[_Update]) -> tuple[OptimizerGroup, ...]:
+    """The optimizers besides the first update's and the variables each updates (two
+    minimize calls with the same hyper-parameters, and no scalars of their own, are one)."""
+    by_config: dict[OptimizerConfig, list[str]] = {}
+    for u in updates:
+        by_config.setdefault(u.optimizer, []).append(u.variable)
+    return tuple(OptimizerGroup(config, tuple(names))
+                 for config, names in list(by_config.items())[1:])
 
 
 def _dynamic(chains: list, transforms: list[GradientTransform], loss_scale: float, half: bool,
@@ -143,7 +160,7 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
     the graph TF executes; a constant factor is its value)."""
     train = extracted.spec.train_op
     increments = [op for op in op_closure(train) if _is_write(op) and op.type in (
-        "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph, None)]
+        "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph)]
     items = [Scheduled(key, reader, tensor) for u in updates
              for key, (reader, tensor) in u.scheduled.items()]
     offsets = {}

@@ -19,7 +19,7 @@ TRANSFORMS = "scaling, tf.clip_by_value, tf.clip_by_norm, tf.clip_by_global_norm
 # Ops allowed inside a clipping factor's computation (norms of gradients).
 _NORM_OPS = {"Mul", "Sum", "Greater", "Fill", "Select", "SelectV2", "Sqrt", "Maximum",
              "Minimum", "RealDiv", "AddV2", "Add", "Sub", "Pack", "L2Loss", "Const",
-             "Identity", "OnesLike", "ZerosLike", "Cast"}
+             "Identity", "OnesLike", "ZerosLike", "Cast", "Range"}
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,31 @@ def _gradient_calls(extracted: ExtractedGraph,
                 f"{user_source(min(starts, key=lambda op: op.name))}), not all of it")
             continue
         calls[scope] = _GradientCall(scope, scale * seed_value)
-    return calls
+    return _several_losses(calls, seeds) or calls
+
+
+def _several_losses(calls: dict[str, _GradientCall | _Refused],
+                    seeds: dict[str, list[tf.Operation]]) -> dict[str, _GradientCall | _Refused]:
+    """With several tf.gradients calls of which some minimize another tensor than the loss
+    (a GAN's discriminator and generator losses), every refused call says that, naming what
+    each call minimizes; {} when not so."""
+    refused = [scope for scope, call in calls.items() if isinstance(call, _Refused)]
+    if len(calls) < 2 or not refused:
+        return {}
+    minimized = []
+    for scope, fills in seeds.items():
+        y = fills[0].outputs[0].consumers()
+        start = next((op for c in y if (op := _forward_op(fills[0].graph, scope, c))), None)
+        what = "model_fn's loss" if not isinstance(calls[scope], _Refused) else \
+            start.outputs[0].name if start is not None else "a tensor"
+        minimized.append(f"{what} minimized at {user_source(fills[0])}")
+    line = (f"the train_op's optimizers minimize different losses ({'; '.join(minimized)}): the "
+            "CS runs one backward pass, of the loss model_fn returns, and applies each "
+            "optimizer's share of its gradients; a GAN's discriminator and generator steps, or "
+            "any two losses trained in one step, do not run on it")
+    hint = ("minimize model_fn's loss with every optimizer (var_list splits the variables "
+            "among them), or train the two objectives in jobs of their own")
+    return {**calls, **{scope: _fail(seeds[scope][0], line, hint) for scope in refused}}
 
 
 # Ops whose gradient functions may pass the seed on without creating an op.

@@ -141,7 +141,8 @@ def _apply_update(op: tf.Operation) -> _Update:
             not op.get_attr("update_slots"):
         raise _fail(op, "Adagrad without accumulator updates is not supported")
     if kind.optimizer == "adam":
-        _check_powers(op, [op.inputs[i] for i in kind.powers], values)
+        values["scalar_names"] = _check_powers(op, [op.inputs[i] for i in kind.powers],  # type: ignore[assignment]
+                                               values)
     slots = tuple(variable_op(op.inputs[i]).name for i in kind.slots)
     if kind.optimizer in ("adagrad", "ftrl", "proximal_adagrad"):
         values["initial_accumulator_value"] = _initial_value(op, variable_op(op.inputs[1]))
@@ -185,16 +186,15 @@ def _splat(tensor: tf.Tensor) -> float | None:
     return float(value.flat[0])
 
 
-def _check_powers(op: tf.Operation, reads: list[tf.Tensor], values: dict[str, float]) -> None:
+def _check_powers(op: tf.Operation, reads: list[tf.Tensor], values: dict[str, float],
+                  own_names: bool = True) -> tuple[str, ...]:
+    """Adam's step counters, checked; their TF names when not the default ones (a second
+    AdamOptimizer's beta1_power_1, beta2_power_1; `own_names` False: refused)."""
     names = tuple(variable_op(t).name for t in reads)
     expected = tuple(cs_optimizers.Adam.scalar_names)
-    if names != expected:
-        if all(re.fullmatch(re.escape(e) + r"_\d+", n) for n, e in zip(names, expected)):
-            raise _fail(op, f"a second Adam optimizer trains {variable_op(op.inputs[0]).name} "
-                            f"(its step counters are {', '.join(names)}): the CS trains every "
-                            "variable with one optimizer minimizing model_fn's loss, so a GAN's "
-                            "generator and discriminator optimizers, or two losses trained at "
-                            "once, do not run on it")
+    suffixes = {m.group(1) for n, e in zip(names, expected)
+                if (m := re.fullmatch(re.escape(e) + r"(_\d+)?", n))}
+    if len(suffixes) != 1 or len(names) != 2 or (suffixes != {None} and not own_names):
         raise _fail(op, f"Adam's step counters are {', '.join(names)}, the CS names them "
                         f"{', '.join(expected)}")
     for name, read in zip(names, reads):
@@ -202,6 +202,7 @@ def _check_powers(op: tf.Operation, reads: list[tf.Tensor], values: dict[str, fl
         init = _initial_value(op, variable_op(read))
         if np.float32(init) != np.float32(beta):
             raise _fail(op, f"{name} starts at {init}, not at its beta {beta}")
+    return () if names == expected else names
 
 
 def _sgd_sparse(op: tf.Operation) -> _Update | None:
@@ -251,7 +252,7 @@ def _adam_sparse(op: tf.Operation) -> _Update | None:
     values = {"learning_rate": 0.0 if scheduled else _hyper(op, lr, "learning_rate"),
               "beta1": _hyper(op, beta1, "beta1"), "beta2": _hyper(op, beta2, "beta2"),
               "epsilon": _hyper(op, eps, "epsilon")}
-    _check_powers(op, [b1p, b2p], values)
+    values["scalar_names"] = _check_powers(op, [b1p, b2p], values)  # type: ignore[assignment]
     grad, indices = _dedup(op, m_grad, m_idx)
     slots = (variable_op(m_read).name, variable_op(v_read).name)
     return _Update(variable_op(op.inputs[0]).name, op, OptimizerConfig(type="adam", **values),  # type: ignore[arg-type]  # (floats only)
@@ -296,7 +297,7 @@ def _adamw(op: tf.Operation) -> _Update | None:
               "one_minus_beta1": _hyper(op, one_minus_beta1, "1 - beta1"),
               "one_minus_beta2": _hyper(op, one_minus_beta2, "1 - beta2")}
     if powers is not None:
-        _check_powers(op, powers, values)
+        _check_powers(op, powers, values, own_names=False)
     grad, indices = g, None
     dense = _skip_identity(g).op
     if dense.type == "UnsortedSegmentSum" and dense.inputs[1].op.type == "Unique":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -37,7 +37,7 @@ _WRITE_PREFIXES = ("Assign", "ResourceScatter", "Scatter", "ResourceApply", "App
 
 
 _SEED_STATE = re.compile(r"(^|/)seed_generator(_\d+)?/seed_generator_state$")
-_BETA_POWER = re.compile(r"^beta([12])_power$")
+_BETA_POWER = re.compile(r"^beta([12])_power(_\d+)?$")
 
 
 def _is_write(op: tf.Operation) -> bool:
@@ -46,9 +46,10 @@ def _is_write(op: tf.Operation) -> bool:
             and (op.inputs[0].dtype == tf.resource or op.inputs[0].dtype._is_ref_dtype))
 
 
-def _bookkeeping(op: tf.Operation, graph: tf.Graph, optimizer: OptimizerConfig | None) -> bool:
-    """The global step's increment, Adam's (and AdamW's) beta powers, a Keras seed
-    generator's state."""
+def _bookkeeping(op: tf.Operation, graph: tf.Graph,
+                 optimizers: Sequence[OptimizerConfig] = ()) -> bool:
+    """The global step's increment, Adam's (and AdamW's) beta powers of one of the
+    `optimizers`, a Keras seed generator's state."""
     target = variable_op(op.inputs[0])
     steps = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP)
     if steps and target is variable_op(steps[0]) and op.type in ("AssignAddVariableOp",
@@ -57,11 +58,11 @@ def _bookkeeping(op: tf.Operation, graph: tf.Graph, optimizer: OptimizerConfig |
     if _SEED_STATE.search(target.name) and not tf.as_dtype(target.get_attr("dtype")).is_floating:
         return True
     match = _BETA_POWER.match(target.name)
-    if match and optimizer is not None and (optimizer.type == "adam" or
-                                            optimizer.use_bias_correction) and \
-            op.type == "AssignVariableOp":
+    owner = next((o for o in optimizers if (o.type == "adam" or o.use_bias_correction) and
+                  target.name in (o.scalar_names or ("beta1_power", "beta2_power"))), None)
+    if match and owner is not None and op.type == "AssignVariableOp":
         mul = _skip_identity(op.inputs[1]).op
-        beta = optimizer.beta1 if match.group(1) == "1" else optimizer.beta2
+        beta = owner.beta1 if match.group(1) == "1" else owner.beta2
         return (mul.type == "Mul" and variable_op(mul.inputs[0]) is target
                 and _scalar(mul.inputs[1]) is not None
                 and np.float32(_scalar(mul.inputs[1])) == np.float32(beta))
@@ -112,10 +113,15 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
             updates.append(found)
     merge_weight_decay(updates)
     owned = set().union(*(u.owned for u in updates)) if updates else set()
-    optimizer = updates[0].optimizer if updates else None
+    optimizers = list(dict.fromkeys(u.optimizer for u in updates))
     averages, others = [], []
+    increments = []
     for op in writes:
-        if op in owned or _bookkeeping(op, extracted.graph, optimizer):
+        if op in owned:
+            continue
+        if _bookkeeping(op, extracted.graph, optimizers):
+            if op.type in ("AssignAddVariableOp", "AssignAdd"):
+                increments.append(op)
             continue
         average = _moving_average(op)
         if average is not None:
@@ -149,12 +155,20 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                               f"'{by_var[u.variable].op.name}' at "
                               f"{user_source(by_var[u.variable].op)})")
         by_var[u.variable] = u
+    if len(increments) > 1:
+        raise _fail(increments[1], "the train_op increments the global step twice a step (two "
+                                   "optimizers' minimize(global_step=...)); the CS counts one "
+                                   "step a batch", hint="pass global_step to one optimizer only")
     first = updates[0]
     for u in updates[1:]:
-        if u.optimizer != first.optimizer or set(u.scheduled) != set(first.scheduled):
+        if (u.optimizer == first.optimizer and set(u.scheduled) != set(first.scheduled)) or (
+                u.optimizer != first.optimizer and (u.scheduled or first.scheduled or "adamw" in (
+                    u.optimizer.type, first.optimizer.type))):
             raise _fail(u.op, f"{u.variable} is trained {_difference(u, first)} "
                               f"('{first.op.name}' at {user_source(first.op)}); the CS trains "
-                              "every variable with one optimizer")
+                              "several optimizers at once only with constant hyper-parameters "
+                              "and not AdamW", hint="give each optimizer constant "
+                              "hyper-parameters, or train every variable with one optimizer")
     for a in averages:
         if a.variable not in by_var or by_var[a.variable].op not in set(op_closure(a.op)):
             raise _fail(a.op, f"the ExponentialMovingAverage of {a.variable} does not wait for "
