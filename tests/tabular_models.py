@@ -4,7 +4,7 @@ weights (tf.gather of a constant by label), ordinal regression with cut-points
 tf.cumsum(tf.nn.softplus(raw)), and features made with tf.cumsum (exclusive, reverse),
 tf.math.floormod of floats, tf.floor/ceil/round, tf.math.divide_no_nan, tf.reduce_prod,
 numbers bucketized (Keras Discretization, tf.raw_ops.Bucketize) into embeddings; and what
-stays refused (tf.feature_column's sparse columns, a Keras optimizer, a string feature, a Cox
+stays refused (a Keras optimizer, a string feature, a Cox
 partial likelihood's sort of the batch)."""
 import numpy as np
 import tensorflow as tf
@@ -115,18 +115,6 @@ def string_input_fn(params):
 def string_feature(features, labels, mode, params):
     ids = tf.strings.to_hash_bucket_fast(features["word"], 10)
     logits = L.Dense(2)(L.Embedding(10, 4)(ids))
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
-                 {})
-
-
-def feature_columns(features, labels, mode, params):
-    """tf.feature_column's input layer: its categorical columns build SparseTensors."""
-    fc = v1.feature_column
-    columns = [fc.numeric_column("num", shape=(3,)),
-               fc.embedding_column(fc.categorical_column_with_identity("a", 5), 4),
-               fc.indicator_column(fc.categorical_column_with_identity("b", 4))]
-    logits = L.Dense(2)(fc.input_layer(features, columns))
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     return _spec(mode, loss, lambda: v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()),
                  {})

@@ -641,7 +641,7 @@ class Pipeline:
             for role in region.collects:
                 if upstream is not None:  # (a gather: never the loss)
                     region.pieces.setdefault(role, []).append(
-                        self._indexed_slices(region, role, i, upstream, board))
+                        region.kernel.table_slices(cache, upstream))
             _settle(region, board)  # its previous micro-batch's weight gradient
             ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated
             ctx.run_tiles = partial(_share, board, region.pending)
@@ -653,16 +653,6 @@ class Pipeline:
                                                            input_grads)):
             if wanted:
                 board.put(("g", source, i, region.position, index), grad)
-
-    @staticmethod
-    def _indexed_slices(region: Region, role: str, i: int, upstream: np.ndarray,
-                        board: Board) -> tuple[np.ndarray, np.ndarray]:
-        """An embedding lookup's (gather kernel's) table gradient for micro-batch i as a
-        piece of TF's IndexedSlices: the looked-up ids (its input) in order, one row of
-        values (the gradient of the looked-up row) per id."""
-        ids = board.get(("v", region.sources[0], i))
-        row_shape = region.params[role].shape[1:]
-        return ids.reshape(-1).copy(), upstream.reshape((-1,) + row_shape).copy()
 
     def close(self) -> None:
         """Join the stage threads (a later batch runs as one stage in the caller's thread)."""

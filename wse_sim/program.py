@@ -51,7 +51,7 @@ UPDATES = ("dense", "sparse")
 # kernels whose weight gradient TF computes as IndexedSlices: type -> the table's role;
 # a sparse weight operand (p<k>) of another generic kernel is a table TF gathers whole,
 # e.g. Keras position embeddings: every row once, in order
-SPARSE_GRADIENT_KERNELS = {"gather": "p0"}
+SPARSE_GRADIENT_KERNELS = {"gather": "p0", "embedding_bag": "p0"}
 
 
 @dataclass(frozen=True)

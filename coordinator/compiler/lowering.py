@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import fast_paths, in_batch, lowering_spatial, random_numbers, second_order, sequences
+from coordinator.compiler import (
+    fast_paths,
+    feature_columns,
+    in_batch,
+    lowering_spatial,
+    random_numbers,
+    second_order,
+    sequences,
+)
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.activations import FLOAT32_ONLY
@@ -123,11 +131,7 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
             op.type in random_numbers.CANDIDATE_SAMPLERS:
         m.reject(op, random_numbers.refusal(op.type))
     elif handler is None and (op.type == "Where" or op.type.startswith("Sparse")):
-        m.reject(op, "builds or reads a SparseTensor (tf.feature_column's categorical columns, "
-                     "tf.sparse, tf.nn.embedding_lookup_sparse, tf.where with one argument), "
-                     "whose size depends on the values: the CS computes fixed-size values; "
-                     "feed integer ids to tf.one_hot or a Keras Embedding (a bag: the masked "
-                     "tf.reduce_sum or mean of its rows)")
+        m.reject(op, feature_columns.refusal(op))
     elif handler is None:
         m.reject(op, "no CS kernel computes this op")
     else:
@@ -756,7 +760,8 @@ def supported_table() -> str:
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
-               **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS}.items()]
+               **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
+               **feature_columns.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "

@@ -101,17 +101,6 @@ def test_a_string_feature_is_refused_naming_input_fn_and_what_to_do(tmp_path):
            "strings to integer ids in input_fn (tf.strings.to_hash_bucket_fast" in info.value.message
 
 
-def test_feature_columns_are_refused_naming_the_line_and_what_to_use(tmp_path):
-    with pytest.raises(CSRunError) as info:
-        compile_model(t.feature_columns, t.categorical_input_fn, {}, str(tmp_path), validate_only=True)
-    lines = inspect.getsource(t).splitlines()
-    line = next(i for i, text in enumerate(lines) if "fc.input_layer(" in text) + 1
-    assert "\n" not in str(info.value)
-    assert f"Where 'input_layer/a_embedding/to_sparse_input/indices' at tests/tabular_models.py:{line}: " \
-           "builds or reads a SparseTensor (tf.feature_column's categorical columns" in info.value.message
-    assert "feed integer ids to tf.one_hot or a Keras Embedding" in info.value.message
-
-
 def test_a_sort_across_the_batch_is_refused_saying_it_ranks_the_samples(tmp_path):
     """A Cox partial likelihood sorts the batch by time: the line says what is wrong, not
     what would be supported."""

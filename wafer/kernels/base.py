@@ -173,6 +173,11 @@ class Kernel:
         raise NotImplementedError
 
 
+    def table_slices(self, cache: Any, grad_output: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A lookup kernel's (wse_sim.program.SPARSE_GRADIENT_KERNELS) table gradient for
+        the micro-batch, as TF's IndexedSlices: (ids, one row of values per id)."""
+        raise NotImplementedError
+
 def check_dtypes(kernel: Kernel, input_dtypes: Sequence[np.dtype],
                  allowed: Sequence[Sequence[type]]) -> None:
     """Refuse an input whose dtype is not among those allowed for its position."""

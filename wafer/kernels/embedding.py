@@ -65,8 +65,40 @@ class _RowCopyCost:
         return 8 * math.prod(self.ids_shape)  # the indices
 
 
+class _TableLookup(_RowCopyCost, Kernel):
+    """A lookup in the table p0 (or a constant c0): its shapes, no gradient to the ids, and
+    the table's gradient added from the micro-batch's IndexedSlices (`table_slices`)."""
+
+    operands: Operands
+    table: Shape
+
+    @property
+    def output_shape(self):
+        return self._shape
+
+    def param_shapes(self):
+        return self.operands.param_shapes()
+
+    def input_differentiable(self, index: int) -> bool:
+        return False
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        if self.operands.letters == "ci":
+            return [None], {}
+        if param_grads is None:
+            table = np.zeros(self.table, np.float32)
+        else:
+            table = param_grads["p0"]
+            if not ctx.accumulate:  # the batch's first micro-batch overwrites
+                table.fill(0)
+        ids, values = self.table_slices(cache, grad_output)
+        if len(ids):
+            scatter_add(table, ids, values)
+        return [None], {"p0": table}
+
+
 @register
-class Gather(_RowCopyCost, Kernel):
+class Gather(_TableLookup):
     """operands "pi": the table is the weight p0 (V, D...) (attr p0 its shape), the input
     integer indices (int32/int64, any per-sample shape S); output S + (D...). An index
     outside [0, V) raises ValueError naming the kernel, as TF's CPU gather does. The
@@ -91,38 +123,19 @@ class Gather(_RowCopyCost, Kernel):
         self.ids_shape = self.operands[1].shape
         self._shape = (*self.ids_shape, *self.table[1:])
 
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
-
     def output_dtype(self, input_dtypes):
         check_dtypes(self, input_dtypes, [INTEGER])
         return self.operands.dtypes(input_dtypes)[0]
-
-    def input_differentiable(self, index: int) -> bool:
-        return False
 
     def forward(self, params, inputs, ctx: RunContext):
         table, ids = self.operands.arrays(params, inputs)
         check_indices(self, ids, self.table[0], "the table")
         return np.take(table, ids, axis=0), ids
 
-    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        if self.operands.letters == "ci":
-            return [None], {}
-        if param_grads is None:
-            table = np.zeros(self.table, np.float32)
-        else:
-            table = param_grads["p0"]
-            if not ctx.accumulate:  # the batch's first micro-batch overwrites
-                table.fill(0)
-        ids = cache.reshape(-1)
-        if len(ids):
-            scatter_add(table, ids, grad_output.reshape(len(ids), *self.table[1:]))
-        return [None], {"p0": table}
+    def table_slices(self, cache, grad_output: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The micro-batch's IndexedSlices of the table: the looked-up ids in order, one row
+        of values (the gradient of the looked-up row) per id."""
+        return cache.reshape(-1).copy(), grad_output.reshape((-1,) + self.table[1:]).copy()
 
 
 @register
@@ -171,3 +184,87 @@ class SampleGather(_RowCopyCost, Kernel):
             scatter_add(grad, cache, grad_output.reshape(len(cache), *self.rows[1:]),
                         half=is_half(self.attrs))
         return [grad.reshape(m, *self.rows), None], {}
+
+
+# TF's SparseSegmentReduction adds a segment's first rows one after another; from 10 rows
+# on it adds in another order (measured, TF 2.21 CPU), so a bag holds at most this many ids.
+MAX_BAG_IDS = 9
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+@register
+class EmbeddingBag(_TableLookup):
+    """A feature column's embedding (tf.feature_column.embedding_column of a categorical
+    column of dense ids): input integer ids (per-sample shape (k,), k <= MAX_BAG_IDS), param
+    p0 the table (V, D); output (D,). Each sample combines the rows of its own ids, skipping
+    ids equal to attr `ignore` (to_sparse_input's ignore value) and negative ones
+    (safe_embedding_lookup_sparse's prune): the rows added in order, then `combiner` mean
+    multiplies by float32(1 / n), sqrtn by float32(1 / sqrtf(n)) (TF's SparseSegmentMean /
+    SqrtN, bit for bit); a sample with no id gives zeros. An id >= V raises ValueError
+    naming the kernel, as TF's gather does. The table's gradient is TF's IndexedSlices
+    (SparseSegment*Grad): per sample, the output gradient times the sample's factor (its
+    float64 1 / n or 1 / sqrt(n) rounded to float32: TF's gradient kernel's), summed
+    per id in order of first appearance in the micro-batch; an empty sample adds a zero row
+    of id 0 (SparseFillEmptyRows' default id)."""
+
+    type_name = "embedding_bag"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        self.operands = Operands(self, 2, broadcast=False)
+        self.table = self.operands[0].shape if self.operands.letters == "pi" else ()
+        self.ids_shape = self.operands[1].shape
+        if self.operands.letters != "pi" or len(self.table) != 2 or len(self.ids_shape) != 1 \
+                or not 1 <= self.ids_shape[0] <= MAX_BAG_IDS or attrs.get("combiner") not in COMBINERS:
+            raise KernelError(f"kernel {name!r} (embedding_bag): takes operands 'pi' (a table "
+                              f"(V, D), ids (k,) with k <= {MAX_BAG_IDS}) and a combiner of "
+                              f"{COMBINERS}, got {self.operands.letters!r} {self.table} "
+                              f"{self.ids_shape} {attrs.get('combiner')!r}")
+        self.ignore = int(attrs.get("ignore", -1))
+        self._shape = (self.table[1],)
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [INTEGER])
+        return np.dtype(np.float32)
+
+    def _factors(self, counts: np.ndarray, dtype: type) -> np.ndarray:
+        """1, 1 / n or 1 / sqrt(n) in `dtype` (the forward's float32, the gradient's float64),
+        rounded to float32."""
+        n = np.maximum(counts, 1).astype(dtype)
+        if self.attrs["combiner"] == "mean":
+            return (dtype(1) / n).astype(np.float32)
+        if self.attrs["combiner"] == "sqrtn":
+            return (dtype(1) / np.sqrt(n)).astype(np.float32)
+        return np.ones(len(n), np.float32)
+
+    def forward(self, params, inputs, ctx: RunContext):
+        table, ids = self.operands.arrays(params, inputs)
+        valid = (ids != self.ignore) & (ids >= 0)
+        check_indices(self, ids[valid], self.table[0], "the table")
+        out = np.zeros((len(ids), self.table[1]), np.float32)
+        for j in range(ids.shape[1]):  # row by row, in order (a skipped id adds nothing)
+            rows = np.flatnonzero(valid[:, j])
+            out[rows] = out[rows] + table[ids[rows, j]]
+        counts = valid.sum(1)
+        scaled = np.where(counts[:, None] > 1, out * self._factors(counts, np.float32)[:, None], out)
+        return scaled, (ids, valid, self._factors(counts, np.float64))
+
+    def table_slices(self, cache, grad_output: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The micro-batch's IndexedSlices of the table (TF's: unique ids in order of first
+        appearance, each id's scaled output gradients added in order)."""
+        ids, valid, factors = cache
+        empty = ~valid.any(1)
+        scaled = grad_output * factors[:, None]
+        flat_ids = np.where(valid | (empty[:, None] & (np.arange(ids.shape[1]) == 0)),
+                            np.where(valid, ids, 0), -1)
+        values = np.where(empty[:, None], np.float32(0), scaled)
+        taken = flat_ids.reshape(-1) >= 0
+        occurrences = flat_ids.reshape(-1)[taken].astype(np.int64)
+        rows = np.repeat(values, ids.shape[1], axis=0)[taken]
+        unique, first = np.unique(occurrences, return_index=True)
+        order = unique[np.argsort(first, kind="stable")]
+        slot = np.empty(self.table[0], np.int64)
+        slot[order] = np.arange(len(order))
+        summed = np.zeros((len(order), self.table[1]), np.float32)
+        scatter_add(summed, slot[occurrences], rows)
+        return order, summed
