@@ -204,6 +204,18 @@ def weight_decay_by_assign(features, labels, mode, params):
     return spec(loss, tf.group(train_op, *decay))
 
 
+def power_iteration_state(features, labels, mode, params):
+    """Spectral normalization keeping its power iteration's vector u between steps."""
+    w = v1.get_variable("w", [12, 10])
+    u = v1.get_variable("u", [1, 10], trainable=False)
+    v = tf.nn.l2_normalize(tf.matmul(u, w, transpose_b=True))
+    u_next = tf.nn.l2_normalize(tf.matmul(v, w))
+    sigma = tf.reduce_sum(tf.matmul(v, w) * u_next)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, tf.matmul(features, w / sigma))
+    with tf.control_dependencies([u.assign(u_next)]):  # power iteration line
+        return spec(loss, v1.train.AdamOptimizer(1e-3).minimize(loss))
+
+
 def two_optimizers(features, labels, mode, params):
     h = tf.keras.layers.Dense(16, activation="relu", name="body")(features)
     logits = tf.keras.layers.Dense(10, name="head")(h)

@@ -359,7 +359,9 @@ def _concat(m: Context, op: tf.Operation) -> str:
         return "concatenates values that are not all per-sample"
     full = int(axis) % op.outputs[0].shape.rank
     if full == 0:
-        return "concatenates along the batch axis"
+        return ("concatenates along the batch axis: keep the parts apart and pair them with "
+                "in-batch products in the loss (tf.matmul(z1, z2, transpose_b=True)), or stack "
+                "them on a sample axis (tf.stack([z1, z2], 1))")
     m.add_kernel(op.name, "concat", inputs, {"axis": full - 1}, [], [op], op.outputs[0])
     return ""
 
@@ -646,7 +648,10 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
     shape, out = static_shape(op.inputs[0]), static_shape(op.outputs[0])
     if op.get_attr("new_axis_mask") & 1 and not op.get_attr("ellipsis_mask") & 1:
         return ("puts tf.newaxis before the batch axis: the CS computes each sample on its own; "
-                "add axes after the batch axis (x[:, tf.newaxis])")
+                "add axes after the batch axis (x[:, tf.newaxis]), or, to pair the batch's "
+                "samples (a distance matrix, a same-label mask), use in-batch products in the "
+                "loss: tf.matmul(a, b, transpose_b=True), tf.matmul(one_hot, one_hot, "
+                "transpose_b=True)")
     if bounds[0] != (0, shape[0], 1, False) or not out or out[0] != shape[0]:
         return "slices the batch axis"
     if not has_kernel("slice"):

@@ -56,6 +56,8 @@ def test_newaxis_before_the_batch_axis_is_refused_naming_the_line(tmp_path):
         f"validation failed: StridedSlice 'strided_slice' at tests/op_models.py:{line}: puts "
         "tf.newaxis before the batch axis")
     assert "add axes after the batch axis (x[:, tf.newaxis])" in info.value.message
+    assert "to pair the batch's samples (a distance matrix, a same-label mask), use in-batch " \
+        "products in the loss: tf.matmul(a, b, transpose_b=True)" in info.value.message
 
 
 SLICES = [lambda t: t[:, ::-1], lambda t: t[:, -2:-9:-3], lambda t: t[:, -100:2, 1],

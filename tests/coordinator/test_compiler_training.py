@@ -187,6 +187,14 @@ def test_other_writes_in_the_train_op_are_refused():
     assert line_of("decay line") in error.message
 
 
+def test_state_the_train_op_keeps_is_refused_saying_what_to_do_instead():
+    error = refusal(tm.power_iteration_state)
+    assert error.message.startswith("the train_op writes u, which is not an optimizer update")
+    assert line_of("power iteration line") in error.message
+    assert error.hint.startswith("the CS keeps no state but weights, optimizer slots and moving "
+                                 "statistics: compute the value anew every step")
+
+
 def test_a_gans_two_adam_optimizers_are_refused_in_the_users_terms():
     """(Two optimizers of model_fn's loss train: tests/coordinator/test_several_optimizers.py)"""
     error = refusal(tm.gan_two_adams)

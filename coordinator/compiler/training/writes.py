@@ -40,6 +40,11 @@ _SEED_STATE = re.compile(r"(^|/)seed_generator(_\d+)?/seed_generator_state$")
 _BETA_POWER = re.compile(r"^beta([12])_power(_\d+)?$")
 
 
+STATE_HINT = ("the CS keeps no state but weights, optimizer slots and moving statistics: compute "
+              "the value anew every step from the weights (e.g. spectral normalization's power "
+              "iteration from a constant vector, a fixed number of steps), or train on the CPU "
+              "(python run.py)")
+
 def _is_write(op: tf.Operation) -> bool:
     """An op that writes a variable: its first input is a resource handle or a ref."""
     return (op.type.startswith(_WRITE_PREFIXES) and bool(op.inputs)
@@ -144,7 +149,7 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
             raise _fail(op, f"the train_op updates {target.name} with {op.type}, an optimizer "
                             "update the CS does not carry out")
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
-                        "the CS carries out")
+                        "the CS carries out", STATE_HINT)
     if not updates:
         raise _Refused(f"the train_op updates no variable with a supported optimizer "
                        f"(supported: {SUPPORTED})")
@@ -210,7 +215,7 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
     update = by_var.get(target.name)
     if update is None:
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
-                        "the CS carries out")
+                        "the CS carries out", STATE_HINT)
     steps: list[tuple[str, tuple[str, str]]] = []
     factors: list[tuple[tf.Tensor, tf.Operation]] = []
     reads: list[tf.Operation] = []
