@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Mapping
 
 from common.errors import CSRunError
 from common.param_keys import STEPS, Key
 from coordinator.replicas import requested_replicas
-from coordinator.roles import run_cs_ip
+from coordinator.roles import run_cs_ip, task_role
 from launcher.params_spec import check_section, refuse_misspelling
 from wafer.fabric import DEFAULT_FABRIC
 
@@ -34,8 +34,7 @@ _FLAG = Key("bool", required=False)
 _TEXT = Key("str", required=False)
 _CHECKED_BY_REPLICAS = Key("any", required=False)  # coordinator.replicas checks it
 _ONE_PROCESS = "csrun's CPU path trains in one process: not used"
-# the flags of run.py that override the YAML's value when given
-_VALUE_FLAGS = ("model_dir", "steps", "max_steps", "eval_steps", "mode", "checkpoint_path", "device")
+# run.py's switches (store_true flags: False when left out, so only True overrides the YAML)
 _SWITCH_FLAGS = ("validate_only", "compile_only", "multireplica")
 
 
@@ -65,6 +64,7 @@ class CSRunConfig:
     validate_only: bool = _key(_FLAG, False)
     compile_only: bool = _key(_FLAG, False)
     checkpoint_path: str | None = _key(_TEXT)  # eval / predict read it; a training run without a checkpoint starts from it
+    predict_steps: int | None = _key(STEPS)  # the modelzoo BERT's run.py: predict's num_samples
     throttle_secs: float | None = _key(Key("number", minimum=0, required=False))  # train_and_eval: seconds between evaluations
     disable_standard_logs: bool = _key(_FLAG, False)  # no `global step N: loss = …` lines
     # data-parallel copies on the wafer
@@ -85,8 +85,14 @@ class CSRunConfig:
     disable_input_pipeline_ckpt: bool | None = _key(Key("bool", required=False, note=(
         "a resumed run here continues input_fn's batches from the checkpoint's step, on the CS "
         "and the CPU alike: not used")))
+    # the original's CSRunConfig(cs_ip, system_name, cs_config, stack_params, **kwargs): the
+    # Cerebras stack's settings, which a modelzoo run.py passes; csrun's compiler takes the
+    # replicas from multireplica / num_replicas and the CS from cs_ip (not runconfig keys)
+    system_name: InitVar[Any] = None
+    cs_config: InitVar[Any] = None
+    stack_params: InitVar[Any] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, system_name: Any, cs_config: Any, stack_params: Any) -> None:
         for name, key in RUNCONFIG_SPEC.items():
             value = getattr(self, name)
             if value is not None and not key.accepts(value):
@@ -98,6 +104,11 @@ class CSRunConfig:
     def step_log_steps(self) -> int | None:
         """How often a run prints its `global step N: loss = …` line (None: never)."""
         return None if self.disable_standard_logs else self.log_step_count_steps
+
+    @property
+    def task_id(self) -> int:
+        """This task's rank in its job (RunConfig's task_id: the chief is 0)."""
+        return task_role().rank
 
     @property
     def replicas(self) -> int | None:
@@ -164,11 +175,15 @@ def run_config(runconfig: Mapping[str, Any] | CSRunConfig, where: str = "the par
 
 
 def _flags(args: argparse.Namespace, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings run.py's flags give (flags left out: none)."""
-    given = {name: getattr(args, name) for name in _VALUE_FLAGS if getattr(args, name, None) is not None}
-    for name in ("steps", "max_steps"):
-        if name in given and not STEPS.accepts(given[name]):
-            raise CSRunError(f"--{name} {given[name]} is not {STEPS.describe()}")
+    """The settings run.py's flags give: every flag named for a runconfig key, as the
+    original's `update_params_from_args` takes them (a modelzoo run.py may add its own, e.g.
+    the GPT-2's --save_checkpoints_steps); flags left out (None) give none. The CS is not
+    among them (`the_cs`)."""
+    given = {name: value for name, value in vars(args).items()
+             if name in RUNCONFIG_SPEC and name != "cs_ip" and name not in _SWITCH_FLAGS and value is not None}
+    for name, value in given.items():
+        if not RUNCONFIG_SPEC[name].accepts(value):
+            raise CSRunError(f"--{name} {value} is not {RUNCONFIG_SPEC[name].describe()}")
     if "steps" in given and "max_steps" not in given:
         given["max_steps"] = None
     elif "max_steps" in given and "steps" not in given:
