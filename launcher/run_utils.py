@@ -26,7 +26,7 @@ from common.errors import ArgumentParser, CSRunError, install_excepthook
 from common.run_settings import WarmStart
 from coordinator.roles import task_role
 from launcher.params_spec import check_original_keys
-from launcher.run_config import CPU_ONLY_MODES, MODES, CSRunConfig, run_config, the_cs
+from launcher.run_config import CPU_ONLY_MODES, MODES, RUNCONFIG_SPEC, CSRunConfig, run_config
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 tf_startup.install()  # TensorFlow's start-up chatter off the terminal (the .pth did it already)
@@ -123,24 +123,33 @@ def apply_args(args: argparse.Namespace, runconfig: dict) -> CSRunConfig:
     return config
 
 
+def _read(runconfig: dict | CSRunConfig) -> CSRunConfig:
+    """The run configuration of the keys `runconfig` holds: the original's helpers below read
+    their own keys of any dict (a script may keep more in it, or pass its whole params);
+    `get_params` and `update_params_from_args` are where runconfig's keys are checked."""
+    if isinstance(runconfig, CSRunConfig):
+        return run_config(runconfig)
+    return run_config({key: value for key, value in runconfig.items() if key in RUNCONFIG_SPEC})
+
+
 def get_csrunconfig_dict(runconfig: dict | CSRunConfig) -> dict[str, Any]:
     """The `CSRunConfig` settings of `runconfig` (the original's helper): how often a run
     logs, summarizes and checkpoints, and its seed; `disable_standard_logs` turns the step
     lines off."""
-    config = run_config(runconfig)
+    config = _read(runconfig)
     keys = ("tf_random_seed", "save_summary_steps", "save_checkpoints_steps", "keep_checkpoint_max")
     return {**{key: getattr(config, key) for key in keys}, "log_step_count_steps": config.step_log_steps}
 
 
 def is_cs(runconfig: dict | CSRunConfig) -> bool:
     """Does this run use a CS system (`runconfig.cs_ip`, or the job's CS inside a csrun_wse
-    task)? Reads only cs_ip, as the original's: any dict holding it will do."""
-    return the_cs(None, runconfig.cs_ip if isinstance(runconfig, CSRunConfig) else runconfig.get("cs_ip")) is not None
+    task)? Any dict will do, as for the original's (which reads only cs_ip)."""
+    return _read(runconfig).cs_ip is not None
 
 
 def check_env(runconfig: dict | CSRunConfig) -> None:
     """Combinations of settings that cannot run, as one-line errors."""
-    config = run_config(runconfig)
+    config = _read(runconfig)
     if config.validate_only and config.compile_only:
         raise CSRunError("--validate_only and --compile_only both given",
                          "validate_only checks the model, compile_only compiles it: pick one")
