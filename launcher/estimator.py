@@ -33,7 +33,7 @@ from common.run_settings import RunSettings, WarmStart, check_steps
 from coordinator import dispatch
 from coordinator.compiler import CompileResult, compile_model
 from launcher.params_spec import ORIGINAL_SPEC
-from launcher.run_config import CSRunConfig, the_cs
+from launcher.run_config import CSRunConfig, FullConfig, the_cs
 from launcher.site_config import cs_tls_ca
 from tf_model import checkpoints, cpu_session
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
@@ -41,7 +41,7 @@ from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 tf_startup.install()  # TensorFlow's start-up chatter off the terminal (the .pth did it already)
 
-__all__ = ["CSEstimator", "CSEstimatorSpec", "CSRunConfig", "ModeKeys", "cs_disable_summaries",
+__all__ = ["CSEstimator", "CSEstimatorSpec", "CSRunConfig", "FullConfig", "ModeKeys", "cs_disable_summaries",
            "cs_enable_summaries"]
 
 

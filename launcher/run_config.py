@@ -99,6 +99,7 @@ class CSRunConfig:
                 raise CSRunError(f"CSRunConfig {name}={value!r} is not {key.describe()}",
                                  f"set {name} to {key.describe()}")
         requested_replicas(self.as_dict())
+        _check_stack_replicas(stack_params, self.replicas)
 
     @property
     def step_log_steps(self) -> int | None:
@@ -128,6 +129,38 @@ class CSRunConfig:
                 continue
             notes.append(f"runconfig.{name} = {value}: {key.note}")
         return notes
+
+
+class FullConfig:
+    """The original's Cerebras stack configuration (`cerebras.pb.stack.full_pb2.FullConfig`),
+    which a modelzoo utils.py's `get_custom_stack_params` fills in for
+    `CSRunConfig(stack_params={"config": …})`. Its `target_num_replicas` (0: one copy, -1: as
+    many as fit, N) must ask for the replicas runconfig asks for (`multireplica`,
+    `num_replicas`: what the compiler reads); its other settings tune the Cerebras compiler's
+    placement and matching, which csrun's compiler does not have: each is refused in one line."""
+
+    target_num_replicas: int = 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise CSRunError(f"FullConfig.{name} is a setting of the Cerebras stack's compiler, which csrun's "
+                         "compiler does not have",
+                         "leave it out of get_custom_stack_params (replicas: runconfig.multireplica)")
+
+
+def _check_stack_replicas(stack_params: Any, replicas: int | None) -> None:
+    """A `stack_params` FullConfig's replicas are the run's (`replicas`: 1, N or None: as many as fit)."""
+    config = (stack_params or {}).get("config")
+    if not isinstance(config, FullConfig):
+        return
+    target = config.target_num_replicas
+    asked = {0: 1, -1: None}.get(target, target)
+    if asked != replicas:
+        described = {1: "one copy", None: "as many as fit"}
+        raise CSRunError(f"stack_params' FullConfig.target_num_replicas = {target} asks for "
+                         f"{described.get(asked, asked)}, runconfig for {described.get(replicas, replicas)}",
+                         "ask once, in runconfig: multireplica (--multireplica) or num_replicas")
 
 
 RUNCONFIG_SPEC: dict[str, Key] = {f.name: f.metadata["key"] for f in dataclasses.fields(CSRunConfig)}

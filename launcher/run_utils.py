@@ -135,9 +135,10 @@ def _read(runconfig: dict | CSRunConfig) -> CSRunConfig:
 def get_csrunconfig_dict(runconfig: dict | CSRunConfig) -> dict[str, Any]:
     """The `CSRunConfig` settings of `runconfig` (the original's helper): how often a run
     logs, summarizes and checkpoints, and its seed; `disable_standard_logs` turns the step
-    lines off."""
+    lines off; the replicas asked for (which a `stack_params` FullConfig must agree with)."""
     config = _read(runconfig)
-    keys = ("tf_random_seed", "save_summary_steps", "save_checkpoints_steps", "keep_checkpoint_max")
+    keys = ("tf_random_seed", "save_summary_steps", "save_checkpoints_steps", "keep_checkpoint_max",
+            "multireplica", "num_replicas")
     return {**{key: getattr(config, key) for key in keys}, "log_step_count_steps": config.step_log_steps}
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from common.errors import CSRunError
 from coordinator.roles import run_cs_ip
-from launcher.estimator import CSRunConfig, cs_disable_summaries, cs_enable_summaries
+from launcher.estimator import CSRunConfig, FullConfig, cs_disable_summaries, cs_enable_summaries
 from launcher.params_spec import check_params
 from launcher.run_utils import (
     check_env,
@@ -283,3 +283,20 @@ def test_the_originals_run_config_arguments_summary_switches_and_prediction_file
     path = save_predictions(str(tmp_path), iter([{"classes": 1}, {"classes": 0}]), name="p_0.npz")
     assert path == str(tmp_path / "predict" / "p_0.npz")
     assert [p["classes"] for p in np.load(path, allow_pickle=True)["arr_0"]] == [1, 0]
+
+
+def test_a_stack_params_full_config_asks_for_the_replicas_runconfig_asks_for(tmp_path):
+    """The original fc_mnist's get_custom_stack_params: FullConfig().target_num_replicas = -1
+    under --multireplica, as runconfig says; a disagreement, or a Cerebras compiler tuning,
+    is one line."""
+    parser = create_arg_parser("md")
+    rc = get_params(write_params(tmp_path / "p.yaml", {}))["runconfig"]
+    update_params_from_args(parser.parse_args(["--multireplica"]), rc)
+    config = FullConfig()
+    config.target_num_replicas = -1
+    assert CSRunConfig(stack_params={"config": config}, **get_csrunconfig_dict(rc)).replicas is None
+    assert CSRunConfig(stack_params={}, **get_csrunconfig_dict({})).replicas == 1
+    with pytest.raises(CSRunError, match="target_num_replicas = -1 asks for as many as fit, runconfig for one copy"):
+        CSRunConfig(stack_params={"config": config})
+    with pytest.raises(CSRunError, match="FullConfig.placement is a setting of the Cerebras stack's compiler"):
+        config.placement.optimize_buses.deltat_relative_margin = 0.5
