@@ -78,6 +78,10 @@ class _Section(_Recording):
         self._read(key)
         return super().setdefault(key, default)
 
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._read(key)  # a key the model's code sets is its own (the original fc_mnist's model.depth)
+        super().__setitem__(key, value)
+
     def pop(self, key: Any, *default: Any) -> Any:
         self._read(key)
         return super().pop(key, *default)

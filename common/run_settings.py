@@ -11,6 +11,17 @@ from common.param_keys import STEPS
 
 
 @dataclass(frozen=True)
+class WarmStart:
+    """A training run's first weights when its model_dir has no checkpoint: the trainable
+    variables of `checkpoint` (a model.ckpt-N prefix, or a model_dir: its newest) whose names
+    `variables` matches (a regular expression matched at the name's start, as
+    tf.estimator.WarmStartSettings' vars_to_warm_start)."""
+
+    checkpoint: str
+    variables: str = ".*"
+
+
+@dataclass(frozen=True)
 class RunSettings:
     """Where a run reads and writes, how often it logs, summarizes and checkpoints (in
     steps; None: never, or only at the end), and the user's params."""
@@ -21,7 +32,7 @@ class RunSettings:
     save_checkpoints_steps: int | None
     keep_checkpoint_max: int | None  # None or 0: keep all
     log_step_count_steps: int | None
-    warm_start_from: str | None = None
+    warm_start_from: WarmStart | None = None
     compile_dir: str = ""  # where compiles go; "": model_dir
     cs_ip: str | None = None  # the CS in use; None: the CPU
     cs_tls_ca: str | None = None  # the CA file the CS's TLS is verified with

@@ -29,11 +29,11 @@ from common import tf_startup
 from common.errors import CSRunError, install_excepthook
 from common.params_reads import ReadParams
 from common.run_kinds import RunKind
-from common.run_settings import RunSettings, check_steps
+from common.run_settings import RunSettings, WarmStart, check_steps
 from coordinator import dispatch
 from coordinator.compiler import CompileResult, compile_model
 from launcher.params_spec import ORIGINAL_SPEC
-from launcher.run_config import CSRunConfig, the_cs
+from launcher.run_config import CSRunConfig, FullConfig, the_cs
 from launcher.site_config import cs_tls_ca
 from tf_model import checkpoints, cpu_session
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
@@ -41,7 +41,21 @@ from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 tf_startup.install()  # TensorFlow's start-up chatter off the terminal (the .pth did it already)
 
-__all__ = ["CSEstimator", "CSEstimatorSpec", "CSRunConfig", "ModeKeys"]
+__all__ = ["CSEstimator", "CSEstimatorSpec", "CSRunConfig", "FullConfig", "ModeKeys", "cs_disable_summaries",
+           "cs_enable_summaries"]
+
+
+@contextlib.contextmanager
+def cs_enable_summaries() -> Iterator[None]:
+    """The original's switch (`modelzoo.common.tf.estimator.utils`) that has the CS compute
+    model_fn's tf.summary ops; its run.py wraps the run in it, or in `cs_disable_summaries`
+    under --multireplica. Here a CS run's summaries are the chief's either way (loss,
+    global_step/sec, cs/samples_per_sec: `tf_model.events`), and the CPU path writes
+    model_fn's own."""
+    yield
+
+
+cs_disable_summaries = cs_enable_summaries
 
 
 @dataclass(frozen=True)
@@ -73,7 +87,7 @@ class CSEstimator:
 
     def __init__(self, model_fn: Callable, model_dir: str | None = None,
                  compile_dir: str | None = None, config: CSRunConfig | None = None,
-                 params: dict | None = None, warm_start_from: str | None = None):
+                 params: dict | None = None, warm_start_from: str | WarmStart | None = None):
         config = config or CSRunConfig()
         config = dataclasses.replace(config, cs_ip=the_cs(config.cs_ip))
         if config.cs_ip is not None and config.cs_tls_ca is None:
@@ -91,11 +105,13 @@ class CSEstimator:
         self.compile_dir = str(compile_dir) if compile_dir is not None else self.model_dir
         self.config = config
         self.params = params
+        if isinstance(warm_start_from, str):
+            warm_start_from = WarmStart(warm_start_from)
         self.warm_start_from = warm_start_from
         # what the CPU path, the dispatch and the chief read: built once, here
         self.settings = RunSettings(
             self.model_dir, params, config.save_summary_steps, config.save_checkpoints_steps,
-            config.keep_checkpoint_max, config.step_log_steps, warm_start_from,
+            config.keep_checkpoint_max, config.step_log_steps, self.warm_start_from,
             compile_dir=self.compile_dir, cs_ip=config.cs_ip, cs_tls_ca=config.cs_tls_ca)
 
     def _on_cs(self, use_cs: bool) -> bool:
@@ -120,8 +136,8 @@ class CSEstimator:
         if self._on_cs(use_cs):
             if hooks:
                 raise CSRunError("hooks run on the CPU path only", "train without hooks on the CS")
-            if self.warm_start_from and checkpoints.latest_checkpoint(self.model_dir) is None:
-                raise CSRunError(f"starting a training run from {self.warm_start_from} (warm start, "
+            if self.warm_start_from is not None and checkpoints.latest_checkpoint(self.model_dir) is None:
+                raise CSRunError(f"starting a training run from {self.warm_start_from.checkpoint} (warm start, "
                                  "checkpoint_path) runs on the CPU path only for now",
                                  "train a first step on the CPU (python run.py --steps 1), then "
                                  "continue on the CS from that model_dir")

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Mapping
 
 from common.errors import CSRunError
 from common.param_keys import STEPS, Key
 from coordinator.replicas import requested_replicas
-from coordinator.roles import run_cs_ip
+from coordinator.roles import run_cs_ip, task_role
 from launcher.params_spec import check_section, refuse_misspelling
 from wafer.fabric import DEFAULT_FABRIC
 
@@ -34,8 +34,7 @@ _FLAG = Key("bool", required=False)
 _TEXT = Key("str", required=False)
 _CHECKED_BY_REPLICAS = Key("any", required=False)  # coordinator.replicas checks it
 _ONE_PROCESS = "csrun's CPU path trains in one process: not used"
-# the flags of run.py that override the YAML's value when given
-_VALUE_FLAGS = ("model_dir", "steps", "max_steps", "eval_steps", "mode", "checkpoint_path", "device")
+# run.py's switches (store_true flags: False when left out, so only True overrides the YAML)
 _SWITCH_FLAGS = ("validate_only", "compile_only", "multireplica")
 
 
@@ -65,6 +64,7 @@ class CSRunConfig:
     validate_only: bool = _key(_FLAG, False)
     compile_only: bool = _key(_FLAG, False)
     checkpoint_path: str | None = _key(_TEXT)  # eval / predict read it; a training run without a checkpoint starts from it
+    predict_steps: int | None = _key(STEPS)  # the modelzoo BERT's run.py: predict's num_samples
     throttle_secs: float | None = _key(Key("number", minimum=0, required=False))  # train_and_eval: seconds between evaluations
     disable_standard_logs: bool = _key(_FLAG, False)  # no `global step N: loss = …` lines
     # data-parallel copies on the wafer
@@ -85,19 +85,31 @@ class CSRunConfig:
     disable_input_pipeline_ckpt: bool | None = _key(Key("bool", required=False, note=(
         "a resumed run here continues input_fn's batches from the checkpoint's step, on the CS "
         "and the CPU alike: not used")))
+    # the original's CSRunConfig(cs_ip, system_name, cs_config, stack_params, **kwargs): the
+    # Cerebras stack's settings, which a modelzoo run.py passes; csrun's compiler takes the
+    # replicas from multireplica / num_replicas and the CS from cs_ip (not runconfig keys)
+    system_name: InitVar[Any] = None
+    cs_config: InitVar[Any] = None
+    stack_params: InitVar[Any] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, system_name: Any, cs_config: Any, stack_params: Any) -> None:
         for name, key in RUNCONFIG_SPEC.items():
             value = getattr(self, name)
             if value is not None and not key.accepts(value):
                 raise CSRunError(f"CSRunConfig {name}={value!r} is not {key.describe()}",
                                  f"set {name} to {key.describe()}")
         requested_replicas(self.as_dict())
+        _check_stack_replicas(stack_params, self.replicas)
 
     @property
     def step_log_steps(self) -> int | None:
         """How often a run prints its `global step N: loss = …` line (None: never)."""
         return None if self.disable_standard_logs else self.log_step_count_steps
+
+    @property
+    def task_id(self) -> int:
+        """This task's rank in its job (RunConfig's task_id: the chief is 0)."""
+        return task_role().rank
 
     @property
     def replicas(self) -> int | None:
@@ -117,6 +129,38 @@ class CSRunConfig:
                 continue
             notes.append(f"runconfig.{name} = {value}: {key.note}")
         return notes
+
+
+class FullConfig:
+    """The original's Cerebras stack configuration (`cerebras.pb.stack.full_pb2.FullConfig`),
+    which a modelzoo utils.py's `get_custom_stack_params` fills in for
+    `CSRunConfig(stack_params={"config": …})`. Its `target_num_replicas` (0: one copy, -1: as
+    many as fit, N) must ask for the replicas runconfig asks for (`multireplica`,
+    `num_replicas`: what the compiler reads); its other settings tune the Cerebras compiler's
+    placement and matching, which csrun's compiler does not have: each is refused in one line."""
+
+    target_num_replicas: int = 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise CSRunError(f"FullConfig.{name} is a setting of the Cerebras stack's compiler, which csrun's "
+                         "compiler does not have",
+                         "leave it out of get_custom_stack_params (replicas: runconfig.multireplica)")
+
+
+def _check_stack_replicas(stack_params: Any, replicas: int | None) -> None:
+    """A `stack_params` FullConfig's replicas are the run's (`replicas`: 1, N or None: as many as fit)."""
+    config = (stack_params or {}).get("config")
+    if not isinstance(config, FullConfig):
+        return
+    target = config.target_num_replicas
+    asked = {0: 1, -1: None}.get(target, target)
+    if asked != replicas:
+        described = {1: "one copy", None: "as many as fit"}
+        raise CSRunError(f"stack_params' FullConfig.target_num_replicas = {target} asks for "
+                         f"{described.get(asked, asked)}, runconfig for {described.get(replicas, replicas)}",
+                         "ask once, in runconfig: multireplica (--multireplica) or num_replicas")
 
 
 RUNCONFIG_SPEC: dict[str, Key] = {f.name: f.metadata["key"] for f in dataclasses.fields(CSRunConfig)}
@@ -164,11 +208,15 @@ def run_config(runconfig: Mapping[str, Any] | CSRunConfig, where: str = "the par
 
 
 def _flags(args: argparse.Namespace, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings run.py's flags give (flags left out: none)."""
-    given = {name: getattr(args, name) for name in _VALUE_FLAGS if getattr(args, name, None) is not None}
-    for name in ("steps", "max_steps"):
-        if name in given and not STEPS.accepts(given[name]):
-            raise CSRunError(f"--{name} {given[name]} is not {STEPS.describe()}")
+    """The settings run.py's flags give: every flag named for a runconfig key, as the
+    original's `update_params_from_args` takes them (a modelzoo run.py may add its own, e.g.
+    the GPT-2's --save_checkpoints_steps); flags left out (None) give none. The CS is not
+    among them (`the_cs`)."""
+    given = {name: value for name, value in vars(args).items()
+             if name in RUNCONFIG_SPEC and name != "cs_ip" and name not in _SWITCH_FLAGS and value is not None}
+    for name, value in given.items():
+        if not RUNCONFIG_SPEC[name].accepts(value):
+            raise CSRunError(f"--{name} {value} is not {RUNCONFIG_SPEC[name].describe()}")
     if "steps" in given and "max_steps" not in given:
         given["max_steps"] = None
     elif "max_steps" in given and "steps" not in given:

@@ -15,20 +15,25 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+import re
+from typing import Any, Iterable
 
+import numpy as np
 import yaml
 
 from common import tf_startup
 from common.errors import ArgumentParser, CSRunError, install_excepthook
+from common.run_settings import WarmStart
 from coordinator.roles import task_role
 from launcher.params_spec import check_original_keys
-from launcher.run_config import CPU_ONLY_MODES, MODES, CSRunConfig, run_config
+from launcher.run_config import CPU_ONLY_MODES, MODES, RUNCONFIG_SPEC, CSRunConfig, run_config
 
 install_excepthook()  # a CSRunError escaping the user's script: one line, not a traceback
 tf_startup.install()  # TensorFlow's start-up chatter off the terminal (the .pth did it already)
 
 PARAMS_FILE = "params.yaml"
+PREDICTIONS_FILE = "outputs.npz"
+PREDICT_DIR = "predict"  # tf_model.predictions' (not imported: csrun_wse reads this module without TensorFlow)
 
 
 def _say_notes(notes: list[str]) -> None:
@@ -118,23 +123,34 @@ def apply_args(args: argparse.Namespace, runconfig: dict) -> CSRunConfig:
     return config
 
 
+def _read(runconfig: dict | CSRunConfig) -> CSRunConfig:
+    """The run configuration of the keys `runconfig` holds: the original's helpers below read
+    their own keys of any dict (a script may keep more in it, or pass its whole params);
+    `get_params` and `update_params_from_args` are where runconfig's keys are checked."""
+    if isinstance(runconfig, CSRunConfig):
+        return run_config(runconfig)
+    return run_config({key: value for key, value in runconfig.items() if key in RUNCONFIG_SPEC})
+
+
 def get_csrunconfig_dict(runconfig: dict | CSRunConfig) -> dict[str, Any]:
     """The `CSRunConfig` settings of `runconfig` (the original's helper): how often a run
     logs, summarizes and checkpoints, and its seed; `disable_standard_logs` turns the step
-    lines off."""
-    config = run_config(runconfig)
-    keys = ("tf_random_seed", "save_summary_steps", "save_checkpoints_steps", "keep_checkpoint_max")
+    lines off; the replicas asked for (which a `stack_params` FullConfig must agree with)."""
+    config = _read(runconfig)
+    keys = ("tf_random_seed", "save_summary_steps", "save_checkpoints_steps", "keep_checkpoint_max",
+            "multireplica", "num_replicas")
     return {**{key: getattr(config, key) for key in keys}, "log_step_count_steps": config.step_log_steps}
 
 
 def is_cs(runconfig: dict | CSRunConfig) -> bool:
-    """Does this run use a CS system (`runconfig.cs_ip`, or the job's CS inside a csrun_wse task)?"""
-    return run_config(runconfig).cs_ip is not None
+    """Does this run use a CS system (`runconfig.cs_ip`, or the job's CS inside a csrun_wse
+    task)? Any dict will do, as for the original's (which reads only cs_ip)."""
+    return _read(runconfig).cs_ip is not None
 
 
 def check_env(runconfig: dict | CSRunConfig) -> None:
     """Combinations of settings that cannot run, as one-line errors."""
-    config = run_config(runconfig)
+    config = _read(runconfig)
     if config.validate_only and config.compile_only:
         raise CSRunError("--validate_only and --compile_only both given",
                          "validate_only checks the model, compile_only compiles it: pick one")
@@ -159,5 +175,41 @@ def save_params(params: dict, model_dir: str) -> str:
         os.replace(tmp, path)
     except OSError as error:
         raise CSRunError(f"cannot write to model_dir {model_dir}: {error.strerror}",
+                         "choose a writable directory with -o/--model_dir") from None
+    return path
+
+
+def get_csconfig(csconfig: dict | None) -> dict:
+    """The original's CSConfig of params' `csconfig` section (the CS-1 compiler's settings),
+    which a modelzoo run.py hands to `CSRunConfig(cs_config=…)`: the section itself
+    (`get_params` notes its keys, which csrun's compiler does not have)."""
+    return dict(csconfig or {})
+
+
+def create_warm_start_settings(runconfig: dict, exclude_string: str | None = None) -> WarmStart | None:
+    """Where a training run without a checkpoint of its own takes its first weights
+    (`runconfig.checkpoint_path`; None: nowhere), every trainable variable but those whose
+    name holds `exclude_string` (a fine-tuning run's new output layer); `CSEstimator`'s
+    `warm_start_from` takes it."""
+    path = runconfig.get("checkpoint_path")
+    if path is None:
+        return None
+    return WarmStart(path, f"^((?!{re.escape(exclude_string)}).)*$" if exclude_string else ".*")
+
+
+def save_predictions(model_dir: str, outputs: Iterable[Any], name: str = PREDICTIONS_FILE) -> str | None:
+    """Write what `CSEstimator.predict` yielded to `model_dir/predict/name` (numpy's npz:
+    one array of them, as the original's helper); an input worker's empty iterator writes
+    nothing. Returns the file's path, None when nothing was written."""
+    collected = list(outputs)
+    if not collected:
+        return None
+    folder = os.path.join(model_dir, PREDICT_DIR)
+    path = os.path.join(folder, name)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        np.savez(path, collected)
+    except OSError as error:
+        raise CSRunError(f"cannot write predictions to {path}: {error.strerror}",
                          "choose a writable directory with -o/--model_dir") from None
     return path

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -105,10 +106,13 @@ def _start_session(built: _TrainGraph, settings: RunSettings) -> tf.compat.v1.Se
         if checkpoints.optimizer_changed(latest, stored, checkpoints.optimizer_of(names)):
             restored = [v for v in built.variables if not checkpoints.is_optimizer_state(v.op.name)]
         checkpoints.restore_variables(session, restored, latest)
-    elif settings.warm_start_from:
-        source = _checkpoint_of(settings.warm_start_from)
-        print(f"Warm-starting the trainable variables from {source}", flush=True)
-        checkpoints.restore_variables(session, built.trainable, source)
+    elif settings.warm_start_from is not None:
+        warm = settings.warm_start_from
+        source = _checkpoint_of(warm.checkpoint)
+        chosen = [v for v in built.trainable if re.match(warm.variables, v.op.name)]
+        left = "" if len(chosen) == len(built.trainable) else f" ({len(built.trainable) - len(chosen)} left initial)"
+        print(f"Warm-starting the trainable variables from {source}{left}", flush=True)
+        checkpoints.restore_variables(session, chosen, source)
     return session
 
 

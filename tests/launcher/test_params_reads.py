@@ -51,6 +51,7 @@ def test_only_sections_the_code_opens_and_reads_of_the_whole_count():
     with recording(params):
         params["train_input"].get("batch_size")
         dict(params["model"])  # the whole section: every key read
+        params["train_input"]["depth"] = 2  # a key the model's code sets is its own
     params["train_input"]["shufle"]  # the toolkit's reads, outside the model's code, do not count
     assert params.unread() == ["params: train_input.shufle is never read by model_fn or input_fn; "
                                "the nearest key they read is train_input.batch_size (a misspelling?)"]

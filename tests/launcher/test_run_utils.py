@@ -2,22 +2,28 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 
 from common.errors import CSRunError
 from coordinator.roles import run_cs_ip
+from launcher.estimator import CSRunConfig, FullConfig, cs_disable_summaries, cs_enable_summaries
 from launcher.params_spec import check_params
 from launcher.run_utils import (
     check_env,
     create_arg_parser,
+    create_warm_start_settings,
+    get_csconfig,
     get_csrunconfig_dict,
     get_params,
     is_cs,
     save_params,
+    save_predictions,
     update_params_from_args,
 )
 
@@ -229,3 +235,68 @@ def test_a_misspelt_model_key_is_refused_naming_the_specs_key(tmp_path):
     params["model"]["hidden_sizes"] = params["model"].pop("hiden_sizes")
     params["model"]["my_own_setting"] = 1  # a key the model may read: left to it
     check_params(params, PARAMS_SPEC, "p.yaml")
+
+
+def test_every_flag_named_for_a_runconfig_key_overrides_the_yaml(tmp_path):
+    """As the original's update_params_from_args: a run.py's own flags (the GPT-2's
+    --save_checkpoints_steps, --save_summary_steps) count, not only csrun's parser's; a bad
+    value is one line naming the flag."""
+    parser = create_arg_parser("md")
+    parser.add_argument("--save_checkpoints_steps", type=int)
+    parser.add_argument("--save_summary_steps", type=int)
+    rc = get_params(write_params(tmp_path / "p.yaml", {"save_checkpoints_steps": 100}))["runconfig"]
+    update_params_from_args(parser.parse_args(["--save_checkpoints_steps", "2", "--save_summary_steps", "3"]), rc)
+    assert (rc["save_checkpoints_steps"], rc["save_summary_steps"]) == (2, 3)
+    assert get_csrunconfig_dict(rc)["save_checkpoints_steps"] == 2
+    with pytest.raises(CSRunError, match="--save_summary_steps -3 is not a whole number >= 0"):
+        update_params_from_args(parser.parse_args(["--save_summary_steps", "-3"]), rc)
+
+
+def test_the_originals_helpers_read_their_keys_of_any_dict(tmp_path, monkeypatch):
+    """`is_cs(params)` with the whole params, or a runconfig the script keeps more keys in,
+    answers as the original's (inside a job: the job's CS), not 'unknown runconfig key'."""
+    params = {"description": "FC-MNIST", "train_input": {"batch_size": 8},
+              "runconfig": {"mode": "eval", "cs_ip": None, "params": "configs/params.yaml"}}
+    monkeypatch.delenv("CSRUN_CS_IP", raising=False)
+    assert not is_cs(params) and not is_cs(params["runconfig"])
+    monkeypatch.setenv("CSRUN_CS_IP", "job-cs:1")
+    assert is_cs(params) and is_cs(params["runconfig"]) and is_cs(CSRunConfig())
+    check_env(params["runconfig"])
+    assert get_csrunconfig_dict({**params["runconfig"], "save_summary_steps": 7})["save_summary_steps"] == 7
+
+
+def test_the_originals_run_config_arguments_summary_switches_and_prediction_files(tmp_path, monkeypatch):
+    config = CSRunConfig(cs_ip=None, system_name=None, cs_config=get_csconfig({"use_cbfloat16": False}),
+                         stack_params={}, save_checkpoints_steps=3)
+    assert config.save_checkpoints_steps == 3 and config.task_id == 0 and "stack_params" not in config.as_dict()
+    monkeypatch.setenv("CSRUN_TASK_RANK", "2")
+    monkeypatch.setenv("CSRUN_NUM_TASKS", "3")
+    assert config.task_id == 2
+    for switch in (cs_enable_summaries, cs_disable_summaries):
+        with switch():
+            pass
+    assert create_warm_start_settings({"checkpoint_path": None}) is None
+    warm = create_warm_start_settings({"checkpoint_path": "a/model.ckpt-2"}, exclude_string="output_layer")
+    assert warm.checkpoint == "a/model.ckpt-2"
+    assert re.match(warm.variables, "bert/encoder/kernel") and not re.match(warm.variables, "output_layer/kernel")
+    assert save_predictions(str(tmp_path), iter(())) is None  # an input worker's
+    path = save_predictions(str(tmp_path), iter([{"classes": 1}, {"classes": 0}]), name="p_0.npz")
+    assert path == str(tmp_path / "predict" / "p_0.npz")
+    assert [p["classes"] for p in np.load(path, allow_pickle=True)["arr_0"]] == [1, 0]
+
+
+def test_a_stack_params_full_config_asks_for_the_replicas_runconfig_asks_for(tmp_path):
+    """The original fc_mnist's get_custom_stack_params: FullConfig().target_num_replicas = -1
+    under --multireplica, as runconfig says; a disagreement, or a Cerebras compiler tuning,
+    is one line."""
+    parser = create_arg_parser("md")
+    rc = get_params(write_params(tmp_path / "p.yaml", {}))["runconfig"]
+    update_params_from_args(parser.parse_args(["--multireplica"]), rc)
+    config = FullConfig()
+    config.target_num_replicas = -1
+    assert CSRunConfig(stack_params={"config": config}, **get_csrunconfig_dict(rc)).replicas is None
+    assert CSRunConfig(stack_params={}, **get_csrunconfig_dict({})).replicas == 1
+    with pytest.raises(CSRunError, match="target_num_replicas = -1 asks for as many as fit, runconfig for one copy"):
+        CSRunConfig(stack_params={"config": config})
+    with pytest.raises(CSRunError, match="FullConfig.placement is a setting of the Cerebras stack's compiler"):
+        config.placement.optimize_buses.deltat_relative_margin = 0.5
