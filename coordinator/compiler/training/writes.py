@@ -45,6 +45,7 @@ STATE_HINT = ("the CS keeps no state but weights, optimizer slots and moving sta
               "iteration from a constant vector, a fixed number of steps), or train on the CPU "
               "(python run.py)")
 
+
 def _is_write(op: tf.Operation) -> bool:
     """An op that writes a variable: its first input is a resource handle or a ref."""
     return (op.type.startswith(_WRITE_PREFIXES) and bool(op.inputs)
