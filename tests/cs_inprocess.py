@@ -364,6 +364,26 @@ def mismatches(result: Comparison, rtol: float = 1e-4) -> list[str]:
     return problems
 
 
+def farther_than_tensorflow(result: Comparison, exact: dict[str, np.ndarray], factor: float,
+                             floor: float = 0.0) -> list[str]:
+    """The weights the CS trained farther from `exact` (a higher-precision run's state from
+    the same weights and batches) than TensorFlow's run was, by more than `factor` (distance:
+    max |w - exact| over max |exact|; below `floor` it is rounding noise), one line each.
+    Weights `exact` has not, or never moved, are left out."""
+    def distance(a, b) -> float:
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+    farther = []
+    for name, initial in sorted(result.compiled.initial_weights.items()):
+        if name not in exact or np.abs(np.asarray(exact[name]) - initial).max() == 0:
+            continue  # (no gradient: e.g. an attention key's bias, which softmax ignores)
+        cs, tf_run = (distance(run.state[name], exact[name]) for run in (result.cs, result.reference))
+        if cs > max(factor * tf_run, floor):
+            farther.append(f"{name}: CS {cs:.3g} vs TF {tf_run:.3g} from the exact run")
+    return farther
+
+
 def assert_same_training(result: Comparison, rtol: float = 1e-4) -> None:
     problems = mismatches(result, rtol)
     assert not problems, "the CS trained differently from TensorFlow:\n  " + "\n  ".join(problems)

@@ -1,6 +1,8 @@
 """The TensorFlow reference the simulator is compared against: a plain tf.compat.v1 Session
 over the same model_fn (built with tf_model.model_fn.model_graph), started from given
-weights and fed the same numpy batches."""
+weights and fed the same numpy batches. It runs TensorFlow's own CPU kernels, the same on every
+x86 CPU: tests/conftest.py turns oneDNN off (with it, on CPUs with avx512_fp16, TF computes
+float16 in oneDNN and rounds elsewhere: docs/design.md, "Mixed precision")."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,7 +1,8 @@
 """TensorFlow's start-up chatter stays off the terminal whatever the CPU (issue 27).
 
-The suite runs with TF_ENABLE_ONEDNN_OPTS=1 (tests/conftest.py): TensorFlow then prints its
-oneDNN lines on import on any x86 CPU, as it does by default on CPUs with AVX-512."""
+These runs set TF_ENABLE_ONEDNN_OPTS=1 (the rest of the suite pins it to 0: tests/conftest.py):
+TensorFlow then prints its oneDNN lines on import on any x86 CPU, as it does by default on
+CPUs with AVX-512."""
 from __future__ import annotations
 
 import os

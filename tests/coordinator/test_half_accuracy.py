@@ -40,12 +40,6 @@ def input_fn(params):
     return tf.data.Dataset.from_tensor_slices((tokens, labels)).batch(16, drop_remainder=True)
 
 
-def distance(a, exact) -> float:
-    """max |a - exact| over max |exact|."""
-    a, exact = np.asarray(a, np.float64), np.asarray(exact, np.float64)
-    return float(np.abs(a - exact).max() / max(np.abs(exact).max(), 1e-30))
-
-
 @pytest.mark.slow
 def test_mixed_float16_encoder_is_no_farther_from_float64_than_tensorflow(tmp_path):
     params = {"batch_size": 16, "runconfig": {"tf_random_seed": 7}}
@@ -55,14 +49,6 @@ def test_mixed_float16_encoder_is_no_farther_from_float64_than_tensorflow(tmp_pa
     exact = tf_reference.run(model_fn, input_fn, {**params, "policy": "float64"}, weights,
                              tf_reference.batches(input_fn, params, steps))
     np.testing.assert_allclose(result.cs.losses, result.reference.losses, rtol=1e-2)
-    farther = []
-    for name in sorted(weights):
-        if name not in exact.state or np.asarray(exact.state[name]).dtype != np.float64:
-            continue
-        if np.abs(np.asarray(exact.state[name]) - weights[name]).max() == 0:
-            continue  # (no gradient: the key's bias, which softmax ignores)
-        cs, tf_mixed = (distance(run.state[name], exact.state[name])
-                        for run in (result.cs, result.reference))
-        if cs > max(FACTOR * tf_mixed, FLOOR):
-            farther.append(f"{name}: CS {cs:.3g} vs TF mixed {tf_mixed:.3g} from float64")
+    farther = cs_inprocess.farther_than_tensorflow(
+        result, {n: v for n, v in exact.state.items() if np.asarray(v).dtype == np.float64}, FACTOR, FLOOR)
     assert not farther, farther

@@ -107,7 +107,10 @@ def test_float16_dense_computes_as_tensorflow():
 @pytest.mark.slow
 def test_mixed_float16_model_trains_with_tensorflows_losses(tmp_path):
     """60 steps of a Keras mixed_float16 MLP with Adam: the CS's losses within 1e-2 of TF's
-    mixed-precision run, and no farther from a float32 run than TF's float16 is."""
+    mixed-precision run, and its losses and weights no farther from a float32 run than TF's
+    float16 are. (Element by element, 60 steps of float16 noise leave the two runs' Adam
+    slots apart by up to 6 % of the largest, depending on the CPU's float32 GEMM order:
+    docs/design.md, "Mixed precision"; the 8-step tests below compare every element.)"""
     run = cs_inprocess.compare(model_fn, input_fn, params(), str(tmp_path), steps=60)
     kernels = run.compiled.program.kernels
     assert [k.type for k in kernels if "precision" in k.attrs and
@@ -116,11 +119,11 @@ def test_mixed_float16_model_trains_with_tensorflows_losses(tmp_path):
     cs, mixed = np.asarray(run.cs.losses), np.asarray(run.reference.losses)
     assert np.max(np.abs(cs - mixed) / mixed) < 1e-2
     data = tf_reference.batches(input_fn, params(), 60)
-    full = np.asarray(tf_reference.run(model_fn, input_fn, params(policy="float32"),
-                                       run.compiled.initial_weights, data).losses)
+    float32 = tf_reference.run(model_fn, input_fn, params(policy="float32"), run.compiled.initial_weights, data)
+    full = np.asarray(float32.losses)
     assert np.mean(np.abs(cs - full) / full) <= 1.25 * np.mean(np.abs(mixed - full) / full)
     assert cs[-1] < 0.7 * cs[0]  # it learns
-    assert not cs_inprocess.mismatches(run, rtol=2e-2), "weights and slots too"
+    assert not cs_inprocess.farther_than_tensorflow(run, float32.state, factor=2.0)
 
 
 @pytest.mark.parametrize("scale,l2", [("by_hand", 0.0), (1024.0, 0.0), (1024.0, 1e-2)])
