@@ -46,7 +46,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 def stop_on_signals() -> None:
     """SIGTERM and SIGHUP raise `Stopped` in the main thread (once: a second one during the
-    clean-up is ignored, so the clean-up finishes)."""
+    clean-up is ignored, so the clean-up finishes); SIGINT raises KeyboardInterrupt even
+    where the launcher started with it ignored (a background job of a non-interactive
+    shell), so `kill -INT` stops it as Ctrl-C does."""
 
     def stop(signum, _frame):
         for sig in STOP_SIGNALS:
@@ -55,6 +57,7 @@ def stop_on_signals() -> None:
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, stop)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def debug_enabled(argv: list[str] | None = None) -> bool:
