@@ -106,6 +106,25 @@ def volume_layers(features, labels, mode, params):
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=opt.minimize(loss, global_step=gs()))
 
 
+def vector_input_fn(params):
+    rng = np.random.default_rng(params.get("data_seed", 0))
+    x = rng.normal(size=(32, 6)).astype(np.float32)
+    y = rng.integers(0, 2, size=(32, 1)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
+
+
+def tied_volume(features, labels, mode, params):
+    """Conv3D then MaxPooling3D over a Dense ReLU's (2, 2, 2) volume: a sample's dead units
+    leave windows of equal values (the conv's bias), where TF's MaxPool3DGrad picks which
+    values take the gradient, and the conv's bias sums it over every position."""
+    h = tf.reshape(L.Dense(8, activation="relu")(features), [-1, 2, 2, 2, 1])
+    h = L.MaxPooling3D((1, 1, 2), strides=1, padding="same")(L.Conv3D(1, 2, padding="same")(h))
+    logits = L.Dense(1)(tf.reshape(h, [-1, 8]))
+    loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits, label_smoothing=0.1)
+    opt = tf.compat.v1.train.GradientDescentOptimizer(0.05)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=opt.minimize(loss, global_step=gs()))
+
+
 def batch_norm_by_hand(x, name):
     mean, variance = tf.nn.moments(x, axes=[0, 1, 2])
     gamma = tf.compat.v1.get_variable(name + "_gamma", [x.shape[-1]], initializer=tf.ones_initializer())

@@ -6,6 +6,7 @@ repeat), image resizing, and 3-D convolution and pooling. Each handler (register
 the batch axis is never tiled, resized or moved)."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -222,6 +223,21 @@ def _resize(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+@functools.cache
+def max_pool3d_ties() -> str:
+    """How this host's TF routes MaxPool3DGrad's gradient among tied values, as the CPU path
+    trains: "first" (oneDNN's kernel, on by default on CPUs with AVX-512) or "near" (Eigen's,
+    TF_ENABLE_ONEDNN_OPTS=0 or an older CPU). Probed once in a session on two equal values
+    fed (a constant would be folded by Grappler with Eigen's kernel)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [1, 1, 1, 2, 1])
+        grad = tf.gradients(tf.nn.max_pool3d(x, [1, 1, 1, 2, 1], [1] * 5, "VALID"), x)[0]
+    with tf.compat.v1.Session(graph=graph) as session:
+        routed = session.run(grad, {x: np.zeros([1, 1, 1, 2, 1], np.float32)}).ravel()
+    return "near" if routed[1] else "first"
+
+
 def _volume(m: Context, op: tf.Operation) -> str:
     """Conv3D, MaxPool3D, AvgPool3D on per-sample (D, H, W, C) volumes."""
     x = op.inputs[0]
@@ -235,8 +251,11 @@ def _volume(m: Context, op: tf.Operation) -> str:
         ksize = list(op.get_attr("ksize"))
         if ksize[0] != 1 or ksize[4] != 1:
             return "pools over the batch or channel axis"
+        attrs["pool_size"] = [int(k) for k in ksize[1:4]]
+        if op.type == "MaxPool3D":
+            attrs["ties"] = max_pool3d_ties()
         m.add_kernel(op.name, "max_pool3d" if op.type == "MaxPool3D" else "avg_pool3d", [x],
-                     {"pool_size": [int(k) for k in ksize[1:4]], **attrs}, [], [op], op.outputs[0])
+                     attrs, [], [op], op.outputs[0])
         return ""
     weight = m.operands.weight(op.inputs[1]) or m.operands.view(op.inputs[1])
     if weight is None or list(op.get_attr("dilations")) != [1] * 5:

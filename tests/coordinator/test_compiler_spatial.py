@@ -3,6 +3,10 @@ UNet-like autoencoder, a MobileNet-style classifier, the 1-D forms with pooling 
 kind, resizing with transposed and dilated convolutions, 3-D convolution and pooling; what is refused is named in
 the user's terms, a line per layer."""
 import inspect
+import os
+import subprocess
+import sys
+import textwrap
 
 import cs_inprocess
 import pytest
@@ -28,6 +32,33 @@ def test_spatial_model_trains_like_tensorflow(tmp_path, model_fn, input_fn, kern
     result = cs_inprocess.compare(model_fn, input_fn, PARAMS, str(tmp_path), steps=4)
     assert kernels <= {k.type for k in result.compiled.program.kernels}
     assert not cs_inprocess.mismatches(result), cs_inprocess.mismatches(result)
+
+
+def test_conv3d_then_max_pool3d_over_tied_windows_trains_like_tensorflow(tmp_path):
+    """Dead ReLUs leave windows of the conv's bias alone: TF's graph (oneDNN, the suite's
+    TF_ENABLE_ONEDNN_OPTS=1) gives each window's gradient to its first maximum only; the
+    CS gave it to every tie, and the conv's bias moved apart at step 3."""
+    result = cs_inprocess.compare(s.tied_volume, s.vector_input_fn, PARAMS, str(tmp_path), steps=4)
+    assert {k.attrs["ties"].s for k in result.compiled.program.kernels if k.type == "max_pool3d"} == {"first"}
+    assert not cs_inprocess.mismatches(result), cs_inprocess.mismatches(result)
+
+
+@pytest.mark.slow
+def test_without_onednn_max_pool3d_ties_train_like_eigens_kernel(tmp_path):
+    """TF_ENABLE_ONEDNN_OPTS=0 (or a CPU without AVX-512): TF's Eigen MaxPool3DGrad gives a
+    window's gradient to every value within 1e-5 of its maximum, and so does the CS."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, "tests")
+        import cs_inprocess, spatial_models as s
+        result = cs_inprocess.compare(s.tied_volume, s.vector_input_fn, {PARAMS!r}, {str(tmp_path)!r}, steps=4)
+        print(sorted({{k.attrs["ties"].s for k in result.compiled.program.kernels if k.type == "max_pool3d"}}))
+        print(cs_inprocess.mismatches(result))
+    """)
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-2:] == ["['near']", "[]"]
 
 
 def test_compile_report_and_wafer_picture_place_the_new_kernels(tmp_path):

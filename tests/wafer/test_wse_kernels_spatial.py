@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.wafer.test_wse_kernels_elementwise import BATCH, randn
+from coordinator.compiler.lowering_spatial import max_pool3d_ties
+from tests.wafer.test_wse_kernels_elementwise import BATCH, RNG, randn, run_kernel
 from tests.wafer.test_wse_kernels_structural import check_against_tf
 from wafer.kernels import KernelError, build_kernel
 
@@ -119,20 +120,51 @@ def test_conv3d_matches_tensorflow(strides, padding):
 @pytest.mark.parametrize("pool, strides, padding", [((2, 2, 2), (2, 2, 2), "VALID"),
                                                     ((3, 2, 3), (1, 2, 2), "SAME")])
 def test_pooling3d_matches_tensorflow_with_ties(kind, pool, strides, padding):
+    """Eagerly TF runs Eigen's MaxPool3DGrad (the "near" ties) on any CPU."""
     x = randn(BATCH, 5, 4, 6, 2)
+    attrs = {"pool_size": list(pool), "strides": list(strides), "padding": padding}
     if kind == "max_pool3d":
         x = np.round(x)
+        attrs["ties"] = "near"
     op = tf.nn.max_pool3d if kind == "max_pool3d" else tf.nn.avg_pool3d
-    check_against_tf(kind, {"pool_size": list(pool), "strides": list(strides), "padding": padding},
-                     [x], lambda xs, ws: op(xs[0], pool, strides, padding))
+    check_against_tf(kind, attrs, [x], lambda xs, ws: op(xs[0], pool, strides, padding))
 
 
 @pytest.mark.parametrize("gap", [0.0, 3e-6, 9e-6, 2e-5])
 def test_max_pool3d_gradient_reaches_near_ties_as_tensorflows_cpu_kernel(gap):
-    """TF's CPU MaxPool3DGrad hands a window's gradient to every value within 1e-5 of its
-    maximum (not only to values equal to it): values `gap` apart take it both below 1e-5,
-    only the maximum above."""
+    """Eigen's MaxPool3DGrad (eager here) hands a window's gradient to every value within
+    1e-5 of its maximum (not only to values equal to it): values `gap` apart take it both
+    below 1e-5, only the maximum above."""
     x = randn(BATCH, 2, 2, 4, 1) * 0.1
     x[:, :, :, 1] = x[:, :, :, 0] + np.float32(gap)  # a near-tie in each window along W
-    check_against_tf("max_pool3d", {"pool_size": [1, 1, 2], "strides": [1, 1, 1], "padding": "SAME"},
+    check_against_tf("max_pool3d", {"pool_size": [1, 1, 2], "strides": [1, 1, 1], "padding": "SAME",
+                                    "ties": "near"},
                      [x], lambda xs, ws: tf.nn.max_pool3d(xs[0], [1, 1, 2], [1, 1, 1], "SAME"))
+
+
+@pytest.mark.parametrize("pool, strides, padding", [((1, 1, 2), (1, 1, 1), "SAME"),
+                                                    ((2, 2, 2), (2, 2, 2), "VALID"),
+                                                    ((3, 2, 3), (1, 2, 2), "SAME")])
+def test_max_pool3d_gradient_routes_ties_as_the_hosts_tensorflow_graph(pool, strides, padding):
+    """The rule the compiler probes (oneDNN's first maximum under the suite's
+    TF_ENABLE_ONEDNN_OPTS=1) routes exact and near ties as tf.gradients in a session."""
+    x = np.round(randn(BATCH, 5, 4, 6, 2))
+    x[..., 1] += RNG.choice(np.float32([0, 3e-6, 2e-5]), x.shape[:-1])
+    graph = tf.Graph()
+    with graph.as_default():
+        fed = tf.compat.v1.placeholder(tf.float32, x.shape)
+        y = tf.nn.max_pool3d(fed, pool, strides, padding)
+        dy = randn(*y.shape)
+        grad = tf.gradients(y, fed, grad_ys=dy)[0]
+    with tf.compat.v1.Session(graph=graph) as session:
+        want = session.run(grad, {fed: x})
+    attrs = {"pool_size": list(pool), "strides": list(strides), "padding": padding,
+             "ties": max_pool3d_ties()}
+    _, (got,), _ = run_kernel("max_pool3d", attrs, [x], dy=dy)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_max_pool3d_refuses_an_unknown_tie_rule():
+    with pytest.raises(KernelError, match="ties must be one of"):
+        build_kernel("max_pool3d", "k1", {"pool_size": [2, 2, 2], "strides": [1, 1, 1],
+                                          "padding": "VALID", "ties": "last"}, [(4, 4, 4, 1)])

@@ -11,7 +11,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | conv2d_transpose | x (H, W, C) | filters, kernel_size, strides, padding SAME/VALID, dilations, output_size [OH, OW] (a conv2d of it gives back (H, W)) | kernel: (kh, kw, filters, C) | |
 | depthwise_conv2d | x (H, W, C) | depth_multiplier M, kernel_size, strides, padding (as conv2d), dilations | kernel: (kh, kw, C, M); output channel c * M + q | |
 | conv3d | x (D, H, W, C) NDHWC | filters, kernel_size [kd, kh, kw], strides [sd, sh, sw], padding SAME/VALID | kernel: (kd, kh, kw, C, filters) | |
-| max_pool3d, avg_pool3d | x (D, H, W, C) | pool_size, strides (three each), padding; max: the gradient to every value within 1e-5 of the maximum, as MaxPool3DGrad | — | |
+| max_pool3d, avg_pool3d | x (D, H, W, C) | pool_size, strides (three each), padding; max: ties `first` (the gradient to a window's first maximum, as oneDNN's MaxPool3DGrad) or `near` (to every value within 1e-5 of it, as Eigen's), the host TF's rule | — | |
 | tile | x | multiples [per-sample axis] | — | |
 | resize | x (H, W, C) | size [OH, OW], method bilinear/nearest, align_corners, half_pixel_centers | — | |
 | max_pool, avg_pool | x (H, W, C) | pool_size [ph, pw], strides [sh, sw], padding | — | |

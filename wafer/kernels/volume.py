@@ -151,14 +151,23 @@ class Pool3D(Kernel):
         return 4 * math.prod(self.input_shapes[0])
 
 
-# TF's CPU MaxPool3DGrad (pooling_ops_3d.cc): an input takes its window's gradient when it
-# is within this absolute distance of the window's maximum, not only when equal to it.
+# TF's CPU MaxPool3DGrad routes a window's gradient by one of two rules, as the host's TF
+# runs it: "near" (Eigen's kernel, pooling_ops_3d.cc: every value within this absolute
+# distance of the window's maximum takes it whole) or "first" (oneDNN's, on by default on
+# CPUs with AVX-512: only the first maximum in window order, by the forward's workspace).
 MAX_POOL3D_TIE = np.float32(1e-5)
+MAX_POOL3D_TIES = ("first", "near")
 
 
 @register
 class MaxPool3D(Pool3D):
     type_name = "max_pool3d"
+
+    def __init__(self, name, attrs, input_shapes):
+        super().__init__(name, attrs, input_shapes)
+        self.ties = self.attrs.get("ties")
+        if self.ties not in MAX_POOL3D_TIES:
+            raise KernelError(f"kernel {name!r}: ties must be one of {MAX_POOL3D_TIES}, got {self.ties!r}")
 
     def forward(self, params, inputs, ctx: RunContext):
         padded = self.volume.pad(inputs[0], -np.inf)
@@ -169,14 +178,19 @@ class MaxPool3D(Pool3D):
         return y, (padded, y)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        """The gradient goes to every value within `MAX_POOL3D_TIE` of its window's maximum,
-        as TF's CPU MaxPool3DGrad routes it (`|x - max| < 1e-5` in float32: near-ties each
-        take it whole, unlike 2-D pooling's first maximum)."""
+        """Each window's gradient to its first maximum ("first") or to every value within
+        `MAX_POOL3D_TIE` of it ("near"), as the host's TF routes it."""
         padded, y = cache
+        taken = np.zeros(y.shape, bool)
 
         def pieces():
             for offset in self.volume.offsets():
-                hit = np.abs(self.volume.at(padded, offset) - y) < MAX_POOL3D_TIE
+                values = self.volume.at(padded, offset)
+                if self.ties == "near":
+                    hit = np.abs(values - y) < MAX_POOL3D_TIE
+                else:
+                    hit = (values == y) & ~taken
+                    taken[...] |= hit
                 yield offset, np.where(hit, grad_output, np.float32(0))
 
         return [self.volume.scatter(len(y), self.channels, pieces())], {}
