@@ -311,7 +311,10 @@ def test_a_chief_that_dies_between_runs_frees_the_cs_within_seconds(idle_server,
     np.savez(tmp_path / "weights.npz", **weights())
     client = subprocess.Popen([sys.executable, "-c", CLIENT_THEN_SLEEP, str(tmp_path / "program.pb"),
                                str(tmp_path / "weights.npz"), server.address],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              # Ctrl-C's KeyboardInterrupt even where the suite runs with
+                              # SIGINT ignored (a background job of a non-interactive shell)
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert client.stdout.readline() == "loaded\n", client.stderr.read()
         assert server.state() == "busy"
