@@ -566,7 +566,8 @@ def _roll(m: Context, op: tf.Operation) -> str:
 
 
 def _sample_gather(m: Context, op: tf.Operation) -> str:
-    """tf.gather(x, ids, batch_dims=1) of a per-sample x at per-sample integer ids."""
+    """tf.gather(x, ids, batch_dims=1) of a per-sample x at per-sample integer ids (ids of
+    rank 1, one per sample, give each sample's own row: a DQN's Q(s, a))."""
     x, ids = op.inputs[0], op.inputs[1]
     rank = len(static_shape(x))
     axis = m.operands.constant(op.inputs[2]) if op.type == "GatherV2" else None
@@ -575,9 +576,6 @@ def _sample_gather(m: Context, op: tf.Operation) -> str:
                 "(each sample's rows at its own indices: axis 1, batch_dims 1)")
     if not m.is_batched(ids):
         return "gathers from a per-sample value at indices that are not per-sample"
-    if len(static_shape(ids)) < 2:
-        return ("gathers from a per-sample value one row per sample (indices of rank 1 with "
-                "batch_dims=1): give each sample a vector of indices")
     if not has_kernel("sample_gather"):
         return "the CS has no sample_gather kernel"
     m.add_kernel(op.name, "sample_gather", [x, ids], {}, [], [op], op.outputs[0])
