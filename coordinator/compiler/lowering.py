@@ -19,6 +19,7 @@ from coordinator.compiler import (
     feature_columns,
     in_batch,
     lowering_spatial,
+    quantization,
     random_numbers,
     second_order,
     sequences,
@@ -54,7 +55,8 @@ WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMET
 WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
                 "ResourceGather", "ConcatV2", "Pack")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, "AddN", *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "StopGradient", "Cumsum", *WEIGHT_VIEWS})
+                             "Transpose", "MatMul", "StopGradient", "Cumsum", *WEIGHT_VIEWS,
+                             *quantization.FORMS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
              "NextIteration", "LoopCond"}
@@ -759,12 +761,12 @@ def supported_table() -> str:
     spatial = {op for op, rule in GENERIC.items() if rule.__module__ == lowering_spatial.__name__}
     gradient_ops = {*second_order.OPS, "StridedSliceGrad"}
     others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - set(random_numbers.DRAWS)
-                    - gradient_ops)
+                    - gradient_ops - set(quantization.FORMS))
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
-               **feature_columns.KERNEL_ROWS}.items()]
+               **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "

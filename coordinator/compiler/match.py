@@ -26,6 +26,7 @@ from coordinator.compiler import (
     loss_tail,
     lowering,
     precision,
+    quantization,
     random_numbers,
     refusals,
     second_order,
