@@ -86,7 +86,8 @@ def test_a_gather_of_one_row_per_sample_trains_and_evaluates_like_tensorflow(tmp
     run = cs_inprocess.compare(q_learning, input_fn, params(), str(tmp_path / "train"), steps=4)
     assert [k.type for k in run.compiled.program.kernels].count("sample_gather") == 1
     cs_inprocess.assert_same_training(run)
-    assert cs_inprocess.evaluation_mismatch(q_learning, input_fn, params(), str(tmp_path / "eval")) == ""
+    assert cs_inprocess.evaluation_mismatch(q_learning, input_fn, params(), str(tmp_path / "eval"),
+                                            run) == ""
 
 
 def other_gather(features, labels, mode, params):
