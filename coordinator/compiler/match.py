@@ -26,7 +26,6 @@ from coordinator.compiler import (
     loss_tail,
     lowering,
     precision,
-    quantization,
     random_numbers,
     refusals,
     second_order,

@@ -84,15 +84,16 @@ class FakeQuant(Elementwise):
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
         self.operands = Operands(self, 3, broadcast=False)
-        self.num_bits, self.form = attrs.get("num_bits"), attrs.get("form")
-        x = self.operands[0]
+        num_bits, self.form = attrs.get("num_bits"), attrs.get("form")
+        x, low, high = self.operands[0], self.operands[1], self.operands[2]
         channels = x.shape[-1:] if self.form == "per_channel" else ()
-        if x.letter != "i" or self.form not in FORMS or not isinstance(self.num_bits, int) or \
-                not 2 <= self.num_bits <= 16 or any(o.shape != channels for o in self.operands[1:]):
+        if x.letter != "i" or self.form not in FORMS or not isinstance(num_bits, int) or \
+                not 2 <= num_bits <= 16 or low.shape != channels or high.shape != channels:
             raise KernelError(f"kernel {name!r} (fake_quant): takes operands x (an input), min "
                               f"and max (shape {channels}), num_bits in 2..16 and a form of "
                               f"{', '.join(FORMS)}; got {self.operands.letters}, shapes "
                               f"{[o.shape for o in self.operands]}, attrs {dict(attrs)}")
+        self.num_bits: int = num_bits
         self.narrow_range = bool(attrs.get("narrow_range", False))
         self._shape = x.shape
 
