@@ -156,6 +156,11 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
             found: list = []
             _weight_terms(m, t, found, reasons)
             if reasons and _weight_scalar(m, t):
+                if op.type in DIVISIONS and t is op.inputs[1]:
+                    return _reject(m, op, "divides a term of the loss by a scalar of weights: "
+                                          "the CS multiplies a term by one (a task's learned "
+                                          "weight): write it as a factor, L * tf.math."
+                                          "reciprocal(2 * sigma ** 2) or L * tf.exp(-s)")
                 scalars += [t] if t not in scalars else []
                 continue
             if reasons:

@@ -31,8 +31,9 @@ def input_fn(params):
 def multitask(features, labels, mode, params):
     """A shared trunk, a regression head (MSE) and a classification head (cross-entropy),
     their losses weighted by learned log-variances as the paper's forms write them."""
-    h = tf.keras.layers.Dense(8, activation="relu")(features["x"])
-    prediction = tf.keras.layers.Dense(1)(h)
+    trunk, head = tf.keras.layers.Dense(8, activation="relu"), tf.keras.layers.Dense(1)
+    h = trunk(features["x"])
+    prediction = head(h)
     logits = tf.keras.layers.Dense(3)(h)
     regression = v1.losses.mean_squared_error(features["target"], prediction)
     classification = tf.reduce_mean(
@@ -42,14 +43,17 @@ def multitask(features, labels, mode, params):
         s = v1.get_variable("log_vars", initializer=[0.3, -0.2])
         loss = tf.exp(-s[0]) * regression + s[0] + tf.exp(-s[1]) * classification + s[1]
     elif form == "half":  # s = log(sigma): 1/(2 sigma^2) L + log(sigma), and an L2 penalty
-        s1 = v1.get_variable("s_regression", initializer=0.1)
-        s2 = v1.get_variable("s_classification", initializer=-0.1)
+        # (one variable: a scalar variable read only by + s would race TF's own reported loss
+        # with its Adam update, TF reading it before or after; the CS reads it before)
+        s1, s2 = tf.unstack(v1.get_variable("log_sigma", initializer=[0.1, -0.1]))
         loss = 0.5 * tf.exp(-2.0 * s1) * regression + s1 + tf.exp(-2.0 * s2) * classification + s2
-        loss += 1e-3 * tf.add_n([tf.nn.l2_loss(w) for w in v1.trainable_variables()
-                                 if "kernel" in w.name])
+        loss += 1e-3 * (tf.nn.l2_loss(trunk.kernel) + tf.nn.l2_loss(head.kernel))
     elif form == "twice_weighted":  # a task weighted by two weights in turn: refused
         s1 = v1.get_variable("s1", initializer=0.5)
         loss = tf.exp(-s1) * regression * s1 + classification + s1
+    elif form == "divided":  # L / (2 sigma^2) + log(sigma): a division by weights, refused
+        sigma = v1.get_variable("sigma", initializer=1.0)
+        loss = regression / (2.0 * tf.square(sigma)) + tf.math.log(sigma) + classification
     train_op = v1.train.AdamOptimizer(0.05).minimize(loss, global_step=v1.train.get_or_create_global_step())
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
 
@@ -63,16 +67,18 @@ def test_uncertainty_weighted_tasks_train_and_evaluate_like_tensorflow(tmp_path,
     run = cs_inprocess.compare(multitask, input_fn, params(form), str(tmp_path / "train"), steps=4)
     assert "broadcast" in [k.type for k in run.compiled.program.kernels]  # the + s terms
     cs_inprocess.assert_same_training(run)
-    learned = run.cs.state["log_vars" if form == "log_vars" else "s_regression"]
-    assert np.all(learned != np.float32(0.3 if form == "log_vars" else 0.1))  # s learned
+    learned = run.cs.state["log_vars" if form == "log_vars" else "log_sigma"]
+    assert np.all(learned != np.float32([0.3, -0.2] if form == "log_vars" else [0.1, -0.1]))
     assert cs_inprocess.evaluation_mismatch(multitask, input_fn, params(form),
                                             str(tmp_path / "eval"), run) == ""
 
 
-def test_a_task_weighted_twice_is_refused_in_one_line(tmp_path):
+@pytest.mark.parametrize("form, says", [
+    ("twice_weighted", "a product of weights with each other"),
+    ("divided", "write it as a factor, L * tf.math.reciprocal(2 * sigma ** 2)")])
+def test_weightings_the_cs_cannot_carry_out_are_refused_in_one_line(tmp_path, form, says):
     with pytest.raises(CSRunError) as error:
-        compile_model(multitask, input_fn, params("twice_weighted"), str(tmp_path),
-                      validate_only=True)
-    words = cs_inprocess.model_op_words(multitask, input_fn, params("twice_weighted"))
+        compile_model(multitask, input_fn, params(form), str(tmp_path), validate_only=True)
+    words = cs_inprocess.model_op_words(multitask, input_fn, params(form))
     assert cs_inprocess.refusal_problem(error.value, __file__, words) == ""
-    assert "a product of weights with each other" in str(error.value)
+    assert says in str(error.value)
