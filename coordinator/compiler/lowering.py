@@ -796,7 +796,8 @@ def supported_table() -> str:
                  "by label, a padding mask; sum(l * mask) / sum(mask)) or a scalar function of "
                  "such sums (tf.maximum(sum(mask), 1.0), + 1e-8, count_nonzero, "
                  "tf.clip_by_value, tf.math.divide_no_nan, tf.sqrt: TF's float32 bit for bit), "
-                 "known before the batch streams through |")
+                 "known before the batch streams through; terms weighted by scalars of weights "
+                 "plus such scalars (multi-task uncertainty weighting: tf.exp(-s) * mean + s) |")
     lines.append("| weights (shared, viewed) | a weight read by several kernels (tied input/output "
                  "embeddings, a Keras layer called twice, an unrolled LSTM's cell at every step) "
                  "lives in one region, its uses' gradients summed before the one update; a "
