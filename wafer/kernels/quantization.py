@@ -11,7 +11,8 @@ bit for bit as TF's CPU kernels (fake_quant_ops_functor.h), float32 throughout:
 
 Measured bit-equal to TF 2.21 on 11.3 million values (num_bits 2..16, narrow or not,
 ranges from 1e-3 to 30, every grid point, every half-step tie and its float neighbours,
-the nudged edges, a subnormal read as zero as TF's threads do (DAZ): tests/wafer/test_wse_kernels_quantization.py keeps a part of it).
+the nudged edges, a subnormal read as zero as TF's threads do (DAZ):
+tests/wafer/test_wse_kernels_quantization.py keeps a part of it).
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import KernelError, RunContext, register
+from wafer.kernels.elementwise import Broadcasting
 from wafer.kernels.operands import Operands
-from wafer.kernels.structure import Elementwise
 
 F32 = np.float32
 FORMS = ("args", "vars", "per_channel")  # which TF kernel's arithmetic
@@ -69,7 +70,7 @@ def fake_quant(x: np.ndarray, low: np.ndarray, high: np.ndarray, num_bits: int,
 
 
 @register
-class FakeQuant(Elementwise):
+class FakeQuant(Broadcasting):
     """Operands (attr `operands`, 3 letters) x, min, max: x any per-sample shape (i); min and
     max scalars, or (C,) per channel of x's last axis (attr form per_channel), each an
     input (the weight program's), a constant (fake_quant_with_min_max_args) or a weight
@@ -96,13 +97,6 @@ class FakeQuant(Elementwise):
         self.num_bits: int = num_bits
         self.narrow_range = bool(attrs.get("narrow_range", False))
         self._shape = x.shape
-
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
 
     def flops_per_sample(self) -> float:
         return 6.0 * math.prod(self._shape)
