@@ -51,6 +51,12 @@ def multitask(features, labels, mode, params):
     elif form == "twice_weighted":  # a task weighted by two weights in turn: refused
         s1 = v1.get_variable("s1", initializer=0.5)
         loss = tf.exp(-s1) * regression * s1 + classification + s1
+    elif form == "counted":  # a task's mean over its labelled samples (a count of the batch)
+        s = v1.get_variable("log_vars", initializer=[0.3, -0.2])
+        labelled = tf.cast(labels > 0, tf.float32)
+        counted = v1.losses.mean_squared_error(features["target"], prediction,
+                                               weights=labelled[:, None])
+        loss = tf.exp(-s[0]) * counted + s[0] + classification
     elif form == "divided":  # L / (2 sigma^2) + log(sigma): a division by weights, refused
         sigma = v1.get_variable("sigma", initializer=1.0)
         loss = regression / (2.0 * tf.square(sigma)) + tf.math.log(sigma) + classification
@@ -75,7 +81,8 @@ def test_uncertainty_weighted_tasks_train_and_evaluate_like_tensorflow(tmp_path,
 
 @pytest.mark.parametrize("form, says", [
     ("twice_weighted", "a product of weights with each other"),
-    ("divided", "write it as a factor, L * tf.math.reciprocal(2 * sigma ** 2)")])
+    ("divided", "write it as a factor, L * tf.math.reciprocal(2 * sigma ** 2)"),
+    ("counted", "divide by the batch size, not by a count of its values")])
 def test_weightings_the_cs_cannot_carry_out_are_refused_in_one_line(tmp_path, form, says):
     with pytest.raises(CSRunError) as error:
         compile_model(multitask, input_fn, params(form), str(tmp_path), validate_only=True)
