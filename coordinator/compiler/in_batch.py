@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from coordinator.compiler import precision
 from coordinator.compiler.operands import static_shape
-from coordinator.compiler.rules import Context, generic, has_kernel
+from coordinator.compiler.rules import Context, fast_path, generic, has_kernel
 
 # The README's rows: kernel -> the TF ops it starts from.
 KERNEL_ROWS = {
@@ -28,7 +28,9 @@ KERNEL_ROWS = {
                                         "first axis is the batch (tf.range(batch), tf.eye(batch) "
                                         "labels) give each sample its row; tf.linalg.diag_part of "
                                         "a per-sample [batch, batch] value (each sample's own "
-                                        "entry: a sample_gather)",
+                                        "entry: a sample_gather); tf.gather_nd(x, tf.stack("
+                                        "[tf.range(batch), ids], 1)) of a per-sample x (each "
+                                        "sample's own row: a sample_gather at ids)",
 }
 
 
@@ -112,3 +114,31 @@ def diagonal(m: Context, op: tf.Operation) -> str:
                        {"value": np.arange(batch, dtype=np.int32)}, [], [op], None, output_shape=())
     m.add_kernel(op.name, "sample_gather", [x, ids.name], {}, [], [op], op.outputs[0])
     return ""
+
+
+@fast_path
+def own_rows(m: Context, op: tf.Operation) -> bool:
+    """tf.gather_nd(x, tf.stack([tf.range(B), ids], 1)) of a per-sample x at per-sample
+    integer ids (a DQN's Q(s, a), written the other way): sample i's row ids[i] of its own
+    x, the rank-1 tf.gather(x, ids, batch_dims=1); the Pack and GatherNd become one
+    sample_gather. The first column must be the constant tf.range(B)."""
+    gather = m.sole_consumer(op.outputs[0]) if op.type == "Pack" and len(op.inputs) == 2 \
+        and op.get_attr("axis") in (1, -1) else None
+    if gather is None or gather.type != "GatherNd" or gather.inputs[1] is not op.outputs[0] or \
+            not has_kernel("sample_gather"):
+        return False
+    rows, ids = op.inputs
+    x = gather.inputs[0]
+    positions = m.operands.constant(rows)
+    if positions is not None and m.is_batched(x) and \
+            not np.array_equal(positions, np.arange(m.batch_size)):
+        m.reject(op, "tf.gather_nd(x, tf.stack([rows, ids], 1)) with constant rows other than "
+                     "tf.range(batch) picks other samples' values: the CS computes each sample "
+                     "on its own (tf.range(batch) picks each sample's own: tf.gather(x, ids, "
+                     "batch_dims=1))")
+        return True
+    if positions is None or not m.is_batched(ids) or not ids.dtype.is_integer or static_shape(ids) != (m.batch_size,) \
+            or not m.is_batched(x) or len(static_shape(x)) < 2 or m.value(x) is None:
+        return False
+    m.add_kernel(gather.name, "sample_gather", [x, ids], {}, [], [op, gather], gather.outputs[0])
+    return True

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import SHAPE_OPS, user_source
-from coordinator.compiler.ir import KernelNode, UnsupportedOp
+from coordinator.compiler.ir import KernelNode, ParamRef, UnsupportedOp
 from coordinator.compiler.loss_divisors import (
     DIVISOR_OPS,
     SUPPORTED_DIVISORS,
@@ -139,6 +139,7 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
     ops = _tail_ops(m, loss)
     divisions, linear = _divisions(m, loss)
     bases: list = []
+    scalars: list[tf.Tensor] = []  # weight-only scalars: task weights, their additive terms
     for op in ops:
         if op not in linear and op.type not in DIVISOR_OPS:
             return _reject(m, op, f"the loss is divided by a value computed by {op.type}: the "
@@ -152,9 +153,19 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
             if t.name in m.tail or m.is_batched(t) or m.operands.constant(t) is not None:
                 continue
             reasons: list = []
-            _weight_terms(m, t, bases, reasons)
+            found: list = []
+            _weight_terms(m, t, found, reasons)
+            if reasons and _weight_scalar(m, t):
+                if op.type in DIVISIONS and t is op.inputs[1]:
+                    return _reject(m, op, "divides a term of the loss by a scalar of weights: "
+                                          "the CS multiplies a term by one (a task's learned "
+                                          "weight): write it as a factor, L * tf.math."
+                                          "reciprocal(2 * sigma ** 2) or L * tf.exp(-s)")
+                scalars += [t] if t not in scalars else []
+                continue
             if reasons:
                 return _reject(m, *reasons[0])
+            bases += found
     frontier = list(dict.fromkeys(m.frontier))
     half = any(t.dtype == tf.float16 for t in frontier) or \
         any(t.dtype == tf.float16 for op in ops for t in op.outputs)
@@ -168,10 +179,20 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
                                       f"outputs or weights ({model.type} '{model.name}' at "
                                       f"{user_source(model)}): the CS divides by a count or sum "
                                       "of the batch's inputs and labels only")
+    if scalars and (divisions or half):
+        return _reject(m, scalars[0].op, "a loss weighted by weights (learned task weights) "
+                                         "is carried out in float32 over a mean or sum of the "
+                                         "batch: divide by the batch size, not by a count of "
+                                         "its values, and compute the loss in float32")
     fixed = {op.inputs[1]: np.float32(1.0) for op in divisions}
+    fixed.update({t: np.float32(0.0) for t in scalars})
     coefficients = _measure(session, loss, frontier, [b[0] for b in bases], rtol, fixed)
     if isinstance(coefficients, str):
         return _reject(m, loss.op, coefficients)
+    weighting = _measure_weighting(session, loss, frontier, bases, scalars, coefficients) \
+        if scalars else None
+    if isinstance(weighting, str):
+        return _reject(m, loss.op, weighting)
     divided_by = [-1] * len(coefficients)
     for r, op in enumerate(divisions):  # which terms each divides: halved with it doubled
         doubled = _measure(session, loss, frontier, [b[0] for b in bases], rtol,
@@ -212,8 +233,127 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
             return _reject(m, tensor.op, f"penalises {weight.variable}, which no layer on the CS "
                                          "uses")
         regularizers.setdefault(weight.variable, []).append((kind, float(c * factor)))
+    if weighting is not None:
+        return _weighted_loss_kernel(m, loss, frontier, data_c, scalars, *weighting), regularizers
     return _loss_kernel(m, loss, frontier, data_c, divided_by[:len(frontier)],
                         denominators, summed), regularizers
+
+
+def _weight_scalar(m: TailContext, tensor: tf.Tensor) -> bool:
+    """Whether `tensor` is a float32 scalar of weights alone (a variable, a view of one or
+    the weight program's value: a task's tf.exp(-s), its s)."""
+    return static_shape(tensor) == () and tensor.dtype == tf.float32 and (
+        m.operands.weight(tensor) or m.operands.view(tensor) or m.derived_weight(tensor)) \
+        is not None
+
+
+def _measure_weighting(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.Tensor],
+                       bases: list, scalars: list[tf.Tensor], coefficients: Sequence[float],
+                       ) -> tuple[list[list[float]], list[float]] | str:
+    """(a, d) of loss = sum_j sum(T_j) * (c_j + sum_k a_jk W_k) + sum_k d_k W_k + the
+    penalties (c: `coefficients`, measured with every W_k 0), the W_k the weight scalars fed
+    as values: measured term by term, then verified with fresh values of everything at once
+    (a product of two scalars, of a scalar and a penalty, a nonlinear term: refused)."""
+    rng = np.random.default_rng(2)
+    bases_t = [b[0] for b in bases]
+    feeds = frontier + bases_t + scalars
+    zeros = {t: np.zeros(static_shape(t), np.float32) for t in feeds}
+
+    def evaluate(values: dict) -> float:
+        return float(session.run(loss, {**zeros, **values}))
+
+    try:
+        picks = [np.float32(rng.uniform(0.5, 2.0)) for _ in scalars]
+        terms = [exact(evaluate({w: v}) / float(v)) for w, v in zip(scalars, picks)]
+        factors = []
+        for t, c in zip(frontier, coefficients):
+            value = _draw(rng, t, static_shape(t), 0.5, 2.0)
+            total = float(value.sum(dtype=np.float64))
+            factors.append([exact((evaluate({t: value, w: v}) - c * total - d * float(v))
+                                  / (total * float(v))) for w, v, d in zip(scalars, picks, terms)])
+        values = {t: _draw(rng, t, static_shape(t), -2.0, 2.0) for t in frontier + bases_t}
+        values.update({w: np.float32(rng.uniform(-2.0, 2.0)) for w in scalars})
+        sums = {t: float(v.sum(dtype=np.float64)) for t, v in values.items()}
+        want = sum(sums[t] * (c + sum(a * sums[w] for a, w in zip(row, scalars)))
+                   for t, c, row in zip(frontier, coefficients, factors))
+        want += sum(d * sums[w] for d, w in zip(terms, scalars))
+        want += sum(c * sums[t] for t, c in zip(bases_t, coefficients[len(frontier):]))
+        if not np.isclose(evaluate(values), want, rtol=RTOL, atol=1e-6):
+            return ("the loss is not a sum of batch means (or sums) each times a scalar of "
+                    "weights (exp(-s) * mean(l)), plus scalars of weights (+ s): a product of "
+                    "weights with each other or a nonlinear term")
+    except tf.errors.OpError as error:
+        return f"the loss could not be evaluated from its per-sample values ({error.message})"
+    return factors, terms
+
+
+def _weighted_loss_kernel(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
+                          coefficients: Sequence[float], scalars: list[tf.Tensor],
+                          factors: list[list[float]], terms: list[float]) -> str:
+    """The `loss` kernel of a loss weighted by weight scalars (_measure_weighting's form):
+    each sample's value sum_j s_j * (c_j + sum_k a_jk W_k) + sum_k d_k W_k / batch, s_j its
+    sum of T_j, the W_k the kernels' weights (binary mul, broadcast: their gradients the
+    batch's sums, through the weight program to the variables)."""
+    total: str | tf.Tensor | None = None
+    for t, c, row in zip(frontier, coefficients, factors):
+        value = _sample_sum(m, loss, t)
+        pieces = [(value, c)] if c else []
+        for w, a in zip(scalars, row):
+            if a:
+                param = _scalar_param(m, loss, w, "p1")
+                product = m.add_kernel("loss/weighted", "binary", [value], {
+                    "op": "mul", "operands": "ip", "p1": list(param.shape)}, [param], [], None,
+                    output_shape=(), source_op=loss.op).name
+                pieces.append((product, a))
+        for name, factor in pieces:
+            total = _added(m, loss, total, _scaled(m, loss, name, factor))
+    for w, d in zip(scalars, terms):
+        if d:
+            param = _scalar_param(m, loss, w, "value")
+            value = m.add_kernel("loss/weight_term", "broadcast", [m.sample_input()],
+                                 {"shape": [], "value": list(param.shape)}, [param], [], None,
+                                 output_shape=(), source_op=loss.op).name
+            total = _added(m, loss, total, _scaled(m, loss, value, d / m.batch_size))
+    assert total is not None
+    return m.add_kernel("loss", "loss", [total], {"scale": 1.0}, [], [], loss, output_shape=(),
+                        source_op=loss.op).name
+
+
+def _scalar_param(m: TailContext, loss: tf.Tensor, tensor: tf.Tensor, role: str) -> ParamRef:
+    """The kernel param reading the weight scalar `tensor` (a variable, its view or the
+    weight program's value: _weight_scalar said it is one)."""
+    found = m.operand_list(loss.op, [tensor])
+    assert not isinstance(found, str) and found[0] == "p", found
+    param = found[3][0]
+    if param.view is not None:  # one element of a variable (log_vars[0]): read as (1,)
+        return replace(param, role=role, shape=(1,), view=np.array(param.view).reshape(1))
+    return replace(param, role=role)
+
+
+def _sample_sum(m: TailContext, loss: tf.Tensor, t: tf.Tensor) -> str | tf.Tensor:
+    """Each sample's sum of T (T itself if it is a scalar per sample)."""
+    shape = m.shape(t)
+    if not shape:
+        return t
+    return m.add_kernel("loss/sum", "reduce", [t], {"op": "sum", "axes": list(range(len(shape))),
+                                                   "keepdims": False},
+                        [], [], None, output_shape=(), source_op=loss.op).name
+
+
+def _scaled(m: TailContext, loss: tf.Tensor, name: str | tf.Tensor, c: float) -> str | tf.Tensor:
+    if c == 1.0:
+        return name
+    return m.add_kernel("loss/scale", "binary", [name], {"op": "mul", "operands": "ic",
+                                                         "c1": np.asarray(c, np.float32)},
+                        [], [], None, output_shape=(), source_op=loss.op).name
+
+
+def _added(m: TailContext, loss: tf.Tensor, total: str | tf.Tensor | None,
+           name: str | tf.Tensor) -> str | tf.Tensor:
+    if total is None:
+        return name
+    return m.add_kernel("loss/add", "binary", [total, name], {"op": "add", "operands": "ii"},
+                        [], [], None, output_shape=(), source_op=loss.op).name
 
 
 def _summed(m: TailContext, tensor: tf.Tensor) -> list[tf.Tensor]:
@@ -345,19 +485,7 @@ def _combined(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
         return frontier[0]
     total = None
     for t, c in zip(frontier, coefficients):
-        shape = m.shape(t)
-        name: str | tf.Tensor = t
-        if shape:
-            name = m.add_kernel("loss/sum", "reduce", [t], {"op": "sum", "axes": list(range(len(shape))),
-                                                            "keepdims": False},
-                                [], [], None, output_shape=(), source_op=loss.op).name
-        name = m.add_kernel("loss/scale", "binary", [name], {"op": "mul", "operands": "ic",
-                                                             "c1": np.asarray(c, np.float32)},
-                            [], [], None, output_shape=(), source_op=loss.op).name
-        if total is not None:
-            name = m.add_kernel("loss/add", "binary", [total, name], {"op": "add", "operands": "ii"},
-                                [], [], None, output_shape=(), source_op=loss.op).name
-        total = name
+        total = _added(m, loss, total, _scaled(m, loss, _sample_sum(m, loss, t), c))
     assert total is not None
     return total
 

@@ -19,6 +19,7 @@ from coordinator.compiler import (
     feature_columns,
     in_batch,
     lowering_spatial,
+    quantization,
     random_numbers,
     second_order,
     sequences,
@@ -54,7 +55,8 @@ WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMET
 WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
                 "ResourceGather", "ConcatV2", "Pack")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, "AddN", *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "StopGradient", "Cumsum", *WEIGHT_VIEWS})
+                             "Transpose", "MatMul", "StopGradient", "Cumsum", *WEIGHT_VIEWS,
+                             *quantization.FORMS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
              "NextIteration", "LoopCond"}
@@ -566,7 +568,8 @@ def _roll(m: Context, op: tf.Operation) -> str:
 
 
 def _sample_gather(m: Context, op: tf.Operation) -> str:
-    """tf.gather(x, ids, batch_dims=1) of a per-sample x at per-sample integer ids."""
+    """tf.gather(x, ids, batch_dims=1) of a per-sample x at per-sample integer ids (ids of
+    rank 1, one per sample, give each sample's own row: a DQN's Q(s, a))."""
     x, ids = op.inputs[0], op.inputs[1]
     rank = len(static_shape(x))
     axis = m.operands.constant(op.inputs[2]) if op.type == "GatherV2" else None
@@ -575,9 +578,6 @@ def _sample_gather(m: Context, op: tf.Operation) -> str:
                 "(each sample's rows at its own indices: axis 1, batch_dims 1)")
     if not m.is_batched(ids):
         return "gathers from a per-sample value at indices that are not per-sample"
-    if len(static_shape(ids)) < 2:
-        return ("gathers from a per-sample value one row per sample (indices of rank 1 with "
-                "batch_dims=1): give each sample a vector of indices")
     if not has_kernel("sample_gather"):
         return "the CS has no sample_gather kernel"
     m.add_kernel(op.name, "sample_gather", [x, ids], {}, [], [op], op.outputs[0])
@@ -761,12 +761,12 @@ def supported_table() -> str:
     spatial = {op for op, rule in GENERIC.items() if rule.__module__ == lowering_spatial.__name__}
     gradient_ops = {*second_order.OPS, "StridedSliceGrad"}
     others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - set(random_numbers.DRAWS)
-                    - gradient_ops)
+                    - gradient_ops - set(quantization.FORMS))
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
-               **feature_columns.KERNEL_ROWS}.items()]
+               **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "
@@ -776,7 +776,8 @@ def supported_table() -> str:
                  "weight (axis 0; Keras Embedding, tf.nn.embedding_lookup), or in a constant (class "
                  "weights: tf.gather(weights, labels)); tf.gather(x, ids, "
                  "batch_dims=1) of a per-sample value at per-sample indices (BERT's masked "
-                 "positions; a repeated index adds its gradients); tf.gather(x, indices, axis=k) "
+                 "positions; a repeated index adds its gradients; one index per sample: a DQN's "
+                 "tf.gather(q_values, actions, batch_dims=1)); tf.gather(x, indices, axis=k) "
                  "of a per-sample value at constant indices along its own axis k >= 1 "
                  "(tf.signal.frame's overlapping windows: a repeated index adds its gradients in "
                  "TF's order); Roll by constant shifts along a sample's axes (tf.roll: a take "
@@ -795,7 +796,8 @@ def supported_table() -> str:
                  "by label, a padding mask; sum(l * mask) / sum(mask)) or a scalar function of "
                  "such sums (tf.maximum(sum(mask), 1.0), + 1e-8, count_nonzero, "
                  "tf.clip_by_value, tf.math.divide_no_nan, tf.sqrt: TF's float32 bit for bit), "
-                 "known before the batch streams through |")
+                 "known before the batch streams through; terms weighted by scalars of weights "
+                 "plus such scalars (multi-task uncertainty weighting: tf.exp(-s) * mean + s) |")
     lines.append("| weights (shared, viewed) | a weight read by several kernels (tied input/output "
                  "embeddings, a Keras layer called twice, an unrolled LSTM's cell at every step) "
                  "lives in one region, its uses' gradients summed before the one update; a "

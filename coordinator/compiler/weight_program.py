@@ -7,7 +7,7 @@ before the batch, and takes the gradient its readers accumulate back through the
 kernels (their backward, TF's gradient functions) to the variables.
 
 Only element-wise ops, broadcasting arithmetic with constants or other weights, reductions,
-transposes, reshapes, products of matrices, stop_gradient and views (strided slices with any
+transposes, reshapes, products of matrices, stop_gradient, fake quantization (QAT) and views (strided slices with any
 masks, tf.split/unstack, tf.gather at constant indices, tf.concat/stack of weights: Keras
 GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) are lowered; a
 view's gradient is scattered back into its input's shape, and the gradients of a weight's
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler import quantization
 from coordinator.compiler.extract import user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, WeightProgram
 from coordinator.compiler.lowering import (
@@ -157,6 +158,14 @@ class WeightProgramBuilder:
             return self._arithmetic(op, tensor, inputs, out)
         if op.type == "StopGradient":
             return self._add(op, tensor, "stop_gradient", inputs[:1], {})
+        if op.type in quantization.FORMS:  # a QAT layer's fake-quantized kernel
+            attrs = quantization.kernel_attrs(op)
+            if "operands" not in attrs:  # min and max: variables, their values, constants
+                attrs["operands"] = "".join("i" if isinstance(v, str) else "c" for v in inputs)
+                attrs.update({f"c{k}": np.asarray(v, np.float32) for k, v in enumerate(inputs)
+                              if not isinstance(v, str)})
+            return self._add(op, tensor, "fake_quant", [v for v in inputs if isinstance(v, str)],
+                             attrs)
         if op.type == "MatMul":  # a product of matrices: one sample's, by the matmul kernel
             attrs = {"operands": "".join("i" if isinstance(v, str) else "c" for v in inputs),
                      "transpose_a": bool(op.get_attr("transpose_a")),

@@ -68,6 +68,45 @@ def test_a_float16_per_sample_gather_trains_like_tensorflow(tmp_path):
     assert not cs_inprocess.mismatches(run, rtol=1e-2)
 
 
+def q_learning(features, labels, mode, params):
+    """A DQN's TD loss: Q-values of every action, each sample's own action's value picked
+    with tf.gather(q, actions, batch_dims=1) (one index per sample), Huber loss to the
+    target, RMSProp; evaluated as well."""
+    state = tf.keras.layers.Embedding(VOCAB, HIDDEN)(features["tokens"])
+    hidden = tf.keras.layers.Dense(HIDDEN, activation="relu")(tf.reshape(state, [-1, LENGTH * HIDDEN]))
+    q_values = tf.keras.layers.Dense(LENGTH)(hidden)
+    actions = features["positions"][:, 0]
+    if params.get("spelling") == "gather_nd":
+        rows = tf.range(tf.shape(q_values)[0])
+        chosen = tf.gather_nd(q_values, tf.stack([rows[::params.get("step", 1)], actions], axis=1))
+    else:
+        chosen = tf.gather(q_values, actions, batch_dims=1)
+    target = tf.cast(labels[:, 0], tf.float32) / VOCAB
+    loss = v1.losses.huber_loss(target, chosen)
+    train_op = v1.train.RMSPropOptimizer(0.01).minimize(loss, global_step=v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+@pytest.mark.parametrize("spelling", ["batch_dims", "gather_nd"])
+def test_a_gather_of_one_row_per_sample_trains_and_evaluates_like_tensorflow(tmp_path, spelling):
+    run = cs_inprocess.compare(q_learning, input_fn, params(spelling=spelling),
+                               str(tmp_path / "train"), steps=4)
+    assert [k.type for k in run.compiled.program.kernels].count("sample_gather") == 1
+    cs_inprocess.assert_same_training(run)
+    assert cs_inprocess.evaluation_mismatch(q_learning, input_fn, params(spelling=spelling),
+                                            str(tmp_path / "eval"), run) == ""
+
+
+def test_a_gather_nd_of_other_samples_rows_is_refused_in_one_line(tmp_path):
+    """tf.stack([tf.range(B)[::-1], actions], 1): sample i would read sample B - 1 - i's."""
+    with pytest.raises(CSRunError) as error:
+        compile_model(q_learning, input_fn, params(spelling="gather_nd", step=-1), str(tmp_path),
+                      validate_only=True)
+    words = cs_inprocess.model_op_words(q_learning, input_fn, params(spelling="gather_nd", step=-1))
+    assert cs_inprocess.refusal_problem(error.value, __file__, words) == ""
+    assert "picks other samples' values" in str(error.value)
+
+
 def other_gather(features, labels, mode, params):
     x = tf.keras.layers.Embedding(VOCAB, HIDDEN)(features["tokens"])
     flags = tf.cast(x[:, :, :1] > 0, tf.int32)  # per-sample integers (8, LENGTH, 1)
@@ -75,7 +114,6 @@ def other_gather(features, labels, mode, params):
         "feature axis": lambda: tf.gather(x, flags[:, :2, 0], axis=2, batch_dims=1),
         "across samples": lambda: tf.gather(x, features["positions"]),
         "constant positions": lambda: tf.gather(x, tf.constant([[0, 1]] * 8), batch_dims=1),
-        "one per sample": lambda: tf.gather(x, flags[:, 0, 0], batch_dims=1),
         "batch_dims 2": lambda: tf.gather(tf.reshape(x, [8, LENGTH, 2, HIDDEN // 2]), flags,
                                           batch_dims=2),
     }[params["case"]]()
@@ -85,7 +123,7 @@ def other_gather(features, labels, mode, params):
 
 
 @pytest.mark.parametrize("case", ["feature axis", "across samples", "constant positions",
-                                  "one per sample", "batch_dims 2"])
+                                  "batch_dims 2"])
 def test_other_gathers_from_a_per_sample_value_are_refused_naming_the_op(tmp_path, case):
     with pytest.raises(CSRunError) as error:
         compile_model(other_gather, input_fn, params(case=case), str(tmp_path), validate_only=True)

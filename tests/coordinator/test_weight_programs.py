@@ -170,6 +170,12 @@ EXPRESSIONS = {
     "DivNoNan": lambda w, v, g, s: tf.math.divide_no_nan(w, tf.nn.relu(v - 1.0)),
     "Cumsum": lambda w, v, g, s: tf.cumsum(w * v, axis=1, reverse=True),
     "Prod": lambda w, v, g, s: tf.reduce_prod(w, 0),
+    "FakeQuantWithMinMaxArgs": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_args(
+        w - 1.0, -0.4, 0.8, num_bits=4),
+    "FakeQuantWithMinMaxVars": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_vars(
+        w * v - 2.0, tf.reduce_min(g), tf.reduce_max(w), num_bits=5, narrow_range=True),
+    "FakeQuantWithMinMaxVarsPerChannel": lambda w, v, g, s:
+        tf.quantization.fake_quant_with_min_max_vars_per_channel(w - 1.2, -tf.abs(g), tf.abs(g) + 0.1),
 }
 
 

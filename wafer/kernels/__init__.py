@@ -45,6 +45,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | softmax_cross_entropy_with_logits | logits (..., k), labels | sparse (bool) | — | labels (..., k) float32, or sparse (...) int32/int64; output (...) |
 | loss | t (any) | scale, loss_scale (the backward's seed factor, default 1) | — | output () = scale * sum(t) |
 | einsum | the `i` operands | equation (batch letter first in per-sample operands), operands | p<k>: attr p<k> | |
+| fake_quant | x (the `i` operand 0) | operands (3 letters: x, min, max), num_bits, narrow_range, form (args, vars, per_channel) | min, max: attr p<k> (() or (C,) per channel) | tf.quantization.fake_quant_with_min_max_* bit for bit; min/max gradients as FakeQuant*Gradient |
 
 Operands (binary, select, matmul, gather): attr `operands` has
 a letter per operand position k, `i` the kernel's next input, `c` the constant in tensor
@@ -77,6 +78,7 @@ from wafer.kernels import (  # noqa: F401
                              losses,
                              matmul,
                              normalization,
+                             quantization,
                              random_numbers,
                              resampling,
                              structure,
