@@ -1,6 +1,7 @@
 """In-batch products: values of different samples meeting through a matmul over the batch
 (two-tower retrieval with in-batch negatives, SimCLR/CLIP's InfoNCE), lowered onto batch
-barriers (wafer.kernels.in_batch): tf.matmul(q, d, transpose_b=True) of two per-sample
+barriers (wafer.kernels.in_batch), and the batch statistics every sample reads (a sum or mean
+over the batch axis: `statistic`): tf.matmul(q, d, transpose_b=True) of two per-sample
 [B, n] values (a [B, B] value, row i sample i's), tf.matmul(p, v) of a per-sample [B, B]
 value by a per-sample [B, n] one, and tf.transpose of a per-sample [B, B] value. Their
 results are per-sample values like any other (row i goes with sample i), so what follows
@@ -29,6 +30,12 @@ KERNEL_ROWS = {
                                         "labels) give each sample its row; tf.linalg.diag_part of "
                                         "a per-sample [batch, batch] value (each sample's own "
                                         "entry: a sample_gather)",
+    "batch_reduce": "Sum or Mean over the batch axis alone of a per-sample value (keepdims or "
+                    "not) whose every reader pairs it with a per-sample value in Add, Sub, Mul, "
+                    "RealDiv, DivNoNan, Maximum, Minimum or SquaredDifference (centring by the "
+                    "batch's mean, x - tf.reduce_mean(x, 0); DEC's target distribution "
+                    "q ** 2 / tf.reduce_sum(q, 0)): a batch barrier giving every sample the "
+                    "whole batch's statistic, its gradient the batch's sum",
 }
 
 
@@ -65,6 +72,34 @@ def transpose(m: Context, op: tf.Operation, perm: np.ndarray | None) -> bool:
     return True
 
 
+def statistic(m: Context, op: tf.Operation, axes: tuple[int, ...]) -> bool:
+    """tf.reduce_sum / tf.reduce_mean of a per-sample float32 value over the batch axis alone
+    (keepdims or not) whose every reader is an element-wise binary op pairing it with a
+    per-sample value of the reduced value's rank (x - tf.reduce_mean(x, 0), DEC's
+    q ** 2 / tf.reduce_sum(q, 0)): a batch_reduce barrier giving every sample the statistic
+    (False: not one; it stays a reduction of the loss, or is refused)."""
+    x, out = op.inputs[0], op.outputs[0]
+    readers = m.consumers(out)
+    if op.type not in ("Sum", "Mean") or axes != (0,) or x.dtype != tf.float32 or \
+            precision.tensor_precision(out) or not readers or out.name in m.protected or \
+            not has_kernel("batch_reduce"):
+        return False
+    rank = len(static_shape(x))
+    for reader in readers:
+        others = [t for t in reader.inputs if t.name != out.name]
+        if reader.type not in BINARY_READERS or len(others) != 1 or \
+                others[0].op not in m.flow or len(static_shape(others[0])) != rank or \
+                static_shape(others[0])[0] != m.batch_size or \
+                static_shape(reader.outputs[0])[:1] != (m.batch_size,):
+            return False
+    m.add_kernel(op.name, "batch_reduce", [x], {"op": op.type.lower(), "batch_size": m.batch_size},
+                 [], [op], out, output_shape=m.shape(x))
+    return True
+
+
+# The element-wise binary ops a batch statistic may meet a per-sample value in.
+BINARY_READERS = ("Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum",
+                  "Minimum", "SquaredDifference")
 # Ops whose second input is the labels of the first's samples (rank one less: sparse).
 LABELLED = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
 # Besides the element-wise binary ops: the ops pairing a constant's rows with the samples.

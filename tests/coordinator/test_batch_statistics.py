@@ -1,0 +1,61 @@
+"""Batch statistics (tests/batch_statistic_models.py): a sum or mean over the batch axis that
+every sample reads (DEC's target distribution, centring by the batch's mean), a
+batch_reduce barrier, trained in process on the simulated CS against TensorFlow
+(tests/cs_inprocess.py) whatever the micro-batch size and with replicas; evaluated on the CS
+with the CPU's metrics; the statistics the CS does not carry out refused naming the op."""
+from __future__ import annotations
+
+import batch_statistic_models as models
+import cs_inprocess
+import pytest
+
+from common.errors import CSRunError
+
+PARAMS = {"batch_size": models.BATCH}
+RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return cs_inprocess.micro_batch_comparisons(models.input_fn, tmp_path_factory, models.STEPS)
+
+
+def train_both(prepared, model_fn, micro: int, replicas: int = 1) -> cs_inprocess.Comparison:
+    return prepared(model_fn, {**PARAMS, "runconfig": {"num_replicas": replicas}}, micro)
+
+
+@pytest.mark.parametrize("micro, replicas", [(8, 1), (4, 1), (1, 1), (2, 2)])
+def test_deep_embedded_clustering_trains_like_tensorflow(prepared, micro, replicas):
+    """The barrier sums the whole batch's soft assignments (every replica's)."""
+    result = train_both(prepared, models.dec_model_fn, micro, replicas)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert [k.type for k in result.compiled.program.kernels].count("batch_reduce") == 1
+    assert f"Batch barrier: Sum_2 (the whole batch's statistic): the batch waits 2 x {8 - replicas} x" \
+        in result.compiled.report_text
+
+
+@pytest.mark.parametrize("micro", [8, 1])
+def test_features_centred_by_the_batch_mean_train_like_tensorflow(prepared, micro):
+    result = train_both(prepared, models.centred_model_fn, micro)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert [k.type for k in result.compiled.program.kernels].count("batch_reduce") == 2
+
+
+def test_deep_embedded_clustering_evaluates_on_the_cs_with_the_cpus_metrics(tmp_path, prepared):
+    """An eval batch computes its own statistic, as TF does."""
+    result = train_both(prepared, models.dec_model_fn, 2)
+    assert cs_inprocess.evaluation_mismatch(models.dec_model_fn, models.input_fn, PARAMS,
+                                            str(tmp_path), result, rtol=RTOL) == ""
+
+
+@pytest.mark.parametrize("model_fn, words", [
+    (models.vicreg_model_fn, "this op is not linear"),
+    (models.barlow_twins_model_fn, "transpose_b=True"),
+    (models.max_scaled_model_fn, "reduce over non-batch axes"),
+])
+def test_batch_statistics_the_cs_does_not_carry_out_are_refused_naming_the_op(tmp_path, model_fn, words):
+    with pytest.raises(CSRunError) as error:
+        cs_inprocess.compile_checked(model_fn, models.input_fn, PARAMS, str(tmp_path))
+    op_words = cs_inprocess.model_op_words(model_fn, models.input_fn, PARAMS)
+    assert cs_inprocess.refusal_problem(error.value, models.__file__, op_words) == ""
+    assert words in str(error.value)
