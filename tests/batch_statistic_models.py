@@ -2,9 +2,10 @@
 Clustering (Student-t soft assignments to learned centres, the target distribution
 p = q ** 2 / tf.reduce_sum(q, 0) normalised per row under tf.stop_gradient, KL(p || q) plus
 the autoencoder's reconstruction) and features centred by the batch's mean by hand
-(h - tf.reduce_mean(h, 0)) before a Keras classifier. What the CS does not carry out:
-VICReg's variance and covariance terms, Barlow Twins' cross-correlation, a per-feature
-normalisation by the batch's maximum."""
+(h - tf.reduce_mean(h, 0)), shifted by the batch's maximum or standardised by its mean and
+tf.math.reduce_std before a Keras classifier. What the CS does not carry out: VICReg's
+variance term and Barlow Twins' cross-correlation (losses that are functions of batch
+statistics), min-max scaling (a difference of two statistics)."""
 from __future__ import annotations
 
 import numpy as np
@@ -82,10 +83,29 @@ def barlow_twins_model_fn(features, labels, mode, params):
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
 
 
-def max_scaled_model_fn(features, labels, mode, params):
-    """Each feature scaled by its largest magnitude in the batch."""
+def max_shifted_model_fn(features, labels, mode, params):
+    """Each feature shifted by its largest value in the batch (the batch's max subtracted)."""
+    h = tf.keras.layers.Dense(8, activation="tanh")(features)
+    h = h - tf.reduce_max(h, axis=0)
+    logits = tf.keras.layers.Dense(CLUSTERS)(h)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def standardised_model_fn(features, labels, mode, params):
+    """Features standardised by the batch's mean and standard deviation by hand."""
+    h = tf.keras.layers.Dense(8, activation="tanh")(features)
+    h = (h - tf.reduce_mean(h, axis=0)) / (tf.math.reduce_std(h, axis=0) + 1e-3)
+    logits = tf.keras.layers.Dense(CLUSTERS)(h)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def min_max_model_fn(features, labels, mode, params):
+    """Min-max scaling over the batch: the range is a difference of two batch statistics."""
     h = tf.keras.layers.Dense(8, activation="relu")(features)
-    h = h / (tf.reduce_max(h, axis=0) + 1e-6)
+    low = tf.reduce_min(h, axis=0)
+    h = (h - low) / (tf.reduce_max(h, axis=0) - low + 1e-6)
     logits = tf.keras.layers.Dense(CLUSTERS)(h)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))

@@ -71,10 +71,11 @@ REFUSED = {
                    "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss, but BatchNormalization's moments, the in-batch "
-                          "products and the batch sums and means above: a batch max or min "
-                          "read per sample, a loss that is a function of batch statistics "
-                          "(VICReg's variance and covariance terms: the Sqrt of a variance over "
-                          "the batch is not linear), Barlow Twins' tf.matmul(za, zb, "
+                          "products and the batch statistics above: two statistics combined "
+                          "(min-max scaling's max - min), a loss that is a function of batch "
+                          "statistics "
+                          "(VICReg's variance and covariance terms: the Sqrt of a variance "
+                          "over the batch is not linear), Barlow Twins' tf.matmul(za, zb, "
                           "transpose_a=True)",
     **random_numbers.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "

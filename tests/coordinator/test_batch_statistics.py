@@ -1,5 +1,5 @@
-"""Batch statistics (tests/batch_statistic_models.py): a sum or mean over the batch axis that
-every sample reads (DEC's target distribution, centring by the batch's mean), a
+"""Batch statistics (tests/batch_statistic_models.py): a sum, mean, max or min over the batch
+axis that every sample reads (DEC's target distribution, centring, scaling, standardising), a
 batch_reduce barrier, trained in process on the simulated CS against TensorFlow
 (tests/cs_inprocess.py) whatever the micro-batch size and with replicas; evaluated on the CS
 with the CPU's metrics; the statistics the CS does not carry out refused naming the op."""
@@ -34,11 +34,17 @@ def test_deep_embedded_clustering_trains_like_tensorflow(prepared, micro, replic
         in result.compiled.report_text
 
 
+@pytest.mark.parametrize("model_fn, statistics", [
+    (models.centred_model_fn, 2), (models.max_shifted_model_fn, 1), (models.standardised_model_fn, 3)])
 @pytest.mark.parametrize("micro", [8, 1])
-def test_features_centred_by_the_batch_mean_train_like_tensorflow(prepared, micro):
-    result = train_both(prepared, models.centred_model_fn, micro)
+def test_features_normalised_by_batch_statistics_train_like_tensorflow(prepared, model_fn,
+                                                                      statistics, micro):
+    """Centred by the batch's mean, shifted by its max, standardised by its mean and
+    tf.math.reduce_std (+ eps: element-wise ops of a statistic alone run per sample; the
+    variance's own mean is a statistic too)."""
+    result = train_both(prepared, model_fn, micro)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
-    assert [k.type for k in result.compiled.program.kernels].count("batch_reduce") == 2
+    assert [k.type for k in result.compiled.program.kernels].count("batch_reduce") == statistics
 
 
 def test_deep_embedded_clustering_evaluates_on_the_cs_with_the_cpus_metrics(tmp_path, prepared):
@@ -51,7 +57,7 @@ def test_deep_embedded_clustering_evaluates_on_the_cs_with_the_cpus_metrics(tmp_
 @pytest.mark.parametrize("model_fn, words", [
     (models.vicreg_model_fn, "this op is not linear"),
     (models.barlow_twins_model_fn, "transpose_b=True"),
-    (models.max_scaled_model_fn, "reduce over non-batch axes"),
+    (models.min_max_model_fn, "reduce over non-batch axes"),
 ])
 def test_batch_statistics_the_cs_does_not_carry_out_are_refused_naming_the_op(tmp_path, model_fn, words):
     with pytest.raises(CSRunError) as error:
