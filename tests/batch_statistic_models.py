@@ -2,10 +2,10 @@
 Clustering (Student-t soft assignments to learned centres, the target distribution
 p = q ** 2 / tf.reduce_sum(q, 0) normalised per row under tf.stop_gradient, KL(p || q) plus
 the autoencoder's reconstruction) and features centred by the batch's mean by hand
-(h - tf.reduce_mean(h, 0)), shifted by the batch's maximum or standardised by its mean and
-tf.math.reduce_std before a Keras classifier. What the CS does not carry out: VICReg's
-variance term and Barlow Twins' cross-correlation (losses that are functions of batch
-statistics), min-max scaling (a difference of two statistics)."""
+(h - tf.reduce_mean(h, 0)), shifted by the batch's maximum, standardised by its mean and
+tf.math.reduce_std or whitened by tf.nn.moments before a Keras classifier. What the CS does
+not carry out: VICReg's variance term and Barlow Twins' cross-correlation (losses that are
+functions of batch statistics), min-max scaling (a difference of two statistics)."""
 from __future__ import annotations
 
 import numpy as np
@@ -96,6 +96,16 @@ def standardised_model_fn(features, labels, mode, params):
     """Features standardised by the batch's mean and standard deviation by hand."""
     h = tf.keras.layers.Dense(8, activation="tanh")(features)
     h = (h - tf.reduce_mean(h, axis=0)) / (tf.math.reduce_std(h, axis=0) + 1e-3)
+    logits = tf.keras.layers.Dense(CLUSTERS)(h)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def moments_whitened_model_fn(features, labels, mode, params):
+    """Features whitened by tf.nn.moments over the batch by hand (no scale or offset)."""
+    h = tf.keras.layers.Dense(8, activation="tanh")(features)
+    mean, variance = tf.nn.moments(h, axes=[0])
+    h = (h - mean) * tf.math.rsqrt(variance + 1e-3)
     logits = tf.keras.layers.Dense(CLUSTERS)(h)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))

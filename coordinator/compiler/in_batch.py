@@ -32,8 +32,9 @@ KERNEL_ROWS = {
                                         "a per-sample [batch, batch] value (each sample's own "
                                         "entry: a sample_gather)",
     "batch_reduce": "Sum, Mean, Max or Min over the batch axis alone of a per-sample value "
-                    "(keepdims or not; tf.math.reduce_std / reduce_variance's means) met, after "
-                    "element-wise ops of it and scalar constants (+ eps, tf.sqrt), by a "
+                    "(keepdims or not; tf.math.reduce_std / reduce_variance's and "
+                    "tf.nn.moments' means) met, after element-wise ops of it and scalar "
+                    "constants (+ eps, tf.sqrt), tf.stop_gradient and squeezes, by a "
                     "per-sample value in Add, Sub, Mul, RealDiv, DivNoNan, Maximum, Minimum or "
                     "SquaredDifference (centring x - tf.reduce_mean(x, 0), standardising by the "
                     "batch's std, DEC's target distribution q ** 2 / tf.reduce_sum(q, 0)): a "
@@ -78,19 +79,19 @@ def transpose(m: Context, op: tf.Operation, perm: np.ndarray | None) -> bool:
 def statistic(m: TailContext, op: tf.Operation, axes: tuple[int, ...]) -> bool:
     """tf.reduce_{sum, mean, max, min} of a per-sample float32 value over the batch axis alone
     (keepdims or not) whose readers, after element-wise ops of it alone and scalar constants
-    (+ eps, tf.sqrt), pair it with a per-sample value of the reduced value's rank in an
-    element-wise binary op (x - tf.reduce_mean(x, 0), DEC's q ** 2 / tf.reduce_sum(q, 0),
-    h / (tf.reduce_max(h, 0) + 1e-6)): a batch_reduce barrier giving every sample the
-    statistic, its element-wise ops per sample (False: not one; it stays a reduction of the
-    loss, or is refused)."""
+    (+ eps, tf.sqrt), tf.stop_gradient and squeezes of its kept axis (tf.nn.moments'), pair
+    it with a per-sample value of the reduced value's rank in an element-wise binary op
+    (x - tf.reduce_mean(x, 0), DEC's q ** 2 / tf.reduce_sum(q, 0), (x - mean) / tf.sqrt(var
+    + eps)): a batch_reduce barrier giving every sample the statistic, its element-wise ops
+    per sample (False: not one; it stays a reduction of the loss, or is refused)."""
     x, out = op.inputs[0], op.outputs[0]
     if op.type not in STATISTICS or axes != (0,) or x.dtype != tf.float32 or \
             precision.tensor_precision(out) or not has_kernel("batch_reduce"):
         return False
-    chain = _statistic_ops(m, out, len(static_shape(x)))
+    shape = m.shape(x)
+    chain = _statistic_ops(m, out, shape)
     if chain is None:
         return False
-    shape = m.shape(x)
     m.add_kernel(op.name, "batch_reduce", [x], {"op": op.type.lower(), "batch_size": m.batch_size},
                  [], [op], out, output_shape=shape)
     for step in sorted(chain, key=m.ops.index):
@@ -98,52 +99,70 @@ def statistic(m: TailContext, op: tf.Operation, axes: tuple[int, ...]) -> bool:
     return True
 
 
-def _statistic_ops(m: Context, value: tf.Tensor, rank: int) -> set[tf.Operation] | None:
-    """The element-wise ops of the statistic `value` alone (and scalar constants) before it
-    meets per-sample values, or None if a reader is neither one nor such a meeting."""
+def _statistic_ops(m: Context, value: tf.Tensor, shape: tuple[int, ...]) -> set[tf.Operation] | None:
+    """The ops of the statistic `value` alone (element-wise with scalar constants,
+    stop_gradient, views dropping or adding its kept axis) before it meets per-sample values,
+    or None if a reader is neither one nor such a meeting."""
     from coordinator.compiler.lowering import BINARY, UNARY
     readers = m.consumers(value)
     if not readers or value.name in m.protected:
         return None
     found: set[tf.Operation] = set()
     for reader in readers:
+        result = reader.outputs[0]
         others = [t for t in reader.inputs if t.name != value.name]
-        if len(others) != 1 and reader.type not in UNARY:
-            return None
-        other = others[0] if others else None
-        if other is not None and reader.type in BINARY_READERS and other.op in m.flow and \
-                len(static_shape(other)) == rank and static_shape(other)[0] == m.batch_size and \
-                static_shape(reader.outputs[0])[:1] == (m.batch_size,):
+        if _meets_samples(m, reader, others, len(shape) + 1):
             continue
-        scalar = None if other is None else m.operands.constant(other)
-        if not (reader.type in UNARY and other is None or reader.type in BINARY and
-                BINARY[reader.type] in ARITHMETIC and scalar is not None and scalar.size == 1) or \
-                reader.outputs[0].shape != value.shape or precision.tensor_precision(reader.outputs[0]):
-            return None
-        after = _statistic_ops(m, reader.outputs[0], rank)
+        if reader.type in VIEWS:
+            own = static_shape(result) in (shape, (1, *shape))
+        elif reader.type in UNARY or reader.type == "StopGradient":
+            own = not others and result.shape == value.shape
+        else:
+            scalar = m.operands.constant(others[0]) if len(others) == 1 else None
+            own = reader.type in BINARY and BINARY[reader.type] in ARITHMETIC and \
+                scalar is not None and scalar.size == 1 and result.shape == value.shape
+        after = _statistic_ops(m, result, shape) \
+            if own and not precision.tensor_precision(result) else None
         if after is None:
             return None
         found |= {reader, *after}
     return found
 
 
+def _meets_samples(m: Context, reader: tf.Operation, others: list[tf.Tensor], rank: int) -> bool:
+    """An element-wise binary op of the statistic and a per-sample value of `rank`."""
+    if reader.type not in BINARY_READERS or len(others) != 1:
+        return False
+    other = others[0]
+    return other.op in m.flow and len(static_shape(other)) == rank and \
+        static_shape(other)[0] == m.batch_size and \
+        static_shape(reader.outputs[0])[:1] == (m.batch_size,)
+
+
 def _per_sample_step(m: Context, op: tf.Operation, shape: tuple[int, ...]) -> None:
-    """An element-wise op of a statistic alone (and a scalar constant): every sample's copy."""
+    """An op of a statistic alone (and a scalar constant): every sample's copy."""
     from coordinator.compiler.lowering import BINARY, UNARY
-    if op.type in UNARY:
+    if op.type in VIEWS:
+        m.alias(op, op.inputs[0])
+    elif op.type == "StopGradient":
+        m.add_kernel(op.name, "stop_gradient", [op.inputs[0]], {}, [], [op], op.outputs[0],
+                     output_shape=shape)
+    elif op.type in UNARY:
         attrs: dict = {"function": UNARY[op.type]}
         if op.type == "LeakyRelu":
             attrs["alpha"] = float(op.get_attr("alpha"))
         m.add_kernel(op.name, "activation", [op.inputs[0]], attrs, [], [op], op.outputs[0],
                      output_shape=shape)
-        return
-    k = 0 if m.is_batched(op.inputs[1]) else 1
-    value = np.asarray(m.operands.constant(op.inputs[k]), np.float32).reshape(())
-    m.add_kernel(op.name, "binary", [op.inputs[1 - k]],
-                 {"op": BINARY[op.type], "operands": "ci" if k == 0 else "ic", f"c{k}": value},
-                 [], [op], op.outputs[0], output_shape=shape)
+    else:
+        k = 0 if m.is_batched(op.inputs[1]) else 1
+        value = np.asarray(m.operands.constant(op.inputs[k]), np.float32).reshape(())
+        m.add_kernel(op.name, "binary", [op.inputs[1 - k]],
+                     {"op": BINARY[op.type], "operands": "ci" if k == 0 else "ic", f"c{k}": value},
+                     [], [op], op.outputs[0], output_shape=shape)
 
 
+# Views of a statistic that drop or add its kept batch axis (tf.nn.moments' squeeze).
+VIEWS = ("Squeeze", "Reshape", "ExpandDims", "Identity")
 STATISTICS = ("Sum", "Mean", "Max", "Min")
 # The element-wise binary ops a batch statistic may meet a per-sample value in.
 BINARY_READERS = ("Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum",

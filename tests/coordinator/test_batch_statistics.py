@@ -35,13 +35,15 @@ def test_deep_embedded_clustering_trains_like_tensorflow(prepared, micro, replic
 
 
 @pytest.mark.parametrize("model_fn, statistics", [
-    (models.centred_model_fn, 2), (models.max_shifted_model_fn, 1), (models.standardised_model_fn, 3)])
+    (models.centred_model_fn, 2), (models.max_shifted_model_fn, 1), (models.standardised_model_fn, 3),
+    (models.moments_whitened_model_fn, 2)])
 @pytest.mark.parametrize("micro", [8, 1])
 def test_features_normalised_by_batch_statistics_train_like_tensorflow(prepared, model_fn,
                                                                       statistics, micro):
     """Centred by the batch's mean, shifted by its max, standardised by its mean and
     tf.math.reduce_std (+ eps: element-wise ops of a statistic alone run per sample; the
-    variance's own mean is a statistic too)."""
+    variance's own mean is a statistic too), whitened by tf.nn.moments (its stop_gradient
+    and squeezes)."""
     result = train_both(prepared, model_fn, micro)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert [k.type for k in result.compiled.program.kernels].count("batch_reduce") == statistics
