@@ -56,7 +56,7 @@ def centred_model_fn(features, labels, mode, params):
     """Hidden features centred by the batch's mean (keepdims, and not) between Keras layers."""
     h = tf.keras.layers.Dense(8, activation="tanh")(features)
     h = h - tf.reduce_mean(h, axis=0)
-    h = tf.keras.layers.Dense(6, activation="elu")(h)
+    h = tf.keras.layers.Dense(6, activation="softplus")(h)
     h = h - tf.reduce_mean(h, axis=0, keepdims=True)
     logits = tf.keras.layers.Dense(CLUSTERS)(h)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
@@ -119,3 +119,48 @@ def min_max_model_fn(features, labels, mode, params):
     logits = tf.keras.layers.Dense(CLUSTERS)(h)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def random_model_fn(seed: int):
+    """A classifier whose hidden features are normalised by batch statistics, drawn from
+    `seed`: widths, Keras activations, per layer one of centring, standardising (tf.math
+    .reduce_std or tf.nn.moments), max-shifting or dividing by the batch's sum of a positive
+    value, keepdims or not, and the optimizer."""
+    rng = np.random.default_rng(seed)
+    # (no relu or elu: a feature in their linear part for the whole batch, centred, has a
+    # bias gradient 0 in exact arithmetic, rounding noise Adam turns into steps on both
+    # sides: docs/design.md, *Amplified noise*)
+    layers = [(int(rng.integers(3, 9)), str(rng.choice(["tanh", "sigmoid", "softplus"])),
+               str(rng.choice(["centre", "std", "moments", "max", "share"])), bool(rng.integers(2)))
+              for _ in range(int(rng.integers(1, 3)))]
+    optimizer = str(rng.choice(["adam", "sgd", "momentum"]))
+
+    def normalise(h, kind, keepdims):
+        if kind == "centre":
+            return h - tf.reduce_mean(h, axis=0, keepdims=keepdims)
+        if kind == "std":
+            return (h - tf.reduce_mean(h, 0, keepdims=keepdims)) / \
+                (tf.math.reduce_std(h, 0, keepdims=keepdims) + 1e-3)
+        if kind == "moments":
+            mean, variance = tf.nn.moments(h, axes=[0], keepdims=keepdims)
+            return (h - mean) * tf.math.rsqrt(variance + 1e-3)
+        if kind == "max":
+            return h - tf.reduce_max(h, axis=0, keepdims=keepdims)
+        positive = tf.nn.softplus(h)  # each sample's share of the batch's total
+        return positive / tf.reduce_sum(positive, axis=0, keepdims=keepdims) * 4.0
+
+    def model_fn(features, labels, mode, params):
+        h = features
+        for width, activation, kind, keepdims in layers:
+            h = normalise(tf.keras.layers.Dense(width, activation=activation)(h), kind, keepdims)
+        logits = tf.keras.layers.Dense(CLUSTERS)(h)
+        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+        rate = 0.01 if optimizer == "adam" else 0.1
+        train_op = {"adam": tf.compat.v1.train.AdamOptimizer(rate),
+                    "sgd": tf.compat.v1.train.GradientDescentOptimizer(rate),
+                    "momentum": tf.compat.v1.train.MomentumOptimizer(rate, 0.9)}[optimizer].minimize(
+            loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+        return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+    model_fn.__name__ = f"random_batch_statistics_{seed}"
+    return model_fn
