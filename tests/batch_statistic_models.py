@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
+from inbatch_models import minimize_with
 
 from tf_model.estimator_spec import CSEstimatorSpec
 
@@ -155,12 +156,7 @@ def random_model_fn(seed: int):
             h = normalise(tf.keras.layers.Dense(width, activation=activation)(h), kind, keepdims)
         logits = tf.keras.layers.Dense(CLUSTERS)(h)
         loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
-        rate = 0.01 if optimizer == "adam" else 0.1
-        train_op = {"adam": tf.compat.v1.train.AdamOptimizer(rate),
-                    "sgd": tf.compat.v1.train.GradientDescentOptimizer(rate),
-                    "momentum": tf.compat.v1.train.MomentumOptimizer(rate, 0.9)}[optimizer].minimize(
-            loss, global_step=tf.compat.v1.train.get_or_create_global_step())
-        return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+        return CSEstimatorSpec(mode=mode, loss=loss, train_op=minimize_with(optimizer, loss))
 
     model_fn.__name__ = f"random_batch_statistics_{seed}"
     return model_fn

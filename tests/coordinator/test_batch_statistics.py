@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import batch_statistic_models as models
 import cs_inprocess
-import numpy as np
 import pytest
-import tf_reference
 
 from common.errors import CSRunError
 
@@ -76,15 +74,7 @@ def test_batch_statistics_the_cs_does_not_carry_out_are_refused_naming_the_op(tm
 def test_random_batch_statistic_models_train_like_tensorflow(tmp_path, seed):
     """Differential: classifiers normalised by batch statistics drawn at random, at a random
     batch and micro-batch size."""
-    rng = np.random.default_rng(2100 + seed)
-    batch = int(rng.choice([4, 6, 8]))
-    micro = int(rng.choice([m for m in (1, 2, batch) if batch % m == 0]))
-    params = {"batch_size": batch}
-    model_fn = models.random_model_fn(seed)
-    compiled = cs_inprocess.compile_checked(model_fn, models.input_fn, params, str(tmp_path))
-    assert any(k.type == "batch_reduce" for k in compiled.program.kernels)
-    data = tf_reference.batches(models.input_fn, params, models.STEPS)
-    reference = tf_reference.run(model_fn, models.input_fn, params, compiled.initial_weights, data)
-    cs = cs_inprocess.run_on_cs(cs_inprocess.at_micro_batch(compiled.program, micro),
-                                compiled.initial_weights, data)
-    cs_inprocess.assert_same_training(cs_inprocess.Comparison(compiled, cs, reference), rtol=RTOL)
+    result = cs_inprocess.random_split_comparison(models.random_model_fn(seed), models.input_fn,
+                                                  models.STEPS, 2100 + seed, str(tmp_path))
+    assert any(k.type == "batch_reduce" for k in result.compiled.program.kernels)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
