@@ -5,7 +5,8 @@ the autoencoder's reconstruction) and features centred by the batch's mean by ha
 (h - tf.reduce_mean(h, 0)), shifted by the batch's maximum, standardised by its mean and
 tf.math.reduce_std or whitened by tf.nn.moments before a Keras classifier. What the CS does
 not carry out: VICReg's variance term and Barlow Twins' cross-correlation (losses that are
-functions of batch statistics), min-max scaling (a difference of two statistics)."""
+functions of batch statistics), min-max scaling (a difference of two statistics), scaling by
+the batch's max."""
 from __future__ import annotations
 
 import numpy as np
@@ -107,6 +108,15 @@ def moments_whitened_model_fn(features, labels, mode, params):
     h = tf.keras.layers.Dense(8, activation="tanh")(features)
     mean, variance = tf.nn.moments(h, axes=[0])
     h = (h - mean) * tf.math.rsqrt(variance + 1e-3)
+    logits = tf.keras.layers.Dense(CLUSTERS)(h)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def max_scaled_model_fn(features, labels, mode, params):
+    """Each feature scaled by its largest value in the batch."""
+    h = tf.keras.layers.Dense(8, activation="relu")(features)
+    h = h / (tf.reduce_max(h, axis=0) + 1e-6)
     logits = tf.keras.layers.Dense(CLUSTERS)(h)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))

@@ -36,8 +36,8 @@ KERNEL_ROWS = {
                     "tf.nn.moments' means) met, after element-wise ops of it and scalar "
                     "constants (+ eps, tf.sqrt), tf.stop_gradient and squeezes, by a "
                     "per-sample value in Add, Sub, Mul, RealDiv, DivNoNan, Maximum, Minimum or "
-                    "SquaredDifference (centring x - tf.reduce_mean(x, 0), standardising by the "
-                    "batch's std, DEC's target distribution q ** 2 / tf.reduce_sum(q, 0)): a "
+                    "SquaredDifference (a max or min only additively; centring "
+                    "x - tf.reduce_mean(x, 0), standardising by the batch's std, DEC's target distribution q ** 2 / tf.reduce_sum(q, 0)): a "
                     "batch barrier giving every sample the whole batch's statistic, its "
                     "gradient the batch's sum (a max's or min's shared by ties, as TF's)",
 }
@@ -89,7 +89,8 @@ def statistic(m: TailContext, op: tf.Operation, axes: tuple[int, ...]) -> bool:
             precision.tensor_precision(out) or not has_kernel("batch_reduce"):
         return False
     shape = m.shape(x)
-    chain = _statistic_ops(m, out, shape)
+    meetings = ADDITIVE if op.type in ("Max", "Min") else BINARY_READERS
+    chain = _statistic_ops(m, out, shape, meetings)
     if chain is None:
         return False
     m.add_kernel(op.name, "batch_reduce", [x], {"op": op.type.lower(), "batch_size": m.batch_size},
@@ -99,10 +100,11 @@ def statistic(m: TailContext, op: tf.Operation, axes: tuple[int, ...]) -> bool:
     return True
 
 
-def _statistic_ops(m: Context, value: tf.Tensor, shape: tuple[int, ...]) -> set[tf.Operation] | None:
+def _statistic_ops(m: Context, value: tf.Tensor, shape: tuple[int, ...],
+                   meetings: tuple[str, ...]) -> set[tf.Operation] | None:
     """The ops of the statistic `value` alone (element-wise with scalar constants,
-    stop_gradient, views dropping or adding its kept axis) before it meets per-sample values,
-    or None if a reader is neither one nor such a meeting."""
+    stop_gradient, views dropping or adding its kept axis) before it meets per-sample values
+    in one of `meetings`, or None if a reader is neither one nor such a meeting."""
     from coordinator.compiler.lowering import BINARY, UNARY
     readers = m.consumers(value)
     if not readers or value.name in m.protected:
@@ -111,7 +113,7 @@ def _statistic_ops(m: Context, value: tf.Tensor, shape: tuple[int, ...]) -> set[
     for reader in readers:
         result = reader.outputs[0]
         others = [t for t in reader.inputs if t.name != value.name]
-        if _meets_samples(m, reader, others, len(shape) + 1):
+        if _meets_samples(m, reader, others, len(shape) + 1, meetings):
             continue
         if reader.type in VIEWS:
             own = static_shape(result) in (shape, (1, *shape))
@@ -121,7 +123,7 @@ def _statistic_ops(m: Context, value: tf.Tensor, shape: tuple[int, ...]) -> set[
             scalar = m.operands.constant(others[0]) if len(others) == 1 else None
             own = reader.type in BINARY and BINARY[reader.type] in ARITHMETIC and \
                 scalar is not None and scalar.size == 1 and result.shape == value.shape
-        after = _statistic_ops(m, result, shape) \
+        after = _statistic_ops(m, result, shape, meetings) \
             if own and not precision.tensor_precision(result) else None
         if after is None:
             return None
@@ -129,9 +131,11 @@ def _statistic_ops(m: Context, value: tf.Tensor, shape: tuple[int, ...]) -> set[
     return found
 
 
-def _meets_samples(m: Context, reader: tf.Operation, others: list[tf.Tensor], rank: int) -> bool:
-    """An element-wise binary op of the statistic and a per-sample value of `rank`."""
-    if reader.type not in BINARY_READERS or len(others) != 1:
+def _meets_samples(m: Context, reader: tf.Operation, others: list[tf.Tensor], rank: int,
+                   meetings: tuple[str, ...]) -> bool:
+    """An element-wise binary op (one of `meetings`) of the statistic and a per-sample value
+    of `rank`."""
+    if reader.type not in meetings or len(others) != 1:
         return False
     other = others[0]
     return other.op in m.flow and len(static_shape(other)) == rank and \
@@ -164,9 +168,12 @@ def _per_sample_step(m: Context, op: tf.Operation, shape: tuple[int, ...]) -> No
 # Views of a statistic that drop or add its kept batch axis (tf.nn.moments' squeeze).
 VIEWS = ("Squeeze", "Reshape", "ExpandDims", "Identity")
 STATISTICS = ("Sum", "Mean", "Max", "Min")
-# The element-wise binary ops a batch statistic may meet a per-sample value in.
-BINARY_READERS = ("Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Maximum",
-                  "Minimum", "SquaredDifference")
+# The element-wise binary ops a batch statistic may meet a per-sample value in; a max or min
+# only additively: h / max(h) is 1 for the sample that is the max whatever it is, so its
+# gradient there is a cancellation, g / m - g h / m^2, that TF and the CS both compute as
+# rounding noise (and Adam amplifies).
+ADDITIVE = ("Add", "AddV2", "Sub", "Maximum", "Minimum", "SquaredDifference")
+BINARY_READERS = (*ADDITIVE, "Mul", "RealDiv", "Div", "DivNoNan")
 # Ops whose second input is the labels of the first's samples (rank one less: sparse).
 LABELLED = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
 # Besides the element-wise binary ops: the ops pairing a constant's rows with the samples.

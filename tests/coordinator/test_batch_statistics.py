@@ -60,6 +60,7 @@ def test_deep_embedded_clustering_evaluates_on_the_cs_with_the_cpus_metrics(tmp_
     (models.vicreg_model_fn, "this op is not linear"),
     (models.barlow_twins_model_fn, "transpose_b=True"),
     (models.min_max_model_fn, "reduce over non-batch axes"),
+    (models.max_scaled_model_fn, "reduce over non-batch axes"),
 ])
 def test_batch_statistics_the_cs_does_not_carry_out_are_refused_naming_the_op(tmp_path, model_fn, words):
     with pytest.raises(CSRunError) as error:
