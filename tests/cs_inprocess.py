@@ -209,6 +209,21 @@ def micro_batch_comparisons(input_fn: Callable, tmp_path_factory: Any,
     return run
 
 
+def random_split_comparison(model_fn: Callable, input_fn: Callable, steps: int, seed: int,
+                            model_dir: str) -> Comparison:
+    """compare() of `steps` batches at a batch size of 4, 6 or 8 and a micro-batch size of 1,
+    2 or the batch drawn from `seed` (differential tests of batch barriers)."""
+    rng = np.random.default_rng(seed)
+    batch = int(rng.choice([4, 6, 8]))
+    micro = int(rng.choice([m for m in (1, 2, batch) if batch % m == 0]))
+    params = {"batch_size": batch}
+    compiled = compile_checked(model_fn, input_fn, params, model_dir)
+    data = tf_reference.batches(input_fn, params, steps)
+    reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data)
+    cs = run_on_cs(at_micro_batch(compiled.program, micro), compiled.initial_weights, data)
+    return Comparison(compiled, cs, reference)
+
+
 def trained_checkpoint(model_dir: str, trained: Comparison, step: int = STEPS_WRITTEN) -> str:
     """What the chief writes after a CS run: the CS's state (weights and optimizer slots), the
     graph's host-side variables and the global step, as `model.ckpt-<step>` in model_dir."""

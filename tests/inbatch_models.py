@@ -90,6 +90,15 @@ def column_softmax_model_fn(features, labels, mode, params):
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
 
 
+def minimize_with(optimizer: str, loss):
+    """The train_op of a drawn model: "adam" (rate 0.01), "sgd" or "momentum" (0.1)."""
+    rate = 0.01 if optimizer == "adam" else 0.1
+    return {"adam": tf.compat.v1.train.AdamOptimizer(rate),
+            "sgd": tf.compat.v1.train.GradientDescentOptimizer(rate),
+            "momentum": tf.compat.v1.train.MomentumOptimizer(rate, 0.9)}[optimizer].minimize(
+        loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+
+
 def random_model_fn(seed: int):
     """A two-tower contrastive model drawn from `seed`: tower widths and depth, Keras
     activations, l2-normalised or not, a fixed or learned temperature, labels tf.range /
@@ -134,12 +143,7 @@ def random_model_fn(seed: int):
             other = tf.transpose(logits) if direction == "transpose" else \
                 tf.matmul(d, q, transpose_b=True) * scale
             loss = (loss + cross_entropy(other, batch)) / 2
-        rate = 0.01 if optimizer == "adam" else 0.1
-        train_op = {"adam": tf.compat.v1.train.AdamOptimizer(rate),
-                    "sgd": tf.compat.v1.train.GradientDescentOptimizer(rate),
-                    "momentum": tf.compat.v1.train.MomentumOptimizer(rate, 0.9)}[optimizer].minimize(
-            loss, global_step=tf.compat.v1.train.get_or_create_global_step())
-        return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+        return CSEstimatorSpec(mode=mode, loss=loss, train_op=minimize_with(optimizer, loss))
 
     model_fn.__name__ = f"random_in_batch_{seed}"
     return model_fn

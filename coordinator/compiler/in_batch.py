@@ -1,6 +1,7 @@
 """In-batch products: values of different samples meeting through a matmul over the batch
 (two-tower retrieval with in-batch negatives, SimCLR/CLIP's InfoNCE), lowered onto batch
-barriers (wafer.kernels.in_batch): tf.matmul(q, d, transpose_b=True) of two per-sample
+barriers (wafer.kernels.in_batch), and the batch statistics every sample reads (a sum or mean
+over the batch axis: `statistic`): tf.matmul(q, d, transpose_b=True) of two per-sample
 [B, n] values (a [B, B] value, row i sample i's), tf.matmul(p, v) of a per-sample [B, B]
 value by a per-sample [B, n] one, and tf.transpose of a per-sample [B, B] value. Their
 results are per-sample values like any other (row i goes with sample i), so what follows
@@ -14,7 +15,8 @@ import tensorflow as tf
 
 from coordinator.compiler import precision
 from coordinator.compiler.operands import static_shape
-from coordinator.compiler.rules import Context, fast_path, generic, has_kernel
+from coordinator.compiler.rules import Context, TailContext, fast_path, generic, has_kernel
+from wafer.kernels.elementwise import ARITHMETIC
 
 # The README's rows: kernel -> the TF ops it starts from.
 KERNEL_ROWS = {
@@ -31,6 +33,15 @@ KERNEL_ROWS = {
                                         "entry: a sample_gather); tf.gather_nd(x, tf.stack("
                                         "[tf.range(batch), ids], 1)) of a per-sample x (each "
                                         "sample's own row: a sample_gather at ids)",
+    "batch_reduce": "Sum, Mean, Max or Min over the batch axis alone of a per-sample value "
+                    "(keepdims or not; tf.math.reduce_std / reduce_variance's and "
+                    "tf.nn.moments' means) met, after element-wise ops of it and scalar "
+                    "constants (+ eps, tf.sqrt), tf.stop_gradient and squeezes, by a "
+                    "per-sample value in Add, Sub, Mul, RealDiv, DivNoNan, Maximum, Minimum or "
+                    "SquaredDifference (a max or min only additively; centring "
+                    "x - tf.reduce_mean(x, 0), standardising by the batch's std, DEC's target distribution q ** 2 / tf.reduce_sum(q, 0)): a "
+                    "batch barrier giving every sample the whole batch's statistic, its "
+                    "gradient the batch's sum (a max's or min's shared by ties, as TF's)",
 }
 
 
@@ -67,6 +78,104 @@ def transpose(m: Context, op: tf.Operation, perm: np.ndarray | None) -> bool:
     return True
 
 
+def statistic(m: TailContext, op: tf.Operation, axes: tuple[int, ...]) -> bool:
+    """tf.reduce_{sum, mean, max, min} of a per-sample float32 value over the batch axis alone
+    (keepdims or not) whose readers, after element-wise ops of it alone and scalar constants
+    (+ eps, tf.sqrt), tf.stop_gradient and squeezes of its kept axis (tf.nn.moments'), pair
+    it with a per-sample value of the reduced value's rank in an element-wise binary op
+    (x - tf.reduce_mean(x, 0), DEC's q ** 2 / tf.reduce_sum(q, 0), (x - mean) / tf.sqrt(var
+    + eps)): a batch_reduce barrier giving every sample the statistic, its element-wise ops
+    per sample (False: not one; it stays a reduction of the loss, or is refused)."""
+    x, out = op.inputs[0], op.outputs[0]
+    if op.type not in STATISTICS or axes != (0,) or x.dtype != tf.float32 or \
+            precision.tensor_precision(out) or not has_kernel("batch_reduce"):
+        return False
+    shape = m.shape(x)
+    meetings = ADDITIVE if op.type in ("Max", "Min") else BINARY_READERS
+    chain = _statistic_ops(m, out, shape, meetings)
+    if chain is None:
+        return False
+    m.add_kernel(op.name, "batch_reduce", [x], {"op": op.type.lower(), "batch_size": m.batch_size},
+                 [], [op], out, output_shape=shape)
+    for step in sorted(chain, key=m.ops.index):
+        _per_sample_step(m, step, shape)
+    return True
+
+
+def _statistic_ops(m: Context, value: tf.Tensor, shape: tuple[int, ...],
+                   meetings: tuple[str, ...]) -> set[tf.Operation] | None:
+    """The ops of the statistic `value` alone (element-wise with scalar constants,
+    stop_gradient, views dropping or adding its kept axis) before it meets per-sample values
+    in one of `meetings`, or None if a reader is neither one nor such a meeting."""
+    from coordinator.compiler.lowering import BINARY, UNARY
+    readers = m.consumers(value)
+    if not readers or value.name in m.protected:
+        return None
+    found: set[tf.Operation] = set()
+    for reader in readers:
+        result = reader.outputs[0]
+        others = [t for t in reader.inputs if t.name != value.name]
+        if _meets_samples(m, reader, others, len(shape) + 1, meetings):
+            continue
+        if reader.type in VIEWS:
+            own = static_shape(result) in (shape, (1, *shape))
+        elif reader.type in UNARY or reader.type == "StopGradient":
+            own = not others and result.shape == value.shape
+        else:
+            scalar = m.operands.constant(others[0]) if len(others) == 1 else None
+            own = reader.type in BINARY and BINARY[reader.type] in ARITHMETIC and \
+                scalar is not None and scalar.size == 1 and result.shape == value.shape
+        after = _statistic_ops(m, result, shape, meetings) \
+            if own and not precision.tensor_precision(result) else None
+        if after is None:
+            return None
+        found |= {reader, *after}
+    return found
+
+
+def _meets_samples(m: Context, reader: tf.Operation, others: list[tf.Tensor], rank: int,
+                   meetings: tuple[str, ...]) -> bool:
+    """An element-wise binary op (one of `meetings`) of the statistic and a per-sample value
+    of `rank`."""
+    if reader.type not in meetings or len(others) != 1:
+        return False
+    other = others[0]
+    return other.op in m.flow and len(static_shape(other)) == rank and \
+        static_shape(other)[0] == m.batch_size and \
+        static_shape(reader.outputs[0])[:1] == (m.batch_size,)
+
+
+def _per_sample_step(m: Context, op: tf.Operation, shape: tuple[int, ...]) -> None:
+    """An op of a statistic alone (and a scalar constant): every sample's copy."""
+    from coordinator.compiler.lowering import BINARY, UNARY
+    if op.type in VIEWS:
+        m.alias(op, op.inputs[0])
+    elif op.type == "StopGradient":
+        m.add_kernel(op.name, "stop_gradient", [op.inputs[0]], {}, [], [op], op.outputs[0],
+                     output_shape=shape)
+    elif op.type in UNARY:
+        attrs: dict = {"function": UNARY[op.type]}
+        if op.type == "LeakyRelu":
+            attrs["alpha"] = float(op.get_attr("alpha"))
+        m.add_kernel(op.name, "activation", [op.inputs[0]], attrs, [], [op], op.outputs[0],
+                     output_shape=shape)
+    else:
+        k = 0 if m.is_batched(op.inputs[1]) else 1
+        value = np.asarray(m.operands.constant(op.inputs[k]), np.float32).reshape(())
+        m.add_kernel(op.name, "binary", [op.inputs[1 - k]],
+                     {"op": BINARY[op.type], "operands": "ci" if k == 0 else "ic", f"c{k}": value},
+                     [], [op], op.outputs[0], output_shape=shape)
+
+
+# Views of a statistic that drop or add its kept batch axis (tf.nn.moments' squeeze).
+VIEWS = ("Squeeze", "Reshape", "ExpandDims", "Identity")
+STATISTICS = ("Sum", "Mean", "Max", "Min")
+# The element-wise binary ops a batch statistic may meet a per-sample value in; a max or min
+# only additively: h / max(h) is 1 for the sample that is the max whatever it is, so its
+# gradient there is a cancellation, g / m - g h / m^2, that TF and the CS both compute as
+# rounding noise (and Adam amplifies).
+ADDITIVE = ("Add", "AddV2", "Sub", "Maximum", "Minimum", "SquaredDifference")
+BINARY_READERS = (*ADDITIVE, "Mul", "RealDiv", "Div", "DivNoNan")
 # Ops whose second input is the labels of the first's samples (rank one less: sparse).
 LABELLED = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
 # Besides the element-wise binary ops: the ops pairing a constant's rows with the samples.

@@ -72,8 +72,13 @@ REFUSED = {
                    "pipelines one pass per sample): tf.while_loop whose condition reads the "
                    "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
-                          "outside the loss, but BatchNormalization's moments and the in-batch "
-                          "products above (e.g. Barlow Twins' tf.matmul(za, zb, transpose_a=True))",
+                          "outside the loss, but BatchNormalization's moments, the in-batch "
+                          "products and the batch statistics above: two statistics combined "
+                          "(min-max scaling's max - min), a loss that is a function of batch "
+                          "statistics "
+                          "(VICReg's variance and covariance terms: the Sqrt of a variance "
+                          "over the batch is not linear), Barlow Twins' tf.matmul(za, zb, "
+                          "transpose_a=True)",
     **random_numbers.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
                                "meets the samples (e.g. tf.sort(w)), or in "

@@ -342,6 +342,8 @@ class Matcher:
         axes = lowering.batch_reduction_axes(self, op)
         if axes is None:
             return False
+        if in_batch.statistic(self, op, axes):
+            return True
         self.frontier.append(op.inputs[0])
         self.tail.update(out.name for out in op.outputs)
         self.consumed.add(op)

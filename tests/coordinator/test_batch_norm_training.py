@@ -177,7 +177,9 @@ def test_batch_norm_without_center_trains_and_evaluates_like_tensorflow(tmp_path
 def other_reduction_model_fn(features, labels, mode, params):
     h = tf.keras.layers.Dense(4)(tf.keras.layers.Flatten()(features))
     mean, variance = tf.nn.moments(h, axes=[0])
-    h = (h - mean) * tf.math.rsqrt(variance + 1e-3)  # normalised by hand, not tf.nn.batch_normalization
+    inv = tf.math.rsqrt(variance + 1e-3)
+    h = h * inv - mean * inv  # by hand, its shift a product of two statistics (whitening by
+    # (h - mean) * inv trains: tests/coordinator/test_batch_statistics.py)
     logits = tf.keras.layers.Dense(3)(h)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=tf.compat.v1.train.GradientDescentOptimizer(

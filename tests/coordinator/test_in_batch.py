@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import cs_inprocess
 import inbatch_models as models
-import numpy as np
 import pytest
-import tf_reference
 
 from common.errors import CSRunError
 
@@ -88,14 +86,6 @@ def test_a_softmax_over_the_batch_axis_and_its_diagonal_train_like_tensorflow(pr
 def test_random_in_batch_models_train_like_tensorflow(tmp_path, seed):
     """Differential: two-tower contrastive models drawn at random, at a random batch and
     micro-batch size."""
-    rng = np.random.default_rng(1000 + seed)
-    batch = int(rng.choice([4, 6, 8]))
-    micro = int(rng.choice([m for m in (1, 2, batch) if batch % m == 0]))
-    params = {"batch_size": batch}
-    model_fn = models.random_model_fn(seed)
-    compiled = cs_inprocess.compile_checked(model_fn, models.input_fn, params, str(tmp_path))
-    data = tf_reference.batches(models.input_fn, params, models.STEPS)
-    reference = tf_reference.run(model_fn, models.input_fn, params, compiled.initial_weights, data)
-    cs = cs_inprocess.run_on_cs(cs_inprocess.at_micro_batch(compiled.program, micro),
-                                compiled.initial_weights, data)
-    cs_inprocess.assert_same_training(cs_inprocess.Comparison(compiled, cs, reference), rtol=RTOL)
+    result = cs_inprocess.random_split_comparison(models.random_model_fn(seed), models.input_fn,
+                                                  models.STEPS, 1000 + seed, str(tmp_path))
+    cs_inprocess.assert_same_training(result, rtol=RTOL)

@@ -12,6 +12,17 @@ rows of TF's result, whatever the micro-batch size. Gradients are TF's (_MatMulG
     transpose_b: dq = g @ d, dd = g^T @ q;   otherwise: dp = g @ v^T, dv = p^T @ g,
 the whole batch's g gathered first; a micro-batch takes its rows of dd (dv).
 
+`batch_reduce` is tf.reduce_sum / reduce_mean / reduce_max / reduce_min of a per-sample
+value over the batch axis alone (a batch statistic: the batch's mean to centre by, DEC's cluster frequencies), whose
+result every sample reads: each sample's output is the whole statistic. Forward it sums the
+whole batch in float64 and rounds once to float32 (TF's float32 sum over the batch axis is
+blocked, not sequential: both are within TF's own rounding of the exact sum); a mean divides
+that by B in float32, as TF's Mean. Backward, TF's gradient of the broadcast is the sum over
+the batch of every sample's gradient (BroadcastGradientArgs' Sum), then _SumGrad's tile (a
+mean's divided by B): each micro-batch's input gradient is that one value. A max (min) is
+exact; its gradient is TF's _MinOrMaxGrad: (x == m) / (the batch's count of x == m) times
+that sum, ties sharing it.
+
 `sample_constant` is a constant of the user's graph whose first axis is the batch (the
 labels of in-batch negatives, tf.range(B) or tf.eye(B)): a micro-batch reads its own rows
 (`RunContext.offset`); its one input is any value of the micro-batch, without gradient.
@@ -146,6 +157,74 @@ class BatchTranspose(Kernel):
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         return [_rows(ctx.batch[1], cache, len(grad_output))], {}
+
+
+def batch_sum(x: np.ndarray) -> np.ndarray:
+    """The sum over the batch axis (axis 0) in float64, rounded once to float32."""
+    return np.asarray(np.sum(x, axis=0, dtype=np.float64), np.float32)
+
+
+@register
+class BatchReduce(Kernel):
+    """attrs op ("sum", "mean", "max" or "min"), batch_size B; input x (S): output (S), the
+    whole batch's statistic over the batch axis for every sample. A batch barrier (see the
+    module)."""
+
+    type_name = "batch_reduce"
+    batch_barrier = True
+    barrier_holds = "the whole batch's statistic"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        self.batch = _batch_size(self)
+        self.op = self.attrs.get("op")
+        if self.op not in ("sum", "mean", "max", "min") or len(self.input_shapes) != 1:
+            raise KernelError(f"kernel {name!r} (batch_reduce): takes one input and attr op "
+                              f"'sum', 'mean', 'max' or 'min', got {len(self.input_shapes)} inputs, op {self.op!r}")
+
+    @property
+    def output_shape(self):
+        return self.input_shapes[0]
+
+    def _size(self) -> int:
+        return int(np.prod(self.output_shape, dtype=np.int64))
+
+    def flops_per_sample(self) -> float:
+        return float(self._size())  # an add per value
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        # a max or min keeps its input for the backward's (x == m)
+        return 4 * self._size() if self.op in ("max", "min") else 0
+
+    def barrier_transfers(self) -> tuple[int, ...]:
+        return (self._size(),)  # the statistic (forward), its summed gradient (backward)
+
+    def batch_statistics(self, params, inputs: Sequence[np.ndarray], ctx: RunContext):
+        """The statistic; for a max or min also the batch's count of samples equal to it."""
+        x = inputs[0]
+        if self.op in ("max", "min"):
+            extreme = (np.max if self.op == "max" else np.min)(x, axis=0)
+            return extreme, np.sum(x == extreme, axis=0, dtype=np.float32)
+        total = batch_sum(x)
+        return (total / np.float32(self.batch) if self.op == "mean" else total), None
+
+    def gradient_statistics(self, params, caches: Sequence[Any], grads: Sequence[np.ndarray],
+                            ctx: RunContext):
+        total = batch_sum(np.concatenate(grads))
+        return total / np.float32(self.batch) if self.op == "mean" else total
+
+    def forward(self, params, inputs, ctx: RunContext):
+        cache = inputs[0] if self.op in ("max", "min") else None
+        return np.broadcast_to(ctx.batch[0][0], inputs[0].shape).copy(), cache
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        (extreme, count), total = ctx.batch
+        if cache is None:
+            return [np.broadcast_to(total, grad_output.shape).copy()], {}
+        return [((cache == extreme).astype(np.float32) / count) * total], {}
 
 
 @register
