@@ -98,6 +98,20 @@ def scalar_offset_reshaped(features, labels, mode, params):
     return spec(loss, v1.train.MomentumOptimizer(0.05, 0.9).minimize(loss))
 
 
+def ftrl_after_update_ops(features, labels, mode, params):
+    """FTRL made under tf.control_dependencies(UPDATE_OPS) (its folded l2 + beta / (2 lr)
+    then carries control inputs), after a batch normalization moving its mean."""
+    h = tf.keras.layers.Dense(16, use_bias=False, name="hidden")(features)
+    mean, variance = tf.nn.moments(h, axes=[0])
+    moving = v1.get_variable("moving_mean", [16], trainable=False, initializer=tf.zeros_initializer())
+    v1.add_to_collection(v1.GraphKeys.UPDATE_OPS, moving.assign(0.9 * moving + 0.1 * mean))
+    h = tf.nn.relu(tf.nn.batch_normalization(h, mean, variance, None, None, 1e-3))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, tf.keras.layers.Dense(10, name="logits")(h))
+    with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+        return spec(loss, v1.train.FtrlOptimizer(0.1, l2_regularization_strength=1e-3,
+                                                 beta=0.5).minimize(loss))
+
+
 def scaled_gradients(features, labels, mode, params):
     loss = mlp_loss(features, labels)
     optimizer = v1.train.GradientDescentOptimizer(0.1)

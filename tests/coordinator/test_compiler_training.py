@@ -273,6 +273,19 @@ def test_the_cs_trains_these_train_ops_as_tensorflow_does(tmp_path, server, mode
                      if not v.frozen}
 
 
+def test_ftrl_made_under_the_update_ops_trains_as_tensorflow_does(tmp_path, server):
+    """Its folded hyper-parameter carries control inputs: the compiler evaluated them too and
+    failed on the uninitialised variables the batch normalization's update reads (found by
+    random models)."""
+    params = {"batch_size": 16, "runconfig": {"tf_random_seed": 3}}
+    compiled = compile_model(tm.ftrl_after_update_ops, tm.input_fn, params, str(tmp_path))
+    data = tf_reference.batches(tm.input_fn, params, 10)
+    reference = tf_reference.run(tm.ftrl_after_update_ops, tm.input_fn, params,
+                                 compiled.initial_weights, data)
+    losses, state = train_on_server(server.address, compiled, data, [10])
+    assert_parity(losses, state, reference)
+
+
 def nan_gradient(features, labels, mode, params):
     """sqrt of a ReLU's output: infinite slopes where the ReLU is zero, NaN gradients (0 x inf)."""
     hidden = tf.keras.layers.Dense(8, activation="relu")(features)

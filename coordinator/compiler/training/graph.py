@@ -41,11 +41,26 @@ _FOLDABLE = {"Const", "Identity", "Cast", "RealDiv", "Mul", "Reciprocal", "AddV2
 
 def _const(tensor: tf.Tensor) -> np.ndarray | None:
     value = tf.get_static_value(tensor)
-    if value is None and tensor.shape.rank == 0 and \
-            all(op.type in _FOLDABLE for op in data_upstream(tensor.op)):
-        with tf.compat.v1.Session(graph=tensor.graph) as session:
-            value = session.run(tensor)
+    upstream = data_upstream(tensor.op)
+    if value is None and tensor.shape.rank == 0 and all(op.type in _FOLDABLE for op in upstream):
+        value = _folded(tensor, upstream)
     return None if value is None else np.asarray(value)
+
+
+def _folded(tensor: tf.Tensor, upstream: list[tf.Operation]) -> np.ndarray:
+    """`tensor`'s value from its (constant) data inputs alone, in a graph of its own: a control
+    input (a hyper-parameter made under tf.control_dependencies(UPDATE_OPS)) would run updates
+    that read the batch and the variables."""
+    graph_def = tf.compat.v1.GraphDef()
+    for op in upstream:
+        node = graph_def.node.add()
+        node.CopyFrom(op.node_def)
+        del node.input[:]
+        node.input.extend(i for i in op.node_def.input if not i.startswith("^"))
+    with tf.Graph().as_default() as graph:
+        tf.graph_util.import_graph_def(graph_def, name="")
+        with tf.compat.v1.Session(graph=graph) as session:
+            return session.run(tensor.name)
 
 
 def _scalar(tensor: tf.Tensor) -> float | None:
