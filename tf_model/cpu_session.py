@@ -30,6 +30,7 @@ from tf_model.model_fn import (
     batch_signature,
     call_model_fn,
     input_ran_out,
+    local_init_op,
     make_dataset,
     model_graph,
     numpy_batches,
@@ -97,7 +98,7 @@ def _start_session(built: _TrainGraph, settings: RunSettings) -> tf.compat.v1.Se
     session = tf.compat.v1.Session(graph=built.graph)
     latest = checkpoints.latest_checkpoint(settings.model_dir, set_aside=True)
     with built.graph.as_default():
-        session.run(tf.compat.v1.global_variables_initializer())
+        session.run([tf.compat.v1.global_variables_initializer(), local_init_op()])
     if latest is not None:
         progress.restoring(latest)
         stored = dict(tf.train.list_variables(latest))

@@ -21,7 +21,7 @@ from common.errors import CSRunError
 from tf_model import host_graph
 from tf_model.checkpoints import restore_variables
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
-from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+from tf_model.model_fn import batch_signature, call_model_fn, local_init_op, make_dataset, model_graph
 
 LOSS = "loss"
 
@@ -57,7 +57,7 @@ class EvalMetrics(Closing):
             features, labels = signature.placeholders()
             spec = call_model_fn(model_fn, features, labels, ModeKeys.EVAL, params)
             ops = metric_ops(spec)
-            init = tf.compat.v1.local_variables_initializer()
+            init = local_init_op()
             variables = tf.compat.v1.global_variables()
         self.input_names = tuple(t.name for t in tf.nest.flatten((features, labels)))
         self.loss_name = spec.loss.name

@@ -122,6 +122,12 @@ def model_graph(params: dict) -> Iterator[tf.Graph]:
         yield graph
 
 
+def local_init_op() -> tf.Operation:
+    """What Estimator's Scaffold initializes beside the global variables, in the default
+    graph: local variables (metrics) and lookup tables (vocabulary-list feature columns)."""
+    return tf.group(tf.compat.v1.local_variables_initializer(), tf.compat.v1.tables_initializer())
+
+
 _INPUT_HINT = ("check the input sections of params.yaml (train_input, eval_input) and input_fn; "
                "--debug shows the traceback")
 _MODEL_HINT = ("check the model sections of params.yaml and model_fn (labels must suit the "

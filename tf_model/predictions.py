@@ -17,7 +17,7 @@ from common.closing import Closing
 from common.errors import CSRunError
 from tf_model import checkpoints, host_graph
 from tf_model.estimator_spec import ModeKeys
-from tf_model.model_fn import BatchSignature, call_model_fn, model_graph
+from tf_model.model_fn import BatchSignature, call_model_fn, local_init_op, model_graph
 
 PREDICT_DIR = "predict"
 SINGLE_KEY = "predictions"  # the file's key when model_fn's predictions are one tensor
@@ -37,11 +37,13 @@ class PredictionGraph(Closing):
                 raise CSRunError("model_fn in predict mode returned no predictions",
                                  "return CSEstimatorSpec(mode, predictions=...)")
             variables = tf.compat.v1.global_variables()
+            init = local_init_op()
         predictions = spec.predictions
         self.keyed = isinstance(predictions, dict)
         self.outputs = predictions if self.keyed else {SINGLE_KEY: predictions}
         self.stand_ins = {} if streamed is None else host_graph.feed_only(graph, streamed)
         self.session = tf.compat.v1.Session(graph=graph)
+        self.session.run(init)
         checkpoints.restore_variables(self.session, variables, checkpoint)
 
     def run(self, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

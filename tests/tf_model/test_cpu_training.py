@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+import tabular_feature_models as tabular
 import tensorflow as tf
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -213,3 +214,15 @@ def test_a_changed_model_on_an_existing_checkpoint_says_it_was_trained_with_othe
     with pytest.raises(CSRunError, match=r"the checkpoint .*model.ckpt-2 was trained with other shapes: "
                                          r"dense/kernel \(784, 16\) there, \(784, 8\) in the model"):
         changed.train(data.train_input_fn, max_steps=4)
+
+
+def test_a_vocabulary_list_column_trains_evaluates_and_predicts_on_the_cpu(tmp_path):
+    """The CPU path initializes lookup tables as Estimator's Scaffold does (the CS refuses
+    the column in one line; `python run.py` must still run it)."""
+    est = CSEstimator(tabular.vocabulary_list, model_dir=str(tmp_path), params={},
+                      config=CSRunConfig(save_checkpoints_steps=4, tf_random_seed=3))
+    est.train(tabular.input_fn, max_steps=4)
+    results = est.evaluate(tabular.input_fn)
+    assert results["global_step"] == 4 and np.isfinite(results["loss"])
+    probabilities = np.concatenate([s["p_click"] for s in est.predict(tabular.input_fn)])
+    assert probabilities.shape == (32,) and np.all((probabilities > 0) & (probabilities < 1))
