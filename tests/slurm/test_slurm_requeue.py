@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 400  # one segment: the only checkpoints before the end are the stops'
 CSRUN_WSE = str(Path(ENV["PATH"].split(":")[0]) / "csrun_wse")
 STEP = re.compile(r"^global step (\d+):")
+REVOKED_CREDENTIAL_S = 2.0  # from a requeue's end to the next launch: past the revocation's second
 
 
 def _train(params: Path, model: Path, job_dir: Path, env: dict, *flags: str) -> subprocess.Popen:
@@ -61,6 +62,9 @@ def test_a_requeued_job_resumes_to_the_weights_of_an_uninterrupted_run(slurm_clu
         _release(slurm_cluster, job_id, 2)
         second = _restored_step(job.stdout, out)
         rest, err = job.communicate(timeout=300)
+    except AssertionError as error:  # with what the launcher said
+        job.kill()
+        raise AssertionError(f"{error}\ncsrun_wse's stderr: {job.stderr.read()}") from None
     finally:
         job.kill()
     out.append(rest)
@@ -82,11 +86,15 @@ def test_a_requeued_job_resumes_to_the_weights_of_an_uninterrupted_run(slurm_clu
 
 def _release(cluster, job_id: str, restarts: int, timeout_s: float = 60.0) -> None:
     """Once Slurm requeued the job: let it start now. Slurm holds a requeued job for about
-    two minutes (its BeginTime), which an admin may lift."""
+    two minutes (its BeginTime: the lifetime of the job credentials slurmd revoked at the
+    requeue), which an admin may lift; not within the second of the revocation, though
+    (credential times are whole seconds: a launch then is refused "Job credential revoked"
+    and the job ends FAILED)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         shown = cluster.run(["scontrol", "show", "job", "-o", job_id]).stdout
         if f"Restarts={restarts} " in shown and "JobState=PENDING" in shown:
+            time.sleep(REVOKED_CREDENTIAL_S)
             assert cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"]).returncode == 0
             return
         time.sleep(0.2)
