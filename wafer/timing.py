@@ -13,7 +13,8 @@ For kernel k on a region of P_k cores (at most max_cores_k of them useful):
                data enters a region across its west edge and leaves across its east edge,
                so the edge is the region's height; gradients travel the opposite links
     t_k      = max(t_comp, t_comm)
-Steady state X = min(R / max_k t_k, I/O bytes per second / input bytes per sample) for R
+Steady state X = min(R / max_k t_k, I/O bytes per second / input bytes per sample (4 B a
+value, 2 B a float16 input's)) for R
 replicas of the network (multireplica: data-parallel copies, each on its own tile, each
 taking B / R samples of every batch; R = 1 otherwise).
 A step of batch B: (B - R) / X + pipeline fill + the replicas' gradient all-reduce (R > 1,
