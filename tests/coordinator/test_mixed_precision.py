@@ -216,8 +216,9 @@ def test_a_float16_stream_into_a_float32_model_trains_as_tensorflow(tmp_path):
     """float16 features cast to float32 in model_fn: the cast changes no value (an alias)."""
     p = params(features="float16", policy="float32", cast_features=True)
     run = cs_inprocess.compare(model_fn, input_fn, p, str(tmp_path), steps=4)
-    assert not any(from_attr(k.attrs["precision"]) == "float16" for k in run.compiled.program.kernels
-                   if "precision" in k.attrs)
+    kernels = run.compiled.program.kernels
+    assert kernels[0].type == "dense" and not any(
+        from_attr(k.attrs["precision"]) == "float16" for k in kernels if "precision" in k.attrs)
     cs_inprocess.assert_same_training(run)
 
 
@@ -225,7 +226,7 @@ def test_a_float16_stream_into_a_float32_model_trains_as_tensorflow(tmp_path):
     ("bfloat16", ": the CS streams float32, float16, int32, int64 or bool; cast it to float16 "
                  "in input_fn"),
     ("float64", "; the model computes in float32 (hint: cast in input_fn: tf.cast(x, tf.float32)"),
-])
+], ids=["bfloat16", "float64"])
 def test_features_the_cs_does_not_stream_are_refused_in_one_line(tmp_path, dtype, instead):
     line = _refusal(tmp_path, features=dtype)
     assert f"input_fn yields features as {dtype}{instead}" in line
