@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Mapping
 
 import numpy as np
+import numpy.typing as npt
 
 FLOAT16 = "float16"
 PRECISIONS = ("float32", FLOAT16)
@@ -85,3 +86,19 @@ def round_half_(x: np.ndarray) -> None:
 def value_bytes(kernel: object) -> int:
     """Bytes of one of a kernel's weights or activations on the wafer."""
     return BYTES[precision_of(getattr(kernel, "attrs", {}))]
+
+
+def streamed_bytes(dtype: str) -> int:
+    """Bytes one value of a program input streams: a float16 stream's 2, a word (4 B) else."""
+    return BYTES[FLOAT16] if dtype == FLOAT16 else BYTES["float32"]
+
+
+def wafer_dtype(dtype: npt.DTypeLike) -> np.dtype:
+    """The dtype a program input's values take on the wafer: a float16 stream's are float32
+    arrays holding its values (exactly), as every float16 tensor's; others their own."""
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+
+
+def widened(array: np.ndarray) -> np.ndarray:
+    """A streamed batch's array as the wafer holds it (`wafer_dtype`)."""
+    return array.astype(np.float32) if array.dtype == np.float16 else array

@@ -13,7 +13,8 @@ For kernel k on a region of P_k cores (at most max_cores_k of them useful):
                data enters a region across its west edge and leaves across its east edge,
                so the edge is the region's height; gradients travel the opposite links
     t_k      = max(t_comp, t_comm)
-Steady state X = min(R / max_k t_k, I/O bytes per second / input bytes per sample) for R
+Steady state X = min(R / max_k t_k, I/O bytes per second / input bytes per sample (4 B a
+value, 2 B a float16 input's)) for R
 replicas of the network (multireplica: data-parallel copies, each on its own tile, each
 taking B / R samples of every batch; R = 1 otherwise).
 A step of batch B: (B - R) / X + pipeline fill + the replicas' gradient all-reduce (R > 1,
@@ -37,8 +38,9 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from cs_api.input_spec import InputSpec, program_inputs
 from wafer.fabric import Fabric
-from wafer.precision import value_bytes
+from wafer.precision import streamed_bytes, value_bytes
 
 BYTES_PER_VALUE = 4  # a float32 value: gradients, optimizer slots; weights and activations of float32 kernels
 # (a float16 kernel's weights and activations take wafer.precision's 2 B)
@@ -243,6 +245,11 @@ def _shape_bytes(shape: Sequence[int], per_value: int = BYTES_PER_VALUE) -> int:
     return int(math.prod(shape)) * per_value
 
 
+def input_bytes_per_sample(spec: InputSpec) -> int:
+    """Bytes a program input streams per sample (a float16 stream's values at 2 B)."""
+    return _shape_bytes(spec.shape, streamed_bytes(spec.dtype))
+
+
 def edge_bytes_per_sample(kernel: Any) -> int:
     """Bytes crossing the busier edge of a kernel's region per sample (inputs or output;
     a float16 kernel's at 2 B a value)."""
@@ -413,7 +420,7 @@ def program_timing(program: Any, kernels: Sequence[Any], fabric: Fabric, *,
     regions = [k.region for k in program.kernels]
     if len(regions) != len(kernels):
         raise ValueError(f"program has {len(regions)} kernels, {len(kernels)} were given")
-    input_bytes = sum(_shape_bytes(spec.shape) for spec in program.inputs)
+    input_bytes = sum(input_bytes_per_sample(spec) for spec in program_inputs(program))
     replicas = max(int(program.num_replicas), 1)
     hops = [0] * replicas
     for route in program.routes:

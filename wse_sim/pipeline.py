@@ -50,7 +50,7 @@ from wafer.loss_scaling import Rule
 from wafer.moving_averages import MovingAverage
 from wafer.moving_averages import update as update_average
 from wafer.optimizers import Optimizer, slot_name
-from wafer.precision import is_half, round_half, round_half_, round_half_into
+from wafer.precision import is_half, round_half, round_half_, round_half_into, widened
 from wafer.schedules import Schedule, evaluate
 from wafer.weight_programs import WeightProgram
 from wafer.weight_writes import WeightWrite
@@ -305,7 +305,8 @@ class Pipeline:
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
         self._step = step
         board = Board(self.threads)
-        for name, array in batch.items():
+        for name, streamed in batch.items():
+            array = widened(streamed)  # (a float16 stream's values, as float32)
             for i in range(m_count):
                 board.items["v", name, i] = array[i * self.micro:(i + 1) * self.micro]
         for region in self.regions:

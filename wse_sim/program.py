@@ -28,7 +28,7 @@ from wafer.optimizers import (
     make_optimizers,
     slot_name,
 )
-from wafer.precision import PRECISIONS
+from wafer.precision import PRECISIONS, wafer_dtype
 from wafer.regularizers import Regularizer
 from wafer.schedules import Schedule, schedule_problem
 from wafer.weight_programs import WeightProgram, WeightStep
@@ -160,7 +160,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
             inputs.append(InputSpec.from_proto(spec))
         except ValueError:
             raise invalid(f"program input {spec.name!r} has no dtype") from None
-        shapes[spec.name], dtypes[spec.name] = inputs[-1].shape, np.dtype(inputs[-1].dtype)
+        shapes[spec.name], dtypes[spec.name] = inputs[-1].shape, wafer_dtype(inputs[-1].dtype)
     if not inputs:
         raise invalid(f"program {program.name!r} has no inputs")
     kernels: list[Kernel] = []

@@ -41,7 +41,15 @@ from tf_model.estimator_spec import ModeKeys
 # Host-side tails of predict-mode outputs: computed by the chief from streamed values.
 HOST_OPS = {"Softmax", "ArgMax", "ArgMin", "Cast", "Identity", "Squeeze", "ExpandDims",
             "Reshape", "Sigmoid", "Round", "Greater", "GreaterEqual", "Less", "LogSoftmax"}
-STREAMED_DTYPES = ("float32", "int32", "int64", "bool")
+STREAMED_DTYPES = ("float32", "float16", "int32", "int64", "bool")
+# What to do with an input the CS does not stream, by its dtype (float64 is refused before:
+# tf_model.model_fn.batch_signature).
+STREAM_INSTEAD = {
+    "string": "map strings to integer ids in input_fn (tf.strings.to_hash_bucket_fast, "
+              "tf.lookup.StaticHashTable)",
+    "bfloat16": "cast it to float16 in input_fn (the CS computes 16-bit floats as IEEE "
+                "float16: the mixed_float16 policy)",
+}
 
 
 class Matcher:
@@ -423,11 +431,10 @@ def _check_inputs(extracted: ExtractedGraph) -> list[UnsupportedOp]:
     for spec in extracted.inputs:
         if spec.dtype not in STREAMED_DTYPES:
             op = extracted.graph.get_tensor_by_name(extracted.placeholders[spec.name]).op
-            what = ("map strings to integer ids in input_fn (tf.strings.to_hash_bucket_fast, "
-                    "tf.lookup.StaticHashTable)" if spec.dtype == "string" else "cast it in input_fn")
+            what = STREAM_INSTEAD.get(spec.dtype, "cast it in input_fn")
             bad.append(UnsupportedOp(op.type, spec.name, f"{extracted.input_source} (input_fn)",
                                      f"input_fn yields {spec.name} as {spec.dtype}: the CS streams "
-                                     f"float32, int32, int64 or bool; {what}"))
+                                     f"{', '.join(STREAMED_DTYPES[:-1])} or bool; {what}"))
     return bad
 
 

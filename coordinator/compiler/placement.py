@@ -24,8 +24,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from common.errors import CSRunError
 from coordinator import replicas as rep
 from coordinator.compiler.ir import MatchedModel
@@ -33,7 +31,7 @@ from tf_model.estimator_spec import ModeKeys
 from wafer import timing
 from wafer.fabric import Fabric
 from wafer.kernels import KernelError, build_kernel
-from wafer.precision import value_bytes
+from wafer.precision import value_bytes, wafer_dtype
 
 # Search parameters (docs/design.md, "Placement"): they bound the search, not the model.
 BISECTION_TOLERANCE = 1e-4  # relative gap at which the bisection on the target rate stops
@@ -459,7 +457,7 @@ def build_kernels(model: MatchedModel) -> list:
     """The library kernels of `model` (their cost model is what placement reads), built with
     the dtypes flowing from the inputs, as the CS builds them at Load: what validates, loads."""
     built = []
-    dtypes = {spec.name: np.dtype(spec.dtype) for spec in model.inputs}
+    dtypes = {spec.name: wafer_dtype(spec.dtype) for spec in model.inputs}
     for node in model.kernels:
         try:
             kernel = build_kernel(node.type, node.name, node.attrs, node.input_shapes)
@@ -548,7 +546,7 @@ def place_model(model: MatchedModel, fab: Fabric, mode: str, *, batch_size: int 
     optimizer = "sgd" if model.training is None else timing.costliest(
         [model.training.optimizer.type, *(g.config.type for g in model.training.optimizer_groups)])
     edges = [(src, node.name) for node in model.kernels for src in node.inputs]
-    inputs = {s.name: math.prod(s.shape) * timing.BYTES_PER_VALUE for s in model.inputs}
+    inputs = {s.name: timing.input_bytes_per_sample(s) for s in model.inputs}
     if replicas is not None and replicas > 1 and batch_size % replicas:
         raise CSRunError(f"runconfig.num_replicas {replicas} does not divide the batch size "
                          f"{batch_size}: every replica takes an equal share of each batch",

@@ -16,26 +16,34 @@ import tensorflow as tf
 import tf_reference
 
 from common.errors import CSRunError
+from cs_api import pb
 from cs_api.attrs import from_attr
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 from wafer.kernels import RunContext, build_kernel
 from wafer.precision import round_half
+from wse_sim.errors import CSError
 
 BATCH = 64
 
 
 def input_fn(params):
-    """A learnable 10-class problem on 64 features."""
+    """A learnable 10-class problem on 64 features (float32, or cast to params["features"]
+    as the modelzoo's input functions cast images to float16)."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(8 * BATCH, 64)).astype(np.float32)
     y = np.argmax(x @ rng.normal(size=(64, 10)), axis=1).astype(np.int32)
-    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH, drop_remainder=True)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH, drop_remainder=True)
+    if "features" in params:
+        ds = ds.map(lambda x, y: (tf.cast(x, params["features"]), y))
+    return ds
 
 
 def model_fn(features, labels, mode, params):
     """FC layers as users write them under a Keras policy; the loss by tf.compat.v1.losses
     (float32 inside, cast back to float16), or a float16 reduce_mean as the modelzoo's."""
     tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16"))
+    if params.get("cast_features"):  # a float16 stream into a float32 model
+        features = tf.cast(features, tf.float32)
     first = tf.keras.layers.Dense(128, activation="relu")
     h = first(features)
     h = tf.keras.layers.Dropout(0.0)(h, training=mode == ModeKeys.TRAIN)
@@ -43,6 +51,8 @@ def model_fn(features, labels, mode, params):
         h = tf.keras.layers.BatchNormalization()(h, training=mode == ModeKeys.TRAIN)
     h = tf.keras.layers.Dense(64, activation="relu")(h)
     logits = tf.keras.layers.Dense(10)(h)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={"logits": tf.cast(logits, tf.float32)})
     if params.get("loss") == "reduce_mean":
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=labels, logits=logits))
@@ -175,6 +185,51 @@ def test_compile_report_shows_float16_and_halves_its_bytes(tmp_path):
                for n in dense)
     assert reports["mixed_float16"]["estimate"]["memory_bytes"] < \
         reports["float32"]["estimate"]["memory_bytes"]
+
+
+def test_float16_features_train_evaluate_and_predict_on_the_cs_at_half_the_bytes(tmp_path):
+    """An input_fn yielding float16 images (the modelzoo FC-MNIST's under mixed precision):
+    the stream's values travel at 2 B each (the estimate's input bound doubles), feed the
+    first float16 dense directly (no rounding cast), and the model trains with TF's numbers
+    (every element at 1e-2, as the float32-fed runs above), evaluates and predicts on the CS
+    as the CPU path does. A float32 batch for the float16 stream is refused in one line."""
+    run = cs_inprocess.compare(model_fn, input_fn, params(features="float16"), str(tmp_path), steps=4)
+    program = run.compiled.program
+    assert program.inputs[0].dtype == pb.FLOAT16 and program.kernels[0].type == "dense"
+    route = {r.src: r.bytes_per_sample for r in program.routes}
+    assert route["features"] == 64 * 2 and route["labels"] == 4
+    float32 = cs_inprocess.compile_checked(model_fn, input_fn, params(), str(tmp_path / "float32"))
+    assert run.compiled.program.estimate.transmission_samples_per_sec / \
+        float32.program.estimate.transmission_samples_per_sec == pytest.approx((64 * 4 + 4) / (64 * 2 + 4))
+    assert not cs_inprocess.mismatches(run, rtol=1e-2)
+    p = params(features="float16")
+    assert not cs_inprocess.evaluation_mismatch(model_fn, input_fn, p, str(tmp_path), run, rtol=1e-2)
+    assert not cs_inprocess.prediction_mismatch(model_fn, input_fn, p, str(tmp_path), run, rtol=1e-2)
+    float32_batches = tf_reference.batches(input_fn, params(), 1)
+    with pytest.raises(CSError) as refused:
+        cs_inprocess.run_on_cs(program, run.compiled.initial_weights, float32_batches)
+    assert "worker 0 batch 0: features is (64, 64) float32, the program takes (64, 64) float16" \
+        in refused.value.message and "\n" not in refused.value.message
+
+
+def test_a_float16_stream_into_a_float32_model_trains_as_tensorflow(tmp_path):
+    """float16 features cast to float32 in model_fn: the cast changes no value (an alias)."""
+    p = params(features="float16", policy="float32", cast_features=True)
+    run = cs_inprocess.compare(model_fn, input_fn, p, str(tmp_path), steps=4)
+    kernels = run.compiled.program.kernels
+    assert kernels[0].type == "dense" and not any(
+        from_attr(k.attrs["precision"]) == "float16" for k in kernels if "precision" in k.attrs)
+    cs_inprocess.assert_same_training(run)
+
+
+@pytest.mark.parametrize("dtype,instead", [
+    ("bfloat16", ": the CS streams float32, float16, int32, int64 or bool; cast it to float16 "
+                 "in input_fn"),
+    ("float64", "; the model computes in float32 (hint: cast in input_fn: tf.cast(x, tf.float32)"),
+], ids=["bfloat16", "float64"])
+def test_features_the_cs_does_not_stream_are_refused_in_one_line(tmp_path, dtype, instead):
+    line = _refusal(tmp_path, features=dtype)
+    assert f"input_fn yields features as {dtype}{instead}" in line
 
 
 def _refusal(tmp_path, **extra) -> str:

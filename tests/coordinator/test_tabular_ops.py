@@ -97,7 +97,7 @@ def test_a_string_feature_is_refused_naming_input_fn_and_what_to_do(tmp_path):
     line = inspect.getsourcelines(t.string_input_fn)[1]
     assert "\n" not in str(info.value)
     assert f"Placeholder 'features.word' at tests/tabular_models.py:{line} (input_fn): input_fn " \
-           "yields features.word as string: the CS streams float32, int32, int64 or bool; map " \
+           "yields features.word as string: the CS streams float32, float16, int32, int64 or bool; map " \
            "strings to integer ids in input_fn (tf.strings.to_hash_bucket_fast" in info.value.message
 
 

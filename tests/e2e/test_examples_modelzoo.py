@@ -2,8 +2,8 @@
 data.py, utils.py and params.yaml keys on `launcher.run_utils`, which its run.py calls as
 the original's: `update_params_from_args(args, params["runconfig"])`, then
 `use_cs=is_cs(runconfig)`) trains on the job's CS under `csrun_wse` in every task, with the
-CPU path's losses, mixed_float16 as the original ships it, and evaluates there as the CPU
-path does; its model reads `model.mixed_precision` for its Keras policy and
+CPU path's losses, mixed_float16 and float16 images as the original ships it, and evaluates
+there as the CPU path does; its model reads `model.mixed_precision` for its Keras policy and
 `optimizer.loss_scaling_factor` for TensorFlow's loss-scale optimizer."""
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def test_the_model_builds_its_layers_under_the_policy_model_mixed_precision_name
             features, labels = tf.compat.v1.data.make_one_shot_iterator(data.train_input_fn(params)).get_next()
             spec = model.model_fn(features, labels, ModeKeys.EVAL, params)
             logits = spec.host_call[1][0]
+            assert features.dtype == compute  # the input_fn's images: float16 as the original's
             assert logits.dtype == compute  # the layers compute in float16 under mixed_float16
             assert {v.dtype.base_dtype for v in tf.compat.v1.trainable_variables()} == {tf.float32}
 
@@ -93,6 +94,8 @@ def test_modelzoo_fc_mnist_trains_mixed_on_the_jobs_cs_in_every_task_like_the_cp
                        partial(run, ["csrun_wse", "--tasks-per-node", "3", "--job-dir", "job", "python",
                                      str(EXAMPLE / "run.py"), "--mode", "train", *args, "-o", "cs"], tmp_path))
     assert "Simulated CS system:" in cs.stdout, cs.stdout + cs.stderr  # the chief trained on the CS
+    report = next((tmp_path / "cs" / "cs_compile").glob("*/compile_report.txt")).read_text()
+    assert "Inputs: features (784,) float16, labels () int32" in report  # streamed at 2 B a value
     assert sorted(losses(cs.stdout)) == list(range(1, STEPS + 1))
     on_cs = np.array([losses(cs.stdout)[s] for s in range(1, STEPS + 1)])
     on_cpu = np.array([losses(cpu)[s] for s in range(1, STEPS + 1)])
