@@ -56,10 +56,11 @@ def train_and_eval(estimator: CSEstimator, train_input_fn: Callable, eval_input_
 def run_mode(estimator: CSEstimator, train_input_fn: Callable, eval_input_fn: Callable,
              config: CSRunConfig) -> None:
     mode, on_cs = config.mode, config.cs_ip is not None
-    if config.validate_only or config.compile_only:
-        train = mode == "train"
-        estimator.compile(train_input_fn if train else eval_input_fn, validate_only=config.validate_only,
-                          mode=ModeKeys.TRAIN if train else ModeKeys.EVAL)
+    if config.validate_only or config.compile_only:  # the graph the mode runs on the CS
+        graph = ModeKeys.TRAIN if mode in TRAINING_MODES else \
+            ModeKeys.PREDICT if mode == "predict" else ModeKeys.EVAL
+        estimator.compile(train_input_fn if graph == ModeKeys.TRAIN else eval_input_fn,
+                          validate_only=config.validate_only, mode=graph)
     elif mode == "train":
         estimator.train(train_input_fn, steps=config.steps, max_steps=config.max_steps)
     elif mode == "eval":

@@ -3,7 +3,8 @@ loop, which the CS cannot pipeline. Over sequences of a length known at compile 
 compiler builds model_fn a second time with Keras' own unrolling (`unroll=True`, the same
 cell's ops once per step, reading its shared weights), and proves the unrolled graph
 computes what the user's does: with the same weights, on one batch of input_fn, the loss
-and its gradient to every trainable variable agree to UNROLL_RTOL. Hand-written tf.while_loop and tf.scan of a number of steps known at build
+and its gradient to every trainable variable (predict mode: the predictions) agree to
+UNROLL_RTOL. Hand-written tf.while_loop and tf.scan of a number of steps known at build
 time run as Python loops in that second build (static_loops.py) and are proven alike; a loop
 left (its steps depend on the data) stays in the graph, and the matcher refuses it."""
 from __future__ import annotations
@@ -43,24 +44,38 @@ def keras_unrolled() -> Iterator[None]:
 
 
 def _values(graph: tf.Graph, spec: Any, feed: dict[str, np.ndarray],
-            weights: dict[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], list[Any]]:
-    """(the graph's variables, [loss, gradient by variable name]) at `weights` (None: the
-    graph's initializers) on the batch `feed` (placeholder name -> value)."""
+            weights: dict[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(the graph's variables, what the graph computes: the loss and its gradient by variable
+    name, or without a loss (predict mode) the predictions) at `weights` (None: the graph's
+    initializers) on the batch `feed` (placeholder name -> value)."""
     with graph.as_default():
         variables = tf.compat.v1.global_variables()
-        trainable = tf.compat.v1.trainable_variables()
-        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g  # dense
-                 for g in tf.gradients(spec.loss, trainable)]
+        if spec.loss is not None:
+            trainable = tf.compat.v1.trainable_variables()
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g  # dense
+                     for g in tf.gradients(spec.loss, trainable)]
+            outputs = {"the loss": spec.loss, **{v.op.name: g for v, g in zip(trainable, grads)
+                                                 if g is not None}}
+        else:
+            outputs = {f"prediction {i}": t for i, t in enumerate(tf.nest.flatten(spec.predictions))}
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(tf.compat.v1.global_variables_initializer())
             for v in variables:  # the initializer fed with the weight (Variable.load is deprecated)
                 if weights is not None and v.op.name in weights:
                     session.run(v.initializer, {v.initializer.inputs[1]: weights[v.op.name]})
             state = {v.op.name: session.run(v) for v in variables}
-            pairs = [(v.op.name, g) for v, g in zip(trainable, grads) if g is not None]
-            loss, values = session.run([spec.loss, [g for _, g in pairs]],
-                                       {graph.get_tensor_by_name(n): x for n, x in feed.items()})
-    return state, [loss, dict(zip((n for n, _ in pairs), values))]
+            values = session.run(outputs, {graph.get_tensor_by_name(n): x for n, x in feed.items()})
+    return state, {name: np.asarray(value) for name, value in values.items()}
+
+
+def _differ(want: np.ndarray, got: np.ndarray | None) -> bool:
+    """Whether `got` (the unrolled graph's) is not `want` within UNROLL_RTOL (exactly, for
+    integers: an argmax)."""
+    if got is None or got.shape != want.shape:
+        return True
+    if not np.issubdtype(want.dtype, np.floating):
+        return not np.array_equal(got, want)
+    return not np.allclose(got, want, rtol=UNROLL_RTOL, atol=UNROLL_RTOL * float(np.abs(want).max(initial=0)))
 
 
 def _host_names(spec: Any) -> list[str]:
@@ -76,7 +91,7 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
     """`graph` and `spec`, or when their loops unroll (Keras' recurrent layers, loops of steps
     known at build time), model_fn built again unrolled (by `build`) and proven equal on the
     batch `feed` (placeholder -> value)."""
-    if not has_loops(graph) or spec.loss is None or feed is None:
+    if not has_loops(graph) or feed is None:
         return graph, spec
     with keras_unrolled(), python_loops():
         graph2, spec2 = build()
@@ -86,19 +101,19 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
         raise CSRunError("host-side metrics or predictions read a recurrent layer's or a loop's "
                          "output, whose tensor the compiler's unrolled graph names otherwise",
                          "compute metrics and predictions from a layer after the recurrent one")
-    weights, (loss, grads) = _values(graph, spec, feed, None)
+    weights, outputs = _values(graph, spec, feed, None)
     initial, _ = _values(graph2, spec2, feed, None)
     if initial.keys() != weights.keys() or \
             any(not np.array_equal(initial[n], weights[n]) for n in weights):
         raise CSRunError("the unrolled graph of the recurrent layers or loops has other "
                          "variables or initial values than their loop", "pass unroll=True to "
                          "the Keras recurrent layers, or write the loop as a Python for loop")
-    _, (loss2, grads2) = _values(graph2, spec2, feed, weights)
-    differ = [name for name in grads if name not in grads2 or not np.allclose(
-        grads2[name], grads[name], rtol=UNROLL_RTOL, atol=UNROLL_RTOL * float(np.abs(grads[name]).max(initial=0)))]
-    if not np.isclose(loss2, loss, rtol=UNROLL_RTOL) or differ or set(grads2) != set(grads):
+    _, outputs2 = _values(graph2, spec2, feed, weights)
+    differ = [name for name in outputs if _differ(outputs[name], outputs2.get(name))]
+    if differ or set(outputs2) != set(outputs):
         raise CSRunError("the unrolled graph of the recurrent layers or loops computes another "
-                         f"loss or gradient than their loop ({', '.join(differ[:3]) or 'the loss'})",
+                         f"{'loss or gradient' if spec.loss is not None else 'prediction'} than "
+                         f"their loop ({', '.join(differ[:3]) or 'another set of values'})",
                          "pass unroll=True to the Keras recurrent layers, or write the loop as "
                          "a Python for loop")
     return graph2, spec2

@@ -152,3 +152,12 @@ def test_the_cs_checks_a_shared_weight_and_its_views():
                        (program_with([None, None], frozen=(False, True)), "trains it otherwise")]:
         with pytest.raises(CSError, match=words.replace("(", r"\(").replace(")", r"\)")):
             check_program(bad)
+
+
+@pytest.mark.parametrize("name", ["lstm", pytest.param("gru_sequences", marks=pytest.mark.slow)])
+def test_a_recurrent_layer_trained_on_the_cs_predicts_and_evaluates_there_like_the_cpu(compared, name, tmp_path):
+    """The predict graph has no loss: its unrolled recurrence is proven by its predictions."""
+    model_fn, input_fn, extra = CASES[name]
+    params = {**BASE, **extra}
+    for mismatch in (cs_inprocess.prediction_mismatch, cs_inprocess.evaluation_mismatch):
+        assert not mismatch(model_fn, input_fn, params, str(tmp_path), compared(name))

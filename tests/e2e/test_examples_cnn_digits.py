@@ -48,6 +48,9 @@ def test_every_cpu_mode_of_the_run_flow(tmp_path, capsys):
     assert sorted({e.step for e in acc.Scalars("accuracy")}) == [10, 20, 30]
 
 
-def test_validate_only_prints_the_compilers_verdict(tmp_path, capsys):
-    flow("-o", str(tmp_path), "--validate_only")
-    assert "Validation successful" in capsys.readouterr().out
+@pytest.mark.parametrize("mode, graph", [("train", "train"), ("train_and_eval", "train"), ("eval", "eval"),
+                                         ("eval_all", "eval"), ("predict", "infer")])
+def test_validate_only_prints_the_compilers_verdict_on_the_graph_of_the_mode(tmp_path, capsys, mode, graph):
+    flow("-o", str(tmp_path), "--mode", mode, "--validate_only")
+    out = capsys.readouterr().out
+    assert "Validation successful" in out and f"Mode: {graph}," in out
