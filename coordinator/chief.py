@@ -41,7 +41,7 @@ from tf_model import checkpoints, progress
 from tf_model.checkpoints import is_optimizer_scalar, is_optimizer_state, optimizer_changed, optimizer_of
 from tf_model.estimator_spec import ModeKeys
 from tf_model.events import EventWriter, eval_dir
-from tf_model.metrics import EvalMetrics
+from tf_model.metrics import EvalMetrics, MetricValue
 from tf_model.model_dir_lock import model_dir_locked
 from tf_model.model_fn import batch_signature, make_dataset, run_batches
 from tf_model.predictions import PredictionGraph, Predictions, write_predictions
@@ -330,7 +330,7 @@ class Chief:
         return path, checkpoints.checkpoint_step(path), state
 
     def evaluate(self, input_fn: Callable, steps: int | None = None,
-                 checkpoint_path: str | None = None) -> dict[str, float]:
+                 checkpoint_path: str | None = None) -> dict[str, MetricValue]:
         """The metrics of `steps` batches (the whole input when None) on the CS."""
         steps = run_batches(make_dataset(input_fn, self.params), RunKind.EVALUATE, steps, "--eval_steps")
         program = self._compile(input_fn, ModeKeys.EVAL).program

@@ -265,7 +265,7 @@ def evaluation_mismatch(model_fn: Callable, input_fn: Callable, params: dict, mo
     cpu = cpu_session.evaluate(model_fn, input_fn, settings, steps=steps, checkpoint_path=path)
     cpu.pop("global_step")
     cs = evaluate_like_the_chief(model_fn, input_fn, params, model_dir, path, steps)
-    if set(cs) != set(cpu) or not all(np.isclose(cs[k], cpu[k], rtol=rtol, atol=rtol * 1e-2) for k in cpu):
+    if set(cs) != set(cpu) or not all(np.allclose(cs[k], cpu[k], rtol=rtol, atol=rtol * 1e-2) for k in cpu):
         return f"evaluation metrics: CS {cs} vs the CPU path {cpu}"
     return ""
 

@@ -1,7 +1,7 @@
 """Models that train on the CS and once failed to evaluate or predict there (issue 20),
 written the way users write them: a binary classifier of Keras Dense layers whose loss
 carries weight penalties, with AUC, precision and recall as eval_metric_ops, and labels
-given as a dict.
+given as a dict; threshold metrics of one and of three values.
 
     params["model"]["penalty"]:  "keras"   kernel_regularizer, get_regularization_loss() + layer.losses
                                  "l2_loss" tf.nn.l2_loss of every kernel
@@ -77,7 +77,10 @@ def model_fn(features, labels, mode, params):
                "recall": tf.compat.v1.metrics.recall(clicked, probability > 0.5),
                "mean_probability": tf.compat.v1.metrics.mean(probability),
                "mean_logit": tf.compat.v1.metrics.mean(logits),  # a value the CS computes
-               "cross_entropy": tf.compat.v1.metrics.mean(cross_entropy)}  # the loss without penalties
+               "cross_entropy": tf.compat.v1.metrics.mean(cross_entropy),  # the loss without penalties
+               # metrics of several values: one threshold gives a [1] value, three a [3]
+               "recall_at_0.3": tf.compat.v1.metrics.recall_at_thresholds(clicked, probability, [0.3]),
+               "precision_at": tf.compat.v1.metrics.precision_at_thresholds(clicked, probability, [0.3, 0.5, 0.7])}
     if isinstance(labels, dict):
         metrics["weighted_accuracy"] = tf.compat.v1.metrics.accuracy(
             clicked, tf.cast(probability > 0.5, tf.int32), weights=labels["weight"])

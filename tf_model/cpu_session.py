@@ -24,7 +24,7 @@ from common.run_settings import RunSettings, check_steps, end_step
 from tf_model import checkpoints, progress
 from tf_model.estimator_spec import ModeKeys
 from tf_model.events import EventWriter, eval_dir
-from tf_model.metrics import EvalMetrics
+from tf_model.metrics import EvalMetrics, MetricValue
 from tf_model.model_dir_lock import model_dir_locked
 from tf_model.model_fn import (
     batch_signature,
@@ -243,7 +243,7 @@ def _run_with_hooks(session: tf.compat.v1.Session, fetches: dict, feed: dict,
 
 @op_errors_in_one_line
 def evaluate(model_fn: Callable, input_fn: Callable, settings: RunSettings, steps: int | None = None,
-             checkpoint_path: str | None = None) -> dict[str, float]:
+             checkpoint_path: str | None = None) -> dict[str, MetricValue]:
     """Evaluate a checkpoint (the newest by default) on `steps` batches (all when None):
     the metrics are printed, written to `model_dir/eval` events and returned with
     `global_step`."""

@@ -11,6 +11,7 @@ import os
 import time
 from typing import Mapping
 
+import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -27,9 +28,11 @@ class EventWriter(Closing):
         self.logdir = logdir
         self._writer = EventFileWriter(logdir, flush_secs=5)
 
-    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    def scalars(self, step: int, values: Mapping[str, float | np.ndarray]) -> None:
+        """A scalar summary of each value; a value of several elements (a metric of several
+        thresholds) has none, as TF's Estimator skips it."""
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(v))
-                                             for tag, v in values.items()])
+                                             for tag, v in values.items() if np.ndim(v) == 0])
         self._write(step, summary)
 
     def summary(self, step: int, serialized: bytes) -> set[str]:

@@ -42,6 +42,9 @@ def metric_ops(spec: CSEstimatorSpec) -> dict[str, tuple[Any, Any]]:
     return ops
 
 
+MetricValue = float | np.ndarray  # a metric's value: a float, or an array of several values
+
+
 class EvalMetrics(Closing):
     """model_fn's metrics in EVAL mode, accumulated over `update` calls, with a checkpoint's
     weights restored (when given).
@@ -75,9 +78,12 @@ class EvalMetrics(Closing):
         ones and loss_name) to their numpy values."""
         host_graph.run(self.session, self._updates, values, self._stand_ins)
 
-    def results(self) -> dict[str, float]:
+    def results(self) -> dict[str, MetricValue]:
+        """Each metric's value: a float, or an array for a metric of several values
+        (recall_at_thresholds of several thresholds), as TF's Estimator returns them."""
         values = host_graph.run(self.session, self._values, {}, self._stand_ins)
-        return {name: float(np.asarray(value)) for name, value in values.items()}
+        return {name: float(np.asarray(value).reshape(())) if np.size(value) == 1 else np.asarray(value)
+                for name, value in values.items()}
 
     def close(self) -> None:
         self.session.close()

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Mapping
+
+import numpy as np
 
 
 class StepRate:
@@ -63,6 +66,7 @@ def restoring(path: str) -> None:
     _say(f"Restoring parameters from {path}")
 
 
-def eval_results(step: int, results: dict[str, float]) -> None:
-    items = ", ".join(f"{k} = {v:.6g}" for k, v in sorted({**results, "global_step": step}.items()))
+def eval_results(step: int, results: Mapping[str, float | np.ndarray]) -> None:
+    items = ", ".join(f"{k} = {v:.6g}" if np.ndim(v) == 0 else f"{k} = {np.array2string(np.asarray(v), precision=6)}"
+                      for k, v in sorted({**results, "global_step": step}.items()))
     _say(f"Saving dict for global step {step}: {items}")

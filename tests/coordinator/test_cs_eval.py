@@ -11,6 +11,7 @@ import eval_models as em
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.errors import CSRunError
 from common.run_kinds import RunKind
@@ -50,11 +51,19 @@ def test_the_eval_program_streams_what_the_metrics_read(tmp_path):
     assert any(k.tf_tensor.startswith("sigmoid_cross_entropy_loss/xentropy") for k in streamed)
 
 
-def test_dict_labels_train_evaluate_and_predict_on_the_cpu_path(tmp_path):
+def test_dict_labels_train_evaluate_and_predict_on_the_cpu_path(tmp_path, capsys):
     est = CSEstimator(em.model_fn, str(tmp_path), params=em.params_for(penalty="none", dict_labels=True))
     est.train(em.train_input_fn, max_steps=3)
     results = est.evaluate(em.eval_input_fn)
     assert results["global_step"] == 3 and 0 <= results["weighted_accuracy"] <= 1
+    # a metric of one value is a float, of several an array (as TF's Estimator returns them);
+    # only the floats get a scalar summary
+    assert isinstance(results["recall_at_0.3"], float) and results["precision_at"].shape == (3,)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Saving dict"))
+    assert f"precision_at = [{results['precision_at'][0]:.6g} " in line.replace("[ ", "[")
+    events = EventAccumulator(str(tmp_path / "eval"))
+    events.Reload()
+    assert "recall_at_0.3" in events.Tags()["scalars"] and "precision_at" not in events.Tags()["scalars"]
     samples = list(est.predict(em.eval_input_fn))
     assert len(samples) == em.SAMPLES and set(samples[0]) == {"probability", "clicked"}
 
