@@ -156,9 +156,9 @@ def embedding_bag(features, labels, mode, params):
                  "sgd": lambda: v1.train.GradientDescentOptimizer(0.1),
                  "adagrad": lambda: v1.train.AdagradOptimizer(0.1)}[params["optimizer"]]()
     grads_and_vars = optimizer.compute_gradients(loss)
-    if params.get("clip"):
-        grads_and_vars = [(tf.clip_by_norm(g, 1.0), v) for g, v in grads_and_vars]
-    return spec(loss, optimizer.apply_gradients(grads_and_vars))
+    if params.get("clip"):  # the table's gradient is IndexedSlices: TF clips its values
+        grads_and_vars = [(tf.clip_by_norm(g, params["clip"]), v) for g, v in grads_and_vars]
+    return spec(loss, optimizer.apply_gradients(grads_and_vars, global_step=v1.train.get_or_create_global_step()))
 
 
 def float16_layer(features, labels, mode, params):

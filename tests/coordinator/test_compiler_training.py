@@ -2,6 +2,7 @@
 and the user's source line (coordinator.compiler.training)."""
 import inspect
 
+import cs_inprocess
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -125,10 +126,23 @@ def test_embedding_tables_are_updated_sparse(optimizer, suffix, keras):
         (f"{v}/{suffix}",) if suffix else () for v in names(spec)]
 
 
-def test_clip_by_norm_of_a_sparse_gradient_is_refused():
-    error = refusal(tm.embedding_bag, tm.ids_input_fn, optimizer="adam", clip=True)
-    assert "clip_by_norm of a sparse (embedding) gradient" in error.message
-    assert error.message.endswith(f"{line_of('tf.clip_by_norm(g, 1.0), v')})")
+@pytest.fixture(scope="module")
+def at_micro_batch(tmp_path_factory):
+    return cs_inprocess.micro_batch_comparisons(tm.ids_input_fn, tmp_path_factory, steps=4)
+
+
+@pytest.mark.parametrize("micro", [16, 4])
+def test_clip_by_norm_of_a_sparse_gradient_clips_its_looked_up_rows_as_tensorflow_does(at_micro_batch, micro):
+    """tf.clip_by_norm of an embedding table's IndexedSlices: the norm of its values (a row
+    per lookup, duplicates included), the whole batch's in micro-batches too."""
+    params = {"batch_size": 16, "optimizer": "momentum", "keras": True, "clip": 0.05,  # (Adam: scale-free)
+              "runconfig": {"tf_random_seed": 3}}
+    result = at_micro_batch(tm.embedding_bag, params, micro)
+    assert [(t.kind, tuple(t.variables)) for t in result.compiled.program.gradient_transforms] == \
+        [("clip_by_norm", ("table/embeddings", "dense/kernel", "dense/bias"))]  # each by its own norm
+    assert {p.variable: p.update for k in result.compiled.program.kernels for p in k.params}[
+        "table/embeddings"] == "sparse"
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
 
 
 def test_float16_variable_is_refused_at_compile_time_naming_it():

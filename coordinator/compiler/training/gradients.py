@@ -328,9 +328,8 @@ def _clip_by_norm(op: tf.Operation, sparse: bool, why) -> tuple[_Step, tf.Tensor
                 list(range(rank)):
             raise _fail(op, "clip_by_norm over some axes only; the CS clips by the norm of "
                             "the whole gradient")
-    if sparse:
-        raise _fail(op, "clip_by_norm of a sparse (embedding) gradient measures the looked-up "
-                        "rows, duplicates included; the CS cannot")
+    # a sparse gradient: TF's norm is over its IndexedSlices' values (one row per lookup,
+    # duplicates included), as the CS holds them (`sparse` changes nothing)
     return _Step("clip_by_norm", op, value=c), x
 
 
