@@ -146,7 +146,12 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
                                   f"CS evaluates a divisor from {SUPPORTED_DIVISORS}")
         if op.type not in TAIL_OPS and op in linear:
             return _reject(m, op, "the loss must be a sum or mean of per-sample values (plus "
-                                  "weight penalties): this op is not linear")
+                                  "weight penalties): this op is not linear in them, it makes the "
+                                  "loss a non-linear function of values reduced over the batch (a "
+                                  "variance or square of batch means: a load-balancing or "
+                                  "decorrelation loss), which the CS cannot sum sample by sample; "
+                                  "compute such a term from each sample's own values and take "
+                                  "its batch mean, or leave it out")
         if op.type == "Cast" and op in linear and op.outputs[0].dtype not in (tf.float32, tf.float16):
             return _reject(m, op, "the loss is cast to a type other than float32 or float16")
         for t in op.inputs:

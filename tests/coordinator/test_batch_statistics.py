@@ -57,7 +57,7 @@ def test_deep_embedded_clustering_evaluates_on_the_cs_with_the_cpus_metrics(tmp_
 
 
 @pytest.mark.parametrize("model_fn, words", [
-    (models.vicreg_model_fn, "this op is not linear"),
+    (models.vicreg_model_fn, "a non-linear function of values reduced over the batch"),
     (models.barlow_twins_model_fn, "transpose_b=True"),
     (models.min_max_model_fn, "reduce over non-batch axes"),
     (models.max_scaled_model_fn, "reduce over non-batch axes"),
