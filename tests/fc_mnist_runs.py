@@ -33,6 +33,8 @@ def losses(output: str) -> dict[int, float]:
     return {int(step): float(loss) for step, loss in STEP_LINE.findall(output)}
 
 
-def eval_results(output: str) -> dict[str, float]:
+def eval_results(output: str) -> dict[str, float | list[float]]:
+    """The metrics of a run's `Saving dict` line (a metric of several values: a list)."""
     (_, items), = EVAL_LINE.findall(output)
-    return {k: float(v) for k, v in (item.split(" = ") for item in items.split(", "))}
+    return {k: [float(x) for x in v.strip("[]").split()] if v.startswith("[") else float(v)
+            for k, v in (item.split(" = ") for item in items.split(", "))}

@@ -46,7 +46,8 @@ def test_csrun_wse_evaluates_a_penalised_model_with_the_cpu_paths_metrics(tmp_pa
     cpu, cs = eval_results(on_cpu), eval_results(out)
     assert cpu["global_step"] == cs["global_step"] == 10
     assert set(cs) == set(cpu) == {"auc", "precision", "recall", "mean_probability", "mean_logit",
-                                   "cross_entropy", "loss", "global_step"}
+                                   "cross_entropy", "recall_at_0.3", "precision_at", "loss", "global_step"}
+    assert len(cs["precision_at"]) == 3  # a metric of three thresholds
     for key in cpu:
         assert cs[key] == pytest.approx(cpu[key], rel=1e-4, abs=1e-6), key
     assert cpu["loss"] > cpu["cross_entropy"]  # the penalties are in the evaluated loss
