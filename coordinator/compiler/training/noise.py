@@ -88,6 +88,22 @@ def _over_batch(mean: tf.Operation) -> bool:
     return axes is not None and bool(rank) and any(int(a) % rank == 0 for a in np.ravel(axes))
 
 
+def floored(graph: tf.Graph, optimizers: dict[str, OptimizerConfig], largest: float | None,
+            noise: float) -> tuple[str, ...]:
+    """Those of `optimizers` (variable: its optimizer) that reach a batch normalization in
+    training and whose optimizer turns a gradient element of `noise` x `largest` (the
+    model's largest gradient on input_fn's first batch; None: not measured, taken as 1)
+    into a step more than VISIBLE_AMPLIFICATION x `noise` of the largest's: the variables
+    the CS gives the noise floor (wafer.grad_transforms' `noise_floor`)."""
+    scale = largest if largest is not None and 0 < largest < math.inf else 1.0
+    amplified = {v for v, config in optimizers.items()
+                 if relative_step(config, noise * scale, scale) > VISIBLE_AMPLIFICATION * noise}
+    if not amplified:
+        return ()
+    centred = batch_centred(graph)
+    return tuple(v for v in optimizers if v in amplified and v in centred)
+
+
 def check_noise(graph: tf.Graph, gradients: dict[str, tuple[OptimizerConfig, float]],
                 noise: float) -> None:
     """Refuse (as the module docstring says) the first variable of `gradients` (its
