@@ -14,7 +14,12 @@ from coordinator.compiler.training import loss_scaling
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
 from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
 from coordinator.compiler.training.noise import floored
-from coordinator.compiler.training.numbers import GRADIENT_NOISE, HALF_GRADIENT_NOISE, HALF_GRADIENT_RTOL, _check_numbers
+from coordinator.compiler.training.numbers import (
+    GRADIENT_NOISE,
+    HALF_GRADIENT_NOISE,
+    HALF_GRADIENT_RTOL,
+    _check_numbers,
+)
 from coordinator.compiler.training.shift import zero_gradients
 from coordinator.compiler.training.transforms import _fold_loss_scale
 from coordinator.compiler.training.updates import SUPPORTED, _check_dtypes, _check_slots, _Update
