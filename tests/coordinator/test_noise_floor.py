@@ -51,16 +51,23 @@ def model_fn(features, labels, mode, params):
     h = layers.BatchNormalization()(h, training=mode == "train")
     logits = layers.Dense(10)(h)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
-        train_op = OPTIMIZERS[params["optimizer"]]().minimize(
-            loss, tf.compat.v1.train.get_or_create_global_step())
+    if mode != "train":
+        return CSEstimatorSpec(mode=mode, loss=loss)
+    step = tf.compat.v1.train.get_or_create_global_step()
+    updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+    with tf.control_dependencies(updates):
+        train_op = OPTIMIZERS[params["optimizer"]]().minimize(loss, step)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
 
 
 @pytest.fixture(scope="module")
-def trained():
-    with tempfile.TemporaryDirectory() as model_dir:
-        return cs_inprocess.compare(model_fn, input_fn, PARAMS, model_dir, steps=STEPS)
+def model_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("noise_floor"))
+
+
+@pytest.fixture(scope="module")
+def trained(model_dir):
+    return cs_inprocess.compare(model_fn, input_fn, PARAMS, model_dir, steps=STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +104,10 @@ def test_floored_elements_stay_where_tf_moved_them_by_noise_the_rest_is_tfs(trai
     assert 0 < still.sum() < still.size
     assert tf_moves[still].max() > 0.1 * LEARNING_RATE
     cs_inprocess.assert_same_training(trained)  # the still elements against their start
+
+
+def test_the_trained_model_evaluates_on_the_cs_like_the_cpu_path(trained, model_dir):
+    assert cs_inprocess.evaluation_mismatch(model_fn, input_fn, PARAMS, model_dir, trained) == ""
 
 
 def test_the_floored_elements_are_nearer_float64_tf_than_float32_tfs(trained, exact):
