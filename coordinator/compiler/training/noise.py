@@ -21,6 +21,16 @@ before a batch normalization). Under SGD and momentum the ratio is g / G itself 
 `noise`): never refused. Noise that reaches no batch normalization is zero for each sample
 on its own (an attention key's bias: softmax ignores a shift shared by all keys): nothing the
 model computes in any mode reads its value, which is accepted though not TF's.
+
+Floored (`floored`): where only some elements of a gradient cancel (a ReLU unit active for
+every sample of the batch before the normalization: its bias element sums the
+normalization's backward output, 0 over the batch), the variables that reach a batch
+normalization in training, under an optimizer whose step for a gradient of `noise` x G
+exceeds VISIBLE_AMPLIFICATION x `noise` of G's, get wafer.grad_transforms' `noise_floor`:
+the CS sets each element at most `noise` x the step's largest gradient to 0 exactly, what
+exact arithmetic gives for a cancelled sum. A float32 sum of n terms is only determined to
+about n x 2 ** -24 of its terms' sizes (1e-6 for 16 terms): below that, at the scale of the
+model's gradients, TF's own value is noise too (docs/design.md, *Amplified noise*).
 """
 from __future__ import annotations
 

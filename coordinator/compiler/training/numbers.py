@@ -34,11 +34,11 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
     """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
     a float16 backward rounds S * g and g differently), and no rounding noise among them
     that the optimizer would amplify (noise.py; `zeroed`, the variables the CS gives the
-    exact 0 (shift.py), excepted); then TF's transforms == apply_transforms
-    on random gradients. Returns the model's largest raw gradient (over S), or None when
-    the check is skipped (the weights too large). (Moving averages and what else the gradients' control dependencies
-    read are initialised too: gradients computed under tf.control_dependencies(update_ops)
-    or a weight decay run them.)"""
+    exact 0 (shift.py), excepted); then TF's transforms == apply_transforms on random
+    gradients. Returns the model's largest raw gradient (over S), None when the check is
+    skipped (the weights too large). (Moving averages and what else the gradients' control
+    dependencies read are initialised too: gradients computed under
+    tf.control_dependencies(update_ops) or a weight decay run them.)"""
     graph, loss = extracted.graph, extracted.spec.loss
     handles = {op.name for op in _variables_under(loss)} | {c.update.variable for c in chains} \
         | {a.variable for a in averages} | {  # (what gradients under control dependencies run)
