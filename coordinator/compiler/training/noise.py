@@ -25,7 +25,9 @@ model computes in any mode reads its value, which is accepted though not TF's.
 Floored (`floored`): where only some elements of a gradient cancel (a ReLU unit active for
 every sample of the batch before the normalization: its bias element sums the
 normalization's backward output, 0 over the batch), the variables that reach a batch
-normalization in training, under an optimizer whose step for a gradient of `noise` x G
+normalization in training and are added across the batch (biases, offsets: each gradient
+element a plain sum over the batch; kernels' elements sum products with the samples and
+fall below the floor by chance while real), under an optimizer whose step for a gradient of `noise` x G
 exceeds VISIBLE_AMPLIFICATION x `noise` of G's, get wafer.grad_transforms' `noise_floor`:
 the CS sets each element at most `noise` x the step's largest gradient to 0 exactly, what
 exact arithmetic gives for a cancelled sum. A float32 sum of n terms is only determined to
@@ -49,6 +51,7 @@ VISIBLE_AMPLIFICATION = 100
 _NAMES = {"adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSProp", "adagrad": "Adagrad",
           "adadelta": "Adadelta", "ftrl": "FTRL", "proximal_adagrad": "ProximalAdagrad"}
 _VIEWS = ("StopGradient", "Squeeze", "Reshape", "ExpandDims")
+_ADDS = ("Add", "AddV2", "Sub")
 
 
 def _divisor(config: OptimizerConfig, g: float) -> float:
@@ -106,12 +109,40 @@ def floored(graph: tf.Graph, optimizers: dict[str, OptimizerConfig], largest: fl
     into a step more than VISIBLE_AMPLIFICATION x `noise` of the largest's: the variables
     the CS gives the noise floor (wafer.grad_transforms' `noise_floor`)."""
     scale = largest if largest is not None and 0 < largest < math.inf else 1.0
-    amplified = {v for v, config in optimizers.items()
-                 if relative_step(config, noise * scale, scale) > VISIBLE_AMPLIFICATION * noise}
+    amplified = [v for v, config in optimizers.items()
+                 if relative_step(config, noise * scale, scale) > VISIBLE_AMPLIFICATION * noise
+                 and _added_across_the_batch(graph.get_operation_by_name(v))]
     if not amplified:
         return ()
     centred = batch_centred(graph)
-    return tuple(v for v in optimizers if v in amplified and v in centred)
+    return tuple(v for v in amplified if v in centred)
+
+
+def _added_across_the_batch(handle: tf.Operation) -> bool:
+    """Whether every read of the variable is added, unscaled, to a tensor it is broadcast
+    along (a bias: BiasAdd, x + b, a normalization's offset), so that each element of its
+    gradient is a plain sum of the output gradient over the batch (and positions)."""
+    stack, seen = [handle.outputs[0]], set()
+    while stack:
+        tensor = stack.pop()
+        for op in tensor.consumers():
+            if (op, tensor.ref()) in seen:
+                continue
+            seen.add((op, tensor.ref()))
+            index = [i for i, t in enumerate(op.inputs) if t is tensor]
+            out = op.outputs[0] if op.outputs else None
+            if op.type in ("ReadVariableOp", "Identity", "Cast", "Neg") or (
+                    op.type in _ADDS and out is not None and out.shape == tensor.shape):
+                stack.extend(op.outputs)  # (the variable's own shape: not broadcast yet)
+            elif (op.type == "BiasAdd" and index == [1]) or \
+                    (op.type.startswith("FusedBatchNorm") and index == [2]) or \
+                    (op.type in _ADDS and len(index) == 1 and out is not None
+                     and out.shape.num_elements() != tensor.shape.num_elements()):
+                continue
+            elif op.type not in ("AssignVariableOp", "AssignSubVariableOp", "VarIsInitializedOp") \
+                    and not op.type.startswith("Resource"):
+                return False
+    return True
 
 
 def check_noise(graph: tf.Graph, gradients: dict[str, tuple[OptimizerConfig, float]],
