@@ -100,7 +100,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                 noise_floored: tuple[str, ...] = ()  # (float16's noise is real gradients' size)
             else:
                 largest = _check_numbers(extracted, chains, statistic_averages, zeroed=zeroed)
-                noise_floored = floored(extracted.graph, {
+                noise_floored = floored(extracted.spec.loss, {
                     u.variable: u.optimizer for u in updates
                     if u.indices is None and u.variable not in zeroed}, largest, GRADIENT_NOISE)
             transforms, loss_scale = _fold_loss_scale(chains, half)

@@ -41,6 +41,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler.extract import data_upstream
 from coordinator.compiler.training.graph import _fail, _skip_identity, _variables_under
 from wafer.optimizers import OptimizerConfig
 
@@ -101,32 +102,34 @@ def _over_batch(mean: tf.Operation) -> bool:
     return axes is not None and bool(rank) and any(int(a) % rank == 0 for a in np.ravel(axes))
 
 
-def floored(graph: tf.Graph, optimizers: dict[str, OptimizerConfig], largest: float | None,
+def floored(loss: tf.Tensor, optimizers: dict[str, OptimizerConfig], largest: float | None,
             noise: float) -> tuple[str, ...]:
     """Those of `optimizers` (variable: its optimizer) that reach a batch normalization in
-    training and whose optimizer turns a gradient element of `noise` x `largest` (the
+    training, are added across the batch on their way to `loss`, and whose optimizer turns a gradient element of `noise` x `largest` (the
     model's largest gradient on input_fn's first batch; None: not measured, taken as 1)
     into a step more than VISIBLE_AMPLIFICATION x `noise` of the largest's: the variables
     the CS gives the noise floor (wafer.grad_transforms' `noise_floor`)."""
     scale = largest if largest is not None and 0 < largest < math.inf else 1.0
+    upstream = set(data_upstream(loss.op))
     amplified = [v for v, config in optimizers.items()
                  if relative_step(config, noise * scale, scale) > VISIBLE_AMPLIFICATION * noise
-                 and _added_across_the_batch(graph.get_operation_by_name(v))]
+                 and _added_across_the_batch(loss.graph.get_operation_by_name(v), upstream)]
     if not amplified:
         return ()
-    centred = batch_centred(graph)
+    centred = batch_centred(loss.graph)
     return tuple(v for v in amplified if v in centred)
 
 
-def _added_across_the_batch(handle: tf.Operation) -> bool:
-    """Whether every read of the variable is added, unscaled, to a tensor it is broadcast
-    along (a bias: BiasAdd, x + b, a normalization's offset), so that each element of its
-    gradient is a plain sum of the output gradient over the batch (and positions)."""
+def _added_across_the_batch(handle: tf.Operation, upstream: set[tf.Operation]) -> bool:
+    """Whether every read of the variable on the way to the loss (ops in `upstream`) is
+    added, unscaled, to a tensor it is broadcast along (a bias: BiasAdd, x + b, a
+    normalization's offset), so that each element of its gradient is a plain sum of the
+    output gradient over the batch (and positions)."""
     stack, seen = [handle.outputs[0]], set()
     while stack:
         tensor = stack.pop()
         for op in tensor.consumers():
-            if (op, tensor.ref()) in seen:
+            if op not in upstream or (op, tensor.ref()) in seen:
                 continue
             seen.add((op, tensor.ref()))
             index = [i for i, t in enumerate(op.inputs) if t is tensor]
@@ -139,8 +142,7 @@ def _added_across_the_batch(handle: tf.Operation) -> bool:
                     (op.type in _ADDS and len(index) == 1 and out is not None
                      and out.shape.num_elements() != tensor.shape.num_elements()):
                 continue
-            elif op.type not in ("AssignVariableOp", "AssignSubVariableOp", "VarIsInitializedOp") \
-                    and not op.type.startswith("Resource"):
+            else:
                 return False
     return True
 
