@@ -21,6 +21,7 @@ from sklearn.datasets import load_digits
 from coordinator.compiler.training.noise import floored
 from coordinator.compiler.training.numbers import GRADIENT_NOISE
 from cs_api import pb
+from examples.modelzoo_trainer import build_train_op
 from tf_model.estimator_spec import CSEstimatorSpec
 from wafer.grad_transforms import GradientTransform, apply_transforms
 from wafer.optimizers import OptimizerConfig
@@ -39,6 +40,9 @@ OPTIMIZERS = {
     "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
 }
 
+ADAMW = {"optimizer_type": "adamw", "learning_rate": LEARNING_RATE, "weight_decay_rate": 0.1,
+         "exclude_from_weight_decay": []}
+
 
 def input_fn(params):
     digits = load_digits()
@@ -49,7 +53,8 @@ def input_fn(params):
 
 def model_fn(features, labels, mode, params):
     layers = tf.keras.layers
-    h = layers.Dense(32, activation="relu")(features)
+    h = layers.Dense(32, activation="relu", bias_initializer=tf.keras.initializers.Constant(
+        params.get("bias", 0.0)))(features)
     h = layers.BatchNormalization()(h, training=mode == "train")
     logits = layers.Dense(10)(h)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
@@ -58,7 +63,10 @@ def model_fn(features, labels, mode, params):
     step = tf.compat.v1.train.get_or_create_global_step()
     updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
     with tf.control_dependencies(updates):
-        train_op = OPTIMIZERS[params["optimizer"]]().minimize(loss, step)
+        if params["optimizer"] == "adamw":  # (the modelzoo's, decaying every weight)
+            train_op = build_train_op(loss, ADAMW)
+        else:
+            train_op = OPTIMIZERS[params["optimizer"]]().minimize(loss, step)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
 
 
@@ -121,6 +129,22 @@ def test_the_floored_elements_are_nearer_float64_tf_than_float32_tfs(trained, ex
     for name in FLOORED:  # and the whole variables, the elements the CS moved included
         assert np.abs(trained.cs.state[name] - exact[name]).max() <= \
             np.abs(trained.reference.state[name] - exact[name]).max()
+
+
+def test_under_adamw_the_floored_elements_only_decay(tmp_path):
+    """AdamW decays every weight, the floored bias elements too: the CS's have no gradient
+    (their slots stay 0) and move by the decay alone, TF's by its noise besides (biases
+    that start at 0.1, which the decay moves). Seed 5: with seeds 1 to 4 some element gets
+    noise on one step and a real gradient on another, and ends where exact arithmetic puts
+    it, not where float32 TF's noise did (docs/design.md, the noise floor's limits)."""
+    params = {**PARAMS, "optimizer": "adamw", "bias": 0.1, "runconfig": {"tf_random_seed": 5}}
+    result = cs_inprocess.compare(model_fn, input_fn, params, str(tmp_path), steps=4)
+    assert cs_inprocess.noise_floor_variables(result.compiled) == set(FLOORED)
+    slots = [v for n, v in result.cs.state.items() if n.startswith("dense/bias/")]
+    still = np.logical_and.reduce([slot == 0 for slot in slots])
+    start = result.compiled.initial_weights["dense/bias"]
+    assert still.any() and not np.array_equal(result.cs.state["dense/bias"][still], start[still])
+    cs_inprocess.assert_same_training(result)
 
 
 def test_a_dropped_real_gradient_is_still_reported(trained):
