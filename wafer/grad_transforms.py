@@ -7,6 +7,12 @@ complete gradients (regularizer gradients included) before any weight is updated
     zero                 g = g * 0: a gradient 0 in exact arithmetic, of which TF computes
                          rounding noise (the compiler emits it last; wse_sim applies it at
                          the update, after the finite test of dynamic loss scaling)
+    noise_floor          g = where(|g| <= value * G, 0, g), G the largest magnitude among all
+                         the batch's gradients (every trained variable's, not only the
+                         named ones), when G is finite and > 0: the elements of a gradient
+                         that are rounding noise at that scale (a sum that cancels, 0 in
+                         exact arithmetic) get the exact 0 (emitted last, with `zero`;
+                         applied after the finite test; coordinator.compiler.training.noise)
     scale                g = g * value
     clip_by_value        g = maximum(minimum(g, high), low)
     clip_by_norm         l2 = sqrt(sum(g * g)) (0 if the sum is 0)
@@ -31,7 +37,7 @@ import numpy as np
 from cs_api import cs_api_pb2 as pb
 
 F32 = np.float32
-KINDS = ("scale", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "zero")
+KINDS = ("scale", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "zero", "noise_floor")
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,8 @@ class GradientTransform:
         if self.kind in ("clip_by_norm", "clip_by_global_norm") and \
                 not 0 < self.value < np.inf:
             return f"{self.kind} needs a finite clip norm > 0, got {self.value}"
+        if self.kind == "noise_floor" and not 0 < self.value < 1:
+            return f"noise_floor needs a fraction of the largest gradient in (0, 1), got {self.value}"
         return ""
 
     def to_message(self) -> pb.GradientTransform:
@@ -95,9 +103,20 @@ def _clip_by_global_norm(grads: Sequence[np.ndarray], clip_norm: np.float32) -> 
         np.multiply(g, scale, out=g)
 
 
+def _noise_floor(group: Sequence[np.ndarray], grads: Mapping[str, np.ndarray],
+                 fraction: float) -> None:
+    largest = max((float(np.max(np.abs(g), initial=0.0)) for g in grads.values()), default=0.0)
+    if not 0 < largest < np.inf:  # (no scale to judge noise by; a NaN compares false)
+        return
+    threshold = fraction * largest
+    for g in group:
+        g[np.abs(g) <= threshold] = 0
+
+
 def apply_transforms(transforms: Sequence[GradientTransform],
                      grads: Mapping[str, np.ndarray]) -> None:
-    """Apply `transforms` in order to `grads` (float32 arrays by TF variable name), in place."""
+    """Apply `transforms` in order to `grads` (float32 arrays by TF variable name, every
+    trained variable's: noise_floor's scale is their largest), in place."""
     for t in transforms:
         missing = [v for v in t.variables if v not in grads]
         if missing:
@@ -105,6 +124,9 @@ def apply_transforms(transforms: Sequence[GradientTransform],
         group = [grads[v] for v in t.variables]
         if t.kind == "clip_by_global_norm":
             _clip_by_global_norm(group, F32(t.value))
+            continue
+        if t.kind == "noise_floor":
+            _noise_floor(group, grads, t.value)
             continue
         for g in group:
             if t.kind in ("scale", "zero"):

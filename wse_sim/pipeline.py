@@ -146,10 +146,12 @@ class Pipeline:
         self.loss_kernel = loss_kernel
         self.optimizer = optimizer
         self.seed = seed % 2 ** 64  # SeedSequence entropy is non-negative
-        self.transforms = tuple(t for t in transforms if t.kind != "zero")
-        # (the exact 0 comes last in program order: applied at the update, after the
-        # other transforms and the finite test read TF's gradient)
+        self.transforms = tuple(t for t in transforms if t.kind not in ("zero", "noise_floor"))
+        # (the exact 0s come last in program order: applied after the other transforms and
+        # the finite test read TF's gradient; `zero` at the update, the noise floor, which
+        # reads every gradient, once they are all complete)
         self.zeroed = frozenset(v for t in transforms if t.kind == "zero" for v in t.variables)
+        self.floor = tuple(t for t in transforms if t.kind == "noise_floor")
         self.schedules = tuple(schedules)
         self.moving_averages = tuple(moving_averages)
         self.writes = {w.variable: w for w in weight_writes}
@@ -489,7 +491,7 @@ class Pipeline:
         for region in stage.regions:
             _settle(region, board)
             self._complete_gradients(region)
-        if self.transforms or self.shared or self.dynamic:  # every stage's gradients first
+        if self._reads_all_gradients():  # every stage's gradients first
             if index == 0:
                 for other in range(1, len(plan)):
                     board.get(("gradients complete", other))
@@ -498,6 +500,8 @@ class Pipeline:
                     self._unscale()
                 elif self.transforms:
                     apply_transforms(self.transforms, self._gradients())
+                if self.floor and self._applying:
+                    apply_transforms(self.floor, self._gradients())
                 board.put(("transformed",), True)
             else:
                 board.put(("gradients complete", index), True)
@@ -595,7 +599,12 @@ class Pipeline:
         gradient transform, no loss scaling)."""
         spec = region.specs[role]
         return region.half and spec.update == "dense" and not spec.regularizers and \
-            not (self.transforms or self.shared or self.dynamic)
+            not self._reads_all_gradients()
+
+    def _reads_all_gradients(self) -> bool:
+        """Whether the step reads the batch's complete gradients, every stage's, before any
+        update (gradient transforms, shared weights, dynamic loss scaling)."""
+        return bool(self.transforms or self.floor or self.shared or self.dynamic)
 
     def _gradients(self) -> dict[str, np.ndarray]:
         """The batch's gradients of every trained variable (sparse ones: the values of

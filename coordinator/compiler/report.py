@@ -167,6 +167,12 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
         if t.kind == "zero":
             lines.extend(f"{v}: gradient 0 exactly ({REASON})" for v in t.variables)
             continue
+        if t.kind == "noise_floor":
+            lines.extend(f"{v}: noise floor (gradient elements at most {t.value:g} of the "
+                         "model's largest set to 0 exactly: rounding noise of a sum a batch "
+                         "normalization cancels, which the optimizer would amplify)"
+                         for v in t.variables)
+            continue
         what = {"scale": f"scale {t.value:g}", "clip_by_value": f"clip_by_value [{t.low:g}, "
                 f"{t.high:g}]", "clip_by_norm": f"clip_by_norm {t.value:g}",
                 "clip_by_global_norm": f"clip_by_global_norm {t.value:g}"}[t.kind]

@@ -13,7 +13,13 @@ from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_sch
 from coordinator.compiler.training import loss_scaling
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
 from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
-from coordinator.compiler.training.numbers import HALF_GRADIENT_NOISE, HALF_GRADIENT_RTOL, _check_numbers
+from coordinator.compiler.training.noise import floored
+from coordinator.compiler.training.numbers import (
+    GRADIENT_NOISE,
+    HALF_GRADIENT_NOISE,
+    HALF_GRADIENT_RTOL,
+    _check_numbers,
+)
 from coordinator.compiler.training.shift import zero_gradients
 from coordinator.compiler.training.transforms import _fold_loss_scale
 from coordinator.compiler.training.updates import SUPPORTED, _check_dtypes, _check_slots, _Update
@@ -91,8 +97,12 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             if half:
                 _check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
                                HALF_GRADIENT_NOISE, zeroed)
+                noise_floored: tuple[str, ...] = ()  # (float16's noise is real gradients' size)
             else:
-                _check_numbers(extracted, chains, statistic_averages, zeroed=zeroed)
+                largest = _check_numbers(extracted, chains, statistic_averages, zeroed=zeroed)
+                noise_floored = floored(extracted.spec.loss, {
+                    u.variable: u.optimizer for u in updates
+                    if u.indices is None and u.variable not in zeroed}, largest, GRADIENT_NOISE)
             transforms, loss_scale = _fold_loss_scale(chains, half)
             scaling = None
             if dynamic is not None:
@@ -103,6 +113,9 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             raise _Problems([str(problem)], problem.hint) from None
         if zeroed:  # (last: the other transforms and the finite test read TF's gradient)
             transforms = [*transforms, GradientTransform("zero", variables=zeroed)]
+        if noise_floored:
+            transforms = [*transforms, GradientTransform("noise_floor", GRADIENT_NOISE,
+                                                         variables=noise_floored)]
         try:
             schedules, moving, writes = _schedules(extracted, updates, averages, written)
         except ScheduleRefused as problem:

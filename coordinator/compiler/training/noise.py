@@ -21,6 +21,18 @@ before a batch normalization). Under SGD and momentum the ratio is g / G itself 
 `noise`): never refused. Noise that reaches no batch normalization is zero for each sample
 on its own (an attention key's bias: softmax ignores a shift shared by all keys): nothing the
 model computes in any mode reads its value, which is accepted though not TF's.
+
+Floored (`floored`): where only some elements of a gradient cancel (a ReLU unit active for
+every sample of the batch before the normalization: its bias element sums the
+normalization's backward output, 0 over the batch), the variables that reach a batch
+normalization in training and are added across the batch (biases, offsets: each gradient
+element a plain sum over the batch; kernels' elements sum products with the samples and
+fall below the floor by chance while real), under an optimizer whose step for a gradient of `noise` x G
+exceeds VISIBLE_AMPLIFICATION x `noise` of G's, get wafer.grad_transforms' `noise_floor`:
+the CS sets each element at most `noise` x the step's largest gradient to 0 exactly, what
+exact arithmetic gives for a cancelled sum. A float32 sum of n terms is only determined to
+about n x 2 ** -24 of its terms' sizes (1e-6 for 16 terms): below that, at the scale of the
+model's gradients, TF's own value is noise too (docs/design.md, *Amplified noise*).
 """
 from __future__ import annotations
 
@@ -29,6 +41,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler.extract import data_upstream
 from coordinator.compiler.training.graph import _fail, _skip_identity, _variables_under
 from wafer.optimizers import OptimizerConfig
 
@@ -39,6 +52,7 @@ VISIBLE_AMPLIFICATION = 100
 _NAMES = {"adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSProp", "adagrad": "Adagrad",
           "adadelta": "Adadelta", "ftrl": "FTRL", "proximal_adagrad": "ProximalAdagrad"}
 _VIEWS = ("StopGradient", "Squeeze", "Reshape", "ExpandDims")
+_ADDS = ("Add", "AddV2", "Sub")
 
 
 def _divisor(config: OptimizerConfig, g: float) -> float:
@@ -86,6 +100,51 @@ def batch_centred(graph: tf.Graph) -> dict[str, tf.Operation]:
 def _over_batch(mean: tf.Operation) -> bool:
     axes, rank = tf.get_static_value(mean.inputs[1]), mean.inputs[0].shape.rank
     return axes is not None and bool(rank) and any(int(a) % rank == 0 for a in np.ravel(axes))
+
+
+def floored(loss: tf.Tensor, optimizers: dict[str, OptimizerConfig], largest: float | None,
+            noise: float) -> tuple[str, ...]:
+    """Those of `optimizers` (variable: its optimizer) that reach a batch normalization in
+    training, are added across the batch on their way to `loss`, and whose optimizer turns a gradient element of `noise` x `largest` (the
+    model's largest gradient on input_fn's first batch; None: not measured, taken as 1)
+    into a step more than VISIBLE_AMPLIFICATION x `noise` of the largest's: the variables
+    the CS gives the noise floor (wafer.grad_transforms' `noise_floor`)."""
+    scale = largest if largest is not None and 0 < largest < math.inf else 1.0
+    upstream = set(data_upstream(loss.op))
+    amplified = [v for v, config in optimizers.items()
+                 if relative_step(config, noise * scale, scale) > VISIBLE_AMPLIFICATION * noise
+                 and _added_across_the_batch(loss.graph.get_operation_by_name(v), upstream)]
+    if not amplified:
+        return ()
+    centred = batch_centred(loss.graph)
+    return tuple(v for v in amplified if v in centred)
+
+
+def _added_across_the_batch(handle: tf.Operation, upstream: set[tf.Operation]) -> bool:
+    """Whether every read of the variable on the way to the loss (ops in `upstream`) is
+    added, unscaled, to a tensor it is broadcast along (a bias: BiasAdd, x + b, a
+    normalization's offset), so that each element of its gradient is a plain sum of the
+    output gradient over the batch (and positions)."""
+    stack, seen = [handle.outputs[0]], set()
+    while stack:
+        tensor = stack.pop()
+        for op in tensor.consumers():
+            if op not in upstream or (op, tensor.ref()) in seen:
+                continue
+            seen.add((op, tensor.ref()))
+            index = [i for i, t in enumerate(op.inputs) if t is tensor]
+            out = op.outputs[0] if op.outputs else None
+            if op.type in ("ReadVariableOp", "Identity", "Cast", "Neg") or (
+                    op.type in _ADDS and out is not None and out.shape == tensor.shape):
+                stack.extend(op.outputs)  # (the variable's own shape: not broadcast yet)
+            elif (op.type == "BiasAdd" and index == [1]) or \
+                    (op.type.startswith("FusedBatchNorm") and index == [2]) or \
+                    (op.type in _ADDS and len(index) == 1 and out is not None
+                     and out.shape.num_elements() != tensor.shape.num_elements()):
+                continue
+            else:
+                return False
+    return True
 
 
 def check_noise(graph: tf.Graph, gradients: dict[str, tuple[OptimizerConfig, float]],

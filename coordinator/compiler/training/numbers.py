@@ -30,14 +30,15 @@ HALF_GRADIENT_NOISE = 2.0 ** -11
 
 def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
                    averages: list[StatisticAverage], rtol: float = 1e-4,
-                   noise: float = GRADIENT_NOISE, zeroed: tuple[str, ...] = ()) -> None:
+                   noise: float = GRADIENT_NOISE, zeroed: tuple[str, ...] = ()) -> float | None:
     """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
     a float16 backward rounds S * g and g differently), and no rounding noise among them
     that the optimizer would amplify (noise.py; `zeroed`, the variables the CS gives the
-    exact 0 (shift.py), excepted); then TF's transforms == apply_transforms
-    on random gradients. (Moving averages and what else the gradients' control dependencies
-    read are initialised too: gradients computed under tf.control_dependencies(update_ops)
-    or a weight decay run them.)"""
+    exact 0 (shift.py), excepted); then TF's transforms == apply_transforms on random
+    gradients. Returns the model's largest raw gradient (over S), None when the check is
+    skipped (the weights too large). (Moving averages and what else the gradients' control
+    dependencies read are initialised too: gradients computed under
+    tf.control_dependencies(update_ops) or a weight decay run them.)"""
     graph, loss = extracted.graph, extracted.spec.loss
     handles = {op.name for op in _variables_under(loss)} | {c.update.variable for c in chains} \
         | {a.variable for a in averages} | {  # (what gradients under control dependencies run)
@@ -45,7 +46,7 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
     with graph.as_default():
         variables = [v for v in tf.compat.v1.global_variables() if v.op.name in handles]
     if sum(v.shape.num_elements() or 0 for v in variables) > NUMERIC_CHECK_VALUES:
-        return  # the weights alone exceed the check's memory: the structure is what is proven
+        return None  # the weights alone exceed the check's memory: the structure is proven
     with graph.as_default(), tf.name_scope("csrun_training_check"):
         tensors = [graph.get_operation_by_name(c.update.variable).outputs[0] for c in chains]
         expected = tf.gradients(loss, tensors)
@@ -80,11 +81,11 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
             if got.shape != want.shape or not float(np.max(np.abs(got - want), initial=0.0)) <= bound:
                 raise _fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
                                              "is not the gradient of the loss model_fn returns")
-        check_noise(graph, {c.update.variable: (c.update.optimizer, float(np.max(
-            np.abs(got), initial=0.0)) / abs(c.call.scale)) for c, got in zip(chains, raw_values)
-            if c.update.variable not in zeroed},
-            noise)
+        largest = {c.update.variable: (c.update.optimizer, float(np.max(
+            np.abs(got), initial=0.0)) / abs(c.call.scale)) for c, got in zip(chains, raw_values)}
+        check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
         _check_transforms(session, chains)
+    return max((g for _, g in largest.values()), default=0.0)
 
 
 def _check_transforms(session, chains: list[_Chain]) -> None:
