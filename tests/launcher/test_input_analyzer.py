@@ -244,6 +244,8 @@ def test_the_prediction_lands_within_2x_of_the_jobs_rate_at_1_and_2_workers(tmp_
                               cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         steady = [float(rate) for rate in PROGRESS.findall(done.stdout)[1:]]  # after the first 50 steps
-        measured = params["train_input"]["batch_size"] * sum(steady) / len(steady)
+        # windows of 50 steps each: their overall rate is the harmonic mean (a window the CS
+        # ran ahead of, its losses arriving in one burst, does not count as fast as it looks)
+        measured = params["train_input"]["batch_size"] * len(steady) / sum(1 / r for r in steady)
         print(f"{workers} worker(s): predicted {predicted[workers]:,.0f}, measured {measured:,.0f} samples/s")
         assert 0.5 <= predicted[workers] / measured <= 2, (workers, predicted[workers], measured)
