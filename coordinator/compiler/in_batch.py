@@ -176,6 +176,8 @@ STATISTICS = ("Sum", "Mean", "Max", "Min")
 # rounding noise (and Adam amplifies).
 ADDITIVE = ("Add", "AddV2", "Sub", "Maximum", "Minimum", "SquaredDifference")
 BINARY_READERS = (*ADDITIVE, "Mul", "RealDiv", "Div", "DivNoNan")
+COMPARISONS = ("Equal", "NotEqual", "Greater", "GreaterEqual", "Less", "LessEqual")
+ROW_MEETINGS = (*BINARY_READERS, *COMPARISONS)
 # Ops whose second input is the labels of the first's samples (rank one less: sparse).
 LABELLED = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
 # Besides the element-wise binary ops: the ops pairing a constant's rows with the samples.
@@ -223,6 +225,71 @@ def diagonal(m: Context, op: tf.Operation) -> str:
                        {"value": np.arange(batch, dtype=np.int32)}, [], [op], None, output_shape=())
     m.add_kernel(op.name, "sample_gather", [x, ids.name], {}, [], [op], op.outputs[0])
     return ""
+
+
+@fast_path
+def row(m: Context, op: tf.Operation) -> bool:
+    """A per-sample float32 or integer value viewed with a leading axis of 1 (`sq[None, :]`,
+    tf.expand_dims(x, 0), tf.reshape(x, [1, -1]), tf.transpose(x[:, None]), `labels[None,
+    :]`) whose readers, after element-wise ops of it alone and scalar constants, meet a
+    per-sample value in an element-wise binary op or comparison (sq[:, None] - 2 e e^T +
+    sq[None, :], tf.equal(labels[:, None], labels[None, :])): a batch_row barrier giving
+    every sample the whole batch's values (False: not one; it is refused)."""
+    shape = _row_shape(m, op)
+    out = op.outputs[0]
+    if shape is None or not has_kernel("batch_row"):
+        return False
+    floating = out.dtype == tf.float32
+    chain = _statistic_ops(m, out, shape, ROW_MEETINGS if floating else COMPARISONS)
+    if chain is None or not floating and any(step.type not in VIEWS for step in chain):
+        return False
+    m.add_kernel(op.name, "batch_row", [op.inputs[0]],
+                 {"shape": list(shape), "batch_size": m.batch_size}, [], [op], out,
+                 output_shape=shape)
+    for step in sorted(chain, key=m.ops.index):
+        _per_sample_step(m, step, shape)
+    return True
+
+
+def row_refusal(m: Context, op: tf.Operation) -> str:
+    """Why a view of a per-sample value as a row of the batch (`row`'s) is refused ("" if
+    `op` is no such view)."""
+    if _row_shape(m, op) is None:
+        return ""
+    return ("views a per-sample value as a row of the whole batch (a leading axis of 1) that "
+            "no element-wise op pairs with per-sample values: the CS gives each sample the "
+            "batch's row only to meet the sample's own values, as in sq[:, None] + sq[None, :] "
+            "or tf.equal(labels[:, None], labels[None, :]); reduce over the batch in the loss "
+            "instead (tf.reduce_sum(x))")
+
+
+def _row_shape(m: Context, op: tf.Operation) -> tuple[int, ...] | None:
+    """The per-sample shape of `op`'s output if it is its per-sample input laid out whole with
+    a leading axis of 1 ((1, B, ...): a view adding a unit axis before the batch, a reshape,
+    a transpose keeping the order of the non-unit axes); else None."""
+    from coordinator.compiler.lowering import slice_bounds
+    if op.type not in ("StridedSlice", "ExpandDims", "Reshape", "Transpose") or \
+            not op.inputs or not m.is_batched(op.inputs[0]):
+        return None
+    x, out = op.inputs[0], op.outputs[0]
+    source, shape = static_shape(x), static_shape(out)
+    if out.dtype not in (tf.float32, tf.int32, tf.int64) or len(shape) < 2 or shape[0] != 1 or \
+            shape[1] != m.batch_size or np.prod(shape) != np.prod(source) or \
+            precision.tensor_precision(out):
+        return None
+    spec = [m.operands.constant(t) for t in op.inputs[1:]]
+    if any(s is None for s in spec):
+        return None
+    if op.type == "StridedSlice" and (not op.get_attr("new_axis_mask") & 1 or any(
+            b != (0, size, 1, False) for b, size in zip(slice_bounds(op, *spec), source))):
+        return None
+    if op.type == "ExpandDims" and int(spec[0]) % len(shape) != 0:
+        return None
+    if op.type == "Transpose":
+        moved = [int(p) for p in spec[0] if source[int(p)] != 1]
+        if moved != sorted(moved):
+            return None
+    return shape[1:]
 
 
 @fast_path

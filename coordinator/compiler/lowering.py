@@ -338,8 +338,9 @@ def _stop_gradient(m: Context, op: tf.Operation) -> str:
 def _reshape(m: Context, op: tf.Operation) -> str:
     out, src = static_shape(op.outputs[0]), static_shape(op.inputs[0])
     if not out or not src or out[0] != m.batch_size or src[0] != m.batch_size:
-        return (f"reshapes {src} to {out}: the batch must stay the first axis "
-                "(e.g. tf.reshape(x, [batch_size, -1]))")
+        return in_batch.row_refusal(m, op) or (
+            f"reshapes {src} to {out}: the batch must stay the first axis "
+            "(e.g. tf.reshape(x, [batch_size, -1]))")
     m.add_kernel(op.name, "reshape", [op.inputs[0]], {"shape": list(out[1:])}, [], [op],
                  op.outputs[0])
     return ""
@@ -351,7 +352,7 @@ def _transpose(m: Context, op: tf.Operation) -> str:
     if in_batch.transpose(m, op, perm):
         return ""
     if perm is None or int(perm[0]) != 0:
-        return sequences.time_major_unstack(m, op)
+        return in_batch.row_refusal(m, op) or sequences.time_major_unstack(m, op)
     if not has_kernel("transpose"):
         return "the CS has no transpose kernel"
     m.add_kernel(op.name, "transpose", [op.inputs[0]], {"perm": [int(p) - 1 for p in perm[1:]]},
@@ -652,11 +653,13 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
     bounds = slice_bounds(op, begin, end, strides)
     shape, out = static_shape(op.inputs[0]), static_shape(op.outputs[0])
     if op.get_attr("new_axis_mask") & 1 and not op.get_attr("ellipsis_mask") & 1:
-        return ("puts tf.newaxis before the batch axis: the CS computes each sample on its own; "
-                "add axes after the batch axis (x[:, tf.newaxis]), or, to pair the batch's "
-                "samples (a distance matrix, a same-label mask), use in-batch products in the "
-                "loss: tf.matmul(a, b, transpose_b=True), tf.matmul(one_hot, one_hot, "
-                "transpose_b=True)")
+        return in_batch.row_refusal(m, op) or (
+            "puts tf.newaxis before the batch axis of a slice or of a value other than "
+            "float32 or integer: the CS computes each sample on its own; add axes after the "
+            "batch axis (x[:, tf.newaxis]), or, to pair the batch's samples, broadcast the "
+            "whole value's row against per-sample values (sq[:, None] + sq[None, :], "
+            "tf.equal(labels[:, None], labels[None, :])) or use in-batch products "
+            "(tf.matmul(a, b, transpose_b=True))")
     if bounds[0] != (0, shape[0], 1, False) or not out or out[0] != shape[0]:
         return "slices the batch axis"
     if not has_kernel("slice"):

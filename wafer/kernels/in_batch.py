@@ -23,6 +23,14 @@ mean's divided by B): each micro-batch's input gradient is that one value. A max
 exact; its gradient is TF's _MinOrMaxGrad: (x == m) / (the batch's count of x == m) times
 that sum, ties sharing it.
 
+`batch_row` is a per-sample value viewed with a leading axis of 1 (`sq[None, :]`,
+tf.expand_dims(x, 0), tf.reshape(x, [1, -1]), tf.transpose(x[:, None]), `labels[None, :]`)
+and broadcast against per-sample values: every sample's output is the whole batch's values
+(row j sample j's), reshaped to the per-sample shape TF broadcasts it as. Backward, TF's
+gradient of the broadcast is the sum over the batch of every sample's gradient
+(BroadcastGradientArgs' Sum, in float64 rounded once, as `batch_reduce`'s): sample j's is
+the sum over every sample i of g_i at j's place, a micro-batch taking its rows.
+
 `sample_constant` is a constant of the user's graph whose first axis is the batch (the
 labels of in-batch negatives, tf.range(B) or tf.eye(B)): a micro-batch reads its own rows
 (`RunContext.offset`); its one input is any value of the micro-batch, without gradient.
@@ -225,6 +233,64 @@ class BatchReduce(Kernel):
         if cache is None:
             return [np.broadcast_to(total, grad_output.shape).copy()], {}
         return [((cache == extreme).astype(np.float32) / count) * total], {}
+
+
+@register
+class BatchRow(Kernel):
+    """attrs shape (the per-sample output shape, holding B times the input's values),
+    batch_size B; input x (S), float32, int32 or int64: every sample's output is the whole
+    batch's x reshaped to `shape`. A batch barrier (see the module)."""
+
+    type_name = "batch_row"
+    batch_barrier = True
+    barrier_holds = "the whole batch's values"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        self.batch = _batch_size(self)
+        shape = self.attrs.get("shape")
+        self.shape = tuple(int(d) for d in shape) if isinstance(shape, (list, tuple)) else None
+        if len(self.input_shapes) != 1 or self.shape is None or \
+                np.prod(self.shape, dtype=np.int64) != self.batch * self._size():
+            raise KernelError(f"kernel {name!r} (batch_row): takes one input and attr shape "
+                              f"holding B = {self.batch} times its values, got "
+                              f"{self.input_shapes}, shape {shape!r}")
+
+    def _size(self) -> int:
+        return int(np.prod(self.input_shapes[0], dtype=np.int64))
+
+    @property
+    def output_shape(self):
+        return self.shape
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER)])
+        return np.dtype(input_dtypes[0])
+
+    def flops_per_sample(self) -> float:
+        return float(self.batch * self._size())  # a move per value
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
+
+    def activation_bytes_per_sample(self) -> int:
+        return 0
+
+    def barrier_transfers(self) -> tuple[int, ...]:
+        return (self.batch * self._size(),)  # the batch's values (forward), their gradient
+
+    def batch_statistics(self, params, inputs: Sequence[np.ndarray], ctx: RunContext):
+        return np.ascontiguousarray(inputs[0]).reshape(self.shape)
+
+    def gradient_statistics(self, params, caches: Sequence[Any], grads: Sequence[np.ndarray],
+                            ctx: RunContext):
+        return batch_sum(np.concatenate(grads)).reshape(self.batch, *self.input_shapes[0])
+
+    def forward(self, params, inputs, ctx: RunContext):
+        return np.broadcast_to(ctx.batch[0], (len(inputs[0]), *self.shape)).copy(), ctx.offset
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [_rows(ctx.batch[1], cache, len(grad_output))], {}
 
 
 @register
