@@ -114,3 +114,52 @@ def batch_sum_of_row_model_fn(features, labels, mode, params):
     spread = tf.reduce_sum(sq[None, :], axis=0)
     loss = tf.reduce_mean(spread * tf.reduce_sum(e, axis=1))
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def positive_pairs_mean_model_fn(features, labels, mode, params):
+    """A pull-together loss averaged over the batch's same-label pairs (a divisor of labels)."""
+    e = _embed(features, 4)
+    similar = tf.cast(tf.equal(labels[:, None], labels[None, :]), tf.float32)
+    loss = tf.reduce_sum(similar * pairwise_distances(e)) / tf.reduce_sum(similar)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def _pairwise_distances(embeddings, squared=False):
+    """Olivier Moindrot's widely copied batch-hard triplet code (tensorflow-triplet-loss)."""
+    dot_product = tf.matmul(embeddings, tf.transpose(embeddings))
+    square_norm = tf.linalg.diag_part(dot_product)
+    distances = tf.expand_dims(square_norm, 0) - 2.0 * dot_product + tf.expand_dims(square_norm, 1)
+    distances = tf.maximum(distances, 0.0)
+    if not squared:
+        mask = tf.cast(tf.equal(distances, 0.0), tf.float32)
+        distances = distances + mask * 1e-16
+        distances = tf.sqrt(distances)
+        distances = distances * (1.0 - mask)
+    return distances
+
+
+def _anchor_positive_mask(labels):
+    indices_equal = tf.cast(tf.eye(tf.shape(labels)[0]), tf.bool)
+    indices_not_equal = tf.logical_not(indices_equal)
+    labels_equal = tf.equal(tf.expand_dims(labels, 0), tf.expand_dims(labels, 1))
+    return tf.logical_and(indices_not_equal, labels_equal)
+
+
+def _anchor_negative_mask(labels):
+    labels_equal = tf.equal(tf.expand_dims(labels, 0), tf.expand_dims(labels, 1))
+    return tf.logical_not(labels_equal)
+
+
+def moindrot_batch_hard_model_fn(features, labels, mode, params):
+    embeddings = _embed(features)
+    pairwise_dist = _pairwise_distances(embeddings, squared=params.get("squared", False))
+    mask_anchor_positive = tf.cast(_anchor_positive_mask(labels), tf.float32)
+    anchor_positive_dist = tf.multiply(mask_anchor_positive, pairwise_dist)
+    hardest_positive_dist = tf.reduce_max(anchor_positive_dist, axis=1, keepdims=True)
+    mask_anchor_negative = tf.cast(_anchor_negative_mask(labels), tf.float32)
+    max_anchor_negative_dist = tf.reduce_max(pairwise_dist, axis=1, keepdims=True)
+    anchor_negative_dist = pairwise_dist + max_anchor_negative_dist * (1.0 - mask_anchor_negative)
+    hardest_negative_dist = tf.reduce_min(anchor_negative_dist, axis=1, keepdims=True)
+    triplet_loss = tf.maximum(hardest_positive_dist - hardest_negative_dist + 0.5, 0.0)
+    loss = tf.reduce_mean(triplet_loss)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))

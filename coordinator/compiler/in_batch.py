@@ -21,8 +21,9 @@ from wafer.kernels.elementwise import ARITHMETIC
 # The README's rows: kernel -> the TF ops it starts from.
 KERNEL_ROWS = {
     "in_batch_matmul, batch_transpose": "MatMul of two per-sample [batch, n] values with "
-                                        "transpose_b (tf.matmul(q, d, transpose_b=True): in-batch "
-                                        "negatives, contrastive losses), or of a per-sample "
+                                        "transpose_b (tf.matmul(q, d, transpose_b=True), "
+                                        "tf.matmul(q, tf.transpose(d)): in-batch negatives, "
+                                        "contrastive losses), or of a per-sample "
                                         "[batch, batch] value by a per-sample [batch, n] one; "
                                         "Transpose of a per-sample [batch, batch] value (the "
                                         "symmetric loss's other direction): batch barriers, TF's "
@@ -33,6 +34,14 @@ KERNEL_ROWS = {
                                         "entry: a sample_gather); tf.gather_nd(x, tf.stack("
                                         "[tf.range(batch), ids], 1)) of a per-sample x (each "
                                         "sample's own row: a sample_gather at ids)",
+    "batch_row": "a per-sample float32 or integer value viewed with a leading axis of 1 "
+                 "(sq[None, :], tf.expand_dims(x, 0), tf.reshape(x, [1, -1]), "
+                 "tf.transpose(x[:, None]), e[None, :, :]) met, after element-wise ops of it and "
+                 "scalar constants, by a per-sample value in an element-wise binary op or "
+                 "comparison (pairwise distances sq[:, None] - 2 e e^T + sq[None, :], "
+                 "tf.equal(labels[:, None], labels[None, :]): batch-hard triplet, SupCon, "
+                 "contrastive pair losses): a batch barrier giving every sample the whole "
+                 "batch's values, its gradient the sum over the batch of every sample's",
     "batch_reduce": "Sum, Mean, Max or Min over the batch axis alone of a per-sample value "
                     "(keepdims or not; tf.math.reduce_std / reduce_variance's and "
                     "tf.nn.moments' means) met, after element-wise ops of it and scalar "
@@ -46,8 +55,13 @@ KERNEL_ROWS = {
 
 
 def product(m: Context, op: tf.Operation, transpose_a: bool, transpose_b: bool) -> str:
-    """MatMul of two per-sample rank-2 values: an in_batch_matmul kernel, or why not."""
+    """MatMul of two per-sample rank-2 values: an in_batch_matmul kernel, or why not; of a
+    per-sample [B, n] value by tf.transpose of one (tf.matmul(e, tf.transpose(e))), the
+    product with transpose_b."""
     a, b = op.inputs
+    ops = [op]
+    if not m.is_batched(b) and not transpose_a and not transpose_b:
+        ops, b, transpose_b = [b.op, op], b.op.inputs[0], True
     batch = m.batch_size
     shapes = static_shape(a), static_shape(b)
     if transpose_a or len(shapes[0]) != 2 or len(shapes[1]) != 2:
@@ -62,8 +76,27 @@ def product(m: Context, op: tf.Operation, transpose_a: bool, transpose_b: bool) 
     if not has_kernel("in_batch_matmul"):
         return "the CS has no in-batch product kernel"
     m.add_kernel(op.name, "in_batch_matmul", [a, b],
-                 {"transpose_b": transpose_b, "batch_size": batch}, [], [op], op.outputs[0])
+                 {"transpose_b": transpose_b, "batch_size": batch}, [], ops, op.outputs[0])
     return ""
+
+
+def transposed_sample(m: Context, tensor: tf.Tensor) -> bool:
+    """`tensor` is tf.transpose of a per-sample [B, n] value ([n, B])."""
+    op = tensor.op
+    perm = m.operands.constant(op.inputs[1]) if op.type == "Transpose" else None
+    return perm is not None and [int(p) for p in perm] == [1, 0] and \
+        m.is_batched(op.inputs[0]) and len(static_shape(op.inputs[0])) == 2
+
+
+def transposed_operand(m: Context, op: tf.Operation) -> bool:
+    """tf.transpose of a per-sample [B, n] value read only as the second operand of MatMuls
+    of per-sample values (tf.matmul(e, tf.transpose(e))): no kernel of its own, each
+    product takes the value with transpose_b (`product`; False: not one)."""
+    out = op.outputs[0]
+    readers = m.consumers(out)
+    return transposed_sample(m, out) and bool(readers) and out.name not in m.protected and \
+        all(r.type == "MatMul" and r.inputs[0] is not out and r.inputs[0].op in m.flow and
+            not r.get_attr("transpose_a") and not r.get_attr("transpose_b") for r in readers)
 
 
 def transpose(m: Context, op: tf.Operation, perm: np.ndarray | None) -> bool:
@@ -227,8 +260,7 @@ def diagonal(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-@fast_path
-def row(m: Context, op: tf.Operation) -> bool:
+def row(m: TailContext, op: tf.Operation) -> bool:
     """A per-sample float32 or integer value viewed with a leading axis of 1 (`sq[None, :]`,
     tf.expand_dims(x, 0), tf.reshape(x, [1, -1]), tf.transpose(x[:, None]), `labels[None,
     :]`) whose readers, after element-wise ops of it alone and scalar constants, meet a
@@ -277,11 +309,14 @@ def _row_shape(m: Context, op: tf.Operation) -> tuple[int, ...] | None:
             shape[1] != m.batch_size or np.prod(shape) != np.prod(source) or \
             precision.tensor_precision(out):
         return None
-    spec = [m.operands.constant(t) for t in op.inputs[1:]]
-    if any(s is None for s in spec):
-        return None
+    spec: list[np.ndarray] = []
+    for t in op.inputs[1:]:
+        value = m.operands.constant(t)
+        if value is None:
+            return None
+        spec.append(value)
     if op.type == "StridedSlice" and (not op.get_attr("new_axis_mask") & 1 or any(
-            b != (0, size, 1, False) for b, size in zip(slice_bounds(op, *spec), source))):
+            b != (0, size, 1, False) for b, size in zip(slice_bounds(op, spec[0], spec[1], spec[2]), source))):
         return None
     if op.type == "ExpandDims" and int(spec[0]) % len(shape) != 0:
         return None

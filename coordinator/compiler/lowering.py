@@ -73,7 +73,9 @@ REFUSED = {
                    "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss, but BatchNormalization's moments, the in-batch "
-                          "products and the batch statistics above: two statistics combined "
+                          "products, rows of the batch and the batch statistics above "
+                          "(a row of the batch no element-wise op pairs with per-sample "
+                          "values: tf.reduce_sum(x[None, :], 0)), two statistics combined "
                           "(min-max scaling's max - min), a loss that is a function of batch "
                           "statistics "
                           "(VICReg's variance and covariance terms: the Sqrt of a variance "
@@ -229,6 +231,18 @@ def _is_identity(kind: str, letters: str, attrs: dict, op: tf.Operation) -> bool
     return neutral is not None and value.size == 1 and value.item() == neutral
 
 
+@generic("LogicalNot")
+def _logical_not(m: Context, op: tf.Operation) -> str:
+    """tf.logical_not of a per-sample bool value (a mask's complement): x == False."""
+    if not m.is_batched(op.inputs[0]):
+        return "its input is not a per-sample value"
+    if not has_kernel("binary"):
+        return "the CS has no binary kernel"
+    m.add_kernel(op.name, "binary", [op.inputs[0]],
+                 {"op": "equal", "operands": "ic", "c1": np.array(False)}, [], [op], op.outputs[0])
+    return ""
+
+
 @generic("AddN")
 def _add_n(m: Context, op: tf.Operation) -> str:
     tensors = list(op.inputs)
@@ -349,7 +363,7 @@ def _reshape(m: Context, op: tf.Operation) -> str:
 @generic("Transpose")
 def _transpose(m: Context, op: tf.Operation) -> str:
     perm = m.operands.constant(op.inputs[1])
-    if in_batch.transpose(m, op, perm):
+    if in_batch.transpose(m, op, perm) or in_batch.transposed_operand(m, op):
         return ""
     if perm is None or int(perm[0]) != 0:
         return in_batch.row_refusal(m, op) or sequences.time_major_unstack(m, op)
@@ -405,7 +419,8 @@ def _matmul(m: Context, op: tf.Operation) -> str:
     a, b = op.inputs
     if op.type == "MatMul":
         flags = (bool(op.get_attr("transpose_a")), bool(op.get_attr("transpose_b")))
-        if m.is_batched(a) and m.is_batched(b):
+        if m.is_batched(a) and (m.is_batched(b) or
+                                not any(flags) and in_batch.transposed_sample(m, b)):
             if flags[0] and second_order.in_gradient(op):
                 return second_order.WEIGHT_GRADIENT
             return in_batch.product(m, op, *flags)

@@ -249,8 +249,8 @@ class BatchRow(Kernel):
         super().__init__(name, attrs, input_shapes)
         self.batch = _batch_size(self)
         shape = self.attrs.get("shape")
-        self.shape = tuple(int(d) for d in shape) if isinstance(shape, (list, tuple)) else None
-        if len(self.input_shapes) != 1 or self.shape is None or \
+        self.shape = tuple(int(d) for d in shape) if isinstance(shape, (list, tuple)) else ()
+        if len(self.input_shapes) != 1 or not self.shape or \
                 np.prod(self.shape, dtype=np.int64) != self.batch * self._size():
             raise KernelError(f"kernel {name!r} (batch_row): takes one input and attr shape "
                               f"holding B = {self.batch} times its values, got "
@@ -284,7 +284,7 @@ class BatchRow(Kernel):
 
     def gradient_statistics(self, params, caches: Sequence[Any], grads: Sequence[np.ndarray],
                             ctx: RunContext):
-        return batch_sum(np.concatenate(grads)).reshape(self.batch, *self.input_shapes[0])
+        return batch_sum(np.concatenate(grads)).reshape((self.batch, *self.input_shapes[0]))
 
     def forward(self, params, inputs, ctx: RunContext):
         return np.broadcast_to(ctx.batch[0], (len(inputs[0]), *self.shape)).copy(), ctx.offset

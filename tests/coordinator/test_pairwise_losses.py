@@ -1,0 +1,100 @@
+"""Losses over every pair of the batch (tests/pairwise_models.py: batch-hard triplet,
+SupCon, a contrastive pair loss, a loss averaged over the same-label pairs), compiled and
+trained in process on the simulated CS against TensorFlow (tests/cs_inprocess.py): a
+per-sample value viewed as a row of the batch (sq[None, :], tf.expand_dims(x, 0),
+tf.reshape(x, [1, -1]), tf.transpose(x[:, None]), labels[None, :]) is a batch_row barrier,
+TF's numbers whatever the micro-batch size and with replicas; the CS's evaluation equals the
+CPU's; a row no element-wise op pairs with the samples is refused naming the op."""
+from __future__ import annotations
+
+import cs_inprocess
+import pairwise_models as models
+import pytest
+
+from common.errors import CSRunError
+
+PARAMS = {"batch_size": models.BATCH}
+RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return cs_inprocess.micro_batch_comparisons(models.input_fn, tmp_path_factory, models.STEPS)
+
+
+def train_both(prepared, model_fn, micro: int, replicas: int = 1) -> cs_inprocess.Comparison:
+    return prepared(model_fn, {**PARAMS, "runconfig": {"num_replicas": replicas}}, micro)
+
+
+def kernel_types(result: cs_inprocess.Comparison) -> list[str]:
+    return [k.type for k in result.compiled.program.kernels]
+
+
+@pytest.mark.parametrize("micro, replicas", [(16, 1), (4, 1), (8, 2)])
+def test_batch_hard_triplet_loss_trains_like_tensorflow(prepared, micro, replicas):
+    """sq[None, :] and labels[None, :] are rows of the whole batch (every replica's): the
+    hardest positive and negative of each row, the margin's relu and the mean are per-sample
+    computation and the loss's."""
+    result = train_both(prepared, models.batch_hard_triplet_model_fn, micro, replicas)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert kernel_types(result).count("batch_row") == 2
+    assert "Batch barrier: strided_slice_3 (the whole batch's values)" in result.compiled.report_text
+
+
+def test_triplet_loss_with_expand_dims_reshape_and_transpose_rows_trains_like_tensorflow(prepared):
+    result = train_both(prepared, models.triplet_expand_dims_model_fn, 4)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert kernel_types(result).count("batch_row") == 3
+
+
+@pytest.mark.parametrize("micro, replicas", [(4, 1), (4, 2)])
+def test_the_widely_copied_batch_hard_triplet_code_trains_like_tensorflow(prepared, micro,
+                                                                          replicas):
+    """tf.matmul(e, tf.transpose(e)) is the in-batch product, tf.linalg.diag_part of it each
+    sample's squared norm, tf.logical_not of the masks per sample; the distances' sqrt
+    behind its tf.equal(distances, 0.0) guard."""
+    result = train_both(prepared, models.moindrot_batch_hard_model_fn, micro, replicas)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    types = kernel_types(result)
+    assert types.count("batch_row") == 3 and {"in_batch_matmul", "sample_gather"} <= set(types)
+
+
+@pytest.mark.parametrize("micro, replicas", [(8, 1), (4, 2)])
+def test_supervised_contrastive_loss_trains_like_tensorflow(prepared, micro, replicas):
+    result = train_both(prepared, models.supcon_model_fn, micro, replicas)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert {"batch_row", "in_batch_matmul", "sample_constant"} <= set(kernel_types(result))
+
+
+@pytest.mark.parametrize("micro, replicas", [(4, 1), (8, 2)])
+def test_contrastive_pair_loss_of_broadcast_embeddings_trains_like_tensorflow(prepared, micro,
+                                                                              replicas):
+    """e[None, :, :]: each sample reads the whole batch's embeddings, [batch, n], and its
+    gradient sums every sample's."""
+    result = train_both(prepared, models.contrastive_pair_model_fn, micro, replicas)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    rows = [k for k in result.compiled.program.kernels if k.type == "batch_row"]
+    assert [tuple(k.output_shape) for k in rows] == [(models.BATCH, 4), (models.BATCH,)]
+
+
+def test_a_loss_averaged_over_the_same_label_pairs_trains_like_tensorflow(prepared):
+    """The divisor tf.reduce_sum(similar) is computed from the labels' row ahead of the
+    batch (a barrier among the loss's denominator kernels)."""
+    result = train_both(prepared, models.positive_pairs_mean_model_fn, 4)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+
+
+def test_batch_hard_triplet_evaluates_on_the_cs_with_the_cpus_metrics(tmp_path, prepared):
+    result = train_both(prepared, models.batch_hard_triplet_model_fn, 8)
+    assert cs_inprocess.evaluation_mismatch(models.batch_hard_triplet_model_fn, models.input_fn,
+                                            PARAMS, str(tmp_path), result, rtol=RTOL) == ""
+
+
+def test_a_row_no_element_wise_op_pairs_with_the_samples_is_refused_naming_the_op(tmp_path):
+    """tf.reduce_sum(sq[None, :], axis=0) sums the row over its own unit axis."""
+    model_fn = models.batch_sum_of_row_model_fn
+    with pytest.raises(CSRunError) as error:
+        cs_inprocess.compile_checked(model_fn, models.input_fn, PARAMS, str(tmp_path))
+    words = cs_inprocess.model_op_words(model_fn, models.input_fn, PARAMS)
+    assert cs_inprocess.refusal_problem(error.value, models.__file__, words) == ""
+    assert "StridedSlice" in str(error.value) and "sq[:, None] + sq[None, :]" in str(error.value)
