@@ -163,3 +163,32 @@ def moindrot_batch_hard_model_fn(features, labels, mode, params):
     triplet_loss = tf.maximum(hardest_positive_dist - hardest_negative_dist + 0.5, 0.0)
     loss = tf.reduce_mean(triplet_loss)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def npairs_model_fn(features, labels, mode, params):
+    """TF Addons' npairs_loss as written there: a same-label mask normalised per row as the
+    soft targets of the anchors' similarities to the positives, plus an L2 penalty."""
+    h = tf.keras.layers.Dense(12, activation="relu")(features)
+    anchor = tf.keras.layers.Dense(6)(h)
+    positive = tf.keras.layers.Dense(6)(h)
+    column = tf.reshape(labels, [-1, 1])
+    targets = tf.cast(tf.equal(column, tf.transpose(column)), tf.float32)
+    targets = targets / tf.reduce_sum(targets, 1, keepdims=True)
+    similarity = tf.matmul(anchor, positive, transpose_a=False, transpose_b=True)
+    xent = tf.nn.softmax_cross_entropy_with_logits(logits=similarity, labels=targets)
+    l2 = tf.reduce_mean(tf.reduce_sum(tf.square(anchor), 1)) + \
+        tf.reduce_mean(tf.reduce_sum(tf.square(positive), 1))
+    loss = tf.reduce_mean(xent) + 0.002 * 0.25 * l2
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def multiclass_npair_model_fn(features, labels, mode, params):
+    """Sohn's multi-class N-pair loss: log(1 + sum over j != i of exp(f_i.p_j - f_i.p_i)),
+    the positives' logits by tf.linalg.tensor_diag_part."""
+    f = _embed(features)
+    p = _embed(features * 0.5 + 0.1)
+    logits = tf.matmul(f, p, transpose_b=True) * 4.0
+    own = tf.linalg.tensor_diag_part(logits)
+    others = tf.exp(logits - own[:, None]) * (1.0 - tf.eye(params["batch_size"]))
+    loss = tf.reduce_mean(tf.math.log1p(tf.reduce_sum(others, axis=1)))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))

@@ -29,7 +29,7 @@ KERNEL_ROWS = {
                                         "symmetric loss's other direction): batch barriers, TF's "
                                         "numbers whatever the micro-batch size; constants whose "
                                         "first axis is the batch (tf.range(batch), tf.eye(batch) "
-                                        "labels) give each sample its row; tf.linalg.diag_part of "
+                                        "labels) give each sample its row; tf.linalg.diag_part (tensor_diag_part) of "
                                         "a per-sample [batch, batch] value (each sample's own "
                                         "entry: a sample_gather); tf.gather_nd(x, tf.stack("
                                         "[tf.range(batch), ids], 1)) of a per-sample x (each "
@@ -241,10 +241,11 @@ def sample_constants(m: Context, op: tf.Operation) -> None:
                      {"value": np.asarray(value, t.dtype.base_dtype.as_numpy_dtype)}, [], [t.op], t)
 
 
-@generic("MatrixDiagPartV3", "MatrixDiagPart")
+@generic("MatrixDiagPartV3", "MatrixDiagPart", "DiagPart")
 def diagonal(m: Context, op: tf.Operation) -> str:
-    """tf.linalg.diag_part of a per-sample [B, B] value (the positives of in-batch logits):
-    sample i's entry i, a sample_gather at per-sample indices tf.range(B)."""
+    """tf.linalg.diag_part (tf.linalg.tensor_diag_part) of a per-sample [B, B] value (the
+    positives of in-batch logits): sample i's entry i, a sample_gather at per-sample indices
+    tf.range(B)."""
     x = op.inputs[0]
     batch = m.batch_size
     offset = m.operands.constant(op.inputs[1]) if op.type == "MatrixDiagPartV3" else 0

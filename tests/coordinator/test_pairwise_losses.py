@@ -1,7 +1,7 @@
 """Losses over every pair of the batch (tests/pairwise_models.py: batch-hard triplet,
-SupCon, a contrastive pair loss, a loss averaged over the same-label pairs), compiled and
-trained in process on the simulated CS against TensorFlow (tests/cs_inprocess.py): a
-per-sample value viewed as a row of the batch (sq[None, :], tf.expand_dims(x, 0),
+SupCon, a contrastive pair loss, N-pair losses, a loss averaged over the same-label pairs),
+compiled and trained in process on the simulated CS against TensorFlow
+(tests/cs_inprocess.py): a per-sample value viewed as a row of the batch (sq[None, :], tf.expand_dims(x, 0),
 tf.reshape(x, [1, -1]), tf.transpose(x[:, None]), labels[None, :]) is a batch_row barrier,
 TF's numbers whatever the micro-batch size and with replicas; the CS's evaluation equals the
 CPU's; a row no element-wise op pairs with the samples is refused naming the op."""
@@ -75,6 +75,15 @@ def test_contrastive_pair_loss_of_broadcast_embeddings_trains_like_tensorflow(pr
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     rows = [k for k in result.compiled.program.kernels if k.type == "batch_row"]
     assert [tuple(k.output_shape) for k in rows] == [(models.BATCH, 4), (models.BATCH,)]
+
+
+def test_npairs_losses_train_like_tensorflow(prepared):
+    """TF Addons' npairs_loss (a row-normalised same-label mask as soft targets) and Sohn's
+    multi-class N-pair loss (the positives by tf.linalg.tensor_diag_part)."""
+    for model_fn in (models.npairs_model_fn, models.multiclass_npair_model_fn):
+        result = train_both(prepared, model_fn, 4)
+        cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert "sample_gather" in kernel_types(result)
 
 
 def test_a_loss_averaged_over_the_same_label_pairs_trains_like_tensorflow(prepared):
