@@ -93,6 +93,18 @@ def supcon_model_fn(features, labels, mode, params):
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
 
 
+def supcon_logsumexp_model_fn(features, labels, mode, params):
+    """SupCon the short way: self-similarities masked by - 1e9 * tf.eye, the log-softmax by
+    tf.reduce_logsumexp, the positives' mask labels[:, None] == labels[None, :] minus the eye."""
+    z = _embed(features, 8)
+    eye = tf.eye(params["batch_size"])
+    logits = tf.matmul(z, z, transpose_b=True) / 0.1 - 1e9 * eye
+    positives = tf.cast(tf.equal(labels[:, None], labels[None, :]), tf.float32) - eye
+    log_prob = logits - tf.reduce_logsumexp(logits, axis=1, keepdims=True)
+    loss = -tf.reduce_mean(tf.reduce_sum(positives * log_prob, 1) / tf.reduce_sum(positives, 1))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
 def contrastive_pair_model_fn(features, labels, mode, params):
     """Every pair: similar pairs pulled together, dissimilar ones pushed past a margin; the
     distances by broadcasting the embeddings (e[:, None, :] - e[None, :, :])."""

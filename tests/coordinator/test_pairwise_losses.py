@@ -59,9 +59,11 @@ def test_the_widely_copied_batch_hard_triplet_code_trains_like_tensorflow(prepar
     assert types.count("batch_row") == 3 and {"in_batch_matmul", "sample_gather"} <= set(types)
 
 
-@pytest.mark.parametrize("micro, replicas", [(8, 1), (4, 2)])
-def test_supervised_contrastive_loss_trains_like_tensorflow(prepared, micro, replicas):
-    result = train_both(prepared, models.supcon_model_fn, micro, replicas)
+@pytest.mark.parametrize("model_fn, micro, replicas", [
+    (models.supcon_model_fn, 8, 1), (models.supcon_model_fn, 4, 2),
+    (models.supcon_logsumexp_model_fn, 4, 1)])
+def test_supervised_contrastive_loss_trains_like_tensorflow(prepared, model_fn, micro, replicas):
+    result = train_both(prepared, model_fn, micro, replicas)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert {"batch_row", "in_batch_matmul", "sample_constant"} <= set(kernel_types(result))
 
