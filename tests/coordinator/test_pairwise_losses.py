@@ -11,8 +11,6 @@ import cs_inprocess
 import pairwise_models as models
 import pytest
 
-from common.errors import CSRunError
-
 PARAMS = {"batch_size": models.BATCH}
 RTOL = 1e-5
 
@@ -20,10 +18,6 @@ RTOL = 1e-5
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     return cs_inprocess.micro_batch_comparisons(models.input_fn, tmp_path_factory, models.STEPS)
-
-
-def train_both(prepared, model_fn, micro: int, replicas: int = 1) -> cs_inprocess.Comparison:
-    return prepared(model_fn, {**PARAMS, "runconfig": {"num_replicas": replicas}}, micro)
 
 
 def kernel_types(result: cs_inprocess.Comparison) -> list[str]:
@@ -35,14 +29,14 @@ def test_batch_hard_triplet_loss_trains_like_tensorflow(prepared, micro, replica
     """sq[None, :] and labels[None, :] are rows of the whole batch (every replica's): the
     hardest positive and negative of each row, the margin's relu and the mean are per-sample
     computation and the loss's."""
-    result = train_both(prepared, models.batch_hard_triplet_model_fn, micro, replicas)
+    result = prepared(models.batch_hard_triplet_model_fn, PARAMS, micro, replicas)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert kernel_types(result).count("batch_row") == 2
     assert "Batch barrier: strided_slice_3 (the whole batch's values)" in result.compiled.report_text
 
 
 def test_triplet_loss_with_expand_dims_reshape_and_transpose_rows_trains_like_tensorflow(prepared):
-    result = train_both(prepared, models.triplet_expand_dims_model_fn, 4)
+    result = prepared(models.triplet_expand_dims_model_fn, PARAMS, 4)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert kernel_types(result).count("batch_row") == 3
 
@@ -53,7 +47,7 @@ def test_the_widely_copied_batch_hard_triplet_code_trains_like_tensorflow(prepar
     """tf.matmul(e, tf.transpose(e)) is the in-batch product, tf.linalg.diag_part of it each
     sample's squared norm, tf.logical_not of the masks per sample; the distances' sqrt
     behind its tf.equal(distances, 0.0) guard."""
-    result = train_both(prepared, models.moindrot_batch_hard_model_fn, micro, replicas)
+    result = prepared(models.moindrot_batch_hard_model_fn, PARAMS, micro, replicas)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     types = kernel_types(result)
     assert types.count("batch_row") == 3 and {"in_batch_matmul", "sample_gather"} <= set(types)
@@ -63,7 +57,7 @@ def test_the_widely_copied_batch_hard_triplet_code_trains_like_tensorflow(prepar
     (models.supcon_model_fn, 8, 1), (models.supcon_model_fn, 4, 2),
     (models.supcon_logsumexp_model_fn, 4, 1)])
 def test_supervised_contrastive_loss_trains_like_tensorflow(prepared, model_fn, micro, replicas):
-    result = train_both(prepared, model_fn, micro, replicas)
+    result = prepared(model_fn, PARAMS, micro, replicas)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert {"batch_row", "in_batch_matmul", "sample_constant"} <= set(kernel_types(result))
 
@@ -73,7 +67,7 @@ def test_contrastive_pair_loss_of_broadcast_embeddings_trains_like_tensorflow(pr
                                                                               replicas):
     """e[None, :, :]: each sample reads the whole batch's embeddings, [batch, n], and its
     gradient sums every sample's."""
-    result = train_both(prepared, models.contrastive_pair_model_fn, micro, replicas)
+    result = prepared(models.contrastive_pair_model_fn, PARAMS, micro, replicas)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     rows = [k for k in result.compiled.program.kernels if k.type == "batch_row"]
     assert [tuple(k.output_shape) for k in rows] == [(models.BATCH, 4), (models.BATCH,)]
@@ -83,7 +77,7 @@ def test_npairs_losses_train_like_tensorflow(prepared):
     """TF Addons' npairs_loss (a row-normalised same-label mask as soft targets) and Sohn's
     multi-class N-pair loss (the positives by tf.linalg.tensor_diag_part)."""
     for model_fn in (models.npairs_model_fn, models.multiclass_npair_model_fn):
-        result = train_both(prepared, model_fn, 4)
+        result = prepared(model_fn, PARAMS, 4)
         cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert "sample_gather" in kernel_types(result)
 
@@ -91,21 +85,18 @@ def test_npairs_losses_train_like_tensorflow(prepared):
 def test_a_loss_averaged_over_the_same_label_pairs_trains_like_tensorflow(prepared):
     """The divisor tf.reduce_sum(similar) is computed from the labels' row ahead of the
     batch (a barrier among the loss's denominator kernels)."""
-    result = train_both(prepared, models.positive_pairs_mean_model_fn, 4)
+    result = prepared(models.positive_pairs_mean_model_fn, PARAMS, 4)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
 
 
 def test_batch_hard_triplet_evaluates_on_the_cs_with_the_cpus_metrics(tmp_path, prepared):
-    result = train_both(prepared, models.batch_hard_triplet_model_fn, 8)
+    result = prepared(models.batch_hard_triplet_model_fn, PARAMS, 8)
     assert cs_inprocess.evaluation_mismatch(models.batch_hard_triplet_model_fn, models.input_fn,
                                             PARAMS, str(tmp_path), result, rtol=RTOL) == ""
 
 
 def test_a_row_no_element_wise_op_pairs_with_the_samples_is_refused_naming_the_op(tmp_path):
     """tf.reduce_sum(sq[None, :], axis=0) sums the row over its own unit axis."""
-    model_fn = models.batch_sum_of_row_model_fn
-    with pytest.raises(CSRunError) as error:
-        cs_inprocess.compile_checked(model_fn, models.input_fn, PARAMS, str(tmp_path))
-    words = cs_inprocess.model_op_words(model_fn, models.input_fn, PARAMS)
-    assert cs_inprocess.refusal_problem(error.value, models.__file__, words) == ""
-    assert "StridedSlice" in str(error.value) and "sq[:, None] + sq[None, :]" in str(error.value)
+    message = cs_inprocess.refusal(models.batch_sum_of_row_model_fn, models.input_fn, PARAMS,
+                                   str(tmp_path), models.__file__)
+    assert "StridedSlice" in message and "sq[:, None] + sq[None, :]" in message

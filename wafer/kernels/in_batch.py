@@ -44,12 +44,21 @@ import numpy as np
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, Shape, check_dtypes, max_cores_for, register
 
 
-def _batch_size(kernel: Kernel) -> int:
-    size = kernel.attrs.get("batch_size")
-    if not isinstance(size, int) or size < 1:
-        raise KernelError(f"kernel {kernel.name!r} ({kernel.type_name}): takes attr batch_size "
-                          f"(the batch's samples, >= 1), got {size!r}")
-    return size
+class _BatchBarrier(Kernel):
+    """A batch barrier of the batch's B samples (attr batch_size: `self.batch`)."""
+
+    batch_barrier = True
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        size = self.attrs.get("batch_size")
+        if not isinstance(size, int) or size < 1:
+            raise KernelError(f"kernel {name!r} ({self.type_name}): takes attr batch_size "
+                              f"(the batch's samples, >= 1), got {size!r}")
+        self.batch = size
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
 
 
 def _rows(x: np.ndarray, offset: int, count: int) -> np.ndarray:
@@ -57,17 +66,15 @@ def _rows(x: np.ndarray, offset: int, count: int) -> np.ndarray:
 
 
 @register
-class InBatchMatmul(Kernel):
+class InBatchMatmul(_BatchBarrier):
     """attrs transpose_b (bool), batch_size B. Inputs q (n,), d (n,) with transpose_b (output
     (B,)); p (B,), v (n,) without (output (n,)). A batch barrier (see the module)."""
 
     type_name = "in_batch_matmul"
-    batch_barrier = True
     barrier_holds = "the whole batch's operand"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        self.batch = _batch_size(self)
         self.tb = self.attrs.get("transpose_b", False)
         shapes = self.input_shapes
         inner = self.batch if not self.tb else shapes[1][0] if len(shapes) == 2 and \
@@ -84,9 +91,6 @@ class InBatchMatmul(Kernel):
 
     def flops_per_sample(self) -> float:
         return 2.0 * self.input_shapes[0][0] * self.output_shape[0]
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
 
     def activation_bytes_per_sample(self) -> int:
         return 4 * sum(s[0] for s in self.input_shapes)  # both rows, until the batch is whole
@@ -122,17 +126,15 @@ class InBatchMatmul(Kernel):
 
 
 @register
-class BatchTranspose(Kernel):
+class BatchTranspose(_BatchBarrier):
     """attr batch_size B; input x (B,): output row j is column j of the batch's [B, B]
     value, its gradient likewise. A batch barrier (see the module)."""
 
     type_name = "batch_transpose"
-    batch_barrier = True
     barrier_holds = "the whole batch's value"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        self.batch = _batch_size(self)
         if self.input_shapes != [(self.batch,)]:
             raise KernelError(f"kernel {name!r} (batch_transpose): takes one input of per-sample "
                               f"shape (B,) = ({self.batch},), got {self.input_shapes}")
@@ -143,9 +145,6 @@ class BatchTranspose(Kernel):
 
     def flops_per_sample(self) -> float:
         return float(self.batch)  # a move per value
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
 
     def activation_bytes_per_sample(self) -> int:
         return 4 * self.batch
@@ -173,18 +172,16 @@ def batch_sum(x: np.ndarray) -> np.ndarray:
 
 
 @register
-class BatchReduce(Kernel):
+class BatchReduce(_BatchBarrier):
     """attrs op ("sum", "mean", "max" or "min"), batch_size B; input x (S): output (S), the
     whole batch's statistic over the batch axis for every sample. A batch barrier (see the
     module)."""
 
     type_name = "batch_reduce"
-    batch_barrier = True
     barrier_holds = "the whole batch's statistic"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        self.batch = _batch_size(self)
         self.op = self.attrs.get("op")
         if self.op not in ("sum", "mean", "max", "min") or len(self.input_shapes) != 1:
             raise KernelError(f"kernel {name!r} (batch_reduce): takes one input and attr op "
@@ -199,9 +196,6 @@ class BatchReduce(Kernel):
 
     def flops_per_sample(self) -> float:
         return float(self._size())  # an add per value
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
 
     def activation_bytes_per_sample(self) -> int:
         # a max or min keeps its input for the backward's (x == m)
@@ -236,18 +230,16 @@ class BatchReduce(Kernel):
 
 
 @register
-class BatchRow(Kernel):
+class BatchRow(_BatchBarrier):
     """attrs shape (the per-sample output shape, holding B times the input's values),
     batch_size B; input x (S), float32, int32 or int64: every sample's output is the whole
     batch's x reshaped to `shape`. A batch barrier (see the module)."""
 
     type_name = "batch_row"
-    batch_barrier = True
     barrier_holds = "the whole batch's values"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        self.batch = _batch_size(self)
         shape = self.attrs.get("shape")
         self.shape = tuple(int(d) for d in shape) if isinstance(shape, (list, tuple)) else ()
         if len(self.input_shapes) != 1 or not self.shape or \
@@ -269,9 +261,6 @@ class BatchRow(Kernel):
 
     def flops_per_sample(self) -> float:
         return float(self.batch * self._size())  # a move per value
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
 
     def activation_bytes_per_sample(self) -> int:
         return 0
