@@ -196,7 +196,8 @@ def micro_batch_comparisons(input_fn: Callable, tmp_path_factory: Any,
     micro-batch size changes only the CS's run."""
     cache: dict[tuple, tuple] = {}
 
-    def run(model_fn: Callable, params: dict, micro: int, replicas: int | None = None) -> Comparison:
+    def run(model_fn: Callable, params: dict, micro: int,
+            replicas: int | None = None) -> Comparison:
         if replicas not in (None, 1):
             params = {**params, "runconfig": {"num_replicas": replicas}}
         key = (model_fn, repr(params))

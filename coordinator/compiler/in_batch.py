@@ -29,7 +29,8 @@ KERNEL_ROWS = {
                                         "symmetric loss's other direction): batch barriers, TF's "
                                         "numbers whatever the micro-batch size; constants whose "
                                         "first axis is the batch (tf.range(batch), tf.eye(batch) "
-                                        "labels) give each sample its row; tf.linalg.diag_part (tensor_diag_part) of "
+                                        "labels) give each sample its row; tf.linalg.diag_part "
+                                        "(tensor_diag_part) of "
                                         "a per-sample [batch, batch] value (each sample's own "
                                         "entry: a sample_gather); tf.gather_nd(x, tf.stack("
                                         "[tf.range(batch), ids], 1)) of a per-sample x (each "
@@ -317,7 +318,8 @@ def _row_shape(m: Context, op: tf.Operation) -> tuple[int, ...] | None:
             return None
         spec.append(value)
     if op.type == "StridedSlice" and (not op.get_attr("new_axis_mask") & 1 or any(
-            b != (0, size, 1, False) for b, size in zip(slice_bounds(op, spec[0], spec[1], spec[2]), source))):
+            b != (0, size, 1, False)
+            for b, size in zip(slice_bounds(op, spec[0], spec[1], spec[2]), source))):
         return None
     if op.type == "ExpandDims" and int(spec[0]) % len(shape) != 0:
         return None

@@ -1,10 +1,11 @@
 """Losses over every pair of the batch (tests/pairwise_models.py: batch-hard triplet,
 SupCon, a contrastive pair loss, N-pair losses, a loss averaged over the same-label pairs),
 compiled and trained in process on the simulated CS against TensorFlow
-(tests/cs_inprocess.py): a per-sample value viewed as a row of the batch (sq[None, :], tf.expand_dims(x, 0),
-tf.reshape(x, [1, -1]), tf.transpose(x[:, None]), labels[None, :]) is a batch_row barrier,
-TF's numbers whatever the micro-batch size and with replicas; the CS's evaluation equals the
-CPU's; a row no element-wise op pairs with the samples is refused naming the op."""
+(tests/cs_inprocess.py): a per-sample value viewed as a row of the batch (sq[None, :],
+tf.expand_dims(x, 0), tf.reshape(x, [1, -1]), tf.transpose(x[:, None]), labels[None, :])
+is a batch_row barrier, TF's numbers whatever the micro-batch size and with replicas; the
+CS's evaluation equals the CPU's; a row no element-wise op pairs with the samples is refused
+naming the op."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -32,7 +33,8 @@ def test_batch_hard_triplet_loss_trains_like_tensorflow(prepared, micro, replica
     result = prepared(models.batch_hard_triplet_model_fn, PARAMS, micro, replicas)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert kernel_types(result).count("batch_row") == 2
-    assert "Batch barrier: strided_slice_3 (the whole batch's values)" in result.compiled.report_text
+    report = result.compiled.report_text
+    assert "Batch barrier: strided_slice_3 (the whole batch's values)" in report
 
 
 def test_triplet_loss_with_expand_dims_reshape_and_transpose_rows_trains_like_tensorflow(prepared):
