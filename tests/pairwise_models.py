@@ -204,3 +204,15 @@ def multiclass_npair_model_fn(features, labels, mode, params):
     others = tf.exp(logits - own[:, None]) * (1.0 - tf.eye(params["batch_size"]))
     loss = tf.reduce_mean(tf.math.log1p(tf.reduce_sum(others, axis=1)))
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def row_metric_model_fn(features, labels, mode, params):
+    """Trains; its evaluation reports the mean of the row sq[None, :] itself."""
+    e = tf.keras.layers.Dense(4)(features)
+    sq = tf.reduce_sum(tf.square(e), 1)
+    row = sq[None, :]
+    loss = tf.reduce_mean(tf.nn.relu(1.0 - (sq[:, None] + row)))
+    if mode == "eval":
+        metrics = {"squared_norm": tf.compat.v1.metrics.mean(row)}
+        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops=metrics)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))

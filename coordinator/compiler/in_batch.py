@@ -290,6 +290,11 @@ def row_refusal(m: Context, op: tf.Operation) -> str:
     `op` is no such view)."""
     if _row_shape(m, op) is None:
         return ""
+    if op.outputs[0].name in m.protected:
+        return ("views a per-sample value as a row of the whole batch (a leading axis of 1) "
+                "that the host reads (a metric, prediction or host_call of the row itself): "
+                "the CS gives each sample the batch's row; give the host the per-sample value "
+                "instead (tf.compat.v1.metrics.mean(x), not of x[None, :])")
     return ("views a per-sample value as a row of the whole batch (a leading axis of 1) that "
             "no element-wise op pairs with per-sample values: the CS gives each sample the "
             "batch's row only to meet the sample's own values, as in sq[:, None] + sq[None, :] "

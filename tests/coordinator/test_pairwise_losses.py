@@ -12,6 +12,8 @@ import cs_inprocess
 import pairwise_models as models
 import pytest
 
+from common.errors import CSRunError
+
 PARAMS = {"batch_size": models.BATCH}
 RTOL = 1e-5
 
@@ -102,3 +104,13 @@ def test_a_row_no_element_wise_op_pairs_with_the_samples_is_refused_naming_the_o
     message = cs_inprocess.refusal(models.batch_sum_of_row_model_fn, models.input_fn, PARAMS,
                                    str(tmp_path), models.__file__)
     assert "StridedSlice" in message and "sq[:, None] + sq[None, :]" in message
+
+
+def test_a_row_the_host_reads_is_refused_saying_to_give_it_the_per_sample_value(tmp_path):
+    """A metric of sq[None, :] itself: the CS's row is every sample's copy."""
+    model_fn = models.row_metric_model_fn
+    with pytest.raises(CSRunError) as error:
+        cs_inprocess.compile_checked(model_fn, models.input_fn, PARAMS, str(tmp_path), mode="eval")
+    words = cs_inprocess.model_op_words(model_fn, models.input_fn, PARAMS)
+    assert cs_inprocess.refusal_problem(error.value, models.__file__, words) == ""
+    assert "that the host reads" in str(error.value)
