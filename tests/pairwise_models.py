@@ -216,3 +216,13 @@ def row_metric_model_fn(features, labels, mode, params):
         metrics = {"squared_norm": tf.compat.v1.metrics.mean(row)}
         return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops=metrics)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def one_step_sequence_model_fn(features, labels, mode, params):
+    """Not a row: a time-major transpose of a one-step sequence ([1, batch, n]) taken apart
+    step by step, as unrolled recurrent layers do."""
+    sequence = tf.reshape(features, [-1, 1, FEATURES])
+    steps = tf.unstack(tf.transpose(sequence, [1, 0, 2]))
+    logits = tf.keras.layers.Dense(CLASSES)(tf.keras.layers.Dense(8, activation="tanh")(steps[0]))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))

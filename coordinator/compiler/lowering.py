@@ -366,7 +366,8 @@ def _transpose(m: Context, op: tf.Operation) -> str:
     if in_batch.transpose(m, op, perm) or in_batch.transposed_operand(m, op):
         return ""
     if perm is None or int(perm[0]) != 0:
-        return in_batch.row_refusal(m, op) or sequences.time_major_unstack(m, op)
+        reason = sequences.time_major_unstack(m, op)  # (a time axis of 1 may look like a row)
+        return reason and (in_batch.row_refusal(m, op) or reason)
     if not has_kernel("transpose"):
         return "the CS has no transpose kernel"
     m.add_kernel(op.name, "transpose", [op.inputs[0]], {"perm": [int(p) - 1 for p in perm[1:]]},

@@ -93,6 +93,12 @@ def test_a_loss_averaged_over_the_same_label_pairs_trains_like_tensorflow(prepar
     cs_inprocess.assert_same_training(result, rtol=RTOL)
 
 
+def test_a_time_major_one_step_sequence_is_no_row_and_trains_like_tensorflow(prepared):
+    result = prepared(models.one_step_sequence_model_fn, PARAMS, 4)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert "batch_row" not in kernel_types(result)
+
+
 def test_batch_hard_triplet_evaluates_on_the_cs_with_the_cpus_metrics(tmp_path, prepared):
     result = prepared(models.batch_hard_triplet_model_fn, PARAMS, 8)
     assert cs_inprocess.evaluation_mismatch(models.batch_hard_triplet_model_fn, models.input_fn,
