@@ -189,13 +189,17 @@ def cached_comparisons(cases: dict[str, tuple[Callable, Callable, dict]], base: 
 
 
 def micro_batch_comparisons(input_fn: Callable, tmp_path_factory: Any,
-                            steps: int) -> Callable[[Callable, dict, int], Comparison]:
-    """(model_fn, params, micro) -> compare() with the CS streaming micro-batches of `micro`;
-    the compile, the batches and TF's training made once per (model_fn, params) for a
-    module-scoped fixture: the micro-batch size changes only the CS's run."""
+                            steps: int) -> Callable[..., Comparison]:
+    """(model_fn, params, micro[, replicas]) -> compare() with the CS streaming micro-batches
+    of `micro` (on `replicas` > 1: params' runconfig num_replicas); the compile, the batches and
+    TF's training made once per (model_fn, params) for a module-scoped fixture: the
+    micro-batch size changes only the CS's run."""
     cache: dict[tuple, tuple] = {}
 
-    def run(model_fn: Callable, params: dict, micro: int) -> Comparison:
+    def run(model_fn: Callable, params: dict, micro: int,
+            replicas: int | None = None) -> Comparison:
+        if replicas not in (None, 1):
+            params = {**params, "runconfig": {"num_replicas": replicas}}
         key = (model_fn, repr(params))
         if key not in cache:
             model_dir = str(tmp_path_factory.mktemp(model_fn.__name__))
@@ -458,3 +462,17 @@ def refusal_problem(error: CSRunError, source_file: str, op_words: set[str]) -> 
     if not any(re.search(rf"(?<![\w/]){re.escape(t)}(?![\w/])", text) for t in op_words):
         return f"the refusal names none of the model's ops: {text!r}"
     return ""
+
+
+def refusal(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
+            source_file: str) -> str:
+    """The one-line refusal of model_fn (written in `source_file`), checked to name one of
+    its ops and a line of that file (AssertionError if it compiles or does not)."""
+    try:
+        compile_checked(model_fn, input_fn, params, model_dir)
+    except CSRunError as error:
+        words = model_op_words(model_fn, input_fn, params)
+        problem = refusal_problem(error, source_file, words)
+        assert problem == "", problem
+        return str(error)
+    raise AssertionError(f"{model_fn.__name__} compiled: it should be refused")

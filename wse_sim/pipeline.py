@@ -369,11 +369,23 @@ class Pipeline:
             return
         ctx = RunContext(training=training, batch_size=self.batch_size)
         for region in self.ahead:
+            if region.kernel.batch_barrier:  # (a row of the batch's labels)
+                self._batch_statistics(region, m_count, board, ctx)
             for i in range(m_count):
                 self._forward(region, i, board, ctx)
+        ctx.batch = ()
         loss.kernel.set_batch([np.concatenate([board.get(("v", loss.sources[j], i))
                                                for i in range(m_count)])
                                for j in loss.kernel.denominator_inputs])
+
+    def _batch_statistics(self, region: Region, m_count: int, board: Board,
+                          ctx: RunContext) -> None:
+        """A batch barrier's forward: the whole batch of every input first, then its
+        statistics (the batch's, for every micro-batch's forward)."""
+        wholes = [np.concatenate([board.get(("v", source, j)) for j in range(m_count)])
+                  for source in region.sources]
+        region.statistics = ctx.batch = (
+            region.kernel.batch_statistics(region.params, wholes, ctx),)
 
     def _forward(self, region: Region, i: int, board: Board, ctx: RunContext) -> object:
         """Micro-batch i's forward pass through `region`: its output on the board, its cache
@@ -471,10 +483,7 @@ class Pipeline:
             ctx.batch = region.statistics
             if forward:
                 if region.kernel.batch_barrier and i == 0:
-                    wholes = [np.concatenate([board.get(("v", source, j)) for j in range(m_count)])
-                              for source in region.sources]
-                    region.statistics = ctx.batch = (
-                        region.kernel.batch_statistics(region.params, wholes, ctx),)
+                    self._batch_statistics(region, m_count, board, ctx)
                 if not region.ahead:  # (else its value is on the board: _run_ahead)
                     caches[region.position, i] = self._forward(region, i, board, ctx)
             else:

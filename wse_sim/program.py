@@ -240,11 +240,10 @@ def check_program(program: pb.Program) -> CheckedProgram:
                       f"loss kernel of the program")
     ahead = set(ahead_kernels(kernels, sources, program.loss_kernel))
     for k, roles in zip(kernels, variables):
-        if k.name in ahead and (roles or k.draws_random or k.draws_in_inference or
-                                k.batch_barrier):
+        if k.name in ahead and (roles or k.draws_random or k.draws_in_inference):
             raise invalid(f"program {program.name!r}: kernel {k.name!r} computes a denominator of "
-                          f"the loss from weights, random numbers or batch statistics: a "
-                          f"denominator depends on the program's inputs alone")
+                          f"the loss from weights or random numbers: a denominator depends on "
+                          f"the program's inputs alone")
     for name in program.outputs:
         if name not in shapes:
             raise invalid(f"program {program.name!r}: output {name!r} is neither an input nor a kernel")

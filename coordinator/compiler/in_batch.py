@@ -21,18 +21,28 @@ from wafer.kernels.elementwise import ARITHMETIC
 # The README's rows: kernel -> the TF ops it starts from.
 KERNEL_ROWS = {
     "in_batch_matmul, batch_transpose": "MatMul of two per-sample [batch, n] values with "
-                                        "transpose_b (tf.matmul(q, d, transpose_b=True): in-batch "
-                                        "negatives, contrastive losses), or of a per-sample "
+                                        "transpose_b (tf.matmul(q, d, transpose_b=True), "
+                                        "tf.matmul(q, tf.transpose(d)): in-batch negatives, "
+                                        "contrastive losses), or of a per-sample "
                                         "[batch, batch] value by a per-sample [batch, n] one; "
                                         "Transpose of a per-sample [batch, batch] value (the "
                                         "symmetric loss's other direction): batch barriers, TF's "
                                         "numbers whatever the micro-batch size; constants whose "
                                         "first axis is the batch (tf.range(batch), tf.eye(batch) "
-                                        "labels) give each sample its row; tf.linalg.diag_part of "
+                                        "labels) give each sample its row; tf.linalg.diag_part "
+                                        "(tensor_diag_part) of "
                                         "a per-sample [batch, batch] value (each sample's own "
                                         "entry: a sample_gather); tf.gather_nd(x, tf.stack("
                                         "[tf.range(batch), ids], 1)) of a per-sample x (each "
                                         "sample's own row: a sample_gather at ids)",
+    "batch_row": "a per-sample float32 or integer value viewed with a leading axis of 1 "
+                 "(sq[None, :], tf.expand_dims(x, 0), tf.reshape(x, [1, -1]), "
+                 "tf.transpose(x[:, None]), e[None, :, :]) met, after element-wise ops of it and "
+                 "scalar constants, by a per-sample value in an element-wise binary op or "
+                 "comparison (pairwise distances sq[:, None] - 2 e e^T + sq[None, :], "
+                 "tf.equal(labels[:, None], labels[None, :]): batch-hard triplet, SupCon, "
+                 "contrastive pair losses): a batch barrier giving every sample the whole "
+                 "batch's values, its gradient the sum over the batch of every sample's",
     "batch_reduce": "Sum, Mean, Max or Min over the batch axis alone of a per-sample value "
                     "(keepdims or not; tf.math.reduce_std / reduce_variance's and "
                     "tf.nn.moments' means) met, after element-wise ops of it and scalar "
@@ -46,8 +56,13 @@ KERNEL_ROWS = {
 
 
 def product(m: Context, op: tf.Operation, transpose_a: bool, transpose_b: bool) -> str:
-    """MatMul of two per-sample rank-2 values: an in_batch_matmul kernel, or why not."""
+    """MatMul of two per-sample rank-2 values: an in_batch_matmul kernel, or why not; of a
+    per-sample [B, n] value by tf.transpose of one (tf.matmul(e, tf.transpose(e))), the
+    product with transpose_b."""
     a, b = op.inputs
+    ops = [op]
+    if not m.is_batched(b) and not transpose_a and not transpose_b:
+        ops, b, transpose_b = [b.op, op], b.op.inputs[0], True
     batch = m.batch_size
     shapes = static_shape(a), static_shape(b)
     if transpose_a or len(shapes[0]) != 2 or len(shapes[1]) != 2:
@@ -62,8 +77,27 @@ def product(m: Context, op: tf.Operation, transpose_a: bool, transpose_b: bool) 
     if not has_kernel("in_batch_matmul"):
         return "the CS has no in-batch product kernel"
     m.add_kernel(op.name, "in_batch_matmul", [a, b],
-                 {"transpose_b": transpose_b, "batch_size": batch}, [], [op], op.outputs[0])
+                 {"transpose_b": transpose_b, "batch_size": batch}, [], ops, op.outputs[0])
     return ""
+
+
+def transposed_sample(m: Context, tensor: tf.Tensor) -> bool:
+    """`tensor` is tf.transpose of a per-sample [B, n] value ([n, B])."""
+    op = tensor.op
+    perm = m.operands.constant(op.inputs[1]) if op.type == "Transpose" else None
+    return perm is not None and [int(p) for p in perm] == [1, 0] and \
+        m.is_batched(op.inputs[0]) and len(static_shape(op.inputs[0])) == 2
+
+
+def transposed_operand(m: Context, op: tf.Operation) -> bool:
+    """tf.transpose of a per-sample [B, n] value read only as the second operand of MatMuls
+    of per-sample values (tf.matmul(e, tf.transpose(e))): no kernel of its own, each
+    product takes the value with transpose_b (`product`; False: not one)."""
+    out = op.outputs[0]
+    readers = m.consumers(out)
+    return transposed_sample(m, out) and bool(readers) and out.name not in m.protected and \
+        all(r.type == "MatMul" and r.inputs[0] is not out and r.inputs[0].op in m.flow and
+            not r.get_attr("transpose_a") and not r.get_attr("transpose_b") for r in readers)
 
 
 def transpose(m: Context, op: tf.Operation, perm: np.ndarray | None) -> bool:
@@ -176,6 +210,8 @@ STATISTICS = ("Sum", "Mean", "Max", "Min")
 # rounding noise (and Adam amplifies).
 ADDITIVE = ("Add", "AddV2", "Sub", "Maximum", "Minimum", "SquaredDifference")
 BINARY_READERS = (*ADDITIVE, "Mul", "RealDiv", "Div", "DivNoNan")
+COMPARISONS = ("Equal", "NotEqual", "Greater", "GreaterEqual", "Less", "LessEqual")
+ROW_MEETINGS = (*BINARY_READERS, *COMPARISONS)
 # Ops whose second input is the labels of the first's samples (rank one less: sparse).
 LABELLED = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
 # Besides the element-wise binary ops: the ops pairing a constant's rows with the samples.
@@ -206,10 +242,11 @@ def sample_constants(m: Context, op: tf.Operation) -> None:
                      {"value": np.asarray(value, t.dtype.base_dtype.as_numpy_dtype)}, [], [t.op], t)
 
 
-@generic("MatrixDiagPartV3", "MatrixDiagPart")
+@generic("MatrixDiagPartV3", "MatrixDiagPart", "DiagPart")
 def diagonal(m: Context, op: tf.Operation) -> str:
-    """tf.linalg.diag_part of a per-sample [B, B] value (the positives of in-batch logits):
-    sample i's entry i, a sample_gather at per-sample indices tf.range(B)."""
+    """tf.linalg.diag_part (tf.linalg.tensor_diag_part) of a per-sample [B, B] value (the
+    positives of in-batch logits): sample i's entry i, a sample_gather at per-sample indices
+    tf.range(B)."""
     x = op.inputs[0]
     batch = m.batch_size
     offset = m.operands.constant(op.inputs[1]) if op.type == "MatrixDiagPartV3" else 0
@@ -223,6 +260,79 @@ def diagonal(m: Context, op: tf.Operation) -> str:
                        {"value": np.arange(batch, dtype=np.int32)}, [], [op], None, output_shape=())
     m.add_kernel(op.name, "sample_gather", [x, ids.name], {}, [], [op], op.outputs[0])
     return ""
+
+
+def row(m: TailContext, op: tf.Operation) -> bool:
+    """A per-sample float32 or integer value viewed with a leading axis of 1 (`sq[None, :]`,
+    tf.expand_dims(x, 0), tf.reshape(x, [1, -1]), tf.transpose(x[:, None]), `labels[None,
+    :]`) whose readers, after element-wise ops of it alone and scalar constants, meet a
+    per-sample value in an element-wise binary op or comparison (sq[:, None] - 2 e e^T +
+    sq[None, :], tf.equal(labels[:, None], labels[None, :])): a batch_row barrier giving
+    every sample the whole batch's values (False: not one; it is refused)."""
+    shape = _row_shape(m, op)
+    out = op.outputs[0]
+    if shape is None or not has_kernel("batch_row"):
+        return False
+    floating = out.dtype == tf.float32
+    chain = _statistic_ops(m, out, shape, ROW_MEETINGS if floating else COMPARISONS)
+    if chain is None or not floating and any(step.type not in VIEWS for step in chain):
+        return False
+    m.add_kernel(op.name, "batch_row", [op.inputs[0]],
+                 {"shape": list(shape), "batch_size": m.batch_size}, [], [op], out,
+                 output_shape=shape)
+    for step in sorted(chain, key=m.ops.index):
+        _per_sample_step(m, step, shape)
+    return True
+
+
+def row_refusal(m: Context, op: tf.Operation) -> str:
+    """Why a view of a per-sample value as a row of the batch (`row`'s) is refused ("" if
+    `op` is no such view)."""
+    if _row_shape(m, op) is None:
+        return ""
+    if op.outputs[0].name in m.protected:
+        return ("views a per-sample value as a row of the whole batch (a leading axis of 1) "
+                "that the host reads (a metric, prediction or host_call of the row itself): "
+                "the CS gives each sample the batch's row; give the host the per-sample value "
+                "instead (tf.compat.v1.metrics.mean(x), not of x[None, :])")
+    return ("views a per-sample value as a row of the whole batch (a leading axis of 1) that "
+            "no element-wise op pairs with per-sample values: the CS gives each sample the "
+            "batch's row only to meet the sample's own values, as in sq[:, None] + sq[None, :] "
+            "or tf.equal(labels[:, None], labels[None, :]); reduce over the batch in the loss "
+            "instead (tf.reduce_sum(x))")
+
+
+def _row_shape(m: Context, op: tf.Operation) -> tuple[int, ...] | None:
+    """The per-sample shape of `op`'s output if it is its per-sample input laid out whole with
+    a leading axis of 1 ((1, B, ...): a view adding a unit axis before the batch, a reshape,
+    a transpose keeping the order of the non-unit axes); else None."""
+    from coordinator.compiler.lowering import slice_bounds
+    if op.type not in ("StridedSlice", "ExpandDims", "Reshape", "Transpose") or \
+            not op.inputs or not m.is_batched(op.inputs[0]):
+        return None
+    x, out = op.inputs[0], op.outputs[0]
+    source, shape = static_shape(x), static_shape(out)
+    if out.dtype not in (tf.float32, tf.int32, tf.int64) or len(shape) < 2 or shape[0] != 1 or \
+            shape[1] != m.batch_size or np.prod(shape) != np.prod(source) or \
+            precision.tensor_precision(out):
+        return None
+    spec: list[np.ndarray] = []
+    for t in op.inputs[1:]:
+        value = m.operands.constant(t)
+        if value is None:
+            return None
+        spec.append(value)
+    if op.type == "StridedSlice" and (not op.get_attr("new_axis_mask") & 1 or any(
+            b != (0, size, 1, False)
+            for b, size in zip(slice_bounds(op, spec[0], spec[1], spec[2]), source))):
+        return None
+    if op.type == "ExpandDims" and int(spec[0]) % len(shape) != 0:
+        return None
+    if op.type == "Transpose":
+        moved = [int(p) for p in spec[0] if source[int(p)] != 1]
+        if moved != sorted(moved):
+            return None
+    return shape[1:]
 
 
 @fast_path

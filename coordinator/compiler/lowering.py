@@ -73,7 +73,9 @@ REFUSED = {
                    "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss, but BatchNormalization's moments, the in-batch "
-                          "products and the batch statistics above: two statistics combined "
+                          "products, rows of the batch and the batch statistics above "
+                          "(a row of the batch no element-wise op pairs with per-sample "
+                          "values: tf.reduce_sum(x[None, :], 0)), two statistics combined "
                           "(min-max scaling's max - min), a loss that is a function of batch "
                           "statistics "
                           "(VICReg's variance and covariance terms: the Sqrt of a variance "
@@ -229,6 +231,18 @@ def _is_identity(kind: str, letters: str, attrs: dict, op: tf.Operation) -> bool
     return neutral is not None and value.size == 1 and value.item() == neutral
 
 
+@generic("LogicalNot")
+def _logical_not(m: Context, op: tf.Operation) -> str:
+    """tf.logical_not of a per-sample bool value (a mask's complement): x == False."""
+    if not m.is_batched(op.inputs[0]):
+        return "its input is not a per-sample value"
+    if not has_kernel("binary"):
+        return "the CS has no binary kernel"
+    m.add_kernel(op.name, "binary", [op.inputs[0]],
+                 {"op": "equal", "operands": "ic", "c1": np.array(False)}, [], [op], op.outputs[0])
+    return ""
+
+
 @generic("AddN")
 def _add_n(m: Context, op: tf.Operation) -> str:
     tensors = list(op.inputs)
@@ -338,8 +352,9 @@ def _stop_gradient(m: Context, op: tf.Operation) -> str:
 def _reshape(m: Context, op: tf.Operation) -> str:
     out, src = static_shape(op.outputs[0]), static_shape(op.inputs[0])
     if not out or not src or out[0] != m.batch_size or src[0] != m.batch_size:
-        return (f"reshapes {src} to {out}: the batch must stay the first axis "
-                "(e.g. tf.reshape(x, [batch_size, -1]))")
+        return in_batch.row_refusal(m, op) or (
+            f"reshapes {src} to {out}: the batch must stay the first axis "
+            "(e.g. tf.reshape(x, [batch_size, -1]))")
     m.add_kernel(op.name, "reshape", [op.inputs[0]], {"shape": list(out[1:])}, [], [op],
                  op.outputs[0])
     return ""
@@ -348,10 +363,11 @@ def _reshape(m: Context, op: tf.Operation) -> str:
 @generic("Transpose")
 def _transpose(m: Context, op: tf.Operation) -> str:
     perm = m.operands.constant(op.inputs[1])
-    if in_batch.transpose(m, op, perm):
+    if in_batch.transpose(m, op, perm) or in_batch.transposed_operand(m, op):
         return ""
     if perm is None or int(perm[0]) != 0:
-        return sequences.time_major_unstack(m, op)
+        reason = sequences.time_major_unstack(m, op)  # (a time axis of 1 may look like a row)
+        return reason and (in_batch.row_refusal(m, op) or reason)
     if not has_kernel("transpose"):
         return "the CS has no transpose kernel"
     m.add_kernel(op.name, "transpose", [op.inputs[0]], {"perm": [int(p) - 1 for p in perm[1:]]},
@@ -404,7 +420,8 @@ def _matmul(m: Context, op: tf.Operation) -> str:
     a, b = op.inputs
     if op.type == "MatMul":
         flags = (bool(op.get_attr("transpose_a")), bool(op.get_attr("transpose_b")))
-        if m.is_batched(a) and m.is_batched(b):
+        if m.is_batched(a) and (m.is_batched(b) or
+                                not any(flags) and in_batch.transposed_sample(m, b)):
             if flags[0] and second_order.in_gradient(op):
                 return second_order.WEIGHT_GRADIENT
             return in_batch.product(m, op, *flags)
@@ -652,11 +669,13 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
     bounds = slice_bounds(op, begin, end, strides)
     shape, out = static_shape(op.inputs[0]), static_shape(op.outputs[0])
     if op.get_attr("new_axis_mask") & 1 and not op.get_attr("ellipsis_mask") & 1:
-        return ("puts tf.newaxis before the batch axis: the CS computes each sample on its own; "
-                "add axes after the batch axis (x[:, tf.newaxis]), or, to pair the batch's "
-                "samples (a distance matrix, a same-label mask), use in-batch products in the "
-                "loss: tf.matmul(a, b, transpose_b=True), tf.matmul(one_hot, one_hot, "
-                "transpose_b=True)")
+        return in_batch.row_refusal(m, op) or (
+            "puts tf.newaxis before the batch axis of a slice or of a value other than "
+            "float32 or integer: the CS computes each sample on its own; add axes after the "
+            "batch axis (x[:, tf.newaxis]), or, to pair the batch's samples, broadcast the "
+            "whole value's row against per-sample values (sq[:, None] + sq[None, :], "
+            "tf.equal(labels[:, None], labels[None, :])) or use in-batch products "
+            "(tf.matmul(a, b, transpose_b=True))")
     if bounds[0] != (0, shape[0], 1, False) or not out or out[0] != shape[0]:
         return "slices the batch axis"
     if not has_kernel("slice"):

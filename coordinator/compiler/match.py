@@ -325,7 +325,8 @@ class Matcher:
                 in_batch.sample_constants(self, op)
             if fast_paths.match_batch_norm_training(self, op) or self._enters_tail(op):
                 continue
-            if self.match_alias(op) or any(rule(self, op) for rule in FAST_PATHS):
+            if self.match_alias(op) or in_batch.row(self, op) or \
+                    any(rule(self, op) for rule in FAST_PATHS):
                 continue
             lowering.lower_generic(self, op)
 

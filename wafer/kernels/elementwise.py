@@ -126,6 +126,8 @@ def _negated_pair(gx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 INTEGER_ARITHMETIC = {"add", "sub", "mul", "maximum", "minimum", "floor_mod", "floor_div"}
 COMPARISONS = {"greater": np.greater, "greater_equal": np.greater_equal, "less": np.less,
                "less_equal": np.less_equal, "equal": np.equal, "not_equal": np.not_equal}
+# Equality also of bools (tf.logical_not(x) is x == False).
+EQUALITY_BOOL = {"equal": (np.bool_,), "not_equal": (np.bool_,)}
 LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or}
 BINARY_OPS = (*ARITHMETIC, *COMPARISONS, *LOGICAL)
 
@@ -168,7 +170,7 @@ class Binary(Broadcasting):
         if self.op in LOGICAL:
             accepted: tuple[type, ...] = (np.bool_,)
         elif self.op in COMPARISONS or self.op in INTEGER_ARITHMETIC:
-            accepted = (np.float32, *INTEGER)
+            accepted = (np.float32, *INTEGER, *EQUALITY_BOOL.get(self.op, ()))
         else:
             accepted = (np.float32,)
         bad = [d for d in dtypes if d not in [np.dtype(a) for a in accepted]]

@@ -23,6 +23,14 @@ mean's divided by B): each micro-batch's input gradient is that one value. A max
 exact; its gradient is TF's _MinOrMaxGrad: (x == m) / (the batch's count of x == m) times
 that sum, ties sharing it.
 
+`batch_row` is a per-sample value viewed with a leading axis of 1 (`sq[None, :]`,
+tf.expand_dims(x, 0), tf.reshape(x, [1, -1]), tf.transpose(x[:, None]), `labels[None, :]`)
+and broadcast against per-sample values: every sample's output is the whole batch's values
+(row j sample j's), reshaped to the per-sample shape TF broadcasts it as. Backward, TF's
+gradient of the broadcast is the sum over the batch of every sample's gradient
+(BroadcastGradientArgs' Sum, in float64 rounded once, as `batch_reduce`'s): sample j's is
+the sum over every sample i of g_i at j's place, a micro-batch taking its rows.
+
 `sample_constant` is a constant of the user's graph whose first axis is the batch (the
 labels of in-batch negatives, tf.range(B) or tf.eye(B)): a micro-batch reads its own rows
 (`RunContext.offset`); its one input is any value of the micro-batch, without gradient.
@@ -36,12 +44,21 @@ import numpy as np
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, Shape, check_dtypes, max_cores_for, register
 
 
-def _batch_size(kernel: Kernel) -> int:
-    size = kernel.attrs.get("batch_size")
-    if not isinstance(size, int) or size < 1:
-        raise KernelError(f"kernel {kernel.name!r} ({kernel.type_name}): takes attr batch_size "
-                          f"(the batch's samples, >= 1), got {size!r}")
-    return size
+class _BatchBarrier(Kernel):
+    """A batch barrier of the batch's B samples (attr batch_size: `self.batch`)."""
+
+    batch_barrier = True
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        size = self.attrs.get("batch_size")
+        if not isinstance(size, int) or size < 1:
+            raise KernelError(f"kernel {name!r} ({self.type_name}): takes attr batch_size "
+                              f"(the batch's samples, >= 1), got {size!r}")
+        self.batch = size
+
+    def max_cores(self) -> int:
+        return max_cores_for(self.flops_per_sample())
 
 
 def _rows(x: np.ndarray, offset: int, count: int) -> np.ndarray:
@@ -49,17 +66,15 @@ def _rows(x: np.ndarray, offset: int, count: int) -> np.ndarray:
 
 
 @register
-class InBatchMatmul(Kernel):
+class InBatchMatmul(_BatchBarrier):
     """attrs transpose_b (bool), batch_size B. Inputs q (n,), d (n,) with transpose_b (output
     (B,)); p (B,), v (n,) without (output (n,)). A batch barrier (see the module)."""
 
     type_name = "in_batch_matmul"
-    batch_barrier = True
     barrier_holds = "the whole batch's operand"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        self.batch = _batch_size(self)
         self.tb = self.attrs.get("transpose_b", False)
         shapes = self.input_shapes
         inner = self.batch if not self.tb else shapes[1][0] if len(shapes) == 2 and \
@@ -76,9 +91,6 @@ class InBatchMatmul(Kernel):
 
     def flops_per_sample(self) -> float:
         return 2.0 * self.input_shapes[0][0] * self.output_shape[0]
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
 
     def activation_bytes_per_sample(self) -> int:
         return 4 * sum(s[0] for s in self.input_shapes)  # both rows, until the batch is whole
@@ -114,17 +126,15 @@ class InBatchMatmul(Kernel):
 
 
 @register
-class BatchTranspose(Kernel):
+class BatchTranspose(_BatchBarrier):
     """attr batch_size B; input x (B,): output row j is column j of the batch's [B, B]
     value, its gradient likewise. A batch barrier (see the module)."""
 
     type_name = "batch_transpose"
-    batch_barrier = True
     barrier_holds = "the whole batch's value"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        self.batch = _batch_size(self)
         if self.input_shapes != [(self.batch,)]:
             raise KernelError(f"kernel {name!r} (batch_transpose): takes one input of per-sample "
                               f"shape (B,) = ({self.batch},), got {self.input_shapes}")
@@ -135,9 +145,6 @@ class BatchTranspose(Kernel):
 
     def flops_per_sample(self) -> float:
         return float(self.batch)  # a move per value
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
 
     def activation_bytes_per_sample(self) -> int:
         return 4 * self.batch
@@ -165,18 +172,16 @@ def batch_sum(x: np.ndarray) -> np.ndarray:
 
 
 @register
-class BatchReduce(Kernel):
+class BatchReduce(_BatchBarrier):
     """attrs op ("sum", "mean", "max" or "min"), batch_size B; input x (S): output (S), the
     whole batch's statistic over the batch axis for every sample. A batch barrier (see the
     module)."""
 
     type_name = "batch_reduce"
-    batch_barrier = True
     barrier_holds = "the whole batch's statistic"
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        self.batch = _batch_size(self)
         self.op = self.attrs.get("op")
         if self.op not in ("sum", "mean", "max", "min") or len(self.input_shapes) != 1:
             raise KernelError(f"kernel {name!r} (batch_reduce): takes one input and attr op "
@@ -191,9 +196,6 @@ class BatchReduce(Kernel):
 
     def flops_per_sample(self) -> float:
         return float(self._size())  # an add per value
-
-    def max_cores(self) -> int:
-        return max_cores_for(self.flops_per_sample())
 
     def activation_bytes_per_sample(self) -> int:
         # a max or min keeps its input for the backward's (x == m)
@@ -225,6 +227,59 @@ class BatchReduce(Kernel):
         if cache is None:
             return [np.broadcast_to(total, grad_output.shape).copy()], {}
         return [((cache == extreme).astype(np.float32) / count) * total], {}
+
+
+@register
+class BatchRow(_BatchBarrier):
+    """attrs shape (the per-sample output shape, holding B times the input's values),
+    batch_size B; input x (S), float32, int32 or int64: every sample's output is the whole
+    batch's x reshaped to `shape`. A batch barrier (see the module)."""
+
+    type_name = "batch_row"
+    barrier_holds = "the whole batch's values"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.attrs.get("shape")
+        self.shape = tuple(int(d) for d in shape) if isinstance(shape, (list, tuple)) else ()
+        if len(self.input_shapes) != 1 or not self.shape or \
+                np.prod(self.shape, dtype=np.int64) != self.batch * self._size():
+            raise KernelError(f"kernel {name!r} (batch_row): takes one input and attr shape "
+                              f"holding B = {self.batch} times its values, got "
+                              f"{self.input_shapes}, shape {shape!r}")
+
+    def _size(self) -> int:
+        return int(np.prod(self.input_shapes[0], dtype=np.int64))
+
+    @property
+    def output_shape(self):
+        return self.shape
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER)])
+        return np.dtype(input_dtypes[0])
+
+    def flops_per_sample(self) -> float:
+        return float(self.batch * self._size())  # a move per value
+
+    def activation_bytes_per_sample(self) -> int:
+        return 0
+
+    def barrier_transfers(self) -> tuple[int, ...]:
+        return (self.batch * self._size(),)  # the batch's values (forward), their gradient
+
+    def batch_statistics(self, params, inputs: Sequence[np.ndarray], ctx: RunContext):
+        return np.ascontiguousarray(inputs[0]).reshape(self.shape)
+
+    def gradient_statistics(self, params, caches: Sequence[Any], grads: Sequence[np.ndarray],
+                            ctx: RunContext):
+        return batch_sum(np.concatenate(grads)).reshape((self.batch, *self.input_shapes[0]))
+
+    def forward(self, params, inputs, ctx: RunContext):
+        return np.broadcast_to(ctx.batch[0], (len(inputs[0]), *self.shape)).copy(), ctx.offset
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [_rows(ctx.batch[1], cache, len(grad_output))], {}
 
 
 @register
