@@ -39,6 +39,7 @@ from coordinator.compiler.loss_divisors import (
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.random_numbers import is_draw
 from coordinator.compiler.rules import TailContext
+from coordinator.compiler.step_values import INSTEAD, written_variables
 from wafer.kernels.losses import divisors_attr
 from wafer.schedules import evaluate
 
@@ -157,10 +158,21 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
         for t in op.inputs:
             if t.name in m.tail or m.is_batched(t) or m.operands.constant(t) is not None:
                 continue
+            if m.step_values.reads_step(t):  # a term's weight on a schedule (KL annealing)
+                kernel = m.step_values.kernel(m, t, op)
+                if isinstance(kernel, tuple):
+                    return _reject(m, op, kernel[0])
+                scalars += [t] if t not in scalars else []
+                continue
             reasons: list = []
             found: list = []
             _weight_terms(m, t, found, reasons)
             if reasons and _weight_scalar(m, t):
+                written = written_variables(m.x).get(_scalar_variable(m, t))
+                if written is not None:
+                    return _reject(m, t.op, f"weights a term of the loss by a variable the "
+                                            f"train_op writes every step ({written.type} at "
+                                            f"{user_source(written)}): {INSTEAD}")
                 if op.type in DIVISIONS and t is op.inputs[1]:
                     return _reject(m, op, "divides a term of the loss by a scalar of weights: "
                                           "the CS multiplies a term by one (a task's learned "
@@ -185,10 +197,11 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
                                       f"{user_source(model)}): the CS divides by a count or sum "
                                       "of the batch's inputs and labels only")
     if scalars and (divisions or half):
-        return _reject(m, scalars[0].op, "a loss weighted by weights (learned task weights) "
-                                         "is carried out in float32 over a mean or sum of the "
-                                         "batch: divide by the batch size, not by a count of "
-                                         "its values, and compute the loss in float32")
+        return _reject(m, scalars[0].op, "a loss weighted by weights (learned task weights) or "
+                                         "by a value of the global step is carried out in "
+                                         "float32 over a mean or sum of the batch: divide by "
+                                         "the batch size, not by a count of its values, and "
+                                         "compute the loss in float32")
     fixed = {op.inputs[1]: np.float32(1.0) for op in divisions}
     fixed.update({t: np.float32(0.0) for t in scalars})
     coefficients = _measure(session, loss, frontier, [b[0] for b in bases], rtol, fixed)
@@ -305,23 +318,48 @@ def _weighted_loss_kernel(m: TailContext, loss: tf.Tensor, frontier: list[tf.Ten
         pieces = [(value, c)] if c else []
         for w, a in zip(scalars, row):
             if a:
-                param = _scalar_param(m, loss, w, "p1")
-                product = m.add_kernel("loss/weighted", "binary", [value], {
-                    "op": "mul", "operands": "ip", "p1": list(param.shape)}, [param], [], None,
-                    output_shape=(), source_op=loss.op).name
-                pieces.append((product, a))
+                pieces.append((_weighted(m, loss, value, w), a))
         for name, factor in pieces:
             total = _added(m, loss, total, _scaled(m, loss, name, factor))
     for w, d in zip(scalars, terms):
         if d:
-            param = _scalar_param(m, loss, w, "value")
-            value = m.add_kernel("loss/weight_term", "broadcast", [m.sample_input()],
-                                 {"shape": [], "value": list(param.shape)}, [param], [], None,
-                                 output_shape=(), source_op=loss.op).name
+            value = _per_sample(m, loss, w)
             total = _added(m, loss, total, _scaled(m, loss, value, d / m.batch_size))
     assert total is not None
     return m.add_kernel("loss", "loss", [total], {"scale": 1.0}, [], [], loss, output_shape=(),
                         source_op=loss.op).name
+
+
+def _weighted(m: TailContext, loss: tf.Tensor, value: str | tf.Tensor, w: tf.Tensor) -> str:
+    """The kernel of each sample's `value` times the scalar `w`: a weight (the param of a
+    binary mul) or a value of the global step (its `schedule` kernel's, step_values.py)."""
+    if m.step_values.reads_step(w):
+        return m.add_kernel("loss/weighted", "binary", [value, _per_sample(m, loss, w)],
+                            {"op": "mul", "operands": "ii"}, [], [], None, output_shape=(),
+                            source_op=loss.op).name
+    param = _scalar_param(m, loss, w, "p1")
+    return m.add_kernel("loss/weighted", "binary", [value], {
+        "op": "mul", "operands": "ip", "p1": list(param.shape)}, [param], [], None,
+        output_shape=(), source_op=loss.op).name
+
+
+def _per_sample(m: TailContext, loss: tf.Tensor, w: tf.Tensor) -> str:
+    """The kernel giving every sample the scalar `w` (a weight: `broadcast`; a value of the
+    global step: `schedule`, made by _lower_loss)."""
+    if m.step_values.reads_step(w):
+        kernel = m.step_values.kernel(m, w, loss.op)
+        assert isinstance(kernel, str), kernel
+        return kernel
+    param = _scalar_param(m, loss, w, "value")
+    return m.add_kernel("loss/weight_term", "broadcast", [m.sample_input()],
+                        {"shape": [], "value": list(param.shape)}, [param], [], None,
+                        output_shape=(), source_op=loss.op).name
+
+
+def _scalar_variable(m: TailContext, tensor: tf.Tensor) -> str:
+    """The variable a weight scalar reads (a variable or a view of one), or ""."""
+    weight = m.operands.weight(tensor) or m.operands.view(tensor)
+    return weight.variable if weight is not None else ""
 
 
 def _scalar_param(m: TailContext, loss: tf.Tensor, tensor: tf.Tensor, role: str) -> ParamRef:
