@@ -258,12 +258,8 @@ class Matcher:
                 continue
             if t.name in self.tail:
                 return lowering.mixes_samples(op, self.x.batch_size)
-            if self.step_values.reads_step(t):
-                if op.type not in STEP_VALUE_READERS:
-                    return (f"computes with a value of the global step ({t.op.type} "
-                            f"'{t.op.name}' at {user_source(t.op)}): the CS multiplies, adds "
-                            "or selects per-sample values by one element-wise, as loss + "
-                            "beta * kl")
+            if op.type in STEP_VALUE_READERS and self.step_values.reads_step(t) and \
+                    not self.step_values.reads_weights(t):
                 kernel = self.step_values.kernel(self, t, op)
                 if isinstance(kernel, tuple):
                     return kernel[0]
@@ -274,6 +270,8 @@ class Matcher:
             if weight is not None and weight.view is not None:
                 weight = self.per_sample_view(op, weight)
             if weight is not None:
+                if self.step_values.written(weight.variable) is not None:
+                    return self.step_values.written_refusal(weight.variable)
                 if weight.dtype != "float32":
                     return f"weight {weight.variable} is {weight.dtype}: the CS computes in float32"
                 letters += "p"

@@ -20,8 +20,8 @@ import tensorflow as tf
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.schedules import (
-    ScheduleRefused,
     Scheduled,
+    ScheduleRefused,
     check_increment,
     executed_graph,
     global_step,
@@ -33,6 +33,10 @@ from wafer.schedules import programs_attr
 
 WRITE_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign",
              "AssignAdd", "AssignSub"}
+# Why a value of the step that meets weights is refused (the weight program, the loss tail).
+ON_WEIGHTS = ("the CS multiplies per-sample values and loss terms by a value of the global "
+              "step (loss + beta * tf.reduce_mean(kl), beta * x), not weights or weight "
+              "penalties: multiply the layer's output, or give the penalty a constant factor")
 INSTEAD = ("the CS computes a per-step value from the global step and constants: "
            "tf.minimum(1.0, tf.cast(global_step, tf.float32) / n), tf.compat.v1.train."
            "polynomial_decay (or another tf.compat.v1.train schedule) of global_step, "
@@ -46,12 +50,37 @@ class StepValues:
         self.x = extracted
         self.step = global_step(extracted.graph)
         self._nodes: dict | None = None
+        self._written: dict[str, tf.Operation] | None = None
         self.kernels: dict[str, str] = {}  # tensor -> its kernel
         self.problems: dict[str, str] = {}  # tensor -> why it has none
+
+    def written(self, variable: str) -> tf.Operation | None:
+        """The train_op's write of `variable` if it is a scalar nothing trains (a per-step
+        value kept in a variable: not a schedule), else None."""
+        if self._written is None:
+            trainable = {v.op.name for v in self.x.graph.get_collection(
+                tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+            self._written = {name: op for name, op in written_variables(self.x).items()
+                             if name not in trainable and static_shape(op.inputs[1]) == ()}
+        return self._written.get(variable)
+
+    def written_refusal(self, variable: str) -> str:
+        """Why a kernel or the loss cannot read `variable` (written), or ""."""
+        write = self.written(variable)
+        if write is None:
+            return ""
+        return (f"reads {variable}, a value the train_op writes every step ({write.type} "
+                f"'{write.name}' at {user_source(write)}), not a schedule: {INSTEAD}")
 
     def reads_step(self, tensor: tf.Tensor) -> bool:
         """Whether `tensor` is computed from the global step."""
         return bool(self.step) and any(op.name == self.step for op in data_upstream(tensor.op))
+
+    def reads_weights(self, tensor: tf.Tensor) -> bool:
+        """Whether `tensor` is computed from a trainable variable."""
+        trainable = {v.op.name for v in self.x.graph.get_collection(
+            tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+        return any(op.name in trainable for op in data_upstream(tensor.op))
 
     def kernel(self, m, tensor: tf.Tensor, reader: tf.Operation) -> str | tuple[str]:
         """The name of the `schedule` kernel giving every sample `tensor` (a value of the
@@ -74,16 +103,13 @@ class StepValues:
             raise ScheduleRefused(f"{what} is {tensor.dtype.base_dtype.name} of shape "
                                   f"{static_shape(tensor)} ({tensor.op.type} '{tensor.op.name}' "
                                   f"at {user_source(tensor.op)}): {INSTEAD}, and multiply by it")
-        trainable = {v.op.name for v in self.x.graph.get_collection(
-            tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
         written = written_variables(self.x)
         for op in data_upstream(tensor.op):
             if op.type in ("VarHandleOp", "VariableV2") and op.name != self.step:
-                why = ("the train_op writes it" if op.name in written else
-                       "it is trainable" if op.name in trainable else "it is a variable")
-                raise ScheduleRefused(f"{what} reads the variable {op.name} ({why}; "
-                                      f"{tensor.op.type} '{tensor.op.name}' at "
-                                      f"{user_source(tensor.op)}): {INSTEAD}")
+                why = "which the train_op writes" if op.name in written else "a variable"
+                raise ScheduleRefused(f"{what} reads {op.name}, {why} ({tensor.op.type} "
+                                      f"'{tensor.op.name}' at {user_source(tensor.op)}): "
+                                      f"{INSTEAD}")
         item = Scheduled(STEP_VALUE, reader, tensor, label=what)
         if self.x.mode == ModeKeys.TRAIN:
             check_increment(self.x, [item])
