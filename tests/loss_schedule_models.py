@@ -5,8 +5,8 @@ the mean), an auxiliary loss whose weight decays with polynomial_decay, warm-ups
 weight with tf.cond and tf.where, and a weight the train_op itself moves (not a schedule).
 
 The VAE's reparameterisation noise is a feature (input_fn draws it), so the CS and TF
-compute with the same numbers in every mode. Annealing over ANNEAL steps: 4 training steps
-cross its end."""
+compute with the same numbers in every mode. `params["anneal"]`: the steps until the weight
+reaches its end (2: 4 training steps cross it)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +17,6 @@ from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 v1 = tf.compat.v1
 PIXELS, HIDDEN, LATENT, CLASSES = 64, 16, 4, 10
-ANNEAL = 2  # steps until the weight reaches its end
 
 
 def input_fn(params):
@@ -31,16 +30,19 @@ def input_fn(params):
         params["batch_size"], drop_remainder=True)
 
 
-def _beta(form: str) -> tf.Tensor:
-    step = v1.train.get_or_create_global_step()
+def _beta(params: dict) -> tf.Tensor:
+    """The loss weight of `params["beta"]`'s form, over `params["anneal"]` steps."""
+    step, form, anneal = v1.train.get_or_create_global_step(), params["beta"], params["anneal"]
     if form == "minimum":
-        return tf.minimum(1.0, tf.cast(step, tf.float32) / float(ANNEAL))
+        return tf.minimum(1.0, tf.cast(step, tf.float32) / float(anneal))
     if form == "polynomial":
-        return v1.train.polynomial_decay(0.0, step, ANNEAL, end_learning_rate=1.0)
+        return v1.train.polynomial_decay(0.0, step, anneal, end_learning_rate=1.0)
+    if form == "decay":
+        return v1.train.polynomial_decay(1.0, step, anneal + 1, end_learning_rate=0.1)
     if form == "cond":
-        return tf.cond(step < ANNEAL, lambda: tf.constant(0.1), lambda: tf.constant(1.0))
+        return tf.cond(step < anneal, lambda: tf.constant(0.1), lambda: tf.constant(1.0))
     if form == "where":
-        return tf.where(step < ANNEAL, 0.25 * tf.cast(step + 1, tf.float32), 0.75)
+        return tf.where(step < anneal, 0.25 * tf.cast(step + 1, tf.float32), 0.75)
     if form == "written":  # moved by the train_op each step: not a schedule of the step
         return v1.get_variable("beta", [], trainable=False, initializer=v1.zeros_initializer())
     raise ValueError(form)
@@ -60,7 +62,7 @@ def vae(features, labels, mode, params):
         return CSEstimatorSpec(mode, predictions={"z_mean": mean})
     recon = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=x, logits=logits), axis=1)
     kl = -0.5 * tf.reduce_sum(1.0 + log_var - tf.square(mean) - tf.exp(log_var), axis=1)
-    beta = _beta(params["beta"])
+    beta = _beta(params)
     if params.get("inside"):
         loss = tf.reduce_mean(recon + beta * kl)
     else:
@@ -78,19 +80,21 @@ def vae(features, labels, mode, params):
 
 def auxiliary(features, labels, mode, params):
     """A classifier with an auxiliary head on its hidden layer (deep supervision), the
-    auxiliary loss weighted by `params["beta"]`'s form; "decay": polynomial_decay from 1 to
-    0.1 over ANNEAL + 1 steps."""
-    h1 = tf.keras.layers.Dense(HIDDEN, activation="relu")(features["x"])
+    auxiliary loss weighted by `params["beta"]`'s form ("decay": polynomial_decay from 1 to
+    0.1); `params["penalised"]`: the first layer's L2 penalty weighted by it too."""
+    first = tf.keras.layers.Dense(HIDDEN, activation="relu")
+    h1 = first(features["x"])
     h2 = tf.keras.layers.Dense(HIDDEN, activation="relu")(h1)
     logits = tf.keras.layers.Dense(CLASSES)(h2)
     aux_logits = tf.keras.layers.Dense(CLASSES)(h1)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"class": tf.argmax(logits, -1)})
     step = v1.train.get_or_create_global_step()
-    weight = v1.train.polynomial_decay(1.0, step, ANNEAL + 1, end_learning_rate=0.1) \
-        if params["beta"] == "decay" else _beta(params["beta"])
+    weight = _beta(params)
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits) + \
         weight * v1.losses.sparse_softmax_cross_entropy(labels, aux_logits)
+    if params.get("penalised"):  # a weight decay on the same schedule: not on the CS
+        loss += weight * 1e-3 * tf.nn.l2_loss(first.kernel)
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
             "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, -1))})

@@ -10,10 +10,10 @@ from wafer import timing
 from wafer.fabric import Fabric
 from wafer.kernels import build_kernel
 from wafer.kernels.losses import divisor_programs
+from wafer.kernels.step_values import STEP_VALUE
 from wafer.loss_scaling import CS1DynamicLossScale, Rule
 from wafer.optimizers import OptimizerConfig
 from wafer.precision import is_half, precision_of
-from wafer.kernels.step_values import STEP_VALUE
 from wafer.schedules import Schedule, ScheduleError, attr_programs, evaluate, render
 from wafer.weight_writes import describe
 
