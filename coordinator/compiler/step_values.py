@@ -31,6 +31,18 @@ from tf_model.estimator_spec import ModeKeys
 from wafer.kernels.step_values import STEP_VALUE
 from wafer.schedules import programs_attr
 
+KERNEL_ROWS = {"schedule": (
+    "a value of the global step given to every sample: a loss term's weight or a factor of "
+    "per-sample values computed from the global step and constants (KL annealing's "
+    "tf.minimum(1.0, tf.cast(global_step, tf.float32) / n), tf.compat.v1.train."
+    "polynomial_decay and the other tf.compat.v1.train schedules, warm-ups with tf.where / "
+    "tf.cond), beta * tf.reduce_mean(kl) or inside the mean: its scalar program, lowered from "
+    "the graph TF executes, evaluated by the CS at the step computed (evaluation: the "
+    "checkpoint's) as TF's CPU kernels compute it")}
+REFUSED = {"values of the global step": (
+    "read by weights or weight penalties (tf.matmul(x, beta * w), beta * tf.nn.l2_loss(w)), "
+    "of another dtype than float32 or shape than a scalar, or computed from a variable "
+    "(one the train_op writes: a loss weight kept in a variable)")}
 WRITE_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign",
              "AssignAdd", "AssignSub"}
 # Why a value of the step that meets weights is refused (the weight program, the loss tail).
