@@ -258,8 +258,12 @@ class Matcher:
                 continue
             if t.name in self.tail:
                 return lowering.mixes_samples(op, self.x.batch_size)
-            if op.type in STEP_VALUE_READERS and self.step_values.reads_step(t) and \
-                    not self.step_values.reads_weights(t):
+            if self.step_values.reads_step(t) and not self.step_values.reads_weights(t):
+                if op.type not in STEP_VALUE_READERS:
+                    return (f"computes with a value of the global step ({t.op.type} "
+                            f"'{t.op.name}' at {user_source(t.op)}): the CS multiplies, adds "
+                            "or selects per-sample values by one element-wise (beta * x, "
+                            "loss + beta * tf.reduce_mean(kl))")
                 kernel = self.step_values.kernel(self, t, op)
                 if isinstance(kernel, tuple):
                     return kernel[0]

@@ -73,7 +73,8 @@ class StepValues:
             trainable = {v.op.name for v in self.x.graph.get_collection(
                 tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
             self._written = {name: op for name, op in written_variables(self.x).items()
-                             if name not in trainable and static_shape(op.inputs[1]) == ()}
+                             if name not in trainable and name != self.step
+                             and static_shape(op.inputs[1]) == ()}
         return self._written.get(variable)
 
     def written_refusal(self, variable: str) -> str:
