@@ -63,6 +63,8 @@ class StepValues:
         self.step = global_step(extracted.graph)
         self._nodes: dict | None = None
         self._written: dict[str, tf.Operation] | None = None
+        self.trainable = {v.op.name for v in extracted.graph.get_collection(
+            tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
         self.kernels: dict[str, str] = {}  # tensor -> its kernel
         self.problems: dict[str, str] = {}  # tensor -> why it has none
 
@@ -70,10 +72,8 @@ class StepValues:
         """The train_op's write of `variable` if it is a scalar nothing trains (a per-step
         value kept in a variable: not a schedule), else None."""
         if self._written is None:
-            trainable = {v.op.name for v in self.x.graph.get_collection(
-                tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
             self._written = {name: op for name, op in written_variables(self.x).items()
-                             if name not in trainable and name != self.step
+                             if name not in self.trainable and name != self.step
                              and static_shape(op.inputs[1]) == ()}
         return self._written.get(variable)
 
@@ -91,9 +91,7 @@ class StepValues:
 
     def reads_weights(self, tensor: tf.Tensor) -> bool:
         """Whether `tensor` is computed from a trainable variable."""
-        trainable = {v.op.name for v in self.x.graph.get_collection(
-            tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
-        return any(op.name in trainable for op in data_upstream(tensor.op))
+        return any(op.name in self.trainable for op in data_upstream(tensor.op))
 
     def kernel(self, m, tensor: tf.Tensor, reader: tf.Operation) -> str | tuple[str]:
         """The name of the `schedule` kernel giving every sample `tensor` (a value of the

@@ -27,6 +27,7 @@ def test_a_kl_annealed_vae_trains_and_evaluates_like_tensorflow(tmp_path, beta, 
     params = {**BASE, "beta": beta, "inside": inside}
     run = cs_inprocess.compare(lm.vae, lm.input_fn, params, str(tmp_path / "train"), steps=4)
     assert kernel_types(run).count("schedule") == 1
+    assert "step 0: 0, step 1: 0.5, step 2: 1, step 3: 1" in run.compiled.report_text
     assert cs_inprocess.mismatches(run) == []
     assert cs_inprocess.evaluation_mismatch(lm.vae, lm.input_fn, params, str(tmp_path / "eval"),
                                             run, global_step=1) == ""
