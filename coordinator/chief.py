@@ -324,20 +324,25 @@ class Chief:
         if starvation.summary():
             print(f"Input starvation over the run: {starvation.summary()}", flush=True)
 
-    def _checkpoint_state(self, program: pb.Program, checkpoint_path: str | None) -> tuple[str, int, dict]:
+    def _checkpoint_state(self, program: pb.Program, checkpoint_path: str | None,
+                          ) -> tuple[str, int, int, dict]:
+        """The checkpoint's path, its N (model.ckpt-N), its global_step variable (what TF's
+        graph reads: the step the CS computes values of the step at) and the CS's state."""
         path = checkpoints.chosen_checkpoint(self.model_dir, checkpoint_path)
-        state = cs_state(program, checkpoints.read_checkpoint(path), path)
-        return path, checkpoints.checkpoint_step(path), state
+        stored = checkpoints.read_checkpoint(path)
+        return path, checkpoints.checkpoint_step(path), resumed_step(path, stored), \
+            cs_state(program, stored, path)
 
     def evaluate(self, input_fn: Callable, steps: int | None = None,
                  checkpoint_path: str | None = None) -> dict[str, MetricValue]:
         """The metrics of `steps` batches (the whole input when None) on the CS."""
         steps = run_batches(make_dataset(input_fn, self.params), RunKind.EVALUATE, steps, "--eval_steps")
         program = self._compile(input_fn, ModeKeys.EVAL).program
-        path, step, state = self._checkpoint_state(program, checkpoint_path)
+        path, step, variable_step, state = self._checkpoint_state(program, checkpoint_path)
         streamed = streamed_names(program)
         with EvalMetrics(self.model_fn, input_fn, self.params, path, streamed) as metrics, \
-                CSJob(self, program, state, step, 0, steps, input_fn, RunKind.EVALUATE) as job:
+                CSJob(self, program, state, variable_step, 0, steps, input_fn,
+                      RunKind.EVALUATE) as job:
             for result in job.run(RunKind.EVALUATE, steps):
                 if result.HasField("step"):
                     metrics.update({**host_values(program, result.step),
@@ -360,11 +365,12 @@ class Chief:
             steps = -(-num_samples // batch)
             known = int(dataset.cardinality())
             steps = min(steps, known) if known >= 0 else steps
-        path, step, state = self._checkpoint_state(program, checkpoint_path)
+        path, step, variable_step, state = self._checkpoint_state(program, checkpoint_path)
         collected: dict[str, list[np.ndarray]] = {}
         with PredictionGraph(self.model_fn, batch_signature(dataset), self.params, path,
                              streamed_names(program)) as graph, \
-                CSJob(self, program, state, step, 0, steps, input_fn, RunKind.PREDICT) as job:
+                CSJob(self, program, state, variable_step, 0, steps, input_fn,
+                      RunKind.PREDICT) as job:
             for result in job.run(RunKind.PREDICT, steps):
                 if result.HasField("step"):
                     for key, value in graph.run(host_values(program, result.step)).items():

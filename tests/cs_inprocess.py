@@ -17,7 +17,7 @@ import tf_reference
 
 from common.errors import CSRunError
 from common.run_settings import RunSettings
-from coordinator.chief import cs_state, output_tensor_names, streamed_names
+from coordinator.chief import cs_state, output_tensor_names, resumed_step, streamed_names
 from coordinator.compiler import CompileResult, compile_model
 from cs_api import pb
 from cs_api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
@@ -249,8 +249,10 @@ def evaluate_like_the_chief(model_fn: Callable, input_fn: Callable, params: dict
     and losses (coordinator.chief.Chief.evaluate)."""
     compiled = compile_checked(model_fn, input_fn, params, model_dir, mode="eval")
     program = compiled.program
-    state = cs_state(program, checkpoints.read_checkpoint(checkpoint), checkpoint)
-    run = run_on_cs(program, state, first_batches(input_fn, params, steps), kind="evaluate")
+    stored = checkpoints.read_checkpoint(checkpoint)
+    state = cs_state(program, stored, checkpoint)
+    run = run_on_cs(program, state, first_batches(input_fn, params, steps), kind="evaluate",
+                    global_step=resumed_step(checkpoint, stored))
     names = output_tensor_names(program)
     with EvalMetrics(model_fn, input_fn, params, checkpoint, streamed_names(program)) as metrics:
         for loss, outputs in zip(run.losses, run.outputs):
@@ -260,11 +262,12 @@ def evaluate_like_the_chief(model_fn: Callable, input_fn: Callable, params: dict
 
 
 def evaluation_mismatch(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
-                        trained: Comparison, steps: int = 2, rtol: float = 1e-4) -> str:
-    """"" if the CS evaluates a checkpoint of the `trained` state (as the chief does) with the
-    CPU path's metrics on that checkpoint (every metric, the mean loss included, to `rtol`);
-    else what differs."""
-    path = trained_checkpoint(model_dir, trained)
+                        trained: Comparison, steps: int = 2, rtol: float = 1e-4,
+                        global_step: int = STEPS_WRITTEN) -> str:
+    """"" if the CS evaluates a checkpoint of the `trained` state at `global_step` (as the
+    chief does) with the CPU path's metrics on that checkpoint (every metric, the mean loss
+    included, to `rtol`); else what differs."""
+    path = trained_checkpoint(model_dir, trained, global_step)
     settings = RunSettings(model_dir, params, None, None, None, None)
     cpu = cpu_session.evaluate(model_fn, input_fn, settings, steps=steps, checkpoint_path=path)
     cpu.pop("global_step")
@@ -279,8 +282,10 @@ def predict_like_the_chief(model_fn: Callable, input_fn: Callable, params: dict,
     """The chief's predictions of `checkpoint` on `steps` batches: the PREDICT program on the
     in-process CS, its streamed outputs fed to the host-side graph (Chief.predict)."""
     program = compile_checked(model_fn, input_fn, params, model_dir, mode="infer").program
-    state = cs_state(program, checkpoints.read_checkpoint(checkpoint), checkpoint)
-    run = run_on_cs(program, state, first_batches(input_fn, params, steps), kind="predict")
+    stored = checkpoints.read_checkpoint(checkpoint)
+    state = cs_state(program, stored, checkpoint)
+    run = run_on_cs(program, state, first_batches(input_fn, params, steps), kind="predict",
+                    global_step=resumed_step(checkpoint, stored))
     names = output_tensor_names(program)
     signature = batch_signature(make_dataset(input_fn, params))
     with PredictionGraph(model_fn, signature, params, checkpoint, streamed_names(program)) as graph:

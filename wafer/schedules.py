@@ -13,8 +13,9 @@ takes its one live input, and an op with a dead input (data or control) is dead.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -96,6 +97,22 @@ class Schedule:
         return cls(message.hyper_parameter, tuple(
             ScalarOp(o.op, o.dtype, tuple(o.inputs), tuple(o.controls), o.value, o.name)
             for o in message.ops), message.tf_tensor, message.source)
+
+
+def programs_attr(programs: Sequence[Schedule]) -> str:
+    """Scalar programs as a kernel attr: each one's ops (and the TF tensor and source line it
+    computes) as JSON."""
+    return json.dumps([[[[o.op, o.dtype, list(o.inputs), list(o.controls), o.value, o.name]
+                         for o in p.ops], p.tf_tensor, p.source] for p in programs])
+
+
+def attr_programs(text: str, hyper_parameter: str) -> list[Schedule]:
+    """The scalar programs of a programs_attr (ValueError, TypeError: not one); errors name
+    each by `hyper_parameter`."""
+    return [Schedule(hyper_parameter, tuple(
+        ScalarOp(op, dtype, tuple(inputs), tuple(controls), float(value), name)
+        for op, dtype, inputs, controls, value, name in ops), str(tensor), str(source))
+        for ops, tensor, source in json.loads(text)]
 
 
 def schedule_problem(schedule: Schedule) -> str:

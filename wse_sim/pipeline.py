@@ -367,7 +367,7 @@ class Pipeline:
         loss = self.by_name[self.loss_kernel]
         if not isinstance(loss.kernel, BatchLoss) or not loss.kernel.denominator_inputs:
             return
-        ctx = RunContext(training=training, batch_size=self.batch_size)
+        ctx = RunContext(training=training, batch_size=self.batch_size, step=self._step)
         for region in self.ahead:
             if region.kernel.batch_barrier:  # (a row of the batch's labels)
                 self._batch_statistics(region, m_count, board, ctx)
@@ -476,7 +476,8 @@ class Pipeline:
         """A stage's tasks in tick order; training: its regions' gradients completed, every
         stage's gradients transformed (stage 0, once all are complete), its regions' updates."""
         stage = plan[index]
-        ctx = RunContext(training=training, batch_size=self.batch_size, run_tiles=board.share)
+        ctx = RunContext(training=training, batch_size=self.batch_size, run_tiles=board.share,
+                         step=self._step)
         caches: dict[tuple[int, int], object] = {}
         m_count = self.batch_size // self.micro
         for forward, region, i in stage.tasks:

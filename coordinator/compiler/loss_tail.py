@@ -39,6 +39,7 @@ from coordinator.compiler.loss_divisors import (
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.random_numbers import is_draw
 from coordinator.compiler.rules import TailContext
+from coordinator.compiler.step_values import ON_WEIGHTS
 from wafer.kernels.losses import divisors_attr
 from wafer.schedules import evaluate
 
@@ -48,6 +49,9 @@ TAIL_OPS = {"Sum", "Mean", "Mul", "RealDiv", "Div", "DivNoNan", "AddV2", "Add", 
 # Weight terms: op type of the base -> (regularizer kind, factor), see _weight_base.
 WEIGHT_TERM_OPS = {"Mul", "RealDiv", "AddV2", "Add", "AddN", "Neg", "Identity", "Cast"}
 RTOL = 1e-4
+# A measured factor this far below the largest is float32 rounding of the loss, not a term:
+# 0 (mean(recon) + beta * mean(kl) measures recon's factor of beta at 1.6e-8 of kl's).
+NOISE = 1e-6
 # Divisions of the loss by a value of the batch (a count or sum of per-sample weights).
 DIVISIONS = {"DivNoNan": True, "RealDiv": False, "Div": False}  # -> 0 where the divisor is 0
 # Ops of a denominator's upstream that make it the model's, not the inputs' (see _model_op).
@@ -157,10 +161,23 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
         for t in op.inputs:
             if t.name in m.tail or m.is_batched(t) or m.operands.constant(t) is not None:
                 continue
+            if m.step_values.reads_step(t):  # a term's weight on a schedule (KL annealing)
+                if m.step_values.reads_weights(t):
+                    return _reject(m, op, f"adds weights or a weight penalty times a value of "
+                                          f"the global step ({t.op.type} '{t.op.name}' at "
+                                          f"{user_source(t.op)}): {ON_WEIGHTS}")
+                kernel = m.step_values.kernel(m, t, op)
+                if isinstance(kernel, tuple):
+                    return _reject(m, op, kernel[0])
+                scalars += [t] if t not in scalars else []
+                continue
             reasons: list = []
             found: list = []
             _weight_terms(m, t, found, reasons)
             if reasons and _weight_scalar(m, t):
+                written = m.step_values.written_refusal(_scalar_variable(m, t))
+                if written:
+                    return _reject(m, op, f"a term of the loss is {written}")
                 if op.type in DIVISIONS and t is op.inputs[1]:
                     return _reject(m, op, "divides a term of the loss by a scalar of weights: "
                                           "the CS multiplies a term by one (a task's learned "
@@ -185,10 +202,11 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
                                       f"{user_source(model)}): the CS divides by a count or sum "
                                       "of the batch's inputs and labels only")
     if scalars and (divisions or half):
-        return _reject(m, scalars[0].op, "a loss weighted by weights (learned task weights) "
-                                         "is carried out in float32 over a mean or sum of the "
-                                         "batch: divide by the batch size, not by a count of "
-                                         "its values, and compute the loss in float32")
+        return _reject(m, scalars[0].op, "a loss weighted by weights (learned task weights) or "
+                                         "by a value of the global step is carried out in "
+                                         "float32 over a mean or sum of the batch: divide by "
+                                         "the batch size, not by a count of its values, and "
+                                         "compute the loss in float32")
     fixed = {op.inputs[1]: np.float32(1.0) for op in divisions}
     fixed.update({t: np.float32(0.0) for t in scalars})
     coefficients = _measure(session, loss, frontier, [b[0] for b in bases], rtol, fixed)
@@ -276,6 +294,8 @@ def _measure_weighting(session: tf.compat.v1.Session, loss: tf.Tensor, frontier:
             total = float(value.sum(dtype=np.float64))
             factors.append([exact((evaluate({t: value, w: v}) - c * total - d * float(v))
                                   / (total * float(v))) for w, v, d in zip(scalars, picks, terms)])
+        scale = max([abs(c) for c in coefficients] + [abs(a) for row in factors for a in row])
+        factors = [[a if abs(a) > NOISE * scale else 0.0 for a in row] for row in factors]
         values = {t: _draw(rng, t, static_shape(t), -2.0, 2.0) for t in frontier + bases_t}
         values.update({w: np.float32(rng.uniform(-2.0, 2.0)) for w in scalars})
         sums = {t: float(v.sum(dtype=np.float64)) for t, v in values.items()}
@@ -305,23 +325,48 @@ def _weighted_loss_kernel(m: TailContext, loss: tf.Tensor, frontier: list[tf.Ten
         pieces = [(value, c)] if c else []
         for w, a in zip(scalars, row):
             if a:
-                param = _scalar_param(m, loss, w, "p1")
-                product = m.add_kernel("loss/weighted", "binary", [value], {
-                    "op": "mul", "operands": "ip", "p1": list(param.shape)}, [param], [], None,
-                    output_shape=(), source_op=loss.op).name
-                pieces.append((product, a))
+                pieces.append((_weighted(m, loss, value, w), a))
         for name, factor in pieces:
             total = _added(m, loss, total, _scaled(m, loss, name, factor))
     for w, d in zip(scalars, terms):
         if d:
-            param = _scalar_param(m, loss, w, "value")
-            value = m.add_kernel("loss/weight_term", "broadcast", [m.sample_input()],
-                                 {"shape": [], "value": list(param.shape)}, [param], [], None,
-                                 output_shape=(), source_op=loss.op).name
+            value = _per_sample(m, loss, w)
             total = _added(m, loss, total, _scaled(m, loss, value, d / m.batch_size))
     assert total is not None
     return m.add_kernel("loss", "loss", [total], {"scale": 1.0}, [], [], loss, output_shape=(),
                         source_op=loss.op).name
+
+
+def _weighted(m: TailContext, loss: tf.Tensor, value: str | tf.Tensor, w: tf.Tensor) -> str:
+    """The kernel of each sample's `value` times the scalar `w`: a weight (the param of a
+    binary mul) or a value of the global step (its `schedule` kernel's, step_values.py)."""
+    if m.step_values.reads_step(w):
+        return m.add_kernel("loss/weighted", "binary", [value, _per_sample(m, loss, w)],
+                            {"op": "mul", "operands": "ii"}, [], [], None, output_shape=(),
+                            source_op=loss.op).name
+    param = _scalar_param(m, loss, w, "p1")
+    return m.add_kernel("loss/weighted", "binary", [value], {
+        "op": "mul", "operands": "ip", "p1": list(param.shape)}, [param], [], None,
+        output_shape=(), source_op=loss.op).name
+
+
+def _per_sample(m: TailContext, loss: tf.Tensor, w: tf.Tensor) -> str:
+    """The kernel giving every sample the scalar `w` (a weight: `broadcast`; a value of the
+    global step: `schedule`, made by _lower_loss)."""
+    if m.step_values.reads_step(w):
+        kernel = m.step_values.kernel(m, w, loss.op)
+        assert isinstance(kernel, str), kernel
+        return kernel
+    param = _scalar_param(m, loss, w, "value")
+    return m.add_kernel("loss/weight_term", "broadcast", [m.sample_input()],
+                        {"shape": [], "value": list(param.shape)}, [param], [], None,
+                        output_shape=(), source_op=loss.op).name
+
+
+def _scalar_variable(m: TailContext, tensor: tf.Tensor) -> str:
+    """The variable a weight scalar reads (a variable or a view of one), or ""."""
+    weight = m.operands.weight(tensor) or m.operands.view(tensor)
+    return weight.variable if weight is not None else ""
 
 
 def _scalar_param(m: TailContext, loss: tf.Tensor, tensor: tf.Tensor, role: str) -> ParamRef:

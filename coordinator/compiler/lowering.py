@@ -23,6 +23,7 @@ from coordinator.compiler import (
     random_numbers,
     second_order,
     sequences,
+    step_values,
 )
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
@@ -82,6 +83,7 @@ REFUSED = {
                           "over the batch is not linear), Barlow Twins' tf.matmul(za, zb, "
                           "transpose_a=True)",
     **random_numbers.REFUSED,
+    **step_values.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
                                "meets the samples (e.g. tf.sort(w)), or in "
                                "float16",
@@ -790,7 +792,8 @@ def supported_table() -> str:
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
-               **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS}.items()]
+               **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
+               **step_values.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "
@@ -821,7 +824,8 @@ def supported_table() -> str:
                  "such sums (tf.maximum(sum(mask), 1.0), + 1e-8, count_nonzero, "
                  "tf.clip_by_value, tf.math.divide_no_nan, tf.sqrt: TF's float32 bit for bit), "
                  "known before the batch streams through; terms weighted by scalars of weights "
-                 "plus such scalars (multi-task uncertainty weighting: tf.exp(-s) * mean + s) |")
+                 "plus such scalars (multi-task uncertainty weighting: tf.exp(-s) * mean + s) "
+                 "or by values of the global step (`schedule`) |")
     lines.append("| weights (shared, viewed) | a weight read by several kernels (tied input/output "
                  "embeddings, a Keras layer called twice, an unrolled LSTM's cell at every step) "
                  "lives in one region, its uses' gradients summed before the one update; a "

@@ -34,6 +34,7 @@ from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_sou
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
 from coordinator.compiler.rules import FAST_PATHS
+from coordinator.compiler.step_values import StepValues
 from coordinator.compiler.training import analyze_training
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from tf_model.estimator_spec import ModeKeys
@@ -50,6 +51,10 @@ STREAM_INSTEAD = {
     "bfloat16": "cast it to float16 in input_fn (the CS computes 16-bit floats as IEEE "
                 "float16: the mixed_float16 policy)",
 }
+
+
+# Ops whose operand may be a value of the global step (step_values.py): element-wise ones.
+STEP_VALUE_READERS = {*lowering.BINARY, "Select", "SelectV2"}
 
 
 class Matcher:
@@ -74,6 +79,7 @@ class Matcher:
         self.flow = set(self.ops)
         self.operands = Operands(graph, self.flow)
         self.weight_program = WeightProgramBuilder(self.operands, self.flow)
+        self.step_values = StepValues(extracted)
         self.values: dict[str, str] = {}  # batched tensor -> kernel or input name
         self.shapes: dict[str, tuple[int, ...]] = {}  # batched tensor -> per-sample shape
         self.tail: set[str] = set()  # tensors of the loss tail (after a batch reduction)
@@ -252,10 +258,24 @@ class Matcher:
                 continue
             if t.name in self.tail:
                 return lowering.mixes_samples(op, self.x.batch_size)
+            if self.step_values.reads_step(t) and not self.step_values.reads_weights(t):
+                if op.type not in STEP_VALUE_READERS:
+                    return (f"computes with a value of the global step ({t.op.type} "
+                            f"'{t.op.name}' at {user_source(t.op)}): the CS multiplies, adds "
+                            "or selects per-sample values by one element-wise (beta * x, "
+                            "loss + beta * tf.reduce_mean(kl))")
+                kernel = self.step_values.kernel(self, t, op)
+                if isinstance(kernel, tuple):
+                    return kernel[0]
+                letters += "i"
+                inputs.append(kernel)
+                continue
             weight = self.operands.weight(t) or self.operands.view(t)
             if weight is not None and weight.view is not None:
                 weight = self.per_sample_view(op, weight)
             if weight is not None:
+                if self.step_values.written(weight.variable) is not None:
+                    return self.step_values.written_refusal(weight.variable)
                 if weight.dtype != "float32":
                     return f"weight {weight.variable} is {weight.dtype}: the CS computes in float32"
                 letters += "p"

@@ -10,10 +10,11 @@ from wafer import timing
 from wafer.fabric import Fabric
 from wafer.kernels import build_kernel
 from wafer.kernels.losses import divisor_programs
+from wafer.kernels.step_values import STEP_VALUE
 from wafer.loss_scaling import CS1DynamicLossScale, Rule
 from wafer.optimizers import OptimizerConfig
 from wafer.precision import is_half, precision_of
-from wafer.schedules import ScheduleError, evaluate, render
+from wafer.schedules import Schedule, ScheduleError, attr_programs, evaluate, render
 from wafer.weight_writes import describe
 
 # Steps at which the compile report shows each schedule's value.
@@ -45,6 +46,7 @@ def model_summary(model: MatchedModel, mode: str, batch_size: int) -> list[str]:
         lines.append(f"Loss: the sum over the batch of {', '.join(terms)} "
                      f"x {loss.attrs['scale']:.6g}")
         lines += divisor_lines(loss)
+        lines += step_value_lines(model)
         penalties = list(dict.fromkeys(f"{kind} {scale:g} on {p.variable}" for k in model.kernels
                                        for p in k.params for kind, scale in p.regularizers))
         if penalties:
@@ -80,6 +82,29 @@ def weight_lines(model: MatchedModel) -> list[str]:
 def _weight_kernel(kind: str, attrs: dict[str, Any]) -> str:
     """A weight program kernel in a word: its op or function."""
     return str(attrs.get("function") or attrs.get("op") or kind)
+
+
+def _values(schedule: Schedule) -> str:
+    """A schedule's values at REPORT_STEPS (or why it has none)."""
+    try:
+        return ", ".join(f"step {s}: {evaluate(schedule, s, {}):.6g}" for s in REPORT_STEPS)
+    except ScheduleError as error:
+        return str(error)
+
+
+def step_value_lines(model: MatchedModel) -> list[str]:
+    """The values of the global step the samples meet (`schedule` kernels), two lines each."""
+    lines = []
+    for k in model.kernels:
+        if k.type != "schedule":
+            continue
+        (program,) = attr_programs(k.attrs["program"], STEP_VALUE)
+        readers = ", ".join(r.name for r in model.kernels if k.name in r.inputs)
+        lines.append(f"Value of the global step {program.tf_tensor} at {program.source} "
+                     f"({len(program.ops)} scalar ops, evaluated at the step computed, in "
+                     f"evaluation the checkpoint's; read by {readers}): {render(program)}")
+        lines.append(f"  at {_values(program)}")
+    return lines
 
 
 def divisor_lines(loss: KernelNode) -> list[str]:
@@ -182,11 +207,7 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
                      f"{schedule.source}, {len(schedule.ops)} scalar ops evaluated before "
                      f"every step): {render(schedule)}")
         if not schedule.variables:
-            try:
-                values = [f"step {s}: {evaluate(schedule, s, {}):.6g}" for s in REPORT_STEPS]
-            except ScheduleError as error:
-                values = [str(error)]
-            lines.append(f"  {schedule.hyper_parameter} at " + ", ".join(values))
+            lines.append(f"  {schedule.hyper_parameter} at {_values(schedule)}")
     groups: dict[tuple, list[str]] = {}
     for average in training.moving_averages:
         groups.setdefault((average.factor.ops, average.step_offset), []).append(average.shadow)

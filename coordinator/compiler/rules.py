@@ -75,6 +75,7 @@ class TailContext(Context, Protocol):
     frontier: list[tf.Tensor]  # batched tensors the batch reductions read
     kernels: list[KernelNode]
     unsupported: list[UnsupportedOp]
+    step_values: Any  # step_values.StepValues: the schedule kernels of values of the step
 
     def weight_program_sources(self) -> set[str]:
         """The variables the weight program reads for the kernels so far."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
@@ -54,7 +55,7 @@ def _refuse(op: tf.Operation, what: str) -> ScheduleRefused:
 def _check_leaves(extracted: ExtractedGraph, item: Scheduled, written: set[str]) -> set[str]:
     """The variables item's tensor reads (the global step excepted), each allowed."""
     graph = extracted.graph
-    step = _global_step(graph)
+    step = global_step(graph)
     with graph.as_default():
         trainable = {v.op.name for v in tf.compat.v1.trainable_variables()}
     variables = set()
@@ -79,15 +80,15 @@ def _check_leaves(extracted: ExtractedGraph, item: Scheduled, written: set[str])
     return variables
 
 
-def _global_step(graph: tf.Graph) -> str:
+def global_step(graph: tf.Graph) -> str:
     steps = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP)
     return steps[0].op.name if steps else ""
 
 
-def _check_increment(extracted: ExtractedGraph, items: list[Scheduled]) -> None:
+def check_increment(extracted: ExtractedGraph, items: list[Scheduled]) -> None:
     """TF reads the global step before the step's increment only if the increment waits for
     every update that reads a schedule."""
-    step = _global_step(extracted.graph)
+    step = global_step(extracted.graph)
     train = extracted.spec.train_op
     train_op = train.op if isinstance(train, tf.Tensor) else train
     for op in op_closure(train_op):
@@ -120,19 +121,24 @@ def _handle_name(op: tf.Operation) -> str:
 
 
 def executed_graph(extracted: ExtractedGraph):
-    """The GraphDef TensorFlow executes for one training step on input_fn's first batch
-    (the CPU path's fetches: the train_op and the loss)."""
+    """The GraphDef TensorFlow executes for one step of extracted's mode on input_fn's first
+    batch (zeros outside training: the values do not change what runs): training's fetches
+    are the CPU path's, the train_op and the loss; evaluation's the loss; prediction's the
+    predictions."""
     graph, spec = extracted.graph, extracted.spec
     batch = extracted.first_batch or {}
-    feed = {graph.get_tensor_by_name(extracted.placeholders[s.name]): batch[s.name]
-            for s in extracted.inputs}
+    feed = {}
+    for s in extracted.inputs:
+        placeholder = graph.get_tensor_by_name(extracted.placeholders[s.name])
+        feed[placeholder] = batch[s.name] if s.name in batch else \
+            np.zeros(placeholder.shape, placeholder.dtype.as_numpy_dtype)
+    fetches = [f for f in (spec.train_op, spec.loss) if f is not None] or spec.predictions
     with graph.as_default():
         init = tf.compat.v1.global_variables_initializer()
     metadata = tf.compat.v1.RunMetadata()
     with tf.compat.v1.Session(graph=graph) as session:
         session.run(init)
-        session.run([spec.train_op, spec.loss], feed,
-                    options=tf.compat.v1.RunOptions(output_partition_graphs=True),
+        session.run(fetches, feed, options=tf.compat.v1.RunOptions(output_partition_graphs=True),
                     run_metadata=metadata)
     nodes = {}
     for partition in metadata.partition_graphs:
@@ -315,29 +321,11 @@ def lower_schedules(extracted: ExtractedGraph, items: list[Scheduled],
     variables = set()
     for item in items:
         variables |= _check_leaves(extracted, item, written)
-    _check_increment(extracted, items)
+    check_increment(extracted, items)
     nodes = executed_graph(extracted)
-    step = _global_step(extracted.graph)
     schedules: dict[str, Schedule] = {}
     for item in items:
-        lowering = _Lowering(extracted.graph, nodes, item, step, variables)
-        ref = item.tensor.name.removesuffix(":0")
-        if ref.partition(":")[0] not in nodes:  # rewritten away: what the update reads
-            apply = nodes.get(item.apply.name)
-            if apply is None:
-                raise _refuse(item.apply, f"{item.what}: TensorFlow does not execute "
-                                          f"'{item.apply.name}' as built")
-            index = list(item.apply.inputs).index(item.tensor)
-            ref = apply.input[index]
-            others = {t.op.name for j, t in enumerate(item.apply.inputs) if j != index}
-            if item.apply.type == "Mul" and ref.partition(":")[0] in others:  # commuted
-                ref = apply.input[1 - index]
-        lowering.lower(ref)
-        schedule = Schedule(item.key, tuple(lowering.ops), item.tensor.name,
-                            user_source(item.tensor.op))
-        problem = schedule_problem(schedule)
-        if problem:
-            raise _refuse(item.tensor.op, f"{item.what} cannot run on the CS: {problem}")
+        schedule = lower_value(extracted, nodes, item, variables)
         known = schedules.setdefault(item.name or item.key, schedule)
         if known.ops != schedule.ops:
             raise _refuse(item.apply, f"the {item.key} of '{item.apply.name}' is computed "
@@ -345,3 +333,29 @@ def lower_schedules(extracted: ExtractedGraph, items: list[Scheduled],
                                       "trains several optimizers at once only with constant "
                                       "hyper-parameters")
     return schedules
+
+
+def lower_value(extracted: ExtractedGraph, nodes: dict, item: Scheduled,
+                variables: set[str]) -> Schedule:
+    """The schedule of one value the graph computes per step, from the `nodes` TensorFlow
+    executes (executed_graph; a node rewritten away: what its reader reads), or
+    ScheduleRefused."""
+    lowering = _Lowering(extracted.graph, nodes, item, global_step(extracted.graph), variables)
+    ref = item.tensor.name.removesuffix(":0")
+    if ref.partition(":")[0] not in nodes:  # rewritten away: what the update reads
+        apply = nodes.get(item.apply.name)
+        if apply is None:
+            raise _refuse(item.apply, f"{item.what}: TensorFlow does not execute "
+                                      f"'{item.apply.name}' as built")
+        index = list(item.apply.inputs).index(item.tensor)
+        ref = apply.input[index]
+        others = {t.op.name for j, t in enumerate(item.apply.inputs) if j != index}
+        if item.apply.type == "Mul" and ref.partition(":")[0] in others:  # commuted
+            ref = apply.input[1 - index]
+    lowering.lower(ref)
+    schedule = Schedule(item.key, tuple(lowering.ops), item.tensor.name,
+                        user_source(item.tensor.op))
+    problem = schedule_problem(schedule)
+    if problem:
+        raise _refuse(item.tensor.op, f"{item.what} cannot run on the CS: {problem}")
+    return schedule

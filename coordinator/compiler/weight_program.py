@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler import quantization
-from coordinator.compiler.extract import user_source
+from coordinator.compiler.extract import data_upstream, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, WeightProgram
 from coordinator.compiler.lowering import (
     REDUCTIONS,
@@ -33,6 +33,8 @@ from coordinator.compiler.lowering import (
     slice_bounds,
 )
 from coordinator.compiler.operands import Operands, Weight, static_shape
+from coordinator.compiler.schedules import global_step
+from coordinator.compiler.step_values import ON_WEIGHTS
 from wafer.kernels import KernelError, build_kernel
 
 PASS_THROUGH = {"Identity", "ReadVariableOp", "Snapshot"}
@@ -108,6 +110,10 @@ class WeightProgramBuilder:
         where = f"{op.type} '{op.name}' at {user_source(op)}"
         if op in self.flow:
             return self._refuse(tensor, f"computes on weights and samples at {where}")
+        step = global_step(self.operands.graph)
+        if step and any(o.name == step for o in data_upstream(op)):
+            return self._refuse(tensor, f"computes on weights with a value of the global step "
+                                        f"({where}): {ON_WEIGHTS}")
         if tensor.dtype.base_dtype != tf.float32:
             return self._refuse(tensor, f"computes on weights in {tensor.dtype.base_dtype.name} "
                                         f"({where}): the CS's weight program computes in float32")

@@ -38,6 +38,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | sample_constant | any value of the micro-batch (no gradient) | value (the batch first: B rows) | — | output value's dtype: the micro-batch's own rows |
 | dropout | x | rate, noise_shape (per sample, 1 where one decision is shared) | — | |
 | random | any value of the micro-batch (its size only; no gradient) | distribution: normal, truncated_normal (abs < 2), uniform ([0, 1)); shape [per sample] | — | any input; output float32, drawn in every mode |
+| schedule | any value of the micro-batch (its size only; no gradient) | program (one scalar program of wafer.schedules of the global step and constants, as JSON) | — | any input; output () float32: the program's value at the step computed (evaluation: the checkpoint's) |
 | broadcast | any value of the micro-batch (its size only; no gradient) | shape [per sample], value [the weight's TF shape: a leading 1 or fewer axes] | value: attr value (its gradient summed over the batch) | any input; output float32 |
 | reshape | x | shape [per-sample target shape] (flatten = reshape to [n]) | — | any, passed through |
 | add | x1, x2, ... same shape | — | — | |
@@ -81,6 +82,7 @@ from wafer.kernels import (  # noqa: F401
                              quantization,
                              random_numbers,
                              resampling,
+                             step_values,
                              structure,
                              tensor_ops,
                              volume,

@@ -63,6 +63,7 @@ class RunContext:
     # (batch_statistics, gradient_statistics) in backward
     batch: tuple[Any, ...] = ()
     offset: int = 0  # the batch's index of the micro-batch's first sample (forward)
+    step: int = 0  # the global step the batch trains from (evaluation: the checkpoint's)
 
     def wants_grad(self, index: int) -> bool:
         return self.input_grads is None or bool(self.input_grads[index])

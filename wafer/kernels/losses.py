@@ -3,30 +3,25 @@ tensor (the compiler proves the user's loss is such a sum); `softmax_cross_entro
 is TF's per-row op, one of the values feeding it."""
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
-from wafer.schedules import ScalarOp, Schedule, evaluate, schedule_problem
+from wafer.schedules import Schedule, attr_programs, evaluate, programs_attr, schedule_problem
 
 DIVISOR = "loss divisor"  # the hyper_parameter of a divisor's Schedule (what errors name)
 
 
 def divisors_attr(programs: Sequence[Schedule]) -> str:
-    """The `divisors` attr of a loss kernel: each divisor's scalar ops (and the TF tensor
-    and source line it computes) as JSON."""
-    return json.dumps([[[[o.op, o.dtype, list(o.inputs), o.value, o.name] for o in p.ops],
-                        p.tf_tensor, p.source] for p in programs])
+    """The `divisors` attr of a loss kernel (wafer.schedules.programs_attr)."""
+    return programs_attr(programs)
 
 
 def divisor_programs(text: str) -> list[Schedule]:
     """The divisors of a `divisors` attr (ValueError, TypeError: not one)."""
-    return [Schedule(DIVISOR, tuple(ScalarOp(op, dtype, tuple(inputs), (), float(value), name)
-                                    for op, dtype, inputs, value, name in ops), str(tensor), str(source))
-            for ops, tensor, source in json.loads(text)]
+    return attr_programs(text, DIVISOR)
 
 
 def sum_name(k: int) -> str:
