@@ -205,9 +205,8 @@ class BatchNormTraining(_BatchNorm):
         if ctx.training:
             batch_variance = variance
             if self.fused:  # FusedBatchNormV3's batch_variance output: Bessel's correction
-                count = x.size // self.channels
                 with np.errstate(divide="ignore"):
-                    batch_variance = variance * (np.float32(count) / np.float32(count - 1))
+                    batch_variance = variance * (count / (count - _ONE))
             for stat, value in (("mean", mean), ("variance", batch_variance)):
                 rule = [np.float32(c) for c in self.rules[stat]]
                 if not rule:
