@@ -1,11 +1,12 @@
 """BatchNormalization in training under Keras' mixed_float16 policy (docs/design.md, "Mixed
 precision"): TF's graph casts the float16 input to float32, computes the moments, the
 normalisation and their gradients in float32 and rounds the result (and the input's
-gradient) to float16 once; the CS's batch_norm_training kernel computes in float32 between
-the same two roundings. Such models' float16 gradients are largely rounding noise (TF's own
-run moves by up to ~10 % in BN slots when its initial weights move by one float32 ULP), so
-they are held to TF mixed's losses and to no more distance from a float32 run than TF mixed
-has, static and dynamic loss scales, and evaluate on the CS as on the CPU."""
+gradient) to float16 once; the CS's batch_norm_training kernel computes the same ops in
+TF's order between the same two roundings (tests/wafer/test_wse_batch_norm_training.py).
+TF's Eigen float16 convolution gradients (the suite's reference) do not accumulate in
+float32 as the CS's do, and the gradient of a convolution before a BatchNormalization
+cancels, so these models are held to TF mixed's losses and to no more distance from a
+float32 run than TF mixed has; static and dynamic loss scales; evaluated on the CS."""
 from __future__ import annotations
 
 import cs_inprocess
