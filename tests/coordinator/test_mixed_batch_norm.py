@@ -16,6 +16,7 @@ import tensorflow as tf
 import tf_reference
 
 from common.errors import CSRunError
+from cs_api.attrs import from_attr
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 L = tf.keras.layers
@@ -33,7 +34,7 @@ def input_fn(params):
 
 def model_fn(features, labels, mode, params):
     """Conv-BN-ReLU twice (params["block"] "mobilenet": a depthwise conv, float32 unless
-    params["depthwise_dtype"], and a 1x1 conv between them, MobileNet's), global pooling, a float32 Dense; Momentum with a static
+    params["depthwise_dtype"] (None: the policy's), and a 1x1 conv between them, MobileNet's), global pooling, a float32 Dense; Momentum with a static
     or dynamic loss scale."""
     training = mode == ModeKeys.TRAIN
     tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16"))
@@ -42,6 +43,7 @@ def model_fn(features, labels, mode, params):
             features), training=training))
         if params.get("block") == "mobilenet":
             h = L.DepthwiseConv2D(3, padding="same", use_bias=False,
+                                  depth_multiplier=params.get("depth_multiplier", 1),
                                   dtype=params.get("depthwise_dtype", "float32"))(h)
             h = L.ReLU(6.0)(L.BatchNormalization()(h, training=training))
             h = L.Conv2D(32, 1, use_bias=False)(h)
@@ -101,7 +103,7 @@ def test_conv_batch_norm_trains_as_tensorflow_mixed_and_evaluates_on_the_cs(tmp_
 
 @pytest.mark.slow
 def test_mobilenet_block_with_batch_norm_trains_as_tensorflow_mixed(tmp_path):
-    """A MobileNet block (float32 depthwise: float16 depthwise is refused) with three batch
+    """A MobileNet block (its depthwise conv given dtype='float32') with three batch
     normalizations over 16 x 8 x 8 values, whose float16 gradients are mostly rounding noise
     (docs/design.md, "Mixed precision"): losses and distance from float32 as TF mixed's;
     evaluated on the CS as on the CPU."""
@@ -112,11 +114,21 @@ def test_mobilenet_block_with_batch_norm_trains_as_tensorflow_mixed(tmp_path):
                                                 rtol=RTOL)
 
 
-def test_float16_depthwise_is_refused_in_one_line(tmp_path):
-    """The block as mixed_float16 builds it (a float16 depthwise conv): refused in one line
-    naming the op and this file's line, saying to give the layer dtype='float32' (TF's Eigen
-    kernel rounds every tap to float16: docs/design.md)."""
+@pytest.mark.slow
+def test_mobilenet_block_with_float16_depthwise_trains_as_tensorflow_mixed(tmp_path):
+    """The block as mixed_float16 builds it (the depthwise conv in float16, TF's Eigen
+    kernel's roundings: tests/wafer/test_half_parity.py)."""
     p = params(block="mobilenet", depthwise_dtype=None)
+    run = cs_inprocess.compare(model_fn, input_fn, p, str(tmp_path), steps=4)
+    depthwise = next(k for k in run.compiled.program.kernels if k.type == "depthwise_conv2d")
+    assert from_attr(depthwise.attrs["precision"]) == "float16"
+    assert_trains_as_tensorflow_mixed(run, p, 4)
+
+
+def test_float16_depthwise_with_a_depth_multiplier_is_refused_in_one_line(tmp_path):
+    """depth_multiplier 2 in float16 (not measured against TF's kernel): refused in one line
+    naming the op and this file's line, saying to give the layer dtype='float32'."""
+    p = params(block="mobilenet", depthwise_dtype=None, depth_multiplier=2)
     with pytest.raises(CSRunError) as error:
         cs_inprocess.compile_checked(model_fn, input_fn, p, str(tmp_path))
     assert "DepthwiseConv2dNative" in str(error.value) and "dtype='float32'" in str(error.value)
