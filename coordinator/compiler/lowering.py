@@ -866,7 +866,8 @@ def supported_table() -> str:
                  "tf.compat.v1.losses.softmax_cross_entropy of one-hot labels per token) |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
                  "mixed_float16 policy or casts by hand: float32 weights read through Cast, "
-                 "float16 operands and results, float32 accumulation (docs/design.md); "
+                 "float16 operands and results, float32 accumulation (docs/design.md; "
+                 "a depthwise convolution rounds each multiply-add, as TF's float16 kernel); "
                  "float16 features from input_fn (streamed at 2 B a value); a static "
                  "loss scale (loss * S, MixedPrecisionLossScaleOptimizer with a number) or "
                  "TF's dynamic one ('dynamic', DynamicLossScale: a non-finite step skipped, the "

@@ -277,8 +277,20 @@ def _float32_only(handler: GenericRule) -> GenericRule:
     return lower
 
 
-for op_types, rule in (("Conv2DBackpropInput", _conv_transpose), ("DepthwiseConv2dNative", _depthwise),
-                       ("SpaceToBatchND", _space_to_batch), ("Tile", _tile),
+def _depthwise_in_half(m: Context, op: tf.Operation) -> str:
+    """DepthwiseConv2dNative, float16 too: as TF's Eigen float16 kernels compute it
+    (wafer.kernels.depthwise) for depth_multiplier 1 without dilation, SAME or VALID."""
+    if op.outputs[0].dtype.base_dtype == tf.float16 and (
+            int(static_shape(op.inputs[1])[3]) != 1 or list(op.get_attr("dilations")) != [1] * 4
+            or op.get_attr("padding") not in (b"SAME", b"VALID")):
+        return ("DepthwiseConv2dNative in float16 (mixed precision) is carried out for "
+                "depth_multiplier 1 without dilation, SAME or VALID padding: give this layer "
+                "dtype='float32'")
+    return _depthwise(m, op)
+
+
+generic("DepthwiseConv2dNative")(_depthwise_in_half)
+for op_types, rule in (("Conv2DBackpropInput", _conv_transpose), ("SpaceToBatchND", _space_to_batch), ("Tile", _tile),
                        (("ResizeBilinear", "ResizeNearestNeighbor"), _resize),
                        (("Conv3D", "MaxPool3D", "AvgPool3D"), _volume)):
     generic(*([op_types] if isinstance(op_types, str) else op_types))(_float32_only(rule))

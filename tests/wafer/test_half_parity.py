@@ -124,3 +124,35 @@ def test_float16_dense_with_a_fused_activation_takes_tensorflows_gradient(activa
     grads_in, grads = kernel.backward(half, cache, dy.astype(np.float32), ctx)
     assert np.mean(round_half(grads["bias"]) == np.asarray(round_half(db))) == 1.0
     assert np.mean(round_half(grads_in[0]) == dx) > 0.99
+
+
+@pytest.mark.parametrize("size,channels,stride,padding", [(8, 16, 1, "SAME"), (9, 12, 2, "SAME"),
+                                                          (7, 24, 1, "VALID")])
+def test_float16_depthwise_conv_is_tensorflows_bit_for_bit(size, channels, stride, padding):
+    """DepthwiseConv2dNative in float16 and its two gradient ops (Eigen's kernels, one thread,
+    as the reference runs them; each multiply-add rounded to float16): the CS's output, input
+    gradient and filter gradient, the batch in two micro-batches, are TF's."""
+    rng = np.random.default_rng(size)
+    x = rng.normal(size=(4, size, size, channels)).astype(np.float16)
+    w = (rng.normal(size=(3, 3, channels, 1)) * 0.5).astype(np.float16)
+    graph = tf.Graph()
+    with graph.as_default():
+        xs, ws = tf.constant(x), tf.constant(w)
+        y = tf.nn.depthwise_conv2d(xs, ws, [1, stride, stride, 1], padding)
+        dy = tf.constant((rng.normal(size=y.shape) * 0.1).astype(np.float16))
+        grads = tf.gradients(y, [xs, ws], grad_ys=dy)
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                          inter_op_parallelism_threads=1)
+        with tf.compat.v1.Session(config=config) as session:
+            want_y, want_dx, want_dw, g = session.run([y] + grads + [dy])
+    kernel = build_kernel("depthwise_conv2d", "dw", {
+        "kernel_size": [3, 3], "strides": [stride, stride], "padding": padding,
+        "depth_multiplier": 1, "precision": "float16"}, [x.shape[1:]])
+    params = {"kernel": w.astype(np.float32)}
+    accumulated = {"kernel": np.full(w.shape, np.nan, np.float32)}
+    for half, first in ((slice(0, 2), True), (slice(2, 4), False)):
+        ctx = RunContext(training=True, batch_size=4, accumulate=not first)
+        out, cache = kernel.forward(params, [x[half].astype(np.float32)], ctx)
+        dx = kernel.backward(params, cache, g[half].astype(np.float32), ctx, accumulated)[0][0]
+        assert np.array_equal(out, want_y[half]) and np.array_equal(dx, want_dx[half])
+    assert np.array_equal(accumulated["kernel"], want_dw)

@@ -13,6 +13,7 @@ import tensorflow as tf
 from cs_api import pb
 from tests.wafer.test_wse_kernels_elementwise import close, program, randn
 from wafer.kernels import KernelError, RunContext, build_kernel
+from wafer.kernels.normalization import column_sum
 from wafer.optimizers import make_optimizer
 from wse_sim.pipeline import Pipeline
 from wse_sim.program import check_program
@@ -152,3 +153,58 @@ def test_fused_batch_norm_training_and_its_bessel_corrected_moving_variance_matc
     close(np.concatenate(dx), gx.numpy(), rtol=2e-4)
     close(grads["scale"], gg.numpy(), rtol=2e-4)
     close(grads["offset"], gb.numpy(), rtol=2e-5)
+
+
+@pytest.mark.parametrize("rows,channels", [(1024, 16), (1030, 20), (15, 16), (64, 9), (4096, 3)])
+def test_column_sums_are_tensorflows_bit_for_bit(rows, channels):
+    """column_sum adds as TF's CPU Sum and Mean over every axis but the last (Eigen: 4
+    accumulators in 8-wide packets from 16 rows, the rest in turn): bit-equal, where numpy's
+    order differs in most columns."""
+    x = np.random.default_rng(rows).normal(2.0, 0.3, size=(rows, 2, 2, channels)).astype(np.float32)
+    flat = x.reshape(-1, channels)
+    assert np.array_equal(column_sum(flat), tf.reduce_sum(x, [0, 1, 2]).numpy())
+    assert np.array_equal(column_sum(flat) / np.float32(len(flat)),
+                          tf.reduce_mean(x, [0, 1, 2]).numpy())
+
+
+def test_mixed_float16_batch_norm_rounds_as_tensorflows_graph():
+    """Keras' BatchNormalization under mixed_float16 (float32 ops between a float16 input and
+    output, TF's graph on one thread): the kernel's output rounded to float16 is TF's but
+    where Eigen's approximate Rsqrt moves a value across a rounding boundary (one float16
+    ULP); the input's gradient rounded to float16 and offset's gradient are TF's bit for
+    bit (TF's gradient graph in its order), scale's within Rsqrt's ULPs."""
+    rng = np.random.default_rng(0)
+    shape = (16, 8, 8, 16)
+    x = (rng.normal(size=shape) * 0.3 + rng.normal(size=16) * 2).astype(np.float16)
+    g = (rng.normal(size=shape) * 0.01).astype(np.float16)
+    graph = tf.Graph()
+    with graph.as_default():
+        xs, gs = tf.compat.v1.placeholder(tf.float16, shape), tf.compat.v1.placeholder(tf.float16, shape)
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            layer = tf.keras.layers.BatchNormalization(epsilon=EPS)
+            y = layer(xs, training=True)
+        finally:
+            tf.keras.mixed_precision.set_global_policy("float32")
+        grads = tf.gradients(y, [xs, layer.gamma.value, layer.beta.value], grad_ys=gs)
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                          inter_op_parallelism_threads=1)
+        with tf.compat.v1.Session(config=config) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            want_y, want_dx, want_gamma, want_beta = session.run([y] + grads, {xs: x, gs: g})
+    kernel = build_kernel("batch_norm_training", "bn", {"epsilon": EPS}, [shape[1:]])
+    params = {"scale": np.ones(16, np.float32), "offset": np.zeros(16, np.float32)}
+    ctx = RunContext(training=True, batch_size=16)
+    x32, g32 = x.astype(np.float32), g.astype(np.float32)
+    ctx.batch = (kernel.batch_statistics(params, [x32], ctx),)
+    out, cache = kernel.forward(params, [x32], ctx)
+    ctx.batch += (kernel.gradient_statistics(params, [cache], [g32], ctx),)
+    weight_grads = {role: np.zeros(16, np.float32) for role in params}
+    dx = kernel.backward(params, cache, g32, ctx, weight_grads)[0][0]
+    out16 = out.astype(np.float16)
+    ulp = np.spacing(np.abs(want_y))
+    assert np.mean(out16 == want_y) > 0.999 and np.all(np.abs(out16 - want_y) <= ulp)
+    assert np.array_equal(dx.astype(np.float16), want_dx)
+    assert np.array_equal(weight_grads["offset"], want_beta)
+    scale_ulps = np.abs(weight_grads["scale"] - want_gamma) / np.spacing(np.abs(want_gamma))
+    assert scale_ulps.max() <= 2  # sum(x g) - sum(g) mean is TF's; times r (Rsqrt's ULP)

@@ -1,7 +1,13 @@
 """depthwise_conv2d: TF's DepthwiseConv2dNative (Keras DepthwiseConv2D, the first half of
 SeparableConv2D, and through a unit height their 1-D forms): every input channel c is
 convolved with its own depth_multiplier filters, output channel c * multiplier + q, with
-strides, dilations and SAME, VALID or explicit padding."""
+strides, dilations and SAME, VALID or explicit padding.
+
+In float16 (attr precision, depth_multiplier 1) it computes as TF's Eigen float16 kernels do
+(bit-equal, docs/design.md "Mixed precision"), each multiply-add rounded to float16: the
+output and the input's gradient add the taps in row-major order; the filter's gradient adds
+each sample's output positions in row-major order into that sample's own sum, and the
+samples' sums one after another (over the whole batch, micro-batches in order)."""
 from __future__ import annotations
 
 import math
@@ -11,6 +17,7 @@ import numpy as np
 
 from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register
 from wafer.kernels.conv import Windows, pair
+from wafer.precision import is_half, round_half
 
 
 @register
@@ -31,6 +38,11 @@ class DepthwiseConv2D(Kernel):
                                pair(name, self.attrs, "strides"), self.attrs.get("padding"),
                                pair(name, {"dilations": [1, 1], **self.attrs}, "dilations"))
         self.channels = self.input_shapes[0][2]
+        self.half = is_half(self.attrs)
+        if self.half and (self.multiplier != 1 or tuple(self.windows.dilations) != (1, 1)):
+            raise KernelError(f"kernel {name!r}: depthwise_conv2d in float16 takes "
+                              f"depth_multiplier 1 and no dilation, got {self.multiplier} and "
+                              f"{self.windows.dilations}")
 
     @property
     def output_shape(self):
@@ -51,6 +63,11 @@ class DepthwiseConv2D(Kernel):
     def forward(self, params, inputs, ctx: RunContext):
         x, f = inputs[0], params["kernel"]
         padded = self.windows.pad(x, 0.0)
+        if self.half:
+            y = np.zeros((len(x), *self.output_shape), np.float32)
+            for i, j, taps in self.windows.offsets(padded):
+                y = round_half(y + taps * f[i, j, :, 0])
+            return y, padded
         y = np.zeros((len(x), self.windows.oh, self.windows.ow, self.channels, self.multiplier),
                      np.float32)
         for i, j, taps in self.windows.offsets(padded):
@@ -58,6 +75,8 @@ class DepthwiseConv2D(Kernel):
         return y.reshape(len(x), *self.output_shape), padded
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        if self.half:
+            return self._half_backward(params, cache, grad_output, ctx, param_grads)
         padded, f = cache, params["kernel"]
         m = len(padded)
         dy = grad_output.reshape(m, self.windows.oh, self.windows.ow, self.channels, self.multiplier)
@@ -71,4 +90,31 @@ class DepthwiseConv2D(Kernel):
             dx = self.windows.scatter(m, self.channels, (
                 (i, j, np.einsum("nhwcq,cq->nhwc", dy, f[i, j]))
                 for i in range(self.ksize[0]) for j in range(self.ksize[1])))
+        return [dx], grads
+
+    def _half_backward(self, params, padded, dy, ctx: RunContext, param_grads):
+        """TF's float16 DepthwiseConv2dNativeBackpropFilter and BackpropInput (Eigen)."""
+        f, (kh, kw), (sh, sw) = params["kernel"], self.ksize, self.windows.strides
+        sums = np.zeros((len(padded), kh, kw, self.channels), np.float32)
+        for r in range(self.windows.oh):
+            for c in range(self.windows.ow):
+                patch = padded[:, r * sh:r * sh + kh, c * sw:c * sw + kw]
+                sums = round_half(sums + patch * dy[:, r, c, None, None, :])
+        start = param_grads is not None and ctx.accumulate
+        total = param_grads["kernel"][..., 0].copy() if start else np.zeros(sums.shape[1:], np.float32)
+        for one in sums:
+            total = round_half(total + one)
+        grads = {"kernel": total[..., None]}
+        if param_grads is not None:  # the batch's sum so far, continued: written over
+            np.copyto(param_grads["kernel"], grads["kernel"])
+            grads["kernel"] = param_grads["kernel"]
+        dx = None
+        if ctx.wants_grad(0):
+            into = np.zeros(padded.shape, np.float32)
+            for i in range(kh):
+                for j in range(kw):
+                    target = self.windows.at(into, i, j)
+                    target[...] = round_half(target + dy * f[i, j, :, 0])
+            h, w = self.input_shapes[0][:2]
+            dx = into[:, self.windows.top:self.windows.top + h, self.windows.left:self.windows.left + w]
         return [dx], grads

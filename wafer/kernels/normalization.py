@@ -105,6 +105,31 @@ class BatchNormInference(_BatchNorm):
         return [dx], grads
 
 
+def column_sum(x: np.ndarray) -> np.ndarray:
+    """The float32 sums of x's columns (R, C) in TF's CPU order (Eigen's reduction of the first
+    axis: TF's Sum and Mean over every axis but the last; bit-equal, tests/wafer): the columns
+    of whole 8-wide packets, from 16 rows on, into 4 accumulators taking rows j, j + 1, j + 2,
+    j + 3 in turn, combined ((a0 + a1) + a2) + a3, then the rows left over; the other columns
+    one row after another."""
+    rows, cols = x.shape
+    packed = cols // 8 * 8 if rows >= 16 else 0
+    unrolled = rows // 4 * 4 if packed else 0
+    total = np.empty(cols, np.float32)
+    if packed:
+        lanes = [_in_turn(x[a:unrolled:4, :packed]) for a in range(4)]
+        total[:packed] = ((lanes[0] + lanes[1]) + lanes[2]) + lanes[3]
+        total[:packed] = _in_turn(np.concatenate([total[None, :packed], x[unrolled:, :packed]]))
+    total[packed:] = _in_turn(x[:, packed:])
+    return total
+
+
+def _in_turn(x: np.ndarray) -> np.ndarray:
+    """x's rows added one after another (a cumulative sum: never numpy's pairwise order)."""
+    if not x.shape[0]:
+        return np.zeros(x.shape[1], np.float32)
+    return np.cumsum(x, axis=0, dtype=np.float32)[-1]
+
+
 # How a moving statistic follows the batch's (attrs mean_rule, variance_rule): Keras' and the usual
 # hand-written `v.assign(v * a + s * b)`, or tf.compat.v1's assign_moving_average,
 # `v.assign_sub((v - s) * d)`.
@@ -122,10 +147,16 @@ class BatchNormTraining(_BatchNorm):
     and the variance its moving statistic follows is its batch_variance output, Bessel's
     correction of the biased one: variance * (n / (n - 1)), n the batch's values per
     channel (the normalisation itself uses the biased variance).
-    Gradients (of those ops, in closed form; N the batch's values per channel,
-    xhat = (x - mean) rsqrt(variance + epsilon)):
-        dx = inv (g - sum(g) / N - xhat sum(g xhat) / N); scale (sum(g x) - sum(g) mean)
-        rsqrt(...); offset sum(g).
+    Keras' ops are computed as TF's CPU kernels compute them (bit-equal but for Rsqrt, which
+    Eigen computes with the CPU's approximate rsqrt and a Newton step: 1/sqrt here), their
+    gradients in the order of TF's gradient graph: its sums over the batch `column_sum`s,
+        d_inv = sum(x g) + (-sum(g)) mean;  d_variance = -0.5 r^2 (r (d_inv [* scale]))
+        dx = (g inv + 2 (d_variance / N) (x - mean)) + (-sum(g)) inv / N
+        scale d_inv r; offset sum(g)   (N the batch's values per channel, r = rsqrt(..))
+    which a float16 model (mixed_float16: float32 between a float16 input and output, TF's
+    graph too) needs: its gradients amplify float32 ULPs into float16 roundings. Fused, the
+    gradients are the closed form, xhat = (x - mean) r:
+        dx = inv (g - sum(g) / N - xhat sum(g xhat) / N); scale sum(g (x - mean)) r.
     A batch barrier (`batch_barrier`): the executor hands it the whole batch's input before
     any micro-batch's forward (`batch_statistics`) and every micro-batch's output gradient
     before any backward (`gradient_statistics`); each micro-batch then reads them from
@@ -166,17 +197,16 @@ class BatchNormTraining(_BatchNorm):
         """(mean, variance, r = rsqrt(variance + eps), inv = r [* scale]) of the whole
         batch of x; a training batch moves the moving statistics."""
         x = inputs[0]
-        rows = tuple(range(x.ndim - 1))
-        mean = np.mean(x, axis=rows, dtype=np.float32)
-        variance = np.mean(np.square(x - mean), axis=rows, dtype=np.float32)
+        count = np.float32(x.size // self.channels)
+        mean = column_sum(x.reshape(-1, self.channels)) / count
+        variance = column_sum(np.square(x - mean).reshape(-1, self.channels)) / count
         r = _ONE / np.sqrt(variance + self.eps)
         inv = r * params["scale"] if self.scale else r
         if ctx.training:
             batch_variance = variance
             if self.fused:  # FusedBatchNormV3's batch_variance output: Bessel's correction
-                count = x.size // self.channels
                 with np.errstate(divide="ignore"):
-                    batch_variance = variance * (np.float32(count) / np.float32(count - 1))
+                    batch_variance = variance * (count / (count - _ONE))
             for stat, value in (("mean", mean), ("variance", batch_variance)):
                 rule = [np.float32(c) for c in self.rules[stat]]
                 if not rule:
@@ -190,17 +220,28 @@ class BatchNormTraining(_BatchNorm):
 
     def gradient_statistics(self, params, caches: Sequence[Any], grads: Sequence[np.ndarray],
                             ctx: RunContext):
-        """(sum(g) / N, sum(g xhat) / N) over the whole batch: every micro-batch's output
-        gradient `grads` with its forward cache."""
-        mean, _, r, _ = ctx.batch[0]
-        count = sum(math.prod(g.shape[:-1]) for g in grads)
-        g_sum = np.zeros(self.channels, np.float32)
-        gx_sum = np.zeros(self.channels, np.float32)
-        for x, g in zip(caches, grads):
-            rows = tuple(range(g.ndim - 1))
-            g_sum += g.sum(axis=rows, dtype=np.float32)
-            gx_sum += (g * ((x - mean) * r)).sum(axis=rows, dtype=np.float32)
-        return g_sum / np.float32(count), gx_sum / np.float32(count)
+        """From the whole batch (every micro-batch's output gradient `grads` with its forward
+        cache): (a, b), dx = (g inv + a (x - mean)) + b, and the gradients of scale and
+        offset by role (taken by the first micro-batch's backward). RsqrtGrad's d_variance
+        is 0 where its d_r is (TF's mul_no_nan)."""
+        mean, _, r, inv = ctx.batch[0]
+        x = np.concatenate(caches).reshape(-1, self.channels)
+        g = np.concatenate(grads).reshape(-1, self.channels)
+        count = np.float32(x.shape[0])
+        g_sum = column_sum(g)
+        if self.fused:
+            gx_mean = column_sum(g * ((x - mean) * r)) / count
+            return (-(inv * r * gx_mean), -(inv * (g_sum / count)),
+                    self._weight_grads(column_sum(g * (x - mean)) * r, g_sum))
+        d_inv = column_sum(x * g) + (-g_sum) * mean
+        d_r = d_inv * params["scale"] if self.scale else d_inv
+        d_variance = np.where(d_r == 0, np.float32(0), (np.float32(-0.5) * (r * r)) * (r * d_r))
+        return (np.float32(2) * (d_variance / count), ((-g_sum) * inv) / count,
+                self._weight_grads(d_inv * r, g_sum))
+
+    def _weight_grads(self, scale: np.ndarray, offset: np.ndarray) -> dict[str, np.ndarray]:
+        return {role: value for role, value in (("scale", scale), ("offset", offset))
+                if role in self.param_shapes()}
 
     # ---- one micro-batch ----
     def forward(self, params, inputs, ctx: RunContext):
@@ -213,21 +254,16 @@ class BatchNormTraining(_BatchNorm):
         return x * inv + shift, x
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        """dx = (g inv + a (x - mean)) + b (`gradient_statistics`); scale's and offset's
+        gradients are the whole batch's, handed over by the first micro-batch's call."""
         x, g = cache, grad_output
-        mean, _, r, inv = ctx.batch[0]
-        g_mean, gx_mean = ctx.batch[1]
-        rows = tuple(range(g.ndim - 1))
+        mean, _, _, inv = ctx.batch[0]
+        a, b, pending = ctx.batch[1]
         grads: dict[str, np.ndarray] = {}
-        g_sum = g.sum(axis=rows, dtype=np.float32)
-        if self.scale:
-            if self.fused:
-                d_inv = (g * (x - mean)).sum(axis=rows, dtype=np.float32)
-            else:
-                d_inv = (g * x).sum(axis=rows, dtype=np.float32) - g_sum * mean
-            accumulate(param_grads, "scale", d_inv * r, grads, ctx)
-        if self.center:
-            accumulate(param_grads, "offset", g_sum, grads, ctx)
+        for role in self._weight_grads(inv, inv):
+            accumulate(param_grads, role, pending.pop(role, np.zeros(self.channels, np.float32)),
+                       grads, ctx)
         dx = None
         if ctx.wants_grad(0):
-            dx = inv * (g - g_mean - ((x - mean) * r) * gx_mean)
+            dx = (g * inv + a * (x - mean)) + b
         return [dx], grads
