@@ -99,6 +99,9 @@ class Kernel:
         self.name = name
         self.attrs = dict(attrs)
         self.input_shapes = [tuple(int(d) for d in s) for s in input_shapes]
+        # backward passes of a training step through it: one per loss whose backward pass
+        # reaches it when a step minimizes several (a GAN's; wafer.timing.count_backward_passes)
+        self.backward_passes = 1
 
     # ---- shapes and cost model (compiler and timing model) ----
     @property

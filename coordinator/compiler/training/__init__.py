@@ -22,10 +22,11 @@
 The pass (analysis.py) runs them in this order; graph.py holds what they read off the graph.
 """
 from coordinator.compiler.training.analysis import analyze_training
-from coordinator.compiler.training.gradients import TRANSFORMS
+from coordinator.compiler.training.gradients import TRANSFORMS, objective_losses
+from coordinator.compiler.training.graph import _skip_identity as skip_identity
 from coordinator.compiler.training.graph import variable_op
 from coordinator.compiler.training.numbers import HALF_GRADIENT_RTOL, NUMERIC_CHECK_VALUES
 from coordinator.compiler.training.updates import APPLY_OPS, SUPPORTED
 
 __all__ = ["APPLY_OPS", "HALF_GRADIENT_RTOL", "NUMERIC_CHECK_VALUES", "SUPPORTED", "TRANSFORMS",
-           "analyze_training", "variable_op"]
+           "analyze_training", "objective_losses", "skip_identity", "variable_op"]

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Mapping
 
 import numpy as np
+import tensorflow as tf
 
 from common.errors import CSRunError
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
-from coordinator.compiler.ir import StatisticAverage, TrainedVariable, TrainingSpec
+from coordinator.compiler.ir import Objective, StatisticAverage, TrainedVariable, TrainingSpec
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from coordinator.compiler.training import loss_scaling
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
@@ -90,8 +91,14 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                 hints.append(problem.hint)
         if problems:
             raise _Problems(problems, hints[0])
-        zeroed = zero_gradients(extracted.spec.loss, [u.variable for u in updates
-                                                      if u.indices is None], normalized)
+        try:
+            objectives = _objectives(extracted, chains, dynamic is not None or half)
+        except _Refused as problem:
+            raise _Problems([str(problem)], problem.hint) from None
+        zeroed = tuple(v for loss, names in _losses(extracted, chains)
+                       for v in zero_gradients(loss, [u.variable for u in updates if u.indices
+                                                      is None and u.variable in names],
+                                               normalized))
         try:
             _group_order(chains)
             if half:
@@ -127,7 +134,46 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                         schedules=schedules, moving_averages=moving, weight_writes=writes,
                         statistic_averages=tuple(statistic_averages),
                         dynamic_loss_scale=scaling,
-                        step_counts_applied=dynamic is not None and dynamic.step_counts_applied)
+                        step_counts_applied=dynamic is not None and dynamic.step_counts_applied,
+                        objectives=objectives)
+
+
+def _losses(extracted: ExtractedGraph, chains: list) -> list[tuple[tf.Tensor, set[str]]]:
+    """Each loss the updates minimize (model_fn's, or each objective) and their variables,
+    in the order of their first update."""
+    found: dict[str, tuple[tf.Tensor, set[str]]] = {}
+    for c in chains:
+        loss = c.call.objective if c.call.objective is not None else extracted.spec.loss
+        found.setdefault(loss.name, (loss, set()))[1].add(c.update.variable)
+    return list(found.values())
+
+
+def _unscaled(chain) -> bool:
+    """An objective's gradients of S x its loss unscaled by 1 / S (a loss scale optimizer's
+    static scale S)."""
+    y = chain.call.objective
+    if y is None or y.op.type != "Mul" or not chain.steps or chain.steps[0].kind != "scale":
+        return False
+    return any(s is not None and s != 1.0 and np.isclose(s * chain.steps[0].value, 1.0)
+               for s in map(_scalar, y.op.inputs))
+
+
+def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool) -> tuple[Objective, ...]:
+    """The objectives when the updates minimize several losses (a GAN's); what the CS does
+    not carry out with them (loss scaling: one scale seeds one backward pass; `scaling`:
+    a float16 model's, or dynamic), refused."""
+    losses = _losses(extracted, chains)
+    if len(losses) < 2:
+        return ()
+    scaled = next((c for c in chains if c.call.scale != 1.0 or _unscaled(c)), None)
+    if scaling or scaled is not None:
+        raise _fail(chains[0].update.op if scaled is None else scaled.update.op,
+                    "loss scaling (or a float16 model) with several losses minimized in one "
+                    "step: the CS scales one loss's backward pass; train them in float32 "
+                    "without loss scaling")
+    order = [c.update.variable for c in chains]
+    return tuple(Objective(loss.name, tuple(v for v in order if v in names),
+                           user_source(loss.op)) for loss, names in losses)
 
 
 def optimizer_groups(updates: list[_Update]) -> tuple[OptimizerGroup, ...]:

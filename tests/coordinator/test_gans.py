@@ -1,0 +1,242 @@
+"""GANs: two optimizers minimizing two losses in one step (`tf.group(d_opt.minimize(d_loss,
+var_list=d_vars), g_opt.minimize(g_loss, var_list=g_vars, global_step=step))`, also with the
+generator's under tf.control_dependencies([d_train])). TF's step is an update of each group
+from its own loss's gradient at the weights before the step; the CS runs a backward pass of
+each loss from the step's forward activations, then the updates: TF's numbers, slots and
+step counters, over micro-batches, replicas and stage threads; a checkpoint resumes; the
+trained model evaluates on the CS. What the CS does not carry out with several losses is
+refused in one line."""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_reference
+from cs_inprocess import (
+    Comparison,
+    assert_resume_is_unbroken,
+    assert_same_training,
+    at_micro_batch,
+    cached_comparisons,
+    evaluation_mismatch,
+    run_on_cs,
+)
+
+from common.errors import CSRunError
+from coordinator.compiler import compile_model
+from tf_model.estimator_spec import CSEstimatorSpec
+from tf_model.model_fn import named_inputs
+from wafer import timing
+from wafer.fabric import get_fabric
+from wse_sim.pipeline import Pipeline
+from wse_sim.program import check_program, check_state
+
+v1 = tf.compat.v1
+
+
+def input_fn(params):
+    """Points on a noisy ring (the real data) and the generator's noise, both as features."""
+    rng = np.random.default_rng(5)
+    angle = rng.uniform(0, 2 * np.pi, 64)
+    ring = 2 * np.stack([np.cos(angle), np.sin(angle)], 1) + rng.normal(scale=0.1, size=(64, 2))
+    features = {"real": ring.astype(np.float32),
+                "noise": rng.normal(size=(64, 4)).astype(np.float32)}
+    return tf.data.Dataset.from_tensor_slices((features, np.zeros(64, np.int32))).repeat().batch(
+        16, drop_remainder=True)
+
+
+def _networks(features):
+    """The generator's samples and the discriminator's logits of the real and fake points,
+    and each network's variables."""
+    g_hidden = tf.keras.layers.Dense(16, activation="relu", name="g_hidden")
+    g_out = tf.keras.layers.Dense(2, name="g_out")
+    d_hidden = tf.keras.layers.Dense(16, activation=tf.nn.leaky_relu, name="d_hidden")
+    d_logit = tf.keras.layers.Dense(1, name="d_logit")
+    fake = g_out(g_hidden(features["noise"]))
+    d_real, d_fake = d_logit(d_hidden(features["real"])), d_logit(d_hidden(fake))
+    d_vars = [v for v in v1.trainable_variables() if v.name.startswith("d_")]
+    g_vars = [v for v in v1.trainable_variables() if v.name.startswith("g_")]
+    return d_real, d_fake, d_vars, g_vars
+
+
+def gan_model_fn(features, labels, mode, params):
+    """A GAN as the TF 1 tutorials write it: sigmoid cross-entropies, two
+    AdamOptimizer(2e-4, 0.5); model_fn returns the sum of both losses."""
+    d_real, d_fake, d_vars, g_vars = _networks(features)
+    d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
+              + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
+    g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
+    if params.get("penalty"):
+        g_loss += 1e-3 * tf.add_n([tf.nn.l2_loss(v) for v in g_vars])  # penalty line
+    if mode != "train":
+        return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss)
+    d_opt, g_opt = v1.train.AdamOptimizer(2e-4, 0.5), v1.train.AdamOptimizer(2e-4, 0.5)
+    if params.get("scaled"):
+        d_opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(d_opt, 64.0)
+        g_opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(g_opt, 64.0)
+    d_train = d_opt.minimize(d_loss, var_list=d_vars)  # d's minimize
+    with tf.control_dependencies([d_train] if params.get("ordered") else []):
+        g_train = g_opt.minimize(g_loss, var_list=g_vars,  # g's minimize
+                                 global_step=v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss, train_op=tf.group(d_train, g_train))
+
+
+def wgan_model_fn(features, labels, mode, params):
+    """A WGAN: the critic by RMSProp(5e-5) on E[D(fake)] - E[D(real)], the generator by
+    another on -E[D(fake)] (equal hyper-parameters: one optimizer of two losses); model_fn
+    returns the critic's loss. `clip`: the critic's weights clipped after its update."""
+    d_real, d_fake, d_vars, g_vars = _networks(features)
+    d_loss = tf.reduce_mean(d_fake) - tf.reduce_mean(d_real)
+    if mode != "train":
+        return CSEstimatorSpec(mode=mode, loss=d_loss)
+    g_loss = -tf.reduce_mean(d_fake)
+    d_train = v1.train.RMSPropOptimizer(5e-5).minimize(d_loss, var_list=d_vars)
+    g_train = v1.train.RMSPropOptimizer(5e-5).minimize(
+        g_loss, var_list=g_vars, global_step=v1.train.get_or_create_global_step())
+    train_op = tf.group(d_train, g_train)
+    if params.get("clip"):
+        with tf.control_dependencies([d_train]):
+            clips = [v.assign(tf.clip_by_value(v, -0.01, 0.01)) for v in d_vars]  # clip line
+        train_op = tf.group(train_op, *clips)
+    return CSEstimatorSpec(mode=mode, loss=d_loss, train_op=train_op)
+
+
+def regenerated_model_fn(features, labels, mode, params):
+    """The generator's loss computed anew under the discriminator's update (a forward pass
+    that reads the updated discriminator): not the step's forward activations."""
+    d_real, d_fake, d_vars, g_vars = _networks(features)
+    d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
+              + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
+    d_train = v1.train.AdamOptimizer(2e-4, 0.5).minimize(d_loss, var_list=d_vars)
+    with tf.control_dependencies([d_train]):
+        again = tf.keras.layers.Dense(1, name="d_again")(features["real"])  # regenerated line
+        g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake + again)
+    g_train = v1.train.AdamOptimizer(2e-4, 0.5).minimize(
+        g_loss, var_list=g_vars, global_step=v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss, train_op=tf.group(d_train, g_train))
+
+
+CASES = {"gan": (gan_model_fn, input_fn, {}),
+         "gan_ordered": (gan_model_fn, input_fn, {"ordered": True}),
+         "gan_two_replicas": (gan_model_fn, input_fn, {"runconfig": {
+             "tf_random_seed": 1, "num_replicas": 2}}),
+         "wgan": (wgan_model_fn, input_fn, {})}
+D_VARS = ["d_hidden/kernel", "d_hidden/bias", "d_logit/kernel", "d_logit/bias"]
+G_VARS = ["g_hidden/kernel", "g_hidden/bias", "g_out/kernel", "g_out/bias"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return cached_comparisons(CASES, {}, tmp_path_factory)
+
+
+@pytest.mark.parametrize("case, slots", [
+    ("gan", {"d_hidden/kernel/Adam", "g_out/bias/Adam_1", "beta1_power", "beta2_power_1"}),
+    ("gan_ordered", {"d_logit/kernel/Adam_1", "g_hidden/kernel/Adam", "beta1_power_1"}),
+    ("gan_two_replicas", {"d_hidden/bias/Adam", "g_hidden/bias/Adam_1", "beta2_power"}),
+    ("wgan", {"d_hidden/kernel/RMSProp", "g_out/kernel/RMSProp_1"}),
+])
+def test_each_network_trains_on_its_own_loss_as_tensorflow(trained, case, slots):
+    """4 steps on the CS and TF from the same weights: losses (model_fn's), weights, every
+    slot and beta power within 1e-5; the global step counts 1 a step; the program and the
+    compile report name each loss with its variables."""
+    run = trained(case)
+    assert_same_training(run, rtol=1e-5)
+    assert slots <= set(run.cs.state)
+    assert run.cs.global_steps == [1, 2, 3, 4]
+    objectives = [(o.loss_kernel, list(o.variables)) for o in run.compiled.program.objectives]
+    assert [variables for _, variables in objectives] == [D_VARS, G_VARS]
+    assert run.compiled.program.loss_kernel not in [kernel for kernel, _ in objectives] \
+        or case == "wgan"  # (the WGAN returns its critic's loss)
+    assert "Objectives (several losses minimized in one step: a backward pass of each from " \
+           "the step's forward activations, then the updates): " in run.compiled.report_text
+    assert f"test_gans.py:{_line('d_loss = (') if case != 'wgan' else _line('d_loss = tf.')}" \
+           f" (kernel {objectives[0][0]}) for {', '.join(D_VARS)}" in run.compiled.report_text
+    with open(os.path.join(run.compiled.directory, "compile_report.json")) as report_json:
+        listed = json.load(report_json)["objectives"]
+    assert [o["variables"] for o in listed] == [D_VARS, G_VARS]
+
+
+def test_micro_batches_accumulate_each_loss_s_gradients(trained):
+    """The batch of 16 streamed as 4 micro-batches of 4: each loss's gradients accumulated
+    over them, TF's numbers still."""
+    run = trained("gan")
+    data = tf_reference.batches(input_fn, {}, 4)
+    cs = run_on_cs(at_micro_batch(run.compiled.program, 4), run.compiled.initial_weights, data)
+    assert_same_training(Comparison(run.compiled, cs, run.reference), rtol=1e-5)
+
+
+def test_stage_threads_give_the_same_bits(trained):
+    """The GAN's regions in 2 stage threads: losses and state bit for bit one thread's."""
+    compiled = trained("gan").compiled
+    batches = [named_inputs(x, y) for x, y in tf_reference.batches(input_fn, {}, 3)]
+    results = []
+    for threads in (1, 2):
+        checked = check_program(compiled.program)
+        pipeline = Pipeline.load(checked, check_state(checked, compiled.initial_weights),
+                                 threads=threads, min_stage_flops=0)
+        try:
+            assert pipeline.stages == threads
+            losses = [pipeline.run(b, training=True, step=s).loss for s, b in enumerate(batches)]
+            results.append((losses, {k: np.array(v) for k, v in pipeline.state().items()}))
+        finally:
+            pipeline.close()
+    assert results[0][0] == results[1][0]
+    for name, value in results[0][1].items():
+        np.testing.assert_array_equal(results[1][1][name], value, err_msg=name)
+
+
+def test_the_timing_model_charges_each_loss_s_backward_pass(trained):
+    """A kernel both losses' backward passes reach (the generator's, the discriminator's
+    on the fake points) costs 1 + 2 x 2 forward passes; one only the discriminator's loss
+    reaches (its real points) 3; the compile's estimate is the simulator's."""
+    compiled = trained("gan").compiled
+    checked = check_program(compiled.program)
+    passes = {k.name: k.backward_passes for k in checked.kernels}
+    generator = next(k for k in checked.kernels if k.name.startswith("g_hidden"))
+    real = next(k for k in checked.kernels if k.name.startswith("d_hidden")
+                and "features.real" in checked.sources[checked.kernels.index(k)])
+    assert (passes[generator.name], passes[real.name]) == (2, 1)
+    assert timing.flops_per_sample(generator, True) == 5 * generator.flops_per_sample()
+    simulated = timing.program_timing(compiled.program, checked.kernels, get_fabric("cs1"),
+                                      training=True)
+    assert compiled.program.estimate.samples_per_sec == pytest.approx(simulated.samples_per_sec)
+
+
+def test_the_trained_gan_evaluates_on_the_cs_as_on_the_cpu(trained, tmp_path):
+    assert evaluation_mismatch(gan_model_fn, input_fn, {}, str(tmp_path), trained("gan")) == ""
+
+
+def test_a_run_resumed_from_a_checkpoint_continues_both_networks(tmp_path):
+    """4 steps, a checkpoint (both Adams' slots and beta powers) read back as the chief
+    resumes: the next 4 steps are an unbroken run's, and TF's from that state."""
+    assert_resume_is_unbroken(gan_model_fn, input_fn, {}, str(tmp_path),
+                              {"d_hidden/kernel/Adam", "g_out/kernel/Adam_1", "beta1_power",
+                               "beta2_power_1"})
+
+
+def _line(fragment: str) -> int:
+    lines = inspect.getsource(inspect.getmodule(_line)).splitlines()
+    return next(i for i, s in enumerate(lines) if fragment in s) + 1
+
+
+@pytest.mark.parametrize("model_fn, params, start, line", [
+    (wgan_model_fn, {"clip": True}, "the train_op writes d_hidden/kernel with a value that is "
+     "not a per-weight affine expression of it", "clip line"),
+    (gan_model_fn, {"scaled": True}, "loss scaling (or a float16 model) with several losses "
+     "minimized in one step", "d's minimize"),
+    (gan_model_fn, {"penalty": True}, "a weight penalty in a loss of several", "penalty line"),
+    (regenerated_model_fn, {}, "computes a loss of several minimized in one step after the "
+     "train_op's update", "regenerated line"),
+], ids=["weight_clipping", "loss_scaling", "penalty", "regenerated_forward"])
+def test_what_the_cs_does_not_carry_out_with_two_losses_is_refused_in_one_line(
+        model_fn, params, start, line, tmp_path):
+    with pytest.raises(CSRunError) as info:
+        compile_model(model_fn, input_fn, params, str(tmp_path), validate_only=True)
+    message = info.value.message
+    assert start in message and "\n" not in message
+    assert f"test_gans.py:{_line(f'# {line}')}" in message
