@@ -504,7 +504,8 @@ class Pipeline:
         stage's gradients transformed (stage 0, once all are complete), its regions' updates."""
         stage = plan[index]
         ctx = RunContext(training=training, batch_size=self.batch_size, run_tiles=board.share,
-                         step=self._step)
+                         step=self._step, replay=self._objective is not None
+                         and self._objective is not self.objectives[0])
         caches: dict[tuple[int, int], object] = {}
         m_count = self.batch_size // self.micro
         for forward, region, i in stage.tasks:

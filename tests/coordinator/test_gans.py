@@ -25,6 +25,7 @@ from cs_inprocess import (
     evaluation_mismatch,
     run_on_cs,
 )
+from random_models import moments_batch_norm
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
@@ -49,24 +50,27 @@ def input_fn(params):
         16, drop_remainder=True)
 
 
-def _networks(features):
+def _networks(features, params, training):
     """The generator's samples and the discriminator's logits of the real and fake points,
     and each network's variables."""
-    g_hidden = tf.keras.layers.Dense(16, activation="relu", name="g_hidden")
+    g_hidden = tf.keras.layers.Dense(8, activation="relu", name="g_hidden")
     g_out = tf.keras.layers.Dense(2, name="g_out")
     d_hidden = tf.keras.layers.Dense(16, activation=tf.nn.leaky_relu, name="d_hidden")
     d_logit = tf.keras.layers.Dense(1, name="d_logit")
-    fake = g_out(g_hidden(features["noise"]))
+    hidden = g_hidden(features["noise"])
+    if params.get("batch_norm"):  # a DCGAN's generator: its moving statistics move once a step
+        hidden = moments_batch_norm(hidden, 0, training)
+    fake = g_out(hidden)
     d_real, d_fake = d_logit(d_hidden(features["real"])), d_logit(d_hidden(fake))
     d_vars = [v for v in v1.trainable_variables() if v.name.startswith("d_")]
-    g_vars = [v for v in v1.trainable_variables() if v.name.startswith("g_")]
+    g_vars = [v for v in v1.trainable_variables() if v.name.startswith(("g_", "bn0/"))]
     return d_real, d_fake, d_vars, g_vars
 
 
 def gan_model_fn(features, labels, mode, params):
     """A GAN as the TF 1 tutorials write it: sigmoid cross-entropies, two
     AdamOptimizer(2e-4, 0.5); model_fn returns the sum of both losses."""
-    d_real, d_fake, d_vars, g_vars = _networks(features)
+    d_real, d_fake, d_vars, g_vars = _networks(features, params, mode == "train")
     d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
               + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
     g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
@@ -78,7 +82,8 @@ def gan_model_fn(features, labels, mode, params):
     if params.get("scaled"):
         d_opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(d_opt, 64.0)
         g_opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(g_opt, 64.0)
-    d_train = d_opt.minimize(d_loss, var_list=d_vars)  # d's minimize
+    with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+        d_train = d_opt.minimize(d_loss, var_list=d_vars)  # d's minimize
     with tf.control_dependencies([d_train] if params.get("ordered") else []):
         g_train = g_opt.minimize(g_loss, var_list=g_vars,  # g's minimize
                                  global_step=v1.train.get_or_create_global_step())
@@ -89,7 +94,7 @@ def wgan_model_fn(features, labels, mode, params):
     """A WGAN: the critic by RMSProp(5e-5) on E[D(fake)] - E[D(real)], the generator by
     another on -E[D(fake)] (equal hyper-parameters: one optimizer of two losses); model_fn
     returns the critic's loss. `clip`: the critic's weights clipped after its update."""
-    d_real, d_fake, d_vars, g_vars = _networks(features)
+    d_real, d_fake, d_vars, g_vars = _networks(features, params, mode == "train")
     d_loss = tf.reduce_mean(d_fake) - tf.reduce_mean(d_real)
     if mode != "train":
         return CSEstimatorSpec(mode=mode, loss=d_loss)
@@ -108,7 +113,7 @@ def wgan_model_fn(features, labels, mode, params):
 def regenerated_model_fn(features, labels, mode, params):
     """The generator's loss computed anew under the discriminator's update (a forward pass
     that reads the updated discriminator): not the step's forward activations."""
-    d_real, d_fake, d_vars, g_vars = _networks(features)
+    d_real, d_fake, d_vars, g_vars = _networks(features, params, mode == "train")
     d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
               + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
     d_train = v1.train.AdamOptimizer(2e-4, 0.5).minimize(d_loss, var_list=d_vars)
@@ -124,7 +129,8 @@ CASES = {"gan": (gan_model_fn, input_fn, {}),
          "gan_ordered": (gan_model_fn, input_fn, {"ordered": True}),
          "gan_two_replicas": (gan_model_fn, input_fn, {"runconfig": {
              "tf_random_seed": 1, "num_replicas": 2}}),
-         "wgan": (wgan_model_fn, input_fn, {})}
+         "wgan": (wgan_model_fn, input_fn, {}),
+         "gan_batch_norm": (gan_model_fn, input_fn, {"batch_norm": True})}
 D_VARS = ["d_hidden/kernel", "d_hidden/bias", "d_logit/kernel", "d_logit/bias"]
 G_VARS = ["g_hidden/kernel", "g_hidden/bias", "g_out/kernel", "g_out/bias"]
 
@@ -139,17 +145,21 @@ def trained(tmp_path_factory):
     ("gan_ordered", {"d_logit/kernel/Adam_1", "g_hidden/kernel/Adam", "beta1_power_1"}),
     ("gan_two_replicas", {"d_hidden/bias/Adam", "g_hidden/bias/Adam_1", "beta2_power"}),
     ("wgan", {"d_hidden/kernel/RMSProp", "g_out/kernel/RMSProp_1"}),
+    # (its generator's moving statistics moved once a step, by the first pass)
+    ("gan_batch_norm", {"bn0/moving_mean", "bn0/gamma/Adam_1", "beta1_power_1"}),
 ])
 def test_each_network_trains_on_its_own_loss_as_tensorflow(trained, case, slots):
     """4 steps on the CS and TF from the same weights: losses (model_fn's), weights, every
-    slot and beta power within 1e-5; the global step counts 1 a step; the program and the
+    slot, beta power and moving statistic within 1e-5; the global step counts 1 a step; the program and the
     compile report name each loss with its variables."""
     run = trained(case)
     assert_same_training(run, rtol=1e-5)
     assert slots <= set(run.cs.state)
     assert run.cs.global_steps == [1, 2, 3, 4]
     objectives = [(o.loss_kernel, list(o.variables)) for o in run.compiled.program.objectives]
-    assert [variables for _, variables in objectives] == [D_VARS, G_VARS]
+    normalized = ["bn0/gamma", "bn0/beta"] if case == "gan_batch_norm" else []
+    g_vars = [*G_VARS[:2], *normalized, *G_VARS[2:]]
+    assert [variables for _, variables in objectives] == [D_VARS, g_vars]
     assert run.compiled.program.loss_kernel not in [kernel for kernel, _ in objectives] \
         or case == "wgan"  # (the WGAN returns its critic's loss)
     assert "Objectives (several losses minimized in one step: a backward pass of each from " \
@@ -158,7 +168,7 @@ def test_each_network_trains_on_its_own_loss_as_tensorflow(trained, case, slots)
            f" (kernel {objectives[0][0]}) for {', '.join(D_VARS)}" in run.compiled.report_text
     with open(os.path.join(run.compiled.directory, "compile_report.json")) as report_json:
         listed = json.load(report_json)["objectives"]
-    assert [o["variables"] for o in listed] == [D_VARS, G_VARS]
+    assert [o["variables"] for o in listed] == [D_VARS, g_vars]
 
 
 def test_micro_batches_accumulate_each_loss_s_gradients(trained):

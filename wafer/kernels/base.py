@@ -64,6 +64,9 @@ class RunContext:
     batch: tuple[Any, ...] = ()
     offset: int = 0  # the batch's index of the micro-batch's first sample (forward)
     step: int = 0  # the global step the batch trains from (evaluation: the checkpoint's)
+    # the step's forward pass run again (a further loss's backward pass: wse_sim.pipeline):
+    # what a training forward moves (moving statistics) moved in the first
+    replay: bool = False
 
     def wants_grad(self, index: int) -> bool:
         return self.input_grads is None or bool(self.input_grads[index])

@@ -164,14 +164,14 @@ class BatchNormTraining(_BatchNorm):
     # ---- the batch barrier ----
     def batch_statistics(self, params, inputs: Sequence[np.ndarray], ctx: RunContext):
         """(mean, variance, r = rsqrt(variance + eps), inv = r [* scale]) of the whole
-        batch of x; a training batch moves the moving statistics."""
+        batch of x; a training batch moves the moving statistics (once: not in a replay)."""
         x = inputs[0]
         rows = tuple(range(x.ndim - 1))
         mean = np.mean(x, axis=rows, dtype=np.float32)
         variance = np.mean(np.square(x - mean), axis=rows, dtype=np.float32)
         r = _ONE / np.sqrt(variance + self.eps)
         inv = r * params["scale"] if self.scale else r
-        if ctx.training:
+        if ctx.training and not ctx.replay:
             batch_variance = variance
             if self.fused:  # FusedBatchNormV3's batch_variance output: Bessel's correction
                 count = x.size // self.channels
