@@ -480,9 +480,13 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
         half = any(k.attrs.get("precision") == precision.FLOAT16 for k in matcher.kernels)
         training = analyze_training(extracted, half=half, normalized=normalized(matcher))
         training = replace(training, objectives=tuple(
-            replace(o, loss_kernel=loss_kernels[skip_identity(
-                extracted.graph.get_tensor_by_name(o.loss)).name])
+            replace(o, loss_kernel=loss_kernels.get(skip_identity(
+                extracted.graph.get_tensor_by_name(o.loss)).name, ""))
             for o in training.objectives))
+        matcher.unsupported.extend(
+            UnsupportedOp("Loss", o.loss, o.source, "a loss the train_op minimizes besides "
+                          "model_fn's that the compiler did not lower (no loss kernel)")
+            for o in training.objectives if not o.loss_kernel)
         matcher.unsupported.extend(untrainable(matcher, training))
         matcher.unsupported.extend(moving_statistics(matcher, training))
         if training.loss_scale != 1.0:  # into the float16 backward's seed

@@ -14,7 +14,8 @@
 3. Gradients (gradients.py; transforms.py emits the list the CS applies). Each applied
    gradient is peeled back through recognised transforms (scale, clip_by_value,
    clip_by_norm, clip_by_global_norm) to the output of tf.gradients; that call's seed must
-   sit on model_fn's loss (or on S * loss: loss scaling, a scale S).
+   sit on model_fn's loss (or on S * loss: loss scaling, a scale S), or, when the calls
+   minimize several losses (a GAN's), on its own loss: an objective (objective_losses).
 4. Numbers (numbers.py). One Session.run on input_fn's first batch compares those raw
    gradients with tf.gradients(loss) (same run, same dropout masks); random gradients fed
    into TF's transform subgraph are compared with wafer.grad_transforms.apply_transforms.

@@ -1,6 +1,7 @@
 """Gradients: each applied gradient peeled back through recognised transforms (scale,
 clip_by_value, clip_by_norm, clip_by_global_norm) to the output of tf.gradients, whose seed
-must sit on model_fn's loss (or on S * loss: loss scaling, a scale S)."""
+must sit on model_fn's loss (or on S * loss: loss scaling, a scale S), or on one of several
+losses the calls minimize (objectives: a GAN's discriminator and generator losses)."""
 from __future__ import annotations
 
 import re
