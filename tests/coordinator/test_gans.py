@@ -23,6 +23,7 @@ from cs_inprocess import (
     at_micro_batch,
     cached_comparisons,
     evaluation_mismatch,
+    prediction_mismatch,
     run_on_cs,
 )
 from random_models import moments_batch_norm
@@ -51,8 +52,8 @@ def input_fn(params):
 
 
 def _networks(features, params, training):
-    """The generator's samples and the discriminator's logits of the real and fake points,
-    and each network's variables."""
+    """The discriminator's logits of the real and fake points, each network's variables and
+    the generator's samples."""
     g_hidden = tf.keras.layers.Dense(8, activation="relu", name="g_hidden")
     g_out = tf.keras.layers.Dense(2, name="g_out")
     d_hidden = tf.keras.layers.Dense(16, activation=tf.nn.leaky_relu, name="d_hidden")
@@ -64,18 +65,20 @@ def _networks(features, params, training):
     d_real, d_fake = d_logit(d_hidden(features["real"])), d_logit(d_hidden(fake))
     d_vars = [v for v in v1.trainable_variables() if v.name.startswith("d_")]
     g_vars = [v for v in v1.trainable_variables() if v.name.startswith(("g_", "bn0/"))]
-    return d_real, d_fake, d_vars, g_vars
+    return d_real, d_fake, d_vars, g_vars, fake
 
 
 def gan_model_fn(features, labels, mode, params):
     """A GAN as the TF 1 tutorials write it: sigmoid cross-entropies, two
     AdamOptimizer(2e-4, 0.5); model_fn returns the sum of both losses."""
-    d_real, d_fake, d_vars, g_vars = _networks(features, params, mode == "train")
+    d_real, d_fake, d_vars, g_vars, fake = _networks(features, params, mode == "train")
     d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
               + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
     g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
     if params.get("penalty"):
         g_loss += 1e-3 * tf.add_n([tf.nn.l2_loss(v) for v in g_vars])  # penalty line
+    if mode == "infer":  # generated points and how real the discriminator finds them
+        return CSEstimatorSpec(mode=mode, predictions={"fake": fake, "real": tf.sigmoid(d_fake)})
     if mode != "train":
         return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss)
     d_opt, g_opt = v1.train.AdamOptimizer(2e-4, 0.5), v1.train.AdamOptimizer(2e-4, 0.5)
@@ -94,7 +97,7 @@ def wgan_model_fn(features, labels, mode, params):
     """A WGAN: the critic by RMSProp(5e-5) on E[D(fake)] - E[D(real)], the generator by
     another on -E[D(fake)] (equal hyper-parameters: one optimizer of two losses); model_fn
     returns the critic's loss. `clip`: the critic's weights clipped after its update."""
-    d_real, d_fake, d_vars, g_vars = _networks(features, params, mode == "train")
+    d_real, d_fake, d_vars, g_vars, _ = _networks(features, params, mode == "train")
     d_loss = tf.reduce_mean(d_fake) - tf.reduce_mean(d_real)
     if mode != "train":
         return CSEstimatorSpec(mode=mode, loss=d_loss)
@@ -113,7 +116,7 @@ def wgan_model_fn(features, labels, mode, params):
 def regenerated_model_fn(features, labels, mode, params):
     """The generator's loss computed anew under the discriminator's update (a forward pass
     that reads the updated discriminator): not the step's forward activations."""
-    d_real, d_fake, d_vars, g_vars = _networks(features, params, mode == "train")
+    d_real, d_fake, d_vars, g_vars, _ = _networks(features, params, mode == "train")
     d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
               + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
     d_train = v1.train.AdamOptimizer(2e-4, 0.5).minimize(d_loss, var_list=d_vars)
@@ -217,8 +220,9 @@ def test_the_timing_model_charges_each_loss_s_backward_pass(trained):
     assert compiled.program.estimate.samples_per_sec == pytest.approx(simulated.samples_per_sec)
 
 
-def test_the_trained_gan_evaluates_on_the_cs_as_on_the_cpu(trained, tmp_path):
+def test_the_trained_gan_evaluates_and_generates_on_the_cs_as_on_the_cpu(trained, tmp_path):
     assert evaluation_mismatch(gan_model_fn, input_fn, {}, str(tmp_path), trained("gan")) == ""
+    assert prediction_mismatch(gan_model_fn, input_fn, {}, str(tmp_path), trained("gan")) == ""
 
 
 def test_a_run_resumed_from_a_checkpoint_continues_both_networks(tmp_path):
