@@ -586,10 +586,10 @@ class Pipeline:
         for region in stage.regions:
             for role in region.trained:
                 var = region.variables[role]
-                if var in mine:
+                if var in mine and not last:
                     self._held[var] = (region.slices[role][0].copy(), region.slices[role][1].copy()) \
                         if role in region.slices else region.grads[role].copy()
-                elif last:
+                elif var not in mine and last:
                     held = self._held[var]
                     if isinstance(held, tuple):
                         region.slices[role] = held

@@ -85,11 +85,22 @@ def gan_model_fn(features, labels, mode, params):
     if params.get("scaled"):
         d_opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(d_opt, 64.0)
         g_opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(g_opt, 64.0)
+    step = v1.train.get_or_create_global_step()
+    if params.get("clip"):  # each loss's gradients by their own global norm, or both by one
+        d_grads = [g for g, _ in d_opt.compute_gradients(d_loss, var_list=d_vars)]
+        g_grads = [g for g, _ in g_opt.compute_gradients(g_loss, var_list=g_vars)]
+        if params["clip"] == "together":
+            clipped, _ = tf.clip_by_global_norm(d_grads + g_grads, 0.05)  # norm line
+        else:
+            clipped = tf.clip_by_global_norm(d_grads, 0.05)[0] + \
+                tf.clip_by_global_norm(g_grads, 0.02)[0]
+        d_train = d_opt.apply_gradients(zip(clipped[:len(d_vars)], d_vars))
+        g_train = g_opt.apply_gradients(zip(clipped[len(d_vars):], g_vars), global_step=step)
+        return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss, train_op=tf.group(d_train, g_train))
     with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
         d_train = d_opt.minimize(d_loss, var_list=d_vars)  # d's minimize
     with tf.control_dependencies([d_train] if params.get("ordered") else []):
-        g_train = g_opt.minimize(g_loss, var_list=g_vars,  # g's minimize
-                                 global_step=v1.train.get_or_create_global_step())
+        g_train = g_opt.minimize(g_loss, var_list=g_vars, global_step=step)  # g's minimize
     return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss, train_op=tf.group(d_train, g_train))
 
 
@@ -133,7 +144,8 @@ CASES = {"gan": (gan_model_fn, input_fn, {}),
          "gan_two_replicas": (gan_model_fn, input_fn, {"runconfig": {
              "tf_random_seed": 1, "num_replicas": 2}}),
          "wgan": (wgan_model_fn, input_fn, {}),
-         "gan_batch_norm": (gan_model_fn, input_fn, {"batch_norm": True})}
+         "gan_batch_norm": (gan_model_fn, input_fn, {"batch_norm": True}),
+         "gan_clipped": (gan_model_fn, input_fn, {"clip": "apart"})}
 D_VARS = ["d_hidden/kernel", "d_hidden/bias", "d_logit/kernel", "d_logit/bias"]
 G_VARS = ["g_hidden/kernel", "g_hidden/bias", "g_out/kernel", "g_out/bias"]
 
@@ -150,6 +162,7 @@ def trained(tmp_path_factory):
     ("wgan", {"d_hidden/kernel/RMSProp", "g_out/kernel/RMSProp_1"}),
     # (its generator's moving statistics moved once a step, by the first pass)
     ("gan_batch_norm", {"bn0/moving_mean", "bn0/gamma/Adam_1", "beta1_power_1"}),
+    ("gan_clipped", {"d_logit/bias/Adam", "g_out/bias/Adam_1"}),  # (by their own norms)
 ])
 def test_each_network_trains_on_its_own_loss_as_tensorflow(trained, case, slots):
     """4 steps on the CS and TF from the same weights: losses (model_fn's), weights, every
@@ -244,9 +257,11 @@ def _line(fragment: str) -> int:
     (gan_model_fn, {"scaled": True}, "loss scaling (or a float16 model) with several losses "
      "minimized in one step", "d's minimize"),
     (gan_model_fn, {"penalty": True}, "a weight penalty in a loss of several", "penalty line"),
+    (gan_model_fn, {"clip": "together"}, "clip_by_global_norm over the gradients of "
+     "several losses minimized in one step", "norm line"),
     (regenerated_model_fn, {}, "computes a loss of several minimized in one step after the "
      "train_op's update", "regenerated line"),
-], ids=["weight_clipping", "loss_scaling", "penalty", "regenerated_forward"])
+], ids=["weight_clipping", "loss_scaling", "penalty", "global_norm", "regenerated_forward"])
 def test_what_the_cs_does_not_carry_out_with_two_losses_is_refused_in_one_line(
         model_fn, params, start, line, tmp_path):
     with pytest.raises(CSRunError) as info:

@@ -101,6 +101,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                                                normalized))
         try:
             _group_order(chains)
+            _clipped_apart(chains, objectives)
             if half:
                 _check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
                                HALF_GRADIENT_NOISE, zeroed)
@@ -146,6 +147,18 @@ def _losses(extracted: ExtractedGraph, chains: list) -> list[tuple[tf.Tensor, se
         loss = c.call.objective if c.call.objective is not None else extracted.spec.loss
         found.setdefault(loss.name, (loss, set()))[1].add(c.update.variable)
     return list(found.values())
+
+
+def _clipped_apart(chains: list, objectives: tuple[Objective, ...]) -> None:
+    """A clip_by_global_norm over several losses' gradients, refused: the CS transforms each
+    loss's gradients after its own backward pass."""
+    owner = {v: k for k, o in enumerate(objectives) for v in o.variables}
+    for step in (s for c in chains for s in c.steps if s.kind == "clip_by_global_norm"):
+        if len({owner[v] for v in step.variables}) > 1:
+            raise _fail(step.anchor, "clip_by_global_norm over the gradients of several losses "
+                                     "minimized in one step: the CS transforms each loss's "
+                                     "gradients apart; clip each optimizer's gradients by "
+                                     "their own norm")
 
 
 def _unscaled(chain) -> bool:
