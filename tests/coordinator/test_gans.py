@@ -147,6 +147,28 @@ def regenerated_model_fn(features, labels, mode, params):
     return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss, train_op=tf.group(d_train, g_train))
 
 
+def own_fakes_model_fn(features, labels, mode, params):
+    """The generator's loss on fakes of its own: the discriminator's loss reads the
+    generator's weights (its fakes) in a pass the generator's update does not wait for, so
+    TF reads them before or after that update."""
+    generate = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu"),
+                                    tf.keras.layers.Dense(2)])
+    discriminate = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu"),
+                                        tf.keras.layers.Dense(1)])
+    d_real = discriminate(features["real"])
+    d_fake = discriminate(generate(features["noise"]))  # d's fakes line
+    d_own = discriminate(generate(-features["noise"]))
+    d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
+              + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
+    g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_own), d_own)
+    d_vars = [v for v in v1.trainable_variables() if v.name.startswith("sequential_1/")]
+    g_vars = [v for v in v1.trainable_variables() if v.name.startswith("sequential/")]
+    d_train = v1.train.AdamOptimizer(2e-4, 0.5).minimize(d_loss, var_list=d_vars)
+    g_train = v1.train.AdamOptimizer(2e-4, 0.5).minimize(
+        g_loss, var_list=g_vars, global_step=v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss, train_op=tf.group(d_train, g_train))
+
+
 CASES = {"gan": (gan_model_fn, input_fn, {}),
          "gan_ordered": (gan_model_fn, input_fn, {"ordered": True}),
          "gan_two_replicas": (gan_model_fn, input_fn, {"runconfig": {
@@ -274,9 +296,12 @@ def _line(fragment: str) -> int:
     (gan_model_fn, {"penalty": True}, "a weight penalty in a loss of several", "penalty line"),
     (gan_model_fn, {"clip": "together"}, "clip_by_global_norm over the gradients of "
      "several losses minimized in one step", "norm line"),
+    (own_fakes_model_fn, {}, "which another loss's optimizer updates in the step, with no "
+     "order to that update", "d's fakes line"),
     (regenerated_model_fn, {}, "computes a loss of several minimized in one step after the "
      "train_op's update", "regenerated line"),
-], ids=["weight_clipping", "loss_scaling", "penalty", "global_norm", "regenerated_forward"])
+], ids=["weight_clipping", "loss_scaling", "penalty", "global_norm", "unordered_read",
+        "regenerated_forward"])
 def test_what_the_cs_does_not_carry_out_with_two_losses_is_refused_in_one_line(
         model_fn, params, start, line, tmp_path):
     with pytest.raises(CSRunError) as info:

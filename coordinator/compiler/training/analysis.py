@@ -184,9 +184,37 @@ def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool) -> tuple
                     "loss scaling (or a float16 model) with several losses minimized in one "
                     "step: the CS scales one loss's backward pass; train them in float32 "
                     "without loss scaling")
+    _read_before_updates(losses, chains)
     order = [c.update.variable for c in chains]
     return tuple(Objective(loss.name, tuple(v for v in order if v in names),
                            user_source(loss.op)) for loss, names in losses)
+
+
+def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list) -> None:
+    """A loss reading a weight another loss's optimizer updates reads it in that loss's
+    forward pass too, or before the update (the update waits for the read): the ordering
+    TF gives one loss and its update, which the CS gives (every read before any update). A
+    read of a pass of its own with no order to the update (another batch of fakes through
+    the generator: TF reads before or after the update, by chance) is refused."""
+    updates = {c.update.variable: c.update.op for c in chains}
+    owner = {v: j for j, (_, names) in enumerate(losses) for v in names}
+    forward = [set(data_upstream(loss.op)) for loss, _ in losses]
+    closures: dict[str, set[tf.Operation]] = {}
+    for k, (loss, names) in enumerate(losses):
+        for read in sorted(forward[k], key=lambda op: op._id):
+            if read.type not in ("ReadVariableOp", "Identity") or not read.inputs:
+                continue
+            variable = variable_op(read.inputs[0]).name
+            if variable not in updates or variable in names or read in forward[owner[variable]]:
+                continue
+            if variable not in closures:
+                closures[variable] = set(op_closure(updates[variable]))
+            if read not in closures[variable]:
+                raise _fail(read, f"{loss.name} reads {variable}, which another loss's "
+                                  f"optimizer updates in the step, with no order to that "
+                                  f"update (TF reads it before or after the update, by "
+                                  f"chance); compute the losses from one forward pass, or "
+                                  f"make the update wait for the read")
 
 
 def optimizer_groups(updates: list[_Update]) -> tuple[OptimizerGroup, ...]:
