@@ -153,6 +153,8 @@ def _clipped_apart(chains: list, objectives: tuple[Objective, ...]) -> None:
     """A clip_by_global_norm over several losses' gradients, refused: the CS transforms each
     loss's gradients after its own backward pass."""
     owner = {v: k for k, o in enumerate(objectives) for v in o.variables}
+    if not owner:
+        return
     for step in (s for c in chains for s in c.steps if s.kind == "clip_by_global_norm"):
         if len({owner[v] for v in step.variables}) > 1:
             raise _fail(step.anchor, "clip_by_global_norm over the gradients of several losses "
