@@ -373,11 +373,12 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         lines.append(f"{k.name:<28} {kind:<28} {rect:<24} {r.cores:>8,} "
                      f"{_n(kt.samples_per_sec):>14} {mem / 1024:>7.1f}KB  {k.source}")
     lines.append("")
+    several = mode == "train" and model.training is not None and bool(model.training.objectives)
     lines.append(f"Timing model (wafer/timing.py): t_comp = F_k / (useful cores x "
                  f"{fabric.flops_per_cycle:g} FLOP/cycle x {fabric.clock_hz / 1e9:g} GHz x "
                  f"eta {fabric.efficiency:g}), F_k = "
                  f"{timing.TRAIN_FLOPS_FACTOR if mode == 'train' else 1} x forward FLOPs"
-                 f"{' ((1 + 2 n) x, n the losses whose backward pass reaches it)' if mode == 'train' and model.training and model.training.objectives else ''}; "
+                 f"{' ((1 + 2 n) x, n the losses whose backward pass reaches it)' if several else ''}; "
                  "t_comm = bytes per sample / (edge cores x 4 B x f); Samples/s = "
                  f"min({f'{placement.replicas} replicas x ' if replicated else ''}1 / max_k t_k, "
                  "I/O bytes/s / bytes per sample)")

@@ -268,6 +268,8 @@ def test_the_timing_model_charges_each_loss_s_backward_pass(trained):
     simulated = timing.program_timing(compiled.program, checked.kernels, get_fabric("cs1"),
                                       training=True)
     assert compiled.program.estimate.samples_per_sec == pytest.approx(simulated.samples_per_sec)
+    assert "F_k = 3 x forward FLOPs ((1 + 2 n) x, n the losses whose backward pass reaches it)" \
+        in compiled.report_text
 
 
 def test_the_trained_gan_evaluates_and_generates_on_the_cs_as_on_the_cpu(trained, tmp_path):
