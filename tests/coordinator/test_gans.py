@@ -73,7 +73,7 @@ def gan_model_fn(features, labels, mode, params):
     """A GAN as the TF 1 tutorials write it: sigmoid cross-entropies, two
     AdamOptimizer(2e-4, 0.5); model_fn returns the sum of both losses."""
     d_real, d_fake, d_vars, g_vars, fake = _networks(features, params, mode == "train")
-    d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
+    d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)  # d_loss line
               + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
     g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
     if params.get("penalty"):
@@ -87,6 +87,9 @@ def gan_model_fn(features, labels, mode, params):
         d_opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(d_opt, 64.0)
         g_opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(g_opt, 64.0)
     step = v1.train.get_or_create_global_step()
+    if params.get("one_loss"):  # one optimizer of the discriminator's loss: not model_fn's
+        train_op = d_opt.minimize(d_loss, global_step=step)
+        return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss, train_op=train_op)
     if params.get("clip"):  # each loss's gradients by their own global norm, or both by one
         d_grads = [g for g, _ in d_opt.compute_gradients(d_loss, var_list=d_vars)]
         g_grads = [g for g, _ in g_opt.compute_gradients(g_loss, var_list=g_vars)]
@@ -210,7 +213,7 @@ def test_each_network_trains_on_its_own_loss_as_tensorflow(trained, case, slots)
         or case == "wgan"  # (the WGAN returns its critic's loss)
     assert "Objectives (several losses minimized in one step: a backward pass of each from " \
            "the step's forward activations, then the updates): " in run.compiled.report_text
-    assert f"test_gans.py:{_line('d_loss = (') if case != 'wgan' else _line('d_loss = tf.')}" \
+    assert f"test_gans.py:{_line('# d_loss line') if case != 'wgan' else _line('d_loss = tf.')}" \
            f" (kernel {objectives[0][0]}) for {', '.join(D_VARS)}" in run.compiled.report_text
     with open(os.path.join(run.compiled.directory, "compile_report.json")) as report_json:
         listed = json.load(report_json)["objectives"]
@@ -298,12 +301,14 @@ def _line(fragment: str) -> int:
     (gan_model_fn, {"penalty": True}, "a weight penalty in a loss of several", "penalty line"),
     (gan_model_fn, {"clip": "together"}, "clip_by_global_norm over the gradients of "
      "several losses minimized in one step", "norm line"),
+    (gan_model_fn, {"one_loss": True}, "the train_op minimizes part of the loss model_fn "
+     "returns (add at", "d_loss line"),
     (own_fakes_model_fn, {}, "which another loss's optimizer updates in the step, with no "
      "order to that update", "d's fakes line"),
     (regenerated_model_fn, {}, "computes a loss of several minimized in one step after the "
      "train_op's update", "regenerated line"),
-], ids=["weight_clipping", "loss_scaling", "penalty", "global_norm", "unordered_read",
-        "regenerated_forward"])
+], ids=["weight_clipping", "loss_scaling", "penalty", "global_norm", "one_other_loss",
+        "unordered_read", "regenerated_forward"])
 def test_what_the_cs_does_not_carry_out_with_two_losses_is_refused_in_one_line(
         model_fn, params, start, line, tmp_path):
     with pytest.raises(CSRunError) as info:

@@ -178,6 +178,12 @@ def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool) -> tuple
     not carry out with them (loss scaling: one scale seeds one backward pass; `scaling`:
     a float16 model's, or dynamic), refused."""
     losses = _losses(extracted, chains)
+    if len(losses) == 1 and losses[0][0] is not extracted.spec.loss:
+        loss = extracted.spec.loss
+        raise _fail(chains[0].update.op, f"the train_op minimizes {losses[0][0].name} computed "
+                                         f"at {user_source(losses[0][0].op)}, not the loss "
+                                         f"model_fn returns ({loss.name} at "
+                                         f"{user_source(loss.op)})")
     if len(losses) < 2:
         return ()
     scaled = next((c for c in chains if c.call.scale != 1.0 or _unscaled(c)), None)

@@ -10,7 +10,7 @@ from operator import attrgetter
 
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, each_once, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, each_once, op_closure, user_source
 from coordinator.compiler.training.graph import _const, _fail, _Refused, _scalar, _skip_identity
 from coordinator.compiler.training.updates import _Update
 
@@ -69,7 +69,7 @@ def _gradient_calls(extracted: ExtractedGraph,
     varying = _downstream([graph.get_operation_by_name(u.variable) for u in updates])
     calls: dict[str, _GradientCall | _Refused] = {}
     others: dict[str, tf.Tensor] = {}  # the calls of another tensor than the loss
-    minimized = _minimized_by(graph, seeds, loss)
+    minimized = _minimized_by(graph, _applied(extracted, seeds), loss)
     for scope, fills in seeds.items():
         if len(fills) != 1:
             calls[scope] = _fail(fills[0], "gradients of several tensors at once")
@@ -109,6 +109,13 @@ def _seeds(graph: tf.Graph) -> dict[str, list[tf.Operation]]:
         if m and op.type == "Fill":
             seeds.setdefault(m.group(1), []).append(op)
     return seeds
+
+
+def _applied(extracted: ExtractedGraph,
+             seeds: dict[str, list[tf.Operation]]) -> dict[str, list[tf.Operation]]:
+    """The seeds of the calls the train_op runs (not a summary's or a metric's)."""
+    closure = set(op_closure(extracted.spec.train_op))
+    return {scope: fills for scope, fills in seeds.items() if fills[0] in closure}
 
 
 def _minimized_by(graph: tf.Graph, seeds: dict[str, list[tf.Operation]],
@@ -154,7 +161,8 @@ def objective_losses(extracted: ExtractedGraph) -> list[tf.Tensor]:
     loss = _skip_identity(extracted.spec.loss)
     found: dict[str, tf.Tensor] = {}
     minimizes_loss = False
-    for y in _minimized_by(extracted.graph, _seeds(extracted.graph), loss).values():
+    seeds = _applied(extracted, _seeds(extracted.graph))
+    for y in _minimized_by(extracted.graph, seeds, loss).values():
         if _skip_identity(y).name == loss.name or _loss_scale(y.op, loss.op) is not None:
             minimizes_loss = True
         else:
