@@ -37,7 +37,7 @@ bit-identical whatever the number of threads.
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, Mapping, Sequence
 
@@ -539,7 +539,7 @@ class Pipeline:
                 elif self.transforms:
                     apply_transforms(self.transforms, self._gradients())
                 if self.floor and self._applying:
-                    apply_transforms(self.floor, self._gradients())
+                    self._apply_floor()
                 board.put(("transformed",), True)
             else:
                 board.put(("gradients complete", index), True)
@@ -665,6 +665,17 @@ class Pipeline:
         spec = region.specs[role]
         return region.half and spec.update == "dense" and not spec.regularizers and \
             not self._reads_all_gradients()
+
+    def _apply_floor(self) -> None:
+        """The noise floor over the batch's gradients; of several losses, over the pass's
+        objective's (their largest its scale: the gradients its loss's call computes)."""
+        gradients, floor = self._gradients(), self.floor
+        if self._objective is not None:
+            mine = self._objective.variables
+            gradients = {v: g for v, g in gradients.items() if v in mine}
+            floor = tuple(replace(t, variables=tuple(v for v in t.variables if v in mine))
+                          for t in floor if mine.intersection(t.variables))
+        apply_transforms(floor, gradients)
 
     def _reads_all_gradients(self) -> bool:
         """Whether the step reads the batch's complete gradients, every stage's, before any

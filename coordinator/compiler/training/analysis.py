@@ -108,9 +108,11 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                 noise_floored: tuple[str, ...] = ()  # (float16's noise is real gradients' size)
             else:
                 largest = _check_numbers(extracted, chains, statistic_averages, zeroed=zeroed)
-                noise_floored = floored(extracted.spec.loss, {
-                    u.variable: u.optimizer for u in updates
-                    if u.indices is None and u.variable not in zeroed}, largest, GRADIENT_NOISE)
+                noise_floored = tuple(v for loss, names in _losses(extracted, chains)
+                                      for v in floored(loss, {
+                                          u.variable: u.optimizer for u in updates
+                                          if u.indices is None and u.variable not in zeroed
+                                          and u.variable in names}, largest, GRADIENT_NOISE))
             transforms, loss_scale = _fold_loss_scale(chains, half)
             scaling = None
             if dynamic is not None:
