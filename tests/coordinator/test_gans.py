@@ -206,6 +206,9 @@ def test_each_network_trains_on_its_own_loss_as_tensorflow(trained, case, slots)
     assert slots <= set(run.cs.state)
     assert run.cs.global_steps == [1, 2, 3, 4]
     objectives = [(o.loss_kernel, list(o.variables)) for o in run.compiled.program.objectives]
+    if case == "gan_batch_norm":  # (its bias before the normalization: floored in g's pass)
+        assert [(t.kind, list(t.variables)) for t in run.compiled.program.gradient_transforms] \
+            == [("noise_floor", ["g_hidden/bias"])]
     normalized = ["bn0/gamma", "bn0/beta"] if case == "gan_batch_norm" else []
     g_vars = [*G_VARS[:2], *normalized, *G_VARS[2:]]
     assert [variables for _, variables in objectives] == [D_VARS, g_vars]
