@@ -525,6 +525,16 @@ def _objective_kernels(matcher: Matcher, spec: Any, objectives: list[tf.Tensor],
             _refuse_penalty(matcher, loss.op)
     if objectives and regularizers and not matcher.unsupported:
         _refuse_penalty(matcher, spec.loss.op)
+    nodes = {k.name: k for k in matcher.kernels}
+    for loss in ([*objectives, spec.loss] if objectives and not matcher.unsupported else []):
+        node = nodes[kernels[skip_identity(loss).name]]
+        if "divisors" in node.attrs:
+            matcher.unsupported.append(UnsupportedOp(
+                loss.op.type, loss.op.name, user_source(loss.op), "a loss divided by a count or "
+                "sum of the batch (per-sample weights) among several losses minimized in one "
+                "step: the CS divides one loss so; weight the samples with a constant mean "
+                "(tf.reduce_mean(w * l)) or train without per-sample weights"))
+            break
     return kernels
 
 

@@ -75,6 +75,10 @@ def gan_model_fn(features, labels, mode, params):
     d_real, d_fake, d_vars, g_vars, fake = _networks(features, params, mode == "train")
     d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)  # d_loss line
               + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
+    if params.get("weighted"):  # the real points weighted per sample (a mask): a divisor
+        mask = tf.cast(features["real"][:, :1] > 0, tf.float32)
+        d_loss = v1.losses.sigmoid_cross_entropy(  # weighted line
+            tf.ones_like(d_real), d_real, weights=mask) + d_loss
     g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
     if params.get("penalty"):
         g_loss += 1e-3 * tf.add_n([tf.nn.l2_loss(v) for v in g_vars])  # penalty line
@@ -304,13 +308,15 @@ def _line(fragment: str) -> int:
     (gan_model_fn, {"penalty": True}, "a weight penalty in a loss of several", "penalty line"),
     (gan_model_fn, {"clip": "together"}, "clip_by_global_norm over the gradients of "
      "several losses minimized in one step", "norm line"),
+    (gan_model_fn, {"weighted": True}, "a loss divided by a count or sum of the batch "
+     "(per-sample weights) among several losses", "weighted line"),
     (gan_model_fn, {"one_loss": True}, "the train_op minimizes part of the loss model_fn "
      "returns (add at", "d_loss line"),
     (own_fakes_model_fn, {}, "which another loss's optimizer updates in the step, with no "
      "order to that update", "d's fakes line"),
     (regenerated_model_fn, {}, "computes a loss of several minimized in one step after the "
      "train_op's update", "regenerated line"),
-], ids=["weight_clipping", "loss_scaling", "penalty", "global_norm", "one_other_loss",
+], ids=["weight_clipping", "loss_scaling", "penalty", "global_norm", "divisor", "one_other_loss",
         "unordered_read", "regenerated_forward"])
 def test_what_the_cs_does_not_carry_out_with_two_losses_is_refused_in_one_line(
         model_fn, params, start, line, tmp_path):
