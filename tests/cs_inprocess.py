@@ -141,10 +141,13 @@ def compare_drawn(model_fn: Callable, input_fn: Callable, params: dict, model_di
                                  fetch=sorted(set(drawing.values())))
     queued = {name: [step[tensor] for step in reference.fetched] for name, tensor in drawing.items()}
     taken = dict.fromkeys(drawing, 0)  # each kernel's values handed out so far, in sample order
+    # a step minimizing several losses runs its forward pass once per loss: the same draws
+    batch, passes = compiled.program.batch_size, max(len(compiled.program.objectives), 1)
 
     def replay(name: str, shape: tuple[int, ...]) -> np.ndarray:
         values = np.concatenate(queued[name]).reshape(-1, *shape[1:])
         start, taken[name] = taken[name], taken[name] + shape[0]
+        start = start // (batch * passes) * batch + start % batch
         return values[start:start + shape[0]]
 
     with replayed_draws(replay):

@@ -242,22 +242,6 @@ def two_optimizers(features, labels, mode, params):
     return spec(loss, tf.group(slow, fast))
 
 
-def gan_two_adams(features, labels, mode, params):
-    """A GAN as users write it: the discriminator's and the generator's Adam, grouped."""
-    real = tf.keras.layers.Dense(16, activation="relu", name="encoder")(features)
-    noise = tf.keras.layers.Dense(16, name="generator")(tf.reverse(features, [1]))
-    critic = tf.keras.layers.Dense(1, name="discriminator")
-    d_real, d_fake = critic(real), critic(noise)
-    d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
-              + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
-    g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
-    d_vars = [v for v in v1.trainable_variables() if not v.name.startswith("generator/")]
-    g_vars = [v for v in v1.trainable_variables() if v.name.startswith("generator/")]
-    d_train = v1.train.AdamOptimizer(1e-3).minimize(d_loss, var_list=d_vars)  # discriminator line
-    g_train = v1.train.AdamOptimizer(1e-3).minimize(g_loss, var_list=g_vars)  # generator line
-    return spec(d_loss + g_loss, tf.group(d_train, g_train))
-
-
 def accumulated_gradients(features, labels, mode, params):
     """Gradient accumulation: sums in variables, applied every 2nd step in a tf.cond; the
     train_op is the global step's assign_add (a variable's value, not an op)."""

@@ -7,7 +7,8 @@ Region message, or the compiler's rectangles).
 
 For kernel k on a region of P_k cores (at most max_cores_k of them useful):
     F_k      = 3 x forward FLOPs per sample when training (forward, backward-data,
-               backward-weight), 1 x otherwise
+               backward-weight), 1 x otherwise; (1 + 2 n) x for a kernel the backward passes
+               of n losses reach (a step minimizing several: a GAN's)
     t_comp   = F_k / (useful cores x r x f x eta)            (fabric.core_flops_per_sec)
     t_comm   = max(bytes in, bytes out) per sample / (edge cores x 4 B x f)
                data enters a region across its west edge and leaves across its east edge,
@@ -188,8 +189,30 @@ class PipelineTiming:
 
 
 def flops_per_sample(kernel: Any, training: bool) -> float:
-    """F_k: the kernel's FLOPs per sample for one pass (training counts the backward)."""
-    return float(kernel.flops_per_sample()) * (TRAIN_FLOPS_FACTOR if training else 1)
+    """F_k: the kernel's FLOPs per sample for one pass (training counts the backward, once
+    per loss whose backward pass reaches it)."""
+    passes = getattr(kernel, "backward_passes", 1)
+    return float(kernel.flops_per_sample()) * (
+        1 + (TRAIN_FLOPS_FACTOR - 1) * passes if training else 1)
+
+
+def count_backward_passes(kernels: Sequence[Any], sources: Sequence[Sequence[str]],
+                          loss_kernels: Sequence[str]) -> None:
+    """Several losses minimized in one step: each kernel's `backward_passes`, the losses
+    whose backward pass reaches it through differentiable inputs (at least 1)."""
+    if not loss_kernels:
+        return
+    names = [k.name for k in kernels]
+    counts = dict.fromkeys(names, 0)
+    for loss in loss_kernels:
+        reached = {loss}
+        for k in reversed(range(len(kernels))):
+            if names[k] in reached:
+                counts[names[k]] += 1
+                reached.update(s for j, s in enumerate(sources[k])
+                               if kernels[k].input_differentiable(j))
+    for kernel in kernels:
+        kernel.backward_passes = max(counts[kernel.name], 1)
 
 
 def num_parameters(kernel: Any) -> int:

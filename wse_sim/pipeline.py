@@ -37,7 +37,7 @@ bit-identical whatever the number of threads.
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, Mapping, Sequence
 
@@ -56,8 +56,15 @@ from wafer.weight_programs import WeightProgram
 from wafer.weight_writes import WeightWrite
 from wafer.weight_writes import apply as write_weight
 from wse_sim import ticks
-from wse_sim.program import SPARSE_GRADIENT_KERNELS, CheckedProgram, ParamSpec, SharedWeight, ahead_kernels
-from wse_sim.shared_weights import SharedWeights
+from wse_sim.program import (
+    SPARSE_GRADIENT_KERNELS,
+    CheckedProgram,
+    Objective,
+    ParamSpec,
+    SharedWeight,
+    ahead_kernels,
+)
+from wse_sim.shared_weights import HeldGradient, SharedWeights
 from wse_sim.stages import Board, StageThreads, one_blas_thread, partition
 
 # A thread (a stage's or a helper's) pays off only with this much work per micro-batch (a
@@ -138,13 +145,18 @@ class Pipeline:
                  shared: Mapping[str, SharedWeight] | None = None,
                  dynamic_loss_scale: Rule | None = None,
                  weight_program: WeightProgram | None = None,
-                 weight_writes: Sequence[WeightWrite] = ()):
+                 weight_writes: Sequence[WeightWrite] = (),
+                 objectives: Sequence[Objective] = ()):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.replicas = replicas
         self.replica_micros = batch_size // replicas // micro_batch_size  # micro-batches each
         self.loss_kernel = loss_kernel
         self.optimizer = optimizer
+        # several losses minimized in one step: a backward pass each (see `run`)
+        self.objectives = tuple(objectives)
+        self._objective: Objective | None = None  # the pass's (None: the loss's)
+        self._held: dict[str, HeldGradient] = {}  # the earlier passes' gradients of theirs
         self.seed = seed % 2 ** 64  # SeedSequence entropy is non-negative
         self.transforms = tuple(t for t in transforms if t.kind not in ("zero", "noise_floor"))
         # (the exact 0s come last in program order: applied after the other transforms and
@@ -233,7 +245,8 @@ class Pipeline:
                    replicas=max(program.num_replicas, 1),
                    schedules=checked.schedules, moving_averages=checked.moving_averages,
                    shared=checked.shared, dynamic_loss_scale=checked.dynamic_loss_scale,
-                   weight_program=checked.weight_program, weight_writes=checked.weight_writes)
+                   weight_program=checked.weight_program, weight_writes=checked.weight_writes,
+                   objectives=checked.objectives)
 
     def _mark_backward(self) -> None:
         """A region runs backward iff its output reaches the loss and a trained weight is
@@ -248,7 +261,7 @@ class Pipeline:
                 any(not spec.frozen for spec in region.specs.values()) or \
                 any(trained_upstream.get(s, False) and region.kernel.input_differentiable(j)
                     for j, s in enumerate(region.sources))
-        reaches = {self.loss_kernel}
+        reaches = {o.loss_kernel for o in self.objectives} or {self.loss_kernel}
         for region in reversed(self.regions):
             if region.kernel.name in reaches:
                 reaches.update(s for j, s in enumerate(region.sources)
@@ -306,6 +319,40 @@ class Pipeline:
         m_count = self.batch_size // self.micro
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
         self._step = step
+        regularization = self._regularization() if self.loss_kernel else 0.0
+        if backward and self.dynamic is not None:
+            self._seed_scale(np.float32(self.carried[self.dynamic.scale_variable]))
+        if backward and self.schedules and self.optimizer is not None:
+            self.optimizer.set_hyper_parameters({  # (a schedule's variables are carried state)
+                s.hyper_parameter: evaluate(s, step, self.carried) for s in self.schedules})
+        # Several losses (a GAN's): a backward pass of each objective, seeded at its loss
+        # kernel, each keeping its variables' gradients; the last pass's update applies them
+        # all. The host recomputes the forward pass for each (the same weights and random
+        # streams: the same activations, bit for bit) instead of holding them.
+        self._held = {}
+        for objective in (self.objectives if backward else ()) or (None,):
+            self._objective = objective
+            board = self._pass(batch, m_count, training, backward, step, index)
+        self._objective = None
+        if backward and self.optimizer is not None and self._applying:
+            self.optimizer.finish_step()
+            self._write_after_updates()
+            self._update_averages(step)
+        applied = not backward or self.dynamic is None or self._applying
+        if backward and self.dynamic is not None:
+            self.carried.update(self.dynamic.advance(self.carried, self._applying))
+        loss = 0.0
+        if self.loss_kernel:
+            loss = float(sum(np.sum(board.items["v", self.loss_kernel, i], dtype=np.float32)
+                             for i in range(m_count))) + regularization
+        return StepOutput(loss, {name: np.concatenate([board.items["v", name, i]
+                                                       for i in range(m_count)])
+                                 for name in outputs}, applied)
+
+    def _pass(self, batch: Mapping[str, np.ndarray], m_count: int, training: bool,
+              backward: bool, step: int, index: int) -> Board:
+        """The batch's forward pass through the pipeline, and when training its backward
+        pass and (but in an objective's pass before the last) the update; its board."""
         board = Board(self.threads)
         for name, streamed in batch.items():
             array = widened(streamed)  # (a float16 stream's values, as float32)
@@ -322,13 +369,6 @@ class Pipeline:
             elif region.kernel.draws_in_inference:
                 region.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
                     [self.seed, region.position, step, index], spawn_key=(1,))))
-        regularization = self._regularization() if self.loss_kernel else 0.0
-        if backward and self.dynamic is not None:
-            self._seed_scale(np.float32(self.carried[self.dynamic.scale_variable]))
-        if backward and self.schedules and self.optimizer is not None:
-            self.optimizer.set_hyper_parameters({  # (a schedule's variables are carried state)
-                s.hyper_parameter: evaluate(s, step, self.carried) for s in self.schedules})
-
         if self.loss_kernel:
             self._run_ahead(board, m_count, training)
 
@@ -345,20 +385,7 @@ class Pipeline:
                 plan = self._plan(m_count, backward, staged=False)  # one thread (or closed)
                 board.threads = 1
                 work(0, board)
-        if backward and self.optimizer is not None and self._applying:
-            self.optimizer.finish_step()
-            self._write_after_updates()
-            self._update_averages(step)
-        applied = not backward or self.dynamic is None or self._applying
-        if backward and self.dynamic is not None:
-            self.carried.update(self.dynamic.advance(self.carried, self._applying))
-        loss = 0.0
-        if self.loss_kernel:
-            loss = float(sum(np.sum(board.items["v", self.loss_kernel, i], dtype=np.float32)
-                             for i in range(m_count))) + regularization
-        return StepOutput(loss, {name: np.concatenate([board.items["v", name, i]
-                                                       for i in range(m_count)])
-                                 for name in outputs}, applied)
+        return board
 
     def _run_ahead(self, board: Board, m_count: int, training: bool) -> None:
         """The loss's denominators of the batch: the regions they are computed from (from
@@ -477,7 +504,8 @@ class Pipeline:
         stage's gradients transformed (stage 0, once all are complete), its regions' updates."""
         stage = plan[index]
         ctx = RunContext(training=training, batch_size=self.batch_size, run_tiles=board.share,
-                         step=self._step)
+                         step=self._step, replay=self._objective is not None
+                         and self._objective is not self.objectives[0])
         caches: dict[tuple[int, int], object] = {}
         m_count = self.batch_size // self.micro
         for forward, region, i in stage.tasks:
@@ -511,11 +539,13 @@ class Pipeline:
                 elif self.transforms:
                     apply_transforms(self.transforms, self._gradients())
                 if self.floor and self._applying:
-                    apply_transforms(self.floor, self._gradients())
+                    self._apply_floor()
                 board.put(("transformed",), True)
             else:
                 board.put(("gradients complete", index), True)
                 board.get(("transformed",))
+        if self._objective is not None and self._keep(stage, index):
+            return  # (an objective's pass before the last: no update yet)
         if not self._applying:  # a skipped step (dynamic loss scaling): no update
             return
         updates = []
@@ -546,6 +576,31 @@ class Pipeline:
                 for role, var in region.variables.items():
                     if region.half and var in self.shared:
                         round_half_into(region.params[role], region.compute[role])
+
+    def _keep(self, stage: ticks.Stage, index: int) -> bool:
+        """An objective's pass ended its backward pass through the stage: its variables'
+        gradients kept (copies), and in the last pass the earlier passes' put back for the
+        update. Whether the pass is one before the last."""
+        assert self._objective is not None
+        mine, last = self._objective.variables, self._objective is self.objectives[-1]
+        for region in stage.regions:
+            for role in region.trained:
+                var = region.variables[role]
+                if var in mine and not last:
+                    self._held[var] = (region.slices[role][0].copy(), region.slices[role][1].copy()) \
+                        if role in region.slices else region.grads[role].copy()
+                elif var not in mine and last:
+                    held = self._held[var]
+                    if isinstance(held, tuple):
+                        region.slices[role] = held
+                    else:
+                        np.copyto(region.grads[role], held)
+        if index == 0 and self.shared:
+            if last:
+                self.shared.restore(self._held)
+            else:
+                self._held.update(self.shared.held(mine))
+        return not last
 
     @staticmethod
     def _add_replica(region: Region, last: bool) -> None:
@@ -611,6 +666,17 @@ class Pipeline:
         return region.half and spec.update == "dense" and not spec.regularizers and \
             not self._reads_all_gradients()
 
+    def _apply_floor(self) -> None:
+        """The noise floor over the batch's gradients; of several losses, over the pass's
+        objective's (their largest its scale: the gradients its loss's call computes)."""
+        gradients, floor = self._gradients(), self.floor
+        if self._objective is not None:
+            mine = self._objective.variables
+            gradients = {v: g for v, g in gradients.items() if v in mine}
+            floor = tuple(replace(t, variables=tuple(v for v in t.variables if v in mine))
+                          for t in floor if mine.intersection(t.variables))
+        apply_transforms(floor, gradients)
+
     def _reads_all_gradients(self) -> bool:
         """Whether the step reads the batch's complete gradients, every stage's, before any
         update (gradient transforms, shared weights, dynamic loss scaling)."""
@@ -656,8 +722,11 @@ class Pipeline:
         elif not region.kernel.is_loss:
             upstream = self._upstream(region, i, board)
         input_grads: Sequence[np.ndarray | None] = [None] * len(region.sources)
-        # A micro-batch whose output reached the loss by no path has no backward.
-        if upstream is not None or region.kernel.is_loss:
+        # A micro-batch whose output reached the loss by no path has no backward; of several
+        # objectives' losses, the pass's own seeds it.
+        seeds = region.kernel.is_loss and (self._objective is None or
+                                           region.kernel.name == self._objective.loss_kernel)
+        if upstream is not None or seeds:
             for role in region.collects:
                 if upstream is not None:  # (a gather: never the loss)
                     region.pieces.setdefault(role, []).append(

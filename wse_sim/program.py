@@ -31,6 +31,7 @@ from wafer.optimizers import (
 from wafer.precision import PRECISIONS, wafer_dtype
 from wafer.regularizers import Regularizer
 from wafer.schedules import Schedule, schedule_problem
+from wafer.timing import count_backward_passes
 from wafer.weight_programs import WeightProgram, WeightStep
 from wafer.weight_writes import WeightWrite, write_problem
 from wse_sim.errors import invalid
@@ -78,6 +79,15 @@ class SharedWeight:
 
 
 @dataclass(frozen=True)
+class Objective:
+    """One of several losses minimized in one step: its loss kernel seeds a backward pass
+    whose gradients its variables take (wse_sim.pipeline)."""
+
+    loss_kernel: str
+    variables: frozenset[str]
+
+
+@dataclass(frozen=True)
 class CheckedProgram:
     """What the executor needs, in program order."""
 
@@ -110,6 +120,7 @@ class CheckedProgram:
     derived: Mapping[str, Shape] = field(default_factory=dict)
     weight_writes: tuple[WeightWrite, ...] = ()  # a weight's writes besides its update
     optimizer_groups: tuple[OptimizerGroup, ...] = ()  # further optimizers and their variables
+    objectives: tuple[Objective, ...] = ()  # several losses minimized in one step (a GAN's)
 
     def make_optimizer(self) -> Optimizer | None:
         """The step's optimizer (with groups, one updating each variable by its group's)."""
@@ -268,7 +279,8 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           check_moving_averages(program, params), shared,
                           check_dynamic_loss_scale(program, optimizer), program.step_counts_applied,
                           weights, derived, check_weight_writes(program, params, derived),
-                          check_optimizer_groups(program, optimizer, params))
+                          check_optimizer_groups(program, optimizer, params),
+                          check_objectives(program, names, params, sources))
 
 
 def ahead_kernels(kernels: Sequence[Kernel], sources: Sequence[Sequence[str]],
@@ -411,6 +423,39 @@ def check_weight_writes(program: pb.Program, params: Mapping[str, ParamSpec],
             raise invalid(f"{where}: {problem}")
         writes.append(write)
     return tuple(writes)
+
+
+def check_objectives(program: pb.Program, kernels: Mapping[str, Kernel],
+                     params: Mapping[str, ParamSpec],
+                     sources: Sequence[Sequence[str]]) -> tuple[Objective, ...]:
+    """Several losses minimized in one step: two or more, each a loss kernel (no loss scale
+    or denominator: one seed of its own), their variables every trained weight, each once;
+    the kernels' backward passes counted (the timing model's)."""
+    objectives = [Objective(m.loss_kernel, frozenset(m.variables)) for m in program.objectives]
+    named = [var for m in program.objectives for var in m.variables]
+    trained = {var for var, spec in params.items() if not spec.frozen}
+    problem = ""
+    if not objectives:
+        return ()
+    if len(objectives) < 2:
+        problem = "one objective: the loss kernel's gradients need none"
+    elif program.HasField("dynamic_loss_scale") or program.HasField("cs1_dynamic_loss_scale"):
+        problem = "dynamic loss scaling with several objectives"
+    for o in objectives:
+        kernel = kernels.get(o.loss_kernel)
+        if problem:
+            break
+        if kernel is None or not kernel.is_loss:
+            problem = f"{o.loss_kernel!r} is not a loss kernel of the program"
+        elif kernel.attrs.get("loss_scale", 1.0) != 1.0 or \
+                getattr(kernel, "denominator_inputs", ()):
+            problem = f"loss kernel {o.loss_kernel!r} has a loss scale or a denominator"
+    if not problem and (len(set(named)) != len(named) or set(named) != trained):
+        problem = "the objectives' variables are not the trained weights, each once"
+    if problem:
+        raise invalid(f"program {program.name!r}: objectives: {problem}")
+    count_backward_passes(list(kernels.values()), sources, [o.loss_kernel for o in objectives])
+    return tuple(objectives)
 
 
 def check_optimizer_groups(program: pb.Program, optimizer: OptimizerConfig | None,

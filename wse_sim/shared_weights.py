@@ -23,6 +23,9 @@ from wafer.optimizers import Optimizer, slot_name
 from wafer.weight_programs import WeightProgram
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, ParamSpec, SharedWeight, WeightUse
 
+# a batch's gradient kept aside: dense, or an IndexedSlices' (indices, values)
+HeldGradient = np.ndarray | tuple[np.ndarray, np.ndarray]
+
 
 class UseRegion(Protocol):
     """What a use needs of its region (wse_sim.pipeline.Region)."""
@@ -159,6 +162,21 @@ class SharedWeights:
         """The batch's gradients by TF name (sparse: their IndexedSlices' values)."""
         return {v.weight.variable: v.slices[1] if v.slices is not None else v.grad
                 for v in self.trained() if v.grad is not None}
+
+    def held(self, variables: frozenset[str]) -> dict[str, HeldGradient]:
+        """Copies of the batch's gradients of `variables` (sparse: their IndexedSlices)."""
+        return {v.weight.variable: (v.slices[0].copy(), v.slices[1].copy())
+                if v.slices is not None else v.grad.copy()
+                for v in self.trained() if v.weight.variable in variables and v.grad is not None}
+
+    def restore(self, held: Mapping[str, HeldGradient]) -> None:
+        """The gradients `held` gave, back as the batch's (for the update)."""
+        for v in self.trained():
+            gradient = held.get(v.weight.variable)
+            if isinstance(gradient, tuple):
+                v.slices = gradient
+            elif gradient is not None and v.grad is not None:
+                np.copyto(v.grad, gradient)
 
     def regularization(self) -> float:
         return float(sum((reg.loss(v.value) for v in self.variables.values()

@@ -87,6 +87,17 @@ class StatisticAverage:
 
 
 @dataclass(frozen=True)
+class Objective:
+    """One of several losses the train_op minimizes in one step (a GAN's discriminator and
+    generator losses) and the variables whose gradients are its."""
+
+    loss: str  # the TF tensor
+    variables: tuple[str, ...]
+    source: str  # user file:line of the loss
+    loss_kernel: str = ""  # its loss kernel (match)
+
+
+@dataclass(frozen=True)
 class TrainingSpec:
     """What the train_op does, proven from the graph (coordinator.compiler.training)."""
 
@@ -105,6 +116,9 @@ class TrainingSpec:
     # dynamic loss scaling (loss_scale is then the scale's initial value)
     dynamic_loss_scale: Rule | None = None
     step_counts_applied: bool = False  # its skipped steps leave the global step (TF's wrapper)
+    # several losses minimized in one step, in the order of their first update: each
+    # variable takes its objective's gradient (none: every gradient is the loss's)
+    objectives: tuple[Objective, ...] = ()
 
     @property
     def state_variables(self) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import SHAPE_OPS, user_source
+from coordinator.compiler.extract import SHAPE_OPS, data_upstream, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, UnsupportedOp
 from coordinator.compiler.loss_divisors import (
     DIVISOR_OPS,
@@ -128,15 +128,17 @@ def _weight_terms(m: TailContext, tensor: tf.Tensor, bases: list, reasons: list)
             _weight_terms(m, t, bases, reasons)
 
 
-def lower_loss(m: TailContext, loss: tf.Tensor) -> tuple[str, dict[str, list[tuple[str, float]]]]:
+def lower_loss(m: TailContext, loss: tf.Tensor, own_frontier: bool = False,
+               ) -> tuple[str, dict[str, list[tuple[str, float]]]]:
     """Add the `loss` kernel for the batch reduction; return its name and the regularizers
-    by variable (kind, scale). Problems are added to m.unsupported."""
+    by variable (kind, scale). Problems are added to m.unsupported. `own_frontier`: of the
+    batch reductions, those the loss is computed from only (one of several losses)."""
     with tf.compat.v1.Session(graph=m.graph) as session:  # (one for every measurement)
-        return _lower_loss(m, loss, session)
+        return _lower_loss(m, loss, session, own_frontier)
 
 
 def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
-                ) -> tuple[str, dict[str, list[tuple[str, float]]]]:
+                own_frontier: bool = False) -> tuple[str, dict[str, list[tuple[str, float]]]]:
     if loss.name not in m.tail:
         return _reject(m, loss.op, "the loss is not reduced over the batch from per-sample "
                                    "values (e.g. tf.reduce_mean of per-sample losses)")
@@ -189,6 +191,9 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
                 return _reject(m, *reasons[0])
             bases += found
     frontier = list(dict.fromkeys(m.frontier))
+    if own_frontier:
+        upstream = set(data_upstream(loss.op))
+        frontier = [t for t in frontier if t.op in upstream]
     half = any(t.dtype == tf.float16 for t in frontier) or \
         any(t.dtype == tf.float16 for op in ops for t in op.outputs)
     rtol = HALF_RTOL if half else RTOL

@@ -30,12 +30,13 @@ from coordinator.compiler import (
     refusals,
     second_order,
 )
-from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
 from coordinator.compiler.rules import FAST_PATHS
 from coordinator.compiler.step_values import StepValues
-from coordinator.compiler.training import analyze_training
+from coordinator.compiler.training import analyze_training, objective_losses, skip_identity
+from coordinator.compiler.training.writes import _is_write
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from tf_model.estimator_spec import ModeKeys
 
@@ -464,16 +465,28 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     spec = extracted.spec
     hosts = host_tensors(extracted)
     predict = extracted.mode == ModeKeys.PREDICT
-    matcher = Matcher(extracted, list(hosts) if predict else [spec.loss], hosts)
+    objectives = objective_losses(extracted) if extracted.mode == ModeKeys.TRAIN else []
+    matcher = Matcher(extracted, list(hosts) if predict else [spec.loss, *objectives], hosts)
     matcher.unsupported.extend(_check_inputs(extracted))
-    matcher.run()
+    matcher.unsupported.extend(_after_update([spec.loss, *objectives] if objectives else []))
+    if not matcher.unsupported or not objectives:
+        matcher.run()
     loss_kernel, regularizers = "", dict[str, list[tuple[str, float]]]()
     if not predict and not matcher.unsupported:
-        loss_kernel, regularizers = loss_tail.lower_loss(matcher, spec.loss)
+        loss_kernel, regularizers = loss_tail.lower_loss(matcher, spec.loss, bool(objectives))
+    loss_kernels = _objective_kernels(matcher, spec, objectives, loss_kernel, regularizers)
     training = None
     if extracted.mode == ModeKeys.TRAIN and not matcher.unsupported:
         half = any(k.attrs.get("precision") == precision.FLOAT16 for k in matcher.kernels)
         training = analyze_training(extracted, half=half, normalized=normalized(matcher))
+        training = replace(training, objectives=tuple(
+            replace(o, loss_kernel=loss_kernels.get(skip_identity(
+                extracted.graph.get_tensor_by_name(o.loss)).name, ""))
+            for o in training.objectives))
+        matcher.unsupported.extend(
+            UnsupportedOp("Loss", o.loss, o.source, "a loss the train_op minimizes besides "
+                          "model_fn's that the compiler did not lower (no loss kernel)")
+            for o in training.objectives if not o.loss_kernel)
         matcher.unsupported.extend(untrainable(matcher, training))
         matcher.unsupported.extend(moving_statistics(matcher, training))
         if training.loss_scale != 1.0:  # into the float16 backward's seed
@@ -496,6 +509,55 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     return MatchedModel(inputs=extracted.inputs, kernels=kernels, loss_kernel=loss_kernel,
                         outputs=outputs, training=training,
                         unsupported=tuple(matcher.unsupported), weight_program=weights)
+
+
+def _objective_kernels(matcher: Matcher, spec: Any, objectives: list[tf.Tensor],
+                       loss_kernel: str, regularizers: dict) -> dict[str, str]:
+    """The loss kernel of each loss a GAN's train_op minimizes besides model_fn's, by
+    tensor (model_fn's: `loss_kernel`); their tails proven as model_fn's loss's. A weight
+    penalty in any of them is refused (the CS adds a weight's penalty to one gradient)."""
+    kernels = {skip_identity(spec.loss).name: loss_kernel} if spec.loss is not None else {}
+    for loss in objectives:
+        if matcher.unsupported:
+            break
+        kernels[skip_identity(loss).name], penalties = loss_tail.lower_loss(matcher, loss, True)
+        if penalties and not matcher.unsupported:
+            _refuse_penalty(matcher, loss.op)
+    if objectives and regularizers and not matcher.unsupported:
+        _refuse_penalty(matcher, spec.loss.op)
+    nodes = {k.name: k for k in matcher.kernels}
+    for loss in ([*objectives, spec.loss] if objectives and not matcher.unsupported else []):
+        node = nodes[kernels[skip_identity(loss).name]]
+        if "divisors" in node.attrs:
+            matcher.unsupported.append(UnsupportedOp(
+                loss.op.type, loss.op.name, user_source(loss.op), "a loss divided by a count or "
+                "sum of the batch (per-sample weights) among several losses minimized in one "
+                "step: the CS divides one loss so; weight the samples with a constant mean "
+                "(tf.reduce_mean(w * l)) or train without per-sample weights"))
+            break
+    return kernels
+
+
+def _refuse_penalty(matcher: Matcher, op: tf.Operation) -> None:
+    matcher.unsupported.append(UnsupportedOp(
+        op.type, op.name, user_source(op), "a weight penalty in a loss of several minimized in "
+        "one step: the CS adds a penalty to one loss's gradients; train the losses without "
+        "weight penalties"))
+
+
+def _after_update(losses: list[tf.Tensor]) -> list[UnsupportedOp]:
+    """Of several losses minimized in one step, one computed (in part) after a variable's
+    write: a forward pass built anew under tf.control_dependencies([an update]), which reads
+    the updated weights, where the CS computes every loss from the step's forward pass."""
+    for loss in losses:
+        for op in sorted(data_upstream(loss.op), key=lambda op: op._id):
+            if any(_is_write(w) for c in op.control_inputs for w in op_closure(c)):
+                return [UnsupportedOp(op.type, op.name, user_source(op), (
+                    "computes a loss of several minimized in one step after the train_op's "
+                    "update (under tf.control_dependencies): it reads the updated weights, the "
+                    "CS computes every loss from the step's forward pass; compute the losses "
+                    "outside the control dependencies"))]
+    return []
 
 
 def normalized(matcher: Matcher) -> dict[str, frozenset[str]]:

@@ -469,6 +469,8 @@ def build_kernels(model: MatchedModel) -> list:
             raise RuntimeError(f"kernel {node.name}: library output shape {kernel.output_shape} "
                                f"differs from TensorFlow's {node.output_shape}")
         built.append(kernel)
+    timing.count_backward_passes(built, [node.inputs for node in model.kernels], [
+        o.loss_kernel for o in (model.training.objectives if model.training else ())])
     return built
 
 

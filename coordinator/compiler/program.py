@@ -132,6 +132,8 @@ def emit_training(program: pb.Program, training: TrainingSpec,
     transforms."""
     program.optimizer.CopyFrom(training.optimizer.to_message())
     program.optimizer_groups.extend(g.to_message() for g in training.optimizer_groups)
+    program.objectives.extend(pb.Objective(loss_kernel=o.loss_kernel, variables=list(o.variables))
+                              for o in training.objectives)
     for param in program.weight_program.sources:
         param.frozen = param.frozen or not training.update(param.variable)
         param.update = "" if param.frozen else training.update(param.variable)

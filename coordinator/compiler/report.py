@@ -167,12 +167,17 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
     if training.optimizer_groups:
         named = {v for g in training.optimizer_groups for v in g.variables}
         rest = [v.name for v in training.variables if v.name not in named]
-        lines = [f"Optimizers (one backward pass of the loss; each updates its variables from "
-                 f"the gradients before the step): {_optimizer(training.optimizer, training)} "
-                 f"for {', '.join(rest)}"]
+        passes = "one backward pass of the loss; " if not training.objectives else ""
+        lines = [f"Optimizers ({passes}each updates its variables from the gradients before "
+                 f"the step): {_optimizer(training.optimizer, training)} for {', '.join(rest)}"]
         lines += [f"  {_optimizer(g.config, training)} for {', '.join(g.variables)}"
                   + (f" (step counters {', '.join(g.config.scalar_names)})"
                      if g.config.scalar_names else "") for g in training.optimizer_groups]
+    if training.objectives:
+        lines.append("Objectives (several losses minimized in one step: a backward pass of each "
+                     "from the step's forward activations, then the updates): " + "; ".join(
+                         f"{o.loss} at {o.source} (kernel {o.loss_kernel}) for "
+                         f"{', '.join(o.variables)}" for o in training.objectives))
     sparse = [v.name for v in training.variables if v.update == "sparse"]
     lines.append(f"Trained weights: {len(training.variables)}"
                  + (f" (sparse updates: {', '.join(sparse)})" if sparse else ""))
@@ -273,6 +278,8 @@ def compile_json(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         "optimizer": None if model.optimizer is None else vars(model.optimizer),
         "optimizer_groups": [{"optimizer": vars(g.config), "variables": list(g.variables)}
                              for g in (model.training.optimizer_groups if model.training else ())],
+        "objectives": [{"loss": o.loss, "loss_kernel": o.loss_kernel, "variables": list(o.variables)}
+                       for o in (model.training.objectives if model.training else ())],
         "estimate": {
             "samples_per_sec": t.samples_per_sec,
             "compute_samples_per_sec": t.compute_samples_per_sec,
@@ -366,10 +373,12 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         lines.append(f"{k.name:<28} {kind:<28} {rect:<24} {r.cores:>8,} "
                      f"{_n(kt.samples_per_sec):>14} {mem / 1024:>7.1f}KB  {k.source}")
     lines.append("")
+    several = mode == "train" and model.training is not None and bool(model.training.objectives)
     lines.append(f"Timing model (wafer/timing.py): t_comp = F_k / (useful cores x "
                  f"{fabric.flops_per_cycle:g} FLOP/cycle x {fabric.clock_hz / 1e9:g} GHz x "
                  f"eta {fabric.efficiency:g}), F_k = "
-                 f"{timing.TRAIN_FLOPS_FACTOR if mode == 'train' else 1} x forward FLOPs; "
+                 f"{timing.TRAIN_FLOPS_FACTOR if mode == 'train' else 1} x forward FLOPs"
+                 f"{' ((1 + 2 n) x, n the losses whose backward pass reaches it)' if several else ''}; "
                  "t_comm = bytes per sample / (edge cores x 4 B x f); Samples/s = "
                  f"min({f'{placement.replicas} replicas x ' if replicated else ''}1 / max_k t_k, "
                  "I/O bytes/s / bytes per sample)")

@@ -209,15 +209,6 @@ def test_state_the_train_op_keeps_is_refused_saying_what_to_do_instead():
                                  "statistics: compute the value anew every step")
 
 
-def test_a_gans_two_adam_optimizers_are_refused_in_the_users_terms():
-    """(Two optimizers of model_fn's loss train: tests/coordinator/test_several_optimizers.py)"""
-    error = refusal(tm.gan_two_adams)
-    assert error.message.startswith("the train_op's optimizers minimize different losses (")
-    assert "a GAN's discriminator and generator steps" in error.message
-    assert line_of("discriminator line") in error.message
-    assert line_of("generator line") in error.message
-
-
 def test_two_optimizers_one_with_a_schedule_are_refused_naming_both_lines():
     error = refusal(tm.two_optimizers)
     assert line_of("slow line") in error.message and line_of("fast line") in error.message

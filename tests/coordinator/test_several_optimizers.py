@@ -2,8 +2,8 @@
 (a learning rate per part of the model, SGD on a pretrained body and Adam on a new head, a
 second AdamOptimizer with its own beta powers): the CS runs one backward pass and updates
 each variable with its group's optimizer, with TF's numbers, slots and step counters; a
-checkpoint resumes; the trained model evaluates on the CS. Two losses trained at once (a
-GAN, a WGAN critic) are refused in one line."""
+checkpoint resumes; the trained model evaluates on the CS. (Two losses trained at once, a
+GAN's: test_gans.py.)"""
 from __future__ import annotations
 
 import inspect
@@ -189,30 +189,6 @@ def test_a_run_resumed_from_a_checkpoint_continues_both_optimizers(tmp_path):
                                "beta2_power_1"})
 
 
-def gan(features, labels, mode, params):
-    """A GAN as users write it: the discriminator's and the generator's Adam, grouped."""
-    noise = tf.keras.layers.Dense(12, name="generator")(tf.reverse(features, [1]))
-    critic = tf.keras.layers.Dense(1, name="discriminator")
-    d_real, d_fake = critic(features), critic(noise)
-    d_vars = [v for v in v1.trainable_variables() if v.name.startswith("discriminator/")]
-    g_vars = [v for v in v1.trainable_variables() if v.name.startswith("generator/")]
-    step = v1.train.get_or_create_global_step()
-    if params["kind"] == "wgan":  # critic by RMSProp on E[D(fake)] - E[D(real)]
-        d_loss = tf.reduce_mean(d_fake) - tf.reduce_mean(d_real)
-        g_loss = -tf.reduce_mean(d_fake)
-        d_train = v1.train.RMSPropOptimizer(5e-5).minimize(d_loss, var_list=d_vars)
-        g_train = v1.train.RMSPropOptimizer(5e-5).minimize(  # wgan's generator
-            g_loss, var_list=g_vars, global_step=step)
-    else:
-        d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
-                  + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
-        g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
-        d_train = v1.train.AdamOptimizer(2e-4, 0.5).minimize(d_loss, var_list=d_vars)
-        g_train = v1.train.AdamOptimizer(2e-4, 0.5).minimize(  # gan's generator
-            g_loss, var_list=g_vars, global_step=step)
-    return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss, train_op=tf.group(d_train, g_train))
-
-
 def twice_counted(features, labels, mode, params):
     loss, body, head = _parts(features, labels)
     step = v1.train.get_or_create_global_step()
@@ -226,18 +202,6 @@ def twice_counted(features, labels, mode, params):
 def _line(fragment: str) -> str:
     lines = inspect.getsource(inspect.getmodule(_line)).splitlines()
     return f"test_several_optimizers.py:{next(i for i, s in enumerate(lines) if fragment in s) + 1}"
-
-
-@pytest.mark.parametrize("kind", ["gan", "wgan"])
-def test_two_losses_trained_at_once_are_refused_in_one_line(kind, tmp_path):
-    with pytest.raises(CSRunError) as info:
-        compile_model(gan, input_fn, {"kind": kind}, str(tmp_path), validate_only=True)
-    message = info.value.message
-    assert message.startswith("the train_op's optimizers minimize different losses (")
-    assert "a GAN's discriminator and generator steps, or any two losses trained in one step, " \
-           "do not run on it" in message and "\n" not in message
-    assert _line(f"# {kind}'s generator") in message
-    assert "var_list splits the variables among them" in info.value.hint
 
 
 def test_the_global_step_counted_by_two_optimizers_is_refused(tmp_path):

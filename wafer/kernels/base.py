@@ -64,6 +64,9 @@ class RunContext:
     batch: tuple[Any, ...] = ()
     offset: int = 0  # the batch's index of the micro-batch's first sample (forward)
     step: int = 0  # the global step the batch trains from (evaluation: the checkpoint's)
+    # the step's forward pass run again (a further loss's backward pass: wse_sim.pipeline):
+    # what a training forward moves (moving statistics) moved in the first
+    replay: bool = False
 
     def wants_grad(self, index: int) -> bool:
         return self.input_grads is None or bool(self.input_grads[index])
@@ -99,6 +102,9 @@ class Kernel:
         self.name = name
         self.attrs = dict(attrs)
         self.input_shapes = [tuple(int(d) for d in s) for s in input_shapes]
+        # backward passes of a training step through it: one per loss whose backward pass
+        # reaches it when a step minimizes several (a GAN's; wafer.timing.count_backward_passes)
+        self.backward_passes = 1
 
     # ---- shapes and cost model (compiler and timing model) ----
     @property

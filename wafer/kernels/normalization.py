@@ -195,14 +195,14 @@ class BatchNormTraining(_BatchNorm):
     # ---- the batch barrier ----
     def batch_statistics(self, params, inputs: Sequence[np.ndarray], ctx: RunContext):
         """(mean, variance, r = rsqrt(variance + eps), inv = r [* scale]) of the whole
-        batch of x; a training batch moves the moving statistics."""
+        batch of x; a training batch moves the moving statistics (once: not in a replay)."""
         x = inputs[0]
         count = np.float32(x.size // self.channels)
         mean = column_sum(x.reshape(-1, self.channels)) / count
         variance = column_sum(np.square(x - mean).reshape(-1, self.channels)) / count
         r = _ONE / np.sqrt(variance + self.eps)
         inv = r * params["scale"] if self.scale else r
-        if ctx.training:
+        if ctx.training and not ctx.replay:
             batch_variance = variance
             if self.fused:  # FusedBatchNormV3's batch_variance output: Bessel's correction
                 with np.errstate(divide="ignore"):

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Mapping
 
 import numpy as np
+import tensorflow as tf
 
 from common.errors import CSRunError
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
-from coordinator.compiler.ir import StatisticAverage, TrainedVariable, TrainingSpec
+from coordinator.compiler.ir import Objective, StatisticAverage, TrainedVariable, TrainingSpec
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from coordinator.compiler.training import loss_scaling
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
@@ -90,19 +91,28 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                 hints.append(problem.hint)
         if problems:
             raise _Problems(problems, hints[0])
-        zeroed = zero_gradients(extracted.spec.loss, [u.variable for u in updates
-                                                      if u.indices is None], normalized)
+        try:
+            objectives = _objectives(extracted, chains, dynamic is not None or half)
+        except _Refused as problem:
+            raise _Problems([str(problem)], problem.hint) from None
+        zeroed = tuple(v for loss, names in _losses(extracted, chains)
+                       for v in zero_gradients(loss, [u.variable for u in updates if u.indices
+                                                      is None and u.variable in names],
+                                               normalized))
         try:
             _group_order(chains)
+            _clipped_apart(chains, objectives)
             if half:
                 _check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
                                HALF_GRADIENT_NOISE, zeroed)
                 noise_floored: tuple[str, ...] = ()  # (float16's noise is real gradients' size)
             else:
                 largest = _check_numbers(extracted, chains, statistic_averages, zeroed=zeroed)
-                noise_floored = floored(extracted.spec.loss, {
-                    u.variable: u.optimizer for u in updates
-                    if u.indices is None and u.variable not in zeroed}, largest, GRADIENT_NOISE)
+                noise_floored = tuple(v for loss, names in _losses(extracted, chains)
+                                      for v in floored(loss, {
+                                          u.variable: u.optimizer for u in updates
+                                          if u.indices is None and u.variable not in zeroed
+                                          and u.variable in names}, largest, GRADIENT_NOISE))
             transforms, loss_scale = _fold_loss_scale(chains, half)
             scaling = None
             if dynamic is not None:
@@ -127,7 +137,94 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                         schedules=schedules, moving_averages=moving, weight_writes=writes,
                         statistic_averages=tuple(statistic_averages),
                         dynamic_loss_scale=scaling,
-                        step_counts_applied=dynamic is not None and dynamic.step_counts_applied)
+                        step_counts_applied=dynamic is not None and dynamic.step_counts_applied,
+                        objectives=objectives)
+
+
+def _losses(extracted: ExtractedGraph, chains: list) -> list[tuple[tf.Tensor, set[str]]]:
+    """Each loss the updates minimize (model_fn's, or each objective) and their variables,
+    in the order of their first update."""
+    found: dict[str, tuple[tf.Tensor, set[str]]] = {}
+    for c in chains:
+        loss = c.call.objective if c.call.objective is not None else extracted.spec.loss
+        found.setdefault(loss.name, (loss, set()))[1].add(c.update.variable)
+    return list(found.values())
+
+
+def _clipped_apart(chains: list, objectives: tuple[Objective, ...]) -> None:
+    """A clip_by_global_norm over several losses' gradients, refused: the CS transforms each
+    loss's gradients after its own backward pass."""
+    owner = {v: k for k, o in enumerate(objectives) for v in o.variables}
+    if not owner:
+        return
+    for step in (s for c in chains for s in c.steps if s.kind == "clip_by_global_norm"):
+        if len({owner[v] for v in step.variables}) > 1:
+            raise _fail(step.anchor, "clip_by_global_norm over the gradients of several losses "
+                                     "minimized in one step: the CS transforms each loss's "
+                                     "gradients apart; clip each optimizer's gradients by "
+                                     "their own norm")
+
+
+def _unscaled(chain) -> bool:
+    """An objective's gradients of S x its loss unscaled by 1 / S (a loss scale optimizer's
+    static scale S)."""
+    y = chain.call.objective
+    if y is None or y.op.type != "Mul" or not chain.steps or chain.steps[0].kind != "scale":
+        return False
+    return any(s is not None and s != 1.0 and np.isclose(s * chain.steps[0].value, 1.0)
+               for s in map(_scalar, y.op.inputs))
+
+
+def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool) -> tuple[Objective, ...]:
+    """The objectives when the updates minimize several losses (a GAN's); what the CS does
+    not carry out with them (loss scaling: one scale seeds one backward pass; `scaling`:
+    a float16 model's, or dynamic), refused."""
+    losses = _losses(extracted, chains)
+    if len(losses) == 1 and losses[0][0] is not extracted.spec.loss:
+        loss = extracted.spec.loss
+        raise _fail(chains[0].update.op, f"the train_op minimizes {losses[0][0].name} computed "
+                                         f"at {user_source(losses[0][0].op)}, not the loss "
+                                         f"model_fn returns ({loss.name} at "
+                                         f"{user_source(loss.op)})")
+    if len(losses) < 2:
+        return ()
+    scaled = next((c for c in chains if c.call.scale != 1.0 or _unscaled(c)), None)
+    if scaling or scaled is not None:
+        raise _fail(chains[0].update.op if scaled is None else scaled.update.op,
+                    "loss scaling (or a float16 model) with several losses minimized in one "
+                    "step: the CS scales one loss's backward pass; train them in float32 "
+                    "without loss scaling")
+    _read_before_updates(losses, chains)
+    order = [c.update.variable for c in chains]
+    return tuple(Objective(loss.name, tuple(v for v in order if v in names),
+                           user_source(loss.op)) for loss, names in losses)
+
+
+def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list) -> None:
+    """A loss reading a weight another loss's optimizer updates reads it in that loss's
+    forward pass too, or before the update (the update waits for the read): the ordering
+    TF gives one loss and its update, which the CS gives (every read before any update). A
+    read of a pass of its own with no order to the update (another batch of fakes through
+    the generator: TF reads before or after the update, by chance) is refused."""
+    updates = {c.update.variable: c.update.op for c in chains}
+    owner = {v: j for j, (_, names) in enumerate(losses) for v in names}
+    forward = [set(data_upstream(loss.op)) for loss, _ in losses]
+    closures: dict[str, set[tf.Operation]] = {}
+    for k, (loss, names) in enumerate(losses):
+        for read in sorted(forward[k], key=lambda op: op._id):
+            if read.type not in ("ReadVariableOp", "Identity") or not read.inputs:
+                continue
+            variable = variable_op(read.inputs[0]).name
+            if variable not in updates or variable in names or read in forward[owner[variable]]:
+                continue
+            if variable not in closures:
+                closures[variable] = set(op_closure(updates[variable]))
+            if read not in closures[variable]:
+                raise _fail(read, f"{loss.name} reads {variable}, which another loss's "
+                                  f"optimizer updates in the step, with no order to that "
+                                  f"update (TF reads it before or after the update, by "
+                                  f"chance); compute the losses from one forward pass, or "
+                                  f"make the update wait for the read")
 
 
 def optimizer_groups(updates: list[_Update]) -> tuple[OptimizerGroup, ...]:

@@ -1,6 +1,7 @@
 """Gradients: each applied gradient peeled back through recognised transforms (scale,
 clip_by_value, clip_by_norm, clip_by_global_norm) to the output of tf.gradients, whose seed
-must sit on model_fn's loss (or on S * loss: loss scaling, a scale S)."""
+must sit on model_fn's loss (or on S * loss: loss scaling, a scale S), or on one of several
+losses the calls minimize (objectives: a GAN's discriminator and generator losses)."""
 from __future__ import annotations
 
 import re
@@ -9,7 +10,7 @@ from operator import attrgetter
 
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, each_once, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, each_once, op_closure, user_source
 from coordinator.compiler.training.graph import _const, _fail, _Refused, _scalar, _skip_identity
 from coordinator.compiler.training.updates import _Update
 
@@ -24,10 +25,12 @@ _NORM_OPS = {"Mul", "Sum", "Greater", "Fill", "Select", "SelectV2", "Sqrt", "Max
 
 @dataclass(frozen=True)
 class _GradientCall:
-    """One tf.gradients call: its name scope and the loss scale S of y = S * loss."""
+    """One tf.gradients call: its name scope, the loss scale S of y = S * loss, and the
+    loss it differentiates when not model_fn's (one of several objectives: a GAN's)."""
 
     scope: str
     scale: float
+    objective: tf.Tensor | None = None
 
 
 @dataclass(eq=False)
@@ -58,16 +61,15 @@ class _Chain:
 def _gradient_calls(extracted: ExtractedGraph,
                     updates: list[_Update]) -> dict[str, _GradientCall | _Refused]:
     """tf.gradients calls by name scope (their seeds `<scope>/grad_ys_<i>`) and what they
-    differentiate: the loss, S * loss, or something else (refused)."""
+    differentiate: the loss, S * loss, one of several losses (objectives), or something
+    else (refused)."""
     graph, loss = extracted.graph, extracted.spec.loss
-    seeds: dict[str, list[tf.Operation]] = {}
-    for op in graph.get_operations():
-        m = re.match(r"^(.*)/grad_ys_\d+$", op.name)
-        if m and op.type == "Fill":
-            seeds.setdefault(m.group(1), []).append(op)
+    seeds = _seeds(graph)
     core = _skip_identity(loss).op
     varying = _downstream([graph.get_operation_by_name(u.variable) for u in updates])
     calls: dict[str, _GradientCall | _Refused] = {}
+    others: dict[str, tf.Tensor] = {}  # the calls of another tensor than the loss
+    minimized = _minimized_by(graph, _applied(extracted, seeds), loss)
     for scope, fills in seeds.items():
         if len(fills) != 1:
             calls[scope] = _fail(fills[0], "gradients of several tensors at once")
@@ -82,6 +84,8 @@ def _gradient_calls(extracted: ExtractedGraph,
         scale = 1.0 if _is_loss(starts, core, varying) else (
             _loss_scale(next(iter(starts)), core) if len(starts) == 1 else None)
         if scale is None:
+            if scope in minimized:
+                others[scope] = minimized[scope]
             upstream = set(data_upstream(core))
             y = min((op for op in starts if op not in upstream), default=None,
                     key=attrgetter("name"))
@@ -94,35 +98,81 @@ def _gradient_calls(extracted: ExtractedGraph,
                 f"{user_source(min(starts, key=lambda op: op.name))}), not all of it")
             continue
         calls[scope] = _GradientCall(scope, scale * seed_value)
-    return _several_losses(calls, seeds) or calls
+    return {**calls, **_objectives(calls, others, seeds)}
 
 
-def _several_losses(calls: dict[str, _GradientCall | _Refused],
-                    seeds: dict[str, list[tf.Operation]]) -> dict[str, _GradientCall | _Refused]:
-    """With several tf.gradients calls of which some minimize another tensor than the loss
-    (a GAN's discriminator and generator losses), every refused call says that, naming what
-    each call minimizes; {} when not so."""
-    refused = [scope for scope, call in calls.items() if isinstance(call, _Refused)]
-    if len(calls) < 2 or not refused:
-        return {}
-    minimized = []
+def _seeds(graph: tf.Graph) -> dict[str, list[tf.Operation]]:
+    """The seeds of the graph's tf.gradients calls by name scope."""
+    seeds: dict[str, list[tf.Operation]] = {}
+    for op in graph.get_operations():
+        m = re.match(r"^(.*)/grad_ys_\d+$", op.name)
+        if m and op.type == "Fill":
+            seeds.setdefault(m.group(1), []).append(op)
+    return seeds
+
+
+def _applied(extracted: ExtractedGraph,
+             seeds: dict[str, list[tf.Operation]]) -> dict[str, list[tf.Operation]]:
+    """The seeds of the calls the train_op runs (not a summary's or a metric's)."""
+    closure = set(op_closure(extracted.spec.train_op))
+    return {scope: fills for scope, fills in seeds.items() if fills[0] in closure}
+
+
+def _minimized_by(graph: tf.Graph, seeds: dict[str, list[tf.Operation]],
+                  loss: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The tensor y each tf.gradients call differentiates, by scope: the op whose gradient
+    function reads the seed, or the sum (Identity, AddN, Add) that passed it on to them.
+    A call inside the forward pass (a gradient penalty's: the loss or another y is computed
+    from its seed) minimizes nothing and is left out."""
+    varying = _downstream([op for op in graph.get_operations() if op.type in _VARIABLE_OPS])
+    found = {}
     for scope, fills in seeds.items():
-        y = fills[0].outputs[0].consumers()
-        start = next((op for c in y if (op := _forward_op(fills[0].graph, scope, c))), None)
-        what = "model_fn's loss" if not isinstance(calls[scope], _Refused) else \
-            start.outputs[0].name if start is not None else "a tensor"
-        minimized.append(f"{what} minimized at {user_source(fills[0])}")
-    line = (f"the train_op's optimizers minimize different losses ({'; '.join(minimized)}): the "
-            "CS runs one backward pass, of the loss model_fn returns, and applies each "
-            "optimizer's share of its gradients; a GAN's discriminator and generator steps, or "
-            "any two losses trained in one step, do not run on it")
-    hint = ("minimize model_fn's loss with every optimizer (var_list splits the variables "
-            "among them), or train the two objectives in jobs of their own")
-    return {**calls, **{scope: _fail(seeds[scope][0], line, hint) for scope in refused}}
+        starts = {op for c in fills[0].outputs[0].consumers()
+                  if (op := _forward_op(graph, scope, c)) is not None}
+        front = set(starts)
+        while len(starts) > 1 and front:
+            front = {c for op in front for out in op.outputs for c in out.consumers()
+                     if c.type in _PASS_THROUGH}
+            y = min((op for op in front if _is_loss(starts, op, varying)), default=None,
+                    key=attrgetter("name"))
+            if y is not None:
+                starts = {y}
+        if len(starts) == 1:
+            found[scope] = next(iter(starts)).outputs[0]
+    forward = {op for y in [loss, *found.values()] for op in data_upstream(y.op)}
+    return {scope: y for scope, y in found.items() if seeds[scope][0] not in forward}
+
+
+def _objectives(calls: dict[str, _GradientCall | _Refused], others: dict[str, tf.Tensor],
+                seeds: dict[str, list[tf.Operation]]) -> dict[str, _GradientCall]:
+    """The calls of several losses minimized in one step (a GAN's discriminator and
+    generator losses: two tensors at least, model_fn's loss counting as one when a call
+    minimizes it), each a call of its objective with seed 1; {} when not so."""
+    losses = {_skip_identity(t).name for t in others.values()}
+    if len(losses) + any(isinstance(c, _GradientCall) for c in calls.values()) < 2:
+        return {}
+    return {scope: _GradientCall(scope, 1.0, y) for scope, y in others.items()
+            if _scalar(seeds[scope][0].inputs[1]) == 1.0}
+
+
+def objective_losses(extracted: ExtractedGraph) -> list[tf.Tensor]:
+    """The losses besides model_fn's that the train_op's tf.gradients calls minimize when
+    it minimizes several (a GAN's), in the order of their calls; [] when one."""
+    loss = _skip_identity(extracted.spec.loss)
+    found: dict[str, tf.Tensor] = {}
+    minimizes_loss = False
+    seeds = _applied(extracted, _seeds(extracted.graph))
+    for y in _minimized_by(extracted.graph, seeds, loss).values():
+        if _skip_identity(y).name == loss.name or _loss_scale(y.op, loss.op) is not None:
+            minimizes_loss = True
+        else:
+            found.setdefault(_skip_identity(y).name, y)
+    return list(found.values()) if len(found) + minimizes_loss >= 2 else []
 
 
 # Ops whose gradient functions may pass the seed on without creating an op.
 _PASS_THROUGH = {"Identity", "AddN", "Add", "AddV2"}
+_VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
 
 
 def _is_loss(starts: set[tf.Operation], core: tf.Operation, varying: set) -> bool:

@@ -39,8 +39,11 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
     skipped (the weights too large). (Moving averages and what else the gradients' control
     dependencies read are initialised too: gradients computed under
     tf.control_dependencies(update_ops) or a weight decay run them.)"""
-    graph, loss = extracted.graph, extracted.spec.loss
-    handles = {op.name for op in _variables_under(loss)} | {c.update.variable for c in chains} \
+    graph = extracted.graph
+    losses = {c.update.variable: c.call.objective if c.call.objective is not None
+              else extracted.spec.loss for c in chains}  # (a GAN's: each update's own)
+    handles = {op.name for loss in {t.name: t for t in losses.values()}.values()
+               for op in _variables_under(loss)} | {c.update.variable for c in chains} \
         | {a.variable for a in averages} | {  # (what gradients under control dependencies run)
             op.name for c in chains for op in op_closure(c.raw) if op.type in VARIABLE_OPS}
     with graph.as_default():
@@ -49,7 +52,14 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
         return None  # the weights alone exceed the check's memory: the structure is proven
     with graph.as_default(), tf.name_scope("csrun_training_check"):
         tensors = [graph.get_operation_by_name(c.update.variable).outputs[0] for c in chains]
-        expected = tf.gradients(loss, tensors)
+        by_loss: dict[str, list[int]] = {}
+        for k, c in enumerate(chains):
+            by_loss.setdefault(losses[c.update.variable].name, []).append(k)
+        expected: list = [None] * len(chains)
+        for ks in by_loss.values():
+            grads = tf.gradients(losses[chains[ks[0]].update.variable], [tensors[k] for k in ks])
+            for k, grad in zip(ks, grads):
+                expected[k] = grad
         raw, ours = [], []
         for chain, grad, handle in zip(chains, expected, tensors):
             if grad is None:
@@ -80,7 +90,9 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
             # (written so that a NaN gradient, which compares false with anything, fails)
             if got.shape != want.shape or not float(np.max(np.abs(got - want), initial=0.0)) <= bound:
                 raise _fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
-                                             "is not the gradient of the loss model_fn returns")
+                                             "is not the gradient of the loss " + (
+                                                 "it minimizes" if chain.call.objective is not None
+                                                 else "model_fn returns"))
         largest = {c.update.variable: (c.update.optimizer, float(np.max(
             np.abs(got), initial=0.0)) / abs(c.call.scale)) for c, got in zip(chains, raw_values)}
         check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
