@@ -30,12 +30,18 @@ from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.activations import FLOAT32_ONLY
 from wafer.kernels.elementwise import ARITHMETIC
 
+# What computes an op the CS has no kernel for, said with its refusal.
+_INSTEAD = {"ArgMax": ": write tf.math.top_k(x, 1).indices[:, 0] along a sample's last axis (the same "
+                      "first index of the largest value)",
+            "ArgMin": ": write tf.math.top_k(-x, 1).indices[:, 0] along a sample's last axis (the same "
+                      "first index of the smallest value)"}
 # TF op -> the `activation` kernel's function (element-wise, one input).
 UNARY = {"Neg": "neg", "Abs": "abs", "Square": "square", "Sqrt": "sqrt", "Rsqrt": "rsqrt",
          "Exp": "exp", "Expm1": "expm1", "Log": "log", "Log1p": "log1p",
          "Reciprocal": "reciprocal", "Inv": "reciprocal", "Erf": "erf", "Erfc": "erfc",
          "Lgamma": "lgamma", "Digamma": "digamma", "BesselI0e": "bessel_i0e",
-         "Sin": "sin", "Cos": "cos", "Sign": "sign", "Floor": "floor",
+         "Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan",
+         "Sign": "sign", "Floor": "floor",
          "Ceil": "ceil", "Round": "round", "Rint": "round", "Softsign": "softsign", "Relu": "relu",
          "Relu6": "relu6", "Elu": "elu", "Selu": "selu", "Tanh": "tanh", "Sigmoid": "sigmoid",
          "Softplus": "softplus", "LeakyRelu": "leaky_relu"}
@@ -45,7 +51,7 @@ BINARY = {"Add": "add", "AddV2": "add", "BiasAdd": "add", "Sub": "sub", "Mul": "
           "SquaredDifference": "squared_difference", "Pow": "pow", "Greater": "greater",
           "GreaterEqual": "greater_equal", "Less": "less", "LessEqual": "less_equal",
           "Equal": "equal", "NotEqual": "not_equal", "LogicalAnd": "logical_and",
-          "LogicalOr": "logical_or", "Xlogy": "xlogy", "Xlog1py": "xlog1py"}
+          "LogicalOr": "logical_or", "Xlogy": "xlogy", "Xlog1py": "xlog1py", "Atan2": "atan2"}
 REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min", "Prod": "prod"}
 RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
 # What the weight program (weight_program.py) computes on weights alone: element-wise ops,
@@ -144,7 +150,7 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
     elif handler is None and (op.type == "Where" or op.type.startswith("Sparse")):
         m.reject(op, feature_columns.refusal(op))
     elif handler is None:
-        m.reject(op, "no CS kernel computes this op")
+        m.reject(op, "no CS kernel computes this op" + _INSTEAD.get(op.type, ""))
     else:
         reason = handler(m, op)
         if reason:

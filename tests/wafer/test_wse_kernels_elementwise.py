@@ -90,6 +90,8 @@ ACTIVATIONS = {
     "log1p": (tf.math.log1p, (-0.9, 4)), "reciprocal": (tf.math.reciprocal, (0.2, 3)),
     "erf": (tf.math.erf, (-5, 5)), "erfc": (tf.math.erfc, (-5, 5)), "sin": (tf.sin, (-6, 6)), "cos": (tf.cos, (-6, 6)),
     "sign": (tf.sign, None), "softsign": (tf.nn.softsign, None), "identity": (tf.identity, None),
+    "tan": (tf.math.tan, (-1.3, 1.3)), "asin": (tf.math.asin, (-0.95, 0.95)),
+    "acos": (tf.math.acos, (-0.95, 0.95)), "atan": (tf.math.atan, None),
 }
 
 
@@ -147,10 +149,10 @@ TF_BINARY = {
     "maximum": tf.maximum, "minimum": tf.minimum, "squared_difference": tf.math.squared_difference,
     "pow": tf.pow, "greater": tf.greater, "greater_equal": tf.greater_equal, "less": tf.less,
     "less_equal": tf.less_equal, "equal": tf.equal, "not_equal": tf.not_equal,
-    "xlogy": tf.math.xlogy, "xlog1py": tf.math.xlog1py,
+    "xlogy": tf.math.xlogy, "xlog1py": tf.math.xlog1py, "atan2": tf.math.atan2,
 }
 ARITHMETIC = ["add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow",
-              "xlogy", "xlog1py"]
+              "xlogy", "xlog1py", "atan2"]
 # operands, per-sample input shapes, constant/weight shapes by position
 LAYOUTS = [
     ("ii", [(4, 5), (4, 5)], {}),
@@ -417,7 +419,7 @@ def test_loss_is_the_scaled_batch_sum(shape, reduce):
 
 # ---- refusals ----
 @pytest.mark.parametrize("kernel_type, attrs, shapes, message", [
-    ("binary", {"op": "atan2", "operands": "ii"}, [(3,), (3,)], "unknown op 'atan2'"),
+    ("binary", {"op": "hypot", "operands": "ii"}, [(3,), (3,)], "unknown op 'hypot'"),
     ("binary", {"op": "add", "operands": "iq"}, [(3,)], "operands must be 2 letters"),
     ("binary", {"op": "add", "operands": "ic"}, [(3,)], "attr 'c1' must hold it as a tensor"),
     ("binary", {"op": "add", "operands": "ip"}, [(3,)], "attr 'p1' must hold its shape"),
@@ -430,7 +432,7 @@ def test_loss_is_the_scaled_batch_sum(shape, reduce):
      "would broadcast against the batch axis"),
     ("select", {"operands": "ii"}, [(3,), (3,)], "operands must be 3 letters"),
     ("activation", {"function": "pow"}, [(3,)], "needs a number attr 'exponent'"),
-    ("activation", {"function": "tan"}, [(3,)], "unknown activation 'tan'"),
+    ("activation", {"function": "sinh"}, [(3,)], "unknown activation 'sinh'"),
     ("dense", {"units": 2, "activation": "pow"}, [(3,)], "only an activation kernel"),
     ("cast", {"dtype": "float16"}, [(3,)], "dtype among float32, int32, int64, bool"),
     ("stop_gradient", {}, [(3,), (3,)], "takes 1 input"),

@@ -201,6 +201,38 @@ def _sin_grad(x, y, a, dy, out):  # grad * cos(x)
     return np.multiply(dy, np.cos(x), out=out)
 
 
+def _tan(x, a, out):
+    return np.tan(x, out=out)
+
+
+def _tan_grad(x, y, a, dy, out):  # _TanGrad: grad * square(reciprocal(cos(x)))
+    return np.multiply(dy, np.square(np.reciprocal(np.cos(x))), out=out)
+
+
+def _asin(x, a, out):
+    return np.arcsin(x, out=out)
+
+
+def _asin_grad(x, y, a, dy, out):  # _AsinGrad: grad * reciprocal(sqrt(1 - square(x)))
+    return np.multiply(dy, np.reciprocal(np.sqrt(1 - np.square(x))), out=out)
+
+
+def _acos(x, a, out):
+    return np.arccos(x, out=out)
+
+
+def _acos_grad(x, y, a, dy, out):  # _AcosGrad: -grad * reciprocal(sqrt(1 - square(x)))
+    return np.multiply(-dy, np.reciprocal(np.sqrt(1 - np.square(x))), out=out)
+
+
+def _atan(x, a, out):
+    return np.arctan(x, out=out)
+
+
+def _atan_grad(x, y, a, dy, out):  # _AtanGrad: grad * reciprocal(1 + square(x))
+    return np.multiply(dy, np.reciprocal(1 + np.square(x)), out=out)
+
+
 def _cos(x, a, out):
     return np.cos(x, out=out)
 
@@ -401,6 +433,10 @@ FUNCTIONS: dict[str, tuple[Forward, Backward, int]] = {
     "bessel_i0e": (_i0e, _i0e_grad, 40),
     "sin": (_sin, _sin_grad, 4),
     "cos": (_cos, _cos_grad, 4),
+    "tan": (_tan, _tan_grad, 6),
+    "asin": (_asin, _asin_grad, 8),
+    "acos": (_acos, _acos_grad, 8),
+    "atan": (_atan, _atan_grad, 8),
     "sign": (_sign, _zero_grad, 1),
     "floor": (_floor, _zero_grad, 1),
     "ceil": (_ceil, _zero_grad, 1),
@@ -451,7 +487,7 @@ HALF_GRADIENTS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndar
 
 # Functions (and binary ops) proven against TF's float32 kernels only
 # (wafer/special_functions.py, xlogy and xlog1py): the compiler refuses them in float16.
-FLOAT32_ONLY = ("lgamma", "digamma", "bessel_i0e", "xlogy", "xlog1py")
+FLOAT32_ONLY = ("lgamma", "digamma", "bessel_i0e", "xlogy", "xlog1py", "tan", "asin", "acos", "atan", "atan2")
 # Functions with a parameter of their own (the `activation` kernel's attr named here):
 # fused into dense or conv2d they would run with a default, so only `activation` takes them.
 PARAMETERS = {"pow": "exponent"}

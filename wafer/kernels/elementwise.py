@@ -90,6 +90,11 @@ def _grad_xlog1py(x, y, z, g):  # _XLog1pyGrad: xlog1py(x != 0, y) * g, xdivy(x,
     return _xlog1py((x != 0).astype(np.float32), y) * g, _x_times(x, x / (y + _ONE)) * g
 
 
+def _grad_atan2(y, x, z, g):  # _Atan2Grad of atan2(y, x): grad_inv = g / (x² + y²); x * grad_inv, -y * grad_inv
+    inverse = g / (np.square(x) + np.square(y))
+    return x * inverse, -y * inverse
+
+
 # op -> (forward(x, y), backward(x, y, z, g) -> (gx, gy) before reduction, FLOPs per element)
 ARITHMETIC: dict[str, tuple[Callable[..., np.ndarray], Callable[..., tuple[np.ndarray, np.ndarray]], int]] = {
     "add": (np.add, lambda x, y, z, g: (g, g), 1),
@@ -106,6 +111,7 @@ ARITHMETIC: dict[str, tuple[Callable[..., np.ndarray], Callable[..., tuple[np.nd
     "floor_div": (_floor_div, lambda x, y, z, g: (np.zeros_like(g), np.zeros_like(g)), 2),  # TF: None
     "xlogy": (_xlogy, _grad_xlogy, 5),
     "xlog1py": (_xlog1py, _grad_xlog1py, 6),
+    "atan2": (np.arctan2, _grad_atan2, 10),
 }
 # float16 ops whose TF kernel or gradient rounds in between (docs/design.md, "Mixed
 # precision"): Eigen's SquaredDifference is abs2(x - y) on Eigen::half (x - y rounded);
