@@ -142,6 +142,13 @@ def integer_draws(features, labels, mode, params):
     return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(features * picked), params)
 
 
+def stateless_categorical(features, labels, mode, params):
+    """Classes drawn by tf.random.stateless_categorical with a constant seed."""
+    logits = tf.keras.layers.Dense(CLASSES)(features)
+    action = tf.random.stateless_categorical(logits, 1, seed=[3, 4])[:, 0]
+    return _classifier_spec(mode, labels, logits * tf.one_hot(action, CLASSES), params)
+
+
 def sampled_softmax(features, labels, mode, params):
     """tf.nn.sampled_softmax_loss: a candidate sampler draws classes for the batch."""
     h = tf.keras.layers.Dense(HIDDEN, activation="relu")(features)

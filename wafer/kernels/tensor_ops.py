@@ -490,3 +490,71 @@ class TopK(SampleKernel):
         grad = np.zeros((grad_output.shape[0], *self.input_shapes[0]), grad_output.dtype)
         np.put_along_axis(grad, cache, grad_output, axis=-1)
         return [grad], {}
+
+
+ARG_OUTPUTS = ("int32", "int64")
+
+
+def first_extreme(x: np.ndarray, axis: int, largest: bool, bound: float) -> np.ndarray:
+    """tf.argmax (largest) or tf.argmin of `x` along `axis` by TF's CPU kernel (Eigen's
+    reducer, starting from index 0 and `bound`, the dtype's lowest value for a max, its
+    highest for a min, and taking an element only if it is strictly beyond): the first index
+    of the extreme; NaN never taken; 0 if no element passes `bound` (all NaN, or -inf for a
+    max)."""
+    numbers = np.where(np.isnan(x), bound, x) if x.dtype.kind == "f" else x
+    extreme = (np.max if largest else np.min)(numbers, axis=axis, keepdims=True)
+    beyond = extreme > bound if largest else extreme < bound
+    hit = (numbers == extreme) & beyond
+    return np.where(hit.any(axis), hit.argmax(axis), 0)
+
+
+@register
+class ArgReduce(SampleKernel):
+    """tf.argmax (attr op "max") and tf.argmin ("min") along per-sample `axis`: the first
+    index of the extreme by TF's CPU rule (`first_extreme`: ties to the lower index, NaN
+    never chosen), as attr output (int32 or int64). Attr half: the input holds a float16
+    tensor's values (its lowest and highest, +-65504, bound the search as Eigen::half's).
+    An index takes no gradient, as in TF."""
+
+    type_name = "arg_reduce"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.one_input()
+        op, axis = self.attrs.get("op"), self.attrs.get("axis")
+        output, half = self.attrs.get("output", "int64"), self.attrs.get("half", False)
+        if op not in ("max", "min") or not isinstance(axis, int) or isinstance(axis, bool) or \
+                not 0 <= axis < len(shape) or output not in ARG_OUTPUTS or not isinstance(half, bool):
+            raise KernelError(f"kernel {name!r} (arg_reduce): takes op max or min, a per-sample "
+                              f"axis of {shape}, output {' or '.join(ARG_OUTPUTS)} and a bool "
+                              f"half, got {op!r}, {axis!r}, {output!r}, {half!r}")
+        self.largest, self.axis, self.output, self.half = op == "max", axis, str(output), half
+
+    @property
+    def output_shape(self):
+        return tuple(d for a, d in enumerate(self.input_shapes[0]) if a != self.axis)
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER)])
+        return np.dtype(self.output)
+
+    def input_differentiable(self, index: int) -> bool:
+        return False
+
+    def flops_per_sample(self) -> float:
+        return float(math.prod(self.input_shapes[0]))
+
+    def activation_bytes_per_sample(self) -> int:
+        return 0
+
+    def forward(self, params, inputs, ctx: RunContext):
+        x = inputs[0]
+        dtype = np.dtype(np.float16) if self.half else x.dtype
+        info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+        bound = info.min if self.largest else info.max  # where Eigen's reducer starts
+        found = first_extreme(x, self.axis + 1, self.largest, bound)
+        return found.astype(self.output), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [None], {}
+
