@@ -77,10 +77,12 @@ def half_choice(features, labels, mode, params):
 
 def reinforce(features, labels, mode, params):
     """REINFORCE: actions drawn from the policy (tf.random.categorical; params samples > 1
-    draws several per sample, params int32 as int32), reward 1 for the labelled class, a
-    learned baseline; loss -log pi(a) * advantage plus the baseline's squared error."""
-    h = L.Dense(16, activation="relu")(features)
-    logits, value = L.Dense(CLASSES)(h), L.Dense(1)(h)[:, 0]
+    draws several per sample, params int32 as int32, params half from float16 logits of
+    mixed_float16 layers), reward 1 for the labelled class, a learned baseline; loss
+    -log pi(a) * advantage plus the baseline's squared error."""
+    policy = "mixed_float16" if params.get("half") else None
+    h = L.Dense(16, activation="relu", dtype=policy)(features)
+    logits, value = L.Dense(CLASSES, dtype=policy)(h), L.Dense(1)(tf.cast(h, tf.float32))[:, 0]
     count = params.get("samples", 1)
     dtype = tf.int32 if params.get("int32") else None
     if params.get("v1"):
@@ -91,7 +93,8 @@ def reinforce(features, labels, mode, params):
     reward = tf.reduce_mean(tf.cast(tf.equal(actions, tf.cast(labels[:, None], actions.dtype)),
                                     tf.float32), axis=1)
     advantage = tf.stop_gradient(reward - value)
-    log_prob = tf.reduce_sum(chosen * tf.nn.log_softmax(logits)[:, None, :], axis=[1, 2])
+    log_prob = tf.reduce_sum(chosen * tf.nn.log_softmax(tf.cast(logits, tf.float32))[:, None, :],
+                             axis=[1, 2])
     loss = -tf.reduce_mean(log_prob * advantage) + tf.reduce_mean(tf.square(reward - value))
     return _spec(mode, loss)
 

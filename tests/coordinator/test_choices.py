@@ -4,7 +4,7 @@ its accuracy(argmax) metric evaluate and predict like the CPU path; Gumbel-max a
 (tf.one_hot, tf.gather(batch_dims=1)) and argmin/argmax along a rank-3 value's axes train like
 TF with TF's uniform numbers replayed, and in float16; a REINFORCE policy's categorical
 actions, TF's replayed, train like TF (num_samples 1 and 3, int64 and int32,
-tf.compat.v1.multinomial); the CS's own classes have TF's distribution, are what one batch
+tf.compat.v1.multinomial, float16 logits); the CS's own classes have TF's distribution, are what one batch
 draws for any micro-batch split, and are not the replay's; an argmax over the batch axis is
 refused in one line. The kernels' rules against TF (ties, NaN, dtypes, axes):
 tests/wafer/test_wse_kernels_structural.py."""
@@ -68,14 +68,15 @@ def test_the_argmax_of_float16_logits_trains_like_tensorflows_mixed_precision(tm
     assert not cs_inprocess.mismatches(result, rtol=1e-2)
 
 
-@pytest.mark.parametrize("extra", [{}, {"v1": True, "samples": 3, "int32": True}])
+@pytest.mark.parametrize("extra", [{}, {"v1": True, "samples": 3, "int32": True}, {"half": True}])
 def test_reinforce_with_tfs_categorical_actions_trains_like_tensorflow(extra, tmp_path):
+    """(float16 logits: within TF's float16 noise, 1e-2.)"""
     result = cs_inprocess.compare_drawn(cm.reinforce, cm.input_fn, {**PARAMS, **extra},
                                         str(tmp_path))
     drawing = [k for k in result.compiled.program.kernels if k.type == "categorical"]
     assert [(from_attr(k.attrs["num_samples"]), from_attr(k.attrs["output"])) for k in drawing] == \
-        [(extra.get("samples", 1), "int32" if extra else "int64")]
-    cs_inprocess.assert_same_training(result, rtol=1e-5)
+        [(extra.get("samples", 1), "int32" if "int32" in extra else "int64")]
+    assert not cs_inprocess.mismatches(result, rtol=1e-2 if "half" in extra else 1e-5)
     if not extra:  # the seam hands over the draws only: the CS's own classes train otherwise
         own = cs_inprocess.run_on_cs(result.compiled.program, result.compiled.initial_weights,
                                      tf_reference.batches(cm.input_fn, PARAMS, 4))

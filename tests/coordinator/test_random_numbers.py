@@ -222,6 +222,7 @@ REFUSED = {
     "stateless_categorical": ("StatelessMultinomial", "use tf.random.categorical"),
     "sampled_softmax": ("LogUniformCandidateSampler", "full softmax"),
     "noisy_labels": ("RandomStandardNormal", "label noise"),
+    "sampled_labels": ("Multinomial", "label noise"),
 }
 
 

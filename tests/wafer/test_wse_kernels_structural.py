@@ -304,7 +304,7 @@ EDGES = [[1, 3, 3, 2], [np.nan, 1, 2, 2], [1, np.nan, 5, 5], [np.nan] * 4, [-np.
          [np.nan, -65504, -np.inf, np.nan], [np.nan, 65504, np.inf, np.nan], [2, 2, np.nan, 2]]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int64, np.bool_])
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_arg_reduce_matches_tensorflow_with_ties_and_nan(op, dtype):
     x = np.array(EDGES, np.float32)[:, None, :].repeat(3, 1)  # (10, 3, 4): axes 1 and 2
@@ -315,6 +315,8 @@ def test_arg_reduce_matches_tensorflow_with_ties_and_nan(op, dtype):
         infinite, extremes = np.isinf(x), np.where(x > 0, info.max, info.min)
         x = np.clip(np.nan_to_num(x, nan=0, posinf=0, neginf=0), -1e5, 1e5).astype(dtype)
         x[infinite] = extremes[infinite]
+    elif dtype == np.bool_:  # rows of all True and all False too
+        x = np.nan_to_num(x, nan=0, posinf=1, neginf=0) > 0
     elif dtype == np.float16:
         with np.errstate(over="ignore"):  # -3.4e38: -inf
             x = x.astype(dtype).astype(np.float32)

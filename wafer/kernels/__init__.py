@@ -22,7 +22,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | stop_gradient | x | — | — | any, passed through |
 | one_hot | indices (...) | depth, on_value, off_value (axis -1) | — | indices int32/int64; output (..., depth) |
 | reduce | x | op: sum, mean, max, min; axes [per-sample axes]; keepdims | — | float32; sum, max, min also int32/int64 |
-| arg_reduce | x | op: max, min (tf.argmax, tf.argmin: the first index of the extreme, NaN never chosen, as TF's CPU kernel); axis (per-sample); output: int32, int64; half (the input holds float16 values) | — | x float32, int32 or int64; output attr output, no gradient |
+| arg_reduce | x | op: max, min (tf.argmax, tf.argmin: the first index of the extreme, NaN never chosen, as TF's CPU kernel); axis (per-sample); output: int32, int64; half (the input holds float16 values) | — | x float32, int32, int64 or bool; output attr output, no gradient |
 | softmax | x | axis (per-sample, -1 = last), log (bool: log_softmax) | — | |
 | matmul | the `i` operands | operands: ii, ip, pi, ic, ci; transpose_a, transpose_b (BatchMatMulV2; activations per-sample rank >= 2, or rank 1 as the rows of operand 0 against a rank-2 weight/constant) | p<k>: attr p<k> | |
 | transpose | x | perm [per-sample permutation] | — | any, passed through |

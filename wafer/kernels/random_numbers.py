@@ -18,13 +18,12 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import KernelError, RunContext, check_dtypes, register
+from wafer.kernels.base import INTEGER_NAMES, KernelError, RunContext, check_dtypes, is_int, register
 from wafer.kernels.structure import Elementwise
 
 DISTRIBUTIONS = ("normal", "truncated_normal", "uniform")
 # The kernels drawing numbers of their own: those the test seam hands TF's draws instead.
 DRAWING = ("random", "categorical")
-CATEGORY_DTYPES = ("int32", "int64")
 # TF's TruncatedNormal keeps the standard normal values with |z| below this, redrawing others.
 TRUNCATE = 2.0
 
@@ -136,11 +135,10 @@ class Categorical(Elementwise):
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
         count, output = self.attrs.get("num_samples"), self.attrs.get("output", "int64")
-        if len(self.input_shapes) != 1 or len(self.input_shapes[0]) != 1 or \
-                not isinstance(count, int) or isinstance(count, bool) or count < 1 or \
-                output not in CATEGORY_DTYPES:
+        if len(self.input_shapes) != 1 or len(self.input_shapes[0]) != 1 or not is_int(count) or \
+                count < 1 or output not in INTEGER_NAMES:
             raise KernelError(f"kernel {name!r}: categorical takes 1 input of logits (classes,), "
-                              f"num_samples >= 1 and output {' or '.join(CATEGORY_DTYPES)}, got "
+                              f"num_samples >= 1 and output {' or '.join(INTEGER_NAMES)}, got "
                               f"shapes {self.input_shapes}, {count!r}, {output!r}")
         self.count: int = count
         self.output: str = output
