@@ -346,17 +346,18 @@ def _top_k(m: Context, op: tf.Operation) -> str:
 @generic("ArgMax", "ArgMin")
 def _arg_reduce(m: Context, op: tf.Operation) -> str:
     """tf.argmax / tf.argmin along a sample's own axis (any but the batch axis)."""
-    axis, shape = m.operands.constant(op.inputs[1]), static_shape(op.inputs[0])
+    constant, shape = m.operands.constant(op.inputs[1]), static_shape(op.inputs[0])
     if not m.is_batched(op.inputs[0]):
         return "its input is not a per-sample value"
-    if axis is None:
+    if constant is None:
         return f"{op.type} along an axis computed at run time: the CS needs a constant axis"
-    if int(axis) % len(shape) == 0:
+    axis = int(constant) % len(shape)
+    if axis == 0:
         return (f"{op.type} along the batch axis (axis 0) compares the samples with each other: "
                 "the CS computes each sample on its own; take it along a sample's own axis "
                 "(axis=-1)")
     m.add_kernel(op.name, "arg_reduce", [op.inputs[0]],
-                 {"op": "max" if op.type == "ArgMax" else "min", "axis": int(axis) % len(shape) - 1,
+                 {"op": "max" if op.type == "ArgMax" else "min", "axis": axis - 1,
                   "output": op.get_attr("output_type").name,
                   "half": op.inputs[0].dtype == tf.float16}, [], [op], op.outputs[0])
     return ""
