@@ -26,7 +26,7 @@ from tf_model.metrics import EvalMetrics
 from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph, named_inputs, numpy_batches
 from tf_model.predictions import PredictionGraph
 from wafer.fabric import get_fabric
-from wafer.kernels.random_numbers import replayed_draws
+from wafer.kernels.random_numbers import DRAWING, replayed_draws
 from workers.feed import input_dataset
 from wse_sim.cs_system import CSSystem
 
@@ -133,10 +133,11 @@ def compare(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str
 def compare_drawn(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
                   steps: int = 4) -> Comparison:
     """compare(), with the CS's `random` kernels handed the raw numbers TF drew at each step
-    (wafer.kernels.random_numbers.replayed_draws): the parity of everything but the draws."""
+    and its `categorical` kernels the classes TF drew (wafer.kernels.random_numbers.
+    replayed_draws): the parity of everything but the draws."""
     compiled = compile_checked(model_fn, input_fn, params, model_dir)
     data = tf_reference.batches(input_fn, params, steps)
-    drawing = {k.name: k.tf_tensor for k in compiled.program.kernels if k.type == "random"}
+    drawing = {k.name: k.tf_tensor for k in compiled.program.kernels if k.type in DRAWING}
     reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data,
                                  fetch=sorted(set(drawing.values())))
     queued = {name: [step[tensor] for step in reference.fetched] for name, tensor in drawing.items()}

@@ -142,6 +142,22 @@ def integer_draws(features, labels, mode, params):
     return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(features * picked), params)
 
 
+def stateless_categorical(features, labels, mode, params):
+    """Classes drawn by tf.random.stateless_categorical with a constant seed."""
+    logits = tf.keras.layers.Dense(CLASSES)(features)
+    action = tf.random.stateless_categorical(logits, 1, seed=[3, 4])[:, 0]
+    return _classifier_spec(mode, labels, logits * tf.one_hot(action, CLASSES), params)
+
+
+def sampled_labels(features, labels, mode, params):
+    """Label noise: each sample's target class drawn from a smoothed one-hot of its label."""
+    smoothed = tf.one_hot(labels, CLASSES) * 0.9 + 0.1 / CLASSES
+    targets = tf.random.categorical(tf.math.log(smoothed), 1)[:, 0]
+    logits = tf.keras.layers.Dense(CLASSES)(features)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(targets, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
+
+
 def sampled_softmax(features, labels, mode, params):
     """tf.nn.sampled_softmax_loss: a candidate sampler draws classes for the batch."""
     h = tf.keras.layers.Dense(HIDDEN, activation="relu")(features)

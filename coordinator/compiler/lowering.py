@@ -30,11 +30,6 @@ from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.activations import FLOAT32_ONLY
 from wafer.kernels.elementwise import ARITHMETIC
 
-# What computes an op the CS has no kernel for, said with its refusal.
-_INSTEAD = {"ArgMax": ": write tf.math.top_k(x, 1).indices[:, 0] along a sample's last axis (the same "
-                      "first index of the largest value)",
-            "ArgMin": ": write tf.math.top_k(-x, 1).indices[:, 0] along a sample's last axis (the same "
-                      "first index of the smallest value)"}
 # TF op -> the `activation` kernel's function (element-wise, one input).
 UNARY = {"Neg": "neg", "Abs": "abs", "Square": "square", "Sqrt": "sqrt", "Rsqrt": "rsqrt",
          "Exp": "exp", "Expm1": "expm1", "Log": "log", "Log1p": "log1p",
@@ -144,13 +139,13 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
                      "constant number of steps (tf.while_loop, tf.scan over a fixed length, a "
                      "Python for loop, Keras' recurrent layers over fixed-length sequences), "
                      "which the compiler unrolls")
-    elif op.type in RANDOM_OPS - set(random_numbers.DRAWS) or \
+    elif (op.type in RANDOM_OPS and handler is None) or \
             op.type in random_numbers.CANDIDATE_SAMPLERS:
         m.reject(op, random_numbers.refusal(op.type))
     elif handler is None and (op.type == "Where" or op.type.startswith("Sparse")):
         m.reject(op, feature_columns.refusal(op))
     elif handler is None:
-        m.reject(op, "no CS kernel computes this op" + _INSTEAD.get(op.type, ""))
+        m.reject(op, "no CS kernel computes this op")
     else:
         reason = handler(m, op)
         if reason:
@@ -345,6 +340,26 @@ def _top_k(m: Context, op: tf.Operation) -> str:
         if not indices or m.consumers(out) or out.name in m.protected:
             m.add_kernel(op.name if not indices else f"{op.name}/indices", "top_k",
                          [op.inputs[0]], {"k": int(k), "indices": indices}, [], [op], out)
+    return ""
+
+
+@generic("ArgMax", "ArgMin")
+def _arg_reduce(m: Context, op: tf.Operation) -> str:
+    """tf.argmax / tf.argmin along a sample's own axis (any but the batch axis)."""
+    constant, shape = m.operands.constant(op.inputs[1]), static_shape(op.inputs[0])
+    if not m.is_batched(op.inputs[0]):
+        return "its input is not a per-sample value"
+    if constant is None:
+        return f"{op.type} along an axis computed at run time: the CS needs a constant axis"
+    axis = int(constant) % len(shape)
+    if axis == 0:
+        return (f"{op.type} along the batch axis (axis 0) compares the samples with each other: "
+                "the CS computes each sample on its own; take it along a sample's own axis "
+                "(axis=-1)")
+    m.add_kernel(op.name, "arg_reduce", [op.inputs[0]],
+                 {"op": "max" if op.type == "ArgMax" else "min", "axis": axis - 1,
+                  "output": op.get_attr("output_type").name,
+                  "half": op.inputs[0].dtype == tf.float16}, [], [op], op.outputs[0])
     return ""
 
 
@@ -792,7 +807,7 @@ def supported_table() -> str:
     (`python -m coordinator.compiler.lowering` prints it; a test keeps the README equal)."""
     spatial = {op for op, rule in GENERIC.items() if rule.__module__ == lowering_spatial.__name__}
     gradient_ops = {*second_order.OPS, "StridedSliceGrad"}
-    others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - set(random_numbers.DRAWS)
+    others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - random_numbers.DRAWN_OPS
                     - gradient_ops - set(quantization.FORMS))
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
@@ -815,11 +830,13 @@ def supported_table() -> str:
                  "(tf.signal.frame's overlapping windows: a repeated index adds its gradients in "
                  "TF's order); Roll by constant shifts along a sample's axes (tf.roll: a take "
                  "per axis) |")
-    lines.append("| `slice`, `top_k`, `is_finite` | StridedSlice with `...`, tf.newaxis after the batch "
-                 "axis (a reshape after the slice) and negative strides (x[:, ::-1]); TopKV2 "
-                 "along a sample's last axis (tf.math.top_k, tf.sort: largest first, equal "
-                 "values by lower index), its values and indices; IsFinite "
-                 "(tf.reduce_logsumexp's guard) |")
+    lines.append("| `slice`, `top_k`, `arg_reduce`, `is_finite` | StridedSlice with `...`, "
+                 "tf.newaxis after the batch axis (a reshape after the slice) and negative "
+                 "strides (x[:, ::-1]); TopKV2 along a sample's last axis (tf.math.top_k, "
+                 "tf.sort: largest first, equal values by lower index), its values and indices; "
+                 "ArgMax, ArgMin along any axis of a sample (tf.argmax, tf.argmin: int32 or int64, "
+                 "the first index of the extreme, NaN never chosen, as TF's CPU kernel; no "
+                 "gradient; float16 too); IsFinite (tf.reduce_logsumexp's guard) |")
     lines.append("| `loss` (the batch reduction) | any sum or mean over the batch of per-sample "
                  "values (tf.compat.v1.losses.* with constant weights, label smoothing, "
                  "hand-written MSE) plus L2/L1 penalties of single weights (tf.nn.l2_loss, "

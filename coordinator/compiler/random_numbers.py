@@ -2,14 +2,16 @@
 (tf.random.normal, truncated_normal, uniform, their tf.compat.v1 and Keras forms, the
 stateless ops of Keras' GaussianNoise and GaussianDropout) become `random` kernels
 (wafer.kernels.random_numbers) drawing the op's raw values; the graph's scale and shift
-(stddev, mean, maxval - minval, minval) are ordinary kernels after them.
+(stddev, mean, maxval - minval, minval) are ordinary kernels after them. Multinomial
+(tf.random.categorical) of per-sample logits becomes a `categorical` kernel drawing each
+sample's classes.
 
 The matcher treats these ops as sources of per-sample values, like the program's inputs
 (`DRAWS`). What stays refused, in one line naming the op: numbers not drawn one set per
 sample (a shape without the batch axis: shared by the batch, or a weight's noise), a shape
 computed from values, a stateless op with a constant seed (TF repeats its numbers every
-step), integer and categorical draws and shuffles, candidate samplers, and random numbers
-that meet the labels before any weight (label noise).
+step), integer draws and shuffles, candidate samplers, and random numbers that meet the
+labels before any weight (label noise).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import tensorflow as tf
 from coordinator.compiler.ir import KernelNode, UnsupportedOp
 from coordinator.compiler.operands import RANDOM_OPS
 from coordinator.compiler.rules import Context, generic
+from wafer.kernels.random_numbers import DRAWING
 
 # TF op -> the `random` kernel's distribution (the op's raw draws).
 DRAWS = {"RandomStandardNormal": "normal", "StatelessRandomNormal": "normal",
@@ -28,6 +31,8 @@ DRAWS = {"RandomStandardNormal": "normal", "StatelessRandomNormal": "normal",
          "StatelessTruncatedNormal": "truncated_normal",
          "StatelessTruncatedNormalV2": "truncated_normal", "RandomUniform": "uniform",
          "StatelessRandomUniform": "uniform", "StatelessRandomUniformV2": "uniform"}
+# The random ops the CS draws (DRAWS and tf.random.categorical's Multinomial).
+DRAWN_OPS = {*DRAWS, "Multinomial"}
 # Draws of classes for the batch (tf.nn.nce_loss, tf.nn.sampled_softmax_loss).
 CANDIDATE_SAMPLERS = ("LogUniformCandidateSampler", "UniformCandidateSampler",
                       "LearnedUnigramCandidateSampler", "FixedUnigramCandidateSampler",
@@ -42,11 +47,18 @@ KERNEL_ROWS = {"random": (
     "tf.random.normal([batch, k]), tf.keras.backend.random_normal, truncated_normal, uniform; "
     "a VAE's mean + tf.exp(0.5 * log_var) * eps, Keras GaussianNoise and GaussianDropout in "
     "training, Gumbel noise): drawn on the CS, fresh every step and in evaluation and "
-    "prediction too, as TF's ops")}
+    "prediction too, as TF's ops"),
+    "categorical": (
+    "Multinomial (tf.random.categorical, tf.compat.v1.multinomial) of per-sample logits "
+    "[batch, classes], any num_samples, int64 or int32: each sample's classes drawn on the CS by "
+    "TF's CPU rule (the inverse of the float64 CDF of exp(logits - max), non-finite logits "
+    "never drawn) at its own uniform numbers, fresh every step and in every mode; no "
+    "gradient (a REINFORCE policy's action)")}
 REFUSED = {"random numbers": (
     "other than dropout masks and the draws above: numbers shared by the batch or drawn for "
-    "weights, shapes computed from values, stateless ops with a constant seed, integer and "
-    "categorical draws, shuffles, candidate samplers (tf.nn.nce_loss, sampled_softmax_loss), "
+    "weights, shapes computed from values, stateless ops with a constant seed "
+    "(tf.random.stateless_categorical too), integer draws, shuffles, candidate samplers "
+    "(tf.nn.nce_loss, sampled_softmax_loss), "
     "noise on the labels")}
 
 
@@ -69,7 +81,7 @@ def noisy_labels(kernels: Sequence[KernelNode], graph: tf.Graph) -> list[Unsuppo
     for k in kernels:
         ins = list(k.inputs) if k.type != "random" else []
         sources = [drawn[i] for i in ins if i in drawn]
-        if k.type == "random":
+        if k.type in DRAWING:
             sources = [k.name]
         if sources:
             drawn[k.name] = sources[0]
@@ -93,7 +105,11 @@ def refusal(op_type: str) -> str:
         return ("a candidate sampler (tf.nn.nce_loss, tf.nn.sampled_softmax_loss) draws classes "
                 "for the whole batch: the CS computes each sample on its own; use the full "
                 "softmax (tf.nn.sparse_softmax_cross_entropy_with_logits)")
-    return f"draws integers, categories or a shuffle: the CS draws only floats; {USE_INSTEAD}"
+    if op_type == "StatelessMultinomial":
+        return ("tf.random.stateless_categorical draws the same classes for the same seed at "
+                "every step; the CS draws fresh ones each step: use tf.random.categorical")
+    return (f"draws integers or a shuffle: the CS draws only floats and each sample's classes "
+            f"(tf.random.categorical); {USE_INSTEAD}")
 
 
 @generic(*DRAWS)
@@ -116,4 +132,20 @@ def _draw(m: Context, op: tf.Operation) -> str:
                     "truncated_normal or uniform (or Keras' GaussianNoise)")
     m.add_kernel(op.name, "random", [m.sample_input()],
                  {"distribution": DRAWS[op.type], "shape": list(shape[1:])}, [], [op], op.outputs[0])
+    return ""
+
+
+@generic("Multinomial")
+def _categorical(m: Context, op: tf.Operation) -> str:
+    """tf.random.categorical of per-sample logits [batch, classes]."""
+    count = m.operands.constant(op.inputs[1])
+    if not m.is_batched(op.inputs[0]):
+        return ("draws classes from logits that are not one row per sample (shared by the "
+                "batch, or a weight's): the CS draws each sample's classes from its own logits; "
+                "give tf.random.categorical logits of shape [batch, classes]")
+    if count is None:
+        return "tf.random.categorical with num_samples computed at run time: the CS needs a constant"
+    m.add_kernel(op.name, "categorical", [op.inputs[0]],
+                 {"num_samples": int(count), "output": op.get_attr("output_dtype").name}, [],
+                 [op], op.outputs[0])
     return ""

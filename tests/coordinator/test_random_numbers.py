@@ -219,8 +219,10 @@ REFUSED = {
     "constant_seed": ("StatelessRandomNormalV2", "constant seed"),
     "value_shaped": ("RandomStandardNormal", "computed from values"),
     "integer_draws": ("RandomUniformInt", "draws only floats"),
+    "stateless_categorical": ("StatelessMultinomial", "use tf.random.categorical"),
     "sampled_softmax": ("LogUniformCandidateSampler", "full softmax"),
     "noisy_labels": ("RandomStandardNormal", "label noise"),
+    "sampled_labels": ("Multinomial", "label noise"),
 }
 
 

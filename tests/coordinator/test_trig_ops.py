@@ -1,14 +1,12 @@
 """Inverse trigonometry on the CS (unseen10: a von Mises mixture's tf.math.atan2, ArcFace's
 tf.acos of a clipped cosine): models written the ordinary way train like TF and evaluate
-like the CPU path; tf.argmax is refused saying what computes it."""
+like the CPU path."""
 from __future__ import annotations
 
 import cs_inprocess
 import numpy as np
-import pytest
 import tensorflow as tf
 
-from common.errors import CSRunError
 from cs_api.attrs import from_attr
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
@@ -46,14 +44,6 @@ def angles(features, labels, mode, params):
     return CSEstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-def arg_max(features, labels, mode, params):
-    logits = L.Dense(2)(features)
-    picked = tf.gather(features, tf.argmax(logits, 1), batch_dims=1)  # argmax line
-    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits) + tf.reduce_mean(picked)
-    return CSEstimatorSpec(mode, loss=loss, train_op=tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
-        loss, global_step=tf.compat.v1.train.get_or_create_global_step()))
-
-
 def test_atan2_acos_tan_asin_atan_train_like_tensorflow_and_evaluate_like_the_cpu(tmp_path):
     result = cs_inprocess.compare(angles, input_fn, PARAMS, str(tmp_path), steps=4)
     functions = {from_attr(k.attrs[key]) for k in result.compiled.program.kernels
@@ -62,8 +52,3 @@ def test_atan2_acos_tan_asin_atan_train_like_tensorflow_and_evaluate_like_the_cp
     cs_inprocess.assert_same_training(result, rtol=1e-5)
     assert not cs_inprocess.evaluation_mismatch(angles, input_fn, PARAMS, str(tmp_path), result)
 
-
-def test_argmax_is_refused_saying_top_k_computes_it(tmp_path):
-    with pytest.raises(CSRunError) as error:
-        cs_inprocess.compile_checked(arg_max, input_fn, PARAMS, str(tmp_path))
-    assert "ArgMax" in str(error.value) and "tf.math.top_k(x, 1).indices[:, 0]" in str(error.value)

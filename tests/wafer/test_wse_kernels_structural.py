@@ -296,6 +296,51 @@ def test_top_k_refuses_a_k_outside_the_last_axis(k, shape):
         build_kernel("top_k", "k1", {"k": k}, [shape])
 
 
+# ---- arg_reduce ----
+# Rows where TF's CPU rule shows: ties (the first index), NaN never chosen, all NaN, -inf and
+# the dtype's lowest value never beyond the start (index 0), float16's lowest (-65504).
+EDGES = [[1, 3, 3, 2], [np.nan, 1, 2, 2], [1, np.nan, 5, 5], [np.nan] * 4, [-np.inf] * 4,
+         [np.inf, 1, np.inf, np.nan], [np.nan, -np.inf, -np.inf, -3.4e38],
+         [np.nan, -65504, -np.inf, np.nan], [np.nan, 65504, np.inf, np.nan], [2, 2, np.nan, 2]]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int64, np.bool_])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_arg_reduce_matches_tensorflow_with_ties_and_nan(op, dtype):
+    x = np.array(EDGES, np.float32)[:, None, :].repeat(3, 1)  # (10, 3, 4): axes 1 and 2
+    x[:, 1] = np.round(randn(10, 4))  # ties
+    x[:, 2] = x[:, 2, ::-1]
+    if np.dtype(dtype).kind == "i":  # infinities as the dtype's extremes, NaN as 0
+        info = np.iinfo(dtype)
+        infinite, extremes = np.isinf(x), np.where(x > 0, info.max, info.min)
+        x = np.clip(np.nan_to_num(x, nan=0, posinf=0, neginf=0), -1e5, 1e5).astype(dtype)
+        x[infinite] = extremes[infinite]
+    elif dtype == np.bool_:  # rows of all True and all False too
+        x = np.nan_to_num(x, nan=0, posinf=1, neginf=0) > 0
+    elif dtype == np.float16:
+        with np.errstate(over="ignore"):  # -3.4e38: -inf
+            x = x.astype(dtype).astype(np.float32)
+    tf_x = x.astype(dtype)
+    function = tf.argmax if op == "max" else tf.argmin
+    for axis, tf_axis in ((0, 1), (1, 2), (1, -1)):
+        for output in ("int32", "int64"):
+            attrs = {"op": op, "axis": axis, "output": output, "half": dtype == np.float16}
+            kernel = build_kernel("arg_reduce", "k1", attrs, [x.shape[1:]])
+            assert kernel.output_dtype([x.dtype]) == np.dtype(output)
+            assert not kernel.input_differentiable(0)
+            found, _ = kernel.forward({}, [x], RunContext(training=True, batch_size=len(x)))
+            want = function(tf_x, tf_axis, output_type=output).numpy()
+            np.testing.assert_array_equal(found, want, err_msg=f"axis {axis}, {output}")
+            assert found.dtype == want.dtype and kernel.output_shape == want.shape[1:]
+
+
+@pytest.mark.parametrize("attrs", [{"op": "max", "axis": 2}, {"op": "mean", "axis": 0},
+                                   {"op": "min", "axis": 0, "output": "float32"}])
+def test_arg_reduce_refuses_an_axis_outside_the_sample_or_another_op(attrs):
+    with pytest.raises(KernelError, match="arg_reduce"):
+        build_kernel("arg_reduce", "k1", attrs, [(3, 4)])
+
+
 def test_is_finite_matches_tensorflow_and_takes_no_gradient():
     x = randn(BATCH, 5)
     x[0, :3] = [np.inf, -np.inf, np.nan]

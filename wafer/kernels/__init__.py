@@ -22,6 +22,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | stop_gradient | x | — | — | any, passed through |
 | one_hot | indices (...) | depth, on_value, off_value (axis -1) | — | indices int32/int64; output (..., depth) |
 | reduce | x | op: sum, mean, max, min; axes [per-sample axes]; keepdims | — | float32; sum, max, min also int32/int64 |
+| arg_reduce | x | op: max, min (tf.argmax, tf.argmin: the first index of the extreme, NaN never chosen, as TF's CPU kernel); axis (per-sample); output: int32, int64; half (the input holds float16 values) | — | x float32, int32, int64 or bool; output attr output, no gradient |
 | softmax | x | axis (per-sample, -1 = last), log (bool: log_softmax) | — | |
 | matmul | the `i` operands | operands: ii, ip, pi, ic, ci; transpose_a, transpose_b (BatchMatMulV2; activations per-sample rank >= 2, or rank 1 as the rows of operand 0 against a rank-2 weight/constant) | p<k>: attr p<k> | |
 | transpose | x | perm [per-sample permutation] | — | any, passed through |
@@ -38,6 +39,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | sample_constant | any value of the micro-batch (no gradient) | value (the batch first: B rows) | — | output value's dtype: the micro-batch's own rows |
 | dropout | x | rate, noise_shape (per sample, 1 where one decision is shared) | — | |
 | random | any value of the micro-batch (its size only; no gradient) | distribution: normal, truncated_normal (abs < 2), uniform ([0, 1)); shape [per sample] | — | any input; output float32, drawn in every mode |
+| categorical | logits (classes,) | num_samples; output: int32, int64 (tf.random.categorical: TF's CPU inverse CDF at the region's own uniform numbers) | — | logits float32; output (num_samples,) attr output, drawn in every mode, no gradient |
 | schedule | any value of the micro-batch (its size only; no gradient) | program (one scalar program of wafer.schedules of the global step and constants, as JSON) | — | any input; output () float32: the program's value at the step computed (evaluation: the checkpoint's) |
 | broadcast | any value of the micro-batch (its size only; no gradient) | shape [per sample], value [the weight's TF shape: a leading 1 or fewer axes] | value: attr value (its gradient summed over the batch) | any input; output float32 |
 | reshape | x | shape [per-sample target shape] (flatten = reshape to [n]) | — | any, passed through |

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeGuard
 
 import numpy as np
 
 Shape = tuple[int, ...]
 INTEGER = (np.int32, np.int64)  # the integer dtypes kernels take (indices, labels)
+INTEGER_NAMES = tuple(np.dtype(t).name for t in INTEGER)  # (attrs naming an output dtype)
 
 
 # A core needs at least this many forward FLOPs of a kernel's work per sample to be useful:
@@ -184,6 +185,11 @@ class Kernel:
         """A lookup kernel's (wse_sim.program.SPARSE_GRADIENT_KERNELS) table gradient for
         the micro-batch, as TF's IndexedSlices: (ids, one row of values per id)."""
         raise NotImplementedError
+
+def is_int(value: Any) -> TypeGuard[int]:
+    """An int attr (not a bool, which Python counts as one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
 
 def check_dtypes(kernel: Kernel, input_dtypes: Sequence[np.dtype],
                  allowed: Sequence[Sequence[type]]) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import INTEGER, KernelError, RunContext, check_dtypes, register
+from wafer.kernels.base import INTEGER, KernelError, RunContext, check_dtypes, is_int, register
 from wafer.kernels.operands import Operands
 from wafer.kernels.structure import Elementwise
 from wafer.precision import is_half, round_half
@@ -337,8 +337,7 @@ class OneHot(Elementwise):
         super().__init__(name, attrs, input_shapes)
         depth = self.attrs.get("depth")
         axis = self.attrs.get("axis", -1)
-        if len(self.input_shapes) != 1 or not isinstance(depth, int) or isinstance(depth, bool) \
-                or depth <= 0 or axis != -1:
+        if len(self.input_shapes) != 1 or not is_int(depth) or depth <= 0 or axis != -1:
             raise KernelError(f"kernel {name!r} (one_hot): takes 1 input, a depth > 0 and axis "
                               f"-1, got {len(self.input_shapes)} inputs, depth {depth!r}, "
                               f"axis {axis!r}")

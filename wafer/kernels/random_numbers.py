@@ -2,6 +2,7 @@
 truncated_normal, uniform and their stateless forms: a VAE's reparameterisation, Keras'
 GaussianNoise and GaussianDropout), as the raw draws of TF's op (standard normal, normal
 truncated to |z| < 2, uniform in [0, 1)); the graph's scale and shift are kernels after it.
+The `categorical` kernel: tf.random.categorical's classes drawn from each sample's logits.
 
 The CS draws its own numbers (TF's Philox stream is not the contract): the region's stream
 of the step (`RunContext.rng`, made by the executor from the program's seed, the region's
@@ -17,14 +18,16 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import KernelError, RunContext, register
+from wafer.kernels.base import INTEGER_NAMES, KernelError, RunContext, check_dtypes, is_int, register
 from wafer.kernels.structure import Elementwise
 
 DISTRIBUTIONS = ("normal", "truncated_normal", "uniform")
+# The kernels drawing numbers of their own: those the test seam hands TF's draws instead.
+DRAWING = ("random", "categorical")
 # TF's TruncatedNormal keeps the standard normal values with |z| below this, redrawing others.
 TRUNCATE = 2.0
 
-# The test seam: (kernel name, micro-batch shape) -> the values the kernel returns instead
+# The test seam: (kernel name, micro-batch shape) -> the values a DRAWING kernel returns instead
 # of its own draws (a test hands the CS the numbers TF drew); None: the kernel draws.
 Replay = Callable[[str, tuple[int, ...]], np.ndarray]
 _replay: Replay | None = None
@@ -32,7 +35,7 @@ _replay: Replay | None = None
 
 @contextmanager
 def replayed_draws(replay: Replay) -> Iterator[None]:
-    """Within the block every `random` kernel returns `replay`'s values (tests only)."""
+    """Within the block every DRAWING kernel returns `replay`'s values (tests only)."""
     global _replay
     _replay = replay
     try:
@@ -97,6 +100,69 @@ class RandomNumbers(Elementwise):
             return np.asarray(_replay(self.name, shape), np.float32).reshape(shape), None
         assert ctx.rng is not None, "the pipeline gives a drawing region its random stream"
         return draw(ctx.rng, self.distribution, shape), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [None], {}
+
+
+def categories(rng: np.random.Generator, logits: np.ndarray, count: int) -> np.ndarray:
+    """`count` classes for each row of `logits` (samples, classes), as TF's CPU Multinomial
+    kernel draws them: the unnormalised CDF of exp(logit - the row's largest finite logit)
+    in float64, non-finite logits given probability 0, and for each draw the first class
+    whose CDF exceeds u times the total, u uniform in [0, 1) (float64: one value of `rng` per
+    draw, the rows' draws in sample order)."""
+    wide = logits.astype(np.float64)
+    finite = np.isfinite(wide)
+    largest = np.where(finite, wide, -np.inf).max(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore"):
+        weights = np.where(finite, np.exp(wide - largest), 0.0)
+    cdf = np.cumsum(weights, axis=1)
+    wanted = rng.random((len(logits), count)) * cdf[:, -1:]
+    return (cdf[:, None, :] <= wanted[:, :, None]).sum(axis=2)  # std::upper_bound
+
+
+@register
+class Categorical(Elementwise):
+    """tf.random.categorical(logits, num_samples) (Multinomial) of per-sample logits
+    (classes,): attrs num_samples, output (int32 or int64, TF's output_dtype); output
+    (num_samples,) classes drawn from the region's stream (`categories`), in every mode as
+    TF's op. The logits take no gradient (TF registers none)."""
+
+    type_name = "categorical"
+    draws_random = True
+    draws_in_inference = True
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
+        super().__init__(name, attrs, input_shapes)
+        count, output = self.attrs.get("num_samples"), self.attrs.get("output", "int64")
+        if len(self.input_shapes) != 1 or len(self.input_shapes[0]) != 1 or not is_int(count) or \
+                count < 1 or output not in INTEGER_NAMES:
+            raise KernelError(f"kernel {name!r}: categorical takes 1 input of logits (classes,), "
+                              f"num_samples >= 1 and output {' or '.join(INTEGER_NAMES)}, got "
+                              f"shapes {self.input_shapes}, {count!r}, {output!r}")
+        self.count: int = count
+        self.output: str = output
+
+    @property
+    def output_shape(self):
+        return (self.count,)
+
+    def flops_per_sample(self) -> float:
+        return float(self.input_shapes[0][0] * (3 + self.count))
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32,)])
+        return np.dtype(self.output)
+
+    def input_differentiable(self, index: int) -> bool:
+        return False
+
+    def forward(self, params, inputs, ctx: RunContext):
+        shape = (inputs[0].shape[0], self.count)
+        if _replay is not None:
+            return np.asarray(_replay(self.name, shape)).reshape(shape).astype(self.output), None
+        assert ctx.rng is not None, "the pipeline gives a drawing region its random stream"
+        return categories(ctx.rng, inputs[0], self.count).astype(self.output), None
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         return [None], {}

@@ -12,7 +12,17 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, Shape, check_dtypes, register
+from wafer.kernels.base import (
+    INTEGER,
+    INTEGER_NAMES,
+    Kernel,
+    KernelError,
+    RunContext,
+    Shape,
+    check_dtypes,
+    is_int,
+    register,
+)
 from wafer.kernels.embedding import scatter_add
 from wafer.kernels.structure import Elementwise
 from wafer.precision import is_half
@@ -23,8 +33,7 @@ _ONE = np.float32(1)
 def int_list(kernel: Kernel, key: str, length: int | None = None) -> list[int]:
     """A list-of-ints attr (KernelError naming the kernel and attr if it is not one)."""
     value = kernel.attrs.get(key)
-    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int)
-                                          for v in value) or \
+    if not isinstance(value, list) or not all(is_int(v) for v in value) or \
             (length is not None and len(value) != length):
         size = "" if length is None else f" of {length}"
         raise KernelError(f"kernel {kernel.name!r} ({kernel.type_name}): attr {key!r} must be "
@@ -190,7 +199,7 @@ class Cumsum(SampleKernel):
         shape = self.one_input()
         axis = self.attrs.get("axis")
         flags = (self.attrs.get("exclusive", False), self.attrs.get("reverse", False))
-        if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < len(shape) or \
+        if not is_int(axis) or not 0 <= axis < len(shape) or \
                 not all(isinstance(f, bool) for f in flags):
             raise KernelError(f"kernel {name!r} (cumsum): needs a per-sample axis of {shape} "
                               f"(0 to {len(shape) - 1}) and bool attrs exclusive and reverse, "
@@ -226,8 +235,8 @@ class Softmax(SampleKernel):
         super().__init__(name, attrs, input_shapes)
         shape = self.one_input()
         axis, log = self.attrs.get("axis", -1), self.attrs.get("log", False)
-        if not shape or isinstance(axis, bool) or not isinstance(axis, int) or \
-                not -len(shape) <= axis < len(shape) or not isinstance(log, bool):
+        if not shape or not is_int(axis) or not -len(shape) <= axis < len(shape) or \
+                not isinstance(log, bool):
             raise KernelError(f"kernel {name!r} (softmax): needs a per-sample axis of {shape} "
                               f"(-1: the last) and a bool attr log, got axis {axis!r}, "
                               f"log {log!r}")
@@ -452,8 +461,7 @@ class TopK(SampleKernel):
         super().__init__(name, attrs, input_shapes)
         shape = self.one_input()
         k, indices = self.attrs.get("k"), self.attrs.get("indices", False)
-        if not shape or not isinstance(k, int) or isinstance(k, bool) or \
-                not 0 < k <= shape[-1] or not isinstance(indices, bool):
+        if not shape or not is_int(k) or not 0 < k <= shape[-1] or not isinstance(indices, bool):
             raise KernelError(f"kernel {name!r} (top_k): takes a sample of rank >= 1, a k in "
                               f"[1, last axis] and a bool indices, got shape {shape}, k "
                               f"{k!r}, indices {indices!r}")
@@ -490,3 +498,72 @@ class TopK(SampleKernel):
         grad = np.zeros((grad_output.shape[0], *self.input_shapes[0]), grad_output.dtype)
         np.put_along_axis(grad, cache, grad_output, axis=-1)
         return [grad], {}
+
+
+
+def first_extreme(x: np.ndarray, axis: int, largest: bool, bound: float) -> np.ndarray:
+    """tf.argmax (largest) or tf.argmin of `x` along `axis` by TF's CPU kernel (Eigen's
+    reducer, starting from index 0 and `bound`, the dtype's lowest value for a max, its
+    highest for a min, and taking an element only if it is strictly beyond): the first index
+    of the extreme; NaN never taken; 0 if no element passes `bound` (all NaN, or -inf for a
+    max)."""
+    numbers = np.where(np.isnan(x), bound, x) if x.dtype.kind == "f" else x
+    extreme = (np.max if largest else np.min)(numbers, axis=axis, keepdims=True)
+    beyond = extreme > bound if largest else extreme < bound
+    hit = (numbers == extreme) & beyond
+    return np.where(hit.any(axis), hit.argmax(axis), 0)
+
+
+@register
+class ArgReduce(SampleKernel):
+    """tf.argmax (attr op "max") and tf.argmin ("min") along per-sample `axis`: the first
+    index of the extreme by TF's CPU rule (`first_extreme`: ties to the lower index, NaN
+    never chosen), as attr output (int32 or int64). Attr half: the input holds a float16
+    tensor's values (its lowest and highest, +-65504, bound the search as Eigen::half's).
+    An index takes no gradient, as in TF."""
+
+    type_name = "arg_reduce"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        shape = self.one_input()
+        op, axis = self.attrs.get("op"), self.attrs.get("axis")
+        output, half = self.attrs.get("output", "int64"), self.attrs.get("half", False)
+        if op not in ("max", "min") or not is_int(axis) or not 0 <= axis < len(shape) or \
+                output not in INTEGER_NAMES or not isinstance(half, bool):
+            raise KernelError(f"kernel {name!r} (arg_reduce): takes op max or min, a per-sample "
+                              f"axis of {shape}, output {' or '.join(INTEGER_NAMES)} and a bool "
+                              f"half, got {op!r}, {axis!r}, {output!r}, {half!r}")
+        self.largest, self.axis, self.output, self.half = op == "max", axis, str(output), half
+
+    @property
+    def output_shape(self):
+        return tuple(d for a, d in enumerate(self.input_shapes[0]) if a != self.axis)
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32, *INTEGER, np.bool_)])
+        return np.dtype(self.output)
+
+    def input_differentiable(self, index: int) -> bool:
+        return False
+
+    def flops_per_sample(self) -> float:
+        return float(math.prod(self.input_shapes[0]))
+
+    def activation_bytes_per_sample(self) -> int:
+        return 0
+
+    def forward(self, params, inputs, ctx: RunContext):
+        x = inputs[0]
+        dtype = np.dtype(np.float16) if self.half else x.dtype
+        if dtype.kind == "b":
+            bound: Any = not self.largest  # where Eigen's reducer starts: false for a max
+        else:
+            info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+            bound = info.min if self.largest else info.max
+        found = first_extreme(x, self.axis + 1, self.largest, bound)
+        return found.astype(self.output), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [None], {}
+
