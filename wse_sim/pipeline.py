@@ -43,6 +43,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from wafer.conditional_updates import ConditionalUpdate, accumulate
 from wafer.grad_transforms import GradientTransform, apply_transforms
 from wafer.kernels import Kernel, RunContext
 from wafer.kernels.losses import BatchLoss
@@ -146,7 +147,8 @@ class Pipeline:
                  dynamic_loss_scale: Rule | None = None,
                  weight_program: WeightProgram | None = None,
                  weight_writes: Sequence[WeightWrite] = (),
-                 objectives: Sequence[Objective] = ()):
+                 objectives: Sequence[Objective] = (),
+                 conditional_update: ConditionalUpdate | None = None):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.replicas = replicas
@@ -170,6 +172,7 @@ class Pipeline:
         self._step = 0  # the global step the running batch trains from
         self.dynamic = dynamic_loss_scale
         self._applying = True  # this step's update runs (dynamic loss scaling skips some)
+        self.condition = conditional_update  # (or its predicate does not hold)
         self._scale = np.float32(1.0)  # the step's dynamic loss scale
         specs = params or {}
         self.shared = SharedWeights(shared or {}, specs, state, weight_program)
@@ -246,7 +249,8 @@ class Pipeline:
                    schedules=checked.schedules, moving_averages=checked.moving_averages,
                    shared=checked.shared, dynamic_loss_scale=checked.dynamic_loss_scale,
                    weight_program=checked.weight_program, weight_writes=checked.weight_writes,
-                   objectives=checked.objectives)
+                   objectives=checked.objectives,
+                   conditional_update=checked.conditional_update)
 
     def _mark_backward(self) -> None:
         """A region runs backward iff its output reaches the loss and a trained weight is
@@ -322,6 +326,8 @@ class Pipeline:
         regularization = self._regularization() if self.loss_kernel else 0.0
         if backward and self.dynamic is not None:
             self._seed_scale(np.float32(self.carried[self.dynamic.scale_variable]))
+        if backward and self.condition is not None:
+            self._applying = self.condition.runs(step, self.carried)
         if backward and self.schedules and self.optimizer is not None:
             self.optimizer.set_hyper_parameters({  # (a schedule's variables are carried state)
                 s.hyper_parameter: evaluate(s, step, self.carried) for s in self.schedules})
@@ -538,8 +544,10 @@ class Pipeline:
                     self._unscale()
                 elif self.transforms:
                     apply_transforms(self.transforms, self._gradients())
-                if self.floor and self._applying:
-                    self._apply_floor()
+                if self.floor and (self._applying or self.condition is not None):
+                    self._apply_floor()  # (an accumulated gradient: every step's)
+                if self.condition is not None:
+                    accumulate(self.condition, self._gradients(), self.carried, self._applying)
                 board.put(("transformed",), True)
             else:
                 board.put(("gradients complete", index), True)
@@ -679,8 +687,9 @@ class Pipeline:
 
     def _reads_all_gradients(self) -> bool:
         """Whether the step reads the batch's complete gradients, every stage's, before any
-        update (gradient transforms, shared weights, dynamic loss scaling)."""
-        return bool(self.transforms or self.floor or self.shared or self.dynamic)
+        update (gradient transforms, shared weights, dynamic loss scaling, accumulation)."""
+        return bool(self.transforms or self.floor or self.shared or self.dynamic
+                    or self.condition and self.condition.accumulators)
 
     def _gradients(self) -> dict[str, np.ndarray]:
         """The batch's gradients of every trained variable (sparse ones: the values of

@@ -1,0 +1,228 @@
+"""Updates inside a tf.cond on a value of the global step (wafer.conditional_updates), proven
+from the graph: gradient accumulation by hand, applying every N steps.
+
+The train_op runs one tf.cond that writes: one branch applies the updates (the optimizer's
+apply ops and bookkeeping, and zeroing assigns of accumulators), the other writes nothing;
+its predicate is computed from the global step and constants. Outside the cond the train_op
+may add a value to each accumulator (AssignAdd; the cond waits for it) and increment the
+global step (after the cond). The predicate is lowered as a schedule (the nodes TF executes)
+to 1 / 0. `inline` hands the rest of the pass the updating branch as the train_op, each
+read of an accumulator there replaced by the value added to it: the pass proves that value
+is the transformed gradient of the weight the read's update trains, as for any update; the
+CS then adds it to the accumulator each step and applies the sum on the steps the predicate
+holds. A cond of any other kind is left to dynamic loss scaling (training/loss_scaling.py),
+which refuses what it does not recognise.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
+from coordinator.compiler.schedules import (
+    Scheduled,
+    ScheduleRefused,
+    executed_graph,
+    global_step,
+    lower_predicate,
+)
+from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
+from coordinator.compiler.training.loss_scaling import import_branch
+from coordinator.compiler.training.writes import _is_write
+from wafer.conditional_updates import ConditionalUpdate
+from wafer.schedules import Schedule
+
+_CONDS = ("If", "StatelessIf")
+_ADDS = ("AssignAddVariableOp", "AssignAdd")
+_PREFIX = "csrun_conditional_update"
+WHAT = ("the CS carries out update conds whose predicate is computed from the global step "
+        "and constants (apply every N steps, gradient accumulation)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Inlined:
+    view: ExtractedGraph  # the train_op: the updating branch's writes, then the increment
+    predicate: Schedule  # float32 1 when the updates run
+    added: dict[str, str]  # the tensor added to an accumulator each step -> the accumulator
+    source: str  # the tf.cond's user line
+
+    def update(self, updates: list) -> ConditionalUpdate:
+        """The ConditionalUpdate of the pass's updates (training.updates._Update): each
+        accumulator's value applied as the gradient of exactly one dense update."""
+        pairs = []
+        for u in updates:
+            added = _skip_identity(u.grad).name
+            if added in self.added:
+                if u.indices is not None:
+                    raise _fail(u.op, "a sparse update of accumulated gradients: the CS "
+                                      "accumulates dense gradients")
+                pairs.append((u.variable, self.added[added]))
+        applied = [a for _, a in pairs]
+        if sorted(applied) != sorted(self.added.values()):
+            missing = sorted(set(self.added.values()).difference(applied) or applied)
+            raise _fail(updates[0].op, f"the optimizer does not apply the accumulator "
+                                       f"{missing[0]} as it is, as one variable's gradient: "
+                                       "divide each step's gradient before adding it",
+                        hint="apply the accumulators as they are: opt.apply_gradients(zip("
+                             "[a.read_value() for a in accumulators], variables))")
+        return ConditionalUpdate(self.predicate, tuple(pairs), self.source)
+
+
+def inline(extracted: ExtractedGraph) -> Inlined | None:
+    """The train_op's update cond, proven; None when no cond writes or the writing conds
+    check gradients for being finite (dynamic loss scaling's); _Refused otherwise."""
+    train = extracted.spec.train_op
+    conds = [op for op in op_closure(train) if op.type in _CONDS and (
+        _writes(op._true_graph) or _writes(op._false_graph))]
+    if not conds or any(op.type == "IsFinite" for c in conds for op in data_upstream(c.inputs[0].op)):
+        return None
+    cond = conds[-1]
+    if len(conds) > 1:
+        raise _fail(cond, f"the train_op updates inside {len(conds)} tf.conds: {WHAT}, one cond")
+    predicate = cond.inputs[0]
+    _check_predicate(extracted.graph, cond, predicate)
+    if _writes(cond._true_graph) and _writes(cond._false_graph):
+        raise _fail(cond, f"both branches of the tf.cond write variables: {WHAT}, applying the "
+                          "updates in one branch and nothing in the other (tf.no_op)")
+    negated = not _writes(cond._true_graph)
+    branch = cond._false_graph if negated else cond._true_graph
+    graph = extracted.graph
+    inner_of = {outer.name: inner for inner, outer in zip(branch.inputs, cond.inputs[1:])}
+    zeroed = _zeroed(branch, cond, inner_of)
+    adds, increments = _outside_writes(train, cond, zeroed)
+    nodes = executed_graph(extracted)
+    try:
+        schedule = lower_predicate(extracted, nodes, Scheduled(
+            "condition", cond, predicate, label="the predicate of the tf.cond applying the "
+                                                "updates"), negated)
+    except ScheduleRefused as problem:
+        raise _Refused(str(problem)) from None
+    imported = import_branch(graph, cond, branch, _PREFIX)
+    step = global_step(graph)
+    for op in imported:
+        if variable_op(op.inputs[0]).name == step:
+            raise _fail(cond, "the tf.cond applying the updates increments the global step: "
+                              "the CS counts every step; increment it outside the cond",
+                        hint="opt.apply_gradients(...) without global_step inside the cond, "
+                             "then tf.compat.v1.assign_add(global_step, 1) under "
+                             "tf.control_dependencies([the cond])")
+    added = _rewire(graph, adds)
+    with graph.as_default():
+        writes = [op for op in imported if not (
+            op.type == "AssignVariableOp" and variable_op(op.inputs[0]).name in zeroed)]
+        with tf.control_dependencies(writes):
+            steps = [tf.raw_ops.AssignAddVariableOp(
+                resource=op.inputs[0], value=tf.constant(tf.get_static_value(op.inputs[1]),
+                                                         op.inputs[1].dtype)) for op in increments]
+        view = tf.group(*writes, *steps)
+    return Inlined(dataclasses.replace(extracted, spec=dataclasses.replace(
+        extracted.spec, train_op=view)), schedule, added, user_source(cond))
+
+
+def _writes(branch) -> bool:
+    return any(_is_write(op) for op in branch.get_operations())
+
+
+def _check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) -> None:
+    """The predicate reads no input of the model and no variable but the global step."""
+    step = global_step(graph)
+    upstream = sorted(data_upstream(predicate.op), key=lambda op: op.name)
+    inputs = [op.name for op in upstream if op.type == "Placeholder"]
+    variables = [op.name for op in upstream if op.type in ("VarHandleOp", "VariableV2")
+                 and op.name != step]
+    if inputs or variables:
+        what = f"the batch ({', '.join(inputs)})" if inputs else f"the variable {variables[0]}"
+        raise _fail(predicate.op, f"the tf.cond applying the updates decides from {what}: {WHAT}",
+                    hint="compute the predicate from tf.compat.v1.train.get_global_step() and "
+                         "constants, e.g. tf.equal((step + 1) % n, 0)")
+
+
+def _zeroed(branch, cond: tf.Operation, inner_of: dict[str, tf.Tensor]) -> set[str]:
+    """The accumulators the updating branch zeroes (an assign of zeros), each after every
+    read of it in the branch."""
+    zeroed = set()
+    for op in branch.get_operations():
+        if op.type != "AssignVariableOp":
+            continue
+        value = tf.get_static_value(op.inputs[1])
+        if value is None or np.any(value != 0):
+            continue
+        outer = next((o for o in cond.inputs[1:] if inner_of[o.name] is op.inputs[0]), None)
+        if outer is None:
+            continue
+        reads = [r for r in branch.get_operations() if r.type == "ReadVariableOp"
+                 and r.inputs[0] is op.inputs[0]]
+        before = set(op_closure(op))
+        if any(r not in before for r in reads):
+            raise _fail(cond, f"the tf.cond zeroes {variable_op(outer).name} without waiting "
+                              "for its reads (TF may read it before or after the zeroing)",
+                        hint="zero the accumulators under tf.control_dependencies([the "
+                             "apply_gradients op])")
+        zeroed.add(variable_op(outer).name)
+    return zeroed
+
+
+def _outside_writes(train, cond: tf.Operation,
+                    zeroed: set[str]) -> tuple[dict[str, tf.Operation], list[tf.Operation]]:
+    """The writes of the train_op outside the cond: each accumulator's add (before the cond,
+    of a value not computed from it), {accumulator: its add}, and the global step's
+    increments (after the cond). Any other write, refused."""
+    step = global_step(cond.graph)
+    before = set(op_closure(cond))
+    adds: dict[str, tf.Operation] = {}
+    increments = []
+    for op in op_closure(train):
+        if not _is_write(op):
+            continue
+        target = variable_op(op.inputs[0]).name
+        if target == step and op.type in _ADDS and tf.get_static_value(op.inputs[1]) is not None:
+            if cond not in set(op_closure(op)):
+                raise _fail(op, "the global step's increment does not wait for the tf.cond "
+                                "applying the updates: TF may read the step before or after it")
+            increments.append(op)
+        elif target in zeroed and op.type in _ADDS and target not in adds:
+            if op not in before:
+                raise _fail(op, f"the tf.cond applying the updates does not wait for the "
+                                f"addition to {target} (TF may read it before or after)")
+            if any(variable_op(t).name == target for t in _reads(op.inputs[1])):
+                raise _fail(op, f"the value added to {target} is computed from it: the CS "
+                                "accumulates a sum of gradients")
+            adds[target] = op
+        elif op.type in _ADDS and target not in adds:
+            raise _fail(op, f"the train_op adds to {target} outside the tf.cond applying the "
+                            "updates, which does not zero it: the CS carries out accumulators "
+                            "the cond applies as gradients and then zeroes",
+                        hint="in the cond, after apply_gradients: a.assign(tf.zeros_like(a))")
+        else:
+            raise _fail(op, f"a write outside the tf.cond applying the updates ({target}): "
+                            f"{WHAT}, every step adding gradients to accumulators and "
+                            "incrementing the global step")
+    missing = sorted(zeroed.difference(adds))
+    if missing:
+        raise _fail(cond, f"the tf.cond zeroes {missing[0]}, which the train_op does not add "
+                          "gradients to: it is no accumulator")
+    return adds, increments
+
+
+def _reads(tensor: tf.Tensor) -> list[tf.Tensor]:
+    return [op.inputs[0] for op in data_upstream(tensor.op)
+            if op.type in ("ReadVariableOp", "Identity") and op.inputs]
+
+
+def _rewire(graph: tf.Graph, adds: dict[str, tf.Operation]) -> dict[str, str]:
+    """Each read of an accumulator among the imported ops replaced by the value added to it:
+    {that value's tensor: the accumulator}."""
+    handles = {variable_op(op.inputs[0]): name for name, op in adds.items()}
+    added = {}
+    for op in graph.get_operations():
+        if not op.name.startswith(_PREFIX + "/") or op.type != "ReadVariableOp" or \
+                variable_op(op.inputs[0]) not in handles:
+            continue
+        name = handles[variable_op(op.inputs[0])]
+        value = adds[name].inputs[1]
+        added[value.name] = name
+        for user in list(op.outputs[0].consumers()):
+            user._update_input(list(user.inputs).index(op.outputs[0]), value)
+    return added

@@ -1,0 +1,56 @@
+"""Updates inside a tf.cond on the global step (hand-written gradient accumulation, applying
+every N steps): the CS evaluates the cond's predicate at each step's global step, adds the
+gradients to the accumulators (checkpointed under TF's names) and applies them when it holds,
+with TF's numbers across several apply points, resumed mid-accumulation and evaluated as the
+CPU path; a cond deciding from the batch refused in one line."""
+from __future__ import annotations
+
+import conditional_update_models as cm
+import cs_inprocess
+import pytest
+
+BASE = {"batch_size": 8}
+ACCUMULATORS = {"dense/kernel/accum", "dense/bias/accum", "dense_1_1/kernel/accum",
+                "dense_1_1/bias/accum"}
+
+
+@pytest.mark.parametrize("optimizer, every, steps", [("momentum", 2, 6), ("adam", 3, 7)])
+def test_accumulated_gradients_train_like_tensorflow(tmp_path, optimizer, every, steps):
+    """Applied at steps 1, 3, 5 (momentum) or 2, 5 and ending mid-accumulation (Adam: the
+    accumulators hold step 6's gradient); weights, slots, Adam's powers and the accumulators
+    within 1e-4 of TF; the checkpoint evaluates as on the CPU."""
+    params = {**BASE, "optimizer": optimizer, "every": every}
+    run = cs_inprocess.compare(cm.accumulated, cm.input_fn, params, str(tmp_path / "train"),
+                               steps=steps)
+    update = run.compiled.program.conditional_update
+    assert set(update.accumulators) == ACCUMULATORS
+    assert update.source.endswith(f"{cm.__file__.rsplit('/', 1)[-1]}:65")
+    assert ACCUMULATORS <= set(run.cs.state)
+    assert cs_inprocess.mismatches(run) == []
+    if optimizer == "adam":
+        assert abs(run.cs.state["dense/kernel/accum"]).max() > 0
+        assert cs_inprocess.evaluation_mismatch(cm.accumulated, cm.input_fn, params,
+                                                str(tmp_path / "eval"), run) == ""
+
+
+def test_updates_every_n_steps_train_like_tensorflow(tmp_path):
+    """Adam's updates on steps 0 and 2 of 4, no accumulators."""
+    params = {**BASE, "optimizer": "adam", "every": 2}
+    run = cs_inprocess.compare(cm.every_n, cm.input_fn, params, str(tmp_path), steps=4)
+    assert not run.compiled.program.conditional_update.accumulators
+    assert cs_inprocess.mismatches(run) == []
+
+
+def test_a_resume_mid_accumulation_is_unbroken(tmp_path):
+    """Every 3 steps, resumed at step 4 with step 3's gradient in the accumulators."""
+    cs_inprocess.assert_resume_is_unbroken(cm.accumulated, cm.input_fn,
+                                           {**BASE, "optimizer": "momentum", "every": 3},
+                                           str(tmp_path), ACCUMULATORS)
+
+
+def test_a_cond_deciding_from_the_batch_is_refused_in_one_line(tmp_path):
+    message = cs_inprocess.refusal(cm.accuracy_gated, cm.input_fn,
+                                   {**BASE, "optimizer": "adam", "every": 2}, str(tmp_path),
+                                   cm.__file__)
+    assert "the tf.cond applying the updates decides from the batch (features, labels)" in message
+    assert "predicate is computed from the global step and constants" in message

@@ -1,0 +1,73 @@
+"""Updates inside a tf.cond on a value of the global step: gradient accumulation, applying
+every N steps.
+
+A train_op may apply its updates inside a tf.cond whose predicate is computed from the
+global step and constants (`(step + 1) % n == 0`). Its `ConditionalUpdate` holds the
+predicate as a scalar program (wafer.schedules, float32 1 or 0) and the accumulators: a
+non-trainable variable per trained weight to which every step adds the weight's gradient
+(after the transforms), and which the update applies as the gradient, then zeroes, when the
+predicate holds. Each step, before its update, the CS evaluates the predicate at the global
+step the batch trains from; when it is 0 no update of the step runs (weights, slots, the
+optimizer's bookkeeping), as TF's cond runs no branch op. The accumulators are job state,
+checkpointed under their TF names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from wafer.schedules import Schedule, evaluate, schedule_problem
+
+
+@dataclass(frozen=True)
+class ConditionalUpdate:
+    predicate: Schedule  # 1: the step's updates run; 0: none does
+    accumulators: tuple[tuple[str, str], ...] = ()  # (trained variable, its accumulator)
+    source: str = ""  # the user's tf.cond
+
+    def runs(self, step: int, variables: Mapping[str, np.ndarray]) -> bool:
+        """Whether the updates of the step training from global step `step` run."""
+        return bool(evaluate(self.predicate, step, variables) != 0)
+
+    def to_message(self, pb):
+        return pb.ConditionalUpdate(predicate=self.predicate.to_message(pb),
+                                    variables=[v for v, _ in self.accumulators],
+                                    accumulators=[a for _, a in self.accumulators],
+                                    source=self.source)
+
+    @classmethod
+    def from_message(cls, message) -> "ConditionalUpdate":
+        return cls(Schedule.from_message(message.predicate),
+                   tuple(zip(message.variables, message.accumulators)), message.source)
+
+
+def accumulate(update: ConditionalUpdate, gradients: Mapping[str, np.ndarray],
+               state: Mapping[str, np.ndarray], applying: bool) -> None:
+    """Each accumulator plus its weight's gradient (float32, TF's AssignAdd); when the step
+    applies, the gradient becomes the sum and the accumulator 0 (TF's zeroing assign)."""
+    for variable, accumulator in update.accumulators:
+        total = state[accumulator]
+        np.add(total, gradients[variable], out=total)
+        if applying:
+            np.copyto(gradients[variable], total)
+            total.fill(0)
+
+
+def problem(update: ConditionalUpdate, trained: Mapping[str, str]) -> str:
+    """Why the CS cannot carry `update` out, or "": `trained` maps each trained weight to its
+    update ("dense", "sparse")."""
+    why = schedule_problem(update.predicate)
+    if why:
+        return f"its predicate: {why}"
+    variables = [v for v, _ in update.accumulators]
+    accumulators = [a for _, a in update.accumulators]
+    if len(set(variables)) != len(variables) or len(set(accumulators)) != len(accumulators):
+        return "a variable or an accumulator named twice"
+    for variable, accumulator in update.accumulators:
+        if trained.get(variable) != "dense":
+            return f"{variable!r} is not a densely trained weight of the program"
+        if accumulator in trained or not accumulator:
+            return f"the accumulator {accumulator!r} is a weight of the program"
+    return ""
