@@ -9,6 +9,7 @@ A small classifier on scikit-learn's digits; `params["optimizer"]`: "momentum" o
 `params["every"]`: N."""
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from examples.digits import digits_split
@@ -62,7 +63,7 @@ def accumulated(features, labels, mode, params):
                 with tf.control_dependencies([opt.apply_gradients(
                         zip([a.read_value() for a in accum], tvars))]):
                     return tf.group(*[a.assign(tf.zeros_like(a)) for a in accum])
-            do = tf.cond(tf.equal(tf.math.floormod(step + 1, k), 0), apply, tf.no_op)
+            do = tf.cond(tf.equal(tf.math.floormod(step + 1, k), 0), apply, tf.no_op)  # cond
         with tf.control_dependencies([do]):
             return v1.assign_add(step, 1)
     return _spec(mode, loss, logits, labels, train_op_fn)
@@ -100,6 +101,42 @@ def accuracy_gated(features, labels, mode, params):
                        tf.float32)
         accuracy = tf.reduce_mean(hits)
         do = tf.cond(accuracy < 0.9, lambda: opt.minimize(loss), tf.no_op)
+        with tf.control_dependencies([do]):
+            return v1.assign_add(step, 1)
+    return _spec(mode, loss, logits, labels, train_op_fn)
+
+
+def diverging_input_fn(params):
+    """input_fn's digits, the third batch's first image all NaN (a corrupt sample)."""
+    images, labels = digits_split(training=True)
+    n, size = 16 * params["batch_size"], params["batch_size"]
+    features = images[:n].reshape(n, 64).copy()
+    features[2 * size] = np.nan
+    return tf.data.Dataset.from_tensor_slices((features, labels[:n])).batch(
+        size, drop_remainder=True)
+
+
+def skip_non_finite(features, labels, mode, params):
+    """The update skipped when the loss (`params["check"]` "loss") or a gradient ("gradients")
+    is not finite; `params["counted"]`: the global step counts the applied steps only
+    (apply_gradients' global_step inside the cond), else every step."""
+    h = L.Dense(32, activation="relu")(features)
+    logits = L.Dense(10)(h)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+
+    def train_op_fn():
+        opt = _optimizer(params)
+        step = v1.train.get_or_create_global_step()
+        grads_and_vars = opt.compute_gradients(loss)
+        if params["check"] == "loss":
+            finite = tf.math.is_finite(loss)
+        else:
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g, _ in grads_and_vars])
+        counted = params["counted"]
+        do = tf.cond(finite, lambda: opt.apply_gradients(
+            grads_and_vars, global_step=step if counted else None), tf.no_op)
+        if counted:
+            return do
         with tf.control_dependencies([do]):
             return v1.assign_add(step, 1)
     return _spec(mode, loss, logits, labels, train_op_fn)

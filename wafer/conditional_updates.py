@@ -1,5 +1,5 @@
-"""Updates inside a tf.cond on a value of the global step: gradient accumulation, applying
-every N steps.
+"""Updates inside a tf.cond on a value of the global step (gradient accumulation, applying
+every N steps) or on the loss or the gradients being finite (skipping a step that diverged).
 
 A train_op may apply its updates inside a tf.cond whose predicate is computed from the
 global step and constants (`(step + 1) % n == 0`). Its `ConditionalUpdate` holds the
@@ -9,7 +9,10 @@ non-trainable variable per trained weight to which every step adds the weight's 
 predicate holds. Each step, before its update, the CS evaluates the predicate at the global
 step the batch trains from; when it is 0 no update of the step runs (weights, slots, the
 optimizer's bookkeeping), as TF's cond runs no branch op. The accumulators are job state,
-checkpointed under their TF names.
+checkpointed under their TF names. With `finite` instead of a predicate the updates run when
+the batch's loss ("loss": TF's is_finite of the scalar loss) or every gradient the optimizer
+applies ("gradients", after the transforms) is finite: known once the batch's gradients are
+complete, before any update.
 """
 from __future__ import annotations
 
@@ -20,27 +23,36 @@ import numpy as np
 
 from wafer.schedules import Schedule, evaluate, schedule_problem
 
+FINITE = ("loss", "gradients")
+
 
 @dataclass(frozen=True)
 class ConditionalUpdate:
-    predicate: Schedule  # 1: the step's updates run; 0: none does
+    predicate: Schedule | None  # 1: the step's updates run; 0: none does
     accumulators: tuple[tuple[str, str], ...] = ()  # (trained variable, its accumulator)
     source: str = ""  # the user's tf.cond
+    finite: str = ""  # (no predicate) the updates run when this (FINITE) is finite
 
     def runs(self, step: int, variables: Mapping[str, np.ndarray]) -> bool:
-        """Whether the updates of the step training from global step `step` run."""
+        """Whether the updates of the step training from global step `step` run (a
+        predicate's)."""
+        assert self.predicate is not None
         return bool(evaluate(self.predicate, step, variables) != 0)
 
     def to_message(self, pb):
-        return pb.ConditionalUpdate(predicate=self.predicate.to_message(pb),
-                                    variables=[v for v, _ in self.accumulators],
-                                    accumulators=[a for _, a in self.accumulators],
-                                    source=self.source)
+        message = pb.ConditionalUpdate(variables=[v for v, _ in self.accumulators],
+                                       accumulators=[a for _, a in self.accumulators],
+                                       source=self.source, finite=self.finite)
+        if self.predicate is not None:
+            message.predicate.CopyFrom(self.predicate.to_message(pb))
+        return message
 
     @classmethod
     def from_message(cls, message) -> "ConditionalUpdate":
-        return cls(Schedule.from_message(message.predicate),
-                   tuple(zip(message.variables, message.accumulators)), message.source)
+        predicate = Schedule.from_message(message.predicate) if message.HasField("predicate") \
+            else None
+        return cls(predicate, tuple(zip(message.variables, message.accumulators)),
+                   message.source, message.finite)
 
 
 def accumulate(update: ConditionalUpdate, gradients: Mapping[str, np.ndarray],
@@ -58,7 +70,10 @@ def accumulate(update: ConditionalUpdate, gradients: Mapping[str, np.ndarray],
 def problem(update: ConditionalUpdate, trained: Mapping[str, str]) -> str:
     """Why the CS cannot carry `update` out, or "": `trained` maps each trained weight to its
     update ("dense", "sparse")."""
-    why = schedule_problem(update.predicate)
+    if (update.predicate is None) == (not update.finite) or \
+            update.finite not in ("", *FINITE) or update.finite and update.accumulators:
+        return f"a predicate or a finite test ({', '.join(FINITE)}) without accumulators needed"
+    why = schedule_problem(update.predicate) if update.predicate is not None else ""
     if why:
         return f"its predicate: {why}"
     variables = [v for v, _ in update.accumulators]

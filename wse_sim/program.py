@@ -371,9 +371,10 @@ def check_dynamic_loss_scale(program: pb.Program, optimizer: OptimizerConfig | N
         raise invalid(f"program {program.name!r}: two dynamic loss scales (TF's and the CS-1's)")
     scaling = of_program(program)
     if scaling is None:
-        if program.step_counts_applied:
+        if program.step_counts_applied and not program.conditional_update.finite:
             raise invalid(f"program {program.name!r}: step_counts_applied without a dynamic "
-                          "loss scale (only its skipped steps leave the global step)")
+                          "loss scale or a finite test (only their skipped steps leave the "
+                          "global step)")
         return None
     seeded = [k for k in program.kernels if k.name == program.loss_kernel and k.type == "loss"]
     problem = (loss_scaling_problem(scaling) or
@@ -393,9 +394,9 @@ def check_conditional_update(program: pb.Program, optimizer: OptimizerConfig | N
     update = ConditionalUpdate.from_message(program.conditional_update)
     trained = {var: spec.update for var, spec in params.items() if not spec.frozen}
     problem = ("the program does not train" if optimizer is None else
-               "with dynamic loss scaling, moving averages or weight writes"
+               "with dynamic loss scaling, moving averages, weight writes or objectives"
                if of_program(program) or program.moving_averages or program.weight_writes
-               else conditional_problem(update, trained))
+               or program.objectives else conditional_problem(update, trained))
     if problem:
         raise invalid(f"program {program.name!r}: conditional update: {problem}")
     return update

@@ -153,4 +153,4 @@ def emit_training(program: pb.Program, training: TrainingSpec,
         program.conditional_update.CopyFrom(training.conditional_update.to_message(pb))
     if training.dynamic_loss_scale is not None:
         loss_scaling.set_in_program(program, training.dynamic_loss_scale, pb)
-        program.step_counts_applied = training.step_counts_applied
+    program.step_counts_applied = training.step_counts_applied

@@ -5,8 +5,11 @@ with TF's numbers across several apply points, resumed mid-accumulation and eval
 CPU path; a cond deciding from the batch refused in one line."""
 from __future__ import annotations
 
+import inspect
+
 import conditional_update_models as cm
 import cs_inprocess
+import numpy as np
 import pytest
 
 BASE = {"batch_size": 8}
@@ -24,7 +27,9 @@ def test_accumulated_gradients_train_like_tensorflow(tmp_path, optimizer, every,
                                steps=steps)
     update = run.compiled.program.conditional_update
     assert set(update.accumulators) == ACCUMULATORS
-    assert update.source.endswith(f"{cm.__file__.rsplit('/', 1)[-1]}:65")
+    lines = inspect.getsource(cm).splitlines()
+    line = next(i for i, text in enumerate(lines) if text.endswith("# cond")) + 1
+    assert update.source.endswith(f"conditional_update_models.py:{line}")
     assert ACCUMULATORS <= set(run.cs.state)
     assert cs_inprocess.mismatches(run) == []
     if optimizer == "adam":
@@ -54,3 +59,20 @@ def test_a_cond_deciding_from_the_batch_is_refused_in_one_line(tmp_path):
                                    cm.__file__)
     assert "the tf.cond applying the updates decides from the batch (features, labels)" in message
     assert "predicate is computed from the global step and constants" in message
+
+
+@pytest.mark.parametrize("check, counted", [("loss", True), ("gradients", False)])
+def test_a_step_with_a_non_finite_loss_or_gradient_is_skipped_like_tensorflow(tmp_path, check,
+                                                                               counted):
+    """The third batch holds a NaN image: its loss and gradients are NaN on both, TF's cond
+    skips its update and so does the CS; the 5 steps' weights and slots within 1e-4 of TF,
+    and the global step counts the applied steps when the increment is in the cond."""
+    params = {**BASE, "optimizer": "adam", "check": check, "counted": counted}
+    run = cs_inprocess.compare(cm.skip_non_finite, cm.diverging_input_fn, params,
+                               str(tmp_path), steps=5)
+    assert run.compiled.program.conditional_update.finite == check
+    assert np.isnan(run.cs.losses[2]) and np.isnan(run.reference.losses[2])
+    np.testing.assert_allclose(run.cs.losses, run.reference.losses, rtol=1e-4)
+    assert [p for p in cs_inprocess.mismatches(run) if not p.startswith("losses")] == []
+    assert run.cs.global_steps == ([1, 2, 2, 3, 4] if counted else [1, 2, 3, 4, 5])
+    assert run.cs.global_steps[-1] == int(run.reference.state["global_step"])

@@ -102,6 +102,10 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             raise _Problems(problems, hints[0])
         try:
             objectives = _objectives(extracted, chains, dynamic is not None or half)
+            if objectives and conditional is not None:
+                raise _fail(chains[0].update.op, "several losses minimized in one step with "
+                                                 "updates inside a tf.cond: the CS carries out "
+                                                 "the cond for one loss")
         except _Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
         zeroed = tuple(v for loss, names in _losses(extracted, chains)
@@ -146,7 +150,8 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                         schedules=schedules, moving_averages=moving, weight_writes=writes,
                         statistic_averages=tuple(statistic_averages),
                         dynamic_loss_scale=scaling,
-                        step_counts_applied=dynamic is not None and dynamic.step_counts_applied,
+                        step_counts_applied=dynamic.step_counts_applied if dynamic is not None
+                        else conditional is not None and conditional.counts_applied,
                         objectives=objectives, conditional_update=condition)
 
 

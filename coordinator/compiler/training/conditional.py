@@ -29,7 +29,7 @@ from coordinator.compiler.schedules import (
     lower_predicate,
 )
 from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
-from coordinator.compiler.training.loss_scaling import import_branch
+from coordinator.compiler.training.loss_scaling import _checked_gradients, import_branch
 from coordinator.compiler.training.writes import _is_write
 from wafer.conditional_updates import ConditionalUpdate
 from wafer.schedules import Schedule
@@ -44,9 +44,12 @@ WHAT = ("the CS carries out update conds whose predicate is computed from the gl
 @dataclasses.dataclass(frozen=True)
 class Inlined:
     view: ExtractedGraph  # the train_op: the updating branch's writes, then the increment
-    predicate: Schedule  # float32 1 when the updates run
+    predicate: Schedule | None  # float32 1 when the updates run (None: a finite test)
     added: dict[str, str]  # the tensor added to an accumulator each step -> the accumulator
     source: str  # the tf.cond's user line
+    finite: str = ""  # "loss" or "gradients": the cond tests it for being finite
+    checked: frozenset[str] = frozenset()  # the tensors a "gradients" test checks
+    counts_applied: bool = False  # the global step's increment is in the branch
 
     def update(self, updates: list) -> ConditionalUpdate:
         """The ConditionalUpdate of the pass's updates (training.updates._Update): each
@@ -67,22 +70,32 @@ class Inlined:
                                        "divide each step's gradient before adding it",
                         hint="apply the accumulators as they are: opt.apply_gradients(zip("
                              "[a.read_value() for a in accumulators], variables))")
-        return ConditionalUpdate(self.predicate, tuple(pairs), self.source)
+        if self.finite == "gradients" and \
+                self.checked != {_skip_identity(u.grad).name for u in updates}:
+            raise _fail(updates[0].op, "the tf.cond tests other tensors than the gradients the "
+                                       "optimizer applies for being finite")
+        return ConditionalUpdate(self.predicate, tuple(pairs), self.source, self.finite)
 
 
 def inline(extracted: ExtractedGraph) -> Inlined | None:
-    """The train_op's update cond, proven; None when no cond writes or the writing conds
-    check gradients for being finite (dynamic loss scaling's); _Refused otherwise."""
+    """The train_op's update cond, proven; None when no cond writes or the writing conds are
+    dynamic loss scaling's (several, or writes outside besides the step's increment, with a
+    finite test); _Refused otherwise."""
     train = extracted.spec.train_op
     conds = [op for op in op_closure(train) if op.type in _CONDS and (
         _writes(op._true_graph) or _writes(op._false_graph))]
-    if not conds or any(op.type == "IsFinite" for c in conds for op in data_upstream(c.inputs[0].op)):
+    if not conds:
         return None
     cond = conds[-1]
+    tests = any(op.type == "IsFinite" for c in conds for op in data_upstream(c.inputs[0].op))
+    finite, checked = _finite(extracted, cond) if tests else ("", frozenset[str]())
+    if tests and (len(conds) > 1 or not finite or _writes_besides_step(train, cond)):
+        return None
     if len(conds) > 1:
         raise _fail(cond, f"the train_op updates inside {len(conds)} tf.conds: {WHAT}, one cond")
     predicate = cond.inputs[0]
-    _check_predicate(extracted.graph, cond, predicate)
+    if not finite:
+        _check_predicate(extracted.graph, cond, predicate)
     if _writes(cond._true_graph) and _writes(cond._false_graph):
         raise _fail(cond, f"both branches of the tf.cond write variables: {WHAT}, applying the "
                           "updates in one branch and nothing in the other (tf.no_op)")
@@ -91,23 +104,23 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     graph = extracted.graph
     inner_of = {outer.name: inner for inner, outer in zip(branch.inputs, cond.inputs[1:])}
     zeroed = _zeroed(branch, cond, inner_of)
+    if finite and zeroed:
+        raise _fail(cond, "gradient accumulation in a tf.cond testing for finite values: the "
+                          "CS accumulates under a predicate of the global step")
     adds, increments = _outside_writes(train, cond, zeroed)
-    nodes = executed_graph(extracted)
-    try:
-        schedule = lower_predicate(extracted, nodes, Scheduled(
-            "condition", cond, predicate, label="the predicate of the tf.cond applying the "
-                                                "updates"), negated)
-    except ScheduleRefused as problem:
-        raise _Refused(str(problem)) from None
+    schedule = None if finite else _lowered(extracted, cond, negated)
     imported = import_branch(graph, cond, branch, _PREFIX)
     step = global_step(graph)
-    for op in imported:
-        if variable_op(op.inputs[0]).name == step:
-            raise _fail(cond, "the tf.cond applying the updates increments the global step: "
-                              "the CS counts every step; increment it outside the cond",
-                        hint="opt.apply_gradients(...) without global_step inside the cond, "
-                             "then tf.compat.v1.assign_add(global_step, 1) under "
-                             "tf.control_dependencies([the cond])")
+    counted = any(variable_op(op.inputs[0]).name == step for op in imported)
+    if counted and (not finite or increments):
+        raise _fail(cond, "the tf.cond applying the updates increments the global step: "
+                          "the CS counts every step under a predicate of the step; "
+                          "increment it outside the cond",
+                    hint="opt.apply_gradients(...) without global_step inside the cond, "
+                         "then tf.compat.v1.assign_add(global_step, 1) under "
+                         "tf.control_dependencies([the cond])")
+    if finite and negated:
+        raise _fail(cond, f"the tf.cond applies the updates when the {finite} is not finite")
     added = _rewire(graph, adds)
     with graph.as_default():
         writes = [op for op in imported if not (
@@ -118,7 +131,39 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
                                                          op.inputs[1].dtype)) for op in increments]
         view = tf.group(*writes, *steps)
     return Inlined(dataclasses.replace(extracted, spec=dataclasses.replace(
-        extracted.spec, train_op=view)), schedule, added, user_source(cond))
+        extracted.spec, train_op=view)), schedule, added, user_source(cond), finite, checked,
+        counted)
+
+
+def _lowered(extracted: ExtractedGraph, cond: tf.Operation, negated: bool) -> Schedule:
+    """The cond's predicate (negated: its negation) as a schedule of float32 1 / 0."""
+    try:
+        return lower_predicate(extracted, executed_graph(extracted), Scheduled(
+            "condition", cond, cond.inputs[0],
+            label="the predicate of the tf.cond applying the updates"), negated)
+    except ScheduleRefused as problem:
+        raise _Refused(str(problem)) from None
+
+
+def _finite(extracted: ExtractedGraph, cond: tf.Operation) -> tuple[str, frozenset[str]]:
+    """What the cond's predicate tests for being finite: "loss" (is_finite of model_fn's
+    loss) or "gradients" (reduce_all of is_finite of tensors, returned: the analysis
+    compares them with the gradients the updates apply); ("", ()) for anything else."""
+    predicate = _skip_identity(cond.inputs[0])
+    loss = extracted.spec.loss
+    if predicate.op.type == "IsFinite" and loss is not None and \
+            _skip_identity(predicate.op.inputs[0]) is _skip_identity(loss):
+        return "loss", frozenset()
+    try:
+        return "gradients", frozenset(_checked_gradients(cond, _Refused("")))
+    except _Refused:
+        return "", frozenset()
+
+
+def _writes_besides_step(train, cond: tf.Operation) -> bool:
+    step = global_step(cond.graph)
+    return any(_is_write(op) and variable_op(op.inputs[0]).name != step
+               for op in op_closure(train))
 
 
 def _writes(branch) -> bool:
