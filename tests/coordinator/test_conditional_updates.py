@@ -31,6 +31,8 @@ def test_accumulated_gradients_train_like_tensorflow(tmp_path, optimizer, every,
     line = next(i for i, text in enumerate(lines) if text.endswith("# cond")) + 1
     assert update.source.endswith(f"conditional_update_models.py:{line}")
     assert ACCUMULATORS <= set(run.cs.state)
+    assert f"when float32((0 == ((global_step + 1) % {every}))), applying the sums of dense/" \
+        "kernel/accum" in run.compiled.report_text
     assert cs_inprocess.mismatches(run) == []
     if optimizer == "adam":
         assert abs(run.cs.state["dense/kernel/accum"]).max() > 0
