@@ -33,6 +33,12 @@ def _optimizer(params):
     return v1.train.MomentumOptimizer(0.05, 0.9)
 
 
+def _classifier(features, labels):
+    """Dense(32, relu), Dense(10) and sparse softmax cross-entropy: (the loss, the logits)."""
+    logits = L.Dense(10)(L.Dense(32, activation="relu")(features))
+    return v1.losses.sparse_softmax_cross_entropy(labels, logits), logits
+
+
 def _spec(mode, loss, logits, labels, train_op_fn):
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"class": tf.argmax(logits, axis=-1)})
@@ -45,9 +51,7 @@ def _spec(mode, loss, logits, labels, train_op_fn):
 def accumulated(features, labels, mode, params):
     """Gradients accumulated over `every` steps (each divided by `every`), applied and
     zeroed inside a tf.cond on (step + 1) % every == 0."""
-    h = L.Dense(32, activation="relu")(features)
-    logits = L.Dense(10)(h)
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    loss, logits = _classifier(features, labels)
 
     def train_op_fn():
         k = params["every"]
@@ -72,9 +76,7 @@ def accumulated(features, labels, mode, params):
 def every_n(features, labels, mode, params):
     """The step's gradients applied only on steps the global step's remainder by `every`
     is 0 (no accumulation)."""
-    h = L.Dense(32, activation="relu")(features)
-    logits = L.Dense(10)(h)
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    loss, logits = _classifier(features, labels)
 
     def train_op_fn():
         opt = _optimizer(params)
@@ -90,9 +92,7 @@ def every_n(features, labels, mode, params):
 def accuracy_gated(features, labels, mode, params):
     """The update applied only while the batch's accuracy is below 0.9: a predicate
     computed from the batch (refused)."""
-    h = L.Dense(32, activation="relu")(features)
-    logits = L.Dense(10)(h)
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    loss, logits = _classifier(features, labels)
 
     def train_op_fn():
         opt = _optimizer(params)
@@ -120,9 +120,7 @@ def skip_non_finite(features, labels, mode, params):
     """The update skipped when the loss (`params["check"]` "loss") or a gradient ("gradients")
     is not finite; `params["counted"]`: the global step counts the applied steps only
     (apply_gradients' global_step inside the cond), else every step."""
-    h = L.Dense(32, activation="relu")(features)
-    logits = L.Dense(10)(h)
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    loss, logits = _classifier(features, labels)
 
     def train_op_fn():
         opt = _optimizer(params)
