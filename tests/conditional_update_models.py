@@ -138,3 +138,22 @@ def skip_non_finite(features, labels, mode, params):
         with tf.control_dependencies([do]):
             return v1.assign_add(step, 1)
     return _spec(mode, loss, logits, labels, train_op_fn)
+
+
+def warm_head(features, labels, mode, params):
+    """A body and a head; for the first `params["warmup"]` steps only the head trains (the
+    body frozen), then both: tf.cond(step < warmup, apply the head's, apply all)."""
+    h = L.Dense(32, activation="relu", name="body")(features)
+    logits = L.Dense(10, name="head")(h)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+
+    def train_op_fn():
+        opt = _optimizer(params)
+        step = v1.train.get_or_create_global_step()
+        grads_and_vars = opt.compute_gradients(loss)
+        head = [(g, v) for g, v in grads_and_vars if v.name.startswith("head/")]
+        do = tf.cond(step < params["warmup"], lambda: opt.apply_gradients(head),
+                     lambda: opt.apply_gradients(grads_and_vars))
+        with tf.control_dependencies([do]):
+            return v1.assign_add(step, 1)
+    return _spec(mode, loss, logits, labels, train_op_fn)

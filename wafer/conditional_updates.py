@@ -8,7 +8,9 @@ non-trainable variable per trained weight to which every step adds the weight's 
 (after the transforms), and which the update applies as the gradient, then zeroes, when the
 predicate holds. Each step, before its update, the CS evaluates the predicate at the global
 step the batch trains from; when it is 0 no update of the step runs (weights, slots, the
-optimizer's bookkeeping), as TF's cond runs no branch op. The accumulators are job state,
+optimizer's bookkeeping), as TF's cond runs no branch op. When both branches apply the
+optimizer (a warm-up training a head alone for K steps), each to some variables, a variable
+one branch alone updates is updated on the steps that take it, the others every step. The accumulators are job state,
 checkpointed under their TF names. With `finite` instead of a predicate the updates run when
 the batch's loss ("loss": TF's is_finite of the scalar loss) or every gradient the optimizer
 applies ("gradients", after the transforms) is finite: known once the batch's gradients are
@@ -32,6 +34,19 @@ class ConditionalUpdate:
     accumulators: tuple[tuple[str, str], ...] = ()  # (trained variable, its accumulator)
     source: str = ""  # the user's tf.cond
     finite: str = ""  # (no predicate) the updates run when this (FINITE) is finite
+    # updates in both branches: the variables updated only when the predicate holds, and
+    # only when it fails; the step's other updates (and the optimizer's bookkeeping) run
+    if_true: tuple[str, ...] = ()
+    if_false: tuple[str, ...] = ()
+
+    @property
+    def both(self) -> bool:
+        """Both branches update (each some variables)."""
+        return bool(self.if_true or self.if_false)
+
+    def skipped(self, holds: bool) -> frozenset[str]:
+        """The variables not updated in a step whose predicate holds or fails."""
+        return frozenset(self.if_false if holds else self.if_true)
 
     def runs(self, step: int, variables: Mapping[str, np.ndarray]) -> bool:
         """Whether the updates of the step training from global step `step` run (a
@@ -42,7 +57,8 @@ class ConditionalUpdate:
     def to_message(self, pb):
         message = pb.ConditionalUpdate(variables=[v for v, _ in self.accumulators],
                                        accumulators=[a for _, a in self.accumulators],
-                                       source=self.source, finite=self.finite)
+                                       source=self.source, finite=self.finite,
+                                       if_true=self.if_true, if_false=self.if_false)
         if self.predicate is not None:
             message.predicate.CopyFrom(self.predicate.to_message(pb))
         return message
@@ -52,7 +68,8 @@ class ConditionalUpdate:
         predicate = Schedule.from_message(message.predicate) if message.HasField("predicate") \
             else None
         return cls(predicate, tuple(zip(message.variables, message.accumulators)),
-                   message.source, message.finite)
+                   message.source, message.finite, tuple(message.if_true),
+                   tuple(message.if_false))
 
 
 def accumulate(update: ConditionalUpdate, gradients: Mapping[str, np.ndarray],
@@ -73,6 +90,11 @@ def problem(update: ConditionalUpdate, trained: Mapping[str, str]) -> str:
     if (update.predicate is None) == (not update.finite) or \
             update.finite not in ("", *FINITE) or update.finite and update.accumulators:
         return f"a predicate or a finite test ({', '.join(FINITE)}) without accumulators needed"
+    if update.both and (update.finite or update.accumulators):
+        return "updates in both branches with a finite test or accumulators"
+    gated = [*update.if_true, *update.if_false]
+    if len(set(gated)) != len(gated) or any(trained.get(v) is None for v in gated):
+        return "a variable updated under the predicate is no trained weight, or named twice"
     why = schedule_problem(update.predicate) if update.predicate is not None else ""
     if why:
         return f"its predicate: {why}"

@@ -174,6 +174,7 @@ class Pipeline:
         self._applying = True  # this step's update runs (dynamic loss scaling skips some)
         self.condition = conditional_update  # (or its predicate does not hold)
         self._penalty = 0.0  # the batch's weight penalties (in its loss)
+        self._skipped: frozenset[str] = frozenset()  # variables the step does not update
         self._scale = np.float32(1.0)  # the step's dynamic loss scale
         specs = params or {}
         self.shared = SharedWeights(shared or {}, specs, state, weight_program)
@@ -328,7 +329,9 @@ class Pipeline:
         if backward and self.dynamic is not None:
             self._seed_scale(np.float32(self.carried[self.dynamic.scale_variable]))
         if backward and self.condition is not None:  # (a finite test: decided in the step)
-            self._applying = self.condition.finite != "" or self.condition.runs(step, self.carried)
+            holds = self.condition.finite != "" or self.condition.runs(step, self.carried)
+            self._applying = holds or self.condition.both
+            self._skipped = self.condition.skipped(holds)
         if backward and self.schedules and self.optimizer is not None:
             self.optimizer.set_hyper_parameters({  # (a schedule's variables are carried state)
                 s.hyper_parameter: evaluate(s, step, self.carried) for s in self.schedules})
@@ -565,6 +568,8 @@ class Pipeline:
         updates = []
         for region in stage.regions:
             for role in region.trained:
+                if region.variables[role] in self._skipped:
+                    continue
                 if region.variables[role] in self.zeroed and role in region.grads:
                     np.multiply(region.grads[role], np.float32(0), out=region.grads[role])
                 if region.variables[role] not in self.shared:
@@ -583,7 +588,7 @@ class Pipeline:
                 if var in self.zeroed:
                     np.multiply(grad, np.float32(0), out=grad)
             updates.append(partial(self.shared.update, self.optimizer,
-                                   partial(self._written, before=True)))
+                                   partial(self._written, before=True), self._skipped))
         board.share(updates)
         if index == 0 and self.shared:  # float16 kernels read a rounded copy of the new values
             for region in self.regions:

@@ -80,3 +80,14 @@ def test_a_step_with_a_non_finite_loss_or_gradient_is_skipped_like_tensorflow(tm
     assert [p for p in cs_inprocess.mismatches(run) if not p.startswith("losses")] == []
     assert run.cs.global_steps == ([1, 2, 2, 3, 4] if counted else [1, 2, 3, 4, 5])
     assert run.cs.global_steps[-1] == int(run.reference.state["global_step"])
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_a_warm_up_training_the_head_alone_trains_like_tensorflow(tmp_path, optimizer):
+    """tf.cond(step < 2, apply the head's gradients, apply all): the body frozen for steps 0
+    and 1 and trained on 2 to 4 (Adam's powers move every step), within 1e-4 of TF."""
+    params = {**BASE, "optimizer": optimizer, "warmup": 2}
+    run = cs_inprocess.compare(cm.warm_head, cm.input_fn, params, str(tmp_path), steps=5)
+    update = run.compiled.program.conditional_update
+    assert (list(update.if_true), sorted(update.if_false)) == ([], ["body/bias", "body/kernel"])
+    assert cs_inprocess.mismatches(run) == []

@@ -30,6 +30,7 @@ from coordinator.compiler.schedules import (
 )
 from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
 from coordinator.compiler.training.loss_scaling import _checked_gradients, import_branch
+from coordinator.compiler.training.updates import APPLY_OPS
 from coordinator.compiler.training.writes import _is_write
 from wafer.conditional_updates import ConditionalUpdate
 from wafer.schedules import Schedule
@@ -50,6 +51,9 @@ class Inlined:
     finite: str = ""  # "loss" or "gradients": the cond tests it for being finite
     checked: frozenset[str] = frozenset()  # the tensors a "gradients" test checks
     counts_applied: bool = False  # the global step's increment is in the branch
+    # (both branches update) the variables one branch alone updates, and whether it is the
+    # true one
+    only: tuple[tuple[str, bool], ...] = ()
 
     def update(self, updates: list) -> ConditionalUpdate:
         """The ConditionalUpdate of the pass's updates (training.updates._Update): each
@@ -74,7 +78,9 @@ class Inlined:
                 self.checked != {_skip_identity(u.grad).name for u in updates}:
             raise _fail(updates[0].op, "the tf.cond tests other tensors than the gradients the "
                                        "optimizer applies for being finite")
-        return ConditionalUpdate(self.predicate, tuple(pairs), self.source, self.finite)
+        return ConditionalUpdate(self.predicate, tuple(pairs), self.source, self.finite,
+                                 tuple(v for v, holds in self.only if holds),
+                                 tuple(v for v, holds in self.only if not holds))
 
 
 def inline(extracted: ExtractedGraph) -> Inlined | None:
@@ -96,22 +102,24 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     predicate = cond.inputs[0]
     if not finite:
         _check_predicate(extracted.graph, cond, predicate)
-    if _writes(cond._true_graph) and _writes(cond._false_graph):
-        raise _fail(cond, f"both branches of the tf.cond write variables: {WHAT}, applying the "
-                          "updates in one branch and nothing in the other (tf.no_op)")
+    both = _writes(cond._true_graph) and _writes(cond._false_graph)
+    if both and finite:
+        raise _fail(cond, f"both branches of the tf.cond testing the {finite} for being finite "
+                          "write variables: the CS skips every update of a non-finite step")
     negated = not _writes(cond._true_graph)
     branch = cond._false_graph if negated else cond._true_graph
     graph = extracted.graph
-    inner_of = {outer.name: inner for inner, outer in zip(branch.inputs, cond.inputs[1:])}
-    zeroed = _zeroed(branch, cond, inner_of)
-    if finite and zeroed:
-        raise _fail(cond, "gradient accumulation in a tf.cond testing for finite values: the "
-                          "CS accumulates under a predicate of the global step")
+    zeroed = _zeroed(branch, cond) | (_zeroed(cond._false_graph, cond) if both else set())
+    if zeroed and (finite or both):
+        raise _fail(cond, "gradient accumulation in a tf.cond testing for finite values or "
+                          "updating in both branches: the CS accumulates under a predicate of "
+                          "the global step, applying in one branch")
     adds, increments = _outside_writes(train, cond, zeroed)
     schedule = None if finite else _lowered(extracted, cond, negated)
     imported = import_branch(graph, cond, branch, _PREFIX)
+    other = import_branch(graph, cond, cond._false_graph, _PREFIX + "_false") if both else []
     step = global_step(graph)
-    counted = any(variable_op(op.inputs[0]).name == step for op in imported)
+    counted = any(variable_op(op.inputs[0]).name == step for op in [*imported, *other])
     if counted and (not finite or increments):
         raise _fail(cond, "the tf.cond applying the updates increments the global step: "
                           "the CS counts every step under a predicate of the step; "
@@ -121,6 +129,9 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
                          "tf.control_dependencies([the cond])")
     if finite and negated:
         raise _fail(cond, f"the tf.cond applies the updates when the {finite} is not finite")
+    only: tuple[tuple[str, bool], ...] = ()
+    if both:
+        imported, only = _merged(cond, imported, other)
     added = _rewire(graph, adds)
     with graph.as_default():
         writes = [op for op in imported if not (
@@ -132,7 +143,7 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
         view = tf.group(*writes, *steps)
     return Inlined(dataclasses.replace(extracted, spec=dataclasses.replace(
         extracted.spec, train_op=view)), schedule, added, user_source(cond), finite, checked,
-        counted)
+        counted, only)
 
 
 def _lowered(extracted: ExtractedGraph, cond: tf.Operation, negated: bool) -> Schedule:
@@ -184,9 +195,57 @@ def _check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) 
                          "constants, e.g. tf.equal((step + 1) % n, 0)")
 
 
-def _zeroed(branch, cond: tf.Operation, inner_of: dict[str, tf.Tensor]) -> set[str]:
-    """The accumulators the updating branch zeroes (an assign of zeros), each after every
-    read of it in the branch."""
+def _merged(cond: tf.Operation, first: list[tf.Operation], second: list[tf.Operation],
+            ) -> tuple[list[tf.Operation], tuple[tuple[str, bool], ...]]:
+    """The writes of both branches (imported: the true one's `first`), each variable's once,
+    and the variables one branch alone updates (and whether it is the true one): an
+    optimizer update of a trained weight; what both write, written alike."""
+    ones = {variable_op(op.inputs[0]).name: op for op in first}
+    others = {variable_op(op.inputs[0]).name: op for op in second}
+    if len(ones) != len(first) or len(others) != len(second):
+        raise _fail(cond, "a branch of the tf.cond writes a variable twice")
+    for name in sorted(ones.keys() & others.keys()):
+        if not _alike(ones[name], others[name], {}):
+            raise _fail(cond, f"the tf.cond's branches write {name} differently: the CS carries "
+                              "out branches that apply one optimizer, each updating some "
+                              "variables")
+    only = tuple([(n, True) for n in ones if n not in others] +
+                 [(n, False) for n in others if n not in ones])
+    lone = {**ones, **others}
+    for name, _ in only:
+        if lone[name].type not in APPLY_OPS:
+            raise _fail(cond, f"one branch of the tf.cond alone writes {name} "
+                              f"({lone[name].type}): the CS carries out branches that apply one "
+                              "optimizer (dense updates), each updating some variables")
+    return [*ones.values(), *(others[n] for n, holds in only if not holds)], only
+
+
+def _alike(x: tf.Operation, y: tf.Operation, seen: dict) -> bool:
+    """Whether two ops compute the same: one op, equal constants, or one type and attributes
+    over alike inputs."""
+    if x is y:
+        return True
+    if (x, y) not in seen:
+        if x.type == "Const" and y.type == "Const":
+            a, b = tf.get_static_value(x.outputs[0]), tf.get_static_value(y.outputs[0])
+            seen[x, y] = a.dtype == b.dtype and np.array_equal(a, b)
+        else:
+            seen[x, y] = x.type == y.type and len(x.inputs) == len(y.inputs) and \
+                _attributes(x) == _attributes(y) and all(
+                    a.value_index == b.value_index and _alike(a.op, b.op, seen)
+                    for a, b in zip(x.inputs, y.inputs))
+    return seen[x, y]
+
+
+def _attributes(op: tf.Operation) -> dict:
+    """An op's attributes but TF's own (colocation, control-dependency marks: `_`-named)."""
+    return {k: v for k, v in op.node_def.attr.items() if not k.startswith("_")}
+
+
+def _zeroed(branch, cond: tf.Operation) -> set[str]:
+    """The accumulators a branch zeroes (an assign of zeros), each after every read of it in
+    the branch."""
+    inner_of = {outer.name: inner for inner, outer in zip(branch.inputs, cond.inputs[1:])}
     zeroed = set()
     for op in branch.get_operations():
         if op.type != "AssignVariableOp":
