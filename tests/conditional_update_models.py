@@ -49,8 +49,9 @@ def _spec(mode, loss, logits, labels, train_op_fn):
 
 
 def accumulated(features, labels, mode, params):
-    """Gradients accumulated over `every` steps (each divided by `every`), applied and
-    zeroed inside a tf.cond on (step + 1) % every == 0."""
+    """Gradients accumulated over `every` steps (each divided by `every`; with
+    `params["divide_after"]` the sums divided when applied: refused), applied and zeroed
+    inside a tf.cond on (step + 1) % every == 0."""
     loss, logits = _classifier(features, labels)
 
     def train_op_fn():
@@ -60,12 +61,14 @@ def accumulated(features, labels, mode, params):
         accum = [v1.get_variable(v.op.name + "/accum", v.shape, trainable=False,
                                  initializer=tf.zeros_initializer()) for v in tvars]
         grads = tf.gradients(loss, tvars)
-        add = [a.assign_add(g / k) for a, g in zip(accum, grads)]
+        after = params.get("divide_after", False)  # the sums divided when applied
+        add = [a.assign_add(g if after else g / k) for a, g in zip(accum, grads)]
         step = v1.train.get_or_create_global_step()
         with tf.control_dependencies(add):
             def apply():
-                with tf.control_dependencies([opt.apply_gradients(
-                        zip([a.read_value() for a in accum], tvars))]):
+                with tf.control_dependencies([opt.apply_gradients(  # apply
+                        zip([a.read_value() / k if after else a.read_value() for a in accum],
+                            tvars))]):
                     return tf.group(*[a.assign(tf.zeros_like(a)) for a in accum])
             do = tf.cond(tf.equal(tf.math.floormod(step + 1, k), 0), apply, tf.no_op)  # cond
         with tf.control_dependencies([do]):

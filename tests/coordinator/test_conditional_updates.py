@@ -57,6 +57,15 @@ def test_a_resume_mid_accumulation_is_unbroken(tmp_path):
                                            str(tmp_path), ACCUMULATORS)
 
 
+def test_sums_divided_when_applied_are_refused_in_one_line(tmp_path):
+    """(the CS transforms each step's gradient before adding it: not the sum)"""
+    message = cs_inprocess.refusal(cm.accumulated, cm.input_fn,
+                                   {**BASE, "optimizer": "momentum", "every": 2,
+                                    "divide_after": True}, str(tmp_path), cm.__file__)
+    assert "does not apply the accumulator" in message
+    assert "divide each step's gradient before adding it" in message
+
+
 def test_a_cond_deciding_from_the_batch_is_refused_in_one_line(tmp_path):
     message = cs_inprocess.refusal(cm.accuracy_gated, cm.input_fn,
                                    {**BASE, "optimizer": "adam", "every": 2}, str(tmp_path),

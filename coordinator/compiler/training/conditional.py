@@ -47,7 +47,8 @@ class Inlined:
     view: ExtractedGraph  # the train_op: the updating branch's writes, then the increment
     predicate: Schedule | None  # float32 1 when the updates run (None: a finite test)
     added: dict[str, str]  # the tensor added to an accumulator each step -> the accumulator
-    source: str  # the tf.cond's user line
+    users: tuple[tf.Operation, ...]  # the branch's ops reading an accumulator (that tensor)
+    cond: tf.Operation  # the user's tf.cond (refusals name it: imported ops have no line)
     finite: str = ""  # "loss" or "gradients": the cond tests it for being finite
     checked: frozenset[str] = frozenset()  # the tensors a "gradients" test checks
     counts_applied: bool = False  # the global step's increment is in the branch
@@ -63,22 +64,24 @@ class Inlined:
             added = _skip_identity(u.grad).name
             if added in self.added:
                 if u.indices is not None:
-                    raise _fail(u.op, "a sparse update of accumulated gradients: the CS "
-                                      "accumulates dense gradients")
+                    raise _fail(self.cond, f"a sparse update of {u.variable} from an "
+                                           "accumulator: the CS accumulates dense gradients")
                 pairs.append((u.variable, self.added[added]))
         applied = [a for _, a in pairs]
-        if sorted(applied) != sorted(self.added.values()):
+        applies = {u.op for u in updates if _skip_identity(u.grad).name in self.added}
+        if sorted(applied) != sorted(self.added.values()) or \
+                not all(_applied_only(op, applies) for op in self.users):
             missing = sorted(set(self.added.values()).difference(applied) or applied)
-            raise _fail(updates[0].op, f"the optimizer does not apply the accumulator "
-                                       f"{missing[0]} as it is, as one variable's gradient: "
-                                       "divide each step's gradient before adding it",
+            raise _fail(self.cond, f"the optimizer does not apply the accumulator {missing[0]} "
+                                   "as it is, as one variable's gradient: divide each step's "
+                                   "gradient before adding it",
                         hint="apply the accumulators as they are: opt.apply_gradients(zip("
                              "[a.read_value() for a in accumulators], variables))")
         if self.finite == "gradients" and \
                 self.checked != {_skip_identity(u.grad).name for u in updates}:
-            raise _fail(updates[0].op, "the tf.cond tests other tensors than the gradients the "
-                                       "optimizer applies for being finite")
-        return ConditionalUpdate(self.predicate, tuple(pairs), self.source, self.finite,
+            raise _fail(self.cond, "the tf.cond tests other tensors than the gradients the "
+                                   "optimizer applies for being finite")
+        return ConditionalUpdate(self.predicate, tuple(pairs), user_source(self.cond), self.finite,
                                  tuple(v for v, holds in self.only if holds),
                                  tuple(v for v, holds in self.only if not holds))
 
@@ -132,7 +135,13 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     only: tuple[tuple[str, bool], ...] = ()
     if both:
         imported, only = _merged(cond, imported, other)
-    added = _rewire(graph, adds)
+    loss = extracted.spec.loss
+    read = sorted({variable_op(op.inputs[0]).name for op in data_upstream(loss.op)
+                   if op.type == "ReadVariableOp"}.intersection(adds)) if loss is not None else []
+    if read:
+        raise _fail(adds[read[0]], f"the loss reads the accumulator {read[0]}: the CS "
+                                   "accumulates gradients the forward pass does not read")
+    added, users = _rewire(graph, adds)
     with graph.as_default():
         writes = [op for op in imported if not (
             op.type == "AssignVariableOp" and variable_op(op.inputs[0]).name in zeroed)]
@@ -142,8 +151,8 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
                                                          op.inputs[1].dtype)) for op in increments]
         view = tf.group(*writes, *steps)
     return Inlined(dataclasses.replace(extracted, spec=dataclasses.replace(
-        extracted.spec, train_op=view)), schedule, added, user_source(cond), finite, checked,
-        counted, only)
+        extracted.spec, train_op=view)), schedule, added, users, cond, finite, checked, counted,
+        only)
 
 
 def _lowered(extracted: ExtractedGraph, cond: tf.Operation, negated: bool) -> Schedule:
@@ -315,11 +324,12 @@ def _reads(tensor: tf.Tensor) -> list[tf.Tensor]:
             if op.type in ("ReadVariableOp", "Identity") and op.inputs]
 
 
-def _rewire(graph: tf.Graph, adds: dict[str, tf.Operation]) -> dict[str, str]:
+def _rewire(graph: tf.Graph, adds: dict[str, tf.Operation],
+            ) -> tuple[dict[str, str], tuple[tf.Operation, ...]]:
     """Each read of an accumulator among the imported ops replaced by the value added to it:
-    {that value's tensor: the accumulator}."""
+    ({that value's tensor: the accumulator}, the ops reading it)."""
     handles = {variable_op(op.inputs[0]): name for name, op in adds.items()}
-    added = {}
+    added, users = {}, []
     for op in graph.get_operations():
         if not op.name.startswith(_PREFIX + "/") or op.type != "ReadVariableOp" or \
                 variable_op(op.inputs[0]) not in handles:
@@ -329,4 +339,12 @@ def _rewire(graph: tf.Graph, adds: dict[str, tf.Operation]) -> dict[str, str]:
         added[value.name] = name
         for user in list(op.outputs[0].consumers()):
             user._update_input(list(user.inputs).index(op.outputs[0]), value)
-    return added
+            users.append(user)
+    return added, tuple(users)
+
+
+def _applied_only(op: tf.Operation, applies: set[tf.Operation]) -> bool:
+    """Whether `op` is one of `applies`, or Identity ops passing its value to them only."""
+    if op.type == "Identity":
+        return all(_applied_only(c, applies) for c in op.outputs[0].consumers())
+    return op in applies
