@@ -78,15 +78,21 @@ def accumulated(features, labels, mode, params):
 
 def every_n(features, labels, mode, params):
     """The step's gradients applied only on steps the global step's remainder by `every`
-    is 0 (no accumulation)."""
+    is 0 (no accumulation); `params["minimize_inside"]`: opt.minimize(loss) in the branch."""
     loss, logits = _classifier(features, labels)
 
     def train_op_fn():
         opt = _optimizer(params)
         step = v1.train.get_or_create_global_step()
-        grads_and_vars = opt.compute_gradients(loss)
-        do = tf.cond(tf.equal(step % params["every"], 0), lambda: opt.apply_gradients(grads_and_vars),
-                     tf.no_op)
+        if params.get("minimize_inside"):  # the gradients computed in the branch
+            def apply():
+                return opt.minimize(loss)
+        else:
+            grads_and_vars = opt.compute_gradients(loss)
+
+            def apply():
+                return opt.apply_gradients(grads_and_vars)
+        do = tf.cond(tf.equal(step % params["every"], 0), apply, tf.no_op)
         with tf.control_dependencies([do]):
             return v1.assign_add(step, 1)
     return _spec(mode, loss, logits, labels, train_op_fn)

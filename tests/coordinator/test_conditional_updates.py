@@ -42,9 +42,11 @@ def test_accumulated_gradients_train_like_tensorflow(tmp_path, optimizer, every,
                                                 str(tmp_path / "eval"), run) == ""
 
 
-def test_updates_every_n_steps_train_like_tensorflow(tmp_path):
-    """Adam's updates on steps 0 and 2 of 4, no accumulators."""
-    params = {**BASE, "optimizer": "adam", "every": 2}
+@pytest.mark.parametrize("inside", [False, True])
+def test_updates_every_n_steps_train_like_tensorflow(tmp_path, inside):
+    """Adam's updates on steps 0 and 2 of 4, no accumulators; the gradients computed before
+    the cond or by minimize in its branch."""
+    params = {**BASE, "optimizer": "adam", "every": 2, "minimize_inside": inside}
     run = cs_inprocess.compare(cm.every_n, cm.input_fn, params, str(tmp_path), steps=4)
     assert not run.compiled.program.conditional_update.accumulators
     assert cs_inprocess.mismatches(run) == []
