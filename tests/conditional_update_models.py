@@ -78,7 +78,8 @@ def accumulated(features, labels, mode, params):
 
 def every_n(features, labels, mode, params):
     """The step's gradients applied only on steps the global step's remainder by `every`
-    is 0 (no accumulation); `params["minimize_inside"]`: opt.minimize(loss) in the branch."""
+    is 0 (no accumulation); `params["minimize_inside"]`: opt.minimize(loss) in the branch;
+    `params["negated"]`: tf.cond(remainder != 0, tf.no_op, apply)."""
     loss, logits = _classifier(features, labels)
 
     def train_op_fn():
@@ -92,7 +93,10 @@ def every_n(features, labels, mode, params):
 
             def apply():
                 return opt.apply_gradients(grads_and_vars)
-        do = tf.cond(tf.equal(step % params["every"], 0), apply, tf.no_op)
+        if params.get("negated"):  # the updates in the false branch
+            do = tf.cond(tf.not_equal(step % params["every"], 0), tf.no_op, apply)
+        else:
+            do = tf.cond(tf.equal(step % params["every"], 0), apply, tf.no_op)
         with tf.control_dependencies([do]):
             return v1.assign_add(step, 1)
     return _spec(mode, loss, logits, labels, train_op_fn)

@@ -42,11 +42,12 @@ def test_accumulated_gradients_train_like_tensorflow(tmp_path, optimizer, every,
                                                 str(tmp_path / "eval"), run) == ""
 
 
-@pytest.mark.parametrize("inside", [False, True])
-def test_updates_every_n_steps_train_like_tensorflow(tmp_path, inside):
+@pytest.mark.parametrize("inside, negated", [(False, False), (True, False), (False, True)])
+def test_updates_every_n_steps_train_like_tensorflow(tmp_path, inside, negated):
     """Adam's updates on steps 0 and 2 of 4, no accumulators; the gradients computed before
-    the cond or by minimize in its branch."""
-    params = {**BASE, "optimizer": "adam", "every": 2, "minimize_inside": inside}
+    the cond or by minimize in its branch; the updates in its true or false branch."""
+    params = {**BASE, "optimizer": "adam", "every": 2, "minimize_inside": inside,
+              "negated": negated}
     run = cs_inprocess.compare(cm.every_n, cm.input_fn, params, str(tmp_path), steps=4)
     assert not run.compiled.program.conditional_update.accumulators
     assert cs_inprocess.mismatches(run) == []
