@@ -367,6 +367,24 @@ class WeightWrite(_message.Message):
     source: str
     def __init__(self, variable: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[WriteStep, _Mapping]]] = ..., factors: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., before_update: _Optional[bool] = ..., step_offset: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
+class ConditionalUpdate(_message.Message):
+    __slots__ = ("predicate", "variables", "accumulators", "source", "finite", "if_true", "if_false")
+    PREDICATE_FIELD_NUMBER: _ClassVar[int]
+    VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    ACCUMULATORS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FINITE_FIELD_NUMBER: _ClassVar[int]
+    IF_TRUE_FIELD_NUMBER: _ClassVar[int]
+    IF_FALSE_FIELD_NUMBER: _ClassVar[int]
+    predicate: Schedule
+    variables: _containers.RepeatedScalarFieldContainer[str]
+    accumulators: _containers.RepeatedScalarFieldContainer[str]
+    source: str
+    finite: str
+    if_true: _containers.RepeatedScalarFieldContainer[str]
+    if_false: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, predicate: _Optional[_Union[Schedule, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., accumulators: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ..., finite: _Optional[str] = ..., if_true: _Optional[_Iterable[str]] = ..., if_false: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class Estimate(_message.Message):
     __slots__ = ("samples_per_sec", "compute_samples_per_sec", "transmission_samples_per_sec", "active_cores", "compute_utilization", "ideal_samples_per_sec", "pipeline_fill_seconds")
     SAMPLES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
@@ -394,7 +412,7 @@ class WeightProgram(_message.Message):
     def __init__(self, sources: _Optional[_Iterable[_Union[Param, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ...) -> None: ...
 
 class Program(_message.Message):
-    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets", "schedules", "moving_averages", "dynamic_loss_scale", "cs1_dynamic_loss_scale", "step_counts_applied", "weight_program", "weight_writes", "optimizer_groups", "objectives")
+    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets", "schedules", "moving_averages", "dynamic_loss_scale", "cs1_dynamic_loss_scale", "step_counts_applied", "weight_program", "weight_writes", "optimizer_groups", "objectives", "conditional_update")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRAPH_HASH_FIELD_NUMBER: _ClassVar[int]
     FABRIC_FIELD_NUMBER: _ClassVar[int]
@@ -420,6 +438,7 @@ class Program(_message.Message):
     WEIGHT_WRITES_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_GROUPS_FIELD_NUMBER: _ClassVar[int]
     OBJECTIVES_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONAL_UPDATE_FIELD_NUMBER: _ClassVar[int]
     name: str
     graph_hash: str
     fabric: str
@@ -445,7 +464,8 @@ class Program(_message.Message):
     weight_writes: _containers.RepeatedCompositeFieldContainer[WeightWrite]
     optimizer_groups: _containers.RepeatedCompositeFieldContainer[OptimizerGroup]
     objectives: _containers.RepeatedCompositeFieldContainer[Objective]
-    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ..., dynamic_loss_scale: _Optional[_Union[DynamicLossScale, _Mapping]] = ..., cs1_dynamic_loss_scale: _Optional[_Union[CS1DynamicLossScale, _Mapping]] = ..., step_counts_applied: _Optional[bool] = ..., weight_program: _Optional[_Union[WeightProgram, _Mapping]] = ..., weight_writes: _Optional[_Iterable[_Union[WeightWrite, _Mapping]]] = ..., optimizer_groups: _Optional[_Iterable[_Union[OptimizerGroup, _Mapping]]] = ..., objectives: _Optional[_Iterable[_Union[Objective, _Mapping]]] = ...) -> None: ...
+    conditional_update: ConditionalUpdate
+    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ..., dynamic_loss_scale: _Optional[_Union[DynamicLossScale, _Mapping]] = ..., cs1_dynamic_loss_scale: _Optional[_Union[CS1DynamicLossScale, _Mapping]] = ..., step_counts_applied: _Optional[bool] = ..., weight_program: _Optional[_Union[WeightProgram, _Mapping]] = ..., weight_writes: _Optional[_Iterable[_Union[WeightWrite, _Mapping]]] = ..., optimizer_groups: _Optional[_Iterable[_Union[OptimizerGroup, _Mapping]]] = ..., objectives: _Optional[_Iterable[_Union[Objective, _Mapping]]] = ..., conditional_update: _Optional[_Union[ConditionalUpdate, _Mapping]] = ...) -> None: ...
 
 class JobHeader(_message.Message):
     __slots__ = ("job_id", "token", "program", "num_workers", "global_step", "first_batch", "user")

@@ -371,7 +371,7 @@ def mismatches(result: Comparison, rtol: float = 1e-4) -> list[str]:
                             f"{initial[name].ravel()[:1]} to {cs.state[name].ravel()[:1]}")
     losses, ref_losses = np.asarray(cs.losses, np.float64), np.asarray(ref.losses, np.float64)
     if losses.shape != ref_losses.shape or not np.allclose(
-            losses, ref_losses, rtol=rtol, atol=rtol * 1e-2 * np.abs(ref_losses).max(initial=0)):
+            losses, ref_losses, rtol=rtol, atol=rtol * 1e-2 * np.nanmax(np.abs(ref_losses), initial=0)):
         problems.append(f"losses: CS {losses.tolist()} vs TF {ref_losses.tolist()}")
     missing = sorted(set(initial) - set(cs.state))
     if missing:

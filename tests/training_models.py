@@ -243,14 +243,15 @@ def two_optimizers(features, labels, mode, params):
 
 
 def accumulated_gradients(features, labels, mode, params):
-    """Gradient accumulation: sums in variables, applied every 2nd step in a tf.cond; the
-    train_op is the global step's assign_add (a variable's value, not an op)."""
+    """Gradient accumulation: sums in variables, applied every 2nd step in a tf.cond and
+    never zeroed (refused); the train_op is the global step's assign_add (a variable's
+    value, not an op)."""
     logits = tf.keras.layers.Dense(10, name="head")(features)
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     tvars = v1.trainable_variables()
     sums = [v1.get_variable(v.op.name + "/sum", v.shape, trainable=False,
                             initializer=v1.zeros_initializer()) for v in tvars]
-    added = [s.assign_add(g) for s, g in zip(sums, tf.gradients(loss, tvars))]
+    added = [s.assign_add(g) for s, g in zip(sums, tf.gradients(loss, tvars))]  # added line
     step = v1.train.get_or_create_global_step()
 
     def apply():

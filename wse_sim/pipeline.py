@@ -43,10 +43,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from wafer.conditional_updates import ConditionalUpdate, accumulate
 from wafer.grad_transforms import GradientTransform, apply_transforms
 from wafer.kernels import Kernel, RunContext
 from wafer.kernels.losses import BatchLoss
-from wafer.loss_scaling import Rule
+from wafer.loss_scaling import Rule, all_finite
 from wafer.moving_averages import MovingAverage
 from wafer.moving_averages import update as update_average
 from wafer.optimizers import Optimizer, slot_name
@@ -146,7 +147,8 @@ class Pipeline:
                  dynamic_loss_scale: Rule | None = None,
                  weight_program: WeightProgram | None = None,
                  weight_writes: Sequence[WeightWrite] = (),
-                 objectives: Sequence[Objective] = ()):
+                 objectives: Sequence[Objective] = (),
+                 conditional_update: ConditionalUpdate | None = None):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.replicas = replicas
@@ -170,6 +172,9 @@ class Pipeline:
         self._step = 0  # the global step the running batch trains from
         self.dynamic = dynamic_loss_scale
         self._applying = True  # this step's update runs (dynamic loss scaling skips some)
+        self.condition = conditional_update  # (or its predicate does not hold)
+        self._penalty = 0.0  # the batch's weight penalties (in its loss)
+        self._skipped: frozenset[str] = frozenset()  # variables the step does not update
         self._scale = np.float32(1.0)  # the step's dynamic loss scale
         specs = params or {}
         self.shared = SharedWeights(shared or {}, specs, state, weight_program)
@@ -246,7 +251,8 @@ class Pipeline:
                    schedules=checked.schedules, moving_averages=checked.moving_averages,
                    shared=checked.shared, dynamic_loss_scale=checked.dynamic_loss_scale,
                    weight_program=checked.weight_program, weight_writes=checked.weight_writes,
-                   objectives=checked.objectives)
+                   objectives=checked.objectives,
+                   conditional_update=checked.conditional_update)
 
     def _mark_backward(self) -> None:
         """A region runs backward iff its output reaches the loss and a trained weight is
@@ -319,9 +325,13 @@ class Pipeline:
         m_count = self.batch_size // self.micro
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
         self._step = step
-        regularization = self._regularization() if self.loss_kernel else 0.0
+        self._penalty = self._regularization() if self.loss_kernel else 0.0
         if backward and self.dynamic is not None:
             self._seed_scale(np.float32(self.carried[self.dynamic.scale_variable]))
+        if backward and self.condition is not None:  # (a finite test: decided in the step)
+            holds = self.condition.finite != "" or self.condition.runs(step, self.carried)
+            self._applying = holds or self.condition.both
+            self._skipped = self.condition.skipped(holds)
         if backward and self.schedules and self.optimizer is not None:
             self.optimizer.set_hyper_parameters({  # (a schedule's variables are carried state)
                 s.hyper_parameter: evaluate(s, step, self.carried) for s in self.schedules})
@@ -338,16 +348,18 @@ class Pipeline:
             self.optimizer.finish_step()
             self._write_after_updates()
             self._update_averages(step)
-        applied = not backward or self.dynamic is None or self._applying
+        applied = not backward or self.dynamic is None and self.condition is None or self._applying
         if backward and self.dynamic is not None:
             self.carried.update(self.dynamic.advance(self.carried, self._applying))
-        loss = 0.0
-        if self.loss_kernel:
-            loss = float(sum(np.sum(board.items["v", self.loss_kernel, i], dtype=np.float32)
-                             for i in range(m_count))) + regularization
+        loss = self._loss(board, m_count) if self.loss_kernel else 0.0
         return StepOutput(loss, {name: np.concatenate([board.items["v", name, i]
                                                        for i in range(m_count)])
                                  for name in outputs}, applied)
+
+    def _loss(self, board: Board, m_count: int) -> float:
+        """The batch's loss: its loss kernel's values summed, and the weights' own terms."""
+        return float(sum(np.sum(board.items["v", self.loss_kernel, i], dtype=np.float32)
+                         for i in range(m_count))) + self._penalty
 
     def _pass(self, batch: Mapping[str, np.ndarray], m_count: int, training: bool,
               backward: bool, step: int, index: int) -> Board:
@@ -373,7 +385,7 @@ class Pipeline:
             self._run_ahead(board, m_count, training)
 
         def work(stage: int, board: Board) -> None:
-            if self.dynamic is None:
+            if self.dynamic is None and (self.condition is None or not self.condition.finite):
                 self._run_stage(stage, plan, board, training, backward)
                 return
             with np.errstate(over="ignore", invalid="ignore"):  # a scale that overflows
@@ -538,8 +550,13 @@ class Pipeline:
                     self._unscale()
                 elif self.transforms:
                     apply_transforms(self.transforms, self._gradients())
-                if self.floor and self._applying:
-                    self._apply_floor()
+                if self.condition is not None and self.condition.finite:
+                    self._applying = bool(np.isfinite(self._loss(board, m_count))) \
+                        if self.condition.finite == "loss" else all_finite(self._gradients().values())
+                if self.floor and (self._applying or self.condition is not None):
+                    self._apply_floor()  # (an accumulated gradient: every step's)
+                if self.condition is not None:
+                    accumulate(self.condition, self._gradients(), self.carried, self._applying)
                 board.put(("transformed",), True)
             else:
                 board.put(("gradients complete", index), True)
@@ -551,6 +568,8 @@ class Pipeline:
         updates = []
         for region in stage.regions:
             for role in region.trained:
+                if region.variables[role] in self._skipped:
+                    continue
                 if region.variables[role] in self.zeroed and role in region.grads:
                     np.multiply(region.grads[role], np.float32(0), out=region.grads[role])
                 if region.variables[role] not in self.shared:
@@ -569,7 +588,7 @@ class Pipeline:
                 if var in self.zeroed:
                     np.multiply(grad, np.float32(0), out=grad)
             updates.append(partial(self.shared.update, self.optimizer,
-                                   partial(self._written, before=True)))
+                                   partial(self._written, before=True), self._skipped))
         board.share(updates)
         if index == 0 and self.shared:  # float16 kernels read a rounded copy of the new values
             for region in self.regions:
@@ -679,8 +698,9 @@ class Pipeline:
 
     def _reads_all_gradients(self) -> bool:
         """Whether the step reads the batch's complete gradients, every stage's, before any
-        update (gradient transforms, shared weights, dynamic loss scaling)."""
-        return bool(self.transforms or self.floor or self.shared or self.dynamic)
+        update (gradient transforms, shared weights, dynamic loss scaling, accumulation)."""
+        return bool(self.transforms or self.floor or self.shared or self.dynamic
+                    or self.condition and (self.condition.accumulators or self.condition.finite))
 
     def _gradients(self) -> dict[str, np.ndarray]:
         """The batch's gradients of every trained variable (sparse ones: the values of

@@ -13,6 +13,8 @@ from cs_api import cs_api_pb2 as pb
 from cs_api.attrs import from_attr
 from cs_api.input_spec import InputSpec
 from cs_api.tensors import from_tensor
+from wafer.conditional_updates import ConditionalUpdate
+from wafer.conditional_updates import problem as conditional_problem
 from wafer.grad_transforms import GradientTransform
 from wafer.kernels import Kernel, KernelError, build_kernel
 from wafer.loss_scaling import Rule, of_program
@@ -105,13 +107,15 @@ class CheckedProgram:
 
     @property
     def state_variables(self) -> dict[str, str]:
-        """State besides weights and optimizer state: shadow -> its weight, and the schedules'
-        variables (-> "")."""
+        """State besides weights and optimizer state: shadow -> its weight, accumulator -> its
+        weight, and the schedules' variables (-> "")."""
         schedules = (*self.schedules, *(m.factor for m in self.moving_averages))
         dynamic = self.dynamic_loss_scale
+        conditional = self.conditional_update
         return {**{m.shadow: m.variable for m in self.moving_averages},
                 **{v: "" for s in schedules for v in s.variables},
-                **({v: "" for v in dynamic.state} if dynamic else {})}
+                **({v: "" for v in dynamic.state} if dynamic else {}),
+                **({a: v for v, a in conditional.accumulators} if conditional else {})}
     shared: Mapping[str, SharedWeight] = field(default_factory=dict)  # by variable
     dynamic_loss_scale: Rule | None = None  # its variables are state
     step_counts_applied: bool = False  # (dynamic loss scaling) a skipped step does not count
@@ -121,6 +125,7 @@ class CheckedProgram:
     weight_writes: tuple[WeightWrite, ...] = ()  # a weight's writes besides its update
     optimizer_groups: tuple[OptimizerGroup, ...] = ()  # further optimizers and their variables
     objectives: tuple[Objective, ...] = ()  # several losses minimized in one step (a GAN's)
+    conditional_update: ConditionalUpdate | None = None  # the updates run when its predicate holds
 
     def make_optimizer(self) -> Optimizer | None:
         """The step's optimizer (with groups, one updating each variable by its group's)."""
@@ -280,7 +285,8 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           check_dynamic_loss_scale(program, optimizer), program.step_counts_applied,
                           weights, derived, check_weight_writes(program, params, derived),
                           check_optimizer_groups(program, optimizer, params),
-                          check_objectives(program, names, params, sources))
+                          check_objectives(program, names, params, sources),
+                          check_conditional_update(program, optimizer, params))
 
 
 def ahead_kernels(kernels: Sequence[Kernel], sources: Sequence[Sequence[str]],
@@ -365,9 +371,10 @@ def check_dynamic_loss_scale(program: pb.Program, optimizer: OptimizerConfig | N
         raise invalid(f"program {program.name!r}: two dynamic loss scales (TF's and the CS-1's)")
     scaling = of_program(program)
     if scaling is None:
-        if program.step_counts_applied:
+        if program.step_counts_applied and not program.conditional_update.finite:
             raise invalid(f"program {program.name!r}: step_counts_applied without a dynamic "
-                          "loss scale (only its skipped steps leave the global step)")
+                          "loss scale or a finite test (only their skipped steps leave the "
+                          "global step)")
         return None
     seeded = [k for k in program.kernels if k.name == program.loss_kernel and k.type == "loss"]
     problem = (loss_scaling_problem(scaling) or
@@ -376,6 +383,23 @@ def check_dynamic_loss_scale(program: pb.Program, optimizer: OptimizerConfig | N
     if problem:
         raise invalid(f"program {program.name!r}: dynamic loss scale: {problem}")
     return scaling
+
+
+def check_conditional_update(program: pb.Program, optimizer: OptimizerConfig | None,
+                             params: Mapping[str, ParamSpec]) -> ConditionalUpdate | None:
+    """The program's update cond: valid (wafer.conditional_updates), on a program that
+    trains, with no dynamic loss scale, moving average or weight write."""
+    if not program.HasField("conditional_update"):
+        return None
+    update = ConditionalUpdate.from_message(program.conditional_update)
+    trained = {var: spec.update for var, spec in params.items() if not spec.frozen}
+    problem = ("the program does not train" if optimizer is None else
+               "with dynamic loss scaling, moving averages, weight writes or objectives"
+               if of_program(program) or program.moving_averages or program.weight_writes
+               or program.objectives else conditional_problem(update, trained))
+    if problem:
+        raise invalid(f"program {program.name!r}: conditional update: {problem}")
+    return update
 
 
 def check_moving_averages(program: pb.Program,

@@ -183,10 +183,14 @@ class SharedWeights:
                           for reg in v.spec.regularizers), np.float32(0)))
 
     def update(self, optimizer: Optimizer,
-               write_before: Callable[[str, np.ndarray], object] | None = None) -> None:
+               write_before: Callable[[str, np.ndarray], object] | None = None,
+               skipped: frozenset[str] = frozenset()) -> None:
         """Apply the batch's gradients (`write_before` writing each weight first: a weight
-        write before its update), then refresh the views and the derived weights."""
+        write before its update; not to the `skipped` variables), then refresh the views
+        and the derived weights."""
         for v in self.trained():
+            if v.weight.variable in skipped:
+                continue
             if write_before is not None:
                 write_before(v.weight.variable, v.value)
             rule = optimizer.for_variable(v.weight.variable)

@@ -9,6 +9,7 @@ import numpy as np
 from cs_api.input_spec import InputSpec
 
 if TYPE_CHECKING:
+    from wafer.conditional_updates import ConditionalUpdate
     from wafer.grad_transforms import GradientTransform
     from wafer.loss_scaling import Rule
     from wafer.moving_averages import MovingAverage
@@ -119,6 +120,8 @@ class TrainingSpec:
     # several losses minimized in one step, in the order of their first update: each
     # variable takes its objective's gradient (none: every gradient is the loss's)
     objectives: tuple[Objective, ...] = ()
+    # the updates run inside a tf.cond on a value of the global step (gradient accumulation)
+    conditional_update: ConditionalUpdate | None = None
 
     @property
     def state_variables(self) -> tuple[str, ...]:
@@ -129,7 +132,9 @@ class TrainingSpec:
         dynamic = self.dynamic_loss_scale
         return tuple(dict.fromkeys([*(m.shadow for m in self.moving_averages),
                                     *(v for s in schedules for v in s.variables),
-                                    *(dynamic.state if dynamic else ())]))
+                                    *(dynamic.state if dynamic else ()),
+                                    *(a for _, a in (self.conditional_update.accumulators
+                                                     if self.conditional_update else ()))]))
 
     @property
     def trained(self) -> frozenset[str]:

@@ -149,6 +149,8 @@ def emit_training(program: pb.Program, training: TrainingSpec,
     program.schedules.extend(s.to_message(pb) for s in training.schedules)
     program.moving_averages.extend(m.to_message(pb) for m in training.moving_averages)
     program.weight_writes.extend(w.to_message(pb) for w in training.weight_writes)
+    if training.conditional_update is not None:
+        program.conditional_update.CopyFrom(training.conditional_update.to_message(pb))
     if training.dynamic_loss_scale is not None:
         loss_scaling.set_in_program(program, training.dynamic_loss_scale, pb)
-        program.step_counts_applied = training.step_counts_applied
+    program.step_counts_applied = training.step_counts_applied

@@ -223,6 +223,13 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
                          f"{render(average.factor)}"
                          + (", at the incremented global step" if average.step_offset else "")
                          + f"): {', '.join(shadows)}")
+    condition = training.conditional_update
+    if condition is not None:
+        when = f"{condition.finite} finite" if condition.predicate is None else \
+            render(condition.predicate)
+        lines.append(f"Updates inside a tf.cond (at {condition.source}): when {when}"
+                     + (f", applying the sums of {', '.join(a for _, a in condition.accumulators)}"
+                        if condition.accumulators else ""))
     for write in training.weight_writes:
         lines.append(f"Weight write of {write.variable} ({'before' if write.before_update else 'after'}"
                      f" every update, at {write.source}): w = {describe(write)}"

@@ -353,6 +353,24 @@ def lower_value(extracted: ExtractedGraph, nodes: dict, item: Scheduled,
         if item.apply.type == "Mul" and ref.partition(":")[0] in others:  # commuted
             ref = apply.input[1 - index]
     lowering.lower(ref)
+    return _checked(lowering, item)
+
+
+def lower_predicate(extracted: ExtractedGraph, nodes: dict, item: Scheduled,
+                    negated: bool = False) -> Schedule:
+    """The program of a bool the graph computes per step from the global step and constants
+    (a tf.cond's predicate; its negation when `negated`) as float32 1 or 0, from the `nodes`
+    TensorFlow executes (executed_graph), or ScheduleRefused."""
+    lowering = _Lowering(extracted.graph, nodes, item, global_step(extracted.graph), set())
+    value = lowering.lower(item.tensor.name.removesuffix(":0"))
+    if negated:
+        value = lowering.add(ScalarOp("logical_not", "bool", (value,)))
+    lowering.add(ScalarOp("cast", "float32", (value,)))
+    return _checked(lowering, item)
+
+
+def _checked(lowering: _Lowering, item: Scheduled) -> Schedule:
+    """The lowered ops as item's schedule, or ScheduleRefused saying why the CS cannot run it."""
     schedule = Schedule(item.key, tuple(lowering.ops), item.tensor.name,
                         user_source(item.tensor.op))
     problem = schedule_problem(schedule)

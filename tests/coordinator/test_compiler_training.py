@@ -218,11 +218,12 @@ def test_two_optimizers_one_with_a_schedule_are_refused_naming_both_lines():
         in error.message
 
 
-def test_gradients_accumulated_and_applied_in_a_cond_are_refused_naming_it():
+def test_sums_a_cond_applies_and_never_zeroes_are_refused_naming_the_addition():
     """(its train_op, an assign_add's value rather than an op, is read as the assign op)"""
     error = refusal(tm.accumulated_gradients)
-    assert error.message.startswith("the train_op applies its updates inside a tf.cond")
-    assert line_of("cond line") in error.message
+    assert error.message.startswith("the train_op adds to head/")
+    assert "outside the tf.cond applying the updates, which does not zero it" in error.message
+    assert line_of("added line") in error.message
 
 
 def test_program_carries_frozen_params_updates_and_transforms(tmp_path):

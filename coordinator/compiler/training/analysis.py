@@ -11,6 +11,7 @@ from common.errors import CSRunError
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import Objective, StatisticAverage, TrainedVariable, TrainingSpec
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
+from coordinator.compiler.training import conditional as training_conditional
 from coordinator.compiler.training import loss_scaling
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
 from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
@@ -25,6 +26,7 @@ from coordinator.compiler.training.shift import zero_gradients
 from coordinator.compiler.training.transforms import _fold_loss_scale
 from coordinator.compiler.training.updates import SUPPORTED, _check_dtypes, _check_slots, _Update
 from coordinator.compiler.training.writes import _Average, _bookkeeping, _is_write, _updates, _Write
+from wafer.conditional_updates import ConditionalUpdate
 from wafer.grad_transforms import GradientTransform
 from wafer.loss_scaling import Rule
 from wafer.moving_averages import FACTOR, MovingAverage
@@ -64,10 +66,17 @@ def _analyze(extracted: ExtractedGraph, half: bool,
     with extracted.graph.as_default():
         statistic_averages: list[StatisticAverage] = []
         try:
-            dynamic = loss_scaling.inline(extracted)
+            conditional = training_conditional.inline(extracted)
+            dynamic = loss_scaling.inline(extracted) if conditional is None else None
             if dynamic is not None:
                 extracted = dynamic.view
+            if conditional is not None:
+                extracted = conditional.view
             updates, averages, written = _updates(extracted, statistic_averages)
+            condition = None
+            if conditional is not None:
+                condition = conditional.update(updates)
+                _alone(condition, averages, written)
             groups = optimizer_groups(updates)
             if dynamic is not None and groups:
                 raise _fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
@@ -93,6 +102,10 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             raise _Problems(problems, hints[0])
         try:
             objectives = _objectives(extracted, chains, dynamic is not None or half)
+            if objectives and conditional is not None:
+                raise _fail(chains[0].update.op, "several losses minimized in one step with "
+                                                 "updates inside a tf.cond: the CS carries out "
+                                                 "the cond for one loss")
         except _Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
         zeroed = tuple(v for loss, names in _losses(extracted, chains)
@@ -137,8 +150,19 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                         schedules=schedules, moving_averages=moving, weight_writes=writes,
                         statistic_averages=tuple(statistic_averages),
                         dynamic_loss_scale=scaling,
-                        step_counts_applied=dynamic is not None and dynamic.step_counts_applied,
-                        objectives=objectives)
+                        step_counts_applied=dynamic.step_counts_applied if dynamic is not None
+                        else conditional is not None and conditional.counts_applied,
+                        objectives=objectives, conditional_update=condition)
+
+
+def _alone(condition: ConditionalUpdate, averages: list[_Average], written: list[_Write]) -> None:
+    """What the CS does not carry out with an update cond, refused."""
+    what = next((f"an ExponentialMovingAverage of {a.variable}" for a in averages), "") or \
+        next((f"a write of {w.variable} besides its update" for w in written), "")
+    if what:
+        op = averages[0].op if averages else written[0].op
+        raise _fail(op, f"{what} with updates inside a tf.cond ({condition.source}): the CS "
+                        "carries out the cond's optimizer updates alone; train without it")
 
 
 def _losses(extracted: ExtractedGraph, chains: list) -> list[tuple[tf.Tensor, set[str]]]:

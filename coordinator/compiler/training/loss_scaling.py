@@ -55,7 +55,8 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     why = _fail(conds[-1], "the train_op applies its updates inside a tf.cond: the CS carries "
                            "out the conds of dynamic loss scaling (tf.compat.v1.mixed_precision."
                            "MixedPrecisionLossScaleOptimizer with 'dynamic', a DynamicLossScale "
-                           "or the CS-1's rule, examples/modelzoo_loss_scale) and no other")
+                           "or the CS-1's rule, examples/modelzoo_loss_scale) and update conds "
+                           "on the global step (apply every N steps, gradient accumulation)")
     apply = [op for op in conds if _writes(op._true_graph) and not _writes(op._false_graph)]
     moves = [op for op in conds if op not in apply]
     if len(conds) > 2 or len(apply) != 1 or (moves and moves[0].inputs[0] is not apply[0].inputs[0]):
@@ -71,7 +72,9 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
         checked = _checked_norm(apply_if, why)
     initial = _initial(graph, scale_var.name)
     rule = dataclasses.replace(rule, half_seed=_pin_reads(graph, scale_var, update | {apply_if}, why))
-    view = _import_branch(graph, apply_if)
+    with graph.as_default():
+        view = tf.group(*import_branch(graph, apply_if, apply_if._true_graph,
+                                       "csrun_dynamic_loss_scale"))
     step = tf.compat.v1.train.get_global_step(graph)
     counts_applied = step is not None and any(
         op.type in _INCREMENTS and variable_op(op.inputs[0]) is step.op for op in op_closure(view))
@@ -258,16 +261,14 @@ def _runs_as(graph: tf.Graph, writes: list[tf.Operation], predicate: tf.Tensor,
     return True
 
 
-def _import_branch(graph: tf.Graph, apply_if: tf.Operation) -> tf.Operation:
-    """The apply cond's true branch as ops of the graph, reading what the cond captured."""
-    branch = apply_if._true_graph
-    mapping = {inner.name: outer for inner, outer in zip(branch.inputs, apply_if.inputs[1:])}
+def import_branch(graph: tf.Graph, cond: tf.Operation, branch, name: str) -> list[tf.Operation]:
+    """The writes of a cond's branch (its `_true_graph` or `_false_graph`) as ops of the
+    graph (imported under `name`), reading what the cond captured."""
+    mapping = {inner.name: outer for inner, outer in zip(branch.inputs, cond.inputs[1:])}
     writes = [op.name for op in branch.get_operations() if _is_write(op)]
     with graph.as_default():
-        imported = tf.graph_util.import_graph_def(branch.as_graph_def(), input_map=mapping,
-                                                  return_elements=writes,
-                                                  name="csrun_dynamic_loss_scale")
-        return tf.group(*imported)
+        return tf.graph_util.import_graph_def(branch.as_graph_def(), input_map=mapping,
+                                              return_elements=writes, name=name)
 
 
 def _checked_gradients(apply_if: tf.Operation, why: _Refused) -> set[str]:
