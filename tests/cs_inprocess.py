@@ -422,6 +422,55 @@ def mismatches(result: Comparison, rtol: float = 1e-4) -> list[str]:
     return problems
 
 
+MIXED_FACTOR = 2.0  # (measured: docs/design.md, "Float16 convolution gradients")
+MIXED_FLOOR = 2e-2
+
+
+def twin_distances(run: CSRun | tf_reference.Reference, twin: dict[str, np.ndarray],
+                   initial: dict[str, np.ndarray]) -> dict[str, float]:
+    """Each floating variable's distance from `twin` (the float32 run's state): max |x - twin|
+    over the twin's change of it (a weight) or its largest magnitude (a slot, a scalar)."""
+    distances = {}
+    for name in sorted(set(twin) & set(run.state)):
+        if np.asarray(twin[name]).dtype.kind != "f":
+            continue
+        exact = np.asarray(twin[name], np.float64)
+        scale = np.abs(exact - initial[name]).max(initial=0.0) if name in initial else np.abs(exact).max(initial=0.0)
+        if scale > 0:  # (a weight no gradient moves, a slot that stays 0: nothing to judge)
+            distances[name] = float(np.abs(np.asarray(run.state[name], np.float64) - exact).max() / scale)
+    return distances
+
+
+def float32_twin(model_fn: Callable, input_fn: Callable, params: dict, result: Comparison,
+                 steps: int) -> tf_reference.Reference:
+    """TF's run of a mixed_float16 model built under the float32 policy (model_fn's
+    params["policy"]) from the same initial weights and batches as `result`."""
+    data = tf_reference.batches(input_fn, params, steps)
+    return tf_reference.run(model_fn, input_fn, {**params, "policy": "float32"},
+                            result.compiled.initial_weights, data)
+
+
+def mixed_precision_mismatches(result: Comparison, twin: tf_reference.Reference,
+                               factor: float = MIXED_FACTOR, floor: float = MIXED_FLOOR) -> list[str]:
+    """A mixed_float16 training judged by the issue's rule, one line per difference (empty:
+    the same): the losses within 1e-2 relative of TF mixed's, and every variable (weights and
+    slots) no farther from `twin` (TF's float32 run of the same model from the same weights
+    and batches) than `factor` x TF mixed's distance plus `floor` (twin_distances). For the
+    runs whose elements `mismatches` finds apart by float16 rounding that TF's CPU kernels
+    make otherwise (Eigen's float16 convolution gradients), which Adam grows over the steps."""
+    cs, mixed = np.asarray(result.cs.losses, np.float64), np.asarray(result.reference.losses, np.float64)
+    problems = [] if cs.shape == mixed.shape and np.all(np.abs(cs - mixed) <= 1e-2 * np.abs(mixed)) \
+        else [f"losses: CS {cs.tolist()} vs TF mixed {mixed.tolist()}"]
+    initial = result.compiled.initial_weights
+    tf_run = twin_distances(result.reference, twin.state, initial)
+    cs_run = twin_distances(result.cs, twin.state, initial)
+    for name in sorted(tf_run):
+        if not cs_run.get(name, np.nan) <= factor * tf_run[name] + floor:  # (NaN: farther)
+            problems.append(f"{name}: CS {cs_run.get(name, float('nan')):.3g} vs TF mixed {tf_run[name]:.3g} "
+                            "from the float32 run")
+    return problems
+
+
 def farther_than_tensorflow(result: Comparison, exact: dict[str, np.ndarray], factor: float,
                              floor: float = 0.0) -> list[str]:
     """The weights the CS trained farther from `exact` (a higher-precision run's state from
