@@ -38,6 +38,11 @@ FOUND = (
     # float32 twin (cs_inprocess.mixed_precision_mismatches); the last fails so only with oneDNN on
     *(dataclasses.replace(MIXED_CONV, blocks=blocks) for blocks in (
         ("layer_norm",), ("unary:square",), ("unary:square", "layer_norm", "layer_norm"))),
+    # bimodal: the CS's conv2d lands 0.094 from the float32 run, TF mixed's 0.010, TF's from
+    # half-ULP-moved weights 0.095 in 2 of 4 runs (the referee's spread)
+    rm.ModelSpec(inputs="image", blocks=("const_affine", "concat"), task="classes", loss="nn_sparse_ce_mean",
+                 optimizer="adam", schedule="cond_warmup", transform="scale", var_subset=False, l2="none",
+                 seed=59608, weights="none", replicas=1, batch_norm="none"),
 )
 
 
@@ -108,7 +113,7 @@ def with_defect(program: pb.Program, defect: str, variables: list[str]) -> pb.Pr
     return copy
 
 
-@pytest.mark.parametrize("blocks", [("layer_norm",), ("unary:square",)])
+@pytest.mark.parametrize("blocks", [("layer_norm",), pytest.param(("unary:square",), marks=pytest.mark.slow)])
 def test_float32_twin_passes_float16_drift_and_fails_a_wrong_update(tmp_path, blocks):
     """A mixed conv model whose Adam slots the CS's float32-accumulated conv gradient leaves
     float16 ULPs from TF's: the twin rule passes the CS, and fails it, on the distances alone,
