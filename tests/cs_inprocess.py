@@ -422,6 +422,78 @@ def mismatches(result: Comparison, rtol: float = 1e-4) -> list[str]:
     return problems
 
 
+MIXED_FACTOR = 2.0  # (measured: docs/design.md, "Float16 convolution gradients")
+MIXED_FLOOR = 2e-2
+MIXED_SPREAD_RUNS = 4
+
+
+@dataclass(frozen=True)
+class Float32Twin:
+    """The referee of a mixed_float16 training: TF's float32 run of the same model from the
+    same initial weights and batches, and TF mixed's runs from those weights moved by half a
+    float16 ULP (the spread of TF's own float16 rounding)."""
+    float32: tf_reference.Reference
+    half_ulp: list[tf_reference.Reference]
+
+
+def float32_twin(model_fn: Callable, input_fn: Callable, params: dict, result: Comparison,
+                 steps: int, runs: int = MIXED_SPREAD_RUNS) -> Float32Twin:
+    """The twin of `result` (model_fn builds the float32 one under params["policy"] "float32");
+    the half-ULP runs move a random half of every weight's elements by x(1 + 2^-11), seeds
+    0..runs-1."""
+    data = tf_reference.batches(input_fn, params, steps)
+    initial = result.compiled.initial_weights
+    float32 = tf_reference.run(model_fn, input_fn, {**params, "policy": "float32"}, initial, data)
+    half_ulp = []
+    for seed in range(runs):
+        rng = np.random.default_rng(seed)
+        moved = {name: np.where(rng.random(np.shape(value)) < 0.5, value * np.float32(1 + 2.0 ** -11),
+                                value).astype(np.float32) for name, value in initial.items()}
+        half_ulp.append(tf_reference.run(model_fn, input_fn, params, moved, data))
+    return Float32Twin(float32, half_ulp)
+
+
+def twin_distances(run: CSRun | tf_reference.Reference, twin: dict[str, np.ndarray],
+                   initial: dict[str, np.ndarray]) -> dict[str, float]:
+    """Each floating variable's distance from `twin` (the float32 run's state): max |x - twin|
+    over the twin's change of it (a weight) or its largest magnitude (a slot, a scalar)."""
+    distances = {}
+    for name in sorted(set(twin) & set(run.state)):
+        if np.asarray(twin[name]).dtype.kind != "f":
+            continue
+        exact = np.asarray(twin[name], np.float64)
+        scale = np.abs(exact - initial[name]).max(initial=0.0) if name in initial else np.abs(exact).max(initial=0.0)
+        if scale > 0:  # (a weight no gradient moves, a slot that stays 0: nothing to judge)
+            distances[name] = float(np.abs(np.asarray(run.state[name], np.float64) - exact).max() / scale)
+    return distances
+
+
+def mixed_precision_mismatches(result: Comparison, twin: Float32Twin, factor: float = MIXED_FACTOR,
+                               floor: float = MIXED_FLOOR) -> list[str]:
+    """A mixed_float16 training judged by the issue's rule, one line per difference (empty:
+    the same): the losses within 1e-2 relative of TF mixed's (its run or one of the half-ULP
+    runs), and every variable (weights and slots) no farther from the twin's float32 run than
+    `factor` x the farthest TF mixed run plus `floor` (twin_distances). For the runs whose
+    elements `mismatches` finds apart by float16 rounding that TF's CPU kernels make
+    otherwise (Eigen's float16 convolution gradients), which Adam grows over the steps."""
+    references = [result.reference, *twin.half_ulp]
+    cs = np.asarray(result.cs.losses, np.float64)
+    if not any(cs.shape == np.shape(r.losses) and np.all(np.abs(cs - r.losses) <= 1e-2 * np.abs(r.losses))
+               for r in references):
+        problems = [f"losses: CS {cs.tolist()} vs TF mixed {result.reference.losses}"]
+    else:
+        problems = []
+    initial, exact = result.compiled.initial_weights, twin.float32.state
+    cs_run = twin_distances(result.cs, exact, initial)
+    tf_runs = [twin_distances(r, exact, initial) for r in references]
+    for name in sorted(tf_runs[0]):
+        tf_run = max(run.get(name, 0.0) for run in tf_runs)
+        if not cs_run.get(name, np.nan) <= factor * tf_run + floor:  # (NaN: farther)
+            problems.append(f"{name}: CS {cs_run.get(name, np.nan):.3g} vs TF mixed {tf_run:.3g} "
+                            "from the float32 run")
+    return problems
+
+
 def farther_than_tensorflow(result: Comparison, exact: dict[str, np.ndarray], factor: float,
                              floor: float = 0.0) -> list[str]:
     """The weights the CS trained farther from `exact` (a higher-precision run's state from

@@ -420,8 +420,8 @@ def train_op(spec: ModelSpec, loss, var_list):
 
 def model_fn(features, labels, mode, params):
     spec: ModelSpec = params["spec"]
-    if spec.mixed:
-        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    # params["policy"] "float32": a mixed model's float32 twin, the referee of its float16 noise
+    tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16" if spec.mixed else "float32"))
     h = first_layer(spec, features)
     first_variables = len(tf.compat.v1.trainable_variables())
     blocks = ((spec.batch_norm,) if spec.batch_norm != "none" else ()) + spec.blocks
