@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels import Kernel, RunContext
+from wafer.kernels.base import Kernel, RunContext
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ class WeightProgramBuilder:
     """Lowers the weight-only values the samples meet, each once (by tensor), into kernels
     over the variables they read."""
 
+    SUBJECT = "computes on weights"  # (what a refusal says the values lowered do)
+
     def __init__(self, operands: Operands, flow: set[tf.Operation]):
         self.operands = operands
         self.flow = flow
@@ -91,7 +93,7 @@ class WeightProgramBuilder:
             value = self._lower_new(tensor)
         except _Unfit as why:
             op = tensor.op
-            value = self._refuse(tensor, f"computes on weights with {op.type} '{op.name}' at "
+            value = self._refuse(tensor, f"{self.SUBJECT} with {op.type} '{op.name}' at "
                                          f"{user_source(op)}: {why}")
         if value is not None:
             self.values[tensor.name] = value
