@@ -59,15 +59,16 @@ class BatchTailLoss(Kernel):
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
-        self.batch = self.attrs.get("batch_size")
+        batch = self.attrs.get("batch_size")
         scale = self.attrs.get("loss_scale", 1.0)
-        if not isinstance(self.batch, int) or self.batch < 1 or not self.input_shapes or \
+        if not isinstance(batch, int) or batch < 1 or not self.input_shapes or \
                 isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
                 not math.isfinite(scale) or scale <= 0:
             raise KernelError(f"kernel {name!r} (batch_tail_loss): takes per-sample inputs, attr "
                               f"batch_size (>= 1) and a positive loss_scale, got "
-                              f"{len(self.input_shapes)} inputs, batch_size {self.batch!r}, "
+                              f"{len(self.input_shapes)} inputs, batch_size {batch!r}, "
                               f"loss_scale {scale!r}")
+        self.batch: int = batch
         self.seed = np.float32(scale)
         self.program = self._program(name)
 
@@ -127,7 +128,7 @@ class BatchTailLoss(Kernel):
 
     def gradient_statistics(self, params, caches: Sequence[Any], grads: Sequence[np.ndarray],
                             ctx: RunContext):
-        found = self.program.backward({self.program.steps[-1].kernel.name: self.seed})
+        found = self.program.backward({self.program.steps[-1].kernel.name: np.asarray(self.seed)})
         return [found.get(source_name(j), np.zeros((self.batch, *shape), np.float32))
                 for j, shape in enumerate(self.input_shapes)]
 
