@@ -59,6 +59,34 @@ def moe_balance_model_fn(features, labels, mode, params):
     return _spec(mode, loss, params, metrics)
 
 
+def moe_penalised_model_fn(features, labels, mode, params):
+    """The balance loss with Keras L2 regularizers on the experts and the gate, added as
+    users add them (model.losses)."""
+    regularizer = tf.keras.regularizers.L2(1e-3)
+    gate = tf.keras.layers.Dense(EXPERTS, kernel_regularizer=regularizer)
+    experts = [tf.keras.layers.Dense(CLASSES, kernel_regularizer=regularizer)
+               for _ in range(EXPERTS)]
+    gates = tf.nn.softmax(gate(features))
+    logits = tf.reduce_sum(gates[:, :, None] * tf.stack([e(features) for e in experts], 1), 1)
+    importance = tf.reduce_mean(gates, 0)
+    load = tf.reduce_mean(tf.one_hot(tf.math.top_k(gates, 1).indices[:, 0], EXPERTS), 0)
+    penalty = tf.add_n(gate.losses + [w for e in experts for w in e.losses])
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits) + \
+        0.1 * EXPERTS * tf.reduce_sum(importance * load) + penalty
+    return _spec(mode, loss, params)
+
+
+def learned_temperature_model_fn(features, labels, mode, params):
+    """The entropy of the batch's mean prediction at a learned temperature: a weight inside
+    a loss of the whole batch (refused)."""
+    logits = tf.keras.layers.Dense(CLASSES)(features)
+    temperature = tf.compat.v1.get_variable("temperature", [], initializer=tf.ones_initializer())
+    p_mean = tf.reduce_mean(tf.nn.softmax(logits), 0)
+    entropy = -tf.reduce_sum(p_mean * tf.math.log(p_mean)) * temperature
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits) - entropy
+    return _spec(mode, loss, params)
+
+
 def cv_squared(x):
     """The squared coefficient of variation (Shazeer et al.'s importance loss)."""
     eps = 1e-10

@@ -49,9 +49,10 @@ class TailBuilder(WeightProgramBuilder):
 
     SUBJECT = "computes the loss over the batch"
 
-    def __init__(self, m: TailContext):
+    def __init__(self, m: TailContext, penalties: list[tf.Tensor]):
         super().__init__(m.operands, m.flow)
         self.m = m
+        self.penalties = {t.name for t in penalties}  # measured apart: here 0
         self.samples: list[tf.Tensor] = []
         self.root: tuple[tf.Operation, str] | None = None  # the first refusal: its cause
 
@@ -62,6 +63,8 @@ class TailBuilder(WeightProgramBuilder):
 
     def _lower_new(self, tensor: tf.Tensor) -> str | np.ndarray | None:
         m, op = self.m, tensor.op
+        if tensor.name in self.penalties:
+            return np.zeros(static_shape(tensor), np.float32)
         constant = self.operands.constant(tensor)
         if constant is not None:
             return constant.astype(np.float32) if constant.dtype.kind == "f" else constant
@@ -69,9 +72,14 @@ class TailBuilder(WeightProgramBuilder):
         if m.is_batched(tensor):
             return self._sample(tensor, where)
         if tensor.name not in m.tail:
-            return self._refuse(tensor, f"computes the loss over the batch from a weight or "
-                                        f"random value ({where}): the CS evaluates such a loss "
-                                        "from the batch's per-sample values and constants")
+            weight = self.operands.weight(tensor) or self.operands.view(tensor)
+            what = f"weight {weight.variable}" if weight is not None else "a random number" \
+                if self.operands.random_source(tensor) is not None else "a value of weights"
+            return self._refuse(tensor, f"a loss of the whole batch (not a sum of per-sample "
+                                        f"values) reads {what} ({where}): the CS evaluates such "
+                                        "a loss from the batch's per-sample values and "
+                                        "constants, plus weight penalties; compute with the "
+                                        "weight per sample, before the reduction over the batch")
         if tensor.dtype.base_dtype != tf.float32 or precision.tensor_precision(tensor):
             return self._refuse(tensor, f"computes the loss over the batch in "
                                         f"{tensor.dtype.base_dtype.name} ({where}): the CS "
@@ -128,21 +136,24 @@ class TailBuilder(WeightProgramBuilder):
                          {"axis": 0, "indices": [i * (n + 1) for i in range(n)]})
 
 
-def lower(m: TailContext, loss: tf.Tensor) -> str:
-    """Add the `batch_tail_loss` kernel evaluating `loss` once per batch; its name ("" with
-    the refusal in m.unsupported)."""
-    builder = TailBuilder(m)
+def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],
+          ) -> tuple[str, list[tf.Tensor]]:
+    """Add the `batch_tail_loss` kernel evaluating `loss` once per batch, the values of
+    weight penalties added to it left out (`penalties` are 0: the caller measures them); its
+    name and the
+    per-sample values it reads ("" with the refusal in m.unsupported)."""
+    builder = TailBuilder(m, penalties)
     value = builder._lower(loss)
     if not isinstance(value, str) or not has_kernel("batch_tail_loss"):
         op, reason = builder.root or (loss.op, "the loss is a constant")
         m.unsupported.append(UnsupportedOp(op.type, op.name, user_source(op), reason))
-        return ""
+        return "", []
     program = builder.program({value})
     assert program is not None
     steps = [(k.name, k.type, k.inputs, k.attrs) for k in program.kernels]
     attrs = {**steps_attrs(steps), "batch_size": m.batch_size}
     return m.add_kernel("loss", "batch_tail_loss", list(builder.samples), attrs, [], [], loss,
-                        output_shape=(), source_op=loss.op).name
+                        output_shape=(), source_op=loss.op).name, builder.samples
 
 
 def contraction(m: TailContext, op: tf.Operation) -> bool:

@@ -510,6 +510,12 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
             for o in training.objectives if not o.loss_kernel)
         matcher.unsupported.extend(untrainable(matcher, training))
         matcher.unsupported.extend(moving_statistics(matcher, training))
+        if training.dynamic_loss_scale is not None and \
+                any(k.name == loss_kernel and k.type == "batch_tail_loss" for k in matcher.kernels):
+            matcher.unsupported.append(UnsupportedOp(
+                spec.loss.op.type, spec.loss.op.name, user_source(spec.loss.op), "dynamic loss "
+                "scaling of a loss of the whole batch (not a sum of per-sample values): the CS "
+                "scales a sum of per-sample losses; set a fixed loss_scaling_factor"))
         if training.loss_scale != 1.0:  # into the float16 backward's seed
             matcher.kernels = [replace(k, attrs={**k.attrs, "loss_scale": training.loss_scale})
                                if k.name == loss_kernel else k for k in matcher.kernels]
@@ -549,6 +555,12 @@ def _objective_kernels(matcher: Matcher, spec: Any, objectives: list[tf.Tensor],
     nodes = {k.name: k for k in matcher.kernels}
     for loss in ([*objectives, spec.loss] if objectives and not matcher.unsupported else []):
         node = nodes[kernels[skip_identity(loss).name]]
+        if node.type == "batch_tail_loss":
+            matcher.unsupported.append(UnsupportedOp(
+                loss.op.type, loss.op.name, user_source(loss.op), "a loss of the whole batch "
+                "(not a sum of per-sample values) among several losses minimized in one step: "
+                "the CS evaluates one loss so; train it alone or write it as a batch mean"))
+            break
         if "divisors" in node.attrs:
             matcher.unsupported.append(UnsupportedOp(
                 loss.op.type, loss.op.name, user_source(loss.op), "a loss divided by a count or "

@@ -33,6 +33,17 @@ def test_moe_balance_loss_trains_like_tensorflow(prepared, micro, replicas):
     assert "Loss: evaluated once per batch from the whole batch's" in result.compiled.report_text
 
 
+def test_weight_penalties_added_to_a_loss_of_the_whole_batch_train_like_tensorflow(prepared):
+    """Keras L2 regularizers (model.losses) added to the balance loss: measured apart, each
+    weight's penalty on its own region."""
+    result = prepared(models.moe_penalised_model_fn, PARAMS, 2)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    penalised = {p.variable: [(r.kind, round(r.scale, 9)) for r in p.regularizers]
+                 for k in result.compiled.program.kernels for p in k.params if p.regularizers}
+    assert len(penalised) == 1 + models.EXPERTS
+    assert set(map(tuple, penalised.values())) == {(("l2", 0.001),)}  # 1e-3 * sum(w ** 2)
+
+
 @pytest.mark.parametrize("model_fn", [
     models.moe_cv_model_fn, models.vicreg_model_fn, models.barlow_twins_model_fn,
     models.mean_matching_model_fn, models.pearson_model_fn, models.diversity_model_fn])
@@ -63,3 +74,10 @@ def test_a_batch_statistic_feeding_per_sample_activations_is_refused_naming_the_
     words = cs_inprocess.model_op_words(models.gated_by_importance_model_fn, models.input_fn, PARAMS)
     assert cs_inprocess.refusal_problem(error.value, models.__file__, words) == ""
     assert "Mul 'mul'" in str(error.value) and "only in the loss" in str(error.value)
+
+
+def test_a_weight_inside_a_loss_of_the_whole_batch_is_refused_naming_it(tmp_path):
+    """The batch entropy times a learned temperature."""
+    message = cs_inprocess.refusal(models.learned_temperature_model_fn, models.input_fn, PARAMS,
+                                   str(tmp_path), models.__file__)
+    assert "reads weight temperature" in message
