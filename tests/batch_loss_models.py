@@ -3,9 +3,10 @@ Mixture-of-Experts classifier with its load-balancing loss (Shazeer's importance
 and the coefficient of variation squared of the experts' summed gates), VICReg's variance
 hinge and covariance, Barlow Twins' cross-correlation of batch-normalised embeddings, a
 squared difference of the batch's mean prediction and mean target, a Pearson-correlation
-loss over the batch, and the entropy of the batch's mean prediction (a clustering
-"diversity" term). What the CS does not carry out: a batch statistic of this kind feeding
-back into per-sample activations."""
+loss over the batch, the entropy of the batch's mean prediction (a clustering "diversity"
+term) and IIC's mutual information of two views' assignments. What the CS does not carry
+out: a batch statistic of this kind feeding back into per-sample activations, a weight
+inside such a loss."""
 from __future__ import annotations
 
 import numpy as np
@@ -170,6 +171,21 @@ def diversity_model_fn(features, labels, mode, params):
     entropy = -tf.reduce_sum(p_mean * tf.math.log(p_mean + 1e-8))
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits) - 0.5 * entropy
     return _spec(mode, loss, params, {"entropy": tf.compat.v1.metrics.mean(entropy)})
+
+
+def iic_model_fn(features, labels, mode, params):
+    """Invariant Information Clustering: minus the mutual information of two views' cluster
+    assignments, their joint distribution summed over the batch and symmetrised."""
+    head = tf.keras.layers.Dense(CLASSES)
+    p1 = tf.nn.softmax(head(features))
+    p2 = tf.nn.softmax(head(features * 0.9 + 0.05))
+    joint = tf.reduce_sum(p1[:, :, None] * p2[:, None, :], 0)
+    joint = (joint + tf.transpose(joint)) / 2.0
+    joint = tf.clip_by_value(joint / tf.reduce_sum(joint), 1e-8, 1.0)
+    pi = tf.reduce_sum(joint, 1, keepdims=True)
+    pj = tf.reduce_sum(joint, 0, keepdims=True)
+    loss = tf.reduce_sum(joint * (tf.math.log(pi) + tf.math.log(pj) - tf.math.log(joint)))
+    return _spec(mode, loss, params)
 
 
 def gated_by_importance_model_fn(features, labels, mode, params):

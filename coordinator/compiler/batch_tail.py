@@ -22,10 +22,9 @@ import tensorflow as tf
 from coordinator.compiler import precision, second_order
 from coordinator.compiler.extract import user_source
 from coordinator.compiler.ir import ParamRef, UnsupportedOp
-from coordinator.compiler.lowering import WEIGHT_ARITHMETIC, WEIGHT_PROGRAM_OPS, WEIGHT_VIEWS
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import TailContext, has_kernel
-from coordinator.compiler.weight_program import PASS_THROUGH, WeightProgramBuilder
+from coordinator.compiler.weight_program import WeightProgramBuilder
 from wafer.kernels.batch_tail import source_name, steps_attrs
 
 DIAGONALS = ("MatrixDiagPartV3", "MatrixDiagPart", "DiagPart")
@@ -48,6 +47,7 @@ class TailBuilder(WeightProgramBuilder):
     whole batch, in the order first read: `samples`), weights and random numbers refused."""
 
     SUBJECT = "computes the loss over the batch"
+    PLACE = "on the whole batch"
 
     def __init__(self, m: TailContext, penalties: list[tf.Tensor]):
         super().__init__(m.operands, m.flow)
@@ -84,28 +84,9 @@ class TailBuilder(WeightProgramBuilder):
             return self._refuse(tensor, f"computes the loss over the batch in "
                                         f"{tensor.dtype.base_dtype.name} ({where}): the CS "
                                         "computes such a loss in float32")
-        if op.type in PASS_THROUGH or op.type == "Cast" and op.inputs[0].dtype == tf.float32:
-            inner = self._lower(op.inputs[0])
-            return inner if inner is not None else self._refuse(tensor,
-                                                                self.problems[op.inputs[0].name])
         if op.type in DIAGONALS:
             return self._diagonal(op, tensor)
-        if op.type in WEIGHT_VIEWS:
-            return self._view(op, tensor)
-        if op.type not in WEIGHT_PROGRAM_OPS:
-            return self._refuse(tensor, f"computes the loss over the batch with {where}, which "
-                                        "the CS cannot run on the whole batch (it runs "
-                                        "element-wise ops, arithmetic, reductions, transposes, "
-                                        "reshapes, products of matrices and views)")
-        inputs = [self._lower(t) for t in op.inputs]
-        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
-        if bad is not None:
-            return self._refuse(tensor, self.problems[bad.name])
-        if not isinstance(inputs[0], str) and op.type not in (*WEIGHT_ARITHMETIC, "AddN",
-                                                               "MatMul"):
-            return self._refuse(tensor, f"computes the loss over the batch with {where} of "
-                                        "constants alone")
-        return self._kernel(op, tensor, inputs)
+        return self._lower_op(op, tensor, where)
 
     def _sample(self, tensor: tf.Tensor, where: str) -> str | None:
         """A per-sample value the tail reads: a source of the whole batch."""

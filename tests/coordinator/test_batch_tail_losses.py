@@ -3,15 +3,13 @@ Mixture-of-Experts balance loss, VICReg, Barlow Twins, batch-mean matching, a Pe
 correlation and the entropy of the batch's mean prediction, evaluated once per batch by a
 batch_tail_loss barrier, trained in process on the simulated CS against TensorFlow
 (tests/cs_inprocess.py) whatever the micro-batch size and with replicas; evaluated on the CS
-with the CPU's metrics; a batch statistic of that kind feeding per-sample activations
-refused naming the op."""
+with the CPU's metrics; weight penalties added; a batch statistic of that kind feeding
+per-sample activations, or a weight inside such a loss, refused naming the op."""
 from __future__ import annotations
 
 import batch_loss_models as models
 import cs_inprocess
 import pytest
-
-from common.errors import CSRunError
 
 PARAMS = {"batch_size": models.BATCH}
 RTOL = 1e-5
@@ -46,12 +44,14 @@ def test_weight_penalties_added_to_a_loss_of_the_whole_batch_train_like_tensorfl
 
 @pytest.mark.parametrize("model_fn", [
     models.moe_cv_model_fn, models.vicreg_model_fn, models.barlow_twins_model_fn,
-    models.mean_matching_model_fn, models.pearson_model_fn, models.diversity_model_fn])
+    models.mean_matching_model_fn, models.pearson_model_fn, models.diversity_model_fn,
+    models.iic_model_fn])
 @pytest.mark.parametrize("micro", [8, 2])
 def test_batch_level_losses_train_like_tensorflow(prepared, model_fn, micro):
     """cv_squared of the experts' summed gates, VICReg's variance hinge and off-diagonal
     covariance, Barlow Twins' cross-correlation (tf.linalg.diag_part), (mean(pred) -
-    mean(y)) ** 2, 1 - Pearson's r, and the batch's mean prediction's entropy."""
+    mean(y)) ** 2, 1 - Pearson's r, the batch's mean prediction's entropy and IIC's mutual
+    information (a transpose and clip_by_value of the batch's joint distribution)."""
     result = prepared(model_fn, PARAMS, micro)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
@@ -68,12 +68,9 @@ def test_batch_level_losses_evaluate_on_the_cs_with_the_cpus_metrics(tmp_path, p
 
 
 def test_a_batch_statistic_feeding_per_sample_activations_is_refused_naming_the_op(tmp_path):
-    with pytest.raises(CSRunError) as error:
-        cs_inprocess.compile_checked(models.gated_by_importance_model_fn, models.input_fn, PARAMS,
-                                     str(tmp_path))
-    words = cs_inprocess.model_op_words(models.gated_by_importance_model_fn, models.input_fn, PARAMS)
-    assert cs_inprocess.refusal_problem(error.value, models.__file__, words) == ""
-    assert "Mul 'mul'" in str(error.value) and "only in the loss" in str(error.value)
+    message = cs_inprocess.refusal(models.gated_by_importance_model_fn, models.input_fn, PARAMS,
+                                   str(tmp_path), models.__file__)
+    assert "Mul 'mul'" in message and "only in the loss" in message
 
 
 def test_a_weight_inside_a_loss_of_the_whole_batch_is_refused_naming_it(tmp_path):
