@@ -555,12 +555,6 @@ def _objective_kernels(matcher: Matcher, spec: Any, objectives: list[tf.Tensor],
     nodes = {k.name: k for k in matcher.kernels}
     for loss in ([*objectives, spec.loss] if objectives and not matcher.unsupported else []):
         node = nodes[kernels[skip_identity(loss).name]]
-        if node.type == "batch_tail_loss":
-            matcher.unsupported.append(UnsupportedOp(
-                loss.op.type, loss.op.name, user_source(loss.op), "a loss of the whole batch "
-                "(not a sum of per-sample values) among several losses minimized in one step: "
-                "the CS evaluates one loss so; train it alone or write it as a batch mean"))
-            break
         if "divisors" in node.attrs:
             matcher.unsupported.append(UnsupportedOp(
                 loss.op.type, loss.op.name, user_source(loss.op), "a loss divided by a count or "

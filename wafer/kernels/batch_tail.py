@@ -137,9 +137,9 @@ class BatchTailLoss(Kernel):
         out = np.zeros(len(inputs[0]), np.float32)
         if ctx.offset == 0 and len(out):
             out[0] = ctx.batch[0]
-        return out, ctx.offset
+        return out, (ctx.offset, len(out))
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        rows = len(grad_output) if grad_output is not None else 0
-        return [np.ascontiguousarray(g[cache:cache + rows]) if ctx.wants_grad(j) else None
+        offset, rows = cache
+        return [np.ascontiguousarray(g[offset:offset + rows]) if ctx.wants_grad(j) else None
                 for j, g in enumerate(ctx.batch[1])], {}
