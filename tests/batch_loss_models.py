@@ -137,7 +137,7 @@ def barlow_twins_model_fn(features, labels, mode, params):
     def normalised(z):
         return (z - tf.reduce_mean(z, 0)) / (tf.math.reduce_std(z, 0) + 1e-5)
 
-    c = tf.matmul(normalised(za), normalised(zb), transpose_a=True) / params["batch_size"]
+    c = tf.einsum("bi,bj->ij", normalised(za), normalised(zb)) / params["batch_size"]
     on_diag = tf.reduce_sum(tf.square(tf.linalg.diag_part(c) - 1.0))
     off_diag = tf.reduce_sum(tf.square(c)) - tf.reduce_sum(tf.square(tf.linalg.diag_part(c)))
     loss = on_diag + 0.05 * off_diag

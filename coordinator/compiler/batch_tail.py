@@ -1,9 +1,10 @@
 """The batch tail: a loss that is a non-linear function of values of the whole batch (a
 Mixture-of-Experts balance loss E * sum(mean(gates, 0) * mean(mask, 0)), VICReg's
 tf.sqrt(tf.math.reduce_variance(z, 0) + eps) hinge and its covariance matmul(zc, zc,
-transpose_a=True), Barlow Twins' cross-correlation and its tf.linalg.diag_part, a squared
-difference of batch means, a Pearson correlation over the batch, the entropy of the batch's
-mean prediction), which loss_tail.py cannot prove a sum of per-sample values.
+transpose_a=True), Barlow Twins' cross-correlation (an einsum 'bi,bj->ij') and its
+tf.linalg.diag_part, a squared difference of batch means, a Pearson correlation over the
+batch, the entropy of the batch's mean prediction), which loss_tail.py cannot prove a sum
+of per-sample values.
 
 The tail's ops, from the per-sample values they read (each the whole batch: tf's tensor
 [B, ...] as one sample) to the loss, are lowered as the weight program's are
@@ -33,7 +34,8 @@ KERNEL_ROWS = {
     "batch_tail_loss": "a loss that is a non-linear function of values reduced over the batch "
                        "(a Mixture-of-Experts balance loss, VICReg's variance hinge and "
                        "covariance tf.matmul(zc, zc, transpose_a=True), Barlow Twins' "
-                       "cross-correlation, (mean(pred) - mean(y)) ** 2, a Pearson correlation, "
+                       "cross-correlation tf.einsum('bi,bj->ij', za, zb), "
+                       "(mean(pred) - mean(y)) ** 2, a Pearson correlation, "
                        "the entropy of the batch's mean prediction): the loss's ops after the "
                        "per-sample values (element-wise ops, arithmetic, reductions, products "
                        "of matrices, transposes, reshapes, views, tf.linalg.diag_part), run "
@@ -86,7 +88,28 @@ class TailBuilder(WeightProgramBuilder):
                                         "computes such a loss in float32")
         if op.type in DIAGONALS:
             return self._diagonal(op, tensor)
+        if op.type == "Einsum":
+            return self._einsum(op, tensor, where)
         return self._lower_op(op, tensor, where)
+
+    def _einsum(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.einsum of two values of the tail ('bi,bj->ij' of the whole batch's): the
+        einsum kernel with a letter of its own for its one sample."""
+        inputs = [self._lower(t) for t in op.inputs]
+        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
+        if bad is not None:
+            return self._refuse(tensor, self.problems[bad.name])
+        equation = op.get_attr("equation").decode().replace(" ", "")
+        terms, _, out = equation.partition("->")
+        letter = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"
+                      if c not in equation)
+        if len(inputs) != 2 or not all(isinstance(v, str) for v in inputs):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS runs an einsum of "
+                                        "two values of the batch there")
+        names: list[str] = inputs  # type: ignore[assignment]  # (all kernels or sources)
+        return self._add(op, tensor, "einsum", names, {
+            "equation": ",".join(letter + t for t in terms.split(",")) + "->" + letter + out,
+            "operands": "ii"})
 
     def _sample(self, tensor: tf.Tensor, where: str) -> str | None:
         """A per-sample value the tail reads: a source of the whole batch."""
@@ -121,8 +144,7 @@ def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],
           ) -> tuple[str, list[tf.Tensor]]:
     """Add the `batch_tail_loss` kernel evaluating `loss` once per batch, the values of
     weight penalties added to it left out (`penalties` are 0: the caller measures them); its
-    name and the
-    per-sample values it reads ("" with the refusal in m.unsupported)."""
+    name and the per-sample values it reads ("" with the refusal in m.unsupported)."""
     builder = TailBuilder(m, penalties)
     value = builder._lower(loss)
     if not isinstance(value, str) or not has_kernel("batch_tail_loss"):
@@ -138,11 +160,16 @@ def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],
 
 
 def contraction(m: TailContext, op: tf.Operation) -> bool:
-    """tf.matmul(a, b, transpose_a=True) of two per-sample [B, n] float32 values (a
-    covariance or cross-correlation over the batch): a value of the loss tail, as a
-    reduction over the batch is."""
-    if op.type != "MatMul" or not op.get_attr("transpose_a") or op.get_attr("transpose_b") or \
-            second_order.in_gradient(op):
+    """tf.matmul(a, b, transpose_a=True) of two per-sample [B, n] float32 values, or
+    tf.einsum('bi,bj->ij', a, b) of two per-sample float32 values summing over the batch
+    letter (a covariance or cross-correlation over the batch): a value of the loss tail,
+    as a reduction over the batch is."""
+    if len(op.inputs) != 2 or second_order.in_gradient(op) or \
+            not all(m.is_batched(t) and t.dtype == tf.float32 for t in op.inputs):
         return False
-    return all(m.is_batched(t) and len(static_shape(t)) == 2 and t.dtype == tf.float32
-               for t in op.inputs)
+    if op.type == "Einsum":
+        terms, _, out = op.get_attr("equation").decode().replace(" ", "").partition("->")
+        first = {term[:1] for term in terms.split(",")}
+        return "." not in terms and len(first) == 1 and not first & set(out)
+    return op.type == "MatMul" and op.get_attr("transpose_a") and \
+        not op.get_attr("transpose_b") and all(len(static_shape(t)) == 2 for t in op.inputs)
