@@ -3,10 +3,10 @@ Clustering (Student-t soft assignments to learned centres, the target distributi
 p = q ** 2 / tf.reduce_sum(q, 0) normalised per row under tf.stop_gradient, KL(p || q) plus
 the autoencoder's reconstruction) and features centred by the batch's mean by hand
 (h - tf.reduce_mean(h, 0)), shifted by the batch's maximum, standardised by its mean and
-tf.math.reduce_std or whitened by tf.nn.moments before a Keras classifier. What the CS does
-not carry out: VICReg's variance term and Barlow Twins' cross-correlation (losses that are
-functions of batch statistics), min-max scaling (a difference of two statistics), scaling by
-the batch's max."""
+tf.math.reduce_std or whitened by tf.nn.moments before a Keras classifier; VICReg's variance
+term and Barlow Twins' cross-correlation (losses that are functions of batch statistics:
+more in tests/batch_loss_models.py). What the CS does not carry out: min-max scaling (a
+difference of two statistics), scaling by the batch's max."""
 from __future__ import annotations
 
 import numpy as np

@@ -71,7 +71,7 @@ def batch_attention_model_fn(features, labels, mode, params):
 
 def cross_correlation_model_fn(features, labels, mode, params):
     """Barlow Twins: the [n, n] cross-correlation of two views over the batch
-    (tf.matmul(za, zb, transpose_a=True)): a product whose rows are no samples."""
+    (tf.matmul(za, zb, transpose_a=True)): a product whose rows are no samples, in the loss."""
     za = tf.keras.layers.Dense(4)(features["query"])
     zb = tf.keras.layers.Dense(4)(features["document"])
     c = tf.matmul(za, zb, transpose_a=True) / params["batch_size"]

@@ -4,7 +4,7 @@ weights gathered by label) or [batch, T] (a padding mask from labels != pad) und
 Reduction, the default SUM_BY_NONZERO_WEIGHTS (sum(w * l) / count_nonzero(w), DivNoNan)
 first; a hand-written masked mean sum(l * mask) / sum(mask) and the everyday variants of its
 divisor (tf.maximum(., 1), + 1e-8, count_nonzero, clip_by_value, two-level means); a Keras loss with
-sample_weight; and a denominator computed from the model's outputs (refused)."""
+sample_weight; and a denominator computed from the model's outputs."""
 import numpy as np
 import tensorflow as tf
 
@@ -169,7 +169,7 @@ def keras_sample_weight(features, labels, mode, params):
 
 def divided_by_outputs(features, labels, mode, params):
     """A loss divided by the sum of the model's own confidences: its denominator is not
-    known before the model ran (refused)."""
+    known before the model ran (a loss of the whole batch)."""
     logits = L.Dense(CLASSES)(L.Dense(16, activation="relu")(features["x"]))
     losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     confidence = tf.reduce_max(tf.nn.softmax(logits), axis=1)

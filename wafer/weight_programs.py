@@ -8,6 +8,8 @@ derived weights other kernels read; the gradients those kernels accumulate for t
 back through the same kernels, in reverse order, to the weights it reads (a value read by
 several kernels sums their gradients), as TensorFlow's gradient graph takes them back through
 the same ops. Run once per step before the batch (forward) and once after its backward pass.
+A loss of the whole batch (wafer.kernels.batch_tail) runs such a program too, its one sample
+the whole batch of the values the loss reads.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels import Kernel, RunContext
+from wafer.kernels.base import Kernel, RunContext
 
 
 @dataclass(frozen=True)

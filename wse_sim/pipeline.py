@@ -739,6 +739,8 @@ class Pipeline:
         upstream = None
         if region.kernel.batch_barrier:
             upstream = board.get(("upstream", region.kernel.name, i), pop=True)
+            if region.kernel.is_loss:  # (a loss of the whole batch: it seeds, or does nothing)
+                upstream = None
         elif not region.kernel.is_loss:
             upstream = self._upstream(region, i, board)
         input_grads: Sequence[np.ndarray | None] = [None] * len(region.sources)

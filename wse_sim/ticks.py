@@ -66,6 +66,8 @@ def starts(regions: Sequence[Region], m_count: int,
         start = forward_start[-1] + 1 if forward_start else 0
         forward_start.append(start + hold * region.kernel.batch_barrier)
     backward_start = list(forward_start)
+    if regions and regions[-1].kernel.batch_barrier and backward and regions[-1].backward:
+        backward_start[-1] += hold  # (a loss of the whole batch: every forward first)
     for region in reversed(regions[:-1]):
         k = region.position
         backward_start[k] = backward_start[k + 1] + 1 + \

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler import batch_tail
 from coordinator.compiler.extract import SHAPE_OPS, data_upstream, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, UnsupportedOp
 from coordinator.compiler.loss_divisors import (
@@ -56,6 +57,7 @@ NOISE = 1e-6
 DIVISIONS = {"DivNoNan": True, "RealDiv": False, "Div": False}  # -> 0 where the divisor is 0
 # Ops of a denominator's upstream that make it the model's, not the inputs' (see _model_op).
 VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
+UNEVALUATED = "the loss could not be evaluated from its per-sample values"
 # A tail computing in float16 (a mixed_float16 loss) is measured to float16's precision:
 # a few units in its last place (2 ** -11).
 HALF_RTOL = 4e-3
@@ -143,21 +145,19 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
         return _reject(m, loss.op, "the loss is not reduced over the batch from per-sample "
                                    "values (e.g. tf.reduce_mean of per-sample losses)")
     ops = _tail_ops(m, loss)
+    frontier_names = {t.name for t in m.frontier}
+    if any(m.is_batched(t) and t.name not in frontier_names for op in ops for t in op.inputs):
+        return _batch_tail(m, loss, session)  # (per-sample values met after a batch reduction)
     divisions, linear = _divisions(m, loss)
     bases: list = []
     scalars: list[tf.Tensor] = []  # weight-only scalars: task weights, their additive terms
     for op in ops:
-        if op not in linear and op.type not in DIVISOR_OPS:
+        if op not in linear and op.type not in DIVISOR_OPS and _model_op(op.outputs[0]) is None:
             return _reject(m, op, f"the loss is divided by a value computed by {op.type}: the "
                                   f"CS evaluates a divisor from {SUPPORTED_DIVISORS}")
-        if op.type not in TAIL_OPS and op in linear:
-            return _reject(m, op, "the loss must be a sum or mean of per-sample values (plus "
-                                  "weight penalties): this op is not linear in them, it makes the "
-                                  "loss a non-linear function of values reduced over the batch (a "
-                                  "variance or square of batch means: a load-balancing or "
-                                  "decorrelation loss), which the CS cannot sum sample by sample; "
-                                  "compute such a term from each sample's own values and take "
-                                  "its batch mean, or leave it out")
+        if op in linear and op.type not in TAIL_OPS or \
+                op not in linear and op.type not in DIVISOR_OPS:
+            return _batch_tail(m, loss, session)  # (a non-linear function of batch reductions)
         if op.type == "Cast" and op in linear and op.outputs[0].dtype not in (tf.float32, tf.float16):
             return _reject(m, op, "the loss is cast to a type other than float32 or float16")
         for t in op.inputs:
@@ -200,12 +200,8 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
     divisions = list({op.inputs[1].name: op for op in divisions}.values())
     for op in divisions:
         for t in _summed(m, op.inputs[1]):
-            model = _model_op(t)
-            if model is not None:
-                return _reject(m, op, f"the loss is divided by a value computed from the model's "
-                                      f"outputs or weights ({model.type} '{model.name}' at "
-                                      f"{user_source(model)}): the CS divides by a count or sum "
-                                      "of the batch's inputs and labels only")
+            if _model_op(t) is not None:  # (a ratio of the model's batch sums)
+                return _batch_tail(m, loss, session)
     if scalars and (divisions or half):
         return _reject(m, scalars[0].op, "a loss weighted by weights (learned task weights) or "
                                          "by a value of the global step is carried out in "
@@ -216,7 +212,8 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
     fixed.update({t: np.float32(0.0) for t in scalars})
     coefficients = _measure(session, loss, frontier, [b[0] for b in bases], rtol, fixed)
     if isinstance(coefficients, str):
-        return _reject(m, loss.op, coefficients)
+        return _reject(m, loss.op, coefficients) if coefficients.startswith(UNEVALUATED) \
+            else _batch_tail(m, loss, session)
     weighting = _measure_weighting(session, loss, frontier, bases, scalars, coefficients) \
         if scalars else None
     if isinstance(weighting, str):
@@ -229,8 +226,7 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
             c = coefficients[j]
             if c2 is None or not (np.isclose(c2, c, rtol=rtol) or (
                     divided_by[j] < 0 and np.isclose(c2, c / 2, rtol=rtol))):
-                return _reject(m, op, "the loss is not a sum of per-sample values divided by "
-                                      "a count or sum of the batch (not linear in them)")
+                return _batch_tail(m, loss, session)  # (not linear in the per-sample values)
             if c and not np.isclose(c2, c, rtol=rtol):
                 divided_by[j] = r
     if any(r >= 0 for r in divided_by[len(frontier):]):
@@ -252,19 +248,87 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
                                coefficients[:len(frontier)], divided_by, denominators, summed,
                                rtol)
         if problem:
-            return _reject(m, loss.op, problem)
+            return _batch_tail(m, loss, session)
     data_c, weight_c = coefficients[:len(frontier)], coefficients[len(frontier):]
-    params = {p.variable for k in m.kernels for p in k.params} | m.weight_program_sources()
-    regularizers: dict[str, list[tuple[str, float]]] = {}
-    for (tensor, kind, factor, weight), c in zip(bases, weight_c):
-        if weight.variable not in params:
-            return _reject(m, tensor.op, f"penalises {weight.variable}, which no layer on the CS "
-                                         "uses")
-        regularizers.setdefault(weight.variable, []).append((kind, float(c * factor)))
+    regularizers = _penalties(m, bases, weight_c)
+    if isinstance(regularizers, tuple):
+        return _reject(m, *regularizers)
     if weighting is not None:
         return _weighted_loss_kernel(m, loss, frontier, data_c, scalars, *weighting), regularizers
     return _loss_kernel(m, loss, frontier, data_c, divided_by[:len(frontier)],
                         denominators, summed), regularizers
+
+
+def _penalties(m: TailContext, bases: list, coefficients: Sequence[float],
+               ) -> dict[str, list[tuple[str, float]]] | tuple[tf.Operation, str]:
+    """The regularizers by variable (kind, scale) of the weight penalties `bases` added to
+    the loss with `coefficients`, or (op, why not)."""
+    params = {p.variable for k in m.kernels for p in k.params} | m.weight_program_sources()
+    regularizers: dict[str, list[tuple[str, float]]] = {}
+    for (tensor, kind, factor, weight), c in zip(bases, coefficients):
+        if weight.variable not in params:
+            return tensor.op, f"penalises {weight.variable}, which no layer on the CS uses"
+        regularizers.setdefault(weight.variable, []).append((kind, float(c * factor)))
+    return regularizers
+
+
+def _batch_tail(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
+                ) -> tuple[str, dict]:
+    """A loss that is no sum of per-sample values: evaluated once per batch (batch_tail.py),
+    the weight penalties added to it (tf.nn.l2_loss, Keras regularizers) measured apart."""
+    bases: list = []
+    terms: list[tf.Tensor] = []  # the values of weights alone the tail adds: sums of penalties
+    for op in _tail_ops(m, loss):
+        for t in op.inputs:
+            if t.name in m.tail or m.is_batched(t) or m.operands.constant(t) is not None:
+                continue
+            found: list = []
+            reasons: list = []
+            _weight_terms(m, t, found, reasons)
+            if found and not reasons:  # (else the tail's lowering refuses t)
+                bases += found
+                terms.append(t)
+    name, samples = batch_tail.lower(m, loss, terms)
+    if not name or not bases:
+        return name, {}
+    coefficients = _penalty_factors(session, loss, samples, [b[0] for b in bases])
+    if isinstance(coefficients, str):
+        return _reject(m, loss.op, coefficients)
+    regularizers = _penalties(m, bases, coefficients)
+    return (name, regularizers) if isinstance(regularizers, dict) else _reject(m, *regularizers)
+
+
+def _penalty_factors(session: tf.compat.v1.Session, loss: tf.Tensor, samples: list[tf.Tensor],
+                     bases: list[tf.Tensor]) -> list[float] | str:
+    """The factors c_k of loss = f(the batch's values) + sum_k c_k R_k, the weight penalties
+    R_k fed (each so large that c_k R_k outweighs f's rounding by 1e4: a float32 difference
+    of the loss measures c_k to its precision), then verified with fresh values of
+    everything at once."""
+    rng = np.random.default_rng(3)
+    zeros = {b: np.zeros(static_shape(b), np.float32) for b in bases}
+
+    def evaluate(values: dict) -> float:
+        return float(session.run(loss, {**zeros, **values}))
+
+    try:
+        values = {t: _draw(rng, t, static_shape(t), 0.5, 2.0) for t in samples}
+        alone = evaluate(values)
+        picks, factors = [], []
+        for b in bases:
+            ones = np.ones(static_shape(b), np.float32)
+            rough = abs(evaluate({**values, b: ones}) - alone) / ones.size
+            pick = ones * np.float32(1e4 * max(1.0, abs(alone)) / rough if rough else 1.0)
+            factors.append(exact((evaluate({**values, b: pick}) - alone) / float(pick.sum())))
+            picks.append(pick * np.float32(rng.uniform(0.5, 2.0)))
+        fresh = {t: _draw(rng, t, static_shape(t), 0.5, 2.0) for t in samples}
+        want = evaluate(fresh) + sum(c * float(r.sum()) for c, r in zip(factors, picks))
+        if not np.isclose(evaluate({**fresh, **dict(zip(bases, picks))}), want, rtol=RTOL,
+                          atol=1e-6):
+            return ("the loss of the whole batch is not its batch terms plus weight penalties "
+                    "(a penalty multiplies or is multiplied): add penalties to the loss")
+    except tf.errors.OpError as error:
+        return f"{UNEVALUATED} ({error.message})"
+    return factors
 
 
 def _weight_scalar(m: TailContext, tensor: tf.Tensor) -> bool:
@@ -485,7 +549,7 @@ def _measure(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.T
                           atol=1e-6 if rtol == RTOL else rtol):
             return "the loss's terms are not added (the loss is not linear in them)"
     except tf.errors.OpError as error:
-        return f"the loss could not be evaluated from its per-sample values ({error.message})"
+        return f"{UNEVALUATED} ({error.message})"
     return coefficients
 
 

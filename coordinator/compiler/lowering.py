@@ -75,14 +75,13 @@ REFUSED = {
                    "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss, but BatchNormalization's moments, the in-batch "
-                          "products, rows of the batch and the batch statistics above "
-                          "(a row of the batch no element-wise op pairs with per-sample "
-                          "values: tf.reduce_sum(x[None, :], 0)), two statistics combined "
-                          "(min-max scaling's max - min), a loss that is a function of batch "
-                          "statistics "
-                          "(VICReg's variance and covariance terms: the Sqrt of a variance "
-                          "over the batch is not linear), Barlow Twins' tf.matmul(za, zb, "
-                          "transpose_a=True)",
+                          "products, rows of the batch, the batch statistics and the losses of "
+                          "the whole batch above (a row of the batch no element-wise op pairs "
+                          "with per-sample values: tf.reduce_sum(x[None, :], 0)), two statistics "
+                          "combined (min-max scaling's max - min) or a non-linear function of "
+                          "batch statistics (h * m / tf.reduce_sum(m ** 2), m = "
+                          "tf.reduce_mean(h, 0)) feeding per-sample layers; a loss of the whole "
+                          "batch reading a weight, a random number or float16 values",
     **random_numbers.REFUSED,
     **step_values.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
@@ -809,12 +808,13 @@ def supported_table() -> str:
     gradient_ops = {*second_order.OPS, "StridedSliceGrad"}
     others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - random_numbers.DRAWN_OPS
                     - gradient_ops - set(quantization.FORMS))
+    from coordinator.compiler import batch_tail  # (it lowers with the weight program's rules)
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
                **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
-               **step_values.KERNEL_ROWS}.items()]
+               **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "

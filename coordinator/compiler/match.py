@@ -21,6 +21,7 @@ import tensorflow as tf
 from common.errors import CSRunError
 from coordinator.compiler import (
     batch_broadcast,
+    batch_tail,
     fast_paths,
     in_batch,
     loss_tail,
@@ -363,7 +364,7 @@ class Matcher:
         tail_inputs = [t for t in op.inputs if t.name in self.tail]
         if tail_inputs:
             batched = [t for t in op.inputs if self.is_batched(t)]
-            if batched:
+            if batched and not self._loss_only(op):
                 self.reject(op, lowering.mixes_samples(op, self.x.batch_size))
                 return True
             self.tail.update(out.name for out in op.outputs)
@@ -371,12 +372,32 @@ class Matcher:
             return True
         axes = lowering.batch_reduction_axes(self, op)
         if axes is None:
-            return False
+            if not batch_tail.contraction(self, op):
+                return False
+            self.tail.update(out.name for out in op.outputs)  # (a batch tail's: loss_tail.py)
+            self.consumed.add(op)
+            return True
         if in_batch.statistic(self, op, axes):
             return True
         self.frontier.append(op.inputs[0])
         self.tail.update(out.name for out in op.outputs)
         self.consumed.add(op)
+        return True
+
+    def _loss_only(self, op: tf.Operation) -> bool:
+        """`op` (reading the loss tail and per-sample values: x - tf.reduce_mean(x)) and all
+        it feeds compute the loss from values and constants alone (no weight or random
+        number: a batch tail, batch_tail.py)."""
+        seen, stack = set(), [op]
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            if any(t.op not in self.flow and self.operands.constant(t) is None
+                   for t in current.inputs):
+                return False
+            stack.extend(c for out in current.outputs for c in self.consumers(out))
         return True
 
     def match_alias(self, op: tf.Operation) -> bool:
@@ -489,6 +510,12 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
             for o in training.objectives if not o.loss_kernel)
         matcher.unsupported.extend(untrainable(matcher, training))
         matcher.unsupported.extend(moving_statistics(matcher, training))
+        if training.dynamic_loss_scale is not None and \
+                any(k.name == loss_kernel and k.type == "batch_tail_loss" for k in matcher.kernels):
+            matcher.unsupported.append(UnsupportedOp(
+                spec.loss.op.type, spec.loss.op.name, user_source(spec.loss.op), "dynamic loss "
+                "scaling of a loss of the whole batch (not a sum of per-sample values): the CS "
+                "scales a sum of per-sample losses; set a fixed loss_scaling_factor"))
         if training.loss_scale != 1.0:  # into the float16 backward's seed
             matcher.kernels = [replace(k, attrs={**k.attrs, "loss_scale": training.loss_scale})
                                if k.name == loss_kernel else k for k in matcher.kernels]

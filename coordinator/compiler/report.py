@@ -1,6 +1,7 @@
 """compile_report.txt and compile_report.json: the original's shape, plus the bounds."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from coordinator.compiler.ir import KernelNode, MatchedModel, TrainingSpec
@@ -9,6 +10,7 @@ from coordinator.compiler.training.shift import REASON
 from wafer import timing
 from wafer.fabric import Fabric
 from wafer.kernels import build_kernel
+from wafer.kernels.batch_tail import source_name
 from wafer.kernels.losses import divisor_programs
 from wafer.kernels.step_values import STEP_VALUE
 from wafer.loss_scaling import CS1DynamicLossScale, Rule
@@ -43,8 +45,11 @@ def model_summary(model: MatchedModel, mode: str, batch_size: int) -> list[str]:
     if model.loss_kernel:
         loss = next(k for k in model.kernels if k.name == model.loss_kernel)
         terms = loss.inputs[:len(loss.attrs["divided_by"])] if "divisors" in loss.attrs else loss.inputs
-        lines.append(f"Loss: the sum over the batch of {', '.join(terms)} "
-                     f"x {loss.attrs['scale']:.6g}")
+        if loss.type == "batch_tail_loss":
+            lines += batch_tail_lines(loss)
+        else:
+            lines.append(f"Loss: the sum over the batch of {', '.join(terms)} "
+                         f"x {loss.attrs['scale']:.6g}")
         lines += divisor_lines(loss)
         lines += step_value_lines(model)
         penalties = list(dict.fromkeys(f"{kind} {scale:g} on {p.variable}" for k in model.kernels
@@ -104,6 +109,17 @@ def step_value_lines(model: MatchedModel) -> list[str]:
                      f"({len(program.ops)} scalar ops, evaluated at the step computed, in "
                      f"evaluation the checkpoint's; read by {readers}): {render(program)}")
         lines.append(f"  at {_values(program)}")
+    return lines
+
+
+def batch_tail_lines(loss: KernelNode) -> list[str]:
+    """A loss evaluated once per batch (wafer.kernels.batch_tail): what it reads, its kernels."""
+    steps = json.loads(loss.attrs["steps"])
+    names = {source_name(j): name for j, name in enumerate(loss.inputs)}
+    lines = [f"Loss: evaluated once per batch from the whole batch's {', '.join(loss.inputs)} "
+             f"(a batch barrier; its gradient taken back to every sample): {len(steps)} kernels"]
+    lines += [f"  {s['name']} = {_weight_kernel(s['type'], s['attrs'])}"
+              f"({', '.join(names.get(i, i) for i in s['inputs'])})" for s in steps]
     return lines
 
 

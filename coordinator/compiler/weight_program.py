@@ -48,6 +48,9 @@ class WeightProgramBuilder:
     """Lowers the weight-only values the samples meet, each once (by tensor), into kernels
     over the variables they read."""
 
+    SUBJECT = "computes on weights"  # (what a refusal says the values lowered do)
+    PLACE = "on weights"  # (where they are computed)
+
     def __init__(self, operands: Operands, flow: set[tf.Operation]):
         self.operands = operands
         self.flow = flow
@@ -91,7 +94,7 @@ class WeightProgramBuilder:
             value = self._lower_new(tensor)
         except _Unfit as why:
             op = tensor.op
-            value = self._refuse(tensor, f"computes on weights with {op.type} '{op.name}' at "
+            value = self._refuse(tensor, f"{self.SUBJECT} with {op.type} '{op.name}' at "
                                          f"{user_source(op)}: {why}")
         if value is not None:
             self.values[tensor.name] = value
@@ -120,7 +123,11 @@ class WeightProgramBuilder:
         weight = self.operands.weight(tensor)
         if weight is not None:
             return self._source(tensor, weight)
-        if op.type in PASS_THROUGH:
+        return self._lower_op(op, tensor, where)
+
+    def _lower_op(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | np.ndarray | None:
+        """`tensor`, the output of `op` (at `where`), from its inputs' values."""
+        if op.type in PASS_THROUGH or op.type == "Cast" and op.inputs[0].dtype == tensor.dtype:
             inner = self._lower(op.inputs[0])
             if inner is None:
                 return self._refuse(tensor, self.problems[op.inputs[0].name])
@@ -128,8 +135,8 @@ class WeightProgramBuilder:
         if op.type in WEIGHT_VIEWS:
             return self._view(op, tensor)
         if op.type not in WEIGHT_PROGRAM_OPS:
-            return self._refuse(tensor, f"computes on weights with {where}, which the CS cannot "
-                                        "run on weights (it runs element-wise ops, arithmetic, "
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}, which the CS cannot "
+                                        f"run {self.PLACE} (it runs element-wise ops, arithmetic, "
                                         "reductions, transposes, reshapes and products of them)")
         inputs = [self._lower(t) for t in op.inputs]
         bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
@@ -137,7 +144,7 @@ class WeightProgramBuilder:
             return self._refuse(tensor, self.problems[bad.name])
         if not isinstance(inputs[0], str) and op.type not in (*WEIGHT_ARITHMETIC, "AddN",
                                                                "MatMul"):
-            return self._refuse(tensor, f"computes on weights with {where}: its first input "
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: its first input "
                                         "is a constant")
         return self._kernel(op, tensor, inputs)
 

@@ -3,8 +3,9 @@ var_list=d_vars), g_opt.minimize(g_loss, var_list=g_vars, global_step=step))`, a
 generator's under tf.control_dependencies([d_train])). TF's step is an update of each group
 from its own loss's gradient at the weights before the step; the CS runs a backward pass of
 each loss from the step's forward activations, then the updates: TF's numbers, slots and
-step counters, over micro-batches, replicas and stage threads; a checkpoint resumes; the
-trained model evaluates on the CS. What the CS does not carry out with several losses is
+step counters, over micro-batches, replicas and stage threads (a generator's feature
+matching too: a loss of the whole batch); a checkpoint resumes; the trained model
+evaluates on the CS. What the CS does not carry out with several losses is
 refused in one line."""
 from __future__ import annotations
 
@@ -168,12 +169,36 @@ def own_fakes_model_fn(features, labels, mode, params):
     d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
               + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
     g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_own), d_own)
-    d_vars = [v for v in v1.trainable_variables() if v.name.startswith("sequential_1/")]
-    g_vars = [v for v in v1.trainable_variables() if v.name.startswith("sequential/")]
+    return _trained_apart(mode, d_loss, g_loss, "sequential_1/", "sequential/")
+
+
+def _trained_apart(mode, d_loss, g_loss, d_scope: str, g_scope: str) -> CSEstimatorSpec:
+    """Each network (its variables' scope) trained on its own loss by Adam(2e-4, 0.5);
+    model_fn's loss the sum."""
+    d_vars = [v for v in v1.trainable_variables() if v.name.startswith(d_scope)]
+    g_vars = [v for v in v1.trainable_variables() if v.name.startswith(g_scope)]
     d_train = v1.train.AdamOptimizer(2e-4, 0.5).minimize(d_loss, var_list=d_vars)
     g_train = v1.train.AdamOptimizer(2e-4, 0.5).minimize(
         g_loss, var_list=g_vars, global_step=v1.train.get_or_create_global_step())
     return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss, train_op=tf.group(d_train, g_train))
+
+
+def feature_matching_model_fn(features, labels, mode, params):
+    """Improved GAN training's feature matching (Salimans et al.): the generator matches the
+    batch's mean discriminator features of the fake points to the real ones' (a loss of the
+    whole batch), the discriminator its cross entropies."""
+    g_hidden = tf.keras.layers.Dense(8, activation="relu", name="g_hidden")
+    g_out = tf.keras.layers.Dense(2, name="g_out")
+    d_hidden = tf.keras.layers.Dense(16, activation=tf.nn.leaky_relu, name="d_hidden")
+    d_logit = tf.keras.layers.Dense(1, name="d_logit")
+    h_real, h_fake = d_hidden(features["real"]), d_hidden(g_out(g_hidden(features["noise"])))
+    d_real, d_fake = d_logit(h_real), d_logit(h_fake)
+    d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)  # matched d_loss
+              + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
+    g_loss = tf.reduce_mean(tf.square(tf.reduce_mean(h_real, 0) - tf.reduce_mean(h_fake, 0)))
+    if mode != "train":
+        return CSEstimatorSpec(mode=mode, loss=d_loss + g_loss)
+    return _trained_apart(mode, d_loss, g_loss, "d_", "g_")
 
 
 CASES = {"gan": (gan_model_fn, input_fn, {}),
@@ -182,7 +207,8 @@ CASES = {"gan": (gan_model_fn, input_fn, {}),
              "tf_random_seed": 1, "num_replicas": 2}}),
          "wgan": (wgan_model_fn, input_fn, {}),
          "gan_batch_norm": (gan_model_fn, input_fn, {"batch_norm": True}),
-         "gan_clipped": (gan_model_fn, input_fn, {"clip": "apart"})}
+         "gan_clipped": (gan_model_fn, input_fn, {"clip": "apart"}),
+         "feature_matching": (feature_matching_model_fn, input_fn, {})}
 D_VARS = ["d_hidden/kernel", "d_hidden/bias", "d_logit/kernel", "d_logit/bias"]
 G_VARS = ["g_hidden/kernel", "g_hidden/bias", "g_out/kernel", "g_out/bias"]
 
@@ -200,6 +226,8 @@ def trained(tmp_path_factory):
     # (its generator's moving statistics moved once a step, by the first pass)
     ("gan_batch_norm", {"bn0/moving_mean", "bn0/gamma/Adam_1", "beta1_power_1"}),
     ("gan_clipped", {"d_logit/bias/Adam", "g_out/bias/Adam_1"}),  # (by their own norms)
+    # (the generator's loss a batch_tail_loss barrier: it seeds its own pass alone)
+    ("feature_matching", {"d_hidden/kernel/Adam", "g_out/kernel/Adam_1", "beta2_power_1"}),
 ])
 def test_each_network_trains_on_its_own_loss_as_tensorflow(trained, case, slots):
     """4 steps on the CS and TF from the same weights: losses (model_fn's), weights, every
@@ -220,7 +248,9 @@ def test_each_network_trains_on_its_own_loss_as_tensorflow(trained, case, slots)
         or case == "wgan"  # (the WGAN returns its critic's loss)
     assert "Objectives (several losses minimized in one step: a backward pass of each from " \
            "the step's forward activations, then the updates): " in run.compiled.report_text
-    assert f"test_gans.py:{_line('# d_loss line') if case != 'wgan' else _line('d_loss = tf.')}" \
+    marker = {"wgan": "d_loss = tf.", "feature_matching": "# matched d_loss"}.get(case,
+                                                                                "# d_loss line")
+    assert f"test_gans.py:{_line(marker)}" \
            f" (kernel {objectives[0][0]}) for {', '.join(D_VARS)}" in run.compiled.report_text
     with open(os.path.join(run.compiled.directory, "compile_report.json")) as report_json:
         listed = json.load(report_json)["objectives"]

@@ -47,6 +47,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | concat | x1, x2, ... | axis (per-sample axis, >= 0) | — | any, all one |
 | softmax_cross_entropy_with_logits | logits (..., k), labels | sparse (bool) | — | labels (..., k) float32, or sparse (...) int32/int64; output (...) |
 | loss | t (any) | scale, loss_scale (the backward's seed factor, default 1) | — | output () = scale * sum(t) |
+| batch_tail_loss | the values a loss tail reads (any shapes) | steps (the tail: kernels on the whole batch as one sample, JSON; array attrs `<step>/<key>`), batch_size B, loss_scale | — | float32; a batch barrier and the loss: output () per sample, the batch's loss on its first |
 | einsum | the `i` operands | equation (batch letter first in per-sample operands), operands | p<k>: attr p<k> | |
 | fake_quant | x (the `i` operand 0) | operands (3 letters: x, min, max), num_bits, narrow_range, form (args, vars, per_channel) | min, max: attr p<k> (() or (C,) per channel) | tf.quantization.fake_quant_with_min_max_* bit for bit; min/max gradients as FakeQuant*Gradient |
 
@@ -70,6 +71,7 @@ integer or bool inputs, comparisons, stop_gradient, one_hot, casts to non-float)
 from wafer.kernels import (  # noqa: F401
                              activation_grads,
                              activations,
+                             batch_tail,
                              conv,
                              conv_transpose,
                              dense,

@@ -1,0 +1,175 @@
+"""The batch tail: a loss that is a non-linear function of values of the whole batch (a
+Mixture-of-Experts balance loss E * sum(mean(gates, 0) * mean(mask, 0)), VICReg's
+tf.sqrt(tf.math.reduce_variance(z, 0) + eps) hinge and its covariance matmul(zc, zc,
+transpose_a=True), Barlow Twins' cross-correlation (an einsum 'bi,bj->ij') and its
+tf.linalg.diag_part, a squared difference of batch means, a Pearson correlation over the
+batch, the entropy of the batch's mean prediction), which loss_tail.py cannot prove a sum
+of per-sample values.
+
+The tail's ops, from the per-sample values they read (each the whole batch: tf's tensor
+[B, ...] as one sample) to the loss, are lowered as the weight program's are
+(weight_program.WeightProgramBuilder: element-wise ops, arithmetic with constants,
+reductions, transposes, reshapes, products of matrices, views) onto library kernels run on
+a batch of one, which a `batch_tail_loss` kernel (wafer.kernels.batch_tail) evaluates once
+per batch and differentiates back to every sample's values. A tail reading a weight or a
+random number, computing in float16 or with an op the weight program does not run is
+refused naming the op.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler import precision, second_order
+from coordinator.compiler.extract import user_source
+from coordinator.compiler.ir import ParamRef, UnsupportedOp
+from coordinator.compiler.operands import static_shape
+from coordinator.compiler.rules import TailContext, has_kernel
+from coordinator.compiler.weight_program import WeightProgramBuilder
+from wafer.kernels.batch_tail import source_name, steps_attrs
+
+DIAGONALS = ("MatrixDiagPartV3", "MatrixDiagPart", "DiagPart")
+# The README's row.
+KERNEL_ROWS = {
+    "batch_tail_loss": "a loss that is a non-linear function of values reduced over the batch "
+                       "(a Mixture-of-Experts balance loss, VICReg's variance hinge and "
+                       "covariance tf.matmul(zc, zc, transpose_a=True), Barlow Twins' "
+                       "cross-correlation tf.einsum('bi,bj->ij', za, zb), "
+                       "(mean(pred) - mean(y)) ** 2, a Pearson correlation, "
+                       "the entropy of the batch's mean prediction): the loss's ops after the "
+                       "per-sample values (element-wise ops, arithmetic, reductions, products "
+                       "of matrices, transposes, reshapes, views, tf.linalg.diag_part), run "
+                       "once per batch on the whole batch's values, a batch barrier; its "
+                       "gradient TF's, back to each sample",
+}
+
+
+class TailBuilder(WeightProgramBuilder):
+    """Lowers the loss tail's values: the per-sample tensors it reads are its sources (the
+    whole batch, in the order first read: `samples`), weights and random numbers refused."""
+
+    SUBJECT = "computes the loss over the batch"
+    PLACE = "on the whole batch"
+
+    def __init__(self, m: TailContext, penalties: list[tf.Tensor]):
+        super().__init__(m.operands, m.flow)
+        self.m = m
+        self.penalties = {t.name for t in penalties}  # measured apart: here 0
+        self.samples: list[tf.Tensor] = []
+        self.root: tuple[tf.Operation, str] | None = None  # the first refusal: its cause
+
+    def _refuse(self, tensor: tf.Tensor, reason: str) -> str | None:
+        if self.root is None:
+            self.root = (tensor.op, reason)
+        return super()._refuse(tensor, reason)
+
+    def _lower_new(self, tensor: tf.Tensor) -> str | np.ndarray | None:
+        m, op = self.m, tensor.op
+        if tensor.name in self.penalties:
+            return np.zeros(static_shape(tensor), np.float32)
+        constant = self.operands.constant(tensor)
+        if constant is not None:
+            return constant.astype(np.float32) if constant.dtype.kind == "f" else constant
+        where = f"{op.type} '{op.name}' at {user_source(op)}"
+        if m.is_batched(tensor):
+            return self._sample(tensor, where)
+        if tensor.name not in m.tail:
+            weight = self.operands.weight(tensor) or self.operands.view(tensor)
+            what = f"weight {weight.variable}" if weight is not None else "a random number" \
+                if self.operands.random_source(tensor) is not None else "a value of weights"
+            return self._refuse(tensor, f"a loss of the whole batch (not a sum of per-sample "
+                                        f"values) reads {what} ({where}): the CS evaluates such "
+                                        "a loss from the batch's per-sample values and "
+                                        "constants, plus weight penalties; compute with the "
+                                        "weight per sample, before the reduction over the batch")
+        if tensor.dtype.base_dtype != tf.float32 or precision.tensor_precision(tensor):
+            return self._refuse(tensor, f"computes the loss over the batch in "
+                                        f"{tensor.dtype.base_dtype.name} ({where}): the CS "
+                                        "computes such a loss in float32")
+        if op.type in DIAGONALS:
+            return self._diagonal(op, tensor)
+        if op.type == "Einsum":
+            return self._einsum(op, tensor, where)
+        return self._lower_op(op, tensor, where)
+
+    def _einsum(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.einsum of two values of the tail ('bi,bj->ij' of the whole batch's): the
+        einsum kernel with a letter of its own for its one sample."""
+        inputs = [self._lower(t) for t in op.inputs]
+        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
+        if bad is not None:
+            return self._refuse(tensor, self.problems[bad.name])
+        equation = op.get_attr("equation").decode().replace(" ", "")
+        terms, _, out = equation.partition("->")
+        letter = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"
+                      if c not in equation)
+        if len(inputs) != 2 or not all(isinstance(v, str) for v in inputs):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS runs an einsum of "
+                                        "two values of the batch there")
+        names: list[str] = inputs  # type: ignore[assignment]  # (all kernels or sources)
+        return self._add(op, tensor, "einsum", names, {
+            "equation": ",".join(letter + t for t in terms.split(",")) + "->" + letter + out,
+            "operands": "ii"})
+
+    def _sample(self, tensor: tf.Tensor, where: str) -> str | None:
+        """A per-sample value the tail reads: a source of the whole batch."""
+        if tensor.dtype != tf.float32 or precision.tensor_precision(tensor):
+            return self._refuse(tensor, f"reduces a {tensor.dtype.name} per-sample value over "
+                                        f"the batch in a non-linear loss ({where}): the CS "
+                                        "computes such a loss from float32 values")
+        name = source_name(len(self.samples))
+        self.samples.append(tensor)
+        self.sources[name] = ParamRef("source", name, static_shape(tensor))
+        return name
+
+    def _diagonal(self, op: tf.Operation, tensor: tf.Tensor) -> str | None:
+        """tf.linalg.diag_part of an [n, n] value: its flat entries i * (n + 1)."""
+        shape = static_shape(op.inputs[0])
+        offset = self.operands.constant(op.inputs[1]) if op.type == "MatrixDiagPartV3" else 0
+        inner = self._lower(op.inputs[0])
+        if inner is None:
+            return self._refuse(tensor, self.problems[op.inputs[0].name])
+        if len(shape) != 2 or shape[0] != shape[1] or offset is None or np.any(offset != 0) or \
+                not isinstance(inner, str):
+            return self._refuse(tensor, f"computes the loss over the batch with {op.type} "
+                                        f"'{op.name}' at {user_source(op)}: the CS takes the "
+                                        "main diagonal of a square matrix")
+        n = shape[0]
+        flat = self._add(op, None, "reshape", [inner], {"shape": [n * n]}, suffix="/flat")
+        return self._add(op, tensor, "take", [flat],
+                         {"axis": 0, "indices": [i * (n + 1) for i in range(n)]})
+
+
+def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],
+          ) -> tuple[str, list[tf.Tensor]]:
+    """Add the `batch_tail_loss` kernel evaluating `loss` once per batch, the values of
+    weight penalties added to it left out (`penalties` are 0: the caller measures them); its
+    name and the per-sample values it reads ("" with the refusal in m.unsupported)."""
+    builder = TailBuilder(m, penalties)
+    value = builder._lower(loss)
+    if not isinstance(value, str) or not has_kernel("batch_tail_loss"):
+        op, reason = builder.root or (loss.op, "the loss is a constant")
+        m.unsupported.append(UnsupportedOp(op.type, op.name, user_source(op), reason))
+        return "", []
+    program = builder.program({value})
+    assert program is not None
+    steps = [(k.name, k.type, k.inputs, k.attrs) for k in program.kernels]
+    attrs = {**steps_attrs(steps), "batch_size": m.batch_size}
+    return m.add_kernel("loss", "batch_tail_loss", list(builder.samples), attrs, [], [], loss,
+                        output_shape=(), source_op=loss.op).name, builder.samples
+
+
+def contraction(m: TailContext, op: tf.Operation) -> bool:
+    """tf.matmul(a, b, transpose_a=True) of two per-sample [B, n] float32 values, or
+    tf.einsum('bi,bj->ij', a, b) of two per-sample float32 values summing over the batch
+    letter (a covariance or cross-correlation over the batch): a value of the loss tail,
+    as a reduction over the batch is."""
+    if len(op.inputs) != 2 or second_order.in_gradient(op) or \
+            not all(m.is_batched(t) and t.dtype == tf.float32 for t in op.inputs):
+        return False
+    if op.type == "Einsum":
+        terms, _, out = op.get_attr("equation").decode().replace(" ", "").partition("->")
+        first = {term[:1] for term in terms.split(",")}
+        return "." not in terms and len(first) == 1 and not first & set(out)
+    return op.type == "MatMul" and op.get_attr("transpose_a") and \
+        not op.get_attr("transpose_b") and all(len(static_shape(t)) == 2 for t in op.inputs)

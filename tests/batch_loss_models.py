@@ -1,0 +1,199 @@
+"""Losses that are non-linear in statistics of the whole batch, written the ordinary way: a
+Mixture-of-Experts classifier with its load-balancing loss (Shazeer's importance x load,
+and the coefficient of variation squared of the experts' summed gates), VICReg's variance
+hinge and covariance, Barlow Twins' cross-correlation of batch-normalised embeddings, a
+squared difference of the batch's mean prediction and mean target, a Pearson-correlation
+loss over the batch, the entropy of the batch's mean prediction (a clustering "diversity"
+term) and IIC's mutual information of two views' assignments. What the CS does not carry
+out: a batch statistic of this kind feeding back into per-sample activations, a weight
+inside such a loss."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tf_model.estimator_spec import CSEstimatorSpec
+
+BATCH, STEPS, CLASSES, EXPERTS = 8, 4, 3, 4
+
+
+def input_fn(params):
+    rng = np.random.default_rng(23)
+    n = params["batch_size"] * STEPS * 2
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int32) + (x[:, 2] > 1).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(params["batch_size"],
+                                                             drop_remainder=True)
+
+
+def _train(loss, params):
+    optimizer = tf.compat.v1.train.AdamOptimizer(params.get("learning_rate", 0.01))
+    return optimizer.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+
+
+def _spec(mode, loss, params, metrics=None):
+    if mode == "eval":
+        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops=metrics or {})
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
+
+
+def _experts(features):
+    """A softmax gate over EXPERTS Dense experts, mixed: (gates, logits)."""
+    gates = tf.nn.softmax(tf.keras.layers.Dense(EXPERTS)(features))
+    outputs = tf.stack([tf.keras.layers.Dense(CLASSES)(features) for _ in range(EXPERTS)], 1)
+    logits = tf.reduce_sum(gates[:, :, None] * outputs, axis=1)
+    return gates, logits
+
+
+def moe_balance_model_fn(features, labels, mode, params):
+    """Switch/GShard-style balance: the batch's mean gate times the share of samples routed
+    to each expert (its top-1), summed and scaled by the number of experts."""
+    gates, logits = _experts(features)
+    importance = tf.reduce_mean(gates, 0)
+    mask = tf.one_hot(tf.math.top_k(gates, 1).indices[:, 0], EXPERTS)
+    load = tf.reduce_mean(tf.cast(mask, tf.float32), 0)
+    aux = EXPERTS * tf.reduce_sum(importance * load)
+    ce = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    loss = ce + 0.1 * aux
+    metrics = {"balance": tf.compat.v1.metrics.mean(aux),
+               "accuracy": tf.compat.v1.metrics.accuracy(labels, tf.math.top_k(logits, 1).indices[:, 0])}
+    return _spec(mode, loss, params, metrics)
+
+
+def moe_penalised_model_fn(features, labels, mode, params):
+    """The balance loss with Keras L2 regularizers on the experts and the gate, added as
+    users add them (model.losses)."""
+    regularizer = tf.keras.regularizers.L2(1e-3)
+    gate = tf.keras.layers.Dense(EXPERTS, kernel_regularizer=regularizer)
+    experts = [tf.keras.layers.Dense(CLASSES, kernel_regularizer=regularizer)
+               for _ in range(EXPERTS)]
+    gates = tf.nn.softmax(gate(features))
+    logits = tf.reduce_sum(gates[:, :, None] * tf.stack([e(features) for e in experts], 1), 1)
+    importance = tf.reduce_mean(gates, 0)
+    load = tf.reduce_mean(tf.one_hot(tf.math.top_k(gates, 1).indices[:, 0], EXPERTS), 0)
+    penalty = tf.add_n(gate.losses + [w for e in experts for w in e.losses])
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits) + \
+        0.1 * EXPERTS * tf.reduce_sum(importance * load) + penalty
+    return _spec(mode, loss, params)
+
+
+def learned_temperature_model_fn(features, labels, mode, params):
+    """The entropy of the batch's mean prediction at a learned temperature: a weight inside
+    a loss of the whole batch (refused)."""
+    logits = tf.keras.layers.Dense(CLASSES)(features)
+    temperature = tf.compat.v1.get_variable("temperature", [], initializer=tf.ones_initializer())
+    p_mean = tf.reduce_mean(tf.nn.softmax(logits), 0)
+    entropy = -tf.reduce_sum(p_mean * tf.math.log(p_mean)) * temperature
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits) - entropy
+    return _spec(mode, loss, params)
+
+
+def cv_squared(x):
+    """The squared coefficient of variation (Shazeer et al.'s importance loss)."""
+    eps = 1e-10
+    return tf.math.reduce_variance(x) / (tf.square(tf.reduce_mean(x)) + eps)
+
+
+def moe_cv_model_fn(features, labels, mode, params):
+    """The sparsely-gated MoE's importance loss: cv_squared of each expert's summed gate."""
+    gates, logits = _experts(features)
+    importance = tf.reduce_sum(gates, 0)
+    ce = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    loss = ce + 0.1 * cv_squared(importance)
+    return _spec(mode, loss, params)
+
+
+def vicreg_model_fn(features, labels, mode, params):
+    """VICReg: invariance (MSE of two views), each view's per-feature std hinge and the
+    off-diagonal squared covariance."""
+    encoder = tf.keras.layers.Dense(5, activation="tanh")
+    projector = tf.keras.layers.Dense(4, use_bias=False)  # (centred: its bias's gradient is 0)
+    za = projector(encoder(features))
+    zb = projector(encoder(features * 0.9 + 0.1))
+    batch = params["batch_size"]
+    invariance = tf.compat.v1.losses.mean_squared_error(za, zb)
+
+    def variance(z):
+        std = tf.sqrt(tf.math.reduce_variance(z, 0) + 1e-4)
+        return tf.reduce_mean(tf.nn.relu(1.0 - std))
+
+    def covariance(z):
+        centred = z - tf.reduce_mean(z, 0)
+        c = tf.matmul(centred, centred, transpose_a=True) / (batch - 1)
+        off = c * (1.0 - tf.eye(4))
+        return tf.reduce_sum(tf.square(off)) / 4.0
+
+    loss = 25.0 * invariance + 25.0 * (variance(za) + variance(zb)) + \
+        covariance(za) + covariance(zb)
+    return _spec(mode, loss, params)
+
+
+def barlow_twins_model_fn(features, labels, mode, params):
+    """Barlow Twins: the cross-correlation of two views' embeddings normalised over the
+    batch, its diagonal pulled to 1 and the rest to 0."""
+    dense = tf.keras.layers.Dense(4, use_bias=False)  # (normalised over the batch)
+    za, zb = dense(features), dense(features * 0.5 - 0.2)
+
+    def normalised(z):
+        return (z - tf.reduce_mean(z, 0)) / (tf.math.reduce_std(z, 0) + 1e-5)
+
+    c = tf.einsum("bi,bj->ij", normalised(za), normalised(zb)) / params["batch_size"]
+    on_diag = tf.reduce_sum(tf.square(tf.linalg.diag_part(c) - 1.0))
+    off_diag = tf.reduce_sum(tf.square(c)) - tf.reduce_sum(tf.square(tf.linalg.diag_part(c)))
+    loss = on_diag + 0.05 * off_diag
+    return _spec(mode, loss, params)
+
+
+def mean_matching_model_fn(features, labels, mode, params):
+    """A regression whose loss also matches the batch's mean prediction to its mean target."""
+    pred = tf.keras.layers.Dense(1)(tf.keras.layers.Dense(6, activation="tanh")(features))
+    y = tf.cast(labels, tf.float32)[:, None]
+    loss = tf.compat.v1.losses.mean_squared_error(y, pred) + \
+        tf.square(tf.reduce_mean(pred) - tf.reduce_mean(y))
+    return _spec(mode, loss, params, {"mse": tf.compat.v1.metrics.mean_squared_error(y, pred)})
+
+
+def pearson_model_fn(features, labels, mode, params):
+    """1 - the Pearson correlation of predictions and targets over the batch."""
+    pred = tf.keras.layers.Dense(1, use_bias=False)(  # (a correlation ignores its shift)
+        tf.keras.layers.Dense(6, activation="tanh")(features))
+    y = tf.cast(labels, tf.float32)[:, None]
+    pm, ym = pred - tf.reduce_mean(pred), y - tf.reduce_mean(y)
+    r = tf.reduce_sum(pm * ym) / tf.sqrt(tf.reduce_sum(tf.square(pm)) * tf.reduce_sum(tf.square(ym)) + 1e-8)
+    loss = 1.0 - r
+    return _spec(mode, loss, params)
+
+
+def diversity_model_fn(features, labels, mode, params):
+    """Cross entropy minus the entropy of the batch's mean prediction (a diversity term)."""
+    logits = tf.keras.layers.Dense(CLASSES)(tf.keras.layers.Dense(8, activation="relu")(features))
+    p_mean = tf.reduce_mean(tf.nn.softmax(logits), 0)
+    entropy = -tf.reduce_sum(p_mean * tf.math.log(p_mean + 1e-8))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits) - 0.5 * entropy
+    return _spec(mode, loss, params, {"entropy": tf.compat.v1.metrics.mean(entropy)})
+
+
+def iic_model_fn(features, labels, mode, params):
+    """Invariant Information Clustering: minus the mutual information of two views' cluster
+    assignments, their joint distribution summed over the batch and symmetrised."""
+    head = tf.keras.layers.Dense(CLASSES)
+    p1 = tf.nn.softmax(head(features))
+    p2 = tf.nn.softmax(head(features * 0.9 + 0.05))
+    joint = tf.reduce_sum(p1[:, :, None] * p2[:, None, :], 0)
+    joint = (joint + tf.transpose(joint)) / 2.0
+    joint = tf.clip_by_value(joint / tf.reduce_sum(joint), 1e-8, 1.0)
+    pi = tf.reduce_sum(joint, 1, keepdims=True)
+    pj = tf.reduce_sum(joint, 0, keepdims=True)
+    loss = tf.reduce_sum(joint * (tf.math.log(pi) + tf.math.log(pj) - tf.math.log(joint)))
+    return _spec(mode, loss, params)
+
+
+def gated_by_importance_model_fn(features, labels, mode, params):
+    """The batch's mean gate scaling each sample's hidden features: a non-linear batch
+    statistic feeding back into per-sample activations (refused)."""
+    gates = tf.nn.softmax(tf.keras.layers.Dense(EXPERTS)(features))
+    importance = tf.reduce_mean(gates, 0)
+    scale = importance / tf.reduce_sum(tf.square(importance))
+    logits = tf.keras.layers.Dense(CLASSES)(gates * scale)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return _spec(mode, loss, params)

@@ -1,0 +1,80 @@
+"""Losses non-linear in statistics of the whole batch (tests/batch_loss_models.py): a
+Mixture-of-Experts balance loss, VICReg, Barlow Twins, batch-mean matching, a Pearson
+correlation and the entropy of the batch's mean prediction, evaluated once per batch by a
+batch_tail_loss barrier, trained in process on the simulated CS against TensorFlow
+(tests/cs_inprocess.py) whatever the micro-batch size and with replicas; evaluated on the CS
+with the CPU's metrics; weight penalties added; a batch statistic of that kind feeding
+per-sample activations, or a weight inside such a loss, refused naming the op."""
+from __future__ import annotations
+
+import batch_loss_models as models
+import cs_inprocess
+import pytest
+
+PARAMS = {"batch_size": models.BATCH}
+RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return cs_inprocess.micro_batch_comparisons(models.input_fn, tmp_path_factory, models.STEPS)
+
+
+@pytest.mark.parametrize("micro, replicas", [(8, 1), (1, 1), (2, 2)])
+def test_moe_balance_loss_trains_like_tensorflow(prepared, micro, replicas):
+    """importance x load: the barrier gathers every replica's gates and routing masks."""
+    result = prepared(models.moe_balance_model_fn, PARAMS, micro, replicas)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
+    assert f"Batch barrier: loss (the whole batch's values of the loss): the batch waits 2 x " \
+        f"{8 - replicas} x" in result.compiled.report_text
+    assert "Loss: evaluated once per batch from the whole batch's" in result.compiled.report_text
+
+
+def test_weight_penalties_added_to_a_loss_of_the_whole_batch_train_like_tensorflow(prepared):
+    """Keras L2 regularizers (model.losses) added to the balance loss: measured apart, each
+    weight's penalty on its own region."""
+    result = prepared(models.moe_penalised_model_fn, PARAMS, 2)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    penalised = {p.variable: [(r.kind, round(r.scale, 9)) for r in p.regularizers]
+                 for k in result.compiled.program.kernels for p in k.params if p.regularizers}
+    assert len(penalised) == 1 + models.EXPERTS
+    assert set(map(tuple, penalised.values())) == {(("l2", 0.001),)}  # 1e-3 * sum(w ** 2)
+
+
+@pytest.mark.parametrize("model_fn", [
+    models.moe_cv_model_fn, models.vicreg_model_fn, models.barlow_twins_model_fn,
+    models.mean_matching_model_fn, models.pearson_model_fn, models.diversity_model_fn,
+    models.iic_model_fn])
+@pytest.mark.parametrize("micro", [8, 2])
+def test_batch_level_losses_train_like_tensorflow(prepared, model_fn, micro):
+    """cv_squared of the experts' summed gates, VICReg's variance hinge and off-diagonal
+    covariance, Barlow Twins' cross-correlation (tf.linalg.diag_part), (mean(pred) -
+    mean(y)) ** 2, 1 - Pearson's r, the batch's mean prediction's entropy and IIC's mutual
+    information (a transpose and clip_by_value of the batch's joint distribution)."""
+    result = prepared(model_fn, PARAMS, micro)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
+
+
+@pytest.mark.parametrize("model_fn", [models.moe_balance_model_fn, models.diversity_model_fn,
+                                      models.mean_matching_model_fn])
+def test_batch_level_losses_evaluate_on_the_cs_with_the_cpus_metrics(tmp_path, prepared, model_fn):
+    """The eval batch's loss is its own batch's, its metrics (of the tail's values too:
+    the balance, the entropy) the CPU's."""
+    result = prepared(model_fn, PARAMS, 2)
+    assert cs_inprocess.evaluation_mismatch(model_fn, models.input_fn, PARAMS, str(tmp_path),
+                                            result, rtol=RTOL) == ""
+
+
+def test_a_batch_statistic_feeding_per_sample_activations_is_refused_naming_the_op(tmp_path):
+    message = cs_inprocess.refusal(models.gated_by_importance_model_fn, models.input_fn, PARAMS,
+                                   str(tmp_path), models.__file__)
+    assert "Mul 'mul'" in message and "only in the loss" in message
+
+
+def test_a_weight_inside_a_loss_of_the_whole_batch_is_refused_naming_it(tmp_path):
+    """The batch entropy times a learned temperature."""
+    message = cs_inprocess.refusal(models.learned_temperature_model_fn, models.input_fn, PARAMS,
+                                   str(tmp_path), models.__file__)
+    assert "reads weight temperature" in message
