@@ -337,25 +337,45 @@ def _row_shape(m: Context, op: tf.Operation) -> tuple[int, ...] | None:
 
 @fast_path
 def own_rows(m: Context, op: tf.Operation) -> bool:
-    """tf.gather_nd(x, tf.stack([tf.range(B), ids], 1)) of a per-sample x at per-sample
-    integer ids (a DQN's Q(s, a), written the other way): sample i's row ids[i] of its own
-    x, the rank-1 tf.gather(x, ids, batch_dims=1); the Pack and GatherNd become one
-    sample_gather. The first column must be the constant tf.range(B)."""
-    gather = m.sole_consumer(op.outputs[0]) if op.type == "Pack" and len(op.inputs) == 2 \
-        and op.get_attr("axis") in (1, -1) else None
+    """tf.gather_nd(x, tf.stack([rows, i1, ..., ir], -1)) of a per-sample x at per-sample
+    integer coordinates whose first column `rows` is the constant batch index (tf.range(B),
+    tiled along the coordinates' other axes: a DQN's Q(s, a) written the other way, a spatial
+    transformer's bilinear sampler): sample b's own x at its own coordinates, tf.gather(x,
+    ids, batch_dims=1) for r = 1; the Pack and GatherNd become one sample_gather (attr
+    depth r)."""
+    gather = m.sole_consumer(op.outputs[0]) if op.type == "Pack" and len(op.inputs) >= 2 \
+        and op.get_attr("axis") in (len(static_shape(op.inputs[0])), -1) else None
     if gather is None or gather.type != "GatherNd" or gather.inputs[1] is not op.outputs[0] or \
             not has_kernel("sample_gather"):
         return False
-    rows, ids = op.inputs
+    rows, *ids = op.inputs
     x = gather.inputs[0]
     positions = m.operands.constant(rows)
-    if positions is not None and m.is_batched(x) and \
-            not np.array_equal(positions, np.arange(m.batch_size)):
-        m.reject(op, "tf.gather_nd(x, tf.stack([rows, ids], 1)) with constant rows other than "
+    own = np.arange(m.batch_size).reshape((-1,) + (1,) * (len(static_shape(rows)) - 1))
+    if positions is not None and m.is_batched(x) and (
+            positions.shape[:1] != (m.batch_size,) or not np.array_equal(positions, np.broadcast_to(own, positions.shape))):
+        m.reject(op, "tf.gather_nd(x, tf.stack([rows, ids], -1)) with constant rows other than "
                      "tf.range(batch) picks other samples' values: the CS computes each sample "
                      "on its own (tf.range(batch) picks each sample's own: tf.gather(x, ids, "
                      "batch_dims=1))")
         return True
+    shape = static_shape(rows)
+    if positions is None or not m.is_batched(x) or len(static_shape(x)) < 1 + len(ids) \
+            or m.value(x) is None or any(not m.is_batched(t) or not t.dtype.is_integer
+                                         or static_shape(t) != shape for t in ids):
+        return False
+    if len(ids) == 1:
+        m.add_kernel(gather.name, "sample_gather", [x, ids[0]], {}, [], [op, gather], gather.outputs[0])
+        return True
+    unit = (*shape[1:], 1)
+    columns: list[tf.Tensor | str] = [
+        m.add_kernel(f"{op.name}/expand_{k}", "reshape", [t], {"shape": list(unit)}, [], [], None,
+                     output_shape=unit, source_op=op).name for k, t in enumerate(ids)]
+    coordinates = m.add_kernel(op.name, "concat", columns, {"axis": len(unit) - 1}, [], [], None,
+                               output_shape=(*shape[1:], len(ids)), source_op=op)
+    m.add_kernel(gather.name, "sample_gather", [x, coordinates.name], {"depth": len(ids)}, [],
+                 [op, gather], gather.outputs[0])
+    return True
     if positions is None or not m.is_batched(ids) or not ids.dtype.is_integer or static_shape(ids) != (m.batch_size,) \
             or not m.is_batched(x) or len(static_shape(x)) < 2 or m.value(x) is None:
         return False

@@ -10,7 +10,8 @@ import tensorflow as tf
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
-from launcher.estimator import CSEstimatorSpec
+from wafer.kernels.base import build_kernel
+from launcher.estimator import CSEstimatorSpec, ModeKeys
 
 v1 = tf.compat.v1
 VOCAB, LENGTH, PREDICTIONS, HIDDEN = 13, 7, 4, 8
@@ -131,3 +132,73 @@ def test_other_gathers_from_a_per_sample_value_are_refused_naming_the_op(tmp_pat
     assert cs_inprocess.refusal_problem(error.value, __file__, words) == ""
     assert str(error.value).startswith("validation failed: GatherV2 ")
     assert "gathers from a per-sample value" in str(error.value)
+
+
+SIDE, CHANNELS, CLASSES = 6, 2, 3
+
+
+def images_input_fn(params):
+    rng = np.random.default_rng(11)
+    images = rng.normal(size=(32, SIDE, SIDE, CHANNELS)).astype(np.float32)
+    labels = (images[:, :3, :3, 0].sum((1, 2)) > 0).astype(np.int32) + (images[:, 3:, 3:, 1].sum((1, 2)) > 1)
+    return tf.data.Dataset.from_tensor_slices((images, labels.astype(np.int32))).repeat().batch(
+        params["batch_size"], drop_remainder=True)
+
+
+def bilinear_sample(images, x, y):
+    """The spatial transformer tutorials' sampler: the four neighbours of each (x, y) picked by
+    tf.gather_nd with the batch index tf.range(B) tiled as the first coordinate, clipped at the
+    border, blended by their areas."""
+    x0, y0 = tf.floor(x), tf.floor(y)
+    x1, y1 = x0 + 1, y0 + 1
+    batch = tf.tile(tf.range(tf.shape(images)[0])[:, None], [1, tf.shape(x)[1]])
+
+    def pixel(yy, xx):
+        yy = tf.cast(tf.clip_by_value(yy, 0, SIDE - 1), tf.int32)
+        xx = tf.cast(tf.clip_by_value(xx, 0, SIDE - 1), tf.int32)
+        return tf.gather_nd(images, tf.stack([batch, yy, xx], axis=-1))
+
+    return ((x1 - x) * (y1 - y))[..., None] * pixel(y0, x0) + ((x1 - x) * (y - y0))[..., None] * pixel(y1, x0) \
+        + ((x - x0) * (y1 - y))[..., None] * pixel(y0, x1) + ((x - x0) * (y - y0))[..., None] * pixel(y1, x1)
+
+
+def spatial_transformer(features, labels, mode, params):
+    """A localisation net predicts an affine transform per image; the grid it maps is sampled
+    bilinearly (bilinear_sample) and classified; Adam; evaluated with accuracy."""
+    flat = tf.reshape(features, [-1, SIDE * SIDE * CHANNELS])
+    theta = tf.keras.layers.Dense(6, kernel_initializer="zeros",
+                                  bias_initializer=tf.constant_initializer([0.9, 0.1, 0.0, -0.1, 0.9, 0.0]))(
+        tf.keras.layers.Dense(8, activation="tanh")(flat))
+    grid = np.stack(np.meshgrid(np.linspace(-1, 1, SIDE), np.linspace(-1, 1, SIDE)), -1).reshape(-1, 2)
+    grid = tf.constant(np.concatenate([grid, np.ones((len(grid), 1))], 1).T, tf.float32)  # (3, SIDE * SIDE)
+    mapped = tf.matmul(tf.reshape(theta, [-1, 2, 3]), tf.tile(grid[None], [tf.shape(theta)[0], 1, 1]))
+    x = (mapped[:, 0] + 1.0) * (SIDE - 1) / 2.0
+    y = (mapped[:, 1] + 1.0) * (SIDE - 1) / 2.0
+    sampled = tf.reshape(bilinear_sample(features, x, y), [-1, SIDE * SIDE * CHANNELS])
+    logits = tf.keras.layers.Dense(CLASSES)(sampled)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops={
+            "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
+    train_op = v1.train.AdamOptimizer(0.01).minimize(loss, global_step=v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def test_a_spatial_transformers_gather_nd_with_the_batch_index_trains_and_evaluates_like_tensorflow(tmp_path):
+    run = cs_inprocess.compare(spatial_transformer, images_input_fn, params(), str(tmp_path / "train"), steps=4)
+    gathers = [k for k in run.compiled.program.kernels if k.type == "sample_gather"]
+    assert len(gathers) == 4 and all(k.attrs["depth"].i == 2 for k in gathers)
+    cs_inprocess.assert_same_training(run)
+    assert cs_inprocess.evaluation_mismatch(spatial_transformer, images_input_fn, params(),
+                                            str(tmp_path / "eval"), run) == ""
+
+
+def test_a_coordinate_outside_its_axis_is_an_error_naming_the_kernel():
+    kernel = build_kernel("sample_gather", "pick", {"depth": 2}, [(3, 4, 2), (5, 2)])
+    images = np.arange(2 * 3 * 4 * 2, dtype=np.float32).reshape(2, 3, 4, 2)
+    coordinates = np.array([[[0, 0], [2, 3], [1, 2], [0, 3], [2, 0]]] * 2, np.int32)
+    out, _ = kernel.forward({}, [images, coordinates], None)
+    np.testing.assert_array_equal(out, tf.gather_nd(images, coordinates, batch_dims=1).numpy())
+    coordinates[1, 4] = [0, 4]  # in range of the 12 flattened rows, outside the axis of 4
+    with pytest.raises(ValueError, match="pick: index 4 is outside each sample's axis 2's 4 rows"):
+        kernel.forward({}, [images, coordinates], None)

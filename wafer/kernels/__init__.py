@@ -31,7 +31,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | pad | x | paddings [b0, a0, b1, a1, ...] per-sample, value | — | float32, int32, int64 |
 | gather | indices (...) | operands "pi" (embedding lookup) | p0: (V, D...) | indices int32/int64 in [0, V); output indices + (D...) |
 | embedding_bag | ids (k,), k <= 9 | operands "pi", combiner (sum, mean, sqrtn), ignore (the id skipped, -1) | p0: (V, D) | ids int32/int64; output (D,): a feature column's embedding, sparse gradient |
-| sample_gather | x (L, D...), indices (...) | — (tf.gather(x, indices, batch_dims=1): each sample's rows) | — | x float32, int32, int64 or bool (the output's); indices int32/int64 in [0, L); output indices + (D...) |
+| sample_gather | x (L, D...), indices (...) | — (tf.gather(x, indices, batch_dims=1): each sample's rows; attr depth r: indices (..., r) coordinates into x's first r axes, tf.gather_nd with the batch index) | — | x float32, int32, int64 or bool (the output's); indices int32/int64 in [0, L); output indices + (D...) |
 | batch_norm_inference | x (..., C) | epsilon, scale, center (bools: the optional weights), fused (FusedBatchNorm's order) | mean, variance (frozen), scale, offset: (C,) | |
 | batch_norm_training | x (..., C) | epsilon, scale, center; mean_rule, variance_rule (affine: v * a + s * b, delta: v - (v - s) * d) with mean_update, variance_update their constants (empty: not moved) | scale, offset; moving_mean, moving_variance (frozen) when moved: (C,) | a batch barrier (`batch_barrier`) |
 | in_batch_matmul | q (n,), d (n,) with transpose_b; p (B,), v (n,) without | transpose_b, batch_size B | — | a batch barrier: output (B,) (rows of q d^T) or (n,) (rows of p v) |

@@ -142,8 +142,10 @@ class Gather(_TableLookup):
 class SampleGather(_RowCopyCost, Kernel):
     """Inputs x (per sample (L, D...); float32, or integers or bools passed through) and
     integer indices (int32/int64, per-sample shape S); output S + (D...): each sample's
-    rows of its own x at its own indices (tf.gather(x, ids, axis=1, batch_dims=1)). An index outside [0, L) raises ValueError
-    naming the kernel, as TF's CPU gather does. Backward: TF's _BatchGatherGrad, an
+    rows of its own x at its own indices (tf.gather(x, ids, axis=1, batch_dims=1)). With attr
+    `depth` r > 1 the indices end in an axis of r coordinates into x's first r axes (S + (r,);
+    output S + x's remaining axes: tf.gather_nd of each sample's own x). An index outside
+    [0, L) raises ValueError naming the kernel, as TF's CPU gather does. Backward: TF's _BatchGatherGrad, an
     UnsortedSegmentSum of the output gradient into each sample's rows (a repeated index
     adds its gradients in order, each sum rounded to float16 in a float16 kernel, as TF's
     float16 kernel adds); the indices take none."""
@@ -155,8 +157,16 @@ class SampleGather(_RowCopyCost, Kernel):
         if len(self.input_shapes) != 2 or not self.input_shapes[0] or self.input_shapes[0][0] == 0:
             raise KernelError(f"kernel {name!r} (sample_gather): takes a value with rows (L, "
                               f"...) and integer indices, got inputs {self.input_shapes}")
+        self.depth = int(attrs.get("depth", 1))
         self.rows, self.ids_shape = self.input_shapes[0], self.input_shapes[1]
-        self._shape = (*self.ids_shape, *self.rows[1:])
+        if self.depth > 1 and (len(self.rows) < self.depth or not self.ids_shape
+                               or self.ids_shape[-1] != self.depth):
+            raise KernelError(f"kernel {name!r} (sample_gather): depth {self.depth} takes a value "
+                              f"of rank >= {self.depth} and indices ending in {self.depth} "
+                              f"coordinates, got inputs {self.input_shapes}")
+        self.lengths = self.rows[:self.depth]
+        self.indexed = self.ids_shape[:-1] if self.depth > 1 else self.ids_shape
+        self._shape = (*self.indexed, *self.rows[self.depth:])
 
     @property
     def output_shape(self):
@@ -171,18 +181,22 @@ class SampleGather(_RowCopyCost, Kernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         x, ids = inputs
-        check_indices(self, ids, self.rows[0], "each sample")
-        m = len(x)
-        flat = (ids.reshape(m, -1) + np.arange(m)[:, None] * self.rows[0]).reshape(-1)
-        out = np.take(x.reshape(m * self.rows[0], *self.rows[1:]), flat, axis=0)
+        m, rows = len(x), math.prod(self.lengths)
+        if self.depth > 1:
+            for axis, length in enumerate(self.lengths):
+                check_indices(self, ids[..., axis], length, f"each sample's axis {axis + 1}")
+            ids = np.ravel_multi_index(tuple(np.moveaxis(ids, -1, 0)), self.lengths)
+        else:
+            check_indices(self, ids, rows, "each sample")
+        flat = (ids.reshape(m, -1) + np.arange(m)[:, None] * rows).reshape(-1)
+        out = np.take(x.reshape(m * rows, *self.rows[self.depth:]), flat, axis=0)
         return out.reshape(m, *self._shape), flat
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        m = len(grad_output)
-        grad = np.zeros((m * self.rows[0], *self.rows[1:]), np.float32)
+        m, tail = len(grad_output), self.rows[self.depth:]
+        grad = np.zeros((m * math.prod(self.lengths), *tail), np.float32)
         if len(cache):
-            scatter_add(grad, cache, grad_output.reshape(len(cache), *self.rows[1:]),
-                        half=is_half(self.attrs))
+            scatter_add(grad, cache, grad_output.reshape(len(cache), *tail), half=is_half(self.attrs))
         return [grad.reshape(m, *self.rows), None], {}
 
 
