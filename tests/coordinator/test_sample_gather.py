@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
-from wafer.kernels.base import build_kernel
 from launcher.estimator import CSEstimatorSpec, ModeKeys
+from wafer.kernels.base import build_kernel
 
 v1 = tf.compat.v1
 VOCAB, LENGTH, PREDICTIONS, HIDDEN = 13, 7, 4, 8
