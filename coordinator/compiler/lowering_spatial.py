@@ -27,7 +27,7 @@ KERNEL_ROWS = {
                                           "with ExpandDims and Squeeze around the Conv2D)",
     "conv3d, max_pool3d, avg_pool3d": "Conv3D, MaxPool3D, AvgPool3D (NDHWC, SAME/VALID, strides: "
                                       "Keras Conv3D, MaxPooling3D, AveragePooling3D)",
-    "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest), ResizeBilinear, "
+    "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest; float16 too), ResizeBilinear, "
                     "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
 }
 
@@ -290,7 +290,8 @@ def _depthwise_in_half(m: Context, op: tf.Operation) -> str:
 
 
 generic("DepthwiseConv2dNative")(_depthwise_in_half)
-for op_types, rule in (("Conv2DBackpropInput", _conv_transpose), ("SpaceToBatchND", _space_to_batch), ("Tile", _tile),
+generic("Tile")(_tile)  # float16 too: copies; the gradient's sum over copies in float32
+for op_types, rule in (("Conv2DBackpropInput", _conv_transpose), ("SpaceToBatchND", _space_to_batch),
                        (("ResizeBilinear", "ResizeNearestNeighbor"), _resize),
                        (("Conv3D", "MaxPool3D", "AvgPool3D"), _volume)):
     generic(*([op_types] if isinstance(op_types, str) else op_types))(_float32_only(rule))

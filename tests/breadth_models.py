@@ -1,0 +1,40 @@
+"""Models from issue 21's breadth sweep (one tiny model per Keras layer or tf op users
+train with), written as users write them, one per construct the sweep found refused or
+trained differently."""
+import numpy as np
+import tensorflow as tf
+
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+
+L = tf.keras.layers
+
+
+def image_input_fn(params):
+    rng = np.random.default_rng(params.get("data_seed", 0))
+    x = rng.normal(size=(32, 8, 8, 3)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, rng.integers(0, 3, 32).astype(np.int32))).batch(
+        8, drop_remainder=True)
+
+
+def _spec(mode, logits, labels):
+    logits = tf.cast(logits, tf.float32)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={"probabilities": tf.nn.softmax(logits)})
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode=mode, loss=loss)
+    train_op = tf.compat.v1.train.AdamOptimizer(1e-2).minimize(
+        loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def upsampling_mixed(features, labels, mode, params):
+    """A decoder's nearest upsampling under mixed_float16: UpSampling2D (ExpandDims, Tile,
+    Reshape in float16) and a tf.tile of the feature map."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    h = L.Conv2D(4, 3, padding="same", activation="relu")(features)
+    h = L.UpSampling2D(2)(h)
+    h = tf.tile(h, [1, 1, 2, 1])
+    h = L.Conv2D(4, 3, strides=2, padding="same")(h)
+    logits = L.Dense(3, dtype="float32")(L.GlobalAveragePooling2D()(h))
+    return _spec(mode, logits, labels)
