@@ -38,3 +38,17 @@ def upsampling_mixed(features, labels, mode, params):
     h = L.Conv2D(4, 3, strides=2, padding="same")(h)
     logits = L.Dense(3, dtype="float32")(L.GlobalAveragePooling2D()(h))
     return _spec(mode, logits, labels)
+
+
+def transposed_and_dilated_mixed(features, labels, mode, params):
+    """A mixed_float16 generator and WaveNet-style stack: Conv2D(dilation_rate=2) (TF's
+    SpaceToBatchND, Conv2D, BatchToSpaceND), Conv2DTranspose(strides=2), and their 1-D forms
+    over the image's rows."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    h = L.Conv2D(4, 3, dilation_rate=2, padding="same", activation="relu")(features)
+    h = L.Conv2DTranspose(4, 3, strides=2, padding="same")(h)
+    rows = L.Reshape((16 * 16, 4))(h)
+    rows = L.Conv1D(4, 3, dilation_rate=2, padding="causal")(rows)
+    rows = L.Conv1DTranspose(2, 3, strides=2, padding="same")(rows)
+    logits = L.Dense(3, dtype="float32")(L.GlobalAveragePooling1D()(rows))
+    return _spec(mode, logits, labels)

@@ -19,12 +19,13 @@ from coordinator.compiler.rules import Context, GenericRule, generic
 # The README's rows: kernel -> the TF ops and Keras layers it computes.
 KERNEL_ROWS = {
     "conv2d_transpose": "Conv2DBackpropInput (Keras Conv2DTranspose, Conv1DTranspose: NHWC, "
-                        "SAME/VALID, strides, output_padding)",
+                        "SAME/VALID, strides, output_padding; float16 too)",
     "depthwise_conv2d, conv2d (dilated)": "DepthwiseConv2dNative (Keras DepthwiseConv2D, "
                                           "SeparableConv2D, their 1-D forms: depth multiplier, "
                                           "strides), dilation_rate (SpaceToBatchND -> Conv2D or "
                                           "DepthwiseConv2dNative -> BatchToSpaceND; Keras Conv1D's "
-                                          "with ExpandDims and Squeeze around the Conv2D)",
+                                          "with ExpandDims and Squeeze around the Conv2D; "
+                                          "float16 too)",
     "conv3d, max_pool3d, avg_pool3d": "Conv3D, MaxPool3D, AvgPool3D (NDHWC, SAME/VALID, strides: "
                                       "Keras Conv3D, MaxPooling3D, AveragePooling3D)",
     "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest; float16 too), ResizeBilinear, "
@@ -37,6 +38,9 @@ CROP_AND_RESIZE = ("tf.image.crop_and_resize (CropAndResize) has no CS kernel: i
                    "boxes, each reading the image its box index names at positions computed "
                    "from values, not samples: crop in input_fn, or resize a constant slice "
                    "(tf.image.resize(x[:, a:b, c:d], size))")
+HALF_DEPTHWISE = ("DepthwiseConv2dNative in float16 (mixed precision) is carried out for "
+                  "depth_multiplier 1 without dilation, SAME or VALID padding: give this layer "
+                  "dtype='float32'")
 REFUSED = {"Conv3DTranspose": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE}
 # What to use instead of ops no kernel computes, by op type (coordinator.compiler.refusals).
 INSTEAD = {"Conv3DBackpropInputV2": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE}
@@ -155,6 +159,8 @@ def _space_to_batch(m: Context, op: tf.Operation) -> str:
     if chain is None:
         return why
     conv, back = chain[-3 if one_d else -2], chain[-1]
+    if conv.type == "DepthwiseConv2dNative" and conv.outputs[0].dtype.base_dtype == tf.float16:
+        return HALF_DEPTHWISE  # Eigen's float16 depthwise kernel, reproduced without dilation
     back_block, crops = (m.operands.constant(t) for t in back.inputs[1:3])
     if back_block is None or crops is None or not np.array_equal(back_block, block):
         return why
@@ -283,15 +289,15 @@ def _depthwise_in_half(m: Context, op: tf.Operation) -> str:
     if op.outputs[0].dtype.base_dtype == tf.float16 and (
             int(static_shape(op.inputs[1])[3]) != 1 or list(op.get_attr("dilations")) != [1] * 4
             or op.get_attr("padding") not in (b"SAME", b"VALID")):
-        return ("DepthwiseConv2dNative in float16 (mixed precision) is carried out for "
-                "depth_multiplier 1 without dilation, SAME or VALID padding: give this layer "
-                "dtype='float32'")
+        return HALF_DEPTHWISE
     return _depthwise(m, op)
 
 
 generic("DepthwiseConv2dNative")(_depthwise_in_half)
 generic("Tile")(_tile)  # float16 too: copies; the gradient's sum over copies in float32
-for op_types, rule in (("Conv2DBackpropInput", _conv_transpose), ("SpaceToBatchND", _space_to_batch),
-                       (("ResizeBilinear", "ResizeNearestNeighbor"), _resize),
+# float16 too: float32 sums rounded once (docs/design.md, "Mixed precision")
+generic("SpaceToBatchND")(_space_to_batch)
+generic("Conv2DBackpropInput")(_conv_transpose)
+for op_types, rule in ((("ResizeBilinear", "ResizeNearestNeighbor"), _resize),
                        (("Conv3D", "MaxPool3D", "AvgPool3D"), _volume)):
-    generic(*([op_types] if isinstance(op_types, str) else op_types))(_float32_only(rule))
+    generic(*op_types)(_float32_only(rule))
