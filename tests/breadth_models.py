@@ -52,3 +52,15 @@ def transposed_and_dilated_mixed(features, labels, mode, params):
     rows = L.Conv1DTranspose(2, 3, strides=2, padding="same")(rows)
     logits = L.Dense(3, dtype="float32")(L.GlobalAveragePooling1D()(rows))
     return _spec(mode, logits, labels)
+
+
+def pixel_shuffle(features, labels, mode, params):
+    """ESPCN's sub-pixel upsampling (Conv2D to 4·C channels, tf.nn.depth_to_space) and YOLO's
+    reorg (tf.nn.space_to_depth), under mixed_float16 if params["mixed"]."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16" if params.get("mixed") else "float32")
+    h = L.Conv2D(8, 3, padding="same", activation="relu")(features)
+    h = tf.nn.depth_to_space(h, 2)  # [16, 16, 2]
+    h = L.Conv2D(3, 3, padding="same")(h)
+    h = tf.nn.space_to_depth(h, 4)  # [4, 4, 48]
+    logits = L.Dense(3, dtype="float32")(L.Flatten()(h))
+    return _spec(mode, logits, labels)

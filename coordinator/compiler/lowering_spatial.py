@@ -28,6 +28,9 @@ KERNEL_ROWS = {
                                           "float16 too)",
     "conv3d, max_pool3d, avg_pool3d": "Conv3D, MaxPool3D, AvgPool3D (NDHWC, SAME/VALID, strides: "
                                       "Keras Conv3D, MaxPooling3D, AveragePooling3D)",
+    "reshape, transpose (pixel shuffle)": "DepthToSpace, SpaceToDepth (tf.nn.depth_to_space, "
+                                          "space_to_depth: NHWC; ESPCN's sub-pixel upsampling, "
+                                          "YOLO's reorg): reshape, transpose, reshape",
     "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest; float16 too), ResizeBilinear, "
                     "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
 }
@@ -214,6 +217,30 @@ def _tile(m: Context, op: tf.Operation) -> str:
     if int(multiples[0]) != 1:
         return "tiles the batch axis (copies of samples): tile within each sample"
     m.add_kernel(op.name, "tile", [op.inputs[0]], {"multiples": [int(k) for k in multiples[1:]]},
+                 [], [op], op.outputs[0])
+    return ""
+
+
+@generic("DepthToSpace", "SpaceToDepth")
+def _pixel_shuffle(m: Context, op: tf.Operation) -> str:
+    """[H, W, b·b·C] <-> [H·b, W·b, C] of each sample as reshape, transpose, reshape: the
+    depth holds (row offset, column offset, channel) in that order (TF's NHWC layout). A
+    rearrangement: its gradient, the inverse one, is TF's (SpaceToDepth of the gradient,
+    and back), in float16 too."""
+    x, block = op.inputs[0], int(op.get_attr("block_size"))
+    if not m.is_batched(x) or op.get_attr("data_format") != b"NHWC" or len(static_shape(x)) != 4:
+        return f"{op.type} of per-sample NHWC images is supported"
+    if op.type == "DepthToSpace":
+        h, w, depth = static_shape(x)[1:]
+        split, moved = (h, w, block, block, depth // (block * block)), (h, block, w, block, depth // (block * block))
+    else:
+        h, w, depth = static_shape(op.outputs[0])[1:]
+        split, moved = (h, block, w, block, depth // (block * block)), (h, w, block, block, depth // (block * block))
+    first = m.add_kernel(f"{op.name}/split", "reshape", [x], {"shape": list(split)}, [], [], None,
+                         output_shape=split, source_op=op)
+    swapped = m.add_kernel(f"{op.name}/transpose", "transpose", [first.name],
+                           {"perm": [0, 2, 1, 3, 4]}, [], [], None, output_shape=moved, source_op=op)
+    m.add_kernel(op.name, "reshape", [swapped.name], {"shape": list(static_shape(op.outputs[0])[1:])},
                  [], [op], op.outputs[0])
     return ""
 

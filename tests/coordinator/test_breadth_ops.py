@@ -3,6 +3,7 @@ differently, now trained with TF's numbers and evaluated and predicted like the 
 import breadth_models as bm
 import cs_inprocess
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from cs_api.attrs import from_attr
@@ -85,3 +86,23 @@ def test_mixed_float16_transposed_and_dilated_convolutions_train_like_tensorflow
     kinds = {k.type for k in result.compiled.program.kernels
              if "precision" in k.attrs and from_attr(k.attrs["precision"]) == "float16"}
     assert {"conv2d_transpose", "conv2d"} <= kinds
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["float32", "mixed_float16"])
+def test_depth_to_space_and_space_to_depth_train_like_tensorflow(tmp_path, mixed):
+    """tf.nn.depth_to_space and space_to_depth were refused ('no CS kernel'): each is a
+    reshape, a transpose and a reshape of the sample, in float16 too. Mixed: the losses
+    within 1e-2 and the predictions from one checkpoint TF's; the slots not (TF's Eigen
+    float16 Conv2DBackpropFilter sums in float16: one Adam element of the first conv 2x
+    TF's, docs/design.md's 'Float16 convolution gradients')."""
+    params = {**PARAMS, "mixed": mixed}
+    result = cs_inprocess.compare(bm.pixel_shuffle, bm.image_input_fn, params, str(tmp_path), steps=4)
+    assert [k.type for k in result.compiled.program.kernels].count("transpose") == 2
+    if mixed:
+        np.testing.assert_allclose(result.cs.losses, result.reference.losses, rtol=1e-2)
+    else:
+        cs_inprocess.assert_same_training(result)
+    rtol = 1e-2 if mixed else 1e-4
+    for check in (cs_inprocess.evaluation_mismatch, cs_inprocess.prediction_mismatch):
+        problem = check(bm.pixel_shuffle, bm.image_input_fn, params, str(tmp_path), result, rtol=rtol)
+        assert not problem, problem
