@@ -64,3 +64,15 @@ def pixel_shuffle(features, labels, mode, params):
     h = tf.nn.space_to_depth(h, 4)  # [4, 4, 48]
     logits = L.Dense(3, dtype="float32")(L.Flatten()(h))
     return _spec(mode, logits, labels)
+
+
+def vit_patches(features, labels, mode, params):
+    """The Keras ViT example's patch encoder: tf.image.extract_patches of 4x4 patches, a
+    Dense projection per patch, a learned position embedding; beside it overlapping 3x3
+    patches (SAME, stride 2, rate 2), as a patch-based texture model takes them."""
+    patches = tf.image.extract_patches(features, [1, 4, 4, 1], [1, 4, 4, 1], [1, 1, 1, 1], "VALID")
+    tokens = L.Dense(8)(tf.reshape(patches, [-1, 4, 4 * 4 * 3]))
+    tokens = tokens + L.Embedding(4, 8)(tf.range(4))
+    overlapping = tf.image.extract_patches(features, [1, 3, 3, 1], [1, 2, 2, 1], [1, 2, 2, 1], "SAME")
+    h = tf.concat([L.Flatten()(tokens), L.Flatten()(L.Dense(2)(overlapping))], -1)
+    return _spec(mode, L.Dense(3)(h), labels)

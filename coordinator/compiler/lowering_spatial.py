@@ -31,6 +31,8 @@ KERNEL_ROWS = {
     "reshape, transpose (pixel shuffle)": "DepthToSpace, SpaceToDepth (tf.nn.depth_to_space, "
                                           "space_to_depth: NHWC; ESPCN's sub-pixel upsampling, "
                                           "YOLO's reorg): reshape, transpose, reshape",
+    "pad, reshape, take (patches)": "ExtractImagePatches (tf.image.extract_patches: ViT's "
+                                    "patches; SAME/VALID, strides, rates)",
     "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest; float16 too), ResizeBilinear, "
                     "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
 }
@@ -241,6 +243,53 @@ def _pixel_shuffle(m: Context, op: tf.Operation) -> str:
     swapped = m.add_kernel(f"{op.name}/transpose", "transpose", [first.name],
                            {"perm": [0, 2, 1, 3, 4]}, [], [], None, output_shape=moved, source_op=op)
     m.add_kernel(op.name, "reshape", [swapped.name], {"shape": list(static_shape(op.outputs[0])[1:])},
+                 [], [op], op.outputs[0])
+    return ""
+
+
+def patch_positions(size: int, kernel: int, stride: int, rate: int, padding: str) -> tuple[list[int], int]:
+    """ExtractImagePatches along one axis: each (output, tap)'s row of the padded axis, in
+    output-major order, and the padding before (TF's GetWindowedOutputSize)."""
+    span = (kernel - 1) * rate + 1
+    if padding == "VALID":
+        out, before = (size - span) // stride + 1, 0
+    else:
+        out = -(-size // stride)
+        before = max((out - 1) * stride + span - size, 0) // 2
+    return [o * stride + t * rate for o in range(out) for t in range(kernel)], before
+
+
+@generic("ExtractImagePatches")
+def _extract_patches(m: Context, op: tf.Operation) -> str:
+    """tf.image.extract_patches of per-sample images (ViT's patches): the image padded (SAME),
+    flattened to [H·W, C], each patch's pixels taken in TF's order (row tap, column tap,
+    channel) and reshaped to [out rows, out columns, kh·kw·C]; the gradient is take's, the
+    sum of each pixel's copies (TF's _ExtractImagePatchesGrad sums them likewise)."""
+    x = op.inputs[0]
+    ksizes, strides, rates = (list(op.get_attr(a)) for a in ("ksizes", "strides", "rates"))
+    padding = op.get_attr("padding").decode()
+    if not m.is_batched(x) or len(static_shape(x)) != 4 or padding not in ("SAME", "VALID") or \
+            ksizes[0] != 1 or ksizes[3] != 1 or strides[0] != 1 or strides[3] != 1:
+        return "ExtractImagePatches of per-sample images over rows and columns is supported"
+    h, w, c = static_shape(x)[1:]
+    rows, top = patch_positions(h, ksizes[1], strides[1], rates[1], padding)
+    cols, left = patch_positions(w, ksizes[2], strides[2], rates[2], padding)
+    padded_h = max(max(rows) + 1, h + top)
+    padded_w = max(max(cols) + 1, w + left)
+    source: tf.Tensor | str = x
+    if (padded_h, padded_w) != (h, w):
+        source = m.add_kernel(f"{op.name}/pad", "pad", [x], {"paddings": [
+            top, padded_h - h - top, left, padded_w - w - left, 0, 0]}, [], [], None,
+            output_shape=(padded_h, padded_w, c), source_op=op).name
+    flat = m.add_kernel(f"{op.name}/pixels", "reshape", [source], {"shape": [padded_h * padded_w, c]},
+                        [], [], None, output_shape=(padded_h * padded_w, c), source_op=op)
+    kh, kw = ksizes[1], ksizes[2]
+    out_h, out_w = len(rows) // kh, len(cols) // kw
+    index = (np.asarray(rows).reshape(out_h, 1, kh, 1) * padded_w +
+             np.asarray(cols).reshape(1, out_w, 1, kw)).ravel()
+    taken = m.add_kernel(f"{op.name}/take", "take", [flat.name], {"axis": 0, "indices": [
+        int(i) for i in index]}, [], [], None, output_shape=(len(index), c), source_op=op)
+    m.add_kernel(op.name, "reshape", [taken.name], {"shape": list(static_shape(op.outputs[0])[1:])},
                  [], [op], op.outputs[0])
     return ""
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from coordinator.compiler.lowering_spatial import patch_positions
 from cs_api.attrs import from_attr
 from wafer.kernels import RunContext, build_kernel
 
@@ -106,3 +107,26 @@ def test_depth_to_space_and_space_to_depth_train_like_tensorflow(tmp_path, mixed
     for check in (cs_inprocess.evaluation_mismatch, cs_inprocess.prediction_mismatch):
         problem = check(bm.pixel_shuffle, bm.image_input_fn, params, str(tmp_path), result, rtol=rtol)
         assert not problem, problem
+
+
+def test_extract_patches_train_like_tensorflow(tmp_path):
+    """tf.image.extract_patches (ViT's patches) was refused ('no CS kernel'): pad, take, and
+    reshape of the sample; overlapping dilated SAME patches too."""
+    result = _trains_evaluates_and_predicts(bm.vit_patches, bm.image_input_fn, str(tmp_path))
+    assert [k.type for k in result.compiled.program.kernels].count("take") == 2
+
+
+@pytest.mark.parametrize("h, w, k, stride, rate, padding", [
+    (8, 7, 3, 2, 1, "SAME"), (9, 8, 3, 1, 2, "SAME"), (8, 8, 3, 3, 1, "SAME"), (7, 7, 2, 3, 2, "VALID")])
+def test_patch_positions_are_tensorflows(h, w, k, stride, rate, padding):
+    """The rows and columns the lowering takes, padded as it pads, are TF's patches."""
+    x = np.random.default_rng(0).normal(size=(2, h, w, 3)).astype(np.float32)
+    expected = tf.image.extract_patches(x, [1, k, k, 1], [1, stride, stride, 1], [1, rate, rate, 1],
+                                        padding).numpy()
+    (rows, top), (cols, left) = (patch_positions(n, k, stride, rate, padding) for n in (h, w))
+    padded = np.pad(x, [(0, 0), (top, max(max(rows) + 1, h + top) - h - top),
+                        (left, max(max(cols) + 1, w + left) - w - left), (0, 0)])
+    taken = padded[:, np.asarray(rows)][:, :, np.asarray(cols)]  # [2, oh·k, ow·k, 3]
+    oh, ow = len(rows) // k, len(cols) // k
+    patches = taken.reshape(2, oh, k, ow, k, 3).transpose(0, 1, 3, 2, 4, 5).reshape(expected.shape)
+    assert np.array_equal(patches, expected)
