@@ -76,3 +76,18 @@ def vit_patches(features, labels, mode, params):
     overlapping = tf.image.extract_patches(features, [1, 3, 3, 1], [1, 2, 2, 1], [1, 2, 2, 1], "SAME")
     h = tf.concat([L.Flatten()(tokens), L.Flatten()(L.Dense(2)(overlapping))], -1)
     return _spec(mode, L.Dense(3)(h), labels)
+
+
+def sequence_input_fn(params):
+    rng = np.random.default_rng(params.get("data_seed", 1))
+    x = rng.normal(size=(32, 12, 4)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, rng.integers(0, 3, 32).astype(np.int32))).batch(
+        8, drop_remainder=True)
+
+
+def grouped_conv1d(features, labels, mode, params):
+    """Grouped 1-D convolutions (Keras Conv1D(groups=), as in grouped temporal convnets):
+    strided with a ReLU, then causal with 4 groups (Keras pads, then a VALID one)."""
+    h = L.Conv1D(8, 3, strides=2, padding="same", groups=2, activation="relu")(features)
+    h = L.Conv1D(8, 2, padding="causal", groups=4, use_bias=False)(h)
+    return _spec(mode, L.Dense(3)(L.GlobalMaxPooling1D()(h)), labels)

@@ -130,3 +130,13 @@ def test_patch_positions_are_tensorflows(h, w, k, stride, rate, padding):
     oh, ow = len(rows) // k, len(cols) // k
     patches = taken.reshape(2, oh, k, ow, k, 3).transpose(0, 1, 3, 2, 4, 5).reshape(expected.shape)
     assert np.array_equal(patches, expected)
+
+
+def test_grouped_conv1d_trains_like_tensorflow(tmp_path):
+    """Keras Conv1D(groups=) was refused ('no CS kernel computes StatefulPartitionedCall':
+    Keras runs grouped convolutions as an XLA function): now a reshape, a grouped conv2d
+    kernel and a reshape, as Conv2D(groups=)."""
+    result = _trains_evaluates_and_predicts(bm.grouped_conv1d, bm.sequence_input_fn, str(tmp_path))
+    groups = [from_attr(k.attrs["groups"]) for k in result.compiled.program.kernels
+              if k.type == "conv2d"]
+    assert groups == [2, 4]
