@@ -91,3 +91,26 @@ def grouped_conv1d(features, labels, mode, params):
     h = L.Conv1D(8, 3, strides=2, padding="same", groups=2, activation="relu")(features)
     h = L.Conv1D(8, 2, padding="causal", groups=4, use_bias=False)(h)
     return _spec(mode, L.Dense(3)(L.GlobalMaxPooling1D()(h)), labels)
+
+
+def ids_input_fn(params):
+    """Token ids in [0, 20), 0 padding the end of some rows."""
+    rng = np.random.default_rng(params.get("data_seed", 2))
+    ids = rng.integers(1, 20, size=(32, 6))
+    ids[np.arange(6)[None, :] >= rng.integers(2, 7, 32)[:, None]] = 0
+    return tf.data.Dataset.from_tensor_slices((ids.astype(np.int32), (ids[:, 0] % 3).astype(np.int32))).batch(
+        8, drop_remainder=True)
+
+
+def category_encoding(features, labels, mode, params):
+    """A bag-of-words classifier on Keras CategoryEncoding: multi-hot and count encodings
+    of each row's ids (tf.math.bincount along the row, clamped to num_tokens);
+    params["unbounded"]: tf.math.bincount without a maxlength (its size is the batch's
+    largest id + 1)."""
+    if params.get("unbounded"):
+        counts = tf.math.bincount(features, axis=-1, dtype=tf.float32)
+        return _spec(mode, L.Dense(3)(tf.reshape(counts, [-1, 20])), labels)
+    multi_hot = L.CategoryEncoding(20, output_mode="multi_hot")(features)
+    counts = L.CategoryEncoding(20, output_mode="count")(features)
+    h = L.Dense(8, activation="relu")(tf.concat([multi_hot, counts], -1))
+    return _spec(mode, L.Dense(3)(h), labels)

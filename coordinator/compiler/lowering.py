@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler import (
+    bincount,
     fast_paths,
     feature_columns,
     in_batch,
@@ -799,7 +800,7 @@ def supported_table() -> str:
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
                **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
-               **step_values.KERNEL_ROWS}.items()]
+               **step_values.KERNEL_ROWS, **bincount.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "

@@ -140,3 +140,19 @@ def test_grouped_conv1d_trains_like_tensorflow(tmp_path):
     groups = [from_attr(k.attrs["groups"]) for k in result.compiled.program.kernels
               if k.type == "conv2d"]
     assert groups == [2, 4]
+
+
+def test_category_encoding_trains_like_tensorflow(tmp_path):
+    """Keras CategoryEncoding (multi_hot, count) was refused as combining samples: its
+    bincount's size reads the batch's largest id, but Keras clamps it to num_tokens; each
+    row's encoding is its own (a one_hot and a sum or max)."""
+    result = _trains_evaluates_and_predicts(bm.category_encoding, bm.ids_input_fn, str(tmp_path))
+    reductions = [from_attr(k.attrs["op"]) for k in result.compiled.program.kernels
+                  if k.type == "reduce"]
+    assert sorted(reductions) == ["max", "sum"]
+
+
+def test_a_bincount_sized_by_the_batch_is_refused_in_one_line(tmp_path):
+    message = cs_inprocess.refusal(bm.category_encoding, bm.ids_input_fn,
+                                   {**PARAMS, "unbounded": True}, str(tmp_path), bm.__file__)
+    assert "minlength = maxlength" in message, message
