@@ -114,3 +114,15 @@ def category_encoding(features, labels, mode, params):
     counts = L.CategoryEncoding(20, output_mode="count")(features)
     h = L.Dense(8, activation="relu")(tf.concat([multi_hot, counts], -1))
     return _spec(mode, L.Dense(3)(h), labels)
+
+
+def cifar10_tutorial(features, labels, mode, params):
+    """The TF1 CIFAR-10 tutorial's convnet, shrunk: conv, max pool, tf.nn.lrn (its
+    depth_radius 4, bias 1, alpha 0.001 / 9, beta 0.75), conv, tf.nn.lrn, max pool, dense."""
+    h = L.Conv2D(8, 3, padding="same", activation="relu")(features)
+    h = tf.nn.max_pool2d(h, 3, 2, "SAME")
+    h = tf.nn.lrn(h, 4, bias=1.0, alpha=0.001 / 9.0, beta=0.75)
+    h = L.Conv2D(8, 3, padding="same", activation="relu")(h)
+    h = tf.nn.local_response_normalization(h, depth_radius=2, bias=2.0, alpha=0.1, beta=0.5)
+    h = tf.nn.max_pool2d(h, 3, 2, "SAME")
+    return _spec(mode, L.Dense(3)(L.Flatten()(h)), labels)

@@ -33,6 +33,8 @@ KERNEL_ROWS = {
                                           "YOLO's reorg): reshape, transpose, reshape",
     "pad, reshape, take (patches)": "ExtractImagePatches (tf.image.extract_patches: ViT's "
                                     "patches; SAME/VALID, strides, rates)",
+    "lrn": "LRN (tf.nn.local_response_normalization / tf.nn.lrn over the channels: AlexNet, "
+           "the TF1 CIFAR-10 tutorial; float32)",
     "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest; float16 too), ResizeBilinear, "
                     "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
 }
@@ -294,6 +296,17 @@ def _extract_patches(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+def _lrn(m: Context, op: tf.Operation) -> str:
+    """LRN (tf.nn.local_response_normalization) over the channels of per-sample images."""
+    if not m.is_batched(op.inputs[0]):
+        return "local response normalization of per-sample images is supported"
+    m.add_kernel(op.name, "lrn", [op.inputs[0]], {
+        "depth_radius": int(op.get_attr("depth_radius")), "bias": float(op.get_attr("bias")),
+        "alpha": float(op.get_attr("alpha")), "beta": float(op.get_attr("beta"))},
+        [], [op], op.outputs[0])
+    return ""
+
+
 def _resize(m: Context, op: tf.Operation) -> str:
     size = m.operands.constant(op.inputs[1])
     if not m.is_batched(op.inputs[0]) or size is None or len(static_shape(op.inputs[0])) != 4:
@@ -375,5 +388,5 @@ generic("Tile")(_tile)  # float16 too: copies; the gradient's sum over copies in
 generic("SpaceToBatchND")(_space_to_batch)
 generic("Conv2DBackpropInput")(_conv_transpose)
 for op_types, rule in ((("ResizeBilinear", "ResizeNearestNeighbor"), _resize),
-                       (("Conv3D", "MaxPool3D", "AvgPool3D"), _volume)):
+                       (("Conv3D", "MaxPool3D", "AvgPool3D"), _volume), (("LRN",), _lrn)):
     generic(*op_types)(_float32_only(rule))

@@ -36,6 +36,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | in_batch_matmul | q (n,), d (n,) with transpose_b; p (B,), v (n,) without | transpose_b, batch_size B | — | a batch barrier: output (B,) (rows of q d^T) or (n,) (rows of p v) |
 | batch_transpose | x (B,) | batch_size B | — | any float32; a batch barrier: row j of the result is column j of the batch's [B, B] |
 | sample_constant | any value of the micro-batch (no gradient) | value (the batch first: B rows) | — | output value's dtype: the micro-batch's own rows |
+| lrn | x (..., C) | depth_radius, bias, alpha, beta | — | float32: TF's LRN and LRNGrad over the last axis |
 | dropout | x | rate, noise_shape (per sample, 1 where one decision is shared) | — | |
 | random | any value of the micro-batch (its size only; no gradient) | distribution: normal, truncated_normal (abs < 2), uniform ([0, 1)); shape [per sample] | — | any input; output float32, drawn in every mode |
 | schedule | any value of the micro-batch (its size only; no gradient) | program (one scalar program of wafer.schedules of the global step and constants, as JSON) | — | any input; output () float32: the program's value at the step computed (evaluation: the checkpoint's) |
@@ -76,6 +77,7 @@ from wafer.kernels import (  # noqa: F401
                              elementwise,
                              embedding,
                              in_batch,
+                             local_response,
                              losses,
                              matmul,
                              normalization,
