@@ -126,3 +126,9 @@ def cifar10_tutorial(features, labels, mode, params):
     h = tf.nn.local_response_normalization(h, depth_radius=2, bias=2.0, alpha=0.1, beta=0.5)
     h = tf.nn.max_pool2d(h, 3, 2, "SAME")
     return _spec(mode, L.Dense(3)(L.Flatten()(h)), labels)
+
+
+def rotation_augmented(features, labels, mode, params):
+    """Keras RandomRotation as the first layer (augmentation in the model)."""
+    h = L.RandomRotation(0.1)(features, training=mode == ModeKeys.TRAIN)
+    return _spec(mode, L.Dense(3)(L.Flatten()(h)), labels)

@@ -50,7 +50,16 @@ HALF_DEPTHWISE = ("DepthwiseConv2dNative in float16 (mixed precision) is carried
                   "dtype='float32'")
 REFUSED = {"Conv3DTranspose": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE}
 # What to use instead of ops no kernel computes, by op type (coordinator.compiler.refusals).
-INSTEAD = {"Conv3DBackpropInputV2": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE}
+INSTEAD = {"Conv3DBackpropInputV2": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE,
+           "ImageProjectiveTransformV3": (
+               "Keras RandomRotation, RandomTranslation, RandomZoom and RandomShear transform each "
+               "image by random values: augment in input_fn (dataset.map), as TF's input pipelines do"),
+           "ResizeBicubic": ("bicubic resizing has no CS kernel: resize with method='bilinear' or "
+                             "'nearest', or bicubically in input_fn"),
+           "ResizeArea": "area resizing has no CS kernel: resize with method='bilinear' or 'nearest'",
+           "LookupTableFindV2": ("a vocabulary lookup (Keras IntegerLookup, StringLookup, tf.lookup "
+                                 "tables) has no CS kernel: map the ids in input_fn and feed the "
+                                 "indices")}
 
 
 def _nhwc(op: tf.Operation) -> str:

@@ -183,3 +183,9 @@ def test_cifar10_tutorial_with_lrn_trains_like_tensorflow(tmp_path):
     """tf.nn.lrn was refused ('no CS kernel computes this op (LRN)')."""
     result = _trains_evaluates_and_predicts(bm.cifar10_tutorial, bm.image_input_fn, str(tmp_path))
     assert [k.type for k in result.compiled.program.kernels].count("lrn") == 2
+
+
+def test_random_rotation_is_refused_saying_to_augment_in_input_fn(tmp_path):
+    message = cs_inprocess.refusal(bm.rotation_augmented, bm.image_input_fn, PARAMS, str(tmp_path),
+                                   bm.__file__)
+    assert "RandomRotation at " in message and "augment in input_fn" in message
