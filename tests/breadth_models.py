@@ -132,3 +132,10 @@ def rotation_augmented(features, labels, mode, params):
     """Keras RandomRotation as the first layer (augmentation in the model)."""
     h = L.RandomRotation(0.1)(features, training=mode == ModeKeys.TRAIN)
     return _spec(mode, L.Dense(3)(L.Flatten()(h)), labels)
+
+
+def std_pooling(features, labels, mode, params):
+    """A frame-level Dense, then each feature's standard deviation over time (the std half
+    of x-vector statistics pooling): the Dense's bias shifts every frame alike."""
+    h = L.Dense(4, name="frames")(features)
+    return _spec(mode, L.Dense(3)(tf.math.reduce_std(h, axis=1)), labels)

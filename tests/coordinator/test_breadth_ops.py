@@ -189,3 +189,10 @@ def test_random_rotation_is_refused_saying_to_augment_in_input_fn(tmp_path):
     message = cs_inprocess.refusal(bm.rotation_augmented, bm.image_input_fn, PARAMS, str(tmp_path),
                                    bm.__file__)
     assert "RandomRotation at " in message and "augment in input_fn" in message
+
+
+def test_a_bias_under_a_standard_deviation_keeps_its_exact_zero_gradient(tmp_path):
+    """The sweep's tf.math.reduce_std model validated, then its Dense bias (gradient 0:
+    x − mean(x) cancels it) trained to rounding noise under Adam (CS 1e-4, TF -3e-4)."""
+    result = _trains_evaluates_and_predicts(bm.std_pooling, bm.sequence_input_fn, str(tmp_path))
+    assert cs_inprocess.zero_gradient_variables(result.compiled) == {"frames/bias"}

@@ -151,6 +151,9 @@ def _scores(kind: str):
     elif kind.startswith("masked"):  # Keras' masked softmax: tf.where(mask, scores, c)
         masked = tf.where(x[..., 0] > -0.5, tf.squeeze(score, -1), -1e9 if kind == "masked" else 0.0)
         logits = tf.reduce_sum(x * tf.nn.softmax(masked)[..., None], 1)
+    elif kind.startswith("std"):  # tf.math.reduce_std over T: x − mean(x) inside
+        scaled = score * x[..., :1] if kind == "std times an input" else score
+        logits = x[:, 0, :] * tf.math.reduce_std(scaled, axis=1)
     elif kind == "per class":  # a bias of [3]: a shift per logit, not one shared
         logits = score[:, 0]
     else:  # squeezed, scaled, cast; also "regularized"
@@ -164,11 +167,13 @@ def _scores(kind: str):
 @pytest.mark.parametrize("kind, zero", [("squeezed", True), ("softmax over axis 1", True),
                                         ("log_softmax logits", True), ("times an input", False),
                                         ("regularized", False), ("per class", False),
-                                        ("masked", True), ("masked by 0", False)])
+                                        ("masked", True), ("masked by 0", False),
+                                        ("std", True), ("std times an input", False)])
 def test_only_a_shift_every_path_hands_to_a_softmax_is_zeroed(kind, zero):
     """What the proof accepts has a float64 gradient of 0 (to 1e-12); what it leaves real
     (a factor that varies along the softmax's axis, a regularizer, a bias per class) has
-    one; masked entries (tf.where) hold -1e9, or 0, which the shift then moves against."""
+    one; masked entries (tf.where) hold -1e9, or 0, which the shift then moves against; a
+    standard deviation over T subtracts the mean the shift moves."""
     from coordinator.compiler.training.shift import zero_gradients
     with tf.Graph().as_default():
         loss, biases = _scores(kind)

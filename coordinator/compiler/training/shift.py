@@ -21,7 +21,9 @@ keeps d constant along an output letter along which both d and k are constant (o
 operand lacks): Keras MultiHeadAttention's key bias, constant along the key positions, the
 softmax's axis. A Select (tf.where) of it and a constant of at most -1e4 (Keras' masked
 softmax) feeding only softmaxes keeps d: the masked entries' probability underflows to 0
-(`_masked`). A path may also end in
+(`_masked`). A path also ends in x − mean(x, axes, keepdims) with d constant along the
+axes (tf.math.reduce_variance, reduce_std: `_centred`), where the shift cancels. A path may
+also end in
 a batch normalization in training (Keras' BatchNormalization, tf.nn.moments feeding
 tf.nn.batch_normalization, FusedBatchNormV3: the compiler's batch_norm_training kernels)
 of a tensor whose d is constant along every axis but the channels: the normalization
@@ -88,6 +90,8 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
                 if not set(range(tensor.shape.rank - 1)) <= constant:
                     return False
                 continue
+            if _centred(op, tensor, constant):  # x − mean(x): the shift cancels
+                continue
             indices = [i for i, t in enumerate(op.inputs) if t is tensor]
             if len(indices) != 1:
                 return False
@@ -100,6 +104,26 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
                 return False
             stack.append((op.outputs[0], out))
     return True
+
+
+def _centred(op: tf.Operation, tensor: tf.Tensor, constant: frozenset[int]) -> bool:
+    """Whether `op` is, or is the mean of, x − mean(x, axes, keepdims) for x = `tensor`
+    whose d is constant along the axes (tf.math.reduce_variance, reduce_std): the shift
+    cancels exactly. The mean must feed only such differences."""
+    if op.type == "Mean":
+        mean = op
+    elif op.type in ("Sub", "SquaredDifference") and op.inputs[0] is tensor:
+        mean = op.inputs[1].op
+    else:
+        return False
+    if mean.type != "Mean" or mean.inputs[0] is not tensor or not mean.get_attr("keep_dims") or \
+            tensor.shape.rank is None:
+        return False
+    axes = _static(mean.inputs[1])
+    if axes is None or not {int(a) % tensor.shape.rank for a in np.ravel(axes)} <= constant:
+        return False
+    return all(c.type in ("Sub", "SquaredDifference") and c.inputs[0] is tensor and
+               c.inputs[1] is mean.outputs[0] for c in mean.outputs[0].consumers())
 
 
 def _downstream(start: tf.Operation, upstream: set[tf.Operation]) -> set[tf.Operation]:
