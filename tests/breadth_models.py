@@ -87,10 +87,12 @@ def sequence_input_fn(params):
 
 def grouped_conv1d(features, labels, mode, params):
     """Grouped 1-D convolutions (Keras Conv1D(groups=), as in grouped temporal convnets):
-    strided with a ReLU, then causal with 4 groups (Keras pads, then a VALID one)."""
+    strided with a ReLU, then causal with 4 groups (Keras pads, then a VALID one); under
+    mixed_float16 if params["mixed"]."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16" if params.get("mixed") else "float32")
     h = L.Conv1D(8, 3, strides=2, padding="same", groups=2, activation="relu")(features)
     h = L.Conv1D(8, 2, padding="causal", groups=4, use_bias=False)(h)
-    return _spec(mode, L.Dense(3)(L.GlobalMaxPooling1D()(h)), labels)
+    return _spec(mode, L.Dense(3, dtype="float32")(L.GlobalMaxPooling1D()(h)), labels)
 
 
 def ids_input_fn(params):

@@ -214,12 +214,25 @@ def match_grouped_conv2d(m: Context, op: tf.Operation) -> bool:
             list(identity.input)[:1] != [f"{conv.name}:output:0"] or \
             returns[0] != f"{identity.name}:output:0" or \
             not set(returns[1:]) <= {args[1], f"{read.name}:value:0"} or \
-            not m.is_batched(op.inputs[1]) or op.inputs[1].dtype != tf.float32:
+            not m.is_batched(op.inputs[1]):
         return False
     weight = m.operands.weight(op.inputs[0])
-    if weight is None or weight.dtype != "float32":
+    if weight is None or op.inputs[1].dtype != tf.float32:
         return False
     return _conv2d(m, op, conv, op.inputs[1], weight)
+
+
+@fast_path
+def match_half_grouped_conv(m: Context, op: tf.Operation) -> bool:
+    """Keras Conv1D/Conv2D(groups=) in float16 (its XLA function of one Conv2D computing
+    float16): refused in one line."""
+    found = _xla_function(op)
+    if found is None or op.outputs[0].dtype != tf.float16 or \
+            [n.op for n in found[0].values()].count("Conv2D") != 1:
+        return False
+    m.reject(op, "a grouped convolution (groups > 1) in float16 (mixed precision) is not proven "
+                 "against TF's float16 kernel on the CS: give this layer dtype='float32'")
+    return True
 
 
 @fast_path
@@ -248,12 +261,12 @@ def match_grouped_conv1d(m: Context, op: tf.Operation) -> bool:
             list(identity.input)[:1] != [f"{squeeze.name}:output:0"] or \
             returns[0] != f"{identity.name}:output:0" or \
             not set(returns[1:]) <= {f"{e.name}:output:0" for e in expanded} or \
-            not m.is_batched(op.inputs[0]) or op.inputs[0].dtype != tf.float32:
+            not m.is_batched(op.inputs[0]):
         return False
     weight = m.operands.weight(op.inputs[1])
     x_shape, out_shape = static_shape(op.inputs[0]), static_shape(op.outputs[0])
-    if weight is None or weight.dtype != "float32" or len(weight.shape) != 3 or \
-            len(x_shape) != 3 or len(out_shape) != 3:
+    if weight is None or len(weight.shape) != 3 or len(x_shape) != 3 or len(out_shape) != 3 or \
+            op.inputs[0].dtype != tf.float32:
         return False
     weight = replace(weight, shape=(1, *weight.shape))
     attrs = _conv2d_attrs(m, op, conv, x_shape[-1], weight)

@@ -142,6 +142,12 @@ def test_grouped_conv1d_trains_like_tensorflow(tmp_path):
     assert groups == [2, 4]
 
 
+def test_a_grouped_convolution_in_float16_is_refused_in_one_line(tmp_path):
+    message = cs_inprocess.refusal(bm.grouped_conv1d, bm.sequence_input_fn, {**PARAMS, "mixed": True},
+                                   str(tmp_path), bm.__file__)
+    assert "grouped convolution (groups > 1) in float16" in message and "dtype='float32'" in message
+
+
 def test_category_encoding_trains_like_tensorflow(tmp_path):
     """Keras CategoryEncoding (multi_hot, count) was refused as combining samples: its
     bincount's size reads the batch's largest id, but Keras clamps it to num_tokens; each
