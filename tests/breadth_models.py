@@ -141,3 +141,13 @@ def std_pooling(features, labels, mode, params):
     of x-vector statistics pooling): the Dense's bias shifts every frame alike."""
     h = L.Dense(4, name="frames")(features)
     return _spec(mode, L.Dense(3)(tf.math.reduce_std(h, axis=1)), labels)
+
+
+def stick_breaking(features, labels, mode, params):
+    """Stick-breaking weights over time (v · exclusive cumprod of 1 − v, as in a stick-breaking
+    attention or a survival model's hazards), pooling the frames."""
+    v = tf.sigmoid(L.Dense(1)(features))[..., 0]  # [B, T]
+    weights = v * tf.math.cumprod(1.0 - v, axis=1, exclusive=True)
+    survival = tf.math.cumprod(1.0 - v, axis=1, reverse=True)
+    pooled = tf.reduce_sum(features * weights[..., None], 1)
+    return _spec(mode, L.Dense(3)(tf.concat([pooled, survival], -1)), labels)

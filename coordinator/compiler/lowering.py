@@ -297,14 +297,17 @@ def _cast(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-@generic("Cumsum")
+@generic("Cumsum", "Cumprod")
 def _cumsum(m: Context, op: tf.Operation) -> str:
     axis = m.operands.constant(op.inputs[1])
     rank = len(static_shape(op.inputs[0]))
+    kind = op.type.lower()
     if not m.is_batched(op.inputs[0]) or axis is None or int(axis) % rank == 0:
-        return ("cumsum of a per-sample value along one of its own axes (not the batch axis) "
+        return (f"{kind} of a per-sample value along one of its own axes (not the batch axis) "
                 "with a constant axis is supported")
-    m.add_kernel(op.name, "cumsum", [op.inputs[0]], {
+    if kind == "cumprod" and op.outputs[0].dtype != tf.float32:
+        return "cumprod computes in float32 on the CS (float16: not proven; tf.cast the input)"
+    m.add_kernel(op.name, kind, [op.inputs[0]], {
         "axis": int(axis) % rank - 1, "exclusive": bool(op.get_attr("exclusive")),
         "reverse": bool(op.get_attr("reverse"))}, [], [op], op.outputs[0])
     return ""

@@ -202,3 +202,28 @@ def test_a_bias_under_a_standard_deviation_keeps_its_exact_zero_gradient(tmp_pat
     x − mean(x) cancels it) trained to rounding noise under Adam (CS 1e-4, TF -3e-4)."""
     result = _trains_evaluates_and_predicts(bm.std_pooling, bm.sequence_input_fn, str(tmp_path))
     assert cs_inprocess.zero_gradient_variables(result.compiled) == {"frames/bias"}
+
+
+@pytest.mark.parametrize("exclusive, reverse", [(False, False), (True, False), (False, True),
+                                                (True, True)])
+def test_cumprod_kernel_computes_tensorflows_cumprod_and_gradient(exclusive, reverse):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 1.5, size=(4, 6, 3)).astype(np.float32)
+    dy = rng.normal(size=x.shape).astype(np.float32)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = tf.math.cumprod(xt, axis=1, exclusive=exclusive, reverse=reverse)
+    dx = tape.gradient(y, xt, output_gradients=tf.constant(dy)).numpy()
+    kernel = build_kernel("cumprod", "c", {"axis": 0, "exclusive": exclusive, "reverse": reverse},
+                          [(6, 3)])
+    out, cache = kernel.forward({}, [x], RunContext(True, 4))
+    (grad,), _ = kernel.backward({}, cache, dy, RunContext(True, 4))
+    np.testing.assert_array_equal(out, y.numpy())
+    np.testing.assert_allclose(grad, dx, rtol=1e-6, atol=1e-6 * np.abs(dx).max())
+
+
+def test_stick_breaking_cumprod_trains_like_tensorflow(tmp_path):
+    """tf.math.cumprod was refused ('no CS kernel computes this op (Cumprod)')."""
+    result = _trains_evaluates_and_predicts(bm.stick_breaking, bm.sequence_input_fn, str(tmp_path))
+    assert [k.type for k in result.compiled.program.kernels].count("cumprod") == 2

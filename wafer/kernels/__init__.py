@@ -21,6 +21,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | cast | x | dtype: float32, int32, int64, bool | — | x float32, int32, int64 or bool; output attr dtype |
 | stop_gradient | x | — | — | any, passed through |
 | one_hot | indices (...) | depth, on_value, off_value (axis -1) | — | indices int32/int64; output (..., depth) |
+| cumprod | x | axis (per-sample), exclusive, reverse | — | float32: TF's Cumprod and _CumprodGrad |
 | reduce | x | op: sum, mean, max, min; axes [per-sample axes]; keepdims | — | float32; sum, max, min also int32/int64 |
 | softmax | x | axis (per-sample, -1 = last), log (bool: log_softmax) | — | |
 | matmul | the `i` operands | operands: ii, ip, pi, ic, ci; transpose_a, transpose_b (BatchMatMulV2; activations per-sample rank >= 2, or rank 1 as the rows of operand 0 against a rank-2 weight/constant) | p<k>: attr p<k> | |
