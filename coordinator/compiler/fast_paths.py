@@ -10,6 +10,7 @@ tf.nn.batch_normalization, carried out as a batch barrier.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,8 @@ FUSABLE_ACTIVATIONS = {"Relu": "relu", "Relu6": "relu6", "Elu": "elu", "Selu": "
 KERNEL_ROWS = {
     "dense": "MatMul / BatchMatMulV2 / Keras Tensordot with a weight [+ BiasAdd] [+ activation]",
     "conv2d": "Conv2D (NHWC, SAME/VALID, strides; grouped: Keras Conv2D(groups=)'s XLA function "
-              "of one Conv2D) [+ BiasAdd] [+ activation]",
+              "of one Conv2D, Conv1D(groups=)'s of ExpandDims, Conv2D, Squeeze) [+ BiasAdd] "
+              "[+ activation]",
     "max_pool, avg_pool": "MaxPool, AvgPool (NHWC, over height and width)",
     "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape)",
     "batch_norm_inference": "BatchNormalization with training=False, FusedBatchNormV3 (inference)",
@@ -142,32 +144,55 @@ def _conv2d(m: Context, op: tf.Operation, conv: Any, x: tf.Tensor, weight: Any) 
     """A conv2d kernel for `op` computing the Conv2D node `conv` (op's own NodeDef, or the
     one in the function op calls) of x and weight [+ bias] [+ activation]; grouped when
     the weight has fewer input channels than x (TF's grouped convolution)."""
+    attrs = _conv2d_attrs(m, op, conv, static_shape(x)[-1], weight)
+    if attrs is None:
+        return True
+    params = [ParamRef("kernel", weight.variable, weight.shape,
+                       variable_shape=weight.variable_shape, view=weight.view)]
+    ops = [op]
+    out, attrs["activation"] = _bias_and_activation(m, op.outputs[0], attrs["filters"], ops, params)
+    attrs["use_bias"] = len(params) == 2
+    m.add_kernel(m.scope(op, weight.variable), "conv2d", [x], attrs, params, ops, out)
+    return True
+
+
+def _conv2d_attrs(m: Context, op: tf.Operation, conv: Any, channels: int,
+                  weight: Any) -> dict[str, Any] | None:
+    """The conv2d kernel's attrs (bias and activation aside) for the Conv2D node `conv` of
+    `channels` input channels, or None (op rejected: m.reject)."""
     attr = conv.attr
     padding = attr["padding"].s.decode()
     strides = list(attr["strides"].list.i)
     if attr["data_format"].s.decode() != "NHWC" or padding not in ("SAME", "VALID"):
         m.reject(op, "conv2d needs NHWC data and SAME or VALID padding")
-        return True
+        return None
     if list(attr["dilations"].list.i) != [1, 1, 1, 1] or strides[0] != 1 or strides[3] != 1:
         m.reject(op, "dilated convolutions are not supported")
-        return True
+        return None
     kh, kw, part, filters = weight.shape
-    channels = static_shape(x)[-1]
     if channels % part or filters % (channels // part):
         m.reject(op, f"a grouped conv2d of {channels} channels with a kernel of {part} input "
                      f"channels and {filters} filters")
-        return True
-    params = [ParamRef("kernel", weight.variable, weight.shape,
-                       variable_shape=weight.variable_shape, view=weight.view)]
-    ops = [op]
-    out, activation = _bias_and_activation(m, op.outputs[0], filters, ops, params)
+        return None
     attrs = {"filters": int(filters), "kernel_size": [int(kh), int(kw)],
-             "strides": [int(strides[1]), int(strides[2])], "padding": padding,
-             "use_bias": len(params) == 2, "activation": activation}
+             "strides": [int(strides[1]), int(strides[2])], "padding": padding}
     if channels != part:
         attrs["groups"] = channels // part
-    m.add_kernel(m.scope(op, weight.variable), "conv2d", [x], attrs, params, ops, out)
-    return True
+    return attrs
+
+
+def _xla_function(op: tf.Operation) -> tuple[dict[str, Any], list[str], list[str]] | None:
+    """(nodes by name, argument names, returned tensors) of the function a
+    StatefulPartitionedCall of two inputs calls (Keras' XLA grouped convolutions)."""
+    if op.type != "StatefulPartitionedCall" or len(op.inputs) != 2:
+        return None
+    function = op.graph._get_function(op.get_attr("f").name)
+    definition = getattr(function, "definition", None)
+    if definition is None:
+        return None
+    return ({n.name: n for n in definition.node_def},
+            [a.name for a in definition.signature.input_arg],
+            [definition.ret[a.name] for a in definition.signature.output_arg])
 
 
 @fast_path
@@ -175,31 +200,88 @@ def match_grouped_conv2d(m: Context, op: tf.Operation) -> bool:
     """Keras Conv2D(groups=): a call of an XLA-compiled function holding one Conv2D of its
     arguments (a variable's read as the filter), which TF's CPU runs as a grouped
     convolution."""
-    if op.type != "StatefulPartitionedCall" or len(op.inputs) != 2:
+    found = _xla_function(op)
+    if found is None:
         return False
-    function = op.graph._get_function(op.get_attr("f").name)
-    definition = getattr(function, "definition", None)
-    if definition is None:
-        return False
-    nodes = {n.name: n for n in definition.node_def}
+    nodes, args, returns = found
     convs = [n for n in nodes.values() if n.op == "Conv2D"]
     if len(convs) != 1 or sorted(n.op for n in nodes.values()) != ["Conv2D", "Identity", "NoOp", "ReadVariableOp"]:
         return False
-    args = [a.name for a in definition.signature.input_arg]
     conv, read = convs[0], next(n for n in nodes.values() if n.op == "ReadVariableOp")
     identity = next(n for n in nodes.values() if n.op == "Identity")
     # outputs after the first: the forward's values kept for the gradient's call
-    returns = [definition.ret[a.name] for a in definition.signature.output_arg]
     if list(conv.input) != [args[1], f"{read.name}:value:0"] or list(read.input) != [args[0]] or \
             list(identity.input)[:1] != [f"{conv.name}:output:0"] or \
             returns[0] != f"{identity.name}:output:0" or \
             not set(returns[1:]) <= {args[1], f"{read.name}:value:0"} or \
-            not m.is_batched(op.inputs[1]) or op.inputs[1].dtype != tf.float32:
+            not m.is_batched(op.inputs[1]):
         return False
     weight = m.operands.weight(op.inputs[0])
-    if weight is None or weight.dtype != "float32":
+    if weight is None or op.inputs[1].dtype != tf.float32:
         return False
     return _conv2d(m, op, conv, op.inputs[1], weight)
+
+
+@fast_path
+def match_half_grouped_conv(m: Context, op: tf.Operation) -> bool:
+    """Keras Conv1D/Conv2D(groups=) in float16 (its XLA function of one Conv2D computing
+    float16): refused in one line."""
+    found = _xla_function(op)
+    if found is None or op.outputs[0].dtype != tf.float16 or \
+            [n.op for n in found[0].values()].count("Conv2D") != 1:
+        return False
+    m.reject(op, "a grouped convolution (groups > 1) in float16 (mixed precision) is not proven "
+                 "against TF's float16 kernel on the CS: give this layer dtype='float32'")
+    return True
+
+
+@fast_path
+def match_grouped_conv1d(m: Context, op: tf.Operation) -> bool:
+    """Keras Conv1D(groups=): the XLA function of tf.nn.conv1d (the samples [W, C] and the
+    filter [k, C/g, F] expanded to a height of 1, one Conv2D, the height squeezed): a
+    reshape to [1, W, C], a grouped conv2d kernel, a reshape to [W', F]."""
+    found = _xla_function(op)
+    if found is None:
+        return False
+    nodes, args, returns = found
+    kinds = sorted(n.op for n in nodes.values())
+    if kinds != ["Const", "Const", "Conv2D", "ExpandDims", "ExpandDims", "Identity", "NoOp",
+                 "ReadVariableOp", "Squeeze"]:
+        return False
+    conv = next(n for n in nodes.values() if n.op == "Conv2D")
+    read = next(n for n in nodes.values() if n.op == "ReadVariableOp")
+    squeeze = next(n for n in nodes.values() if n.op == "Squeeze")
+    identity = next(n for n in nodes.values() if n.op == "Identity")
+    expanded = [nodes[name.split(":")[0]] for name in conv.input]  # returned for the gradient
+    if [e.op for e in expanded] != ["ExpandDims", "ExpandDims"] or \
+            expanded[0].input[0] != args[0] or \
+            expanded[1].input[0] != f"{read.name}:value:0" or list(read.input) != [args[1]] or \
+            list(squeeze.input) != [f"{conv.name}:output:0"] or \
+            list(squeeze.attr["squeeze_dims"].list.i) not in ([1], [-3]) or \
+            list(identity.input)[:1] != [f"{squeeze.name}:output:0"] or \
+            returns[0] != f"{identity.name}:output:0" or \
+            not set(returns[1:]) <= {f"{e.name}:output:0" for e in expanded} or \
+            not m.is_batched(op.inputs[0]):
+        return False
+    weight = m.operands.weight(op.inputs[1])
+    x_shape, out_shape = static_shape(op.inputs[0]), static_shape(op.outputs[0])
+    if weight is None or len(weight.shape) != 3 or len(x_shape) != 3 or len(out_shape) != 3 or \
+            op.inputs[0].dtype != tf.float32:
+        return False
+    weight = replace(weight, shape=(1, *weight.shape))
+    attrs = _conv2d_attrs(m, op, conv, x_shape[-1], weight)
+    if attrs is None:
+        return True
+    rows = m.add_kernel(f"{op.name}/expand", "reshape", [op.inputs[0]], {"shape": [1, *x_shape[1:]]},
+                        [], [], None, output_shape=(1, *x_shape[1:]), source_op=op)
+    conv_kernel = m.add_kernel(
+        m.scope(op, weight.variable), "conv2d", [rows.name],
+        {**attrs, "use_bias": False, "activation": "linear"},
+        [ParamRef("kernel", weight.variable, weight.shape, variable_shape=weight.variable_shape,
+                  view=weight.view)], [], None, output_shape=(1, *out_shape[1:]), source_op=op)
+    m.add_kernel(op.name, "reshape", [conv_kernel.name], {"shape": list(out_shape[1:])}, [], [op],
+                 op.outputs[0])
+    return True
 
 
 @fast_path

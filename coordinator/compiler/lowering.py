@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler import (
+    bincount,
     fast_paths,
     feature_columns,
     in_batch,
@@ -290,14 +291,17 @@ def _cast(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-@generic("Cumsum")
+@generic("Cumsum", "Cumprod")
 def _cumsum(m: Context, op: tf.Operation) -> str:
     axis = m.operands.constant(op.inputs[1])
     rank = len(static_shape(op.inputs[0]))
+    kind = op.type.lower()
     if not m.is_batched(op.inputs[0]) or axis is None or int(axis) % rank == 0:
-        return ("cumsum of a per-sample value along one of its own axes (not the batch axis) "
+        return (f"{kind} of a per-sample value along one of its own axes (not the batch axis) "
                 "with a constant axis is supported")
-    m.add_kernel(op.name, "cumsum", [op.inputs[0]], {
+    if kind == "cumprod" and op.outputs[0].dtype != tf.float32:
+        return "cumprod computes in float32 on the CS (float16: not proven; tf.cast the input)"
+    m.add_kernel(op.name, kind, [op.inputs[0]], {
         "axis": int(axis) % rank - 1, "exclusive": bool(op.get_attr("exclusive")),
         "reverse": bool(op.get_attr("reverse"))}, [], [op], op.outputs[0])
     return ""
@@ -814,7 +818,7 @@ def supported_table() -> str:
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
                **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
-               **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS}.items()]
+               **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS, **bincount.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "

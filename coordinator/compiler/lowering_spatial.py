@@ -19,15 +19,23 @@ from coordinator.compiler.rules import Context, GenericRule, generic
 # The README's rows: kernel -> the TF ops and Keras layers it computes.
 KERNEL_ROWS = {
     "conv2d_transpose": "Conv2DBackpropInput (Keras Conv2DTranspose, Conv1DTranspose: NHWC, "
-                        "SAME/VALID, strides, output_padding)",
+                        "SAME/VALID, strides, output_padding; float16 too)",
     "depthwise_conv2d, conv2d (dilated)": "DepthwiseConv2dNative (Keras DepthwiseConv2D, "
                                           "SeparableConv2D, their 1-D forms: depth multiplier, "
                                           "strides), dilation_rate (SpaceToBatchND -> Conv2D or "
                                           "DepthwiseConv2dNative -> BatchToSpaceND; Keras Conv1D's "
-                                          "with ExpandDims and Squeeze around the Conv2D)",
+                                          "with ExpandDims and Squeeze around the Conv2D; "
+                                          "float16 too)",
     "conv3d, max_pool3d, avg_pool3d": "Conv3D, MaxPool3D, AvgPool3D (NDHWC, SAME/VALID, strides: "
                                       "Keras Conv3D, MaxPooling3D, AveragePooling3D)",
-    "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest), ResizeBilinear, "
+    "reshape, transpose (pixel shuffle)": "DepthToSpace, SpaceToDepth (tf.nn.depth_to_space, "
+                                          "space_to_depth: NHWC; ESPCN's sub-pixel upsampling, "
+                                          "YOLO's reorg): reshape, transpose, reshape",
+    "pad, reshape, take (patches)": "ExtractImagePatches (tf.image.extract_patches: ViT's "
+                                    "patches; SAME/VALID, strides, rates)",
+    "lrn": "LRN (tf.nn.local_response_normalization / tf.nn.lrn over the channels: AlexNet, "
+           "the TF1 CIFAR-10 tutorial; float32)",
+    "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest; float16 too), ResizeBilinear, "
                     "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
 }
 
@@ -37,9 +45,21 @@ CROP_AND_RESIZE = ("tf.image.crop_and_resize (CropAndResize) has no CS kernel: i
                    "boxes, each reading the image its box index names at positions computed "
                    "from values, not samples: crop in input_fn, or resize a constant slice "
                    "(tf.image.resize(x[:, a:b, c:d], size))")
+HALF_DEPTHWISE = ("DepthwiseConv2dNative in float16 (mixed precision) is carried out for "
+                  "depth_multiplier 1 without dilation, SAME or VALID padding: give this layer "
+                  "dtype='float32'")
 REFUSED = {"Conv3DTranspose": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE}
 # What to use instead of ops no kernel computes, by op type (coordinator.compiler.refusals).
-INSTEAD = {"Conv3DBackpropInputV2": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE}
+INSTEAD = {"Conv3DBackpropInputV2": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE,
+           "ImageProjectiveTransformV3": (
+               "Keras RandomRotation, RandomTranslation, RandomZoom and RandomShear transform each "
+               "image by random values: augment in input_fn (dataset.map), as TF's input pipelines do"),
+           "ResizeBicubic": ("bicubic resizing has no CS kernel: resize with method='bilinear' or "
+                             "'nearest', or bicubically in input_fn"),
+           "ResizeArea": "area resizing has no CS kernel: resize with method='bilinear' or 'nearest'",
+           "LookupTableFindV2": ("a vocabulary lookup (Keras IntegerLookup, StringLookup, tf.lookup "
+                                 "tables) has no CS kernel: map the ids in input_fn and feed the "
+                                 "indices")}
 
 
 def _nhwc(op: tf.Operation) -> str:
@@ -155,6 +175,8 @@ def _space_to_batch(m: Context, op: tf.Operation) -> str:
     if chain is None:
         return why
     conv, back = chain[-3 if one_d else -2], chain[-1]
+    if conv.type == "DepthwiseConv2dNative" and conv.outputs[0].dtype.base_dtype == tf.float16:
+        return HALF_DEPTHWISE  # Eigen's float16 depthwise kernel, reproduced without dilation
     back_block, crops = (m.operands.constant(t) for t in back.inputs[1:3])
     if back_block is None or crops is None or not np.array_equal(back_block, block):
         return why
@@ -209,6 +231,88 @@ def _tile(m: Context, op: tf.Operation) -> str:
         return "tiles the batch axis (copies of samples): tile within each sample"
     m.add_kernel(op.name, "tile", [op.inputs[0]], {"multiples": [int(k) for k in multiples[1:]]},
                  [], [op], op.outputs[0])
+    return ""
+
+
+@generic("DepthToSpace", "SpaceToDepth")
+def _pixel_shuffle(m: Context, op: tf.Operation) -> str:
+    """[H, W, b·b·C] <-> [H·b, W·b, C] of each sample as reshape, transpose, reshape: the
+    depth holds (row offset, column offset, channel) in that order (TF's NHWC layout). A
+    rearrangement: its gradient, the inverse one, is TF's (SpaceToDepth of the gradient,
+    and back), in float16 too."""
+    x, block = op.inputs[0], int(op.get_attr("block_size"))
+    if not m.is_batched(x) or op.get_attr("data_format") != b"NHWC" or len(static_shape(x)) != 4:
+        return f"{op.type} of per-sample NHWC images is supported"
+    if op.type == "DepthToSpace":
+        h, w, depth = static_shape(x)[1:]
+        split, moved = (h, w, block, block, depth // (block * block)), (h, block, w, block, depth // (block * block))
+    else:
+        h, w, depth = static_shape(op.outputs[0])[1:]
+        split, moved = (h, block, w, block, depth // (block * block)), (h, w, block, block, depth // (block * block))
+    first = m.add_kernel(f"{op.name}/split", "reshape", [x], {"shape": list(split)}, [], [], None,
+                         output_shape=split, source_op=op)
+    swapped = m.add_kernel(f"{op.name}/transpose", "transpose", [first.name],
+                           {"perm": [0, 2, 1, 3, 4]}, [], [], None, output_shape=moved, source_op=op)
+    m.add_kernel(op.name, "reshape", [swapped.name], {"shape": list(static_shape(op.outputs[0])[1:])},
+                 [], [op], op.outputs[0])
+    return ""
+
+
+def patch_positions(size: int, kernel: int, stride: int, rate: int, padding: str) -> tuple[list[int], int]:
+    """ExtractImagePatches along one axis: each (output, tap)'s row of the padded axis, in
+    output-major order, and the padding before (TF's GetWindowedOutputSize)."""
+    span = (kernel - 1) * rate + 1
+    if padding == "VALID":
+        out, before = (size - span) // stride + 1, 0
+    else:
+        out = -(-size // stride)
+        before = max((out - 1) * stride + span - size, 0) // 2
+    return [o * stride + t * rate for o in range(out) for t in range(kernel)], before
+
+
+@generic("ExtractImagePatches")
+def _extract_patches(m: Context, op: tf.Operation) -> str:
+    """tf.image.extract_patches of per-sample images (ViT's patches): the image padded (SAME),
+    flattened to [H·W, C], each patch's pixels taken in TF's order (row tap, column tap,
+    channel) and reshaped to [out rows, out columns, kh·kw·C]; the gradient is take's, the
+    sum of each pixel's copies (TF's _ExtractImagePatchesGrad sums them likewise)."""
+    x = op.inputs[0]
+    ksizes, strides, rates = (list(op.get_attr(a)) for a in ("ksizes", "strides", "rates"))
+    padding = op.get_attr("padding").decode()
+    if not m.is_batched(x) or len(static_shape(x)) != 4 or padding not in ("SAME", "VALID") or \
+            ksizes[0] != 1 or ksizes[3] != 1 or strides[0] != 1 or strides[3] != 1:
+        return "ExtractImagePatches of per-sample images over rows and columns is supported"
+    h, w, c = static_shape(x)[1:]
+    rows, top = patch_positions(h, ksizes[1], strides[1], rates[1], padding)
+    cols, left = patch_positions(w, ksizes[2], strides[2], rates[2], padding)
+    padded_h = max(max(rows) + 1, h + top)
+    padded_w = max(max(cols) + 1, w + left)
+    source: tf.Tensor | str = x
+    if (padded_h, padded_w) != (h, w):
+        source = m.add_kernel(f"{op.name}/pad", "pad", [x], {"paddings": [
+            top, padded_h - h - top, left, padded_w - w - left, 0, 0]}, [], [], None,
+            output_shape=(padded_h, padded_w, c), source_op=op).name
+    flat = m.add_kernel(f"{op.name}/pixels", "reshape", [source], {"shape": [padded_h * padded_w, c]},
+                        [], [], None, output_shape=(padded_h * padded_w, c), source_op=op)
+    kh, kw = ksizes[1], ksizes[2]
+    out_h, out_w = len(rows) // kh, len(cols) // kw
+    index = (np.asarray(rows).reshape(out_h, 1, kh, 1) * padded_w +
+             np.asarray(cols).reshape(1, out_w, 1, kw)).ravel()
+    taken = m.add_kernel(f"{op.name}/take", "take", [flat.name], {"axis": 0, "indices": [
+        int(i) for i in index]}, [], [], None, output_shape=(len(index), c), source_op=op)
+    m.add_kernel(op.name, "reshape", [taken.name], {"shape": list(static_shape(op.outputs[0])[1:])},
+                 [], [op], op.outputs[0])
+    return ""
+
+
+def _lrn(m: Context, op: tf.Operation) -> str:
+    """LRN (tf.nn.local_response_normalization) over the channels of per-sample images."""
+    if not m.is_batched(op.inputs[0]):
+        return "local response normalization of per-sample images is supported"
+    m.add_kernel(op.name, "lrn", [op.inputs[0]], {
+        "depth_radius": int(op.get_attr("depth_radius")), "bias": float(op.get_attr("bias")),
+        "alpha": float(op.get_attr("alpha")), "beta": float(op.get_attr("beta"))},
+        [], [op], op.outputs[0])
     return ""
 
 
@@ -283,14 +387,15 @@ def _depthwise_in_half(m: Context, op: tf.Operation) -> str:
     if op.outputs[0].dtype.base_dtype == tf.float16 and (
             int(static_shape(op.inputs[1])[3]) != 1 or list(op.get_attr("dilations")) != [1] * 4
             or op.get_attr("padding") not in (b"SAME", b"VALID")):
-        return ("DepthwiseConv2dNative in float16 (mixed precision) is carried out for "
-                "depth_multiplier 1 without dilation, SAME or VALID padding: give this layer "
-                "dtype='float32'")
+        return HALF_DEPTHWISE
     return _depthwise(m, op)
 
 
 generic("DepthwiseConv2dNative")(_depthwise_in_half)
-for op_types, rule in (("Conv2DBackpropInput", _conv_transpose), ("SpaceToBatchND", _space_to_batch), ("Tile", _tile),
-                       (("ResizeBilinear", "ResizeNearestNeighbor"), _resize),
-                       (("Conv3D", "MaxPool3D", "AvgPool3D"), _volume)):
-    generic(*([op_types] if isinstance(op_types, str) else op_types))(_float32_only(rule))
+generic("Tile")(_tile)  # float16 too: copies; the gradient's sum over copies in float32
+# float16 too: float32 sums rounded once (docs/design.md, "Mixed precision")
+generic("SpaceToBatchND")(_space_to_batch)
+generic("Conv2DBackpropInput")(_conv_transpose)
+for op_types, rule in ((("ResizeBilinear", "ResizeNearestNeighbor"), _resize),
+                       (("Conv3D", "MaxPool3D", "AvgPool3D"), _volume), (("LRN",), _lrn)):
+    generic(*op_types)(_float32_only(rule))

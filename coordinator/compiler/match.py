@@ -22,6 +22,7 @@ from common.errors import CSRunError
 from coordinator.compiler import (
     batch_broadcast,
     batch_tail,
+    bincount,
     fast_paths,
     in_batch,
     loss_tail,
@@ -345,7 +346,8 @@ class Matcher:
                 continue
             if op.type in lowering.BINARY or op.type in in_batch.PAIRING:
                 in_batch.sample_constants(self, op)
-            if fast_paths.match_batch_norm_training(self, op) or self._enters_tail(op):
+            if fast_paths.match_batch_norm_training(self, op) or bincount.match_bincount(self, op) \
+                    or self._enters_tail(op):
                 continue
             if self.match_alias(op) or in_batch.row(self, op) or \
                     any(rule(self, op) for rule in FAST_PATHS):

@@ -148,6 +148,12 @@ def _scores(kind: str):
         logits = tf.reduce_sum(x * alpha[..., None], 1)
     elif kind == "log_softmax logits":
         logits = tf.nn.log_softmax(tf.reshape(score, [4, 6]) - 1.0)[:, :3]
+    elif kind.startswith("masked"):  # Keras' masked softmax: tf.where(mask, scores, c)
+        masked = tf.where(x[..., 0] > -0.5, tf.squeeze(score, -1), -1e9 if kind == "masked" else 0.0)
+        logits = tf.reduce_sum(x * tf.nn.softmax(masked)[..., None], 1)
+    elif kind.startswith("std"):  # tf.math.reduce_std over T: x − mean(x) inside
+        scaled = score * x[..., :1] if kind == "std times an input" else score
+        logits = x[:, 0, :] * tf.math.reduce_std(scaled, axis=1)
     elif kind == "per class":  # a bias of [3]: a shift per logit, not one shared
         logits = score[:, 0]
     else:  # squeezed, scaled, cast; also "regularized"
@@ -160,11 +166,14 @@ def _scores(kind: str):
 
 @pytest.mark.parametrize("kind, zero", [("squeezed", True), ("softmax over axis 1", True),
                                         ("log_softmax logits", True), ("times an input", False),
-                                        ("regularized", False), ("per class", False)])
+                                        ("regularized", False), ("per class", False),
+                                        ("masked", True), ("masked by 0", False),
+                                        ("std", True), ("std times an input", False)])
 def test_only_a_shift_every_path_hands_to_a_softmax_is_zeroed(kind, zero):
     """What the proof accepts has a float64 gradient of 0 (to 1e-12); what it leaves real
     (a factor that varies along the softmax's axis, a regularizer, a bias per class) has
-    one."""
+    one; masked entries (tf.where) hold -1e9, or 0, which the shift then moves against; a
+    standard deviation over T subtracts the mean the shift moves."""
     from coordinator.compiler.training.shift import zero_gradients
     with tf.Graph().as_default():
         loss, biases = _scores(kind)
@@ -176,3 +185,41 @@ def test_only_a_shift_every_path_hands_to_a_softmax_is_zeroed(kind, zero):
                               session.run(grads)))
     assert zeroed == (tuple(biases) if zero else ())
     assert (float(np.abs(values[biases[0]]).max()) < 1e-12) == zero
+
+
+def attention_input_fn(params):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(32, 6, 4)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices(
+        ({"x": x, "length": rng.integers(1, 7, 32).astype(np.int32)},
+         rng.integers(0, 3, 32).astype(np.int32))).batch(8, drop_remainder=True)
+
+
+def masked_attention(features, labels, mode, params):
+    """Keras MultiHeadAttention with a padding mask (attention_mask) and a causal one: Keras
+    masks the scores with tf.where(mask, scores, -1e9) before the softmax."""
+    x = features["x"]
+    pad = tf.sequence_mask(features["length"], 6)[:, None, :] & tf.ones([1, 6, 1], tf.bool)
+    h = tf.keras.layers.MultiHeadAttention(2, 4, name="padded")(x, x, attention_mask=pad)
+    h = tf.keras.layers.MultiHeadAttention(2, 4, name="causal")(h, h, use_causal_mask=True)
+    logits = tf.keras.layers.Dense(3)(tf.keras.layers.GlobalAveragePooling1D()(h))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == "eval":
+        return CSEstimatorSpec(mode=mode, loss=loss)
+    train_op = tf.compat.v1.train.AdamOptimizer(LEARNING_RATE).minimize(
+        loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def test_masked_multi_head_attention_keeps_its_key_biases_and_trains_like_tensorflow(tmp_path):
+    """Issue 21's sweep: with attention_mask or use_causal_mask, Keras MultiHeadAttention's
+    key bias validated, then trained differently (rounding noise under Adam: TF's moved it
+    2e-3, the CS's 1e-4)."""
+    params = {"runconfig": {"tf_random_seed": 2}}
+    result = cs_inprocess.compare(masked_attention, attention_input_fn, params, str(tmp_path),
+                                  steps=STEPS)
+    assert cs_inprocess.zero_gradient_variables(result.compiled) == {"padded/key/bias",
+                                                                     "causal/key/bias"}
+    cs_inprocess.assert_same_training(result)
+    assert not cs_inprocess.evaluation_mismatch(masked_attention, attention_input_fn, params,
+                                                str(tmp_path), result)

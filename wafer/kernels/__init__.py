@@ -21,6 +21,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | cast | x | dtype: float32, int32, int64, bool | — | x float32, int32, int64 or bool; output attr dtype |
 | stop_gradient | x | — | — | any, passed through |
 | one_hot | indices (...) | depth, on_value, off_value (axis -1) | — | indices int32/int64; output (..., depth) |
+| cumprod | x | axis (per-sample), exclusive, reverse | — | float32: TF's Cumprod and _CumprodGrad |
 | reduce | x | op: sum, mean, max, min; axes [per-sample axes]; keepdims | — | float32; sum, max, min also int32/int64 |
 | arg_reduce | x | op: max, min (tf.argmax, tf.argmin: the first index of the extreme, NaN never chosen, as TF's CPU kernel); axis (per-sample); output: int32, int64; half (the input holds float16 values) | — | x float32, int32, int64 or bool; output attr output, no gradient |
 | softmax | x | axis (per-sample, -1 = last), log (bool: log_softmax) | — | |
@@ -37,6 +38,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | in_batch_matmul | q (n,), d (n,) with transpose_b; p (B,), v (n,) without | transpose_b, batch_size B | — | a batch barrier: output (B,) (rows of q d^T) or (n,) (rows of p v) |
 | batch_transpose | x (B,) | batch_size B | — | any float32; a batch barrier: row j of the result is column j of the batch's [B, B] |
 | sample_constant | any value of the micro-batch (no gradient) | value (the batch first: B rows) | — | output value's dtype: the micro-batch's own rows |
+| lrn | x (..., C) | depth_radius, bias, alpha, beta | — | float32: TF's LRN and LRNGrad over the last axis |
 | dropout | x | rate, noise_shape (per sample, 1 where one decision is shared) | — | |
 | random | any value of the micro-batch (its size only; no gradient) | distribution: normal, truncated_normal (abs < 2), uniform ([0, 1)); shape [per sample] | — | any input; output float32, drawn in every mode |
 | categorical | logits (classes,) | num_samples; output: int32, int64 (tf.random.categorical: TF's CPU inverse CDF at the region's own uniform numbers) | — | logits float32; output (num_samples,) attr output, drawn in every mode, no gradient |
@@ -80,6 +82,7 @@ from wafer.kernels import (  # noqa: F401
                              elementwise,
                              embedding,
                              in_batch,
+                             local_response,
                              losses,
                              matmul,
                              normalization,

@@ -223,6 +223,38 @@ class Cumsum(SampleKernel):
 
 
 @register
+class Cumprod(Cumsum):
+    """tf.math.cumprod along a per-sample `axis` (attrs exclusive, reverse), float32: each
+    element multiplied in turn as TF's CPU scan. The gradient is TF's _CumprodGrad:
+    cumsum(cumprod(x) · g) the other way, divided by x (inf or nan where x is 0, as TF's)."""
+
+    type_name = "cumprod"
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32,)])
+        return np.dtype(np.float32)
+
+    def _product(self, x: np.ndarray) -> np.ndarray:
+        if self.reverse:
+            x = np.flip(x, self.axis)
+        total = np.cumprod(x, axis=self.axis, dtype=x.dtype)
+        if self.exclusive:
+            total = np.roll(total, 1, self.axis)
+            total[(slice(None),) * self.axis + (0,)] = 1
+        return np.ascontiguousarray(np.flip(total, self.axis) if self.reverse else total)
+
+    def forward(self, params, inputs, ctx: RunContext):
+        out = self._product(inputs[0])
+        return out, (inputs[0], out)
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        x, prod = cache
+        summed = cumulative_sum(prod * grad_output, self.axis, self.exclusive, not self.reverse)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return [summed / x], {}
+
+
+@register
 class Softmax(SampleKernel):
     """tf.nn.softmax or (attr log) tf.nn.log_softmax along a per-sample `axis` (-1: the
     last), in the order of TF's CPU kernel: shifted = x - max; softmax = exp(shifted) *

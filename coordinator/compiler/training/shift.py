@@ -19,7 +19,11 @@ do not change along it). Each path must end in the logits of Softmax, LogSoftmax
 two operands (no ellipsis or repeated letter) with a tensor k not computed from the variable
 keeps d constant along an output letter along which both d and k are constant (or that the
 operand lacks): Keras MultiHeadAttention's key bias, constant along the key positions, the
-softmax's axis. A path may also end in
+softmax's axis. A Select (tf.where) of it and a constant of at most -1e4 (Keras' masked
+softmax) feeding only softmaxes keeps d: the masked entries' probability underflows to 0
+(`_masked`). A path also ends in x − mean(x, axes, keepdims) with d constant along the
+axes (tf.math.reduce_variance, reduce_std: `_centred`), where the shift cancels. A path may
+also end in
 a batch normalization in training (Keras' BatchNormalization, tf.nn.moments feeding
 tf.nn.batch_normalization, FusedBatchNormV3: the compiler's batch_norm_training kernels)
 of a tensor whose d is constant along every axis but the channels: the normalization
@@ -44,6 +48,8 @@ REASON = ("softmax ignores a shift shared along its axis, batch normalization in
 _SAME = {"Identity", "Snapshot", "Neg", "Cast"}
 _SHIFTS = {"Add", "AddV2", "Sub", "BiasAdd"}
 _SCALES = {"Mul", "RealDiv"}
+_SELECTS = {"Select", "SelectV2"}
+_MASKED = -1e4  # a masked logit at most this (Keras: -1e9, float16 -3e4): exp underflows
 _SOFTMAX = {"Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
             "SparseSoftmaxCrossEntropyWithLogits"}
 
@@ -84,6 +90,8 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
                 if not set(range(tensor.shape.rank - 1)) <= constant:
                     return False
                 continue
+            if _centred(op, tensor, constant):  # x − mean(x): the shift cancels
+                continue
             indices = [i for i, t in enumerate(op.inputs) if t is tensor]
             if len(indices) != 1:
                 return False
@@ -96,6 +104,26 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
                 return False
             stack.append((op.outputs[0], out))
     return True
+
+
+def _centred(op: tf.Operation, tensor: tf.Tensor, constant: frozenset[int]) -> bool:
+    """Whether `op` is, or is the mean of, x − mean(x, axes, keepdims) for x = `tensor`
+    whose d is constant along the axes (tf.math.reduce_variance, reduce_std): the shift
+    cancels exactly. The mean must feed only such differences."""
+    if op.type == "Mean":
+        mean = op
+    elif op.type in ("Sub", "SquaredDifference") and op.inputs[0] is tensor:
+        mean = op.inputs[1].op
+    else:
+        return False
+    if mean.type != "Mean" or mean.inputs[0] is not tensor or not mean.get_attr("keep_dims") or \
+            tensor.shape.rank is None:
+        return False
+    axes = _static(mean.inputs[1])
+    if axes is None or not {int(a) % tensor.shape.rank for a in np.ravel(axes)} <= constant:
+        return False
+    return all(c.type in ("Sub", "SquaredDifference") and c.inputs[0] is tensor and
+               c.inputs[1] is mean.outputs[0] for c in mean.outputs[0].consumers())
 
 
 def _downstream(start: tf.Operation, upstream: set[tf.Operation]) -> set[tf.Operation]:
@@ -147,6 +175,8 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
             j for j, k in zip(outs, ins) if k in constant)
     if op.type == "Einsum" and len(op.inputs) == 2 and op.inputs[1 - index].op not in reached:
         return _einsum(op, index, constant)
+    if op.type in _SELECTS and index > 0:
+        return _masked(op, index, constant, reached)
     if op.type not in _SHIFTS | _SCALES or op.inputs[1 - index].op in reached:
         return None
     if op.type == "BiasAdd":
@@ -162,6 +192,24 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
     if other.shape.rank is None:
         return None
     return broadcast & _broadcast(other, _constant_axes(other), out_rank)
+
+
+def _masked(op: tf.Operation, index: int, constant: frozenset[int],
+            reached: set[tf.Operation]) -> frozenset[int] | None:
+    """A mask written as tf.where(mask, x, c) straight into softmaxes (Keras 3's masked
+    Softmax, MultiHeadAttention's attention_mask and use_causal_mask): the masked entries
+    hold c <= _MASKED, not shifted. The softmax's gradient along the shift is its masked
+    probability times the shift, below exp(c - the largest logit): 0 in float32 and
+    float64 unless every unmasked logit is below c + 745 (a row all masked: 0 exactly)."""
+    other = op.inputs[3 - index]
+    if op.inputs[0].op in reached or other.op in reached or any(
+            c.type not in _SOFTMAX or c.inputs[0] is not op.outputs[0]
+            for c in op.outputs[0].consumers()):
+        return None
+    value = _static(other)
+    if value is None or value.size == 0 or not np.all(value <= _MASKED):
+        return None
+    return _broadcast(op.inputs[index], constant, op.outputs[0].shape.rank or 0)
 
 
 def _einsum(op: tf.Operation, index: int, constant: frozenset[int]) -> frozenset[int] | None:
