@@ -31,7 +31,8 @@ KERNEL_ROWS = {
               "of one Conv2D, Conv1D(groups=)'s of ExpandDims, Conv2D, Squeeze) [+ BiasAdd] "
               "[+ activation]",
     "max_pool, avg_pool": "MaxPool, AvgPool (NHWC, over height and width)",
-    "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape)",
+    "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape; "
+               "the mask drawn on the CS in every mode the graph holds it, as TF's op)",
     "batch_norm_inference": "BatchNormalization with training=False, FusedBatchNormV3 (inference)",
     "batch_norm_training": "BatchNormalization with training=True, tf.nn.moments + "
                            "tf.nn.batch_normalization, FusedBatchNormV3 with is_training: the "

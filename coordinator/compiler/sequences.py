@@ -56,6 +56,13 @@ def split(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+# Why a stack along axis 0 (a new axis before the batch) is refused, and what to write instead.
+AXIS_0_REFUSAL = ("stacks per-sample values along a new axis 0, in front of the batch axis "
+                  "(the CS keeps the batch axis first): stack them after it, tf.stack(values, "
+                  "axis=1), and reduce or index that axis 1 (tf.reduce_mean(stacked, 1), "
+                  "tf.math.reduce_std(stacked, 1), stacked[:, i])")
+
+
 @generic("Pack")
 def pack(m: Context, op: tf.Operation) -> str:
     """tf.stack of per-sample values along a sample's axis, or along axis 0 followed by the
@@ -69,10 +76,10 @@ def pack(m: Context, op: tf.Operation) -> str:
     if axis == 0:
         back = m.sole_consumer(out)
         if back is None or back.type != "Transpose":
-            return "stacks per-sample values along the batch axis"
+            return AXIS_0_REFUSAL
         perm = m.operands.constant(back.inputs[1])
         if perm is None or [int(p) for p in perm] != [1, 0, *range(2, rank)]:
-            return "stacks per-sample values along the batch axis"
+            return AXIS_0_REFUSAL
         axis, out, ops = 1, back.outputs[0], [op, back]
     parts: list[tf.Tensor | str] = []
     for k, t in enumerate(values):

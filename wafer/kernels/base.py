@@ -96,7 +96,7 @@ class Kernel:
     # its forward draws from the step's random stream (`RunContext.rng`: dropout); the
     # executor makes a stream only for such kernels (a generator costs ~25 us a step)
     draws_random: ClassVar[bool] = False
-    # it draws in evaluation and prediction too (tf.random.* draws in every mode; dropout not)
+    # it draws in evaluation and prediction too (as TF's ops do in every mode)
     draws_in_inference: ClassVar[bool] = False
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):

@@ -29,13 +29,15 @@ class Elementwise(Kernel):
 
 @register
 class Dropout(Elementwise):
-    """Training: keep each value with probability 1 - rate, scaled by 1 / (1 - rate), with
-    the program's own seeded generator; evaluation and prediction pass values through.
+    """Keep each value with probability 1 - rate, scaled by 1 / (1 - rate), with the
+    program's own seeded generator, in every mode: an evaluation or prediction graph holds
+    dropout only where the model asks for it (Keras' Dropout(training=True), tf.nn.dropout).
     attr noise_shape (per sample, 1 where the mask is shared, e.g. SpatialDropout's
     (1, 1, C)): one keep decision broadcast over those axes, as tf.nn.dropout's noise_shape."""
 
     type_name = "dropout"
     draws_random = True
+    draws_in_inference = True
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
@@ -60,9 +62,9 @@ class Dropout(Elementwise):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        if not ctx.training or self.rate == 0:
+        if self.rate == 0:
             return x, None
-        assert ctx.rng is not None, "the pipeline gives a training step's regions their random stream"
+        assert ctx.rng is not None, "the pipeline gives a dropout region its random stream"
         keep = ctx.rng.random((x.shape[0], *self.noise_shape), dtype=np.float32) >= \
             np.float32(self.rate)
         return x * self.scale * keep, keep
