@@ -183,6 +183,7 @@ EXPRESSIONS = {
     "Cumsum": lambda w, v, g, s: tf.cumsum(w * v, axis=1, reverse=True),
     "Softmax": lambda w, v, g, s: tf.nn.softmax(w * v),
     "LogSoftmax": lambda w, v, g, s: tf.nn.log_softmax(w - g, axis=0),
+    "L2Loss": lambda w, v, g, s: tf.nn.l2_loss(w * v),
     "Prod": lambda w, v, g, s: tf.reduce_prod(w, 0),
     "FakeQuantWithMinMaxArgs": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_args(
         w - 1.0, -0.4, 0.8, num_bits=4),
