@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
+from weight_decay_models import CLASSES, FEATURES, HIDDEN, input_fn
 
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 ENTITIES, RELATIONS, DIM = 12, 3, 6
-FEATURES, HIDDEN, CLASSES = 10, 16, 4
+__all__ = ["input_fn", "transe", "max_norm_mlp", "clipped_by_norm_mlp"]
 
 
 def triples_input_fn(params):
@@ -26,15 +27,6 @@ def triples_input_fn(params):
                 "tail_neg": rng.integers(0, ENTITIES, n).astype(np.int32)}
     return tf.data.Dataset.from_tensor_slices((features, np.zeros(n, np.float32))).batch(
         batch, drop_remainder=True)
-
-
-def input_fn(params):
-    """Vectors of FEATURES values, a class each."""
-    batch = params.get("batch_size", 8)
-    rng = np.random.default_rng(18)
-    x = rng.normal(size=(4 * batch, FEATURES)).astype(np.float32)
-    y = (np.arange(4 * batch) % CLASSES).astype(np.int32)
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
 
 
 def transe(features, labels, mode, params):

@@ -42,10 +42,12 @@ def _optimizer(params):
     return tf.compat.v1.train.GradientDescentOptimizer(lr)
 
 
-def _spec(mode, labels, logits, params):
+def _spec(mode, labels, logits, params, loss=None):
+    """The classifier's spec: `loss` (default: the softmax cross-entropy of `logits`)."""
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode=mode, predictions={"classes": tf.argmax(logits, -1)})
-    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if loss is None:
+        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     train_op = None
     if mode == ModeKeys.TRAIN:
         train_op = _optimizer(params).minimize(
@@ -138,14 +140,7 @@ def soft_decision_tree(features, labels, mode, params):
         "leaf_logits", [4, CLASSES], initializer=tf.compat.v1.random_normal_initializer(stddev=0.5))
     probs = tf.matmul(mu, tf.nn.softmax(leaf_logits))
     loss = -tf.reduce_mean(tf.math.log(tf.gather(probs, labels, batch_dims=1) + 1e-8))
-    if mode == ModeKeys.PREDICT:
-        return CSEstimatorSpec(mode=mode, predictions={"classes": tf.argmax(probs, -1)})
-    train_op = None
-    if mode == ModeKeys.TRAIN:
-        train_op = _optimizer(params).minimize(
-            loss, global_step=tf.compat.v1.train.get_or_create_global_step())
-    metrics = {"accuracy": tf.compat.v1.metrics.accuracy(labels, tf.argmax(probs, -1))}
-    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op, eval_metric_ops=metrics)
+    return _spec(mode, labels, probs, params, loss)
 
 
 def cumulative_kernel(features, labels, mode, params):
