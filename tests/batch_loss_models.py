@@ -4,7 +4,8 @@ and the coefficient of variation squared of the experts' summed gates), VICReg's
 hinge and covariance, Barlow Twins' cross-correlation of batch-normalised embeddings, a
 squared difference of the batch's mean prediction and mean target, a Pearson-correlation
 loss over the batch, the entropy of the batch's mean prediction (a clustering "diversity"
-term) and IIC's mutual information of two views' assignments. What the CS does not carry
+term), IIC's mutual information of two views' assignments, and a BPR recommender whose
+loss adds tf.nn.l2_loss of the looked-up embeddings / batch. What the CS does not carry
 out: a batch statistic of this kind feeding back into per-sample activations, a weight
 inside such a loss."""
 from __future__ import annotations
@@ -197,3 +198,38 @@ def gated_by_importance_model_fn(features, labels, mode, params):
     logits = tf.keras.layers.Dense(CLASSES)(gates * scale)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     return _spec(mode, loss, params)
+
+
+USERS, ITEMS = 10, 16
+
+
+def pairs_input_fn(params):
+    """(user, positive item, negative item) ids."""
+    rng = np.random.default_rng(7)
+    n = params["batch_size"] * STEPS * 2
+    user = rng.integers(0, USERS, n)
+    features = {"user": user.astype(np.int32),
+                "pos": ((user * 3 + rng.integers(0, 3, n)) % ITEMS).astype(np.int32),
+                "neg": rng.integers(0, ITEMS, n).astype(np.int32)}
+    return tf.data.Dataset.from_tensor_slices((features, np.ones(n, np.float32))).batch(
+        params["batch_size"], drop_remainder=True)
+
+
+def bpr_model_fn(features, labels, mode, params):
+    """BPR: the pairwise log-sigmoid of score differences, plus an L2 penalty of the
+    embeddings the batch looked up, tf.nn.l2_loss of each [B, d] lookup / the batch size."""
+    init = tf.compat.v1.random_normal_initializer(stddev=0.5)
+    users = tf.compat.v1.get_variable("user_emb", [USERS, 4], initializer=init)
+    items = tf.compat.v1.get_variable("item_emb", [ITEMS, 4], initializer=init)
+    u = tf.nn.embedding_lookup(users, features["user"])
+    i = tf.nn.embedding_lookup(items, features["pos"])
+    j = tf.nn.embedding_lookup(items, features["neg"])
+    x_uij = tf.reduce_sum(u * i, 1) - tf.reduce_sum(u * j, 1)
+    reg = 0.05 * (tf.nn.l2_loss(u) + tf.nn.l2_loss(i) + tf.nn.l2_loss(j))
+    loss = -tf.reduce_mean(tf.math.log_sigmoid(x_uij)) + reg / params["batch_size"]
+    metrics = {"pairwise_auc": tf.compat.v1.metrics.mean(tf.cast(x_uij > 0, tf.float32))}
+    if mode == "eval":
+        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops=metrics)
+    optimizer = tf.compat.v1.train.AdagradOptimizer(0.2)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=optimizer.minimize(
+        loss, global_step=tf.compat.v1.train.get_or_create_global_step()))

@@ -1,8 +1,7 @@
 """Models with decoupled weight decay written by hand after (or before) the optimizer, the
 modelzoo's AdamW-by-hand style, written the way users write them: an MLP and a CNN, Adam
 and Momentum, a constant learning rate and a schedule, `v.assign_sub(wd * lr * v)` and
-`v.assign(v * (1 - wd))`, every trainable variable or the kernels only; and a write the
-CS does not carry out."""
+`v.assign(v * (1 - wd))`, every trainable variable or the kernels only."""
 from __future__ import annotations
 
 import numpy as np
@@ -85,14 +84,3 @@ def cnn(features, labels, mode, params):
     h = tf.keras.layers.Flatten()(h)
     return _spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
 
-
-def squared_decay(features, labels, mode, params):
-    """A write that is not affine in its weight: v - lr * v * v."""
-    logits = tf.keras.layers.Dense(CLASSES)(features)
-    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    step = tf.compat.v1.train.get_or_create_global_step()
-    train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
-    with tf.control_dependencies([train]):
-        train_op = tf.group(*[v.assign_sub(0.01 * v * v)
-                              for v in tf.compat.v1.trainable_variables()])
-    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)

@@ -2,7 +2,8 @@
 them: a cosine classifier (l2-normalised features and class weights), weight normalization
 (w = g * v / ||v||), a learned temperature (tf.exp(t) * logits), a learned positive scale
 (softplus), a masked and transposed kernel, a low-rank kernel, weight standardization of a
-convolution, an embedding looked up in its normalised table, and one op the CS cannot run on
+convolution, an embedding looked up in its normalised table, a soft decision tree's leaf
+distributions (the softmax of a weight), and one op the CS cannot run on
 a weight."""
 from __future__ import annotations
 
@@ -41,10 +42,12 @@ def _optimizer(params):
     return tf.compat.v1.train.GradientDescentOptimizer(lr)
 
 
-def _spec(mode, labels, logits, params):
+def _spec(mode, labels, logits, params, loss=None):
+    """The classifier's spec: `loss` (default: the softmax cross-entropy of `logits`)."""
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode=mode, predictions={"classes": tf.argmax(logits, -1)})
-    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if loss is None:
+        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     train_op = None
     if mode == ModeKeys.TRAIN:
         train_op = _optimizer(params).minimize(
@@ -123,6 +126,21 @@ def normalized_embedding(features, labels, mode, params):
     e = tf.nn.embedding_lookup(tf.nn.l2_normalize(table, 1), features)
     logits = tf.keras.layers.Dense(CLASSES)(tf.reduce_mean(e, axis=1))
     return _spec(mode, labels, logits, params)
+
+
+def soft_decision_tree(features, labels, mode, params):
+    """A depth-2 soft decision tree (Frosst & Hinton): sigmoid routing to 4 leaves, each a
+    class distribution tf.nn.softmax(leaf_logits) mixed by the path probabilities."""
+    p_right = tf.sigmoid(tf.keras.layers.Dense(3)(features))
+    mu = tf.ones_like(p_right[:, :1])
+    for d in range(2):
+        p = p_right[:, 2 ** d - 1: 2 ** (d + 1) - 1]
+        mu = tf.reshape(tf.stack([mu * (1 - p), mu * p], axis=2), [-1, 2 ** (d + 1)])
+    leaf_logits = tf.compat.v1.get_variable(
+        "leaf_logits", [4, CLASSES], initializer=tf.compat.v1.random_normal_initializer(stddev=0.5))
+    probs = tf.matmul(mu, tf.nn.softmax(leaf_logits))
+    loss = -tf.reduce_mean(tf.math.log(tf.gather(probs, labels, batch_dims=1) + 1e-8))
+    return _spec(mode, labels, probs, params, loss)
 
 
 def cumulative_kernel(features, labels, mode, params):

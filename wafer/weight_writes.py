@@ -2,31 +2,37 @@
 update, such as decoupled weight decay written by hand after the optimizer (AdamW by hand,
 the modelzoo style): `v.assign_sub(wd * lr * v)` or `v.assign(v * (1 - wd))` under
 tf.control_dependencies([the optimizer's op]), or before the update with the dependencies
-the other way round.
+the other way round; or a renormalization after it (TransE's entity embeddings
+`ent.assign(tf.nn.l2_normalize(ent, axis=1))`, a max-norm `w * tf.minimum(1., c / norm)`).
 
-A write is an element-wise expression of the weight and scalar factors (constants or
-schedules, wafer.schedules, evaluated at the global step + `step_offset`): steps in TF's
-operation order, each one float32 numpy operation as TF's CPU kernel computes it (a scalar
-times a tensor, a difference, ...), so the written value is TF's bit for bit. The last step's
-value is written (an assign_sub's `v - value` is its last step).
+A write is an expression of the weight and scalar factors (constants or schedules,
+wafer.schedules, evaluated at the global step + `step_offset`): steps in TF's operation
+order, each one float32 numpy operation as TF's CPU kernel computes it: arithmetic of two
+values (add, sub, mul, div, maximum, ...: the binary kernel's), an element-wise function of
+one (`f:<function>`: the activation kernel's, square, rsqrt, ...) or a reduction of one over
+axes (`r:<op>:<axes>:<keepdims 0/1>`, sum, mean, max, min, prod), so the written value is
+TF's. The last step's value is written (an assign_sub's `v - value` is its last step).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
+from wafer.kernels.activations import FUNCTIONS, PARAMETERS
+from wafer.kernels.elementwise import ARITHMETIC
 from wafer.schedules import Schedule, render, schedule_problem
 
 FACTOR = "weight_write"  # the factor schedules' hyper_parameter
-OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+REDUCE: dict[str, Callable[..., Any]] = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
 WEIGHT = "w"  # an input naming the weight's value; "f<k>": factor k; "s<k>": step k's value
 
 
 @dataclass(frozen=True)
 class WriteStep:
-    op: str  # a key of OPS
-    inputs: tuple[str, str]
+    op: str  # a binary kernel's op, "f:<function>" or "r:<reduction>:<axes>:<keepdims>"
+    inputs: tuple[str, ...]  # two values for arithmetic, one for the others
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ class WeightWrite:
 
     @classmethod
     def from_message(cls, message) -> "WeightWrite":
-        return cls(message.variable, tuple(WriteStep(s.op, (s.inputs[0], s.inputs[1]))
+        return cls(message.variable, tuple(WriteStep(s.op, tuple(s.inputs))
                                            for s in message.steps),
                    tuple(Schedule.from_message(f) for f in message.factors),
                    bool(message.before_update), int(message.step_offset), message.source)
@@ -60,9 +66,10 @@ def write_problem(write: WeightWrite) -> str:
     for index, step in enumerate(write.steps):
         known = {WEIGHT, *(f"f{k}" for k in range(len(write.factors))),
                  *(f"s{k}" for k in range(index))}
-        if step.op not in OPS or len(step.inputs) != 2 or not set(step.inputs) <= known:
+        if _arity(step.op) != len(step.inputs) or not set(step.inputs) <= known:
             return (f"step {index} ({step.op} of {list(step.inputs)}): the CS computes "
-                    f"{', '.join(OPS)} of the weight, factors and earlier steps")
+                    "arithmetic (add, sub, mul, div, ...), element-wise functions and "
+                    "reductions of the weight, factors and earlier steps")
     for factor in write.factors:
         problem = schedule_problem(factor)
         if problem or factor.hyper_parameter != FACTOR or factor.variables:
@@ -70,13 +77,36 @@ def write_problem(write: WeightWrite) -> str:
     return ""
 
 
+def _arity(op: str) -> int:
+    """How many values step `op` takes (0: no operation the CS computes)."""
+    kind, _, rest = op.partition(":")
+    if kind == "f":
+        return 1 if rest in FUNCTIONS and rest not in (*PARAMETERS, "leaky_relu") else 0
+    if kind == "r":
+        name, axes, keep = (rest.split(":") + ["", ""])[:3]
+        ok = name in REDUCE and keep in ("0", "1") and all(a.isdigit() for a in axes.split(","))
+        return 1 if ok else 0
+    return 2 if op in ARITHMETIC else 0
+
+
+def _step(op: str, args: list[Any]) -> np.ndarray:
+    """One step's float32 value."""
+    kind, _, rest = op.partition(":")
+    if kind == "f":
+        return FUNCTIONS[rest][0](np.asarray(args[0], np.float32), 0.0, None)
+    if kind == "r":
+        name, axes, keep = rest.split(":")
+        return REDUCE[name](args[0], axis=tuple(int(a) for a in axes.split(",")),
+                            keepdims=keep == "1", dtype=np.float32)
+    return np.asarray(ARITHMETIC[op][0](*args), np.float32)
+
+
 def apply(write: WeightWrite, weight: np.ndarray, factors: list[np.float32]) -> None:
     """Writes `weight` (float32, in place) with the steps' last value."""
     values: dict[str, np.ndarray | np.float32] = {
         WEIGHT: weight, **{f"f{k}": np.float32(f) for k, f in enumerate(factors)}}
     for index, step in enumerate(write.steps):
-        a, b = (values[name] for name in step.inputs)
-        values[f"s{index}"] = OPS[step.op](a, b, dtype=np.float32)
+        values[f"s{index}"] = _step(step.op, [values[name] for name in step.inputs])
     np.copyto(weight, values[f"s{len(write.steps) - 1}"])
 
 
@@ -86,6 +116,16 @@ def describe(write: WeightWrite) -> str:
     rendered = [render(f) for f in write.factors]
     terms = {WEIGHT: "w", **{f"f{k}": f"({r})" if " " in r else r for k, r in enumerate(rendered)}}
     for index, step in enumerate(write.steps):
-        a, b = (terms[name] for name in step.inputs)
-        terms[f"s{index}"] = f"({a} {symbols[step.op]} {b})"
+        args = [terms[name] for name in step.inputs]
+        kind, _, rest = step.op.partition(":")
+        if step.op in symbols:
+            terms[f"s{index}"] = f"({args[0]} {symbols[step.op]} {args[1]})"
+        elif kind == "f":
+            terms[f"s{index}"] = f"{rest}({args[0]})"
+        elif kind == "r":
+            name, axes, keep = rest.split(":")
+            terms[f"s{index}"] = f"reduce_{name}({args[0]}, axis={axes}" + \
+                (", keepdims)" if keep == "1" else ")")
+        else:
+            terms[f"s{index}"] = f"{step.op}({', '.join(args)})"
     return terms[f"s{len(write.steps) - 1}"].removeprefix("(").removesuffix(")")

@@ -52,13 +52,15 @@ REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min", "Prod": 
 RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
 # What the weight program (weight_program.py) computes on weights alone: element-wise ops,
 # arithmetic of weights and constants (TF op -> the binary kernel's op), reductions, reshapes,
-# transposes, products of matrices, stop_gradient (tf.nn.moments' of a weight) and the views
+# transposes, products of matrices, softmax and log_softmax along the last axis, l2_loss,
+# stop_gradient (tf.nn.moments' of a weight) and the views
 # users take of weights (slices, splits, constant gathers, concatenations, stacks).
 WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMETIC}
 WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
                 "ResourceGather", "ConcatV2", "Pack")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, "AddN", *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "StopGradient", "Cumsum", *WEIGHT_VIEWS,
+                             "Transpose", "MatMul", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
+                             "Cumsum", *WEIGHT_VIEWS,
                              *quantization.FORMS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
@@ -874,7 +876,8 @@ def supported_table() -> str:
                  + ", ".join(WEIGHT_PROGRAM_OPS) + " of weights and constants (tf.nn.l2_normalize"
                  "(w, 0) of a cosine classifier, weight normalization's g * v / tf.norm(v), a "
                  "learned temperature's tf.exp(t), tf.nn.softplus(w), w * mask, a low-rank kernel "
-                 "tf.matmul(u, v), a conv kernel standardised with tf.nn.moments; views: slices "
+                 "tf.matmul(u, v), a soft decision tree's tf.nn.softmax(leaf_logits), a conv "
+                 "kernel standardised with tf.nn.moments; views: slices "
                  "with any masks and negative strides, tf.split/unstack, tf.gather at constant "
                  "indices, tf.concat/stack of weights, as Keras GRU(reset_after=False)'s "
                  "recurrent_kernel[:, 2 * units:]): run on the CS once a step before the batch, "

@@ -7,7 +7,8 @@ before the batch, and takes the gradient its readers accumulate back through the
 kernels (their backward, TF's gradient functions) to the variables.
 
 Only element-wise ops, broadcasting arithmetic with constants or other weights, reductions,
-transposes, reshapes, products of matrices, stop_gradient, fake quantization (QAT) and views (strided slices with any
+transposes, reshapes, products of matrices, softmax and log_softmax (a soft decision tree's
+tf.nn.softmax(leaf_logits)), tf.nn.l2_loss, stop_gradient, fake quantization (QAT) and views (strided slices with any
 masks, tf.split/unstack, tf.gather at constant indices, tf.concat/stack of weights: Keras
 GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) are lowered; a
 view's gradient is scattered back into its input's shape, and the gradients of a weight's
@@ -171,6 +172,17 @@ class WeightProgramBuilder:
             return self._arithmetic(op, tensor, inputs, out)
         if op.type == "StopGradient":
             return self._add(op, tensor, "stop_gradient", inputs[:1], {})
+        if op.type == "L2Loss":  # tf.nn.l2_loss: sum(x ** 2) / 2 (TF's L2LossGrad: x * g)
+            square = self._add(op, None, "activation", inputs[:1], {"function": "square"},
+                               suffix="/square")
+            total = self._add(op, None, "reduce", [square], {
+                "op": "sum", "keepdims": False,
+                "axes": list(range(len(static_shape(op.inputs[0]))))}, suffix="/sum")
+            return self._add(op, tensor, "binary", [total], {
+                "op": "mul", "operands": "ic", "c1": np.asarray(0.5, np.float32)})
+        if op.type in ("Softmax", "LogSoftmax"):  # a soft tree's leaf distributions
+            return self._add(op, tensor, "softmax", inputs[:1],
+                             {"axis": -1, "log": op.type == "LogSoftmax"})
         if op.type in quantization.FORMS:  # a QAT layer's fake-quantized kernel
             attrs = quantization.kernel_attrs(op)
             if "operands" not in attrs:  # min and max: variables, their values, constants

@@ -1,6 +1,7 @@
 """Losses non-linear in statistics of the whole batch (tests/batch_loss_models.py): a
 Mixture-of-Experts balance loss, VICReg, Barlow Twins, batch-mean matching, a Pearson
-correlation and the entropy of the batch's mean prediction, evaluated once per batch by a
+correlation, the entropy of the batch's mean prediction and BPR's tf.nn.l2_loss of the
+looked-up embeddings, evaluated once per batch by a
 batch_tail_loss barrier, trained in process on the simulated CS against TensorFlow
 (tests/cs_inprocess.py) whatever the micro-batch size and with replicas; evaluated on the CS
 with the CPU's metrics; weight penalties added; a batch statistic of that kind feeding
@@ -65,6 +66,17 @@ def test_batch_level_losses_evaluate_on_the_cs_with_the_cpus_metrics(tmp_path, p
     result = prepared(model_fn, PARAMS, 2)
     assert cs_inprocess.evaluation_mismatch(model_fn, models.input_fn, PARAMS, str(tmp_path),
                                             result, rtol=RTOL) == ""
+
+
+def test_an_l2_penalty_of_looked_up_embeddings_trains_and_evaluates_like_tensorflow(tmp_path):
+    """BPR's reg / B, reg = tf.nn.l2_loss of each [B, d] lookup: sum(x ** 2) / 2 of the
+    whole batch, in the barrier (L2LossGrad x * g back to each sample's embeddings)."""
+    result = cs_inprocess.compare(models.bpr_model_fn, models.pairs_input_fn, PARAMS,
+                                  str(tmp_path / "train"), steps=models.STEPS)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
+    assert cs_inprocess.evaluation_mismatch(models.bpr_model_fn, models.pairs_input_fn, PARAMS,
+                                            str(tmp_path / "eval"), result, rtol=RTOL) == ""
 
 
 def test_a_batch_statistic_feeding_per_sample_activations_is_refused_naming_the_op(tmp_path):

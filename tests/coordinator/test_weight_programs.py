@@ -1,7 +1,7 @@
 """Computations on weights before they meet the samples (issue 21): a cosine classifier,
 weight normalization, a learned temperature, a softplus scale, a masked transposed kernel,
-a low-rank kernel, a weight-standardised convolution and a normalised embedding table
-train on the CS as TensorFlow trains them (the weight program: forward once a step, its
+a low-rank kernel, a weight-standardised convolution, a normalised embedding table and a
+soft decision tree's leaf distributions (tf.nn.softmax of a weight) train on the CS as TensorFlow trains them (the weight program: forward once a step, its
 gradient taken back through the same kernels), evaluate and predict there with the CPU
 path's numbers, and are charged once a step in the timing model; every op it runs computes
 TF's values and gradients; an op the CS cannot run on a weight is refused in one line
@@ -35,6 +35,7 @@ CASES = {
     "low_rank_kernel": (m.low_rank_kernel, m.input_fn, {}),
     "normalized_embedding": (m.normalized_embedding, m.token_input_fn, {"optimizer": "adam"}),
     "standardized_conv": (m.standardized_conv, m.image_input_fn, {"optimizer": "adam"}),
+    "soft_decision_tree": (m.soft_decision_tree, m.input_fn, {"optimizer": "adam"}),
 }
 # each model's weights the weight program reads, and a value it computes
 SOURCES = {"cosine_classifier": ({"w"}, "l2_normalize_1"),
@@ -43,7 +44,8 @@ SOURCES = {"cosine_classifier": ({"w"}, "l2_normalize_1"),
            "positive_scale_and_mask": ({"kernel", "scale"}, "Softplus"),
            "low_rank_kernel": ({"u", "v"}, "MatMul"),
            "normalized_embedding": ({"table"}, "l2_normalize"),
-           "standardized_conv": ({"filters"}, "mul")}
+           "standardized_conv": ({"filters"}, "mul"),
+           "soft_decision_tree": ({"leaf_logits"}, "Softmax")}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +72,13 @@ def test_a_cosine_classifier_evaluates_on_the_cs_with_the_cpu_paths_metrics(comp
     params = {**BASE, **CASES["cosine_classifier"][2]}
     assert cs_inprocess.evaluation_mismatch(m.cosine_classifier, m.input_fn, params,
                                             str(tmp_path), compared("cosine_classifier")) == ""
+
+
+def test_a_soft_decision_tree_evaluates_on_the_cs_with_the_cpu_paths_metrics(compared,
+                                                                               tmp_path):
+    params = {**BASE, **CASES["soft_decision_tree"][2]}
+    assert cs_inprocess.evaluation_mismatch(m.soft_decision_tree, m.input_fn, params,
+                                            str(tmp_path), compared("soft_decision_tree")) == ""
 
 
 def test_a_learned_temperature_predicts_on_the_cs_what_the_cpu_path_predicts(compared, tmp_path):
@@ -172,6 +181,9 @@ EXPRESSIONS = {
     "FloorMod": lambda w, v, g, s: tf.math.floormod(w * 3.0, v),
     "DivNoNan": lambda w, v, g, s: tf.math.divide_no_nan(w, tf.nn.relu(v - 1.0)),
     "Cumsum": lambda w, v, g, s: tf.cumsum(w * v, axis=1, reverse=True),
+    "Softmax": lambda w, v, g, s: tf.nn.softmax(w * v),
+    "LogSoftmax": lambda w, v, g, s: tf.nn.log_softmax(w - g, axis=0),
+    "L2Loss": lambda w, v, g, s: tf.nn.l2_loss(w * v),
     "Prod": lambda w, v, g, s: tf.reduce_prod(w, 0),
     "FakeQuantWithMinMaxArgs": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_args(
         w - 1.0, -0.4, 0.8, num_bits=4),

@@ -2,14 +2,17 @@
 style, issue 21): `v.assign_sub(wd * lr * v)` and `v.assign(v * (1 - wd))` under
 tf.control_dependencies([the optimizer's op]), or before it, on every trainable variable
 or the kernels only, with Adam and Momentum, a constant learning rate and a schedule, on an
-MLP and a CNN, train on the CS as TensorFlow trains them (4 steps, rtol 1e-4); the CS's
-write is TF's float32 arithmetic bit for bit; a write that is not an affine expression of
-its weight is refused in one line naming the op."""
+MLP and a CNN, train on the CS as TensorFlow trains them (4 steps, rtol 1e-4); so do a
+weight's renormalizations after the update (TransE's tf.nn.l2_normalize(ent, axis=1) of
+looked-up entity embeddings, a max-norm constraint); the CS's write is TF's float32
+arithmetic bit for bit; a write it does not carry out (tf.clip_by_norm) is refused in one
+line naming the op."""
 from __future__ import annotations
 
 import cs_inprocess
 import numpy as np
 import pytest
+import renormalized_weight_models as r
 import tensorflow as tf
 import weight_decay_models as m
 
@@ -29,6 +32,8 @@ CASES = {
         "optimizer": "momentum", "schedule": True, "kernels_only": True}),
     "adam_schedule_before": (m.mlp, m.input_fn, {"schedule": True, "decay_first": True}),
 }
+RENORMALIZED = {"transe": (r.transe, r.triples_input_fn, {}),
+                "max_norm_mlp": (r.max_norm_mlp, r.input_fn, {})}
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     return cs_inprocess.cached_comparisons(CASES, BASE, tmp_path_factory)
@@ -93,13 +98,43 @@ def test_the_cs_writes_tfs_float32_values_bit_for_bit(form):
     np.testing.assert_array_equal(ours, expected)
 
 
-def test_a_write_that_is_not_affine_in_its_weight_is_refused_in_one_line(tmp_path):
+@pytest.fixture(scope="module")
+def renormalized(tmp_path_factory):
+    return cs_inprocess.cached_comparisons(RENORMALIZED, BASE, tmp_path_factory)
+
+
+@pytest.mark.parametrize("name", RENORMALIZED)
+def test_a_weight_renormalized_after_its_update_trains_like_tensorflow(renormalized, name):
+    result = renormalized(name)
+    cs_inprocess.assert_same_training(result)
+    (write,) = result.compiled.program.weight_writes
+    assert not write.before_update and any(s.op.startswith("r:sum:") for s in write.steps)
+    if name == "transe":  # every entity's embedding is a unit vector after each step
+        np.testing.assert_allclose(np.linalg.norm(result.cs.state["entities"], axis=1), 1.0,
+                                   rtol=1e-5)
+
+
+def test_the_cs_renormalizes_with_tfs_float32_values(renormalized):
+    write = WeightWrite.from_message(renormalized("transe").compiled.program.weight_writes[0])
+    weight = np.random.default_rng(6).normal(size=(64, 33)).astype(np.float32)
+    expected = tf.nn.l2_normalize(weight, axis=1).numpy()
+    apply(write, weight, [np.float32(1e-12)])
+    np.testing.assert_allclose(weight, expected, rtol=1e-6, atol=0)  # (sums: another order)
+
+
+def test_transe_evaluates_on_the_cs_with_the_cpu_paths_metrics(renormalized, tmp_path):
+    assert cs_inprocess.evaluation_mismatch(r.transe, r.triples_input_fn, BASE, str(tmp_path),
+                                            renormalized("transe")) == ""
+
+
+def test_a_renormalization_the_cs_does_not_carry_out_is_refused_in_one_line(tmp_path):
     with pytest.raises(CSRunError) as refused:
-        cs_inprocess.compile_checked(m.squared_decay, m.input_fn, BASE, str(tmp_path))
+        cs_inprocess.compile_checked(r.clipped_by_norm_mlp, r.input_fn, BASE, str(tmp_path))
     message = str(refused.value)
-    assert "not a per-weight affine expression" in message and "Mul 'mul_1' at" in message
-    assert cs_inprocess.refusal_problem(refused.value, m.__file__, cs_inprocess.model_op_words(
-        m.squared_decay, m.input_fn, BASE)) == ""
+    assert "not arithmetic, element-wise functions and reductions" in message
+    assert "clip_by_norm" in message and "tf.nn.l2_normalize(v, axis=1)" in message
+    assert cs_inprocess.refusal_problem(refused.value, r.__file__, cs_inprocess.model_op_words(
+        r.clipped_by_norm_mlp, r.input_fn, BASE)) == ""
 
 
 def test_the_cs_refuses_a_weight_write_it_cannot_carry_out(compared):
@@ -107,7 +142,7 @@ def test_the_cs_refuses_a_weight_write_it_cannot_carry_out(compared):
     for change, words in [(lambda p: setattr(p.weight_writes[0], "variable", "nope"),
                            "not a trained weight"),
                           (lambda p: p.weight_writes[0].steps[0].inputs.__setitem__(0, "s7"),
-                           "the CS computes add, sub, mul, div"),
+                           "the CS computes arithmetic"),
                           (lambda p: p.weight_writes.append(p.weight_writes[0]),
                            "written twice")]:
         bad = pb.Program()

@@ -2,7 +2,9 @@
 the optimizer's own bookkeeping (Adam's beta powers), the global step's increment, a Keras
 seed generator's state, an ExponentialMovingAverage of a trained weight, a moving average
 of a batch statistic (which the matcher must find), or a write of a trained weight that is
-an affine expression of it before or after its update (decoupled weight decay by hand,
+an expression of it (arithmetic with scalars, element-wise functions, reductions over
+constant axes) before or after its update (decoupled weight decay by hand, TransE's
+renormalization tf.nn.l2_normalize(ent, axis=1), a max-norm constraint;
 wafer.weight_writes); any other write is refused."""
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import StatisticAverage
+from coordinator.compiler.lowering import REDUCTIONS, UNARY, WEIGHT_ARITHMETIC
 from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
 from coordinator.compiler.training.updates import (
     APPLY_OPS,
@@ -194,35 +197,40 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
 # TF's variable writes -> the last step of the value they write (None: the value itself)
 _WRITE_STEP = {"AssignSubVariableOp": "sub", "AssignAddVariableOp": "add",
                "AssignVariableOp": None, "AssignSub": "sub", "AssignAdd": "add", "Assign": None}
-_EXPRESSION = {"Mul": "mul", "Sub": "sub", "AddV2": "add", "Add": "add", "RealDiv": "div"}
+_FUNCTIONS = {op: f for op, f in UNARY.items() if op != "LeakyRelu"}  # (no parameter)
 
 
 @dataclass(frozen=True)
 class _Write:
-    """A write of a trained weight besides its update (decoupled weight decay by hand)."""
+    """A write of a trained weight besides its update (decoupled weight decay by hand, a
+    renormalization)."""
 
     op: tf.Operation
     variable: str
-    steps: tuple[tuple[str, tuple[str, str]], ...]  # wafer.weight_writes' steps
+    steps: tuple[tuple[str, tuple[str, ...]], ...]  # wafer.weight_writes' steps
     factors: tuple[tuple[tf.Tensor, tf.Operation], ...]  # scalar tensors and their readers
     before_update: bool
 
 
 def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
-    """`op`'s write as element-wise steps on its weight (wafer.weight_writes), or refused:
-    the weight must be trained, the value a per-weight affine expression of the weight,
-    constants and scalars computed per step, and the write ordered with the update."""
+    """`op`'s write as steps on its weight (wafer.weight_writes), or refused: the weight
+    must be trained, the value arithmetic, element-wise functions and reductions over
+    constant axes of the weight, constants and scalars computed per step, and the write
+    ordered with the update."""
     target = variable_op(op.inputs[0])
     update = by_var.get(target.name)
     if update is None:
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
                         "the CS carries out", STATE_HINT)
-    steps: list[tuple[str, tuple[str, str]]] = []
+    steps: list[tuple[str, tuple[str, ...]]] = []
     factors: list[tuple[tf.Tensor, tf.Operation]] = []
     reads: list[tf.Operation] = []
-    not_affine = (f"the train_op writes {target.name} with a value that is not a per-weight "
-                  "affine expression of it, constants and schedules (the CS carries out "
-                  "decoupled weight decay such as v.assign_sub(wd * lr * v))")
+    not_affine = (f"the train_op writes {target.name} with a value that is not arithmetic, "
+                  "element-wise functions and reductions over constant axes of it, constants "
+                  "and schedules (the CS carries out decoupled weight decay such as "
+                  "v.assign_sub(wd * lr * v), and renormalizations such as "
+                  "v.assign(tf.nn.l2_normalize(v, axis=1)) or v * tf.minimum(1.0, c / "
+                  "tf.norm(v, axis=1, keepdims=True)))")
 
     def reads_target(t: tf.Tensor) -> bool:
         return target in set(data_upstream(t.op))
@@ -239,12 +247,10 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
                 raise _fail(t.op, not_affine)
             factors.append((t, reader))
             return f"f{len(factors) - 1}"
-        kind = _EXPRESSION.get(t.op.type)
-        if kind is None or (kind == "mul" and all(reads_target(x) for x in t.op.inputs)) or \
-                (kind == "div" and reads_target(t.op.inputs[1])):
+        kind, inputs = _step(t.op)
+        if not kind:
             raise _fail(t.op, not_affine)
-        a, b = (lower(x, t.op) for x in t.op.inputs)
-        steps.append((kind, (a, b)))
+        steps.append((kind, tuple(lower(x, t.op) for x in inputs)))
         return f"s{len(steps) - 1}"
 
     target_shape = tf.TensorShape(target.get_attr("shape") if "shape" in target.node_def.attr
@@ -262,6 +268,22 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
                         "waits for the other: TF may run them in either order (write under "
                         "tf.control_dependencies([the optimizer's op]), or the other way round)")
     return _Write(op, target.name, tuple(steps), tuple(factors), before)
+
+
+def _step(op: tf.Operation) -> tuple[str, list[tf.Tensor]]:
+    """The write step computing `op` (wafer.weight_writes' name) and its value inputs; ""
+    if none does."""
+    if op.type in WEIGHT_ARITHMETIC:
+        return WEIGHT_ARITHMETIC[op.type], list(op.inputs)
+    if op.type in _FUNCTIONS:
+        return f"f:{_FUNCTIONS[op.type]}", [op.inputs[0]]
+    axes = tf.get_static_value(op.inputs[1]) if op.type in REDUCTIONS else None
+    rank = op.inputs[0].shape.rank
+    if axes is None or rank is None or rank == 0 or np.size(axes) == 0:
+        return "", []
+    listed = ",".join(str(a) for a in sorted({int(a) % rank for a in np.atleast_1d(axes)}))
+    keep = int(bool(op.get_attr("keep_dims")))
+    return f"r:{REDUCTIONS[op.type]}:{listed}:{keep}", [op.inputs[0]]
 
 
 def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
