@@ -10,7 +10,14 @@ from operator import attrgetter
 
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_downstream, data_upstream, each_once, op_closure, user_source
+from coordinator.compiler.extract import (
+    ExtractedGraph,
+    data_downstream,
+    data_upstream,
+    each_once,
+    op_closure,
+    user_source,
+)
 from coordinator.compiler.training.graph import _const, _fail, _Refused, _scalar, _skip_identity
 from coordinator.compiler.training.updates import _Update
 
