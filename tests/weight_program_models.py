@@ -3,8 +3,8 @@ them: a cosine classifier (l2-normalised features and class weights), weight nor
 (w = g * v / ||v||), a learned temperature (tf.exp(t) * logits), a learned positive scale
 (softplus), a masked and transposed kernel, a low-rank kernel, weight standardization of a
 convolution, an embedding looked up in its normalised table, a soft decision tree's leaf
-distributions (the softmax of a weight), and one op the CS cannot run on
-a weight."""
+distributions (the softmax of a weight), a Kalman filter's covariance recurrence unrolled over
+the time steps, and one op the CS cannot run on a weight."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +13,7 @@ import tensorflow as tf
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 FEATURES, HIDDEN, CLASSES, VOCAB = 12, 16, 4, 20
+STEPS = 16  # the Kalman filter's time steps
 
 
 def input_fn(params):
@@ -141,6 +142,40 @@ def soft_decision_tree(features, labels, mode, params):
     probs = tf.matmul(mu, tf.nn.softmax(leaf_logits))
     loss = -tf.reduce_mean(tf.math.log(tf.gather(probs, labels, batch_dims=1) + 1e-8))
     return _spec(mode, labels, probs, params, loss)
+
+
+def track_input_fn(params):
+    """Noisy positions of a random walk over STEPS time steps, the true ones as labels."""
+    rng = np.random.default_rng(19)
+    pos = np.cumsum(rng.normal(scale=0.5, size=(32, STEPS)), axis=1)
+    z = pos + rng.normal(scale=0.5, size=pos.shape)
+    return tf.data.Dataset.from_tensor_slices((z.astype(np.float32), pos.astype(np.float32))) \
+        .batch(params.get("batch_size", 8), drop_remainder=True)
+
+
+def kalman_filter(features, labels, mode, params):
+    """An element-wise constant-velocity Kalman filter unrolled over the time steps in Python,
+    its learned process and measurement noise (softplus) trained by the innovations' negative
+    log-likelihood: the covariance's three entries are weight-only values each step reuses
+    several times."""
+    q = tf.nn.softplus(tf.compat.v1.get_variable("raw_q", [], initializer=tf.constant_initializer(-1.0)))
+    r = tf.nn.softplus(tf.compat.v1.get_variable("raw_r", [], initializer=tf.constant_initializer(0.0)))
+    x0 = x1 = tf.zeros_like(features[:, 0])
+    p00, p01, p11 = 10.0, 0.0, 10.0
+    nlls = []
+    for t in range(STEPS):
+        x0 = x0 + x1
+        p00, p01, p11 = p00 + 2 * p01 + p11 + 0.25 * q, p01 + p11 + 0.5 * q, p11 + q
+        s = p00 + r
+        k0, k1 = p00 / s, p01 / s
+        innovation = features[:, t] - x0
+        x0, x1 = x0 + k0 * innovation, x1 + k1 * innovation
+        p00, p01, p11 = (1 - k0) * p00, (1 - k0) * p01, p11 - k1 * p01
+        nlls.append(0.5 * (tf.math.log(2 * np.pi * s) + tf.square(innovation) / s))
+    loss = tf.reduce_mean(tf.stack(nlls, axis=1))
+    train_op = tf.compat.v1.train.AdamOptimizer(0.05).minimize(
+        loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 def cumulative_kernel(features, labels, mode, params):

@@ -32,7 +32,13 @@ _LIBRARY_DIRS = tuple(os.path.realpath(d) + os.sep for d in {
 
 def is_user_file(filename: str) -> bool:
     """Whether a traceback's file is the user's (not Python's, a library's or csrun's)."""
-    path = os.path.realpath(filename)
+    return _is_user_file(filename, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_user_file(filename: str, cwd: str) -> bool:
+    """(by directory: a relative name is below `cwd`; cached, every op's traceback asks)"""
+    path = os.path.realpath(os.path.join(cwd, filename))
     return not (filename.startswith("<") or path.startswith(_LIBRARY_DIRS))
 
 

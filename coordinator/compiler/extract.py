@@ -199,6 +199,19 @@ def each_once(stack: list[Any]) -> Iterator[Any]:
             yield item
 
 
+def data_downstream(ops: Iterable[tf.Operation]) -> set[tf.Operation]:
+    """The ops computed from `ops` (their data consumers, transitively), `ops` included."""
+    seen = set(ops)
+    stack = list(seen)
+    while stack:
+        for out in stack.pop().outputs:
+            for c in out.consumers():
+                if c not in seen:
+                    seen.add(c)
+                    stack.append(c)
+    return seen
+
+
 def data_upstream(op: tf.Operation) -> list[tf.Operation]:
     """The ops `op` computes from (its data inputs, transitively; control inputs only order),
     `op` included."""

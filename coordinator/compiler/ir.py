@@ -163,15 +163,15 @@ class WeightProgram:
 
     def sources_of(self, name: str) -> tuple[str, ...]:
         """The variables the value `name` is computed from."""
-        found, stack = [], [name]
         nodes = {k.name: k for k in self.kernels}
+        seen, stack = {name}, [name]
         while stack:
             value = stack.pop()
             if value in nodes:
-                stack.extend(nodes[value].inputs)
-            elif value not in found:
-                found.append(value)
-        return tuple(sorted(found))
+                fresh = [v for v in nodes[value].inputs if v not in seen]
+                seen.update(fresh)
+                stack.extend(fresh)
+        return tuple(sorted(v for v in seen if v not in nodes))
 
 
 @dataclass(frozen=True)

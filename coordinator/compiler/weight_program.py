@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler import quantization
-from coordinator.compiler.extract import data_upstream, user_source
+from coordinator.compiler.extract import data_downstream, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, WeightProgram
 from coordinator.compiler.lowering import (
     REDUCTIONS,
@@ -59,6 +59,17 @@ class WeightProgramBuilder:
         self.kernels: list[KernelNode] = []
         self.values: dict[str, str | np.ndarray] = {}  # tensor -> kernel, variable or constant
         self.problems: dict[str, str] = {}  # tensor -> why it cannot be lowered
+        self._step_readers_at: tuple[int, set[tf.Operation]] = (-1, set())
+
+    def _step_readers(self) -> set[tf.Operation]:
+        """The ops computed from the global step (found once per graph version: a walk per
+        op would be quadratic in the graph's size)."""
+        graph = self.operands.graph
+        if self._step_readers_at[0] != graph.version:
+            step = global_step(graph)
+            self._step_readers_at = (graph.version, data_downstream(
+                [graph.get_operation_by_name(step)] if step else []))
+        return self._step_readers_at[1]
 
     def derive(self, tensor: tf.Tensor) -> Weight | str:
         """The derived weight `tensor` is (its kernel's name as the variable), or why the CS
@@ -114,8 +125,7 @@ class WeightProgramBuilder:
         where = f"{op.type} '{op.name}' at {user_source(op)}"
         if op in self.flow:
             return self._refuse(tensor, f"computes on weights and samples at {where}")
-        step = global_step(self.operands.graph)
-        if step and any(o.name == step for o in data_upstream(op)):
+        if op in self._step_readers():
             return self._refuse(tensor, f"computes on weights with a value of the global step "
                                         f"({where}): {ON_WEIGHTS}")
         if tensor.dtype.base_dtype != tf.float32:

@@ -10,7 +10,14 @@ from operator import attrgetter
 
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, each_once, op_closure, user_source
+from coordinator.compiler.extract import (
+    ExtractedGraph,
+    data_downstream,
+    data_upstream,
+    each_once,
+    op_closure,
+    user_source,
+)
 from coordinator.compiler.training.graph import _const, _fail, _Refused, _scalar, _skip_identity
 from coordinator.compiler.training.updates import _Update
 
@@ -66,7 +73,7 @@ def _gradient_calls(extracted: ExtractedGraph,
     graph, loss = extracted.graph, extracted.spec.loss
     seeds = _seeds(graph)
     core = _skip_identity(loss).op
-    varying = _downstream([graph.get_operation_by_name(u.variable) for u in updates])
+    varying = data_downstream([graph.get_operation_by_name(u.variable) for u in updates])
     calls: dict[str, _GradientCall | _Refused] = {}
     others: dict[str, tf.Tensor] = {}  # the calls of another tensor than the loss
     minimized = _minimized_by(graph, _applied(extracted, seeds), loss)
@@ -124,7 +131,7 @@ def _minimized_by(graph: tf.Graph, seeds: dict[str, list[tf.Operation]],
     function reads the seed, or the sum (Identity, AddN, Add) that passed it on to them.
     A call inside the forward pass (a gradient penalty's: the loss or another y is computed
     from its seed) minimizes nothing and is left out."""
-    varying = _downstream([op for op in graph.get_operations() if op.type in _VARIABLE_OPS])
+    varying = data_downstream([op for op in graph.get_operations() if op.type in _VARIABLE_OPS])
     found = {}
     for scope, fills in seeds.items():
         starts = {op for c in fills[0].outputs[0].consumers()
@@ -187,17 +194,6 @@ def _is_loss(starts: set[tf.Operation], core: tf.Operation, varying: set) -> boo
         if not expand:
             return False
         front = (front - expand) | {t.op for op in expand for t in op.inputs}
-
-
-def _downstream(ops: list[tf.Operation]) -> set[tf.Operation]:
-    seen, stack = set(ops), list(ops)
-    while stack:
-        for out in stack.pop().outputs:
-            for c in out.consumers():
-                if c not in seen:
-                    seen.add(c)
-                    stack.append(c)
-    return seen
 
 
 def _forward_op(graph: tf.Graph, scope: str, grad_op: tf.Operation) -> tf.Operation | None:
