@@ -100,6 +100,19 @@ def dense_called_twice(features, labels, mode, params):
     return _spec(mode, labels, tf.keras.layers.Dense(4)(h), params)
 
 
+def nearest_code(features, labels, mode, params):
+    """A vector-quantised classifier (VQ-VAE's codebook): the codebook is read twice, once in
+    the distances whose argmin picks each sample's code (no gradient reaches that read, as in
+    TF) and once as tf.one_hot(code) @ codebook, which the loss trains."""
+    z = tf.keras.layers.Dense(6)(features)
+    codebook = tf.compat.v1.get_variable("codebook", [5, 6], initializer=tf.random_uniform_initializer(-1.0, 1.0))
+    distances = tf.reduce_sum(tf.square(z), 1, keepdims=True) - 2.0 * tf.matmul(z, codebook, transpose_b=True) \
+        + tf.reduce_sum(tf.square(codebook), 1)[None, :]
+    quantised = tf.matmul(tf.one_hot(tf.argmin(distances, axis=1), 5), codebook)
+    logits = tf.keras.layers.Dense(4)(z + quantised)
+    return _spec(mode, labels, logits, params)
+
+
 class PositionTable(tf.keras.layers.Layer):
     """Learned positions for up to MAXLEN tokens, sliced to the sequence's length."""
 

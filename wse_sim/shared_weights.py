@@ -122,8 +122,8 @@ class SharedWeights:
         return [v for v in self.variables.values() if v.grad is not None]
 
     def gather_gradients(self) -> None:
-        """Every trained variable's batch gradient: its uses' gradients scattered into its
-        shape and summed in program order, plus its regularizers' (once); a sparse one as
+        """Every trained variable's batch gradient: its uses' gradients (a use no gradient
+        reaches adds none) scattered into its shape and summed in program order, plus its regularizers' (once); a sparse one as
         the IndexedSlices of its lookups, in program order."""
         for v in self.trained():
             assert v.grad is not None
@@ -133,6 +133,8 @@ class SharedWeights:
             v.grad.fill(0)
             flat = v.grad.reshape(-1)
             for use, region in zip(v.weight.uses, v.regions):
+                if not region.backward:
+                    continue  # no gradient reaches this use (an argmin's input): TF's None
                 g = region.grads[use.role]
                 if use.view is None:
                     flat += g.reshape(-1)
@@ -233,6 +235,8 @@ def _slices(v: Variable) -> tuple[np.ndarray, np.ndarray]:
     ids, values = [], []
     for use, region in zip(v.weight.uses, v.regions):
         pieces = region.pieces.pop(use.role, [])
+        if not region.backward:
+            continue  # no gradient reaches this use: TF's None
         if region.kernel.type_name not in SPARSE_GRADIENT_KERNELS:
             # read whole (position embeddings): every row once, in order
             grad = region.grads[use.role]

@@ -32,6 +32,7 @@ CASES = {
     "gru_sequences": (m.recurrent, m.sequence_input_fn, {"cell": "GRU", "return_sequences": True}),
     "simple_rnn": (m.recurrent, m.sequence_input_fn, {"cell": "SimpleRNN", "optimizer": "momentum"}),
     "lstm_unrolled_by_the_user": (m.recurrent, m.sequence_input_fn, {"unroll": True}),
+    "nearest_code": (m.nearest_code, m.vector_input_fn, {"optimizer": "adam", "learning_rate": 0.01}),
 }
 
 
@@ -41,7 +42,7 @@ def compared(tmp_path_factory):
 
 
 # the other tests read the first three; the fourth is a sparse (IndexedSlices) shared update
-FAST = ("tied_embeddings", "sliced_positions", "lstm", "embedding_called_twice")
+FAST = ("tied_embeddings", "sliced_positions", "lstm", "embedding_called_twice", "nearest_code")
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
