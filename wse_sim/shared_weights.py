@@ -35,6 +35,7 @@ class UseRegion(Protocol):
     params: dict[str, np.ndarray]
     grads: dict[str, np.ndarray]
     pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]]
+    backward: bool  # on the backward pass: some gradient reaches it
 
 
 @dataclass
