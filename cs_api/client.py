@@ -133,6 +133,9 @@ class CSClient:
             return CSRunError(f"the CS system at {self.cs_ip} is busy: {error.details()}",
                               "wait for the running job to finish (csrun_wse --cs-wait SECONDS waits "
                               "for it), or use another CS system")
+        if code == grpc.StatusCode.INTERNAL:  # the simulator's own defect, said by the CS
+            return CSRunError(f"the CS system at {self.cs_ip} failed in {doing}: {error.details()}",
+                              "the newest checkpoint is the last good one", caused_by=CS)
         broken = _BROKEN_STREAM.search(error.details() or "") if code == grpc.StatusCode.ABORTED else None
         return CSRunError(f"the CS system at {self.cs_ip} refused {doing}: {code.name}: {error.details()}",
                           caused_by=worker_cause(int(broken.group(1))) if broken else "")

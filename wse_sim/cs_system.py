@@ -567,6 +567,10 @@ class CSSystem:
                                               step=counted, index=job.next_batch - 1)
                 except (ValueError, FloatingPointError) as error:
                     raise invalid(f"batch {job.next_batch - 1}: {error}") from None
+                except Exception as error:  # a defect of the simulator: said, not a bare gRPC UNKNOWN
+                    raise CSError(grpc.StatusCode.INTERNAL, f"batch {job.next_batch - 1}: the simulated CS "
+                                  f"failed ({type(error).__name__}: {error}), a csrun defect: please report "
+                                  "it with the compile report") from error
                 seconds = time.perf_counter() - start
                 wall, sim = wall + seconds, sim + step_sim
                 if training:

@@ -64,6 +64,8 @@ class RpcErrorDouble(grpc.RpcError):
      "a message of a Feed exceeds the CS API's limit of", "smaller batch_size"),
     (grpc.StatusCode.ALREADY_EXISTS, "the CS system is busy with another job",
      "the CS system at 127.0.0.1:1 is busy", "wait for the running job"),
+    (grpc.StatusCode.INTERNAL, "batch 0: the simulated CS failed (KeyError: 'p1'), a csrun defect: please "
+     "report it with the compile report", "the CS system at 127.0.0.1:1 failed in a Feed", "last good one"),
 ])
 def test_a_refusal_names_its_cause(code, details, starts, hint):
     client = CSClient("127.0.0.1:1")

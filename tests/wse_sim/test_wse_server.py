@@ -205,6 +205,30 @@ def test_a_wrong_batch_and_a_broken_feed_end_the_run_with_a_clear_status(server)
     client.unload()
 
 
+def test_a_simulator_defect_in_a_step_ends_the_run_saying_what_failed(server, monkeypatch):
+    """An exception of the simulator's own (a defect, here injected into Pipeline.run) reaches
+    the client as INTERNAL naming the batch and the exception, not gRPC's bare UNKNOWN."""
+    from wse_sim.pipeline import Pipeline
+
+    def broken_run(self, *args, **kwargs):
+        raise KeyError("p1")
+
+    monkeypatch.setattr(Pipeline, "run", broken_run)
+    client = ClientDouble(server.address)
+    client.load(program(), weights())
+    def feed():
+        try:
+            client.stub.Feed(client.feed_requests(batches(2)))
+        except grpc.RpcError:
+            pass  # (the job ended under the stream)
+
+    threading.Thread(target=feed, daemon=True).start()
+    code, details = code_and_details(lambda: client.run("train", 1))
+    assert code == grpc.StatusCode.INTERNAL
+    assert details.startswith("batch 0: the simulated CS failed (KeyError: 'p1'), a csrun defect")
+    client.unload()
+
+
 def test_a_run_needing_batches_the_workers_do_not_send_aborts_instead_of_hanging(server):
     client = ClientDouble(server.address)
     client.load(program(), weights(), first_batch=0)  # workers send from batch 10 on
