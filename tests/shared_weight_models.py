@@ -108,7 +108,11 @@ def nearest_code(features, labels, mode, params):
     codebook = tf.compat.v1.get_variable("codebook", [5, 6], initializer=tf.random_uniform_initializer(-1.0, 1.0))
     distances = tf.reduce_sum(tf.square(z), 1, keepdims=True) - 2.0 * tf.matmul(z, codebook, transpose_b=True) \
         + tf.reduce_sum(tf.square(codebook), 1)[None, :]
-    quantised = tf.matmul(tf.one_hot(tf.argmin(distances, axis=1), 5), codebook)
+    codes = tf.argmin(distances, axis=1)
+    if params.get("pick") == "gather":  # the rows looked up: TF's update of the codebook is sparse
+        quantised = tf.gather(codebook, codes)
+    else:
+        quantised = tf.matmul(tf.one_hot(codes, 5), codebook)
     logits = tf.keras.layers.Dense(4)(z + quantised)
     return _spec(mode, labels, logits, params)
 

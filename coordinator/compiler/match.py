@@ -610,9 +610,14 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
     bad = []
     for v in training.variables:
         if v.name in sources and v.update == "sparse":
+            reader = _dense_reader(matcher.graph, v.name)
+            where = f" (by {reader.type} '{reader.name}' at {user_source(reader)})" if reader else ""
             bad.append(UnsupportedOp("Variable", v.name, v.source,
-                                     f"TF updates {v.name} as an embedding table (sparse), but "
-                                     "the CS computes on it in its weight program"))
+                                     f"TF updates {v.name} as an embedding table (sparse: only its "
+                                     f"lookups' rows have gradients), but the CS also computes with "
+                                     f"it as a whole{where}: pick its rows by tf.matmul(tf.one_hot(ids, "
+                                     f"rows), {v.name.split('/')[-1]}) instead of tf.gather (a dense "
+                                     "update), or read the whole under tf.stop_gradient"))
             continue
         if v.name in sources and v.name not in held:
             continue
@@ -631,6 +636,22 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
                                          f"but the CS holds {what} of it in {kernel.name}"))
                 break
     return bad
+
+
+def _dense_reader(graph: tf.Graph, variable: str) -> tf.Operation | None:
+    """The first op of the model (not its gradients) reading the whole value of `variable`."""
+    reads = [op for op in graph.get_operations()
+             if op.type == "ReadVariableOp" and op.inputs[0].op.name == variable]
+    while reads:
+        op = reads.pop(0)
+        for reader in op.outputs[0].consumers():
+            if reader.name.startswith("gradients"):
+                continue
+            if reader.type == "Identity":
+                reads.append(reader)
+            elif reader.type not in ("GatherV2", "ResourceGather"):
+                return reader
+    return None
 
 
 def moving_statistics(matcher: Matcher, training: TrainingSpec) -> list[UnsupportedOp]:

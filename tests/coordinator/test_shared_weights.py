@@ -53,6 +53,15 @@ def test_models_reading_a_weight_in_several_places_train_like_tensorflow(compare
     assert result.cs.losses[0] != result.cs.losses[-1]  # it trained
 
 
+def test_a_looked_up_table_also_read_whole_is_refused_saying_how_to_pick_its_rows(tmp_path):
+    """tf.gather(codebook, codes) makes TF's update sparse while the distances read the whole
+    codebook: one line naming the read and the dense form, which trains (nearest_code)."""
+    message = cs_inprocess.refusal(m.nearest_code, m.vector_input_fn, {**BASE, "pick": "gather"},
+                                   str(tmp_path), m.__file__)
+    assert "TF updates codebook as an embedding table (sparse" in message
+    assert "by MatMul 'MatMul' at" in message and "tf.matmul(tf.one_hot(ids, rows), codebook)" in message
+
+
 def shared_routes(program):
     return [r for r in program.routes if r.bytes_per_batch]
 
