@@ -705,7 +705,7 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
             "tf.equal(labels[:, None], labels[None, :])) or use in-batch products "
             "(tf.matmul(a, b, transpose_b=True))")
     if bounds[0] != (0, shape[0], 1, False) or not out or out[0] != shape[0]:
-        return "slices the batch axis"
+        return SLICES_THE_BATCH
     if not has_kernel("slice"):
         return "the CS has no slice kernel"
     attrs = {"begin": [b[0] for b in bounds[1:]], "end": [b[1] for b in bounds[1:]],
@@ -746,6 +746,12 @@ def _strided_slice_grad(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+SLICES_THE_BATCH = (
+    "slices the batch axis (some samples against others: a support set and queries, x[:k], "
+    "x[1:] - x[:-1]): the CS computes each sample on its own; give each sample what it needs "
+    "in input_fn (an episode per sample, its own pair), and slice along its own axes (x[:, :k])")
+
+
 @generic("Slice")
 def _slice(m: Context, op: tf.Operation) -> str:
     begin, size = m.operands.constant(op.inputs[1]), m.operands.constant(op.inputs[2])
@@ -754,7 +760,7 @@ def _slice(m: Context, op: tf.Operation) -> str:
         return "slice bounds are not constant"
     end = [shape[a] if int(s) < 0 else int(b) + int(s) for a, (b, s) in enumerate(zip(begin, size))]
     if int(begin[0]) != 0 or end[0] != shape[0]:
-        return "slices the batch axis"
+        return SLICES_THE_BATCH
     if not has_kernel("slice"):
         return "the CS has no slice kernel"
     m.add_kernel(op.name, "slice", [op.inputs[0]],
