@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
+from wafer.libm import scalar
 from wafer.precision import is_half, round_half, round_half_
 from wafer.special_functions import bessel_i0e, bessel_i1e, digamma, lgamma, trigamma
 
@@ -63,7 +64,7 @@ def _selu_grad(x, y, alpha, dy, out):
 
 
 def _tanh(x, alpha, out):
-    return np.tanh(x, out=out)
+    return _store(tanh(x), out)
 
 
 def _tanh_grad(x, y, alpha, dy, out):
@@ -83,7 +84,7 @@ def _softplus(x, alpha, out):
 
 
 def _softplus_grad(x, y, alpha, dy, out):
-    return _store(dy * sigmoid(x), out)
+    return _store(dy * _stable_sigmoid(x), out)
 
 
 def _linear(x, alpha, out):
@@ -394,10 +395,100 @@ def _store(value: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """Numerically stable logistic function, float32."""
+def _stable_sigmoid(x: np.ndarray) -> np.ndarray:
+    """Numerically stable logistic function, float32 (float16 sigmoid's, and softplus's
+    gradient's)."""
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, _ONE / (_ONE + e), e / (_ONE + e)).astype(np.float32, copy=False)
+
+
+# sigmoid and tanh: Eigen's float functors as TensorFlow 2.21's CPU kernels run them (the
+# wheel's Eigen: AVX without FMA, so every multiply-add rounds twice; packets of 8 floats;
+# TF's threads flush denormals, FTZ and DAZ). Measured bit-equal to tf.sigmoid and tf.tanh
+# on 11 million float32 arguments of every regime and on every length 1..64
+# (tests/wafer/test_eigen_logistic.py).
+PACKET = 8
+_TINY = np.float32(np.finfo(np.float32).tiny)
+_EXP_HI = np.float32(16.6355324)  # the first x where the interpolant is exactly one
+_EXP_LO = np.float32(-104)  # below it, the packet path returns 0
+_LOG2E = np.float32(1.44269504088896341)
+_LN2_HI, _LN2_LO = np.float32(-0.693359375), np.float32(2.12194440e-4)
+_EXP_POLY = np.array([8.33471305668354034423828125e-3, 4.1898667812347412109375e-2,
+                      0.16666877269744873046875, 0.49999141693115234375], np.float32)
+_TANH_CLAMP = np.float32(7.90738964080810547)  # ptanh_float's clamp without FMA
+_TANH_NUMERATOR = np.array([1.394553628e-8, 2.102733560e-5, 3.520756727e-3, 1.340216100e-1],
+                           np.float32)
+_TANH_DENOMINATOR = np.array([8.015776984e-7, 3.326951409e-4, 2.597254514e-2, 4.673548340e-1,
+                              1.0], np.float32)
+_expf = scalar("expf")
+
+
+def _flush(v: np.ndarray) -> np.ndarray:
+    """Denormals to zeros of their sign, in place (FTZ, DAZ)."""
+    np.copyto(v, np.copysign(np.float32(0), v), where=np.abs(v) < _TINY)
+    return v
+
+
+def _logistic_packet(x: np.ndarray) -> np.ndarray:
+    """scalar_logistic_op<float>::packetOp: exp(x/2) by Cephes' range reduction and a degree-5
+    polynomial, squared, then e / (1 + e)."""
+    h = np.minimum(x, _EXP_HI) * _HALF
+    m = np.floor(h * _LOG2E + _HALF)
+    r = m * _LN2_HI + h
+    r = m * _LN2_LO + r
+    r2 = r * r
+    odd = r2 * _EXP_POLY[0] + _EXP_POLY[2]
+    even = r2 * _EXP_POLY[1] + _EXP_POLY[3]
+    p = r * odd + even
+    p = r2 * p + (r + _ONE)
+    biased = np.nan_to_num(np.clip(m + np.float32(127), 0, 255))  # pldexp_fast: 2^m
+    e = p * (biased.astype(np.int32) << 23).view(np.float32)
+    e = _flush(e * e)
+    y = e / (_ONE + e)
+    y[x < _EXP_LO] = 0
+    return y
+
+
+def _logistic_scalar(x: np.ndarray) -> np.ndarray:
+    """scalar_logistic_op<float>::operator(): e = libm's expf(min(x, 16.6355324)), e / (1 + e)."""
+    x = _flush(np.array(x, np.float32))
+    e = _flush(np.array([_expf(v) for v in np.minimum(x, _EXP_HI).ravel()], np.float32))
+    return _flush(e / (_ONE + e)).reshape(x.shape)
+
+
+def sigmoid(x: np.ndarray, tail: int | None = None) -> np.ndarray:
+    """The logistic function in float32 as TensorFlow computes it on CPU: Eigen's packet path,
+    and its scalar path (libm's expf) for the last `tail` elements in C order (None: x is TF's
+    whole tensor, whose last size mod 8 elements take it)."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # -inf's reduction is nan, then 0
+        y = _logistic_packet(x)
+    tail = x.size % PACKET if tail is None else tail
+    if tail:
+        y.reshape(-1)[-tail:] = _logistic_scalar(x.reshape(-1)[-tail:])
+    return y
+
+
+def scalar_tail(ctx: RunContext, shape: Sequence[int]) -> int:
+    """How many of a micro-batch's last elements (shape: the micro-batch's, samples first)
+    TF's Sigmoid computes on Eigen's scalar path: those of the whole batch's last (batch size
+    x elements per sample) mod 8."""
+    size = int(np.prod(shape, dtype=np.int64))
+    per_sample = size // shape[0] if len(shape) and shape[0] else size
+    total = ctx.batch_size * per_sample
+    start = total - total % PACKET - ctx.offset * per_sample
+    return min(max(size - start, 0), size)
+
+
+def tanh(x: np.ndarray) -> np.ndarray:
+    """tanh in float32 as TensorFlow computes it on CPU: Eigen's ptanh_float, a 9/8-degree
+    rational function of x clamped to +-7.90738964 (the same on its scalar path)."""
+    x = _flush(np.clip(np.asarray(x, np.float32), -_TANH_CLAMP, _TANH_CLAMP))
+    with np.errstate(invalid="ignore"):  # signalling nans
+        x2 = x * x
+        p = _horner(x2, _TANH_NUMERATOR)
+        p = (x2 * x) * p + x
+        return p / _horner(x2, _TANH_DENOMINATOR)
 
 
 Forward = Callable[[np.ndarray, float, "np.ndarray | None"], np.ndarray]
@@ -505,7 +596,20 @@ def check_function(kernel: str, name: Any, fused: bool = True) -> str:
     return str(name)
 
 
-def apply(name: str, x: np.ndarray, a: float = 0.2, out: np.ndarray | None = None) -> np.ndarray:
+# float16 forwards the CS keeps its own (Eigen's float16 functors are not reproduced)
+HALF_FORWARDS: dict[str, Forward] = {
+    "tanh": lambda x, a, out: np.tanh(x, out=out),
+    "sigmoid": lambda x, a, out: _store(_stable_sigmoid(x), out),
+}
+
+
+def apply(name: str, x: np.ndarray, a: float = 0.2, out: np.ndarray | None = None,
+          half: bool = False, tail: int | None = None) -> np.ndarray:
+    """The function of x; `half`: of a float16 function; `tail`: sigmoid's (`sigmoid`)."""
+    if half and name in HALF_FORWARDS:
+        return HALF_FORWARDS[name](x, a, out)
+    if name == "sigmoid":
+        return _store(sigmoid(x, tail), out)
     return FUNCTIONS[name][0](x, a, out)
 
 
@@ -560,7 +664,8 @@ class Activation(Kernel):
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
         with np.errstate(all="ignore"):
-            y = apply(self.function, x, self.parameter)
+            y = apply(self.function, x, self.parameter, half=self.half,
+                      tail=scalar_tail(ctx, x.shape))
         if self.half and y is not x:  # the float16 output TF's gradient reads
             round_half_(y)
         return y, (x, y)

@@ -62,8 +62,9 @@ class Affine:
             and x2d.dtype == w.dtype == np.float32 and min(*x2d.shape, w.shape[1]) > 1
 
     def forward(self, x2d: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                ctx: RunContext) -> tuple[np.ndarray, tuple]:
-        """(rows, units) outputs and the cache for backward."""
+                ctx: RunContext, tail: int = 0) -> tuple[np.ndarray, tuple]:
+        """(rows, units) outputs and the cache for backward; `tail`: how many of the last
+        outputs TF's Sigmoid computes on Eigen's scalar path (activations.scalar_tail)."""
         (rows, n), units = x2d.shape, w.shape[1]
         z = np.empty((rows, units), np.float32)
         y = z if self.activation in OUTPUT_GRADIENT else np.empty_like(z)
@@ -73,11 +74,11 @@ class Affine:
                                    cols.stop, b is not None, self.code, self.half)
                            for cols in tiles(rows, n, units)])
             return y, (x2d, None if y is z else z, y)
-        ctx.run_tiles([partial(self._forward_tile, x2d, w, b, z, y, cols)
+        ctx.run_tiles([partial(self._forward_tile, x2d, w, b, z, y, cols, tail)
                        for cols in tiles(rows, n, units)])
         return y, (x2d, None if y is z else z, y)
 
-    def _forward_tile(self, x2d, w, b, z, y, cols: slice) -> None:
+    def _forward_tile(self, x2d, w, b, z, y, cols: slice, tail: int) -> None:
         zc = z[:, cols]
         np.matmul(x2d, w[:, cols], out=zc)
         if self.half:
@@ -87,7 +88,15 @@ class Affine:
             if self.half:
                 round_half_(zc)
         if self.activation != "linear":
-            activations.apply(self.activation, zc, out=y[:, cols])
+            scalar = self.activation == "sigmoid" and not self.half and tail
+            if scalar:  # the tile's part of the whole output's last `tail`
+                row, col = np.divmod(np.arange(z.size - tail, z.size), z.shape[1])
+                inside = (col >= cols.start) & (col < cols.stop)
+                row, col = row[inside], col[inside]
+                last = z[row, col]
+            activations.apply(self.activation, zc, out=y[:, cols], half=self.half, tail=0)
+            if scalar:
+                y[row, col] = activations.sigmoid(last, tail=last.size)
             if self.half and self.activation not in EXACT_IN_HALF:
                 round_half_(y[:, cols])
 

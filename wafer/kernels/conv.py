@@ -206,7 +206,9 @@ class Conv2D(Kernel):
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
         cols = self.windows.columns(x)
-        y, cache = self.affine.forward(cols, self._matrix(params["kernel"]), params.get("bias"), ctx)
+        tail = activations.scalar_tail(ctx, (x.shape[0], *self.output_shape))
+        y, cache = self.affine.forward(cols, self._matrix(params["kernel"]), params.get("bias"),
+                                       ctx, tail)
         return y.reshape(x.shape[0], *self.output_shape), (x.shape[0], cache)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):

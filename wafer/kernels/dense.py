@@ -55,8 +55,9 @@ class Dense(Kernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
+        tail = activations.scalar_tail(ctx, (*x.shape[:-1], self.units))
         y, cache = self.affine.forward(x.reshape(-1, self.n), params["kernel"],
-                                        params.get("bias"), ctx)
+                                        params.get("bias"), ctx, tail)
         return y.reshape(*x.shape[:-1], self.units), cache
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
