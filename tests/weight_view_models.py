@@ -84,6 +84,20 @@ def pieced_kernel(features, labels, mode, params):
     return _spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
 
 
+def unrolled_ista(features, labels, mode, params):
+    """LISTA: a learned iterative soft-thresholding, one threshold and one step size per
+    iteration read as scalars of two [STEPS] weights (theta[k], step[k])."""
+    x = tf.reshape(features, [-1, STEPS * FEATURES])
+    theta = tf.compat.v1.get_variable("theta", [STEPS], initializer=tf.constant_initializer(0.1))
+    step = tf.compat.v1.get_variable("step", [STEPS], initializer=tf.constant_initializer(0.5))
+    encode = tf.keras.layers.Dense(UNITS, use_bias=False)
+    z = tf.zeros_like(encode(x))
+    for k in range(STEPS):
+        u = z + step[k] * encode(x)
+        z = tf.sign(u) * tf.nn.relu(tf.abs(u) - theta[k])
+    return _spec(mode, labels, tf.keras.layers.Dense(CLASSES)(z), params)
+
+
 def kernel_with_constant_column(features, labels, mode, params):
     """A kernel concatenated with a constant column: a view the CS does not compute."""
     flat = tf.reshape(features, [-1, STEPS * FEATURES])

@@ -55,7 +55,7 @@ class Variable:
         """The array a use's kernel reads: the variable's memory, or a copy of its view."""
         if use.view is None:
             return self.value.reshape(use.shape)
-        return np.take(self.value.reshape(-1), use.view)
+        return np.asarray(np.take(self.value.reshape(-1), use.view))  # (a scalar's: 0-d, writable)
 
     def refresh(self) -> None:
         """After an update: every viewed use reads the new values."""

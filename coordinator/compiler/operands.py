@@ -94,7 +94,7 @@ class Operands:
         whole = index.size == int(np.prod(base.variable_shape)) and \
             np.array_equal(index.reshape(-1), np.arange(index.size))
         return Weight(base.variable, base.variable_shape, shape, base.dtype,
-                      None if whole else np.ascontiguousarray(index))
+                      None if whole else np.array(index, order="C"))  # (ascontiguousarray makes a scalar 1-d)
 
     def _viewed_input(self, t: tf.Tensor) -> tf.Tensor | None:
         """The tensor a view op reads its values from (None: no single one)."""

@@ -20,6 +20,7 @@ CASES = {
     "split_kernel_lstm": (m.split_kernel_lstm, m.sequence_input_fn, {"optimizer": "adam"}),
     "tied_embedding_lm": (m.tied_embedding_lm, m.token_input_fn, {}),
     "pieced_kernel": (m.pieced_kernel, m.sequence_input_fn, {"optimizer": "adam"}),
+    "unrolled_ista": (m.unrolled_ista, m.sequence_input_fn, {"optimizer": "adam"}),  # scalars theta[k]
 }
 
 
