@@ -318,7 +318,7 @@ class Matcher:
         recurrent layer's first step) reads the same elements for every sample: one row."""
         view = weight.view
         assert view is not None
-        if view.ndim == len(static_shape(op.outputs[0])) and view.shape[0] == self.x.batch_size \
+        if view.ndim and view.ndim == len(static_shape(op.outputs[0])) and view.shape[0] == self.x.batch_size \
                 != 1 and (view == view[:1]).all():
             return dataclasses.replace(weight, shape=(1, *weight.shape[1:]),
                                        view=np.ascontiguousarray(view[:1]))
