@@ -18,9 +18,11 @@ STEP_LINE = re.compile(r"^global step (\d+): loss = (\S+)", re.M)
 EVAL_LINE = re.compile(r"^Saving dict for global step (\d+): (.*)$", re.M)
 
 
-def fc_mnist_params(folder: Path, *, steps: int, every: int, **runconfig) -> Path:
-    """FC-MNIST's params with a short run that logs every step's loss, in `folder`."""
+def fc_mnist_params(folder: Path, *, steps: int, every: int, model: dict | None = None, **runconfig) -> Path:
+    """FC-MNIST's params with a short run that logs every step's loss, in `folder` (`model`:
+    keys of its model section replaced)."""
     params = yaml.safe_load((EXAMPLE / "configs" / "params.yaml").read_text())
+    params["model"].update(model or {})
     params["runconfig"].update(max_steps=steps, save_checkpoints_steps=every, save_summary_steps=every,
                                log_step_count_steps=1, keep_checkpoint_max=5, **runconfig)
     path = folder / "params.yaml"

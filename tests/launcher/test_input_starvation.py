@@ -78,13 +78,14 @@ def test_a_window_waiting_for_input_names_the_workers_that_would_keep_up():
     assert kept_up.flush() is None and kept_up.summary() == ""
 
 
-def _train(tmp_path: Path, pause_s: float | None, steps: int) -> tuple[subprocess.CompletedProcess, jobs.Progress]:
+def _train(tmp_path: Path, pause_s: float | None, steps: int,
+           model: dict | None = None) -> tuple[subprocess.CompletedProcess, jobs.Progress]:
     """csrun_wse trains FC-MNIST for `steps` from the slow reader (`pause_s` a sample), or
     from the example's own input_fn (None: arrays in memory, tf.data's from_tensor_slices)."""
     script = tmp_path / "run.py" if pause_s is not None else EXAMPLE / "run.py"
     if pause_s is not None:
         script.write_text(SLOW_READER)
-    params = fc_mnist_params(tmp_path, steps=steps, every=steps)
+    params = fc_mnist_params(tmp_path, steps=steps, every=steps, model=model)
     job_dir = tmp_path / "job"
     done = subprocess.run([sys.executable, "-m", "launcher.csrun_wse", "--job-dir", str(job_dir), "python",
                            str(script), "-p", str(params), "-o", str(tmp_path / "m")], cwd=tmp_path,
@@ -116,6 +117,8 @@ def test_a_slow_reader_starves_the_cs_and_the_run_says_how_many_workers_would_ke
 
 @pytest.mark.slow
 def test_a_reader_that_keeps_up_logs_no_starvation(tmp_path):
-    done, progress = _train(tmp_path, pause_s=None, steps=30)
+    # FC-MNIST 500-300 computes ~30k samples/s here, as fast as one worker slices arrays: a
+    # wider network keeps the CS the slower side on any machine
+    done, progress = _train(tmp_path, pause_s=None, steps=30, model={"hidden_sizes": [2048, 2048, 2048]})
     assert "starvation" not in done.stdout.lower() and "starvation" not in done.stderr.lower(), done.stdout
     assert progress.starvation == ""
