@@ -136,11 +136,17 @@ def _scores(kind: str):
     """A float64 graph: h -> Dense(1) scores -> `kind` -> a loss; the bias's name."""
     x = tf.constant(np.random.default_rng(5).normal(size=(4, 6, 3)), tf.float64)
     labels = tf.constant([0, 1, 2, 1])
-    layer = tf.keras.layers.Dense(3 if kind == "per class" else 1, name="s", dtype=tf.float64,
+    units = {"per class": 3, "heatmaps": 2, "heatmaps and channels": 2}.get(kind, 1)
+    layer = tf.keras.layers.Dense(units, name="s", dtype=tf.float64,
                                   bias_initializer=tf.keras.initializers.Constant(0.3),
                                   bias_regularizer="l2" if kind == "regularized" else None)
-    score = layer(x)
-    if kind == "softmax over axis 1":  # TF transposes the axis last and back
+    score = layer(tf.reshape(x, [4, 2, 3, 3]) if kind.startswith("heatmaps") else x)
+    if kind.startswith("heatmaps"):  # a bias per heatmap [4, 2, 3, K=2], softmax over its 2 x 3 pixels
+        pixels = tf.reshape(tf.transpose(score, [0, 3, 1, 2]), [4, 2, 6]) if kind == "heatmaps" else \
+            tf.reshape(score, [4, 2, 6])  # channels kept last: each softmax over 3 pixels x 2 heatmaps
+        prob = tf.nn.softmax(pixels * 4.0)
+        logits = tf.reduce_sum(prob[..., None] * x[:, None], axis=[1, 2])
+    elif kind == "softmax over axis 1":  # TF transposes the axis last and back
         alpha = tf.nn.softmax(score * 3.0, axis=1)
         logits = tf.reduce_sum(x * alpha, 1)
     elif kind == "times an input":  # d varies along T: the shift is not shared
@@ -168,12 +174,14 @@ def _scores(kind: str):
                                         ("log_softmax logits", True), ("times an input", False),
                                         ("regularized", False), ("per class", False),
                                         ("masked", True), ("masked by 0", False),
-                                        ("std", True), ("std times an input", False)])
+                                        ("std", True), ("std times an input", False),
+                                        ("heatmaps", True), ("heatmaps and channels", False)])
 def test_only_a_shift_every_path_hands_to_a_softmax_is_zeroed(kind, zero):
     """What the proof accepts has a float64 gradient of 0 (to 1e-12); what it leaves real
     (a factor that varies along the softmax's axis, a regularizer, a bias per class) has
     one; masked entries (tf.where) hold -1e9, or 0, which the shift then moves against; a
-    standard deviation over T subtracts the mean the shift moves."""
+    standard deviation over T subtracts the mean the shift moves; a bias per heatmap is
+    shared by its pixels (transposed and merged by a reshape), not by pixels of several."""
     from coordinator.compiler.training.shift import zero_gradients
     with tf.Graph().as_default():
         loss, biases = _scores(kind)

@@ -9,8 +9,9 @@ then what exact arithmetic (and float64 TF) gives.
 The proof (sufficient, not general): the variable holds one value (shape [], [1], all ones)
 and every tensor on a path from one of its reads to the loss is affine in it, x = u + v * d,
 with d (which does not depend on it) tracked as the set of axes along which d is constant.
-Identity, Snapshot, float Cast, Neg, ExpandDims, Squeeze, Transpose and Reshape (when it
-only adds or drops axes of size 1, or d is constant along every axis) move the axes; Add,
+Identity, Snapshot, float Cast, Neg, ExpandDims, Squeeze, Transpose and Reshape move the
+axes (a reshape's output axes made of input axes along which d is constant, merged or
+split, keep it: a keypoint head's bias per heatmap before a softmax over its S x S pixels); Add,
 AddV2, Sub and BiasAdd with a tensor not computed from the variable (a mask) keep d,
 broadcasting it along the other side's axes; Mul, and RealDiv by it, with such a tensor k
 keep d constant along an axis where k is (k has size 1 there, or is a constant whose values
@@ -166,13 +167,11 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
     if op.type == "Reshape" and index == 0:
         if constant == frozenset(range(rank)):
             return frozenset(range(out_rank))
-        ins = [k for k, d in enumerate(x.shape) if d != 1]
-        outs = [j for j, d in enumerate(out.shape) if d != 1]
-        if [x.shape[k] for k in ins] != [out.shape[j] for j in outs] or None in \
-                [x.shape[k] for k in ins]:
+        groups = _reshape_groups(list(x.shape), list(out.shape))
+        if groups is None:
             return None
-        return frozenset(j for j in range(out_rank) if j not in outs) | frozenset(
-            j for j, k in zip(outs, ins) if k in constant)
+        return frozenset(j for j in range(out_rank) if out.shape[j] == 1) | frozenset(
+            j for ins, outs in groups if set(ins) <= constant for j in outs)
     if op.type == "Einsum" and len(op.inputs) == 2 and op.inputs[1 - index].op not in reached:
         return _einsum(op, index, constant)
     if op.type in _SELECTS and index > 0:
@@ -192,6 +191,34 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
     if other.shape.rank is None:
         return None
     return broadcast & _broadcast(other, _constant_axes(other), out_rank)
+
+
+def _reshape_groups(dims: list, out_dims: list) -> list[tuple[list[int], list[int]]] | None:
+    """A reshape's axes (those of size > 1) in groups (input axes, output axes) of equal
+    products, as row-major order lays them out: a group's output elements are its input
+    elements, the other axes held (split, merged, or kept). None: a size unknown."""
+    ins = [k for k, d in enumerate(dims) if d != 1]
+    outs = [j for j, d in enumerate(out_dims) if d != 1]
+    if None in [dims[k] for k in ins] + [out_dims[j] for j in outs]:
+        return None
+    groups, i, j = [], 0, 0
+    while i < len(ins) and j < len(outs):
+        group_in, group_out = [ins[i]], [outs[j]]
+        size_in, size_out = dims[ins[i]], out_dims[outs[j]]
+        while size_in != size_out:
+            if size_in < size_out and i + 1 < len(ins):
+                i += 1
+                group_in.append(ins[i])
+                size_in *= dims[ins[i]]
+            elif size_out < size_in and j + 1 < len(outs):
+                j += 1
+                group_out.append(outs[j])
+                size_out *= out_dims[outs[j]]
+            else:
+                return None
+        groups.append((group_in, group_out))
+        i, j = i + 1, j + 1
+    return groups if i == len(ins) and j == len(outs) else None
 
 
 def _masked(op: tf.Operation, index: int, constant: frozenset[int],
