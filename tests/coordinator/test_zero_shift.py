@@ -100,7 +100,8 @@ def test_the_cs_applies_the_exact_zero_and_trains_the_rest_like_tensorflow(train
     assert cs_inprocess.zero_gradient_variables(trained.compiled) == {BIAS}
     cs_inprocess.assert_same_training(trained)  # b against its start, the rest against TF
     assert (f"{BIAS}: gradient 0 exactly (softmax ignores a shift shared along its axis, "
-            "batch normalization in training one per channel)") in \
+            "batch normalization in training one per channel, a difference of two values that both "
+            "carry it)") in \
         trained.compiled.report_text.splitlines()
 
 
@@ -136,7 +137,8 @@ def _scores(kind: str):
     """A float64 graph: h -> Dense(1) scores -> `kind` -> a loss; the bias's name."""
     x = tf.constant(np.random.default_rng(5).normal(size=(4, 6, 3)), tf.float64)
     labels = tf.constant([0, 1, 2, 1])
-    units = {"per class": 3, "heatmaps": 2, "heatmaps and channels": 2}.get(kind, 1)
+    units = {"per class": 3, "heatmaps": 2, "heatmaps and channels": 2, "prototype distance": 2,
+             "distance to a point": 2, "siamese": 2}.get(kind, 1)
     layer = tf.keras.layers.Dense(units, name="s", dtype=tf.float64,
                                   bias_initializer=tf.keras.initializers.Constant(0.3),
                                   bias_regularizer="l2" if kind == "regularized" else None)
@@ -146,6 +148,13 @@ def _scores(kind: str):
             tf.reshape(score, [4, 2, 6])  # channels kept last: each softmax over 3 pixels x 2 heatmaps
         prob = tf.nn.softmax(pixels * 4.0)
         logits = tf.reduce_sum(prob[..., None] * x[:, None], axis=[1, 2])
+    elif kind == "prototype distance":  # queries against the mean of the supports: the bias cancels
+        prototype = tf.reduce_mean(score[:, :3], axis=1)
+        logits = -tf.reduce_sum(tf.square(score[:, 3:] - prototype[:, None]), -1)
+    elif kind == "siamese":  # one layer called on two inputs: two reads of the bias, subtracted
+        logits = -tf.reduce_sum(tf.square(score - layer(x[:, ::-1] * 2.0)), -1)[:, :3]
+    elif kind == "distance to a point":  # against a fixed point, the bias moves the distances
+        logits = -tf.reduce_sum(tf.math.squared_difference(score[:, 3:], [0.5, -0.5]), -1)
     elif kind == "softmax over axis 1":  # TF transposes the axis last and back
         alpha = tf.nn.softmax(score * 3.0, axis=1)
         logits = tf.reduce_sum(x * alpha, 1)
@@ -175,13 +184,16 @@ def _scores(kind: str):
                                         ("regularized", False), ("per class", False),
                                         ("masked", True), ("masked by 0", False),
                                         ("std", True), ("std times an input", False),
-                                        ("heatmaps", True), ("heatmaps and channels", False)])
+                                        ("heatmaps", True), ("heatmaps and channels", False),
+                                        ("prototype distance", True), ("distance to a point", False),
+                                        ("siamese", True)])
 def test_only_a_shift_every_path_hands_to_a_softmax_is_zeroed(kind, zero):
     """What the proof accepts has a float64 gradient of 0 (to 1e-12); what it leaves real
     (a factor that varies along the softmax's axis, a regularizer, a bias per class) has
     one; masked entries (tf.where) hold -1e9, or 0, which the shift then moves against; a
     standard deviation over T subtracts the mean the shift moves; a bias per heatmap is
-    shared by its pixels (transposed and merged by a reshape), not by pixels of several."""
+    shared by its pixels (transposed and merged by a reshape), not by pixels of several; an
+    embedding's bias cancels in the difference of two embeddings, not against a fixed point."""
     from coordinator.compiler.training.shift import zero_gradients
     with tf.Graph().as_default():
         loss, biases = _scores(kind)

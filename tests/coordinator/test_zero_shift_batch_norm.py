@@ -60,7 +60,8 @@ def test_biases_before_batch_normalization_get_the_exact_zero(trained):
     for bias in BIASES:
         assert np.array_equal(trained.cs.state[bias], trained.compiled.initial_weights[bias])
         assert f"{bias}: gradient 0 exactly (softmax ignores a shift shared along its axis, " \
-               "batch normalization in training one per channel)" in \
+               "batch normalization in training one per channel, a difference of two values that both " \
+               "carry it)" in \
             trained.compiled.report_text.splitlines()
     cs_inprocess.assert_same_training(trained)  # the biases against their start, the rest against TF
 

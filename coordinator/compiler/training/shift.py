@@ -31,25 +31,32 @@ of a tensor whose d is constant along every axis but the channels: the normaliza
 subtracts the batch's mean per channel, so a bias before it (Conv2D(use_bias=True) ->
 BatchNormalization, the common case) has the gradient 0; a variable of more than one value
 (a bias of C values) is proven component by component, each constant along its read's axes
-of size 1. Any other op on a path (a regularizer's L2Loss, a second use of the variable, a
-loss that reads it) leaves its gradient real.
+of size 1. Two paths that meet in an Add, Sub or SquaredDifference with opposite signs end
+there when both still carry exactly ± the read, broadcast (`_Pure`: moved by views, whole
+slices of its axis, means along other axes, shifts): an embedding's bias in the distance
+between two embeddings cancels. Sum and Mean pass d on. Any other op on a path (a
+regularizer's L2Loss, the loss reading it) leaves its gradient real.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import data_upstream
+from coordinator.compiler.lowering import slice_bounds
 
 REASON = ("softmax ignores a shift shared along its axis, batch normalization in training "
-          "one per channel")
+          "one per channel, a difference of two values that both carry it")
 
 _SAME = {"Identity", "Snapshot", "Neg", "Cast"}
 _SHIFTS = {"Add", "AddV2", "Sub", "BiasAdd"}
 _SCALES = {"Mul", "RealDiv"}
 _SELECTS = {"Select", "SelectV2"}
+_CANCELS = {"Add", "AddV2", "Sub", "SquaredDifference"}  # two v-terms that may cancel
+_MOVES = {"ExpandDims", "Squeeze", "Transpose", "Reshape", "StridedSlice", "Mean"}
 _MASKED = -1e4  # a masked logit at most this (Keras: -1e9, float16 -3e4): exp underflows
 _SOFTMAX = {"Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
             "SparseSoftmaxCrossEntropyWithLogits"}
@@ -65,6 +72,15 @@ def zero_gradients(loss: tf.Tensor, variables: list[str],
                  if _shift_only(graph.get_operation_by_name(v), loss, upstream, normalized or {}))
 
 
+@dataclass(frozen=True)
+class _Pure:
+    """A tensor's v-term is exactly scale · (the read of v, broadcast): d one-hot along
+    `axis` (a component of a vector variable) or 1 everywhere (axis None)."""
+
+    axis: int | None
+    scale: float
+
+
 def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operation],
                 normalized: Mapping[str, frozenset[str]]) -> bool:
     shape = tf.TensorShape(handle.get_attr("shape"))
@@ -76,11 +92,15 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
     if not reads or any(c in upstream and c.type not in ("ReadVariableOp", "Identity")
                         for c in handle.outputs[0].consumers()):
         return False
-    stack = [(read, frozenset(a for a in range(read.shape.rank or 0) if read.shape[a] == 1
-                              or shape.num_elements() == 1)) for read in reads]
-    seen = set()
+    varying = [a for a in range(len(shape)) if shape[a] != 1]
+    pure = _Pure(varying[0] if varying else None, 1.0) if len(varying) <= 1 else None
+    stack: list[tuple[tf.Tensor, frozenset[int], _Pure | None]] = [
+        (read, frozenset(a for a in range(read.shape.rank or 0) if read.shape[a] == 1
+                         or shape.num_elements() == 1), pure) for read in reads]
+    seen: set = set()
+    pending: dict[tf.Operation, tuple[int, frozenset[int], _Pure | None]] = {}
     while stack:
-        tensor, constant = stack.pop()
+        tensor, constant, pure = stack.pop()
         if tensor is loss or tensor.shape.rank is None:
             return False
         for op in tensor.consumers():
@@ -100,11 +120,93 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
                 if indices[0] != 0 or tensor.shape.rank - 1 not in constant:
                     return False
                 continue
+            if op.type in _CANCELS and len(op.inputs) == 2 and op.inputs[1 - indices[0]].op in reached:
+                if op not in pending:  # the other operand's v-term is still on its way
+                    pending[op] = (indices[0], constant, pure)
+                    continue
+                combined = _difference(op, pending.pop(op), (indices[0], constant, pure))
+                if combined is None:
+                    return False
+                if combined is not _CANCELLED:
+                    stack.append((op.outputs[0], *combined))
+                continue
             out = _through(op, indices[0], constant, reached)
             if out is None:
                 return False
-            stack.append((op.outputs[0], out))
-    return True
+            stack.append((op.outputs[0], out, _pure_through(op, indices[0], pure)))
+    return not pending  # an operand whose v-term was not followed: not proven
+
+
+_CANCELLED = object()
+
+
+def _difference(op: tf.Operation, first: tuple[int, frozenset[int], _Pure | None],
+                second: tuple[int, frozenset[int], _Pure | None]):
+    """Both operands of an Add/AddV2/Sub/SquaredDifference carry v: _CANCELLED when their
+    v-terms are the same read with opposite signs (u1 + v·d − (u2 + v·d), an embedding's
+    bias in a distance between two embeddings), the sum's (constant, pure) when they add up
+    to another multiple of it, None otherwise (not proven)."""
+    rank = op.outputs[0].shape.rank
+    terms = sorted([first, second], key=lambda t: t[0])
+    a, b = terms[0][2], terms[1][2]
+    if rank is None or a is None or b is None:
+        return None
+    axes = [None if p.axis is None else p.axis + rank - (op.inputs[i].shape.rank or 0)
+            for i, p in ((0, a), (1, b))]
+    if axes[0] != axes[1]:
+        return None
+    sign = 1.0 if op.type in ("Add", "AddV2") else -1.0
+    scale = a.scale + sign * b.scale
+    if scale == 0.0:
+        return _CANCELLED
+    if op.type == "SquaredDifference":
+        return None
+    constant = _broadcast(op.inputs[0], terms[0][1], rank) & _broadcast(op.inputs[1], terms[1][1], rank)
+    return constant, _Pure(axes[0], scale)
+
+
+def _pure_through(op: tf.Operation, index: int, pure: _Pure | None) -> _Pure | None:
+    """Where an op that _through passed puts a pure v-term (None: scaled by a tensor, summed
+    along its axis, or moved in a way not followed)."""
+    if pure is None:
+        return None
+    x, out = op.inputs[index], op.outputs[0]
+    rank, out_rank = x.shape.rank or 0, out.shape.rank or 0
+    axis = pure.axis
+    if op.type in ("Identity", "Snapshot", "Cast") or (op.type == "Sub" and index == 0):
+        return pure
+    if op.type == "Neg" or (op.type == "Sub" and index == 1):
+        return _Pure(axis, -pure.scale)
+    if op.type in ("Add", "AddV2") or op.type == "BiasAdd" and index == 0:
+        return _Pure(None if axis is None else axis + out_rank - rank, pure.scale)
+    if op.type == "BiasAdd":
+        return _Pure(None if axis is None else out_rank - 1, pure.scale)
+    if axis is None:
+        return pure if op.type in _MOVES else None
+    static = _static(op.inputs[1]) if op.type in ("ExpandDims", "Transpose") else None
+    if op.type == "ExpandDims" and static is not None:
+        at = int(np.ravel(static)[0]) % out_rank
+        return _Pure(axis if axis < at else axis + 1, pure.scale)
+    if op.type == "Squeeze":
+        return _Pure(_squeezed_kept(op, x).index(axis), pure.scale)
+    if op.type == "Transpose" and static is not None:
+        return _Pure([int(k) for k in np.ravel(static)].index(axis), pure.scale)
+    if op.type == "Reshape":
+        groups = _reshape_groups(list(x.shape), list(out.shape)) or []
+        return next((_Pure(outs[0], pure.scale) for ins, outs in groups
+                     if ins == [axis] and len(outs) == 1), None)
+    if op.type in ("Mean", "Sum"):
+        reduced = _reduced(op)
+        if reduced is None or axis in reduced:
+            return None
+        scale = pure.scale if op.type == "Mean" else pure.scale * float(
+            np.prod([x.shape[a] for a in reduced]))
+        return _Pure(axis if op.get_attr("keep_dims") else axis - sum(1 for a in reduced if a < axis), scale)
+    if op.type == "StridedSlice":
+        mapping = _slice_axes(op)
+        whole = mapping is not None and axis in mapping and _whole(op, axis)
+        return _Pure(mapping.index(axis), pure.scale) if whole and mapping is not None else None
+    return None
 
 
 def _centred(op: tf.Operation, tensor: tf.Tensor, constant: frozenset[int]) -> bool:
@@ -155,11 +257,19 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
         a = int(np.ravel(axis)[0]) % out_rank
         return frozenset({k if k < a else k + 1 for k in constant} | {a})
     if op.type == "Squeeze":
-        dims = list(x.shape)
-        dropped = {int(d) % rank for d in op.get_attr("squeeze_dims")} or \
-            {k for k, d in enumerate(dims) if d == 1}
-        kept = [k for k in range(rank) if k not in dropped]
-        return frozenset(j for j, k in enumerate(kept) if k in constant)
+        return frozenset(j for j, k in enumerate(_squeezed_kept(op, x)) if k in constant)
+    if op.type in ("Mean", "Sum") and index == 0:
+        reduced = _reduced(op)
+        if reduced is None:
+            return None
+        if op.get_attr("keep_dims"):
+            return constant | reduced
+        return frozenset(j for j, k in enumerate(a for a in range(rank) if a not in reduced)
+                         if k in constant)
+    if op.type == "StridedSlice" and index == 0:
+        mapping = _slice_axes(op)
+        return None if mapping is None else frozenset(
+            j for j, k in enumerate(mapping) if k is None or k in constant)
     if op.type == "Transpose" and index == 0:
         perm = _static(op.inputs[1])
         return None if perm is None else frozenset(
@@ -191,6 +301,53 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
     if other.shape.rank is None:
         return None
     return broadcast & _broadcast(other, _constant_axes(other), out_rank)
+
+
+def _squeezed_kept(op: tf.Operation, x: tf.Tensor) -> list[int]:
+    """A Squeeze's input axes that its output keeps, in order."""
+    rank = x.shape.rank or 0
+    dropped = {int(d) % rank for d in op.get_attr("squeeze_dims")} or \
+        {k for k in range(rank) if x.shape[k] == 1}
+    return [k for k in range(rank) if k not in dropped]
+
+
+def _reduced(op: tf.Operation) -> frozenset[int] | None:
+    """The axes a Mean or Sum reduces (None: not static)."""
+    rank, axes = op.inputs[0].shape.rank, _static(op.inputs[1])
+    if rank is None or axes is None:
+        return None
+    return frozenset(int(a) % rank for a in np.ravel(axes))
+
+
+def _slice_axes(op: tf.Operation) -> list[int | None] | None:
+    """A StridedSlice's output axes: the input axis each one slices (None: tf.newaxis)."""
+    rank, entries = op.inputs[0].shape.rank, op.inputs[1].shape.num_elements()
+    if rank is None or entries is None:
+        return None
+    ellipsis, new, shrink = (op.get_attr(k) for k in ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask"))
+    consumed = sum(1 for i in range(entries) if not (ellipsis | new) >> i & 1)
+    axes: list[int | None] = []
+    k = 0
+    for i in range(entries):
+        if ellipsis >> i & 1:
+            axes += range(k, k + rank - consumed)
+            k += rank - consumed
+        elif new >> i & 1:
+            axes.append(None)
+        else:
+            if not shrink >> i & 1:
+                axes.append(k)
+            k += 1
+    return axes + list(range(k, rank))
+
+
+def _whole(op: tf.Operation, axis: int) -> bool:
+    """Whether a StridedSlice takes all of the input's `axis`, in order."""
+    begin, end, strides = (_static(t) for t in op.inputs[1:4])
+    if begin is None or end is None or strides is None:
+        return False
+    lo, hi, step, shrink = slice_bounds(op, np.ravel(begin), np.ravel(end), np.ravel(strides))[axis]
+    return (lo, hi, step, shrink) == (0, op.inputs[0].shape[axis], 1, False)
 
 
 def _reshape_groups(dims: list, out_dims: list) -> list[tuple[list[int], list[int]]] | None:
