@@ -34,6 +34,8 @@ def _instances(features, params, training):
     if params.get("layer_norm"):
         h = L.LayerNormalization()(h)
     h = L.Dropout(params.get("dropout", 0.0))(h, training=training)
+    if params.get("noise"):
+        h = L.GaussianNoise(params["noise"])(h, training=training)
     return tf.reshape(h, [-1, INSTANCES, 16])
 
 
@@ -122,3 +124,14 @@ def folded_batch_norm(features, labels, mode, params):
 
 def folded_gram(features, labels, mode, params):
     return _mixing_head(features, labels, mode, "gram")
+
+
+def misfolded(features, labels, mode, params):
+    """Steps of 5 features reshaped to rows of 16 (6 * 5 = 30 values a sample: rows straddle
+    samples), then a Dense and a Dropout on those rows."""
+    h = L.Dense(8, activation="relu")(tf.reshape(features, [-1, 16]))
+    h = L.Dropout(0.25)(h, training=mode == ModeKeys.TRAIN)
+    logits = L.Dense(2)(tf.reshape(h, [8, -1]))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode, loss=loss, train_op=v1.train.GradientDescentOptimizer(0.1)
+                           .minimize(loss, global_step=gs()))

@@ -34,10 +34,9 @@ REFUSED = ("mixing the rows of a folded batch: a reduction over the axis [batch 
 
 
 def _mixes(op: tf.Operation, what: str, k: int) -> str:
-    return (f"{what} of a value whose per-sample axis of {k} is folded into the batch "
-            f"(tf.reshape to [batch * {k}, ...]): the CS computes each sample on its own and "
-            f"carries the folded rows as each sample's ({k}, ...); reshape back to [batch, {k}, "
-            f"...] before {op.type}, or apply it to the [batch, {k}, ...] value itself")
+    return (f"{what} while a per-sample axis of {k} is folded into the batch (a reshape to "
+            f"[batch * {k}, ...]): the CS keeps each sample's {k} rows its own; reshape back to "
+            f"[batch, {k}, ...] before this {op.type}")
 
 
 def refusal(m: Context, op: tf.Operation) -> str:
@@ -48,25 +47,24 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if k == 1:
         return ""
     if any(f != k for f in folds):
-        return _mixes(op, "meets a per-sample value of another shape in", k)
+        return _mixes(op, "meets a per-sample value folded otherwise", k)
     if op.type in ELEMENT_WISE or op.type in RESHAPES:
         return _along_rows(m, op, k)
     if op.type in PRODUCTS:
         a, b = op.inputs
         flip = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
         if m.is_batched(b) or not m.is_batched(a) or flip:
-            return _mixes(op, "multiplies the rows (a matmul across the folded batch)", k)
+            return _mixes(op, "multiplies rows of different samples (a matmul across the folded batch)", k)
         return ""
     if op.type in REDUCTIONS or op.type in ("Any", "All"):
         axes = m.operands.constant(op.inputs[1])
         rank = len(static_shape(op.inputs[0]))
         if axes is None or any(int(a) % rank == 0 for a in np.atleast_1d(axes)):
-            return _mixes(op, "reduces over the folded batch axis (a statistic of every sample's "
-                              "rows)", k)
+            return _mixes(op, "reduces over the folded batch axis (every sample's rows together)", k)
         return ""
     if op.type in ("FusedBatchNormV3", "FusedBatchNorm"):
         return _mixes(op, "normalizes over the folded batch (a batch normalization)", k)
-    return _mixes(op, f"{op.type} (not proven row by row)", k)
+    return _mixes(op, f"{op.type} is not lowered on folded rows", k)
 
 
 def _along_rows(m: Context, op: tf.Operation, k: int) -> str:
@@ -80,8 +78,8 @@ def _along_rows(m: Context, op: tf.Operation, k: int) -> str:
         known = m.operands.constant(t) is not None or m.operands.weight(t) is not None or \
             m.operands.view(t) is not None or m.derived_weight(t) is not None
         if not known or (len(shape) == rank and rank and shape[0] != 1):
-            return _mixes(op, f"meets {t.op.type} '{t.op.name}' (not a weight or constant "
-                              "shared by every row) in", k)
+            return _mixes(op, f"meets {t.op.type} '{t.op.name}', not a weight or constant "
+                              "shared by every row,", k)
     return ""
 
 

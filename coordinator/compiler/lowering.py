@@ -384,9 +384,9 @@ def _reshape(m: Context, op: tf.Operation) -> str:
     if not out or not src or out[0] % batch or out[0] == 0 or src[0] % batch or \
             (out[0] != batch and not m.is_batched(op.inputs[0])):
         return in_batch.row_refusal(m, op) or (
-            f"reshapes {src} to {out}: the batch must stay the first axis, or fold a "
-            "per-sample axis into it (e.g. tf.reshape(x, [batch_size, -1]), or [-1, d] of "
-            "[batch_size, k, d])")
+            f"reshapes {src} to {out}: the first axis must be the batch of {batch} or a "
+            f"multiple of it (each row one sample's values: tf.reshape(x, [batch_size, -1]), "
+            "or [-1, d] of [batch_size, k, d] folding k rows a sample into the batch)")
     shape = out[1:] if out[0] == batch else (out[0] // batch, *out[1:])
     if shape == m.shape(op.inputs[0]):
         m.alias(op, op.inputs[0])

@@ -721,14 +721,20 @@ def unsupported_detail(model: MatchedModel) -> str:
     return "\n".join(lines)
 
 
-def check_supported(model: MatchedModel) -> None:
+def check_supported(model: MatchedModel, report: str = "") -> None:
+    """Refuse the model if any op is unsupported: one line naming the first refusal in graph
+    order (the root cause of those after it), how many more, and where the full list is (the
+    error's detail, which the CLIs print before the line, and the validation report)."""
     if model.unsupported:
         grouped = refusals.group(model.unsupported)
         first, more = grouped[0], len(grouped) - 1
         why = f": {first.reason}" if first.reason else ""
         others = f" (and {more} more unsupported layer{'s' if more > 1 else ''} or " \
                  f"operation{'s' if more > 1 else ''})" if more else ""
-        raise CSRunError(
-            f"validation failed: {first.headline()}{why}{others}",
-            "change the listed ops (every one is listed above with its source line)",
-            detail=unsupported_detail(model))
+        where = f"the list printed before this line and {report}" if report else \
+            "the list printed before this line"
+        hint = (f"this line names the first in graph order; {where} give all "
+                f"{len(grouped)} with their source lines: change each"
+                if more else "change that layer or operation as the line says")
+        raise CSRunError(f"validation failed: {first.headline()}{why}{others}", hint,
+                         detail=unsupported_detail(model))
