@@ -23,14 +23,22 @@ from coordinator.compiler.rules import Context, TailContext
 ELEMENT_WISE = {*UNARY, *BINARY, "Select", "SelectV2", "Cast", "Identity", "StopGradient",
                 "Snapshot", "Softmax", "LogSoftmax", "AddN"}
 PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
-KERNEL_ROW = ("Reshape of a per-sample [batch, k, ...] value to [batch * k, ...] (tf.reshape(x, "
-              "[-1, d]), tf.shape(x)[0] * k; Keras TimeDistributed), the ops computing row by "
-              "row on it (Dense, element-wise ops, activations, Dropout, LayerNormalization, "
-              "reductions and softmax along a row's own axes) and the reshape back to [batch, "
-              "k, ...]: each sample's k rows carried as its own (k, ...) value")
-REFUSED = ("mixing the rows of a folded batch: a reduction over the axis [batch * k, ...], "
-           "BatchNormalization, a matmul of two folded values, Conv2D and other ops on it, and "
-           "metrics or predictions reading it while folded")
+# The README's rows (lowering.supported_table).
+KERNEL_ROWS = {
+    "reshape (a folded batch)": "Reshape of a per-sample [batch, k, ...] value to [batch * k, "
+                                "...] (tf.reshape(x, [-1, d]), [tf.shape(x)[0] * k, d]: a bag's "
+                                "instances, a sequence's steps), the ops computing row by row on "
+                                "it (Dense, element-wise ops and activations, Dropout and random "
+                                "numbers one per element, LayerNormalization, reductions and "
+                                "softmax along a row's own axes) and the reshape back to [batch, "
+                                "k, ...]: each sample's k rows carried as its own (k, ...) value",
+}
+REFUSED = {
+    "ops mixing a folded batch's rows": "a reduction over the folded axis [batch * k, ...], "
+                                        "BatchNormalization, a matmul of two folded values, "
+                                        "Conv2D and ops not listed above on folded rows, and "
+                                        "metrics or predictions reading them while folded",
+}
 
 
 def _mixes(op: tf.Operation, what: str, k: int) -> str:

@@ -829,13 +829,17 @@ def supported_table() -> str:
     gradient_ops = {*second_order.OPS, "StridedSliceGrad"}
     others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - random_numbers.DRAWN_OPS
                     - gradient_ops - set(quantization.FORMS))
-    from coordinator.compiler import batch_tail  # (it lowers with the weight program's rules)
+    from coordinator.compiler import (
+        batch_tail,  # (it lowers with the weight program's rules)
+        folded_batch,  # (it reads the op sets above)
+    )
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
                **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
-               **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS, **bincount.KERNEL_ROWS}.items()]
+               **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS, **bincount.KERNEL_ROWS,
+               **folded_batch.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "
@@ -921,7 +925,7 @@ def supported_table() -> str:
                  "the scale halved past an overflow tolerance, clipped to [min, max]); the "
                  "global step counts the applied steps, as TF's graph does |")
     lines += ["", "Refused, with the reason:", ""]
-    lines += [f"- **{what}**: {why}" for what, why in REFUSED.items()]
+    lines += [f"- **{what}**: {why}" for what, why in {**REFUSED, **folded_batch.REFUSED}.items()]
     return "\n".join(lines) + "\n"
 
 
