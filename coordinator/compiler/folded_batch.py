@@ -4,10 +4,11 @@ sample b's. The CS carries it as the per-sample value (k, d) (`Matcher.folds`: i
 first axis B*k, its per-sample shape (k, ...)); an op that computes row by row keeps that, so
 it lowers on (k, ...) as it would on [B, k, ...], and a reshape whose first axis is a multiple
 of the batch (back to [B, k, ...], or on to [B*k', ...]) is a per-sample reshape of each
-sample's contiguous elements. Ops that would mix the rows of different samples (a reduction
-over the folded batch axis, a batch normalization, a product of two folded values, a weight
-or constant laid along the folded axis) are refused naming the op, as are values the host
-reads while folded."""
+sample's contiguous elements; a Conv2D of folded frames is the conv2d kernel on each
+sample's (k, H, W, C). Ops that would mix the rows of different samples (a reduction over
+the folded batch axis, a batch normalization, a product of two folded values, a weight or
+constant laid along the folded axis) are refused naming the op, as are ops not proven row by
+row (pooling) and values the host reads while folded."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -28,15 +29,17 @@ KERNEL_ROWS = {
     "reshape (a folded batch)": "Reshape of a per-sample [batch, k, ...] value to [batch * k, "
                                 "...] (tf.reshape(x, [-1, d]), [tf.shape(x)[0] * k, d]: a bag's "
                                 "instances, a sequence's steps), the ops computing row by row on "
-                                "it (Dense, element-wise ops and activations, Dropout and random "
-                                "numbers one per element, LayerNormalization, reductions and "
-                                "softmax along a row's own axes) and the reshape back to [batch, "
+                                "it (Dense, Conv2D of folded frames [batch * k, H, W, C], "
+                                "element-wise ops and activations, Dropout and random numbers "
+                                "one per element, LayerNormalization, reductions and softmax "
+                                "along a row's own axes) and the reshape back to [batch, "
                                 "k, ...]: each sample's k rows carried as its own (k, ...) value",
 }
 REFUSED = {
     "ops mixing a folded batch's rows": "a reduction over the folded axis [batch * k, ...], "
                                         "BatchNormalization, a matmul of two folded values, "
-                                        "Conv2D and ops not listed above on folded rows, and "
+                                        "pooling and other ops not listed above on folded "
+                                        "rows, and "
                                         "metrics or predictions reading them while folded",
 }
 
@@ -70,6 +73,9 @@ def refusal(m: Context, op: tf.Operation) -> str:
         if axes is None or any(int(a) % rank == 0 for a in np.atleast_1d(axes)):
             return _mixes(op, "reduces over the folded batch axis (every sample's rows together)", k)
         return ""
+    if op.type == "Conv2D":  # the conv2d kernel's (k, H, W, C): k images a sample
+        return "" if m.is_batched(op.inputs[0]) and not m.is_batched(op.inputs[1]) else \
+            _mixes(op, "convolves with a folded filter", k)
     if op.type in ("FusedBatchNormV3", "FusedBatchNorm"):
         return _mixes(op, "normalizes over the folded batch (a batch normalization)", k)
     return _mixes(op, f"{op.type} is not lowered on folded rows", k)

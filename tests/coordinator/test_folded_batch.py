@@ -71,16 +71,28 @@ def test_keras_dropout_on_folded_rows_trains_and_evaluates(tmp_path):
                                             result) == ""
 
 
-@pytest.mark.parametrize("model_fn, named", [
-    (f.folded_batch_mean, "Mean 'Mean'"),
-    (f.folded_batch_norm, "BatchNormalization at"),
-    (f.folded_gram, "MatMul 'MatMul'"),
-    (f.frame_conv, "Conv2D at"),
+def test_conv2d_over_folded_frames_trains_evaluates_and_predicts_like_tensorflow(tmp_path):
+    model_dir = str(tmp_path)
+    result = cs_inprocess.compare(f.frame_conv, f.clips_input_fn, SEED, model_dir, steps=4)
+    assert cs_inprocess.mismatches(result, RTOL) == []
+    conv = next(k for k in result.compiled.program.kernels if k.type == "conv2d")
+    assert list(conv.output_shape) == [3, 6, 6, 4]  # each clip's 3 frames
+    assert cs_inprocess.evaluation_mismatch(f.frame_conv, f.clips_input_fn, SEED, model_dir,
+                                            result) == ""
+    assert cs_inprocess.prediction_mismatch(f.frame_conv, f.clips_input_fn, SEED, model_dir,
+                                            result) == ""
+
+
+@pytest.mark.parametrize("model_fn, params, named", [
+    (f.folded_batch_mean, {}, "Mean 'Mean'"),
+    (f.folded_batch_norm, {}, "BatchNormalization at"),
+    (f.folded_gram, {}, "MatMul 'MatMul'"),
+    (f.frame_conv, {"pool": True}, "MaxPooling2D at"),
 ], ids=["mean_over_folded_batch", "batch_norm_over_folded_batch", "matmul_across_rows",
-        "conv2d_on_frames"])
-def test_mixing_folded_rows_is_refused_naming_the_op(tmp_path, model_fn, named):
+        "max_pool_on_frames"])
+def test_mixing_folded_rows_is_refused_naming_the_op(tmp_path, model_fn, params, named):
     input_fn = f.clips_input_fn if model_fn is f.frame_conv else f.bags_input_fn
-    line = cs_inprocess.refusal(model_fn, input_fn, SEED, str(tmp_path), f.__file__)
+    line = cs_inprocess.refusal(model_fn, input_fn, {**SEED, **params}, str(tmp_path), f.__file__)
     assert line.startswith(f"validation failed: {named}") and "folded into the batch" in line, line
 
 
