@@ -112,6 +112,8 @@ def _mixing_head(features, labels, mode, mix):
         h = L.BatchNormalization()(h, training=True)
     elif mix == "gram":  # every instance against every other bag's
         h = tf.matmul(h, h, transpose_b=True)[:, :16]
+    elif mix == "softmax":  # attention weights over the instances of every bag together
+        h = h * tf.nn.softmax(tf.squeeze(L.Dense(1)(h), -1))[:, None]
     h = tf.reshape(h, [-1, INSTANCES, 16])
     logit = L.Dense(1)(tf.reduce_max(h, 1))
     loss = v1.losses.sigmoid_cross_entropy(labels, logit)
@@ -140,3 +142,7 @@ def misfolded(features, labels, mode, params):
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     return CSEstimatorSpec(mode, loss=loss, train_op=v1.train.GradientDescentOptimizer(0.1)
                            .minimize(loss, global_step=gs()))
+
+
+def folded_softmax(features, labels, mode, params):
+    return _mixing_head(features, labels, mode, "softmax")

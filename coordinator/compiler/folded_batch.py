@@ -59,6 +59,8 @@ def refusal(m: Context, op: tf.Operation) -> str:
         return ""
     if any(f != k for f in folds):
         return _mixes(op, "meets a per-sample value folded otherwise", k)
+    if op.type in ("Softmax", "LogSoftmax") and len(static_shape(op.inputs[0])) == 1:
+        return _mixes(op, "normalizes along the folded batch axis (its only axis)", k)
     if op.type in ELEMENT_WISE or op.type in RESHAPES:
         return _along_rows(m, op, k)
     if op.type in PRODUCTS:
