@@ -146,3 +146,11 @@ def misfolded(features, labels, mode, params):
 
 def folded_softmax(features, labels, mode, params):
     return _mixing_head(features, labels, mode, "softmax")
+
+
+def folded_metric(features, labels, mode, params):
+    """An eval metric of the instances' activations while folded ([B*8, 16])."""
+    h = L.Dense(16, activation="relu")(tf.reshape(features, [-1, FEATURES]))
+    logit = L.Dense(1)(tf.reduce_max(tf.reshape(h, [-1, INSTANCES, 16]), 1))
+    loss = v1.losses.sigmoid_cross_entropy(labels, logit)
+    return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={"activation": v1.metrics.mean(h)})

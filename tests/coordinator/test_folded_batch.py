@@ -113,3 +113,12 @@ def test_the_refusal_leads_with_the_reshape_the_dropout_follows(tmp_path):
     assert "Reshape 'Reshape'" in listed and "Dropout at" in listed
     assert listed.index("Reshape 'Reshape'") < listed.index("Dropout at")
     assert "Dropout at" in error.detail
+
+
+def test_a_metric_of_folded_rows_is_refused_naming_its_layer(tmp_path):
+    with pytest.raises(CSRunError) as info:
+        compile_model(f.folded_metric, f.bags_input_fn, SEED, str(tmp_path), mode="eval",
+                      validate_only=True)
+    line = str(info.value)
+    assert line.startswith("validation failed: Dense at tests/folded_batch_models.py:") and \
+        "the host reads this value" in line and "\n" not in line, line
