@@ -15,7 +15,14 @@ import os
 from typing import Callable
 
 from common.errors import CSRunError
-from coordinator.compiler.artifacts import CompileCache, CompileResult, damage_of, graph_hash, read_compile
+from coordinator.compiler.artifacts import (
+    VALIDATION_REPORT,
+    CompileCache,
+    CompileResult,
+    damage_of,
+    graph_hash,
+    read_compile,
+)
 from coordinator.compiler.extract import extract
 from coordinator.compiler.match import check_supported, match, unsupported_detail
 from coordinator.compiler.placement import build_kernels, place_model
@@ -57,9 +64,11 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
     cache = CompileCache(model_dir)
     extracted = extract(model_fn, input_fn, params, mode)
     model = match(extracted)
+    report = ""
     if model.unsupported:
         cache.write_validation_report("Validation failed\n" + unsupported_detail(model) + "\n")
-    check_supported(model)
+        report = os.path.join(cache.root, VALIDATION_REPORT)
+    check_supported(model, report)
     build_kernels(model)  # each kernel's configuration: what validates, loads
     if still := still_statistics(model):
         print(f"csrun: warning: batch normalization {', '.join(still)}: {STILL_STATISTICS} "

@@ -217,7 +217,7 @@ def _binary(m: Context, op: tf.Operation) -> str:
     if _is_identity(kind, letters, attrs, op):
         m.alias(op, op.inputs[letters.index("i")])
         return ""
-    rank = len(static_shape(op.outputs[0])) - 1
+    rank = len(m.sample_shape(op.outputs[0], op.inputs))
     inputs = _same_rank(m, op, inputs, rank)
     m.add_kernel(op.name, "binary", inputs, {"op": kind, "operands": letters, **attrs}, params,
                  [op], op.outputs[0])
@@ -273,7 +273,7 @@ def _select(m: Context, op: tf.Operation) -> str:
     if isinstance(found, str):
         return found
     letters, inputs, attrs, params = found
-    inputs = _same_rank(m, op, inputs, len(static_shape(op.outputs[0])) - 1)
+    inputs = _same_rank(m, op, inputs, len(m.sample_shape(op.outputs[0], op.inputs)))
     m.add_kernel(op.name, "select", inputs, {"operands": letters, **attrs}, params, [op],
                  op.outputs[0])
     return ""
@@ -378,13 +378,21 @@ def _stop_gradient(m: Context, op: tf.Operation) -> str:
 
 @generic(*RESHAPES)
 def _reshape(m: Context, op: tf.Operation) -> str:
-    out, src = static_shape(op.outputs[0]), static_shape(op.inputs[0])
-    if not out or not src or out[0] != m.batch_size or src[0] != m.batch_size:
+    """A reshape of each sample's elements: the output's first axis the batch, or a multiple
+    B*k of it (a per-sample axis folded into the batch, or unfolded back: folded_batch.py)."""
+    out, src, batch = static_shape(op.outputs[0]), static_shape(op.inputs[0]), m.batch_size
+    if not out or not src or out[0] % batch or out[0] == 0 or src[0] % batch or \
+            (out[0] != batch and not m.is_batched(op.inputs[0])):
         return in_batch.row_refusal(m, op) or (
-            f"reshapes {src} to {out}: the batch must stay the first axis "
-            "(e.g. tf.reshape(x, [batch_size, -1]))")
-    m.add_kernel(op.name, "reshape", [op.inputs[0]], {"shape": list(out[1:])}, [], [op],
-                 op.outputs[0])
+            f"reshapes {src} to {out}: the first axis must be the batch of {batch} or a "
+            f"multiple of it (each row one sample's values: tf.reshape(x, [batch_size, -1]), "
+            "or [-1, d] of [batch_size, k, d] folding k rows a sample into the batch)")
+    shape = out[1:] if out[0] == batch else (out[0] // batch, *out[1:])
+    if shape == m.shape(op.inputs[0]):
+        m.alias(op, op.inputs[0])
+        return ""
+    m.add_kernel(op.name, "reshape", [op.inputs[0]], {"shape": list(shape)}, [], [op],
+                 op.outputs[0], output_shape=shape)
     return ""
 
 
@@ -428,8 +436,9 @@ def _reduce(m: Context, op: tf.Operation) -> str:
     if not has_kernel("reduce"):
         return "the CS has no reduce kernel"
     axes = sorted({int(a) % rank for a in np.atleast_1d(constant)})
+    shift = 1 if m.folds(op.inputs[0]) == 1 else 0  # a folded value's rows are its own axis 0
     m.add_kernel(op.name, "reduce", [op.inputs[0]],
-                 {"op": REDUCTIONS.get(op.type, op.type.lower()), "axes": [a - 1 for a in axes],
+                 {"op": REDUCTIONS.get(op.type, op.type.lower()), "axes": [a - shift for a in axes],
                   "keepdims": bool(op.get_attr("keep_dims"))}, [], [op], op.outputs[0])
     return ""
 
@@ -820,13 +829,17 @@ def supported_table() -> str:
     gradient_ops = {*second_order.OPS, "StridedSliceGrad"}
     others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - random_numbers.DRAWN_OPS
                     - gradient_ops - set(quantization.FORMS))
-    from coordinator.compiler import batch_tail  # (it lowers with the weight program's rules)
+    from coordinator.compiler import (
+        batch_tail,  # (it lowers with the weight program's rules)
+        folded_batch,  # (it reads the op sets above)
+    )
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
     lines += [f"| `{kernel}` (library) | {ops} |" for kernel, ops in
               {**fast_paths.KERNEL_ROWS, **lowering_spatial.KERNEL_ROWS,
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
                **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
-               **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS, **bincount.KERNEL_ROWS}.items()]
+               **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS, **bincount.KERNEL_ROWS,
+               **folded_batch.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "
@@ -912,7 +925,7 @@ def supported_table() -> str:
                  "the scale halved past an overflow tolerance, clipped to [min, max]); the "
                  "global step counts the applied steps, as TF's graph does |")
     lines += ["", "Refused, with the reason:", ""]
-    lines += [f"- **{what}**: {why}" for what, why in REFUSED.items()]
+    lines += [f"- **{what}**: {why}" for what, why in {**REFUSED, **folded_batch.REFUSED}.items()]
     return "\n".join(lines) + "\n"
 
 

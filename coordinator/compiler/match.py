@@ -24,6 +24,7 @@ from coordinator.compiler import (
     batch_tail,
     bincount,
     fast_paths,
+    folded_batch,
     in_batch,
     loss_tail,
     lowering,
@@ -85,6 +86,7 @@ class Matcher:
         self.step_values = StepValues(extracted)
         self.values: dict[str, str] = {}  # batched tensor -> kernel or input name
         self.shapes: dict[str, tuple[int, ...]] = {}  # batched tensor -> per-sample shape
+        self.fold_factors: set[int] = set()  # rows per sample of the folded values so far
         self.tail: set[str] = set()  # tensors of the loss tail (after a batch reduction)
         self.frontier: list[tf.Tensor] = []  # batched tensors the batch reductions read
         self.internal: dict[str, str] = {}  # tensors inside a fused kernel -> kernel
@@ -152,6 +154,23 @@ class Matcher:
     def is_batched(self, tensor: tf.Tensor) -> bool:
         return tensor.name in self.values
 
+    def folds(self, tensor: tf.Tensor) -> int:
+        """k for a per-sample value whose per-sample axis of k is folded into the batch
+        ([B*k, ...], carried as the per-sample (k, ...): folded_batch.py), else 1."""
+        static, batch = static_shape(tensor), self.batch_size
+        if not self.is_batched(tensor) or not static or static[0] == batch or static[0] % batch:
+            return 1
+        k = static[0] // batch
+        return k if self.shapes.get(tensor.name) == (k, *static[1:]) else 1
+
+    def sample_shape(self, tensor: tf.Tensor, inputs: Iterable[tf.Tensor | str]) -> tuple[int, ...]:
+        """The per-sample shape of `tensor`, computed row by row from `inputs`: (k, ...) when
+        it keeps their folded [B*k, ...] rows, else its static shape without the batch."""
+        static = static_shape(tensor)
+        k = max((self.folds(t) for t in inputs if isinstance(t, tf.Tensor)), default=1)
+        return (k, *static[1:]) if k > 1 and static and static[0] == k * self.batch_size \
+            else static[1:]
+
     def derived_weight(self, tensor: tf.Tensor) -> Weight | None:
         if self.is_batched(tensor) or tensor.name in self.tail or \
                 self.operands.view(tensor) is not None:  # a static view: read as such
@@ -197,7 +216,7 @@ class Matcher:
         names = [t if isinstance(t, str) else self.values[t.name] for t in inputs]
         shapes = [self.kernel_shape(t) if isinstance(t, str) else self.shape(t) for t in inputs]
         if output_shape is None:
-            output_shape = static_shape(output)[1:]
+            output_shape = self.sample_shape(output, inputs)
         computed = output if output is not None else (source_op or ops[0]).outputs[0]
         if type_ != "loss" and precision.tensor_precision(computed):
             attrs = {**attrs, "precision": precision.tensor_precision(computed)}
@@ -215,6 +234,8 @@ class Matcher:
         if output is not None:
             self.values[output.name] = name
             self.shapes[output.name] = kernel.output_shape
+            if self.folds(output) > 1:
+                self.fold_factors.add(self.folds(output))
         return kernel
 
     def kernel_shape(self, name: str) -> tuple[int, ...]:
@@ -329,7 +350,8 @@ class Matcher:
         for op in self.ops:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
                 continue
-            bad = self._check_dtypes(op) or second_order.cross_entropy_backprop(op)
+            bad = self._check_dtypes(op) or second_order.cross_entropy_backprop(op) or \
+                folded_batch.refusal(self, op)
             if bad and op.type not in lowering.RECURRENT:
                 self.reject(op, bad)
                 continue
@@ -353,6 +375,8 @@ class Matcher:
                     any(rule(self, op) for rule in FAST_PATHS):
                 continue
             lowering.lower_generic(self, op)
+        for op, reason in folded_batch.host_reads(self):
+            self.reject(op, reason)
 
     def _check_dtypes(self, op: tf.Operation) -> str:
         for t in list(op.outputs) + [t for t in op.inputs if t.op in self.flow]:
@@ -523,10 +547,12 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
                                if k.name == loss_kernel else k for k in matcher.kernels]
     if not matcher.unsupported:
         matcher.unsupported.extend(random_numbers.noisy_labels(matcher.kernels, extracted.graph))
-    # The root cause first: a recurrent layer explains the ops around its loop, a random
-    # op the values drawn from it.
+    # The root cause first: a recurrent layer explains the ops around its loop, else the
+    # earliest op in graph order those after it read (a fold's reshape before the dropout
+    # drawn on its rows); what is no op of the graph (a variable, a loss) after them.
+    order = {op.name: index for index, op in enumerate(extracted.graph.get_operations())}
     matcher.unsupported.sort(key=lambda u: (u.type not in lowering.RECURRENT,
-                                            not random_numbers.is_random(u.type)))
+                                            order.get(u.name, len(order))))
     kernels = tuple(loss_tail.attach_regularizers(matcher.kernels, regularizers))
     weights = matcher.weight_program.program({p.variable for k in kernels for p in k.params})
     if weights is not None:
@@ -695,14 +721,20 @@ def unsupported_detail(model: MatchedModel) -> str:
     return "\n".join(lines)
 
 
-def check_supported(model: MatchedModel) -> None:
+def check_supported(model: MatchedModel, report: str = "") -> None:
+    """Refuse the model if any op is unsupported: one line naming the first refusal in graph
+    order (the root cause of those after it), how many more, and where the full list is (the
+    error's detail, which the CLIs print before the line, and the validation report)."""
     if model.unsupported:
         grouped = refusals.group(model.unsupported)
         first, more = grouped[0], len(grouped) - 1
         why = f": {first.reason}" if first.reason else ""
         others = f" (and {more} more unsupported layer{'s' if more > 1 else ''} or " \
                  f"operation{'s' if more > 1 else ''})" if more else ""
-        raise CSRunError(
-            f"validation failed: {first.headline()}{why}{others}",
-            "change the listed ops (every one is listed above with its source line)",
-            detail=unsupported_detail(model))
+        where = f"the list printed before this line and {report}" if report else \
+            "the list printed before this line"
+        hint = (f"this line names the first in graph order; {where} give all "
+                f"{len(grouped)} with their source lines: change each"
+                if more else "change that layer or operation as the line says")
+        raise CSRunError(f"validation failed: {first.headline()}{why}{others}", hint,
+                         detail=unsupported_detail(model))

@@ -118,7 +118,8 @@ def _draw(m: Context, op: tf.Operation) -> str:
     if value is None:
         return f"the shape of its random numbers is computed from values: {USE_INSTEAD}"
     shape = tuple(int(d) for d in np.atleast_1d(value)) if np.ndim(value) else ()
-    if not shape or shape[0] != m.batch_size:
+    rows = shape[0] // m.batch_size if shape and shape[0] % m.batch_size == 0 else 0
+    if not shape or (rows != 1 and rows not in m.fold_factors):
         return (f"draws random numbers of shape {shape}, not one set per sample (shared by the "
                 f"batch of {m.batch_size}, or noise on weights): the CS draws random numbers "
                 f"only on the samples' side; {USE_INSTEAD}")
@@ -130,8 +131,12 @@ def _draw(m: Context, op: tf.Operation) -> str:
             return ("a stateless random op with a constant seed draws the same numbers at every "
                     "step; the CS draws fresh ones each step: use tf.random.normal, "
                     "truncated_normal or uniform (or Keras' GaussianNoise)")
+    # [B*k, ...] where values are folded k rows a sample (folded_batch.py): each sample's k
+    # rows of numbers its own (k, ...), one number an element as TF's
+    per_sample = shape[1:] if rows == 1 else (rows, *shape[1:])
     m.add_kernel(op.name, "random", [m.sample_input()],
-                 {"distribution": DRAWS[op.type], "shape": list(shape[1:])}, [], [op], op.outputs[0])
+                 {"distribution": DRAWS[op.type], "shape": list(per_sample)}, [], [op],
+                 op.outputs[0], output_shape=per_sample)
     return ""
 
 

@@ -22,6 +22,7 @@ class Context(Protocol):
     """What a rule reads and records while lowering the forward graph."""
 
     batch_size: int
+    fold_factors: set[int]  # rows per sample of the folded values so far
     operands: Operands  # weights, constants and views among the op's inputs
     flow: set[tf.Operation]  # the data-flow ops being lowered
     protected: set[str]  # tensors the host reads: never hidden inside a fused kernel
@@ -29,6 +30,12 @@ class Context(Protocol):
     statistics: dict[str, tuple[str, str]]
 
     def is_batched(self, tensor: tf.Tensor) -> bool: ...
+
+    def folds(self, tensor: tf.Tensor) -> int:
+        """k for a per-sample value folded into the batch as [B*k, ...] (folded_batch.py), else 1."""
+
+    def sample_shape(self, tensor: tf.Tensor, inputs: Iterable[tf.Tensor | str]) -> tuple[int, ...]:
+        """The per-sample shape of `tensor`, computed row by row from `inputs`."""
 
     def derived_weight(self, tensor: tf.Tensor) -> Weight | None:
         """A weight computed from weights alone (the weight program's value), or None."""

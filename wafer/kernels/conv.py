@@ -126,7 +126,10 @@ class Windows:
 class Conv2D(Kernel):
     """attr groups (default 1): TF's grouped convolution (Keras Conv2D(groups=)): the
     channels in `groups` equal parts, each convolved with its own filters' share; the
-    kernel is (kh, kw, channels / groups, filters), as TF's."""
+    kernel is (kh, kw, channels / groups, filters), as TF's. A per-sample input (k, H, W, C)
+    is k images each convolved on its own (a clip's frames folded into the batch by the
+    user, tf.reshape(x, [-1, H, W, C]): the compiler's folded_batch.py); its output (k, oh,
+    ow, filters)."""
 
     type_name = "conv2d"
     rounds_own_output = True
@@ -139,10 +142,12 @@ class Conv2D(Kernel):
         if self.filters <= 0:
             raise KernelError(f"kernel {name!r}: conv2d needs filters > 0, got {self.filters}")
         self.ksize = pair(name, self.attrs, "kernel_size")
-        self.windows = Windows(name, self.input_shapes[0], self.ksize,
+        shape = self.input_shapes[0]
+        self.frames = tuple(shape[:1]) if len(shape) == 4 else ()  # (k,): k images a sample
+        self.windows = Windows(name, shape[len(self.frames):], self.ksize,
                                pair(name, self.attrs, "strides"), self.attrs.get("padding"),
                                pair(name, {"dilations": [1, 1], **self.attrs}, "dilations"))
-        self.channels = self.input_shapes[0][2]
+        self.channels = shape[-1]
         self.groups = int(self.attrs.get("groups", 1))
         if self.groups <= 0 or self.channels % self.groups or self.filters % self.groups:
             raise KernelError(f"kernel {name!r}: conv2d groups {self.groups} must divide its "
@@ -154,7 +159,7 @@ class Conv2D(Kernel):
 
     @property
     def output_shape(self):
-        return (self.windows.oh, self.windows.ow, self.filters)
+        return (*self.frames, self.windows.oh, self.windows.ow, self.filters)
 
     def param_shapes(self):
         shapes: dict[str, tuple[int, ...]] = {
@@ -164,7 +169,7 @@ class Conv2D(Kernel):
         return shapes
 
     def flops_per_sample(self) -> float:
-        positions = self.windows.oh * self.windows.ow
+        positions = math.prod(self.frames) * self.windows.oh * self.windows.ow
         per = 2 * self.patch * self.filters // self.groups + (self.filters if self.use_bias else 0)
         per += activations.FUNCTIONS[self.activation][2] * self.filters
         return float(positions * per)
@@ -205,11 +210,12 @@ class Conv2D(Kernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        cols = self.windows.columns(x)
+        images = x.reshape(-1, *self.windows.shape)  # a sample's frames in TF's row order
+        cols = self.windows.columns(images)
         tail = activations.scalar_tail(ctx, (x.shape[0], *self.output_shape))
         y, cache = self.affine.forward(cols, self._matrix(params["kernel"]), params.get("bias"),
                                        ctx, tail)
-        return y.reshape(x.shape[0], *self.output_shape), (x.shape[0], cache)
+        return y.reshape(x.shape[0], *self.output_shape), (len(images), cache)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         m, affine_cache = cache
@@ -221,17 +227,20 @@ class Conv2D(Kernel):
             accumulate(param_grads, "kernel", self._kernel_of(full["kernel"]), grads, ctx)
             if self.use_bias:
                 accumulate(param_grads, "bias", full["bias"], grads, ctx)
-            return [None if dcols is None else self.windows.uncolumns(m, dcols)], grads
+            return [None if dcols is None else self._input_grad(m, dcols)], grads
         w = params["kernel"].reshape(self.patch, self.filters)
         acc = None if param_grads is None else \
             {**param_grads, "kernel": param_grads["kernel"].reshape(self.patch, self.filters)}
         dcols, grads = self.affine.backward(affine_cache, grad_output.reshape(-1, self.filters),
                                              w, self.use_bias, acc, ctx, ctx.wants_grad(0))
         grads["kernel"] = grads["kernel"].reshape(self.param_shapes()["kernel"])
-        dx = None
-        if dcols is not None:
-            dx = self.windows.uncolumns(m, dcols)
-        return [dx], grads
+        return [None if dcols is None else self._input_grad(m, dcols)], grads
+
+    def _input_grad(self, images: int, dcols: np.ndarray) -> np.ndarray:
+        """The columns' gradient summed back onto the `images` inputs, a sample's frames
+        together again."""
+        dx = self.windows.uncolumns(images, dcols)
+        return dx.reshape(-1, *self.input_shapes[0]) if self.frames else dx
 
 
 class Pool(Kernel):

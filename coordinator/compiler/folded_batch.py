@@ -1,0 +1,110 @@
+"""Per-sample axes folded into the batch: tf.reshape(bags, [-1, d]) of a per-sample [B, k, d]
+value (a bag's instances, a sequence's steps) is [B*k, d], whose rows b*k .. b*k+k-1 are
+sample b's. The CS carries it as the per-sample value (k, d) (`Matcher.folds`: its static
+first axis B*k, its per-sample shape (k, ...)); an op that computes row by row keeps that, so
+it lowers on (k, ...) as it would on [B, k, ...], and a reshape whose first axis is a multiple
+of the batch (back to [B, k, ...], or on to [B*k', ...]) is a per-sample reshape of each
+sample's contiguous elements; a Conv2D of folded frames is the conv2d kernel on each
+sample's (k, H, W, C). Ops that would mix the rows of different samples (a reduction over
+the folded batch axis, a batch normalization, a product of two folded values, a weight or
+constant laid along the folded axis) are refused naming the op, as are ops not proven row by
+row (pooling) and values the host reads while folded."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.lowering import BINARY, REDUCTIONS, RESHAPES, UNARY
+from coordinator.compiler.operands import static_shape
+from coordinator.compiler.rules import Context, TailContext
+
+# Ops computed row by row (their reductions and the softmax along a row's own axes).
+ELEMENT_WISE = {*UNARY, *BINARY, "Select", "SelectV2", "Cast", "Identity", "StopGradient",
+                "Snapshot", "Softmax", "LogSoftmax", "AddN"}
+PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
+# The README's rows (lowering.supported_table).
+KERNEL_ROWS = {
+    "reshape (a folded batch)": "Reshape of a per-sample [batch, k, ...] value to [batch * k, "
+                                "...] (tf.reshape(x, [-1, d]), [tf.shape(x)[0] * k, d]: a bag's "
+                                "instances, a sequence's steps), the ops computing row by row on "
+                                "it (Dense, Conv2D of folded frames [batch * k, H, W, C], "
+                                "element-wise ops and activations, Dropout and random numbers "
+                                "one per element, LayerNormalization, reductions and softmax "
+                                "along a row's own axes) and the reshape back to [batch, "
+                                "k, ...]: each sample's k rows carried as its own (k, ...) value",
+}
+REFUSED = {
+    "ops mixing a folded batch's rows": "a reduction over the folded axis [batch * k, ...], "
+                                        "BatchNormalization, a matmul of two folded values, "
+                                        "pooling and other ops not listed above on folded "
+                                        "rows, and "
+                                        "metrics or predictions reading them while folded",
+}
+
+
+def _mixes(op: tf.Operation, what: str, k: int) -> str:
+    return (f"{what} while a per-sample axis of {k} is folded into the batch (a reshape to "
+            f"[batch * {k}, ...]): the CS keeps each sample's {k} rows its own; reshape back to "
+            f"[batch, {k}, ...] before this {op.type}")
+
+
+def refusal(m: Context, op: tf.Operation) -> str:
+    """Why `op`, reading a folded value, would mix the rows of different samples ("" if it
+    reads none, or computes row by row)."""
+    folds = [m.folds(t) for t in op.inputs if m.is_batched(t)]
+    k = max(folds, default=1)
+    if k == 1:
+        return ""
+    if any(f != k for f in folds):
+        return _mixes(op, "meets a per-sample value folded otherwise", k)
+    if op.type in ("Softmax", "LogSoftmax") and len(static_shape(op.inputs[0])) == 1:
+        return _mixes(op, "normalizes along the folded batch axis (its only axis)", k)
+    if op.type in ELEMENT_WISE or op.type in RESHAPES:
+        return _along_rows(m, op, k)
+    if op.type in PRODUCTS:
+        a, b = op.inputs
+        flip = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
+        if m.is_batched(b) or not m.is_batched(a) or flip:
+            return _mixes(op, "multiplies rows of different samples (a matmul across the folded batch)", k)
+        return ""
+    if op.type in REDUCTIONS or op.type in ("Any", "All"):
+        axes = m.operands.constant(op.inputs[1])
+        rank = len(static_shape(op.inputs[0]))
+        if axes is None or any(int(a) % rank == 0 for a in np.atleast_1d(axes)):
+            return _mixes(op, "reduces over the folded batch axis (every sample's rows together)", k)
+        return ""
+    if op.type == "Conv2D":  # the conv2d kernel's (k, H, W, C): k images a sample
+        return "" if m.is_batched(op.inputs[0]) and not m.is_batched(op.inputs[1]) else \
+            _mixes(op, "convolves with a folded filter", k)
+    if op.type in ("FusedBatchNormV3", "FusedBatchNorm"):
+        return _mixes(op, "normalizes over the folded batch (a batch normalization)", k)
+    return _mixes(op, f"{op.type} is not lowered on folded rows", k)
+
+
+def _along_rows(m: Context, op: tf.Operation, k: int) -> str:
+    """"" if every operand of element-wise `op` other than its folded values is a weight or a
+    constant that broadcasts along the folded axis (no axis of its own there)."""
+    rank = len(static_shape(op.outputs[0])) if op.outputs else 0
+    for t in op.inputs if op.type not in RESHAPES else op.inputs[:1]:
+        if m.is_batched(t):
+            continue
+        shape = static_shape(t)
+        known = m.operands.constant(t) is not None or m.operands.weight(t) is not None or \
+            m.operands.view(t) is not None or m.derived_weight(t) is not None
+        if not known or (len(shape) == rank and rank and shape[0] != 1):
+            return _mixes(op, f"meets {t.op.type} '{t.op.name}', not a weight or constant "
+                              "shared by every row,", k)
+    return ""
+
+
+def host_reads(m: TailContext) -> Iterator[tuple[tf.Operation, str]]:
+    """The ops whose folded outputs the host reads (a metric or prediction), with why."""
+    for name in sorted(m.protected):
+        tensor = m.graph.get_tensor_by_name(name)
+        k = m.folds(tensor)
+        if k > 1:
+            yield tensor.op, (f"the host reads this value (a metric, prediction or host_call) "
+                              f"while a per-sample axis of {k} is folded into its batch axis: "
+                              f"give the host tf.reshape(x, [-1, {k}, ...]) instead")
