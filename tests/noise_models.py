@@ -150,11 +150,21 @@ def stateless_categorical(features, labels, mode, params):
 
 
 def sampled_labels(features, labels, mode, params):
-    """Label noise: each sample's target class drawn from a smoothed one-hot of its label."""
+    """Label noise: each sample's target class drawn from a smoothed one-hot of its label (the
+    CS draws it)."""
     smoothed = tf.one_hot(labels, CLASSES) * 0.9 + 0.1 / CLASSES
     targets = tf.random.categorical(tf.math.log(smoothed), 1)[:, 0]
     logits = tf.keras.layers.Dense(CLASSES)(features)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(targets, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
+
+
+def conditional_generator(features, labels, mode, params):
+    """A conditional generator: noise joined with one_hot(labels), images of the class."""
+    z = tf.random.normal([tf.shape(features)[0], LATENT])
+    h = tf.keras.layers.Dense(HIDDEN, activation="relu")(tf.concat([z, tf.one_hot(labels, CLASSES)], 1))
+    images = tf.keras.layers.Dense(PIXELS, activation="sigmoid")(h)
+    loss = tf.compat.v1.losses.mean_squared_error(features, images)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
 
 
@@ -170,7 +180,7 @@ def sampled_softmax(features, labels, mode, params):
 
 
 def noisy_labels(features, labels, mode, params):
-    """Label noise: random numbers added to the regression targets."""
+    """Label noise: random numbers added to the regression targets (the CS draws them)."""
     prediction = tf.keras.layers.Dense(PIXELS)(features)
     targets = labels + tf.random.normal(tf.shape(labels), stddev=0.1)
     loss = tf.compat.v1.losses.mean_squared_error(targets, prediction)

@@ -10,20 +10,17 @@ The matcher treats these ops as sources of per-sample values, like the program's
 (`DRAWS`). What stays refused, in one line naming the op: numbers not drawn one set per
 sample (a shape without the batch axis: shared by the batch, or a weight's noise), a shape
 computed from values, a stateless op with a constant seed (TF repeats its numbers every
-step), integer draws and shuffles, candidate samplers, and random numbers that meet the
-labels before any weight (label noise).
+step), integer draws and shuffles, and candidate samplers. Noise on the labels (targets
+plus noise, classes drawn from a smoothed one-hot, a conditional generator's noise joined
+with one_hot(labels)) is the model's computation like any other.
 """
 from __future__ import annotations
-
-from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.ir import KernelNode, UnsupportedOp
 from coordinator.compiler.operands import RANDOM_OPS
 from coordinator.compiler.rules import Context, generic
-from wafer.kernels.random_numbers import DRAWING
 
 # TF op -> the `random` kernel's distribution (the op's raw draws).
 DRAWS = {"RandomStandardNormal": "normal", "StatelessRandomNormal": "normal",
@@ -58,8 +55,7 @@ REFUSED = {"random numbers": (
     "other than dropout masks and the draws above: numbers shared by the batch or drawn for "
     "weights, shapes computed from values, stateless ops with a constant seed "
     "(tf.random.stateless_categorical too), integer draws, shuffles, candidate samplers "
-    "(tf.nn.nce_loss, sampled_softmax_loss), "
-    "noise on the labels")}
+    "(tf.nn.nce_loss, sampled_softmax_loss)")}
 
 
 def is_random(op_type: str) -> bool:
@@ -70,33 +66,6 @@ def is_draw(op: tf.Operation) -> bool:
     """An op whose values the matcher starts from, as from an input: random numbers (the
     CS's draws, or a refusal naming the op), not Keras' seed arithmetic."""
     return op.type in RANDOM_OPS and op.type != "StatelessRandomGetKeyCounter"
-
-
-def noisy_labels(kernels: Sequence[KernelNode], graph: tf.Graph) -> list[UnsupportedOp]:
-    """Random numbers that meet the labels before any weight (label noise), refused: the
-    CS draws random numbers for the model's computation, not for its targets."""
-    drawn: dict[str, str] = {}  # value -> the random kernel it is computed from
-    labels: set[str] = set()
-    weighted: set[str] = set()
-    for k in kernels:
-        ins = list(k.inputs) if k.type != "random" else []
-        sources = [drawn[i] for i in ins if i in drawn]
-        if k.type in DRAWING:
-            sources = [k.name]
-        if sources:
-            drawn[k.name] = sources[0]
-        if any(i in labels or i == "labels" or i.startswith("labels.") for i in ins):
-            labels.add(k.name)
-        if k.params or any(i in weighted for i in ins):
-            weighted.add(k.name)
-        if k.name in labels and k.name in drawn and k.name not in weighted:
-            random = next(r for r in kernels if r.name == drawn[k.name])
-            op = graph.get_operation_by_name(random.ops[0])
-            return [UnsupportedOp(op.type, op.name, random.source,
-                                  "random numbers reach the labels (label noise): the CS draws "
-                                  "random numbers for the model's computation only; add noise "
-                                  "to the labels in input_fn")]
-    return []
 
 
 def refusal(op_type: str) -> str:
