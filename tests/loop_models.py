@@ -96,3 +96,10 @@ def until_small(features, labels, mode, params):
     h = L.Dense(8)(L.Flatten()(features))
     h = tf.while_loop(lambda h: tf.reduce_max(tf.abs(h)) > 1.0, lambda h: h * 0.5, [h])[0]
     return _spec(mode, labels, L.Dense(CLASSES)(h), v1.train.AdamOptimizer(1e-2))
+
+
+def gru_until_small(features, labels, mode, params):
+    """A GRU over the fixed-length sequences (a loop the compiler unrolls), then until_small's."""
+    h = L.GRU(8)(features)
+    h = tf.while_loop(lambda h: tf.reduce_max(tf.abs(h)) > 1.0, lambda h: h * 0.5, [h])[0]
+    return _spec(mode, labels, L.Dense(CLASSES)(h), v1.train.AdamOptimizer(1e-2))

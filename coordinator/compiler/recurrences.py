@@ -6,7 +6,8 @@ computes what the user's does: with the same weights, on one batch of input_fn, 
 and its gradient to every trainable variable (predict mode: the predictions) agree to
 UNROLL_RTOL. Hand-written tf.while_loop and tf.scan of a number of steps known at build
 time run as Python loops in that second build (static_loops.py) and are proven alike; a loop
-left (its steps depend on the data) stays in the graph, and the matcher refuses it."""
+left (its steps depend on the data: tf.nn.ctc_loss's) stays in the second build, which the
+matcher refuses naming that loop, not the recurrent layers unrolled around it."""
 from __future__ import annotations
 
 import contextlib
@@ -95,8 +96,8 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
         return graph, spec
     with keras_unrolled(), python_loops():
         graph2, spec2 = build()
-    if has_loops(graph2):  # a loop of data-dependent steps: the matcher refuses it
-        return graph, spec
+    if has_loops(graph2):  # a loop of data-dependent steps: the matcher refuses it, named
+        return graph2, spec2  # alone (the recurrent layers around it unrolled, not blamed)
     if _host_names(spec) != _host_names(spec2):
         raise CSRunError("host-side metrics or predictions read a recurrent layer's or a loop's "
                          "output, whose tensor the compiler's unrolled graph names otherwise",
