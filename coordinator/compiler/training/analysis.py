@@ -218,18 +218,29 @@ def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool) -> tuple
                     "loss scaling (or a float16 model) with several losses minimized in one "
                     "step: the CS scales one loss's backward pass; train them in float32 "
                     "without loss scaling")
-    _read_before_updates(losses, chains)
+    _read_before_updates(losses, chains, _step_runs(extracted))
     order = [c.update.variable for c in chains]
     return tuple(Objective(loss.name, tuple(v for v in order if v in names),
                            user_source(loss.op)) for loss, names in losses)
 
 
-def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list) -> None:
+def _step_runs(extracted: ExtractedGraph) -> set[tf.Operation]:
+    """The ops a training step runs: the train_op's, the loss's and the summaries' closures
+    (TF runs no other op, so a read outside them is never made)."""
+    spec, graph = extracted.spec, extracted.graph
+    starts = [spec.train_op, spec.loss, *graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)]
+    return {op for start in starts if start is not None for op in op_closure(start)}
+
+
+def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
+                         runs: set[tf.Operation]) -> None:
     """A loss reading a weight another loss's optimizer updates reads it in that loss's
     forward pass too, or before the update (the update waits for the read): the ordering
     TF gives one loss and its update, which the CS gives (every read before any update). A
     read of a pass of its own with no order to the update (another batch of fakes through
-    the generator: TF reads before or after the update, by chance) is refused."""
+    the generator: TF reads before or after the update, by chance) is refused, unless the
+    step never runs it (`runs`: a DDPG actor loss's read of the critic's output bias, which
+    its gradient does not need and nothing fetches)."""
     updates = {c.update.variable: c.update.op for c in chains}
     owner = {v: j for j, (_, names) in enumerate(losses) for v in names}
     forward = [set(data_upstream(loss.op)) for loss, _ in losses]
@@ -239,7 +250,8 @@ def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list)
             if read.type not in ("ReadVariableOp", "Identity") or not read.inputs:
                 continue
             variable = variable_op(read.inputs[0]).name
-            if variable not in updates or variable in names or read in forward[owner[variable]]:
+            if variable not in updates or variable in names or read in forward[owner[variable]] \
+                    or read not in runs:
                 continue
             if variable not in closures:
                 closures[variable] = set(op_closure(updates[variable]))
