@@ -16,8 +16,8 @@ import tensorflow as tf
 from coordinator.compiler import precision
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, TailContext, fast_path, generic, has_kernel
-from wafer.precision import widened
 from wafer.kernels.elementwise import ARITHMETIC
+from wafer.precision import widened
 
 # The README's rows: kernel -> the TF ops it starts from.
 KERNEL_ROWS = {

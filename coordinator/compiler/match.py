@@ -25,6 +25,7 @@ from coordinator.compiler import (
     bincount,
     fast_paths,
     in_batch,
+    leading_stack,
     loss_tail,
     lowering,
     precision,
@@ -86,6 +87,7 @@ class Matcher:
         self.values: dict[str, str] = {}  # batched tensor -> kernel or input name
         self.shapes: dict[str, tuple[int, ...]] = {}  # batched tensor -> per-sample shape
         self.tail: set[str] = set()  # tensors of the loss tail (after a batch reduction)
+        self.leading: set[str] = set()  # batched tensors held with a stack axis first
         self.frontier: list[tf.Tensor] = []  # batched tensors the batch reductions read
         self.internal: dict[str, str] = {}  # tensors inside a fused kernel -> kernel
         self.consumed: set[tf.Operation] = set()
@@ -147,7 +149,13 @@ class Matcher:
         return self.x.inputs[0].name
 
     def shape(self, tensor: tf.Tensor) -> tuple[int, ...]:
-        return self.shapes.get(tensor.name, static_shape(tensor)[1:])
+        return self.shapes.get(tensor.name, self.sample_shape(tensor))
+
+    def sample_shape(self, tensor: tf.Tensor) -> tuple[int, ...]:
+        """A sample's shape of `tensor` from TF's: without the batch axis (the first, or the
+        second of a value held with its stack axis first)."""
+        shape = static_shape(tensor)
+        return (shape[0], *shape[2:]) if tensor.name in self.leading else shape[1:]
 
     def is_batched(self, tensor: tf.Tensor) -> bool:
         return tensor.name in self.values
@@ -197,7 +205,7 @@ class Matcher:
         names = [t if isinstance(t, str) else self.values[t.name] for t in inputs]
         shapes = [self.kernel_shape(t) if isinstance(t, str) else self.shape(t) for t in inputs]
         if output_shape is None:
-            output_shape = static_shape(output)[1:]
+            output_shape = self.sample_shape(output)
         computed = output if output is not None else (source_op or ops[0]).outputs[0]
         if type_ != "loss" and precision.tensor_precision(computed):
             attrs = {**attrs, "precision": precision.tensor_precision(computed)}
@@ -339,6 +347,11 @@ class Matcher:
             if op in self.seeds:
                 second_order.lower(self, op, self.graph)
                 continue
+            if any(t.name in self.leading for t in op.inputs):
+                reason = leading_stack.lower(self, op)
+                if reason:
+                    self.reject(op, reason)
+                continue
             if op in self.broadcasts:
                 reason = batch_broadcast.lower(self, op)
                 if reason:
@@ -434,7 +447,8 @@ class Matcher:
                 continue
             seen.add(item.name)
             tensors = item.outputs if isinstance(item, tf.Operation) else [item]
-            ready = [t for t in tensors if t.name in fed or t.name in self.values]
+            ready = [t for t in tensors if t.name in fed or
+                     t.name in self.values and t.name not in self.leading]  # (not TF's layout)
             if ready:  # a control dependency is met by any fed output of its op
                 name = self.values.get(ready[0].name)
                 if ready[0].name not in fed and name is not None and name not in found:
