@@ -71,7 +71,7 @@ def pack(m: Context, op: tf.Operation) -> str:
     if axis == 0:
         back = m.sole_consumer(out)
         perm = m.operands.constant(back.inputs[1]) if back is not None and back.type == "Transpose" else None
-        if perm is None or [int(p) for p in perm] != [1, 0, *range(2, rank)]:
+        if back is None or perm is None or [int(p) for p in perm] != [1, 0, *range(2, rank)]:
             return leading_stack.stack(m, op)
         axis, out, ops = 1, back.outputs[0], [op, back]
     parts: list[tf.Tensor | str] = []
