@@ -631,7 +631,8 @@ def _sample_gather(m: Context, op: tf.Operation) -> str:
             static_shape(ids)[:dims] != static_shape(x)[:dims]:
         return ("gathers from a per-sample value other than by tf.gather(x, ids, batch_dims=r) "
                 "along axis r (each sample's rows at its own indices: batch_dims 1 and axis 1, "
-                "or per position of the sample's first r - 1 axes)")
+                "or per position of the sample's first r - 1 axes): tf.transpose the gathered "
+                "axis to r first, or pick by tf.reduce_sum(x * tf.one_hot(ids, n), axis)")
     if not m.is_batched(ids):
         return "gathers from a per-sample value at indices that are not per-sample"
     if not has_kernel("sample_gather"):
@@ -860,7 +861,9 @@ def supported_table() -> str:
                  "weights: tf.gather(weights, labels)); tf.gather(x, ids, "
                  "batch_dims=1) of a per-sample value at per-sample indices (BERT's masked "
                  "positions; a repeated index adds its gradients; one index per sample: a DQN's "
-                 "tf.gather(q_values, actions, batch_dims=1)); tf.gather(x, indices, axis=k) "
+                 "tf.gather(q_values, actions, batch_dims=1)); tf.gather(x, ids, batch_dims=r) "
+                 "along axis r >= 2 at per-sample ids (a mixture's component per pixel, "
+                 "tf.gather(means, k, batch_dims=2)); tf.gather(x, indices, axis=k) "
                  "of a per-sample value at constant indices along its own axis k >= 1 "
                  "(tf.signal.frame's overlapping windows: a repeated index adds its gradients in "
                  "TF's order); Roll by constant shifts along a sample's axes (tf.roll: a take "
@@ -921,6 +924,10 @@ def supported_table() -> str:
                  "tf.scan over a fixed length: unrolled, the unrolled graph proven to compute "
                  "the user's loss and gradients); Bidirectional (ReverseV2 along a sample's "
                  "axes); TimeDistributed (its time-major x[i] per step, x[-1]); Pack, Split, SplitV, Unpack along a sample's axes; "
+                 "tf.stack(values, axis=0) in front of the batch (two heads, MC samples), held per "
+                 "sample with the stack axis first, read by element-wise ops, casts, reductions "
+                 "over axis 0 or a sample's axes (tf.reduce_mean / reduce_std(stacked, 0)), "
+                 "stacked[i], tf.unstack and transposes, predicted in TF's layout; "
                  "(sparse_)softmax_cross_entropy_with_logits on logits of rank > 2 (a tagger's "
                  "tf.compat.v1.losses.softmax_cross_entropy of one-hot labels per token) |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
