@@ -25,13 +25,13 @@ def input_fn(params):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
 
 
-def _spec(mode, labels, pred, predictions):
+def _spec(mode, labels, pred, predictions, metrics=None):
     loss = tf.compat.v1.losses.mean_squared_error(labels, pred)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions=predictions)
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
-            "rmse": tf.compat.v1.metrics.root_mean_squared_error(labels, pred)})
+            "rmse": tf.compat.v1.metrics.root_mean_squared_error(labels, pred), **(metrics or {})})
     step = tf.compat.v1.train.get_or_create_global_step()
     return CSEstimatorSpec(mode, loss=loss, train_op=tf.compat.v1.train.MomentumOptimizer(
         0.01, 0.9).minimize(loss, global_step=step))
@@ -67,7 +67,8 @@ def two_heads(features, labels, mode, params):
     spread = tf.math.reduce_std(heads, axis=0)
     first = heads[0] - tf.reduce_max(heads, 0)
     return _spec(mode, labels, pred + 0.1 * spread + 0.01 * first,
-                 {"pred": pred, "spread": spread, "heads": heads})
+                 {"pred": pred, "spread": spread, "heads": heads},
+                 {"heads": tf.compat.v1.metrics.mean(tf.abs(heads - labels))})  # (the host's, from the heads)
 
 
 def picked_components(features, labels, mode, params):
