@@ -71,6 +71,24 @@ def two_heads(features, labels, mode, params):
                  {"heads": tf.compat.v1.metrics.mean(tf.abs(heads - labels))})  # (the host's, from the heads)
 
 
+def three_heads_read_every_way(features, labels, mode, params):
+    """A stack read by unstack, x[i], transposes (batch first again, or second), float16
+    casts, a weight and a constant row, and reductions over the stack and sample axes."""
+    h = L.Dense(8, activation="relu")(L.Flatten()(features))
+    heads = tf.stack([L.Dense(3)(h) for _ in range(3)], axis=0)  # [3, batch, 3]
+    a, b, c = tf.unstack(heads)
+    batch_first = tf.transpose(heads, [1, 0, 2])
+    swapped = tf.transpose(heads, [2, 1, 0])
+    half = tf.cast(tf.cast(heads, tf.float16) * tf.constant(0.5, tf.float16), tf.float32)
+    scale = tf.compat.v1.get_variable("scale", initializer=tf.ones([3]))
+    scaled = tf.nn.relu(heads * scale + tf.constant([[0.1, 0.2, 0.3]]))
+    pred = (tf.reduce_sum(heads[1] * a, -1, keepdims=True) + tf.reduce_mean(batch_first, [1, 2])[:, None]
+            + tf.reduce_sum(tf.reduce_mean(swapped, 0), -1, keepdims=True)
+            + tf.reduce_mean(half, [0, 2])[:, None] + tf.reduce_max(scaled, [0, 2])[:, None]
+            + tf.reduce_sum(b - c, -1, keepdims=True) + tf.reduce_mean(heads - h[:, :3], [0, 2])[:, None])
+    return _spec(mode, labels, pred, {"pred": pred, "swapped": swapped, "batch_first": batch_first})
+
+
 def picked_components(features, labels, mode, params):
     """A mixture per row: 3 components' means and logits, the best two picked per row."""
     rows = tf.reshape(features, [-1, SIZE, SIZE])
@@ -87,11 +105,13 @@ CASES = {
     "coordconv_tiled": (coordconv, {**PARAMS, "per_sample": False}, 1e-2),
     "coordconv_per_sample": (coordconv, {**PARAMS, "per_sample": True}, 1e-2),
     "two_heads": (two_heads, PARAMS, 1e-4),
+    "three_heads_read_every_way": (three_heads_read_every_way, PARAMS, 1e-4),
     "picked_components": (picked_components, PARAMS, 1e-4),
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "coordconv_per_sample"
+                                  else name for name in CASES])  # (its grid built otherwise: slow)
 def test_trains_evaluates_and_predicts_like_tensorflow(tmp_path, name):
     model_fn, params, rtol = CASES[name]
     result = cs_inprocess.compare(model_fn, input_fn, params, str(tmp_path), STEPS)
