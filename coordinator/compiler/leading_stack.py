@@ -7,7 +7,7 @@ values of one rank less, which TF broadcasts over the stack axis, and constants 
 that broadcast over the stack and batch axes), casts, reductions over the stack axis or a
 sample's own axes (tf.reduce_mean(stacked, 0), tf.math.reduce_std(stacked, 0): axis a >= 2
 is the sample's axis a - 1), stacked[i], tf.unstack(stacked) and transposes keeping the
-batch first or second. Anything else reading it is refused naming what to write instead.
+batch first or second; a loss summing or averaging it over the stack and batch axes. Anything else reading it is refused naming what to write instead.
 The host never reads such a value from the CS: it computes it, in TF's layout, from the
 stacked values the CS streams (match.Matcher.host_outputs)."""
 from __future__ import annotations
@@ -43,6 +43,16 @@ def stack(m: Context, op: tf.Operation) -> str:
     m.add_kernel(op.name, "concat", parts, {"axis": 0}, [], [op], out,
                  output_shape=(len(values), *m.shape(values[0])))
     return ""
+
+
+def loss_reduction(m: Context, op: tf.Operation) -> bool:
+    """A sum or mean over the stack and batch axes (the loss's, tf.reduce_mean(tf.square(
+    stacked - labels))): it enters the loss tail as any batch reduction, which loss_tail.py
+    proves a sum of the values times constants, the same sum in either layout (a loss
+    that is not one is refused there)."""
+    constant = m.operands.constant(op.inputs[1]) if op.type in ("Sum", "Mean") else None
+    rank = len(static_shape(op.inputs[0]))
+    return constant is not None and {0, 1} <= {int(a) % rank for a in np.atleast_1d(constant)}
 
 
 def lower(m: Context, op: tf.Operation) -> str:
@@ -96,9 +106,9 @@ def _reduce(m: Context, op: tf.Operation) -> str:
     rank = len(static_shape(x))
     axes = None if constant is None else {int(a) % rank for a in np.atleast_1d(constant)}
     if not axes or 1 in axes:
-        return ("reduces tf.stack(values, axis=0) over the batch axis (or over no constant "
-                "axes): reduce over the stack axis 0 first (tf.reduce_mean(stacked, 0)), then "
-                "over the batch")
+        return ("reduces tf.stack(values, axis=0) over the batch axis but not the stack "
+                "axis (or over no constant axes): reduce over the stack axis 0 first "
+                "(tf.reduce_mean(stacked, 0)), or over both in the loss")
     own = sorted(0 if a == 0 else a - 1 for a in axes)
     keep = bool(op.get_attr("keep_dims"))
     shape = m.shape(x)

@@ -347,7 +347,8 @@ class Matcher:
             if op in self.seeds:
                 second_order.lower(self, op, self.graph)
                 continue
-            if any(t.name in self.leading for t in op.inputs):
+            if any(t.name in self.leading for t in op.inputs) and \
+                    not leading_stack.loss_reduction(self, op):
                 reason = leading_stack.lower(self, op)
                 if reason:
                     self.reject(op, reason)

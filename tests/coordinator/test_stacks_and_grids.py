@@ -1,7 +1,7 @@
 """Ordinary code the CS once refused (unseen11-13): CoordConv's coordinate grid tiled over the
 batch and cast to mixed_float16 activations (a float16 constant of the batch's shape), two
 heads stacked in front of the batch (tf.stack(heads, axis=0), reduced over axis 0 and
-predicted as is) and a mixture's component picked per position (tf.gather(means, k,
+predicted as is, or every head's loss) and a mixture's component picked per position (tf.gather(means, k,
 batch_dims=2)): each trains 4 steps with TF's numbers (mixed: the mixed precision tests'
 1e-2), evaluates and predicts with the CPU path's; what stays refused says so in one line."""
 from __future__ import annotations
@@ -25,8 +25,8 @@ def input_fn(params):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
 
 
-def _spec(mode, labels, pred, predictions, metrics=None):
-    loss = tf.compat.v1.losses.mean_squared_error(labels, pred)
+def _spec(mode, labels, pred, predictions, metrics=None, loss=None):
+    loss = tf.compat.v1.losses.mean_squared_error(labels, pred) if loss is None else loss
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions=predictions)
     if mode == ModeKeys.EVAL:
@@ -89,6 +89,17 @@ def three_heads_read_every_way(features, labels, mode, params):
     return _spec(mode, labels, pred, {"pred": pred, "swapped": swapped, "batch_first": batch_first})
 
 
+def every_heads_loss(features, labels, mode, params):
+    """An ensemble's loss: each head's squared and absolute errors over the whole stack."""
+    h = L.Flatten()(features)
+    heads = tf.stack([L.Dense(1)(h), L.Dense(1)(h)], axis=0)
+    loss = tf.reduce_mean(tf.square(heads - labels)) + tf.reduce_sum(tf.abs(heads - labels)) / 32.0
+    if params.get("root"):
+        loss = tf.sqrt(loss)
+    pred = tf.reduce_mean(heads, 0)
+    return _spec(mode, labels, pred, {"pred": pred}, loss=loss)
+
+
 def picked_components(features, labels, mode, params):
     """A mixture per row: 3 components' means and logits, the best two picked per row."""
     rows = tf.reshape(features, [-1, SIZE, SIZE])
@@ -106,6 +117,7 @@ CASES = {
     "coordconv_per_sample": (coordconv, {**PARAMS, "per_sample": True}, 1e-2),
     "two_heads": (two_heads, PARAMS, 1e-4),
     "three_heads_read_every_way": (three_heads_read_every_way, PARAMS, 1e-4),
+    "every_heads_loss": (every_heads_loss, PARAMS, 1e-4),
     "picked_components": (picked_components, PARAMS, 1e-4),
 }
 
@@ -126,15 +138,6 @@ def dense_on_the_stack(features, labels, mode, params):
     return _spec(mode, labels, tf.reduce_mean(L.Dense(1)(heads), 0), {})
 
 
-def loss_of_the_whole_stack(features, labels, mode, params):
-    h = L.Flatten()(features)
-    heads = tf.stack([L.Dense(1)(h), L.Dense(1)(h)], axis=0)
-    loss = tf.reduce_mean(tf.square(heads - labels))
-    step = tf.compat.v1.train.get_or_create_global_step()
-    return CSEstimatorSpec(mode, loss=loss, train_op=tf.compat.v1.train.GradientDescentOptimizer(
-        0.01).minimize(loss, global_step=step))
-
-
 def gather_after_the_batch_dims(features, labels, mode, params):
     values = tf.reshape(L.Dense(2 * 3 * SIZE)(L.Flatten()(features)), [-1, 2, 3, SIZE])
     ids = tf.argmax(L.Dense(SIZE)(tf.reshape(features, [-1, SIZE, SIZE]))[:, :2], -1)  # [batch, 2]
@@ -144,9 +147,9 @@ def gather_after_the_batch_dims(features, labels, mode, params):
 
 @pytest.mark.parametrize("model_fn, words", [
     (dense_on_the_stack, "tf.reduce_mean(stacked, 0)"),
-    (loss_of_the_whole_stack, "reduce over the stack axis 0 first"),
+    (every_heads_loss, "not a sum or mean of its values times constants"),
     (gather_after_the_batch_dims, "batch_dims=r) along axis r"),
 ])
 def test_what_stays_refused_says_what_to_write_in_one_line(tmp_path, model_fn, words):
-    line = cs_inprocess.refusal(model_fn, input_fn, PARAMS, str(tmp_path), __file__)
+    line = cs_inprocess.refusal(model_fn, input_fn, {**PARAMS, "root": True}, str(tmp_path), __file__)
     assert words in line, line
