@@ -927,7 +927,8 @@ def supported_table() -> str:
                  "tf.stack(values, axis=0) in front of the batch (two heads, MC samples), held per "
                  "sample with the stack axis first, read by element-wise ops, casts, reductions "
                  "over axis 0 or a sample's axes (tf.reduce_mean / reduce_std(stacked, 0)), "
-                 "stacked[i], tf.unstack and transposes, predicted in TF's layout; "
+                 "stacked[i], tf.unstack and transposes, a loss summing or averaging it over "
+                 "the stack and batch axes, predicted in TF's layout; "
                  "(sparse_)softmax_cross_entropy_with_logits on logits of rank > 2 (a tagger's "
                  "tf.compat.v1.losses.softmax_cross_entropy of one-hot labels per token) |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
