@@ -4,12 +4,14 @@ value per sample with the stack axis first ((S, ...): the values, each with a un
 added, concatenated), recorded in `Context.leading`, and lowers what reads it only where
 that layout is proven: element-wise ops (their other operands such values, per-sample
 values of one rank less, which TF broadcasts over the stack axis, and constants or weights
-that broadcast over the stack and batch axes), casts, reductions over the stack axis or a
-sample's own axes (tf.reduce_mean(stacked, 0), tf.math.reduce_std(stacked, 0): axis a >= 2
-is the sample's axis a - 1), stacked[i], tf.unstack(stacked) and transposes keeping the
-batch first or second; a loss summing or averaging it over the stack and batch axes. Anything else reading it is refused naming what to write instead.
-The host never reads such a value from the CS: it computes it, in TF's layout, from the
-stacked values the CS streams (match.Matcher.host_outputs)."""
+that broadcast over the stack and batch axes), casts, softmax along a sample's last axis,
+reshapes keeping the stack and batch axes (tf.squeeze(stacked, -1)), reductions over the
+stack axis or a sample's own axes (tf.reduce_mean(stacked, 0), tf.math.reduce_std(stacked,
+0): axis a >= 2 is the sample's axis a - 1), stacked[i], tf.unstack(stacked), transposes
+keeping the batch first or second, and a loss summing or averaging it over the stack and
+batch axes. Anything else reading it is refused naming what to write instead. The host
+never reads such a value from the CS: it computes it, in TF's layout, from the stacked
+values the CS streams (match.Matcher.host_outputs)."""
 from __future__ import annotations
 
 import numpy as np
@@ -70,6 +72,11 @@ def lower(m: Context, op: tf.Operation) -> str:
     if op.type in UNARY or op.type in SAME_LAYOUT or (op.type in BINARY and _operands_align(m, op)):
         m.leading.add(op.outputs[0].name)
         return GENERIC[op.type](m, op)
+    if op.type in ("Softmax", "LogSoftmax") and len(static_shape(x)) >= 3:  # (a sample's last axis)
+        m.leading.add(op.outputs[0].name)
+        return GENERIC[op.type](m, op)
+    if op.type in ("Reshape", "Squeeze", "ExpandDims"):
+        return _reshape(m, op)
     if op.type in REDUCTIONS:
         return _reduce(m, op)
     if op.type == "Transpose":
@@ -97,6 +104,18 @@ def _operands_align(m: Context, op: tf.Operation) -> bool:
         elif len(shape) >= rank or (len(shape) == rank - 1 and shape[0] != 1):
             return False
     return True
+
+
+def _reshape(m: Context, op: tf.Operation) -> str:
+    """A reshape keeping the stack and batch axes (tf.squeeze(stacked, -1)): the sample's own,
+    each (stack, batch) block's values in the same order."""
+    source, out = static_shape(op.inputs[0]), static_shape(op.outputs[0])
+    if len(out) < 2 or tuple(out[:2]) != tuple(source[:2]):
+        return REFUSAL
+    m.leading.add(op.outputs[0].name)
+    m.add_kernel(op.name, "reshape", [op.inputs[0]], {"shape": [out[0], *out[2:]]}, [], [op],
+                 op.outputs[0])
+    return ""
 
 
 def _reduce(m: Context, op: tf.Operation) -> str:

@@ -73,7 +73,8 @@ def two_heads(features, labels, mode, params):
 
 def three_heads_read_every_way(features, labels, mode, params):
     """A stack read by unstack, x[i], transposes (batch first again, or second), float16
-    casts, a weight and a constant row, and reductions over the stack and sample axes."""
+    casts, a weight and a constant row, reductions over the stack and sample axes, a softmax
+    and reshapes."""
     h = L.Dense(8, activation="relu")(L.Flatten()(features))
     heads = tf.stack([L.Dense(3)(h) for _ in range(3)], axis=0)  # [3, batch, 3]
     a, b, c = tf.unstack(heads)
@@ -86,6 +87,9 @@ def three_heads_read_every_way(features, labels, mode, params):
             + tf.reduce_sum(tf.reduce_mean(swapped, 0), -1, keepdims=True)
             + tf.reduce_mean(half, [0, 2])[:, None] + tf.reduce_max(scaled, [0, 2])[:, None]
             + tf.reduce_sum(b - c, -1, keepdims=True) + tf.reduce_mean(heads - h[:, :3], [0, 2])[:, None])
+    probabilities = tf.reduce_mean(tf.nn.softmax(heads), 0)  # an ensemble's classes
+    squeezed = tf.squeeze(tf.reshape(heads, [3, -1, 3, 1]), -1)
+    pred += tf.reduce_sum(probabilities * tf.reduce_mean(squeezed, 0), -1, keepdims=True)
     return _spec(mode, labels, pred, {"pred": pred, "swapped": swapped, "batch_first": batch_first})
 
 
