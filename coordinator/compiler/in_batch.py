@@ -17,6 +17,7 @@ from coordinator.compiler import precision
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, TailContext, fast_path, generic, has_kernel
 from wafer.kernels.elementwise import ARITHMETIC
+from wafer.precision import widened
 
 # The README's rows: kernel -> the TF ops it starts from.
 KERNEL_ROWS = {
@@ -216,6 +217,9 @@ ROW_MEETINGS = (*BINARY_READERS, *COMPARISONS)
 LABELLED = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
 # Besides the element-wise binary ops: the ops pairing a constant's rows with the samples.
 PAIRING = ("Select", "SelectV2", "ConcatV2", *LABELLED)
+# A sample_constant's dtypes: a float16 constant (a tiled grid cast to a mixed_float16
+# model's activations) is held as every float16 value is, float32 holding its values exactly.
+SAMPLE_CONSTANT_DTYPES = (tf.float32, tf.float16, tf.int32, tf.int64, tf.bool)
 
 
 def sample_constants(m: Context, op: tf.Operation) -> None:
@@ -230,7 +234,7 @@ def sample_constants(m: Context, op: tf.Operation) -> None:
         return
     rank = len(static_shape(batched[0]))
     for k, t in enumerate(op.inputs):
-        if m.is_batched(t) or t.dtype.base_dtype not in (tf.float32, tf.int32, tf.int64, tf.bool):
+        if m.is_batched(t) or t.dtype.base_dtype not in SAMPLE_CONSTANT_DTYPES:
             continue
         value = m.operands.constant(t)
         labels = op.type in LABELLED and k == 1 and m.is_batched(op.inputs[0])
@@ -239,7 +243,8 @@ def sample_constants(m: Context, op: tf.Operation) -> None:
                 value.ndim != (rank - 1 if labels and op.type.startswith("Sparse") else rank):
             continue
         m.add_kernel(f"{t.op.name}/rows", "sample_constant", [m.sample_input()],
-                     {"value": np.asarray(value, t.dtype.base_dtype.as_numpy_dtype)}, [], [t.op], t)
+                     {"value": widened(np.asarray(value, t.dtype.base_dtype.as_numpy_dtype))},
+                     [], [t.op], t)
 
 
 @generic("MatrixDiagPartV3", "MatrixDiagPart", "DiagPart")

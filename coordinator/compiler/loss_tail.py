@@ -58,6 +58,10 @@ DIVISIONS = {"DivNoNan": True, "RealDiv": False, "Div": False}  # -> 0 where the
 # Ops of a denominator's upstream that make it the model's, not the inputs' (see _model_op).
 VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
 UNEVALUATED = "the loss could not be evaluated from its per-sample values"
+# Why a loss over a stack in front of the batch (leading_stack.py) that is no sum of its
+# values times constants is refused (a sum is the same in either layout).
+LEADING_TAIL = ("a loss of tf.stack(values, axis=0) that is not a sum or mean of its values "
+                "times constants: reduce over the stack axis 0 first (tf.reduce_mean(stacked, 0))")
 # A tail computing in float16 (a mixed_float16 loss) is measured to float16's precision:
 # a few units in its last place (2 ** -11).
 HALF_RTOL = 4e-3
@@ -276,6 +280,10 @@ def _batch_tail(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
                 ) -> tuple[str, dict]:
     """A loss that is no sum of per-sample values: evaluated once per batch (batch_tail.py),
     the weight penalties added to it (tf.nn.l2_loss, Keras regularizers) measured apart."""
+    stacked = next((t for t in m.frontier if t.name in m.leading), None)
+    if stacked is not None:  # (the whole batch in TF's layout: not the one the CS holds)
+        return _reject(m, loss.op, f"{LEADING_TAIL} ({stacked.op.type} '{stacked.op.name}' at "
+                                   f"{user_source(stacked.op)})")
     bases: list = []
     terms: list[tf.Tensor] = []  # the values of weights alone the tail adds: sums of penalties
     for op in _tail_ops(m, loss):

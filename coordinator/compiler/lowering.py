@@ -627,19 +627,43 @@ def _roll(m: Context, op: tf.Operation) -> str:
 
 
 def _sample_gather(m: Context, op: tf.Operation) -> str:
-    """tf.gather(x, ids, batch_dims=1) of a per-sample x at per-sample integer ids (ids of
-    rank 1, one per sample, give each sample's own row: a DQN's Q(s, a))."""
+    """tf.gather(x, ids, batch_dims=r) of a per-sample x at per-sample integer ids along axis
+    r (ids of rank 1 and r = 1 give each sample's own row: a DQN's Q(s, a); r >= 2 picks
+    along x's axis r at each position of its first r - 1 sample axes: a mixture's chosen
+    component per pixel, tf.gather(means, k, batch_dims=2))."""
     x, ids = op.inputs[0], op.inputs[1]
-    rank = len(static_shape(x))
+    rank, ids_rank = len(static_shape(x)), len(static_shape(ids))
     axis = m.operands.constant(op.inputs[2]) if op.type == "GatherV2" else None
-    if axis is None or op.get_attr("batch_dims") != 1 or rank < 2 or int(axis) % rank != 1:
-        return ("gathers from a per-sample value other than by tf.gather(x, ids, batch_dims=1) "
-                "(each sample's rows at its own indices: axis 1, batch_dims 1)")
+    dims = op.get_attr("batch_dims")
+    dims = dims + ids_rank if dims < 0 else dims
+    if axis is None or dims < 1 or dims >= rank or int(axis) % rank != dims or \
+            static_shape(ids)[:dims] != static_shape(x)[:dims]:
+        return ("gathers from a per-sample value other than by tf.gather(x, ids, batch_dims=r) "
+                "along axis r (each sample's rows at its own indices: batch_dims 1 and axis 1, "
+                "or per position of the sample's first r - 1 axes): tf.transpose the gathered "
+                "axis to r first, or pick by tf.reduce_sum(x * tf.one_hot(ids, n), axis)")
     if not m.is_batched(ids):
         return "gathers from a per-sample value at indices that are not per-sample"
     if not has_kernel("sample_gather"):
         return "the CS has no sample_gather kernel"
-    m.add_kernel(op.name, "sample_gather", [x, ids], {}, [], [op], op.outputs[0])
+    if dims == 1:
+        m.add_kernel(op.name, "sample_gather", [x, ids], {}, [], [op], op.outputs[0])
+        return ""
+    # each index with the positions of its first r - 1 axes: a gather_nd of depth r
+    shape = m.shape(ids)
+    positions = np.stack(np.meshgrid(*(np.arange(n) for n in shape[:dims - 1]), indexing="ij"), -1)
+    positions = positions.reshape(*shape[:dims - 1], *(1,) * (len(shape) - dims + 1), dims - 1)
+    grid = np.broadcast_to(positions, (m.batch_size, *shape, dims - 1))
+    fixed = m.add_kernel(f"{op.name}/positions", "sample_constant", [m.sample_input()],
+                         {"value": np.ascontiguousarray(grid, ids.dtype.as_numpy_dtype)}, [], [],
+                         None, output_shape=(*shape, dims - 1), source_op=op)
+    column = m.add_kernel(f"{op.name}/expand", "reshape", [ids], {"shape": [*shape, 1]}, [], [],
+                          None, output_shape=(*shape, 1), source_op=op)
+    coordinates = m.add_kernel(f"{op.name}/coordinates", "concat", [fixed.name, column.name],
+                               {"axis": len(shape)}, [], [], None, output_shape=(*shape, dims),
+                               source_op=op)
+    m.add_kernel(op.name, "sample_gather", [x, coordinates.name], {"depth": dims}, [], [op],
+                 op.outputs[0])
     return ""
 
 
@@ -850,7 +874,9 @@ def supported_table() -> str:
                  "weights: tf.gather(weights, labels)); tf.gather(x, ids, "
                  "batch_dims=1) of a per-sample value at per-sample indices (BERT's masked "
                  "positions; a repeated index adds its gradients; one index per sample: a DQN's "
-                 "tf.gather(q_values, actions, batch_dims=1)); tf.gather(x, indices, axis=k) "
+                 "tf.gather(q_values, actions, batch_dims=1)); tf.gather(x, ids, batch_dims=r) "
+                 "along axis r >= 2 at per-sample ids (a mixture's component per pixel, "
+                 "tf.gather(means, k, batch_dims=2)); tf.gather(x, indices, axis=k) "
                  "of a per-sample value at constant indices along its own axis k >= 1 "
                  "(tf.signal.frame's overlapping windows: a repeated index adds its gradients in "
                  "TF's order); Roll by constant shifts along a sample's axes (tf.roll: a take "
@@ -911,6 +937,12 @@ def supported_table() -> str:
                  "tf.scan over a fixed length: unrolled, the unrolled graph proven to compute "
                  "the user's loss and gradients); Bidirectional (ReverseV2 along a sample's "
                  "axes); TimeDistributed (its time-major x[i] per step, x[-1]); Pack, Split, SplitV, Unpack along a sample's axes; "
+                 "tf.stack(values, axis=0) in front of the batch (two heads, MC samples), held per "
+                 "sample with the stack axis first, read by element-wise ops, casts, softmax, "
+                 "reshapes keeping the stack and batch axes, reductions "
+                 "over axis 0 or a sample's axes (tf.reduce_mean / reduce_std(stacked, 0)), "
+                 "stacked[i], tf.unstack and transposes, a loss summing or averaging it over "
+                 "the stack and batch axes, predicted in TF's layout; "
                  "(sparse_)softmax_cross_entropy_with_logits on logits of rank > 2 (a tagger's "
                  "tf.compat.v1.losses.softmax_cross_entropy of one-hot labels per token) |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "

@@ -26,6 +26,7 @@ from coordinator.compiler import (
     fast_paths,
     folded_batch,
     in_batch,
+    leading_stack,
     loss_tail,
     lowering,
     precision,
@@ -88,6 +89,7 @@ class Matcher:
         self.shapes: dict[str, tuple[int, ...]] = {}  # batched tensor -> per-sample shape
         self.fold_factors: set[int] = set()  # rows per sample of the folded values so far
         self.tail: set[str] = set()  # tensors of the loss tail (after a batch reduction)
+        self.leading: set[str] = set()  # batched tensors held with a stack axis first
         self.frontier: list[tf.Tensor] = []  # batched tensors the batch reductions read
         self.internal: dict[str, str] = {}  # tensors inside a fused kernel -> kernel
         self.consumed: set[tf.Operation] = set()
@@ -149,7 +151,7 @@ class Matcher:
         return self.x.inputs[0].name
 
     def shape(self, tensor: tf.Tensor) -> tuple[int, ...]:
-        return self.shapes.get(tensor.name, static_shape(tensor)[1:])
+        return self.shapes.get(tensor.name, self.sample_shape(tensor))
 
     def is_batched(self, tensor: tf.Tensor) -> bool:
         return tensor.name in self.values
@@ -163,10 +165,13 @@ class Matcher:
         k = static[0] // batch
         return k if self.shapes.get(tensor.name) == (k, *static[1:]) else 1
 
-    def sample_shape(self, tensor: tf.Tensor, inputs: Iterable[tf.Tensor | str]) -> tuple[int, ...]:
+    def sample_shape(self, tensor: tf.Tensor, inputs: Iterable[tf.Tensor | str] = ()) -> tuple[int, ...]:
         """The per-sample shape of `tensor`, computed row by row from `inputs`: (k, ...) when
-        it keeps their folded [B*k, ...] rows, else its static shape without the batch."""
+        it keeps their folded [B*k, ...] rows, (S, ...) for a value held with its stack axis
+        first (the batch second), else its static shape without the batch."""
         static = static_shape(tensor)
+        if tensor.name in self.leading:
+            return (static[0], *static[2:])
         k = max((self.folds(t) for t in inputs if isinstance(t, tf.Tensor)), default=1)
         return (k, *static[1:]) if k > 1 and static and static[0] == k * self.batch_size \
             else static[1:]
@@ -361,6 +366,12 @@ class Matcher:
             if op in self.seeds:
                 second_order.lower(self, op, self.graph)
                 continue
+            if any(t.name in self.leading for t in op.inputs) and \
+                    not leading_stack.loss_reduction(self, op):
+                reason = leading_stack.lower(self, op)
+                if reason:
+                    self.reject(op, reason)
+                continue
             if op in self.broadcasts:
                 reason = batch_broadcast.lower(self, op)
                 if reason:
@@ -458,7 +469,8 @@ class Matcher:
                 continue
             seen.add(item.name)
             tensors = item.outputs if isinstance(item, tf.Operation) else [item]
-            ready = [t for t in tensors if t.name in fed or t.name in self.values]
+            ready = [t for t in tensors if t.name in fed or
+                     t.name in self.values and t.name not in self.leading]  # (not TF's layout)
             if ready:  # a control dependency is met by any fed output of its op
                 name = self.values.get(ready[0].name)
                 if ready[0].name not in fed and name is not None and name not in found:

@@ -26,6 +26,8 @@ class Context(Protocol):
     operands: Operands  # weights, constants and views among the op's inputs
     flow: set[tf.Operation]  # the data-flow ops being lowered
     protected: set[str]  # tensors the host reads: never hidden inside a fused kernel
+    # per-sample tensors whose TF layout has a stack axis in front of the batch (leading_stack.py)
+    leading: set[str]
     # a batch_norm_training kernel's moments (keepdims and squeezed) -> (kernel, statistic)
     statistics: dict[str, tuple[str, str]]
 

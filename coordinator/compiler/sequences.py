@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from coordinator.compiler import leading_stack
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, generic
 
 
-def _take(m: Context, op: tf.Operation, x: tf.Tensor, out: tf.Tensor, axis: int,
+def take(m: Context, op: tf.Operation, x: tf.Tensor, out: tf.Tensor, axis: int,
           lo: int, hi: int, shrink: bool, ops: list[tf.Operation]) -> None:
     """`out` = x[..., lo:hi, ...] along per-sample axis `axis` (dropped when `shrink`)."""
     shape = m.shape(x)
@@ -34,7 +35,7 @@ def unpack(m: Context, op: tf.Operation) -> str:
     if axis == 0:
         return "unstacks the batch axis"
     for i, out in enumerate(op.outputs):
-        _take(m, op, x, out, axis - 1, i, i + 1, True, [op])
+        take(m, op, x, out, axis - 1, i, i + 1, True, [op])
     return ""
 
 
@@ -51,23 +52,17 @@ def split(m: Context, op: tf.Operation) -> str:
     lo = 0
     for out in op.outputs:
         size = static_shape(out)[axis]
-        _take(m, op, x, out, axis - 1, lo, lo + size, False, [op])
+        take(m, op, x, out, axis - 1, lo, lo + size, False, [op])
         lo += size
     return ""
-
-
-# Why a stack along axis 0 (a new axis before the batch) is refused, and what to write instead.
-AXIS_0_REFUSAL = ("stacks per-sample values along a new axis 0, in front of the batch axis "
-                  "(the CS keeps the batch axis first): stack them after it, tf.stack(values, "
-                  "axis=1), and reduce or index that axis 1 (tf.reduce_mean(stacked, 1), "
-                  "tf.math.reduce_std(stacked, 1), stacked[:, i])")
 
 
 @generic("Pack")
 def pack(m: Context, op: tf.Operation) -> str:
     """tf.stack of per-sample values along a sample's axis, or along axis 0 followed by the
     transpose that puts the batch first again (Keras' return_sequences): a unit axis added
-    to each, then one concat."""
+    to each, then one concat; along axis 0 else: a value held with its stack axis first
+    (leading_stack.py)."""
     values = list(op.inputs)
     if not all(m.is_batched(t) for t in values):
         return "stacks values that are not all per-sample"
@@ -75,11 +70,9 @@ def pack(m: Context, op: tf.Operation) -> str:
     axis, out, ops = op.get_attr("axis") % rank, op.outputs[0], [op]
     if axis == 0:
         back = m.sole_consumer(out)
-        if back is None or back.type != "Transpose":
-            return AXIS_0_REFUSAL
-        perm = m.operands.constant(back.inputs[1])
-        if perm is None or [int(p) for p in perm] != [1, 0, *range(2, rank)]:
-            return AXIS_0_REFUSAL
+        perm = m.operands.constant(back.inputs[1]) if back is not None and back.type == "Transpose" else None
+        if back is None or perm is None or [int(p) for p in perm] != [1, 0, *range(2, rank)]:
+            return leading_stack.stack(m, op)
         axis, out, ops = 1, back.outputs[0], [op, back]
     parts: list[tf.Tensor | str] = []
     for k, t in enumerate(values):
@@ -91,7 +84,7 @@ def pack(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-def _step_index(m: Context, op: tf.Operation, steps: int) -> int | None:
+def step_index(m: Context, op: tf.Operation, steps: int) -> int | None:
     """i if op is x[i] of a time-major x (a StridedSlice of axis 0 alone, shrinking it; x[-1]
     is the last step)."""
     if op.type != "StridedSlice" or any(op.get_attr(k) for k in (
@@ -124,17 +117,17 @@ def time_major_unstack(m: Context, op: tf.Operation) -> str:
         return refusal
     if unstack is not None and unstack.type == "Unpack" and unstack.get_attr("axis") % rank == 0:
         for i, out in enumerate(unstack.outputs):
-            _take(m, unstack, x, out, time - 1, i, i + 1, True, [op, unstack])
+            take(m, unstack, x, out, time - 1, i, i + 1, True, [op, unstack])
         return ""
     steps = static_shape(x)[time]
     consumers = op.outputs[0].consumers()
-    indices = [_step_index(m, c, steps) for c in consumers]
+    indices = [step_index(m, c, steps) for c in consumers]
     backs = [_batch_first_again(m, order, c) for c in consumers]
     if not consumers or any(i is None and b is None for i, b in zip(indices, backs)):
         return refusal
     for index, back, c in zip(indices, backs, consumers):
         if index is not None:
-            _take(m, c, x, c.outputs[0], time - 1, index, index + 1, True, [op, c])
+            take(m, c, x, c.outputs[0], time - 1, index, index + 1, True, [op, c])
         else:
             m.add_kernel(c.name, "transpose", [x], {"perm": back}, [], [op, c], c.outputs[0])
     return ""

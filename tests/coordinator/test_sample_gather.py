@@ -115,8 +115,8 @@ def other_gather(features, labels, mode, params):
         "feature axis": lambda: tf.gather(x, flags[:, :2, 0], axis=2, batch_dims=1),
         "across samples": lambda: tf.gather(x, features["positions"]),
         "constant positions": lambda: tf.gather(x, tf.constant([[0, 1]] * 8), batch_dims=1),
-        "batch_dims 2": lambda: tf.gather(tf.reshape(x, [8, LENGTH, 2, HIDDEN // 2]), flags,
-                                          batch_dims=2),
+        "batch_dims 2, axis 3": lambda: tf.gather(tf.reshape(x, [8, LENGTH, 2, HIDDEN // 2]), flags,
+                                                  axis=3, batch_dims=2),
     }[params["case"]]()
     logits = tf.keras.layers.Dense(VOCAB)(tf.reshape(picked, [8, -1]))
     loss = v1.losses.sparse_softmax_cross_entropy(labels[:, 0], logits)
@@ -124,7 +124,7 @@ def other_gather(features, labels, mode, params):
 
 
 @pytest.mark.parametrize("case", ["feature axis", "across samples", "constant positions",
-                                  "batch_dims 2"])
+                                  "batch_dims 2, axis 3"])
 def test_other_gathers_from_a_per_sample_value_are_refused_naming_the_op(tmp_path, case):
     with pytest.raises(CSRunError) as error:
         compile_model(other_gather, input_fn, params(case=case), str(tmp_path), validate_only=True)
