@@ -109,14 +109,24 @@ def cox_mask_model_fn(features, labels, mode, params):
 
 
 def cox_masked_logsumexp_model_fn(features, labels, mode, params):
-    """The risk set as a masked tf.reduce_logsumexp of the risks."""
+    """The risk set as a masked tf.reduce_logsumexp: log(0) = -inf outside it."""
     risk = _risk(features)
     if mode == "infer":
         return _spec(mode, None, risk, None, None, params)
     time, event = labels["time"], labels["event"]
+    risk_set = tf.cast(tf.expand_dims(time, 0) >= tf.expand_dims(time, 1), tf.float32)
+    log_risk_set = tf.reduce_logsumexp(risk[None, :] + tf.math.log(risk_set), axis=1)
+    loss = -tf.reduce_sum(event * (risk - log_risk_set)) / tf.reduce_sum(event)
+    return _spec(mode, loss, risk, time, event, params)
+
+
+def cox_where_model_fn(features, labels, mode, params):
+    """The risk set picked by tf.where from the batch's row of risks (refused: write the
+    mask as a product or a sum, as cox_mask_model_fn and cox_masked_logsumexp_model_fn)."""
+    risk = _risk(features)
+    time, event = labels["time"], labels["event"]
     at_risk = tf.expand_dims(time, 0) >= tf.expand_dims(time, 1)
-    scores = tf.where(at_risk, tf.tile(risk[None, :], [params["batch_size"], 1]), -1e9)
-    log_risk_set = tf.reduce_logsumexp(scores, axis=1)
+    log_risk_set = tf.reduce_logsumexp(tf.where(at_risk, risk[None, :], -np.inf), axis=1)
     loss = -tf.reduce_sum(event * (risk - log_risk_set)) / tf.reduce_sum(event)
     return _spec(mode, loss, risk, time, event, params)
 

@@ -119,9 +119,9 @@ class TailBuilder(WeightProgramBuilder):
             "operands": "ii"})
 
     def _sort(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
-        """tf.sort / tf.argsort of the whole batch's [B] float32 values (TF's top_k with k
-        B: largest first, equal values by lower index first): the top_k kernel on the one
-        sample, its values or its int32 positions."""
+        """tf.sort / tf.argsort (TF's top_k with k B) or tf.math.top_k of the whole batch's
+        [B] float32 values (largest first, equal values by lower index first): the top_k
+        kernel on the one sample, its values or its int32 positions."""
         inner = self._lower(op.inputs[0])
         if inner is None:
             return self._refuse(tensor, self.problems[op.inputs[0].name])
@@ -129,7 +129,7 @@ class TailBuilder(WeightProgramBuilder):
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS sorts the "
                                         "batch's float32 values (tf.cast them)")
         return self._add(op, tensor, "top_k", [inner], {
-            "k": static_shape(op.inputs[0])[-1], "indices": tensor.value_index == 1})
+            "k": static_shape(tensor)[-1], "indices": tensor.value_index == 1})
 
     def _logsumexp_scan(self, op: tf.Operation, tensor: tf.Tensor) -> str | None:
         """tf.math.cumulative_logsumexp of a value of the tail (a Cox risk set's
@@ -145,12 +145,11 @@ class TailBuilder(WeightProgramBuilder):
 
     def _gather(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
         """tf.gather(x, order) of the whole batch's values x at the positions of a sort of
-        the batch (a permutation: axis 0, no batch_dims): the sample_gather kernel on the
-        one sample, its gradient each value's back to its place."""
+        the batch (distinct positions: axis 0, no batch_dims): the sample_gather kernel on
+        the one sample, its gradient each value's back to its place."""
         x, order = op.inputs[0], op.inputs[1]
         axis = self.operands.constant(op.inputs[2])
         if order.op.type != "TopKV2" or order.value_index != 1 or \
-                static_shape(order) != static_shape(order.op.inputs[0]) or \
                 axis is None or int(axis) != 0 or op.get_attr("batch_dims") != 0:
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS gathers the "
                                         "batch's values in the order of a sort of the batch "
@@ -215,13 +214,14 @@ def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],
 
 def batch_sort(m: TailContext, op: tf.Operation) -> bool:
     """tf.sort or tf.argsort of a per-sample float32 [B] value (TopKV2 with k B: a Cox
-    partial likelihood's order of the times, ListMLE's of the relevances): a value of the
-    loss tail, ranking the samples against each other."""
+    partial likelihood's order of the times, ListMLE's of the relevances), or tf.math.top_k
+    of it with a constant k (hard-example mining's largest losses): a value of the loss
+    tail, ranking the samples against each other."""
     if op.type != "TopKV2" or not m.is_batched(op.inputs[0]) or \
             op.inputs[0].dtype != tf.float32 or len(static_shape(op.inputs[0])) != 1:
         return False
     k = m.operands.constant(op.inputs[1])
-    return k is not None and int(k) == m.batch_size
+    return k is not None and 0 < int(k) <= m.batch_size
 
 
 def contraction(m: TailContext, op: tf.Operation) -> bool:

@@ -258,7 +258,7 @@ class Cumprod(Cumsum):
 class CumulativeLogsumexp(Cumsum):
     """tf.math.cumulative_logsumexp along a per-sample `axis` (attrs exclusive, reverse),
     float32, as TF's CPU scan: each element in turn into an accumulator that starts at
-    float32's lowest, a = max + log1p(exp(min - max)) of the two. The gradient is TF's
+    -inf (an exclusive scan's first value), a = max + log1p(exp(min - max)) of the two. The gradient is TF's
     _CumulativeLogsumexpGrad: the upstream gradient's positive and negative parts taken back
     as exp(cumulative_logsumexp(log(±g) - out, the other way) + x), subtracted."""
 
@@ -271,7 +271,7 @@ class CumulativeLogsumexp(Cumsum):
     def scan(self, x: np.ndarray, reverse: bool) -> np.ndarray:
         x = np.moveaxis(np.flip(x, self.axis) if reverse else x, self.axis, 0)
         out = np.empty_like(x)
-        total = np.full(x.shape[1:], np.finfo(np.float32).min, np.float32)
+        total = np.full(x.shape[1:], -np.inf, np.float32)
         with np.errstate(over="ignore", invalid="ignore"):
             for i in range(len(x)):
                 if self.exclusive:

@@ -1,0 +1,110 @@
+"""Survival and ranking losses over the batch (tests/survival_models.py): DeepSurv's Cox
+partial likelihood in its sort form (tf.argsort of the times, tf.gather, cumulative
+logsumexp or log(cumsum(exp))) carried out by a batch_tail_loss barrier, in its [B, B] mask
+form by batch rows, and ListMLE over the batch; trained in process on the simulated CS
+against TensorFlow (tied times in every batch) whatever the micro-batch size, evaluated (a
+hand-written concordance index) and predicted on the CS with the CPU path's numbers; what
+the CS cannot sort refused naming the op."""
+from __future__ import annotations
+
+import cs_inprocess
+import pytest
+import survival_models as models
+import tensorflow as tf
+
+from tf_model.estimator_spec import CSEstimatorSpec
+
+PARAMS = {"batch_size": models.BATCH, "runconfig": {"tf_random_seed": 7}}
+RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return cs_inprocess.micro_batch_comparisons(models.input_fn, tmp_path_factory, models.STEPS)
+
+
+@pytest.mark.parametrize("model_fn", [models.cox_sort_model_fn, models.list_mle_model_fn])
+@pytest.mark.parametrize("micro, replicas", [(8, 1), (1, 1), (2, 2)])
+def test_losses_of_the_batch_sorted_train_like_tensorflow(prepared, model_fn, micro, replicas):
+    """The order of the times (equal ones by lower index first, as TF's top_k) taken once
+    the whole batch is in: the same numbers for any micro-batch size and on replicas."""
+    result = prepared(model_fn, PARAMS, micro, replicas)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
+
+
+@pytest.mark.parametrize("model_fn", [models.cox_mask_model_fn,
+                                      models.cox_masked_logsumexp_model_fn])
+def test_the_cox_loss_in_its_mask_form_trains_like_tensorflow(prepared, model_fn):
+    """t[None, :] >= t[:, None] (ties at risk, as TF compares) times exp(risk)[None, :], or
+    plus its log in a tf.reduce_logsumexp: batch rows, the loss a sum over the events
+    divided by their count."""
+    for micro in (8, 1):
+        result = prepared(model_fn, PARAMS, micro)
+        cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert "batch_row" in [k.type for k in result.compiled.program.kernels]
+
+
+def test_the_cox_loss_with_labels_of_two_columns_trains_like_tensorflow(tmp_path):
+    """Labels [B, 2] (time, event); the risk set's sum as log(cumsum(exp(risk)))."""
+    result = cs_inprocess.compare(models.cox_cumsum_model_fn, models.stacked_input_fn, PARAMS,
+                                  str(tmp_path), steps=models.STEPS)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+
+
+@pytest.mark.parametrize("model_fn", [models.cox_sort_model_fn, models.cox_mask_model_fn])
+def test_the_cox_loss_evaluates_and_predicts_on_the_cs_like_the_cpu(tmp_path, prepared, model_fn):
+    """Eval: each batch's partial likelihood and the concordance index of its pairs; predict:
+    each sample's risk, no barrier."""
+    result = prepared(model_fn, PARAMS, 2)
+    assert cs_inprocess.evaluation_mismatch(model_fn, models.input_fn, PARAMS,
+                                            str(tmp_path / "eval"), result, rtol=RTOL) == ""
+    assert cs_inprocess.prediction_mismatch(model_fn, models.input_fn, PARAMS,
+                                            str(tmp_path / "predict"), result, rtol=RTOL) == ""
+
+
+def top_half_model_fn(features, labels, mode, params):
+    """Hard-example mining: the mean of the largest half of the per-sample losses."""
+    risk = tf.keras.layers.Dense(1)(features)[:, 0]
+    losses = tf.square(risk - tf.math.log1p(labels["time"]))
+    loss = tf.reduce_mean(tf.math.top_k(losses, models.BATCH // 2).values)
+    return _train(mode, loss)
+
+
+def test_the_largest_losses_of_the_batch_train_like_tensorflow(prepared):
+    """tf.math.top_k of the per-sample losses with k < B: its gradient to the chosen
+    samples alone (TF's _TopKGrad)."""
+    cs_inprocess.assert_same_training(prepared(top_half_model_fn, PARAMS, 2), rtol=RTOL)
+
+
+def integer_days_model_fn(features, labels, mode, params):
+    """The risk set ordered by whole days, an int32 value."""
+    risk = tf.keras.layers.Dense(1)(features)[:, 0]
+    days = tf.cast(labels["time"] * 10.0, tf.int32)
+    ranked = tf.gather(risk, tf.argsort(days, direction="DESCENDING"))
+    loss = -tf.reduce_mean(ranked - tf.math.cumulative_logsumexp(ranked))
+    return _train(mode, loss)
+
+
+def sorted_layer_model_fn(features, labels, mode, params):
+    """The batch's risks in time order fed to a layer: samples meeting inside the model."""
+    risk = tf.keras.layers.Dense(1)(features)[:, 0]
+    ranked = tf.gather(risk, tf.argsort(labels["time"]))
+    return _train(mode, tf.reduce_mean(tf.keras.layers.Dense(1)(ranked[:, None])))
+
+
+def _train(mode, loss):
+    optimizer = tf.compat.v1.train.AdamOptimizer(0.01)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=optimizer.minimize(
+        loss, global_step=tf.compat.v1.train.get_or_create_global_step()))
+
+
+@pytest.mark.parametrize("model_fn, words", [
+    (integer_days_model_fn, "TopKV2 'argsort/TopKV2'"),
+    (sorted_layer_model_fn, "GatherV2 'GatherV2'"),
+    (models.cox_where_model_fn, "StridedSlice 'strided_slice_1'")])
+def test_what_the_cs_cannot_sort_is_refused_naming_the_op(tmp_path, model_fn, words):
+    """An int32 order, samples sorted into a layer, the risk set picked by tf.where."""
+    source = models.__file__ if model_fn is models.cox_where_model_fn else __file__
+    message = cs_inprocess.refusal(model_fn, models.input_fn, PARAMS, str(tmp_path), source)
+    assert words in message, message
