@@ -83,14 +83,15 @@ def cox_sort_model_fn(features, labels, mode, params):
 
 
 def cox_cumsum_model_fn(features, labels, mode, params):
-    """Labels [B, 2]; the risk set's sum as log(cumsum(exp(risk)))."""
+    """Labels [B, 2]; sorted earliest first, the risk set's sum as a reversed
+    log(cumsum(exp(risk)))."""
     risk = _risk(features)
     if mode == "infer":
         return _spec(mode, None, risk, None, None, params)
     time, event = labels[:, 0], labels[:, 1]
-    order = tf.argsort(time, direction="DESCENDING")
+    order = tf.argsort(time)
     risk_sorted = tf.gather(risk, order)
-    log_risk_set = tf.math.log(tf.cumsum(tf.exp(risk_sorted)))
+    log_risk_set = tf.math.log(tf.cumsum(tf.exp(risk_sorted), reverse=True))
     event_sorted = tf.gather(event, order)
     loss = -tf.reduce_sum((risk_sorted - log_risk_set) * event_sorted) / tf.reduce_sum(event)
     return _spec(mode, loss, risk, time, event, params)

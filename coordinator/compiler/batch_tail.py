@@ -3,13 +3,15 @@ Mixture-of-Experts balance loss E * sum(mean(gates, 0) * mean(mask, 0)), VICReg'
 tf.sqrt(tf.math.reduce_variance(z, 0) + eps) hinge and its covariance matmul(zc, zc,
 transpose_a=True), Barlow Twins' cross-correlation (an einsum 'bi,bj->ij') and its
 tf.linalg.diag_part, a squared difference of batch means, a Pearson correlation over the
-batch, the entropy of the batch's mean prediction, tf.nn.l2_loss of a [B, d] lookup), which
-loss_tail.py cannot prove a sum of per-sample values.
+batch, the entropy of the batch's mean prediction, tf.nn.l2_loss of a [B, d] lookup, a Cox
+partial likelihood's or ListMLE's tf.argsort of the batch, tf.gather in its order and
+tf.math.cumulative_logsumexp), which loss_tail.py cannot prove a sum of per-sample values.
 
 The tail's ops, from the per-sample values they read (each the whole batch: tf's tensor
 [B, ...] as one sample) to the loss, are lowered as the weight program's are
 (weight_program.WeightProgramBuilder: element-wise ops, arithmetic with constants,
-reductions, transposes, reshapes, products of matrices, views) onto library kernels run on
+reductions, transposes, reshapes, products of matrices, views; here also sorts of the
+batch: TopKV2 as top_k, GatherV2 at its positions as sample_gather) onto library kernels run on
 a batch of one, which a `batch_tail_loss` kernel (wafer.kernels.batch_tail) evaluates once
 per batch and differentiates back to every sample's values. A tail reading a weight or a
 random number, computing in float16 or with an op the weight program does not run is
@@ -37,9 +39,13 @@ KERNEL_ROWS = {
                        "cross-correlation tf.einsum('bi,bj->ij', za, zb), "
                        "(mean(pred) - mean(y)) ** 2, a Pearson correlation, "
                        "the entropy of the batch's mean prediction, BPR's tf.nn.l2_loss of "
-                       "looked-up embeddings): the loss's ops after the "
+                       "looked-up embeddings, a Cox partial likelihood or ListMLE over the "
+                       "batch sorted by tf.argsort, hard-example mining's tf.math.top_k of "
+                       "the losses): the loss's ops after the "
                        "per-sample values (element-wise ops, arithmetic, reductions, products "
-                       "of matrices, transposes, reshapes, views, tf.linalg.diag_part), run "
+                       "of matrices, transposes, reshapes, views, tf.linalg.diag_part; sorts "
+                       "of the batch's [batch] float32 values, tf.gather in their order, "
+                       "tf.math.cumulative_logsumexp, tf.cumsum), run "
                        "once per batch on the whole batch's values, a batch barrier; its "
                        "gradient TF's, back to each sample",
 }
@@ -125,9 +131,11 @@ class TailBuilder(WeightProgramBuilder):
         inner = self._lower(op.inputs[0])
         if inner is None:
             return self._refuse(tensor, self.problems[op.inputs[0].name])
-        if not isinstance(inner, str) or op.inputs[0].dtype != tf.float32:
+        if not isinstance(inner, str) or op.inputs[0].dtype != tf.float32 or \
+                not op.get_attr("sorted"):
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS sorts the "
-                                        "batch's float32 values (tf.cast them)")
+                                        "batch's float32 values (tf.cast them), largest first "
+                                        "(sorted=True)")
         return self._add(op, tensor, "top_k", [inner], {
             "k": static_shape(tensor)[-1], "indices": tensor.value_index == 1})
 

@@ -86,6 +86,14 @@ def integer_days_model_fn(features, labels, mode, params):
     return _train(mode, loss)
 
 
+def unsorted_top_k_model_fn(features, labels, mode, params):
+    """The largest half of the losses in the order TF's top_k leaves them (sorted=False)."""
+    risk = tf.keras.layers.Dense(1)(features)[:, 0]
+    losses = tf.square(risk - tf.math.log1p(labels["time"]))
+    largest = tf.math.top_k(losses, models.BATCH // 2, sorted=False).values
+    return _train(mode, tf.reduce_sum(largest * tf.range(1.0, 1.0 + models.BATCH // 2)))
+
+
 def sorted_layer_model_fn(features, labels, mode, params):
     """The batch's risks in time order fed to a layer: samples meeting inside the model."""
     risk = tf.keras.layers.Dense(1)(features)[:, 0]
@@ -101,10 +109,12 @@ def _train(mode, loss):
 
 @pytest.mark.parametrize("model_fn, words", [
     (integer_days_model_fn, "TopKV2 'argsort/TopKV2'"),
+    (unsorted_top_k_model_fn, "TopKV2 'TopKV2'"),
     (sorted_layer_model_fn, "GatherV2 'GatherV2'"),
     (models.cox_where_model_fn, "StridedSlice 'strided_slice_1'")])
 def test_what_the_cs_cannot_sort_is_refused_naming_the_op(tmp_path, model_fn, words):
-    """An int32 order, samples sorted into a layer, the risk set picked by tf.where."""
+    """An int32 order, top_k with sorted=False, samples sorted into a layer, the risk set
+    picked by tf.where."""
     source = models.__file__ if model_fn is models.cox_where_model_fn else __file__
     message = cs_inprocess.refusal(model_fn, models.input_fn, PARAMS, str(tmp_path), source)
     assert words in message, message
