@@ -63,6 +63,30 @@ def test_the_cox_loss_evaluates_and_predicts_on_the_cs_like_the_cpu(tmp_path, pr
                                             str(tmp_path / "predict"), result, rtol=RTOL) == ""
 
 
+def ranked_model_fn(features, labels, mode, params):
+    """A per-sample loss; predictions and a metric that rank the batch by risk."""
+    risk = tf.keras.layers.Dense(1)(features)[:, 0]
+    if mode == "infer":
+        return CSEstimatorSpec(mode=mode, predictions={
+            "risk": risk, "order": tf.argsort(risk, direction="DESCENDING")})
+    loss = tf.reduce_mean(tf.square(risk - tf.math.log1p(labels["time"])))
+    if mode == "eval":
+        riskiest = tf.gather(labels["time"], tf.argsort(risk, direction="DESCENDING"))[:2]
+        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops={
+            "riskiest_time": tf.compat.v1.metrics.mean(riskiest)})
+    return _train(mode, loss)
+
+
+def test_a_ranking_of_the_batch_the_host_reads_is_the_cpus(tmp_path, prepared):
+    """tf.argsort of the batch's risks in predictions and a metric: computed by the host
+    from the streamed risks of the whole batch."""
+    result = prepared(ranked_model_fn, PARAMS, 2)
+    assert cs_inprocess.evaluation_mismatch(ranked_model_fn, models.input_fn, PARAMS,
+                                            str(tmp_path / "eval"), result, rtol=RTOL) == ""
+    assert cs_inprocess.prediction_mismatch(ranked_model_fn, models.input_fn, PARAMS,
+                                            str(tmp_path / "predict"), result, rtol=RTOL) == ""
+
+
 def top_half_model_fn(features, labels, mode, params):
     """Hard-example mining: the mean of the largest half of the per-sample losses."""
     risk = tf.keras.layers.Dense(1)(features)[:, 0]
