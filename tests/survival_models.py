@@ -3,7 +3,8 @@ partial likelihood (each sample's risk against its risk set, the samples still a
 time), in its sort form (tf.argsort of the times, tf.gather of the risks and events,
 tf.math.cumulative_logsumexp or log(cumsum(exp))) and its mask form (the [B, B] risk set
 t[None, :] >= t[:, None] times exp(risk)), with a hand-written concordance index as an
-eval metric; ListMLE over the batch (sort by relevance, a reversed cumulative logsumexp).
+eval metric; ListMLE over the batch (sort by relevance, a reversed cumulative logsumexp)
+and a pairwise hinge over the batch's [B, B] pairs.
 Survival data is drawn in input_fn: features, exponential event times from a linear
 log-hazard, exponential censoring, times rounded to tenths (ties within a batch)."""
 from __future__ import annotations
@@ -142,3 +143,16 @@ def list_mle_model_fn(features, labels, mode, params):
     ranked = tf.gather(scores, order)
     loss = tf.reduce_mean(tf.math.cumulative_logsumexp(ranked, reverse=True) - ranked)
     return _spec(mode, loss, scores, labels["time"], labels["event"], params)
+
+
+def pairwise_hinge_model_fn(features, labels, mode, params):
+    """RankNet-style pairwise hinge over every [B, B] pair: each pair ordered by time should
+    be ordered by score by a margin of 1, averaged over the ordered pairs."""
+    scores = _risk(features)
+    if mode == "infer":
+        return _spec(mode, None, scores, None, None, params)
+    time = labels["time"]
+    ordered = tf.cast(time[:, None] > time[None, :], tf.float32)
+    hinge = tf.nn.relu(1.0 - (scores[:, None] - scores[None, :]))
+    loss = tf.reduce_sum(ordered * hinge) / tf.maximum(tf.reduce_sum(ordered), 1.0)
+    return _spec(mode, loss, scores, time, labels["event"], params)

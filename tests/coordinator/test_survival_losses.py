@@ -1,7 +1,7 @@
 """Survival and ranking losses over the batch (tests/survival_models.py): DeepSurv's Cox
 partial likelihood in its sort form (tf.argsort of the times, tf.gather, cumulative
 logsumexp or log(cumsum(exp))) carried out by a batch_tail_loss barrier, in its [B, B] mask
-form by batch rows, and ListMLE over the batch; trained in process on the simulated CS
+form by batch rows, ListMLE over the batch and a pairwise hinge over its [B, B] pairs; trained in process on the simulated CS
 against TensorFlow (tied times in every batch) whatever the micro-batch size, evaluated (a
 hand-written concordance index) and predicted on the CS with the CPU path's numbers; what
 the CS cannot sort refused naming the op."""
@@ -34,11 +34,13 @@ def test_losses_of_the_batch_sorted_train_like_tensorflow(prepared, model_fn, mi
 
 
 @pytest.mark.parametrize("model_fn", [models.cox_mask_model_fn,
-                                      models.cox_masked_logsumexp_model_fn])
-def test_the_cox_loss_in_its_mask_form_trains_like_tensorflow(prepared, model_fn):
-    """t[None, :] >= t[:, None] (ties at risk, as TF compares) times exp(risk)[None, :], or
-    plus its log in a tf.reduce_logsumexp: batch rows, the loss a sum over the events
-    divided by their count."""
+                                      models.cox_masked_logsumexp_model_fn,
+                                      models.pairwise_hinge_model_fn])
+def test_losses_over_every_pair_of_the_batch_train_like_tensorflow(prepared, model_fn):
+    """The Cox loss's mask form, t[None, :] >= t[:, None] (ties at risk, as TF compares)
+    times exp(risk)[None, :] or plus its log in a tf.reduce_logsumexp, and a pairwise hinge
+    over the pairs ordered by time: batch rows, the loss a sum divided by a count of the
+    labels."""
     for micro in (8, 1):
         result = prepared(model_fn, PARAMS, micro)
         cs_inprocess.assert_same_training(result, rtol=RTOL)
