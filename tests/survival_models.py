@@ -2,8 +2,8 @@
 partial likelihood (each sample's risk against its risk set, the samples still at risk at its
 time), in its sort form (tf.argsort of the times, tf.gather of the risks and events,
 tf.math.cumulative_logsumexp or log(cumsum(exp))) and its mask form (the [B, B] risk set
-t[None, :] >= t[:, None] times exp(risk)), with a hand-written concordance index as an
-eval metric; ListMLE over the batch (sort by relevance, a reversed cumulative logsumexp)
+t[None, :] >= t[:, None] times exp(risk), or picking the risks by tf.where), with a
+hand-written concordance index as an eval metric; ListMLE over the batch (sort by relevance, a reversed cumulative logsumexp)
 and a pairwise hinge over the batch's [B, B] pairs.
 Survival data is drawn in input_fn: features, exponential event times from a linear
 log-hazard, exponential censoring, times rounded to tenths (ties within a batch)."""
@@ -123,13 +123,25 @@ def cox_masked_logsumexp_model_fn(features, labels, mode, params):
 
 
 def cox_where_model_fn(features, labels, mode, params):
-    """The risk set picked by tf.where from the batch's row of risks (refused: write the
-    mask as a product or a sum, as cox_mask_model_fn and cox_masked_logsumexp_model_fn)."""
+    """The risk set picked by tf.where from the batch's row of risks, -inf elsewhere."""
     risk = _risk(features)
+    if mode == "infer":
+        return _spec(mode, None, risk, None, None, params)
     time, event = labels["time"], labels["event"]
     at_risk = tf.expand_dims(time, 0) >= tf.expand_dims(time, 1)
     log_risk_set = tf.reduce_logsumexp(tf.where(at_risk, risk[None, :], -np.inf), axis=1)
     loss = -tf.reduce_sum(event * (risk - log_risk_set)) / tf.reduce_sum(event)
+    return _spec(mode, loss, risk, time, event, params)
+
+
+def cox_tiled_model_fn(features, labels, mode, params):
+    """The batch's row of risks tiled to [B, B] before tf.where (refused: the CS gives each
+    sample the row only to meet its own values; write tf.where(at_risk, risk[None, :], ...))."""
+    risk = _risk(features)
+    time, event = labels["time"], labels["event"]
+    at_risk = time[None, :] >= time[:, None]
+    scores = tf.where(at_risk, tf.tile(risk[None, :], [params["batch_size"], 1]), -1e9)
+    loss = -tf.reduce_sum(event * (risk - tf.reduce_logsumexp(scores, 1))) / tf.reduce_sum(event)
     return _spec(mode, loss, risk, time, event, params)
 
 

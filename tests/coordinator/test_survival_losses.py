@@ -35,10 +35,12 @@ def test_losses_of_the_batch_sorted_train_like_tensorflow(prepared, model_fn, mi
 
 @pytest.mark.parametrize("model_fn", [models.cox_mask_model_fn,
                                       models.cox_masked_logsumexp_model_fn,
+                                      models.cox_where_model_fn,
                                       models.pairwise_hinge_model_fn])
 def test_losses_over_every_pair_of_the_batch_train_like_tensorflow(prepared, model_fn):
     """The Cox loss's mask form, t[None, :] >= t[:, None] (ties at risk, as TF compares)
-    times exp(risk)[None, :] or plus its log in a tf.reduce_logsumexp, and a pairwise hinge
+    times exp(risk)[None, :], plus its log in a tf.reduce_logsumexp or picking the risks by
+    tf.where(at_risk, risk[None, :], -inf), and a pairwise hinge
     over the pairs ordered by time: batch rows, the loss a sum divided by a count of the
     labels."""
     for micro in (8, 1):
@@ -137,10 +139,10 @@ def _train(mode, loss):
     (integer_days_model_fn, "TopKV2 'argsort/TopKV2'"),
     (unsorted_top_k_model_fn, "TopKV2 'TopKV2'"),
     (sorted_layer_model_fn, "GatherV2 'GatherV2'"),
-    (models.cox_where_model_fn, "StridedSlice 'strided_slice_1'")])
+    (models.cox_tiled_model_fn, "views a per-sample value as a row of the whole batch")])
 def test_what_the_cs_cannot_sort_is_refused_naming_the_op(tmp_path, model_fn, words):
-    """An int32 order, top_k with sorted=False, samples sorted into a layer, the risk set
-    picked by tf.where."""
-    source = models.__file__ if model_fn is models.cox_where_model_fn else __file__
+    """An int32 order, top_k with sorted=False, samples sorted into a layer, the batch's row
+    tiled before tf.where."""
+    source = models.__file__ if model_fn is models.cox_tiled_model_fn else __file__
     message = cs_inprocess.refusal(model_fn, models.input_fn, PARAMS, str(tmp_path), source)
     assert words in message, message
