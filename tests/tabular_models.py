@@ -139,7 +139,7 @@ def survival_input_fn(params):
 
 def cox_partial_likelihood(features, labels, mode, params):
     """DeepSurv: the Cox partial likelihood, each sample's risk against the batch's risk set
-    of samples still at risk (the batch sorted by time: refused, it ranks samples)."""
+    of samples still at risk (the batch sorted by time: a loss of the whole batch)."""
     risk = tf.squeeze(L.Dense(1)(L.Dense(8, activation="relu")(features)), -1)
     order = tf.argsort(labels[:, 0], direction="DESCENDING")
     risk, event = tf.gather(risk, order), tf.gather(labels[:, 1], order)

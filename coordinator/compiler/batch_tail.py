@@ -3,13 +3,15 @@ Mixture-of-Experts balance loss E * sum(mean(gates, 0) * mean(mask, 0)), VICReg'
 tf.sqrt(tf.math.reduce_variance(z, 0) + eps) hinge and its covariance matmul(zc, zc,
 transpose_a=True), Barlow Twins' cross-correlation (an einsum 'bi,bj->ij') and its
 tf.linalg.diag_part, a squared difference of batch means, a Pearson correlation over the
-batch, the entropy of the batch's mean prediction, tf.nn.l2_loss of a [B, d] lookup), which
-loss_tail.py cannot prove a sum of per-sample values.
+batch, the entropy of the batch's mean prediction, tf.nn.l2_loss of a [B, d] lookup, a Cox
+partial likelihood's or ListMLE's tf.argsort of the batch, tf.gather in its order and
+tf.math.cumulative_logsumexp), which loss_tail.py cannot prove a sum of per-sample values.
 
 The tail's ops, from the per-sample values they read (each the whole batch: tf's tensor
 [B, ...] as one sample) to the loss, are lowered as the weight program's are
 (weight_program.WeightProgramBuilder: element-wise ops, arithmetic with constants,
-reductions, transposes, reshapes, products of matrices, views) onto library kernels run on
+reductions, transposes, reshapes, products of matrices, views; here also sorts of the
+batch: TopKV2 as top_k, GatherV2 at its positions as sample_gather) onto library kernels run on
 a batch of one, which a `batch_tail_loss` kernel (wafer.kernels.batch_tail) evaluates once
 per batch and differentiates back to every sample's values. A tail reading a weight or a
 random number, computing in float16 or with an op the weight program does not run is
@@ -37,9 +39,13 @@ KERNEL_ROWS = {
                        "cross-correlation tf.einsum('bi,bj->ij', za, zb), "
                        "(mean(pred) - mean(y)) ** 2, a Pearson correlation, "
                        "the entropy of the batch's mean prediction, BPR's tf.nn.l2_loss of "
-                       "looked-up embeddings): the loss's ops after the "
+                       "looked-up embeddings, a Cox partial likelihood or ListMLE over the "
+                       "batch sorted by tf.argsort, hard-example mining's tf.math.top_k of "
+                       "the losses): the loss's ops after the "
                        "per-sample values (element-wise ops, arithmetic, reductions, products "
-                       "of matrices, transposes, reshapes, views, tf.linalg.diag_part), run "
+                       "of matrices, transposes, reshapes, views, tf.linalg.diag_part; sorts "
+                       "of the batch's [batch] float32 values, tf.gather in their order, "
+                       "tf.math.cumulative_logsumexp, tf.cumsum), run "
                        "once per batch on the whole batch's values, a batch barrier; its "
                        "gradient TF's, back to each sample",
 }
@@ -83,6 +89,12 @@ class TailBuilder(WeightProgramBuilder):
                                         "a loss from the batch's per-sample values and "
                                         "constants, plus weight penalties; compute with the "
                                         "weight per sample, before the reduction over the batch")
+        if op.type == "TopKV2":
+            return self._sort(op, tensor, where)
+        if op.type == "CumulativeLogsumexp":
+            return self._logsumexp_scan(op, tensor)
+        if op.type == "GatherV2" and self.operands.constant(op.inputs[1]) is None:
+            return self._gather(op, tensor, where)
         if tensor.dtype.base_dtype != tf.float32 or precision.tensor_precision(tensor):
             return self._refuse(tensor, f"computes the loss over the batch in "
                                         f"{tensor.dtype.base_dtype.name} ({where}): the CS "
@@ -111,6 +123,54 @@ class TailBuilder(WeightProgramBuilder):
         return self._add(op, tensor, "einsum", names, {
             "equation": ",".join(letter + t for t in terms.split(",")) + "->" + letter + out,
             "operands": "ii"})
+
+    def _sort(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.sort / tf.argsort (TF's top_k with k B) or tf.math.top_k of the whole batch's
+        [B] float32 values (largest first, equal values by lower index first): the top_k
+        kernel on the one sample, its values or its int32 positions."""
+        inner = self._lower(op.inputs[0])
+        if inner is None:
+            return self._refuse(tensor, self.problems[op.inputs[0].name])
+        if not isinstance(inner, str) or op.inputs[0].dtype != tf.float32 or \
+                not op.get_attr("sorted"):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS sorts the "
+                                        "batch's float32 values (tf.cast them), largest first "
+                                        "(sorted=True)")
+        return self._add(op, tensor, "top_k", [inner], {
+            "k": static_shape(tensor)[-1], "indices": tensor.value_index == 1})
+
+    def _logsumexp_scan(self, op: tf.Operation, tensor: tf.Tensor) -> str | None:
+        """tf.math.cumulative_logsumexp of a value of the tail (a Cox risk set's
+        log-sum, ListMLE's): the cumulative_logsumexp kernel."""
+        inputs = [self._lower(t) for t in op.inputs]
+        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
+        if bad is not None:
+            return self._refuse(tensor, self.problems[bad.name])
+        if not isinstance(inputs[0], str):
+            return self._refuse(tensor, f"{self.SUBJECT} with {op.type} '{op.name}' at "
+                                        f"{user_source(op)}: its input is a constant")
+        return self._scan(op, tensor, inputs, "cumulative_logsumexp")
+
+    def _gather(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.gather(x, order) of the whole batch's values x at the positions of a sort of
+        the batch (distinct positions: axis 0, no batch_dims): the sample_gather kernel on
+        the one sample, its gradient each value's back to its place."""
+        x, order = op.inputs[0], op.inputs[1]
+        axis = self.operands.constant(op.inputs[2])
+        if order.op.type != "TopKV2" or order.value_index != 1 or \
+                axis is None or int(axis) != 0 or op.get_attr("batch_dims") != 0:
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS gathers the "
+                                        "batch's values in the order of a sort of the batch "
+                                        "(tf.gather(x, tf.argsort(t)))")
+        inputs = [self._lower(x), self._lower(order)]
+        bad = next((t for t, v in zip((x, order), inputs) if v is None), None)
+        if bad is not None:
+            return self._refuse(tensor, self.problems[bad.name])
+        if not all(isinstance(v, str) for v in inputs):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: it gathers from a "
+                                        "constant")
+        names: list[str] = inputs  # type: ignore[assignment]  # (kernels or sources)
+        return self._add(op, tensor, "sample_gather", names, {})
 
     def _sample(self, tensor: tf.Tensor, where: str) -> str | None:
         """A per-sample value the tail reads: a source of the whole batch."""
@@ -158,6 +218,18 @@ def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],
     attrs = {**steps_attrs(steps), "batch_size": m.batch_size}
     return m.add_kernel("loss", "batch_tail_loss", list(builder.samples), attrs, [], [], loss,
                         output_shape=(), source_op=loss.op).name, builder.samples
+
+
+def batch_sort(m: TailContext, op: tf.Operation) -> bool:
+    """tf.sort or tf.argsort of a per-sample float32 [B] value (TopKV2 with k B: a Cox
+    partial likelihood's order of the times, ListMLE's of the relevances), or tf.math.top_k
+    of it with a constant k (hard-example mining's largest losses): a value of the loss
+    tail, ranking the samples against each other."""
+    if op.type != "TopKV2" or not m.is_batched(op.inputs[0]) or \
+            op.inputs[0].dtype != tf.float32 or len(static_shape(op.inputs[0])) != 1:
+        return False
+    k = m.operands.constant(op.inputs[1])
+    return k is not None and 0 < int(k) <= m.batch_size
 
 
 def contraction(m: TailContext, op: tf.Operation) -> bool:

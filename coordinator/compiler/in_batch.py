@@ -40,7 +40,8 @@ KERNEL_ROWS = {
                  "(sq[None, :], tf.expand_dims(x, 0), tf.reshape(x, [1, -1]), "
                  "tf.transpose(x[:, None]), e[None, :, :]) met, after element-wise ops of it and "
                  "scalar constants, by a per-sample value in an element-wise binary op or "
-                 "comparison (pairwise distances sq[:, None] - 2 e e^T + sq[None, :], "
+                 "comparison, or picked by a per-sample mask (tf.where(at_risk, r[None, :], "
+                 "-inf): a Cox risk set) (pairwise distances sq[:, None] - 2 e e^T + sq[None, :], "
                  "tf.equal(labels[:, None], labels[None, :]): batch-hard triplet, SupCon, "
                  "contrastive pair losses): a batch barrier giving every sample the whole "
                  "batch's values, its gradient the sum over the batch of every sample's",
@@ -171,9 +172,13 @@ def _statistic_ops(m: Context, value: tf.Tensor, shape: tuple[int, ...],
 def _meets_samples(m: Context, reader: tf.Operation, others: list[tf.Tensor], rank: int,
                    meetings: tuple[str, ...]) -> bool:
     """An element-wise binary op (one of `meetings`) of the statistic and a per-sample value
-    of `rank`."""
-    if reader.type not in meetings or len(others) != 1:
+    of `rank`, or tf.where of such a value as the mask, the statistic and a scalar constant."""
+    if reader.type not in meetings or len(others) != (2 if reader.type == "SelectV2" else 1):
         return False
+    if reader.type == "SelectV2":  # tf.where(a per-sample mask, the row, a scalar constant)
+        constant = m.operands.constant(others[1])
+        if reader.inputs[0] is not others[0] or constant is None or constant.size != 1:
+            return False
     other = others[0]
     return other.op in m.flow and len(static_shape(other)) == rank and \
         static_shape(other)[0] == m.batch_size and \
@@ -212,7 +217,7 @@ STATISTICS = ("Sum", "Mean", "Max", "Min")
 ADDITIVE = ("Add", "AddV2", "Sub", "Maximum", "Minimum", "SquaredDifference")
 BINARY_READERS = (*ADDITIVE, "Mul", "RealDiv", "Div", "DivNoNan")
 COMPARISONS = ("Equal", "NotEqual", "Greater", "GreaterEqual", "Less", "LessEqual")
-ROW_MEETINGS = (*BINARY_READERS, *COMPARISONS)
+ROW_MEETINGS = (*BINARY_READERS, *COMPARISONS, "SelectV2")
 # Ops whose second input is the labels of the first's samples (rank one less: sparse).
 LABELLED = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
 # Besides the element-wise binary ops: the ops pairing a constant's rows with the samples.
@@ -272,7 +277,8 @@ def row(m: TailContext, op: tf.Operation) -> bool:
     tf.expand_dims(x, 0), tf.reshape(x, [1, -1]), tf.transpose(x[:, None]), `labels[None,
     :]`) whose readers, after element-wise ops of it alone and scalar constants, meet a
     per-sample value in an element-wise binary op or comparison (sq[:, None] - 2 e e^T +
-    sq[None, :], tf.equal(labels[:, None], labels[None, :])): a batch_row barrier giving
+    sq[None, :], tf.equal(labels[:, None], labels[None, :])) or are picked by a per-sample
+    mask against a scalar constant (tf.where(at_risk, r[None, :], -inf)): a batch_row barrier giving
     every sample the whole batch's values (False: not one; it is refused)."""
     shape = _row_shape(m, op)
     out = op.outputs[0]

@@ -337,8 +337,10 @@ def _top_k(m: Context, op: tf.Operation) -> str:
     shape = static_shape(op.inputs[0])
     if not m.is_batched(op.inputs[0]) or len(shape) < 2:
         return ("sorts across the batch (tf.math.top_k, tf.sort or tf.argsort of a [batch] value "
-                "ranks the samples against each other, e.g. a Cox partial likelihood's risk set): "
-                "the CS computes each sample on its own; sort along a sample's own last axis")
+                "ranks the samples against each other): the CS sorts the batch only in the loss, "
+                "a [batch] float32 value with a constant k (a Cox partial likelihood's "
+                "tf.argsort(tf.cast(time, tf.float32))); else sort along a sample's own last "
+                "axis")
     if k is None:
         return "top_k with a k computed at run time: the CS needs a constant k"
     for out, indices in zip(op.outputs, (False, True)):

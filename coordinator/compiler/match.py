@@ -409,7 +409,7 @@ class Matcher:
             return True
         axes = lowering.batch_reduction_axes(self, op)
         if axes is None:
-            if not batch_tail.contraction(self, op):
+            if not batch_tail.contraction(self, op) and not batch_tail.batch_sort(self, op):
                 return False
             self.tail.update(out.name for out in op.outputs)  # (a batch tail's: loss_tail.py)
             self.consumed.add(op)

@@ -218,17 +218,21 @@ class WeightProgramBuilder:
                 "op": REDUCTIONS[op.type], "keepdims": bool(op.get_attr("keep_dims")),
                 "axes": sorted({int(a) % rank for a in np.atleast_1d(axes)}) if rank else []})
         if op.type == "Cumsum":  # ordinal cut-points: tf.cumsum(tf.nn.softplus(raw))
-            if isinstance(inputs[1], str):
-                raise _Unfit("its axis is not constant")
-            return self._add(op, tensor, "cumsum", inputs[:1], {
-                "axis": int(inputs[1]) % len(out), "exclusive": bool(op.get_attr("exclusive")),
-                "reverse": bool(op.get_attr("reverse"))})
+            return self._scan(op, tensor, inputs, "cumsum")
         if op.type == "Transpose":
             if isinstance(inputs[1], str):
                 raise _Unfit("its permutation is not constant")
             return self._add(op, tensor, "transpose", inputs[:1],
                              {"perm": [int(p) for p in inputs[1]]})
         return self._add(op, tensor, "reshape", inputs[:1], {"shape": list(out)})
+
+    def _scan(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any], kind: str) -> str:
+        """tf.cumsum or tf.math.cumulative_logsumexp (`kind`'s kernel) along a constant axis."""
+        if isinstance(inputs[1], str):
+            raise _Unfit("its axis is not constant")
+        return self._add(op, tensor, kind, inputs[:1], {
+            "axis": int(inputs[1]) % len(static_shape(tensor)),
+            "exclusive": bool(op.get_attr("exclusive")), "reverse": bool(op.get_attr("reverse"))})
 
     def _view(self, op: tf.Operation, tensor: tf.Tensor) -> str | None:
         """A view of weights: slice, take, concat or reshape kernels (_Unfit: constant

@@ -1,5 +1,5 @@
 """The structural kernels against TensorFlow: reduce, softmax, matmul, transpose, slice,
-pad, gather and batch norm (inference), forward and gradients (tf.GradientTape on the same
+pad, gather, batch norm (inference) and cumulative_logsumexp, forward and gradients (tf.GradientTape on the same
 float32 values, weights accumulated over micro-batches), broadcasting, transposes,
 keepdims, ties, dtypes, and the refusals of what a kernel cannot do (sample mixing above all)."""
 from __future__ import annotations
@@ -479,6 +479,24 @@ def test_batch_norm_inference_fused_matches_fused_batch_norm():
     close(dx, gx.numpy())
     close(acc["scale"], gg.numpy(), rtol=4e-6)
     close(acc["offset"], gb.numpy(), rtol=4e-6)
+
+
+@pytest.mark.parametrize("exclusive, reverse", [(False, False), (False, True), (True, False),
+                                                (True, True)])
+def test_cumulative_logsumexp_matches_tensorflow(exclusive, reverse):
+    """TF's scan (an exclusive scan's first value -inf) and _CumulativeLogsumexpGrad, on
+    values spread wide enough that a naive log(cumsum(exp)) would overflow."""
+    x, dy = randn(BATCH, 3, 7) * np.float32(40), randn(BATCH, 3, 7)
+    x[:, 0, 2] = x[:, 0, 3]  # a tie
+    attrs = {"axis": 1, "exclusive": exclusive, "reverse": reverse}
+    out, (dx,), _ = run_kernel("cumulative_logsumexp", attrs, [x], dy=dy)
+    ref, (ref_dx,), _ = tf_grads(lambda xs, ws: tf.math.cumulative_logsumexp(
+        xs[0], axis=2, exclusive=exclusive, reverse=reverse), [x], {}, dy)
+    first = np.isneginf(ref)  # (an exclusive scan's first value)
+    assert first.sum() == (BATCH * 3 if exclusive else 0)
+    np.testing.assert_array_equal(np.isneginf(out), first)
+    close(np.where(first, 0, out), np.where(first, 0, ref), rtol=2e-6)
+    close(dx, ref_dx, rtol=4e-6)
 
 
 # ---- refusals ----

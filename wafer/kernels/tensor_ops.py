@@ -255,6 +255,51 @@ class Cumprod(Cumsum):
 
 
 @register
+class CumulativeLogsumexp(Cumsum):
+    """tf.math.cumulative_logsumexp along a per-sample `axis` (attrs exclusive, reverse),
+    float32, as TF's CPU scan: each element in turn into an accumulator that starts at
+    -inf (an exclusive scan's first value), a = max + log1p(exp(min - max)) of the two. The gradient is TF's
+    _CumulativeLogsumexpGrad: the upstream gradient's positive and negative parts taken back
+    as exp(cumulative_logsumexp(log(±g) - out, the other way) + x), subtracted."""
+
+    type_name = "cumulative_logsumexp"
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32,)])
+        return np.dtype(np.float32)
+
+    def scan(self, x: np.ndarray, reverse: bool) -> np.ndarray:
+        x = np.moveaxis(np.flip(x, self.axis) if reverse else x, self.axis, 0)
+        out = np.empty_like(x)
+        total = np.full(x.shape[1:], -np.inf, np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for i in range(len(x)):
+                if self.exclusive:
+                    out[i] = total
+                low, high = np.minimum(total, x[i]), np.maximum(total, x[i])
+                total = np.where(high < np.finfo(np.float32).min, high,
+                                 np.log1p(np.exp(low - high)) + high).astype(np.float32)
+                if not self.exclusive:
+                    out[i] = total
+        out = np.moveaxis(out, 0, self.axis)
+        return np.ascontiguousarray(np.flip(out, self.axis) if reverse else out)
+
+    def forward(self, params, inputs, ctx: RunContext):
+        out = self.scan(inputs[0], self.reverse)
+        return out, (inputs[0], out)
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        x, out = cache
+        lowest = np.finfo(np.float32).min
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            parts = [np.where(sign * grad_output > 0, np.log(sign * grad_output), lowest)
+                     .astype(np.float32) for sign in (_ONE, -_ONE)]
+            positive, negative = (np.exp(self.scan(p - out, not self.reverse) + x)
+                                  for p in parts)
+        return [(positive - negative).astype(np.float32)], {}
+
+
+@register
 class Softmax(SampleKernel):
     """tf.nn.softmax or (attr log) tf.nn.log_softmax along a per-sample `axis` (-1: the
     last), in the order of TF's CPU kernel: shifted = x - max; softmax = exp(shifted) *
