@@ -33,6 +33,7 @@ from coordinator.compiler import (
     random_numbers,
     refusals,
     second_order,
+    spectra,
 )
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
@@ -354,6 +355,8 @@ class Matcher:
     def run(self) -> None:
         for op in self.ops:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
+                continue
+            if op.type == "RFFT" and spectra.lower(self, op):
                 continue
             bad = self._check_dtypes(op) or second_order.cross_entropy_backprop(op) or \
                 folded_batch.refusal(self, op)
