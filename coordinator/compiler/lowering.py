@@ -100,7 +100,9 @@ REFUSED = {
                          "TF's float32 kernels only)",
     "complex values": "other than the magnitude, real or imaginary part of a real FFT "
                       "(above): complex arithmetic, IRFFT, FFT of complex values, the phase "
-                      "(tf.math.angle); the CS computes real values",
+                      "(tf.math.angle); the CS computes real values. A spectrum whose bins at "
+                      "TF's FFT rounding level move the loss or a gradient beyond 1e-5 on "
+                      "input_fn's first batch (a log of noiseless tones on a bin's frequency)",
 }
 
 

@@ -560,6 +560,8 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
         if training.loss_scale != 1.0:  # into the float16 backward's seed
             matcher.kernels = [replace(k, attrs={**k.attrs, "loss_scale": training.loss_scale})
                                if k.name == loss_kernel else k for k in matcher.kernels]
+    if not matcher.unsupported and training is not None:
+        matcher.unsupported.extend(spectra.rounding_noise(matcher.kernels, extracted))
     # The root cause first: a recurrent layer explains the ops around its loop, else the
     # earliest op in graph order those after it read (a fold's reshape before the dropout
     # drawn on its rows); what is no op of the graph (a variable, a loss) after them.

@@ -4,7 +4,8 @@ here: the kernel against TF's forward and gradient (frame lengths 64..512, zero-
 fft_length, odd lengths, silent frames whose magnitude is 0); a keyword-spotting model as
 users write it (a Hann-windowed STFT, power, log-mel, Conv2D) trains 4 steps like TF,
 evaluates and predicts like the CPU path; a learned front-end before the STFT takes the
-spectrum's gradient; other complex values are refused in one line."""
+spectrum's gradient; a log of bins at TF's FFT rounding level (noiseless on-bin tones) and
+other complex values are refused in one line."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -141,6 +142,42 @@ def test_a_learned_front_end_takes_the_spectrums_gradient_like_tensorflow(tmp_pa
     parts = sorted(from_attr(k.attrs["part"]) for k in run.compiled.program.kernels
                    if k.type == "spectrum")
     assert parts == ["magnitude", "real"]
+    cs_inprocess.assert_same_training(run, rtol=1e-5)
+
+
+def on_bin_tones_input_fn(params):
+    """Noiseless tones exactly on the frequency of a 64-sample frame's bin (8 kHz / 64 = 125 Hz
+    apart): the other bins of the Hann-windowed frames are 0 but for the FFT's rounding."""
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, WORDS, 64).astype(np.int32)
+    t = np.arange(SAMPLES) / RATE
+    waves = np.sin(2 * np.pi * 500.0 * (labels[:, None] + 1) * t)
+    return tf.data.Dataset.from_tensor_slices((waves.astype(np.float32), labels)).repeat().batch(
+        params["batch_size"], drop_remainder=True)
+
+
+def log_spectrogram(features, labels, mode, params):
+    """log(|stft| + 1e-6) of frames of 64, a Conv2D, pooled, Dense; RMSProp."""
+    spectrum = tf.signal.stft(features, frame_length=64, frame_step=32, fft_length=64)
+    x = L.Conv2D(8, 3, activation="relu")(tf.math.log(tf.abs(spectrum) + 1e-6)[..., None])
+    logits = L.Dense(WORDS)(L.GlobalAveragePooling2D()(x))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=v1.train.RMSPropOptimizer(1e-3).minimize(
+        loss, global_step=v1.train.get_or_create_global_step()))
+
+
+def test_a_log_of_bins_at_the_ffts_rounding_level_is_refused_in_one_line(tmp_path):
+    """Noiseless on-bin tones: TF's bins off the tone are its FFT's rounding noise (~1e-6
+    here), which the log's 1e-6 amplifies; measured on input_fn's first batch and refused.
+    With noise in the signal the same model trains like TF."""
+    with pytest.raises(CSRunError) as error:
+        compile_model(log_spectrogram, on_bin_tones_input_fn, params(), str(tmp_path),
+                      validate_only=True)
+    found = cs_inprocess.model_op_words(log_spectrogram, on_bin_tones_input_fn, params())
+    assert cs_inprocess.refusal_problem(error.value, __file__, found) == ""
+    assert str(error.value).startswith("validation failed: RFFT ") and \
+        "the FFT's rounding" in str(error.value)
+    run = cs_inprocess.compare(log_spectrogram, tones_input_fn, params(), str(tmp_path), steps=4)
     cs_inprocess.assert_same_training(run, rtol=1e-5)
 
 
