@@ -4,8 +4,9 @@ here: the kernel against TF's forward and gradient (frame lengths 64..512, zero-
 fft_length, odd lengths, silent frames whose magnitude is 0); a keyword-spotting model as
 users write it (a Hann-windowed STFT, power, log-mel, Conv2D) trains 4 steps like TF,
 evaluates and predicts like the CPU path; a learned front-end before the STFT takes the
-spectrum's gradient; a log of bins at TF's FFT rounding level (noiseless on-bin tones) and
-other complex values are refused in one line."""
+spectrum's gradient; under mixed_float16 the spectrum stays float32 as TF's; a log of bins
+at TF's FFT rounding level (noiseless on-bin tones) and other complex values are refused in
+one line."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -61,6 +62,16 @@ def keyword_spotter(features, labels, mode, params):
     train_op = v1.train.AdamOptimizer(0.01).minimize(
         loss, global_step=v1.train.get_or_create_global_step())
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def mixed_spotter(features, labels, mode, params):
+    """The keyword spotter under Keras' mixed_float16 policy (its layers in float16; TF's
+    RFFT takes float32 only, so the spectrum stays float32)."""
+    tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16"))
+    try:
+        return keyword_spotter(features, labels, mode, params)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
 
 
 def learned_front_end(features, labels, mode, params):
@@ -135,6 +146,16 @@ def test_keyword_spotters_of_other_frame_lengths_train_like_tensorflow(tmp_path,
     run = cs_inprocess.compare(keyword_spotter, tones_input_fn, params(frame_length=frame_length),
                                str(tmp_path), steps=4)
     cs_inprocess.assert_same_training(run, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_under_mixed_float16_the_spectrum_stays_float32_as_in_tensorflow(tmp_path):
+    run = cs_inprocess.compare(mixed_spotter, tones_input_fn, params(), str(tmp_path), steps=4)
+    precisions = {k.type: from_attr(k.attrs["precision"]) if "precision" in k.attrs else "float32"
+                  for k in run.compiled.program.kernels}
+    assert precisions["spectrum"] == "float32" and precisions["conv2d"] == "float16"
+    twin = cs_inprocess.float32_twin(mixed_spotter, tones_input_fn, params(), run, steps=4)
+    assert not cs_inprocess.mixed_precision_mismatches(run, twin)
 
 
 def test_a_learned_front_end_takes_the_spectrums_gradient_like_tensorflow(tmp_path):
