@@ -108,9 +108,7 @@ def match_dense(m: Context, op: tf.Operation) -> bool:
 
 
 def _tensordot(m: Context, reshape: tf.Operation) -> bool:
-    """Keras Dense on rank > 2 inputs: Reshape (B*T, n) -> MatMul weight -> Reshape (B, T, m);
-    tf.tensordot(x, table, 1) of a constant table (a mel filterbank) the same way, a
-    `matmul` kernel of the sample's (T, n) and the table."""
+    """Keras Dense on rank > 2 inputs: Reshape (B*T, n) -> MatMul weight -> Reshape (B, T, m)."""
     x = reshape.inputs[0]
     full = static_shape(x)
     if static_shape(reshape.outputs[0]) != (int(np.prod(full[:-1])), full[-1]) or len(full) < 3:
@@ -120,23 +118,11 @@ def _tensordot(m: Context, reshape: tf.Operation) -> bool:
             matmul.get_attr("transpose_a") or matmul.get_attr("transpose_b"):
         return False
     weight = m.operands.weight(matmul.inputs[1])
-    table = m.operands.constant(matmul.inputs[1]) if weight is None else None
-    columns = weight.shape[-1] if weight is not None else table.shape[-1] \
-        if table is not None and table.ndim == 2 else None
     back = m.sole_consumer(matmul.outputs[0])
-    if columns is None or back is None or back.type != "Reshape" or \
-            static_shape(back.outputs[0]) != (*full[:-1], columns):
+    if weight is None or back is None or back.type != "Reshape" or \
+            static_shape(back.outputs[0]) != (*full[:-1], weight.shape[-1]):
         return False
-    if weight is not None:
-        return _dense(m, x, weight, [reshape, matmul, back], back.outputs[0], matmul)
-    found = m.operand_list(matmul, (x, matmul.inputs[1]))
-    if isinstance(found, str) or not has_kernel("matmul"):
-        return False
-    letters, inputs, attrs, params = found
-    m.add_kernel(matmul.name, "matmul", inputs, {"operands": letters, "transpose_a": False,
-                                                 "transpose_b": False, **attrs},
-                 params, [reshape, matmul, back], back.outputs[0], source_op=matmul)
-    return True
+    return _dense(m, x, weight, [reshape, matmul, back], back.outputs[0], matmul)
 
 
 @fast_path

@@ -31,7 +31,7 @@ KERNEL_ROWS = {
                 "tf.math.real, tf.math.imag): the DFT as two products with cosine and sine "
                 "tables, its gradient TF's (0 where a magnitude is 0); a mel filterbank "
                 "tf.tensordot(power, tf.signal.linear_to_mel_weight_matrix(...), 1) after it is "
-                "a `matmul` of the constant table",
+                "a folded batch's `matmul` of the constant table",
 }
 
 
