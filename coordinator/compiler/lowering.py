@@ -24,6 +24,7 @@ from coordinator.compiler import (
     random_numbers,
     second_order,
     sequences,
+    spectra,
     step_values,
 )
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
@@ -97,9 +98,11 @@ REFUSED = {
                          "bessel_i1e and the other Bessel functions (no CS kernel); lgamma, "
                          "digamma, bessel_i0e, xlogy and xlog1py in float16 (proven against "
                          "TF's float32 kernels only)",
-    "Fourier transforms": "tf.signal.stft, tf.signal.rfft and complex values (the CS computes "
-                          "real float32 values; tf.signal.frame and a learned Dense or Conv1D "
-                          "filterbank over the frames train)",
+    "complex values": "other than the magnitude, real or imaginary part of a real FFT "
+                      "(above): complex arithmetic, IRFFT, FFT of complex values, the phase "
+                      "(tf.math.angle); the CS computes real values. A spectrum whose bins at "
+                      "TF's FFT rounding level move the loss or a gradient beyond 1e-5 on "
+                      "input_fn's first batch (a log of noiseless tones on a bin's frequency)",
 }
 
 
@@ -865,7 +868,7 @@ def supported_table() -> str:
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
                **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
                **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS, **bincount.KERNEL_ROWS,
-               **folded_batch.KERNEL_ROWS}.items()]
+               **folded_batch.KERNEL_ROWS, **spectra.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "

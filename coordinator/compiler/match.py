@@ -33,6 +33,7 @@ from coordinator.compiler import (
     random_numbers,
     refusals,
     second_order,
+    spectra,
 )
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
@@ -355,6 +356,8 @@ class Matcher:
         for op in self.ops:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
                 continue
+            if op.type == "RFFT" and spectra.lower(self, op):
+                continue
             bad = self._check_dtypes(op) or second_order.cross_entropy_backprop(op) or \
                 folded_batch.refusal(self, op)
             if bad and op.type not in lowering.RECURRENT:
@@ -557,6 +560,8 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
         if training.loss_scale != 1.0:  # into the float16 backward's seed
             matcher.kernels = [replace(k, attrs={**k.attrs, "loss_scale": training.loss_scale})
                                if k.name == loss_kernel else k for k in matcher.kernels]
+    if not matcher.unsupported and training is not None:
+        matcher.unsupported.extend(spectra.rounding_noise(matcher.kernels, extracted))
     # The root cause first: a recurrent layer explains the ops around its loop, else the
     # earliest op in graph order those after it read (a fold's reshape before the dropout
     # drawn on its rows); what is no op of the graph (a variable, a loss) after them.

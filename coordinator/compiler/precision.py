@@ -22,10 +22,10 @@ def dtype_problem(dtype: str) -> str:
         return ("computes in bfloat16: the CS computes 16-bit floats as IEEE float16 "
                 "(float32 accumulation); use the mixed_float16 policy")
     if dtype.startswith("complex"):
-        return (f"computes in {dtype} (a Fourier transform: tf.signal.stft, tf.signal.rfft, "
-                "complex values): the CS computes real values and has no FFT kernel; frame the "
-                "signal (tf.signal.frame) and learn the filterbank (a Dense or Conv1D over the "
-                "frames), or compute the spectrogram in input_fn")
+        return (f"computes in {dtype} (complex values): the CS computes real values, of a real "
+                "FFT (tf.signal.stft, tf.signal.rfft) only its magnitude (tf.abs), real or "
+                "imaginary part (tf.math.real, tf.math.imag); take those of the spectrum, or "
+                "compute the rest in input_fn")
     return (f"computes in {dtype}: the CS computes in float32 or float16 (integers and "
             "booleans for indices and masks); compute in float32 or float16")
 

@@ -1,8 +1,8 @@
 """Audio front-ends and cyclic shifts in the graph on the CS: tf.signal.frame (a gather of a
 sample's values at constant indices along its own axis) and tf.roll along a sample's axes,
 trained with TensorFlow's numbers; the take kernel's gradient of overlapping windows adds
-in TF's order; the real FFT (tf.signal.stft), gathers across samples and
-tf.image.crop_and_resize refused in one line."""
+in TF's order; gathers across samples and tf.image.crop_and_resize refused in one line
+(spectrograms: test_spectrograms.py)."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -125,7 +125,6 @@ def test_take_at_constant_indices_matches_tensorflows_gather_and_gradient(axis, 
 def refused_model(features, labels, mode, params):
     waves = tf.reshape(features, [BATCH, SAMPLES])
     x = {
-        "stft": lambda: tf.abs(tf.signal.stft(waves, frame_length=32, frame_step=16)),
         "across samples": lambda: tf.gather(waves, [0, 0, 1, 2, 3, 4, 5, 6]),
         "outside": lambda: tf.gather(waves, [[0, 1], [SAMPLES - 1, SAMPLES]], axis=1),
         "roll the batch": lambda: tf.roll(waves, shift=1, axis=0),
@@ -140,7 +139,7 @@ def refused_model(features, labels, mode, params):
 
 
 @pytest.mark.parametrize("case, op, words", [
-    ("stft", "RFFT", "no FFT kernel"), ("across samples", "GatherV2", "along the batch axis"),
+    ("across samples", "GatherV2", "along the batch axis"),
     ("outside", "GatherV2", "outside [0, 128)"), ("roll the batch", "Roll", "batch axis"),
     ("crop and resize", "CropAndResize", "crop in input_fn")])
 def test_what_the_cs_cannot_compute_is_refused_in_one_line(tmp_path, case, op, words):

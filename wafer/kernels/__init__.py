@@ -29,6 +29,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | transpose | x | perm [per-sample permutation] | — | any, passed through |
 | slice | x | begin, end, strides (per-sample, resolved; stride < 0: end -1 = through element 0), shrink [axes] | — | any, passed through |
 | take | x | axis (per-sample), indices [ints in [0, size)] (tf.gather at constant indices: tf.signal.frame, tf.roll; a weight's view) | — | any, passed through |
+| spectrum | x (..., n) | fft_length N, part: magnitude, real, imag (of TF's RFFT: tf.abs(tf.signal.stft(...)), tf.math.real, tf.math.imag) | — | float32; output (..., N // 2 + 1) |
 | pad | x | paddings [b0, a0, b1, a1, ...] per-sample, value | — | float32, int32, int64 |
 | gather | indices (...) | operands "pi" (embedding lookup) | p0: (V, D...) | indices int32/int64 in [0, V); output indices + (D...) |
 | embedding_bag | ids (k,), k <= 9 | operands "pi", combiner (sum, mean, sqrtn), ignore (the id skipped, -1) | p0: (V, D) | ids int32/int64; output (D,): a feature column's embedding, sparse gradient |
@@ -89,6 +90,7 @@ from wafer.kernels import (  # noqa: F401
                              quantization,
                              random_numbers,
                              resampling,
+                             spectral,
                              step_values,
                              structure,
                              tensor_ops,

@@ -1,0 +1,105 @@
+"""Spectrograms: TF's real FFT (RFFT: tf.signal.stft, tf.signal.rfft) of a per-sample float32
+value whose complex result is read only by ComplexAbs (tf.abs), Real or Imag (tf.math.real,
+tf.math.imag) becomes one `spectrum` kernel per part read; the complex value never leaves
+it. Any other use of a complex value (complex arithmetic, IRFFT, FFT, tf.math.angle) keeps
+the dtype refusal (precision.dtype_problem).
+
+The kernel's spectrum is the exact transform rounded to float32, TF's is 1.2-1.8e-7 of a
+frame's largest magnitude from it (docs/design.md): bins that are 0 but for that rounding
+(noiseless tones on a bin's frequency) differ from TF's wholly, and a log amplifies them. In
+training the compiler measures it (`rounding_noise`): on input_fn's first batch, the loss and
+its gradients with the kernels' spectra fed in place of TF's must be TF's within NOISE_RTOL,
+or the RFFT is refused."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.extract import ExtractedGraph
+from coordinator.compiler.ir import KernelNode, UnsupportedOp
+from coordinator.compiler.rules import Context, has_kernel
+from tf_model.model_fn import user_source
+from wafer.kernels import RunContext, build_kernel
+
+PARTS = {"ComplexAbs": "magnitude", "Real": "real", "Imag": "imag"}
+NOISE_RTOL = 1e-5  # (recurrences.UNROLL_RTOL's: float32 sums in another order)
+
+# The README's row: kernel -> the TF ops it starts from.
+KERNEL_ROWS = {
+    "spectrum": "RFFT (tf.signal.stft, tf.signal.rfft of a per-sample float32 value) read only "
+                "by ComplexAbs, Real, Imag (tf.abs of the spectrum: a magnitude spectrogram; "
+                "tf.math.real, tf.math.imag): the DFT as two products with cosine and sine "
+                "tables, its gradient TF's (0 where a magnitude is 0); a mel filterbank "
+                "tf.tensordot(power, tf.signal.linear_to_mel_weight_matrix(...), 1) after it is "
+                "a folded batch's `matmul` of the constant table",
+}
+
+
+def lower(m: Context, op: tf.Operation) -> bool:
+    """The RFFT `op` and the parts read of it as `spectrum` kernels, or False (refused by
+    its complex dtype)."""
+    x, length = op.inputs
+    fft_length = m.operands.constant(length)
+    readers = m.consumers(op.outputs[0])
+    if not has_kernel("spectrum") or not m.is_batched(x) or x.dtype != tf.float32 or \
+            fft_length is None or np.size(fft_length) != 1 or op.outputs[0].name in m.protected \
+            or not readers or any(r.type not in PARTS or r.outputs[0].name in m.protected
+                                  for r in readers):
+        return False
+    kernels: dict[str, tf.Tensor] = {}
+    for reader in readers:
+        part = PARTS[reader.type]
+        if part in kernels:
+            m.alias(reader, kernels[part])
+            continue
+        m.add_kernel(reader.name, "spectrum", [x],
+                     {"fft_length": int(np.ravel(fft_length)[0]), "part": part}, [],
+                     [reader] if kernels else [op, reader], reader.outputs[0], source_op=op)
+        kernels[part] = reader.outputs[0]
+    return True
+
+
+def rounding_noise(kernels: list[KernelNode], extracted: ExtractedGraph) -> list[UnsupportedOp]:
+    """Each RFFT whose spectrum kernels, fed in place of TF's parts on input_fn's first batch,
+    move the loss or a gradient beyond NOISE_RTOL (training only)."""
+    graph, spec, batch = extracted.graph, extracted.spec, extracted.first_batch
+    spectra = [k for k in kernels if k.type == "spectrum"]
+    if not spectra or batch is None or spec.loss is None:
+        return []
+    feed = {graph.get_tensor_by_name(extracted.placeholders[name]): value
+            for name, value in batch.items()}
+    with graph.as_default():
+        trainable = tf.compat.v1.trainable_variables()
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                 for g in tf.gradients(spec.loss, trainable)]
+        outputs = {"the loss": spec.loss,
+                   **{v.op.name: g for v, g in zip(trainable, grads) if g is not None}}
+        ffts = [graph.get_tensor_by_name(k.tf_tensor).op.inputs[0].op for k in spectra]
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            want, frames = session.run((outputs, [f.inputs[0] for f in ffts]), feed)
+            fed = dict(feed)
+            for kernel, fft, x in zip(spectra, ffts, frames):
+                part = build_kernel(kernel.type, kernel.name, kernel.attrs, kernel.input_shapes)
+                value, _ = part.forward({}, [x], RunContext(training=True, batch_size=len(x)))
+                fed.update({r.outputs[0]: value for r in fft.outputs[0].consumers()
+                            if PARTS.get(r.type) == kernel.attrs["part"]})
+            got = session.run(outputs, fed)
+    # a gradient's elements within NOISE_RTOL of the model's largest (a bias summing terms
+    # that nearly cancel moves by more than its own 1e-5 in TF from run to run)
+    largest = max(float(np.abs(want[name]).max()) for name in want if name != "the loss")
+    differ = [name for name in want if not np.allclose(
+        got[name], want[name], rtol=NOISE_RTOL,
+        atol=NOISE_RTOL * (abs(float(want[name])) if name == "the loss" else largest))]
+    if not differ:
+        return []
+    loss = abs(float(got["the loss"]) - float(want["the loss"])) / \
+        max(abs(float(want["the loss"])), 1e-30)
+    return [UnsupportedOp(
+        fft.type, fft.name, user_source(fft),
+        f"on input_fn's first batch the CS's spectrum moves {', '.join(differ[:3])} beyond "
+        f"{NOISE_RTOL:g} of TF's (the loss by {loss:.1e}): bins that are 0 but for the FFT's "
+        "rounding (~1e-7 of a frame's largest magnitude: noiseless signals), which no CS "
+        "kernel rounds as TF's FFT does, amplified downstream (a log's small epsilon); add "
+        "noise to the signal in input_fn, raise the epsilon, or compute the spectrogram in "
+        "input_fn") for fft in dict.fromkeys(ffts)]

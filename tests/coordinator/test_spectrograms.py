@@ -1,0 +1,229 @@
+"""Spectrograms on the CS: TF's real FFT read only through its magnitude (tf.abs of
+tf.signal.stft or tf.signal.rfft), real or imaginary part is a `spectrum` kernel. Proven
+here: the kernel against TF's forward and gradient (frame lengths 64..512, zero-padded to
+fft_length, odd lengths, silent frames whose magnitude is 0); a keyword-spotting model as
+users write it (a Hann-windowed STFT, power, log-mel, Conv2D) trains 4 steps like TF,
+evaluates and predicts like the CPU path; a learned front-end before the STFT takes the
+spectrum's gradient; under mixed_float16 the spectrum stays float32 as TF's; a log of bins
+at TF's FFT rounding level (noiseless on-bin tones) and other complex values are refused in
+one line."""
+from __future__ import annotations
+
+import cs_inprocess
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from common.errors import CSRunError
+from coordinator.compiler import compile_model
+from cs_api.attrs import from_attr
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+from wafer.kernels import RunContext, build_kernel
+
+v1 = tf.compat.v1
+L = tf.keras.layers
+SAMPLES, WORDS, BATCH, RATE = 1024, 4, 8, 8000
+
+
+def tones_input_fn(params):
+    """Waveforms of 1024 samples at 8 kHz: a keyword is a tone (its pitch) with a falling
+    second tone, in noise; labels: the keyword."""
+    rng = np.random.default_rng(11)
+    count = 64
+    labels = rng.integers(0, WORDS, count).astype(np.int32)
+    t = np.arange(SAMPLES) / RATE
+    pitch = 300.0 * (labels[:, None] + 1) + rng.uniform(-20, 20, (count, 1))
+    waves = np.sin(2 * np.pi * pitch * t) + 0.5 * np.sin(2 * np.pi * pitch * 1.5 * t * (1 - t)) \
+        + 0.2 * rng.standard_normal((count, SAMPLES))
+    return tf.data.Dataset.from_tensor_slices((waves.astype(np.float32), labels)).repeat().batch(
+        params["batch_size"], drop_remainder=True)
+
+
+def keyword_spotter(features, labels, mode, params):
+    """A log-mel spectrogram (Hann-windowed STFT, |.|², 16 mel bands, log(+1e-6)), two Conv2D,
+    pooled, Dense to the keywords; Adam; accuracy evaluated, classes predicted."""
+    frame = params["frame_length"]
+    magnitude = tf.abs(tf.signal.stft(features, frame_length=frame, frame_step=frame // 2,
+                                      window_fn=tf.signal.hann_window))
+    power = tf.square(magnitude)
+    mel = tf.signal.linear_to_mel_weight_matrix(16, magnitude.shape[-1], RATE, 80.0, 3800.0)
+    log_mel = tf.math.log(tf.tensordot(power, mel, 1) + 1e-6)
+    x = L.Conv2D(8, 3, padding="same", activation="relu")(log_mel[..., tf.newaxis])
+    x = L.Conv2D(8, 3, activation="relu")(x)
+    logits = L.Dense(WORDS)(L.GlobalAveragePooling2D()(x))
+    classes = tf.argmax(logits, 1)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={"classes": classes,
+                                                       "probabilities": tf.nn.softmax(logits)})
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops={
+            "accuracy": v1.metrics.accuracy(labels, classes)})
+    train_op = v1.train.AdamOptimizer(0.01).minimize(
+        loss, global_step=v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def mixed_spotter(features, labels, mode, params):
+    """The keyword spotter under Keras' mixed_float16 policy (its layers in float16; TF's
+    RFFT takes float32 only, so the spectrum stays float32)."""
+    tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16"))
+    try:
+        return keyword_spotter(features, labels, mode, params)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+
+
+def learned_front_end(features, labels, mode, params):
+    """A learned pre-emphasis (a Conv1D over the waveform) before tf.signal.frame and
+    tf.abs(tf.signal.rfft(frames)) of zero-padded frames (fft_length 128 > 100), log1p; the
+    real part of the spectrum read too; momentum SGD."""
+    wave = tf.squeeze(L.Conv1D(1, 5, padding="same")(features[..., tf.newaxis]), -1)
+    frames = tf.signal.frame(wave, 100, 50)
+    spectrum = tf.signal.rfft(frames, fft_length=[128])
+    x = tf.concat([tf.math.log1p(tf.abs(spectrum)), 0.01 * tf.math.real(spectrum)], -1)
+    logits = L.Dense(WORDS)(L.Flatten()(L.Dense(8, activation="tanh")(x)))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    train_op = v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def params(**extra):
+    return {"batch_size": BATCH, "runconfig": {"tf_random_seed": 3}, "frame_length": 256, **extra}
+
+
+@pytest.mark.parametrize("n, fft_length, part", [
+    (64, 64, "magnitude"), (100, 128, "magnitude"), (256, 256, "magnitude"), (400, 512, "magnitude"),
+    (512, 512, "magnitude"), (33, 33, "magnitude"), (96, 128, "real"), (96, 128, "imag")])
+def test_the_spectrum_kernel_matches_tensorflows_rfft_and_gradient(n, fft_length, part):
+    """Of frames (a silent one: its magnitude 0 and TF's gradient there 0), the magnitude
+    within 2e-7 of the frame's largest (TF's own rounding: 1.2-1.8e-7 from the exact
+    transform), the gradient within 5e-7 of the largest."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((3, 5, n)).astype(np.float32)
+    x[0, 0] = 0.0
+    value = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(value)
+        spectrum = tf.signal.rfft(value, fft_length=[fft_length])
+        y = {"magnitude": tf.abs, "real": tf.math.real, "imag": tf.math.imag}[part](spectrum)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    grad = tape.gradient(y, value, output_gradients=tf.constant(dy)).numpy()
+    kernel = build_kernel("spectrum", "stft/rfft", {"fft_length": fft_length, "part": part},
+                          [(5, n)])
+    ctx = RunContext(training=True, batch_size=3)
+    out, cache = kernel.forward({}, [x], ctx)
+    (dx,), _ = kernel.backward({}, cache, dy, ctx)
+    assert out.dtype == np.float32 and out.shape == y.shape
+    np.testing.assert_allclose(out, y.numpy(), rtol=0, atol=2e-7 * np.abs(y.numpy()).max())
+    np.testing.assert_allclose(dx, grad, rtol=0, atol=5e-7 * np.abs(grad).max())
+    if part == "magnitude":
+        assert not out[0, 0].any() and not dx[0, 0].any()
+
+
+@pytest.fixture(scope="module")
+def spotter(tmp_path_factory):
+    return cs_inprocess.compare(keyword_spotter, tones_input_fn, params(),
+                                str(tmp_path_factory.mktemp("spotter")), steps=4)
+
+
+def test_a_log_mel_keyword_spotter_trains_like_tensorflow(spotter):
+    kernels = [(k.type, k.attrs) for k in spotter.compiled.program.kernels]
+    assert [t for t, _ in kernels].count("spectrum") == 1
+    cs_inprocess.assert_same_training(spotter, rtol=1e-5)
+
+
+def test_the_keyword_spotter_evaluates_and_predicts_like_the_cpu(spotter, tmp_path):
+    assert cs_inprocess.evaluation_mismatch(keyword_spotter, tones_input_fn, params(),
+                                            str(tmp_path), spotter, steps=2) == ""
+    assert cs_inprocess.prediction_mismatch(keyword_spotter, tones_input_fn, params(),
+                                            str(tmp_path), spotter) == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("frame_length", [64, 128, 512])
+def test_keyword_spotters_of_other_frame_lengths_train_like_tensorflow(tmp_path, frame_length):
+    run = cs_inprocess.compare(keyword_spotter, tones_input_fn, params(frame_length=frame_length),
+                               str(tmp_path), steps=4)
+    cs_inprocess.assert_same_training(run, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_under_mixed_float16_the_spectrum_stays_float32_as_in_tensorflow(tmp_path):
+    run = cs_inprocess.compare(mixed_spotter, tones_input_fn, params(), str(tmp_path), steps=4)
+    precisions = {k.type: from_attr(k.attrs["precision"]) if "precision" in k.attrs else "float32"
+                  for k in run.compiled.program.kernels}
+    assert precisions["spectrum"] == "float32" and precisions["conv2d"] == "float16"
+    twin = cs_inprocess.float32_twin(mixed_spotter, tones_input_fn, params(), run, steps=4)
+    assert not cs_inprocess.mixed_precision_mismatches(run, twin)
+
+
+def test_a_learned_front_end_takes_the_spectrums_gradient_like_tensorflow(tmp_path):
+    run = cs_inprocess.compare(learned_front_end, tones_input_fn, params(), str(tmp_path), steps=4)
+    parts = sorted(from_attr(k.attrs["part"]) for k in run.compiled.program.kernels
+                   if k.type == "spectrum")
+    assert parts == ["magnitude", "real"]
+    cs_inprocess.assert_same_training(run, rtol=1e-5)
+
+
+def on_bin_tones_input_fn(params):
+    """Noiseless tones exactly on the frequency of a 64-sample frame's bin (8 kHz / 64 = 125 Hz
+    apart): the other bins of the Hann-windowed frames are 0 but for the FFT's rounding."""
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, WORDS, 64).astype(np.int32)
+    t = np.arange(SAMPLES) / RATE
+    waves = np.sin(2 * np.pi * 500.0 * (labels[:, None] + 1) * t)
+    return tf.data.Dataset.from_tensor_slices((waves.astype(np.float32), labels)).repeat().batch(
+        params["batch_size"], drop_remainder=True)
+
+
+def log_spectrogram(features, labels, mode, params):
+    """log(|stft| + 1e-6) of frames of 64, a Conv2D, pooled, Dense; RMSProp."""
+    spectrum = tf.signal.stft(features, frame_length=64, frame_step=32, fft_length=64)
+    x = L.Conv2D(8, 3, activation="relu")(tf.math.log(tf.abs(spectrum) + 1e-6)[..., None])
+    logits = L.Dense(WORDS)(L.GlobalAveragePooling2D()(x))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=v1.train.RMSPropOptimizer(1e-3).minimize(
+        loss, global_step=v1.train.get_or_create_global_step()))
+
+
+def test_a_log_of_bins_at_the_ffts_rounding_level_is_refused_in_one_line(tmp_path):
+    """Noiseless on-bin tones: TF's bins off the tone are its FFT's rounding noise (~1e-6
+    here), which the log's 1e-6 amplifies; measured on input_fn's first batch and refused.
+    With noise in the signal the same model trains like TF."""
+    with pytest.raises(CSRunError) as error:
+        compile_model(log_spectrogram, on_bin_tones_input_fn, params(), str(tmp_path),
+                      validate_only=True)
+    found = cs_inprocess.model_op_words(log_spectrogram, on_bin_tones_input_fn, params())
+    assert cs_inprocess.refusal_problem(error.value, __file__, found) == ""
+    assert str(error.value).startswith("validation failed: RFFT ") and \
+        "the FFT's rounding" in str(error.value)
+    run = cs_inprocess.compare(log_spectrogram, tones_input_fn, params(), str(tmp_path), steps=4)
+    cs_inprocess.assert_same_training(run, rtol=1e-5)
+
+
+def refused_model(features, labels, mode, params):
+    spectrum = tf.signal.rfft(tf.signal.frame(features, 64, 32))
+    x = {
+        "phase": lambda: tf.math.angle(spectrum),
+        "complex arithmetic": lambda: tf.abs(spectrum * tf.complex(0.5, 0.5)),
+        "inverse": lambda: tf.signal.irfft(spectrum),
+        "complex fft": lambda: tf.abs(tf.signal.fft(tf.cast(tf.signal.frame(features, 64, 32),
+                                                            tf.complex64))),
+    }[params["case"]]()
+    logits = L.Dense(WORDS)(tf.reshape(x, [BATCH, -1]))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss,
+                           train_op=v1.train.GradientDescentOptimizer(0.1).minimize(loss))
+
+
+@pytest.mark.parametrize("case, op", [("phase", "RFFT"), ("complex arithmetic", "RFFT"),
+                                      ("inverse", "RFFT"), ("complex fft", "Cast")])
+def test_other_complex_values_are_refused_in_one_line(tmp_path, case, op):
+    with pytest.raises(CSRunError) as error:
+        compile_model(refused_model, tones_input_fn, params(case=case), str(tmp_path),
+                      validate_only=True)
+    found = cs_inprocess.model_op_words(refused_model, tones_input_fn, params(case=case))
+    assert cs_inprocess.refusal_problem(error.value, __file__, found) == ""
+    assert str(error.value).startswith(f"validation failed: {op} ")
+    assert "complex64 (complex values)" in str(error.value)
