@@ -355,7 +355,7 @@ class Matcher:
         for op in self.ops:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
                 continue
-            bad = self._check_dtypes(op) or second_order.cross_entropy_backprop(op) or \
+            bad = self._check_dtypes(op) or second_order.refusal(self, op) or \
                 folded_batch.refusal(self, op)
             if bad and op.type not in lowering.RECURRENT:
                 self.reject(op, bad)
