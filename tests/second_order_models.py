@@ -216,6 +216,22 @@ def distilled_input_gradient(features, labels, mode, params):
     return _train(mode, loss, v1.train.AdamOptimizer(1e-2))
 
 
+def tagger_input_gradient(features, labels, mode, params):
+    """Input-gradient regularisation of a per-token fused cross-entropy (logits [B, T, k]:
+    refused, TF flattens them across the batch)."""
+    logits = L.Dense(3)(L.Dense(8, activation="tanh")(features))
+    xent = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    grad = tf.gradients(xent, features)[0]
+    loss = xent + 0.1 * tf.reduce_mean(tf.reduce_sum(tf.square(grad), [1, 2]))
+    return _train(mode, loss, v1.train.AdamOptimizer(1e-2))
+
+
+def token_input_fn(params):
+    rng = np.random.default_rng(params.get("data_seed", 8))
+    x = rng.normal(size=(64, 5, 4)).astype(np.float32)
+    return _batches(x, (x[..., 0] > 0).astype(np.int32) + (x[..., 1] > 0))
+
+
 def input_gradient_log_softmax(features, labels, mode, params):
     """The same regularisation with the cross-entropy written by hand on tf.nn.log_softmax."""
     net = tf.keras.Sequential([L.Dense(16, activation="relu"), L.Dense(3)])
@@ -306,6 +322,7 @@ CORPUS = {
     "fgsm_mixed_float16": (fgsm_mixed_float16, class_input_fn),
     "input_gradient_dense_xent": (input_gradient_dense_xent, class_input_fn),
     "distilled_input_gradient": (distilled_input_gradient, class_input_fn),
+    "tagger_input_gradient": (tagger_input_gradient, token_input_fn),
     "double_backprop": (double_backprop, points_input_fn),
     "jacobian_penalty": (jacobian_penalty, points_input_fn),
     "sobolev": (sobolev, points_input_fn),

@@ -54,6 +54,16 @@ def test_fgsm_adversarial_training_trains_evaluates_and_predicts_like_tensorflow
         assert check(m.fgsm_adversarial, m.class_input_fn, params, str(tmp_path), result) == ""
 
 
+def test_the_gradient_of_a_per_token_fused_cross_entropy_is_refused_naming_it(tmp_path):
+    with pytest.raises(CSRunError) as caught:
+        cs_inprocess.compile_checked(m.tagger_input_gradient, m.token_input_fn, PARAMS,
+                                     str(tmp_path))
+    message = caught.value.message
+    assert "xentropy_grad" in message and "second_order_models.py:" in message
+    assert "fused SparseSoftmaxCrossEntropyWithLogits" in message and "rank > 2" in message
+    assert "log_softmax" in message
+
+
 def test_a_gradient_to_a_weight_inside_the_loss_is_refused_naming_it(tmp_path):
     with pytest.raises(CSRunError) as caught:
         cs_inprocess.compile_checked(m.weight_gradient_penalty, m.points_input_fn, PARAMS,
