@@ -154,6 +154,84 @@ def input_gradient_classifier(features, labels, mode, params):
         "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
 
 
+def fgsm_adversarial(features, labels, mode, params):
+    """Adversarial training with FGSM (Goodfellow et al.): the cross-entropy's gradient to the
+    input, a sign step, the mean of the clean and the adversarial loss; the step held with
+    tf.stop_gradient (params stop_gradient, the default) or not (Sign's gradient is zeros)."""
+    net = tf.keras.Sequential([L.Dense(16, activation="relu"), L.Dense(3)])
+    logits = net(features)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={
+            "class": tf.argmax(logits, 1), "probabilities": tf.nn.softmax(logits)})
+    clean = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    x_adv = features + 0.1 * tf.sign(tf.gradients(clean, features)[0])
+    if params.get("stop_gradient", True):
+        x_adv = tf.stop_gradient(x_adv)
+    adv_logits = net(x_adv)
+    loss = 0.5 * (clean + v1.losses.sparse_softmax_cross_entropy(labels, adv_logits))
+    return _train(mode, loss, v1.train.MomentumOptimizer(0.05, 0.9), {
+        "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1)),
+        "adv_accuracy": v1.metrics.accuracy(labels, tf.argmax(adv_logits, 1))})
+
+
+def fgsm_mixed_float16(features, labels, mode, params):
+    """FGSM of a Keras mixed_float16 linear classifier (refused: the fused cross-entropy's backprop
+    in float16)."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        net = L.Dense(3)
+        logits = net(features)
+        clean = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+        x_adv = tf.stop_gradient(features + 0.1 * tf.sign(tf.gradients(clean, features)[0]))
+        loss = 0.5 * (clean + v1.losses.sparse_softmax_cross_entropy(labels, net(x_adv)))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    return _train(mode, loss, v1.train.MomentumOptimizer(0.05, 0.9))
+
+
+def input_gradient_dense_xent(features, labels, mode, params):
+    """Input-gradient regularisation of tf.nn.softmax_cross_entropy_with_logits (the dense
+    fused op) of one-hot labels, a tanh classifier."""
+    net = tf.keras.Sequential([L.Dense(16, activation="tanh"), L.Dense(3)])
+    logits = net(features)
+    xent = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(
+        labels=tf.one_hot(labels, 3), logits=logits))
+    grad = tf.gradients(xent, features)[0]
+    loss = xent + 1.0 * tf.reduce_mean(tf.reduce_sum(tf.square(grad), 1))
+    return _train(mode, loss, v1.train.AdamOptimizer(1e-2), {
+        "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
+
+
+def distilled_input_gradient(features, labels, mode, params):
+    """Input-gradient regularisation of a cross-entropy to soft labels that a second network,
+    trained by the same loss, gives (the dense fused op's labels take a gradient; TF's
+    second order ignores the backprop's dependence on them)."""
+    student = tf.keras.Sequential([L.Dense(16, activation="tanh"), L.Dense(3)])
+    teacher = tf.keras.Sequential([L.Dense(8, activation="tanh"), L.Dense(3)])
+    logits = student(features)
+    xent = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(
+        labels=tf.nn.softmax(teacher(features)), logits=logits))
+    grad = tf.gradients(xent, features)[0]
+    loss = xent + 1.0 * tf.reduce_mean(tf.reduce_sum(tf.square(grad), 1))
+    return _train(mode, loss, v1.train.AdamOptimizer(1e-2))
+
+
+def tagger_input_gradient(features, labels, mode, params):
+    """Input-gradient regularisation of a per-token fused cross-entropy (logits [B, T, k]:
+    refused, TF flattens them across the batch)."""
+    logits = L.Dense(3)(L.Dense(8, activation="tanh")(features))
+    xent = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    grad = tf.gradients(xent, features)[0]
+    loss = xent + 0.1 * tf.reduce_mean(tf.reduce_sum(tf.square(grad), [1, 2]))
+    return _train(mode, loss, v1.train.AdamOptimizer(1e-2))
+
+
+def token_input_fn(params):
+    rng = np.random.default_rng(params.get("data_seed", 8))
+    x = rng.normal(size=(64, 5, 4)).astype(np.float32)
+    return _batches(x, (x[..., 0] > 0).astype(np.int32) + (x[..., 1] > 0))
+
+
 def input_gradient_log_softmax(features, labels, mode, params):
     """The same regularisation with the cross-entropy written by hand on tf.nn.log_softmax."""
     net = tf.keras.Sequential([L.Dense(16, activation="relu"), L.Dense(3)])
@@ -240,6 +318,11 @@ CORPUS = {
     "wgan_gp_conv_critic": (wgan_gp_conv_critic, critic_input_fn),
     "input_gradient_classifier": (input_gradient_classifier, class_input_fn),
     "input_gradient_log_softmax": (input_gradient_log_softmax, class_input_fn),
+    "fgsm_adversarial": (fgsm_adversarial, class_input_fn),
+    "fgsm_mixed_float16": (fgsm_mixed_float16, class_input_fn),
+    "input_gradient_dense_xent": (input_gradient_dense_xent, class_input_fn),
+    "distilled_input_gradient": (distilled_input_gradient, class_input_fn),
+    "tagger_input_gradient": (tagger_input_gradient, token_input_fn),
     "double_backprop": (double_backprop, points_input_fn),
     "jacobian_penalty": (jacobian_penalty, points_input_fn),
     "sobolev": (sobolev, points_input_fn),

@@ -638,6 +638,11 @@ def match_cross_entropy(m: Context, op: tf.Operation) -> bool:
     logits, labels = op.inputs
     if not (m.is_batched(logits) and m.is_batched(labels)):
         return False
-    m.add_kernel(op.name, "softmax_cross_entropy_with_logits", [logits, labels],
-                 {"sparse": op.type.startswith("Sparse")}, [], [op], op.outputs[0])
+    attrs = {"sparse": op.type.startswith("Sparse")}
+    m.add_kernel(op.name, "softmax_cross_entropy_with_logits", [logits, labels], attrs, [],
+                 [op], op.outputs[0])
+    if m.consumers(op.outputs[1]):
+        # tf.gradients of the loss in model_fn reads its backprop (second_order.py)
+        m.add_kernel(f"{op.name}/backprop", "softmax_cross_entropy_backprop", [logits, labels],
+                     attrs, [], [op], op.outputs[1])
     return True

@@ -69,11 +69,12 @@ RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTens
 # The README's list of what is refused, with the reason.
 REFUSED = {
     **fast_paths.REFUSED,
-    "gradients inside the loss": "of a fused softmax cross-entropy (its backprop output; "
-                                 "take the gradient of an MSE, or of a hand-written "
-                                 "log_softmax cross-entropy), to a weight (BiasAddGrad, a "
-                                 "MatMul over the batch: they mix samples), and gradient ops "
-                                 "of other activations (SoftsignGrad, ...) or in float16",
+    "gradients inside the loss": "to a weight (BiasAddGrad, a MatMul over the batch: they "
+                                 "mix samples), of a fused softmax cross-entropy on logits of "
+                                 "rank > 2 (flattened across the batch; take the gradient of a "
+                                 "hand-written log_softmax cross-entropy), gradient ops of "
+                                 "other activations (SoftsignGrad, ...), and any op of the "
+                                 "gradient in float16 (a mixed_float16 FGSM)",
     "While loops": "whose number of steps is not known when the graph is built (the CS "
                    "pipelines one pass per sample): tf.while_loop whose condition reads the "
                    "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",
@@ -915,13 +916,15 @@ def supported_table() -> str:
                  "tf.tile(cls, [tf.shape(x)[0], 1, 1]), a tile within the sample after it), "
                  "BroadcastTo, tf.repeat(w[None], batch, 0), tf.ones_like(x[:, :1]) * w; its "
                  "gradient the batch's sum |")
-    lines.append("| `activation_grad`, `pad` (a gradient inside the loss) | tf.gradients(u, x) of "
+    lines.append("| `activation_grad`, `pad`, `softmax_cross_entropy_backprop` (a gradient "
+                 "inside the loss) | tf.gradients(u, x) of "
                  "per-sample values in model_fn (a physics-informed network's u_x, u_xx, a "
                  "gradient penalty, double backprop, a Jacobian penalty, Sobolev training, a "
-                 "Hamiltonian network): its seed given to each sample, "
-                 + ", ".join(sorted(gradient_ops)) + " per sample (and a Conv2D's input "
-                 "gradient, Conv2DBackpropInput, as the transposed convolution), trained with "
-                 "TF's second-order gradient |")
+                 "Hamiltonian network, FGSM adversarial training): its seed given to each "
+                 "sample, " + ", ".join(sorted(gradient_ops)) + " per sample (and a Conv2D's "
+                 "input gradient, Conv2DBackpropInput, as the transposed convolution; a fused "
+                 "(Sparse)SoftmaxCrossEntropyWithLogits' backprop output, softmax - labels), "
+                 "trained with TF's second-order gradient |")
     lines.append("| weight program (computations on weights before they meet the samples) | "
                  + ", ".join(WEIGHT_PROGRAM_OPS) + " of weights and constants (tf.nn.l2_normalize"
                  "(w, 0) of a cosine classifier, weight normalization's g * v / tf.norm(v), a "

@@ -358,7 +358,7 @@ class Matcher:
                 continue
             if op.type == "RFFT" and spectra.lower(self, op):
                 continue
-            bad = self._check_dtypes(op) or second_order.cross_entropy_backprop(op) or \
+            bad = self._check_dtypes(op) or second_order.refusal(self, op) or \
                 folded_batch.refusal(self, op)
             if bad and op.type not in lowering.RECURRENT:
                 self.reject(op, bad)

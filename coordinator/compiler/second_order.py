@@ -24,7 +24,7 @@ from coordinator.compiler.operands import STATEFUL_SOURCES, static_shape
 from coordinator.compiler.rules import Context, generic
 from wafer.kernels.activation_grads import OPS
 
-__all__ = ["OPS", "WEIGHT_GRADIENT", "cross_entropy_backprop", "in_gradient", "lower", "seeds"]
+__all__ = ["OPS", "WEIGHT_GRADIENT", "in_gradient", "lower", "refusal", "seeds"]
 
 CROSS_ENTROPIES = {"SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"}
 _GRADIENT_SCOPE = re.compile(r"^(.*/)?gradients(_\d+)?/")
@@ -65,15 +65,20 @@ def seeds(graph: tf.Graph, batch: int) -> set[tf.Operation]:
             not any(_is_batch_constant(t, batch, stateful) for t in op.inputs)}
 
 
-def cross_entropy_backprop(op: tf.Operation) -> str:
-    """Why `op` cannot be lowered if it reads a fused softmax cross-entropy's backprop output
-    (tf.gradients of that loss in model_fn), else ""."""
+def refusal(m: Context, op: tf.Operation) -> str:
+    """Why `op` of a gradient inside the loss cannot be lowered, else "": one in float16, or
+    one reading a fused softmax cross-entropy's backprop output that the CS does not compute
+    (the `softmax_cross_entropy_backprop` kernel computes it of per-sample [..., k] logits)."""
+    if in_gradient(op) and any(t.dtype == tf.float16 for t in op.outputs):
+        return (f"{op.type} in float16: the CS computes a gradient inside the loss in float32 "
+                "(TF rounds each op of its second order in float16); build that part of the "
+                "model in float32")
     for t in op.inputs:
-        if t.op.type in CROSS_ENTROPIES and t.value_index == 1:
+        if t.op.type in CROSS_ENTROPIES and t.value_index == 1 and not m.is_batched(t):
             return (f"takes the gradient of the fused {t.op.type} '{t.op.name}' inside the loss "
-                    "(its backprop output): the CS computes that loss as one kernel whose "
-                    "gradient is not a value of the forward pass; take the gradient of a "
-                    "cross-entropy written with tf.nn.log_softmax, or of an MSE")
+                    "(its backprop output) of logits that are not each sample's own rows (a "
+                    "loss of logits of rank > 2 flattened across the batch): take the gradient "
+                    "of a cross-entropy written with tf.nn.log_softmax, or of an MSE")
     return ""
 
 
@@ -89,10 +94,6 @@ def lower(m: Context, op: tf.Operation, graph: tf.Graph) -> None:
 
 @generic(*OPS)
 def _activation_grad(m: Context, op: tf.Operation) -> str:
-    if op.outputs[0].dtype != tf.float32:
-        return (f"{op.type} in {op.outputs[0].dtype.name}: the CS computes a gradient inside "
-                "the loss in float32 (TF rounds each op of its second order in float16); "
-                "build that part of the model in float32")
     if not all(m.is_batched(t) for t in op.inputs) or m.shape(op.inputs[0]) != m.shape(op.inputs[1]):
         return (f"{op.type} of values that are not both per-sample of one shape: the CS computes "
                 "a gradient inside the loss from the seed tf.gradients gives each sample")

@@ -1,12 +1,13 @@
 """Losses holding a gradient (issue 21, tests/second_order_models.py): physics-informed
 networks, a WGAN-GP critic's penalty (through Dense layers, and a Conv2D), input-gradient
-regularisation of a log_softmax cross-entropy, double backprop,
+regularisation of a fused (sparse and dense, one-hot or another network's soft labels) and
+a log_softmax cross-entropy, FGSM adversarial training, double backprop,
 a Jacobian penalty, Sobolev training and a Hamiltonian network train on the CS as TensorFlow
 trains them (4 steps, the second order included: TanhGrad, SigmoidGrad, LeakyReluGrad,
 EluGrad and StridedSliceGrad lowered per sample, Conv2DBackpropInput as the transposed
-convolution), and evaluate there as the CPU path does; the gradient of a fused softmax
-cross-entropy, a gradient to a weight (a sum over the batch) and one in float16 stay refused
-in one line naming the op and its line."""
+convolution, the fused cross-entropy's backprop with TF's registered gradient), and
+evaluate there as the CPU path does; a gradient to a weight (a sum over the batch) and one
+in float16 stay refused in one line naming the op and its line."""
 import cs_inprocess
 import pytest
 import second_order_models as m
@@ -18,7 +19,9 @@ SLOW = {"pinn_heat", "pinn_gelu", "wgan_gp_critic"}  # (pinn_burgers, jacobian_p
 # wgan_gp_conv_critic cover their forms in the quick lane)
 TRAINED = [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
            for name in ("pinn_burgers", "pinn_heat", "pinn_gelu", "wgan_gp_critic",
-                        "wgan_gp_conv_critic", "input_gradient_log_softmax", "double_backprop",
+                        "wgan_gp_conv_critic", "input_gradient_classifier",
+                        "input_gradient_dense_xent", "distilled_input_gradient",
+                        "input_gradient_log_softmax", "double_backprop",
                         "jacobian_penalty", "sobolev", "hamiltonian")]
 
 
@@ -31,18 +34,34 @@ def test_a_loss_holding_a_gradient_trains_like_tensorflow(tmp_path, name):
     for variable, start in result.compiled.initial_weights.items():
         if "kernel" in variable:  # (the critic's last bias has the gradient 0, in TF too)
             assert (result.cs.state[variable] != start).any(), f"{variable} was not trained"
-    if name in ("pinn_burgers", "input_gradient_log_softmax"):
+    if name in ("pinn_burgers", "input_gradient_log_softmax", "input_gradient_classifier",
+                "input_gradient_dense_xent"):
         assert cs_inprocess.evaluation_mismatch(model_fn, input_fn, PARAMS, str(tmp_path),
                                                 result) == ""
 
 
-def test_the_gradient_of_a_fused_cross_entropy_is_refused_naming_it(tmp_path):
+@pytest.mark.parametrize("stop_gradient", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_fgsm_adversarial_training_trains_evaluates_and_predicts_like_tensorflow(
+        tmp_path, stop_gradient):
+    """The fused cross-entropy's backprop output (softmax - one_hot) computed per sample;
+    without tf.stop_gradient TF differentiates Sign (zeros) back through it."""
+    params = {**PARAMS, "stop_gradient": stop_gradient}
+    result = cs_inprocess.compare(m.fgsm_adversarial, m.class_input_fn, params, str(tmp_path),
+                                  steps=4)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    assert "softmax_cross_entropy_backprop" in {k.type for k in result.compiled.program.kernels}
+    for check in (cs_inprocess.evaluation_mismatch, cs_inprocess.prediction_mismatch):
+        assert check(m.fgsm_adversarial, m.class_input_fn, params, str(tmp_path), result) == ""
+
+
+def test_the_gradient_of_a_per_token_fused_cross_entropy_is_refused_naming_it(tmp_path):
     with pytest.raises(CSRunError) as caught:
-        cs_inprocess.compile_checked(m.input_gradient_classifier, m.class_input_fn, PARAMS,
+        cs_inprocess.compile_checked(m.tagger_input_gradient, m.token_input_fn, PARAMS,
                                      str(tmp_path))
     message = caught.value.message
     assert "xentropy_grad" in message and "second_order_models.py:" in message
-    assert "fused SparseSoftmaxCrossEntropyWithLogits" in message and "log_softmax" in message
+    assert "fused SparseSoftmaxCrossEntropyWithLogits" in message and "rank > 2" in message
+    assert "log_softmax" in message
 
 
 def test_a_gradient_to_a_weight_inside_the_loss_is_refused_naming_it(tmp_path):
@@ -59,5 +78,15 @@ def test_a_gradient_inside_the_loss_in_float16_is_refused_naming_it(tmp_path):
         cs_inprocess.compile_checked(m.sobolev_mixed_float16, m.points_input_fn, PARAMS,
                                      str(tmp_path))
     message = caught.value.message
-    assert "TanhGrad 'gradients/" in message and "second_order_models.py:" in message
-    assert "TanhGrad in float16" in message
+    assert "'gradients/" in message and "second_order_models.py:" in message
+    assert "in float16: the CS computes a gradient inside the loss in float32" in message
+
+
+def test_fgsm_in_mixed_float16_is_refused_naming_the_gradient_op(tmp_path):
+    with pytest.raises(CSRunError) as caught:
+        cs_inprocess.compile_checked(m.fgsm_mixed_float16, m.class_input_fn, PARAMS,
+                                     str(tmp_path))
+    message = caught.value.message
+    assert "'gradients/sparse_softmax_cross_entropy_loss/" in message
+    assert "second_order_models.py:" in message
+    assert "in float16: the CS computes a gradient inside the loss in float32" in message

@@ -393,6 +393,30 @@ def test_softmax_cross_entropy_with_logits_matches_tensorflow(sparse, shape):
         close(dlabels, ref_dlabels, rtol=2e-6)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_cross_entropy_backprop_is_tensorflows_second_output_and_its_gradient(sparse):
+    """The fused op's backprop output (softmax - labels) and TF's registered gradient of it:
+    (g - sum(g * softmax)) * softmax to the logits, nothing to the labels."""
+    logits = randn(BATCH, 7) * 3
+    if sparse:
+        labels = RNG.integers(0, 7, (BATCH,))
+        op = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits
+    else:
+        labels = tf.nn.softmax(randn(BATCH, 7)).numpy()
+        op = tf.raw_ops.SoftmaxCrossEntropyWithLogits
+    attrs = {"sparse": sparse}
+    kernel = build_kernel("softmax_cross_entropy_backprop", "k1", attrs, [(7,), labels.shape[1:]])
+    assert kernel.output_shape == (7,) and not kernel.input_differentiable(1)
+    dy = randn(BATCH, 7)
+    out, (dlogits, dlabels), _ = run_kernel("softmax_cross_entropy_backprop", attrs,
+                                            [logits, labels], dy=dy)
+    ref, (ref_dlogits, _), _ = tf_grads(
+        lambda xs, ws: op(features=xs[0], labels=xs[1])[1], [logits, labels], {}, dy)
+    close(out, ref, rtol=2e-6)  # (numpy's exp and Eigen's differ in the last bit)
+    close(dlogits, ref_dlogits, rtol=2e-6)
+    assert dlabels is None
+
+
 def test_sparse_labels_outside_the_classes_raise_naming_the_kernel():
     kernel = build_kernel("softmax_cross_entropy_with_logits", "head/xent", {"sparse": True},
                           [(4,), ()])

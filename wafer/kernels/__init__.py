@@ -49,6 +49,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | add | x1, x2, ... same shape | — | — | |
 | concat | x1, x2, ... | axis (per-sample axis, >= 0) | — | any, all one |
 | softmax_cross_entropy_with_logits | logits (..., k), labels | sparse (bool) | — | labels (..., k) float32, or sparse (...) int32/int64; output (...) |
+| softmax_cross_entropy_backprop | logits (..., k), labels | sparse (bool) | — | as softmax_cross_entropy_with_logits; output (..., k): softmax - labels, the fused op's second output (no gradient to the labels, as TF's) |
 | loss | t (any) | scale, loss_scale (the backward's seed factor, default 1) | — | output () = scale * sum(t) |
 | batch_tail_loss | the values a loss tail reads (any shapes) | steps (the tail: kernels on the whole batch as one sample, JSON; array attrs `<step>/<key>`), batch_size B, loss_scale | — | float32; a batch barrier and the loss: output () per sample, the batch's loss on its first |
 | einsum | the `i` operands | equation (batch letter first in per-sample operands), operands | p<k>: attr p<k> | |

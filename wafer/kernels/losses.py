@@ -74,8 +74,9 @@ class SoftmaxCrossEntropyWithLogits(Kernel):
     def activation_bytes_per_sample(self) -> int:
         return 4 * math.prod(self.input_shapes[0])  # the softmax gradient
 
-    def forward(self, params, inputs, ctx: RunContext):
-        logits, labels = inputs
+    def rows(self, logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(loss, backprop = softmax - labels, shifted = logits - max, exp(shifted), its
+        sum), in the order of TF's CPU kernel."""
         shifted = logits - logits.max(axis=-1, keepdims=True)
         exp = np.exp(shifted)
         sum_exp = exp.sum(axis=-1, keepdims=True)
@@ -95,7 +96,11 @@ class SoftmaxCrossEntropyWithLogits(Kernel):
         else:
             loss = (labels * (log_sum - shifted)).sum(axis=-1)
             backprop = exp / sum_exp - labels
-        return loss, (backprop, None if self.sparse else shifted - log_sum)
+        return loss, backprop, shifted - log_sum, exp, sum_exp
+
+    def forward(self, params, inputs, ctx: RunContext):
+        loss, backprop, log_softmax, _, _ = self.rows(*inputs)
+        return loss, (backprop, None if self.sparse else log_softmax)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         backprop, log_softmax = cache
@@ -230,3 +235,31 @@ class BatchLoss(Kernel):
             np.full(shape, self._divide(np.asarray(self.seed), r), np.float32)
             for shape, r in zip(cache, self.divided_by)]
         return grads + [None] * len(self.denominator_inputs), {}
+
+
+@register
+class SoftmaxCrossEntropyBackprop(SoftmaxCrossEntropyWithLogits):
+    """The second output of (Sparse)SoftmaxCrossEntropyWithLogits, backprop = softmax -
+    labels (the loss's gradient that tf.gradients of the loss in model_fn multiplies by its
+    upstream gradient), in the arithmetic of TF's CPU kernel; output (..., k). Backward is
+    TF's registered gradient (nn_grad._SoftmaxCrossEntropyWithLogitsGrad's grad_grad term):
+    (g - sum(g * softmax)) * softmax to the logits, softmax as TF's Softmax op computes it,
+    and nothing to the labels (TF's gradient ignores the backprop's dependence on them)."""
+
+    type_name = "softmax_cross_entropy_backprop"
+
+    @property
+    def output_shape(self):
+        return self.input_shapes[0]
+
+    def input_differentiable(self, index: int) -> bool:
+        return index == 0
+
+    def forward(self, params, inputs, ctx: RunContext):
+        _, backprop, _, exp, sum_exp = self.rows(*inputs)
+        return backprop, exp * (np.float32(1) / sum_exp)  # (tf.nn.softmax's order)
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        softmax, g = cache, grad_output
+        d_logits = g - (g * softmax).sum(axis=-1, keepdims=True, dtype=np.float32)
+        return [np.multiply(d_logits, softmax, out=d_logits), None], {}
