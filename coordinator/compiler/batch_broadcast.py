@@ -65,10 +65,44 @@ def broadcast_value(op: tf.Operation, batch: int) -> tuple[tf.Tensor, tuple[int,
         return None
     value, shape = found
     if len(shape) > len(out) or (len(shape) == len(out) and shape[0] != 1) or \
-            depends_on(value, SOURCE_OPS, SHAPE_OPS) is not None or \
-            depends_on(value, VARIABLE_OPS, SHAPE_OPS) is None:
+            depends_on(value, SOURCE_OPS, SHAPE_OPS) is not None:
+        return None
+    if depends_on(value, VARIABLE_OPS, SHAPE_OPS) is None and \
+            (op.type == "Mul" or not _meets_weights(op, batch)):
         return None
     return found
+
+
+def _meets_weights(op: tf.Operation, batch: int) -> bool:
+    """Whether a constant `op` tiles over the batch meets weights before any sample, its
+    batch axis kept (a Kalman filter's initial covariance tf.tile(P0[None], [batch, 1, 1]),
+    then F P F^T + Q): each sample's copy then carries the computation per sample, as TF
+    computes each row."""
+    seen, stack = {op}, [op]
+    while stack:
+        for out in stack.pop().outputs:
+            for c in out.consumers():
+                if c in seen or depends_on(c.outputs[0] if c.outputs else out, SOURCE_OPS,
+                                           SHAPE_OPS) is not None:
+                    continue
+                if any(depends_on(t, VARIABLE_OPS, SHAPE_OPS) is not None for t in c.inputs):
+                    return True
+                if c.outputs and c.outputs[0].shape.rank and c.outputs[0].shape[0] == batch:
+                    seen.add(c)
+                    stack.append(c)
+    return False
+
+
+def constant_rows(m: Context, op: tf.Operation) -> np.ndarray | None:
+    """The value of a constant `op` tiles over the batch (each sample's row), or None if
+    its value reads a weight."""
+    value = op.inputs[0] if op.type != "Reshape" else op.inputs[0].op.inputs[0]
+    found = m.operands.constant(value)
+    if depends_on(value, VARIABLE_OPS, SHAPE_OPS) is not None or found is None:
+        return None
+    out = static_shape(op.outputs[0])
+    aligned = found.reshape((1,) * (len(out) - found.ndim) + found.shape)
+    return np.tile(aligned, [o // a for a, o in zip(aligned.shape, out)]).reshape(out)
 
 
 def lower(m: Context, op: tf.Operation) -> str:
@@ -76,6 +110,11 @@ def lower(m: Context, op: tf.Operation) -> str:
     the CS cannot read that value)."""
     found = broadcast_value(op, m.batch_size)
     assert found is not None
+    rows = constant_rows(m, op)
+    if rows is not None:
+        m.add_kernel(m.scope(op), "sample_constant", [m.sample_input()],
+                     {"value": rows.astype(np.float32)}, [], [op], op.outputs[0])
+        return ""
     value, shape = found
     weight = m.operands.weight(value) or m.operands.view(value) or m.derived_weight(value)
     if weight is None:

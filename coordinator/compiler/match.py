@@ -423,7 +423,8 @@ class Matcher:
         control path from `host_tensors` back to the samples ends at a fed value (the host
         drops control dependencies on the ops whose values it is fed: `tf_model.host_graph`).
         A value inside a fused kernel or of the loss's reduction is recomputed from the
-        values before it."""
+        values before it, and so is one of an unrolled loop's steps, from the values before
+        the loop (the host's graph has the user's While)."""
         found: list[str] = []
         fed = {t.name for t in known}
         seen: set[str] = set()
@@ -434,7 +435,8 @@ class Matcher:
                 continue
             seen.add(item.name)
             tensors = item.outputs if isinstance(item, tf.Operation) else [item]
-            ready = [t for t in tensors if t.name in fed or t.name in self.values]
+            ready = [t for t in tensors if (t.name in fed or t.name in self.values)
+                     and t.op.name not in self.x.loop_ops]  # (not in the host's graph)
             if ready:  # a control dependency is met by any fed output of its op
                 name = self.values.get(ready[0].name)
                 if ready[0].name not in fed and name is not None and name not in found:

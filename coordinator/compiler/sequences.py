@@ -7,6 +7,7 @@ kernels on the samples' own axes; a recurrent cell's weights are read at every s
 (shared weights, `wse_sim.shared_weights`)."""
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.operands import static_shape
@@ -140,11 +141,22 @@ class _TimeMajor:
         consumers = m.consumers(tensor)
         if not consumers:
             return self.REFUSAL
+        if isinstance(value, tf.Tensor) and all(self._sums_all(c) for c in consumers):
+            m.alias(tensor.op, value)  # (the loss tail proves a sum of all the elements)
+            return ""
         for c in consumers:
             reason = self._use(value, tensor, c, steps, ops + [c])
             if reason:
                 return reason
         return ""
+
+    def _sums_all(self, op: tf.Operation) -> bool:
+        """Whether op sums (or averages) every element of its input: the loss's
+        tf.reduce_mean(time_major), a sum of the same elements as the batch-major value's."""
+        axes = self.m.operands.constant(op.inputs[1]) if op.type in ("Sum", "Mean") else None
+        rank = op.inputs[0].shape.rank
+        return axes is not None and {int(a) % rank for a in np.atleast_1d(axes)} == \
+            set(range(rank))
 
     def _use(self, value: tf.Tensor | str, tensor: tf.Tensor, c: tf.Operation, steps: int,
              ops: list[tf.Operation]) -> str:

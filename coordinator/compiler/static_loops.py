@@ -154,19 +154,32 @@ def _unrolled_scan(original: Callable) -> Callable:
     return scan
 
 
+def _recorded(loop: Callable, created: set[str]) -> Callable:
+    """`loop`, the names of the ops each call adds to the graph added to `created`."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        graph = tf.compat.v1.get_default_graph()
+        before = {op.name for op in graph.get_operations()}
+        try:
+            return loop(*args, **kwargs)
+        finally:
+            created.update(op.name for op in graph.get_operations() if op.name not in before)
+    return call
+
+
 @contextlib.contextmanager
-def python_loops() -> Iterator[None]:
+def python_loops() -> Iterator[set[str]]:
     """tf.while_loop and tf.scan (and tf.compat.v1's) built meanwhile run their steps in Python
-    when their trip count is known at build time."""
-    v1 = tf.compat.v1
+    when their trip count is known at build time; yields the names of the ops the loops add
+    (the user's graph, its While, has none of them: the host cannot read them by name)."""
+    v1, created = tf.compat.v1, set[str]()
     patched = [(tf, "while_loop", _unrolled_while(tf.while_loop, True)),
                (v1, "while_loop", _unrolled_while(v1.while_loop, False)),
                (tf, "scan", _unrolled_scan(tf.scan)), (v1, "scan", _unrolled_scan(v1.scan))]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patched]
     for module, name, function in patched:
-        setattr(module, name, function)
+        setattr(module, name, _recorded(function, created))
     try:
-        yield
+        yield created
     finally:
         for module, name, function in saved:
             setattr(module, name, function)
