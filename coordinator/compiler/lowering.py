@@ -26,6 +26,7 @@ from coordinator.compiler import (
     sequences,
     step_values,
 )
+from coordinator.compiler.extract import user_source
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.activations import FLOAT32_ONLY
@@ -103,13 +104,23 @@ REFUSED = {
 }
 
 
-def mixes_samples(op: tf.Operation, batch: int) -> str:
+def mixes_samples(op: tf.Operation, batch: int, read: tf.Tensor | None = None) -> str:
+    """Why `op` may not combine a value reduced over the batch with per-sample values (`read`:
+    what the loss after it reads besides the samples' values and constants)."""
     name = op.name.lower()
     if "batch_norm" in name or "batchnorm" in name or "/moments/" in f"/{name}":
         return ("combines values of different samples in a batch normalization the CS does not "
                 "recognise: it carries out BatchNormalization in training as tf.nn.moments over "
                 "every axis but the last feeding tf.nn.batch_normalization (Keras' "
                 "BatchNormalization, channels last), or FusedBatchNormV3")
+    if read is not None:  # (in a loss of the whole batch, batch_tail.py)
+        return ("combines values of different samples in a loss of the whole batch (a "
+                "reduction over the batch axis feeding per-sample computation: a Sinkhorn "
+                "iteration, x - tf.reduce_mean(x, 0)) whose later ops read "
+                f"{read.op.type} '{read.op.name}' at {user_source(read.op)}, neither a "
+                "per-sample value nor a constant: the CS runs such a loss from the samples' "
+                "values and constants alone (a weight, a random number or a tf.shape read "
+                "after the batch's reductions is not supported there)")
     return ("combines values of different samples (a reduction over the batch axis feeding "
             "per-sample computation): the CS computes each sample on its own; reduce over "
             "non-batch axes, or only in the loss")
@@ -549,6 +560,29 @@ def _gather(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+@generic("ResourceGatherNd", "GatherNd")
+def _gather_nd(m: Context, op: tf.Operation) -> str:
+    """tf.gather_nd of a weight at per-sample indices of r >= 2 coordinates (a CRF's
+    transition scores of the gold tag pairs): a gather kernel of depth r, its gradient TF's
+    dense ScatterNd."""
+    table, ids = op.inputs[0], op.inputs[1]
+    depth = static_shape(ids)[-1] if ids.shape.rank else 0
+    if m.is_batched(table) or not m.is_batched(ids) or depth < 2:
+        return ("gathers by tf.gather_nd other than from a weight at per-sample indices of two "
+                "or more coordinates: write tf.gather(w, ids) for rows of a weight, "
+                "tf.gather(x, ids, batch_dims=1) for a sample's own rows")
+    found = _operands(m, op, (table, ids), "gather")
+    if isinstance(found, str):
+        return found
+    letters, inputs, attrs, params = found
+    weight = m.operands.weight(table) or m.operands.view(table) or m.derived_weight(table)
+    if letters != "pi" or weight is None or len(weight.shape) < depth:
+        return "gathers by tf.gather_nd from a value that is not a weight"
+    m.add_kernel(m.scope(op, weight.variable), "gather", inputs,
+                 {"operands": letters, "depth": depth, **attrs}, params, [op], op.outputs[0])
+    return ""
+
+
 def _take(m: Context, op: tf.Operation, x: tf.Tensor | str, axis: int, indices: np.ndarray,
           out: tf.Tensor | None, last: bool) -> str:
     """A `take` kernel: x's values at constant `indices` along per-sample `axis` (a reshape
@@ -834,7 +868,9 @@ def supported_table() -> str:
     lines.append("| generic | " + ", ".join(others) + " |")
     lines.append("| `gather`, `sample_gather`, `take` | GatherV2, ResourceGather: an embedding lookup in a "
                  "weight (axis 0; Keras Embedding, tf.nn.embedding_lookup), or in a constant (class "
-                 "weights: tf.gather(weights, labels)); tf.gather(x, ids, "
+                 "weights: tf.gather(weights, labels)); GatherNd, ResourceGatherNd of a weight at "
+                 "per-sample indices of two or more coordinates (a CRF's gold transitions "
+                 "tf.gather_nd(trans, pairs): its gradient TF's dense ScatterNd); tf.gather(x, ids, "
                  "batch_dims=1) of a per-sample value at per-sample indices (BERT's masked "
                  "positions; a repeated index adds its gradients; one index per sample: a DQN's "
                  "tf.gather(q_values, actions, batch_dims=1)); tf.gather(x, indices, axis=k) "

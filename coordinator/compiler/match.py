@@ -32,7 +32,13 @@ from coordinator.compiler import (
     refusals,
     second_order,
 )
-from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, data_upstream, op_closure, user_source
+from coordinator.compiler.extract import (
+    ExtractedGraph,
+    data_flow_ops,
+    data_upstream,
+    op_closure,
+    user_source,
+)
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
 from coordinator.compiler.rules import FAST_PATHS
@@ -72,8 +78,9 @@ class Matcher:
         # random numbers are drawn per sample on the CS (or refused): sources of values too
         sources += [op.outputs[0] for op in graph.get_operations() if random_numbers.is_draw(op)]
         # so is a weight tiled over the batch: every sample's copy of it (batch_broadcast.py)
-        self.broadcasts = {op for op in graph.get_operations()
-                           if batch_broadcast.broadcast_value(op, self.batch_size) is not None}
+        forward = {op for t in targets for op in data_upstream(t.op)}
+        self.broadcasts = {op for op in graph.get_operations() if batch_broadcast.broadcast_value(
+            op, self.batch_size, forward) is not None}
         sources += [op.outputs[0] for op in self.broadcasts]
         # and the seed of a gradient the loss takes (second_order.py): ones per sample
         self.seeds = second_order.seeds(graph, self.batch_size)
@@ -366,8 +373,9 @@ class Matcher:
         tail_inputs = [t for t in op.inputs if t.name in self.tail]
         if tail_inputs:
             batched = [t for t in op.inputs if self.is_batched(t)]
-            if batched and not self._loss_only(op):
-                self.reject(op, lowering.mixes_samples(op, self.x.batch_size))
+            blocker = self._loss_blocker(op) if batched else None
+            if blocker is not None:
+                self.reject(op, lowering.mixes_samples(op, self.x.batch_size, blocker))
                 return True
             self.tail.update(out.name for out in op.outputs)
             self.consumed.add(op)
@@ -386,21 +394,22 @@ class Matcher:
         self.consumed.add(op)
         return True
 
-    def _loss_only(self, op: tf.Operation) -> bool:
-        """`op` (reading the loss tail and per-sample values: x - tf.reduce_mean(x)) and all
-        it feeds compute the loss from values and constants alone (no weight or random
-        number: a batch tail, batch_tail.py)."""
+    def _loss_blocker(self, op: tf.Operation) -> tf.Tensor | None:
+        """None if `op` (reading the loss tail and per-sample values: x - tf.reduce_mean(x))
+        and all it feeds compute the loss from values and constants alone (a batch tail,
+        batch_tail.py); else the first other value they read (a weight, a random number,
+        tf.shape of the batch)."""
         seen, stack = set(), [op]
         while stack:
             current = stack.pop()
             if current in seen:
                 continue
             seen.add(current)
-            if any(t.op not in self.flow and self.operands.constant(t) is None
-                   for t in current.inputs):
-                return False
+            for t in current.inputs:
+                if t.op not in self.flow and self.operands.constant(t) is None:
+                    return t
             stack.extend(c for out in current.outputs for c in self.consumers(out))
-        return True
+        return None
 
     def match_alias(self, op: tf.Operation) -> bool:
         """Ops that pass their input on unchanged (a reshape to the same shape included)."""

@@ -2,7 +2,10 @@
 tf.scan recurrence (its last state, or every state put back batch-major), a tf.while_loop recurrence reading the sequence by its counter and an Euler-integrated
 neural ODE of a float time run as their unrolled steps on the CS, train as TensorFlow trains
 them (4 steps) and evaluate there as the CPU path does; a loop whose trip count depends on
-the batch stays refused, naming the While and its line."""
+the batch stays refused, naming the While and its line. A linear-chain CRF (tf.scan over
+em_t[1:] from em_t[0], Viterbi and its reverse backtracking scan) and a Kalman filter (its
+covariance, of weights alone, tiled over the batch and carried by the scan) train, evaluate
+and predict as TensorFlow and the CPU path do."""
 import cs_inprocess
 import loop_models as m
 import pytest
@@ -32,3 +35,20 @@ def test_a_loop_whose_trip_count_depends_on_the_batch_is_refused_naming_it(tmp_p
     message = caught.value.message
     assert "While 'while' at " in message and "loop_models.py:" in message
     assert "whose number of steps is not known when the graph is built" in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_fn, input_fn", [(m.crf_tagger, m.tagging_input_fn),
+                                                (m.kalman_filter, m.tracks_input_fn)],
+                         ids=["crf_tagger", "kalman_filter"])
+def test_a_scan_over_time_major_steps_trains_evaluates_and_predicts_like_tensorflow(
+        tmp_path, model_fn, input_fn):
+    result = cs_inprocess.compare(model_fn, input_fn, PARAMS, str(tmp_path), steps=4)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    for variable, start in result.compiled.initial_weights.items():
+        if variable != "global_step":
+            assert (result.cs.state[variable] != start).any(), f"{variable} was not trained"
+    assert cs_inprocess.evaluation_mismatch(model_fn, input_fn, PARAMS, str(tmp_path),
+                                            result) == ""
+    assert cs_inprocess.prediction_mismatch(model_fn, input_fn, PARAMS, str(tmp_path),
+                                            result) == ""
