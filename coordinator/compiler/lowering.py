@@ -933,7 +933,10 @@ def supported_table() -> str:
                  "(tf.while_loop whose condition reads only constants and its own counters, "
                  "tf.scan over a fixed length: unrolled, the unrolled graph proven to compute "
                  "the user's loss and gradients); Bidirectional (ReverseV2 along a sample's "
-                 "axes); TimeDistributed (its time-major x[i] per step, x[-1]); Pack, Split, SplitV, Unpack along a sample's axes; "
+                 "axes); TimeDistributed (its time-major x[i] per step, x[-1]); time-major "
+                 "sequences (tf.scan's) sliced along time (em_t[1:], x[::-1]), concatenated "
+                 "with single steps (tf.concat([x, v[None]], 0)) or summed whole into the "
+                 "loss; Pack, Split, SplitV, Unpack along a sample's axes; "
                  "(sparse_)softmax_cross_entropy_with_logits on logits of rank > 2 (a tagger's "
                  "tf.compat.v1.losses.softmax_cross_entropy of one-hot labels per token) |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "

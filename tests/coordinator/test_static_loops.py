@@ -52,3 +52,12 @@ def test_a_scan_over_time_major_steps_trains_evaluates_and_predicts_like_tensorf
                                             result) == ""
     assert cs_inprocess.prediction_mismatch(model_fn, input_fn, PARAMS, str(tmp_path),
                                             result) == ""
+
+
+def test_a_sinkhorn_loss_over_the_batch_is_refused_naming_what_its_iterations_read(tmp_path):
+    with pytest.raises(CSRunError) as caught:
+        cs_inprocess.compile_checked(m.sinkhorn_loss, m.sequence_input_fn, PARAMS, str(tmp_path))
+    message = caught.value.message
+    assert message.startswith("validation failed: Sub '") and "loop_models.py:" in message
+    assert "combines values of different samples in a loss of the whole batch" in message
+    assert "read Shape '" in message and "a tf.shape read after the batch's reductions" in message
