@@ -2,7 +2,8 @@
 written the way users write them: a custom recurrence over time with tf.scan, a recurrent
 cell written with tf.while_loop reading the sequence by its counter, a neural ODE integrated
 by Euler steps of a float time, a linear-chain CRF (forward algorithm and Viterbi by tf.scan),
-a Kalman filter by tf.scan, and a loop whose trip count depends on the batch (refused)."""
+a Kalman filter by tf.scan, a Sinkhorn loss over the batch by tf.while_loop, and a loop
+whose trip count depends on the batch (refused)."""
 import numpy as np
 import tensorflow as tf
 
@@ -192,20 +193,24 @@ def kalman_filter(features, labels, mode, params):
 
 
 def sinkhorn_loss(features, labels, mode, params):
-    """An entropic optimal-transport loss between the batch's outputs and its labels: 5 log-domain
-    Sinkhorn iterations of a tf.while_loop over the pairwise cost matrix (refused: its
-    tf.reduce_logsumexp over the batch reads tf.shape after the batch's reductions)."""
+    """An entropic optimal-transport loss between the batch's outputs and its one-hot labels: 5
+    log-domain Sinkhorn iterations of a tf.while_loop over the pairwise cost matrix [B, B]
+    (in Keras' floatx: float64 for a high-precision reference)."""
     out = L.Dense(CLASSES)(L.Flatten()(features))
-    target = tf.one_hot(labels, CLASSES)
+    target = tf.one_hot(labels, CLASSES, dtype=out.dtype)
     cost = tf.reduce_sum(tf.square(out[:, None, :] - target[None, :, :]), axis=-1)  # [B, B]
-    log_w = -np.log(16.0) * tf.ones([16])
+    n = tf.shape(features)[0]
+    log_w = -tf.math.log(tf.cast(n, out.dtype)) * tf.ones([n], out.dtype)
 
     def body(i, f, g):
-        f = -tf.reduce_logsumexp((g[None, :] - cost) / 0.1 + log_w[None, :], axis=1) * 0.1
-        g = -tf.reduce_logsumexp((f[:, None] - cost) / 0.1 + log_w[:, None], axis=0) * 0.1
+        f = -0.1 * tf.reduce_logsumexp((g[None, :] - cost) / 0.1 + log_w[None, :], axis=1)
+        g = -0.1 * tf.reduce_logsumexp((f[:, None] - cost) / 0.1 + log_w[:, None], axis=0)
         return i + 1, f, g
-    _, f, g = tf.while_loop(lambda i, f, g: i < 5, body, [0, tf.zeros([16]), tf.zeros([16])])
+    _, f, g = tf.while_loop(lambda i, f, g: i < 5, body,
+                            [0, tf.zeros([n], out.dtype), tf.zeros([n], out.dtype)])
     plan = tf.exp((f[:, None] + g[None, :] - cost) / 0.1 + log_w[:, None] + log_w[None, :])
     loss = tf.reduce_sum(plan * cost)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode=mode, loss=loss)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=v1.train.AdamOptimizer(1e-2).minimize(
         loss, global_step=v1.train.get_or_create_global_step()))

@@ -26,7 +26,6 @@ from coordinator.compiler import (
     sequences,
     step_values,
 )
-from coordinator.compiler.extract import user_source
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.activations import FLOAT32_ONLY
@@ -104,23 +103,13 @@ REFUSED = {
 }
 
 
-def mixes_samples(op: tf.Operation, batch: int, read: tf.Tensor | None = None) -> str:
-    """Why `op` may not combine a value reduced over the batch with per-sample values (`read`:
-    what the loss after it reads besides the samples' values and constants)."""
+def mixes_samples(op: tf.Operation, batch: int) -> str:
     name = op.name.lower()
     if "batch_norm" in name or "batchnorm" in name or "/moments/" in f"/{name}":
         return ("combines values of different samples in a batch normalization the CS does not "
                 "recognise: it carries out BatchNormalization in training as tf.nn.moments over "
                 "every axis but the last feeding tf.nn.batch_normalization (Keras' "
                 "BatchNormalization, channels last), or FusedBatchNormV3")
-    if read is not None:  # (in a loss of the whole batch, batch_tail.py)
-        return ("combines values of different samples in a loss of the whole batch (a "
-                "reduction over the batch axis feeding per-sample computation: a Sinkhorn "
-                "iteration, x - tf.reduce_mean(x, 0)) whose later ops read "
-                f"{read.op.type} '{read.op.name}' at {user_source(read.op)}, neither a "
-                "per-sample value nor a constant: the CS runs such a loss from the samples' "
-                "values and constants alone (a weight, a random number or a tf.shape read "
-                "after the batch's reductions is not supported there)")
     return ("combines values of different samples (a reduction over the batch axis feeding "
             "per-sample computation): the CS computes each sample on its own; reduce over "
             "non-batch axes, or only in the loss")

@@ -373,9 +373,8 @@ class Matcher:
         tail_inputs = [t for t in op.inputs if t.name in self.tail]
         if tail_inputs:
             batched = [t for t in op.inputs if self.is_batched(t)]
-            blocker = self._loss_blocker(op) if batched else None
-            if blocker is not None:
-                self.reject(op, lowering.mixes_samples(op, self.x.batch_size, blocker))
+            if batched and not self._loss_only(op):
+                self.reject(op, lowering.mixes_samples(op, self.x.batch_size))
                 return True
             self.tail.update(out.name for out in op.outputs)
             self.consumed.add(op)
@@ -394,22 +393,21 @@ class Matcher:
         self.consumed.add(op)
         return True
 
-    def _loss_blocker(self, op: tf.Operation) -> tf.Tensor | None:
-        """None if `op` (reading the loss tail and per-sample values: x - tf.reduce_mean(x))
-        and all it feeds compute the loss from values and constants alone (a batch tail,
-        batch_tail.py); else the first other value they read (a weight, a random number,
-        tf.shape of the batch)."""
+    def _loss_only(self, op: tf.Operation) -> bool:
+        """`op` (reading the loss tail and per-sample values: x - tf.reduce_mean(x)) and all
+        it feeds compute the loss from values and constants alone (no weight or random
+        number: a batch tail, batch_tail.py; tf.shape of a value, static, is a constant)."""
         seen, stack = set(), [op]
         while stack:
             current = stack.pop()
             if current in seen:
                 continue
             seen.add(current)
-            for t in current.inputs:
-                if t.op not in self.flow and self.operands.constant(t) is None:
-                    return t
+            if any(t.op not in self.flow and self.operands.constant(t) is None
+                   and batch_tail.static_shape_value(t) is None for t in current.inputs):
+                return False
             stack.extend(c for out in current.outputs for c in self.consumers(out))
-        return None
+        return True
 
     def match_alias(self, op: tf.Operation) -> bool:
         """Ops that pass their input on unchanged (a reshape to the same shape included)."""

@@ -9,6 +9,7 @@ and predict as TensorFlow and the CPU path do."""
 import cs_inprocess
 import loop_models as m
 import pytest
+import tf_reference
 
 from common.errors import CSRunError
 
@@ -54,10 +55,15 @@ def test_a_scan_over_time_major_steps_trains_evaluates_and_predicts_like_tensorf
                                             result) == ""
 
 
-def test_a_sinkhorn_loss_over_the_batch_is_refused_naming_what_its_iterations_read(tmp_path):
-    with pytest.raises(CSRunError) as caught:
-        cs_inprocess.compile_checked(m.sinkhorn_loss, m.sequence_input_fn, PARAMS, str(tmp_path))
-    message = caught.value.message
-    assert message.startswith("validation failed: Sub '") and "loop_models.py:" in message
-    assert "combines values of different samples in a loss of the whole batch" in message
-    assert "read Shape '" in message and "a tf.shape read after the batch's reductions" in message
+@pytest.mark.slow
+def test_a_sinkhorn_loss_over_the_batch_trains_like_tensorflow_and_evaluates_like_the_cpu(
+        tmp_path):
+    result = cs_inprocess.compare(m.sinkhorn_loss, m.sequence_input_fn, PARAMS, str(tmp_path),
+                                  steps=4)
+    cs_inprocess.assert_same_training(result, rtol=1e-4)
+    data = tf_reference.batches(m.sequence_input_fn, PARAMS, 4)
+    exact = tf_reference.run(m.sinkhorn_loss, m.sequence_input_fn, PARAMS,
+                             result.compiled.initial_weights, data, floatx="float64").state
+    assert cs_inprocess.farther_than_tensorflow(result, exact, 2.0, floor=1e-5) == []
+    assert cs_inprocess.evaluation_mismatch(m.sinkhorn_loss, m.sequence_input_fn, PARAMS,
+                                            str(tmp_path), result) == ""
