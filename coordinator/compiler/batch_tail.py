@@ -3,7 +3,8 @@ Mixture-of-Experts balance loss E * sum(mean(gates, 0) * mean(mask, 0)), VICReg'
 tf.sqrt(tf.math.reduce_variance(z, 0) + eps) hinge and its covariance matmul(zc, zc,
 transpose_a=True), Barlow Twins' cross-correlation (an einsum 'bi,bj->ij') and its
 tf.linalg.diag_part, a squared difference of batch means, a Pearson correlation over the
-batch, the entropy of the batch's mean prediction, tf.nn.l2_loss of a [B, d] lookup), which
+batch, the entropy of the batch's mean prediction, tf.nn.l2_loss of a [B, d] lookup, a Sinkhorn
+loss's unrolled iterations of tf.reduce_logsumexp over a pairwise cost matrix), which
 loss_tail.py cannot prove a sum of per-sample values.
 
 The tail's ops, from the per-sample values they read (each the whole batch: tf's tensor
@@ -37,9 +38,11 @@ KERNEL_ROWS = {
                        "cross-correlation tf.einsum('bi,bj->ij', za, zb), "
                        "(mean(pred) - mean(y)) ** 2, a Pearson correlation, "
                        "the entropy of the batch's mean prediction, BPR's tf.nn.l2_loss of "
-                       "looked-up embeddings): the loss's ops after the "
+                       "looked-up embeddings, a Sinkhorn loss's tf.while_loop of static steps "
+                       "over a pairwise cost matrix): the loss's ops after the "
                        "per-sample values (element-wise ops, arithmetic, reductions, products "
-                       "of matrices, transposes, reshapes, views, tf.linalg.diag_part), run "
+                       "of matrices, transposes, reshapes, views, tf.linalg.diag_part, "
+                       "tf.reduce_logsumexp's guard), run "
                        "once per batch on the whole batch's values, a batch barrier; its "
                        "gradient TF's, back to each sample",
 }
