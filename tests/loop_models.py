@@ -93,6 +93,16 @@ def neural_ode(features, labels, mode, params):
     return _spec(mode, labels, L.Dense(CLASSES)(z), v1.train.AdamOptimizer(1e-2))
 
 
+def scan_max_over_time(features, labels, mode, params):
+    """tf.scan's time-major states max-pooled over time, axis 0 (refused: the pooling reads
+    the time-major value; transposed back batch-major first, it would not be)."""
+    w = v1.get_variable("w", [FEATURES, 8])
+    states = tf.scan(lambda h, x_t: tf.tanh(tf.matmul(x_t, w) + h), tf.transpose(features, [1, 0, 2]),
+                     initializer=tf.zeros([tf.shape(features)[0], 8]))
+    return _spec(mode, labels, L.Dense(CLASSES)(tf.reduce_max(states, axis=0)),
+                 v1.train.AdamOptimizer(1e-2))
+
+
 def until_small(features, labels, mode, params):
     """Halves a value until the batch's largest is below 1: the trip count is the data's."""
     h = L.Dense(8)(L.Flatten()(features))

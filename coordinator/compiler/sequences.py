@@ -127,6 +127,11 @@ class _TimeMajor:
     x), held on the CS as x: `value` (a tensor or a kernel's name) in x's own layout."""
 
     REFUSAL = "transposes the batch axis away from the first position"
+    USE = ("transposes the batch axis away from the first position, then uses the time-major "
+           "value other than by its steps x[i], tf.unstack, slices of steps x[1:], x[::-1], a "
+           "concat with single steps, a sum of all of it in the loss or a transpose back: "
+           "transpose it back batch-major first (tf.transpose(x, [1, 0, 2]), tf.scan's states "
+           "likewise) and reduce or combine that")
 
     def __init__(self, m: Context, order: list[int]):
         self.m, self.order, self.time = m, order, order[0] - 1
@@ -140,7 +145,7 @@ class _TimeMajor:
         m, steps = self.m, self.shape(value)[self.time]
         consumers = m.consumers(tensor)
         if not consumers:
-            return self.REFUSAL
+            return self.USE
         if isinstance(value, tf.Tensor) and all(self._sums_all(c) for c in consumers):
             m.alias(tensor.op, value)  # (the loss tail proves a sum of all the elements)
             return ""
@@ -182,7 +187,7 @@ class _TimeMajor:
         elif c.type == "ConcatV2":
             return self._concat(value, tensor, c, ops)
         else:
-            return self.REFUSAL
+            return self.USE
         return ""
 
     def _concat(self, value: tf.Tensor | str, tensor: tf.Tensor, c: tf.Operation,
@@ -192,7 +197,7 @@ class _TimeMajor:
         m, time = self.m, self.time
         axis = m.operands.constant(c.inputs[-1])
         if axis is None or int(axis) % c.outputs[0].shape.rank != 0:
-            return self.REFUSAL
+            return self.USE
         parts: list[tf.Tensor | str] = []
         for k, t in enumerate(c.inputs[:-1]):
             if t is tensor:
@@ -202,7 +207,7 @@ class _TimeMajor:
             expand = t.op.type == "ExpandDims" and m.operands.constant(t.op.inputs[1]) == 0
             v = t.op.inputs[0] if expand or (step and step[0] is None) else None
             if v is None or not m.is_batched(v) or len(m.consumers(t)) != 1:
-                return self.REFUSAL
+                return self.USE
             shape = list(m.shape(v))
             shape.insert(time, 1)
             parts.append(m.add_kernel(f"{c.name}/step_{k}", "reshape", [v], {"shape": shape}, [],

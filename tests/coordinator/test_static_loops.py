@@ -67,3 +67,12 @@ def test_a_sinkhorn_loss_over_the_batch_trains_like_tensorflow_and_evaluates_lik
     assert cs_inprocess.farther_than_tensorflow(result, exact, 2.0, floor=1e-5) == []
     assert cs_inprocess.evaluation_mismatch(m.sinkhorn_loss, m.sequence_input_fn, PARAMS,
                                             str(tmp_path), result) == ""
+
+
+def test_a_time_major_scan_output_pooled_over_time_is_refused_saying_what_to_write(tmp_path):
+    with pytest.raises(CSRunError) as caught:
+        cs_inprocess.compile_checked(m.scan_max_over_time, m.sequence_input_fn, PARAMS,
+                                     str(tmp_path))
+    message = caught.value.message
+    assert message.startswith("validation failed: Transpose '") and "loop_models.py:" in message
+    assert "transpose it back batch-major first (tf.transpose(x, [1, 0, 2])" in message
