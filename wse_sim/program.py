@@ -584,7 +584,8 @@ def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> Pa
                       f"{', '.join(UPDATES)}")
     table = SPARSE_GRADIENT_KERNELS.get(kernel.type_name)
     whole = table is None and "operands" in kernel.attrs and param.role.startswith("p")
-    if update == "sparse" and param.role != table and not whole:
+    if update == "sparse" and (param.role != table or getattr(kernel, "depth", 1) > 1) \
+            and not whole:
         raise invalid(f"{where}: a sparse update needs the table of a gather kernel (an "
                       f"embedding lookup) or a weight operand TF gathers whole, not the "
                       f"{param.role!r} of a {kernel.type_name}")

@@ -8,8 +8,15 @@ what follows is computed per sample as TF computes it. The weight's
 gradient is the sum over the batch of the per-sample gradients (TF's TileGrad: a Sum over
 the tiled axis), accumulated as any weight's. A float16 tile (of a Keras mixed_float16
 layer's weight) is a float16 kernel reading the weight's float16 copy.
+
+A constant tiled over the batch that meets weights before any sample, on the way to the loss
+or outputs (a Kalman filter's initial covariance tf.tile(P0[None], [batch, 1, 1]) carried by
+a tf.scan through F P F^T + Q), is a source too: each sample's row (`sample_constant`), and
+what follows is computed per sample, as TF computes each row of the batch.
 """
 from __future__ import annotations
+
+from typing import AbstractSet
 
 import numpy as np
 import tensorflow as tf
@@ -34,9 +41,11 @@ def _is_ones(tensor: tf.Tensor) -> bool:
     return value is not None and value.size > 0 and bool((value == 1).all())
 
 
-def broadcast_value(op: tf.Operation, batch: int) -> tuple[tf.Tensor, tuple[int, ...]] | None:
+def broadcast_value(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operation] = frozenset(),
+                    ) -> tuple[tf.Tensor, tuple[int, ...]] | None:
     """(the value, the shape it is read as) if `op`'s output is a value of weights alone
-    given unchanged to each of the batch's samples; None otherwise."""
+    given unchanged to each of the batch's samples (or, among the `forward` ops, the loss's and
+    outputs' upstream, a constant that meets weights before any sample); None otherwise."""
     if len(op.outputs) != 1 or op.outputs[0].dtype not in (tf.float32, tf.float16) or \
             not op.outputs[0].shape.is_fully_defined():
         return None
@@ -65,15 +74,57 @@ def broadcast_value(op: tf.Operation, batch: int) -> tuple[tf.Tensor, tuple[int,
         return None
     value, shape = found
     if len(shape) > len(out) or (len(shape) == len(out) and shape[0] != 1) or \
-            depends_on(value, SOURCE_OPS, SHAPE_OPS) is not None or \
-            depends_on(value, VARIABLE_OPS, SHAPE_OPS) is None:
+            depends_on(value, SOURCE_OPS, SHAPE_OPS) is not None:
+        return None
+    if depends_on(value, VARIABLE_OPS, SHAPE_OPS) is None and \
+            (op.type == "Mul" or not _meets_weights(op, batch, forward)):
         return None
     return found
+
+
+def _meets_weights(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operation]) -> bool:
+    """Whether a constant `op` tiles over the batch meets weights before any sample, its
+    batch axis kept, on the way to the loss or outputs (a Kalman filter's initial covariance
+    tf.tile(P0[None], [batch, 1, 1]), then F P F^T + Q): each sample's copy then carries the
+    computation per sample, as TF computes each row."""
+    seen, stack = {op}, [op]
+    while stack:
+        for out in stack.pop().outputs:
+            for c in out.consumers():
+                if c in seen or c not in forward or \
+                        depends_on(c.outputs[0] if c.outputs else out, SOURCE_OPS,
+                                   SHAPE_OPS) is not None:
+                    continue
+                if any(depends_on(t, VARIABLE_OPS, SHAPE_OPS) is not None for t in c.inputs):
+                    return True
+                if c.outputs and c.outputs[0].shape.rank and c.outputs[0].shape[0] == batch:
+                    seen.add(c)
+                    stack.append(c)
+    return False
+
+
+def constant_rows(m: Context, op: tf.Operation) -> np.ndarray | None:
+    """The value of a constant `op` tiles over the batch (each sample's row), or None if
+    its value reads a weight."""
+    if op.type not in ("Tile", "BroadcastTo", "Reshape"):  # (Mul: ones times a weight)
+        return None
+    value = op.inputs[0] if op.type != "Reshape" else op.inputs[0].op.inputs[0]
+    found = m.operands.constant(value)
+    if depends_on(value, VARIABLE_OPS, SHAPE_OPS) is not None or found is None:
+        return None
+    out = static_shape(op.outputs[0])
+    aligned = found.reshape((1,) * (len(out) - found.ndim) + found.shape)
+    return np.tile(aligned, [o // a for a, o in zip(aligned.shape, out)]).reshape(out)
 
 
 def lower(m: Context, op: tf.Operation) -> str:
     """A `broadcast` kernel giving each sample the weight `op` tiles over the batch (or why
     the CS cannot read that value)."""
+    rows = constant_rows(m, op)
+    if rows is not None:
+        m.add_kernel(m.scope(op), "sample_constant", [m.sample_input()],
+                     {"value": rows.astype(np.float32)}, [], [op], op.outputs[0])
+        return ""
     found = broadcast_value(op, m.batch_size)
     assert found is not None
     value, shape = found

@@ -5,7 +5,8 @@ transpose_a=True), Barlow Twins' cross-correlation (an einsum 'bi,bj->ij') and i
 tf.linalg.diag_part, a squared difference of batch means, a Pearson correlation over the
 batch, the entropy of the batch's mean prediction, tf.nn.l2_loss of a [B, d] lookup, a Cox
 partial likelihood's or ListMLE's tf.argsort of the batch, tf.gather in its order and
-tf.math.cumulative_logsumexp), which loss_tail.py cannot prove a sum of per-sample values.
+tf.math.cumulative_logsumexp, a Sinkhorn loss's unrolled iterations of tf.reduce_logsumexp
+over a pairwise cost matrix), which loss_tail.py cannot prove a sum of per-sample values.
 
 The tail's ops, from the per-sample values they read (each the whole batch: tf's tensor
 [B, ...] as one sample) to the loss, are lowered as the weight program's are
@@ -23,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler import precision, second_order
-from coordinator.compiler.extract import user_source
+from coordinator.compiler.extract import data_upstream, user_source
 from coordinator.compiler.ir import ParamRef, UnsupportedOp
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import TailContext, has_kernel
@@ -41,9 +42,11 @@ KERNEL_ROWS = {
                        "the entropy of the batch's mean prediction, BPR's tf.nn.l2_loss of "
                        "looked-up embeddings, a Cox partial likelihood or ListMLE over the "
                        "batch sorted by tf.argsort, hard-example mining's tf.math.top_k of "
-                       "the losses): the loss's ops after the "
+                       "the losses, a Sinkhorn loss's tf.while_loop of static steps over a "
+                       "pairwise cost matrix): the loss's ops after the "
                        "per-sample values (element-wise ops, arithmetic, reductions, products "
-                       "of matrices, transposes, reshapes, views, tf.linalg.diag_part; sorts "
+                       "of matrices, transposes, reshapes, views, tf.linalg.diag_part, "
+                       "tf.reduce_logsumexp's guard; sorts "
                        "of the batch's [batch] float32 values, tf.gather in their order, "
                        "tf.math.cumulative_logsumexp, tf.cumsum), run "
                        "once per batch on the whole batch's values, a batch barrier; its "
@@ -78,8 +81,13 @@ class TailBuilder(WeightProgramBuilder):
         if constant is not None:
             return constant.astype(np.float32) if constant.dtype.kind == "f" else constant
         where = f"{op.type} '{op.name}' at {user_source(op)}"
+        shaped = static_shape_value(tensor)
+        if shaped is not None:
+            return shaped
         if m.is_batched(tensor):
             return self._sample(tensor, where)
+        if op.type in ("IsFinite", "Select", "SelectV2") and tensor.name in m.tail:
+            return self._guard(op, tensor, where)
         if tensor.name not in m.tail:
             weight = self.operands.weight(tensor) or self.operands.view(tensor)
             what = f"weight {weight.variable}" if weight is not None else "a random number" \
@@ -104,6 +112,24 @@ class TailBuilder(WeightProgramBuilder):
         if op.type == "Einsum":
             return self._einsum(op, tensor, where)
         return self._lower_op(op, tensor, where)
+
+    def _guard(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.reduce_logsumexp's guard of its maximum, tf.where(tf.math.is_finite(m), m, 0):
+        the is_finite and select kernels."""
+        inputs = [self._lower(t) for t in op.inputs]
+        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
+        if bad is not None:
+            return self._refuse(tensor, self.problems[bad.name])
+        if op.type == "IsFinite":
+            if not isinstance(inputs[0], str):
+                return self._refuse(tensor, f"{self.SUBJECT} with {where}: of a constant")
+            return self._add(op, tensor, "is_finite", [inputs[0]], {})
+        if op.type == "Select" and len(static_shape(op.inputs[0])) != len(static_shape(tensor)):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: a vector condition")
+        letters = "".join("i" if isinstance(v, str) else "c" for v in inputs)
+        constants = {f"c{k}": np.asarray(v) for k, v in enumerate(inputs) if not isinstance(v, str)}
+        return self._add(op, tensor, "select", [v for v in inputs if isinstance(v, str)],
+                         {"operands": letters, **constants})
 
     def _einsum(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
         """tf.einsum of two values of the tail ('bi,bj->ij' of the whole batch's): the
@@ -207,6 +233,12 @@ def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],
     weight penalties added to it left out (`penalties` are 0: the caller measures them); its
     name and the per-sample values it reads ("" with the refusal in m.unsupported)."""
     builder = TailBuilder(m, penalties)
+    upstream = set(data_upstream(loss.op))
+    for op in loss.graph.get_operations():  # in graph order: the recursion stays shallow
+        if op in upstream:                     # (an unrolled loop's iterations nest deep)
+            for t in op.outputs:
+                if t.name in m.tail:
+                    builder._lower(t)
     value = builder._lower(loss)
     if not isinstance(value, str) or not has_kernel("batch_tail_loss"):
         op, reason = builder.root or (loss.op, "the loss is a constant")
@@ -230,6 +262,21 @@ def batch_sort(m: TailContext, op: tf.Operation) -> bool:
         return False
     k = m.operands.constant(op.inputs[1])
     return k is not None and 0 < int(k) <= m.batch_size
+
+
+def static_shape_value(tensor: tf.Tensor) -> np.ndarray | None:
+    """The value of tf.shape, tf.zeros_like or tf.ones_like of a value of static shape (in
+    the tail, the whole batch's), or None."""
+    op = tensor.op
+    if op.type not in ("Shape", "ZerosLike", "OnesLike") or \
+            not op.inputs[0].shape.is_fully_defined():
+        return None
+    shape = static_shape(op.inputs[0])
+    if op.type == "Shape":
+        return np.asarray(shape, tensor.dtype.as_numpy_dtype)
+    if tensor.dtype != tf.float32:
+        return None
+    return (np.zeros if op.type == "ZerosLike" else np.ones)(shape, np.float32)
 
 
 def contraction(m: TailContext, op: tf.Operation) -> bool:

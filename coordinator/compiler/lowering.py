@@ -564,6 +564,29 @@ def _gather(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+@generic("ResourceGatherNd", "GatherNd")
+def _gather_nd(m: Context, op: tf.Operation) -> str:
+    """tf.gather_nd of a weight at per-sample indices of r >= 2 coordinates (a CRF's
+    transition scores of the gold tag pairs): a gather kernel of depth r, its gradient TF's
+    dense ScatterNd."""
+    table, ids = op.inputs[0], op.inputs[1]
+    depth = static_shape(ids)[-1] if ids.shape.rank else 0
+    if m.is_batched(table) or not m.is_batched(ids) or depth < 2:
+        return ("gathers by tf.gather_nd other than from a weight at per-sample indices of two "
+                "or more coordinates: write tf.gather(w, ids) for rows of a weight, "
+                "tf.gather(x, ids, batch_dims=1) for a sample's own rows")
+    found = _operands(m, op, (table, ids), "gather")
+    if isinstance(found, str):
+        return found
+    letters, inputs, attrs, params = found
+    weight = m.operands.weight(table) or m.operands.view(table) or m.derived_weight(table)
+    if letters != "pi" or weight is None or len(weight.shape) < depth:
+        return "gathers by tf.gather_nd from a value that is not a weight"
+    m.add_kernel(m.scope(op, weight.variable), "gather", inputs,
+                 {"operands": letters, "depth": depth, **attrs}, params, [op], op.outputs[0])
+    return ""
+
+
 def _take(m: Context, op: tf.Operation, x: tf.Tensor | str, axis: int, indices: np.ndarray,
           out: tf.Tensor | None, last: bool) -> str:
     """A `take` kernel: x's values at constant `indices` along per-sample `axis` (a reshape
@@ -877,7 +900,9 @@ def supported_table() -> str:
     lines.append("| generic | " + ", ".join(others) + " |")
     lines.append("| `gather`, `sample_gather`, `take` | GatherV2, ResourceGather: an embedding lookup in a "
                  "weight (axis 0; Keras Embedding, tf.nn.embedding_lookup), or in a constant (class "
-                 "weights: tf.gather(weights, labels)); tf.gather(x, ids, "
+                 "weights: tf.gather(weights, labels)); GatherNd, ResourceGatherNd of a weight at "
+                 "per-sample indices of two or more coordinates (a CRF's gold transitions "
+                 "tf.gather_nd(trans, pairs): its gradient TF's dense ScatterNd); tf.gather(x, ids, "
                  "batch_dims=1) of a per-sample value at per-sample indices (BERT's masked "
                  "positions; a repeated index adds its gradients; one index per sample: a DQN's "
                  "tf.gather(q_values, actions, batch_dims=1)); tf.gather(x, ids, batch_dims=r) "
@@ -944,7 +969,10 @@ def supported_table() -> str:
                  "(tf.while_loop whose condition reads only constants and its own counters, "
                  "tf.scan over a fixed length: unrolled, the unrolled graph proven to compute "
                  "the user's loss and gradients); Bidirectional (ReverseV2 along a sample's "
-                 "axes); TimeDistributed (its time-major x[i] per step, x[-1]); Pack, Split, SplitV, Unpack along a sample's axes; "
+                 "axes); TimeDistributed (its time-major x[i] per step, x[-1]); time-major "
+                 "sequences (tf.scan's) sliced along time (em_t[1:], x[::-1]), concatenated "
+                 "with single steps (tf.concat([x, v[None]], 0)) or summed whole into the "
+                 "loss; Pack, Split, SplitV, Unpack along a sample's axes; "
                  "tf.stack(values, axis=0) in front of the batch (two heads, MC samples), held per "
                  "sample with the stack axis first, read by element-wise ops, casts, softmax, "
                  "reshapes keeping the stack and batch axes, reductions "

@@ -35,7 +35,13 @@ from coordinator.compiler import (
     second_order,
     spectra,
 )
-from coordinator.compiler.extract import ExtractedGraph, data_flow_ops, data_upstream, op_closure, user_source
+from coordinator.compiler.extract import (
+    ExtractedGraph,
+    data_flow_ops,
+    data_upstream,
+    op_closure,
+    user_source,
+)
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
 from coordinator.compiler.rules import FAST_PATHS
@@ -75,8 +81,9 @@ class Matcher:
         # random numbers are drawn per sample on the CS (or refused): sources of values too
         sources += [op.outputs[0] for op in graph.get_operations() if random_numbers.is_draw(op)]
         # so is a weight tiled over the batch: every sample's copy of it (batch_broadcast.py)
-        self.broadcasts = {op for op in graph.get_operations()
-                           if batch_broadcast.broadcast_value(op, self.batch_size) is not None}
+        forward = {op for t in targets for op in data_upstream(t.op)}
+        self.broadcasts = {op for op in graph.get_operations() if batch_broadcast.broadcast_value(
+            op, self.batch_size, forward) is not None}
         sources += [op.outputs[0] for op in self.broadcasts]
         # and the seed of a gradient the loss takes (second_order.py): ones per sample
         self.seeds = second_order.seeds(graph, self.batch_size)
@@ -427,7 +434,7 @@ class Matcher:
     def _loss_only(self, op: tf.Operation) -> bool:
         """`op` (reading the loss tail and per-sample values: x - tf.reduce_mean(x)) and all
         it feeds compute the loss from values and constants alone (no weight or random
-        number: a batch tail, batch_tail.py)."""
+        number: a batch tail, batch_tail.py; tf.shape of a value, static, is a constant)."""
         seen, stack = set(), [op]
         while stack:
             current = stack.pop()
@@ -435,7 +442,7 @@ class Matcher:
                 continue
             seen.add(current)
             if any(t.op not in self.flow and self.operands.constant(t) is None
-                   for t in current.inputs):
+                   and batch_tail.static_shape_value(t) is None for t in current.inputs):
                 return False
             stack.extend(c for out in current.outputs for c in self.consumers(out))
         return True
@@ -461,7 +468,8 @@ class Matcher:
         control path from `host_tensors` back to the samples ends at a fed value (the host
         drops control dependencies on the ops whose values it is fed: `tf_model.host_graph`).
         A value inside a fused kernel or of the loss's reduction is recomputed from the
-        values before it."""
+        values before it, and so is one of an unrolled loop's steps, from the values before
+        the loop (the host's graph has the user's While)."""
         found: list[str] = []
         fed = {t.name for t in known}
         seen: set[str] = set()
@@ -472,8 +480,9 @@ class Matcher:
                 continue
             seen.add(item.name)
             tensors = item.outputs if isinstance(item, tf.Operation) else [item]
-            ready = [t for t in tensors if t.name in fed or
-                     t.name in self.values and t.name not in self.leading]  # (not TF's layout)
+            ready = [t for t in tensors if (t.name in fed or t.name in self.values
+                                            and t.name not in self.leading)  # (not TF's layout)
+                     and t.op.name not in self.x.loop_ops]  # (not in the host's graph)
             if ready:  # a control dependency is met by any fed output of its op
                 name = self.values.get(ready[0].name)
                 if ready[0].name not in fed and name is not None and name not in found:

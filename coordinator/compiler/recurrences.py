@@ -88,16 +88,17 @@ def _host_names(spec: Any) -> list[str]:
 
 
 def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: Any,
-             feed: dict[str, np.ndarray] | None) -> tuple[tf.Graph, Any]:
+             feed: dict[str, np.ndarray] | None) -> tuple[tf.Graph, Any, frozenset[str]]:
     """`graph` and `spec`, or when their loops unroll (Keras' recurrent layers, loops of steps
     known at build time), model_fn built again unrolled (by `build`) and proven equal on the
-    batch `feed` (placeholder -> value)."""
+    batch `feed` (placeholder -> value); and the names of the ops the unrolled tf.while_loop
+    and tf.scan steps added."""
     if not has_loops(graph) or feed is None:
-        return graph, spec
-    with keras_unrolled(), python_loops():
+        return graph, spec, frozenset()
+    with keras_unrolled(), python_loops() as created:
         graph2, spec2 = build()
     if has_loops(graph2):  # a loop of data-dependent steps: the matcher refuses it, named
-        return graph2, spec2  # alone (the recurrent layers around it unrolled, not blamed)
+        return graph2, spec2, frozenset(created)  # alone (the layers around it unrolled)
     if _host_names(spec) != _host_names(spec2):
         raise CSRunError("host-side metrics or predictions read a recurrent layer's or a loop's "
                          "output, whose tensor the compiler's unrolled graph names otherwise",
@@ -117,4 +118,4 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
                          f"their loop ({', '.join(differ[:3]) or 'another set of values'})",
                          "pass unroll=True to the Keras recurrent layers, or write the loop as "
                          "a Python for loop")
-    return graph2, spec2
+    return graph2, spec2, frozenset(created)

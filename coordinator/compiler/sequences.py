@@ -7,6 +7,7 @@ kernels on the samples' own axes; a recurrent cell's weights are read at every s
 (shared weights, `wse_sim.shared_weights`)."""
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler import leading_stack
@@ -14,10 +15,10 @@ from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, generic
 
 
-def take(m: Context, op: tf.Operation, x: tf.Tensor, out: tf.Tensor, axis: int,
+def take(m: Context, op: tf.Operation, x: tf.Tensor | str, out: tf.Tensor, axis: int,
           lo: int, hi: int, shrink: bool, ops: list[tf.Operation]) -> None:
     """`out` = x[..., lo:hi, ...] along per-sample axis `axis` (dropped when `shrink`)."""
-    shape = m.shape(x)
+    shape = m.kernel_shape(x) if isinstance(x, str) else m.shape(x)
     m.add_kernel(f"{op.name}/{out.value_index}", "slice",
                  [x], {"begin": [lo if a == axis else 0 for a in range(len(shape))],
                        "end": [hi if a == axis else d for a, d in enumerate(shape)],
@@ -84,53 +85,151 @@ def pack(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-def step_index(m: Context, op: tf.Operation, steps: int) -> int | None:
-    """i if op is x[i] of a time-major x (a StridedSlice of axis 0 alone, shrinking it; x[-1]
-    is the last step)."""
-    if op.type != "StridedSlice" or any(op.get_attr(k) for k in (
-            "begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask")) or \
-            op.get_attr("shrink_axis_mask") != 1:
+def _axis0_slice(m: Context, op: tf.Operation) -> tuple[tf.Tensor | None, slice] | None:
+    """(the sliced tensor, the slice) if op is x[i] (shrinking axis 0: slice(i, None)), x[lo:hi:s]
+    (axis 0 alone, constant bounds) or v[None] (a new axis 0: (None, slice(0, 1))); else None."""
+    if op.type != "StridedSlice" or op.get_attr("ellipsis_mask"):
         return None
     begin, end, strides = (m.operands.constant(t) for t in op.inputs[1:])
     if begin is None or end is None or strides is None or \
-            not len(begin) == len(end) == len(strides) == 1 or int(strides[0]) != 1:
+            not len(begin) == len(end) == len(strides) == 1 or int(strides[0]) == 0:
         return None
-    i = int(begin[0])  # (a shrunk axis reads begin alone, from the end when negative: x[-1])
+    new, shrink = op.get_attr("new_axis_mask"), op.get_attr("shrink_axis_mask")
+    masks = op.get_attr("begin_mask"), op.get_attr("end_mask")
+    if new == 1 and not shrink:
+        return None, slice(0, 1)
+    if new or shrink not in (0, 1) or (shrink and (any(masks) or int(strides[0]) != 1)):
+        return None
+    lo, hi = (None if mask & 1 else int(bound[0]) for mask, bound in zip(masks, (begin, end)))
+    return op.inputs[0], slice(lo, None if shrink else hi, int(strides[0]))
+
+
+def step_index(m: Context, op: tf.Operation, steps: int) -> int | None:
+    """i if op is x[i] of a time-major x (a StridedSlice of axis 0 alone, shrinking it; x[-1]
+    is the last step)."""
+    found = _axis0_slice(m, op)
+    if found is None or found[0] is None or not op.get_attr("shrink_axis_mask"):
+        return None
+    i = found[1].start  # (a shrunk axis reads begin alone, from the end when negative: x[-1])
     i = i + steps if -steps <= i < 0 else i
     return i if 0 <= i < steps else None
 
 
+class _TimeMajor:
+    """A time-major value transpose(x, order) (its batch axis second, order[0] the time axis of
+    x), held on the CS as x: `value` (a tensor or a kernel's name) in x's own layout."""
+
+    REFUSAL = "transposes the batch axis away from the first position"
+    USE = ("transposes the batch axis away from the first position, then uses the time-major "
+           "value other than by its steps x[i], tf.unstack, slices of steps x[1:], x[::-1], a "
+           "concat with single steps, a sum of all of it in the loss or a transpose back: "
+           "transpose it back batch-major first (tf.transpose(x, [1, 0, 2]), tf.scan's states "
+           "likewise) and reduce or combine that")
+
+    def __init__(self, m: Context, order: list[int]):
+        self.m, self.order, self.time = m, order, order[0] - 1
+
+    def shape(self, value: tf.Tensor | str) -> tuple[int, ...]:
+        return self.m.kernel_shape(value) if isinstance(value, str) else self.m.shape(value)
+
+    def lower(self, value: tf.Tensor | str, tensor: tf.Tensor, ops: list[tf.Operation]) -> str:
+        """Lower every use of `tensor` (= transpose(value, order), its TF ops `ops`): "" or why
+        not."""
+        m, steps = self.m, self.shape(value)[self.time]
+        consumers = m.consumers(tensor)
+        if not consumers:
+            return self.USE
+        if isinstance(value, tf.Tensor) and all(self._sums_all(c) for c in consumers):
+            m.alias(tensor.op, value)  # (the loss tail proves a sum of all the elements)
+            return ""
+        for c in consumers:
+            reason = self._use(value, tensor, c, steps, ops + [c])
+            if reason:
+                return reason
+        return ""
+
+    def _sums_all(self, op: tf.Operation) -> bool:
+        """Whether op sums (or averages) every element of its input: the loss's
+        tf.reduce_mean(time_major), a sum of the same elements as the batch-major value's."""
+        axes = self.m.operands.constant(op.inputs[1]) if op.type in ("Sum", "Mean") else None
+        rank = op.inputs[0].shape.rank
+        return axes is not None and {int(a) % rank for a in np.atleast_1d(axes)} == \
+            set(range(rank))
+
+    def _use(self, value: tf.Tensor | str, tensor: tf.Tensor, c: tf.Operation, steps: int,
+             ops: list[tf.Operation]) -> str:
+        m, shape, time = self.m, self.shape(value), self.time
+        index, back = step_index(m, c, steps), _batch_first_again(m, self.order, c)
+        taken = _axis0_slice(m, c)
+        if index is not None:
+            take(m, c, value, c.outputs[0], time, index, index + 1, True, ops)
+        elif back is not None:
+            m.add_kernel(c.name, "transpose", [value], {"perm": back}, [], ops, c.outputs[0])
+        elif c.type == "Unpack" and c.get_attr("axis") == 0:
+            for i, out in enumerate(c.outputs):
+                take(m, c, value, out, time, i, i + 1, True, ops)
+        elif taken is not None and taken[0] is not None:  # x[lo:hi:s]: still time-major
+            r = range(*taken[1].indices(steps))
+            kept = (*shape[:time], len(r), *shape[time + 1:])
+            kernel = m.add_kernel(f"{c.name}/steps", "slice", [value], {
+                "begin": [r.start if a == time else 0 for a in range(len(shape))],
+                "end": [r.stop if a == time else d for a, d in enumerate(shape)],
+                "strides": [r.step if a == time else 1 for a in range(len(shape))],
+                "shrink": []}, [], ops, None, output_shape=kept, source_op=c)
+            return self.lower(kernel.name, c.outputs[0], ops)
+        elif c.type == "ConcatV2":
+            return self._concat(value, tensor, c, ops)
+        else:
+            return self.USE
+        return ""
+
+    def _concat(self, value: tf.Tensor | str, tensor: tf.Tensor, c: tf.Operation,
+                ops: list[tf.Operation]) -> str:
+        """tf.concat along the time axis of this sequence and single steps v[None] (or
+        tf.expand_dims(v, 0)) of per-sample values: one concat on x's time axis."""
+        m, time = self.m, self.time
+        axis = m.operands.constant(c.inputs[-1])
+        if axis is None or int(axis) % c.outputs[0].shape.rank != 0:
+            return self.USE
+        parts: list[tf.Tensor | str] = []
+        for k, t in enumerate(c.inputs[:-1]):
+            if t is tensor:
+                parts.append(value)
+                continue
+            step = _axis0_slice(m, t.op)
+            expand = t.op.type == "ExpandDims" and m.operands.constant(t.op.inputs[1]) == 0
+            v = t.op.inputs[0] if expand or (step and step[0] is None) else None
+            if v is None or not m.is_batched(v) or len(m.consumers(t)) != 1:
+                return self.USE
+            shape = list(m.shape(v))
+            shape.insert(time, 1)
+            parts.append(m.add_kernel(f"{c.name}/step_{k}", "reshape", [v], {"shape": shape}, [],
+                                      [t.op], None, output_shape=tuple(shape),
+                                      source_op=c).name)
+        shapes = [self.shape(p) for p in parts]
+        joined = list(shapes[0])
+        joined[time] = sum(s[time] for s in shapes)
+        kernel = m.add_kernel(f"{c.name}/steps", "concat", parts, {"axis": time}, [], ops, None,
+                              output_shape=tuple(joined), source_op=c)
+        return self.lower(kernel.name, c.outputs[0], ops)
+
+
 def time_major_unstack(m: Context, op: tf.Operation) -> str:
     """A transpose moving a time axis first, then taking it apart step by step (Keras'
-    unrolled recurrent layers: unstack; Keras' TimeDistributed: x[i] for every i): step i
-    is x[:, ..., i, ...], one slice each; or transposed back to batch-major (one per-sample
-    transpose); "" if lowered, else why not."""
+    unrolled recurrent layers: unstack; Keras' TimeDistributed and tf.scan's steps: x[i] for
+    every i), or transposed back to batch-major (one per-sample transpose), or its steps
+    sliced (x[1:], x[::-1]) and concatenated with single steps (tf.concat([x, v[None]], 0))
+    before either: each a slice, reshape or concat on x's time axis; "" if lowered, else why
+    not."""
     x, perm = op.inputs[0], m.operands.constant(op.inputs[1])
-    unstack = m.sole_consumer(op.outputs[0])
     rank = len(static_shape(x))
-    refusal = "transposes the batch axis away from the first position"
     if perm is None or not m.is_batched(x):
-        return refusal
+        return _TimeMajor.REFUSAL
     order = [int(p) for p in perm]
     time = order[0]
     if order[1] != 0 or order[1:] != [a for a in range(rank) if a != time]:
-        return refusal
-    if unstack is not None and unstack.type == "Unpack" and unstack.get_attr("axis") % rank == 0:
-        for i, out in enumerate(unstack.outputs):
-            take(m, unstack, x, out, time - 1, i, i + 1, True, [op, unstack])
-        return ""
-    steps = static_shape(x)[time]
-    consumers = op.outputs[0].consumers()
-    indices = [step_index(m, c, steps) for c in consumers]
-    backs = [_batch_first_again(m, order, c) for c in consumers]
-    if not consumers or any(i is None and b is None for i, b in zip(indices, backs)):
-        return refusal
-    for index, back, c in zip(indices, backs, consumers):
-        if index is not None:
-            take(m, c, x, c.outputs[0], time - 1, index, index + 1, True, [op, c])
-        else:
-            m.add_kernel(c.name, "transpose", [x], {"perm": back}, [], [op, c], c.outputs[0])
-    return ""
+        return _TimeMajor.REFUSAL
+    return _TimeMajor(m, order).lower(x, op.outputs[0], [op])
 
 
 def _batch_first_again(m: Context, order: list[int], op: tf.Operation) -> list[int] | None:

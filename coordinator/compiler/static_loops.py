@@ -77,11 +77,13 @@ def _python_while(cond: Callable, body: Callable, loop_vars: Any,
 
 
 def _trace(values: Any, **functions: Callable) -> None:
-    """Trace `functions` (cond, body) once on `values` into throw-away function graphs, as TF's
+    """Trace `functions` (cond, body) once on `values` (tensors or their TensorSpecs) into
+    throw-away function graphs, as TF's
     While does first: layers first called in the loop create their variables as they would
     for TF's While (the same names, the same initial values) before the Python steps reuse
     them."""
-    signature = tf.nest.map_structure(tf.TensorSpec.from_tensor, values)
+    signature = tf.nest.map_structure(
+        lambda v: v if isinstance(v, tf.TensorSpec) else tf.TensorSpec.from_tensor(v), values)
     collections = tf.compat.v1.get_default_graph()._collections  # (as while_v2 passes them)
     try:
         with tf.name_scope("while"):
@@ -127,43 +129,57 @@ def _unrolled_scan(original: Callable) -> Callable:
         if length is None or length > MAX_STEPS or \
                 any(e.shape.rank == 0 or e.shape[0] != length for e in flat):
             return original(fn, elems, initializer, *args, reverse=reverse, **kwargs)
-        slices = [tf.unstack(e, num=length, axis=0) for e in flat]
-        order = list(range(length))[::-1] if reverse else list(range(length))
-
-        def element(i: int) -> Any:
-            return tf.nest.pack_sequence_as(elems, [s[i] for s in slices])
-        carried = element(order[0]) if initializer is None else _tensors(initializer)
+        carried = None if initializer is None else _tensors(initializer)
+        step = tf.nest.pack_sequence_as(elems, [tf.TensorSpec(e.shape[1:], e.dtype) for e in flat])
         try:
-            _trace((carried, element(order[0])), body=fn)
+            _trace((step if carried is None else carried, step), body=fn)
         except _NotStatic:
             return original(fn, elems, initializer, *args, reverse=reverse, **kwargs)
-        outputs: dict[int, Any] = {}
-        if initializer is None:
-            outputs[order[0]] = carried
-            order = order[1:]
-        with tf.name_scope("scan"):
+        with tf.name_scope("scan"):  # (its ops name no op the user names after it)
+            slices = [tf.unstack(e, num=length, axis=0) for e in flat]
+            order = list(range(length))[::-1] if reverse else list(range(length))
+
+            def element(i: int) -> Any:
+                return tf.nest.pack_sequence_as(elems, [s[i] for s in slices])
+            outputs: dict[int, Any] = {}
+            if carried is None:
+                carried = outputs[order[0]] = element(order[0])
+                order = order[1:]
             for i in order:
                 carried = _tensors(fn(carried, element(i)))
                 outputs[i] = carried
-        stacked = [_stack_steps(parts) for parts in
-                   zip(*(tf.nest.flatten(outputs[i]) for i in range(length)))]
+            stacked = [_stack_steps(parts) for parts in
+                       zip(*(tf.nest.flatten(outputs[i]) for i in range(length)))]
         return tf.nest.pack_sequence_as(carried, stacked)
     return scan
 
 
+def _recorded(loop: Callable, created: set[str]) -> Callable:
+    """`loop`, the names of the ops each call adds to the graph added to `created`."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        graph = tf.compat.v1.get_default_graph()
+        before = {op.name for op in graph.get_operations()}
+        try:
+            return loop(*args, **kwargs)
+        finally:
+            created.update(op.name for op in graph.get_operations() if op.name not in before)
+    return call
+
+
 @contextlib.contextmanager
-def python_loops() -> Iterator[None]:
+def python_loops() -> Iterator[set[str]]:
     """tf.while_loop and tf.scan (and tf.compat.v1's) built meanwhile run their steps in Python
-    when their trip count is known at build time."""
-    v1 = tf.compat.v1
+    when their trip count is known at build time; yields the names of the ops the loops add
+    (the user's graph, its While, has none of them: the host cannot read them by name)."""
+    v1, created = tf.compat.v1, set[str]()
     patched = [(tf, "while_loop", _unrolled_while(tf.while_loop, True)),
                (v1, "while_loop", _unrolled_while(v1.while_loop, False)),
                (tf, "scan", _unrolled_scan(tf.scan)), (v1, "scan", _unrolled_scan(v1.scan))]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patched]
     for module, name, function in patched:
-        setattr(module, name, function)
+        setattr(module, name, _recorded(function, created))
     try:
-        yield
+        yield created
     finally:
         for module, name, function in saved:
             setattr(module, name, function)

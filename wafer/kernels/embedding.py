@@ -92,8 +92,10 @@ class _TableLookup(_RowCopyCost, Kernel):
             if not ctx.accumulate:  # the batch's first micro-batch overwrites
                 table.fill(0)
         ids, values = self.table_slices(cache, grad_output)
-        if len(ids):
-            scatter_add(table, ids, values)
+        if len(ids):  # (into a view of the table: its indexed axes flattened, gather_nd's)
+            rows = table.reshape(-1, *values.shape[1:])
+            assert np.shares_memory(rows, table), "the accumulator is contiguous"
+            scatter_add(rows, ids, values)
         return [None], {"p0": table}
 
 
@@ -105,7 +107,11 @@ class Gather(_TableLookup):
     table's gradient is TF's IndexedSlices made dense: each row gets the gradients of its
     lookups added in order into the table's accumulator; the indices take none. Operands
     "ci": a constant table c0 (per-class loss weights: tf.gather(class_weights, labels)),
-    of any dtype the CS computes in, which takes no gradient."""
+    of any dtype the CS computes in, which takes no gradient. With attr `depth` r > 1 (operands
+    "pi") the indices end in an axis of r coordinates into the table's first r axes (S + (r,);
+    output S + the table's remaining axes: tf.gather_nd of a weight), its rows those of the
+    table's first r axes flattened; the gradient is TF's dense ScatterNd, each element's
+    lookups added in order."""
 
     type_name = "gather"
 
@@ -120,8 +126,17 @@ class Gather(_TableLookup):
         if not self.table or self.table[0] == 0:
             raise KernelError(f"kernel {name!r} (gather): the table {self.table} needs at least "
                               f"one axis with rows")
+        self.depth = int(attrs.get("depth", 1))
         self.ids_shape = self.operands[1].shape
-        self._shape = (*self.ids_shape, *self.table[1:])
+        if self.depth > 1 and (self.operands.letters != "pi" or len(self.table) < self.depth
+                               or not self.ids_shape or self.ids_shape[-1] != self.depth):
+            raise KernelError(f"kernel {name!r} (gather): depth {self.depth} takes a weight table "
+                              f"of rank >= {self.depth} and indices ending in {self.depth} "
+                              f"coordinates, got {self.table} and {self.ids_shape}")
+        self.lengths = self.table[:self.depth]
+        self.rows = self.table[self.depth:]
+        indexed = self.ids_shape[:-1] if self.depth > 1 else self.ids_shape
+        self._shape = (*indexed, *self.rows)
 
     def output_dtype(self, input_dtypes):
         check_dtypes(self, input_dtypes, [INTEGER])
@@ -129,13 +144,20 @@ class Gather(_TableLookup):
 
     def forward(self, params, inputs, ctx: RunContext):
         table, ids = self.operands.arrays(params, inputs)
-        check_indices(self, ids, self.table[0], "the table")
+        if self.depth > 1:
+            for axis, length in enumerate(self.lengths):
+                check_indices(self, ids[..., axis], length, f"the table's axis {axis}")
+            ids = np.ravel_multi_index(tuple(np.moveaxis(ids, -1, 0)), self.lengths)
+            table = table.reshape(-1, *self.rows)
+        else:
+            check_indices(self, ids, self.table[0], "the table")
         return np.take(table, ids, axis=0), ids
 
     def table_slices(self, cache, grad_output: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The micro-batch's IndexedSlices of the table: the looked-up ids in order, one row
-        of values (the gradient of the looked-up row) per id."""
-        return cache.reshape(-1).copy(), grad_output.reshape((-1,) + self.table[1:]).copy()
+        of values (the gradient of the looked-up row) per id (rows of the table's first
+        `depth` axes flattened)."""
+        return cache.reshape(-1).copy(), grad_output.reshape((-1,) + self.rows).copy()
 
 
 @register
