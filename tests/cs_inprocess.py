@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import tf_reference
@@ -130,28 +131,47 @@ def compare(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str
     return Comparison(compiled, cs, reference)
 
 
-def compare_drawn(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
-                  steps: int = 4) -> Comparison:
-    """compare(), with the CS's `random` kernels handed the raw numbers TF drew at each step
-    and its `categorical` kernels the classes TF drew (wafer.kernels.random_numbers.
-    replayed_draws): the parity of everything but the draws."""
-    compiled = compile_checked(model_fn, input_fn, params, model_dir)
-    data = tf_reference.batches(input_fn, params, steps)
-    drawing = {k.name: k.tf_tensor for k in compiled.program.kernels if k.type in DRAWING}
-    reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data,
-                                 fetch=sorted(set(drawing.values())))
-    queued = {name: [step[tensor] for step in reference.fetched] for name, tensor in drawing.items()}
+def drawing_kernels(program: pb.Program) -> dict[str, str]:
+    """The program's kernels drawing numbers of their own (its weight program's too) -> the
+    TF tensor each computes."""
+    kernels = [*program.kernels, *program.weight_program.kernels]
+    return {k.name: k.tf_tensor for k in kernels if k.type in DRAWING}
+
+
+@contextmanager
+def tfs_draws(program: pb.Program, fetched: Sequence[dict[str, np.ndarray]]) -> Iterator[None]:
+    """Within the block the CS's drawing kernels return the numbers TF drew (`fetched`: per
+    step or batch, by tensor: tf_reference.run's, fetching drawing_kernels' tensors); the
+    weight program draws once a batch, the others each sample's in order."""
+    drawing = drawing_kernels(program)
+    once = {k.name for k in program.weight_program.kernels}
+    queued = {name: [step[tensor] for step in fetched] for name, tensor in drawing.items()}
     taken = dict.fromkeys(drawing, 0)  # each kernel's values handed out so far, in sample order
     # a step minimizing several losses runs its forward pass once per loss: the same draws
-    batch, passes = compiled.program.batch_size, max(len(compiled.program.objectives), 1)
+    batch, passes = program.batch_size, max(len(program.objectives), 1)
 
     def replay(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        values = np.concatenate(queued[name]).reshape(-1, *shape[1:])
         start, taken[name] = taken[name], taken[name] + shape[0]
+        if name in once:
+            return queued[name][start]
+        values = np.concatenate(queued[name]).reshape(-1, *shape[1:])
         start = start // (batch * passes) * batch + start % batch
         return values[start:start + shape[0]]
 
     with replayed_draws(replay):
+        yield
+
+
+def compare_drawn(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
+                  steps: int = 4) -> Comparison:
+    """compare(), with the CS's `random` kernels handed the raw numbers TF drew at each step
+    and its `categorical` kernels the classes TF drew (tfs_draws): the parity of everything
+    but the draws."""
+    compiled = compile_checked(model_fn, input_fn, params, model_dir)
+    data = tf_reference.batches(input_fn, params, steps)
+    reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data,
+                                 fetch=sorted(set(drawing_kernels(compiled.program).values())))
+    with tfs_draws(compiled.program, reference.fetched):
         cs = run_on_cs(compiled.program, compiled.initial_weights, data)
     return Comparison(compiled, cs, reference)
 
@@ -162,32 +182,44 @@ def assert_resume_is_unbroken(model_fn: Callable, input_fn: Callable, params: di
     steps are those of an unbroken run, and TF resumed from the same state agrees (1e-5)."""
     compiled = compile_checked(model_fn, input_fn, params, model_dir)
     data = tf_reference.batches(input_fn, params, 8)
-    first = run_on_cs(compiled.program, compiled.initial_weights, data[:4])
+    first, state, resumed = resume_is_unbroken(compiled, data, model_dir, 4)
     assert slots <= set(first.state)
-    checkpoints.write_checkpoint(model_dir, 4, {**first.state, "global_step": np.int64(4)},
-                                 keep_max=None)
-    path = checkpoints.checkpoint_path(model_dir, 4)
-    state = cs_state(compiled.program, checkpoints.read_checkpoint(path), path)
-    resumed = run_on_cs(compiled.program, state, data[4:], global_step=4, first_batch=4)
-    unbroken = run_on_cs(compiled.program, compiled.initial_weights, data)
-    assert first.losses + resumed.losses == unbroken.losses
-    for name, value in unbroken.state.items():
-        np.testing.assert_array_equal(resumed.state[name], value, err_msg=name)
     reference = tf_reference.run(model_fn, input_fn, params,
                                  {**state, "global_step": np.int64(4)}, data[4:])
     np.testing.assert_allclose(resumed.losses, reference.losses, rtol=1e-5)
 
 
+def resume_is_unbroken(compiled: CompileResult, data: Sequence[tuple[Any, Any]], model_dir: str,
+                       at: int) -> tuple[CSRun, dict[str, np.ndarray], CSRun]:
+    """`at` CS steps of `data`, a checkpoint of them read back as the chief resumes, and the
+    rest of `data` resumed from it: asserts the losses and state are an unbroken run's, bit
+    for bit (the same draws too); (the first run, the state resumed from, the resumed run)."""
+    first = run_on_cs(compiled.program, compiled.initial_weights, data[:at])
+    checkpoints.write_checkpoint(model_dir, at, {**first.state, "global_step": np.int64(at)},
+                                 keep_max=None)
+    path = checkpoints.checkpoint_path(model_dir, at)
+    state = cs_state(compiled.program, checkpoints.read_checkpoint(path), path)
+    resumed = run_on_cs(compiled.program, state, data[at:], global_step=at, first_batch=at)
+    unbroken = run_on_cs(compiled.program, compiled.initial_weights, data)
+    assert first.losses + resumed.losses == unbroken.losses
+    for name, value in unbroken.state.items():
+        np.testing.assert_array_equal(resumed.state[name], value, err_msg=name)
+    return first, state, resumed
+
+
 def cached_comparisons(cases: dict[str, tuple[Callable, Callable, dict]], base: dict,
-                       tmp_path_factory: Any, steps: int = 4) -> Callable[[str], "Comparison"]:
-    """compare() of a module's named cases, each run once (for a module-scoped fixture)."""
+                       tmp_path_factory: Any, steps: int = 4,
+                       drawn: bool = False) -> Callable[[str], "Comparison"]:
+    """compare() (drawn: compare_drawn()) of a module's named cases, each run once (for a
+    module-scoped fixture)."""
     cache: dict[str, Comparison] = {}
+    comparison = compare_drawn if drawn else compare
 
     def run(name: str) -> Comparison:
         if name not in cache:
             model_fn, input_fn, extra = cases[name]
-            cache[name] = compare(model_fn, input_fn, {**base, **extra},
-                                  str(tmp_path_factory.mktemp(name)), steps=steps)
+            cache[name] = comparison(model_fn, input_fn, {**base, **extra},
+                                     str(tmp_path_factory.mktemp(name)), steps=steps)
         return cache[name]
     return run
 

@@ -8,6 +8,10 @@ derived weights other kernels read; the gradients those kernels accumulate for t
 back through the same kernels, in reverse order, to the weights it reads (a value read by
 several kernels sums their gradients), as TensorFlow's gradient graph takes them back through
 the same ops. Run once per step before the batch (forward) and once after its backward pass.
+A program that draws random numbers (a `random` kernel with no input: Bayes by backprop's
+eps in w = mu + softplus(rho) * eps) runs forward before every batch instead, from the
+batch's stream: one draw a step (in evaluation and prediction, a batch), which every
+micro-batch reads, as TF's graph draws once per session.run.
 A loss of the whole batch (wafer.kernels.batch_tail) runs such a program too, its one sample
 the whole batch of the values the loss reads.
 """
@@ -42,15 +46,25 @@ class WeightProgram:
         """The values it computes (each step's kernel's name)."""
         return tuple(step.kernel.name for step in self.steps)
 
+    @property
+    def draws(self) -> bool:
+        """Whether it draws random numbers (then it runs forward before every batch)."""
+        return any(step.kernel.draws_random for step in self.steps)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every step's value's shape (the weight's own)."""
+        return {step.kernel.name: tuple(step.kernel.output_shape) for step in self.steps}
+
     def flops(self) -> float:
         """FLOPs of one forward pass (the kernels' FLOPs for one sample)."""
         return float(sum(step.kernel.flops_per_sample() for step in self.steps))
 
-    def forward(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Every step's value (the weight's own shape) from the sources' values; the steps'
-        caches are kept for `backward`."""
+    def forward(self, weights: Mapping[str, np.ndarray],
+                rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        """Every step's value (the weight's own shape) from the sources' values (its draws
+        from `rng`, in program order); the steps' caches are kept for `backward`."""
         values = {name: np.asarray(weights[name], np.float32)[None] for name in self.sources}
-        ctx = RunContext(training=True, batch_size=1)
+        ctx = RunContext(training=True, batch_size=1, rng=rng)
         self._caches = []
         for step in self.steps:
             out, cache = step.kernel.forward({}, [values[s] for s in step.inputs], ctx)

@@ -325,6 +325,8 @@ class Pipeline:
         m_count = self.batch_size // self.micro
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
         self._step = step
+        if self.shared.program is not None and self.shared.program.draws:
+            self._redraw(training, step, index)
         self._penalty = self._regularization() if self.loss_kernel else 0.0
         if backward and self.dynamic is not None:
             self._seed_scale(np.float32(self.carried[self.dynamic.scale_variable]))
@@ -486,10 +488,7 @@ class Pipeline:
                    if self._written(var, v.value, before=False)}
         if written:
             self.shared.rewritten(written)
-            for region in self.regions:
-                for role, var in region.variables.items():
-                    if region.half and var in self.shared:
-                        round_half_into(region.params[role], region.compute[role])
+            self._round_shared()
 
     def _update_averages(self, step: int) -> None:
         """The moving averages of the weights after the step's updates (their shadows are
@@ -502,6 +501,22 @@ class Pipeline:
         for average in self.moving_averages:
             factor = evaluate(average.factor, step + average.step_offset, self.carried)
             update_average(self.carried[average.shadow], weights[average.variable], factor)
+
+    def _redraw(self, training: bool, step: int, index: int) -> None:
+        """A drawing weight program's values for the batch: one draw a training step (in
+        evaluation and prediction, a batch), from a stream of the step apart from the
+        regions' (a resumed run draws what an unbroken one draws)."""
+        entropy, key = ([self.seed, step], 2) if training else ([self.seed, step, index], 3)
+        self.shared.redraw(np.random.Generator(np.random.PCG64(
+            np.random.SeedSequence(entropy, spawn_key=(key,)))))
+        self._round_shared()
+
+    def _round_shared(self) -> None:
+        """Float16 kernels read a rounded copy of the shared and derived weights' values."""
+        for region in self.regions:
+            for role, var in region.variables.items():
+                if region.half and var in self.shared:
+                    round_half_into(region.params[role], region.compute[role])
 
     def _regularization(self) -> float:
         """The weights' own loss terms, at the weights the batch runs with."""
@@ -591,10 +606,7 @@ class Pipeline:
                                    partial(self._written, before=True), self._skipped))
         board.share(updates)
         if index == 0 and self.shared:  # float16 kernels read a rounded copy of the new values
-            for region in self.regions:
-                for role, var in region.variables.items():
-                    if region.half and var in self.shared:
-                        round_half_into(region.params[role], region.compute[role])
+            self._round_shared()
 
     def _keep(self, stage: ticks.Stage, index: int) -> bool:
         """An objective's pass ended its backward pass through the stage: its variables'

@@ -311,7 +311,8 @@ def check_weight_program(program: pb.Program, params: dict[str, ParamSpec],
     """The weight program (wafer.weight_programs): its sources are variables (added to
     `params`, `tf_shapes` and `uses`, with no use of their own when no kernel reads them
     directly), its kernels weightless float32 kernels over them; every kernel param naming
-    one of its kernels (a derived weight) reads that kernel's value, whole."""
+    one of its kernels (a derived weight) reads that kernel's value, whole; a kernel with no
+    input draws random numbers (a `random` kernel: the step's draw)."""
     if not program.HasField("weight_program"):
         return None, {}
     message = program.weight_program
@@ -337,9 +338,10 @@ def check_weight_program(program: pb.Program, params: dict[str, ParamSpec],
     for kernel_message in message.kernels:
         name = kernel_message.name
         missing = [s for s in kernel_message.inputs if s not in shapes]
-        if name in shapes or missing or not kernel_message.inputs or kernel_message.params:
+        if name in shapes or missing or kernel_message.params or \
+                not kernel_message.inputs and kernel_message.type != "random":
             raise invalid(f"{where}: kernel {name!r} must have a new name, no params and "
-                          f"inputs among its sources and earlier kernels")
+                          f"inputs among its sources and earlier kernels (none: a draw)")
         try:
             attrs = {key: from_attr(value) for key, value in kernel_message.attrs.items()}
             kernel = build_kernel(kernel_message.type, name, attrs,

@@ -11,6 +11,8 @@ The weight program's sources (wafer.weight_programs) live here too, with or with
 of their own. Its values, the derived weights, are computed at Load and after each update
 into the params of the kernels reading them; after the batch's backward pass their readers'
 gradients (summed in program order) flow back through it and are added to its sources'.
+A program that draws random numbers computes its values before every batch instead
+(`redraw`), from the batch's stream.
 """
 from __future__ import annotations
 
@@ -80,12 +82,22 @@ class SharedWeights:
     def __contains__(self, variable: str) -> bool:
         return variable in self.variables or variable in self.derived
 
-    def _derive(self) -> dict[str, np.ndarray]:
-        """The weight program's values from its sources' current values."""
+    def _derive(self, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        """The weight program's values from its sources' current values (a drawing
+        program's: zeros until the first batch's `redraw`)."""
         if self.program is None:
             return {}
+        if self.program.draws and rng is None:
+            return {name: np.zeros(shape, np.float32)
+                    for name, shape in self.program.shapes().items()}
         return self.program.forward({var: self.variables[var].value
-                                     for var in self.program.sources})
+                                     for var in self.program.sources}, rng)
+
+    def redraw(self, rng: np.random.Generator) -> None:
+        """A drawing weight program's values for the next batch, drawn from `rng`, into
+        their readers' params."""
+        self.derived = self._derive(rng)
+        self._copy_derived()
 
     def __bool__(self) -> bool:
         return bool(self.variables)
@@ -214,11 +226,16 @@ class SharedWeights:
         self._refresh_derived()
 
     def _refresh_derived(self) -> None:
-        if self.program is not None:
+        """The derived weights from the updated sources (a drawing program's: at the next
+        batch's `redraw`)."""
+        if self.program is not None and not self.program.draws:
             self.derived = self._derive()
-            for var, reads in self.reads.items():
-                for region, role in reads:
-                    np.copyto(region.params[role], self.derived[var])
+            self._copy_derived()
+
+    def _copy_derived(self) -> None:
+        for var, reads in self.reads.items():
+            for region, role in reads:
+                np.copyto(region.params[role], self.derived[var])
 
     def state(self, optimizer: Optimizer | None) -> dict[str, np.ndarray]:
         """The variables and, under their TF names, the slots of the trained ones."""

@@ -951,7 +951,8 @@ def supported_table() -> str:
                  "(Sparse)SoftmaxCrossEntropyWithLogits' backprop output, softmax - labels), "
                  "trained with TF's second-order gradient |")
     lines.append("| weight program (computations on weights before they meet the samples) | "
-                 + ", ".join(WEIGHT_PROGRAM_OPS) + " of weights and constants (tf.nn.l2_normalize"
+                 + ", ".join(WEIGHT_PROGRAM_OPS) + " of weights, constants and random draws "
+                 "(`random` above: noise on weights) (tf.nn.l2_normalize"
                  "(w, 0) of a cosine classifier, weight normalization's g * v / tf.norm(v), a "
                  "learned temperature's tf.exp(t), tf.nn.softplus(w), w * mask, a low-rank kernel "
                  "tf.matmul(u, v), a soft decision tree's tf.nn.softmax(leaf_logits), a conv "

@@ -78,9 +78,8 @@ class Matcher:
         self.batch_size = extracted.batch_size
         graph = self.graph = extracted.graph
         sources = [graph.get_tensor_by_name(extracted.placeholders[s.name]) for s in extracted.inputs]
-        # random numbers are drawn per sample on the CS (or refused): sources of values too
-        sources += [op.outputs[0] for op in graph.get_operations() if random_numbers.is_draw(op)]
-        # so is a weight tiled over the batch: every sample's copy of it (batch_broadcast.py)
+        # a weight tiled over the batch is a source too: every sample's copy of it
+        # (batch_broadcast.py)
         forward = {op for t in targets for op in data_upstream(t.op)}
         self.broadcasts = {op for op in graph.get_operations() if batch_broadcast.broadcast_value(
             op, self.batch_size, forward) is not None}
@@ -88,6 +87,12 @@ class Matcher:
         # and the seed of a gradient the loss takes (second_order.py): ones per sample
         self.seeds = second_order.seeds(graph, self.batch_size)
         sources += [op.outputs[0] for op in self.seeds]
+        # random numbers are drawn per sample on the CS (or refused): sources of values too,
+        # but for noise on weights, which the weight program draws
+        self.noise_on_weights = random_numbers.noise_on_weights(graph, sources, targets,
+                                                                self.batch_size)
+        sources += [op.outputs[0] for op in graph.get_operations()
+                    if random_numbers.is_draw(op) and op not in self.noise_on_weights]
         self.ops = self._drop_host_tails(data_flow_ops(graph, sources, targets), targets)
         self.flow = set(self.ops)
         self.operands = Operands(graph, self.flow)
@@ -136,6 +141,9 @@ class Matcher:
             upstream.add(op)
             stack.extend(t.op for t in op.inputs)
             stack.extend(op.control_inputs)
+        for op in self.noise_on_weights & upstream:  # (drawn on the CS and on the host)
+            self.unsupported.append(refusals.attribute(op, random_numbers.HOST_READS_NOISE,
+                                                       self.tail, self.is_batched))
         read = {t.name for t in host_tensors if t.op in self.flow}
         for op in upstream:
             read.update(t.name for t in op.inputs if t.op in self.flow)
@@ -198,11 +206,16 @@ class Matcher:
     def weight_problem(self, tensor: tf.Tensor) -> str:
         if self.is_batched(tensor) or tensor.name in self.tail or \
                 self.operands.view(tensor) is not None or \
-                self.operands.constant(tensor) is not None or \
-                self.operands.random_source(tensor) is not None:
+                self.operands.constant(tensor) is not None or self._drawn_per_sample(tensor):
             return ""
         found = self.weight_program.derive(tensor)
         return found if isinstance(found, str) else ""
+
+    def _drawn_per_sample(self, tensor: tf.Tensor) -> bool:
+        """Whether `tensor` reads random numbers of the samples' side (not the weight
+        program's noise on weights, which is no source of the data flow)."""
+        random = self.operands.random_source(tensor)
+        return random is not None and random in self.flow
 
     def unique_name(self, base: str) -> str:
         taken = {k.name for k in self.kernels} | {s.name for s in self.x.inputs}
@@ -336,7 +349,7 @@ class Matcher:
                 attrs[f"c{k}"] = value
                 continue
             random = self.operands.random_source(t)
-            if random is not None:
+            if random is not None and self._drawn_per_sample(t):
                 return (f"uses random numbers ({random.type} at {user_source(random)}): "
                         f"{random_numbers.refusal(random.type)}")
             derived = self.weight_program.derive(t)

@@ -7,8 +7,11 @@ stateless ops of Keras' GaussianNoise and GaussianDropout) become `random` kerne
 sample's classes.
 
 The matcher treats these ops as sources of per-sample values, like the program's inputs
-(`DRAWS`). What stays refused, in one line naming the op: numbers not drawn one set per
-sample (a shape without the batch axis: shared by the batch, or a weight's noise), a shape
+(`DRAWS`). A draw of a constant shape that meets the samples only through values computed
+from weights too (Bayes by backprop's w = mu + softplus(rho) * eps: `weight_draws`) is no
+source: the weight program draws it (weight_program.py), once a step,
+for every micro-batch of the step. What stays refused, in one line naming the op: numbers
+shared by the batch that meet per-sample values other than through a weight, a shape
 computed from values, a stateless op with a constant seed (TF repeats its numbers every
 step), integer draws and shuffles, and candidate samplers. Noise on the labels (targets
 plus noise, classes drawn from a smoothed one-hot, a conditional generator's noise joined
@@ -19,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.operands import RANDOM_OPS
+from coordinator.compiler.extract import SHAPE_OPS, data_flow_ops
+from coordinator.compiler.operands import RANDOM_OPS, VARIABLE_OPS, Operands, depends_on
 from coordinator.compiler.rules import Context, generic
 
 # TF op -> the `random` kernel's distribution (the op's raw draws).
@@ -44,7 +48,11 @@ KERNEL_ROWS = {"random": (
     "tf.random.normal([batch, k]), tf.keras.backend.random_normal, truncated_normal, uniform; "
     "a VAE's mean + tf.exp(0.5 * log_var) * eps, Keras GaussianNoise and GaussianDropout in "
     "training, Gumbel noise): drawn on the CS, fresh every step and in evaluation and "
-    "prediction too, as TF's ops"),
+    "prediction too, as TF's ops; of a shape without the batch axis, combined with weights "
+    "before it meets the samples (Bayes by backprop's w = mu + softplus(rho) * eps, its bias's "
+    "too): drawn once a step in the weight program, every sample of the step reading the "
+    "same weights, the gradient taken back through it to mu and rho; in evaluation and "
+    "prediction once a batch"),
     "categorical": (
     "Multinomial (tf.random.categorical, tf.compat.v1.multinomial) of per-sample logits "
     "[batch, classes], any num_samples, int64 or int32: each sample's classes drawn on the CS by "
@@ -52,8 +60,9 @@ KERNEL_ROWS = {"random": (
     "never drawn) at its own uniform numbers, fresh every step and in every mode; no "
     "gradient (a REINFORCE policy's action)")}
 REFUSED = {"random numbers": (
-    "other than dropout masks and the draws above: numbers shared by the batch or drawn for "
-    "weights, shapes computed from values, stateless ops with a constant seed "
+    "other than dropout masks and the draws above: numbers shared by the batch that meet "
+    "per-sample values other than through a weight (noise added to activations), shapes "
+    "computed from values, stateless ops with a constant seed "
     "(tf.random.stateless_categorical too), integer draws, shuffles, candidate samplers "
     "(tf.nn.nce_loss, sampled_softmax_loss)")}
 
@@ -81,30 +90,106 @@ def refusal(op_type: str) -> str:
             f"(tf.random.categorical); {USE_INSTEAD}")
 
 
-@generic(*DRAWS)
-def _draw(m: Context, op: tf.Operation) -> str:
-    value = m.operands.constant(op.inputs[0])
+# Products reading a weight (a kernel, a filter) after the samples' operand.
+WEIGHT_OPERAND_OPS = {"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
+                      "DepthwiseConv2dNative"}
+
+
+def noise_on_weights(graph: tf.Graph, sources: list[tf.Tensor], targets: list[tf.Tensor],
+                     batch_size: int) -> set[tf.Operation]:
+    """The draws the weight program draws (`weight_draws`), the data flow from `sources`
+    and the draws of shapes computed at run time to `targets` telling where the samples
+    are."""
+    draws = [op for op in graph.get_operations() if is_draw(op)]
+    static = [op for op in draws if op.type in DRAWS and op.outputs[0].shape.is_fully_defined()]
+    if not static:
+        return set()
+    flow = data_flow_ops(graph, sources + [op.outputs[0] for op in draws if op not in static],
+                         targets)
+    return weight_draws(static, set(flow), batch_size)
+
+
+def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
+                 batch_size: int) -> set[tf.Operation]:
+    """Noise on weights, which the weight program draws once a step: the draws whose every
+    value the samples' ops (`flow`, found without them) read is computed from a variable
+    too. One whose first axis is a multiple of the batch (per-sample numbers, or folded rows
+    of them, unless proven otherwise) must meet the samples, each time read as a weight
+    (`_read_as_weight`): a [16, 4] kernel's eps at a batch of 8, a bias's of as many units
+    as the batch."""
+    found = set()
+    for draw in draws:
+        shape = draw.outputs[0].shape
+        per_sample = shape.rank > 0 and shape[0] % batch_size == 0
+        stack, seen, weighted, met = [draw.outputs[0]], set(), True, False
+        while stack and weighted:
+            tensor = stack.pop()
+            for reader in tensor.consumers():
+                if reader in flow:
+                    met = True
+                    weighted = depends_on(tensor, VARIABLE_OPS, SHAPE_OPS | set(DRAWS)) \
+                        is not None and (not per_sample or _read_as_weight(tensor, reader))
+                    # (a seed generator's state is no weight)
+                elif reader not in seen and reader.type not in SHAPE_OPS:
+                    seen.add(reader)
+                    stack.extend(reader.outputs)
+                if not weighted:
+                    break
+        if weighted and (met or not per_sample):
+            found.add(draw)
+    return found
+
+
+def _read_as_weight(tensor: tf.Tensor, reader: tf.Operation) -> bool:
+    """Whether a per-sample op reads `tensor` as a weight: a kernel or filter (not the
+    product's first operand), or an operand of fewer axes than its output (broadcast over
+    the batch)."""
+    if reader.type in WEIGHT_OPERAND_OPS:
+        return reader.inputs[0].name != tensor.name
+    out = reader.outputs[0].shape if reader.outputs else tf.TensorShape(None)
+    return out.rank is not None and tensor.shape.rank is not None and tensor.shape.rank < out.rank
+
+
+HOST_READS_NOISE = ("a value the host computes (a prediction or metric) reads the weights drawn "
+                    "from it: the CS draws them once a batch and the host would draw its own; "
+                    "output values of the samples computed from the drawn weights (x @ w) or "
+                    "the weights' mean and scale")
+
+
+def drawn(operands: Operands, op: tf.Operation) -> tuple[str, tuple[int, ...]] | str:
+    """(distribution, shape) of the raw numbers a draw of DRAWS takes, or why the CS does
+    not draw them."""
+    value = operands.constant(op.inputs[0])
     if value is None:
         return f"the shape of its random numbers is computed from values: {USE_INSTEAD}"
-    shape = tuple(int(d) for d in np.atleast_1d(value)) if np.ndim(value) else ()
-    rows = shape[0] // m.batch_size if shape and shape[0] % m.batch_size == 0 else 0
-    if not shape or (rows != 1 and rows not in m.fold_factors):
-        return (f"draws random numbers of shape {shape}, not one set per sample (shared by the "
-                f"batch of {m.batch_size}, or noise on weights): the CS draws random numbers "
-                f"only on the samples' side; {USE_INSTEAD}")
     if op.type.startswith("Stateless"):
         seed = op.inputs[1]
         if seed.op.type == "StatelessRandomGetKeyCounter":
             seed = seed.op.inputs[0]
-        if m.operands.constant(seed) is not None:
+        if operands.constant(seed) is not None:
             return ("a stateless random op with a constant seed draws the same numbers at every "
                     "step; the CS draws fresh ones each step: use tf.random.normal, "
                     "truncated_normal or uniform (or Keras' GaussianNoise)")
+    return DRAWS[op.type], tuple(int(d) for d in np.atleast_1d(value)) if np.ndim(value) else ()
+
+
+@generic(*DRAWS)
+def _draw(m: Context, op: tf.Operation) -> str:
+    found = drawn(m.operands, op)
+    if isinstance(found, str):
+        return found
+    distribution, shape = found
+    rows = shape[0] // m.batch_size if shape and shape[0] % m.batch_size == 0 else 0
+    if not shape or (rows != 1 and rows not in m.fold_factors):
+        return (f"draws random numbers of shape {shape}, not one set per sample, that meet "
+                f"per-sample values other than through a weight (shared by the batch of "
+                f"{m.batch_size}): the CS draws numbers without the batch axis only as noise "
+                f"on weights (w = mu + sigma * eps); {USE_INSTEAD}")
     # [B*k, ...] where values are folded k rows a sample (folded_batch.py): each sample's k
     # rows of numbers its own (k, ...), one number an element as TF's
     per_sample = shape[1:] if rows == 1 else (rows, *shape[1:])
     m.add_kernel(op.name, "random", [m.sample_input()],
-                 {"distribution": DRAWS[op.type], "shape": list(per_sample)}, [], [op],
+                 {"distribution": distribution, "shape": list(per_sample)}, [], [op],
                  op.outputs[0], output_shape=per_sample)
     return ""
 

@@ -10,7 +10,9 @@ Only element-wise ops, broadcasting arithmetic with constants or other weights, 
 transposes, reshapes, products of matrices, softmax and log_softmax (a soft decision tree's
 tf.nn.softmax(leaf_logits)), tf.nn.l2_loss, stop_gradient, fake quantization (QAT) and views (strided slices with any
 masks, tf.split/unstack, tf.gather at constant indices, tf.concat/stack of weights: Keras
-GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) are lowered; a
+GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) and noise on
+weights (random_numbers.weight_draws: a `random` kernel with no input, drawn once a step:
+Bayes by backprop's mu + softplus(rho) * eps) are lowered; a
 view's gradient is scattered back into its input's shape, and the gradients of a weight's
 views summed, as TF's. Any other op on the way from a weight to the samples is refused,
 naming it and its source line.
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import quantization
+from coordinator.compiler import quantization, random_numbers
 from coordinator.compiler.extract import data_downstream, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, WeightProgram
 from coordinator.compiler.lowering import (
@@ -134,7 +136,19 @@ class WeightProgramBuilder:
         weight = self.operands.weight(tensor)
         if weight is not None:
             return self._source(tensor, weight)
+        if op.type in random_numbers.DRAWS:
+            return self._draw(op, tensor, where)
         return self._lower_op(op, tensor, where)
+
+    def _draw(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """Noise on weights (random_numbers.weight_draws): a `random` kernel with no input,
+        drawing the op's raw numbers once a step; its scale and shift are kernels after it."""
+        found = random_numbers.drawn(self.operands, op)
+        if isinstance(found, str):
+            return self._refuse(tensor, f"{where}: {found}")
+        distribution, shape = found
+        return self._add(op, tensor, "random", [], {"distribution": distribution,
+                                                    "shape": list(shape)})
 
     def _lower_op(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | np.ndarray | None:
         """`tensor`, the output of `op` (at `where`), from its inputs' values."""

@@ -20,7 +20,6 @@ import tf_reference
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
-from tf_model import checkpoints
 from wafer.kernels import KernelError, build_kernel
 from wafer.kernels.random_numbers import DRAWING, TRUNCATE, draw
 
@@ -42,15 +41,7 @@ DRAW_SHAPE = (256, 1024)  # 2 ** 18 values
 @pytest.fixture(scope="module")
 def drawn(tmp_path_factory):
     """compare_drawn() of each case, once."""
-    cache: dict[str, cs_inprocess.Comparison] = {}
-
-    def run(name: str) -> cs_inprocess.Comparison:
-        if name not in cache:
-            model_fn, input_fn, extra = CASES[name]
-            cache[name] = cs_inprocess.compare_drawn(model_fn, input_fn, {**BASE, **extra},
-                                                     str(tmp_path_factory.mktemp(name)))
-        return cache[name]
-    return run
+    return cs_inprocess.cached_comparisons(CASES, BASE, tmp_path_factory, drawn=True)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -167,17 +158,7 @@ def test_a_resumed_run_draws_what_an_unbroken_run_draws(tmp_path):
     compiled = cs_inprocess.compile_checked(nm.vae, nm.input_fn, {**BASE, "autoencoder": True},
                                             str(tmp_path))
     data = tf_reference.batches(nm.input_fn, {**BASE, "autoencoder": True}, 6)
-    first = cs_inprocess.run_on_cs(compiled.program, compiled.initial_weights, data[:3])
-    checkpoints.write_checkpoint(str(tmp_path), 3, {**first.state, "global_step": np.int64(3)},
-                                 keep_max=None)
-    path = checkpoints.checkpoint_path(str(tmp_path), 3)
-    state = cs_inprocess.cs_state(compiled.program, checkpoints.read_checkpoint(path), path)
-    resumed = cs_inprocess.run_on_cs(compiled.program, state, data[3:], global_step=3,
-                                     first_batch=3)
-    unbroken = cs_inprocess.run_on_cs(compiled.program, compiled.initial_weights, data)
-    assert first.losses + resumed.losses == unbroken.losses
-    for name, value in unbroken.state.items():
-        np.testing.assert_array_equal(resumed.state[name], value, err_msg=name)
+    cs_inprocess.resume_is_unbroken(compiled, data, str(tmp_path), 3)
     # and the steps drew different numbers: the same batch twice gives two losses
     again = cs_inprocess.run_on_cs(compiled.program, compiled.initial_weights, [data[0]] * 2)
     assert again.losses[0] != again.losses[1]
@@ -218,7 +199,6 @@ def test_a_hand_written_draw_stays_random_in_prediction(drawn, tmp_path):
 
 REFUSED = {
     "shared_noise": ("RandomStandardNormal", "not one set per sample"),
-    "weight_noise": ("RandomStandardNormal", "noise on weights"),
     "constant_seed": ("StatelessRandomNormalV2", "constant seed"),
     "value_shaped": ("RandomStandardNormal", "computed from values"),
     "integer_draws": ("RandomUniformInt", "draws only floats"),

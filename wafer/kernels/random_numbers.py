@@ -2,6 +2,9 @@
 truncated_normal, uniform and their stateless forms: a VAE's reparameterisation, Keras'
 GaussianNoise and GaussianDropout), as the raw draws of TF's op (standard normal, normal
 truncated to |z| < 2, uniform in [0, 1)); the graph's scale and shift are kernels after it.
+A `random` kernel with no input is the weight program's (wafer.weight_programs): one draw of
+`shape` for a batch of one, once a step, that every micro-batch's kernels read through the
+weights computed from it (Bayes by backprop's w = mu + softplus(rho) * eps).
 The `categorical` kernel: tf.random.categorical's classes drawn from each sample's logits.
 
 The CS draws its own numbers (TF's Philox stream is not the contract): the region's stream
@@ -64,8 +67,9 @@ def draw(rng: np.random.Generator, distribution: str, shape: tuple[int, ...]) ->
 @register
 class RandomNumbers(Elementwise):
     """attrs distribution (DISTRIBUTIONS), shape (per sample). Its one input is any value of
-    the micro-batch (it reads only its number of samples) and takes no gradient. Draws in
-    training, evaluation and prediction alike, as TF's op does in every mode."""
+    the micro-batch (it reads only its number of samples) and takes no gradient; with none
+    it draws for a batch of one (the weight program's draw). Draws in training, evaluation
+    and prediction alike, as TF's op does in every mode."""
 
     type_name = "random"
     draws_random = True
@@ -75,9 +79,9 @@ class RandomNumbers(Elementwise):
         super().__init__(name, attrs, input_shapes)
         self.distribution = str(self.attrs.get("distribution", ""))
         self.shape = tuple(int(d) for d in self.attrs.get("shape", ()))
-        if len(self.input_shapes) != 1 or self.distribution not in DISTRIBUTIONS or \
+        if len(self.input_shapes) > 1 or self.distribution not in DISTRIBUTIONS or \
                 any(d < 0 for d in self.shape):
-            raise KernelError(f"kernel {name!r}: random takes 1 input, a distribution among "
+            raise KernelError(f"kernel {name!r}: random takes 0 or 1 input, a distribution among "
                               f"{', '.join(DISTRIBUTIONS)} and a shape, got "
                               f"{len(self.input_shapes)} inputs, {self.distribution!r}, {self.shape}")
 
@@ -95,14 +99,14 @@ class RandomNumbers(Elementwise):
         return False
 
     def forward(self, params, inputs, ctx: RunContext):
-        shape = (inputs[0].shape[0], *self.shape)
+        shape = (inputs[0].shape[0] if inputs else 1, *self.shape)
         if _replay is not None:
             return np.asarray(_replay(self.name, shape), np.float32).reshape(shape), None
         assert ctx.rng is not None, "the pipeline gives a drawing region its random stream"
         return draw(ctx.rng, self.distribution, shape), None
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        return [None], {}
+        return [None] * len(self.input_shapes), {}
 
 
 def categories(rng: np.random.Generator, logits: np.ndarray, count: int) -> np.ndarray:
