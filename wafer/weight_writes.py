@@ -3,9 +3,13 @@ update, such as decoupled weight decay written by hand after the optimizer (Adam
 the modelzoo style): `v.assign_sub(wd * lr * v)` or `v.assign(v * (1 - wd))` under
 tf.control_dependencies([the optimizer's op]), or before the update with the dependencies
 the other way round; or a renormalization after it (TransE's entity embeddings
-`ent.assign(tf.nn.l2_normalize(ent, axis=1))`, a max-norm `w * tf.minimum(1., c / norm)`).
+`ent.assign(tf.nn.l2_normalize(ent, axis=1))`, a max-norm `w * tf.minimum(1., c / norm)`). Or a soft
+update of a frozen weight toward trained ones (a target network's Polyak averaging in DDPG,
+TD3, SAC; BYOL's momentum encoder): `t.assign(0.99 * t + 0.01 * o)` reads the trained
+weights `sources` (after their update, or before it: `before_update`) and is written after
+the step's updates.
 
-A write is an expression of the weight and scalar factors (constants or schedules,
+A write is an expression of the weight, its sources' values and scalar factors (constants or schedules,
 wafer.schedules, evaluated at the global step + `step_offset`): steps in TF's operation
 order, each one float32 numpy operation as TF's CPU kernel computes it: arithmetic of two
 values (add, sub, mul, div, maximum, ...: the binary kernel's), an element-wise function of
@@ -26,7 +30,8 @@ from wafer.schedules import Schedule, render, schedule_problem
 
 FACTOR = "weight_write"  # the factor schedules' hyper_parameter
 REDUCE: dict[str, Callable[..., Any]] = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
-WEIGHT = "w"  # an input naming the weight's value; "f<k>": factor k; "s<k>": step k's value
+WEIGHT = "w"  # an input naming the weight's value; "f<k>": factor k; "s<k>": step k's value;
+# "v<k>": source k's value
 
 
 @dataclass(frozen=True)
@@ -40,23 +45,25 @@ class WeightWrite:
     variable: str  # the written weight's TF name
     steps: tuple[WriteStep, ...]
     factors: tuple[Schedule, ...]
-    before_update: bool = False  # False: after the step's update
+    before_update: bool = False  # False: after the step's update (of its sources, if any)
     step_offset: int = 0  # 1: the factors read the global step after the step's increment
     source: str = ""  # the user's source line of the write
+    sources: tuple[str, ...] = ()  # trained weights a frozen weight's write reads
 
     def to_message(self, pb):
         return pb.WeightWrite(
             variable=self.variable, steps=[pb.WriteStep(op=s.op, inputs=list(s.inputs))
                                            for s in self.steps],
             factors=[f.to_message(pb) for f in self.factors], before_update=self.before_update,
-            step_offset=self.step_offset, source=self.source)
+            step_offset=self.step_offset, source=self.source, sources=list(self.sources))
 
     @classmethod
     def from_message(cls, message) -> "WeightWrite":
         return cls(message.variable, tuple(WriteStep(s.op, tuple(s.inputs))
                                            for s in message.steps),
                    tuple(Schedule.from_message(f) for f in message.factors),
-                   bool(message.before_update), int(message.step_offset), message.source)
+                   bool(message.before_update), int(message.step_offset), message.source,
+                   tuple(message.sources))
 
 
 def write_problem(write: WeightWrite) -> str:
@@ -65,11 +72,12 @@ def write_problem(write: WeightWrite) -> str:
         return "it needs steps and a step offset of 0 or 1"
     for index, step in enumerate(write.steps):
         known = {WEIGHT, *(f"f{k}" for k in range(len(write.factors))),
+                 *(f"v{k}" for k in range(len(write.sources))),
                  *(f"s{k}" for k in range(index))}
         if _arity(step.op) != len(step.inputs) or not set(step.inputs) <= known:
             return (f"step {index} ({step.op} of {list(step.inputs)}): the CS computes "
                     "arithmetic (add, sub, mul, div, ...), element-wise functions and "
-                    "reductions of the weight, factors and earlier steps")
+                    "reductions of the weight, its sources, factors and earlier steps")
     for factor in write.factors:
         problem = schedule_problem(factor)
         if problem or factor.hyper_parameter != FACTOR or factor.variables:
@@ -101,10 +109,13 @@ def _step(op: str, args: list[Any]) -> np.ndarray:
     return np.asarray(ARITHMETIC[op][0](*args), np.float32)
 
 
-def apply(write: WeightWrite, weight: np.ndarray, factors: list[np.float32]) -> None:
-    """Writes `weight` (float32, in place) with the steps' last value."""
+def apply(write: WeightWrite, weight: np.ndarray, factors: list[np.float32],
+          sources: tuple[np.ndarray, ...] = ()) -> None:
+    """Writes `weight` (float32, in place) with the steps' last value, given the sources'
+    values."""
     values: dict[str, np.ndarray | np.float32] = {
-        WEIGHT: weight, **{f"f{k}": np.float32(f) for k, f in enumerate(factors)}}
+        WEIGHT: weight, **{f"f{k}": np.float32(f) for k, f in enumerate(factors)},
+        **{f"v{k}": source for k, source in enumerate(sources)}}
     for index, step in enumerate(write.steps):
         values[f"s{index}"] = _step(step.op, [values[name] for name in step.inputs])
     np.copyto(weight, values[f"s{len(write.steps) - 1}"])
@@ -114,7 +125,8 @@ def describe(write: WeightWrite) -> str:
     """The written value as a formula of the weight `w` and the factors (the report's)."""
     symbols = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
     rendered = [render(f) for f in write.factors]
-    terms = {WEIGHT: "w", **{f"f{k}": f"({r})" if " " in r else r for k, r in enumerate(rendered)}}
+    terms = {WEIGHT: "w", **{f"f{k}": f"({r})" if " " in r else r for k, r in enumerate(rendered)},
+             **{f"v{k}": source for k, source in enumerate(write.sources)}}
     for index, step in enumerate(write.steps):
         args = [terms[name] for name in step.inputs]
         kind, _, rest = step.op.partition(":")

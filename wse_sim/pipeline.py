@@ -175,6 +175,7 @@ class Pipeline:
         self.condition = conditional_update  # (or its predicate does not hold)
         self._penalty = 0.0  # the batch's weight penalties (in its loss)
         self._skipped: frozenset[str] = frozenset()  # variables the step does not update
+        self._sources: dict[str, np.ndarray] = {}  # the frozen weights' writes' sources
         self._scale = np.float32(1.0)  # the step's dynamic loss scale
         specs = params or {}
         self.shared = SharedWeights(shared or {}, specs, state, weight_program)
@@ -325,6 +326,7 @@ class Pipeline:
         m_count = self.batch_size // self.micro
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
         self._step = step
+        self._sources = self._write_sources() if backward else {}
         self._penalty = self._regularization() if self.loss_kernel else 0.0
         if backward and self.dynamic is not None:
             self._seed_scale(np.float32(self.carried[self.dynamic.scale_variable]))
@@ -466,11 +468,26 @@ class Pipeline:
         """Whether the program writes `variable` besides its update at this time (before or
         after the update), having written `weight` in place."""
         write = self.writes.get(variable)
-        if write is None or write.before_update != before:
-            return False
+        if write is None or (write.before_update and not write.sources) != before:
+            return False  # (a frozen weight's write: after the updates, its sources as read)
         step = self._step + write.step_offset
-        write_weight(write, weight, [evaluate(f, step, self.carried) for f in write.factors])
+        write_weight(write, weight, [evaluate(f, step, self.carried) for f in write.factors],
+                     tuple(self._sources[var] for var in write.sources))
         return True
+
+    def _weights(self) -> dict[str, np.ndarray]:
+        """Every weight's value by its TensorFlow name."""
+        weights = {var: region.params[role] for region in self.regions
+                   for role, var in region.variables.items()}
+        weights.update({var: v.value for var, v in self.shared.variables.items()})
+        return weights
+
+    def _write_sources(self) -> dict[str, np.ndarray]:
+        """The trained weights the frozen weights' writes read: copies of their values
+        before the step's updates, or the weights themselves (read after the updates)."""
+        weights = self._weights()
+        return {var: weights[var].copy() if write.before_update else weights[var]
+                for write in self.writes.values() for var in write.sources}
 
     def _write_after_updates(self) -> None:
         """The weights' writes after the step's updates (decoupled weight decay), float16
@@ -479,8 +496,9 @@ class Pipeline:
             return
         for region in self.regions:
             for role, var in region.variables.items():
-                if var not in self.shared and role in region.trained and \
-                        self._written(var, region.params[role], before=False) and region.half:
+                if var not in self.shared and (role in region.trained or var in self.writes
+                                               and bool(self.writes[var].sources)) \
+                        and self._written(var, region.params[role], before=False) and region.half:
                     round_half_into(region.params[role], region.compute[role])
         written = {var for var, v in self.shared.variables.items()
                    if self._written(var, v.value, before=False)}
@@ -496,9 +514,7 @@ class Pipeline:
         carried state)."""
         if not self.moving_averages:
             return
-        weights = {var: region.params[role] for region in self.regions
-                   for role, var in region.variables.items()}
-        weights.update({var: v.value for var, v in self.shared.variables.items()})
+        weights = self._weights()
         for average in self.moving_averages:
             factor = evaluate(average.factor, step + average.step_offset, self.carried)
             update_average(self.carried[average.shadow], weights[average.variable], factor)

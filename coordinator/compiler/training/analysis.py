@@ -14,7 +14,14 @@ from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_sch
 from coordinator.compiler.training import conditional as training_conditional
 from coordinator.compiler.training import loss_scaling
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
-from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
+from coordinator.compiler.training.graph import (
+    _fail,
+    _Refused,
+    _scalar,
+    _skip_identity,
+    step_runs,
+    variable_op,
+)
 from coordinator.compiler.training.noise import floored
 from coordinator.compiler.training.numbers import (
     GRADIENT_NOISE,
@@ -218,18 +225,10 @@ def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool) -> tuple
                     "loss scaling (or a float16 model) with several losses minimized in one "
                     "step: the CS scales one loss's backward pass; train them in float32 "
                     "without loss scaling")
-    _read_before_updates(losses, chains, _step_runs(extracted))
+    _read_before_updates(losses, chains, step_runs(extracted))
     order = [c.update.variable for c in chains]
     return tuple(Objective(loss.name, tuple(v for v in order if v in names),
                            user_source(loss.op)) for loss, names in losses)
-
-
-def _step_runs(extracted: ExtractedGraph) -> set[tf.Operation]:
-    """The ops a training step runs: the train_op's, the loss's and the summaries' closures
-    (TF runs no other op, so a read outside them is never made)."""
-    spec, graph = extracted.spec, extracted.graph
-    starts = [spec.train_op, spec.loss, *graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)]
-    return {op for start in starts if start is not None for op in op_closure(start)}
 
 
 def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
@@ -348,5 +347,6 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
     writes = tuple(WeightWrite(
         w.variable, tuple(WriteStep(op, inputs) for op, inputs in w.steps),
         tuple(lowered[f"{w.variable}/{FACTOR_OF_WRITE}_{k}"] for k in range(len(w.factors))),
-        w.before_update, write_offsets[w.variable], user_source(w.op)) for w in written)
+        w.before_update, write_offsets[w.variable], user_source(w.op), w.sources)
+        for w in written)
     return schedules, moving, writes

@@ -5,7 +5,9 @@ of a batch statistic (which the matcher must find), or a write of a trained weig
 an expression of it (arithmetic with scalars, element-wise functions, reductions over
 constant axes) before or after its update (decoupled weight decay by hand, TransE's
 renormalization tf.nn.l2_normalize(ent, axis=1), a max-norm constraint;
-wafer.weight_writes); any other write is refused."""
+wafer.weight_writes), or a soft update of a weight the step does not train toward trained
+ones (a target network's Polyak averaging, a momentum encoder); any other write is
+refused."""
 from __future__ import annotations
 
 import re
@@ -18,7 +20,14 @@ import tensorflow as tf
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.lowering import REDUCTIONS, UNARY, WEIGHT_ARITHMETIC
-from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
+from coordinator.compiler.training.graph import (
+    _fail,
+    _Refused,
+    _scalar,
+    _skip_identity,
+    step_runs,
+    variable_op,
+)
 from coordinator.compiler.training.updates import (
     APPLY_OPS,
     SUPPORTED,
@@ -125,12 +134,17 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
     optimizers = list(dict.fromkeys(u.optimizer for u in updates))
     averages, others = [], []
     increments = []
+    trained = {variable_op(u.op.inputs[0]) for u in updates}
+    runs = step_runs(extracted)
     for op in writes:
         if op in owned:
             continue
         if _bookkeeping(op, extracted.graph, optimizers):
             if op.type in ("AssignAddVariableOp", "AssignAdd"):
                 increments.append(op)
+            continue
+        if _soft_update(op, trained) and _forward_reads(op, runs):
+            others.append(op)  # (not ema.apply's shadow: the step reads it)
             continue
         average = _moving_average(op)
         if average is not None:
@@ -184,12 +198,19 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                               f"its update: the CS averages the weights the train_op trains, "
                               "after their update (ema.apply under "
                               "tf.control_dependencies([the optimizer's op]))")
-    written = [_weight_write(op, by_var) for op in others]
+    written = [_weight_write(op, by_var, trained, runs) for op in others]
     twice = next((w for k, w in enumerate(written) if w.variable in
                   {x.variable for x in written[:k]}), None)
     if twice is not None:
         raise _fail(twice.op, f"the train_op writes {twice.variable} twice besides its update: "
                               "the CS carries out one such write per weight")
+    rewritten = next(((w, v) for w in written for v in w.sources
+                      if v in {x.variable for x in written}), None)
+    if rewritten is not None:
+        raise _fail(rewritten[0].op, f"the soft update of {rewritten[0].variable} reads "
+                                     f"{rewritten[1]}, which the train_op writes besides its "
+                                     "update too: the CS reads a source only as its optimizer "
+                                     "leaves it")
     # updates in graph order: compute_gradients' (creation) order
     return updates, averages, written
 
@@ -210,21 +231,52 @@ class _Write:
     steps: tuple[tuple[str, tuple[str, ...]], ...]  # wafer.weight_writes' steps
     factors: tuple[tuple[tf.Tensor, tf.Operation], ...]  # scalar tensors and their readers
     before_update: bool
+    sources: tuple[str, ...] = ()  # the trained weights a frozen weight's soft update reads
 
 
-def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
+def _direct_reads(t: tf.Tensor) -> list[tf.Operation]:
+    """The variables `t` computes from through write steps only (arithmetic, element-wise
+    functions, reductions): the weights a written value is an expression of."""
+    t = _skip_identity(t)
+    if t.op.type in ("ReadVariableOp", "VariableV2"):
+        return [variable_op(t)]
+    kind, inputs = _step(t.op) if t.op.inputs else ("", [])
+    return [v for x in inputs for v in _direct_reads(x)]
+
+
+def _soft_update(op: tf.Operation, trained: set[tf.Operation]) -> bool:
+    """A write of a weight the step does not train whose value is an expression of trained
+    weights (a target network's Polyak averaging)."""
+    return (op.type in _WRITE_STEP and len(op.inputs) == 2
+            and variable_op(op.inputs[0]) not in trained
+            and bool(trained & set(_direct_reads(op.inputs[1]))))
+
+
+def _forward_reads(op: tf.Operation, runs: set[tf.Operation]) -> list[tf.Operation]:
+    """The ops the step runs that read the variable `op` writes, but for `op`'s value."""
+    target, own = variable_op(op.inputs[0]), {op, *data_upstream(op)}
+    return [r for r in runs if r not in own and r.type not in ("VarHandleOp", "VariableV2")
+            and any(variable_op(t) is target for t in r.inputs)]
+
+
+def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.Operation],
+                  runs: set[tf.Operation]) -> _Write:
     """`op`'s write as steps on its weight (wafer.weight_writes), or refused: the weight
-    must be trained, the value arithmetic, element-wise functions and reductions over
-    constant axes of the weight, constants and scalars computed per step, and the write
-    ordered with the update."""
+    must be trained, or not trained and the value a soft update reading trained weights
+    (sources), the value arithmetic, element-wise functions and reductions over constant
+    axes of the weight, its sources, constants and scalars computed per step, and the write
+    ordered with the update (with its sources' updates, and after the step's reads of it)."""
     target = variable_op(op.inputs[0])
     update = by_var.get(target.name)
-    if update is None:
+    frozen = update is None
+    if frozen and not _soft_update(op, trained):
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
                         "the CS carries out", STATE_HINT)
+    weights = {target, *trained} if frozen else {target}
     steps: list[tuple[str, tuple[str, ...]]] = []
     factors: list[tuple[tf.Tensor, tf.Operation]] = []
     reads: list[tf.Operation] = []
+    sources: dict[str, list[tf.Operation]] = {}  # a source's name -> its reads
     not_affine = (f"the train_op writes {target.name} with a value that is not arithmetic, "
                   "element-wise functions and reductions over constant axes of it, constants "
                   "and schedules (the CS carries out decoupled weight decay such as "
@@ -233,13 +285,16 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
                   "tf.norm(v, axis=1, keepdims=True)))")
 
     def reads_target(t: tf.Tensor) -> bool:
-        return target in set(data_upstream(t.op))
+        return bool(weights & set(data_upstream(t.op)))
 
     def lower(t: tf.Tensor, reader: tf.Operation) -> str:
         t = _skip_identity(t)
         if t.op.type in ("ReadVariableOp", "VariableV2") and variable_op(t) is target:
             reads.append(t.op)
             return WEIGHT
+        if t.op.type in ("ReadVariableOp", "VariableV2") and variable_op(t) in weights:
+            sources.setdefault(variable_op(t).name, []).append(t.op)
+            return f"v{list(sources).index(variable_op(t).name)}"
         if not reads_target(t):
             value = _scalar(t)
             if t.dtype.base_dtype != tf.float32 or (value is None and t.shape.rank != 0) or \
@@ -261,6 +316,9 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
         steps.append((last, (WEIGHT, value)))
     if not steps or not reads:
         raise _fail(op, not_affine)
+    if frozen:
+        return _soft_write(op, target.name, by_var, sources, runs, _Write(
+            op, target.name, tuple(steps), tuple(factors), False, tuple(sources)))
     after = all(update.op in set(op_closure(r)) for r in reads)
     before = op in set(op_closure(update.op))
     if after == before:
@@ -268,6 +326,36 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
                         "waits for the other: TF may run them in either order (write under "
                         "tf.control_dependencies([the optimizer's op]), or the other way round)")
     return _Write(op, target.name, tuple(steps), tuple(factors), before)
+
+
+def _soft_write(op: tf.Operation, target: str, by_var: dict[str, _Update],
+                sources: dict[str, list[tf.Operation]], runs: set[tf.Operation],
+                write: _Write) -> _Write:
+    """`write`, a soft update of `target`, ordered: each read of a source waits for the
+    source's update or the update for it, all alike, and the write for the step's other
+    reads of the target (the forward pass's); else refused."""
+    orders = set()
+    for name, read_ops in sources.items():
+        update = by_var[name].op
+        for r in read_ops:
+            after, before = update in set(op_closure(r)), r in set(op_closure(update))
+            if after == before:
+                raise _fail(op, f"the soft update of {target} reads {name} with no order to "
+                                f"its update: TF reads it before or after the update by chance",
+                            hint="write the update under tf.control_dependencies([the "
+                                 "optimizer's op]), or the optimizer's under the update's")
+            orders.add(before)
+    if len(orders) > 1:
+        raise _fail(op, f"the soft update of {target} reads some weights before their update "
+                        "and some after: the CS reads them all before or all after")
+    closure = set(op_closure(op))
+    unordered = next((r for r in _forward_reads(op, runs) if r not in closure), None)
+    if unordered is not None:
+        raise _fail(op, f"the soft update of {target} does not wait for the step's read of it "
+                        f"('{unordered.name}' at {user_source(unordered)}): TF reads the old or "
+                        "the new value by chance", hint="write the update under "
+                        "tf.control_dependencies([the optimizer's op]) or of the loss")
+    return _Write(op, write.variable, write.steps, write.factors, orders.pop(), write.sources)
 
 
 def _step(op: tf.Operation) -> tuple[str, list[tf.Tensor]]:
