@@ -100,6 +100,14 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     finite, checked = _finite(extracted, cond) if tests else ("", frozenset[str]())
     if tests and (len(conds) > 1 or not finite or _writes_besides_step(train, cond)):
         return None
+    copies = next((c for c in conds if _copies_only(c)), None)
+    if copies is not None:
+        raise _fail(copies, "the tf.cond only assigns variables (a target network's hard copy "
+                            "every N steps): the CS carries out no write under a tf.cond but "
+                            "an optimizer's update", hint="move the target network by Polyak "
+                            "averaging every step (t.assign(tau * o + (1 - tau) * t) under "
+                            "tf.control_dependencies([the optimizer's op])), or train on the "
+                            "CPU (python run.py)")
     if len(conds) > 1:
         raise _fail(cond, f"the train_op updates inside {len(conds)} tf.conds: {WHAT}, one cond")
     predicate = cond.inputs[0]
@@ -188,6 +196,15 @@ def _writes_besides_step(train, cond: tf.Operation) -> bool:
 
 def _writes(branch) -> bool:
     return any(_is_write(op) for op in branch.get_operations())
+
+
+def _copies_only(cond: tf.Operation) -> bool:
+    """Whether the cond's writes are all assignments of computed values (no optimizer's
+    update, no accumulator's zeroing): a hard copy of variables."""
+    writes = [op for branch in (cond._true_graph, cond._false_graph)
+              for op in branch.get_operations() if _is_write(op)]
+    return bool(writes) and all(op.type in ("AssignVariableOp", "Assign") and
+                                tf.get_static_value(op.inputs[1]) is None for op in writes)
 
 
 def _check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) -> None:
