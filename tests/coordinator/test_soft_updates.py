@@ -1,0 +1,92 @@
+"""Target networks moved by Polyak averaging (soft updates): a DDPG-like actor-critic of
+Keras layers whose target networks are moved toward the trained ones after both Adam
+optimizers' updates (four ways users write it, tau a constant or a schedule of the global
+step) or before them, and a BYOL-style momentum encoder (the target applied to two views,
+a cosine-similarity loss) train on the CS as TensorFlow trains them, the target weights
+included (4 steps, rtol 1e-5), evaluate from the checkpoint as on the CPU, and resume
+across a checkpoint; a soft update with no order to the optimizer's update and a DQN's
+hard copy under tf.cond are refused in one line naming the op."""
+from __future__ import annotations
+
+import cs_inprocess
+import numpy as np
+import pytest
+import soft_update_models as m
+import tf_reference
+
+BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
+DDPG = (m.ddpg, m.transitions_input_fn)
+CASES = {
+    "ddpg_assign": (*DDPG, {}),
+    "ddpg_tau_schedule": (*DDPG, {"form": "tau", "schedule": True}),
+    "ddpg_assign_sub": (*DDPG, {"form": "sub"}),
+    "ddpg_assign_add_before_updates": (*DDPG, {"form": "add", "soft_first": True}),
+    "byol": (m.byol, m.features_input_fn, {}),
+}
+TARGETS = {"tactor": "actor", "tcritic": "critic", "target": "online"}
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    return cs_inprocess.cached_comparisons(CASES, BASE, tmp_path_factory)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_soft_updates_train_like_tensorflow(compared, name):
+    result = compared(name)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    writes = result.compiled.program.weight_writes
+    frozen = {p.variable for k in result.compiled.program.kernels for p in k.params if p.frozen}
+    assert {w.variable for w in writes} == {v for v in frozen if v.split("_")[0] in TARGETS}
+    for w in writes:  # each target weight reads its online weight, and moved
+        prefix, rest = w.variable.split("_", 1)
+        assert list(w.sources) == [f"{TARGETS[prefix]}_{rest}"]
+        assert w.before_update == bool(CASES[name][2].get("soft_first"))
+        assert not np.allclose(result.cs.state[w.variable],
+                               result.compiled.initial_weights[w.variable], rtol=1e-4)
+
+
+def test_the_cs_reads_the_sources_when_tf_does(compared):
+    """Reading the online weights after their update where TF reads them before gives
+    other target weights: the order the compiler proves is the one that matters."""
+    result = compared("ddpg_assign_add_before_updates")
+    program = type(result.compiled.program)()
+    program.CopyFrom(result.compiled.program)
+    for w in program.weight_writes:
+        w.before_update = False
+    params = {**BASE, **CASES["ddpg_assign_add_before_updates"][2]}
+    late = cs_inprocess.run_on_cs(program, result.compiled.initial_weights,
+                                  tf_reference.batches(m.transitions_input_fn, params, 4))
+    assert not np.allclose(late.state["tcritic_1/kernel"],
+                           result.reference.state["tcritic_1/kernel"], rtol=1e-5)
+
+
+def test_the_report_shows_each_soft_update(compared):
+    report = compared("ddpg_assign").compiled.report_text
+    assert "Soft update of tcritic_1/kernel (after the updates, reading the weights after " \
+        "theirs, at tests/soft_update_models.py:" in report
+    assert "w = (0.99 * w) + (0.01 * critic_1/kernel)" in report
+
+
+@pytest.mark.parametrize("name", ["ddpg_assign", "byol"])
+def test_the_checkpoint_evaluates_as_on_the_cpu(compared, name, tmp_path):
+    model_fn, input_fn, extra = CASES[name]
+    assert cs_inprocess.evaluation_mismatch(model_fn, input_fn, {**BASE, **extra},
+                                            str(tmp_path), compared(name)) == ""
+
+
+def test_a_scheduled_soft_update_resumes_where_it_stopped(tmp_path):
+    cs_inprocess.assert_resume_is_unbroken(m.ddpg, m.transitions_input_fn,
+                                           {**BASE, **CASES["ddpg_tau_schedule"][2]},
+                                           str(tmp_path), {"tcritic_0/kernel", "actor_0/kernel/Adam"})
+
+
+@pytest.mark.parametrize("model_fn,extra,expected", [
+    (m.ddpg, {"unordered": True}, "the soft update of tactor_0/kernel reads actor_0/kernel with "
+                                  "no order to its update"),
+    (m.dqn_hard_copy, {}, "the tf.cond only assigns variables (a target network's hard copy"),
+])
+def test_what_cannot_be_ordered_is_refused_in_one_line(model_fn, extra, expected, tmp_path):
+    message = cs_inprocess.refusal(model_fn, m.transitions_input_fn, {**BASE, **extra},
+                                   str(tmp_path), m.__file__)
+    assert expected in message
