@@ -4,8 +4,8 @@ toward the trained ones after both optimizers' updates (`v1.assign(t, 0.99 * t +
 `t.assign(tau * o + (1 - tau) * t)`, `t.assign_sub((1 - decay) * (t - o))`,
 `t.assign_add(tau * (o - t))`, tau a constant or a schedule of the global step, or before
 the updates), a BYOL-style momentum encoder with a cosine-similarity loss, and what cannot
-be ordered (a soft update with no order to the optimizer's update, a DQN's hard copy every
-2 steps under tf.cond)."""
+be ordered (a soft update with no order to the optimizer's update or to the forward pass's
+reads of the target, a DQN's hard copy every 2 steps under tf.cond)."""
 from __future__ import annotations
 
 import numpy as np
@@ -86,7 +86,7 @@ def ddpg(features, labels, mode, params):
     a_gv = a_opt.compute_gradients(actor_loss, var_list=_trainable("actor"))
     grads = [g for g, _ in c_gv + a_gv]
     if params.get("soft_first"):  # after the forward pass, before the updates
-        with tf.control_dependencies(grads):
+        with tf.control_dependencies([] if params["soft_first"] == "unwaited" else grads):
             soft = tf.group(*_soft("actor", "tactor", params, step),
                             *_soft("critic", "tcritic", params, step))
         with tf.control_dependencies([soft]):

@@ -4,8 +4,9 @@ optimizers' updates (four ways users write it, tau a constant or a schedule of t
 step) or before them, and a BYOL-style momentum encoder (the target applied to two views,
 a cosine-similarity loss) train on the CS as TensorFlow trains them, the target weights
 included (4 steps, rtol 1e-5), evaluate from the checkpoint as on the CPU, and resume
-across a checkpoint; a soft update with no order to the optimizer's update and a DQN's
-hard copy under tf.cond are refused in one line naming the op."""
+across a checkpoint; a soft update with no order to the optimizer's update or to the
+forward pass's reads of the target, and a DQN's hard copy under tf.cond, are refused in one
+line naming the op."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -84,6 +85,8 @@ def test_a_scheduled_soft_update_resumes_where_it_stopped(tmp_path):
 @pytest.mark.parametrize("model_fn,extra,expected", [
     (m.ddpg, {"unordered": True}, "the soft update of tactor_0/kernel reads actor_0/kernel with "
                                   "no order to its update"),
+    (m.ddpg, {"soft_first": "unwaited"}, "the soft update of tactor_0/kernel does not wait "
+                                         "for the step's read of it"),
     (m.dqn_hard_copy, {}, "the tf.cond only assigns variables (a target network's hard copy"),
 ])
 def test_what_cannot_be_ordered_is_refused_in_one_line(model_fn, extra, expected, tmp_path):

@@ -282,7 +282,8 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.
                   "and schedules (the CS carries out decoupled weight decay such as "
                   "v.assign_sub(wd * lr * v), and renormalizations such as "
                   "v.assign(tf.nn.l2_normalize(v, axis=1)) or v * tf.minimum(1.0, c / "
-                  "tf.norm(v, axis=1, keepdims=True)))")
+                  "tf.norm(v, axis=1, keepdims=True))), and soft updates of a weight the "
+                  "step does not train such as t.assign(0.99 * t + 0.01 * o)")
 
     def reads_target(t: tf.Tensor) -> bool:
         return bool(weights & set(data_upstream(t.op)))
@@ -316,7 +317,7 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.
         steps.append((last, (WEIGHT, value)))
     if not steps or not reads:
         raise _fail(op, not_affine)
-    if frozen:
+    if update is None:
         return _soft_write(op, target.name, by_var, sources, runs, _Write(
             op, target.name, tuple(steps), tuple(factors), False, tuple(sources)))
     after = all(update.op in set(op_closure(r)) for r in reads)
