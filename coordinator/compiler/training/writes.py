@@ -135,7 +135,7 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
     averages, others = [], []
     increments = []
     trained = {variable_op(u.op.inputs[0]) for u in updates}
-    runs = step_runs(extracted)
+    runs = _readers(step_runs(extracted))
     for op in writes:
         if op in owned:
             continue
@@ -235,12 +235,14 @@ class _Write:
 
 
 def _direct_reads(t: tf.Tensor) -> list[tf.Operation]:
-    """The variables `t` computes from through write steps only (arithmetic, element-wise
-    functions, reductions): the weights a written value is an expression of."""
+    """The variables `t` computes from through element-wise write steps only (arithmetic,
+    functions; not through a reduction: a batch statistic's moving average reduces the
+    activations of trained weights): the weights a written value is an expression of."""
     t = _skip_identity(t)
     if t.op.type in ("ReadVariableOp", "VariableV2"):
         return [variable_op(t)]
-    kind, inputs = _step(t.op) if t.op.inputs else ("", [])
+    kind, inputs = _step(t.op) if t.op.type in WEIGHT_ARITHMETIC or t.op.type in _FUNCTIONS \
+        else ("", [])
     return [v for x in inputs for v in _direct_reads(x)]
 
 
@@ -252,15 +254,27 @@ def _soft_update(op: tf.Operation, trained: set[tf.Operation]) -> bool:
             and bool(trained & set(_direct_reads(op.inputs[1]))))
 
 
-def _forward_reads(op: tf.Operation, runs: set[tf.Operation]) -> list[tf.Operation]:
-    """The ops the step runs that read the variable `op` writes, but for `op`'s value."""
-    target, own = variable_op(op.inputs[0]), {op, *data_upstream(op)}
-    return [r for r in runs if r not in own and r.type not in ("VarHandleOp", "VariableV2")
-            and any(variable_op(t) is target for t in r.inputs)]
+def _readers(runs: set[tf.Operation]) -> dict[tf.Operation, list[tf.Operation]]:
+    """Each variable's readers among the ops the step runs (`runs`): the ops taking its
+    handle, ref or a read of it."""
+    readers: dict[tf.Operation, list[tf.Operation]] = {}
+    for r in runs:
+        for var in {variable_op(t) for t in r.inputs} if r.type not in ("VarHandleOp",
+                                                                         "VariableV2") else ():
+            readers.setdefault(var, []).append(r)
+    return readers
+
+
+def _forward_reads(op: tf.Operation, runs: dict[tf.Operation, list[tf.Operation]],
+                   ) -> list[tf.Operation]:
+    """The ops the step runs (`runs`: `_readers`) that read the variable `op` writes, but
+    for `op`'s value."""
+    own = {op, *data_upstream(op)}
+    return [r for r in runs.get(variable_op(op.inputs[0]), []) if r not in own]
 
 
 def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.Operation],
-                  runs: set[tf.Operation]) -> _Write:
+                  runs: dict[tf.Operation, list[tf.Operation]]) -> _Write:
     """`op`'s write as steps on its weight (wafer.weight_writes), or refused: the weight
     must be trained, or not trained and the value a soft update reading trained weights
     (sources), the value arithmetic, element-wise functions and reductions over constant
@@ -330,7 +344,8 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.
 
 
 def _soft_write(op: tf.Operation, target: str, by_var: dict[str, _Update],
-                sources: dict[str, list[tf.Operation]], runs: set[tf.Operation],
+                sources: dict[str, list[tf.Operation]],
+                runs: dict[tf.Operation, list[tf.Operation]],
                 write: _Write) -> _Write:
     """`write`, a soft update of `target`, ordered: each read of a source waits for the
     source's update or the update for it, all alike, and the write for the step's other
