@@ -53,16 +53,20 @@ def _soft(online, target, params, step):
     """The soft updates of `target` toward `online`, in the form params['form'] names."""
     tau = (v1.train.exponential_decay(0.05, step, 2, 0.5, staircase=True)
            if params.get("schedule") else params.get("tau", 0.01))
-    pairs = zip(_trainable(online), _trainable(target))
-    form = params.get("form", "mix")
+    return [_soft_write(o, t, params.get("form", "mix"), tau)
+            for o, t in zip(_trainable(online), _trainable(target))]
+
+
+def _soft_write(o, t, form, tau):
+    """t's soft update toward o, written in `form`."""
     if form == "tau":
-        return [t.assign(tau * o + (1 - tau) * t) for o, t in pairs]
+        return t.assign(tau * o + (1 - tau) * t)
     if form == "sub":
         decay = 1 - tau
-        return [t.assign_sub((1 - decay) * (t - o)) for o, t in pairs]
+        return t.assign_sub((1 - decay) * (t - o))
     if form == "add":
-        return [t.assign_add(tau * (o - t)) for o, t in pairs]
-    return [v1.assign(t, (1 - tau) * t + tau * o) for o, t in pairs]
+        return t.assign_add(tau * (o - t))
+    return v1.assign(t, (1 - tau) * t + tau * o)
 
 
 def ddpg(features, labels, mode, params):

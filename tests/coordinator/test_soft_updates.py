@@ -13,7 +13,14 @@ import cs_inprocess
 import numpy as np
 import pytest
 import soft_update_models as m
+import tensorflow as tf
 import tf_reference
+
+from cs_api import pb
+from wafer.schedules import evaluate
+from wafer.weight_writes import WeightWrite, apply
+from wse_sim.errors import CSError
+from wse_sim.program import check_program
 
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 DDPG = (m.ddpg, m.transitions_input_fn)
@@ -93,3 +100,36 @@ def test_what_cannot_be_ordered_is_refused_in_one_line(model_fn, extra, expected
     message = cs_inprocess.refusal(model_fn, m.transitions_input_fn, {**BASE, **extra},
                                    str(tmp_path), m.__file__)
     assert expected in message
+
+
+@pytest.mark.parametrize("name", ["ddpg_assign", "ddpg_assign_sub", "ddpg_assign_add_before_updates"])
+def test_the_cs_writes_tfs_float32_values_bit_for_bit(compared, name):
+    """The compiled write of a target kernel on random values is TF's write of them."""
+    write = next(WeightWrite.from_message(w) for w in compared(name).compiled.program.weight_writes
+                 if w.variable == "tcritic_0/kernel")
+    rng = np.random.default_rng(7)
+    target, online = (rng.normal(size=(m.STATE + m.ACTION, 16)).astype(np.float32) for _ in "to")
+    with tf.Graph().as_default():
+        t, o = (tf.compat.v1.get_variable(n, initializer=v) for n, v in (("t", target), ("o", online)))
+        write_tf = m._soft_write(o, t, CASES[name][2].get("form", "mix"), 0.01)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            expected = session.run(write_tf)
+    ours = target.copy()
+    apply(write, ours, [np.float32(evaluate(f, 0, {})) for f in write.factors], (online,))
+    np.testing.assert_array_equal(ours, expected)
+
+
+def test_the_cs_refuses_a_soft_update_it_cannot_carry_out(compared):
+    good = compared("ddpg_assign").compiled.program
+    for change, words in [(lambda p: p.weight_writes[0].sources.__setitem__(0, "tcritic_0/bias"),
+                           "not a trained weight of the program no write writes"),
+                          (lambda p: p.weight_writes[0].ClearField("sources"),
+                           "not a trained weight of the program, or a frozen one"),
+                          (lambda p: p.weight_writes[0].steps[0].inputs.__setitem__(0, "v1"),
+                           "the CS computes arithmetic")]:
+        bad = pb.Program()
+        bad.CopyFrom(good)
+        change(bad)
+        with pytest.raises(CSError, match=words):
+            check_program(bad)
