@@ -5,7 +5,7 @@ toward the trained ones after both optimizers' updates (`v1.assign(t, 0.99 * t +
 `t.assign_add(tau * (o - t))`, tau a constant or a schedule of the global step, or before
 the updates), a BYOL-style momentum encoder with a cosine-similarity loss, and what cannot
 be ordered (a soft update with no order to the optimizer's update or to the forward pass's
-reads of the target, a DQN's hard copy every 2 steps under tf.cond)."""
+reads of the target), and a DQN's hard copy every 2 steps under tf.cond."""
 from __future__ import annotations
 
 import numpy as np
@@ -149,15 +149,29 @@ def dqn_hard_copy(features, labels, mode, params):
     s, a = features[:, :STATE], features[:, STATE:STATE + ACTION]
     r, s2 = features[:, STATE + ACTION:STATE + ACTION + 1], features[:, -STATE:]
     qnet, target = _net("q", [16, ACTION]), _net("qtarget", [16, ACTION])
-    q = tf.reduce_sum(qnet(s) * tf.one_hot(tf.argmax(a, 1), ACTION), 1, keepdims=True)
+    values = qnet(s)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"q": values})
+    q = tf.reduce_sum(values * tf.one_hot(tf.argmax(a, 1), ACTION), 1, keepdims=True)
     y = tf.stop_gradient(r + 0.9 * tf.reduce_max(target(s2), 1, keepdims=True))
     loss = tf.reduce_mean(tf.square(q - y))
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={"q_mean": v1.metrics.mean(q)})
     step = v1.train.get_or_create_global_step()
     train = v1.train.GradientDescentOptimizer(0.1).minimize(
         loss, global_step=step, var_list=_trainable("q"))
+
+    def copy():
+        copies = [t.assign(o) for o, t in zip(_trainable("q"), _trainable("qtarget"))]
+        if params.get("both_branches"):  # a write in the other branch too
+            return tf.group(*copies[1:]), tf.group(copies[0])
+        return tf.group(*copies)
+    if params.get("unordered"):  # no order to the update: TF reads q before or after
+        return CSEstimatorSpec(mode, loss=loss, train_op=tf.group(
+            train, tf.cond(tf.equal(step % 2, 0), copy, tf.no_op)))
     with tf.control_dependencies([train]):
-        copy = tf.cond(tf.equal(step % 2, 0),
-                       lambda: tf.group(*[t.assign(o) for o, t in
-                                          zip(_trainable("q"), _trainable("qtarget"))]),
-                       tf.no_op)
-    return CSEstimatorSpec(mode, loss=loss, train_op=copy)
+        if params.get("both_branches"):
+            copied = tf.cond(tf.equal(step % 2, 0), lambda: copy()[0], lambda: copy()[1])
+        else:
+            copied = tf.cond(tf.equal(step % 2, 0), copy, tf.no_op)
+    return CSEstimatorSpec(mode, loss=loss, train_op=copied)

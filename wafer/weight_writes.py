@@ -7,7 +7,8 @@ the other way round; or a renormalization after it (TransE's entity embeddings
 update of a frozen weight toward trained ones (a target network's Polyak averaging in DDPG,
 TD3, SAC; BYOL's momentum encoder): `t.assign(0.99 * t + 0.01 * o)` reads the trained
 weights `sources` (after their update, or before it: `before_update`) and is written after
-the step's updates.
+the step's updates; with a `predicate` (a schedule of the global step, 1 / 0) only on the
+steps it holds (a DQN's hard copy `t.assign(o)` every N steps under tf.cond).
 
 A write is an expression of the weight, its sources' values and scalar factors (constants or schedules,
 wafer.schedules, evaluated at the global step + `step_offset`): steps in TF's operation
@@ -30,6 +31,7 @@ from wafer.schedules import Schedule, render, schedule_problem
 
 FACTOR = "weight_write"  # the factor schedules' hyper_parameter
 REDUCE: dict[str, Callable[..., Any]] = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
+COPY = "copy"  # the step whose value is its input's (a hard copy t.assign(o))
 WEIGHT = "w"  # an input naming the weight's value; "f<k>": factor k; "s<k>": step k's value;
 # "v<k>": source k's value
 
@@ -49,13 +51,15 @@ class WeightWrite:
     step_offset: int = 0  # 1: the factors read the global step after the step's increment
     source: str = ""  # the user's source line of the write
     sources: tuple[str, ...] = ()  # trained weights a frozen weight's write reads
+    predicate: Schedule | None = None  # a frozen weight's: written on the steps it is 1
 
     def to_message(self, pb):
         return pb.WeightWrite(
             variable=self.variable, steps=[pb.WriteStep(op=s.op, inputs=list(s.inputs))
                                            for s in self.steps],
             factors=[f.to_message(pb) for f in self.factors], before_update=self.before_update,
-            step_offset=self.step_offset, source=self.source, sources=list(self.sources))
+            step_offset=self.step_offset, source=self.source, sources=list(self.sources),
+            predicate=self.predicate.to_message(pb) if self.predicate is not None else None)
 
     @classmethod
     def from_message(cls, message) -> "WeightWrite":
@@ -63,7 +67,8 @@ class WeightWrite:
                                            for s in message.steps),
                    tuple(Schedule.from_message(f) for f in message.factors),
                    bool(message.before_update), int(message.step_offset), message.source,
-                   tuple(message.sources))
+                   tuple(message.sources), Schedule.from_message(message.predicate)
+                   if message.HasField("predicate") else None)
 
 
 def write_problem(write: WeightWrite) -> str:
@@ -78,7 +83,9 @@ def write_problem(write: WeightWrite) -> str:
             return (f"step {index} ({step.op} of {list(step.inputs)}): the CS computes "
                     "arithmetic (add, sub, mul, div, ...), element-wise functions and "
                     "reductions of the weight, its sources, factors and earlier steps")
-    for factor in write.factors:
+    if write.predicate is not None and not write.sources:
+        return "a predicate without sources: only a frozen weight's write has one"
+    for factor in (*write.factors, *((write.predicate,) if write.predicate else ())):
         problem = schedule_problem(factor)
         if problem or factor.hyper_parameter != FACTOR or factor.variables:
             return f"a factor: {problem or 'a ' + FACTOR + ' schedule of no variable needed'}"
@@ -94,7 +101,7 @@ def _arity(op: str) -> int:
         name, axes, keep = (rest.split(":") + ["", ""])[:3]
         ok = name in REDUCE and keep in ("0", "1") and all(a.isdigit() for a in axes.split(","))
         return 1 if ok else 0
-    return 2 if op in ARITHMETIC else 0
+    return 2 if op in ARITHMETIC else 1 if op == COPY else 0
 
 
 def _step(op: str, args: list[Any]) -> np.ndarray:
@@ -106,6 +113,8 @@ def _step(op: str, args: list[Any]) -> np.ndarray:
         name, axes, keep = rest.split(":")
         return REDUCE[name](args[0], axis=tuple(int(a) for a in axes.split(",")),
                             keepdims=keep == "1", dtype=np.float32)
+    if op == COPY:
+        return np.array(args[0], np.float32)
     return np.asarray(ARITHMETIC[op][0](*args), np.float32)
 
 
@@ -132,6 +141,8 @@ def describe(write: WeightWrite) -> str:
         kind, _, rest = step.op.partition(":")
         if step.op in symbols:
             terms[f"s{index}"] = f"({args[0]} {symbols[step.op]} {args[1]})"
+        elif step.op == COPY:
+            terms[f"s{index}"] = args[0]
         elif kind == "f":
             terms[f"s{index}"] = f"{rest}({args[0]})"
         elif kind == "r":

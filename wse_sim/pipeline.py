@@ -471,6 +471,8 @@ class Pipeline:
         if write is None or (write.before_update and not write.sources) != before:
             return False  # (a frozen weight's write: after the updates, its sources as read)
         step = self._step + write.step_offset
+        if write.predicate is not None and not evaluate(write.predicate, step, self.carried):
+            return False
         write_weight(write, weight, [evaluate(f, step, self.carried) for f in write.factors],
                      tuple(self._sources[var] for var in write.sources))
         return True

@@ -251,7 +251,8 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
         what = (f"Soft update of {write.variable} (after the updates, reading the weights "
                 f"{when} theirs" if write.sources else
                 f"Weight write of {write.variable} ({when} every update")
-        lines.append(f"{what}, at {write.source}): w = {describe(write)}"
+        when = f", when {render(write.predicate)}" if write.predicate is not None else ""
+        lines.append(f"{what}{when}, at {write.source}): w = {describe(write)}"
                      + (" (factors at the incremented global step)" if write.step_offset else ""))
     return lines
 

@@ -1,12 +1,12 @@
 """Target networks moved by Polyak averaging (soft updates): a DDPG-like actor-critic of
 Keras layers whose target networks are moved toward the trained ones after both Adam
 optimizers' updates (four ways users write it, tau a constant or a schedule of the global
-step) or before them, and a BYOL-style momentum encoder (the target applied to two views,
-a cosine-similarity loss) train on the CS as TensorFlow trains them, the target weights
-included (4 steps, rtol 1e-5), evaluate from the checkpoint as on the CPU, and resume
-across a checkpoint; a soft update with no order to the optimizer's update or to the
-forward pass's reads of the target, and a DQN's hard copy under tf.cond, are refused in one
-line naming the op."""
+step) or before them, a BYOL-style momentum encoder (the target applied to two views, a
+cosine-similarity loss) and a DQN whose target is a hard copy every 2 steps under tf.cond
+train on the CS as TensorFlow trains them, the target weights included (4 steps, rtol
+1e-5), evaluate from the checkpoint as on the CPU, and resume across a checkpoint; a soft
+update or copy with no order to the optimizer's update or to the forward pass's reads of
+the target, and a cond writing in both branches, are refused in one line naming the op."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -30,8 +30,9 @@ CASES = {
     "ddpg_assign_sub": (*DDPG, {"form": "sub"}),
     "ddpg_assign_add_before_updates": (*DDPG, {"form": "add", "soft_first": True}),
     "byol": (m.byol, m.features_input_fn, {}),
+    "dqn_hard_copy": (m.dqn_hard_copy, m.transitions_input_fn, {}),
 }
-TARGETS = {"tactor": "actor", "tcritic": "critic", "target": "online"}
+TARGETS = {"tactor": "actor", "tcritic": "critic", "target": "online", "qtarget": "q"}
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def test_the_report_shows_each_soft_update(compared):
     assert "w = (0.99 * w) + (0.01 * critic_1/kernel)" in report
 
 
-@pytest.mark.parametrize("name", ["ddpg_assign", "byol"])
+@pytest.mark.parametrize("name", ["ddpg_assign", "byol", "dqn_hard_copy"])
 def test_the_checkpoint_evaluates_as_on_the_cpu(compared, name, tmp_path):
     model_fn, input_fn, extra = CASES[name]
     assert cs_inprocess.evaluation_mismatch(model_fn, input_fn, {**BASE, **extra},
@@ -89,12 +90,32 @@ def test_a_scheduled_soft_update_resumes_where_it_stopped(tmp_path):
                                            str(tmp_path), {"tcritic_0/kernel", "actor_0/kernel/Adam"})
 
 
+def test_a_hard_copy_every_2_steps_copies_on_the_steps_tf_does(compared):
+    """The predicate reads the global step after the step's increment: the copy runs after
+    the second and the fourth update, so the target equals the Q network after 4 steps
+    (bit for bit) and neither its initial value nor the Q network after 3."""
+    result = compared("dqn_hard_copy")
+    program = result.compiled.program
+    assert all(w.HasField("predicate") and w.step_offset == 1 for w in program.weight_writes)
+    assert [s.op for s in program.weight_writes[0].steps] == ["copy"]
+    for name in ("qtarget_0/kernel", "qtarget_1/bias"):
+        online = name.replace("qtarget", "q")
+        np.testing.assert_array_equal(result.cs.state[name], result.cs.state[online])
+    params = {**BASE, **CASES["dqn_hard_copy"][2]}
+    three = cs_inprocess.run_on_cs(program, result.compiled.initial_weights,
+                                   tf_reference.batches(m.transitions_input_fn, params, 3))
+    assert not np.array_equal(three.state["qtarget_0/kernel"], three.state["q_0/kernel"])
+    assert "Soft update of qtarget_0/kernel (after the updates, reading the weights after " \
+        "theirs, when " in result.compiled.report_text
+
+
 @pytest.mark.parametrize("model_fn,extra,expected", [
     (m.ddpg, {"unordered": True}, "the soft update of tactor_0/kernel reads actor_0/kernel with "
                                   "no order to its update"),
     (m.ddpg, {"soft_first": "unwaited"}, "the soft update of tactor_0/kernel does not wait "
                                          "for the step's read of it"),
-    (m.dqn_hard_copy, {}, "the tf.cond only assigns variables (a target network's hard copy"),
+    (m.dqn_hard_copy, {"unordered": True}, "with no order to"),
+    (m.dqn_hard_copy, {"both_branches": True}, "both branches of the tf.cond write variables"),
 ])
 def test_what_cannot_be_ordered_is_refused_in_one_line(model_fn, extra, expected, tmp_path):
     message = cs_inprocess.refusal(model_fn, m.transitions_input_fn, {**BASE, **extra},

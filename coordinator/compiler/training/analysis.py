@@ -13,6 +13,7 @@ from coordinator.compiler.ir import Objective, StatisticAverage, TrainedVariable
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from coordinator.compiler.training import conditional as training_conditional
 from coordinator.compiler.training import loss_scaling
+from coordinator.compiler.training.copies import conditional_writes
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
 from coordinator.compiler.training.graph import (
     _fail,
@@ -72,6 +73,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
         raise _Problems(["model_fn returned no train_op in train mode"])
     with extracted.graph.as_default():
         statistic_averages: list[StatisticAverage] = []
+        original = extracted
         try:
             conditional = training_conditional.inline(extracted)
             dynamic = loss_scaling.inline(extracted) if conditional is None else None
@@ -80,6 +82,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             if conditional is not None:
                 extracted = conditional.view
             updates, averages, written = _updates(extracted, statistic_averages)
+            written += conditional_writes(original, updates, written)
             condition = None
             if conditional is not None:
                 condition = conditional.update(updates)
@@ -333,6 +336,8 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
             items.append(Scheduled(FACTOR_OF_WRITE, reader, tensor, name=name,
                                    before_increment=not late,
                                    label=f"a factor of the write of {w.variable} ('{w.op.name}')"))
+        if w.predicate is not None:
+            offset.add(w.predicate_offset)
         if len(offset) > 1:
             raise ScheduleRefused(f"the write of {w.variable} reads the global step before and "
                                   f"after the step's increment ({w.op.type} '{w.op.name}' at "
@@ -347,6 +352,6 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
     writes = tuple(WeightWrite(
         w.variable, tuple(WriteStep(op, inputs) for op, inputs in w.steps),
         tuple(lowered[f"{w.variable}/{FACTOR_OF_WRITE}_{k}"] for k in range(len(w.factors))),
-        w.before_update, write_offsets[w.variable], user_source(w.op), w.sources)
+        w.before_update, write_offsets[w.variable], user_source(w.op), w.sources, w.predicate)
         for w in written)
     return schedules, moving, writes

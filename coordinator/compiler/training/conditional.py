@@ -31,7 +31,7 @@ from coordinator.compiler.schedules import (
 from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
 from coordinator.compiler.training.loss_scaling import _checked_gradients, import_branch
 from coordinator.compiler.training.updates import APPLY_OPS
-from coordinator.compiler.training.writes import _is_write
+from coordinator.compiler.training.writes import _is_write, copies_only
 from wafer.conditional_updates import ConditionalUpdate
 from wafer.schedules import Schedule
 
@@ -91,8 +91,8 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     dynamic loss scaling's (several, or writes outside besides the step's increment, with a
     finite test); _Refused otherwise."""
     train = extracted.spec.train_op
-    conds = [op for op in op_closure(train) if op.type in _CONDS and (
-        _writes(op._true_graph) or _writes(op._false_graph))]
+    conds = [op for op in op_closure(train) if op.type in _CONDS and not copies_only(op) and (
+        _writes(op._true_graph) or _writes(op._false_graph))]  # (copies: training/copies.py)
     if not conds:
         return None
     cond = conds[-1]
@@ -100,14 +100,6 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     finite, checked = _finite(extracted, cond) if tests else ("", frozenset[str]())
     if tests and (len(conds) > 1 or not finite or _writes_besides_step(train, cond)):
         return None
-    copies = next((c for c in conds if _copies_only(c)), None)
-    if copies is not None:
-        raise _fail(copies, "the tf.cond only assigns variables (a target network's hard copy "
-                            "every N steps): the CS carries out no write under a tf.cond but "
-                            "an optimizer's update", hint="move the target network by Polyak "
-                            "averaging every step (t.assign(tau * o + (1 - tau) * t) under "
-                            "tf.control_dependencies([the optimizer's op])), or train on the "
-                            "CPU (python run.py)")
     if len(conds) > 1:
         raise _fail(cond, f"the train_op updates inside {len(conds)} tf.conds: {WHAT}, one cond")
     predicate = cond.inputs[0]
@@ -196,15 +188,6 @@ def _writes_besides_step(train, cond: tf.Operation) -> bool:
 
 def _writes(branch) -> bool:
     return any(_is_write(op) for op in branch.get_operations())
-
-
-def _copies_only(cond: tf.Operation) -> bool:
-    """Whether the cond's writes are all assignments of computed values (no optimizer's
-    update, no accumulator's zeroing): a hard copy of variables."""
-    writes = [op for branch in (cond._true_graph, cond._false_graph)
-              for op in branch.get_operations() if _is_write(op)]
-    return bool(writes) and all(op.type in ("AssignVariableOp", "Assign") and
-                                tf.get_static_value(op.inputs[1]) is None for op in writes)
 
 
 def _check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) -> None:

@@ -41,7 +41,8 @@ from coordinator.compiler.training.updates import (
     merge_weight_decay,
 )
 from wafer.optimizers import OptimizerConfig
-from wafer.weight_writes import WEIGHT
+from wafer.schedules import Schedule
+from wafer.weight_writes import COPY, WEIGHT
 
 _WRITE_PREFIXES = ("Assign", "ResourceScatter", "Scatter", "ResourceApply", "Apply",
                    "SparseApply", "ResourceSparseApply", "ResourceStridedSliceAssign",
@@ -232,6 +233,17 @@ class _Write:
     factors: tuple[tuple[tf.Tensor, tf.Operation], ...]  # scalar tensors and their readers
     before_update: bool
     sources: tuple[str, ...] = ()  # the trained weights a frozen weight's soft update reads
+    predicate: Schedule | None = None  # under a tf.cond (training/copies.py): its predicate
+    predicate_offset: int = 0  # 1: the predicate reads the step after its increment
+
+
+def copies_only(cond: tf.Operation) -> bool:
+    """Whether a cond's writes are all assignments of computed values (no optimizer's
+    update, no accumulator's zeroing): a target network's copy (training/copies.py)."""
+    writes = [op for branch in (cond._true_graph, cond._false_graph)
+              for op in branch.get_operations() if _is_write(op)]
+    return bool(writes) and all(op.type in ("AssignVariableOp", "Assign") and
+                                tf.get_static_value(op.inputs[1]) is None for op in writes)
 
 
 def _direct_reads(t: tf.Tensor) -> list[tf.Operation]:
@@ -274,12 +286,14 @@ def _forward_reads(op: tf.Operation, runs: dict[tf.Operation, list[tf.Operation]
 
 
 def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.Operation],
-                  runs: dict[tf.Operation, list[tf.Operation]]) -> _Write:
+                  runs: dict[tf.Operation, list[tf.Operation]],
+                  anchor: tf.Operation | None = None) -> _Write:
     """`op`'s write as steps on its weight (wafer.weight_writes), or refused: the weight
     must be trained, or not trained and the value a soft update reading trained weights
     (sources), the value arithmetic, element-wise functions and reductions over constant
     axes of the weight, its sources, constants and scalars computed per step, and the write
-    ordered with the update (with its sources' updates, and after the step's reads of it)."""
+    ordered with the update (with its sources' updates, and after the step's reads of it;
+    `anchor`: the tf.cond `op` was imported from, which orders it)."""
     target = variable_op(op.inputs[0])
     update = by_var.get(target.name)
     frozen = update is None
@@ -329,11 +343,13 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.
     last = _WRITE_STEP[op.type]
     if last is not None:
         steps.append((last, (WEIGHT, value)))
-    if not steps or not reads:
+    if update is None and not steps and value.startswith("v"):  # a copy: t.assign(o)
+        steps.append((COPY, (value,)))
+    if not steps or not (reads or update is None and sources):
         raise _fail(op, not_affine)
     if update is None:
         return _soft_write(op, target.name, by_var, sources, runs, _Write(
-            op, target.name, tuple(steps), tuple(factors), False, tuple(sources)))
+            op, target.name, tuple(steps), tuple(factors), False, tuple(sources)), anchor)
     after = all(update.op in set(op_closure(r)) for r in reads)
     before = op in set(op_closure(update.op))
     if after == before:
@@ -346,14 +362,15 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.
 def _soft_write(op: tf.Operation, target: str, by_var: dict[str, _Update],
                 sources: dict[str, list[tf.Operation]],
                 runs: dict[tf.Operation, list[tf.Operation]],
-                write: _Write) -> _Write:
+                write: _Write, anchor: tf.Operation | None = None) -> _Write:
     """`write`, a soft update of `target`, ordered: each read of a source waits for the
     source's update or the update for it, all alike, and the write for the step's other
-    reads of the target (the forward pass's); else refused."""
+    reads of the target (the forward pass's); else refused. An `anchor` (the tf.cond the
+    write was imported from) orders the write and its reads."""
     orders = set()
     for name, read_ops in sources.items():
         update = by_var[name].op
-        for r in read_ops:
+        for r in [anchor] if anchor is not None else read_ops:
             after, before = update in set(op_closure(r)), r in set(op_closure(update))
             if after == before:
                 raise _fail(op, f"the soft update of {target} reads {name} with no order to "
@@ -364,7 +381,7 @@ def _soft_write(op: tf.Operation, target: str, by_var: dict[str, _Update],
     if len(orders) > 1:
         raise _fail(op, f"the soft update of {target} reads some weights before their update "
                         "and some after: the CS reads them all before or all after")
-    closure = set(op_closure(op))
+    closure = set(op_closure(anchor if anchor is not None else op))
     unordered = next((r for r in _forward_reads(op, runs) if r not in closure), None)
     if unordered is not None:
         raise _fail(op, f"the soft update of {target} does not wait for the step's read of it "
