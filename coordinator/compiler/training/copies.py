@@ -51,7 +51,7 @@ def conditional_writes(extracted: ExtractedGraph, updates: list[_Update],
         if _writes(cond._true_graph) and _writes(cond._false_graph):
             raise _fail(cond, "both branches of the tf.cond write variables: the CS writes a "
                               "copy on the steps a predicate of the global step holds, in one "
-                              "branch (the other tf.no_op)")
+                              "branch", hint="copy in one branch, tf.no_op in the other")
         _check_predicate(graph, cond, cond.inputs[0])
         negated = not _writes(cond._true_graph)
         branch = cond._false_graph if negated else cond._true_graph
@@ -62,7 +62,8 @@ def conditional_writes(extracted: ExtractedGraph, updates: list[_Update],
                 raise _fail(cond, f"the tf.cond writes {target}, which the train_op "
                                   f"{'trains' if target in by_var else 'writes besides'}: the "
                                   "CS copies under a tf.cond only into a weight the step does "
-                                  "not train and writes once (a target network)")
+                                  "not train and writes once (a target network)",
+                            hint="copy into a target network the optimizers do not train")
             write = _weight_write(op, by_var, trained, readers, anchor=cond)
             if any(_scalar(t) is None for t, _ in write.factors):
                 raise _fail(cond, f"the tf.cond writes {target} with a factor computed per "
