@@ -153,7 +153,10 @@ def dqn_hard_copy(features, labels, mode, params):
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"q": values})
     q = tf.reduce_sum(values * tf.one_hot(tf.argmax(a, 1), ACTION), 1, keepdims=True)
-    y = tf.stop_gradient(r + 0.9 * tf.reduce_max(target(s2), 1, keepdims=True))
+    y = tf.stop_gradient(r + 0.9 * tf.reduce_max(
+        (qnet if params.get("target_unread") else target)(s2), 1, keepdims=True))
+    if params.get("target_unread"):  # (the target network built, read by nothing)
+        target(s2)
     loss = tf.reduce_mean(tf.square(q - y))
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={"q_mean": v1.metrics.mean(q)})

@@ -487,6 +487,8 @@ class Pipeline:
     def _write_sources(self) -> dict[str, np.ndarray]:
         """The trained weights the frozen weights' writes read: copies of their values
         before the step's updates, or the weights themselves (read after the updates)."""
+        if not any(write.sources for write in self.writes.values()):
+            return {}
         weights = self._weights()
         return {var: weights[var].copy() if write.before_update else weights[var]
                 for write in self.writes.values() for var in write.sources}

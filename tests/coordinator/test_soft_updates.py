@@ -116,6 +116,7 @@ def test_a_hard_copy_every_2_steps_copies_on_the_steps_tf_does(compared):
                                          "for the step's read of it"),
     (m.dqn_hard_copy, {"unordered": True}, "with no order to"),
     (m.dqn_hard_copy, {"both_branches": True}, "both branches of the tf.cond write variables"),
+    (m.dqn_hard_copy, {"target_unread": True}, "which the training step does not read"),
 ])
 def test_what_cannot_be_ordered_is_refused_in_one_line(model_fn, extra, expected, tmp_path):
     message = cs_inprocess.refusal(model_fn, m.transitions_input_fn, {**BASE, **extra},

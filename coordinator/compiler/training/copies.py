@@ -27,7 +27,13 @@ from coordinator.compiler.training.conditional import _CONDS, _check_predicate, 
 from coordinator.compiler.training.graph import _fail, _Refused, _scalar, step_runs, variable_op
 from coordinator.compiler.training.loss_scaling import import_branch
 from coordinator.compiler.training.updates import _Update
-from coordinator.compiler.training.writes import _readers, _weight_write, _Write, copies_only
+from coordinator.compiler.training.writes import (
+    _forward_reads,
+    _readers,
+    _weight_write,
+    _Write,
+    copies_only,
+)
 from wafer.weight_writes import FACTOR
 
 _PREFIX = "csrun_copy"
@@ -64,6 +70,10 @@ def conditional_writes(extracted: ExtractedGraph, updates: list[_Update],
                                   "CS copies under a tf.cond only into a weight the step does "
                                   "not train and writes once (a target network)",
                             hint="copy into a target network the optimizers do not train")
+            if not [r for r in _forward_reads(op, readers) if r is not cond]:
+                raise _fail(cond, f"the tf.cond copies into {target}, which the training step "
+                                  "does not read: the CS writes only weights its kernels hold",
+                            hint="copy into the target network the loss reads")
             write = _weight_write(op, by_var, trained, readers, anchor=cond)
             if any(_scalar(t) is None for t, _ in write.factors):
                 raise _fail(cond, f"the tf.cond writes {target} with a factor computed per "
