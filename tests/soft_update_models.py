@@ -145,10 +145,15 @@ def byol(features, labels, mode, params):
 
 
 def dqn_hard_copy(features, labels, mode, params):
-    """A DQN whose target network is a hard copy of the Q network every 2 steps."""
+    """A DQN whose target network is a hard copy of the Q network every 2 steps;
+    params["mixed"]: its layers under mixed_float16."""
     s, a = features[:, :STATE], features[:, STATE:STATE + ACTION]
     r, s2 = features[:, STATE + ACTION:STATE + ACTION + 1], features[:, -STATE:]
-    qnet, target = _net("q", [16, ACTION]), _net("qtarget", [16, ACTION])
+    if params.get("mixed"):
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    layers = _net("q", [16, ACTION]), _net("qtarget", [16, ACTION])
+    tf.keras.mixed_precision.set_global_policy("float32")  # (the layers keep theirs)
+    qnet, target = ((lambda x, net=net: tf.cast(net(x), tf.float32)) for net in layers)
     values = qnet(s)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"q": values})

@@ -55,6 +55,16 @@ def test_soft_updates_train_like_tensorflow(compared, name):
                                result.compiled.initial_weights[w.variable], rtol=1e-4)
 
 
+def test_a_float16_target_network_reads_its_rounded_soft_update(tmp_path):
+    """Under mixed_float16 the DQN's target layers compute with a float16 copy of the
+    target weights, rounded anew after each copy (rtol 1e-2, as every mixed-precision
+    comparison)."""
+    result = cs_inprocess.compare(m.dqn_hard_copy, m.transitions_input_fn,
+                                  {**BASE, "mixed": True}, str(tmp_path), steps=4)
+    cs_inprocess.assert_same_training(result, rtol=1e-2)
+    assert len(result.compiled.program.weight_writes) == 4
+
+
 def test_the_cs_reads_the_sources_when_tf_does(compared):
     """Reading the online weights after their update where TF reads them before gives
     other target weights: the order the compiler proves is the one that matters."""
