@@ -10,6 +10,7 @@ ones (a target network's Polyak averaging, a momentum encoder); any other write 
 refused."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
@@ -345,28 +346,28 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.
         steps.append((last, (WEIGHT, value)))
     if update is None and not steps and value.startswith("v"):  # a copy: t.assign(o)
         steps.append((COPY, (value,)))
-    if not steps or not (reads or update is None and sources):
+    if not steps or not (sources if update is None else reads):
         raise _fail(op, not_affine)
+    write = _Write(op, target.name, tuple(steps), tuple(factors), False, tuple(sources))
     if update is None:
-        return _soft_write(op, target.name, by_var, sources, runs, _Write(
-            op, target.name, tuple(steps), tuple(factors), False, tuple(sources)), anchor)
+        return _soft_write(write, by_var, sources, runs, anchor)
     after = all(update.op in set(op_closure(r)) for r in reads)
     before = op in set(op_closure(update.op))
     if after == before:
         raise _fail(op, f"the train_op writes {target.name} besides its update, and neither "
                         "waits for the other: TF may run them in either order (write under "
                         "tf.control_dependencies([the optimizer's op]), or the other way round)")
-    return _Write(op, target.name, tuple(steps), tuple(factors), before)
+    return dataclasses.replace(write, before_update=before)
 
 
-def _soft_write(op: tf.Operation, target: str, by_var: dict[str, _Update],
-                sources: dict[str, list[tf.Operation]],
+def _soft_write(write: _Write, by_var: dict[str, _Update], sources: dict[str, list[tf.Operation]],
                 runs: dict[tf.Operation, list[tf.Operation]],
-                write: _Write, anchor: tf.Operation | None = None) -> _Write:
-    """`write`, a soft update of `target`, ordered: each read of a source waits for the
-    source's update or the update for it, all alike, and the write for the step's other
-    reads of the target (the forward pass's); else refused. An `anchor` (the tf.cond the
-    write was imported from) orders the write and its reads."""
+                anchor: tf.Operation | None = None) -> _Write:
+    """`write`, a soft update (reading `sources`, each's reads), ordered: each read of a
+    source waits for the source's update or the update for it, all alike, and the write
+    for the step's other reads of its weight (the forward pass's); else refused. An
+    `anchor` (the tf.cond the write was imported from) orders the write and its reads."""
+    op, target = write.op, write.variable
     orders = set()
     for name, read_ops in sources.items():
         update = by_var[name].op
@@ -388,7 +389,7 @@ def _soft_write(op: tf.Operation, target: str, by_var: dict[str, _Update],
                         f"('{unordered.name}' at {user_source(unordered)}): TF reads the old or "
                         "the new value by chance", hint="write the update under "
                         "tf.control_dependencies([the optimizer's op]) or of the loss")
-    return _Write(op, write.variable, write.steps, write.factors, orders.pop(), write.sources)
+    return dataclasses.replace(write, before_update=orders.pop())
 
 
 def _step(op: tf.Operation) -> tuple[str, list[tf.Tensor]]:
