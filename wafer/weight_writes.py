@@ -3,20 +3,22 @@ update, such as decoupled weight decay written by hand after the optimizer (Adam
 the modelzoo style): `v.assign_sub(wd * lr * v)` or `v.assign(v * (1 - wd))` under
 tf.control_dependencies([the optimizer's op]), or before the update with the dependencies
 the other way round; or a renormalization after it (TransE's entity embeddings
-`ent.assign(tf.nn.l2_normalize(ent, axis=1))`, a max-norm `w * tf.minimum(1., c / norm)`). Or a soft
-update of a frozen weight toward trained ones (a target network's Polyak averaging in DDPG,
-TD3, SAC; BYOL's momentum encoder): `t.assign(0.99 * t + 0.01 * o)` reads the trained
-weights `sources` (after their update, or before it: `before_update`) and is written after
-the step's updates; with a `predicate` (a schedule of the global step, 1 / 0) only on the
-steps it holds (a DQN's hard copy `t.assign(o)` every N steps under tf.cond).
+`ent.assign(tf.nn.l2_normalize(ent, axis=1))`, a max-norm `w * tf.minimum(1., c / norm)`).
+Or a soft update of a frozen weight toward trained ones (a target network's Polyak
+averaging in DDPG, TD3, SAC; BYOL's momentum encoder): `t.assign(0.99 * t + 0.01 * o)`
+reads the trained weights `sources` (after their update, or before it: `before_update`) and
+is written after the step's updates; with a `predicate` (a schedule of the global step,
+1 / 0) only on the steps it holds (a DQN's hard copy `t.assign(o)` every N steps under
+tf.cond).
 
-A write is an expression of the weight, its sources' values and scalar factors (constants or schedules,
-wafer.schedules, evaluated at the global step + `step_offset`): steps in TF's operation
-order, each one float32 numpy operation as TF's CPU kernel computes it: arithmetic of two
-values (add, sub, mul, div, maximum, ...: the binary kernel's), an element-wise function of
-one (`f:<function>`: the activation kernel's, square, rsqrt, ...) or a reduction of one over
-axes (`r:<op>:<axes>:<keepdims 0/1>`, sum, mean, max, min, prod), so the written value is
-TF's. The last step's value is written (an assign_sub's `v - value` is its last step).
+A write is an expression of the weight, its sources' values and scalar factors (constants
+or schedules, wafer.schedules, evaluated at the global step + `step_offset`): steps in TF's
+operation order, each one float32 numpy operation as TF's CPU kernel computes it:
+arithmetic of two values (add, sub, mul, div, maximum, ...: the binary kernel's), an
+element-wise function of one (`f:<function>`: the activation kernel's, square, rsqrt, ...),
+a reduction of one over axes (`r:<op>:<axes>:<keepdims 0/1>`, sum, mean, max, min, prod) or
+a copy of one (`copy`), so the written value is TF's. The last step's value is written (an
+assign_sub's `v - value` is its last step).
 """
 from __future__ import annotations
 

@@ -175,7 +175,8 @@ class Pipeline:
         self.condition = conditional_update  # (or its predicate does not hold)
         self._penalty = 0.0  # the batch's weight penalties (in its loss)
         self._skipped: frozenset[str] = frozenset()  # variables the step does not update
-        self._sources: dict[str, np.ndarray] = {}  # the frozen weights' writes' sources
+        self._before: dict[str, np.ndarray] = {}  # sources' values before the step's updates
+        self._after: dict[str, np.ndarray] = {}  # and after them
         self._scale = np.float32(1.0)  # the step's dynamic loss scale
         specs = params or {}
         self.shared = SharedWeights(shared or {}, specs, state, weight_program)
@@ -326,7 +327,8 @@ class Pipeline:
         m_count = self.batch_size // self.micro
         backward = training and self.optimizer is not None and bool(self.loss_kernel)
         self._step = step
-        self._sources = self._write_sources() if backward else {}
+        self._before = {var: value.copy() for var, value in self._sources(True).items()} \
+            if backward else {}
         self._penalty = self._regularization() if self.loss_kernel else 0.0
         if backward and self.dynamic is not None:
             self._seed_scale(np.float32(self.carried[self.dynamic.scale_variable]))
@@ -473,8 +475,9 @@ class Pipeline:
         step = self._step + write.step_offset
         if write.predicate is not None and not evaluate(write.predicate, step, self.carried):
             return False
+        read = self._before if write.before_update else self._after
         write_weight(write, weight, [evaluate(f, step, self.carried) for f in write.factors],
-                     tuple(self._sources[var] for var in write.sources))
+                     tuple(read[var] for var in write.sources))
         return True
 
     def _weights(self) -> dict[str, np.ndarray]:
@@ -484,20 +487,22 @@ class Pipeline:
         weights.update({var: v.value for var, v in self.shared.variables.items()})
         return weights
 
-    def _write_sources(self) -> dict[str, np.ndarray]:
-        """The trained weights the frozen weights' writes read: copies of their values
-        before the step's updates, or the weights themselves (read after the updates)."""
-        if not any(write.sources for write in self.writes.values()):
+    def _sources(self, before: bool) -> dict[str, np.ndarray]:
+        """The trained weights the frozen weights' writes read before (or after) the step's
+        updates, by name."""
+        names = {var for write in self.writes.values() if write.before_update == before
+                 for var in write.sources}
+        if not names:
             return {}
         weights = self._weights()
-        return {var: weights[var].copy() if write.before_update else weights[var]
-                for write in self.writes.values() for var in write.sources}
+        return {var: weights[var] for var in names}
 
     def _write_after_updates(self) -> None:
         """The weights' writes after the step's updates (decoupled weight decay), float16
         kernels' rounded copies and the shared weights' views and derived weights after."""
         if not self.writes:
             return
+        self._after = self._sources(False)
         for region in self.regions:
             for role, var in region.variables.items():
                 if var not in self.shared and (role in region.trained or var in self.writes
