@@ -103,6 +103,10 @@ def ddpg(features, labels, mode, params):
     if params.get("unordered"):  # no order to the updates: TF reads o before or after
         soft = _soft("actor", "tactor", params, step) + _soft("critic", "tcritic", params, step)
         return CSEstimatorSpec(mode, loss=critic_loss, train_op=tf.group(c_step, a_step, *soft))
+    if params.get("decay"):  # decoupled weight decay by hand of the actor, then the soft update
+        with tf.control_dependencies([c_step, a_step]):
+            decay = tf.group(*[v.assign(v * 0.999) for v in _trainable("actor")])
+        c_step = a_step = decay
     with tf.control_dependencies([c_step, a_step]):
         soft = _soft("actor", "tactor", params, step) + _soft("critic", "tcritic", params, step)
     return CSEstimatorSpec(mode, loss=critic_loss, train_op=tf.group(*soft))

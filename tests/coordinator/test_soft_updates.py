@@ -124,6 +124,7 @@ def test_a_hard_copy_every_2_steps_copies_on_the_steps_tf_does(compared):
                                   "no order to its update"),
     (m.ddpg, {"soft_first": "unwaited"}, "the soft update of tactor_0/kernel does not wait "
                                          "for the step's read of it"),
+    (m.ddpg, {"decay": True}, "which the train_op writes besides its update too"),
     (m.dqn_hard_copy, {"unordered": True}, "with no order to"),
     (m.dqn_hard_copy, {"both_branches": True}, "both branches of the tf.cond write variables"),
     (m.dqn_hard_copy, {"target_unread": True}, "which the training step does not read"),
