@@ -4,14 +4,21 @@ the modelzoo style): `v.assign_sub(wd * lr * v)` or `v.assign(v * (1 - wd))` und
 tf.control_dependencies([the optimizer's op]), or before the update with the dependencies
 the other way round; or a renormalization after it (TransE's entity embeddings
 `ent.assign(tf.nn.l2_normalize(ent, axis=1))`, a max-norm `w * tf.minimum(1., c / norm)`).
+Or a soft update of a frozen weight toward trained ones (a target network's Polyak
+averaging in DDPG, TD3, SAC; BYOL's momentum encoder): `t.assign(0.99 * t + 0.01 * o)`
+reads the trained weights `sources` (after their update, or before it: `before_update`) and
+is written after the step's updates; with a `predicate` (a schedule of the global step,
+1 / 0) only on the steps it holds (a DQN's hard copy `t.assign(o)` every N steps under
+tf.cond).
 
-A write is an expression of the weight and scalar factors (constants or schedules,
-wafer.schedules, evaluated at the global step + `step_offset`): steps in TF's operation
-order, each one float32 numpy operation as TF's CPU kernel computes it: arithmetic of two
-values (add, sub, mul, div, maximum, ...: the binary kernel's), an element-wise function of
-one (`f:<function>`: the activation kernel's, square, rsqrt, ...) or a reduction of one over
-axes (`r:<op>:<axes>:<keepdims 0/1>`, sum, mean, max, min, prod), so the written value is
-TF's. The last step's value is written (an assign_sub's `v - value` is its last step).
+A write is an expression of the weight, its sources' values and scalar factors (constants
+or schedules, wafer.schedules, evaluated at the global step + `step_offset`): steps in TF's
+operation order, each one float32 numpy operation as TF's CPU kernel computes it:
+arithmetic of two values (add, sub, mul, div, maximum, ...: the binary kernel's), an
+element-wise function of one (`f:<function>`: the activation kernel's, square, rsqrt, ...),
+a reduction of one over axes (`r:<op>:<axes>:<keepdims 0/1>`, sum, mean, max, min, prod) or
+a copy of one (`copy`), so the written value is TF's. The last step's value is written (an
+assign_sub's `v - value` is its last step).
 """
 from __future__ import annotations
 
@@ -26,7 +33,9 @@ from wafer.schedules import Schedule, render, schedule_problem
 
 FACTOR = "weight_write"  # the factor schedules' hyper_parameter
 REDUCE: dict[str, Callable[..., Any]] = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
-WEIGHT = "w"  # an input naming the weight's value; "f<k>": factor k; "s<k>": step k's value
+COPY = "copy"  # the step whose value is its input's (a hard copy t.assign(o))
+WEIGHT = "w"  # an input naming the weight's value; "f<k>": factor k; "s<k>": step k's value;
+# "v<k>": source k's value
 
 
 @dataclass(frozen=True)
@@ -40,23 +49,28 @@ class WeightWrite:
     variable: str  # the written weight's TF name
     steps: tuple[WriteStep, ...]
     factors: tuple[Schedule, ...]
-    before_update: bool = False  # False: after the step's update
+    before_update: bool = False  # False: after the step's update (of its sources, if any)
     step_offset: int = 0  # 1: the factors read the global step after the step's increment
     source: str = ""  # the user's source line of the write
+    sources: tuple[str, ...] = ()  # trained weights a frozen weight's write reads
+    predicate: Schedule | None = None  # a frozen weight's: written on the steps it is 1
 
     def to_message(self, pb):
         return pb.WeightWrite(
             variable=self.variable, steps=[pb.WriteStep(op=s.op, inputs=list(s.inputs))
                                            for s in self.steps],
             factors=[f.to_message(pb) for f in self.factors], before_update=self.before_update,
-            step_offset=self.step_offset, source=self.source)
+            step_offset=self.step_offset, source=self.source, sources=list(self.sources),
+            predicate=self.predicate.to_message(pb) if self.predicate is not None else None)
 
     @classmethod
     def from_message(cls, message) -> "WeightWrite":
         return cls(message.variable, tuple(WriteStep(s.op, tuple(s.inputs))
                                            for s in message.steps),
                    tuple(Schedule.from_message(f) for f in message.factors),
-                   bool(message.before_update), int(message.step_offset), message.source)
+                   bool(message.before_update), int(message.step_offset), message.source,
+                   tuple(message.sources), Schedule.from_message(message.predicate)
+                   if message.HasField("predicate") else None)
 
 
 def write_problem(write: WeightWrite) -> str:
@@ -65,12 +79,15 @@ def write_problem(write: WeightWrite) -> str:
         return "it needs steps and a step offset of 0 or 1"
     for index, step in enumerate(write.steps):
         known = {WEIGHT, *(f"f{k}" for k in range(len(write.factors))),
+                 *(f"v{k}" for k in range(len(write.sources))),
                  *(f"s{k}" for k in range(index))}
         if _arity(step.op) != len(step.inputs) or not set(step.inputs) <= known:
             return (f"step {index} ({step.op} of {list(step.inputs)}): the CS computes "
                     "arithmetic (add, sub, mul, div, ...), element-wise functions and "
-                    "reductions of the weight, factors and earlier steps")
-    for factor in write.factors:
+                    "reductions of the weight, its sources, factors and earlier steps")
+    if write.predicate is not None and not write.sources:
+        return "a predicate without sources: only a frozen weight's write has one"
+    for factor in (*write.factors, *((write.predicate,) if write.predicate else ())):
         problem = schedule_problem(factor)
         if problem or factor.hyper_parameter != FACTOR or factor.variables:
             return f"a factor: {problem or 'a ' + FACTOR + ' schedule of no variable needed'}"
@@ -86,7 +103,7 @@ def _arity(op: str) -> int:
         name, axes, keep = (rest.split(":") + ["", ""])[:3]
         ok = name in REDUCE and keep in ("0", "1") and all(a.isdigit() for a in axes.split(","))
         return 1 if ok else 0
-    return 2 if op in ARITHMETIC else 0
+    return 2 if op in ARITHMETIC else 1 if op == COPY else 0
 
 
 def _step(op: str, args: list[Any]) -> np.ndarray:
@@ -98,13 +115,18 @@ def _step(op: str, args: list[Any]) -> np.ndarray:
         name, axes, keep = rest.split(":")
         return REDUCE[name](args[0], axis=tuple(int(a) for a in axes.split(",")),
                             keepdims=keep == "1", dtype=np.float32)
+    if op == COPY:
+        return np.array(args[0], np.float32)
     return np.asarray(ARITHMETIC[op][0](*args), np.float32)
 
 
-def apply(write: WeightWrite, weight: np.ndarray, factors: list[np.float32]) -> None:
-    """Writes `weight` (float32, in place) with the steps' last value."""
+def apply(write: WeightWrite, weight: np.ndarray, factors: list[np.float32],
+          sources: tuple[np.ndarray, ...] = ()) -> None:
+    """Writes `weight` (float32, in place) with the steps' last value, given the sources'
+    values."""
     values: dict[str, np.ndarray | np.float32] = {
-        WEIGHT: weight, **{f"f{k}": np.float32(f) for k, f in enumerate(factors)}}
+        WEIGHT: weight, **{f"f{k}": np.float32(f) for k, f in enumerate(factors)},
+        **{f"v{k}": source for k, source in enumerate(sources)}}
     for index, step in enumerate(write.steps):
         values[f"s{index}"] = _step(step.op, [values[name] for name in step.inputs])
     np.copyto(weight, values[f"s{len(write.steps) - 1}"])
@@ -114,12 +136,15 @@ def describe(write: WeightWrite) -> str:
     """The written value as a formula of the weight `w` and the factors (the report's)."""
     symbols = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
     rendered = [render(f) for f in write.factors]
-    terms = {WEIGHT: "w", **{f"f{k}": f"({r})" if " " in r else r for k, r in enumerate(rendered)}}
+    terms = {WEIGHT: "w", **{f"f{k}": f"({r})" if " " in r else r for k, r in enumerate(rendered)},
+             **{f"v{k}": source for k, source in enumerate(write.sources)}}
     for index, step in enumerate(write.steps):
         args = [terms[name] for name in step.inputs]
         kind, _, rest = step.op.partition(":")
         if step.op in symbols:
             terms[f"s{index}"] = f"({args[0]} {symbols[step.op]} {args[1]})"
+        elif step.op == COPY:
+            terms[f"s{index}"] = args[0]
         elif kind == "f":
             terms[f"s{index}"] = f"{rest}({args[0]})"
         elif kind == "r":

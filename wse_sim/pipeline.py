@@ -175,6 +175,8 @@ class Pipeline:
         self.condition = conditional_update  # (or its predicate does not hold)
         self._penalty = 0.0  # the batch's weight penalties (in its loss)
         self._skipped: frozenset[str] = frozenset()  # variables the step does not update
+        self._before: dict[str, np.ndarray] = {}  # sources' values before the step's updates
+        self._after: dict[str, np.ndarray] = {}  # and after them
         self._scale = np.float32(1.0)  # the step's dynamic loss scale
         specs = params or {}
         self.shared = SharedWeights(shared or {}, specs, state, weight_program)
@@ -327,6 +329,8 @@ class Pipeline:
         self._step = step
         if self.shared.program is not None and self.shared.program.draws:
             self._redraw(training, step, index)
+        self._before = {var: value.copy() for var, value in self._sources(True).items()} \
+            if backward else {}
         self._penalty = self._regularization() if self.loss_kernel else 0.0
         if backward and self.dynamic is not None:
             self._seed_scale(np.float32(self.carried[self.dynamic.scale_variable]))
@@ -468,21 +472,44 @@ class Pipeline:
         """Whether the program writes `variable` besides its update at this time (before or
         after the update), having written `weight` in place."""
         write = self.writes.get(variable)
-        if write is None or write.before_update != before:
-            return False
+        if write is None or (write.before_update and not write.sources) != before:
+            return False  # (a frozen weight's write: after the updates, its sources as read)
         step = self._step + write.step_offset
-        write_weight(write, weight, [evaluate(f, step, self.carried) for f in write.factors])
+        if write.predicate is not None and not evaluate(write.predicate, step, self.carried):
+            return False
+        read = self._before if write.before_update else self._after
+        write_weight(write, weight, [evaluate(f, step, self.carried) for f in write.factors],
+                     tuple(read[var] for var in write.sources))
         return True
+
+    def _weights(self) -> dict[str, np.ndarray]:
+        """Every weight's value by its TensorFlow name."""
+        weights = {var: region.params[role] for region in self.regions
+                   for role, var in region.variables.items()}
+        weights.update({var: v.value for var, v in self.shared.variables.items()})
+        return weights
+
+    def _sources(self, before: bool) -> dict[str, np.ndarray]:
+        """The trained weights the frozen weights' writes read before (or after) the step's
+        updates, by name."""
+        names = {var for write in self.writes.values() if write.before_update == before
+                 for var in write.sources}
+        if not names:
+            return {}
+        weights = self._weights()
+        return {var: weights[var] for var in names}
 
     def _write_after_updates(self) -> None:
         """The weights' writes after the step's updates (decoupled weight decay), float16
         kernels' rounded copies and the shared weights' views and derived weights after."""
         if not self.writes:
             return
+        self._after = self._sources(False)
         for region in self.regions:
             for role, var in region.variables.items():
-                if var not in self.shared and role in region.trained and \
-                        self._written(var, region.params[role], before=False) and region.half:
+                if var not in self.shared and (role in region.trained or var in self.writes
+                                               and bool(self.writes[var].sources)) \
+                        and self._written(var, region.params[role], before=False) and region.half:
                     round_half_into(region.params[role], region.compute[role])
         written = {var for var, v in self.shared.variables.items()
                    if self._written(var, v.value, before=False)}
@@ -495,9 +522,7 @@ class Pipeline:
         carried state)."""
         if not self.moving_averages:
             return
-        weights = {var: region.params[role] for region in self.regions
-                   for role, var in region.variables.items()}
-        weights.update({var: v.value for var, v in self.shared.variables.items()})
+        weights = self._weights()
         for average in self.moving_averages:
             factor = evaluate(average.factor, step + average.step_offset, self.carried)
             update_average(self.carried[average.shadow], weights[average.variable], factor)

@@ -433,15 +433,24 @@ def check_moving_averages(program: pb.Program,
 
 def check_weight_writes(program: pb.Program, params: Mapping[str, ParamSpec],
                         derived: Mapping[str, Shape]) -> tuple[WeightWrite, ...]:
-    """The program's weight writes: each of a trained weight of the program (not derived),
-    once, its steps and factors valid (wafer.weight_writes)."""
+    """The program's weight writes: each of a weight of the program (not derived), once,
+    its steps and factors valid (wafer.weight_writes); a trained weight's reading no other
+    weight, a frozen weight's reading trained weights no write writes (a soft update)."""
     writes: list[WeightWrite] = []
+    written = {message.variable for message in program.weight_writes}
     for index, message in enumerate(program.weight_writes):
         write = WeightWrite.from_message(message)
         where = f"program {program.name!r}: weight write {index} ({write.variable})"
         spec = params.get(write.variable)
-        if spec is None or spec.frozen or write.variable in derived:
-            raise invalid(f"{where}: not a trained weight of the program")
+        if spec is None or spec.frozen != bool(write.sources) or write.variable in derived:
+            raise invalid(f"{where}: not a trained weight of the program, or a frozen one "
+                          "read by its write with trained weights")
+        for source in write.sources:
+            source_spec = params.get(source)
+            if source_spec is None or source_spec.frozen or source in derived or \
+                    source in written:
+                raise invalid(f"{where}: its source {source!r} is not a trained weight of "
+                              "the program no write writes")
         if write.variable in {w.variable for w in writes}:
             raise invalid(f"{where}: the weight is written twice")
         problem = write_problem(write)

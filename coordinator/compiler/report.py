@@ -247,8 +247,12 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
                      + (f", applying the sums of {', '.join(a for _, a in condition.accumulators)}"
                         if condition.accumulators else ""))
     for write in training.weight_writes:
-        lines.append(f"Weight write of {write.variable} ({'before' if write.before_update else 'after'}"
-                     f" every update, at {write.source}): w = {describe(write)}"
+        when = "before" if write.before_update else "after"
+        what = (f"Soft update of {write.variable} (after the updates, reading the weights "
+                f"{when} theirs" if write.sources else
+                f"Weight write of {write.variable} ({when} every update")
+        when = f", when {render(write.predicate)}" if write.predicate is not None else ""
+        lines.append(f"{what}{when}, at {write.source}): w = {describe(write)}"
                      + (" (factors at the incremented global step)" if write.step_offset else ""))
     return lines
 

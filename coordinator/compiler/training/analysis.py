@@ -13,8 +13,16 @@ from coordinator.compiler.ir import Objective, StatisticAverage, TrainedVariable
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from coordinator.compiler.training import conditional as training_conditional
 from coordinator.compiler.training import loss_scaling
+from coordinator.compiler.training.copies import conditional_writes
 from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
-from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
+from coordinator.compiler.training.graph import (
+    _fail,
+    _Refused,
+    _scalar,
+    _skip_identity,
+    step_runs,
+    variable_op,
+)
 from coordinator.compiler.training.noise import floored
 from coordinator.compiler.training.numbers import (
     GRADIENT_NOISE,
@@ -65,6 +73,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
         raise _Problems(["model_fn returned no train_op in train mode"])
     with extracted.graph.as_default():
         statistic_averages: list[StatisticAverage] = []
+        original = extracted
         try:
             conditional = training_conditional.inline(extracted)
             dynamic = loss_scaling.inline(extracted) if conditional is None else None
@@ -73,6 +82,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             if conditional is not None:
                 extracted = conditional.view
             updates, averages, written = _updates(extracted, statistic_averages)
+            written += conditional_writes(original, updates, written)
             condition = None
             if conditional is not None:
                 condition = conditional.update(updates)
@@ -218,18 +228,10 @@ def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool) -> tuple
                     "loss scaling (or a float16 model) with several losses minimized in one "
                     "step: the CS scales one loss's backward pass; train them in float32 "
                     "without loss scaling")
-    _read_before_updates(losses, chains, _step_runs(extracted))
+    _read_before_updates(losses, chains, step_runs(extracted))
     order = [c.update.variable for c in chains]
     return tuple(Objective(loss.name, tuple(v for v in order if v in names),
                            user_source(loss.op)) for loss, names in losses)
-
-
-def _step_runs(extracted: ExtractedGraph) -> set[tf.Operation]:
-    """The ops a training step runs: the train_op's, the loss's and the summaries' closures
-    (TF runs no other op, so a read outside them is never made)."""
-    spec, graph = extracted.spec, extracted.graph
-    starts = [spec.train_op, spec.loss, *graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)]
-    return {op for start in starts if start is not None for op in op_closure(start)}
 
 
 def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
@@ -334,6 +336,8 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
             items.append(Scheduled(FACTOR_OF_WRITE, reader, tensor, name=name,
                                    before_increment=not late,
                                    label=f"a factor of the write of {w.variable} ('{w.op.name}')"))
+        if w.predicate is not None:
+            offset.add(w.predicate_offset)
         if len(offset) > 1:
             raise ScheduleRefused(f"the write of {w.variable} reads the global step before and "
                                   f"after the step's increment ({w.op.type} '{w.op.name}' at "
@@ -348,5 +352,6 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
     writes = tuple(WeightWrite(
         w.variable, tuple(WriteStep(op, inputs) for op, inputs in w.steps),
         tuple(lowered[f"{w.variable}/{FACTOR_OF_WRITE}_{k}"] for k in range(len(w.factors))),
-        w.before_update, write_offsets[w.variable], user_source(w.op)) for w in written)
+        w.before_update, write_offsets[w.variable], user_source(w.op), w.sources, w.predicate)
+        for w in written)
     return schedules, moving, writes

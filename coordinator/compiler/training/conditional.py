@@ -31,7 +31,7 @@ from coordinator.compiler.schedules import (
 from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
 from coordinator.compiler.training.loss_scaling import _checked_gradients, import_branch
 from coordinator.compiler.training.updates import APPLY_OPS
-from coordinator.compiler.training.writes import _is_write
+from coordinator.compiler.training.writes import _is_write, copies_only
 from wafer.conditional_updates import ConditionalUpdate
 from wafer.schedules import Schedule
 
@@ -91,8 +91,8 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     dynamic loss scaling's (several, or writes outside besides the step's increment, with a
     finite test); _Refused otherwise."""
     train = extracted.spec.train_op
-    conds = [op for op in op_closure(train) if op.type in _CONDS and (
-        _writes(op._true_graph) or _writes(op._false_graph))]
+    conds = [op for op in op_closure(train) if op.type in _CONDS and not copies_only(op) and (
+        _writes(op._true_graph) or _writes(op._false_graph))]  # (copies: training/copies.py)
     if not conds:
         return None
     cond = conds[-1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import data_upstream, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 
 _READ_OPS = {"Identity", "ReadVariableOp", "Snapshot"}
 
@@ -30,6 +30,14 @@ def variable_op(tensor: tf.Tensor) -> tf.Operation:
     while op.type in _READ_OPS and op.inputs:
         op = op.inputs[0].op
     return op
+
+
+def step_runs(extracted: ExtractedGraph) -> set[tf.Operation]:
+    """The ops a training step runs: the train_op's, the loss's and the summaries' closures
+    (TF runs no other op, so a read outside them is never made)."""
+    spec, graph = extracted.spec, extracted.graph
+    starts = [spec.train_op, spec.loss, *graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)]
+    return {op for start in starts if start is not None for op in op_closure(start)}
 
 
 # Arithmetic on constants that tf.get_static_value does not fold (MixedPrecisionLossScale-

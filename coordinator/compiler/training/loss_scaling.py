@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, each_once, op_closure
 from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
-from coordinator.compiler.training.writes import _is_write
+from coordinator.compiler.training.writes import _is_write, copies_only
 from wafer.loss_scaling import CS1DynamicLossScale, DynamicLossScale, Rule, problem
 
 _CONDS = ("If", "StatelessIf")
@@ -48,8 +48,9 @@ class Inlined:
 def inline(extracted: ExtractedGraph) -> Inlined | None:
     """The train_op's dynamic loss scaling, proven; None when it runs no tf.cond that
     writes; _Refused for a cond it does not recognise."""
-    conds = [op for op in op_closure(extracted.spec.train_op) if op.type in _CONDS and (
-        _writes(op._true_graph) or _writes(op._false_graph))]  # (a schedule's conds write not)
+    conds = [op for op in op_closure(extracted.spec.train_op) if op.type in _CONDS and
+             not copies_only(op) and (_writes(op._true_graph) or _writes(op._false_graph))]
+    # (a schedule's conds write not; a target network's copies: training/copies.py)
     if not conds:
         return None
     why = _fail(conds[-1], "the train_op applies its updates inside a tf.cond: the CS carries "

@@ -5,9 +5,12 @@ of a batch statistic (which the matcher must find), or a write of a trained weig
 an expression of it (arithmetic with scalars, element-wise functions, reductions over
 constant axes) before or after its update (decoupled weight decay by hand, TransE's
 renormalization tf.nn.l2_normalize(ent, axis=1), a max-norm constraint;
-wafer.weight_writes); any other write is refused."""
+wafer.weight_writes), or a soft update of a weight the step does not train toward trained
+ones (a target network's Polyak averaging, a momentum encoder); any other write is
+refused."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
@@ -18,7 +21,14 @@ import tensorflow as tf
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.lowering import REDUCTIONS, UNARY, WEIGHT_ARITHMETIC
-from coordinator.compiler.training.graph import _fail, _Refused, _scalar, _skip_identity, variable_op
+from coordinator.compiler.training.graph import (
+    _fail,
+    _Refused,
+    _scalar,
+    _skip_identity,
+    step_runs,
+    variable_op,
+)
 from coordinator.compiler.training.updates import (
     APPLY_OPS,
     SUPPORTED,
@@ -32,7 +42,8 @@ from coordinator.compiler.training.updates import (
     merge_weight_decay,
 )
 from wafer.optimizers import OptimizerConfig
-from wafer.weight_writes import WEIGHT
+from wafer.schedules import Schedule
+from wafer.weight_writes import COPY, WEIGHT
 
 _WRITE_PREFIXES = ("Assign", "ResourceScatter", "Scatter", "ResourceApply", "Apply",
                    "SparseApply", "ResourceSparseApply", "ResourceStridedSliceAssign",
@@ -125,12 +136,17 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
     optimizers = list(dict.fromkeys(u.optimizer for u in updates))
     averages, others = [], []
     increments = []
+    trained = {variable_op(u.op.inputs[0]) for u in updates}
+    runs = _readers(step_runs(extracted))
     for op in writes:
         if op in owned:
             continue
         if _bookkeeping(op, extracted.graph, optimizers):
             if op.type in ("AssignAddVariableOp", "AssignAdd"):
                 increments.append(op)
+            continue
+        if _soft_update(op, trained) and _forward_reads(op, runs):
+            others.append(op)  # (not ema.apply's shadow: the step reads it)
             continue
         average = _moving_average(op)
         if average is not None:
@@ -184,12 +200,19 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                               f"its update: the CS averages the weights the train_op trains, "
                               "after their update (ema.apply under "
                               "tf.control_dependencies([the optimizer's op]))")
-    written = [_weight_write(op, by_var) for op in others]
+    written = [_weight_write(op, by_var, trained, runs) for op in others]
     twice = next((w for k, w in enumerate(written) if w.variable in
                   {x.variable for x in written[:k]}), None)
     if twice is not None:
         raise _fail(twice.op, f"the train_op writes {twice.variable} twice besides its update: "
                               "the CS carries out one such write per weight")
+    rewritten = next(((w, v) for w in written for v in w.sources
+                      if v in {x.variable for x in written}), None)
+    if rewritten is not None:
+        raise _fail(rewritten[0].op, f"the soft update of {rewritten[0].variable} reads "
+                                     f"{rewritten[1]}, which the train_op writes besides its "
+                                     "update too: the CS reads a source only as its optimizer "
+                                     "leaves it")
     # updates in graph order: compute_gradients' (creation) order
     return updates, averages, written
 
@@ -210,36 +233,98 @@ class _Write:
     steps: tuple[tuple[str, tuple[str, ...]], ...]  # wafer.weight_writes' steps
     factors: tuple[tuple[tf.Tensor, tf.Operation], ...]  # scalar tensors and their readers
     before_update: bool
+    sources: tuple[str, ...] = ()  # the trained weights a frozen weight's soft update reads
+    predicate: Schedule | None = None  # under a tf.cond (training/copies.py): its predicate
+    predicate_offset: int = 0  # 1: the predicate reads the step after its increment
 
 
-def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
+def copies_only(cond: tf.Operation) -> bool:
+    """Whether a cond's writes are all assignments of computed values (no optimizer's
+    update, no accumulator's zeroing): a target network's copy (training/copies.py)."""
+    writes = [op for branch in (cond._true_graph, cond._false_graph)
+              for op in branch.get_operations() if _is_write(op)]
+    return bool(writes) and all(op.type in ("AssignVariableOp", "Assign") and
+                                tf.get_static_value(op.inputs[1]) is None for op in writes)
+
+
+def _direct_reads(t: tf.Tensor) -> list[tf.Operation]:
+    """The variables `t` computes from through element-wise write steps only (arithmetic,
+    functions; not through a reduction: a batch statistic's moving average reduces the
+    activations of trained weights): the weights a written value is an expression of."""
+    t = _skip_identity(t)
+    if t.op.type in ("ReadVariableOp", "VariableV2"):
+        return [variable_op(t)]
+    kind, inputs = _step(t.op) if t.op.type in WEIGHT_ARITHMETIC or t.op.type in _FUNCTIONS \
+        else ("", [])
+    return [v for x in inputs for v in _direct_reads(x)]
+
+
+def _soft_update(op: tf.Operation, trained: set[tf.Operation]) -> bool:
+    """A write of a weight the step does not train whose value is an expression of trained
+    weights (a target network's Polyak averaging)."""
+    return (op.type in _WRITE_STEP and len(op.inputs) == 2
+            and variable_op(op.inputs[0]) not in trained
+            and bool(trained & set(_direct_reads(op.inputs[1]))))
+
+
+def _readers(runs: set[tf.Operation]) -> dict[tf.Operation, list[tf.Operation]]:
+    """Each variable's readers among the ops the step runs (`runs`): the ops taking its
+    handle, ref or a read of it."""
+    readers: dict[tf.Operation, list[tf.Operation]] = {}
+    for r in runs:
+        for var in {variable_op(t) for t in r.inputs} if r.type not in ("VarHandleOp",
+                                                                         "VariableV2") else ():
+            readers.setdefault(var, []).append(r)
+    return readers
+
+
+def _forward_reads(op: tf.Operation, runs: dict[tf.Operation, list[tf.Operation]],
+                   ) -> list[tf.Operation]:
+    """The ops the step runs (`runs`: `_readers`) that read the variable `op` writes, but
+    for `op`'s value."""
+    own = {op, *data_upstream(op)}
+    return [r for r in runs.get(variable_op(op.inputs[0]), []) if r not in own]
+
+
+def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.Operation],
+                  runs: dict[tf.Operation, list[tf.Operation]],
+                  anchor: tf.Operation | None = None) -> _Write:
     """`op`'s write as steps on its weight (wafer.weight_writes), or refused: the weight
-    must be trained, the value arithmetic, element-wise functions and reductions over
-    constant axes of the weight, constants and scalars computed per step, and the write
-    ordered with the update."""
+    must be trained, or not trained and the value a soft update reading trained weights
+    (sources), the value arithmetic, element-wise functions and reductions over constant
+    axes of the weight, its sources, constants and scalars computed per step, and the write
+    ordered with the update (with its sources' updates, and after the step's reads of it;
+    `anchor`: the tf.cond `op` was imported from, which orders it)."""
     target = variable_op(op.inputs[0])
     update = by_var.get(target.name)
-    if update is None:
+    frozen = update is None
+    if frozen and not _soft_update(op, trained):
         raise _fail(op, f"the train_op writes {target.name}, which is not an optimizer update "
                         "the CS carries out", STATE_HINT)
+    weights = {target, *trained} if frozen else {target}
     steps: list[tuple[str, tuple[str, ...]]] = []
     factors: list[tuple[tf.Tensor, tf.Operation]] = []
     reads: list[tf.Operation] = []
+    sources: dict[str, list[tf.Operation]] = {}  # a source's name -> its reads
     not_affine = (f"the train_op writes {target.name} with a value that is not arithmetic, "
                   "element-wise functions and reductions over constant axes of it, constants "
                   "and schedules (the CS carries out decoupled weight decay such as "
                   "v.assign_sub(wd * lr * v), and renormalizations such as "
                   "v.assign(tf.nn.l2_normalize(v, axis=1)) or v * tf.minimum(1.0, c / "
-                  "tf.norm(v, axis=1, keepdims=True)))")
+                  "tf.norm(v, axis=1, keepdims=True))), and soft updates of a weight the "
+                  "step does not train such as t.assign(0.99 * t + 0.01 * o)")
 
     def reads_target(t: tf.Tensor) -> bool:
-        return target in set(data_upstream(t.op))
+        return bool(weights & set(data_upstream(t.op)))
 
     def lower(t: tf.Tensor, reader: tf.Operation) -> str:
         t = _skip_identity(t)
         if t.op.type in ("ReadVariableOp", "VariableV2") and variable_op(t) is target:
             reads.append(t.op)
             return WEIGHT
+        if t.op.type in ("ReadVariableOp", "VariableV2") and variable_op(t) in weights:
+            sources.setdefault(variable_op(t).name, []).append(t.op)
+            return f"v{list(sources).index(variable_op(t).name)}"
         if not reads_target(t):
             value = _scalar(t)
             if t.dtype.base_dtype != tf.float32 or (value is None and t.shape.rank != 0) or \
@@ -259,15 +344,52 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update]) -> _Write:
     last = _WRITE_STEP[op.type]
     if last is not None:
         steps.append((last, (WEIGHT, value)))
-    if not steps or not reads:
+    if update is None and not steps and value.startswith("v"):  # a copy: t.assign(o)
+        steps.append((COPY, (value,)))
+    if not steps or not (sources if update is None else reads):
         raise _fail(op, not_affine)
+    write = _Write(op, target.name, tuple(steps), tuple(factors), False, tuple(sources))
+    if update is None:
+        return _soft_write(write, by_var, sources, runs, anchor)
     after = all(update.op in set(op_closure(r)) for r in reads)
     before = op in set(op_closure(update.op))
     if after == before:
         raise _fail(op, f"the train_op writes {target.name} besides its update, and neither "
                         "waits for the other: TF may run them in either order (write under "
                         "tf.control_dependencies([the optimizer's op]), or the other way round)")
-    return _Write(op, target.name, tuple(steps), tuple(factors), before)
+    return dataclasses.replace(write, before_update=before)
+
+
+def _soft_write(write: _Write, by_var: dict[str, _Update], sources: dict[str, list[tf.Operation]],
+                runs: dict[tf.Operation, list[tf.Operation]],
+                anchor: tf.Operation | None = None) -> _Write:
+    """`write`, a soft update (reading `sources`, each's reads), ordered: each read of a
+    source waits for the source's update or the update for it, all alike, and the write
+    for the step's other reads of its weight (the forward pass's); else refused. An
+    `anchor` (the tf.cond the write was imported from) orders the write and its reads."""
+    op, target = write.op, write.variable
+    orders = set()
+    for name, read_ops in sources.items():
+        update = by_var[name].op
+        for r in [anchor] if anchor is not None else read_ops:
+            after, before = update in set(op_closure(r)), r in set(op_closure(update))
+            if after == before:
+                raise _fail(op, f"the soft update of {target} reads {name} with no order to "
+                                f"its update: TF reads it before or after the update by chance",
+                            hint="write the update under tf.control_dependencies([the "
+                                 "optimizer's op]), or the optimizer's under the update's")
+            orders.add(before)
+    if len(orders) > 1:
+        raise _fail(op, f"the soft update of {target} reads some weights before their update "
+                        "and some after: the CS reads them all before or all after")
+    closure = set(op_closure(anchor if anchor is not None else op))
+    unordered = next((r for r in _forward_reads(op, runs) if r not in closure), None)
+    if unordered is not None:
+        raise _fail(op, f"the soft update of {target} does not wait for the step's read of it "
+                        f"('{unordered.name}' at {user_source(unordered)}): TF reads the old or "
+                        "the new value by chance", hint="write the update under "
+                        "tf.control_dependencies([the optimizer's op]) or of the loss")
+    return dataclasses.replace(write, before_update=orders.pop())
 
 
 def _step(op: tf.Operation) -> tuple[str, list[tf.Tensor]]:

@@ -1,0 +1,110 @@
+"""Writes of weights the step does not train under a tf.cond on the global step: a DQN's
+hard copy of its Q network into the target network every N steps (`tf.cond(tf.equal(step %
+N, 0), lambda: tf.group(*[t.assign(o) ...]), tf.no_op)` under
+tf.control_dependencies([the optimizer's op])), or a soft update every N steps.
+
+One branch writes, each write an assignment of a computed value (writes.copies_only); its
+writes are imported into the graph (loss_scaling.import_branch) and proven as soft updates
+(writes._weight_write, ordered by the cond: the cond waits for the sources' updates or they
+for it, and for the step's other reads of the target); the predicate, computed from the
+global step and constants, is lowered to 1 / 0 (read before or after the step's
+increment, as the cond orders it)."""
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure
+from coordinator.compiler.schedules import (
+    Scheduled,
+    ScheduleRefused,
+    executed_graph,
+    global_step,
+    lower_predicate,
+)
+from coordinator.compiler.training.conditional import _CONDS, _check_predicate, _writes
+from coordinator.compiler.training.graph import _fail, _Refused, _scalar, step_runs, variable_op
+from coordinator.compiler.training.loss_scaling import import_branch
+from coordinator.compiler.training.updates import _Update
+from coordinator.compiler.training.writes import (
+    _forward_reads,
+    _readers,
+    _weight_write,
+    _Write,
+    copies_only,
+)
+from wafer.weight_writes import FACTOR
+
+_PREFIX = "csrun_copy"
+
+
+def conditional_writes(extracted: ExtractedGraph, updates: list[_Update],
+                       written: list[_Write]) -> list[_Write]:
+    """The writes of the train_op's copying conds as soft updates with a predicate, or
+    _Refused."""
+    graph = extracted.graph
+    conds = [op for op in op_closure(extracted.spec.train_op)
+             if op.type in _CONDS and copies_only(op)]
+    if not conds:
+        return []
+    by_var = {u.variable: u for u in updates}
+    trained = {variable_op(u.op.inputs[0]) for u in updates}
+    readers = _readers(step_runs(extracted))
+    taken = {w.variable for w in written}
+    found: list[_Write] = []
+    for k, cond in enumerate(conds):
+        if _writes(cond._true_graph) and _writes(cond._false_graph):
+            raise _fail(cond, "both branches of the tf.cond write variables: the CS writes a "
+                              "copy on the steps a predicate of the global step holds, in one "
+                              "branch", hint="copy in one branch, tf.no_op in the other")
+        _check_predicate(graph, cond, cond.inputs[0])
+        negated = not _writes(cond._true_graph)
+        branch = cond._false_graph if negated else cond._true_graph
+        predicate, offset = _predicate(extracted, cond, negated)
+        for op in import_branch(graph, cond, branch, f"{_PREFIX}_{k}"):
+            target = variable_op(op.inputs[0]).name
+            if target in by_var or target in taken:
+                raise _fail(cond, f"the tf.cond writes {target}, which the train_op "
+                                  f"{'trains' if target in by_var else 'writes besides'}: the "
+                                  "CS copies under a tf.cond only into a weight the step does "
+                                  "not train and writes once (a target network)",
+                            hint="copy into a target network the optimizers do not train")
+            if not [r for r in _forward_reads(op, readers) if r is not cond]:
+                raise _fail(cond, f"the tf.cond copies into {target}, which the training step "
+                                  "does not read: the CS writes only weights its kernels hold",
+                            hint="copy into the target network the loss reads")
+            write = _weight_write(op, by_var, trained, readers, anchor=cond)
+            if any(_scalar(t) is None for t, _ in write.factors):
+                raise _fail(cond, f"the tf.cond writes {target} with a factor computed per "
+                                  "step: the CS copies under a tf.cond with constant factors")
+            taken.add(target)
+            found.append(dataclasses.replace(write, predicate=predicate,
+                                             predicate_offset=offset))
+    return found
+
+
+def _predicate(extracted: ExtractedGraph, cond: tf.Operation, negated: bool):
+    """The cond's predicate (negated: its negation) as a schedule of float32 1 / 0, and 1 if
+    it reads the global step after the step's increment (else 0)."""
+    graph = extracted.graph
+    step = global_step(graph)
+    increments = [op for op in op_closure(extracted.spec.train_op)
+                  if op.type in ("AssignAddVariableOp", "AssignAdd")
+                  and variable_op(op.inputs[0]).name == step]
+    reads = [r for r in data_upstream(cond.inputs[0].op) if r.type in ("ReadVariableOp",
+             "Identity") and r.inputs and variable_op(r.inputs[0]).name == step]
+    late = bool(increments) and bool(reads) and all(increments[0] in set(op_closure(r))
+                                                     for r in reads)
+    if increments and reads and not late and not all(
+            r in set(op_closure(increments[0])) for r in reads):
+        raise _fail(cond, "the tf.cond's predicate reads the global step with no order to the "
+                          "step's increment: TF reads it before or after by chance",
+                    hint="write the cond under tf.control_dependencies([the optimizer's op])")
+    try:
+        schedule = lower_predicate(extracted, executed_graph(extracted), Scheduled(
+            FACTOR, cond, cond.inputs[0], label="the predicate of the tf.cond copying weights",
+            before_increment=not late), negated)
+    except ScheduleRefused as problem:
+        raise _Refused(str(problem)) from None
+    return schedule, int(late)
