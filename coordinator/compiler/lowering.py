@@ -29,7 +29,7 @@ from coordinator.compiler import (
 )
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
-from wafer.kernels.activations import FLOAT32_ONLY
+from wafer.kernels.activations import FLOAT32_ONLY, INTEGER_FUNCTIONS
 from wafer.kernels.elementwise import ARITHMETIC
 
 # TF op -> the `activation` kernel's function (element-wise, one input).
@@ -177,6 +177,9 @@ def _unary(m: Context, op: tf.Operation) -> str:
     attrs: dict[str, Any] = {"function": UNARY[op.type]}
     if attrs["function"] in FLOAT32_ONLY and op.outputs[0].dtype == tf.float16:
         return _float32_only(op)
+    if op.outputs[0].dtype.is_integer and attrs["function"] not in INTEGER_FUNCTIONS:
+        return (f"{op.type} of {op.outputs[0].dtype.name} values: the CS computes it of floats "
+                f"(and {', '.join(sorted(INTEGER_FUNCTIONS))} of ints); tf.cast to float32 first")
     if op.type == "LeakyRelu":
         attrs["alpha"] = float(op.get_attr("alpha"))
     m.add_kernel(op.name, "activation", [op.inputs[0]], attrs, [], [op], op.outputs[0])
@@ -347,6 +350,9 @@ def _top_k(m: Context, op: tf.Operation) -> str:
                 "axis")
     if k is None:
         return "top_k with a k computed at run time: the CS needs a constant k"
+    if op.inputs[0].dtype not in (tf.float32, tf.int32):
+        return (f"sorts {op.inputs[0].dtype.name} values: the CS sorts float32 and int32; "
+                "tf.cast to float32 first")
     for out, indices in zip(op.outputs, (False, True)):
         if not indices or m.consumers(out) or out.name in m.protected:
             m.add_kernel(op.name if not indices else f"{op.name}/indices", "top_k",

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
+from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
 from wafer.libm import scalar
 from wafer.precision import is_half, round_half, round_half_
 from wafer.special_functions import bessel_i0e, bessel_i1e, digamma, lgamma, trigamma
@@ -622,10 +622,16 @@ def gradient(name: str, x: np.ndarray, y: np.ndarray, dy: np.ndarray, a: float =
     return FUNCTIONS[name][1](x, y, a, dy, out)
 
 
+# Functions whose TF int32/int64 kernels compute what numpy's do (a sort's negated indices:
+# tf.argsort's ascending order of ints).
+INTEGER_FUNCTIONS = {"neg": np.negative, "abs": np.abs}
+
+
 @register
 class Activation(Kernel):
     """An element-wise function of one float32 input (leaky_relu carries its `alpha`, pow
-    its `exponent`). Like TF, it lets inf and nan through (log(0), 1/0) without a warning."""
+    its `exponent`), or neg and abs of int32 and int64 (no gradient). Like TF, it lets inf
+    and nan through (log(0), 1/0) without a warning."""
 
     type_name = "activation"
 
@@ -649,6 +655,12 @@ class Activation(Kernel):
     def output_shape(self):
         return self.input_shapes[0]
 
+    def output_dtype(self, input_dtypes):
+        if self.function in INTEGER_FUNCTIONS and np.dtype(input_dtypes[0]) in [np.dtype(d) for d in INTEGER]:
+            return np.dtype(input_dtypes[0])
+        check_dtypes(self, input_dtypes, [(np.float32,)])
+        return np.dtype(np.float32)
+
     def _elements(self) -> int:
         return int(np.prod(self.input_shapes[0], dtype=np.int64))
 
@@ -663,6 +675,8 @@ class Activation(Kernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
+        if x.dtype.kind == "i":  # (an int input's output takes no gradient)
+            return INTEGER_FUNCTIONS[self.function](x), None
         with np.errstate(all="ignore"):
             y = apply(self.function, x, self.parameter, half=self.half,
                       tail=scalar_tail(ctx, x.shape))

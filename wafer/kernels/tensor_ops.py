@@ -530,7 +530,8 @@ class TopK(SampleKernel):
     """tf.math.top_k along the sample's last axis: attr k, and attr indices (False: the k
     largest values, True: their int32 positions). TF's order: largest first, equal values
     by lower index first. The values' gradient is the upstream gradient scattered into
-    zeros at the chosen positions (_TopKGrad); the indices take none."""
+    zeros at the chosen positions (_TopKGrad); the indices take none, nor do int32 values
+    (tf.argsort of ranks: argsort(argsort(x)))."""
 
     type_name = "top_k"
 
@@ -550,8 +551,8 @@ class TopK(SampleKernel):
         return (*self.input_shapes[0][:-1], self.k)
 
     def output_dtype(self, input_dtypes):
-        check_dtypes(self, input_dtypes, [(np.float32,)])
-        return np.dtype(np.int32 if self.indices else np.float32)
+        check_dtypes(self, input_dtypes, [(np.float32, np.int32)])
+        return np.dtype(np.int32 if self.indices else input_dtypes[0])
 
     def input_differentiable(self, index: int) -> bool:
         return not self.indices
@@ -564,7 +565,8 @@ class TopK(SampleKernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        order = np.argsort(-x, axis=-1, kind="stable")[..., :self.k]
+        descending = -x.astype(np.int64) if x.dtype.kind == "i" else -x  # (-INT32_MIN fits)
+        order = np.argsort(descending, axis=-1, kind="stable")[..., :self.k]
         if self.indices:
             return order.astype(np.int32), None
         return np.take_along_axis(x, order, axis=-1), order

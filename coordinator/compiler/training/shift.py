@@ -34,7 +34,8 @@ BatchNormalization, the common case) has the gradient 0; a variable of more than
 of size 1. Two paths that meet in an Add, Sub or SquaredDifference with opposite signs end
 there when both still carry exactly ± the read, broadcast (`_Pure`: moved by views, whole
 slices of its axis, means along other axes, shifts): an embedding's bias in the distance
-between two embeddings cancels. Sum and Mean pass d on. Any other op on a path (a
+between two embeddings cancels. Sum and Mean pass d on. A path ends where no gradient flows
+back: tf.stop_gradient, an op whose outputs the loss reads are integers (tf.argsort). Any other op on a path (a
 regularizer's L2Loss, the loss reading it) leaves its gradient real.
 """
 from __future__ import annotations
@@ -112,6 +113,8 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
                     return False
                 continue
             if _centred(op, tensor, constant):  # x − mean(x): the shift cancels
+                continue
+            if not _passes_gradient(op, upstream):  # (stop_gradient, an argsort's positions)
                 continue
             indices = [i for i, t in enumerate(op.inputs) if t is tensor]
             if len(indices) != 1:
@@ -207,6 +210,16 @@ def _pure_through(op: tf.Operation, index: int, pure: _Pure | None) -> _Pure | N
         whole = mapping is not None and axis in mapping and _whole(op, axis)
         return _Pure(mapping.index(axis), pure.scale) if whole and mapping is not None else None
     return None
+
+
+def _passes_gradient(op: tf.Operation, upstream: set[tf.Operation]) -> bool:
+    """Whether a gradient of the loss flows back through `op`: not through tf.stop_gradient,
+    nor through an op whose outputs the loss reads are integers (tf.argsort's positions, a
+    shape)."""
+    if op.type in ("StopGradient", "PreventGradient"):
+        return False
+    return any(out.dtype.is_floating and any(c in upstream for c in out.consumers())
+               for out in op.outputs)
 
 
 def _centred(op: tf.Operation, tensor: tf.Tensor, constant: frozenset[int]) -> bool:
