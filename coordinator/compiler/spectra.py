@@ -76,15 +76,15 @@ def _scaled(m: Context, op: tf.Operation, fft_length: int) -> bool:
     product = cut and cut.type == "StridedSlice" and m.sole_consumer(cut.outputs[0])
     if not has_kernel("scaled_spectrum") or not cut or not product or product.type != "Mul":
         return False
-    bounds = [m.operands.constant(t) for t in cut.inputs[1:]]
+    begin, end, strides = (m.operands.constant(t) for t in cut.inputs[1:])
     scale = m.operands.constant(product.inputs[1 if product.inputs[0] is cut.outputs[0] else 0])
     readers = m.consumers(product.outputs[0])
-    if any(b is None for b in bounds) or scale is None or not readers or any(
+    if begin is None or end is None or strides is None or scale is None or not readers or any(
             r.type not in ("Real", "Imag") or r.outputs[0].name in m.protected for r in readers):
         return False
     shape = static_shape(op.outputs[0])
     positions = np.arange(int(np.prod(shape))).reshape(shape)
-    kept = positions[strided_index(cut, *bounds)]
+    kept = positions[strided_index(cut, begin, end, strides)]
     if kept.shape[:-1] != shape[:-1] or kept.ndim != len(shape) or \
             (kept // shape[-1] != positions[..., :1] // shape[-1]).any():
         return False  # it slices more than the bins of each frame

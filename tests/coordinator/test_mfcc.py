@@ -1,8 +1,8 @@
 """MFCCs on the CS: tf.signal.dct (type II, also through
 tf.signal.mfccs_from_log_mel_spectrograms) is TF's real(rfft(x, [2n])[..., :n] * scale), a real
 linear map the `scaled_spectrum` kernel computes as one product with a float64 table. Proven
-here: the kernel against TF's tf.signal.dct forward and gradient (n = 13, 40, 64); an MFCC keyword spotter as users write it (|stft|², mel matrix, log, MFCCs,
-Conv2D, Adam) trains 4 steps like TF, evaluates and predicts like the CPU path; other complex
+here: the kernel against TF's tf.signal.dct forward and gradient (n = 13, 40, 64); an MFCC keyword spotter as users write it (|stft|², mel matrix,
+log, MFCCs, Conv2D, Adam) trains 4 steps like TF, evaluates and predicts like the CPU path; other complex
 uses of a sliced spectrum (a per-sample complex factor, its phase) and the type III DCT
 (an IRFFT) are refused in one line."""
 from __future__ import annotations
