@@ -1,10 +1,11 @@
 """MFCCs on the CS: tf.signal.dct (type II, also through
 tf.signal.mfccs_from_log_mel_spectrograms) is TF's real(rfft(x, [2n])[..., :n] * scale), a real
 linear map the `scaled_spectrum` kernel computes as one product with a float64 table. Proven
-here: the kernel against TF's tf.signal.dct forward and gradient (n = 13, 40, 64); an MFCC keyword spotter as users write it (|stft|², mel matrix,
-log, MFCCs, Conv2D, Adam) trains 4 steps like TF, evaluates and predicts like the CPU path; other complex
-uses of a sliced spectrum (a per-sample complex factor, its phase) and the type III DCT
-(an IRFFT) are refused in one line."""
+here: the kernel against TF's tf.signal.dct forward and gradient (n = 13, 40, 64); an MFCC
+keyword spotter as users write it (|stft|², mel matrix, log, MFCCs, Conv2D, Adam) trains 4
+steps like TF, evaluates and predicts like the CPU path, and so do orthonormal, type IV and
+zero-padded DCTs; other complex uses of a sliced spectrum (a per-sample complex factor, its
+phase) and the type III DCT (an IRFFT) are refused in one line."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -39,13 +40,16 @@ def keyword_input_fn(params):
 
 
 def mfcc_spotter(features, labels, mode, params):
-    """|stft|², a 20-band mel matrix, log(+1e-6), the first 13 MFCCs, two Conv2D, pooled,
-    Dense to the keywords; Adam; accuracy evaluated, classes and MFCCs predicted."""
+    """|stft|², a 20-band mel matrix, log(+1e-6), the first 13 MFCCs (or of tf.signal.dct with
+    params["dct"]), two Conv2D, pooled, Dense to the keywords; Adam; accuracy evaluated, classes and MFCCs predicted."""
     stft = tf.signal.stft(features, frame_length=128, frame_step=64, fft_length=128)
     power = tf.square(tf.abs(stft))
     mel = tf.signal.linear_to_mel_weight_matrix(20, 65, RATE, 50.0, 1800.0)
     log_mel = tf.math.log(tf.tensordot(power, mel, 1) + 1e-6)
-    mfcc = tf.signal.mfccs_from_log_mel_spectrograms(log_mel)[..., :13]
+    if "dct" in params:  # the cepstrum by tf.signal.dct itself
+        mfcc = tf.signal.dct(log_mel, **params["dct"])[..., :13]
+    else:
+        mfcc = tf.signal.mfccs_from_log_mel_spectrograms(log_mel)[..., :13]
     x = L.Conv2D(8, 3, padding="same", activation="relu")(mfcc[..., tf.newaxis])
     x = L.Conv2D(8, 3, activation="relu")(x)
     logits = L.Dense(WORDS)(L.GlobalAveragePooling2D()(x))
@@ -115,6 +119,17 @@ def test_the_mfcc_spotter_evaluates_and_predicts_like_the_cpu(spotter, tmp_path)
                                             str(tmp_path), spotter, steps=2) == ""
     assert cs_inprocess.prediction_mismatch(mfcc_spotter, keyword_input_fn, params(),
                                             str(tmp_path), spotter) == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dct", [{"norm": "ortho"}, {"type": 4}, {"n": 16}])
+def test_orthonormal_type_iv_and_padded_dcts_train_like_tensorflow(tmp_path, dct):
+    """norm="ortho" (a constant weight per coefficient after the kernel), type IV (the type II
+    of 2n values, every other coefficient) and n > the input's length (zero-padded)."""
+    run = cs_inprocess.compare(mfcc_spotter, keyword_input_fn, params(dct=dct), str(tmp_path),
+                               steps=4)
+    assert [k.type for k in run.compiled.program.kernels].count("scaled_spectrum") == 1
+    cs_inprocess.assert_same_training(run, rtol=1e-5)
 
 
 def refused_model(features, labels, mode, params):
