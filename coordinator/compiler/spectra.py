@@ -77,7 +77,8 @@ def _scaled(m: Context, op: tf.Operation, fft_length: int) -> bool:
     if not has_kernel("scaled_spectrum") or not cut or not product or product.type != "Mul":
         return False
     begin, end, strides = (m.operands.constant(t) for t in cut.inputs[1:])
-    scale = m.operands.constant(product.inputs[1 if product.inputs[0] is cut.outputs[0] else 0])
+    sliced = cut.outputs[0].name
+    scale = m.operands.constant(product.inputs[1 if product.inputs[0].name == sliced else 0])
     readers = m.consumers(product.outputs[0])
     if begin is None or end is None or strides is None or scale is None or not readers or any(
             r.type not in ("Real", "Imag") or r.outputs[0].name in m.protected for r in readers):
