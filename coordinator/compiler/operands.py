@@ -143,7 +143,7 @@ class Operands:
             begin, size = (a.astype(np.int64) for a in args)
             return index[tuple(slice(int(b), None if int(n) < 0 else int(b) + int(n))
                                for b, n in zip(begin, size))]
-        return index[_strided_index(op, *args)]
+        return index[strided_index(op, *args)]
 
     def zeros(self, tensor: tf.Tensor) -> np.ndarray | None:
         """Zeros, if `tensor` is a constant of zeros or a product of one and a weight."""
@@ -193,7 +193,7 @@ class Operands:
         return self.depends_on(tensor, RANDOM_OPS)
 
 
-def _strided_index(op: tf.Operation, begin: np.ndarray, end: np.ndarray,
+def strided_index(op: tf.Operation, begin: np.ndarray, end: np.ndarray,
                    strides: np.ndarray) -> tuple:
     """A StridedSlice's numpy index: TF's strided_slice is Python's slicing, spelt in masks."""
     masks = {k: op.get_attr(k) for k in ("begin_mask", "end_mask", "ellipsis_mask",

@@ -1,8 +1,10 @@
 """Spectrograms: TF's real FFT (RFFT: tf.signal.stft, tf.signal.rfft) of a per-sample float32
 value whose complex result is read only by ComplexAbs (tf.abs), Real or Imag (tf.math.real,
 tf.math.imag) becomes one `spectrum` kernel per part read; the complex value never leaves
-it. Any other use of a complex value (complex arithmetic, IRFFT, FFT, tf.math.angle) keeps
-the dtype refusal (precision.dtype_problem).
+it. An RFFT whose value only goes through a slice of its last axis and a product with a complex
+constant into Real or Imag (tf.signal.dct: real(rfft(x, [2n])[..., :n] * scale)) is one
+`scaled_spectrum` kernel, a real linear map. Any other use of a complex value (complex
+arithmetic, IRFFT, FFT, tf.math.angle) keeps the dtype refusal (precision.dtype_problem).
 
 The kernel's spectrum is the exact transform rounded to float32, TF's is 1.2-1.8e-7 of a
 frame's largest magnitude from it (docs/design.md): bins that are 0 but for that rounding
@@ -17,6 +19,7 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph
 from coordinator.compiler.ir import KernelNode, UnsupportedOp
+from coordinator.compiler.operands import static_shape, strided_index
 from coordinator.compiler.rules import Context, has_kernel
 from tf_model.model_fn import user_source
 from wafer.kernels import RunContext, build_kernel
@@ -32,6 +35,11 @@ KERNEL_ROWS = {
                 "tables, its gradient TF's (0 where a magnitude is 0); a mel filterbank "
                 "tf.tensordot(power, tf.signal.linear_to_mel_weight_matrix(...), 1) after it is "
                 "a folded batch's `matmul` of the constant table",
+    "scaled_spectrum": "RFFT read only through a constant slice of its last axis, a product "
+                       "with a complex constant and Real or Imag (tf.signal.dct type II, "
+                       "tf.signal.mfccs_from_log_mel_spectrograms): one product with a real "
+                       "table built in float64 from TF's float32 constants, its gradient the "
+                       "transposed map (TF's)",
 }
 
 
@@ -41,10 +49,12 @@ def lower(m: Context, op: tf.Operation) -> bool:
     x, length = op.inputs
     fft_length = m.operands.constant(length)
     readers = m.consumers(op.outputs[0])
-    if not has_kernel("spectrum") or not m.is_batched(x) or x.dtype != tf.float32 or \
-            fft_length is None or np.size(fft_length) != 1 or op.outputs[0].name in m.protected \
-            or not readers or any(r.type not in PARTS or r.outputs[0].name in m.protected
-                                  for r in readers):
+    if not m.is_batched(x) or x.dtype != tf.float32 or fft_length is None or \
+            np.size(fft_length) != 1 or op.outputs[0].name in m.protected or not readers:
+        return False
+    if any(r.type not in PARTS or r.outputs[0].name in m.protected for r in readers):
+        return _scaled(m, op, int(np.ravel(fft_length)[0]))
+    if not has_kernel("spectrum"):
         return False
     kernels: dict[str, tf.Tensor] = {}
     for reader in readers:
@@ -59,11 +69,58 @@ def lower(m: Context, op: tf.Operation) -> bool:
     return True
 
 
+def _scaled(m: Context, op: tf.Operation, fft_length: int) -> bool:
+    """The RFFT `op` sliced along its last axis, times a complex constant, read by Real or
+    Imag (tf.signal.dct) as one `scaled_spectrum` kernel per part, or False."""
+    cut = m.sole_consumer(op.outputs[0])
+    product = cut and cut.type == "StridedSlice" and m.sole_consumer(cut.outputs[0])
+    if not has_kernel("scaled_spectrum") or not cut or not product or product.type != "Mul":
+        return False
+    begin, end, strides = (m.operands.constant(t) for t in cut.inputs[1:])
+    sliced = cut.outputs[0].name
+    scale = m.operands.constant(product.inputs[1 if product.inputs[0].name == sliced else 0])
+    readers = m.consumers(product.outputs[0])
+    if begin is None or end is None or strides is None or scale is None or not readers or any(
+            r.type not in ("Real", "Imag") or r.outputs[0].name in m.protected for r in readers):
+        return False
+    shape = static_shape(op.outputs[0])
+    positions = np.arange(int(np.prod(shape))).reshape(shape)
+    kept = positions[strided_index(cut, begin, end, strides)]
+    if kept.shape[:-1] != shape[:-1] or kept.ndim != len(shape) or \
+            (kept // shape[-1] != positions[..., :1] // shape[-1]).any():
+        return False  # it slices more than the bins of each frame
+    bins = kept.reshape(-1, kept.shape[-1])[0] % shape[-1]
+    if scale.ndim and (scale.shape[-1] not in (1, len(bins)) or scale.size != scale.shape[-1]):
+        return False  # a scale per frame
+    scale = np.broadcast_to(np.ravel(scale), bins.shape).astype(np.complex64)
+    kernels: dict[str, tf.Tensor] = {}
+    for reader in readers:
+        part = PARTS[reader.type]
+        if part in kernels:
+            m.alias(reader, kernels[part])
+            continue
+        m.add_kernel(reader.name, "scaled_spectrum", [op.inputs[0]],
+                     {"fft_length": fft_length, "bins": [int(k) for k in bins], "part": part,
+                      "scale_real": [float(v) for v in scale.real],
+                      "scale_imag": [float(v) for v in scale.imag]}, [],
+                     [reader] if kernels else [op, cut, product, reader], reader.outputs[0],
+                     source_op=op)
+        kernels[part] = reader.outputs[0]
+    return True
+
+
+def _fft(read: tf.Tensor) -> tf.Operation:
+    """The RFFT whose (sliced and scaled: `scaled_spectrum`) value `read` is."""
+    if read.op.type == "Mul":
+        read = next(t for t in read.op.inputs if t.op.type == "StridedSlice").op.inputs[0]
+    return read.op
+
+
 def rounding_noise(kernels: list[KernelNode], extracted: ExtractedGraph) -> list[UnsupportedOp]:
-    """Each RFFT whose spectrum kernels, fed in place of TF's parts on input_fn's first batch,
+    """Each RFFT whose spectrum (and scaled_spectrum) kernels, fed in place of TF's parts on input_fn's first batch,
     move the loss or a gradient beyond NOISE_RTOL (training only)."""
     graph, spec, batch = extracted.graph, extracted.spec, extracted.first_batch
-    spectra = [k for k in kernels if k.type == "spectrum"]
+    spectra = [k for k in kernels if k.type in KERNEL_ROWS]
     if not spectra or batch is None or spec.loss is None:
         return []
     feed = {graph.get_tensor_by_name(extracted.placeholders[name]): value
@@ -74,15 +131,16 @@ def rounding_noise(kernels: list[KernelNode], extracted: ExtractedGraph) -> list
                  for g in tf.gradients(spec.loss, trainable)]
         outputs = {"the loss": spec.loss,
                    **{v.op.name: g for v, g in zip(trainable, grads) if g is not None}}
-        ffts = [graph.get_tensor_by_name(k.tf_tensor).op.inputs[0].op for k in spectra]
+        parts = [graph.get_tensor_by_name(k.tf_tensor).op.inputs[0] for k in spectra]
+        ffts = [_fft(part) for part in parts]
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(tf.compat.v1.global_variables_initializer())
             want, frames = session.run((outputs, [f.inputs[0] for f in ffts]), feed)
             fed = dict(feed)
-            for kernel, fft, x in zip(spectra, ffts, frames):
-                part = build_kernel(kernel.type, kernel.name, kernel.attrs, kernel.input_shapes)
-                value, _ = part.forward({}, [x], RunContext(training=True, batch_size=len(x)))
-                fed.update({r.outputs[0]: value for r in fft.outputs[0].consumers()
+            for kernel, read, x in zip(spectra, parts, frames):
+                built = build_kernel(kernel.type, kernel.name, kernel.attrs, kernel.input_shapes)
+                value, _ = built.forward({}, [x], RunContext(training=True, batch_size=len(x)))
+                fed.update({r.outputs[0]: value for r in read.consumers()
                             if PARTS.get(r.type) == kernel.attrs["part"]})
             got = session.run(outputs, fed)
     # a gradient's elements within NOISE_RTOL of the model's largest (a bias summing terms

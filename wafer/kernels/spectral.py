@@ -83,3 +83,57 @@ class Spectrum(Elementwise):
             scale = np.divide(g, magnitude, out=np.zeros_like(g), where=magnitude != 0)
             grad = (scale * real) @ self.cos.T - (scale * imag) @ self.sin.T
         return [grad.astype(np.float32)], {}
+
+
+@register
+class ScaledSpectrum(Elementwise):
+    """attrs fft_length N, bins (k_1..k_m), scale_real, scale_imag (the constant complex s_i)
+    and part (real, imag): Re or Im of y_(k_i) s_i, the RFFT's chosen bins times constants
+    (tf.signal.dct: real(rfft(x, [2n])[..., :n] * 2e^(−iπk/2n))). A real linear map of x, the
+    product with one table M (x (..., n_in) -> (..., m)) built in float64 from the float32
+    constants; the output rounded to float32 once. Its gradient g Mᵀ is TF's (Real's
+    complex(g, 0), Mul's g·conj(s), the slice's zero padding, _RFFTGrad): the transposed map."""
+
+    type_name = "scaled_spectrum"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
+        super().__init__(name, attrs, input_shapes)
+        length, bins, part = (self.attrs.get(k) for k in ("fft_length", "bins", "part"))
+        real, imag = (np.asarray(self.attrs.get(k, []), np.float64)
+                      for k in ("scale_real", "scale_imag"))
+        if len(self.input_shapes) != 1 or not self.input_shapes[0] or not is_int(length) or \
+                length < 1 or part not in ("real", "imag") or not isinstance(bins, list) or \
+                not bins or not all(is_int(k) and 0 <= k <= length // 2 for k in bins) or \
+                real.shape != (len(bins),) or imag.shape != (len(bins),):
+            raise KernelError(f"kernel {name!r} (scaled_spectrum): takes 1 input of rank >= 1, "
+                              "an int fft_length >= 1, bins in [0, fft_length // 2], a real "
+                              "and imaginary scale per bin and a part (real, imag); got "
+                              f"{self.input_shapes}, {length!r}, {bins!r}, {part!r}")
+        size = self.input_shapes[0][-1]
+        used = min(size, length)
+        # y_k s = Σ_j x_j (cos θ − i sin θ)(a + ib), θ = 2π jk/N
+        angles = 2 * np.pi * np.outer(np.arange(used), bins) / length
+        cos, sin = np.cos(angles), np.sin(angles)
+        self.table = np.zeros((size, len(bins)))
+        self.table[:used] = cos * real + sin * imag if part == "real" else cos * imag - sin * real
+
+    @property
+    def output_shape(self):
+        return (*self.input_shapes[0][:-1], self.table.shape[1])
+
+    def flops_per_sample(self) -> float:
+        """One product of the frames with the (n, m) table."""
+        return 2.0 * float(np.prod(self.input_shapes[0][:-1])) * self.table.size
+
+    def activation_bytes_per_sample(self) -> int:
+        return 4 * int(np.prod(self.output_shape))
+
+    def output_dtype(self, input_dtypes):
+        check_dtypes(self, input_dtypes, [(np.float32,)])
+        return np.dtype(np.float32)
+
+    def forward(self, params, inputs, ctx: RunContext):
+        return (inputs[0].astype(np.float64) @ self.table).astype(np.float32), None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        return [(grad_output.astype(np.float64) @ self.table.T).astype(np.float32)], {}
