@@ -8,7 +8,9 @@ kernels (their backward, TF's gradient functions) to the variables.
 
 Only element-wise ops, broadcasting arithmetic with constants or other weights, reductions,
 transposes, reshapes, products of matrices, softmax and log_softmax (a soft decision tree's
-tf.nn.softmax(leaf_logits)), tf.nn.l2_loss, stop_gradient, fake quantization (QAT) and views (strided slices with any
+tf.nn.softmax(leaf_logits)), tf.nn.l2_loss, stop_gradient, fake quantization (QAT),
+comparisons and tf.where on them or on a constant condition (SincNet's sinc(0) = 1; a
+comparison's bool value never meets the samples) and views (strided slices with any
 masks, tf.split/unstack, tf.gather at constant indices, tf.concat/stack of weights: Keras
 GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) and noise on
 weights (random_numbers.weight_draws: a `random` kernel with no input, drawn once a step:

@@ -3,8 +3,9 @@ the optimizer's own bookkeeping (Adam's beta powers), the global step's incremen
 seed generator's state, an ExponentialMovingAverage of a trained weight, a moving average
 of a batch statistic (which the matcher must find), or a write of a trained weight that is
 an expression of it (arithmetic with scalars, element-wise functions, reductions over
-constant axes) before or after its update (decoupled weight decay by hand, TransE's
-renormalization tf.nn.l2_normalize(ent, axis=1), a max-norm constraint;
+constant axes, comparisons and tf.where) before or after its update (decoupled weight decay
+by hand, TransE's renormalization tf.nn.l2_normalize(ent, axis=1), a max-norm constraint,
+tf.clip_by_norm;
 wafer.weight_writes), or a soft update of a weight the step does not train toward trained
 ones (a target network's Polyak averaging, a momentum encoder); any other write is
 refused."""
