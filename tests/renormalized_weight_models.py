@@ -2,8 +2,9 @@
 them: TransE (entity embeddings looked up for head, tail and a corrupted tail, a margin
 ranking loss, `ent.assign(tf.nn.l2_normalize(ent, axis=1))` under the step's control
 dependency), an MLP whose kernel columns get a max-norm constraint
-`w * tf.minimum(1.0, c / tf.norm(w, axis=0, keepdims=True))`, and tf.clip_by_norm, a write
-the CS does not carry out."""
+`w * tf.minimum(1.0, c / tf.norm(w, axis=0, keepdims=True))` or tf.clip_by_norm (its
+tf.where guard of a zero norm), and magnitude pruning by a cast mask, a write the CS does
+not carry out."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,7 @@ from weight_decay_models import CLASSES, FEATURES, HIDDEN, input_fn
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 ENTITIES, RELATIONS, DIM = 12, 3, 6
-__all__ = ["input_fn", "transe", "max_norm_mlp", "clipped_by_norm_mlp"]
+__all__ = ["input_fn", "transe", "max_norm_mlp", "clipped_by_norm_mlp", "pruned_mlp"]
 
 
 def triples_input_fn(params):
@@ -70,5 +71,12 @@ def max_norm_mlp(features, labels, mode, params):
 
 
 def clipped_by_norm_mlp(features, labels, mode, params):
-    """tf.clip_by_norm of the kernel after every update (a select the CS does not run)."""
+    """tf.clip_by_norm of each hidden unit's incoming weights after every update."""
     return _constrained_mlp(features, labels, mode, lambda w: tf.clip_by_norm(w, 0.5, axes=[0]))
+
+
+def pruned_mlp(features, labels, mode, params):
+    """The kernel's small weights zeroed after every update by a cast mask (a Cast the CS
+    does not write with)."""
+    return _constrained_mlp(features, labels, mode,
+                            lambda w: w * tf.cast(tf.abs(w) > 0.05, tf.float32))

@@ -4,7 +4,8 @@ them: a cosine classifier (l2-normalised features and class weights), weight nor
 (softplus), a masked and transposed kernel, a low-rank kernel, weight standardization of a
 convolution, an embedding looked up in its normalised table, a soft decision tree's leaf
 distributions (the softmax of a weight), a Kalman filter's covariance recurrence unrolled over
-the time steps, and one op the CS cannot run on a weight."""
+the time steps, SincNet's band-pass filters from learned cutoffs (sinc by tf.where), and ops
+the CS cannot run on a weight."""
 from __future__ import annotations
 
 import numpy as np
@@ -182,4 +183,52 @@ def cumulative_kernel(features, labels, mode, params):
     """A kernel built by a cumulative product of a weight: an op the CS does not run on weights."""
     w = tf.compat.v1.get_variable("w", [FEATURES, CLASSES])
     logits = tf.matmul(features, tf.math.cumprod(w, axis=0))
+    return _spec(mode, labels, logits, params)
+
+
+RATE, SAMPLES, TAPS, BANDS = 8000.0, 96, 15, 6
+
+
+def audio_input_fn(params):
+    """Noisy tones of 4 frequencies (SAMPLES at RATE Hz, one channel), the tone's index each."""
+    batch = params.get("batch_size", 8)
+    rng = np.random.default_rng(23)
+    y = (np.arange(4 * batch) % CLASSES).astype(np.int32)
+    hz = np.array([300.0, 900.0, 1700.0, 2800.0])[y][:, None]
+    t = np.arange(SAMPLES) / RATE
+    x = np.sin(2 * np.pi * hz * t + rng.uniform(0, 6, (len(y), 1))) + \
+        0.3 * rng.normal(size=(len(y), SAMPLES))
+    return tf.data.Dataset.from_tensor_slices((x[..., None].astype(np.float32), y)).batch(
+        batch, drop_remainder=True)
+
+
+def sincnet(features, labels, mode, params):
+    """SincNet's first layer (Ravanelli & Bengio): band-pass filters 2 f2 sinc(2 pi f2 n) -
+    2 f1 sinc(2 pi f1 n) from learned cutoffs f1, f2, windowed, as a Conv1D kernel; sinc(0)
+    = 1 by tf.where on the constant taps n, the divisor kept off 0 by tf.where on its value."""
+    low = tf.abs(tf.compat.v1.get_variable(
+        "low_hz", initializer=(np.linspace(100, 2400, BANDS) / RATE).astype(np.float32)))
+    band = tf.abs(tf.compat.v1.get_variable(
+        "band_hz", initializer=np.full(BANDS, 400.0 / RATE, np.float32)))
+    high = tf.minimum(low + band, 0.5)
+    n = tf.constant(np.arange(-(TAPS // 2), TAPS // 2 + 1), tf.float32)[:, None]
+
+    def lowpass(fc):
+        arg = 2 * np.pi * fc[None, :] * n
+        safe = tf.where(tf.abs(arg) < 1e-6, tf.ones_like(arg), arg)
+        return 2 * fc * tf.where(tf.equal(n, 0.0), tf.ones_like(arg), tf.sin(safe) / safe)
+
+    kernel = (lowpass(high) - lowpass(low)) * tf.constant(np.hamming(TAPS), tf.float32)[:, None]
+    h = tf.nn.conv1d(features, kernel[:, None, :], stride=1, padding="VALID")
+    h = tf.math.log1p(tf.abs(tf.keras.layers.MaxPooling1D(4)(h)))
+    logits = tf.keras.layers.Dense(CLASSES)(tf.keras.layers.GlobalAveragePooling1D()(h))
+    return _spec(mode, labels, logits, params)
+
+
+def row_selected_kernel(features, labels, mode, params):
+    """tf.compat.v1.where of a vector condition on a kernel: it picks whole rows, which the
+    CS does not run on weights."""
+    w = tf.compat.v1.get_variable("w", [FEATURES, CLASSES])
+    rows = tf.constant(np.arange(FEATURES) % 2 == 0)
+    logits = tf.matmul(features, tf.compat.v1.where(rows, w, -w))
     return _spec(mode, labels, logits, params)

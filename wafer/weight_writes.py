@@ -16,8 +16,10 @@ or schedules, wafer.schedules, evaluated at the global step + `step_offset`): st
 operation order, each one float32 numpy operation as TF's CPU kernel computes it:
 arithmetic of two values (add, sub, mul, div, maximum, ...: the binary kernel's), an
 element-wise function of one (`f:<function>`: the activation kernel's, square, rsqrt, ...),
-a reduction of one over axes (`r:<op>:<axes>:<keepdims 0/1>`, sum, mean, max, min, prod) or
-a copy of one (`copy`), so the written value is TF's. The last step's value is written (an
+a reduction of one over axes (`r:<op>:<axes>:<keepdims 0/1>`, sum, mean, max, min, prod), a
+comparison of two (greater, equal, ...: a bool value), tf.where of a bool value and two
+others (`select`: clip_by_norm's guard, bits copied as TF's Select) or a copy of one
+(`copy`), so the written value is TF's. The last step's value is written (an
 assign_sub's `v - value` is its last step).
 """
 from __future__ import annotations
@@ -28,20 +30,21 @@ from typing import Any, Callable
 import numpy as np
 
 from wafer.kernels.activations import FUNCTIONS, PARAMETERS
-from wafer.kernels.elementwise import ARITHMETIC
+from wafer.kernels.elementwise import ARITHMETIC, COMPARISONS, where
 from wafer.schedules import Schedule, render, schedule_problem
 
 FACTOR = "weight_write"  # the factor schedules' hyper_parameter
 REDUCE: dict[str, Callable[..., Any]] = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
 COPY = "copy"  # the step whose value is its input's (a hard copy t.assign(o))
+SELECT = "select"  # tf.where(cond, x, y) of a bool step and two values
 WEIGHT = "w"  # an input naming the weight's value; "f<k>": factor k; "s<k>": step k's value;
 # "v<k>": source k's value
 
 
 @dataclass(frozen=True)
 class WriteStep:
-    op: str  # a binary kernel's op, "f:<function>" or "r:<reduction>:<axes>:<keepdims>"
-    inputs: tuple[str, ...]  # two values for arithmetic, one for the others
+    op: str  # a binary kernel's op, "f:<function>", "r:<reduction>:<axes>:<keepdims>", ...
+    inputs: tuple[str, ...]  # two values for arithmetic and comparisons, three for select
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,9 @@ def write_problem(write: WeightWrite) -> str:
                  *(f"s{k}" for k in range(index))}
         if _arity(step.op) != len(step.inputs) or not set(step.inputs) <= known:
             return (f"step {index} ({step.op} of {list(step.inputs)}): the CS computes "
-                    "arithmetic (add, sub, mul, div, ...), element-wise functions and "
-                    "reductions of the weight, its sources, factors and earlier steps")
+                    "arithmetic (add, sub, mul, div, ...), comparisons, select, element-wise "
+                    "functions and reductions of the weight, its sources, factors and earlier "
+                    "steps")
     if write.predicate is not None and not write.sources:
         return "a predicate without sources: only a frozen weight's write has one"
     for factor in (*write.factors, *((write.predicate,) if write.predicate else ())):
@@ -103,7 +107,8 @@ def _arity(op: str) -> int:
         name, axes, keep = (rest.split(":") + ["", ""])[:3]
         ok = name in REDUCE and keep in ("0", "1") and all(a.isdigit() for a in axes.split(","))
         return 1 if ok else 0
-    return 2 if op in ARITHMETIC else 1 if op == COPY else 0
+    return 2 if op in ARITHMETIC or op in COMPARISONS else 3 if op == SELECT else \
+        1 if op == COPY else 0
 
 
 def _step(op: str, args: list[Any]) -> np.ndarray:
@@ -117,6 +122,11 @@ def _step(op: str, args: list[Any]) -> np.ndarray:
                             keepdims=keep == "1", dtype=np.float32)
     if op == COPY:
         return np.array(args[0], np.float32)
+    if op in COMPARISONS:
+        return np.asarray(COMPARISONS[op](*args))
+    if op == SELECT:
+        return where(np.asarray(args[0], np.bool_), *np.broadcast_arrays(
+            np.asarray(args[1], np.float32), np.asarray(args[2], np.float32)))
     return np.asarray(ARITHMETIC[op][0](*args), np.float32)
 
 

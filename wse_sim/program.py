@@ -310,8 +310,9 @@ def check_weight_program(program: pb.Program, params: dict[str, ParamSpec],
                          ) -> tuple[WeightProgram | None, dict[str, Shape]]:
     """The weight program (wafer.weight_programs): its sources are variables (added to
     `params`, `tf_shapes` and `uses`, with no use of their own when no kernel reads them
-    directly), its kernels weightless float32 kernels over them; every kernel param naming
-    one of its kernels (a derived weight) reads that kernel's value, whole; a kernel with no
+    directly), its kernels weightless float32 kernels over them (or bool: a comparison
+    tf.where reads); every kernel param naming one of its kernels (a derived weight) reads
+    that kernel's float32 value, whole; a kernel with no
     input draws random numbers (a `random` kernel: the step's draw)."""
     if not program.HasField("weight_program"):
         return None, {}
@@ -350,20 +351,20 @@ def check_weight_program(program: pb.Program, params: dict[str, ParamSpec],
         except (KernelError, ValueError) as error:
             raise invalid(f"{where}: {error}") from None
         out = tuple(kernel.output_shape)
-        if tuple(kernel_message.output_shape) != out or dtype != np.float32 or \
-                kernel.param_shapes():
+        if tuple(kernel_message.output_shape) != out or dtype not in (np.float32, np.bool_) \
+                or kernel.param_shapes():
             raise invalid(f"{where}: kernel {name!r} ({kernel_message.type}) computes a "
-                          f"{dtype.name} {out}, the program says float32 "
+                          f"{dtype.name} {out}, the program says float32 (or bool) "
                           f"{tuple(kernel_message.output_shape)}, with no weights")
         shapes[name], dtypes[name] = out, dtype
         steps.append(WeightStep(kernel, tuple(kernel_message.inputs)))
     weights = WeightProgram([s.variable for s in message.sources], steps)
     derived = {name: shapes[name] for name in weights.names}
     for var, found in uses.items():
-        if var in derived and any(use.view is not None or use.shape != derived[var]
-                                  for use in found):
-            raise invalid(f"{where}: a kernel reads its value {var!r} {derived[var]} other "
-                          "than whole")
+        if var in derived and (dtypes[var] != np.float32 or any(
+                use.view is not None or use.shape != derived[var] for use in found)):
+            raise invalid(f"{where}: a kernel reads its {dtypes[var].name} value {var!r} "
+                          f"{derived[var]} other than whole or as a weight")
     return weights, derived
 
 

@@ -30,7 +30,7 @@ from coordinator.compiler import (
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.activations import FLOAT32_ONLY, INTEGER_FUNCTIONS
-from wafer.kernels.elementwise import ARITHMETIC
+from wafer.kernels.elementwise import ARITHMETIC, COMPARISONS
 
 # TF op -> the `activation` kernel's function (element-wise, one input).
 UNARY = {"Neg": "neg", "Abs": "abs", "Square": "square", "Sqrt": "sqrt", "Rsqrt": "rsqrt",
@@ -57,9 +57,14 @@ RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
 # stop_gradient (tf.nn.moments' of a weight) and the views
 # users take of weights (slices, splits, constant gathers, concatenations, stacks).
 WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMETIC}
+# Comparisons of weights with constants or weights (bool) and tf.where on them or on a
+# constant condition (clip_by_norm's guard, SincNet's sinc(0) = 1).
+WEIGHT_COMPARISONS = {op: kind for op, kind in BINARY.items() if kind in COMPARISONS}
+SELECTS = ("Select", "SelectV2")
 WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
                 "ResourceGather", "ConcatV2", "Pack")
-WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, "AddN", *REDUCTIONS, *RESHAPES,
+WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN",
+                             *REDUCTIONS, *RESHAPES,
                              "Transpose", "MatMul", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
                              "Cumsum", *WEIGHT_VIEWS,
                              *quantization.FORMS})
@@ -271,11 +276,20 @@ def _add_n(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+ROW_SELECT = "tf.compat.v1.where with a vector condition selects whole rows: use tf.where"
+
+
+def selects_rows(op: tf.Operation) -> bool:
+    """A v1 Select of a vector condition and matrices: it picks whole rows (ROW_SELECT)."""
+    cond, x, _ = op.inputs
+    return op.type == "Select" and cond.shape.rank == 1 and bool(x.shape.rank) and \
+        x.shape.rank > 1
+
+
 @generic("Select", "SelectV2")
 def _select(m: Context, op: tf.Operation) -> str:
-    cond, x, _ = op.inputs
-    if op.type == "Select" and cond.shape.rank == 1 and x.shape.rank and x.shape.rank > 1:
-        return "tf.compat.v1.where with a vector condition selects whole rows: use tf.where"
+    if selects_rows(op):
+        return ROW_SELECT
     found = _operands(m, op, op.inputs, "select")
     if isinstance(found, str):
         return found

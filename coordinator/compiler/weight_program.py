@@ -8,7 +8,9 @@ kernels (their backward, TF's gradient functions) to the variables.
 
 Only element-wise ops, broadcasting arithmetic with constants or other weights, reductions,
 transposes, reshapes, products of matrices, softmax and log_softmax (a soft decision tree's
-tf.nn.softmax(leaf_logits)), tf.nn.l2_loss, stop_gradient, fake quantization (QAT) and views (strided slices with any
+tf.nn.softmax(leaf_logits)), tf.nn.l2_loss, stop_gradient, fake quantization (QAT),
+comparisons and tf.where on them or on a constant condition (SincNet's sinc(0) = 1; a
+comparison's bool value never meets the samples) and views (strided slices with any
 masks, tf.split/unstack, tf.gather at constant indices, tf.concat/stack of weights: Keras
 GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) and noise on
 weights (random_numbers.weight_draws: a `random` kernel with no input, drawn once a step:
@@ -29,10 +31,14 @@ from coordinator.compiler.extract import data_downstream, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, WeightProgram
 from coordinator.compiler.lowering import (
     REDUCTIONS,
+    ROW_SELECT,
+    SELECTS,
     UNARY,
     WEIGHT_ARITHMETIC,
+    WEIGHT_COMPARISONS,
     WEIGHT_PROGRAM_OPS,
     WEIGHT_VIEWS,
+    selects_rows,
     slice_bounds,
 )
 from coordinator.compiler.operands import Operands, Weight, static_shape
@@ -79,6 +85,11 @@ class WeightProgramBuilder:
         value = self._lower(tensor)
         if not isinstance(value, str):
             return self.problems.get(tensor.name, "its value is a constant")
+        if tensor.dtype.base_dtype != tf.float32:  # (a comparison: tf.where's condition)
+            op = tensor.op
+            return (f"{self.SUBJECT} with {op.type} '{op.name}' at {user_source(op)}: its "
+                    f"{tensor.dtype.base_dtype.name} value meets the samples (the CS computes "
+                    "float32 weights)")
         shape = static_shape(tensor)
         return Weight(value, shape, shape, "float32")
 
@@ -130,7 +141,7 @@ class WeightProgramBuilder:
         if op in self._step_readers():
             return self._refuse(tensor, f"computes on weights with a value of the global step "
                                         f"({where}): {ON_WEIGHTS}")
-        if tensor.dtype.base_dtype != tf.float32:
+        if tensor.dtype.base_dtype != (tf.bool if op.type in WEIGHT_COMPARISONS else tf.float32):
             return self._refuse(tensor, f"computes on weights in {tensor.dtype.base_dtype.name} "
                                         f"({where}): the CS's weight program computes in float32")
         weight = self.operands.weight(tensor)
@@ -167,8 +178,8 @@ class WeightProgramBuilder:
         bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
         if bad is not None:
             return self._refuse(tensor, self.problems[bad.name])
-        if not isinstance(inputs[0], str) and op.type not in (*WEIGHT_ARITHMETIC, "AddN",
-                                                               "MatMul"):
+        if not isinstance(inputs[0], str) and op.type not in (
+                *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN", "MatMul"):
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: its first input "
                                         "is a constant")
         return self._kernel(op, tensor, inputs)
@@ -192,8 +203,12 @@ class WeightProgramBuilder:
             if op.type == "LeakyRelu":
                 attrs["alpha"] = float(op.get_attr("alpha"))
             return self._add(op, tensor, "activation", inputs[:1], attrs)
-        if op.type in WEIGHT_ARITHMETIC or op.type == "AddN":
+        if op.type in WEIGHT_ARITHMETIC or op.type in WEIGHT_COMPARISONS or op.type == "AddN":
             return self._arithmetic(op, tensor, inputs, out)
+        if op.type in SELECTS:  # tf.where: TF's gradient to the branch chosen, zeros to the other
+            if selects_rows(op):
+                raise _Unfit(ROW_SELECT)
+            return self._elementwise(op, tensor, "select", inputs, {}, "", "0", out)
         if op.type == "StopGradient":
             return self._add(op, tensor, "stop_gradient", inputs[:1], {})
         if op.type == "L2Loss":  # tf.nn.l2_loss: sum(x ** 2) / 2 (TF's L2LossGrad: x * g)
@@ -332,22 +347,29 @@ class WeightProgramBuilder:
                     out: tuple[int, ...]) -> str:
         """Binary kernels (AddN: a chain of them) over weights (`i`, rank-aligned to the
         result's) and constants (`c`)."""
-        kind = "add" if op.type == "AddN" else WEIGHT_ARITHMETIC[op.type]
+        kind = "add" if op.type == "AddN" else {**WEIGHT_ARITHMETIC, **WEIGHT_COMPARISONS}[op.type]
         current = inputs[0]
         for index, value in enumerate(inputs[1:]):
             last = index == len(inputs) - 2
-            letters, names, attrs = "", [], {}
-            for k, v in enumerate((current, value)):
-                if isinstance(v, str):
-                    letters += "i"
-                    names.append(self._expanded(op, v, len(out), f"{index}_{k}"))
-                else:
-                    letters += "c"
-                    attrs[f"c{k}"] = np.asarray(v)
-            current = self._add(op, tensor if last else None, "binary", names,
-                                {"op": kind, "operands": letters, **attrs},
-                                suffix="" if last else f"/partial_{index}")
+            current = self._elementwise(op, tensor if last else None, "binary", [current, value],
+                                        {"op": kind}, "" if last else f"/partial_{index}",
+                                        str(index), out)
         return current
+
+    def _elementwise(self, op: tf.Operation, tensor: tf.Tensor | None, kind: str,
+                     values: list[Any], attrs: dict[str, Any], suffix: str, tag: str,
+                     out: tuple[int, ...]) -> str:
+        """A `kind` kernel over broadcast operands: weights (`i`, rank-aligned to the result's)
+        and constants (`c`)."""
+        letters, names, attrs = "", [], dict(attrs)
+        for k, v in enumerate(values):
+            if isinstance(v, str):
+                letters += "i"
+                names.append(self._expanded(op, v, len(out), f"{tag}_{k}"))
+            else:
+                letters += "c"
+                attrs[f"c{k}"] = np.asarray(v)
+        return self._add(op, tensor, kind, names, {**attrs, "operands": letters}, suffix=suffix)
 
     def _expanded(self, op: tf.Operation, value: str, rank: int, k: str) -> str:
         """`value` with leading 1s up to `rank` axes (TF aligns trailing axes)."""

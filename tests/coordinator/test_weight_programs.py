@@ -36,6 +36,7 @@ CASES = {
     "normalized_embedding": (m.normalized_embedding, m.token_input_fn, {"optimizer": "adam"}),
     "standardized_conv": (m.standardized_conv, m.image_input_fn, {"optimizer": "adam"}),
     "soft_decision_tree": (m.soft_decision_tree, m.input_fn, {"optimizer": "adam"}),
+    "sincnet": (m.sincnet, m.audio_input_fn, {"optimizer": "adam", "learning_rate": 0.01}),
 }
 # each model's weights the weight program reads, and a value it computes
 SOURCES = {"cosine_classifier": ({"w"}, "l2_normalize_1"),
@@ -45,7 +46,8 @@ SOURCES = {"cosine_classifier": ({"w"}, "l2_normalize_1"),
            "low_rank_kernel": ({"u", "v"}, "MatMul"),
            "normalized_embedding": ({"table"}, "l2_normalize"),
            "standardized_conv": ({"filters"}, "mul"),
-           "soft_decision_tree": ({"leaf_logits"}, "Softmax")}
+           "soft_decision_tree": ({"leaf_logits"}, "Softmax"),
+           "sincnet": ({"low_hz", "band_hz"}, "SelectV2_1")}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,12 @@ def test_a_soft_decision_tree_evaluates_on_the_cs_with_the_cpu_paths_metrics(com
     params = {**BASE, **CASES["soft_decision_tree"][2]}
     assert cs_inprocess.evaluation_mismatch(m.soft_decision_tree, m.input_fn, params,
                                             str(tmp_path), compared("soft_decision_tree")) == ""
+
+
+def test_sincnet_evaluates_on_the_cs_with_the_cpu_paths_metrics(compared, tmp_path):
+    params = {**BASE, **CASES["sincnet"][2]}
+    assert cs_inprocess.evaluation_mismatch(m.sincnet, m.audio_input_fn, params, str(tmp_path),
+                                            compared("sincnet")) == ""
 
 
 def test_a_learned_temperature_predicts_on_the_cs_what_the_cpu_path_predicts(compared, tmp_path):
@@ -124,6 +132,15 @@ def test_an_op_the_cs_cannot_run_on_a_weight_is_refused_in_one_line(tmp_path):
     assert "computes on weights with Cumprod 'Cumprod' at" in str(refused.value)
     assert cs_inprocess.refusal_problem(refused.value, m.__file__, cs_inprocess.model_op_words(
         m.cumulative_kernel, m.input_fn, BASE)) == ""
+
+
+def test_a_row_selection_of_a_weight_is_refused_in_one_line(tmp_path):
+    with pytest.raises(CSRunError) as refused:
+        cs_inprocess.compile_checked(m.row_selected_kernel, m.input_fn, BASE, str(tmp_path))
+    assert "with Select 'Select' at" in str(refused.value)
+    assert "selects whole rows: use tf.where" in str(refused.value)
+    assert cs_inprocess.refusal_problem(refused.value, m.__file__, cs_inprocess.model_op_words(
+        m.row_selected_kernel, m.input_fn, BASE)) == ""
 
 
 def test_the_cs_refuses_a_weight_program_it_cannot_run(compared):
@@ -194,6 +211,17 @@ EXPRESSIONS = {
     "LogSoftmax": lambda w, v, g, s: tf.nn.log_softmax(w - g, axis=0),
     "L2Loss": lambda w, v, g, s: tf.nn.l2_loss(w * v),
     "Prod": lambda w, v, g, s: tf.reduce_prod(w, 0),
+    "Greater": lambda w, v, g, s: tf.where(w > v, w, -v),
+    "GreaterEqual": lambda w, v, g, s: tf.where(w >= 1.0, w * v, g),
+    "Less": lambda w, v, g, s: tf.where(w < s + 1.0, w, 0.0),
+    "LessEqual": lambda w, v, g, s: tf.where(tf.less_equal(w, v), 1.0, w),
+    "Equal": lambda w, v, g, s: tf.where(tf.equal(tf.floor(w * 2.0), 2.0), w, v),
+    "NotEqual": lambda w, v, g, s: tf.where(tf.not_equal(tf.sign(s), 1.0), w * v, w),
+    "Select": lambda w, v, g, s: tf.compat.v1.where(
+        tf.constant([[True, False, True, False]] * 3), w, v * 2.0),
+    # sinc of 0 in the unchosen branch: TF's gradient is nan there, and so is the CS's
+    "SelectV2": lambda w, v, g, s: tf.where(tf.equal(w * [[0.0], [1.0], [1.0]], 0.0), 1.0,
+                                            tf.sin(w * [[0.0], [1.0], [1.0]]) / (w * [[0.0], [1.0], [1.0]])),
     "FakeQuantWithMinMaxArgs": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_args(
         w - 1.0, -0.4, 0.8, num_bits=4),
     "FakeQuantWithMinMaxVars": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_vars(

@@ -4,9 +4,9 @@ tf.control_dependencies([the optimizer's op]), or before it, on every trainable 
 or the kernels only, with Adam and Momentum, a constant learning rate and a schedule, on an
 MLP and a CNN, train on the CS as TensorFlow trains them (4 steps, rtol 1e-4); so do a
 weight's renormalizations after the update (TransE's tf.nn.l2_normalize(ent, axis=1) of
-looked-up entity embeddings, a max-norm constraint); the CS's write is TF's float32
-arithmetic bit for bit; a write it does not carry out (tf.clip_by_norm) is refused in one
-line naming the op."""
+looked-up entity embeddings, a max-norm constraint by hand or by tf.clip_by_norm, whose
+tf.where guards a zero norm); the CS's write is TF's float32 arithmetic bit for bit; a
+write it does not carry out (pruning by a cast mask) is refused in one line naming the op."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -33,7 +33,8 @@ CASES = {
     "adam_schedule_before": (m.mlp, m.input_fn, {"schedule": True, "decay_first": True}),
 }
 RENORMALIZED = {"transe": (r.transe, r.triples_input_fn, {}),
-                "max_norm_mlp": (r.max_norm_mlp, r.input_fn, {})}
+                "max_norm_mlp": (r.max_norm_mlp, r.input_fn, {}),
+                "clipped_by_norm_mlp": (r.clipped_by_norm_mlp, r.input_fn, {})}
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     return cs_inprocess.cached_comparisons(CASES, BASE, tmp_path_factory)
@@ -122,6 +123,18 @@ def test_the_cs_renormalizes_with_tfs_float32_values(renormalized):
     np.testing.assert_allclose(weight, expected, rtol=1e-6, atol=0)  # (sums: another order)
 
 
+def test_the_cs_clips_by_norm_with_tfs_float32_values(renormalized):
+    write = WeightWrite.from_message(
+        renormalized("clipped_by_norm_mlp").compiled.program.weight_writes[0])
+    assert {"greater", "select"} <= {s.op for s in write.steps}
+    weight = np.random.default_rng(7).normal(scale=0.2, size=(12, 16)).astype(np.float32)
+    weight[:, 3] = 0.0  # a zero norm: the guard's other branch
+    expected = tf.clip_by_norm(weight, 0.5, axes=[0]).numpy()
+    apply(write, weight, [np.float32(float(f.ops[0].value)) for f in write.factors])
+    np.testing.assert_allclose(weight, expected, rtol=1e-6, atol=0)  # (sums: another order)
+    assert (weight[:, 3] == 0).all()
+
+
 def test_transe_evaluates_on_the_cs_with_the_cpu_paths_metrics(renormalized, tmp_path):
     assert cs_inprocess.evaluation_mismatch(r.transe, r.triples_input_fn, BASE, str(tmp_path),
                                             renormalized("transe")) == ""
@@ -129,12 +142,12 @@ def test_transe_evaluates_on_the_cs_with_the_cpu_paths_metrics(renormalized, tmp
 
 def test_a_renormalization_the_cs_does_not_carry_out_is_refused_in_one_line(tmp_path):
     with pytest.raises(CSRunError) as refused:
-        cs_inprocess.compile_checked(r.clipped_by_norm_mlp, r.input_fn, BASE, str(tmp_path))
+        cs_inprocess.compile_checked(r.pruned_mlp, r.input_fn, BASE, str(tmp_path))
     message = str(refused.value)
     assert "not arithmetic, element-wise functions and reductions" in message
-    assert "clip_by_norm" in message and "tf.nn.l2_normalize(v, axis=1)" in message
+    assert "Cast" in message and "tf.nn.l2_normalize(v, axis=1)" in message
     assert cs_inprocess.refusal_problem(refused.value, r.__file__, cs_inprocess.model_op_words(
-        r.clipped_by_norm_mlp, r.input_fn, BASE)) == ""
+        r.pruned_mlp, r.input_fn, BASE)) == ""
 
 
 def test_the_cs_refuses_a_weight_write_it_cannot_carry_out(compared):

@@ -20,6 +20,7 @@ from coordinator.compiler.training.graph import (
     _Refused,
     _scalar,
     _skip_identity,
+    _uniform,
     step_runs,
     variable_op,
 )
@@ -322,7 +323,7 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
         offset = set()
         for k, (tensor, reader) in enumerate(w.factors):
             name = f"{w.variable}/{FACTOR_OF_WRITE}_{k}"
-            value = _scalar(tensor)
+            value = _uniform(tensor)  # (writes.py: a scalar, or one not shaping its reader)
             if value is not None:
                 constants[name] = Schedule(FACTOR_OF_WRITE, (ScalarOp(
                     "const", "float32", value=float(np.float32(value))),), tensor.name,

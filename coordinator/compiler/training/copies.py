@@ -24,7 +24,13 @@ from coordinator.compiler.schedules import (
     lower_predicate,
 )
 from coordinator.compiler.training.conditional import _CONDS, _check_predicate, _writes
-from coordinator.compiler.training.graph import _fail, _Refused, _scalar, step_runs, variable_op
+from coordinator.compiler.training.graph import (
+    _fail,
+    _Refused,
+    _uniform,
+    step_runs,
+    variable_op,
+)
 from coordinator.compiler.training.loss_scaling import import_branch
 from coordinator.compiler.training.updates import _Update
 from coordinator.compiler.training.writes import (
@@ -75,7 +81,7 @@ def conditional_writes(extracted: ExtractedGraph, updates: list[_Update],
                                   "does not read: the CS writes only weights its kernels hold",
                             hint="copy into the target network the loss reads")
             write = _weight_write(op, by_var, trained, readers, anchor=cond)
-            if any(_scalar(t) is None for t, _ in write.factors):
+            if any(_uniform(t) is None for t, _ in write.factors):
                 raise _fail(cond, f"the tf.cond writes {target} with a factor computed per "
                                   "step: the CS copies under a tf.cond with constant factors")
             taken.add(target)

@@ -76,6 +76,14 @@ def _scalar(tensor: tf.Tensor) -> float | None:
     return None if value is None or value.size != 1 else float(value.reshape(()))
 
 
+def _uniform(tensor: tf.Tensor) -> float | None:
+    """The value of a constant whose elements are all equal (a scalar, tf.ones_like's)."""
+    value = _const(tensor)
+    if value is None or value.size == 0 or np.any(value != value.flat[0]):
+        return None
+    return float(value.flat[0])
+
+
 def _skip_identity(tensor: tf.Tensor) -> tf.Tensor:
     while tensor.op.type in ("Identity", "Snapshot") or (
             tensor.op.type == "Cast" and tensor.op.inputs[0].dtype == tensor.dtype):

@@ -3,8 +3,9 @@ the optimizer's own bookkeeping (Adam's beta powers), the global step's incremen
 seed generator's state, an ExponentialMovingAverage of a trained weight, a moving average
 of a batch statistic (which the matcher must find), or a write of a trained weight that is
 an expression of it (arithmetic with scalars, element-wise functions, reductions over
-constant axes) before or after its update (decoupled weight decay by hand, TransE's
-renormalization tf.nn.l2_normalize(ent, axis=1), a max-norm constraint;
+constant axes, comparisons and tf.where) before or after its update (decoupled weight decay
+by hand, TransE's renormalization tf.nn.l2_normalize(ent, axis=1), a max-norm constraint,
+tf.clip_by_norm;
 wafer.weight_writes), or a soft update of a weight the step does not train toward trained
 ones (a target network's Polyak averaging, a momentum encoder); any other write is
 refused."""
@@ -20,12 +21,21 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import StatisticAverage
-from coordinator.compiler.lowering import REDUCTIONS, UNARY, WEIGHT_ARITHMETIC
+from coordinator.compiler.lowering import (
+    REDUCTIONS,
+    ROW_SELECT,
+    SELECTS,
+    UNARY,
+    WEIGHT_ARITHMETIC,
+    WEIGHT_COMPARISONS,
+    selects_rows,
+)
 from coordinator.compiler.training.graph import (
     _fail,
     _Refused,
     _scalar,
     _skip_identity,
+    _uniform,
     step_runs,
     variable_op,
 )
@@ -43,7 +53,7 @@ from coordinator.compiler.training.updates import (
 )
 from wafer.optimizers import OptimizerConfig
 from wafer.schedules import Schedule
-from wafer.weight_writes import COPY, WEIGHT
+from wafer.weight_writes import COPY, SELECT, WEIGHT
 
 _WRITE_PREFIXES = ("Assign", "ResourceScatter", "Scatter", "ResourceApply", "Apply",
                    "SparseApply", "ResourceSparseApply", "ResourceStridedSliceAssign",
@@ -326,7 +336,7 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.
             sources.setdefault(variable_op(t).name, []).append(t.op)
             return f"v{list(sources).index(variable_op(t).name)}"
         if not reads_target(t):
-            value = _scalar(t)
+            value = _scalar(t) if not _spread(t, reader) else _uniform(t)
             if t.dtype.base_dtype != tf.float32 or (value is None and t.shape.rank != 0) or \
                     (value is not None and t.shape.rank > len(target_shape)):
                 raise _fail(t.op, not_affine)
@@ -334,7 +344,7 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.
             return f"f{len(factors) - 1}"
         kind, inputs = _step(t.op)
         if not kind:
-            raise _fail(t.op, not_affine)
+            raise _fail(t.op, ROW_SELECT if t.op.type in SELECTS else not_affine)
         steps.append((kind, tuple(lower(x, t.op) for x in inputs)))
         return f"s{len(steps) - 1}"
 
@@ -399,6 +409,10 @@ def _step(op: tf.Operation) -> tuple[str, list[tf.Tensor]]:
         return WEIGHT_ARITHMETIC[op.type], list(op.inputs)
     if op.type in _FUNCTIONS:
         return f"f:{_FUNCTIONS[op.type]}", [op.inputs[0]]
+    if op.type in WEIGHT_COMPARISONS:
+        return WEIGHT_COMPARISONS[op.type], list(op.inputs)
+    if op.type in SELECTS:  # clip_by_norm's guard (a v1 Select of rows is no element-wise one)
+        return ("", []) if selects_rows(op) else (SELECT, list(op.inputs))
     axes = tf.get_static_value(op.inputs[1]) if op.type in REDUCTIONS else None
     rank = op.inputs[0].shape.rank
     if axes is None or rank is None or rank == 0 or np.size(axes) == 0:
@@ -406,6 +420,15 @@ def _step(op: tf.Operation) -> tuple[str, list[tf.Tensor]]:
     listed = ",".join(str(a) for a in sorted({int(a) % rank for a in np.atleast_1d(axes)}))
     keep = int(bool(op.get_attr("keep_dims")))
     return f"r:{REDUCTIONS[op.type]}:{listed}:{keep}", [op.inputs[0]]
+
+
+def _spread(t: tf.Tensor, reader: tf.Operation) -> bool:
+    """Whether `reader`'s other inputs broadcast to its value's shape without `t` (then a
+    constant `t` whose elements are all equal, tf.ones_like's, is a scalar to it)."""
+    others = [x.shape for x in reader.inputs if _skip_identity(x) is not t]
+    out = reader.outputs[0].shape
+    return bool(others) and out.is_fully_defined() and all(s.is_fully_defined() for s in others) \
+        and np.broadcast_shapes(*(tuple(s) for s in others)) == tuple(out)
 
 
 def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
