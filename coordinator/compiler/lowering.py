@@ -62,7 +62,7 @@ WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMET
 WEIGHT_COMPARISONS = {op: kind for op, kind in BINARY.items() if kind in COMPARISONS}
 SELECTS = ("Select", "SelectV2")
 WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
-                "ResourceGather", "ConcatV2", "Pack")
+                "ResourceGather", "ConcatV2", "Pack", "ReverseV2")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN",
                              *REDUCTIONS, *RESHAPES,
                              "Transpose", "MatMul", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",

@@ -299,6 +299,15 @@ class WeightProgramBuilder:
             if len(names) == 1:
                 return self._add(op, tensor, "reshape", names, {"shape": list(out)})
             return self._add(op, tensor, "concat", names, {"axis": axis % rank})
+        if kind == "ReverseV2":  # tf.reverse (a symmetric filter's mirrored half): takes
+            axes = sorted({int(a) % len(shape) for a in np.ravel(args[0])})  # in reverse order
+            current = names[0]
+            for k, axis in enumerate(axes):
+                last = k == len(axes) - 1
+                current = self._add(op, tensor if last else None, "take", [current],
+                                    {"axis": axis, "indices": list(range(shape[axis] - 1, -1, -1))},
+                                    suffix="" if last else f"/reverse_{axis}")
+            return current if axes else self._add(op, tensor, "reshape", names, {"shape": list(out)})
         if kind == "GatherV2":
             if op.get_attr("batch_dims") != 0:
                 raise _Unfit("it gathers with batch_dims")

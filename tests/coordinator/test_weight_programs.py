@@ -201,6 +201,7 @@ EXPRESSIONS = {
     "ResourceGather": lambda w, v, g, s: tf.gather(w, [2, 0, 2]) * v,
     "ConcatV2": lambda w, v, g, s: tf.concat([w, v * 2.0, s, w], axis=-1),
     "Pack": lambda w, v, g, s: tf.stack([w, v * 2.0, w], axis=1),
+    "ReverseV2": lambda w, v, g, s: tf.reverse(w * v, [1, 0]),  # (a mirrored filter's half)
     "Floor": lambda w, v, g, s: tf.floor(w * 3.0) * v, "Ceil": lambda w, v, g, s: tf.math.ceil(w * 3.0) * v,
     "Round": lambda w, v, g, s: tf.round(w * 3.0) * v, "Rint": lambda w, v, g, s: tf.math.rint(w * 3.0) * v,
     "FloorDiv": lambda w, v, g, s: tf.math.floordiv(w * 3.0, v) * v,
