@@ -1,5 +1,6 @@
 """Random numbers in the samples' computation (issue 21: a VAE, Keras GaussianNoise and
-GaussianDropout, Gumbel and truncated-normal noise). The CS draws its own numbers (docs/
+GaussianDropout, Gumbel and truncated-normal noise; unseen15: integers per sample, a DDPM's
+timesteps). The CS draws its own numbers (docs/
 design.md, "Determinism"); what is proven here: (1) they have the distribution of what TF's
 op with the same arguments draws; (2) with the draws made equal (compare_drawn hands the CS
 TF's), the models train to TF's losses and weights; (3) a resumed run draws what an unbroken
@@ -35,7 +36,9 @@ CASES = {"vae": (nm.vae, nm.input_fn, {"autoencoder": True}),
          "conditional_generator": (nm.conditional_generator, nm.input_fn, {}),
          "random_feature": (nm.random_feature, nm.input_fn, {}),
          "ddpm": (nm.ddpm, nm.input_fn, {}),
-         "ddpm_table": (nm.ddpm, nm.input_fn, {"table": True})}
+         "ddpm_table": (nm.ddpm, nm.input_fn, {"table": True}),
+         "ddpm_stateless": (nm.ddpm, nm.input_fn, {"stateless": True})}
+INTEGER_CASES = ("random_feature", "ddpm", "ddpm_table", "ddpm_stateless")
 # (what TF's op draws with the model's arguments) for the distribution tests
 TF_DRAWS = {"normal": lambda shape: tf.random.normal(shape, mean=0.5, stddev=2.0),
             "truncated_normal": lambda shape: tf.random.truncated_normal(shape, stddev=1.5),
@@ -52,8 +55,11 @@ def drawn(tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_with_tfs_draws_the_models_train_to_tfs_losses_and_weights(drawn, name):
     result = drawn(name)
-    assert any(k.type in DRAWING for k in result.compiled.program.kernels)
-    assert cs_inprocess.mismatches(result) == []
+    kernels = result.compiled.program.kernels
+    assert any(k.type in DRAWING for k in kernels)
+    if name in INTEGER_CASES:  # (each sample's integers drawn by the CS)
+        assert any(k.type == "random" and k.attrs["distribution"].s == "uniform_int" for k in kernels)
+    assert cs_inprocess.mismatches(result, rtol=1e-5) == []
 
 
 def _cs_draws(kind: str, tmp_path, **params) -> np.ndarray:
