@@ -1,8 +1,9 @@
 """Models with random numbers in the samples' computation, written the way users write them:
 a variational autoencoder (Dense encoder -> mean, log_var -> z = mean + exp(0.5 log_var) *
 eps -> Dense decoder; sigmoid cross-entropy reconstruction + KL; Adam), classifiers with
-Keras' GaussianNoise and GaussianDropout, Gumbel noise on logits, and one model per random
-number the CS refuses."""
+Keras' GaussianNoise and GaussianDropout, Gumbel noise on logits, integers drawn per sample
+(a random feature per sample, a DDPM's timesteps), and one model per random number the CS
+refuses."""
 from __future__ import annotations
 
 import numpy as np
@@ -87,13 +88,17 @@ def gumbel_logits(features, labels, mode, params):
 
 def draws(kind: str, shape_of: str = "batch"):
     """A model_fn predicting `features + <kind> draws` (tf.random.normal(mean 0.5, stddev
-    2), truncated_normal(stddev 1.5), uniform(-1, 3)) of the features' shape: what the CS
-    draws, for the distribution tests. A Dense layer gives the program a weight."""
+    2), truncated_normal(stddev 1.5), uniform(-1, 3), uniform integers in [-3, 5) of int32
+    or int64) of the features' shape: what the CS draws, for the distribution tests. A Dense
+    layer gives the program a weight."""
     def model_fn(features, labels, mode, params):
         shape = tf.shape(features)
         noise = {"normal": lambda: tf.random.normal(shape, mean=0.5, stddev=2.0),
                  "truncated_normal": lambda: tf.random.truncated_normal(shape, stddev=1.5),
-                 "uniform": lambda: tf.random.uniform(shape, -1.0, 3.0)}[kind]()
+                 "uniform": lambda: tf.random.uniform(shape, -1.0, 3.0),
+                 "int32": lambda: tf.cast(tf.random.uniform(shape, -3, 5, tf.int32), tf.float32),
+                 "int64": lambda: tf.cast(tf.random.uniform(shape, -3, 5, tf.int64), tf.float32),
+                 }[kind]()
         drawn = features + noise
         logits = tf.keras.layers.Dense(CLASSES)(drawn)
         return CSEstimatorSpec(mode=mode, predictions={"drawn": drawn, "logits": logits})
@@ -133,13 +138,6 @@ def value_shaped(features, labels, mode, params):
     n = tf.cast(tf.reduce_max(features), tf.int32) + 1
     noise = tf.random.normal(tf.stack([n, PIXELS]))
     return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(features + noise), params)
-
-
-def integer_draws(features, labels, mode, params):
-    """Random integers (a random feature index per sample)."""
-    index = tf.random.uniform([params.get("batch_size", 8)], 0, PIXELS, dtype=tf.int32)
-    picked = tf.gather(features, index, batch_dims=1)[:, None]
-    return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(features * picked), params)
 
 
 def stateless_categorical(features, labels, mode, params):
@@ -185,3 +183,83 @@ def noisy_labels(features, labels, mode, params):
     targets = labels + tf.random.normal(tf.shape(labels), stddev=0.1)
     loss = tf.compat.v1.losses.mean_squared_error(targets, prediction)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
+
+
+# ---- integers drawn per sample ----
+
+def random_feature(features, labels, mode, params):
+    """Random integers: a random feature index per sample, its value weighing the sample."""
+    index = tf.random.uniform([params.get("batch_size", 8)], 0, PIXELS, dtype=tf.int32)
+    picked = tf.gather(features, index, batch_dims=1)[:, None]
+    return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(features * picked), params)
+
+
+T_STEPS = 20
+_ALPHA_BAR = np.cumprod(1.0 - np.linspace(1e-4, 0.1, T_STEPS)).astype(np.float32)
+
+
+def _sinusoidal(t, dim=8):
+    freqs = tf.constant(np.exp(-np.log(100.0) * np.arange(dim // 2) / (dim // 2)), tf.float32)
+    angles = tf.cast(t, tf.float32)[:, None] * freqs[None]
+    return tf.concat([tf.sin(angles), tf.cos(angles)], -1)
+
+
+def ddpm(features, labels, mode, params):
+    """A DDPM denoiser: each sample's timestep t ~ U{0..T-1} (tf.random.uniform, int32),
+    x_t = sqrt(alpha_bar[t]) x0 + sqrt(1 - alpha_bar[t]) eps, a Dense network given a Dense
+    layer of a sinusoidal embedding of t predicts eps; params "table": the embedding a
+    tf.gather of a constant table by int64 timesteps, the denoiser a Conv2D over 4x4 images;
+    "stateless": t from tf.random.stateless_uniform with a seed variable. Prediction
+    denoises at a fixed timestep (tf.fill([batch], T // 2))."""
+    x0 = features * 2.0 - 1.0
+    batch = tf.shape(x0)[0]
+    dtype = tf.int64 if params.get("table") else tf.int32
+    if mode == ModeKeys.PREDICT:  # (denoising at a fixed timestep)
+        t = tf.fill([batch], tf.constant(T_STEPS // 2, dtype))
+    elif params.get("stateless"):
+        seed = tf.compat.v1.get_variable("seed", initializer=[5, 6], trainable=False)
+        t = tf.random.stateless_uniform([batch], seed, 0, T_STEPS, dtype=dtype)
+    else:
+        t = tf.random.uniform([batch], 0, T_STEPS, dtype=dtype)
+    noise = tf.zeros_like(x0) if mode == ModeKeys.PREDICT else tf.random.normal(tf.shape(x0))
+    ab = tf.gather(tf.constant(_ALPHA_BAR), t)[:, None]
+    xt = tf.sqrt(ab) * x0 + tf.sqrt(1.0 - ab) * noise
+    if params.get("table"):
+        table = np.random.default_rng(3).normal(size=(T_STEPS, 8)).astype(np.float32)
+        temb = tf.gather(tf.constant(table), t)
+        image = tf.reshape(xt, [-1, 4, 4, 1])
+        h = tf.keras.layers.Conv2D(4, 3, padding="same", activation="relu")(image)
+        h = tf.keras.layers.Flatten()(h)
+    else:
+        temb, h = _sinusoidal(t), xt
+    temb = tf.keras.layers.Dense(8, activation="swish")(temb)
+    h = tf.keras.layers.Dense(HIDDEN, activation="swish")(tf.concat([h, temb], 1))
+    eps = tf.keras.layers.Dense(PIXELS)(h)
+    if mode == ModeKeys.PREDICT:
+        x0_hat = (xt - tf.sqrt(1.0 - ab) * eps) / tf.sqrt(ab)
+        return CSEstimatorSpec(mode=mode, predictions={"eps": eps, "x0_hat": x0_hat})
+    loss = tf.compat.v1.losses.mean_squared_error(noise, eps)
+    metrics = {"eps_mse": tf.compat.v1.metrics.mean_squared_error(noise, eps),
+               "t_mean": tf.compat.v1.metrics.mean(tf.cast(t, tf.float32)),
+               "pixel_mean": tf.compat.v1.metrics.mean(x0)}
+    train_op = _train_op(loss, params) if mode == ModeKeys.TRAIN else None
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op, eval_metric_ops=metrics)
+
+
+# ---- integers the CS refuses ----
+
+def integer_bounds_computed(features, labels, mode, params):
+    """Integers below a bound computed from the samples' values."""
+    high = tf.cast(tf.reduce_max(features), tf.int32) + 2
+    index = tf.random.uniform([tf.shape(features)[0]], 0, high, dtype=tf.int32)
+    picked = tf.gather(features, index, batch_dims=1)[:, None]
+    return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(features * picked), params)
+
+
+def full_range_integers(features, labels, mode, params):
+    """tf.random.stateless_uniform of integers without bounds (the dtype's full range)."""
+    seed = tf.compat.v1.get_variable("seed", initializer=[3, 4], trainable=False)
+    bits = tf.random.stateless_uniform([tf.shape(features)[0]], seed, dtype=tf.int32,
+                                       minval=None, maxval=None)
+    picked = tf.cast(bits % 7, tf.float32)[:, None]
+    return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(features * picked), params)

@@ -2,7 +2,9 @@
 (tf.random.normal, truncated_normal, uniform, their tf.compat.v1 and Keras forms, the
 stateless ops of Keras' GaussianNoise and GaussianDropout) become `random` kernels
 (wafer.kernels.random_numbers) drawing the op's raw values; the graph's scale and shift
-(stddev, mean, maxval - minval, minval) are ordinary kernels after them. Multinomial
+(stddev, mean, maxval - minval, minval) are ordinary kernels after them. Integers of a
+per-sample shape (tf.random.uniform of an int dtype, RandomUniformInt, and its stateless
+forms) are `random` kernels drawing the op's values, uniform in its constant [minval, maxval). Multinomial
 (tf.random.categorical) of per-sample logits becomes a `categorical` kernel drawing each
 sample's classes.
 
@@ -13,7 +15,8 @@ source: the weight program draws it (weight_program.py), once a step,
 for every micro-batch of the step. What stays refused, in one line naming the op: numbers
 shared by the batch that meet per-sample values other than through a weight, a shape
 computed from values, a stateless op with a constant seed (TF repeats its numbers every
-step), integer draws and shuffles, and candidate samplers. Noise on the labels (targets
+step), integers over a dtype's full range (tf.random.stateless_uniform without bounds),
+shuffles, and candidate samplers. Noise on the labels (targets
 plus noise, classes drawn from a smoothed one-hot, a conditional generator's noise joined
 with one_hot(labels)) is the model's computation like any other.
 """
@@ -31,7 +34,12 @@ DRAWS = {"RandomStandardNormal": "normal", "StatelessRandomNormal": "normal",
          "StatelessRandomNormalV2": "normal", "TruncatedNormal": "truncated_normal",
          "StatelessTruncatedNormal": "truncated_normal",
          "StatelessTruncatedNormalV2": "truncated_normal", "RandomUniform": "uniform",
-         "StatelessRandomUniform": "uniform", "StatelessRandomUniformV2": "uniform"}
+         "StatelessRandomUniform": "uniform", "StatelessRandomUniformV2": "uniform",
+         "RandomUniformInt": "uniform_int", "StatelessRandomUniformInt": "uniform_int",
+         "StatelessRandomUniformIntV2": "uniform_int"}
+# An integer draw's minval and maxval: its inputs' positions, by op type.
+INTEGER_BOUNDS = {"RandomUniformInt": (1, 2), "StatelessRandomUniformInt": (2, 3),
+                  "StatelessRandomUniformIntV2": (4, 5)}
 # The random ops the CS draws (DRAWS and tf.random.categorical's Multinomial).
 DRAWN_OPS = {*DRAWS, "Multinomial"}
 # Draws of classes for the batch (tf.nn.nce_loss, tf.nn.sampled_softmax_loss).
@@ -39,8 +47,9 @@ CANDIDATE_SAMPLERS = ("LogUniformCandidateSampler", "UniformCandidateSampler",
                       "LearnedUnigramCandidateSampler", "FixedUnigramCandidateSampler",
                       "ThreadUnsafeUnigramCandidateSampler", "AllCandidateSampler",
                       "ComputeAccidentalHits")
-USE_INSTEAD = ("draw floats per sample: tf.random.normal, truncated_normal or uniform of "
-               "tf.shape(x), x a per-sample value")
+USE_INSTEAD = ("draw per sample: tf.random.normal, truncated_normal or uniform (floats, or "
+               "integers in [minval, maxval)) of tf.shape(x) or [tf.shape(x)[0]], x a "
+               "per-sample value")
 # The README's "Supported operations" row and refusal.
 KERNEL_ROWS = {"random": (
     "RandomStandardNormal, TruncatedNormal, RandomUniform and their stateless forms of a "
@@ -52,7 +61,10 @@ KERNEL_ROWS = {"random": (
     "before it meets the samples (Bayes by backprop's w = mu + softplus(rho) * eps, its bias's "
     "too): drawn once a step in the weight program, every sample of the step reading the "
     "same weights, the gradient taken back through it to mu and rho; in evaluation and "
-    "prediction once a batch"),
+    "prediction once a batch. RandomUniformInt and its stateless forms of a per-sample shape "
+    "(tf.random.uniform([batch], 0, T, dtype=tf.int32): a DDPM's timestep per sample), "
+    "constant minval < maxval, int32 or int64: each sample's integers drawn on the CS uniform "
+    "in [minval, maxval), in every mode; no gradient"),
     "categorical": (
     "Multinomial (tf.random.categorical, tf.compat.v1.multinomial) of per-sample logits "
     "[batch, classes], any num_samples, int64 or int32: each sample's classes drawn on the CS by "
@@ -63,8 +75,8 @@ REFUSED = {"random numbers": (
     "other than dropout masks and the draws above: numbers shared by the batch that meet "
     "per-sample values other than through a weight (noise added to activations), shapes "
     "computed from values, stateless ops with a constant seed "
-    "(tf.random.stateless_categorical too), integer draws, shuffles, candidate samplers "
-    "(tf.nn.nce_loss, sampled_softmax_loss)")}
+    "(tf.random.stateless_categorical too), integer draws of computed bounds or over the "
+    "dtype's full range, shuffles, candidate samplers (tf.nn.nce_loss, sampled_softmax_loss)")}
 
 
 def is_random(op_type: str) -> bool:
@@ -86,8 +98,9 @@ def refusal(op_type: str) -> str:
     if op_type == "StatelessMultinomial":
         return ("tf.random.stateless_categorical draws the same classes for the same seed at "
                 "every step; the CS draws fresh ones each step: use tf.random.categorical")
-    return (f"draws integers or a shuffle: the CS draws only floats and each sample's classes "
-            f"(tf.random.categorical); {USE_INSTEAD}")
+    return (f"draws a shuffle or integers over their dtype's full range: the CS draws floats, "
+            f"integers in [minval, maxval) and each sample's classes (tf.random.categorical); "
+            f"{USE_INSTEAD}")
 
 
 # Products reading a weight (a kernel, a filter) after the samples' operand.
@@ -101,7 +114,8 @@ def noise_on_weights(graph: tf.Graph, sources: list[tf.Tensor], targets: list[tf
     and the draws of shapes computed at run time to `targets` telling where the samples
     are."""
     draws = [op for op in graph.get_operations() if is_draw(op)]
-    static = [op for op in draws if op.type in DRAWS and op.outputs[0].shape.is_fully_defined()]
+    static = [op for op in draws if op.type in DRAWS and op.type not in INTEGER_BOUNDS
+              and op.outputs[0].shape.is_fully_defined()]  # (the weight program's are floats)
     if not static:
         return set()
     flow = data_flow_ops(graph, sources + [op.outputs[0] for op in draws if op not in static],
@@ -188,10 +202,28 @@ def _draw(m: Context, op: tf.Operation) -> str:
     # [B*k, ...] where values are folded k rows a sample (folded_batch.py): each sample's k
     # rows of numbers its own (k, ...), one number an element as TF's
     per_sample = shape[1:] if rows == 1 else (rows, *shape[1:])
-    m.add_kernel(op.name, "random", [m.sample_input()],
-                 {"distribution": distribution, "shape": list(per_sample)}, [], [op],
-                 op.outputs[0], output_shape=per_sample)
+    attrs: dict[str, object] = {"distribution": distribution, "shape": list(per_sample)}
+    if op.type in INTEGER_BOUNDS:
+        bounds = integer_bounds(m.operands, op)
+        if isinstance(bounds, str):
+            return bounds
+        attrs.update(minval=bounds[0], maxval=bounds[1], output=op.outputs[0].dtype.name)
+    m.add_kernel(op.name, "random", [m.sample_input()], attrs, [], [op], op.outputs[0],
+                 output_shape=per_sample)
     return ""
+
+
+def integer_bounds(operands: Operands, op: tf.Operation) -> tuple[int, int] | str:
+    """An integer draw's constant (minval, maxval), or why the CS does not draw it."""
+    low, high = (operands.constant(op.inputs[i]) for i in INTEGER_BOUNDS[op.type])
+    if low is None or high is None or np.ndim(low) or np.ndim(high):
+        return ("draws integers between bounds computed at run time (or not scalars): the CS "
+                "draws integers in constant bounds; give tf.random.uniform a constant minval "
+                "and maxval")
+    if int(low) >= int(high):
+        return (f"draws integers in [{int(low)}, {int(high)}), an empty range (TF fails at run "
+                f"time): give tf.random.uniform minval < maxval")
+    return int(low), int(high)
 
 
 @generic("Multinomial")

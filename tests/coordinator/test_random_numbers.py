@@ -1,5 +1,6 @@
 """Random numbers in the samples' computation (issue 21: a VAE, Keras GaussianNoise and
-GaussianDropout, Gumbel and truncated-normal noise). The CS draws its own numbers (docs/
+GaussianDropout, Gumbel and truncated-normal noise; unseen15: integers per sample, a DDPM's
+timesteps). The CS draws its own numbers (docs/
 design.md, "Determinism"); what is proven here: (1) they have the distribution of what TF's
 op with the same arguments draws; (2) with the draws made equal (compare_drawn hands the CS
 TF's), the models train to TF's losses and weights; (3) a resumed run draws what an unbroken
@@ -19,9 +20,11 @@ import tensorflow as tf
 import tf_reference
 
 from common.errors import CSRunError
+from common.run_settings import RunSettings
 from coordinator.compiler import compile_model
+from tf_model import cpu_session
 from wafer.kernels import KernelError, build_kernel
-from wafer.kernels.random_numbers import DRAWING, TRUNCATE, draw
+from wafer.kernels.random_numbers import DRAWING, TRUNCATE, draw, integers
 
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 CASES = {"vae": (nm.vae, nm.input_fn, {"autoencoder": True}),
@@ -30,7 +33,12 @@ CASES = {"vae": (nm.vae, nm.input_fn, {"autoencoder": True}),
          "gumbel_logits": (nm.gumbel_logits, nm.input_fn, {}),
          "noisy_labels": (nm.noisy_labels, nm.input_fn, {"autoencoder": True}),
          "sampled_labels": (nm.sampled_labels, nm.input_fn, {}),
-         "conditional_generator": (nm.conditional_generator, nm.input_fn, {})}
+         "conditional_generator": (nm.conditional_generator, nm.input_fn, {}),
+         "random_feature": (nm.random_feature, nm.input_fn, {}),
+         "ddpm": (nm.ddpm, nm.input_fn, {}),
+         "ddpm_table": (nm.ddpm, nm.input_fn, {"table": True}),
+         "ddpm_stateless": (nm.ddpm, nm.input_fn, {"stateless": True})}
+INTEGER_CASES = ("random_feature", "ddpm", "ddpm_table", "ddpm_stateless")
 # (what TF's op draws with the model's arguments) for the distribution tests
 TF_DRAWS = {"normal": lambda shape: tf.random.normal(shape, mean=0.5, stddev=2.0),
             "truncated_normal": lambda shape: tf.random.truncated_normal(shape, stddev=1.5),
@@ -47,8 +55,11 @@ def drawn(tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_with_tfs_draws_the_models_train_to_tfs_losses_and_weights(drawn, name):
     result = drawn(name)
-    assert any(k.type in DRAWING for k in result.compiled.program.kernels)
-    assert cs_inprocess.mismatches(result) == []
+    kernels = result.compiled.program.kernels
+    assert any(k.type in DRAWING for k in kernels)
+    if name in INTEGER_CASES:  # (each sample's integers drawn by the CS)
+        assert any(k.type == "random" and k.attrs["distribution"].s == "uniform_int" for k in kernels)
+    assert cs_inprocess.mismatches(result, rtol=1e-5) == []
 
 
 def _cs_draws(kind: str, tmp_path, **params) -> np.ndarray:
@@ -97,6 +108,20 @@ def test_the_cs_draws_what_tf_draws_in_distribution(kind, tmp_path):
     assert np.all(np.abs(np.mean(ref[:, None] <= cs_q, axis=0) - qs) < 6 * spread + 1e-4)
 
 
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_the_cs_draws_integers_uniform_in_their_range_as_tf_does(dtype, tmp_path):
+    """tf.random.uniform(shape, -3, 5, dtype) over 2^18 values: the CS's and TF's are the
+    integers -3..4 only, each drawn 1/8 of the time within 6 standard errors."""
+    cs = _cs_draws(dtype, tmp_path)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        ref = session.run(tf.random.uniform(DRAW_SHAPE, -3, 5, getattr(tf, dtype))).reshape(-1)
+    n, p = cs.size, 1 / 8
+    for values in (cs, ref):
+        assert set(np.unique(values)) == set(range(-3, 5))
+        counts = np.array([np.sum(values == k) for k in range(-3, 5)])
+        assert np.all(np.abs(counts - n * p) < 6 * np.sqrt(n * p * (1 - p)))
+
+
 def test_float16_draws_of_a_mixed_precision_gaussian_noise_keep_their_distribution(tmp_path):
     """Keras' GaussianNoise under mixed_float16 draws float16: the CS's values are float16
     numbers with the layer's standard deviation."""
@@ -122,15 +147,20 @@ def test_float16_draws_of_a_mixed_precision_gaussian_noise_keep_their_distributi
     assert abs(noisy.mean()) < 6 * 0.5 / np.sqrt(noisy.size)
 
 
-@pytest.mark.parametrize("distribution", ["normal", "truncated_normal", "uniform"])
+@pytest.mark.parametrize("distribution", ["normal", "truncated_normal", "uniform", "uniform_int"])
 def test_micro_batches_of_any_size_draw_what_the_whole_batch_draws(distribution):
     """The executor hands a region's micro-batches (and replicas' slices) its stream in
     batch order: split anywhere, the draws are the same numbers."""
     def stream():
         return np.random.Generator(np.random.PCG64(np.random.SeedSequence([7, 3, 11])))
-    whole = draw(stream(), distribution, (16, 5))
+
+    def of(rng, shape):
+        if distribution == "uniform_int":
+            return integers(rng, -3, 2 ** 40, shape)
+        return draw(rng, distribution, shape)
+    whole = of(stream(), (16, 5))
     rng = stream()
-    parts = np.concatenate([draw(rng, distribution, (m, 5)) for m in (3, 1, 7, 5)])
+    parts = np.concatenate([of(rng, (m, 5)) for m in (3, 1, 7, 5)])
     np.testing.assert_array_equal(parts, whole)
 
 
@@ -201,7 +231,8 @@ REFUSED = {
     "shared_noise": ("RandomStandardNormal", "not one set per sample"),
     "constant_seed": ("StatelessRandomNormalV2", "constant seed"),
     "value_shaped": ("RandomStandardNormal", "computed from values"),
-    "integer_draws": ("RandomUniformInt", "draws only floats"),
+    "integer_bounds_computed": ("RandomUniformInt", "constant minval and maxval"),
+    "full_range_integers": ("StatelessRandomUniformFullIntV2", "full range"),
     "stateless_categorical": ("StatelessMultinomial", "use tf.random.categorical"),
     "sampled_softmax": ("LogUniformCandidateSampler", "full softmax"),
 }
@@ -230,3 +261,31 @@ def test_the_draws_of_a_replay_are_the_kernels_values_not_a_stub(drawn):
 def test_a_random_kernel_of_an_unknown_distribution_is_refused_at_load():
     with pytest.raises(KernelError, match="a distribution among normal, truncated_normal, uniform"):
         build_kernel("random", "r", {"distribution": "poisson", "shape": [3]}, [(4,)])
+    for bounds in ({"minval": 5, "maxval": 5}, {"minval": 0, "maxval": 2 ** 31 + 1}):
+        with pytest.raises(KernelError, match="minval"):
+            build_kernel("random", "r", {"distribution": "uniform_int", "shape": [3],
+                                         "output": "int32", **bounds}, [(4,)])
+
+
+def test_a_ddpm_evaluates_on_the_cs(drawn, tmp_path):
+    """The trained DDPM evaluated on the CS: its draw-free metric is the CPU path's (1e-6);
+    its timesteps are the CS's own draws, integers whose mean over 32 samples lies within 6
+    standard errors of (T - 1) / 2; its noise-prediction error is finite and positive."""
+    path = cs_inprocess.trained_checkpoint(str(tmp_path), drawn("ddpm"))
+    cs = cs_inprocess.evaluate_like_the_chief(nm.ddpm, nm.input_fn, BASE, str(tmp_path), path, 4)
+    settings = RunSettings(str(tmp_path), BASE, None, None, None, None)
+    cpu = cpu_session.evaluate(nm.ddpm, nm.input_fn, settings, steps=4, checkpoint_path=path)
+    np.testing.assert_allclose(cs["pixel_mean"], cpu["pixel_mean"], rtol=1e-6)
+    spread = np.sqrt((nm.T_STEPS ** 2 - 1) / 12 / 32)
+    assert abs(cs["t_mean"] - (nm.T_STEPS - 1) / 2) < 6 * spread
+    assert cs["t_mean"] != cpu["t_mean"]  # (its own draws)
+    assert 0 < cs["eps_mse"] < 10 and cs["loss"] == pytest.approx(cs["eps_mse"], rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["ddpm", "ddpm_table"])
+def test_a_ddpm_predicts_at_a_fixed_timestep_as_the_cpu_path(drawn, name, tmp_path):
+    """Denoising at tf.fill([batch], T // 2) (no draws): the CS predicts the CPU path's eps and
+    x0_hat from the trained checkpoint."""
+    model_fn, input_fn, extra = CASES[name]
+    assert cs_inprocess.prediction_mismatch(model_fn, input_fn, {**BASE, **extra}, str(tmp_path),
+                                            drawn(name)) == ""

@@ -2,6 +2,8 @@
 truncated_normal, uniform and their stateless forms: a VAE's reparameterisation, Keras'
 GaussianNoise and GaussianDropout), as the raw draws of TF's op (standard normal, normal
 truncated to |z| < 2, uniform in [0, 1)); the graph's scale and shift are kernels after it.
+Integers (tf.random.uniform of an int dtype: a DDPM's timestep per sample) are drawn as TF's
+op returns them, uniform in [minval, maxval).
 A `random` kernel with no input is the weight program's (wafer.weight_programs): one draw of
 `shape` for a batch of one, once a step, that every micro-batch's kernels read through the
 weights computed from it (Bayes by backprop's w = mu + softplus(rho) * eps).
@@ -24,7 +26,7 @@ import numpy as np
 from wafer.kernels.base import INTEGER_NAMES, KernelError, RunContext, check_dtypes, is_int, register
 from wafer.kernels.structure import Elementwise
 
-DISTRIBUTIONS = ("normal", "truncated_normal", "uniform")
+DISTRIBUTIONS = ("normal", "truncated_normal", "uniform", "uniform_int")
 # The kernels drawing numbers of their own: those the test seam hands TF's draws instead.
 DRAWING = ("random", "categorical")
 # TF's TruncatedNormal keeps the standard normal values with |z| below this, redrawing others.
@@ -47,10 +49,19 @@ def replayed_draws(replay: Replay) -> Iterator[None]:
         _replay = None
 
 
+def integers(rng: np.random.Generator, low: int, high: int, shape: tuple[int, ...]) -> np.ndarray:
+    """`shape` int64 values uniform in [low, high): one 64-bit number of `rng` each, reduced
+    modulo high - low (as TF's CPU kernel reduces its random bits; the bias, (high - low) /
+    2^64, is below any test's resolution)."""
+    raw = rng.bit_generator.random_raw(math.prod(shape))
+    offsets = np.asarray(raw % np.uint64(high - low)).astype(np.int64)  # (wraps beyond 2^63)
+    return (np.int64(low) + offsets).reshape(shape)
+
+
 def draw(rng: np.random.Generator, distribution: str, shape: tuple[int, ...]) -> np.ndarray:
-    """`shape` float32 values of `distribution`, taken from `rng` value after value (the
-    truncated normal redraws only what it rejected, so the stream is used as a draw of one
-    value at a time would use it)."""
+    """`shape` float32 values of `distribution` (not uniform_int: `integers`), taken from
+    `rng` value after value (the truncated normal redraws only what it rejected, so the
+    stream is used as a draw of one value at a time would use it)."""
     if distribution == "uniform":
         return rng.random(shape, dtype=np.float32)
     values = rng.standard_normal(shape, dtype=np.float32)
@@ -66,10 +77,11 @@ def draw(rng: np.random.Generator, distribution: str, shape: tuple[int, ...]) ->
 
 @register
 class RandomNumbers(Elementwise):
-    """attrs distribution (DISTRIBUTIONS), shape (per sample). Its one input is any value of
-    the micro-batch (it reads only its number of samples) and takes no gradient; with none
-    it draws for a batch of one (the weight program's draw). Draws in training, evaluation
-    and prediction alike, as TF's op does in every mode."""
+    """attrs distribution (DISTRIBUTIONS), shape (per sample); uniform_int also minval <
+    maxval and output (int32 or int64, TF's dtype), its values in [minval, maxval). Its one
+    input is any value of the micro-batch (it reads only its number of samples) and takes no
+    gradient; with none it draws for a batch of one (the weight program's draw). Draws in
+    training, evaluation and prediction alike, as TF's op does in every mode."""
 
     type_name = "random"
     draws_random = True
@@ -84,6 +96,18 @@ class RandomNumbers(Elementwise):
             raise KernelError(f"kernel {name!r}: random takes 0 or 1 input, a distribution among "
                               f"{', '.join(DISTRIBUTIONS)} and a shape, got "
                               f"{len(self.input_shapes)} inputs, {self.distribution!r}, {self.shape}")
+        self.bounds: tuple[int, int] | None = None
+        self.output = "float32"
+        if self.distribution == "uniform_int":
+            low, high, output = (self.attrs.get(k) for k in ("minval", "maxval", "output"))
+            if not is_int(low) or not is_int(high) or low >= high or output not in INTEGER_NAMES:
+                raise KernelError(f"kernel {name!r}: random of uniform_int takes integers minval < "
+                                  f"maxval and output {' or '.join(INTEGER_NAMES)}, got {low!r}, "
+                                  f"{high!r}, {output!r}")
+            info = np.iinfo(output)
+            if low < info.min or high - 1 > info.max:
+                raise KernelError(f"kernel {name!r}: minval {low} and maxval {high} exceed {output}")
+            self.bounds, self.output = (low, high), output
 
     @property
     def output_shape(self):
@@ -93,7 +117,7 @@ class RandomNumbers(Elementwise):
         return float(max(math.prod(self.shape), 1))
 
     def output_dtype(self, input_dtypes):
-        return np.dtype(np.float32)  # whatever the input it reads the size of
+        return np.dtype(self.output)  # whatever the input it reads the size of
 
     def input_differentiable(self, index: int) -> bool:
         return False
@@ -101,8 +125,10 @@ class RandomNumbers(Elementwise):
     def forward(self, params, inputs, ctx: RunContext):
         shape = (inputs[0].shape[0] if inputs else 1, *self.shape)
         if _replay is not None:
-            return np.asarray(_replay(self.name, shape), np.float32).reshape(shape), None
+            return np.asarray(_replay(self.name, shape)).reshape(shape).astype(self.output), None
         assert ctx.rng is not None, "the pipeline gives a drawing region its random stream"
+        if self.bounds is not None:
+            return integers(ctx.rng, *self.bounds, shape).astype(self.output), None
         return draw(ctx.rng, self.distribution, shape), None
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
