@@ -105,9 +105,12 @@ def _constant_frontier(op: tf.Operation, forward: AbstractSet[tf.Operation]) -> 
     if op not in forward or op.type in ("Tile", "BroadcastTo", "Reshape") or \
             depends_on(op.outputs[0], SOURCE_OPS | VARIABLE_OPS, SHAPE_OPS) is not None:
         return False
-    return any(c in forward and any(depends_on(t, VARIABLE_OPS, SHAPE_OPS) is not None
+    if not any(c in forward and any(depends_on(t, VARIABLE_OPS, SHAPE_OPS) is not None
                                     for t in c.inputs)
-               for c in op.outputs[0].consumers())
+               for c in op.outputs[0].consumers()):
+        return False
+    value = _value(op.outputs[0])  # zeros (a recurrent layer's first state) times a weight:
+    return value is not None and bool(value.any())  # zeros, as Operands.zero_product knows
 
 
 def _meets_weights(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operation]) -> bool:
