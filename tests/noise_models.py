@@ -209,19 +209,16 @@ def ddpm(features, labels, mode, params):
     x_t = sqrt(alpha_bar[t]) x0 + sqrt(1 - alpha_bar[t]) eps, a Dense network given a Dense
     layer of a sinusoidal embedding of t predicts eps; params "table": the embedding a
     tf.gather of a constant table by int64 timesteps, the denoiser a Conv2D over 4x4 images;
-    "stateless": t from tf.random.stateless_uniform with a seed variable. Prediction
-    denoises at a fixed timestep (tf.fill([batch], T // 2))."""
+    "stateless": t from tf.random.stateless_uniform with a seed variable."""
     x0 = features * 2.0 - 1.0
     batch = tf.shape(x0)[0]
     dtype = tf.int64 if params.get("table") else tf.int32
-    if mode == ModeKeys.PREDICT:  # (denoising at a fixed timestep)
-        t = tf.fill([batch], tf.constant(T_STEPS // 2, dtype))
-    elif params.get("stateless"):
+    if params.get("stateless"):
         seed = tf.compat.v1.get_variable("seed", initializer=[5, 6], trainable=False)
         t = tf.random.stateless_uniform([batch], seed, 0, T_STEPS, dtype=dtype)
     else:
         t = tf.random.uniform([batch], 0, T_STEPS, dtype=dtype)
-    noise = tf.zeros_like(x0) if mode == ModeKeys.PREDICT else tf.random.normal(tf.shape(x0))
+    noise = tf.random.normal(tf.shape(x0))
     ab = tf.gather(tf.constant(_ALPHA_BAR), t)[:, None]
     xt = tf.sqrt(ab) * x0 + tf.sqrt(1.0 - ab) * noise
     if params.get("table"):

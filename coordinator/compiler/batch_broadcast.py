@@ -12,10 +12,7 @@ layer's weight) is a float16 kernel reading the weight's float16 copy.
 A constant tiled over the batch that meets weights before any sample, on the way to the loss
 or outputs (a Kalman filter's initial covariance tf.tile(P0[None], [batch, 1, 1]) carried by
 a tf.scan through F P F^T + Q), is a source too: each sample's row (`sample_constant`), and
-what follows is computed per sample, as TF computes each row of the batch; so is any
-value of constants alone of the batch's shape that a layer combines with weights
-(`_constant_frontier`: tf.fill([batch, k], c) into a Dense, a DDPM's time embedding of a
-fixed timestep).
+what follows is computed per sample, as TF computes each row of the batch.
 """
 from __future__ import annotations
 
@@ -37,15 +34,6 @@ def _static(tensor: tf.Tensor) -> np.ndarray | None:
     return None if value is None else np.asarray(value)
 
 
-def _value(tensor: tf.Tensor) -> np.ndarray | None:
-    """The value of a tensor of constants (and static shapes) alone."""
-    value = tf.get_static_value(tensor)
-    if value is None and depends_on(tensor, SOURCE_OPS | VARIABLE_OPS, SHAPE_OPS) is None:
-        with tf.compat.v1.Session(graph=tensor.graph) as session:
-            value = session.run(tensor)
-    return None if value is None else np.asarray(value)
-
-
 def _is_ones(tensor: tf.Tensor) -> bool:
     if tensor.op.type == "OnesLike":
         return True
@@ -64,8 +52,6 @@ def broadcast_value(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operat
     out = static_shape(op.outputs[0])
     if len(out) < 1 or out[0] != batch:
         return None
-    if _constant_frontier(op, forward):
-        return op.outputs[0], tuple(out)
     found: tuple[tf.Tensor, tuple[int, ...]] | None = None
     if op.type == "Tile" and op.inputs[0].shape.is_fully_defined():
         value = op.inputs[0]  # tiled within the sample too: a `tile` kernel follows
@@ -96,23 +82,6 @@ def broadcast_value(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operat
     return found
 
 
-def _constant_frontier(op: tf.Operation, forward: AbstractSet[tf.Operation]) -> bool:
-    """Whether `op` (of the batch's shape) computes a constant from constants alone (tf.fill
-    of the batch size, tf.ones_like(x) * c, a DDPM's sinusoidal embedding of a fixed
-    timestep tf.fill([batch], t)) that a consumer on the way to the loss or outputs combines
-    with weights (a Dense of it): each sample's row of it is a source, and the layers after
-    it compute per sample, as TF computes each row."""
-    if op not in forward or op.type in ("Tile", "BroadcastTo", "Reshape") or \
-            depends_on(op.outputs[0], SOURCE_OPS | VARIABLE_OPS, SHAPE_OPS) is not None:
-        return False
-    if not any(c in forward and any(depends_on(t, VARIABLE_OPS, SHAPE_OPS) is not None
-                                    for t in c.inputs)
-               for c in op.outputs[0].consumers()):
-        return False
-    value = _value(op.outputs[0])  # zeros (a recurrent layer's first state) times a weight:
-    return value is not None and bool(value.any())  # zeros, as Operands.zero_product knows
-
-
 def _meets_weights(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operation]) -> bool:
     """Whether a constant `op` tiles over the batch meets weights before any sample, its
     batch axis kept, on the way to the loss or outputs (a Kalman filter's initial covariance
@@ -138,8 +107,7 @@ def constant_rows(m: Context, op: tf.Operation) -> np.ndarray | None:
     """The value of a constant `op` tiles over the batch (each sample's row), or None if
     its value reads a weight."""
     if op.type not in ("Tile", "BroadcastTo", "Reshape"):  # (Mul: ones times a weight)
-        constant = depends_on(op.outputs[0], VARIABLE_OPS, SHAPE_OPS) is None
-        return _value(op.outputs[0]) if constant else None  # (a constant frontier's value)
+        return None
     value = op.inputs[0] if op.type != "Reshape" else op.inputs[0].op.inputs[0]
     found = m.operands.constant(value)
     if depends_on(value, VARIABLE_OPS, SHAPE_OPS) is not None or found is None:

@@ -280,12 +280,3 @@ def test_a_ddpm_evaluates_on_the_cs(drawn, tmp_path):
     assert abs(cs["t_mean"] - (nm.T_STEPS - 1) / 2) < 6 * spread
     assert cs["t_mean"] != cpu["t_mean"]  # (its own draws)
     assert 0 < cs["eps_mse"] < 10 and cs["loss"] == pytest.approx(cs["eps_mse"], rel=1e-5)
-
-
-@pytest.mark.parametrize("name", ["ddpm", "ddpm_table"])
-def test_a_ddpm_predicts_at_a_fixed_timestep_as_the_cpu_path(drawn, name, tmp_path):
-    """Denoising at tf.fill([batch], T // 2) (no draws): the CS predicts the CPU path's eps and
-    x0_hat from the trained checkpoint."""
-    model_fn, input_fn, extra = CASES[name]
-    assert cs_inprocess.prediction_mismatch(model_fn, input_fn, {**BASE, **extra}, str(tmp_path),
-                                            drawn(name)) == ""
