@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -285,7 +285,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           check_dynamic_loss_scale(program, optimizer), program.step_counts_applied,
                           weights, derived, check_weight_writes(program, params, derived),
                           check_optimizer_groups(program, optimizer, params),
-                          check_objectives(program, names, params, sources),
+                          check_objectives(program, names, params, sources, derived),
                           check_conditional_update(program, optimizer, params))
 
 
@@ -462,14 +462,15 @@ def check_weight_writes(program: pb.Program, params: Mapping[str, ParamSpec],
 
 
 def check_objectives(program: pb.Program, kernels: Mapping[str, Kernel],
-                     params: Mapping[str, ParamSpec],
-                     sources: Sequence[Sequence[str]]) -> tuple[Objective, ...]:
+                     params: Mapping[str, ParamSpec], sources: Sequence[Sequence[str]],
+                     derived: Collection[str]) -> tuple[Objective, ...]:
     """Several losses minimized in one step: two or more, each a loss kernel (no loss scale
-    or denominator: one seed of its own), their variables every trained weight, each once;
-    the kernels' backward passes counted (the timing model's)."""
+    or denominator: one seed of its own), their variables every trained weight (not the
+    weight program's values: `derived`), each once; the kernels' backward passes counted (the
+    timing model's)."""
     objectives = [Objective(m.loss_kernel, frozenset(m.variables)) for m in program.objectives]
     named = [var for m in program.objectives for var in m.variables]
-    trained = {var for var, spec in params.items() if not spec.frozen}
+    trained = {var for var, spec in params.items() if not spec.frozen and var not in derived}
     problem = ""
     if not objectives:
         return ()

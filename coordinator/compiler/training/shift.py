@@ -114,7 +114,7 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
                 continue
             if _centred(op, tensor, constant):  # x − mean(x): the shift cancels
                 continue
-            if not _passes_gradient(op, upstream):  # (stop_gradient, an argsort's positions)
+            if not _passes_gradient(op, loss, upstream):  # (stop_gradient, argsort's positions)
                 continue
             indices = [i for i, t in enumerate(op.inputs) if t is tensor]
             if len(indices) != 1:
@@ -212,13 +212,13 @@ def _pure_through(op: tf.Operation, index: int, pure: _Pure | None) -> _Pure | N
     return None
 
 
-def _passes_gradient(op: tf.Operation, upstream: set[tf.Operation]) -> bool:
+def _passes_gradient(op: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operation]) -> bool:
     """Whether a gradient of the loss flows back through `op`: not through tf.stop_gradient,
     nor through an op whose outputs the loss reads are integers (tf.argsort's positions, a
-    shape)."""
+    shape). The op computing the loss itself passes it."""
     if op.type in ("StopGradient", "PreventGradient"):
         return False
-    return any(out.dtype.is_floating and any(c in upstream for c in out.consumers())
+    return any(out.dtype.is_floating and (out is loss or any(c in upstream for c in out.consumers()))
                for out in op.outputs)
 
 
