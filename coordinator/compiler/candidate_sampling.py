@@ -1,0 +1,191 @@
+"""tf.nn.sampled_softmax_loss and tf.nn.nce_loss: TF's _compute_sampled_logits (a candidate
+sampler drawing num_sampled classes for the whole batch, the output weights and biases
+gathered at the labels and the sampled ids, every sample's logits against them, accidental
+hits removed, the log expected counts subtracted) is one `sampled_logits` kernel
+(wafer.kernels.candidate_sampling), from the sampler to the logits' concat. The labels' side
+of the loss (ones / num_true, zeros) is constants; the loss after it the ordinary kernels'.
+
+Proven before it is taken: the ops between are exactly those of _compute_sampled_logits
+(`LOGITS_OPS`), and on a probe (random inputs, weights and draws fed to TF's ops) TF's
+logits are the kernel's (`PROBE_RTOL`). Refused in one line naming the sampler: samplers
+other than log-uniform and uniform (learned and fixed unigram, all classes), sharded
+weights, and the sampler's outputs read by anything but those ops.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.ir import ParamRef
+from coordinator.compiler.operands import static_shape
+from coordinator.compiler.rules import Context, fast_path
+from wafer.kernels.base import RunContext
+from wafer.kernels.candidate_sampling import SampledLogits, expected_count, probability
+
+# TF op -> the kernel's sampler
+SAMPLERS = {"LogUniformCandidateSampler": "log_uniform", "UniformCandidateSampler": "uniform"}
+# The op types of _compute_sampled_logits between the sampler and its logits' concat.
+LOGITS_OPS = {"Reshape", "ConcatV2", "StopGradient", "ResourceGather", "GatherV2", "Identity",
+              "Slice", "MatMul", "Mul", "ExpandDims", "AddV2", "Add", "Sub", "Log",
+              "ComputeAccidentalHits", "Cast", "SparseToDense", "Shape", "StridedSlice", "Pack",
+              "Fill", "Const", *SAMPLERS}
+PROBE_RTOL = 1e-5
+UNSUPPORTED = ("the CS draws the classes of tf.nn.sampled_softmax_loss and tf.nn.nce_loss "
+               "with their default log-uniform sampler or tf.random.uniform_candidate_sampler "
+               "(a single, unsharded weight table)")
+
+
+def _sampler(m: Context, op: tf.Operation) -> tf.Operation | None:
+    """The candidate sampler whose logits start at `op`: the sampler, or the labels' Reshape
+    concatenated with its sampled ids (built before it)."""
+    if op.type in SAMPLERS:
+        return op
+    if op.type != "Reshape":
+        return None
+    for concat in m.consumers(op.outputs[0]):
+        for t in concat.inputs if concat.type == "ConcatV2" else ():
+            if t.op.type == "StopGradient" and t.op.inputs[0].op.type in SAMPLERS:
+                return t.op.inputs[0].op
+    return None
+
+
+def _consumer(m: Context, tensor: tf.Tensor, op_type: str) -> tf.Operation | None:
+    found = [c for c in tensor.consumers() if c.type == op_type]
+    return found[0] if len(found) == 1 else None
+
+
+def _logits(m: Context, sampler: tf.Operation) -> tf.Tensor | None:
+    """The concat of the true and sampled logits, each less its log expected count."""
+    subs = []
+    for index in (1, 2):
+        stop = _consumer(m, sampler.outputs[index], "StopGradient")
+        log = _consumer(m, stop.outputs[0], "Log") if stop is not None else None
+        sub = _consumer(m, log.outputs[0], "Sub") if log is not None else None
+        if sub is None:
+            return None
+        subs.append(sub.outputs[0])
+    concat = m.sole_consumer(subs[0])
+    if concat is None or concat.type != "ConcatV2" or list(concat.inputs[:2]) != subs:
+        return None
+    return concat.outputs[0]
+
+
+def _region(m: Context, sampler: tf.Operation, out: tf.Tensor) -> set[tf.Operation]:
+    """The ops from the sampler (and the labels' reshape) to `out`, and the per-sample ops
+    only they read (the inputs' ExpandDims)."""
+    upstream, stack = set(), [out.op]
+    while stack:
+        op = stack.pop()
+        if op not in upstream:
+            upstream.add(op)
+            stack.extend(t.op for t in op.inputs)
+    labels = sampler.inputs[0]
+    region, stack = set(), [sampler, *[c for c in labels.consumers() if c in upstream]]
+    while stack:
+        op = stack.pop()
+        if op in upstream and op not in region:
+            region.add(op)
+            stack.extend(c for t in op.outputs for c in t.consumers())
+    grown = True
+    while grown:
+        grown = False
+        for op in upstream - region:
+            if op.outputs and op.type == "ExpandDims" and all(
+                    c in region or c.name.startswith("gradients")
+                    for t in op.outputs for c in t.consumers()):
+                region.add(op)
+                grown = True
+    return region
+
+
+def refusal(m: Context, sampler: tf.Operation) -> tuple | str:
+    """(kernel attrs, x, labels, weights, biases, the ops, the logits) of a sampler's logits,
+    or why the CS does not compute them."""
+    if sampler.type not in SAMPLERS:
+        return f"draws classes by {sampler.type}: {UNSUPPORTED}"
+    out = _logits(m, sampler)
+    if out is None:
+        return (f"its draws are read other than by tf.nn.sampled_softmax_loss or "
+                f"tf.nn.nce_loss: {UNSUPPORTED}")
+    region = _region(m, sampler, out)
+    odd = sorted({op.type for op in region} - LOGITS_OPS)
+    gathers = [op for op in region if op.type in ("ResourceGather", "GatherV2")]
+    matmuls = [op for op in region if op.type == "MatMul" and op.get_attr("transpose_b")]
+    if odd or len(gathers) != 2 or len(matmuls) != 1:
+        return f"its logits are computed by other ops ({', '.join(odd) or 'gathers'}): {UNSUPPORTED}"
+    labels, x = sampler.inputs[0], matmuls[0].inputs[0]
+    tables = {len(static_shape(g.outputs[0])): m.operands.weight(g.inputs[0]) for g in gathers}
+    weights, biases = tables.get(2), tables.get(1)
+    if not m.is_batched(x) or not m.is_batched(labels) or weights is None or biases is None:
+        return f"its weights or inputs are not a weight table, biases and per-sample values: {UNSUPPORTED}"
+    for op in region:
+        outside = [t for t in op.inputs if t.op not in region and t.dtype != tf.resource
+                   and t not in (x, labels) and m.operands.constant(t) is None]
+        leaks = [c for t in op.outputs if t is not out for c in t.consumers()
+                 if c not in region and not c.name.startswith("gradients")]
+        if outside or leaks:
+            return (f"its logits read {outside[0].name if outside else 'nothing else'} or feed "
+                    f"{leaks[0].name if leaks else 'nothing else'}: {UNSUPPORTED}")
+    attrs = {"sampler": SAMPLERS[sampler.type], "num_sampled": sampler.get_attr("num_sampled"),
+             "num_true": sampler.get_attr("num_true"), "range_max": sampler.get_attr("range_max"),
+             "unique": sampler.get_attr("unique"),
+             "remove_accidental_hits": any(op.type == "ComputeAccidentalHits" for op in region)}
+    if attrs["range_max"] != weights.shape[0]:
+        return (f"draws classes in [0, {attrs['range_max']}) of a table of {weights.shape[0]} "
+                f"rows: give num_classes the table's rows")
+    problem = _probe(sampler, attrs, x, labels, gathers, out)
+    if problem:
+        return problem
+    return attrs, x, labels, weights, biases, region, out
+
+
+def _probe(sampler: tf.Operation, attrs: dict, x: tf.Tensor, labels: tf.Tensor,
+           gathers: list[tf.Operation], out: tf.Tensor) -> str:
+    """TF's ops between, fed random inputs, weights (the gathers' rows) and a draw, give the
+    kernel's logits (within PROBE_RTOL), or why not."""
+    rng = np.random.default_rng(0)
+    batch, dim = static_shape(x)
+    kernel = SampledLogits("probe", attrs, [(dim,), (attrs["num_true"],)])
+    params = {"weights": rng.standard_normal((attrs["range_max"], dim)).astype(np.float32),
+              "biases": rng.standard_normal(attrs["range_max"]).astype(np.float32)}
+    xs = rng.standard_normal((batch, dim)).astype(np.float32)
+    ys = rng.integers(0, attrs["range_max"], (batch, attrs["num_true"]))
+    ctx = RunContext(training=True, batch_size=batch, rng=rng)
+    expected, (_, _, ids) = kernel.forward(params, [xs, ys], ctx)
+    ys[0, 0] = ids[0]  # (an accidental hit)
+    expected, _ = kernel.forward(params, [xs, ys], RunContext(training=True, batch_size=batch,
+                                                              offset=1))
+    tries = kernel.draw[1] if kernel.draw else attrs["num_sampled"]
+    every = np.concatenate([ys.reshape(-1), ids])
+    feed = {x: xs, labels: ys.astype(labels.dtype.as_numpy_dtype), sampler.outputs[0]: ids,
+            sampler.outputs[1]: expected_count(probability(attrs["sampler"], ys, attrs["range_max"]),
+                                               attrs["num_sampled"], tries),
+            sampler.outputs[2]: expected_count(probability(attrs["sampler"], ids, attrs["range_max"]),
+                                               attrs["num_sampled"], tries)}
+    for gather in gathers:
+        table = params["weights" if len(static_shape(gather.outputs[0])) == 2 else "biases"]
+        feed[gather.outputs[0]] = table[every]
+    with tf.compat.v1.Session(graph=out.graph) as session:
+        found = session.run(out, feed)
+    if not np.allclose(found, expected, rtol=PROBE_RTOL, atol=PROBE_RTOL):
+        return f"its logits are not those of TF's _compute_sampled_logits on a probe: {UNSUPPORTED}"
+    return ""
+
+
+@fast_path
+def match_sampled_logits(m: Context, op: tf.Operation) -> bool:
+    sampler = _sampler(m, op)
+    if sampler is None:
+        return False
+    found = refusal(m, sampler)
+    if isinstance(found, str):
+        if op is sampler:
+            m.reject(sampler, found)
+        return op is sampler
+    attrs, x, labels, weights, biases, region, out = found
+    params = [ParamRef(role, w.variable, w.shape, variable_shape=w.variable_shape)
+              for role, w in (("weights", weights), ("biases", biases))]
+    m.add_kernel(sampler.name, "sampled_logits", [x, labels], attrs,
+                 params, sorted((o for o in region if o in m.flow), key=lambda o: o.name), out,
+                 source_op=sampler)
+    return True

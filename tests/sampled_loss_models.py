@@ -1,0 +1,123 @@
+"""Sampled losses for large vocabularies, written the way users write them: a skip-gram
+word2vec with tf.nn.nce_loss (an Embedding of the center word, an output table and biases
+of get_variable), and a classifier with tf.nn.sampled_softmax_loss in training and the full
+softmax otherwise (the TF tutorial's pattern); and the candidate samplers the CS refuses."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+
+VOCAB, EMBED, FEATURES, HIDDEN, SAMPLED = 40, 8, 12, 10, 6
+
+
+def skipgram_input_fn(params):
+    """(center word, context word) pairs of a Zipf-like corpus: the context a neighbour id."""
+    batch = params.get("batch_size", 8)
+    rng = np.random.default_rng(3)
+    centers = np.minimum(rng.zipf(1.3, 8 * batch) - 1, VOCAB - 1).astype(np.int32)
+    contexts = ((centers + rng.integers(1, 3, len(centers))) % VOCAB).astype(np.int64)
+    return tf.data.Dataset.from_tensor_slices(
+        (centers, contexts[:, None])).batch(batch, drop_remainder=True)
+
+
+def _output_table(rows: int, dim: int):
+    weights = tf.compat.v1.get_variable(
+        "nce_weights", [rows, dim],
+        initializer=tf.compat.v1.truncated_normal_initializer(stddev=1.0 / np.sqrt(dim)))
+    biases = tf.compat.v1.get_variable("nce_biases", [rows], initializer=tf.zeros_initializer())
+    return weights, biases
+
+
+def _train_op(loss, params):
+    if params.get("optimizer") == "sgd":
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(params.get("learning_rate", 0.5))
+    else:
+        optimizer = tf.compat.v1.train.AdamOptimizer(params.get("learning_rate", 0.05))
+    return optimizer.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+
+
+def skipgram_nce(features, labels, mode, params):
+    """word2vec: the center word's embedding scored against its context by NCE."""
+    embedded = tf.keras.layers.Embedding(VOCAB, EMBED)(features)
+    weights, biases = _output_table(VOCAB, EMBED)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={"embedding": embedded})
+    loss = tf.reduce_mean(tf.nn.nce_loss(weights=weights, biases=biases, labels=labels,
+                                         inputs=embedded, num_sampled=SAMPLED,
+                                         num_classes=VOCAB))
+    train_op = _train_op(loss, params) if mode == ModeKeys.TRAIN else None
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def classifier_input_fn(params):
+    batch = params.get("batch_size", 8)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8 * batch, FEATURES)).astype(np.float32)
+    y = (np.abs(x[:, :4]).sum(1) * 7).astype(np.int64) % VOCAB
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+
+
+def sampled_softmax_classifier(features, labels, mode, params):
+    """A classifier over VOCAB classes: sampled softmax in training, the full softmax in
+    evaluation and prediction."""
+    h = tf.keras.layers.Dense(HIDDEN, activation="tanh")(features)
+    weights, biases = _output_table(VOCAB, HIDDEN)
+    logits = tf.matmul(h, weights, transpose_b=True) + biases
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={"classes": tf.argmax(logits, 1),
+                                                       "logits": logits})
+    if mode == ModeKeys.TRAIN:
+        loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
+            weights=weights, biases=biases, labels=labels[:, None], inputs=h,
+            num_sampled=SAMPLED, num_classes=VOCAB))
+        return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    metrics = {"accuracy": tf.compat.v1.metrics.accuracy(labels, tf.argmax(logits, 1))}
+    return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops=metrics)
+
+
+def sampled_softmax_eval(features, labels, mode, params):
+    """The sampled loss in every mode (evaluation draws its own classes, as TF's graph)."""
+    h = tf.keras.layers.Dense(HIDDEN, activation="tanh")(features)
+    weights, biases = _output_table(VOCAB, HIDDEN)
+    loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
+        weights=weights, biases=biases, labels=labels[:, None], inputs=h,
+        num_sampled=SAMPLED, num_classes=VOCAB))
+    train_op = _train_op(loss, params) if mode == ModeKeys.TRAIN else None
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def uniform_sampled_softmax(features, labels, mode, params):
+    """sampled_softmax_loss with a uniform sampler of its own (sampled_values)."""
+    h = tf.keras.layers.Dense(HIDDEN, activation="tanh")(features)
+    weights, biases = _output_table(VOCAB, HIDDEN)
+    sampled = tf.random.uniform_candidate_sampler(labels[:, None], 1, SAMPLED, True, VOCAB)
+    loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
+        weights=weights, biases=biases, labels=labels[:, None], inputs=h,
+        num_sampled=SAMPLED, num_classes=VOCAB, sampled_values=sampled))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
+
+
+def unigram_sampled_softmax(features, labels, mode, params):
+    """A fixed unigram sampler (word counts): refused in one line."""
+    h = tf.keras.layers.Dense(HIDDEN, activation="tanh")(features)
+    weights, biases = _output_table(VOCAB, HIDDEN)
+    sampled = tf.random.fixed_unigram_candidate_sampler(
+        labels[:, None], 1, SAMPLED, True, VOCAB, unigrams=list(range(1, VOCAB + 1)))
+    loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
+        weights=weights, biases=biases, labels=labels[:, None], inputs=h,
+        num_sampled=SAMPLED, num_classes=VOCAB, sampled_values=sampled))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
+
+
+def sharded_nce(features, labels, mode, params):
+    """nce_loss of a weight table in two shards: refused in one line."""
+    embedded = tf.keras.layers.Embedding(VOCAB, EMBED)(features)
+    halves = [tf.compat.v1.get_variable(f"shard_{i}", [VOCAB // 2, EMBED]) for i in range(2)]
+    biases = tf.compat.v1.get_variable("nce_biases", [VOCAB])
+    loss = tf.reduce_mean(tf.nn.nce_loss(weights=halves, biases=biases, labels=labels,
+                                         inputs=embedded, num_sampled=SAMPLED,
+                                         num_classes=VOCAB))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
