@@ -93,9 +93,10 @@ def uniform_sampled_softmax(features, labels, mode, params):
     """sampled_softmax_loss with a uniform sampler of its own (sampled_values)."""
     h = tf.keras.layers.Dense(HIDDEN, activation="tanh")(features)
     weights, biases = _output_table(VOCAB, HIDDEN)
-    sampled = tf.random.uniform_candidate_sampler(labels[:, None], 1, SAMPLED, True, VOCAB)
+    true_classes = labels[:, None]
+    sampled = tf.random.uniform_candidate_sampler(true_classes, 1, SAMPLED, True, VOCAB)
     loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
-        weights=weights, biases=biases, labels=labels[:, None], inputs=h,
+        weights=weights, biases=biases, labels=true_classes, inputs=h,
         num_sampled=SAMPLED, num_classes=VOCAB, sampled_values=sampled))
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
 

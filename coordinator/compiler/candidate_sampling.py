@@ -188,4 +188,21 @@ def match_sampled_logits(m: Context, op: tf.Operation) -> bool:
     m.add_kernel(sampler.name, "sampled_logits", [x, labels], attrs,
                  params, sorted((o for o in region if o in m.flow), key=lambda o: o.name), out,
                  source_op=sampler)
+    _label_rows(m, sampler, out)
     return True
+
+
+def _label_rows(m: Context, sampler: tf.Operation, out: tf.Tensor) -> None:
+    """sampled_softmax_loss's labels (1 / num_true for the true classes, 0 for the sampled,
+    a constant of the batch's shape, every row the same) for its cross entropy: each
+    sample's row, a sample_constant kernel."""
+    readers = [c for c in out.consumers() if c.type == "Reshape"] + out.consumers()
+    for xent in (c for r in readers for c in r.outputs[0].consumers()):
+        if xent.type != "SoftmaxCrossEntropyWithLogits" or m.is_batched(xent.inputs[1]):
+            continue
+        value = m.operands.constant(xent.inputs[1])
+        if value is not None and value.shape == (m.batch_size, *static_shape(out)[1:]) and \
+                (value == value[:1]).all():
+            m.add_kernel(f"{sampler.name}/labels", "sample_constant", [m.sample_input()],
+                         {"value": np.asarray(value, np.float32)}, [], [], xent.inputs[1],
+                         output_shape=value.shape[1:], source_op=sampler)
