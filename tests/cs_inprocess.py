@@ -156,13 +156,18 @@ def _sampler_draws(kernel: pb.Kernel, fetched: Sequence[dict[str, np.ndarray]]) 
     draws = []
     for step in fetched:
         ids, counts = step[f"{kernel.name}:0"], step[f"{kernel.name}:2"]
-        p = probability(attrs["sampler"], ids, attrs["range_max"]).astype(np.float64)
-        if np.allclose(counts, p * attrs["num_sampled"], rtol=1e-6):
-            tries = attrs["num_sampled"]
-        else:
-            tries = int(np.round(np.median(np.log1p(-counts.astype(np.float64)) / np.log1p(-p))))
+        tries = sampler_tries(attrs["sampler"], attrs["range_max"], ids, counts)
         draws.append(np.append(ids.astype(np.int64), tries))
     return draws
+
+
+def sampler_tries(sampler: str, range_max: int, ids: np.ndarray, counts: np.ndarray) -> int:
+    """The tries a TF candidate sampler took for `ids`, told by its expected counts of them:
+    p * num_sampled when every try was kept, else 1 - (1 - p)^tries."""
+    p = probability(sampler, ids, range_max).astype(np.float64)
+    if np.allclose(counts, p * len(ids), rtol=1e-6):
+        return len(ids)
+    return int(np.round(np.median(np.log1p(-counts.astype(np.float64)) / np.log1p(-p))))
 
 
 @contextmanager

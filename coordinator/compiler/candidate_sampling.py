@@ -13,14 +13,18 @@ weights, and the sampler's outputs read by anything but those ops.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.ir import ParamRef
-from coordinator.compiler.operands import static_shape
+from coordinator.compiler.operands import Weight, static_shape
+from coordinator.compiler.random_numbers import CANDIDATE_SAMPLERS
 from coordinator.compiler.rules import Context, fast_path
 from wafer.kernels.base import RunContext
-from wafer.kernels.candidate_sampling import SampledLogits, expected_count, probability
+from wafer.kernels.candidate_sampling import SampledLogits, sample
 
 # TF op -> the kernel's sampler
 SAMPLERS = {"LogUniformCandidateSampler": "log_uniform", "UniformCandidateSampler": "uniform"}
@@ -30,6 +34,15 @@ LOGITS_OPS = {"Reshape", "ConcatV2", "StopGradient", "ResourceGather", "GatherV2
               "ComputeAccidentalHits", "Cast", "SparseToDense", "Shape", "StridedSlice", "Pack",
               "Fill", "Const", *SAMPLERS}
 PROBE_RTOL = 1e-5
+# The README's "Supported operations" row.
+KERNEL_ROWS = {"sampled_logits": (
+    "tf.nn.sampled_softmax_loss and tf.nn.nce_loss of one weight table and its biases: "
+    "LogUniformCandidateSampler (their default) or UniformCandidateSampler "
+    "(tf.random.uniform_candidate_sampler as sampled_values), unique or not, the gathers, "
+    "logits, accidental hits (ComputeAccidentalHits, SparseToDense) and log expected counts "
+    "of _compute_sampled_logits: the classes drawn on the CS once a step for the whole batch "
+    "(in evaluation and prediction once a batch) with TF's distribution and expected counts; "
+    "the table's and biases' gradients TF's IndexedSlices (sparse updates)")}
 UNSUPPORTED = ("the CS draws the classes of tf.nn.sampled_softmax_loss and tf.nn.nce_loss "
                "with their default log-uniform sampler or tf.random.uniform_candidate_sampler "
                "(a single, unsharded weight table)")
@@ -38,7 +51,7 @@ UNSUPPORTED = ("the CS draws the classes of tf.nn.sampled_softmax_loss and tf.nn
 def _sampler(m: Context, op: tf.Operation) -> tf.Operation | None:
     """The candidate sampler whose logits start at `op`: the sampler, or the labels' Reshape
     concatenated with its sampled ids (built before it)."""
-    if op.type in SAMPLERS:
+    if op.type in CANDIDATE_SAMPLERS and op.type != "ComputeAccidentalHits":
         return op
     if op.type != "Reshape":
         return None
@@ -49,7 +62,7 @@ def _sampler(m: Context, op: tf.Operation) -> tf.Operation | None:
     return None
 
 
-def _consumer(m: Context, tensor: tf.Tensor, op_type: str) -> tf.Operation | None:
+def _consumer(tensor: tf.Tensor, op_type: str) -> tf.Operation | None:
     found = [c for c in tensor.consumers() if c.type == op_type]
     return found[0] if len(found) == 1 else None
 
@@ -58,9 +71,9 @@ def _logits(m: Context, sampler: tf.Operation) -> tf.Tensor | None:
     """The concat of the true and sampled logits, each less its log expected count."""
     subs = []
     for index in (1, 2):
-        stop = _consumer(m, sampler.outputs[index], "StopGradient")
-        log = _consumer(m, stop.outputs[0], "Log") if stop is not None else None
-        sub = _consumer(m, log.outputs[0], "Sub") if log is not None else None
+        stop = _consumer(sampler.outputs[index], "StopGradient")
+        log = _consumer(stop.outputs[0], "Log") if stop is not None else None
+        sub = _consumer(log.outputs[0], "Sub") if log is not None else None
         if sub is None:
             return None
         subs.append(sub.outputs[0])
@@ -70,7 +83,7 @@ def _logits(m: Context, sampler: tf.Operation) -> tf.Tensor | None:
     return concat.outputs[0]
 
 
-def _region(m: Context, sampler: tf.Operation, out: tf.Tensor) -> set[tf.Operation]:
+def _region(sampler: tf.Operation, out: tf.Tensor) -> set[tf.Operation]:
     """The ops from the sampler (and the labels' reshape) to `out`, and the per-sample ops
     only they read (the inputs' ExpandDims)."""
     upstream, stack = set(), [out.op]
@@ -86,28 +99,37 @@ def _region(m: Context, sampler: tf.Operation, out: tf.Tensor) -> set[tf.Operati
         if op in upstream and op not in region:
             region.add(op)
             stack.extend(c for t in op.outputs for c in t.consumers())
-    grown = True
-    while grown:
-        grown = False
-        for op in upstream - region:
-            if op.outputs and op.type == "ExpandDims" and all(
-                    c in region or c.name.startswith("gradients")
-                    for t in op.outputs for c in t.consumers()):
-                region.add(op)
-                grown = True
+    region.update(op for op in upstream - region if op.type == "ExpandDims" and all(
+        c in region or _is_gradient(c) for c in op.outputs[0].consumers()))
     return region
 
 
-def refusal(m: Context, sampler: tf.Operation) -> tuple | str:
-    """(kernel attrs, x, labels, weights, biases, the ops, the logits) of a sampler's logits,
-    or why the CS does not compute them."""
+def _is_gradient(op: tf.Operation) -> bool:
+    return op.name.startswith("gradients")
+
+
+@dataclass(frozen=True)
+class SampledLoss:
+    """A sampler's logits as the kernel computes them: its attrs, inputs, tables, the ops."""
+
+    attrs: dict[str, Any]
+    x: tf.Tensor
+    labels: tf.Tensor
+    weights: Weight
+    biases: Weight
+    ops: frozenset[tf.Operation]
+    logits: tf.Tensor
+
+
+def sampled_loss(m: Context, sampler: tf.Operation) -> SampledLoss | str:
+    """The sampler's logits, or why the CS does not compute them."""
     if sampler.type not in SAMPLERS:
         return f"draws classes by {sampler.type}: {UNSUPPORTED}"
     out = _logits(m, sampler)
     if out is None:
         return (f"its draws are read other than by tf.nn.sampled_softmax_loss or "
                 f"tf.nn.nce_loss: {UNSUPPORTED}")
-    region = _region(m, sampler, out)
+    region = _region(sampler, out)
     odd = sorted({op.type for op in region} - LOGITS_OPS)
     gathers = [op for op in region if op.type in ("ResourceGather", "GatherV2")]
     matmuls = [op for op in region if op.type == "MatMul" and op.get_attr("transpose_b")]
@@ -116,16 +138,19 @@ def refusal(m: Context, sampler: tf.Operation) -> tuple | str:
     labels, x = sampler.inputs[0], matmuls[0].inputs[0]
     tables = {len(static_shape(g.outputs[0])): m.operands.weight(g.inputs[0]) for g in gathers}
     weights, biases = tables.get(2), tables.get(1)
-    if not m.is_batched(x) or not m.is_batched(labels) or weights is None or biases is None:
-        return f"its weights or inputs are not a weight table, biases and per-sample values: {UNSUPPORTED}"
+    if not m.is_batched(x) or not m.is_batched(labels) or x.dtype != tf.float32 or \
+            len(static_shape(x)) != 2 or weights is None or biases is None or \
+            weights.dtype != "float32" or biases.dtype != "float32":
+        return (f"its inputs are not float32 per-sample vectors, or its weights and biases not "
+                f"float32 variables: {UNSUPPORTED}")
     for op in region:
         outside = [t for t in op.inputs if t.op not in region and t.dtype != tf.resource
                    and t not in (x, labels) and m.operands.constant(t) is None]
         leaks = [c for t in op.outputs if t is not out for c in t.consumers()
-                 if c not in region and not c.name.startswith("gradients")]
+                 if c not in region and not _is_gradient(c)]
         if outside or leaks:
-            return (f"its logits read {outside[0].name if outside else 'nothing else'} or feed "
-                    f"{leaks[0].name if leaks else 'nothing else'}: {UNSUPPORTED}")
+            what = f"read {outside[0].name}" if outside else f"feed {leaks[0].name}"
+            return f"its logits {what}, which TF's sampled losses do not: {UNSUPPORTED}"
     attrs = {"sampler": SAMPLERS[sampler.type], "num_sampled": sampler.get_attr("num_sampled"),
              "num_true": sampler.get_attr("num_true"), "range_max": sampler.get_attr("range_max"),
              "unique": sampler.get_attr("unique"),
@@ -133,43 +158,38 @@ def refusal(m: Context, sampler: tf.Operation) -> tuple | str:
     if attrs["range_max"] != weights.shape[0]:
         return (f"draws classes in [0, {attrs['range_max']}) of a table of {weights.shape[0]} "
                 f"rows: give num_classes the table's rows")
-    problem = _probe(sampler, attrs, x, labels, gathers, out)
-    if problem:
-        return problem
-    return attrs, x, labels, weights, biases, region, out
+    found = SampledLoss(attrs, x, labels, weights, biases, frozenset(region), out)
+    return _probe(found, sampler, gathers)
 
 
-def _probe(sampler: tf.Operation, attrs: dict, x: tf.Tensor, labels: tf.Tensor,
-           gathers: list[tf.Operation], out: tf.Tensor) -> str:
-    """TF's ops between, fed random inputs, weights (the gathers' rows) and a draw, give the
-    kernel's logits (within PROBE_RTOL), or why not."""
+def _probe(found: SampledLoss, sampler: tf.Operation,
+           gathers: list[tf.Operation]) -> SampledLoss | str:
+    """`found` if TF's ops between, fed random inputs, table rows (the gathers' outputs) and
+    the kernel's draw (with an accidental hit), give the kernel's logits within PROBE_RTOL."""
     rng = np.random.default_rng(0)
-    batch, dim = static_shape(x)
+    attrs, (batch, dim) = found.attrs, static_shape(found.x)
     kernel = SampledLogits("probe", attrs, [(dim,), (attrs["num_true"],)])
     params = {"weights": rng.standard_normal((attrs["range_max"], dim)).astype(np.float32),
               "biases": rng.standard_normal(attrs["range_max"]).astype(np.float32)}
     xs = rng.standard_normal((batch, dim)).astype(np.float32)
     ys = rng.integers(0, attrs["range_max"], (batch, attrs["num_true"]))
-    ctx = RunContext(training=True, batch_size=batch, rng=rng)
-    expected, (_, _, ids) = kernel.forward(params, [xs, ys], ctx)
-    ys[0, 0] = ids[0]  # (an accidental hit)
-    expected, _ = kernel.forward(params, [xs, ys], RunContext(training=True, batch_size=batch,
-                                                              offset=1))
-    tries = kernel.draw[1] if kernel.draw else attrs["num_sampled"]
+    ids, tries = sample(rng, attrs["sampler"], attrs["range_max"], attrs["num_sampled"],
+                        attrs["unique"])
+    ys[0, 0] = ids[0]
+    kernel.draw = ids, tries
+    expected, _ = kernel.forward(params, [xs, ys], RunContext(True, batch, offset=1))
+    feed = {found.x: xs, found.labels: ys.astype(found.labels.dtype.as_numpy_dtype),
+            sampler.outputs[0]: ids, sampler.outputs[1]: kernel.expected(ys, tries),
+            sampler.outputs[2]: kernel.expected(ids, tries)}
     every = np.concatenate([ys.reshape(-1), ids])
-    feed = {x: xs, labels: ys.astype(labels.dtype.as_numpy_dtype), sampler.outputs[0]: ids,
-            sampler.outputs[1]: expected_count(probability(attrs["sampler"], ys, attrs["range_max"]),
-                                               attrs["num_sampled"], tries),
-            sampler.outputs[2]: expected_count(probability(attrs["sampler"], ids, attrs["range_max"]),
-                                               attrs["num_sampled"], tries)}
     for gather in gathers:
         table = params["weights" if len(static_shape(gather.outputs[0])) == 2 else "biases"]
         feed[gather.outputs[0]] = table[every]
-    with tf.compat.v1.Session(graph=out.graph) as session:
-        found = session.run(out, feed)
-    if not np.allclose(found, expected, rtol=PROBE_RTOL, atol=PROBE_RTOL):
+    with tf.compat.v1.Session(graph=found.logits.graph) as session:
+        logits = session.run(found.logits, feed)
+    if not np.allclose(logits, expected, rtol=PROBE_RTOL, atol=PROBE_RTOL):
         return f"its logits are not those of TF's _compute_sampled_logits on a probe: {UNSUPPORTED}"
-    return ""
+    return found
 
 
 @fast_path
@@ -177,18 +197,17 @@ def match_sampled_logits(m: Context, op: tf.Operation) -> bool:
     sampler = _sampler(m, op)
     if sampler is None:
         return False
-    found = refusal(m, sampler)
+    found = sampled_loss(m, sampler)
     if isinstance(found, str):
         if op is sampler:
             m.reject(sampler, found)
         return op is sampler
-    attrs, x, labels, weights, biases, region, out = found
     params = [ParamRef(role, w.variable, w.shape, variable_shape=w.variable_shape)
-              for role, w in (("weights", weights), ("biases", biases))]
-    m.add_kernel(sampler.name, "sampled_logits", [x, labels], attrs,
-                 params, sorted((o for o in region if o in m.flow), key=lambda o: o.name), out,
-                 source_op=sampler)
-    _label_rows(m, sampler, out)
+              for role, w in (("weights", found.weights), ("biases", found.biases))]
+    ops = sorted((o for o in found.ops if o in m.flow), key=lambda o: o.name)
+    m.add_kernel(sampler.name, "sampled_logits", [found.x, found.labels], found.attrs, params,
+                 ops, found.logits, source_op=sampler)
+    _label_rows(m, sampler, found.logits)
     return True
 
 

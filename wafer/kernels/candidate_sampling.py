@@ -14,8 +14,18 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels import random_numbers
-from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, Shape, accumulate, \
-    check_dtypes, is_int, max_cores_for, register
+from wafer.kernels.base import (
+    INTEGER,
+    Kernel,
+    KernelError,
+    RunContext,
+    Shape,
+    accumulate,
+    check_dtypes,
+    is_int,
+    max_cores_for,
+    register,
+)
 from wafer.kernels.embedding import check_indices, scatter_add
 
 SAMPLERS = ("log_uniform", "uniform")
@@ -85,20 +95,19 @@ class SampledLogits(Kernel):
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[Shape]):
         super().__init__(name, attrs, input_shapes)
-        self.sampler = attrs.get("sampler")
-        self.num_sampled, self.num_true, self.range_max = (
-            attrs.get(k) for k in ("num_sampled", "num_true", "range_max"))
+        sampler = attrs.get("sampler")
+        sizes = tuple(attrs.get(k, 0) for k in ("num_sampled", "num_true", "range_max"))
         self.unique = bool(attrs.get("unique", True))
         self.remove_hits = bool(attrs.get("remove_accidental_hits", False))
-        sizes = (self.num_sampled, self.num_true, self.range_max)
-        if self.sampler not in SAMPLERS or not all(is_int(n) and n > 0 for n in sizes) or \
+        if sampler not in SAMPLERS or not all(is_int(n) and n > 0 for n in sizes) or \
                 len(self.input_shapes) != 2 or len(self.input_shapes[0]) != 1 or \
-                self.input_shapes[1] != (self.num_true,) or \
-                self.unique and self.num_sampled > self.range_max:  # type: ignore[operator]
+                self.input_shapes[1] != (sizes[1],) or self.unique and int(sizes[0]) > int(sizes[2]):
             raise KernelError(f"kernel {name!r} (sampled_logits): takes x (D,), labels "
                               f"(num_true,), a sampler of {SAMPLERS} and num_sampled, num_true, "
                               f"range_max > 0 (num_sampled <= range_max if unique), got "
-                              f"{self.input_shapes}, {self.sampler!r}, {sizes}")
+                              f"{self.input_shapes}, {sampler!r}, {sizes}")
+        self.sampler: str = sampler
+        self.num_sampled, self.num_true, self.range_max = (int(n) for n in sizes)
         self.dim = self.input_shapes[0][0]
         self.draw: tuple[np.ndarray, int] | None = None  # (ids, tries) of the step
 
@@ -135,7 +144,7 @@ class SampledLogits(Kernel):
                 self.draw = values[:-1], int(values[-1])
             else:
                 assert ctx.rng is not None, "the pipeline gives a drawing region its random stream"
-                self.draw = sample(ctx.rng, str(self.sampler), self.range_max, self.num_sampled,
+                self.draw = sample(ctx.rng, self.sampler, self.range_max, self.num_sampled,
                                    self.unique)
         return self.draw
 
@@ -150,12 +159,14 @@ class SampledLogits(Kernel):
         if self.remove_hits:
             hits = (labels[:, :, None] == ids[None, None, :]).any(1)
             sampled = np.where(hits, sampled + HIT, sampled)
-        args = (str(self.sampler), self.num_sampled, tries)
-        true = true - np.log(expected_count(probability(args[0], labels, self.range_max),
-                                            *args[1:]))
-        sampled = sampled - np.log(expected_count(probability(args[0], ids, self.range_max),
-                                                  *args[1:]))
+        true = true - np.log(self.expected(labels, tries))
+        sampled = sampled - np.log(self.expected(ids, tries))
         return np.concatenate([true, sampled], 1).astype(np.float32), (x, labels, ids)
+
+    def expected(self, classes: np.ndarray, tries: int) -> np.ndarray:
+        """TF's expected counts of `classes` in a draw of `tries` tries."""
+        return expected_count(probability(self.sampler, classes, self.range_max),
+                              self.num_sampled, tries)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         x, labels, ids = cache
