@@ -13,13 +13,13 @@ VOCAB, EMBED, FEATURES, HIDDEN, SAMPLED = 40, 8, 12, 10, 6
 
 
 def skipgram_input_fn(params):
-    """(center word, context word) pairs of a Zipf-like corpus: the context a neighbour id."""
-    batch = params.get("batch_size", 8)
+    """(center word, context words) of a Zipf-like corpus: params' window (1) neighbour ids."""
+    batch, window = params.get("batch_size", 8), params.get("window", 1)
     rng = np.random.default_rng(3)
     centers = np.minimum(rng.zipf(1.3, 8 * batch) - 1, VOCAB - 1).astype(np.int32)
-    contexts = ((centers + rng.integers(1, 3, len(centers))) % VOCAB).astype(np.int64)
+    contexts = (centers[:, None] + rng.integers(1, 3, (len(centers), window))) % VOCAB
     return tf.data.Dataset.from_tensor_slices(
-        (centers, contexts[:, None])).batch(batch, drop_remainder=True)
+        (centers, contexts.astype(np.int64))).batch(batch, drop_remainder=True)
 
 
 def _output_table(rows: int, dim: int):
@@ -33,20 +33,24 @@ def _output_table(rows: int, dim: int):
 def _train_op(loss, params):
     if params.get("optimizer") == "sgd":
         optimizer = tf.compat.v1.train.GradientDescentOptimizer(params.get("learning_rate", 0.5))
+    elif params.get("optimizer") == "momentum":  # (sparse: only the looked-up rows' slots move)
+        optimizer = tf.compat.v1.train.MomentumOptimizer(params.get("learning_rate", 0.5), 0.9)
     else:
         optimizer = tf.compat.v1.train.AdamOptimizer(params.get("learning_rate", 0.05))
     return optimizer.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
 
 
 def skipgram_nce(features, labels, mode, params):
-    """word2vec: the center word's embedding scored against its context by NCE."""
+    """word2vec: the center word's embedding scored against its context words by NCE (and
+    params' remove_accidental_hits)."""
     embedded = tf.keras.layers.Embedding(VOCAB, EMBED)(features)
     weights, biases = _output_table(VOCAB, EMBED)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode=mode, predictions={"embedding": embedded})
     loss = tf.reduce_mean(tf.nn.nce_loss(weights=weights, biases=biases, labels=labels,
                                          inputs=embedded, num_sampled=SAMPLED,
-                                         num_classes=VOCAB))
+                                         num_classes=VOCAB, num_true=params.get("window", 1),
+                                         remove_accidental_hits=params.get("hits", False)))
     train_op = _train_op(loss, params) if mode == ModeKeys.TRAIN else None
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
 

@@ -1,8 +1,9 @@
 """tf.nn.nce_loss and tf.nn.sampled_softmax_loss on the CS (candidate_sampling.py): one
 `sampled_logits` kernel draws the classes once a step for the whole batch. Proven here: (1)
 with TF's draws replayed (tfs_draws: its sampled ids, its tries from its expected counts) a
-skip-gram with NCE and sampled-softmax classifiers (log-uniform and uniform samplers) train 4
-Adam steps to TF's losses and weights (1e-5), at micro-batches of 2 too (one draw a step);
+skip-gram with NCE (Adam; Momentum, whose sparse update moves only the looked-up rows) and
+sampled-softmax classifiers (log-uniform and uniform samplers) train 4 steps to TF's losses
+and weights (1e-5), at micro-batches of 2 and on two replicas too (one draw a step);
 (2) the classifier evaluates and predicts with the full softmax as the CPU path, and the
 sampled loss evaluates on the CS with its own draws; (3) the CS's own sampler draws TF's
 distribution (frequencies vs the log-uniform probabilities, TF's own draws alike; the tries
@@ -26,7 +27,14 @@ from wafer.kernels.candidate_sampling import expected_count, probability, sample
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 CASES = {"skipgram_nce": (sm.skipgram_nce, sm.skipgram_input_fn, {}),
          "sampled_softmax": (sm.sampled_softmax_classifier, sm.classifier_input_fn, {}),
-         "uniform_sampler": (sm.uniform_sampled_softmax, sm.classifier_input_fn, {})}
+         "uniform_sampler": (sm.uniform_sampled_softmax, sm.classifier_input_fn, {}),
+         # three context words a sample, accidental hits removed (TF's -FLT_MAX)
+         "window_of_three": (sm.skipgram_nce, sm.skipgram_input_fn, {"window": 3, "hits": True}),
+         # TF's sparse momentum moves only the looked-up rows' slots: the IndexedSlices path
+         "nce_momentum": (sm.skipgram_nce, sm.skipgram_input_fn, {"optimizer": "momentum"}),
+         # two replicas of 4 samples read the step's one draw
+         "two_replicas": (sm.sampled_softmax_classifier, sm.classifier_input_fn,
+                          {"runconfig": {"tf_random_seed": 1, "num_replicas": 2}})}
 DRAWS = 2 ** 16
 
 
@@ -40,6 +48,8 @@ def test_with_tfs_draws_sampled_losses_train_like_tensorflow(drawn, name):
     result = drawn(name)
     kernels = [k for k in result.compiled.program.kernels if k.type == "sampled_logits"]
     assert len(kernels) == 1
+    if name == "two_replicas":
+        assert result.compiled.program.num_replicas == 2
     assert cs_inprocess.mismatches(result, rtol=1e-5) == []
 
 
