@@ -28,7 +28,7 @@ from tf_model.metrics import EvalMetrics
 from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph, named_inputs, numpy_batches
 from tf_model.predictions import PredictionGraph
 from wafer.fabric import get_fabric
-from wafer.kernels.candidate_sampling import probability
+from wafer.kernels.candidate_sampling import Classes
 from wafer.kernels.random_numbers import DRAWING, replayed_draws
 from workers.feed import input_dataset
 from wse_sim.cs_system import CSSystem
@@ -156,15 +156,15 @@ def _sampler_draws(kernel: pb.Kernel, fetched: Sequence[dict[str, np.ndarray]]) 
     draws = []
     for step in fetched:
         ids, counts = step[f"{kernel.name}:0"], step[f"{kernel.name}:2"]
-        tries = sampler_tries(attrs["sampler"], attrs["range_max"], ids, counts)
+        tries = sampler_tries(Classes.of(attrs), ids, counts)
         draws.append(np.append(ids.astype(np.int64), tries))
     return draws
 
 
-def sampler_tries(sampler: str, range_max: int, ids: np.ndarray, counts: np.ndarray) -> int:
+def sampler_tries(classes: Classes, ids: np.ndarray, counts: np.ndarray) -> int:
     """The tries a TF candidate sampler took for `ids`, told by its expected counts of them:
     p * num_sampled when every try was kept, else 1 - (1 - p)^tries."""
-    p = probability(sampler, ids, range_max).astype(np.float64)
+    p = classes.probability(ids).astype(np.float64)
     if np.allclose(counts, p * len(ids), rtol=1e-6):
         return len(ids)
     return int(np.round(np.median(np.log1p(-counts.astype(np.float64)) / np.log1p(-p))))

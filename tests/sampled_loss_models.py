@@ -13,11 +13,14 @@ VOCAB, EMBED, FEATURES, HIDDEN, SAMPLED = 40, 8, 12, 10, 6
 
 
 def skipgram_input_fn(params):
-    """(center word, context words) of a Zipf-like corpus: params' window (1) neighbour ids."""
-    batch, window = params.get("batch_size", 8), params.get("window", 1)
+    """(center word, context words) of a Zipf-like corpus: params' window (1) neighbour ids,
+    none of the first params' reserved (0) ids (padding, never a word)."""
+    batch, window, reserved = (params.get(k, d) for k, d in
+                               (("batch_size", 8), ("window", 1), ("reserved", 0)))
     rng = np.random.default_rng(3)
     centers = np.minimum(rng.zipf(1.3, 8 * batch) - 1, VOCAB - 1).astype(np.int32)
-    contexts = (centers[:, None] + rng.integers(1, 3, (len(centers), window))) % VOCAB
+    near = centers[:, None] + rng.integers(1, 3, (len(centers), window))
+    contexts = reserved + near % (VOCAB - reserved)
     return tf.data.Dataset.from_tensor_slices(
         (centers, contexts.astype(np.int64))).batch(batch, drop_remainder=True)
 
@@ -105,14 +108,34 @@ def uniform_sampled_softmax(features, labels, mode, params):
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
 
 
-def unigram_sampled_softmax(features, labels, mode, params):
-    """A fixed unigram sampler (word counts): refused in one line."""
+# word counts of the classes (Zipf-like), as word2vec's unigram table
+COUNTS = [float(1000 // (k + 1) + 1) for k in range(VOCAB)]
+
+
+def unigram_nce(features, labels, mode, params):
+    """word2vec's negatives: NCE with a fixed unigram sampler of the word counts to the 3/4
+    (params' vocab_file instead: refused in one line)."""
+    embedded = tf.keras.layers.Embedding(VOCAB, EMBED)(features)
+    weights, biases = _output_table(VOCAB, EMBED)
+    reserved = params.get("reserved", 0)
+    source = {"vocab_file": params["vocab_file"]} if "vocab_file" in params else \
+        {"unigrams": COUNTS[reserved:]}
+    sampled = tf.random.fixed_unigram_candidate_sampler(
+        labels, 1, SAMPLED, True, VOCAB, distortion=0.75, num_reserved_ids=reserved, **source)
+    loss = tf.reduce_mean(tf.nn.nce_loss(weights=weights, biases=biases, labels=labels,
+                                         inputs=embedded, num_sampled=SAMPLED,
+                                         num_classes=VOCAB, sampled_values=sampled))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
+
+
+def learned_unigram_softmax(features, labels, mode, params):
+    """A learned unigram sampler (counts of the labels seen so far): refused in one line."""
     h = tf.keras.layers.Dense(HIDDEN, activation="tanh")(features)
     weights, biases = _output_table(VOCAB, HIDDEN)
-    sampled = tf.random.fixed_unigram_candidate_sampler(
-        labels[:, None], 1, SAMPLED, True, VOCAB, unigrams=list(range(1, VOCAB + 1)))
+    true_classes = labels[:, None]
+    sampled = tf.random.learned_unigram_candidate_sampler(true_classes, 1, SAMPLED, True, VOCAB)
     loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
-        weights=weights, biases=biases, labels=labels[:, None], inputs=h,
+        weights=weights, biases=biases, labels=true_classes, inputs=h,
         num_sampled=SAMPLED, num_classes=VOCAB, sampled_values=sampled))
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
 

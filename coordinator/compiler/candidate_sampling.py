@@ -23,11 +23,12 @@ from coordinator.compiler.ir import ParamRef
 from coordinator.compiler.operands import Weight, static_shape
 from coordinator.compiler.random_numbers import CANDIDATE_SAMPLERS
 from coordinator.compiler.rules import Context, fast_path
-from wafer.kernels.base import RunContext
-from wafer.kernels.candidate_sampling import SampledLogits, sample
+from wafer.kernels.base import KernelError, RunContext
+from wafer.kernels.candidate_sampling import SampledLogits
 
 # TF op -> the kernel's sampler
-SAMPLERS = {"LogUniformCandidateSampler": "log_uniform", "UniformCandidateSampler": "uniform"}
+SAMPLERS = {"LogUniformCandidateSampler": "log_uniform", "UniformCandidateSampler": "uniform",
+            "FixedUnigramCandidateSampler": "fixed_unigram"}
 # The op types of _compute_sampled_logits between the sampler and its logits' concat.
 LOGITS_OPS = {"Reshape", "ConcatV2", "StopGradient", "ResourceGather", "GatherV2", "Identity",
               "Slice", "MatMul", "Mul", "ExpandDims", "AddV2", "Add", "Sub", "Log",
@@ -37,15 +38,16 @@ PROBE_RTOL = 1e-5
 # The README's "Supported operations" row.
 KERNEL_ROWS = {"sampled_logits": (
     "tf.nn.sampled_softmax_loss and tf.nn.nce_loss of one weight table and its biases: "
-    "LogUniformCandidateSampler (their default) or UniformCandidateSampler "
-    "(tf.random.uniform_candidate_sampler as sampled_values), unique or not, the gathers, "
+    "LogUniformCandidateSampler (their default), UniformCandidateSampler or "
+    "FixedUnigramCandidateSampler of in-memory unigrams (any distortion and reserved ids; "
+    "tf.random.*_candidate_sampler as sampled_values), unique or not, the gathers, "
     "logits, accidental hits (ComputeAccidentalHits, SparseToDense) and log expected counts "
     "of _compute_sampled_logits: the classes drawn on the CS once a step for the whole batch "
     "(in evaluation and prediction once a batch) with TF's distribution and expected counts; "
     "the table's and biases' gradients TF's IndexedSlices (sparse updates)")}
 UNSUPPORTED = ("the CS draws the classes of tf.nn.sampled_softmax_loss and tf.nn.nce_loss "
-               "with their default log-uniform sampler or tf.random.uniform_candidate_sampler "
-               "(a single, unsharded weight table)")
+               "with their default log-uniform sampler, tf.random.uniform_candidate_sampler or "
+               "fixed_unigram_candidate_sampler of in-memory unigrams (one unsharded table)")
 
 
 def _sampler(m: Context, op: tf.Operation) -> tf.Operation | None:
@@ -155,6 +157,14 @@ def sampled_loss(m: Context, sampler: tf.Operation) -> SampledLoss | str:
              "num_true": sampler.get_attr("num_true"), "range_max": sampler.get_attr("range_max"),
              "unique": sampler.get_attr("unique"),
              "remove_accidental_hits": any(op.type == "ComputeAccidentalHits" for op in region)}
+    if sampler.type == "FixedUnigramCandidateSampler":
+        if sampler.get_attr("vocab_file") or sampler.get_attr("num_shards") != 1:
+            return (f"draws classes of a unigram vocab_file or of a shard of the classes: "
+                    f"{UNSUPPORTED}; give tf.random.fixed_unigram_candidate_sampler the counts "
+                    f"as unigrams")
+        attrs.update(unigrams=[float(u) for u in sampler.get_attr("unigrams")],
+                     distortion=sampler.get_attr("distortion"),
+                     num_reserved_ids=sampler.get_attr("num_reserved_ids"))
     if attrs["range_max"] != weights.shape[0]:
         return (f"draws classes in [0, {attrs['range_max']}) of a table of {weights.shape[0]} "
                 f"rows: give num_classes the table's rows")
@@ -168,13 +178,15 @@ def _probe(found: SampledLoss, sampler: tf.Operation,
     the kernel's draw (with an accidental hit), give the kernel's logits within PROBE_RTOL."""
     rng = np.random.default_rng(0)
     attrs, (batch, dim) = found.attrs, static_shape(found.x)
-    kernel = SampledLogits("probe", attrs, [(dim,), (attrs["num_true"],)])
+    try:
+        kernel = SampledLogits("probe", attrs, [(dim,), (attrs["num_true"],)])
+    except KernelError as problem:
+        return f"{problem}: {UNSUPPORTED}"
     params = {"weights": rng.standard_normal((attrs["range_max"], dim)).astype(np.float32),
               "biases": rng.standard_normal(attrs["range_max"]).astype(np.float32)}
     xs = rng.standard_normal((batch, dim)).astype(np.float32)
     ys = rng.integers(0, attrs["range_max"], (batch, attrs["num_true"]))
-    ids, tries = sample(rng, attrs["sampler"], attrs["range_max"], attrs["num_sampled"],
-                        attrs["unique"])
+    ids, tries = kernel.classes.sample(rng, attrs["num_sampled"], attrs["unique"])
     ys[0, 0] = ids[0]
     kernel.draw = ids, tries
     expected, _ = kernel.forward(params, [xs, ys], RunContext(True, batch, offset=1))

@@ -2,13 +2,14 @@
 `sampled_logits` kernel draws the classes once a step for the whole batch. Proven here: (1)
 with TF's draws replayed (tfs_draws: its sampled ids, its tries from its expected counts) a
 skip-gram with NCE (Adam; Momentum, whose sparse update moves only the looked-up rows) and
-sampled-softmax classifiers (log-uniform and uniform samplers) train 4 steps to TF's losses
+sampled-softmax classifiers (log-uniform and uniform samplers; word2vec's fixed unigram
+table of counts to the 3/4) train 4 steps to TF's losses
 and weights (1e-5), at micro-batches of 2 and on two replicas too (one draw a step);
 (2) the classifier evaluates and predicts with the full softmax as the CPU path, and the
-sampled loss evaluates on the CS with its own draws; (3) the CS's own sampler draws TF's
-distribution (frequencies vs the log-uniform probabilities, TF's own draws alike; the tries
-of unique draws) and computes TF's expected counts; (4) other samplers and sharded tables
-are refused in one line naming the op."""
+sampled loss evaluates on the CS with its own draws; (3) the CS's own samplers draw TF's
+distributions (frequencies vs the log-uniform and unigram probabilities, TF's own draws
+alike; the tries of unique draws) and compute TF's expected counts; (4) learned unigram
+samplers, vocab files and sharded tables are refused in one line naming the op."""
 from __future__ import annotations
 
 import tempfile
@@ -22,12 +23,14 @@ import tf_reference
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
-from wafer.kernels.candidate_sampling import expected_count, probability, sample
+from wafer.kernels.candidate_sampling import Classes, expected_count
 
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 CASES = {"skipgram_nce": (sm.skipgram_nce, sm.skipgram_input_fn, {}),
          "sampled_softmax": (sm.sampled_softmax_classifier, sm.classifier_input_fn, {}),
          "uniform_sampler": (sm.uniform_sampled_softmax, sm.classifier_input_fn, {}),
+         # word2vec's unigram table: counts to the 3/4, two reserved ids
+         "unigram_sampler": (sm.unigram_nce, sm.skipgram_input_fn, {"reserved": 2}),
          # three context words a sample, accidental hits removed (TF's -FLT_MAX)
          "window_of_three": (sm.skipgram_nce, sm.skipgram_input_fn, {"window": 3, "hits": True}),
          # TF's sparse momentum moves only the looked-up rows' slots: the IndexedSlices path
@@ -90,51 +93,70 @@ def test_the_sampled_loss_evaluates_on_the_cs_with_its_own_draws(drawn, tmp_path
     assert set(cs) == {"loss"} and 0.1 < cs["loss"] < 4.0
 
 
-def _tf_sampler(unique: bool, num_sampled: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    true_classes = tf.constant([[0], [3], [39]], tf.int64)
-    ids, true_counts, counts = tf.random.log_uniform_candidate_sampler(
-        true_classes, 1, num_sampled, unique, sm.VOCAB, seed=seed)
-    return ids.numpy(), true_counts.numpy(), counts.numpy()
+TRUE_CLASSES = [[0], [3], [39]]
+LOG_UNIFORM = Classes("log_uniform", sm.VOCAB)
+UNIGRAM = Classes.of({"sampler": "fixed_unigram", "range_max": sm.VOCAB, "unigrams": sm.COUNTS,
+                      "distortion": 0.75})
 
 
-def test_the_cs_sampler_draws_tfs_log_uniform_distribution():
-    """Class frequencies over 2^16 draws (the CS's and TF's) are the log-uniform
-    probabilities within 6 standard errors."""
-    p = probability("log_uniform", np.arange(sm.VOCAB), sm.VOCAB).astype(np.float64)
+def _tf_sampler(classes: Classes, unique: bool, num_sampled: int,
+                seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TF's sampler of `classes`' distribution: (ids, true expected counts, expected counts)."""
+    args = (tf.constant(TRUE_CLASSES, tf.int64), 1, num_sampled, unique, sm.VOCAB)
+    if classes.sampler == "fixed_unigram":
+        found = tf.random.fixed_unigram_candidate_sampler(*args, seed=seed, distortion=0.75,
+                                                          unigrams=sm.COUNTS)
+    else:
+        found = tf.random.log_uniform_candidate_sampler(*args, seed=seed)
+    return tuple(t.numpy() for t in found)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("classes", [LOG_UNIFORM, UNIGRAM], ids=lambda c: c.sampler)
+def test_the_cs_sampler_draws_tfs_distribution(classes):
+    """Class frequencies over 2^16 draws (the CS's and TF's) are TF's probabilities (the
+    log-uniform law; the unigram counts to the 3/4) within 6 standard errors."""
+    p = classes.probability(np.arange(sm.VOCAB)).astype(np.float64)
     assert abs(p.sum() - 1) < 1e-6
-    ours, _ = sample(np.random.default_rng(0), "log_uniform", sm.VOCAB, DRAWS, unique=False)
-    theirs = _tf_sampler(False, DRAWS, 1)[0]
+    ours, _ = classes.sample(np.random.default_rng(0), DRAWS, unique=False)
+    theirs = _tf_sampler(classes, False, DRAWS, 1)[0]
     for drawn_ids in (ours, theirs):
         frequency = np.bincount(drawn_ids, minlength=sm.VOCAB) / DRAWS
         assert np.all(np.abs(frequency - p) < 6 * np.sqrt(p * (1 - p) / DRAWS))
 
 
-def test_unique_draws_take_tfs_tries_and_expected_counts():
+@pytest.mark.parametrize("classes", [LOG_UNIFORM, UNIGRAM], ids=lambda c: c.sampler)
+def test_unique_draws_take_tfs_tries_and_expected_counts(classes):
     """Unique draws: distinct ids; the mean number of tries is TF's (within 5 %); TF's
     expected counts, true and sampled, are the kernel's formula at TF's tries."""
     rng = np.random.default_rng(1)
-    ours = [sample(rng, "log_uniform", sm.VOCAB, sm.SAMPLED, unique=True) for _ in range(400)]
+    ours = [classes.sample(rng, sm.SAMPLED, unique=True) for _ in range(400)]
     assert all(len(set(ids.tolist())) == sm.SAMPLED for ids, _ in ours)
     tries_tf = []
     for seed in range(400):
-        ids, true_counts, counts = _tf_sampler(True, sm.SAMPLED, seed + 1)
-        tries = cs_inprocess.sampler_tries("log_uniform", sm.VOCAB, ids, counts)
+        ids, true_counts, counts = _tf_sampler(classes, True, sm.SAMPLED, seed + 1)
+        tries = cs_inprocess.sampler_tries(classes, ids, counts)
         tries_tf.append(tries)
-        np.testing.assert_allclose(expected_count(probability("log_uniform", ids, sm.VOCAB),
-                                                  sm.SAMPLED, tries), counts, rtol=1e-6)
-        true_p = probability("log_uniform", np.array([[0], [3], [39]]), sm.VOCAB)
-        np.testing.assert_allclose(expected_count(true_p, sm.SAMPLED, tries), true_counts,
-                                   rtol=1e-6)
+        np.testing.assert_allclose(expected_count(classes.probability(ids), sm.SAMPLED, tries),
+                                   counts, rtol=1e-6)
+        np.testing.assert_allclose(
+            expected_count(classes.probability(np.array(TRUE_CLASSES)), sm.SAMPLED, tries),
+            true_counts, rtol=1e-6)
     ours_mean, tf_mean = np.mean([t for _, t in ours]), np.mean(tries_tf)
     assert abs(ours_mean - tf_mean) < 0.05 * tf_mean
 
 
-@pytest.mark.parametrize("name, op_type", [("unigram_sampled_softmax", "FixedUnigramCandidateSampler"),
-                                           ("sharded_nce", "LogUniformCandidateSampler")])
-def test_other_samplers_and_sharded_tables_are_refused_in_one_line(name, op_type):
-    input_fn = sm.skipgram_input_fn if "nce" in name else sm.classifier_input_fn
+REFUSED = {"learned_unigram": (sm.learned_unigram_softmax, {}, "LearnedUnigramCandidateSampler"),
+           "vocab_file": (sm.unigram_nce, {"vocab_file": "counts.csv"},
+                          "FixedUnigramCandidateSampler"),
+           "sharded_table": (sm.sharded_nce, {}, "LogUniformCandidateSampler")}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_other_samplers_and_sharded_tables_are_refused_in_one_line(name):
+    model_fn, extra, op_type = REFUSED[name]
+    input_fn = sm.classifier_input_fn if "softmax" in model_fn.__name__ else sm.skipgram_input_fn
     with tempfile.TemporaryDirectory() as model_dir, pytest.raises(CSRunError) as refused:
-        compile_model(getattr(sm, name), input_fn, dict(BASE), model_dir, validate_only=True)
+        compile_model(model_fn, input_fn, {**BASE, **extra}, model_dir, validate_only=True)
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith(f"validation failed: {op_type} ")

@@ -9,6 +9,7 @@ are TF's IndexedSlices: the rows of the sample's labels, then those of the sampl
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -28,17 +29,77 @@ from wafer.kernels.base import (
 )
 from wafer.kernels.embedding import check_indices, scatter_add
 
-SAMPLERS = ("log_uniform", "uniform")
+SAMPLERS = ("log_uniform", "uniform", "fixed_unigram")
 HIT = np.float32(-np.finfo(np.float32).max)  # what TF adds to an accidental hit's logit
 
 
-def probability(sampler: str, classes: np.ndarray, range_max: int) -> np.ndarray:
-    """TF's RangeSampler::Probability of each class, float32 as TF returns it (the log-uniform
-    P(k) = log((k + 2) / (k + 1)) / log(range_max + 1) computed in float64)."""
-    if sampler == "uniform":
-        return np.full(np.shape(classes), np.float32(1) / np.float32(range_max), np.float32)
-    k = np.asarray(classes, np.float64)
-    return (np.log((k + 2.0) / (k + 1.0)) / np.log1p(float(range_max))).astype(np.float32)
+@dataclass(frozen=True)
+class Classes:
+    """A candidate sampler's distribution over [0, range_max), as TF's RangeSampler:
+    log-uniform, uniform, or fixed unigram (`weights`: each class's float32 weight, TF's
+    powf(unigram, distortion) after num_reserved_ids zeros)."""
+
+    sampler: str
+    range_max: int
+    weights: np.ndarray | None = field(default=None, compare=False)
+    total: np.float32 = np.float32(0)  # the weights' float32 sum, added in order (TF's)
+
+    @staticmethod
+    def of(attrs: Mapping[str, Any]) -> Classes:
+        """The distribution a kernel's attrs name (fixed_unigram: unigrams, distortion and
+        num_reserved_ids too)."""
+        sampler, range_max = str(attrs.get("sampler")), int(attrs.get("range_max", 0))
+        if sampler != "fixed_unigram":
+            return Classes(sampler, range_max)
+        unigrams = np.asarray(attrs.get("unigrams", ()), np.float32)
+        distorted = np.power(unigrams, np.float32(attrs.get("distortion", 1.0)))
+        reserved = np.zeros(int(attrs.get("num_reserved_ids", 0)), np.float32)
+        weights = np.concatenate([reserved, distorted])
+        total = np.add.accumulate(weights)[-1] if len(weights) else np.float32(0)
+        return Classes(sampler, range_max, weights, np.float32(total))
+
+    def probability(self, classes: np.ndarray) -> np.ndarray:
+        """TF's Probability of each class, float32 as TF returns it (log-uniform: log((k + 2) /
+        (k + 1)) / log(range_max + 1) in float64; fixed unigram: weight / the weights' float32
+        sum, added in order)."""
+        if self.sampler == "uniform":
+            return np.full(np.shape(classes), np.float32(1) / np.float32(self.range_max),
+                           np.float32)
+        if self.weights is not None:
+            return self.weights[np.asarray(classes)] / self.total
+        k = np.asarray(classes, np.float64)
+        return (np.log((k + 2.0) / (k + 1.0)) / np.log1p(float(self.range_max))).astype(np.float32)
+
+    def candidates(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """`count` classes as TF's samplers draw each: log-uniform int64(exp(u * log(range_max
+        + 1))) - 1 modulo range_max, u a float64 uniform in [0, 1); uniform an integer in [0,
+        range_max); fixed unigram a class of probability weight / total."""
+        if self.sampler == "uniform":
+            return random_numbers.integers(rng, 0, self.range_max, (count,))
+        if self.weights is not None:  # (the inverse of the float64 CDF)
+            cdf = np.cumsum(self.weights, dtype=np.float64)
+            return np.searchsorted(cdf, rng.random(count) * cdf[-1], side="right").astype(np.int64)
+        values = np.exp(rng.random(count) * np.log1p(float(self.range_max))).astype(np.int64) - 1
+        return values % self.range_max
+
+    def sample(self, rng: np.random.Generator, num_sampled: int,
+               unique: bool) -> tuple[np.ndarray, int]:
+        """(the sampled ids, the tries drawn): with `unique` draws are taken in order, a
+        class already drawn rejected, until num_sampled distinct (TF's rejection)."""
+        if not unique:
+            return self.candidates(rng, num_sampled), num_sampled
+        kept: list[int] = []
+        seen: set[int] = set()
+        tries = 0
+        while len(kept) < num_sampled:
+            for value in self.candidates(rng, 2 * num_sampled).tolist():
+                tries += 1
+                if value not in seen:
+                    seen.add(value)
+                    kept.append(value)
+                    if len(kept) == num_sampled:
+                        break
+        return np.asarray(kept, np.int64), tries
 
 
 def expected_count(p: np.ndarray, num_sampled: int, tries: int) -> np.ndarray:
@@ -50,41 +111,12 @@ def expected_count(p: np.ndarray, num_sampled: int, tries: int) -> np.ndarray:
     return -np.expm1(np.float32(tries) * np.log1p(-p))
 
 
-def candidates(rng: np.random.Generator, sampler: str, range_max: int, count: int) -> np.ndarray:
-    """`count` classes as TF's samplers draw one: log-uniform int64(exp(u * log(range_max +
-    1))) - 1 modulo range_max, u a float64 uniform in [0, 1); uniform: an integer in [0,
-    range_max)."""
-    if sampler == "uniform":
-        return random_numbers.integers(rng, 0, range_max, (count,))
-    values = np.exp(rng.random(count) * np.log1p(float(range_max))).astype(np.int64) - 1
-    return values % range_max
-
-
-def sample(rng: np.random.Generator, sampler: str, range_max: int, num_sampled: int,
-           unique: bool) -> tuple[np.ndarray, int]:
-    """(the sampled ids, the tries drawn): with `unique` draws are taken in order, a class
-    already drawn rejected, until num_sampled distinct (TF's rejection)."""
-    if not unique:
-        return candidates(rng, sampler, range_max, num_sampled), num_sampled
-    kept: list[int] = []
-    seen: set[int] = set()
-    tries = 0
-    while len(kept) < num_sampled:
-        for value in candidates(rng, sampler, range_max, 2 * num_sampled).tolist():
-            tries += 1
-            if value not in seen:
-                seen.add(value)
-                kept.append(value)
-                if len(kept) == num_sampled:
-                    break
-    return np.asarray(kept, np.int64), tries
-
-
 @register
 class SampledLogits(Kernel):
     """Inputs x (D,) float32 and the sample's labels (num_true,) int32/int64; params
     `weights` (range_max, D) and `biases` (range_max,); attrs sampler (SAMPLERS), num_sampled,
-    num_true, range_max, unique, remove_accidental_hits. Output (num_true + num_sampled,):
+    num_true, range_max, unique, remove_accidental_hits (fixed_unigram: unigrams, distortion,
+    num_reserved_ids, `Classes`). Output (num_true + num_sampled,):
     the true logits, then the sampled ones, each less log(expected count). The draw is the
     micro-batch at offset 0's (every micro-batch of the step reads it); the test seam
     (random_numbers.replayed_draws) hands it (num_sampled + 1,) int64: TF's ids and tries."""
@@ -106,8 +138,14 @@ class SampledLogits(Kernel):
                               f"(num_true,), a sampler of {SAMPLERS} and num_sampled, num_true, "
                               f"range_max > 0 (num_sampled <= range_max if unique), got "
                               f"{self.input_shapes}, {sampler!r}, {sizes}")
-        self.sampler: str = sampler
         self.num_sampled, self.num_true, self.range_max = (int(n) for n in sizes)
+        self.classes = Classes.of(attrs)
+        weights = self.classes.weights
+        if weights is not None and (len(weights) != self.range_max or not self.classes.total > 0
+                                    or (weights < 0).any()):
+            raise KernelError(f"kernel {name!r} (sampled_logits): fixed_unigram takes "
+                              f"num_reserved_ids + len(unigrams) = range_max {self.range_max} "
+                              f"non-negative weights of a positive sum, got {len(weights)}")
         self.dim = self.input_shapes[0][0]
         self.draw: tuple[np.ndarray, int] | None = None  # (ids, tries) of the step
 
@@ -144,8 +182,7 @@ class SampledLogits(Kernel):
                 self.draw = values[:-1], int(values[-1])
             else:
                 assert ctx.rng is not None, "the pipeline gives a drawing region its random stream"
-                self.draw = sample(ctx.rng, self.sampler, self.range_max, self.num_sampled,
-                                   self.unique)
+                self.draw = self.classes.sample(ctx.rng, self.num_sampled, self.unique)
         return self.draw
 
     def forward(self, params, inputs, ctx: RunContext):
@@ -165,8 +202,7 @@ class SampledLogits(Kernel):
 
     def expected(self, classes: np.ndarray, tries: int) -> np.ndarray:
         """TF's expected counts of `classes` in a draw of `tries` tries."""
-        return expected_count(probability(self.sampler, classes, self.range_max),
-                              self.num_sampled, tries)
+        return expected_count(self.classes.probability(classes), self.num_sampled, tries)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         x, labels, ids = cache
