@@ -3,13 +3,15 @@ sampler drawing num_sampled classes for the whole batch, the output weights and 
 gathered at the labels and the sampled ids, every sample's logits against them, accidental
 hits removed, the log expected counts subtracted) is one `sampled_logits` kernel
 (wafer.kernels.candidate_sampling), from the sampler to the logits' concat. The labels' side
-of the loss (ones / num_true, zeros) is constants; the loss after it the ordinary kernels'.
+of the loss (ones / num_true, zeros) is constants (sampled softmax's cross entropy reads
+them as a sample_constant row); the loss after it is the ordinary kernels'.
 
 Proven before it is taken: the ops between are exactly those of _compute_sampled_logits
 (`LOGITS_OPS`), and on a probe (random inputs, weights and draws fed to TF's ops) TF's
 logits are the kernel's (`PROBE_RTOL`). Refused in one line naming the sampler: samplers
-other than log-uniform and uniform (learned and fixed unigram, all classes), sharded
-weights, and the sampler's outputs read by anything but those ops.
+other than log-uniform, uniform and fixed unigram of in-memory unigrams (learned unigram,
+all classes, a vocab_file), sharded weights, and the sampler's outputs read by anything
+but those ops.
 """
 from __future__ import annotations
 

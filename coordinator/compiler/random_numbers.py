@@ -77,9 +77,9 @@ REFUSED = {"random numbers": (
     "per-sample values other than through a weight (noise added to activations), shapes "
     "computed from values, stateless ops with a constant seed "
     "(tf.random.stateless_categorical too), integer draws of computed bounds or over the "
-    "dtype's full range, shuffles, candidate samplers but the log-uniform and uniform ones of "
-    "tf.nn.nce_loss and sampled_softmax_loss (learned, fixed unigram and all-class samplers, "
-    "a sharded table, a sampler's draws read by other ops)")}
+    "dtype's full range, shuffles, candidate samplers but the log-uniform, uniform and fixed "
+    "unigram ones of tf.nn.nce_loss and sampled_softmax_loss (learned unigram and all-class "
+    "samplers, a unigram vocab_file, a sharded table, a sampler's draws read by other ops)")}
 
 
 def is_random(op_type: str) -> bool:

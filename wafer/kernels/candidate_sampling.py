@@ -21,7 +21,6 @@ from wafer.kernels.base import (
     KernelError,
     RunContext,
     Shape,
-    accumulate,
     check_dtypes,
     is_int,
     max_cores_for,
@@ -214,9 +213,14 @@ class SampledLogits(Kernel):
                 g_sampled @ weights[ids]
         grads: dict[str, np.ndarray] = {}
         for role, (rows, values) in self._slices(x, labels, ids, grad_output).items():
-            table = np.zeros(self.param_shapes()[role], np.float32)
+            if param_grads is None:
+                table = np.zeros(self.param_shapes()[role], np.float32)
+            else:  # (the rows added into the accumulator; the batch's first overwrites)
+                table = param_grads[role]
+                if not ctx.accumulate:
+                    table.fill(0)
             scatter_add(table, rows, values)
-            accumulate(param_grads, role, table, grads, ctx)
+            grads[role] = table
         return [dx, None], grads
 
     def _slices(self, x, labels, ids, grad_output) -> dict[str, tuple[np.ndarray, np.ndarray]]:
