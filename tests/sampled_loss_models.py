@@ -22,7 +22,8 @@ def skipgram_input_fn(params):
     near = centers[:, None] + rng.integers(1, 3, (len(centers), window))
     contexts = reserved + near % (VOCAB - reserved)
     return tf.data.Dataset.from_tensor_slices(
-        (centers, contexts.astype(np.int64))).batch(batch, drop_remainder=True)
+        (centers, contexts.astype(params.get("label_dtype", "int64")))).batch(
+            batch, drop_remainder=True)
 
 
 def _output_table(rows: int, dim: int):
@@ -56,6 +57,16 @@ def skipgram_nce(features, labels, mode, params):
                                          remove_accidental_hits=params.get("hits", False)))
     train_op = _train_op(loss, params) if mode == ModeKeys.TRAIN else None
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def tied_skipgram(features, labels, mode, params):
+    """word2vec with one table: the center word's embedding looked up in the NCE table."""
+    weights, biases = _output_table(VOCAB, EMBED)
+    embedded = tf.nn.embedding_lookup(weights, features)
+    loss = tf.reduce_mean(tf.nn.nce_loss(weights=weights, biases=biases, labels=labels,
+                                         inputs=embedded, num_sampled=SAMPLED,
+                                         num_classes=VOCAB))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
 
 
 def classifier_input_fn(params):

@@ -143,8 +143,9 @@ def sampled_loss(m: Context, sampler: tf.Operation) -> SampledLoss | str:
     tables = {len(static_shape(g.outputs[0])): m.operands.weight(g.inputs[0]) for g in gathers}
     weights, biases = tables.get(2), tables.get(1)
     if not m.is_batched(x) or not m.is_batched(labels) or x.dtype != tf.float32 or \
-            len(static_shape(x)) != 2 or weights is None or biases is None or \
-            weights.dtype != "float32" or biases.dtype != "float32":
+            len(static_shape(x)) != 2 or m.shape(x) != static_shape(x)[1:] or \
+            m.shape(labels) != static_shape(labels)[1:] or weights is None or biases is None \
+            or weights.dtype != "float32" or biases.dtype != "float32":
         return (f"its inputs are not float32 per-sample vectors, or its weights and biases not "
                 f"float32 variables: {UNSUPPORTED}")
     for op in region:

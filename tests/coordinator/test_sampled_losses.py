@@ -1,12 +1,13 @@
 """tf.nn.nce_loss and tf.nn.sampled_softmax_loss on the CS (candidate_sampling.py): one
 `sampled_logits` kernel draws the classes once a step for the whole batch. Proven here: (1)
 with TF's draws replayed (tfs_draws: its sampled ids, its tries from its expected counts) a
-skip-gram with NCE (Adam; Momentum, whose sparse update moves only the looked-up rows) and
+skip-gram with NCE (Adam; Momentum, whose sparse update moves only the looked-up rows; one
+table for the input embedding and NCE) and
 sampled-softmax classifiers (log-uniform and uniform samplers; word2vec's fixed unigram
 table of counts to the 3/4) train 4 steps to TF's losses
 and weights (1e-5), at micro-batches of 2 and on two replicas too (one draw a step);
 (2) the classifier evaluates and predicts with the full softmax as the CPU path, and the
-sampled loss evaluates on the CS with its own draws; (3) the CS's own samplers draw TF's
+sampled loss evaluates drawing every batch (TF's eval losses with TF's draws); (3) the CS's own samplers draw TF's
 distributions (frequencies vs the log-uniform and unigram probabilities, TF's own draws
 alike; the tries of unique draws) and compute TF's expected counts; (4) learned unigram
 samplers, vocab files and sharded tables are refused in one line naming the op."""
@@ -23,6 +24,7 @@ import tf_reference
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
+from tf_model import checkpoints
 from wafer.kernels.candidate_sampling import Classes, expected_count
 
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
@@ -35,6 +37,9 @@ CASES = {"skipgram_nce": (sm.skipgram_nce, sm.skipgram_input_fn, {}),
          "window_of_three": (sm.skipgram_nce, sm.skipgram_input_fn, {"window": 3, "hits": True}),
          # TF's sparse momentum moves only the looked-up rows' slots: the IndexedSlices path
          "nce_momentum": (sm.skipgram_nce, sm.skipgram_input_fn, {"optimizer": "momentum"}),
+         # one table for the input embedding and NCE (two sparse uses), int32 context ids
+         "tied_table": (sm.tied_skipgram, sm.skipgram_input_fn,
+                        {"optimizer": "momentum", "label_dtype": "int32"}),
          # two replicas of 4 samples read the step's one draw
          "two_replicas": (sm.sampled_softmax_classifier, sm.classifier_input_fn,
                           {"runconfig": {"tf_random_seed": 1, "num_replicas": 2}})}
@@ -84,13 +89,28 @@ def test_the_classifier_evaluates_and_predicts_with_the_full_softmax_like_the_cp
                                             trained) == ""
 
 
-def test_the_sampled_loss_evaluates_on_the_cs_with_its_own_draws(drawn, tmp_path):
-    """Evaluating the sampled loss draws classes on the CS every batch, as TF's EVAL graph
-    does: near the CPU path's loss, differing by the draws."""
+def test_the_sampled_loss_evaluates_drawing_every_batch_like_tensorflow(drawn, tmp_path):
+    """Evaluating the sampled loss draws classes at every batch, as TF's EVAL graph does:
+    handed TF's draws, the CS's evaluation losses are TF's batch by batch (1e-5); with its
+    own, one batch evaluated twice gives two losses, the same for the same checkpoint; the
+    chief's evaluation runs on the CS."""
     path = cs_inprocess.trained_checkpoint(str(tmp_path), drawn("sampled_softmax"))
-    cs = cs_inprocess.evaluate_like_the_chief(sm.sampled_softmax_eval, sm.classifier_input_fn,
-                                              BASE, str(tmp_path / "eval"), path, 4)
-    assert set(cs) == {"loss"} and 0.1 < cs["loss"] < 4.0
+    model_fn, input_fn = sm.sampled_softmax_eval, sm.classifier_input_fn
+    program = cs_inprocess.compile_checked(model_fn, input_fn, BASE, str(tmp_path / "eval"),
+                                           mode="eval").program
+    state = cs_inprocess.cs_state(program, checkpoints.read_checkpoint(path), path)
+    data = cs_inprocess.first_batches(input_fn, BASE, 3)
+    reference = tf_reference.run(model_fn, input_fn, BASE, state, data, mode="eval",
+                                 fetch=cs_inprocess.drawn_tensors(program))
+    with cs_inprocess.tfs_draws(program, reference.fetched):
+        replayed = cs_inprocess.run_on_cs(program, state, data, kind="evaluate", global_step=10)
+    np.testing.assert_allclose(replayed.losses, reference.losses, rtol=1e-5)
+    own = [cs_inprocess.run_on_cs(program, state, [data[0]] * 2, kind="evaluate",
+                                  global_step=10).losses for _ in range(2)]
+    assert own[0][0] != own[0][1] and own[0] == own[1]
+    chief = cs_inprocess.evaluate_like_the_chief(model_fn, input_fn, BASE,
+                                                 str(tmp_path / "chief"), path, 2)
+    assert set(chief) == {"loss"} and np.isfinite(chief["loss"])
 
 
 TRUE_CLASSES = [[0], [3], [39]]
