@@ -151,11 +151,13 @@ def sampled_loss(m: Context, sampler: tf.Operation) -> SampledLoss | str:
     for op in region:
         outside = [t for t in op.inputs if t.op not in region and t.dtype != tf.resource
                    and t not in (x, labels) and m.operands.constant(t) is None]
-        leaks = [c for t in op.outputs if t is not out for c in t.consumers()
+        leaks = [c.name for t in op.outputs if t is not out for c in t.consumers()
                  if c not in region and not _is_gradient(c)]
+        leaks += [t.name for t in op.outputs if t is not out and t.name in m.protected]
         if outside or leaks:
-            what = f"read {outside[0].name}" if outside else f"feed {leaks[0].name}"
-            return f"its logits {what}, which TF's sampled losses do not: {UNSUPPORTED}"
+            what = f"read {outside[0].name}" if outside else f"feed {leaks[0]}"
+            return (f"its draws and the logits computed from them {what}, which TF's sampled "
+                    f"losses do not: {UNSUPPORTED}")
     attrs = {"sampler": SAMPLERS[sampler.type], "num_sampled": sampler.get_attr("num_sampled"),
              "num_true": sampler.get_attr("num_true"), "range_max": sampler.get_attr("range_max"),
              "unique": sampler.get_attr("unique"),

@@ -168,15 +168,17 @@ def test_unique_draws_take_tfs_tries_and_expected_counts(classes):
 REFUSED = {"learned_unigram": (sm.learned_unigram_softmax, {}, "LearnedUnigramCandidateSampler"),
            "vocab_file": (sm.unigram_nce, {"vocab_file": "counts.csv"},
                           "FixedUnigramCandidateSampler"),
-           "sharded_table": (sm.sharded_nce, {}, "LogUniformCandidateSampler")}
+           "sharded_table": (sm.sharded_nce, {}, "LogUniformCandidateSampler"),
+           "draws_read_by_the_host": (sm.draws_in_a_metric, {}, "LogUniformCandidateSampler")}
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_other_samplers_and_sharded_tables_are_refused_in_one_line(name):
     model_fn, extra, op_type = REFUSED[name]
-    input_fn = sm.classifier_input_fn if "softmax" in model_fn.__name__ else sm.skipgram_input_fn
+    input_fn = sm.skipgram_input_fn if "nce" in model_fn.__name__ else sm.classifier_input_fn
     with tempfile.TemporaryDirectory() as model_dir, pytest.raises(CSRunError) as refused:
-        compile_model(model_fn, input_fn, {**BASE, **extra}, model_dir, validate_only=True)
+        compile_model(model_fn, input_fn, {**BASE, **extra}, model_dir, validate_only=True,
+                      mode="eval" if name == "draws_read_by_the_host" else "train")
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith(f"validation failed: {op_type} ")
