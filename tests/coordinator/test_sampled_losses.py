@@ -10,7 +10,8 @@ and weights (1e-5), at micro-batches of 2 and on two replicas too (one draw a st
 sampled loss evaluates drawing every batch (TF's eval losses with TF's draws); (3) the CS's own samplers draw TF's
 distributions (frequencies vs the log-uniform and unigram probabilities, TF's own draws
 alike; the tries of unique draws) and compute TF's expected counts; (4) learned unigram
-samplers, vocab files and sharded tables are refused in one line naming the op."""
+samplers, vocab files, sharded tables, draws the host reads and other logits of the same ops
+(the probe's) are refused in one line naming the op."""
 from __future__ import annotations
 
 import tempfile
@@ -40,6 +41,9 @@ CASES = {"skipgram_nce": (sm.skipgram_nce, sm.skipgram_input_fn, {}),
          # one table for the input embedding and NCE (two sparse uses), int32 context ids
          "tied_table": (sm.tied_skipgram, sm.skipgram_input_fn,
                         {"optimizer": "momentum", "label_dtype": "int32"}),
+         # TF's function written by hand (the probe takes it): tf.gather, slices, ones
+         "hand_written": (sm.tempered_sampled_softmax, sm.classifier_input_fn,
+                          {"temperature": 1.0}),
          # two replicas of 4 samples read the step's one draw
          "two_replicas": (sm.sampled_softmax_classifier, sm.classifier_input_fn,
                           {"runconfig": {"tf_random_seed": 1, "num_replicas": 2}})}
@@ -169,7 +173,9 @@ REFUSED = {"learned_unigram": (sm.learned_unigram_softmax, {}, "LearnedUnigramCa
            "vocab_file": (sm.unigram_nce, {"vocab_file": "counts.csv"},
                           "FixedUnigramCandidateSampler"),
            "sharded_table": (sm.sharded_nce, {}, "LogUniformCandidateSampler"),
-           "draws_read_by_the_host": (sm.draws_in_a_metric, {}, "LogUniformCandidateSampler")}
+           "draws_read_by_the_host": (sm.draws_in_a_metric, {}, "LogUniformCandidateSampler"),
+           # _compute_sampled_logits' kinds of ops computing other logits: the probe's refusal
+           "other_logits": (sm.tempered_sampled_softmax, {}, "LogUniformCandidateSampler")}
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
@@ -183,3 +189,5 @@ def test_other_samplers_and_sharded_tables_are_refused_in_one_line(name):
     assert "\n" not in message
     assert message.startswith(f"validation failed: {op_type} ")
     assert "tests/sampled_loss_models.py:" in message and "log-uniform" in message
+    if name == "other_logits":
+        assert "on a probe" in message
