@@ -1,17 +1,17 @@
 """tf.nn.nce_loss and tf.nn.sampled_softmax_loss on the CS (candidate_sampling.py): one
-`sampled_logits` kernel draws the classes once a step for the whole batch. Proven here: (1)
-with TF's draws replayed (tfs_draws: its sampled ids, its tries from its expected counts) a
-skip-gram with NCE (Adam; Momentum, whose sparse update moves only the looked-up rows; one
-table for the input embedding and NCE) and
-sampled-softmax classifiers (log-uniform and uniform samplers; word2vec's fixed unigram
-table of counts to the 3/4) train 4 steps to TF's losses
-and weights (1e-5), at micro-batches of 2 and on two replicas too (one draw a step);
-(2) the classifier evaluates and predicts with the full softmax as the CPU path, and the
-sampled loss evaluates drawing every batch (TF's eval losses with TF's draws); (3) the CS's own samplers draw TF's
-distributions (frequencies vs the log-uniform and unigram probabilities, TF's own draws
-alike; the tries of unique draws) and compute TF's expected counts; (4) learned unigram
-samplers, vocab files, sharded tables, draws the host reads and other logits of the same ops
-(the probe's) are refused in one line naming the op."""
+`sampled_logits` kernel draws the classes once a step for the whole batch. Proven here:
+(1) with TF's draws replayed (tfs_draws: its sampled ids, its tries from its expected
+counts) skip-grams with NCE (Adam; Momentum, whose sparse update moves only the looked-up
+rows; a window of 3 with accidental hits removed; word2vec's fixed unigram table; one table
+for the input embedding and NCE) and sampled-softmax classifiers (log-uniform and uniform
+samplers; TF's function written by hand) train 4 steps to TF's losses and weights (1e-5),
+at micro-batches of 2 and on two replicas too (one draw a step); (2) the classifier
+evaluates and predicts with the full softmax as the CPU path, and the sampled loss
+evaluates drawing every batch (TF's eval losses with TF's draws); (3) the CS's own samplers
+draw TF's distributions (frequencies vs the log-uniform and unigram probabilities, TF's own
+draws alike; the tries of unique draws) and compute TF's expected counts; (4) learned
+unigram samplers, vocab files, sharded tables, draws the host reads and other logits of the
+same ops (the probe's) are refused in one line naming the op."""
 from __future__ import annotations
 
 import tempfile
