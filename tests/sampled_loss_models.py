@@ -69,6 +69,18 @@ def tied_skipgram(features, labels, mode, params):
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
 
 
+def repeated_draws_softmax(features, labels, mode, params):
+    """Skip-gram by sampled softmax with draws that may repeat (unique=False): accidental
+    hits of a class drawn twice (frequent words: Zipf contexts, log-uniform draws)."""
+    embedded = tf.keras.layers.Embedding(VOCAB, EMBED)(features)
+    weights, biases = _output_table(VOCAB, EMBED)
+    sampled = tf.random.log_uniform_candidate_sampler(labels, 1, SAMPLED, False, VOCAB)
+    loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
+        weights=weights, biases=biases, labels=labels, inputs=embedded, num_sampled=SAMPLED,
+        num_classes=VOCAB, sampled_values=sampled))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
+
+
 def classifier_input_fn(params):
     batch = params.get("batch_size", 8)
     rng = np.random.default_rng(5)

@@ -186,7 +186,8 @@ def sampled_loss(m: Context, sampler: tf.Operation) -> SampledLoss | str:
 def _probe(found: SampledLoss, sampler: tf.Operation,
            gathers: list[tf.Operation]) -> SampledLoss | str:
     """`found` if TF's ops between, fed random inputs, table rows (the gathers' outputs) and
-    the kernel's draw (with an accidental hit), give the kernel's logits within PROBE_RTOL."""
+    the kernel's draw (with an accidental hit, of an id drawn twice when draws repeat), give
+    the kernel's logits within PROBE_RTOL."""
     rng = np.random.default_rng(0)
     attrs, (batch, dim) = found.attrs, static_shape(found.x)
     try:
@@ -198,6 +199,8 @@ def _probe(found: SampledLoss, sampler: tf.Operation,
     xs = rng.standard_normal((batch, dim)).astype(np.float32)
     ys = rng.integers(0, attrs["range_max"], (batch, attrs["num_true"]))
     ids, tries = kernel.classes.sample(rng, attrs["num_sampled"], attrs["unique"])
+    if not attrs["unique"] and len(ids) > 1:
+        ids[-1] = ids[0]  # (a repeated id)
     ys[0, 0] = ids[0]
     kernel.draw = ids, tries
     expected, _ = kernel.forward(params, [xs, ys], RunContext(True, batch, offset=1))

@@ -41,6 +41,8 @@ CASES = {"skipgram_nce": (sm.skipgram_nce, sm.skipgram_input_fn, {}),
          # one table for the input embedding and NCE (two sparse uses), int32 context ids
          "tied_table": (sm.tied_skipgram, sm.skipgram_input_fn,
                         {"optimizer": "momentum", "label_dtype": "int32"}),
+         # draws that repeat, a repeated class among the labels (TF removes its last draw)
+         "repeated_draws": (sm.repeated_draws_softmax, sm.skipgram_input_fn, {}),
          # TF's function written by hand (the probe takes it): tf.gather, slices, ones
          "hand_written": (sm.tempered_sampled_softmax, sm.classifier_input_fn,
                           {"temperature": 1.0}),
@@ -62,6 +64,12 @@ def test_with_tfs_draws_sampled_losses_train_like_tensorflow(drawn, name):
     assert len(kernels) == 1
     if name == "two_replicas":
         assert result.compiled.program.num_replicas == 2
+    if name == "repeated_draws":  # (the case happened)
+        name_ = kernels[0].name
+        data = tf_reference.batches(sm.skipgram_input_fn, BASE, 4)
+        assert any(np.isin(ids[np.flatnonzero(np.bincount(ids) > 1)], labels).any()
+                   for ids, (_, labels) in zip((s[f"{name_}:0"] for s in result.reference.fetched),
+                                               data))
     assert cs_inprocess.mismatches(result, rtol=1e-5) == []
 
 

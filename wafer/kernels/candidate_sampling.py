@@ -115,8 +115,9 @@ class SampledLogits(Kernel):
     """Inputs x (D,) float32 and the sample's labels (num_true,) int32/int64; params
     `weights` (range_max, D) and `biases` (range_max,); attrs sampler (SAMPLERS), num_sampled,
     num_true, range_max, unique, remove_accidental_hits (fixed_unigram: unigrams, distortion,
-    num_reserved_ids, `Classes`). Output (num_true + num_sampled,):
-    the true logits, then the sampled ones, each less log(expected count). The draw is the
+    num_reserved_ids, `Classes`). Output (num_true + num_sampled,): the true logits, then the
+    sampled ones, each less log(expected count); an accidental hit adds HIT at the sampled
+    id's last position (TF's ComputeAccidentalHits maps a repeated id to its last). The draw is the
     micro-batch at offset 0's (every micro-batch of the step reads it); the test seam
     (random_numbers.replayed_draws) hands it (num_sampled + 1,) int64: TF's ids and tries."""
 
@@ -192,8 +193,10 @@ class SampledLogits(Kernel):
         true_w, sampled_w = weights[labels], weights[ids]
         true = (x[:, None, :] * true_w).sum(-1, dtype=np.float32) + biases[labels]
         sampled = x @ sampled_w.T + biases[ids]
-        if self.remove_hits:
-            hits = (labels[:, :, None] == ids[None, None, :]).any(1)
+        if self.remove_hits:  # (a repeated id's last position only: TF's id -> position map)
+            last = np.zeros(len(ids), bool)
+            last[len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]] = True
+            hits = (labels[:, :, None] == ids[None, None, :]).any(1) & last
             sampled = np.where(hits, sampled + HIT, sampled)
         true = true - np.log(self.expected(labels, tries))
         sampled = sampled - np.log(self.expected(ids, tries))
