@@ -51,10 +51,11 @@ class ParamSpec:
 
 
 UPDATES = ("dense", "sparse")
-# kernels whose weight gradient TF computes as IndexedSlices: type -> the table's role;
+# kernels whose weight gradient TF computes as IndexedSlices: type -> the tables' roles;
 # a sparse weight operand (p<k>) of another generic kernel is a table TF gathers whole,
 # e.g. Keras position embeddings: every row once, in order
-SPARSE_GRADIENT_KERNELS = {"gather": "p0", "embedding_bag": "p0"}
+SPARSE_GRADIENT_KERNELS = {"gather": ("p0",), "embedding_bag": ("p0",),
+                           "sampled_logits": ("weights", "biases")}
 
 
 @dataclass(frozen=True)
@@ -595,9 +596,9 @@ def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> Pa
     if update not in UPDATES:
         raise invalid(f"{where}: unknown update {param.update!r}; the CS system has "
                       f"{', '.join(UPDATES)}")
-    table = SPARSE_GRADIENT_KERNELS.get(kernel.type_name)
-    whole = table is None and "operands" in kernel.attrs and param.role.startswith("p")
-    if update == "sparse" and (param.role != table or getattr(kernel, "depth", 1) > 1) \
+    tables = SPARSE_GRADIENT_KERNELS.get(kernel.type_name)
+    whole = tables is None and "operands" in kernel.attrs and param.role.startswith("p")
+    if update == "sparse" and (param.role not in (tables or ()) or getattr(kernel, "depth", 1) > 1) \
             and not whole:
         raise invalid(f"{where}: a sparse update needs the table of a gather kernel (an "
                       f"embedding lookup) or a weight operand TF gathers whole, not the "
