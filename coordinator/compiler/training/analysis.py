@@ -263,7 +263,10 @@ def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
                                   f"optimizer updates in the step, with no order to that "
                                   f"update (TF reads it before or after the update, by "
                                   f"chance); compute the losses from one forward pass, or "
-                                  f"make the update wait for the read")
+                                  f"make the update wait for the read",
+                            hint="compute every loss's gradients first (compute_gradients), "
+                                 "then apply them under tf.control_dependencies([every "
+                                 "gradient])")
 
 
 def optimizer_groups(updates: list[_Update]) -> tuple[OptimizerGroup, ...]:
