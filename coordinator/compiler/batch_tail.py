@@ -26,12 +26,18 @@ import tensorflow as tf
 from coordinator.compiler import precision, second_order
 from coordinator.compiler.extract import data_upstream, user_source
 from coordinator.compiler.ir import ParamRef, UnsupportedOp
+from coordinator.compiler.lowering import slice_bounds
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import TailContext, has_kernel
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from wafer.kernels.batch_tail import source_name, steps_attrs
 
 DIAGONALS = ("MatrixDiagPartV3", "MatrixDiagPart", "DiagPart")
+CROSS_ENTROPIES = ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits")
+INTEGERS = (tf.int32, tf.int64)
+# What the tail does with the batch's integers (labels) before tf.one_hot or tf.cast.
+INTEGER_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "ConcatV2", "Identity",
+                 "Reshape", "Squeeze", "ExpandDims")
 # The README's row.
 KERNEL_ROWS = {
     "batch_tail_loss": "a loss that is a non-linear function of values reduced over the batch "
@@ -103,6 +109,14 @@ class TailBuilder(WeightProgramBuilder):
             return self._logsumexp_scan(op, tensor)
         if op.type == "GatherV2" and self.operands.constant(op.inputs[1]) is None:
             return self._gather(op, tensor, where)
+        if op.type in CROSS_ENTROPIES:
+            return self._cross_entropy(op, tensor, where)
+        if op.type == "OneHot" or op.type == "Cast" and op.inputs[0].dtype in INTEGERS:
+            return self._from_integers(op, tensor, where)
+        if op.type == "Roll":
+            return self._roll(op, tensor, where)
+        if tensor.dtype in INTEGERS and op.type in INTEGER_VIEWS:
+            return self._lower_op(op, tensor, where)
         if tensor.dtype.base_dtype != tf.float32 or precision.tensor_precision(tensor):
             return self._refuse(tensor, f"computes the loss over the batch in "
                                         f"{tensor.dtype.base_dtype.name} ({where}): the CS "
@@ -198,12 +212,98 @@ class TailBuilder(WeightProgramBuilder):
         names: list[str] = inputs  # type: ignore[assignment]  # (kernels or sources)
         return self._add(op, tensor, "sample_gather", names, {})
 
+    def _inputs(self, op: tf.Operation, tensor: tf.Tensor) -> list[str | np.ndarray] | None:
+        """The values of `op`'s inputs (None: `tensor` refused for the first that has none)."""
+        inputs = [self._lower(t) for t in op.inputs]
+        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
+        if bad is not None:
+            self._refuse(tensor, self.problems[bad.name])
+            return None
+        return inputs  # type: ignore[return-value]  # (none is None)
+
+    def _cross_entropy(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.nn.(sparse_)softmax_cross_entropy_with_logits of values of the tail (a query's
+        distances to the prototypes, NT-Xent's similarities): -sum(labels *
+        log_softmax(logits), -1), TF's log(sum(exp(s))) - s at the label exactly; sparse
+        labels (the batch's, sliced, or constants: tf.range) as one_hot first."""
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
+        logits, labels = inputs
+        depth = static_shape(op.inputs[0])[-1]
+        if tensor.value_index != 0 or not isinstance(logits, str):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS takes the cross "
+                                        "entropy of logits computed from the batch")
+        if op.type == "SparseSoftmaxCrossEntropyWithLogits":
+            labels = self._add(op, None, "one_hot", [labels], {"depth": depth},
+                               suffix="/one_hot") if isinstance(labels, str) else \
+                np.eye(depth, dtype=np.float32)[np.asarray(labels)]
+        out = static_shape(op.inputs[0])
+        log_p = self._add(op, None, "softmax", [logits], {"axis": -1, "log": True},
+                          suffix="/log_softmax")
+        picked = self._elementwise(op, None, "binary", [log_p, labels], {"op": "mul"},
+                                   "/picked", "0", out)
+        total = self._add(op, None, "reduce", [picked], {
+            "op": "sum", "keepdims": False, "axes": [len(out) - 1]}, suffix="/sum")
+        return self._add(op, tensor, "binary", [total], {
+            "op": "mul", "operands": "ic", "c1": np.asarray(-1.0, np.float32)})
+
+    def _from_integers(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.one_hot of the batch's integer labels (a support set's classes) or tf.cast of
+        them to float32: the one_hot and cast kernels (no gradient)."""
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
+        if tensor.dtype != tf.float32 or not isinstance(inputs[0], str) or \
+                op.type == "OneHot" and (op.get_attr("axis") != -1 or
+                                         any(isinstance(v, str) for v in inputs[1:])):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS takes the batch's "
+                                        "integers to float32 by tf.cast or tf.one_hot (last "
+                                        "axis, constant depth and values)")
+        if op.type == "Cast":
+            return self._add(op, tensor, "cast", inputs[:1], {"dtype": "float32"})
+        depth, on, off = (np.asarray(v) for v in inputs[1:])
+        return self._add(op, tensor, "one_hot", inputs[:1], {
+            "depth": int(depth), "on_value": float(on), "off_value": float(off)})
+
+    def _roll(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.roll of a value of the tail (the batch's samples shifted: negatives of their
+        neighbours) by constant shifts: a take per axis at the rolled positions, its
+        gradient rolled back (TF's _RollGrad)."""
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
+        value, shift, axes = inputs
+        if not isinstance(value, str) or isinstance(shift, str) or isinstance(axes, str):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS rolls values of "
+                                        "the batch by constant shifts")
+        shape = static_shape(tensor)
+        total: dict[int, int] = {}
+        for s, a in zip(np.ravel(shift), np.ravel(axes)):
+            axis = int(a) % len(shape)
+            total[axis] = total.get(axis, 0) + int(s)
+        moves = [(a, s % shape[a]) for a, s in sorted(total.items()) if s % shape[a]]
+        current = value
+        for k, (axis, s) in enumerate(moves):
+            last = k == len(moves) - 1
+            current = self._add(op, tensor if last else None, "take", [current], {
+                "axis": axis, "indices": [int(i) for i in (np.arange(shape[axis]) - s) % shape[axis]]},
+                suffix="" if last else f"/roll_{axis}")
+        return current if moves else self._add(op, tensor, "reshape", [value],
+                                                {"shape": list(shape)})
+
     def _sample(self, tensor: tf.Tensor, where: str) -> str | None:
-        """A per-sample value the tail reads: a source of the whole batch."""
+        """A per-sample value the tail reads: a source of the whole batch (float32, or the
+        integers a slice of the batch takes: labels)."""
+        if tensor.dtype in INTEGERS:
+            return self._source_of(tensor)
         if tensor.dtype != tf.float32 or precision.tensor_precision(tensor):
             return self._refuse(tensor, f"reduces a {tensor.dtype.name} per-sample value over "
                                         f"the batch in a non-linear loss ({where}): the CS "
                                         "computes such a loss from float32 values")
+        return self._source_of(tensor)
+
+    def _source_of(self, tensor: tf.Tensor) -> str:
         name = source_name(len(self.samples))
         self.samples.append(tensor)
         self.sources[name] = ParamRef("source", name, static_shape(tensor))
@@ -262,6 +362,38 @@ def batch_sort(m: TailContext, op: tf.Operation) -> bool:
         return False
     k = m.operands.constant(op.inputs[1])
     return k is not None and 0 < int(k) <= m.batch_size
+
+
+BATCH_SLICES = ("StridedSlice", "Slice", "Split", "SplitV", "Roll")
+
+
+def batch_slice(m: TailContext, op: tf.Operation) -> bool:
+    """A slice of the batch axis of a per-sample value with constant bounds: a support set
+    and its queries (emb[:k], emb[k:], tf.slice), two views (tf.split(z, 2, 0)), neighbours
+    (x[1:] - x[:-1], tf.roll(z, 1, axis=0)). Samples against others: a value of the loss
+    tail if all it feeds computes the loss (the caller checks)."""
+    if op.type not in BATCH_SLICES:
+        return False
+    data = op.inputs[1] if op.type == "Split" else op.inputs[0]
+    if not m.is_batched(data) or m.folds(data) > 1 or data.name in m.leading or \
+            data.dtype not in (tf.float32, tf.int32, tf.int64):
+        return False
+    rest = [m.operands.constant(t) for t in op.inputs if t is not data]
+    if any(v is None for v in rest):
+        return False
+    rank, batch = len(static_shape(data)), m.batch_size
+    if op.type == "StridedSlice":
+        begin, end, strides = rest
+        if op.get_attr("new_axis_mask") & 1 and not op.get_attr("ellipsis_mask") & 1:
+            return False  # (a row of the batch: in_batch.row)
+        return slice_bounds(op, begin, end, strides)[0] != (0, batch, 1, False)
+    if op.type == "Slice":
+        begin, size = rest
+        return int(begin[0]) != 0 or int(size[0]) not in (-1, batch)
+    if op.type == "Roll":
+        return any(int(a) % rank == 0 for a in np.atleast_1d(rest[1]).ravel())
+    axis = rest[0] if op.type == "Split" else rest[1]
+    return int(axis) % rank == 0
 
 
 def static_shape_value(tensor: tf.Tensor) -> np.ndarray | None:

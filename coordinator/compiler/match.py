@@ -432,7 +432,8 @@ class Matcher:
             return True
         axes = lowering.batch_reduction_axes(self, op)
         if axes is None:
-            if not batch_tail.contraction(self, op) and not batch_tail.batch_sort(self, op):
+            if not batch_tail.contraction(self, op) and not batch_tail.batch_sort(self, op) \
+                    and not self._slices_for_the_loss(op):
                 return False
             self.tail.update(out.name for out in op.outputs)  # (a batch tail's: loss_tail.py)
             self.consumed.add(op)
@@ -443,6 +444,12 @@ class Matcher:
         self.tail.update(out.name for out in op.outputs)
         self.consumed.add(op)
         return True
+
+    def _slices_for_the_loss(self, op: tf.Operation) -> bool:
+        """A slice of the batch axis (batch_tail.batch_slice) whose every reader computes
+        the loss of training or evaluation: a value of the loss tail."""
+        return self.x.mode != ModeKeys.PREDICT and batch_tail.batch_slice(self, op) and \
+            self._loss_only(op)
 
     def _loss_only(self, op: tf.Operation) -> bool:
         """`op` (reading the loss tail and per-sample values: x - tf.reduce_mean(x)) and all

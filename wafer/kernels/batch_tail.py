@@ -102,6 +102,16 @@ class BatchTailLoss(Kernel):
     def output_shape(self):
         return ()
 
+    def output_dtype(self, input_dtypes):
+        """float32, its inputs' dtypes checked along the program: float32 values, and the
+        integers (labels) only kernels taking integers read (slices, one_hot, cast)."""
+        dtypes = {source_name(j): np.dtype(d) for j, d in enumerate(input_dtypes)}
+        for step in self.program.steps:
+            dtypes[step.kernel.name] = step.kernel.output_dtype([dtypes[i] for i in step.inputs])
+        if dtypes[self.program.steps[-1].kernel.name] != np.float32:
+            raise KernelError(f"kernel {self.name!r} (batch_tail_loss): its loss is not float32")
+        return np.dtype(np.float32)
+
     def _values(self) -> int:
         return sum(math.prod(s) for s in self.input_shapes)
 

@@ -1,0 +1,92 @@
+"""Losses that slice the batch, written the ordinary way: a prototypical network over one
+episode per batch (its first half the support set, labels sliced the same way, prototypes by
+a one_hot matmul, the queries' distances to them in a softmax cross entropy), SimCLR's
+NT-Xent of two views concatenated in the batch (tf.split, or z[:B//2] and z[B//2:]), and a
+temporal-consistency loss over a batch of consecutive frames (x[1:] - x[:-1] of the
+predictions) with tf.roll(z, 1, axis=0) as a triplet's negatives. What the CS does not
+carry out: a slice of the batch feeding per-sample layers or a prediction."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tf_model.estimator_spec import CSEstimatorSpec
+
+BATCH, STEPS, WAYS = 8, 4, 2
+
+
+def input_fn(params):
+    rng = np.random.default_rng(31)
+    n = params["batch_size"] * STEPS * 2
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(params["batch_size"],
+                                                             drop_remainder=True)
+
+
+def _spec(mode, loss, params, metrics=None, predictions=None):
+    if mode == "infer":
+        return CSEstimatorSpec(mode=mode, predictions=predictions)
+    if mode == "eval":
+        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops=metrics or {})
+    optimizer = tf.compat.v1.train.AdamOptimizer(params.get("learning_rate", 0.01))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=optimizer.minimize(
+        loss, global_step=tf.compat.v1.train.get_or_create_global_step()))
+
+
+def _embed(features, width=4):
+    hidden = tf.keras.layers.Dense(8, activation="relu")(features)
+    return tf.keras.layers.Dense(width)(hidden)
+
+
+def prototypes_model_fn(features, labels, mode, params):
+    """Support set emb[:n_s], queries emb[n_s:]; class prototypes the support's mean
+    embedding per class (one_hot matmul), logits the negative squared distances."""
+    z = _embed(features)
+    if mode == "infer":
+        return _spec(mode, None, params, predictions={"embedding": z})
+    n_s = params["batch_size"] // 2
+    support, queries = z[:n_s], z[n_s:]
+    one_hot = tf.one_hot(labels[:n_s], WAYS)
+    prototypes = tf.matmul(one_hot, support, transpose_a=True) / (
+        tf.reduce_sum(one_hot, 0)[:, None] + 1.0)
+    logits = -tf.reduce_sum(tf.square(queries[:, None, :] - prototypes[None]), -1)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels[n_s:], logits)
+    metrics = {"accuracy": tf.compat.v1.metrics.accuracy(labels[n_s:], tf.argmax(logits, -1))}
+    return _spec(mode, loss, params, metrics)
+
+
+def nt_xent_model_fn(features, labels, mode, params):
+    """SimCLR's NT-Xent: the batch holds two views (its halves), z1, z2 = tf.split(z, 2, 0);
+    each view's positive the other's same sample, the rest of the 2N the negatives."""
+    z = tf.math.l2_normalize(_embed(features), axis=1)
+    if mode == "infer":
+        return _spec(mode, None, params, predictions={"z": z})
+    z1, z2 = tf.split(z, 2, 0)
+    n = params["batch_size"] // 2
+    both = tf.concat([z1, z2], 0)
+    similarity = tf.matmul(both, both, transpose_b=True) / 0.5 - 1e9 * tf.eye(2 * n)
+    targets = tf.concat([tf.range(n, 2 * n), tf.range(0, n)], 0)
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=targets, logits=similarity))
+    return _spec(mode, loss, params, {"similarity": tf.compat.v1.metrics.mean(
+        tf.reduce_sum(z1 * z2, -1))})
+
+
+def temporal_model_fn(features, labels, mode, params):
+    """Consecutive frames: a classifier's cross entropy plus a smoothness term of
+    neighbouring predictions (p[1:] - p[:-1]) and a triplet hinge with tf.roll(z, 1, 0) as
+    each frame's negative."""
+    z = _embed(features, 3)
+    logits = tf.keras.layers.Dense(2)(z)
+    if mode == "infer":
+        return _spec(mode, None, params, predictions={"classes": tf.argmax(logits, -1)})
+    p = tf.nn.softmax(logits)
+    smooth = tf.reduce_mean(tf.square(p[1:] - p[:-1]))
+    negatives = tf.roll(z, 1, axis=0)
+    triplet = tf.reduce_mean(tf.nn.relu(
+        tf.reduce_sum(tf.square(z[:-1] - z[1:]), -1)
+        - tf.reduce_sum(tf.square(z - negatives), -1)[1:] + 1.0))
+    ce = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    loss = ce + 0.5 * smooth + 0.1 * triplet
+    return _spec(mode, loss, params, {"smooth": tf.compat.v1.metrics.mean(smooth)})
