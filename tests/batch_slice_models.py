@@ -56,6 +56,21 @@ def prototypes_model_fn(features, labels, mode, params):
     return _spec(mode, loss, params, metrics)
 
 
+def segment_prototypes_model_fn(features, labels, mode, params):
+    """Cosine prototypes: tf.math.unsorted_segment_mean of the l2-normalised support set by
+    its labels. (Of raw embeddings, the last layer's bias would shift every distance's two
+    sides alike when every class is in the support: its gradient 0 in exact arithmetic,
+    rounding noise in TF's float32 and the CS's, which Adam makes visible.)"""
+    z = tf.math.l2_normalize(_embed(features), axis=1)
+    if mode == "infer":
+        return _spec(mode, None, params, predictions={"embedding": z})
+    n_s = params["batch_size"] // 2
+    prototypes = tf.math.unsorted_segment_mean(z[:n_s], labels[:n_s], WAYS)
+    logits = -tf.reduce_sum(tf.square(z[n_s:, None, :] - prototypes[None]), -1)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels[n_s:], logits)
+    return _spec(mode, loss, params)
+
+
 def nt_xent_model_fn(features, labels, mode, params):
     """SimCLR's NT-Xent: the batch holds two views (its halves), z1, z2 = tf.split(z, 2, 0);
     each view's positive the other's same sample, the rest of the 2N the negatives."""
@@ -90,3 +105,21 @@ def temporal_model_fn(features, labels, mode, params):
     ce = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     loss = ce + 0.5 * smooth + 0.1 * triplet
     return _spec(mode, loss, params, {"smooth": tf.compat.v1.metrics.mean(smooth)})
+
+
+def sliced_layer_model_fn(features, labels, mode, params):
+    """The queries' differences to the first sample fed to a Dense layer: a slice of the
+    batch feeding per-sample layers (refused)."""
+    z = _embed(features)
+    relative = tf.keras.layers.Dense(2)(z[1:] - z[:1])
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels[1:], relative)
+    return _spec(mode, loss, params)
+
+
+def sliced_prediction_model_fn(features, labels, mode, params):
+    """A prediction of each frame's change from the one before, x[1:] - x[:-1]: a slice of
+    the batch the host reads (refused)."""
+    z = _embed(features)
+    if mode == "infer":
+        return _spec(mode, None, params, predictions={"change": z[1:] - z[:-1]})
+    return _spec(mode, tf.reduce_mean(tf.square(z[1:] - z[:-1])), params)

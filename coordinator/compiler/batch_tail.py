@@ -115,6 +115,8 @@ class TailBuilder(WeightProgramBuilder):
             return self._from_integers(op, tensor, where)
         if op.type == "Roll":
             return self._roll(op, tensor, where)
+        if op.type == "UnsortedSegmentSum":
+            return self._segment_sum(op, tensor, where)
         if tensor.dtype in INTEGERS and op.type in INTEGER_VIEWS:
             return self._lower_op(op, tensor, where)
         if tensor.dtype.base_dtype != tf.float32 or precision.tensor_precision(tensor):
@@ -265,6 +267,34 @@ class TailBuilder(WeightProgramBuilder):
         depth, on, off = (np.asarray(v) for v in inputs[1:])
         return self._add(op, tensor, "one_hot", inputs[:1], {
             "depth": int(depth), "on_value": float(on), "off_value": float(off)})
+
+    def _segment_sum(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.math.unsorted_segment_sum (and _mean's counts) of values of the tail by the
+        batch's integer ids (a support set's classes): tf.one_hot(ids, n)ᵀ × the values as
+        rows, TF's gradient the rows' own segment's (a gather)."""
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
+        data, ids, segments = inputs
+        if isinstance(segments, str) or len(static_shape(op.inputs[1])) != 1 or \
+                not isinstance(ids, str) and not isinstance(data, str):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS sums rows of the "
+                                        "batch's values into a constant number of segments by "
+                                        "ids of rank 1")
+        shape, out = static_shape(op.inputs[0]), static_shape(tensor)
+        rows = [shape[0], int(np.prod(shape[1:], dtype=np.int64))]
+        hot = self._add(op, None, "one_hot", [ids], {"depth": int(segments)},
+                        suffix="/one_hot") if isinstance(ids, str) else \
+            np.eye(int(segments), dtype=np.float32)[np.asarray(ids)]
+        flat = self._add(op, None, "reshape", [data], {"shape": rows}, suffix="/rows") \
+            if isinstance(data, str) else np.reshape(data, rows)
+        values = [hot, flat]
+        summed = self._add(op, None, "matmul", [v for v in values if isinstance(v, str)], {
+            "operands": "".join("i" if isinstance(v, str) else "c" for v in values),
+            "transpose_a": True, "transpose_b": False,
+            **{f"c{k}": np.asarray(v) for k, v in enumerate(values) if not isinstance(v, str)}},
+            suffix="/sum")
+        return self._add(op, tensor, "reshape", [summed], {"shape": list(out)})
 
     def _roll(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
         """tf.roll of a value of the tail (the batch's samples shifted: negatives of their

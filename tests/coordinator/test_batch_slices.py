@@ -13,7 +13,8 @@ import pytest
 
 PARAMS = {"batch_size": models.BATCH, "runconfig": {"tf_random_seed": 7}}
 RTOL = 1e-5
-MODELS = [models.prototypes_model_fn, models.nt_xent_model_fn, models.temporal_model_fn]
+MODELS = [models.prototypes_model_fn, models.segment_prototypes_model_fn,
+          models.nt_xent_model_fn, models.temporal_model_fn]
 
 
 @pytest.fixture(scope="module")
@@ -27,3 +28,33 @@ def test_losses_slicing_the_batch_train_like_tensorflow(prepared, model_fn, micr
     result = prepared(model_fn, PARAMS, micro, replicas)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
+
+
+def test_a_loss_slicing_the_batch_trains_like_tensorflow_on_two_replicas(prepared):
+    """Each replica streams its micro-batches of 2 (a support set on one replica, the queries
+    on the other): the barrier holds the whole batch and gives each its rows back."""
+    result = prepared(models.prototypes_model_fn, PARAMS, 2, 2)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+
+
+@pytest.mark.parametrize("model_fn", MODELS)
+def test_losses_slicing_the_batch_evaluate_and_predict_like_the_cpu_path(tmp_path, prepared,
+                                                                        model_fn):
+    """The eval batch's loss its own batch's (metrics of sliced labels and values the host's,
+    from the streamed per-sample values); predictions of per-sample values per sample."""
+    result = prepared(model_fn, PARAMS, 2)
+    assert cs_inprocess.evaluation_mismatch(model_fn, models.input_fn, PARAMS,
+                                            str(tmp_path / "eval"), result, rtol=RTOL) == ""
+    assert cs_inprocess.prediction_mismatch(model_fn, models.input_fn, PARAMS,
+                                            str(tmp_path / "predict"), result, rtol=RTOL) == ""
+
+
+@pytest.mark.parametrize("model_fn, says", [
+    (models.sliced_layer_model_fn, "slices the batch axis"),
+    (models.sliced_prediction_model_fn, "slices the batch axis"),
+])
+def test_slices_of_the_batch_outside_a_loss_are_refused_in_one_line(tmp_path, model_fn, says):
+    mode = "infer" if model_fn is models.sliced_prediction_model_fn else "train"
+    message = cs_inprocess.refusal(model_fn, models.input_fn, PARAMS, str(tmp_path),
+                                   models.__file__, mode=mode)
+    assert says in message and "each sample on its own" in message, message
