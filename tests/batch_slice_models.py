@@ -19,9 +19,10 @@ def input_fn(params):
     rng = np.random.default_rng(31)
     n = params["batch_size"] * STEPS * 2
     x = rng.normal(size=(n, 6)).astype(np.float32)
+    view = (x + 0.3 * rng.normal(size=x.shape)).astype(np.float32)  # a second augmentation
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int32)
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(params["batch_size"],
-                                                             drop_remainder=True)
+    return tf.data.Dataset.from_tensor_slices(({"x": x, "view": view}, y)).batch(
+        params["batch_size"], drop_remainder=True)
 
 
 def _spec(mode, loss, params, metrics=None, predictions=None):
@@ -35,7 +36,7 @@ def _spec(mode, loss, params, metrics=None, predictions=None):
 
 
 def _embed(features, width=4):
-    hidden = tf.keras.layers.Dense(8, activation="relu")(features)
+    hidden = tf.keras.layers.Dense(8, activation="relu")(features["x"])
     return tf.keras.layers.Dense(width)(hidden)
 
 
@@ -88,6 +89,23 @@ def nt_xent_model_fn(features, labels, mode, params):
         tf.reduce_sum(z1 * z2, -1))})
 
 
+def two_views_model_fn(features, labels, mode, params):
+    """NT-Xent of two augmentations input_fn yields per sample, their embeddings (one shared
+    tower) concatenated along the batch, tf.concat([z1, z2], 0), the positives tf.roll of the
+    2N rows by N."""
+    tower = [tf.keras.layers.Dense(8, activation="relu"), tf.keras.layers.Dense(4)]
+    z1, z2 = (tf.math.l2_normalize(tower[1](tower[0](features[k])), axis=1)
+              for k in ("x", "view"))
+    if mode == "infer":
+        return _spec(mode, None, params, predictions={"z": z1})
+    z = tf.concat([z1, z2], 0)
+    n = params["batch_size"]
+    similarity = tf.matmul(z, z, transpose_b=True) / 0.5 - 1e9 * tf.eye(2 * n)
+    positives = tf.one_hot(tf.roll(tf.range(2 * n), n, 0), 2 * n)
+    loss = tf.compat.v1.losses.softmax_cross_entropy(positives, similarity)
+    return _spec(mode, loss, params)
+
+
 def temporal_model_fn(features, labels, mode, params):
     """Consecutive frames: a classifier's cross entropy plus a smoothness term of
     neighbouring predictions (p[1:] - p[:-1]) and a triplet hinge with tf.roll(z, 1, 0) as
@@ -113,6 +131,16 @@ def sliced_layer_model_fn(features, labels, mode, params):
     z = _embed(features)
     relative = tf.keras.layers.Dense(2)(z[1:] - z[:1])
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels[1:], relative)
+    return _spec(mode, loss, params)
+
+
+def split_layer_model_fn(features, labels, mode, params):
+    """The second view's half of the batch, tf.split(z, 2, 0), through a Dense layer
+    (refused)."""
+    z1, z2 = tf.split(_embed(features), 2, 0)
+    logits = tf.keras.layers.Dense(2)(z2)
+    loss = tf.reduce_mean(tf.square(z1)) + tf.compat.v1.losses.sparse_softmax_cross_entropy(
+        labels[params["batch_size"] // 2:], logits)
     return _spec(mode, loss, params)
 
 

@@ -394,24 +394,25 @@ def batch_sort(m: TailContext, op: tf.Operation) -> bool:
     return k is not None and 0 < int(k) <= m.batch_size
 
 
-BATCH_SLICES = ("StridedSlice", "Slice", "Split", "SplitV", "Roll")
+BATCH_SLICES = ("StridedSlice", "Slice", "Split", "SplitV", "Roll", "ConcatV2")
 
 
 def batch_slice(m: TailContext, op: tf.Operation) -> bool:
     """A slice of the batch axis of a per-sample value with constant bounds: a support set
     and its queries (emb[:k], emb[k:], tf.slice), two views (tf.split(z, 2, 0)), neighbours
-    (x[1:] - x[:-1], tf.roll(z, 1, axis=0)). Samples against others: a value of the loss
-    tail if all it feeds computes the loss (the caller checks)."""
+    (x[1:] - x[:-1], tf.roll(z, 1, axis=0)), or per-sample values concatenated along it
+    (two views' embeddings, tf.concat([z1, z2], 0)). Samples against others: a value of the
+    loss tail if all it feeds computes the loss (the caller checks)."""
     if op.type not in BATCH_SLICES:
         return False
-    data = op.inputs[1] if op.type == "Split" else op.inputs[0]
-    if not m.is_batched(data) or m.folds(data) > 1 or data.name in m.leading or \
-            data.dtype not in (tf.float32, tf.int32, tf.int64):
+    data = {"Split": op.inputs[1:], "ConcatV2": op.inputs[:-1]}.get(op.type, op.inputs[:1])
+    if not all(m.is_batched(t) and m.folds(t) == 1 and t.name not in m.leading and
+               t.dtype in (tf.float32, *INTEGERS) for t in data):
         return False
-    rest = [m.operands.constant(t) for t in op.inputs if t is not data]
+    rest = [m.operands.constant(t) for t in op.inputs if t not in data]
     if any(v is None for v in rest):
         return False
-    rank, batch = len(static_shape(data)), m.batch_size
+    rank, batch = len(static_shape(data[0])), m.batch_size
     if op.type == "StridedSlice":
         begin, end, strides = rest
         if op.get_attr("new_axis_mask") & 1 and not op.get_attr("ellipsis_mask") & 1:
@@ -422,7 +423,7 @@ def batch_slice(m: TailContext, op: tf.Operation) -> bool:
         return int(begin[0]) != 0 or int(size[0]) not in (-1, batch)
     if op.type == "Roll":
         return any(int(a) % rank == 0 for a in np.atleast_1d(rest[1]).ravel())
-    axis = rest[0] if op.type == "Split" else rest[1]
+    axis = rest[0] if op.type in ("Split", "ConcatV2") else rest[1]
     return int(axis) % rank == 0
 
 

@@ -14,7 +14,7 @@ import pytest
 PARAMS = {"batch_size": models.BATCH, "runconfig": {"tf_random_seed": 7}}
 RTOL = 1e-5
 MODELS = [models.prototypes_model_fn, models.segment_prototypes_model_fn,
-          models.nt_xent_model_fn, models.temporal_model_fn]
+          models.nt_xent_model_fn, models.two_views_model_fn, models.temporal_model_fn]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,7 @@ def test_losses_slicing_the_batch_evaluate_and_predict_like_the_cpu_path(tmp_pat
 
 @pytest.mark.parametrize("model_fn, says", [
     (models.sliced_layer_model_fn, "slices the batch axis"),
+    (models.split_layer_model_fn, "slices the batch axis"),
     (models.sliced_prediction_model_fn, "slices the batch axis"),
 ])
 def test_slices_of_the_batch_outside_a_loss_are_refused_in_one_line(tmp_path, model_fn, says):
