@@ -224,26 +224,29 @@ class TailBuilder(WeightProgramBuilder):
         return inputs  # type: ignore[return-value]  # (none is None)
 
     def _cross_entropy(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
-        """tf.nn.(sparse_)softmax_cross_entropy_with_logits of values of the tail (a query's
-        distances to the prototypes, NT-Xent's similarities): -sum(labels *
-        log_softmax(logits), -1), TF's log(sum(exp(s))) - s at the label exactly; sparse
-        labels (the batch's, sliced, or constants: tf.range) as one_hot first."""
+        """tf.nn.(sparse_)softmax_cross_entropy_with_logits of logits of the tail (a query's
+        distances to the prototypes, NT-Xent's similarities): with labels of the batch (its
+        integer labels sliced), the softmax_cross_entropy_with_logits kernel; with constant
+        labels (tf.range, tf.one_hot of it), -sum(labels * log_softmax(logits), -1), TF's
+        log(sum(exp(s))) - s at the label exactly."""
         inputs = self._inputs(op, tensor)
         if inputs is None:
             return None
         logits, labels = inputs
-        depth = static_shape(op.inputs[0])[-1]
-        if tensor.value_index != 0 or not isinstance(logits, str):
+        depth, sparse = static_shape(op.inputs[0])[-1], op.type == CROSS_ENTROPIES[1]
+        if tensor.value_index != 0 or not isinstance(logits, str) or sparse and \
+                not isinstance(labels, str) and not np.all((0 <= labels) & (labels < depth)):
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS takes the cross "
-                                        "entropy of logits computed from the batch")
-        if op.type == "SparseSoftmaxCrossEntropyWithLogits":
-            labels = self._add(op, None, "one_hot", [labels], {"depth": depth},
-                               suffix="/one_hot") if isinstance(labels, str) else \
-                np.eye(depth, dtype=np.float32)[np.asarray(labels)]
+                                        "entropy of logits computed from the batch, labels "
+                                        "within their classes")
+        if isinstance(labels, str):
+            return self._add(op, tensor, "softmax_cross_entropy_with_logits", [logits, labels],
+                             {"sparse": sparse})
+        hot = np.eye(depth, dtype=np.float32)[labels] if sparse else labels
         out = static_shape(op.inputs[0])
         log_p = self._add(op, None, "softmax", [logits], {"axis": -1, "log": True},
                           suffix="/log_softmax")
-        picked = self._elementwise(op, None, "binary", [log_p, labels], {"op": "mul"},
+        picked = self._elementwise(op, None, "binary", [log_p, hot], {"op": "mul"},
                                    "/picked", "0", out)
         total = self._add(op, None, "reduce", [picked], {
             "op": "sum", "keepdims": False, "axes": [len(out) - 1]}, suffix="/sum")
