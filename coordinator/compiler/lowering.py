@@ -91,7 +91,9 @@ REFUSED = {
                           "combined (min-max scaling's max - min) or a non-linear function of "
                           "batch statistics (h * m / tf.reduce_sum(m ** 2), m = "
                           "tf.reduce_mean(h, 0)) feeding per-sample layers; a loss of the whole "
-                          "batch reading a weight, a random number or float16 values",
+                          "batch reading a weight, a random number or float16 values; a "
+                          "slice, split, roll or concat of the batch axis (x[:k], x[1:] - "
+                          "x[:-1]) feeding per-sample layers, weights or predictions",
     **random_numbers.REFUSED,
     **step_values.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
