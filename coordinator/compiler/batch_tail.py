@@ -270,10 +270,11 @@ class TailBuilder(WeightProgramBuilder):
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS takes the batch's "
                                         "integers to float32 by tf.cast or tf.one_hot (last "
                                         "axis, constant depth and values)")
+        names = [inputs[0]]
         if op.type == "Cast":
-            return self._add(op, tensor, "cast", inputs[:1], {"dtype": "float32"})
+            return self._add(op, tensor, "cast", names, {"dtype": "float32"})
         depth, on, off = (np.asarray(v) for v in inputs[1:])
-        return self._add(op, tensor, "one_hot", inputs[:1], {
+        return self._add(op, tensor, "one_hot", names, {
             "depth": int(depth), "on_value": float(on), "off_value": float(off)})
 
     def _segment_sum(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
@@ -417,8 +418,9 @@ def batch_slice(m: TailContext, op: tf.Operation) -> bool:
     if not all(m.is_batched(t) and m.folds(t) == 1 and t.name not in m.leading and
                t.dtype in (tf.float32, *INTEGERS) for t in data):
         return False
-    rest = [m.operands.constant(t) for t in op.inputs if t not in data]
-    if any(v is None for v in rest):
+    found = [m.operands.constant(t) for t in op.inputs if t not in data]
+    rest = [v for v in found if v is not None]
+    if len(rest) != len(found):
         return False
     rank, batch = len(static_shape(data[0])), m.batch_size
     if op.type == "StridedSlice":
