@@ -137,10 +137,9 @@ class TailBuilder(WeightProgramBuilder):
     def _guard(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
         """tf.reduce_logsumexp's guard of its maximum, tf.where(tf.math.is_finite(m), m, 0):
         the is_finite and select kernels."""
-        inputs = [self._lower(t) for t in op.inputs]
-        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
-        if bad is not None:
-            return self._refuse(tensor, self.problems[bad.name])
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
         if op.type == "IsFinite":
             if not isinstance(inputs[0], str):
                 return self._refuse(tensor, f"{self.SUBJECT} with {where}: of a constant")
@@ -155,10 +154,9 @@ class TailBuilder(WeightProgramBuilder):
     def _einsum(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
         """tf.einsum of two values of the tail ('bi,bj->ij' of the whole batch's): the
         einsum kernel with a letter of its own for its one sample."""
-        inputs = [self._lower(t) for t in op.inputs]
-        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
-        if bad is not None:
-            return self._refuse(tensor, self.problems[bad.name])
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
         equation = op.get_attr("equation").decode().replace(" ", "")
         terms, _, out = equation.partition("->")
         letter = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"
@@ -189,10 +187,9 @@ class TailBuilder(WeightProgramBuilder):
     def _logsumexp_scan(self, op: tf.Operation, tensor: tf.Tensor) -> str | None:
         """tf.math.cumulative_logsumexp of a value of the tail (a Cox risk set's
         log-sum, ListMLE's): the cumulative_logsumexp kernel."""
-        inputs = [self._lower(t) for t in op.inputs]
-        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
-        if bad is not None:
-            return self._refuse(tensor, self.problems[bad.name])
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
         if not isinstance(inputs[0], str):
             return self._refuse(tensor, f"{self.SUBJECT} with {op.type} '{op.name}' at "
                                         f"{user_source(op)}: its input is a constant")
