@@ -57,6 +57,23 @@ def prototypes_model_fn(features, labels, mode, params):
     return _spec(mode, loss, params, metrics)
 
 
+def penalised_prototypes_model_fn(features, labels, mode, params):
+    """The prototypical network with Keras L2 penalties on its layers, added as users add
+    them (model.losses): measured apart, carried by their weights' regions."""
+    l2 = tf.keras.regularizers.L2(1e-3)
+    layers = [tf.keras.layers.Dense(8, activation="relu", kernel_regularizer=l2),
+              tf.keras.layers.Dense(4, kernel_regularizer=l2)]
+    z = layers[1](layers[0](features["x"]))
+    n_s = params["batch_size"] // 2
+    one_hot = tf.one_hot(labels[:n_s], WAYS)
+    prototypes = tf.matmul(one_hot, z[:n_s], transpose_a=True) / (
+        tf.reduce_sum(one_hot, 0)[:, None] + 1.0)
+    logits = -tf.reduce_sum(tf.square(z[n_s:, None, :] - prototypes[None]), -1)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels[n_s:], logits) + \
+        tf.add_n([w for layer in layers for w in layer.losses])
+    return _spec(mode, loss, params)
+
+
 def segment_prototypes_model_fn(features, labels, mode, params):
     """Cosine prototypes: tf.math.unsorted_segment_mean of the l2-normalised support set by
     its labels. (Of raw embeddings, the last layer's bias would shift every distance's two

@@ -65,6 +65,8 @@ STREAM_INSTEAD = {
 }
 
 
+# Ops adding terms to a loss (the weight penalties added to a loss slicing the batch).
+ADDED_TERMS = ("Add", "AddV2", "AddN")
 # Ops whose operand may be a value of the global step (step_values.py): element-wise ones.
 STEP_VALUE_READERS = {*lowering.BINARY, "Select", "SelectV2"}
 
@@ -449,19 +451,21 @@ class Matcher:
         """A slice of the batch axis (batch_tail.batch_slice) whose every reader computes
         the loss of training or evaluation: a value of the loss tail."""
         return self.x.mode != ModeKeys.PREDICT and batch_tail.batch_slice(self, op) and \
-            self._loss_only(op)
+            self._loss_only(op, ADDED_TERMS)
 
-    def _loss_only(self, op: tf.Operation) -> bool:
+    def _loss_only(self, op: tf.Operation, terms: tuple[str, ...] = ()) -> bool:
         """`op` (reading the loss tail and per-sample values: x - tf.reduce_mean(x)) and all
         it feeds compute the loss from values and constants alone (no weight or random
-        number: a batch tail, batch_tail.py; tf.shape of a value, static, is a constant)."""
+        number: a batch tail, batch_tail.py; tf.shape of a value, static, is a constant),
+        but for other values that ops of the `terms` types add (weight penalties, which the
+        tail measures apart or refuses naming the weight)."""
         seen, stack = set(), [op]
         while stack:
             current = stack.pop()
             if current in seen:
                 continue
             seen.add(current)
-            if any(t.op not in self.flow and self.operands.constant(t) is None
+            if current.type not in terms and any(t.op not in self.flow and self.operands.constant(t) is None
                    and batch_tail.static_shape_value(t) is None for t in current.inputs):
                 return False
             stack.extend(c for out in current.outputs for c in self.consumers(out))

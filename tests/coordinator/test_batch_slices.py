@@ -30,6 +30,16 @@ def test_losses_slicing_the_batch_train_like_tensorflow(prepared, model_fn, micr
     assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
 
 
+def test_weight_penalties_added_to_a_loss_slicing_the_batch_train_like_tensorflow(prepared):
+    """Keras L2 penalties: their factors measured with the batch's labels fed as valid
+    classes, each weight's penalty on its own region."""
+    result = prepared(models.penalised_prototypes_model_fn, PARAMS, 8)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    penalised = {p.variable for k in result.compiled.program.kernels for p in k.params
+                 if p.regularizers}
+    assert len(penalised) == 2
+
+
 def test_a_loss_slicing_the_batch_trains_like_tensorflow_on_two_replicas(prepared):
     """Each replica streams its micro-batches of 2 (a support set on one replica, the queries
     on the other): the barrier holds the whole batch and gives each its rows back."""
