@@ -168,3 +168,59 @@ def sliced_prediction_model_fn(features, labels, mode, params):
     if mode == "infer":
         return _spec(mode, None, params, predictions={"change": z[1:] - z[:-1]})
     return _spec(mode, tf.reduce_mean(tf.square(z[1:] - z[:-1])), params)
+
+
+def random_model_fn(seed: int):
+    """A loss slicing the batch drawn from `seed`: embedding widths and activation, the
+    slicing (a support set emb[:k] against the queries emb[k:], the halves of tf.split,
+    neighbours x[1:] - x[:-1], x[::-1], tf.roll by a shift, the first sample x[0] as an
+    anchor), the loss on it (softmax cross entropy of negative distances with the sliced
+    labels, a mean of squares, a logsumexp of similarities), a per-sample cross entropy
+    added or not, and the optimizer."""
+    rng = np.random.default_rng(seed)
+    width, embedding = int(rng.integers(4, 9)), int(rng.integers(2, 6))
+    activation = str(rng.choice(["tanh", "elu", "softplus"]))
+    form = str(rng.choice(["support", "split", "neighbours", "reversed", "roll", "anchor"]))
+    loss_kind = str(rng.choice(["cross_entropy", "squares", "logsumexp"]))
+    shift, per_sample = int(rng.integers(1, 4)), bool(rng.integers(2))
+    optimizer = str(rng.choice(["adam", "sgd", "momentum"]))
+
+    def model_fn(features, labels, mode, params):
+        hidden = tf.keras.layers.Dense(width, activation=activation)(features["x"])
+        z = tf.keras.layers.Dense(embedding, activation="tanh")(hidden)
+        batch = params["batch_size"]
+        k = batch // 2 if form in ("support", "split") else batch - 1
+        if form == "support":
+            a, b, la, lb = z[:k], z[k:], labels[:k], labels[k:]
+        elif form == "split":
+            a, b = tf.split(z, 2, 0)
+            la, lb = tf.split(labels, 2, 0)
+        elif form == "neighbours":
+            a, b, la, lb = z[1:], z[:-1], labels[1:], labels[:-1]
+        elif form == "reversed":
+            a, b, la, lb = z, z[::-1], labels, labels[::-1]
+        elif form == "roll":
+            a, b = z, tf.roll(z, shift, axis=0)
+            la, lb = labels, tf.roll(labels, shift, axis=0)
+        else:
+            a, b, la, lb = z[1:], z[0][None, :] + 0 * z[1:], labels[1:], labels[1:]
+        if loss_kind == "cross_entropy":
+            hot = tf.one_hot(la, WAYS)
+            prototypes = tf.matmul(hot, a, transpose_a=True) / (tf.reduce_sum(hot, 0)[:, None] + 1.0)
+            logits = -tf.reduce_sum(tf.square(b[:, None, :] - prototypes[None]), -1)
+            loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(lb, logits)
+        elif loss_kind == "squares":
+            loss = tf.reduce_mean(tf.square(a - b)) * tf.reduce_mean(tf.cast(la, tf.float32) + 1.0)
+        else:
+            loss = tf.reduce_mean(tf.reduce_logsumexp(tf.matmul(a, b, transpose_b=True), -1))
+        if per_sample:
+            loss += tf.compat.v1.losses.sparse_softmax_cross_entropy(
+                labels, tf.keras.layers.Dense(WAYS)(z))
+        train = {"adam": tf.compat.v1.train.AdamOptimizer(0.01),
+                 "sgd": tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                 "momentum": tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)}[optimizer]
+        return CSEstimatorSpec(mode=mode, loss=loss, train_op=train.minimize(
+            loss, global_step=tf.compat.v1.train.get_or_create_global_step()))
+
+    model_fn.__name__ = f"random_batch_slice_{seed}"
+    return model_fn

@@ -69,3 +69,12 @@ def test_slices_of_the_batch_outside_a_loss_are_refused_in_one_line(tmp_path, mo
     message = cs_inprocess.refusal(model_fn, models.input_fn, PARAMS, str(tmp_path),
                                    models.__file__, mode=mode)
     assert says in message and "each sample on its own" in message, message
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_losses_slicing_the_batch_train_like_tensorflow(tmp_path, seed):
+    """Differential: losses slicing the batch drawn at random, at a random batch (4, 6 or 8)
+    and micro-batch size."""
+    result = cs_inprocess.random_split_comparison(models.random_model_fn(seed), models.input_fn,
+                                                  models.STEPS, 2000 + seed, str(tmp_path))
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
