@@ -411,11 +411,13 @@ def batch_slice(m: TailContext, op: tf.Operation) -> bool:
     loss tail if all it feeds computes the loss (the caller checks)."""
     if op.type not in BATCH_SLICES:
         return False
-    data = {"Split": op.inputs[1:], "ConcatV2": op.inputs[:-1]}.get(op.type, op.inputs[:1])
+    inputs = list(op.inputs)
+    data, bounds = {"Split": (inputs[1:], inputs[:1]), "ConcatV2": (inputs[:-1], inputs[-1:])
+                    }.get(op.type, (inputs[:1], inputs[1:]))
     if not all(m.is_batched(t) and m.folds(t) == 1 and t.name not in m.leading and
                t.dtype in (tf.float32, *INTEGERS) for t in data):
         return False
-    found = [m.operands.constant(t) for t in op.inputs if t not in data]
+    found = [m.operands.constant(t) for t in bounds]
     rest = [v for v in found if v is not None]
     if len(rest) != len(found):
         return False

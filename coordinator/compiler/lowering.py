@@ -831,7 +831,6 @@ def _strided_slice_grad(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-
 @generic("Slice")
 def _slice(m: Context, op: tf.Operation) -> str:
     begin, size = m.operands.constant(op.inputs[1]), m.operands.constant(op.inputs[2])

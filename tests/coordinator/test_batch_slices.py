@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import batch_slice_models as models
 import cs_inprocess
+import numpy as np
 import pytest
+
+from wafer.kernels import KernelError, build_kernel
+from wafer.kernels.batch_tail import steps_attrs
 
 PARAMS = {"batch_size": models.BATCH, "runconfig": {"tf_random_seed": 7}}
 RTOL = 1e-5
@@ -78,3 +82,21 @@ def test_random_losses_slicing_the_batch_train_like_tensorflow(tmp_path, seed):
     result = cs_inprocess.random_split_comparison(models.random_model_fn(seed), models.input_fn,
                                                   models.STEPS, 2000 + seed, str(tmp_path))
     cs_inprocess.assert_same_training(result, rtol=RTOL)
+
+
+def test_a_tail_computing_on_the_batchs_integers_is_refused_at_load():
+    """The barrier checks the dtypes along its program: labels sliced and one-hot encoded
+    load; labels fed to a float32 kernel (exp) do not."""
+    def tail(steps):
+        attrs = {**steps_attrs(steps), "batch_size": 4}
+        return build_kernel("batch_tail_loss", "loss", attrs, [()])
+    one_hot = tail([("s", "slice", ["input0"], {"begin": [1], "end": [4], "strides": [1],
+                                                "shrink": []}),
+                    ("h", "one_hot", ["s"], {"depth": 2}),
+                    ("l", "reduce", ["h"], {"op": "sum", "axes": [0, 1], "keepdims": False})])
+    assert one_hot.output_dtype([np.dtype(np.int32)]) == np.float32
+    exp = tail([("e", "activation", ["input0"], {"function": "exp"}),
+                ("l", "reduce", ["e"], {"op": "sum", "axes": [0], "keepdims": False})])
+    assert exp.output_dtype([np.dtype(np.float32)]) == np.float32
+    with pytest.raises(KernelError, match="int32"):
+        exp.output_dtype([np.dtype(np.int32)])

@@ -50,7 +50,7 @@ def source_name(j: int) -> str:
 @register
 class BatchTailLoss(Kernel):
     """attrs steps (see the module), batch_size B, loss_scale; inputs the per-sample float32
-    values the tail reads; output () per sample, the batch's loss on its first sample."""
+    values the tail reads (and the integer labels a slice of the batch takes); output () per sample, the batch's loss on its first sample."""
 
     type_name = "batch_tail_loss"
     is_loss = True
