@@ -789,7 +789,7 @@ class Pipeline:
             for role in region.collects:
                 if upstream is not None:  # (a gather: never the loss)
                     region.pieces.setdefault(role, []).append(
-                        region.kernel.table_slices(cache, upstream))
+                        region.kernel.table_slices(cache, upstream, role))
             _settle(region, board)  # its previous micro-batch's weight gradient
             ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated
             ctx.run_tiles = partial(_share, board, region.pending)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -51,10 +51,11 @@ class ParamSpec:
 
 
 UPDATES = ("dense", "sparse")
-# kernels whose weight gradient TF computes as IndexedSlices: type -> the table's role;
+# kernels whose weight gradient TF computes as IndexedSlices: type -> the tables' roles;
 # a sparse weight operand (p<k>) of another generic kernel is a table TF gathers whole,
 # e.g. Keras position embeddings: every row once, in order
-SPARSE_GRADIENT_KERNELS = {"gather": "p0", "embedding_bag": "p0"}
+SPARSE_GRADIENT_KERNELS = {"gather": ("p0",), "embedding_bag": ("p0",),
+                           "sampled_logits": ("weights", "biases")}
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           check_dynamic_loss_scale(program, optimizer), program.step_counts_applied,
                           weights, derived, check_weight_writes(program, params, derived),
                           check_optimizer_groups(program, optimizer, params),
-                          check_objectives(program, names, params, sources),
+                          check_objectives(program, names, params, sources, derived),
                           check_conditional_update(program, optimizer, params))
 
 
@@ -462,14 +463,15 @@ def check_weight_writes(program: pb.Program, params: Mapping[str, ParamSpec],
 
 
 def check_objectives(program: pb.Program, kernels: Mapping[str, Kernel],
-                     params: Mapping[str, ParamSpec],
-                     sources: Sequence[Sequence[str]]) -> tuple[Objective, ...]:
+                     params: Mapping[str, ParamSpec], sources: Sequence[Sequence[str]],
+                     derived: Collection[str]) -> tuple[Objective, ...]:
     """Several losses minimized in one step: two or more, each a loss kernel (no loss scale
-    or denominator: one seed of its own), their variables every trained weight, each once;
-    the kernels' backward passes counted (the timing model's)."""
+    or denominator: one seed of its own), their variables every trained weight (not the
+    weight program's values: `derived`), each once; the kernels' backward passes counted (the
+    timing model's)."""
     objectives = [Objective(m.loss_kernel, frozenset(m.variables)) for m in program.objectives]
     named = [var for m in program.objectives for var in m.variables]
-    trained = {var for var, spec in params.items() if not spec.frozen}
+    trained = {var for var, spec in params.items() if not spec.frozen and var not in derived}
     problem = ""
     if not objectives:
         return ()
@@ -594,9 +596,9 @@ def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> Pa
     if update not in UPDATES:
         raise invalid(f"{where}: unknown update {param.update!r}; the CS system has "
                       f"{', '.join(UPDATES)}")
-    table = SPARSE_GRADIENT_KERNELS.get(kernel.type_name)
-    whole = table is None and "operands" in kernel.attrs and param.role.startswith("p")
-    if update == "sparse" and (param.role != table or getattr(kernel, "depth", 1) > 1) \
+    tables = SPARSE_GRADIENT_KERNELS.get(kernel.type_name)
+    whole = tables is None and "operands" in kernel.attrs and param.role.startswith("p")
+    if update == "sparse" and (param.role not in (tables or ()) or getattr(kernel, "depth", 1) > 1) \
             and not whole:
         raise invalid(f"{where}: a sparse update needs the table of a gather kernel (an "
                       f"embedding lookup) or a weight operand TF gathers whole, not the "

@@ -901,6 +901,7 @@ def supported_table() -> str:
                     - gradient_ops - set(quantization.FORMS))
     from coordinator.compiler import (
         batch_tail,  # (it lowers with the weight program's rules)
+        candidate_sampling,  # (it reads random_numbers' samplers)
         folded_batch,  # (it reads the op sets above)
     )
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
@@ -909,7 +910,8 @@ def supported_table() -> str:
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
                **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
                **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS, **bincount.KERNEL_ROWS,
-               **folded_batch.KERNEL_ROWS, **spectra.KERNEL_ROWS}.items()]
+               **folded_batch.KERNEL_ROWS, **spectra.KERNEL_ROWS,
+               **candidate_sampling.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "

@@ -23,6 +23,7 @@ from coordinator.compiler import (
     batch_broadcast,
     batch_tail,
     bincount,
+    candidate_sampling,  # noqa: F401 (its fast path)
     fast_paths,
     folded_batch,
     in_batch,
@@ -702,7 +703,8 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
                                      "train it; leave it out of var_list"))
             continue
         for kernel, param in held[v.name]:
-            sparse_ok = param.view is None and (kernel.type == "gather" or param.role.startswith("p"))
+            sparse_ok = param.view is None and (kernel.type in ("gather", "sampled_logits")
+                                                or param.role.startswith("p"))
             if v.update == "sparse" and not sparse_ok:
                 what = "a view" if param.view is not None else f"the {param.role}"
                 bad.append(UnsupportedOp("Variable", v.name, v.source,

@@ -56,17 +56,24 @@ def lower(m: Context, op: tf.Operation) -> bool:
         return _scaled(m, op, int(np.ravel(fft_length)[0]))
     if not has_kernel("spectrum"):
         return False
+    _per_part(m, op, readers, "spectrum", {"fft_length": int(np.ravel(fft_length)[0])}, [op])
+    return True
+
+
+def _per_part(m: Context, op: tf.Operation, readers: list[tf.Operation], kernel_type: str,
+              attrs: dict, covered: list[tf.Operation]) -> None:
+    """One `kernel_type` kernel of the RFFT `op`'s input per part read (abs, real, imag); a
+    repeated reader of a part aliases its kernel. The first kernel covers `covered` too."""
     kernels: dict[str, tf.Tensor] = {}
     for reader in readers:
         part = PARTS[reader.type]
         if part in kernels:
             m.alias(reader, kernels[part])
             continue
-        m.add_kernel(reader.name, "spectrum", [x],
-                     {"fft_length": int(np.ravel(fft_length)[0]), "part": part}, [],
-                     [reader] if kernels else [op, reader], reader.outputs[0], source_op=op)
+        m.add_kernel(reader.name, kernel_type, [op.inputs[0]], {**attrs, "part": part}, [],
+                     [reader] if kernels else [*covered, reader], reader.outputs[0],
+                     source_op=op)
         kernels[part] = reader.outputs[0]
-    return True
 
 
 def _scaled(m: Context, op: tf.Operation, fft_length: int) -> bool:
@@ -93,19 +100,10 @@ def _scaled(m: Context, op: tf.Operation, fft_length: int) -> bool:
     if scale.ndim and (scale.shape[-1] not in (1, len(bins)) or scale.size != scale.shape[-1]):
         return False  # a scale per frame
     scale = np.broadcast_to(np.ravel(scale), bins.shape).astype(np.complex64)
-    kernels: dict[str, tf.Tensor] = {}
-    for reader in readers:
-        part = PARTS[reader.type]
-        if part in kernels:
-            m.alias(reader, kernels[part])
-            continue
-        m.add_kernel(reader.name, "scaled_spectrum", [op.inputs[0]],
-                     {"fft_length": fft_length, "bins": [int(k) for k in bins], "part": part,
-                      "scale_real": [float(v) for v in scale.real],
-                      "scale_imag": [float(v) for v in scale.imag]}, [],
-                     [reader] if kernels else [op, cut, product, reader], reader.outputs[0],
-                     source_op=op)
-        kernels[part] = reader.outputs[0]
+    _per_part(m, op, readers, "scaled_spectrum",
+              {"fft_length": fft_length, "bins": [int(k) for k in bins],
+               "scale_real": [float(v) for v in scale.real],
+               "scale_imag": [float(v) for v in scale.imag]}, [op, cut, product])
     return True
 
 

@@ -60,3 +60,40 @@ def test_both_minimize_calls_in_one_group_race_and_are_refused(tmp_path):
         cs_inprocess.compile_checked(model_fn, input_fn, {**PARAMS, "race": True}, str(tmp_path))
     assert "which another loss's optimizer updates in the step, with no order to that update" \
         in refused.value.message
+
+
+def soft_actor_critic(features, labels, mode, params):
+    """SAC's three losses in one step (unseen17): the critic on a target that reads the
+    temperature alpha = exp(log_alpha), the actor on alpha-weighted log-probabilities (of a
+    Gaussian policy at the returns), the temperature on -log_alpha * stop_gradient(log p +
+    target entropy); three Adams, every gradient before any update."""
+    actor = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu"),
+                                 tf.keras.layers.Dense(2)], name="actor")
+    critic = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu"),
+                                  tf.keras.layers.Dense(1)], name="critic")
+    log_alpha = v1.get_variable("log_alpha", [], initializer=v1.constant_initializer(np.log(0.2)))
+    alpha = tf.exp(log_alpha)
+    out = actor(features)
+    mean, log_std = out[:, :1], tf.clip_by_value(out[:, 1:], -5.0, 2.0)
+    log_p = tf.reduce_sum(-0.5 * tf.square((labels - mean) / tf.exp(log_std)) - log_std, 1)
+    q = critic(tf.concat([features, mean], 1))[:, 0]
+    target = tf.stop_gradient(labels[:, 0] - alpha * log_p)
+    critic_loss = tf.reduce_mean(tf.square(critic(tf.concat([features, labels], 1))[:, 0] - target))
+    actor_loss = tf.reduce_mean(tf.stop_gradient(alpha) * log_p - q)
+    alpha_loss = -tf.reduce_mean(log_alpha * tf.stop_gradient(log_p - 1.0))
+    optimizers = [v1.train.AdamOptimizer(3e-3) for _ in range(3)]
+    grads = [optimizers[0].compute_gradients(critic_loss, var_list=v1.trainable_variables("critic")),
+             optimizers[1].compute_gradients(actor_loss, var_list=v1.trainable_variables("actor")),
+             optimizers[2].compute_gradients(alpha_loss, var_list=[log_alpha])]
+    with tf.control_dependencies([g for pairs in grads for g, _ in pairs] + [critic_loss]):
+        applies = [o.apply_gradients(pairs) for o, pairs in zip(optimizers, grads)]
+    with tf.control_dependencies(applies):
+        train_op = v1.assign_add(v1.train.get_or_create_global_step(), 1)
+    return CSEstimatorSpec(mode=mode, loss=critic_loss, train_op=train_op)
+
+
+def test_a_soft_actor_critics_temperature_trains_with_its_own_optimizer_like_tensorflow(tmp_path):
+    result = cs_inprocess.compare(soft_actor_critic, input_fn, PARAMS, str(tmp_path), steps=4)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    assert len(result.compiled.program.objectives) == 3
+    assert abs(float(result.cs.state["log_alpha"]) - np.log(0.2)) > 1e-3

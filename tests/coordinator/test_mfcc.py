@@ -12,15 +12,16 @@ import cs_inprocess
 import numpy as np
 import pytest
 import tensorflow as tf
+from keyword_spotters import WORDS, keyword_head
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
-from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+from tf_model.estimator_spec import CSEstimatorSpec
 from wafer.kernels import RunContext, build_kernel
 
 v1 = tf.compat.v1
 L = tf.keras.layers
-SAMPLES, WORDS, BATCH, RATE = 1024, 4, 8, 8000
+SAMPLES, BATCH, RATE = 1024, 8, 8000
 
 
 def keyword_input_fn(params):
@@ -50,20 +51,7 @@ def mfcc_spotter(features, labels, mode, params):
         mfcc = tf.signal.dct(log_mel, **params["dct"])[..., :13]
     else:
         mfcc = tf.signal.mfccs_from_log_mel_spectrograms(log_mel)[..., :13]
-    x = L.Conv2D(8, 3, padding="same", activation="relu")(mfcc[..., tf.newaxis])
-    x = L.Conv2D(8, 3, activation="relu")(x)
-    logits = L.Dense(WORDS)(L.GlobalAveragePooling2D()(x))
-    classes = tf.argmax(logits, 1)
-    if mode == ModeKeys.PREDICT:
-        return CSEstimatorSpec(mode=mode, predictions={"classes": classes,
-                                                       "probabilities": tf.nn.softmax(logits)})
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops={
-            "accuracy": v1.metrics.accuracy(labels, classes)})
-    train_op = v1.train.AdamOptimizer(3e-3).minimize(
-        loss, global_step=v1.train.get_or_create_global_step())
-    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+    return keyword_head(mfcc, labels, mode, 3e-3)
 
 
 def params(**extra):

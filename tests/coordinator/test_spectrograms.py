@@ -13,16 +13,17 @@ import cs_inprocess
 import numpy as np
 import pytest
 import tensorflow as tf
+from keyword_spotters import WORDS, keyword_head
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
 from cs_api.attrs import from_attr
-from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+from tf_model.estimator_spec import CSEstimatorSpec
 from wafer.kernels import RunContext, build_kernel
 
 v1 = tf.compat.v1
 L = tf.keras.layers
-SAMPLES, WORDS, BATCH, RATE = 1024, 4, 8, 8000
+SAMPLES, BATCH, RATE = 1024, 8, 8000
 
 
 def tones_input_fn(params):
@@ -48,20 +49,7 @@ def keyword_spotter(features, labels, mode, params):
     power = tf.square(magnitude)
     mel = tf.signal.linear_to_mel_weight_matrix(16, magnitude.shape[-1], RATE, 80.0, 3800.0)
     log_mel = tf.math.log(tf.tensordot(power, mel, 1) + 1e-6)
-    x = L.Conv2D(8, 3, padding="same", activation="relu")(log_mel[..., tf.newaxis])
-    x = L.Conv2D(8, 3, activation="relu")(x)
-    logits = L.Dense(WORDS)(L.GlobalAveragePooling2D()(x))
-    classes = tf.argmax(logits, 1)
-    if mode == ModeKeys.PREDICT:
-        return CSEstimatorSpec(mode=mode, predictions={"classes": classes,
-                                                       "probabilities": tf.nn.softmax(logits)})
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops={
-            "accuracy": v1.metrics.accuracy(labels, classes)})
-    train_op = v1.train.AdamOptimizer(0.01).minimize(
-        loss, global_step=v1.train.get_or_create_global_step())
-    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+    return keyword_head(log_mel, labels, mode, 0.01)
 
 
 def mixed_spotter(features, labels, mode, params):

@@ -243,3 +243,27 @@ def test_masked_multi_head_attention_keeps_its_key_biases_and_trains_like_tensor
     cs_inprocess.assert_same_training(result)
     assert not cs_inprocess.evaluation_mismatch(masked_attention, attention_input_fn, params,
                                                 str(tmp_path), result)
+
+
+def linear_term_model(features, labels, mode, params):
+    """A regression with a learned scalar the loss reads only linearly (SAC's temperature loss
+    -log_alpha * stop_gradient(entropy error), or loss - 0.5 * c): its gradient is the
+    constant factor, never 0."""
+    prediction = tf.keras.layers.Dense(1, name="head")(features["x"][:, 0, :])
+    c = tf.compat.v1.get_variable("log_c", [], initializer=tf.compat.v1.zeros_initializer())
+    error = tf.reduce_mean(tf.square(prediction[:, 0] - tf.cast(labels, tf.float32)))
+    linear = -0.5 * c if params["form"] == "plain" else \
+        -tf.reduce_mean(c * tf.stop_gradient(prediction[:, 0] - 1.0))
+    loss = error + linear
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+        loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+@pytest.mark.parametrize("form", ["plain", "temperature"])
+def test_a_variable_the_loss_reads_only_linearly_trains_like_tensorflow(tmp_path, form):
+    result = cs_inprocess.compare(linear_term_model, input_fn, {**PARAMS, "form": form},
+                                  str(tmp_path), steps=3)
+    assert cs_inprocess.zero_gradient_variables(result.compiled) == set()
+    assert abs(float(result.cs.state["log_c"])) > 0.05  # (unseen17: it stayed 0 on the CS)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
