@@ -616,11 +616,12 @@ def refusal_problem(error: CSRunError, source_file: str, op_words: set[str]) -> 
 
 
 def refusal(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
-            source_file: str) -> str:
-    """The one-line refusal of model_fn (written in `source_file`), checked to name one of
-    its ops and a line of that file (AssertionError if it compiles or does not)."""
+            source_file: str, mode: str = "train") -> str:
+    """The one-line refusal of model_fn (written in `source_file`) compiled for `mode`,
+    checked to name one of its ops and a line of that file (AssertionError if it compiles
+    or does not)."""
     try:
-        compile_checked(model_fn, input_fn, params, model_dir)
+        compile_checked(model_fn, input_fn, params, model_dir, mode=mode)
     except CSRunError as error:
         words = model_op_words(model_fn, input_fn, params)
         problem = refusal_problem(error, source_file, words)

@@ -66,6 +66,8 @@ STREAM_INSTEAD = {
 }
 
 
+# Ops adding terms to a loss (the weight penalties added to a loss slicing the batch).
+ADDED_TERMS = ("Add", "AddV2", "AddN")
 # Ops whose operand may be a value of the global step (step_values.py): element-wise ones.
 STEP_VALUE_READERS = {*lowering.BINARY, "Select", "SelectV2"}
 
@@ -433,7 +435,8 @@ class Matcher:
             return True
         axes = lowering.batch_reduction_axes(self, op)
         if axes is None:
-            if not batch_tail.contraction(self, op) and not batch_tail.batch_sort(self, op):
+            if not batch_tail.contraction(self, op) and not batch_tail.batch_sort(self, op) \
+                    and not self._slices_for_the_loss(op):
                 return False
             self.tail.update(out.name for out in op.outputs)  # (a batch tail's: loss_tail.py)
             self.consumed.add(op)
@@ -445,17 +448,25 @@ class Matcher:
         self.consumed.add(op)
         return True
 
-    def _loss_only(self, op: tf.Operation) -> bool:
+    def _slices_for_the_loss(self, op: tf.Operation) -> bool:
+        """A slice of the batch axis (batch_tail.batch_slice) whose every reader computes
+        the loss of training or evaluation: a value of the loss tail."""
+        return self.x.mode != ModeKeys.PREDICT and batch_tail.batch_slice(self, op) and \
+            self._loss_only(op, ADDED_TERMS)
+
+    def _loss_only(self, op: tf.Operation, terms: tuple[str, ...] = ()) -> bool:
         """`op` (reading the loss tail and per-sample values: x - tf.reduce_mean(x)) and all
         it feeds compute the loss from values and constants alone (no weight or random
-        number: a batch tail, batch_tail.py; tf.shape of a value, static, is a constant)."""
+        number: a batch tail, batch_tail.py; tf.shape of a value, static, is a constant),
+        but for other values that ops of the `terms` types add (weight penalties, which the
+        tail measures apart or refuses naming the weight)."""
         seen, stack = set(), [op]
         while stack:
             current = stack.pop()
             if current in seen:
                 continue
             seen.add(current)
-            if any(t.op not in self.flow and self.operands.constant(t) is None
+            if current.type not in terms and any(t.op not in self.flow and self.operands.constant(t) is None
                    and batch_tail.static_shape_value(t) is None for t in current.inputs):
                 return False
             stack.extend(c for out in current.outputs for c in self.consumers(out))
