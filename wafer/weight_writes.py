@@ -9,7 +9,10 @@ averaging in DDPG, TD3, SAC; BYOL's momentum encoder): `t.assign(0.99 * t + 0.01
 reads the trained weights `sources` (after their update, or before it: `before_update`) and
 is written after the step's updates; with a `predicate` (a schedule of the global step,
 1 / 0) only on the steps it holds (a DQN's hard copy `t.assign(o)` every N steps under
-tf.cond).
+tf.cond). Or a write of frozen state from the whole batch (`batch`: the kernels or inputs
+whose values of every sample of the step it reads, "b<k>" in the steps, [B, ...] in batch
+order): a running mean of features `m.assign_sub(0.2 * (m - tf.reduce_mean(h, 0)))`, MoCo's
+queue `q.assign(tf.concat([keys, q[:-B]], 0))`, written after the step's updates.
 
 A write is an expression of the weight, its sources' values and scalar factors (constants
 or schedules, wafer.schedules, evaluated at the global step + `step_offset`): steps in TF's
@@ -38,7 +41,9 @@ REDUCE: dict[str, Callable[..., Any]] = {"sum": np.sum, "mean": np.mean, "max": 
 COPY = "copy"  # the step whose value is its input's (a hard copy t.assign(o))
 SELECT = "select"  # tf.where(cond, x, y) of a bool step and two values
 WEIGHT = "w"  # an input naming the weight's value; "f<k>": factor k; "s<k>": step k's value;
-# "v<k>": source k's value
+# "v<k>": source k's value; "b<k>": the whole batch of batch value k
+CONCAT = "concat"  # tf.concat of two values along axis 0
+SLICE = "slice"  # "slice:<start>:<stop>": rows start..stop of one value (a static slice)
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class WeightWrite:
     source: str = ""  # the user's source line of the write
     sources: tuple[str, ...] = ()  # trained weights a frozen weight's write reads
     predicate: Schedule | None = None  # a frozen weight's: written on the steps it is 1
+    batch: tuple[str, ...] = ()  # kernels or inputs whose whole batch a state write reads
 
     def to_message(self, pb):
         return pb.WeightWrite(
@@ -64,7 +70,8 @@ class WeightWrite:
                                            for s in self.steps],
             factors=[f.to_message(pb) for f in self.factors], before_update=self.before_update,
             step_offset=self.step_offset, source=self.source, sources=list(self.sources),
-            predicate=self.predicate.to_message(pb) if self.predicate is not None else None)
+            predicate=self.predicate.to_message(pb) if self.predicate is not None else None,
+            batch=list(self.batch))
 
     @classmethod
     def from_message(cls, message) -> "WeightWrite":
@@ -73,7 +80,7 @@ class WeightWrite:
                    tuple(Schedule.from_message(f) for f in message.factors),
                    bool(message.before_update), int(message.step_offset), message.source,
                    tuple(message.sources), Schedule.from_message(message.predicate)
-                   if message.HasField("predicate") else None)
+                   if message.HasField("predicate") else None, tuple(message.batch))
 
 
 def write_problem(write: WeightWrite) -> str:
@@ -83,14 +90,17 @@ def write_problem(write: WeightWrite) -> str:
     for index, step in enumerate(write.steps):
         known = {WEIGHT, *(f"f{k}" for k in range(len(write.factors))),
                  *(f"v{k}" for k in range(len(write.sources))),
+                 *(f"b{k}" for k in range(len(write.batch))),
                  *(f"s{k}" for k in range(index))}
         if _arity(step.op) != len(step.inputs) or not set(step.inputs) <= known:
             return (f"step {index} ({step.op} of {list(step.inputs)}): the CS computes "
                     "arithmetic (add, sub, mul, div, ...), comparisons, select, element-wise "
-                    "functions and reductions of the weight, its sources, factors and earlier "
-                    "steps")
+                    "functions, reductions, concat and row slices of the weight, its sources, "
+                    "batch values, factors and earlier steps")
     if write.predicate is not None and not write.sources:
         return "a predicate without sources: only a frozen weight's write has one"
+    if write.batch and (write.sources or write.before_update or write.predicate is not None):
+        return "a write of the batch's values reads no sources, after the updates, every step"
     for factor in (*write.factors, *((write.predicate,) if write.predicate else ())):
         problem = schedule_problem(factor)
         if problem or factor.hyper_parameter != FACTOR or factor.variables:
@@ -107,7 +117,10 @@ def _arity(op: str) -> int:
         name, axes, keep = (rest.split(":") + ["", ""])[:3]
         ok = name in REDUCE and keep in ("0", "1") and all(a.isdigit() for a in axes.split(","))
         return 1 if ok else 0
-    return 2 if op in ARITHMETIC or op in COMPARISONS else 3 if op == SELECT else \
+    if kind == SLICE:
+        bounds = rest.split(":")
+        return 1 if len(bounds) == 2 and all(b.lstrip("-").isdigit() for b in bounds) else 0
+    return 2 if op == CONCAT else 2 if op in ARITHMETIC or op in COMPARISONS else 3 if op == SELECT else \
         1 if op == COPY else 0
 
 
@@ -120,6 +133,11 @@ def _step(op: str, args: list[Any]) -> np.ndarray:
         name, axes, keep = rest.split(":")
         return REDUCE[name](args[0], axis=tuple(int(a) for a in axes.split(",")),
                             keepdims=keep == "1", dtype=np.float32)
+    if kind == SLICE:
+        start, stop = (int(b) for b in rest.split(":"))
+        return np.array(args[0][start:stop], np.float32)
+    if op == CONCAT:
+        return np.concatenate([np.asarray(a, np.float32) for a in args], 0)
     if op == COPY:
         return np.array(args[0], np.float32)
     if op in COMPARISONS:
@@ -131,12 +149,13 @@ def _step(op: str, args: list[Any]) -> np.ndarray:
 
 
 def apply(write: WeightWrite, weight: np.ndarray, factors: list[np.float32],
-          sources: tuple[np.ndarray, ...] = ()) -> None:
+          sources: tuple[np.ndarray, ...] = (), batch: tuple[np.ndarray, ...] = ()) -> None:
     """Writes `weight` (float32, in place) with the steps' last value, given the sources'
-    values."""
+    values and the batch values' (each the whole batch, in batch order)."""
     values: dict[str, np.ndarray | np.float32] = {
         WEIGHT: weight, **{f"f{k}": np.float32(f) for k, f in enumerate(factors)},
-        **{f"v{k}": source for k, source in enumerate(sources)}}
+        **{f"v{k}": source for k, source in enumerate(sources)},
+        **{f"b{k}": value for k, value in enumerate(batch)}}
     for index, step in enumerate(write.steps):
         values[f"s{index}"] = _step(step.op, [values[name] for name in step.inputs])
     np.copyto(weight, values[f"s{len(write.steps) - 1}"])
@@ -147,7 +166,8 @@ def describe(write: WeightWrite) -> str:
     symbols = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
     rendered = [render(f) for f in write.factors]
     terms = {WEIGHT: "w", **{f"f{k}": f"({r})" if " " in r else r for k, r in enumerate(rendered)},
-             **{f"v{k}": source for k, source in enumerate(write.sources)}}
+             **{f"v{k}": source for k, source in enumerate(write.sources)},
+             **{f"b{k}": f"batch({value})" for k, value in enumerate(write.batch)}}
     for index, step in enumerate(write.steps):
         args = [terms[name] for name in step.inputs]
         kind, _, rest = step.op.partition(":")
@@ -157,6 +177,8 @@ def describe(write: WeightWrite) -> str:
             terms[f"s{index}"] = args[0]
         elif kind == "f":
             terms[f"s{index}"] = f"{rest}({args[0]})"
+        elif kind == SLICE:
+            terms[f"s{index}"] = f"{args[0]}[{rest}]"
         elif kind == "r":
             name, axes, keep = rest.split(":")
             terms[f"s{index}"] = f"reduce_{name}({args[0]}, axis={axes}" + \

@@ -443,9 +443,15 @@ def check_weight_writes(program: pb.Program, params: Mapping[str, ParamSpec],
         write = WeightWrite.from_message(message)
         where = f"program {program.name!r}: weight write {index} ({write.variable})"
         spec = params.get(write.variable)
-        if spec is None or spec.frozen != bool(write.sources) or write.variable in derived:
+        if spec is None or spec.frozen != bool(write.sources or write.batch) or \
+                write.variable in derived:
             raise invalid(f"{where}: not a trained weight of the program, or a frozen one "
-                          "read by its write with trained weights")
+                          "read by its write with trained weights or the batch's values")
+        held = {k.name for k in program.kernels} | {i.name for i in program.inputs}
+        unknown = next((name for name in write.batch if name not in held), None)
+        if unknown is not None:
+            raise invalid(f"{where}: its batch value {unknown!r} is no kernel or input of the "
+                          "program")
         for source in write.sources:
             source_spec = params.get(source)
             if source_spec is None or source_spec.frozen or source in derived or \

@@ -85,6 +85,7 @@ class StatisticAverage:
     constants: tuple[float, ...]  # (a, b) or (d,), float32 values
     shape: Shape
     source: str  # user file:line of the assign op
+    op: str = ""  # the assign op (else a state write of the batch: batch_writes.py)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ class TrainingSpec:
     objectives: tuple[Objective, ...] = ()
     # the updates run inside a tf.cond on a value of the global step (gradient accumulation)
     conditional_update: ConditionalUpdate | None = None
+    # writes of frozen state from the step's values (the assign ops: batch_writes.py)
+    state_writes: tuple[str, ...] = ()
 
     @property
     def state_variables(self) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from common.errors import CSRunError
 from coordinator.compiler import (
     batch_broadcast,
     batch_tail,
+    batch_writes,
     bincount,
     fast_paths,
     folded_batch,
@@ -573,6 +574,9 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
             for o in training.objectives if not o.loss_kernel)
         matcher.unsupported.extend(untrainable(matcher, training))
         matcher.unsupported.extend(moving_statistics(matcher, training))
+        state_writes, refused = batch_writes.lower(matcher, extracted, training)
+        matcher.unsupported.extend(refused)
+        training = replace(training, weight_writes=training.weight_writes + state_writes)
         if training.dynamic_loss_scale is not None and \
                 any(k.name == loss_kernel and k.type == "batch_tail_loss" for k in matcher.kernels):
             matcher.unsupported.append(UnsupportedOp(
@@ -724,6 +728,8 @@ def moving_statistics(matcher: Matcher, training: TrainingSpec) -> list[Unsuppor
     bad = []
     for ma in training.statistic_averages:
         owner = matcher.statistics.get(ma.statistic)
+        if owner is None and ma.op:  # (a state write of another batch value: batch_writes)
+            continue
         index = next((i for i, k in enumerate(matcher.kernels)
                       if owner is not None and k.name == owner[0]), None)
         if owner is None or index is None:

@@ -126,10 +126,12 @@ def _moving_average(op: tf.Operation) -> _Average | None:
 
 
 def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
+             states: list[tf.Operation] | None = None,
              ) -> tuple[list[_Update], list[_Average], list["_Write"]]:
     """The optimizer updates, ExponentialMovingAverage updates and other writes of trained
     weights (decoupled weight decay) of the train_op (the moving averages of batch
-    statistics into `statistics`)."""
+    statistics into `statistics`, the writes of other frozen state into `states`: the
+    matcher lowers them from the step's values, batch_writes.py)."""
     order = {op.name: i for i, op in enumerate(extracted.graph.get_operations())}
     writes = sorted((op for op in op_closure(extracted.spec.train_op) if _is_write(op)),
                     key=lambda op: order[op.name])
@@ -167,6 +169,11 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
             statistics.append(statistic)
             continue
         target = variable_op(op.inputs[0]) if op.inputs else op
+        if states is not None and target not in trained and \
+                (op.type in _WRITE_STEP or op.type in STATE_SCATTERS) and \
+                "ExponentialMovingAverage" not in target.name:
+            states.append(op)
+            continue
         if op.type in _WRITE_STEP and "ExponentialMovingAverage" not in target.name:
             others.append(op)
             continue
@@ -230,6 +237,8 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
 # TF's variable writes -> the last step of the value they write (None: the value itself)
 _WRITE_STEP = {"AssignSubVariableOp": "sub", "AssignAddVariableOp": "add",
                "AssignVariableOp": None, "AssignSub": "sub", "AssignAdd": "add", "Assign": None}
+STATE_SCATTERS = ("ResourceScatterSub", "ResourceScatterAdd", "ResourceScatterUpdate",
+                  "ScatterSub", "ScatterAdd", "ScatterUpdate")
 _FUNCTIONS = {op: f for op, f in UNARY.items() if op != "LeakyRelu"}  # (no parameter)
 
 
@@ -474,7 +483,7 @@ def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
         return None
     update, constants, statistic = found
     return StatisticAverage(target.name, _skip_identity(statistic).name, update, constants,
-                            dims, user_source(op))
+                            dims, user_source(op), op.name)
 
 
 def _difference(u: _Update, first: _Update) -> str:

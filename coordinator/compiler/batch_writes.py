@@ -1,0 +1,153 @@
+"""Writes of frozen state from the step's values of the whole batch (wafer.weight_writes'
+`batch`): a running mean of features `m.assign_sub(0.2 * (m - tf.reduce_mean(h, 0)))`, a
+moving average of another batch value `v.assign(0.9 * v + 0.1 * tf.reduce_mean(x, 0))`,
+MoCo's key queue `q.assign(tf.concat([keys, q[:-B]], 0))`. The written value is lowered to
+write steps over the state's own value, constants and the per-sample values the CS holds
+(kernels' outputs and inputs, TF's [B, ...] in batch order: `b<k>`); the state must be a
+frozen weight of the program's kernels, and the write must wait for every read of it the
+step makes (the forward pass reads the old value, as the CS's, which writes after the
+step's updates). Anything else is refused naming the op."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
+from coordinator.compiler.ir import TrainingSpec, UnsupportedOp
+from coordinator.compiler.operands import static_shape
+from coordinator.compiler.training.graph import _skip_identity, step_runs, variable_op
+from coordinator.compiler.training.writes import _WRITE_STEP, _forward_reads, _readers, _step
+from wafer.schedules import Schedule, ScalarOp
+from wafer.weight_writes import CONCAT, FACTOR, SLICE, WEIGHT, WeightWrite, WriteStep
+
+_BATCH_DTYPES = (tf.float32, tf.int32, tf.int64)
+WHAT = ("arithmetic, element-wise functions and reductions of it, constants and the batch's "
+        "per-sample values, tf.concat along axis 0 and static row slices (a running mean "
+        "m.assign_sub(0.2 * (m - tf.reduce_mean(h, 0))), MoCo's queue "
+        "q.assign(tf.concat([keys, q[:-B]], 0)))")
+
+
+class _Refused(Exception):
+    def __init__(self, op: tf.Operation, reason: str):
+        super().__init__(reason)
+        self.unsupported = UnsupportedOp(op.type, op.name, user_source(op), reason)
+
+
+def state_write_ops(matcher, training: TrainingSpec) -> list[tf.Operation]:
+    """The train_op's writes of frozen state the matcher lowers here: those the training
+    analysis found, and moving averages of a value that is no BatchNormalization's batch
+    statistic."""
+    graph = matcher.x.graph
+    names = [*training.state_writes, *(a.op for a in training.statistic_averages
+                                       if a.op and a.statistic not in matcher.statistics)]
+    return [graph.get_operation_by_name(n) for n in names]
+
+
+def lower(matcher, extracted: ExtractedGraph, training: TrainingSpec,
+          ) -> tuple[tuple[WeightWrite, ...], list[UnsupportedOp]]:
+    """The state writes of the step as weight writes of the batch, and the refused ones."""
+    ops = state_write_ops(matcher, training)
+    if not ops:
+        return (), []
+    runs = _readers(step_runs(extracted))
+    writes, bad = [], []
+    for op in ops:
+        try:
+            writes.append(_lower(matcher, op, runs))
+        except _Refused as refused:
+            bad.append(refused.unsupported)
+    twice = next((w for k, w in enumerate(writes)
+                  if w.variable in {x.variable for x in writes[:k]}), None)
+    if twice is not None:
+        bad.append(UnsupportedOp("Variable", twice.variable, twice.source,
+                                 f"the train_op writes {twice.variable} twice a step: the CS "
+                                 "writes state from the batch once a step"))
+    return tuple(writes), bad
+
+
+def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
+    target = variable_op(op.inputs[0])
+    name = target.name
+    if op.type not in _WRITE_STEP:
+        raise _Refused(op, f"the train_op writes {name} with {op.type}: the CS writes state "
+                           "from the batch with assign, assign_add and assign_sub")
+    params = [p for k in m.kernels for p in k.params if p.variable == name]
+    if not params:
+        raise _Refused(op, f"the train_op writes {name} from the batch, and no layer the CS "
+                           f"runs reads it: the CS keeps such state in the kernels that read it")
+    if any(p.view for p in params):
+        raise _Refused(op, f"the train_op writes {name} from the batch, and a layer reads a "
+                           "slice of it: the CS writes state its kernels read whole")
+    closure = set(op_closure(op))
+    unordered = next((r for r in _forward_reads(op, runs) if r not in closure), None)
+    if unordered is not None:
+        raise _Refused(op, f"the write of {name} does not wait for the step's read of it "
+                           f"('{unordered.name}' at {user_source(unordered)}): TF reads the old "
+                           "or the new value by chance; write it under "
+                           "tf.control_dependencies([the optimizer's op])")
+    batch: list[str] = []
+    steps: list[WriteStep] = []
+    factors: list[Schedule] = []
+    shape = tuple(int(d.size) for d in target.get_attr("shape").dim)
+
+    def lower_value(t: tf.Tensor) -> str:
+        t = _skip_identity(t)
+        if t.op.type in ("ReadVariableOp", "VariableV2") and variable_op(t) is target:
+            return WEIGHT
+        if t.name in m.values:
+            if t.name in m.leading or m.folds(t) != 1 or static_shape(t)[:1] != \
+                    (m.batch_size,) or t.dtype.base_dtype not in _BATCH_DTYPES:
+                raise _Refused(t.op, f"the write of {name} reads {t.name}, which the CS does "
+                                     "not hold as TF's float32 or integer [batch, ...] values")
+            value = m.values[t.name]
+            if value not in batch:
+                batch.append(value)
+            return f"b{batch.index(value)}"
+        constant = tf.get_static_value(t) if t.op.type == "Const" else None
+        if constant is not None and np.ndim(constant) == 0 and t.dtype == tf.float32:
+            factors.append(Schedule(FACTOR, (ScalarOp("const", "float32",
+                                                      value=float(constant)),),
+                                    source=user_source(t.op)))
+            return f"f{len(factors) - 1}"
+        step, inputs = _structural(t.op)
+        if not step:
+            step, inputs = _step(t.op)
+        if not step:
+            raise _Refused(t.op, f"the train_op writes {name} with a value that is not {WHAT}")
+        steps.append(WriteStep(step, tuple(lower_value(x) for x in inputs)))
+        return f"s{len(steps) - 1}"
+
+    value = lower_value(op.inputs[1])
+    last = _WRITE_STEP[op.type]
+    if last is not None:
+        steps.append(WriteStep(last, (WEIGHT, value)))
+    if not batch or not steps:
+        raise _Refused(op, f"the train_op writes {name} with a value that reads no per-sample "
+                           f"value of the batch: the CS writes state from the batch as {WHAT}")
+    written = op.inputs[1].shape
+    if not written.is_fully_defined() or tuple(written) != shape and last is None:
+        raise _Refused(op, f"the train_op writes {name} {shape} with a value of shape {written}")
+    return WeightWrite(name, tuple(steps), tuple(factors), source=user_source(op),
+                       batch=tuple(batch))
+
+
+def _structural(op: tf.Operation) -> tuple[str, list[tf.Tensor]]:
+    """tf.concat of two values along axis 0, a static slice of rows (x[a:b], x[:-n]); ""
+    for any other op."""
+    if op.type == "ConcatV2" and len(op.inputs) == 3 and \
+            tf.get_static_value(op.inputs[2]) == 0:
+        return CONCAT, list(op.inputs[:2])
+    if op.type != "StridedSlice" or op.inputs[0].shape.rank is None:
+        return "", []
+    begin, end, strides = (tf.get_static_value(x) for x in op.inputs[1:])
+    masks = {k: op.get_attr(k) for k in ("begin_mask", "end_mask", "ellipsis_mask",
+                                          "new_axis_mask", "shrink_axis_mask")}
+    rows = op.inputs[0].shape[0]
+    if begin is None or end is None or strides is None or len(begin) != 1 or \
+            int(strides[0]) != 1 or masks["ellipsis_mask"] or masks["new_axis_mask"] or \
+            masks["shrink_axis_mask"] or rows is None:
+        return "", []
+    start = 0 if masks["begin_mask"] & 1 else int(begin[0])
+    stop = rows if masks["end_mask"] & 1 else int(end[0])
+    start, stop, _ = slice(start, stop).indices(rows)
+    return f"{SLICE}:{start}:{stop}", [op.inputs[0]]

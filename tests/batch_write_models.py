@@ -1,0 +1,122 @@
+"""Non-trainable state written from the whole batch, the way users write it: a REINFORCE
+reward baseline (`baseline.assign(0.9 * baseline + 0.1 * tf.reduce_mean(reward))`), a
+running mean of the features kept in a variable and read the next step, center loss
+(Wen et al.: `centers` gathered by label in the loss, moved by
+`tf.compat.v1.scatter_sub(centers, labels, alpha * diff / (1 + count))` with
+tf.unique_with_counts), and MoCo's key queue (`queue.assign(tf.concat([keys, queue[:-B]],
+0))`)."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+
+v1 = tf.compat.v1
+FEATURES, CLASSES, EMBED, QUEUE = 6, 4, 5, 16
+
+
+def labelled_input_fn(params):
+    """Vectors of 6 values, integer labels of 4 classes (repeated in every batch)."""
+    batch = params.get("batch_size", 8)
+    rng = np.random.default_rng(31)
+    n = 8 * batch
+    y = rng.integers(0, CLASSES, size=n).astype(np.int32)
+    x = (rng.normal(size=(n, FEATURES)) + y[:, None] * 0.5).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+
+
+def _state(name, shape, value=0.0):
+    return v1.get_variable(name, shape, initializer=v1.constant_initializer(value),
+                           trainable=False)
+
+
+def reinforce_baseline(features, labels, mode, params):
+    """A policy over 4 actions; the reward is whether the label's action is taken with
+    probability above a quarter; the advantage subtracts a moving baseline of the batch's
+    mean reward (read before the baseline moves)."""
+    logits = tf.keras.layers.Dense(CLASSES, name="policy")(
+        tf.keras.layers.Dense(8, activation="tanh", name="body")(features))
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"logits": logits})
+    baseline = _state("baseline", [], 0.1)
+    log_p = tf.nn.log_softmax(logits)
+    taken = tf.reduce_sum(log_p * tf.one_hot(labels, CLASSES), 1)
+    reward = tf.cast(labels, tf.float32) * 0.25 + tf.stop_gradient(tf.exp(taken))
+    advantage = tf.stop_gradient(reward - baseline)
+    loss = -tf.reduce_mean(advantage * taken)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
+            "reward": v1.metrics.mean(reward)})
+    train = v1.train.AdamOptimizer(1e-2).minimize(
+        loss, global_step=v1.train.get_or_create_global_step())
+    with tf.control_dependencies([train] if params.get("after", True) else []):
+        moved = baseline.assign(0.9 * baseline + 0.1 * tf.reduce_mean(reward))
+    return CSEstimatorSpec(mode, loss=loss, train_op=tf.group(train, moved))
+
+
+def running_feature_mean(features, labels, mode, params):
+    """Features centred by a running mean of the batch's hidden features (kept in a
+    variable, read the next step)."""
+    hidden = tf.keras.layers.Dense(EMBED, activation="tanh", name="body")(features)
+    mean = _state("feature_mean", [EMBED])
+    logits = tf.keras.layers.Dense(CLASSES, name="head")(hidden - mean)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"logits": logits})
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss)
+    train = v1.train.AdamOptimizer(1e-2).minimize(
+        loss, global_step=v1.train.get_or_create_global_step())
+    with tf.control_dependencies([train]):
+        moved = mean.assign_sub(0.2 * (mean - tf.reduce_mean(hidden, 0)))
+    return CSEstimatorSpec(mode, loss=loss, train_op=moved)
+
+
+def center_loss(features, labels, mode, params):
+    """Softmax plus Wen et al.'s center loss, the classic code: the centers gathered by
+    label, moved by scatter_sub of alpha * diff / (1 + the label's count in the batch)."""
+    embedding = tf.keras.layers.Dense(EMBED, activation="tanh", name="embed")(features)
+    logits = tf.keras.layers.Dense(CLASSES, name="head")(embedding)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"logits": logits})
+    centers = _state("centers", [CLASSES, EMBED])
+    centers_batch = tf.gather(centers, labels)
+    diff = centers_batch - embedding
+    _, index, count = tf.unique_with_counts(labels)
+    appear = tf.reshape(tf.gather(count, index), [-1, 1])
+    diff = 0.5 * (diff / tf.cast(1 + appear, tf.float32))
+    update = v1.scatter_sub(centers, labels, diff)
+    with tf.control_dependencies([update] if params.get("ordered", True) else []):
+        center = tf.reduce_mean(tf.reduce_sum(tf.square(embedding - centers_batch), 1))
+        loss = v1.losses.sparse_softmax_cross_entropy(labels, logits) + 0.1 * center
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss)
+    train = v1.train.AdamOptimizer(1e-2).minimize(
+        loss, global_step=v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode, loss=loss, train_op=tf.group(train, update))
+
+
+def moco_queue(features, labels, mode, params):
+    """MoCo's contrastive loss against a queue of earlier keys: logits of the queries
+    against the positive key and the queue; after the step the batch's keys enter the
+    queue's front and its oldest leave."""
+    batch = params.get("batch_size", 8)
+    query = tf.nn.l2_normalize(tf.keras.layers.Dense(EMBED, name="query")(features), axis=1)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"query": query})
+    keys = tf.stop_gradient(tf.nn.l2_normalize(
+        tf.keras.layers.Dense(EMBED, name="key")(features * 0.9), axis=1))
+    queue = v1.get_variable("queue", [QUEUE, EMBED], trainable=False,
+                            initializer=v1.random_normal_initializer(seed=3))
+    positive = tf.reduce_sum(query * keys, 1, keepdims=True)
+    negative = tf.matmul(query, queue, transpose_b=True)
+    logits = tf.concat([positive, negative], 1) / 0.2
+    loss = -tf.reduce_mean(tf.nn.log_softmax(logits)[:, 0])  # (the positive is class 0)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss)
+    train = v1.train.AdamOptimizer(1e-2).minimize(
+        loss, global_step=v1.train.get_or_create_global_step())
+    with tf.control_dependencies([train]):
+        enqueued = queue.assign(tf.concat([keys, queue[:-batch]], 0))
+    return CSEstimatorSpec(mode, loss=loss, train_op=enqueued)
