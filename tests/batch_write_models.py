@@ -87,14 +87,17 @@ def center_loss(features, labels, mode, params):
     appear = tf.reshape(tf.gather(count, index), [-1, 1])
     diff = 0.5 * (diff / tf.cast(1 + appear, tf.float32))
     update = v1.scatter_sub(centers, labels, diff)
-    with tf.control_dependencies([update] if params.get("ordered", True) else []):
-        center = tf.reduce_mean(tf.reduce_sum(tf.square(embedding - centers_batch), 1))
-        loss = v1.losses.sparse_softmax_cross_entropy(labels, logits) + 0.1 * center
+    center = tf.reduce_mean(tf.reduce_sum(tf.square(embedding - centers_batch), 1))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits) + 0.1 * center
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss)
-    train = v1.train.AdamOptimizer(1e-2).minimize(
-        loss, global_step=v1.train.get_or_create_global_step())
-    return CSEstimatorSpec(mode, loss=loss, train_op=tf.group(train, update))
+    optimizer = v1.train.AdamOptimizer(1e-2)
+    step = v1.train.get_or_create_global_step()
+    if params.get("beside"):  # grouped with the optimizer's op
+        return CSEstimatorSpec(mode, loss=loss, train_op=tf.group(
+            optimizer.minimize(loss, global_step=step), update))
+    with tf.control_dependencies([update]):  # (the classic code: before the optimizer's)
+        return CSEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(loss, global_step=step))
 
 
 def moco_queue(features, labels, mode, params):

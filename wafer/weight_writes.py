@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from wafer.kernels.activations import FUNCTIONS, PARAMETERS
-from wafer.kernels.elementwise import ARITHMETIC, COMPARISONS, where
+from wafer.kernels.elementwise import ARITHMETIC, COMPARISONS, INTEGER_ARITHMETIC, where
 from wafer.schedules import Schedule, render, schedule_problem
 
 FACTOR = "weight_write"  # the factor schedules' hyper_parameter
@@ -44,6 +44,16 @@ WEIGHT = "w"  # an input naming the weight's value; "f<k>": factor k; "s<k>": st
 # "v<k>": source k's value; "b<k>": the whole batch of batch value k
 CONCAT = "concat"  # tf.concat of two values along axis 0
 SLICE = "slice"  # "slice:<start>:<stop>": rows start..stop of one value (a static slice)
+GATHER = "gather"  # tf.gather(values, indices) along axis 0
+CAST = "cast"  # "cast:<float32|int32|int64>"
+UNIQUE = "unique"  # "unique:<1|2>": tf.unique_with_counts(x)'s idx (1) or count (2)
+RESHAPE = "reshape"  # "reshape:<d0,d1,...>": to a static shape
+INTEGER = "int"  # "int:<value>": an int32 scalar constant (no inputs)
+# the last step of tf.compat.v1.scatter_sub / scatter_add / scatter_update(w, indices,
+# updates): TF's CPU kernel applies the rows in order (duplicate indices accumulate)
+SCATTERS = {"scatter_sub": np.subtract, "scatter_add": np.add}
+SCATTER_UPDATE = "scatter_update"
+_DTYPES = {"float32": np.float32, "int32": np.int32, "int64": np.int64}
 
 
 @dataclass(frozen=True)
@@ -109,19 +119,28 @@ def write_problem(write: WeightWrite) -> str:
 
 
 def _arity(op: str) -> int:
-    """How many values step `op` takes (0: no operation the CS computes)."""
+    """How many values step `op` takes (-1: no operation the CS computes)."""
     kind, _, rest = op.partition(":")
     if kind == "f":
-        return 1 if rest in FUNCTIONS and rest not in (*PARAMETERS, "leaky_relu") else 0
+        return 1 if rest in FUNCTIONS and rest not in (*PARAMETERS, "leaky_relu") else -1
     if kind == "r":
         name, axes, keep = (rest.split(":") + ["", ""])[:3]
         ok = name in REDUCE and keep in ("0", "1") and all(a.isdigit() for a in axes.split(","))
-        return 1 if ok else 0
+        return 1 if ok else -1
     if kind == SLICE:
         bounds = rest.split(":")
-        return 1 if len(bounds) == 2 and all(b.lstrip("-").isdigit() for b in bounds) else 0
-    return 2 if op == CONCAT else 2 if op in ARITHMETIC or op in COMPARISONS else 3 if op == SELECT else \
-        1 if op == COPY else 0
+        return 1 if len(bounds) == 2 and all(b.lstrip("-").isdigit() for b in bounds) else -1
+    if kind == RESHAPE:
+        return 1 if all(d.isdigit() for d in rest.split(",")) else -1
+    if kind == INTEGER:
+        return 0 if rest.lstrip("-").isdigit() else -1
+    if (kind, rest) in ((CAST, "float32"), (CAST, "int32"), (CAST, "int64"), (UNIQUE, "1"),
+                        (UNIQUE, "2")):
+        return 1
+    if op in SCATTERS or op == SCATTER_UPDATE:
+        return 3
+    return 2 if op in (CONCAT, GATHER) else 2 if op in ARITHMETIC or op in COMPARISONS else \
+        3 if op == SELECT else 1 if op == COPY else -1
 
 
 def _step(op: str, args: list[Any]) -> np.ndarray:
@@ -136,6 +155,33 @@ def _step(op: str, args: list[Any]) -> np.ndarray:
     if kind == SLICE:
         start, stop = (int(b) for b in rest.split(":"))
         return np.array(args[0][start:stop], np.float32)
+    if kind == CAST:
+        return np.asarray(args[0]).astype(_DTYPES[rest])
+    if kind == INTEGER:
+        return np.asarray(int(rest), np.int32)
+    if kind == RESHAPE:
+        return np.reshape(args[0], tuple(int(d) for d in rest.split(",")))
+    if kind == UNIQUE:  # (TF's order of first appearance)
+        _, first, index, count = np.unique(args[0], return_index=True, return_inverse=True,
+                                           return_counts=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        return rank[index.reshape(-1)].astype(np.int32) if rest == "1" else \
+            count[order].astype(np.int32)
+    if op == GATHER:
+        return np.take(args[0], np.asarray(args[1]).astype(np.int64), axis=0)
+    if op in SCATTERS or op == SCATTER_UPDATE:
+        out = np.array(args[0], np.float32)
+        rows = np.asarray(args[1]).astype(np.int64).reshape(-1)
+        updates = np.broadcast_to(np.asarray(args[2], np.float32),
+                                  (len(rows), *out.shape[1:]))
+        if op == SCATTER_UPDATE:
+            for row, update in zip(rows, updates):  # (in order: the last duplicate wins)
+                out[row] = update
+        else:
+            SCATTERS[op].at(out, rows, updates)
+        return out
     if op == CONCAT:
         return np.concatenate([np.asarray(a, np.float32) for a in args], 0)
     if op == COPY:
@@ -145,6 +191,8 @@ def _step(op: str, args: list[Any]) -> np.ndarray:
     if op == SELECT:
         return where(np.asarray(args[0], np.bool_), *np.broadcast_arrays(
             np.asarray(args[1], np.float32), np.asarray(args[2], np.float32)))
+    if op in INTEGER_ARITHMETIC and all(np.asarray(a).dtype.kind == "i" for a in args):
+        return np.asarray(ARITHMETIC[op][0](*args))  # (TF's int kernel)
     return np.asarray(ARITHMETIC[op][0](*args), np.float32)
 
 

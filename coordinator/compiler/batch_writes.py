@@ -18,9 +18,24 @@ from coordinator.compiler.operands import static_shape
 from coordinator.compiler.training.graph import _skip_identity, step_runs, variable_op
 from coordinator.compiler.training.writes import _WRITE_STEP, _forward_reads, _readers, _step
 from wafer.schedules import Schedule, ScalarOp
-from wafer.weight_writes import CONCAT, FACTOR, SLICE, WEIGHT, WeightWrite, WriteStep
+from wafer.weight_writes import (
+    CAST,
+    CONCAT,
+    FACTOR,
+    GATHER,
+    INTEGER,
+    RESHAPE,
+    SLICE,
+    UNIQUE,
+    WEIGHT,
+    WeightWrite,
+    WriteStep,
+)
 
 _BATCH_DTYPES = (tf.float32, tf.int32, tf.int64)
+_SCATTER_STEP = {"ResourceScatterSub": "scatter_sub", "ScatterSub": "scatter_sub",
+                 "ResourceScatterAdd": "scatter_add", "ScatterAdd": "scatter_add",
+                 "ResourceScatterUpdate": "scatter_update", "ScatterUpdate": "scatter_update"}
 WHAT = ("arithmetic, element-wise functions and reductions of it, constants and the batch's "
         "per-sample values, tf.concat along axis 0 and static row slices (a running mean "
         "m.assign_sub(0.2 * (m - tf.reduce_mean(h, 0))), MoCo's queue "
@@ -68,9 +83,10 @@ def lower(matcher, extracted: ExtractedGraph, training: TrainingSpec,
 def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
     target = variable_op(op.inputs[0])
     name = target.name
-    if op.type not in _WRITE_STEP:
+    if op.type not in _WRITE_STEP and op.type not in _SCATTER_STEP:
         raise _Refused(op, f"the train_op writes {name} with {op.type}: the CS writes state "
-                           "from the batch with assign, assign_add and assign_sub")
+                           "from the batch with assign, assign_add, assign_sub and "
+                           "scatter_sub, scatter_add, scatter_update")
     params = [p for k in m.kernels for p in k.params if p.variable == name]
     if not params:
         raise _Refused(op, f"the train_op writes {name} from the batch, and no layer the CS "
@@ -109,7 +125,14 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
                                                       value=float(constant)),),
                                     source=user_source(t.op)))
             return f"f{len(factors) - 1}"
-        step, inputs = _structural(t.op)
+        if constant is not None and np.ndim(constant) == 0 and t.dtype == tf.int32:
+            steps.append(WriteStep(f"{INTEGER}:{int(constant)}", ()))
+            return f"s{len(steps) - 1}"
+        if t.op.type in ("ResourceGather", "GatherV2") and _gathers_rows(t.op) and \
+                variable_op(t.op.inputs[0]) is target:
+            steps.append(WriteStep(GATHER, (WEIGHT, lower_value(t.op.inputs[1]))))
+            return f"s{len(steps) - 1}"
+        step, inputs = _structural(t)
         if not step:
             step, inputs = _step(t.op)
         if not step:
@@ -117,23 +140,44 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
         steps.append(WriteStep(step, tuple(lower_value(x) for x in inputs)))
         return f"s{len(steps) - 1}"
 
-    value = lower_value(op.inputs[1])
-    last = _WRITE_STEP[op.type]
-    if last is not None:
-        steps.append(WriteStep(last, (WEIGHT, value)))
+    if op.type in _SCATTER_STEP:
+        rows = lower_value(op.inputs[1])
+        steps.append(WriteStep(_SCATTER_STEP[op.type], (WEIGHT, rows, lower_value(op.inputs[2]))))
+        last = _SCATTER_STEP[op.type]
+    else:
+        value = lower_value(op.inputs[1])
+        last = _WRITE_STEP[op.type]
+        if last is not None:
+            steps.append(WriteStep(last, (WEIGHT, value)))
     if not batch or not steps:
         raise _Refused(op, f"the train_op writes {name} with a value that reads no per-sample "
                            f"value of the batch: the CS writes state from the batch as {WHAT}")
     written = op.inputs[1].shape
-    if not written.is_fully_defined() or tuple(written) != shape and last is None:
+    if last is None and (not written.is_fully_defined() or tuple(written) != shape):
         raise _Refused(op, f"the train_op writes {name} {shape} with a value of shape {written}")
     return WeightWrite(name, tuple(steps), tuple(factors), source=user_source(op),
                        batch=tuple(batch))
 
 
-def _structural(op: tf.Operation) -> tuple[str, list[tf.Tensor]]:
-    """tf.concat of two values along axis 0, a static slice of rows (x[a:b], x[:-n]); ""
-    for any other op."""
+def _gathers_rows(op: tf.Operation) -> bool:
+    """tf.gather along axis 0 (no batch_dims)."""
+    axis = tf.get_static_value(op.inputs[2]) if op.type == "GatherV2" else 0
+    return axis == 0 and op.get_attr("batch_dims") == 0
+
+def _structural(t: tf.Tensor) -> tuple[str, list[tf.Tensor]]:
+    """tf.concat of two values along axis 0, a static slice of rows (x[a:b], x[:-n]), a
+    gather of rows, a cast, a reshape to a static shape, tf.unique_with_counts' idx or
+    count; "" for any other op."""
+    op = t.op
+    if op.type == "UniqueWithCounts" and t.value_index in (1, 2) and \
+            op.get_attr("out_idx") == tf.int32:
+        return f"{UNIQUE}:{t.value_index}", [op.inputs[0]]
+    if op.type == "Cast" and t.dtype in (tf.float32, tf.int32, tf.int64):
+        return f"{CAST}:{t.dtype.name}", [op.inputs[0]]
+    if op.type == "Reshape" and t.shape.is_fully_defined():
+        return f"{RESHAPE}:{','.join(str(d) for d in t.shape)}", [op.inputs[0]]
+    if op.type == "GatherV2" and _gathers_rows(op):
+        return GATHER, list(op.inputs[:2])
     if op.type == "ConcatV2" and len(op.inputs) == 3 and \
             tf.get_static_value(op.inputs[2]) == 0:
         return CONCAT, list(op.inputs[:2])
