@@ -26,15 +26,15 @@ def labelled_input_fn(params):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
 
 
-def _state(name, shape, value=0.0):
-    return v1.get_variable(name, shape, initializer=v1.constant_initializer(value),
+def _state(name, shape, value=0.0, dtype=tf.float32):
+    return v1.get_variable(name, shape, dtype, initializer=v1.constant_initializer(value),
                            trainable=False)
 
 
 def reinforce_baseline(features, labels, mode, params):
-    """A policy over 4 actions; the reward is whether the label's action is taken with
-    probability above a quarter; the advantage subtracts a moving baseline of the batch's
-    mean reward (read before the baseline moves)."""
+    """A policy over 4 actions rewarded by the label and the probability of its action; the
+    advantage subtracts a moving baseline of the batch's mean reward, moved after the
+    optimizer's update (params["after"] False: with no order to the advantage's read)."""
     logits = tf.keras.layers.Dense(CLASSES, name="policy")(
         tf.keras.layers.Dense(8, activation="tanh", name="body")(features))
     if mode == ModeKeys.PREDICT:
@@ -121,5 +121,11 @@ def moco_queue(features, labels, mode, params):
     train = v1.train.AdamOptimizer(1e-2).minimize(
         loss, global_step=v1.train.get_or_create_global_step())
     with tf.control_dependencies([train]):
-        enqueued = queue.assign(tf.concat([keys, queue[:-batch]], 0))
+        if params.get("ring"):  # a ring pointer: the keys written at ptr + tf.range(B)
+            ptr = _state("ptr", [], 0, tf.int32)
+            enqueued = v1.scatter_update(queue, ptr + tf.range(batch), keys)
+            with tf.control_dependencies([enqueued]):
+                enqueued = ptr.assign((ptr + batch) % QUEUE)
+        else:
+            enqueued = queue.assign(tf.concat([keys, queue[:-batch]], 0))
     return CSEstimatorSpec(mode, loss=loss, train_op=enqueued)

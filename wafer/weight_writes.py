@@ -227,10 +227,18 @@ def describe(write: WeightWrite) -> str:
             terms[f"s{index}"] = f"{rest}({args[0]})"
         elif kind == SLICE:
             terms[f"s{index}"] = f"{args[0]}[{rest}]"
+        elif kind == INTEGER:
+            terms[f"s{index}"] = rest
+        elif kind in (CAST, RESHAPE):
+            terms[f"s{index}"] = f"{kind}({args[0]}, {rest})"
+        elif kind == UNIQUE:
+            terms[f"s{index}"] = f"unique_with_counts({args[0]})." + \
+                ("idx" if rest == "1" else "count")
         elif kind == "r":
             name, axes, keep = rest.split(":")
             terms[f"s{index}"] = f"reduce_{name}({args[0]}, axis={axes}" + \
                 (", keepdims)" if keep == "1" else ")")
         else:
             terms[f"s{index}"] = f"{step.op}({', '.join(args)})"
-    return terms[f"s{len(write.steps) - 1}"].removeprefix("(").removesuffix(")")
+    last = terms[f"s{len(write.steps) - 1}"]
+    return last[1:-1] if last.startswith("(") else last

@@ -89,8 +89,8 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
                            "scatter_sub, scatter_add, scatter_update")
     params = [p for k in m.kernels for p in k.params if p.variable == name]
     if not params:
-        raise _Refused(op, f"the train_op writes {name} from the batch, and no layer the CS "
-                           f"runs reads it: the CS keeps such state in the kernels that read it")
+        raise _Refused(op, f"the train_op writes {name}, which no layer the CS runs reads: "
+                           "the CS keeps state written every step in the kernels that read it")
     if any(p.view for p in params):
         raise _Refused(op, f"the train_op writes {name} from the batch, and a layer reads a "
                            "slice of it: the CS writes state its kernels read whole")
@@ -110,6 +110,11 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
         t = _skip_identity(t)
         if t.op.type in ("ReadVariableOp", "VariableV2") and variable_op(t) is target:
             return WEIGHT
+        if t.op.type in ("ReadVariableOp", "VariableV2"):
+            raise _Refused(t.op, f"the write of {name} reads {variable_op(t).name}: the CS "
+                                 "writes state from itself, constants and the batch's values "
+                                 "(a queue: q.assign(tf.concat([keys, q[:-B]], 0)) instead of "
+                                 "a ring pointer)")
         if t.name in m.values:
             if t.name in m.leading or m.folds(t) != 1 or static_shape(t)[:1] != \
                     (m.batch_size,) or t.dtype.base_dtype not in _BATCH_DTYPES:
