@@ -3,8 +3,9 @@ reward baseline (`baseline.assign(0.9 * baseline + 0.1 * tf.reduce_mean(reward))
 running mean of the features kept in a variable and read the next step, center loss
 (Wen et al.: `centers` gathered by label in the loss, moved by
 `tf.compat.v1.scatter_sub(centers, labels, alpha * diff / (1 + count))` with
-tf.unique_with_counts), and MoCo's key queue (`queue.assign(tf.concat([keys, queue[:-B]],
-0))`)."""
+tf.unique_with_counts), MoCo's key queue (`queue.assign(tf.concat([keys, queue[:-B]],
+0))`), a running mean of the per-sample losses weighting the next step's; and what stays
+refused (a write racing the forward pass's read, MoCo's ring pointer)."""
 from __future__ import annotations
 
 import numpy as np
@@ -129,3 +130,21 @@ def moco_queue(features, labels, mode, params):
         else:
             enqueued = queue.assign(tf.concat([keys, queue[:-batch]], 0))
     return CSEstimatorSpec(mode, loss=loss, train_op=enqueued)
+
+
+def running_loss(features, labels, mode, params):
+    """Each sample's loss weighted by a running mean of the batch losses (kept in a
+    variable, read the next step)."""
+    logits = tf.keras.layers.Dense(CLASSES, name="head")(features)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"logits": logits})
+    running = _state("running_loss", [], 1.0)
+    per_sample = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    loss = tf.reduce_mean(per_sample * (2.0 - running))
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss)
+    train = v1.train.AdamOptimizer(1e-2).minimize(
+        loss, global_step=v1.train.get_or_create_global_step())
+    with tf.control_dependencies([train]):
+        moved = running.assign(0.9 * running + 0.1 * tf.reduce_mean(per_sample))
+    return CSEstimatorSpec(mode, loss=loss, train_op=moved)

@@ -17,7 +17,8 @@ from coordinator.compiler.ir import TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.training.graph import _skip_identity, step_runs, variable_op
 from coordinator.compiler.training.writes import _WRITE_STEP, _forward_reads, _readers, _step
-from wafer.schedules import Schedule, ScalarOp
+from wafer.kernels.base import KERNELS
+from wafer.schedules import ScalarOp, Schedule
 from wafer.weight_writes import (
     CAST,
     CONCAT,
@@ -88,7 +89,7 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
                            "from the batch with assign, assign_add, assign_sub and "
                            "scatter_sub, scatter_add, scatter_update")
     params = [p for k in m.kernels for p in k.params if p.variable == name]
-    if not params:
+    if not params and name not in m.weight_program_sources():
         raise _Refused(op, f"the train_op writes {name}, which no layer the CS runs reads: "
                            "the CS keeps state written every step in the kernels that read it")
     if any(p.view for p in params):
@@ -121,6 +122,10 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
                 raise _Refused(t.op, f"the write of {name} reads {t.name}, which the CS does "
                                      "not hold as TF's float32 or integer [batch, ...] values")
             value = m.values[t.name]
+            if _is_loss(m, value):
+                raise _Refused(t.op, f"the write of {name} reads {t.name}, which the CS "
+                                     "holds as the loss's share of each sample: write from the "
+                                     "per-sample values the loss reduces")
             if value not in batch:
                 batch.append(value)
             return f"b{batch.index(value)}"
@@ -145,10 +150,10 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
         steps.append(WriteStep(step, tuple(lower_value(x) for x in inputs)))
         return f"s{len(steps) - 1}"
 
-    if op.type in _SCATTER_STEP:
+    last: str | None = _SCATTER_STEP.get(op.type)
+    if last is not None:
         rows = lower_value(op.inputs[1])
-        steps.append(WriteStep(_SCATTER_STEP[op.type], (WEIGHT, rows, lower_value(op.inputs[2]))))
-        last = _SCATTER_STEP[op.type]
+        steps.append(WriteStep(last, (WEIGHT, rows, lower_value(op.inputs[2]))))
     else:
         value = lower_value(op.inputs[1])
         last = _WRITE_STEP[op.type]
@@ -158,10 +163,16 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
         raise _Refused(op, f"the train_op writes {name} with a value that reads no per-sample "
                            f"value of the batch: the CS writes state from the batch as {WHAT}")
     written = op.inputs[1].shape
-    if last is None and (not written.is_fully_defined() or tuple(written) != shape):
+    if op.type in _WRITE_STEP and last is None and (not written.is_fully_defined() or tuple(written) != shape):
         raise _Refused(op, f"the train_op writes {name} {shape} with a value of shape {written}")
     return WeightWrite(name, tuple(steps), tuple(factors), source=user_source(op),
                        batch=tuple(batch))
+
+
+def _is_loss(m, value: str) -> bool:
+    """Whether the kernel computing `value` is a loss kernel."""
+    node = next((k for k in m.kernels if k.name == value), None)
+    return node is not None and node.type in KERNELS and KERNELS[node.type].is_loss
 
 
 def _gathers_rows(op: tf.Operation) -> bool:

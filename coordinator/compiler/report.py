@@ -377,6 +377,8 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         + (f" + weight program {1e6 * t.weight_program_seconds:.3f} us"
            if model.weight_program is not None else "")
         + (f" + batch barriers {1e6 * t.barrier_seconds(batch_size):.3f} us" if t.barriers
+           else "")
+        + (f" + state writes {1e6 * t.state_write_seconds:.3f} us" if t.state_write_seconds
            else "") + f" ({_n(1 / step)} steps/s)",
         *[f"  Batch barrier: {b.name} ({b.holds}): the batch waits "
           f"{b.passes} x {batch_size - t.replicas} x {1e9 / t.samples_per_sec:.1f} ns + "

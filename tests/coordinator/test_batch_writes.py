@@ -1,5 +1,6 @@
 """Frozen state written from the whole batch (tests/batch_write_models.py: a REINFORCE
-reward baseline, a running feature mean, center loss's scatter_sub, MoCo's key queue)
+reward baseline, a running feature mean, a running loss the weight program reads, center
+loss's scatter_sub, MoCo's key queue)
 trains on the simulated CS as TensorFlow trains it, the state included, whatever the
 micro-batch size and on 2 replicas; the checkpoint evaluates and predicts as on the CPU; a
 run resumed across a checkpoint is an unbroken one; what the CS cannot order or compute is
@@ -12,12 +13,13 @@ import numpy as np
 import pytest
 
 from cs_api import pb
+from wafer import timing
 from wafer.weight_writes import WeightWrite, apply
 
 PARAMS = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 RTOL = 1e-5
 STATE = {m.reinforce_baseline: "baseline", m.running_feature_mean: "feature_mean",
-         m.center_loss: "centers", m.moco_queue: "queue"}
+         m.center_loss: "centers", m.moco_queue: "queue", m.running_loss: "running_loss"}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,8 @@ def test_the_write_takes_every_sample_of_the_batch(prepared):
     assert not np.allclose(whole, half, rtol=1e-3)
 
 
-@pytest.mark.parametrize("model_fn", [m.center_loss, m.moco_queue, m.reinforce_baseline],
+@pytest.mark.parametrize("model_fn", [m.center_loss, m.moco_queue, m.reinforce_baseline,
+                                      m.running_loss],
                          ids=lambda f: f.__name__)
 def test_the_checkpoint_evaluates_as_on_the_cpu(prepared, model_fn, tmp_path):
     """Evaluation reads the written state from the checkpoint and writes nothing."""
@@ -91,6 +94,15 @@ def test_the_report_shows_each_state_write(prepared):
     assert "w = scatter_sub(w, batch(labels), (0.5 * ((batch(Gather) - batch(embed)) / " \
         "cast((1 + reshape(gather(unique_with_counts(batch(labels)).count, " \
         "unique_with_counts(batch(labels)).idx), 8,1)), float32))))\n" in center
+
+
+def test_the_step_time_charges_the_batchs_values_to_the_state(prepared):
+    """MoCo's write moves the batch's 8 keys of 5 float32 values into the queue's region
+    after the updates: the compile report and the CS's timing charge it."""
+    compiled = prepared(m.moco_queue, PARAMS, 8).compiled
+    [(moved, edge)] = timing.program_state_writes(compiled.program)
+    assert moved == 8 * m.EMBED * 4 and edge >= 1
+    assert "+ update " in compiled.report_text and " + state writes " in compiled.report_text
 
 
 @pytest.mark.parametrize("model_fn, extra, expected", [
