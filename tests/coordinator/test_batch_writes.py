@@ -108,8 +108,8 @@ def test_the_step_time_charges_the_batchs_values_to_the_state(prepared):
 @pytest.mark.parametrize("model_fn, extra, expected", [
     (m.reinforce_baseline, {"after": False}, "the write of baseline does not wait for the "
                                              "step's read of it"),
-    (m.moco_queue, {"ring": True}, "the write of queue reads ptr: the CS writes state from "
-                                   "itself, constants and the batch's values"),
+    (m.moco_queue, {"ring": True}, "the train_op writes ptr, which is not an optimizer update "
+                                   "the CS carries out"),
 ])
 def test_what_the_cs_cannot_order_or_compute_is_refused_in_one_line(model_fn, extra, expected,
                                                                     tmp_path):

@@ -150,6 +150,7 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
     increments = []
     trained = {variable_op(u.op.inputs[0]) for u in updates}
     runs = _readers(step_runs(extracted))
+    inputs = {extracted.graph.get_tensor_by_name(p).op for p in extracted.placeholders.values()}
     for op in writes:
         if op in owned:
             continue
@@ -171,7 +172,8 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
         target = variable_op(op.inputs[0]) if op.inputs else op
         if states is not None and target not in trained and \
                 (op.type in _WRITE_STEP or op.type in STATE_SCATTERS) and \
-                "ExponentialMovingAverage" not in target.name:
+                "ExponentialMovingAverage" not in target.name and \
+                inputs & set(data_upstream(op)):  # (of the batch: batch_writes.py)
             states.append(op)
             continue
         if op.type in _WRITE_STEP and "ExponentialMovingAverage" not in target.name:
