@@ -88,7 +88,8 @@ def center_loss(features, labels, mode, params):
     appear = tf.reshape(tf.gather(count, index), [-1, 1])
     diff = 0.5 * (diff / tf.cast(1 + appear, tf.float32))
     update = v1.scatter_sub(centers, labels, diff)
-    center = tf.reduce_mean(tf.reduce_sum(tf.square(embedding - centers_batch), 1))
+    with tf.control_dependencies([update] if params.get("facenet") else []):  # (its loss waits)
+        center = tf.reduce_mean(tf.reduce_sum(tf.square(embedding - centers_batch), 1))
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits) + 0.1 * center
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss)

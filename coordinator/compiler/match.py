@@ -48,6 +48,7 @@ from coordinator.compiler.operands import Operands, Weight, static_shape
 from coordinator.compiler.rules import FAST_PATHS
 from coordinator.compiler.step_values import StepValues
 from coordinator.compiler.training import analyze_training, objective_losses, skip_identity
+from coordinator.compiler.training.graph import variable_op
 from coordinator.compiler.training.writes import _is_write
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from tf_model.estimator_spec import ModeKeys
@@ -554,6 +555,8 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     matcher = Matcher(extracted, list(hosts) if predict else [spec.loss, *objectives], hosts)
     matcher.unsupported.extend(_check_inputs(extracted))
     matcher.unsupported.extend(_after_update([spec.loss, *objectives] if objectives else []))
+    matcher.unsupported.extend(_after_state_write(spec.loss) if spec.loss is not None and
+                               not objectives else [])
     if not matcher.unsupported or not objectives:
         matcher.run()
     loss_kernel, regularizers = "", dict[str, list[tuple[str, float]]]()
@@ -653,6 +656,26 @@ def _after_update(losses: list[tf.Tensor]) -> list[UnsupportedOp]:
                     "update (under tf.control_dependencies): it reads the updated weights, the "
                     "CS computes every loss from the step's forward pass; compute the losses "
                     "outside the control dependencies"))]
+    return []
+
+
+def _after_state_write(loss: tf.Tensor) -> list[UnsupportedOp]:
+    """The loss computed under tf.control_dependencies([a write of state the loss reads])
+    (facenet's center loss): TF runs the write wherever it computes the loss (in evaluation
+    too, if model_fn builds it there), where the CS writes state after a training step's
+    updates only (batch_writes.py)."""
+    upstream = data_upstream(loss.op)
+    read = {variable_op(t) for op in upstream for t in op.inputs if t.dtype == tf.resource}
+    for op in sorted(upstream, key=lambda op: op._id):
+        write = next((w for c in op.control_inputs for w in op_closure(c)
+                      if _is_write(w) and variable_op(w.inputs[0]) in read), None)
+        if write is not None:
+            name = variable_op(write.inputs[0]).name
+            return [UnsupportedOp(op.type, op.name, user_source(op), (
+                f"computes the loss under tf.control_dependencies([the write of {name}] "
+                f"({write.type} at {user_source(write)})): the CS writes state after the "
+                "step's loss and updates, when training only; write it under "
+                "tf.control_dependencies of the optimizer's minimize, or tf.group it with it"))]
     return []
 
 
