@@ -7,7 +7,8 @@ constant axes, comparisons and tf.where) before or after its update (decoupled w
 by hand, TransE's renormalization tf.nn.l2_normalize(ent, axis=1), a max-norm constraint,
 tf.clip_by_norm;
 wafer.weight_writes), or a soft update of a weight the step does not train toward trained
-ones (a target network's Polyak averaging, a momentum encoder); any other write is
+ones (a target network's Polyak averaging, a momentum encoder); a write of other frozen
+state from the batch is left to the matcher (batch_writes.py); any other write is
 refused."""
 from __future__ import annotations
 
