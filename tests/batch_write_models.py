@@ -52,7 +52,10 @@ def reinforce_baseline(features, labels, mode, params):
     train = v1.train.AdamOptimizer(1e-2).minimize(
         loss, global_step=v1.train.get_or_create_global_step())
     with tf.control_dependencies([train] if params.get("after", True) else []):
-        moved = baseline.assign(0.9 * baseline + 0.1 * tf.reduce_mean(reward))
+        mean = tf.reduce_mean(reward)
+        if params.get("scaled"):  # (by another state variable)
+            mean = mean * _state("reward_scale", [], 1.0)
+        moved = baseline.assign(0.9 * baseline + 0.1 * mean)
     return CSEstimatorSpec(mode, loss=loss, train_op=tf.group(train, moved))
 
 

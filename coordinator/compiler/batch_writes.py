@@ -114,8 +114,7 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
         if t.op.type in ("ReadVariableOp", "VariableV2"):
             raise _Refused(t.op, f"the write of {name} reads {variable_op(t).name}: the CS "
                                  "writes state from itself, constants and the batch's values "
-                                 "(a queue: q.assign(tf.concat([keys, q[:-B]], 0)) instead of "
-                                 "a ring pointer)")
+                                 "(fold a constant factor into the write)")
         if t.name in m.values:
             if t.name in m.leading or m.folds(t) != 1 or static_shape(t)[:1] != \
                     (m.batch_size,) or t.dtype.base_dtype not in _BATCH_DTYPES:
