@@ -144,7 +144,8 @@ def running_loss(features, labels, mode, params):
         return CSEstimatorSpec(mode, predictions={"logits": logits})
     running = _state("running_loss", [], 1.0)
     per_sample = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-    loss = tf.reduce_mean(per_sample * (2.0 - running))
+    loss = tf.reduce_mean(per_sample) * (2.0 - running) if params.get("outside") else \
+        tf.reduce_mean(per_sample * (2.0 - running))
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss)
     train = v1.train.AdamOptimizer(1e-2).minimize(

@@ -51,6 +51,15 @@ def test_center_loss_beside_the_optimizer_trains_like_tensorflow(tmp_path):
     cs_inprocess.assert_same_training(result, rtol=RTOL)
 
 
+def test_a_running_loss_weighting_the_batchs_mean_trains_like_tensorflow(tmp_path):
+    """The state read as a scalar factor of the loss's mean (a loss weight the loss tail
+    reads each step), written from the per-sample losses."""
+    result = cs_inprocess.compare(m.running_loss, m.labelled_input_fn,
+                                  {**PARAMS, "outside": True}, str(tmp_path), steps=4)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert not np.allclose(result.cs.state["running_loss"], 1.0)
+
+
 def test_the_write_takes_every_sample_of_the_batch(prepared):
     """Written from the first micro-batch alone, the running mean is another."""
     result = prepared(m.running_feature_mean, PARAMS, 8)
