@@ -74,6 +74,9 @@ def running_feature_mean(features, labels, mode, params):
         loss, global_step=v1.train.get_or_create_global_step())
     with tf.control_dependencies([train]):
         moved = mean.assign_sub(0.2 * (mean - tf.reduce_mean(hidden, 0)))
+        if params.get("twice"):  # and again, from the batch's maximum
+            with tf.control_dependencies([moved]):
+                moved = mean.assign(tf.maximum(mean, tf.reduce_max(hidden, 0)))
     return CSEstimatorSpec(mode, loss=loss, train_op=moved)
 
 

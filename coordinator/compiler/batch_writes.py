@@ -67,17 +67,17 @@ def lower(matcher, extracted: ExtractedGraph, training: TrainingSpec,
         return (), []
     runs = _readers(step_runs(extracted))
     writes, bad = [], []
-    for op in ops:
+    targets = [variable_op(op.inputs[0]) for op in ops]
+    for op, target in zip(ops, targets):
+        if targets.count(target) > 1:
+            bad.append(UnsupportedOp(op.type, op.name, user_source(op),
+                                     f"the train_op writes {target.name} twice a step: the CS "
+                                     "writes state from the batch once a step"))
+            continue
         try:
             writes.append(_lower(matcher, op, runs))
         except _Refused as refused:
             bad.append(refused.unsupported)
-    twice = next((w for k, w in enumerate(writes)
-                  if w.variable in {x.variable for x in writes[:k]}), None)
-    if twice is not None:
-        bad.append(UnsupportedOp("Variable", twice.variable, twice.source,
-                                 f"the train_op writes {twice.variable} twice a step: the CS "
-                                 "writes state from the batch once a step"))
     return tuple(writes), bad
 
 

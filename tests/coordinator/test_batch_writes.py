@@ -120,6 +120,7 @@ def test_the_step_time_charges_the_batchs_values_to_the_state(prepared):
     (m.reinforce_baseline, {"scaled": True}, "the write of baseline reads reward_scale: the "
                                              "CS writes state from itself, constants and the "
                                              "batch's values"),
+    (m.running_feature_mean, {"twice": True}, "the train_op writes feature_mean twice a step"),
     (m.center_loss, {"facenet": True}, "computes the loss under tf.control_dependencies([the "
                                        "write of centers] (ResourceScatterSub at "),
     (m.moco_queue, {"ring": True}, "the train_op writes ptr, which is not an optimizer update "
