@@ -3,7 +3,8 @@ reward baseline (`baseline.assign(0.9 * baseline + 0.1 * tf.reduce_mean(reward))
 running mean of the features kept in a variable and read the next step, center loss
 (Wen et al.: `centers` gathered by label in the loss, moved by
 `tf.compat.v1.scatter_sub(centers, labels, alpha * diff / (1 + count))` with
-tf.unique_with_counts), MoCo's key queue (`queue.assign(tf.concat([keys, queue[:-B]],
+tf.unique_with_counts, or toward the class means of tf.math.unsorted_segment_mean or _sum),
+MoCo's key queue (`queue.assign(tf.concat([keys, queue[:-B]],
 0))`), a running mean of the per-sample losses weighting the next step's; and what stays
 refused (a write racing the forward pass's read, MoCo's ring pointer)."""
 from __future__ import annotations
@@ -106,6 +107,32 @@ def center_loss(features, labels, mode, params):
             optimizer.minimize(loss, global_step=step), update))
     with tf.control_dependencies([update]):  # (the classic code: before the optimizer's)
         return CSEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(loss, global_step=step))
+
+
+def center_loss_class_means(features, labels, mode, params):
+    """Center loss moving each present class's center toward its mean in the batch:
+    tf.math.unsorted_segment_mean (params["segment_sum"]: the sums and counts by
+    unsorted_segment_sum), classes absent from the batch left where they are."""
+    embedding = tf.keras.layers.Dense(EMBED, activation="tanh", name="embed")(features)
+    logits = tf.keras.layers.Dense(CLASSES, name="head")(embedding)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"logits": logits})
+    centers = _state("centers", [CLASSES, EMBED])
+    center = tf.reduce_mean(tf.reduce_sum(tf.square(embedding - tf.gather(centers, labels)), 1))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits) + 0.1 * center
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss)
+    train = v1.train.AdamOptimizer(1e-2).minimize(
+        loss, global_step=v1.train.get_or_create_global_step())
+    count = tf.math.unsorted_segment_sum(tf.ones_like(labels, tf.float32), labels, CLASSES)
+    if params.get("segment_sum"):
+        means = tf.math.unsorted_segment_sum(embedding, labels, CLASSES) / tf.maximum(
+            count, 1.0)[:, None]
+    else:
+        means = tf.math.unsorted_segment_mean(embedding, labels, CLASSES)
+    moved = tf.where((count > 0)[:, None], centers - 0.5 * (centers - means), centers)
+    with tf.control_dependencies([train]):
+        return CSEstimatorSpec(mode, loss=loss, train_op=centers.assign(moved))
 
 
 def moco_queue(features, labels, mode, params):

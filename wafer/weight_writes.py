@@ -49,6 +49,8 @@ CAST = "cast"  # "cast:<float32|int32|int64>"
 UNIQUE = "unique"  # "unique:<1|2>": tf.unique_with_counts(x)'s idx (1) or count (2)
 RESHAPE = "reshape"  # "reshape:<d0,d1,...>": to a static shape
 INTEGER = "int"  # "int:<value>": an int32 scalar constant (no inputs)
+FILL = "fill"  # "fill:<dtype>:<value>:<d0,d1,...>": a constant of equal elements (no inputs)
+SEGMENT_SUM = "segment_sum"  # "segment_sum:<n>": tf.math.unsorted_segment_sum(x, ids, n)
 # the last step of tf.compat.v1.scatter_sub / scatter_add / scatter_update(w, indices,
 # updates): TF's CPU kernel applies the rows in order (duplicate indices accumulate)
 SCATTERS = {"scatter_sub": np.subtract, "scatter_add": np.add}
@@ -134,6 +136,11 @@ def _arity(op: str) -> int:
         return 1 if all(d.isdigit() for d in rest.split(",")) else -1
     if kind == INTEGER:
         return 0 if rest.lstrip("-").isdigit() else -1
+    if kind == FILL:
+        dtype, _, dims = (rest.split(":") + ["", ""])[:3]
+        return 0 if dtype in _DTYPES and all(d.isdigit() for d in dims.split(",")) else -1
+    if kind == SEGMENT_SUM:
+        return 2 if rest.isdigit() else -1
     if (kind, rest) in ((CAST, "float32"), (CAST, "int32"), (CAST, "int64"), (UNIQUE, "1"),
                         (UNIQUE, "2")):
         return 1
@@ -159,6 +166,14 @@ def _step(op: str, args: list[Any]) -> np.ndarray:
         return np.asarray(args[0]).astype(_DTYPES[rest])
     if kind == INTEGER:
         return np.asarray(int(rest), np.int32)
+    if kind == FILL:
+        dtype, value, dims = rest.split(":")
+        return np.full(tuple(int(d) for d in dims.split(",")), float(value), _DTYPES[dtype])
+    if kind == SEGMENT_SUM:  # (TF's CPU kernel: the rows in order)
+        data = np.asarray(args[0], np.float32)
+        out = np.zeros((int(rest), *data.shape[1:]), np.float32)
+        np.add.at(out, np.asarray(args[1]).astype(np.int64), data)
+        return out
     if kind == RESHAPE:
         return np.reshape(args[0], tuple(int(d) for d in rest.split(",")))
     if kind == UNIQUE:  # (TF's order of first appearance)
@@ -229,6 +244,11 @@ def describe(write: WeightWrite) -> str:
             terms[f"s{index}"] = f"{args[0]}[{rest}]"
         elif kind == INTEGER:
             terms[f"s{index}"] = rest
+        elif kind == FILL:
+            dtype, value, dims = rest.split(":")
+            terms[f"s{index}"] = f"fill([{dims}], {value})"
+        elif kind == SEGMENT_SUM:
+            terms[f"s{index}"] = f"unsorted_segment_sum({args[0]}, {args[1]}, {rest})"
         elif kind in (CAST, RESHAPE):
             terms[f"s{index}"] = f"{kind}({args[0]}, {rest})"
         elif kind == UNIQUE:

@@ -23,9 +23,11 @@ from wafer.weight_writes import (
     CAST,
     CONCAT,
     FACTOR,
+    FILL,
     GATHER,
     INTEGER,
     RESHAPE,
+    SEGMENT_SUM,
     SLICE,
     UNIQUE,
     WEIGHT,
@@ -107,8 +109,15 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
     factors: list[Schedule] = []
     shape = tuple(int(d.size) for d in target.get_attr("shape").dim)
 
+    lowered: dict[str, str] = {}  # tensor -> its value's name (each tensor computed once)
+
     def lower_value(t: tf.Tensor) -> str:
         t = _skip_identity(t)
+        if t.name not in lowered:
+            lowered[t.name] = value_of(t)
+        return lowered[t.name]
+
+    def value_of(t: tf.Tensor) -> str:
         if t.op.type in ("ReadVariableOp", "VariableV2") and variable_op(t) is target:
             return WEIGHT
         if t.op.type in ("ReadVariableOp", "VariableV2"):
@@ -128,7 +137,8 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
             if value not in batch:
                 batch.append(value)
             return f"b{batch.index(value)}"
-        constant = tf.get_static_value(t) if t.op.type == "Const" else None
+        constant = tf.get_static_value(t) if t.op.type not in ("ReadVariableOp",
+                                                              "VariableV2") else None
         if constant is not None and np.ndim(constant) == 0 and t.dtype == tf.float32:
             factors.append(Schedule(FACTOR, (ScalarOp("const", "float32",
                                                       value=float(constant)),),
@@ -136,6 +146,13 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
             return f"f{len(factors) - 1}"
         if constant is not None and np.ndim(constant) == 0 and t.dtype == tf.int32:
             steps.append(WriteStep(f"{INTEGER}:{int(constant)}", ()))
+            return f"s{len(steps) - 1}"
+        if constant is not None and np.ndim(constant) and np.size(constant) and \
+                np.all(constant == constant.flat[0]) and t.dtype in _BATCH_DTYPES:
+            dims = ",".join(str(d) for d in np.shape(constant))
+            value = repr(float(constant.flat[0])) if t.dtype.is_floating else \
+                str(int(constant.flat[0]))
+            steps.append(WriteStep(f"{FILL}:{t.dtype.name}:{value}:{dims}", ()))
             return f"s{len(steps) - 1}"
         if t.op.type in ("ResourceGather", "GatherV2") and _gathers_rows(t.op) and \
                 variable_op(t.op.inputs[0]) is target:
@@ -181,8 +198,8 @@ def _gathers_rows(op: tf.Operation) -> bool:
 
 def _structural(t: tf.Tensor) -> tuple[str, list[tf.Tensor]]:
     """tf.concat of two values along axis 0, a static slice of rows (x[a:b], x[:-n]), a
-    gather of rows, a cast, a reshape to a static shape, tf.unique_with_counts' idx or
-    count; "" for any other op."""
+    gather of rows, a cast, a reshape to a static shape (or a slice taking every element:
+    x[:, None]), tf.unique_with_counts' idx or count; "" for any other op."""
     op = t.op
     if op.type == "UniqueWithCounts" and t.value_index in (1, 2) and \
             op.get_attr("out_idx") == tf.int32:
@@ -191,6 +208,8 @@ def _structural(t: tf.Tensor) -> tuple[str, list[tf.Tensor]]:
         return f"{CAST}:{t.dtype.name}", [op.inputs[0]]
     if op.type == "Reshape" and t.shape.is_fully_defined():
         return f"{RESHAPE}:{','.join(str(d) for d in t.shape)}", [op.inputs[0]]
+    if op.type == "UnsortedSegmentSum" and tf.get_static_value(op.inputs[2]) is not None:
+        return f"{SEGMENT_SUM}:{int(tf.get_static_value(op.inputs[2]))}", list(op.inputs[:2])
     if op.type == "GatherV2" and _gathers_rows(op):
         return GATHER, list(op.inputs[:2])
     if op.type == "ConcatV2" and len(op.inputs) == 3 and \
@@ -199,6 +218,10 @@ def _structural(t: tf.Tensor) -> tuple[str, list[tf.Tensor]]:
     if op.type != "StridedSlice" or op.inputs[0].shape.rank is None:
         return "", []
     begin, end, strides = (tf.get_static_value(x) for x in op.inputs[1:])
+    if strides is not None and np.all(strides == 1) and t.shape.is_fully_defined() and \
+            op.inputs[0].shape.is_fully_defined() and \
+            t.shape.num_elements() == op.inputs[0].shape.num_elements():  # (x[:, None])
+        return f"{RESHAPE}:{','.join(str(d) for d in t.shape)}", [op.inputs[0]]
     masks = {k: op.get_attr(k) for k in ("begin_mask", "end_mask", "ellipsis_mask",
                                           "new_axis_mask", "shrink_axis_mask")}
     rows = op.inputs[0].shape[0]

@@ -1,6 +1,6 @@
 """Frozen state written from the whole batch (tests/batch_write_models.py: a REINFORCE
 reward baseline, a running feature mean, a running loss the weight program reads, center
-loss's scatter_sub, MoCo's key queue)
+loss's scatter_sub and its per-class mean form, MoCo's key queue)
 trains on the simulated CS as TensorFlow trains it, the state included, whatever the
 micro-batch size and on 2 replicas; the checkpoint evaluates and predicts as on the CPU; a
 run resumed across a checkpoint is an unbroken one; what the CS cannot order or compute is
@@ -19,7 +19,8 @@ from wafer.weight_writes import WeightWrite, apply
 PARAMS = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 RTOL = 1e-5
 STATE = {m.reinforce_baseline: "baseline", m.running_feature_mean: "feature_mean",
-         m.center_loss: "centers", m.moco_queue: "queue", m.running_loss: "running_loss"}
+         m.center_loss: "centers", m.center_loss_class_means: "centers", m.moco_queue: "queue",
+         m.running_loss: "running_loss"}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,15 @@ def test_center_loss_beside_the_optimizer_trains_like_tensorflow(tmp_path):
     result = cs_inprocess.compare(m.center_loss, m.labelled_input_fn,
                                   {**PARAMS, "beside": True}, str(tmp_path), steps=4)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
+
+
+def test_center_loss_by_segment_sums_trains_like_tensorflow(prepared):
+    """The class means as tf.math.unsorted_segment_sum of the embeddings over that of
+    ones (TF's CPU kernel adds the rows in order, as the CS's), one sample a micro-batch."""
+    result = prepared(m.center_loss_class_means, {**PARAMS, "segment_sum": True}, 1)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    steps = [s.op for s in result.compiled.program.weight_writes[0].steps]
+    assert steps.count("segment_sum:4") == 2 and "select" in steps
 
 
 def test_a_running_loss_weighting_the_batchs_mean_trains_like_tensorflow(tmp_path):
