@@ -5,8 +5,10 @@ running mean of the features kept in a variable and read the next step, center l
 `tf.compat.v1.scatter_sub(centers, labels, alpha * diff / (1 + count))` with
 tf.unique_with_counts, or toward the class means of tf.math.unsorted_segment_mean or _sum),
 MoCo's key queue (`queue.assign(tf.concat([keys, queue[:-B]],
-0))`), a running mean of the per-sample losses weighting the next step's; and what stays
-refused (a write racing the forward pass's read, MoCo's ring pointer)."""
+0))`, or at a ring pointer `ptr + tf.range(B)` by scatter_update or
+tf.tensor_scatter_nd_update, then `ptr.assign((ptr + B) % K)`), a running mean of the
+per-sample losses weighting the next step's; and what stays refused (a write racing the
+forward pass's read, a pointer moved with no order to the write reading it, ...)."""
 from __future__ import annotations
 
 import numpy as np
@@ -158,9 +160,12 @@ def moco_queue(features, labels, mode, params):
     with tf.control_dependencies([train]):
         if params.get("ring"):  # a ring pointer: the keys written at ptr + tf.range(B)
             ptr = _state("ptr", [], 0, tf.int32)
-            enqueued = v1.scatter_update(queue, ptr + tf.range(batch), keys)
-            with tf.control_dependencies([enqueued]):
-                enqueued = ptr.assign((ptr + batch) % QUEUE)
+            rows = ptr + tf.range(batch)
+            enqueued = queue.assign(tf.tensor_scatter_nd_update(queue, rows[:, None], keys)) \
+                if params["ring"] == "nd" else v1.scatter_update(queue, rows, keys)
+            with tf.control_dependencies([] if params["ring"] == "unordered" else [enqueued]):
+                moved = ptr.assign((ptr + batch) % QUEUE)
+            enqueued = tf.group(enqueued, moved)
         else:
             enqueued = queue.assign(tf.concat([keys, queue[:-batch]], 0))
     return CSEstimatorSpec(mode, loss=loss, train_op=enqueued)

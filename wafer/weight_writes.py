@@ -12,7 +12,9 @@ is written after the step's updates; with a `predicate` (a schedule of the globa
 tf.cond). Or a write of frozen state from the whole batch (`batch`: the kernels or inputs
 whose values of every sample of the step it reads, "b<k>" in the steps, [B, ...] in batch
 order): a running mean of features `m.assign_sub(0.2 * (m - tf.reduce_mean(h, 0)))`, MoCo's
-queue `q.assign(tf.concat([keys, q[:-B]], 0))`, written after the step's updates.
+queue `q.assign(tf.concat([keys, q[:-B]], 0))`, written after the step's updates; its
+`sources` ("v<k>") are then states other writes write after it (MoCo's ring pointer `ptr`,
+a `carried_dtype` state no kernel holds, written from itself: `(ptr + B) % K`).
 
 A write is an expression of the weight, its sources' values and scalar factors (constants
 or schedules, wafer.schedules, evaluated at the global step + `step_offset`): steps in TF's
@@ -50,6 +52,7 @@ UNIQUE = "unique"  # "unique:<1|2>": tf.unique_with_counts(x)'s idx (1) or count
 RESHAPE = "reshape"  # "reshape:<d0,d1,...>": to a static shape
 INTEGER = "int"  # "int:<value>": an int32 scalar constant (no inputs)
 FILL = "fill"  # "fill:<dtype>:<value>:<d0,d1,...>": a constant of equal elements (no inputs)
+RANGE = "range"  # "range:<n>": tf.range(n), int32 (no inputs)
 SEGMENT_SUM = "segment_sum"  # "segment_sum:<n>": tf.math.unsorted_segment_sum(x, ids, n)
 # the last step of tf.compat.v1.scatter_sub / scatter_add / scatter_update(w, indices,
 # updates): TF's CPU kernel applies the rows in order (duplicate indices accumulate)
@@ -75,6 +78,7 @@ class WeightWrite:
     sources: tuple[str, ...] = ()  # trained weights a frozen weight's write reads
     predicate: Schedule | None = None  # a frozen weight's: written on the steps it is 1
     batch: tuple[str, ...] = ()  # kernels or inputs whose whole batch a state write reads
+    carried_dtype: str = ""  # a state no kernel holds (a ring pointer): its dtype
 
     def to_message(self, pb):
         return pb.WeightWrite(
@@ -83,7 +87,7 @@ class WeightWrite:
             factors=[f.to_message(pb) for f in self.factors], before_update=self.before_update,
             step_offset=self.step_offset, source=self.source, sources=list(self.sources),
             predicate=self.predicate.to_message(pb) if self.predicate is not None else None,
-            batch=list(self.batch))
+            batch=list(self.batch), carried_dtype=self.carried_dtype)
 
     @classmethod
     def from_message(cls, message) -> "WeightWrite":
@@ -92,7 +96,8 @@ class WeightWrite:
                    tuple(Schedule.from_message(f) for f in message.factors),
                    bool(message.before_update), int(message.step_offset), message.source,
                    tuple(message.sources), Schedule.from_message(message.predicate)
-                   if message.HasField("predicate") else None, tuple(message.batch))
+                   if message.HasField("predicate") else None, tuple(message.batch),
+                   message.carried_dtype)
 
 
 def write_problem(write: WeightWrite) -> str:
@@ -111,8 +116,12 @@ def write_problem(write: WeightWrite) -> str:
                     "batch values, factors and earlier steps")
     if write.predicate is not None and not write.sources:
         return "a predicate without sources: only a frozen weight's write has one"
-    if write.batch and (write.sources or write.before_update or write.predicate is not None):
-        return "a write of the batch's values reads no sources, after the updates, every step"
+    if (write.batch or write.carried_dtype) and (write.before_update or write.predicate
+                                                 is not None):
+        return "a write of state is made after the updates, every step"
+    if write.carried_dtype and (write.batch or write.sources or write.carried_dtype not in
+                                _DTYPES):
+        return "a carried state is int32, int64 or float32, written from itself and constants"
     for factor in (*write.factors, *((write.predicate,) if write.predicate else ())):
         problem = schedule_problem(factor)
         if problem or factor.hyper_parameter != FACTOR or factor.variables:
@@ -141,6 +150,8 @@ def _arity(op: str) -> int:
         return 0 if dtype in _DTYPES and all(d.isdigit() for d in dims.split(",")) else -1
     if kind == SEGMENT_SUM:
         return 2 if rest.isdigit() else -1
+    if kind == RANGE:
+        return 0 if rest.isdigit() else -1
     if (kind, rest) in ((CAST, "float32"), (CAST, "int32"), (CAST, "int64"), (UNIQUE, "1"),
                         (UNIQUE, "2")):
         return 1
@@ -169,6 +180,8 @@ def _step(op: str, args: list[Any]) -> np.ndarray:
     if kind == FILL:
         dtype, value, dims = rest.split(":")
         return np.full(tuple(int(d) for d in dims.split(",")), float(value), _DTYPES[dtype])
+    if kind == RANGE:
+        return np.arange(int(rest), dtype=np.int32)
     if kind == SEGMENT_SUM:  # (TF's CPU kernel: the rows in order)
         data = np.asarray(args[0], np.float32)
         out = np.zeros((int(rest), *data.shape[1:]), np.float32)
@@ -247,6 +260,8 @@ def describe(write: WeightWrite) -> str:
         elif kind == FILL:
             dtype, value, dims = rest.split(":")
             terms[f"s{index}"] = f"fill([{dims}], {value})"
+        elif kind == RANGE:
+            terms[f"s{index}"] = f"range({rest})"
         elif kind == SEGMENT_SUM:
             terms[f"s{index}"] = f"unsorted_segment_sum({args[0]}, {args[1]}, {rest})"
         elif kind in (CAST, RESHAPE):

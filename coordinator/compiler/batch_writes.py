@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, op_closure, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
 from coordinator.compiler.ir import TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.training.graph import _skip_identity, step_runs, variable_op
@@ -26,6 +26,7 @@ from wafer.weight_writes import (
     FILL,
     GATHER,
     INTEGER,
+    RANGE,
     RESHAPE,
     SEGMENT_SUM,
     SLICE,
@@ -36,6 +37,8 @@ from wafer.weight_writes import (
 )
 
 _BATCH_DTYPES = (tf.float32, tf.int32, tf.int64)
+_TENSOR_SCATTERS = {"TensorScatterUpdate": "scatter_update", "TensorScatterAdd": "scatter_add",
+                    "TensorScatterSub": "scatter_sub"}
 _SCATTER_STEP = {"ResourceScatterSub": "scatter_sub", "ScatterSub": "scatter_sub",
                  "ResourceScatterAdd": "scatter_add", "ScatterAdd": "scatter_add",
                  "ResourceScatterUpdate": "scatter_update", "ScatterUpdate": "scatter_update"}
@@ -70,6 +73,7 @@ def lower(matcher, extracted: ExtractedGraph, training: TrainingSpec,
     runs = _readers(step_runs(extracted))
     writes, bad = [], []
     targets = [variable_op(op.inputs[0]) for op in ops]
+    pointers = {t: op for op, t in zip(ops, targets) if _pointer(matcher, op, t, ops)}
     for op, target in zip(ops, targets):
         if targets.count(target) > 1:
             bad.append(UnsupportedOp(op.type, op.name, user_source(op),
@@ -77,13 +81,29 @@ def lower(matcher, extracted: ExtractedGraph, training: TrainingSpec,
                                      "writes state from the batch once a step"))
             continue
         try:
-            writes.append(_lower(matcher, op, runs))
+            writes.append(_lower(matcher, op, runs, pointers))
         except _Refused as refused:
             bad.append(refused.unsupported)
-    return tuple(writes), bad
+    # (a pointer's write after those reading it, as TF orders them: _lower proved it)
+    return tuple(sorted(writes, key=lambda w: bool(w.carried_dtype))), bad
 
 
-def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
+def _pointer(m, op: tf.Operation, target: tf.Operation, ops: list[tf.Operation]) -> bool:
+    """Whether `op` writes a scalar state no kernel holds from itself and constants alone,
+    which another state write of `ops` reads (MoCo's ring pointer: ptr.assign((ptr + B) %
+    K))."""
+    held = any(p.variable == target.name for k in m.kernels for p in k.params) or \
+        target.name in m.weight_program_sources()
+    reads = {variable_op(r.inputs[0]) for r in data_upstream(op) if r.type == "ReadVariableOp"}
+    return (not held and op.type in _WRITE_STEP and reads == {target}
+            and not any(r.type == "Placeholder" for r in data_upstream(op))
+            and tuple(target.get_attr("shape").dim) == ()
+            and tf.as_dtype(target.get_attr("dtype")) in _BATCH_DTYPES
+            and any(target in {variable_op(r.inputs[0]) for r in data_upstream(o)
+                               if r.type == "ReadVariableOp"} for o in ops if o is not op))
+
+
+def _lower(m, op: tf.Operation, runs: dict, pointers: dict) -> WeightWrite:
     target = variable_op(op.inputs[0])
     name = target.name
     if op.type not in _WRITE_STEP and op.type not in _SCATTER_STEP:
@@ -91,7 +111,7 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
                            "from the batch with assign, assign_add, assign_sub and "
                            "scatter_sub, scatter_add, scatter_update")
     params = [p for k in m.kernels for p in k.params if p.variable == name]
-    if not params and name not in m.weight_program_sources():
+    if not params and name not in m.weight_program_sources() and target not in pointers:
         raise _Refused(op, f"the train_op writes {name}, which no layer the CS runs reads: "
                            "the CS keeps state written every step in the kernels that read it")
     if any(p.view for p in params):
@@ -105,6 +125,7 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
                            "or the new value by chance; write it under "
                            "tf.control_dependencies([the optimizer's op])")
     batch: list[str] = []
+    sources: list[str] = []  # the pointers it reads, written after it
     steps: list[WriteStep] = []
     factors: list[Schedule] = []
     shape = tuple(int(d.size) for d in target.get_attr("shape").dim)
@@ -120,6 +141,11 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
     def value_of(t: tf.Tensor) -> str:
         if t.op.type in ("ReadVariableOp", "VariableV2") and variable_op(t) is target:
             return WEIGHT
+        pointer = pointers.get(variable_op(t)) if t.op.type == "ReadVariableOp" else None
+        if pointer is not None and op in set(op_closure(pointer)) and \
+                pointer not in closure:  # (read before the pointer's write)
+            sources.append(variable_op(t).name)
+            return f"v{len(sources) - 1}"
         if t.op.type in ("ReadVariableOp", "VariableV2"):
             raise _Refused(t.op, f"the write of {name} reads {variable_op(t).name}: the CS "
                                  "writes state from itself, constants and the batch's values "
@@ -146,6 +172,10 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
             return f"f{len(factors) - 1}"
         if constant is not None and np.ndim(constant) == 0 and t.dtype == tf.int32:
             steps.append(WriteStep(f"{INTEGER}:{int(constant)}", ()))
+            return f"s{len(steps) - 1}"
+        if constant is not None and t.dtype == tf.int32 and np.ndim(constant) == 1 and \
+                np.array_equal(constant, np.arange(np.size(constant))):
+            steps.append(WriteStep(f"{RANGE}:{np.size(constant)}", ()))
             return f"s{len(steps) - 1}"
         if constant is not None and np.ndim(constant) and np.size(constant) and \
                 np.all(constant == constant.flat[0]) and t.dtype in _BATCH_DTYPES:
@@ -175,6 +205,9 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
         last = _WRITE_STEP[op.type]
         if last is not None:
             steps.append(WriteStep(last, (WEIGHT, value)))
+    if target in pointers:
+        return WeightWrite(name, tuple(steps), tuple(factors), source=user_source(op),
+                           carried_dtype=tf.as_dtype(target.get_attr("dtype")).name)
     if not batch or not steps:
         raise _Refused(op, f"the train_op writes {name} with a value that reads no per-sample "
                            f"value of the batch: the CS writes state from the batch as {WHAT}")
@@ -182,7 +215,7 @@ def _lower(m, op: tf.Operation, runs: dict) -> WeightWrite:
     if op.type in _WRITE_STEP and last is None and (not written.is_fully_defined() or tuple(written) != shape):
         raise _Refused(op, f"the train_op writes {name} {shape} with a value of shape {written}")
     return WeightWrite(name, tuple(steps), tuple(factors), source=user_source(op),
-                       batch=tuple(batch))
+                       sources=tuple(sources), batch=tuple(batch))
 
 
 def _is_loss(m, value: str) -> bool:
@@ -199,7 +232,8 @@ def _gathers_rows(op: tf.Operation) -> bool:
 def _structural(t: tf.Tensor) -> tuple[str, list[tf.Tensor]]:
     """tf.concat of two values along axis 0, a static slice of rows (x[a:b], x[:-n]), a
     gather of rows, a cast, a reshape to a static shape (or a slice taking every element:
-    x[:, None]), tf.unique_with_counts' idx or count; "" for any other op."""
+    x[:, None]), tf.unique_with_counts' idx or count, a segment sum, tf.tensor_scatter_nd_*
+    of rows; "" for any other op."""
     op = t.op
     if op.type == "UniqueWithCounts" and t.value_index in (1, 2) and \
             op.get_attr("out_idx") == tf.int32:
@@ -208,6 +242,9 @@ def _structural(t: tf.Tensor) -> tuple[str, list[tf.Tensor]]:
         return f"{CAST}:{t.dtype.name}", [op.inputs[0]]
     if op.type == "Reshape" and t.shape.is_fully_defined():
         return f"{RESHAPE}:{','.join(str(d) for d in t.shape)}", [op.inputs[0]]
+    if op.type in _TENSOR_SCATTERS and op.inputs[1].shape.rank == 2 and \
+            op.inputs[1].shape[-1] == 1:  # (rows: indices [n, 1])
+        return _TENSOR_SCATTERS[op.type], list(op.inputs)
     if op.type == "UnsortedSegmentSum" and tf.get_static_value(op.inputs[2]) is not None:
         return f"{SEGMENT_SUM}:{int(tf.get_static_value(op.inputs[2]))}", list(op.inputs[:2])
     if op.type == "GatherV2" and _gathers_rows(op):

@@ -129,12 +129,14 @@ class TrainingSpec:
     @property
     def state_variables(self) -> tuple[str, ...]:
         """Variables the CS holds besides the weights: the average's shadows, what the
-        schedules read and a dynamic loss scale's variables (loaded with the weights,
-        checkpointed under their TF names)."""
+        schedules read, carried states (a ring pointer) and a dynamic loss scale's variables
+        (loaded with the weights, checkpointed under their TF names)."""
         schedules = (*self.schedules, *(m.factor for m in self.moving_averages))
         dynamic = self.dynamic_loss_scale
         return tuple(dict.fromkeys([*(m.shadow for m in self.moving_averages),
                                     *(v for s in schedules for v in s.variables),
+                                    *(w.variable for w in self.weight_writes
+                                      if w.carried_dtype),
                                     *(dynamic.state if dynamic else ()),
                                     *(a for _, a in (self.conditional_update.accumulators
                                                      if self.conditional_update else ()))]))

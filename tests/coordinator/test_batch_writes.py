@@ -11,6 +11,7 @@ import batch_write_models as m
 import cs_inprocess
 import numpy as np
 import pytest
+import tf_reference
 
 from cs_api import pb
 from wafer import timing
@@ -59,6 +60,28 @@ def test_center_loss_by_segment_sums_trains_like_tensorflow(prepared):
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     steps = [s.op for s in result.compiled.program.weight_writes[0].steps]
     assert steps.count("segment_sum:4") == 2 and "select" in steps
+
+
+@pytest.mark.parametrize("micro, replicas", [(8, 1), (1, 1), (2, 2)])
+@pytest.mark.parametrize("ring", ["scatter_update", "nd"])
+def test_a_queue_at_a_ring_pointer_trains_like_tensorflow(prepared, ring, micro, replicas):
+    """MoCo's queue written at ptr + tf.range(B) (scatter_update or
+    tf.tensor_scatter_nd_update), reading the pointer before its own write (ptr + B) % K,
+    which the CS carries as int32 state no kernel holds."""
+    result = prepared(m.moco_queue, {**PARAMS, "ring": ring}, micro, replicas)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    queue, ptr = result.compiled.program.weight_writes
+    assert list(queue.sources) == ["ptr"] and ptr.carried_dtype == "int32"
+    assert result.cs.state["ptr"].dtype == np.int32 and result.cs.state["ptr"] == 0  # (4 x 8) % 16
+
+
+def test_a_resumed_ring_queue_restores_its_pointer(tmp_path):
+    """After 3 steps the pointer is 8: the checkpoint holds it as TF's int32."""
+    compiled = cs_inprocess.compile_checked(m.moco_queue, m.labelled_input_fn,
+                                            {**PARAMS, "ring": "nd"}, str(tmp_path))
+    data = tf_reference.batches(m.labelled_input_fn, {**PARAMS, "ring": "nd"}, 6)
+    _, state, _ = cs_inprocess.resume_is_unbroken(compiled, data, str(tmp_path), 3)
+    assert state["ptr"] == 8
 
 
 def test_a_running_loss_weighting_the_batchs_mean_trains_like_tensorflow(tmp_path):
@@ -133,8 +156,8 @@ def test_the_step_time_charges_the_batchs_values_to_the_state(prepared):
     (m.running_feature_mean, {"twice": True}, "the train_op writes feature_mean twice a step"),
     (m.center_loss, {"facenet": True}, "computes the loss under tf.control_dependencies([the "
                                        "write of centers] (ResourceScatterSub at "),
-    (m.moco_queue, {"ring": True}, "the train_op writes ptr, which is not an optimizer update "
-                                   "the CS carries out"),
+    (m.moco_queue, {"ring": "unordered"}, "the write of queue reads ptr: the CS writes state "
+                                          "from itself"),
 ])
 def test_what_the_cs_cannot_order_or_compute_is_refused_in_one_line(model_fn, extra, expected,
                                                                     tmp_path):

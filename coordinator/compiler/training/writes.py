@@ -152,7 +152,10 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
     trained = {variable_op(u.op.inputs[0]) for u in updates}
     runs = _readers(step_runs(extracted))
     inputs = {extracted.graph.get_tensor_by_name(p).op for p in extracted.placeholders.values()}
-    for op in writes:
+    of_batch = [op for op in writes if inputs & set(data_upstream(op))]
+    pointers = {variable_op(r.inputs[0]) for op in of_batch for r in data_upstream(op)
+                if r.type == "ReadVariableOp"}  # (state a write of the batch reads: a ring
+    for op in writes:  # pointer, batch_writes.py)
         if op in owned:
             continue
         if _bookkeeping(op, extracted.graph, optimizers):
@@ -174,7 +177,7 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
         if states is not None and target not in trained and \
                 (op.type in _WRITE_STEP or op.type in STATE_SCATTERS) and \
                 "ExponentialMovingAverage" not in target.name and \
-                inputs & set(data_upstream(op)):  # (of the batch: batch_writes.py)
+                (op in of_batch or target in pointers):  # (batch_writes.py)
             states.append(op)
             continue
         if op.type in _WRITE_STEP and "ExponentialMovingAverage" not in target.name:
