@@ -16,7 +16,13 @@ from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closu
 from coordinator.compiler.ir import TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.training.graph import _skip_identity, step_runs, variable_op
-from coordinator.compiler.training.writes import _WRITE_STEP, _forward_reads, _readers, _step
+from coordinator.compiler.training.writes import (
+    _WRITE_STEP,
+    _forward_reads,
+    _readers,
+    _reads,
+    _step,
+)
 from wafer.kernels.base import KERNELS
 from wafer.schedules import ScalarOp, Schedule
 from wafer.weight_writes import (
@@ -94,13 +100,11 @@ def _pointer(m, op: tf.Operation, target: tf.Operation, ops: list[tf.Operation])
     K))."""
     held = any(p.variable == target.name for k in m.kernels for p in k.params) or \
         target.name in m.weight_program_sources()
-    reads = {variable_op(r.inputs[0]) for r in data_upstream(op) if r.type == "ReadVariableOp"}
-    return (not held and op.type in _WRITE_STEP and reads == {target}
+    return (not held and op.type in _WRITE_STEP and _reads(op) == {target}
             and not any(r.type == "Placeholder" for r in data_upstream(op))
             and tuple(target.get_attr("shape").dim) == ()
             and tf.as_dtype(target.get_attr("dtype")) in _BATCH_DTYPES
-            and any(target in {variable_op(r.inputs[0]) for r in data_upstream(o)
-                               if r.type == "ReadVariableOp"} for o in ops if o is not op))
+            and any(target in _reads(o) for o in ops if o is not op))
 
 
 def _lower(m, op: tf.Operation, runs: dict, pointers: dict) -> WeightWrite:

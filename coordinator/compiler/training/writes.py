@@ -152,7 +152,8 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
     trained = {variable_op(u.op.inputs[0]) for u in updates}
     runs = _readers(step_runs(extracted))
     inputs = {extracted.graph.get_tensor_by_name(p).op for p in extracted.placeholders.values()}
-    of_batch = [op for op in writes if inputs & set(data_upstream(op))]
+    of_batch = [op for op in writes if op not in owned and variable_op(op.inputs[0]) not in
+                trained and inputs & set(data_upstream(op))]
     pointers = {variable_op(r.inputs[0]) for op in of_batch for r in data_upstream(op)
                 if r.type == "ReadVariableOp"}  # (state a write of the batch reads: a ring
     for op in writes:  # pointer, batch_writes.py)
@@ -177,7 +178,7 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
         if states is not None and target not in trained and \
                 (op.type in _WRITE_STEP or op.type in STATE_SCATTERS) and \
                 "ExponentialMovingAverage" not in target.name and \
-                (op in of_batch or target in pointers):  # (batch_writes.py)
+                (op in of_batch or target in pointers and _reads(op) == {target}):
             states.append(op)
             continue
         if op.type in _WRITE_STEP and "ExponentialMovingAverage" not in target.name:
@@ -270,6 +271,11 @@ def copies_only(cond: tf.Operation) -> bool:
               for op in branch.get_operations() if _is_write(op)]
     return bool(writes) and all(op.type in ("AssignVariableOp", "Assign") and
                                 tf.get_static_value(op.inputs[1]) is None for op in writes)
+
+
+def _reads(op: tf.Operation) -> set[tf.Operation]:
+    """The variables `op` computes from."""
+    return {variable_op(r.inputs[0]) for r in data_upstream(op) if r.type == "ReadVariableOp"}
 
 
 def _direct_reads(t: tf.Tensor) -> list[tf.Operation]:
