@@ -248,10 +248,12 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
                         if condition.accumulators else ""))
     for write in training.weight_writes:
         when = "before" if write.before_update else "after"
-        what = (f"Soft update of {write.variable} (after the updates, reading the weights "
-                f"{when} theirs" if write.sources else
-                f"State write of {write.variable} from the whole batch (after the step's "
+        what = (f"State write of {write.variable} from the whole batch (after the step's "
                 "updates" if write.batch else
+                f"State write of {write.variable}, {write.carried_dtype} (after the writes "
+                "reading it" if write.carried_dtype else
+                f"Soft update of {write.variable} (after the updates, reading the weights "
+                f"{when} theirs" if write.sources else
                 f"Weight write of {write.variable} ({when} every update")
         when = f", when {render(write.predicate)}" if write.predicate is not None else ""
         lines.append(f"{what}{when}, at {write.source}): w = {describe(write)}"

@@ -73,6 +73,10 @@ def test_a_queue_at_a_ring_pointer_trains_like_tensorflow(prepared, ring, micro,
     queue, ptr = result.compiled.program.weight_writes
     assert list(queue.sources) == ["ptr"] and ptr.carried_dtype == "int32"
     assert result.cs.state["ptr"].dtype == np.int32 and result.cs.state["ptr"] == 0  # (4 x 8) % 16
+    assert "State write of ptr, int32 (after the writes reading it, at " in \
+        result.compiled.report_text
+    assert "State write of queue from the whole batch (after the step's updates, at " in \
+        result.compiled.report_text
 
 
 def test_a_resumed_ring_queue_restores_its_pointer(tmp_path):
