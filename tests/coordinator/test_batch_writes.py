@@ -16,6 +16,8 @@ import tf_reference
 from cs_api import pb
 from wafer import timing
 from wafer.weight_writes import WeightWrite, apply
+from wse_sim.errors import CSError
+from wse_sim.program import check_program
 
 PARAMS = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 RTOL = 1e-5
@@ -172,8 +174,6 @@ def test_what_the_cs_cannot_order_or_compute_is_refused_in_one_line(model_fn, ex
 
 def test_a_state_write_reading_an_unknown_value_is_refused_at_load(prepared):
     """The CS's Load checks the batch values a write reads are the program's."""
-    from wse_sim.errors import CSError
-    from wse_sim.program import check_program
     program = pb.Program()
     program.CopyFrom(prepared(m.running_feature_mean, PARAMS, 8).compiled.program)
     program.weight_writes[0].batch[0] = "nowhere"
