@@ -115,6 +115,7 @@ class CheckedProgram:
         conditional = self.conditional_update
         return {**{m.shadow: m.variable for m in self.moving_averages},
                 **{v: "" for s in schedules for v in s.variables},
+                **{w.variable: "" for w in self.weight_writes if w.carried_dtype},
                 **({v: "" for v in dynamic.state} if dynamic else {}),
                 **({a: v for v, a in conditional.accumulators} if conditional else {})}
     shared: Mapping[str, SharedWeight] = field(default_factory=dict)  # by variable
@@ -134,7 +135,12 @@ class CheckedProgram:
                                                                    self.optimizer_groups)
 
     def state_dtype(self, name: str) -> np.dtype:
-        """float32, but a dynamic loss scale's counters are TF's int64."""
+        """float32, but a dynamic loss scale's counters are TF's int64 and a carried
+        state's (a ring pointer) its own."""
+        carried = next((w.carried_dtype for w in self.weight_writes
+                        if w.carried_dtype and w.variable == name), "")
+        if carried:
+            return np.dtype(carried)
         dynamic = self.dynamic_loss_scale
         return np.dtype(dynamic.state.get(name, np.float32) if dynamic else np.float32)
 
@@ -444,10 +450,26 @@ def check_weight_writes(program: pb.Program, params: Mapping[str, ParamSpec],
         write = WeightWrite.from_message(message)
         where = f"program {program.name!r}: weight write {index} ({write.variable})"
         spec = params.get(write.variable)
-        if spec is None or spec.frozen != bool(write.sources) or write.variable in derived:
+        carried = {m.variable for m in program.weight_writes if m.carried_dtype}
+        if write.carried_dtype:
+            if spec is not None or not any(write.variable in m.sources
+                                           for m in program.weight_writes if m.batch):
+                raise invalid(f"{where}: a carried state is no weight of the program and "
+                              "a source of a write of the batch")
+        elif spec is None or spec.frozen != bool(write.sources or write.batch) or \
+                write.variable in derived:
             raise invalid(f"{where}: not a trained weight of the program, or a frozen one "
-                          "read by its write with trained weights")
-        for source in write.sources:
+                          "read by its write with trained weights or the batch's values")
+        held = {k.name for k in program.kernels} | {i.name for i in program.inputs}
+        unknown = next((name for name in write.batch if name not in held), None)
+        if unknown is not None:
+            raise invalid(f"{where}: its batch value {unknown!r} is no kernel or input of the "
+                          "program")
+        for source in write.sources if write.batch else ():
+            if source not in carried:
+                raise invalid(f"{where}: its source {source!r} is no carried state of the "
+                              "program")
+        for source in write.sources if not write.batch else ():
             source_spec = params.get(source)
             if source_spec is None or source_spec.frozen or source in derived or \
                     source in written:

@@ -22,6 +22,7 @@ from common.errors import CSRunError
 from coordinator.compiler import (
     batch_broadcast,
     batch_tail,
+    batch_writes,
     bincount,
     candidate_sampling,  # noqa: F401 (its fast path)
     fast_paths,
@@ -48,6 +49,7 @@ from coordinator.compiler.operands import Operands, Weight, static_shape
 from coordinator.compiler.rules import FAST_PATHS
 from coordinator.compiler.step_values import StepValues
 from coordinator.compiler.training import analyze_training, objective_losses, skip_identity
+from coordinator.compiler.training.graph import variable_op
 from coordinator.compiler.training.writes import _is_write
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from tf_model.estimator_spec import ModeKeys
@@ -565,6 +567,8 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     matcher = Matcher(extracted, list(hosts) if predict else [spec.loss, *objectives], hosts)
     matcher.unsupported.extend(_check_inputs(extracted))
     matcher.unsupported.extend(_after_update([spec.loss, *objectives] if objectives else []))
+    matcher.unsupported.extend(_after_state_write(spec.loss) if spec.loss is not None and
+                               not objectives else [])
     if not matcher.unsupported or not objectives:
         matcher.run()
     loss_kernel, regularizers = "", dict[str, list[tuple[str, float]]]()
@@ -585,6 +589,9 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
             for o in training.objectives if not o.loss_kernel)
         matcher.unsupported.extend(untrainable(matcher, training))
         matcher.unsupported.extend(moving_statistics(matcher, training))
+        state_writes, refused = batch_writes.lower(matcher, extracted, training)
+        matcher.unsupported.extend(refused)
+        training = replace(training, weight_writes=training.weight_writes + state_writes)
         if training.dynamic_loss_scale is not None and \
                 any(k.name == loss_kernel and k.type == "batch_tail_loss" for k in matcher.kernels):
             matcher.unsupported.append(UnsupportedOp(
@@ -664,6 +671,26 @@ def _after_update(losses: list[tf.Tensor]) -> list[UnsupportedOp]:
     return []
 
 
+def _after_state_write(loss: tf.Tensor) -> list[UnsupportedOp]:
+    """The loss computed under tf.control_dependencies([a write of state the loss reads])
+    (facenet's center loss): TF runs the write wherever it computes the loss (in evaluation
+    too, if model_fn builds it there), where the CS writes state after a training step's
+    updates only (batch_writes.py)."""
+    upstream = data_upstream(loss.op)
+    read = {variable_op(t) for op in upstream for t in op.inputs if t.dtype == tf.resource}
+    for op in sorted(upstream, key=lambda op: op._id):
+        write = next((w for c in op.control_inputs for w in op_closure(c)
+                      if _is_write(w) and variable_op(w.inputs[0]) in read), None)
+        if write is not None:
+            name = variable_op(write.inputs[0]).name
+            return [UnsupportedOp(op.type, op.name, user_source(op), (
+                f"computes the loss under tf.control_dependencies([the write of {name}] "
+                f"({write.type} at {user_source(write)})): the CS writes state after the "
+                "step's loss and updates, when training only; write it under "
+                "tf.control_dependencies of the optimizer's minimize, or tf.group it with it"))]
+    return []
+
+
 def normalized(matcher: Matcher) -> dict[str, frozenset[str]]:
     """The batch normalizations in training: {the tensor normalized: the kernel's ops}
     (its first op, tf.nn.moments' Mean or FusedBatchNormV3, reads that tensor first)."""
@@ -737,6 +764,8 @@ def moving_statistics(matcher: Matcher, training: TrainingSpec) -> list[Unsuppor
     bad = []
     for ma in training.statistic_averages:
         owner = matcher.statistics.get(ma.statistic)
+        if owner is None and ma.op:  # (a state write of another batch value: batch_writes)
+            continue
         index = next((i for i, k in enumerate(matcher.kernels)
                       if owner is not None and k.name == owner[0]), None)
         if owner is None or index is None:

@@ -163,8 +163,7 @@ class Operands:
             if tensor.op not in self.flow and self.depends_on(tensor, STATEFUL_SOURCES) is None:
                 value = tf.get_static_value(tensor)
                 if value is None:
-                    with tf.compat.v1.Session(graph=self.graph) as session:
-                        value = session.run(tensor)
+                    value = _evaluate(self.graph, tensor)
                 value = np.asarray(value)
             self._constants[tensor.name] = value
         return self._constants[tensor.name]
@@ -210,6 +209,35 @@ def strided_index(op: tf.Operation, begin: np.ndarray, end: np.ndarray,
             index.append(slice(None if masks["begin_mask"] >> axis & 1 else int(b),
                                None if masks["end_mask"] >> axis & 1 else int(e), int(s)))
     return tuple(index)
+
+
+def _evaluate(graph: tf.Graph, tensor: tf.Tensor) -> np.ndarray:
+    """The value of `tensor`, which depends on no input, variable or random op; computed
+    without the control dependencies of the ops it reads (a constant made under
+    tf.control_dependencies([a state write]), which would run the write)."""
+    ops, stack = {tensor.op}, [tensor.op]
+    while stack:
+        op = stack.pop()
+        for t in op.inputs:
+            if t.op not in ops:
+                ops.add(t.op)
+                stack.append(t.op)
+    if not any(op.control_inputs for op in ops):
+        with tf.compat.v1.Session(graph=graph) as session:
+            return session.run(tensor)
+    names = {op.name for op in ops}
+    whole = graph.as_graph_def()
+    pruned = tf.compat.v1.GraphDef(versions=whole.versions, library=whole.library)
+    for node in whole.node:
+        if node.name in names:
+            kept = pruned.node.add()
+            kept.CopyFrom(node)
+            del kept.input[:]
+            kept.input.extend(i for i in node.input if not i.startswith("^"))
+    with tf.Graph().as_default() as alone:
+        tf.compat.v1.import_graph_def(pruned, name="")
+        with tf.compat.v1.Session(graph=alone) as session:
+            return session.run(tensor.name)
 
 
 def depends_on(tensor: tf.Tensor, types: set[str],

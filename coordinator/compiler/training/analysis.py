@@ -82,7 +82,8 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                 extracted = dynamic.view
             if conditional is not None:
                 extracted = conditional.view
-            updates, averages, written = _updates(extracted, statistic_averages)
+            states: list[tf.Operation] = []
+            updates, averages, written = _updates(extracted, statistic_averages, states)
             written += conditional_writes(original, updates, written)
             condition = None
             if conditional is not None:
@@ -92,6 +93,11 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             if dynamic is not None and groups:
                 raise _fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
                                             "CS carries it out for one; train without it")
+            if states and (conditional is not None or dynamic is not None):
+                raise _fail(states[0], f"a write of {variable_op(states[0].inputs[0]).name} from the "
+                                       "batch's values with updates inside a tf.cond or "
+                                       "dynamic loss scaling: the CS writes such state every "
+                                       "step; train without the cond or the loss scaling")
             if dynamic is not None and written:
                 raise _fail(written[0].op, "a write of a weight besides its update with dynamic "
                                            "loss scaling: the CS does not skip it with a "
@@ -163,7 +169,8 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                         dynamic_loss_scale=scaling,
                         step_counts_applied=dynamic.step_counts_applied if dynamic is not None
                         else conditional is not None and conditional.counts_applied,
-                        objectives=objectives, conditional_update=condition)
+                        objectives=objectives, conditional_update=condition,
+                        state_writes=tuple(op.name for op in states))
 
 
 def _alone(condition: ConditionalUpdate, averages: list[_Average], written: list[_Write]) -> None:

@@ -7,7 +7,8 @@ constant axes, comparisons and tf.where) before or after its update (decoupled w
 by hand, TransE's renormalization tf.nn.l2_normalize(ent, axis=1), a max-norm constraint,
 tf.clip_by_norm;
 wafer.weight_writes), or a soft update of a weight the step does not train toward trained
-ones (a target network's Polyak averaging, a momentum encoder); any other write is
+ones (a target network's Polyak averaging, a momentum encoder); a write of other frozen
+state from the batch is left to the matcher (batch_writes.py); any other write is
 refused."""
 from __future__ import annotations
 
@@ -126,10 +127,12 @@ def _moving_average(op: tf.Operation) -> _Average | None:
 
 
 def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
+             states: list[tf.Operation] | None = None,
              ) -> tuple[list[_Update], list[_Average], list["_Write"]]:
     """The optimizer updates, ExponentialMovingAverage updates and other writes of trained
     weights (decoupled weight decay) of the train_op (the moving averages of batch
-    statistics into `statistics`)."""
+    statistics into `statistics`, the writes of other frozen state into `states`: the
+    matcher lowers them from the step's values, batch_writes.py)."""
     order = {op.name: i for i, op in enumerate(extracted.graph.get_operations())}
     writes = sorted((op for op in op_closure(extracted.spec.train_op) if _is_write(op)),
                     key=lambda op: order[op.name])
@@ -148,7 +151,12 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
     increments = []
     trained = {variable_op(u.op.inputs[0]) for u in updates}
     runs = _readers(step_runs(extracted))
-    for op in writes:
+    inputs = {extracted.graph.get_tensor_by_name(p).op for p in extracted.placeholders.values()}
+    of_batch = [op for op in writes if op not in owned and variable_op(op.inputs[0]) not in
+                trained and inputs & set(data_upstream(op))]
+    pointers = {variable_op(r.inputs[0]) for op in of_batch for r in data_upstream(op)
+                if r.type == "ReadVariableOp"}  # (state a write of the batch reads: a ring
+    for op in writes:  # pointer, batch_writes.py)
         if op in owned:
             continue
         if _bookkeeping(op, extracted.graph, optimizers):
@@ -167,6 +175,12 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
             statistics.append(statistic)
             continue
         target = variable_op(op.inputs[0]) if op.inputs else op
+        if states is not None and target not in trained and \
+                (op.type in _WRITE_STEP or op.type in STATE_SCATTERS) and \
+                "ExponentialMovingAverage" not in target.name and \
+                (op in of_batch or target in pointers and _reads(op) == {target}):
+            states.append(op)
+            continue
         if op.type in _WRITE_STEP and "ExponentialMovingAverage" not in target.name:
             others.append(op)
             continue
@@ -230,6 +244,8 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
 # TF's variable writes -> the last step of the value they write (None: the value itself)
 _WRITE_STEP = {"AssignSubVariableOp": "sub", "AssignAddVariableOp": "add",
                "AssignVariableOp": None, "AssignSub": "sub", "AssignAdd": "add", "Assign": None}
+STATE_SCATTERS = ("ResourceScatterSub", "ResourceScatterAdd", "ResourceScatterUpdate",
+                  "ScatterSub", "ScatterAdd", "ScatterUpdate")
 _FUNCTIONS = {op: f for op, f in UNARY.items() if op != "LeakyRelu"}  # (no parameter)
 
 
@@ -255,6 +271,11 @@ def copies_only(cond: tf.Operation) -> bool:
               for op in branch.get_operations() if _is_write(op)]
     return bool(writes) and all(op.type in ("AssignVariableOp", "Assign") and
                                 tf.get_static_value(op.inputs[1]) is None for op in writes)
+
+
+def _reads(op: tf.Operation) -> set[tf.Operation]:
+    """The variables `op` computes from."""
+    return {variable_op(r.inputs[0]) for r in data_upstream(op) if r.type == "ReadVariableOp"}
 
 
 def _direct_reads(t: tf.Tensor) -> list[tf.Operation]:
@@ -474,7 +495,7 @@ def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
         return None
     update, constants, statistic = found
     return StatisticAverage(target.name, _skip_identity(statistic).name, update, constants,
-                            dims, user_source(op))
+                            dims, user_source(op), op.name)
 
 
 def _difference(u: _Update, first: _Update) -> str:
