@@ -21,7 +21,8 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, data_flow_ops
 from coordinator.compiler.ir import KernelNode, UnsupportedOp
-from coordinator.compiler.operands import RANDOM_OPS, static_shape, strided_index
+from coordinator.compiler.operands import static_shape, strided_index
+from coordinator.compiler.random_numbers import is_random
 from coordinator.compiler.rules import Context, has_kernel
 from tf_model.model_fn import user_source
 from wafer.kernels import RunContext, build_kernel
@@ -117,9 +118,10 @@ def _fft(read: tf.Tensor) -> tf.Operation:
 
 
 def _draws(graph: tf.Graph, outputs: list[tf.Tensor]) -> list[tf.Tensor]:
-    """The values of the random ops `outputs` are computed from (SpecAugment's masks)."""
-    sources = [op.outputs[0] for op in graph.get_operations() if op.type in RANDOM_OPS]
-    return [t for op in data_flow_ops(graph, sources, outputs) if op.type in RANDOM_OPS
+    """The values of the random ops (SpecAugment's masks, candidate samplers) that `outputs`
+    are computed from."""
+    sources = [op.outputs[0] for op in graph.get_operations() if is_random(op.type)]
+    return [t for op in data_flow_ops(graph, sources, outputs) if is_random(op.type)
             for t in op.outputs]
 
 
