@@ -89,8 +89,6 @@ def write_problem(write: WeightWrite) -> str:
                     "arithmetic (add, sub, mul, div, ...), comparisons, select, element-wise "
                     "functions and reductions of the weight, its sources, factors and earlier "
                     "steps")
-    if write.predicate is not None and not write.sources:
-        return "a predicate without sources: only a frozen weight's write has one"
     for factor in (*write.factors, *((write.predicate,) if write.predicate else ())):
         problem = schedule_problem(factor)
         if problem or factor.hyper_parameter != FACTOR or factor.variables:

@@ -1,0 +1,139 @@
+"""Delayed updates under a tf.cond of the global step beside updates every step, written the
+way users write them: TD3 (its critic every step; its actor and the Polyak updates of both
+target networks every 2 steps, the cond after the critic's step, which increments the
+global step, or before the increment), a WGAN whose generator trains every n_critic-th step
+(RMSProp and the critic's weight clipping, or Adam), and a GAN alternating its
+discriminator's and generator's Adam steps in the two branches; and what TF does not order
+(the predicate's read of the step beside its increment)."""
+from __future__ import annotations
+
+import numpy as np
+import soft_update_models as m
+import tensorflow as tf
+
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+
+v1 = tf.compat.v1
+
+
+def td3(features, labels, mode, params):
+    """TD3's updates: the critic every step, the actor and the target networks every
+    params['delay'] steps. params['form']: "after" (the cond under the critic's step,
+    which increments the global step: the predicate reads the incremented step), "before"
+    (the step incremented after the cond), "unordered" (the cond beside the critic's step:
+    TF reads the step before or after its increment by chance)."""
+    s, a = features[:, :m.STATE], features[:, m.STATE:m.STATE + m.ACTION]
+    r, s2 = features[:, m.STATE + m.ACTION:m.STATE + m.ACTION + 1], features[:, -m.STATE:]
+    actor, critic = m._net("actor", [16, m.ACTION], "tanh"), m._net("critic", [16, 1])
+    target_actor = m._net("tactor", [16, m.ACTION], "tanh")
+    target_critic = m._net("tcritic", [16, 1])
+    mu, q = actor(s), critic(tf.concat([s, a], 1))
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"action": mu, "q": q})
+    q_targ = target_critic(tf.concat([s2, target_actor(s2)], 1))
+    y = tf.stop_gradient(r + 0.9 * q_targ)
+    critic_loss = tf.reduce_mean(tf.square(q - y))
+    actor_loss = -tf.reduce_mean(critic(tf.concat([s, mu], 1)))
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=critic_loss, eval_metric_ops={
+            "q_mean": v1.metrics.mean(q), "target_q": v1.metrics.mean(q_targ)})
+    step = v1.train.get_or_create_global_step()
+    c_opt, a_opt = v1.train.AdamOptimizer(1e-2), v1.train.AdamOptimizer(1e-2)
+    c_gv = c_opt.compute_gradients(critic_loss, var_list=m._trainable("critic"))
+    a_gv = a_opt.compute_gradients(actor_loss, var_list=m._trainable("actor"))
+
+    def delayed():
+        with tf.control_dependencies([a_opt.apply_gradients(a_gv)]):
+            return tf.group(*m._soft("actor", "tactor", params, step),
+                            *m._soft("critic", "tcritic", params, step))
+
+    form = params.get("form", "after")
+    with tf.control_dependencies([g for g, _ in c_gv + a_gv]):  # every gradient first
+        c_step = c_opt.apply_gradients(c_gv, global_step=None if form == "before" else step)
+    if form == "unordered":
+        cond = tf.cond(tf.equal(step % params.get("delay", 2), 0), delayed, tf.no_op)
+        return CSEstimatorSpec(mode, loss=critic_loss, train_op=tf.group(c_step, cond))
+    with tf.control_dependencies([c_step]):
+        cond = tf.cond(tf.equal(step % params.get("delay", 2), 0), delayed, tf.no_op)
+    if form == "before":
+        with tf.control_dependencies([cond]):
+            return CSEstimatorSpec(mode, loss=critic_loss, train_op=v1.assign_add(step, 1))
+    return CSEstimatorSpec(mode, loss=critic_loss, train_op=cond)
+
+
+def ring_input_fn(params):
+    """Points on a noisy ring (the real data) and the generator's noise, both as features."""
+    rng = np.random.default_rng(5)
+    angle = rng.uniform(0, 2 * np.pi, 64)
+    ring = 2 * np.stack([np.cos(angle), np.sin(angle)], 1) + rng.normal(scale=0.1, size=(64, 2))
+    features = {"real": ring.astype(np.float32),
+                "noise": rng.normal(size=(64, 4)).astype(np.float32)}
+    return tf.data.Dataset.from_tensor_slices((features, np.zeros(64, np.int32))).repeat().batch(
+        16, drop_remainder=True)
+
+
+def _gan(features):
+    """The critic's (discriminator's) outputs of the real and fake points, the generated
+    points and each network's variables."""
+    g_hidden = tf.keras.layers.Dense(8, activation="relu", name="g_hidden")
+    g_out = tf.keras.layers.Dense(2, name="g_out")
+    d_hidden = tf.keras.layers.Dense(16, activation=tf.nn.leaky_relu, name="d_hidden")
+    d_out = tf.keras.layers.Dense(1, name="d_out")
+
+    def generate(x):
+        return g_out(g_hidden(x))
+
+    def critic(x):
+        return d_out(d_hidden(x))
+    fake = generate(features["noise"])
+    d_real, d_fake = critic(features["real"]), critic(fake)
+    d_vars = [v for v in v1.trainable_variables() if v.name.startswith("d_")]
+    g_vars = [v for v in v1.trainable_variables() if v.name.startswith("g_")]
+    return d_real, d_fake, fake, d_vars, g_vars
+
+
+def wgan_n_critic(features, labels, mode, params):
+    """A WGAN training its critic every step and its generator every params['n_critic']-th
+    step: RMSProp with the critic's weights clipped after its update, or (params['adam'])
+    Adam(1e-2, 0.5, 0.9) as WGAN-GP trains."""
+    d_real, d_fake, fake, d_vars, g_vars = _gan(features)
+    d_loss = tf.reduce_mean(d_fake) - tf.reduce_mean(d_real)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"fake": fake})
+    if mode != ModeKeys.TRAIN:
+        return CSEstimatorSpec(mode, loss=d_loss)
+    g_loss = -tf.reduce_mean(d_fake)
+    if params.get("adam"):
+        d_opt, g_opt = (v1.train.AdamOptimizer(1e-2, 0.5, 0.9) for _ in "dg")
+    else:
+        d_opt, g_opt = (v1.train.RMSPropOptimizer(1e-2) for _ in "dg")
+    step = v1.train.get_or_create_global_step()
+    d_train = d_opt.minimize(d_loss, var_list=d_vars, global_step=step)
+    writes = [d_train]
+    if not params.get("adam"):
+        with tf.control_dependencies([d_train]):
+            writes = [v.assign(tf.clip_by_value(v, -0.1, 0.1)) for v in d_vars]
+    with tf.control_dependencies([d_train]):
+        g_train = tf.cond(tf.equal(step % params.get("n_critic", 3), 0),
+                          lambda: g_opt.minimize(g_loss, var_list=g_vars), tf.no_op)
+    return CSEstimatorSpec(mode, loss=d_loss, train_op=tf.group(*writes, g_train))
+
+
+def alternating_gan(features, labels, mode, params):
+    """A GAN alternating its updates, `tf.cond(step % 2 == 0, d_step, g_step)`, each an
+    AdamOptimizer(1e-2, 0.5) of its own loss; the global step incremented after the cond."""
+    d_real, d_fake, fake, d_vars, g_vars = _gan(features)
+    d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
+              + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
+    g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"fake": fake})
+    if mode != ModeKeys.TRAIN:
+        return CSEstimatorSpec(mode, loss=d_loss + g_loss)
+    d_opt, g_opt = v1.train.AdamOptimizer(1e-2, 0.5), v1.train.AdamOptimizer(1e-2, 0.5)
+    step = v1.train.get_or_create_global_step()
+    alternate = tf.cond(tf.equal(step % 2, 0),
+                        lambda: d_opt.minimize(d_loss, var_list=d_vars),
+                        lambda: g_opt.minimize(g_loss, var_list=g_vars))
+    with tf.control_dependencies([alternate]):
+        return CSEstimatorSpec(mode, loss=d_loss + g_loss, train_op=v1.assign_add(step, 1))
