@@ -21,7 +21,11 @@ def td3(features, labels, mode, params):
     params['delay'] steps. params['form']: "after" (the cond under the critic's step,
     which increments the global step: the predicate reads the incremented step), "before"
     (the step incremented after the cond), "unordered" (the cond beside the critic's step:
-    TF reads the step before or after its increment by chance)."""
+    TF reads the step before or after its increment by chance), "probe" (the actor's
+    gradients computed in the cond, after the critic's update: its loss reads the critic
+    before or after that update by chance), "counted" (the actor's update increments the
+    step); params['one_adam']: one AdamOptimizer for both (its step counters twice a
+    delayed step)."""
     s, a = features[:, :m.STATE], features[:, m.STATE:m.STATE + m.ACTION]
     r, s2 = features[:, m.STATE + m.ACTION:m.STATE + m.ACTION + 1], features[:, -m.STATE:]
     actor, critic = m._net("actor", [16, m.ACTION], "tanh"), m._net("critic", [16, 1])
@@ -38,19 +42,27 @@ def td3(features, labels, mode, params):
         return CSEstimatorSpec(mode, loss=critic_loss, eval_metric_ops={
             "q_mean": v1.metrics.mean(q), "target_q": v1.metrics.mean(q_targ)})
     step = v1.train.get_or_create_global_step()
-    c_opt, a_opt = v1.train.AdamOptimizer(1e-2), v1.train.AdamOptimizer(1e-2)
+    c_opt = v1.train.AdamOptimizer(1e-2)
+    a_opt = c_opt if params.get("one_adam") else v1.train.AdamOptimizer(1e-2)
     c_gv = c_opt.compute_gradients(critic_loss, var_list=m._trainable("critic"))
-    a_gv = a_opt.compute_gradients(actor_loss, var_list=m._trainable("actor"))
+    form = params.get("form", "after")
+    a_gv = [] if form == "probe" else a_opt.compute_gradients(actor_loss,
+                                                              var_list=m._trainable("actor"))
 
     def delayed():
-        with tf.control_dependencies([a_opt.apply_gradients(a_gv)]):
+        if form == "probe":  # the actor's gradients in the cond, after the critic's update
+            a_step = a_opt.minimize(actor_loss, var_list=m._trainable("actor"))
+        else:
+            a_step = a_opt.apply_gradients(a_gv, global_step=step if form == "counted" else None)
+        with tf.control_dependencies([a_step]):
             return tf.group(*m._soft("actor", "tactor", params, step),
                             *m._soft("critic", "tcritic", params, step))
 
-    form = params.get("form", "after")
-    with tf.control_dependencies([g for g, _ in c_gv + a_gv]):  # every gradient first
-        c_step = c_opt.apply_gradients(c_gv, global_step=None if form == "before" else step)
-    if form == "unordered":
+    first = c_gv if form == "probe" else c_gv + a_gv
+    with tf.control_dependencies([g for g, _ in first]):  # every gradient first
+        c_step = c_opt.apply_gradients(c_gv, global_step=None if form in ("before", "counted")
+                                       else step)
+    if form == "unordered":  # the predicate's read and the increment in no order
         cond = tf.cond(tf.equal(step % params.get("delay", 2), 0), delayed, tf.no_op)
         return CSEstimatorSpec(mode, loss=critic_loss, train_op=tf.group(c_step, cond))
     with tf.control_dependencies([c_step]):
@@ -126,14 +138,15 @@ def alternating_gan(features, labels, mode, params):
     d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
               + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
     g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
+    loss = d_loss + g_loss
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"fake": fake})
     if mode != ModeKeys.TRAIN:
-        return CSEstimatorSpec(mode, loss=d_loss + g_loss)
+        return CSEstimatorSpec(mode, loss=loss)
     d_opt, g_opt = v1.train.AdamOptimizer(1e-2, 0.5), v1.train.AdamOptimizer(1e-2, 0.5)
     step = v1.train.get_or_create_global_step()
     alternate = tf.cond(tf.equal(step % 2, 0),
                         lambda: d_opt.minimize(d_loss, var_list=d_vars),
                         lambda: g_opt.minimize(g_loss, var_list=g_vars))
     with tf.control_dependencies([alternate]):
-        return CSEstimatorSpec(mode, loss=d_loss + g_loss, train_op=v1.assign_add(step, 1))
+        return CSEstimatorSpec(mode, loss=loss, train_op=v1.assign_add(step, 1))
