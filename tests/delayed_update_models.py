@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import soft_update_models as m
 import tensorflow as tf
+from random_models import moments_batch_norm
 
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
@@ -24,8 +25,9 @@ def td3(features, labels, mode, params):
     TF reads the step before or after its increment by chance), "probe" (the actor's
     gradients computed in the cond, after the critic's update: its loss reads the critic
     before or after that update by chance), "counted" (the actor's update increments the
-    step); params['one_adam']: one AdamOptimizer for both (its step counters twice a
-    delayed step)."""
+    step), "uncounted" (nothing increments the step), "nested" (the target networks in a
+    tf.cond of their own inside); params['one_adam']: one AdamOptimizer for both (its step
+    counters twice a delayed step)."""
     s, a = features[:, :m.STATE], features[:, m.STATE:m.STATE + m.ACTION]
     r, s2 = features[:, m.STATE + m.ACTION:m.STATE + m.ACTION + 1], features[:, -m.STATE:]
     actor, critic = m._net("actor", [16, m.ACTION], "tanh"), m._net("critic", [16, 1])
@@ -55,13 +57,17 @@ def td3(features, labels, mode, params):
         else:
             a_step = a_opt.apply_gradients(a_gv, global_step=step if form == "counted" else None)
         with tf.control_dependencies([a_step]):
+            if form == "nested":  # the targets every 4 steps, in a tf.cond of their own
+                return tf.cond(tf.equal(step % 4, 0), lambda: tf.group(
+                    *m._soft("actor", "tactor", params, step),
+                    *m._soft("critic", "tcritic", params, step)), tf.no_op)
             return tf.group(*m._soft("actor", "tactor", params, step),
                             *m._soft("critic", "tcritic", params, step))
 
     first = c_gv if form == "probe" else c_gv + a_gv
     with tf.control_dependencies([g for g, _ in first]):  # every gradient first
-        c_step = c_opt.apply_gradients(c_gv, global_step=None if form in ("before", "counted")
-                                       else step)
+        c_step = c_opt.apply_gradients(c_gv, global_step=None if form in (
+            "before", "counted", "uncounted") else step)
     if form == "unordered":  # the predicate's read and the increment in no order
         cond = tf.cond(tf.equal(step % params.get("delay", 2), 0), delayed, tf.no_op)
         return CSEstimatorSpec(mode, loss=critic_loss, train_op=tf.group(c_step, cond))
@@ -84,7 +90,7 @@ def ring_input_fn(params):
         16, drop_remainder=True)
 
 
-def _gan(features):
+def _gan(features, batch_norm: bool = False):
     """The critic's (discriminator's) outputs of the real and fake points, the generated
     points and each network's variables."""
     g_hidden = tf.keras.layers.Dense(8, activation="relu", name="g_hidden")
@@ -92,15 +98,15 @@ def _gan(features):
     d_hidden = tf.keras.layers.Dense(16, activation=tf.nn.leaky_relu, name="d_hidden")
     d_out = tf.keras.layers.Dense(1, name="d_out")
 
-    def generate(x):
-        return g_out(g_hidden(x))
-
     def critic(x):
         return d_out(d_hidden(x))
-    fake = generate(features["noise"])
+    hidden = g_hidden(features["noise"])
+    if batch_norm:  # a DCGAN's generator: its moving statistics in UPDATE_OPS
+        hidden = moments_batch_norm(hidden, 0, True)
+    fake = g_out(hidden)
     d_real, d_fake = critic(features["real"]), critic(fake)
     d_vars = [v for v in v1.trainable_variables() if v.name.startswith("d_")]
-    g_vars = [v for v in v1.trainable_variables() if v.name.startswith("g_")]
+    g_vars = [v for v in v1.trainable_variables() if v.name.startswith(("g_", "bn0/"))]
     return d_real, d_fake, fake, d_vars, g_vars
 
 
@@ -134,7 +140,7 @@ def wgan_n_critic(features, labels, mode, params):
 def alternating_gan(features, labels, mode, params):
     """A GAN alternating its updates, `tf.cond(step % 2 == 0, d_step, g_step)`, each an
     AdamOptimizer(1e-2, 0.5) of its own loss; the global step incremented after the cond."""
-    d_real, d_fake, fake, d_vars, g_vars = _gan(features)
+    d_real, d_fake, fake, d_vars, g_vars = _gan(features, params.get("batch_norm", False))
     d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
               + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
     g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
@@ -145,8 +151,11 @@ def alternating_gan(features, labels, mode, params):
         return CSEstimatorSpec(mode, loss=loss)
     d_opt, g_opt = v1.train.AdamOptimizer(1e-2, 0.5), v1.train.AdamOptimizer(1e-2, 0.5)
     step = v1.train.get_or_create_global_step()
+
+    def g_step():
+        with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+            return g_opt.minimize(g_loss, var_list=g_vars)
     alternate = tf.cond(tf.equal(step % 2, 0),
-                        lambda: d_opt.minimize(d_loss, var_list=d_vars),
-                        lambda: g_opt.minimize(g_loss, var_list=g_vars))
+                        lambda: d_opt.minimize(d_loss, var_list=d_vars), g_step)
     with tf.control_dependencies([alternate]):
         return CSEstimatorSpec(mode, loss=loss, train_op=v1.assign_add(step, 1))

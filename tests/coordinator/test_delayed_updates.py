@@ -108,6 +108,8 @@ def test_the_checkpoint_evaluates_and_predicts_as_on_the_cpu(compared, name, tmp
     ({"one_adam": True}, d, "writes beta1_power both inside the tf.cond applying the updates "
                             "and outside it"),
     ({"schedule": True}, d, "the tf.cond writes tactor_0/kernel with a factor computed per step"),
+    ({"form": "uncounted"}, d, "reads the global step, which the train_op does not increment"),
+    ({"form": "nested"}, d, "a If inside the tf.cond applying the updates writes variables"),
 ])
 def test_what_tf_does_not_order_is_refused_in_one_line(extra, source, expected, tmp_path):
     message = cs_inprocess.refusal(*TD3, {**BASE, **extra}, str(tmp_path), source.__file__)

@@ -119,7 +119,8 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     finite test); _Refused otherwise."""
     train = extracted.spec.train_op
     conds = [op for op in op_closure(train) if op.type in _CONDS and not copies_only(op) and (
-        _writes(op._true_graph) or _writes(op._false_graph))]  # (copies: training/copies.py)
+        _writes(op._true_graph, deep=True) or _writes(op._false_graph, deep=True))]
+    # (copies: training/copies.py)
     if not conds:
         return None
     cond = conds[-1]
@@ -129,6 +130,7 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
         return None
     if len(conds) > 1:
         raise _fail(cond, f"the train_op updates inside {len(conds)} tf.conds: {WHAT}, one cond")
+    _check_nested(cond)
     predicate = cond.inputs[0]
     if not finite:
         _check_predicate(extracted.graph, cond, predicate)
@@ -148,6 +150,8 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     if not finite and (both or any("Apply" in op.type for op in beside)):
         return _delayed(extracted, cond, beside, increments, zeroed)
     _check_outside(cond, beside, increments, adds, zeroed)
+    if not finite:  # (read before the increment, which waits for the cond)
+        step_read_offset(extracted, cond)
     schedule = None if finite else _lowered(extracted, cond, negated)
     imported = import_branch(graph, cond, branch, _PREFIX)
     step = global_step(graph)
@@ -191,10 +195,6 @@ def _delayed(extracted: ExtractedGraph, cond: tf.Operation, beside: list[tf.Oper
         raise _fail(cond, "gradient accumulation beside updates every step: the CS "
                           "accumulates the gradients of every update the cond applies")
     graph = extracted.graph
-    offset = step_read_offset(extracted, cond)
-    label = "the predicate of the tf.cond applying the updates"
-    predicate, negation = (_lowered(extracted, cond, negated, offset, "condition", label)
-                           for negated in (False, True))
     imported, other = branch_writes(cond)
     step = global_step(graph)
     if any(variable_op(op.inputs[0]).name == step for op in [*imported, *other]):
@@ -202,9 +202,13 @@ def _delayed(extracted: ExtractedGraph, cond: tf.Operation, beside: list[tf.Oper
                           "the CS counts every step; increment it outside the cond",
                     hint="minimize(loss, global_step=step) of the update every step, outside "
                          "the cond")
+    offset = step_read_offset(extracted, cond)
+    label = "the predicate of the tf.cond applying the updates"
+    predicate, negation = (_lowered(extracted, cond, negated, offset, "condition", label)
+                           for negated in (False, True))
     writes, only = _merged(cond, imported, other, delayed=True)
     outside = {variable_op(op.inputs[0]).name for op in beside}
-    inside = sorted(outside.intersection(v for v, _ in only))
+    inside = sorted(outside.intersection(variable_op(op.inputs[0]).name for op in writes))
     if inside:
         raise _fail(cond, f"the train_op writes {inside[0]} both inside the tf.cond applying "
                           "the updates and outside it: the CS updates each variable every step "
@@ -253,7 +257,11 @@ def step_read_offset(extracted: ExtractedGraph, cond: tf.Operation) -> int:
                   if op.type in _ADDS and variable_op(op.inputs[0]).name == step]
     reads = [r for r in data_upstream(cond.inputs[0].op) if r.type in ("ReadVariableOp",
              "Identity") and r.inputs and variable_op(r.inputs[0]).name == step]
-    if not increments or not reads:
+    if reads and not increments:
+        raise _fail(cond, "the tf.cond's predicate reads the global step, which the train_op "
+                          "does not increment: TF decides alike every step",
+                    hint="pass global_step to the optimizer's minimize outside the cond")
+    if not reads:
         return 0
     late = [r for r in reads if increments[0] in set(op_closure(r))]
     if len(late) == len(reads):
@@ -304,8 +312,25 @@ def _writes_besides_step(train, cond: tf.Operation) -> bool:
                for op in op_closure(train))
 
 
-def _writes(branch) -> bool:
-    return any(_is_write(op) for op in branch.get_operations())
+def _writes(branch, deep: bool = False) -> bool:
+    """Whether a branch writes a variable (`deep`: or a tf.cond or loop inside it does)."""
+    return any(_is_write(op) or deep and any(_writes(getattr(op, k), True) for k in (
+        "_true_graph", "_false_graph", "_body_graph") if hasattr(op, k))
+        for op in branch.get_operations())
+
+
+def _check_nested(cond: tf.Operation) -> None:
+    """A cond's branches hold no further tf.cond or loop that writes (at any depth): the CS
+    carries out the writes of the branches themselves."""
+    for branch in (cond._true_graph, cond._false_graph):
+        for op in branch.get_operations():
+            inner = [getattr(op, k) for k in ("_true_graph", "_false_graph", "_body_graph")
+                     if hasattr(op, k)]
+            if op.type in ("While", "StatelessWhile") and not inner or \
+                    any(_writes(g, deep=True) for g in inner):
+                raise _fail(cond, f"a {op.type} inside the tf.cond applying the updates writes "
+                                  "variables: the CS carries out the writes of the cond's "
+                                  "branches themselves", hint="write them in the cond's branch")
 
 
 def _check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) -> None:

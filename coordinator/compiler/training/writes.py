@@ -165,6 +165,10 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
             averages.append(average)
             continue
         statistic = _statistic_average(op)
+        if statistic is not None and anchors and op in anchors:
+            raise _fail(anchors[op], f"the tf.cond's branch moves {statistic.variable}, a "
+                                     "moving statistic: the CS moves them every step",
+                        hint="run the update ops (UPDATE_OPS) outside the cond")
         if statistic is not None:
             statistics.append(statistic)
             continue
