@@ -92,7 +92,7 @@ def ring_input_fn(params):
 
 def _gan(features, batch_norm: bool = False):
     """The critic's (discriminator's) outputs of the real and fake points, the generated
-    points and each network's variables."""
+    points, each network's variables and the critic."""
     g_hidden = tf.keras.layers.Dense(8, activation="relu", name="g_hidden")
     g_out = tf.keras.layers.Dense(2, name="g_out")
     d_hidden = tf.keras.layers.Dense(16, activation=tf.nn.leaky_relu, name="d_hidden")
@@ -107,15 +107,21 @@ def _gan(features, batch_norm: bool = False):
     d_real, d_fake = critic(features["real"]), critic(fake)
     d_vars = [v for v in v1.trainable_variables() if v.name.startswith("d_")]
     g_vars = [v for v in v1.trainable_variables() if v.name.startswith(("g_", "bn0/"))]
-    return d_real, d_fake, fake, d_vars, g_vars
+    return d_real, d_fake, fake, d_vars, g_vars, critic
 
 
 def wgan_n_critic(features, labels, mode, params):
     """A WGAN training its critic every step and its generator every params['n_critic']-th
     step: RMSProp with the critic's weights clipped after its update, or (params['adam'])
-    Adam(1e-2, 0.5, 0.9) as WGAN-GP trains."""
-    d_real, d_fake, fake, d_vars, g_vars = _gan(features)
+    Adam(1e-2, 0.5, 0.9) as WGAN-GP trains (params['gp']: with its gradient penalty)."""
+    d_real, d_fake, fake, d_vars, g_vars, critic = _gan(features)
     d_loss = tf.reduce_mean(d_fake) - tf.reduce_mean(d_real)
+    if params.get("gp"):  # WGAN-GP: 10 x (||grad critic(x_hat)|| - 1)^2 at random interpolates
+        eps = tf.random.uniform([tf.shape(fake)[0], 1])
+        x_hat = eps * features["real"] + (1.0 - eps) * fake
+        grad = tf.gradients(critic(x_hat), x_hat)[0]
+        norm = tf.sqrt(tf.reduce_sum(tf.square(grad), axis=1) + 1e-12)
+        d_loss += 10.0 * tf.reduce_mean(tf.square(norm - 1.0))
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"fake": fake})
     if mode != ModeKeys.TRAIN:
@@ -140,7 +146,7 @@ def wgan_n_critic(features, labels, mode, params):
 def alternating_gan(features, labels, mode, params):
     """A GAN alternating its updates, `tf.cond(step % 2 == 0, d_step, g_step)`, each an
     AdamOptimizer(1e-2, 0.5) of its own loss; the global step incremented after the cond."""
-    d_real, d_fake, fake, d_vars, g_vars = _gan(features, params.get("batch_norm", False))
+    d_real, d_fake, fake, d_vars, g_vars, _ = _gan(features, params.get("batch_norm", False))
     d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
               + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
     g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)

@@ -1,7 +1,8 @@
 """Delayed updates under a tf.cond of the global step beside updates every step: TD3 (critic
 every step; actor and target networks every 2 steps, the cond after the critic's step, which
 increments the global step, or before the increment), a WGAN training its generator every 3rd
-step (RMSProp with the critic's weight clipping, or Adam) and a GAN alternating its Adam
+step (RMSProp with the critic's weight clipping, or Adam, with and without WGAN-GP's gradient
+penalty) and a GAN alternating its Adam
 updates between the branches train 6 steps with TF's losses, weights, slots and step counters
 (rtol 1e-5): the predicate reads the step TF reads, a branch's optimizer moves its slots and
 Adam's powers only on the steps it runs; a run resumed across a delayed step equals an
@@ -53,6 +54,16 @@ def test_delayed_updates_train_like_tensorflow(compared, name):
         (if_true, if_false, offset)
     powers = {float(v) for k, v in result.cs.state.items() if k.startswith("beta1_power")}
     np.testing.assert_allclose(sorted(powers), sorted(CASES[name][2]), rtol=1e-6)
+
+
+def test_a_wgan_gp_trains_its_generator_every_third_step_like_tensorflow(tmp_path):
+    """The critic's gradient penalty at random interpolates (TF's draws handed to the CS)."""
+    result = cs_inprocess.compare_drawn(*GAN, {**BASE, "adam": True, "gp": True},
+                                        str(tmp_path), steps=STEPS)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    assert set(result.compiled.program.conditional_update.if_true) == GENERATOR
+    powers = {float(v) for k, v in result.cs.state.items() if k.startswith("beta1_power")}
+    np.testing.assert_allclose(sorted(powers), [0.5 ** 7, 0.5 ** 3], rtol=1e-6)
 
 
 def test_td3s_target_networks_move_on_the_delayed_steps(compared):
