@@ -10,8 +10,12 @@ to 1 / 0. `inline` hands the rest of the pass the updating branch as the train_o
 read of an accumulator there replaced by the value added to it: the pass proves that value
 is the transformed gradient of the weight the read's update trains, as for any update; the
 CS then adds it to the accumulator each step and applies the sum on the steps the predicate
-holds. A cond of any other kind is left to dynamic loss scaling (training/loss_scaling.py),
-which refuses what it does not recognise.
+holds. Delayed updates (`_delayed`): when the train_op also updates variables outside the
+cond every step (TD3's critic beside its actor every d steps), or both branches update
+(alternating GAN steps), the view holds the writes outside and both branches' writes; a
+variable one branch alone writes is gated by the predicate (or its negation), read before
+or after the step's increment as the graph orders it. A cond of any other kind is left to
+dynamic loss scaling (training/loss_scaling.py), which refuses what it does not recognise.
 """
 from __future__ import annotations
 
@@ -32,7 +36,6 @@ from coordinator.compiler.schedules import (
 )
 from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
 from coordinator.compiler.training.loss_scaling import _checked_gradients, import_branch
-from coordinator.compiler.training.updates import APPLY_OPS
 from coordinator.compiler.training.writes import _is_write, copies_only
 from wafer.conditional_updates import ConditionalUpdate
 from wafer.schedules import Schedule
@@ -112,15 +115,14 @@ class Inlined:
         return schedule, self.offset
 
 
-
 def inline(extracted: ExtractedGraph) -> Inlined | None:
     """The train_op's update cond, proven; None when no cond writes or the writing conds are
     dynamic loss scaling's (several, or writes outside besides the step's increment, with a
     finite test); _Refused otherwise."""
     train = extracted.spec.train_op
     conds = [op for op in op_closure(train) if op.type in _CONDS and not copies_only(op) and (
-        _writes(op._true_graph, deep=True) or _writes(op._false_graph, deep=True))]
-    # (copies: training/copies.py)
+        _writes(op._true_graph, deep=True) or _writes(op._false_graph, deep=True))]  # (copies:
+    # training/copies.py)
     if not conds:
         return None
     cond = conds[-1]
@@ -206,7 +208,7 @@ def _delayed(extracted: ExtractedGraph, cond: tf.Operation, beside: list[tf.Oper
     label = "the predicate of the tf.cond applying the updates"
     predicate, negation = (_lowered(extracted, cond, negated, offset, "condition", label)
                            for negated in (False, True))
-    writes, only = _merged(cond, imported, other, delayed=True)
+    writes, only = _merged(cond, imported, other)
     outside = {variable_op(op.inputs[0]).name for op in beside}
     inside = sorted(outside.intersection(variable_op(op.inputs[0]).name for op in writes))
     if inside:
@@ -348,11 +350,10 @@ def _check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) 
 
 
 def _merged(cond: tf.Operation, first: list[tf.Operation], second: list[tf.Operation],
-            delayed: bool = False) -> tuple[list[tf.Operation], tuple[tuple[str, bool], ...]]:
+            ) -> tuple[list[tf.Operation], tuple[tuple[str, bool], ...]]:
     """The writes of both branches (imported: the true one's `first`), each variable's once,
-    and the variables one branch alone writes (and whether it is the true one): an
-    optimizer update of a trained weight (`delayed`, updates beside the cond: any write,
-    the step's analysis proves it); what both write, written alike."""
+    and the variables one branch alone writes (and whether it is the true one; what the
+    write is, the step's analysis proves); what both write, written alike."""
     ones = {variable_op(op.inputs[0]).name: op for op in first}
     others = {variable_op(op.inputs[0]).name: op for op in second}
     if len(ones) != len(first) or len(others) != len(second):
@@ -364,12 +365,6 @@ def _merged(cond: tf.Operation, first: list[tf.Operation], second: list[tf.Opera
                               "variables")
     only = tuple([(n, True) for n in ones if n not in others] +
                  [(n, False) for n in others if n not in ones])
-    lone = {**ones, **others}
-    for name, _ in only:
-        if lone[name].type not in APPLY_OPS and not delayed:
-            raise _fail(cond, f"one branch of the tf.cond alone writes {name} "
-                              f"({lone[name].type}): the CS carries out branches that apply one "
-                              "optimizer (dense updates), each updating some variables")
     return [*ones.values(), *(others[n] for n, holds in only if not holds)], only
 
 
