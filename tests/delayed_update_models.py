@@ -145,7 +145,8 @@ def wgan_n_critic(features, labels, mode, params):
 
 def alternating_gan(features, labels, mode, params):
     """A GAN alternating its updates, `tf.cond(step % 2 == 0, d_step, g_step)`, each an
-    AdamOptimizer(1e-2, 0.5) of its own loss; the global step incremented after the cond."""
+    AdamOptimizer(1e-2, 0.5) of its own loss; the global step incremented after the cond.
+    params['clip']: the discriminator's weights clipped after its step, in its branch."""
     d_real, d_fake, fake, d_vars, g_vars, _ = _gan(features, params.get("batch_norm", False))
     d_loss = (v1.losses.sigmoid_cross_entropy(tf.ones_like(d_real), d_real)
               + v1.losses.sigmoid_cross_entropy(tf.zeros_like(d_fake), d_fake))
@@ -161,7 +162,13 @@ def alternating_gan(features, labels, mode, params):
     def g_step():
         with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
             return g_opt.minimize(g_loss, var_list=g_vars)
-    alternate = tf.cond(tf.equal(step % 2, 0),
-                        lambda: d_opt.minimize(d_loss, var_list=d_vars), g_step)
+
+    def d_step():
+        d_train = d_opt.minimize(d_loss, var_list=d_vars)
+        if not params.get("clip"):
+            return d_train
+        with tf.control_dependencies([d_train]):  # the discriminator clipped after its step
+            return tf.group(*[v.assign(tf.clip_by_value(v, -0.1, 0.1)) for v in d_vars])
+    alternate = tf.cond(tf.equal(step % 2, 0), d_step, g_step)
     with tf.control_dependencies([alternate]):
         return CSEstimatorSpec(mode, loss=loss, train_op=v1.assign_add(step, 1))

@@ -2,12 +2,12 @@
 every step; actor and target networks every 2 steps, the cond after the critic's step, which
 increments the global step, or before the increment), a WGAN training its generator every 3rd
 step (RMSProp with the critic's weight clipping, or Adam, with and without WGAN-GP's gradient
-penalty) and a GAN alternating its Adam
-updates between the branches train 6 steps with TF's losses, weights, slots and step counters
-(rtol 1e-5): the predicate reads the step TF reads, a branch's optimizer moves its slots and
-Adam's powers only on the steps it runs; a run resumed across a delayed step equals an
-unbroken one; the checkpoints evaluate and predict as on the CPU; what TF does not order is
-refused in one line."""
+penalty) and a GAN alternating its Adam updates between the branches (its discriminator
+clipped in its branch) train 6 steps with TF's losses, weights, slots and step counters (rtol
+1e-5): the predicate reads the step TF reads, a branch's optimizer moves its slots and Adam's
+powers only on the steps it runs; a run resumed across a delayed step equals an unbroken
+one; the checkpoints evaluate and predict as on the CPU; what TF does not order is refused in
+one line."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -35,6 +35,8 @@ CASES = {
     "wgan_adam": ((*GAN, {"adam": True}), (GENERATOR, set(), 1), {0.5 ** 7, 0.5 ** 3}),
     "alternating_gan": ((d.alternating_gan, d.ring_input_fn, {}), (CRITIC, GENERATOR, 0),
                         {0.5 ** 4}),
+    "alternating_gan_clipped": ((d.alternating_gan, d.ring_input_fn, {"clip": True}),
+                                (CRITIC, GENERATOR, 0), {0.5 ** 4}),
 }
 
 
@@ -66,15 +68,19 @@ def test_a_wgan_gp_trains_its_generator_every_third_step_like_tensorflow(tmp_pat
     np.testing.assert_allclose(sorted(powers), [0.5 ** 7, 0.5 ** 3], rtol=1e-6)
 
 
-def test_td3s_target_networks_move_on_the_delayed_steps(compared):
-    """The soft updates in the cond run under its predicate (read after the increment), the
-    critic's weight clipping of the WGAN every step after its update."""
+def test_writes_in_a_branch_run_under_its_predicate(compared):
+    """TD3's soft updates in the cond run under its predicate (read after the increment),
+    the WGAN critic's weight clipping every step after its update, the alternating GAN's
+    clipping of its discriminator in the discriminator's branch."""
     td3 = compared("td3_after_the_increment").compiled.program.weight_writes
     assert {w.variable.split("_")[0] for w in td3} == {"tactor", "tcritic"}
     assert all(w.HasField("predicate") and w.step_offset == 1 for w in td3)
     wgan = compared("wgan_clipped").compiled.program.weight_writes
     assert {w.variable for w in wgan} == CRITIC
     assert not any(w.HasField("predicate") for w in wgan)
+    alternating = compared("alternating_gan_clipped").compiled.program.weight_writes
+    assert {w.variable for w in alternating} == CRITIC
+    assert all(w.HasField("predicate") and w.step_offset == 0 for w in alternating)
     report = compared("td3_after_the_increment").compiled.report_text
     assert "at the incremented global step; only then: actor_0/kernel" in report
 

@@ -351,21 +351,25 @@ def _check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) 
 
 def _merged(cond: tf.Operation, first: list[tf.Operation], second: list[tf.Operation],
             ) -> tuple[list[tf.Operation], tuple[tuple[str, bool], ...]]:
-    """The writes of both branches (imported: the true one's `first`), each variable's once,
-    and the variables one branch alone writes (and whether it is the true one; what the
-    write is, the step's analysis proves); what both write, written alike."""
-    ones = {variable_op(op.inputs[0]).name: op for op in first}
-    others = {variable_op(op.inputs[0]).name: op for op in second}
-    if len(ones) != len(first) or len(others) != len(second):
-        raise _fail(cond, "a branch of the tf.cond writes a variable twice")
+    """The writes of both branches (imported: the true one's `first`), what both write once,
+    and the variables one branch alone writes (and whether it is the true one; what each
+    write is, the step's analysis proves: an update, a clip after it); what both write,
+    written alike."""
+    ones: dict[str, list[tf.Operation]] = {}
+    others: dict[str, list[tf.Operation]] = {}
+    for ops, found in ((first, ones), (second, others)):
+        for op in ops:
+            found.setdefault(variable_op(op.inputs[0]).name, []).append(op)
     for name in sorted(ones.keys() & others.keys()):
-        if not _alike(ones[name], others[name], {}):
+        if len(ones[name]) != len(others[name]) or not all(
+                _alike(x, y, {}) for x, y in zip(ones[name], others[name])):
             raise _fail(cond, f"the tf.cond's branches write {name} differently: the CS carries "
                               "out branches that apply one optimizer, each updating some "
                               "variables")
     only = tuple([(n, True) for n in ones if n not in others] +
                  [(n, False) for n in others if n not in ones])
-    return [*ones.values(), *(others[n] for n, holds in only if not holds)], only
+    return [*(op for ops in ones.values() for op in ops),
+            *(op for n, holds in only if not holds for op in others[n])], only
 
 
 def _alike(x: tf.Operation, y: tf.Operation, seen: dict) -> bool:
