@@ -172,3 +172,28 @@ def alternating_gan(features, labels, mode, params):
     alternate = tf.cond(tf.equal(step % 2, 0), d_step, g_step)
     with tf.control_dependencies([alternate]):
         return CSEstimatorSpec(mode, loss=loss, train_op=v1.assign_add(step, 1))
+
+
+def dqn_polyak_every_2(features, labels, mode, params):
+    """A DQN whose target network moves toward the Q network every 2 steps by
+    `t.assign_sub(0.1 * (t - o))` under a tf.cond on the step its optimizer incremented."""
+    s, a = features[:, :m.STATE], features[:, m.STATE:m.STATE + m.ACTION]
+    r, s2 = features[:, m.STATE + m.ACTION:m.STATE + m.ACTION + 1], features[:, -m.STATE:]
+    qnet, target = m._net("q", [16, m.ACTION]), m._net("qtarget", [16, m.ACTION])
+    values = qnet(s)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"q": values})
+    q = tf.reduce_sum(values * a, 1, keepdims=True)
+    y = tf.stop_gradient(r + 0.9 * tf.reduce_max(target(s2), 1, keepdims=True))
+    loss = tf.reduce_mean(tf.square(q - y))
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss)
+    step = v1.train.get_or_create_global_step()
+    train = v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=step,
+                                                  var_list=m._trainable("q"))
+    with tf.control_dependencies([train]):
+        return CSEstimatorSpec(mode, loss=loss, train_op=tf.cond(
+            tf.equal(step % 2, 0), lambda: tf.group(*[
+                t.assign_sub(0.1 * (t - o)) for o, t in zip(m._trainable("q"),
+                                                            m._trainable("qtarget"))]),
+            tf.no_op))

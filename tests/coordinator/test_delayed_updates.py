@@ -85,6 +85,18 @@ def test_writes_in_a_branch_run_under_its_predicate(compared):
     assert "at the incremented global step; only then: actor_0/kernel" in report
 
 
+def test_a_cond_moving_a_target_network_alone_trains_like_tensorflow(tmp_path):
+    """A DQN's soft update (assign_sub) every 2 steps beside its optimizer's every step: the
+    writes carry the predicate, no update is gated."""
+    result = cs_inprocess.compare(d.dqn_polyak_every_2, m.transitions_input_fn, BASE,
+                                  str(tmp_path), steps=STEPS)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    program = result.compiled.program
+    assert not program.HasField("conditional_update")
+    assert len(program.weight_writes) == 4
+    assert all(w.HasField("predicate") and w.step_offset == 1 for w in program.weight_writes)
+
+
 def test_the_step_the_predicate_reads_matters(compared):
     """Reading the step before its increment where TF reads it after moves the actor on
     other steps: other weights than TF's."""

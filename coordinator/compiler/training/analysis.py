@@ -92,6 +92,8 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                 condition = conditional.update(updates)
                 written = _gated(conditional, written)
                 _alone(condition, averages, [] if conditional.delayed else written)
+                if conditional.delayed and not condition.both:
+                    condition = None  # (the cond gates writes alone: each its predicate's)
             groups = optimizer_groups(updates)
             if dynamic is not None and groups:
                 raise _fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
