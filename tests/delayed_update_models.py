@@ -27,7 +27,7 @@ def td3(features, labels, mode, params):
     before or after that update by chance), "counted" (the actor's update increments the
     step), "uncounted" (nothing increments the step), "nested" (the target networks in a
     tf.cond of their own inside); params['one_adam']: one AdamOptimizer for both (its step
-    counters twice a delayed step)."""
+    counters twice a delayed step); params['smoothing']: TD3's target policy smoothing."""
     s, a = features[:, :m.STATE], features[:, m.STATE:m.STATE + m.ACTION]
     r, s2 = features[:, m.STATE + m.ACTION:m.STATE + m.ACTION + 1], features[:, -m.STATE:]
     actor, critic = m._net("actor", [16, m.ACTION], "tanh"), m._net("critic", [16, 1])
@@ -36,7 +36,11 @@ def td3(features, labels, mode, params):
     mu, q = actor(s), critic(tf.concat([s, a], 1))
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"action": mu, "q": q})
-    q_targ = target_critic(tf.concat([s2, target_actor(s2)], 1))
+    a2 = target_actor(s2)
+    if params.get("smoothing"):  # TD3's target policy smoothing: clipped noise on a2
+        noise = tf.clip_by_value(0.2 * tf.random.normal(tf.shape(a2)), -0.5, 0.5)
+        a2 = tf.clip_by_value(a2 + noise, -1.0, 1.0)
+    q_targ = target_critic(tf.concat([s2, a2], 1))
     y = tf.stop_gradient(r + 0.9 * q_targ)
     critic_loss = tf.reduce_mean(tf.square(q - y))
     actor_loss = -tf.reduce_mean(critic(tf.concat([s, mu], 1)))

@@ -1,6 +1,7 @@
 """Delayed updates under a tf.cond of the global step beside updates every step: TD3 (critic
 every step; actor and target networks every 2 steps, the cond after the critic's step, which
-increments the global step, or before the increment), a WGAN training its generator every 3rd
+increments the global step, or before the increment with its target policy smoothing's
+noise drawn in the graph: TF's draws handed to the CS), a WGAN training its generator every 3rd
 step (RMSProp with the critic's weight clipping, or Adam, with and without WGAN-GP's gradient
 penalty) and a GAN alternating its Adam updates between the branches (its discriminator
 clipped in its branch) train 6 steps with TF's losses, weights, slots and step counters (rtol
@@ -29,7 +30,7 @@ CRITIC = {"d_hidden/kernel", "d_hidden/bias", "d_out/kernel", "d_out/bias"}
 # (1 + the steps it ran))
 CASES = {
     "td3_after_the_increment": ((*TD3, {}), (ACTOR, set(), 1), {0.9 ** 7, 0.9 ** 4}),
-    "td3_before_the_increment": ((*TD3, {"form": "before"}), (ACTOR, set(), 0),
+    "td3_before_the_increment": ((*TD3, {"form": "before", "smoothing": True}), (ACTOR, set(), 0),
                                  {0.9 ** 7, 0.9 ** 4}),
     "wgan_clipped": ((*GAN, {}), (GENERATOR, set(), 1), set()),
     "wgan_adam": ((*GAN, {"adam": True}), (GENERATOR, set(), 1), {0.5 ** 7, 0.5 ** 3}),
@@ -43,7 +44,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     return cs_inprocess.cached_comparisons({k: v[0] for k, v in CASES.items()}, BASE,
-                                           tmp_path_factory, steps=STEPS)
+                                           tmp_path_factory, steps=STEPS, drawn=True)
 
 
 @pytest.mark.parametrize("name", CASES)
