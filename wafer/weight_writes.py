@@ -114,8 +114,6 @@ def write_problem(write: WeightWrite) -> str:
                     "arithmetic (add, sub, mul, div, ...), comparisons, select, element-wise "
                     "functions, reductions, concat and row slices of the weight, its sources, "
                     "batch values, factors and earlier steps")
-    if write.predicate is not None and not write.sources:
-        return "a predicate without sources: only a frozen weight's write has one"
     if (write.batch or write.carried_dtype) and (write.before_update or write.predicate
                                                  is not None):
         return "a write of state is made after the updates, every step"

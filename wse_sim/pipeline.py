@@ -50,7 +50,7 @@ from wafer.kernels.losses import BatchLoss
 from wafer.loss_scaling import Rule, all_finite
 from wafer.moving_averages import MovingAverage
 from wafer.moving_averages import update as update_average
-from wafer.optimizers import Optimizer, slot_name
+from wafer.optimizers import Optimizer, finish_updated, slot_name
 from wafer.precision import is_half, round_half, round_half_, round_half_into, widened
 from wafer.schedules import Schedule, evaluate
 from wafer.weight_programs import WeightProgram
@@ -351,7 +351,7 @@ class Pipeline:
             board = self._pass(batch, m_count, training, backward, step, index)
         self._objective = None
         if backward and self.optimizer is not None and self._applying:
-            self.optimizer.finish_step()
+            finish_updated(self.optimizer, self._trained(), self._skipped)
             self._write_after_updates()
             self._write_state(board, m_count)
             self._update_averages(step)
@@ -774,6 +774,11 @@ class Pipeline:
         update (gradient transforms, shared weights, dynamic loss scaling, accumulation)."""
         return bool(self.transforms or self.floor or self.shared or self.dynamic
                     or self.condition and (self.condition.accumulators or self.condition.finite))
+
+    def _trained(self) -> list[str]:
+        """Every trained variable's TF name."""
+        return [*(region.variables[role] for region in self.regions for role in region.trained),
+                *(v.weight.variable for v in self.shared.trained())]
 
     def _gradients(self) -> dict[str, np.ndarray]:
         """The batch's gradients of every trained variable (sparse ones: the values of

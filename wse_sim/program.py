@@ -398,15 +398,18 @@ def check_dynamic_loss_scale(program: pb.Program, optimizer: OptimizerConfig | N
 def check_conditional_update(program: pb.Program, optimizer: OptimizerConfig | None,
                              params: Mapping[str, ParamSpec]) -> ConditionalUpdate | None:
     """The program's update cond: valid (wafer.conditional_updates), on a program that
-    trains, with no dynamic loss scale, moving average or weight write."""
+    trains, with no dynamic loss scale or moving average, and weight writes or objectives
+    only beside updates the predicate gates variable by variable (no accumulators)."""
     if not program.HasField("conditional_update"):
         return None
     update = ConditionalUpdate.from_message(program.conditional_update)
     trained = {var: spec.update for var, spec in params.items() if not spec.frozen}
     problem = ("the program does not train" if optimizer is None else
-               "with dynamic loss scaling, moving averages, weight writes or objectives"
-               if of_program(program) or program.moving_averages or program.weight_writes
-               or program.objectives else conditional_problem(update, trained))
+               "with dynamic loss scaling or moving averages"
+               if of_program(program) or program.moving_averages else
+               "weight writes or objectives with updates the predicate does not gate variable "
+               "by variable" if (program.weight_writes or program.objectives) and not update.both
+               else conditional_problem(update, trained))
     if problem:
         raise invalid(f"program {program.name!r}: conditional update: {problem}")
     return update

@@ -244,8 +244,13 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
         when = f"{condition.finite} finite" if condition.predicate is None else \
             render(condition.predicate)
         lines.append(f"Updates inside a tf.cond (at {condition.source}): when {when}"
+                     + (", at the incremented global step" if condition.step_offset else "")
                      + (f", applying the sums of {', '.join(a for _, a in condition.accumulators)}"
-                        if condition.accumulators else ""))
+                        if condition.accumulators else "")
+                     + (f"; only then: {', '.join(condition.if_true)}" if condition.if_true
+                        else "")
+                     + (f"; only otherwise: {', '.join(condition.if_false)}"
+                        if condition.if_false else ""))
     for write in training.weight_writes:
         when = "before" if write.before_update else "after"
         what = (f"State write of {write.variable} from the whole batch (after the step's "

@@ -2,6 +2,7 @@
 of a stage reported at once."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 import numpy as np
@@ -83,12 +84,17 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             if conditional is not None:
                 extracted = conditional.view
             states: list[tf.Operation] = []
-            updates, averages, written = _updates(extracted, statistic_averages, states)
+            updates, averages, written = _updates(
+                extracted, statistic_averages, states,
+                dict.fromkeys(conditional.branch_of, conditional.cond) if conditional else None)
             written += conditional_writes(original, updates, written)
             condition = None
             if conditional is not None:
                 condition = conditional.update(updates)
-                _alone(condition, averages, written)
+                written = _gated(conditional, written)
+                _alone(condition, averages, [] if conditional.delayed else written)
+                if conditional.delayed and not condition.both:
+                    condition = None  # (the cond gates writes alone: each its predicate's)
             groups = optimizer_groups(updates)
             if dynamic is not None and groups:
                 raise _fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
@@ -119,7 +125,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             raise _Problems(problems, hints[0])
         try:
             objectives = _objectives(extracted, chains, dynamic is not None or half)
-            if objectives and conditional is not None:
+            if objectives and conditional is not None and not conditional.delayed:
                 raise _fail(chains[0].update.op, "several losses minimized in one step with "
                                                  "updates inside a tf.cond: the CS carries out "
                                                  "the cond for one loss")
@@ -171,6 +177,23 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                         else conditional is not None and conditional.counts_applied,
                         objectives=objectives, conditional_update=condition,
                         state_writes=tuple(op.name for op in states))
+
+
+def _gated(conditional: training_conditional.Inlined, written: list[_Write]) -> list[_Write]:
+    """The writes of the cond's branches (updates beside the cond) with their branch's
+    predicate; a factor computed per step, refused."""
+    found = []
+    for w in written:
+        gate = conditional.gated(w.op)
+        if gate is not None:
+            if any(_uniform(t) is None for t, _ in w.factors):
+                raise _fail(conditional.cond, f"the tf.cond writes {w.variable} with a factor "
+                                              "computed per step: the CS writes under a "
+                                              "tf.cond with constant factors")
+            w = dataclasses.replace(w, predicate=dataclasses.replace(
+                gate[0], hyper_parameter=FACTOR_OF_WRITE), predicate_offset=gate[1])
+        found.append(w)
+    return found
 
 
 def _alone(condition: ConditionalUpdate, averages: list[_Average], written: list[_Write]) -> None:
