@@ -30,7 +30,8 @@ KERNEL_ROWS = {
     "dense": "MatMul / BatchMatMulV2 / Keras Tensordot with a weight [+ BiasAdd] [+ activation]",
     "conv2d": "Conv2D (NHWC, SAME/VALID, strides; grouped: Keras Conv2D(groups=)'s XLA function "
               "of one Conv2D, Conv1D(groups=)'s of ExpandDims, Conv2D, Squeeze) [+ BiasAdd] "
-              "[+ activation]",
+              "[+ activation]; by a weight or a constant filter (tf.constant, or computed from "
+              "constants: a Gaussian blur, tf.nn.conv1d's box filter), held frozen",
     "max_pool, avg_pool": "MaxPool, AvgPool (NHWC, over height and width)",
     "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape; "
                "the mask drawn on the CS in every mode the graph holds it, as TF's op)",

@@ -26,9 +26,12 @@ KERNEL_ROWS = {
                                           "strides), dilation_rate (SpaceToBatchND -> Conv2D or "
                                           "DepthwiseConv2dNative -> BatchToSpaceND; Keras Conv1D's "
                                           "with ExpandDims and Squeeze around the Conv2D; "
-                                          "float16 too)",
+                                          "float16 too); by a weight or a constant filter "
+                                          "(tf.image.ssim's Gaussian window, "
+                                          "tf.image.sobel_edges; float32)",
     "conv3d, max_pool3d, avg_pool3d": "Conv3D, MaxPool3D, AvgPool3D (NDHWC, SAME/VALID, strides: "
-                                      "Keras Conv3D, MaxPooling3D, AveragePooling3D)",
+                                      "Keras Conv3D, MaxPooling3D, AveragePooling3D; Conv3D by "
+                                      "a weight or a constant filter)",
     "reshape, transpose (pixel shuffle)": "DepthToSpace, SpaceToDepth (tf.nn.depth_to_space, "
                                           "space_to_depth: NHWC; ESPCN's sub-pixel upsampling, "
                                           "YOLO's reorg): reshape, transpose, reshape",
