@@ -1,7 +1,7 @@
 """Convolutions of per-sample values by a constant filter, as users write them (unseen16):
 tf.image.ssim as a loss and an eval metric (its Gaussian window applied by
 depthwise_conv2d), tf.image.sobel_edges in an edge loss, a hand-written Gaussian blur by
-tf.nn.conv2d with a tf.constant kernel and a box filter by tf.nn.conv1d; and filters the CS
+tf.nn.conv2d with a tf.constant kernel and box filters by tf.nn.conv1d and conv3d; and filters the CS
 cannot hold (random numbers, a float16 constant)."""
 import numpy as np
 import tensorflow as tf
@@ -62,12 +62,15 @@ def _gaussian(size, sigma, channels):
 
 def blurred_classifier(features, labels, mode, params):
     """Feature maps blurred by a constant Gaussian (tf.nn.conv2d) and smoothed along each row
-    by a box filter (tf.nn.conv1d of a tf.constant), then a classifier."""
+    by a box filter (tf.nn.conv1d of a tf.constant), the image as a volume box-filtered by
+    tf.nn.conv3d, then a classifier."""
     h = L.Conv2D(4, 3, padding="same", activation="relu", name="conv")(features)
     h = tf.nn.conv2d(h, _gaussian(3, 1.0, 4), strides=1, padding="SAME")
     rows = tf.reshape(h, [-1, 8, 8 * 4])
     rows = tf.nn.conv1d(rows, tf.ones([3, 32, 8]) / 96.0, stride=1, padding="VALID")
-    logits = L.Dense(3, name="logits")(L.Flatten()(rows))
+    volume = tf.nn.conv3d(tf.reshape(features, [-1, 2, 4, 8, 1]), tf.ones([2, 3, 3, 1, 2]) / 18.0,
+                          strides=[1] * 5, padding="SAME")
+    logits = L.Dense(3, name="logits")(tf.concat([L.Flatten()(rows), L.Flatten()(volume)], -1))
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"classes": tf.argmax(logits, -1)})
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
