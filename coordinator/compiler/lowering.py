@@ -63,10 +63,11 @@ WEIGHT_COMPARISONS = {op: kind for op, kind in BINARY.items() if kind in COMPARI
 SELECTS = ("Select", "SelectV2")
 WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
                 "ResourceGather", "ConcatV2", "Pack", "ReverseV2")
+WEIGHT_DIAGONALS = ("MatrixDiagV3", "MatrixDiagPartV3", "MatrixSetDiagV3", "MatrixBandPart")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN",
                              *REDUCTIONS, *RESHAPES,
                              "Transpose", "MatMul", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
-                             "Cumsum", *WEIGHT_VIEWS,
+                             "Cast", "Cumsum", *WEIGHT_DIAGONALS, *WEIGHT_VIEWS,
                              *quantization.FORMS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
@@ -808,19 +809,21 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
 def _strided_slice_grad(m: Context, op: tf.Operation) -> str:
     """The gradient of x[...] inside the loss (tf.gradients(y[:, i], x)): the per-sample
     gradient dy put back at the slice's place among zeros, a `pad` kernel (a reshape first
-    for the axes the slice shrank); its own gradient is the slice, as TF's."""
+    for the axes the slice shrank or tf.newaxis added after the batch axis); its own
+    gradient is the slice, as TF's."""
     shape, begin, end, strides = (m.operands.constant(t) for t in op.inputs[:4])
     if shape is None or begin is None or end is None or strides is None or \
-            not m.is_batched(op.inputs[4]) or op.get_attr("new_axis_mask"):
-        return ("the gradient of a slice with bounds computed at run time, tf.newaxis, or of "
-                "a value that is not per-sample")
+            not m.is_batched(op.inputs[4]) or \
+            op.get_attr("new_axis_mask") & 1 and not op.get_attr("ellipsis_mask") & 1:
+        return ("the gradient of a slice with bounds computed at run time, tf.newaxis before "
+                "the batch axis, or of a value that is not per-sample")
     bounds = slice_bounds(op, begin, end, strides, tuple(int(d) for d in shape))
     if bounds[0] != (0, int(shape[0]), 1, False) or any(b[2] != 1 for b in bounds):
         return ("the gradient of a slice of the batch axis or of a strided slice: the CS puts "
                 "back a slice of a sample's own axes with stride 1")
     dy: Any = op.inputs[4]
     sliced = tuple(hi - lo for lo, hi, _, _ in bounds[1:])
-    if any(b[3] for b in bounds):
+    if any(b[3] for b in bounds) or op.get_attr("new_axis_mask"):
         dy = m.add_kernel(f"{op.name}/unshrunk", "reshape", [dy], {"shape": list(sliced)}, [],
                           [], None, output_shape=sliced, source_op=op).name
     paddings = [p for (lo, hi, _, _), size in zip(bounds[1:], shape[1:]) for p in (lo, int(size) - hi)]

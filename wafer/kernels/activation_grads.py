@@ -1,5 +1,5 @@
 """The `activation_grad` kernel: an activation's gradient op (TanhGrad, SigmoidGrad,
-ReluGrad, LeakyReluGrad, EluGrad, Relu6Grad, SeluGrad) computed as a value of the forward
+ReluGrad, LeakyReluGrad, EluGrad, Relu6Grad, SeluGrad, SqrtGrad) computed as a value of the forward
 pass, when the loss holds a gradient (tf.gradients(u, x) of a physics-informed network, a
 gradient penalty). Its two inputs are the TF op's, in its order; its forward is TF's CPU kernel's arithmetic
 (Eigen's scalar_*_gradient_op and the nn_ops functors, float32, the same operation order),
@@ -16,7 +16,7 @@ from wafer.kernels.base import KernelError, RunContext, register
 from wafer.kernels.structure import Elementwise
 
 _ONE, _TWO, _MINUS_TWO = np.float32(1), np.float32(2), np.float32(-2)
-_ZERO = np.float32(0)
+_ZERO, _HALF = np.float32(0), np.float32(0.5)
 
 def _inside(x: np.ndarray) -> np.ndarray:
     return ((x > 0) & (x < 6)).astype(np.float32)
@@ -24,6 +24,11 @@ def _inside(x: np.ndarray) -> np.ndarray:
 
 def _selu_grad(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(y < 0, dy * (y + SELU_SCALE * SELU_ALPHA), dy * SELU_SCALE)
+
+
+def _sqrt_grad(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(dy == 0, _ZERO, (_HALF * dy) / y)
 
 
 Pair = tuple[np.ndarray, np.ndarray]
@@ -56,10 +61,15 @@ FUNCTIONS: dict[str, tuple[Callable[..., np.ndarray], Callable[..., Pair], int]]
     "elu": (lambda dy, y, a: np.where(y < 0, dy * (y + _ONE), dy),
             lambda dy, y, a, g: (np.where(y < 0, g * (y + _ONE), g),
                                  np.where(y < 0, g * dy, _ZERO)), 3),
+    # SqrtGrad(y, dy) = (0.5 * dy) / y, 0 where dy is 0 (Eigen's scalar_sqrt_gradient_op);
+    # _SqrtGradGrad: ga = g / y, (-ga * SqrtGrad(y, dy), 0.5 * ga)
+    "sqrt": (lambda y, dy, a: _sqrt_grad(y, dy),
+             lambda y, dy, a, g: (-(g / y) * _sqrt_grad(y, dy), _HALF * (g / y)), 2),
 }
 # TF op -> the kernel's function
 OPS = {"TanhGrad": "tanh", "SigmoidGrad": "sigmoid", "ReluGrad": "relu",
-       "LeakyReluGrad": "leaky_relu", "EluGrad": "elu", "Relu6Grad": "relu6", "SeluGrad": "selu"}
+       "LeakyReluGrad": "leaky_relu", "EluGrad": "elu", "Relu6Grad": "relu6", "SeluGrad": "selu",
+       "SqrtGrad": "sqrt"}
 
 
 @register
