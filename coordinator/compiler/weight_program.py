@@ -213,6 +213,9 @@ class WeightProgramBuilder:
             return self._elementwise(op, tensor, "select", inputs, {}, "", "0", out)
         if op.type == "StopGradient":
             return self._add(op, tensor, "stop_gradient", inputs[:1], {})
+        if op.type == "LogMatrixDeterminant":  # Glow's log|det W|; the sign, no gradient
+            return self._add(op, tensor, "slogdet", inputs[:1],
+                             {"output": ("sign", "log_abs_det")[tensor.value_index]})
         if op.type in WEIGHT_DIAGONALS:
             return self._diagonal(op, tensor, inputs, out)
         if op.type == "Cast":  # of a comparison: a mask, tf.cast(tf.abs(w) > t, tf.float32)
