@@ -217,7 +217,7 @@ class WeightProgramBuilder:
             return self._add(op, tensor, "slogdet", inputs[:1],
                              {"output": ("sign", "log_abs_det")[tensor.value_index]})
         if op.type in WEIGHT_DIAGONALS:
-            return self._diagonal(op, tensor, inputs, out)
+            return self._diagonals(op, tensor, inputs, out)
         if op.type == "Cast":  # of a comparison: a mask, tf.cast(tf.abs(w) > t, tf.float32)
             return self._add(op, tensor, "cast", inputs[:1], {"dtype": "float32"})
         if op.type == "L2Loss":  # tf.nn.l2_loss: sum(x ** 2) / 2 (TF's L2LossGrad: x * g)
@@ -264,8 +264,8 @@ class WeightProgramBuilder:
                              {"perm": [int(p) for p in inputs[1]]})
         return self._add(op, tensor, "reshape", inputs[:1], {"shape": list(out)})
 
-    def _diagonal(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any],
-                  out: tuple[int, ...]) -> str:
+    def _diagonals(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any],
+                   out: tuple[int, ...]) -> str:
         """tf.linalg.diag, diag_part, set_diag (the main diagonal) and band_part of weights: a
         select between the value and zeros (or the diagonal) by a constant mask, a take of
         the flattened diagonal; their gradients are TF's (the mask's part, the diagonal's)."""
@@ -290,10 +290,7 @@ class WeightProgramBuilder:
             shape = static_shape(op.inputs[0])
             if shape[-2] != n:
                 raise _Unfit("its matrix is not square")
-            flat = self._add(op, None, "reshape", inputs[:1], {"shape": [*shape[:-2], n * n]},
-                             suffix="/flat")
-            return self._add(op, tensor, "take", [flat], {"axis": len(shape) - 2,
-                                                          "indices": list(range(0, n * n, n + 1))})
+            return self._main_diagonal(op, tensor, inputs[0], shape)
         diagonal = inputs[1] if op.type == "MatrixSetDiagV3" else inputs[0]
         if not isinstance(diagonal, str):
             raise _Unfit("its diagonal is a constant")
@@ -302,6 +299,16 @@ class WeightProgramBuilder:
         other = inputs[0] if op.type == "MatrixSetDiagV3" else np.float32(0)
         return self._elementwise(op, tensor, "select", [np.eye(out[-2], n, dtype=bool), column,
                                                         other], {}, "", "0", out)
+
+    def _main_diagonal(self, op: tf.Operation, tensor: tf.Tensor, value: str,
+                       shape: tuple[int, ...]) -> str:
+        """The main diagonal of `value`'s square matrices (..., n, n): a take of their
+        flattened entries i * (n + 1)."""
+        n = shape[-1]
+        flat = self._add(op, None, "reshape", [value], {"shape": [*shape[:-2], n * n]},
+                         suffix="/flat")
+        return self._add(op, tensor, "take", [flat], {"axis": len(shape) - 2,
+                                                      "indices": list(range(0, n * n, n + 1))})
 
     def _scan(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any], kind: str) -> str:
         """tf.cumsum or tf.math.cumulative_logsumexp (`kind`'s kernel) along a constant axis."""
