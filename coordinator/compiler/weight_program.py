@@ -294,10 +294,10 @@ class WeightProgramBuilder:
         diagonal = inputs[1] if op.type == "MatrixSetDiagV3" else inputs[0]
         if not isinstance(diagonal, str):
             raise _Unfit("its diagonal is a constant")
-        column = self._add(op, None, "reshape", [diagonal], {"shape": [*out[:-2], 1, n]},
-                           suffix="/row")
+        row = self._add(op, None, "reshape", [diagonal], {"shape": [*out[:-2], 1, n]},
+                        suffix="/row")
         other = inputs[0] if op.type == "MatrixSetDiagV3" else np.float32(0)
-        return self._elementwise(op, tensor, "select", [np.eye(out[-2], n, dtype=bool), column,
+        return self._elementwise(op, tensor, "select", [np.eye(out[-2], n, dtype=bool), row,
                                                         other], {}, "", "0", out)
 
     def _main_diagonal(self, op: tf.Operation, tensor: tf.Tensor, value: str,
