@@ -27,7 +27,10 @@ def density_input_fn(params):
 
 def _invertible_1x1(z, lu):
     """z W with log|det W|: W a weight (tf.linalg.slogdet), or Glow's LU form
-    (L + I) U, U's diagonal sign * exp(log_s), whose log|det| is sum(log_s)."""
+    (L + I) U, U's diagonal sign * exp(log_s), whose log|det| is that of U's diagonal.
+    (Each log-determinant term reads what z reads: a loss term reading a weight alone, as
+    tf.reduce_sum(log_s), may run after TF's update in the same session.run, and TF
+    reports the loss after the step then.)"""
     w0 = np.linalg.qr(np.random.default_rng(5).normal(size=(D, D)))[0].astype(np.float32)
     if not lu:
         w = v1.get_variable("w", initializer=w0)
@@ -39,23 +42,24 @@ def _invertible_1x1(z, lu):
     strict = tf.linalg.band_part(lower, -1, 0) - tf.linalg.diag(tf.linalg.diag_part(lower))
     u = tf.linalg.set_diag(tf.linalg.band_part(upper, 0, -1), sign * tf.exp(log_s))
     w = tf.matmul(strict + tf.eye(D), u)
-    return tf.matmul(z, w), tf.reduce_sum(log_s)
+    return tf.matmul(z, w), tf.reduce_sum(tf.math.log(tf.abs(tf.linalg.diag_part(u))))
 
 
 def glow(features, labels, mode, params):
     """One Glow step: actnorm, an invertible 1x1 map, an affine coupling; -log p(x)."""
     logs = v1.get_variable("actnorm_logs", [D], initializer=v1.zeros_initializer())
     bias = v1.get_variable("actnorm_bias", [D], initializer=v1.zeros_initializer())
-    z = (features + bias) * tf.exp(logs)
+    scale = tf.exp(logs)
+    z = (features + bias) * scale
     logdet = tf.zeros(tf.shape(z)[:1])
-    logdet += tf.reduce_sum(logs)
+    logdet += tf.reduce_sum(tf.math.log(tf.abs(scale)))
     z, log_det_w = _invertible_1x1(z, params.get("lu", False))
     logdet += log_det_w
     za, zb = z[:, :D // 2], z[:, D // 2:]
     st = L.Dense(D, name="coupling")(L.Dense(16, activation="tanh", name="hidden")(za))
-    scale = tf.sigmoid(st[:, D // 2:] + 2.0)
-    zb = zb * scale + st[:, :D // 2]
-    logdet += tf.reduce_sum(tf.math.log(scale), 1)
+    gate = tf.sigmoid(st[:, D // 2:] + 2.0)
+    zb = zb * gate + st[:, :D // 2]
+    logdet += tf.reduce_sum(tf.math.log(gate), 1)
     z = tf.concat([za, zb], 1)
     log_px = -0.5 * tf.reduce_sum(tf.square(z) + np.log(2 * np.pi), 1) + logdet
     if mode == ModeKeys.PREDICT:
