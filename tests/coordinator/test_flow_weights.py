@@ -64,6 +64,7 @@ def _sum_is_given_to_every_sample(make_summands) -> bool:
 def test_zeros_plus_a_weight_is_given_to_every_sample_only_when_every_row_is_the_same():
     assert _sum_is_given_to_every_sample(lambda x, w: (tf.zeros(tf.shape(x)[:1]),
                                                        tf.reduce_sum(w)))
+    assert _sum_is_given_to_every_sample(lambda x, w: (tf.zeros_like(x[:, 0]), tf.reduce_max(w)))
     assert _sum_is_given_to_every_sample(lambda x, w: (tf.zeros([8, 8]), w))  # (rows alike)
     # a weight as long as the batch differs along that axis; a constant other than zeros
     # is not the identity: neither is the batch's
