@@ -310,6 +310,49 @@ def hamiltonian(features, labels, mode, params):
     return _train(mode, loss, v1.train.AdamOptimizer(1e-3))
 
 
+def atoms_input_fn(params):
+    """Clusters of 4 atoms in 3-D, their energy and forces under a Morse-like potential."""
+    rng = np.random.default_rng(params.get("data_seed", 8))
+    pos = rng.normal(scale=1.2, size=(64, 4, 3))
+    diff = pos[:, :, None, :] - pos[:, None, :, :]
+    r = np.sqrt((diff ** 2).sum(-1) + np.eye(4))
+    pair = (1 - np.exp(-(r - 1.5))) ** 2 * (1 - np.eye(4))
+    energy = 0.5 * pair.sum((1, 2))
+    forces = rng.normal(scale=0.1, size=pos.shape)  # (noise: the fit needs no physics)
+    return _batches(pos.astype(np.float32), {"energy": energy.astype(np.float32),
+                                              "forces": forces.astype(np.float32)})
+
+
+def force_matching(features, labels, mode, params):
+    """A machine-learned potential fitted to energies and forces: pair distances by
+    tf.newaxis and tf.sqrt, an atomic network, forces = -dE/dpositions (the loss's second
+    order runs through StridedSliceGrad of the newaxis slices and SqrtGrad)."""
+    pos = features
+    diff = pos[:, :, tf.newaxis, :] - pos[:, tf.newaxis, :, :]
+    r = tf.sqrt(tf.reduce_sum(tf.square(diff), -1) + tf.eye(4))
+    shells = tf.exp(-tf.square(r[..., None] - [0.5, 1.0, 2.0, 3.0])) * (1.0 - tf.eye(4))[..., None]
+    atoms = tf.keras.Sequential([L.Dense(16, activation="tanh"), L.Dense(1)])
+    energy = tf.reduce_sum(atoms(tf.reduce_sum(shells, 2))[..., 0], 1)
+    forces = -tf.gradients(energy, pos)[0]
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"energy": energy, "forces": forces})
+    loss = v1.losses.mean_squared_error(labels["energy"], energy) + \
+        10.0 * v1.losses.mean_squared_error(labels["forces"], forces)
+    return _train(mode, loss, v1.train.AdamOptimizer(1e-2), {
+        "energy_mae": v1.metrics.mean_absolute_error(labels["energy"], energy),
+        "force_rmse": v1.metrics.root_mean_squared_error(labels["forces"], forces)})
+
+
+def strided_force_matching(features, labels, mode, params):
+    """Forces of an energy of every other atom's coordinates (refused: the gradient of a
+    strided slice)."""
+    pos = features[:, ::2]
+    energy = tf.reduce_sum(_mlp([16], "tanh")(tf.reshape(pos, [-1, 6])), 1)
+    forces = -tf.gradients(energy, features)[0]
+    loss = v1.losses.mean_squared_error(labels["forces"], forces)
+    return _train(mode, loss, v1.train.AdamOptimizer(1e-2))
+
+
 CORPUS = {
     "pinn_burgers": (pinn_burgers, pde_input_fn),
     "pinn_heat": (pinn_heat, pde_input_fn),
@@ -326,6 +369,7 @@ CORPUS = {
     "double_backprop": (double_backprop, points_input_fn),
     "jacobian_penalty": (jacobian_penalty, points_input_fn),
     "sobolev": (sobolev, points_input_fn),
+    "force_matching": (force_matching, atoms_input_fn),
     "hamiltonian": (hamiltonian, oscillator_input_fn),
     "weight_gradient_penalty": (weight_gradient_penalty, points_input_fn),
     "sobolev_mixed_float16": (sobolev_mixed_float16, points_input_fn),

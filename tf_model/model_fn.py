@@ -47,10 +47,16 @@ UNKNOWN_SOURCE = "<unknown source>"
 
 def user_source(op: tf.Operation) -> str:
     """The user's "file:line" that created `op` (its innermost frame outside libraries;
-    relative to the working directory when below it)."""
-    for frame in reversed(op.traceback or []):
-        if is_user_file(frame.filename):
-            return _source_line(frame.filename, frame.lineno)
+    relative to the working directory when below it); of a gradient op (tf.gradients',
+    minimize's), its forward op's if the user's code made it: the line to change, not the
+    tf.gradients call."""
+    forward = op
+    while forward._original_op is not None:  # (TF sets it on a gradient function's ops)
+        forward = forward._original_op
+    for made in (forward, op):
+        for frame in reversed(made.traceback or []):
+            if is_user_file(frame.filename):
+                return _source_line(frame.filename, frame.lineno)
     return UNKNOWN_SOURCE
 
 

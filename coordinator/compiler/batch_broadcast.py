@@ -1,7 +1,10 @@
 """A weight given to every sample: a value of weights alone tiled over the batch (ViT's class
 token `tf.tile(cls, [tf.shape(x)[0], 1, 1])`, a Set Transformer's seed queries, Perceiver
 latents by `tf.broadcast_to(w, [batch, ...])`, DETR queries by `tf.repeat(w[None], batch,
-0)`, `tf.ones_like(x[:, :1]) * w`). Such an op is a source of the data flow, like an input:
+0)`, `tf.ones_like(x[:, :1]) * w`, a flow's log-determinant `tf.zeros(tf.shape(z)[:1]) +
+tf.reduce_sum(log_s)`). Ones times, or zeros plus, a value with no axis of the batch's length
+(absent or 1) are that value in every row along the first axis, whatever that axis means:
+TF folds tf.shape to a constant, so the ones or zeros need no provenance. Such an op is a source of the data flow, like an input:
 a `broadcast` kernel gives each sample of the micro-batch the weight (or the weight
 program's value), a `tile` kernel repeats it within the sample when the tile does too, and
 what follows is computed per sample as TF computes it. The weight's
@@ -35,10 +38,22 @@ def _static(tensor: tf.Tensor) -> np.ndarray | None:
 
 
 def _is_ones(tensor: tf.Tensor) -> bool:
-    if tensor.op.type == "OnesLike":
+    return _is_filled(tensor, "OnesLike", 1)
+
+
+def _is_zeros(tensor: tf.Tensor) -> bool:
+    return _is_filled(tensor, "ZerosLike", 0)
+
+
+def _is_filled(tensor: tf.Tensor, like: str, number: int) -> bool:
+    if tensor.op.type == like:
         return True
     value = _static(tensor)
-    return value is not None and value.size > 0 and bool((value == 1).all())
+    return value is not None and value.size > 0 and bool((value == number).all())
+
+
+# a value times ones or plus zeros as long as the batch is the value given to every sample
+NEUTRAL = {"Mul": _is_ones, "Add": _is_zeros, "AddV2": _is_zeros}
 
 
 def broadcast_value(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operation] = frozenset(),
@@ -59,9 +74,9 @@ def broadcast_value(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operat
             found = (value, static_shape(value))
     elif op.type == "BroadcastTo" and op.inputs[0].shape.is_fully_defined():
         found = (op.inputs[0], static_shape(op.inputs[0]))
-    elif op.type == "Mul":
-        ones = [t for t in op.inputs if _is_ones(t)]
-        rest = [t for t in op.inputs if not _is_ones(t)]
+    elif op.type in NEUTRAL:
+        ones = [t for t in op.inputs if NEUTRAL[op.type](t)]
+        rest = [t for t in op.inputs if not NEUTRAL[op.type](t)]
         if len(ones) == 1 and len(rest) == 1 and rest[0].shape.is_fully_defined() and \
                 static_shape(ones[0]) == tuple(out):
             found = (rest[0], static_shape(rest[0]))
@@ -77,7 +92,7 @@ def broadcast_value(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operat
             depends_on(value, SOURCE_OPS, SHAPE_OPS) is not None:
         return None
     if depends_on(value, VARIABLE_OPS, SHAPE_OPS) is None and \
-            (op.type == "Mul" or not _meets_weights(op, batch, forward)):
+            (op.type in NEUTRAL or not _meets_weights(op, batch, forward)):
         return None
     return found
 
@@ -106,7 +121,7 @@ def _meets_weights(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operati
 def constant_rows(m: Context, op: tf.Operation) -> np.ndarray | None:
     """The value of a constant `op` tiles over the batch (each sample's row), or None if
     its value reads a weight."""
-    if op.type not in ("Tile", "BroadcastTo", "Reshape"):  # (Mul: ones times a weight)
+    if op.type not in ("Tile", "BroadcastTo", "Reshape"):  # (ones times, zeros plus a weight)
         return None
     value = op.inputs[0] if op.type != "Reshape" else op.inputs[0].op.inputs[0]
     found = m.operands.constant(value)

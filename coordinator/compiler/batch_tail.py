@@ -357,10 +357,7 @@ class TailBuilder(WeightProgramBuilder):
             return self._refuse(tensor, f"computes the loss over the batch with {op.type} "
                                         f"'{op.name}' at {user_source(op)}: the CS takes the "
                                         "main diagonal of a square matrix")
-        n = shape[0]
-        flat = self._add(op, None, "reshape", [inner], {"shape": [n * n]}, suffix="/flat")
-        return self._add(op, tensor, "take", [flat],
-                         {"axis": 0, "indices": [i * (n + 1) for i in range(n)]})
+        return self._main_diagonal(op, tensor, inner, shape)
 
 
 def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],

@@ -63,10 +63,11 @@ WEIGHT_COMPARISONS = {op: kind for op, kind in BINARY.items() if kind in COMPARI
 SELECTS = ("Select", "SelectV2")
 WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2",
                 "ResourceGather", "ConcatV2", "Pack", "ReverseV2")
+WEIGHT_DIAGONALS = ("MatrixDiagV3", "MatrixDiagPartV3", "MatrixSetDiagV3", "MatrixBandPart")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN",
                              *REDUCTIONS, *RESHAPES,
                              "Transpose", "MatMul", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
-                             "Cumsum", *WEIGHT_VIEWS,
+                             "Cast", "Cumsum", *WEIGHT_DIAGONALS, "LogMatrixDeterminant", *WEIGHT_VIEWS,
                              *quantization.FORMS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
@@ -811,19 +812,21 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
 def _strided_slice_grad(m: Context, op: tf.Operation) -> str:
     """The gradient of x[...] inside the loss (tf.gradients(y[:, i], x)): the per-sample
     gradient dy put back at the slice's place among zeros, a `pad` kernel (a reshape first
-    for the axes the slice shrank); its own gradient is the slice, as TF's."""
+    for the axes the slice shrank or tf.newaxis added after the batch axis); its own
+    gradient is the slice, as TF's."""
     shape, begin, end, strides = (m.operands.constant(t) for t in op.inputs[:4])
     if shape is None or begin is None or end is None or strides is None or \
-            not m.is_batched(op.inputs[4]) or op.get_attr("new_axis_mask"):
-        return ("the gradient of a slice with bounds computed at run time, tf.newaxis, or of "
-                "a value that is not per-sample")
+            not m.is_batched(op.inputs[4]) or \
+            op.get_attr("new_axis_mask") & 1 and not op.get_attr("ellipsis_mask") & 1:
+        return ("the gradient of a slice with bounds computed at run time, tf.newaxis before "
+                "the batch axis, or of a value that is not per-sample")
     bounds = slice_bounds(op, begin, end, strides, tuple(int(d) for d in shape))
     if bounds[0] != (0, int(shape[0]), 1, False) or any(b[2] != 1 for b in bounds):
         return ("the gradient of a slice of the batch axis or of a strided slice: the CS puts "
                 "back a slice of a sample's own axes with stride 1")
     dy: Any = op.inputs[4]
     sliced = tuple(hi - lo for lo, hi, _, _ in bounds[1:])
-    if any(b[3] for b in bounds):
+    if any(b[3] for b in bounds) or op.get_attr("new_axis_mask"):
         dy = m.add_kernel(f"{op.name}/unshrunk", "reshape", [dy], {"shape": list(sliced)}, [],
                           [], None, output_shape=sliced, source_op=op).name
     paddings = [p for (lo, hi, _, _), size in zip(bounds[1:], shape[1:]) for p in (lo, int(size) - hi)]
@@ -965,7 +968,8 @@ def supported_table() -> str:
                  "per-sample values in model_fn (a physics-informed network's u_x, u_xx, a "
                  "gradient penalty, double backprop, a Jacobian penalty, Sobolev training, a "
                  "Hamiltonian network, FGSM adversarial training): its seed given to each "
-                 "sample, " + ", ".join(sorted(gradient_ops)) + " per sample (and a Conv2D's "
+                 "sample, " + ", ".join(sorted(gradient_ops)) + " per sample (StridedSliceGrad "
+                 "of tf.newaxis slices after the batch axis too; a Conv2D's "
                  "input gradient, Conv2DBackpropInput, as the transposed convolution; a fused "
                  "(Sparse)SoftmaxCrossEntropyWithLogits' backprop output, softmax - labels), "
                  "trained with TF's second-order gradient |")
@@ -975,7 +979,9 @@ def supported_table() -> str:
                  "(w, 0) of a cosine classifier, weight normalization's g * v / tf.norm(v), a "
                  "learned temperature's tf.exp(t), tf.nn.softplus(w), w * mask, a low-rank kernel "
                  "tf.matmul(u, v), a soft decision tree's tf.nn.softmax(leaf_logits), a conv "
-                 "kernel standardised with tf.nn.moments; views: slices "
+                 "kernel standardised with tf.nn.moments, SINDy's mask w * tf.cast(tf.abs(w) > "
+                 "t, tf.float32), Glow's log|det W| by tf.linalg.slogdet (`slogdet`) or its LU "
+                 "form by tf.linalg.diag/diag_part/set_diag/band_part; views: slices "
                  "with any masks and negative strides, tf.split/unstack, tf.gather at constant "
                  "indices, tf.concat/stack of weights, as Keras GRU(reset_after=False)'s "
                  "recurrent_kernel[:, 2 * units:]): run on the CS once a step before the batch, "

@@ -10,7 +10,8 @@ Only element-wise ops, broadcasting arithmetic with constants or other weights, 
 transposes, reshapes, products of matrices, softmax and log_softmax (a soft decision tree's
 tf.nn.softmax(leaf_logits)), tf.nn.l2_loss, stop_gradient, fake quantization (QAT),
 comparisons and tf.where on them or on a constant condition (SincNet's sinc(0) = 1; a
-comparison's bool value never meets the samples) and views (strided slices with any
+comparison's bool value never meets the samples, but its float32 cast may: a mask
+w * tf.cast(tf.abs(w) > t, tf.float32)) and views (strided slices with any
 masks, tf.split/unstack, tf.gather at constant indices, tf.concat/stack of weights: Keras
 GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) and noise on
 weights (random_numbers.weight_draws: a `random` kernel with no input, drawn once a step:
@@ -36,6 +37,7 @@ from coordinator.compiler.lowering import (
     UNARY,
     WEIGHT_ARITHMETIC,
     WEIGHT_COMPARISONS,
+    WEIGHT_DIAGONALS,
     WEIGHT_PROGRAM_OPS,
     WEIGHT_VIEWS,
     selects_rows,
@@ -211,6 +213,13 @@ class WeightProgramBuilder:
             return self._elementwise(op, tensor, "select", inputs, {}, "", "0", out)
         if op.type == "StopGradient":
             return self._add(op, tensor, "stop_gradient", inputs[:1], {})
+        if op.type == "LogMatrixDeterminant":  # Glow's log|det W|; the sign, no gradient
+            return self._add(op, tensor, "slogdet", inputs[:1],
+                             {"output": ("sign", "log_abs_det")[tensor.value_index]})
+        if op.type in WEIGHT_DIAGONALS:
+            return self._diagonals(op, tensor, inputs, out)
+        if op.type == "Cast":  # of a comparison: a mask, tf.cast(tf.abs(w) > t, tf.float32)
+            return self._add(op, tensor, "cast", inputs[:1], {"dtype": "float32"})
         if op.type == "L2Loss":  # tf.nn.l2_loss: sum(x ** 2) / 2 (TF's L2LossGrad: x * g)
             square = self._add(op, None, "activation", inputs[:1], {"function": "square"},
                                suffix="/square")
@@ -254,6 +263,52 @@ class WeightProgramBuilder:
             return self._add(op, tensor, "transpose", inputs[:1],
                              {"perm": [int(p) for p in inputs[1]]})
         return self._add(op, tensor, "reshape", inputs[:1], {"shape": list(out)})
+
+    def _diagonals(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any],
+                   out: tuple[int, ...]) -> str:
+        """tf.linalg.diag, diag_part, set_diag (the main diagonal) and band_part of weights: a
+        select between the value and zeros (or the diagonal) by a constant mask, a take of
+        the flattened diagonal; their gradients are TF's (the mask's part, the diagonal's)."""
+        if op.type == "MatrixBandPart":
+            lower, upper = (int(v) if not isinstance(v, str) else None for v in inputs[1:])
+            if lower is None or upper is None:
+                raise _Unfit("its band's bounds are not constant")
+            rows, cols = out[-2:]
+            i, j = np.arange(rows)[:, None], np.arange(cols)[None, :]
+            band = (lower < 0) | (i - j <= lower)
+            band &= (upper < 0) | (j - i <= upper)
+            return self._elementwise(op, tensor, "select", [band, inputs[0], np.float32(0)],
+                                     {}, "", "0", out)
+        k, *rest = inputs[1:] if op.type != "MatrixSetDiagV3" else inputs[2:]
+        if isinstance(k, str) or np.any(k != 0) or any(isinstance(v, str) for v in rest) or \
+                op.type == "MatrixDiagV3" and (np.any(rest[0] != -1) or np.any(rest[1] != -1)
+                                               or np.any(rest[2] != 0)):
+            raise _Unfit("it is not of the main diagonal (k = 0, TF's rows, columns and "
+                         "padding 0)")
+        n = out[-1]
+        if op.type == "MatrixDiagPartV3":
+            shape = static_shape(op.inputs[0])
+            if shape[-2] != n:
+                raise _Unfit("its matrix is not square")
+            return self._main_diagonal(op, tensor, inputs[0], shape)
+        diagonal = inputs[1] if op.type == "MatrixSetDiagV3" else inputs[0]
+        if not isinstance(diagonal, str):
+            raise _Unfit("its diagonal is a constant")
+        row = self._add(op, None, "reshape", [diagonal], {"shape": [*out[:-2], 1, n]},
+                        suffix="/row")
+        other = inputs[0] if op.type == "MatrixSetDiagV3" else np.float32(0)
+        return self._elementwise(op, tensor, "select", [np.eye(out[-2], n, dtype=bool), row,
+                                                        other], {}, "", "0", out)
+
+    def _main_diagonal(self, op: tf.Operation, tensor: tf.Tensor, value: str,
+                       shape: tuple[int, ...]) -> str:
+        """The main diagonal of `value`'s square matrices (..., n, n): a take of their
+        flattened entries i * (n + 1)."""
+        n = shape[-1]
+        flat = self._add(op, None, "reshape", [value], {"shape": [*shape[:-2], n * n]},
+                         suffix="/flat")
+        return self._add(op, tensor, "take", [flat], {"axis": len(shape) - 2,
+                                                      "indices": list(range(0, n * n, n + 1))})
 
     def _scan(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any], kind: str) -> str:
         """tf.cumsum or tf.math.cumulative_logsumexp (`kind`'s kernel) along a constant axis."""

@@ -223,6 +223,14 @@ EXPRESSIONS = {
     # sinc of 0 in the unchosen branch: TF's gradient is nan there, and so is the CS's
     "SelectV2": lambda w, v, g, s: tf.where(tf.equal(w * [[0.0], [1.0], [1.0]], 0.0), 1.0,
                                             tf.sin(w * [[0.0], [1.0], [1.0]]) / (w * [[0.0], [1.0], [1.0]])),
+    "Cast": lambda w, v, g, s: w * tf.cast(tf.abs(w - 1.0) > 0.3, tf.float32),  # (SINDy's mask)
+    "MatrixDiagV3": lambda w, v, g, s: tf.linalg.diag(w * v),
+    "MatrixDiagPartV3": lambda w, v, g, s: tf.linalg.diag_part(tf.matmul(w, v, transpose_b=True)),
+    "MatrixSetDiagV3": lambda w, v, g, s: tf.linalg.set_diag(tf.matmul(w, v, transpose_b=True),
+                                                             tf.reshape(s, [3])),
+    "MatrixBandPart": lambda w, v, g, s: tf.linalg.band_part(w * v, 1, 0),
+    "LogMatrixDeterminant": lambda w, v, g, s: tf.linalg.slogdet(
+        tf.matmul(w, v, transpose_b=True) - 4.0 * tf.eye(3))[1] * 2.0,  # (Glow's log|det W|)
     "FakeQuantWithMinMaxArgs": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_args(
         w - 1.0, -0.4, 0.8, num_bits=4),
     "FakeQuantWithMinMaxVars": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_vars(

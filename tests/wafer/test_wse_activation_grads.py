@@ -1,5 +1,5 @@
 """The activation_grad kernel against TensorFlow's gradient ops, float32: its forward is the
-op's value (TanhGrad, SigmoidGrad, ReluGrad, LeakyReluGrad, EluGrad, Relu6Grad, SeluGrad)
+op's value (TanhGrad, SigmoidGrad, ReluGrad, LeakyReluGrad, EluGrad, Relu6Grad, SeluGrad, SqrtGrad)
 and its backward TF's registered gradient of that op (the second order a loss holding a gradient trains with),
 bit for bit on 4096 values of each input (zeros and ties included)."""
 import numpy as np
@@ -15,7 +15,8 @@ RAW = {"TanhGrad": lambda a, b: tf.raw_ops.TanhGrad(y=a, dy=b),
        "LeakyReluGrad": lambda a, b: tf.raw_ops.LeakyReluGrad(gradients=a, features=b, alpha=0.3),
        "EluGrad": lambda a, b: tf.raw_ops.EluGrad(gradients=a, outputs=b),
        "Relu6Grad": lambda a, b: tf.raw_ops.Relu6Grad(gradients=a, features=b),
-       "SeluGrad": lambda a, b: tf.raw_ops.SeluGrad(gradients=a, outputs=b)}
+       "SeluGrad": lambda a, b: tf.raw_ops.SeluGrad(gradients=a, outputs=b),
+       "SqrtGrad": lambda a, b: tf.raw_ops.SqrtGrad(y=a, dy=b)}
 
 
 def _inputs(op_type: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -24,6 +25,8 @@ def _inputs(op_type: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndar
         a = (np.tanh(a) if op_type == "TanhGrad" else 1 / (1 + np.exp(-a))).astype(np.float32)
     if op_type in ("EluGrad", "SeluGrad"):  # b is the activation's output
         b = tf.nn.elu(b).numpy() if op_type == "EluGrad" else tf.nn.selu(b).numpy()
+    if op_type == "SqrtGrad":  # a is the square root y (0 too: where dy is 0, so is TF's value)
+        a = np.sqrt(np.abs(a) * (rng.uniform(size=a.shape) > 0.02)).astype(np.float32)
     if op_type == "Relu6Grad":
         b = 4 * b
         b[1, :8] = 6.0

@@ -21,6 +21,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | cast | x | dtype: float32, int32, int64, bool | — | x float32, int32, int64 or bool; output attr dtype |
 | stop_gradient | x | — | — | any, passed through |
 | one_hot | indices (...) | depth, on_value, off_value (axis -1) | — | indices int32/int64; output (..., depth) |
+| slogdet | x (..., n, n) | output: sign, log_abs_det (tf.linalg.slogdet, in float64 rounded to float32) | — | float32; output (...); the gradient of log_abs_det: g times the inverse transpose |
 | cumprod | x | axis (per-sample), exclusive, reverse | — | float32: TF's Cumprod and _CumprodGrad |
 | reduce | x | op: sum, mean, max, min; axes [per-sample axes]; keepdims | — | float32; sum, max, min also int32/int64 |
 | arg_reduce | x | op: max, min (tf.argmax, tf.argmin: the first index of the extreme, NaN never chosen, as TF's CPU kernel); axis (per-sample); output: int32, int64; half (the input holds float16 values) | — | x float32, int32, int64 or bool; output attr output, no gradient |
@@ -81,6 +82,7 @@ from wafer.kernels import (  # noqa: F401
                              conv_transpose,
                              dense,
                              depthwise,
+                             determinants,
                              einsum,
                              elementwise,
                              embedding,
