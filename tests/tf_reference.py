@@ -11,7 +11,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler.extract import op_closure
 from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+
+_WRITES = ("Assign", "ResourceApply", "ApplyGradient", "ResourceScatter", "Scatter",
+           "ResourceSparseApply")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ def _run(model_fn, params, weights, data, mode, fetch, signature) -> Reference:
         spec = call_model_fn(model_fn, features, labels, mode, params)
         variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
         fetched_tensors = [graph.get_tensor_by_name(name) for name in fetch]
+        if mode == "train":
+            _writes_wait_for_the_loss(spec.train_op, spec.loss)
         # One thread per op: TF's multi-threaded reductions vary from run to run.
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
                                           inter_op_parallelism_threads=1)
@@ -71,3 +77,14 @@ def _run(model_fn, params, weights, data, mode, fetch, signature) -> Reference:
                        if v.dtype.base_dtype.is_floating or v.dtype.base_dtype.is_integer}
             state = dict(zip(numbers, session.run(list(numbers.values()))))
     return Reference(losses, state, fetched)
+
+
+def _writes_wait_for_the_loss(train_op: tf.Operation, loss: tf.Tensor) -> None:
+    """Every variable write of the train_op (but those the loss itself waits for) waits for
+    the loss: a term that reads a weight its gradient does not need (loss - 0.5 * c, a
+    flow's sum of log-scales) is then read before the update, the order the CS gives it.
+    TF leaves that read unordered, so the loss it reports flips between runs."""
+    before = set(op_closure(loss))
+    for op in op_closure(train_op):
+        if op.type.startswith(_WRITES) and op not in before:
+            op._add_control_input(loss.op)
