@@ -24,6 +24,11 @@ from coordinator.compiler.rules import Context, TailContext
 ELEMENT_WISE = {*UNARY, *BINARY, "Select", "SelectV2", "Cast", "Identity", "StopGradient",
                 "Snapshot", "Softmax", "LogSoftmax", "AddN"}
 PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
+GATHERS = ("GatherV2", "ResourceGather")
+# Ops along a row's own axes whose lowerings refuse the batch axis (sequences.py, lowering.py):
+# Keras' unrolled recurrent layers (time-major transpose, unstack, the cell's splits and
+# slices, the steps stacked and transposed back, Bidirectional's reverse and concat).
+ALONG_ROWS = ("Unpack", "Split", "SplitV", "ConcatV2", "ReverseV2", "StridedSlice")
 # The README's rows (lowering.supported_table).
 KERNEL_ROWS = {
     "reshape (a folded batch)": "Reshape of a per-sample [batch, k, ...] value to [batch * k, "
@@ -78,9 +83,37 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type == "Conv2D":  # the conv2d kernel's (k, H, W, C): k images a sample
         return "" if m.is_batched(op.inputs[0]) and not m.is_batched(op.inputs[1]) else \
             _mixes(op, "convolves with a folded filter", k)
+    if op.type in GATHERS and not m.is_batched(op.inputs[0]):  # a weight's rows by each id
+        return ""
+    if op.type in ALONG_ROWS:
+        return ""
+    if op.type == "Transpose":
+        return "" if _keeps_rows(m, op) else \
+            _mixes(op, "transposes the folded batch axis other than time-major", k)
+    if op.type == "Pack":
+        return "" if op.get_attr("axis") != 0 or _stacked_back(m, op) else \
+            _mixes(op, "stacks folded values along the batch axis", k)
     if op.type in ("FusedBatchNormV3", "FusedBatchNorm"):
         return _mixes(op, "normalizes over the folded batch (a batch normalization)", k)
     return _mixes(op, f"{op.type} is not lowered on folded rows", k)
+
+
+def _keeps_rows(m: Context, op: tf.Operation) -> bool:
+    """Whether transpose `op` keeps the folded rows first, or puts a time axis before them
+    (Keras' time-major steps: perm [t, 0, ...] of a rank >= 3 value)."""
+    perm = m.operands.constant(op.inputs[1])
+    return perm is not None and (int(perm[0]) == 0 or (
+        len(perm) >= 3 and int(perm[1]) == 0))
+
+
+def _stacked_back(m: Context, op: tf.Operation) -> bool:
+    """Whether Pack `op` (axis 0) is read only by the transpose putting the rows first again
+    (Keras' return_sequences: tf.stack(steps), then perm [1, 0, ...])."""
+    readers = [c for c in op.outputs[0].consumers() if c in m.flow]
+    perm = m.operands.constant(readers[0].inputs[1]) \
+        if len(readers) == 1 and readers[0].type == "Transpose" else None
+    return perm is not None and [int(p) for p in perm[:2]] == [1, 0] and \
+        [int(p) for p in perm[2:]] == list(range(2, len(perm)))
 
 
 def _along_rows(m: Context, op: tf.Operation, k: int) -> str:
@@ -93,10 +126,19 @@ def _along_rows(m: Context, op: tf.Operation, k: int) -> str:
         shape = static_shape(t)
         known = m.operands.constant(t) is not None or m.operands.weight(t) is not None or \
             m.operands.view(t) is not None or m.derived_weight(t) is not None
-        if not known or (len(shape) == rank and rank and shape[0] != 1):
+        view = m.operands.view(t)
+        if not known or (len(shape) == rank and rank and shape[0] != 1 and not _same_rows(
+                m.operands.constant(t) if view is None else view.view)):
             return _mixes(op, f"meets {t.op.type} '{t.op.name}', not a weight or constant "
                               "shared by every row,", k)
     return ""
+
+
+def _same_rows(value: np.ndarray | None) -> bool:
+    """Whether constant `value` (or a view's indices) holds the same row for every row
+    (tf.zeros([batch * k, n]): a recurrent layer's first state, and its product with the
+    recurrent kernel plus a bias), which broadcasts along the folded rows."""
+    return value is not None and value.ndim > 0 and bool((value == value[:1]).all())
 
 
 def host_reads(m: TailContext) -> Iterator[tuple[tf.Operation, str]]:
