@@ -2,8 +2,8 @@
 users write them: a hierarchical attention network (Yang et al.: a document's sentences folded
 into the batch, [B, S, W] -> [B*S, W], an Embedding and a bidirectional word GRU per sentence,
 attention pooling, back to [B, S, H], a sentence GRU, attention, Dense), a TimeDistributed by
-hand of an LSTM over each of a sample's windows; and ones that still mix or reshape a folded
-recurrent layer's rows (refused)."""
+hand of an LSTM over each of a sample's windows; and a prediction of a recurrent layer's
+folded states (refused)."""
 import numpy as np
 import tensorflow as tf
 
@@ -36,7 +36,7 @@ def _attention_pool(h, name):
 def han(features, labels, mode, params):
     """The word encoder on the sentences folded into the batch; Adam (params word_rnn: the
     word encoder's layer, gru, lstm or simple_rnn; embed_first: look the words up on the
-    [B, S, W] ids, then fold)."""
+    [B, S, W] ids, then fold; predict_words: predict the word encoder's folded states)."""
     rnn = {"gru": L.GRU, "lstm": L.LSTM, "simple_rnn": L.SimpleRNN}[params.get("word_rnn", "gru")]
     embed = L.Embedding(VOCAB, 16, name="embed")
     if params.get("embed_first"):
@@ -50,14 +50,15 @@ def han(features, labels, mode, params):
     doc, sent_att = _attention_pool(hs, "sent_att")
     logits = L.Dense(3, name="logits")(doc)
     if mode == ModeKeys.PREDICT:
+        extra = {"words": hw} if params.get("predict_words") else {}
         return CSEstimatorSpec(mode, predictions={"class": tf.argmax(logits, 1),
-                                                  "sentence_attention": sent_att})
+                                                  "sentence_attention": sent_att, **extra})
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
             "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
     return CSEstimatorSpec(mode, loss=loss,
-                           train_op=v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()))
+                           train_op=v1.train.AdamOptimizer(1e-3).minimize(loss, global_step=gs()))
 
 
 def windows_input_fn(params):
