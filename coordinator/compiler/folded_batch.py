@@ -124,11 +124,13 @@ def _along_rows(m: Context, op: tf.Operation, k: int) -> str:
         if m.is_batched(t):
             continue
         shape = static_shape(t)
-        known = m.operands.constant(t) is not None or m.operands.weight(t) is not None or \
-            m.operands.view(t) is not None or m.derived_weight(t) is not None
         view = m.operands.view(t)
+        constant = m.operands.constant(t)
+        constant = m.operands.zero_product(t) if constant is None else constant
+        known = constant is not None or m.operands.weight(t) is not None or \
+            view is not None or m.derived_weight(t) is not None
         if not known or (len(shape) == rank and rank and shape[0] != 1 and not _same_rows(
-                m.operands.constant(t) if view is None else view.view)):
+                constant if view is None else view.view)):
             return _mixes(op, f"meets {t.op.type} '{t.op.name}', not a weight or constant "
                               "shared by every row,", k)
     return ""
