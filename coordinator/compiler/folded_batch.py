@@ -5,7 +5,11 @@ first axis B*k, its per-sample shape (k, ...)); an op that computes row by row k
 it lowers on (k, ...) as it would on [B, k, ...], and a reshape whose first axis is a multiple
 of the batch (back to [B, k, ...], or on to [B*k', ...]) is a per-sample reshape of each
 sample's contiguous elements; a Conv2D of folded frames is the conv2d kernel on each
-sample's (k, H, W, C). Ops that would mix the rows of different samples (a reduction over
+sample's (k, H, W, C); an Embedding's lookup of folded ids is the gather kernel on each
+sample's (k, ...) ids, and Keras' unrolled recurrent layers per folded row (a hierarchical
+attention network's word encoder) lower as on [B, k, ...] with their axes on each sample's
+(k, ...) (`Context.axis_shift`), a zero first state's equal rows broadcast along the rows.
+Ops that would mix the rows of different samples (a reduction over
 the folded batch axis, a batch normalization, a product of two folded values, a weight or
 constant laid along the folded axis) are refused naming the op, as are ops not proven row by
 row (pooling) and values the host reads while folded."""
@@ -35,6 +39,8 @@ KERNEL_ROWS = {
                                 "...] (tf.reshape(x, [-1, d]), [tf.shape(x)[0] * k, d]: a bag's "
                                 "instances, a sequence's steps), the ops computing row by row on "
                                 "it (Dense, Conv2D of folded frames [batch * k, H, W, C], "
+                                "Embedding lookups of folded ids, Keras GRU, LSTM and "
+                                "SimpleRNN per folded row (Bidirectional too), "
                                 "element-wise ops and activations, Dropout and random numbers "
                                 "one per element, LayerNormalization, reductions and softmax "
                                 "along a row's own axes) and the reshape back to [batch, "

@@ -3,9 +3,9 @@ attention network's sentences, [B, S, W] -> [B*S, W]; an LSTM per window) train 
 with TensorFlow's numbers at micro-batch 8 and 1 and evaluate and predict with the CPU path's;
 a prediction of a recurrent layer's folded states is refused naming the layer."""
 import cs_inprocess
-import tf_reference
 import folded_rnn_models as f
 import pytest
+import tf_reference
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
@@ -63,7 +63,7 @@ def test_an_lstm_per_window_trains_and_predicts_like_tensorflow(tmp_path):
 def test_predicting_a_recurrent_layers_folded_states_is_refused_naming_the_layer(tmp_path):
     with pytest.raises(CSRunError) as info:
         compile_model(f.han, f.documents_input_fn, {**SEED, "predict_words": True},
-                      str(tmp_path), mode="predict", validate_only=True)
+                      str(tmp_path), mode="infer", validate_only=True)
     line = str(info.value)
     assert line.startswith("validation failed: Bidirectional at tests/folded_rnn_models.py:") \
         and "the host reads this value" in line and "\n" not in line, line
