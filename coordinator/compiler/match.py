@@ -341,7 +341,7 @@ class Matcher:
             if value is None:
                 value = self.operands.zero_product(t)
             if value is not None:
-                rows = static_shape(op.outputs[0])[:1]  # the batch's, or folded rows'
+                rows = self.folded_rows(op)
                 if value.ndim and value.ndim == len(static_shape(op.outputs[0])) and \
                         value.shape[0] in (self.x.batch_size, *rows) and value.shape[0] != 1:
                     if not (value == value[:1]).all():
@@ -366,10 +366,16 @@ class Matcher:
             attrs[f"p{k}"] = list(derived.shape)
         return letters, inputs, attrs, params
 
+    def folded_rows(self, op: tf.Operation) -> tuple[int, ...]:
+        """(B*k,) if `op` reads folded rows (a constant of B*k equal rows broadcasts along
+        them as the batch's does), else ()."""
+        folded = any(self.folds(t) > 1 for t in op.inputs)
+        return static_shape(op.outputs[0])[:1] if folded else ()
+
     def per_sample_view(self, op: tf.Operation, weight: Weight) -> Weight:
         """A view broadcast over the batch (zeros of a batch's shape plus a weight: a
         recurrent layer's first step) reads the same elements for every sample: one row."""
-        view, rows = weight.view, static_shape(op.outputs[0])[:1]  # the batch's, or folded rows'
+        view, rows = weight.view, self.folded_rows(op)
         assert view is not None
         if view.ndim and view.ndim == len(static_shape(op.outputs[0])) and \
                 view.shape[0] in (self.x.batch_size, *rows) and view.shape[0] != 1 and \

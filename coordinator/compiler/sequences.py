@@ -82,9 +82,10 @@ def pack(m: Context, op: tf.Operation) -> str:
         shape.insert(own, 1)
         parts.append(m.add_kernel(f"{op.name}/expand_{k}", "reshape", [t], {"shape": shape}, [],
                                   [], None, output_shape=tuple(shape), source_op=op).name)
-    stacked = list(m.shape(values[0]))
+    stacked = list(m.shape(values[0]))  # (folded: each sample's (k, steps, ...))
     stacked.insert(own, len(values))
-    m.add_kernel(op.name, "concat", parts, {"axis": own}, [], ops, out, output_shape=tuple(stacked))
+    m.add_kernel(op.name, "concat", parts, {"axis": own}, [], ops, out,
+                 output_shape=tuple(stacked) if own == axis else None)
     return ""
 
 

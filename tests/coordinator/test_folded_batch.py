@@ -32,10 +32,8 @@ def test_attention_mil_over_folded_instances_trains_like_tensorflow(mil):
 
 def test_attention_mil_evaluates_and_predicts_like_the_cpu(mil):
     model_dir, result = mil
-    assert cs_inprocess.evaluation_mismatch(f.mil_attention, f.bags_input_fn, SEED, model_dir,
-                                            result) == ""
-    assert cs_inprocess.prediction_mismatch(f.mil_attention, f.bags_input_fn, SEED, model_dir,
-                                            result) == ""
+    assert cs_inprocess.cpu_path_mismatches(f.mil_attention, f.bags_input_fn, SEED, model_dir,
+                                            result) == []
 
 
 @pytest.mark.parametrize("model_fn, input_fn, params", [
@@ -77,10 +75,8 @@ def test_conv2d_over_folded_frames_trains_evaluates_and_predicts_like_tensorflow
     assert cs_inprocess.mismatches(result, RTOL) == []
     conv = next(k for k in result.compiled.program.kernels if k.type == "conv2d")
     assert list(conv.output_shape) == [3, 6, 6, 4]  # each clip's 3 frames
-    assert cs_inprocess.evaluation_mismatch(f.frame_conv, f.clips_input_fn, SEED, model_dir,
-                                            result) == ""
-    assert cs_inprocess.prediction_mismatch(f.frame_conv, f.clips_input_fn, SEED, model_dir,
-                                            result) == ""
+    assert cs_inprocess.cpu_path_mismatches(f.frame_conv, f.clips_input_fn, SEED, model_dir,
+                                            result) == []
 
 
 @pytest.mark.parametrize("model_fn, params, named", [

@@ -37,10 +37,8 @@ def test_han_trains_like_tensorflow_at_micro_batch_8_and_1(han):
 @pytest.mark.slow
 def test_han_evaluates_and_predicts_like_the_cpu(han):
     model_dir, result = han
-    assert cs_inprocess.evaluation_mismatch(f.han, f.documents_input_fn, SEED, model_dir,
-                                            result) == ""
-    assert cs_inprocess.prediction_mismatch(f.han, f.documents_input_fn, SEED, model_dir,
-                                            result) == ""
+    assert cs_inprocess.cpu_path_mismatches(f.han, f.documents_input_fn, SEED, model_dir,
+                                            result) == []
 
 
 @pytest.mark.slow
