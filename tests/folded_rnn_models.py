@@ -3,7 +3,7 @@ users write them: a hierarchical attention network (Yang et al.: a document's se
 into the batch, [B, S, W] -> [B*S, W], an Embedding and a bidirectional word GRU per sentence,
 attention pooling, back to [B, S, H], a sentence GRU, attention, Dense), a TimeDistributed by
 hand of an LSTM over each of a sample's windows; and a prediction of a recurrent layer's
-folded states (refused)."""
+folded states and a masked word encoder (refused)."""
 import numpy as np
 import tensorflow as tf
 
@@ -36,9 +36,10 @@ def _attention_pool(h, name):
 def han(features, labels, mode, params):
     """The word encoder on the sentences folded into the batch; Adam (params word_rnn: the
     word encoder's layer, gru, lstm or simple_rnn; embed_first: look the words up on the
-    [B, S, W] ids, then fold; predict_words: predict the word encoder's folded states)."""
+    [B, S, W] ids, then fold; predict_words: predict the word encoder's folded states;
+    mask_zero: the Embedding's mask on the word encoder's steps)."""
     rnn = {"gru": L.GRU, "lstm": L.LSTM, "simple_rnn": L.SimpleRNN}[params.get("word_rnn", "gru")]
-    embed = L.Embedding(VOCAB, 16, name="embed")
+    embed = L.Embedding(VOCAB, 16, mask_zero=bool(params.get("mask_zero")), name="embed")
     if params.get("embed_first"):
         words = tf.reshape(embed(features), [-1, WORDS, 16])
     else:

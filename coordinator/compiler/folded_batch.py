@@ -31,8 +31,9 @@ PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
 GATHERS = ("GatherV2", "ResourceGather")
 # Ops along a row's own axes whose lowerings refuse the batch axis (sequences.py, lowering.py):
 # Keras' unrolled recurrent layers (time-major transpose, unstack, the cell's splits and
-# slices, the steps stacked and transposed back, Bidirectional's reverse and concat).
-ALONG_ROWS = ("Unpack", "Split", "SplitV", "ConcatV2", "ReverseV2", "StridedSlice")
+# slices, the steps stacked and transposed back, Bidirectional's reverse and concat, a
+# mask's step tiled to the units).
+ALONG_ROWS = ("Unpack", "Split", "SplitV", "ConcatV2", "ReverseV2", "StridedSlice", "Tile")
 # The README's rows (lowering.supported_table).
 KERNEL_ROWS = {
     "reshape (a folded batch)": "Reshape of a per-sample [batch, k, ...] value to [batch * k, "

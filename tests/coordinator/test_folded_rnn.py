@@ -58,10 +58,18 @@ def test_an_lstm_per_window_trains_and_predicts_like_tensorflow(tmp_path):
                                             result) == ""
 
 
-def test_predicting_a_recurrent_layers_folded_states_is_refused_naming_the_layer(tmp_path):
+@pytest.mark.parametrize("params, mode, why", [
+    ({"predict_words": True}, "infer", "the host reads this value"),
+    pytest.param({"mask_zero": True}, "train", "transposes the batch axis away",
+                 marks=pytest.mark.slow),
+], ids=["prediction_of_folded_states", "masked_word_encoder"])
+def test_what_remains_refused_names_the_recurrent_layer(tmp_path, params, mode, why):
+    """A prediction of the word encoder's folded states; an Embedding(mask_zero=True)'s mask
+    on the word encoder's steps (refused on the batch's rows too: the unrolled masked
+    layer's stack is read other than transposed back)."""
     with pytest.raises(CSRunError) as info:
-        compile_model(f.han, f.documents_input_fn, {**SEED, "predict_words": True},
-                      str(tmp_path), mode="infer", validate_only=True)
+        compile_model(f.han, f.documents_input_fn, {**SEED, **params}, str(tmp_path),
+                      mode=mode, validate_only=True)
     line = str(info.value)
     assert line.startswith("validation failed: Bidirectional at tests/folded_rnn_models.py:") \
-        and "the host reads this value" in line and "\n" not in line, line
+        and "(layer 'word_rnn" in line and why in line and "\n" not in line, line
