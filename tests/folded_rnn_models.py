@@ -1,8 +1,8 @@
 """Models that run an Embedding and Keras recurrent layers on rows folded into the batch, as
 users write them: a hierarchical attention network (Yang et al.: a document's sentences folded
 into the batch, [B, S, W] -> [B*S, W], an Embedding and a bidirectional word GRU per sentence,
-attention pooling, back to [B, S, H], a sentence GRU, attention, Dense), a TimeDistributed by
-hand of an LSTM over each of a sample's windows; and a prediction of a recurrent layer's
+attention pooling, back to [B, S, H], a sentence GRU, attention, Dense), an LSTM over each
+of a sample's windows (TimeDistributed by hand or Keras'); and a prediction of a recurrent layer's
 folded states and a masked word encoder (refused)."""
 import numpy as np
 import tensorflow as tf
@@ -72,9 +72,13 @@ def windows_input_fn(params):
 
 def window_lstm(features, labels, mode, params):
     """An LSTM's last state per window, TimeDistributed by hand ([B, 3, 5, 2] -> [B*3, 5, 2]
-    -> [B, 3, 6]), flattened into a Dense; SGD."""
+    -> [B, 3, 6]) or by Keras' TimeDistributed (params keras), flattened into a Dense; SGD."""
     windows, steps, width = features.shape[1:]
-    h = L.LSTM(6, name="window_lstm")(tf.reshape(features, [-1, steps, width]))
+    lstm = L.LSTM(6, name="window_lstm")
+    if params.get("keras"):
+        h = L.TimeDistributed(lstm)(features)
+    else:
+        h = lstm(tf.reshape(features, [-1, steps, width]))
     logits = L.Dense(2)(tf.reshape(h, [-1, windows * 6]))
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     if mode == ModeKeys.PREDICT:

@@ -50,11 +50,14 @@ def test_han_with_other_word_encoders_trains_like_tensorflow(tmp_path, params):
     assert cs_inprocess.mismatches(result, RTOL) == []
 
 
-def test_an_lstm_per_window_trains_and_predicts_like_tensorflow(tmp_path):
-    model_dir = str(tmp_path)
-    result = cs_inprocess.compare(f.window_lstm, f.windows_input_fn, SEED, model_dir, steps=4)
+@pytest.mark.parametrize("keras", [False, True], ids=["by_hand", "keras_time_distributed"])
+def test_an_lstm_per_window_trains_and_predicts_like_tensorflow(tmp_path, keras):
+    model_dir, params = str(tmp_path), {**SEED, "keras": keras}
+    result = cs_inprocess.compare(f.window_lstm, f.windows_input_fn, params, model_dir, steps=4)
     assert cs_inprocess.mismatches(result, RTOL) == []
-    assert cs_inprocess.prediction_mismatch(f.window_lstm, f.windows_input_fn, SEED, model_dir,
+    # each series' 3 windows' last states: (3, 6)
+    assert [3, 6] in [list(k.output_shape) for k in result.compiled.program.kernels]
+    assert cs_inprocess.prediction_mismatch(f.window_lstm, f.windows_input_fn, params, model_dir,
                                             result) == ""
 
 
