@@ -61,15 +61,16 @@ def weight_params(program: pb.Program) -> list[pb.Param]:
 
 def program_variables(program: pb.Program) -> list[str]:
     """The variables the CS holds: the kernels' weights, their moving averages, what the
-    schedules read, a dynamic loss scale's variables and the accumulators of an update
-    cond."""
+    schedules read, a dynamic loss scale's variables, the accumulators of an update cond
+    and carried states (a ring pointer)."""
     schedules = [*program.schedules, *(m.factor for m in program.moving_averages)]
     dynamic = loss_scaling.of_program(program)
     return [p.variable for p in weight_params(program)] + list(dict.fromkeys(
         [*(m.shadow for m in program.moving_averages),
          *(o.name for s in schedules for o in s.ops if o.op == "variable"),
          *(dynamic.state if dynamic else ()),
-         *program.conditional_update.accumulators]))
+         *program.conditional_update.accumulators,
+         *(w.variable for w in program.weight_writes if w.carried_dtype)]))
 
 
 def tf_optimizer(*optimizers: pb.Optimizer) -> str:

@@ -352,7 +352,7 @@ class WriteStep(_message.Message):
     def __init__(self, op: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WeightWrite(_message.Message):
-    __slots__ = ("variable", "steps", "factors", "before_update", "step_offset", "source", "sources", "predicate")
+    __slots__ = ("variable", "steps", "factors", "before_update", "step_offset", "source", "sources", "predicate", "batch", "carried_dtype")
     VARIABLE_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     FACTORS_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +361,8 @@ class WeightWrite(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     PREDICATE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    CARRIED_DTYPE_FIELD_NUMBER: _ClassVar[int]
     variable: str
     steps: _containers.RepeatedCompositeFieldContainer[WriteStep]
     factors: _containers.RepeatedCompositeFieldContainer[Schedule]
@@ -369,10 +371,12 @@ class WeightWrite(_message.Message):
     source: str
     sources: _containers.RepeatedScalarFieldContainer[str]
     predicate: Schedule
-    def __init__(self, variable: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[WriteStep, _Mapping]]] = ..., factors: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., before_update: _Optional[bool] = ..., step_offset: _Optional[int] = ..., source: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., predicate: _Optional[_Union[Schedule, _Mapping]] = ...) -> None: ...
+    batch: _containers.RepeatedScalarFieldContainer[str]
+    carried_dtype: str
+    def __init__(self, variable: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[WriteStep, _Mapping]]] = ..., factors: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., before_update: _Optional[bool] = ..., step_offset: _Optional[int] = ..., source: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., predicate: _Optional[_Union[Schedule, _Mapping]] = ..., batch: _Optional[_Iterable[str]] = ..., carried_dtype: _Optional[str] = ...) -> None: ...
 
 class ConditionalUpdate(_message.Message):
-    __slots__ = ("predicate", "variables", "accumulators", "source", "finite", "if_true", "if_false")
+    __slots__ = ("predicate", "variables", "accumulators", "source", "finite", "if_true", "if_false", "step_offset")
     PREDICATE_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
     ACCUMULATORS_FIELD_NUMBER: _ClassVar[int]
@@ -380,6 +384,7 @@ class ConditionalUpdate(_message.Message):
     FINITE_FIELD_NUMBER: _ClassVar[int]
     IF_TRUE_FIELD_NUMBER: _ClassVar[int]
     IF_FALSE_FIELD_NUMBER: _ClassVar[int]
+    STEP_OFFSET_FIELD_NUMBER: _ClassVar[int]
     predicate: Schedule
     variables: _containers.RepeatedScalarFieldContainer[str]
     accumulators: _containers.RepeatedScalarFieldContainer[str]
@@ -387,7 +392,8 @@ class ConditionalUpdate(_message.Message):
     finite: str
     if_true: _containers.RepeatedScalarFieldContainer[str]
     if_false: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, predicate: _Optional[_Union[Schedule, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., accumulators: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ..., finite: _Optional[str] = ..., if_true: _Optional[_Iterable[str]] = ..., if_false: _Optional[_Iterable[str]] = ...) -> None: ...
+    step_offset: int
+    def __init__(self, predicate: _Optional[_Union[Schedule, _Mapping]] = ..., variables: _Optional[_Iterable[str]] = ..., accumulators: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ..., finite: _Optional[str] = ..., if_true: _Optional[_Iterable[str]] = ..., if_false: _Optional[_Iterable[str]] = ..., step_offset: _Optional[int] = ...) -> None: ...
 
 class Estimate(_message.Message):
     __slots__ = ("samples_per_sec", "compute_samples_per_sec", "transmission_samples_per_sec", "active_cores", "compute_utilization", "ideal_samples_per_sec", "pipeline_fill_seconds")

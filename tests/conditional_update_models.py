@@ -79,7 +79,8 @@ def accumulated(features, labels, mode, params):
 def every_n(features, labels, mode, params):
     """The step's gradients applied only on steps the global step's remainder by `every`
     is 0 (no accumulation); `params["minimize_inside"]`: opt.minimize(loss) in the branch;
-    `params["negated"]`: tf.cond(remainder != 0, tf.no_op, apply)."""
+    `params["negated"]`: tf.cond(remainder != 0, tf.no_op, apply); `params["uncounted"]`:
+    nothing increments the global step (TF's cond decides alike every step)."""
     loss, logits = _classifier(features, labels)
 
     def train_op_fn():
@@ -97,6 +98,8 @@ def every_n(features, labels, mode, params):
             do = tf.cond(tf.not_equal(step % params["every"], 0), tf.no_op, apply)
         else:
             do = tf.cond(tf.equal(step % params["every"], 0), apply, tf.no_op)
+        if params.get("uncounted"):
+            return do
         with tf.control_dependencies([do]):
             return v1.assign_add(step, 1)
     return _spec(mode, loss, logits, labels, train_op_fn)

@@ -21,12 +21,14 @@ from common.run_settings import RunSettings
 from coordinator.chief import cs_state, output_tensor_names, resumed_step, streamed_names
 from coordinator.compiler import CompileResult, compile_model
 from cs_api import pb
+from cs_api.attrs import from_attr
 from cs_api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
 from tf_model import checkpoints, cpu_session
 from tf_model.metrics import EvalMetrics
 from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph, named_inputs, numpy_batches
 from tf_model.predictions import PredictionGraph
 from wafer.fabric import get_fabric
+from wafer.kernels.candidate_sampling import Classes
 from wafer.kernels.random_numbers import DRAWING, replayed_draws
 from workers.feed import input_dataset
 from wse_sim.cs_system import CSSystem
@@ -133,9 +135,39 @@ def compare(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str
 
 def drawing_kernels(program: pb.Program) -> dict[str, str]:
     """The program's kernels drawing numbers of their own (its weight program's too) -> the
-    TF tensor each computes."""
+    TF tensor each computes (a sampled_logits kernel: its sampler's sampled ids, the kernel
+    named for the sampler op)."""
     kernels = [*program.kernels, *program.weight_program.kernels]
-    return {k.name: k.tf_tensor for k in kernels if k.type in DRAWING}
+    return {k.name: f"{k.name}:0" if k.type == "sampled_logits" else k.tf_tensor
+            for k in kernels if k.type in DRAWING}
+
+
+def drawn_tensors(program: pb.Program) -> list[str]:
+    """What TF's run fetches for tfs_draws: the drawing kernels' tensors, and each candidate
+    sampler's expected counts of its sampled ids (which tell its number of tries)."""
+    counts = [f"{k.name}:2" for k in program.kernels if k.type == "sampled_logits"]
+    return sorted({*drawing_kernels(program).values(), *counts})
+
+
+def _sampler_draws(kernel: pb.Kernel, fetched: Sequence[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """Per step, a sampled_logits kernel's replayed draw: TF's ids, then its tries (from the
+    expected counts: 1 - (1 - p)^tries, or p * num_sampled when every try was kept)."""
+    attrs = {key: from_attr(value) for key, value in kernel.attrs.items()}
+    draws = []
+    for step in fetched:
+        ids, counts = step[f"{kernel.name}:0"], step[f"{kernel.name}:2"]
+        tries = sampler_tries(Classes.of(attrs), ids, counts)
+        draws.append(np.append(ids.astype(np.int64), tries))
+    return draws
+
+
+def sampler_tries(classes: Classes, ids: np.ndarray, counts: np.ndarray) -> int:
+    """The tries a TF candidate sampler took for `ids`, told by its expected counts of them:
+    p * num_sampled when every try was kept, else 1 - (1 - p)^tries."""
+    p = classes.probability(ids).astype(np.float64)
+    if np.allclose(counts, p * len(ids), rtol=1e-6):
+        return len(ids)
+    return int(np.round(np.median(np.log1p(-counts.astype(np.float64)) / np.log1p(-p))))
 
 
 @contextmanager
@@ -146,11 +178,17 @@ def tfs_draws(program: pb.Program, fetched: Sequence[dict[str, np.ndarray]]) -> 
     drawing = drawing_kernels(program)
     once = {k.name for k in program.weight_program.kernels}
     queued = {name: [step[tensor] for step in fetched] for name, tensor in drawing.items()}
+    samplers = {k.name for k in program.kernels if k.type == "sampled_logits"}
+    queued.update({k.name: _sampler_draws(k, fetched) for k in program.kernels
+                   if k.name in samplers})
     taken = dict.fromkeys(drawing, 0)  # each kernel's values handed out so far, in sample order
     # a step minimizing several losses runs its forward pass once per loss: the same draws
     batch, passes = program.batch_size, max(len(program.objectives), 1)
 
     def replay(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name in samplers:  # (one draw a step)
+            taken[name] += 1
+            return queued[name][taken[name] - 1]
         start, taken[name] = taken[name], taken[name] + shape[0]
         if name in once:
             return queued[name][start]
@@ -170,7 +208,7 @@ def compare_drawn(model_fn: Callable, input_fn: Callable, params: dict, model_di
     compiled = compile_checked(model_fn, input_fn, params, model_dir)
     data = tf_reference.batches(input_fn, params, steps)
     reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data,
-                                 fetch=sorted(set(drawing_kernels(compiled.program).values())))
+                                 fetch=drawn_tensors(compiled.program))
     with tfs_draws(compiled.program, reference.fetched):
         cs = run_on_cs(compiled.program, compiled.initial_weights, data)
     return Comparison(compiled, cs, reference)
@@ -587,11 +625,12 @@ def refusal_problem(error: CSRunError, source_file: str, op_words: set[str]) -> 
 
 
 def refusal(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
-            source_file: str) -> str:
-    """The one-line refusal of model_fn (written in `source_file`), checked to name one of
-    its ops and a line of that file (AssertionError if it compiles or does not)."""
+            source_file: str, mode: str = "train") -> str:
+    """The one-line refusal of model_fn (written in `source_file`) compiled for `mode`,
+    checked to name one of its ops and a line of that file (AssertionError if it compiles
+    or does not)."""
     try:
-        compile_checked(model_fn, input_fn, params, model_dir)
+        compile_checked(model_fn, input_fn, params, model_dir, mode=mode)
     except CSRunError as error:
         words = model_op_words(model_fn, input_fn, params)
         problem = refusal_problem(error, source_file, words)

@@ -90,20 +90,6 @@ def column_softmax_model_fn(features, labels, mode, params):
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
 
 
-def prototypes_model_fn(features, labels, mode, params):
-    """A prototypical network written over one batch: its first half the support set (class
-    prototypes: the mean embedding per class), the second half the queries, classified by
-    their distances to the prototypes (the CS refuses the batch slices)."""
-    z = tf.keras.layers.Dense(4)(tf.keras.layers.Dense(8, activation="relu")(features["query"]))
-    half = BATCH // 2
-    support, queries = z[:half], z[half:]
-    one_hot = tf.one_hot(labels[:half], 2)
-    prototypes = tf.matmul(one_hot, support, transpose_a=True) / (tf.reduce_sum(one_hot, 0)[:, None] + 1.0)
-    logits = -tf.reduce_sum(tf.square(queries[:, None, :] - prototypes[None]), -1)
-    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels[half:], logits)
-    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train(loss, params))
-
-
 def minimize_with(optimizer: str, loss):
     """The train_op of a drawn model: "adam" (rate 0.01), "sgd" or "momentum" (0.1)."""
     rate = 0.01 if optimizer == "adam" else 0.1

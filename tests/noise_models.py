@@ -166,17 +166,6 @@ def conditional_generator(features, labels, mode, params):
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
 
 
-def sampled_softmax(features, labels, mode, params):
-    """tf.nn.sampled_softmax_loss: a candidate sampler draws classes for the batch."""
-    h = tf.keras.layers.Dense(HIDDEN, activation="relu")(features)
-    weights = tf.compat.v1.get_variable("softmax_w", [CLASSES * 4, HIDDEN])
-    biases = tf.compat.v1.get_variable("softmax_b", [CLASSES * 4])
-    loss = tf.reduce_mean(tf.nn.sampled_softmax_loss(
-        weights, biases, tf.cast(labels[:, None], tf.int64), h, num_sampled=3,
-        num_classes=CLASSES * 4))
-    return CSEstimatorSpec(mode=mode, loss=loss, train_op=_train_op(loss, params))
-
-
 def noisy_labels(features, labels, mode, params):
     """Label noise: random numbers added to the regression targets (the CS draws them)."""
     prediction = tf.keras.layers.Dense(PIXELS)(features)

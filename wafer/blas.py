@@ -25,9 +25,9 @@ _NAMES = ("scipy_cblas_sgemm64_", "cblas_sgemm64_", "cblas_sgemm")
 
 def _numpy_library() -> tuple[str, str]:
     """The path of the BLAS numpy loaded and its sgemm's symbol name."""
-    numpy_root = os.path.dirname(os.path.dirname(np.__file__))
-    for lib in threadpoolctl.threadpool_info():
-        if lib["user_api"] == "blas" and lib["filepath"].startswith(numpy_root) and \
+    numpy_root = os.path.dirname(os.path.dirname(os.path.realpath(np.__file__)))
+    for lib in threadpoolctl.threadpool_info():  # (the venv may be reached through a symlink)
+        if lib["user_api"] == "blas" and os.path.realpath(lib["filepath"]).startswith(numpy_root) and \
                 os.path.basename(os.path.dirname(lib["filepath"])).startswith("numpy"):
             handle = ctypes.CDLL(lib["filepath"])
             for name in _NAMES:

@@ -9,8 +9,13 @@ non-trainable variable per trained weight to which every step adds the weight's 
 predicate holds. Each step, before its update, the CS evaluates the predicate at the global
 step the batch trains from; when it is 0 no update of the step runs (weights, slots, the
 optimizer's bookkeeping), as TF's cond runs no branch op. When both branches apply the
-optimizer (a warm-up training a head alone for K steps), each to some variables, a variable
-one branch alone updates is updated on the steps that take it, the others every step. The accumulators are job state,
+optimizer (a warm-up training a head alone for K steps), each to some variables, or the
+train_op updates other variables every step beside the cond (TD3's actor every d steps
+beside its critic; a WGAN's generator every n_critic steps), a variable one branch alone
+updates is updated on the steps that take it, the others every step, and an optimizer's
+bookkeeping (Adam's beta powers) runs on the steps it updates a variable (TF's are in the
+branch of its apply ops). The predicate reads the global step before the step's increment,
+or after it (`step_offset` 1), as the graph orders it. The accumulators are job state,
 checkpointed under their TF names. With `finite` instead of a predicate the updates run when
 the batch's loss ("loss": TF's is_finite of the scalar loss) or every gradient the optimizer
 applies ("gradients", after the transforms) is finite: known once the batch's gradients are
@@ -38,6 +43,7 @@ class ConditionalUpdate:
     # only when it fails; the step's other updates (and the optimizer's bookkeeping) run
     if_true: tuple[str, ...] = ()
     if_false: tuple[str, ...] = ()
+    step_offset: int = 0  # 1: the predicate reads the global step after the step's increment
 
     @property
     def both(self) -> bool:
@@ -52,13 +58,14 @@ class ConditionalUpdate:
         """Whether the updates of the step training from global step `step` run (a
         predicate's)."""
         assert self.predicate is not None
-        return bool(evaluate(self.predicate, step, variables) != 0)
+        return bool(evaluate(self.predicate, step + self.step_offset, variables) != 0)
 
     def to_message(self, pb):
         message = pb.ConditionalUpdate(variables=[v for v, _ in self.accumulators],
                                        accumulators=[a for _, a in self.accumulators],
                                        source=self.source, finite=self.finite,
-                                       if_true=self.if_true, if_false=self.if_false)
+                                       if_true=self.if_true, if_false=self.if_false,
+                                       step_offset=self.step_offset)
         if self.predicate is not None:
             message.predicate.CopyFrom(self.predicate.to_message(pb))
         return message
@@ -69,7 +76,7 @@ class ConditionalUpdate:
             else None
         return cls(predicate, tuple(zip(message.variables, message.accumulators)),
                    message.source, message.finite, tuple(message.if_true),
-                   tuple(message.if_false))
+                   tuple(message.if_false), int(message.step_offset))
 
 
 def accumulate(update: ConditionalUpdate, gradients: Mapping[str, np.ndarray],
@@ -92,6 +99,8 @@ def problem(update: ConditionalUpdate, trained: Mapping[str, str]) -> str:
         return f"a predicate or a finite test ({', '.join(FINITE)}) without accumulators needed"
     if update.both and (update.finite or update.accumulators):
         return "updates in both branches with a finite test or accumulators"
+    if update.step_offset not in (0, 1) or update.step_offset and update.predicate is None:
+        return f"a step offset of {update.step_offset} (0 or 1, with a predicate)"
     gated = [*update.if_true, *update.if_false]
     if len(set(gated)) != len(gated) or any(trained.get(v) is None for v in gated):
         return "a variable updated under the predicate is no trained weight, or named twice"

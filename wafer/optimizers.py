@@ -87,7 +87,7 @@ suffixes below, in order) and start as TF starts them; Adam's step counters are 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -676,6 +676,21 @@ class Grouped(Optimizer):
     def finish_step(self):
         for o in self.members:
             o.finish_step()
+
+
+def finish_updated(optimizer: Optimizer, trained: Iterable[str], skipped: frozenset[str]) -> None:
+    """The step's bookkeeping (`finish_step`: Adam's beta powers) of each optimizer that
+    updated one of the `trained` variables not `skipped`: a group whose updates a tf.cond
+    skipped this step keeps its step counters, as TF's live in the branch of its apply ops."""
+    if not isinstance(optimizer, Grouped):
+        if not skipped or any(v not in skipped for v in trained):
+            optimizer.finish_step()
+        return
+    updated = {id(optimizer.by_variable.get(v, optimizer.default)) for v in trained
+               if v not in skipped}
+    for member in optimizer.members:
+        if id(member) in updated:
+            member.finish_step()
 
 
 def make_optimizers(config: OptimizerConfig, groups: Sequence[OptimizerGroup]) -> Optimizer:

@@ -34,7 +34,7 @@ kept for the backward pass of the samples in flight / P_k.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -157,6 +157,7 @@ class PipelineTiming:
     shared_read_seconds: float = 0.0  # the slowest shared weight's read (and gradient back)
     barriers: tuple[Barrier, ...] = ()  # batch barriers (BatchNormalization in training)
     weight_program_seconds: float = 0.0  # the weight program, once a step
+    state_write_seconds: float = 0.0  # the batch's values to the state written from them
 
     @property
     def samples_per_sec(self) -> float:
@@ -178,10 +179,11 @@ class PipelineTiming:
     def step_seconds(self, batch_size: int) -> float:
         """Time of one step of `batch_size` samples (B / R per replica, the replicas side by
         side): steady state, fill, the gradients' all-reduce, update, shared reads, the weight
-        program and the batch barriers' stalls."""
+        program, the batch barriers' stalls and the state writes of the batch."""
         return (max(batch_size - self.replicas, 0) / self.samples_per_sec + self.fill_seconds
                 + self.allreduce_seconds + self.update_seconds + self.shared_read_seconds
-                + self.weight_program_seconds + self.barrier_seconds(batch_size))
+                + self.weight_program_seconds + self.barrier_seconds(batch_size)
+                + self.state_write_seconds)
 
     def barrier_seconds(self, batch_size: int) -> float:
         return sum(b.stall_seconds(batch_size, self.samples_per_sec, self.replicas)
@@ -393,6 +395,30 @@ def weight_program_seconds(placed: Sequence[tuple[Any, RegionLike]], fabric: Fab
     return max(by_region.values(), default=0.0)
 
 
+def state_write_seconds(writes: Sequence[tuple[int, int]], fabric: Fabric) -> float:
+    """The state writes of the batch (wafer.weight_writes' `batch`), after the step's
+    updates, one after another: each moves its bytes of the whole batch's values (B x the
+    values' bytes per sample) into the region holding the state, across its edge of
+    `edge cores` links; (bytes, edge cores) per write. The routes' hops and the write's
+    element-wise arithmetic are not charged."""
+    link = link_bytes_per_sec(fabric)
+    return sum(nbytes / (max(edge, 1) * link) for nbytes, edge in writes)
+
+
+def program_state_writes(program: Any) -> list[tuple[int, int]]:
+    """(bytes per step, edge cores) of each state write of a compiled Program's batch (the
+    region of the state's first reader; one link to a weight program's source)."""
+    per_sample = {k.name: _shape_bytes(k.output_shape) for k in program.kernels}
+    per_sample.update({s.name: input_bytes_per_sample(s) for s in program_inputs(program)})
+    writes = []
+    for write in program.weight_writes:
+        if write.batch:
+            edge = next((int(k.region.height) for k in program.kernels
+                         if any(p.variable == write.variable for p in k.params)), 1)
+            writes.append((program.batch_size * sum(per_sample[n] for n in write.batch), edge))
+    return writes
+
+
 def fabric_bound_samples_per_sec(kernels: Sequence[Any], fabric: Fabric, *,
                                  training: bool) -> float:
     """X_ideal = cores x r x f x eta / sum_k F_k: every core of the wafer busy."""
@@ -453,7 +479,7 @@ def program_timing(program: Any, kernels: Sequence[Any], fabric: Fabric, *,
     reads = [SharedRead(path_hops([(p.x, p.y) for p in route.path]), route.bytes_per_batch,
                         heights[route.dst])
              for route in program.routes if route.bytes_per_batch]
-    return pipeline_timing(list(zip(kernels, regions)), fabric, training=training,
+    placed = pipeline_timing(list(zip(kernels, regions)), fabric, training=training,
                            input_bytes_per_sample=input_bytes,
                            optimizer=costliest([program.optimizer.type or "sgd", *(
                                g.optimizer.type for g in program.optimizer_groups)]),
@@ -463,6 +489,10 @@ def program_timing(program: Any, kernels: Sequence[Any], fabric: Fabric, *,
                            shared_reads=reads,
                            weight_program=list(zip(weight_kernels, [
                                k.region for k in program.weight_program.kernels])))
+    if not training:
+        return placed
+    return replace(placed, state_write_seconds=state_write_seconds(
+        program_state_writes(program), fabric))
 
 
 def replica_span(offsets: Sequence[tuple[int, int]]) -> int:

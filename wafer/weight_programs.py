@@ -63,7 +63,7 @@ class WeightProgram:
                 rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
         """Every step's value (the weight's own shape) from the sources' values (its draws
         from `rng`, in program order); the steps' caches are kept for `backward`."""
-        values = {name: np.asarray(weights[name], np.float32)[None] for name in self.sources}
+        values = {name: _value(weights[name])[None] for name in self.sources}
         ctx = RunContext(training=True, batch_size=1, rng=rng)
         self._caches = []
         for step in self.steps:
@@ -89,3 +89,9 @@ class WeightProgram:
                     continue
                 flowing[source] = grad if source not in flowing else flowing[source] + grad
         return {name: flowing[name][0] for name in self.sources if name in flowing}
+
+
+def _value(source: np.ndarray) -> np.ndarray:
+    """A source's value: float32, or the integers a batch tail reads (its labels)."""
+    value = np.asarray(source)
+    return value if value.dtype.kind in "iu" else value.astype(np.float32, copy=False)

@@ -50,7 +50,7 @@ from wafer.kernels.losses import BatchLoss
 from wafer.loss_scaling import Rule, all_finite
 from wafer.moving_averages import MovingAverage
 from wafer.moving_averages import update as update_average
-from wafer.optimizers import Optimizer, slot_name
+from wafer.optimizers import Optimizer, finish_updated, slot_name
 from wafer.precision import is_half, round_half, round_half_, round_half_into, widened
 from wafer.schedules import Schedule, evaluate
 from wafer.weight_programs import WeightProgram
@@ -351,8 +351,9 @@ class Pipeline:
             board = self._pass(batch, m_count, training, backward, step, index)
         self._objective = None
         if backward and self.optimizer is not None and self._applying:
-            self.optimizer.finish_step()
+            finish_updated(self.optimizer, self._trained(), self._skipped)
             self._write_after_updates()
+            self._write_state(board, m_count)
             self._update_averages(step)
         applied = not backward or self.dynamic is None and self.condition is None or self._applying
         if backward and self.dynamic is not None:
@@ -472,7 +473,8 @@ class Pipeline:
         """Whether the program writes `variable` besides its update at this time (before or
         after the update), having written `weight` in place."""
         write = self.writes.get(variable)
-        if write is None or (write.before_update and not write.sources) != before:
+        if write is None or write.batch or write.carried_dtype or \
+                (write.before_update and not write.sources) != before:
             return False  # (a frozen weight's write: after the updates, its sources as read)
         step = self._step + write.step_offset
         if write.predicate is not None and not evaluate(write.predicate, step, self.carried):
@@ -493,7 +495,7 @@ class Pipeline:
         """The trained weights the frozen weights' writes read before (or after) the step's
         updates, by name."""
         names = {var for write in self.writes.values() if write.before_update == before
-                 for var in write.sources}
+                 and not write.batch for var in write.sources}
         if not names:
             return {}
         weights = self._weights()
@@ -516,6 +518,40 @@ class Pipeline:
         if written:
             self.shared.rewritten(written)
             self._round_shared()
+
+    def _write_state(self, board: Board, m_count: int) -> None:
+        """The writes of frozen state from the step's values of the whole batch (every
+        micro-batch of every replica, in batch order), after the updates; each kernel
+        holding the state (and its float16 copy, a shared weight's uses) takes the value. A
+        carried state (a ring pointer) is written after the writes reading it."""
+        for write in self.writes.values():  # (in program order: a source's write after)
+            factors = [evaluate(f, self._step, self.carried) for f in write.factors]
+            if write.carried_dtype:
+                write_weight(write, self.carried[write.variable], factors)
+                continue
+            if not write.batch:
+                continue
+            batch = tuple(np.concatenate([board.items["v", name, i] for i in range(m_count)])
+                          for name in write.batch)
+            sources = tuple(self.carried[var] for var in write.sources)
+            if write.variable in self.shared:
+                write_weight(write, self.shared.variables[write.variable].value, factors,
+                             sources, batch)
+                self.shared.rewritten({write.variable})
+                self._round_shared()
+                continue
+            value: np.ndarray | None = None
+            for region in self.regions:
+                for role, var in region.variables.items():
+                    if var != write.variable:
+                        continue
+                    if value is None:
+                        write_weight(write, region.params[role], factors, sources, batch)
+                        value = region.params[role]
+                    else:
+                        np.copyto(region.params[role], value)
+                    if region.half:
+                        round_half_into(region.params[role], region.compute[role])
 
     def _update_averages(self, step: int) -> None:
         """The moving averages of the weights after the step's updates (their shadows are
@@ -739,6 +775,11 @@ class Pipeline:
         return bool(self.transforms or self.floor or self.shared or self.dynamic
                     or self.condition and (self.condition.accumulators or self.condition.finite))
 
+    def _trained(self) -> list[str]:
+        """Every trained variable's TF name."""
+        return [*(region.variables[role] for region in self.regions for role in region.trained),
+                *(v.weight.variable for v in self.shared.trained())]
+
     def _gradients(self) -> dict[str, np.ndarray]:
         """The batch's gradients of every trained variable (sparse ones: the values of
         their IndexedSlices, as TF's transforms see them), by TF name."""
@@ -789,7 +830,7 @@ class Pipeline:
             for role in region.collects:
                 if upstream is not None:  # (a gather: never the loss)
                     region.pieces.setdefault(role, []).append(
-                        region.kernel.table_slices(cache, upstream))
+                        region.kernel.table_slices(cache, upstream, role))
             _settle(region, board)  # its previous micro-batch's weight gradient
             ctx.input_grads, ctx.accumulate = region.input_grads, region.accumulated
             ctx.run_tiles = partial(_share, board, region.pending)

@@ -51,10 +51,11 @@ class ParamSpec:
 
 
 UPDATES = ("dense", "sparse")
-# kernels whose weight gradient TF computes as IndexedSlices: type -> the table's role;
+# kernels whose weight gradient TF computes as IndexedSlices: type -> the tables' roles;
 # a sparse weight operand (p<k>) of another generic kernel is a table TF gathers whole,
 # e.g. Keras position embeddings: every row once, in order
-SPARSE_GRADIENT_KERNELS = {"gather": "p0", "embedding_bag": "p0"}
+SPARSE_GRADIENT_KERNELS = {"gather": ("p0",), "embedding_bag": ("p0",),
+                           "sampled_logits": ("weights", "biases")}
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class CheckedProgram:
         conditional = self.conditional_update
         return {**{m.shadow: m.variable for m in self.moving_averages},
                 **{v: "" for s in schedules for v in s.variables},
+                **{w.variable: "" for w in self.weight_writes if w.carried_dtype},
                 **({v: "" for v in dynamic.state} if dynamic else {}),
                 **({a: v for v, a in conditional.accumulators} if conditional else {})}
     shared: Mapping[str, SharedWeight] = field(default_factory=dict)  # by variable
@@ -133,7 +135,12 @@ class CheckedProgram:
                                                                    self.optimizer_groups)
 
     def state_dtype(self, name: str) -> np.dtype:
-        """float32, but a dynamic loss scale's counters are TF's int64."""
+        """float32, but a dynamic loss scale's counters are TF's int64 and a carried
+        state's (a ring pointer) its own."""
+        carried = next((w.carried_dtype for w in self.weight_writes
+                        if w.carried_dtype and w.variable == name), "")
+        if carried:
+            return np.dtype(carried)
         dynamic = self.dynamic_loss_scale
         return np.dtype(dynamic.state.get(name, np.float32) if dynamic else np.float32)
 
@@ -391,15 +398,18 @@ def check_dynamic_loss_scale(program: pb.Program, optimizer: OptimizerConfig | N
 def check_conditional_update(program: pb.Program, optimizer: OptimizerConfig | None,
                              params: Mapping[str, ParamSpec]) -> ConditionalUpdate | None:
     """The program's update cond: valid (wafer.conditional_updates), on a program that
-    trains, with no dynamic loss scale, moving average or weight write."""
+    trains, with no dynamic loss scale or moving average, and weight writes or objectives
+    only beside updates the predicate gates variable by variable (no accumulators)."""
     if not program.HasField("conditional_update"):
         return None
     update = ConditionalUpdate.from_message(program.conditional_update)
     trained = {var: spec.update for var, spec in params.items() if not spec.frozen}
     problem = ("the program does not train" if optimizer is None else
-               "with dynamic loss scaling, moving averages, weight writes or objectives"
-               if of_program(program) or program.moving_averages or program.weight_writes
-               or program.objectives else conditional_problem(update, trained))
+               "with dynamic loss scaling or moving averages"
+               if of_program(program) or program.moving_averages else
+               "weight writes or objectives with updates the predicate does not gate variable "
+               "by variable" if (program.weight_writes or program.objectives) and not update.both
+               else conditional_problem(update, trained))
     if problem:
         raise invalid(f"program {program.name!r}: conditional update: {problem}")
     return update
@@ -443,10 +453,26 @@ def check_weight_writes(program: pb.Program, params: Mapping[str, ParamSpec],
         write = WeightWrite.from_message(message)
         where = f"program {program.name!r}: weight write {index} ({write.variable})"
         spec = params.get(write.variable)
-        if spec is None or spec.frozen != bool(write.sources) or write.variable in derived:
+        carried = {m.variable for m in program.weight_writes if m.carried_dtype}
+        if write.carried_dtype:
+            if spec is not None or not any(write.variable in m.sources
+                                           for m in program.weight_writes if m.batch):
+                raise invalid(f"{where}: a carried state is no weight of the program and "
+                              "a source of a write of the batch")
+        elif spec is None or spec.frozen != bool(write.sources or write.batch) or \
+                write.variable in derived:
             raise invalid(f"{where}: not a trained weight of the program, or a frozen one "
-                          "read by its write with trained weights")
-        for source in write.sources:
+                          "read by its write with trained weights or the batch's values")
+        held = {k.name for k in program.kernels} | {i.name for i in program.inputs}
+        unknown = next((name for name in write.batch if name not in held), None)
+        if unknown is not None:
+            raise invalid(f"{where}: its batch value {unknown!r} is no kernel or input of the "
+                          "program")
+        for source in write.sources if write.batch else ():
+            if source not in carried:
+                raise invalid(f"{where}: its source {source!r} is no carried state of the "
+                              "program")
+        for source in write.sources if not write.batch else ():
             source_spec = params.get(source)
             if source_spec is None or source_spec.frozen or source in derived or \
                     source in written:
@@ -595,9 +621,9 @@ def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> Pa
     if update not in UPDATES:
         raise invalid(f"{where}: unknown update {param.update!r}; the CS system has "
                       f"{', '.join(UPDATES)}")
-    table = SPARSE_GRADIENT_KERNELS.get(kernel.type_name)
-    whole = table is None and "operands" in kernel.attrs and param.role.startswith("p")
-    if update == "sparse" and (param.role != table or getattr(kernel, "depth", 1) > 1) \
+    tables = SPARSE_GRADIENT_KERNELS.get(kernel.type_name)
+    whole = tables is None and "operands" in kernel.attrs and param.role.startswith("p")
+    if update == "sparse" and (param.role not in (tables or ()) or getattr(kernel, "depth", 1) > 1) \
             and not whole:
         raise invalid(f"{where}: a sparse update needs the table of a gather kernel (an "
                       f"embedding lookup) or a weight operand TF gathers whole, not the "

@@ -26,12 +26,18 @@ import tensorflow as tf
 from coordinator.compiler import precision, second_order
 from coordinator.compiler.extract import data_upstream, user_source
 from coordinator.compiler.ir import ParamRef, UnsupportedOp
+from coordinator.compiler.lowering import slice_bounds
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import TailContext, has_kernel
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from wafer.kernels.batch_tail import source_name, steps_attrs
 
 DIAGONALS = ("MatrixDiagPartV3", "MatrixDiagPart", "DiagPart")
+CROSS_ENTROPIES = ("SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits")
+INTEGERS = (tf.int32, tf.int64)
+# What the tail does with the batch's integers (labels) before tf.one_hot or tf.cast.
+INTEGER_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "ConcatV2", "Identity",
+                 "Reshape", "Squeeze", "ExpandDims")
 # The README's row.
 KERNEL_ROWS = {
     "batch_tail_loss": "a loss that is a non-linear function of values reduced over the batch "
@@ -43,10 +49,15 @@ KERNEL_ROWS = {
                        "looked-up embeddings, a Cox partial likelihood or ListMLE over the "
                        "batch sorted by tf.argsort, hard-example mining's tf.math.top_k of "
                        "the losses, a Sinkhorn loss's tf.while_loop of static steps over a "
-                       "pairwise cost matrix): the loss's ops after the "
+                       "pairwise cost matrix; slices of the batch on the way to the loss: "
+                       "a prototypical network's support set and queries emb[:k], emb[k:] "
+                       "and labels[:k], NT-Xent's tf.split(z, 2, 0) or tf.concat([z1, z2], 0), "
+                       "neighbours' x[1:] - x[:-1] and tf.roll(z, 1, 0)): the loss's ops after the "
                        "per-sample values (element-wise ops, arithmetic, reductions, products "
                        "of matrices, transposes, reshapes, views, tf.linalg.diag_part, "
-                       "tf.reduce_logsumexp's guard; sorts "
+                       "tf.reduce_logsumexp's guard, slices, splits, rolls and concats of "
+                       "the batch, tf.one_hot and tf.cast of its integer labels, "
+                       "tf.math.unsorted_segment_sum/_mean by them, softmax cross entropies; sorts "
                        "of the batch's [batch] float32 values, tf.gather in their order, "
                        "tf.math.cumulative_logsumexp, tf.cumsum), run "
                        "once per batch on the whole batch's values, a batch barrier; its "
@@ -103,6 +114,16 @@ class TailBuilder(WeightProgramBuilder):
             return self._logsumexp_scan(op, tensor)
         if op.type == "GatherV2" and self.operands.constant(op.inputs[1]) is None:
             return self._gather(op, tensor, where)
+        if op.type in CROSS_ENTROPIES:
+            return self._cross_entropy(op, tensor, where)
+        if op.type == "OneHot" or op.type == "Cast" and op.inputs[0].dtype in INTEGERS:
+            return self._from_integers(op, tensor, where)
+        if op.type == "Roll":
+            return self._roll(op, tensor, where)
+        if op.type == "UnsortedSegmentSum":
+            return self._segment_sum(op, tensor, where)
+        if tensor.dtype in INTEGERS and op.type in INTEGER_VIEWS:
+            return self._lower_op(op, tensor, where)
         if tensor.dtype.base_dtype != tf.float32 or precision.tensor_precision(tensor):
             return self._refuse(tensor, f"computes the loss over the batch in "
                                         f"{tensor.dtype.base_dtype.name} ({where}): the CS "
@@ -116,10 +137,9 @@ class TailBuilder(WeightProgramBuilder):
     def _guard(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
         """tf.reduce_logsumexp's guard of its maximum, tf.where(tf.math.is_finite(m), m, 0):
         the is_finite and select kernels."""
-        inputs = [self._lower(t) for t in op.inputs]
-        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
-        if bad is not None:
-            return self._refuse(tensor, self.problems[bad.name])
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
         if op.type == "IsFinite":
             if not isinstance(inputs[0], str):
                 return self._refuse(tensor, f"{self.SUBJECT} with {where}: of a constant")
@@ -134,10 +154,9 @@ class TailBuilder(WeightProgramBuilder):
     def _einsum(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
         """tf.einsum of two values of the tail ('bi,bj->ij' of the whole batch's): the
         einsum kernel with a letter of its own for its one sample."""
-        inputs = [self._lower(t) for t in op.inputs]
-        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
-        if bad is not None:
-            return self._refuse(tensor, self.problems[bad.name])
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
         equation = op.get_attr("equation").decode().replace(" ", "")
         terms, _, out = equation.partition("->")
         letter = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"
@@ -168,10 +187,9 @@ class TailBuilder(WeightProgramBuilder):
     def _logsumexp_scan(self, op: tf.Operation, tensor: tf.Tensor) -> str | None:
         """tf.math.cumulative_logsumexp of a value of the tail (a Cox risk set's
         log-sum, ListMLE's): the cumulative_logsumexp kernel."""
-        inputs = [self._lower(t) for t in op.inputs]
-        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
-        if bad is not None:
-            return self._refuse(tensor, self.problems[bad.name])
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
         if not isinstance(inputs[0], str):
             return self._refuse(tensor, f"{self.SUBJECT} with {op.type} '{op.name}' at "
                                         f"{user_source(op)}: its input is a constant")
@@ -198,12 +216,130 @@ class TailBuilder(WeightProgramBuilder):
         names: list[str] = inputs  # type: ignore[assignment]  # (kernels or sources)
         return self._add(op, tensor, "sample_gather", names, {})
 
+    def _inputs(self, op: tf.Operation, tensor: tf.Tensor) -> list[str | np.ndarray] | None:
+        """The values of `op`'s inputs (None: `tensor` refused for the first that has none)."""
+        inputs = [self._lower(t) for t in op.inputs]
+        bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
+        if bad is not None:
+            self._refuse(tensor, self.problems[bad.name])
+            return None
+        return inputs  # type: ignore[return-value]  # (none is None)
+
+    def _cross_entropy(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.nn.(sparse_)softmax_cross_entropy_with_logits of logits of the tail (a query's
+        distances to the prototypes, NT-Xent's similarities): with labels of the batch (its
+        integer labels sliced), the softmax_cross_entropy_with_logits kernel; with constant
+        labels (tf.range, tf.one_hot of it), -sum(labels * log_softmax(logits), -1), TF's
+        log(sum(exp(s))) - s at the label exactly."""
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
+        logits, labels = inputs
+        depth, sparse = static_shape(op.inputs[0])[-1], op.type == CROSS_ENTROPIES[1]
+        if tensor.value_index != 0 or not isinstance(logits, str) or sparse and \
+                not isinstance(labels, str) and not np.all((0 <= labels) & (labels < depth)):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS takes the cross "
+                                        "entropy of logits computed from the batch, labels "
+                                        "within their classes")
+        if isinstance(labels, str):
+            return self._add(op, tensor, "softmax_cross_entropy_with_logits", [logits, labels],
+                             {"sparse": sparse})
+        hot = np.eye(depth, dtype=np.float32)[labels] if sparse else labels
+        out = static_shape(op.inputs[0])
+        log_p = self._add(op, None, "softmax", [logits], {"axis": -1, "log": True},
+                          suffix="/log_softmax")
+        picked = self._elementwise(op, None, "binary", [log_p, hot], {"op": "mul"},
+                                   "/picked", "0", out)
+        total = self._add(op, None, "reduce", [picked], {
+            "op": "sum", "keepdims": False, "axes": [len(out) - 1]}, suffix="/sum")
+        return self._add(op, tensor, "binary", [total], {
+            "op": "mul", "operands": "ic", "c1": np.asarray(-1.0, np.float32)})
+
+    def _from_integers(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.one_hot of the batch's integer labels (a support set's classes) or tf.cast of
+        them to float32: the one_hot and cast kernels (no gradient)."""
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
+        if tensor.dtype != tf.float32 or not isinstance(inputs[0], str) or \
+                op.type == "OneHot" and (op.get_attr("axis") != -1 or
+                                         any(isinstance(v, str) for v in inputs[1:])):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS takes the batch's "
+                                        "integers to float32 by tf.cast or tf.one_hot (last "
+                                        "axis, constant depth and values)")
+        names = [inputs[0]]
+        if op.type == "Cast":
+            return self._add(op, tensor, "cast", names, {"dtype": "float32"})
+        depth, on, off = (np.asarray(v) for v in inputs[1:])
+        return self._add(op, tensor, "one_hot", names, {
+            "depth": int(depth), "on_value": float(on), "off_value": float(off)})
+
+    def _segment_sum(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.math.unsorted_segment_sum (and _mean's counts) of values of the tail by the
+        batch's integer ids (a support set's classes): tf.one_hot(ids, n)ᵀ × the values as
+        rows, TF's gradient the rows' own segment's (a gather)."""
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
+        data, ids, segments = inputs
+        if isinstance(segments, str) or len(static_shape(op.inputs[1])) != 1 or \
+                not isinstance(ids, str) and not isinstance(data, str):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS sums rows of the "
+                                        "batch's values into a constant number of segments by "
+                                        "ids of rank 1")
+        shape, out = static_shape(op.inputs[0]), static_shape(tensor)
+        rows = [shape[0], int(np.prod(shape[1:], dtype=np.int64))]
+        hot = self._add(op, None, "one_hot", [ids], {"depth": int(segments)},
+                        suffix="/one_hot") if isinstance(ids, str) else \
+            np.eye(int(segments), dtype=np.float32)[np.asarray(ids)]
+        flat = self._add(op, None, "reshape", [data], {"shape": rows}, suffix="/rows") \
+            if isinstance(data, str) else np.reshape(data, rows)
+        values = [hot, flat]
+        summed = self._add(op, None, "matmul", [v for v in values if isinstance(v, str)], {
+            "operands": "".join("i" if isinstance(v, str) else "c" for v in values),
+            "transpose_a": True, "transpose_b": False,
+            **{f"c{k}": np.asarray(v) for k, v in enumerate(values) if not isinstance(v, str)}},
+            suffix="/sum")
+        return self._add(op, tensor, "reshape", [summed], {"shape": list(out)})
+
+    def _roll(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        """tf.roll of a value of the tail (the batch's samples shifted: negatives of their
+        neighbours) by constant shifts: a take per axis at the rolled positions, its
+        gradient rolled back (TF's _RollGrad)."""
+        inputs = self._inputs(op, tensor)
+        if inputs is None:
+            return None
+        value, shift, axes = inputs
+        if not isinstance(value, str) or isinstance(shift, str) or isinstance(axes, str):
+            return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS rolls values of "
+                                        "the batch by constant shifts")
+        shape = static_shape(tensor)
+        total: dict[int, int] = {}
+        for s, a in zip(np.ravel(shift), np.ravel(axes)):
+            axis = int(a) % len(shape)
+            total[axis] = total.get(axis, 0) + int(s)
+        moves = [(a, s % shape[a]) for a, s in sorted(total.items()) if s % shape[a]]
+        current = value
+        for k, (axis, s) in enumerate(moves):
+            last = k == len(moves) - 1
+            current = self._add(op, tensor if last else None, "take", [current], {
+                "axis": axis, "indices": [int(i) for i in (np.arange(shape[axis]) - s) % shape[axis]]},
+                suffix="" if last else f"/roll_{axis}")
+        return current if moves else self._add(op, tensor, "reshape", [value],
+                                                {"shape": list(shape)})
+
     def _sample(self, tensor: tf.Tensor, where: str) -> str | None:
-        """A per-sample value the tail reads: a source of the whole batch."""
+        """A per-sample value the tail reads: a source of the whole batch (float32, or the
+        integers a slice of the batch takes: labels)."""
+        if tensor.dtype in INTEGERS:
+            return self._source_of(tensor)
         if tensor.dtype != tf.float32 or precision.tensor_precision(tensor):
             return self._refuse(tensor, f"reduces a {tensor.dtype.name} per-sample value over "
                                         f"the batch in a non-linear loss ({where}): the CS "
                                         "computes such a loss from float32 values")
+        return self._source_of(tensor)
+
+    def _source_of(self, tensor: tf.Tensor) -> str:
         name = source_name(len(self.samples))
         self.samples.append(tensor)
         self.sources[name] = ParamRef("source", name, static_shape(tensor))
@@ -262,6 +398,42 @@ def batch_sort(m: TailContext, op: tf.Operation) -> bool:
         return False
     k = m.operands.constant(op.inputs[1])
     return k is not None and 0 < int(k) <= m.batch_size
+
+
+BATCH_SLICES = ("StridedSlice", "Slice", "Split", "SplitV", "Roll", "ConcatV2")
+
+
+def batch_slice(m: TailContext, op: tf.Operation) -> bool:
+    """A slice of the batch axis of a per-sample value with constant bounds: a support set
+    and its queries (emb[:k], emb[k:], tf.slice), two views (tf.split(z, 2, 0)), neighbours
+    (x[1:] - x[:-1], tf.roll(z, 1, axis=0)), or per-sample values concatenated along it
+    (two views' embeddings, tf.concat([z1, z2], 0)). Samples against others: a value of the
+    loss tail if all it feeds computes the loss (the caller checks)."""
+    if op.type not in BATCH_SLICES:
+        return False
+    inputs = list(op.inputs)
+    data, bounds = {"Split": (inputs[1:], inputs[:1]), "ConcatV2": (inputs[:-1], inputs[-1:])
+                    }.get(op.type, (inputs[:1], inputs[1:]))
+    if not all(m.is_batched(t) and m.folds(t) == 1 and t.name not in m.leading and
+               t.dtype in (tf.float32, *INTEGERS) for t in data):
+        return False
+    found = [m.operands.constant(t) for t in bounds]
+    rest = [v for v in found if v is not None]
+    if len(rest) != len(found):
+        return False
+    rank, batch = len(static_shape(data[0])), m.batch_size
+    if op.type == "StridedSlice":
+        begin, end, strides = rest
+        if op.get_attr("new_axis_mask") & 1 and not op.get_attr("ellipsis_mask") & 1:
+            return False  # (a row of the batch: in_batch.row)
+        return slice_bounds(op, begin, end, strides)[0] != (0, batch, 1, False)
+    if op.type == "Slice":
+        begin, size = rest
+        return int(begin[0]) != 0 or int(size[0]) not in (-1, batch)
+    if op.type == "Roll":
+        return any(int(a) % rank == 0 for a in np.atleast_1d(rest[1]).ravel())
+    axis = rest[0] if op.type in ("Split", "ConcatV2") else rest[1]
+    return int(axis) % rank == 0
 
 
 def static_shape_value(tensor: tf.Tensor) -> np.ndarray | None:

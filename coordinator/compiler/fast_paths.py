@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler import filters
 from coordinator.compiler.ir import ParamRef
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, fast_path, has_kernel
@@ -29,7 +30,8 @@ KERNEL_ROWS = {
     "dense": "MatMul / BatchMatMulV2 / Keras Tensordot with a weight [+ BiasAdd] [+ activation]",
     "conv2d": "Conv2D (NHWC, SAME/VALID, strides; grouped: Keras Conv2D(groups=)'s XLA function "
               "of one Conv2D, Conv1D(groups=)'s of ExpandDims, Conv2D, Squeeze) [+ BiasAdd] "
-              "[+ activation]",
+              "[+ activation]; by a weight or a constant filter (tf.constant, or computed from "
+              "constants: a Gaussian blur, tf.nn.conv1d's box filter), held frozen",
     "max_pool, avg_pool": "MaxPool, AvgPool (NHWC, over height and width)",
     "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape; "
                "the mask drawn on the CS in every mode the graph holds it, as TF's op)",
@@ -132,28 +134,26 @@ def match_conv2d(m: Context, op: tf.Operation) -> bool:
     x, w = op.inputs
     if not m.is_batched(x):
         return False
-    weight = m.operands.weight(w) or m.operands.view(w) or m.derived_weight(w)
-    if weight is None:
-        derived = m.weight_problem(w)
-        if derived:  # a filter computed from weights by ops the CS cannot run
-            m.reject(op, derived)
-        return derived != ""
-    return _conv2d(m, op, op.node_def, x, weight)
+    found = filters.find(m, op, w, derived=True)
+    if isinstance(found, str):
+        m.reject(op, found)
+        return True
+    return _conv2d(m, op, op.node_def, x, found)
 
 
-def _conv2d(m: Context, op: tf.Operation, conv: Any, x: tf.Tensor, weight: Any) -> bool:
+def _conv2d(m: Context, op: tf.Operation, conv: Any, x: tf.Tensor, filt: filters.Filter) -> bool:
     """A conv2d kernel for `op` computing the Conv2D node `conv` (op's own NodeDef, or the
-    one in the function op calls) of x and weight [+ bias] [+ activation]; grouped when
-    the weight has fewer input channels than x (TF's grouped convolution)."""
-    attrs = _conv2d_attrs(m, op, conv, static_shape(x)[-1], weight)
+    one in the function op calls) of x and a weight or constant filter [+ bias]
+    [+ activation]; grouped when the filter has fewer input channels than x (TF's grouped
+    convolution)."""
+    attrs = _conv2d_attrs(m, op, conv, static_shape(x)[-1], filt)
     if attrs is None:
         return True
-    params = [ParamRef("kernel", weight.variable, weight.shape,
-                       variable_shape=weight.variable_shape, view=weight.view)]
-    ops = [op]
+    params, ops = filt.params(), [op]
+    attrs.update(filt.attrs())
     out, attrs["activation"] = _bias_and_activation(m, op.outputs[0], attrs["filters"], ops, params)
-    attrs["use_bias"] = len(params) == 2
-    m.add_kernel(m.scope(op, weight.variable), "conv2d", [x], attrs, params, ops, out)
+    attrs["use_bias"] = any(p.role == "bias" for p in params)
+    m.add_kernel(m.scope(op, filt.variable), "conv2d", [x], attrs, params, ops, out)
     return True
 
 
@@ -220,7 +220,7 @@ def match_grouped_conv2d(m: Context, op: tf.Operation) -> bool:
     weight = m.operands.weight(op.inputs[0])
     if weight is None or op.inputs[1].dtype != tf.float32:
         return False
-    return _conv2d(m, op, conv, op.inputs[1], weight)
+    return _conv2d(m, op, conv, op.inputs[1], filters.of_weight(weight))
 
 
 @fast_path
@@ -277,9 +277,8 @@ def match_grouped_conv1d(m: Context, op: tf.Operation) -> bool:
                         [], [], None, output_shape=(1, *x_shape[1:]), source_op=op)
     conv_kernel = m.add_kernel(
         m.scope(op, weight.variable), "conv2d", [rows.name],
-        {**attrs, "use_bias": False, "activation": "linear"},
-        [ParamRef("kernel", weight.variable, weight.shape, variable_shape=weight.variable_shape,
-                  view=weight.view)], [], None, output_shape=(1, *out_shape[1:]), source_op=op)
+        {**attrs, "use_bias": False, "activation": "linear"}, filters.of_weight(weight).params(),
+        [], None, output_shape=(1, *out_shape[1:]), source_op=op)
     m.add_kernel(op.name, "reshape", [conv_kernel.name], {"shape": list(out_shape[1:])}, [], [op],
                  op.outputs[0])
     return True

@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.lowering import BINARY, REDUCTIONS, RESHAPES, UNARY
+from coordinator.compiler.lowering import BINARY, REDUCTIONS, RESHAPES, UNARY, slice_bounds
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, TailContext
 
@@ -29,10 +29,10 @@ ELEMENT_WISE = {*UNARY, *BINARY, "Select", "SelectV2", "Cast", "Identity", "Stop
                 "Snapshot", "Softmax", "LogSoftmax", "AddN"}
 PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
 GATHERS = ("GatherV2", "ResourceGather")
-# Ops along a row's own axes whose lowerings refuse the batch axis (sequences.py, lowering.py):
-# Keras' unrolled recurrent layers (time-major transpose, unstack, the cell's splits and
-# slices, the steps stacked and transposed back, Bidirectional's reverse and concat, a
-# mask's step tiled to the units).
+# Ops along a row's own axes (`_batch_axis_kept`: not along the folded rows, which the batch
+# tail would take for samples): Keras' unrolled recurrent layers (time-major transpose,
+# unstack, the cell's splits and slices, the steps stacked and transposed back,
+# Bidirectional's reverse and concat, a mask's step tiled to the units).
 ALONG_ROWS = ("Unpack", "Split", "SplitV", "ConcatV2", "ReverseV2", "StridedSlice", "Tile")
 # The README's rows (lowering.supported_table).
 KERNEL_ROWS = {
@@ -93,7 +93,8 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type in GATHERS and not m.is_batched(op.inputs[0]):  # a weight's rows by each id
         return ""
     if op.type in ALONG_ROWS:
-        return ""
+        return "" if _batch_axis_kept(m, op) else \
+            _mixes(op, "slices, splits, joins, reverses or tiles the folded batch axis", k)
     if op.type == "Transpose":
         return "" if _keeps_rows(m, op) else \
             _mixes(op, "transposes the folded batch axis other than time-major", k)
@@ -103,6 +104,25 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type in ("FusedBatchNormV3", "FusedBatchNorm"):
         return _mixes(op, "normalizes over the folded batch (a batch normalization)", k)
     return _mixes(op, f"{op.type} is not lowered on folded rows", k)
+
+
+def _batch_axis_kept(m: Context, op: tf.Operation) -> bool:
+    """Whether `op` (of ALONG_ROWS) keeps axis 0 whole, its rows in order: its axis
+    arguments constant and other than 0."""
+    constant, rank = m.operands.constant, op.outputs[0].shape.rank
+    if op.type == "StridedSlice":
+        spec = [constant(t) for t in op.inputs[1:4]]
+        return all(s is not None for s in spec) and not (
+            op.get_attr("new_axis_mask") & 1 and not op.get_attr("ellipsis_mask") & 1) and \
+            slice_bounds(op, *spec)[0] == (0, static_shape(op.inputs[0])[0], 1, False)
+    if op.type == "Tile":
+        multiples = constant(op.inputs[1])
+        return multiples is not None and int(multiples[0]) == 1
+    if op.type == "Unpack":  # (its outputs one axis fewer)
+        axes, rank = np.array(op.get_attr("axis")), rank + 1
+    else:  # Split's axis first, SplitV's third; ConcatV2's and ReverseV2's last
+        axes = constant(op.inputs[{"Split": 0, "SplitV": 2}.get(op.type, -1)])
+    return axes is not None and all(int(a) % rank != 0 for a in np.atleast_1d(axes).ravel())
 
 
 def _keeps_rows(m: Context, op: tf.Operation) -> bool:

@@ -85,6 +85,7 @@ class StatisticAverage:
     constants: tuple[float, ...]  # (a, b) or (d,), float32 values
     shape: Shape
     source: str  # user file:line of the assign op
+    op: str = ""  # the assign op (else a state write of the batch: batch_writes.py)
 
 
 @dataclass(frozen=True)
@@ -122,16 +123,20 @@ class TrainingSpec:
     objectives: tuple[Objective, ...] = ()
     # the updates run inside a tf.cond on a value of the global step (gradient accumulation)
     conditional_update: ConditionalUpdate | None = None
+    # writes of frozen state from the step's values (the assign ops: batch_writes.py)
+    state_writes: tuple[str, ...] = ()
 
     @property
     def state_variables(self) -> tuple[str, ...]:
         """Variables the CS holds besides the weights: the average's shadows, what the
-        schedules read and a dynamic loss scale's variables (loaded with the weights,
-        checkpointed under their TF names)."""
+        schedules read, carried states (a ring pointer) and a dynamic loss scale's variables
+        (loaded with the weights, checkpointed under their TF names)."""
         schedules = (*self.schedules, *(m.factor for m in self.moving_averages))
         dynamic = self.dynamic_loss_scale
         return tuple(dict.fromkeys([*(m.shadow for m in self.moving_averages),
                                     *(v for s in schedules for v in s.variables),
+                                    *(w.variable for w in self.weight_writes
+                                      if w.carried_dtype),
                                     *(dynamic.state if dynamic else ()),
                                     *(a for _, a in (self.conditional_update.accumulators
                                                      if self.conditional_update else ()))]))

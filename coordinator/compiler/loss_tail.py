@@ -319,7 +319,7 @@ def _penalty_factors(session: tf.compat.v1.Session, loss: tf.Tensor, samples: li
         return float(session.run(loss, {**zeros, **values}))
 
     try:
-        values = {t: _draw(rng, t, static_shape(t), 0.5, 2.0) for t in samples}
+        values = {t: _sample_values(rng, t) for t in samples}
         alone = evaluate(values)
         picks, factors = [], []
         for b in bases:
@@ -328,7 +328,7 @@ def _penalty_factors(session: tf.compat.v1.Session, loss: tf.Tensor, samples: li
             pick = ones * np.float32(1e4 * max(1.0, abs(alone)) / rough if rough else 1.0)
             factors.append(exact((evaluate({**values, b: pick}) - alone) / float(pick.sum())))
             picks.append(pick * np.float32(rng.uniform(0.5, 2.0)))
-        fresh = {t: _draw(rng, t, static_shape(t), 0.5, 2.0) for t in samples}
+        fresh = {t: _sample_values(rng, t) for t in samples}
         want = evaluate(fresh) + sum(c * float(r.sum()) for c, r in zip(factors, picks))
         if not np.isclose(evaluate({**fresh, **dict(zip(bases, picks))}), want, rtol=RTOL,
                           atol=1e-6):
@@ -337,6 +337,14 @@ def _penalty_factors(session: tf.compat.v1.Session, loss: tf.Tensor, samples: li
     except tf.errors.OpError as error:
         return f"{UNEVALUATED} ({error.message})"
     return factors
+
+
+def _sample_values(rng: np.random.Generator, t: tf.Tensor) -> np.ndarray:
+    """Values of a per-sample value a batch tail reads: in [0.5, 2], its integers 0 (a
+    class, a segment, an index of any batch's labels)."""
+    if t.dtype.is_integer:
+        return np.zeros(static_shape(t), t.dtype.as_numpy_dtype)
+    return _draw(rng, t, static_shape(t), 0.5, 2.0)
 
 
 def _weight_scalar(m: TailContext, tensor: tf.Tensor) -> bool:

@@ -91,7 +91,9 @@ REFUSED = {
                           "combined (min-max scaling's max - min) or a non-linear function of "
                           "batch statistics (h * m / tf.reduce_sum(m ** 2), m = "
                           "tf.reduce_mean(h, 0)) feeding per-sample layers; a loss of the whole "
-                          "batch reading a weight, a random number or float16 values",
+                          "batch reading a weight, a random number or float16 values; a "
+                          "slice, split, roll or concat of the batch axis (x[:k], x[1:] - "
+                          "x[:-1]) feeding per-sample layers, weights or predictions",
     **random_numbers.REFUSED,
     **step_values.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
@@ -445,9 +447,10 @@ def _concat(m: Context, op: tf.Operation) -> str:
         return "concatenates values that are not all per-sample"
     full = int(axis) % op.outputs[0].shape.rank
     if full == 0:
-        return ("concatenates along the batch axis: keep the parts apart and pair them with "
-                "in-batch products in the loss (tf.matmul(z1, z2, transpose_b=True)), or stack "
-                "them on a sample axis (tf.stack([z1, z2], 1))")
+        return ("concatenates along the batch axis into values that feed per-sample layers, "
+                "weights or predictions: the CS computes each sample on its own and joins "
+                "batches only on the way to the loss; keep the parts apart, or stack them on a "
+                "sample axis (tf.stack([z1, z2], 1))")
     m.add_kernel(op.name, "concat", inputs, {"axis": full - m.axis_shift(inputs[0])}, [], [op],
                  op.outputs[0])
     return ""
@@ -662,7 +665,7 @@ def _roll(m: Context, op: tf.Operation) -> str:
     for s, a in zip(np.atleast_1d(shift).ravel(), np.atleast_1d(axes).ravel()):
         total[int(a) % rank] = total.get(int(a) % rank, 0) + int(s)
     if 0 in total:
-        return "rolls along the batch axis: the CS computes each sample on its own"
+        return sequences.SLICES_THE_BATCH
     if not has_kernel("take"):
         return "the CS has no take kernel"
     shape = static_shape(x)
@@ -789,7 +792,7 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
             "tf.equal(labels[:, None], labels[None, :])) or use in-batch products "
             "(tf.matmul(a, b, transpose_b=True))")
     if bounds[0] != (0, shape[0], 1, False) or not out or out[0] != shape[0]:
-        return SLICES_THE_BATCH
+        return sequences.SLICES_THE_BATCH
     if not has_kernel("slice"):
         return "the CS has no slice kernel"
     shift = m.axis_shift(op.inputs[0])  # (folded rows: axis 0 whole, each sample's k rows)
@@ -832,12 +835,6 @@ def _strided_slice_grad(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-SLICES_THE_BATCH = (
-    "slices the batch axis (some samples against others: a support set and queries, x[:k], "
-    "x[1:] - x[:-1]): the CS computes each sample on its own; give each sample what it needs "
-    "in input_fn (an episode per sample, its own pair), and slice along its own axes (x[:, :k])")
-
-
 @generic("Slice")
 def _slice(m: Context, op: tf.Operation) -> str:
     begin, size = m.operands.constant(op.inputs[1]), m.operands.constant(op.inputs[2])
@@ -846,7 +843,7 @@ def _slice(m: Context, op: tf.Operation) -> str:
         return "slice bounds are not constant"
     end = [shape[a] if int(s) < 0 else int(b) + int(s) for a, (b, s) in enumerate(zip(begin, size))]
     if int(begin[0]) != 0 or end[0] != shape[0]:
-        return SLICES_THE_BATCH
+        return sequences.SLICES_THE_BATCH
     if not has_kernel("slice"):
         return "the CS has no slice kernel"
     m.add_kernel(op.name, "slice", [op.inputs[0]],
@@ -908,6 +905,7 @@ def supported_table() -> str:
                     - gradient_ops - set(quantization.FORMS))
     from coordinator.compiler import (
         batch_tail,  # (it lowers with the weight program's rules)
+        candidate_sampling,  # (it reads random_numbers' samplers)
         folded_batch,  # (it reads the op sets above)
     )
     lines = ["| kernel | TensorFlow ops / patterns |", "|---|---|"]
@@ -916,7 +914,8 @@ def supported_table() -> str:
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
                **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
                **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS, **bincount.KERNEL_ROWS,
-               **folded_batch.KERNEL_ROWS, **spectra.KERNEL_ROWS}.items()]
+               **folded_batch.KERNEL_ROWS, **spectra.KERNEL_ROWS,
+               **candidate_sampling.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
     lines.append("| `binary` (broadcasting, with activations, constants or weights) | "

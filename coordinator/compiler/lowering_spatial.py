@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.ir import KernelNode, ParamRef
-from coordinator.compiler.operands import Weight, static_shape
+from coordinator.compiler import filters
+from coordinator.compiler.ir import KernelNode
+from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, GenericRule, generic
 
 # The README's rows: kernel -> the TF ops and Keras layers it computes.
@@ -25,9 +26,12 @@ KERNEL_ROWS = {
                                           "strides), dilation_rate (SpaceToBatchND -> Conv2D or "
                                           "DepthwiseConv2dNative -> BatchToSpaceND; Keras Conv1D's "
                                           "with ExpandDims and Squeeze around the Conv2D; "
-                                          "float16 too)",
+                                          "float16 too); by a weight or a constant filter "
+                                          "(tf.image.ssim's Gaussian window, "
+                                          "tf.image.sobel_edges; float32)",
     "conv3d, max_pool3d, avg_pool3d": "Conv3D, MaxPool3D, AvgPool3D (NDHWC, SAME/VALID, strides: "
-                                      "Keras Conv3D, MaxPooling3D, AveragePooling3D)",
+                                      "Keras Conv3D, MaxPooling3D, AveragePooling3D; Conv3D by "
+                                      "a weight or a constant filter)",
     "reshape, transpose (pixel shuffle)": "DepthToSpace, SpaceToDepth (tf.nn.depth_to_space, "
                                           "space_to_depth: NHWC; ESPCN's sub-pixel upsampling, "
                                           "YOLO's reorg): reshape, transpose, reshape",
@@ -81,11 +85,6 @@ def _padding(op: tf.Operation) -> str | list[int]:
     return padding
 
 
-def _kernel_param(weight: Weight) -> ParamRef:
-    return ParamRef("kernel", weight.variable, weight.shape, variable_shape=weight.variable_shape,
-                    view=weight.view)
-
-
 def _conv_transpose(m: Context, op: tf.Operation) -> str:
     sizes_t, filter_t, x = op.inputs
     weight, sizes = m.operands.weight(filter_t), m.operands.constant(sizes_t)
@@ -105,11 +104,12 @@ def _conv_transpose(m: Context, op: tf.Operation) -> str:
     if int(sizes[0]) != m.batch_size:
         return "the transposed convolution's output batch differs from its input's"
     strides = list(op.get_attr("strides"))
-    kh, kw, filters, _ = weight.shape
+    kh, kw, count, _ = weight.shape
     m.add_kernel(m.scope(op, weight.variable), "conv2d_transpose", [x], {
-        "filters": int(filters), "kernel_size": [int(kh), int(kw)],
+        "filters": int(count), "kernel_size": [int(kh), int(kw)],
         "strides": [int(strides[1]), int(strides[2])], "padding": padding,
-        "output_size": [int(sizes[1]), int(sizes[2])]}, [_kernel_param(weight)], [op], op.outputs[0])
+        "output_size": [int(sizes[1]), int(sizes[2])]}, filters.of_weight(weight).params(), [op],
+        op.outputs[0])
     return ""
 
 
@@ -125,27 +125,30 @@ def _conv_kernel(m: Context, op: tf.Operation, x: tf.Tensor | str, ops: list[tf.
                  dilations: list[int]) -> KernelNode | str:
     """_conv's kernel, or why not; `x` may be a kernel's name, and `out` the per-sample
     shape of an intermediate result that a kernel after it reads."""
-    weight = m.operands.weight(op.inputs[1]) or m.operands.view(op.inputs[1])
-    if not (isinstance(x, str) or m.is_batched(x)) or weight is None:
-        return f"{op.type} of the samples by a weight is supported"
+    if not (isinstance(x, str) or m.is_batched(x)):
+        return f"{op.type} of a value that is not per-sample (a constant image) has no CS kernel"
+    found = filters.find(m, op, op.inputs[1])
+    if isinstance(found, str):
+        return found
     bad = _nhwc(op)
     if bad:
         return bad
     strides = list(op.get_attr("strides"))
-    kh, kw = weight.shape[:2]
+    kh, kw = found.shape[:2]
     attrs: dict[str, Any] = {"kernel_size": [int(kh), int(kw)], "padding": padding,
-                             "strides": [int(strides[1]), int(strides[2])], "dilations": dilations}
+                             "strides": [int(strides[1]), int(strides[2])], "dilations": dilations,
+                             **found.attrs()}
     if op.type == "Conv2D":
-        attrs.update(filters=int(weight.shape[3]), use_bias=False, activation="linear")
+        attrs.update(filters=int(found.shape[3]), use_bias=False, activation="linear")
         kind = "conv2d"
     else:
-        attrs["depth_multiplier"] = int(weight.shape[3])
+        attrs["depth_multiplier"] = int(found.shape[3])
         kind = "depthwise_conv2d"
+    base = m.scope(op, found.variable)
     if isinstance(out, tf.Tensor):
-        return m.add_kernel(m.scope(op, weight.variable), kind, [x], attrs, [_kernel_param(weight)],
-                            ops, out)
-    return m.add_kernel(m.scope(op, weight.variable), kind, [x], attrs, [_kernel_param(weight)], ops,
-                        None, output_shape=out, source_op=op)
+        return m.add_kernel(base, kind, [x], attrs, found.params(), ops, out)
+    return m.add_kernel(base, kind, [x], attrs, found.params(), ops, None, output_shape=out,
+                        source_op=op)
 
 
 def _depthwise(m: Context, op: tf.Operation) -> str:
@@ -362,11 +365,14 @@ def _volume(m: Context, op: tf.Operation) -> str:
         m.add_kernel(op.name, "max_pool3d" if op.type == "MaxPool3D" else "avg_pool3d", [x],
                      attrs, [], [op], op.outputs[0])
         return ""
-    weight = m.operands.weight(op.inputs[1]) or m.operands.view(op.inputs[1])
-    if weight is None or list(op.get_attr("dilations")) != [1] * 5:
-        return "Conv3D of the samples by a weight, without dilation, is supported"
-    attrs.update(filters=int(weight.shape[4]), kernel_size=[int(k) for k in weight.shape[:3]])
-    m.add_kernel(m.scope(op, weight.variable), "conv3d", [x], attrs, [_kernel_param(weight)], [op],
+    if list(op.get_attr("dilations")) != [1] * 5:
+        return "a dilated Conv3D has no CS kernel: use dilation_rate 1"
+    found = filters.find(m, op, op.inputs[1])
+    if isinstance(found, str):
+        return found
+    attrs.update(filters=int(found.shape[4]), kernel_size=[int(k) for k in found.shape[:3]],
+                 **found.attrs())
+    m.add_kernel(m.scope(op, found.variable), "conv3d", [x], attrs, found.params(), [op],
                  op.outputs[0])
     return ""
 

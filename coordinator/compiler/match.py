@@ -22,7 +22,9 @@ from common.errors import CSRunError
 from coordinator.compiler import (
     batch_broadcast,
     batch_tail,
+    batch_writes,
     bincount,
+    candidate_sampling,  # noqa: F401 (its fast path)
     fast_paths,
     folded_batch,
     in_batch,
@@ -47,6 +49,7 @@ from coordinator.compiler.operands import Operands, Weight, static_shape
 from coordinator.compiler.rules import FAST_PATHS
 from coordinator.compiler.step_values import StepValues
 from coordinator.compiler.training import analyze_training, objective_losses, skip_identity
+from coordinator.compiler.training.graph import variable_op
 from coordinator.compiler.training.writes import _is_write
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from tf_model.estimator_spec import ModeKeys
@@ -65,6 +68,8 @@ STREAM_INSTEAD = {
 }
 
 
+# Ops adding terms to a loss (the weight penalties added to a loss slicing the batch).
+ADDED_TERMS = ("Add", "AddV2", "AddN")
 # Ops whose operand may be a value of the global step (step_values.py): element-wise ones.
 STEP_VALUE_READERS = {*lowering.BINARY, "Select", "SelectV2"}
 
@@ -445,7 +450,8 @@ class Matcher:
             return True
         axes = lowering.batch_reduction_axes(self, op)
         if axes is None:
-            if not batch_tail.contraction(self, op) and not batch_tail.batch_sort(self, op):
+            if not batch_tail.contraction(self, op) and not batch_tail.batch_sort(self, op) \
+                    and not self._slices_for_the_loss(op):
                 return False
             self.tail.update(out.name for out in op.outputs)  # (a batch tail's: loss_tail.py)
             self.consumed.add(op)
@@ -457,17 +463,25 @@ class Matcher:
         self.consumed.add(op)
         return True
 
-    def _loss_only(self, op: tf.Operation) -> bool:
+    def _slices_for_the_loss(self, op: tf.Operation) -> bool:
+        """A slice of the batch axis (batch_tail.batch_slice) whose every reader computes
+        the loss of training or evaluation: a value of the loss tail."""
+        return self.x.mode != ModeKeys.PREDICT and batch_tail.batch_slice(self, op) and \
+            self._loss_only(op, ADDED_TERMS)
+
+    def _loss_only(self, op: tf.Operation, terms: tuple[str, ...] = ()) -> bool:
         """`op` (reading the loss tail and per-sample values: x - tf.reduce_mean(x)) and all
         it feeds compute the loss from values and constants alone (no weight or random
-        number: a batch tail, batch_tail.py; tf.shape of a value, static, is a constant)."""
+        number: a batch tail, batch_tail.py; tf.shape of a value, static, is a constant),
+        but for other values that ops of the `terms` types add (weight penalties, which the
+        tail measures apart or refuses naming the weight)."""
         seen, stack = set(), [op]
         while stack:
             current = stack.pop()
             if current in seen:
                 continue
             seen.add(current)
-            if any(t.op not in self.flow and self.operands.constant(t) is None
+            if current.type not in terms and any(t.op not in self.flow and self.operands.constant(t) is None
                    and batch_tail.static_shape_value(t) is None for t in current.inputs):
                 return False
             stack.extend(c for out in current.outputs for c in self.consumers(out))
@@ -566,6 +580,8 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     matcher = Matcher(extracted, list(hosts) if predict else [spec.loss, *objectives], hosts)
     matcher.unsupported.extend(_check_inputs(extracted))
     matcher.unsupported.extend(_after_update([spec.loss, *objectives] if objectives else []))
+    matcher.unsupported.extend(_after_state_write(spec.loss) if spec.loss is not None and
+                               not objectives else [])
     if not matcher.unsupported or not objectives:
         matcher.run()
     loss_kernel, regularizers = "", dict[str, list[tuple[str, float]]]()
@@ -586,6 +602,9 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
             for o in training.objectives if not o.loss_kernel)
         matcher.unsupported.extend(untrainable(matcher, training))
         matcher.unsupported.extend(moving_statistics(matcher, training))
+        state_writes, refused = batch_writes.lower(matcher, extracted, training)
+        matcher.unsupported.extend(refused)
+        training = replace(training, weight_writes=training.weight_writes + state_writes)
         if training.dynamic_loss_scale is not None and \
                 any(k.name == loss_kernel and k.type == "batch_tail_loss" for k in matcher.kernels):
             matcher.unsupported.append(UnsupportedOp(
@@ -665,6 +684,26 @@ def _after_update(losses: list[tf.Tensor]) -> list[UnsupportedOp]:
     return []
 
 
+def _after_state_write(loss: tf.Tensor) -> list[UnsupportedOp]:
+    """The loss computed under tf.control_dependencies([a write of state the loss reads])
+    (facenet's center loss): TF runs the write wherever it computes the loss (in evaluation
+    too, if model_fn builds it there), where the CS writes state after a training step's
+    updates only (batch_writes.py)."""
+    upstream = data_upstream(loss.op)
+    read = {variable_op(t) for op in upstream for t in op.inputs if t.dtype == tf.resource}
+    for op in sorted(upstream, key=lambda op: op._id):
+        write = next((w for c in op.control_inputs for w in op_closure(c)
+                      if _is_write(w) and variable_op(w.inputs[0]) in read), None)
+        if write is not None:
+            name = variable_op(write.inputs[0]).name
+            return [UnsupportedOp(op.type, op.name, user_source(op), (
+                f"computes the loss under tf.control_dependencies([the write of {name}] "
+                f"({write.type} at {user_source(write)})): the CS writes state after the "
+                "step's loss and updates, when training only; write it under "
+                "tf.control_dependencies of the optimizer's minimize, or tf.group it with it"))]
+    return []
+
+
 def normalized(matcher: Matcher) -> dict[str, frozenset[str]]:
     """The batch normalizations in training: {the tensor normalized: the kernel's ops}
     (its first op, tf.nn.moments' Mean or FusedBatchNormV3, reads that tensor first)."""
@@ -704,7 +743,8 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
                                      "train it; leave it out of var_list"))
             continue
         for kernel, param in held[v.name]:
-            sparse_ok = param.view is None and (kernel.type == "gather" or param.role.startswith("p"))
+            sparse_ok = param.view is None and (kernel.type in ("gather", "sampled_logits")
+                                                or param.role.startswith("p"))
             if v.update == "sparse" and not sparse_ok:
                 what = "a view" if param.view is not None else f"the {param.role}"
                 bad.append(UnsupportedOp("Variable", v.name, v.source,
@@ -737,6 +777,8 @@ def moving_statistics(matcher: Matcher, training: TrainingSpec) -> list[Unsuppor
     bad = []
     for ma in training.statistic_averages:
         owner = matcher.statistics.get(ma.statistic)
+        if owner is None and ma.op:  # (a state write of another batch value: batch_writes)
+            continue
         index = next((i for i, k in enumerate(matcher.kernels)
                       if owner is not None and k.name == owner[0]), None)
         if owner is None or index is None:

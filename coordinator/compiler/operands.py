@@ -3,6 +3,7 @@ its value), a weight (a read of a variable, possibly viewed through a reshape), 
 numbers, or a computation on weights the CS cannot place."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ RANDOM_OPS = {"RandomUniform", "RandomStandardNormal", "TruncatedNormal", "Rando
               "RandomShuffle", "StatelessRandomGetKeyCounter", "StatelessRandomUniformInt",
               "StatelessRandomUniformIntV2", "StatelessRandomUniformFullIntV2",
               "StatelessMultinomial", "RandomGamma", "RandomPoissonV2"}
+# Ops reading only their input's shape (static: a constant of the graph's fixed shapes).
+SHAPE_OPS = frozenset({"Shape", "ShapeN"})
 # Ops whose value depends on something other than their inputs: never folded to a constant.
 STATEFUL_SOURCES = VARIABLE_OPS | RANDOM_OPS | {"Placeholder", "PlaceholderWithDefault"}
 
@@ -163,11 +166,37 @@ class Operands:
             if tensor.op not in self.flow and self.depends_on(tensor, STATEFUL_SOURCES) is None:
                 value = tf.get_static_value(tensor)
                 if value is None:
-                    with tf.compat.v1.Session(graph=self.graph) as session:
-                        value = session.run(tensor)
+                    value = _evaluate(self.graph, tensor)
                 value = np.asarray(value)
             self._constants[tensor.name] = value
         return self._constants[tensor.name]
+
+    def shaped_constant(self, tensor: tf.Tensor) -> np.ndarray | None:
+        """The value of `tensor` if it depends on no input, variable or random op but through
+        tf.shape of values of static shape (tf.image.ssim's window tiled to the images'
+        channels), each such shape its static value."""
+        value = self.constant(tensor)
+        if value is not None or tensor.op in self.flow or \
+                depends_on(tensor, STATEFUL_SOURCES, not_through=SHAPE_OPS) is not None:
+            return value
+        ops = list(upstream(tensor, SHAPE_OPS))
+        read = {t.name for op in ops if op.type not in SHAPE_OPS for t in op.inputs}
+        shapes = {out.name: op.inputs[k] for op in ops if op.type in SHAPE_OPS
+                  for k, out in enumerate(op.outputs) if out.name in read}  # (ShapeN: one per input)
+        if any(op.control_inputs for op in ops) or \
+                not all(x.shape.is_fully_defined() for x in shapes.values()):
+            return None
+        # the ops computing it, in a graph of their own with each shape a constant (a
+        # Session fed the shapes would still run the ops before them)
+        kept = {op.name for op in ops if op.type not in SHAPE_OPS}
+        graph_def = tf.compat.v1.GraphDef()
+        graph_def.node.extend(n for n in self.graph.as_graph_def().node if n.name in kept)
+        with tf.Graph().as_default() as graph:
+            fed = {name: tf.constant(static_shape(x), tf.as_dtype(self.graph.get_tensor_by_name(name).dtype))
+                   for name, x in shapes.items()}
+            found = tf.compat.v1.import_graph_def(graph_def, fed, [tensor.name], name="")[0]
+            with tf.compat.v1.Session(graph=graph) as session:
+                return np.asarray(session.run(found))
 
     def zero_product(self, tensor: tf.Tensor) -> np.ndarray | None:
         """Zeros, if `tensor` is a product of a weight (or a static view of one) and a constant
@@ -212,21 +241,54 @@ def strided_index(op: tf.Operation, begin: np.ndarray, end: np.ndarray,
     return tuple(index)
 
 
+def _evaluate(graph: tf.Graph, tensor: tf.Tensor) -> np.ndarray:
+    """The value of `tensor`, which depends on no input, variable or random op; computed
+    without the control dependencies of the ops it reads (a constant made under
+    tf.control_dependencies([a state write]), which would run the write)."""
+    ops, stack = {tensor.op}, [tensor.op]
+    while stack:
+        op = stack.pop()
+        for t in op.inputs:
+            if t.op not in ops:
+                ops.add(t.op)
+                stack.append(t.op)
+    if not any(op.control_inputs for op in ops):
+        with tf.compat.v1.Session(graph=graph) as session:
+            return session.run(tensor)
+    names = {op.name for op in ops}
+    whole = graph.as_graph_def()
+    pruned = tf.compat.v1.GraphDef(versions=whole.versions, library=whole.library)
+    for node in whole.node:
+        if node.name in names:
+            kept = pruned.node.add()
+            kept.CopyFrom(node)
+            del kept.input[:]
+            kept.input.extend(i for i in node.input if not i.startswith("^"))
+    with tf.Graph().as_default() as alone:
+        tf.compat.v1.import_graph_def(pruned, name="")
+        with tf.compat.v1.Session(graph=alone) as session:
+            return session.run(tensor.name)
+
+
 def depends_on(tensor: tf.Tensor, types: set[str],
                not_through: AbstractSet[str] = frozenset()) -> tf.Operation | None:
     """The first op of `types` that `tensor`'s value depends on (None if none), not looking
     past ops of `not_through` (e.g. tf.shape: a sample's shape is no data)."""
+    return next((op for op in upstream(tensor, not_through) if op.type in types), None)
+
+
+def upstream(tensor: tf.Tensor, not_through: AbstractSet[str] = frozenset()) -> Iterator[tf.Operation]:
+    """The ops `tensor`'s value is computed from (its own first), each once, not looking past
+    ops of `not_through`."""
     seen, stack = set(), [tensor.op]
     while stack:
         op = stack.pop()
         if op in seen:
             continue
         seen.add(op)
-        if op.type in types:
-            return op
+        yield op
         if op.type not in not_through:
             stack.extend(t.op for t in op.inputs)
-    return None
 
 
 def static_shape(tensor: tf.Tensor) -> tuple[int, ...]:

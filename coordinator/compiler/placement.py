@@ -539,6 +539,25 @@ def with_weight_program(placement: Placement, model: MatchedModel, fabric: Fabri
         placement.timing, weight_program_seconds=seconds))
 
 
+def with_state_writes(placement: Placement, model: MatchedModel, fabric: Fabric,
+                      batch_size: int) -> Placement:
+    """`placement` with the state writes of the batch (batch_writes.py) in its step time:
+    each moves the whole batch's values it reads into the region of the state's first
+    reader."""
+    writes = [w for w in (model.training.weight_writes if model.training else ()) if w.batch]
+    if not writes:
+        return placement
+    per_sample = {k.name: math.prod(k.output_shape) * timing.BYTES_PER_VALUE for k in model.kernels}
+    per_sample.update({s.name: timing.input_bytes_per_sample(s) for s in model.inputs})
+    heights = [next((r.height for node, r in zip(model.kernels, placement.regions)
+                     if any(p.variable == w.variable for p in node.params)), 1)
+               for w in writes]  # (1: a weight program's source, through one link)
+    moved = [(batch_size * sum(per_sample[n] for n in w.batch), h)
+             for w, h in zip(writes, heights)]
+    return dataclasses.replace(placement, timing=dataclasses.replace(
+        placement.timing, state_write_seconds=timing.state_write_seconds(moved, fabric)))
+
+
 def place_model(model: MatchedModel, fab: Fabric, mode: str, *, batch_size: int = 1,
                 replicas: int | None = 1) -> PlacedModel:
     """Build the kernels of `model` and place them on `fab`, `replicas` copies of them (None:
@@ -555,10 +574,11 @@ def place_model(model: MatchedModel, fab: Fabric, mode: str, *, batch_size: int 
                          f"use a batch size that is a multiple of {replicas}, or another "
                          "num_replicas (multireplica: true lets the compiler choose)")
     try:
-        placement = with_weight_program(with_shared_reads(
+        placement = with_state_writes(with_weight_program(with_shared_reads(
             place_replicated(kernels, fab, training=training, batch_size=batch_size,
                              replicas=replicas, optimizer=optimizer, inputs=inputs, edges=edges),
-            kernels, shared_reads(model), fab, training), model, fab, training)
+            kernels, shared_reads(model), fab, training), model, fab, training), model, fab,
+            batch_size)
     except TooLargeError as error:
         gb = 2 ** 30
         raise CSRunError(

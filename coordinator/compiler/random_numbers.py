@@ -16,7 +16,8 @@ for every micro-batch of the step. What stays refused, in one line naming the op
 shared by the batch that meet per-sample values other than through a weight, a shape
 computed from values, a stateless op with a constant seed (TF repeats its numbers every
 step), integers over a dtype's full range (tf.random.stateless_uniform without bounds),
-shuffles, and candidate samplers. Noise on the labels (targets
+shuffles, and candidate samplers other than tf.nn.nce_loss's and sampled_softmax_loss's
+(candidate_sampling.py). Noise on the labels (targets
 plus noise, classes drawn from a smoothed one-hot, a conditional generator's noise joined
 with one_hot(labels)) is the model's computation like any other.
 """
@@ -76,7 +77,9 @@ REFUSED = {"random numbers": (
     "per-sample values other than through a weight (noise added to activations), shapes "
     "computed from values, stateless ops with a constant seed "
     "(tf.random.stateless_categorical too), integer draws of computed bounds or over the "
-    "dtype's full range, shuffles, candidate samplers (tf.nn.nce_loss, sampled_softmax_loss)")}
+    "dtype's full range, shuffles, candidate samplers but the log-uniform, uniform and fixed "
+    "unigram ones of tf.nn.nce_loss and sampled_softmax_loss (learned unigram and all-class "
+    "samplers, a unigram vocab_file, a sharded table, a sampler's draws read by other ops)")}
 
 
 def is_random(op_type: str) -> bool:
@@ -92,9 +95,10 @@ def is_draw(op: tf.Operation) -> bool:
 def refusal(op_type: str) -> str:
     """Why the CS does not draw what an op of `op_type` (a random op not in DRAWS) draws."""
     if op_type in CANDIDATE_SAMPLERS:
-        return ("a candidate sampler (tf.nn.nce_loss, tf.nn.sampled_softmax_loss) draws classes "
-                "for the whole batch: the CS computes each sample on its own; use the full "
-                "softmax (tf.nn.sparse_softmax_cross_entropy_with_logits)")
+        return ("a candidate sampler's classes, drawn for the whole batch, are read other than "
+                "by tf.nn.sampled_softmax_loss or tf.nn.nce_loss: the CS draws them only "
+                "there; use those losses or the full softmax "
+                "(tf.nn.sparse_softmax_cross_entropy_with_logits)")
     if op_type == "StatelessMultinomial":
         return ("tf.random.stateless_categorical draws the same classes for the same seed at "
                 "every step; the CS draws fresh ones each step: use tf.random.categorical")

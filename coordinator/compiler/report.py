@@ -244,11 +244,20 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
         when = f"{condition.finite} finite" if condition.predicate is None else \
             render(condition.predicate)
         lines.append(f"Updates inside a tf.cond (at {condition.source}): when {when}"
+                     + (", at the incremented global step" if condition.step_offset else "")
                      + (f", applying the sums of {', '.join(a for _, a in condition.accumulators)}"
-                        if condition.accumulators else ""))
+                        if condition.accumulators else "")
+                     + (f"; only then: {', '.join(condition.if_true)}" if condition.if_true
+                        else "")
+                     + (f"; only otherwise: {', '.join(condition.if_false)}"
+                        if condition.if_false else ""))
     for write in training.weight_writes:
         when = "before" if write.before_update else "after"
-        what = (f"Soft update of {write.variable} (after the updates, reading the weights "
+        what = (f"State write of {write.variable} from the whole batch (after the step's "
+                "updates" if write.batch else
+                f"State write of {write.variable}, {write.carried_dtype} (after the writes "
+                "reading it" if write.carried_dtype else
+                f"Soft update of {write.variable} (after the updates, reading the weights "
                 f"{when} theirs" if write.sources else
                 f"Weight write of {write.variable} ({when} every update")
         when = f", when {render(write.predicate)}" if write.predicate is not None else ""
@@ -375,6 +384,8 @@ def compile_text(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         + (f" + weight program {1e6 * t.weight_program_seconds:.3f} us"
            if model.weight_program is not None else "")
         + (f" + batch barriers {1e6 * t.barrier_seconds(batch_size):.3f} us" if t.barriers
+           else "")
+        + (f" + state writes {1e6 * t.state_write_seconds:.3f} us" if t.state_write_seconds
            else "") + f" ({_n(1 / step)} steps/s)",
         *[f"  Batch barrier: {b.name} ({b.holds}): the batch waits "
           f"{b.passes} x {batch_size - t.replicas} x {1e9 / t.samples_per_sec:.1f} ns + "

@@ -14,6 +14,14 @@ from coordinator.compiler import leading_stack
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, generic
 
+# A slice of the batch axis outside the loss (batch_tail.batch_slice: within it, the tail's).
+SLICES_THE_BATCH = (
+    "slices the batch axis (some samples against others: a support set and queries, x[:k], "
+    "x[1:] - x[:-1], tf.split(z, 2, 0), tf.roll(z, 1, 0)) into values that feed per-sample "
+    "layers, weights or predictions: the CS computes each sample on its own and slices the "
+    "batch only on the way to the loss; give each sample what it needs in input_fn (an "
+    "episode per sample, its own pair), and slice along its own axes (x[:, :k])")
+
 
 def take(m: Context, op: tf.Operation, x: tf.Tensor | str, out: tf.Tensor, axis: int,
           lo: int, hi: int, shrink: bool, ops: list[tf.Operation]) -> None:
@@ -49,7 +57,7 @@ def split(m: Context, op: tf.Operation) -> str:
         return "splits a value that is not per-sample, or along an axis that is not constant"
     axis = int(axis_c) % len(static_shape(x))
     if axis == 0:
-        return "splits the batch axis"
+        return SLICES_THE_BATCH
     lo = 0
     for out in op.outputs:
         size = static_shape(out)[axis]

@@ -10,16 +10,19 @@ The kernel's spectrum is the exact transform rounded to float32, TF's is 1.2-1.8
 frame's largest magnitude from it (docs/design.md): bins that are 0 but for that rounding
 (noiseless tones on a bin's frequency) differ from TF's wholly, and a log amplifies them. In
 training the compiler measures it (`rounding_noise`): on input_fn's first batch, the loss and
-its gradients with the kernels' spectra fed in place of TF's must be TF's within NOISE_RTOL,
-or the RFFT is refused."""
+its gradients with the kernels' spectra fed in place of TF's (and the random ops the numbers
+of TF's run: SpecAugment's masks drawn alike) must be TF's within NOISE_RTOL, or the RFFT is
+refused. A part the host reads (an eval metric on tf.abs of the labels' STFT, a predicted
+magnitude) is the kernel's output, streamed."""
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph
+from coordinator.compiler.extract import ExtractedGraph, data_flow_ops
 from coordinator.compiler.ir import KernelNode, UnsupportedOp
 from coordinator.compiler.operands import static_shape, strided_index
+from coordinator.compiler.random_numbers import is_random
 from coordinator.compiler.rules import Context, has_kernel
 from tf_model.model_fn import user_source
 from wafer.kernels import RunContext, build_kernel
@@ -52,7 +55,7 @@ def lower(m: Context, op: tf.Operation) -> bool:
     if not m.is_batched(x) or x.dtype != tf.float32 or fft_length is None or \
             np.size(fft_length) != 1 or op.outputs[0].name in m.protected or not readers:
         return False
-    if any(r.type not in PARTS or r.outputs[0].name in m.protected for r in readers):
+    if any(r.type not in PARTS for r in readers):
         return _scaled(m, op, int(np.ravel(fft_length)[0]))
     if not has_kernel("spectrum"):
         return False
@@ -88,7 +91,7 @@ def _scaled(m: Context, op: tf.Operation, fft_length: int) -> bool:
     scale = m.operands.constant(product.inputs[1 if product.inputs[0].name == sliced else 0])
     readers = m.consumers(product.outputs[0])
     if begin is None or end is None or strides is None or scale is None or not readers or any(
-            r.type not in ("Real", "Imag") or r.outputs[0].name in m.protected for r in readers):
+            r.type not in ("Real", "Imag") for r in readers):
         return False
     shape = static_shape(op.outputs[0])
     positions = np.arange(int(np.prod(shape))).reshape(shape)
@@ -114,9 +117,18 @@ def _fft(read: tf.Tensor) -> tf.Operation:
     return read.op
 
 
+def _draws(graph: tf.Graph, outputs: list[tf.Tensor]) -> list[tf.Tensor]:
+    """The values of the random ops (SpecAugment's masks, candidate samplers) that `outputs`
+    are computed from."""
+    sources = [op.outputs[0] for op in graph.get_operations() if is_random(op.type)]
+    return [t for op in data_flow_ops(graph, sources, outputs) if is_random(op.type)
+            for t in op.outputs]
+
+
 def rounding_noise(kernels: list[KernelNode], extracted: ExtractedGraph) -> list[UnsupportedOp]:
-    """Each RFFT whose spectrum (and scaled_spectrum) kernels, fed in place of TF's parts on input_fn's first batch,
-    move the loss or a gradient beyond NOISE_RTOL (training only)."""
+    """Each RFFT whose spectrum (and scaled_spectrum) kernels, fed in place of TF's parts on
+    input_fn's first batch, move the loss or a gradient beyond NOISE_RTOL (training only).
+    The second run is fed the first run's random numbers too: it differs by the spectra alone."""
     graph, spec, batch = extracted.graph, extracted.spec, extracted.first_batch
     spectra = [k for k in kernels if k.type in KERNEL_ROWS]
     if not spectra or batch is None or spec.loss is None:
@@ -131,10 +143,12 @@ def rounding_noise(kernels: list[KernelNode], extracted: ExtractedGraph) -> list
                    **{v.op.name: g for v, g in zip(trainable, grads) if g is not None}}
         parts = [graph.get_tensor_by_name(k.tf_tensor).op.inputs[0] for k in spectra]
         ffts = [_fft(part) for part in parts]
+        draws = _draws(graph, list(outputs.values()))
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(tf.compat.v1.global_variables_initializer())
-            want, frames = session.run((outputs, [f.inputs[0] for f in ffts]), feed)
-            fed = dict(feed)
+            want, frames, drawn = session.run(
+                (outputs, [f.inputs[0] for f in ffts], draws), feed)
+            fed = {**feed, **dict(zip(draws, drawn))}
             for kernel, read, x in zip(spectra, parts, frames):
                 built = build_kernel(kernel.type, kernel.name, kernel.attrs, kernel.input_shapes)
                 value, _ = built.forward({}, [x], RunContext(training=True, batch_size=len(x)))

@@ -72,9 +72,12 @@ class StepValues:
         """The train_op's write of `variable` if it is a scalar nothing trains (a per-step
         value kept in a variable: not a schedule), else None."""
         if self._written is None:
+            inputs = {self.x.graph.get_tensor_by_name(p).op
+                      for p in self.x.placeholders.values()}
             self._written = {name: op for name, op in written_variables(self.x).items()
                              if name not in self.trainable and name != self.step
-                             and static_shape(op.inputs[1]) == ()}
+                             and static_shape(op.inputs[1]) == ()
+                             and not inputs & set(data_upstream(op))}  # (batch_writes')
         return self._written.get(variable)
 
     def written_refusal(self, variable: str) -> str:

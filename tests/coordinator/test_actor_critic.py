@@ -60,6 +60,7 @@ def test_both_minimize_calls_in_one_group_race_and_are_refused(tmp_path):
         cs_inprocess.compile_checked(model_fn, input_fn, {**PARAMS, "race": True}, str(tmp_path))
     assert "which another loss's optimizer updates in the step, with no order to that update" \
         in refused.value.message
+    assert refused.value.hint.startswith("compute every loss's gradients first")
 
 
 def soft_actor_critic(features, labels, mode, params):

@@ -77,6 +77,14 @@ def test_a_cond_deciding_from_the_batch_is_refused_in_one_line(tmp_path):
     assert "predicate is computed from the global step and constants" in message
 
 
+def test_a_cond_on_a_step_nothing_increments_is_refused_in_one_line(tmp_path):
+    """(TF's predicate holds every step or never; the CS would count the batches)"""
+    message = cs_inprocess.refusal(cm.every_n, cm.input_fn,
+                                   {**BASE, "optimizer": "adam", "every": 2, "uncounted": True},
+                                   str(tmp_path), cm.__file__)
+    assert "reads the global step, which the train_op does not increment" in message
+
+
 @pytest.mark.parametrize("check, counted", [("loss", True), ("gradients", False)])
 def test_a_step_with_a_non_finite_loss_or_gradient_is_skipped_like_tensorflow(tmp_path, check,
                                                                                counted):

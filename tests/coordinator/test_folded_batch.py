@@ -85,8 +85,9 @@ def test_conv2d_over_folded_frames_trains_evaluates_and_predicts_like_tensorflow
     (f.folded_gram, {}, "MatMul 'MatMul'"),
     (f.folded_softmax, {}, "Softmax 'Softmax'"),
     (f.frame_conv, {"pool": True}, "MaxPooling2D at"),
+    (f.folded_rotate, {}, "StridedSlice 'strided_slice'"),
 ], ids=["mean_over_folded_batch", "batch_norm_over_folded_batch", "matmul_across_rows",
-        "softmax_over_every_bags_rows", "max_pool_on_frames"])
+        "softmax_over_every_bags_rows", "max_pool_on_frames", "rows_rotated_across_bags"])
 def test_mixing_folded_rows_is_refused_naming_the_op(tmp_path, model_fn, params, named):
     input_fn = f.clips_input_fn if model_fn is f.frame_conv else f.bags_input_fn
     line = cs_inprocess.refusal(model_fn, input_fn, {**SEED, **params}, str(tmp_path), f.__file__)

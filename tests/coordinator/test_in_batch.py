@@ -85,9 +85,3 @@ def test_random_in_batch_models_train_like_tensorflow(tmp_path, seed):
     result = cs_inprocess.random_split_comparison(models.random_model_fn(seed), models.input_fn,
                                                   models.STEPS, 1000 + seed, str(tmp_path))
     cs_inprocess.assert_same_training(result, rtol=RTOL)
-
-
-def test_a_support_set_sliced_off_the_batch_is_refused_saying_what_to_do(tmp_path):
-    message = cs_inprocess.refusal(models.prototypes_model_fn, models.input_fn, PARAMS, str(tmp_path),
-                                   models.__file__)
-    assert "slices the batch axis" in message and "an episode per sample" in message

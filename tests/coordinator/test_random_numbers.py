@@ -234,7 +234,6 @@ REFUSED = {
     "integer_bounds_computed": ("RandomUniformInt", "constant minval and maxval"),
     "full_range_integers": ("StatelessRandomUniformFullIntV2", "full range"),
     "stateless_categorical": ("StatelessMultinomial", "use tf.random.categorical"),
-    "sampled_softmax": ("LogUniformCandidateSampler", "full softmax"),
 }
 
 

@@ -3,10 +3,11 @@ tf.signal.stft or tf.signal.rfft), real or imaginary part is a `spectrum` kernel
 here: the kernel against TF's forward and gradient (frame lengths 64..512, zero-padded to
 fft_length, odd lengths, silent frames whose magnitude is 0); a keyword-spotting model as
 users write it (a Hann-windowed STFT, power, log-mel, Conv2D) trains 4 steps like TF,
-evaluates and predicts like the CPU path; a learned front-end before the STFT takes the
-spectrum's gradient; under mixed_float16 the spectrum stays float32 as TF's; a log of bins
-at TF's FFT rounding level (noiseless on-bin tones) and other complex values are refused in
-one line."""
+evaluates and predicts like the CPU path, one with SpecAugment's masks drawn per sample
+trains so (TF's draws replayed) and evaluates; a metric on the labels' spectrum (a spectral-mask denoiser)
+evaluates like the CPU path; a learned front-end before the STFT takes the spectrum's
+gradient; under mixed_float16 the spectrum stays float32 as TF's; a log of bins at TF's FFT
+rounding level (noiseless on-bin tones) and other complex values are refused in one line."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -18,7 +19,7 @@ from keyword_spotters import WORDS, keyword_head
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
 from cs_api.attrs import from_attr
-from tf_model.estimator_spec import CSEstimatorSpec
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 from wafer.kernels import RunContext, build_kernel
 
 v1 = tf.compat.v1
@@ -26,30 +27,82 @@ L = tf.keras.layers
 SAMPLES, BATCH, RATE = 1024, 8, 8000
 
 
-def tones_input_fn(params):
-    """Waveforms of 1024 samples at 8 kHz: a keyword is a tone (its pitch) with a falling
-    second tone, in noise; labels: the keyword."""
+def keywords(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(waveforms, their 0.2 noise, keywords) of `count` keywords, 1024 samples at 8 kHz: a
+    keyword is a tone (its pitch) with a falling second tone."""
     rng = np.random.default_rng(11)
-    count = 64
     labels = rng.integers(0, WORDS, count).astype(np.int32)
     t = np.arange(SAMPLES) / RATE
     pitch = 300.0 * (labels[:, None] + 1) + rng.uniform(-20, 20, (count, 1))
-    waves = np.sin(2 * np.pi * pitch * t) + 0.5 * np.sin(2 * np.pi * pitch * 1.5 * t * (1 - t)) \
-        + 0.2 * rng.standard_normal((count, SAMPLES))
-    return tf.data.Dataset.from_tensor_slices((waves.astype(np.float32), labels)).repeat().batch(
-        params["batch_size"], drop_remainder=True)
+    waves = np.sin(2 * np.pi * pitch * t) + 0.5 * np.sin(2 * np.pi * pitch * 1.5 * t * (1 - t))
+    return waves, 0.2 * rng.standard_normal((count, SAMPLES)), labels
 
 
-def keyword_spotter(features, labels, mode, params):
-    """A log-mel spectrogram (Hann-windowed STFT, |.|², 16 mel bands, log(+1e-6)), two Conv2D,
-    pooled, Dense to the keywords; Adam; accuracy evaluated, classes predicted."""
-    frame = params["frame_length"]
+def tones_input_fn(params):
+    """The keywords in noise; labels: the keyword."""
+    waves, noise, labels = keywords(64)
+    return tf.data.Dataset.from_tensor_slices(((waves + noise).astype(np.float32), labels)) \
+        .repeat().batch(params["batch_size"], drop_remainder=True)
+
+
+def log_mel(features: tf.Tensor, frame: int) -> tf.Tensor:
+    """A log-mel spectrogram: Hann-windowed STFT, |.|², 16 mel bands, log(+1e-6)."""
     magnitude = tf.abs(tf.signal.stft(features, frame_length=frame, frame_step=frame // 2,
                                       window_fn=tf.signal.hann_window))
     power = tf.square(magnitude)
     mel = tf.signal.linear_to_mel_weight_matrix(16, magnitude.shape[-1], RATE, 80.0, 3800.0)
-    log_mel = tf.math.log(tf.tensordot(power, mel, 1) + 1e-6)
-    return keyword_head(log_mel, labels, mode, 0.01)
+    return tf.math.log(tf.tensordot(power, mel, 1) + 1e-6)
+
+
+def keyword_spotter(features, labels, mode, params):
+    """The log-mel spectrogram, two Conv2D, pooled, Dense to the keywords; Adam; accuracy
+    evaluated, classes predicted."""
+    return keyword_head(log_mel(features, params["frame_length"]), labels, mode, 0.01)
+
+
+def specaugment_spotter(features, labels, mode, params):
+    """The keyword spotter with SpecAugment in training: each sample's log-mel loses a band of
+    4 frames and one of 3 mel bands at places drawn by tf.random.uniform."""
+    image = log_mel(features, params["frame_length"])
+    if mode == ModeKeys.TRAIN:
+        frames, bands = image.shape[1], image.shape[2]
+        t0 = tf.random.uniform([tf.shape(image)[0], 1, 1]) * (frames - 4)
+        f0 = tf.random.uniform([tf.shape(image)[0], 1, 1]) * (bands - 3)
+        t = tf.range(frames, dtype=tf.float32)[None, :, None]
+        f = tf.range(bands, dtype=tf.float32)[None, None, :]
+        time_mask = tf.cast((t >= t0) & (t < t0 + 4.0), tf.float32)
+        band_mask = tf.cast((f >= f0) & (f < f0 + 3.0), tf.float32)
+        image = image * (1.0 - time_mask) * (1.0 - band_mask)
+    return keyword_head(image, labels, mode, 0.01)
+
+
+def noisy_keywords_input_fn(params):
+    """The keywords in noise; labels: the clean waveforms."""
+    waves, noise, _ = keywords(64)
+    return tf.data.Dataset.from_tensor_slices(((waves + noise).astype(np.float32),
+                                               waves.astype(np.float32))).repeat().batch(
+        params["batch_size"], drop_remainder=True)
+
+
+def spectral_mask_denoiser(features, labels, mode, params):
+    """Speech enhancement: a mask in [0, 1] from the noisy STFT's log magnitude (Conv1D over
+    the frames) times that magnitude, against the clean waveform's (the labels') STFT
+    magnitude; Adam; the enhanced magnitude's SNR evaluated (a metric on the label
+    spectrum); the mask and the noisy magnitude predicted."""
+    noisy = tf.abs(tf.signal.stft(features, frame_length=64, frame_step=32))
+    h = L.Conv1D(16, 3, padding="same", activation="relu")(tf.math.log1p(noisy))
+    mask = L.Conv1D(noisy.shape[-1], 1, activation="sigmoid")(h)
+    enhanced = mask * noisy
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={"mask": mask, "magnitude": noisy})
+    clean = tf.abs(tf.signal.stft(labels, frame_length=64, frame_step=32))
+    loss = v1.losses.mean_squared_error(clean, enhanced)
+    if mode == ModeKeys.EVAL:
+        snr = 10.0 * tf.math.log(tf.reduce_sum(tf.square(clean), [1, 2]) / tf.reduce_sum(
+            tf.square(clean - enhanced), [1, 2])) / tf.math.log(10.0)
+        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops={"snr_db": v1.metrics.mean(snr)})
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=v1.train.AdamOptimizer(3e-3).minimize(
+        loss, global_step=v1.train.get_or_create_global_step()))
 
 
 def mixed_spotter(features, labels, mode, params):
@@ -126,6 +179,31 @@ def test_the_keyword_spotter_evaluates_and_predicts_like_the_cpu(spotter, tmp_pa
                                             str(tmp_path), spotter, steps=2) == ""
     assert cs_inprocess.prediction_mismatch(keyword_spotter, tones_input_fn, params(),
                                             str(tmp_path), spotter) == ""
+
+
+def test_a_specaugment_spotter_trains_like_tensorflow_with_its_draws_and_evaluates(tmp_path):
+    """Masks drawn per sample after the spectrogram: the rounding measurement feeds the first
+    run's draws to the second (redrawn, they moved the loss and it was refused as noiseless
+    signals); with TF's draws replayed the CS trains like TF."""
+    run = cs_inprocess.compare_drawn(specaugment_spotter, tones_input_fn, params(),
+                                     str(tmp_path), steps=4)
+    assert [k.type for k in run.compiled.program.kernels].count("random") == 2
+    cs_inprocess.assert_same_training(run, rtol=1e-5)
+    assert cs_inprocess.evaluation_mismatch(specaugment_spotter, tones_input_fn, params(),
+                                            str(tmp_path), run, steps=2) == ""
+
+
+def test_a_metric_on_the_label_spectrum_evaluates_like_the_cpu(tmp_path):
+    """The clean spectrum tf.abs(tf.signal.stft(labels)), read by the loss and by an eval
+    metric, is the spectrum kernel's output streamed to the host (it was refused as a
+    complex value the host reads); predicting the noisy magnitude streams it too."""
+    run = cs_inprocess.compare(spectral_mask_denoiser, noisy_keywords_input_fn, params(),
+                               str(tmp_path), steps=4)
+    cs_inprocess.assert_same_training(run, rtol=1e-5)
+    assert cs_inprocess.evaluation_mismatch(spectral_mask_denoiser, noisy_keywords_input_fn,
+                                            params(), str(tmp_path), run, steps=2) == ""
+    assert cs_inprocess.prediction_mismatch(spectral_mask_denoiser, noisy_keywords_input_fn,
+                                            params(), str(tmp_path), run) == ""
 
 
 @pytest.mark.slow

@@ -75,3 +75,38 @@ def test_a_bias_that_also_reaches_the_loss_past_the_normalization_keeps_its_grad
     start = result.compiled.initial_weights["depthwise/bias"]
     assert np.abs(result.cs.state["depthwise/bias"] - start).max() > 1e-3
     cs_inprocess.assert_same_training(result)
+
+
+def ghost_model(features, labels, mode, params):
+    """A GhostNet-style stem (unseen16): Conv2D with its bias, a cheap 1 x 1 branch
+    normalized and added back to it, max-pooled, then a convolution (1 x 1, or params["window"])
+    normalized again: the stem's bias is a shift per channel that the pool passes and the
+    1 x 1 convolution keeps constant over the batch and the pixels, so the second
+    normalization removes it (gradient 0). A 3 x 3 convolution with SAME padding sees the
+    zero padding at the borders: the shift is no longer constant there, the gradient real."""
+    layers = tf.keras.layers
+    training = mode == "train"
+    h = layers.Conv2D(8, 3, padding="same", name="stem")(features)
+    g = tf.nn.relu(layers.BatchNormalization(name="bn1")(
+        layers.Conv2D(8, 1, use_bias=False, name="cheap")(h), training=training))
+    h = layers.MaxPooling2D(2)(g + h)
+    h = tf.nn.relu(layers.BatchNormalization(name="bn2")(
+        layers.Conv2D(8, params["window"], padding="same", use_bias=False, name="mix")(h),
+        training=training))
+    logits = layers.Dense(3, name="classes")(layers.GlobalAveragePooling2D()(h))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
+        train_op = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9).minimize(
+            loss, tf.compat.v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+@pytest.mark.parametrize("window, zero", [(1, {"stem/bias"}), (3, set())])
+def test_a_bias_past_a_residual_pool_and_pointwise_convolution_gets_the_exact_zero(
+        tmp_path, window, zero):
+    result = cs_inprocess.compare(ghost_model, input_fn, {**PARAMS, "window": window},
+                                  str(tmp_path), steps=STEPS)
+    assert cs_inprocess.zero_gradient_variables(result.compiled) == zero
+    moved = np.abs(result.cs.state["stem/bias"] - result.compiled.initial_weights["stem/bias"]).max()
+    assert (moved == 0) == bool(zero)
+    cs_inprocess.assert_same_training(result)

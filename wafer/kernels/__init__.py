@@ -76,6 +76,7 @@ from wafer.kernels import (  # noqa: F401
                              activation_grads,
                              activations,
                              batch_tail,
+                             candidate_sampling,
                              conv,
                              conv_transpose,
                              dense,

@@ -102,14 +102,19 @@ class Affine:
 
     def backward(self, cache: tuple, dy: np.ndarray, w: np.ndarray, has_bias: bool,
                  acc: Mapping[str, np.ndarray] | None, ctx: RunContext, input_grad: bool,
-                 ) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+                 weight_grad: bool = True) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
         """The input gradient (None unless `input_grad`) and the weight gradients ("kernel"
         shaped like w, "bias"): added into `acc` (overwriting it for the batch's first
-        micro-batch) and returned, or new arrays without accumulators."""
+        micro-batch) and returned, or new arrays without accumulators. Without
+        `weight_grad` (a constant filter) there is no "kernel" gradient."""
         x2d, z, y = cache
-        (rows, units), n = dy.shape, w.shape[0]
         if self._compiled(x2d, w):
-            return self._compiled_backward(x2d, z, y, dy, w, has_bias, acc, ctx, input_grad)
+            return self._compiled_backward(x2d, z, y, dy, w, has_bias, acc, ctx, input_grad,
+                                           weight_grad)
+        return self._numpy_backward(x2d, z, y, dy, w, has_bias, acc, ctx, input_grad, weight_grad)
+
+    def _numpy_backward(self, x2d, z, y, dy, w, has_bias, acc, ctx, input_grad, weight_grad):
+        (rows, units), n = dy.shape, w.shape[0]
         dz = dy
         if self.activation != "linear":
             dz = activations.gradient(self.activation, z, y, dy, half=self.half)
@@ -118,14 +123,16 @@ class Affine:
         grads: dict[str, np.ndarray] = {}
         if has_bias:
             accumulate(acc, "bias", dz.sum(axis=0), grads, ctx)
-        grads["kernel"] = np.empty(w.shape, np.float32) if acc is None else acc["kernel"]
-        scratch = None  # micro-batches after the batch's first: their gradient, then added
-        if acc is not None and ctx.accumulate:
-            if self._scratch is None or self._scratch.shape != w.shape:
-                self._scratch = np.empty(w.shape, np.float32)
-            scratch = self._scratch
-        weight = [partial(_weight_tile, x2d, dz, grads["kernel"], scratch, part)
-                  for part in tiles(n, rows, units, axis=0)]
+        weight = []
+        if weight_grad:
+            grads["kernel"] = np.empty(w.shape, np.float32) if acc is None else acc["kernel"]
+            scratch = None  # micro-batches after the batch's first: their gradient, then added
+            if acc is not None and ctx.accumulate:
+                if self._scratch is None or self._scratch.shape != w.shape:
+                    self._scratch = np.empty(w.shape, np.float32)
+                scratch = self._scratch
+            weight = [partial(_weight_tile, x2d, dz, grads["kernel"], scratch, part)
+                      for part in tiles(n, rows, units, axis=0)]
         dx, work = None, []
         if input_grad:
             dx = np.empty((rows, n), np.float32)
@@ -133,7 +140,7 @@ class Affine:
         ctx.run_tiles(work, later=weight)
         return dx, grads
 
-    def _compiled_backward(self, x2d, z, y, dy, w, has_bias, acc, ctx, input_grad):
+    def _compiled_backward(self, x2d, z, y, dy, w, has_bias, acc, ctx, input_grad, weight_grad):
         (rows, units), n = dy.shape, w.shape[0]
         dz = np.empty((rows, units), np.float32)
         bias_sum = np.empty(units if has_bias else 0, np.float32)
@@ -143,13 +150,15 @@ class Affine:
         grads: dict[str, np.ndarray] = {}
         if has_bias:
             accumulate(acc, "bias", bias_sum, grads, ctx)
-        grads["kernel"] = np.empty(w.shape, np.float32) if acc is None else acc["kernel"]
-        add = acc is not None and ctx.accumulate
-        if add and (self._scratch is None or self._scratch.shape != w.shape):
-            self._scratch = np.empty(w.shape, np.float32)
-        scratch = self._scratch if add else grads["kernel"]
-        weight = [partial(run.weight_gradient, x2d, dz, grads["kernel"], scratch,
-                          part.start, part.stop, add) for part in tiles(n, rows, units, axis=0)]
+        weight = []
+        if weight_grad:
+            grads["kernel"] = np.empty(w.shape, np.float32) if acc is None else acc["kernel"]
+            add = acc is not None and ctx.accumulate
+            if add and (self._scratch is None or self._scratch.shape != w.shape):
+                self._scratch = np.empty(w.shape, np.float32)
+            scratch = self._scratch if add else grads["kernel"]
+            weight = [partial(run.weight_gradient, x2d, dz, grads["kernel"], scratch,
+                              part.start, part.stop, add) for part in tiles(n, rows, units, axis=0)]
         dx, work = None, []
         if input_grad:
             dx = np.empty((rows, n), np.float32)

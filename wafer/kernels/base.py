@@ -181,9 +181,10 @@ class Kernel:
         raise NotImplementedError
 
 
-    def table_slices(self, cache: Any, grad_output: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A lookup kernel's (wse_sim.program.SPARSE_GRADIENT_KERNELS) table gradient for
-        the micro-batch, as TF's IndexedSlices: (ids, one row of values per id)."""
+    def table_slices(self, cache: Any, grad_output: np.ndarray,
+                     role: str = "p0") -> tuple[np.ndarray, np.ndarray]:
+        """A lookup kernel's (wse_sim.program.SPARSE_GRADIENT_KERNELS) gradient of its table
+        `role` for the micro-batch, as TF's IndexedSlices: (ids, one row of values per id)."""
         raise NotImplementedError
 
 def is_int(value: Any) -> TypeGuard[int]:

@@ -50,7 +50,7 @@ def source_name(j: int) -> str:
 @register
 class BatchTailLoss(Kernel):
     """attrs steps (see the module), batch_size B, loss_scale; inputs the per-sample float32
-    values the tail reads; output () per sample, the batch's loss on its first sample."""
+    values the tail reads (and the integer labels a slice of the batch takes); output () per sample, the batch's loss on its first sample."""
 
     type_name = "batch_tail_loss"
     is_loss = True
@@ -101,6 +101,16 @@ class BatchTailLoss(Kernel):
     @property
     def output_shape(self):
         return ()
+
+    def output_dtype(self, input_dtypes):
+        """float32, its inputs' dtypes checked along the program: float32 values, and the
+        integers (labels) only kernels taking integers read (slices, one_hot, cast)."""
+        dtypes = {source_name(j): np.dtype(d) for j, d in enumerate(input_dtypes)}
+        for step in self.program.steps:
+            dtypes[step.kernel.name] = step.kernel.output_dtype([dtypes[i] for i in step.inputs])
+        if dtypes[self.program.steps[-1].kernel.name] != np.float32:
+            raise KernelError(f"kernel {self.name!r} (batch_tail_loss): its loss is not float32")
+        return np.dtype(np.float32)
 
     def _values(self) -> int:
         return sum(math.prod(s) for s in self.input_shapes)

@@ -44,6 +44,23 @@ def explicit_pads(name: str, padding: Any) -> tuple[int, int, int, int] | None:
     return tuple(padding)
 
 
+def held_filter(kernel: Kernel, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A convolution's constant filter (attr `filter`: tf.constant, a Gaussian window), held
+    in place of its `kernel` weight: frozen, no gradient into it (None: a weight)."""
+    value = kernel.attrs.get("filter")
+    if value is None:
+        return None
+    value = np.ascontiguousarray(value, np.float32)
+    if value.shape != shape:
+        raise KernelError(f"kernel {kernel.name!r}: filter {value.shape} must be {shape}")
+    return value
+
+
+def filter_of(params: Mapping[str, np.ndarray], held: np.ndarray | None) -> np.ndarray:
+    """The filter a convolution computes with: its constant one, else its weight."""
+    return params["kernel"] if held is None else held
+
+
 class Windows:
     """The sliding windows of one kernel's input: padding, output size, im2col and col2im.
 
@@ -156,14 +173,19 @@ class Conv2D(Kernel):
         self.activation = activations.check_function(name, self.attrs.get("activation", "linear"))
         self.patch = self.ksize[0] * self.ksize[1] * self.channels
         self.affine = Affine(self.activation, is_half(self.attrs))
+        self.held = held_filter(self, self.filter_shape)
+
+    @property
+    def filter_shape(self) -> tuple[int, ...]:
+        return (*self.ksize, self.channels // self.groups, self.filters)
 
     @property
     def output_shape(self):
         return (*self.frames, self.windows.oh, self.windows.ow, self.filters)
 
     def param_shapes(self):
-        shapes: dict[str, tuple[int, ...]] = {
-            "kernel": (*self.ksize, self.channels // self.groups, self.filters)}
+        shapes: dict[str, tuple[int, ...]] = {} if self.held is not None else \
+            {"kernel": self.filter_shape}
         if self.use_bias:
             shapes["bias"] = (self.filters,)
         return shapes
@@ -206,34 +228,39 @@ class Conv2D(Kernel):
         for g in range(self.groups):
             kernel[:, :, g * share:(g + 1) * share] = \
                 full[:, g * part:(g + 1) * part, g * share:(g + 1) * share]
-        return kernel.reshape(self.param_shapes()["kernel"])
+        return kernel.reshape(self.filter_shape)
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
         images = x.reshape(-1, *self.windows.shape)  # a sample's frames in TF's row order
         cols = self.windows.columns(images)
         tail = activations.scalar_tail(ctx, (x.shape[0], *self.output_shape))
-        y, cache = self.affine.forward(cols, self._matrix(params["kernel"]), params.get("bias"),
-                                       ctx, tail)
+        y, cache = self.affine.forward(cols, self._matrix(filter_of(params, self.held)),
+                                       params.get("bias"), ctx, tail)
         return y.reshape(x.shape[0], *self.output_shape), (len(images), cache)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         m, affine_cache = cache
+        trained = self.held is None
         if self.groups > 1:  # the full matrix's gradient, then its blocks into the accumulators
             dcols, full = self.affine.backward(
-                affine_cache, grad_output.reshape(-1, self.filters), self._matrix(params["kernel"]),
-                self.use_bias, None, dataclasses.replace(ctx, run_tiles=run_in_order), ctx.wants_grad(0))
+                affine_cache, grad_output.reshape(-1, self.filters),
+                self._matrix(filter_of(params, self.held)), self.use_bias, None,
+                dataclasses.replace(ctx, run_tiles=run_in_order), ctx.wants_grad(0), trained)
             grads: dict[str, np.ndarray] = {}
-            accumulate(param_grads, "kernel", self._kernel_of(full["kernel"]), grads, ctx)
+            if trained:
+                accumulate(param_grads, "kernel", self._kernel_of(full["kernel"]), grads, ctx)
             if self.use_bias:
                 accumulate(param_grads, "bias", full["bias"], grads, ctx)
             return [None if dcols is None else self._input_grad(m, dcols)], grads
-        w = params["kernel"].reshape(self.patch, self.filters)
-        acc = None if param_grads is None else \
-            {**param_grads, "kernel": param_grads["kernel"].reshape(self.patch, self.filters)}
+        w = filter_of(params, self.held).reshape(self.patch, self.filters)
+        acc = None if param_grads is None else dict(param_grads)
+        if acc is not None and trained:
+            acc["kernel"] = param_grads["kernel"].reshape(self.patch, self.filters)
         dcols, grads = self.affine.backward(affine_cache, grad_output.reshape(-1, self.filters),
-                                             w, self.use_bias, acc, ctx, ctx.wants_grad(0))
-        grads["kernel"] = grads["kernel"].reshape(self.param_shapes()["kernel"])
+                                             w, self.use_bias, acc, ctx, ctx.wants_grad(0), trained)
+        if trained:
+            grads["kernel"] = grads["kernel"].reshape(self.filter_shape)
         return [None if dcols is None else self._input_grad(m, dcols)], grads
 
     def _input_grad(self, images: int, dcols: np.ndarray) -> np.ndarray:

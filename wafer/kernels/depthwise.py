@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register
-from wafer.kernels.conv import Windows, pair
+from wafer.kernels.conv import Windows, filter_of, held_filter, pair
 from wafer.precision import is_half, round_half
 
 
@@ -43,13 +43,14 @@ class DepthwiseConv2D(Kernel):
             raise KernelError(f"kernel {name!r}: depthwise_conv2d in float16 takes "
                               f"depth_multiplier 1 and no dilation, got {self.multiplier} and "
                               f"{self.windows.dilations}")
+        self.held = held_filter(self, (*self.ksize, self.channels, self.multiplier))
 
     @property
     def output_shape(self):
         return (self.windows.oh, self.windows.ow, self.channels * self.multiplier)
 
     def param_shapes(self):
-        return {"kernel": (*self.ksize, self.channels, self.multiplier)}
+        return {} if self.held is not None else {"kernel": (*self.ksize, self.channels, self.multiplier)}
 
     def flops_per_sample(self) -> float:
         return float(2 * math.prod(self.output_shape) * self.ksize[0] * self.ksize[1])
@@ -61,7 +62,7 @@ class DepthwiseConv2D(Kernel):
         return 4 * self.windows.ph * self.windows.pw * self.channels
 
     def forward(self, params, inputs, ctx: RunContext):
-        x, f = inputs[0], params["kernel"]
+        x, f = inputs[0], filter_of(params, self.held)
         padded = self.windows.pad(x, 0.0)
         if self.half:
             y = np.zeros((len(x), *self.output_shape), np.float32)
@@ -77,14 +78,15 @@ class DepthwiseConv2D(Kernel):
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         if self.half:
             return self._half_backward(params, cache, grad_output, ctx, param_grads)
-        padded, f = cache, params["kernel"]
+        padded, f = cache, filter_of(params, self.held)
         m = len(padded)
         dy = grad_output.reshape(m, self.windows.oh, self.windows.ow, self.channels, self.multiplier)
-        df = np.empty(f.shape, np.float32)
-        for i, j, taps in self.windows.offsets(padded):
-            df[i, j] = np.einsum("nhwc,nhwcq->cq", taps, dy)
         grads: dict[str, np.ndarray] = {}
-        accumulate(param_grads, "kernel", df, grads, ctx)
+        if self.held is None:
+            df = np.empty(f.shape, np.float32)
+            for i, j, taps in self.windows.offsets(padded):
+                df[i, j] = np.einsum("nhwc,nhwcq->cq", taps, dy)
+            accumulate(param_grads, "kernel", df, grads, ctx)
         dx = None
         if ctx.wants_grad(0):
             dx = self.windows.scatter(m, self.channels, (

@@ -153,7 +153,8 @@ class Gather(_TableLookup):
             check_indices(self, ids, self.table[0], "the table")
         return np.take(table, ids, axis=0), ids
 
-    def table_slices(self, cache, grad_output: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def table_slices(self, cache, grad_output: np.ndarray,
+                     role: str = "p0") -> tuple[np.ndarray, np.ndarray]:
         """The micro-batch's IndexedSlices of the table: the looked-up ids in order, one row
         of values (the gradient of the looked-up row) per id (rows of the table's first
         `depth` axes flattened)."""
@@ -285,7 +286,8 @@ class EmbeddingBag(_TableLookup):
         scaled = np.where(counts[:, None] > 1, out * self._factors(counts, np.float32)[:, None], out)
         return scaled, (ids, valid, self._factors(counts, np.float64))
 
-    def table_slices(self, cache, grad_output: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def table_slices(self, cache, grad_output: np.ndarray,
+                     role: str = "p0") -> tuple[np.ndarray, np.ndarray]:
         """The micro-batch's IndexedSlices of the table (TF's: unique ids in order of first
         appearance, each id's scaled output gradients added in order)."""
         ids, valid, factors = cache

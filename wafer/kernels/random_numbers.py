@@ -28,7 +28,7 @@ from wafer.kernels.structure import Elementwise
 
 DISTRIBUTIONS = ("normal", "truncated_normal", "uniform", "uniform_int")
 # The kernels drawing numbers of their own: those the test seam hands TF's draws instead.
-DRAWING = ("random", "categorical")
+DRAWING = ("random", "categorical", "sampled_logits")
 # TF's TruncatedNormal keeps the standard normal values with |z| below this, redrawing others.
 TRUNCATE = 2.0
 
@@ -47,6 +47,11 @@ def replayed_draws(replay: Replay) -> Iterator[None]:
         yield
     finally:
         _replay = None
+
+
+def replay_of(name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The test seam's values for kernel `name` (None: the kernel draws its own)."""
+    return None if _replay is None else _replay(name, shape)
 
 
 def integers(rng: np.random.Generator, low: int, high: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register
-from wafer.kernels.conv import output_size
+from wafer.kernels.conv import filter_of, held_filter, output_size
 
 
 def triple(name: str, attrs: Mapping[str, Any], key: str) -> tuple[int, int, int]:
@@ -89,13 +89,14 @@ class Conv3D(Kernel):
                              self.attrs.get("padding"))
         self.channels = self.input_shapes[0][3]
         self.patch = math.prod(self.ksize) * self.channels
+        self.held = held_filter(self, (*self.ksize, self.channels, self.filters))
 
     @property
     def output_shape(self):
         return (*self.volume.out, self.filters)
 
     def param_shapes(self):
-        return {"kernel": (*self.ksize, self.channels, self.filters)}
+        return {} if self.held is not None else {"kernel": (*self.ksize, self.channels, self.filters)}
 
     def flops_per_sample(self) -> float:
         return float(math.prod(self.volume.out) * 2 * self.patch * self.filters)
@@ -108,15 +109,17 @@ class Conv3D(Kernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         cols = self.volume.columns(inputs[0])
-        y = cols @ params["kernel"].reshape(self.patch, self.filters)
+        y = cols @ filter_of(params, self.held).reshape(self.patch, self.filters)
         return y.reshape(len(inputs[0]), *self.output_shape), cols
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         cols, m = cache, len(grad_output)
-        w2d = params["kernel"].reshape(self.patch, self.filters)
+        w2d = filter_of(params, self.held).reshape(self.patch, self.filters)
         dy = grad_output.reshape(-1, self.filters)
         grads: dict[str, np.ndarray] = {}
-        accumulate(param_grads, "kernel", (cols.T @ dy).reshape(self.param_shapes()["kernel"]), grads, ctx)
+        if self.held is None:
+            accumulate(param_grads, "kernel", (cols.T @ dy).reshape(self.param_shapes()["kernel"]),
+                       grads, ctx)
         dx = None
         if ctx.wants_grad(0):
             dcols = (dy @ w2d.T).reshape(m, *self.volume.out, -1, self.channels)

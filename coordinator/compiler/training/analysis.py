@@ -2,6 +2,7 @@
 of a stage reported at once."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 import numpy as np
@@ -82,16 +83,27 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                 extracted = dynamic.view
             if conditional is not None:
                 extracted = conditional.view
-            updates, averages, written = _updates(extracted, statistic_averages)
+            states: list[tf.Operation] = []
+            updates, averages, written = _updates(
+                extracted, statistic_averages, states,
+                dict.fromkeys(conditional.branch_of, conditional.cond) if conditional else None)
             written += conditional_writes(original, updates, written)
             condition = None
             if conditional is not None:
                 condition = conditional.update(updates)
-                _alone(condition, averages, written)
+                written = _gated(conditional, written)
+                _alone(condition, averages, [] if conditional.delayed else written)
+                if conditional.delayed and not condition.both:
+                    condition = None  # (the cond gates writes alone: each its predicate's)
             groups = optimizer_groups(updates)
             if dynamic is not None and groups:
                 raise _fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
                                             "CS carries it out for one; train without it")
+            if states and (conditional is not None or dynamic is not None):
+                raise _fail(states[0], f"a write of {variable_op(states[0].inputs[0]).name} from the "
+                                       "batch's values with updates inside a tf.cond or "
+                                       "dynamic loss scaling: the CS writes such state every "
+                                       "step; train without the cond or the loss scaling")
             if dynamic is not None and written:
                 raise _fail(written[0].op, "a write of a weight besides its update with dynamic "
                                            "loss scaling: the CS does not skip it with a "
@@ -113,7 +125,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             raise _Problems(problems, hints[0])
         try:
             objectives = _objectives(extracted, chains, dynamic is not None or half)
-            if objectives and conditional is not None:
+            if objectives and conditional is not None and not conditional.delayed:
                 raise _fail(chains[0].update.op, "several losses minimized in one step with "
                                                  "updates inside a tf.cond: the CS carries out "
                                                  "the cond for one loss")
@@ -163,7 +175,25 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                         dynamic_loss_scale=scaling,
                         step_counts_applied=dynamic.step_counts_applied if dynamic is not None
                         else conditional is not None and conditional.counts_applied,
-                        objectives=objectives, conditional_update=condition)
+                        objectives=objectives, conditional_update=condition,
+                        state_writes=tuple(op.name for op in states))
+
+
+def _gated(conditional: training_conditional.Inlined, written: list[_Write]) -> list[_Write]:
+    """The writes of the cond's branches (updates beside the cond) with their branch's
+    predicate; a factor computed per step, refused."""
+    found = []
+    for w in written:
+        gate = conditional.gated(w.op)
+        if gate is not None:
+            if any(_uniform(t) is None for t, _ in w.factors):
+                raise _fail(conditional.cond, f"the tf.cond writes {w.variable} with a factor "
+                                              "computed per step: the CS writes under a "
+                                              "tf.cond with constant factors")
+            w = dataclasses.replace(w, predicate=dataclasses.replace(
+                gate[0], hyper_parameter=FACTOR_OF_WRITE), predicate_offset=gate[1])
+        found.append(w)
+    return found
 
 
 def _alone(condition: ConditionalUpdate, averages: list[_Average], written: list[_Write]) -> None:
@@ -263,7 +293,10 @@ def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
                                   f"optimizer updates in the step, with no order to that "
                                   f"update (TF reads it before or after the update, by "
                                   f"chance); compute the losses from one forward pass, or "
-                                  f"make the update wait for the read")
+                                  f"make the update wait for the read",
+                            hint="compute every loss's gradients first (compute_gradients), "
+                                 "then apply them under tf.control_dependencies([every "
+                                 "gradient])")
 
 
 def optimizer_groups(updates: list[_Update]) -> tuple[OptimizerGroup, ...]:

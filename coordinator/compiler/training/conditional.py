@@ -10,12 +10,18 @@ to 1 / 0. `inline` hands the rest of the pass the updating branch as the train_o
 read of an accumulator there replaced by the value added to it: the pass proves that value
 is the transformed gradient of the weight the read's update trains, as for any update; the
 CS then adds it to the accumulator each step and applies the sum on the steps the predicate
-holds. A cond of any other kind is left to dynamic loss scaling (training/loss_scaling.py),
-which refuses what it does not recognise.
+holds. Delayed updates (`_delayed`): when the train_op also updates variables outside the
+cond every step (TD3's critic beside its actor every d steps), or both branches update
+(alternating GAN steps), the view holds the writes outside and both branches' writes; a
+variable one branch alone writes is gated by the predicate (or its negation), read before
+or after the step's increment as the graph orders it. A cond of any other kind is left to
+dynamic loss scaling (training/loss_scaling.py), which refuses what it does not recognise.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -30,7 +36,6 @@ from coordinator.compiler.schedules import (
 )
 from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
 from coordinator.compiler.training.loss_scaling import _checked_gradients, import_branch
-from coordinator.compiler.training.updates import APPLY_OPS
 from coordinator.compiler.training.writes import _is_write, copies_only
 from wafer.conditional_updates import ConditionalUpdate
 from wafer.schedules import Schedule
@@ -38,6 +43,8 @@ from wafer.schedules import Schedule
 _CONDS = ("If", "StatelessIf")
 _ADDS = ("AssignAddVariableOp", "AssignAdd")
 _PREFIX = "csrun_conditional_update"
+# each graph's conds' imported branches (branch_writes)
+_IMPORTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 WHAT = ("the CS carries out update conds whose predicate is computed from the global step "
         "and constants (apply every N steps, gradient accumulation)")
 
@@ -52,9 +59,20 @@ class Inlined:
     finite: str = ""  # "loss" or "gradients": the cond tests it for being finite
     checked: frozenset[str] = frozenset()  # the tensors a "gradients" test checks
     counts_applied: bool = False  # the global step's increment is in the branch
-    # (both branches update) the variables one branch alone updates, and whether it is the
-    # true one
+    # (both branches update, or updates beside the cond) the variables one branch alone
+    # writes, and whether it is the true one
     only: tuple[tuple[str, bool], ...] = ()
+    # (updates beside the cond) the imported writes -> the branch (true: True) they run in,
+    # the predicate's negation, and 1 if the predicate reads the step after its increment
+    branch_of: dict[tf.Operation, bool] = dataclasses.field(default_factory=dict)
+    negation: Schedule | None = None
+    offset: int = 0
+
+    @property
+    def delayed(self) -> bool:
+        """Updates beside the cond's every step (TD3's critic beside its delayed actor), or
+        in both branches (alternating GAN updates)."""
+        return self.negation is not None
 
     def update(self, updates: list) -> ConditionalUpdate:
         """The ConditionalUpdate of the pass's updates (training.updates._Update): each
@@ -81,9 +99,20 @@ class Inlined:
                 self.checked != {_skip_identity(u.grad).name for u in updates}:
             raise _fail(self.cond, "the tf.cond tests other tensors than the gradients the "
                                    "optimizer applies for being finite")
+        updated = {u.variable for u in updates}
         return ConditionalUpdate(self.predicate, tuple(pairs), user_source(self.cond), self.finite,
-                                 tuple(v for v, holds in self.only if holds),
-                                 tuple(v for v, holds in self.only if not holds))
+                                 tuple(v for v, holds in self.only if holds and v in updated),
+                                 tuple(v for v, holds in self.only if not holds and v in updated),
+                                 self.offset)
+
+    def gated(self, write: tf.Operation) -> tuple[Schedule, int] | None:
+        """The predicate an imported write runs under (its branch's) and its step offset;
+        None for a write every step."""
+        if write not in self.branch_of:
+            return None
+        schedule = self.predicate if self.branch_of[write] else self.negation
+        assert schedule is not None
+        return schedule, self.offset
 
 
 def inline(extracted: ExtractedGraph) -> Inlined | None:
@@ -92,7 +121,8 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     finite test); _Refused otherwise."""
     train = extracted.spec.train_op
     conds = [op for op in op_closure(train) if op.type in _CONDS and not copies_only(op) and (
-        _writes(op._true_graph) or _writes(op._false_graph))]  # (copies: training/copies.py)
+        _writes(op._true_graph, deep=True) or _writes(op._false_graph, deep=True))]  # (copies:
+    # training/copies.py)
     if not conds:
         return None
     cond = conds[-1]
@@ -102,6 +132,7 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
         return None
     if len(conds) > 1:
         raise _fail(cond, f"the train_op updates inside {len(conds)} tf.conds: {WHAT}, one cond")
+    _check_nested(cond)
     predicate = cond.inputs[0]
     if not finite:
         _check_predicate(extracted.graph, cond, predicate)
@@ -117,12 +148,16 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
         raise _fail(cond, "gradient accumulation in a tf.cond testing for finite values or "
                           "updating in both branches: the CS accumulates under a predicate of "
                           "the global step, applying in one branch")
-    adds, increments = _outside_writes(train, cond, zeroed)
+    adds, increments, beside = _outside_writes(train, cond, zeroed)
+    if not finite and (both or any("Apply" in op.type for op in beside)):
+        return _delayed(extracted, cond, beside, increments, zeroed)
+    _check_outside(cond, beside, increments, adds, zeroed)
+    if not finite:  # (read before the increment, which waits for the cond)
+        step_read_offset(extracted, cond)
     schedule = None if finite else _lowered(extracted, cond, negated)
     imported = import_branch(graph, cond, branch, _PREFIX)
-    other = import_branch(graph, cond, cond._false_graph, _PREFIX + "_false") if both else []
     step = global_step(graph)
-    counted = any(variable_op(op.inputs[0]).name == step for op in [*imported, *other])
+    counted = any(variable_op(op.inputs[0]).name == step for op in imported)
     if counted and (not finite or increments):
         raise _fail(cond, "the tf.cond applying the updates increments the global step: "
                           "the CS counts every step under a predicate of the step; "
@@ -132,9 +167,6 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
                          "tf.control_dependencies([the cond])")
     if finite and negated:
         raise _fail(cond, f"the tf.cond applies the updates when the {finite} is not finite")
-    only: tuple[tuple[str, bool], ...] = ()
-    if both:
-        imported, only = _merged(cond, imported, other)
     loss = extracted.spec.loss
     read = sorted({variable_op(op.inputs[0]).name for op in data_upstream(loss.op)
                    if op.type == "ReadVariableOp"}.intersection(adds)) if loss is not None else []
@@ -151,16 +183,112 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
                                                          op.inputs[1].dtype)) for op in increments]
         view = tf.group(*writes, *steps)
     return Inlined(dataclasses.replace(extracted, spec=dataclasses.replace(
-        extracted.spec, train_op=view)), schedule, added, users, cond, finite, checked, counted,
-        only)
+        extracted.spec, train_op=view)), schedule, added, users, cond, finite, checked, counted)
 
 
-def _lowered(extracted: ExtractedGraph, cond: tf.Operation, negated: bool) -> Schedule:
-    """The cond's predicate (negated: its negation) as a schedule of float32 1 / 0."""
+def _delayed(extracted: ExtractedGraph, cond: tf.Operation, beside: list[tf.Operation],
+             increments: list[tf.Operation], zeroed: set[str]) -> Inlined:
+    """The update cond beside updates every step (TD3's actor and target networks every d
+    steps beside its critic, a WGAN's generator every n_critic steps, alternating GAN
+    updates): the train_op's writes outside the cond and each branch's writes (the
+    variables one branch alone updates, on the steps that take it), the predicate read
+    before or after the step's increment as the graph orders it."""
+    if zeroed:  # (and not in both branches: refused before)
+        raise _fail(cond, "gradient accumulation beside updates every step: the CS "
+                          "accumulates the gradients of every update the cond applies")
+    graph = extracted.graph
+    imported, other = branch_writes(cond)
+    step = global_step(graph)
+    if any(variable_op(op.inputs[0]).name == step for op in [*imported, *other]):
+        raise _fail(cond, "the tf.cond applying the updates increments the global step: "
+                          "the CS counts every step; increment it outside the cond",
+                    hint="minimize(loss, global_step=step) of the update every step, outside "
+                         "the cond")
+    offset = step_read_offset(extracted, cond)
+    label = "the predicate of the tf.cond applying the updates"
+    predicate, negation = (_lowered(extracted, cond, negated, offset, "condition", label)
+                           for negated in (False, True))
+    writes, only = _merged(cond, imported, other)
+    outside = {variable_op(op.inputs[0]).name for op in beside}
+    inside = sorted(outside.intersection(variable_op(op.inputs[0]).name for op in writes))
+    if inside:
+        raise _fail(cond, f"the train_op writes {inside[0]} both inside the tf.cond applying "
+                          "the updates and outside it: the CS updates each variable every step "
+                          "or under the predicate",
+                    hint="give each optimizer (each AdamOptimizer's step counters) the updates "
+                         "of one side of the cond")
+    branch_of = {op: holds for op in writes for name, holds in only
+                 if variable_op(op.inputs[0]).name == name}
+    with graph.as_default():
+        view = tf.group(*beside, *writes, *increments)
+    return Inlined(dataclasses.replace(extracted, spec=dataclasses.replace(
+        extracted.spec, train_op=view)), predicate, {}, (), cond, only=only,
+        branch_of=branch_of, negation=negation, offset=offset)
+
+
+def branch_writes(cond: tf.Operation) -> tuple[list[tf.Operation], list[tf.Operation]]:
+    """The writes of the cond's true and false branches, imported into its graph once (the
+    objectives' search, gradients.objective_losses, and the analysis share them)."""
+    imported = _IMPORTED.setdefault(cond.graph, {})
+    if cond.name not in imported:
+        imported[cond.name] = (
+            import_branch(cond.graph, cond, cond._true_graph, _PREFIX),
+            import_branch(cond.graph, cond, cond._false_graph, _PREFIX + "_false"))
+    return imported[cond.name]
+
+
+def gradient_branches(train) -> list[tf.Operation]:
+    """The writes of the branches of the train_op's update conds that compute gradients
+    (minimize inside a branch: a delayed or alternating update), imported: the
+    tf.gradients calls the train_op runs there."""
+    found = []
+    for cond in op_closure(train):
+        if cond.type in _CONDS and not copies_only(cond) and any(
+                re.search(r"(^|/)grad_ys_\d+$", op.name) for branch in (
+                    cond._true_graph, cond._false_graph) for op in branch.get_operations()):
+            found += [op for ops in branch_writes(cond) for op in ops]
+    return found
+
+
+def step_read_offset(extracted: ExtractedGraph, cond: tf.Operation) -> int:
+    """1 if the cond's predicate reads the global step after the step's increment (every
+    read waits for it), 0 if before (the increment waits for every read); else refused: TF
+    reads it before or after by chance."""
+    step = global_step(extracted.graph)
+    increments = [op for op in op_closure(extracted.spec.train_op)
+                  if op.type in _ADDS and variable_op(op.inputs[0]).name == step]
+    reads = [r for r in data_upstream(cond.inputs[0].op) if r.type in ("ReadVariableOp",
+             "Identity") and r.inputs and variable_op(r.inputs[0]).name == step]
+    if reads and not increments:
+        raise _fail(cond, "the tf.cond's predicate reads the global step, which the train_op "
+                          "does not increment: TF decides alike every step",
+                    hint="pass global_step to the optimizer's minimize outside the cond")
+    if not reads:
+        return 0
+    late = [r for r in reads if increments[0] in set(op_closure(r))]
+    if len(late) == len(reads):
+        return 1
+    before = set(op_closure(increments[0]))
+    unordered = next((r for r in reads if r not in late and r not in before), None)
+    if unordered is None and not late:
+        return 0
+    read = unordered or reads[0]
+    raise _fail(cond, f"the tf.cond's predicate reads the global step ({read.type} "
+                      f"'{read.name}' at {user_source(read)}) with no order to the step's "
+                      f"increment ({increments[0].type} '{increments[0].name}' at "
+                      f"{user_source(increments[0])}): TF reads it before or after by chance",
+                hint="write the cond under tf.control_dependencies([the optimizer's op that "
+                     "increments the step]), or increment the step under the cond's")
+
+
+def _lowered(extracted: ExtractedGraph, cond: tf.Operation, negated: bool, offset: int = 0,
+             key: str = "condition",
+             label: str = "the predicate of the tf.cond applying the updates") -> Schedule:
+    """The cond's predicate (negated: its negation) as a schedule of float32 1 / 0 (`key`
+    its hyper_parameter), read after the step's increment when `offset` is 1."""
     try:
         return lower_predicate(extracted, executed_graph(extracted), Scheduled(
-            "condition", cond, cond.inputs[0],
-            label="the predicate of the tf.cond applying the updates"), negated)
+            key, cond, cond.inputs[0], label=label, before_increment=not offset), negated)
     except ScheduleRefused as problem:
         raise _Refused(str(problem)) from None
 
@@ -186,8 +314,25 @@ def _writes_besides_step(train, cond: tf.Operation) -> bool:
                for op in op_closure(train))
 
 
-def _writes(branch) -> bool:
-    return any(_is_write(op) for op in branch.get_operations())
+def _writes(branch, deep: bool = False) -> bool:
+    """Whether a branch writes a variable (`deep`: or a tf.cond or loop inside it does)."""
+    return any(_is_write(op) or deep and any(_writes(getattr(op, k), True) for k in (
+        "_true_graph", "_false_graph", "_body_graph") if hasattr(op, k))
+        for op in branch.get_operations())
+
+
+def _check_nested(cond: tf.Operation) -> None:
+    """A cond's branches hold no further tf.cond or loop that writes (at any depth): the CS
+    carries out the writes of the branches themselves."""
+    for branch in (cond._true_graph, cond._false_graph):
+        for op in branch.get_operations():
+            inner = [getattr(op, k) for k in ("_true_graph", "_false_graph", "_body_graph")
+                     if hasattr(op, k)]
+            if op.type in ("While", "StatelessWhile") and not inner or \
+                    any(_writes(g, deep=True) for g in inner):
+                raise _fail(cond, f"a {op.type} inside the tf.cond applying the updates writes "
+                                  "variables: the CS carries out the writes of the cond's "
+                                  "branches themselves", hint="write them in the cond's branch")
 
 
 def _check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) -> None:
@@ -206,27 +351,25 @@ def _check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) 
 
 def _merged(cond: tf.Operation, first: list[tf.Operation], second: list[tf.Operation],
             ) -> tuple[list[tf.Operation], tuple[tuple[str, bool], ...]]:
-    """The writes of both branches (imported: the true one's `first`), each variable's once,
-    and the variables one branch alone updates (and whether it is the true one): an
-    optimizer update of a trained weight; what both write, written alike."""
-    ones = {variable_op(op.inputs[0]).name: op for op in first}
-    others = {variable_op(op.inputs[0]).name: op for op in second}
-    if len(ones) != len(first) or len(others) != len(second):
-        raise _fail(cond, "a branch of the tf.cond writes a variable twice")
+    """The writes of both branches (imported: the true one's `first`), what both write once,
+    and the variables one branch alone writes (and whether it is the true one; what each
+    write is, the step's analysis proves: an update, a clip after it); what both write,
+    written alike."""
+    ones: dict[str, list[tf.Operation]] = {}
+    others: dict[str, list[tf.Operation]] = {}
+    for ops, found in ((first, ones), (second, others)):
+        for op in ops:
+            found.setdefault(variable_op(op.inputs[0]).name, []).append(op)
     for name in sorted(ones.keys() & others.keys()):
-        if not _alike(ones[name], others[name], {}):
+        if len(ones[name]) != len(others[name]) or not all(
+                _alike(x, y, {}) for x, y in zip(ones[name], others[name])):
             raise _fail(cond, f"the tf.cond's branches write {name} differently: the CS carries "
                               "out branches that apply one optimizer, each updating some "
                               "variables")
     only = tuple([(n, True) for n in ones if n not in others] +
                  [(n, False) for n in others if n not in ones])
-    lone = {**ones, **others}
-    for name, _ in only:
-        if lone[name].type not in APPLY_OPS:
-            raise _fail(cond, f"one branch of the tf.cond alone writes {name} "
-                              f"({lone[name].type}): the CS carries out branches that apply one "
-                              "optimizer (dense updates), each updating some variables")
-    return [*ones.values(), *(others[n] for n, holds in only if not holds)], only
+    return [*(op for ops in ones.values() for op in ops),
+            *(op for n, holds in only if not holds for op in others[n])], only
 
 
 def _alike(x: tf.Operation, y: tf.Operation, seen: dict) -> bool:
@@ -277,23 +420,20 @@ def _zeroed(branch, cond: tf.Operation) -> set[str]:
     return zeroed
 
 
-def _outside_writes(train, cond: tf.Operation,
-                    zeroed: set[str]) -> tuple[dict[str, tf.Operation], list[tf.Operation]]:
+def _outside_writes(train, cond: tf.Operation, zeroed: set[str],
+                    ) -> tuple[dict[str, tf.Operation], list[tf.Operation], list[tf.Operation]]:
     """The writes of the train_op outside the cond: each accumulator's add (before the cond,
-    of a value not computed from it), {accumulator: its add}, and the global step's
-    increments (after the cond). Any other write, refused."""
+    of a value not computed from it), {accumulator: its add}; the global step's increments;
+    and every other write (updates beside the cond's, or refused: _check_outside)."""
     step = global_step(cond.graph)
     before = set(op_closure(cond))
     adds: dict[str, tf.Operation] = {}
-    increments = []
+    increments, beside = [], []
     for op in op_closure(train):
         if not _is_write(op):
             continue
         target = variable_op(op.inputs[0]).name
         if target == step and op.type in _ADDS and tf.get_static_value(op.inputs[1]) is not None:
-            if cond not in set(op_closure(op)):
-                raise _fail(op, "the global step's increment does not wait for the tf.cond "
-                                "applying the updates: TF may read the step before or after it")
             increments.append(op)
         elif target in zeroed and op.type in _ADDS and target not in adds:
             if op not in before:
@@ -303,20 +443,34 @@ def _outside_writes(train, cond: tf.Operation,
                 raise _fail(op, f"the value added to {target} is computed from it: the CS "
                                 "accumulates a sum of gradients")
             adds[target] = op
-        elif op.type in _ADDS and target not in adds:
+        else:
+            beside.append(op)
+    return adds, increments, beside
+
+
+def _check_outside(cond: tf.Operation, beside: list[tf.Operation],
+                   increments: list[tf.Operation], adds: dict[str, tf.Operation],
+                   zeroed: set[str]) -> None:
+    """With no update beside the cond's: the increments wait for the cond, every other
+    write refused; and every accumulator the cond zeroes is added to."""
+    for op in increments:
+        if cond not in set(op_closure(op)):
+            raise _fail(op, "the global step's increment does not wait for the tf.cond "
+                            "applying the updates: TF may read the step before or after it")
+    for op in beside:
+        target = variable_op(op.inputs[0]).name
+        if op.type in _ADDS:
             raise _fail(op, f"the train_op adds to {target} outside the tf.cond applying the "
                             "updates, which does not zero it: the CS carries out accumulators "
                             "the cond applies as gradients and then zeroes",
                         hint="in the cond, after apply_gradients: a.assign(tf.zeros_like(a))")
-        else:
-            raise _fail(op, f"a write outside the tf.cond applying the updates ({target}): "
-                            f"{WHAT}, every step adding gradients to accumulators and "
-                            "incrementing the global step")
+        raise _fail(op, f"a write outside the tf.cond applying the updates ({target}): "
+                        f"{WHAT}, every step adding gradients to accumulators and "
+                        "incrementing the global step")
     missing = sorted(zeroed.difference(adds))
     if missing:
         raise _fail(cond, f"the tf.cond zeroes {missing[0]}, which the train_op does not add "
                           "gradients to: it is no accumulator")
-    return adds, increments
 
 
 def _reads(tensor: tf.Tensor) -> list[tf.Tensor]:

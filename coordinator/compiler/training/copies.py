@@ -15,18 +15,16 @@ import dataclasses
 
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure
-from coordinator.compiler.schedules import (
-    Scheduled,
-    ScheduleRefused,
-    executed_graph,
-    global_step,
-    lower_predicate,
+from coordinator.compiler.extract import ExtractedGraph, op_closure
+from coordinator.compiler.training.conditional import (
+    _CONDS,
+    _check_predicate,
+    _lowered,
+    _writes,
+    step_read_offset,
 )
-from coordinator.compiler.training.conditional import _CONDS, _check_predicate, _writes
 from coordinator.compiler.training.graph import (
     _fail,
-    _Refused,
     _uniform,
     step_runs,
     variable_op,
@@ -93,24 +91,6 @@ def conditional_writes(extracted: ExtractedGraph, updates: list[_Update],
 def _predicate(extracted: ExtractedGraph, cond: tf.Operation, negated: bool):
     """The cond's predicate (negated: its negation) as a schedule of float32 1 / 0, and 1 if
     it reads the global step after the step's increment (else 0)."""
-    graph = extracted.graph
-    step = global_step(graph)
-    increments = [op for op in op_closure(extracted.spec.train_op)
-                  if op.type in ("AssignAddVariableOp", "AssignAdd")
-                  and variable_op(op.inputs[0]).name == step]
-    reads = [r for r in data_upstream(cond.inputs[0].op) if r.type in ("ReadVariableOp",
-             "Identity") and r.inputs and variable_op(r.inputs[0]).name == step]
-    late = bool(increments) and bool(reads) and all(increments[0] in set(op_closure(r))
-                                                     for r in reads)
-    if increments and reads and not late and not all(
-            r in set(op_closure(increments[0])) for r in reads):
-        raise _fail(cond, "the tf.cond's predicate reads the global step with no order to the "
-                          "step's increment: TF reads it before or after by chance",
-                    hint="write the cond under tf.control_dependencies([the optimizer's op])")
-    try:
-        schedule = lower_predicate(extracted, executed_graph(extracted), Scheduled(
-            FACTOR, cond, cond.inputs[0], label="the predicate of the tf.cond copying weights",
-            before_increment=not late), negated)
-    except ScheduleRefused as problem:
-        raise _Refused(str(problem)) from None
-    return schedule, int(late)
+    offset = step_read_offset(extracted, cond)
+    return _lowered(extracted, cond, negated, offset, FACTOR,
+                    "the predicate of the tf.cond copying weights"), offset

@@ -18,6 +18,7 @@ from coordinator.compiler.extract import (
     op_closure,
     user_source,
 )
+from coordinator.compiler.training.conditional import gradient_branches
 from coordinator.compiler.training.graph import _const, _fail, _Refused, _scalar, _skip_identity
 from coordinator.compiler.training.updates import _Update
 
@@ -76,7 +77,7 @@ def _gradient_calls(extracted: ExtractedGraph,
     varying = data_downstream([graph.get_operation_by_name(u.variable) for u in updates])
     calls: dict[str, _GradientCall | _Refused] = {}
     others: dict[str, tf.Tensor] = {}  # the calls of another tensor than the loss
-    minimized = _minimized_by(graph, _applied(extracted, seeds), loss)
+    minimized = _minimized_by(graph, _applied(extracted), loss)
     for scope, fills in seeds.items():
         if len(fills) != 1:
             calls[scope] = _fail(fills[0], "gradients of several tensors at once")
@@ -118,11 +119,13 @@ def _seeds(graph: tf.Graph) -> dict[str, list[tf.Operation]]:
     return seeds
 
 
-def _applied(extracted: ExtractedGraph,
-             seeds: dict[str, list[tf.Operation]]) -> dict[str, list[tf.Operation]]:
-    """The seeds of the calls the train_op runs (not a summary's or a metric's)."""
-    closure = set(op_closure(extracted.spec.train_op))
-    return {scope: fills for scope, fills in seeds.items() if fills[0] in closure}
+def _applied(extracted: ExtractedGraph) -> dict[str, list[tf.Operation]]:
+    """The seeds of the calls the train_op runs (not a summary's or a metric's; in an update
+    cond's branch: conditional.gradient_branches, imported first)."""
+    train = extracted.spec.train_op
+    closure = {op for start in [train, *gradient_branches(train)] for op in op_closure(start)}
+    return {scope: fills for scope, fills in _seeds(extracted.graph).items()
+            if fills[0] in closure}
 
 
 def _minimized_by(graph: tf.Graph, seeds: dict[str, list[tf.Operation]],
@@ -168,7 +171,7 @@ def objective_losses(extracted: ExtractedGraph) -> list[tf.Tensor]:
     loss = _skip_identity(extracted.spec.loss)
     found: dict[str, tf.Tensor] = {}
     minimizes_loss = False
-    seeds = _applied(extracted, _seeds(extracted.graph))
+    seeds = _applied(extracted)
     for y in _minimized_by(extracted.graph, seeds, loss).values():
         if _skip_identity(y).name == loss.name or _loss_scale(y.op, loss.op) is not None:
             minimizes_loss = True

@@ -26,6 +26,7 @@ HALF_GRADIENT_RTOL = 1e-2
 # rounding (2 ** -11) in a float16 backward.
 GRADIENT_NOISE = 1e-6
 HALF_GRADIENT_NOISE = 2.0 ** -11
+ZEROED_NOISE = 100.0  # a proven-0 gradient's noise may be this many times the noise bound
 
 
 def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
@@ -81,6 +82,9 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
         overall = max((float(np.max(np.abs(w), initial=0.0)) * abs(c.call.scale)
                        for c, w in zip(chains, loss_grads)), default=0.0)
         for chain, got, want in zip(chains, raw_values, loss_grads):
+            if chain.update.variable in zeroed and \
+                    float(np.max(np.abs(got), initial=0.0)) <= ZEROED_NOISE * noise * overall:
+                continue  # both rounding noise (oneDNN's differs), which the CS makes the exact 0
             want = want * np.float32(chain.call.scale)
             if not np.isfinite(want).all():
                 raise _fail(chain.update.op, f"the gradient of the loss for {chain.update.variable} "

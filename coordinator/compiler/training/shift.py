@@ -31,7 +31,12 @@ of a tensor whose d is constant along every axis but the channels: the normaliza
 subtracts the batch's mean per channel, so a bias before it (Conv2D(use_bias=True) ->
 BatchNormalization, the common case) has the gradient 0; a variable of more than one value
 (a bias of C values) is proven component by component, each constant along its read's axes
-of size 1. Two paths that meet in an Add, Sub or SquaredDifference with opposite signs end
+of size 1. Max and average pools pass d constant along the axes they pool; a convolution by
+a filter not computed from v keeps d constant along the batch, and along the pixels where
+every window lies inside its input (VALID, or 1 x 1: a GhostNet stem's bias through a
+residual sum, a pool and a pointwise convolution into a normalization). A value past the end
+of every path (the normalized branch of a residual) is to v's gradient a tensor not computed
+from it. Two paths that meet in an Add, Sub or SquaredDifference with opposite signs end
 there when both still carry exactly ± the read, broadcast (`_Pure`: moved by views, whole
 slices of its axis, means along other axes, shifts): an embedding's bias in the distance
 between two embeddings cancels. Sum and Mean pass d on. A path ends where no gradient flows
@@ -57,6 +62,8 @@ _SHIFTS = {"Add", "AddV2", "Sub", "BiasAdd"}
 _SCALES = {"Mul", "RealDiv"}
 _SELECTS = {"Select", "SelectV2"}
 _CANCELS = {"Add", "AddV2", "Sub", "SquaredDifference"}  # two v-terms that may cancel
+_POOLS = {"MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D"}
+_CONVOLUTIONS = {"Conv2D", "Conv3D", "DepthwiseConv2dNative"}
 _MOVES = {"ExpandDims", "Squeeze", "Transpose", "Reshape", "StridedSlice", "Mean"}
 _MASKED = -1e4  # a masked logit at most this (Keras: -1e9, float16 -3e4): exp underflows
 _SOFTMAX = {"Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
@@ -89,7 +96,7 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
         return False
     reads = [c.outputs[0] for c in handle.outputs[0].consumers() if c in upstream
              and c.type in ("ReadVariableOp", "Identity")]
-    reached = {op for read in reads for op in _downstream(read.op, upstream)}
+    reached = _carrying(reads, loss, upstream, normalized)
     if not reads or any(c in upstream and c.type not in ("ReadVariableOp", "Identity")
                         for c in handle.outputs[0].consumers()):
         return False
@@ -222,10 +229,11 @@ def _passes_gradient(op: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operati
                for out in op.outputs)
 
 
-def _centred(op: tf.Operation, tensor: tf.Tensor, constant: frozenset[int]) -> bool:
+def _centred(op: tf.Operation, tensor: tf.Tensor, constant: frozenset[int] | None) -> bool:
     """Whether `op` is, or is the mean of, x − mean(x, axes, keepdims) for x = `tensor`
-    whose d is constant along the axes (tf.math.reduce_variance, reduce_std): the shift
-    cancels exactly. The mean must feed only such differences."""
+    whose d is constant along the axes (tf.math.reduce_variance, reduce_std; `constant`
+    None: whatever d is): the shift cancels exactly. The mean must feed only such
+    differences."""
     if op.type == "Mean":
         mean = op
     elif op.type in ("Sub", "SquaredDifference") and op.inputs[0] is tensor:
@@ -236,18 +244,26 @@ def _centred(op: tf.Operation, tensor: tf.Tensor, constant: frozenset[int]) -> b
             tensor.shape.rank is None:
         return False
     axes = _static(mean.inputs[1])
-    if axes is None or not {int(a) % tensor.shape.rank for a in np.ravel(axes)} <= constant:
+    if axes is None or constant is not None and \
+            not {int(a) % tensor.shape.rank for a in np.ravel(axes)} <= constant:
         return False
     return all(c.type in ("Sub", "SquaredDifference") and c.inputs[0] is tensor and
                c.inputs[1] is mean.outputs[0] for c in mean.outputs[0].consumers())
 
 
-def _downstream(start: tf.Operation, upstream: set[tf.Operation]) -> set[tf.Operation]:
-    seen, stack = {start}, [start]
+def _carrying(reads: list[tf.Tensor], loss: tf.Tensor, upstream: set[tf.Operation],
+              normalized: Mapping[str, frozenset[str]]) -> set[tf.Operation]:
+    """The ops downstream of the reads whose gradient may carry v's: not past the ends of
+    paths (a batch normalization's ops, x − mean(x), stop_gradient, integer outputs), whose
+    conditions the proof checks where it reaches them. A value past them is to v's gradient
+    what a tensor not computed from it is (a residual around a normalized branch)."""
+    seen = {read.op for read in reads}
+    stack = list(seen)
     while stack:
         for t in stack.pop().outputs:
             for c in t.consumers():
-                if c in upstream and c not in seen:
+                if c in upstream and c not in seen and c.name not in normalized.get(t.name, ()) \
+                        and not _centred(c, t, None) and _passes_gradient(c, loss, upstream):
                     seen.add(c)
                     stack.append(c)
     return seen
@@ -295,6 +311,10 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
             return None
         return frozenset(j for j in range(out_rank) if out.shape[j] == 1) | frozenset(
             j for ins, outs in groups if set(ins) <= constant for j in outs)
+    if op.type in _POOLS and index == 0:
+        return _pooled(op, constant)
+    if op.type in _CONVOLUTIONS and index == 0 and op.inputs[1].op not in reached:
+        return _convolved(op, constant)
     if op.type == "Einsum" and len(op.inputs) == 2 and op.inputs[1 - index].op not in reached:
         return _einsum(op, index, constant)
     if op.type in _SELECTS and index > 0:
@@ -314,6 +334,35 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
     if other.shape.rank is None:
         return None
     return broadcast & _broadcast(other, _constant_axes(other), out_rank)
+
+
+def _spatial(op: tf.Operation) -> list[int] | None:
+    """A pool's or convolution's spatial axes (NHWC, NWC, NDHWC), None: channels first."""
+    rank = op.inputs[0].shape.rank or 0
+    layout = op.get_attr("data_format").decode() if "data_format" in op.node_def.attr else "NHWC"
+    return list(range(1, rank - 1)) if layout.endswith("C") and rank >= 3 else None
+
+
+def _pooled(op: tf.Operation, constant: frozenset[int]) -> frozenset[int] | None:
+    """A max or average pool of u + d with d constant along every axis it pools over (and
+    its padding, which TF's pools leave out): the pool of u, plus d. None otherwise."""
+    pooled = {a for a, k in enumerate(op.get_attr("ksize")) if k != 1}
+    if _spatial(op) is None or not pooled <= constant:
+        return None
+    return constant
+
+
+def _convolved(op: tf.Operation, constant: frozenset[int]) -> frozenset[int] | None:
+    """A convolution of u + d by a filter k not computed from v (linear: conv(u) +
+    conv(d)): constant along the batch where d is, and along the spatial axes where d is
+    constant along all of them and every window lies inside the input (VALID padding, or
+    a 1 x 1 filter), as a 1 x 1 convolution after a residual sum is."""
+    spatial, window = _spatial(op), op.inputs[1].shape.as_list()[:-2]
+    if spatial is None or None in window:
+        return None
+    inside = op.get_attr("padding") == b"VALID" or all(k == 1 for k in window)
+    return frozenset(a for a in constant if a == 0) | (
+        frozenset(spatial) if inside and set(spatial) <= constant else frozenset())
 
 
 def _squeezed_kept(op: tf.Operation, x: tf.Tensor) -> list[int]:

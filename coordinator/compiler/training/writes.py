@@ -7,14 +7,15 @@ constant axes, comparisons and tf.where) before or after its update (decoupled w
 by hand, TransE's renormalization tf.nn.l2_normalize(ent, axis=1), a max-norm constraint,
 tf.clip_by_norm;
 wafer.weight_writes), or a soft update of a weight the step does not train toward trained
-ones (a target network's Polyak averaging, a momentum encoder); any other write is
+ones (a target network's Polyak averaging, a momentum encoder); a write of other frozen
+state from the batch is left to the matcher (batch_writes.py); any other write is
 refused."""
 from __future__ import annotations
 
 import dataclasses
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -126,10 +127,14 @@ def _moving_average(op: tf.Operation) -> _Average | None:
 
 
 def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
+             states: list[tf.Operation] | None = None,
+             anchors: Mapping[tf.Operation, tf.Operation] | None = None,
              ) -> tuple[list[_Update], list[_Average], list["_Write"]]:
     """The optimizer updates, ExponentialMovingAverage updates and other writes of trained
     weights (decoupled weight decay) of the train_op (the moving averages of batch
-    statistics into `statistics`)."""
+    statistics into `statistics`, the writes of other frozen state into `states`: the
+    matcher lowers them from the step's values, batch_writes.py). `anchors`: writes
+    imported from a tf.cond's branch -> the cond, which orders them."""
     order = {op.name: i for i, op in enumerate(extracted.graph.get_operations())}
     writes = sorted((op for op in op_closure(extracted.spec.train_op) if _is_write(op)),
                     key=lambda op: order[op.name])
@@ -148,7 +153,12 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
     increments = []
     trained = {variable_op(u.op.inputs[0]) for u in updates}
     runs = _readers(step_runs(extracted))
-    for op in writes:
+    inputs = {extracted.graph.get_tensor_by_name(p).op for p in extracted.placeholders.values()}
+    of_batch = [op for op in writes if op not in owned and variable_op(op.inputs[0]) not in
+                trained and inputs & set(data_upstream(op))]
+    pointers = {variable_op(r.inputs[0]) for op in of_batch for r in data_upstream(op)
+                if r.type == "ReadVariableOp"}  # (state a write of the batch reads: a ring
+    for op in writes:  # pointer, batch_writes.py)
         if op in owned:
             continue
         if _bookkeeping(op, extracted.graph, optimizers):
@@ -163,10 +173,20 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
             averages.append(average)
             continue
         statistic = _statistic_average(op)
+        if statistic is not None and anchors and op in anchors:
+            raise _fail(anchors[op], f"the tf.cond's branch moves {statistic.variable}, a "
+                                     "moving statistic: the CS moves them every step",
+                        hint="run the update ops (UPDATE_OPS) outside the cond")
         if statistic is not None:
             statistics.append(statistic)
             continue
         target = variable_op(op.inputs[0]) if op.inputs else op
+        if states is not None and target not in trained and not (anchors and op in anchors) and \
+                (op.type in _WRITE_STEP or op.type in STATE_SCATTERS) and \
+                "ExponentialMovingAverage" not in target.name and \
+                (op in of_batch or target in pointers and _reads(op) == {target}):
+            states.append(op)
+            continue
         if op.type in _WRITE_STEP and "ExponentialMovingAverage" not in target.name:
             others.append(op)
             continue
@@ -210,7 +230,8 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                               f"its update: the CS averages the weights the train_op trains, "
                               "after their update (ema.apply under "
                               "tf.control_dependencies([the optimizer's op]))")
-    written = [_weight_write(op, by_var, trained, runs) for op in others]
+    written = [_weight_write(op, by_var, trained, runs, (anchors or {}).get(op))
+               for op in others]
     twice = next((w for k, w in enumerate(written) if w.variable in
                   {x.variable for x in written[:k]}), None)
     if twice is not None:
@@ -230,6 +251,8 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
 # TF's variable writes -> the last step of the value they write (None: the value itself)
 _WRITE_STEP = {"AssignSubVariableOp": "sub", "AssignAddVariableOp": "add",
                "AssignVariableOp": None, "AssignSub": "sub", "AssignAdd": "add", "Assign": None}
+STATE_SCATTERS = ("ResourceScatterSub", "ResourceScatterAdd", "ResourceScatterUpdate",
+                  "ScatterSub", "ScatterAdd", "ScatterUpdate")
 _FUNCTIONS = {op: f for op, f in UNARY.items() if op != "LeakyRelu"}  # (no parameter)
 
 
@@ -255,6 +278,11 @@ def copies_only(cond: tf.Operation) -> bool:
               for op in branch.get_operations() if _is_write(op)]
     return bool(writes) and all(op.type in ("AssignVariableOp", "Assign") and
                                 tf.get_static_value(op.inputs[1]) is None for op in writes)
+
+
+def _reads(op: tf.Operation) -> set[tf.Operation]:
+    """The variables `op` computes from."""
+    return {variable_op(r.inputs[0]) for r in data_upstream(op) if r.type == "ReadVariableOp"}
 
 
 def _direct_reads(t: tf.Tensor) -> list[tf.Operation]:
@@ -361,8 +389,8 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.
     write = _Write(op, target.name, tuple(steps), tuple(factors), False, tuple(sources))
     if update is None:
         return _soft_write(write, by_var, sources, runs, anchor)
-    after = all(update.op in set(op_closure(r)) for r in reads)
-    before = op in set(op_closure(update.op))
+    after = all(_waits(r, update.op, anchor) for r in reads)
+    before = _waits(update.op, op, anchor)
     if after == before:
         raise _fail(op, f"the train_op writes {target.name} besides its update, and neither "
                         "waits for the other: TF may run them in either order (write under "
@@ -381,8 +409,8 @@ def _soft_write(write: _Write, by_var: dict[str, _Update], sources: dict[str, li
     orders = set()
     for name, read_ops in sources.items():
         update = by_var[name].op
-        for r in [anchor] if anchor is not None else read_ops:
-            after, before = update in set(op_closure(r)), r in set(op_closure(update))
+        for r in read_ops:
+            after, before = _waits(r, update, anchor), _waits(update, r, anchor)
             if after == before:
                 raise _fail(op, f"the soft update of {target} reads {name} with no order to "
                                 f"its update: TF reads it before or after the update by chance",
@@ -400,6 +428,16 @@ def _soft_write(write: _Write, by_var: dict[str, _Update], sources: dict[str, li
                         "the new value by chance", hint="write the update under "
                         "tf.control_dependencies([the optimizer's op]) or of the loss")
     return dataclasses.replace(write, before_update=orders.pop())
+
+
+def _waits(later: tf.Operation, earlier: tf.Operation, anchor: tf.Operation | None) -> bool:
+    """Whether `later` runs after `earlier`. With an `anchor`, the tf.cond one of them was
+    imported from: an op of its branch runs after what the cond waits for, and before what
+    waits for the cond."""
+    if earlier in set(op_closure(later)):
+        return True
+    return anchor is not None and (earlier in set(op_closure(anchor)) or
+                                   anchor in set(op_closure(later)))
 
 
 def _step(op: tf.Operation) -> tuple[str, list[tf.Tensor]]:
@@ -474,7 +512,7 @@ def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
         return None
     update, constants, statistic = found
     return StatisticAverage(target.name, _skip_identity(statistic).name, update, constants,
-                            dims, user_source(op))
+                            dims, user_source(op), op.name)
 
 
 def _difference(u: _Update, first: _Update) -> str:

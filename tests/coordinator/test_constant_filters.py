@@ -1,0 +1,39 @@
+"""Convolutions by a constant filter (unseen16): tf.image.ssim as a loss and a metric,
+tf.image.sobel_edges in an edge loss, a tf.constant Gaussian blur (tf.nn.conv2d) and box
+filters (tf.nn.conv1d, conv3d) train 4 Adam steps as TensorFlow does (1e-5), the filter frozen in
+its kernel (no weight), and evaluate and predict as the CPU path does; a filter that is
+neither a weight nor a constant is refused in one line saying why."""
+import constant_filter_models as m
+import cs_inprocess
+import pytest
+
+PARAMS = {"runconfig": {"tf_random_seed": 2}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_fn, kinds", [
+    (m.ssim_autoencoder, {"depthwise_conv2d"}), (m.sobel_edge_loss, {"depthwise_conv2d"}),
+    (m.blurred_classifier, {"conv2d", "conv3d"})], ids=["ssim", "sobel_edges", "blur_conv1d_conv3d"])
+def test_a_constant_filter_trains_evaluates_and_predicts_like_tensorflow(tmp_path, model_fn, kinds):
+    result = cs_inprocess.compare(model_fn, m.images_input_fn, PARAMS, str(tmp_path), steps=4)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    held = [k for k in result.compiled.program.kernels if "filter" in k.attrs]
+    assert {k.type for k in held} == kinds
+    assert not any(p.role == "kernel" for k in held for p in k.params)
+    for variable, start in result.compiled.initial_weights.items():
+        if variable != "global_step":
+            assert (result.cs.state[variable] != start).any(), f"{variable} was not trained"
+    assert cs_inprocess.evaluation_mismatch(model_fn, m.images_input_fn, PARAMS, str(tmp_path),
+                                            result) == ""
+    assert cs_inprocess.prediction_mismatch(model_fn, m.images_input_fn, PARAMS, str(tmp_path),
+                                            result) == ""
+
+
+@pytest.mark.parametrize("model_fn, why", [
+    (m.random_filter, "draws random numbers of shape (3, 3, 4, 4), not one set per sample"),
+    (m.half_constant_filter, "a convolution by a constant filter in float16"),
+], ids=["random", "float16"])
+def test_a_filter_neither_weight_nor_float32_constant_is_refused_saying_why(tmp_path, model_fn, why):
+    line = cs_inprocess.refusal(model_fn, m.images_input_fn, PARAMS, str(tmp_path),
+                                m.__file__)
+    assert why in line and "no CS kernel computes this op" not in line, line
