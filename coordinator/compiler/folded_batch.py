@@ -111,13 +111,14 @@ def _batch_axis_kept(m: Context, op: tf.Operation) -> bool:
     arguments constant and other than 0."""
     constant, rank = m.operands.constant, op.outputs[0].shape.rank
     if op.type == "StridedSlice":
-        spec = [constant(t) for t in op.inputs[1:4]]
-        return all(s is not None for s in spec) and not (
+        begin, end, strides = (constant(t) for t in op.inputs[1:4])
+        return begin is not None and end is not None and strides is not None and not (
             op.get_attr("new_axis_mask") & 1 and not op.get_attr("ellipsis_mask") & 1) and \
-            slice_bounds(op, *spec)[0] == (0, static_shape(op.inputs[0])[0], 1, False)
+            slice_bounds(op, begin, end, strides)[0] == (0, static_shape(op.inputs[0])[0], 1, False)
     if op.type == "Tile":
         multiples = constant(op.inputs[1])
         return multiples is not None and int(multiples[0]) == 1
+    axes: np.ndarray | None = None
     if op.type == "Unpack":  # (its outputs one axis fewer)
         axes, rank = np.array(op.get_attr("axis")), rank + 1
     else:  # Split's axis first, SplitV's third; ConcatV2's and ReverseV2's last
