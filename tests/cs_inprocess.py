@@ -386,6 +386,15 @@ def prediction_mismatch(model_fn: Callable, input_fn: Callable, params: dict, mo
     return "; ".join(problems)
 
 
+def cpu_path_mismatches(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
+                        trained: Comparison) -> list[str]:
+    """Where the CS's evaluation and prediction of the `trained` state differ from the CPU
+    path's (empty: both the same)."""
+    return [problem for problem in (
+        evaluation_mismatch(model_fn, input_fn, params, model_dir, trained),
+        prediction_mismatch(model_fn, input_fn, params, model_dir, trained)) if problem]
+
+
 def noise_floor_variables(compiled: CompileResult) -> set[str]:
     """The variables whose gradient elements at the noise level the CS sets to 0 exactly
     (a `noise_floor` gradient transform: coordinator/compiler/training/noise.py)."""

@@ -112,6 +112,8 @@ def _mixing_head(features, labels, mode, mix):
         h = L.BatchNormalization()(h, training=True)
     elif mix == "gram":  # every instance against every other bag's
         h = tf.matmul(h, h, transpose_b=True)[:, :16]
+    elif mix == "rotate":  # every instance moved to the row before: the next bag's first
+        h = tf.concat([h[1:], h[:1]], 0)
     elif mix == "softmax":  # attention weights over the instances of every bag together
         h = h * tf.nn.softmax(tf.squeeze(L.Dense(1)(h), -1))[:, None]
     h = tf.reshape(h, [-1, INSTANCES, 16])
@@ -142,6 +144,10 @@ def misfolded(features, labels, mode, params):
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     return CSEstimatorSpec(mode, loss=loss, train_op=v1.train.GradientDescentOptimizer(0.1)
                            .minimize(loss, global_step=gs()))
+
+
+def folded_rotate(features, labels, mode, params):
+    return _mixing_head(features, labels, mode, "rotate")
 
 
 def folded_softmax(features, labels, mode, params):

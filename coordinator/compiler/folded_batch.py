@@ -5,7 +5,11 @@ first axis B*k, its per-sample shape (k, ...)); an op that computes row by row k
 it lowers on (k, ...) as it would on [B, k, ...], and a reshape whose first axis is a multiple
 of the batch (back to [B, k, ...], or on to [B*k', ...]) is a per-sample reshape of each
 sample's contiguous elements; a Conv2D of folded frames is the conv2d kernel on each
-sample's (k, H, W, C). Ops that would mix the rows of different samples (a reduction over
+sample's (k, H, W, C); an Embedding's lookup of folded ids is the gather kernel on each
+sample's (k, ...) ids, and Keras' unrolled recurrent layers per folded row (a hierarchical
+attention network's word encoder) lower as on [B, k, ...] with their axes on each sample's
+(k, ...) (`Context.axis_shift`), a zero first state's equal rows broadcast along the rows.
+Ops that would mix the rows of different samples (a reduction over
 the folded batch axis, a batch normalization, a product of two folded values, a weight or
 constant laid along the folded axis) are refused naming the op, as are ops not proven row by
 row (pooling) and values the host reads while folded."""
@@ -16,7 +20,7 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.lowering import BINARY, REDUCTIONS, RESHAPES, UNARY
+from coordinator.compiler.lowering import BINARY, REDUCTIONS, RESHAPES, UNARY, slice_bounds
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, TailContext
 
@@ -24,12 +28,20 @@ from coordinator.compiler.rules import Context, TailContext
 ELEMENT_WISE = {*UNARY, *BINARY, "Select", "SelectV2", "Cast", "Identity", "StopGradient",
                 "Snapshot", "Softmax", "LogSoftmax", "AddN"}
 PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
+GATHERS = ("GatherV2", "ResourceGather")
+# Ops along a row's own axes (`_batch_axis_kept`: not along the folded rows, which the batch
+# tail would take for samples): Keras' unrolled recurrent layers (time-major transpose,
+# unstack, the cell's splits and slices, the steps stacked and transposed back,
+# Bidirectional's reverse and concat, a mask's step tiled to the units).
+ALONG_ROWS = ("Unpack", "Split", "SplitV", "ConcatV2", "ReverseV2", "StridedSlice", "Tile")
 # The README's rows (lowering.supported_table).
 KERNEL_ROWS = {
     "reshape (a folded batch)": "Reshape of a per-sample [batch, k, ...] value to [batch * k, "
                                 "...] (tf.reshape(x, [-1, d]), [tf.shape(x)[0] * k, d]: a bag's "
                                 "instances, a sequence's steps), the ops computing row by row on "
                                 "it (Dense, Conv2D of folded frames [batch * k, H, W, C], "
+                                "Embedding lookups of folded ids, Keras GRU, LSTM and "
+                                "SimpleRNN per folded row (Bidirectional too), "
                                 "element-wise ops and activations, Dropout and random numbers "
                                 "one per element, LayerNormalization, reductions and softmax "
                                 "along a row's own axes) and the reshape back to [batch, "
@@ -78,9 +90,58 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type == "Conv2D":  # the conv2d kernel's (k, H, W, C): k images a sample
         return "" if m.is_batched(op.inputs[0]) and not m.is_batched(op.inputs[1]) else \
             _mixes(op, "convolves with a folded filter", k)
+    if op.type in GATHERS and not m.is_batched(op.inputs[0]):  # a weight's rows by each id
+        return ""
+    if op.type in ALONG_ROWS:
+        return "" if _batch_axis_kept(m, op) else \
+            _mixes(op, "slices, splits, joins, reverses or tiles the folded batch axis", k)
+    if op.type == "Transpose":
+        return "" if _keeps_rows(m, op) else \
+            _mixes(op, "transposes the folded batch axis other than time-major", k)
+    if op.type == "Pack":
+        return "" if op.get_attr("axis") != 0 or _stacked_back(m, op) else \
+            _mixes(op, "stacks folded values along the batch axis", k)
     if op.type in ("FusedBatchNormV3", "FusedBatchNorm"):
         return _mixes(op, "normalizes over the folded batch (a batch normalization)", k)
     return _mixes(op, f"{op.type} is not lowered on folded rows", k)
+
+
+def _batch_axis_kept(m: Context, op: tf.Operation) -> bool:
+    """Whether `op` (of ALONG_ROWS) keeps axis 0 whole, its rows in order: its axis
+    arguments constant and other than 0."""
+    constant, rank = m.operands.constant, op.outputs[0].shape.rank
+    if op.type == "StridedSlice":
+        begin, end, strides = (constant(t) for t in op.inputs[1:4])
+        return begin is not None and end is not None and strides is not None and not (
+            op.get_attr("new_axis_mask") & 1 and not op.get_attr("ellipsis_mask") & 1) and \
+            slice_bounds(op, begin, end, strides)[0] == (0, static_shape(op.inputs[0])[0], 1, False)
+    if op.type == "Tile":
+        multiples = constant(op.inputs[1])
+        return multiples is not None and int(multiples[0]) == 1
+    axes: np.ndarray | None = None
+    if op.type == "Unpack":  # (its outputs one axis fewer)
+        axes, rank = np.array(op.get_attr("axis")), rank + 1
+    else:  # Split's axis first, SplitV's third; ConcatV2's and ReverseV2's last
+        axes = constant(op.inputs[{"Split": 0, "SplitV": 2}.get(op.type, -1)])
+    return axes is not None and all(int(a) % rank != 0 for a in np.atleast_1d(axes).ravel())
+
+
+def _keeps_rows(m: Context, op: tf.Operation) -> bool:
+    """Whether transpose `op` keeps the folded rows first, or puts a time axis before them
+    (Keras' time-major steps: perm [t, 0, ...] of a rank >= 3 value)."""
+    perm = m.operands.constant(op.inputs[1])
+    return perm is not None and (int(perm[0]) == 0 or (
+        len(perm) >= 3 and int(perm[1]) == 0))
+
+
+def _stacked_back(m: Context, op: tf.Operation) -> bool:
+    """Whether Pack `op` (axis 0) is read only by the transpose putting the rows first again
+    (Keras' return_sequences: tf.stack(steps), then perm [1, 0, ...])."""
+    readers = [c for c in op.outputs[0].consumers() if c in m.flow]
+    perm = m.operands.constant(readers[0].inputs[1]) \
+        if len(readers) == 1 and readers[0].type == "Transpose" else None
+    return perm is not None and [int(p) for p in perm[:2]] == [1, 0] and \
+        [int(p) for p in perm[2:]] == list(range(2, len(perm)))
 
 
 def _along_rows(m: Context, op: tf.Operation, k: int) -> str:
@@ -91,12 +152,23 @@ def _along_rows(m: Context, op: tf.Operation, k: int) -> str:
         if m.is_batched(t):
             continue
         shape = static_shape(t)
-        known = m.operands.constant(t) is not None or m.operands.weight(t) is not None or \
-            m.operands.view(t) is not None or m.derived_weight(t) is not None
-        if not known or (len(shape) == rank and rank and shape[0] != 1):
+        view = m.operands.view(t)
+        constant = m.operands.constant(t)
+        constant = m.operands.zero_product(t) if constant is None else constant
+        known = constant is not None or m.operands.weight(t) is not None or \
+            view is not None or m.derived_weight(t) is not None
+        if not known or (len(shape) == rank and rank and shape[0] != 1 and not _same_rows(
+                constant if view is None else view.view)):
             return _mixes(op, f"meets {t.op.type} '{t.op.name}', not a weight or constant "
                               "shared by every row,", k)
     return ""
+
+
+def _same_rows(value: np.ndarray | None) -> bool:
+    """Whether constant `value` (or a view's indices) holds the same row for every row
+    (tf.zeros([batch * k, n]): a recurrent layer's first state, and its product with the
+    recurrent kernel plus a bias), which broadcasts along the folded rows."""
+    return value is not None and value.ndim > 0 and bool((value == value[:1]).all())
 
 
 def host_reads(m: TailContext) -> Iterator[tuple[tf.Operation, str]]:

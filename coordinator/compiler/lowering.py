@@ -435,8 +435,9 @@ def _transpose(m: Context, op: tf.Operation) -> str:
         return reason and (in_batch.row_refusal(m, op) or reason)
     if not has_kernel("transpose"):
         return "the CS has no transpose kernel"
-    m.add_kernel(op.name, "transpose", [op.inputs[0]], {"perm": [int(p) - 1 for p in perm[1:]]},
-                 [], [op], op.outputs[0])
+    shift = m.axis_shift(op.inputs[0])
+    m.add_kernel(op.name, "transpose", [op.inputs[0]],
+                 {"perm": [int(p) - shift for p in perm[shift:]]}, [], [op], op.outputs[0])
     return ""
 
 
@@ -451,7 +452,8 @@ def _concat(m: Context, op: tf.Operation) -> str:
                 "weights or predictions: the CS computes each sample on its own and joins "
                 "batches only on the way to the loss; keep the parts apart, or stack them on a "
                 "sample axis (tf.stack([z1, z2], 1))")
-    m.add_kernel(op.name, "concat", inputs, {"axis": full - 1}, [], [op], op.outputs[0])
+    m.add_kernel(op.name, "concat", inputs, {"axis": full - m.axis_shift(inputs[0])}, [], [op],
+                 op.outputs[0])
     return ""
 
 
@@ -466,7 +468,7 @@ def _reduce(m: Context, op: tf.Operation) -> str:
     if not has_kernel("reduce"):
         return "the CS has no reduce kernel"
     axes = sorted({int(a) % rank for a in np.atleast_1d(constant)})
-    shift = 1 if m.folds(op.inputs[0]) == 1 else 0  # a folded value's rows are its own axis 0
+    shift = m.axis_shift(op.inputs[0])  # a folded value's rows are its own axis 0
     m.add_kernel(op.name, "reduce", [op.inputs[0]],
                  {"op": REDUCTIONS.get(op.type, op.type.lower()), "axes": [a - shift for a in axes],
                   "keepdims": bool(op.get_attr("keep_dims"))}, [], [op], op.outputs[0])
@@ -794,16 +796,18 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
         return sequences.SLICES_THE_BATCH
     if not has_kernel("slice"):
         return "the CS has no slice kernel"
-    attrs = {"begin": [b[0] for b in bounds[1:]], "end": [b[1] for b in bounds[1:]],
-             "strides": [b[2] for b in bounds[1:]],
-             "shrink": [a - 1 for a, b in enumerate(bounds) if b[3]]}
+    shift = m.axis_shift(op.inputs[0])  # (folded rows: axis 0 whole, each sample's k rows)
+    own = bounds[1:] if shift else [(0, m.shape(op.inputs[0])[0], 1, False), *bounds[1:]]
+    attrs = {"begin": [b[0] for b in own], "end": [b[1] for b in own],
+             "strides": [b[2] for b in own],
+             "shrink": [a - shift for a, b in enumerate(bounds) if b[3]]}
     if not op.get_attr("new_axis_mask"):
         m.add_kernel(op.name, "slice", [op.inputs[0]], attrs, [], [op], op.outputs[0])
         return ""
-    sliced = tuple(len(range(lo, hi, step)) for lo, hi, step, shrink in bounds[1:] if not shrink)
+    sliced = tuple(len(range(lo, hi, step)) for lo, hi, step, shrink in own if not shrink)
     kernel = m.add_kernel(f"{op.name}/slice", "slice", [op.inputs[0]], attrs, [], [],
                           None, output_shape=sliced, source_op=op)
-    m.add_kernel(op.name, "reshape", [kernel.name], {"shape": list(out[1:])}, [], [op],
+    m.add_kernel(op.name, "reshape", [kernel.name], {"shape": list(out[shift:])}, [], [op],
                  op.outputs[0])
     return ""
 

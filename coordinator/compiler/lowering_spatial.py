@@ -232,8 +232,9 @@ def _tile(m: Context, op: tf.Operation) -> str:
         return "tiles by multiples that are not constant, or a value that is not per-sample"
     if int(multiples[0]) != 1:
         return "tiles the batch axis (copies of samples): tile within each sample"
-    m.add_kernel(op.name, "tile", [op.inputs[0]], {"multiples": [int(k) for k in multiples[1:]]},
-                 [], [op], op.outputs[0])
+    shift = m.axis_shift(op.inputs[0])  # (folded rows: their multiple 1 kept, each sample's k)
+    m.add_kernel(op.name, "tile", [op.inputs[0]],
+                 {"multiples": [int(k) for k in multiples[shift:]]}, [], [op], op.outputs[0])
     return ""
 
 

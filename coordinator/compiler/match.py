@@ -186,6 +186,11 @@ class Matcher:
         k = static[0] // batch
         return k if self.shapes.get(tensor.name) == (k, *static[1:]) else 1
 
+    def axis_shift(self, tensor: tf.Tensor) -> int:
+        """What to subtract from an axis of `tensor` for the same axis of its per-sample value:
+        1 (the batch), 0 for folded rows (their per-sample axis 0 is the k rows a sample)."""
+        return 0 if self.folds(tensor) > 1 else 1
+
     def sample_shape(self, tensor: tf.Tensor, inputs: Iterable[tf.Tensor | str] = ()) -> tuple[int, ...]:
         """The per-sample shape of `tensor`, computed row by row from `inputs`: (k, ...) when
         it keeps their folded [B*k, ...] rows, (S, ...) for a value held with its stack axis
@@ -341,8 +346,9 @@ class Matcher:
             if value is None:
                 value = self.operands.zero_product(t)
             if value is not None:
+                rows = self.folded_rows(op)
                 if value.ndim and value.ndim == len(static_shape(op.outputs[0])) and \
-                        value.shape[0] == self.x.batch_size != 1:
+                        value.shape[0] in (self.x.batch_size, *rows) and value.shape[0] != 1:
                     if not (value == value[:1]).all():
                         return (f"a constant of shape {value.shape} holds other values for "
                                 "each sample: feed per-sample values through input_fn")
@@ -365,13 +371,20 @@ class Matcher:
             attrs[f"p{k}"] = list(derived.shape)
         return letters, inputs, attrs, params
 
+    def folded_rows(self, op: tf.Operation) -> tuple[int, ...]:
+        """(B*k,) if `op` reads folded rows (a constant of B*k equal rows broadcasts along
+        them as the batch's does), else ()."""
+        folded = any(self.folds(t) > 1 for t in op.inputs)
+        return static_shape(op.outputs[0])[:1] if folded else ()
+
     def per_sample_view(self, op: tf.Operation, weight: Weight) -> Weight:
         """A view broadcast over the batch (zeros of a batch's shape plus a weight: a
         recurrent layer's first step) reads the same elements for every sample: one row."""
-        view = weight.view
+        view, rows = weight.view, self.folded_rows(op)
         assert view is not None
-        if view.ndim and view.ndim == len(static_shape(op.outputs[0])) and view.shape[0] == self.x.batch_size \
-                != 1 and (view == view[:1]).all():
+        if view.ndim and view.ndim == len(static_shape(op.outputs[0])) and \
+                view.shape[0] in (self.x.batch_size, *rows) and view.shape[0] != 1 and \
+                (view == view[:1]).all():
             return dataclasses.replace(weight, shape=(1, *weight.shape[1:]),
                                        view=np.ascontiguousarray(view[:1]))
         return weight

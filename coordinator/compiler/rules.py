@@ -36,6 +36,9 @@ class Context(Protocol):
     def folds(self, tensor: tf.Tensor) -> int:
         """k for a per-sample value folded into the batch as [B*k, ...] (folded_batch.py), else 1."""
 
+    def axis_shift(self, tensor: tf.Tensor) -> int:
+        """1, or 0 for folded rows: `tensor`'s axis a is its per-sample value's a - axis_shift."""
+
     def sample_shape(self, tensor: tf.Tensor, inputs: Iterable[tf.Tensor | str]) -> tuple[int, ...]:
         """The per-sample shape of `tensor`, computed row by row from `inputs`."""
 

@@ -44,7 +44,7 @@ def unpack(m: Context, op: tf.Operation) -> str:
     if axis == 0:
         return "unstacks the batch axis"
     for i, out in enumerate(op.outputs):
-        take(m, op, x, out, axis - 1, i, i + 1, True, [op])
+        take(m, op, x, out, axis - m.axis_shift(x), i, i + 1, True, [op])
     return ""
 
 
@@ -61,7 +61,7 @@ def split(m: Context, op: tf.Operation) -> str:
     lo = 0
     for out in op.outputs:
         size = static_shape(out)[axis]
-        take(m, op, x, out, axis - 1, lo, lo + size, False, [op])
+        take(m, op, x, out, axis - m.axis_shift(x), lo, lo + size, False, [op])
         lo += size
     return ""
 
@@ -84,12 +84,16 @@ def pack(m: Context, op: tf.Operation) -> str:
             return leading_stack.stack(m, op)
         axis, out, ops = 1, back.outputs[0], [op, back]
     parts: list[tf.Tensor | str] = []
+    own = axis - m.axis_shift(values[0])  # (folded rows: each sample's k rows its axis 0)
     for k, t in enumerate(values):
         shape = list(m.shape(t))
-        shape.insert(axis - 1, 1)
+        shape.insert(own, 1)
         parts.append(m.add_kernel(f"{op.name}/expand_{k}", "reshape", [t], {"shape": shape}, [],
                                   [], None, output_shape=tuple(shape), source_op=op).name)
-    m.add_kernel(op.name, "concat", parts, {"axis": axis - 1}, [], ops, out)
+    stacked = list(m.shape(values[0]))  # (folded: each sample's (k, steps, ...))
+    stacked.insert(own, len(values))
+    m.add_kernel(op.name, "concat", parts, {"axis": own}, [], ops, out,
+                 output_shape=tuple(stacked) if own == axis else None)
     return ""
 
 
@@ -134,8 +138,9 @@ class _TimeMajor:
            "transpose it back batch-major first (tf.transpose(x, [1, 0, 2]), tf.scan's states "
            "likewise) and reduce or combine that")
 
-    def __init__(self, m: Context, order: list[int]):
-        self.m, self.order, self.time = m, order, order[0] - 1
+    def __init__(self, m: Context, order: list[int], x: tf.Tensor):
+        self.m, self.order, self.shift = m, order, m.axis_shift(x)
+        self.time = order[0] - self.shift
 
     def shape(self, value: tf.Tensor | str) -> tuple[int, ...]:
         return self.m.kernel_shape(value) if isinstance(value, str) else self.m.shape(value)
@@ -167,7 +172,7 @@ class _TimeMajor:
     def _use(self, value: tf.Tensor | str, tensor: tf.Tensor, c: tf.Operation, steps: int,
              ops: list[tf.Operation]) -> str:
         m, shape, time = self.m, self.shape(value), self.time
-        index, back = step_index(m, c, steps), _batch_first_again(m, self.order, c)
+        index, back = step_index(m, c, steps), _batch_first_again(m, self.order, c, self.shift)
         taken = _axis0_slice(m, c)
         if index is not None:
             take(m, c, value, c.outputs[0], time, index, index + 1, True, ops)
@@ -237,10 +242,11 @@ def time_major_unstack(m: Context, op: tf.Operation) -> str:
     time = order[0]
     if order[1] != 0 or order[1:] != [a for a in range(rank) if a != time]:
         return _TimeMajor.REFUSAL
-    return _TimeMajor(m, order).lower(x, op.outputs[0], [op])
+    return _TimeMajor(m, order, x).lower(x, op.outputs[0], [op])
 
 
-def _batch_first_again(m: Context, order: list[int], op: tf.Operation) -> list[int] | None:
+def _batch_first_again(m: Context, order: list[int], op: tf.Operation,
+                       shift: int) -> list[int] | None:
     """The per-sample permutation (of a sample's axes) of x, if op transposes transpose(x,
     order) so that the batch is first again (a time-major sequence of tf.scan's steps, put
     back batch-major by the user): the two transposes as one."""
@@ -248,7 +254,7 @@ def _batch_first_again(m: Context, order: list[int], op: tf.Operation) -> list[i
     if perm is None:
         return None
     composed = [order[int(p)] for p in perm]
-    return [a - 1 for a in composed[1:]] if composed[0] == 0 else None
+    return [a - shift for a in composed[shift:]] if composed[0] == 0 else None
 
 
 @generic("ReverseV2")
@@ -263,7 +269,7 @@ def reverse(m: Context, op: tf.Operation) -> str:
     if 0 in axes:
         return "reverses the batch axis"
     shape = m.shape(x)
-    flips = [a + 1 in axes for a in range(len(shape))]
+    flips = [a + m.axis_shift(x) in axes for a in range(len(shape))]
     m.add_kernel(op.name, "slice", [x], {"begin": [d - 1 if f else 0 for d, f in zip(shape, flips)],
                                          "end": [-1 if f else d for d, f in zip(shape, flips)],
                                          "strides": [-1 if f else 1 for f in flips], "shrink": []},

@@ -32,10 +32,8 @@ def test_attention_mil_over_folded_instances_trains_like_tensorflow(mil):
 
 def test_attention_mil_evaluates_and_predicts_like_the_cpu(mil):
     model_dir, result = mil
-    assert cs_inprocess.evaluation_mismatch(f.mil_attention, f.bags_input_fn, SEED, model_dir,
-                                            result) == ""
-    assert cs_inprocess.prediction_mismatch(f.mil_attention, f.bags_input_fn, SEED, model_dir,
-                                            result) == ""
+    assert cs_inprocess.cpu_path_mismatches(f.mil_attention, f.bags_input_fn, SEED, model_dir,
+                                            result) == []
 
 
 @pytest.mark.parametrize("model_fn, input_fn, params", [
@@ -77,10 +75,8 @@ def test_conv2d_over_folded_frames_trains_evaluates_and_predicts_like_tensorflow
     assert cs_inprocess.mismatches(result, RTOL) == []
     conv = next(k for k in result.compiled.program.kernels if k.type == "conv2d")
     assert list(conv.output_shape) == [3, 6, 6, 4]  # each clip's 3 frames
-    assert cs_inprocess.evaluation_mismatch(f.frame_conv, f.clips_input_fn, SEED, model_dir,
-                                            result) == ""
-    assert cs_inprocess.prediction_mismatch(f.frame_conv, f.clips_input_fn, SEED, model_dir,
-                                            result) == ""
+    assert cs_inprocess.cpu_path_mismatches(f.frame_conv, f.clips_input_fn, SEED, model_dir,
+                                            result) == []
 
 
 @pytest.mark.parametrize("model_fn, params, named", [
@@ -89,8 +85,9 @@ def test_conv2d_over_folded_frames_trains_evaluates_and_predicts_like_tensorflow
     (f.folded_gram, {}, "MatMul 'MatMul'"),
     (f.folded_softmax, {}, "Softmax 'Softmax'"),
     (f.frame_conv, {"pool": True}, "MaxPooling2D at"),
+    (f.folded_rotate, {}, "StridedSlice 'strided_slice'"),
 ], ids=["mean_over_folded_batch", "batch_norm_over_folded_batch", "matmul_across_rows",
-        "softmax_over_every_bags_rows", "max_pool_on_frames"])
+        "softmax_over_every_bags_rows", "max_pool_on_frames", "rows_rotated_across_bags"])
 def test_mixing_folded_rows_is_refused_naming_the_op(tmp_path, model_fn, params, named):
     input_fn = f.clips_input_fn if model_fn is f.frame_conv else f.bags_input_fn
     line = cs_inprocess.refusal(model_fn, input_fn, {**SEED, **params}, str(tmp_path), f.__file__)
