@@ -29,6 +29,7 @@ from cs_inprocess import (
     prediction_mismatch,
     run_on_cs,
 )
+from delayed_update_models import ring_input_fn as input_fn
 from random_models import moments_batch_norm
 
 from common.errors import CSRunError
@@ -41,17 +42,6 @@ from wse_sim.pipeline import Pipeline
 from wse_sim.program import check_program, check_state
 
 v1 = tf.compat.v1
-
-
-def input_fn(params):
-    """Points on a noisy ring (the real data) and the generator's noise, both as features."""
-    rng = np.random.default_rng(5)
-    angle = rng.uniform(0, 2 * np.pi, 64)
-    ring = 2 * np.stack([np.cos(angle), np.sin(angle)], 1) + rng.normal(scale=0.1, size=(64, 2))
-    features = {"real": ring.astype(np.float32),
-                "noise": rng.normal(size=(64, 4)).astype(np.float32)}
-    return tf.data.Dataset.from_tensor_slices((features, np.zeros(64, np.int32))).repeat().batch(
-        16, drop_remainder=True)
 
 
 def _networks(features, params, training):
