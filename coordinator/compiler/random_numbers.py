@@ -5,8 +5,8 @@ stateless ops of Keras' GaussianNoise and GaussianDropout) become `random` kerne
 (stddev, mean, maxval - minval, minval) are ordinary kernels after them. Integers of a
 per-sample shape (tf.random.uniform of an int dtype, RandomUniformInt, and its stateless
 forms) are `random` kernels drawing the op's values, uniform in its constant [minval, maxval). Multinomial
-(tf.random.categorical) of per-sample logits becomes a `categorical` kernel drawing each
-sample's classes.
+(tf.random.categorical) of per-sample logits, or of constant logits whose rows are all equal
+(each sample given the row), becomes a `categorical` kernel drawing each sample's classes.
 
 The matcher treats these ops as sources of per-sample values, like the program's inputs
 (`DRAWS`). A draw of a constant shape that meets the samples only through values computed
@@ -68,7 +68,8 @@ KERNEL_ROWS = {"random": (
     "in [minval, maxval), in every mode; no gradient"),
     "categorical": (
     "Multinomial (tf.random.categorical, tf.compat.v1.multinomial) of per-sample logits "
-    "[batch, classes], any num_samples, int64 or int32: each sample's classes drawn on the CS by "
+    "[batch, classes] (or constant ones whose rows are all equal: tf.zeros([batch, classes]), "
+    "tf.zeros_like(x), a [classes] prior broadcast), any num_samples, int64 or int32: each sample's classes drawn on the CS by "
     "TF's CPU rule (the inverse of the float64 CDF of exp(logits - max), non-finite logits "
     "never drawn) at its own uniform numbers, fresh every step and in every mode; no "
     "gradient (a REINFORCE policy's action)")}
