@@ -249,3 +249,48 @@ def full_range_integers(features, labels, mode, params):
                                        minval=None, maxval=None)
     picked = tf.cast(bits % 7, tf.float32)[:, None]
     return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(features * picked), params)
+
+
+# ---- classes drawn from logits every row of which is the same ----
+
+CODE_PRIOR = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+
+
+def infogan(features, labels, mode, params):
+    """An InfoGAN-style generator: each sample's categorical code drawn uniformly,
+    tf.random.categorical(tf.zeros([batch, CLASSES]), 1) (params "logits": "zeros_like",
+    tf.zeros_like(features[:, :CLASSES]); "prior": a [CLASSES] log prior broadcast to the
+    batch; "rows_differ": a constant [batch, CLASSES] of a different prior a row, refused),
+    joined with noise into images; a Q head recovers the code (the mutual-information term)
+    and a critic scores the real images."""
+    batch = tf.shape(features)[0]
+    kind = params.get("logits", "zeros")
+    if kind == "zeros_like":
+        logits = tf.zeros_like(features[:, :CLASSES])
+    elif kind == "prior":
+        logits = tf.broadcast_to(tf.math.log(tf.constant(CODE_PRIOR)), [batch, CLASSES])
+    elif kind == "rows_differ":
+        rows = np.random.default_rng(5).dirichlet(np.ones(CLASSES), params["batch_size"])
+        logits = tf.math.log(tf.constant(rows, tf.float32))
+    else:
+        logits = tf.zeros([batch, CLASSES])
+    code = tf.random.categorical(logits, 1)[:, 0]
+    z = tf.random.normal([batch, LATENT])
+    h = tf.keras.layers.Dense(HIDDEN, activation="relu")(tf.concat([z, tf.one_hot(code, CLASSES)], 1))
+    images = tf.keras.layers.Dense(PIXELS, activation="sigmoid")(h)
+    q_logits = tf.keras.layers.Dense(CLASSES, name="q")(images)
+    real = tf.keras.layers.Dense(1, name="critic")(features)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode=mode, predictions={"images": images, "code": code})
+    info = tf.compat.v1.losses.sparse_softmax_cross_entropy(code, q_logits)
+    real_loss = tf.reduce_mean(tf.nn.softplus(-real))
+    loss = tf.compat.v1.losses.mean_squared_error(features, images) + info + real_loss
+    metrics = {"real_loss": tf.compat.v1.metrics.mean(tf.nn.softplus(-real)),
+               "code_mean": tf.compat.v1.metrics.mean(tf.cast(code, tf.float32))}
+    train_op = _train_op(loss, params) if mode == ModeKeys.TRAIN else None
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op, eval_metric_ops=metrics)
+
+
+def infogan_rows_differ(features, labels, mode, params):
+    """The InfoGAN's code drawn from a constant [batch, CLASSES] whose rows differ."""
+    return infogan(features, labels, mode, {**params, "logits": "rows_differ"})

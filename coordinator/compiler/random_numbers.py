@@ -5,8 +5,8 @@ stateless ops of Keras' GaussianNoise and GaussianDropout) become `random` kerne
 (stddev, mean, maxval - minval, minval) are ordinary kernels after them. Integers of a
 per-sample shape (tf.random.uniform of an int dtype, RandomUniformInt, and its stateless
 forms) are `random` kernels drawing the op's values, uniform in its constant [minval, maxval). Multinomial
-(tf.random.categorical) of per-sample logits becomes a `categorical` kernel drawing each
-sample's classes.
+(tf.random.categorical) of per-sample logits, or of constant logits whose rows are all equal
+(each sample given the row), becomes a `categorical` kernel drawing each sample's classes.
 
 The matcher treats these ops as sources of per-sample values, like the program's inputs
 (`DRAWS`). A draw of a constant shape that meets the samples only through values computed
@@ -68,7 +68,8 @@ KERNEL_ROWS = {"random": (
     "in [minval, maxval), in every mode; no gradient"),
     "categorical": (
     "Multinomial (tf.random.categorical, tf.compat.v1.multinomial) of per-sample logits "
-    "[batch, classes], any num_samples, int64 or int32: each sample's classes drawn on the CS by "
+    "[batch, classes] (or constant ones whose rows are all equal: tf.zeros([batch, classes]), "
+    "tf.zeros_like(x), a [classes] prior broadcast), any num_samples, int64 or int32: each sample's classes drawn on the CS by "
     "TF's CPU rule (the inverse of the float64 CDF of exp(logits - max), non-finite logits "
     "never drawn) at its own uniform numbers, fresh every step and in every mode; no "
     "gradient (a REINFORCE policy's action)")}
@@ -232,15 +233,36 @@ def integer_bounds(operands: Operands, op: tf.Operation) -> tuple[int, int] | st
 
 @generic("Multinomial")
 def _categorical(m: Context, op: tf.Operation) -> str:
-    """tf.random.categorical of per-sample logits [batch, classes]."""
+    """tf.random.categorical of per-sample logits [batch, classes], or of a constant
+    [batch, classes] whose rows are all equal (`equal_rows`)."""
     count = m.operands.constant(op.inputs[1])
+    logits: tf.Tensor | str = op.inputs[0]
     if not m.is_batched(op.inputs[0]):
-        return ("draws classes from logits that are not one row per sample (shared by the "
-                "batch, or a weight's): the CS draws each sample's classes from its own logits; "
-                "give tf.random.categorical logits of shape [batch, classes]")
+        row = equal_rows(m, op.inputs[0])
+        if row is None:
+            return ("draws classes from logits that are not one row per sample (shared by the "
+                    "batch, a weight's, or a constant whose rows differ): the CS draws each "
+                    "sample's classes from its own logits; give tf.random.categorical logits "
+                    "of shape [batch, classes] computed from the samples, or every row the "
+                    "same (tf.zeros([batch, classes]))")
+        logits = m.add_kernel(f"{op.name}/logits", "sample_constant", [m.sample_input()],
+                              {"value": np.repeat(row[None], m.batch_size, 0)}, [], [op], None,
+                              output_shape=row.shape).name
     if count is None:
         return "tf.random.categorical with num_samples computed at run time: the CS needs a constant"
-    m.add_kernel(op.name, "categorical", [op.inputs[0]],
+    m.add_kernel(op.name, "categorical", [logits],
                  {"num_samples": int(count), "output": op.get_attr("output_dtype").name}, [],
                  [op], op.outputs[0])
     return ""
+
+
+def equal_rows(m: Context, logits: tf.Tensor) -> np.ndarray | None:
+    """The one row (classes,) of constant float32 logits [batch, classes] whose rows are all
+    equal (tf.zeros([batch, C]), tf.fill, a [C] constant broadcast, tf.zeros_like of a
+    per-sample value), else None. Each sample's draw from it has the distribution TF's has,
+    whatever the rows mean; a constant whose rows differ is no sample's own row."""
+    value = m.operands.shaped_constant(logits)
+    if value is None or logits.dtype != tf.float32 or value.ndim != 2 or \
+            value.shape[0] != m.batch_size or not (value == value[:1]).all():
+        return None
+    return np.asarray(value[0], np.float32)

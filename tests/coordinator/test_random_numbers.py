@@ -37,7 +37,10 @@ CASES = {"vae": (nm.vae, nm.input_fn, {"autoencoder": True}),
          "random_feature": (nm.random_feature, nm.input_fn, {}),
          "ddpm": (nm.ddpm, nm.input_fn, {}),
          "ddpm_table": (nm.ddpm, nm.input_fn, {"table": True}),
-         "ddpm_stateless": (nm.ddpm, nm.input_fn, {"stateless": True})}
+         "ddpm_stateless": (nm.ddpm, nm.input_fn, {"stateless": True}),
+         "infogan": (nm.infogan, nm.input_fn, {}),
+         "infogan_zeros_like": (nm.infogan, nm.input_fn, {"logits": "zeros_like"}),
+         "infogan_prior": (nm.infogan, nm.input_fn, {"logits": "prior"})}
 INTEGER_CASES = ("random_feature", "ddpm", "ddpm_table", "ddpm_stateless")
 # (what TF's op draws with the model's arguments) for the distribution tests
 TF_DRAWS = {"normal": lambda shape: tf.random.normal(shape, mean=0.5, stddev=2.0),
@@ -234,6 +237,7 @@ REFUSED = {
     "integer_bounds_computed": ("RandomUniformInt", "constant minval and maxval"),
     "full_range_integers": ("StatelessRandomUniformFullIntV2", "full range"),
     "stateless_categorical": ("StatelessMultinomial", "use tf.random.categorical"),
+    "infogan_rows_differ": ("Multinomial", "a constant whose rows differ"),
 }
 
 
@@ -279,3 +283,20 @@ def test_a_ddpm_evaluates_on_the_cs(drawn, tmp_path):
     assert abs(cs["t_mean"] - (nm.T_STEPS - 1) / 2) < 6 * spread
     assert cs["t_mean"] != cpu["t_mean"]  # (its own draws)
     assert 0 < cs["eps_mse"] < 10 and cs["loss"] == pytest.approx(cs["eps_mse"], rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["infogan", "infogan_zeros_like"])
+def test_an_infogan_code_drawn_from_equal_rows_evaluates_on_the_cs(drawn, name, tmp_path):
+    """unseen18: the InfoGAN trained on the CS (its code drawn from tf.zeros([batch, C]) or
+    tf.zeros_like logits, each sample its own draw) evaluated on the CS: the draw-free critic
+    metric is the CPU path's (1e-6); the codes are the CS's own draws, their mean over 32
+    samples within 6 standard errors of the uniform (C - 1) / 2."""
+    model_fn, input_fn, extra = CASES[name]
+    params = {**BASE, **extra}
+    path = cs_inprocess.trained_checkpoint(str(tmp_path), drawn(name))
+    cs = cs_inprocess.evaluate_like_the_chief(model_fn, input_fn, params, str(tmp_path), path, 4)
+    settings = RunSettings(str(tmp_path), params, None, None, None, None)
+    cpu = cpu_session.evaluate(model_fn, input_fn, settings, steps=4, checkpoint_path=path)
+    np.testing.assert_allclose(cs["real_loss"], cpu["real_loss"], rtol=1e-6)
+    spread = np.sqrt((nm.CLASSES ** 2 - 1) / 12 / 32)
+    assert abs(cs["code_mean"] - (nm.CLASSES - 1) / 2) < 6 * spread
