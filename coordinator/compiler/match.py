@@ -587,7 +587,7 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     loss_kernel, regularizers = "", dict[str, list[tuple[str, float]]]()
     if not predict and not matcher.unsupported:
         loss_kernel, regularizers = loss_tail.lower_loss(matcher, spec.loss, bool(objectives))
-    loss_kernels = _objective_kernels(matcher, spec, objectives, loss_kernel, regularizers)
+    loss_kernels, penalties = _objective_kernels(matcher, spec, objectives, loss_kernel)
     training = None
     if extracted.mode == ModeKeys.TRAIN and not matcher.unsupported:
         half = any(k.attrs.get("precision") == precision.FLOAT16 for k in matcher.kernels)
@@ -600,6 +600,7 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
             UnsupportedOp("Loss", o.loss, o.source, "a loss the train_op minimizes besides "
                           "model_fn's that the compiler did not lower (no loss kernel)")
             for o in training.objectives if not o.loss_kernel)
+        matcher.unsupported.extend(_misplaced_penalties(spec.loss, training, penalties, regularizers))
         matcher.unsupported.extend(untrainable(matcher, training))
         matcher.unsupported.extend(moving_statistics(matcher, training))
         state_writes, refused = batch_writes.lower(matcher, extracted, training)
@@ -635,20 +636,18 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
                         unsupported=tuple(matcher.unsupported), weight_program=weights)
 
 
-def _objective_kernels(matcher: Matcher, spec: Any, objectives: list[tf.Tensor],
-                       loss_kernel: str, regularizers: dict) -> dict[str, str]:
+def _objective_kernels(matcher: Matcher, spec: Any, objectives: list[tf.Tensor], loss_kernel: str
+                       ) -> tuple[dict[str, str], dict[str, dict[str, list[tuple[str, float]]]]]:
     """The loss kernel of each loss a GAN's train_op minimizes besides model_fn's, by
-    tensor (model_fn's: `loss_kernel`); their tails proven as model_fn's loss's. A weight
-    penalty in any of them is refused (the CS adds a weight's penalty to one gradient)."""
+    tensor (model_fn's: `loss_kernel`), their tails proven as model_fn's loss's; and the
+    weight penalties measured in each (by tensor; `_misplaced_penalties` checks them)."""
     kernels = {skip_identity(spec.loss).name: loss_kernel} if spec.loss is not None else {}
+    penalties: dict[str, dict[str, list[tuple[str, float]]]] = {}
     for loss in objectives:
         if matcher.unsupported:
             break
-        kernels[skip_identity(loss).name], penalties = loss_tail.lower_loss(matcher, loss, True)
-        if penalties and not matcher.unsupported:
-            _refuse_penalty(matcher, loss.op)
-    if objectives and regularizers and not matcher.unsupported:
-        _refuse_penalty(matcher, spec.loss.op)
+        name = skip_identity(loss).name
+        kernels[name], penalties[name] = loss_tail.lower_loss(matcher, loss, True)
     nodes = {k.name: k for k in matcher.kernels}
     for loss in ([*objectives, spec.loss] if objectives and not matcher.unsupported else []):
         node = nodes[kernels[skip_identity(loss).name]]
@@ -659,14 +658,36 @@ def _objective_kernels(matcher: Matcher, spec: Any, objectives: list[tf.Tensor],
                 "step: the CS divides one loss so; weight the samples with a constant mean "
                 "(tf.reduce_mean(w * l)) or train without per-sample weights"))
             break
-    return kernels
+    return kernels, penalties
 
 
-def _refuse_penalty(matcher: Matcher, op: tf.Operation) -> None:
-    matcher.unsupported.append(UnsupportedOp(
-        op.type, op.name, user_source(op), "a weight penalty in a loss of several minimized in "
-        "one step: the CS adds a penalty to one loss's gradients; train the losses without "
-        "weight penalties"))
+def _misplaced_penalties(loss: tf.Tensor, training: TrainingSpec,
+                         penalties: dict[str, dict[str, list[tuple[str, float]]]],
+                         regularizers: dict[str, list[tuple[str, float]]]) -> list[UnsupportedOp]:
+    """Of several losses minimized in one step, weight penalties the CS cannot carry. The CS
+    adds a weight's penalty to its gradient in every objective's pass and keeps the pass of
+    the objective training it, and adds all penalties to model_fn's loss: right when each
+    penalty is in the loss minimized for its weight and model_fn's loss holds them all."""
+    if not training.objectives:
+        return []
+    carried: dict[str, list[tuple[str, float]]] = {}
+    penalties = {**penalties, skip_identity(loss).name: regularizers}  # (minimized itself)
+    for objective in training.objectives:
+        own = penalties.get(skip_identity(loss.graph.get_tensor_by_name(objective.loss)).name, {})
+        for variable, terms in own.items():
+            if variable not in objective.variables:
+                return [UnsupportedOp("Loss", objective.loss, objective.source, (
+                    f"a weight penalty on {variable} in a loss of several minimized in one step "
+                    f"whose optimizer does not train {variable} (TF leaves it out of every "
+                    f"update): the CS adds a weight's penalty to its gradient; add the penalty "
+                    f"to the loss minimized for {variable}, or drop it"))]
+            carried[variable] = terms
+    if sorted(carried.items()) != sorted(regularizers.items()):
+        return [UnsupportedOp(loss.op.type, loss.op.name, user_source(loss.op), (
+            "model_fn's loss holds other weight penalties than the losses minimized in one "
+            "step: the CS adds every minimized loss's penalties to the loss it reports; return "
+            "the sum of the minimized losses (with their penalties) as model_fn's loss"))]
+    return []
 
 
 def _after_update(losses: list[tf.Tensor]) -> list[UnsupportedOp]:

@@ -72,8 +72,6 @@ def gan_model_fn(features, labels, mode, params):
         d_loss = v1.losses.sigmoid_cross_entropy(  # weighted line
             tf.ones_like(d_real), d_real, weights=mask) + d_loss
     g_loss = v1.losses.sigmoid_cross_entropy(tf.ones_like(d_fake), d_fake)
-    if params.get("penalty"):
-        g_loss += 1e-3 * tf.add_n([tf.nn.l2_loss(v) for v in g_vars])  # penalty line
     if mode == "infer":  # generated points and how real the discriminator finds them
         return CSEstimatorSpec(mode=mode, predictions={"fake": fake, "real": tf.sigmoid(d_fake)})
     if mode != "train":
@@ -330,7 +328,6 @@ def _line(fragment: str) -> int:
 @pytest.mark.parametrize("model_fn, params, start, line", [
     (gan_model_fn, {"scaled": True}, "loss scaling (or a float16 model) with several losses "
      "minimized in one step", "d's minimize"),
-    (gan_model_fn, {"penalty": True}, "a weight penalty in a loss of several", "penalty line"),
     (gan_model_fn, {"clip": "together"}, "clip_by_global_norm over the gradients of "
      "several losses minimized in one step", "norm line"),
     (gan_model_fn, {"weighted": True}, "a loss divided by a count or sum of the batch "
@@ -341,7 +338,7 @@ def _line(fragment: str) -> int:
      "order to that update", "d's fakes line"),
     (regenerated_model_fn, {}, "computes a loss of several minimized in one step after the "
      "train_op's update", "regenerated line"),
-], ids=["loss_scaling", "penalty", "global_norm", "divisor", "one_other_loss",
+], ids=["loss_scaling", "global_norm", "divisor", "one_other_loss",
         "unordered_read", "regenerated_forward"])
 def test_what_the_cs_does_not_carry_out_with_two_losses_is_refused_in_one_line(
         model_fn, params, start, line, tmp_path):
