@@ -27,7 +27,11 @@ def td3(features, labels, mode, params):
     before or after that update by chance), "counted" (the actor's update increments the
     step), "uncounted" (nothing increments the step), "nested" (the target networks in a
     tf.cond of their own inside); params['one_adam']: one AdamOptimizer for both (its step
-    counters twice a delayed step); params['smoothing']: TD3's target policy smoothing."""
+    counters twice a delayed step); params['smoothing']: TD3's target policy smoothing;
+    "targets_after" (the cond holds the actor's update alone, the target networks move
+    every step under tf.control_dependencies([the cond])), "targets_unordered" (the same
+    with the target networks' updates beside the cond: TF reads the actor before or after
+    its update by chance)."""
     s, a = features[:, :m.STATE], features[:, m.STATE:m.STATE + m.ACTION]
     r, s2 = features[:, m.STATE + m.ACTION:m.STATE + m.ACTION + 1], features[:, -m.STATE:]
     actor, critic = m._net("actor", [16, m.ACTION], "tanh"), m._net("critic", [16, 1])
@@ -60,6 +64,8 @@ def td3(features, labels, mode, params):
             a_step = a_opt.minimize(actor_loss, var_list=m._trainable("actor"))
         else:
             a_step = a_opt.apply_gradients(a_gv, global_step=step if form == "counted" else None)
+        if form.startswith("targets"):
+            return a_step
         with tf.control_dependencies([a_step]):
             if form == "nested":  # the targets every 4 steps, in a tf.cond of their own
                 return tf.cond(tf.equal(step % 4, 0), lambda: tf.group(
@@ -77,6 +83,11 @@ def td3(features, labels, mode, params):
         return CSEstimatorSpec(mode, loss=critic_loss, train_op=tf.group(c_step, cond))
     with tf.control_dependencies([c_step]):
         cond = tf.cond(tf.equal(step % params.get("delay", 2), 0), delayed, tf.no_op)
+    if form.startswith("targets"):  # the target networks every step, after the cond (or not)
+        with tf.control_dependencies([cond] if form == "targets_after" else []):
+            soft = m._soft("actor", "tactor", params, step) + m._soft("critic", "tcritic",
+                                                                      params, step)
+        return CSEstimatorSpec(mode, loss=critic_loss, train_op=tf.group(cond, *soft))
     if form == "before":
         with tf.control_dependencies([cond]):
             return CSEstimatorSpec(mode, loss=critic_loss, train_op=v1.assign_add(step, 1))

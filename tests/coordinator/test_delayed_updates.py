@@ -32,6 +32,8 @@ CASES = {
     "td3_after_the_increment": ((*TD3, {}), (ACTOR, set(), 1), {0.9 ** 7, 0.9 ** 4}),
     "td3_before_the_increment": ((*TD3, {"form": "before", "smoothing": True}), (ACTOR, set(), 0),
                                  {0.9 ** 7, 0.9 ** 4}),
+    "td3_targets_after_the_cond": ((*TD3, {"form": "targets_after"}), (ACTOR, set(), 1),
+                                   {0.9 ** 7, 0.9 ** 4}),
     "wgan_clipped": ((*GAN, {}), (GENERATOR, set(), 1), set()),
     "wgan_adam": ((*GAN, {"adam": True}), (GENERATOR, set(), 1), {0.5 ** 7, 0.5 ** 3}),
     "alternating_gan": ((d.alternating_gan, d.ring_input_fn, {}), (CRITIC, GENERATOR, 0),
@@ -84,6 +86,14 @@ def test_writes_in_a_branch_run_under_its_predicate(compared):
     assert all(w.HasField("predicate") and w.step_offset == 0 for w in alternating)
     report = compared("td3_after_the_increment").compiled.report_text
     assert "at the incremented global step; only then: actor_0/kernel" in report
+
+
+def test_soft_updates_after_the_cond_run_every_step_after_the_gated_update(compared):
+    """TD3's target networks under tf.control_dependencies([the cond holding the actor's
+    update]): every step, reading the actor after the cond, updated or not."""
+    writes = compared("td3_targets_after_the_cond").compiled.program.weight_writes
+    assert {w.variable.split("_")[0] for w in writes} == {"tactor", "tcritic"}
+    assert not any(w.HasField("predicate") or w.before_update for w in writes)
 
 
 def test_a_cond_moving_a_target_network_alone_trains_like_tensorflow(tmp_path):
@@ -139,6 +149,8 @@ def test_the_checkpoint_evaluates_and_predicts_as_on_the_cpu(compared, name, tmp
                             "and outside it"),
     ({"schedule": True}, d, "the tf.cond writes tactor_0/kernel with a factor computed per step"),
     ({"form": "uncounted"}, d, "reads the global step, which the train_op does not increment"),
+    ({"form": "targets_unordered"}, m, "the soft update of tactor_0/kernel reads actor_0/kernel "
+                                       "with no order to its update"),
     ({"form": "nested"}, d, "a If inside the tf.cond applying the updates writes variables"),
 ])
 def test_what_tf_does_not_order_is_refused_in_one_line(extra, source, expected, tmp_path):

@@ -99,6 +99,7 @@ class _Update:
     indices: tf.Tensor | None  # sparse: the IndexedSlices' indices before deduplication
     owned: set = field(default_factory=set)  # write ops belonging to this update
     scheduled: dict = field(default_factory=dict)  # hyper-parameter -> (reader op, its tensor)
+    cond: tf.Operation | None = None  # the tf.cond it was imported from (a delayed update)
 
 
 def _hyper(op: tf.Operation, tensor: tf.Tensor, key: str) -> float:

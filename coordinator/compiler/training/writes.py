@@ -147,6 +147,8 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
         if found is not None:
             updates.append(found)
     merge_weight_decay(updates)
+    for u in updates:
+        u.cond = (anchors or {}).get(u.op)
     owned = set().union(*(u.owned for u in updates)) if updates else set()
     optimizers = list(dict.fromkeys(u.optimizer for u in updates))
     averages, others = [], []
@@ -389,8 +391,8 @@ def _weight_write(op: tf.Operation, by_var: dict[str, _Update], trained: set[tf.
     write = _Write(op, target.name, tuple(steps), tuple(factors), False, tuple(sources))
     if update is None:
         return _soft_write(write, by_var, sources, runs, anchor)
-    after = all(_waits(r, update.op, anchor) for r in reads)
-    before = _waits(update.op, op, anchor)
+    after = all(_waits(r, update.op, anchor, update.cond) for r in reads)
+    before = _waits(update.op, op, update.cond, anchor)
     if after == before:
         raise _fail(op, f"the train_op writes {target.name} besides its update, and neither "
                         "waits for the other: TF may run them in either order (write under "
@@ -408,9 +410,9 @@ def _soft_write(write: _Write, by_var: dict[str, _Update], sources: dict[str, li
     op, target = write.op, write.variable
     orders = set()
     for name, read_ops in sources.items():
-        update = by_var[name].op
+        update, cond = by_var[name].op, by_var[name].cond
         for r in read_ops:
-            after, before = _waits(r, update, anchor), _waits(update, r, anchor)
+            after, before = _waits(r, update, anchor, cond), _waits(update, r, cond, anchor)
             if after == before:
                 raise _fail(op, f"the soft update of {target} reads {name} with no order to "
                                 f"its update: TF reads it before or after the update by chance",
@@ -430,14 +432,17 @@ def _soft_write(write: _Write, by_var: dict[str, _Update], sources: dict[str, li
     return dataclasses.replace(write, before_update=orders.pop())
 
 
-def _waits(later: tf.Operation, earlier: tf.Operation, anchor: tf.Operation | None) -> bool:
-    """Whether `later` runs after `earlier`. With an `anchor`, the tf.cond one of them was
-    imported from: an op of its branch runs after what the cond waits for, and before what
-    waits for the cond."""
+def _waits(later: tf.Operation, earlier: tf.Operation, later_in: tf.Operation | None = None,
+           earlier_in: tf.Operation | None = None) -> bool:
+    """Whether `later` runs after `earlier`. An op imported from a tf.cond's branch
+    (`later_in`, `earlier_in`: the cond) runs after what the cond waits for, and before what
+    waits for the cond (a soft update under tf.control_dependencies([the cond of a delayed
+    update]) reads the weight after it)."""
     if earlier in set(op_closure(later)):
         return True
-    return anchor is not None and (earlier in set(op_closure(anchor)) or
-                                   anchor in set(op_closure(later)))
+    after, before = later_in or later, earlier_in or earlier
+    return (later_in or earlier_in) is not None and after is not before and \
+        before in set(op_closure(after))
 
 
 def _step(op: tf.Operation) -> tuple[str, list[tf.Tensor]]:
