@@ -149,6 +149,27 @@ def drawn_tensors(program: pb.Program) -> list[str]:
     return sorted({*drawing_kernels(program).values(), *counts})
 
 
+def assert_evaluation_draws_every_batch(model_fn: Callable, input_fn: Callable, params: dict,
+                                        model_dir: str, checkpoint: str) -> pb.Program:
+    """A model drawing in its EVAL graph, evaluated on the CS from `checkpoint` over three
+    batches: handed TF's draws, the losses are TF's batch by batch (1e-5); with its own, one
+    batch evaluated twice gives two losses, and a second run the same two. Returns the
+    eval program."""
+    program = compile_checked(model_fn, input_fn, params, model_dir, mode="eval").program
+    assert program is not None and drawing_kernels(program)
+    state = cs_state(program, checkpoints.read_checkpoint(checkpoint), checkpoint)
+    data = first_batches(input_fn, params, 3)
+    reference = tf_reference.run(model_fn, input_fn, params, state, data, mode="eval",
+                                 fetch=drawn_tensors(program))
+    with tfs_draws(program, reference.fetched):
+        replayed = run_on_cs(program, state, data, kind="evaluate", global_step=10)
+    np.testing.assert_allclose(replayed.losses, reference.losses, rtol=1e-5)
+    own = [run_on_cs(program, state, [data[0]] * 2, kind="evaluate", global_step=10).losses
+           for _ in range(2)]
+    assert own[0][0] != own[0][1] and own[0] == own[1]
+    return program
+
+
 def _sampler_draws(kernel: pb.Kernel, fetched: Sequence[dict[str, np.ndarray]]) -> list[np.ndarray]:
     """Per step, a sampled_logits kernel's replayed draw: TF's ids, then its tries (from the
     expected counts: 1 - (1 - p)^tries, or p * num_sampled when every try was kept)."""

@@ -25,7 +25,6 @@ import tf_reference
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
-from tf_model import checkpoints
 from wafer.kernels.candidate_sampling import Classes, expected_count
 
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
@@ -108,18 +107,8 @@ def test_the_sampled_loss_evaluates_drawing_every_batch_like_tensorflow(drawn, t
     chief's evaluation runs on the CS."""
     path = cs_inprocess.trained_checkpoint(str(tmp_path), drawn("sampled_softmax"))
     model_fn, input_fn = sm.sampled_softmax_eval, sm.classifier_input_fn
-    program = cs_inprocess.compile_checked(model_fn, input_fn, BASE, str(tmp_path / "eval"),
-                                           mode="eval").program
-    state = cs_inprocess.cs_state(program, checkpoints.read_checkpoint(path), path)
-    data = cs_inprocess.first_batches(input_fn, BASE, 3)
-    reference = tf_reference.run(model_fn, input_fn, BASE, state, data, mode="eval",
-                                 fetch=cs_inprocess.drawn_tensors(program))
-    with cs_inprocess.tfs_draws(program, reference.fetched):
-        replayed = cs_inprocess.run_on_cs(program, state, data, kind="evaluate", global_step=10)
-    np.testing.assert_allclose(replayed.losses, reference.losses, rtol=1e-5)
-    own = [cs_inprocess.run_on_cs(program, state, [data[0]] * 2, kind="evaluate",
-                                  global_step=10).losses for _ in range(2)]
-    assert own[0][0] != own[0][1] and own[0] == own[1]
+    cs_inprocess.assert_evaluation_draws_every_batch(model_fn, input_fn, BASE,
+                                                     str(tmp_path / "eval"), path)
     chief = cs_inprocess.evaluate_like_the_chief(model_fn, input_fn, BASE,
                                                  str(tmp_path / "chief"), path, 2)
     assert set(chief) == {"loss"} and np.isfinite(chief["loss"])

@@ -23,7 +23,7 @@ from common.errors import CSRunError
 from common.run_settings import RunSettings
 from coordinator.compiler import compile_model
 from cs_api import pb
-from tf_model import checkpoints, cpu_session
+from tf_model import cpu_session
 from wse_sim.errors import CSError
 from wse_sim.program import check_program
 
@@ -93,22 +93,10 @@ def test_evaluation_draws_a_new_weight_for_every_batch_like_tensorflow(drawn, tm
     """TF's EVAL graph draws eps at every session.run: handed TF's draws, the CS's
     evaluation losses are TF's batch by batch (1e-5); with its own, one batch evaluated twice
     gives two losses, and the same checkpoint and input the same losses."""
-    params = BASE
     path = cs_inprocess.trained_checkpoint(str(tmp_path), drawn("bayes_linreg"))
-    program = cs_inprocess.compile_checked(m.bayes_linreg, m.regression_input_fn, params,
-                                           str(tmp_path), mode="eval").program
+    program = cs_inprocess.assert_evaluation_draws_every_batch(
+        m.bayes_linreg, m.regression_input_fn, BASE, str(tmp_path / "eval"), path)
     assert _weight_draws(program)
-    state = cs_inprocess.cs_state(program, checkpoints.read_checkpoint(path), path)
-    data = cs_inprocess.first_batches(m.regression_input_fn, params, 3)
-    reference = tf_reference.run(m.bayes_linreg, m.regression_input_fn, params, state, data,
-                                 mode="eval",
-                                 fetch=sorted(cs_inprocess.drawing_kernels(program).values()))
-    with cs_inprocess.tfs_draws(program, reference.fetched):
-        replayed = cs_inprocess.run_on_cs(program, state, data, kind="evaluate", global_step=10)
-    np.testing.assert_allclose(replayed.losses, reference.losses, rtol=1e-5)
-    own = [cs_inprocess.run_on_cs(program, state, [data[0]] * 2, kind="evaluate",
-                                  global_step=10).losses for _ in range(2)]
-    assert own[0][0] != own[0][1] and own[0] == own[1]
 
 
 def test_the_chiefs_evaluation_of_a_drawn_model_has_the_cpu_paths_other_metrics(drawn, tmp_path):
