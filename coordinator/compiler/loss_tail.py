@@ -174,10 +174,13 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
                 continue
             if m.step_values.reads_step(t):  # a term's weight on a schedule (KL annealing)
                 if m.step_values.reads_weights(t):
-                    return _reject(m, op, f"adds weights or a weight penalty times a value of "
-                                          f"the global step ({t.op.type} '{t.op.name}' at "
-                                          f"{user_source(t.op)}): {ON_WEIGHTS}")
-                kernel = m.step_values.kernel(m, t, op)
+                    product = _annealed(m, t)
+                    if product is None:
+                        return _reject(m, op, f"adds weights or a weight penalty times a value "
+                                              f"of the global step ({t.op.type} '{t.op.name}' "
+                                              f"at {user_source(t.op)}): {ON_WEIGHTS}")
+                    t = product
+                kernel = m.step_values.kernel(m, _annealed_parts(m, t)[0], op)
                 if isinstance(kernel, tuple):
                     return _reject(m, op, kernel[0])
                 scalars += [t] if t not in scalars else []
@@ -379,6 +382,41 @@ def _sample_values(rng: np.random.Generator, t: tf.Tensor) -> np.ndarray:
     return _draw(rng, t, static_shape(t), 0.5, 2.0)
 
 
+def _annealed(m: TailContext, tensor: tf.Tensor) -> tf.Tensor | None:
+    """The product beta * W that `tensor` (a tail input reading the global step and weights)
+    is computed from alone (through constant factors and divisors, negations): beta a
+    scalar of the global step and constants, W a weight scalar (an annealed KL of the
+    weights, beta * tf.nn.l2_loss(w)); None if it is none such."""
+    while True:
+        op = tensor.op
+        if op.type == "Mul":
+            a, b = op.inputs
+            step = [t for t in (a, b) if not m.step_values.reads_weights(t)]
+            weights = [t for t in (a, b) if not m.step_values.reads_step(t)]
+            if len(step) == 1 and len(weights) == 1 and step[0] is not weights[0] and \
+                    static_shape(step[0]) == () and _weight_scalar(m, weights[0]) and \
+                    not _scalar_variable_written(m, weights[0]):
+                return tensor
+        variable = [t for t in op.inputs if m.operands.constant(t) is None]
+        if op.type not in ("Mul", "RealDiv", "Neg", "Identity") or len(variable) != 1 or \
+                op.type == "RealDiv" and variable[0] is not op.inputs[0]:
+            return None
+        tensor = variable[0]
+
+
+def _annealed_parts(m: TailContext, tensor: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor | None]:
+    """(beta, W) of an annealed product (_annealed), or (tensor, None) for a value of the
+    global step alone."""
+    if m.step_values.reads_weights(tensor):
+        a, b = tensor.op.inputs
+        return (a, b) if not m.step_values.reads_weights(a) else (b, a)
+    return tensor, None
+
+
+def _scalar_variable_written(m: TailContext, tensor: tf.Tensor) -> bool:
+    return bool(m.step_values.written_refusal(_scalar_variable(m, tensor)))
+
+
 def _weight_scalar(m: TailContext, tensor: tf.Tensor) -> bool:
     """Whether `tensor` is a float32 scalar of weights alone (a variable, a view of one or
     the weight program's value: a task's tf.exp(-s), its s)."""
@@ -482,9 +520,10 @@ def _per_sample(m: TailContext, loss: tf.Tensor, w: tf.Tensor) -> str:
     """The kernel giving every sample the scalar `w` (a weight: `broadcast`; a value of the
     global step: `schedule`, made by _lower_loss)."""
     if m.step_values.reads_step(w):
-        kernel = m.step_values.kernel(m, w, loss.op)
+        step, weights = _annealed_parts(m, w)
+        kernel = m.step_values.kernel(m, step, loss.op)
         assert isinstance(kernel, str), kernel
-        return kernel
+        return kernel if weights is None else _weighted(m, loss, kernel, weights)
     param = _scalar_param(m, loss, w, "value")
     return m.add_kernel("loss/weight_term", "broadcast", [m.sample_input()],
                         {"shape": [], "value": list(param.shape)}, [param], [], None,

@@ -957,8 +957,9 @@ def supported_table() -> str:
                  "known before the batch streams through; terms weighted by scalars of weights "
                  "plus such scalars (multi-task uncertainty weighting: tf.exp(-s) * mean + s) "
                  "or by values of the global step (`schedule`); any scalar of weights alone "
-                 "the weight program computes added to the loss, divided or not (a KL of q(u), "
-                 "an orthogonality penalty, a log-determinant) |")
+                 "the weight program computes added to the loss, divided or not, or times a "
+                 "value of the global step (a KL of q(u), annealed or not, an orthogonality "
+                 "penalty, a log-determinant) |")
     lines.append("| weights (shared, viewed) | a weight read by several kernels (tied input/output "
                  "embeddings, a Keras layer called twice, an unrolled LSTM's cell at every step) "
                  "lives in one region, its uses' gradients summed before the one update; a "

@@ -52,6 +52,9 @@ def variational_regression(features, labels, mode, params):
     elif form == "counted":  # the likelihood of the samples with a positive target only
         kept = tf.cast(labels > 0, tf.float32)
         loss = v1.losses.compute_weighted_loss(nll, weights=kept) + _kl(q_mu, q_sqrt) / N
+    elif form == "annealed":  # the KL's weight warmed up over the first steps: 0, 1/3, 2/3, 1
+        beta = tf.minimum(1.0, tf.cast(v1.train.get_or_create_global_step(), tf.float32) / 3.0)
+        loss = tf.reduce_mean(nll) + beta * _kl(q_mu, q_sqrt) / N
     elif form == "kl_counted":  # the KL inside the division by the count: refused
         kept = tf.cast(labels > 0, tf.float32)
         loss = (tf.reduce_sum(nll * kept) + _kl(q_mu, q_sqrt)) / tf.maximum(tf.reduce_sum(kept), 1.0)
@@ -136,11 +139,13 @@ def params(form):
 
 @pytest.mark.parametrize("model_fn, data, form", [
     (variational_regression, input_fn, "kl"), (variational_regression, input_fn, "counted"),
+    (variational_regression, input_fn, "annealed"),
     (penalised_regression, input_fn, "orthogonal"), (penalised_regression, input_fn, "log_det"),
     (correlated_regression, pair_input_fn, "stacked")])
 def test_weight_terms_train_evaluate_and_predict_like_tensorflow(tmp_path, model_fn, data, form):
     run = cs_inprocess.compare(model_fn, data, params(form), str(tmp_path / "train"), steps=4)
-    assert "broadcast" in [k.type for k in run.compiled.program.kernels]  # (the term's share)
+    share = "schedule" if form == "annealed" else "broadcast"  # (the term's share: beta * W)
+    assert share in [k.type for k in run.compiled.program.kernels]
     cs_inprocess.assert_same_training(run, rtol=1e-5)
     assert cs_inprocess.evaluation_mismatch(model_fn, data, params(form),
                                             str(tmp_path / "eval"), run) == ""
