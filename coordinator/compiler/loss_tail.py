@@ -331,7 +331,7 @@ def _batch_tail(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
             if found and not reasons:  # (else the tail's lowering refuses t)
                 bases += found
                 terms.append(t)
-    name, samples = batch_tail.lower(m, loss, terms)
+    name, samples = batch_tail.lower(m, loss, terms, lambda t: _shared_weight(m, loss, t))
     if not name or not bases:
         return name, {}
     coefficients = _penalty_factors(session, loss, samples, [b[0] for b in bases])
@@ -339,6 +339,14 @@ def _batch_tail(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
         return _reject(m, loss.op, coefficients)
     regularizers = _penalties(m, bases, coefficients)
     return (name, regularizers) if isinstance(regularizers, dict) else _reject(m, *regularizers)
+
+
+def _shared_weight(m: TailContext, loss: tf.Tensor, tensor: tf.Tensor) -> str | None:
+    """The kernel giving every sample the weight scalar `tensor` a loss of the whole batch
+    reads (a learned temperature, a term of weights alone), None if it is none such."""
+    if not _weight_scalar(m, tensor) or _scalar_variable_written(m, tensor):
+        return None
+    return _per_sample(m, loss, tensor)
 
 
 def _penalty_factors(session: tf.compat.v1.Session, loss: tf.Tensor, samples: list[tf.Tensor],

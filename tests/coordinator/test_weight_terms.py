@@ -1,8 +1,9 @@
 """Terms of the loss computed from weights alone that are no L2/L1 penalty - a variational
 model's KL(q(w) || p(w)), an orthogonality penalty ||W^T W - I||^2, a log-determinant - added
-to a loss of per-sample values (also one divided by a count of the batch): the weight program
-computes each once a step, every sample takes d * W / batch of it (its gradient back through
-the weight program), so the CS trains, evaluates and predicts with TensorFlow's numbers (a
+to a loss of per-sample values (also one divided by a count of the batch, or annealed) or of
+the whole batch: the weight program computes each once a step, every sample takes d * W /
+batch of it (a loss of the whole batch reads the first sample's W), its gradient back through
+the weight program, so the CS trains, evaluates and predicts with TensorFlow's numbers (a
 precision factor tf.stack'ed from weight scalars and zeros included); the terms the CS cannot
 carry refused in one line naming the op, and the blockers a first refusal hides named with it."""
 from __future__ import annotations
@@ -84,6 +85,8 @@ def penalised_regression(features, labels, mode, params):
     elif form == "eigen":  # log det W^T W by its eigenvalues: no CS kernel
         term = -0.1 * tf.reduce_sum(tf.math.log(tf.linalg.eigvalsh(tf.matmul(w, w, transpose_a=True))))
     loss = v1.losses.mean_squared_error(labels, prediction) + term
+    if params.get("matched"):  # a loss of the whole batch: the means of predictions and labels
+        loss += tf.square(tf.reduce_mean(prediction) - tf.reduce_mean(labels))
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
             "mae": v1.metrics.mean_absolute_error(labels, prediction)})
@@ -134,13 +137,16 @@ def hidden_blockers(features, labels, mode, params):
 
 
 def params(form):
-    return {"batch_size": BATCH, "form": form, "runconfig": {"tf_random_seed": 5}}
+    matched = form.endswith("_matched")
+    return {"batch_size": BATCH, "form": form.removesuffix("_matched"), "matched": matched,
+            "runconfig": {"tf_random_seed": 5}}
 
 
 @pytest.mark.parametrize("model_fn, data, form", [
     (variational_regression, input_fn, "kl"), (variational_regression, input_fn, "counted"),
     (variational_regression, input_fn, "annealed"),
     (penalised_regression, input_fn, "orthogonal"), (penalised_regression, input_fn, "log_det"),
+    (penalised_regression, input_fn, "orthogonal_matched"),
     (correlated_regression, pair_input_fn, "stacked")])
 def test_weight_terms_train_evaluate_and_predict_like_tensorflow(tmp_path, model_fn, data, form):
     run = cs_inprocess.compare(model_fn, data, params(form), str(tmp_path / "train"), steps=4)
