@@ -27,10 +27,13 @@ def computed_types() -> set[str]:
 
 
 def hidden(m: Context, ops: list[tf.Operation], tail: set[str],
-           refused: list[UnsupportedOp]) -> list[UnsupportedOp]:
+           refused: list[UnsupportedOp], kernel_less: dict[str, tf.Operation]
+           ) -> list[UnsupportedOp]:
     """The blockers among `ops` (the data-flow ops, graph order) swallowed into the `tail`
     that the `refused` ops do not name already: kernel-less op types, then (at the op that
-    reads it) each weight-only value the weight program cannot compute, once per cause."""
+    reads it) each weight-only value the weight program cannot compute, once per cause; and
+    upstream of an op the weight program has no kernel for (`kernel_less`: by the refusal
+    naming it), the values of weights before it that it cannot compute either."""
     named = {u.name for u in refused}
     said = {u.reason for u in refused}
     found: list[UnsupportedOp] = []
@@ -47,4 +50,13 @@ def hidden(m: Context, ops: list[tf.Operation], tail: set[str],
             if problem and problem not in said:
                 said.add(problem)
                 found.append(UnsupportedOp(op.type, op.name, user_source(op), problem))
+    pending = [op for reason, op in kernel_less.items() if reason in said]
+    while pending:  # (a Cholesky before the triangular solve of weights)
+        op = pending.pop()
+        for t in op.inputs:
+            problem = m.weight_problem(t) if t.dtype.base_dtype == tf.float32 else ""
+            if problem and problem not in said:
+                said.add(problem)
+                found.append(UnsupportedOp(op.type, op.name, user_source(op), problem))
+                pending += [kernel_less[problem]] if problem in kernel_less else []
     return found

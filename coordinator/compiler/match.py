@@ -587,7 +587,8 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
         matcher.run()
     if matcher.unsupported:  # (what the first refusals hide: named at first contact too)
         matcher.unsupported.extend(blockers.hidden(matcher, matcher.ops, matcher.tail,
-                                                   matcher.unsupported))
+                                                   matcher.unsupported,
+                                                   matcher.weight_program.kernel_less))
     loss_kernel, regularizers = "", dict[str, list[tuple[str, float]]]()
     if not predict and not matcher.unsupported:
         loss_kernel, regularizers = loss_tail.lower_loss(matcher, spec.loss, bool(objectives))

@@ -70,6 +70,7 @@ class WeightProgramBuilder:
         self.kernels: list[KernelNode] = []
         self.values: dict[str, str | np.ndarray] = {}  # tensor -> kernel, variable or constant
         self.problems: dict[str, str] = {}  # tensor -> why it cannot be lowered
+        self.kernel_less: dict[str, tf.Operation] = {}  # a problem -> the op it names
         self._step_readers_at: tuple[int, set[tf.Operation]] = (-1, set())
 
     def _step_readers(self) -> set[tf.Operation]:
@@ -174,9 +175,11 @@ class WeightProgramBuilder:
         if op.type in WEIGHT_VIEWS:
             return self._view(op, tensor)
         if op.type not in WEIGHT_PROGRAM_OPS:
-            return self._refuse(tensor, f"{self.SUBJECT} with {where}, which the CS cannot "
-                                        f"run {self.PLACE} (it runs element-wise ops, arithmetic, "
-                                        "reductions, transposes, reshapes and products of them)")
+            reason = (f"{self.SUBJECT} with {where}, which the CS cannot run {self.PLACE} (it "
+                      "runs element-wise ops, arithmetic, reductions, transposes, reshapes and "
+                      "products of them)")
+            self.kernel_less[reason] = op
+            return self._refuse(tensor, reason)
         inputs = [self._lower(t) for t in op.inputs]
         bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
         if bad is not None:

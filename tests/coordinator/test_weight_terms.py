@@ -123,11 +123,13 @@ def correlated_regression(features, labels, mode, params):
 
 
 def hidden_blockers(features, labels, mode, params):
-    """An RBF network on learned centres whitened by the eigen-decomposition of their Gram
-    matrix, its features written with the batch second (an SVGP's k(Z, x)), and a nuclear
-    norm of them: three ops the CS cannot run, one hidden behind the other."""
+    """An RBF network on learned centres whitened by the eigen-decomposition of R^T R, R
+    their Gram matrix's QR factor, its features written with the batch second (an SVGP's
+    k(Z, x)), and a nuclear norm of them: four ops the CS cannot run, hidden behind each
+    other."""
     z = v1.get_variable("centres", initializer=np.linspace(-2.0, 2.0, D)[:, None].astype(np.float32))
-    e, v = tf.linalg.eigh(tf.exp(-tf.square(z - tf.transpose(z))) + 1e-3 * tf.eye(D))
+    r = tf.linalg.qr(tf.exp(-tf.square(z - tf.transpose(z))) + 1e-3 * tf.eye(D))[1]
+    e, v = tf.linalg.eigh(tf.matmul(r, r, transpose_a=True))
     kzx = tf.exp(-tf.reduce_sum(tf.square(z[:, None, :] - features[None, :, :1]), -1))  # [D, B]
     h = tf.matmul(v, kzx, transpose_a=True) / tf.sqrt(e)[:, None]
     loss = v1.losses.mean_squared_error(labels[:, 0], tf.reduce_sum(h, 0)) + \
@@ -170,10 +172,11 @@ def test_weight_terms_the_cs_cannot_carry_are_refused_in_one_line(tmp_path, mode
 
 def test_the_first_validation_names_the_blockers_a_refusal_hides(tmp_path):
     """Behind the batch-second view the pass swallows what follows unexamined: the
-    eigen-decomposition of weights and the singular values are named at first contact too."""
+    eigen-decomposition of weights, the QR before it and the singular values are named at
+    first contact too."""
     line = cs_inprocess.refusal(hidden_blockers, input_fn, params(""), str(tmp_path), __file__)
     report = (tmp_path / "cs_compile" / "validation_report.txt").read_text()
-    assert "StridedSlice" in line
-    for says in ("Svd 'Svd' at", "no CS kernel computes this op (Svd)",
-                 "computes on weights with SelfAdjointEigV2"):
+    assert "give all 4 with their source lines" in line
+    for says in ("StridedSlice 'strided_slice", "Svd 'Svd' at", "no CS kernel computes this op (Svd)",
+                 "computes on weights with SelfAdjointEigV2", "computes on weights with Qr"):
         assert says in report
