@@ -1,0 +1,41 @@
+"""Small dense linear systems (tests/linalg_models.py): a sparse variational GP's Cholesky
+factor and its inverse computed from weights (tf.linalg.cholesky, triangular_solve,
+cholesky_solve) and a Lagrangian network's per-sample tf.linalg.solve (or inv) of its
+Hessian block train on the CS as TensorFlow trains them (4 steps, 1e-5) and evaluate and
+predict there as the CPU path does; the determinant of per-sample matrices stays refused
+in one line."""
+import cs_inprocess
+import linalg_models as m
+import pytest
+
+from common.errors import CSRunError
+
+PARAMS = {"runconfig": {"tf_random_seed": 3}}
+
+
+@pytest.mark.parametrize("model_fn, input_fn, params, kernels", [
+    (m.svgp, m.gp_input_fn, {}, {"cholesky", "solve"}),
+    (m.svgp, m.gp_input_fn, {"whitened": False}, {"cholesky", "solve"}),
+    (m.lagrangian, m.pendulum_input_fn, {}, {"solve"}),
+    (m.lagrangian, m.pendulum_input_fn, {"inverse": True}, {"solve"}),
+], ids=["svgp_whitened", "svgp_cholesky_solve", "lagrangian_solve", "lagrangian_inverse"])
+def test_a_model_solving_linear_systems_trains_evaluates_and_predicts_like_tensorflow(
+        tmp_path, model_fn, input_fn, params, kernels):
+    params = {**PARAMS, **params}
+    result = cs_inprocess.compare(model_fn, input_fn, params, str(tmp_path), steps=4)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    program = result.compiled.program
+    assert kernels <= {k.type for k in program.kernels} | \
+        {k.type for k in program.weight_program.kernels}
+    for check in (cs_inprocess.evaluation_mismatch, cs_inprocess.prediction_mismatch):
+        assert check(model_fn, input_fn, params, str(tmp_path), result) == ""
+
+
+def test_the_determinant_of_each_samples_matrix_is_refused_in_one_line(tmp_path):
+    with pytest.raises(CSRunError) as caught:
+        cs_inprocess.compile_checked(m.per_sample_determinant, m.pendulum_input_fn, PARAMS,
+                                     str(tmp_path))
+    message = caught.value.message
+    line = next(n for n, text in enumerate(open(m.__file__), 1) if "tf.linalg.det(m)" in text)
+    assert "MatrixDeterminant" in message and f"linalg_models.py:{line}" in message
+    assert "\n" not in message
