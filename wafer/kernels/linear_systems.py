@@ -23,8 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import Kernel, KernelError, RunContext, Shape, check_dtypes, \
-    max_cores_for, register
+from wafer.kernels.base import Kernel, KernelError, RunContext, Shape, check_dtypes, max_cores_for, register
 from wafer.kernels.operands import Operands
 from wafer.kernels.tensor_ops import SampleKernel
 
