@@ -4,7 +4,8 @@ matrix and its inverse are computed from weights alone (tf.linalg.cholesky,
 tf.linalg.triangular_solve of the identity; unwhitened: tf.linalg.cholesky_solve, a lower
 solve and its adjoint), and a Lagrangian neural network whose accelerations solve each
 sample's 2x2 Hessian block (tf.linalg.solve, or tf.linalg.inv times the right-hand side)
-built by tf.gradients."""
+built by tf.gradients; a per-sample determinant (tf.linalg.det) and eigenvalues
+(tf.linalg.eigvalsh)."""
 from __future__ import annotations
 
 import numpy as np
@@ -112,7 +113,20 @@ def lagrangian(features, labels, mode, params):
 
 
 def per_sample_determinant(features, labels, mode, params):
-    """The determinant of each sample's own matrix (refused: no CS kernel computes it)."""
+    """The determinant of each sample's own matrix fitted to the first label."""
     m = tf.reshape(L.Dense(4, name="factor")(features), [-1, 2, 2]) + tf.eye(2)
-    loss = tf.reduce_mean(tf.square(tf.linalg.det(m) - labels[:, 0]))
+    det = tf.linalg.det(m)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"det": det})
+    loss = tf.reduce_mean(tf.square(det - labels[:, 0]))
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss)
+    return CSEstimatorSpec(mode, loss=loss, train_op=v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=_step()))
+
+
+def per_sample_eigenvalues(features, labels, mode, params):
+    """The eigenvalues of each sample's own symmetric matrix (refused: no CS kernel)."""
+    m = tf.reshape(L.Dense(4, name="factor")(features), [-1, 2, 2])
+    eigenvalues = tf.linalg.eigvalsh(m + tf.transpose(m, [0, 2, 1]))
+    loss = tf.reduce_mean(tf.square(eigenvalues - labels))
     return CSEstimatorSpec(mode, loss=loss, train_op=v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=_step()))

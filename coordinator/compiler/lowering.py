@@ -68,8 +68,7 @@ WEIGHT_DIAGONALS = ("MatrixDiagV3", "MatrixDiagPartV3", "MatrixSetDiagV3", "Matr
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN",
                              *REDUCTIONS, *RESHAPES,
                              "Transpose", "MatMul", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
-                             "Cast", "Cumsum", *WEIGHT_DIAGONALS, "LogMatrixDeterminant",
-                             *linear_algebra.OPS, *WEIGHT_VIEWS,
+                             "Cast", "Cumsum", *WEIGHT_DIAGONALS, *linear_algebra.OPS, *WEIGHT_VIEWS,
                              *quantization.FORMS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",

@@ -220,9 +220,9 @@ class WeightProgramBuilder:
             return self._elementwise(op, tensor, "select", inputs, {}, "", "0", out)
         if op.type == "StopGradient":
             return self._add(op, tensor, "stop_gradient", inputs[:1], {})
-        if op.type == "LogMatrixDeterminant":  # Glow's log|det W|; the sign, no gradient
+        if op.type in linear_algebra.DETERMINANTS:  # Glow's log|det W|; the sign, no gradient
             return self._add(op, tensor, "slogdet", inputs[:1],
-                             {"output": ("sign", "log_abs_det")[tensor.value_index]})
+                             {"output": linear_algebra.determinant_output(tensor)})
         if op.type in WEIGHT_DIAGONALS:
             return self._diagonals(op, tensor, inputs, out)
         if op.type == "Cholesky":  # a sparse GP's factor of its inducing points' kernel matrix

@@ -237,6 +237,7 @@ EXPRESSIONS = {
         tf.matmul(w, v, transpose_b=True), tf.eye(3) + s, lower=False, adjoint=True),
     "MatrixSolve": lambda w, v, g, s: tf.linalg.solve(tf.matmul(w, v, transpose_b=True) - 4.0 * tf.eye(3), s),
     "MatrixInverse": lambda w, v, g, s: tf.linalg.inv(tf.matmul(w, v, transpose_b=True) - 4.0 * tf.eye(3)),
+    "MatrixDeterminant": lambda w, v, g, s: tf.linalg.det(tf.matmul(w, v, transpose_b=True) - 4.0 * tf.eye(3)),
     "FakeQuantWithMinMaxArgs": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_args(
         w - 1.0, -0.4, 0.8, num_bits=4),
     "FakeQuantWithMinMaxVars": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_vars(

@@ -21,7 +21,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | cast | x | dtype: float32, int32, int64, bool | — | x float32, int32, int64 or bool; output attr dtype |
 | stop_gradient | x | — | — | any, passed through |
 | one_hot | indices (...) | depth, on_value, off_value (axis -1) | — | indices int32/int64; output (..., depth) |
-| slogdet | x (..., n, n) | output: sign, log_abs_det (tf.linalg.slogdet, in float64 rounded to float32) | — | float32; output (...); the gradient of log_abs_det: g times the inverse transpose |
+| slogdet | x (..., n, n) | output: sign, log_abs_det, determinant (tf.linalg.slogdet, det, in float64 rounded to float32) | — | float32; output (...); the gradient of log_abs_det: g times the inverse transpose, of determinant g det times it |
 | cholesky | x (..., n, n) | — | — | float32 (tf.linalg.cholesky of the lower triangle, in float64 rounded to float32); output L (..., n, n); TF's _CholeskyGrad |
 | solve | the `i` operands: a (..., n, n), b (..., n, k) | operands: ii, ic, ci, ip, pi; adjoint; triangle: "", lower, upper (tf.linalg.solve, inv, triangular_solve; float64 rounded to float32) | p<k>: attr p<k> | float32; output (..., n, k); TF's _MatrixSolveGrad, _MatrixTriangularSolveGrad |
 | cumprod | x | axis (per-sample), exclusive, reverse | — | float32: TF's Cumprod and _CumprodGrad |
