@@ -1,7 +1,8 @@
 """The cholesky, solve and slogdet kernels on a micro-batch of each sample's own matrices
 against TF's float32 ops and their gradients (tf.linalg.cholesky, solve, triangular_solve,
 inv, det, slogdet), a constant or weight operand broadcast to every sample; operands that
-would broadcast against the batch are refused."""
+would broadcast against the batch are refused; a singular matrix (TF's kernels stop with
+an error) gives NaN, not a crash of the simulator."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -60,3 +61,16 @@ def test_a_constant_stacked_like_the_batch_is_refused():
     with pytest.raises(KernelError, match="broadcast against the batch"):
         build_kernel("solve", "k", {"operands": "ic", "c1": np.zeros((B, 1, N, 2), np.float32)},
                      [(N, N)])
+
+
+@pytest.mark.parametrize("kind, attrs, matrix", [
+    ("cholesky", {}, -SPD),
+    ("solve", {"operands": "ic", "c1": SHARED}, np.zeros((B, N, N), np.float32)),
+    ("slogdet", {"output": "determinant"}, np.zeros((B, N, N), np.float32)),
+], ids=["not_positive_definite", "singular_solve", "singular_det_gradient"])
+def test_a_matrix_tensorflow_stops_on_gives_nan_not_a_crash(kind, attrs, matrix):
+    kernel = build_kernel(kind, "k", attrs, [(N, N)])
+    context = RunContext(training=True, batch_size=B)
+    y, cache = kernel.forward({}, [matrix], context)
+    grads, _ = kernel.backward({}, cache, np.ones_like(y), context)
+    assert np.isnan(grads[0]).all() and (kind == "slogdet" or np.isnan(y).all())

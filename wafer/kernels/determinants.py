@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import KernelError, RunContext, check_dtypes, register
+from wafer.kernels.linear_systems import solve_or_nan
 from wafer.kernels.tensor_ops import SampleKernel
 
 OUTPUTS = ("sign", "log_abs_det", "determinant")
@@ -56,7 +57,8 @@ class Slogdet(SampleKernel):
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         if self.output == "sign":
             return [None], {}
-        inverse_t = np.swapaxes(np.linalg.inv(cache), -1, -2)
+        n = cache.shape[-1]
+        inverse_t = np.swapaxes(solve_or_nan(cache, np.broadcast_to(np.eye(n), cache.shape)), -1, -2)
         grad = np.asarray(grad_output, np.float64)
         if self.output == "determinant":
             grad = grad * np.linalg.det(cache)

@@ -7,7 +7,9 @@ accelerations.
 
 Computed in float64 and rounded to float32, as the `slogdet` kernel: TF's float32 kernels
 (Eigen's LLT, partial-pivot LU, triangular substitution) agree with it to their own
-rounding, condition number times float32's epsilon. The gradients are TF's:
+rounding, condition number times float32's epsilon; a singular (or, for Cholesky, not
+positive definite) matrix gives NaN where TF's CPU kernel stops with an error. The
+gradients are TF's:
 _CholeskyGrad (Murray 2016: L^-T Φ(L^T g) L^-1, symmetrized), _MatrixSolveGrad and
 _MatrixTriangularSolveGrad (the adjoint system's solve of g, minus its product with the
 solution; the triangle only for a triangular matrix), summed over broadcast axes.
@@ -37,6 +39,15 @@ def _t(x: np.ndarray) -> np.ndarray:
 
 def _float64(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, np.float64)
+
+
+def solve_or_nan(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a^-1 b, NaN where a is singular (TF's CPU kernel stops with an error there)."""
+    try:
+        return np.linalg.solve(a, b)
+    except np.linalg.LinAlgError:
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + b.shape[-2:]
+        return np.full(shape, np.nan)
 
 
 def _square(kernel: Kernel, shape: Shape, what: str) -> int:
@@ -75,7 +86,7 @@ class Cholesky(SampleKernel):
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         factor = cache
-        inverse = np.linalg.solve(factor, np.broadcast_to(np.eye(self.n), factor.shape))
+        inverse = solve_or_nan(factor, np.broadcast_to(np.eye(self.n), factor.shape))
         middle = _t(factor) @ _float64(grad_output)
         middle[..., range(self.n), range(self.n)] *= 0.5
         grad = _t(inverse) @ np.tril(middle) @ inverse
@@ -147,12 +158,12 @@ class Solve(Kernel):
     def forward(self, params, inputs, ctx: RunContext):
         a, b = (_float64(v) for v in self.operands.arrays(params, inputs))
         a = self._matrix(a)
-        x = np.linalg.solve(_t(a) if self.adjoint else a, b)
+        x = solve_or_nan(_t(a) if self.adjoint else a, b)
         return x.astype(np.float32), (a, x)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         a, x = cache
-        grad_b = np.linalg.solve(a if self.adjoint else _t(a), _float64(grad_output))
+        grad_b = solve_or_nan(a if self.adjoint else _t(a), _float64(grad_output))
         grad_a = self._matrix(-(x @ _t(grad_b) if self.adjoint else grad_b @ _t(x)))
         return self.operands.gradients([grad_a.astype(np.float32), grad_b.astype(np.float32)],
                                        ctx, param_grads)
