@@ -133,6 +133,11 @@ def compare(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str
     return Comparison(compiled, cs, reference)
 
 
+def kernel_types(program: pb.Program) -> set[str]:
+    """The types of the program's kernels, its weight program's included."""
+    return {k.type for k in program.kernels} | {k.type for k in program.weight_program.kernels}
+
+
 def drawing_kernels(program: pb.Program) -> dict[str, str]:
     """The program's kernels drawing numbers of their own (its weight program's too) -> the
     TF tensor each computes (a sampled_logits kernel: its sampler's sampled ids, the kernel
