@@ -181,8 +181,9 @@ def _weight_along_the_batch(m: Context, op: tf.Operation, tensors, found) -> str
     """Why an element-wise op cannot read a weight operand whose first axis TF pairs with the
     batch's samples (K + noise * tf.eye(batch), a Dense of a constant as long as the batch):
     the CS gives every sample the whole weight. The elementwise kernels refuse the shape too."""
-    letters, _, attrs, _ = found
-    rank = len(m.sample_shape(op.outputs[0], op.inputs)) + 1  # the kernel's, with the batch
+    letters, inputs, attrs, _ = found
+    rank = 1 + max([len(m.sample_shape(op.outputs[0], op.inputs))] + [  # the kernel's
+        len(m.kernel_shape(t) if isinstance(t, str) else m.shape(t)) for t in inputs])
     for k, t in enumerate(tensors):
         shape = tuple(attrs.get(f"p{k}", ()))
         if letters[k] != "p" or len(shape) < rank or len(shape) == rank and shape[0] == 1:
