@@ -40,16 +40,17 @@ def test_iqn_evaluates_and_predicts_on_the_cs_with_the_cpu_paths_numbers(compare
         assert mismatch(m.iqn_tiled_fractions, m.input_fn, BASE, str(tmp_path), trained, rtol=1e-5) == ""
 
 
-@pytest.mark.parametrize("model_fn, value, mode", [
-    (m.per_position_scales, "scale_1/BiasAdd", "train"),
-    (m.per_position_scales, "scale_1/BiasAdd", "infer"),
-    (m.gp_marginal_likelihood, "mul_1", "train"),
+@pytest.mark.parametrize("model_fn, value, mode, batch", [
+    (m.per_position_scales, "scale_1/BiasAdd", "train", 8),
+    (m.per_position_scales, "scale_1/BiasAdd", "infer", 8),
+    (m.gp_marginal_likelihood, "mul_1", "train", 4),  # (its Cholesky unrolled over the batch)
 ])
-def test_a_weight_value_along_the_batch_is_refused_at_validation(tmp_path, model_fn, value, mode):
+def test_a_weight_value_along_the_batch_is_refused_at_validation(tmp_path, model_fn, value, mode, batch):
+    params = {**BASE, "batch_size": batch}
     with pytest.raises(CSRunError) as refused:
-        cs_inprocess.compile_checked(model_fn, m.input_fn, BASE, str(tmp_path), mode=mode)
+        cs_inprocess.compile_checked(model_fn, m.input_fn, params, str(tmp_path), mode=mode)
     text = str(refused.value)
     assert text.startswith("validation failed: ") and f"'{value}' at " in text
     assert "whose first axis TF pairs with the batch's samples" in text
     assert cs_inprocess.refusal_problem(refused.value, m.__file__, cs_inprocess.model_op_words(
-        model_fn, m.input_fn, BASE)) == ""
+        model_fn, m.input_fn, params)) == ""
