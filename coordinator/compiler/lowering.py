@@ -28,6 +28,7 @@ from coordinator.compiler import (
     spectra,
     step_values,
 )
+from coordinator.compiler.extract import user_source
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.activations import FLOAT32_ONLY, INTEGER_FUNCTIONS
@@ -171,7 +172,32 @@ def _operands(m: Context, op: tf.Operation, tensors, kernel: str):
     """The kernel's operands (see Context.operand_list), or why there are none."""
     if not has_kernel(kernel):
         return f"the CS has no {kernel} kernel"
-    return m.operand_list(op, tensors)
+    found = m.operand_list(op, tensors)
+    if isinstance(found, str) or kernel not in ("binary", "select"):
+        return found
+    return _weight_along_the_batch(m, op, tensors, found) or found
+
+
+def _weight_along_the_batch(m: Context, op: tf.Operation, tensors, found) -> str:
+    """Why an element-wise op cannot read a weight operand whose first axis TF pairs with the
+    batch's samples (K + noise * tf.eye(batch), a Dense of a constant as long as the batch):
+    the CS gives every sample the whole weight. The elementwise kernels refuse the shape too."""
+    letters, inputs, attrs, _ = found
+    rank = 1 + max([len(m.sample_shape(op.outputs[0], op.inputs))] + [  # the kernel's
+        len(m.kernel_shape(t) if isinstance(t, str) else m.shape(t)) for t in inputs])
+    for k, t in enumerate(tensors):
+        shape = tuple(attrs.get(f"p{k}", ()))
+        if letters[k] != "p" or len(shape) < rank or len(shape) == rank and shape[0] == 1:
+            continue
+        weight = m.operands.weight(t) or m.operands.view(t)
+        what = f"weight {weight.variable}" if weight is not None else "a value of weights"
+        return (f"reads {what} of shape {shape} ({t.op.type} '{t.op.name}' at "
+                f"{user_source(t.op)}), whose first axis TF pairs with the batch's samples: "
+                "the CS gives every sample the same weights, computed once for the batch; "
+                "compute the value per sample, from the features, or without an axis as long "
+                "as the batch (a loss of the whole batch reads weights only through "
+                "per-sample values)")
+    return ""
 
 
 def _float32_only(op: tf.Operation) -> str:
