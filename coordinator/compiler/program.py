@@ -113,16 +113,26 @@ def _add_param(kernel: pb.Kernel | pb.WeightProgram, p: ParamRef) -> None:
 def emit_weight_program(program: pb.Program, weights: WeightProgram,
                         regions: Sequence[Rect]) -> None:
     """The weight program: its sources, and its kernels, each on the region it is charged to."""
+    program.weight_program.CopyFrom(weight_program_message(weights, regions))
+
+
+def weight_program_message(weights: WeightProgram,
+                           regions: Sequence[Rect] = ()) -> pb.WeightProgram:
+    """The message of a weight program (a gradient program's: with no regions)."""
+    message = pb.WeightProgram()
     for p in weights.sources:
-        _add_param(program.weight_program, p)
-    for node, rect in zip(weights.kernels, regions):
-        kernel = program.weight_program.kernels.add(
+        _add_param(message, p)
+    for k, node in enumerate(weights.kernels):
+        kernel = message.kernels.add(
             name=node.name, type=node.type, inputs=list(node.inputs),
-            output_shape=list(node.output_shape),
-            region=pb.Region(x=rect.x, y=rect.y, width=rect.width, height=rect.height),
-            source=node.source, tf_tensor=node.tf_tensor)
+            output_shape=list(node.output_shape), source=node.source, tf_tensor=node.tf_tensor)
+        if regions:
+            rect = regions[k]
+            kernel.region.CopyFrom(pb.Region(x=rect.x, y=rect.y, width=rect.width,
+                                             height=rect.height))
         for key, value in node.attrs.items():
             kernel.attrs[key].CopyFrom(to_attr(value))
+    return message
 
 
 def emit_training(program: pb.Program, training: TrainingSpec,
