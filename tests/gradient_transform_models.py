@@ -4,7 +4,8 @@ but the last, unseen20's eca_net; also before tf.clip_by_global_norm), adaptive 
 clipping (NFNets' unit-wise ||g|| / ||w|| clipped by tf.where), signSGD with a learning
 rate multiplier per layer (by variable name), a finite guard
 tf.where(tf.math.is_finite(g), g, tf.zeros_like(g)) with pruning masks (a mask variable, a
-mask of the weight's magnitude), and transforms the CS refuses: one reading the loss,
+mask of the weight's magnitude) and multipliers in a variable only the transform reads, and
+transforms the CS refuses: one reading the loss,
 another variable's gradient, or gradient noise."""
 from __future__ import annotations
 
@@ -99,6 +100,8 @@ def finite_pruned_mlp(features, labels, mode, params):
     binary = tf.cast(mask > 0.5, tf.float32)
     h = tf.nn.relu(tf.matmul(features, kernel * binary))
     logits = tf.keras.layers.Dense(CLASSES, name="head")(h)
+    multiplier = v1.get_variable("bias_multiplier", [CLASSES], trainable=False,  # (only the
+                                 initializer=v1.initializers.random_uniform(0.0, 1.0))  # transform reads it)
 
     def transform(gvs, loss):
         out = []
@@ -108,6 +111,8 @@ def finite_pruned_mlp(features, labels, mode, params):
                 g = g * binary  # pruned weights stay pruned
             elif len(v.shape) > 1:  # magnitude pruning: the smallest weights do not move
                 g = g * tf.cast(tf.abs(v) > 0.05, tf.float32)
+            else:  # a learning rate per element
+                g = g * multiplier
             out.append((g, v))
         return out
     return _spec(mode, logits, labels, transform, v1.train.AdamOptimizer(0.01))

@@ -40,6 +40,7 @@ def emit(placed: PlacedModel, extracted: ExtractedGraph, *, name: str,
         weights += [p.variable for p in model.weight_program.sources]
     if model.training is not None:
         weights += model.training.state_variables
+        weights += [w for t in model.training.transforms for w in t.weights]
     return Artifacts(
         program=program,
         initial_weights=initial_weights(extracted, weights),
@@ -144,6 +145,13 @@ def emit_training(program: pb.Program, training: TrainingSpec,
     program.optimizer_groups.extend(g.to_message() for g in training.optimizer_groups)
     program.objectives.extend(pb.Objective(loss_kernel=o.loss_kernel, variables=list(o.variables))
                               for o in training.objectives)
+    held = {p.variable for k in program.kernels for p in k.params} | {
+        p.variable for p in program.weight_program.sources}
+    for t in training.transforms:  # (a weight only a gradient program reads: a pruning mask)
+        for source in t.program.sources if t.program is not None else ():
+            if source.variable in t.weights and source.variable not in held:
+                program.weight_program.sources.add().CopyFrom(source)
+                held.add(source.variable)
     for param in program.weight_program.sources:
         param.frozen = param.frozen or not training.update(param.variable)
         param.update = "" if param.frozen else training.update(param.variable)

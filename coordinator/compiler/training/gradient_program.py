@@ -69,6 +69,11 @@ class _Builder(WeightProgramBuilder):
                                      {"op": "less"}, "", "0", static_shape(tensor))
         return super()._lower_new(tensor)
 
+    def _draw(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
+        return self._refuse(tensor, f"{self.SUBJECT} with random numbers ({where}): gradient "
+                                    "noise draws TensorFlow's own numbers, which the CS does "
+                                    "not reproduce; train without it")
+
 
 class GradientPrograms:
     """Lowers the transforms of a graph's gradients (the values of the batch found once)."""

@@ -27,6 +27,9 @@ HALF_GRADIENT_RTOL = 1e-2
 GRADIENT_NOISE = 1e-6
 HALF_GRADIENT_NOISE = 2.0 ** -11
 ZEROED_NOISE = 100.0  # a proven-0 gradient's noise may be this many times the noise bound
+# A gradient program's clipping thresholds are values it computes (AGC's c * ||w||): its
+# check feeds gradients of these scales too, below and above any threshold of ordinary size.
+PROGRAM_SCALES = [1e-4, 1e4]
 
 
 def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
@@ -119,7 +122,7 @@ def _read(graph: tf.Graph, variable: str) -> tf.Tensor:
 def _check_transforms(session, chains: list[_Chain], weights: dict[str, np.ndarray]) -> None:
     """TF's transform subgraph and apply_transforms agree on random gradients, with every
     clipping both inactive (tiny gradients) and active (large ones), and mixed (a program
-    reads `weights`, the variables' values in `session`)."""
+    reads `weights`, the variables' values in `session`, and sees PROGRAM_SCALES too)."""
     transforms = _merge(chains)
     if not transforms:
         return
@@ -130,6 +133,8 @@ def _check_transforms(session, chains: list[_Chain], weights: dict[str, np.ndarr
         raise _fail(chains[0].update.op, "a gradient of unknown shape")
     size = max(s.num_elements() for s in shapes.values())
     scales = [10.0 * max(limits), min(limits) / (10.0 * np.sqrt(size))] if limits else [1.0]
+    if any(t.kind == "program" for t in transforms):  # (its thresholds unknown: both sides)
+        scales += PROGRAM_SCALES
     rng = np.random.default_rng(0)
     for trial in range(len(scales) + 1):
         feed, grads = {}, {}
