@@ -5,8 +5,8 @@ clipping (NFNets' unit-wise ||g|| / ||w|| clipped by tf.where), signSGD with a l
 rate multiplier per layer (by variable name), a finite guard
 tf.where(tf.math.is_finite(g), g, tf.zeros_like(g)) with pruning masks (a mask variable, a
 mask of the weight's magnitude) and multipliers in a variable only the transform reads, and
-transforms the CS refuses: one reading the loss,
-another variable's gradient, or gradient noise."""
+transforms the CS refuses: one reading the loss, another variable's gradient, the global
+step, or gradient noise."""
 from __future__ import annotations
 
 import tensorflow as tf
@@ -16,7 +16,7 @@ from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 __all__ = ["input_fn", "image_input_fn", "centralized_cnn", "agc_mlp", "sign_sgd_layerwise",
            "finite_pruned_mlp", "scaled_by_loss", "normalized_by_other_gradient",
-           "noisy_gradients"]
+           "warmed_up_gradients", "noisy_gradients"]
 v1 = tf.compat.v1
 
 
@@ -135,6 +135,14 @@ def normalized_by_other_gradient(features, labels, mode, params):
     def transform(gvs, loss):
         first = gvs[0][0]
         return [(g / (tf.norm(first) + 1.0) if g is not first else g, v) for g, v in gvs]
+    return _spec(mode, _mlp(features), labels, transform, v1.train.GradientDescentOptimizer(0.1))
+
+
+def warmed_up_gradients(features, labels, mode, params):
+    """A transform reading the global step (gradients scaled up over 10 steps): refused."""
+    def transform(gvs, loss):
+        step = tf.cast(v1.train.get_or_create_global_step(), tf.float32)
+        return [(g * tf.minimum(1.0, (step + 1.0) / 10.0), v) for g, v in gvs]
     return _spec(mode, _mlp(features), labels, transform, v1.train.GradientDescentOptimizer(0.1))
 
 

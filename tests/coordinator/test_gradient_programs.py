@@ -3,7 +3,8 @@ the four recognised kinds (gradient centralization, before tf.clip_by_global_nor
 adaptive gradient clipping; signSGD with a multiplier per layer; a finite guard with pruning
 masks) run on the CS as a gradient program and train as TensorFlow trains them (4 steps,
 rtol 1e-5), then evaluate and predict with the CPU path's numbers; a transform reading the
-loss, another variable's gradient or random numbers is refused in one line naming the op."""
+loss, another variable's gradient, the global step or random numbers is refused in one line
+naming the op."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -67,6 +68,7 @@ def test_the_pruned_weights_stay_where_they_were(compared):
 @pytest.mark.parametrize("model_fn, words", [
     (m.scaled_by_loss, "is transformed with a value of the batch"),
     (m.normalized_by_other_gradient, "is transformed with a second value of the backward pass"),
+    (m.warmed_up_gradients, "is transformed with a value of the global step"),
     (m.noisy_gradients, "is transformed with random numbers"),
 ])
 def test_a_transform_reading_the_batch_another_gradient_or_noise_is_refused(model_fn, words,

@@ -56,6 +56,11 @@ class _Builder(WeightProgramBuilder):
         if op in self.flow:
             return self._refuse(tensor, f"{self.SUBJECT} with a value of the batch ({where}): "
                                         f"{ONLY}")
+        if op in self._step_readers():
+            return self._refuse(tensor, f"{self.SUBJECT} with a value of the global step "
+                                        f"({where}): the CS's gradient programs read no step "
+                                        "values (under SGD or Momentum a factor of the step on "
+                                        "every gradient is a learning-rate schedule: write it so)")
         if op.type in ("ZerosLike", "OnesLike"):
             return np.full(static_shape(tensor), op.type == "OnesLike", np.float32)
         if op.type == "IsFinite":  # |x| < inf: false for NaN and infinities, as TF's
