@@ -84,23 +84,27 @@ class GradientPrograms:
     """Lowers the transforms of a graph's gradients (the values of the batch found once)."""
 
     def __init__(self, extracted: ExtractedGraph, backward: Callable[[tf.Operation], bool]):
-        graph = extracted.graph
-        inputs = [graph.get_tensor_by_name(name).op for name in extracted.placeholders.values()]
-        gradients = [op for op in graph.get_operations() if backward(op)]
-        flow = data_downstream(inputs) - data_downstream(gradients)
-        self.operands = Operands(graph, flow)
-        self.flow = flow
+        self.extracted = extracted
         self.backward = backward
+        self._operands: Operands | None = None
+
+    def _values_of_the_batch(self) -> Operands:
+        """The graph's operands, its flow the ops computed from the batch other than through
+        the backward pass (found once, when a program is first lowered)."""
+        if self._operands is None:
+            graph = self.extracted.graph
+            inputs = [graph.get_tensor_by_name(name).op
+                      for name in self.extracted.placeholders.values()]
+            gradients = [op for op in graph.get_operations() if self.backward(op)]
+            self._operands = Operands(graph, data_downstream(inputs) - data_downstream(gradients))
+        return self._operands
 
     def lower(self, tensor: tf.Tensor, variable: str) -> tuple[pb.WeightProgram, tf.Tensor]:
         """The program computing `tensor` from `variable`'s gradient and the gradient it
         reads (tf.gradients' output); _Refused naming the op it cannot lower."""
-        builder = _Builder(self.operands, self.flow, variable, self.backward)
-        try:
-            value = builder._lower(tensor)
-        except tf.errors.OpError as error:  # (a constant the builder folds fails to)
-            raise _Refused(f"{builder.SUBJECT} with a value the compiler cannot fold "
-                           f"({error.message})") from None
+        operands = self._values_of_the_batch()
+        builder = _Builder(operands, operands.flow, variable, self.backward)
+        value = builder._lower(tensor)
         op = tensor.op
         if value is None:
             raise _Refused(builder.problems[tensor.name])
@@ -110,8 +114,7 @@ class GradientPrograms:
                            f"loss's gradient as a float32 value ({op.type} '{op.name}' at "
                            f"{user_source(op)})")
         program = builder.program({value})
-        if program is None:  # (the gradient itself, through views: reshapes back and forth)
-            program = builder.program({builder._add(op, tensor, "reshape", [value], {
-                "shape": list(static_shape(tensor))}, suffix="/copy")})
-        assert program is not None
+        if program is None:  # (no kernel: `tensor` is the gradient itself)
+            raise _Refused(f"the gradient of {variable} is passed through {op.type} '{op.name}' "
+                           f"at {user_source(op)}, which the compiler does not follow")
         return weight_program_message(program), builder.leaf
