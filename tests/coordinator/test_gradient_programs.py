@@ -71,7 +71,7 @@ def test_the_pruned_weights_stay_where_they_were(compared):
     (m.warmed_up_gradients, "is transformed with a value of the global step"),
     (m.noisy_gradients, "is transformed with random numbers"),
 ])
-def test_a_transform_reading_the_batch_another_gradient_or_noise_is_refused(model_fn, words,
-                                                                            tmp_path):
+def test_a_transform_of_the_batch_another_gradient_the_step_or_noise_is_refused(model_fn,
+                                                                                  words, tmp_path):
     line = cs_inprocess.refusal(model_fn, m.input_fn, BASE, str(tmp_path), m.__file__)
     assert words in line
