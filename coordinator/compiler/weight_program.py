@@ -17,7 +17,9 @@ GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) and 
 weights (random_numbers.weight_draws: a `random` kernel with no input, drawn once a step:
 Bayes by backprop's mu + softplus(rho) * eps) are lowered; a
 view's gradient is scattered back into its input's shape, and the gradients of a weight's
-views summed, as TF's. Any other op on the way from a weight to the samples is refused,
+views summed, as TF's. Under Keras' mixed_float16 a weight's AutoCast float16 copy (a
+float32 RMSNorm's scale, PReLU's alpha) is a float16 cast kernel, float16 element-wise ops
+on it float16 kernels (attr precision: their values and gradients rounded, as TF's). Any other op on the way from a weight to the samples is refused,
 naming it and its source line.
 """
 from __future__ import annotations
