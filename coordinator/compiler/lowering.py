@@ -996,8 +996,8 @@ def supported_table() -> str:
                  "the gradient taken back through the same kernels to the weights (a view's "
                  "scattered back); under Keras' mixed_float16, a layer's weight autocast to "
                  "float16 where a float32 op meets it (a float32 RMSNorm's scale, "
-                 "RMSNormalization's) and element-wise float16 ops on it (PReLU's -alpha, a "
-                 "gate's sigmoid): rounded to float16 as TF's casts and ops, their gradients too |")
+                 "RMSNormalization's), element-wise float16 ops on it (PReLU's -alpha, a "
+                 "gate's sigmoid) and products (a low-rank u @ v): rounded to float16 as TF's casts and ops, their gradients too |")
     lines.append("| sequences | Keras LSTM, GRU, SimpleRNN, ConvLSTM1D/2D/3D over "
                  "fixed-length sequences (return_sequences either way): their While loop "
                  "unrolled, every step reading the cell's shared weights (ConvLSTM: convolution "

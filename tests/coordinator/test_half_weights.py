@@ -1,7 +1,7 @@
 """Custom layers' weights under Keras' mixed_float16 policy: a layer's float32 weight is
 autocast to float16 where the layer uses it, so a weight met by a float32 op (an RMSNorm or
 LayerNorm computed in float32: weight -> Cast float16 -> Cast float32 -> Mul) or by float16
-element-wise ops before the samples (a layer-scale gate's sigmoid, PReLU's -alpha) is a
+element-wise ops or products before the samples (a gate's sigmoid, PReLU's -alpha, u @ v) is a
 value of the weight program rounded to float16, its gradient rounded as TF's (docs/design.md,
 "Mixed precision"). Such layers train like TensorFlow by the mixed rule, evaluate and predict
 like the CPU path; a float16 reduction of a weight is refused in one line."""
@@ -79,6 +79,17 @@ class MeanScale(L.Layer):
         return x * tf.reduce_mean(self.w)
 
 
+class LowRank(L.Layer):
+    """A low-rank kernel x @ (u @ v): the product of the float16 copies is float16."""
+
+    def build(self, shape):
+        self.u = self.add_weight(name="u", shape=(shape[-1], 4), initializer="glorot_uniform")
+        self.v = self.add_weight(name="v", shape=(4, 16), initializer="glorot_uniform")
+
+    def call(self, x):
+        return tf.matmul(x, tf.matmul(self.u, self.v))
+
+
 def model_fn(features, labels, mode, params):
     """Dense layers between the custom layers and Keras' PReLU and RMSNormalization (whose
     weights Keras casts the same way), mixed_float16, a fixed loss scale and Adam."""
@@ -91,7 +102,10 @@ def model_fn(features, labels, mode, params):
         h = LayerScale()(Float32LayerNorm()(h))
         h = L.PReLU(alpha_initializer=tf.keras.initializers.Constant(0.2))(h)
         h = L.Dense(16, activation="relu")(L.RMSNormalization()(h))
-        logits = L.Dense(5, dtype="float32")(tf.reduce_mean(h, 1))
+        h = tf.reduce_mean(h, 1)
+        if params.get("low_rank"):
+            h = tf.nn.relu(LowRank()(h))
+        logits = L.Dense(5, dtype="float32")(h)
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
     if mode == ModeKeys.PREDICT:
@@ -149,6 +163,17 @@ def test_weights_rounded_to_float16_train_with_tensorflows_numbers(tmp_path):
 def test_layers_using_float16_weights_train_like_tensorflow_by_the_float32_twin(trained):
     twin = cs_inprocess.float32_twin(model_fn, input_fn, PARAMS, trained, steps=4)
     assert not cs_inprocess.mixed_precision_mismatches(trained, twin)
+
+
+@pytest.mark.slow
+def test_a_float16_product_of_weights_trains_like_tensorflow_by_the_float32_twin(tmp_path):
+    """u @ v in float16 (TF's float16 MatMul: float32 sums rounded once, as the CS's)."""
+    params = {**PARAMS, "low_rank": True}
+    run = cs_inprocess.compare(model_fn, input_fn, params, str(tmp_path), steps=4)
+    products = [k for k in run.compiled.program.weight_program.kernels if k.type == "matmul"]
+    assert [from_attr(k.attrs["precision"]) for k in products] == ["float16"]
+    twin = cs_inprocess.float32_twin(model_fn, input_fn, params, run, steps=4)
+    assert not cs_inprocess.mixed_precision_mismatches(run, twin)
 
 
 def test_layers_using_float16_weights_evaluate_and_predict_like_the_cpu(trained, tmp_path):
