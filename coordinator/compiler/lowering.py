@@ -100,8 +100,9 @@ REFUSED = {
     **random_numbers.REFUSED,
     **step_values.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
-                               "meets the samples (e.g. tf.sort(w)), or in "
-                               "float16",
+                               "meets the samples (e.g. tf.sort(w)), or float16 "
+                               "reductions, softmax, l2_loss, cumsum or linear algebra of "
+                               "weights (TF sums them in float16)",
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision); csconfig.use_cbfloat16",
     **lowering_spatial.REFUSED,
@@ -1019,7 +1020,10 @@ def supported_table() -> str:
                  "indices, tf.concat/stack of weights, as Keras GRU(reset_after=False)'s "
                  "recurrent_kernel[:, 2 * units:]): run on the CS once a step before the batch, "
                  "the gradient taken back through the same kernels to the weights (a view's "
-                 "scattered back) |")
+                 "scattered back); under Keras' mixed_float16, a layer's weight autocast to "
+                 "float16 where a float32 op meets it (a float32 RMSNorm's scale, "
+                 "RMSNormalization's), element-wise float16 ops on it (PReLU's -alpha, a "
+                 "gate's sigmoid) and products (a low-rank u @ v): rounded to float16 as TF's casts and ops, their gradients too |")
     lines.append("| sequences | Keras LSTM, GRU, SimpleRNN, ConvLSTM1D/2D/3D over "
                  "fixed-length sequences (return_sequences either way): their While loop "
                  "unrolled, every step reading the cell's shared weights (ConvLSTM: convolution "
