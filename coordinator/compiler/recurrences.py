@@ -35,13 +35,37 @@ def keras_unrolled() -> Iterator[None]:
     loop = backend.rnn
 
     def unrolled(*args: Any, **kwargs: Any) -> Any:
-        return loop(*args, **{**kwargs, "unroll": True})
+        if kwargs.get("mask") is None or not kwargs.get("zero_output_for_mask") or \
+                kwargs.get("time_major"):
+            return loop(*args, **{**kwargs, "unroll": True})
+        last, outputs, states = loop(*args, **{**kwargs, "unroll": True,
+                                               "zero_output_for_mask": False})
+        return (*_zeroed(last, outputs, kwargs["mask"], bool(kwargs.get("go_backwards"))), states)
 
     backend.rnn = unrolled
     try:
         yield
     finally:
         backend.rnn = loop
+
+
+def _zeroed(last: tf.Tensor, outputs: tf.Tensor, mask: tf.Tensor,
+            go_backwards: bool) -> tuple[tf.Tensor, tf.Tensor]:
+    """A masked layer's outputs zeroed at its masked steps, as TF's While does it under
+    zero_output_for_mask (Bidirectional's layers returning sequences): Keras' unrolled path
+    zeroes a go_backwards layer's outputs, which are in reversed time, by the mask in forward
+    time. `outputs` is batch-major, [B, T, n] (return_all_outputs) or [B, 1, n]; `mask` [B, T]."""
+    held = tf.cast(mask, tf.bool)
+    if len(held.shape) == 2:
+        held = tf.expand_dims(held, -1)
+    if go_backwards:
+        held = tf.reverse(held, [1])
+    units = int(last.shape[-1])
+    final = tf.tile(held[:, -1], [1, units])
+    if outputs.shape[1] != held.shape[1]:  # the last output alone
+        held = held[:, -1:]
+    return (tf.where(final, last, tf.zeros_like(last)),
+            tf.where(tf.tile(held, [1, 1, units]), outputs, tf.zeros_like(outputs)))
 
 
 def _values(graph: tf.Graph, spec: Any, feed: dict[str, np.ndarray],
