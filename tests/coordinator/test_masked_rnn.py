@@ -32,6 +32,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_masked_rnn_trains_like_tensorflow_and_runs_like_the_cpu(tmp_path, case):
     model_fn, input_fn, params = CASES[case]
