@@ -40,36 +40,46 @@ def _layer(params):
     return L.Bidirectional(rnn) if params.get("bidirectional") else rnn
 
 
+def _spec(mode, loss, metrics, optimizer):
+    """EVAL: the loss and metrics; TRAIN: optimizer minimizing the loss."""
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops=metrics)
+    return CSEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(loss, global_step=gs()))
+
+
 def sentiment(features, labels, mode, params):
-    """Embedding(mask_zero=True) into the recurrent layer, its last state into a Dense; Adam."""
-    h = _layer(params)(L.Embedding(VOCAB, 4, mask_zero=True)(features))
+    """Embedding(mask_zero=True) into the recurrent layer, its last state into a Dense; Adam
+    (params mask_argument: a plain Embedding, the mask passed as the layer's mask=)."""
+    if params.get("mask_argument"):
+        h = _layer(params)(L.Embedding(VOCAB, 4)(features), mask=tf.not_equal(features, 0))
+    else:
+        h = _layer(params)(L.Embedding(VOCAB, 4, mask_zero=True)(features))
     logits = L.Dense(2)(h)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"class": tf.argmax(logits, 1),
                                                   "probabilities": tf.nn.softmax(logits)})
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
-            "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
-    return CSEstimatorSpec(mode, loss=loss,
-                           train_op=v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()))
+    return _spec(mode, loss, {"accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))},
+                 v1.train.AdamOptimizer(1e-2))
 
 
 def tagger(features, labels, mode, params):
     """A tag per token: Embedding(mask_zero=True), the recurrent layer returning sequences, a
-    Dense per step; the cross-entropy weighted by the padding mask (SUM_BY_NONZERO_WEIGHTS)."""
-    h = _layer({**params, "return_sequences": True})(L.Embedding(VOCAB, 4, mask_zero=True)(features))
+    Dense per step; the cross-entropy weighted by the padding mask (SUM_BY_NONZERO_WEIGHTS)
+    (params stacked: a GRU returning sequences first, the mask passed on by Keras)."""
+    h = L.Embedding(VOCAB, 4, mask_zero=True)(features)
+    if params.get("stacked"):
+        h = L.GRU(UNITS, return_sequences=True)(h)
+    h = _layer({**params, "return_sequences": True})(h)
     logits = L.Dense(TAGS)(h)
     tags = features % TAGS
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"tags": tf.argmax(logits, -1)})
     weights = tf.cast(tf.not_equal(features, 0), tf.float32)
     loss = v1.losses.sparse_softmax_cross_entropy(tags, logits, weights=weights)
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
-            "accuracy": v1.metrics.accuracy(tags, tf.argmax(logits, -1), weights=weights)})
-    return CSEstimatorSpec(mode, loss=loss,
-                           train_op=v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()))
+    return _spec(mode, loss, {"accuracy": v1.metrics.accuracy(tags, tf.argmax(logits, -1),
+                                                              weights=weights)},
+                 v1.train.AdamOptimizer(1e-2))
 
 
 def series_input_fn(params):
@@ -92,8 +102,5 @@ def masked_series(features, labels, mode, params):
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"logits": logits})
     loss = v1.losses.sigmoid_cross_entropy(labels, logits)
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
-            "accuracy": v1.metrics.accuracy(labels, tf.cast(logits > 0, tf.float32))})
-    return CSEstimatorSpec(mode, loss=loss, train_op=v1.train.GradientDescentOptimizer(0.5)
-                           .minimize(loss, global_step=gs()))
+    return _spec(mode, loss, {"accuracy": v1.metrics.accuracy(labels, tf.cast(logits > 0, tf.float32))},
+                 v1.train.GradientDescentOptimizer(0.5))

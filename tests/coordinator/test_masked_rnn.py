@@ -1,6 +1,7 @@
-"""Keras recurrent layers reading a mask (Embedding(mask_zero=True), Keras' Masking layer)
-train on the CS with TensorFlow's numbers and evaluate and predict with the CPU path's: GRU,
-LSTM, SimpleRNN and Bidirectional, returning sequences or the last state. Bidirectional's
+"""Keras recurrent layers reading a mask (Embedding(mask_zero=True), Keras' Masking layer,
+a mask= argument) train on the CS with TensorFlow's numbers and evaluate and predict with the
+CPU path's: GRU, LSTM, SimpleRNN and Bidirectional, returning sequences or the last state,
+one masked layer after another. Bidirectional's
 layers returning sequences zero their masked steps' outputs (zero_output_for_mask), which
 the unrolled graph does as TF's While does, in the backward layer's own time order."""
 import cs_inprocess
@@ -25,6 +26,10 @@ CASES = {
     "tagger_gru": (m.tagger, m.reviews_input_fn, {"rnn": "gru"}),
     "tagger_bidirectional_lstm": (m.tagger, m.reviews_input_fn,
                                   {"rnn": "lstm", "bidirectional": True}),
+    "sentiment_lstm_mask_argument": (m.sentiment, m.reviews_input_fn,
+                                     {"rnn": "lstm", "mask_argument": True}),
+    "tagger_stacked_gru_simple_rnn": (m.tagger, m.reviews_input_fn,
+                                      {"rnn": "simple_rnn", "stacked": True}),
     "masking_lstm": (m.masked_series, m.series_input_fn, {"rnn": "lstm"}),
     "masking_bidirectional_simple_rnn_sequences": (
         m.masked_series, m.series_input_fn,
