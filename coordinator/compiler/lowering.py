@@ -19,6 +19,7 @@ from coordinator.compiler import (
     fast_paths,
     feature_columns,
     in_batch,
+    linear_algebra,
     lowering_spatial,
     quantization,
     random_numbers,
@@ -67,7 +68,7 @@ WEIGHT_DIAGONALS = ("MatrixDiagV3", "MatrixDiagPartV3", "MatrixSetDiagV3", "Matr
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN",
                              *REDUCTIONS, *RESHAPES,
                              "Transpose", "MatMul", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
-                             "Cast", "Cumsum", *WEIGHT_DIAGONALS, "LogMatrixDeterminant", *WEIGHT_VIEWS,
+                             "Cast", "Cumsum", *WEIGHT_DIAGONALS, *linear_algebra.OPS, *WEIGHT_VIEWS,
                              *quantization.FORMS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
@@ -917,7 +918,7 @@ def supported_table() -> str:
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
                **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
                **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS, **bincount.KERNEL_ROWS,
-               **folded_batch.KERNEL_ROWS, **spectra.KERNEL_ROWS,
+               **folded_batch.KERNEL_ROWS, **spectra.KERNEL_ROWS, **linear_algebra.KERNEL_ROWS,
                **candidate_sampling.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
@@ -985,7 +986,9 @@ def supported_table() -> str:
                  "tf.matmul(u, v), a soft decision tree's tf.nn.softmax(leaf_logits), a conv "
                  "kernel standardised with tf.nn.moments, SINDy's mask w * tf.cast(tf.abs(w) > "
                  "t, tf.float32), Glow's log|det W| by tf.linalg.slogdet (`slogdet`) or its LU "
-                 "form by tf.linalg.diag/diag_part/set_diag/band_part; views: slices "
+                 "form by tf.linalg.diag/diag_part/set_diag/band_part, a sparse GP's Cholesky "
+                 "factor of its inducing points' kernel matrix and its inverse by "
+                 "tf.linalg.triangular_solve (`cholesky`, `solve`); views: slices "
                  "with any masks and negative strides, tf.split/unstack, tf.gather at constant "
                  "indices, tf.concat/stack of weights, as Keras GRU(reset_after=False)'s "
                  "recurrent_kernel[:, 2 * units:]): run on the CS once a step before the batch, "

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import quantization, random_numbers
+from coordinator.compiler import linear_algebra, quantization, random_numbers
 from coordinator.compiler.extract import data_downstream, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, WeightProgram
 from coordinator.compiler.lowering import (
@@ -49,6 +49,12 @@ from coordinator.compiler.step_values import ON_WEIGHTS
 from wafer.kernels import KernelError, build_kernel
 
 PASS_THROUGH = {"Identity", "ReadVariableOp", "Snapshot"}
+
+
+def _operand_attrs(values: list[Any]) -> dict[str, Any]:
+    """A generic kernel's operands attr for kernels (`i`) and constants (`c<k>`)."""
+    return {"operands": "".join("i" if isinstance(v, str) else "c" for v in values),
+            **{f"c{k}": np.asarray(v) for k, v in enumerate(values) if not isinstance(v, str)}}
 
 
 class _Unfit(Exception):
@@ -181,7 +187,8 @@ class WeightProgramBuilder:
         if bad is not None:
             return self._refuse(tensor, self.problems[bad.name])
         if not isinstance(inputs[0], str) and op.type not in (
-                *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN", "MatMul"):
+                *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN", "MatMul",
+                *linear_algebra.SOLVES):
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: its first input "
                                         "is a constant")
         return self._kernel(op, tensor, inputs)
@@ -213,11 +220,17 @@ class WeightProgramBuilder:
             return self._elementwise(op, tensor, "select", inputs, {}, "", "0", out)
         if op.type == "StopGradient":
             return self._add(op, tensor, "stop_gradient", inputs[:1], {})
-        if op.type == "LogMatrixDeterminant":  # Glow's log|det W|; the sign, no gradient
+        if op.type in linear_algebra.DETERMINANTS:  # Glow's log|det W|; the sign, no gradient
             return self._add(op, tensor, "slogdet", inputs[:1],
-                             {"output": ("sign", "log_abs_det")[tensor.value_index]})
+                             {"output": linear_algebra.determinant_output(tensor)})
         if op.type in WEIGHT_DIAGONALS:
             return self._diagonals(op, tensor, inputs, out)
+        if op.type == "Cholesky":  # a sparse GP's factor of its inducing points' kernel matrix
+            return self._add(op, tensor, "cholesky", inputs[:1], {})
+        if op.type in linear_algebra.SOLVES:  # and the factor's inverse: a triangular solve
+            values, attrs = linear_algebra.solve_attrs(op, inputs)
+            return self._add(op, tensor, "solve", [v for v in values if isinstance(v, str)],
+                             {**_operand_attrs(values), **attrs})
         if op.type == "Cast":  # of a comparison: a mask, tf.cast(tf.abs(w) > t, tf.float32)
             return self._add(op, tensor, "cast", inputs[:1], {"dtype": "float32"})
         if op.type == "L2Loss":  # tf.nn.l2_loss: sum(x ** 2) / 2 (TF's L2LossGrad: x * g)
@@ -240,11 +253,8 @@ class WeightProgramBuilder:
             return self._add(op, tensor, "fake_quant", [v for v in inputs if isinstance(v, str)],
                              attrs)
         if op.type == "MatMul":  # a product of matrices: one sample's, by the matmul kernel
-            attrs = {"operands": "".join("i" if isinstance(v, str) else "c" for v in inputs),
-                     "transpose_a": bool(op.get_attr("transpose_a")),
-                     "transpose_b": bool(op.get_attr("transpose_b")),
-                     **{f"c{k}": np.asarray(v) for k, v in enumerate(inputs)
-                        if not isinstance(v, str)}}
+            attrs = {**_operand_attrs(inputs), "transpose_a": bool(op.get_attr("transpose_a")),
+                     "transpose_b": bool(op.get_attr("transpose_b"))}
             return self._add(op, tensor, "matmul", [v for v in inputs if isinstance(v, str)],
                              attrs)
         if op.type in REDUCTIONS:
