@@ -31,16 +31,18 @@ lint: $(STAMP)
 # Two lanes at once (each about half the suite; the machine has two cores and the cluster
 # lane spends much of its time waiting on Slurm, containers and subprocesses): the cluster
 # lane (Slurm, multinode, container, then the end-to-end and launcher runs, subprocesses
-# too) logs to $(LANE_LOG), shown when both have ended; the test fails if either lane fails.
+# too, and the longest in-process files, which even out the lanes' times) logs to
+# $(LANE_LOG), shown when both have ended; the test fails if either lane fails.
 CLUSTER_TIERS := slurm or multinode or container
-SUBPROCESS_DIRS := tests/e2e tests/launcher
+CLUSTER_LANE_TESTS := tests/e2e tests/launcher tests/coordinator/test_differential.py \
+  tests/coordinator/test_folded_rnn.py tests/coordinator/test_masked_rnn.py
 LANE_LOG := .cache/test-cluster-lane.log
 test: lint
 	@mkdir -p .cache; echo "cluster lane: $(LANE_LOG)"
 	@( $(PY) -m pytest -q --durations=10 -m "$(CLUSTER_TIERS)"; tiers=$$?; \
-	   $(PY) -m pytest -q --durations=10 -m "not ($(CLUSTER_TIERS))" $(SUBPROCESS_DIRS); exit $$(( tiers || $$? )) ) \
+	   $(PY) -m pytest -q --durations=10 -m "not ($(CLUSTER_TIERS))" $(CLUSTER_LANE_TESTS); exit $$(( tiers || $$? )) ) \
 	  > $(LANE_LOG) 2>&1 & lane=$$!; \
-	$(PY) -m pytest -q --durations=15 -m "not ($(CLUSTER_TIERS))" $(SUBPROCESS_DIRS:%=--ignore=%); rest=$$?; \
+	$(PY) -m pytest -q --durations=15 -m "not ($(CLUSTER_TIERS))" $(CLUSTER_LANE_TESTS:%=--ignore=%); rest=$$?; \
 	wait $$lane; cluster=$$?; echo "---- cluster lane ----"; cat $(LANE_LOG); \
 	echo "in-process lane exit $$rest, cluster lane exit $$cluster"; exit $$(( rest || cluster ))
 

@@ -125,18 +125,20 @@ class Regularizer(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., scale: _Optional[float] = ...) -> None: ...
 
 class GradientTransform(_message.Message):
-    __slots__ = ("kind", "value", "low", "high", "variables")
+    __slots__ = ("kind", "value", "low", "high", "variables", "program")
     KIND_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     LOW_FIELD_NUMBER: _ClassVar[int]
     HIGH_FIELD_NUMBER: _ClassVar[int]
     VARIABLES_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
     kind: str
     value: float
     low: float
     high: float
     variables: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, kind: _Optional[str] = ..., value: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., variables: _Optional[_Iterable[str]] = ...) -> None: ...
+    program: WeightProgram
+    def __init__(self, kind: _Optional[str] = ..., value: _Optional[float] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., variables: _Optional[_Iterable[str]] = ..., program: _Optional[_Union[WeightProgram, _Mapping]] = ...) -> None: ...
 
 class DynamicLossScale(_message.Message):
     __slots__ = ("scale_variable", "good_steps_variable", "increment_period", "multiplier", "half_seed")

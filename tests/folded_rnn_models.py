@@ -2,8 +2,9 @@
 users write them: a hierarchical attention network (Yang et al.: a document's sentences folded
 into the batch, [B, S, W] -> [B*S, W], an Embedding and a bidirectional word GRU per sentence,
 attention pooling, back to [B, S, H], a sentence GRU, attention, Dense), an LSTM over each
-of a sample's windows (TimeDistributed by hand or Keras'); and a prediction of a recurrent layer's
-folded states and a masked word encoder (refused)."""
+of a sample's windows (TimeDistributed by hand or Keras'), a word encoder masked on padded
+sentences (Embedding(mask_zero=True)); and a prediction of a recurrent layer's folded states
+(refused)."""
 import numpy as np
 import tensorflow as tf
 
@@ -16,12 +17,15 @@ SENTENCES, WORDS, VOCAB, UNITS = 4, 6, 50, 8
 
 
 def documents_input_fn(params):
-    """Documents of 4 sentences of 6 word ids; the class's keyword planted in one sentence."""
+    """Documents of 4 sentences of 6 word ids; the class's keyword planted in one sentence
+    (params padded: each sentence 2 to 6 words, 0 padding its end)."""
     rng = np.random.default_rng(17)
     docs = rng.integers(4, VOCAB, size=(64, SENTENCES, WORDS))
     y = rng.integers(0, 3, size=64)
     for k in range(64):
         docs[k, rng.integers(0, SENTENCES), rng.integers(0, WORDS)] = 1 + y[k]
+    if params.get("padded"):
+        docs[np.arange(WORDS) >= rng.integers(2, WORDS + 1, size=(64, SENTENCES, 1))] = 0
     return tf.data.Dataset.from_tensor_slices((docs.astype(np.int32), y.astype(np.int32))) \
         .batch(8, drop_remainder=True)
 

@@ -8,7 +8,7 @@ transposed weight) or computed on before it meets the samples (weight normalizat
 normalised weight read raw too with a learned temperature), a head with its loss, an optimizer
 (tf.compat.v1.train's, the modelzoo's AdamW) with a learning-rate schedule (often constant),
 a gradient transform between compute_gradients and apply_gradients (clipping an embedding
-table's sparse gradient too, with tokens), an optional var_list subset, an optional L2
+table's sparse gradient too, with tokens; gradient centralization, adaptive clipping), an optional var_list subset, an optional L2
 term and the replicas the CS trains it on (multireplica); `model_fn` and `input_fn` build it
 from `params["spec"]`. The ops are created on the lines of this file, so a refusal must name
 one of them.
@@ -58,7 +58,8 @@ OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "rmsprop", "rmsprop_centere
               "adadelta", "ftrl", "proximal_adagrad", "proximal_sgd", "adamw")
 SCHEDULES = ("constant", "constant", "exponential_staircase", "piecewise", "warmup_polynomial",
              "cosine_restarts", "cond_warmup")
-TRANSFORMS = ("none", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "scale")
+TRANSFORMS = ("none", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "scale",
+              "centralize", "unit_clip")
 L2_TERMS = ("none", "l2_loss", "kernel_regularizer")
 # Under a Keras mixed_float16 policy (a quarter of the models these fit, by seed): blocks and
 # losses that mix no float32 tensor of their own with the layers' float16 ones.
@@ -400,6 +401,18 @@ def optimizer(name: str, schedule: str, step):
                                             exclude_from_weight_decay=["bias"])}[name]()
 
 
+def _unit_norm(x):
+    """The norm per output unit (over every axis but the last; a vector's whole)."""
+    axes = list(range(len(x.shape) - 1)) if len(x.shape) > 1 else None
+    return tf.sqrt(tf.reduce_sum(tf.square(x), axis=axes, keepdims=axes is not None))
+
+
+def _unit_clip(g, v, clip=0.05):
+    g_norm = _unit_norm(g)
+    max_norm = clip * tf.maximum(_unit_norm(v), 1e-3)
+    return tf.where(g_norm > max_norm, g * (max_norm / tf.maximum(g_norm, 1e-6)), g)
+
+
 def train_op(spec: ModelSpec, loss, var_list):
     step = tf.compat.v1.train.get_or_create_global_step()
     opt = optimizer(spec.optimizer, spec.schedule, step)
@@ -414,6 +427,11 @@ def train_op(spec: ModelSpec, loss, var_list):
         grads_and_vars = list(zip(clipped, [v for _, v in grads_and_vars]))
     elif spec.transform == "scale":
         grads_and_vars = [(tf.math.scalar_mul(0.5, g), v) for g, v in grads_and_vars]
+    elif spec.transform == "centralize":  # gradient centralization
+        grads_and_vars = [(g - tf.reduce_mean(g, list(range(len(g.shape) - 1)), keepdims=True)
+                           if len(g.shape) > 1 else g, v) for g, v in grads_and_vars]
+    elif spec.transform == "unit_clip":  # adaptive clipping: ||g|| / ||w|| per unit
+        grads_and_vars = [(_unit_clip(g, v), v) for g, v in grads_and_vars]
     with tf.control_dependencies(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
         return opt.apply_gradients(grads_and_vars, global_step=step)
 

@@ -13,6 +13,12 @@ complete gradients (regularizer gradients included) before any weight is updated
                          that are rounding noise at that scale (a sum that cancels, 0 in
                          exact arithmetic) get the exact 0 (emitted last, with `zero`;
                          applied after the finite test; coordinator.compiler.training.noise)
+    program              g = the last value of `program` (a wafer.weight_programs program of
+                         library kernels, the weight program's), computed from g (source
+                         "<variable>:grad"), weights (sources named as the variables, their
+                         values before the update) and constants: gradient centralization,
+                         adaptive clipping, sign(g), masks (coordinator.compiler.training.
+                         gradient_program proves it is TF's)
     scale                g = g * value
     clip_by_value        g = maximum(minimum(g, high), low)
     clip_by_norm         l2 = sqrt(sum(g * g)) (0 if the sum is 0)
@@ -29,15 +35,20 @@ value * (1 / value), computed as TF computes it), a clipped one is within a few 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from cs_api import cs_api_pb2 as pb
+from cs_api.attrs import from_attr
+from wafer.kernels import KernelError, build_kernel
+from wafer.weight_programs import WeightProgram, WeightStep
 
 F32 = np.float32
-KINDS = ("scale", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "zero", "noise_floor")
+KINDS = ("scale", "clip_by_value", "clip_by_norm", "clip_by_global_norm", "zero", "noise_floor",
+         "program")
+GRADIENT = ":grad"  # a program's source "<variable>:grad" is that variable's gradient
 
 
 @dataclass(frozen=True)
@@ -50,11 +61,15 @@ class GradientTransform:
     low: float = 0.0
     high: float = 0.0
     variables: tuple[str, ...] = ()
+    program: pb.WeightProgram | None = field(default=None, compare=False)
+    steps: WeightProgram | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         problem = self.problem()
         if problem:
             raise ValueError(problem)
+        if self.kind == "program":
+            object.__setattr__(self, "steps", _steps(self.program, self.variables[0]))
 
     def problem(self) -> str:
         """Why the transform cannot be applied, or ""."""
@@ -69,16 +84,59 @@ class GradientTransform:
             return f"{self.kind} needs a finite clip norm > 0, got {self.value}"
         if self.kind == "noise_floor" and not 0 < self.value < 1:
             return f"noise_floor needs a fraction of the largest gradient in (0, 1), got {self.value}"
+        if (self.kind == "program") != (self.program is not None) or \
+                self.kind == "program" and len(self.variables) != 1:
+            return "a program (and only it) has kernels, and transforms one variable's gradient"
         return ""
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        """The weights a program reads (their values before the update)."""
+        return tuple(s for s in self.steps.sources if not s.endswith(GRADIENT)) \
+            if self.steps is not None else ()
 
     def to_message(self) -> pb.GradientTransform:
         return pb.GradientTransform(kind=self.kind, value=self.value, low=self.low,
-                                    high=self.high, variables=list(self.variables))
+                                    high=self.high, variables=list(self.variables),
+                                    program=self.program)
 
     @classmethod
     def from_message(cls, message: pb.GradientTransform) -> "GradientTransform":
         return cls(message.kind, message.value, message.low, message.high,
-                   tuple(message.variables))
+                   tuple(message.variables),
+                   message.program if message.HasField("program") else None)
+
+
+def _steps(message: pb.WeightProgram | None, variable: str) -> WeightProgram:
+    """The kernels of a program transforming `variable`'s gradient (ValueError: not one that
+    reads it and computes a float32 value of its shape last, from its sources and earlier
+    kernels)."""
+    assert message is not None
+    gradient = variable + GRADIENT
+    shapes = {s.variable: tuple(int(d) for d in s.shape) for s in message.sources}
+    dtypes = {name: np.dtype(np.float32) for name in shapes}
+    steps = []
+    for k in message.kernels:
+        if k.name in shapes or not k.inputs or any(i not in shapes for i in k.inputs):
+            raise ValueError(f"program kernel {k.name!r} must have a new name and inputs "
+                             "among the sources and earlier kernels")
+        try:
+            kernel = build_kernel(k.type, k.name, {key: from_attr(v) for key, v in
+                                                   k.attrs.items()},
+                                  [shapes[i] for i in k.inputs])
+            dtypes[k.name] = kernel.output_dtype([dtypes[i] for i in k.inputs])
+        except KernelError as error:
+            raise ValueError(str(error)) from None
+        if kernel.param_shapes() or kernel.draws_random:
+            raise ValueError(f"program kernel {k.name!r} has weights or draws")
+        shapes[k.name] = tuple(kernel.output_shape)
+        steps.append(WeightStep(kernel, tuple(k.inputs)))
+    last = steps[-1].kernel.name if steps else ""
+    if gradient not in shapes or not steps or shapes[last] != shapes[gradient] or \
+            dtypes[last] != np.float32:
+        raise ValueError(f"the program of {variable}'s gradient must read it and compute a "
+                         "float32 value of its shape last")
+    return WeightProgram(tuple(s.variable for s in message.sources), steps)
 
 
 def _sum_of_squares(g: np.ndarray) -> np.float32:
@@ -113,15 +171,25 @@ def _noise_floor(group: Sequence[np.ndarray], grads: Mapping[str, np.ndarray],
         g[np.abs(g) <= threshold] = 0
 
 
-def apply_transforms(transforms: Sequence[GradientTransform],
-                     grads: Mapping[str, np.ndarray]) -> None:
+def _program(t: GradientTransform, g: np.ndarray, weights: Mapping[str, np.ndarray]) -> None:
+    assert t.steps is not None
+    values = {t.variables[0] + GRADIENT: g, **{w: weights[w] for w in t.weights}}
+    g[...] = t.steps.forward(values)[t.steps.names[-1]]
+
+
+def apply_transforms(transforms: Sequence[GradientTransform], grads: Mapping[str, np.ndarray],
+                     weights: Mapping[str, np.ndarray] | None = None) -> None:
     """Apply `transforms` in order to `grads` (float32 arrays by TF variable name, every
-    trained variable's: noise_floor's scale is their largest), in place."""
+    trained variable's: noise_floor's scale is their largest), in place; a program reads
+    `weights` (by name, before the update)."""
     for t in transforms:
         missing = [v for v in t.variables if v not in grads]
         if missing:
             raise KeyError(f"gradient transform {t.kind}: no gradient for {missing[0]!r}")
         group = [grads[v] for v in t.variables]
+        if t.kind == "program":
+            _program(t, group[0], weights or {})
+            continue
         if t.kind == "clip_by_global_norm":
             _clip_by_global_norm(group, F32(t.value))
             continue

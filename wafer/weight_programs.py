@@ -12,6 +12,10 @@ A program that draws random numbers (a `random` kernel with no input: Bayes by b
 eps in w = mu + softplus(rho) * eps) runs forward before every batch instead, from the
 batch's stream: one draw a step (in evaluation and prediction, a batch), which every
 micro-batch reads, as TF's graph draws once per session.run.
+A float16 kernel (attr `precision`: a custom layer's weight read under Keras' mixed_float16,
+cast to float16, and float16 element-wise ops on it) has its value rounded to float16 and the
+gradient of that value (its readers', summed) too, as TF's float16 tensors and their gradients
+are (wafer.precision).
 A loss of the whole batch (wafer.kernels.batch_tail) runs such a program too, its one sample
 the whole batch of the values the loss reads.
 """
@@ -23,6 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import Kernel, RunContext
+from wafer.precision import is_half, round_half
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class WeightProgram:
         self._caches = []
         for step in self.steps:
             out, cache = step.kernel.forward({}, [values[s] for s in step.inputs], ctx)
+            if _rounds(step.kernel):
+                out = round_half(out)
             values[step.kernel.name] = out
             self._caches.append(cache)
         return {step.kernel.name: values[step.kernel.name][0] for step in self.steps}
@@ -81,6 +88,8 @@ class WeightProgram:
             upstream = flowing.pop(step.kernel.name, None)
             if upstream is None:
                 continue
+            if is_half(step.kernel.attrs):  # TF's float16 gradient of a float16 value
+                upstream = round_half(upstream)
             wanted = [step.kernel.input_differentiable(j) for j in range(len(step.inputs))]
             ctx.input_grads = wanted
             input_grads, _ = step.kernel.backward({}, cache, upstream, ctx)
@@ -89,6 +98,12 @@ class WeightProgram:
                     continue
                 flowing[source] = grad if source not in flowing else flowing[source] + grad
         return {name: flowing[name][0] for name in self.sources if name in flowing}
+
+
+def _rounds(kernel: Kernel) -> bool:
+    """Whether the program rounds `kernel`'s value to float16 (a float16 kernel's, unless
+    it rounds its own)."""
+    return is_half(kernel.attrs) and not kernel.rounds_own_output
 
 
 def _value(source: np.ndarray) -> np.ndarray:

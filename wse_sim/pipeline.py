@@ -466,7 +466,7 @@ class Pipeline:
         for grad in gradients.values():
             np.multiply(grad, reciprocal, out=grad)
         if self.transforms:
-            apply_transforms(self.transforms, gradients)
+            apply_transforms(self.transforms, gradients, self._weights())
         self._applying = self.dynamic.finite(gradients.values())
 
     def _written(self, variable: str, weight: np.ndarray, before: bool) -> bool:
@@ -625,7 +625,7 @@ class Pipeline:
                 if self.dynamic is not None:
                     self._unscale()
                 elif self.transforms:
-                    apply_transforms(self.transforms, self._gradients())
+                    apply_transforms(self.transforms, self._gradients(), self._weights())
                 if self.condition is not None and self.condition.finite:
                     self._applying = bool(np.isfinite(self._loss(board, m_count))) \
                         if self.condition.finite == "loss" else all_finite(self._gradients().values())

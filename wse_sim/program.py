@@ -648,6 +648,9 @@ def check_transforms(program: pb.Program,
             transform = GradientTransform.from_message(message)
         except ValueError as error:
             raise invalid(f"{where}: {error}") from None
+        unknown = next((w for w in transform.weights if w not in params), None)
+        if unknown is not None:
+            raise invalid(f"{where}: it reads {unknown!r}, not a variable of the program")
         for var in transform.variables:
             if var not in params:
                 raise invalid(f"{where}: {var!r} is not a variable of the program")

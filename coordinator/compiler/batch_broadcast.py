@@ -99,9 +99,10 @@ def broadcast_value(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operat
 
 def _meets_weights(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operation]) -> bool:
     """Whether a constant `op` tiles over the batch meets weights before any sample, its
-    batch axis kept, on the way to the loss or outputs (a Kalman filter's initial covariance
-    tf.tile(P0[None], [batch, 1, 1]), then F P F^T + Q): each sample's copy then carries the
-    computation per sample, as TF computes each row."""
+    batch axis kept or folded with the sample's rows ([B*k, ...]: a Dense's Tensordot), on the
+    way to the loss or outputs (a Kalman filter's initial covariance tf.tile(P0[None], [batch,
+    1, 1]), then F P F^T + Q; IQN's quantile fractions tiled, then a Dense of their cosines):
+    each sample's copy then carries the computation per sample, as TF computes each row."""
     seen, stack = {op}, [op]
     while stack:
         for out in stack.pop().outputs:
@@ -112,7 +113,8 @@ def _meets_weights(op: tf.Operation, batch: int, forward: AbstractSet[tf.Operati
                     continue
                 if any(depends_on(t, VARIABLE_OPS, SHAPE_OPS) is not None for t in c.inputs):
                     return True
-                if c.outputs and c.outputs[0].shape.rank and c.outputs[0].shape[0] == batch:
+                rows = c.outputs[0].shape[0] if c.outputs and c.outputs[0].shape.rank else None
+                if rows is not None and rows % batch == 0:  # the batch, or folded rows of it
                     seen.add(c)
                     stack.append(c)
     return False

@@ -19,6 +19,7 @@ from coordinator.compiler import (
     fast_paths,
     feature_columns,
     in_batch,
+    linear_algebra,
     lowering_spatial,
     quantization,
     random_numbers,
@@ -27,6 +28,7 @@ from coordinator.compiler import (
     spectra,
     step_values,
 )
+from coordinator.compiler.extract import user_source
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.activations import FLOAT32_ONLY, INTEGER_FUNCTIONS
@@ -67,7 +69,7 @@ WEIGHT_DIAGONALS = ("MatrixDiagV3", "MatrixDiagPartV3", "MatrixSetDiagV3", "Matr
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN",
                              *REDUCTIONS, *RESHAPES,
                              "Transpose", "MatMul", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
-                             "Cast", "Cumsum", *WEIGHT_DIAGONALS, "LogMatrixDeterminant", *WEIGHT_VIEWS,
+                             "Cast", "Cumsum", *WEIGHT_DIAGONALS, *linear_algebra.OPS, *WEIGHT_VIEWS,
                              *quantization.FORMS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
              "TensorListGetItem", "TensorListSetItem", "TensorListStack", "Enter", "Exit",
@@ -98,8 +100,9 @@ REFUSED = {
     **random_numbers.REFUSED,
     **step_values.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
-                               "meets the samples (e.g. tf.sort(w)), or in "
-                               "float16",
+                               "meets the samples (e.g. tf.sort(w)), or float16 "
+                               "reductions, softmax, l2_loss, cumsum or linear algebra of "
+                               "weights (TF sums them in float16)",
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision); csconfig.use_cbfloat16",
     **lowering_spatial.REFUSED,
@@ -170,7 +173,32 @@ def _operands(m: Context, op: tf.Operation, tensors, kernel: str):
     """The kernel's operands (see Context.operand_list), or why there are none."""
     if not has_kernel(kernel):
         return f"the CS has no {kernel} kernel"
-    return m.operand_list(op, tensors)
+    found = m.operand_list(op, tensors)
+    if isinstance(found, str) or kernel not in ("binary", "select"):
+        return found
+    return _weight_along_the_batch(m, op, tensors, found) or found
+
+
+def _weight_along_the_batch(m: Context, op: tf.Operation, tensors, found) -> str:
+    """Why an element-wise op cannot read a weight operand whose first axis TF pairs with the
+    batch's samples (K + noise * tf.eye(batch), a Dense of a constant as long as the batch):
+    the CS gives every sample the whole weight. The elementwise kernels refuse the shape too."""
+    letters, inputs, attrs, _ = found
+    rank = 1 + max([len(m.sample_shape(op.outputs[0], op.inputs))] + [  # the kernel's
+        len(m.kernel_shape(t) if isinstance(t, str) else m.shape(t)) for t in inputs])
+    for k, t in enumerate(tensors):
+        shape = tuple(attrs.get(f"p{k}", ()))
+        if letters[k] != "p" or len(shape) < rank or len(shape) == rank and shape[0] == 1:
+            continue
+        weight = m.operands.weight(t) or m.operands.view(t)
+        what = f"weight {weight.variable}" if weight is not None else "a value of weights"
+        return (f"reads {what} of shape {shape} ({t.op.type} '{t.op.name}' at "
+                f"{user_source(t.op)}), whose first axis TF pairs with the batch's samples: "
+                "the CS gives every sample the same weights, computed once for the batch; "
+                "compute the value per sample, from the features, or without an axis as long "
+                "as the batch (a loss of the whole batch reads weights only through "
+                "per-sample values)")
+    return ""
 
 
 def _float32_only(op: tf.Operation) -> str:
@@ -917,7 +945,7 @@ def supported_table() -> str:
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
                **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
                **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS, **bincount.KERNEL_ROWS,
-               **folded_batch.KERNEL_ROWS, **spectra.KERNEL_ROWS,
+               **folded_batch.KERNEL_ROWS, **spectra.KERNEL_ROWS, **linear_algebra.KERNEL_ROWS,
                **candidate_sampling.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")
@@ -988,18 +1016,24 @@ def supported_table() -> str:
                  "tf.matmul(u, v), a soft decision tree's tf.nn.softmax(leaf_logits), a conv "
                  "kernel standardised with tf.nn.moments, SINDy's mask w * tf.cast(tf.abs(w) > "
                  "t, tf.float32), Glow's log|det W| by tf.linalg.slogdet (`slogdet`) or its LU "
-                 "form by tf.linalg.diag/diag_part/set_diag/band_part; views: slices "
+                 "form by tf.linalg.diag/diag_part/set_diag/band_part, a sparse GP's Cholesky "
+                 "factor of its inducing points' kernel matrix and its inverse by "
+                 "tf.linalg.triangular_solve (`cholesky`, `solve`); views: slices "
                  "with any masks and negative strides, tf.split/unstack, tf.gather at constant "
                  "indices, tf.concat/stack of weights (and float32 constants: a hand-built "
                  "Cholesky factor's zeros), as Keras GRU(reset_after=False)'s "
                  "recurrent_kernel[:, 2 * units:]): run on the CS once a step before the batch, "
                  "the gradient taken back through the same kernels to the weights (a view's "
-                 "scattered back) |")
+                 "scattered back); under Keras' mixed_float16, a layer's weight autocast to "
+                 "float16 where a float32 op meets it (a float32 RMSNorm's scale, "
+                 "RMSNormalization's), element-wise float16 ops on it (PReLU's -alpha, a "
+                 "gate's sigmoid) and products (a low-rank u @ v): rounded to float16 as TF's casts and ops, their gradients too |")
     lines.append("| sequences | Keras LSTM, GRU, SimpleRNN, ConvLSTM1D/2D/3D over "
                  "fixed-length sequences (return_sequences either way): their While loop "
                  "unrolled, every step reading the cell's shared weights (ConvLSTM: convolution "
-                 "kernels reading its kernels' tf.split gates), masked (Keras Masking, Embedding mask_zero) or "
-                 "not; hand-written loops of a number of steps known when the graph is built "
+                 "kernels reading its kernels' tf.split gates), masked (Keras Masking, Embedding mask_zero, "
+                 "a mask= argument: each step's states and outputs selected by its mask, "
+                 "Bidirectional's outputs returning sequences zeroed at masked steps) or not; hand-written loops of a number of steps known when the graph is built "
                  "(tf.while_loop whose condition reads only constants and its own counters, "
                  "tf.scan over a fixed length: unrolled, the unrolled graph proven to compute "
                  "the user's loss and gradients); Bidirectional (ReverseV2 along a sample's "

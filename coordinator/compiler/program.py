@@ -40,6 +40,7 @@ def emit(placed: PlacedModel, extracted: ExtractedGraph, *, name: str,
         weights += [p.variable for p in model.weight_program.sources]
     if model.training is not None:
         weights += model.training.state_variables
+        weights += [w for t in model.training.transforms for w in t.weights]
     return Artifacts(
         program=program,
         initial_weights=initial_weights(extracted, weights),
@@ -113,16 +114,26 @@ def _add_param(kernel: pb.Kernel | pb.WeightProgram, p: ParamRef) -> None:
 def emit_weight_program(program: pb.Program, weights: WeightProgram,
                         regions: Sequence[Rect]) -> None:
     """The weight program: its sources, and its kernels, each on the region it is charged to."""
+    program.weight_program.CopyFrom(weight_program_message(weights, regions))
+
+
+def weight_program_message(weights: WeightProgram,
+                           regions: Sequence[Rect] = ()) -> pb.WeightProgram:
+    """The message of a weight program (a gradient program's: with no regions)."""
+    message = pb.WeightProgram()
     for p in weights.sources:
-        _add_param(program.weight_program, p)
-    for node, rect in zip(weights.kernels, regions):
-        kernel = program.weight_program.kernels.add(
+        _add_param(message, p)
+    for k, node in enumerate(weights.kernels):
+        kernel = message.kernels.add(
             name=node.name, type=node.type, inputs=list(node.inputs),
-            output_shape=list(node.output_shape),
-            region=pb.Region(x=rect.x, y=rect.y, width=rect.width, height=rect.height),
-            source=node.source, tf_tensor=node.tf_tensor)
+            output_shape=list(node.output_shape), source=node.source, tf_tensor=node.tf_tensor)
+        if regions:
+            rect = regions[k]
+            kernel.region.CopyFrom(pb.Region(x=rect.x, y=rect.y, width=rect.width,
+                                             height=rect.height))
         for key, value in node.attrs.items():
             kernel.attrs[key].CopyFrom(to_attr(value))
+    return message
 
 
 def emit_training(program: pb.Program, training: TrainingSpec,
@@ -134,6 +145,13 @@ def emit_training(program: pb.Program, training: TrainingSpec,
     program.optimizer_groups.extend(g.to_message() for g in training.optimizer_groups)
     program.objectives.extend(pb.Objective(loss_kernel=o.loss_kernel, variables=list(o.variables))
                               for o in training.objectives)
+    held = {p.variable for k in program.kernels for p in k.params} | {
+        p.variable for p in program.weight_program.sources}
+    for t in training.transforms:  # (a weight only a gradient program reads: a pruning mask)
+        for source in t.program.sources if t.program is not None else ():
+            if source.variable in t.weights and source.variable not in held:
+                program.weight_program.sources.add().CopyFrom(source)
+                held.add(source.variable)
     for param in program.weight_program.sources:
         param.frozen = param.frozen or not training.update(param.variable)
         param.update = "" if param.frozen else training.update(param.variable)

@@ -35,13 +35,42 @@ def keras_unrolled() -> Iterator[None]:
     loop = backend.rnn
 
     def unrolled(*args: Any, **kwargs: Any) -> Any:
-        return loop(*args, **{**kwargs, "unroll": True})
+        mask = kwargs.get("mask")
+        if mask is None or len(mask.shape) != 2 or not kwargs.get("zero_output_for_mask") or \
+                kwargs.get("time_major"):  # Keras' RNN layer: a [B, T] mask, batch-major
+            return loop(*args, **{**kwargs, "unroll": True})
+        last, outputs, states = loop(*args, **{**kwargs, "unroll": True,
+                                               "zero_output_for_mask": False})
+        return (*_zeroed(last, outputs, mask, bool(kwargs.get("go_backwards"))), states)
 
     backend.rnn = unrolled
     try:
         yield
     finally:
         backend.rnn = loop
+
+
+def _zeroed(last: tf.Tensor, outputs: tf.Tensor, mask: tf.Tensor,
+            go_backwards: bool) -> tuple[tf.Tensor, tf.Tensor]:
+    """A masked layer's last output and outputs zeroed at its masked steps, as TF's While does
+    it under zero_output_for_mask (Bidirectional's layers returning sequences): Keras' unrolled
+    path zeroes a go_backwards layer's outputs, which are in reversed time, by the mask in
+    forward time. `outputs` is batch-major, [B, T, ...] or (the last output alone) [B, 1, ...];
+    `mask` [B, T]."""
+    held = tf.cast(mask, tf.bool)
+    if go_backwards:
+        held = tf.reverse(held, [1])
+    steps = held if outputs.shape[1] == held.shape[1] else held[:, -1:]
+    return (tf.where(_tiled(held[:, -1], last, 1), last, tf.zeros_like(last)),
+            tf.where(_tiled(steps, outputs, 2), outputs, tf.zeros_like(outputs)))
+
+
+def _tiled(held: tf.Tensor, like: tf.Tensor, leading: int) -> tf.Tensor:
+    """The bool `held`, of `like`'s `leading` first axes, tiled over its other axes (Keras'
+    own expand and tile of a step's mask)."""
+    while len(held.shape) < len(like.shape):
+        held = tf.expand_dims(held, -1)
+    return tf.tile(held, [1] * leading + like.shape.as_list()[leading:])
 
 
 def _values(graph: tf.Graph, spec: Any, feed: dict[str, np.ndarray],

@@ -7,6 +7,7 @@ from typing import Any
 from coordinator.compiler.ir import KernelNode, MatchedModel, TrainingSpec
 from coordinator.compiler.placement import Placement
 from coordinator.compiler.training.shift import REASON
+from cs_api.attrs import from_attr
 from wafer import timing
 from wafer.fabric import Fabric
 from wafer.kernels import build_kernel
@@ -218,6 +219,14 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
                          "model's largest set to 0 exactly: rounding noise of a sum a batch "
                          "normalization cancels, which the optimizer would amplify)"
                          for v in t.variables)
+            continue
+        if t.kind == "program" and t.program is not None:
+            kernels = ", ".join(_weight_kernel(k.type, {key: from_attr(v) for key, v in
+                                                        k.attrs.items()})
+                                for k in t.program.kernels)
+            lines.append(f"Gradient transform: program of {t.variables[0]} ({kernels}; reads "
+                         f"{', '.join(s.variable for s in t.program.sources)}; at "
+                         f"{t.program.kernels[-1].source})")
             continue
         what = {"scale": f"scale {t.value:g}", "clip_by_value": f"clip_by_value [{t.low:g}, "
                 f"{t.high:g}]", "clip_by_norm": f"clip_by_norm {t.value:g}",

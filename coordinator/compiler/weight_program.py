@@ -18,7 +18,9 @@ GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) and 
 weights (random_numbers.weight_draws: a `random` kernel with no input, drawn once a step:
 Bayes by backprop's mu + softplus(rho) * eps) are lowered; a
 view's gradient is scattered back into its input's shape, and the gradients of a weight's
-views summed, as TF's. Any other op on the way from a weight to the samples is refused,
+views summed, as TF's. Under Keras' mixed_float16 a weight's AutoCast float16 copy (a
+float32 RMSNorm's scale, PReLU's alpha) is a float16 cast kernel, float16 element-wise ops
+on it float16 kernels (attr precision: their values and gradients rounded, as TF's). Any other op on the way from a weight to the samples is refused,
 naming it and its source line.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import quantization, random_numbers
+from coordinator.compiler import linear_algebra, precision, quantization, random_numbers
 from coordinator.compiler.extract import data_downstream, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, WeightProgram
 from coordinator.compiler.lowering import (
@@ -50,6 +52,21 @@ from coordinator.compiler.step_values import ON_WEIGHTS
 from wafer.kernels import KernelError, build_kernel
 
 PASS_THROUGH = {"Identity", "ReadVariableOp", "Snapshot"}
+# Float16 ops TF accumulates in float16 (Eigen::half sums), the weight program in float32.
+HALF_REFUSED = frozenset({*REDUCTIONS, "Softmax", "LogSoftmax", "L2Loss", "Cumsum", "Cholesky",
+                          *linear_algebra.SOLVES, *linear_algebra.DETERMINANTS})
+
+
+def _to_half(op: tf.Operation) -> bool:
+    """A cast of a float32 value to float16 (Keras' AutoCastVariable read: a rounding)."""
+    return op.type == "Cast" and (op.get_attr("SrcT"), op.get_attr("DstT")) == (
+        tf.float32, tf.float16)
+
+
+def _operand_attrs(values: list[Any]) -> dict[str, Any]:
+    """A generic kernel's operands attr for kernels (`i`) and constants (`c<k>`)."""
+    return {"operands": "".join("i" if isinstance(v, str) else "c" for v in values),
+            **{f"c{k}": np.asarray(v) for k, v in enumerate(values) if not isinstance(v, str)}}
 
 
 class _Unfit(Exception):
@@ -89,7 +106,7 @@ class WeightProgramBuilder:
         value = self._lower(tensor)
         if not isinstance(value, str):
             return self.problems.get(tensor.name, "its value is a constant")
-        if tensor.dtype.base_dtype != tf.float32:  # (a comparison: tf.where's condition)
+        if tensor.dtype.base_dtype not in (tf.float32, tf.float16):  # (tf.where's condition)
             op = tensor.op
             return (f"{self.SUBJECT} with {op.type} '{op.name}' at {user_source(op)}: its "
                     f"{tensor.dtype.base_dtype.name} value meets the samples (the CS computes "
@@ -145,10 +162,15 @@ class WeightProgramBuilder:
         if op in self._step_readers():
             return self._refuse(tensor, f"computes on weights with a value of the global step "
                                         f"({where}): {ON_WEIGHTS}")
-        if tensor.dtype.base_dtype != (tf.bool if op.type in WEIGHT_COMPARISONS else tf.float32):
-            return self._refuse(tensor, f"computes on weights in {tensor.dtype.base_dtype.name} "
-                                        f"({where}): the CS's weight program computes in float32")
-        weight = self.operands.weight(tensor)
+        dtype = tensor.dtype.base_dtype
+        if dtype not in ((tf.bool,) if op.type in WEIGHT_COMPARISONS else (tf.float32, tf.float16)):
+            return self._refuse(tensor, f"computes on weights in {dtype.name} ({where}): the "
+                                        "CS's weight program computes in float32 and float16")
+        if dtype == tf.float16 and op.type in HALF_REFUSED:
+            return self._refuse(tensor, f"computes on weights in float16 with {where}: TF "
+                                        "accumulates it in float16, the CS's weight program in "
+                                        "float32; tf.cast the weight to float32 before it")
+        weight = None if _to_half(op) else self.operands.weight(tensor)  # (AutoCast: rounds)
         if weight is not None:
             return self._source(tensor, weight)
         if op.type in random_numbers.DRAWS:
@@ -167,7 +189,8 @@ class WeightProgramBuilder:
 
     def _lower_op(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | np.ndarray | None:
         """`tensor`, the output of `op` (at `where`), from its inputs' values."""
-        if op.type in PASS_THROUGH or op.type == "Cast" and op.inputs[0].dtype == tensor.dtype:
+        if op.type in PASS_THROUGH or op.type == "Cast" and (op.inputs[0].dtype == tensor.dtype or (
+                op.inputs[0].dtype, tensor.dtype) == (tf.float16, tf.float32)):  # (exact)
             inner = self._lower(op.inputs[0])
             if inner is None:
                 return self._refuse(tensor, self.problems[op.inputs[0].name])
@@ -185,7 +208,8 @@ class WeightProgramBuilder:
         if bad is not None:
             return self._refuse(tensor, self.problems[bad.name])
         if not isinstance(inputs[0], str) and op.type not in (
-                *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN", "MatMul"):
+                *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN", "MatMul",
+                *linear_algebra.SOLVES):
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: its first input "
                                         "is a constant")
         return self._kernel(op, tensor, inputs)
@@ -217,12 +241,19 @@ class WeightProgramBuilder:
             return self._elementwise(op, tensor, "select", inputs, {}, "", "0", out)
         if op.type == "StopGradient":
             return self._add(op, tensor, "stop_gradient", inputs[:1], {})
-        if op.type == "LogMatrixDeterminant":  # Glow's log|det W|; the sign, no gradient
+        if op.type in linear_algebra.DETERMINANTS:  # Glow's log|det W|; the sign, no gradient
             return self._add(op, tensor, "slogdet", inputs[:1],
-                             {"output": ("sign", "log_abs_det")[tensor.value_index]})
+                             {"output": linear_algebra.determinant_output(tensor)})
         if op.type in WEIGHT_DIAGONALS:
             return self._diagonals(op, tensor, inputs, out)
-        if op.type == "Cast":  # of a comparison: a mask, tf.cast(tf.abs(w) > t, tf.float32)
+        if op.type == "Cholesky":  # a sparse GP's factor of its inducing points' kernel matrix
+            return self._add(op, tensor, "cholesky", inputs[:1], {})
+        if op.type in linear_algebra.SOLVES:  # and the factor's inverse: a triangular solve
+            values, attrs = linear_algebra.solve_attrs(op, inputs)
+            return self._add(op, tensor, "solve", [v for v in values if isinstance(v, str)],
+                             {**_operand_attrs(values), **attrs})
+        if op.type == "Cast":  # to float16 (rounding: attr precision), or of a comparison:
+            # a mask, tf.cast(tf.abs(w) > t, tf.float32)
             return self._add(op, tensor, "cast", inputs[:1], {"dtype": "float32"})
         if op.type == "L2Loss":  # tf.nn.l2_loss: sum(x ** 2) / 2 (TF's L2LossGrad: x * g)
             square = self._add(op, None, "activation", inputs[:1], {"function": "square"},
@@ -244,11 +275,8 @@ class WeightProgramBuilder:
             return self._add(op, tensor, "fake_quant", [v for v in inputs if isinstance(v, str)],
                              attrs)
         if op.type == "MatMul":  # a product of matrices: one sample's, by the matmul kernel
-            attrs = {"operands": "".join("i" if isinstance(v, str) else "c" for v in inputs),
-                     "transpose_a": bool(op.get_attr("transpose_a")),
-                     "transpose_b": bool(op.get_attr("transpose_b")),
-                     **{f"c{k}": np.asarray(v) for k, v in enumerate(inputs)
-                        if not isinstance(v, str)}}
+            attrs = {**_operand_attrs(inputs), "transpose_a": bool(op.get_attr("transpose_a")),
+                     "transpose_b": bool(op.get_attr("transpose_b"))}
             return self._add(op, tensor, "matmul", [v for v in inputs if isinstance(v, str)],
                              attrs)
         if op.type in REDUCTIONS:
@@ -471,6 +499,8 @@ class WeightProgramBuilder:
         name = op.name + suffix if tensor is None or tensor.value_index == 0 else \
             f"{op.name}:{tensor.value_index}"
         shapes = [self._shape(v) for v in inputs]
+        if precision.tensor_precision(op.outputs[0]):  # rounds its value and its gradient
+            attrs = {**attrs, "precision": precision.FLOAT16}
         try:
             kernel = build_kernel(kind, name, attrs, shapes)
             shape = tuple(kernel.output_shape)

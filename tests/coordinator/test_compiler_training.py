@@ -171,14 +171,19 @@ def test_a_weight_decay_term_is_part_of_the_loss_minimized():
     assert line_of("data = v1.losses") in error.message
 
 
-@pytest.mark.parametrize("model_fn, op, fragment", [
-    (tm.sign_gradients, "Sign", "sign line"), (tm.noisy_gradients, "AddV2", "noise line")])
-def test_gradients_changed_by_unsupported_ops_are_refused_one_line_each(model_fn, op, fragment):
-    error = refusal(model_fn)
-    assert "is changed by an op the CS cannot carry out" in error.message
+def test_gradient_noise_is_refused_one_line_per_variable():
+    error = refusal(tm.noisy_gradients)
+    assert "is transformed with random numbers" in error.message
     lines = error.detail.splitlines()[1:]
     assert len(lines) == 4  # one per variable
-    assert all(f"({op} '" in line and line.endswith(f"{line_of(fragment)})") for line in lines)
+    assert all("(RandomStandardNormal '" in line and f"{line_of('noise line')})" in line
+               for line in lines)
+
+
+def test_sign_gradients_are_a_gradient_program():
+    transforms = analyze(tm.sign_gradients).transforms
+    assert [t.kind for t in transforms] == ["program"] * 4
+    assert all([k.type for k in t.program.kernels] == ["activation"] for t in transforms)
 
 
 def test_swapped_gradients_are_refused_by_structure_and_by_numbers(monkeypatch):

@@ -1,7 +1,8 @@
 """An Embedding and Keras' recurrent layers on rows folded into the batch (a hierarchical
 attention network's sentences, [B, S, W] -> [B*S, W]; an LSTM per window) train on the CS
-with TensorFlow's numbers at micro-batch 8 and 1 and evaluate and predict with the CPU path's;
-a prediction of a recurrent layer's folded states is refused naming the layer."""
+with TensorFlow's numbers at micro-batch 8 and 1 and evaluate and predict with the CPU path's,
+masked on padded sentences too; a prediction of a recurrent layer's folded states is refused
+naming the layer."""
 import cs_inprocess
 import folded_rnn_models as f
 import pytest
@@ -61,18 +62,25 @@ def test_an_lstm_per_window_trains_and_predicts_like_tensorflow(tmp_path, keras)
                                             result) == ""
 
 
-@pytest.mark.parametrize("params, mode, why", [
-    ({"predict_words": True}, "infer", "the host reads this value"),
-    pytest.param({"mask_zero": True}, "train", "transposes the batch axis away",
-                 marks=pytest.mark.slow),
-], ids=["prediction_of_folded_states", "masked_word_encoder"])
-def test_what_remains_refused_names_the_recurrent_layer(tmp_path, params, mode, why):
-    """A prediction of the word encoder's folded states; an Embedding(mask_zero=True)'s mask
-    on the word encoder's steps (refused on the batch's rows too: the unrolled masked
-    layer's stack is read other than transposed back)."""
+@pytest.mark.slow
+def test_han_masked_on_padded_sentences_trains_like_tensorflow(tmp_path):
+    """Embedding(mask_zero=True) on sentences of 2 to 6 words: the Bidirectional word GRU
+    returning sequences holds its state over the padding and zeroes its outputs there, per
+    folded sentence; eval and predict like the CPU path."""
+    params = {**SEED, "mask_zero": True, "padded": True}
+    result = cs_inprocess.compare(f.han, f.documents_input_fn, params, str(tmp_path), steps=4)
+    assert cs_inprocess.mismatches(result, RTOL) == []
+    assert cs_inprocess.cpu_path_mismatches(f.han, f.documents_input_fn, params, str(tmp_path),
+                                            result) == []
+
+
+def test_prediction_of_folded_states_is_refused_naming_the_recurrent_layer(tmp_path):
+    """A prediction of the word encoder's folded states: the host would read (S, W, 16) per
+    sample in place of TF's [B*S, W, 16]."""
     with pytest.raises(CSRunError) as info:
-        compile_model(f.han, f.documents_input_fn, {**SEED, **params}, str(tmp_path),
-                      mode=mode, validate_only=True)
+        compile_model(f.han, f.documents_input_fn, {**SEED, "predict_words": True}, str(tmp_path),
+                      mode="infer", validate_only=True)
     line = str(info.value)
     assert line.startswith("validation failed: Bidirectional at tests/folded_rnn_models.py:") \
-        and "(layer 'word_rnn" in line and why in line and "\n" not in line, line
+        and "(layer 'word_rnn" in line and "the host reads this value" in line \
+        and "\n" not in line, line

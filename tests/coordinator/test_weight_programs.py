@@ -231,6 +231,13 @@ EXPRESSIONS = {
     "MatrixBandPart": lambda w, v, g, s: tf.linalg.band_part(w * v, 1, 0),
     "LogMatrixDeterminant": lambda w, v, g, s: tf.linalg.slogdet(
         tf.matmul(w, v, transpose_b=True) - 4.0 * tf.eye(3))[1] * 2.0,  # (Glow's log|det W|)
+    # a sparse GP's factor of its inducing points' kernel matrix and the factor's inverse
+    "Cholesky": lambda w, v, g, s: tf.linalg.cholesky(tf.matmul(w, w, transpose_b=True) + tf.eye(3)),
+    "MatrixTriangularSolve": lambda w, v, g, s: tf.linalg.triangular_solve(
+        tf.matmul(w, v, transpose_b=True), tf.eye(3) + s, lower=False, adjoint=True),
+    "MatrixSolve": lambda w, v, g, s: tf.linalg.solve(tf.matmul(w, v, transpose_b=True) - 4.0 * tf.eye(3), s),
+    "MatrixInverse": lambda w, v, g, s: tf.linalg.inv(tf.matmul(w, v, transpose_b=True) - 4.0 * tf.eye(3)),
+    "MatrixDeterminant": lambda w, v, g, s: tf.linalg.det(tf.matmul(w, v, transpose_b=True) - 4.0 * tf.eye(3)),
     "FakeQuantWithMinMaxArgs": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_args(
         w - 1.0, -0.4, 0.8, num_bits=4),
     "FakeQuantWithMinMaxVars": lambda w, v, g, s: tf.quantization.fake_quant_with_min_max_vars(

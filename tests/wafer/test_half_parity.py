@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from wafer.kernels import RunContext, build_kernel
 from wafer.precision import round_half
+from wafer.weight_programs import WeightProgram, WeightStep
 
 N = 4096
 _RNG = np.random.default_rng(0)
@@ -156,3 +157,26 @@ def test_float16_depthwise_conv_is_tensorflows_bit_for_bit(size, channels, strid
         dx = kernel.backward(params, cache, g[half].astype(np.float32), ctx, accumulated)[0][0]
         assert np.array_equal(out, want_y[half]) and np.array_equal(dx, want_dx[half])
     assert np.array_equal(accumulated["kernel"], want_dw)
+
+
+def test_a_weight_autocast_to_float16_and_its_gradient_are_tensorflows_bit_for_bit():
+    """The weight program's float16 cast of a float32 weight (Keras' AutoCastVariable read),
+    a float16 op on it (PReLU's -alpha) and TF's float32 op meeting it (weight -> Cast
+    float16 -> Neg -> Cast float32): the value and the weight's gradient for a float32
+    output gradient, overflows to infinity included."""
+    weight = np.concatenate([_RNG.normal(size=N - 4) * 3, [65519.0, 65520.0, -1e6, 3e-8]])
+    weight = weight.astype(np.float32)[None]
+    dz = (_RNG.normal(size=(1, N)) * np.logspace(-9, 6, N)).astype(np.float32)
+    w = tf.constant(weight)
+    with tf.GradientTape() as tape:
+        tape.watch(w)
+        z = tf.cast(tf.negative(tf.cast(w, tf.float16)), tf.float32)
+    want = [np.asarray(v) for v in (z, tape.gradient(z, w, output_gradients=tf.constant(dz)))]
+    half = {"precision": "float16"}
+    program = WeightProgram(["w"], [
+        WeightStep(build_kernel("cast", "c", {"dtype": "float32", **half}, [(N,)]), ("w",)),
+        WeightStep(build_kernel("activation", "n", {"function": "neg", **half}, [(N,)]), ("c",))])
+    got = [program.forward({"w": weight[0]})["n"], program.backward({"n": dz[0]})["w"]]
+    for name, a, b in zip(("value", "gradient"), got, want):
+        differ = int(np.sum(a.view(np.uint32) != b[0].view(np.uint32)))
+        assert differ == 0, f"{name}: {differ} of {N} values differ from TF's"

@@ -290,7 +290,10 @@ def test_a_1_5_gb_feed_message_with_a_wrong_token_is_refused_unread(server):
 
 # ---- the lease ----
 CLIENT_THEN_SLEEP = """
-import sys, time
+import signal, sys, time
+# Ctrl-C's KeyboardInterrupt even where the suite runs with SIGINT ignored (a background job of a
+# non-interactive shell): set here, not in a preexec_fn, which forks unsafely beside grpc's threads
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import numpy as np
 from cs_api.client import CSClient
 from cs_api import pb
@@ -311,12 +314,11 @@ def test_a_chief_that_dies_between_runs_frees_the_cs_within_seconds(idle_server,
     np.savez(tmp_path / "weights.npz", **weights())
     client = subprocess.Popen([sys.executable, "-c", CLIENT_THEN_SLEEP, str(tmp_path / "program.pb"),
                                str(tmp_path / "weights.npz"), server.address],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              # Ctrl-C's KeyboardInterrupt even where the suite runs with
-                              # SIGINT ignored (a background job of a non-interactive shell)
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert client.stdout.readline() == "loaded\n", client.stderr.read()
+        if client.stdout.readline() != "loaded\n":
+            error = client.stderr.read()
+            pytest.fail(f"the client ended (exit status {client.wait()}) before it loaded: {error}")
         assert server.state() == "busy"
         client.send_signal(getattr(signal, how))
         client.wait(20)

@@ -11,6 +11,7 @@ import tensorflow as tf
 from doubles import ClientDouble
 
 from cs_api import cs_api_pb2 as pb
+from cs_api.attrs import to_attr
 from wafer.grad_transforms import GradientTransform, apply_transforms
 from wse_sim.errors import CSError
 from wse_sim.pipeline import Pipeline
@@ -102,6 +103,42 @@ def test_transform_message_round_trip_and_refusals():
         GradientTransform("scale", 2.0)
     with pytest.raises(KeyError, match="no gradient for 'x'"):
         apply_transforms([GradientTransform("scale", 2.0, variables=("x",))], {})
+
+
+def centralization(variable: str, shape: list[int], reads: str = "") -> pb.WeightProgram:
+    """A gradient program g - mean(g, axis 0) (subtracting `reads`' value too when named)."""
+    grad = variable + ":grad"
+    program = pb.WeightProgram(sources=[pb.Param(role="gradient", variable=grad, shape=shape)])
+    mean = program.kernels.add(name="mean", type="reduce", inputs=[grad],
+                               output_shape=[1, *shape[1:]])
+    for key, value in {"op": "mean", "axes": [0], "keepdims": True}.items():
+        mean.attrs[key].CopyFrom(to_attr(value))
+    sub = program.kernels.add(name="sub", type="binary", inputs=[grad, "mean"], output_shape=shape)
+    for key, value in {"op": "sub", "operands": "ii"}.items():
+        sub.attrs[key].CopyFrom(to_attr(value))
+    if reads:
+        program.sources.add(role="source", variable=reads, shape=shape)
+        last = program.kernels.add(name="minus", type="binary", inputs=["sub", reads],
+                                   output_shape=shape)
+        for key, value in {"op": "sub", "operands": "ii"}.items():
+            last.attrs[key].CopyFrom(to_attr(value))
+    return program
+
+
+def test_a_program_transform_computes_its_last_kernel_from_the_gradient_and_weights():
+    rng = np.random.default_rng(3)
+    g, w = rng.normal(size=(5, 3)).astype(F32), rng.normal(size=(5, 3)).astype(F32)
+    t = GradientTransform("program", variables=("w",), program=centralization("w", [5, 3], "v"))
+    assert t.weights == ("v",)
+    again = GradientTransform.from_message(pb.GradientTransform.FromString(
+        t.to_message().SerializeToString()))
+    grads = {"w": g.copy()}
+    apply_transforms([again], grads, {"v": w})
+    assert np.array_equal(grads["w"], (g - np.sum(g, 0, keepdims=True, dtype=F32) / F32(5)) - w)
+    with pytest.raises(ValueError, match="must read it and compute a float32 value of its shape"):
+        GradientTransform("program", variables=("b",), program=centralization("w", [5, 3]))
+    with pytest.raises(ValueError, match="a program \\(and only it\\) has kernels"):
+        GradientTransform("program", variables=("w",))
 
 
 # ---- the pipeline's training semantics, against tf.compat.v1 on a small MLP ----
@@ -460,6 +497,12 @@ def param(program, kernel, role):
                                          variables=["h1/bias"]),
      "gradient transform 0 (clip_by_global_norm): clip_by_global_norm needs a finite clip "
      "norm > 0"),
+    (lambda p: p.gradient_transforms.add(kind="program", variables=["h1/kernel"],
+                                         program=centralization("h1/kernel", [12, 16], "h1/mask")),
+     "gradient transform 0 (program): it reads 'h1/mask', not a variable of the program"),
+    (lambda p: p.gradient_transforms.add(kind="program", variables=["h1/bias"],
+                                         program=centralization("h1/kernel", [12, 16])),
+     "gradient transform 0 (program): the program of h1/bias's gradient must read it"),
     (lambda p: p.gradient_transforms.add(kind="clip_by_value", variables=[]),
      "gradient transform 0 (clip_by_value): gradient transform clip_by_value names no variables"),
     (lambda p: p.optimizer.CopyFrom(pb.Optimizer(type="adagrad", learning_rate=0.1)),

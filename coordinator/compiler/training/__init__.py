@@ -13,7 +13,8 @@
    (an IndexedSlices gradient), its slots named as wafer.optimizers names them.
 3. Gradients (gradients.py; transforms.py emits the list the CS applies). Each applied
    gradient is peeled back through recognised transforms (scale, clip_by_value,
-   clip_by_norm, clip_by_global_norm) to the output of tf.gradients; that call's seed must
+   clip_by_norm, clip_by_global_norm; any other transform of one gradient, weights and
+   constants: a program, gradient_program.py) to the output of tf.gradients; that call's seed must
    sit on model_fn's loss (or on S * loss: loss scaling, a scale S), or, when the calls
    minimize several losses (a GAN's), on its own loss: an objective (objective_losses).
 4. Numbers (numbers.py). One Session.run on input_fn's first batch compares those raw

@@ -15,7 +15,14 @@ from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_sch
 from coordinator.compiler.training import conditional as training_conditional
 from coordinator.compiler.training import loss_scaling
 from coordinator.compiler.training.copies import conditional_writes
-from coordinator.compiler.training.gradients import TRANSFORMS, _chain, _gradient_calls, _group_order
+from coordinator.compiler.training.gradient_program import GradientPrograms
+from coordinator.compiler.training.gradients import (
+    TRANSFORMS,
+    _chain,
+    _gradient_calls,
+    _group_order,
+    _in_scope,
+)
 from coordinator.compiler.training.graph import (
     _fail,
     _Refused,
@@ -114,10 +121,11 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             raise _Problems([str(problem)], problem.hint) from None
         calls = _gradient_calls(extracted, updates)
         norms: dict = {}
+        programs = GradientPrograms(extracted, lambda op: _in_scope(op, calls) is not None)
         chains, problems, hints = [], [], []
         for u in updates:
             try:
-                chains.append(_chain(u, calls, norms))
+                chains.append(_chain(u, calls, norms, programs))
             except _Refused as problem:
                 problems.append(str(problem))
                 hints.append(problem.hint)

@@ -1,5 +1,6 @@
 """Gradients: each applied gradient peeled back through recognised transforms (scale,
-clip_by_value, clip_by_norm, clip_by_global_norm) to the output of tf.gradients, whose seed
+clip_by_value, clip_by_norm, clip_by_global_norm; any other transform of one gradient: a
+program, gradient_program.py) to the output of tf.gradients, whose seed
 must sit on model_fn's loss (or on S * loss: loss scaling, a scale S), or on one of several
 losses the calls minimize (objectives: a GAN's discriminator and generator losses)."""
 from __future__ import annotations
@@ -19,10 +20,13 @@ from coordinator.compiler.extract import (
     user_source,
 )
 from coordinator.compiler.training.conditional import gradient_branches
+from coordinator.compiler.training.gradient_program import GradientPrograms
 from coordinator.compiler.training.graph import _const, _fail, _Refused, _scalar, _skip_identity
 from coordinator.compiler.training.updates import _Update
+from cs_api import cs_api_pb2 as pb
 
-TRANSFORMS = "scaling, tf.clip_by_value, tf.clip_by_norm, tf.clip_by_global_norm"
+TRANSFORMS = ("scaling, tf.clip_by_value, tf.clip_by_norm, tf.clip_by_global_norm, and "
+              "element-wise ops, reductions and tf.where of one gradient, weights and constants")
 
 
 # Ops allowed inside a clipping factor's computation (norms of gradients).
@@ -52,6 +56,11 @@ class _Step:
     high: float = 0.0
     group: tuple[tf.Tensor, ...] = ()  # clip_by_global_norm: the gradients, in TF's order
     variables: tuple[str, ...] = ()  # clip_by_global_norm: the group's variables
+    program: pb.WeightProgram | None = None  # a program: its kernels (gradient_program.py)
+
+
+class _Unrecognised(_Refused):
+    """An op on a gradient none of the recognised transforms' (then lowered as a program)."""
 
 
 @dataclass(eq=False)
@@ -226,8 +235,9 @@ def _in_scope(op: tf.Operation, calls: dict) -> str | None:
     return None
 
 
-def _chain(update: _Update, calls: dict, norms: dict) -> _Chain:
-    """Peel update.grad back to the tf.gradients output it is computed from."""
+def _chain(update: _Update, calls: dict, norms: dict, programs: GradientPrograms) -> _Chain:
+    """Peel update.grad back to the tf.gradients output it is computed from (an op no
+    recognised transform computes: the rest down to it is one program)."""
     steps: list[_Step] = []
     inputs: list[tf.Tensor] = []
     t = update.grad
@@ -238,7 +248,13 @@ def _chain(update: _Update, calls: dict, norms: dict) -> _Chain:
                                                     op.inputs[0].dtype == t.dtype):
             t = op.inputs[0]
             continue
-        step, t = _recognise(op, update.variable, sparse, calls, norms)
+        try:
+            step, t = _recognise(op, update.variable, sparse, calls, norms)
+        except _Unrecognised as refusal:
+            if sparse or t.dtype.base_dtype != tf.float32:
+                raise _Refused(str(refusal)) from None
+            program, t = programs.lower(t, update.variable)
+            step = _Step("program", op, program=program)
         steps.append(step)
         inputs.append(t)
     call = calls[scope]
@@ -305,8 +321,9 @@ def _recognise(op: tf.Operation, variable: str, sparse: bool, calls: dict,
         if not any(_in_scope(o, calls) for o in data_upstream(op)):
             return _fail(op, f"the gradient applied to {variable} is not computed from the "
                              "loss's gradient (tf.gradients / compute_gradients)")
-        return _fail(op, f"the gradient of {variable} is changed by an op the CS cannot carry "
-                         f"out (it carries out {TRANSFORMS})")
+        return _Unrecognised(
+            f"the gradient of {variable} is changed by an op the CS cannot carry out (it "
+            f"carries out {TRANSFORMS}) ({op.type} '{op.name}' at {user_source(op)})")
 
     if op.type == "Mul":
         a, b = op.inputs

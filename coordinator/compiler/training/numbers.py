@@ -27,6 +27,9 @@ HALF_GRADIENT_RTOL = 1e-2
 GRADIENT_NOISE = 1e-6
 HALF_GRADIENT_NOISE = 2.0 ** -11
 ZEROED_NOISE = 100.0  # a proven-0 gradient's noise may be this many times the noise bound
+# A gradient program's clipping thresholds are values it computes (AGC's c * ||w||): its
+# check feeds gradients of these scales too, below and above any threshold of ordinary size.
+PROGRAM_SCALES = [1e-4, 1e4]
 
 
 def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
@@ -46,7 +49,9 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
     handles = {op.name for loss in {t.name: t for t in losses.values()}.values()
                for op in _variables_under(loss)} | {c.update.variable for c in chains} \
         | {a.variable for a in averages} | {  # (what gradients under control dependencies run)
-            op.name for c in chains for op in op_closure(c.raw) if op.type in VARIABLE_OPS}
+            op.name for c in chains for op in op_closure(c.raw) if op.type in VARIABLE_OPS} \
+        | {op.name for c in chains for op in op_closure(c.update.grad)  # (a program reads)
+           if op.type in VARIABLE_OPS}
     with graph.as_default():
         variables = [v for v in tf.compat.v1.global_variables() if v.op.name in handles]
     if sum(v.shape.num_elements() or 0 for v in variables) > NUMERIC_CHECK_VALUES:
@@ -72,6 +77,7 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
                 raw.append(chain.raw)
             ours.append(tf.convert_to_tensor(grad))
         init = tf.compat.v1.variables_initializer(variables)
+        read = {w: _read(graph, w) for t in _merge(chains) for w in t.weights}
     batch = extracted.first_batch or {}
     feed = {graph.get_tensor_by_name(extracted.placeholders[s.name]): batch[s.name] for s in extracted.inputs}
     with tf.compat.v1.Session(graph=graph) as session:
@@ -100,13 +106,23 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
         largest = {c.update.variable: (c.update.optimizer, float(np.max(
             np.abs(got), initial=0.0)) / abs(c.call.scale)) for c, got in zip(chains, raw_values)}
         check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
-        _check_transforms(session, chains)
+        _check_transforms(session, chains, session.run(read))
     return max((g for _, g in largest.values()), default=0.0)
 
 
-def _check_transforms(session, chains: list[_Chain]) -> None:
+def _read(graph: tf.Graph, variable: str) -> tf.Tensor:
+    """A read of the variable's value (a resource's or a ref's)."""
+    handle = graph.get_operation_by_name(variable).outputs[0]
+    if handle.dtype != tf.resource:
+        return tf.identity(handle)
+    return tf.raw_ops.ReadVariableOp(
+        resource=handle, dtype=graph.get_operation_by_name(variable).get_attr("dtype"))
+
+
+def _check_transforms(session, chains: list[_Chain], weights: dict[str, np.ndarray]) -> None:
     """TF's transform subgraph and apply_transforms agree on random gradients, with every
-    clipping both inactive (tiny gradients) and active (large ones), and mixed."""
+    clipping both inactive (tiny gradients) and active (large ones), and mixed (a program
+    reads `weights`, the variables' values in `session`, and sees PROGRAM_SCALES too)."""
     transforms = _merge(chains)
     if not transforms:
         return
@@ -117,6 +133,8 @@ def _check_transforms(session, chains: list[_Chain]) -> None:
         raise _fail(chains[0].update.op, "a gradient of unknown shape")
     size = max(s.num_elements() for s in shapes.values())
     scales = [10.0 * max(limits), min(limits) / (10.0 * np.sqrt(size))] if limits else [1.0]
+    if any(t.kind == "program" for t in transforms):  # (its thresholds unknown: both sides)
+        scales += PROGRAM_SCALES
     rng = np.random.default_rng(0)
     for trial in range(len(scales) + 1):
         feed, grads = {}, {}
@@ -127,7 +145,7 @@ def _check_transforms(session, chains: list[_Chain]) -> None:
             feed[c.raw] = np.asarray(values, np.float32)  # (a scalar weight's: 0-d array)
             grads[c.update.variable] = feed[c.raw].copy()
         applied = session.run([c.update.grad for c in chains], feed)
-        apply_transforms(transforms, grads)
+        apply_transforms(transforms, grads, weights)
         for c, want in zip(chains, applied):
             bound = 1e-5 * float(np.max(np.abs(want), initial=0.0)) + 1e-30
             if not float(np.max(np.abs(grads[c.update.variable] - want), initial=0.0)) <= bound:

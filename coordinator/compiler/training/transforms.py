@@ -23,10 +23,11 @@ def _merge(chains: list[_Chain]) -> list[GradientTransform]:
                 instances.append((step, (chain.update.variable,)))
     instances.sort(key=lambda sv: order[sv[0].anchor.name])
     merged: list[tuple[tuple, list[str]]] = []
+    programs = {id(step.program): step.program for step, _ in instances}
     for step, names in instances:
-        key = (step.kind, step.value, step.low, step.high)
+        key = (step.kind, step.value, step.low, step.high, id(step.program))
         target = None
-        if step.kind != "clip_by_global_norm":
+        if step.kind not in ("clip_by_global_norm", "program"):
             for entry in reversed(merged):
                 if set(entry[1]) & set(names):
                     break
@@ -39,8 +40,8 @@ def _merge(chains: list[_Chain]) -> list[GradientTransform]:
             target[1].extend(names)
     rank = {c.update.variable: i for i, c in enumerate(chains)}
     return [GradientTransform(k[0], value=k[1], low=k[2], high=k[3], variables=tuple(
-        v if k[0] == "clip_by_global_norm" else sorted(v, key=rank.__getitem__)))
-        for k, v in merged]
+        v if k[0] == "clip_by_global_norm" else sorted(v, key=rank.__getitem__)),
+        program=programs[k[4]]) for k, v in merged]
 
 
 def _fold_loss_scale(chains: list[_Chain], half: bool) -> tuple[list[GradientTransform], float]:
