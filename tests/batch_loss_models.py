@@ -80,7 +80,7 @@ def moe_penalised_model_fn(features, labels, mode, params):
 
 def learned_temperature_model_fn(features, labels, mode, params):
     """The entropy of the batch's mean prediction at a learned temperature: a weight inside
-    a loss of the whole batch (refused)."""
+    a loss of the whole batch."""
     logits = tf.keras.layers.Dense(CLASSES)(features)
     temperature = tf.compat.v1.get_variable("temperature", [], initializer=tf.ones_initializer())
     p_mean = tf.reduce_mean(tf.nn.softmax(logits), 0)

@@ -81,7 +81,8 @@ def vae(features, labels, mode, params):
 def auxiliary(features, labels, mode, params):
     """A classifier with an auxiliary head on its hidden layer (deep supervision), the
     auxiliary loss weighted by `params["beta"]`'s form ("decay": polynomial_decay from 1 to
-    0.1); `params["penalised"]`: the first layer's L2 penalty weighted by it too."""
+    0.1); `params["penalised"]`: the first layer's L2 penalty weighted by it too ("inside":
+    the kernel scaled by its square root inside the penalty: not on the CS)."""
     first = tf.keras.layers.Dense(HIDDEN, activation="relu")
     h1 = first(features["x"])
     h2 = tf.keras.layers.Dense(HIDDEN, activation="relu")(h1)
@@ -93,7 +94,9 @@ def auxiliary(features, labels, mode, params):
     weight = _beta(params)
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits) + \
         weight * v1.losses.sparse_softmax_cross_entropy(labels, aux_logits)
-    if params.get("penalised"):  # a weight decay on the same schedule: not on the CS
+    if params.get("penalised") == "inside":  # a penalty of the scaled kernel: not on the CS
+        loss += 1e-3 * tf.nn.l2_loss(tf.sqrt(weight) * first.kernel)
+    elif params.get("penalised"):  # a weight decay on the same schedule
         loss += weight * 1e-3 * tf.nn.l2_loss(first.kernel)
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={

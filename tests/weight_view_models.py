@@ -99,7 +99,7 @@ def unrolled_ista(features, labels, mode, params):
 
 
 def kernel_with_constant_column(features, labels, mode, params):
-    """A kernel concatenated with a constant column: a view the CS does not compute."""
+    """A kernel concatenated with a constant column (a class whose logit is fixed at 0)."""
     flat = tf.reshape(features, [-1, STEPS * FEATURES])
     w = tf.compat.v1.get_variable("w", [STEPS * FEATURES, CLASSES - 1])
     kernel = tf.concat([w, tf.zeros([STEPS * FEATURES, 1])], axis=1)

@@ -14,11 +14,15 @@ The tail's ops, from the per-sample values they read (each the whole batch: tf's
 reductions, transposes, reshapes, products of matrices, views; here also sorts of the
 batch: TopKV2 as top_k, GatherV2 at its positions as sample_gather) onto library kernels run on
 a batch of one, which a `batch_tail_loss` kernel (wafer.kernels.batch_tail) evaluates once
-per batch and differentiates back to every sample's values. A tail reading a weight or a
+per batch and differentiates back to every sample's values. A float32 scalar of weights
+the tail reads (a learned temperature, a KL of weights added) is given to every sample and
+read at the batch's first. A tail reading another weight or a
 random number, computing in float16 or with an op the weight program does not run is
 refused naming the op.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -67,16 +71,20 @@ KERNEL_ROWS = {
 
 class TailBuilder(WeightProgramBuilder):
     """Lowers the loss tail's values: the per-sample tensors it reads are its sources (the
-    whole batch, in the order first read: `samples`), weights and random numbers refused."""
+    whole batch, in the order first read: `samples`), weight scalars given to every sample
+    (`share`), other weights and random numbers refused."""
 
     SUBJECT = "computes the loss over the batch"
     PLACE = "on the whole batch"
 
-    def __init__(self, m: TailContext, penalties: list[tf.Tensor]):
+    def __init__(self, m: TailContext, penalties: list[tf.Tensor],
+                 share: Callable[[tf.Tensor], str | None]):
         super().__init__(m.operands, m.flow)
         self.m = m
         self.penalties = {t.name for t in penalties}  # measured apart: here 0
+        self.share = share  # a weight scalar's kernel giving it to every sample, or None
         self.samples: list[tf.Tensor] = []
+        self.inputs: list[tf.Tensor | str] = []  # the kernel's: a weight scalar's share
         self.root: tuple[tf.Operation, str] | None = None  # the first refusal: its cause
 
     def _refuse(self, tensor: tf.Tensor, reason: str) -> str | None:
@@ -100,6 +108,12 @@ class TailBuilder(WeightProgramBuilder):
         if op.type in ("IsFinite", "Select", "SelectV2") and tensor.name in m.tail:
             return self._guard(op, tensor, where)
         if tensor.name not in m.tail:
+            shared = self.share(tensor)
+            if shared is not None:  # (a learned temperature, a KL of weights added)
+                source = self._source_of(tensor, shared)
+                first = self._add(op, None, "take", [source], {"axis": 0, "indices": [0]},
+                                  suffix="/weight_scalar")
+                return self._add(op, tensor, "reshape", [first], {"shape": []})
             weight = self.operands.weight(tensor) or self.operands.view(tensor)
             what = f"weight {weight.variable}" if weight is not None else "a random number" \
                 if self.operands.random_source(tensor) is not None else "a value of weights"
@@ -339,10 +353,14 @@ class TailBuilder(WeightProgramBuilder):
                                         "computes such a loss from float32 values")
         return self._source_of(tensor)
 
-    def _source_of(self, tensor: tf.Tensor) -> str:
+    def _source_of(self, tensor: tf.Tensor, shared: str | None = None) -> str:
+        """The source of a per-sample value (or of the weight scalar `tensor`, every sample
+        given it by the kernel `shared`: the batch's [B] copies, row 0 read)."""
         name = source_name(len(self.samples))
         self.samples.append(tensor)
-        self.sources[name] = ParamRef("source", name, static_shape(tensor))
+        self.inputs.append(shared if shared is not None else tensor)
+        shape = (self.m.batch_size,) if shared is not None else static_shape(tensor)
+        self.sources[name] = ParamRef("source", name, shape)
         return name
 
     def _diagonal(self, op: tf.Operation, tensor: tf.Tensor) -> str | None:
@@ -361,11 +379,13 @@ class TailBuilder(WeightProgramBuilder):
 
 
 def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],
-          ) -> tuple[str, list[tf.Tensor]]:
+          share: Callable[[tf.Tensor], str | None]) -> tuple[str, list[tf.Tensor]]:
     """Add the `batch_tail_loss` kernel evaluating `loss` once per batch, the values of
-    weight penalties added to it left out (`penalties` are 0: the caller measures them); its
-    name and the per-sample values it reads ("" with the refusal in m.unsupported)."""
-    builder = TailBuilder(m, penalties)
+    weight penalties added to it left out (`penalties` are 0: the caller measures them), a
+    scalar of weights read from the kernel `share` gives every sample it (None: refused);
+    its name and the values it reads, per sample or such scalars ("" with the refusal in
+    m.unsupported)."""
+    builder = TailBuilder(m, penalties, share)
     upstream = set(data_upstream(loss.op))
     for op in loss.graph.get_operations():  # in graph order: the recursion stays shallow
         if op in upstream:                     # (an unrolled loop's iterations nest deep)
@@ -381,7 +401,7 @@ def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],
     assert program is not None
     steps = [(k.name, k.type, k.inputs, k.attrs) for k in program.kernels]
     attrs = {**steps_attrs(steps), "batch_size": m.batch_size}
-    return m.add_kernel("loss", "batch_tail_loss", list(builder.samples), attrs, [], [], loss,
+    return m.add_kernel("loss", "batch_tail_loss", list(builder.inputs), attrs, [], [], loss,
                         output_shape=(), source_op=loss.op).name, builder.samples
 
 

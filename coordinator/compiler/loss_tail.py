@@ -62,6 +62,11 @@ UNEVALUATED = "the loss could not be evaluated from its per-sample values"
 # values times constants is refused (a sum is the same in either layout).
 LEADING_TAIL = ("a loss of tf.stack(values, axis=0) that is not a sum or mean of its values "
                 "times constants: reduce over the stack axis 0 first (tf.reduce_mean(stacked, 0))")
+# Why weight scalars are refused where the CS cannot carry them (see _lower_loss).
+WEIGHTED_IN_FLOAT32 = ("a loss weighted by weights (learned task weights) or by a value of the "
+                       "global step is carried out in float32 over a mean or sum of the batch: "
+                       "divide by the batch size, not by a count of its values, and compute "
+                       "the loss in float32")
 # A tail computing in float16 (a mixed_float16 loss) is measured to float16's precision:
 # a few units in its last place (2 ** -11).
 HALF_RTOL = 4e-3
@@ -169,10 +174,13 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
                 continue
             if m.step_values.reads_step(t):  # a term's weight on a schedule (KL annealing)
                 if m.step_values.reads_weights(t):
-                    return _reject(m, op, f"adds weights or a weight penalty times a value of "
-                                          f"the global step ({t.op.type} '{t.op.name}' at "
-                                          f"{user_source(t.op)}): {ON_WEIGHTS}")
-                kernel = m.step_values.kernel(m, t, op)
+                    product = _annealed(m, t)
+                    if product is None:
+                        return _reject(m, op, f"adds weights or a weight penalty times a value "
+                                              f"of the global step ({t.op.type} '{t.op.name}' "
+                                              f"at {user_source(t.op)}): {ON_WEIGHTS}")
+                    t = product
+                kernel = m.step_values.kernel(m, _annealed_parts(m, t)[0], op)
                 if isinstance(kernel, tuple):
                     return _reject(m, op, kernel[0])
                 scalars += [t] if t not in scalars else []
@@ -192,7 +200,9 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
                 scalars += [t] if t not in scalars else []
                 continue
             if reasons:
-                return _reject(m, *reasons[0])
+                problem = m.weight_problem(t) if static_shape(t) == () else ""
+                return _reject(m, t.op, f"a term of the loss {problem}") if problem else \
+                    _reject(m, *reasons[0])
             bases += found
     frontier = list(dict.fromkeys(m.frontier))
     if own_frontier:
@@ -206,22 +216,24 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
         for t in _summed(m, op.inputs[1]):
             if _model_op(t) is not None:  # (a ratio of the model's batch sums)
                 return _batch_tail(m, loss, session)
-    if scalars and (divisions or half):
-        return _reject(m, scalars[0].op, "a loss weighted by weights (learned task weights) or "
-                                         "by a value of the global step is carried out in "
-                                         "float32 over a mean or sum of the batch: divide by "
-                                         "the batch size, not by a count of its values, and "
-                                         "compute the loss in float32")
+    if scalars and half:
+        return _reject(m, scalars[0].op, WEIGHTED_IN_FLOAT32)
     fixed = {op.inputs[1]: np.float32(1.0) for op in divisions}
     fixed.update({t: np.float32(0.0) for t in scalars})
     coefficients = _measure(session, loss, frontier, [b[0] for b in bases], rtol, fixed)
     if isinstance(coefficients, str):
         return _reject(m, loss.op, coefficients) if coefficients.startswith(UNEVALUATED) \
             else _batch_tail(m, loss, session)
-    weighting = _measure_weighting(session, loss, frontier, bases, scalars, coefficients) \
-        if scalars else None
+    weighting = _measure_weighting(session, loss, frontier, bases, scalars, coefficients,
+                                   fixed) if scalars else None
     if isinstance(weighting, str):
         return _reject(m, loss.op, weighting)
+    if weighting is not None and divisions:  # (terms of weights added to a divided loss)
+        divided = _added_apart(session, loss, scalars, weighting, divisions,
+                               {**{t: np.zeros(static_shape(t), np.float32)
+                                   for t in frontier + [b[0] for b in bases]}, **fixed})
+        if divided:
+            return _reject(m, *divided)
     divided_by = [-1] * len(coefficients)
     for r, op in enumerate(divisions):  # which terms each divides: halved with it doubled
         doubled = _measure(session, loss, frontier, [b[0] for b in bases], rtol,
@@ -248,19 +260,42 @@ def _lower_loss(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
             return _reject(m, op, problem)
         denominators.append((op, program))
     if divisions:
+        terms = dict(zip(scalars, weighting[1])) if weighting is not None else {}
         problem = _check_ratio(session, loss, frontier, [b[0] for b in bases],
                                coefficients[:len(frontier)], divided_by, denominators, summed,
-                               rtol)
+                               rtol, terms)
         if problem:
             return _batch_tail(m, loss, session)
     data_c, weight_c = coefficients[:len(frontier)], coefficients[len(frontier):]
     regularizers = _penalties(m, bases, weight_c)
     if isinstance(regularizers, tuple):
         return _reject(m, *regularizers)
-    if weighting is not None:
+    if weighting is not None and not divisions:
         return _weighted_loss_kernel(m, loss, frontier, data_c, scalars, *weighting), regularizers
+    added = _weight_terms_per_sample(m, loss, scalars, weighting[1]) \
+        if weighting is not None else None
     return _loss_kernel(m, loss, frontier, data_c, divided_by[:len(frontier)],
-                        denominators, summed), regularizers
+                        denominators, summed, added), regularizers
+
+
+def _added_apart(session: tf.compat.v1.Session, loss: tf.Tensor, scalars: list[tf.Tensor],
+                 weighting: tuple[list[list[float]], list[float]], divisions: list[tf.Operation],
+                 zeros: dict) -> tuple[tf.Operation, str] | None:
+    """None if the weight scalars are only added to a loss divided by values of the batch
+    (no a_jk of _measure_weighting's form) and no division divides them (each divisor fed
+    2, their terms unchanged, every other value fed as in `zeros`); else (op, why not)."""
+    factors, terms = weighting
+    if any(a for row in factors for a in row):
+        return scalars[0].op, WEIGHTED_IN_FLOAT32
+    for op in divisions:
+        for w, d in zip(scalars, terms):
+            got = float(session.run(loss, {**zeros, op.inputs[1]: np.float32(2.0),
+                                           w: np.float32(1.5)}))
+            if not np.isclose(got, 1.5 * d, rtol=RTOL, atol=1e-6):
+                return op, ("divides a term of the loss computed from weights by a count or "
+                            "sum of the batch: add terms of weights to the loss after the "
+                            "division")
+    return None
 
 
 def _penalties(m: TailContext, bases: list, coefficients: Sequence[float],
@@ -296,7 +331,7 @@ def _batch_tail(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
             if found and not reasons:  # (else the tail's lowering refuses t)
                 bases += found
                 terms.append(t)
-    name, samples = batch_tail.lower(m, loss, terms)
+    name, samples = batch_tail.lower(m, loss, terms, lambda t: _shared_weight(m, loss, t))
     if not name or not bases:
         return name, {}
     coefficients = _penalty_factors(session, loss, samples, [b[0] for b in bases])
@@ -304,6 +339,14 @@ def _batch_tail(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
         return _reject(m, loss.op, coefficients)
     regularizers = _penalties(m, bases, coefficients)
     return (name, regularizers) if isinstance(regularizers, dict) else _reject(m, *regularizers)
+
+
+def _shared_weight(m: TailContext, loss: tf.Tensor, tensor: tf.Tensor) -> str | None:
+    """The kernel giving every sample the weight scalar `tensor` a loss of the whole batch
+    reads (a learned temperature, a term of weights alone), None if it is none such."""
+    if not _weight_scalar(m, tensor) or _scalar_variable_written(m, tensor):
+        return None
+    return _per_sample(m, loss, tensor)
 
 
 def _penalty_factors(session: tf.compat.v1.Session, loss: tf.Tensor, samples: list[tf.Tensor],
@@ -347,6 +390,41 @@ def _sample_values(rng: np.random.Generator, t: tf.Tensor) -> np.ndarray:
     return _draw(rng, t, static_shape(t), 0.5, 2.0)
 
 
+def _annealed(m: TailContext, tensor: tf.Tensor) -> tf.Tensor | None:
+    """The product beta * W that `tensor` (a tail input reading the global step and weights)
+    is computed from alone (through constant factors and divisors, negations): beta a
+    scalar of the global step and constants, W a weight scalar (an annealed KL of the
+    weights, beta * tf.nn.l2_loss(w)); None if it is none such."""
+    while True:
+        op = tensor.op
+        if op.type == "Mul":
+            a, b = op.inputs
+            step = [t for t in (a, b) if not m.step_values.reads_weights(t)]
+            weights = [t for t in (a, b) if not m.step_values.reads_step(t)]
+            if len(step) == 1 and len(weights) == 1 and step[0] is not weights[0] and \
+                    static_shape(step[0]) == () and _weight_scalar(m, weights[0]) and \
+                    not _scalar_variable_written(m, weights[0]):
+                return tensor
+        variable = [t for t in op.inputs if m.operands.constant(t) is None]
+        if op.type not in ("Mul", "RealDiv", "Neg", "Identity") or len(variable) != 1 or \
+                op.type == "RealDiv" and variable[0] is not op.inputs[0]:
+            return None
+        tensor = variable[0]
+
+
+def _annealed_parts(m: TailContext, tensor: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor | None]:
+    """(beta, W) of an annealed product (_annealed), or (tensor, None) for a value of the
+    global step alone."""
+    if m.step_values.reads_weights(tensor):
+        a, b = tensor.op.inputs
+        return (a, b) if not m.step_values.reads_weights(a) else (b, a)
+    return tensor, None
+
+
+def _scalar_variable_written(m: TailContext, tensor: tf.Tensor) -> bool:
+    return bool(m.step_values.written_refusal(_scalar_variable(m, tensor)))
+
+
 def _weight_scalar(m: TailContext, tensor: tf.Tensor) -> bool:
     """Whether `tensor` is a float32 scalar of weights alone (a variable, a view of one or
     the weight program's value: a task's tf.exp(-s), its s)."""
@@ -357,15 +435,16 @@ def _weight_scalar(m: TailContext, tensor: tf.Tensor) -> bool:
 
 def _measure_weighting(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.Tensor],
                        bases: list, scalars: list[tf.Tensor], coefficients: Sequence[float],
-                       ) -> tuple[list[list[float]], list[float]] | str:
+                       fixed: dict) -> tuple[list[list[float]], list[float]] | str:
     """(a, d) of loss = sum_j sum(T_j) * (c_j + sum_k a_jk W_k) + sum_k d_k W_k + the
     penalties (c: `coefficients`, measured with every W_k 0), the W_k the weight scalars fed
     as values: measured term by term, then verified with fresh values of everything at once
-    (a product of two scalars, of a scalar and a penalty, a nonlinear term: refused)."""
+    (a product of two scalars, of a scalar and a penalty, a nonlinear term: refused), the
+    `fixed` tensors (the divisors: 1) fed their values."""
     rng = np.random.default_rng(2)
     bases_t = [b[0] for b in bases]
     feeds = frontier + bases_t + scalars
-    zeros = {t: np.zeros(static_shape(t), np.float32) for t in feeds}
+    zeros = {**{t: np.zeros(static_shape(t), np.float32) for t in feeds}, **fixed}
 
     def evaluate(values: dict) -> float:
         return float(session.run(loss, {**zeros, **values}))
@@ -413,13 +492,23 @@ def _weighted_loss_kernel(m: TailContext, loss: tf.Tensor, frontier: list[tf.Ten
                 pieces.append((_weighted(m, loss, value, w), a))
         for name, factor in pieces:
             total = _added(m, loss, total, _scaled(m, loss, name, factor))
+    added = _weight_terms_per_sample(m, loss, scalars, terms)
+    total = _added(m, loss, total, added) if added is not None else total
+    assert total is not None
+    return m.add_kernel("loss", "loss", [total], {"scale": 1.0}, [], [], loss, output_shape=(),
+                        source_op=loss.op).name
+
+
+def _weight_terms_per_sample(m: TailContext, loss: tf.Tensor, scalars: list[tf.Tensor],
+                             terms: Sequence[float]) -> str | tf.Tensor | None:
+    """Each sample's share of sum_k d_k W_k (the weight scalars `scalars` added with the
+    factors `terms`): d_k W_k / batch, whose batch sum is the terms; None if every d_k is 0."""
+    total: str | tf.Tensor | None = None
     for w, d in zip(scalars, terms):
         if d:
             value = _per_sample(m, loss, w)
             total = _added(m, loss, total, _scaled(m, loss, value, d / m.batch_size))
-    assert total is not None
-    return m.add_kernel("loss", "loss", [total], {"scale": 1.0}, [], [], loss, output_shape=(),
-                        source_op=loss.op).name
+    return total
 
 
 def _weighted(m: TailContext, loss: tf.Tensor, value: str | tf.Tensor, w: tf.Tensor) -> str:
@@ -439,9 +528,10 @@ def _per_sample(m: TailContext, loss: tf.Tensor, w: tf.Tensor) -> str:
     """The kernel giving every sample the scalar `w` (a weight: `broadcast`; a value of the
     global step: `schedule`, made by _lower_loss)."""
     if m.step_values.reads_step(w):
-        kernel = m.step_values.kernel(m, w, loss.op)
+        step, weights = _annealed_parts(m, w)
+        kernel = m.step_values.kernel(m, step, loss.op)
         assert isinstance(kernel, str), kernel
-        return kernel
+        return kernel if weights is None else _weighted(m, loss, kernel, weights)
     param = _scalar_param(m, loss, w, "value")
     return m.add_kernel("loss/weight_term", "broadcast", [m.sample_input()],
                         {"shape": [], "value": list(param.shape)}, [param], [], None,
@@ -514,19 +604,23 @@ def _model_op(tensor: tf.Tensor) -> tf.Operation | None:
 
 def _check_ratio(session: tf.compat.v1.Session, loss: tf.Tensor, frontier: list[tf.Tensor],
                  bases: list[tf.Tensor], coefficients: Sequence[float], divided_by: Sequence[int],
-                 denominators: list, summed: list[tf.Tensor], rtol: float) -> str:
-    """'' if the loss is sum_j c_j sum(T_j) / d_r(j) with fresh values of every per-sample
-    tensor (the denominators computed by the graph from theirs); else what is not."""
+                 denominators: list, summed: list[tf.Tensor], rtol: float,
+                 terms: dict[tf.Tensor, float]) -> str:
+    """'' if the loss is sum_j c_j sum(T_j) / d_r(j) + sum_k d_k W_k with fresh values of
+    every per-sample tensor (the denominators computed by the graph from theirs) and of the
+    weight scalars W_k (`terms`: their d_k); else what is not."""
     rng = np.random.default_rng(1)
     values = {t: _draw(rng, t, static_shape(t), 0.5, 2.0) for t in frontier}
     values.update({t: np.zeros(static_shape(t), np.float32) for t in bases})
+    added = {w: np.float32(rng.uniform(-2.0, 2.0)) for w in terms}
     sums = {t.name: float(v.sum(dtype=np.float64)) for t, v in values.items()}
     with np.errstate(all="ignore"):
         d = [float(evaluate(program, 0, batch_sums(values, summed)))
              for _, program in denominators]
     want = sum(c * sums[t.name] / (d[r] if r >= 0 else 1.0)
                for t, c, r in zip(frontier, coefficients, divided_by))
-    got = float(session.run(loss, values))
+    want += sum(d_k * float(added[w]) for w, d_k in terms.items())
+    got = float(session.run(loss, {**values, **added}))
     if not np.isclose(got, want, rtol=rtol, atol=1e-6 if rtol == RTOL else rtol):
         return "the loss is not a sum of per-sample values divided by a count or sum of the batch"
     return ""
@@ -590,9 +684,11 @@ def exact(c: float, rtol: float = 1e-5) -> float:
 
 def _loss_kernel(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
                  coefficients: Sequence[float], divided_by: Sequence[int] = (),
-                 denominators: Sequence = (), summed: Sequence[tf.Tensor] = ()) -> str:
+                 denominators: Sequence = (), summed: Sequence[tf.Tensor] = (),
+                 added: str | tf.Tensor | None = None) -> str:
     """One `loss` kernel summing scale * per-sample values (several terms combined first),
-    each group of terms divided by its denominator (wafer.kernels.losses.BatchLoss)."""
+    each group of terms divided by its denominator (wafer.kernels.losses.BatchLoss), and
+    the per-sample value `added` (terms of weights: _weight_terms_per_sample) undivided."""
     if not denominators:
         if len(frontier) == 1:
             return m.add_kernel("loss", "loss", [frontier[0]], {"scale": float(coefficients[0])},
@@ -602,9 +698,16 @@ def _loss_kernel(m: TailContext, loss: tf.Tensor, frontier: list[tf.Tensor],
     divided_by = list(divided_by)
     groups = sorted({r for r, c in zip(divided_by, coefficients) if c})
     inputs: list = []
+    if added is not None and -1 not in groups:
+        groups.insert(0, -1)
     for r in groups:
         terms = [(t, c) for t, c, g in zip(frontier, coefficients, divided_by) if g == r and c]
-        inputs.append(_combined(m, loss, [t for t, _ in terms], [c for _, c in terms]))
+        value = _combined(m, loss, [t for t, _ in terms], [c for _, c in terms]) if terms else None
+        if r == -1 and added is not None:  # (each sample's sum of T, then its share)
+            summed_t = _sample_sum(m, loss, value) if isinstance(value, tf.Tensor) else value
+            value = _added(m, loss, summed_t, added)
+        assert value is not None
+        inputs.append(value)
     attrs = {"scale": 1.0, "divided_by": groups,
              "divisors": divisors_attr([program for _, program in denominators]),
              "div_no_nan": [int(DIVISIONS[op.type]) for op, _ in denominators]}

@@ -984,7 +984,10 @@ def supported_table() -> str:
                  "tf.clip_by_value, tf.math.divide_no_nan, tf.sqrt: TF's float32 bit for bit), "
                  "known before the batch streams through; terms weighted by scalars of weights "
                  "plus such scalars (multi-task uncertainty weighting: tf.exp(-s) * mean + s) "
-                 "or by values of the global step (`schedule`) |")
+                 "or by values of the global step (`schedule`); any scalar of weights alone "
+                 "the weight program computes added to the loss, divided or not, or times a "
+                 "value of the global step (a KL of q(u), annealed or not, an orthogonality "
+                 "penalty, a log-determinant) |")
     lines.append("| weights (shared, viewed) | a weight read by several kernels (tied input/output "
                  "embeddings, a Keras layer called twice, an unrolled LSTM's cell at every step) "
                  "lives in one region, its uses' gradients summed before the one update; a "
@@ -1017,7 +1020,8 @@ def supported_table() -> str:
                  "factor of its inducing points' kernel matrix and its inverse by "
                  "tf.linalg.triangular_solve (`cholesky`, `solve`); views: slices "
                  "with any masks and negative strides, tf.split/unstack, tf.gather at constant "
-                 "indices, tf.concat/stack of weights, as Keras GRU(reset_after=False)'s "
+                 "indices, tf.concat/stack of weights (and float32 constants: a hand-built "
+                 "Cholesky factor's zeros), as Keras GRU(reset_after=False)'s "
                  "recurrent_kernel[:, 2 * units:]): run on the CS once a step before the batch, "
                  "the gradient taken back through the same kernels to the weights (a view's "
                  "scattered back); under Keras' mixed_float16, a layer's weight autocast to "

@@ -24,6 +24,7 @@ from coordinator.compiler import (
     batch_tail,
     batch_writes,
     bincount,
+    blockers,
     candidate_sampling,  # noqa: F401 (its fast path)
     fast_paths,
     folded_batch,
@@ -584,6 +585,10 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
                                not objectives else [])
     if not matcher.unsupported or not objectives:
         matcher.run()
+    if matcher.unsupported:  # (what the first refusals hide: named at first contact too)
+        matcher.unsupported.extend(blockers.hidden(matcher, matcher.ops, matcher.tail,
+                                                   matcher.unsupported,
+                                                   matcher.weight_program.kernel_less))
     loss_kernel, regularizers = "", dict[str, list[tuple[str, float]]]()
     if not predict and not matcher.unsupported:
         loss_kernel, regularizers = loss_tail.lower_loss(matcher, spec.loss, bool(objectives))

@@ -40,15 +40,17 @@ KERNEL_ROWS = {"schedule": (
     "the graph TF executes, evaluated by the CS at the step computed (evaluation: the "
     "checkpoint's) as TF's CPU kernels compute it")}
 REFUSED = {"values of the global step": (
-    "read by weights or weight penalties (tf.matmul(x, beta * w), beta * tf.nn.l2_loss(w)), "
+    "read by weights or inside a weight penalty (tf.matmul(x, beta * w), "
+    "tf.nn.l2_loss(beta * w)), "
     "of another dtype than float32 or shape than a scalar, or computed from a variable "
     "(one the train_op writes: a loss weight kept in a variable)")}
 WRITE_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign",
              "AssignAdd", "AssignSub"}
 # Why a value of the step that meets weights is refused (the weight program, the loss tail).
 ON_WEIGHTS = ("the CS multiplies per-sample values and loss terms by a value of the global "
-              "step (loss + beta * tf.reduce_mean(kl), beta * x), not weights or weight "
-              "penalties: multiply the layer's output, or give the penalty a constant factor")
+              "step (loss + beta * tf.reduce_mean(kl), beta * x, beta * tf.nn.l2_loss(w)), "
+              "not weights or what a penalty reads: multiply the layer's output, or the "
+              "whole penalty")
 INSTEAD = ("the CS computes a per-step value from the global step and constants: "
            "tf.minimum(1.0, tf.cast(global_step, tf.float32) / n), tf.compat.v1.train."
            "polynomial_decay (or another tf.compat.v1.train schedule) of global_step, "

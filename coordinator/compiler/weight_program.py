@@ -12,7 +12,8 @@ tf.nn.softmax(leaf_logits)), tf.nn.l2_loss, stop_gradient, fake quantization (QA
 comparisons and tf.where on them or on a constant condition (SincNet's sinc(0) = 1; a
 comparison's bool value never meets the samples, but its float32 cast may: a mask
 w * tf.cast(tf.abs(w) > t, tf.float32)) and views (strided slices with any
-masks, tf.split/unstack, tf.gather at constant indices, tf.concat/stack of weights: Keras
+masks, tf.split/unstack, tf.gather at constant indices, tf.concat/stack of weights and
+float32 constants (a hand-built Cholesky factor's zeros): Keras
 GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) and noise on
 weights (random_numbers.weight_draws: a `random` kernel with no input, drawn once a step:
 Bayes by backprop's mu + softplus(rho) * eps) are lowered; a
@@ -86,6 +87,7 @@ class WeightProgramBuilder:
         self.kernels: list[KernelNode] = []
         self.values: dict[str, str | np.ndarray] = {}  # tensor -> kernel, variable or constant
         self.problems: dict[str, str] = {}  # tensor -> why it cannot be lowered
+        self.kernel_less: dict[str, tf.Operation] = {}  # a problem -> the op it names
         self._step_readers_at: tuple[int, set[tf.Operation]] = (-1, set())
 
     def _step_readers(self) -> set[tf.Operation]:
@@ -196,9 +198,11 @@ class WeightProgramBuilder:
         if op.type in WEIGHT_VIEWS:
             return self._view(op, tensor)
         if op.type not in WEIGHT_PROGRAM_OPS:
-            return self._refuse(tensor, f"{self.SUBJECT} with {where}, which the CS cannot "
-                                        f"run {self.PLACE} (it runs element-wise ops, arithmetic, "
-                                        "reductions, transposes, reshapes and products of them)")
+            reason = (f"{self.SUBJECT} with {where}, which the CS cannot run {self.PLACE} (it "
+                      "runs element-wise ops, arithmetic, reductions, transposes, reshapes and "
+                      "products of them)")
+            self.kernel_less[reason] = op
+            return self._refuse(tensor, reason)
         inputs = [self._lower(t) for t in op.inputs]
         bad = next((t for t, v in zip(op.inputs, inputs) if v is None), None)
         if bad is not None:
@@ -367,6 +371,8 @@ class WeightProgramBuilder:
         bad = next((t for t, v in zip(data, values) if v is None), None)
         if bad is not None:
             return self._refuse(tensor, self.problems[bad.name])
+        if kind in ("ConcatV2", "Pack") and any(isinstance(v, str) for v in values):
+            values = self._constants_among(op, values)  # (a hand-built Cholesky's zeros)
         if not all(isinstance(v, str) for v in values):
             raise _Unfit("it mixes weights and constants")
         names: list[str] = values  # type: ignore[assignment]  # (all kernels or variables)
@@ -413,6 +419,16 @@ class WeightProgramBuilder:
             return self._add(op, tensor, "slice", names, attrs)
         piece = self._add(op, None, "slice", names, attrs, suffix="/slice")
         return self._add(op, tensor, "reshape", [piece], {"shape": list(out)})
+
+    def _constants_among(self, op: tf.Operation, values: list[Any]) -> list[Any]:
+        """The float32 constants stacked or concatenated with weights as `sample_constant`
+        kernels (their value, no gradient) reading a weight of the same stack for its size:
+        tf.stack([w, 0.0]) is a value of weights (its gradient w's part of TF's)."""
+        reader = next(v for v in values if isinstance(v, str))
+        return [v if isinstance(v, str) or np.asarray(v).dtype != np.float32 else
+                self._add(op, None, "sample_constant", [reader],
+                          {"value": np.asarray(v, np.float32)[None]}, suffix=f"/constant_{k}")
+                for k, v in enumerate(values)]
 
     def _bounds(self, op: tf.Operation, tensor: tf.Tensor, shape: tuple[int, ...],
                 args: list[np.ndarray]) -> list[tuple[int, int, int, bool]]:

@@ -4,8 +4,8 @@ correlation, the entropy of the batch's mean prediction and BPR's tf.nn.l2_loss 
 looked-up embeddings, evaluated once per batch by a
 batch_tail_loss barrier, trained in process on the simulated CS against TensorFlow
 (tests/cs_inprocess.py) whatever the micro-batch size and with replicas; evaluated on the CS
-with the CPU's metrics; weight penalties added; a batch statistic of that kind feeding
-per-sample activations, or a weight inside such a loss, refused naming the op."""
+with the CPU's metrics; weight penalties and a learned temperature added; a batch statistic of that kind feeding
+per-sample activations refused naming the op."""
 from __future__ import annotations
 
 import batch_loss_models as models
@@ -85,8 +85,10 @@ def test_a_batch_statistic_feeding_per_sample_activations_is_refused_naming_the_
     assert "Mul 'mul'" in message and "only in the loss" in message
 
 
-def test_a_weight_inside_a_loss_of_the_whole_batch_is_refused_naming_it(tmp_path):
-    """The batch entropy times a learned temperature."""
-    message = cs_inprocess.refusal(models.learned_temperature_model_fn, models.input_fn, PARAMS,
-                                   str(tmp_path), models.__file__)
-    assert "reads weight temperature" in message
+def test_a_weight_scalar_inside_a_loss_of_the_whole_batch_trains_like_tensorflow(prepared):
+    """The batch entropy times a learned temperature, on 2 replicas of micro-batch 2: every
+    sample is given the temperature, the tail reads the batch's first copy, its gradient
+    back to the weight through that sample's."""
+    result = prepared(models.learned_temperature_model_fn, PARAMS, 2, 2)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert result.cs.state["temperature"] != result.compiled.initial_weights["temperature"]

@@ -2,8 +2,9 @@
 loss's polynomial_decay, warm-ups with tf.cond / tf.where): the CS evaluates the weight's
 scalar program at the step it computes (in evaluation the checkpoint's) and multiplies the
 term's per-sample values by it. Trained 4 steps across the weight's change with TF's
-numbers, resumed mid-annealing, evaluated as the CPU path; a per-step value that is no
-schedule, or one multiplying a weight penalty, refused in one line saying what to write."""
+numbers, resumed mid-annealing, evaluated as the CPU path (a weight penalty on the schedule
+too); a per-step value that is no schedule, or one scaling a weight inside a penalty,
+refused in one line saying what to write."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -41,11 +42,14 @@ def test_the_annealing_continues_across_a_resume(tmp_path):
                                            str(tmp_path), {"z_mean/kernel/Adam"})
 
 
-@pytest.mark.parametrize("beta", ["decay", "cond", "where"])
-def test_an_auxiliary_loss_weighted_on_a_schedule_trains_like_tensorflow(tmp_path, beta):
+@pytest.mark.parametrize("beta, penalised", [("decay", False), ("cond", False),
+                                             ("where", False), ("decay", True)])
+def test_an_auxiliary_loss_weighted_on_a_schedule_trains_like_tensorflow(tmp_path, beta,
+                                                                        penalised):
     """polynomial_decay from 1 to 0.1, a tf.cond warm-up 0.1 -> 1 at step 2, a tf.where
-    ramp 0.25, 0.5 -> 0.75: under momentum, 4 steps."""
-    params = {**BASE, "beta": beta}
+    ramp 0.25, 0.5 -> 0.75: under momentum, 4 steps; a weight decay on the schedule too
+    (beta * 1e-3 * tf.nn.l2_loss(w): the weight program's scalar times the schedule's)."""
+    params = {**BASE, "beta": beta, "penalised": penalised}
     run = cs_inprocess.compare(lm.auxiliary, lm.input_fn, params, str(tmp_path / "train"),
                                steps=4)
     assert "schedule" in kernel_types(run)
@@ -62,9 +66,9 @@ WRITE = "tf.minimum(1.0, tf.cast(global_step, tf.float32) / n)"
     (lm.vae, {"beta": "written"}, "reads beta, a value the train_op writes every step", WRITE),
     (lm.vae, {"beta": "written", "inside": True}, "reads beta, a value the train_op writes",
      WRITE),
-    (lm.auxiliary, {"beta": "decay", "penalised": True},
+    (lm.auxiliary, {"beta": "decay", "penalised": "inside"},
      "adds weights or a weight penalty times a value of the global step",
-     "multiply the layer's output, or give the penalty a constant factor")])
+     "multiply the layer's output, or the whole penalty")])
 def test_a_per_step_value_the_cs_cannot_compute_is_refused_in_one_line(tmp_path, model, extra,
                                                                       says, instead):
     """One line naming the op and its line, what the CS computes and what to write instead

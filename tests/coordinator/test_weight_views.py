@@ -2,16 +2,14 @@
 (issue 21): Keras GRU with reset_after False (the reset state times a slice of the recurrent
 kernel) and True, a hand-written LSTM splitting its kernels with tf.split, a language model
 tying its output layer to its embedding table, and a kernel pieced together from gathered,
-reversed and concatenated weights train on the CS as TensorFlow trains them (4 steps,
-rtol 1e-4) and evaluate there with the CPU path's metrics; a view the CS does not compute
-is refused in one line naming the op."""
+reversed and concatenated weights, and a kernel concatenated with a constant column, train
+on the CS as TensorFlow trains them (4 steps, rtol 1e-4) and evaluate there with the CPU
+path's metrics."""
 from __future__ import annotations
 
 import cs_inprocess
 import pytest
 import weight_view_models as m
-
-from common.errors import CSRunError
 
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 CASES = {
@@ -21,6 +19,7 @@ CASES = {
     "tied_embedding_lm": (m.tied_embedding_lm, m.token_input_fn, {}),
     "pieced_kernel": (m.pieced_kernel, m.sequence_input_fn, {"optimizer": "adam"}),
     "unrolled_ista": (m.unrolled_ista, m.sequence_input_fn, {"optimizer": "adam"}),  # scalars theta[k]
+    "constant_column": (m.kernel_with_constant_column, m.sequence_input_fn, {}),
 }
 
 
@@ -53,11 +52,7 @@ def test_a_pieced_kernel_is_computed_by_the_weight_program_from_its_two_weights(
     assert {"take", "slice", "concat", "transpose"} <= {k.type for k in program.kernels}
 
 
-def test_a_view_mixing_a_weight_and_a_constant_is_refused_in_one_line(tmp_path):
-    with pytest.raises(CSRunError) as refused:
-        cs_inprocess.compile_checked(m.kernel_with_constant_column, m.sequence_input_fn, BASE,
-                                     str(tmp_path))
-    assert "computes on weights with ConcatV2 'concat' at" in str(refused.value)
-    assert "it mixes weights and constants" in str(refused.value)
-    assert cs_inprocess.refusal_problem(refused.value, m.__file__, cs_inprocess.model_op_words(
-        m.kernel_with_constant_column, m.sequence_input_fn, BASE)) == ""
+def test_a_constant_column_is_a_sample_constant_of_the_weight_program(compared):
+    program = compared("constant_column").compiled.program.weight_program
+    assert {p.variable for p in program.sources} == {"w"}
+    assert {"sample_constant", "concat"} <= {k.type for k in program.kernels}
