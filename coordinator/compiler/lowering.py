@@ -732,22 +732,22 @@ def _sample_gather(m: Context, op: tf.Operation) -> str:
         return "gathers from a per-sample value at indices that are not per-sample"
     if not has_kernel("sample_gather"):
         return "the CS has no sample_gather kernel"
-    axis = int(axis) % rank
+    at = int(axis) % rank
     # per-sample axes: x's gathered axis a - 1 moved to r - 1, the ids' k = rank(ids) - r
     # own axes moved back after x's axes r - 1..a - 2
-    moved = [*range(dims - 1), axis - 1, *range(dims - 1, axis - 1), *range(axis, rank - 1)]
+    moved = [*range(dims - 1), at - 1, *range(dims - 1, at - 1), *range(at, rank - 1)]
     shape, own = m.shape(x), ids_rank - dims
     source: tf.Tensor | str = x
-    if axis > dims:
+    if at > dims:
         source = m.add_kernel(f"{op.name}/transpose_in", "transpose", [x], {"perm": moved}, [],
                               [], None, output_shape=tuple(shape[p] for p in moved),
                               source_op=op).name
-    last = axis == dims or own == 0
+    last = at == dims or own == 0
     gathered = (*m.shape(ids), *(shape[p] for p in moved[dims:]))
     name = _gather_each_sample(m, op, source, ids, dims, gathered, last)
     if not last:
-        back = [*range(dims - 1), *range(dims - 1 + own, axis - 1 + own),
-                *range(dims - 1, dims - 1 + own), *range(axis - 1 + own, rank - 2 + own)]
+        back = [*range(dims - 1), *range(dims - 1 + own, at - 1 + own),
+                *range(dims - 1, dims - 1 + own), *range(at - 1 + own, rank - 2 + own)]
         m.add_kernel(op.name, "transpose", [name], {"perm": back}, [], [op], op.outputs[0],
                      source_op=op)
     return ""
@@ -758,11 +758,13 @@ def _gather_each_sample(m: Context, op: tf.Operation, x: tf.Tensor | str, ids: t
     """A `sample_gather` of x along its axis r = dims at per-sample ids (depth r: each id
     with the positions of x's first r - 1 sample axes); op's output if `last`, else a kernel
     of out_shape; the kernel's name."""
-    name = op.name if last else f"{op.name}/gather"
-    bound = ([op], op.outputs[0]) if last else ([], None)
-    if dims == 1:
-        return m.add_kernel(name, "sample_gather", [x, ids], {}, [], *bound,
+    def gather(inputs: list[tf.Tensor | str], attrs: dict[str, int]) -> str:
+        return m.add_kernel(op.name if last else f"{op.name}/gather", "sample_gather", inputs,
+                            attrs, [], [op] if last else [], op.outputs[0] if last else None,
                             output_shape=None if last else out_shape, source_op=op).name
+
+    if dims == 1:
+        return gather([x, ids], {})
     shape = m.shape(ids)
     positions = np.stack(np.meshgrid(*(np.arange(n) for n in shape[:dims - 1]), indexing="ij"), -1)
     positions = positions.reshape(*shape[:dims - 1], *(1,) * (len(shape) - dims + 1), dims - 1)
@@ -775,8 +777,7 @@ def _gather_each_sample(m: Context, op: tf.Operation, x: tf.Tensor | str, ids: t
     coordinates = m.add_kernel(f"{op.name}/coordinates", "concat", [fixed.name, column.name],
                                {"axis": len(shape)}, [], [], None, output_shape=(*shape, dims),
                                source_op=op)
-    return m.add_kernel(name, "sample_gather", [x, coordinates.name], {"depth": dims}, [], *bound,
-                        output_shape=None if last else out_shape, source_op=op).name
+    return gather([x, coordinates.name], {"depth": dims})
 
 
 @generic("OneHot")
