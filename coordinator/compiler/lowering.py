@@ -628,7 +628,8 @@ def _gather_nd(m: Context, op: tf.Operation) -> str:
     if m.is_batched(table) or not m.is_batched(ids) or depth < 2:
         return ("gathers by tf.gather_nd other than from a weight at per-sample indices of two "
                 "or more coordinates: write tf.gather(w, ids) for rows of a weight, "
-                "tf.gather(x, ids, batch_dims=1) for a sample's own rows")
+                "tf.gather(x, ids, batch_dims=1) or tf.gather_nd(x, ids, batch_dims=1) for a "
+                "sample's own rows")
     found = _operands(m, op, (table, ids), "gather")
     if isinstance(found, str):
         return found
