@@ -294,7 +294,7 @@ class Matcher:
         self.unsupported.append(refusals.attribute(op, reason, self.tail, self.is_batched))
         self.consumed.add(op)
         for out in op.outputs:  # keep going so that every unsupported op is found
-            if out.shape.rank and out.shape[0] == self.x.batch_size and out.shape.is_fully_defined():
+            if out.shape.rank and out.shape[0] == self.x.batch_size:
                 self.values[out.name] = op.name
                 self.shapes[out.name] = static_shape(out)[1:]
             else:

@@ -130,6 +130,21 @@ def test_other_gathers_from_a_per_sample_value_are_refused_naming_the_op(tmp_pat
     assert "gathers from a per-sample value" in str(error.value)
 
 
+def along_axis(features, labels, mode, params):
+    x = tf.keras.layers.Embedding(VOCAB, HIDDEN)(features["tokens"])
+    picked = tf.experimental.numpy.take_along_axis(x, features["positions"][:, :, None], axis=1)
+    logits = tf.keras.layers.Dense(VOCAB)(tf.reshape(picked, [8, -1]))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels[:, 0], logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=v1.train.GradientDescentOptimizer(0.1).minimize(loss))
+
+
+def test_take_along_axis_is_refused_in_one_line_naming_its_op(tmp_path):
+    """NumPy's take_along_axis builds its indices with tf.broadcast_to and unknown inner
+    dimensions: refused in one line (tf.gather(x, ids, batch_dims=1) is what trains)."""
+    line = cs_inprocess.refusal(along_axis, input_fn, params(), str(tmp_path), __file__)
+    assert line.startswith("validation failed: BroadcastTo "), line
+
+
 QUANTILES = 5
 
 
