@@ -35,7 +35,10 @@ KERNEL_ROWS = {
                                         "a per-sample [batch, batch] value (each sample's own "
                                         "entry: a sample_gather); tf.gather_nd(x, tf.stack("
                                         "[tf.range(batch), ids], 1)) of a per-sample x (each "
-                                        "sample's own row: a sample_gather at ids)",
+                                        "sample's own row: a sample_gather at ids); "
+                                        "tf.gather_nd(x, ids, batch_dims=1) of a per-sample x "
+                                        "at per-sample coordinates (the ConcatV2 of TF's batch "
+                                        "index grid and GatherNd: a sample_gather of depth C)",
     "batch_row": "a per-sample float32 or integer value viewed with a leading axis of 1 "
                  "(sq[None, :], tf.expand_dims(x, 0), tf.reshape(x, [1, -1]), "
                  "tf.transpose(x[:, None]), e[None, :, :]) met, after element-wise ops of it and "
@@ -387,8 +390,37 @@ def own_rows(m: Context, op: tf.Operation) -> bool:
     m.add_kernel(gather.name, "sample_gather", [x, coordinates.name], {"depth": len(ids)}, [],
                  [op, gather], gather.outputs[0])
     return True
-    if positions is None or not m.is_batched(ids) or not ids.dtype.is_integer or static_shape(ids) != (m.batch_size,) \
-            or not m.is_batched(x) or len(static_shape(x)) < 2 or m.value(x) is None:
+
+
+@fast_path
+def own_grid(m: Context, op: tf.Operation) -> bool:
+    """tf.gather_nd(x, ids, batch_dims=1) of a per-sample x at per-sample coordinates ids
+    (..., C) (a QR-DQN's taken action's quantiles, tf.gather_nd(z, actions[:, None],
+    batch_dims=1)): TF's batch_gather_nd concatenates the batch index grid (tf.range(B)
+    tiled over the ids' axes) before the ids; when the grid is, evaluated, exactly that, the
+    ConcatV2 and GatherNd become one sample_gather at the ids (attr depth C; C = 1: the ids'
+    last axis reshaped away)."""
+    gather = m.sole_consumer(op.outputs[0]) if op.type == "ConcatV2" and len(op.inputs) == 3 else None
+    if gather is None or gather.type != "GatherNd" or gather.inputs[1] is not op.outputs[0] or \
+            not has_kernel("sample_gather"):
         return False
-    m.add_kernel(gather.name, "sample_gather", [x, ids], {}, [], [op, gather], gather.outputs[0])
+    grid, ids, x = op.inputs[0], op.inputs[1], gather.inputs[0]
+    axis, positions = m.operands.constant(op.inputs[2]), m.operands.constant(grid)
+    shape = static_shape(ids)
+    if axis is None or int(axis) % len(shape) != len(shape) - 1 or positions is None or \
+            not m.is_batched(x) or m.value(x) is None or not m.is_batched(ids) or \
+            not ids.dtype.is_integer or len(static_shape(x)) < 1 + shape[-1]:
+        return False
+    own = np.arange(m.batch_size).reshape((-1,) + (1,) * (len(shape) - 1))
+    if positions.shape != (*shape[:-1], 1) or not np.array_equal(positions, np.broadcast_to(own, positions.shape)):
+        return False  # (other samples' rows: the GatherNd's refusal)
+    depth = shape[-1]
+    if depth > 1:
+        m.add_kernel(gather.name, "sample_gather", [x, ids], {"depth": depth}, [], [op, gather],
+                     gather.outputs[0])
+        return True
+    column = m.add_kernel(f"{op.name}/squeeze", "reshape", [ids], {"shape": list(shape[1:-1])}, [],
+                          [], None, output_shape=shape[1:-1], source_op=op)
+    m.add_kernel(gather.name, "sample_gather", [x, column.name], {}, [], [op, gather],
+                 gather.outputs[0])
     return True

@@ -628,7 +628,8 @@ def _gather_nd(m: Context, op: tf.Operation) -> str:
     if m.is_batched(table) or not m.is_batched(ids) or depth < 2:
         return ("gathers by tf.gather_nd other than from a weight at per-sample indices of two "
                 "or more coordinates: write tf.gather(w, ids) for rows of a weight, "
-                "tf.gather(x, ids, batch_dims=1) for a sample's own rows")
+                "tf.gather(x, ids, batch_dims=1) or tf.gather_nd(x, ids, batch_dims=1) for a "
+                "sample's own rows")
     found = _operands(m, op, (table, ids), "gather")
     if isinstance(found, str):
         return found
@@ -710,29 +711,61 @@ def _roll(m: Context, op: tf.Operation) -> str:
 
 
 def _sample_gather(m: Context, op: tf.Operation) -> str:
-    """tf.gather(x, ids, batch_dims=r) of a per-sample x at per-sample integer ids along axis
-    r (ids of rank 1 and r = 1 give each sample's own row: a DQN's Q(s, a); r >= 2 picks
-    along x's axis r at each position of its first r - 1 sample axes: a mixture's chosen
-    component per pixel, tf.gather(means, k, batch_dims=2))."""
+    """tf.gather(x, ids, axis=a, batch_dims=r) of a per-sample x at per-sample integer ids
+    (ids of rank 1 and r = 1 give each sample's own row: a DQN's Q(s, a); r >= 2 picks along
+    x's axis r at each position of its first r - 1 sample axes: a mixture's chosen component
+    per pixel, tf.gather(means, k, batch_dims=2)); a > r, the ids broadcast over x's axes
+    r..a-1 (a QR-DQN's taken action's quantiles, tf.gather(z, actions, axis=2, batch_dims=1)),
+    is that gather of x with axis a transposed to r, its result's id axes transposed back
+    after x's axes r..a-1 (TF's out shape x[:a] + ids[r:] + x[a+1:])."""
     x, ids = op.inputs[0], op.inputs[1]
     rank, ids_rank = len(static_shape(x)), len(static_shape(ids))
     axis = m.operands.constant(op.inputs[2]) if op.type == "GatherV2" else None
     dims = op.get_attr("batch_dims")
     dims = dims + ids_rank if dims < 0 else dims
-    if axis is None or dims < 1 or dims >= rank or int(axis) % rank != dims or \
+    if axis is None or dims < 1 or dims >= rank or int(axis) % rank < dims or \
             static_shape(ids)[:dims] != static_shape(x)[:dims]:
         return ("gathers from a per-sample value other than by tf.gather(x, ids, batch_dims=r) "
-                "along axis r (each sample's rows at its own indices: batch_dims 1 and axis 1, "
-                "or per position of the sample's first r - 1 axes): tf.transpose the gathered "
-                "axis to r first, or pick by tf.reduce_sum(x * tf.one_hot(ids, n), axis)")
+                "along an axis a >= r >= 1 (each sample's own values at its own indices): "
+                "gather along a sample's own axes, or pick by tf.reduce_sum(x * tf.one_hot(ids, "
+                "n), axis)")
     if not m.is_batched(ids):
         return "gathers from a per-sample value at indices that are not per-sample"
     if not has_kernel("sample_gather"):
         return "the CS has no sample_gather kernel"
+    at = int(axis) % rank
+    # per-sample axes: x's gathered axis a - 1 moved to r - 1, the ids' k = rank(ids) - r
+    # own axes moved back after x's axes r - 1..a - 2
+    moved = [*range(dims - 1), at - 1, *range(dims - 1, at - 1), *range(at, rank - 1)]
+    shape, own = m.shape(x), ids_rank - dims
+    source: tf.Tensor | str = x
+    if at > dims:
+        source = m.add_kernel(f"{op.name}/transpose_in", "transpose", [x], {"perm": moved}, [],
+                              [], None, output_shape=tuple(shape[p] for p in moved),
+                              source_op=op).name
+    last = at == dims or own == 0
+    gathered = (*m.shape(ids), *(shape[p] for p in moved[dims:]))
+    name = _gather_each_sample(m, op, source, ids, dims, gathered, last)
+    if not last:
+        back = [*range(dims - 1), *range(dims - 1 + own, at - 1 + own),
+                *range(dims - 1, dims - 1 + own), *range(at - 1 + own, rank - 2 + own)]
+        m.add_kernel(op.name, "transpose", [name], {"perm": back}, [], [op], op.outputs[0],
+                     source_op=op)
+    return ""
+
+
+def _gather_each_sample(m: Context, op: tf.Operation, x: tf.Tensor | str, ids: tf.Tensor,
+                        dims: int, out_shape: tuple[int, ...], last: bool) -> str:
+    """A `sample_gather` of x along its axis r = dims at per-sample ids (depth r: each id
+    with the positions of x's first r - 1 sample axes); op's output if `last`, else a kernel
+    of out_shape; the kernel's name."""
+    def gather(inputs: list[tf.Tensor | str], attrs: dict[str, int]) -> str:
+        return m.add_kernel(op.name if last else f"{op.name}/gather", "sample_gather", inputs,
+                            attrs, [], [op] if last else [], op.outputs[0] if last else None,
+                            output_shape=None if last else out_shape, source_op=op).name
+
     if dims == 1:
-        m.add_kernel(op.name, "sample_gather", [x, ids], {}, [], [op], op.outputs[0])
-        return ""
-    # each index with the positions of its first r - 1 axes: a gather_nd of depth r
+        return gather([x, ids], {})
     shape = m.shape(ids)
     positions = np.stack(np.meshgrid(*(np.arange(n) for n in shape[:dims - 1]), indexing="ij"), -1)
     positions = positions.reshape(*shape[:dims - 1], *(1,) * (len(shape) - dims + 1), dims - 1)
@@ -745,9 +778,7 @@ def _sample_gather(m: Context, op: tf.Operation) -> str:
     coordinates = m.add_kernel(f"{op.name}/coordinates", "concat", [fixed.name, column.name],
                                {"axis": len(shape)}, [], [], None, output_shape=(*shape, dims),
                                source_op=op)
-    m.add_kernel(op.name, "sample_gather", [x, coordinates.name], {"depth": dims}, [], [op],
-                 op.outputs[0])
-    return ""
+    return gather([x, coordinates.name], {"depth": dims})
 
 
 @generic("OneHot")
@@ -961,7 +992,10 @@ def supported_table() -> str:
                  "positions; a repeated index adds its gradients; one index per sample: a DQN's "
                  "tf.gather(q_values, actions, batch_dims=1)); tf.gather(x, ids, batch_dims=r) "
                  "along axis r >= 2 at per-sample ids (a mixture's component per pixel, "
-                 "tf.gather(means, k, batch_dims=2)); tf.gather(x, indices, axis=k) "
+                 "tf.gather(means, k, batch_dims=2)), or along an axis a > r, the ids "
+                 "broadcast over the axes between (a QR-DQN's or IQN's taken action's "
+                 "quantiles, tf.gather(z, actions, axis=2, batch_dims=1): transposes around "
+                 "the sample_gather); tf.gather(x, indices, axis=k) "
                  "of a per-sample value at constant indices along its own axis k >= 1 "
                  "(tf.signal.frame's overlapping windows: a repeated index adds its gradients in "
                  "TF's order); Roll by constant shifts along a sample's axes (tf.roll: a take "
