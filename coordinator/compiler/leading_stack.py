@@ -47,6 +47,18 @@ def stack(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+def transposed(m: Context, op: tf.Operation, order: list[int]) -> str:
+    """A transpose of a per-sample value moving one of a sample's axes in front of the batch,
+    the batch next (timm's attention: q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))):
+    the stack-first layout, each sample's axes in the transpose's order."""
+    own = [p - 1 for p in order if p != 0]
+    shape = m.shape(op.inputs[0])
+    m.leading.add(op.outputs[0].name)
+    m.add_kernel(op.name, "transpose", [op.inputs[0]], {"perm": own}, [], [op], op.outputs[0],
+                 output_shape=tuple(shape[p] for p in own))
+    return ""
+
+
 def loss_reduction(m: Context, op: tf.Operation) -> bool:
     """A sum or mean over the stack and batch axes (the loss's, tf.reduce_mean(tf.square(
     stacked - labels))): it enters the loss tail as any batch reduction, which loss_tail.py

@@ -240,6 +240,9 @@ def time_major_unstack(m: Context, op: tf.Operation) -> str:
         return _TimeMajor.REFUSAL
     order = [int(p) for p in perm]
     time = order[0]
+    if order[1] == 0 and order[1:] != [a for a in range(rank) if a != time] and \
+            m.axis_shift(x) == 1:
+        return leading_stack.transposed(m, op, order)
     if order[1] != 0 or order[1:] != [a for a in range(rank) if a != time]:
         return _TimeMajor.REFUSAL
     return _TimeMajor(m, order, x).lower(x, op.outputs[0], [op])
