@@ -59,6 +59,23 @@ def transposed(m: Context, op: tf.Operation, order: list[int]) -> str:
     return ""
 
 
+def unit_stack(m: Context, op: tf.Operation) -> bool:
+    """A per-sample value given a unit axis in front of the batch (mu[None], tf.expand_dims(
+    mu, 0)) read by element-wise ops alone (a VIB's mu[None] + sigma[None] * eps, eps
+    [K, B, Z]): a stack of one, its readers lowered as any stack-first value's."""
+    from coordinator.compiler.lowering import BINARY
+    x, out = (op.inputs[0], op.outputs[0]) if op.inputs else (None, None)
+    if x is None or op.type not in ("StridedSlice", "ExpandDims", "Reshape") or \
+            not m.is_batched(x) or m.axis_shift(x) != 1 or \
+            tuple(static_shape(out)) != (1, *static_shape(x)) or not m.consumers(out) or \
+            any(c.type not in BINARY for c in m.consumers(out)):
+        return False
+    m.leading.add(out.name)
+    m.add_kernel(op.name, "reshape", [x], {"shape": [1, *m.shape(x)]}, [], [op], out,
+                 output_shape=(1, *m.shape(x)))
+    return True
+
+
 def loss_reduction(m: Context, op: tf.Operation) -> bool:
     """A sum or mean over the stack and batch axes (the loss's, tf.reduce_mean(tf.square(
     stacked - labels))): it enters the loss tail as any batch reduction, which loss_tail.py
