@@ -24,9 +24,11 @@ from coordinator.compiler import fast_paths
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import GENERIC, Context
 
-REFUSAL = ("reads tf.stack(values, axis=0) (a stack axis in front of the batch) other than "
+REFUSAL = ("reads a value stacked in front of the batch ([S, batch, ...]: tf.stack(values, "
+           "axis=0), a transpose putting the batch second, a [K, batch, ...] draw) other than "
            "as the CS holds it per sample: reduce over the stack axis 0 (tf.reduce_mean("
-           "stacked, 0)), take stacked[i], or stack after the batch (tf.stack(values, axis=1))")
+           "stacked, 0)), take stacked[i] or tf.unstack it, apply a Dense to it as it is (not "
+           "reshaped to [-1, n]), or stack after the batch (tf.stack(values, axis=1))")
 REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min", "Prod": "prod"}
 # Ops whose TF layout is their input's (the leading value's generic lowering holds)
 SAME_LAYOUT = ("Cast",)

@@ -122,7 +122,17 @@ def permuted_then_reduced_over_the_batch(features, labels, mode, params):
     return _spec(mode, labels, logits)
 
 
+def permuted_windows(features, labels, mode, params):
+    """Swin's form: windows folded into the batch ([B*n, N, ...]) before the permute."""
+    windows = tf.reshape(features, [-1, 1, FEATURES])  # (a window per token)
+    qkv = tf.reshape(L.Dense(3 * params["dim"])(windows), [-1, 1, 3, params["heads"], 4])
+    q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]), axis=0)
+    out = tf.reshape(tf.matmul(tf.nn.softmax(tf.matmul(q, k, transpose_b=True)), v), [-1, TOKENS * 8])
+    return _spec(mode, labels, L.Dense(3)(out))
+
+
 @pytest.mark.parametrize("model_fn, params, words", [
+    (permuted_windows, PARAMS, "tf.unstack(qkv, axis=2)"),
     (permuted_then_reduced_over_the_batch, PARAMS, "reduce over the stack axis 0 first"),
     (vib, {**PARAMS, "decode": "tiled_labels"}, "views a per-sample value as a row"),
 ])
