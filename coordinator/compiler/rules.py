@@ -30,6 +30,7 @@ class Context(Protocol):
     leading: set[str]
     # a batch_norm_training kernel's moments (keepdims and squeezed) -> (kernel, statistic)
     statistics: dict[str, tuple[str, str]]
+    session_ops: set[tf.Operation]  # the ops TF's Session runs for the mode's fetches
 
     def is_batched(self, tensor: tf.Tensor) -> bool: ...
 
