@@ -115,10 +115,10 @@ class Matcher:
         self.kernels: list[KernelNode] = []
         self.unsupported: list[UnsupportedOp] = []
         self.protected = self._host_read_tensors(host_tensors)
-        spec = extracted.spec
+        model = extracted.spec
         self.session_ops = grappler.session_ops(
-            [spec.loss, spec.train_op, spec.predictions, spec.eval_metric_ops,
-             spec.host_call[1] if spec.host_call else None])
+            [model.loss, model.train_op, model.predictions, model.eval_metric_ops,
+             model.host_call[1] if model.host_call else None])
         # a batch_norm_training kernel's moments (keepdims and squeezed) -> (kernel, statistic)
         self.statistics: dict[str, tuple[str, str]] = {}
         for spec in extracted.inputs:
