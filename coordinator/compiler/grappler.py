@@ -10,6 +10,7 @@ CS computes what the rewritten graph computes (docs/design.md, "Grappler's rewri
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
@@ -26,18 +27,26 @@ def reciprocal(value: np.ndarray, dtype: tf.DType) -> np.ndarray:
     return np.asarray(np.reciprocal(value.astype(dtype.as_numpy_dtype)), np.float32)
 
 
-def session_ops(fetches: Iterable[Any]) -> set[tf.Operation]:
-    """The ops a Session runs for `fetches` (tensors or ops, nested; None skipped): their data
-    and control inputs, transitively (the Session prunes the rest before Grappler)."""
-    stack = [f.op if isinstance(f, tf.Tensor) else f for f in tf.nest.flatten(fetches)
-             if f is not None]
-    seen: set[tf.Operation] = set()
+@dataclass(frozen=True)
+class SessionOps:
+    """The ops a Session runs for its fetches (their data and control inputs, transitively:
+    it prunes the rest before Grappler) and the fetched ops (Grappler keeps their values)."""
+
+    run: frozenset[tf.Operation]
+    fetched: frozenset[tf.Operation]
+
+
+def session_ops(fetches: Iterable[Any]) -> SessionOps:
+    """SessionOps of `fetches` (tensors or ops, nested; None skipped)."""
+    fetched = {f.op if isinstance(f, tf.Tensor) else f for f in tf.nest.flatten(fetches)
+               if f is not None}
+    stack, seen = list(fetched), set()
     while stack:
         op = stack.pop()
         if op not in seen:
             seen.add(op)
             stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
-    return seen
+    return SessionOps(frozenset(seen), frozenset(fetched))
 
 
 def _constant_factor(operands: Operands, op: tf.Operation) -> Factor | None:
@@ -55,15 +64,16 @@ def _constant_factor(operands: Operands, op: tf.Operation) -> Factor | None:
     return op.inputs[1 - k], op.inputs[k], value, FAMILIES[op.type]
 
 
-def pushed_down(operands: Operands, run: set[tf.Operation], op: tf.Operation) -> Factor | None:
+def pushed_down(operands: Operands, session: SessionOps, op: tf.Operation) -> Factor | None:
     """(x op y) op c as the Session runs it, x op (c op y): x, the constant input of the folded
-    value's shape, that value and op; None where ConstantPushDown leaves `op` alone (`run`:
-    the ops the Session runs, of which the inner op must feed only `op`)."""
+    value's shape, that value and op; None where ConstantPushDown leaves `op` alone (the inner
+    op fetched, or feeding another op the Session runs)."""
     outer = _constant_factor(operands, op)
-    if outer is None or outer[0].op not in run or \
-            sum(c in run for c in outer[0].consumers()) != 1:
+    if outer is None or outer[0].op not in session.run or outer[0].op in session.fetched or \
+            sum(c in session.run for c in outer[0].consumers()) != 1:
         return None
-    inner = pushed_down(operands, run, outer[0].op) or _constant_factor(operands, outer[0].op)
+    inner = pushed_down(operands, session, outer[0].op) or \
+        _constant_factor(operands, outer[0].op)
     if inner is None or inner[3] != outer[3]:
         return None
     folded = np.asarray((np.multiply if outer[3] == "mul" else np.add)(outer[2], inner[2]),
