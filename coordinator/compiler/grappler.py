@@ -19,7 +19,7 @@ import tensorflow as tf
 from coordinator.compiler.operands import Operands
 
 FAMILIES = {"Mul": "mul", "RealDiv": "mul", "Div": "mul", "Add": "add", "AddV2": "add"}
-Factor = tuple[tf.Tensor, tf.Tensor, np.ndarray, str]  # x, a constant input, the value, mul/add
+Factor = tuple[tf.Tensor, tf.Tensor, np.ndarray, str]  # x, a constant input, its value, mul/add
 
 
 def reciprocal(value: np.ndarray, dtype: tf.DType) -> np.ndarray:
@@ -65,8 +65,8 @@ def _constant_factor(operands: Operands, op: tf.Operation) -> Factor | None:
 
 
 def pushed_down(operands: Operands, session: SessionOps, op: tf.Operation) -> Factor | None:
-    """(x op y) op c as the Session runs it, x op (c op y): x, the constant input of the folded
-    value's shape, that value and op; None where ConstantPushDown leaves `op` alone (the inner
+    """(x op y) op c as the Session runs it, x op (c op y): x, c's tensor, the folded value
+    (of c and y's broadcast shape) and op; None where ConstantPushDown leaves `op` alone (the inner
     op fetched, or feeding another op the Session runs)."""
     outer = _constant_factor(operands, op)
     if outer is None or outer[0].op not in session.run or outer[0].op in session.fetched or \
@@ -78,6 +78,4 @@ def pushed_down(operands: Operands, session: SessionOps, op: tf.Operation) -> Fa
         return None
     folded = np.asarray((np.multiply if outer[3] == "mul" else np.add)(outer[2], inner[2]),
                         np.float32)
-    if folded.shape not in (outer[2].shape, inner[2].shape):
-        return None
-    return inner[0], outer[1] if folded.shape == outer[2].shape else inner[1], folded, outer[3]
+    return inner[0], outer[1], folded, outer[3]
