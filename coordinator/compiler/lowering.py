@@ -29,6 +29,7 @@ from coordinator.compiler import (
     step_values,
 )
 from coordinator.compiler.extract import user_source
+from coordinator.compiler.grappler import pushed_down, reciprocal
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.activations import FLOAT32_ONLY, INTEGER_FUNCTIONS
@@ -253,13 +254,18 @@ def _binary(m: Context, op: tf.Operation) -> str:
             m.add_kernel(op.name, "activation", [op.inputs[0]],
                          {"function": "pow", "exponent": float(exponent)}, [], [op], op.outputs[0])
             return ""
-    found = _operands(m, op, op.inputs, "binary")
+    pushed = pushed_down(m.operands, m.session_ops, op)
+    found = _operands(m, op, op.inputs if pushed is None else pushed[:2], "binary")
     if isinstance(found, str):
         return found
     letters, inputs, attrs, params = found
-    if _is_identity(kind, letters, attrs, op):
+    if pushed is not None:
+        kind, attrs["c1"] = pushed[3], pushed[2]
+    elif _is_identity(kind, letters, attrs, op):
         m.alias(op, op.inputs[letters.index("i")])
         return ""
+    elif kind == "div" and letters[1] == "c" and op.outputs[0].dtype.is_floating:
+        kind, attrs["c1"] = "mul", reciprocal(attrs["c1"], op.inputs[1].dtype)
     rank = len(m.sample_shape(op.outputs[0], op.inputs))
     inputs = _same_rank(m, op, inputs, rank)
     m.add_kernel(op.name, "binary", inputs, {"op": kind, "operands": letters, **attrs}, params,

@@ -28,6 +28,7 @@ from coordinator.compiler import (
     candidate_sampling,  # noqa: F401 (its fast path)
     fast_paths,
     folded_batch,
+    grappler,
     in_batch,
     leading_stack,
     loss_tail,
@@ -115,6 +116,10 @@ class Matcher:
         self.kernels: list[KernelNode] = []
         self.unsupported: list[UnsupportedOp] = []
         self.protected = self._host_read_tensors(host_tensors)
+        model = extracted.spec
+        self.session_ops = grappler.session_ops(
+            [model.loss, model.train_op, model.predictions, model.eval_metric_ops,
+             model.host_call[1] if model.host_call else None])
         # a batch_norm_training kernel's moments (keepdims and squeezed) -> (kernel, statistic)
         self.statistics: dict[str, tuple[str, str]] = {}
         for spec in extracted.inputs:
