@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_name, user_source
 from coordinator.compiler.ir import TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.training.graph import _skip_identity, step_runs, variable_op
@@ -57,7 +57,7 @@ WHAT = ("arithmetic, element-wise functions and reductions of it, constants and 
 class _Refused(Exception):
     def __init__(self, op: tf.Operation, reason: str):
         super().__init__(reason)
-        self.unsupported = UnsupportedOp(op.type, op.name, user_source(op), reason)
+        self.unsupported = UnsupportedOp(op.type, user_name(op), user_source(op), reason)
 
 
 def state_write_ops(matcher, training: TrainingSpec) -> list[tf.Operation]:
@@ -82,7 +82,7 @@ def lower(matcher, extracted: ExtractedGraph, training: TrainingSpec,
     pointers = {t: op for op, t in zip(ops, targets) if _pointer(matcher, op, t, ops)}
     for op, target in zip(ops, targets):
         if targets.count(target) > 1:
-            bad.append(UnsupportedOp(op.type, op.name, user_source(op),
+            bad.append(UnsupportedOp(op.type, user_name(op), user_source(op),
                                      f"the train_op writes {target.name} twice a step: the CS "
                                      "writes state from the batch once a step"))
             continue
@@ -125,7 +125,7 @@ def _lower(m, op: tf.Operation, runs: dict, pointers: dict) -> WeightWrite:
     unordered = next((r for r in _forward_reads(op, runs) if r not in closure), None)
     if unordered is not None:
         raise _Refused(op, f"the write of {name} does not wait for the step's read of it "
-                           f"('{unordered.name}' at {user_source(unordered)}): TF reads the old "
+                           f"('{user_name(unordered)}' at {user_source(unordered)}): TF reads the old "
                            "or the new value by chance; write it under "
                            "tf.control_dependencies([the optimizer's op])")
     batch: list[str] = []
