@@ -114,9 +114,10 @@ def write_problem(write: WeightWrite) -> str:
                     "arithmetic (add, sub, mul, div, ...), comparisons, select, element-wise "
                     "functions, reductions, concat and row slices of the weight, its sources, "
                     "batch values, factors and earlier steps")
-    if (write.batch or write.carried_dtype) and (write.before_update or write.predicate
-                                                 is not None):
-        return "a write of state is made after the updates, every step"
+    if (write.batch or write.carried_dtype) and write.before_update or \
+            write.carried_dtype and write.predicate is not None:
+        return "a write of state is made after the updates (of the batch: on the steps a " \
+               "predicate holds, or every step)"
     if write.carried_dtype and (write.batch or write.sources or write.carried_dtype not in
                                 _DTYPES):
         return "a carried state is int32, int64 or float32, written from itself and constants"
