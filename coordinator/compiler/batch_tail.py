@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler import precision, second_order
-from coordinator.compiler.extract import data_upstream, user_source
+from coordinator.compiler.extract import data_upstream, user_name, user_source
 from coordinator.compiler.ir import ParamRef, UnsupportedOp
 from coordinator.compiler.lowering import slice_bounds
 from coordinator.compiler.operands import static_shape
@@ -99,7 +99,7 @@ class TailBuilder(WeightProgramBuilder):
         constant = self.operands.constant(tensor)
         if constant is not None:
             return constant.astype(np.float32) if constant.dtype.kind == "f" else constant
-        where = f"{op.type} '{op.name}' at {user_source(op)}"
+        where = f"{op.type} '{user_name(op)}' at {user_source(op)}"
         shaped = static_shape_value(tensor)
         if shaped is not None:
             return shaped
@@ -373,7 +373,7 @@ class TailBuilder(WeightProgramBuilder):
         if len(shape) != 2 or shape[0] != shape[1] or offset is None or np.any(offset != 0) or \
                 not isinstance(inner, str):
             return self._refuse(tensor, f"computes the loss over the batch with {op.type} "
-                                        f"'{op.name}' at {user_source(op)}: the CS takes the "
+                                        f"'{user_name(op)}' at {user_source(op)}: the CS takes the "
                                         "main diagonal of a square matrix")
         return self._main_diagonal(op, tensor, inner, shape)
 
@@ -395,7 +395,7 @@ def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],
     value = builder._lower(loss)
     if not isinstance(value, str) or not has_kernel("batch_tail_loss"):
         op, reason = builder.root or (loss.op, "the loss is a constant")
-        m.unsupported.append(UnsupportedOp(op.type, op.name, user_source(op), reason))
+        m.unsupported.append(UnsupportedOp(op.type, user_name(op), user_source(op), reason))
         return "", []
     program = builder.program({value})
     assert program is not None

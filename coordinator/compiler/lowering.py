@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from coordinator.compiler import (
     bincount,
+    cond_reads,
     fast_paths,
     feature_columns,
     in_batch,
@@ -162,6 +163,8 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
         m.reject(op, random_numbers.refusal(op.type))
     elif handler is None and (op.type == "Where" or op.type.startswith("Sparse")):
         m.reject(op, feature_columns.refusal(op))
+    elif op.type in ("If", "StatelessIf") and cond_reads.read_in_its_step(m, op):
+        m.reject(op, cond_reads.read_in_its_step(m, op))
     elif handler is None:
         m.reject(op, "no CS kernel computes this op")
     else:

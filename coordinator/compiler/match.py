@@ -44,6 +44,7 @@ from coordinator.compiler.extract import (
     data_flow_ops,
     data_upstream,
     op_closure,
+    user_name,
     user_source,
 )
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
@@ -327,7 +328,7 @@ class Matcher:
             if self.step_values.reads_step(t) and not self.step_values.reads_weights(t):
                 if op.type not in STEP_VALUE_READERS:
                     return (f"computes with a value of the global step ({t.op.type} "
-                            f"'{t.op.name}' at {user_source(t.op)}): the CS multiplies, adds "
+                            f"'{user_name(t.op)}' at {user_source(t.op)}): the CS multiplies, adds "
                             "or selects per-sample values by one element-wise (beta * x, "
                             "loss + beta * tf.reduce_mean(kl))")
                 kernel = self.step_values.kernel(self, t, op)
@@ -693,7 +694,7 @@ def _misplaced_penalties(loss: tf.Tensor, training: TrainingSpec,
                     f"to the loss minimized for {variable}, or drop it"))]
             carried[variable] = terms
     if sorted(carried.items()) != sorted(regularizers.items()):
-        return [UnsupportedOp(loss.op.type, loss.op.name, user_source(loss.op), (
+        return [UnsupportedOp(loss.op.type, user_name(loss.op), user_source(loss.op), (
             "model_fn's loss holds other weight penalties than the losses minimized in one "
             "step: the CS adds every minimized loss's penalties to the loss it reports; return "
             "the sum of the minimized losses (with their penalties) as model_fn's loss"))]
@@ -707,7 +708,7 @@ def _after_update(losses: list[tf.Tensor]) -> list[UnsupportedOp]:
     for loss in losses:
         for op in sorted(data_upstream(loss.op), key=lambda op: op._id):
             if any(_is_write(w) for c in op.control_inputs for w in op_closure(c)):
-                return [UnsupportedOp(op.type, op.name, user_source(op), (
+                return [UnsupportedOp(op.type, user_name(op), user_source(op), (
                     "computes a loss of several minimized in one step after the train_op's "
                     "update (under tf.control_dependencies): it reads the updated weights, the "
                     "CS computes every loss from the step's forward pass; compute the losses "
@@ -727,7 +728,7 @@ def _after_state_write(loss: tf.Tensor) -> list[UnsupportedOp]:
                       if _is_write(w) and variable_op(w.inputs[0]) in read), None)
         if write is not None:
             name = variable_op(write.inputs[0]).name
-            return [UnsupportedOp(op.type, op.name, user_source(op), (
+            return [UnsupportedOp(op.type, user_name(op), user_source(op), (
                 f"computes the loss under tf.control_dependencies([the write of {name}] "
                 f"({write.type} at {user_source(write)})): the CS writes state after the "
                 "step's loss and updates, when training only; write it under "
@@ -757,7 +758,7 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
     for v in training.variables:
         if v.name in sources and v.update == "sparse":
             reader = _dense_reader(matcher.graph, v.name)
-            where = f" (by {reader.type} '{reader.name}' at {user_source(reader)})" if reader else ""
+            where = f" (by {reader.type} '{user_name(reader)}' at {user_source(reader)})" if reader else ""
             bad.append(UnsupportedOp("Variable", v.name, v.source,
                                      f"TF updates {v.name} as an embedding table (sparse: only its "
                                      f"lookups' rows have gradients), but the CS also computes with "

@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler import linear_algebra, precision, quantization, random_numbers
-from coordinator.compiler.extract import data_downstream, user_source
+from coordinator.compiler.extract import data_downstream, user_name, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, WeightProgram
 from coordinator.compiler.lowering import (
     REDUCTIONS,
@@ -108,7 +108,7 @@ class WeightProgramBuilder:
             return self.problems.get(tensor.name, "its value is a constant")
         if tensor.dtype.base_dtype not in (tf.float32, tf.float16):  # (tf.where's condition)
             op = tensor.op
-            return (f"{self.SUBJECT} with {op.type} '{op.name}' at {user_source(op)}: its "
+            return (f"{self.SUBJECT} with {op.type} '{user_name(op)}' at {user_source(op)}: its "
                     f"{tensor.dtype.base_dtype.name} value meets the samples (the CS computes "
                     "float32 weights)")
         shape = static_shape(tensor)
@@ -156,7 +156,7 @@ class WeightProgramBuilder:
         constant = self.operands.constant(tensor)
         if constant is not None:
             return constant.astype(np.float32) if constant.dtype.kind == "f" else constant
-        where = f"{op.type} '{op.name}' at {user_source(op)}"
+        where = f"{op.type} '{user_name(op)}' at {user_source(op)}"
         if op in self.flow:
             return self._refuse(tensor, f"computes on weights and samples at {where}")
         if op in self._step_readers():
