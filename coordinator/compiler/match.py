@@ -751,7 +751,7 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
     bad = []
     for v in training.variables:
         if v.name in sources and v.update == "sparse":
-            reader = _dense_reader(matcher.graph, v.name)
+            reader = _model_readers(matcher.graph, v.name)
             where = f" (by {reader.type} '{reader.name}' at {user_source(reader)})" if reader else ""
             bad.append(UnsupportedOp("Variable", v.name, v.source,
                                      f"TF updates {v.name} as an embedding table (sparse: only its "
@@ -772,6 +772,10 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
             sparse_ok = param.view is None and (kernel.type in ("gather", "sampled_logits")
                                                 or param.role.startswith("p"))
             if v.update == "sparse" and not sparse_ok:
+                gather = _model_readers(matcher.graph, v.name, gathers=True)
+                if param.view is not None and gather is not None:
+                    bad.append(_gathered_in_whole(v.name, gather))
+                    break
                 what = "a view" if param.view is not None else f"the {param.role}"
                 bad.append(UnsupportedOp("Variable", v.name, v.source,
                                          f"TF updates {v.name} as an embedding table (sparse), "
@@ -780,20 +784,35 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
     return bad
 
 
-def _dense_reader(graph: tf.Graph, variable: str) -> tf.Operation | None:
-    """The first op of the model (not its gradients) reading the whole value of `variable`."""
+def _gathered_in_whole(variable: str, gather: tf.Operation) -> UnsupportedOp:
+    """The refusal of a table TF updates sparsely that the CS reads through a gather at
+    constant indices (a T5 relative-position bias), naming the gather."""
+    table = variable.split("/")[-1]
+    return UnsupportedOp(gather.type, gather.name, user_source(gather), (
+        f"tf.gather of {table} at constant indices makes TF's optimizer update {table} "
+        "sparsely: the rows the indices never name, and their optimizer slots, stay "
+        "untouched, while the CS updates the whole table; write tf.einsum (or tf.matmul) of "
+        f"a constant tf.one_hot of the indices and {table} instead (a dense update)"))
+
+
+def _model_readers(graph: tf.Graph, variable: str, gathers: bool = False) -> tf.Operation | None:
+    """The first op of the model (not its gradients) reading the whole value of `variable`
+    (`gathers`: the first tf.gather of it instead)."""
+    kinds = ("GatherV2", "ResourceGather")
     reads = [op for op in graph.get_operations()
              if op.type == "ReadVariableOp" and op.inputs[0].op.name == variable]
-    while reads:
+    first = next((op for op in graph.get_operations() if op.type == "ResourceGather"
+                  and op.inputs[0].op.name == variable), None) if gathers else None
+    while reads and first is None:
         op = reads.pop(0)
         for reader in op.outputs[0].consumers():
             if reader.name.startswith("gradients"):
                 continue
             if reader.type == "Identity":
                 reads.append(reader)
-            elif reader.type not in ("GatherV2", "ResourceGather"):
+            elif (reader.type in kinds) == gathers:
                 return reader
-    return None
+    return first
 
 
 def moving_statistics(matcher: Matcher, training: TrainingSpec) -> list[UnsupportedOp]:
