@@ -69,6 +69,16 @@ def _operand_attrs(values: list[Any]) -> dict[str, Any]:
             **{f"c{k}": np.asarray(v) for k, v in enumerate(values) if not isinstance(v, str)}}
 
 
+def one_sample_equation(equation: str, kernels: list[bool]) -> str:
+    """An einsum `equation` ('A,B->C') for the einsum kernel on a batch of one: a letter of
+    its own prefixed to the output and to the terms of the operands that are `kernels`."""
+    lhs, _, out = equation.partition("->")
+    one = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"
+               if c not in equation)
+    marked = ",".join(one + t if kernel else t for t, kernel in zip(lhs.split(","), kernels))
+    return f"{marked}->{one}{out}"
+
+
 class _Unfit(Exception):
     """A supported op whose operands the library's kernel does not take."""
 
@@ -280,7 +290,7 @@ class WeightProgramBuilder:
             return self._add(op, tensor, "matmul", [v for v in inputs if isinstance(v, str)],
                              attrs)
         if op.type == "Einsum":
-            return self._einsum(op, tensor, inputs)
+            return self._einsum_of_weights(op, tensor, inputs)
         if op.type in REDUCTIONS:
             axes = inputs[1]
             if isinstance(axes, str):
@@ -298,7 +308,7 @@ class WeightProgramBuilder:
                              {"perm": [int(p) for p in inputs[1]]})
         return self._add(op, tensor, "reshape", inputs[:1], {"shape": list(out)})
 
-    def _einsum(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any]) -> str:
+    def _einsum_of_weights(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any]) -> str:
         """tf.einsum of two weights, or a weight and a constant (T5's relative-position bias
         tf.einsum('qkn,nh->hqk', one_hot, table)): the einsum kernel on the program's batch of
         one, a letter of its own for that one sample prefixed to the weights' terms and the
@@ -309,11 +319,9 @@ class WeightProgramBuilder:
         if len(terms) != 2 or not out or "." in equation:
             raise _Unfit("the CS runs an einsum of two operands with an explicit output and "
                          "no ellipsis on weights")
-        one = next(c for c in "zyxwvutsrqponmlkjihgfedcbaZYXWVUTSRQPONMLKJIHGFEDCBA"
-                   if c not in equation)
-        marked = ",".join(one + t if isinstance(v, str) else t for t, v in zip(terms, inputs))
-        return self._add(op, tensor, "einsum", [v for v in inputs if isinstance(v, str)],
-                         {**_operand_attrs(inputs), "equation": f"{marked}->{one}{out}"})
+        return self._add(op, tensor, "einsum", [v for v in inputs if isinstance(v, str)], {
+            **_operand_attrs(inputs),
+            "equation": one_sample_equation(equation, [isinstance(v, str) for v in inputs])})
 
     def _diagonals(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any],
                    out: tuple[int, ...]) -> str:
