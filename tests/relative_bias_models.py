@@ -69,3 +69,12 @@ def gathered_bias(features, labels, mode, params):
                                       initializer=tf.compat.v1.random_normal_initializer(0, 0.5))
     bias = tf.transpose(tf.gather(table, tf.constant(_buckets())), [2, 0, 1])
     return _encoder(features, labels, mode, bias)
+
+
+def mean_bias_per_head(features, labels, mode, params):
+    """Each head's mean bias over all positions in one einsum (q and k summed in the
+    one-hot alone), which the CS does not run on weights."""
+    onehot = tf.constant(np.eye(BUCKETS, dtype=np.float32)[_buckets()])
+    table = tf.compat.v1.get_variable("rel_bias", [BUCKETS, HEADS])
+    mean = tf.einsum("qkn,nh->h", onehot, table) / LENGTH ** 2
+    return _encoder(features, labels, mode, tf.ones([HEADS, LENGTH, LENGTH]) * mean[:, None, None])

@@ -319,6 +319,11 @@ class WeightProgramBuilder:
         if len(terms) != 2 or not out or "." in equation:
             raise _Unfit("the CS runs an einsum of two operands with an explicit output and "
                          "no ellipsis on weights")
+        alone = sorted({c for a, b in (terms, terms[::-1]) for c in a if c not in b + out})
+        if alone or any(len(set(t)) != len(t) for t in (*terms, out)):
+            raise _Unfit(f"einsum {equation!r} sums over a letter of one operand only "
+                         f"({', '.join(alone)}) or repeats a letter (a diagonal): tf.reduce_sum "
+                         "that operand first, or take the diagonal by tf.linalg.diag_part")
         return self._add(op, tensor, "einsum", [v for v in inputs if isinstance(v, str)], {
             **_operand_attrs(inputs),
             "equation": one_sample_equation(equation, [isinstance(v, str) for v in inputs])})

@@ -35,3 +35,10 @@ def test_a_bias_gathered_under_a_sparse_rmsprop_update_is_refused_naming_the_gat
     line = cs_inprocess.refusal(m.gathered_bias, m.input_fn, BASE, str(tmp_path), m.__file__)
     assert "GatherV2" in line or "ResourceGather" in line, line
     assert "never" in line and "tf.einsum" in line, line
+
+
+def test_an_einsum_of_a_weight_summing_a_letter_of_one_operand_is_refused_in_one_line(tmp_path):
+    line = cs_inprocess.refusal(m.mean_bias_per_head, m.input_fn, BASE, str(tmp_path),
+                                m.__file__)
+    assert "with Einsum" in line and "'qkn,nh->h' sums over a letter of one operand only (k, q)" \
+        in line, line
