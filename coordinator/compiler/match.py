@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -751,7 +751,7 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
     bad = []
     for v in training.variables:
         if v.name in sources and v.update == "sparse":
-            reader = _model_readers(matcher.graph, v.name)
+            reader = _dense_reader(matcher.graph, v.name)
             where = f" (by {reader.type} '{reader.name}' at {user_source(reader)})" if reader else ""
             bad.append(UnsupportedOp("Variable", v.name, v.source,
                                      f"TF updates {v.name} as an embedding table (sparse: only its "
@@ -772,7 +772,7 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
             sparse_ok = param.view is None and (kernel.type in ("gather", "sampled_logits")
                                                 or param.role.startswith("p"))
             if v.update == "sparse" and not sparse_ok:
-                gather = _model_readers(matcher.graph, v.name, gathers=True)
+                gather = _constant_gather(matcher, v.name)
                 if param.view is not None and gather is not None:
                     bad.append(_gathered_in_whole(v.name, gather))
                     break
@@ -795,24 +795,44 @@ def _gathered_in_whole(variable: str, gather: tf.Operation) -> UnsupportedOp:
         f"a constant tf.one_hot of the indices and {table} instead (a dense update)"))
 
 
-def _model_readers(graph: tf.Graph, variable: str, gathers: bool = False) -> tf.Operation | None:
-    """The first op of the model (not its gradients) reading the whole value of `variable`
-    (`gathers`: the first tf.gather of it instead)."""
-    kinds = ("GatherV2", "ResourceGather")
+GATHERS = ("GatherV2", "ResourceGather")
+
+
+def _model_reads(graph: tf.Graph, variable: str) -> Iterator[tf.Operation]:
+    """The ops of the model (not its gradients) reading `variable`: tf.gather of its handle,
+    then the readers of its value (through Identity), in graph order."""
+    yield from (op for op in graph.get_operations() if op.type == "ResourceGather"
+                and op.inputs[0].op.name == variable)
     reads = [op for op in graph.get_operations()
              if op.type == "ReadVariableOp" and op.inputs[0].op.name == variable]
-    first = next((op for op in graph.get_operations() if op.type == "ResourceGather"
-                  and op.inputs[0].op.name == variable), None) if gathers else None
-    while reads and first is None:
+    while reads:
         op = reads.pop(0)
         for reader in op.outputs[0].consumers():
             if reader.name.startswith("gradients"):
                 continue
             if reader.type == "Identity":
                 reads.append(reader)
-            elif (reader.type in kinds) == gathers:
-                return reader
-    return first
+            else:
+                yield reader
+
+
+def _dense_reader(graph: tf.Graph, variable: str) -> tf.Operation | None:
+    """The first op of the model (not its gradients) reading the whole value of `variable`."""
+    return next((op for op in _model_reads(graph, variable) if op.type not in GATHERS), None)
+
+
+def _constant_gather(matcher: Matcher, variable: str) -> tf.Operation | None:
+    """The first tf.gather of `variable` at constant indices that leave rows of it unnamed
+    (a T5 relative-position bias's buckets)."""
+    handle = matcher.graph.get_operation_by_name(variable)
+    rows = tf.TensorShape(handle.get_attr("shape"))[0] if handle.type == "VarHandleOp" else None
+    for op in _model_reads(matcher.graph, variable):
+        indices = matcher.operands.constant(op.inputs[1]) if op.type in GATHERS else None
+        axis = matcher.operands.constant(op.inputs[2]) if op.type == "GatherV2" else 0
+        if indices is not None and rows and axis is not None and int(axis) == 0 and \
+                len(np.unique(np.asarray(indices) % rows)) < rows:
+            return op
+    return None
 
 
 def moving_statistics(matcher: Matcher, training: TrainingSpec) -> list[UnsupportedOp]:
