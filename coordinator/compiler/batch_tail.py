@@ -33,7 +33,7 @@ from coordinator.compiler.ir import ParamRef, UnsupportedOp
 from coordinator.compiler.lowering import slice_bounds
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import TailContext, has_kernel
-from coordinator.compiler.weight_program import WeightProgramBuilder
+from coordinator.compiler.weight_program import WeightProgramBuilder, one_sample_equation
 from wafer.kernels.batch_tail import source_name, steps_attrs
 
 DIAGONALS = ("MatrixDiagPartV3", "MatrixDiagPart", "DiagPart")
@@ -172,16 +172,12 @@ class TailBuilder(WeightProgramBuilder):
         if inputs is None:
             return None
         equation = op.get_attr("equation").decode().replace(" ", "")
-        terms, _, out = equation.partition("->")
-        letter = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"
-                      if c not in equation)
         if len(inputs) != 2 or not all(isinstance(v, str) for v in inputs):
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS runs an einsum of "
                                         "two values of the batch there")
         names: list[str] = inputs  # type: ignore[assignment]  # (all kernels or sources)
         return self._add(op, tensor, "einsum", names, {
-            "equation": ",".join(letter + t for t in terms.split(",")) + "->" + letter + out,
-            "operands": "ii"})
+            "equation": one_sample_equation(equation, [True, True]), "operands": "ii"})
 
     def _sort(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
         """tf.sort / tf.argsort (TF's top_k with k B) or tf.math.top_k of the whole batch's

@@ -70,7 +70,7 @@ WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2"
 WEIGHT_DIAGONALS = ("MatrixDiagV3", "MatrixDiagPartV3", "MatrixSetDiagV3", "MatrixBandPart")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN",
                              *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
+                             "Transpose", "MatMul", "Einsum", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
                              "Cast", "Cumsum", *WEIGHT_DIAGONALS, *linear_algebra.OPS, *WEIGHT_VIEWS,
                              *quantization.FORMS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",

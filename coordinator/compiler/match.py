@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -778,6 +778,10 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
             sparse_ok = param.view is None and (kernel.type in ("gather", "sampled_logits")
                                                 or param.role.startswith("p"))
             if v.update == "sparse" and not sparse_ok:
+                gather = _constant_gather(matcher, v.name)
+                if param.view is not None and gather is not None:
+                    bad.append(_gathered_in_whole(v.name, gather))
+                    break
                 what = "a view" if param.view is not None else f"the {param.role}"
                 bad.append(UnsupportedOp("Variable", v.name, v.source,
                                          f"TF updates {v.name} as an embedding table (sparse), "
@@ -786,8 +790,25 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
     return bad
 
 
-def _dense_reader(graph: tf.Graph, variable: str) -> tf.Operation | None:
-    """The first op of the model (not its gradients) reading the whole value of `variable`."""
+def _gathered_in_whole(variable: str, gather: tf.Operation) -> UnsupportedOp:
+    """The refusal of a table TF updates sparsely that the CS reads through a gather at
+    constant indices (a T5 relative-position bias), naming the gather."""
+    table = variable.split("/")[-1]
+    return UnsupportedOp(gather.type, gather.name, user_source(gather), (
+        f"tf.gather of {table} at constant indices makes TF's optimizer update {table} "
+        "sparsely: the rows the indices never name, and their optimizer slots, stay "
+        "untouched, while the CS updates the whole table; write tf.einsum (or tf.matmul) of "
+        f"a constant tf.one_hot of the indices and {table} instead (a dense update)"))
+
+
+GATHERS = ("GatherV2", "ResourceGather")
+
+
+def _model_reads(graph: tf.Graph, variable: str) -> Iterator[tf.Operation]:
+    """The ops of the model (not its gradients) reading `variable`: tf.gather of its handle,
+    then the readers of its value (through Identity), in graph order."""
+    yield from (op for op in graph.get_operations() if op.type == "ResourceGather"
+                and op.inputs[0].op.name == variable)
     reads = [op for op in graph.get_operations()
              if op.type == "ReadVariableOp" and op.inputs[0].op.name == variable]
     while reads:
@@ -797,8 +818,26 @@ def _dense_reader(graph: tf.Graph, variable: str) -> tf.Operation | None:
                 continue
             if reader.type == "Identity":
                 reads.append(reader)
-            elif reader.type not in ("GatherV2", "ResourceGather"):
-                return reader
+            else:
+                yield reader
+
+
+def _dense_reader(graph: tf.Graph, variable: str) -> tf.Operation | None:
+    """The first op of the model (not its gradients) reading the whole value of `variable`."""
+    return next((op for op in _model_reads(graph, variable) if op.type not in GATHERS), None)
+
+
+def _constant_gather(matcher: Matcher, variable: str) -> tf.Operation | None:
+    """The first tf.gather of `variable` at constant indices that leave rows of it unnamed
+    (a T5 relative-position bias's buckets)."""
+    handle = matcher.graph.get_operation_by_name(variable)
+    rows = tf.TensorShape(handle.get_attr("shape"))[0] if handle.type == "VarHandleOp" else None
+    for op in _model_reads(matcher.graph, variable):
+        indices = matcher.operands.constant(op.inputs[1]) if op.type in GATHERS else None
+        axis = matcher.operands.constant(op.inputs[2]) if op.type == "GatherV2" else 0
+        if indices is not None and rows and axis is not None and int(axis) == 0 and \
+                len(np.unique(np.asarray(indices) % rows)) < rows:
+            return op
     return None
 
 
