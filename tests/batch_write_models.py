@@ -188,3 +188,38 @@ def running_loss(features, labels, mode, params):
     with tf.control_dependencies([train]):
         moved = running.assign(0.9 * running + 0.1 * tf.reduce_mean(per_sample))
     return CSEstimatorSpec(mode, loss=loss, train_op=moved)
+
+
+def deep_svdd(features, labels, mode, params):
+    """Deep SVDD (Ruff et al.): the hypersphere's center is the mean of the network's
+    outputs on one batch, then kept fixed; the loss is each output's squared distance to it.
+    The center is set under a tf.cond on the global step after the step (`at`: the step
+    whose end sets it) or, the original code, at step 0 before the loss reads it
+    (`before`); `sorted` sets it to a value the CS does not compute."""
+    hidden = tf.keras.layers.Dense(EMBED, use_bias=False, activation="leaky_relu",
+                                   name="fc1")(features)
+    z = tf.keras.layers.Dense(3, use_bias=False, name="fc2")(hidden)
+    center = _state("center", [3])
+    step = v1.train.get_or_create_global_step()
+    if params.get("before"):
+        set_center = tf.cond(tf.equal(step, 0), lambda: center.assign(tf.reduce_mean(z, 0)),
+                             lambda: tf.identity(center))
+        with tf.control_dependencies([set_center]):
+            score = tf.reduce_sum(tf.square(z - tf.stop_gradient(set_center)), 1)
+    else:
+        score = tf.reduce_sum(tf.square(z - center), 1)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"score": score})
+    loss = tf.reduce_mean(score)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
+            "mean_score": v1.metrics.mean(score)})
+    train = v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=step)
+    if params.get("before"):
+        return CSEstimatorSpec(mode, loss=loss, train_op=train)
+    mean = tf.reduce_mean(z, 0)
+    with tf.control_dependencies([train]):
+        set_center = tf.cond(tf.equal(step, params.get("at", 2)),
+                             lambda: center.assign(tf.sort(mean) if params.get("sorted") else mean),
+                             lambda: tf.identity(center))
+    return CSEstimatorSpec(mode, loss=loss, train_op=tf.group(train, set_center))

@@ -643,14 +643,20 @@ def assert_same_training(result: Comparison, rtol: float = 1e-4) -> None:
 
 def model_op_words(model_fn: Callable, input_fn: Callable, params: dict) -> set[str]:
     """What a refusal may name of model_fn's training graph: its op types (MatMul), its
-    scoped op and variable names (dense/bias) and its inputs (features, labels)."""
+    scoped op and variable names (dense/bias), its inputs (features, labels) and the ops of
+    its tf.conds' branches (cond/sort/TopKV2)."""
     signature = batch_signature(make_dataset(input_fn, params))
     with model_graph(params) as graph:
         features, labels = signature.placeholders()
         call_model_fn(model_fn, features, labels, "train", params)
         ops = graph.get_operations()
+        branches = {(f"{op.name}/{inner.name}", inner.type) for op in ops
+                    if op.type in ("If", "StatelessIf")
+                    for branch in (op._true_graph, op._false_graph)
+                    for inner in branch.get_operations()}  # (named as refusals name them)
         return ({op.type for op in ops} | {op.name for op in ops if "/" in op.name}
-                | {op.name for op in ops if op.type == "Placeholder"})
+                | {op.name for op in ops if op.type == "Placeholder"}
+                | {t for name_type in branches for t in name_type})
 
 
 def refusal_problem(error: CSRunError, source_file: str, op_words: set[str]) -> str:

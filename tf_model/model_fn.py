@@ -43,13 +43,26 @@ def _is_user_file(filename: str, cwd: str) -> bool:
 
 
 UNKNOWN_SOURCE = "<unknown source>"
+_ORIGIN = "_csrun_origin"  # on an op the compiler imported: (the user's op's name, that op)
+
+
+def mark_imported(op: tf.Operation, name: str, original: tf.Operation) -> None:
+    """Record that the compiler's `op` is a copy of the user's `original` (an op in a
+    tf.cond's branch), which the user knows as `name`: refusals name that op and its line."""
+    setattr(op, _ORIGIN, (name, original))
+
+
+def user_name(op: tf.Operation) -> str:
+    """The name the user knows `op` by (of a compiler's copy, its original's)."""
+    return getattr(op, _ORIGIN, (op.name, op))[0]
 
 
 def user_source(op: tf.Operation) -> str:
     """The user's "file:line" that created `op` (its innermost frame outside libraries;
     relative to the working directory when below it); of a gradient op (tf.gradients',
     minimize's), its forward op's if the user's code made it: the line to change, not the
-    tf.gradients call."""
+    tf.gradients call; of a compiler's copy (mark_imported), its original's."""
+    op = getattr(op, _ORIGIN, (op.name, op))[1]
     forward = op
     while forward._original_op is not None:  # (TF sets it on a gradient function's ops)
         forward = forward._original_op

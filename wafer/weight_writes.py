@@ -12,7 +12,8 @@ is written after the step's updates; with a `predicate` (a schedule of the globa
 tf.cond). Or a write of frozen state from the whole batch (`batch`: the kernels or inputs
 whose values of every sample of the step it reads, "b<k>" in the steps, [B, ...] in batch
 order): a running mean of features `m.assign_sub(0.2 * (m - tf.reduce_mean(h, 0)))`, MoCo's
-queue `q.assign(tf.concat([keys, q[:-B]], 0))`, written after the step's updates; its
+queue `q.assign(tf.concat([keys, q[:-B]], 0))`, written after the step's updates (with a
+`predicate`, only on the steps it holds: Deep SVDD's center set once under a tf.cond); its
 `sources` ("v<k>") are then states other writes write after it (MoCo's ring pointer `ptr`,
 a `carried_dtype` state no kernel holds, written from itself: `(ptr + B) % K`).
 
@@ -114,9 +115,10 @@ def write_problem(write: WeightWrite) -> str:
                     "arithmetic (add, sub, mul, div, ...), comparisons, select, element-wise "
                     "functions, reductions, concat and row slices of the weight, its sources, "
                     "batch values, factors and earlier steps")
-    if (write.batch or write.carried_dtype) and (write.before_update or write.predicate
-                                                 is not None):
-        return "a write of state is made after the updates, every step"
+    if (write.batch or write.carried_dtype) and write.before_update or \
+            write.carried_dtype and write.predicate is not None:
+        return "a write of state is made after the updates (of the batch: on the steps a " \
+               "predicate holds, or every step)"
     if write.carried_dtype and (write.batch or write.sources or write.carried_dtype not in
                                 _DTYPES):
         return "a carried state is int32, int64 or float32, written from itself and constants"

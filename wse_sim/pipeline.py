@@ -525,7 +525,10 @@ class Pipeline:
         holding the state (and its float16 copy, a shared weight's uses) takes the value. A
         carried state (a ring pointer) is written after the writes reading it."""
         for write in self.writes.values():  # (in program order: a source's write after)
-            factors = [evaluate(f, self._step, self.carried) for f in write.factors]
+            step = self._step + write.step_offset
+            if write.predicate is not None and not evaluate(write.predicate, step, self.carried):
+                continue  # (a write of the batch under a tf.cond: not this step)
+            factors = [evaluate(f, step, self.carried) for f in write.factors]
             if write.carried_dtype:
                 write_weight(write, self.carried[write.variable], factors)
                 continue

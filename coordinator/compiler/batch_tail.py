@@ -28,12 +28,12 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler import precision, second_order
-from coordinator.compiler.extract import data_upstream, user_source
+from coordinator.compiler.extract import data_upstream, user_name, user_source
 from coordinator.compiler.ir import ParamRef, UnsupportedOp
 from coordinator.compiler.lowering import slice_bounds
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import TailContext, has_kernel
-from coordinator.compiler.weight_program import WeightProgramBuilder
+from coordinator.compiler.weight_program import WeightProgramBuilder, one_sample_equation
 from wafer.kernels.batch_tail import source_name, steps_attrs
 
 DIAGONALS = ("MatrixDiagPartV3", "MatrixDiagPart", "DiagPart")
@@ -99,7 +99,7 @@ class TailBuilder(WeightProgramBuilder):
         constant = self.operands.constant(tensor)
         if constant is not None:
             return constant.astype(np.float32) if constant.dtype.kind == "f" else constant
-        where = f"{op.type} '{op.name}' at {user_source(op)}"
+        where = f"{op.type} '{user_name(op)}' at {user_source(op)}"
         shaped = static_shape_value(tensor)
         if shaped is not None:
             return shaped
@@ -172,16 +172,12 @@ class TailBuilder(WeightProgramBuilder):
         if inputs is None:
             return None
         equation = op.get_attr("equation").decode().replace(" ", "")
-        terms, _, out = equation.partition("->")
-        letter = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"
-                      if c not in equation)
         if len(inputs) != 2 or not all(isinstance(v, str) for v in inputs):
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: the CS runs an einsum of "
                                         "two values of the batch there")
         names: list[str] = inputs  # type: ignore[assignment]  # (all kernels or sources)
         return self._add(op, tensor, "einsum", names, {
-            "equation": ",".join(letter + t for t in terms.split(",")) + "->" + letter + out,
-            "operands": "ii"})
+            "equation": one_sample_equation(equation, [True, True]), "operands": "ii"})
 
     def _sort(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
         """tf.sort / tf.argsort (TF's top_k with k B) or tf.math.top_k of the whole batch's
@@ -373,7 +369,7 @@ class TailBuilder(WeightProgramBuilder):
         if len(shape) != 2 or shape[0] != shape[1] or offset is None or np.any(offset != 0) or \
                 not isinstance(inner, str):
             return self._refuse(tensor, f"computes the loss over the batch with {op.type} "
-                                        f"'{op.name}' at {user_source(op)}: the CS takes the "
+                                        f"'{user_name(op)}' at {user_source(op)}: the CS takes the "
                                         "main diagonal of a square matrix")
         return self._main_diagonal(op, tensor, inner, shape)
 
@@ -395,7 +391,7 @@ def lower(m: TailContext, loss: tf.Tensor, penalties: list[tf.Tensor],
     value = builder._lower(loss)
     if not isinstance(value, str) or not has_kernel("batch_tail_loss"):
         op, reason = builder.root or (loss.op, "the loss is a constant")
-        m.unsupported.append(UnsupportedOp(op.type, op.name, user_source(op), reason))
+        m.unsupported.append(UnsupportedOp(op.type, user_name(op), user_source(op), reason))
         return "", []
     program = builder.program({value})
     assert program is not None

@@ -9,10 +9,12 @@ step makes (the forward pass reads the old value, as the CS's, which writes afte
 step's updates). Anything else is refused naming the op."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_name, user_source
 from coordinator.compiler.ir import TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.training.graph import _skip_identity, step_runs, variable_op
@@ -57,7 +59,7 @@ WHAT = ("arithmetic, element-wise functions and reductions of it, constants and 
 class _Refused(Exception):
     def __init__(self, op: tf.Operation, reason: str):
         super().__init__(reason)
-        self.unsupported = UnsupportedOp(op.type, op.name, user_source(op), reason)
+        self.unsupported = UnsupportedOp(op.type, user_name(op), user_source(op), reason)
 
 
 def state_write_ops(matcher, training: TrainingSpec) -> list[tf.Operation]:
@@ -80,14 +82,20 @@ def lower(matcher, extracted: ExtractedGraph, training: TrainingSpec,
     writes, bad = [], []
     targets = [variable_op(op.inputs[0]) for op in ops]
     pointers = {t: op for op, t in zip(ops, targets) if _pointer(matcher, op, t, ops)}
+    gated = {g.op: g for g in training.gated_state_writes}
     for op, target in zip(ops, targets):
         if targets.count(target) > 1:
-            bad.append(UnsupportedOp(op.type, op.name, user_source(op),
+            bad.append(UnsupportedOp(op.type, user_name(op), user_source(op),
                                      f"the train_op writes {target.name} twice a step: the CS "
                                      "writes state from the batch once a step"))
             continue
+        g = gated.get(op.name)
         try:
-            writes.append(_lower(matcher, op, runs, pointers))
+            if g is None:
+                writes.append(_lower(matcher, op, runs, pointers))
+            else:  # (ordered by its cond; written on the steps the predicate holds)
+                write = _lower(matcher, op, runs, pointers, op.graph.get_operation_by_name(g.cond))
+                writes.append(replace(write, predicate=g.predicate, step_offset=g.step_offset))
         except _Refused as refused:
             bad.append(refused.unsupported)
     # (a pointer's write after those reading it, as TF orders them: _lower proved it)
@@ -107,7 +115,10 @@ def _pointer(m, op: tf.Operation, target: tf.Operation, ops: list[tf.Operation])
             and any(target in _reads(o) for o in ops if o is not op))
 
 
-def _lower(m, op: tf.Operation, runs: dict, pointers: dict) -> WeightWrite:
+def _lower(m, op: tf.Operation, runs: dict, pointers: dict,
+           anchor: tf.Operation | None = None) -> WeightWrite:
+    """`op`'s write as a weight write of the batch, or _Refused (`anchor`: the tf.cond `op`
+    was imported from, which orders it)."""
     target = variable_op(op.inputs[0])
     name = target.name
     if op.type not in _WRITE_STEP and op.type not in _SCATTER_STEP:
@@ -121,11 +132,11 @@ def _lower(m, op: tf.Operation, runs: dict, pointers: dict) -> WeightWrite:
     if any(p.view for p in params):
         raise _Refused(op, f"the train_op writes {name} from the batch, and a layer reads a "
                            "slice of it: the CS writes state its kernels read whole")
-    closure = set(op_closure(op))
+    closure = set(op_closure(op)) | (set(op_closure(anchor)) if anchor is not None else set())
     unordered = next((r for r in _forward_reads(op, runs) if r not in closure), None)
     if unordered is not None:
         raise _Refused(op, f"the write of {name} does not wait for the step's read of it "
-                           f"('{unordered.name}' at {user_source(unordered)}): TF reads the old "
+                           f"('{user_name(unordered)}' at {user_source(unordered)}): TF reads the old "
                            "or the new value by chance; write it under "
                            "tf.control_dependencies([the optimizer's op])")
     batch: list[str] = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from coordinator.compiler import lowering, refusals
-from coordinator.compiler.extract import user_source
+from coordinator.compiler.extract import user_name, user_source
 from coordinator.compiler.ir import UnsupportedOp
 from coordinator.compiler.rules import Context
 
@@ -49,7 +49,7 @@ def hidden(m: Context, ops: list[tf.Operation], tail: set[str],
             problem = m.weight_problem(t)
             if problem and problem not in said:
                 said.add(problem)
-                found.append(UnsupportedOp(op.type, op.name, user_source(op), problem))
+                found.append(UnsupportedOp(op.type, user_name(op), user_source(op), problem))
     pending = [op for reason, op in kernel_less.items() if reason in said]
     while pending:  # (a Cholesky before the triangular solve of weights)
         op = pending.pop()
@@ -57,6 +57,6 @@ def hidden(m: Context, ops: list[tf.Operation], tail: set[str],
             problem = m.weight_problem(t) if t.dtype.base_dtype == tf.float32 else ""
             if problem and problem not in said:
                 said.add(problem)
-                found.append(UnsupportedOp(op.type, op.name, user_source(op), problem))
+                found.append(UnsupportedOp(op.type, user_name(op), user_source(op), problem))
                 pending += [kernel_less[problem]] if problem in kernel_less else []
     return found

@@ -22,7 +22,8 @@ from tf_model.model_fn import (
     model_graph,
     named_inputs,
 )
-from tf_model.model_fn import user_source as user_source  # the compiler's passes name ops by it
+from tf_model.model_fn import user_name as user_name  # the compiler's passes name ops by them
+from tf_model.model_fn import user_source as user_source
 from wse_sim.limits import MAX_BATCH_SIZE
 
 MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)

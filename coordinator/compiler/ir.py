@@ -100,6 +100,17 @@ class Objective:
 
 
 @dataclass(frozen=True)
+class GatedStateWrite:
+    """A write of frozen state from the batch under a tf.cond on the global step
+    (training/copies.py): written on the steps `predicate` is 1."""
+
+    op: str  # the assign op imported from the cond's branch
+    cond: str  # the user's tf.cond (the step's reads it waits for order the write)
+    predicate: Schedule
+    step_offset: int  # 1: the predicate reads the global step after its increment
+
+
+@dataclass(frozen=True)
 class TrainingSpec:
     """What the train_op does, proven from the graph (coordinator.compiler.training)."""
 
@@ -125,6 +136,7 @@ class TrainingSpec:
     conditional_update: ConditionalUpdate | None = None
     # writes of frozen state from the step's values (the assign ops: batch_writes.py)
     state_writes: tuple[str, ...] = ()
+    gated_state_writes: tuple[GatedStateWrite, ...] = ()  # those under a tf.cond
 
     @property
     def state_variables(self) -> tuple[str, ...]:

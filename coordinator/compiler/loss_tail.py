@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler import batch_tail
-from coordinator.compiler.extract import SHAPE_OPS, data_upstream, user_source
+from coordinator.compiler.extract import SHAPE_OPS, data_upstream, user_name, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, UnsupportedOp
 from coordinator.compiler.loss_divisors import (
     DIVISOR_OPS,
@@ -73,7 +73,7 @@ HALF_RTOL = 4e-3
 
 
 def _reject(m: TailContext, op: tf.Operation, reason: str) -> tuple[str, dict]:
-    m.unsupported.append(UnsupportedOp(op.type, op.name, user_source(op), reason))
+    m.unsupported.append(UnsupportedOp(op.type, user_name(op), user_source(op), reason))
     return "", {}
 
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from coordinator.compiler import (
     bincount,
+    cond_reads,
     fast_paths,
     feature_columns,
     in_batch,
@@ -29,6 +30,7 @@ from coordinator.compiler import (
     step_values,
 )
 from coordinator.compiler.extract import user_source
+from coordinator.compiler.grappler import pushed_down, reciprocal
 from coordinator.compiler.operands import RANDOM_OPS, static_shape
 from coordinator.compiler.rules import GENERIC, Context, generic, has_kernel
 from wafer.kernels.activations import FLOAT32_ONLY, INTEGER_FUNCTIONS
@@ -68,7 +70,7 @@ WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2"
 WEIGHT_DIAGONALS = ("MatrixDiagV3", "MatrixDiagPartV3", "MatrixSetDiagV3", "MatrixBandPart")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN",
                              *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
+                             "Transpose", "MatMul", "Einsum", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
                              "Cast", "Cumsum", *WEIGHT_DIAGONALS, *linear_algebra.OPS, *WEIGHT_VIEWS,
                              *quantization.FORMS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
@@ -161,6 +163,8 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
         m.reject(op, random_numbers.refusal(op.type))
     elif handler is None and (op.type == "Where" or op.type.startswith("Sparse")):
         m.reject(op, feature_columns.refusal(op))
+    elif op.type in ("If", "StatelessIf") and cond_reads.read_in_its_step(m, op):
+        m.reject(op, cond_reads.read_in_its_step(m, op))
     elif handler is None:
         m.reject(op, "no CS kernel computes this op")
     else:
@@ -253,13 +257,18 @@ def _binary(m: Context, op: tf.Operation) -> str:
             m.add_kernel(op.name, "activation", [op.inputs[0]],
                          {"function": "pow", "exponent": float(exponent)}, [], [op], op.outputs[0])
             return ""
-    found = _operands(m, op, op.inputs, "binary")
+    pushed = pushed_down(m.operands, m.session_ops, op)
+    found = _operands(m, op, op.inputs if pushed is None else pushed[:2], "binary")
     if isinstance(found, str):
         return found
     letters, inputs, attrs, params = found
-    if _is_identity(kind, letters, attrs, op):
+    if pushed is not None:
+        kind, attrs["c1"] = pushed[3], pushed[2]
+    elif _is_identity(kind, letters, attrs, op):
         m.alias(op, op.inputs[letters.index("i")])
         return ""
+    elif kind == "div" and letters[1] == "c" and op.outputs[0].dtype.is_floating:
+        kind, attrs["c1"] = "mul", reciprocal(attrs["c1"], op.inputs[1].dtype)
     rank = len(m.sample_shape(op.outputs[0], op.inputs))
     inputs = _same_rank(m, op, inputs, rank)
     m.add_kernel(op.name, "binary", inputs, {"op": kind, "operands": letters, **attrs}, params,

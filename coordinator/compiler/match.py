@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -28,6 +28,7 @@ from coordinator.compiler import (
     candidate_sampling,  # noqa: F401 (its fast path)
     fast_paths,
     folded_batch,
+    grappler,
     in_batch,
     leading_stack,
     loss_tail,
@@ -43,6 +44,7 @@ from coordinator.compiler.extract import (
     data_flow_ops,
     data_upstream,
     op_closure,
+    user_name,
     user_source,
 )
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
@@ -115,6 +117,10 @@ class Matcher:
         self.kernels: list[KernelNode] = []
         self.unsupported: list[UnsupportedOp] = []
         self.protected = self._host_read_tensors(host_tensors)
+        model = extracted.spec
+        self.session_ops = grappler.session_ops(
+            [model.loss, model.train_op, model.predictions, model.eval_metric_ops,
+             model.host_call[1] if model.host_call else None])
         # a batch_norm_training kernel's moments (keepdims and squeezed) -> (kernel, statistic)
         self.statistics: dict[str, tuple[str, str]] = {}
         for spec in extracted.inputs:
@@ -322,7 +328,7 @@ class Matcher:
             if self.step_values.reads_step(t) and not self.step_values.reads_weights(t):
                 if op.type not in STEP_VALUE_READERS:
                     return (f"computes with a value of the global step ({t.op.type} "
-                            f"'{t.op.name}' at {user_source(t.op)}): the CS multiplies, adds "
+                            f"'{user_name(t.op)}' at {user_source(t.op)}): the CS multiplies, adds "
                             "or selects per-sample values by one element-wise (beta * x, "
                             "loss + beta * tf.reduce_mean(kl))")
                 kernel = self.step_values.kernel(self, t, op)
@@ -688,7 +694,7 @@ def _misplaced_penalties(loss: tf.Tensor, training: TrainingSpec,
                     f"to the loss minimized for {variable}, or drop it"))]
             carried[variable] = terms
     if sorted(carried.items()) != sorted(regularizers.items()):
-        return [UnsupportedOp(loss.op.type, loss.op.name, user_source(loss.op), (
+        return [UnsupportedOp(loss.op.type, user_name(loss.op), user_source(loss.op), (
             "model_fn's loss holds other weight penalties than the losses minimized in one "
             "step: the CS adds every minimized loss's penalties to the loss it reports; return "
             "the sum of the minimized losses (with their penalties) as model_fn's loss"))]
@@ -702,7 +708,7 @@ def _after_update(losses: list[tf.Tensor]) -> list[UnsupportedOp]:
     for loss in losses:
         for op in sorted(data_upstream(loss.op), key=lambda op: op._id):
             if any(_is_write(w) for c in op.control_inputs for w in op_closure(c)):
-                return [UnsupportedOp(op.type, op.name, user_source(op), (
+                return [UnsupportedOp(op.type, user_name(op), user_source(op), (
                     "computes a loss of several minimized in one step after the train_op's "
                     "update (under tf.control_dependencies): it reads the updated weights, the "
                     "CS computes every loss from the step's forward pass; compute the losses "
@@ -722,7 +728,7 @@ def _after_state_write(loss: tf.Tensor) -> list[UnsupportedOp]:
                       if _is_write(w) and variable_op(w.inputs[0]) in read), None)
         if write is not None:
             name = variable_op(write.inputs[0]).name
-            return [UnsupportedOp(op.type, op.name, user_source(op), (
+            return [UnsupportedOp(op.type, user_name(op), user_source(op), (
                 f"computes the loss under tf.control_dependencies([the write of {name}] "
                 f"({write.type} at {user_source(write)})): the CS writes state after the "
                 "step's loss and updates, when training only; write it under "
@@ -752,7 +758,7 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
     for v in training.variables:
         if v.name in sources and v.update == "sparse":
             reader = _dense_reader(matcher.graph, v.name)
-            where = f" (by {reader.type} '{reader.name}' at {user_source(reader)})" if reader else ""
+            where = f" (by {reader.type} '{user_name(reader)}' at {user_source(reader)})" if reader else ""
             bad.append(UnsupportedOp("Variable", v.name, v.source,
                                      f"TF updates {v.name} as an embedding table (sparse: only its "
                                      f"lookups' rows have gradients), but the CS also computes with "
@@ -772,6 +778,10 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
             sparse_ok = param.view is None and (kernel.type in ("gather", "sampled_logits")
                                                 or param.role.startswith("p"))
             if v.update == "sparse" and not sparse_ok:
+                gather = _constant_gather(matcher, v.name)
+                if param.view is not None and gather is not None:
+                    bad.append(_gathered_in_whole(v.name, gather))
+                    break
                 what = "a view" if param.view is not None else f"the {param.role}"
                 bad.append(UnsupportedOp("Variable", v.name, v.source,
                                          f"TF updates {v.name} as an embedding table (sparse), "
@@ -780,8 +790,25 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
     return bad
 
 
-def _dense_reader(graph: tf.Graph, variable: str) -> tf.Operation | None:
-    """The first op of the model (not its gradients) reading the whole value of `variable`."""
+def _gathered_in_whole(variable: str, gather: tf.Operation) -> UnsupportedOp:
+    """The refusal of a table TF updates sparsely that the CS reads through a gather at
+    constant indices (a T5 relative-position bias), naming the gather."""
+    table = variable.split("/")[-1]
+    return UnsupportedOp(gather.type, gather.name, user_source(gather), (
+        f"tf.gather of {table} at constant indices makes TF's optimizer update {table} "
+        "sparsely: the rows the indices never name, and their optimizer slots, stay "
+        "untouched, while the CS updates the whole table; write tf.einsum (or tf.matmul) of "
+        f"a constant tf.one_hot of the indices and {table} instead (a dense update)"))
+
+
+GATHERS = ("GatherV2", "ResourceGather")
+
+
+def _model_reads(graph: tf.Graph, variable: str) -> Iterator[tf.Operation]:
+    """The ops of the model (not its gradients) reading `variable`: tf.gather of its handle,
+    then the readers of its value (through Identity), in graph order."""
+    yield from (op for op in graph.get_operations() if op.type == "ResourceGather"
+                and op.inputs[0].op.name == variable)
     reads = [op for op in graph.get_operations()
              if op.type == "ReadVariableOp" and op.inputs[0].op.name == variable]
     while reads:
@@ -791,8 +818,26 @@ def _dense_reader(graph: tf.Graph, variable: str) -> tf.Operation | None:
                 continue
             if reader.type == "Identity":
                 reads.append(reader)
-            elif reader.type not in ("GatherV2", "ResourceGather"):
-                return reader
+            else:
+                yield reader
+
+
+def _dense_reader(graph: tf.Graph, variable: str) -> tf.Operation | None:
+    """The first op of the model (not its gradients) reading the whole value of `variable`."""
+    return next((op for op in _model_reads(graph, variable) if op.type not in GATHERS), None)
+
+
+def _constant_gather(matcher: Matcher, variable: str) -> tf.Operation | None:
+    """The first tf.gather of `variable` at constant indices that leave rows of it unnamed
+    (a T5 relative-position bias's buckets)."""
+    handle = matcher.graph.get_operation_by_name(variable)
+    rows = tf.TensorShape(handle.get_attr("shape"))[0] if handle.type == "VarHandleOp" else None
+    for op in _model_reads(matcher.graph, variable):
+        indices = matcher.operands.constant(op.inputs[1]) if op.type in GATHERS else None
+        axis = matcher.operands.constant(op.inputs[2]) if op.type == "GatherV2" else 0
+        if indices is not None and rows and axis is not None and int(axis) == 0 and \
+                len(np.unique(np.asarray(indices) % rows)) < rows:
+            return op
     return None
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from coordinator.compiler import lowering_spatial
-from coordinator.compiler.extract import each_once, user_source
+from coordinator.compiler.extract import each_once, user_name, user_source
 from coordinator.compiler.ir import UnsupportedOp
 from tf_model.model_fn import is_user_file
 
@@ -91,7 +91,7 @@ def attribute(op: tf.Operation, reason: str, tail: set[str],
     function = re.sub(r"_\d+$", "", origin.name.split("/", 1)[0])
     if not layer and function in TF_FUNCTIONS:
         layer, scope = TF_FUNCTIONS[function], origin.name.split("/", 1)[0]
-    return UnsupportedOp(op.type, op.name, user_source(op), reason, layer=layer,
+    return UnsupportedOp(op.type, user_name(op), user_source(op), reason, layer=layer,
                          scope=scope if layer else "", layer_source=user_source(origin) if layer else "")
 
 

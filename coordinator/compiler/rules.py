@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 import tensorflow as tf
 
+from coordinator.compiler.grappler import SessionOps
 from coordinator.compiler.ir import KernelNode, ParamRef, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight
 from wafer.kernels import KERNELS
@@ -30,6 +31,7 @@ class Context(Protocol):
     leading: set[str]
     # a batch_norm_training kernel's moments (keepdims and squeezed) -> (kernel, statistic)
     statistics: dict[str, tuple[str, str]]
+    session_ops: SessionOps  # the ops TF's Session runs for the mode's fetches
 
     def is_batched(self, tensor: tf.Tensor) -> bool: ...
 

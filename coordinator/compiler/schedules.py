@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_name, user_source
 from coordinator.compiler.scalar_ops import BINARY, BOOL_RESULTS, DTYPES, UNARY
 from wafer.schedules import ARITY, ScalarOp, Schedule, schedule_problem
 
@@ -49,7 +49,7 @@ class Scheduled:
 
 
 def _refuse(op: tf.Operation, what: str) -> ScheduleRefused:
-    return ScheduleRefused(f"{what} ({op.type} '{op.name}' at {user_source(op)})")
+    return ScheduleRefused(f"{what} ({op.type} '{user_name(op)}' at {user_source(op)})")
 
 
 def _check_leaves(extracted: ExtractedGraph, item: Scheduled, written: set[str]) -> set[str]:

@@ -11,8 +11,9 @@ frame's largest magnitude from it (docs/design.md): bins that are 0 but for that
 (noiseless tones on a bin's frequency) differ from TF's wholly, and a log amplifies them. In
 training the compiler measures it (`rounding_noise`): on input_fn's first batch, the loss and
 its gradients with the kernels' spectra fed in place of TF's (and the random ops the numbers
-of TF's run: SpecAugment's masks drawn alike) must be TF's within NOISE_RTOL, or the RFFT is
-refused. A part the host reads (an eval metric on tf.abs of the labels' STFT, a predicted
+of TF's run: SpecAugment's masks drawn alike) must be TF's within NOISE_RTOL, or within
+SPREAD_FACTOR x TF's own spread (TF's runs from its weights moved by 1 ULP: a spectral loss
+on the model's own output is that sensitive in TF too), or the RFFT is refused. A part the host reads (an eval metric on tf.abs of the labels' STFT, a predicted
 magnitude) is the kernel's output, streamed."""
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ from wafer.kernels import RunContext, build_kernel
 
 PARTS = {"ComplexAbs": "magnitude", "Real": "real", "Imag": "imag"}
 NOISE_RTOL = 1e-5  # (recurrences.UNROLL_RTOL's: float32 sums in another order)
+# Beyond NOISE_RTOL the CS's spectra may move the loss and each gradient by SPREAD_FACTOR x
+# TF's own spread: the farthest of SPREAD_RUNS TF runs from the weights moved by 1 ULP.
+SPREAD_RUNS = 3
+SPREAD_FACTOR = 2.0
 
 # The README's row: kernel -> the TF ops it starts from.
 KERNEL_ROWS = {
@@ -127,8 +132,9 @@ def _draws(graph: tf.Graph, outputs: list[tf.Tensor]) -> list[tf.Tensor]:
 
 def rounding_noise(kernels: list[KernelNode], extracted: ExtractedGraph) -> list[UnsupportedOp]:
     """Each RFFT whose spectrum (and scaled_spectrum) kernels, fed in place of TF's parts on
-    input_fn's first batch, move the loss or a gradient beyond NOISE_RTOL (training only).
-    The second run is fed the first run's random numbers too: it differs by the spectra alone."""
+    input_fn's first batch, move the loss or a gradient beyond NOISE_RTOL and beyond
+    SPREAD_FACTOR x TF's own spread (training only). The second run is fed the first run's
+    random numbers too: it differs by the spectra alone."""
     graph, spec, batch = extracted.graph, extracted.spec, extracted.first_batch
     spectra = [k for k in kernels if k.type in KERNEL_ROWS]
     if not spectra or batch is None or spec.loss is None:
@@ -148,28 +154,61 @@ def rounding_noise(kernels: list[KernelNode], extracted: ExtractedGraph) -> list
             session.run(tf.compat.v1.global_variables_initializer())
             want, frames, drawn = session.run(
                 (outputs, [f.inputs[0] for f in ffts], draws), feed)
-            fed = {**feed, **dict(zip(draws, drawn))}
+            feed.update(zip(draws, drawn))
+            fed = dict(feed)
             for kernel, read, x in zip(spectra, parts, frames):
                 built = build_kernel(kernel.type, kernel.name, kernel.attrs, kernel.input_shapes)
                 value, _ = built.forward({}, [x], RunContext(training=True, batch_size=len(x)))
                 fed.update({r.outputs[0]: value for r in read.consumers()
                             if PARTS.get(r.type) == kernel.attrs["part"]})
             got = session.run(outputs, fed)
-    # a gradient's elements within NOISE_RTOL of the model's largest (a bias summing terms
-    # that nearly cancel moves by more than its own 1e-5 in TF from run to run)
-    largest = max(float(np.abs(want[name]).max()) for name in want if name != "the loss")
-    differ = [name for name in want if not np.allclose(
-        got[name], want[name], rtol=NOISE_RTOL,
-        atol=NOISE_RTOL * (abs(float(want[name])) if name == "the loss" else largest))]
+            # a gradient's elements within NOISE_RTOL of the model's largest (a bias summing
+            # terms that nearly cancel moves by more than its own 1e-5 in TF from run to run)
+            largest = max(float(np.abs(want[name]).max()) for name in want if name != "the loss")
+            scale = {name: abs(float(want[name])) if name == "the loss" else largest
+                     for name in want}
+            differ = [name for name in want if not np.allclose(
+                got[name], want[name], rtol=NOISE_RTOL, atol=NOISE_RTOL * scale[name])]
+            if not differ:
+                return []
+            apart = _distances(got, want, scale)
+            spread = _spread(session, outputs, feed, [v for v in trainable
+                                                      if v.op.name in outputs], want, scale)
+    differ = [name for name in differ if apart[name] > SPREAD_FACTOR * spread[name]]
     if not differ:
         return []
-    loss = abs(float(got["the loss"]) - float(want["the loss"])) / \
-        max(abs(float(want["the loss"])), 1e-30)
+    worst = max(differ, key=lambda name: apart[name] / max(spread[name], 1e-30))
+    unit = "relative" if worst == "the loss" else "of the largest gradient"
     return [UnsupportedOp(
         fft.type, fft.name, user_source(fft),
-        f"on input_fn's first batch the CS's spectrum moves {', '.join(differ[:3])} beyond "
-        f"{NOISE_RTOL:g} of TF's (the loss by {loss:.1e}): bins that are 0 but for the FFT's "
-        "rounding (~1e-7 of a frame's largest magnitude: noiseless signals), which no CS "
-        "kernel rounds as TF's FFT does, amplified downstream (a log's small epsilon); add "
-        "noise to the signal in input_fn, raise the epsilon, or compute the spectrogram in "
-        "input_fn") for fft in dict.fromkeys(ffts)]
+        f"on input_fn's first batch the CS's spectrum moves {', '.join(differ[:3])} from TF's "
+        f"({worst} by {apart[worst]:.1e} {unit}, TF's own by {spread[worst]:.1e} when its "
+        f"weights move by 1 ULP; rounding stays within {SPREAD_FACTOR:g}x that): bins that "
+        "are 0 but for the FFT's rounding (~1e-7 of a frame's largest magnitude: noiseless "
+        "signals), which no CS kernel rounds as TF's FFT does, amplified downstream (a log's "
+        "small epsilon); add noise to the signal in input_fn, raise the epsilon, or compute "
+        "the spectrogram in input_fn") for fft in dict.fromkeys(ffts)]
+
+
+def _distances(got: dict, want: dict, scale: dict[str, float]) -> dict[str, float]:
+    """Each output's max |got - want| over its `scale` (the loss's magnitude, the model's
+    largest gradient element)."""
+    return {name: float(np.abs(np.asarray(got[name], np.float64) - want[name]).max())
+            / max(scale[name], 1e-30) for name in want}
+
+
+def _spread(session: tf.compat.v1.Session, outputs: dict, feed: dict,
+            weights: list[tf.Variable], want: dict, scale: dict[str, float]) -> dict[str, float]:
+    """TF's own spread: each output's farthest distance from `want` over SPREAD_RUNS runs
+    with a random half of every weight's elements moved by 1 float32 ULP (x(1 + 2^-23),
+    seeds 0..SPREAD_RUNS-1)."""
+    initial = session.run(weights)
+    spread = dict.fromkeys(want, 0.0)
+    for seed in range(SPREAD_RUNS):
+        rng = np.random.default_rng(seed)
+        for weight, value in zip(weights, initial):
+            weight.load(np.where(rng.random(value.shape) < 0.5, value * np.float32(1 + 2.0 ** -23),
+                                 value), session)
+        moved = _distances(session.run(outputs, feed), want, scale)
+        spread = {name: max(spread[name], moved[name]) for name in want}
+    return spread

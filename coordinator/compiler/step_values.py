@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_name, user_source
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.schedules import (
     Scheduled,
@@ -88,7 +88,7 @@ class StepValues:
         if write is None:
             return ""
         return (f"reads {variable}, a value the train_op writes every step ({write.type} "
-                f"'{write.name}' at {user_source(write)}), not a schedule: {INSTEAD}")
+                f"'{user_name(write)}' at {user_source(write)}), not a schedule: {INSTEAD}")
 
     def reads_step(self, tensor: tf.Tensor) -> bool:
         """Whether `tensor` is computed from the global step."""
@@ -124,7 +124,7 @@ class StepValues:
             if op.type in ("VarHandleOp", "VariableV2") and op.name != self.step:
                 why = "which the train_op writes" if op.name in written else "a variable"
                 raise ScheduleRefused(f"{what} reads {op.name}, {why} ({tensor.op.type} "
-                                      f"'{tensor.op.name}' at {user_source(tensor.op)}): "
+                                      f"'{user_name(tensor.op)}' at {user_source(tensor.op)}): "
                                       f"{INSTEAD}")
         item = Scheduled(STEP_VALUE, reader, tensor, label=what)
         if self.x.mode == ModeKeys.TRAIN:

@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler import linear_algebra, precision, quantization, random_numbers
-from coordinator.compiler.extract import data_downstream, user_source
+from coordinator.compiler.extract import data_downstream, user_name, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, WeightProgram
 from coordinator.compiler.lowering import (
     REDUCTIONS,
@@ -53,7 +53,7 @@ from wafer.kernels import KernelError, build_kernel
 
 PASS_THROUGH = {"Identity", "ReadVariableOp", "Snapshot"}
 # Float16 ops TF accumulates in float16 (Eigen::half sums), the weight program in float32.
-HALF_REFUSED = frozenset({*REDUCTIONS, "Softmax", "LogSoftmax", "L2Loss", "Cumsum", "Cholesky",
+HALF_REFUSED = frozenset({*REDUCTIONS, "Softmax", "LogSoftmax", "L2Loss", "Cumsum", "Cholesky", "Einsum",
                           *linear_algebra.SOLVES, *linear_algebra.DETERMINANTS})
 
 
@@ -67,6 +67,16 @@ def _operand_attrs(values: list[Any]) -> dict[str, Any]:
     """A generic kernel's operands attr for kernels (`i`) and constants (`c<k>`)."""
     return {"operands": "".join("i" if isinstance(v, str) else "c" for v in values),
             **{f"c{k}": np.asarray(v) for k, v in enumerate(values) if not isinstance(v, str)}}
+
+
+def one_sample_equation(equation: str, kernels: list[bool]) -> str:
+    """An einsum `equation` ('A,B->C') for the einsum kernel on a batch of one: a letter of
+    its own prefixed to the output and to the terms of the operands that are `kernels`."""
+    lhs, _, out = equation.partition("->")
+    one = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"
+               if c not in equation)
+    marked = ",".join(one + t if kernel else t for t, kernel in zip(lhs.split(","), kernels))
+    return f"{marked}->{one}{out}"
 
 
 class _Unfit(Exception):
@@ -108,7 +118,7 @@ class WeightProgramBuilder:
             return self.problems.get(tensor.name, "its value is a constant")
         if tensor.dtype.base_dtype not in (tf.float32, tf.float16):  # (tf.where's condition)
             op = tensor.op
-            return (f"{self.SUBJECT} with {op.type} '{op.name}' at {user_source(op)}: its "
+            return (f"{self.SUBJECT} with {op.type} '{user_name(op)}' at {user_source(op)}: its "
                     f"{tensor.dtype.base_dtype.name} value meets the samples (the CS computes "
                     "float32 weights)")
         shape = static_shape(tensor)
@@ -156,7 +166,7 @@ class WeightProgramBuilder:
         constant = self.operands.constant(tensor)
         if constant is not None:
             return constant.astype(np.float32) if constant.dtype.kind == "f" else constant
-        where = f"{op.type} '{op.name}' at {user_source(op)}"
+        where = f"{op.type} '{user_name(op)}' at {user_source(op)}"
         if op in self.flow:
             return self._refuse(tensor, f"computes on weights and samples at {where}")
         if op in self._step_readers():
@@ -209,7 +219,7 @@ class WeightProgramBuilder:
             return self._refuse(tensor, self.problems[bad.name])
         if not isinstance(inputs[0], str) and op.type not in (
                 *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN", "MatMul",
-                *linear_algebra.SOLVES):
+                "Einsum", *linear_algebra.SOLVES):
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: its first input "
                                         "is a constant")
         return self._kernel(op, tensor, inputs)
@@ -279,6 +289,8 @@ class WeightProgramBuilder:
                      "transpose_b": bool(op.get_attr("transpose_b"))}
             return self._add(op, tensor, "matmul", [v for v in inputs if isinstance(v, str)],
                              attrs)
+        if op.type == "Einsum":
+            return self._einsum_of_weights(op, tensor, inputs)
         if op.type in REDUCTIONS:
             axes = inputs[1]
             if isinstance(axes, str):
@@ -295,6 +307,26 @@ class WeightProgramBuilder:
             return self._add(op, tensor, "transpose", inputs[:1],
                              {"perm": [int(p) for p in inputs[1]]})
         return self._add(op, tensor, "reshape", inputs[:1], {"shape": list(out)})
+
+    def _einsum_of_weights(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any]) -> str:
+        """tf.einsum of two weights, or a weight and a constant (T5's relative-position bias
+        tf.einsum('qkn,nh->hqk', one_hot, table)): the einsum kernel on the program's batch of
+        one, a letter of its own for that one sample prefixed to the weights' terms and the
+        output; its gradients are einsums, TF's."""
+        equation = op.get_attr("equation").decode().replace(" ", "")
+        lhs, _, out = equation.partition("->")
+        terms = lhs.split(",")
+        if len(terms) != 2 or not out or "." in equation:
+            raise _Unfit("the CS runs an einsum of two operands with an explicit output and "
+                         "no ellipsis on weights")
+        alone = sorted({c for a, b in (terms, terms[::-1]) for c in a if c not in b + out})
+        if alone or any(len(set(t)) != len(t) for t in (*terms, out)):
+            raise _Unfit(f"einsum {equation!r} sums over a letter of one operand only "
+                         f"({', '.join(alone)}) or repeats a letter (a diagonal): tf.reduce_sum "
+                         "that operand first, or take the diagonal by tf.linalg.diag_part")
+        return self._add(op, tensor, "einsum", [v for v in inputs if isinstance(v, str)], {
+            **_operand_attrs(inputs),
+            "equation": one_sample_equation(equation, [isinstance(v, str) for v in inputs])})
 
     def _diagonals(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any],
                    out: tuple[int, ...]) -> str:

@@ -191,6 +191,8 @@ EXPRESSIONS = {
     "Reshape": lambda w, v, g, s: tf.reshape(w * v, [2, 6]), "Squeeze": lambda w, v, g, s: tf.squeeze(s * 2.0),
     "ExpandDims": lambda w, v, g, s: tf.expand_dims(w * v, 1), "Transpose": lambda w, v, g, s: tf.transpose(w * v),
     "MatMul": lambda w, v, g, s: tf.matmul(w, v, transpose_b=True),
+    "Einsum": lambda w, v, g, s: tf.einsum("ij,kj->ik", w, v) + tf.einsum(
+        "qn,kn->qk", np.arange(12, dtype=np.float32).reshape(3, 4) / 7, w),
     "StopGradient": lambda w, v, g, s: tf.stop_gradient(w) * v,
     "StridedSlice": lambda w, v, g, s: (w * v)[::-2, tf.newaxis, 1:-1],
     "Slice": lambda w, v, g, s: tf.slice(w * v, [1, 0], [-1, 3]),

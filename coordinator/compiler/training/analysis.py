@@ -10,7 +10,13 @@ import tensorflow as tf
 
 from common.errors import CSRunError
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
-from coordinator.compiler.ir import Objective, StatisticAverage, TrainedVariable, TrainingSpec
+from coordinator.compiler.ir import (
+    GatedStateWrite,
+    Objective,
+    StatisticAverage,
+    TrainedVariable,
+    TrainingSpec,
+)
 from coordinator.compiler.schedules import Scheduled, ScheduleRefused, lower_schedules
 from coordinator.compiler.training import conditional as training_conditional
 from coordinator.compiler.training import loss_scaling
@@ -94,7 +100,8 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             updates, averages, written = _updates(
                 extracted, statistic_averages, states,
                 dict.fromkeys(conditional.branch_of, conditional.cond) if conditional else None)
-            written += conditional_writes(original, updates, written)
+            gated: list[GatedStateWrite] = []
+            written += conditional_writes(original, updates, written, gated)
             condition = None
             if conditional is not None:
                 condition = conditional.update(updates)
@@ -106,8 +113,9 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             if dynamic is not None and groups:
                 raise _fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
                                             "CS carries it out for one; train without it")
-            if states and (conditional is not None or dynamic is not None):
-                raise _fail(states[0], f"a write of {variable_op(states[0].inputs[0]).name} from the "
+            if (states or gated) and (conditional is not None or dynamic is not None):
+                first = states[0] if states else extracted.graph.get_operation_by_name(gated[0].op)
+                raise _fail(first, f"a write of {variable_op(first.inputs[0]).name} from the "
                                        "batch's values with updates inside a tf.cond or "
                                        "dynamic loss scaling: the CS writes such state every "
                                        "step; train without the cond or the loss scaling")
@@ -184,7 +192,8 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                         step_counts_applied=dynamic.step_counts_applied if dynamic is not None
                         else conditional is not None and conditional.counts_applied,
                         objectives=objectives, conditional_update=condition,
-                        state_writes=tuple(op.name for op in states))
+                        state_writes=(*(op.name for op in states), *(g.op for g in gated)),
+                        gated_state_writes=tuple(gated))
 
 
 def _gated(conditional: training_conditional.Inlined, written: list[_Write]) -> list[_Write]:

@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_name, user_source
 from coordinator.compiler.schedules import (
     Scheduled,
     ScheduleRefused,
@@ -274,7 +274,7 @@ def step_read_offset(extracted: ExtractedGraph, cond: tf.Operation) -> int:
         return 0
     read = unordered or reads[0]
     raise _fail(cond, f"the tf.cond's predicate reads the global step ({read.type} "
-                      f"'{read.name}' at {user_source(read)}) with no order to the step's "
+                      f"'{user_name(read)}' at {user_source(read)}) with no order to the step's "
                       f"increment ({increments[0].type} '{increments[0].name}' at "
                       f"{user_source(increments[0])}): TF reads it before or after by chance",
                 hint="write the cond under tf.control_dependencies([the optimizer's op that "

@@ -15,7 +15,8 @@ import dataclasses
 
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, op_closure
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure
+from coordinator.compiler.ir import GatedStateWrite
 from coordinator.compiler.training.conditional import (
     _CONDS,
     _check_predicate,
@@ -34,6 +35,7 @@ from coordinator.compiler.training.updates import _Update
 from coordinator.compiler.training.writes import (
     _forward_reads,
     _readers,
+    _soft_update,
     _weight_write,
     _Write,
     copies_only,
@@ -44,9 +46,11 @@ _PREFIX = "csrun_copy"
 
 
 def conditional_writes(extracted: ExtractedGraph, updates: list[_Update],
-                       written: list[_Write]) -> list[_Write]:
+                       written: list[_Write], gated: list[GatedStateWrite]) -> list[_Write]:
     """The writes of the train_op's copying conds as soft updates with a predicate, or
-    _Refused."""
+    _Refused; a write of frozen state from the batch's values (Deep SVDD's center
+    `c.assign(tf.reduce_mean(z, 0))` on one step) into `gated`, which the matcher lowers
+    (batch_writes.py)."""
     graph = extracted.graph
     conds = [op for op in op_closure(extracted.spec.train_op)
              if op.type in _CONDS and copies_only(op)]
@@ -55,6 +59,7 @@ def conditional_writes(extracted: ExtractedGraph, updates: list[_Update],
     by_var = {u.variable: u for u in updates}
     trained = {variable_op(u.op.inputs[0]) for u in updates}
     readers = _readers(step_runs(extracted))
+    inputs = {extracted.graph.get_tensor_by_name(p).op for p in extracted.placeholders.values()}
     taken = {w.variable for w in written}
     found: list[_Write] = []
     for k, cond in enumerate(conds):
@@ -78,11 +83,14 @@ def conditional_writes(extracted: ExtractedGraph, updates: list[_Update],
                 raise _fail(cond, f"the tf.cond copies into {target}, which the training step "
                                   "does not read: the CS writes only weights its kernels hold",
                             hint="copy into the target network the loss reads")
+            taken.add(target)
+            if not _soft_update(op, trained) and inputs & set(data_upstream(op)):
+                gated.append(GatedStateWrite(op.name, cond.name, predicate, offset))
+                continue
             write = _weight_write(op, by_var, trained, readers, anchor=cond)
             if any(_uniform(t) is None for t, _ in write.factors):
                 raise _fail(cond, f"the tf.cond writes {target} with a factor computed per "
                                   "step: the CS copies under a tf.cond with constant factors")
-            taken.add(target)
             found.append(dataclasses.replace(write, predicate=predicate,
                                              predicate_offset=offset))
     return found

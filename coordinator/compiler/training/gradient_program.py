@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_downstream, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_downstream, user_name, user_source
 from coordinator.compiler.ir import ParamRef
 from coordinator.compiler.operands import Operands, static_shape
 from coordinator.compiler.program import weight_program_message
@@ -44,7 +44,7 @@ class _Builder(WeightProgramBuilder):
 
     def _lower_new(self, tensor: tf.Tensor) -> str | np.ndarray | None:
         op = tensor.op
-        where = f"{op.type} '{op.name}' at {user_source(op)}"
+        where = f"{op.type} '{user_name(op)}' at {user_source(op)}"
         if self.backward(op):
             if self.leaf is not None and self.leaf.name != tensor.name:
                 return self._refuse(tensor, f"{self.SUBJECT} with a second value of the "

@@ -17,6 +17,7 @@ from coordinator.compiler.extract import (
     data_upstream,
     each_once,
     op_closure,
+    user_name,
     user_source,
 )
 from coordinator.compiler.training.conditional import gradient_branches
@@ -323,7 +324,7 @@ def _recognise(op: tf.Operation, variable: str, sparse: bool, calls: dict,
                              "loss's gradient (tf.gradients / compute_gradients)")
         return _Unrecognised(
             f"the gradient of {variable} is changed by an op the CS cannot carry out (it "
-            f"carries out {TRANSFORMS}) ({op.type} '{op.name}' at {user_source(op)})")
+            f"carries out {TRANSFORMS}) ({op.type} '{user_name(op)}' at {user_source(op)})")
 
     if op.type == "Mul":
         a, b = op.inputs

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
+from coordinator.compiler.extract import (
+    ExtractedGraph,
+    data_upstream,
+    op_closure,
+    user_name,
+    user_source,
+)
 
 _READ_OPS = {"Identity", "ReadVariableOp", "Snapshot"}
 
@@ -21,7 +27,7 @@ class _Refused(Exception):
 
 def _fail(op: tf.Operation, what: str, hint: str = "") -> _Refused:
     """A problem: what is wrong in the user's terms, then the op and its source line."""
-    return _Refused(f"{what} ({op.type} '{op.name}' at {user_source(op)})", hint)
+    return _Refused(f"{what} ({op.type} '{user_name(op)}' at {user_source(op)})", hint)
 
 
 def variable_op(tensor: tf.Tensor) -> tf.Operation:

@@ -27,6 +27,7 @@ import tensorflow as tf
 from coordinator.compiler.extract import ExtractedGraph, each_once, op_closure
 from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
 from coordinator.compiler.training.writes import _is_write, copies_only
+from tf_model.model_fn import mark_imported
 from wafer.loss_scaling import CS1DynamicLossScale, DynamicLossScale, Rule, problem
 
 _CONDS = ("If", "StatelessIf")
@@ -267,9 +268,17 @@ def import_branch(graph: tf.Graph, cond: tf.Operation, branch, name: str) -> lis
     graph (imported under `name`), reading what the cond captured."""
     mapping = {inner.name: outer for inner, outer in zip(branch.inputs, cond.inputs[1:])}
     writes = [op.name for op in branch.get_operations() if _is_write(op)]
+    scope = graph.unique_name(name, mark_as_used=False) + "/"  # (the import's, uniquified)
     with graph.as_default():
-        return tf.graph_util.import_graph_def(branch.as_graph_def(), input_map=mapping,
-                                              return_elements=writes, name=name)
+        imported = tf.graph_util.import_graph_def(branch.as_graph_def(), input_map=mapping,
+                                                  return_elements=writes, name=name)
+    for original in branch.get_operations():  # refusals name the user's op and its line
+        try:
+            copy = graph.get_operation_by_name(scope + original.name)
+        except KeyError:
+            continue
+        mark_imported(copy, f"{cond.name}/{original.name}", original)
+    return imported
 
 
 def _checked_gradients(apply_if: tf.Operation, why: _Refused) -> set[str]:

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_name, user_source
 from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.lowering import (
     REDUCTIONS,
@@ -222,7 +222,7 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                 u.optimizer != first.optimizer and (u.scheduled or first.scheduled or "adamw" in (
                     u.optimizer.type, first.optimizer.type))):
             raise _fail(u.op, f"{u.variable} is trained {_difference(u, first)} "
-                              f"('{first.op.name}' at {user_source(first.op)}); the CS trains "
+                              f"('{user_name(first.op)}' at {user_source(first.op)}); the CS trains "
                               "several optimizers at once only with constant hyper-parameters "
                               "and not AdamW", hint="give each optimizer constant "
                               "hyper-parameters, or train every variable with one optimizer")
@@ -426,7 +426,7 @@ def _soft_write(write: _Write, by_var: dict[str, _Update], sources: dict[str, li
     unordered = next((r for r in _forward_reads(op, runs) if r not in closure), None)
     if unordered is not None:
         raise _fail(op, f"the soft update of {target} does not wait for the step's read of it "
-                        f"('{unordered.name}' at {user_source(unordered)}): TF reads the old or "
+                        f"('{user_name(unordered)}' at {user_source(unordered)}): TF reads the old or "
                         "the new value by chance", hint="write the update under "
                         "tf.control_dependencies([the optimizer's op]) or of the loss")
     return dataclasses.replace(write, before_update=orders.pop())
