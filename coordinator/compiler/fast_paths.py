@@ -74,12 +74,15 @@ def _bias_and_activation(m: Context, out: tf.Tensor, channels: int, ops: list[tf
 
 
 def _dense(m: Context, x: tf.Tensor | str, weight, ops: list[tf.Operation], out: tf.Tensor,
-           first: tf.Operation) -> bool:
+           first: tf.Operation, stacked: bool = False) -> bool:
+    """A dense kernel; `stacked`: x and its output held stack-first (leading_stack.py)."""
     if weight.dtype != "float32" or len(weight.shape) != 2:
         return False
     units = weight.shape[1]
     params = [ParamRef("kernel", weight.variable, weight.shape, variable_shape=weight.variable_shape)]
     out, activation = _bias_and_activation(m, out, units, ops, params)
+    if stacked:
+        m.leading.add(out.name)
     m.add_kernel(m.scope(first, weight.variable), "dense", [x],
                  {"units": units, "use_bias": len(params) == 2, "activation": activation},
                  params, ops, out)
@@ -105,12 +108,13 @@ def match_dense(m: Context, op: tf.Operation) -> bool:
             return False
         return _dense(m, x, weight, [op], op.outputs[0], op)
     if op.type == "Reshape" and m.is_batched(op.inputs[0]):
-        return _tensordot(m, op)
+        return tensordot(m, op)
     return False
 
 
-def _tensordot(m: Context, reshape: tf.Operation) -> bool:
-    """Keras Dense on rank > 2 inputs: Reshape (B*T, n) -> MatMul weight -> Reshape (B, T, m)."""
+def tensordot(m: Context, reshape: tf.Operation, stacked: bool = False) -> bool:
+    """Keras Dense on rank > 2 inputs: Reshape (B*T, n) -> MatMul weight -> Reshape (B, T, m)
+    (or (S, B, m) of a stack-first value: leading_stack.py)."""
     x = reshape.inputs[0]
     full = static_shape(x)
     if static_shape(reshape.outputs[0]) != (int(np.prod(full[:-1])), full[-1]) or len(full) < 3:
@@ -124,7 +128,7 @@ def _tensordot(m: Context, reshape: tf.Operation) -> bool:
     if weight is None or back is None or back.type != "Reshape" or \
             static_shape(back.outputs[0]) != (*full[:-1], weight.shape[-1]):
         return False
-    return _dense(m, x, weight, [reshape, matmul, back], back.outputs[0], matmul)
+    return _dense(m, x, weight, [reshape, matmul, back], back.outputs[0], matmul, stacked)
 
 
 @fast_path

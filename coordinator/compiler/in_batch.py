@@ -283,7 +283,7 @@ def row(m: TailContext, op: tf.Operation) -> bool:
     sq[None, :], tf.equal(labels[:, None], labels[None, :])) or are picked by a per-sample
     mask against a scalar constant (tf.where(at_risk, r[None, :], -inf)): a batch_row barrier giving
     every sample the whole batch's values (False: not one; it is refused)."""
-    shape = _row_shape(m, op)
+    shape = row_shape(m, op)
     out = op.outputs[0]
     if shape is None or not has_kernel("batch_row"):
         return False
@@ -302,7 +302,7 @@ def row(m: TailContext, op: tf.Operation) -> bool:
 def row_refusal(m: Context, op: tf.Operation) -> str:
     """Why a view of a per-sample value as a row of the batch (`row`'s) is refused ("" if
     `op` is no such view)."""
-    if _row_shape(m, op) is None:
+    if row_shape(m, op) is None:
         return ""
     if op.outputs[0].name in m.protected:
         return ("views a per-sample value as a row of the whole batch (a leading axis of 1) "
@@ -316,7 +316,7 @@ def row_refusal(m: Context, op: tf.Operation) -> str:
             "instead (tf.reduce_sum(x))")
 
 
-def _row_shape(m: Context, op: tf.Operation) -> tuple[int, ...] | None:
+def row_shape(m: Context, op: tf.Operation) -> tuple[int, ...] | None:
     """The per-sample shape of `op`'s output if it is its per-sample input laid out whole with
     a leading axis of 1 ((1, B, ...): a view adding a unit axis before the batch, a reshape,
     a transpose keeping the order of the non-unit axes); else None."""

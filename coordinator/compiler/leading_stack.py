@@ -1,10 +1,13 @@
 """tf.stack(values, axis=0) of per-sample values: a stack axis in front of the batch ([S, B,
-...]: two heads' outputs, an ensemble's members, MC-dropout samples). The CS holds such a
+...]: two heads' outputs, an ensemble's members, MC-dropout samples), or the same layout made
+otherwise: a transpose moving a sample's axis first and the batch second (timm's qkv permute,
+`transposed`), a draw of K sets a sample ([K, B, Z]: random_numbers.py), x[None] read by
+element-wise ops (a stack of one, `unit_stack`). The CS holds such a
 value per sample with the stack axis first ((S, ...): the values, each with a unit axis
 added, concatenated), recorded in `Context.leading`, and lowers what reads it only where
 that layout is proven: element-wise ops (their other operands such values, per-sample
 values of one rank less, which TF broadcasts over the stack axis, and constants or weights
-that broadcast over the stack and batch axes), casts, softmax along a sample's last axis,
+that broadcast over the stack and batch axes), casts, softmax along a sample's last axis, a Keras Dense (Tensordot: each sample's (S, n) rows),
 reshapes keeping the stack and batch axes (tf.squeeze(stacked, -1)), reductions over the
 stack axis or a sample's own axes (tf.reduce_mean(stacked, 0), tf.math.reduce_std(stacked,
 0): axis a >= 2 is the sample's axis a - 1), stacked[i], tf.unstack(stacked), transposes
@@ -17,12 +20,15 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler import fast_paths
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import GENERIC, Context
 
-REFUSAL = ("reads tf.stack(values, axis=0) (a stack axis in front of the batch) other than "
+REFUSAL = ("reads a value stacked in front of the batch ([S, batch, ...]: tf.stack(values, "
+           "axis=0), a transpose putting the batch second, a [K, batch, ...] draw) other than "
            "as the CS holds it per sample: reduce over the stack axis 0 (tf.reduce_mean("
-           "stacked, 0)), take stacked[i], or stack after the batch (tf.stack(values, axis=1))")
+           "stacked, 0)), take stacked[i] or tf.unstack it, apply a Dense to it as it is (not "
+           "reshaped to [-1, n]), or stack after the batch (tf.stack(values, axis=1))")
 REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min", "Prod": "prod"}
 # Ops whose TF layout is their input's (the leading value's generic lowering holds)
 SAME_LAYOUT = ("Cast",)
@@ -45,6 +51,37 @@ def stack(m: Context, op: tf.Operation) -> str:
     m.add_kernel(op.name, "concat", parts, {"axis": 0}, [], [op], out,
                  output_shape=(len(values), *m.shape(values[0])))
     return ""
+
+
+def transposed(m: Context, op: tf.Operation, order: list[int]) -> str:
+    """A transpose of a per-sample value moving one of a sample's axes in front of the batch,
+    the batch next (timm's attention: q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))):
+    the stack-first layout, each sample's axes in the transpose's order."""
+    own = [p - 1 for p in order if p != 0]
+    shape = m.shape(op.inputs[0])
+    m.leading.add(op.outputs[0].name)
+    m.add_kernel(op.name, "transpose", [op.inputs[0]], {"perm": own}, [], [op], op.outputs[0],
+                 output_shape=tuple(shape[p] for p in own))
+    return ""
+
+
+def unit_stack(m: Context, op: tf.Operation) -> bool:
+    """A per-sample value given a unit axis in front of the batch (mu[None], tf.expand_dims(
+    mu, 0)) read by element-wise ops alone (a VIB's mu[None] + sigma[None] * eps, eps
+    [K, B, Z]): a stack of one, its readers lowered as any stack-first value's."""
+    from coordinator.compiler.in_batch import row_shape
+    from coordinator.compiler.lowering import BINARY
+    if op.type not in ("StridedSlice", "ExpandDims", "Reshape") or row_shape(m, op) is None:
+        return False  # (x whole, each value in place: not x[None, :, ::-1])
+    x, out = op.inputs[0], op.outputs[0]
+    if m.axis_shift(x) != 1 or \
+            tuple(static_shape(out)) != (1, *static_shape(x)) or not m.consumers(out) or \
+            any(c.type not in BINARY for c in m.consumers(out)):
+        return False
+    m.leading.add(out.name)
+    m.add_kernel(op.name, "reshape", [x], {"shape": [1, *m.shape(x)]}, [], [op], out,
+                 output_shape=(1, *m.shape(x)))
+    return True
 
 
 def loss_reduction(m: Context, op: tf.Operation) -> bool:
@@ -75,6 +112,8 @@ def lower(m: Context, op: tf.Operation) -> str:
     if op.type in ("Softmax", "LogSoftmax") and len(static_shape(x)) >= 3:  # (a sample's last axis)
         m.leading.add(op.outputs[0].name)
         return GENERIC[op.type](m, op)
+    if op.type == "Reshape" and fast_paths.tensordot(m, op, stacked=True):  # (a Dense)
+        return ""
     if op.type in ("Reshape", "Squeeze", "ExpandDims"):
         return _reshape(m, op)
     if op.type in REDUCTIONS:

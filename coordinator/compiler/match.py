@@ -430,7 +430,7 @@ class Matcher:
             if fast_paths.match_batch_norm_training(self, op) or bincount.match_bincount(self, op) \
                     or self._enters_tail(op):
                 continue
-            if self.match_alias(op) or in_batch.row(self, op) or \
+            if self.match_alias(op) or in_batch.row(self, op) or leading_stack.unit_stack(self, op) or \
                     any(rule(self, op) for rule in FAST_PATHS):
                 continue
             lowering.lower_generic(self, op)

@@ -199,14 +199,21 @@ def _draw(m: Context, op: tf.Operation) -> str:
         return found
     distribution, shape = found
     rows = shape[0] // m.batch_size if shape and shape[0] % m.batch_size == 0 else 0
-    if not shape or (rows != 1 and rows not in m.fold_factors):
+    stacked = rows != 1 and rows not in m.fold_factors and len(shape) >= 2 and \
+        shape[1] == m.batch_size
+    if not shape or (rows != 1 and rows not in m.fold_factors and not stacked):
         return (f"draws random numbers of shape {shape}, not one set per sample, that meet "
                 f"per-sample values other than through a weight (shared by the batch of "
                 f"{m.batch_size}): the CS draws numbers without the batch axis only as noise "
                 f"on weights (w = mu + sigma * eps); {USE_INSTEAD}")
     # [B*k, ...] where values are folded k rows a sample (folded_batch.py): each sample's k
     # rows of numbers its own (k, ...), one number an element as TF's
-    per_sample = shape[1:] if rows == 1 else (rows, *shape[1:])
+    # [K, B, ...]: K sets a sample stacked in front of the batch (a VIB's or IWAE's K Monte
+    # Carlo samples): each sample's own (K, ...), held stack-first (leading_stack.py)
+    per_sample = shape[1:] if rows == 1 else (shape[0], *shape[2:]) if stacked else \
+        (rows, *shape[1:])
+    if stacked:
+        m.leading.add(op.outputs[0].name)
     attrs: dict[str, object] = {"distribution": distribution, "shape": list(per_sample)}
     if op.type in INTEGER_BOUNDS:
         bounds = integer_bounds(m.operands, op)

@@ -127,6 +127,13 @@ def step_index(m: Context, op: tf.Operation, steps: int) -> int | None:
     return i if 0 <= i < steps else None
 
 
+FOLDED_STACK = ("moves a sample's axis in front of rows folded into the batch ([B*n, ...]: "
+                "windows or patches reshaped into it): the CS holds a stack in front of the "
+                "batch only of one row a sample; take the stacked parts along their own axis "
+                "first (q, k, v = tf.unstack(qkv, axis=2)), then transpose each keeping the "
+                "batch first")
+
+
 class _TimeMajor:
     """A time-major value transpose(x, order) (its batch axis second, order[0] the time axis of
     x), held on the CS as x: `value` (a tensor or a kernel's name) in x's own layout."""
@@ -240,6 +247,8 @@ def time_major_unstack(m: Context, op: tf.Operation) -> str:
         return _TimeMajor.REFUSAL
     order = [int(p) for p in perm]
     time = order[0]
+    if order[1] == 0 and order[1:] != [a for a in range(rank) if a != time]:
+        return leading_stack.transposed(m, op, order) if m.axis_shift(x) == 1 else FOLDED_STACK
     if order[1] != 0 or order[1:] != [a for a in range(rank) if a != time]:
         return _TimeMajor.REFUSAL
     return _TimeMajor(m, order, x).lower(x, op.outputs[0], [op])

@@ -126,6 +126,14 @@ def gather_after_the_batch_dims(features, labels, mode, params):
     return _spec(mode, labels, pred, {"pred": pred, "picked": picked})
 
 
+def dense_on_the_stack(features, labels, mode, params):
+    """A Dense on the stacked heads (Keras' Tensordot: each sample's (2, 4) rows)."""
+    h = L.Flatten()(features)
+    heads = tf.stack([L.Dense(4)(h), L.Dense(4)(h)], axis=0)
+    pred = tf.reduce_mean(L.Dense(1)(heads), 0)
+    return _spec(mode, labels, pred, {"pred": pred})
+
+
 CASES = {
     "coordconv_tiled": (coordconv, {**PARAMS, "per_sample": False}, 1e-2),
     "coordconv_per_sample": (coordconv, {**PARAMS, "per_sample": True}, 1e-2),
@@ -134,6 +142,7 @@ CASES = {
     "every_heads_loss": (every_heads_loss, PARAMS, 1e-4),
     "picked_components": (picked_components, PARAMS, 1e-4),
     "gather_after_the_batch_dims": (gather_after_the_batch_dims, PARAMS, 1e-4),
+    "dense_on_the_stack": (dense_on_the_stack, PARAMS, 1e-4),
 }
 
 
@@ -147,14 +156,14 @@ def test_trains_evaluates_and_predicts_like_tensorflow(tmp_path, name):
     assert cs_inprocess.prediction_mismatch(model_fn, input_fn, params, str(tmp_path), result, rtol=rtol) == ""
 
 
-def dense_on_the_stack(features, labels, mode, params):
+def flattened_stack(features, labels, mode, params):
     h = L.Flatten()(features)
     heads = tf.stack([L.Dense(4)(h), L.Dense(4)(h)], axis=0)
-    return _spec(mode, labels, tf.reduce_mean(L.Dense(1)(heads), 0), {})
+    return _spec(mode, labels, tf.reduce_mean(tf.reshape(heads, [-1, 8]), 1, keepdims=True), {})
 
 
 @pytest.mark.parametrize("model_fn, words", [
-    (dense_on_the_stack, "tf.reduce_mean(stacked, 0)"),
+    (flattened_stack, "tf.reduce_mean(stacked, 0)"),
     (every_heads_loss, "not a sum or mean of its values times constants"),
 ])
 def test_what_stays_refused_says_what_to_write_in_one_line(tmp_path, model_fn, words):
