@@ -149,17 +149,17 @@ def test_every_unsupported_op_is_listed_with_its_source_line(tmp_path):
                       validate_only=True)
     error = info.value
     assert "\n" not in str(error)
-    det_line, svd_line = source_line("tf.linalg.det("), source_line("tf.linalg.svd")
+    eig_line, svd_line = source_line("tf.linalg.eigvalsh("), source_line("tf.linalg.svd")
     # The first one in the user's terms, then how many more.
-    assert error.message.startswith(f"validation failed: MatrixDeterminant 'MatrixDeterminant' at tests/{det_line}: "
-                                    "no CS kernel computes this op (MatrixDeterminant)")
+    assert error.message.startswith(f"validation failed: SelfAdjointEigV2 'SelfAdjointEigV2' at tests/{eig_line}: "
+                                    "no CS kernel computes this op (SelfAdjointEigV2)")
     assert "(and 1 more unsupported layer or operation)" in error.message
     lines = error.detail.splitlines()
-    assert any("MatrixDeterminant 'MatrixDeterminant'" in line and det_line in line for line in lines)
+    assert any("SelfAdjointEigV2 'SelfAdjointEigV2'" in line and eig_line in line for line in lines)
     assert any(line.strip().startswith("Svd 'Svd'") and svd_line in line for line in lines)
     assert "Supported (see README" in error.detail
     report = (tmp_path / "cs_compile" / "validation_report.txt").read_text()
-    assert "Validation failed" in report and svd_line in report and det_line in report
+    assert "Validation failed" in report and svd_line in report and eig_line in report
 
 
 def test_input_shapes_that_model_fn_rejects_name_both_shapes(tmp_path):
@@ -209,9 +209,9 @@ def test_cli_prints_every_unsupported_op_then_one_error_line(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if "oneDNN" not in line and "absl" not in line]
     start = lines.index("Unsupported layers and operations (2):")
     listed = lines[start + 1:start + 3]
-    assert [line.split()[0] for line in listed] == ["MatrixDeterminant", "Svd"]
-    assert source_line("tf.linalg.det(") in listed[0] and source_line("tf.linalg.svd") in listed[1]
-    assert lines[-1].startswith("run.py: error: validation failed: MatrixDeterminant 'MatrixDeterminant' at "
+    assert [line.split()[0] for line in listed] == ["SelfAdjointEigV2", "Svd"]
+    assert source_line("tf.linalg.eigvalsh(") in listed[0] and source_line("tf.linalg.svd") in listed[1]
+    assert lines[-1].startswith("run.py: error: validation failed: SelfAdjointEigV2 'SelfAdjointEigV2' at "
                                 "tests/compiler_models.py:")
     assert "(hint: " in lines[-1]
 
