@@ -71,7 +71,7 @@ def per_position_scales(features, labels, mode, params):
 
 
 def _cholesky(a, n):
-    """The lower Cholesky factor of `a`, column by column (tf.linalg.cholesky has no CS kernel)."""
+    """The lower Cholesky factor of `a`, column by column, written out as unseen19's tester did."""
     rows, columns = np.arange(n), []
     for j in range(n):
         done = tf.stack(columns, 1) if columns else None
