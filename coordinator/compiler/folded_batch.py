@@ -29,6 +29,9 @@ ELEMENT_WISE = {*UNARY, *BINARY, "Select", "SelectV2", "Cast", "Identity", "Stop
                 "Snapshot", "Softmax", "LogSoftmax", "AddN"}
 PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
 GATHERS = ("GatherV2", "ResourceGather")
+CROSS_ENTROPIES = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
+# Ops along one of a row's own axes (`_own_axis`).
+OWN_AXIS = ("ArgMax", "ArgMin", "TopKV2", "GatherV2")
 # Ops along a row's own axes (`_batch_axis_kept`: not along the folded rows, which the batch
 # tail would take for samples): Keras' unrolled recurrent layers (time-major transpose,
 # unstack, the cell's splits and slices, the steps stacked and transposed back,
@@ -92,6 +95,15 @@ def refusal(m: Context, op: tf.Operation) -> str:
             _mixes(op, "convolves with a folded filter", k)
     if op.type in GATHERS and not m.is_batched(op.inputs[0]):  # a weight's rows by each id
         return ""
+    if op.type in OWN_AXIS:
+        return "" if _own_axis(m, op) else \
+            _mixes(op, f"{op.type} along the folded batch axis compares rows of different samples", k)
+    if op.type in CROSS_ENTROPIES:  # each row's loss from its own logits and label
+        return "" if m.is_batched(op.inputs[1]) and len(static_shape(op.inputs[0])) >= 2 else \
+            _mixes(op, "takes a cross-entropy of folded logits without folded labels", k)
+    if op.type == "Einsum":
+        return "" if _keeps_batch_letter(m, op) else \
+            _mixes(op, "einsum does not keep the folded batch axis a batch letter", k)
     if op.type in ALONG_ROWS:
         return "" if _batch_axis_kept(m, op) else \
             _mixes(op, "slices, splits, joins, reverses or tiles the folded batch axis", k)
@@ -104,6 +116,28 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type in ("FusedBatchNormV3", "FusedBatchNorm"):
         return _mixes(op, "normalizes over the folded batch (a batch normalization)", k)
     return _mixes(op, f"{op.type} is not lowered on folded rows", k)
+
+
+def _own_axis(m: Context, op: tf.Operation) -> bool:
+    """Whether `op` (of OWN_AXIS) works along a row's own constant axis: tf.argmax/argmin's
+    axis, top_k's last, a constant-index gather's axis (tf.signal.frame's windows)."""
+    rank = len(static_shape(op.inputs[0]))
+    if op.type == "TopKV2":
+        return rank >= 2
+    axis = m.operands.constant(op.inputs[-1] if op.type != "GatherV2" else op.inputs[2])
+    if op.type == "GatherV2" and (op.get_attr("batch_dims") != 0 or
+                                  m.operands.constant(op.inputs[1]) is None):
+        return False
+    return axis is not None and int(axis) % rank != 0
+
+
+def _keeps_batch_letter(m: Context, op: tf.Operation) -> bool:
+    """Whether einsum `op` keeps the folded axis a batch letter: first in its output and in
+    every folded operand (Keras MultiHeadAttention's 'aecd,abcd->acbe' of [batch * k, ...]
+    rows), absent from the others (a weight's 'abc,cd->abd')."""
+    lhs, _, out = op.get_attr("equation").decode().replace(" ", "").partition("->")
+    return bool(out) and all((term[:1] == out[0]) == m.is_batched(t) and out[0] not in term[1:]
+                             for term, t in zip(lhs.split(","), op.inputs))
 
 
 def _batch_axis_kept(m: Context, op: tf.Operation) -> bool:

@@ -419,7 +419,8 @@ def _arg_reduce(m: Context, op: tf.Operation) -> str:
                 "the CS computes each sample on its own; take it along a sample's own axis "
                 "(axis=-1)")
     m.add_kernel(op.name, "arg_reduce", [op.inputs[0]],
-                 {"op": "max" if op.type == "ArgMax" else "min", "axis": axis - 1,
+                 {"op": "max" if op.type == "ArgMax" else "min",
+                  "axis": axis - m.axis_shift(op.inputs[0]),
                   "output": op.get_attr("output_type").name,
                   "half": op.inputs[0].dtype == tf.float16}, [], [op], op.outputs[0])
     return ""
@@ -556,6 +557,11 @@ def _einsum(m: Context, op: tf.Operation) -> str:
     if isinstance(found, str):
         return found
     letters, inputs, attrs, params = found
+    if min(m.axis_shift(t) for t in op.inputs) == 0:  # folded rows: the batch letter's axis
+        # is each sample's k rows, a letter of its own under a fresh batch letter
+        fresh = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in equation)
+        equation = ",".join(fresh + term if m.is_batched(t) else term
+                            for term, t in zip(terms, op.inputs)) + "->" + fresh + out
     m.add_kernel(op.name, "einsum", inputs, {"equation": equation, "operands": letters, **attrs},
                  params, [op], op.outputs[0])
     return ""
@@ -570,21 +576,22 @@ def _einsum_of_one(m: Context, op: tf.Operation, term: str, out: str) -> str:
     summed = [i for i, c in enumerate(term) if c not in out]
     perm = [kept.index(c) for c in out]
     current: Any = op.inputs[0]
+    shift = m.axis_shift(current)  # (folded rows: the batch letter's k rows a sample's axis 0)
     if not summed and perm == sorted(perm):
         m.alias(op, current)
         return ""
     if summed:
         last = perm == sorted(perm)
-        shape = tuple(d for i, d in enumerate(static_shape(op.inputs[0])) if i not in summed)[1:]
+        shape = tuple(d for i, d in enumerate(static_shape(current)) if i not in summed)[shift:]
         kernel = m.add_kernel(op.name if last else f"{op.name}/sum", "reduce", [current],
-                              {"op": "sum", "axes": [a - 1 for a in summed], "keepdims": False},
+                              {"op": "sum", "axes": [a - shift for a in summed], "keepdims": False},
                               [], [op] if last else [], op.outputs[0] if last else None,
                               output_shape=shape, source_op=op)
         if last:
             return ""
         current = kernel.name
-    m.add_kernel(op.name, "transpose", [current], {"perm": [p - 1 for p in perm[1:]]}, [], [op],
-                 op.outputs[0], source_op=op)
+    m.add_kernel(op.name, "transpose", [current], {"perm": [p - shift for p in perm[shift:]]},
+                 [], [op], op.outputs[0], source_op=op)
     return ""
 
 
@@ -678,7 +685,7 @@ def _constant_gather(m: Context, op: tf.Operation) -> str:
                 "fails on them at run time)")
     if not has_kernel("take"):
         return "the CS has no take kernel"
-    _take(m, op, x, axis - 1, indices, op.outputs[0], True)
+    _take(m, op, x, axis - m.axis_shift(x), indices, op.outputs[0], True)
     return ""
 
 
