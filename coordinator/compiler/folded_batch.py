@@ -26,7 +26,7 @@ from coordinator.compiler.rules import Context, TailContext
 
 # Ops computed row by row (their reductions and the softmax along a row's own axes).
 ELEMENT_WISE = {*UNARY, *BINARY, "Select", "SelectV2", "Cast", "Identity", "StopGradient",
-                "Snapshot", "Softmax", "LogSoftmax", "AddN"}
+                "Snapshot", "Softmax", "LogSoftmax", "AddN", "OneHot"}
 PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
 GATHERS = ("GatherV2", "ResourceGather")
 CROSS_ENTROPIES = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")

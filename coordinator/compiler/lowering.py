@@ -591,7 +591,7 @@ def _einsum_of_one(m: Context, op: tf.Operation, term: str, out: str) -> str:
             return ""
         current = kernel.name
     m.add_kernel(op.name, "transpose", [current], {"perm": [p - shift for p in perm[shift:]]},
-                 [], [op], op.outputs[0], source_op=op)
+                 [], [op], op.outputs[0], m.sample_shape(op.outputs[0], op.inputs), op)
     return ""
 
 
@@ -873,8 +873,9 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
     sliced = tuple(len(range(lo, hi, step)) for lo, hi, step, shrink in own if not shrink)
     kernel = m.add_kernel(f"{op.name}/slice", "slice", [op.inputs[0]], attrs, [], [],
                           None, output_shape=sliced, source_op=op)
-    m.add_kernel(op.name, "reshape", [kernel.name], {"shape": list(out[shift:])}, [], [op],
-                 op.outputs[0])
+    shape = m.sample_shape(op.outputs[0], op.inputs)  # (folded: each sample's k rows first)
+    m.add_kernel(op.name, "reshape", [kernel.name], {"shape": list(shape)}, [], [op],
+                 op.outputs[0], output_shape=shape)
     return ""
 
 
