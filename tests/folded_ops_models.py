@@ -61,7 +61,7 @@ def tokens_input_fn(params):
 def switch_router(features, labels, mode, params):
     """A Switch layer's top-1 router per token over [B*T, d] (argmax, the chosen expert's gate
     probability), then a per-token classifier, sparse softmax cross-entropy per token, its
-    mean over the tokens reshaped back to [B, T]; predictions and accuracy of the logits reshaped back to [B, T, classes]."""
+    mean over the tokens reshaped back to [B, T] or over the B*T tokens; predictions and accuracy of the logits reshaped back to [B, T, classes]."""
     tokens = tf.reshape(features, [-1, WIDTH])                 # [B*T, d]
     probs = tf.nn.softmax(L.Dense(EXPERTS, name="router")(tokens), -1)
     choice = tf.argmax(probs, -1)
@@ -71,8 +71,12 @@ def switch_router(features, labels, mode, params):
     logits = L.Dense(CLASSES)(routed)
     if params.get("top_k"):
         logits = logits + tf.reduce_sum(tf.math.top_k(logits, 2).values, -1, keepdims=True)
-    per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.reshape(labels, [-1]), logits)
-    loss = tf.reduce_mean(tf.reshape(per_token, [-1, TOKENS]))
+    if params.get("losses"):  # tf.compat.v1.losses' mean over the B*T tokens
+        loss = v1.losses.sparse_softmax_cross_entropy(tf.reshape(labels, [-1]), logits)
+    else:
+        per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.reshape(labels, [-1]),
+                                                                   logits)
+        loss = tf.reduce_mean(tf.reshape(per_token, [-1, TOKENS]))
     predicted = tf.argmax(tf.reshape(logits, [-1, TOKENS, CLASSES]), -1, output_type=tf.int32)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"classes": predicted})

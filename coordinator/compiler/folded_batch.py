@@ -45,6 +45,10 @@ KERNEL_ROWS = {
                                 "it (Dense, Conv2D of folded frames [batch * k, H, W, C], "
                                 "Embedding lookups of folded ids, Keras GRU, LSTM and "
                                 "SimpleRNN per folded row (Bidirectional too), "
+                                "Keras MultiHeadAttention and einsums keeping the folded axis "
+                                "a batch letter, tf.argmax, argmin, top_k and constant-index "
+                                "gathers (tf.signal.frame) along a row's own axes, tf.one_hot, "
+                                "softmax cross-entropy per row, "
                                 "element-wise ops and activations, Dropout and random numbers "
                                 "one per element, LayerNormalization, reductions and softmax "
                                 "along a row's own axes) and the reshape back to [batch, "
@@ -87,9 +91,11 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type in REDUCTIONS or op.type in ("Any", "All"):
         axes = m.operands.constant(op.inputs[1])
         rank = len(static_shape(op.inputs[0]))
-        if axes is None or any(int(a) % rank == 0 for a in np.atleast_1d(axes)):
-            return _mixes(op, "reduces over the folded batch axis (every sample's rows together)", k)
-        return ""
+        own = None if axes is None else {int(a) % rank for a in np.atleast_1d(axes)}
+        if own is not None and (0 not in own or own == set(range(rank)) and
+                                op.type in ("Sum", "Mean")):
+            return ""  # along a row's own axes, or the loss's sum or mean of every element
+        return _mixes(op, "reduces over the folded batch axis (every sample's rows together)", k)
     if op.type == "Conv2D":  # the conv2d kernel's (k, H, W, C): k images a sample
         return "" if m.is_batched(op.inputs[0]) and not m.is_batched(op.inputs[1]) else \
             _mixes(op, "convolves with a folded filter", k)
@@ -203,6 +209,31 @@ def _same_rows(value: np.ndarray | None) -> bool:
     (tf.zeros([batch * k, n]): a recurrent layer's first state, and its product with the
     recurrent kernel plus a bias), which broadcasts along the folded rows."""
     return value is not None and value.ndim > 0 and bool((value == value[:1]).all())
+
+
+def with_unfolds(ops: list[tf.Operation], host_tensors: list[tf.Tensor],
+                 batch: int) -> list[tf.Operation]:
+    """`ops` (the CS's, in graph order) with the reshapes back to [batch, k, ...] of folded
+    rows that only the host reads (a prediction or metric of tf.argmax(tf.reshape(logits,
+    [-1, k, n]), -1)): the CS unfolds them, the host reads each sample's rows as TF's."""
+    flow, seen, stack, unfolds = set(ops), set(), [t.op for t in host_tensors], set()
+    while stack:
+        op = stack.pop()
+        if op in seen or op in flow:
+            continue
+        seen.add(op)
+        if op.type == "Reshape" and op.inputs[0].op in flow and _unfolds(op, batch):
+            unfolds.add(op)
+            continue
+        stack.extend([*(t.op for t in op.inputs), *op.control_inputs])
+    return ops if not unfolds else [op for op in ops[0].graph.get_operations()
+                                    if op in flow or op in unfolds]
+
+
+def _unfolds(op: tf.Operation, batch: int) -> bool:
+    """Whether reshape `op` takes [batch * k, ...] rows (k > 1) back to [batch, ...]."""
+    rows, out = static_shape(op.inputs[0])[:1], static_shape(op.outputs[0])[:1]
+    return bool(rows) and rows[0] > batch and rows[0] % batch == 0 and out == (batch,)
 
 
 def host_reads(m: TailContext) -> Iterator[tuple[tf.Operation, str]]:

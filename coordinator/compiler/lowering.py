@@ -446,8 +446,8 @@ def _reshape(m: Context, op: tf.Operation) -> str:
             f"multiple of it (each row one sample's values: tf.reshape(x, [batch_size, -1]), "
             "or [-1, d] of [batch_size, k, d] folding k rows a sample into the batch)")
     shape = out[1:] if out[0] == batch else (out[0] // batch, *out[1:])
-    if shape == m.shape(op.inputs[0]):
-        m.alias(op, op.inputs[0])
+    if shape == m.shape(op.inputs[0]) and op.outputs[0].name not in m.protected:
+        m.alias(op, op.inputs[0])  # (the host reads folded rows unfolded by a kernel of their own)
         return ""
     m.add_kernel(op.name, "reshape", [op.inputs[0]], {"shape": list(shape)}, [], [op],
                  op.outputs[0], output_shape=shape)

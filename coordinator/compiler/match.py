@@ -99,7 +99,9 @@ class Matcher:
                                                                 self.batch_size)
         sources += [op.outputs[0] for op in graph.get_operations()
                     if random_numbers.is_draw(op) and op not in self.noise_on_weights]
-        self.ops = self._drop_host_tails(data_flow_ops(graph, sources, targets), targets)
+        self.ops = folded_batch.with_unfolds(
+            self._drop_host_tails(data_flow_ops(graph, sources, targets), targets),
+            host_tensors, self.batch_size)
         self.flow = set(self.ops)
         self.operands = Operands(graph, self.flow)
         self.weight_program = WeightProgramBuilder(self.operands, self.flow)

@@ -2,8 +2,8 @@
 into the batch: a PatchTST encoder (tf.signal.frame's patches and Keras MultiHeadAttention
 over channels folded into the batch) and a Switch-style per-token router and classifier over
 [batch * T, d] (argmax routing, sparse softmax cross-entropy over the B*T tokens) train on
-the CS with TensorFlow's numbers (PatchTST also evaluates and predicts with the CPU path's;
-the router's evaluation, whose per-token loss the host reads folded, is refused); the router's
+the CS with TensorFlow's numbers and evaluate and predict with the CPU path's (the reshape
+back to [batch, T, ...] a metric or prediction reads computed on the CS); the router's
 capacity count (a cumulative sum over the folded tokens of every sample) is refused in one
 line naming the op."""
 import cs_inprocess
@@ -25,11 +25,15 @@ def test_patchtst_over_folded_channels_trains_evaluates_and_predicts_like_tensor
                                             result) == []
 
 
-@pytest.mark.parametrize("params", [{}, {"top_k": True}], ids=["argmax", "argmax_top_k"])
-def test_a_per_token_router_and_classifier_trains_like_tensorflow(tmp_path, params):
-    result = cs_inprocess.compare(f.switch_router, f.tokens_input_fn, {**SEED, **params},
-                                  str(tmp_path), steps=4)
+@pytest.mark.parametrize("params", [{}, {"top_k": True}, {"losses": True}],
+                         ids=["argmax", "argmax_top_k", "v1_losses_mean_over_folded_tokens"])
+def test_a_per_token_router_and_classifier_trains_evaluates_and_predicts_like_tensorflow(
+        tmp_path, params):
+    model_dir, params = str(tmp_path), {**SEED, **params}
+    result = cs_inprocess.compare(f.switch_router, f.tokens_input_fn, params, model_dir, steps=4)
     assert cs_inprocess.mismatches(result, RTOL) == []
+    assert cs_inprocess.cpu_path_mismatches(f.switch_router, f.tokens_input_fn, params,
+                                            model_dir, result) == []
 
 
 def test_the_routers_capacity_count_over_folded_tokens_is_refused_in_one_line(tmp_path):
