@@ -9,6 +9,10 @@ sample's (k, H, W, C); an Embedding's lookup of folded ids is the gather kernel 
 sample's (k, ...) ids, and Keras' unrolled recurrent layers per folded row (a hierarchical
 attention network's word encoder) lower as on [B, k, ...] with their axes on each sample's
 (k, ...) (`Context.axis_shift`), a zero first state's equal rows broadcast along the rows.
+An einsum keeping the folded axis a batch letter (Keras MultiHeadAttention over [B*C, P, d])
+is the einsum kernel under a fresh batch letter; argmax, argmin, top_k, one_hot and
+constant-index gathers (tf.signal.frame) along a row's own axes, a softmax cross-entropy per
+row and the loss's sum or mean of every folded element (the loss tail's) are row by row too.
 Ops that would mix the rows of different samples (a reduction over
 the folded batch axis, a batch normalization, a product of two folded values, a weight or
 constant laid along the folded axis) are refused naming the op, as are ops not proven row by
@@ -55,7 +59,9 @@ KERNEL_ROWS = {
                                 "k, ...]: each sample's k rows carried as its own (k, ...) value",
 }
 REFUSED = {
-    "ops mixing a folded batch's rows": "a reduction over the folded axis [batch * k, ...], "
+    "ops mixing a folded batch's rows": "a reduction over the folded axis [batch * k, ...] "
+                                        "other than the loss's of every element, a cumsum "
+                                        "over it (a Switch router's capacity count), "
                                         "BatchNormalization, a matmul of two folded values, "
                                         "pooling and other ops not listed above on folded "
                                         "rows, and "
