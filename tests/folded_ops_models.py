@@ -81,8 +81,11 @@ def switch_router(features, labels, mode, params):
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"classes": predicted})
     if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
-            "accuracy": v1.metrics.accuracy(labels, predicted)})
+        metrics = {"accuracy": v1.metrics.accuracy(labels, predicted)}
+        if params.get("loss_metric"):  # the host would recompute it from the folded tokens'
+            metrics["xent"] = v1.metrics.mean(loss)
+            loss = loss + 1e-3 * tf.reduce_mean(tf.square(gate))
+        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops=metrics)
     return CSEstimatorSpec(mode, loss=loss,
                            train_op=v1.train.AdamOptimizer(3e-3).minimize(loss, global_step=gs()))
 

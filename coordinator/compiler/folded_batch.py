@@ -246,8 +246,12 @@ def host_reads(m: TailContext) -> Iterator[tuple[tf.Operation, str]]:
     """The ops whose folded outputs the host reads (a metric or prediction), with why."""
     for name in sorted(m.protected):
         tensor = m.graph.get_tensor_by_name(name)
-        k = m.folds(tensor)
-        if k > 1:
-            yield tensor.op, (f"the host reads this value (a metric, prediction or host_call) "
-                              f"while a per-sample axis of {k} is folded into its batch axis: "
-                              f"give the host tf.reshape(x, [-1, {k}, ...]) instead")
+        if m.folds(tensor) > 1:
+            yield tensor.op, host_read(m.folds(tensor))
+
+
+def host_read(k: int) -> str:
+    """Why the host cannot read a value whose per-sample axis of k is folded."""
+    return (f"the host reads this value (a metric, prediction or host_call) while a per-sample "
+            f"axis of {k} is folded into its batch axis: give the host tf.reshape(x, [-1, {k}, "
+            "...]) instead")

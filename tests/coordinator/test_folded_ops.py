@@ -5,7 +5,7 @@ over channels folded into the batch) and a Switch-style per-token router and cla
 the CS with TensorFlow's numbers and evaluate and predict with the CPU path's (the reshape
 back to [batch, T, ...] a metric or prediction reads computed on the CS); the router's
 capacity count (a cumulative sum over the folded tokens of every sample) is refused in one
-line naming the op."""
+line naming the op, as is a metric the host would recompute from folded rows."""
 import cs_inprocess
 import folded_ops_models as f
 import pytest
@@ -41,3 +41,12 @@ def test_the_routers_capacity_count_over_folded_tokens_is_refused_in_one_line(tm
                                 f.__file__)
     assert line.startswith("validation failed: Cumsum 'Cumsum'") and \
         "folded into the batch" in line and "\n" not in line, line
+
+
+def test_a_metric_of_the_loss_over_folded_tokens_is_refused_in_one_line(tmp_path):
+    """tf.compat.v1.metrics.mean of a loss over the B*T tokens: the host would recompute it
+    from the per-token losses, which the CS holds as each sample's (T,) rows."""
+    params = {**SEED, "losses": True, "loss_metric": True}
+    line = cs_inprocess.refusal(f.switch_router, f.tokens_input_fn, params, str(tmp_path),
+                                f.__file__, mode="eval")
+    assert "the host reads this value" in line and "folded into its batch axis" in line, line
