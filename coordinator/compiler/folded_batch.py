@@ -9,6 +9,10 @@ sample's (k, H, W, C); an Embedding's lookup of folded ids is the gather kernel 
 sample's (k, ...) ids, and Keras' unrolled recurrent layers per folded row (a hierarchical
 attention network's word encoder) lower as on [B, k, ...] with their axes on each sample's
 (k, ...) (`Context.axis_shift`), a zero first state's equal rows broadcast along the rows.
+An einsum keeping the folded axis a batch letter (Keras MultiHeadAttention over [B*C, P, d])
+is the einsum kernel under a fresh batch letter; argmax, argmin, top_k, one_hot and
+constant-index gathers (tf.signal.frame) along a row's own axes, a softmax cross-entropy per
+row and the loss's sum or mean of every folded element (the loss tail's) are row by row too.
 Ops that would mix the rows of different samples (a reduction over
 the folded batch axis, a batch normalization, a product of two folded values, a weight or
 constant laid along the folded axis) are refused naming the op, as are ops not proven row by
@@ -26,9 +30,12 @@ from coordinator.compiler.rules import Context, TailContext
 
 # Ops computed row by row (their reductions and the softmax along a row's own axes).
 ELEMENT_WISE = {*UNARY, *BINARY, "Select", "SelectV2", "Cast", "Identity", "StopGradient",
-                "Snapshot", "Softmax", "LogSoftmax", "AddN"}
+                "Snapshot", "Softmax", "LogSoftmax", "AddN", "OneHot"}
 PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
 GATHERS = ("GatherV2", "ResourceGather")
+CROSS_ENTROPIES = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
+# Ops along one of a row's own axes (`_own_axis`).
+OWN_AXIS = ("ArgMax", "ArgMin", "TopKV2", "GatherV2")
 # Ops along a row's own axes (`_batch_axis_kept`: not along the folded rows, which the batch
 # tail would take for samples): Keras' unrolled recurrent layers (time-major transpose,
 # unstack, the cell's splits and slices, the steps stacked and transposed back,
@@ -42,13 +49,19 @@ KERNEL_ROWS = {
                                 "it (Dense, Conv2D of folded frames [batch * k, H, W, C], "
                                 "Embedding lookups of folded ids, Keras GRU, LSTM and "
                                 "SimpleRNN per folded row (Bidirectional too), "
+                                "Keras MultiHeadAttention and einsums keeping the folded axis "
+                                "a batch letter, tf.argmax, argmin, top_k and constant-index "
+                                "gathers (tf.signal.frame) along a row's own axes, tf.one_hot, "
+                                "softmax cross-entropy per row, "
                                 "element-wise ops and activations, Dropout and random numbers "
                                 "one per element, LayerNormalization, reductions and softmax "
                                 "along a row's own axes) and the reshape back to [batch, "
                                 "k, ...]: each sample's k rows carried as its own (k, ...) value",
 }
 REFUSED = {
-    "ops mixing a folded batch's rows": "a reduction over the folded axis [batch * k, ...], "
+    "ops mixing a folded batch's rows": "a reduction over the folded axis [batch * k, ...] "
+                                        "other than the loss's of every element, a cumsum "
+                                        "over it (a Switch router's capacity count), "
                                         "BatchNormalization, a matmul of two folded values, "
                                         "pooling and other ops not listed above on folded "
                                         "rows, and "
@@ -84,14 +97,25 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type in REDUCTIONS or op.type in ("Any", "All"):
         axes = m.operands.constant(op.inputs[1])
         rank = len(static_shape(op.inputs[0]))
-        if axes is None or any(int(a) % rank == 0 for a in np.atleast_1d(axes)):
-            return _mixes(op, "reduces over the folded batch axis (every sample's rows together)", k)
-        return ""
+        own = None if axes is None else {int(a) % rank for a in np.atleast_1d(axes)}
+        if own is not None and (0 not in own or own == set(range(rank)) and
+                                op.type in ("Sum", "Mean")):
+            return ""  # along a row's own axes, or the loss's sum or mean of every element
+        return _mixes(op, "reduces over the folded batch axis (every sample's rows together)", k)
     if op.type == "Conv2D":  # the conv2d kernel's (k, H, W, C): k images a sample
         return "" if m.is_batched(op.inputs[0]) and not m.is_batched(op.inputs[1]) else \
             _mixes(op, "convolves with a folded filter", k)
     if op.type in GATHERS and not m.is_batched(op.inputs[0]):  # a weight's rows by each id
         return ""
+    if op.type in OWN_AXIS:
+        return "" if _own_axis(m, op) else \
+            _mixes(op, f"{op.type} along the folded batch axis compares rows of different samples", k)
+    if op.type in CROSS_ENTROPIES:  # each row's loss from its own logits and label
+        return "" if m.is_batched(op.inputs[1]) and len(static_shape(op.inputs[0])) >= 2 else \
+            _mixes(op, "takes a cross-entropy of folded logits without folded labels", k)
+    if op.type == "Einsum":
+        return "" if _keeps_batch_letter(m, op) else \
+            _mixes(op, "einsum does not keep the folded batch axis a batch letter", k)
     if op.type in ALONG_ROWS:
         return "" if _batch_axis_kept(m, op) else \
             _mixes(op, "slices, splits, joins, reverses or tiles the folded batch axis", k)
@@ -104,6 +128,28 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type in ("FusedBatchNormV3", "FusedBatchNorm"):
         return _mixes(op, "normalizes over the folded batch (a batch normalization)", k)
     return _mixes(op, f"{op.type} is not lowered on folded rows", k)
+
+
+def _own_axis(m: Context, op: tf.Operation) -> bool:
+    """Whether `op` (of OWN_AXIS) works along a row's own constant axis: tf.argmax/argmin's
+    axis, top_k's last, a constant-index gather's axis (tf.signal.frame's windows)."""
+    rank = len(static_shape(op.inputs[0]))
+    if op.type == "TopKV2":
+        return rank >= 2
+    axis = m.operands.constant(op.inputs[-1] if op.type != "GatherV2" else op.inputs[2])
+    if op.type == "GatherV2" and (op.get_attr("batch_dims") != 0 or
+                                  m.operands.constant(op.inputs[1]) is None):
+        return False
+    return axis is not None and int(axis) % rank != 0
+
+
+def _keeps_batch_letter(m: Context, op: tf.Operation) -> bool:
+    """Whether einsum `op` keeps the folded axis a batch letter: first in its output and in
+    every folded operand (Keras MultiHeadAttention's 'aecd,abcd->acbe' of [batch * k, ...]
+    rows), absent from the others (a weight's 'abc,cd->abd')."""
+    lhs, _, out = op.get_attr("equation").decode().replace(" ", "").partition("->")
+    return bool(out) and all((term[:1] == out[0]) == m.is_batched(t) and out[0] not in term[1:]
+                             for term, t in zip(lhs.split(","), op.inputs))
 
 
 def _batch_axis_kept(m: Context, op: tf.Operation) -> bool:
@@ -171,12 +217,41 @@ def _same_rows(value: np.ndarray | None) -> bool:
     return value is not None and value.ndim > 0 and bool((value == value[:1]).all())
 
 
+def with_unfolds(ops: list[tf.Operation], host_tensors: list[tf.Tensor],
+                 batch: int) -> list[tf.Operation]:
+    """`ops` (the CS's, in graph order) with the reshapes back to [batch, k, ...] of folded
+    rows that only the host reads (a prediction or metric of tf.argmax(tf.reshape(logits,
+    [-1, k, n]), -1)): the CS unfolds them, the host reads each sample's rows as TF's."""
+    flow, seen, stack, unfolds = set(ops), set(), [t.op for t in host_tensors], set()
+    while stack:
+        op = stack.pop()
+        if op in seen or op in flow:
+            continue
+        seen.add(op)
+        if op.type == "Reshape" and op.inputs[0].op in flow and _unfolds(op, batch):
+            unfolds.add(op)
+            continue
+        stack.extend([*(t.op for t in op.inputs), *op.control_inputs])
+    return ops if not unfolds else [op for op in ops[0].graph.get_operations()
+                                    if op in flow or op in unfolds]
+
+
+def _unfolds(op: tf.Operation, batch: int) -> bool:
+    """Whether reshape `op` takes [batch * k, ...] rows (k > 1) back to [batch, ...]."""
+    rows, out = static_shape(op.inputs[0])[:1], static_shape(op.outputs[0])[:1]
+    return bool(rows) and rows[0] > batch and rows[0] % batch == 0 and out == (batch,)
+
+
 def host_reads(m: TailContext) -> Iterator[tuple[tf.Operation, str]]:
     """The ops whose folded outputs the host reads (a metric or prediction), with why."""
     for name in sorted(m.protected):
         tensor = m.graph.get_tensor_by_name(name)
-        k = m.folds(tensor)
-        if k > 1:
-            yield tensor.op, (f"the host reads this value (a metric, prediction or host_call) "
-                              f"while a per-sample axis of {k} is folded into its batch axis: "
-                              f"give the host tf.reshape(x, [-1, {k}, ...]) instead")
+        if m.folds(tensor) > 1:
+            yield tensor.op, host_read(m.folds(tensor))
+
+
+def host_read(k: int) -> str:
+    """Why the host cannot read a value whose per-sample axis of k is folded."""
+    return (f"the host reads this value (a metric, prediction or host_call) while a per-sample "
+            f"axis of {k} is folded into its batch axis: give the host tf.reshape(x, [-1, {k}, "
+            "...]) instead")

@@ -126,7 +126,7 @@ def statistic(m: TailContext, op: tf.Operation, axes: tuple[int, ...]) -> bool:
     + eps)): a batch_reduce barrier giving every sample the statistic, its element-wise ops
     per sample (False: not one; it stays a reduction of the loss, or is refused)."""
     x, out = op.inputs[0], op.outputs[0]
-    if op.type not in STATISTICS or axes != (0,) or x.dtype != tf.float32 or \
+    if op.type not in STATISTICS or axes != (0,) or x.dtype != tf.float32 or m.folds(x) > 1 or \
             precision.tensor_precision(out) or not has_kernel("batch_reduce"):
         return False
     shape = m.shape(x)

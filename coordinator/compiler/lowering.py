@@ -428,7 +428,8 @@ def _arg_reduce(m: Context, op: tf.Operation) -> str:
                 "the CS computes each sample on its own; take it along a sample's own axis "
                 "(axis=-1)")
     m.add_kernel(op.name, "arg_reduce", [op.inputs[0]],
-                 {"op": "max" if op.type == "ArgMax" else "min", "axis": axis - 1,
+                 {"op": "max" if op.type == "ArgMax" else "min",
+                  "axis": axis - m.axis_shift(op.inputs[0]),
                   "output": op.get_attr("output_type").name,
                   "half": op.inputs[0].dtype == tf.float16}, [], [op], op.outputs[0])
     return ""
@@ -454,8 +455,8 @@ def _reshape(m: Context, op: tf.Operation) -> str:
             f"multiple of it (each row one sample's values: tf.reshape(x, [batch_size, -1]), "
             "or [-1, d] of [batch_size, k, d] folding k rows a sample into the batch)")
     shape = out[1:] if out[0] == batch else (out[0] // batch, *out[1:])
-    if shape == m.shape(op.inputs[0]):
-        m.alias(op, op.inputs[0])
+    if shape == m.shape(op.inputs[0]) and op.outputs[0].name not in m.protected:
+        m.alias(op, op.inputs[0])  # (the host reads folded rows unfolded by a kernel of their own)
         return ""
     m.add_kernel(op.name, "reshape", [op.inputs[0]], {"shape": list(shape)}, [], [op],
                  op.outputs[0], output_shape=shape)
@@ -565,6 +566,11 @@ def _einsum(m: Context, op: tf.Operation) -> str:
     if isinstance(found, str):
         return found
     letters, inputs, attrs, params = found
+    if min(m.axis_shift(t) for t in op.inputs) == 0:  # folded rows: the batch letter's axis
+        # is each sample's k rows, a letter of its own under a fresh batch letter
+        fresh = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in equation)
+        equation = ",".join(fresh + term if m.is_batched(t) else term
+                            for term, t in zip(terms, op.inputs)) + "->" + fresh + out
     m.add_kernel(op.name, "einsum", inputs, {"equation": equation, "operands": letters, **attrs},
                  params, [op], op.outputs[0])
     return ""
@@ -579,21 +585,22 @@ def _einsum_of_one(m: Context, op: tf.Operation, term: str, out: str) -> str:
     summed = [i for i, c in enumerate(term) if c not in out]
     perm = [kept.index(c) for c in out]
     current: Any = op.inputs[0]
+    shift = m.axis_shift(current)  # (folded rows: the batch letter's k rows a sample's axis 0)
     if not summed and perm == sorted(perm):
         m.alias(op, current)
         return ""
     if summed:
         last = perm == sorted(perm)
-        shape = tuple(d for i, d in enumerate(static_shape(op.inputs[0])) if i not in summed)[1:]
+        shape = tuple(d for i, d in enumerate(static_shape(current)) if i not in summed)[shift:]
         kernel = m.add_kernel(op.name if last else f"{op.name}/sum", "reduce", [current],
-                              {"op": "sum", "axes": [a - 1 for a in summed], "keepdims": False},
+                              {"op": "sum", "axes": [a - shift for a in summed], "keepdims": False},
                               [], [op] if last else [], op.outputs[0] if last else None,
                               output_shape=shape, source_op=op)
         if last:
             return ""
         current = kernel.name
-    m.add_kernel(op.name, "transpose", [current], {"perm": [p - 1 for p in perm[1:]]}, [], [op],
-                 op.outputs[0], source_op=op)
+    m.add_kernel(op.name, "transpose", [current], {"perm": [p - shift for p in perm[shift:]]},
+                 [], [op], op.outputs[0], m.sample_shape(op.outputs[0], op.inputs), op)
     return ""
 
 
@@ -687,7 +694,7 @@ def _constant_gather(m: Context, op: tf.Operation) -> str:
                 "fails on them at run time)")
     if not has_kernel("take"):
         return "the CS has no take kernel"
-    _take(m, op, x, axis - 1, indices, op.outputs[0], True)
+    _take(m, op, x, axis - m.axis_shift(x), indices, op.outputs[0], True)
     return ""
 
 
@@ -875,8 +882,9 @@ def _strided_slice(m: Context, op: tf.Operation) -> str:
     sliced = tuple(len(range(lo, hi, step)) for lo, hi, step, shrink in own if not shrink)
     kernel = m.add_kernel(f"{op.name}/slice", "slice", [op.inputs[0]], attrs, [], [],
                           None, output_shape=sliced, source_op=op)
-    m.add_kernel(op.name, "reshape", [kernel.name], {"shape": list(out[shift:])}, [], [op],
-                 op.outputs[0])
+    shape = m.sample_shape(op.outputs[0], op.inputs)  # (folded: each sample's k rows first)
+    m.add_kernel(op.name, "reshape", [kernel.name], {"shape": list(shape)}, [], [op],
+                 op.outputs[0], output_shape=shape)
     return ""
 
 

@@ -101,7 +101,9 @@ class Matcher:
                                                                 self.batch_size)
         sources += [op.outputs[0] for op in graph.get_operations()
                     if random_numbers.is_draw(op) and op not in self.noise_on_weights]
-        self.ops = self._drop_host_tails(data_flow_ops(graph, sources, targets), targets)
+        self.ops = folded_batch.with_unfolds(
+            self._drop_host_tails(data_flow_ops(graph, sources, targets), targets),
+            host_tensors, self.batch_size)
         self.flow = set(self.ops)
         self.operands = Operands(graph, self.flow)
         self.weight_program = WeightProgramBuilder(self.operands, self.flow)
@@ -530,6 +532,10 @@ class Matcher:
             ready = [t for t in tensors if (t.name in fed or t.name in self.values
                                             and t.name not in self.leading)  # (not TF's layout)
                      and t.op.name not in self.x.loop_ops]  # (not in the host's graph)
+            if ready and ready[0].name not in fed and self.folds(ready[0]) > 1:
+                # (a metric of the loss recomputed on the host from folded rows)
+                self.reject(ready[0].op, folded_batch.host_read(self.folds(ready[0])))
+                continue
             if ready:  # a control dependency is met by any fed output of its op
                 name = self.values.get(ready[0].name)
                 if ready[0].name not in fed and name is not None and name not in found:
