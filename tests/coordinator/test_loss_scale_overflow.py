@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import cs_inprocess
 import numpy as np
+import pytest
 import tensorflow as tf
 import tf_reference
 from sklearn.datasets import load_digits
@@ -53,6 +54,7 @@ def params(**extra):
     return {"runconfig": {"tf_random_seed": 1}, "loss_scale": "dynamic", **extra}
 
 
+@pytest.mark.slow
 def test_dynamic_scale_overflowing_the_first_batch_trains_evaluates_and_predicts_as_tensorflow(tmp_path):
     """S starts at 2 ** 15, where the float16 gradients overflow: TF skips those steps and
     halves S; the CS skips the same steps (TF's global step and Adam's beta1_power count the
