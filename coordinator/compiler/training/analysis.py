@@ -156,7 +156,8 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             _clipped_apart(chains, objectives)
             if half:
                 _check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
-                               HALF_GRADIENT_NOISE, zeroed)
+                               HALF_GRADIENT_NOISE, zeroed,
+                               dynamic.proof_scale if dynamic is not None else None)
                 noise_floored: tuple[str, ...] = ()  # (float16's noise is real gradients' size)
             else:
                 largest = _check_numbers(extracted, chains, statistic_averages, zeroed=zeroed)

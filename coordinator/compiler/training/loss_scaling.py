@@ -44,6 +44,7 @@ class Inlined:
     initial: float  # S's initial value
     checked: frozenset[str]  # the gradients the predicate checks
     step_counts_applied: bool  # the global step's increment is in the apply branch
+    proof_scale: tf.Tensor  # the constant PROOF_SCALE that S's reads take in the view
 
 
 def inline(extracted: ExtractedGraph) -> Inlined | None:
@@ -73,7 +74,9 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
         rule, scale_var, update = _cs1_rule(graph, extracted.spec.train_op, apply_if, why)
         checked = _checked_norm(apply_if, why)
     initial = _initial(graph, scale_var.name)
-    rule = dataclasses.replace(rule, half_seed=_pin_reads(graph, scale_var, update | {apply_if}, why))
+    with graph.as_default():
+        pinned = tf.constant(np.float32(PROOF_SCALE), name="csrun_proof_loss_scale")
+    rule = dataclasses.replace(rule, half_seed=_pin_reads(scale_var, pinned, update | {apply_if}, why))
     with graph.as_default():
         view = tf.group(*import_branch(graph, apply_if, apply_if._true_graph,
                                        "csrun_dynamic_loss_scale"))
@@ -81,7 +84,7 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     counts_applied = step is not None and any(
         op.type in _INCREMENTS and variable_op(op.inputs[0]) is step.op for op in op_closure(view))
     return Inlined(dataclasses.replace(extracted, spec=dataclasses.replace(
-        extracted.spec, train_op=view)), rule, initial, frozenset(checked), counts_applied)
+        extracted.spec, train_op=view)), rule, initial, frozenset(checked), counts_applied, pinned)
 
 
 def _tf_rule(graph: tf.Graph, scale_if: tf.Operation,
@@ -119,14 +122,12 @@ def _initial(graph: tf.Graph, name: str) -> float:
             return float(session.run(variable.initial_value))
 
 
-def _pin_reads(graph: tf.Graph, scale_var: tf.Operation, rule_ops: set[tf.Operation],
+def _pin_reads(scale_var: tf.Operation, pinned: tf.Tensor, rule_ops: set[tf.Operation],
                why: _Refused) -> bool:
     """Replace S's reads outside the rule's ops (the conds, the CS-1 rule's update) by
     PROOF_SCALE: each must scale the loss (loss * S, S maybe cast to the loss's dtype) or
     be 1 / S. Whether S meets the loss as a float16."""
     half = False
-    with graph.as_default():
-        pinned = tf.constant(np.float32(PROOF_SCALE), name="csrun_proof_loss_scale")
     for read in [op for op in scale_var.outputs[0].consumers() if op.type == "ReadVariableOp"]:
         for user in read.outputs[0].consumers():
             if user in rule_ops:

@@ -30,16 +30,22 @@ ZEROED_NOISE = 100.0  # a proven-0 gradient's noise may be this many times the n
 # A gradient program's clipping thresholds are values it computes (AGC's c * ||w||): its
 # check feeds gradients of these scales too, below and above any threshold of ordinary size.
 PROGRAM_SCALES = [1e-4, 1e4]
+# Dynamic loss scaling's check halves the proof scale P while the float16 backward overflows
+# on the first batch (as TF halves S), down to this (TF's DynamicLossScale floors S at 1).
+SMALLEST_PROOF_SCALE = 1.0
 
 
 def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
                    averages: list[StatisticAverage], rtol: float = 1e-4,
-                   noise: float = GRADIENT_NOISE, zeroed: tuple[str, ...] = ()) -> float | None:
+                   noise: float = GRADIENT_NOISE, zeroed: tuple[str, ...] = (),
+                   proof_scale: tf.Tensor | None = None) -> float | None:
     """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
     a float16 backward rounds S * g and g differently), and no rounding noise among them
     that the optimizer would amplify (noise.py; `zeroed`, the variables the CS gives the
     exact 0 (shift.py), excepted); then TF's transforms == apply_transforms on random
-    gradients. Returns the model's largest raw gradient (over S), None when the check is
+    gradients. `proof_scale`: dynamic loss scaling's pinned S (loss_scaling.inline), halved
+    while the raw gradients are not finite (_finite_scale). A static scale S that overflows
+    is refused as such. Returns the model's largest raw gradient (over S), None when the check is
     skipped (the weights too large). (Moving averages and what else the gradients' control
     dependencies read are initialised too: gradients computed under
     tf.control_dependencies(update_ops) or a weight decay run them.)"""
@@ -83,15 +89,20 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
     with tf.compat.v1.Session(graph=graph) as session:
         session.run(init)
         raw_values, loss_grads = session.run([raw, ours], feed)
+        factor = 1.0
+        if proof_scale is not None:
+            raw_values, factor = _finite_scale(session, raw, raw_values, feed, proof_scale)
+        else:
+            _static_overflow(chains, raw_values, loss_grads)
         # A gradient that is zero in exact arithmetic (an attention key's bias) is rounding
         # noise on both sides: judged at the scale of the model's gradients, not its own.
-        overall = max((float(np.max(np.abs(w), initial=0.0)) * abs(c.call.scale)
+        overall = max((float(np.max(np.abs(w), initial=0.0)) * abs(c.call.scale) * factor
                        for c, w in zip(chains, loss_grads)), default=0.0)
         for chain, got, want in zip(chains, raw_values, loss_grads):
             if chain.update.variable in zeroed and \
                     float(np.max(np.abs(got), initial=0.0)) <= ZEROED_NOISE * noise * overall:
                 continue  # both rounding noise (oneDNN's differs), which the CS makes the exact 0
-            want = want * np.float32(chain.call.scale)
+            want = want * np.float32(chain.call.scale * factor)
             if not np.isfinite(want).all():
                 raise _fail(chain.update.op, f"the gradient of the loss for {chain.update.variable} "
                                              "is not finite on input_fn's first batch (NaN or "
@@ -104,10 +115,41 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
                                                  "it minimizes" if chain.call.objective is not None
                                                  else "model_fn returns"))
         largest = {c.update.variable: (c.update.optimizer, float(np.max(
-            np.abs(got), initial=0.0)) / abs(c.call.scale)) for c, got in zip(chains, raw_values)}
+            np.abs(got), initial=0.0)) / abs(c.call.scale * factor)) for c, got in zip(chains, raw_values)}
         check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
         _check_transforms(session, chains, session.run(read))
     return max((g for _, g in largest.values()), default=0.0)
+
+
+def _finite_scale(session, raw: list, values: list, feed: dict,
+                  proof_scale: tf.Tensor) -> tuple[list, float]:
+    """The raw gradients at the largest scale P / 2 ** k (k >= 0, down to
+    SMALLEST_PROOF_SCALE) where all are finite, and P / 2 ** k / P. S enters the backward
+    only as the seed S x loss and the unscaling 1 / S (loss_scaling._pin_reads), so its
+    gradient is the same at every S up to float16 rounding and overflow; TF's skipped steps
+    are the ones whose float16 backward overflows, which the CS's float16 kernels compute
+    as TF's (an overflow is infinity in both)."""
+    pinned = float(session.run(proof_scale))
+    proof_scale.graph._unfeedable_tensors.discard(proof_scale)  # (tf.get_static_value marks it)
+    scale = pinned
+    while not all(np.isfinite(v).all() for v in values) and scale / 2 >= SMALLEST_PROOF_SCALE:
+        scale /= 2
+        values = session.run(raw, {**feed, proof_scale: np.float32(scale)})
+    return values, scale / pinned
+
+
+def _static_overflow(chains: list[_Chain], raw: list, loss_grads: list) -> None:
+    """Refuse a static loss scale S under which a float16 backward's raw gradient is not
+    finite on input_fn's first batch while the loss's gradient is (TF would apply the
+    infinity and train NaN from its second step)."""
+    for chain, got, want in zip(chains, raw, loss_grads):
+        if chain.call.scale != 1.0 and not np.isfinite(got).all() and np.isfinite(want).all():
+            raise _fail(chain.update.op, f"the loss scale {chain.call.scale:g} overflows float16 "
+                                         f"in the gradient of {chain.update.variable} on "
+                                         "input_fn's first batch (TensorFlow trains NaN from "
+                                         "its second step)",
+                        'lower the loss scale or use "dynamic" (MixedPrecisionLossScaleOptimizer'
+                        '(optimizer, "dynamic") skips the steps that overflow)')
 
 
 def _read(graph: tf.Graph, variable: str) -> tf.Tensor:
