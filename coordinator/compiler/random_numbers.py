@@ -199,7 +199,9 @@ def _draw(m: Context, op: tf.Operation) -> str:
         return found
     distribution, shape = found
     rows = shape[0] // m.batch_size if shape and shape[0] % m.batch_size == 0 else 0
-    stacked = rows != 1 and rows not in m.fold_factors and len(shape) >= 2 and \
+    # (rank 3 and more: a [K, B] draw's second axis is too often a sample's width equal to
+    # the batch by chance, as a Dense(8)'s at batch 8)
+    stacked = rows != 1 and rows not in m.fold_factors and len(shape) >= 3 and \
         shape[1] == m.batch_size
     if not shape or (rows != 1 and rows not in m.fold_factors and not stacked):
         return (f"draws random numbers of shape {shape}, not one set per sample, that meet "
