@@ -37,8 +37,9 @@ class SessionOps:
 
 
 def session_ops(fetches: Iterable[Any]) -> SessionOps:
-    """SessionOps of `fetches` (tensors or ops, nested; None skipped)."""
-    fetched = {f.op if isinstance(f, tf.Tensor) else f for f in tf.nest.flatten(fetches)
+    """SessionOps of `fetches` (tensors, variables - a metric's update op may be one - or ops,
+    nested; None skipped)."""
+    fetched = {f if isinstance(f, tf.Operation) else f.op for f in tf.nest.flatten(fetches)
                if f is not None}
     stack, seen = list(fetched), set()
     while stack:
