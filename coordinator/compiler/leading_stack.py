@@ -76,12 +76,20 @@ def unit_stack(m: Context, op: tf.Operation) -> bool:
     x, out = op.inputs[0], op.outputs[0]
     if m.axis_shift(x) != 1 or \
             tuple(static_shape(out)) != (1, *static_shape(x)) or not m.consumers(out) or \
-            any(c.type not in BINARY for c in m.consumers(out)):
+            any(c.type not in BINARY for c in m.consumers(out)) or _pairs_samples(m, out):
         return False
     m.leading.add(out.name)
     m.add_kernel(op.name, "reshape", [x], {"shape": [1, *m.shape(x)]}, [], [op], out,
                  output_shape=(1, *m.shape(x)))
     return True
+
+
+def _pairs_samples(m: Context, out: tf.Tensor) -> bool:
+    """out (x[None]) meets x[:, None]-shaped values ([B, 1, ...]): the in-batch pairing of
+    every sample with every other (sq[:, None] + sq[None, :]), not a stack of one."""
+    rank = len(static_shape(out))
+    return any(len(static_shape(t)) == rank and static_shape(t)[1] == 1 and static_shape(t)[0] != 1
+               for c in m.consumers(out) for t in c.inputs if t is not out)
 
 
 def loss_reduction(m: Context, op: tf.Operation) -> bool:
