@@ -244,6 +244,17 @@ def bilinear_sample(images, x, y):
         + ((x - x0) * (y1 - y))[..., None] * pixel(y0, x1) + ((x - x0) * (y - y0))[..., None] * pixel(y1, x1)
 
 
+def classified(x, labels, mode):
+    """The image models' head: a Dense to the classes, cross-entropy, accuracy in EVAL, Adam."""
+    logits = tf.keras.layers.Dense(CLASSES)(x)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops={
+            "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
+    train_op = v1.train.AdamOptimizer(0.01).minimize(loss, global_step=v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
 def spatial_transformer(features, labels, mode, params):
     """A localisation net predicts an affine transform per image; the grid it maps is sampled
     bilinearly (bilinear_sample) and classified; Adam; evaluated with accuracy."""
@@ -257,13 +268,7 @@ def spatial_transformer(features, labels, mode, params):
     x = (mapped[:, 0] + 1.0) * (SIDE - 1) / 2.0
     y = (mapped[:, 1] + 1.0) * (SIDE - 1) / 2.0
     sampled = tf.reshape(bilinear_sample(features, x, y), [-1, SIDE * SIDE * CHANNELS])
-    logits = tf.keras.layers.Dense(CLASSES)(sampled)
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops={
-            "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
-    train_op = v1.train.AdamOptimizer(0.01).minimize(loss, global_step=v1.train.get_or_create_global_step())
-    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+    return classified(sampled, labels, mode)
 
 
 def test_a_spatial_transformers_gather_nd_with_the_batch_index_trains_and_evaluates_like_tensorflow(tmp_path):
@@ -295,13 +300,7 @@ def keypoint_features(features, labels, mode, params):
     hottest = tf.math.top_k(heat, 2).indices
     keypoints = tf.stack([hottest // SIDE, hottest % SIDE], -1)  # [batch, 2, 2]
     picked = tf.gather_nd(maps, keypoints, batch_dims=1)  # [batch, 2, 4]
-    logits = tf.keras.layers.Dense(CLASSES)(tf.reshape(picked, [-1, 8]))
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops={
-            "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
-    train_op = v1.train.AdamOptimizer(0.01).minimize(loss, global_step=v1.train.get_or_create_global_step())
-    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+    return classified(tf.reshape(picked, [-1, 8]), labels, mode)
 
 
 def test_a_gather_nd_with_batch_dims_at_keypoints_trains_and_evaluates_like_tensorflow(tmp_path):
