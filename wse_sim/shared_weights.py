@@ -254,11 +254,12 @@ def _slices(v: Variable) -> tuple[np.ndarray, np.ndarray]:
     that every use reads through the one view of a gather at constant indices (their
     gradients summed: view_slices)."""
     if v.weight.uses[0].view is not None:
-        grads = [region.grads[use.role] for use, region in zip(v.weight.uses, v.regions)
-                 if region.backward]
-        return view_slices(v.weight.uses[0].view, np.sum(grads, axis=0, dtype=np.float32)
-                           if grads else np.zeros(v.weight.uses[0].view.shape, np.float32),
-                           v.value.shape[1:])
+        view = v.weight.uses[0].view
+        summed = np.zeros(view.shape, np.float32)
+        for use, region in zip(v.weight.uses, v.regions):
+            if region.backward:
+                summed += region.grads[use.role]
+        return view_slices(view, summed, v.value.shape[1:])
     ids, values = [], []
     for use, region in zip(v.weight.uses, v.regions):
         pieces = region.pieces.pop(use.role, [])

@@ -11,9 +11,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler.extract import user_name, user_source
 from coordinator.compiler.ir import ParamRef, UnsupportedOp
 from coordinator.compiler.operands import Operands
-from tf_model.model_fn import user_name, user_source
 
 GATHERS = ("GatherV2", "ResourceGather")
 
@@ -47,8 +47,9 @@ def gathered_rows_refusal(operands: Operands, reads: list[tf.Operation], variabl
     elements = (np.asarray(indices, np.int64).reshape(-1, 1) % shape[0] * row
                 + np.arange(row)).ravel()
     first = params[0].view
-    if all(p.view is not None and np.array_equal(p.view, first) for p in params) and \
-            first is not None and np.array_equal(np.sort(first, axis=None), np.sort(elements)):
+    if first is not None and all(p.view is not None and np.array_equal(p.view, first)
+                                 for p in params) and \
+            np.array_equal(np.sort(first, axis=None), np.sort(elements)):
         return None
     op = reads[0]
     return UnsupportedOp(op.type, user_name(op), user_source(op), (

@@ -39,7 +39,6 @@ from coordinator.compiler import (
     second_order,
     spectra,
 )
-from coordinator.compiler.gathered_rows import GATHERS, gathered_rows_refusal
 from coordinator.compiler.extract import (
     ExtractedGraph,
     data_flow_ops,
@@ -48,6 +47,7 @@ from coordinator.compiler.extract import (
     user_name,
     user_source,
 )
+from coordinator.compiler.gathered_rows import GATHERS, gathered_rows_refusal
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
 from coordinator.compiler.rules import FAST_PATHS
