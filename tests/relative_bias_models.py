@@ -1,6 +1,7 @@
 """T5-style encoders with a learned relative-position bias, written the way users write
 them: the bias table read through a constant one-hot by tf.einsum, or gathered at constant
-bucket ids (TF's sparse update under RMSProp), with the per-sample einsums of attention
+bucket ids (TF's sparse update under RMSProp; t5_block: T5's buckets from tf ops, Keras
+Dense q, k, v, the optimizer a parameter), with the per-sample einsums of attention
 ('bhqd,bhkd->bhqk' scores), a projection by a weight ('bij,jk->bik') and a row-wise dot
 product ('bi,bi->b')."""
 from __future__ import annotations
@@ -10,7 +11,11 @@ import tensorflow as tf
 
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
+v1 = tf.compat.v1
+L = tf.keras.layers
+
 VOCAB, LENGTH, DIM, HEADS, BUCKETS = 12, 6, 8, 2, 4
+T, D, T5_BUCKETS = 6, 8, 12  # t5_block's
 
 
 def input_fn(params):
@@ -78,3 +83,67 @@ def mean_bias_per_head(features, labels, mode, params):
     table = tf.compat.v1.get_variable("rel_bias", [BUCKETS, HEADS])
     mean = tf.einsum("qkn,nh->h", onehot, table) / LENGTH ** 2
     return _encoder(features, labels, mode, tf.ones([HEADS, LENGTH, LENGTH]) * mean[:, None, None])
+
+
+OPTIMIZERS = {
+    "momentum": lambda: v1.train.MomentumOptimizer(0.1, 0.9),
+    "adam": lambda: v1.train.AdamOptimizer(1e-2),
+    "adagrad": lambda: v1.train.AdagradOptimizer(0.1),
+    # the dense rule would zero the rows the buckets never name (linear stays 0 there)
+    "ftrl": lambda: v1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.01,
+                                           l2_regularization_strength=0.01),
+}
+
+
+def attention_input_fn(params):
+    """Sequences of T vectors, one of 3 classes each."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, T, D)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, rng.integers(0, 3, 64).astype(np.int32))) \
+        .batch(8, drop_remainder=True)
+
+
+def relative_buckets(num_buckets=T5_BUCKETS, max_distance=16):
+    """T5's bidirectional buckets of key - query (relative_position_bucket)."""
+    pos = tf.range(T)
+    rel = pos[None, :] - pos[:, None]
+    num_buckets //= 2
+    ret = tf.cast(rel > 0, tf.int32) * num_buckets
+    n = tf.abs(rel)
+    max_exact = num_buckets // 2
+    large = max_exact + tf.cast(tf.math.log(tf.cast(n, tf.float32) / max_exact + 1e-6)
+                                / np.log(max_distance / max_exact) * (num_buckets - max_exact),
+                                tf.int32)
+    return ret + tf.where(n < max_exact, n, tf.minimum(large, num_buckets - 1))
+
+
+def t5_block(features, labels, mode, params):
+    """Two attention layers (Keras Dense q, k, v) adding one T5 bias, tf.gather of the table at
+    T5's buckets, trained by params["optimizer"] (under clip_by_global_norm at params["clip_norm"])."""
+    rel_bias = v1.get_variable("rel_bias", [T5_BUCKETS, HEADS],
+                               initializer=v1.random_normal_initializer(stddev=0.1))
+    bias = tf.transpose(tf.gather(rel_bias, relative_buckets()), [2, 0, 1])[None]  # [1,H,T,T]
+    h = features
+    for i in range(2):  # both layers add the one bias (or each gathers its own)
+        if params.get("gather_per_layer"):
+            bias = tf.transpose(tf.gather(rel_bias, relative_buckets()), [2, 0, 1])[None]
+        q, k, v = (tf.reshape(L.Dense(D, use_bias=False, name=f"{n}{i}")(h), [-1, T, HEADS, D // HEADS])
+                   for n in "qkv")
+        scores = tf.einsum("bqhd,bkhd->bhqk", q, k) + bias
+        ctx = tf.einsum("bhqk,bkhd->bqhd", tf.nn.softmax(scores, -1), v)
+        h = h + L.Dense(D, use_bias=False, name=f"o{i}")(tf.reshape(ctx, [-1, T, D]))
+    logits = L.Dense(3, name="head")(tf.reduce_mean(h, 1))
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"class": tf.argmax(logits, 1),
+                                                  "probs": tf.nn.softmax(logits)})
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
+            "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
+    opt, step = OPTIMIZERS[params["optimizer"]](), v1.train.get_or_create_global_step()
+    if not params.get("clip_norm"):
+        return CSEstimatorSpec(mode, loss=loss, train_op=opt.minimize(loss, global_step=step))
+    grads, variables = zip(*opt.compute_gradients(loss))
+    grads, _ = tf.clip_by_global_norm(list(grads), params["clip_norm"])
+    return CSEstimatorSpec(mode, loss=loss,
+                           train_op=opt.apply_gradients(zip(grads, variables), global_step=step))

@@ -37,6 +37,7 @@ from wafer.timing import count_backward_passes
 from wafer.weight_programs import WeightProgram, WeightStep
 from wafer.weight_writes import WeightWrite, write_problem
 from wse_sim.errors import invalid
+from wse_sim.view_slices import whole_rows_problem
 
 Shape = tuple[int, ...]
 
@@ -602,9 +603,16 @@ def _view(message: pb.Kernel, param: pb.Param, tf_shape: Shape) -> np.ndarray | 
 
 def sparse_problem(weight: SharedWeight, spec: ParamSpec, kernels: list[Kernel]) -> str:
     """Why a shared or viewed weight cannot take TF's sparse update here ("" if it can):
-    each use must be an embedding lookup of the whole table."""
+    each use must be an embedding lookup of the whole table, or every use the one view of a
+    gather's whole rows (wse_sim.view_slices)."""
     if spec.update != "sparse" or spec.frozen:
         return ""
+    views = [use.view for use in weight.uses]
+    if views[0] is not None:
+        if not all(v is not None and np.array_equal(v, views[0]) for v in views):
+            return ("a sparse (IndexedSlices) update of a viewed table needs every read to be "
+                    "the one view")
+        return whole_rows_problem(views[0], math.prod(weight.shape[1:]))
     for use in weight.uses:
         if use.view is not None or tuple(use.shape) != tuple(weight.shape) or \
                 kernels[use.kernel].type_name not in SPARSE_GRADIENT_KERNELS and \

@@ -24,6 +24,7 @@ import numpy as np
 from wafer.optimizers import Optimizer, slot_name
 from wafer.weight_programs import WeightProgram
 from wse_sim.program import SPARSE_GRADIENT_KERNELS, ParamSpec, SharedWeight, WeightUse
+from wse_sim.view_slices import view_slices
 
 # a batch's gradient kept aside: dense, or an IndexedSlices' (indices, values)
 HeldGradient = np.ndarray | tuple[np.ndarray, np.ndarray]
@@ -249,7 +250,16 @@ class SharedWeights:
 
 
 def _slices(v: Variable) -> tuple[np.ndarray, np.ndarray]:
-    """The IndexedSlices of a table every use looks up (a gather's pieces) or reads whole."""
+    """The IndexedSlices of a table every use looks up (a gather's pieces) or reads whole, or
+    that every use reads through the one view of a gather at constant indices (their
+    gradients summed: view_slices)."""
+    if v.weight.uses[0].view is not None:
+        view = v.weight.uses[0].view
+        summed = np.zeros(view.shape, np.float32)
+        for use, region in zip(v.weight.uses, v.regions):
+            if region.backward:
+                summed += region.grads[use.role]
+        return view_slices(view, summed, v.value.shape[1:])
     ids, values = [], []
     for use, region in zip(v.weight.uses, v.regions):
         pieces = region.pieces.pop(use.role, [])

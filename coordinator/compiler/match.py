@@ -47,6 +47,7 @@ from coordinator.compiler.extract import (
     user_name,
     user_source,
 )
+from coordinator.compiler.gathered_rows import GATHERS, gathered_rows_refusal
 from coordinator.compiler.ir import KernelNode, MatchedModel, ParamRef, TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import Operands, Weight, static_shape
 from coordinator.compiler.rules import FAST_PATHS
@@ -753,7 +754,8 @@ def normalized(matcher: Matcher) -> dict[str, frozenset[str]]:
 def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
     """Variables the train_op updates that no kernel holds (TF would train them, the CS
     could not), and sparse updates of a weight some kernel reads other than as a whole
-    table (an embedding lookup, or a read of every row in order)."""
+    table (an embedding lookup, or a read of every row in order) or as the view of one
+    gather at constant indices (gathered_rows)."""
     held: dict[str, list[tuple[KernelNode, ParamRef]]] = {}
     for k in matcher.kernels:
         for p in k.params:
@@ -780,34 +782,20 @@ def untrainable(matcher: Matcher, training) -> list[UnsupportedOp]:
                                      "from the samples to the loss reads: the CS would not "
                                      "train it; leave it out of var_list"))
             continue
+        params = [p for _, p in held[v.name]]
+        if v.update == "sparse" and any(p.view is not None for p in params):
+            refusal = gathered_rows_refusal(matcher.operands, list(_model_reads(matcher.graph, v.name)),
+                                            v.name, _variable_shape(matcher.graph, v.name), params)
+            bad += [refusal] if refusal is not None else []
+            continue
         for kernel, param in held[v.name]:
-            sparse_ok = param.view is None and (kernel.type in ("gather", "sampled_logits")
-                                                or param.role.startswith("p"))
+            sparse_ok = kernel.type in ("gather", "sampled_logits") or param.role.startswith("p")
             if v.update == "sparse" and not sparse_ok:
-                gather = _constant_gather(matcher, v.name)
-                if param.view is not None and gather is not None:
-                    bad.append(_gathered_in_whole(v.name, gather))
-                    break
-                what = "a view" if param.view is not None else f"the {param.role}"
                 bad.append(UnsupportedOp("Variable", v.name, v.source,
                                          f"TF updates {v.name} as an embedding table (sparse), "
-                                         f"but the CS holds {what} of it in {kernel.name}"))
+                                         f"but the CS holds the {param.role} of it in {kernel.name}"))
                 break
     return bad
-
-
-def _gathered_in_whole(variable: str, gather: tf.Operation) -> UnsupportedOp:
-    """The refusal of a table TF updates sparsely that the CS reads through a gather at
-    constant indices (a T5 relative-position bias), naming the gather."""
-    table = variable.split("/")[-1]
-    return UnsupportedOp(gather.type, gather.name, user_source(gather), (
-        f"tf.gather of {table} at constant indices makes TF's optimizer update {table} "
-        "sparsely: the rows the indices never name, and their optimizer slots, stay "
-        "untouched, while the CS updates the whole table; write tf.einsum (or tf.matmul) of "
-        f"a constant tf.one_hot of the indices and {table} instead (a dense update)"))
-
-
-GATHERS = ("GatherV2", "ResourceGather")
 
 
 def _model_reads(graph: tf.Graph, variable: str) -> Iterator[tf.Operation]:
@@ -833,18 +821,9 @@ def _dense_reader(graph: tf.Graph, variable: str) -> tf.Operation | None:
     return next((op for op in _model_reads(graph, variable) if op.type not in GATHERS), None)
 
 
-def _constant_gather(matcher: Matcher, variable: str) -> tf.Operation | None:
-    """The first tf.gather of `variable` at constant indices that leave rows of it unnamed
-    (a T5 relative-position bias's buckets)."""
-    handle = matcher.graph.get_operation_by_name(variable)
-    rows = tf.TensorShape(handle.get_attr("shape"))[0] if handle.type == "VarHandleOp" else None
-    for op in _model_reads(matcher.graph, variable):
-        indices = matcher.operands.constant(op.inputs[1]) if op.type in GATHERS else None
-        axis = matcher.operands.constant(op.inputs[2]) if op.type == "GatherV2" else 0
-        if indices is not None and rows and axis is not None and int(axis) == 0 and \
-                len(np.unique(np.asarray(indices) % rows)) < rows:
-            return op
-    return None
+def _variable_shape(graph: tf.Graph, variable: str) -> tuple[int, ...]:
+    """The TF shape of resource variable `variable`."""
+    return tuple(tf.TensorShape(graph.get_operation_by_name(variable).get_attr("shape")).as_list())
 
 
 def moving_statistics(matcher: Matcher, training: TrainingSpec) -> list[UnsupportedOp]:
