@@ -127,12 +127,14 @@ def test_float16_dense_with_a_fused_activation_takes_tensorflows_gradient(activa
     assert np.mean(round_half(grads_in[0]) == dx) > 0.99
 
 
-@pytest.mark.parametrize("size,channels,stride,padding", [(8, 16, 1, "SAME"), (9, 12, 2, "SAME"),
-                                                          (7, 24, 1, "VALID")])
-def test_float16_depthwise_conv_is_tensorflows_bit_for_bit(size, channels, stride, padding):
+@pytest.mark.parametrize("size,channels,stride,padding,held", [
+    (8, 16, 1, "SAME", False), (9, 12, 2, "SAME", False), (7, 24, 1, "VALID", False),
+    (9, 12, 2, "SAME", True)], ids=["same", "stride2", "valid", "constant_stride2"])
+def test_float16_depthwise_conv_is_tensorflows_bit_for_bit(size, channels, stride, padding, held):
     """DepthwiseConv2dNative in float16 and its two gradient ops (Eigen's kernels, one thread,
     as the reference runs them; each multiply-add rounded to float16): the CS's output, input
-    gradient and filter gradient, the batch in two micro-batches, are TF's."""
+    gradient and filter gradient, the batch in two micro-batches, are TF's; by a constant
+    filter (`held`: a blur-pool's), the output and input gradient."""
     rng = np.random.default_rng(size)
     x = rng.normal(size=(4, size, size, channels)).astype(np.float16)
     w = (rng.normal(size=(3, 3, channels, 1)) * 0.5).astype(np.float16)
@@ -148,15 +150,17 @@ def test_float16_depthwise_conv_is_tensorflows_bit_for_bit(size, channels, strid
             want_y, want_dx, want_dw, g = session.run([y] + grads + [dy])
     kernel = build_kernel("depthwise_conv2d", "dw", {
         "kernel_size": [3, 3], "strides": [stride, stride], "padding": padding,
-        "depth_multiplier": 1, "precision": "float16"}, [x.shape[1:]])
-    params = {"kernel": w.astype(np.float32)}
-    accumulated = {"kernel": np.full(w.shape, np.nan, np.float32)}
+        "depth_multiplier": 1, "precision": "float16",
+        **({"filter": w.astype(np.float32)} if held else {})}, [x.shape[1:]])
+    params = {} if held else {"kernel": w.astype(np.float32)}
+    accumulated = {} if held else {"kernel": np.full(w.shape, np.nan, np.float32)}
     for half, first in ((slice(0, 2), True), (slice(2, 4), False)):
         ctx = RunContext(training=True, batch_size=4, accumulate=not first)
         out, cache = kernel.forward(params, [x[half].astype(np.float32)], ctx)
-        dx = kernel.backward(params, cache, g[half].astype(np.float32), ctx, accumulated)[0][0]
-        assert np.array_equal(out, want_y[half]) and np.array_equal(dx, want_dx[half])
-    assert np.array_equal(accumulated["kernel"], want_dw)
+        dx, grads = kernel.backward(params, cache, g[half].astype(np.float32), ctx, accumulated)
+        assert np.array_equal(out, want_y[half]) and np.array_equal(dx[0], want_dx[half])
+    assert grads.keys() == accumulated.keys()
+    assert held or np.array_equal(accumulated["kernel"], want_dw)
 
 
 def test_a_weight_autocast_to_float16_and_its_gradient_are_tensorflows_bit_for_bit():

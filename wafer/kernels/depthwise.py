@@ -95,8 +95,24 @@ class DepthwiseConv2D(Kernel):
         return [dx], grads
 
     def _half_backward(self, params, padded, dy, ctx: RunContext, param_grads):
-        """TF's float16 DepthwiseConv2dNativeBackpropFilter and BackpropInput (Eigen)."""
-        f, (kh, kw), (sh, sw) = params["kernel"], self.ksize, self.windows.strides
+        """TF's float16 DepthwiseConv2dNativeBackpropFilter and BackpropInput (Eigen); no
+        filter gradient for a constant filter."""
+        f, (kh, kw) = filter_of(params, self.held), self.ksize
+        grads = {} if self.held is not None else self._half_filter_gradient(padded, dy, ctx, param_grads)
+        dx = None
+        if ctx.wants_grad(0):
+            into = np.zeros(padded.shape, np.float32)
+            for i in range(kh):
+                for j in range(kw):
+                    target = self.windows.at(into, i, j)
+                    target[...] = round_half(target + dy * f[i, j, :, 0])
+            h, w = self.input_shapes[0][:2]
+            dx = into[:, self.windows.top:self.windows.top + h, self.windows.left:self.windows.left + w]
+        return [dx], grads
+
+    def _half_filter_gradient(self, padded, dy, ctx: RunContext, param_grads):
+        """Each sample's float16 sum over its output positions, the samples' sums added in turn."""
+        (kh, kw), (sh, sw) = self.ksize, self.windows.strides
         sums = np.zeros((len(padded), kh, kw, self.channels), np.float32)
         for r in range(self.windows.oh):
             for c in range(self.windows.ow):
@@ -110,13 +126,4 @@ class DepthwiseConv2D(Kernel):
         if param_grads is not None:  # the batch's sum so far, continued: written over
             np.copyto(param_grads["kernel"], grads["kernel"])
             grads["kernel"] = param_grads["kernel"]
-        dx = None
-        if ctx.wants_grad(0):
-            into = np.zeros(padded.shape, np.float32)
-            for i in range(kh):
-                for j in range(kw):
-                    target = self.windows.at(into, i, j)
-                    target[...] = round_half(target + dy * f[i, j, :, 0])
-            h, w = self.input_shapes[0][:2]
-            dx = into[:, self.windows.top:self.windows.top + h, self.windows.left:self.windows.left + w]
-        return [dx], grads
+        return grads
