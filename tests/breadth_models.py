@@ -95,6 +95,22 @@ def grouped_conv1d(features, labels, mode, params):
     return _spec(mode, L.Dense(3, dtype="float32")(L.GlobalMaxPooling1D()(h)), labels)
 
 
+def grouped_conv_mixed(features, labels, mode, params):
+    """A ResNeXt-style block under mixed_float16: a 1x1 Conv2D, a 3x3 Conv2D(groups=4) with a
+    ReLU, a strided Conv2D(groups=2), then the rows through a causal Conv1D(groups=2) (Keras
+    runs grouped convolutions as XLA functions); a float32 head."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        h = L.Conv2D(8, 1, name="reduce")(features)
+        h = L.Conv2D(8, 3, padding="same", groups=4, activation="relu", name="grouped")(h)
+        h = L.Conv2D(8, 3, strides=2, padding="same", groups=2, name="strided")(h)
+        h = L.Conv1D(8, 2, padding="causal", groups=2, name="causal")(tf.reshape(h, [-1, 16, 8]))
+        logits = L.Dense(3, dtype="float32", name="head")(L.GlobalAveragePooling1D()(h))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    return _spec(mode, logits, labels)
+
+
 def ids_input_fn(params):
     """Token ids in [0, 20), 0 padding the end of some rows."""
     rng = np.random.default_rng(params.get("data_seed", 2))
