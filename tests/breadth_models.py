@@ -111,6 +111,25 @@ def grouped_conv_mixed(features, labels, mode, params):
     return _spec(mode, logits, labels)
 
 
+def upsampling_decoder_mixed(features, labels, mode, params):
+    """A segmentation-style decoder under mixed_float16: a strided encoder, bilinear
+    UpSampling2D (tf.image.resize: ResizeBilinear), a skip connection, tf.image.resize
+    nearest to an odd size (ResizeNearestNeighbor) and the v1 align_corners resize; a
+    float32 head (params["policy"]: the float32 twin)."""
+    tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16"))
+    try:
+        skip = L.Conv2D(4, 3, padding="same", activation="relu", name="enc1")(features)
+        h = L.Conv2D(6, 3, strides=2, padding="same", activation="relu", name="enc2")(skip)
+        h = L.UpSampling2D(interpolation="bilinear")(h)
+        h = L.Conv2D(4, 3, padding="same", activation="relu", name="dec")(L.Concatenate()([h, skip]))
+        h = tf.image.resize(h, (11, 11), method="nearest")
+        h = tf.compat.v1.image.resize_nearest_neighbor(h, (6, 6), align_corners=True)
+        logits = L.Dense(3, dtype="float32", name="head")(L.GlobalAveragePooling2D()(h))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    return _spec(mode, logits, labels)
+
+
 def ids_input_fn(params):
     """Token ids in [0, 20), 0 padding the end of some rows."""
     rng = np.random.default_rng(params.get("data_seed", 2))

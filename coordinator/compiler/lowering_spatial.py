@@ -403,6 +403,8 @@ generic("Tile")(_tile)  # float16 too: copies; the gradient's sum over copies in
 # float16 too: float32 sums rounded once (docs/design.md, "Mixed precision")
 generic("SpaceToBatchND")(_space_to_batch)
 generic("Conv2DBackpropInput")(_conv_transpose)
-for op_types, rule in ((("ResizeBilinear", "ResizeNearestNeighbor"), _resize),
-                       (("Conv3D", "MaxPool3D", "AvgPool3D"), _volume), (("LRN",), _lrn)):
+# float16 too: ResizeBilinear outputs float32 (its gradient the float32 one rounded once, as
+# the CS's), ResizeNearestNeighbor copies (its gradient rounded as TF's: wafer.kernels.resampling)
+generic("ResizeBilinear", "ResizeNearestNeighbor")(_resize)
+for op_types, rule in ((("Conv3D", "MaxPool3D", "AvgPool3D"), _volume), (("LRN",), _lrn)):
     generic(*op_types)(_float32_only(rule))
