@@ -130,6 +130,24 @@ def upsampling_decoder_mixed(features, labels, mode, params):
     return _spec(mode, logits, labels)
 
 
+def angles_mixed(features, labels, mode, params):
+    """Angle features under mixed_float16: tf.math.atan and tan of a projection, asin and
+    acos of a tanh-bounded one (params["function"]: tf.math.lgamma in their place)."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        h = L.Dense(8, name="proj")(L.Flatten()(features))
+        bounded = 0.9 * tf.tanh(h)
+        if params.get("function") == "lgamma":
+            angles = [tf.math.lgamma(tf.abs(h) + 1.0)]
+        else:
+            angles = [tf.math.atan(h), tf.math.tan(0.5 * bounded), tf.math.asin(bounded),
+                      tf.math.acos(bounded)]
+        logits = L.Dense(3, dtype="float32", name="head")(L.Concatenate()(angles))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    return _spec(mode, logits, labels)
+
+
 def ids_input_fn(params):
     """Token ids in [0, 20), 0 padding the end of some rows."""
     rng = np.random.default_rng(params.get("data_seed", 2))

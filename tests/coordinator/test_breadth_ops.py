@@ -198,6 +198,22 @@ def test_mixed_float16_upsampling_decoder_trains_like_tensorflow(tmp_path):
     assert resizes == [("bilinear", "float32"), ("nearest", "float16"), ("nearest", "float16")]
 
 
+def test_mixed_float16_trigonometric_functions_train_like_tensorflow(tmp_path):
+    """tan, atan, asin and acos in float16 were refused ('not proven against TF's float16
+    kernel'); now float16 activations with TF's rounded gradient ops (test_half_parity)."""
+    result = _trains_evaluates_and_predicts(bm.angles_mixed, bm.image_input_fn, str(tmp_path), rtol=1e-2)
+    functions = {from_attr(k.attrs["function"]) for k in result.compiled.program.kernels
+                 if k.type == "activation" and "precision" in k.attrs
+                 and from_attr(k.attrs["precision"]) == "float16"}
+    assert {"atan", "tan", "asin", "acos"} <= functions
+
+
+def test_a_float16_function_without_tensorflows_float16_rounding_is_refused_in_one_line(tmp_path):
+    message = cs_inprocess.refusal(bm.angles_mixed, bm.image_input_fn, {**PARAMS, "function": "lgamma"},
+                                   str(tmp_path), bm.__file__)
+    assert "Lgamma" in message and "in float16 (mixed precision) is not proven" in message, message
+
+
 def test_category_encoding_trains_like_tensorflow(tmp_path):
     """Keras CategoryEncoding (multi_hot, count) was refused as combining samples: its
     bincount's size reads the batch's largest id, but Keras clamps it to num_tokens; each

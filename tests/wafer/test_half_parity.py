@@ -18,6 +18,7 @@ X = (_RNG.normal(size=(1, N)) * 2).astype(np.float16)
 Y = _RNG.normal(size=(1, N)).astype(np.float16)
 POSITIVE = (np.abs(X) + np.float16(0.01)).astype(np.float16)
 AWAY_FROM_ZERO = (np.abs(Y) + np.float16(0.5)).astype(np.float16)
+INSIDE_ONE = np.clip(Y * 0.5, -0.999, 0.999).astype(np.float16)
 DY = _RNG.normal(size=(1, N)).astype(np.float16)
 
 
@@ -46,6 +47,8 @@ def cs_values(kind, attrs, inputs):
     ("exp", tf.math.exp, X), ("neg", tf.negative, X), ("square", tf.math.square, X),
     ("relu", tf.nn.relu, X), ("sin", tf.math.sin, X), ("rsqrt", tf.math.rsqrt, POSITIVE), ("sqrt", tf.math.sqrt, POSITIVE),
     ("reciprocal", tf.math.reciprocal, POSITIVE), ("log", tf.math.log, POSITIVE),
+    ("tan", tf.math.tan, X), ("atan", tf.math.atan, X), ("asin", tf.math.asin, INSIDE_ONE),
+    ("acos", tf.math.acos, INSIDE_ONE),
 ])
 def test_float16_functions_and_their_gradients_are_tensorflows_bit_for_bit(function, tf_function, x):
     want = tf_values(tf_function, [x])
@@ -53,6 +56,21 @@ def test_float16_functions_and_their_gradients_are_tensorflows_bit_for_bit(funct
     for name, a, b in zip(("output", "gradient"), got, want):
         differ = int(np.sum(a.view(np.uint32) != b.view(np.uint32)))
         assert differ == 0, f"{function} {name}: {differ} of {N} values differ from TF's"
+
+
+@pytest.mark.parametrize("function, tf_function", [
+    ("tan", tf.math.tan), ("atan", tf.math.atan), ("asin", tf.math.asin), ("acos", tf.math.acos)])
+def test_float16_trigonometric_functions_are_tensorflows_on_every_float16_input(function, tf_function):
+    """TF's float16 tan, atan, asin, acos are its float32 ones rounded; the CS's (numpy's
+    float32, rounded) differ on at most 2 of every finite float16 input (a float32 ULP
+    across a float16 rounding boundary)."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    x = x[np.isfinite(x) & ((np.abs(x) <= 1) | (function in ("tan", "atan")))].reshape(1, -1)
+    want = np.asarray(tf_function(tf.constant(x)), np.float32)
+    kernel = build_kernel("activation", "k", {"function": function, "precision": "float16"}, [x.shape[1:]])
+    with np.errstate(all="ignore"):
+        got = round_half(kernel.forward({}, [x.astype(np.float32)], RunContext(True, 1))[0])
+    assert np.sum((got.view(np.uint32) != want.view(np.uint32)) & ~(np.isnan(got) & np.isnan(want))) <= 2
 
 
 def test_float16_sigmoid_gradient_is_tensorflows_from_tensorflows_output():
