@@ -31,7 +31,8 @@ KERNEL_ROWS = {
     "conv2d": "Conv2D (NHWC, SAME/VALID, strides; grouped: Keras Conv2D(groups=)'s XLA function "
               "of one Conv2D, Conv1D(groups=)'s of ExpandDims, Conv2D, Squeeze) [+ BiasAdd] "
               "[+ activation]; by a weight or a constant filter (tf.constant, or computed from "
-              "constants: a Gaussian blur, tf.nn.conv1d's box filter), held frozen",
+              "constants: a Gaussian blur, tf.nn.conv1d's box filter), held frozen; float16 too, "
+              "grouped and by a constant filter",
     "max_pool, avg_pool": "MaxPool, AvgPool (NHWC, over height and width)",
     "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape; "
                "the mask drawn on the CS in every mode the graph holds it, as TF's op)",

@@ -28,7 +28,7 @@ KERNEL_ROWS = {
                                           "with ExpandDims and Squeeze around the Conv2D; "
                                           "float16 too); by a weight or a constant filter "
                                           "(tf.image.ssim's Gaussian window, "
-                                          "tf.image.sobel_edges; float32)",
+                                          "tf.image.sobel_edges, a blur-pool; float16 too)",
     "conv3d, max_pool3d, avg_pool3d": "Conv3D, MaxPool3D, AvgPool3D (NDHWC, SAME/VALID, strides: "
                                       "Keras Conv3D, MaxPooling3D, AveragePooling3D; Conv3D by "
                                       "a weight or a constant filter)",
@@ -40,7 +40,7 @@ KERNEL_ROWS = {
     "lrn": "LRN (tf.nn.local_response_normalization / tf.nn.lrn over the channels: AlexNet, "
            "the TF1 CIFAR-10 tutorial; float32)",
     "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest; float16 too), ResizeBilinear, "
-                    "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
+                    "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear; float16 too)",
 }
 
 TRANSPOSED_3D = ("3-D transposed convolution (Conv3DTranspose) has no CS kernel: upsample with "
