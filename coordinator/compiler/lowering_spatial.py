@@ -49,9 +49,8 @@ CROP_AND_RESIZE = ("tf.image.crop_and_resize (CropAndResize) has no CS kernel: i
                    "boxes, each reading the image its box index names at positions computed "
                    "from values, not samples: crop in input_fn, or resize a constant slice "
                    "(tf.image.resize(x[:, a:b, c:d], size))")
-HALF_DEPTHWISE = ("DepthwiseConv2dNative in float16 (mixed precision) is carried out for "
-                  "depth_multiplier 1 without dilation, SAME or VALID padding: give this layer "
-                  "dtype='float32'")
+HALF_DEPTHWISE = ("DepthwiseConv2dNative in float16 (mixed precision) is carried out "
+                  "without dilation, SAME or VALID padding: give this layer dtype='float32'")
 REFUSED = {"Conv3DTranspose": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE}
 # What to use instead of ops no kernel computes, by op type (coordinator.compiler.refusals).
 INSTEAD = {"Conv3DBackpropInputV2": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE,
@@ -390,9 +389,9 @@ def _float32_only(handler: GenericRule) -> GenericRule:
 
 def _depthwise_in_half(m: Context, op: tf.Operation) -> str:
     """DepthwiseConv2dNative, float16 too: as TF's Eigen float16 kernels compute it
-    (wafer.kernels.depthwise) for depth_multiplier 1 without dilation, SAME or VALID."""
+    (wafer.kernels.depthwise) without dilation, SAME or VALID."""
     if op.outputs[0].dtype.base_dtype == tf.float16 and (
-            int(static_shape(op.inputs[1])[3]) != 1 or list(op.get_attr("dilations")) != [1] * 4
+            list(op.get_attr("dilations")) != [1] * 4
             or op.get_attr("padding") not in (b"SAME", b"VALID")):
         return HALF_DEPTHWISE
     return _depthwise(m, op)

@@ -145,17 +145,21 @@ def test_float16_dense_with_a_fused_activation_takes_tensorflows_gradient(activa
     assert np.mean(round_half(grads_in[0]) == dx) > 0.99
 
 
-@pytest.mark.parametrize("size,channels,stride,padding,held", [
-    (8, 16, 1, "SAME", False), (9, 12, 2, "SAME", False), (7, 24, 1, "VALID", False),
-    (9, 12, 2, "SAME", True)], ids=["same", "stride2", "valid", "constant_stride2"])
-def test_float16_depthwise_conv_is_tensorflows_bit_for_bit(size, channels, stride, padding, held):
+@pytest.mark.parametrize("size,channels,stride,padding,held,multiplier", [
+    (8, 16, 1, "SAME", False, 1), (9, 12, 2, "SAME", False, 1), (7, 24, 1, "VALID", False, 1),
+    (9, 12, 2, "SAME", True, 1), (8, 6, 1, "SAME", False, 2), (9, 4, 2, "VALID", False, 3)],
+    ids=["same", "stride2", "valid", "constant_stride2", "multiplier2", "multiplier3_stride2_valid"])
+def test_float16_depthwise_conv_is_tensorflows_bit_for_bit(size, channels, stride, padding, held,
+                                                           multiplier):
     """DepthwiseConv2dNative in float16 and its two gradient ops (Eigen's kernels, one thread,
     as the reference runs them; each multiply-add rounded to float16): the CS's output, input
     gradient and filter gradient, the batch in two micro-batches, are TF's; by a constant
-    filter (`held`: a blur-pool's), the output and input gradient."""
+    filter (`held`: a blur-pool's), the output and input gradient; with a depth multiplier,
+    whose input gradient TF sums per output channel, then over an input channel's
+    multiplier in turn."""
     rng = np.random.default_rng(size)
     x = rng.normal(size=(4, size, size, channels)).astype(np.float16)
-    w = (rng.normal(size=(3, 3, channels, 1)) * 0.5).astype(np.float16)
+    w = (rng.normal(size=(3, 3, channels, multiplier)) * 0.5).astype(np.float16)
     graph = tf.Graph()
     with graph.as_default():
         xs, ws = tf.constant(x), tf.constant(w)
@@ -168,7 +172,7 @@ def test_float16_depthwise_conv_is_tensorflows_bit_for_bit(size, channels, strid
             want_y, want_dx, want_dw, g = session.run([y] + grads + [dy])
     kernel = build_kernel("depthwise_conv2d", "dw", {
         "kernel_size": [3, 3], "strides": [stride, stride], "padding": padding,
-        "depth_multiplier": 1, "precision": "float16",
+        "depth_multiplier": multiplier, "precision": "float16",
         **({"filter": w.astype(np.float32)} if held else {})}, [x.shape[1:]])
     params = {} if held else {"kernel": w.astype(np.float32)}
     accumulated = {} if held else {"kernel": np.full(w.shape, np.nan, np.float32)}
