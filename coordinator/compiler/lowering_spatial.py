@@ -376,11 +376,18 @@ def _volume(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+NO_HALF_CPU_KERNEL = ("MaxPool3D", "AvgPool3D")
+
+
 def _float32_only(handler: GenericRule) -> GenericRule:
     """These kernels are proven against TF's float32 kernels only: a float16 op (mixed
     precision) is refused rather than computed with other rounding than TF's."""
     def lower(m: Context, op: tf.Operation) -> str:
         if any(t.dtype.base_dtype == tf.float16 for t in op.outputs):
+            if op.type in NO_HALF_CPU_KERNEL:
+                return (f"{op.type} in float16 (mixed precision) has no TF CPU kernel (TF 2.21 "
+                        "registers it for float32 only: the CPU path cannot run it either): give "
+                        "this layer dtype='float32'")
             return (f"{op.type} in float16 (mixed precision) is not proven against TF's float16 "
                     "kernel on the CS: give this layer dtype='float32'")
         return handler(m, op)
