@@ -198,9 +198,15 @@ def std_pooling(features, labels, mode, params):
 
 def stick_breaking(features, labels, mode, params):
     """Stick-breaking weights over time (v · exclusive cumprod of 1 − v, as in a stick-breaking
-    attention or a survival model's hazards), pooling the frames."""
-    v = tf.sigmoid(L.Dense(1)(features))[..., 0]  # [B, T]
-    weights = v * tf.math.cumprod(1.0 - v, axis=1, exclusive=True)
-    survival = tf.math.cumprod(1.0 - v, axis=1, reverse=True)
-    pooled = tf.reduce_sum(features * weights[..., None], 1)
-    return _spec(mode, L.Dense(3)(tf.concat([pooled, survival], -1)), labels)
+    attention or a survival model's hazards), pooling the frames; under mixed_float16 if
+    params["mixed"] (the float32 head aside)."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16" if params.get("mixed") else "float32")
+    try:
+        v = tf.sigmoid(L.Dense(1)(features))[..., 0]  # [B, T]
+        weights = v * tf.math.cumprod(1.0 - v, axis=1, exclusive=True)
+        survival = tf.math.cumprod(1.0 - v, axis=1, reverse=True)
+        pooled = tf.reduce_sum(tf.cast(features, v.dtype) * weights[..., None], 1)
+        logits = L.Dense(3, dtype="float32")(tf.concat([pooled, survival], -1))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    return _spec(mode, logits, labels)

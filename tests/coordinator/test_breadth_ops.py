@@ -13,14 +13,14 @@ from wafer.kernels import RunContext, build_kernel
 PARAMS = {"runconfig": {"tf_random_seed": 1}}
 
 
-def _trains_evaluates_and_predicts(model_fn, input_fn, model_dir, rtol=1e-4, twin=False):
+def _trains_evaluates_and_predicts(model_fn, input_fn, model_dir, rtol=1e-4, twin=False, params=PARAMS):
     """`twin`: a mixed_float16 model (params["policy"]), judged by the mixed rule."""
-    result = cs_inprocess.compare(model_fn, input_fn, PARAMS, model_dir, steps=4)
-    problems = cs_inprocess.mixed_training_problems(model_fn, input_fn, PARAMS, result, 4) if twin \
+    result = cs_inprocess.compare(model_fn, input_fn, params, model_dir, steps=4)
+    problems = cs_inprocess.mixed_training_problems(model_fn, input_fn, params, result, 4) if twin \
         else cs_inprocess.mismatches(result, rtol)
     assert not problems, problems
     for check in (cs_inprocess.evaluation_mismatch, cs_inprocess.prediction_mismatch):
-        problem = check(model_fn, input_fn, PARAMS, model_dir, result, rtol=rtol)
+        problem = check(model_fn, input_fn, params, model_dir, result, rtol=rtol)
         assert not problem, problem
     return result
 
@@ -289,7 +289,12 @@ def test_cumprod_kernel_computes_tensorflows_cumprod_and_gradient(exclusive, rev
     np.testing.assert_allclose(grad, dx, rtol=1e-6, atol=1e-6 * np.abs(dx).max())
 
 
-def test_stick_breaking_cumprod_trains_like_tensorflow(tmp_path):
-    """tf.math.cumprod was refused ('no CS kernel computes this op (Cumprod)')."""
-    result = _trains_evaluates_and_predicts(bm.stick_breaking, bm.sequence_input_fn, str(tmp_path))
-    assert [k.type for k in result.compiled.program.kernels].count("cumprod") == 2
+@pytest.mark.parametrize("mixed", [False, True], ids=["float32", "mixed_float16"])
+def test_stick_breaking_cumprod_trains_like_tensorflow(tmp_path, mixed):
+    """tf.math.cumprod was refused ('no CS kernel computes this op (Cumprod)'), in float16
+    too ('not proven'); in float16 it scans as TF's float16 kernel (test_half_parity)."""
+    result = _trains_evaluates_and_predicts(bm.stick_breaking, bm.sequence_input_fn, str(tmp_path),
+                                            rtol=1e-2 if mixed else 1e-4, params={**PARAMS, "mixed": mixed})
+    scans = [k for k in result.compiled.program.kernels if k.type == "cumprod"]
+    assert [from_attr(k.attrs["precision"]) if "precision" in k.attrs else "float32" for k in scans] == \
+        ["float16" if mixed else "float32"] * 2
