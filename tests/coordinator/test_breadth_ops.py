@@ -174,6 +174,7 @@ def test_float16_grouped_convolution_is_tensorflows_float32_result_rounded_once(
         assert same > 0.99, f"{name}: {same:.4f} bit-equal to TF's"
 
 
+@pytest.mark.slow  # (compiling the XLA functions' float16 graph: 7 s)
 def test_mixed_float16_grouped_convolutions_train_like_tensorflow(tmp_path):
     """Conv2D(groups=) and Conv1D(groups=) under mixed_float16 were refused ('a grouped
     convolution (groups > 1) in float16 ... not proven'); now float16 grouped conv2d
@@ -182,9 +183,10 @@ def test_mixed_float16_grouped_convolutions_train_like_tensorflow(tmp_path):
                                             str(tmp_path), rtol=1e-2)
     grouped = [(from_attr(k.attrs["groups"]), from_attr(k.attrs["precision"]))
                for k in result.compiled.program.kernels if k.type == "conv2d" and "groups" in k.attrs]
-    assert grouped == [(4, "float16"), (2, "float16"), (2, "float16")]
+    assert grouped == [(3, "float16"), (2, "float16")]
 
 
+@pytest.mark.slow
 def test_mixed_float16_upsampling_decoder_trains_like_tensorflow(tmp_path):
     """Resize under mixed_float16 was refused ('ResizeNearestNeighbor in float16 ... not
     proven'): bilinear reads float16 and outputs float32 as TF's does, nearest copies in
