@@ -95,6 +95,57 @@ def grouped_conv1d(features, labels, mode, params):
     return _spec(mode, L.Dense(3, dtype="float32")(L.GlobalMaxPooling1D()(h)), labels)
 
 
+def grouped_conv_mixed(features, labels, mode, params):
+    """A ResNeXt-style block under mixed_float16: a strided 3x3 Conv2D(groups=3) with a
+    ReLU, then the rows through a causal Conv1D(groups=2) (Keras runs grouped convolutions
+    as XLA functions); a float32 head."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        h = L.Conv2D(6, 3, strides=2, padding="same", groups=3, activation="relu", name="grouped")(features)
+        h = L.Conv1D(6, 2, padding="causal", groups=2, name="causal")(tf.reshape(h, [-1, 16, 6]))
+        logits = L.Dense(3, dtype="float32", name="head")(L.GlobalAveragePooling1D()(h))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    return _spec(mode, logits, labels)
+
+
+def upsampling_decoder_mixed(features, labels, mode, params):
+    """A segmentation-style decoder under mixed_float16: a strided encoder, bilinear
+    UpSampling2D (tf.image.resize: ResizeBilinear), a skip connection, tf.image.resize
+    nearest to an odd size (ResizeNearestNeighbor) and the v1 align_corners resize; a
+    float32 head (params["policy"]: the float32 twin)."""
+    tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16"))
+    try:
+        skip = L.Conv2D(4, 3, padding="same", activation="relu", name="enc1")(features)
+        h = L.Conv2D(6, 3, strides=2, padding="same", activation="relu", name="enc2")(skip)
+        h = L.UpSampling2D(interpolation="bilinear")(h)
+        h = L.Conv2D(4, 3, padding="same", activation="relu", name="dec")(L.Concatenate()([h, skip]))
+        h = tf.image.resize(h, (11, 11), method="nearest")
+        h = tf.compat.v1.image.resize_nearest_neighbor(h, (6, 6), align_corners=True)
+        logits = L.Dense(3, dtype="float32", name="head")(L.GlobalAveragePooling2D()(h))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    return _spec(mode, logits, labels)
+
+
+def angles_mixed(features, labels, mode, params):
+    """Angle features under mixed_float16: tf.math.atan and tan of a projection, asin and
+    acos of a tanh-bounded one (params["function"]: tf.math.lgamma in their place)."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        h = L.Dense(8, name="proj")(L.Flatten()(features))
+        bounded = 0.9 * tf.tanh(h)
+        if params.get("function") == "lgamma":
+            angles = [tf.math.lgamma(tf.abs(h) + 1.0)]
+        else:
+            angles = [tf.math.atan(h), tf.math.tan(0.5 * bounded), tf.math.asin(bounded),
+                      tf.math.acos(bounded)]
+        logits = L.Dense(3, dtype="float32", name="head")(L.Concatenate()(angles))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    return _spec(mode, logits, labels)
+
+
 def ids_input_fn(params):
     """Token ids in [0, 20), 0 padding the end of some rows."""
     rng = np.random.default_rng(params.get("data_seed", 2))
@@ -145,9 +196,15 @@ def std_pooling(features, labels, mode, params):
 
 def stick_breaking(features, labels, mode, params):
     """Stick-breaking weights over time (v · exclusive cumprod of 1 − v, as in a stick-breaking
-    attention or a survival model's hazards), pooling the frames."""
-    v = tf.sigmoid(L.Dense(1)(features))[..., 0]  # [B, T]
-    weights = v * tf.math.cumprod(1.0 - v, axis=1, exclusive=True)
-    survival = tf.math.cumprod(1.0 - v, axis=1, reverse=True)
-    pooled = tf.reduce_sum(features * weights[..., None], 1)
-    return _spec(mode, L.Dense(3)(tf.concat([pooled, survival], -1)), labels)
+    attention or a survival model's hazards), pooling the frames; under mixed_float16 if
+    params["mixed"] (the float32 head aside)."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16" if params.get("mixed") else "float32")
+    try:
+        v = tf.sigmoid(L.Dense(1)(features))[..., 0]  # [B, T]
+        weights = v * tf.math.cumprod(1.0 - v, axis=1, exclusive=True)
+        survival = tf.math.cumprod(1.0 - v, axis=1, reverse=True)
+        pooled = tf.reduce_sum(tf.cast(features, v.dtype) * weights[..., None], 1)
+        logits = L.Dense(3, dtype="float32")(tf.concat([pooled, survival], -1))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    return _spec(mode, logits, labels)

@@ -1,8 +1,9 @@
 """Convolutions of per-sample values by a constant filter, as users write them (unseen16):
 tf.image.ssim as a loss and an eval metric (its Gaussian window applied by
 depthwise_conv2d), tf.image.sobel_edges in an edge loss, a hand-written Gaussian blur by
-tf.nn.conv2d with a tf.constant kernel and box filters by tf.nn.conv1d and conv3d; and filters the CS
-cannot hold (random numbers, a float16 constant)."""
+tf.nn.conv2d with a tf.constant kernel and box filters by tf.nn.conv1d and conv3d; a blur-pool
+CNN under mixed_float16 (float16 constant filters); and a filter the CS cannot hold (random
+numbers)."""
 import numpy as np
 import tensorflow as tf
 
@@ -85,10 +86,32 @@ def random_filter(features, labels, mode, params):
     return _train(mode, loss)
 
 
-def half_constant_filter(features, labels, mode, params):
-    """A constant blur of a float16 feature map."""
-    h = tf.cast(L.Conv2D(4, 3, padding="same", name="conv")(features), tf.float16)
-    h = tf.nn.depthwise_conv2d(h, tf.cast(_gaussian(3, 1.0, 1), tf.float16) * tf.ones([1, 1, 4, 1], tf.float16),
-                               [1, 1, 1, 1], "SAME")
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, L.Dense(3)(L.Flatten()(tf.cast(h, tf.float32))))
-    return _train(mode, loss)
+def _blurpool(x):
+    """BlurPool (anti-aliased downsampling): a fixed binomial filter per channel, stride 2,
+    in the feature map's dtype."""
+    k = np.outer([1, 2, 1], [1, 2, 1]).astype(np.float32) / 16.0
+    kern = tf.constant(np.tile(k[:, :, None, None], [1, 1, x.shape[-1], 1]), dtype=x.dtype)
+    return tf.nn.depthwise_conv2d(x, kern, [1, 2, 2, 1], "SAME")
+
+
+def blurpool_mixed(features, labels, mode, params):
+    """An anti-aliased CNN under mixed_float16 (params["policy"]: the float32 twin): a
+    constant blur-pool (depthwise_conv2d), a fixed Gaussian smoothing (tf.nn.conv2d of the
+    float32 window cast to float16), a float32 head; Adam with a dynamic loss scale."""
+    tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16"))
+    try:
+        h = _blurpool(L.Conv2D(4, 3, padding="same", activation="relu", name="conv1")(features))
+        h = L.Conv2D(4, 3, padding="same", activation="relu", name="conv2")(h)
+        h = tf.nn.conv2d(h, tf.cast(_gaussian(3, 1.0, 4), h.dtype), strides=1, padding="SAME")
+        logits = L.Dense(3, dtype="float32", name="head")(L.Flatten()(_blurpool(h)))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"logits": logits})
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
+            "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, -1))})
+    opt = v1.train.experimental.MixedPrecisionLossScaleOptimizer(v1.train.AdamOptimizer(3e-3), "dynamic")
+    return CSEstimatorSpec(mode, loss=loss, train_op=opt.minimize(
+        loss, global_step=v1.train.get_or_create_global_step()))

@@ -616,6 +616,16 @@ def mixed_precision_mismatches(result: Comparison, twin: Float32Twin, factor: fl
     return problems
 
 
+def mixed_training_problems(model_fn: Callable, input_fn: Callable, params: dict,
+                            result: Comparison, steps: int) -> list[str]:
+    """A mixed_float16 training's differences from TF mixed: element by element at 1e-2,
+    and where that fails, by the float32 twin's rule (mixed_precision_mismatches)."""
+    problems = mismatches(result, 1e-2)
+    if problems:  # float16 roundings apart (Eigen's float16 convolution gradients)
+        problems = mixed_precision_mismatches(result, float32_twin(model_fn, input_fn, params, result, steps))
+    return problems
+
+
 def farther_than_tensorflow(result: Comparison, exact: dict[str, np.ndarray], factor: float,
                              floor: float = 0.0) -> list[str]:
     """The weights the CS trained farther from `exact` (a higher-precision run's state from

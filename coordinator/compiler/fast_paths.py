@@ -31,7 +31,8 @@ KERNEL_ROWS = {
     "conv2d": "Conv2D (NHWC, SAME/VALID, strides; grouped: Keras Conv2D(groups=)'s XLA function "
               "of one Conv2D, Conv1D(groups=)'s of ExpandDims, Conv2D, Squeeze) [+ BiasAdd] "
               "[+ activation]; by a weight or a constant filter (tf.constant, or computed from "
-              "constants: a Gaussian blur, tf.nn.conv1d's box filter), held frozen",
+              "constants: a Gaussian blur, tf.nn.conv1d's box filter), held frozen; float16 too, "
+              "grouped and by a constant filter",
     "max_pool, avg_pool": "MaxPool, AvgPool (NHWC, over height and width)",
     "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape; "
                "the mask drawn on the CS in every mode the graph holds it, as TF's op)",
@@ -200,44 +201,55 @@ def _xla_function(op: tf.Operation) -> tuple[dict[str, Any], list[str], list[str
             [definition.ret[a.name] for a in definition.signature.output_arg])
 
 
+def _function_filter(nodes: dict[str, Any], x_dtype: tf.DType) -> tuple[Any, str, list[str]] | None:
+    """(ReadVariableOp, the tensor the Conv2D reads as its filter, the other node types) of a
+    grouped convolution's XLA function whose samples are `x_dtype`: the read's value in
+    float32; in float16 (mixed_float16) its Cast to float16 (Keras' AutoCastVariable, the
+    rounding a float16 kernel applies to its weight), None otherwise."""
+    reads = [n for n in nodes.values() if n.op == "ReadVariableOp"]
+    casts = [n for n in nodes.values() if n.op == "Cast"]
+    if len(reads) != 1:
+        return None
+    value = f"{reads[0].name}:value:0"
+    if x_dtype == tf.float32 and not casts:
+        return reads[0], value, []
+    if x_dtype != tf.float16 or len(casts) != 1 or list(casts[0].input) != [value] or \
+            casts[0].attr["SrcT"].type != tf.float32.as_datatype_enum or \
+            casts[0].attr["DstT"].type != tf.float16.as_datatype_enum:
+        return None
+    return reads[0], f"{casts[0].name}:y:0", ["Cast"]
+
+
 @fast_path
 def match_grouped_conv2d(m: Context, op: tf.Operation) -> bool:
     """Keras Conv2D(groups=): a call of an XLA-compiled function holding one Conv2D of its
-    arguments (a variable's read as the filter), which TF's CPU runs as a grouped
-    convolution."""
+    arguments (a variable's read as the filter, cast to float16 under mixed_float16), which
+    TF's CPU runs as a grouped convolution (in float16: the float32 result rounded once)."""
     found = _xla_function(op)
     if found is None:
         return False
     nodes, args, returns = found
-    convs = [n for n in nodes.values() if n.op == "Conv2D"]
-    if len(convs) != 1 or sorted(n.op for n in nodes.values()) != ["Conv2D", "Identity", "NoOp", "ReadVariableOp"]:
+    read_filter = _function_filter(nodes, op.inputs[1].dtype)
+    if read_filter is None:
         return False
-    conv, read = convs[0], next(n for n in nodes.values() if n.op == "ReadVariableOp")
+    read, filt, extra = read_filter
+    convs = [n for n in nodes.values() if n.op == "Conv2D"]
+    if len(convs) != 1 or sorted(n.op for n in nodes.values()) != \
+            sorted(["Conv2D", "Identity", "NoOp", "ReadVariableOp", *extra]):
+        return False
+    conv = convs[0]
     identity = next(n for n in nodes.values() if n.op == "Identity")
     # outputs after the first: the forward's values kept for the gradient's call
-    if list(conv.input) != [args[1], f"{read.name}:value:0"] or list(read.input) != [args[0]] or \
+    if list(conv.input) != [args[1], filt] or list(read.input) != [args[0]] or \
             list(identity.input)[:1] != [f"{conv.name}:output:0"] or \
             returns[0] != f"{identity.name}:output:0" or \
-            not set(returns[1:]) <= {args[1], f"{read.name}:value:0"} or \
+            not set(returns[1:]) <= {args[1], f"{read.name}:value:0", filt} or \
             not m.is_batched(op.inputs[1]):
         return False
     weight = m.operands.weight(op.inputs[0])
-    if weight is None or op.inputs[1].dtype != tf.float32:
+    if weight is None:
         return False
     return _conv2d(m, op, conv, op.inputs[1], filters.of_weight(weight))
-
-
-@fast_path
-def match_half_grouped_conv(m: Context, op: tf.Operation) -> bool:
-    """Keras Conv1D/Conv2D(groups=) in float16 (its XLA function of one Conv2D computing
-    float16): refused in one line."""
-    found = _xla_function(op)
-    if found is None or op.outputs[0].dtype != tf.float16 or \
-            [n.op for n in found[0].values()].count("Conv2D") != 1:
-        return False
-    m.reject(op, "a grouped convolution (groups > 1) in float16 (mixed precision) is not proven "
-                 "against TF's float16 kernel on the CS: give this layer dtype='float32'")
-    return True
 
 
 @fast_path
@@ -249,18 +261,21 @@ def match_grouped_conv1d(m: Context, op: tf.Operation) -> bool:
     if found is None:
         return False
     nodes, args, returns = found
+    read_filter = _function_filter(nodes, op.inputs[0].dtype)
+    if read_filter is None:
+        return False
+    read, filt, extra = read_filter
     kinds = sorted(n.op for n in nodes.values())
-    if kinds != ["Const", "Const", "Conv2D", "ExpandDims", "ExpandDims", "Identity", "NoOp",
-                 "ReadVariableOp", "Squeeze"]:
+    if kinds != sorted(["Const", "Const", "Conv2D", "ExpandDims", "ExpandDims", "Identity", "NoOp",
+                        "ReadVariableOp", "Squeeze", *extra]):
         return False
     conv = next(n for n in nodes.values() if n.op == "Conv2D")
-    read = next(n for n in nodes.values() if n.op == "ReadVariableOp")
     squeeze = next(n for n in nodes.values() if n.op == "Squeeze")
     identity = next(n for n in nodes.values() if n.op == "Identity")
     expanded = [nodes[name.split(":")[0]] for name in conv.input]  # returned for the gradient
     if [e.op for e in expanded] != ["ExpandDims", "ExpandDims"] or \
             expanded[0].input[0] != args[0] or \
-            expanded[1].input[0] != f"{read.name}:value:0" or list(read.input) != [args[1]] or \
+            expanded[1].input[0] != filt or list(read.input) != [args[1]] or \
             list(squeeze.input) != [f"{conv.name}:output:0"] or \
             list(squeeze.attr["squeeze_dims"].list.i) not in ([1], [-3]) or \
             list(identity.input)[:1] != [f"{squeeze.name}:output:0"] or \
@@ -270,8 +285,7 @@ def match_grouped_conv1d(m: Context, op: tf.Operation) -> bool:
         return False
     weight = m.operands.weight(op.inputs[1])
     x_shape, out_shape = static_shape(op.inputs[0]), static_shape(op.outputs[0])
-    if weight is None or len(weight.shape) != 3 or len(x_shape) != 3 or len(out_shape) != 3 or \
-            op.inputs[0].dtype != tf.float32:
+    if weight is None or len(weight.shape) != 3 or len(x_shape) != 3 or len(out_shape) != 3:
         return False
     weight = replace(weight, shape=(1, *weight.shape))
     attrs = _conv2d_attrs(m, op, conv, x_shape[-1], weight)

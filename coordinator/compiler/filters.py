@@ -2,7 +2,9 @@
 constant (tf.constant, or computed from constants only: tf.image.ssim's Gaussian window,
 tf.image.sobel_edges' kernels) the kernel holds as its attr `filter`: frozen, no gradient
 into it. Either way the kernel computes the same convolution and TF's gradient into the
-samples (Conv2D's, DepthwiseConv2dNative's, Conv3D's backprop of the input by the filter)."""
+samples (Conv2D's, DepthwiseConv2dNative's, Conv3D's backprop of the input by the filter).
+A float16 constant (mixed precision: a blur cast to the layer's dtype) is held as the float32
+array of its float16 values, which the float16 kernel reads as it reads a weight's rounding."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,10 +16,6 @@ import tensorflow as tf
 from coordinator.compiler.ir import ParamRef
 from coordinator.compiler.operands import Weight
 from coordinator.compiler.rules import Context
-
-HALF_CONSTANT = ("a convolution by a constant filter in float16 (mixed precision) is not "
-                 "proven against TF's float16 kernel on the CS: compute it in float32 "
-                 "(tf.cast the input, or give the layer dtype='float32')")
 
 
 @dataclass(frozen=True)
@@ -55,9 +53,8 @@ def find(m: Context, op: tf.Operation, tensor: tf.Tensor, derived: bool = False)
         return of_weight(weight)
     value = m.operands.shaped_constant(tensor)
     if value is not None:
-        if tensor.dtype.base_dtype != tf.float32:
-            return HALF_CONSTANT if tensor.dtype.base_dtype == tf.float16 else \
-                f"a filter of {tensor.dtype.base_dtype.name}: the CS convolves in float32"
+        if tensor.dtype.base_dtype not in (tf.float32, tf.float16):
+            return f"a filter of {tensor.dtype.base_dtype.name}: the CS convolves in float32"
         return Filter(tuple(int(d) for d in value.shape),
                       value=np.ascontiguousarray(value, np.float32))
     problem = m.weight_problem(tensor) if derived else ""

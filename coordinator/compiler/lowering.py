@@ -362,8 +362,6 @@ def _cumsum(m: Context, op: tf.Operation) -> str:
     if not m.is_batched(op.inputs[0]) or axis is None or int(axis) % rank == 0:
         return (f"{kind} of a per-sample value along one of its own axes (not the batch axis) "
                 "with a constant axis is supported")
-    if kind == "cumprod" and op.outputs[0].dtype != tf.float32:
-        return "cumprod computes in float32 on the CS (float16: not proven; tf.cast the input)"
     m.add_kernel(op.name, kind, [op.inputs[0]], {
         "axis": int(axis) % rank - 1, "exclusive": bool(op.get_attr("exclusive")),
         "reverse": bool(op.get_attr("reverse"))}, [], [op], op.outputs[0])

@@ -28,7 +28,7 @@ KERNEL_ROWS = {
                                           "with ExpandDims and Squeeze around the Conv2D; "
                                           "float16 too); by a weight or a constant filter "
                                           "(tf.image.ssim's Gaussian window, "
-                                          "tf.image.sobel_edges; float32)",
+                                          "tf.image.sobel_edges, a blur-pool; float16 too)",
     "conv3d, max_pool3d, avg_pool3d": "Conv3D, MaxPool3D, AvgPool3D (NDHWC, SAME/VALID, strides: "
                                       "Keras Conv3D, MaxPooling3D, AveragePooling3D; Conv3D by "
                                       "a weight or a constant filter)",
@@ -40,7 +40,7 @@ KERNEL_ROWS = {
     "lrn": "LRN (tf.nn.local_response_normalization / tf.nn.lrn over the channels: AlexNet, "
            "the TF1 CIFAR-10 tutorial; float32)",
     "tile, resize": "Tile within a sample (Keras UpSampling1D/2D/3D nearest; float16 too), ResizeBilinear, "
-                    "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear)",
+                    "ResizeNearestNeighbor (tf.image.resize, UpSampling2D bilinear; float16 too)",
 }
 
 TRANSPOSED_3D = ("3-D transposed convolution (Conv3DTranspose) has no CS kernel: upsample with "
@@ -49,9 +49,8 @@ CROP_AND_RESIZE = ("tf.image.crop_and_resize (CropAndResize) has no CS kernel: i
                    "boxes, each reading the image its box index names at positions computed "
                    "from values, not samples: crop in input_fn, or resize a constant slice "
                    "(tf.image.resize(x[:, a:b, c:d], size))")
-HALF_DEPTHWISE = ("DepthwiseConv2dNative in float16 (mixed precision) is carried out for "
-                  "depth_multiplier 1 without dilation, SAME or VALID padding: give this layer "
-                  "dtype='float32'")
+HALF_DEPTHWISE = ("DepthwiseConv2dNative in float16 (mixed precision) is carried out "
+                  "without dilation, SAME or VALID padding: give this layer dtype='float32'")
 REFUSED = {"Conv3DTranspose": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE}
 # What to use instead of ops no kernel computes, by op type (coordinator.compiler.refusals).
 INSTEAD = {"Conv3DBackpropInputV2": TRANSPOSED_3D, "CropAndResize": CROP_AND_RESIZE,
@@ -377,11 +376,18 @@ def _volume(m: Context, op: tf.Operation) -> str:
     return ""
 
 
+NO_HALF_CPU_KERNEL = ("MaxPool3D", "AvgPool3D")
+
+
 def _float32_only(handler: GenericRule) -> GenericRule:
     """These kernels are proven against TF's float32 kernels only: a float16 op (mixed
     precision) is refused rather than computed with other rounding than TF's."""
     def lower(m: Context, op: tf.Operation) -> str:
         if any(t.dtype.base_dtype == tf.float16 for t in op.outputs):
+            if op.type in NO_HALF_CPU_KERNEL:
+                return (f"{op.type} in float16 (mixed precision) has no TF CPU kernel (TF 2.21 "
+                        "registers it for float32 only: the CPU path cannot run it either): give "
+                        "this layer dtype='float32'")
             return (f"{op.type} in float16 (mixed precision) is not proven against TF's float16 "
                     "kernel on the CS: give this layer dtype='float32'")
         return handler(m, op)
@@ -390,9 +396,9 @@ def _float32_only(handler: GenericRule) -> GenericRule:
 
 def _depthwise_in_half(m: Context, op: tf.Operation) -> str:
     """DepthwiseConv2dNative, float16 too: as TF's Eigen float16 kernels compute it
-    (wafer.kernels.depthwise) for depth_multiplier 1 without dilation, SAME or VALID."""
+    (wafer.kernels.depthwise) without dilation, SAME or VALID."""
     if op.outputs[0].dtype.base_dtype == tf.float16 and (
-            int(static_shape(op.inputs[1])[3]) != 1 or list(op.get_attr("dilations")) != [1] * 4
+            list(op.get_attr("dilations")) != [1] * 4
             or op.get_attr("padding") not in (b"SAME", b"VALID")):
         return HALF_DEPTHWISE
     return _depthwise(m, op)
@@ -403,6 +409,8 @@ generic("Tile")(_tile)  # float16 too: copies; the gradient's sum over copies in
 # float16 too: float32 sums rounded once (docs/design.md, "Mixed precision")
 generic("SpaceToBatchND")(_space_to_batch)
 generic("Conv2DBackpropInput")(_conv_transpose)
-for op_types, rule in ((("ResizeBilinear", "ResizeNearestNeighbor"), _resize),
-                       (("Conv3D", "MaxPool3D", "AvgPool3D"), _volume), (("LRN",), _lrn)):
+# float16 too: ResizeBilinear outputs float32 (its gradient the float32 one rounded once, as
+# the CS's), ResizeNearestNeighbor copies (its gradient rounded as TF's: wafer.kernels.resampling)
+generic("ResizeBilinear", "ResizeNearestNeighbor")(_resize)
+for op_types, rule in ((("Conv3D", "MaxPool3D", "AvgPool3D"), _volume), (("LRN",), _lrn)):
     generic(*op_types)(_float32_only(rule))

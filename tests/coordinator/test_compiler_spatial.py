@@ -94,12 +94,24 @@ def test_refusals_name_each_layer_the_user_wrote_once_and_what_to_use_instead(tm
     assert not any("moments" in line or "batchnorm" in line for line in lines)
 
 
+def test_volume_layers_in_float16_are_refused_in_one_line_not_crashed(tmp_path):
+    """Under mixed_float16, TF's CPU has no float16 MaxPool3D or AvgPool3D kernel (the
+    compiler crashed evaluating UpSampling3D's multiples through one) and Conv3D's is not
+    reproduced: refused in one line, the pools saying TF cannot run them either."""
+    with pytest.raises(CSRunError) as info:
+        compile_model(mixed_float16(s.volume_layers), s.image_input_fn, PARAMS, str(tmp_path), validate_only=True)
+    assert "\n" not in info.value.message
+    assert info.value.message.startswith("validation failed: Conv3D")
+    for pool in ("MaxPool3D", "AvgPool3D"):
+        assert f"{pool} in float16 (mixed precision) has no TF CPU kernel" in info.value.detail
+
+
 def test_the_spatial_kernels_in_float16_are_refused_naming_the_layer(tmp_path):
-    """What is not proven against TF's float16 kernels (a depth multiplier, a dilated
-    depthwise conv) is refused, not rounded otherwise than TF rounds."""
+    """What is not proven against TF's float16 kernels (a dilated depthwise conv) is
+    refused, not rounded otherwise than TF rounds; a depth multiplier is (test_half_parity)."""
     with pytest.raises(CSRunError) as info:
         compile_model(mixed_float16(s.mobilenet), s.image_input_fn, PARAMS, str(tmp_path), validate_only=True)
     assert info.value.message.startswith(
-        f"validation failed: DepthwiseConv2D at {line_of('L.DepthwiseConv2D(3, padding')} ")
-    assert "in float16 (mixed precision) is carried out for depth_multiplier 1" in info.value.message
-    assert "dtype='float32'" in info.value.message and "1 more unsupported" in info.value.message
+        f"validation failed: DepthwiseConv2D at {line_of('L.DepthwiseConv2D(2, dilation_rate=2')} ")
+    assert "in float16 (mixed precision) is carried out without dilation" in info.value.message
+    assert "dtype='float32'" in info.value.message and "more unsupported" not in info.value.message

@@ -1,11 +1,14 @@
 """Convolutions by a constant filter (unseen16): tf.image.ssim as a loss and a metric,
 tf.image.sobel_edges in an edge loss, a tf.constant Gaussian blur (tf.nn.conv2d) and box
 filters (tf.nn.conv1d, conv3d) train 4 Adam steps as TensorFlow does (1e-5), the filter frozen in
-its kernel (no weight), and evaluate and predict as the CPU path does; a filter that is
-neither a weight nor a constant is refused in one line saying why."""
+its kernel (no weight), and evaluate and predict as the CPU path does; so does a blur-pool CNN
+under mixed_float16 (by the mixed rule); a filter that is neither a weight nor a constant is
+refused in one line saying why."""
 import constant_filter_models as m
 import cs_inprocess
 import pytest
+
+from cs_api.attrs import from_attr
 
 PARAMS = {"runconfig": {"tf_random_seed": 2}}
 
@@ -29,11 +32,24 @@ def test_a_constant_filter_trains_evaluates_and_predicts_like_tensorflow(tmp_pat
                                             result) == ""
 
 
-@pytest.mark.parametrize("model_fn, why", [
-    (m.random_filter, "draws random numbers of shape (3, 3, 4, 4), not one set per sample"),
-    (m.half_constant_filter, "a convolution by a constant filter in float16"),
-], ids=["random", "float16"])
-def test_a_filter_neither_weight_nor_float32_constant_is_refused_saying_why(tmp_path, model_fn, why):
-    line = cs_inprocess.refusal(model_fn, m.images_input_fn, PARAMS, str(tmp_path),
+def test_a_blurpool_cnn_under_mixed_float16_trains_evaluates_and_predicts_like_tensorflow(tmp_path):
+    """Float16 constant filters (a blur-pool's depthwise_conv2d, a Gaussian tf.nn.conv2d) were
+    refused ('a convolution by a constant filter in float16'): now held by float16 kernels
+    (TF's Eigen depthwise rounding, a float32-summed conv2d), trained with a dynamic loss
+    scale within TF mixed's float16 noise, evaluated and predicted like the CPU path."""
+    result = cs_inprocess.compare(m.blurpool_mixed, m.images_input_fn, PARAMS, str(tmp_path), steps=4)
+    problems = cs_inprocess.mixed_training_problems(m.blurpool_mixed, m.images_input_fn, PARAMS, result, 4)
+    assert not problems, problems
+    held = [(k.type, from_attr(k.attrs["precision"])) for k in result.compiled.program.kernels
+            if "filter" in k.attrs]
+    assert sorted(held) == [("conv2d", "float16")] + [("depthwise_conv2d", "float16")] * 2
+    for check in (cs_inprocess.evaluation_mismatch, cs_inprocess.prediction_mismatch):
+        problem = check(m.blurpool_mixed, m.images_input_fn, PARAMS, str(tmp_path), result, rtol=1e-2)
+        assert not problem, problem
+
+
+def test_a_filter_neither_weight_nor_constant_is_refused_saying_why(tmp_path):
+    line = cs_inprocess.refusal(m.random_filter, m.images_input_fn, PARAMS, str(tmp_path),
                                 m.__file__)
-    assert why in line and "no CS kernel computes this op" not in line, line
+    assert "draws random numbers of shape (3, 3, 4, 4), not one set per sample" in line and \
+        "no CS kernel computes this op" not in line, line

@@ -15,7 +15,6 @@ import pytest
 import tensorflow as tf
 import tf_reference
 
-from common.errors import CSRunError
 from cs_api.attrs import from_attr
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
@@ -115,22 +114,13 @@ def test_mobilenet_block_with_batch_norm_trains_as_tensorflow_mixed(tmp_path):
 
 
 @pytest.mark.slow
-def test_mobilenet_block_with_float16_depthwise_trains_as_tensorflow_mixed(tmp_path):
+@pytest.mark.parametrize("multiplier", [1, 2])
+def test_mobilenet_block_with_float16_depthwise_trains_as_tensorflow_mixed(tmp_path, multiplier):
     """The block as mixed_float16 builds it (the depthwise conv in float16, TF's Eigen
-    kernel's roundings: tests/wafer/test_half_parity.py)."""
-    p = params(block="mobilenet", depthwise_dtype=None)
+    kernel's roundings: tests/wafer/test_half_parity.py); with depth_multiplier 2 too
+    (refused before)."""
+    p = params(block="mobilenet", depthwise_dtype=None, depth_multiplier=multiplier)
     run = cs_inprocess.compare(model_fn, input_fn, p, str(tmp_path), steps=4)
     depthwise = next(k for k in run.compiled.program.kernels if k.type == "depthwise_conv2d")
     assert from_attr(depthwise.attrs["precision"]) == "float16"
     assert_trains_as_tensorflow_mixed(run, p, 4)
-
-
-def test_float16_depthwise_with_a_depth_multiplier_is_refused_in_one_line(tmp_path):
-    """depth_multiplier 2 in float16 (not measured against TF's kernel): refused in one line
-    naming the op and this file's line, saying to give the layer dtype='float32'."""
-    p = params(block="mobilenet", depthwise_dtype=None, depth_multiplier=2)
-    with pytest.raises(CSRunError) as error:
-        cs_inprocess.compile_checked(model_fn, input_fn, p, str(tmp_path))
-    assert "DepthwiseConv2dNative" in str(error.value) and "dtype='float32'" in str(error.value)
-    words = cs_inprocess.model_op_words(model_fn, input_fn, p)
-    assert cs_inprocess.refusal_problem(error.value, __file__, words) == ""

@@ -18,6 +18,7 @@ X = (_RNG.normal(size=(1, N)) * 2).astype(np.float16)
 Y = _RNG.normal(size=(1, N)).astype(np.float16)
 POSITIVE = (np.abs(X) + np.float16(0.01)).astype(np.float16)
 AWAY_FROM_ZERO = (np.abs(Y) + np.float16(0.5)).astype(np.float16)
+INSIDE_ONE = np.clip(Y * 0.5, -0.999, 0.999).astype(np.float16)
 DY = _RNG.normal(size=(1, N)).astype(np.float16)
 
 
@@ -46,6 +47,8 @@ def cs_values(kind, attrs, inputs):
     ("exp", tf.math.exp, X), ("neg", tf.negative, X), ("square", tf.math.square, X),
     ("relu", tf.nn.relu, X), ("sin", tf.math.sin, X), ("rsqrt", tf.math.rsqrt, POSITIVE), ("sqrt", tf.math.sqrt, POSITIVE),
     ("reciprocal", tf.math.reciprocal, POSITIVE), ("log", tf.math.log, POSITIVE),
+    ("tan", tf.math.tan, X), ("atan", tf.math.atan, X), ("asin", tf.math.asin, INSIDE_ONE),
+    ("acos", tf.math.acos, INSIDE_ONE),
 ])
 def test_float16_functions_and_their_gradients_are_tensorflows_bit_for_bit(function, tf_function, x):
     want = tf_values(tf_function, [x])
@@ -53,6 +56,21 @@ def test_float16_functions_and_their_gradients_are_tensorflows_bit_for_bit(funct
     for name, a, b in zip(("output", "gradient"), got, want):
         differ = int(np.sum(a.view(np.uint32) != b.view(np.uint32)))
         assert differ == 0, f"{function} {name}: {differ} of {N} values differ from TF's"
+
+
+@pytest.mark.parametrize("function, tf_function", [
+    ("tan", tf.math.tan), ("atan", tf.math.atan), ("asin", tf.math.asin), ("acos", tf.math.acos)])
+def test_float16_trigonometric_functions_are_tensorflows_on_every_float16_input(function, tf_function):
+    """TF's float16 tan, atan, asin, acos are its float32 ones rounded; the CS's (numpy's
+    float32, rounded) differ on at most 2 of every finite float16 input (a float32 ULP
+    across a float16 rounding boundary)."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    x = x[np.isfinite(x) & ((np.abs(x) <= 1) | (function in ("tan", "atan")))].reshape(1, -1)
+    want = np.asarray(tf_function(tf.constant(x)), np.float32)
+    kernel = build_kernel("activation", "k", {"function": function, "precision": "float16"}, [x.shape[1:]])
+    with np.errstate(all="ignore"):
+        got = round_half(kernel.forward({}, [x.astype(np.float32)], RunContext(True, 1))[0])
+    assert np.sum((got.view(np.uint32) != want.view(np.uint32)) & ~(np.isnan(got) & np.isnan(want))) <= 2
 
 
 def test_float16_sigmoid_gradient_is_tensorflows_from_tensorflows_output():
@@ -127,15 +145,21 @@ def test_float16_dense_with_a_fused_activation_takes_tensorflows_gradient(activa
     assert np.mean(round_half(grads_in[0]) == dx) > 0.99
 
 
-@pytest.mark.parametrize("size,channels,stride,padding", [(8, 16, 1, "SAME"), (9, 12, 2, "SAME"),
-                                                          (7, 24, 1, "VALID")])
-def test_float16_depthwise_conv_is_tensorflows_bit_for_bit(size, channels, stride, padding):
+@pytest.mark.parametrize("size,channels,stride,padding,held,multiplier", [
+    (8, 16, 1, "SAME", False, 1), (9, 12, 2, "SAME", False, 1), (7, 24, 1, "VALID", False, 1),
+    (9, 12, 2, "SAME", True, 1), (8, 6, 1, "SAME", False, 2), (9, 4, 2, "VALID", False, 3)],
+    ids=["same", "stride2", "valid", "constant_stride2", "multiplier2", "multiplier3_stride2_valid"])
+def test_float16_depthwise_conv_is_tensorflows_bit_for_bit(size, channels, stride, padding, held,
+                                                           multiplier):
     """DepthwiseConv2dNative in float16 and its two gradient ops (Eigen's kernels, one thread,
     as the reference runs them; each multiply-add rounded to float16): the CS's output, input
-    gradient and filter gradient, the batch in two micro-batches, are TF's."""
+    gradient and filter gradient, the batch in two micro-batches, are TF's; by a constant
+    filter (`held`: a blur-pool's), the output and input gradient; with a depth multiplier,
+    whose input gradient TF sums per output channel, then over an input channel's
+    multiplier in turn."""
     rng = np.random.default_rng(size)
     x = rng.normal(size=(4, size, size, channels)).astype(np.float16)
-    w = (rng.normal(size=(3, 3, channels, 1)) * 0.5).astype(np.float16)
+    w = (rng.normal(size=(3, 3, channels, multiplier)) * 0.5).astype(np.float16)
     graph = tf.Graph()
     with graph.as_default():
         xs, ws = tf.constant(x), tf.constant(w)
@@ -148,15 +172,66 @@ def test_float16_depthwise_conv_is_tensorflows_bit_for_bit(size, channels, strid
             want_y, want_dx, want_dw, g = session.run([y] + grads + [dy])
     kernel = build_kernel("depthwise_conv2d", "dw", {
         "kernel_size": [3, 3], "strides": [stride, stride], "padding": padding,
-        "depth_multiplier": 1, "precision": "float16"}, [x.shape[1:]])
-    params = {"kernel": w.astype(np.float32)}
-    accumulated = {"kernel": np.full(w.shape, np.nan, np.float32)}
+        "depth_multiplier": multiplier, "precision": "float16",
+        **({"filter": w.astype(np.float32)} if held else {})}, [x.shape[1:]])
+    params = {} if held else {"kernel": w.astype(np.float32)}
+    accumulated = {} if held else {"kernel": np.full(w.shape, np.nan, np.float32)}
     for half, first in ((slice(0, 2), True), (slice(2, 4), False)):
         ctx = RunContext(training=True, batch_size=4, accumulate=not first)
         out, cache = kernel.forward(params, [x[half].astype(np.float32)], ctx)
-        dx = kernel.backward(params, cache, g[half].astype(np.float32), ctx, accumulated)[0][0]
-        assert np.array_equal(out, want_y[half]) and np.array_equal(dx, want_dx[half])
-    assert np.array_equal(accumulated["kernel"], want_dw)
+        dx, grads = kernel.backward(params, cache, g[half].astype(np.float32), ctx, accumulated)
+        assert np.array_equal(out, want_y[half]) and np.array_equal(dx[0], want_dx[half])
+    assert grads.keys() == accumulated.keys()
+    assert held or np.array_equal(accumulated["kernel"], want_dw)
+
+
+@pytest.mark.parametrize("size, out, align_corners, half_pixel", [
+    (5, 10, False, True), (6, 13, False, True), (7, 4, False, True), (5, 9, True, False),
+    (6, 11, False, False)])
+def test_float16_nearest_resize_and_its_gradient_are_tensorflows_bit_for_bit(size, out, align_corners,
+                                                                             half_pixel):
+    """ResizeNearestNeighbor in float16 copies; its gradient (TF's float16 kernel adds the
+    output positions into their sources in row-major order, each sum rounded: 61-81 % of an
+    upsampling's values bit-equal to the float32 sum rounded once) is TF's."""
+    rng = np.random.default_rng(size * out)
+    x = rng.normal(size=(4, size, size, 3)).astype(np.float16)
+    kwargs = {"align_corners": align_corners, "half_pixel_centers": half_pixel}
+    y = tf.raw_ops.ResizeNearestNeighbor(images=tf.constant(x), size=[out, out], **kwargs).numpy()
+    dy = rng.normal(size=y.shape).astype(np.float16)
+    dx = tf.raw_ops.ResizeNearestNeighborGrad(grads=tf.constant(dy), size=[size, size], **kwargs).numpy()
+    kernel = build_kernel("resize", "r", {"size": [out, out], "method": "nearest", "precision": "float16",
+                                          **kwargs}, [x.shape[1:]])
+    ctx = RunContext(training=True, batch_size=4)
+    got, cache = kernel.forward({}, [x.astype(np.float32)], ctx)
+    (grad,), _ = kernel.backward({}, cache, dy.astype(np.float32), ctx)
+    assert np.array_equal(got, y.astype(np.float32))
+    assert np.array_equal(round_half(grad), dx.astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("exclusive, reverse", [(False, False), (True, False), (False, True), (True, True)])
+def test_float16_scans_and_their_gradients_are_tensorflows_bit_for_bit(kind, exclusive, reverse):
+    """TF's float16 Cumsum and Cumprod round each partial sum (product) to float16 (40-53 %
+    of a 37-long cumsum bit-equal to the float32 sum rounded once); their gradients are
+    float16 graphs (_CumprodGrad: cumsum(cumprod(x) * g) the other way, div_no_nan by x, 0
+    where x is 0). The CS's, with zeros in x, are TF's bit for bit."""
+    rng = np.random.default_rng(37)
+    x = (rng.normal(size=(4, 37)) * 0.3 + 1.0).astype(np.float16)
+    x[:, 5] = 0
+    function = {"cumsum": tf.math.cumsum, "cumprod": tf.math.cumprod}[kind]
+    xt = tf.constant(x)
+    dy = rng.normal(size=x.shape).astype(np.float16)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = function(xt, axis=1, exclusive=exclusive, reverse=reverse)
+    dx = tape.gradient(y, xt, output_gradients=tf.constant(dy))
+    kernel = build_kernel(kind, "s", {"axis": 0, "exclusive": exclusive, "reverse": reverse,
+                                      "precision": "float16"}, [(37,)])
+    ctx = RunContext(training=True, batch_size=4)
+    out, cache = kernel.forward({}, [x.astype(np.float32)], ctx)
+    (grad,), _ = kernel.backward({}, cache, dy.astype(np.float32), ctx)
+    assert np.array_equal(round_half(out), y.numpy().astype(np.float32))
+    assert np.array_equal(round_half(grad), dx.numpy().astype(np.float32))
 
 
 def test_a_weight_autocast_to_float16_and_its_gradient_are_tensorflows_bit_for_bit():

@@ -94,7 +94,7 @@ def test_tile_matches_tensorflow(multiples):
 @pytest.mark.parametrize("method", ["bilinear", "nearest"])
 @pytest.mark.parametrize("size, align_corners, half_pixel", [
     ((8, 10), False, True), ((7, 3), False, True), ((8, 10), True, False), ((9, 6), False, False),
-    ((3, 2), False, True)])
+    ((3, 2), False, True), ((9, 9), True, False)])  # (9, 9): sources at halves, TF's roundf
 def test_resize_matches_tensorflow(method, size, align_corners, half_pixel):
     op = {"bilinear": tf.raw_ops.ResizeBilinear, "nearest": tf.raw_ops.ResizeNearestNeighbor}[method]
     check_against_tf("resize", {"size": list(size), "method": method, "align_corners": align_corners,

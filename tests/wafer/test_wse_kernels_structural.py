@@ -608,3 +608,15 @@ def test_pooling_matches_tensorflow_with_ties_and_overlapping_windows(kind, pool
     tf_op = tf.nn.max_pool2d if kind == "max_pool" else tf.nn.avg_pool2d
     check_against_tf(kind, {"pool_size": list(pool), "strides": list(strides), "padding": padding},
                      [x], lambda xs, ws: tf_op(xs[0], pool, strides, padding))
+
+
+def test_cumprod_gradient_is_zero_where_an_input_is_zero_as_tensorflows():
+    """TF's _CumprodGrad divides by x with div_no_nan: 0 where x is 0 (a ReLU's zeros into
+    tf.math.cumprod); the CS gave NaN there."""
+    x, dy = randn(BATCH, 6), randn(BATCH, 6)
+    x[:, 2] = 0
+    out, (dx,), _ = run_kernel("cumprod", {"axis": 0, "exclusive": False, "reverse": False}, [x], dy=dy)
+    ref, (ref_dx,), _ = tf_grads(lambda xs, ws: tf.math.cumprod(xs[0], axis=1), [x], {}, dy)
+    close(out, ref, rtol=2e-6)
+    assert np.all(dx[:, 2] == 0) and np.all(np.isfinite(dx))
+    close(dx, ref_dx, rtol=4e-6)

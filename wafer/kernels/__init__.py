@@ -24,7 +24,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | slogdet | x (..., n, n) | output: sign, log_abs_det, determinant (tf.linalg.slogdet, det, in float64 rounded to float32) | — | float32; output (...); the gradient of log_abs_det: g times the inverse transpose, of determinant g det times it |
 | cholesky | x (..., n, n) | — | — | float32 (tf.linalg.cholesky of the lower triangle, in float64 rounded to float32); output L (..., n, n); TF's _CholeskyGrad |
 | solve | the `i` operands: a (..., n, n), b (..., n, k) | operands: ii, ic, ci, ip, pi; adjoint; triangle: "", lower, upper (tf.linalg.solve, inv, triangular_solve; float64 rounded to float32) | p<k>: attr p<k> | float32; output (..., n, k); TF's _MatrixSolveGrad, _MatrixTriangularSolveGrad |
-| cumprod | x | axis (per-sample), exclusive, reverse | — | float32: TF's Cumprod and _CumprodGrad |
+| cumprod | x | axis (per-sample), exclusive, reverse | — | TF's Cumprod and _CumprodGrad (float16: TF's float16 scan) |
 | reduce | x | op: sum, mean, max, min; axes [per-sample axes]; keepdims | — | float32; sum, max, min also int32/int64 |
 | arg_reduce | x | op: max, min (tf.argmax, tf.argmin: the first index of the extreme, NaN never chosen, as TF's CPU kernel); axis (per-sample); output: int32, int64; half (the input holds float16 values) | — | x float32, int32, int64 or bool; output attr output, no gradient |
 | softmax | x | axis (per-sample, -1 = last), log (bool: log_softmax) | — | |

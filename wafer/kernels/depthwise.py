@@ -3,11 +3,13 @@ SeparableConv2D, and through a unit height their 1-D forms): every input channel
 convolved with its own depth_multiplier filters, output channel c * multiplier + q, with
 strides, dilations and SAME, VALID or explicit padding.
 
-In float16 (attr precision, depth_multiplier 1) it computes as TF's Eigen float16 kernels do
+In float16 (attr precision, no dilation) it computes as TF's Eigen float16 kernels do
 (bit-equal, docs/design.md "Mixed precision"), each multiply-add rounded to float16: the
-output and the input's gradient add the taps in row-major order; the filter's gradient adds
-each sample's output positions in row-major order into that sample's own sum, and the
-samples' sums one after another (over the whole batch, micro-batches in order)."""
+output and the input's gradient add the taps in row-major order (the input's gradient per
+output channel, then an input channel's depth_multiplier sums one after another); the
+filter's gradient adds each sample's output positions in row-major order into that sample's
+own sum, and the samples' sums one after another (over the whole batch, micro-batches in
+order)."""
 from __future__ import annotations
 
 import math
@@ -39,10 +41,9 @@ class DepthwiseConv2D(Kernel):
                                pair(name, {"dilations": [1, 1], **self.attrs}, "dilations"))
         self.channels = self.input_shapes[0][2]
         self.half = is_half(self.attrs)
-        if self.half and (self.multiplier != 1 or tuple(self.windows.dilations) != (1, 1)):
-            raise KernelError(f"kernel {name!r}: depthwise_conv2d in float16 takes "
-                              f"depth_multiplier 1 and no dilation, got {self.multiplier} and "
-                              f"{self.windows.dilations}")
+        if self.half and tuple(self.windows.dilations) != (1, 1):
+            raise KernelError(f"kernel {name!r}: depthwise_conv2d in float16 takes no dilation, "
+                              f"got {self.windows.dilations}")
         self.held = held_filter(self, (*self.ksize, self.channels, self.multiplier))
 
     @property
@@ -64,15 +65,13 @@ class DepthwiseConv2D(Kernel):
     def forward(self, params, inputs, ctx: RunContext):
         x, f = inputs[0], filter_of(params, self.held)
         padded = self.windows.pad(x, 0.0)
-        if self.half:
-            y = np.zeros((len(x), *self.output_shape), np.float32)
-            for i, j, taps in self.windows.offsets(padded):
-                y = round_half(y + taps * f[i, j, :, 0])
-            return y, padded
         y = np.zeros((len(x), self.windows.oh, self.windows.ow, self.channels, self.multiplier),
                      np.float32)
         for i, j, taps in self.windows.offsets(padded):
-            y += taps[..., None] * f[i, j]
+            if self.half:
+                y = round_half(y + taps[..., None] * f[i, j])
+            else:
+                y += taps[..., None] * f[i, j]
         return y.reshape(len(x), *self.output_shape), padded
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
@@ -95,28 +94,39 @@ class DepthwiseConv2D(Kernel):
         return [dx], grads
 
     def _half_backward(self, params, padded, dy, ctx: RunContext, param_grads):
-        """TF's float16 DepthwiseConv2dNativeBackpropFilter and BackpropInput (Eigen)."""
-        f, (kh, kw), (sh, sw) = params["kernel"], self.ksize, self.windows.strides
-        sums = np.zeros((len(padded), kh, kw, self.channels), np.float32)
-        for r in range(self.windows.oh):
-            for c in range(self.windows.ow):
-                patch = padded[:, r * sh:r * sh + kh, c * sw:c * sw + kw]
-                sums = round_half(sums + patch * dy[:, r, c, None, None, :])
-        start = param_grads is not None and ctx.accumulate
-        total = param_grads["kernel"][..., 0].copy() if start else np.zeros(sums.shape[1:], np.float32)
-        for one in sums:
-            total = round_half(total + one)
-        grads = {"kernel": total[..., None]}
-        if param_grads is not None:  # the batch's sum so far, continued: written over
-            np.copyto(param_grads["kernel"], grads["kernel"])
-            grads["kernel"] = param_grads["kernel"]
+        """TF's float16 DepthwiseConv2dNativeBackpropFilter and BackpropInput (Eigen); no
+        filter gradient for a constant filter."""
+        f, (kh, kw) = filter_of(params, self.held), self.ksize
+        dy = dy.reshape(len(padded), self.windows.oh, self.windows.ow, self.channels, self.multiplier)
+        grads = {} if self.held is not None else self._half_filter_gradient(padded, dy, ctx, param_grads)
         dx = None
         if ctx.wants_grad(0):
-            into = np.zeros(padded.shape, np.float32)
+            into = np.zeros((*padded.shape, self.multiplier), np.float32)
             for i in range(kh):
                 for j in range(kw):
                     target = self.windows.at(into, i, j)
-                    target[...] = round_half(target + dy * f[i, j, :, 0])
+                    target[...] = round_half(target + dy * f[i, j])
+            total = into[..., 0]
+            for q in range(1, self.multiplier):
+                total = round_half(total + into[..., q])
             h, w = self.input_shapes[0][:2]
-            dx = into[:, self.windows.top:self.windows.top + h, self.windows.left:self.windows.left + w]
+            dx = total[:, self.windows.top:self.windows.top + h, self.windows.left:self.windows.left + w]
         return [dx], grads
+
+    def _half_filter_gradient(self, padded, dy, ctx: RunContext, param_grads):
+        """Each sample's float16 sum over its output positions, the samples' sums added in turn."""
+        (kh, kw), (sh, sw) = self.ksize, self.windows.strides
+        sums = np.zeros((len(padded), kh, kw, self.channels, self.multiplier), np.float32)
+        for r in range(self.windows.oh):
+            for c in range(self.windows.ow):
+                patch = padded[:, r * sh:r * sh + kh, c * sw:c * sw + kw, :, None]
+                sums = round_half(sums + patch * dy[:, r, c, None, None])
+        start = param_grads is not None and ctx.accumulate
+        total = param_grads["kernel"].copy() if start else np.zeros(sums.shape[1:], np.float32)
+        for one in sums:
+            total = round_half(total + one)
+        grads = {"kernel": total}
+        if param_grads is not None:  # the batch's sum so far, continued: written over
+            np.copyto(param_grads["kernel"], grads["kernel"])
+            grads["kernel"] = param_grads["kernel"]
+        return grads

@@ -10,6 +10,7 @@ import numpy as np
 
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
 from wafer.kernels.conv import pair
+from wafer.precision import is_half, round_half
 
 
 @register
@@ -79,7 +80,9 @@ def nearest_taps(size: int, out: int, align_corners: bool, half_pixel: bool) -> 
     scale = _scale(size, out, align_corners)
     i = np.arange(out, dtype=np.float32)
     source = (i + np.float32(0.5)) * scale if half_pixel else i * scale
-    index = np.round(source) if align_corners else np.floor(source)
+    index = np.floor(source)
+    if align_corners:  # TF's roundf: halves away from zero (numpy's round: to even)
+        index += source - index >= np.float32(0.5)
     return np.clip(index.astype(np.int64), 0, size - 1)
 
 
@@ -97,7 +100,9 @@ class Resize(Kernel):
     """attrs size [OH, OW], method bilinear or nearest, align_corners, half_pixel_centers on
     (H, W, C) samples: forward as TF's kernels compute it (bilinear: top, bottom, then
     across, each a lerp), backward the transposed interpolation (ResizeBilinearGrad,
-    ResizeNearestNeighborGrad: each output's gradient added to the inputs it read)."""
+    ResizeNearestNeighborGrad: each output's gradient added to the inputs it read). In
+    float16 (nearest; TF's ResizeBilinear outputs float32 whatever its input) the gradient's
+    sums are rounded as TF's float16 kernel rounds them."""
 
     type_name = "resize"
 
@@ -147,6 +152,25 @@ class Resize(Kernel):
         return top_row + (bottom_row - top_row) * ylerp[:, None, None], None
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        if self.method == "nearest" and is_half(self.attrs):
+            return [self._half_nearest_gradient(grad_output)], {}
         along_h, along_w = self.matrices
         dx = np.einsum("ph,nhwc->npwc", along_h.T, grad_output)
         return [np.einsum("qw,npwc->npqc", along_w.T, dx)], {}
+
+    def _half_nearest_gradient(self, dy: np.ndarray) -> np.ndarray:
+        """TF's float16 ResizeNearestNeighborGrad: the output positions' gradients added into
+        their sources in row-major order, each sum rounded to float16. The k-th copy of an
+        input row (column) is output row `k` places into its run, so the (row copy, column
+        copy) pairs in lexicographic order are that order for every input at once."""
+        rows, cols = self.nearest
+        h, w, c = self.input_shapes[0]
+        dx = np.zeros((len(dy), h, w, c), np.float32)
+        row_copy, col_copy = (np.arange(len(t)) - np.searchsorted(t, t) for t in (rows, cols))
+        for i in range(int(row_copy.max()) + 1):
+            ys = np.flatnonzero(row_copy == i)
+            for j in range(int(col_copy.max()) + 1):
+                xs = np.flatnonzero(col_copy == j)
+                block = np.ix_(np.arange(len(dy)), rows[ys], cols[xs])
+                dx[block] = round_half(dx[block] + dy[np.ix_(np.arange(len(dy)), ys, xs)])
+        return dx

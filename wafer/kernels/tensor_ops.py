@@ -25,7 +25,7 @@ from wafer.kernels.base import (
 )
 from wafer.kernels.embedding import scatter_add
 from wafer.kernels.structure import Elementwise
-from wafer.precision import is_half
+from wafer.precision import is_half, round_half
 
 _ONE = np.float32(1)
 
@@ -162,35 +162,36 @@ class Reduce(SampleKernel):
         perm = (*self.batch_axes, *others)
         permuted = x.transpose(perm)
         flat = permuted.reshape(int(self.count), -1)
-        product = _exclusive_cumprod(flat, False) * _exclusive_cumprod(flat, True)
+        product = scan(flat, 0, True, False, product=True) * scan(flat, 0, True, True, product=True)
         return product.reshape(permuted.shape).transpose(np.argsort(perm))
 
 
-def _exclusive_cumprod(x: np.ndarray, reverse: bool) -> np.ndarray:
-    """tf.math.cumprod(x, axis=0, exclusive=True, reverse=reverse) in float32 order."""
-    if reverse:
-        x = x[::-1]
-    out = np.ones_like(x)
-    np.cumprod(x[:-1], axis=0, dtype=x.dtype, out=out[1:])
-    return out[::-1] if reverse else out
-
-
-def cumulative_sum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
-    """tf.cumsum along `axis` of the array: each element added in turn from the first (the
-    last: reverse), in float32 as TF's CPU scan; exclusive leaves the element itself out."""
+def scan(x: np.ndarray, axis: int, exclusive: bool, reverse: bool, product: bool = False,
+         half: bool = False) -> np.ndarray:
+    """tf.cumsum (tf.math.cumprod: `product`) along `axis` of the array: each element added
+    (multiplied) in turn from the first (the last: reverse), as TF's CPU scan: in float32, or
+    `half`, as its float16 scan, each partial result rounded to float16; exclusive leaves the
+    element itself out (starting from 0, or 1)."""
     if reverse:
         x = np.flip(x, axis)
-    total = np.cumsum(x, axis=axis, dtype=x.dtype)
+    if half:
+        total = np.moveaxis(x, axis, 0).astype(np.float32)
+        for i in range(1, len(total)):
+            total[i] = round_half(total[i - 1] * total[i] if product else total[i - 1] + total[i])
+        total = np.moveaxis(total, 0, axis)
+    else:
+        total = (np.cumprod if product else np.cumsum)(x, axis=axis, dtype=x.dtype)
     if exclusive:
         total = np.roll(total, 1, axis)
-        total[(slice(None),) * axis + (0,)] = 0
+        total[(slice(None),) * axis + (0,)] = 1 if product else 0
     return np.ascontiguousarray(np.flip(total, axis) if reverse else total)
 
 
 @register
 class Cumsum(SampleKernel):
-    """tf.cumsum along a per-sample `axis` (attrs exclusive, reverse). The gradient is the
-    cumulative sum of the upstream gradient the other way (_CumsumGrad)."""
+    """tf.cumsum along a per-sample `axis` (attrs exclusive, reverse; float16 too, as TF's
+    float16 scan rounds). The gradient is the cumulative sum of the upstream gradient the
+    other way (_CumsumGrad)."""
 
     type_name = "cumsum"
 
@@ -206,6 +207,7 @@ class Cumsum(SampleKernel):
                               f"got axis {axis!r}, exclusive {flags[0]!r}, reverse {flags[1]!r}")
         self.axis = axis + 1  # on the micro-batch array
         self.exclusive, self.reverse = flags
+        self.half = is_half(self.attrs)
 
     @property
     def output_shape(self):
@@ -216,17 +218,18 @@ class Cumsum(SampleKernel):
         return np.dtype(input_dtypes[0])
 
     def forward(self, params, inputs, ctx: RunContext):
-        return cumulative_sum(inputs[0], self.axis, self.exclusive, self.reverse), None
+        return scan(inputs[0], self.axis, self.exclusive, self.reverse, half=self.half), None
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        return [cumulative_sum(grad_output, self.axis, self.exclusive, not self.reverse)], {}
+        return [scan(grad_output, self.axis, self.exclusive, not self.reverse, half=self.half)], {}
 
 
 @register
 class Cumprod(Cumsum):
-    """tf.math.cumprod along a per-sample `axis` (attrs exclusive, reverse), float32: each
-    element multiplied in turn as TF's CPU scan. The gradient is TF's _CumprodGrad:
-    cumsum(cumprod(x) · g) the other way, divided by x (inf or nan where x is 0, as TF's)."""
+    """tf.math.cumprod along a per-sample `axis` (attrs exclusive, reverse; float16 too),
+    each element multiplied in turn as TF's CPU scan. The gradient is TF's _CumprodGrad:
+    cumsum(cumprod(x) · g) the other way, div_no_nan by x (0 where x is 0), in float16 each
+    op's result rounded."""
 
     type_name = "cumprod"
 
@@ -234,24 +237,18 @@ class Cumprod(Cumsum):
         check_dtypes(self, input_dtypes, [(np.float32,)])
         return np.dtype(np.float32)
 
-    def _product(self, x: np.ndarray) -> np.ndarray:
-        if self.reverse:
-            x = np.flip(x, self.axis)
-        total = np.cumprod(x, axis=self.axis, dtype=x.dtype)
-        if self.exclusive:
-            total = np.roll(total, 1, self.axis)
-            total[(slice(None),) * self.axis + (0,)] = 1
-        return np.ascontiguousarray(np.flip(total, self.axis) if self.reverse else total)
-
     def forward(self, params, inputs, ctx: RunContext):
-        out = self._product(inputs[0])
+        out = scan(inputs[0], self.axis, self.exclusive, self.reverse, True, self.half)
         return out, (inputs[0], out)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         x, prod = cache
-        summed = cumulative_sum(prod * grad_output, self.axis, self.exclusive, not self.reverse)
+        weighted = prod * grad_output
+        summed = scan(round_half(weighted) if self.half else weighted, self.axis, self.exclusive,
+                      not self.reverse, half=self.half)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return [summed / x], {}
+            grad = np.where(x == 0, np.float32(0), summed / x)
+        return [round_half(grad) if self.half else grad], {}
 
 
 @register
