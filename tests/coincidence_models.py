@@ -23,16 +23,18 @@ def input_fn(params):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
 
 
-def _spec(mode, labels, logits, loss=None, optimizer=None):
+def spec(mode, labels, logits, loss=None):
+    """Predictions (logits, class), accuracy, or Momentum on the loss (the mean cross-entropy
+    unless given)."""
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits) if loss is None else loss
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"logits": logits, "class": tf.argmax(logits, 1)})
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
             "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
-    optimizer = optimizer or v1.train.MomentumOptimizer(0.05, 0.9)
-    return CSEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
-        loss, global_step=v1.train.get_or_create_global_step()))
+    step = v1.train.get_or_create_global_step()
+    return CSEstimatorSpec(mode, loss=loss, train_op=v1.train.MomentumOptimizer(
+        0.05, 0.9).minimize(loss, global_step=step))  # (Adam would blow up a key bias's noise)
 
 
 def _batch(features):
@@ -43,7 +45,7 @@ def two_heads_width_b(features, labels, mode, params):
     """Two Dense(B) heads stacked on axis 0 ([2, B, B]) and averaged."""
     h = L.Flatten()(features)
     heads = tf.stack([L.Dense(_batch(features))(h), L.Dense(_batch(features))(h)], 0)
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(heads, 0)))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(heads, 0)))
 
 
 def stack_of_steps(features, labels, mode, params):
@@ -51,7 +53,7 @@ def stack_of_steps(features, labels, mode, params):
     [2, B, T, F], averaged over the stack and pooled over time."""
     a, b = L.Dense(FEATURES)(features), L.Dense(FEATURES, activation="tanh")(features)
     stacked = tf.stack([a, b], 0)
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(tf.reduce_max(stacked, 0), 1)))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(tf.reduce_max(stacked, 0), 1)))
 
 
 def stack_then_step_first(features, labels, mode, params):
@@ -59,7 +61,7 @@ def stack_then_step_first(features, labels, mode, params):
     tf.transpose(stacked, [2, 1, 0, 3]) ([T, B, 2, F]: the batch second again)."""
     stacked = tf.stack([L.Dense(4)(features), L.Dense(4)(features)], 0)
     moved = tf.transpose(stacked, [2, 1, 0, 3])
-    return _spec(mode, labels, L.Dense(CLASSES)(L.Flatten()(tf.reduce_mean(moved, 0))))
+    return spec(mode, labels, L.Dense(CLASSES)(L.Flatten()(tf.reduce_mean(moved, 0))))
 
 
 def heads_equal_batch(features, labels, mode, params):
@@ -71,13 +73,13 @@ def heads_equal_batch(features, labels, mode, params):
     q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))
     attn = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) * dh ** -0.5)
     out = tf.reshape(tf.transpose(tf.matmul(attn, v), [0, 2, 1, 3]), [-1, n, dim])
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(L.Dense(dim)(out), 1)))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(L.Dense(dim)(out), 1)))
 
 
 def mha_time_equal_batch(features, labels, mode, params):
     """Keras MultiHeadAttention over T == B steps (its [B, heads, T, T] scores)."""
     h = L.MultiHeadAttention(2, 4)(features, features)
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(h, 1)))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(h, 1)))
 
 
 def scores_transposed(features, labels, mode, params):
@@ -85,7 +87,7 @@ def scores_transposed(features, labels, mode, params):
     q, k = L.Dense(4)(features), L.Dense(4)(features)
     scores = tf.nn.softmax(tf.matmul(q, k, transpose_b=True))
     both = scores + tf.transpose(scores, [0, 2, 1])
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reduce_sum(tf.matmul(both, features), 1)))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_sum(tf.matmul(both, features), 1)))
 
 
 def scores_batch_second(features, labels, mode, params):
@@ -94,7 +96,7 @@ def scores_batch_second(features, labels, mode, params):
     q, k = L.Dense(4)(features), L.Dense(4)(features)
     scores = tf.nn.softmax(tf.matmul(q, k, transpose_b=True))
     pooled = tf.reduce_mean(tf.transpose(scores, [1, 0, 2]), 0)
-    return _spec(mode, labels, L.Dense(CLASSES)(pooled))
+    return spec(mode, labels, L.Dense(CLASSES)(pooled))
 
 
 def vib(features, labels, mode, params):
@@ -105,12 +107,12 @@ def vib(features, labels, mode, params):
     mu, std = stats[:, :code], tf.nn.softplus(stats[:, code:] - 1.0)
     decoder = L.Dense(CLASSES)
     if mode == ModeKeys.PREDICT:
-        return _spec(mode, labels, decoder(mu))
+        return spec(mode, labels, decoder(mu))
     eps = tf.random.normal([samples, tf.shape(mu)[0], code])
     z = mu[None] + std[None] * eps
     log_p = tf.nn.log_softmax(decoder(z))
     loss = -tf.reduce_mean(tf.reduce_sum(tf.one_hot(labels, CLASSES) * log_p, -1))
-    return _spec(mode, labels, decoder(mu), loss)
+    return spec(mode, labels, decoder(mu), loss)
 
 
 def noise_pattern_per_row(features, labels, mode, params):
@@ -118,13 +120,13 @@ def noise_pattern_per_row(features, labels, mode, params):
     to every sample: tf.random.normal([4, T, F])[0]."""
     noise = tf.random.normal([4, features.shape[1], FEATURES])
     noisy = features + 0.1 * noise[0]
-    return _spec(mode, labels, L.Dense(CLASSES)(L.Flatten()(noisy)))
+    return spec(mode, labels, L.Dense(CLASSES)(L.Flatten()(noisy)))
 
 
 def noise_pattern_shared(features, labels, mode, params):
     """One noise pattern of a sample's [T, F] shared by the batch (T == B), added to each."""
     noisy = features + 0.1 * tf.random.normal([features.shape[1], FEATURES])
-    return _spec(mode, labels, L.Dense(CLASSES)(L.Flatten()(noisy)))
+    return spec(mode, labels, L.Dense(CLASSES)(L.Flatten()(noisy)))
 
 
 def patches_equal_batch(features, labels, mode, params):
@@ -132,7 +134,7 @@ def patches_equal_batch(features, labels, mode, params):
     n = features.shape[1]
     steps = L.Dense(6, activation="relu")(tf.reshape(features, [-1, FEATURES]))
     pooled = tf.reduce_mean(tf.reshape(steps, [-1, n, 6]), 1)
-    return _spec(mode, labels, L.Dense(CLASSES)(pooled))
+    return spec(mode, labels, L.Dense(CLASSES)(pooled))
 
 
 def reshape_minus_one_b(features, labels, mode, params):
@@ -140,7 +142,7 @@ def reshape_minus_one_b(features, labels, mode, params):
     width = _batch(features)
     h = L.Dense(2 * width)(L.Flatten()(features))
     rows = L.Dense(4, activation="relu")(tf.reshape(h, [-1, width]))
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reshape(rows, [-1, 8])))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reshape(rows, [-1, 8])))
 
 
 def folded_then_batch_norm(features, labels, mode, params):
@@ -149,7 +151,7 @@ def folded_then_batch_norm(features, labels, mode, params):
     rows = L.Dense(4)(tf.reshape(features, [-1, FEATURES]))
     mean, var = tf.nn.moments(rows, [0])
     rows = (rows - mean) * tf.math.rsqrt(var + 1e-3)
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reshape(rows, [-1, 8 * 4])))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reshape(rows, [-1, 8 * 4])))
 
 
 def contrastive_beside_stack(features, labels, mode, params):
@@ -160,7 +162,7 @@ def contrastive_beside_stack(features, labels, mode, params):
     sim = tf.matmul(z1, z2, transpose_b=True) / 0.5
     nce = v1.losses.sparse_softmax_cross_entropy(tf.range(tf.shape(z1)[0]), sim)
     logits = L.Dense(CLASSES)(tf.reduce_mean(tf.stack([z1, z2], 0), 0))
-    return _spec(mode, labels, logits, v1.losses.sparse_softmax_cross_entropy(labels, logits) + nce)
+    return spec(mode, labels, logits, v1.losses.sparse_softmax_cross_entropy(labels, logits) + nce)
 
 
 def pairwise_distance_and_stack(features, labels, mode, params):
@@ -170,7 +172,7 @@ def pairwise_distance_and_stack(features, labels, mode, params):
     dist = sq[:, None] + sq[None, :] - 2 * tf.matmul(h, h, transpose_b=True)
     spread = tf.reduce_mean(dist)
     logits = L.Dense(CLASSES)(h)
-    return _spec(mode, labels, logits,
+    return spec(mode, labels, logits,
                  v1.losses.sparse_softmax_cross_entropy(labels, logits) - 1e-3 * spread)
 
 
@@ -185,7 +187,7 @@ def simclr_concat(features, labels, mode, params):
     targets = tf.concat([tf.range(n, 2 * n), tf.range(n)], 0)
     nce = v1.losses.sparse_softmax_cross_entropy(targets, sim)
     logits = L.Dense(CLASSES)(h)
-    return _spec(mode, labels, logits, v1.losses.sparse_softmax_cross_entropy(labels, logits) + nce)
+    return spec(mode, labels, logits, v1.losses.sparse_softmax_cross_entropy(labels, logits) + nce)
 
 
 def tile_along_batch(features, labels, mode, params):
@@ -193,14 +195,14 @@ def tile_along_batch(features, labels, mode, params):
     [B, 2, d] and differenced."""
     h = L.Dense(4)(L.Flatten()(features))
     pairs = tf.reshape(tf.tile(h, [2, 1]), [-1, 2, 4])
-    return _spec(mode, labels, L.Dense(CLASSES)(pairs[:, 0] - pairs[:, 1] + h))
+    return spec(mode, labels, L.Dense(CLASSES)(pairs[:, 0] - pairs[:, 1] + h))
 
 
 def concat_along_batch(features, labels, mode, params):
     """tf.concat([a, b], 0) ([2B, d]) reshaped to [B, 2, d]: rows of two samples."""
     h = L.Flatten()(features)
     both = tf.reshape(tf.concat([L.Dense(4)(h), L.Dense(4)(h)], 0), [-1, 2, 4])
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reduce_sum(both, 1)))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_sum(both, 1)))
 
 
 def tile_inner_axis_b(features, labels, mode, params):
@@ -208,13 +210,13 @@ def tile_inner_axis_b(features, labels, mode, params):
     per-step product with the sequence."""
     h = L.Dense(FEATURES)(tf.reduce_mean(features, 1))
     tiled = tf.tile(h[:, None], [1, features.shape[1], 1])
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reduce_sum(tiled * features, 1)))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_sum(tiled * features, 1)))
 
 
 def repeat_inner_axis_b(features, labels, mode, params):
     """tf.repeat along a sample's axis of B (the steps) and along its features."""
     h = tf.repeat(L.Dense(4)(features), 2, axis=1)  # [B, 2T, 4]
-    return _spec(mode, labels, L.Dense(CLASSES)(L.Flatten()(tf.repeat(h, 2, axis=2))))
+    return spec(mode, labels, L.Dense(CLASSES)(L.Flatten()(tf.repeat(h, 2, axis=2))))
 
 
 def expand_first_read_by_add(features, labels, mode, params):
@@ -222,7 +224,7 @@ def expand_first_read_by_add(features, labels, mode, params):
     value with a unit axis in front read by an element-wise op."""
     h = L.Dense(FEATURES)(features)  # [B, T, F], T == B
     mixed = tf.reduce_mean(h[None] + h[:, :1][None], 0)
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(mixed, 1)))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(mixed, 1)))
 
 
 def expand_first_pairs_steps(features, labels, mode, params):
@@ -230,7 +232,7 @@ def expand_first_pairs_steps(features, labels, mode, params):
     pairing [B, B, F], averaged over the first axis."""
     m = tf.reduce_mean(L.Dense(FEATURES)(features), 1)
     paired = tf.reduce_mean(tf.abs(m[None] - m[:, None]), 0)
-    return _spec(mode, labels, L.Dense(CLASSES)(paired + m))
+    return spec(mode, labels, L.Dense(CLASSES)(paired + m))
 
 
 def ensemble_weights_noise(features, labels, mode, params):
@@ -239,7 +241,7 @@ def ensemble_weights_noise(features, labels, mode, params):
     w = v1.get_variable("ensemble", [3, FEATURES, FEATURES])
     noisy = w + 0.01 * tf.random.normal([3, FEATURES, FEATURES])
     h = tf.einsum("bi,kio->bko", tf.reduce_mean(features, 1), noisy)
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(h, 1)))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(h, 1)))
 
 
 def mc_dropout_stack(features, labels, mode, params):
@@ -247,14 +249,14 @@ def mc_dropout_stack(features, labels, mode, params):
     h = L.Flatten()(features)
     dense, drop = L.Dense(CLASSES), L.Dropout(0.0)
     passes = tf.stack([dense(drop(h, training=True)) for _ in range(params.get("samples", 8))], 0)
-    return _spec(mode, labels, tf.reduce_mean(passes, 0))
+    return spec(mode, labels, tf.reduce_mean(passes, 0))
 
 
 def conv_width_b(features, labels, mode, params):
     """A Conv1D(B) over T == B steps: [B, T, B] per-sample maps, and a stack of two pools."""
     h = L.Conv1D(_batch(features), 3, padding="same")(features)
     pooled = tf.stack([tf.reduce_mean(h, 1), tf.reduce_max(h, 1)], 0)
-    return _spec(mode, labels, L.Dense(CLASSES)(tf.reduce_sum(pooled, 0)))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_sum(pooled, 0)))
 
 
 def unstack_time_major(features, labels, mode, params):
@@ -263,7 +265,7 @@ def unstack_time_major(features, labels, mode, params):
     h = tf.zeros_like(steps[0])
     for s in steps:
         h = tf.tanh(s + h)
-    return _spec(mode, labels, L.Dense(CLASSES)(h))
+    return spec(mode, labels, L.Dense(CLASSES)(h))
 
 
 def regression_labels_broadcast(features, labels, mode, params):
@@ -271,7 +273,7 @@ def regression_labels_broadcast(features, labels, mode, params):
     label against every prediction), squared and averaged."""
     prediction = L.Dense(1)(L.Flatten()(features))
     loss = tf.reduce_mean(tf.square(tf.cast(labels, tf.float32) - prediction))
-    return _spec(mode, labels, tf.concat([prediction] * CLASSES, 1), loss)
+    return spec(mode, labels, tf.concat([prediction] * CLASSES, 1), loss)
 
 
 def step_weights_times_batch(features, labels, mode, params):
@@ -280,4 +282,4 @@ def step_weights_times_batch(features, labels, mode, params):
     weights = tf.nn.softmax(tf.squeeze(L.Dense(1)(features), -1))  # [B, T]
     scale = tf.reduce_mean(features, [1, 2])  # [B]
     pooled = tf.reduce_sum((weights * scale)[:, :, None] * features, 1)
-    return _spec(mode, labels, L.Dense(CLASSES)(pooled))
+    return spec(mode, labels, L.Dense(CLASSES)(pooled))
