@@ -283,3 +283,30 @@ def step_weights_times_batch(features, labels, mode, params):
     scale = tf.reduce_mean(features, [1, 2])  # [B]
     pooled = tf.reduce_sum((weights * scale)[:, :, None] * features, 1)
     return spec(mode, labels, L.Dense(CLASSES)(pooled))
+
+
+def pairs_of_samples(features, labels, mode, params):
+    """tf.reshape(h, [-1, 8]) of h [B, 4]: two samples' rows a row ([B/2, 8]), a Dense, and
+    back to [B, 3]: the first axis is the batch's size again, its rows of two samples."""
+    h = L.Dense(4)(L.Flatten()(features))
+    return spec(mode, labels, tf.reshape(L.Dense(6)(tf.reshape(h, [-1, 8])), [-1, CLASSES]))
+
+
+def square_transposed(features, labels, mode, params):
+    """tf.transpose of a Dense(B)'s [B, B] output: its rows are the batch's columns."""
+    h = L.Dense(_batch(features))(L.Flatten()(features))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.transpose(h)))
+
+
+def time_major_flattened(features, labels, mode, params):
+    """tf.transpose(x, [1, 0, 2]) ([T, B, F], T == B) reshaped to [T, B*F] and read as if
+    its rows were the samples."""
+    steps = tf.transpose(L.Dense(4)(features), [1, 0, 2])
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reshape(steps, [features.shape[1], -1])))
+
+
+def folded_then_reshaped_across(features, labels, mode, params):
+    """Steps folded into the batch ([B*T, F]), then reshaped to [T, B*F] (T == B): rows that
+    are not a sample's."""
+    rows = L.Dense(4)(tf.reshape(features, [-1, FEATURES]))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reshape(rows, [features.shape[1], -1])))

@@ -21,8 +21,11 @@ TRAINED = {
     "patches_at_batch_1": (m.patches_equal_batch, {"batch": 1}),
     "pairwise_at_batch_1": (m.pairwise_distance_and_stack, {"batch": 1}),
     "two_heads_at_batch_2": (m.two_heads_width_b, {"batch": 2}),
+    "square_transposed": (m.square_transposed, {}),
+    "folded_then_reshaped_across": (m.folded_then_reshaped_across, {}),
 }
-SLOW = {"heads_equal_batch", "stack_then_step_first", "two_heads_at_batch_2"}
+SLOW = {"heads_equal_batch", "stack_then_step_first", "two_heads_at_batch_2", "square_transposed",
+        "folded_then_reshaped_across"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
@@ -35,16 +38,22 @@ def test_sizes_equal_to_the_batch_train_evaluate_and_predict_like_tensorflow(tmp
     assert cs_inprocess.cpu_path_mismatches(model_fn, m.input_fn, params, str(tmp_path), result) == []
 
 
-@pytest.mark.parametrize("model_fn, extra, words", [
-    (m.noise_pattern_shared, {}, "AddV2 'add'"),
-    (m.noise_pattern_per_row, {}, "AddV2 'add'"),
-    (m.vib, {"samples": 8}, "Mul 'mul_1'"),
-    (m.vib, {"samples": 2, "batch": 2}, "Mul 'mul_1'"),
-    (m.regression_labels_broadcast, {}, "Sub 'sub'"),
-    (m.step_weights_times_batch, {}, "Mul 'mul'"),
+RANKS = "combines per-sample values of different ranks"
+
+
+@pytest.mark.parametrize("model_fn, extra, named", [
+    (m.noise_pattern_shared, {}, ("AddV2 'add'", RANKS)),
+    (m.noise_pattern_per_row, {}, ("AddV2 'add'", RANKS)),
+    (m.vib, {"samples": 8}, ("Mul 'mul_1'", RANKS)),
+    (m.vib, {"samples": 2, "batch": 2}, ("Mul 'mul_1'", RANKS)),
+    (m.regression_labels_broadcast, {}, ("Sub 'sub'", RANKS)),
+    (m.step_weights_times_batch, {}, ("Mul 'mul'", RANKS)),
+    (m.pairs_of_samples, {}, ("Reshape 'Reshape'", "reshapes (8, 4) to (4, 8)")),
 ], ids=["noise_shared", "noise_first_of_four", "vib_k_equals_batch", "vib_k_equals_batch_2",
-        "labels_minus_column", "steps_times_batch"])
-def test_a_batch_axis_meeting_a_sample_axis_is_refused_in_one_line(tmp_path, model_fn, extra, words):
+        "labels_minus_column", "steps_times_batch", "two_samples_a_row"])
+def test_a_batch_axis_meeting_a_sample_axis_is_refused_in_one_line(tmp_path, model_fn, extra, named):
+    """The op and why, in the one line (refusal: it names a line of coincidence_models.py)."""
+    op, why = named
     line = cs_inprocess.refusal(model_fn, m.input_fn, {**PARAMS, **extra}, str(tmp_path),
                                 m.__file__)
-    assert words in line and "combines per-sample values of different ranks" in line, line
+    assert line.startswith(f"validation failed: {op} at ") and why in line, line
