@@ -196,10 +196,11 @@ def sampler_tries(classes: Classes, ids: np.ndarray, counts: np.ndarray) -> int:
     return int(np.round(np.median(np.log1p(-counts.astype(np.float64)) / np.log1p(-p))))
 
 
-def _batch_first(drawn: np.ndarray, shape: tuple[int, ...] | None, batch: int) -> np.ndarray:
+def _batch_first(drawn: np.ndarray, kernel: pb.Kernel | None) -> np.ndarray:
     """TF's draw with its batch axis first: a draw of K sets a sample stacked in front of the
-    batch ([K, B, ...], its kernel's per-sample shape (K, ...)) as each sample's [K, ...]."""
-    if shape and drawn.shape != (batch, *shape) and drawn.shape == (shape[0], batch, *shape[1:]):
+    batch ([K, B, ...], its kernel's batch_axis 1) as each sample's [K, ...]."""
+    if kernel is not None and "batch_axis" in kernel.attrs and \
+            from_attr(kernel.attrs["batch_axis"]) == 1:
         return np.moveaxis(drawn, 1, 0)
     return drawn
 
@@ -210,9 +211,9 @@ def tfs_draws(program: pb.Program, fetched: Sequence[dict[str, np.ndarray]]) -> 
     step or batch, by tensor: tf_reference.run's, fetching drawing_kernels' tensors); the
     weight program draws once a batch, the others each sample's in order."""
     drawing = drawing_kernels(program)
-    shapes = {k.name: tuple(k.output_shape) for k in program.kernels}
+    kernels = {k.name: k for k in program.kernels}
     once = {k.name for k in program.weight_program.kernels}
-    queued = {name: [_batch_first(step[tensor], shapes.get(name), program.batch_size)
+    queued = {name: [_batch_first(step[tensor], kernels.get(name))
                      for step in fetched] for name, tensor in drawing.items()}
     samplers = {k.name for k in program.kernels if k.type == "sampled_logits"}
     queued.update({k.name: _sampler_draws(k, fetched) for k in program.kernels

@@ -242,6 +242,24 @@ def _same_rank(m: Context, op: tf.Operation, inputs: list, rank: int) -> list:
     return out
 
 
+def _batch_meets_sample_axis(m: Context, op: tf.Operation) -> str:
+    """Why per-sample operands of different ranks ([B, T, F] + [B, F], labels [B] - y [B, 1])
+    are refused: TF aligns trailing axes, so the batch axis of the lower-rank one meets an
+    axis of the other's samples (equal to the batch size by chance, or 1: a [B, B] pairing),
+    where the CS would pair each sample with itself alone; "" if their ranks agree. (A batch
+    statistic, tf.reduce_mean(x, 0), has no batch axis: it is every sample's.)"""
+    rows = [t for t in op.inputs if m.is_batched(t) and t.name not in m.leading and
+            tuple(static_shape(t)) == (m.batch_size, *m.shape(t))]  # (not a batch statistic)
+    if m.batch_size == 1 or len({len(static_shape(t)) for t in rows}) < 2:
+        return ""
+    return ("combines per-sample values of different ranks (" +
+            " and ".join(str(static_shape(t)) for t in rows) +
+            "): TF aligns their last axes, so one's batch axis meets an axis of the other's "
+            "samples, not its batch; give both the batch axis first at the same rank "
+            "(tf.expand_dims(x, 1), tf.squeeze(y, -1)) or draw per sample (tf.random.normal("
+            "tf.shape(x)))")
+
+
 @generic(*BINARY)
 def _binary(m: Context, op: tf.Operation) -> str:
     kind = BINARY[op.type]
@@ -257,6 +275,9 @@ def _binary(m: Context, op: tf.Operation) -> str:
             m.add_kernel(op.name, "activation", [op.inputs[0]],
                          {"function": "pow", "exponent": float(exponent)}, [], [op], op.outputs[0])
             return ""
+    mixed = _batch_meets_sample_axis(m, op)
+    if mixed:
+        return mixed
     pushed = pushed_down(m.operands, m.session_ops, op)
     found = _operands(m, op, op.inputs if pushed is None else pushed[:2], "binary")
     if isinstance(found, str):

@@ -217,6 +217,8 @@ def _draw(m: Context, op: tf.Operation) -> str:
     if stacked:
         m.leading.add(op.outputs[0].name)
     attrs: dict[str, object] = {"distribution": distribution, "shape": list(per_sample)}
+    if stacked:
+        attrs["batch_axis"] = 1  # (TF's [K, B, ...]: read by tests replaying TF's draws)
     if op.type in INTEGER_BOUNDS:
         bounds = integer_bounds(m.operands, op)
         if isinstance(bounds, str):

@@ -11,8 +11,9 @@ import cs_inprocess
 import numpy as np
 import pytest
 import tensorflow as tf
+from coincidence_models import spec as _spec
 
-from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+from tf_model.estimator_spec import ModeKeys
 
 L = tf.keras.layers
 v1 = tf.compat.v1
@@ -26,18 +27,6 @@ def input_fn(params):
     x = rng.normal(size=(64, TOKENS, FEATURES)).astype(np.float32)
     y = rng.integers(0, 3, size=(64,)).astype(np.int32)
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
-
-
-def _spec(mode, labels, logits, loss=None):
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits) if loss is None else loss
-    if mode == ModeKeys.PREDICT:
-        return CSEstimatorSpec(mode, predictions={"logits": logits, "class": tf.argmax(logits, 1)})
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
-            "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
-    step = v1.train.get_or_create_global_step()
-    return CSEstimatorSpec(mode, loss=loss, train_op=v1.train.MomentumOptimizer(
-        0.05, 0.9).minimize(loss, global_step=step))  # (Adam would blow up the key bias's noise)
 
 
 def _attention(x, heads, dim, unstack):
