@@ -100,14 +100,17 @@ def total_loss(features, labels, mode, params):
         return CSEstimatorSpec(mode, loss=loss)
     for penalty in dense.losses + out.losses:
         v1.losses.add_loss(penalty, v1.GraphKeys.REGULARIZATION_LOSSES)
+    minimized, returned = v1.losses.get_total_loss(), loss
+    if params.get("swapped"):  # the penalties reported, not minimized: refused
+        minimized, returned = loss, v1.losses.get_total_loss()  # swapped line
     train_op = v1.train.GradientDescentOptimizer(0.1).minimize(
-        v1.losses.get_total_loss(), global_step=v1.train.get_or_create_global_step())
-    return CSEstimatorSpec(mode, loss=loss, train_op=train_op)
+        minimized, global_step=v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode, loss=returned, train_op=train_op)
 
 
 def line_of(fragment: str) -> str:
     lines = inspect.getsource(inspect.getmodule(detector)).splitlines()
-    return f"test_reported_loss.py:{next(i for i, l in enumerate(lines) if fragment in l) + 1}"
+    return f"test_reported_loss.py:{next(i for i, text in enumerate(lines) if fragment in text) + 1}"
 
 
 @pytest.mark.parametrize("model_fn", [detector, auxiliary, total_loss])
@@ -116,6 +119,7 @@ def test_trains_on_the_minimized_loss_and_reports_the_returned_one(model_fn, tmp
     cs_inprocess.assert_same_training(result, rtol=1e-5)
     program = result.compiled.program
     assert program.reported_loss_kernel and program.reported_loss_kernel != program.loss_kernel
+    assert "reports the one model_fn returns" in result.compiled.report_text
     assert cs_inprocess.cpu_path_mismatches(model_fn, input_fn, PARAMS, str(tmp_path),
                                             result) == []
 
@@ -135,3 +139,14 @@ def test_a_returned_loss_computed_after_the_update_is_refused_in_one_line(tmp_pa
     message = info.value.message
     assert "\n" not in message and line_of("after update line") in message
     assert "the loss model_fn returns after a write" in message
+
+
+def test_a_penalty_reported_but_not_minimized_is_refused_in_one_line(tmp_path):
+    """get_total_loss() returned while the data loss is minimized: TF reports penalties
+    whose gradients it does not apply, which the CS does not carry."""
+    with pytest.raises(CSRunError) as info:
+        cs_inprocess.compile_checked(total_loss, input_fn, {**PARAMS, "swapped": True},
+                                     str(tmp_path))
+    message = info.value.message
+    assert "\n" not in message and line_of("swapped line") in message
+    assert "holds a weight penalty on hidden/kernel" in message
