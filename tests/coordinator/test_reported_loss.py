@@ -120,16 +120,13 @@ def test_trains_on_the_minimized_loss_and_reports_the_returned_one(model_fn, tmp
     program = result.compiled.program
     assert program.reported_loss_kernel and program.reported_loss_kernel != program.loss_kernel
     assert "reports the one model_fn returns" in result.compiled.report_text
+    # the penalties (the detector's decay, the Keras L2s) the minimized loss's alone: their
+    # gradients added, their values left out of the reported loss
+    terms = [r for k in program.kernels for p in k.params for r in p.regularizers]
+    assert len(terms) == {"detector": 3, "auxiliary": 0, "total_loss": 2}[model_fn.__name__]
+    assert all(r.unreported for r in terms)
     assert cs_inprocess.cpu_path_mismatches(model_fn, input_fn, PARAMS, str(tmp_path),
                                             result) == []
-
-
-def test_weight_decay_of_the_objective_alone_is_left_out_of_the_reported_loss(tmp_path):
-    """The decay's gradient is added (the weights are TF's), its value is not reported: the
-    reported losses differ from the minimized ones by the decay."""
-    compiled = cs_inprocess.compile_checked(detector, input_fn, PARAMS, str(tmp_path))
-    terms = [r for k in compiled.program.kernels for p in k.params for r in p.regularizers]
-    assert terms and all(r.unreported for r in terms)
 
 
 def test_a_returned_loss_computed_after_the_update_is_refused_in_one_line(tmp_path):
