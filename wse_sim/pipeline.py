@@ -842,7 +842,7 @@ class Pipeline:
         # objectives' losses, the pass's own seeds it; a reported loss never does.
         seeds = region.kernel.is_loss and (self._objective is None or
                                            region.kernel.name == self._objective.loss_kernel) \
-            and region.kernel.name != self.reported_loss_kernel != self.loss_kernel
+            and not region.kernel.name == self.reported_loss_kernel != self.loss_kernel
         if upstream is not None or seeds:
             for role in region.collects:
                 if upstream is not None:  # (a gather: never the loss)
