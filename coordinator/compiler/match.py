@@ -610,12 +610,14 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
                                                    matcher.unsupported,
                                                    matcher.weight_program.kernel_less))
     loss_kernel, regularizers = "", dict[str, list[tuple[str, float]]]()
+    reported_kernel, own = reported_loss.lower_first(matcher, spec.loss, returned)
     if not predict and not matcher.unsupported:
         loss_kernel, regularizers = loss_tail.lower_loss(matcher, spec.loss, bool(objectives))
     loss_kernels, penalties = _objective_kernels(matcher, spec, objectives, loss_kernel)
-    reported_kernel, unreported = "", frozenset[str]()
+    unreported = frozenset[str]()
     if returned is not None and not matcher.unsupported:
-        reported_kernel, own = loss_tail.lower_loss(matcher, returned, True)
+        if not reported_kernel:
+            reported_kernel, own = loss_tail.lower_loss(matcher, returned, True)
         unreported, refused = reported_loss.unreported(returned, regularizers, own)
         matcher.unsupported.extend(refused)
     training = None

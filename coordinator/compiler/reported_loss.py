@@ -7,10 +7,11 @@ adds its gradient and is left out of the reported loss."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
 
+from coordinator.compiler import loss_tail
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_name, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, UnsupportedOp
 from coordinator.compiler.training import minimized_apart
@@ -30,6 +31,17 @@ def minimized_view(extracted: ExtractedGraph) -> tuple[ExtractedGraph, tf.Tensor
         return extracted, None
     view = dataclasses.replace(extracted, spec=dataclasses.replace(spec, loss=minimized))
     return view, spec.loss
+
+
+def lower_first(matcher: Any, minimized: tf.Tensor | None, returned: tf.Tensor | None
+                ) -> tuple[str, Penalties]:
+    """The returned loss's kernel and penalties when it reads the minimized loss (a sum of
+    it and other terms), lowered before it: a loss lowered first is a kernel's output, no
+    longer the scalar a later loss's tail reads; else ("", {}): lowered after it."""
+    if returned is None or minimized is None or matcher.unsupported or \
+            minimized.op not in set(data_upstream(returned.op)):
+        return "", {}
+    return loss_tail.lower_loss(matcher, returned, True)
 
 
 def after_update(returned: tf.Tensor) -> list[UnsupportedOp]:
