@@ -117,12 +117,14 @@ class Param(_message.Message):
     def __init__(self, role: _Optional[str] = ..., variable: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., frozen: _Optional[bool] = ..., regularizers: _Optional[_Iterable[_Union[Regularizer, _Mapping]]] = ..., update: _Optional[str] = ..., variable_shape: _Optional[_Iterable[int]] = ..., view: _Optional[_Union[Tensor, _Mapping]] = ..., scalar_variable: _Optional[bool] = ...) -> None: ...
 
 class Regularizer(_message.Message):
-    __slots__ = ("kind", "scale")
+    __slots__ = ("kind", "scale", "unreported")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
+    UNREPORTED_FIELD_NUMBER: _ClassVar[int]
     kind: str
     scale: float
-    def __init__(self, kind: _Optional[str] = ..., scale: _Optional[float] = ...) -> None: ...
+    unreported: bool
+    def __init__(self, kind: _Optional[str] = ..., scale: _Optional[float] = ..., unreported: _Optional[bool] = ...) -> None: ...
 
 class GradientTransform(_message.Message):
     __slots__ = ("kind", "value", "low", "high", "variables", "program")
@@ -424,7 +426,7 @@ class WeightProgram(_message.Message):
     def __init__(self, sources: _Optional[_Iterable[_Union[Param, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ...) -> None: ...
 
 class Program(_message.Message):
-    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets", "schedules", "moving_averages", "dynamic_loss_scale", "cs1_dynamic_loss_scale", "step_counts_applied", "weight_program", "weight_writes", "optimizer_groups", "objectives", "conditional_update")
+    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "reported_loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets", "schedules", "moving_averages", "dynamic_loss_scale", "cs1_dynamic_loss_scale", "step_counts_applied", "weight_program", "weight_writes", "optimizer_groups", "objectives", "conditional_update")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRAPH_HASH_FIELD_NUMBER: _ClassVar[int]
     FABRIC_FIELD_NUMBER: _ClassVar[int]
@@ -433,6 +435,7 @@ class Program(_message.Message):
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
     LOSS_KERNEL_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_LOSS_KERNEL_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
@@ -459,6 +462,7 @@ class Program(_message.Message):
     inputs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     kernels: _containers.RepeatedCompositeFieldContainer[Kernel]
     loss_kernel: str
+    reported_loss_kernel: str
     optimizer: Optimizer
     outputs: _containers.RepeatedScalarFieldContainer[str]
     routes: _containers.RepeatedCompositeFieldContainer[Route]
@@ -477,7 +481,7 @@ class Program(_message.Message):
     optimizer_groups: _containers.RepeatedCompositeFieldContainer[OptimizerGroup]
     objectives: _containers.RepeatedCompositeFieldContainer[Objective]
     conditional_update: ConditionalUpdate
-    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ..., dynamic_loss_scale: _Optional[_Union[DynamicLossScale, _Mapping]] = ..., cs1_dynamic_loss_scale: _Optional[_Union[CS1DynamicLossScale, _Mapping]] = ..., step_counts_applied: _Optional[bool] = ..., weight_program: _Optional[_Union[WeightProgram, _Mapping]] = ..., weight_writes: _Optional[_Iterable[_Union[WeightWrite, _Mapping]]] = ..., optimizer_groups: _Optional[_Iterable[_Union[OptimizerGroup, _Mapping]]] = ..., objectives: _Optional[_Iterable[_Union[Objective, _Mapping]]] = ..., conditional_update: _Optional[_Union[ConditionalUpdate, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., reported_loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ..., dynamic_loss_scale: _Optional[_Union[DynamicLossScale, _Mapping]] = ..., cs1_dynamic_loss_scale: _Optional[_Union[CS1DynamicLossScale, _Mapping]] = ..., step_counts_applied: _Optional[bool] = ..., weight_program: _Optional[_Union[WeightProgram, _Mapping]] = ..., weight_writes: _Optional[_Iterable[_Union[WeightWrite, _Mapping]]] = ..., optimizer_groups: _Optional[_Iterable[_Union[OptimizerGroup, _Mapping]]] = ..., objectives: _Optional[_Iterable[_Union[Objective, _Mapping]]] = ..., conditional_update: _Optional[_Union[ConditionalUpdate, _Mapping]] = ...) -> None: ...
 
 class JobHeader(_message.Message):
     __slots__ = ("job_id", "token", "program", "num_workers", "global_step", "first_batch", "user")

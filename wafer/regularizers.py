@@ -4,7 +4,7 @@
                                                           Keras L2(l): scale l)
     l1  scale * sum(|w|)      gradient sign(w) * scale
 
-The CS adds every param's terms to the step's reported loss, and their gradients to the
+The CS adds every param's reported terms to the step's reported loss, and their gradients to the
 trained params' batch gradients once per batch (TF's loss includes them once, not per
 micro-batch), before the gradient transforms. The gradients are bit-equal to TF's
 (L2Loss's w * c, Square's grad * (2 * w) and Abs's grad * sign(w) multiply by powers of
@@ -24,6 +24,7 @@ KINDS = ("l2", "l1")
 class Regularizer:
     kind: str
     scale: float
+    reported: bool = True  # a term of the reported loss (else of the minimized one only)
 
     def problem(self) -> str:
         """Why the CS cannot compute the term, or ""."""

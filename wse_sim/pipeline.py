@@ -148,12 +148,15 @@ class Pipeline:
                  weight_program: WeightProgram | None = None,
                  weight_writes: Sequence[WeightWrite] = (),
                  objectives: Sequence[Objective] = (),
-                 conditional_update: ConditionalUpdate | None = None):
+                 conditional_update: ConditionalUpdate | None = None,
+                 reported_loss_kernel: str = ""):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.replicas = replicas
         self.replica_micros = batch_size // replicas // micro_batch_size  # micro-batches each
         self.loss_kernel = loss_kernel
+        # the loss model_fn returns when the optimizer minimizes another: reported, not seeded
+        self.reported_loss_kernel = reported_loss_kernel or loss_kernel
         self.optimizer = optimizer
         # several losses minimized in one step: a backward pass each (see `run`)
         self.objectives = tuple(objectives)
@@ -190,7 +193,8 @@ class Pipeline:
                                         for role, var in names.items()},
                                        half=is_half(kernel.attrs) and not kernel.is_loss))
         self.by_name = {r.kernel.name: r for r in self.regions}
-        for name in ahead_kernels(kernels, sources, loss_kernel):
+        for name in {*ahead_kernels(kernels, sources, loss_kernel),
+                     *ahead_kernels(kernels, sources, self.reported_loss_kernel)}:
             self.by_name[name].ahead = True
         self.ahead = tuple(r for r in self.regions if r.ahead)
         for region in self.regions:
@@ -254,7 +258,8 @@ class Pipeline:
                    shared=checked.shared, dynamic_loss_scale=checked.dynamic_loss_scale,
                    weight_program=checked.weight_program, weight_writes=checked.weight_writes,
                    objectives=checked.objectives,
-                   conditional_update=checked.conditional_update)
+                   conditional_update=checked.conditional_update,
+                   reported_loss_kernel=program.reported_loss_kernel)
 
     def _mark_backward(self) -> None:
         """A region runs backward iff its output reaches the loss and a trained weight is
@@ -364,8 +369,9 @@ class Pipeline:
                                  for name in outputs}, applied)
 
     def _loss(self, board: Board, m_count: int) -> float:
-        """The batch's loss: its loss kernel's values summed, and the weights' own terms."""
-        return float(sum(np.sum(board.items["v", self.loss_kernel, i], dtype=np.float32)
+        """The batch's loss: its (reported) loss kernel's values summed, and the weights'
+        own (reported) terms."""
+        return float(sum(np.sum(board.items["v", self.reported_loss_kernel, i], dtype=np.float32)
                          for i in range(m_count))) + self._penalty
 
     def _pass(self, batch: Mapping[str, np.ndarray], m_count: int, training: bool,
@@ -409,9 +415,13 @@ class Pipeline:
     def _run_ahead(self, board: Board, m_count: int, training: bool) -> None:
         """The loss's denominators of the batch: the regions they are computed from (from
         the program's inputs alone) run every micro-batch first, leaving their values on the
-        board for the pipeline, and the loss kernel takes the whole batch's inputs."""
-        loss = self.by_name[self.loss_kernel]
-        if not isinstance(loss.kernel, BatchLoss) or not loss.kernel.denominator_inputs:
+        board for the pipeline, and the loss kernel (and the reported one) takes the whole
+        batch's inputs."""
+        losses = [self.by_name[name] for name in dict.fromkeys(
+            (self.loss_kernel, self.reported_loss_kernel))]
+        losses = [r for r in losses if isinstance(r.kernel, BatchLoss)
+                  and r.kernel.denominator_inputs]
+        if not losses:
             return
         ctx = RunContext(training=training, batch_size=self.batch_size, step=self._step)
         for region in self.ahead:
@@ -420,9 +430,11 @@ class Pipeline:
             for i in range(m_count):
                 self._forward(region, i, board, ctx)
         ctx.batch = ()
-        loss.kernel.set_batch([np.concatenate([board.get(("v", loss.sources[j], i))
-                                               for i in range(m_count)])
-                               for j in loss.kernel.denominator_inputs])
+        for loss in losses:
+            assert isinstance(loss.kernel, BatchLoss)
+            loss.kernel.set_batch([np.concatenate([board.get(("v", loss.sources[j], i))
+                                                   for i in range(m_count)])
+                                   for j in loss.kernel.denominator_inputs])
 
     def _batch_statistics(self, region: Region, m_count: int, board: Board,
                           ctx: RunContext) -> None:
@@ -586,6 +598,7 @@ class Pipeline:
         """The weights' own loss terms, at the weights the batch runs with."""
         return float(sum((reg.loss(r.params[role]) for r in self.regions
                           for role, spec in r.specs.items() for reg in spec.regularizers
+                          if reg.reported
                           if r.variables[role] not in self.shared),
                          np.float32(0))) + self.shared.regularization()
 
@@ -826,9 +839,10 @@ class Pipeline:
             upstream = self._upstream(region, i, board)
         input_grads: Sequence[np.ndarray | None] = [None] * len(region.sources)
         # A micro-batch whose output reached the loss by no path has no backward; of several
-        # objectives' losses, the pass's own seeds it.
+        # objectives' losses, the pass's own seeds it; a reported loss never does.
         seeds = region.kernel.is_loss and (self._objective is None or
-                                           region.kernel.name == self._objective.loss_kernel)
+                                           region.kernel.name == self._objective.loss_kernel) \
+            and not region.kernel.name == self.reported_loss_kernel != self.loss_kernel
         if upstream is not None or seeds:
             for role in region.collects:
                 if upstream is not None:  # (a gather: never the loss)

@@ -262,7 +262,14 @@ def check_program(program: pb.Program) -> CheckedProgram:
                                 not names[program.loss_kernel].is_loss):
         raise invalid(f"program {program.name!r}: loss kernel {program.loss_kernel!r} is not a "
                       f"loss kernel of the program")
-    ahead = set(ahead_kernels(kernels, sources, program.loss_kernel))
+    reported = program.reported_loss_kernel
+    if reported and (reported not in names or not names[reported].is_loss or
+                     reported == program.loss_kernel or not program.loss_kernel
+                     or program.objectives):
+        raise invalid(f"program {program.name!r}: reported loss kernel {reported!r} is not a "
+                      f"loss kernel of the program besides the loss kernel (with no objectives)")
+    ahead = {*ahead_kernels(kernels, sources, program.loss_kernel),
+             *ahead_kernels(kernels, sources, reported)}
     for k, roles in zip(kernels, variables):
         if k.name in ahead and (roles or k.draws_random or k.draws_in_inference):
             raise invalid(f"program {program.name!r}: kernel {k.name!r} computes a denominator of "
@@ -331,7 +338,7 @@ def check_weight_program(program: pb.Program, params: dict[str, ParamSpec],
     for source in message.sources:
         shape = tuple(int(d) for d in source.shape)
         update = source.update or "dense"
-        regularizers = tuple(Regularizer(r.kind, r.scale) for r in source.regularizers)
+        regularizers = tuple(Regularizer(r.kind, r.scale, not r.unreported) for r in source.regularizers)
         problem = next((r.problem() for r in regularizers if r.problem()), "")
         if update != "dense" or problem or source.variable in shapes:
             raise invalid(f"{where}: source {source.variable!r}: "
@@ -636,7 +643,7 @@ def param_spec(kernel_message: pb.Kernel, kernel: Kernel, param: pb.Param) -> Pa
         raise invalid(f"{where}: a sparse update needs the table of a gather kernel (an "
                       f"embedding lookup) or a weight operand TF gathers whole, not the "
                       f"{param.role!r} of a {kernel.type_name}")
-    regularizers = tuple(Regularizer(r.kind, r.scale) for r in param.regularizers)
+    regularizers = tuple(Regularizer(r.kind, r.scale, not r.unreported) for r in param.regularizers)
     for r in regularizers:
         if r.problem():
             raise invalid(f"{where}: {r.problem()}")

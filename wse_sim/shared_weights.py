@@ -196,7 +196,7 @@ class SharedWeights:
 
     def regularization(self) -> float:
         return float(sum((reg.loss(v.value) for v in self.variables.values()
-                          for reg in v.spec.regularizers), np.float32(0)))
+                          for reg in v.spec.regularizers if reg.reported), np.float32(0)))
 
     def update(self, optimizer: Optimizer,
                write_before: Callable[[str, np.ndarray], object] | None = None,

@@ -125,6 +125,8 @@ def graph_hash(model: MatchedModel, *, mode: str, batch_size: int, fabric: Fabri
         "training": None if model.training is None else dataclasses.asdict(model.training),
         "initializers": initializers,
     }
+    if model.reported_loss_kernel:
+        key["reported_loss_kernel"] = model.reported_loss_kernel
     if replicas != 1:  # (one copy keeps the keys of compiles before multireplica)
         key["replicas"] = "auto" if replicas is None else replicas
     if model.weight_program is not None:

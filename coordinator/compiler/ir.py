@@ -29,6 +29,7 @@ class ParamRef:
     variable_shape: Shape | None = None  # the variable's own shape, when it is viewed reshaped
     frozen: bool = False  # not updated (not in the train_op's var_list, or moving statistics)
     regularizers: tuple[tuple[str, float], ...] = ()  # (l2 | l1, scale) terms of the loss
+    penalty_reported: bool = True  # False: the terms are the minimized loss's alone (not reported)
     # a static view of the variable: each element's flat index into it (pos_table[:n])
     view: np.ndarray | None = field(default=None, compare=False)
 
@@ -202,6 +203,8 @@ class MatchedModel:
     training: TrainingSpec | None  # None unless in train mode
     unsupported: tuple[UnsupportedOp, ...] = field(default=())
     weight_program: WeightProgram | None = None
+    # the loss model_fn returns when the optimizer minimizes another (loss_kernel's): reported
+    reported_loss_kernel: str = ""
 
     @property
     def optimizer(self) -> OptimizerConfig | None:

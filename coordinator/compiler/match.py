@@ -36,6 +36,7 @@ from coordinator.compiler import (
     precision,
     random_numbers,
     refusals,
+    reported_loss,
     second_order,
     spectra,
 )
@@ -587,15 +588,21 @@ def _check_inputs(extracted: ExtractedGraph) -> list[UnsupportedOp]:
 
 def match(extracted: ExtractedGraph) -> MatchedModel:
     """Lower the user's ops onto kernels; unsupported ops are listed, not raised."""
-    spec = extracted.spec
     hosts = host_tensors(extracted)
     predict = extracted.mode == ModeKeys.PREDICT
-    objectives = objective_losses(extracted) if extracted.mode == ModeKeys.TRAIN else []
-    matcher = Matcher(extracted, list(hosts) if predict else [spec.loss, *objectives], hosts)
+    train = extracted.mode == ModeKeys.TRAIN
+    # (the optimizer minimizes another loss than the returned one: the training passes see it)
+    extracted, returned = reported_loss.minimized_view(extracted) if train else (extracted, None)
+    spec = extracted.spec
+    objectives = objective_losses(extracted) if train else []
+    losses = [spec.loss, *objectives] + ([returned] if returned is not None else [])
+    matcher = Matcher(extracted, list(hosts) if predict else losses, hosts)
     matcher.unsupported.extend(_check_inputs(extracted))
     matcher.unsupported.extend(_after_update([spec.loss, *objectives] if objectives else []))
-    matcher.unsupported.extend(_after_state_write(spec.loss) if spec.loss is not None and
-                               not objectives else [])
+    matcher.unsupported.extend(reported_loss.after_update(returned) if returned is not None
+                               else [])
+    for loss in losses if spec.loss is not None and not objectives else []:
+        matcher.unsupported.extend(_after_state_write(loss))
     if not matcher.unsupported or not objectives:
         matcher.run()
     if matcher.unsupported:  # (what the first refusals hide: named at first contact too)
@@ -603,9 +610,16 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
                                                    matcher.unsupported,
                                                    matcher.weight_program.kernel_less))
     loss_kernel, regularizers = "", dict[str, list[tuple[str, float]]]()
+    reported_kernel, own = reported_loss.lower_first(matcher, spec.loss, returned)
     if not predict and not matcher.unsupported:
         loss_kernel, regularizers = loss_tail.lower_loss(matcher, spec.loss, bool(objectives))
     loss_kernels, penalties = _objective_kernels(matcher, spec, objectives, loss_kernel)
+    unreported = frozenset[str]()
+    if returned is not None and not matcher.unsupported:
+        if not reported_kernel:
+            reported_kernel, own = loss_tail.lower_loss(matcher, returned, True)
+        unreported, refused = reported_loss.unreported(returned, regularizers, own)
+        matcher.unsupported.extend(refused)
     training = None
     if extracted.mode == ModeKeys.TRAIN and not matcher.unsupported:
         half = any(k.attrs.get("precision") == precision.FLOAT16 for k in matcher.kernels)
@@ -647,11 +661,18 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
         weights = replace(weights, sources=tuple(
             replace(p, regularizers=tuple(regularizers.get(p.variable, ())))
             for p in weights.sources))
-    known = [spec.loss] if spec.loss is not None and not predict else []
+    if unreported:
+        marked, sources = reported_loss.mark_unreported(
+            kernels, weights.sources if weights is not None else (), unreported)
+        kernels = tuple(marked)
+        weights = replace(weights, sources=tuple(sources)) if weights is not None else None
+    reported = returned if returned is not None else spec.loss
+    known = [reported] if reported is not None and not predict else []
     outputs = matcher.host_outputs(hosts, known) if not matcher.unsupported else ()
     return MatchedModel(inputs=extracted.inputs, kernels=kernels, loss_kernel=loss_kernel,
                         outputs=outputs, training=training,
-                        unsupported=tuple(matcher.unsupported), weight_program=weights)
+                        unsupported=tuple(matcher.unsupported), weight_program=weights,
+                        reported_loss_kernel=reported_kernel)
 
 
 def _objective_kernels(matcher: Matcher, spec: Any, objectives: list[tf.Tensor], loss_kernel: str

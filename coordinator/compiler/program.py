@@ -60,7 +60,8 @@ def build_program(model: MatchedModel, placement: Placement, *, name: str, graph
     replicas = placement.replicas
     program = pb.Program(name=name, graph_hash=graph_hash, fabric=fabric, batch_size=batch_size,
                          micro_batch_size=micro_batch_size(batch_size // replicas),
-                         loss_kernel=model.loss_kernel, outputs=list(model.outputs),
+                         loss_kernel=model.loss_kernel,
+                         reported_loss_kernel=model.reported_loss_kernel, outputs=list(model.outputs),
                          seed=int(seed or 0), num_replicas=replicas)
     if replicas > 1:
         program.replica_offsets.extend(pb.Point(x=x, y=y) for x, y in placement.replica_offsets)
@@ -101,7 +102,8 @@ def _add_param(kernel: pb.Kernel | pb.WeightProgram, p: ParamRef) -> None:
     params = kernel.sources if isinstance(kernel, pb.WeightProgram) else kernel.params
     param = params.add(
         role=p.role, variable=p.variable, shape=list(p.shape), dtype=dtype_code(p.dtype),
-        frozen=p.frozen, regularizers=[pb.Regularizer(kind=kind, scale=scale)
+        frozen=p.frozen, regularizers=[pb.Regularizer(kind=kind, scale=scale,
+                                                    unreported=not p.penalty_reported)
                                        for kind, scale in p.regularizers])
     if p.variable_shape is not None and (tuple(p.variable_shape) != tuple(p.shape)
                                          or p.view is not None):

@@ -195,6 +195,10 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
                      "from the step's forward activations, then the updates): " + "; ".join(
                          f"{o.loss} at {o.source} (kernel {o.loss_kernel}) for "
                          f"{', '.join(o.variables)}" for o in training.objectives))
+    if model.reported_loss_kernel:
+        lines.append(f"Loss: trains on the loss the optimizer minimizes (kernel "
+                     f"{model.loss_kernel}), reports the one model_fn returns (kernel "
+                     f"{model.reported_loss_kernel}), both from the step's forward pass")
     sparse = [v.name for v in training.variables if v.update == "sparse"]
     lines.append(f"Trained weights: {len(training.variables)}"
                  + (f" (sparse updates: {', '.join(sparse)})" if sparse else ""))
@@ -323,6 +327,7 @@ def compile_json(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         "optimizer": None if model.optimizer is None else vars(model.optimizer),
         "optimizer_groups": [{"optimizer": vars(g.config), "variables": list(g.variables)}
                              for g in (model.training.optimizer_groups if model.training else ())],
+        "reported_loss_kernel": model.reported_loss_kernel,
         "objectives": [{"loss": o.loss, "loss_kernel": o.loss_kernel, "variables": list(o.variables)}
                        for o in (model.training.objectives if model.training else ())],
         "estimate": {

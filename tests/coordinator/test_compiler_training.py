@@ -157,7 +157,9 @@ def test_a_learning_rate_schedule_is_lowered_naming_its_line():
     assert schedule.source.endswith(line_of("schedule line"))
 
 
-def test_minimizing_another_loss_is_refused_naming_both():
+def test_the_analysis_alone_refuses_minimizing_another_loss_naming_both():
+    """(match gives the analysis the minimized loss as model_fn's and reports the returned
+    one apart: tests/coordinator/test_reported_loss.py.)"""
     error = refusal(tm.other_loss)
     assert error.message.startswith("the train_op minimizes Mean:0 computed at ")
     assert f"{line_of('other loss line')}, not the loss" in error.message

@@ -190,6 +190,21 @@ def objective_losses(extracted: ExtractedGraph) -> list[tf.Tensor]:
     return list(found.values()) if len(found) + minimizes_loss >= 2 else []
 
 
+def minimized_apart(extracted: ExtractedGraph) -> tf.Tensor | None:
+    """The one loss the train_op minimizes when it is not the loss model_fn returns (nor S
+    times it): model_fn reports a part of what it trains, e.g. the data loss of a loss
+    plus weight decay; None when not so."""
+    loss = _skip_identity(extracted.spec.loss)
+    found = {_skip_identity(y).name: y for y in
+             _minimized_by(extracted.graph, _applied(extracted), loss).values()}
+    if len(found) != 1:
+        return None
+    y = next(iter(found.values()))
+    if _skip_identity(y).name == loss.name or _loss_scale(y.op, loss.op) is not None:
+        return None
+    return y
+
+
 # Ops whose gradient functions may pass the seed on without creating an op.
 _PASS_THROUGH = {"Identity", "AddN", "Add", "AddV2"}
 _VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable"}
