@@ -30,13 +30,14 @@ def model_fn(features, labels, mode, params):
     tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16"))
     try:
         h = tf.keras.layers.Dense(16, name="patch_embed")(tf.reshape(features, [-1, 64, 1]))
-        h = tf.keras.layers.LayerNormalization(epsilon=1e-5, name="embed_ln")(h)
+        h = tf.keras.layers.LayerNormalization(epsilon=params.get("epsilon", 1e-5),
+                                               name="embed_ln")(h)
         out = tf.keras.layers.Dense(1, dtype="float32", name="out")(tf.reduce_mean(h, 1))
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"y": out})
-    loss = v1.losses.mean_squared_error(labels, out)
+    loss = v1.losses.mean_squared_error(labels * params.get("target", 1.0), out)
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss)
     opt = v1.train.experimental.MixedPrecisionLossScaleOptimizer(
