@@ -87,6 +87,7 @@ def test_a_wrong_gradient_under_an_overflowing_dynamic_scale_is_refused(tmp_path
     line = cs_inprocess.refusal(model_fn, input_fn, params(swap=True), str(tmp_path), __file__)
     assert line.startswith("the gradient applied to embed_ln/")
     assert "is not the gradient of the loss model_fn returns" in line
+    assert "(hint: apply the loss's own gradients (minimize(loss), or compute_gradients" in line
     assert "csrun_" not in line and "<unknown source>" not in line
 
 

@@ -75,7 +75,8 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
         raw, ours = [], []
         for chain, grad, handle in zip(chains, expected, tensors):
             if grad is None:
-                raise _fail(chain.update.op, f"the loss does not depend on {chain.update.variable}")
+                raise _fail(chain.update.op, f"the loss does not depend on {chain.update.variable}",
+                            f"leave {chain.update.variable} out of the optimizer's var_list")
             if chain.raw_indices is not None:
                 rows = handle.op.get_attr("shape").dim[0].size
                 raw.append(tf.math.unsorted_segment_sum(chain.raw, chain.raw_indices, rows))
@@ -116,7 +117,10 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
                 raise _fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
                                              "is not the gradient of the loss " + (
                                                  "it minimizes" if chain.call.objective is not None
-                                                 else "model_fn returns"))
+                                                 else "model_fn returns"),
+                            "apply the loss's own gradients (minimize(loss), or "
+                            "compute_gradients(loss) and apply_gradients), changed only by "
+                            f"{TRANSFORMS}")
         largest = {c.update.variable: (c.update.optimizer, float(np.max(
             np.abs(got), initial=0.0)) / abs(c.call.scale * factor)) for c, got in zip(chains, raw_values)}
         check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
