@@ -109,7 +109,8 @@ def test_gradients_overflowing_at_every_dynamic_scale_are_refused_naming_where(t
     assert line.startswith("the gradient of the loss for patch_embed/kernel is not finite on "
                            "input_fn's first batch at every loss scale the dynamic scale "
                            "reaches (down to 1): TensorFlow would skip every step")
-    assert "float16 first overflows in the gradient of Cast 'embed_ln_1/Cast' at " \
+    assert "float16 first overflows in the gradient of LayerNormalization (Cast " \
+           "'embed_ln_1/Cast') at " \
            "test_loss_scale_overflow.py:" in line.replace("tests/coordinator/", "")
     assert "(hint: keep that layer's float16 values finite: a larger epsilon" in line
     assert "optimizers the CS carries out" not in line

@@ -9,6 +9,7 @@ import tensorflow as tf
 from coordinator.compiler.extract import ExtractedGraph, op_closure, user_name, user_source
 from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.operands import VARIABLE_OPS
+from coordinator.compiler.refusals import keras_layer
 from coordinator.compiler.training.gradients import TRANSFORMS, _Chain
 from coordinator.compiler.training.graph import _fail, _variables_under
 from coordinator.compiler.training.noise import check_noise
@@ -162,10 +163,11 @@ def _never_finite(session, chains: list[_Chain], values: list, feed: dict,
         where = ""
         if first is not None:
             forward = _forward(first)
-            where = f"; float16 first overflows in the gradient of {forward.type} " \
-                    f"'{user_name(forward)}' at {user_source(forward)}" if forward is not first \
-                else f"; float16 first overflows in {first.type} '{user_name(first)}' at " \
-                     f"{user_source(first)}"
+            layer, _ = keras_layer(forward)
+            what = f"{layer} ({forward.type} '{user_name(forward)}')" if layer else \
+                f"{forward.type} '{user_name(forward)}'"
+            where = f"; float16 first overflows in {'the gradient of ' * (forward is not first)}" \
+                    f"{what} at {user_source(forward)}"
         raise _fail(chain.update.op, f"the gradient of the loss for {chain.update.variable} is "
                                      "not finite on input_fn's first batch at every loss scale "
                                      f"the dynamic scale reaches (down to "
