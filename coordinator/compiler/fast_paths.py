@@ -639,7 +639,8 @@ def _batched_labels(m: Context, labels: tf.Tensor, xent: tf.Operation) -> bool:
     if m.is_batched(labels):
         return True
     value = m.operands.shaped_constant(labels)
-    if value is None or value.ndim < 1 or value.shape[0] != m.batch_size:
+    if value is None or value.ndim < 1 or value.shape[0] != m.batch_size or \
+            value.dtype not in (np.float32, np.int32, np.int64):
         return False
     m.add_kernel(f"{xent.name}/labels", "sample_constant", [m.sample_input()],
                  {"value": value}, [], [], labels, output_shape=value.shape[1:], source_op=xent)
