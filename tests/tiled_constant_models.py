@@ -97,3 +97,35 @@ def gp_marginal_likelihood(features, labels, mode, params):
             + tf.reduce_sum(tf.math.log(tf.linalg.diag_part(chol)))) / n
     return CSEstimatorSpec(mode, loss=loss, train_op=tf.compat.v1.train.AdamOptimizer(1e-2).minimize(
         loss, global_step=tf.compat.v1.train.get_or_create_global_step()))
+
+
+SPEAKERS = 3
+# an episode's two utterances are of speakers 2 and 0 (every episode arranged alike)
+ORDER = np.array([2, 0], np.int32)
+
+
+def _episode_scores(features):
+    """GE2E-style episodes: each sample's two utterances folded into the batch for the
+    encoder, reshaped back, scored against every speaker: [batch, 2, speakers]."""
+    utterances = tf.reshape(features, [-1, FEATURES // 2])
+    emb = L.Dense(WIDTH, activation="tanh", name="encoder")(utterances)
+    return L.Dense(SPEAKERS, name="speaker")(tf.reshape(emb, [-1, 2, WIDTH]))
+
+
+def episode_tiled_labels(features, labels, mode, params):
+    """Each episode's speaker ids a constant tiled over the batch (tf.tile; tf.broadcast_to
+    if params["broadcast"]), a sparse cross-entropy of [batch, 2, speakers] scores; accuracy."""
+    scores = _episode_scores(features)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"scores": scores})
+    ids = tf.constant(ORDER[None])
+    batch = tf.shape(scores)[0]
+    target = tf.broadcast_to(ids, tf.stack([batch, 2])) if params.get("broadcast") else \
+        tf.tile(ids, [batch, 1])
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=target, logits=scores))
+    train_op = None
+    if mode == ModeKeys.TRAIN:
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(
+            loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode, loss=loss, train_op=train_op, eval_metric_ops={
+        "accuracy": tf.compat.v1.metrics.accuracy(target, tf.argmax(scores, 2, output_type=tf.int32))})

@@ -631,18 +631,33 @@ def _flattened_cross_entropy(m: Context, reshape: tf.Operation) -> bool:
     flat_logits, flat_labels = xent.inputs
     reshapes = [t.op for t in (flat_logits, flat_labels)]
     back = m.sole_consumer(xent.outputs[0])
-    if any(r.type != "Reshape" or m.sole_consumer(r.outputs[0]) is not xent or
-           not m.is_batched(r.inputs[0]) for r in reshapes) or back is None or \
-            back.type != "Reshape":
+    if any(r.type != "Reshape" or m.sole_consumer(r.outputs[0]) is not xent for r in reshapes) \
+            or back is None or back.type != "Reshape" or not m.is_batched(reshapes[0].inputs[0]):
         return False
     logits, labels = (r.inputs[0] for r in reshapes)
     lead = static_shape(logits)[:-1]
     if static_shape(labels) != (lead if sparse else static_shape(logits)) or \
             static_shape(back.outputs[0]) != lead or \
-            static_shape(flat_logits) != (int(np.prod(lead)), static_shape(logits)[-1]):
+            static_shape(flat_logits) != (int(np.prod(lead)), static_shape(logits)[-1]) or \
+            not _batched_labels(m, labels, xent):
         return False
     m.add_kernel(xent.name, "softmax_cross_entropy_with_logits", [logits, labels],
                  {"sparse": sparse}, [], [*reshapes, xent, back], back.outputs[0], source_op=xent)
+    return True
+
+
+def _batched_labels(m: Context, labels: tf.Tensor, xent: tf.Operation) -> bool:
+    """Whether a cross-entropy's `labels` are values of the samples, or a constant whose
+    first axis is the batch (tf.tile(classes, [batch, 1]), tf.broadcast_to: each sample's
+    row its labels), which a sample_constant kernel then gives each sample."""
+    if m.is_batched(labels):
+        return True
+    value = m.operands.shaped_constant(labels)
+    if value is None or value.ndim < 1 or value.shape[0] != m.batch_size or \
+            value.dtype not in (np.float32, np.int32, np.int64):
+        return False
+    m.add_kernel(f"{xent.name}/labels", "sample_constant", [m.sample_input()],
+                 {"value": value}, [], [], labels, output_shape=value.shape[1:], source_op=xent)
     return True
 
 
@@ -653,7 +668,7 @@ def match_cross_entropy(m: Context, op: tf.Operation) -> bool:
     if op.type not in ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits"):
         return False
     logits, labels = op.inputs
-    if not (m.is_batched(logits) and m.is_batched(labels)):
+    if not (m.is_batched(logits) and _batched_labels(m, labels, op)):
         return False
     attrs = {"sparse": op.type.startswith("Sparse")}
     m.add_kernel(op.name, "softmax_cross_entropy_with_logits", [logits, labels], attrs, [],

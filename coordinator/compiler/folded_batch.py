@@ -111,8 +111,18 @@ def refusal(m: Context, op: tf.Operation) -> str:
         return "" if _own_axis(m, op) else \
             _mixes(op, f"{op.type} along the folded batch axis compares rows of different samples", k)
     if op.type in CROSS_ENTROPIES:  # each row's loss from its own logits and label
-        return "" if m.is_batched(op.inputs[1]) and len(static_shape(op.inputs[0])) >= 2 else \
-            _mixes(op, "takes a cross-entropy of folded logits without folded labels", k)
+        if m.is_batched(op.inputs[1]) and len(static_shape(op.inputs[0])) >= 2:
+            return ""
+        logits = op.inputs[0].op
+        if logits.type == "Reshape" and m.is_batched(logits.inputs[0]) and \
+                m.folds(logits.inputs[0]) == 1:  # TF's own flattening of [batch, ..., n]
+            labels = op.inputs[1].op.inputs[0].op if op.inputs[1].op.type == "Reshape" \
+                else op.inputs[1].op
+            return (f"takes a cross-entropy whose labels ({labels.type} '{labels.name}') are "
+                    "neither values of the samples nor a "
+                    "constant with the batch's rows: compute the labels from the features or "
+                    "labels input_fn gives, or tile a constant over the batch")
+        return _mixes(op, "takes a cross-entropy of folded logits without folded labels", k)
     if op.type == "Einsum":
         return "" if _keeps_batch_letter(m, op) else \
             _mixes(op, "einsum does not keep the folded batch axis a batch letter", k)

@@ -114,6 +114,7 @@ class Matcher:
         self.shapes: dict[str, tuple[int, ...]] = {}  # batched tensor -> per-sample shape
         self.fold_factors: set[int] = set()  # rows per sample of the folded values so far
         self.tail: set[str] = set()  # tensors of the loss tail (after a batch reduction)
+        self.refused: set[str] = set()  # tail tensors computed from a refused op's outputs
         self.leading: set[str] = set()  # batched tensors held with a stack axis first
         self.frontier: list[tf.Tensor] = []  # batched tensors the batch reductions read
         self.internal: dict[str, str] = {}  # tensors inside a fused kernel -> kernel
@@ -302,7 +303,8 @@ class Matcher:
         self.consumed.add(op)
 
     def reject(self, op: tf.Operation, reason: str = "") -> None:
-        self.unsupported.append(refusals.attribute(op, reason, self.tail, self.is_batched))
+        if not self._knock_on(op, reason):
+            self.unsupported.append(refusals.attribute(op, reason, self.tail, self.is_batched))
         self.consumed.add(op)
         for out in op.outputs:  # keep going so that every unsupported op is found
             if out.shape.rank and out.shape[0] == self.x.batch_size:
@@ -310,6 +312,15 @@ class Matcher:
                 self.shapes[out.name] = static_shape(out)[1:]
             else:
                 self.tail.add(out.name)
+                self.refused.add(out.name)
+
+    def _knock_on(self, op: tf.Operation, reason: str) -> bool:
+        """Whether `op` is refused only for mixing samples through values of the tail that
+        an op already refused computes (a refused split of the batch's pieces): a
+        consequence of that refusal, not a problem of its own."""
+        tail = [t for t in op.inputs if t.name in self.tail]
+        return reason == lowering.mixes_samples(op, self.x.batch_size) and bool(tail) and \
+            all(t.name in self.refused for t in tail)
 
     # ---- operands of generic kernels ----
     def weight_param(self, role: str, weight: Weight) -> ParamRef:
@@ -457,6 +468,8 @@ class Matcher:
                 self.reject(op, lowering.mixes_samples(op, self.x.batch_size))
                 return True
             self.tail.update(out.name for out in op.outputs)
+            if any(t.name in self.refused for t in tail_inputs):
+                self.refused.update(out.name for out in op.outputs)
             self.consumed.add(op)
             return True
         axes = lowering.batch_reduction_axes(self, op)

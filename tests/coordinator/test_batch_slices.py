@@ -75,6 +75,18 @@ def test_slices_of_the_batch_outside_a_loss_are_refused_in_one_line(tmp_path, mo
     assert says in message and "each sample on its own" in message, message
 
 
+def test_ops_refused_only_for_reading_a_refused_split_are_not_listed(tmp_path):
+    """Per-example kernels over the batch split into examples (unseen24's condconv_experts):
+    the report lists the two splits, not the cross entropy that mixes samples only through
+    their refused pieces (false on its own)."""
+    message = cs_inprocess.refusal(models.per_example_kernels_model_fn, models.input_fn, PARAMS,
+                                   str(tmp_path), models.__file__)
+    assert message.startswith("validation failed: Split 'split' at ")
+    report = (tmp_path / "cs_compile" / "validation_report.txt").read_text()
+    assert "Unsupported layers and operations (2):" in report, report
+    assert "combines values of different samples" not in report, report
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_random_losses_slicing_the_batch_train_like_tensorflow(tmp_path, seed):
     """Differential: losses slicing the batch drawn at random, at a random batch (4, 6 or 8)

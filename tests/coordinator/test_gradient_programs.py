@@ -75,3 +75,6 @@ def test_a_transform_of_the_batch_another_gradient_the_step_or_noise_is_refused(
                                                                                   words, tmp_path):
     line = cs_inprocess.refusal(model_fn, m.input_fn, BASE, str(tmp_path), m.__file__)
     assert words in line
+    assert line.endswith("(hint: transform each gradient with itself, weights and constants "
+                         "only (tf.clip_by_norm(g, c), g * mask); to combine several losses' "
+                         "gradients, minimize their weighted sum with one optimizer)")

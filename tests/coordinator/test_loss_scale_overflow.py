@@ -30,13 +30,14 @@ def model_fn(features, labels, mode, params):
     tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16"))
     try:
         h = tf.keras.layers.Dense(16, name="patch_embed")(tf.reshape(features, [-1, 64, 1]))
-        h = tf.keras.layers.LayerNormalization(epsilon=1e-5, name="embed_ln")(h)
+        h = tf.keras.layers.LayerNormalization(epsilon=params.get("epsilon", 1e-5),
+                                               name="embed_ln")(h)
         out = tf.keras.layers.Dense(1, dtype="float32", name="out")(tf.reduce_mean(h, 1))
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"y": out})
-    loss = v1.losses.mean_squared_error(labels, out)
+    loss = v1.losses.mean_squared_error(labels * params.get("target", 1.0), out)
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss)
     opt = v1.train.experimental.MixedPrecisionLossScaleOptimizer(
@@ -86,6 +87,7 @@ def test_a_wrong_gradient_under_an_overflowing_dynamic_scale_is_refused(tmp_path
     line = cs_inprocess.refusal(model_fn, input_fn, params(swap=True), str(tmp_path), __file__)
     assert line.startswith("the gradient applied to embed_ln/")
     assert "is not the gradient of the loss model_fn returns" in line
+    assert "(hint: apply the loss's own gradients (minimize(loss), or compute_gradients" in line
     assert "csrun_" not in line and "<unknown source>" not in line
 
 
@@ -96,3 +98,19 @@ def test_a_static_scale_overflowing_the_first_batch_is_refused_in_one_line(tmp_p
     assert line.startswith("the loss scale 32768 overflows float16 in the gradient of ")
     assert 'lower the loss scale or use "dynamic"' in line
     assert "csrun_" not in line and "<unknown source>" not in line
+
+
+def test_gradients_overflowing_at_every_dynamic_scale_are_refused_naming_where(tmp_path):
+    """LayerNormalization(epsilon=1e-6) over blank pixels' tokens (unseen24's segformer): the
+    float16 gradient overflows even at S = 1, so TF halves S down to 1 and never applies a
+    step. The line says so, names the op where float16 first overflows and what to do."""
+    line = cs_inprocess.refusal(model_fn, input_fn, params(epsilon=1e-6, target=1e4),
+                                str(tmp_path), __file__)
+    assert line.startswith("the gradient of the loss for patch_embed/kernel is not finite on "
+                           "input_fn's first batch at every loss scale the dynamic scale "
+                           "reaches (down to 1): TensorFlow would skip every step")
+    assert "float16 first overflows in the gradient of LayerNormalization (Cast " \
+           "'embed_ln_1/Cast') at " \
+           "test_loss_scale_overflow.py:" in line.replace("tests/coordinator/", "")
+    assert "(hint: keep that layer's float16 values finite: a larger epsilon" in line
+    assert "optimizers the CS carries out" not in line

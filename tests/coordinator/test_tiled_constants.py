@@ -16,7 +16,10 @@ from cs_api.attrs import from_attr
 
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 CASES = {"iqn_tiled_fractions": (m.iqn_tiled_fractions, m.input_fn, {}),
-         "iqn_broadcast_fractions": (m.iqn_broadcast_fractions, m.input_fn, {})}
+         "iqn_broadcast_fractions": (m.iqn_broadcast_fractions, m.input_fn, {}),
+         "episode_tiled_labels": (m.episode_tiled_labels, m.input_fn, {}),
+         "episode_broadcast_labels": (m.episode_tiled_labels, m.input_fn, {"broadcast": True})}
+LABELLED = ("episode_tiled_labels", "episode_broadcast_labels")
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +27,7 @@ def compared(tmp_path_factory):
     return cs_inprocess.cached_comparisons(CASES, BASE, tmp_path_factory)
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", [n for n in CASES if n not in LABELLED])
 def test_a_constant_tiled_over_the_batch_is_each_samples_row(compared, name):
     result = compared(name)
     cs_inprocess.assert_same_training(result, rtol=1e-5)
@@ -54,3 +57,22 @@ def test_a_weight_value_along_the_batch_is_refused_at_validation(tmp_path, model
     assert "whose first axis TF pairs with the batch's samples" in text
     assert cs_inprocess.refusal_problem(refused.value, m.__file__, cs_inprocess.model_op_words(
         model_fn, m.input_fn, params)) == ""
+
+
+@pytest.mark.parametrize("name", LABELLED)
+def test_cross_entropy_labels_tiled_over_the_batch_are_each_samples_labels(compared, name):
+    """GE2E episodes (unseen24 ge2e_episodes): tf.nn.sparse_softmax_cross_entropy_with_logits
+    of [batch, utterances, speakers] scores flattens them to rank 2 itself, the speaker ids a
+    constant tiled over the batch: each sample's ids, training 4 steps as TF does."""
+    result = compared(name)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)
+    assert result.cs.losses[0] != result.cs.losses[-1]
+    [rows] = [k for k in result.compiled.program.kernels if k.type == "sample_constant"]
+    np.testing.assert_array_equal(from_attr(rows.attrs["value"]),
+                                  np.tile(m.ORDER, (BASE["batch_size"], 1)))
+
+
+def test_episodes_evaluate_and_predict_on_the_cs_with_the_cpu_paths_numbers(compared, tmp_path):
+    trained = compared("episode_tiled_labels")
+    for mismatch in (cs_inprocess.evaluation_mismatch, cs_inprocess.prediction_mismatch):
+        assert mismatch(m.episode_tiled_labels, m.input_fn, BASE, str(tmp_path), trained, rtol=1e-5) == ""

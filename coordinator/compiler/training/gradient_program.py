@@ -28,6 +28,10 @@ from wafer.grad_transforms import GRADIENT
 ONLY = ("the CS transforms a gradient with itself, weights, constants and the ops of the "
         "weight program")
 
+TRANSFORM_HINT = ("transform each gradient with itself, weights and constants only "
+                  "(tf.clip_by_norm(g, c), g * mask); to combine several losses' gradients, "
+                  "minimize their weighted sum with one optimizer")
+
 
 class _Builder(WeightProgramBuilder):
     """The weight program's builder, reading one gradient of the backward pass as a source."""
@@ -107,7 +111,7 @@ class GradientPrograms:
         value = builder._lower(tensor)
         op = tensor.op
         if value is None:
-            raise _Refused(builder.problems[tensor.name])
+            raise _Refused(builder.problems[tensor.name], TRANSFORM_HINT)
         if builder.leaf is None or not isinstance(value, str) or \
                 tensor.dtype.base_dtype != tf.float32:
             raise _Refused(f"the gradient applied to {variable} is not computed from the "

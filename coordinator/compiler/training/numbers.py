@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.extract import ExtractedGraph, op_closure
+from coordinator.compiler.extract import ExtractedGraph, op_closure, user_name, user_source
 from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.operands import VARIABLE_OPS
+from coordinator.compiler.refusals import keras_layer
 from coordinator.compiler.training.gradients import TRANSFORMS, _Chain
 from coordinator.compiler.training.graph import _fail, _variables_under
 from coordinator.compiler.training.noise import check_noise
@@ -75,7 +76,8 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
         raw, ours = [], []
         for chain, grad, handle in zip(chains, expected, tensors):
             if grad is None:
-                raise _fail(chain.update.op, f"the loss does not depend on {chain.update.variable}")
+                raise _fail(chain.update.op, f"the loss does not depend on {chain.update.variable}",
+                            f"leave {chain.update.variable} out of the optimizer's var_list")
             if chain.raw_indices is not None:
                 rows = handle.op.get_attr("shape").dim[0].size
                 raw.append(tf.math.unsorted_segment_sum(chain.raw, chain.raw_indices, rows))
@@ -92,6 +94,7 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
         factor = 1.0
         if proof_scale is not None:
             raw_values, factor = _finite_scale(session, raw, raw_values, feed, proof_scale)
+            _never_finite(session, chains, raw_values, feed, proof_scale)
         else:
             _static_overflow(chains, raw_values, loss_grads)
         # A gradient that is zero in exact arithmetic (an attention key's bias) is rounding
@@ -106,14 +109,19 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
             if not np.isfinite(want).all():
                 raise _fail(chain.update.op, f"the gradient of the loss for {chain.update.variable} "
                                              "is not finite on input_fn's first batch (NaN or "
-                                             "infinity): the training cannot be checked")
+                                             "infinity): the training cannot be checked",
+                            "make the loss finite on that batch (a log or division of 0, a "
+                            "sqrt's gradient at 0: add a small epsilon)")
             bound = rtol * float(np.max(np.abs(want), initial=0.0)) + noise * overall + 1e-30
             # (written so that a NaN gradient, which compares false with anything, fails)
             if got.shape != want.shape or not float(np.max(np.abs(got - want), initial=0.0)) <= bound:
                 raise _fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
                                              "is not the gradient of the loss " + (
                                                  "it minimizes" if chain.call.objective is not None
-                                                 else "model_fn returns"))
+                                                 else "model_fn returns"),
+                            "apply the loss's own gradients (minimize(loss), or "
+                            "compute_gradients(loss) and apply_gradients), changed only by "
+                            f"{TRANSFORMS}")
         largest = {c.update.variable: (c.update.optimizer, float(np.max(
             np.abs(got), initial=0.0)) / abs(c.call.scale * factor)) for c, got in zip(chains, raw_values)}
         check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
@@ -136,6 +144,51 @@ def _finite_scale(session, raw: list, values: list, feed: dict,
         scale /= 2
         values = session.run(raw, {**feed, proof_scale: np.float32(scale)})
     return values, scale / pinned
+
+
+def _never_finite(session, chains: list[_Chain], values: list, feed: dict,
+                  proof_scale: tf.Tensor) -> None:
+    """Refuse a float16 backward whose raw gradient is not finite on input_fn's first batch
+    even at the smallest scale dynamic loss scaling reaches: TF would skip every step. The
+    line names the first float16 op (in graph order) whose value overflows."""
+    for chain, got in zip(chains, values):
+        if np.isfinite(got).all():
+            continue
+        feed = {**feed, proof_scale: np.float32(SMALLEST_PROOF_SCALE)}
+        halves = [op for op in op_closure(chain.raw)
+                  if op.outputs and op.outputs[0].dtype == tf.float16]
+        halves.sort(key=lambda op: op._id)  # (graph order: a value's inputs before it)
+        found = session.run([op.outputs[0] for op in halves], feed)
+        first = next((op for op, v in zip(halves, found) if not np.isfinite(v).all()), None)
+        where = ""
+        if first is not None:
+            forward = _forward(first)
+            layer, _ = keras_layer(forward)
+            what = f"{layer} ({forward.type} '{user_name(forward)}')" if layer else \
+                f"{forward.type} '{user_name(forward)}'"
+            where = f"; float16 first overflows in {'the gradient of ' * (forward is not first)}" \
+                    f"{what} at {user_source(forward)}"
+        raise _fail(chain.update.op, f"the gradient of the loss for {chain.update.variable} is "
+                                     "not finite on input_fn's first batch at every loss scale "
+                                     f"the dynamic scale reaches (down to "
+                                     f"{SMALLEST_PROOF_SCALE:g}): TensorFlow would skip every "
+                                     f"step and never train{where}",
+                    "keep that layer's float16 values finite: a larger epsilon (Keras' "
+                    "LayerNormalization default 1e-3), or the layer in float32 "
+                    "(dtype=\"float32\")")
+
+
+def _forward(op: tf.Operation) -> tf.Operation:
+    """The forward op whose gradient `op` computes (`gradients/<op>_grad/...`), else `op`."""
+    parts = op.name.split("/")
+    scope = next((k for k, part in enumerate(parts) if part.startswith("gradients")), None)
+    rest = "/".join(parts[scope + 1:]) if scope is not None else ""
+    if "_grad/" not in rest:
+        return op
+    try:
+        return op.graph.get_operation_by_name(rest[:rest.index("_grad/")])
+    except KeyError:
+        return op
 
 
 def _static_overflow(chains: list[_Chain], raw: list, loss_grads: list) -> None:

@@ -210,7 +210,9 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
         if u.variable in by_var:
             raise _fail(u.op, f"{u.variable} is updated twice (also by "
                               f"'{by_var[u.variable].op.name}' at "
-                              f"{user_source(by_var[u.variable].op)})")
+                              f"{user_source(by_var[u.variable].op)})",
+                        "update each variable with one optimizer: minimize the weighted sum "
+                        "of its losses with one, or give each optimizer its own var_list")
         by_var[u.variable] = u
     if len(increments) > 1:
         raise _fail(increments[1], "the train_op increments the global step twice a step (two "
