@@ -523,14 +523,20 @@ def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
 def _difference(u: _Update, first: _Update) -> str:
     """How u's optimizer differs from first's, in the user's terms."""
     if u.optimizer.type != first.optimizer.type:
-        return (f"with {u.optimizer.type} (learning rate {u.optimizer.learning_rate:g}), but "
+        return (f"with {u.optimizer.type} (learning rate {_value(u, 'learning_rate')}), but "
                 f"{first.variable} with {first.optimizer.type} (learning rate "
-                f"{first.optimizer.learning_rate:g})")
-    def shown(value: Any) -> str:
-        return f"{value:g}" if isinstance(value, float) else str(value)
-    differ = [f"{f.name} {shown(getattr(u.optimizer, f.name))} vs "
-              f"{shown(getattr(first.optimizer, f.name))}" for f in fields(u.optimizer)
-              if getattr(u.optimizer, f.name) != getattr(first.optimizer, f.name)]
-    if set(u.scheduled) != set(first.scheduled):
-        differ.append(f"scheduled {sorted(u.scheduled)} vs {sorted(first.scheduled)}")
+                f"{_value(first, 'learning_rate')})")
+    differ = [f"{f.name} {_value(u, f.name)} vs {_value(first, f.name)}"
+              for f in fields(u.optimizer) if f.name in u.scheduled or f.name in first.scheduled
+              or getattr(u.optimizer, f.name) != getattr(first.optimizer, f.name)]
     return f"with another {u.optimizer.type} than {first.variable} ({', '.join(differ)})"
+
+
+def _value(u: _Update, name: str) -> str:
+    """A hyper-parameter of u's optimizer as the user wrote it: its constant, or the line
+    computing it per step (the config holds 0 for a scheduled one)."""
+    if name in u.scheduled:
+        tensor = u.scheduled[name][1]
+        return f"computed per step at {user_source(tensor.op)}"
+    value = getattr(u.optimizer, name)
+    return f"{value:g}" if isinstance(value, float) else str(value)
