@@ -361,8 +361,9 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
     train = extracted.spec.train_op
     increments = [op for op in op_closure(train) if _is_write(op) and op.type in (
         "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph)]
-    items = [Scheduled(key, reader, tensor) for u in updates
-             for key, (reader, tensor) in u.scheduled.items()]
+    configs = list(dict.fromkeys(u.optimizer for u in updates))  # (optimizer_groups' order)
+    items = [Scheduled(key, reader, tensor, name=f"{key}@{configs.index(u.optimizer)}")
+             for u in updates for key, (reader, tensor) in u.scheduled.items()]
     offsets = {}
     for a in averages:
         offsets[a.shadow] = int(bool(increments) and increments[0] in set(op_closure(a.op)))
@@ -397,8 +398,10 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
         write_offsets[w.variable] = offset.pop() if offset else 0
     written_vars = {variable_op(op.inputs[0]).name for op in op_closure(train) if _is_write(op)}
     lowered = {**lower_schedules(extracted, items, written_vars), **constants}
-    schedules = tuple(lowered[key] for key in dict.fromkeys(
-        key for u in updates for key in u.scheduled))
+    schedules = tuple(dataclasses.replace(lowered[f"{key}@{index}"], optimizer=index)
+                      for key, index in dict.fromkeys(
+                          (key, configs.index(u.optimizer)) for u in updates
+                          for key in u.scheduled))
     moving = tuple(MovingAverage(a.variable, a.shadow, lowered[a.shadow], offsets[a.shadow])
                    for a in averages)
     writes = tuple(WeightWrite(

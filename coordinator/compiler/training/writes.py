@@ -210,7 +210,10 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
         if u.variable in by_var:
             raise _fail(u.op, f"{u.variable} is updated twice (also by "
                               f"'{by_var[u.variable].op.name}' at "
-                              f"{user_source(by_var[u.variable].op)})")
+                              f"{user_source(by_var[u.variable].op)}): the CS updates a weight "
+                              "by one optimizer a step",
+                        hint="minimize the weighted sum of the losses that train it with one "
+                             "optimizer (an autoencoder's: reconstruction + w * adversarial)")
         by_var[u.variable] = u
     if len(increments) > 1:
         raise _fail(increments[1], "the train_op increments the global step twice a step (two "
@@ -218,14 +221,19 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                                    "step a batch", hint="pass global_step to one optimizer only")
     first = updates[0]
     for u in updates[1:]:
-        if (u.optimizer == first.optimizer and set(u.scheduled) != set(first.scheduled)) or (
-                u.optimizer != first.optimizer and (u.scheduled or first.scheduled or "adamw" in (
-                    u.optimizer.type, first.optimizer.type))):
+        alike = next(x for x in updates if x.optimizer == u.optimizer)
+        if set(u.scheduled) != set(alike.scheduled):
+            raise _fail(u.op, f"{u.variable} is trained {_difference(u, alike)} "
+                              f"('{user_name(alike.op)}' at {user_source(alike.op)}); the CS "
+                              "trains optimizers of equal constant hyper-parameters as one, "
+                              "with one schedule of each", hint="compute a hyper-parameter of "
+                              "both optimizers per step, or of neither")
+        if u.optimizer != first.optimizer and "adamw" in (u.optimizer.type, first.optimizer.type):
             raise _fail(u.op, f"{u.variable} is trained {_difference(u, first)} "
                               f"('{user_name(first.op)}' at {user_source(first.op)}); the CS trains "
-                              "several optimizers at once only with constant hyper-parameters "
-                              "and not AdamW", hint="give each optimizer constant "
-                              "hyper-parameters, or train every variable with one optimizer")
+                              "several optimizers at once but not AdamW",
+                        hint="train every variable with one optimizer, or decay the weights "
+                             "of AdamOptimizer by hand")
     for a in averages:
         if a.variable not in by_var or by_var[a.variable].op not in set(op_closure(a.op)):
             raise _fail(a.op, f"the ExponentialMovingAverage of {a.variable} does not wait for "
