@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -221,13 +221,6 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                                    "step a batch", hint="pass global_step to one optimizer only")
     first = updates[0]
     for u in updates[1:]:
-        alike = next(x for x in updates if x.optimizer == u.optimizer)
-        if set(u.scheduled) != set(alike.scheduled):
-            raise _fail(u.op, f"{u.variable} is trained {_difference(u, alike)} "
-                              f"('{user_name(alike.op)}' at {user_source(alike.op)}); the CS "
-                              "trains optimizers of equal constant hyper-parameters as one, "
-                              "with one schedule of each", hint="compute a hyper-parameter of "
-                              "both optimizers per step, or of neither")
         if u.optimizer != first.optimizer and "adamw" in (u.optimizer.type, first.optimizer.type):
             raise _fail(u.op, f"{u.variable} is trained {_difference(u, first)} "
                               f"('{user_name(first.op)}' at {user_source(first.op)}); the CS trains "
