@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from examples.modelzoo_adamw import AdamWOptimizer
 from tf_model.estimator_spec import CSEstimatorSpec
 
 v1 = tf.compat.v1
@@ -238,7 +239,8 @@ def two_optimizers(features, labels, mode, params):
     head = [v for v in v1.trainable_variables() if v.name.startswith("head/")]
     decayed = v1.train.exponential_decay(0.01, v1.train.get_or_create_global_step(), 10, 0.5)
     slow = v1.train.GradientDescentOptimizer(decayed).minimize(loss, var_list=body)  # slow line
-    fast = v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=head)  # fast line
+    fast = AdamWOptimizer(0.1, weight_decay_rate=0.01).minimize(
+        loss, var_list=head)
     return spec(loss, tf.group(slow, fast))
 
 

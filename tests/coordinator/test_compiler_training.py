@@ -214,13 +214,13 @@ def test_state_the_train_op_keeps_is_refused_saying_what_to_do_instead():
                                  "statistics: compute the value anew every step")
 
 
-def test_two_optimizers_one_with_a_schedule_are_refused_naming_both_lines():
+def test_adamw_beside_another_optimizer_is_refused_stating_the_rates_truly():
     error = refusal(tm.two_optimizers)
-    assert line_of("slow line") in error.message and line_of("fast line") in error.message
-    assert "head/kernel is trained with another sgd than body/kernel (learning_rate 0.1 vs " \
-           "0, scheduled [] vs ['learning_rate'])" in error.message
-    assert "the CS trains several optimizers at once only with constant hyper-parameters" \
-        in error.message
+    assert line_of("slow line") in error.message  # (AdamW's update: the modelzoo's line)
+    assert "head/kernel is trained with adamw (learning rate 0.1), but body/kernel with sgd " \
+           "(learning rate computed per step at " in error.message
+    assert f"{line_of('decayed = ')})" in error.message
+    assert "the CS trains several optimizers at once but not AdamW" in error.message
 
 
 def test_sums_a_cond_applies_and_never_zeroes_are_refused_naming_the_addition():
