@@ -18,6 +18,9 @@ from cs_inprocess import (
 
 from common.errors import CSRunError
 from coordinator.compiler import compile_model
+from cs_api import pb
+from wse_sim.errors import CSError
+from wse_sim.program import check_program
 
 CASES = {"dlrm": (mm.dlrm, mm.ctr_input_fn, {"mlp_lr": 0.1}),
          "two_decays": (mm.two_decays, mm.digits_input_fn, {}),
@@ -47,6 +50,22 @@ def test_each_optimizer_keeps_its_own_schedule(trained):
     assert [(s.optimizer, s.hyper_parameter) for s in
             trained("two_decays").compiled.program.schedules] == [(0, "learning_rate"),
                                                                   (1, "learning_rate")]
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda s: setattr(s, "optimizer", 2), "optimizer 2 is none of the program's 2"),
+    (lambda s: setattr(s, "hyper_parameter", "momentum"), "the sgd optimizer's schedules may "
+                                                          "compute learning_rate"),
+    (lambda s: setattr(s, "optimizer", 0), "a second schedule of learning_rate"),
+], ids=["unknown_optimizer", "not_its_optimizers", "twice"])
+def test_the_cs_refuses_a_malformed_group_schedule_before_anything_is_allocated(
+        trained, change, words):
+    program = pb.Program()
+    program.CopyFrom(trained("two_decays").compiled.program)
+    change(program.schedules[1])
+    with pytest.raises(CSError) as error:
+        check_program(program)
+    assert words in str(error.value)
 
 
 def _line(fragment: str) -> str:
