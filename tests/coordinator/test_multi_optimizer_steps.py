@@ -47,6 +47,12 @@ def test_each_optimizer_keeps_its_own_schedule(trained):
     program = trained("dlrm").compiled.program
     assert [(s.hyper_parameter, s.optimizer) for s in program.schedules] == [("learning_rate", 0)]
     assert [g.optimizer.type for g in program.optimizer_groups] == ["adagrad"]
+    assert "sgd, learning rate from a schedule for bottom0/kernel" in \
+        trained("dlrm").compiled.report_text
+    assert "  adagrad, learning rate 0.05, initial accumulator 0.01 for embedding_0" in \
+        trained("dlrm").compiled.report_text
+    assert "  sgd, learning rate from a schedule for decoder/kernel" in \
+        trained("two_decays").compiled.report_text
     assert [(s.optimizer, s.hyper_parameter) for s in
             trained("two_decays").compiled.program.schedules] == [(0, "learning_rate"),
                                                                   (1, "learning_rate")]
