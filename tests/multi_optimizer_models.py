@@ -1,6 +1,6 @@
 """Models training several optimizers in one step the way users write them: DLRM's recipe
 (Adagrad on the embedding tables, SGD with a linear warmup on the MLPs), two SGDs each on
-its own decay, an adversarial autoencoder with one Adam on reconstruction + w * adversarial
+its own decay, an Adam beside an AdamW on a decay, an adversarial autoencoder with one Adam on reconstruction + w * adversarial
 beside its discriminator's Adam (a prior drawn in model_fn), and the AAE of three Adams whose
 encoder two of them update (refused)."""
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from examples.modelzoo_adamw import AdamWOptimizer
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 L, v1 = tf.keras.layers, tf.compat.v1
@@ -80,6 +81,27 @@ def two_decays(features, labels, mode, params):
             v1.train.GradientDescentOptimizer(fast).minimize(loss, var_list=decoder)))
     updates = [v1.train.GradientDescentOptimizer(slow).minimize(loss, var_list=encoder),
                v1.train.GradientDescentOptimizer(fast).minimize(loss, var_list=decoder)]
+    with tf.control_dependencies(updates):
+        return CSEstimatorSpec(mode, loss=loss, train_op=step.assign_add(1))
+
+
+def adamw_decoder(features, labels, mode, params):
+    """An autoencoder whose encoder an Adam trains and whose decoder an AdamW (its rate
+    decayed, no decay of the bias); the step counted after both."""
+    z = L.Dense(8, activation="relu", name="encoder")(features)
+    recon = L.Dense(32, name="decoder")(z)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"recon": recon})
+    loss = v1.losses.mean_squared_error(labels, recon)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss)
+    step = v1.train.get_or_create_global_step()
+    encoder = [v for v in v1.trainable_variables() if v.name.startswith("encoder")]
+    decoder = [v for v in v1.trainable_variables() if v.name.startswith("decoder")]
+    adamw = AdamWOptimizer(v1.train.exponential_decay(0.01, step, 2, 0.5),
+                           weight_decay_rate=0.1, exclude_from_weight_decay=["bias"])
+    updates = [v1.train.AdamOptimizer(0.02).minimize(loss, var_list=encoder),
+               adamw.minimize(loss, var_list=decoder)]
     with tf.control_dependencies(updates):
         return CSEstimatorSpec(mode, loss=loss, train_op=step.assign_add(1))
 

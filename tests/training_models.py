@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from examples.modelzoo_adamw import AdamWOptimizer
 from tf_model.estimator_spec import CSEstimatorSpec
 
 v1 = tf.compat.v1
@@ -229,19 +228,6 @@ def power_iteration_state(features, labels, mode, params):
     loss = v1.losses.sparse_softmax_cross_entropy(labels, tf.matmul(features, w / sigma))
     with tf.control_dependencies([u.assign(u_next)]):  # power iteration line
         return spec(loss, v1.train.AdamOptimizer(1e-3).minimize(loss))
-
-
-def two_optimizers(features, labels, mode, params):
-    h = tf.keras.layers.Dense(16, activation="relu", name="body")(features)
-    logits = tf.keras.layers.Dense(10, name="head")(h)
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    body = [v for v in v1.trainable_variables() if v.name.startswith("body/")]
-    head = [v for v in v1.trainable_variables() if v.name.startswith("head/")]
-    decayed = v1.train.exponential_decay(0.01, v1.train.get_or_create_global_step(), 10, 0.5)
-    slow = v1.train.GradientDescentOptimizer(decayed).minimize(loss, var_list=body)  # slow line
-    fast = AdamWOptimizer(0.1, weight_decay_rate=0.01).minimize(
-        loss, var_list=head)
-    return spec(loss, tf.group(slow, fast))
 
 
 def accumulated_gradients(features, labels, mode, params):

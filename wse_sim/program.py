@@ -524,16 +524,14 @@ def check_objectives(program: pb.Program, kernels: Mapping[str, Kernel],
 
 def check_optimizer_groups(program: pb.Program, optimizer: OptimizerConfig | None,
                            params: Mapping[str, ParamSpec]) -> tuple[OptimizerGroup, ...]:
-    """The further optimizers: each a valid one (not AdamW) of trained weights no other group
-    names, and none with dynamic loss scaling."""
+    """The further optimizers: each a valid one of trained weights no other group names, and
+    none with dynamic loss scaling."""
     groups: list[OptimizerGroup] = []
     named: set[str] = set()
     for index, message in enumerate(program.optimizer_groups):
         group = OptimizerGroup.from_message(message)
         where = f"program {program.name!r}: optimizer group {index}"
         problem = config_problem(group.config) if optimizer is not None else "no optimizer"
-        if not problem and "adamw" in (group.config.type, optimizer.type if optimizer else ""):
-            problem = "AdamW with a second optimizer"
         if not problem and (program.HasField("dynamic_loss_scale")
                             or program.HasField("cs1_dynamic_loss_scale")):
             problem = "dynamic loss scaling with several optimizers"

@@ -214,15 +214,6 @@ def test_state_the_train_op_keeps_is_refused_saying_what_to_do_instead():
                                  "statistics: compute the value anew every step")
 
 
-def test_adamw_beside_another_optimizer_is_refused_stating_the_rates_truly():
-    error = refusal(tm.two_optimizers)
-    assert line_of("slow line") in error.message  # (AdamW's update: the modelzoo's line)
-    assert "head/kernel is trained with adamw (learning rate 0.1), but body/kernel with sgd " \
-           "(learning rate computed per step at " in error.message
-    assert f"{line_of('decayed = ')})" in error.message
-    assert "the CS trains several optimizers at once but not AdamW" in error.message
-
-
 def test_sums_a_cond_applies_and_never_zeroes_are_refused_naming_the_addition():
     """(its train_op, an assign_add's value rather than an op, is read as the assign op)"""
     error = refusal(tm.accumulated_gradients)

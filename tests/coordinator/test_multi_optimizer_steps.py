@@ -1,5 +1,5 @@
 """Several optimizers in one step: each with its own schedule of the global step (DLRM's
-Adagrad tables beside an SGD warming up; two SGDs decayed apart) and a weighted sum of two
+Adagrad tables beside an SGD warming up; two SGDs decayed apart; an AdamW beside an Adam) and a weighted sum of two
 losses minimized beside a second loss's optimizer (an adversarial autoencoder): 4 steps on
 the CS and on TF from the same weights and batches within 1e-5, evaluation and prediction
 as the CPU path's; a weight two optimizers update, refused in one line."""
@@ -24,6 +24,7 @@ from wse_sim.program import check_program
 
 CASES = {"dlrm": (mm.dlrm, mm.ctr_input_fn, {"mlp_lr": 0.1}),
          "two_decays": (mm.two_decays, mm.digits_input_fn, {}),
+         "adamw_decoder": (mm.adamw_decoder, mm.digits_input_fn, {}),
          "aae_weighted": (mm.aae_weighted, mm.digits_input_fn, {})}
 
 
@@ -53,6 +54,9 @@ def test_each_optimizer_keeps_its_own_schedule(trained):
         trained("dlrm").compiled.report_text
     assert "  sgd, learning rate from a schedule for decoder/kernel" in \
         trained("two_decays").compiled.report_text
+    adamw = trained("adamw_decoder").compiled.program
+    assert [g.optimizer.type for g in adamw.optimizer_groups] == ["adamw"]
+    assert [(s.optimizer, s.hyper_parameter) for s in adamw.schedules] == [(1, "learning_rate")]
     assert [(s.optimizer, s.hyper_parameter) for s in
             trained("two_decays").compiled.program.schedules] == [(0, "learning_rate"),
                                                                   (1, "learning_rate")]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -219,14 +219,6 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
         raise _fail(increments[1], "the train_op increments the global step twice a step (two "
                                    "optimizers' minimize(global_step=...)); the CS counts one "
                                    "step a batch", hint="pass global_step to one optimizer only")
-    first = updates[0]
-    for u in updates[1:]:
-        if u.optimizer != first.optimizer and "adamw" in (u.optimizer.type, first.optimizer.type):
-            raise _fail(u.op, f"{u.variable} is trained {_difference(u, first)} "
-                              f"('{user_name(first.op)}' at {user_source(first.op)}); the CS trains "
-                              "several optimizers at once but not AdamW",
-                        hint="train every variable with one optimizer, or decay the weights "
-                             "of AdamOptimizer by hand")
     for a in averages:
         if a.variable not in by_var or by_var[a.variable].op not in set(op_closure(a.op)):
             raise _fail(a.op, f"the ExponentialMovingAverage of {a.variable} does not wait for "
@@ -519,25 +511,3 @@ def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
     update, constants, statistic = found
     return StatisticAverage(target.name, _skip_identity(statistic).name, update, constants,
                             dims, user_source(op), op.name)
-
-
-def _difference(u: _Update, first: _Update) -> str:
-    """How u's optimizer differs from first's, in the user's terms."""
-    if u.optimizer.type != first.optimizer.type:
-        return (f"with {u.optimizer.type} (learning rate {_value(u, 'learning_rate')}), but "
-                f"{first.variable} with {first.optimizer.type} (learning rate "
-                f"{_value(first, 'learning_rate')})")
-    differ = [f"{f.name} {_value(u, f.name)} vs {_value(first, f.name)}"
-              for f in fields(u.optimizer) if f.name in u.scheduled or f.name in first.scheduled
-              or getattr(u.optimizer, f.name) != getattr(first.optimizer, f.name)]
-    return f"with another {u.optimizer.type} than {first.variable} ({', '.join(differ)})"
-
-
-def _value(u: _Update, name: str) -> str:
-    """A hyper-parameter of u's optimizer as the user wrote it: its constant, or the line
-    computing it per step (the config holds 0 for a scheduled one)."""
-    if name in u.scheduled:
-        tensor = u.scheduled[name][1]
-        return f"computed per step at {user_source(tensor.op)}"
-    value = getattr(u.optimizer, name)
-    return f"{value:g}" if isinstance(value, float) else str(value)
