@@ -324,16 +324,18 @@ class ScalarOp(_message.Message):
     def __init__(self, op: _Optional[str] = ..., dtype: _Optional[str] = ..., inputs: _Optional[_Iterable[int]] = ..., controls: _Optional[_Iterable[int]] = ..., value: _Optional[float] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Schedule(_message.Message):
-    __slots__ = ("hyper_parameter", "ops", "tf_tensor", "source")
+    __slots__ = ("hyper_parameter", "ops", "tf_tensor", "source", "optimizer")
     HYPER_PARAMETER_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     TF_TENSOR_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     hyper_parameter: str
     ops: _containers.RepeatedCompositeFieldContainer[ScalarOp]
     tf_tensor: str
     source: str
-    def __init__(self, hyper_parameter: _Optional[str] = ..., ops: _Optional[_Iterable[_Union[ScalarOp, _Mapping]]] = ..., tf_tensor: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+    optimizer: int
+    def __init__(self, hyper_parameter: _Optional[str] = ..., ops: _Optional[_Iterable[_Union[ScalarOp, _Mapping]]] = ..., tf_tensor: _Optional[str] = ..., source: _Optional[str] = ..., optimizer: _Optional[int] = ...) -> None: ...
 
 class MovingAverage(_message.Message):
     __slots__ = ("variable", "shadow", "factor", "step_offset")

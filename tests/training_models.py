@@ -230,18 +230,6 @@ def power_iteration_state(features, labels, mode, params):
         return spec(loss, v1.train.AdamOptimizer(1e-3).minimize(loss))
 
 
-def two_optimizers(features, labels, mode, params):
-    h = tf.keras.layers.Dense(16, activation="relu", name="body")(features)
-    logits = tf.keras.layers.Dense(10, name="head")(h)
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    body = [v for v in v1.trainable_variables() if v.name.startswith("body/")]
-    head = [v for v in v1.trainable_variables() if v.name.startswith("head/")]
-    decayed = v1.train.exponential_decay(0.01, v1.train.get_or_create_global_step(), 10, 0.5)
-    slow = v1.train.GradientDescentOptimizer(decayed).minimize(loss, var_list=body)  # slow line
-    fast = v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=head)  # fast line
-    return spec(loss, tf.group(slow, fast))
-
-
 def accumulated_gradients(features, labels, mode, params):
     """Gradient accumulation: sums in variables, applied every 2nd step in a tf.cond and
     never zeroed (refused); the train_op is the global step's assign_add (a variable's

@@ -215,6 +215,11 @@ class Optimizer:
         """The rule that updates variable `name` (AdamW: without weight decay for some)."""
         return self
 
+    def member(self, index: int) -> "Optimizer":
+        """The optimizer whose hyper-parameters a schedule of `index` sets (Schedule.optimizer:
+        0 the program's, k its optimizer group k - 1's)."""
+        return self
+
 
 class SGD(Optimizer):
     def apply(self, var, grad, slots, scratch):
@@ -668,7 +673,10 @@ class Grouped(Optimizer):
             o.load_scalars(state)
 
     def set_hyper_parameters(self, values):
-        raise ValueError("schedules of several optimizers: the program refuses them")
+        raise ValueError("schedules of several optimizers: each sets its member's")
+
+    def member(self, index: int) -> Optimizer:
+        return self.members[index]
 
     def for_variable(self, name):
         return self.by_variable.get(name, self.default).for_variable(name)

@@ -80,6 +80,7 @@ class Schedule:
     ops: tuple[ScalarOp, ...]  # the last op is the value
     tf_tensor: str = ""  # the tensor in the user's graph
     source: str = ""  # its user source line
+    optimizer: int = 0  # whose: 0 the program's optimizer, k its optimizer group k - 1
 
     @property
     def variables(self) -> tuple[str, ...]:
@@ -87,7 +88,7 @@ class Schedule:
 
     def to_message(self, pb):
         return pb.Schedule(hyper_parameter=self.hyper_parameter, tf_tensor=self.tf_tensor,
-                           source=self.source, ops=[pb.ScalarOp(
+                           source=self.source, optimizer=self.optimizer, ops=[pb.ScalarOp(
                                op=o.op, dtype=o.dtype, inputs=list(o.inputs),
                                controls=list(o.controls), value=o.value, name=o.name)
                                for o in self.ops])
@@ -96,7 +97,7 @@ class Schedule:
     def from_message(cls, message) -> "Schedule":
         return cls(message.hyper_parameter, tuple(
             ScalarOp(o.op, o.dtype, tuple(o.inputs), tuple(o.controls), o.value, o.name)
-            for o in message.ops), message.tf_tensor, message.source)
+            for o in message.ops), message.tf_tensor, message.source, message.optimizer)
 
 
 def programs_attr(programs: Sequence[Schedule]) -> str:

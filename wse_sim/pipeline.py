@@ -344,8 +344,12 @@ class Pipeline:
             self._applying = holds or self.condition.both
             self._skipped = self.condition.skipped(holds)
         if backward and self.schedules and self.optimizer is not None:
-            self.optimizer.set_hyper_parameters({  # (a schedule's variables are carried state)
-                s.hyper_parameter: evaluate(s, step, self.carried) for s in self.schedules})
+            values: dict[int, dict[str, np.float32]] = {}
+            for s in self.schedules:  # (a schedule's variables are carried state)
+                values.setdefault(s.optimizer, {})[s.hyper_parameter] = evaluate(
+                    s, step, self.carried)
+            for index, hyper_parameters in values.items():
+                self.optimizer.member(index).set_hyper_parameters(hyper_parameters)
         # Several losses (a GAN's): a backward pass of each objective, seeded at its loss
         # kernel, each keeping its variables' gradients; the last pass's update applies them
         # all. The host recomputes the forward pass for each (the same weights and random

@@ -531,19 +531,17 @@ def check_objectives(program: pb.Program, kernels: Mapping[str, Kernel],
 
 def check_optimizer_groups(program: pb.Program, optimizer: OptimizerConfig | None,
                            params: Mapping[str, ParamSpec]) -> tuple[OptimizerGroup, ...]:
-    """The further optimizers: each a valid one (not AdamW) of trained weights no other group
-    names, and none with schedules or dynamic loss scaling."""
+    """The further optimizers: each a valid one of trained weights no other group names, and
+    none with dynamic loss scaling."""
     groups: list[OptimizerGroup] = []
     named: set[str] = set()
     for index, message in enumerate(program.optimizer_groups):
         group = OptimizerGroup.from_message(message)
         where = f"program {program.name!r}: optimizer group {index}"
         problem = config_problem(group.config) if optimizer is not None else "no optimizer"
-        if not problem and "adamw" in (group.config.type, optimizer.type if optimizer else ""):
-            problem = "AdamW with a second optimizer"
-        if not problem and (program.schedules or program.HasField("dynamic_loss_scale")
+        if not problem and (program.HasField("dynamic_loss_scale")
                             or program.HasField("cs1_dynamic_loss_scale")):
-            problem = "schedules or dynamic loss scaling with several optimizers"
+            problem = "dynamic loss scaling with several optimizers"
         for var in group.variables:
             if problem:
                 break
@@ -566,19 +564,28 @@ def check_optimizer_groups(program: pb.Program, optimizer: OptimizerConfig | Non
 
 def check_schedules(program: pb.Program, optimizer: OptimizerConfig | None,
                     params: Mapping[str, ParamSpec]) -> tuple[Schedule, ...]:
-    """The program's schedules: each of a hyper-parameter its optimizer may change per step,
-    once, its ops well-typed, its variables not weights of the program."""
+    """The program's schedules: each of a hyper-parameter its optimizer (the program's or an
+    optimizer group's) may change per step, once, its ops well-typed, its variables not
+    weights of the program."""
     schedules: list[Schedule] = []
+    optimizers = [optimizer, *(OptimizerConfig.from_message(g.optimizer)
+                               for g in program.optimizer_groups)]
     for index, message in enumerate(program.schedules):
         schedule = Schedule.from_message(message)
         where = f"program {program.name!r}: schedule {index} ({schedule.hyper_parameter})"
         if optimizer is None:
             raise invalid(f"{where}: the program has no optimizer")
-        allowed = SCHEDULABLE.get(optimizer.type, ())
+        if not 0 <= schedule.optimizer < len(optimizers):
+            raise invalid(f"{where}: optimizer {schedule.optimizer} is none of the program's "
+                          f"{len(optimizers)}")
+        config = optimizers[schedule.optimizer]
+        assert config is not None
+        allowed = SCHEDULABLE.get(config.type, ())
         if schedule.hyper_parameter not in allowed:
-            raise invalid(f"{where}: the {optimizer.type} optimizer's schedules may compute "
+            raise invalid(f"{where}: the {config.type} optimizer's schedules may compute "
                           f"{', '.join(allowed)}")
-        if any(s.hyper_parameter == schedule.hyper_parameter for s in schedules):
+        if any((s.optimizer, s.hyper_parameter) == (schedule.optimizer, schedule.hyper_parameter)
+               for s in schedules):
             raise invalid(f"{where}: a second schedule of {schedule.hyper_parameter}")
         problem = schedule_problem(schedule)
         if problem:

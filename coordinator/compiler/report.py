@@ -154,9 +154,10 @@ def still_statistics(model: MatchedModel) -> list[str]:
             and not k.attrs["mean_update"] and not k.attrs["variance_update"]]
 
 
-def _optimizer(o: OptimizerConfig, training: TrainingSpec) -> str:
-    """An optimizer's type and hyper-parameters, as the report shows them."""
-    scheduled = {s.hyper_parameter for s in training.schedules}
+def _optimizer(o: OptimizerConfig, training: TrainingSpec, index: int = 0) -> str:
+    """An optimizer's type and hyper-parameters, as the report shows them (`index`: of the
+    program's optimizer 0, of its group index - 1)."""
+    scheduled = {s.hyper_parameter for s in training.schedules if s.optimizer == index}
     l2 = "from a schedule" if "l2" in scheduled else f"{o.l2:g}"
     extra = {"sgd": "", "momentum": f", momentum {o.momentum:g}"
              f"{', nesterov' if o.use_nesterov else ''}",
@@ -187,9 +188,10 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
         passes = "one backward pass of the loss; " if not training.objectives else ""
         lines = [f"Optimizers ({passes}each updates its variables from the gradients before "
                  f"the step): {_optimizer(training.optimizer, training)} for {', '.join(rest)}"]
-        lines += [f"  {_optimizer(g.config, training)} for {', '.join(g.variables)}"
+        lines += [f"  {_optimizer(g.config, training, k + 1)} for {', '.join(g.variables)}"
                   + (f" (step counters {', '.join(g.config.scalar_names)})"
-                     if g.config.scalar_names else "") for g in training.optimizer_groups]
+                     if g.config.scalar_names else "")
+                  for k, g in enumerate(training.optimizer_groups)]
     if training.objectives:
         lines.append("Objectives (several losses minimized in one step: a backward pass of each "
                      "from the step's forward activations, then the updates): " + "; ".join(

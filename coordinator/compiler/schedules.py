@@ -329,9 +329,9 @@ def lower_schedules(extracted: ExtractedGraph, items: list[Scheduled],
         known = schedules.setdefault(item.name or item.key, schedule)
         if known.ops != schedule.ops:
             raise _refuse(item.apply, f"the {item.key} of '{item.apply.name}' is computed "
-                                      f"differently from that of the other updates; the CS "
-                                      "trains several optimizers at once only with constant "
-                                      "hyper-parameters")
+                                      f"differently from that of other updates of the same "
+                                      "optimizer settings; the CS trains optimizers of equal "
+                                      "settings as one, with one schedule of each")
     return schedules
 
 

@@ -216,15 +216,6 @@ def test_state_the_train_op_keeps_is_refused_saying_what_to_do_instead():
                                  "statistics: compute the value anew every step")
 
 
-def test_two_optimizers_one_with_a_schedule_are_refused_naming_both_lines():
-    error = refusal(tm.two_optimizers)
-    assert line_of("slow line") in error.message and line_of("fast line") in error.message
-    assert "head/kernel is trained with another sgd than body/kernel (learning_rate 0.1 vs " \
-           "0, scheduled [] vs ['learning_rate'])" in error.message
-    assert "the CS trains several optimizers at once only with constant hyper-parameters" \
-        in error.message
-
-
 def test_sums_a_cond_applies_and_never_zeroes_are_refused_naming_the_addition():
     """(its train_op, an assign_add's value rather than an op, is read as the assign op)"""
     error = refusal(tm.accumulated_gradients)

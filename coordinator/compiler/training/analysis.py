@@ -53,7 +53,7 @@ from wafer.conditional_updates import ConditionalUpdate
 from wafer.grad_transforms import GradientTransform
 from wafer.loss_scaling import Rule
 from wafer.moving_averages import FACTOR, MovingAverage
-from wafer.optimizers import OptimizerConfig, OptimizerGroup
+from wafer.optimizers import OptimizerGroup
 from wafer.schedules import ScalarOp, Schedule
 from wafer.weight_writes import FACTOR as FACTOR_OF_WRITE
 from wafer.weight_writes import WeightWrite, WriteStep
@@ -320,11 +320,16 @@ def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
 def optimizer_groups(updates: list[_Update]) -> tuple[OptimizerGroup, ...]:
     """The optimizers besides the first update's and the variables each updates (two
     minimize calls with the same hyper-parameters, and no scalars of their own, are one)."""
-    by_config: dict[OptimizerConfig, list[str]] = {}
+    by_key: dict[tuple, list[str]] = {}
     for u in updates:
-        by_config.setdefault(u.optimizer, []).append(u.variable)
-    return tuple(OptimizerGroup(config, tuple(names))
-                 for config, names in list(by_config.items())[1:])
+        by_key.setdefault(_group_key(u), []).append(u.variable)
+    return tuple(OptimizerGroup(key[0], tuple(names)) for key, names in list(by_key.items())[1:])
+
+
+def _group_key(u: _Update) -> tuple:
+    """What makes updates one optimizer: its constant hyper-parameters and the tensors of its
+    scheduled ones (two SGDs on schedules of their own are two)."""
+    return u.optimizer, tuple(sorted((key, t.name) for key, (_, t) in u.scheduled.items()))
 
 
 def _dynamic(chains: list, transforms: list[GradientTransform], loss_scale: float, half: bool,
@@ -361,8 +366,9 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
     train = extracted.spec.train_op
     increments = [op for op in op_closure(train) if _is_write(op) and op.type in (
         "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph)]
-    items = [Scheduled(key, reader, tensor) for u in updates
-             for key, (reader, tensor) in u.scheduled.items()]
+    groups = list(dict.fromkeys(map(_group_key, updates)))  # (optimizer_groups' order)
+    items = [Scheduled(key, reader, tensor, name=f"{key}@{groups.index(_group_key(u))}")
+             for u in updates for key, (reader, tensor) in u.scheduled.items()]
     offsets = {}
     for a in averages:
         offsets[a.shadow] = int(bool(increments) and increments[0] in set(op_closure(a.op)))
@@ -397,8 +403,10 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
         write_offsets[w.variable] = offset.pop() if offset else 0
     written_vars = {variable_op(op.inputs[0]).name for op in op_closure(train) if _is_write(op)}
     lowered = {**lower_schedules(extracted, items, written_vars), **constants}
-    schedules = tuple(lowered[key] for key in dict.fromkeys(
-        key for u in updates for key in u.scheduled))
+    schedules = tuple(dataclasses.replace(lowered[f"{key}@{index}"], optimizer=index)
+                      for key, index in dict.fromkeys(
+                          (key, groups.index(_group_key(u))) for u in updates
+                          for key in u.scheduled))
     moving = tuple(MovingAverage(a.variable, a.shadow, lowered[a.shadow], offsets[a.shadow])
                    for a in averages)
     writes = tuple(WeightWrite(

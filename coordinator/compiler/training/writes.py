@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -210,24 +210,15 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
         if u.variable in by_var:
             raise _fail(u.op, f"{u.variable} is updated twice (also by "
                               f"'{by_var[u.variable].op.name}' at "
-                              f"{user_source(by_var[u.variable].op)})",
-                        "update each variable with one optimizer: minimize the weighted sum "
-                        "of its losses with one, or give each optimizer its own var_list")
+                              f"{user_source(by_var[u.variable].op)}): the CS updates a weight "
+                              "by one optimizer a step",
+                        hint="minimize the weighted sum of the losses that train it with one "
+                             "optimizer (an autoencoder's: reconstruction + w * adversarial)")
         by_var[u.variable] = u
     if len(increments) > 1:
         raise _fail(increments[1], "the train_op increments the global step twice a step (two "
                                    "optimizers' minimize(global_step=...)); the CS counts one "
                                    "step a batch", hint="pass global_step to one optimizer only")
-    first = updates[0]
-    for u in updates[1:]:
-        if (u.optimizer == first.optimizer and set(u.scheduled) != set(first.scheduled)) or (
-                u.optimizer != first.optimizer and (u.scheduled or first.scheduled or "adamw" in (
-                    u.optimizer.type, first.optimizer.type))):
-            raise _fail(u.op, f"{u.variable} is trained {_difference(u, first)} "
-                              f"('{user_name(first.op)}' at {user_source(first.op)}); the CS trains "
-                              "several optimizers at once only with constant hyper-parameters "
-                              "and not AdamW", hint="give each optimizer constant "
-                              "hyper-parameters, or train every variable with one optimizer")
     for a in averages:
         if a.variable not in by_var or by_var[a.variable].op not in set(op_closure(a.op)):
             raise _fail(a.op, f"the ExponentialMovingAverage of {a.variable} does not wait for "
@@ -520,19 +511,3 @@ def _statistic_average(op: tf.Operation) -> StatisticAverage | None:
     update, constants, statistic = found
     return StatisticAverage(target.name, _skip_identity(statistic).name, update, constants,
                             dims, user_source(op), op.name)
-
-
-def _difference(u: _Update, first: _Update) -> str:
-    """How u's optimizer differs from first's, in the user's terms."""
-    if u.optimizer.type != first.optimizer.type:
-        return (f"with {u.optimizer.type} (learning rate {u.optimizer.learning_rate:g}), but "
-                f"{first.variable} with {first.optimizer.type} (learning rate "
-                f"{first.optimizer.learning_rate:g})")
-    def shown(value: Any) -> str:
-        return f"{value:g}" if isinstance(value, float) else str(value)
-    differ = [f"{f.name} {shown(getattr(u.optimizer, f.name))} vs "
-              f"{shown(getattr(first.optimizer, f.name))}" for f in fields(u.optimizer)
-              if getattr(u.optimizer, f.name) != getattr(first.optimizer, f.name)]
-    if set(u.scheduled) != set(first.scheduled):
-        differ.append(f"scheduled {sorted(u.scheduled)} vs {sorted(first.scheduled)}")
-    return f"with another {u.optimizer.type} than {first.variable} ({', '.join(differ)})"
