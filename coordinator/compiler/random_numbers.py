@@ -146,8 +146,9 @@ def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
             for reader in tensor.consumers():
                 if reader in flow:
                     met = True
-                    weighted = depends_on(tensor, VARIABLE_OPS, SHAPE_OPS | set(DRAWS)) \
-                        is not None and (not per_sample or _read_as_weight(tensor, reader))
+                    weighted = (depends_on(tensor, VARIABLE_OPS, SHAPE_OPS | set(DRAWS))
+                                is not None or _product_weight(tensor, reader)) and \
+                        (not per_sample or _read_as_weight(tensor, reader))
                     # (a seed generator's state is no weight)
                 elif reader not in seen and reader.type not in SHAPE_OPS:
                     seen.add(reader)
@@ -160,13 +161,28 @@ def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
 
 
 def _read_as_weight(tensor: tf.Tensor, reader: tf.Operation) -> bool:
-    """Whether a per-sample op reads `tensor` as a weight: a kernel or filter (not the
-    product's first operand), or an operand of fewer axes than its output (broadcast over
-    the batch)."""
-    if reader.type in WEIGHT_OPERAND_OPS:
-        return reader.inputs[0].name != tensor.name
+    """Whether a per-sample op reads `tensor` as a weight: a product's shared operand
+    (`_product_weight`), or an operand of fewer axes than its output (broadcast over the
+    batch)."""
+    if reader.type in WEIGHT_OPERAND_OPS or reader.type == "Einsum":
+        return _product_weight(tensor, reader)
     out = reader.outputs[0].shape if reader.outputs else tf.TensorShape(None)
     return out.rank is not None and tensor.shape.rank is not None and tensor.shape.rank < out.rank
+
+
+def _product_weight(tensor: tf.Tensor, reader: tf.Operation) -> bool:
+    """Whether a product reads `tensor` as its weight, shared by the batch: a kernel or
+    filter (not the product's first operand), or an einsum operand whose term lacks the
+    output's first letter (the batch: x @ tf.random.normal([d, m]) as
+    tf.einsum('bnd,dm->bnm', x, w), whatever d equals)."""
+    if reader.type in WEIGHT_OPERAND_OPS:
+        return reader.inputs[0].name != tensor.name
+    if reader.type != "Einsum":
+        return False
+    lhs, _, out = reader.get_attr("equation").decode().replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    return bool(out) and len(terms) == len(reader.inputs) and all(
+        out[0] not in term for term, t in zip(terms, reader.inputs) if t.name == tensor.name)
 
 
 HOST_READS_NOISE = ("a value the host computes (a prediction or metric) reads the weights drawn "
