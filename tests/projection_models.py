@@ -4,7 +4,8 @@ random features project queries and keys by tf.random.normal([dh, m]) in an eins
 to the batch size or not), and random Fourier features [cos(x @ w), sin(x @ w)] of the input
 (w = tf.random.normal([d, D]) / length_scale) feeding a Dense. In evaluation and prediction
 the models draw too (TF's graph does). Also the random Fourier features' textbook phase
-cos(x @ w + b), b a uniform draw added to the samples' values, which the CS refuses."""
+cos(x @ w + b), b a uniform draw added to the samples' values, which the CS refuses, and a
+draw [batch, d, k] a batched matmul pairs with the batch (each sample's own numbers)."""
 from __future__ import annotations
 
 import math
@@ -92,4 +93,13 @@ def fourier_features(features, labels, mode, params):
         z = tf.concat([tf.cos(z), tf.sin(z)], 1) / math.sqrt(count)
     hidden = L.Dense(16, activation="relu", name="hidden")(z)
     logits = L.Dense(CLASSES, name="logits")(hidden)
+    return _classifier(mode, labels, logits, v1.train.AdamOptimizer(0.01))
+
+
+def per_sample_products(features, labels, mode, params):
+    """tf.matmul(x, eps) of a draw [batch, WIDTH, 4] (16 = batch = WIDTH): a batched matmul
+    pairs eps's first axis with the batch, each sample its own [WIDTH, 4] numbers."""
+    h = L.Dense(WIDTH, name="q")(features)
+    z = tf.matmul(h, tf.random.normal([params["batch_size"], WIDTH, 4]))
+    logits = L.Dense(CLASSES, name="head")(tf.reduce_mean(z, 1))
     return _classifier(mode, labels, logits, v1.train.AdamOptimizer(0.01))

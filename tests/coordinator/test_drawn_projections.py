@@ -6,7 +6,8 @@ replayed the models train 4 steps to TF's losses and weights (1e-5), dh equal to
 size too (the draw's first axis is the einsum's letter d, not the batch); (2) evaluation
 draws a new projection for every batch, TF's numbers with TF's draws; prediction with TF's
 draws predicts TF's logits; (3) a draw added to the samples' values (the Fourier features'
-random phase) stays refused in one line naming it."""
+random phase) stays refused in one line naming it; a draw a batched matmul pairs with the
+batch stays per-sample."""
 from __future__ import annotations
 
 import tempfile
@@ -73,6 +74,16 @@ def test_prediction_with_tfs_draws_predicts_tfs_logits(drawn, tmp_path):
         run = cs_inprocess.run_on_cs(program, state, data, kind="predict")
     for outputs, tf_step in zip(run.outputs, reference.fetched, strict=True):
         np.testing.assert_allclose(outputs["head"], tf_step[logits], rtol=1e-5, atol=1e-6)
+
+
+def test_a_draw_a_batched_matmul_pairs_with_the_batch_stays_per_sample(tmp_path):
+    """A [16, 16, 4] draw in tf.matmul(x, eps) at batch 16 is each sample's own: drawn per
+    sample on the CS (no weight-program draw), TF's training with TF's draws (1e-5)."""
+    result = cs_inprocess.compare_drawn(m.per_sample_products, m.tokens_input_fn, BASE,
+                                        str(tmp_path))
+    program = result.compiled.program
+    assert not _weight_draws(program) and "random" in [k.type for k in program.kernels]
+    assert cs_inprocess.mismatches(result, rtol=1e-5) == []
 
 
 def test_a_draw_added_to_the_samples_values_stays_refused_in_one_line():
