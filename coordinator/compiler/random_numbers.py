@@ -10,9 +10,10 @@ forms) are `random` kernels drawing the op's values, uniform in its constant [mi
 
 The matcher treats these ops as sources of per-sample values, like the program's inputs
 (`DRAWS`). A draw of a constant shape that meets the samples only through values computed
-from weights too (Bayes by backprop's w = mu + softplus(rho) * eps: `weight_draws`) is no
-source: the weight program draws it (weight_program.py), once a step,
-for every micro-batch of the step. What stays refused, in one line naming the op: numbers
+from weights too (Bayes by backprop's w = mu + softplus(rho) * eps: `weight_draws`), or
+read only as a product's shared operand (a Performer's or random Fourier features'
+projection x @ tf.random.normal([d, m]): `_product_weight`), is no source: the weight program
+draws it (weight_program.py), once a step, for every micro-batch of the step. What stays refused, in one line naming the op: numbers
 shared by the batch that meet per-sample values other than through a weight, a shape
 computed from values, a stateless op with a constant seed (TF repeats its numbers every
 step), integers over a dtype's full range (tf.random.stateless_uniform without bounds),
@@ -60,9 +61,11 @@ KERNEL_ROWS = {"random": (
     "training, Gumbel noise): drawn on the CS, fresh every step and in evaluation and "
     "prediction too, as TF's ops; of a shape without the batch axis, combined with weights "
     "before it meets the samples (Bayes by backprop's w = mu + softplus(rho) * eps, its bias's "
-    "too): drawn once a step in the weight program, every sample of the step reading the "
-    "same weights, the gradient taken back through it to mu and rho; in evaluation and "
-    "prediction once a batch. RandomUniformInt and its stateless forms of a per-sample shape "
+    "too), or read only as a product's shared operand (a random projection x @ "
+    "tf.random.normal([d, m]), tf.einsum('bhnd,dm->bhnm', q, w) of a Performer's FAVOR+ "
+    "features, random Fourier features): drawn once a step in the weight program, every "
+    "sample of the step reading the same weights, the gradient taken back through it to mu "
+    "and rho; in evaluation and prediction once a batch. RandomUniformInt and its stateless forms of a per-sample shape "
     "(tf.random.uniform([batch], 0, T, dtype=tf.int32): a DDPM's timestep per sample), "
     "constant minval < maxval, int32 or int64: each sample's integers drawn on the CS uniform "
     "in [minval, maxval), in every mode; no gradient"),
@@ -111,6 +114,7 @@ def refusal(op_type: str) -> str:
 # Products reading a weight (a kernel, a filter) after the samples' operand.
 WEIGHT_OPERAND_OPS = {"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Conv3D",
                       "DepthwiseConv2dNative"}
+BATCHED_PRODUCTS = {"BatchMatMulV2", "BatchMatMulV3"}
 
 
 def noise_on_weights(graph: tf.Graph, sources: list[tf.Tensor], targets: list[tf.Tensor],
@@ -132,7 +136,7 @@ def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
                  batch_size: int) -> set[tf.Operation]:
     """Noise on weights, which the weight program draws once a step: the draws whose every
     value the samples' ops (`flow`, found without them) read is computed from a variable
-    too. One whose first axis is a multiple of the batch (per-sample numbers, or folded rows
+    too, or is a product's shared operand (`_product_weight`). One whose first axis is a multiple of the batch (per-sample numbers, or folded rows
     of them, unless proven otherwise) must meet the samples, each time read as a weight
     (`_read_as_weight`): a [16, 4] kernel's eps at a batch of 8, a bias's of as many units
     as the batch."""
@@ -146,8 +150,9 @@ def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
             for reader in tensor.consumers():
                 if reader in flow:
                     met = True
-                    weighted = depends_on(tensor, VARIABLE_OPS, SHAPE_OPS | set(DRAWS)) \
-                        is not None and (not per_sample or _read_as_weight(tensor, reader))
+                    weighted = (depends_on(tensor, VARIABLE_OPS, SHAPE_OPS | set(DRAWS))
+                                is not None or _product_weight(tensor, reader)) and \
+                        (not per_sample or _read_as_weight(tensor, reader))
                     # (a seed generator's state is no weight)
                 elif reader not in seen and reader.type not in SHAPE_OPS:
                     seen.add(reader)
@@ -160,13 +165,31 @@ def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
 
 
 def _read_as_weight(tensor: tf.Tensor, reader: tf.Operation) -> bool:
-    """Whether a per-sample op reads `tensor` as a weight: a kernel or filter (not the
-    product's first operand), or an operand of fewer axes than its output (broadcast over
-    the batch)."""
-    if reader.type in WEIGHT_OPERAND_OPS:
-        return reader.inputs[0].name != tensor.name
+    """Whether a per-sample op reads `tensor` as a weight: a product's shared operand
+    (`_product_weight`), or an operand of fewer axes than its output (broadcast over the
+    batch)."""
+    if reader.type in WEIGHT_OPERAND_OPS or reader.type == "Einsum":
+        return _product_weight(tensor, reader)
     out = reader.outputs[0].shape if reader.outputs else tf.TensorShape(None)
     return out.rank is not None and tensor.shape.rank is not None and tensor.shape.rank < out.rank
+
+
+def _product_weight(tensor: tf.Tensor, reader: tf.Operation) -> bool:
+    """Whether a product reads `tensor` as its weight, shared by the batch: a kernel or
+    filter (not the product's first operand), or an einsum operand whose term lacks the
+    output's first letter (the batch: x @ tf.random.normal([d, m]) as
+    tf.einsum('bnd,dm->bnm', x, w), whatever d equals). A batched matmul's second operand
+    of its output's rank pairs its first axis with the batch's: no weight."""
+    if reader.type in WEIGHT_OPERAND_OPS:
+        return reader.inputs[0].name != tensor.name and (
+            reader.type not in BATCHED_PRODUCTS or tensor.shape.rank is not None and
+            tensor.shape.rank < reader.outputs[0].shape.rank)
+    if reader.type != "Einsum":
+        return False
+    lhs, _, out = reader.get_attr("equation").decode().replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    return bool(out) and len(terms) == len(reader.inputs) and all(
+        out[0] not in term for term, t in zip(terms, reader.inputs) if t.name == tensor.name)
 
 
 HOST_READS_NOISE = ("a value the host computes (a prediction or metric) reads the weights drawn "
@@ -206,8 +229,9 @@ def _draw(m: Context, op: tf.Operation) -> str:
     if not shape or (rows != 1 and rows not in m.fold_factors and not stacked):
         return (f"draws random numbers of shape {shape}, not one set per sample, that meet "
                 f"per-sample values other than through a weight (shared by the batch of "
-                f"{m.batch_size}): the CS draws numbers without the batch axis only as noise "
-                f"on weights (w = mu + sigma * eps); {USE_INSTEAD}")
+                f"{m.batch_size}): the CS draws numbers without the batch axis only as "
+                f"weights (noise on weights w = mu + sigma * eps, a projection x @ "
+                f"tf.random.normal([d, m]) read by a matmul, einsum or conv); {USE_INSTEAD}")
     # [B*k, ...] where values are folded k rows a sample (folded_batch.py): each sample's k
     # rows of numbers its own (k, ...), one number an element as TF's
     # [K, B, ...]: K sets a sample stacked in front of the batch (a VIB's or IWAE's K Monte
