@@ -665,7 +665,13 @@ def _objective_kernels(matcher: Matcher, spec: Any, objectives: list[tf.Tensor],
         if matcher.unsupported:
             break
         name = skip_identity(loss).name
+        # (a loss lowered before is the batch's value, not a per-sample one: an objective
+        # adding model_fn's loss, mse + 0.1 * ce beside mse, recomputes it from its frontier)
+        lowered = {t: matcher.values.pop(t) for t in [k.tf_tensor for k in matcher.kernels
+                                                      if k.name in kernels.values()]
+                   if t in matcher.values}
         kernels[name], penalties[name] = loss_tail.lower_loss(matcher, loss, True)
+        matcher.values.update(lowered)
     nodes = {k.name: k for k in matcher.kernels}
     for loss in ([*objectives, spec.loss] if objectives and not matcher.unsupported else []):
         node = nodes[kernels[skip_identity(loss).name]]
