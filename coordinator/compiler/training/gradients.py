@@ -29,6 +29,8 @@ from cs_api import cs_api_pb2 as pb
 TRANSFORMS = ("scaling, tf.clip_by_value, tf.clip_by_norm, tf.clip_by_global_norm, and "
               "element-wise ops, reductions and tf.where of one gradient, weights and constants")
 
+DENSIFY = ("transform an embedding table's IndexedSlices gradient by scaling and tf.clip_by_* "
+           "only, or make it dense first with tf.convert_to_tensor(g)")
 
 # Ops allowed inside a clipping factor's computation (norms of gradients).
 _NORM_OPS = {"Mul", "Sum", "Greater", "Fill", "Select", "SelectV2", "Sqrt", "Maximum",
@@ -257,7 +259,13 @@ def _chain(update: _Update, calls: dict, norms: dict, programs: GradientPrograms
         try:
             step, t = _recognise(op, update.variable, calls, norms)
         except _Unrecognised as refusal:
-            if sparse or t.dtype.base_dtype != tf.float32:
+            if sparse:
+                raise _fail(op, f"the sparse (IndexedSlices) gradient of {update.variable} is "
+                                "changed by an op the CS carries out on dense gradients only: "
+                                "make it dense first (tf.convert_to_tensor(g); TF then applies "
+                                "the optimizer's dense rule to the whole table)",
+                            DENSIFY) from None
+            if t.dtype.base_dtype != tf.float32:
                 raise _Refused(str(refusal)) from None
             program, t = programs.lower(t, update.variable)
             step = _Step("program", op, program=program)
