@@ -78,6 +78,8 @@ def _densify(g, v, how: str):
         return g
     if how == "convert":
         return tf.convert_to_tensor(g)
+    if how == "sign":  # signSGD of the dense gradient (a gradient program)
+        return 1e-2 * tf.sign(tf.convert_to_tensor(g))
     if how == "segment_sum":
         return tf.math.unsorted_segment_sum(g.values, g.indices, v.shape[0])
     return tf.scatter_nd(tf.expand_dims(g.indices, 1), g.values, v.shape)
@@ -85,8 +87,8 @@ def _densify(g, v, how: str):
 
 def bag_of_words(features, labels, mode, params):
     """A mean of embedded words into a classifier; the table's gradient made dense
-    (params["densify"]: convert, segment_sum or scatter_nd; params["sign"]: signSGD of the
-    IndexedSlices instead)."""
+    (params["densify"]: convert, segment_sum, scatter_nd, or sign: convert then signSGD;
+    params["sign"]: signSGD of the IndexedSlices instead)."""
     e = tf.reduce_mean(L.Embedding(WORD_VOCAB, 6, name="emb")(features), axis=1)
     logits = L.Dense(2, name="out")(e)
     if mode == ModeKeys.PREDICT:

@@ -2,11 +2,12 @@
 apply_gradients. tf.clip_by_value of the IndexedSlices clips each looked-up row before
 duplicates are summed, as the CS holds them (the sparse rule then). Made dense
 (tf.convert_to_tensor, tf.math.unsorted_segment_sum or tf.scatter_nd of its values at its
-indices), it is the table's summed gradient, transformed like any dense gradient, under the
-optimizer's dense rule on the whole table (rows not looked up in a step move as TF's dense
-rule moves them). Both train 4 steps like TF within 1e-5, evaluate and predict like the CPU
-path; signSGD of an IndexedSlices stays refused in one line saying what to write. Two Adams
-on disjoint var_lists, a penalty on one, their sum returned (the S4 recipe) train like TF."""
+indices), it is the table's summed gradient, transformed like any dense gradient (signSGD
+of it: a gradient program), under the optimizer's dense rule on the whole table (rows not
+looked up in a step move as TF's dense rule moves them). Both train 4 steps like TF within
+1e-5, evaluate and predict like the CPU path; signSGD of an IndexedSlices stays refused in
+one line saying what to write. Two Adams on disjoint var_lists, a penalty on one, their sum
+returned (the S4 recipe) train like TF."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -39,13 +40,15 @@ def test_a_char_cnn_tagger_clipping_every_gradient_by_value_trains_like_tensorfl
 
 @pytest.mark.parametrize("optimizer, densify", [
     ("adam", "convert"), ("momentum", "convert"), ("momentum", "segment_sum"),
-    ("adam", "scatter_nd")])
+    ("adam", "scatter_nd"), ("momentum", "sign")])
 def test_an_embedding_gradient_made_dense_takes_the_optimizers_dense_rule_like_tensorflow(
         optimizer, densify, tmp_path):
     params = {**SEED, "batch_size": 8, "optimizer": optimizer, "densify": densify}
     result = cs_inprocess.compare(m.bag_of_words, m.bag_input_fn, params, str(tmp_path), steps=4)
     cs_inprocess.assert_same_training(result, rtol=1e-5)
     assert _updates(result)["emb/embeddings"] == "dense"
+    assert [t.kind for t in result.compiled.program.gradient_transforms] == (
+        ["program", "scale"] if densify == "sign" else [])
     ids = [x for x, _ in cs_inprocess.first_batches(m.bag_input_fn, params, 4)]
     assert np.setdiff1d(np.concatenate(ids[:3]), ids[3]).size  # rows step 4 moves by momentum
     if densify == "convert":
