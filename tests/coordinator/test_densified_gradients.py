@@ -1,6 +1,6 @@
 """An embedding table's gradient clipped or made dense between compute_gradients and
 apply_gradients. tf.clip_by_value of the IndexedSlices clips each looked-up row before
-duplicates are summed, as the CS holds them (the sparse rule then). Made dense
+duplicates are summed, as the CS holds them (in micro-batches too; the sparse rule then). Made dense
 (tf.convert_to_tensor, tf.math.unsorted_segment_sum or tf.scatter_nd of its values at its
 indices), it is the table's summed gradient, transformed like any dense gradient (signSGD
 of it: a gradient program), under the optimizer's dense rule on the whole table (rows not
@@ -24,11 +24,17 @@ def _updates(result) -> dict[str, str]:
     return {p.variable: p.update for k in result.compiled.program.kernels for p in k.params}
 
 
-@pytest.mark.parametrize("dense", [False, True])
-def test_a_char_cnn_tagger_clipping_every_gradient_by_value_trains_like_tensorflow(dense, tmp_path):
+@pytest.fixture(scope="module")
+def tagger(tmp_path_factory):
+    return cs_inprocess.micro_batch_comparisons(m.tagger_input_fn, tmp_path_factory, steps=4)
+
+
+@pytest.mark.parametrize("dense, micro", [(False, 8), (False, 2), (True, 8)])
+def test_a_char_cnn_tagger_clipping_every_gradient_by_value_trains_like_tensorflow(
+        tagger, dense, micro, tmp_path):
+    """The sparse clip in micro-batches too: each one's looked-up rows clipped alike."""
     params = {**SEED, "batch_size": 8, "dense": dense}
-    result = cs_inprocess.compare(m.charcnn_tagger, m.tagger_input_fn, params, str(tmp_path),
-                                  steps=4)
+    result = tagger(m.charcnn_tagger, params, micro)
     cs_inprocess.assert_same_training(result, rtol=1e-5)
     kind = "dense" if dense else "sparse"
     assert _updates(result)["char_emb/embeddings"] == _updates(result)["word_emb/embeddings"] == kind
