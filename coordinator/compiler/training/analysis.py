@@ -28,6 +28,7 @@ from coordinator.compiler.training.gradients import (
     _gradient_calls,
     _group_order,
     _in_scope,
+    densified,
 )
 from coordinator.compiler.training.graph import (
     _fail,
@@ -129,7 +130,8 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             raise _Problems([str(problem)], problem.hint) from None
         calls = _gradient_calls(extracted, updates)
         norms: dict = {}
-        programs = GradientPrograms(extracted, lambda op: _in_scope(op, calls) is not None)
+        programs = GradientPrograms(extracted, lambda op: _in_scope(op, calls) is not None
+                                    or densified(op, calls) is not None)
         chains, problems, hints = [], [], []
         for u in updates:
             try:

@@ -29,6 +29,8 @@ from cs_api import cs_api_pb2 as pb
 TRANSFORMS = ("scaling, tf.clip_by_value, tf.clip_by_norm, tf.clip_by_global_norm, and "
               "element-wise ops, reductions and tf.where of one gradient, weights and constants")
 
+DENSIFY = ("transform an embedding table's IndexedSlices gradient by scaling and tf.clip_by_* "
+           "only, or make it dense first with tf.convert_to_tensor(g)")
 
 # Ops allowed inside a clipping factor's computation (norms of gradients).
 _NORM_OPS = {"Mul", "Sum", "Greater", "Fill", "Select", "SelectV2", "Sqrt", "Maximum",
@@ -258,16 +260,27 @@ def _chain(update: _Update, calls: dict, norms: dict, programs: GradientPrograms
     inputs: list[tf.Tensor] = []
     t = update.grad
     sparse = update.indices is not None
+    dense: tf.Tensor | None = None  # a densified sparse gradient: the summed table gradient
     while (scope := _in_scope(t.op, calls)) is None:
         op = t.op
         if op.type in ("Identity", "Snapshot") or (op.type == "Cast" and
                                                     op.inputs[0].dtype == t.dtype):
             t = op.inputs[0]
             continue
+        values = densified(op, calls)
+        if values is not None:
+            dense, t = t, values
+            continue
         try:
-            step, t = _recognise(op, update.variable, sparse, calls, norms)
+            step, t = _recognise(op, update.variable, calls, norms)
         except _Unrecognised as refusal:
-            if sparse or t.dtype.base_dtype != tf.float32:
+            if sparse:
+                raise _fail(op, f"the sparse (IndexedSlices) gradient of {update.variable} is "
+                                "changed by an op the CS carries out on dense gradients only: "
+                                "make it dense first (tf.convert_to_tensor(g); TF then applies "
+                                "the optimizer's dense rule to the whole table)",
+                            DENSIFY) from None
+            if t.dtype.base_dtype != tf.float32:
                 raise _Refused(str(refusal)) from None
             program, t = programs.lower(t, update.variable)
             step = _Step("program", op, program=program)
@@ -285,7 +298,27 @@ def _chain(update: _Update, calls: dict, norms: dict, programs: GradientPrograms
     _check_source(update, t, scope)
     steps.reverse()
     inputs.reverse()
-    return _Chain(update, t, raw_indices, call, steps, inputs)
+    return _Chain(update, t if dense is None else dense, raw_indices, call, steps, inputs)
+
+
+def densified(op: tf.Operation, calls: dict) -> tf.Tensor | None:
+    """The IndexedSlices' values `op` sums at their indices into a dense gradient
+    (tf.convert_to_tensor of a sparse gradient, tf.math.unsorted_segment_sum or
+    tf.scatter_nd of its values), or None. The sum is the table's gradient the CS computes
+    for a dense update; the numeric check proves it the loss's, of the variable's shape."""
+    if op.type == "UnsortedSegmentSum":
+        values, ids = op.inputs[0], op.inputs[1]
+    elif op.type == "ScatterNd" and op.inputs[0].op.type in ("ExpandDims", "Reshape") and \
+            op.inputs[0].shape.rank == 2 and op.inputs[0].shape[1] == 1:
+        values, ids = op.inputs[1], op.inputs[0].op.inputs[0]
+    else:
+        return None
+    values, ids = _skip_identity(values), _skip_identity(ids)
+    scope = _in_scope(values.op, calls)
+    if scope is None or _in_scope(ids.op, calls) != scope or ids.shape.rank != 1 or \
+            not op.outputs[0].shape.is_fully_defined():
+        return None
+    return values
 
 
 def _depends_on(op: tf.Operation, variable: tf.Operation) -> bool:
@@ -329,7 +362,7 @@ def _check_source(update: _Update, raw: tf.Tensor, scope: str) -> None:
                                f"{user_source(readers[0])}), not of {update.variable}")
 
 
-def _recognise(op: tf.Operation, variable: str, sparse: bool, calls: dict,
+def _recognise(op: tf.Operation, variable: str, calls: dict,
                norms: dict) -> tuple[_Step, tf.Tensor]:
     """The transform `op` computes from one gradient tensor, and that tensor."""
 
@@ -359,16 +392,15 @@ def _recognise(op: tf.Operation, variable: str, sparse: bool, calls: dict,
         c = _scalar(op.inputs[1])
         if c is not None and c != 0:
             return _Step("scale", op, value=1.0 / c), op.inputs[0]
-        return _clip_by_norm(op, sparse, why)
+        return _clip_by_norm(op, why)
     if op.type == "Maximum":
         low = _scalar(op.inputs[1])
         inner = op.inputs[0].op
         high = _scalar(inner.inputs[1]) if inner.type == "Minimum" else None
         if low is None or high is None:
             raise why()
-        if sparse:
-            raise _fail(op, "clip_by_value of a sparse (embedding) gradient clips each "
-                            "looked-up row before duplicates are summed; the CS cannot")
+        # a sparse gradient: TF clips its IndexedSlices' values, one row per lookup before
+        # duplicates are summed, as the CS holds them (element-wise: the same numbers)
         return _Step("clip_by_value", op, low=low, high=high), inner.inputs[0]
     raise why()
 
@@ -393,7 +425,7 @@ def _norm_graph(tensor: tf.Tensor) -> tuple[list[tf.Operation], list[tf.Tensor]]
     return ops, leaves
 
 
-def _clip_by_norm(op: tf.Operation, sparse: bool, why) -> tuple[_Step, tf.Tensor]:
+def _clip_by_norm(op: tf.Operation, why) -> tuple[_Step, tf.Tensor]:
     """t * c / maximum(l2norm(t), c) (tf.clip_by_norm over all axes)."""
     mul, maximum = op.inputs[0].op, op.inputs[1].op
     if mul.type != "Mul" or maximum.type != "Maximum":
@@ -411,7 +443,7 @@ def _clip_by_norm(op: tf.Operation, sparse: bool, why) -> tuple[_Step, tf.Tensor
             raise _fail(op, "clip_by_norm over some axes only; the CS clips by the norm of "
                             "the whole gradient")
     # a sparse gradient: TF's norm is over its IndexedSlices' values (one row per lookup,
-    # duplicates included), as the CS holds them (`sparse` changes nothing)
+    # duplicates included), as the CS holds them
     return _Step("clip_by_norm", op, value=c), x
 
 
