@@ -25,7 +25,7 @@ class Claims:
     def mine(self, path: str) -> bool:
         """Whether this lane runs the file: claimed now by this lane, or before."""
         if path not in self.owned:
-            claim = self.folder / path.replace(os.sep, "__")
+            claim = self.folder / (path.replace(os.sep, "__") + ".claim")
             try:
                 os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
                 self.owned[path] = True
