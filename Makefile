@@ -28,21 +28,24 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-# Two lanes at once (each about half the suite; the machine has two cores and the cluster
-# lane spends much of its time waiting on Slurm, containers and subprocesses): the cluster
-# lane (Slurm, multinode, container, then the end-to-end and launcher runs, subprocesses
-# too, and the longest in-process files, which even out the lanes' times) logs to
-# $(LANE_LOG), shown when both have ended; the test fails if either lane fails.
+# Two lanes at once (the machine has two cores and the cluster lane spends much of its time
+# waiting on Slurm, containers and subprocesses): the cluster lane (Slurm, multinode,
+# container, then the end-to-end and launcher runs, subprocesses too, one at a time) logs to
+# $(LANE_LOG), shown when both have ended; then both lanes take the other test files from
+# one queue (tests/lane_queue.py: a file runs whole in the lane that claims it first), so
+# they end together; the test fails if either lane fails.
 CLUSTER_TIERS := slurm or multinode or container
-CLUSTER_LANE_TESTS := tests/e2e tests/launcher tests/coordinator/test_differential.py \
-  tests/coordinator/test_folded_rnn.py tests/coordinator/test_masked_rnn.py
+CLUSTER_LANE_TESTS := tests/e2e tests/launcher
 LANE_LOG := .cache/test-cluster-lane.log
+LANE_QUEUE := .cache/test-lane-queue
+QUEUED := -m "not ($(CLUSTER_TIERS))" -p lane_queue --lane-queue $(LANE_QUEUE) $(CLUSTER_LANE_TESTS:%=--ignore=%)
 test: lint
-	@mkdir -p .cache; echo "cluster lane: $(LANE_LOG)"
+	@rm -rf $(LANE_QUEUE); mkdir -p .cache; echo "cluster lane: $(LANE_LOG)"
 	@( $(PY) -m pytest -q --durations=10 -m "$(CLUSTER_TIERS)"; tiers=$$?; \
-	   $(PY) -m pytest -q --durations=10 -m "not ($(CLUSTER_TIERS))" $(CLUSTER_LANE_TESTS); exit $$(( tiers || $$? )) ) \
+	   $(PY) -m pytest -q --durations=10 -m "not ($(CLUSTER_TIERS))" $(CLUSTER_LANE_TESTS); own=$$?; \
+	   $(PY) -m pytest -q --durations=10 $(QUEUED); exit $$(( tiers || own || $$? )) ) \
 	  > $(LANE_LOG) 2>&1 & lane=$$!; \
-	$(PY) -m pytest -q --durations=15 -m "not ($(CLUSTER_TIERS))" $(CLUSTER_LANE_TESTS:%=--ignore=%); rest=$$?; \
+	$(PY) -m pytest -q --durations=15 $(QUEUED); rest=$$?; \
 	wait $$lane; cluster=$$?; echo "---- cluster lane ----"; cat $(LANE_LOG); \
 	echo "in-process lane exit $$rest, cluster lane exit $$cluster"; exit $$(( rest || cluster ))
 

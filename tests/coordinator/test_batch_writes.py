@@ -81,10 +81,9 @@ def test_a_queue_at_a_ring_pointer_trains_like_tensorflow(prepared, ring, micro,
         result.compiled.report_text
 
 
-def test_a_resumed_ring_queue_restores_its_pointer(tmp_path):
+def test_a_resumed_ring_queue_restores_its_pointer(prepared, tmp_path):
     """After 3 steps the pointer is 8: the checkpoint holds it as TF's int32."""
-    compiled = cs_inprocess.compile_checked(m.moco_queue, m.labelled_input_fn,
-                                            {**PARAMS, "ring": "nd"}, str(tmp_path))
+    compiled = prepared(m.moco_queue, {**PARAMS, "ring": "nd"}, 8).compiled  # the ring tests' compile
     data = tf_reference.batches(m.labelled_input_fn, {**PARAMS, "ring": "nd"}, 6)
     _, state, _ = cs_inprocess.resume_is_unbroken(compiled, data, str(tmp_path), 3)
     assert state["ptr"] == 8

@@ -5,6 +5,7 @@ x / c as x * (1 / c) (ReduceDivToReciprocalMul) and (x * y) * c, y constant, as 
 import breadth_models as bm
 import cs_inprocess
 import numpy as np
+import pytest
 import tensorflow as tf
 from tensorflow.keras import layers as L
 
@@ -59,9 +60,15 @@ def _session_division(x, g):
         return session.run([y, tf.gradients(y, xt, grad_ys=gt)[0]], {xt: x, gt: g})
 
 
-def test_division_by_a_constant_is_tensorflows_bit_for_bit(tmp_path):
-    compiled = cs_inprocess.compile_checked(phase_synth, bm.sequence_input_fn, PARAMS, str(tmp_path))
-    (message,) = [k for k in compiled.program.kernels if k.name.endswith("truediv")]
+@pytest.fixture(scope="module")
+def phase_run(tmp_path_factory):
+    """phase_synth compiled and trained 4 steps on the CS and on TF, once for the module."""
+    return cs_inprocess.compare(phase_synth, bm.sequence_input_fn, PARAMS,
+                                str(tmp_path_factory.mktemp("phase_synth")), steps=4)
+
+
+def test_division_by_a_constant_is_tensorflows_bit_for_bit(phase_run):
+    (message,) = [k for k in phase_run.compiled.program.kernels if k.name.endswith("truediv")]
     attrs = {key: from_attr(value) for key, value in message.attrs.items()}
     kernel = build_kernel(message.type, message.name, attrs, [(12, 4)])
     rng = np.random.default_rng(0)
@@ -75,11 +82,10 @@ def test_division_by_a_constant_is_tensorflows_bit_for_bit(tmp_path):
     assert np.array_equal(out, expected) and np.array_equal(grad, expected_grad)
 
 
-def test_a_phase_accumulated_from_a_divided_frequency_trains_like_tensorflow(tmp_path):
-    result = cs_inprocess.compare(phase_synth, bm.sequence_input_fn, PARAMS, str(tmp_path), steps=4)
-    cs_inprocess.assert_same_training(result)
+def test_a_phase_accumulated_from_a_divided_frequency_trains_like_tensorflow(phase_run, tmp_path):
+    cs_inprocess.assert_same_training(phase_run)
     for check in (cs_inprocess.evaluation_mismatch, cs_inprocess.prediction_mismatch):
-        problem = check(phase_synth, bm.sequence_input_fn, PARAMS, str(tmp_path), result)
+        problem = check(phase_synth, bm.sequence_input_fn, PARAMS, str(tmp_path), phase_run)
         assert not problem, problem
 
 
