@@ -202,9 +202,15 @@ def minimized_apart(extracted: ExtractedGraph) -> tf.Tensor | None:
     if len(found) != 1:
         return None
     y = next(iter(found.values()))
-    if _skip_identity(y).name == loss.name or _loss_scale(y.op, loss.op) is not None:
+    if _skip_identity(y).name == loss.name or _scales(y.op, loss):
         return None
     return y
+
+
+def _scales(y: tf.Operation, loss: tf.Tensor) -> bool:
+    """Whether y is the loss times a factor: a constant S, or a loss scale optimizer's dynamic
+    scale (loss * tf.cast(scale_variable)): the loss scaling analysis's, not another loss."""
+    return y.type == "Mul" and loss.name in {_skip_identity(t).name for t in y.inputs}
 
 
 # Ops whose gradient functions may pass the seed on without creating an op.
