@@ -25,6 +25,7 @@ from coordinator.compiler import (
     batch_writes,
     bincount,
     blockers,
+    complex_values,
     candidate_sampling,  # noqa: F401 (its fast path)
     fast_paths,
     folded_batch,
@@ -417,6 +418,8 @@ class Matcher:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
                 continue
             if op.type == "RFFT" and spectra.lower(self, op):
+                continue
+            if any(t.dtype.is_complex for t in op.outputs) and complex_values.lower(self, op):
                 continue
             bad = self._check_dtypes(op) or second_order.refusal(self, op) or \
                 folded_batch.refusal(self, op)

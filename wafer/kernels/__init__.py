@@ -79,6 +79,7 @@ from wafer.kernels import (  # noqa: F401
                              activation_grads,
                              activations,
                              batch_tail,
+                             complex_values,
                              candidate_sampling,
                              conv,
                              conv_transpose,

@@ -1,0 +1,150 @@
+"""Complex values computed per sample: a closed region of TF's complex64 ops (the transforms
+RFFT, IRFFT, FFT, IFFT and their 2-D forms along a sample's own axes; Mul, Add, Sub, Div,
+Neg, Conj, Exp, Complex, Cast between float32 and complex64) between real operands
+(per-sample values, weights, constants) and real results (IRFFT, Real, Imag, ComplexAbs,
+Cast to float32) becomes one `complex_region` kernel per real result read; the complex
+values never leave it. Any other op on a complex value, a complex value the host reads, or a
+transform along the batch axis keeps the dtype refusal (precision.dtype_problem)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.operands import static_shape
+from coordinator.compiler.rules import Context, has_kernel
+from wafer.kernels.complex_values import OPS, REAL_RESULTS
+
+TRANSFORM_AXES = {"RFFT": 1, "IRFFT": 1, "FFT": 1, "IFFT": 1, "RFFT2D": 2, "IRFFT2D": 2,
+                  "FFT2D": 2, "IFFT2D": 2}
+KERNEL_ROWS = {
+    "complex_region": "complex64 values of a sample (tf.signal.rfft, irfft, fft, ifft, "
+                      "fft2d, ifft2d, rfft2d, irfft2d along its own axes; *, +, -, / "
+                      "tf.math.conj, tf.exp, tf.complex, tf.cast between float32 and "
+                      "complex64) read through real results (irfft, tf.math.real, imag, tf.abs): "
+                      "an FFT convolution, an auto-correlation, FNet's mixing; float32 pairs, "
+                      "transforms exact to complex64 rounding, TF's gradients",
+}
+
+
+def _complex(t: tf.Tensor) -> bool:
+    return t.dtype.base_dtype in (tf.complex64, tf.complex128)
+
+
+def _step(op: tf.Operation) -> str:
+    """The kernel's step for `op` ("" if none)."""
+    if op.type == "Cast":
+        source, target = op.inputs[0].dtype.base_dtype, op.outputs[0].dtype.base_dtype
+        if source == tf.float32 and target == tf.complex64:
+            return "ToComplex"
+        return "ToReal" if source == tf.complex64 and target == tf.float32 else ""
+    if op.type == "Identity":
+        return "Identity"
+    return op.type if op.type in OPS and all(
+        t.dtype.base_dtype in (tf.float32, tf.complex64, tf.int32) for t in op.outputs) else ""
+
+
+def _region(m: Context, start: tf.Operation) -> list[tf.Operation] | None:
+    """The ops computing or reading the complex values connected to `start`'s, in graph
+    order, or None (some op is outside the closed set, or the host reads a complex value)."""
+    seen: set[tf.Operation] = set()
+    todo = [start]
+    while todo:
+        op = todo.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if not _step(op):
+            return None
+        for t in op.inputs:
+            if _complex(t) and t.op.type != "Const":
+                todo.append(t.op)
+        for t in op.outputs:
+            if _complex(t):
+                if t.name in m.protected:
+                    return None
+                todo.extend(m.consumers(t))
+    return sorted(seen, key=lambda op: op._id)  # graph order
+
+
+def lower(m: Context, start: tf.Operation) -> bool:
+    """The complex region of `start` as complex_region kernels, one per real result read,
+    or False (refused by its complex dtype)."""
+    ops = _region(m, start) if has_kernel("complex_region") else None
+    if ops is None:
+        return False
+    results = [op for op in ops if not any(_complex(t) for t in op.outputs)]
+    if not results or any(op in m.consumed for op in ops):
+        return False
+    kernels = []
+    for result in results:
+        kernel = _program(m, ops, result)
+        if kernel is None:
+            return False
+        kernels.append((result, kernel))
+    for k, (result, (inputs, attrs, params)) in enumerate(kernels):
+        covered = [op for op in ops if op not in results] + [result] if k == 0 else [result]
+        m.add_kernel(result.name, "complex_region", inputs, attrs, params, covered,
+                     result.outputs[0], source_op=start)
+    return True
+
+
+def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
+    """(inputs, attrs, params) of the complex_region kernel computing `result`, or None."""
+    needed: set[tf.Operation] = set()
+    todo = [result]
+    while todo:
+        op = todo.pop()
+        if op in needed or op not in ops:
+            continue
+        needed.add(op)
+        todo.extend(t.op for t in op.inputs)
+    steps = [op for op in ops if op in needed]
+    leaves: list[tf.Tensor] = []
+    constants: dict[str, np.ndarray] = {}
+    batched: set[str] = set()
+    for op in steps:
+        args = op.inputs[:OPS[_step(op)]]
+        for t in args:
+            if t.op in needed:
+                continue
+            if _complex(t):
+                value = m.operands.constant(t)
+                if value is None:
+                    return None
+                constants.setdefault(t.name, np.asarray(value))
+            elif t not in leaves:
+                leaves.append(t)
+        if any(t.name in batched or m.is_batched(t) for t in args):
+            batched.add(op.outputs[0].name)
+            if len(static_shape(op.inputs[0])) <= TRANSFORM_AXES.get(op.type, 0):
+                return None  # a transform along the batch axis
+    found = m.operand_list(result, leaves)
+    if isinstance(found, str) or "i" not in found[0]:
+        return None
+    letters, inputs, attrs, params = found
+    index = {t.name: k for k, t in enumerate(leaves)}
+    program = []
+    for name, value in constants.items():  # complex constants: Complex(c_re, c_im)
+        k = len(letters)
+        letters += "cc"
+        attrs[f"c{k}"] = np.real(value).astype(np.float32)
+        attrs[f"c{k + 1}"] = np.imag(value).astype(np.float32)
+    # values: the operands, then the constants' Complex steps, then the region's steps
+    base = len(letters)
+    for j, name in enumerate(constants):
+        first = len(leaves) + 2 * j
+        program.append({"op": "Complex", "args": [first, first + 1]})
+        index[name] = base + j
+    for op in steps:
+        step = _step(op)
+        spec: dict = {"op": step, "args": [index[t.name] for t in op.inputs[:OPS[step]]]}
+        if op.type in ("RFFT", "IRFFT", "RFFT2D", "IRFFT2D"):
+            length = m.operands.constant(op.inputs[1])
+            if length is None:
+                return None
+            spec["fft_length"] = [int(v) for v in np.ravel(length)]
+        program.append(spec)
+        index[op.outputs[0].name] = base + len(program) - 1
+    return inputs, {"operands": letters, **attrs, "program": json.dumps(program)}, params
