@@ -65,9 +65,9 @@ def s4_convolution(features, labels, mode, params):
     a_im = v1.get_variable("a_im", [FEATURES, 2])
     c = v1.get_variable("c", [FEATURES, 2])
     steps = tf.range(T, dtype=tf.float32)
-    powers = tf.exp(tf.complex(-tf.exp(log_a), a_im)[..., None] *
-                    tf.complex(steps, tf.zeros_like(steps)))  # (F, 2, T)
-    kernel = tf.math.real(tf.reduce_sum(tf.cast(c, tf.complex64)[..., None] * powers, 1))
+    powers = tf.exp(tf.complex(-tf.exp(log_a)[..., None] * steps,
+                               a_im[..., None] * steps))  # (F, 2, T): exp(A l)
+    kernel = tf.math.real(tf.reduce_sum(tf.cast(c[..., None], tf.complex64) * powers, 1))
     y = tf.signal.irfft(tf.signal.rfft(h, [2 * T]) * tf.signal.rfft(kernel, [2 * T]), [2 * T])
     return _spec(mode, labels, y[..., :T])
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, has_kernel
-from wafer.kernels.complex_values import OPS, REAL_RESULTS
+from wafer.kernels.complex_values import OPS
 
 TRANSFORM_AXES = {"RFFT": 1, "IRFFT": 1, "FFT": 1, "IFFT": 1, "RFFT2D": 2, "IRFFT2D": 2,
                   "FFT2D": 2, "IFFT2D": 2}
@@ -39,15 +39,18 @@ def _step(op: tf.Operation) -> str:
         if source == tf.float32 and target == tf.complex64:
             return "ToComplex"
         return "ToReal" if source == tf.complex64 and target == tf.float32 else ""
-    if op.type == "Identity":
-        return "Identity"
+    if op.type in ("Identity", "Sum", "Mean") and _complex(op.outputs[0]):
+        return op.type
+    if op.type == "Pad":  # tf.signal.rfft's zero padding to fft_length (or of a complex value)
+        return "Pad" if tf.get_static_value(op.inputs[1]) is not None else ""
     return op.type if op.type in OPS and all(
         t.dtype.base_dtype in (tf.float32, tf.complex64, tf.int32) for t in op.outputs) else ""
 
 
 def _region(m: Context, start: tf.Operation) -> list[tf.Operation] | None:
-    """The ops computing or reading the complex values connected to `start`'s, in graph
-    order, or None (some op is outside the closed set, or the host reads a complex value)."""
+    """The ops computing or reading the complex values connected to `start`'s (through real
+    values too: rfft(real(...)) of a kernel built in complex from weights), in graph order,
+    or None (some op is outside the closed set, or the host reads a complex value)."""
     seen: set[tf.Operation] = set()
     todo = [start]
     while todo:
@@ -57,15 +60,26 @@ def _region(m: Context, start: tf.Operation) -> list[tf.Operation] | None:
         seen.add(op)
         if not _step(op):
             return None
-        for t in op.inputs:
-            if _complex(t) and t.op.type != "Const":
+        for t in op.inputs[:OPS[_step(op)]]:
+            if _complex(t) and t.op.type != "Const" or _enters(t.op) or \
+                    t.op.type == "Pad" and op.type in TRANSFORM_AXES and not m.is_batched(t):
                 todo.append(t.op)
         for t in op.outputs:
-            if _complex(t):
-                if t.name in m.protected:
-                    return None
-                todo.extend(m.consumers(t))
+            if _complex(t) and t.name in m.protected:
+                return None
+            todo.extend(c for c in m.consumers(t) if _complex(t) or _leaves(c))
     return sorted(seen, key=lambda op: op._id)  # graph order
+
+
+def _leaves(op: tf.Operation) -> bool:
+    """Whether `op` takes a real value into the complex ones (RFFT, tf.complex, Cast)."""
+    return bool(_step(op)) and any(_complex(t) for t in op.outputs)
+
+
+def _enters(op: tf.Operation) -> bool:
+    """Whether `op` takes a complex value out to a real one (IRFFT, Real, tf.abs, Cast)."""
+    return bool(_step(op)) and any(_complex(t) for t in op.inputs) and \
+        not any(_complex(t) for t in op.outputs)
 
 
 def lower(m: Context, start: tf.Operation) -> bool:
@@ -74,7 +88,8 @@ def lower(m: Context, start: tf.Operation) -> bool:
     ops = _region(m, start) if has_kernel("complex_region") else None
     if ops is None:
         return False
-    results = [op for op in ops if not any(_complex(t) for t in op.outputs)]
+    results = [op for op in ops if not any(_complex(t) for t in op.outputs) and (
+        op.outputs[0].name in m.protected or any(c not in ops for c in m.consumers(op.outputs[0])))]
     if not results or any(op in m.consumed for op in ops):
         return False
     kernels = []
@@ -88,6 +103,14 @@ def lower(m: Context, start: tf.Operation) -> bool:
         m.add_kernel(result.name, "complex_region", inputs, attrs, params, covered,
                      result.outputs[0], source_op=start)
     return True
+
+
+def _axes(m: Context, op: tf.Operation) -> tuple[int, ...] | None:
+    """The axes a Sum or Mean reduces (non-negative; () for other ops), None if not constant."""
+    if op.type not in ("Sum", "Mean"):
+        return ()
+    axes, rank = m.operands.constant(op.inputs[1]), len(static_shape(op.inputs[0]))
+    return None if axes is None else tuple(sorted({int(a) % rank for a in np.ravel(axes)}))
 
 
 def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
@@ -116,17 +139,20 @@ def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
                 constants.setdefault(t.name, np.asarray(value))
             elif t not in leaves:
                 leaves.append(t)
+        axes = _axes(m, op)
+        if axes is None:
+            return None
         if any(t.name in batched or m.is_batched(t) for t in args):
             batched.add(op.outputs[0].name)
-            if len(static_shape(op.inputs[0])) <= TRANSFORM_AXES.get(op.type, 0):
-                return None  # a transform along the batch axis
+            if len(static_shape(op.inputs[0])) <= TRANSFORM_AXES.get(op.type, 0) or 0 in axes:
+                return None  # a transform or sum along the batch axis
     found = m.operand_list(result, leaves)
     if isinstance(found, str) or "i" not in found[0]:
         return None
     letters, inputs, attrs, params = found
     index = {t.name: k for k, t in enumerate(leaves)}
     program = []
-    for name, value in constants.items():  # complex constants: Complex(c_re, c_im)
+    for value in constants.values():  # complex constants: Complex(c_re, c_im)
         k = len(letters)
         letters += "cc"
         attrs[f"c{k}"] = np.real(value).astype(np.float32)
@@ -145,6 +171,10 @@ def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
             if length is None:
                 return None
             spec["fft_length"] = [int(v) for v in np.ravel(length)]
+        if op.type == "Pad":
+            spec["pad"] = np.asarray(tf.get_static_value(op.inputs[1])).tolist()
+        if op.type in ("Sum", "Mean"):
+            spec.update(axes=list(_axes(m, op) or ()), keep=op.get_attr("keep_dims"))
         program.append(spec)
         index[op.outputs[0].name] = base + len(program) - 1
     return inputs, {"operands": letters, **attrs, "program": json.dumps(program)}, params

@@ -16,8 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import Kernel, KernelError, RunContext, Shape, check_dtypes, \
-    max_cores_for, register
+from wafer.kernels.base import Kernel, KernelError, RunContext, Shape, check_dtypes, max_cores_for, register
 from wafer.kernels.operands import Operands, reduce_to
 
 C64 = np.complex64
@@ -25,7 +24,8 @@ C64 = np.complex64
 OPS = {"RFFT": 1, "IRFFT": 1, "RFFT2D": 1, "IRFFT2D": 1, "FFT": 1, "IFFT": 1, "FFT2D": 1,
        "IFFT2D": 1, "Mul": 2, "AddV2": 2, "Add": 2, "Sub": 2, "RealDiv": 2, "Div": 2,
        "Neg": 1, "Conj": 1, "Complex": 2, "Real": 1, "Imag": 1, "ComplexAbs": 1, "Exp": 1,
-       "ToComplex": 1, "ToReal": 1, "Identity": 1}
+       "ToComplex": 1, "ToReal": 1, "Identity": 1, "Sum": 1, "Mean": 1,
+       "Pad": 1}
 REAL_RESULTS = ("IRFFT", "IRFFT2D", "Real", "Imag", "ComplexAbs", "ToReal")
 
 
@@ -48,8 +48,15 @@ def _weights(n: int) -> np.ndarray:
     return w
 
 
-def _forward(op: str, args: list[np.ndarray], n: list[int]) -> np.ndarray:
+def _forward(op: str, args: list[np.ndarray], n: list[int], axes: tuple[int, ...],
+             keep: bool, pad: list[list[int]]) -> np.ndarray:
     a = args[0]
+    if op == "Pad":
+        return np.pad(a, pad)
+    if op in ("Sum", "Mean"):
+        total = a.sum(axis=axes, keepdims=keep, dtype=a.dtype)
+        return total / a.dtype.type(math.prod(a.shape[k] for k in axes)) if op == "Mean" \
+            else total
     if op in ("RFFT", "RFFT2D"):
         return np.fft.rfftn(_fit(a.astype(np.float64), n), axes=range(-len(n), 0)).astype(C64)
     if op in ("IRFFT", "IRFFT2D"):
@@ -72,9 +79,16 @@ def _forward(op: str, args: list[np.ndarray], n: list[int]) -> np.ndarray:
 
 
 def _backward(op: str, args: list[np.ndarray], out: np.ndarray, g: np.ndarray,
-              n: list[int]) -> list[np.ndarray]:
+              n: list[int], axes: tuple[int, ...], keep: bool,
+              pad: list[list[int]]) -> list[np.ndarray]:
     """TF's gradients of `op`'s arguments from its output's gradient `g`."""
     a = args[0]
+    if op == "Pad":
+        return [g[tuple(slice(p, p + d) for (p, _), d in zip(pad, a.shape))]]
+    if op in ("Sum", "Mean"):  # g broadcast back along the reduced axes (/ their size)
+        g = g if keep else np.expand_dims(g, axes)
+        g = np.broadcast_to(g, a.shape)
+        return [g / g.dtype.type(math.prod(a.shape[k] for k in axes)) if op == "Mean" else g]
     if op in ("RFFT", "RFFT2D"):  # Re of N * ifft of the bins zero-padded to N
         full = np.fft.ifftn(_fit(g.astype(np.complex128), n), axes=range(-len(n), 0))
         return [_fit(full.real * math.prod(n), a.shape[-len(n):]).astype(np.float32)]
@@ -119,7 +133,9 @@ def _backward(op: str, args: list[np.ndarray], out: np.ndarray, g: np.ndarray,
 @register
 class ComplexRegion(Kernel):
     """attrs operands (i, c, p letters of the real operands), program (JSON: a list of steps
-    {"op", "args", "fft_length"}; values 0..k-1 are the operands, step j is value k + j),
+    {"op", "args", "fft_length" of a transform, "axes" and "keep" of a Sum or Mean, "pad"
+    (before, after per axis) of a Pad}; values
+    0..k-1 are the operands, step j is value k + j),
     the last step's real value the output."""
 
     type_name = "complex_region"
@@ -141,7 +157,9 @@ class ComplexRegion(Kernel):
             raise KernelError(f"kernel {name!r} (complex_region): program must be a list of "
                               f"steps of {sorted(OPS)} reading earlier values and ending in "
                               f"a real value ({', '.join(REAL_RESULTS)}), got {program!r}")
-        self.program = [(s["op"], list(s["args"]), [int(v) for v in s.get("fft_length", [])])
+        self.program = [(s["op"], list(s["args"]), [int(v) for v in s.get("fft_length", [])],
+                         tuple(int(v) for v in s.get("axes", [])), bool(s.get("keep")),
+                         [[int(v) for v in p] for p in s.get("pad", [])])
                         for s in program]
         shapes = [(1, *o.shape) if o.letter == "i" else o.shape for o in self.operands]
         probe = self._run([np.zeros(s, np.float32) for s in shapes])[-1]
@@ -152,8 +170,8 @@ class ComplexRegion(Kernel):
 
     def _run(self, operands: list[np.ndarray]) -> list[np.ndarray]:
         values = list(operands)
-        for op, args, n in self.program:
-            values.append(_forward(op, [values[a] for a in args], n))
+        for op, args, *extra in self.program:
+            values.append(_forward(op, [values[a] for a in args], *extra))
         return values
 
     @property
@@ -193,9 +211,10 @@ class ComplexRegion(Kernel):
             g = grads[count + j]
             if g is None:
                 continue
-            op, args, n = self.program[j]
+            op, args, *extra = self.program[j]
             inputs = [values[a] for a in args]
-            for a, arg, grad in zip(args, inputs, _backward(op, inputs, values[count + j], g, n)):
+            grads_in = _backward(op, inputs, values[count + j], g, *extra)
+            for a, arg, grad in zip(args, inputs, grads_in):
                 grad = reduce_to(np.asarray(grad), arg.shape).astype(arg.dtype)
                 grads[a] = grad if grads[a] is None else grads[a] + grad
         return self.operands.gradients(grads[:count], ctx, param_grads)
