@@ -12,12 +12,18 @@ import json
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler import precision
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, has_kernel
+from tf_model.model_fn import user_name, user_source
 from wafer.kernels.complex_values import OPS
 
 TRANSFORM_AXES = {"RFFT": 1, "IRFFT": 1, "FFT": 1, "IFFT": 1, "RFFT2D": 2, "IRFFT2D": 2,
                   "FFT2D": 2, "IFFT2D": 2}
+SUPPORTED = ("the CS computes complex values per sample only through tf.signal's rfft, irfft, "
+             "fft, ifft and their 2-D forms, *, +, -, /, tf.math.conj, tf.exp, tf.complex, "
+             "tf.cast, tf.reduce_sum/mean and tf.math.real, imag, abs; compute the rest "
+             "from those parts, or in input_fn")
 KERNEL_ROWS = {
     "complex_region": "complex64 values of a sample (tf.signal.rfft, irfft, fft, ifft, "
                       "fft2d, ifft2d, rfft2d, irfft2d along its own axes; *, +, -, / "
@@ -47,10 +53,10 @@ def _step(op: tf.Operation) -> str:
         t.dtype.base_dtype in (tf.float32, tf.complex64, tf.int32) for t in op.outputs) else ""
 
 
-def _region(m: Context, start: tf.Operation) -> list[tf.Operation] | None:
+def _region(m: Context, start: tf.Operation) -> list[tf.Operation] | str:
     """The ops computing or reading the complex values connected to `start`'s (through real
     values too: rfft(real(...)) of a kernel built in complex from weights), in graph order,
-    or None (some op is outside the closed set, or the host reads a complex value)."""
+    or why not (an op outside the closed set, a complex value the host reads)."""
     seen: set[tf.Operation] = set()
     todo = [start]
     while todo:
@@ -59,50 +65,55 @@ def _region(m: Context, start: tf.Operation) -> list[tf.Operation] | None:
             continue
         seen.add(op)
         if not _step(op):
-            return None
+            return (f"{op.type} '{user_name(op)}' at {user_source(op)} computes with its "
+                    f"complex value: {SUPPORTED}")
         for t in op.inputs[:OPS[_step(op)]]:
-            if _complex(t) and t.op.type != "Const" or _enters(t.op) or \
+            if _complex(t) and t.op.type != "Const" or _out_of_complex(t.op) or \
                     t.op.type == "Pad" and op.type in TRANSFORM_AXES and not m.is_batched(t):
                 todo.append(t.op)
         for t in op.outputs:
             if _complex(t) and t.name in m.protected:
-                return None
-            todo.extend(c for c in m.consumers(t) if _complex(t) or _leaves(c))
+                return (f"the host reads the complex value of {op.type} '{user_name(op)}' "
+                        f"(a prediction, metric or summary): return its real and imaginary "
+                        "parts (tf.math.real, tf.math.imag) instead")
+            todo.extend(c for c in m.consumers(t) if _complex(t) or _into_complex(c))
     return sorted(seen, key=lambda op: op._id)  # graph order
 
 
-def _leaves(op: tf.Operation) -> bool:
+def _into_complex(op: tf.Operation) -> bool:
     """Whether `op` takes a real value into the complex ones (RFFT, tf.complex, Cast)."""
     return bool(_step(op)) and any(_complex(t) for t in op.outputs)
 
 
-def _enters(op: tf.Operation) -> bool:
+def _out_of_complex(op: tf.Operation) -> bool:
     """Whether `op` takes a complex value out to a real one (IRFFT, Real, tf.abs, Cast)."""
     return bool(_step(op)) and any(_complex(t) for t in op.inputs) and \
         not any(_complex(t) for t in op.outputs)
 
 
-def lower(m: Context, start: tf.Operation) -> bool:
-    """The complex region of `start` as complex_region kernels, one per real result read,
-    or False (refused by its complex dtype)."""
-    ops = _region(m, start) if has_kernel("complex_region") else None
-    if ops is None:
-        return False
+def lower(m: Context, start: tf.Operation) -> str:
+    """The complex region of `start` as complex_region kernels, one per real result read
+    (""), or why the CS refuses it."""
+    if not has_kernel("complex_region"):
+        return precision.dtype_problem(start.outputs[0].dtype.name)
+    ops = _region(m, start)
+    if isinstance(ops, str):
+        return f"computes in complex64, and {ops}"
     results = [op for op in ops if not any(_complex(t) for t in op.outputs) and (
         op.outputs[0].name in m.protected or any(c not in ops for c in m.consumers(op.outputs[0])))]
     if not results or any(op in m.consumed for op in ops):
-        return False
+        return precision.dtype_problem(start.outputs[0].dtype.name)
     kernels = []
     for result in results:
         kernel = _program(m, ops, result)
-        if kernel is None:
-            return False
+        if isinstance(kernel, str):
+            return f"computes in complex64, and {kernel}"
         kernels.append((result, kernel))
     for k, (result, (inputs, attrs, params)) in enumerate(kernels):
         covered = [op for op in ops if op not in results] + [result] if k == 0 else [result]
         m.add_kernel(result.name, "complex_region", inputs, attrs, params, covered,
                      result.outputs[0], source_op=start)
-    return True
+    return ""
 
 
 def _axes(m: Context, op: tf.Operation) -> tuple[int, ...] | None:
@@ -114,7 +125,7 @@ def _axes(m: Context, op: tf.Operation) -> tuple[int, ...] | None:
 
 
 def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
-    """(inputs, attrs, params) of the complex_region kernel computing `result`, or None."""
+    """(inputs, attrs, params) of the complex_region kernel computing `result`, or why not."""
     needed: set[tf.Operation] = set()
     todo = [result]
     while todo:
@@ -135,20 +146,27 @@ def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
             if _complex(t):
                 value = m.operands.constant(t)
                 if value is None:
-                    return None
+                    return (f"the complex value {t.op.type} '{user_name(t.op)}' at "
+                            f"{user_source(t.op)} is neither computed per sample nor a "
+                            f"constant: {SUPPORTED}")
                 constants.setdefault(t.name, np.asarray(value))
             elif t not in leaves:
                 leaves.append(t)
         axes = _axes(m, op)
+        where = f"{op.type} '{user_name(op)}' at {user_source(op)}"
         if axes is None:
-            return None
+            return f"{where} sums over axes not known when the graph is built"
         if any(t.name in batched or m.is_batched(t) for t in args):
             batched.add(op.outputs[0].name)
             if len(static_shape(op.inputs[0])) <= TRANSFORM_AXES.get(op.type, 0) or 0 in axes:
-                return None  # a transform or sum along the batch axis
+                return (f"{where} transforms or sums along the batch axis (it mixes the "
+                        "samples): the CS computes each sample on its own; transform a "
+                        "sample's own axes")
     found = m.operand_list(result, leaves)
-    if isinstance(found, str) or "i" not in found[0]:
-        return None
+    if isinstance(found, str):
+        return found
+    if "i" not in found[0]:
+        return f"{result.type} '{user_name(result)}' does not compute per sample"
     letters, inputs, attrs, params = found
     index = {t.name: k for k, t in enumerate(leaves)}
     program = []
@@ -169,7 +187,7 @@ def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
         if op.type in ("RFFT", "IRFFT", "RFFT2D", "IRFFT2D"):
             length = m.operands.constant(op.inputs[1])
             if length is None:
-                return None
+                return f"{where} has an fft_length not known when the graph is built"
             spec["fft_length"] = [int(v) for v in np.ravel(length)]
         if op.type == "Pad":
             spec["pad"] = np.asarray(tf.get_static_value(op.inputs[1])).tolist()

@@ -25,8 +25,8 @@ from coordinator.compiler import (
     batch_writes,
     bincount,
     blockers,
-    complex_values,
     candidate_sampling,  # noqa: F401 (its fast path)
+    complex_values,
     fast_paths,
     folded_batch,
     grappler,
@@ -419,7 +419,10 @@ class Matcher:
                 continue
             if op.type == "RFFT" and spectra.lower(self, op):
                 continue
-            if any(t.dtype.is_complex for t in op.outputs) and complex_values.lower(self, op):
+            if any(t.dtype.is_complex for t in op.outputs):
+                reason = complex_values.lower(self, op)
+                if reason:
+                    self.reject(op, reason)
                 continue
             bad = self._check_dtypes(op) or second_order.refusal(self, op) or \
                 folded_batch.refusal(self, op)
