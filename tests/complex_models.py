@@ -75,9 +75,10 @@ def s4_convolution(features, labels, mode, params):
 def autocorrelation(features, labels, mode, params):
     """Autoformer's auto-correlation: queries' and keys' spectra over time, q * conj(k),
     irfft back; the correlation feeds a Dense."""
-    q = tf.transpose(L.Dense(FEATURES)(features), [0, 2, 1])
-    k = tf.transpose(L.Dense(FEATURES)(features), [0, 2, 1])
-    corr = tf.signal.irfft(tf.signal.rfft(q) * tf.math.conj(tf.signal.rfft(k)))
+    q, k = L.Dense(FEATURES)(features), L.Dense(FEATURES)(features)
+    q_f = tf.signal.rfft(tf.transpose(q, [0, 2, 1]))  # (the keys' transpose comes after it)
+    k_f = tf.signal.rfft(tf.transpose(k, [0, 2, 1]))
+    corr = tf.signal.irfft(q_f * tf.math.conj(k_f), fft_length=[T])
     return _spec(mode, labels, corr)
 
 

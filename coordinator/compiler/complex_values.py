@@ -80,6 +80,20 @@ def _region(m: Context, start: tf.Operation) -> list[tf.Operation] | str:
     return sorted(seen, key=lambda op: op._id)  # graph order
 
 
+def _later(m: Context, start: tf.Operation, ops: list[tf.Operation]) -> bool:
+    """Whether an op of the region computing a complex value comes after every per-sample
+    operand the region reads that is still to be computed (a transpose of the keys after the
+    queries' rfft) and after `start`: the matcher reaches it later."""
+    pending = [t.op._id for op in ops for t in op.inputs[:OPS[_step(op)]]
+               if t.op not in ops and t.op in m.flow and not m.is_batched(t)
+               and t.op not in m.consumed]
+    if not pending:
+        return False
+    ready = max(pending)
+    return any(op._id > ready and op._id > start._id and any(_complex(t) for t in op.outputs)
+               for op in ops)
+
+
 def _into_complex(op: tf.Operation) -> bool:
     """Whether `op` takes a real value into the complex ones (RFFT, tf.complex, Cast)."""
     return bool(_step(op)) and any(_complex(t) for t in op.outputs)
@@ -99,6 +113,8 @@ def lower(m: Context, start: tf.Operation) -> str:
     ops = _region(m, start)
     if isinstance(ops, str):
         return f"computes in complex64, and {ops}"
+    if _later(m, start, ops):
+        return ""  # a later op of the region lowers it, once its operands are computed
     results = [op for op in ops if not any(_complex(t) for t in op.outputs) and (
         op.outputs[0].name in m.protected or any(c not in ops for c in m.consumers(op.outputs[0])))]
     if not results or any(op in m.consumed for op in ops):

@@ -42,9 +42,9 @@ def test_complex_values_evaluate_and_predict_like_the_cpu_path(tmp_path, trained
 
 
 @pytest.mark.parametrize("model_fn, says", [
-    (models.batch_fft, "FFT 'FFT' at complex_models.py:87 transforms or sums along the "
+    (models.batch_fft, "FFT 'FFT' at complex_models.py:88 transforms or sums along the "
                        "batch axis"),
-    (models.complex_angle, "Angle 'Angle' at complex_models.py:94 computes with its complex "
+    (models.complex_angle, "Angle 'Angle' at complex_models.py:95 computes with its complex "
                            "value"),
 ])
 def test_other_complex_values_are_refused_in_one_line(tmp_path, model_fn, says):

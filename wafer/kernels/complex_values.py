@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -32,7 +33,8 @@ REAL_RESULTS = ("IRFFT", "IRFFT2D", "Real", "Imag", "ComplexAbs", "ToReal")
 def _fit(x: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
     """`x` cropped or zero-padded along its last len(lengths) axes to `lengths`."""
     axes = range(x.ndim - len(lengths), x.ndim)
-    x = x[(..., *(slice(0, n) for n in lengths))]
+    index: tuple[Any, ...] = (Ellipsis, *(slice(0, n) for n in lengths))
+    x = x[index]
     pad = [(0, 0)] * x.ndim
     for axis, n in zip(axes, lengths):
         pad[axis] = (0, n - x.shape[axis])
@@ -48,13 +50,30 @@ def _weights(n: int) -> np.ndarray:
     return w
 
 
-def _forward(op: str, args: list[np.ndarray], n: list[int], axes: tuple[int, ...],
-             keep: bool, pad: list[list[int]]) -> np.ndarray:
-    a = args[0]
+@dataclass(frozen=True)
+class Step:
+    """One op of the region: its TF type, the values it reads and its attributes."""
+
+    op: str
+    args: tuple[int, ...]
+    fft_length: tuple[int, ...] = ()  # a transform's
+    axes: tuple[int, ...] = ()  # a Sum's or Mean's
+    keep: bool = False  # a Sum's or Mean's keep_dims
+    pad: tuple[tuple[int, int], ...] = ()  # a Pad's (before, after) per axis
+
+    @classmethod
+    def decoded(cls, spec: dict) -> Step:
+        return cls(spec["op"], tuple(spec["args"]), tuple(int(v) for v in spec.get("fft_length", ())),
+                   tuple(int(v) for v in spec.get("axes", ())), bool(spec.get("keep")),
+                   tuple((int(p[0]), int(p[1])) for p in spec.get("pad", ())))
+
+
+def _forward(step: Step, args: list[np.ndarray]) -> np.ndarray:
+    op, n, axes, a, b = step.op, list(step.fft_length), step.axes, args[0], args[-1]
     if op == "Pad":
-        return np.pad(a, pad)
+        return np.pad(a, step.pad)
     if op in ("Sum", "Mean"):
-        total = a.sum(axis=axes, keepdims=keep, dtype=a.dtype)
+        total = a.sum(axis=axes, keepdims=step.keep, dtype=a.dtype)
         return total / a.dtype.type(math.prod(a.shape[k] for k in axes)) if op == "Mean" \
             else total
     if op in ("RFFT", "RFFT2D"):
@@ -64,10 +83,8 @@ def _forward(op: str, args: list[np.ndarray], n: list[int], axes: tuple[int, ...
         return np.fft.irfftn(_fit(a.astype(np.complex128), bins), n,
                              axes=range(-len(n), 0)).astype(np.float32)
     if op in ("FFT", "IFFT", "FFT2D", "IFFT2D"):
-        axes = (-1,) if op in ("FFT", "IFFT") else (-2, -1)
         f = np.fft.fftn if op.startswith("F") else np.fft.ifftn
-        return f(a.astype(np.complex128), axes=axes).astype(C64)
-    b = args[1] if len(args) > 1 else None
+        return f(a.astype(np.complex128), axes=_fft_axes(op)).astype(C64)
     results = {
         "Mul": lambda: a * b, "AddV2": lambda: a + b, "Add": lambda: a + b,
         "Sub": lambda: a - b, "RealDiv": lambda: a / b, "Div": lambda: a / b,
@@ -78,15 +95,18 @@ def _forward(op: str, args: list[np.ndarray], n: list[int], axes: tuple[int, ...
     return np.asarray(results[op]())
 
 
-def _backward(op: str, args: list[np.ndarray], out: np.ndarray, g: np.ndarray,
-              n: list[int], axes: tuple[int, ...], keep: bool,
-              pad: list[list[int]]) -> list[np.ndarray]:
-    """TF's gradients of `op`'s arguments from its output's gradient `g`."""
-    a = args[0]
+def _fft_axes(op: str) -> tuple[int, ...]:
+    return (-1,) if op in ("FFT", "IFFT") else (-2, -1)
+
+
+def _backward(step: Step, args: list[np.ndarray], out: np.ndarray,
+              g: np.ndarray) -> list[np.ndarray]:
+    """TF's gradients of the step's arguments from its output's gradient `g`."""
+    op, n, axes, a, b = step.op, list(step.fft_length), step.axes, args[0], args[-1]
     if op == "Pad":
-        return [g[tuple(slice(p, p + d) for (p, _), d in zip(pad, a.shape))]]
+        return [g[tuple(slice(p, p + d) for (p, _), d in zip(step.pad, a.shape))]]
     if op in ("Sum", "Mean"):  # g broadcast back along the reduced axes (/ their size)
-        g = g if keep else np.expand_dims(g, axes)
+        g = g if step.keep else np.expand_dims(g, axes)
         g = np.broadcast_to(g, a.shape)
         return [g / g.dtype.type(math.prod(a.shape[k] for k in axes)) if op == "Mean" else g]
     if op in ("RFFT", "RFFT2D"):  # Re of N * ifft of the bins zero-padded to N
@@ -97,13 +117,11 @@ def _backward(op: str, args: list[np.ndarray], out: np.ndarray, g: np.ndarray,
         spectrum = spectrum * _weights(n[-1]) / math.prod(n)
         return [_fit(spectrum, a.shape[-len(n):]).astype(C64)]
     if op in ("FFT", "IFFT", "FFT2D", "IFFT2D"):
-        axes = (-1,) if op in ("FFT", "IFFT") else (-2, -1)
-        size = math.prod(a.shape[k] for k in axes)
+        size = math.prod(a.shape[k] for k in _fft_axes(op))
         g = g.astype(np.complex128)
-        grad = np.fft.ifftn(g, axes=axes) * size if op.startswith("F") else \
-            np.fft.fftn(g, axes=axes) / size
+        grad = np.fft.ifftn(g, axes=_fft_axes(op)) * size if op.startswith("F") else \
+            np.fft.fftn(g, axes=_fft_axes(op)) / size
         return [grad.astype(C64)]
-    b = args[1] if len(args) > 1 else None
     if op == "Mul":
         return [g * np.conj(b), g * np.conj(a)]
     if op in ("AddV2", "Add", "Identity"):
@@ -151,16 +169,13 @@ class ComplexRegion(Kernel):
             program = None
         count = len(self.operands.letters)
         if not isinstance(program, list) or not program or any(
-                not isinstance(s, dict) or OPS.get(s.get("op")) != len(s.get("args", ())) or
+                not isinstance(s, dict) or OPS.get(str(s.get("op"))) != len(s.get("args", ())) or
                 any(not 0 <= a < count + j for a in s["args"])
                 for j, s in enumerate(program)) or program[-1]["op"] not in REAL_RESULTS:
             raise KernelError(f"kernel {name!r} (complex_region): program must be a list of "
                               f"steps of {sorted(OPS)} reading earlier values and ending in "
                               f"a real value ({', '.join(REAL_RESULTS)}), got {program!r}")
-        self.program = [(s["op"], list(s["args"]), [int(v) for v in s.get("fft_length", [])],
-                         tuple(int(v) for v in s.get("axes", [])), bool(s.get("keep")),
-                         [[int(v) for v in p] for p in s.get("pad", [])])
-                        for s in program]
+        self.program = [Step.decoded(s) for s in program]
         shapes = [(1, *o.shape) if o.letter == "i" else o.shape for o in self.operands]
         probe = self._run([np.zeros(s, np.float32) for s in shapes])[-1]
         if probe.ndim == 0 or probe.shape[0] != 1 or not self.operands.letters.count("i"):
@@ -170,8 +185,8 @@ class ComplexRegion(Kernel):
 
     def _run(self, operands: list[np.ndarray]) -> list[np.ndarray]:
         values = list(operands)
-        for op, args, *extra in self.program:
-            values.append(_forward(op, [values[a] for a in args], *extra))
+        for step in self.program:
+            values.append(_forward(step, [values[a] for a in step.args]))
         return values
 
     @property
@@ -211,10 +226,9 @@ class ComplexRegion(Kernel):
             g = grads[count + j]
             if g is None:
                 continue
-            op, args, *extra = self.program[j]
-            inputs = [values[a] for a in args]
-            grads_in = _backward(op, inputs, values[count + j], g, *extra)
-            for a, arg, grad in zip(args, inputs, grads_in):
+            step = self.program[j]
+            inputs = [values[a] for a in step.args]
+            for a, arg, grad in zip(step.args, inputs, _backward(step, inputs, values[count + j], g)):
                 grad = reduce_to(np.asarray(grad), arg.shape).astype(arg.dtype)
                 grads[a] = grad if grads[a] is None else grads[a] + grad
         return self.operands.gradients(grads[:count], ctx, param_grads)
