@@ -211,4 +211,6 @@ def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
             spec.update(axes=list(_axes(m, op) or ()), keep=op.get_attr("keep_dims"))
         program.append(spec)
         index[op.outputs[0].name] = base + len(program) - 1
-    return inputs, {"operands": letters, **attrs, "program": json.dumps(program)}, params
+    # (the real operands' TF names: spectra.rounding_noise feeds TF's values to the kernel)
+    return inputs, {"operands": letters, **attrs, "program": json.dumps(program),
+                    "tf_operands": json.dumps([t.name for t in leaves])}, params
