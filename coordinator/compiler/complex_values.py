@@ -25,12 +25,13 @@ SUPPORTED = ("the CS computes complex values per sample only through tf.signal's
              "tf.cast, tf.reduce_sum/mean and tf.math.real, imag, abs; compute the rest "
              "from those parts, or in input_fn")
 KERNEL_ROWS = {
-    "complex_region": "complex64 values of a sample (tf.signal.rfft, irfft, fft, ifft, "
-                      "fft2d, ifft2d, rfft2d, irfft2d along its own axes; *, +, -, / "
-                      "tf.math.conj, tf.exp, tf.complex, tf.cast between float32 and "
-                      "complex64) read through real results (irfft, tf.math.real, imag, tf.abs): "
-                      "an FFT convolution, an auto-correlation, FNet's mixing; float32 pairs, "
-                      "transforms exact to complex64 rounding, TF's gradients",
+    "complex_region": "complex64 values of a sample: tf.signal.rfft, irfft, fft, ifft, fft2d, "
+                      "ifft2d, rfft2d, irfft2d along its own axes, *, +, -, /, tf.math.conj, "
+                      "tf.exp, tf.complex, tf.cast between float32 and complex64, "
+                      "tf.reduce_sum and reduce_mean over its own axes, read through "
+                      "tf.math.real, imag, tf.abs or irfft (an FFT convolution, an "
+                      "auto-correlation, FNet's mixing; trainable complex filters of weights): "
+                      "float32 pairs, each transform exact rounded to complex64, TF's gradients",
 }
 
 
