@@ -13,8 +13,9 @@ training the compiler measures it (`rounding_noise`): on input_fn's first batch,
 its gradients with the kernels' spectra fed in place of TF's (and the random ops the numbers
 of TF's run: SpecAugment's masks drawn alike) must be TF's within NOISE_RTOL, or within
 SPREAD_FACTOR x TF's own spread (TF's runs from its weights moved by 1 ULP: a spectral loss
-on the model's own output is that sensitive in TF too), or the RFFT is refused. A part the host reads (an eval metric on tf.abs of the labels' STFT, a predicted
-magnitude) is the kernel's output, streamed."""
+on the model's own output is that sensitive in TF too), or the RFFT is refused; the same
+measurement covers complex_values.py's kernels. A part the host reads (an eval metric on
+tf.abs of the labels' STFT, a predicted magnitude) is the kernel's output, streamed."""
 from __future__ import annotations
 
 import json
