@@ -2,7 +2,7 @@
 a global filter by a trainable complex filter, an S4D long convolution by FFT of a kernel
 built in complex from weights, an auto-correlation: each a `complex_region` kernel, trained
 in process against TensorFlow (4 steps, 1e-5), evaluated and predicted like the CPU path;
-the kernel's steps against TF's ops and gradients one by one; an FFT along the batch axis
+in micro-batches of 4, the kernel's steps against TF's ops and gradients one by one; an FFT along the batch axis
 and an op outside the closed set (tf.math.angle) refused in one line."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import cs_inprocess
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_reference
 
 from wafer.kernels import RunContext, build_kernel
 
@@ -32,6 +33,18 @@ def test_complex_values_train_like_tensorflow(trained, name):
     result = trained(name)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert "complex_region" in cs_inprocess.kernel_types(result.compiled.program)
+
+
+@pytest.mark.parametrize("name", ["global_filter", "s4_convolution"])
+def test_complex_weights_train_like_tensorflow_in_micro_batches(trained, name):
+    """Micro-batches of 4: the weights' gradients (the filter's, the S4D kernel's through its
+    complex exp) accumulated over the batch's 4 micro-batches."""
+    result = trained(name)
+    data = tf_reference.batches(models.sequence_input_fn, {}, 4)
+    cs = cs_inprocess.run_on_cs(cs_inprocess.at_micro_batch(result.compiled.program, 4),
+                                result.compiled.initial_weights, data)
+    cs_inprocess.assert_same_training(
+        cs_inprocess.Comparison(result.compiled, cs, result.reference), rtol=RTOL)
 
 
 @pytest.mark.parametrize("name", ["s4_convolution", "autocorrelation"])
