@@ -93,3 +93,12 @@ def complex_angle(features, labels, mode, params):
     """tf.math.angle of a spectrum: outside the closed set (refused)."""
     h = tf.transpose(L.Dense(FEATURES)(features), [0, 2, 1])
     return _spec(mode, labels, tf.math.angle(tf.signal.rfft(h)))
+
+
+def predicted_spectrum(features, labels, mode, params):
+    """A prediction of the complex spectrum itself: the host reads complex values (refused)."""
+    spectrum = tf.signal.rfft(tf.transpose(L.Dense(FEATURES)(features), [0, 2, 1]))
+    if mode == ModeKeys.PREDICT:
+        logits = L.Dense(CLASSES)(L.Flatten()(tf.math.real(spectrum)))
+        return CSEstimatorSpec(mode=mode, predictions={"spectrum": spectrum, "logits": logits})
+    return _spec(mode, labels, tf.math.real(spectrum))

@@ -2,8 +2,9 @@
 a global filter by a trainable complex filter, an S4D long convolution by FFT of a kernel
 built in complex from weights, an auto-correlation: each a `complex_region` kernel, trained
 in process against TensorFlow (4 steps, 1e-5), evaluated and predicted like the CPU path;
-in micro-batches of 4, the kernel's steps against TF's ops and gradients one by one; an FFT along the batch axis
-and an op outside the closed set (tf.math.angle) refused in one line."""
+in micro-batches of 4, the kernel's steps against TF's ops and gradients one by one; an FFT along the batch axis,
+an op outside the closed set (tf.math.angle) and a predicted complex value refused in one
+line."""
 from __future__ import annotations
 
 import json
@@ -64,6 +65,12 @@ def test_other_complex_values_are_refused_in_one_line(tmp_path, model_fn, says):
     text = cs_inprocess.refusal(model_fn, models.sequence_input_fn, {}, str(tmp_path),
                                 models.__file__)
     assert says in text.replace("tests/", "")
+
+
+def test_a_predicted_complex_value_is_refused_in_one_line(tmp_path):
+    text = cs_inprocess.refusal(models.predicted_spectrum, models.sequence_input_fn, {},
+                                str(tmp_path), models.__file__, mode="infer")
+    assert "the host reads the complex value of RFFT 'rfft'" in text
 
 
 def _tf_step(op: str, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
