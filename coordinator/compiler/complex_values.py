@@ -179,6 +179,11 @@ def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
                 return (f"{where} transforms or sums along the batch axis (it mixes the "
                         "samples): the CS computes each sample on its own; transform a "
                         "sample's own axes")
+    odd = next((t for t in leaves if m.folds(t) > 1 or t.name in m.leading), None)
+    if odd is not None:  # (its TF axes are not the kernel's: a sum's axes would differ)
+        return (f"{odd.op.type} '{user_name(odd.op)}' at {user_source(odd.op)} holds several "
+                "rows of a sample along the batch axis: apply the complex ops to a "
+                "[batch, ...] value")
     found = m.operand_list(result, leaves)
     if isinstance(found, str):
         return found

@@ -116,7 +116,7 @@ REFUSED = {
     "complex values": "other ops than `complex_region`'s (above) on a complex value (the "
                       "phase tf.math.angle, a slice, reshape, concat or matmul of complex "
                       "values), a complex value the host reads, an FFT or sum along the batch "
-                      "axis, complex128. A spectrum whose bins at TF's FFT rounding level move "
+                      "axis or of rows folded into it, complex128. A spectrum whose bins at TF's FFT rounding level move "
                       "the loss or a gradient beyond 1e-5 on input_fn's first batch (a log of "
                       "noiseless tones on a bin's frequency)",
 }
