@@ -202,15 +202,15 @@ def _operands(graph: tf.Graph, kernel: KernelNode) -> list[tf.Tensor]:
 def _fed(graph: tf.Graph, kernel: KernelNode, values: list[np.ndarray]) -> dict:
     """The TF tensors `kernel` computes, fed its values from TF's `values` of its operands."""
     built = build_kernel(kernel.type, kernel.name, kernel.attrs, kernel.input_shapes)
-    context = RunContext(training=True, batch_size=len(values[0]))
     if kernel.type == "complex_region":
         letters = kernel.attrs["operands"]
         params = {f"p{k}": v for k, (c, v) in enumerate(zip(letters, values)) if c == "p"}
-        value, _ = built.forward(params, [v for c, v in zip(letters, values) if c == "i"],
-                                 context)
+        inputs = [v for c, v in zip(letters, values) if c == "i"]
+        value, _ = built.forward(params, inputs,
+                                 RunContext(training=True, batch_size=len(inputs[0])))
         return {graph.get_tensor_by_name(kernel.tf_tensor): value}
     read = graph.get_tensor_by_name(kernel.tf_tensor).op.inputs[0]
-    value, _ = built.forward({}, values, context)
+    value, _ = built.forward({}, values, RunContext(training=True, batch_size=len(values[0])))
     return {r.outputs[0]: value for r in read.consumers()
             if PARTS.get(r.type) == kernel.attrs["part"]}
 
