@@ -1,10 +1,12 @@
 """Complex values computed per sample: a closed region of TF's complex64 ops (the transforms
 RFFT, IRFFT, FFT, IFFT and their 2-D forms along a sample's own axes; Mul, Add, Sub, Div,
-Neg, Conj, Exp, Complex, Cast between float32 and complex64) between real operands
-(per-sample values, weights, constants) and real results (IRFFT, Real, Imag, ComplexAbs,
-Cast to float32) becomes one `complex_region` kernel per real result read; the complex
-values never leave it. Any other op on a complex value, a complex value the host reads, or a
-transform along the batch axis keeps the dtype refusal (precision.dtype_problem)."""
+Neg, Conj, Exp, Complex, Cast between float32 and complex64, Sum and Mean over a sample's
+axes; rfft's zero Pad of a weight-derived value) between real operands (per-sample values,
+weights, constants) and real results (IRFFT, Real, Imag, ComplexAbs, Cast to float32)
+becomes one `complex_region` kernel per real result read; the complex values never leave
+it. A real value one complex value gives another (rfft(real(...))) joins the region. Any
+other op on a complex value, a complex value the host reads, a transform or sum along the
+batch axis, an operand of rows folded into it is refused in one line naming the op."""
 from __future__ import annotations
 
 import json
