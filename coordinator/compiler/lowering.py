@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from coordinator.compiler import (
     bincount,
+    complex_values,
     cond_reads,
     fast_paths,
     feature_columns,
@@ -112,11 +113,12 @@ REFUSED = {
                          "bessel_i1e and the other Bessel functions (no CS kernel); lgamma, "
                          "digamma, bessel_i0e, xlogy and xlog1py in float16 (proven against "
                          "TF's float32 kernels only)",
-    "complex values": "other than the magnitude, real or imaginary part of a real FFT "
-                      "(above): complex arithmetic, IRFFT, FFT of complex values, the phase "
-                      "(tf.math.angle); the CS computes real values. A spectrum whose bins at "
-                      "TF's FFT rounding level move the loss or a gradient beyond 1e-5 on "
-                      "input_fn's first batch (a log of noiseless tones on a bin's frequency)",
+    "complex values": "other ops than `complex_region`'s (above) on a complex value (the "
+                      "phase tf.math.angle, a slice, reshape, concat or matmul of complex "
+                      "values), a complex value the host reads, an FFT or sum along the batch "
+                      "axis or of rows folded into it, complex128. A spectrum whose bins at TF's FFT rounding level move "
+                      "the loss or a gradient beyond 1e-5 on input_fn's first batch (a log of "
+                      "noiseless tones on a bin's frequency)",
 }
 
 
@@ -1012,7 +1014,8 @@ def supported_table() -> str:
                **random_numbers.KERNEL_ROWS, **in_batch.KERNEL_ROWS,
                **feature_columns.KERNEL_ROWS, **quantization.KERNEL_ROWS,
                **step_values.KERNEL_ROWS, **batch_tail.KERNEL_ROWS, **bincount.KERNEL_ROWS,
-               **folded_batch.KERNEL_ROWS, **spectra.KERNEL_ROWS, **linear_algebra.KERNEL_ROWS,
+               **folded_batch.KERNEL_ROWS, **spectra.KERNEL_ROWS,
+               **complex_values.KERNEL_ROWS, **linear_algebra.KERNEL_ROWS,
                **candidate_sampling.KERNEL_ROWS}.items()]
     lines.append("| `activation` (element-wise) | " + ", ".join(sorted(UNARY)) + ", Pow with a "
                  "constant exponent |")

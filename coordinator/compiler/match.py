@@ -26,6 +26,7 @@ from coordinator.compiler import (
     bincount,
     blockers,
     candidate_sampling,  # noqa: F401 (its fast path)
+    complex_values,
     fast_paths,
     folded_batch,
     grappler,
@@ -417,6 +418,11 @@ class Matcher:
             if op in self.consumed or (op.type == "Placeholder" and op.outputs[0].name in self.values):
                 continue
             if op.type == "RFFT" and spectra.lower(self, op):
+                continue
+            if any(t.dtype.is_complex for t in op.outputs):
+                reason = complex_values.lower(self, op)
+                if reason:
+                    self.reject(op, reason)
                 continue
             bad = self._check_dtypes(op) or second_order.refusal(self, op) or \
                 folded_batch.refusal(self, op)

@@ -22,10 +22,9 @@ def dtype_problem(dtype: str) -> str:
         return ("computes in bfloat16: the CS computes 16-bit floats as IEEE float16 "
                 "(float32 accumulation); use the mixed_float16 policy")
     if dtype.startswith("complex"):
-        return (f"computes in {dtype} (complex values): the CS computes real values, of a real "
-                "FFT (tf.signal.stft, tf.signal.rfft) only its magnitude (tf.abs), real or "
-                "imaginary part (tf.math.real, tf.math.imag); take those of the spectrum, or "
-                "compute the rest in input_fn")
+        return (f"computes in {dtype} (complex values): the CS computes complex64 values of a "
+                "sample (FFTs along its own axes, complex arithmetic) read through their real "
+                "and imaginary parts or magnitude; compute in complex64, or in input_fn")
     return (f"computes in {dtype}: the CS computes in float32 or float16 (integers and "
             "booleans for indices and masks); compute in float32 or float16")
 

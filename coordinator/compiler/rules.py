@@ -26,6 +26,7 @@ class Context(Protocol):
     fold_factors: set[int]  # rows per sample of the folded values so far
     operands: Operands  # weights, constants and views among the op's inputs
     flow: set[tf.Operation]  # the data-flow ops being lowered
+    consumed: set[tf.Operation]  # the ops lowered so far
     protected: set[str]  # tensors the host reads: never hidden inside a fused kernel
     # per-sample tensors whose TF layout has a stack axis in front of the batch (leading_stack.py)
     leading: set[str]

@@ -3,8 +3,8 @@ value whose complex result is read only by ComplexAbs (tf.abs), Real or Imag (tf
 tf.math.imag) becomes one `spectrum` kernel per part read; the complex value never leaves
 it. An RFFT whose value only goes through a slice of its last axis and a product with a complex
 constant into Real or Imag (tf.signal.dct: real(rfft(x, [2n])[..., :n] * scale)) is one
-`scaled_spectrum` kernel, a real linear map. Any other use of a complex value (complex
-arithmetic, IRFFT, FFT, tf.math.angle) keeps the dtype refusal (precision.dtype_problem).
+`scaled_spectrum` kernel, a real linear map. Any other use of a complex value is
+complex_values.py's (complex arithmetic, IRFFT, FFT), or refused (tf.math.angle).
 
 The kernel's spectrum is the exact transform rounded to float32, TF's is 1.2-1.8e-7 of a
 frame's largest magnitude from it (docs/design.md): bins that are 0 but for that rounding
@@ -13,9 +13,12 @@ training the compiler measures it (`rounding_noise`): on input_fn's first batch,
 its gradients with the kernels' spectra fed in place of TF's (and the random ops the numbers
 of TF's run: SpecAugment's masks drawn alike) must be TF's within NOISE_RTOL, or within
 SPREAD_FACTOR x TF's own spread (TF's runs from its weights moved by 1 ULP: a spectral loss
-on the model's own output is that sensitive in TF too), or the RFFT is refused. A part the host reads (an eval metric on tf.abs of the labels' STFT, a predicted
-magnitude) is the kernel's output, streamed."""
+on the model's own output is that sensitive in TF too), or the RFFT is refused; the same
+measurement covers complex_values.py's kernels. A part the host reads (an eval metric on
+tf.abs of the labels' STFT, a predicted magnitude) is the kernel's output, streamed."""
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import tensorflow as tf
@@ -115,7 +118,7 @@ def _scaled(m: Context, op: tf.Operation, fft_length: int) -> bool:
     return True
 
 
-def _fft(read: tf.Tensor) -> tf.Operation:
+def _rfft(read: tf.Tensor) -> tf.Operation:
     """The RFFT whose (sliced and scaled: `scaled_spectrum`) value `read` is."""
     if read.op.type == "Mul":
         read = next(t for t in read.op.inputs if t.op.type == "StridedSlice").op.inputs[0]
@@ -131,12 +134,13 @@ def _draws(graph: tf.Graph, outputs: list[tf.Tensor]) -> list[tf.Tensor]:
 
 
 def rounding_noise(kernels: list[KernelNode], extracted: ExtractedGraph) -> list[UnsupportedOp]:
-    """Each RFFT whose spectrum (and scaled_spectrum) kernels, fed in place of TF's parts on
-    input_fn's first batch, move the loss or a gradient beyond NOISE_RTOL and beyond
-    SPREAD_FACTOR x TF's own spread (training only). The second run is fed the first run's
-    random numbers too: it differs by the spectra alone."""
+    """Each RFFT whose spectrum (and scaled_spectrum) kernels, and each complex region
+    (complex_values.py) whose kernel, fed in place of TF's values on input_fn's first batch,
+    move the loss or a gradient beyond NOISE_RTOL and beyond SPREAD_FACTOR x TF's own spread
+    (training only). The second run is fed the first run's random numbers too: it differs
+    by the kernels' FFTs alone."""
     graph, spec, batch = extracted.graph, extracted.spec, extracted.first_batch
-    spectra = [k for k in kernels if k.type in KERNEL_ROWS]
+    spectra = [k for k in kernels if k.type in KERNEL_ROWS or k.type == "complex_region"]
     if not spectra or batch is None or spec.loss is None:
         return []
     feed = {graph.get_tensor_by_name(extracted.placeholders[name]): value
@@ -147,20 +151,15 @@ def rounding_noise(kernels: list[KernelNode], extracted: ExtractedGraph) -> list
                  for g in tf.gradients(spec.loss, trainable)]
         outputs = {"the loss": spec.loss,
                    **{v.op.name: g for v, g in zip(trainable, grads) if g is not None}}
-        parts = [graph.get_tensor_by_name(k.tf_tensor).op.inputs[0] for k in spectra]
-        ffts = [_fft(part) for part in parts]
+        sources = [_operands(graph, k) for k in spectra]
         draws = _draws(graph, list(outputs.values()))
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(tf.compat.v1.global_variables_initializer())
-            want, frames, drawn = session.run(
-                (outputs, [f.inputs[0] for f in ffts], draws), feed)
+            want, operands, drawn = session.run((outputs, sources, draws), feed)
             feed.update(zip(draws, drawn))
             fed = dict(feed)
-            for kernel, read, x in zip(spectra, parts, frames):
-                built = build_kernel(kernel.type, kernel.name, kernel.attrs, kernel.input_shapes)
-                value, _ = built.forward({}, [x], RunContext(training=True, batch_size=len(x)))
-                fed.update({r.outputs[0]: value for r in read.consumers()
-                            if PARTS.get(r.type) == kernel.attrs["part"]})
+            for kernel, values in zip(spectra, operands):
+                fed.update(_fed(graph, kernel, values))
             got = session.run(outputs, fed)
             # a gradient's elements within NOISE_RTOL of the model's largest (a bias summing
             # terms that nearly cancel moves by more than its own 1e-5 in TF from run to run)
@@ -179,15 +178,48 @@ def rounding_noise(kernels: list[KernelNode], extracted: ExtractedGraph) -> list
         return []
     worst = max(differ, key=lambda name: apart[name] / max(spread[name], 1e-30))
     unit = "relative" if worst == "the loss" else "of the largest gradient"
+    ffts = dict.fromkeys(_fft(graph, k) for k in spectra)
     return [UnsupportedOp(
         fft.type, fft.name, user_source(fft),
-        f"on input_fn's first batch the CS's spectrum moves {', '.join(differ[:3])} from TF's "
+        f"on input_fn's first batch the CS's FFT moves {', '.join(differ[:3])} from TF's "
         f"({worst} by {apart[worst]:.1e} {unit}, TF's own by {spread[worst]:.1e} when its "
         f"weights move by 1 ULP; rounding stays within {SPREAD_FACTOR:g}x that): bins that "
         "are 0 but for the FFT's rounding (~1e-7 of a frame's largest magnitude: noiseless "
         "signals), which no CS kernel rounds as TF's FFT does, amplified downstream (a log's "
         "small epsilon); add noise to the signal in input_fn, raise the epsilon, or compute "
-        "the spectrogram in input_fn") for fft in dict.fromkeys(ffts)]
+        "the spectrogram in input_fn") for fft in ffts]
+
+
+def _operands(graph: tf.Graph, kernel: KernelNode) -> list[tf.Tensor]:
+    """The TF values `kernel` computes from: the frames of a spectrum, a complex region's
+    real operands."""
+    if kernel.type == "complex_region":
+        return [graph.get_tensor_by_name(n) for n in json.loads(kernel.attrs["tf_operands"])]
+    read = graph.get_tensor_by_name(kernel.tf_tensor).op.inputs[0]
+    return [_rfft(read).inputs[0]]
+
+
+def _fed(graph: tf.Graph, kernel: KernelNode, values: list[np.ndarray]) -> dict:
+    """The TF tensors `kernel` computes, fed its values from TF's `values` of its operands."""
+    built = build_kernel(kernel.type, kernel.name, kernel.attrs, kernel.input_shapes)
+    if kernel.type == "complex_region":
+        letters = kernel.attrs["operands"]
+        params = {f"p{k}": v for k, (c, v) in enumerate(zip(letters, values)) if c == "p"}
+        inputs = [v for c, v in zip(letters, values) if c == "i"]
+        value, _ = built.forward(params, inputs,
+                                 RunContext(training=True, batch_size=len(inputs[0])))
+        return {graph.get_tensor_by_name(kernel.tf_tensor): value}
+    read = graph.get_tensor_by_name(kernel.tf_tensor).op.inputs[0]
+    value, _ = built.forward({}, values, RunContext(training=True, batch_size=len(values[0])))
+    return {r.outputs[0]: value for r in read.consumers()
+            if PARTS.get(r.type) == kernel.attrs["part"]}
+
+
+def _fft(graph: tf.Graph, kernel: KernelNode) -> tf.Operation:
+    """The op a refusal names: the RFFT of a spectrum, a complex region's first op."""
+    if kernel.type == "complex_region":
+        return graph.get_operation_by_name(kernel.ops[0])
+    return _rfft(graph.get_tensor_by_name(kernel.tf_tensor).op.inputs[0])
 
 
 def _distances(got: dict, want: dict, scale: dict[str, float]) -> dict[str, float]:

@@ -4,8 +4,8 @@ linear map the `scaled_spectrum` kernel computes as one product with a float64 t
 here: the kernel against TF's tf.signal.dct forward and gradient (n = 13, 40, 64); an MFCC
 keyword spotter as users write it (|stft|², mel matrix, log, MFCCs, Conv2D, Adam) trains 4
 steps like TF, evaluates and predicts like the CPU path, and so do orthonormal, type IV and
-zero-padded DCTs; other complex uses of a sliced spectrum (a per-sample complex factor, its
-phase) and the type III DCT (an IRFFT) are refused in one line."""
+zero-padded DCTs, and the type III DCT (an IRFFT: a `complex_region`); other complex uses of a
+sliced spectrum (a per-sample complex factor, its phase) are refused in one line."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -120,13 +120,22 @@ def test_orthonormal_type_iv_and_padded_dcts_train_like_tensorflow(tmp_path, dct
     cs_inprocess.assert_same_training(run, rtol=1e-5)
 
 
+@pytest.mark.slow
+def test_a_type_iii_dct_trains_like_tensorflow(tmp_path):
+    """The type III DCT (dct_ops: an IRFFT of the input times complex constants) is a
+    `complex_region` kernel (tests/coordinator/test_complex_values.py)."""
+    run = cs_inprocess.compare(mfcc_spotter, keyword_input_fn, params(dct={"type": 3}),
+                               str(tmp_path), steps=4)
+    assert "complex_region" in cs_inprocess.kernel_types(run.compiled.program)
+    cs_inprocess.assert_same_training(run, rtol=1e-5)
+
+
 def refused_model(features, labels, mode, params):
     frames = tf.signal.frame(features, 64, 32)
     bins = tf.signal.rfft(frames, fft_length=[128])[..., :64]
     x = {
         "per-sample factor": lambda: tf.math.real(bins * tf.complex(frames, 0.0)),
         "phase": lambda: tf.math.angle(bins * tf.complex(0.5, 0.5)),
-        "type III": lambda: tf.signal.dct(frames, type=3),
     }[params["case"]]()
     logits = L.Dense(WORDS)(tf.reshape(x, [BATCH, -1]))
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
@@ -134,8 +143,7 @@ def refused_model(features, labels, mode, params):
                            train_op=v1.train.GradientDescentOptimizer(0.1).minimize(loss))
 
 
-@pytest.mark.parametrize("case, op", [("per-sample factor", "RFFT"), ("phase", "RFFT"),
-                                      ("type III", "Complex")])
+@pytest.mark.parametrize("case, op", [("per-sample factor", "RFFT"), ("phase", "RFFT")])
 def test_other_complex_uses_of_a_sliced_spectrum_are_refused_in_one_line(tmp_path, case, op):
     with pytest.raises(CSRunError) as error:
         compile_model(refused_model, keyword_input_fn, params(case=case), str(tmp_path),
@@ -143,4 +151,4 @@ def test_other_complex_uses_of_a_sliced_spectrum_are_refused_in_one_line(tmp_pat
     found = cs_inprocess.model_op_words(refused_model, keyword_input_fn, params(case=case))
     assert cs_inprocess.refusal_problem(error.value, __file__, found) == ""
     assert str(error.value).startswith(f"validation failed: {op} ")
-    assert "complex64 (complex values)" in str(error.value)
+    assert "computes in complex64" in str(error.value)

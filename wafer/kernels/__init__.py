@@ -80,6 +80,7 @@ from wafer.kernels import (  # noqa: F401
                              activations,
                              batch_tail,
                              candidate_sampling,
+                             complex_values,
                              conv,
                              conv_transpose,
                              dense,

@@ -222,10 +222,10 @@ def _pure_through(op: tf.Operation, index: int, pure: _Pure | None) -> _Pure | N
 def _passes_gradient(op: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operation]) -> bool:
     """Whether a gradient of the loss flows back through `op`: not through tf.stop_gradient,
     nor through an op whose outputs the loss reads are integers (tf.argsort's positions, a
-    shape). The op computing the loss itself passes it."""
+    shape; complex values pass it). The op computing the loss itself passes it."""
     if op.type in ("StopGradient", "PreventGradient"):
         return False
-    return any(out.dtype.is_floating and (out is loss or any(c in upstream for c in out.consumers()))
+    return any((out.dtype.is_floating or out.dtype.is_complex) and (out is loss or any(c in upstream for c in out.consumers()))
                for out in op.outputs)
 
 
