@@ -2,8 +2,7 @@
 tf.image.sobel_edges in an edge loss, a tf.constant Gaussian blur (tf.nn.conv2d) and box
 filters (tf.nn.conv1d, conv3d) train 4 Adam steps as TensorFlow does (1e-5), the filter frozen in
 its kernel (no weight), and evaluate and predict as the CPU path does; so does a blur-pool CNN
-under mixed_float16 (by the mixed rule); a filter that is neither a weight nor a constant is
-refused in one line saying why."""
+under mixed_float16 (by the mixed rule); a filter drawn each step trains with TF's draws."""
 import constant_filter_models as m
 import cs_inprocess
 import pytest
@@ -48,8 +47,10 @@ def test_a_blurpool_cnn_under_mixed_float16_trains_evaluates_and_predicts_like_t
         assert not problem, problem
 
 
-def test_a_filter_neither_weight_nor_constant_is_refused_saying_why(tmp_path):
-    line = cs_inprocess.refusal(m.random_filter, m.images_input_fn, PARAMS, str(tmp_path),
-                                m.__file__)
-    assert "draws random numbers of shape (3, 3, 4, 4), not one set per sample" in line and \
-        "no CS kernel computes this op" not in line, line
+def test_a_filter_drawn_each_step_trains_like_tensorflow_with_its_draws(tmp_path):
+    """A convolution by tf.random.normal([3, 3, 4, 4]) (no weight, no constant) was refused;
+    a draw read only as a product's shared operand is drawn once a step by the weight program
+    (docs/design.md "Random projections"): with TF's draws replayed, TF's numbers."""
+    result = cs_inprocess.compare_drawn(m.random_filter, m.images_input_fn, PARAMS, str(tmp_path),
+                                        steps=4)
+    cs_inprocess.assert_same_training(result, rtol=1e-5)

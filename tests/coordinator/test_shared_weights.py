@@ -121,7 +121,7 @@ def test_shared_weights_give_the_same_bits_on_any_number_of_stages(compared):
 
 
 @pytest.mark.parametrize("model_fn, input_fn, extra, words", [
-    (m.gathered_rows, m.token_input_fn, {"optimizer": "adam"}, "embedding table (sparse)"),
+    (m.gathered_rows, m.token_input_fn, {"optimizer": "adam"}, "TF updates embeddings sparsely"),
 ])
 def test_what_the_cs_cannot_do_is_refused_at_validation_in_one_line(tmp_path, model_fn,
                                                                     input_fn, extra, words):
