@@ -138,6 +138,11 @@ def kernel_types(program: pb.Program) -> set[str]:
     return {k.type for k in program.kernels} | {k.type for k in program.weight_program.kernels}
 
 
+def weight_draws(program: pb.Program) -> list[str]:
+    """The weight program's drawing kernels: numbers drawn once a step for the whole batch."""
+    return [k.name for k in program.weight_program.kernels if k.type == "random"]
+
+
 def drawing_kernels(program: pb.Program) -> dict[str, str]:
     """The program's kernels drawing numbers of their own (its weight program's too) -> the
     TF tensor each computes (a sampled_logits kernel: its sampler's sampled ids, the kernel

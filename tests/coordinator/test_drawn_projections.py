@@ -36,15 +36,11 @@ def drawn(tmp_path_factory):
     return cs_inprocess.cached_comparisons(CASES, BASE, tmp_path_factory, drawn=True)
 
 
-def _weight_draws(program) -> list[str]:
-    return [k.name for k in program.weight_program.kernels if k.type == "random"]
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_with_tfs_draws_a_projection_drawn_once_a_step_trains_like_tensorflow(drawn, name):
     result = drawn(name)
     program = result.compiled.program
-    assert len(_weight_draws(program)) == 1 and "random" not in [k.type for k in program.kernels]
+    assert len(cs_inprocess.weight_draws(program)) == 1 and "random" not in [k.type for k in program.kernels]
     assert cs_inprocess.mismatches(result, rtol=1e-5) == []
     assert result.cs.losses[0] != result.cs.losses[-1]  # it trained
 
@@ -55,7 +51,7 @@ def test_evaluation_draws_a_new_projection_for_every_batch_like_tensorflow(drawn
     path = cs_inprocess.trained_checkpoint(str(tmp_path), drawn(name))
     program = cs_inprocess.assert_evaluation_draws_every_batch(
         model_fn, input_fn, {**BASE, **extra}, str(tmp_path / "eval"), path)
-    assert _weight_draws(program)
+    assert cs_inprocess.weight_draws(program)
 
 
 def test_prediction_with_tfs_draws_predicts_tfs_logits(drawn, tmp_path):
@@ -82,7 +78,7 @@ def test_a_draw_a_batched_matmul_pairs_with_the_batch_stays_per_sample(tmp_path)
     result = cs_inprocess.compare_drawn(m.per_sample_products, m.tokens_input_fn, BASE,
                                         str(tmp_path))
     program = result.compiled.program
-    assert not _weight_draws(program) and "random" in [k.type for k in program.kernels]
+    assert not cs_inprocess.weight_draws(program) and "random" in [k.type for k in program.kernels]
     assert cs_inprocess.mismatches(result, rtol=1e-5) == []
 
 

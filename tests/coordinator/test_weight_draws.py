@@ -44,22 +44,18 @@ def drawn(tmp_path_factory):
     return cs_inprocess.cached_comparisons(CASES, BASE, tmp_path_factory, drawn=True)
 
 
-def _weight_draws(program) -> list[str]:
-    return [k.name for k in program.weight_program.kernels if k.type == "random"]
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_with_tfs_draws_weights_drawn_once_a_step_train_like_tensorflow(drawn, name):
     result = drawn(name)
     program = result.compiled.program
-    assert _weight_draws(program) and "random" not in [k.type for k in program.kernels]
+    assert cs_inprocess.weight_draws(program) and "random" not in [k.type for k in program.kernels]
     assert cs_inprocess.mismatches(result, rtol=1e-5) == []
     assert result.cs.losses[0] != result.cs.losses[-1]  # it trained
 
 
 def test_a_layer_draws_its_kernel_and_bias_and_two_layers_their_own(drawn):
-    assert len(_weight_draws(drawn("bayes_layers").compiled.program)) == 4
-    assert len(_weight_draws(drawn("shared_draw").compiled.program)) == 1
+    assert len(cs_inprocess.weight_draws(drawn("bayes_layers").compiled.program)) == 4
+    assert len(cs_inprocess.weight_draws(drawn("shared_draw").compiled.program)) == 1
 
 
 def test_every_micro_batch_reads_the_steps_one_draw(drawn):
@@ -96,7 +92,7 @@ def test_evaluation_draws_a_new_weight_for_every_batch_like_tensorflow(drawn, tm
     path = cs_inprocess.trained_checkpoint(str(tmp_path), drawn("bayes_linreg"))
     program = cs_inprocess.assert_evaluation_draws_every_batch(
         m.bayes_linreg, m.regression_input_fn, BASE, str(tmp_path / "eval"), path)
-    assert _weight_draws(program)
+    assert cs_inprocess.weight_draws(program)
 
 
 def test_the_chiefs_evaluation_of_a_drawn_model_has_the_cpu_paths_other_metrics(drawn, tmp_path):
