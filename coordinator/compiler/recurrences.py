@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
+from coordinator.compiler.per_sample_maps import vectorized_maps
 from coordinator.compiler.static_loops import python_loops
 
 LOOPS = {"While", "StatelessWhile"}
@@ -124,7 +125,7 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
     and tf.scan steps added."""
     if not has_loops(graph) or feed is None:
         return graph, spec, frozenset()
-    with keras_unrolled(), python_loops() as created:
+    with keras_unrolled(), python_loops() as created, vectorized_maps(created):
         graph2, spec2 = build()
     if has_loops(graph2):  # a loop of data-dependent steps: the matcher refuses it, named
         return graph2, spec2, frozenset(created)  # alone (the layers around it unrolled)

@@ -1,0 +1,33 @@
+"""Functions applied to each sample of a batch: a dynamic filter network (tf.map_fn of a
+depthwise convolution of each sample by its generated filter), a per-sample map_fn feature
+(each sample's values sorted, gathered at its own top_k indices) and a hypernetwork
+(tf.vectorized_map of a Dense layer of generated weights) train on the CS as TensorFlow
+trains them and evaluate and predict as the CPU path does; the per-sample convolutions
+written with tf.split / tf.unstack over the batch (CondConv) are refused in one line naming
+the op and the line, and so are those that mix samples (the pieces put back in another
+order, a sample convolved with another's kernel)."""
+import cs_inprocess
+import per_sample_models as m
+import pytest
+
+PARAMS = {"runconfig": {"tf_random_seed": 2}}
+
+
+@pytest.mark.parametrize("model_fn", [m.dynamic_filter, m.sorted_features, m.hypernetwork],
+                         ids=lambda f: f.__name__)
+def test_a_function_mapped_over_the_samples_trains_like_tensorflow(tmp_path, model_fn):
+    result = cs_inprocess.compare(model_fn, m.images_input_fn, PARAMS, str(tmp_path), steps=4)
+    assert cs_inprocess.mismatches(result, rtol=1e-4) == []
+    for variable, start in result.compiled.initial_weights.items():
+        if variable != "global_step":
+            assert (result.cs.state[variable] != start).any(), f"{variable} was not trained"
+    assert cs_inprocess.cpu_path_mismatches(model_fn, m.images_input_fn, PARAMS, str(tmp_path),
+                                            result) == []
+
+
+@pytest.mark.parametrize("model_fn", [m.condconv_reversed, m.condconv_shifted],
+                         ids=lambda f: f.__name__)
+def test_per_sample_pieces_that_mix_samples_are_refused_naming_the_op_and_line(tmp_path,
+                                                                               model_fn):
+    cs_inprocess.refusal(model_fn, m.images_input_fn, PARAMS, str(tmp_path),
+                         "tests/per_sample_models.py")
