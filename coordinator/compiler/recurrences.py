@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from common.errors import CSRunError
 from coordinator.compiler.per_sample_maps import vectorized_maps
+from coordinator.compiler.per_sample_pieces import has_per_sample_pieces, per_sample_joins
 from coordinator.compiler.static_loops import python_loops
 
 LOOPS = {"While", "StatelessWhile"}
@@ -118,15 +119,19 @@ def _host_names(spec: Any) -> list[str]:
 
 
 def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: Any,
-             feed: dict[str, np.ndarray] | None) -> tuple[tf.Graph, Any, frozenset[str]]:
+             feed: dict[str, np.ndarray] | None, batch: int) -> tuple[tf.Graph, Any, frozenset[str]]:
     """`graph` and `spec`, or when their loops unroll (Keras' recurrent layers, loops of steps
-    known at build time), model_fn built again unrolled (by `build`) and proven equal on the
-    batch `feed` (placeholder -> value); and the names of the ops the unrolled tf.while_loop
-    and tf.scan steps added."""
-    if not has_loops(graph) or feed is None:
+    known at build time, tf.map_fn) or their per-sample pieces join (per_sample_pieces),
+    model_fn built again so (by `build`) and proven equal on the batch `feed` (placeholder ->
+    value); and the names of the ops the unrolled tf.while_loop and tf.scan steps, the
+    vectorized maps and joins added."""
+    if not (has_loops(graph) or has_per_sample_pieces(graph, batch)) or feed is None:
         return graph, spec, frozenset()
-    with keras_unrolled(), python_loops() as created, vectorized_maps(created):
+    with keras_unrolled(), python_loops() as created, vectorized_maps(created), \
+            per_sample_joins(created) as joined:
         graph2, spec2 = build()
+    if not has_loops(graph) and not joined:  # no pieces of the batch joined in order
+        return graph, spec, frozenset()
     if has_loops(graph2):  # a loop of data-dependent steps: the matcher refuses it, named
         return graph2, spec2, frozenset(created)  # alone (the layers around it unrolled)
     if _host_names(spec) != _host_names(spec2):
