@@ -134,3 +134,21 @@ def mapped_over_the_batch(features, labels, mode, params):
     h = L.Conv2D(4, 3, padding="same", activation="relu", name="stem")(features)
     centred = tf.map_fn(lambda x: x - tf.reduce_mean(h, 0), h)
     return _head(centred, labels, mode)
+
+
+def condconv_map_fn(features, labels, mode, params):
+    """CondConv by tf.map_fn over the images and their kernels."""
+    kernels = _condconv_kernels(features, 8)
+    h = tf.map_fn(lambda a: tf.nn.conv2d(a[0][None], a[1], strides=1, padding="SAME")[0],
+                  (features, kernels), fn_output_signature=tf.float32)
+    return _head(tf.nn.relu(h), labels, mode)
+
+
+def dynamic_filter_vectorized(features, labels, mode, params):
+    """The dynamic filter network with tf.vectorized_map in place of tf.map_fn."""
+    h = L.Conv2D(4, 3, padding="same", activation="relu", name="stem")(features)
+    generated = L.Dense(3 * 3 * 4, name="filter_generator")(tf.reduce_mean(h, axis=[1, 2]))
+    filters = tf.reshape(generated, [-1, 3, 3, 4, 1])
+    h = tf.vectorized_map(
+        lambda a: tf.nn.depthwise_conv2d(a[0][None], a[1], [1, 1, 1, 1], "SAME")[0], (h, filters))
+    return _head(tf.nn.relu(h), labels, mode)

@@ -79,6 +79,13 @@ def per_sample_convolutions() -> Iterator[None]:
         registry.update(saved)
 
 
+def has_folded_convolutions(graph: tf.Graph) -> bool:
+    """Whether a tf.vectorized_map of `graph` convolves by per-sample filters as pfor does it
+    (the samples folded into one image's channels)."""
+    return any(op.type == "DepthwiseConv2dNative" and "/pfor/" in op.name
+               for op in graph.get_operations())
+
+
 def _stateful_random(fn: Callable, elems: Any) -> bool:
     """Whether `fn` on one sample of `elems` draws stateful random numbers (map_fn draws them
     sample by sample from one stream, pfor at once: other numbers), or cannot be traced."""

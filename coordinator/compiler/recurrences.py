@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler.per_sample_maps import vectorized_maps
+from coordinator.compiler.per_sample_maps import has_folded_convolutions, vectorized_maps
 from coordinator.compiler.per_sample_pieces import has_per_sample_pieces, per_sample_joins
 from coordinator.compiler.static_loops import python_loops
 
@@ -27,6 +27,13 @@ UNROLL_RTOL = 1e-5  # float32 sums of the same terms in another order (gradients
 
 def has_loops(graph: tf.Graph) -> bool:
     return any(op.type in LOOPS for op in graph.get_operations())
+
+
+def built_again(graph: tf.Graph, batch: int) -> bool:
+    """Whether model_fn is built a second time (`unrolled`): loops, the batch's samples split
+    into pieces, convolutions of a tf.vectorized_map by per-sample filters."""
+    return has_loops(graph) or has_per_sample_pieces(graph, batch) or \
+        has_folded_convolutions(graph)
 
 
 @contextlib.contextmanager
@@ -125,13 +132,13 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
     model_fn built again so (by `build`) and proven equal on the batch `feed` (placeholder ->
     value); and the names of the ops the unrolled tf.while_loop and tf.scan steps, the
     vectorized maps and joins added."""
-    if not (has_loops(graph) or has_per_sample_pieces(graph, batch)) or feed is None:
+    if not built_again(graph, batch) or feed is None:
         return graph, spec, frozenset()
     with keras_unrolled(), python_loops() as created, vectorized_maps(created), \
             per_sample_joins(created) as joined:
         graph2, spec2 = build()
-    if not has_loops(graph) and not joined:  # no pieces of the batch joined in order
-        return graph, spec, frozenset()
+    if not (has_loops(graph) or joined or has_folded_convolutions(graph)):
+        return graph, spec, frozenset()  # no pieces of the batch joined in order
     if has_loops(graph2):  # a loop of data-dependent steps: the matcher refuses it, named
         return graph2, spec2, frozenset(created)  # alone (the layers around it unrolled)
     if _host_names(spec) != _host_names(spec2):

@@ -14,7 +14,8 @@ import pytest
 PARAMS = {"runconfig": {"tf_random_seed": 2}}
 
 
-@pytest.mark.parametrize("model_fn", [m.condconv_split, m.condconv_unstack, m.dynamic_filter,
+@pytest.mark.parametrize("model_fn", [m.condconv_split, m.condconv_unstack, m.condconv_map_fn,
+                                      m.dynamic_filter, m.dynamic_filter_vectorized,
                                       m.sorted_features, m.hypernetwork],
                          ids=lambda f: f.__name__)
 def test_a_function_mapped_over_the_samples_trains_like_tensorflow(tmp_path, model_fn):
