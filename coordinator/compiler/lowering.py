@@ -88,7 +88,8 @@ REFUSED = {
                                  "gradient in float16 (a mixed_float16 FGSM)",
     "While loops": "whose number of steps is not known when the graph is built (the CS "
                    "pipelines one pass per sample): tf.while_loop whose condition reads the "
-                   "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",
+                   "batch, a weight or a random value, TensorArrays, tf.map_fn whose "
+                   "function TF's pfor (tf.vectorized_map) cannot batch, tf.nn.ctc_loss",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss, but BatchNormalization's moments, the in-batch "
                           "products, rows of the batch, the batch statistics and the losses of "
@@ -155,9 +156,9 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
     if op.type in RECURRENT:
         m.reject(op, "a While loop whose number of steps is not known when the graph is "
                      "built (tf.while_loop whose condition reads the batch, a weight or a random "
-                     "value, a TensorArray, tf.map_fn, or a recurrent layer over sequences of "
-                     "unknown length): the CS pipelines one pass per sample; loop over a "
-                     "constant number of steps (tf.while_loop, tf.scan over a fixed length, a "
+                     "value, a TensorArray, a tf.map_fn whose function TF's pfor cannot "
+                     "batch, or a recurrent layer over sequences of unknown length): the CS "
+                     "pipelines one pass per sample; loop over a constant number of steps (tf.while_loop, tf.scan over a fixed length, a "
                      "Python for loop, Keras' recurrent layers over fixed-length sequences), "
                      "which the compiler unrolls")
     elif (op.type in RANDOM_OPS and handler is None) or \

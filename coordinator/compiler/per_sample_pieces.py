@@ -81,7 +81,7 @@ def _piece(t: tf.Tensor, batch: int) -> Piece | None:
     position = {op: k for k, op in enumerate(order)}
     inputs = []
     for op in order:
-        kinds = []
+        kinds: list[tuple[Any, ...]] = []
         for x in op.inputs:
             row = _row(x, batch)
             if row is not None:
