@@ -158,8 +158,8 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
                      "built (tf.while_loop whose condition reads the batch, a weight or a random "
                      "value, a TensorArray, a tf.map_fn whose function TF's pfor cannot "
                      "batch, or a recurrent layer over sequences of unknown length): the CS "
-                     "pipelines one pass per sample; loop over a constant number of steps (tf.while_loop, tf.scan over a fixed length, a "
-                     "Python for loop, Keras' recurrent layers over fixed-length sequences), "
+                     "pipelines one pass per sample; loop over a constant number of steps "
+                     "(tf.while_loop, tf.scan over a fixed length, a Python for loop, Keras' recurrent layers over fixed-length sequences), "
                      "which the compiler unrolls")
     elif (op.type in RANDOM_OPS and handler is None) or \
             op.type in random_numbers.CANDIDATE_SAMPLERS:
