@@ -159,8 +159,8 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
                      "value, a TensorArray, a tf.map_fn whose function TF's pfor cannot "
                      "batch, or a recurrent layer over sequences of unknown length): the CS "
                      "pipelines one pass per sample; loop over a constant number of steps "
-                     "(tf.while_loop, tf.scan over a fixed length, a Python for loop, Keras' recurrent layers over fixed-length sequences), "
-                     "which the compiler unrolls")
+                     "(tf.while_loop, tf.scan over a fixed length, a Python for loop, Keras' "
+                     "recurrent layers over fixed-length sequences), which the compiler unrolls")
     elif (op.type in RANDOM_OPS and handler is None) or \
             op.type in random_numbers.CANDIDATE_SAMPLERS:
         m.reject(op, random_numbers.refusal(op.type))

@@ -95,14 +95,16 @@ def _piece(t: tf.Tensor, batch: int) -> Piece | None:
 
 
 def _same_value(a: tf.Tensor, b: tf.Tensor) -> bool:
-    """The same tensor, reads of the same variable (a Keras layer called on each piece) or
-    equal constants (each piece's slice bounds)."""
+    """The same tensor, or the same stateless ops of the same values (each piece's slice
+    bounds, a Keras layer's reads of its variables on each piece, a reshape of a weight)."""
     if a.name == b.name:
         return True
-    if a.op.type == b.op.type == "ReadVariableOp":
-        return a.op.inputs[0].name == b.op.inputs[0].name
-    return a.op.type == b.op.type == "Const" and a.dtype == b.dtype and \
-        np.array_equal(tf.get_static_value(a), tf.get_static_value(b))
+    x, y = a.op, b.op
+    if a.value_index != b.value_index or x.type != y.type or _attrs(x) != _attrs(y) or \
+            len(x.inputs) != len(y.inputs) or x.control_inputs or y.control_inputs or \
+            x.op_def.is_stateful and x.type != "ReadVariableOp":
+        return False
+    return all(_same_value(i, j) for i, j in zip(x.inputs, y.inputs))
 
 
 def _same_but_row(a: tuple[Any, ...], b: tuple[Any, ...], index: int) -> bool:

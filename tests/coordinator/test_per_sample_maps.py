@@ -7,6 +7,7 @@ weights) train on the CS as TensorFlow trains them (4 steps, 1e-4) and evaluate 
 as the CPU path does; pieces of the batch that mix samples (put back in another order, a
 sample convolved with another's kernel) are refused in one line naming the op and the
 line."""
+import batch_slice_models
 import cs_inprocess
 import per_sample_models as m
 import pytest
@@ -26,6 +27,19 @@ def test_a_function_mapped_over_the_samples_trains_like_tensorflow(tmp_path, mod
             assert (result.cs.state[variable] != start).any(), f"{variable} was not trained"
     assert cs_inprocess.cpu_path_mismatches(model_fn, m.images_input_fn, PARAMS, str(tmp_path),
                                             result) == []
+
+
+def test_unseen24s_per_example_kernels_train_like_tensorflow(tmp_path):
+    """unseen24's condconv_experts (each example's kernel its routing's mix of experts,
+    tf.split of the batch, tf.matmul per example, tf.concat), once refused as splits of the
+    batch (it predicts nothing)."""
+    model_fn, params = batch_slice_models.per_example_kernels_model_fn, {
+        "batch_size": batch_slice_models.BATCH, "runconfig": {"tf_random_seed": 7}}
+    result = cs_inprocess.compare(model_fn, batch_slice_models.input_fn, params, str(tmp_path),
+                                  steps=4)
+    assert cs_inprocess.mismatches(result, rtol=1e-4) == []
+    assert cs_inprocess.evaluation_mismatch(model_fn, batch_slice_models.input_fn, params,
+                                            str(tmp_path), result) == ""
 
 
 @pytest.mark.parametrize("model_fn", [m.condconv_reversed, m.condconv_shifted],
