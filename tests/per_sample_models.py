@@ -152,3 +152,31 @@ def dynamic_filter_vectorized(features, labels, mode, params):
     h = tf.vectorized_map(
         lambda a: tf.nn.depthwise_conv2d(a[0][None], a[1], [1, 1, 1, 1], "SAME")[0], (h, filters))
     return _head(tf.nn.relu(h), labels, mode)
+
+
+def mapped_keras_layer(features, labels, mode, params):
+    """tf.map_fn of a Keras layer, created before the map and called on each sample's rows
+    (each sample's rows gated by their own scores, pooled)."""
+    rows = tf.reshape(features, [-1, SIZE, SIZE * CHANNELS])
+    score = L.Dense(1, activation="sigmoid", name="score")
+
+    def pool(x):
+        return tf.reduce_mean(score(x) * x, 0)
+
+    return _spec(mode, labels, L.Dense(CLASSES, name="logits")(tf.map_fn(pool, rows)))
+
+
+def condconv_first_kernel(features, labels, mode, params):
+    """tf.map_fn convolving every sample with the first sample's kernel: mixes samples."""
+    kernels = _condconv_kernels(features, 8)
+    h = tf.map_fn(lambda x: tf.nn.conv2d(x[None], kernels[0], strides=1, padding="SAME")[0],
+                  features)
+    return _head(tf.nn.relu(h), labels, mode)
+
+
+def noisy_map(features, labels, mode, params):
+    """tf.map_fn adding noise to each sample (stateful random numbers drawn sample by
+    sample): refused as TF's While."""
+    h = L.Conv2D(4, 3, padding="same", activation="relu", name="stem")(features)
+    return _head(tf.map_fn(lambda x: x + tf.random.normal(tf.shape(x), stddev=0.1), h),
+                 labels, mode)

@@ -122,7 +122,8 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
     if built_again(graph, batch):  # loops unrolled, maps vectorized (recurrences)
         batch_values = first if first is not None else _first_batch(dataset)
         graph, spec, loop_ops = unrolled(build, graph, spec, {f"{name}:0": batch_values[name]
-                                                              for name, _ in flat}, batch)
+                                                              for name, _ in flat}, batch,
+                                         seed is not None)
     inputs = tuple(InputSpec(name, spec.dtype.name, tuple(spec.shape.as_list()[1:])) for name, spec in flat)
     _check_spec(spec, mode)
     return ExtractedGraph(graph, mode, batch, inputs, {name: f"{name}:0" for name, _ in flat}, spec,

@@ -62,7 +62,8 @@ class Piece:
 
 
 def _piece(t: tf.Tensor, batch: int) -> Piece | None:
-    """The ops computing `t` from rows of the batch (None: none, or a control input)."""
+    """The ops computing `t` from rows of the batch (None: none, a control input or a
+    stateful op: a piece's own random numbers)."""
     order: list[tf.Operation] = []
     inside: dict[tf.Operation, bool] = {}
 
@@ -76,7 +77,7 @@ def _piece(t: tf.Tensor, batch: int) -> Piece | None:
         return inside[op]
 
     if _row(t, batch) is not None or not visit(t.op) or \
-            any(op.control_inputs for op in order):
+            any(op.control_inputs or op.op_def.is_stateful for op in order):
         return None
     position = {op: k for k, op in enumerate(order)}
     inputs = []
