@@ -1126,6 +1126,17 @@ def supported_table() -> str:
                  "the stack and batch axes, predicted in TF's layout; "
                  "(sparse_)softmax_cross_entropy_with_logits on logits of rank > 2 (a tagger's "
                  "tf.compat.v1.losses.softmax_cross_entropy of one-hot labels per token) |")
+    lines.append("| functions applied to each sample | tf.map_fn(fn, x) and tf.map_fn(fn, (x, "
+                 "y)) (tf.compat.v1's too) run as tf.vectorized_map of fn (TF's pfor: each op "
+                 "batched, no loop), a user's tf.vectorized_map, and tf.concat(pieces, 0) or "
+                 "tf.stack(pieces) of the batch's samples in order, each the same ops on its "
+                 "own rows (tf.split(x, B), tf.unstack(x), k[i]: CondConv's "
+                 "tf.nn.conv2d(x_i, k_i)): model_fn built again so and proven to compute the "
+                 "user's loss and gradients; a convolution by per-sample filters (CondConv, a "
+                 "dynamic filter network, a hypernetwork's generated filters) as each "
+                 "sample's tf.image.extract_patches times its own filter (an einsum over the "
+                 "batch); pieces put back in another order or combined with another sample's "
+                 "stay the split of the batch, refused |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
                  "mixed_float16 policy or casts by hand: float32 weights read through Cast, "
                  "float16 operands and results, float32 accumulation (docs/design.md; "

@@ -8,7 +8,7 @@ which would mix samples on the CS; here such a convolution is each sample's patc
 (tf.image.extract_patches) times its own filter (tf.einsum over the batch letter), the
 convolution's own im2col. The same rule serves a user's tf.vectorized_map.
 
-A map_fn whose function pfor cannot batch (a TensorArray, a stateful random op, a
+A map_fn whose function pfor cannot batch (a TensorArray, a stateful op, a
 convolution of explicit padding by per-sample filters) stays TF's While, which the matcher
 refuses naming it."""
 from __future__ import annotations
@@ -21,14 +21,17 @@ import tensorflow as tf
 from tensorflow.python.framework import func_graph
 from tensorflow.python.ops.parallel_for import pfor
 
+from coordinator.compiler.operands import VARIABLE_OPS
 from coordinator.compiler.static_loops import recorded
 
-_STATEFUL_RANDOM = ("RandomStandardNormal", "RandomUniform", "RandomUniformInt",
-                    "TruncatedNormal", "Multinomial", "RandomShuffle", "RandomGamma",
-                    "RandomPoisson", "RandomPoissonV2")
+
+def stateful(op: tf.Operation) -> bool:
+    """Whether `op` has state other than a variable's value it reads (a random op: batched,
+    it draws other numbers than op by op)."""
+    return op.op_def.is_stateful and op.type not in VARIABLE_OPS | {"ReadVariableOp"}
 
 
-def _patches(x: tf.Tensor, window: tuple[int, int], attrs: Any) -> tf.Tensor:
+def _patches(x: tf.Tensor, window: tuple[int, int], attrs: Any) -> tf.Tensor | None:
     """[B, n, oh, ow, kh * kw * C] windows of the stacked images `x` [B, n, H, W, C] in a
     filter's (kh, kw, C) order; None where the convolution is not NHWC of SAME or VALID."""
     if attrs("data_format") not in (b"NHWC", "NHWC") or \
@@ -86,9 +89,10 @@ def has_folded_convolutions(graph: tf.Graph) -> bool:
                for op in graph.get_operations())
 
 
-def _stateful_random(fn: Callable, elems: Any) -> bool:
-    """Whether `fn` on one sample of `elems` draws stateful random numbers (map_fn draws them
-    sample by sample from one stream, pfor at once: other numbers), or cannot be traced."""
+def _stateful(fn: Callable, elems: Any) -> bool:
+    """Whether `fn` on one sample of `elems` runs a stateful op other than a variable's read
+    (random numbers map_fn draws sample by sample from one stream, pfor at once: other
+    numbers; a write), or cannot be traced."""
     signature = tf.nest.map_structure(lambda e: tf.TensorSpec(e.shape[1:], e.dtype), elems)
     collections = tf.compat.v1.get_default_graph()._collections  # (as while_v2 passes them)
     try:
@@ -98,7 +102,7 @@ def _stateful_random(fn: Callable, elems: Any) -> bool:
             func_graph=func_graph.FuncGraph("map_fn", collections=collections))
     except Exception:  # (map_fn's own While then says what is wrong with the function)
         return True
-    return any(op.type in _STATEFUL_RANDOM for op in traced.get_operations())
+    return any(stateful(op) for op in traced.get_operations())
 
 
 def _vectorized_map_fn(original: Callable) -> Callable:
@@ -109,9 +113,12 @@ def _vectorized_map_fn(original: Callable) -> Callable:
         bound.apply_defaults()
         a = bound.arguments
         fn, elems = a["fn"], a["elems"]
-        flat = [tf.convert_to_tensor(e) for e in tf.nest.flatten(elems)]
+        try:
+            flat = [tf.convert_to_tensor(e) for e in tf.nest.flatten(elems)]
+        except (TypeError, ValueError):  # (ragged or sparse elements: TF's While)
+            return original(*args, **kwargs)
         if not flat or any(e.shape.rank in (None, 0) for e in flat) or \
-                _stateful_random(fn, tf.nest.pack_sequence_as(elems, flat)):
+                _stateful(fn, tf.nest.pack_sequence_as(elems, flat)):
             return original(*args, **kwargs)
         try:
             with tf.name_scope(a.get("name") or "map"):

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler.per_sample_maps import per_sample_convolutions
+from coordinator.compiler.per_sample_maps import per_sample_convolutions, stateful
 from coordinator.compiler.static_loops import recorded
 
 
@@ -77,7 +77,7 @@ def _piece(t: tf.Tensor, batch: int) -> Piece | None:
         return inside[op]
 
     if _row(t, batch) is not None or not visit(t.op) or \
-            any(op.control_inputs or op.op_def.is_stateful for op in order):
+            any(op.control_inputs or stateful(op) for op in order):
         return None
     position = {op: k for k, op in enumerate(order)}
     inputs = []
@@ -103,7 +103,7 @@ def _same_value(a: tf.Tensor, b: tf.Tensor) -> bool:
     x, y = a.op, b.op
     if a.value_index != b.value_index or x.type != y.type or _attrs(x) != _attrs(y) or \
             len(x.inputs) != len(y.inputs) or x.control_inputs or y.control_inputs or \
-            x.op_def.is_stateful and x.type != "ReadVariableOp":
+            stateful(x):
         return False
     return all(_same_value(i, j) for i, j in zip(x.inputs, y.inputs))
 
@@ -177,7 +177,7 @@ def _joined(original: Callable, stacked: bool, joined: list[str]) -> Callable:
                             per_sample_convolutions():
                         out = _mapped(piece, values[0].value_index)
                     joined.append(piece.ops[-1].name)
-                    return out if stacked else tf.reshape(out, [-1, *out.shape[2:]])
+                    return out if stacked else tf.reshape(out, [-1, *out.shape.as_list()[2:]])
                 except Exception:  # (pfor cannot batch an op: the user's pieces stay)
                     pass
         return original(values, axis, name) if name is not None else original(values, axis)
