@@ -180,3 +180,13 @@ def noisy_map(features, labels, mode, params):
     h = L.Conv2D(4, 3, padding="same", activation="relu", name="stem")(features)
     return _head(tf.map_fn(lambda x: x + tf.random.normal(tf.shape(x), stddev=0.1), h),
                  labels, mode)
+
+
+def hyper_conv(features, labels, mode, params):
+    """A hypernetwork generating each sample's 3x3 convolution filter from its embedding
+    (stride 2, VALID), applied by tf.vectorized_map."""
+    z = L.Dense(4, activation="tanh", name="embedding")(tf.reduce_mean(features, axis=[1, 2]))
+    filters = tf.reshape(L.Dense(3 * 3 * CHANNELS * 6, name="hyper")(z), [-1, 3, 3, CHANNELS, 6])
+    h = tf.vectorized_map(
+        lambda a: tf.nn.conv2d(a[0][None], a[1], strides=2, padding="VALID")[0], (features, filters))
+    return _head(tf.nn.relu(h), labels, mode)

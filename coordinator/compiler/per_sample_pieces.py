@@ -35,7 +35,8 @@ def _row(t: tf.Tensor, batch: int) -> Row | None:
     if op.type == "Unpack" and op.get_attr("axis") == 0 and op.get_attr("num") == batch:
         return Row(op.inputs[0], t.value_index, False)
     if op.type == "Split" and op.get_attr("num_split") == batch and \
-            tf.get_static_value(op.inputs[0]) == 0:
+            tf.get_static_value(op.inputs[0]) == 0 and op.inputs[1].shape.rank and \
+            op.inputs[1].shape[0] == batch:
         return Row(op.inputs[1], t.value_index, True)
     if op.type == "StridedSlice" and op.inputs[0].shape.rank and \
             op.inputs[0].shape[0] == batch and op.get_attr("shrink_axis_mask") == 1 and \
@@ -46,6 +47,17 @@ def _row(t: tf.Tensor, batch: int) -> Row | None:
                 len(begin) == 1 and list(strides) == [1] and end[0] == begin[0] + 1:
             return Row(op.inputs[0], int(begin[0]) % batch, False)
     return None
+
+
+def _batch_major(t: tf.Tensor) -> bool:
+    """Whether `t`'s first axis may be the batch: not a transpose moving another axis first
+    nor a stack in front (a time-major sequence of as many steps: Keras' TimeDistributed's
+    steps x[i], stacked back, are the leading_stack's)."""
+    op = t.op
+    if op.type == "Transpose":
+        perm = tf.get_static_value(op.inputs[1])
+        return perm is not None and int(perm[0]) == 0
+    return not (op.type == "Pack" and op.get_attr("axis") == 0)
 
 
 def _attrs(op: tf.Operation) -> bytes:
@@ -118,13 +130,16 @@ def _same_but_row(a: tuple[Any, ...], b: tuple[Any, ...], index: int) -> bool:
 
 
 def _per_sample(values: list[tf.Tensor], batch: int, stacked: bool) -> Piece | None:
-    """Piece 0 when the joined `values` are the batch's pieces in order (each a piece of the
-    same ops on its own sample's rows), else None."""
+    """Piece 0 when the joined `values` are the batch's samples in order, each the same ops
+    on its own rows of batch-major values, else None."""
     if len(values) != batch or batch < 2:
         return None
     pieces = [_piece(v, batch) for v in values]
     first = pieces[0]
     if first is None or (not stacked and values[0].shape[:1] != [1]):
+        return None
+    if any(kind[0] == "row" and not _batch_major(kind[1])
+           for kinds in first.inputs for kind in kinds):
         return None
     for i, piece in enumerate(pieces[1:], 1):
         if piece is None or len(piece.ops) != len(first.ops) or any(
@@ -165,12 +180,12 @@ def _mapped(piece: Piece, output: int) -> tf.Tensor:
     return tf.vectorized_map(fn, sources, fallback_to_while_loop=False)
 
 
-def _joined(original: Callable, stacked: bool, joined: list[str]) -> Callable:
+def _joined(original: Callable, stacked: bool, batch: int, joined: list[str]) -> Callable:
     def join(values: Any, axis: Any = 0, name: Any = None) -> Any:
         if isinstance(values, (list, tuple)) and values and \
                 all(isinstance(v, tf.Tensor) for v in values) and \
                 np.ndim(axis) == 0 and not isinstance(axis, tf.Tensor) and int(axis) == 0:
-            piece = _per_sample(list(values), len(values), stacked)
+            piece = _per_sample(list(values), batch, stacked)
             if piece is not None:
                 try:
                     with tf.name_scope(name or ("stack" if stacked else "concat")), \
@@ -185,14 +200,14 @@ def _joined(original: Callable, stacked: bool, joined: list[str]) -> Callable:
 
 
 @contextlib.contextmanager
-def per_sample_joins(created: set[str]) -> Iterator[list[str]]:
-    """tf.concat(pieces, 0) and tf.stack(pieces) of the batch's samples in order, each the
+def per_sample_joins(created: set[str], batch: int) -> Iterator[list[str]]:
+    """tf.concat(pieces, 0) and tf.stack(pieces) of the `batch` samples in order, each the
     same ops on its own rows, built meanwhile as tf.vectorized_map of those ops; the names of
     the ops they add are added to `created`; yields the names of piece 0's outputs joined."""
     saved = [(tf, "concat", tf.concat, False), (tf, "stack", tf.stack, True)]
     joined: list[str] = []
     for module, name, function, stacked in saved:
-        setattr(module, name, recorded(_joined(function, stacked, joined), created))
+        setattr(module, name, recorded(_joined(function, stacked, batch, joined), created))
     try:
         yield joined
     finally:

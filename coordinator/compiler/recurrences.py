@@ -138,7 +138,7 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
     if not built_again(graph, batch) or feed is None:
         return graph, spec, frozenset()
     with keras_unrolled(), python_loops() as created, vectorized_maps(created), \
-            per_sample_joins(created) as joined:
+            per_sample_joins(created, batch) as joined:
         graph2, spec2 = build()
     if not (has_loops(graph) or joined or has_folded_convolutions(graph)):
         return graph, spec, frozenset()  # no pieces of the batch joined in order

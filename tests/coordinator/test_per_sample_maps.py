@@ -1,14 +1,14 @@
 """Functions applied to each sample of a batch: CondConv (each sample convolved with its own
-kernel routing(x) @ experts by tf.split and tf.concat, or tf.unstack and tf.stack), a
-dynamic filter network (tf.map_fn of a depthwise convolution of each sample by its
-generated filter), a per-sample map_fn feature (each sample's values sorted, gathered at its
-own top_k indices) and a hypernetwork (tf.vectorized_map of a Dense layer of generated
-weights), a Keras layer called by tf.map_fn, train on the CS as TensorFlow trains them
-(4 steps, 1e-4) and evaluate and predict
-as the CPU path does, at micro-batches of 1 and on 2 replicas too; pieces of the batch
-that mix samples (put back in another order, a sample convolved with another's kernel, a
-map convolving every sample by the first one's) and a map drawing its own random numbers
-are refused in one line naming the op and the line."""
+kernel routing(x) @ experts by tf.split and tf.concat, tf.unstack and tf.stack, or
+tf.map_fn), a dynamic filter network (a depthwise convolution of each sample by its
+generated filter, by tf.map_fn and by tf.vectorized_map), a per-sample map_fn feature (each
+sample's values sorted, gathered at its own top_k indices), hypernetworks (tf.vectorized_map
+of a Dense layer of generated weights, of a strided convolution by a generated filter) and a
+Keras layer called by tf.map_fn train on the CS as TensorFlow trains them (4 steps, 1e-4),
+evaluate and predict as the CPU path does, at micro-batches of 1 and on 2 replicas too;
+pieces of the batch that mix samples (put back in another order, a sample convolved with
+another's kernel, a map convolving every sample by the first one's) and a map drawing its
+own random numbers are refused in one line naming the op and the line."""
 import batch_slice_models
 import cs_inprocess
 import per_sample_models as m
@@ -19,7 +19,8 @@ PARAMS = {"runconfig": {"tf_random_seed": 2}}
 
 @pytest.mark.parametrize("model_fn", [m.condconv_split, m.condconv_unstack, m.condconv_map_fn,
                                       m.dynamic_filter, m.dynamic_filter_vectorized,
-                                      m.sorted_features, m.mapped_keras_layer, m.hypernetwork],
+                                      m.sorted_features, m.mapped_keras_layer, m.hypernetwork,
+                                      m.hyper_conv],
                          ids=lambda f: f.__name__)
 def test_a_function_mapped_over_the_samples_trains_like_tensorflow(tmp_path, model_fn):
     result = cs_inprocess.compare(model_fn, m.images_input_fn, PARAMS, str(tmp_path), steps=4)
