@@ -161,18 +161,26 @@ def split_layer_model_fn(features, labels, mode, params):
     return _spec(mode, loss, params)
 
 
-def per_example_kernels_model_fn(features, labels, mode, params):
+def per_example_kernels_model_fn(features, labels, mode, params, shift=0):
     """CondConv's routing: each example's kernel a mix of expert kernels by its own routing
-    weights, the batch split into examples to apply each its own (refused: the splits of the
-    batch; the cross entropy after them only their consequence)."""
+    weights, the batch split into examples to apply each its own (per_sample_pieces: trains
+    as TF does)."""
     x = features["x"]
     routing = tf.keras.layers.Dense(3, activation="sigmoid", name="routing")(x)
     experts = tf.compat.v1.get_variable("experts", [3, 6, 2])
+    routes = tf.split(routing, params["batch_size"], 0)
+    routes = routes[shift:] + routes[:shift]
     hidden = tf.concat([tf.matmul(x_b, tf.tensordot(r_b[0], experts, 1)) for x_b, r_b in zip(
-        tf.split(x, params["batch_size"], 0), tf.split(routing, params["batch_size"], 0))], 0)
+        tf.split(x, params["batch_size"], 0), routes)], 0)
     logits = tf.keras.layers.Dense(2, name="head")(tf.nn.relu(hidden))
     return _spec(mode, tf.compat.v1.losses.softmax_cross_entropy(
         tf.one_hot(labels, 2), logits, label_smoothing=0.1) + 1e-4 * tf.nn.l2_loss(experts), params)
+
+
+def shifted_example_kernels_model_fn(features, labels, mode, params):
+    """Each example by the next example's kernel (refused: the splits of the batch; the cross
+    entropy after them only their consequence)."""
+    return per_example_kernels_model_fn(features, labels, mode, params, shift=1)
 
 
 def sliced_prediction_model_fn(features, labels, mode, params):

@@ -660,7 +660,8 @@ def assert_same_training(result: Comparison, rtol: float = 1e-4) -> None:
 def model_op_words(model_fn: Callable, input_fn: Callable, params: dict) -> set[str]:
     """What a refusal may name of model_fn's training graph: its op types (MatMul), its
     scoped op and variable names (dense/bias), its inputs (features, labels) and the ops of
-    its tf.conds' branches (cond/sort/TopKV2)."""
+    its tf.conds' branches (cond/sort/TopKV2) and of its While loops' bodies (a tf.map_fn's
+    function, which the compiler builds again vectorized: map/loop_body/...)."""
     signature = batch_signature(make_dataset(input_fn, params))
     with model_graph(params) as graph:
         features, labels = signature.placeholders()
@@ -670,6 +671,8 @@ def model_op_words(model_fn: Callable, input_fn: Callable, params: dict) -> set[
                     if op.type in ("If", "StatelessIf")
                     for branch in (op._true_graph, op._false_graph)
                     for inner in branch.get_operations()}  # (named as refusals name them)
+        branches |= {(inner.name, inner.type) for op in ops if op.type in ("While", "StatelessWhile")
+                     for inner in op._body_graph.get_operations()}
         return ({op.type for op in ops} | {op.name for op in ops if "/" in op.name}
                 | {op.name for op in ops if op.type == "Placeholder"}
                 | {t for name_type in branches for t in name_type})

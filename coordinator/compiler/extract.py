@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler.recurrences import has_loops, unrolled
+from coordinator.compiler.recurrences import built_again, unrolled
 from cs_api import MAX_BATCH_BYTES
 from cs_api.input_spec import InputSpec
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
@@ -119,10 +119,11 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
     graph, spec = build()
     flat = tuple(_flatten(signature))
     loop_ops: frozenset[str] = frozenset()
-    if has_loops(graph):  # Keras' recurrent layers over fixed-length sequences: unrolled
+    if built_again(graph, batch):  # loops unrolled, maps vectorized (recurrences)
         batch_values = first if first is not None else _first_batch(dataset)
         graph, spec, loop_ops = unrolled(build, graph, spec, {f"{name}:0": batch_values[name]
-                                                              for name, _ in flat})
+                                                              for name, _ in flat}, batch,
+                                         seed is not None)
     inputs = tuple(InputSpec(name, spec.dtype.name, tuple(spec.shape.as_list()[1:])) for name, spec in flat)
     _check_spec(spec, mode)
     return ExtractedGraph(graph, mode, batch, inputs, {name: f"{name}:0" for name, _ in flat}, spec,

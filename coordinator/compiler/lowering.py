@@ -88,7 +88,8 @@ REFUSED = {
                                  "gradient in float16 (a mixed_float16 FGSM)",
     "While loops": "whose number of steps is not known when the graph is built (the CS "
                    "pipelines one pass per sample): tf.while_loop whose condition reads the "
-                   "batch, a weight or a random value, TensorArrays, tf.map_fn, tf.nn.ctc_loss",
+                   "batch, a weight or a random value, TensorArrays, tf.map_fn whose "
+                   "function TF's pfor (tf.vectorized_map) cannot batch, tf.nn.ctc_loss",
     "ops mixing samples": "reductions, matmuls, gathers or reshapes across the batch axis "
                           "outside the loss, but BatchNormalization's moments, the in-batch "
                           "products, rows of the batch, the batch statistics and the losses of "
@@ -155,11 +156,11 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
     if op.type in RECURRENT:
         m.reject(op, "a While loop whose number of steps is not known when the graph is "
                      "built (tf.while_loop whose condition reads the batch, a weight or a random "
-                     "value, a TensorArray, tf.map_fn, or a recurrent layer over sequences of "
-                     "unknown length): the CS pipelines one pass per sample; loop over a "
-                     "constant number of steps (tf.while_loop, tf.scan over a fixed length, a "
-                     "Python for loop, Keras' recurrent layers over fixed-length sequences), "
-                     "which the compiler unrolls")
+                     "value, a TensorArray, a tf.map_fn whose function TF's pfor cannot "
+                     "batch, or a recurrent layer over sequences of unknown length): the CS "
+                     "pipelines one pass per sample; loop over a constant number of steps "
+                     "(tf.while_loop, tf.scan over a fixed length, a Python for loop, Keras' "
+                     "recurrent layers over fixed-length sequences), which the compiler unrolls")
     elif (op.type in RANDOM_OPS and handler is None) or \
             op.type in random_numbers.CANDIDATE_SAMPLERS:
         m.reject(op, random_numbers.refusal(op.type))
@@ -1125,6 +1126,17 @@ def supported_table() -> str:
                  "the stack and batch axes, predicted in TF's layout; "
                  "(sparse_)softmax_cross_entropy_with_logits on logits of rank > 2 (a tagger's "
                  "tf.compat.v1.losses.softmax_cross_entropy of one-hot labels per token) |")
+    lines.append("| functions applied to each sample | tf.map_fn(fn, x) and tf.map_fn(fn, (x, "
+                 "y)) (tf.compat.v1's too) run as tf.vectorized_map of fn (TF's pfor: each op "
+                 "batched, no loop), a user's tf.vectorized_map, and tf.concat(pieces, 0) or "
+                 "tf.stack(pieces) of the batch's samples in order, each the same ops on its "
+                 "own rows (tf.split(x, B), tf.unstack(x), k[i]: CondConv's "
+                 "tf.nn.conv2d(x_i, k_i)): model_fn built again so and proven to compute the "
+                 "user's loss and gradients; a convolution by per-sample filters (CondConv, a "
+                 "dynamic filter network, a hypernetwork's generated filters) as each "
+                 "sample's tf.image.extract_patches times its own filter (an einsum over the "
+                 "batch); pieces put back in another order or combined with another sample's "
+                 "stay the split of the batch, refused |")
     lines.append("| mixed precision (any kernel, `precision` float16) | float16 ops of a Keras "
                  "mixed_float16 policy or casts by hand: float32 weights read through Cast, "
                  "float16 operands and results, float32 accumulation (docs/design.md; "

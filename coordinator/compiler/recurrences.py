@@ -17,6 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
+from coordinator.compiler.per_sample_maps import has_folded_convolutions, vectorized_maps
+from coordinator.compiler.per_sample_pieces import has_per_sample_pieces, per_sample_joins
 from coordinator.compiler.static_loops import python_loops
 
 LOOPS = {"While", "StatelessWhile"}
@@ -25,6 +27,13 @@ UNROLL_RTOL = 1e-5  # float32 sums of the same terms in another order (gradients
 
 def has_loops(graph: tf.Graph) -> bool:
     return any(op.type in LOOPS for op in graph.get_operations())
+
+
+def built_again(graph: tf.Graph, batch: int) -> bool:
+    """Whether model_fn is built a second time (`unrolled`): loops, the batch's samples split
+    into pieces, convolutions of a tf.vectorized_map by per-sample filters."""
+    return has_loops(graph) or has_per_sample_pieces(graph, batch) or \
+        has_folded_convolutions(graph)
 
 
 @contextlib.contextmanager
@@ -117,15 +126,22 @@ def _host_names(spec: Any) -> list[str]:
 
 
 def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: Any,
-             feed: dict[str, np.ndarray] | None) -> tuple[tf.Graph, Any, frozenset[str]]:
+             feed: dict[str, np.ndarray] | None, batch: int,
+             seeded: bool) -> tuple[tf.Graph, Any, frozenset[str]]:
     """`graph` and `spec`, or when their loops unroll (Keras' recurrent layers, loops of steps
-    known at build time), model_fn built again unrolled (by `build`) and proven equal on the
-    batch `feed` (placeholder -> value); and the names of the ops the unrolled tf.while_loop
-    and tf.scan steps added."""
-    if not has_loops(graph) or feed is None:
+    known at build time, tf.map_fn) or their per-sample pieces join (per_sample_pieces),
+    model_fn built again so (by `build`) and proven equal on the batch `feed` (placeholder ->
+    value): the same variables (`seeded`, a runconfig.tf_random_seed: of the same initial
+    values; else each build draws its own), and at the user's graph's weights the same loss
+    and gradients (predictions); and the names of the ops the unrolled tf.while_loop and
+    tf.scan steps, the vectorized maps and joins added."""
+    if not built_again(graph, batch) or feed is None:
         return graph, spec, frozenset()
-    with keras_unrolled(), python_loops() as created:
+    with keras_unrolled(), python_loops() as created, vectorized_maps(created), \
+            per_sample_joins(created, batch) as joined:
         graph2, spec2 = build()
+    if not (has_loops(graph) or joined or has_folded_convolutions(graph)):
+        return graph, spec, frozenset()  # no pieces of the batch joined in order
     if has_loops(graph2):  # a loop of data-dependent steps: the matcher refuses it, named
         return graph2, spec2, frozenset(created)  # alone (the layers around it unrolled)
     if _host_names(spec) != _host_names(spec2):
@@ -134,15 +150,18 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
                          "compute metrics and predictions from a layer after the recurrent one")
     weights, outputs = _values(graph, spec, feed, None)
     initial, _ = _values(graph2, spec2, feed, None)
-    if initial.keys() != weights.keys() or \
-            any(not np.array_equal(initial[n], weights[n]) for n in weights):
-        raise CSRunError("the unrolled graph of the recurrent layers or loops has other "
-                         "variables or initial values than their loop", "pass unroll=True to "
-                         "the Keras recurrent layers, or write the loop as a Python for loop")
+    if initial.keys() != weights.keys() or any(
+            initial[n].shape != weights[n].shape or initial[n].dtype != weights[n].dtype or
+            seeded and not np.array_equal(initial[n], weights[n]) for n in weights):
+        raise CSRunError("the unrolled graph of the recurrent layers, loops or per-sample maps "
+                         "has other variables or initial values than their loop", "pass "
+                         "unroll=True to the Keras recurrent layers, write the loop as a Python "
+                         "for loop, create the layers a tf.map_fn calls before it")
     _, outputs2 = _values(graph2, spec2, feed, weights)
     differ = [name for name in outputs if _differ(outputs[name], outputs2.get(name))]
     if differ or set(outputs2) != set(outputs):
-        raise CSRunError("the unrolled graph of the recurrent layers or loops computes another "
+        raise CSRunError("the unrolled graph of the recurrent layers, loops or per-sample maps "
+                         "computes another "
                          f"{'loss or gradient' if spec.loss is not None else 'prediction'} than "
                          f"their loop ({', '.join(differ[:3]) or 'another set of values'})",
                          "pass unroll=True to the Keras recurrent layers, or write the loop as "

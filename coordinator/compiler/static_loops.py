@@ -154,7 +154,7 @@ def _unrolled_scan(original: Callable) -> Callable:
     return scan
 
 
-def _recorded(loop: Callable, created: set[str]) -> Callable:
+def recorded(loop: Callable, created: set[str]) -> Callable:
     """`loop`, the names of the ops each call adds to the graph added to `created`."""
     def call(*args: Any, **kwargs: Any) -> Any:
         graph = tf.compat.v1.get_default_graph()
@@ -177,7 +177,7 @@ def python_loops() -> Iterator[set[str]]:
                (tf, "scan", _unrolled_scan(tf.scan)), (v1, "scan", _unrolled_scan(v1.scan))]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patched]
     for module, name, function in patched:
-        setattr(module, name, _recorded(function, created))
+        setattr(module, name, recorded(function, created))
     try:
         yield created
     finally:

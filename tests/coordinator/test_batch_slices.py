@@ -76,11 +76,11 @@ def test_slices_of_the_batch_outside_a_loss_are_refused_in_one_line(tmp_path, mo
 
 
 def test_ops_refused_only_for_reading_a_refused_split_are_not_listed(tmp_path):
-    """Per-example kernels over the batch split into examples (unseen24's condconv_experts):
-    the report lists the two splits, not the cross entropy that mixes samples only through
-    their refused pieces (false on its own)."""
-    message = cs_inprocess.refusal(models.per_example_kernels_model_fn, models.input_fn, PARAMS,
-                                   str(tmp_path), models.__file__)
+    """Per-example kernels over the batch split into examples (unseen24's condconv_experts),
+    each example by the next one's: the report lists the two splits, not the cross entropy
+    that mixes samples only through their refused pieces (false on its own)."""
+    message = cs_inprocess.refusal(models.shifted_example_kernels_model_fn, models.input_fn,
+                                   PARAMS, str(tmp_path), models.__file__)
     assert message.startswith("validation failed: Split 'split' at ")
     report = (tmp_path / "cs_compile" / "validation_report.txt").read_text()
     assert "Unsupported layers and operations (2):" in report, report
