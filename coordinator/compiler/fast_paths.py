@@ -368,6 +368,8 @@ def match_dropout(m: Context, op: tf.Operation) -> bool:
     if not np.isclose(float(scale), 1.0 / (1.0 - rate), rtol=1e-3 if half else 1e-6):
         return False
     full, noise = static_shape(data[0]), static_shape(uniform)
+    if len(noise) == len(full) and noise[0] == 1 != full[0]:
+        return False  # one mask for the batch: the weight program's draw, a select reads it
     if len(noise) != len(full) or noise[0] != full[0] or any(
             n not in (1, f) for n, f in zip(noise, full)):
         m.reject(op, f"dropout mask of shape {noise} does not broadcast to the samples {full}")

@@ -134,12 +134,14 @@ def noise_on_weights(graph: tf.Graph, sources: list[tf.Tensor], targets: list[tf
 
 def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
                  batch_size: int) -> set[tf.Operation]:
-    """Noise on weights, which the weight program draws once a step: the draws whose every
-    value the samples' ops (`flow`, found without them) read is computed from a variable
-    too, or is a product's shared operand (`_product_weight`). One whose first axis is a multiple of the batch (per-sample numbers, or folded rows
-    of them, unless proven otherwise) must meet the samples, each time read as a weight
-    (`_read_as_weight`): a [16, 4] kernel's eps at a batch of 8, a bias's of as many units
-    as the batch."""
+    """Numbers shared by the batch, which the weight program draws once a step: the draws
+    whose every value the samples' ops (`flow`, found without them) read is computed from a
+    variable too (noise on weights), or is read as a weight is (`_read_as_weight`: a
+    product's shared operand, or broadcast over the batch: a drawn phase or bias added to
+    every sample, a mask of noise_shape [1, d], a drawn scale or temperature). One whose
+    first axis is a multiple of the batch (per-sample numbers, or folded rows of them,
+    unless proven otherwise) must meet the samples, each time read as a weight: a [16, 4]
+    kernel's eps at a batch of 8, a bias's of as many units as the batch."""
     found = set()
     for draw in draws:
         shape = draw.outputs[0].shape
@@ -150,9 +152,9 @@ def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
             for reader in tensor.consumers():
                 if reader in flow:
                     met = True
-                    weighted = (depends_on(tensor, VARIABLE_OPS, SHAPE_OPS | set(DRAWS))
-                                is not None or _product_weight(tensor, reader)) and \
-                        (not per_sample or _read_as_weight(tensor, reader))
+                    as_weight = _read_as_weight(tensor, reader, batch_size)
+                    weighted = as_weight or not per_sample and depends_on(
+                        tensor, VARIABLE_OPS, SHAPE_OPS | set(DRAWS)) is not None
                     # (a seed generator's state is no weight)
                 elif reader not in seen and reader.type not in SHAPE_OPS:
                     seen.add(reader)
@@ -164,14 +166,21 @@ def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
     return found
 
 
-def _read_as_weight(tensor: tf.Tensor, reader: tf.Operation) -> bool:
+def _read_as_weight(tensor: tf.Tensor, reader: tf.Operation, batch_size: int) -> bool:
     """Whether a per-sample op reads `tensor` as a weight: a product's shared operand
-    (`_product_weight`), or an operand of fewer axes than its output (broadcast over the
-    batch)."""
+    (`_product_weight`), or an operand broadcast over the batch: TF aligns its last axes
+    with the output's, and it has none, or 1, where the output has its first axis of a
+    multiple of the batch's size (the batch, folded rows of it; a stack's [K, B, ...] the
+    second)."""
     if reader.type in WEIGHT_OPERAND_OPS or reader.type == "Einsum":
         return _product_weight(tensor, reader)
     out = reader.outputs[0].shape if reader.outputs else tf.TensorShape(None)
-    return out.rank is not None and tensor.shape.rank is not None and tensor.shape.rank < out.rank
+    if out.rank is None or tensor.shape.rank is None or tensor.shape.rank > out.rank or \
+            not out.is_fully_defined() or not tensor.shape.is_fully_defined():
+        return False
+    batch = next((axis for axis, d in enumerate(out) if d % batch_size == 0), None)
+    lead = out.rank - tensor.shape.rank  # (the output's axes `tensor` lacks)
+    return batch is not None and all(d == 1 for d in tensor.shape[:max(batch + 1 - lead, 0)])
 
 
 def _product_weight(tensor: tf.Tensor, reader: tf.Operation) -> bool:

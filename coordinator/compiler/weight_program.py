@@ -110,12 +110,20 @@ class WeightProgramBuilder:
                 [graph.get_operation_by_name(step)] if step else []))
         return self._step_readers_at[1]
 
-    def derive(self, tensor: tf.Tensor) -> Weight | str:
+    def derive(self, tensor: tf.Tensor, condition: bool = False) -> Weight | str:
         """The derived weight `tensor` is (its kernel's name as the variable), or why the CS
-        cannot compute it."""
+        cannot compute it. A `condition` (tf.where's, of a select kernel) may be bool: its
+        float32 cast, 0 or 1 (a dropout mask drawn once a step: uniform >= rate)."""
         value = self._lower(tensor)
         if not isinstance(value, str):
             return self.problems.get(tensor.name, "its value is a constant")
+        if condition and tensor.dtype.base_dtype == tf.bool:
+            key = f"{tensor.name}/as_float"  # (one cast however many selects read it)
+            if key not in self.values:
+                self.values[key] = self._add(tensor.op, None, "cast", [value],
+                                             {"dtype": "float32"}, suffix="/as_float")
+            shape = static_shape(tensor)
+            return Weight(str(self.values[key]), shape, shape, "float32")
         if tensor.dtype.base_dtype not in (tf.float32, tf.float16):  # (tf.where's condition)
             op = tensor.op
             return (f"{self.SUBJECT} with {op.type} '{user_name(op)}' at {user_source(op)}: its "
