@@ -5,8 +5,9 @@ NoisyNet's factorised Gaussian noise (Fortunato et al. 2018), its output noise i
 and in the bias; Bayes by backprop with the drawn bias added to every sample and the KL of
 the weights; a dropout mask shared by the batch (noise_shape [1, d], tf.nn.dropout and
 Keras Dropout) next to a locked (variational) one, drawn per sample and shared by the time
-steps; Gaussian dropout by one drawn scale for the batch; a temperature drawn each step.
-Each draws only in training (`training = mode == TRAIN`), as users switch dropout off.
+steps; Gaussian dropout by one drawn scale for the batch; a temperature drawn each step;
+noise added to activations. The dropouts draw only in training (`training = mode ==
+TRAIN`), as users switch dropout off.
 Also a draw the CS refuses: one scaling the batch's loss."""
 from __future__ import annotations
 
@@ -176,6 +177,22 @@ def shared_gaussian_dropout(features, labels, mode, params):
     if training:
         logits = logits / tf.random.uniform([], 0.5, 1.5)
     return _classifier(mode, labels, logits, v1.train.MomentumOptimizer(0.05, 0.9))
+
+
+def shared_noise(features, labels, mode, params):
+    """One noise vector for the whole batch added to a Dense layer's activations."""
+    h = L.Dense(HIDDEN, name="hidden")(features) + tf.random.normal([HIDDEN])
+    logits = L.Dense(CLASSES, name="logits")(tf.nn.relu(h))
+    return _classifier(mode, labels, logits, v1.train.GradientDescentOptimizer(0.1))
+
+
+def noisy_activations(features, labels, mode, params):
+    """One draw both on a weight and added to the activations it computes (its bias)."""
+    w = v1.get_variable("w", [FEATURES, HIDDEN])
+    eps = tf.random.normal([HIDDEN])
+    hidden = tf.nn.relu(features @ (w + 0.1 * eps) + eps)
+    logits = L.Dense(CLASSES, name="logits")(hidden)
+    return _classifier(mode, labels, logits, v1.train.AdamOptimizer(0.02))
 
 
 # ---- a draw the CS refuses ----

@@ -232,7 +232,6 @@ def test_a_hand_written_draw_stays_random_in_prediction(drawn, tmp_path):
 
 
 REFUSED = {
-    "shared_noise": ("RandomStandardNormal", "not one set per sample"),
     "constant_seed": ("StatelessRandomNormalV2", "constant seed"),
     "value_shaped": ("RandomStandardNormal", "computed from values"),
     "integer_bounds_computed": ("RandomUniformInt", "constant minval and maxval"),
