@@ -163,7 +163,8 @@ def drawn_tensors(program: pb.Program, masks: Mapping[str, str] = {}) -> list[st
 def dropout_masks(model_fn: Callable, input_fn: Callable, params: dict,
                   program: pb.Program) -> dict[str, str]:
     """The program's dropout kernels -> the TF tensors of their masks' uniform numbers."""
-    selects = {k.name: k.tf_tensor for k in program.kernels if k.type == "dropout"}
+    selects = {k.name: (k.tf_tensor, tuple(k.output_shape)) for k in program.kernels
+               if k.type == "dropout"}
     return tf_reference.mask_uniforms(model_fn, input_fn, params, selects) if selects else {}
 
 
