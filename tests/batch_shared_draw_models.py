@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 import tensorflow as tf
+from projection_models import _classifier  # the classifier head of that corpus
 
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
@@ -41,19 +42,6 @@ def sequences_input_fn(params):
     y = np.argmax(x[:, :, :CLASSES].sum(1), 1).astype(np.int32)
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(params["batch_size"],
                                                             drop_remainder=True)
-
-
-def _classifier(mode, labels, logits, optimizer, penalty=None):
-    if mode == ModeKeys.PREDICT:
-        return CSEstimatorSpec(mode, predictions={"class": tf.argmax(logits, 1), "logits": logits})
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    if penalty is not None:
-        loss += penalty
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
-            "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
-    return CSEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
-        loss, global_step=v1.train.get_or_create_global_step()))
 
 
 def fourier_phase(features, labels, mode, params):

@@ -38,10 +38,13 @@ def points_input_fn(params):
                                                             drop_remainder=True)
 
 
-def _classifier(mode, labels, logits, optimizer):
+def _classifier(mode, labels, logits, optimizer, penalty=None):
+    """Softmax cross-entropy (plus a `penalty` of weights, a KL), accuracy, argmax."""
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"class": tf.argmax(logits, 1), "logits": logits})
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if penalty is not None:
+        loss += penalty
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
             "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
