@@ -11,7 +11,7 @@ import re
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import tf_reference
@@ -29,7 +29,7 @@ from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, mode
 from tf_model.predictions import PredictionGraph
 from wafer.fabric import get_fabric
 from wafer.kernels.candidate_sampling import Classes
-from wafer.kernels.random_numbers import DRAWING, replayed_draws
+from wafer.kernels.draw_replay import DRAWING, replayed_draws
 from workers.feed import input_dataset
 from wse_sim.cs_system import CSSystem
 
@@ -143,20 +143,29 @@ def weight_draws(program: pb.Program) -> list[str]:
     return [k.name for k in program.weight_program.kernels if k.type == "random"]
 
 
-def drawing_kernels(program: pb.Program) -> dict[str, str]:
+def drawing_kernels(program: pb.Program, masks: Mapping[str, str] = {}) -> dict[str, str]:
     """The program's kernels drawing numbers of their own (its weight program's too) -> the
     TF tensor each computes (a sampled_logits kernel: its sampler's sampled ids, the kernel
-    named for the sampler op)."""
+    named for the sampler op; a dropout kernel: the uniform numbers of its mask, `masks`'
+    (tf_reference.mask_uniforms), one not given drawing its own)."""
     kernels = [*program.kernels, *program.weight_program.kernels]
-    return {k.name: f"{k.name}:0" if k.type == "sampled_logits" else k.tf_tensor
-            for k in kernels if k.type in DRAWING}
+    return {k.name: f"{k.name}:0" if k.type == "sampled_logits" else masks.get(k.name, k.tf_tensor)
+            for k in kernels if k.type in DRAWING and (k.type != "dropout" or k.name in masks)}
 
 
-def drawn_tensors(program: pb.Program) -> list[str]:
+def drawn_tensors(program: pb.Program, masks: Mapping[str, str] = {}) -> list[str]:
     """What TF's run fetches for tfs_draws: the drawing kernels' tensors, and each candidate
     sampler's expected counts of its sampled ids (which tell its number of tries)."""
     counts = [f"{k.name}:2" for k in program.kernels if k.type == "sampled_logits"]
-    return sorted({*drawing_kernels(program).values(), *counts})
+    return sorted({*drawing_kernels(program, masks).values(), *counts})
+
+
+def dropout_masks(model_fn: Callable, input_fn: Callable, params: dict,
+                  program: pb.Program) -> dict[str, str]:
+    """The program's dropout kernels -> the TF tensors of their masks' uniform numbers."""
+    selects = {k.name: (k.tf_tensor, tuple(k.output_shape)) for k in program.kernels
+               if k.type == "dropout"}
+    return tf_reference.mask_uniforms(model_fn, input_fn, params, selects) if selects else {}
 
 
 def assert_evaluation_draws_every_batch(model_fn: Callable, input_fn: Callable, params: dict,
@@ -211,11 +220,13 @@ def _batch_first(drawn: np.ndarray, kernel: pb.Kernel | None) -> np.ndarray:
 
 
 @contextmanager
-def tfs_draws(program: pb.Program, fetched: Sequence[dict[str, np.ndarray]]) -> Iterator[None]:
+def tfs_draws(program: pb.Program, fetched: Sequence[dict[str, np.ndarray]],
+              masks: Mapping[str, str] = {}) -> Iterator[None]:
     """Within the block the CS's drawing kernels return the numbers TF drew (`fetched`: per
     step or batch, by tensor: tf_reference.run's, fetching drawing_kernels' tensors); the
-    weight program draws once a batch, the others each sample's in order."""
-    drawing = drawing_kernels(program)
+    weight program draws once a batch, the others each sample's in order (a dropout kernel
+    without its mask in `masks` its own)."""
+    drawing = drawing_kernels(program, masks)
     kernels = {k.name: k for k in program.kernels}
     once = {k.name for k in program.weight_program.kernels}
     queued = {name: [_batch_first(step[tensor], kernels.get(name))
@@ -227,7 +238,9 @@ def tfs_draws(program: pb.Program, fetched: Sequence[dict[str, np.ndarray]]) -> 
     # a step minimizing several losses runs its forward pass once per loss: the same draws
     batch, passes = program.batch_size, max(len(program.objectives), 1)
 
-    def replay(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    def replay(name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+        if name not in queued:  # (a dropout not replayed)
+            return None
         if name in samplers:  # (one draw a step)
             taken[name] += 1
             return queued[name][taken[name] - 1]
@@ -244,14 +257,15 @@ def tfs_draws(program: pb.Program, fetched: Sequence[dict[str, np.ndarray]]) -> 
 
 def compare_drawn(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
                   steps: int = 4) -> Comparison:
-    """compare(), with the CS's `random` kernels handed the raw numbers TF drew at each step
-    and its `categorical` kernels the classes TF drew (tfs_draws): the parity of everything
-    but the draws."""
+    """compare(), with the CS's `random` kernels handed the raw numbers TF drew at each step,
+    its `categorical` kernels the classes TF drew and its dropout kernels the uniform numbers
+    of TF's masks (tfs_draws): the parity of everything but the draws."""
     compiled = compile_checked(model_fn, input_fn, params, model_dir)
     data = tf_reference.batches(input_fn, params, steps)
+    masks = dropout_masks(model_fn, input_fn, params, compiled.program)
     reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data,
-                                 fetch=drawn_tensors(compiled.program))
-    with tfs_draws(compiled.program, reference.fetched):
+                                 fetch=drawn_tensors(compiled.program, masks))
+    with tfs_draws(compiled.program, reference.fetched, masks):
         cs = run_on_cs(compiled.program, compiled.initial_weights, data)
     return Comparison(compiled, cs, reference)
 

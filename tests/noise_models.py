@@ -114,12 +114,6 @@ def draw_input_fn(params):
 
 # ---- random numbers the CS refuses ----
 
-def shared_noise(features, labels, mode, params):
-    """One noise vector for the whole batch (no batch axis)."""
-    h = tf.keras.layers.Dense(HIDDEN)(features) + tf.random.normal([HIDDEN])
-    return _classifier_spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
-
-
 def weight_noise(features, labels, mode, params):
     """Noise on a weight (a Bayesian layer's sample of its kernel)."""
     w = tf.compat.v1.get_variable("w", [PIXELS, CLASSES])

@@ -4,7 +4,7 @@ random features project queries and keys by tf.random.normal([dh, m]) in an eins
 to the batch size or not), and random Fourier features [cos(x @ w), sin(x @ w)] of the input
 (w = tf.random.normal([d, D]) / length_scale) feeding a Dense. In evaluation and prediction
 the models draw too (TF's graph does). Also the random Fourier features' textbook phase
-cos(x @ w + b), b a uniform draw added to the samples' values, which the CS refuses, and a
+cos(x @ w + b), b a uniform draw added to the samples' values (drawn once a step too), and a
 draw [batch, d, k] a batched matmul pairs with the batch (each sample's own numbers)."""
 from __future__ import annotations
 
@@ -38,10 +38,13 @@ def points_input_fn(params):
                                                             drop_remainder=True)
 
 
-def _classifier(mode, labels, logits, optimizer):
+def _classifier(mode, labels, logits, optimizer, penalty=None):
+    """Softmax cross-entropy (plus a `penalty` of weights, a KL), accuracy, argmax."""
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"class": tf.argmax(logits, 1), "logits": logits})
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if penalty is not None:
+        loss += penalty
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
             "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})

@@ -86,3 +86,29 @@ def _writes_wait_for_the_loss(train_op: tf.Operation, loss: tf.Tensor) -> None:
     for op in op_closure(train_op):
         if _is_write(op) and op not in before:
             op._add_control_input(loss.op)
+
+
+def mask_uniforms(model_fn: Callable, input_fn: Callable, params: dict,
+                  selects: dict[str, tuple[str, tuple[int, ...]]],
+                  mode: str = "train") -> dict[str, str]:
+    """Each dropout's (name -> its select's output tensor, where(uniform >= rate, x * scale,
+    0), and its per-sample shape) uniform numbers: the tensor of the raw draws its mask
+    compares with the rate (tf.nn.dropout's RandomUniform; Keras' stateless draw, before its
+    * 1 + 0). Only masks of rows in batch order (the batch first, or folded rows of it): a
+    stack's [K, B, ...] is left out."""
+    signature = batch_signature(make_dataset(input_fn, params))
+    with model_graph(params) as graph:
+        features, labels = signature.placeholders()
+        call_model_fn(model_fn, features, labels, mode, params)
+        found = {}
+        for name, (select, per_sample) in selects.items():
+            output = graph.get_tensor_by_name(select)
+            rows, *rest = output.shape.as_list()
+            if tuple(rest) != per_sample and (tuple(rest) != per_sample[1:] or rows !=
+                                              params["batch_size"] * per_sample[0]):
+                continue
+            uniform = output.op.inputs[0].op.inputs[0]
+            while uniform.op.type in ("Add", "AddV2", "Mul"):
+                uniform = uniform.op.inputs[0]
+            found[name] = uniform.name
+    return found

@@ -5,7 +5,7 @@ the data's plus the KL divergence of the weights' posterior from their prior ove
 set's size. A linear regression with a normal or uniform draw (the unseen13 tester's model),
 a Keras-style layer holding mu and rho (add_weight) that draws its kernel and bias, two of
 them in an MLP with a Monte Carlo KL of the drawn weights, one draw shared by two layers, and
-draws the CS refuses (noise added to activations)."""
+a draw the CS refuses (drawn weights a prediction reads)."""
 from __future__ import annotations
 
 import numpy as np
@@ -149,17 +149,7 @@ def shared_draw(features, labels, mode, params):
     return _classifier(mode, labels, logits, 0.5 * tf.reduce_sum(tf.square(mu1)) * 1e-2)
 
 
-# ---- draws the CS refuses ----
-
-def noisy_activations(features, labels, mode, params):
-    """Noise of the hidden layer's shape added to its activations (one vector for the batch)
-    as well as to a weight: the draw meets the samples other than through a weight."""
-    w = tf.compat.v1.get_variable("w", [FEATURES, HIDDEN])
-    eps = tf.random.normal([HIDDEN])
-    hidden = tf.nn.relu(features @ (w + 0.1 * eps) + eps)
-    logits = tf.keras.layers.Dense(CLASSES)(hidden)
-    return _classifier(mode, labels, logits, tf.constant(0.0))
-
+# ---- a draw the CS refuses ----
 
 def predicted_weight_sample(features, labels, mode, params):
     """The drawn weights among the predictions, next to the sample computed from them: the

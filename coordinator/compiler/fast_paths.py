@@ -35,7 +35,10 @@ KERNEL_ROWS = {
               "grouped and by a constant filter",
     "max_pool, avg_pool": "MaxPool, AvgPool (NHWC, over height and width)",
     "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape; "
-               "the mask drawn on the CS in every mode the graph holds it, as TF's op)",
+               "the mask drawn on the CS in every mode the graph holds it, as TF's op; a "
+               "locked mask [batch, 1, d] each sample's own, shared by its time steps; one "
+               "of noise_shape [1, ...] for the batch: the weight program's draw, a select "
+               "reading it)",
     "batch_norm_inference": "BatchNormalization with training=False, FusedBatchNormV3 (inference)",
     "batch_norm_training": "BatchNormalization with training=True, tf.nn.moments + "
                            "tf.nn.batch_normalization, FusedBatchNormV3 with is_training: the "
@@ -343,7 +346,9 @@ def _uniform_01(m: Context, tensor: tf.Tensor) -> list[tf.Operation] | None:
 @fast_path
 def match_dropout(m: Context, op: tf.Operation) -> bool:
     """select(uniform >= rate, x * 1/(1-rate), 0): tf.nn.dropout, Keras Dropout and
-    SpatialDropout (their noise_shape broadcasts the mask)."""
+    SpatialDropout (their noise_shape broadcasts the mask). A mask of noise_shape [1, ...],
+    one for the batch, is left to the generic lowerings: the weight program draws it
+    (random_numbers.weight_draws), a select kernel reads it."""
     if op.type != "Mul":
         return False
     data = [t for t in op.inputs if m.is_batched(t)]
@@ -368,6 +373,8 @@ def match_dropout(m: Context, op: tf.Operation) -> bool:
     if not np.isclose(float(scale), 1.0 / (1.0 - rate), rtol=1e-3 if half else 1e-6):
         return False
     full, noise = static_shape(data[0]), static_shape(uniform)
+    if len(noise) == len(full) and noise[0] == 1 != full[0]:
+        return False  # one mask for the batch: the weight program's draw, a select reads it
     if len(noise) != len(full) or noise[0] != full[0] or any(
             n not in (1, f) for n, f in zip(noise, full)):
         m.reject(op, f"dropout mask of shape {noise} does not broadcast to the samples {full}")

@@ -386,7 +386,7 @@ class Matcher:
             if random is not None and self._drawn_per_sample(t):
                 return (f"uses random numbers ({random.type} at {user_source(random)}): "
                         f"{random_numbers.refusal(random.type)}")
-            derived = self.weight_program.derive(t)
+            derived = self.weight_program.derive(t, condition=k == 0 and op.type in lowering.SELECTS)
             if isinstance(derived, str):
                 return derived
             letters += "p"

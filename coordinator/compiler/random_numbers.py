@@ -11,10 +11,14 @@ forms) are `random` kernels drawing the op's values, uniform in its constant [mi
 The matcher treats these ops as sources of per-sample values, like the program's inputs
 (`DRAWS`). A draw of a constant shape that meets the samples only through values computed
 from weights too (Bayes by backprop's w = mu + softplus(rho) * eps: `weight_draws`), or
-read only as a product's shared operand (a Performer's or random Fourier features'
-projection x @ tf.random.normal([d, m]): `_product_weight`), is no source: the weight program
-draws it (weight_program.py), once a step, for every micro-batch of the step. What stays refused, in one line naming the op: numbers
-shared by the batch that meet per-sample values other than through a weight, a shape
+read only as a weight is read (`_read_as_weight`: a product's shared operand, a Performer's
+or random Fourier features' projection x @ tf.random.normal([d, m]); or an operand broadcast
+over the batch, the features' random phase cos(x @ w + b), noise added to activations, a
+dropout mask of noise_shape [1, d], a drawn scale or temperature), is no source: the weight
+program draws it (weight_program.py), once a step, for every micro-batch of the step. What
+stays refused, in one line naming the op: numbers shared by the batch that meet values of
+the whole batch (its loss, a batch statistic) or that a per-sample op reads other than as a
+weight, a shape
 computed from values, a stateless op with a constant seed (TF repeats its numbers every
 step), integers over a dtype's full range (tf.random.stateless_uniform without bounds),
 shuffles, and candidate samplers other than tf.nn.nce_loss's and sampled_softmax_loss's
@@ -59,13 +63,17 @@ KERNEL_ROWS = {"random": (
     "tf.random.normal([batch, k]), tf.keras.backend.random_normal, truncated_normal, uniform; "
     "a VAE's mean + tf.exp(0.5 * log_var) * eps, Keras GaussianNoise and GaussianDropout in "
     "training, Gumbel noise): drawn on the CS, fresh every step and in evaluation and "
-    "prediction too, as TF's ops; of a shape without the batch axis, combined with weights "
-    "before it meets the samples (Bayes by backprop's w = mu + softplus(rho) * eps, its bias's "
-    "too), or read only as a product's shared operand (a random projection x @ "
-    "tf.random.normal([d, m]), tf.einsum('bhnd,dm->bhnm', q, w) of a Performer's FAVOR+ "
-    "features, random Fourier features): drawn once a step in the weight program, every "
-    "sample of the step reading the same weights, the gradient taken back through it to mu "
-    "and rho; in evaluation and prediction once a batch. RandomUniformInt and its stateless forms of a per-sample shape "
+    "prediction too, as TF's ops; of a shape without the batch axis (or a first axis of 1), "
+    "combined with weights before it meets the samples (Bayes by backprop's w = mu + "
+    "softplus(rho) * eps, its bias's too; NoisyNet's factorised noise), read as a product's "
+    "shared operand (a random projection x @ tf.random.normal([d, m]), "
+    "tf.einsum('bhnd,dm->bhnm', q, w) of a Performer's FAVOR+ features, random Fourier "
+    "features) or broadcast over the batch (their phase cos(x @ w + b), b = "
+    "tf.random.uniform([D], 0, 2 pi); noise added to activations; a dropout mask of "
+    "noise_shape [1, d]; Gaussian dropout's h * tf.random.normal([1, d], 1, s); a drawn "
+    "temperature logits / tf.random.uniform([])): drawn once a step in the weight program, "
+    "every sample of the step reading the same numbers, the gradient taken back through "
+    "them to mu and rho; in evaluation and prediction once a batch. RandomUniformInt and its stateless forms of a per-sample shape "
     "(tf.random.uniform([batch], 0, T, dtype=tf.int32): a DDPM's timestep per sample), "
     "constant minval < maxval, int32 or int64: each sample's integers drawn on the CS uniform "
     "in [minval, maxval), in every mode; no gradient"),
@@ -78,7 +86,9 @@ KERNEL_ROWS = {"random": (
     "gradient (a REINFORCE policy's action)")}
 REFUSED = {"random numbers": (
     "other than dropout masks and the draws above: numbers shared by the batch that meet "
-    "per-sample values other than through a weight (noise added to activations), shapes "
+    "values of the whole batch (a draw scaling the batch's loss) or that a per-sample op "
+    "reads other than as a weight (a product's shared operand, an operand broadcast over the "
+    "batch), shapes "
     "computed from values, stateless ops with a constant seed "
     "(tf.random.stateless_categorical too), integer draws of computed bounds or over the "
     "dtype's full range, shuffles, candidate samplers but the log-uniform, uniform and fixed "
@@ -134,12 +144,14 @@ def noise_on_weights(graph: tf.Graph, sources: list[tf.Tensor], targets: list[tf
 
 def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
                  batch_size: int) -> set[tf.Operation]:
-    """Noise on weights, which the weight program draws once a step: the draws whose every
-    value the samples' ops (`flow`, found without them) read is computed from a variable
-    too, or is a product's shared operand (`_product_weight`). One whose first axis is a multiple of the batch (per-sample numbers, or folded rows
-    of them, unless proven otherwise) must meet the samples, each time read as a weight
-    (`_read_as_weight`): a [16, 4] kernel's eps at a batch of 8, a bias's of as many units
-    as the batch."""
+    """Numbers shared by the batch, which the weight program draws once a step: the draws
+    whose every value the samples' ops (`flow`, found without them) read is computed from a
+    variable too (noise on weights), or is read as a weight is (`_read_as_weight`: a
+    product's shared operand, or broadcast over the batch: a drawn phase or bias added to
+    every sample, a mask of noise_shape [1, d], a drawn scale or temperature). One whose
+    first axis is a multiple of the batch (per-sample numbers, or folded rows of them,
+    unless proven otherwise) must meet the samples, each time read as a weight: a [16, 4]
+    kernel's eps at a batch of 8, a bias's of as many units as the batch."""
     found = set()
     for draw in draws:
         shape = draw.outputs[0].shape
@@ -150,9 +162,9 @@ def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
             for reader in tensor.consumers():
                 if reader in flow:
                     met = True
-                    weighted = (depends_on(tensor, VARIABLE_OPS, SHAPE_OPS | set(DRAWS))
-                                is not None or _product_weight(tensor, reader)) and \
-                        (not per_sample or _read_as_weight(tensor, reader))
+                    as_weight = _read_as_weight(tensor, reader, batch_size)
+                    weighted = as_weight or not per_sample and depends_on(
+                        tensor, VARIABLE_OPS, SHAPE_OPS | set(DRAWS)) is not None
                     # (a seed generator's state is no weight)
                 elif reader not in seen and reader.type not in SHAPE_OPS:
                     seen.add(reader)
@@ -164,14 +176,21 @@ def weight_draws(draws: list[tf.Operation], flow: set[tf.Operation],
     return found
 
 
-def _read_as_weight(tensor: tf.Tensor, reader: tf.Operation) -> bool:
+def _read_as_weight(tensor: tf.Tensor, reader: tf.Operation, batch_size: int) -> bool:
     """Whether a per-sample op reads `tensor` as a weight: a product's shared operand
-    (`_product_weight`), or an operand of fewer axes than its output (broadcast over the
-    batch)."""
+    (`_product_weight`), or an operand broadcast over the batch: TF aligns its last axes
+    with the output's, and it has none, or 1, where the output has its first axis of a
+    multiple of the batch's size (the batch, folded rows of it; a stack's [K, B, ...] the
+    second)."""
     if reader.type in WEIGHT_OPERAND_OPS or reader.type == "Einsum":
         return _product_weight(tensor, reader)
     out = reader.outputs[0].shape if reader.outputs else tf.TensorShape(None)
-    return out.rank is not None and tensor.shape.rank is not None and tensor.shape.rank < out.rank
+    if out.rank is None or tensor.shape.rank is None or tensor.shape.rank > out.rank or \
+            not out.is_fully_defined() or not tensor.shape.is_fully_defined():
+        return False
+    batch = next((axis for axis, d in enumerate(out) if d % batch_size == 0), None)
+    lead = out.rank - tensor.shape.rank  # (the output's axes `tensor` lacks)
+    return batch is not None and all(d == 1 for d in tensor.shape[:max(batch + 1 - lead, 0)])
 
 
 def _product_weight(tensor: tf.Tensor, reader: tf.Operation) -> bool:
@@ -228,10 +247,11 @@ def _draw(m: Context, op: tf.Operation) -> str:
         shape[1] == m.batch_size
     if not shape or (rows != 1 and rows not in m.fold_factors and not stacked):
         return (f"draws random numbers of shape {shape}, not one set per sample, that meet "
-                f"per-sample values other than through a weight (shared by the batch of "
-                f"{m.batch_size}): the CS draws numbers without the batch axis only as "
-                f"weights (noise on weights w = mu + sigma * eps, a projection x @ "
-                f"tf.random.normal([d, m]) read by a matmul, einsum or conv); {USE_INSTEAD}")
+                f"values other than as a weight (shared by the batch of {m.batch_size}): the "
+                f"CS draws numbers without the batch axis only where the samples read them "
+                f"as weights (noise on weights w = mu + sigma * eps, a projection x @ "
+                f"tf.random.normal([d, m]) read by a matmul, einsum or conv, a bias, mask or "
+                f"scale broadcast over the batch: x + b, x * eps); {USE_INSTEAD}")
     # [B*k, ...] where values are folded k rows a sample (folded_batch.py): each sample's k
     # rows of numbers its own (k, ...), one number an element as TF's
     # [K, B, ...]: K sets a sample stacked in front of the batch (a VIB's or IWAE's K Monte

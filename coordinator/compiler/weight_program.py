@@ -14,9 +14,10 @@ comparison's bool value never meets the samples, but its float32 cast may: a mas
 w * tf.cast(tf.abs(w) > t, tf.float32)) and views (strided slices with any
 masks, tf.split/unstack, tf.gather at constant indices, tf.concat/stack of weights and
 float32 constants (a hand-built Cholesky factor's zeros): Keras
-GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) and noise on
-weights (random_numbers.weight_draws: a `random` kernel with no input, drawn once a step:
-Bayes by backprop's mu + softplus(rho) * eps) are lowered; a
+GRU's recurrent_kernel[:, 2 * units:], a tied embedding's transposed table) and numbers
+drawn for the batch (random_numbers.weight_draws: a `random` kernel with no input, drawn
+once a step: Bayes by backprop's mu + softplus(rho) * eps, a random phase, a dropout mask
+shared by the batch, read by a select as its float32 0/1 cast) are lowered; a
 view's gradient is scattered back into its input's shape, and the gradients of a weight's
 views summed, as TF's. Under Keras' mixed_float16 a weight's AutoCast float16 copy (a
 float32 RMSNorm's scale, PReLU's alpha) is a float16 cast kernel, float16 element-wise ops
@@ -110,12 +111,20 @@ class WeightProgramBuilder:
                 [graph.get_operation_by_name(step)] if step else []))
         return self._step_readers_at[1]
 
-    def derive(self, tensor: tf.Tensor) -> Weight | str:
+    def derive(self, tensor: tf.Tensor, condition: bool = False) -> Weight | str:
         """The derived weight `tensor` is (its kernel's name as the variable), or why the CS
-        cannot compute it."""
+        cannot compute it. A `condition` (tf.where's, of a select kernel) may be bool: its
+        float32 cast, 0 or 1 (a dropout mask drawn once a step: uniform >= rate)."""
         value = self._lower(tensor)
         if not isinstance(value, str):
             return self.problems.get(tensor.name, "its value is a constant")
+        if condition and tensor.dtype.base_dtype == tf.bool:
+            key = f"{tensor.name}/as_float"  # (one cast however many selects read it)
+            if key not in self.values:
+                self.values[key] = self._add(tensor.op, None, "cast", [value],
+                                             {"dtype": "float32"}, suffix="/as_float")
+            shape = static_shape(tensor)
+            return Weight(str(self.values[key]), shape, shape, "float32")
         if tensor.dtype.base_dtype not in (tf.float32, tf.float16):  # (tf.where's condition)
             op = tensor.op
             return (f"{self.SUBJECT} with {op.type} '{user_name(op)}' at {user_source(op)}: its "
@@ -188,8 +197,9 @@ class WeightProgramBuilder:
         return self._lower_op(op, tensor, where)
 
     def _draw(self, op: tf.Operation, tensor: tf.Tensor, where: str) -> str | None:
-        """Noise on weights (random_numbers.weight_draws): a `random` kernel with no input,
-        drawing the op's raw numbers once a step; its scale and shift are kernels after it."""
+        """Numbers drawn for the batch (random_numbers.weight_draws): a `random` kernel with
+        no input, drawing the op's raw numbers once a step; its scale and shift are kernels
+        after it."""
         found = random_numbers.drawn(self.operands, op)
         if isinstance(found, str):
             return self._refuse(tensor, f"{where}: {found}")

@@ -5,12 +5,10 @@ noise on weights, and the kernels read it as a weight. Proven here: (1) with TF'
 replayed the models train 4 steps to TF's losses and weights (1e-5), dh equal to the batch
 size too (the draw's first axis is the einsum's letter d, not the batch); (2) evaluation
 draws a new projection for every batch, TF's numbers with TF's draws; prediction with TF's
-draws predicts TF's logits; (3) a draw added to the samples' values (the Fourier features'
-random phase) stays refused in one line naming it; a draw a batched matmul pairs with the
-batch stays per-sample."""
+draws predicts TF's logits; (3) a draw a batched matmul pairs with the batch stays
+per-sample. (The Fourier features' random phase, added to the samples' values:
+test_batch_shared_draws.)"""
 from __future__ import annotations
-
-import tempfile
 
 import cs_inprocess
 import numpy as np
@@ -18,9 +16,7 @@ import projection_models as m
 import pytest
 import tf_reference
 
-from common.errors import CSRunError
 from coordinator.chief import cs_state
-from coordinator.compiler import compile_model
 from tf_model import checkpoints
 
 BASE = {"batch_size": 16, "runconfig": {"tf_random_seed": 1}}
@@ -81,14 +77,3 @@ def test_a_draw_a_batched_matmul_pairs_with_the_batch_stays_per_sample(tmp_path)
     assert not cs_inprocess.weight_draws(program) and "random" in [k.type for k in program.kernels]
     assert cs_inprocess.mismatches(result, rtol=1e-5) == []
 
-
-def test_a_draw_added_to_the_samples_values_stays_refused_in_one_line():
-    """cos(x @ w + b), b = tf.random.uniform([D]) one phase per feature for the whole batch:
-    the projection is drawn as a weight, the phase added to activations is refused."""
-    with tempfile.TemporaryDirectory() as model_dir, pytest.raises(CSRunError) as refused:
-        compile_model(m.fourier_features, m.points_input_fn, {**BASE, "phase": True}, model_dir,
-                      validate_only=True)
-    message = str(refused.value)
-    assert "\n" not in message
-    assert message.startswith("validation failed: RandomUniform ")
-    assert "projection_models.py:" in message and "other than through a weight" in message

@@ -24,7 +24,8 @@ from common.run_settings import RunSettings
 from coordinator.compiler import compile_model
 from tf_model import cpu_session
 from wafer.kernels import KernelError, build_kernel
-from wafer.kernels.random_numbers import DRAWING, TRUNCATE, draw, integers
+from wafer.kernels.draw_replay import DRAWING
+from wafer.kernels.random_numbers import TRUNCATE, draw, integers
 
 BASE = {"batch_size": 8, "runconfig": {"tf_random_seed": 1}}
 CASES = {"vae": (nm.vae, nm.input_fn, {"autoencoder": True}),
@@ -231,7 +232,6 @@ def test_a_hand_written_draw_stays_random_in_prediction(drawn, tmp_path):
 
 
 REFUSED = {
-    "shared_noise": ("RandomStandardNormal", "not one set per sample"),
     "constant_seed": ("StatelessRandomNormalV2", "constant seed"),
     "value_shaped": ("RandomStandardNormal", "computed from values"),
     "integer_bounds_computed": ("RandomUniformInt", "constant minval and maxval"),

@@ -2,10 +2,11 @@
 sizes equal to the batch (tests/coincidence_models.py): heads, time steps, Dense widths and
 patches equal to the batch, a [B, B] pairing beside a stack, the batch sizes 1 and 2 train 4
 steps with TF's numbers and evaluate and predict as the CPU path does; where TF's broadcast
-meets one value's batch axis with another's sample axis (shared noise [T, F] with T == B
-added to [B, T, F], a VIB's K == B Monte Carlo draw, labels [B] minus predictions [B, 1]),
-which the CS trained differently from TF before, the model is refused in one line naming
-the op."""
+meets one value's batch axis with another's sample axis (a VIB's K == B Monte Carlo draw,
+labels [B] minus predictions [B, 1]), which the CS trained differently from TF before, the
+model is refused in one line naming the op. Noise [T, F] with T == B added to [B, T, F] is
+TF's broadcast over the batch: one draw a step for every sample (test_batch_shared_draws),
+TF's training with TF's draws."""
 from __future__ import annotations
 
 import coincidence_models as m
@@ -41,15 +42,25 @@ def test_sizes_equal_to_the_batch_train_evaluate_and_predict_like_tensorflow(tmp
 RANKS = "combines per-sample values of different ranks"
 
 
+@pytest.mark.parametrize("model_fn", [m.noise_pattern_shared, m.noise_pattern_per_row],
+                         ids=["noise_shared", "noise_first_of_four"])
+def test_noise_of_a_samples_shape_with_t_equal_to_b_is_drawn_once_for_the_batch(tmp_path, model_fn):
+    """features + 0.1 * tf.random.normal([T, F]) (or [4, T, F][0]) at T == B: TF broadcasts
+    the draw over the batch; the weight program draws it once a step and every sample reads
+    it (it was refused as per-sample numbers of another rank): TF's training with TF's
+    draws (1e-5)."""
+    result = cs_inprocess.compare_drawn(model_fn, m.input_fn, PARAMS, str(tmp_path), STEPS)
+    assert len(cs_inprocess.weight_draws(result.compiled.program)) == 1
+    assert cs_inprocess.mismatches(result, rtol=1e-5) == []
+
+
 @pytest.mark.parametrize("model_fn, extra, named", [
-    (m.noise_pattern_shared, {}, ("AddV2 'add'", RANKS)),
-    (m.noise_pattern_per_row, {}, ("AddV2 'add'", RANKS)),
     (m.vib, {"samples": 8}, ("Mul 'mul_1'", RANKS)),
     (m.vib, {"samples": 2, "batch": 2}, ("Mul 'mul_1'", RANKS)),
     (m.regression_labels_broadcast, {}, ("Sub 'sub'", RANKS)),
     (m.step_weights_times_batch, {}, ("Mul 'mul'", RANKS)),
     (m.pairs_of_samples, {}, ("Reshape 'Reshape'", "reshapes (8, 4) to (4, 8)")),
-], ids=["noise_shared", "noise_first_of_four", "vib_k_equals_batch", "vib_k_equals_batch_2",
+], ids=["vib_k_equals_batch", "vib_k_equals_batch_2",
         "labels_minus_column", "steps_times_batch", "two_samples_a_row"])
 def test_a_batch_axis_meeting_a_sample_axis_is_refused_in_one_line(tmp_path, model_fn, extra, named):
     """The op and why, in the one line (refusal: it names a line of coincidence_models.py)."""

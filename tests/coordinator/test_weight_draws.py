@@ -6,8 +6,8 @@ CS (tfs_draws) the models train 4 steps to TF's losses and weights (1e-5), at mi
 of 1 too; (2) evaluation draws a new w for every batch, as TF's graph does (with TF's draws,
 TF's losses), and the chief's evaluation and prediction of a model using the mean (a mode
 switch) are the CPU path's; (3) prediction draws once a batch; (4) a resumed run draws what
-an unbroken one draws; (5) a draw without the batch axis that meets the samples other than
-through a weight stays refused in one line naming it."""
+an unbroken one draws; (5) drawn weights a prediction reads stay refused in one line naming
+the draw (draws broadcast over the batch: test_batch_shared_draws)."""
 from __future__ import annotations
 
 import tempfile
@@ -145,20 +145,16 @@ def test_a_resumed_run_draws_the_weights_an_unbroken_run_draws(drawn, tmp_path):
     cs_inprocess.resume_is_unbroken(drawn("bayes_linreg").compiled, data, str(tmp_path), 3)
 
 
-@pytest.mark.parametrize("model_fn,input_fn,mode,reason", [
-    (m.noisy_activations, m.classes_input_fn, "train", "other than through a weight"),
-    (nm.shared_noise, nm.input_fn, "train", "other than through a weight"),
-    (m.predicted_weight_sample, m.regression_input_fn, "infer", "the host would draw its own")])
-def test_a_draw_the_cs_cannot_draw_as_tf_does_is_refused_in_one_line(model_fn, input_fn, mode,
-                                                                     reason):
-    """Noise without the batch axis meeting the samples directly (added to activations), or
-    drawn weights a prediction reads besides the samples' values computed from them."""
+def test_drawn_weights_a_prediction_reads_are_refused_in_one_line():
+    """Drawn weights a prediction reads besides the samples' values computed from them: the
+    host would draw its own."""
     with tempfile.TemporaryDirectory() as model_dir, pytest.raises(CSRunError) as refused:
-        compile_model(model_fn, input_fn, BASE, model_dir, mode=mode, validate_only=True)
+        compile_model(m.predicted_weight_sample, m.regression_input_fn, BASE, model_dir,
+                      mode="infer", validate_only=True)
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith("validation failed: RandomStandardNormal ")
-    assert "_models.py:" in message and reason in message
+    assert "_models.py:" in message and "the host would draw its own" in message
 
 
 def test_load_refuses_a_weight_program_kernel_without_inputs_that_does_not_draw(drawn):

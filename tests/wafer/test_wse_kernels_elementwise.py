@@ -304,6 +304,22 @@ def test_select_matches_tensorflow(letters, cond_shape, x_shape, y_shape):
         close(dw[role], want)
 
 
+def test_a_weights_condition_is_the_weight_programs_0_or_1_as_tensorflows_bool():
+    """A dropout mask drawn once a step for the batch: the weight program's float32 cast of
+    uniform >= rate, (1, 5), selects as TF's tf.where(mask, x * scale, 0) does, inf and nan
+    of x included, the gradient to x where the mask holds; the condition takes none."""
+    mask = RNG.random((1, 5)) > 0.4
+    x = randn(BATCH, 4, 5)
+    x[0, 0, :2] = [np.inf, np.nan]
+    attrs = {"operands": "pic", "p0": [1, 5], "c2": np.array(0, np.float32)}
+    dy = randn(BATCH, 4, 5)
+    out, (dx,), dw = run_kernel("select", attrs, [x], {"p0": mask.astype(np.float32)}, dy=dy)
+    want = tf.where(mask, x, 0.0).numpy()
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(dx, np.where(mask, dy, np.float32(0)))
+    assert np.isnan(dw["p0"]).all()  # (no gradient written to the accumulator)
+
+
 def test_where_selects_bit_for_bit_as_numpy_with_inf_nan_and_signed_zeros():
     x = randn(3, 4, 5)
     x[0, 0, :3] = [np.inf, np.nan, -0.0]

@@ -17,7 +17,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | max_pool, avg_pool | x (H, W, C) | pool_size [ph, pw], strides [sh, sw], padding | — | |
 | activation | x | function: relu, relu6, leaky_relu, elu, selu, tanh, sigmoid, softplus, linear, identity, neg, abs, square, sqrt, rsqrt, exp, expm1, log, log1p, reciprocal, erf, erfc, sin, cos, sign, softsign, pow; alpha (leaky_relu); exponent (pow, float) | — | |
 | binary | the `i` operands | op: add, sub, mul, div, maximum, minimum, squared_difference, pow, greater, greater_equal, less, less_equal, equal, not_equal, logical_and, logical_or; operands (2 letters) | p<k>: attr p<k> | two operands of one dtype; add, sub, mul, maximum, minimum and comparisons also int32/int64, logical bool; comparisons and logical output bool |
-| select | the `i` operands | operands (3 letters: cond, x, y) | p<k>: attr p<k> | cond bool; x, y one dtype: the output's |
+| select | the `i` operands | operands (3 letters: cond, x, y) | p<k>: attr p<k> | cond bool (a weight's: its 0/1 float32, held where not 0); x, y one dtype: the output's |
 | cast | x | dtype: float32, int32, int64, bool | — | x float32, int32, int64 or bool; output attr dtype |
 | stop_gradient | x | — | — | any, passed through |
 | one_hot | indices (...) | depth, on_value, off_value (axis -1) | — | indices int32/int64; output (..., depth) |

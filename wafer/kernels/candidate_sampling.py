@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels import random_numbers
+from wafer.kernels import draw_replay, random_numbers
 from wafer.kernels.base import (
     INTEGER,
     Kernel,
@@ -119,7 +119,7 @@ class SampledLogits(Kernel):
     sampled ones, each less log(expected count); an accidental hit adds HIT at the sampled
     id's last position (TF's ComputeAccidentalHits maps a repeated id to its last). The draw is the
     micro-batch at offset 0's (every micro-batch of the step reads it); the test seam
-    (random_numbers.replayed_draws) hands it (num_sampled + 1,) int64: TF's ids and tries."""
+    (draw_replay.replayed_draws) hands it (num_sampled + 1,) int64: TF's ids and tries."""
 
     type_name = "sampled_logits"
     draws_random = True
@@ -176,7 +176,7 @@ class SampledLogits(Kernel):
         """The step's ids and tries: drawn by the first micro-batch, read by the others."""
         if ctx.offset == 0 and not ctx.replay or self.draw is None:
             shape = (self.num_sampled + 1,)
-            replayed = random_numbers.replay_of(self.name, shape)
+            replayed = draw_replay.replay_of(self.name, shape)
             if replayed is not None:
                 values = np.asarray(replayed, np.int64).reshape(shape)
                 self.draw = values[:-1], int(values[-1])

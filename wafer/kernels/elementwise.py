@@ -223,7 +223,9 @@ class Binary(Broadcasting):
 @register
 class Select(Broadcasting):
     """where(cond, x, y) over three broadcast operands (TF's SelectV2): the gradient goes to
-    x where cond holds, to y elsewhere; cond takes none."""
+    x where cond holds, to y elsewhere; cond takes none. A weight's condition (p) is the
+    weight program's float32 0 or 1 (a dropout mask drawn once a step for the batch), held
+    where it is not 0."""
 
     type_name = "select"
 
@@ -234,6 +236,8 @@ class Select(Broadcasting):
 
     def output_dtype(self, input_dtypes):
         cond, x, y = self.operands.dtypes(input_dtypes)
+        if self.operands.letters[0] == "p":
+            cond = np.dtype(np.bool_)  # (its 0/1 values: `forward`)
         if cond != np.bool_ or x != y or x not in [np.dtype(d) for d in (np.float32, *INTEGER)]:
             raise KernelError(f"kernel {self.name!r} (select): operands {self.operands.letters} "
                               f"are {cond.name}, {x.name}, {y.name}; it takes a bool condition "
@@ -248,6 +252,8 @@ class Select(Broadcasting):
 
     def forward(self, params, inputs, ctx: RunContext):
         cond, x, y = self.operands.arrays(params, inputs)
+        if cond.dtype != np.bool_:  # (a weight's 0/1)
+            cond = cond != 0
         return where(cond, x, y), cond
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):

@@ -18,40 +18,17 @@ replicas draw what one whole batch draws.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from wafer.kernels.base import INTEGER_NAMES, KernelError, RunContext, check_dtypes, is_int, register
+from wafer.kernels.draw_replay import replay_of
 from wafer.kernels.structure import Elementwise
 
 DISTRIBUTIONS = ("normal", "truncated_normal", "uniform", "uniform_int")
-# The kernels drawing numbers of their own: those the test seam hands TF's draws instead.
-DRAWING = ("random", "categorical", "sampled_logits")
 # TF's TruncatedNormal keeps the standard normal values with |z| below this, redrawing others.
 TRUNCATE = 2.0
-
-# The test seam: (kernel name, micro-batch shape) -> the values a DRAWING kernel returns instead
-# of its own draws (a test hands the CS the numbers TF drew); None: the kernel draws.
-Replay = Callable[[str, tuple[int, ...]], np.ndarray]
-_replay: Replay | None = None
-
-
-@contextmanager
-def replayed_draws(replay: Replay) -> Iterator[None]:
-    """Within the block every DRAWING kernel returns `replay`'s values (tests only)."""
-    global _replay
-    _replay = replay
-    try:
-        yield
-    finally:
-        _replay = None
-
-
-def replay_of(name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-    """The test seam's values for kernel `name` (None: the kernel draws its own)."""
-    return None if _replay is None else _replay(name, shape)
 
 
 def integers(rng: np.random.Generator, low: int, high: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -129,8 +106,9 @@ class RandomNumbers(Elementwise):
 
     def forward(self, params, inputs, ctx: RunContext):
         shape = (inputs[0].shape[0] if inputs else 1, *self.shape)
-        if _replay is not None:
-            return np.asarray(_replay(self.name, shape)).reshape(shape).astype(self.output), None
+        replayed = replay_of(self.name, shape)
+        if replayed is not None:
+            return np.asarray(replayed).reshape(shape).astype(self.output), None
         assert ctx.rng is not None, "the pipeline gives a drawing region its random stream"
         if self.bounds is not None:
             return integers(ctx.rng, *self.bounds, shape).astype(self.output), None
@@ -194,8 +172,9 @@ class Categorical(Elementwise):
 
     def forward(self, params, inputs, ctx: RunContext):
         shape = (inputs[0].shape[0], self.count)
-        if _replay is not None:
-            return np.asarray(_replay(self.name, shape)).reshape(shape).astype(self.output), None
+        replayed = replay_of(self.name, shape)
+        if replayed is not None:
+            return np.asarray(replayed).reshape(shape).astype(self.output), None
         assert ctx.rng is not None, "the pipeline gives a drawing region its random stream"
         return categories(ctx.rng, inputs[0], self.count).astype(self.output), None
 

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register
+from wafer.kernels.draw_replay import replay_of
 from wafer.kernels.operands import reduce_to
 
 
@@ -64,9 +65,12 @@ class Dropout(Elementwise):
         x = inputs[0]
         if self.rate == 0:
             return x, None
-        assert ctx.rng is not None, "the pipeline gives a dropout region its random stream"
-        keep = ctx.rng.random((x.shape[0], *self.noise_shape), dtype=np.float32) >= \
-            np.float32(self.rate)
+        shape = (x.shape[0], *self.noise_shape)
+        uniform = replay_of(self.name, shape)
+        if uniform is None:
+            assert ctx.rng is not None, "the pipeline gives a dropout region its random stream"
+            uniform = ctx.rng.random(shape, dtype=np.float32)
+        keep = np.asarray(uniform, np.float32).reshape(shape) >= np.float32(self.rate)
         return x * self.scale * keep, keep
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
