@@ -1,0 +1,146 @@
+"""How a complex region moves and contracts its values: a slice, reshape, transpose, concat,
+pad (and the other ops that only place elements) becomes a `Take` step, an index map
+measured by running TF's own op on numbered elements; MatMul, BatchMatMul and Einsum become
+an `Einsum` step of an explicit equation. Both are refused, in one line naming the op, when
+they would mix the samples (move, cut or contract the batch axis)."""
+from __future__ import annotations
+
+import string
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.compiler.operands import static_shape
+from coordinator.compiler.rules import Context
+from tf_model.model_fn import user_name, user_source
+
+# ops that only place their data inputs' elements (the other inputs constants)
+PLACING = ("StridedSlice", "Slice", "Reshape", "Transpose", "ConcatV2", "Pad", "PadV2",
+           "MirrorPad", "ExpandDims", "Squeeze", "ReverseV2", "Roll", "Pack", "Tile",
+           "GatherV2")
+PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
+EXACT = 2 ** 24  # float32 numbers the elements exactly up to here
+
+
+def data_inputs(op: tf.Operation) -> list[tf.Tensor]:
+    """The inputs whose elements a placing op places (the rest are its constant arguments)."""
+    if op.type == "ConcatV2":
+        return list(op.inputs[:-1])
+    return list(op.inputs) if op.type == "Pack" else [op.inputs[0]]
+
+
+def _where(op: tf.Operation) -> str:
+    return f"{op.type} '{user_name(op)}' at {user_source(op)}"
+
+
+def _mixes(op: tf.Operation) -> str:
+    return (f"{_where(op)} moves, cuts or contracts the batch axis of a complex value (it "
+            "mixes the samples): the CS computes each sample on its own; apply it to a "
+            "sample's own axes")
+
+
+def index_map(m: Context, op: tf.Operation, per_sample: list[bool]) -> dict | str:
+    """The `Take` step's attributes of a placing op: for each element of a sample's output
+    (of the whole output if no data input is `per_sample`), the element of the data inputs'
+    concatenated (per-sample) elements it is, -1 for a zero; or why not."""
+    data, batched = data_inputs(op), all(per_sample)
+    if any(per_sample) and not batched:
+        return (f"{_where(op)} places a per-sample complex value with one shared by the "
+                "samples: broadcast the shared one by an element-wise op instead")
+    if op.type == "PadV2" and m.operands.constant(op.inputs[2]) != 0:
+        return f"{_where(op)} pads a complex value with a value other than 0"
+    others = {}
+    for k, t in enumerate(op.inputs):
+        if t not in data:
+            value = m.operands.constant(t)
+            if value is None:
+                return f"{_where(op)} has an argument not known when the graph is built"
+            others[k] = value
+    shapes = [static_shape(t) for t in data]
+    rows = shapes[0][0] if batched and shapes[0] else 1
+    sizes = [int(np.prod(s[1:] if batched else s)) for s in shapes]
+    total = sum(sizes)
+    if rows * total >= EXACT:
+        return f"{_where(op)} places more elements than the compiler numbers exactly"
+    numbered, start = [], 1
+    for t, shape, size in zip(data, shapes, sizes):
+        per = np.arange(size).reshape(1, size) + start
+        codes = per + total * np.arange(rows)[:, None] if batched else per
+        numbered.append(codes.reshape(shape).astype(t.dtype.as_numpy_dtype))
+        start += size
+    graph = tf.Graph()
+    with graph.as_default():
+        inputs = [tf.constant(numbered[data.index(t)] if t in data else others[k], t.dtype)
+                  for k, t in enumerate(op.inputs)]
+        out = graph._create_op_internal(op.type, inputs, [t.dtype for t in op.outputs],
+                                        attrs=dict(op.node_def.attr)).outputs[0]
+        with tf.compat.v1.Session(graph=graph) as session:
+            codes = np.real(session.run(out)).astype(np.int64)
+    if not batched:
+        return {"index": (codes.ravel() - 1).tolist(), "shape": list(codes.shape),
+                "batched": False}
+    if codes.ndim == 0 or codes.shape[0] != rows:
+        return _mixes(op)
+    first = codes.reshape(rows, -1)[0]
+    sample = np.where(first > 0, first - 1, -1)
+    expected = np.where(sample >= 0, sample + total * np.arange(rows)[:, None] + 1, 0)
+    if not np.array_equal(codes.reshape(rows, -1), expected):
+        return _mixes(op)
+    return {"index": sample.tolist(), "shape": list(codes.shape[1:]), "batched": True}
+
+
+def _explicit(equation: str, ranks: list[int]) -> tuple[list[str], str] | None:
+    """`equation`'s input and output subscripts with its ellipses as letters (right-aligned,
+    the output's the longest), or None if it has no output."""
+    if "->" not in equation:
+        return None
+    inputs, output = equation.replace(" ", "").split("->")
+    used = set(equation)
+    free = [c for c in string.ascii_letters if c not in used]
+    longest = max([r - len(s.replace("...", "")) for s, r in zip(inputs.split(","), ranks)
+                   if "..." in s] + [0])
+    ellipsis = "".join(free[:longest])
+    subs = [s.replace("...", ellipsis[longest - (r - len(s.replace("...", ""))):])
+            for s, r in zip(inputs.split(","), ranks)]
+    return subs, output.replace("...", ellipsis)
+
+
+def _matmul_subscripts(op: tf.Operation, ranks: list[int]) -> tuple[list[str], str, list[bool]]:
+    """A MatMul's or BatchMatMul's subscripts (its batch axes right-aligned) and which of
+    its operands it conjugates (adj_x, adj_y)."""
+    if op.type == "MatMul":
+        flips, conj = [op.get_attr("transpose_a"), op.get_attr("transpose_b")], [False, False]
+    else:
+        flips = [op.get_attr("adj_x"), op.get_attr("adj_y")]
+        conj = list(flips)
+    batch = "abcdefgh"[:max(ranks) - 2]
+    a = batch[len(batch) - (ranks[0] - 2):] + ("km" if flips[0] else "mk")
+    b = batch[len(batch) - (ranks[1] - 2):] + ("nk" if flips[1] else "kn")
+    return [a, b], batch + "mn", conj
+
+
+def product(m: Context, op: tf.Operation, batched: list[bool]) -> dict | str:
+    """The `Einsum` step's attributes of a product of two complex values (equation, conj),
+    or why not: the batch axis of a per-sample operand must be the output's first."""
+    shapes = [static_shape(t) for t in op.inputs]
+    ranks = [len(s) for s in shapes]
+    conj = [False, False]
+    if op.type == "Einsum":
+        found = _explicit(op.get_attr("equation").decode(), ranks)
+        if found is None or len(op.inputs) != 2:
+            return (f"{_where(op)} is not an einsum of two complex values with an explicit "
+                    "output")
+        subs, output = found
+    else:
+        subs, output, conj = _matmul_subscripts(op, ranks)
+    sizes: dict[str, int] = {}
+    for s, shape in zip(subs, shapes):
+        if len(set(s)) != len(s) or len(s) != len(shape):
+            return f"{_where(op)} takes a diagonal of a complex value"
+        for c, d in zip(s, shape):
+            if sizes.setdefault(c, d) != d:
+                return f"{_where(op)} broadcasts a complex value's axis of size 1"
+    if any(b and (not s or output[:1] != s[0]) or any(batched) and not b and output[:1] in s
+           for s, b in zip(subs, batched)):
+        return _mixes(op)
+    return {"equation": f"{subs[0]},{subs[1]}->{output}", "conj": conj}
