@@ -7,12 +7,11 @@ dense layer (matmul by a complex weight, sqrt, log, angle, a Hermitian product o
 and the uses the CS refuses (an FFT spectrum's batch slice, tanh of a complex value)."""
 import numpy as np
 import tensorflow as tf
-
-from complex_models import CLASSES, FEATURES, T, _spec, sequence_input_fn
+from complex_models import FEATURES, T, _spec, sequence_input_fn
 
 L, v1 = tf.keras.layers, tf.compat.v1
 MODES, WIDTH, SIDE, CHANNELS = 3, 4, 8, 2
-__all__ = ["sequence_input_fn", "image_input_fn", "CLASSES"]
+__all__ = ["sequence_input_fn", "image_input_fn"]  # (the sequence models' input_fn)
 
 
 def image_input_fn(params):

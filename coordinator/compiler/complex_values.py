@@ -1,12 +1,14 @@
 """Complex values computed per sample: a closed region of TF's complex64 ops (the transforms
 RFFT, IRFFT, FFT, IFFT and their 2-D forms along a sample's own axes; Mul, Add, Sub, Div,
-Neg, Conj, Exp, Complex, Cast between float32 and complex64, Sum and Mean over a sample's
-axes; rfft's zero Pad of a weight-derived value) between real operands (per-sample values,
-weights, constants) and real results (IRFFT, Real, Imag, ComplexAbs, Cast to float32)
-becomes one `complex_region` kernel per real result read; the complex values never leave
-it. A real value one complex value gives another (rfft(real(...))) joins the region. Any
-other op on a complex value, a complex value the host reads, a transform or sum along the
-batch axis, an operand of rows folded into it is refused in one line naming the op."""
+Neg, Conj, Exp, Log, Sqrt, Square, Complex, Cast between float32 and complex64, Sum and Mean
+over a sample's axes; slices, reshapes, transposes, concats, pads and the other ops that
+place elements, MatMul/BatchMatMul/Einsum: complex_layout.py; rfft's zero Pad of a
+weight-derived value) between real operands (per-sample values, weights, constants) and real
+results (IRFFT, Real, Imag, ComplexAbs, Angle, Cast to float32) becomes one `complex_region`
+kernel per real result read; the complex values never leave it. A real value one complex
+value gives another (rfft(2 * real(...))) joins the region. Any other op on a complex value,
+a complex value the host reads, a transform, sum, slice or product along the batch axis, an
+operand of rows folded into it is refused in one line naming the op."""
 from __future__ import annotations
 
 import json
@@ -23,18 +25,25 @@ from wafer.kernels.complex_values import OPS
 TRANSFORM_AXES = {"RFFT": 1, "IRFFT": 1, "FFT": 1, "IFFT": 1, "RFFT2D": 2, "IRFFT2D": 2,
                   "FFT2D": 2, "IFFT2D": 2}
 SUPPORTED = ("the CS computes complex values per sample only through tf.signal's rfft, irfft, "
-             "fft, ifft and their 2-D forms, *, +, -, /, tf.math.conj, tf.exp, tf.complex, "
-             "tf.cast, tf.reduce_sum/mean and tf.math.real, imag, abs; compute the rest "
-             "from those parts, or in input_fn")
+             "fft, ifft and their 2-D forms, *, +, -, /, tf.math.conj, tf.exp, log, sqrt, "
+             "square, tf.complex, tf.cast, tf.reduce_sum/mean, slices, reshapes, "
+             "transposes, concats, pads, tf.matmul, tf.einsum and tf.math.real, imag, abs, "
+             "angle; compute the rest from those parts, or in input_fn")
 REAL_ARITHMETIC = ("Mul", "AddV2", "Add", "Sub", "RealDiv", "Div", "Neg", "Identity")
 KERNEL_ROWS = {
     "complex_region": "complex64 values of a sample: tf.signal.rfft, irfft, fft, ifft, fft2d, "
                       "ifft2d, rfft2d, irfft2d along its own axes, *, +, -, /, tf.math.conj, "
-                      "tf.exp, tf.complex, tf.cast between float32 and complex64, "
-                      "tf.reduce_sum and reduce_mean over its own axes, read through "
-                      "tf.math.real, imag, tf.abs or irfft (an FFT convolution, an "
-                      "auto-correlation, FNet's mixing; trainable complex filters of weights): "
-                      "float32 pairs, each transform exact rounded to complex64, TF's gradients",
+                      "tf.exp, tf.math.log, tf.sqrt, tf.square, tf.complex, tf.cast between "
+                      "float32 and complex64, tf.reduce_sum and reduce_mean over its own axes, "
+                      "slices, reshapes, transposes, concats, pads, tiles, gathers and the "
+                      "other ops placing its elements (an index map measured by TF's op), "
+                      "tf.matmul (adjoints too) and tf.einsum of two complex values keeping "
+                      "the batch axis first, read through tf.math.real, imag, tf.abs, "
+                      "tf.math.angle or irfft (an FFT convolution, an auto-correlation, FNet's "
+                      "mixing, a Fourier neural operator's lowest modes times a complex weight, "
+                      "S4D's Vandermonde kernel, spectral pooling, complex-valued layers, "
+                      "a Hermitian product; trainable complex filters of weights): float32 "
+                      "pairs, each transform exact rounded to complex64, TF's gradients",
 }
 
 

@@ -92,7 +92,7 @@ def _take_grads(step: Step, args: list[np.ndarray], g: np.ndarray) -> list[np.nd
     rows = _rows(step, args)
     flat = np.zeros((rows, sum(x[0].size if step.batched else x.size for x in args) + 1),
                     g.dtype)
-    np.add.at(flat, (slice(None), list(step.index)), g.reshape(rows, -1))
+    np.add.at(flat.T, np.asarray(step.index), g.reshape(rows, -1).T)  # (into flat's columns)
     ends = np.cumsum([x.size // rows for x in args])[:-1]
     return [part.reshape(x.shape) for part, x in zip(np.split(flat[:, :-1], ends, 1), args)]
 
