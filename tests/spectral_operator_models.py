@@ -1,6 +1,6 @@
 """Models that slice, pad, reshape, concat and contract complex values, written the way users
 write them: a Fourier neural operator (FNO) in 1-D and 2-D (the lowest modes of the spectrum
-einsum'd with a complex weight from tf.complex, zero-padded back, irfft), an S4D layer with
+einsum'd with a complex weight from tf.complex, zeros concatenated or padded back, irfft), an S4D layer with
 its Vandermonde kernel (exp(dt*A) powers in complex, einsum with C*B, irfft convolution), a
 spectral pooling CNN (the spectrum's corners cropped and concatenated, ifft2d), a complex
 dense layer (matmul by a complex weight, sqrt, log, angle, a Hermitian product of conj);
@@ -31,11 +31,12 @@ def _complex_weight(name, shape):
 
 
 def _spectral_conv_1d(h, name):
-    """FNO's SpectralConv1d on (B, WIDTH, T): the lowest MODES bins mixed across channels."""
+    """FNO's SpectralConv1d on (B, WIDTH, T): the lowest MODES bins mixed across channels,
+    the others zero."""
     x_ft = tf.signal.rfft(h)
     weights = _complex_weight(name, [WIDTH, WIDTH, MODES])
     out_ft = tf.einsum("bix,iox->box", x_ft[:, :, :MODES], weights)
-    out_ft = tf.pad(out_ft, [[0, 0], [0, 0], [0, T // 2 + 1 - MODES]])
+    out_ft = tf.concat([out_ft, tf.zeros_like(x_ft[:, :, MODES:])], axis=-1)
     return tf.signal.irfft(out_ft, fft_length=[T])
 
 

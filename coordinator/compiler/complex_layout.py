@@ -17,16 +17,27 @@ from tf_model.model_fn import user_name, user_source
 # ops that only place their data inputs' elements (the other inputs constants)
 PLACING = ("StridedSlice", "Slice", "Reshape", "Transpose", "ConcatV2", "Pad", "PadV2",
            "MirrorPad", "ExpandDims", "Squeeze", "ReverseV2", "Roll", "Pack", "Tile",
-           "GatherV2")
+           "GatherV2", "ZerosLike")
 PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
-EXACT = 2 ** 24  # float32 numbers the elements exactly up to here
+EXACT = 2 ** 24  # float32 numbers the elements and samples exactly up to here
 
 
-def data_inputs(op: tf.Operation) -> list[tf.Tensor]:
+def _data_inputs(op: tf.Operation) -> list[tf.Tensor]:
     """The inputs whose elements a placing op places (the rest are its constant arguments)."""
     if op.type == "ConcatV2":
         return list(op.inputs[:-1])
     return list(op.inputs) if op.type == "Pack" else [op.inputs[0]]
+
+
+def placed_inputs(m: Context, op: tf.Operation) -> list[tf.Tensor]:
+    """The data inputs whose elements the Take step reads: all but constant zeros
+    (tf.zeros_like of a spectrum's cut-off bins, concatenated back), whose places hold 0."""
+    return [t for t in _data_inputs(op) if not _zero(m, t)]
+
+
+def _zero(m: Context, t: tf.Tensor) -> bool:
+    value = m.operands.constant(t)
+    return value is not None and not np.any(value)
 
 
 def _where(op: tf.Operation) -> str:
@@ -43,7 +54,9 @@ def index_map(m: Context, op: tf.Operation, per_sample: list[bool]) -> dict | st
     """The `Take` step's attributes of a placing op: for each element of a sample's output
     (of the whole output if no data input is `per_sample`), the element of the data inputs'
     concatenated (per-sample) elements it is, -1 for a zero; or why not."""
-    data, batched = data_inputs(op), all(per_sample)
+    data, batched = placed_inputs(m, op), all(per_sample)
+    if not data:
+        return f"{_where(op)} places constant zeros alone"
     if any(per_sample) and not batched:
         return (f"{_where(op)} places a per-sample complex value with one shared by the "
                 "samples: broadcast the shared one by an element-wise op instead")
@@ -51,7 +64,7 @@ def index_map(m: Context, op: tf.Operation, per_sample: list[bool]) -> dict | st
         return f"{_where(op)} pads a complex value with a value other than 0"
     others = {}
     for k, t in enumerate(op.inputs):
-        if t not in data:
+        if t not in data:  # (a constant zero data input too: its value zeros)
             value = m.operands.constant(t)
             if value is None:
                 return f"{_where(op)} has an argument not known when the graph is built"
@@ -59,34 +72,40 @@ def index_map(m: Context, op: tf.Operation, per_sample: list[bool]) -> dict | st
     shapes = [static_shape(t) for t in data]
     rows = shapes[0][0] if batched and shapes[0] else 1
     sizes = [int(np.prod(s[1:] if batched else s)) for s in shapes]
-    total = sum(sizes)
-    if rows * total >= EXACT:
+    if max(rows, sum(sizes)) >= EXACT:
         return f"{_where(op)} places more elements than the compiler numbers exactly"
-    numbered, start = [], 1
-    for t, shape, size in zip(data, shapes, sizes):
-        per = np.arange(size).reshape(1, size) + start
-        codes = per + total * np.arange(rows)[:, None] if batched else per
-        numbered.append(codes.reshape(shape).astype(t.dtype.as_numpy_dtype))
-        start += size
+    # each element numbered by its place in a sample's concatenated inputs, then by its sample
+    places = _placed(op, data, others, [
+        (np.arange(size) + sum(sizes[:k]) + 1) * np.ones((rows, 1)) for k, size in enumerate(sizes)])
+    if not batched:
+        return {"index": (places.ravel() - 1).tolist(), "shape": list(places.shape),
+                "batched": False}
+    samples = _placed(op, data, others, [np.arange(1, rows + 1)[:, None] * np.ones((1, size))
+                                         for size in sizes])
+    if places.ndim == 0 or places.shape[0] != rows:
+        return _mixes(op)
+    shape = list(places.shape[1:])
+    places, samples = places.reshape(rows, -1), samples.reshape(rows, -1)
+    own = np.where(places[:1] > 0, np.arange(1, rows + 1)[:, None], 0)
+    if not (np.array_equal(places, np.broadcast_to(places[:1], places.shape)) and
+            np.array_equal(samples, own)):
+        return _mixes(op)
+    return {"index": (places[0] - 1).tolist(), "shape": shape, "batched": True}
+
+
+def _placed(op: tf.Operation, data: list[tf.Tensor], others: dict[int, np.ndarray],
+            numbers: list[np.ndarray]) -> np.ndarray:
+    """TF's `op` run on its data inputs holding `numbers` (each [rows, elements]), its other
+    inputs `others`: the numbers it places (0 for a zero)."""
     graph = tf.Graph()
     with graph.as_default():
-        inputs = [tf.constant(numbered[data.index(t)] if t in data else others[k], t.dtype)
-                  for k, t in enumerate(op.inputs)]
+        inputs = [tf.constant(numbers[data.index(t)].reshape(static_shape(t)).astype(
+            t.dtype.as_numpy_dtype) if t in data else others[k], t.dtype)
+            for k, t in enumerate(op.inputs)]
         out = graph._create_op_internal(op.type, inputs, [t.dtype for t in op.outputs],
                                         attrs=dict(op.node_def.attr)).outputs[0]
         with tf.compat.v1.Session(graph=graph) as session:
-            codes = np.real(session.run(out)).astype(np.int64)
-    if not batched:
-        return {"index": (codes.ravel() - 1).tolist(), "shape": list(codes.shape),
-                "batched": False}
-    if codes.ndim == 0 or codes.shape[0] != rows:
-        return _mixes(op)
-    first = codes.reshape(rows, -1)[0]
-    sample = np.where(first > 0, first - 1, -1)
-    expected = np.where(sample >= 0, sample + total * np.arange(rows)[:, None] + 1, 0)
-    if not np.array_equal(codes.reshape(rows, -1), expected):
-        return _mixes(op)
-    return {"index": sample.tolist(), "shape": list(codes.shape[1:]), "batched": True}
+            return np.real(session.run(out)).astype(np.int64)
 
 
 def _explicit(equation: str, ranks: list[int]) -> tuple[list[str], str] | None:

@@ -68,10 +68,11 @@ def _step(op: tf.Operation) -> str:
         t.dtype.base_dtype in (tf.float32, tf.complex64, tf.int32) for t in op.outputs) else ""
 
 
-def _args(op: tf.Operation) -> list[tf.Tensor]:
+def _args(m: Context, op: tf.Operation) -> list[tf.Tensor]:
     """The values `op`'s step reads."""
     step = _step(op)
-    return complex_layout.data_inputs(op) if step == "Take" else list(op.inputs[:OPS[step]])
+    return complex_layout.placed_inputs(m, op) if step == "Take" else \
+        list(op.inputs[:OPS[step]])
 
 
 def _region(m: Context, start: tf.Operation) -> list[tf.Operation] | str:
@@ -88,7 +89,7 @@ def _region(m: Context, start: tf.Operation) -> list[tf.Operation] | str:
         if not _step(op):
             return (f"{op.type} '{user_name(op)}' at {user_source(op)} computes with its "
                     f"complex value: {SUPPORTED}")
-        for t in _args(op):
+        for t in _args(m, op):
             if _complex(t) and m.operands.constant(t) is None or _from_complex(m, t) or \
                     t.op.type == "Pad" and op.type in TRANSFORM_AXES and not m.is_batched(t):
                 todo.append(t.op)
@@ -105,7 +106,7 @@ def _later(m: Context, start: tf.Operation, ops: list[tf.Operation]) -> bool:
     """Whether an op of the region computing a complex value comes after every per-sample
     operand the region reads that is still to be computed (a transpose of the keys after the
     queries' rfft) and after `start`: the matcher reaches it later."""
-    pending = [t.op._id for op in ops for t in _args(op)
+    pending = [t.op._id for op in ops for t in _args(m, op)
                if t.op not in ops and t.op in m.flow and not m.is_batched(t)
                and t.op not in m.consumed]
     if not pending:
@@ -122,7 +123,7 @@ def _from_complex(m: Context, t: tf.Tensor) -> bool:
     if _out_of_complex(t.op):
         return True
     return t.op.type in REAL_ARITHMETIC and bool(_step(t.op)) and not m.is_batched(t) and \
-        any(_from_complex(m, u) for u in _args(t.op))
+        any(_from_complex(m, u) for u in _args(m, t.op))
 
 
 def _into_complex(op: tf.Operation) -> bool:
@@ -186,7 +187,7 @@ def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
     constants: dict[str, np.ndarray] = {}
     batched: set[str] = set()
     for op in steps:
-        args = _args(op)
+        args = _args(m, op)
         for t in args:
             if t.op in needed:
                 continue
@@ -235,7 +236,7 @@ def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
         index[name] = base + j
     for op in steps:
         step = _step(op)
-        args = _args(op)
+        args = _args(m, op)
         spec: dict = {"op": step, "args": [index[t.name] for t in args]}
         where = f"{op.type} '{user_name(op)}' at {user_source(op)}"
         per_sample = [t.name in batched or m.is_batched(t) for t in args]

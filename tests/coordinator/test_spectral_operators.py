@@ -50,11 +50,11 @@ def test_spectral_operators_evaluate_and_predict_like_the_cpu_path(tmp_path, tra
 
 
 @pytest.mark.parametrize("model_fn, says", [
-    (models.batch_slice, "StridedSlice 'strided_slice' at spectral_operator_models.py:125 "
+    (models.batch_slice, "StridedSlice 'strided_slice' at spectral_operator_models.py:126 "
                          "moves, cuts or contracts the batch axis of a complex value"),
-    (models.batch_contraction, "Einsum 'einsum/Einsum' at spectral_operator_models.py:138 "
+    (models.batch_contraction, "Einsum 'einsum/Einsum' at spectral_operator_models.py:139 "
                                "moves, cuts or contracts the batch axis of a complex value"),
-    (models.complex_tanh, "Tanh 'Tanh' at spectral_operator_models.py:132 computes with its "
+    (models.complex_tanh, "Tanh 'Tanh' at spectral_operator_models.py:133 computes with its "
                           "complex value"),
 ])
 def test_other_uses_of_complex_values_are_refused_in_one_line(tmp_path, model_fn, says):
