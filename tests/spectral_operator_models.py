@@ -3,7 +3,8 @@ write them: a Fourier neural operator (FNO) in 1-D and 2-D (the lowest modes of 
 einsum'd with a complex weight from tf.complex, zeros concatenated or padded back, irfft), an S4D layer with
 its Vandermonde kernel (exp(dt*A) powers in complex, einsum with C*B, irfft convolution), a
 spectral pooling CNN (the spectrum's corners cropped and concatenated, ifft2d), a complex
-dense layer (matmul by a complex weight, sqrt, log, angle, a Hermitian product of conj);
+dense layer (matmul by a complex weight, sqrt, log, angle, a Hermitian product of conj),
+complex self-attention (scores |q k^H| by tf.linalg.adjoint);
 and the uses the CS refuses (an FFT spectrum's batch slice, tanh of a complex value)."""
 import numpy as np
 import tensorflow as tf
@@ -138,3 +139,12 @@ def batch_contraction(features, labels, mode, params):
     f = tf.signal.rfft(tf.transpose(L.Dense(FEATURES)(features), [0, 2, 1]))
     mixed = tf.einsum("bfk,bgk->fg", f, tf.math.conj(f))
     return _spec(mode, labels, features * tf.reduce_sum(tf.math.real(mixed)))
+
+
+def complex_attention(features, labels, mode, params):
+    """Complex-valued self-attention: complex queries and keys, the scores |q k^H| by
+    tf.linalg.adjoint, a softmax over the steps, the real values attended."""
+    z = tf.complex(L.Dense(FEATURES)(features), L.Dense(FEATURES)(features))  # (B, T, F)
+    q = tf.matmul(z, _complex_weight("wq", [FEATURES, FEATURES]))
+    scores = tf.abs(tf.matmul(q, tf.linalg.adjoint(z))) / np.sqrt(FEATURES)  # (B, T, T)
+    return _spec(mode, labels, tf.matmul(tf.nn.softmax(scores), L.Dense(FEATURES)(features)))

@@ -1,6 +1,7 @@
 """How a complex region moves and contracts its values: a slice, reshape, transpose, concat,
-pad (and the other ops that only place elements) becomes a `Take` step, an index map
-measured by running TF's own op on numbered elements; MatMul, BatchMatMul and Einsum become
+pad (and the other ops that only place elements; tf.linalg.adjoint's ConjugateTranspose
+conjugates them too) becomes a `Take` step, an index map measured by running TF's own op on
+numbered elements; MatMul, BatchMatMul and Einsum become
 an `Einsum` step of an explicit equation. Both are refused, in one line naming the op, when
 they would mix the samples (move, cut or contract the batch axis)."""
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tf_model.model_fn import user_name, user_source
 # ops that only place their data inputs' elements (the other inputs constants)
 PLACING = ("StridedSlice", "Slice", "Reshape", "Transpose", "ConcatV2", "Pad", "PadV2",
            "MirrorPad", "ExpandDims", "Squeeze", "ReverseV2", "Roll", "Pack", "Tile",
-           "GatherV2", "ZerosLike")
+           "GatherV2", "ZerosLike", "ConjugateTranspose")
 PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
 EXACT = 2 ** 24  # float32 numbers the elements and samples exactly up to here
 
@@ -79,7 +80,7 @@ def index_map(m: Context, op: tf.Operation, per_sample: list[bool]) -> dict | st
         (np.arange(size) + sum(sizes[:k]) + 1) * np.ones((rows, 1)) for k, size in enumerate(sizes)])
     if not batched:
         return {"index": (places.ravel() - 1).tolist(), "shape": list(places.shape),
-                "batched": False}
+                "batched": False, "conj": [op.type == "ConjugateTranspose"]}
     samples = _placed(op, data, others, [np.arange(1, rows + 1)[:, None] * np.ones((1, size))
                                          for size in sizes])
     if places.ndim == 0 or places.shape[0] != rows:
@@ -90,7 +91,8 @@ def index_map(m: Context, op: tf.Operation, per_sample: list[bool]) -> dict | st
     if not (np.array_equal(places, np.broadcast_to(places[:1], places.shape)) and
             np.array_equal(samples, own)):
         return _mixes(op)
-    return {"index": (places[0] - 1).tolist(), "shape": shape, "batched": True}
+    return {"index": (places[0] - 1).tolist(), "shape": shape, "batched": True,
+            "conj": [op.type == "ConjugateTranspose"]}
 
 
 def _placed(op: tf.Operation, data: list[tf.Tensor], others: dict[int, np.ndarray],

@@ -37,12 +37,13 @@ KERNEL_ROWS = {
                       "float32 and complex64, tf.reduce_sum and reduce_mean over its own axes, "
                       "slices, reshapes, transposes, concats, pads, tiles, gathers and the "
                       "other ops placing its elements (an index map measured by TF's op), "
-                      "tf.matmul (adjoints too) and tf.einsum of two complex values keeping "
-                      "the batch axis first, read through tf.math.real, imag, tf.abs, "
-                      "tf.math.angle or irfft (an FFT convolution, an auto-correlation, FNet's "
-                      "mixing, a Fourier neural operator's lowest modes times a complex weight, "
-                      "S4D's Vandermonde kernel, spectral pooling, complex-valued layers, "
-                      "a Hermitian product; trainable complex filters of weights): float32 "
+                      "tf.linalg.adjoint, tf.matmul (adjoints too) and tf.einsum of two "
+                      "complex values keeping the batch axis first, read through "
+                      "tf.math.real, imag, tf.abs, tf.math.angle or irfft (an FFT "
+                      "convolution, an auto-correlation, FNet's mixing, a Fourier neural "
+                      "operator's lowest modes times a complex weight, S4D's Vandermonde "
+                      "kernel, spectral pooling, complex-valued layers, a Hermitian product, "
+                      "complex attention; trainable complex filters of weights): float32 "
                       "pairs, each transform exact rounded to complex64, TF's gradients",
 }
 

@@ -1,9 +1,9 @@
 """Complex values sliced, padded, reshaped, concatenated and contracted on the CS
 (tests/spectral_operator_models.py): FNO-1D and FNO-2D, S4D with its Vandermonde kernel,
-spectral pooling and a complex dense layer train like TensorFlow (4 Adam steps, 1e-5; in
-micro-batches of 4 too), evaluate and predict like the CPU path (the kernel's steps one by one:
-test_complex_values.py); a batch slice, a contraction over the batch and tanh of a complex
-value refused in one line."""
+spectral pooling, a complex dense layer and complex attention (tf.linalg.adjoint) train like
+TensorFlow (4 Adam steps, 1e-5; in micro-batches of 4 too), evaluate and predict like the CPU
+path (the kernel's steps one by one: test_complex_values.py); a batch slice, a contraction
+over the batch and tanh of a complex value refused in one line."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -14,7 +14,8 @@ import tf_reference
 RTOL = 1e-5
 INPUTS = {"fno_1d": models.sequence_input_fn, "fno_2d": models.image_input_fn,
           "s4d": models.sequence_input_fn, "spectral_pooling": models.image_input_fn,
-          "complex_dense": models.sequence_input_fn}
+          "complex_dense": models.sequence_input_fn,
+          "complex_attention": models.sequence_input_fn}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def test_spectral_operators_train_like_tensorflow(trained, name):
     assert "complex_region" in cs_inprocess.kernel_types(result.compiled.program)
 
 
-@pytest.mark.parametrize("name", ["fno_1d", "s4d", "complex_dense"])
+@pytest.mark.parametrize("name", ["fno_1d", "s4d", "complex_dense", "complex_attention"])
 def test_spectral_operators_train_like_tensorflow_in_micro_batches(trained, name):
     """Micro-batches of 4: the slices' and products' index maps and batch axes per
     micro-batch, the complex weights' gradients accumulated over the batch."""
@@ -50,11 +51,11 @@ def test_spectral_operators_evaluate_and_predict_like_the_cpu_path(tmp_path, tra
 
 
 @pytest.mark.parametrize("model_fn, says", [
-    (models.batch_slice, "StridedSlice 'strided_slice' at spectral_operator_models.py:126 "
+    (models.batch_slice, "StridedSlice 'strided_slice' at spectral_operator_models.py:127 "
                          "moves, cuts or contracts the batch axis of a complex value"),
-    (models.batch_contraction, "Einsum 'einsum/Einsum' at spectral_operator_models.py:139 "
+    (models.batch_contraction, "Einsum 'einsum/Einsum' at spectral_operator_models.py:140 "
                                "moves, cuts or contracts the batch axis of a complex value"),
-    (models.complex_tanh, "Tanh 'Tanh' at spectral_operator_models.py:133 computes with its "
+    (models.complex_tanh, "Tanh 'Tanh' at spectral_operator_models.py:134 computes with its "
                           "complex value"),
 ])
 def test_other_uses_of_complex_values_are_refused_in_one_line(tmp_path, model_fn, says):

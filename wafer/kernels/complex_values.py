@@ -63,7 +63,8 @@ class Step:
     shape: tuple[int, ...] = ()  # a Take's output (a sample's if batched)
     batched: bool = False  # a Take's args carry the batch axis first
     equation: str = ""  # an Einsum's, explicit
-    conj: tuple[bool, ...] = ()  # an Einsum's operands it conjugates first (adj_x, adj_y)
+    conj: tuple[bool, ...] = ()  # an Einsum's operands it conjugates first (adj_x, adj_y),
+    # a Take's output (ConjugateTranspose)
 
     @classmethod
     def decoded(cls, spec: dict) -> Step:
@@ -83,13 +84,15 @@ def _take(step: Step, args: list[np.ndarray]) -> np.ndarray:
     rows = _rows(step, args)
     flat = np.concatenate([x.reshape(rows, -1) for x in args] + [
         np.zeros((rows, 1), args[0].dtype)], axis=1)
-    return flat[:, list(step.index)].reshape((rows, *step.shape) if step.batched else step.shape)
+    out = flat[:, list(step.index)].reshape((rows, *step.shape) if step.batched else step.shape)
+    return np.conj(out) if any(step.conj) else out
 
 
 def _take_grads(step: Step, args: list[np.ndarray], g: np.ndarray) -> list[np.ndarray]:
     """g summed back to the elements each output element took (TF's scatter of a slice's,
-    a concat's split, a pad's crop)."""
+    a concat's split, a pad's crop; conjugated back for a ConjugateTranspose)."""
     rows = _rows(step, args)
+    g = np.conj(g) if any(step.conj) else g
     flat = np.zeros((rows, sum(x[0].size if step.batched else x.size for x in args) + 1),
                     g.dtype)
     np.add.at(flat.T, np.asarray(step.index), g.reshape(rows, -1).T)  # (into flat's columns)
