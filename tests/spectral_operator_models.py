@@ -1,11 +1,11 @@
 """Models that slice, pad, reshape, concat and contract complex values, written the way users
-write them: a Fourier neural operator (FNO) in 1-D and 2-D (the lowest modes of the spectrum
-einsum'd with a complex weight from tf.complex, zeros concatenated or padded back, irfft), an S4D layer with
-its Vandermonde kernel (exp(dt*A) powers in complex, einsum with C*B, irfft convolution), a
-spectral pooling CNN (the spectrum's corners cropped and concatenated, ifft2d), a complex
-dense layer (matmul by a complex weight, sqrt, log, angle, a Hermitian product of conj),
-complex self-attention (scores |q k^H| by tf.linalg.adjoint);
-and the uses the CS refuses (an FFT spectrum's batch slice, tanh of a complex value)."""
+write them: Fourier neural operators (FNO) in 1-D and 2-D (the spectrum's lowest modes einsum'd
+with a complex weight from tf.complex, zeros concatenated or padded back, irfft), an S4D layer
+with its Vandermonde kernel (exp(dt*A) powers in complex, einsum with C*B, FFT convolution), a
+spectral pooling CNN (the spectrum's corners cropped and concatenated, ifft2d), a complex dense
+layer (matmul by a complex weight, sqrt, log, angle, a Hermitian product of conj), complex
+attention (|q k^H| by tf.linalg.adjoint); refused: a batch slice of a spectrum, tanh of one, an
+einsum over the batch, a shared complex bin concatenated to per-sample spectra."""
 import numpy as np
 import tensorflow as tf
 from complex_models import FEATURES, T, _spec, sequence_input_fn
@@ -148,3 +148,12 @@ def complex_attention(features, labels, mode, params):
     q = tf.matmul(z, _complex_weight("wq", [FEATURES, FEATURES]))
     scores = tf.abs(tf.matmul(q, tf.linalg.adjoint(z))) / np.sqrt(FEATURES)  # (B, T, T)
     return _spec(mode, labels, tf.matmul(tf.nn.softmax(scores), L.Dense(FEATURES)(features)))
+
+
+def shared_bin(features, labels, mode, params):
+    """A learned complex bin tiled over the batch and concatenated to each sample's spectrum:
+    a per-sample value placed with one shared by the samples (refused)."""
+    f = tf.signal.rfft(tf.transpose(L.Dense(FEATURES)(features), [0, 2, 1]))  # (B, F, T/2+1)
+    token = _complex_weight("token", [FEATURES, 1])
+    joined = tf.concat([f, tf.tile(token[None], [tf.shape(f)[0], 1, 1])], axis=-1)
+    return _spec(mode, labels, tf.signal.irfft(joined))

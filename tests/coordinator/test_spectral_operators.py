@@ -3,7 +3,8 @@
 spectral pooling, a complex dense layer and complex attention (tf.linalg.adjoint) train like
 TensorFlow (4 Adam steps, 1e-5; in micro-batches of 4 too), evaluate and predict like the CPU
 path (the kernel's steps one by one: test_complex_values.py); a batch slice, a contraction
-over the batch and tanh of a complex value refused in one line."""
+over the batch, tanh of a complex value and a concat of a per-sample spectrum with a shared
+complex bin refused in one line."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -57,6 +58,8 @@ def test_spectral_operators_evaluate_and_predict_like_the_cpu_path(tmp_path, tra
                                "moves, cuts or contracts the batch axis of a complex value"),
     (models.complex_tanh, "Tanh 'Tanh' at spectral_operator_models.py:134 computes with its "
                           "complex value"),
+    (models.shared_bin, "ConcatV2 'concat' at spectral_operator_models.py:158 places a "
+                        "per-sample complex value with one shared by the samples"),
 ])
 def test_other_uses_of_complex_values_are_refused_in_one_line(tmp_path, model_fn, says):
     text = cs_inprocess.refusal(model_fn, models.sequence_input_fn, {}, str(tmp_path),
