@@ -3,7 +3,7 @@ token mixing (real(fft2d(cast(x))) and the 1-D form), a global filter (rfft, a p
 a trainable complex filter built by tf.complex, irfft), an S4-style long convolution by FFT
 (rfft of x and of a kernel from complex-parameterised weights, zero-padded to 2L), an
 auto-correlation (rfft of queries and keys, q * conj(k), irfft) feeding a Dense, and an FFT
-along the batch axis (refused)."""
+along the batch axis and a predicted complex spectrum (refused)."""
 import numpy as np
 import tensorflow as tf
 
@@ -87,12 +87,6 @@ def batch_fft(features, labels, mode, params):
     h = L.Dense(1)(features)[:, 0, 0]
     mixed = tf.math.real(tf.signal.fft(tf.cast(h, tf.complex64)))
     return _spec(mode, labels, features * mixed[:, None, None])
-
-
-def complex_angle(features, labels, mode, params):
-    """tf.math.angle of a spectrum: outside the closed set (refused)."""
-    h = tf.transpose(L.Dense(FEATURES)(features), [0, 2, 1])
-    return _spec(mode, labels, tf.math.angle(tf.signal.rfft(h)))
 
 
 def predicted_spectrum(features, labels, mode, params):

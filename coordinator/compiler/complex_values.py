@@ -1,12 +1,14 @@
 """Complex values computed per sample: a closed region of TF's complex64 ops (the transforms
 RFFT, IRFFT, FFT, IFFT and their 2-D forms along a sample's own axes; Mul, Add, Sub, Div,
-Neg, Conj, Exp, Complex, Cast between float32 and complex64, Sum and Mean over a sample's
-axes; rfft's zero Pad of a weight-derived value) between real operands (per-sample values,
-weights, constants) and real results (IRFFT, Real, Imag, ComplexAbs, Cast to float32)
-becomes one `complex_region` kernel per real result read; the complex values never leave
-it. A real value one complex value gives another (rfft(real(...))) joins the region. Any
-other op on a complex value, a complex value the host reads, a transform or sum along the
-batch axis, an operand of rows folded into it is refused in one line naming the op."""
+Neg, Conj, Exp, Log, Sqrt, Square, Complex, Cast between float32 and complex64, Sum and Mean
+over a sample's axes; slices, reshapes, transposes, concats, pads and the other ops that
+place elements, MatMul/BatchMatMul/Einsum: complex_layout.py; rfft's zero Pad of a
+weight-derived value) between real operands (per-sample values, weights, constants) and real
+results (IRFFT, Real, Imag, ComplexAbs, Angle, Cast to float32) becomes one `complex_region`
+kernel per real result read; the complex values never leave it. A real value one complex
+value gives another (rfft(2 * real(...))) joins the region. Any other op on a complex value,
+a complex value the host reads, a transform, sum, slice or product along the batch axis, an
+operand of rows folded into it is refused in one line naming the op."""
 from __future__ import annotations
 
 import json
@@ -14,7 +16,7 @@ import json
 import numpy as np
 import tensorflow as tf
 
-from coordinator.compiler import precision
+from coordinator.compiler import complex_layout, precision
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, has_kernel
 from tf_model.model_fn import user_name, user_source
@@ -23,17 +25,26 @@ from wafer.kernels.complex_values import OPS
 TRANSFORM_AXES = {"RFFT": 1, "IRFFT": 1, "FFT": 1, "IFFT": 1, "RFFT2D": 2, "IRFFT2D": 2,
                   "FFT2D": 2, "IFFT2D": 2}
 SUPPORTED = ("the CS computes complex values per sample only through tf.signal's rfft, irfft, "
-             "fft, ifft and their 2-D forms, *, +, -, /, tf.math.conj, tf.exp, tf.complex, "
-             "tf.cast, tf.reduce_sum/mean and tf.math.real, imag, abs; compute the rest "
-             "from those parts, or in input_fn")
+             "fft, ifft and their 2-D forms, *, +, -, /, tf.math.conj, tf.exp, log, sqrt, "
+             "square, tf.complex, tf.cast, tf.reduce_sum/mean, slices, reshapes, "
+             "transposes, concats, pads, tf.matmul, tf.einsum and tf.math.real, imag, abs, "
+             "angle; compute the rest from those parts, or in input_fn")
+REAL_ARITHMETIC = ("Mul", "AddV2", "Add", "Sub", "RealDiv", "Div", "Neg", "Identity")
 KERNEL_ROWS = {
     "complex_region": "complex64 values of a sample: tf.signal.rfft, irfft, fft, ifft, fft2d, "
                       "ifft2d, rfft2d, irfft2d along its own axes, *, +, -, /, tf.math.conj, "
-                      "tf.exp, tf.complex, tf.cast between float32 and complex64, "
-                      "tf.reduce_sum and reduce_mean over its own axes, read through "
-                      "tf.math.real, imag, tf.abs or irfft (an FFT convolution, an "
-                      "auto-correlation, FNet's mixing; trainable complex filters of weights): "
-                      "float32 pairs, each transform exact rounded to complex64, TF's gradients",
+                      "tf.exp, tf.math.log, tf.sqrt, tf.square, tf.complex, tf.cast between "
+                      "float32 and complex64, tf.reduce_sum and reduce_mean over its own axes, "
+                      "slices, reshapes, transposes, concats, pads, tiles, gathers and the "
+                      "other ops placing its elements (an index map measured by TF's op), "
+                      "tf.linalg.adjoint, tf.matmul (adjoints too) and tf.einsum of two "
+                      "complex values keeping the batch axis first, read through "
+                      "tf.math.real, imag, tf.abs, tf.math.angle or irfft (an FFT "
+                      "convolution, an auto-correlation, FNet's mixing, a Fourier neural "
+                      "operator's lowest modes times a complex weight, S4D's Vandermonde "
+                      "kernel, spectral pooling, complex-valued layers, a Hermitian product, "
+                      "complex attention; trainable complex filters of weights): float32 "
+                      "pairs, each transform exact rounded to complex64, TF's gradients",
 }
 
 
@@ -50,10 +61,19 @@ def _step(op: tf.Operation) -> str:
         return "ToReal" if source == tf.complex64 and target == tf.float32 else ""
     if op.type in ("Identity", "Sum", "Mean") and _complex(op.outputs[0]):
         return op.type
-    if op.type == "Pad":  # tf.signal.rfft's zero padding to fft_length (or of a complex value)
-        return "Pad" if tf.get_static_value(op.inputs[1]) is not None else ""
+    if op.type in complex_layout.PLACING and (_complex(op.outputs[0]) or op.type == "Pad"):
+        return "Take"  # (a real Pad: tf.signal.rfft's zero padding to fft_length)
+    if op.type in complex_layout.PRODUCTS and _complex(op.outputs[0]):
+        return "Einsum"
     return op.type if op.type in OPS and all(
         t.dtype.base_dtype in (tf.float32, tf.complex64, tf.int32) for t in op.outputs) else ""
+
+
+def _args(m: Context, op: tf.Operation) -> list[tf.Tensor]:
+    """The values `op`'s step reads."""
+    step = _step(op)
+    return complex_layout.placed_inputs(m, op) if step == "Take" else \
+        list(op.inputs[:OPS[step]])
 
 
 def _region(m: Context, start: tf.Operation) -> list[tf.Operation] | str:
@@ -70,8 +90,8 @@ def _region(m: Context, start: tf.Operation) -> list[tf.Operation] | str:
         if not _step(op):
             return (f"{op.type} '{user_name(op)}' at {user_source(op)} computes with its "
                     f"complex value: {SUPPORTED}")
-        for t in op.inputs[:OPS[_step(op)]]:
-            if _complex(t) and t.op.type != "Const" or _out_of_complex(t.op) or \
+        for t in _args(m, op):
+            if _complex(t) and m.operands.constant(t) is None or _from_complex(m, t) or \
                     t.op.type == "Pad" and op.type in TRANSFORM_AXES and not m.is_batched(t):
                 todo.append(t.op)
         for t in op.outputs:
@@ -87,7 +107,7 @@ def _later(m: Context, start: tf.Operation, ops: list[tf.Operation]) -> bool:
     """Whether an op of the region computing a complex value comes after every per-sample
     operand the region reads that is still to be computed (a transpose of the keys after the
     queries' rfft) and after `start`: the matcher reaches it later."""
-    pending = [t.op._id for op in ops for t in op.inputs[:OPS[_step(op)]]
+    pending = [t.op._id for op in ops for t in _args(m, op)
                if t.op not in ops and t.op in m.flow and not m.is_batched(t)
                and t.op not in m.consumed]
     if not pending:
@@ -95,6 +115,16 @@ def _later(m: Context, start: tf.Operation, ops: list[tf.Operation]) -> bool:
     ready = max(pending)
     return any(op._id > ready and op._id > start._id and any(_complex(t) for t in op.outputs)
                for op in ops)
+
+
+def _from_complex(m: Context, t: tf.Tensor) -> bool:
+    """Whether `t` is a real value a complex one gives (IRFFT, Real, ...), or one the same
+    for every sample computed from such values by arithmetic (an S4D kernel
+    2 * real(einsum(...)) of weights): the region computes it."""
+    if _out_of_complex(t.op):
+        return True
+    return t.op.type in REAL_ARITHMETIC and bool(_step(t.op)) and not m.is_batched(t) and \
+        any(_from_complex(m, u) for u in _args(m, t.op))
 
 
 def _into_complex(op: tf.Operation) -> bool:
@@ -158,7 +188,7 @@ def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
     constants: dict[str, np.ndarray] = {}
     batched: set[str] = set()
     for op in steps:
-        args = op.inputs[:OPS[_step(op)]]
+        args = _args(m, op)
         for t in args:
             if t.op in needed:
                 continue
@@ -207,14 +237,21 @@ def _program(m: Context, ops: list[tf.Operation], result: tf.Operation):
         index[name] = base + j
     for op in steps:
         step = _step(op)
-        spec: dict = {"op": step, "args": [index[t.name] for t in op.inputs[:OPS[step]]]}
+        args = _args(m, op)
+        spec: dict = {"op": step, "args": [index[t.name] for t in args]}
+        where = f"{op.type} '{user_name(op)}' at {user_source(op)}"
+        per_sample = [t.name in batched or m.is_batched(t) for t in args]
+        if step in ("Take", "Einsum"):
+            found = complex_layout.index_map(m, op, per_sample) if step == "Take" else \
+                complex_layout.product(m, op, per_sample)
+            if isinstance(found, str):
+                return found
+            spec.update(found)
         if op.type in ("RFFT", "IRFFT", "RFFT2D", "IRFFT2D"):
             length = m.operands.constant(op.inputs[1])
             if length is None:
                 return f"{where} has an fft_length not known when the graph is built"
             spec["fft_length"] = [int(v) for v in np.ravel(length)]
-        if op.type == "Pad":
-            spec["pad"] = np.asarray(tf.get_static_value(op.inputs[1])).tolist()
         if op.type in ("Sum", "Mean"):
             spec.update(axes=list(_axes(m, op) or ()), keep=op.get_attr("keep_dims"))
         program.append(spec)

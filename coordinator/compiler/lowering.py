@@ -114,10 +114,12 @@ REFUSED = {
                          "bessel_i1e and the other Bessel functions (no CS kernel); lgamma, "
                          "digamma, bessel_i0e, xlogy and xlog1py in float16 (proven against "
                          "TF's float32 kernels only)",
-    "complex values": "other ops than `complex_region`'s (above) on a complex value (the "
-                      "phase tf.math.angle, a slice, reshape, concat or matmul of complex "
-                      "values), a complex value the host reads, an FFT or sum along the batch "
-                      "axis or of rows folded into it, complex128. A spectrum whose bins at TF's FFT rounding level move "
+    "complex values": "other ops than `complex_region`'s (above) on a complex value (tanh, "
+                      "sin, sigmoid, cumsum of complex values), a complex value the host "
+                      "reads, an FFT, sum, slice, transpose or product along the batch axis "
+                      "or of rows folded into it, a concat or pad of per-sample with shared "
+                      "complex values, an einsum's diagonal or size-1 broadcast, complex128. "
+                      "A spectrum whose bins at TF's FFT rounding level move "
                       "the loss or a gradient beyond 1e-5 on input_fn's first batch (a log of "
                       "noiseless tones on a bin's frequency)",
 }

@@ -4,7 +4,8 @@ tf.math.imag) becomes one `spectrum` kernel per part read; the complex value nev
 it. An RFFT whose value only goes through a slice of its last axis and a product with a complex
 constant into Real or Imag (tf.signal.dct: real(rfft(x, [2n])[..., :n] * scale)) is one
 `scaled_spectrum` kernel, a real linear map. Any other use of a complex value is
-complex_values.py's (complex arithmetic, IRFFT, FFT), or refused (tf.math.angle).
+complex_values.py's (complex arithmetic, IRFFT, FFT, slices, products, tf.math.angle), or
+refused there.
 
 The kernel's spectrum is the exact transform rounded to float32, TF's is 1.2-1.8e-7 of a
 frame's largest magnitude from it (docs/design.md): bins that are 0 but for that rounding

@@ -2,9 +2,10 @@
 a global filter by a trainable complex filter, an S4D long convolution by FFT of a kernel
 built in complex from weights, an auto-correlation: each a `complex_region` kernel, trained
 in process against TensorFlow (4 steps, 1e-5), evaluated and predicted like the CPU path;
-in micro-batches of 4, the kernel's steps against TF's ops and gradients one by one; an FFT along the batch axis,
-an op outside the closed set (tf.math.angle) and a predicted complex value refused in one
-line."""
+in micro-batches of 4, the kernel's steps (a Take, an Einsum of an adjoint, Log, Sqrt, Angle
+too) against TF's ops and gradients one by one; an FFT along the batch axis and a predicted
+complex value refused in one line (the slices, products and other ops:
+test_spectral_operators.py)."""
 from __future__ import annotations
 
 import json
@@ -55,16 +56,11 @@ def test_complex_values_evaluate_and_predict_like_the_cpu_path(tmp_path, trained
                                             str(tmp_path), trained(name)) == []
 
 
-@pytest.mark.parametrize("model_fn, says", [
-    (models.batch_fft, "FFT 'FFT' at complex_models.py:88 transforms or sums along the "
-                       "batch axis"),
-    (models.complex_angle, "Angle 'Angle' at complex_models.py:95 computes with its complex "
-                           "value"),
-])
-def test_other_complex_values_are_refused_in_one_line(tmp_path, model_fn, says):
-    text = cs_inprocess.refusal(model_fn, models.sequence_input_fn, {}, str(tmp_path),
+def test_an_fft_along_the_batch_axis_is_refused_in_one_line(tmp_path):
+    text = cs_inprocess.refusal(models.batch_fft, models.sequence_input_fn, {}, str(tmp_path),
                                 models.__file__)
-    assert says in text.replace("tests/", "")
+    assert "FFT 'FFT' at complex_models.py:88 transforms or sums along the batch axis" in \
+        text.replace("tests/", "")
 
 
 def test_a_predicted_complex_value_is_refused_in_one_line(tmp_path):
@@ -82,7 +78,20 @@ def _tf_step(op: str, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         "ComplexAbs": lambda: tf.abs(tf.signal.fft(tf.exp(z * 0.3)) + tf.reduce_sum(z, 1,
                                                                                   keepdims=True)),
         "Mean": lambda: tf.math.real(tf.reduce_mean(tf.signal.rfft2d(x), -1)),
+        "Einsum": lambda: tf.math.real(tf.matmul(z, z * tf.complex(0.5, 2.0), adjoint_a=True)),
+        "Take": lambda: tf.math.imag(tf.concat([tf.pad(z[:, 1:, ::2], [[0, 0], [1, 0], [0, 1]]),
+                                                tf.transpose(z, [0, 2, 1])[:, :4]], 1)),
+        "Angle": lambda: tf.math.angle(tf.math.log(z) + tf.sqrt(z) * tf.square(z)),
     }[op]()
+
+
+def _take_map() -> dict:
+    """The Take step of "Take"'s concat of a pad of a slice and a transpose: each output
+    element's element of a sample's (4, 6) value, -1 for a pad's zero."""
+    codes = tf.reshape(tf.range(1, 25), [4, 6])
+    codes = tf.concat([tf.pad(codes[1:, ::2], [[1, 0], [0, 1]]), tf.transpose(codes)[:4]], 0)
+    return {"index": (codes.numpy().ravel() - 1).tolist(), "shape": codes.shape.as_list(),
+            "batched": True}
 
 
 PROGRAMS = {  # operands x, y (inputs); the constants as c operands
@@ -101,8 +110,19 @@ PROGRAMS = {  # operands x, y (inputs); the constants as c operands
     "Mean": ("ii", [{"op": "RFFT2D", "args": [0], "fft_length": [4, 6]},
                     {"op": "Mean", "args": [2], "axes": [2], "keep": False},
                     {"op": "Real", "args": [3]}]),
+    "Einsum": ("iicc", [{"op": "Complex", "args": [0, 1]}, {"op": "Complex", "args": [2, 3]},
+                        {"op": "Mul", "args": [4, 5]},
+                        {"op": "Einsum", "args": [4, 6], "equation": "bmk,bmn->bkn",
+                         "conj": [True, False]},
+                        {"op": "Real", "args": [7]}]),
+    "Take": ("ii", [{"op": "Complex", "args": [0, 1]}, {"op": "Take", "args": [2]},
+                    {"op": "Imag", "args": [3]}]),
+    "Angle": ("ii", [{"op": "Complex", "args": [0, 1]}, {"op": "Log", "args": [2]},
+                     {"op": "Sqrt", "args": [2]}, {"op": "Square", "args": [2]},
+                     {"op": "Mul", "args": [4, 5]}, {"op": "AddV2", "args": [3, 6]},
+                     {"op": "Angle", "args": [7]}]),
 }
-CONSTANTS = {"IRFFT": (2.0, 0.5), "ComplexAbs": (0.3, 0.0)}
+CONSTANTS = {"IRFFT": (2.0, 0.5), "ComplexAbs": (0.3, 0.0), "Einsum": (0.5, 2.0)}
 
 
 @pytest.mark.parametrize("op", sorted(PROGRAMS))
@@ -110,6 +130,8 @@ def test_complex_region_steps_compute_tensorflows_values_and_gradients(op):
     """Forward and the gradients of both inputs against TF's ops and gradient functions (an
     upstream gradient drawn at random): within 1e-5 of the largest."""
     letters, program = PROGRAMS[op]
+    if op == "Take":  # (its index map, which the compiler measures from TF's ops)
+        program = [program[0], {**program[1], **_take_map()}, program[2]]
     attrs = {"operands": letters, "program": json.dumps(program)}
     for k, value in enumerate(CONSTANTS.get(op, ())):
         attrs[f"c{k + 2}"] = np.array(value, np.float32)

@@ -4,8 +4,8 @@ linear map the `scaled_spectrum` kernel computes as one product with a float64 t
 here: the kernel against TF's tf.signal.dct forward and gradient (n = 13, 40, 64); an MFCC
 keyword spotter as users write it (|stft|², mel matrix, log, MFCCs, Conv2D, Adam) trains 4
 steps like TF, evaluates and predicts like the CPU path, and so do orthonormal, type IV and
-zero-padded DCTs, and the type III DCT (an IRFFT: a `complex_region`); other complex uses of a
-sliced spectrum (a per-sample complex factor, its phase) are refused in one line."""
+zero-padded DCTs, and the type III DCT (an IRFFT: a `complex_region`); so do other complex uses
+of a sliced spectrum (a per-sample complex factor, its phase: a `complex_region`'s slice)."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -14,8 +14,6 @@ import pytest
 import tensorflow as tf
 from keyword_spotters import WORDS, keyword_head
 
-from common.errors import CSRunError
-from coordinator.compiler import compile_model
 from tf_model.estimator_spec import CSEstimatorSpec
 from wafer.kernels import RunContext, build_kernel
 
@@ -130,7 +128,7 @@ def test_a_type_iii_dct_trains_like_tensorflow(tmp_path):
     cs_inprocess.assert_same_training(run, rtol=1e-5)
 
 
-def refused_model(features, labels, mode, params):
+def sliced_spectrum_model(features, labels, mode, params):
     frames = tf.signal.frame(features, 64, 32)
     bins = tf.signal.rfft(frames, fft_length=[128])[..., :64]
     x = {
@@ -143,12 +141,11 @@ def refused_model(features, labels, mode, params):
                            train_op=v1.train.GradientDescentOptimizer(0.1).minimize(loss))
 
 
-@pytest.mark.parametrize("case, op", [("per-sample factor", "RFFT"), ("phase", "RFFT")])
-def test_other_complex_uses_of_a_sliced_spectrum_are_refused_in_one_line(tmp_path, case, op):
-    with pytest.raises(CSRunError) as error:
-        compile_model(refused_model, keyword_input_fn, params(case=case), str(tmp_path),
-                      validate_only=True)
-    found = cs_inprocess.model_op_words(refused_model, keyword_input_fn, params(case=case))
-    assert cs_inprocess.refusal_problem(error.value, __file__, found) == ""
-    assert str(error.value).startswith(f"validation failed: {op} ")
-    assert "computes in complex64" in str(error.value)
+@pytest.mark.parametrize("case", ["per-sample factor", "phase"])
+def test_other_complex_uses_of_a_sliced_spectrum_train_like_tensorflow(tmp_path, case):
+    """Refused until complex regions sliced their values: the slice is a `complex_region`'s
+    Take step (tests/coordinator/test_spectral_operators.py)."""
+    run = cs_inprocess.compare(sliced_spectrum_model, keyword_input_fn, params(case=case),
+                               str(tmp_path), steps=4)
+    assert "complex_region" in cs_inprocess.kernel_types(run.compiled.program)
+    cs_inprocess.assert_same_training(run, rtol=1e-5)

@@ -9,7 +9,8 @@ evaluates like the CPU path; a learned front-end before the STFT takes the spect
 gradient; under mixed_float16 the spectrum stays float32 as TF's; a spectral loss on a
 learned synthesizer's audio, as sensitive to rounding in TF as on the CS, validates and trains
 no farther from float64 TF than TF float32; a log of bins at TF's FFT rounding level
-(noiseless on-bin tones) and other complex values are refused in one line."""
+(noiseless on-bin tones) is refused in one line; the spectrum's phase (tf.math.angle) trains
+like TF."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -361,15 +362,13 @@ def spectrum_model(features, labels, mode, params):
                            train_op=v1.train.GradientDescentOptimizer(0.1).minimize(loss))
 
 
-def test_the_phase_of_a_spectrum_is_refused_in_one_line(tmp_path):
-    """tf.math.angle is outside the complex ops the CS computes (complex_values.py)."""
-    with pytest.raises(CSRunError) as error:
-        compile_model(spectrum_model, tones_input_fn, params(case="phase"), str(tmp_path),
-                      validate_only=True)
-    found = cs_inprocess.model_op_words(spectrum_model, tones_input_fn, params(case="phase"))
-    assert cs_inprocess.refusal_problem(error.value, __file__, found) == ""
-    assert str(error.value).startswith("validation failed: RFFT ")
-    assert "computes in complex64, and Angle 'Angle'" in str(error.value)
+def test_the_phase_of_a_spectrum_trains_like_tensorflow(tmp_path):
+    """tf.math.angle of the spectrum: a `complex_region` (complex_values.py), its gradient
+    TF's -complex(g, 0) / complex(Im z, Re z)."""
+    run = cs_inprocess.compare(spectrum_model, tones_input_fn, params(case="phase"),
+                               str(tmp_path), steps=4)
+    assert "complex_region" in cs_inprocess.kernel_types(run.compiled.program)
+    cs_inprocess.assert_same_training(run, rtol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["complex arithmetic", "inverse", "complex fft"])

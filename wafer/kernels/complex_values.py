@@ -25,9 +25,9 @@ C64 = np.complex64
 OPS = {"RFFT": 1, "IRFFT": 1, "RFFT2D": 1, "IRFFT2D": 1, "FFT": 1, "IFFT": 1, "FFT2D": 1,
        "IFFT2D": 1, "Mul": 2, "AddV2": 2, "Add": 2, "Sub": 2, "RealDiv": 2, "Div": 2,
        "Neg": 1, "Conj": 1, "Complex": 2, "Real": 1, "Imag": 1, "ComplexAbs": 1, "Exp": 1,
-       "ToComplex": 1, "ToReal": 1, "Identity": 1, "Sum": 1, "Mean": 1,
-       "Pad": 1}
-REAL_RESULTS = ("IRFFT", "IRFFT2D", "Real", "Imag", "ComplexAbs", "ToReal")
+       "ToComplex": 1, "ToReal": 1, "Identity": 1, "Sum": 1, "Mean": 1, "Log": 1, "Sqrt": 1,
+       "Square": 1, "Angle": 1, "Einsum": 2, "Take": 0}  # (0: any number)
+REAL_RESULTS = ("IRFFT", "IRFFT2D", "Real", "Imag", "ComplexAbs", "ToReal", "Angle")
 
 
 def _fit(x: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
@@ -59,19 +59,73 @@ class Step:
     fft_length: tuple[int, ...] = ()  # a transform's
     axes: tuple[int, ...] = ()  # a Sum's or Mean's
     keep: bool = False  # a Sum's or Mean's keep_dims
-    pad: tuple[tuple[int, int], ...] = ()  # a Pad's (before, after) per axis
+    index: tuple[int, ...] = ()  # a Take's: each output element's element of its args, -1: 0
+    shape: tuple[int, ...] = ()  # a Take's output (a sample's if batched)
+    batched: bool = False  # a Take's args carry the batch axis first
+    equation: str = ""  # an Einsum's, explicit
+    conj: tuple[bool, ...] = ()  # an Einsum's operands it conjugates first (adj_x, adj_y),
+    # a Take's output (ConjugateTranspose)
 
     @classmethod
     def decoded(cls, spec: dict) -> Step:
         return cls(spec["op"], tuple(spec["args"]), tuple(int(v) for v in spec.get("fft_length", ())),
                    tuple(int(v) for v in spec.get("axes", ())), bool(spec.get("keep")),
-                   tuple((int(p[0]), int(p[1])) for p in spec.get("pad", ())))
+                   tuple(int(v) for v in spec.get("index", ())),
+                   tuple(int(v) for v in spec.get("shape", ())), bool(spec.get("batched")),
+                   str(spec.get("equation", "")), tuple(bool(c) for c in spec.get("conj", ())))
+
+
+def _rows(step: Step, args: list[np.ndarray]) -> int:
+    return args[0].shape[0] if step.batched else 1
+
+
+def _take(step: Step, args: list[np.ndarray]) -> np.ndarray:
+    """The Take's output: its args' (per-sample) elements at its index, 0 at -1."""
+    rows = _rows(step, args)
+    flat = np.concatenate([x.reshape(rows, -1) for x in args] + [
+        np.zeros((rows, 1), args[0].dtype)], axis=1)
+    out = flat[:, list(step.index)].reshape((rows, *step.shape) if step.batched else step.shape)
+    return np.conj(out) if any(step.conj) else out
+
+
+def _take_grads(step: Step, args: list[np.ndarray], g: np.ndarray) -> list[np.ndarray]:
+    """g summed back to the elements each output element took (TF's scatter of a slice's,
+    a concat's split, a pad's crop; conjugated back for a ConjugateTranspose)."""
+    rows = _rows(step, args)
+    g = np.conj(g) if any(step.conj) else g
+    flat = np.zeros((rows, sum(x[0].size if step.batched else x.size for x in args) + 1),
+                    g.dtype)
+    np.add.at(flat.T, np.asarray(step.index), g.reshape(rows, -1).T)  # (into flat's columns)
+    ends = np.cumsum([x.size // rows for x in args])[:-1]
+    return [part.reshape(x.shape) for part, x in zip(np.split(flat[:, :-1], ends, 1), args)]
+
+
+def _conj_args(step: Step, args: list[np.ndarray]) -> list[np.ndarray]:
+    return [np.conj(x) if c else x for x, c in zip(args, step.conj)]
+
+
+def _einsum_grads(step: Step, args: list[np.ndarray], g: np.ndarray) -> list[np.ndarray]:
+    """Each operand's gradient: g contracted with the other's conjugate (TF's
+    _MatMulGrad/_EinsumGrad), broadcast along the axes only the operand has."""
+    inputs, output = step.equation.split("->")
+    subs, values = inputs.split(","), _conj_args(step, args)
+    grads = []
+    for k in (0, 1):
+        own, other = subs[k], subs[1 - k]
+        kept = "".join(c for c in own if c in output or c in other)
+        grad = np.einsum(f"{output},{other}->{kept}", g, np.conj(values[1 - k]))
+        grad = np.expand_dims(grad, [i for i, c in enumerate(own) if c not in kept])
+        grad = np.broadcast_to(grad, values[k].shape)
+        grads.append(np.conj(grad) if step.conj[k] else grad)
+    return grads
 
 
 def _forward(step: Step, args: list[np.ndarray]) -> np.ndarray:
     op, n, axes, a, b = step.op, list(step.fft_length), step.axes, args[0], args[-1]
-    if op == "Pad":
-        return np.pad(a, step.pad)
+    if op == "Take":
+        return _take(step, args)
+    if op == "Einsum":
+        return np.einsum(step.equation, *_conj_args(step, args)).astype(C64)
     if op in ("Sum", "Mean"):
         total = a.sum(axis=axes, keepdims=step.keep, dtype=a.dtype)
         return total / a.dtype.type(math.prod(a.shape[k] for k in axes)) if op == "Mean" \
@@ -91,7 +145,9 @@ def _forward(step: Step, args: list[np.ndarray]) -> np.ndarray:
         "Neg": lambda: -a, "Conj": lambda: np.conj(a), "Exp": lambda: np.exp(a),
         "Complex": lambda: (a + 1j * b.astype(C64)).astype(C64), "Identity": lambda: a,
         "Real": lambda: a.real, "Imag": lambda: a.imag, "ComplexAbs": lambda: np.abs(a),
-        "ToComplex": lambda: a.astype(C64), "ToReal": lambda: a.real}
+        "ToComplex": lambda: a.astype(C64), "ToReal": lambda: a.real, "Log": lambda: np.log(a),
+        "Sqrt": lambda: np.sqrt(a), "Square": lambda: a * a,
+        "Angle": lambda: np.arctan2(a.imag, a.real)}
     return np.asarray(results[op]())
 
 
@@ -103,8 +159,10 @@ def _backward(step: Step, args: list[np.ndarray], out: np.ndarray,
               g: np.ndarray) -> list[np.ndarray]:
     """TF's gradients of the step's arguments from its output's gradient `g`."""
     op, n, axes, a, b = step.op, list(step.fft_length), step.axes, args[0], args[-1]
-    if op == "Pad":
-        return [g[tuple(slice(p, p + d) for (p, _), d in zip(step.pad, a.shape))]]
+    if op == "Take":
+        return _take_grads(step, args, g)
+    if op == "Einsum":
+        return _einsum_grads(step, args, g)
     if op in ("Sum", "Mean"):  # g broadcast back along the reduced axes (/ their size)
         g = g if step.keep else np.expand_dims(g, axes)
         g = np.broadcast_to(g, a.shape)
@@ -136,6 +194,14 @@ def _backward(step: Step, args: list[np.ndarray], out: np.ndarray,
         return [np.conj(g)]
     if op == "Exp":
         return [g * np.conj(out)]
+    if op == "Log":
+        return [g / np.conj(a)]
+    if op == "Sqrt":  # sqrt_grad: 0.5 g / conj(y)
+        return [C64(0.5) * g / np.conj(out)]
+    if op == "Square":
+        return [g * (np.conj(a) * C64(2))]
+    if op == "Angle":  # -complex(g, 0) / complex(Im z, Re z)
+        return [(-g / (a.imag + 1j * a.real).astype(C64)).astype(C64)]
     if op == "Complex":
         return [g.real, g.imag]
     if op in ("Real", "ToReal"):
@@ -151,8 +217,8 @@ def _backward(step: Step, args: list[np.ndarray], out: np.ndarray,
 @register
 class ComplexRegion(Kernel):
     """attrs operands (i, c, p letters of the real operands), program (JSON: a list of steps
-    {"op", "args", "fft_length" of a transform, "axes" and "keep" of a Sum or Mean, "pad"
-    (before, after per axis) of a Pad}; values
+    {"op", "args", "fft_length" of a transform, "axes" and "keep" of a Sum or Mean, "index",
+    "shape" and "batched" of a Take, "equation" and "conj" of an Einsum}; values
     0..k-1 are the operands, step j is value k + j),
     the last step's real value the output."""
 
@@ -169,7 +235,7 @@ class ComplexRegion(Kernel):
             program = None
         count = len(self.operands.letters)
         if not isinstance(program, list) or not program or any(
-                not isinstance(s, dict) or OPS.get(str(s.get("op"))) != len(s.get("args", ())) or
+                not isinstance(s, dict) or OPS.get(str(s.get("op"))) not in (len(s.get("args", ())), 0) or
                 any(not 0 <= a < count + j for a in s["args"])
                 for j, s in enumerate(program)) or program[-1]["op"] not in REAL_RESULTS:
             raise KernelError(f"kernel {name!r} (complex_region): program must be a list of "
@@ -177,7 +243,8 @@ class ComplexRegion(Kernel):
                               f"a real value ({', '.join(REAL_RESULTS)}), got {program!r}")
         self.program = [Step.decoded(s) for s in program]
         shapes = [(1, *o.shape) if o.letter == "i" else o.shape for o in self.operands]
-        probe = self._run([np.zeros(s, np.float32) for s in shapes])[-1]
+        with np.errstate(all="ignore"):  # (zeros: a division's, a log's)
+            probe = self._run([np.zeros(s, np.float32) for s in shapes])[-1]
         if probe.ndim == 0 or probe.shape[0] != 1 or not self.operands.letters.count("i"):
             raise KernelError(f"kernel {name!r} (complex_region): its output {probe.shape} "
                               "is not per sample")
