@@ -91,6 +91,8 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type in PRODUCTS:
         a, b = op.inputs
         flip = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
+        if _row_by_row_product(m, op):
+            return ""
         if m.is_batched(b) or not m.is_batched(a) or flip:
             return _mixes(op, "multiplies rows of different samples (a matmul across the folded batch)", k)
         return ""
@@ -151,6 +153,16 @@ def _own_axis(m: Context, op: tf.Operation) -> bool:
                                   m.operands.constant(op.inputs[1]) is None):
         return False
     return axis is not None and int(axis) % rank != 0
+
+
+def _row_by_row_product(m: Context, op: tf.Operation) -> bool:
+    """Whether batch matmul `op` multiplies two values folded alike row by row: both of the
+    same rank >= 3, their rows axis whole (Swin's window attention, q @ k^T of [B*nW, heads,
+    n, d] windows: window r's queries by window r's keys)."""
+    a, b = op.inputs
+    return op.type != "MatMul" and m.is_batched(a) and m.is_batched(b) and \
+        len(static_shape(a)) == len(static_shape(b)) >= 3 and \
+        static_shape(a)[0] == static_shape(b)[0] == static_shape(op.outputs[0])[0]
 
 
 def _keeps_batch_letter(m: Context, op: tf.Operation) -> bool:

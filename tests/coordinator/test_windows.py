@@ -1,0 +1,64 @@
+"""Windows, patches and Monte Carlo samples folded into the batch and back
+(tests/window_models.py): Swin's window partition, window attention with a relative position
+bias, shifted windows by tf.roll and the reverse; a VIB decoding k samples per input; ViT
+patches by reshape and transpose, tf.image.extract_patches and tf.nn.space_to_depth; a pixel
+shuffle; tf.repeat and tf.tile of per-sample values along axis 0 — each trains 4 steps on the
+CS with TensorFlow's numbers and evaluates and predicts as the CPU path does, also when the
+window count or k equals the batch size; windows mixed across samples are refused in one
+line naming the op."""
+from __future__ import annotations
+
+import cs_inprocess
+import pytest
+import window_models as w
+
+PARAMS = {"runconfig": {"tf_random_seed": 3}}
+STEPS, RTOL = 4, 1e-4
+
+TRAINED = {
+    "swin_shifted": (w.swin, {}),
+    "swin_at_batch_4": (w.swin, {"batch": 4}),  # 4 windows an image, 4 images a batch
+    "vit_reshaped_patches": (w.vit_patches, {}),
+    "vit_extract_patches": (w.vit_patches, {"patches": "extract"}),
+    "vit_space_to_depth": (w.vit_patches, {"patches": "space_to_depth"}),
+    "pixel_shuffle": (w.pixel_shuffle, {}),
+    "repeat_views": (w.repeated_views, {}),
+    "tile_views_at_batch_3": (w.repeated_views, {"how": "tile", "batch": 3}),
+}
+DRAWN = {
+    "vib_eps": (w.vib, {}),
+    "vib_tiled": (w.vib, {"draw": "tile"}),
+    "vib_k_equals_batch": (w.vib, {"samples": 4, "batch": 4}),
+}
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_folded_windows_and_patches_train_evaluate_and_predict_like_tensorflow(tmp_path, name):
+    model_fn, extra = TRAINED[name]
+    params = {**PARAMS, **extra}
+    result = cs_inprocess.compare(model_fn, w.image_input_fn, params, str(tmp_path), STEPS)
+    assert cs_inprocess.mismatches(result, RTOL) == []
+    assert cs_inprocess.cpu_path_mismatches(model_fn, w.image_input_fn, params, str(tmp_path),
+                                            result) == []
+
+
+@pytest.mark.parametrize("name", DRAWN)
+def test_a_vib_decoding_k_samples_a_sample_trains_like_tensorflow(tmp_path, name):
+    """TF's draws handed to the CS: the same training, so each sample's (k, d) draws and
+    decodings are TF's rows b*k .. b*k+k-1."""
+    model_fn, extra = DRAWN[name]
+    params = {**PARAMS, **extra}
+    result = cs_inprocess.compare_drawn(model_fn, w.image_input_fn, params, str(tmp_path), STEPS)
+    assert cs_inprocess.mismatches(result, RTOL) == []
+    assert cs_inprocess.cpu_path_mismatches(model_fn, w.image_input_fn, params, str(tmp_path),
+                                            result) == []
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"mix": "window_mean"}, "Mean 'Mean'"),
+    ({"mix": "transpose"}, "Transpose 'transpose_1'"),
+], ids=["mean_over_every_window", "pixels_before_windows"])
+def test_windows_mixed_across_samples_are_refused_in_one_line(tmp_path, extra, named):
+    line = cs_inprocess.refusal(w.windows_mixed, w.image_input_fn, {**PARAMS, **extra},
+                                str(tmp_path), w.__file__)
+    assert line.startswith(f"validation failed: {named} at "), line
