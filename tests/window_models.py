@@ -216,12 +216,33 @@ def repeated_views(features, labels, mode, params):
 def windows_mixed(features, labels, mode, params):
     """Swin's windows folded into the batch, then mixed across samples (refused): params mix
     "window_mean" subtracts the mean over every window of the batch, "transpose" takes the
-    windows' rows with transpose [1, 0, 2] (pixels first, every window of every sample)."""
-    windows = window_partition(L.Dense(DIM)(features), WINDOW)           # [B*4, 16, DIM]
+    windows' rows with transpose [1, 0, 2] (pixels first, every window of every sample),
+    "window_major" partitions with the windows before the batch (transpose [1, 3, 0, 2, 4,
+    5]: row r the window r // B of sample r % B), "batch_second" reshapes the windows back to
+    [B, nW, n, C], moves the batch second (transpose [1, 0, 2, 3]) and folds that."""
+    x = L.Dense(DIM)(features)
     mix = params.get("mix", "window_mean")
+    if mix == "window_major":
+        x = tf.reshape(x, [-1, SIDE // WINDOW, WINDOW, SIDE // WINDOW, WINDOW, DIM])
+        windows = tf.reshape(tf.transpose(x, [1, 3, 0, 2, 4, 5]), [-1, WINDOW * WINDOW, DIM])
+    else:
+        windows = window_partition(x, WINDOW)                             # [B*4, 16, DIM]
     if mix == "window_mean":
         windows = windows - tf.reduce_mean(windows, 0)
-    else:
+    elif mix == "transpose":
         windows = tf.transpose(L.Dense(DIM)(tf.transpose(windows, [1, 0, 2])), [1, 0, 2])
-    h = window_reverse(windows, WINDOW, SIDE, SIDE)
-    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(h, [1, 2])))
+    elif mix == "batch_second":
+        per_image = tf.reshape(windows, [-1, 4, WINDOW * WINDOW, DIM])
+        windows = tf.reshape(tf.transpose(per_image, [1, 0, 2, 3]), [-1, WINDOW * WINDOW, DIM])
+    h = L.Dense(DIM, activation="relu")(windows)
+    h = tf.reduce_mean(tf.reshape(h, [-1, 4, WINDOW * WINDOW, DIM]), [1, 2])
+    return spec(mode, labels, L.Dense(CLASSES)(h))
+
+
+def views_of_other_samples(features, labels, mode, params):
+    """tf.tile(x, [3, 1]) along the batch (row r is sample r % B, not a sample's 3 views),
+    reshaped [-1, 3, d] as if each sample's own (refused: it pairs rows of different
+    samples)."""
+    flat = L.Flatten()(features)
+    h = L.Dense(16, activation="relu")(tf.tile(flat, [3, 1]))
+    return spec(mode, labels, L.Dense(CLASSES)(tf.reduce_mean(tf.reshape(h, [-1, 3, 16]), 1)))

@@ -40,6 +40,10 @@ def test_folded_windows_and_patches_train_evaluate_and_predict_like_tensorflow(t
     assert cs_inprocess.mismatches(result, RTOL) == []
     assert cs_inprocess.cpu_path_mismatches(model_fn, w.image_input_fn, params, str(tmp_path),
                                             result) == []
+    if model_fn is w.swin:  # each image's 4 windows' scores, 2 heads of 16 pixels by 16
+        scores = [list(k.output_shape) for k in result.compiled.program.kernels
+                  if k.type == "matmul" and k.name.endswith("attn_1/MatMul")]
+        assert scores == [[4, 2, 16, 16]] * 2
 
 
 @pytest.mark.parametrize("name", DRAWN)
@@ -54,11 +58,23 @@ def test_a_vib_decoding_k_samples_a_sample_trains_like_tensorflow(tmp_path, name
                                             result) == []
 
 
-@pytest.mark.parametrize("extra, named", [
-    ({"mix": "window_mean"}, "Mean 'Mean'"),
-    ({"mix": "transpose"}, "Transpose 'transpose_1'"),
-], ids=["mean_over_every_window", "pixels_before_windows"])
-def test_windows_mixed_across_samples_are_refused_in_one_line(tmp_path, extra, named):
-    line = cs_inprocess.refusal(w.windows_mixed, w.image_input_fn, {**PARAMS, **extra},
+MIXED = [
+    (w.windows_mixed, {"mix": "window_mean"}, "Mean 'Mean'"),
+    (w.windows_mixed, {"mix": "transpose"}, "Transpose 'transpose_1'"),
+    (w.windows_mixed, {"mix": "window_major"}, "Transpose 'transpose'"),
+    (w.windows_mixed, {"mix": "batch_second"}, "Transpose 'transpose_1'"),
+    (w.views_of_other_samples, {}, "Tile 'Tile'"),
+]
+
+
+@pytest.mark.parametrize("batch", [8, 4, 3], ids=["batch_8", "windows_equal_batch", "k_equals_batch"])
+@pytest.mark.parametrize("model_fn, extra, named", MIXED, ids=[
+    "mean_over_every_window", "pixels_before_windows", "windows_before_the_batch",
+    "batch_second_then_folded", "tiled_along_the_batch"])
+def test_windows_mixed_across_samples_are_refused_in_one_line(tmp_path, model_fn, extra, named,
+                                                              batch):
+    """At batch 4 the 4 windows an image equal the batch, at batch 3 the 3 views: the same
+    refusal, whichever axis the shapes would let the compiler take for another."""
+    line = cs_inprocess.refusal(model_fn, w.image_input_fn, {**PARAMS, **extra, "batch": batch},
                                 str(tmp_path), w.__file__)
     assert line.startswith(f"validation failed: {named} at "), line
