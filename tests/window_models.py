@@ -44,7 +44,7 @@ def spec(mode, labels, logits, loss=None):
 def window_partition(x, window):
     """Swin's: [B, H, W, C] -> [B * H/w * W/w, w*w, C]."""
     _, height, width, channels = x.shape
-    x = tf.reshape(x, [-1, height // window, window, width // window, window, channels])
+    x = tf.reshape(x, [tf.shape(x)[0], height // window, window, width // window, window, channels])
     x = tf.transpose(x, [0, 1, 3, 2, 4, 5])
     return tf.reshape(x, [-1, window * window, channels])
 
@@ -123,12 +123,20 @@ def swin_block(x, shift, name):
     return x + mlp
 
 
+def patch_merging(x):
+    """Swin's downsampling: the 2x2 neighbours' channels concatenated, LayerNorm, a Dense
+    halving them ([B, H, W, C] -> [B, H/2, W/2, 2C])."""
+    x = tf.concat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
+    return L.Dense(2 * x.shape[-1] // 4, use_bias=False)(L.LayerNormalization(epsilon=1e-5)(x))
+
+
 def swin(features, labels, mode, params):
     """A patch embedding (1x1 Dense), a window block and a shifted-window block (params
-    shift: 0 keeps both unshifted), global average pooling, a Dense head."""
+    shift: 0 keeps both unshifted), patch merging, global average pooling, a Dense head."""
     x = L.Dense(DIM, name="embed")(features)
     x = swin_block(x, 0, "block0")
     x = swin_block(x, params.get("shift", 2), "block1")
+    x = patch_merging(x)
     logits = L.Dense(CLASSES)(tf.reduce_mean(L.LayerNormalization()(x), [1, 2]))
     return spec(mode, labels, logits)
 
@@ -136,9 +144,11 @@ def swin(features, labels, mode, params):
 def vib(features, labels, mode, params):
     """A variational information bottleneck (Alemi et al.) decoding k samples per input in
     training: params draw "eps" draws eps [B, k, d] (z = mu[:, None] + sigma[:, None] * eps),
-    "tile" tiles mu and sigma k times ([B, k, d]) and draws as many; z reshaped [-1, d],
-    decoded, reshaped [-1, k, classes], the mean cross-entropy over the k samples plus beta *
-    KL. Evaluation and prediction decode mu."""
+    "tile" tiles mu and sigma k times ([B, k, d]) and draws as many, "repeat" repeats them k
+    times along the batch ([B*k, d]) and draws a row each; z as [-1, d] rows decoded,
+    reshaped [-1, k, classes]; the loss the mean cross-entropy over the k samples (params
+    average "probabilities": of the k samples' mean softmax) plus beta * KL. Evaluation and
+    prediction decode mu."""
     k, code, beta = params.get("samples", 6), 4, 1e-3
     h = L.Dense(16, activation="relu")(L.Flatten()(features))
     stats = L.Dense(2 * code)(h)
@@ -146,15 +156,23 @@ def vib(features, labels, mode, params):
     decoder = tf.keras.Sequential([L.Dense(8, activation="relu"), L.Dense(CLASSES)], name="decoder")
     if mode != ModeKeys.TRAIN:
         return spec(mode, labels, decoder(mu))
-    if params.get("draw", "eps") == "eps":
+    draw = params.get("draw", "eps")
+    if draw == "eps":
         eps = tf.random.normal([tf.shape(mu)[0], k, code])
-        z = mu[:, None] + sigma[:, None] * eps
-    else:
+        z = tf.reshape(mu[:, None] + sigma[:, None] * eps, [-1, code])
+    elif draw == "tile":
         mus, sigmas = tf.tile(mu[:, None], [1, k, 1]), tf.tile(sigma[:, None], [1, k, 1])
+        z = tf.reshape(mus + sigmas * tf.random.normal(tf.shape(mus)), [-1, code])
+    else:  # each input's k rows in a row: tf.repeat along the batch, a draw per row
+        mus, sigmas = tf.repeat(mu, k, axis=0), tf.repeat(sigma, k, axis=0)
         z = mus + sigmas * tf.random.normal(tf.shape(mus))
-    logits = tf.reshape(decoder(tf.reshape(z, [-1, code])), [-1, k, CLASSES])
-    per_sample = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        tf.tile(labels[:, None], [1, k]), logits)
+    logits = tf.reshape(decoder(z), [-1, k, CLASSES])
+    if params.get("average") == "probabilities":  # the k samples' predictive distribution
+        probs = tf.reduce_mean(tf.nn.softmax(logits), 1)
+        per_sample = -tf.math.log(tf.reduce_sum(tf.one_hot(labels, CLASSES) * probs, -1))
+    else:
+        per_sample = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            tf.tile(labels[:, None], [1, k]), logits)
     kl = 0.5 * tf.reduce_sum(tf.square(mu) + tf.square(sigma) - 2 * tf.math.log(sigma) - 1, -1)
     loss = tf.reduce_mean(per_sample) + beta * tf.reduce_mean(kl)
     return spec(mode, labels, tf.reduce_mean(logits, 1), loss)

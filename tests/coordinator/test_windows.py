@@ -29,6 +29,9 @@ DRAWN = {
     "vib_eps": (w.vib, {}),
     "vib_tiled": (w.vib, {"draw": "tile"}),
     "vib_k_equals_batch": (w.vib, {"samples": 4, "batch": 4}),
+    "vib_repeated_rows": (w.vib, {"draw": "repeat"}),
+    "vib_predictive_mean_k_equals_batch": (w.vib, {"draw": "repeat", "average": "probabilities",
+                                                   "samples": 4, "batch": 4}),
 }
 
 
