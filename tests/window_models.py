@@ -9,12 +9,12 @@ reshaped [B, k, ...]. `params["batch"]` is the batch size (8 unless given): at b
 4 windows a sample and the VIB's k equal the batch."""
 import numpy as np
 import tensorflow as tf
+from coincidence_models import spec  # Momentum: Adam would blow up a key bias's noise
 
-from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
+from tf_model.estimator_spec import ModeKeys
 
 L = tf.keras.layers
 v1 = tf.compat.v1
-gs = v1.train.get_or_create_global_step
 SIDE, CHANNELS, WINDOW, DIM, HEADS, CLASSES = 8, 3, 4, 8, 2, 3
 
 
@@ -26,19 +26,6 @@ def image_input_fn(params):
     y = (x[:, :4, :4, 0].mean((1, 2)) > x[:, 4:, 4:, 0].mean((1, 2))).astype(np.int32) + \
         (x[:, :, :, 1].mean((1, 2)) > 0.1).astype(np.int32)
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
-
-
-def spec(mode, labels, logits, loss=None):
-    """Predictions (logits, class), accuracy, or Momentum on the loss (the mean cross-entropy
-    unless given)."""
-    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits) if loss is None else loss
-    if mode == ModeKeys.PREDICT:
-        return CSEstimatorSpec(mode, predictions={"logits": logits, "class": tf.argmax(logits, 1)})
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={
-            "accuracy": v1.metrics.accuracy(labels, tf.argmax(logits, 1))})
-    return CSEstimatorSpec(mode, loss=loss, train_op=v1.train.MomentumOptimizer(0.05, 0.9).minimize(
-        loss, global_step=gs()))  # (Adam would blow up an attention key bias's rounding noise)
 
 
 def window_partition(x, window):

@@ -15,7 +15,7 @@ import window_models as w
 PARAMS = {"runconfig": {"tf_random_seed": 3}}
 STEPS, RTOL = 4, 1e-4
 
-TRAINED = {
+COMPARED = {
     "swin_shifted": (w.swin, {}),
     "swin_at_batch_4": (w.swin, {"batch": 4}),  # 4 windows an image, 4 images a batch
     "vit_reshaped_patches": (w.vit_patches, {}),
@@ -24,8 +24,8 @@ TRAINED = {
     "pixel_shuffle": (w.pixel_shuffle, {}),
     "repeat_views": (w.repeated_views, {}),
     "tile_views_at_batch_3": (w.repeated_views, {"how": "tile", "batch": 3}),
-}
-DRAWN = {
+    # TF's draws handed to the CS (compare_drawn): the same training, so each sample's (k, d)
+    # draws and decodings are TF's rows b*k .. b*k+k-1
     "vib_eps": (w.vib, {}),
     "vib_tiled": (w.vib, {"draw": "tile"}),
     "vib_k_equals_batch": (w.vib, {"samples": 4, "batch": 4}),
@@ -35,11 +35,13 @@ DRAWN = {
 }
 
 
-@pytest.mark.parametrize("name", TRAINED)
-def test_folded_windows_and_patches_train_evaluate_and_predict_like_tensorflow(tmp_path, name):
-    model_fn, extra = TRAINED[name]
+@pytest.mark.parametrize("name", COMPARED)
+def test_folded_windows_patches_and_samples_train_evaluate_and_predict_like_tensorflow(
+        tmp_path, name):
+    model_fn, extra = COMPARED[name]
     params = {**PARAMS, **extra}
-    result = cs_inprocess.compare(model_fn, w.image_input_fn, params, str(tmp_path), STEPS)
+    compare = cs_inprocess.compare_drawn if model_fn is w.vib else cs_inprocess.compare
+    result = compare(model_fn, w.image_input_fn, params, str(tmp_path), STEPS)
     assert cs_inprocess.mismatches(result, RTOL) == []
     assert cs_inprocess.cpu_path_mismatches(model_fn, w.image_input_fn, params, str(tmp_path),
                                             result) == []
@@ -47,18 +49,6 @@ def test_folded_windows_and_patches_train_evaluate_and_predict_like_tensorflow(t
         scores = [list(k.output_shape) for k in result.compiled.program.kernels
                   if k.type == "matmul" and k.name.endswith("attn_1/MatMul")]
         assert scores == [[4, 2, 16, 16]] * 2
-
-
-@pytest.mark.parametrize("name", DRAWN)
-def test_a_vib_decoding_k_samples_a_sample_trains_like_tensorflow(tmp_path, name):
-    """TF's draws handed to the CS: the same training, so each sample's (k, d) draws and
-    decodings are TF's rows b*k .. b*k+k-1."""
-    model_fn, extra = DRAWN[name]
-    params = {**PARAMS, **extra}
-    result = cs_inprocess.compare_drawn(model_fn, w.image_input_fn, params, str(tmp_path), STEPS)
-    assert cs_inprocess.mismatches(result, RTOL) == []
-    assert cs_inprocess.cpu_path_mismatches(model_fn, w.image_input_fn, params, str(tmp_path),
-                                            result) == []
 
 
 MIXED = [
