@@ -223,7 +223,8 @@ def windows_mixed(features, labels, mode, params):
     "window_mean" subtracts the mean over every window of the batch, "transpose" takes the
     windows' rows with transpose [1, 0, 2] (pixels first, every window of every sample),
     "window_major" partitions with the windows before the batch (transpose [1, 3, 0, 2, 4,
-    5]: row r the window r // B of sample r % B), "batch_second" reshapes the windows back to
+    5]: row r the window r // B of sample r % B), "rolled_keys" attends from each window to
+    the keys of the row before it (tf.roll along the folded rows), "batch_second" reshapes the windows back to
     [B, nW, n, C], moves the batch second (transpose [1, 0, 2, 3]) and folds that."""
     x = L.Dense(DIM)(features)
     mix = params.get("mix", "window_mean")
@@ -236,6 +237,9 @@ def windows_mixed(features, labels, mode, params):
         windows = windows - tf.reduce_mean(windows, 0)
     elif mix == "transpose":
         windows = tf.transpose(L.Dense(DIM)(tf.transpose(windows, [1, 0, 2])), [1, 0, 2])
+    elif mix == "rolled_keys":  # each window's queries by the previous row's keys
+        scores = tf.matmul(windows, tf.roll(windows, 1, 0), transpose_b=True)
+        windows = tf.matmul(tf.nn.softmax(scores), windows)
     elif mix == "batch_second":
         per_image = tf.reshape(windows, [-1, 4, WINDOW * WINDOW, DIM])
         windows = tf.reshape(tf.transpose(per_image, [1, 0, 2, 3]), [-1, WINDOW * WINDOW, DIM])

@@ -4,8 +4,9 @@ bias, shifted windows by tf.roll and the reverse; a VIB decoding k samples per i
 patches by reshape and transpose, tf.image.extract_patches and tf.nn.space_to_depth; a pixel
 shuffle; tf.repeat and tf.tile of per-sample values along axis 0 — each trains 4 steps on the
 CS with TensorFlow's numbers and evaluates and predicts as the CPU path does, also when the
-window count or k equals the batch size; windows mixed across samples are refused in one
-line naming the op."""
+window count or k equals the batch size; windows mixed across samples (a mean over every
+window, windows before the batch, keys of another row's window) are refused in one line
+naming the op, also at those sizes."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -55,6 +56,7 @@ MIXED = [
     (w.windows_mixed, {"mix": "window_mean"}, "Mean 'Mean'"),
     (w.windows_mixed, {"mix": "transpose"}, "Transpose 'transpose_1'"),
     (w.windows_mixed, {"mix": "window_major"}, "Transpose 'transpose'"),
+    (w.windows_mixed, {"mix": "rolled_keys"}, "Roll 'Roll'"),
     (w.windows_mixed, {"mix": "batch_second"}, "Transpose 'transpose_1'"),
     (w.views_of_other_samples, {}, "Tile 'Tile'"),
 ]
@@ -62,7 +64,7 @@ MIXED = [
 
 @pytest.mark.parametrize("batch", [8, 4, 3], ids=["batch_8", "windows_equal_batch", "k_equals_batch"])
 @pytest.mark.parametrize("model_fn, extra, named", MIXED, ids=[
-    "mean_over_every_window", "pixels_before_windows", "windows_before_the_batch",
+    "mean_over_every_window", "pixels_before_windows", "windows_before_the_batch", "rolled_keys",
     "batch_second_then_folded", "tiled_along_the_batch"])
 def test_windows_mixed_across_samples_are_refused_in_one_line(tmp_path, model_fn, extra, named,
                                                               batch):
