@@ -10,11 +10,13 @@ sample's (k, ...) ids, and Keras' unrolled recurrent layers per folded row (a hi
 attention network's word encoder) lower as on [B, k, ...] with their axes on each sample's
 (k, ...) (`Context.axis_shift`), a zero first state's equal rows broadcast along the rows.
 An einsum keeping the folded axis a batch letter (Keras MultiHeadAttention over [B*C, P, d])
-is the einsum kernel under a fresh batch letter; argmax, argmin, top_k, one_hot and
+is the einsum kernel under a fresh batch letter, a batch matmul of two values folded alike
+(Swin's window attention, q @ k^T of [B*nW, heads, n, d] windows) the matmul kernel on each
+sample's (nW, heads, n, d); argmax, argmin, top_k, one_hot and
 constant-index gathers (tf.signal.frame) along a row's own axes, a softmax cross-entropy per
 row and the loss's sum or mean of every folded element (the loss tail's) are row by row too.
 Ops that would mix the rows of different samples (a reduction over
-the folded batch axis, a batch normalization, a product of two folded values, a weight or
+the folded batch axis, a batch normalization, a 2-D matmul of two folded values, a weight or
 constant laid along the folded axis) are refused naming the op, as are ops not proven row by
 row (pooling) and values the host reads while folded."""
 from __future__ import annotations
@@ -50,7 +52,9 @@ KERNEL_ROWS = {
                                 "Embedding lookups of folded ids, Keras GRU, LSTM and "
                                 "SimpleRNN per folded row (Bidirectional too), "
                                 "Keras MultiHeadAttention and einsums keeping the folded axis "
-                                "a batch letter, tf.argmax, argmin, top_k and constant-index "
+                                "a batch letter, Swin's window attention (a batch matmul of "
+                                "two values folded alike, q, k, v = tf.unstack(tf.transpose("
+                                "qkv, [2, 0, 3, 1, 4])) of folded windows), tf.argmax, argmin, top_k and constant-index "
                                 "gathers (tf.signal.frame) along a row's own axes, tf.one_hot, "
                                 "softmax cross-entropy per row, "
                                 "element-wise ops and activations, Dropout and random numbers "
@@ -62,7 +66,8 @@ REFUSED = {
     "ops mixing a folded batch's rows": "a reduction over the folded axis [batch * k, ...] "
                                         "other than the loss's of every element, a cumsum "
                                         "over it (a Switch router's capacity count), "
-                                        "BatchNormalization, a matmul of two folded values, "
+                                        "BatchNormalization, a matmul of two folded values "
+                                        "other than row by row, "
                                         "pooling and other ops not listed above on folded "
                                         "rows, and "
                                         "metrics or predictions reading them while folded",
@@ -91,6 +96,8 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type in PRODUCTS:
         a, b = op.inputs
         flip = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
+        if _row_by_row_product(m, op):
+            return ""
         if m.is_batched(b) or not m.is_batched(a) or flip:
             return _mixes(op, "multiplies rows of different samples (a matmul across the folded batch)", k)
         return ""
@@ -151,6 +158,16 @@ def _own_axis(m: Context, op: tf.Operation) -> bool:
                                   m.operands.constant(op.inputs[1]) is None):
         return False
     return axis is not None and int(axis) % rank != 0
+
+
+def _row_by_row_product(m: Context, op: tf.Operation) -> bool:
+    """Whether batch matmul `op` multiplies two values folded alike row by row: both of the
+    same rank >= 3, their rows axis whole (Swin's window attention, q @ k^T of [B*nW, heads,
+    n, d] windows: window r's queries by window r's keys)."""
+    a, b = op.inputs
+    return op.type != "MatMul" and m.is_batched(a) and m.is_batched(b) and \
+        len(static_shape(a)) == len(static_shape(b)) >= 3 and \
+        static_shape(a)[0] == static_shape(b)[0] == static_shape(op.outputs[0])[0]
 
 
 def _keeps_batch_letter(m: Context, op: tf.Operation) -> bool:

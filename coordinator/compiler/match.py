@@ -283,9 +283,13 @@ class Matcher:
         if output is not None:
             self.values[output.name] = name
             self.shapes[output.name] = kernel.output_shape
-            if self.folds(output) > 1:
-                self.fold_factors.add(self.folds(output))
+            self._note_fold(output)
         return kernel
+
+    def _note_fold(self, output: tf.Tensor) -> None:
+        """Record `output`'s rows per sample if it holds folded rows (fold_factors)."""
+        if self.folds(output) > 1:
+            self.fold_factors.add(self.folds(output))
 
     def kernel_shape(self, name: str) -> tuple[int, ...]:
         for k in self.kernels:
@@ -301,6 +305,7 @@ class Matcher:
         output = op.outputs[0] if output is None else output
         self.values[output.name] = self.values[source.name]
         self.shapes[output.name] = self.shape(source)
+        self._note_fold(output)  # (tf.repeat's reshape of the tiled [B, k, ...] rows)
         self.consumed.add(op)
 
     def reject(self, op: tf.Operation, reason: str = "") -> None:

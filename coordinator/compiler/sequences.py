@@ -248,10 +248,42 @@ def time_major_unstack(m: Context, op: tf.Operation) -> str:
     order = [int(p) for p in perm]
     time = order[0]
     if order[1] == 0 and order[1:] != [a for a in range(rank) if a != time]:
-        return leading_stack.transposed(m, op, order) if m.axis_shift(x) == 1 else FOLDED_STACK
+        if m.axis_shift(x) == 1:
+            return leading_stack.transposed(m, op, order)
+        return _folded_parts(m, op, order)
     if order[1] != 0 or order[1:] != [a for a in range(rank) if a != time]:
         return _TimeMajor.REFUSAL
     return _TimeMajor(m, order, x).lower(x, op.outputs[0], [op])
+
+
+def _folded_parts(m: Context, op: tf.Operation, order: list[int]) -> str:
+    """A transpose of folded rows [B*k, ...] moving one of a row's axes first and the rows
+    next (Swin's window attention: q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))
+    of [B*nW, n, 3, heads, d] windows) read only part by part (tf.unstack, x[i]): each part
+    a slice of each sample's (k, ...) along that axis, then a per-sample transpose of the
+    rest keeping the rows first; FOLDED_STACK for any other reader."""
+    x, time = op.inputs[0], order[0]
+    shape, steps = m.shape(x), m.shape(x)[order[0]]
+    perm = [a - (a > time) for a in order[1:]]
+    parts: list[tuple[tf.Operation, int, tf.Tensor]] = []
+    for c in m.consumers(op.outputs[0]):
+        index = step_index(m, c, steps)
+        if index is not None:
+            parts.append((c, index, c.outputs[0]))
+        elif c.type == "Unpack" and c.get_attr("axis") == 0:
+            parts.extend((c, i, out) for i, out in enumerate(c.outputs))
+        else:
+            return FOLDED_STACK
+    sliced = tuple(d for a, d in enumerate(shape) if a != time)
+    for c, index, out in parts:
+        part = m.add_kernel(f"{c.name}/{out.value_index}/part", "slice", [x], {
+            "begin": [index if a == time else 0 for a in range(len(shape))],
+            "end": [index + 1 if a == time else d for a, d in enumerate(shape)],
+            "strides": [1] * len(shape), "shrink": [time]}, [], [op, c], None,
+            output_shape=sliced, source_op=c)
+        m.add_kernel(f"{c.name}/{out.value_index}", "transpose", [part.name], {"perm": perm},
+                     [], [op, c], out, output_shape=tuple(sliced[p] for p in perm), source_op=c)
+    return ""
 
 
 def _batch_first_again(m: Context, order: list[int], op: tf.Operation,

@@ -1,8 +1,9 @@
 """Values laid out stacked in front of the batch by forms other than tf.stack(values, axis=0)
 (unseen22): timm-style attention's qkv permute (tf.transpose(qkv, [2, 0, 3, 1, 4]) then
 unstacked or indexed) trains 4 steps with TF's numbers, evaluates and predicts with the CPU
-path's; a VIB's K Monte Carlo samples (eps = tf.random.normal([K, tf.shape(mu)[0], Z]),
-mu[None] + sigma[None] * eps, a Dense on the [K, B, Z] samples) train with TF's replayed
+path's, and so does Swin's form of it on windows folded into the batch; a VIB's K Monte
+Carlo samples (eps = tf.random.normal([K, tf.shape(mu)[0], Z]), mu[None] + sigma[None] *
+eps, a Dense on the [K, B, Z] samples) train with TF's replayed
 draws and evaluate drawing every batch; what reads such a value other than the stack-first
 layout supports stays refused in one line."""
 from __future__ import annotations
@@ -73,9 +74,24 @@ def vib(features, labels, mode, params):
     return _spec(mode, labels, decoder(mu), loss + 0.01 * kl)
 
 
+def permuted_windows(features, labels, mode, params):
+    """Swin's form: windows folded into the batch ([B*n, N, ...]) before the permute (no stack:
+    each part taken apart, sequences._folded_parts; params parts_mean: the permuted value
+    averaged over its parts, refused)."""
+    windows = tf.reshape(features, [-1, 1, FEATURES])  # (a window per token)
+    qkv = tf.reshape(L.Dense(3 * params["dim"])(windows), [-1, 1, 3, params["heads"], 4])
+    permuted = tf.transpose(qkv, [2, 0, 3, 1, 4])
+    if params.get("parts_mean"):
+        return _spec(mode, labels, L.Dense(3)(tf.reshape(tf.reduce_mean(permuted, 0), [-1, TOKENS * 8])))
+    q, k, v = tf.unstack(permuted, axis=0)
+    out = tf.reshape(tf.matmul(tf.nn.softmax(tf.matmul(q, k, transpose_b=True)), v), [-1, TOKENS * 8])
+    return _spec(mode, labels, L.Dense(3)(out))
+
+
 CASES = {
     "vit_block_unstacked": (vit_block, PARAMS),
     "vit_block_indexed": (vit_block, {**PARAMS, "unstack": False}),
+    "permuted_windows": (permuted_windows, PARAMS),
 }
 
 
@@ -111,17 +127,8 @@ def permuted_then_reduced_over_the_batch(features, labels, mode, params):
     return _spec(mode, labels, logits)
 
 
-def permuted_windows(features, labels, mode, params):
-    """Swin's form: windows folded into the batch ([B*n, N, ...]) before the permute."""
-    windows = tf.reshape(features, [-1, 1, FEATURES])  # (a window per token)
-    qkv = tf.reshape(L.Dense(3 * params["dim"])(windows), [-1, 1, 3, params["heads"], 4])
-    q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]), axis=0)
-    out = tf.reshape(tf.matmul(tf.nn.softmax(tf.matmul(q, k, transpose_b=True)), v), [-1, TOKENS * 8])
-    return _spec(mode, labels, L.Dense(3)(out))
-
-
 @pytest.mark.parametrize("model_fn, params, words", [
-    (permuted_windows, PARAMS, "tf.unstack(qkv, axis=2)"),
+    (permuted_windows, {**PARAMS, "parts_mean": True}, "tf.unstack(qkv, axis=2)"),
     (permuted_then_reduced_over_the_batch, PARAMS, "reduce over the stack axis 0 first"),
     (vib, {**PARAMS, "decode": "tiled_labels"}, "views a per-sample value as a row"),
 ])
