@@ -1,0 +1,71 @@
+"""Weights two optimizers update in one step (training/reupdates.py, the simulator's
+reupdates): the AAE chained phase by phase and the reference AAE of three grouped Adams, a
+GAN sharing its generator with an autoencoder's decoder, two tasks' optimizers on one
+embedding table and body (grouped and chained), a sequential chain over overlapping
+var_lists: 4 steps on the CS and on TF from the same weights and batches within 1e-5
+(losses, weights, every optimizer's slots and beta powers), evaluated and predicted as the
+CPU path; what TF leaves to chance refused in one line naming both ops and lines."""
+from __future__ import annotations
+
+import inspect
+
+import multi_optimizer_models as mm
+import pytest
+import twice_updated_models as tm
+from cs_inprocess import assert_same_training, cached_comparisons, cpu_path_mismatches, refusal
+
+CASES = {"aae_chained": (tm.aae_chained, tm.digits_input_fn, {}),
+         "aae_three_adams": (mm.aae_three_adams, mm.digits_input_fn, {}),
+         "vaegan_trunk": (tm.vaegan_trunk, tm.digits_input_fn, {}),
+         "two_tasks": (tm.two_tasks, tm.tasks_input_fn, {}),
+         "two_tasks_chained": (tm.two_tasks, tm.tasks_input_fn, {"chained": True}),
+         "sequential_chain": (tm.sequential_chain, tm.digits_input_fn, {})}
+SECOND_SLOTS = {"aae_chained": "enc_h/kernel/Adam_2", "aae_three_adams": "enc_h/kernel/Adam_2",
+                "vaegan_trunk": "dec_h/kernel/Adam_2",
+                "two_tasks": "shared_embedding/embeddings/Momentum",
+                "two_tasks_chained": "shared_body/kernel/Momentum",
+                "sequential_chain": "trunk/kernel/RMSProp"}
+EVALUATED = ("aae_chained", "vaegan_trunk", "two_tasks", "sequential_chain")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return cached_comparisons(CASES, {}, tmp_path_factory, drawn=True)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_trains_as_tensorflow(trained, case):
+    run = trained(case)
+    assert_same_training(run, rtol=1e-5)
+    assert SECOND_SLOTS[case] in run.cs.state  # (the second optimizer's own, TF's name)
+    assert SECOND_SLOTS[case].rsplit("/", 1)[0] in \
+        [r.variable for r in run.compiled.program.reupdates]
+
+
+@pytest.mark.parametrize("case", EVALUATED)
+def test_evaluates_and_predicts_as_the_cpu_path(trained, case, tmp_path):
+    model_fn, input_fn, params = CASES[case]
+    assert cpu_path_mismatches(model_fn, input_fn, params, str(tmp_path), trained(case)) == []
+
+
+def _line(module, fragment: str) -> str:
+    lines = inspect.getsource(module).splitlines()
+    return f"{module.__name__}.py:{next(i for i, s in enumerate(lines) if fragment in s) + 1}"
+
+
+def test_an_update_reading_the_weight_with_no_order_to_the_other_is_refused(tmp_path):
+    message = refusal(tm.sequential_chain, tm.digits_input_fn, {"ftrl": True}, str(tmp_path),
+                      "twice_updated_models.py")
+    assert message.startswith("trunk/kernel is updated by two optimizers with no order")
+    assert "the ftrl update reads the weight" in message
+    assert "ResourceApplyGradientDescent" in message and "ResourceApplyFtrl" in message
+    assert _line(tm, "FtrlOptimizer") in message
+
+
+def test_a_read_no_update_waits_for_is_refused(tmp_path):
+    """Grouped, the generator's Adam may update the decoder before the reconstruction's
+    backward pass reads it (TF's executor decides)."""
+    message = refusal(tm.vaegan_trunk, tm.digits_input_fn, {"grouped": True}, str(tmp_path),
+                      "twice_updated_models.py")
+    assert "reads dec_h/kernel, which another loss's optimizer updates" in message
+    assert _line(tm, "reconstruction line") in message and _line(tm, "generator line") in message
