@@ -85,7 +85,7 @@ def vaegan_trunk(features, labels, mode, params):
         return CSEstimatorSpec(mode, loss=recon_loss, train_op=tf.group(
             ae_opt.minimize(recon_loss, var_list=_named("enc") + _named("dec"), global_step=step),
             d_opt.minimize(d_loss, var_list=_named("critic")),
-            g_opt.minimize(g_loss, var_list=_named("dec"))))  # generator line
+            g_opt.minimize(g_loss, var_list=_named("dec"))))  # grouped generator line
     d_train = d_opt.minimize(d_loss, var_list=_named("critic"))
     with tf.control_dependencies([d_train]):
         ae_train = ae_opt.minimize(recon_loss, var_list=_named("enc") + _named("dec"),

@@ -283,11 +283,12 @@ class Pipeline:
             if region is None:
                 self.shared.reupdate(r.variable, rule, again.gradient, again.slots, again.scratch)
                 continue
-            var = region.params[again.role]
-            if isinstance(again.gradient, tuple):
-                rule.apply_sparse(var, *again.gradient, again.slots)
+            var, gradient = region.params[again.role], again.gradient
+            if isinstance(gradient, tuple):
+                rule.apply_sparse(var, *gradient, again.slots)
             else:
-                rule.apply(var, again.gradient, again.slots, again.scratch)
+                assert gradient is not None  # (its objective's pass kept it)
+                rule.apply(var, gradient, again.slots, again.scratch)
             if region.half:
                 round_half_into(var, region.compute[again.role])
 

@@ -68,4 +68,4 @@ def test_a_read_no_update_waits_for_is_refused(tmp_path):
     message = refusal(tm.vaegan_trunk, tm.digits_input_fn, {"grouped": True}, str(tmp_path),
                       "twice_updated_models.py")
     assert "reads dec_h/kernel, which another loss's optimizer updates" in message
-    assert _line(tm, "reconstruction line") in message and _line(tm, "generator line") in message
+    assert _line(tm, "reconstruction line") in message and _line(tm, "grouped generator line") in message

@@ -3,7 +3,7 @@ of a stage reported at once."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -46,13 +46,13 @@ from coordinator.compiler.training.graph import (
     variable_op,
 )
 from coordinator.compiler.training.noise import floored
-from coordinator.compiler.training.reupdates import check_reupdates
 from coordinator.compiler.training.numbers import (
     GRADIENT_NOISE,
     HALF_GRADIENT_NOISE,
     HALF_GRADIENT_RTOL,
     _check_numbers,
 )
+from coordinator.compiler.training.reupdates import check_reupdates
 from coordinator.compiler.training.shift import zero_gradients
 from coordinator.compiler.training.transforms import _fold_loss_scale
 from coordinator.compiler.training.updates import SUPPORTED, _check_dtypes, _check_slots, _Update
@@ -293,7 +293,8 @@ def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool,
     seeds one backward pass; `scaling`: a float16 model's, or dynamic), refused."""
     losses = _losses(extracted, chains)
     named = {loss.name for loss, _ in losses}
-    further = [(loss, set()) for loss, _ in _losses(extracted, again) if loss.name not in named]
+    further: list[tuple[tf.Tensor, set[str]]] = [
+        (loss, set()) for loss, _ in _losses(extracted, again) if loss.name not in named]
     if len(losses) == 1 and losses[0][0] is not extracted.spec.loss:
         loss = extracted.spec.loss
         raise _fail(chains[0].update.op, f"the train_op minimizes {losses[0][0].name} computed "
@@ -382,7 +383,8 @@ def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
                                  "gradient])")
 
 
-def optimizer_groups(updates: list[_Update], again: list[_Update] = ()) -> tuple[OptimizerGroup, ...]:
+def optimizer_groups(updates: list[_Update],
+                     again: Sequence[_Update] = ()) -> tuple[OptimizerGroup, ...]:
     """The optimizers besides the first update's and the variables each updates first (two
     minimize calls with the same hyper-parameters, and no scalars of their own, are one;
     `again`: weights' further updates, whose optimizers may update no weight first)."""

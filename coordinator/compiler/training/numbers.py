@@ -66,8 +66,8 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
     with graph.as_default(), tf.name_scope("csrun_training_check"):
         tensors = [graph.get_operation_by_name(c.update.variable).outputs[0] for c in chains]
         by_loss: dict[str, list[int]] = {}
-        for k, c in enumerate(chains):
-            by_loss.setdefault(losses[k].name, []).append(k)
+        for k, loss in enumerate(losses):
+            by_loss.setdefault(loss.name, []).append(k)
         expected: list = [None] * len(chains)
         for ks in by_loss.values():
             grads = tf.gradients(losses[ks[0]], [tensors[k] for k in ks])
