@@ -138,10 +138,12 @@ def two_tasks(features, labels, mode, params):
 def sequential_chain(features, labels, mode, params):
     """`opt.minimize(l1)`, then under tf.control_dependencies `opt2.minimize(l2)` over an
     overlapping var_list: a trunk two heads read, SGD on the first head's loss and RMSProp on
-    the second's (`ftrl`: an FTRL grouped beside the first instead)."""
-    trunk = L.Dense(12, activation="tanh", name="trunk")(features)
+    the second's (`ftrl`: an FTRL grouped beside the first instead; `recomputed`: the second
+    loss computed anew under the control dependencies, from the updated trunk)."""
+    trunk_layer, head_b = L.Dense(12, activation="tanh", name="trunk"), L.Dense(24, name="head_b")
+    trunk = trunk_layer(features)
     first = L.Dense(24, name="head_a")(trunk)
-    second = L.Dense(24, name="head_b")(trunk)
+    second = head_b(trunk)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"a": first, "b": second})
     l1 = v1.losses.mean_squared_error(labels, first)
@@ -158,5 +160,7 @@ def sequential_chain(features, labels, mode, params):
     first_train = v1.train.GradientDescentOptimizer(0.1).minimize(l1, var_list=a_vars,
                                                                   global_step=step)
     with tf.control_dependencies([first_train]):
+        if params.get("recomputed"):  # (the second loss from the updated trunk)
+            l2 = v1.losses.absolute_difference(labels, head_b(trunk_layer(features)))
         train_op = v1.train.RMSPropOptimizer(1e-2).minimize(l2, var_list=b_vars)
     return CSEstimatorSpec(mode, loss=l1 + l2, train_op=train_op)

@@ -149,21 +149,15 @@ def _analyze(extracted: ExtractedGraph, half: bool,
         programs = GradientPrograms(extracted, lambda op: _in_scope(op, calls) is not None
                                     or densified(op, calls) is not None)
         chains, problems, hints = [], [], []
-        for u in updates:
+        for u in updates + again:  # (the weights' first updates, then their reupdates)
             try:
                 chains.append(_chain(u, calls, norms, programs))
             except _Refused as problem:
                 problems.append(str(problem))
                 hints.append(problem.hint)
-        again_chains = []
-        for u in again:
-            try:
-                again_chains.append(_chain(u, calls, norms, programs))
-            except _Refused as problem:
-                problems.append(str(problem))
-                hints.append(problem.hint)
         if problems:
             raise _Problems(problems, hints[0])
+        chains, again_chains = chains[:len(updates)], chains[len(updates):]
         try:
             objectives = _objectives(extracted, chains, dynamic is not None or half, again_chains)
             reupdates = _reupdates(extracted, chains, again_chains, objectives, updates)
@@ -373,9 +367,9 @@ def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
                 if read in closures[update]:
                     continue
                 raise _fail(read, f"{y.name} reads {variable}, which another loss's "
-                                  f"optimizer updates in the step ('{user_name(update)}' at "
-                                  f"{user_source(update)}), with no order to that "
-                                  f"update (TF reads it before or after the update, by "
+                                  f"optimizer updates in the step, with no order to that "
+                                  f"update ('{user_name(update)}' at {user_source(update)}: "
+                                  f"TF reads it before or after the update, by "
                                   f"chance); compute the losses from one forward pass, or "
                                   f"make the update wait for the read",
                             hint="compute every loss's gradients first (compute_gradients), "
