@@ -11,8 +11,18 @@ import inspect
 
 import multi_optimizer_models as mm
 import pytest
+import tf_reference
 import twice_updated_models as tm
-from cs_inprocess import assert_same_training, cached_comparisons, cpu_path_mismatches, refusal
+from cs_inprocess import (
+    assert_resume_is_unbroken,
+    assert_same_training,
+    cached_comparisons,
+    compile_checked,
+    cpu_path_mismatches,
+    micro_batch_comparisons,
+    refusal,
+    resume_is_unbroken,
+)
 
 CASES = {"aae_chained": (tm.aae_chained, tm.digits_input_fn, {}),
          "aae_three_adams": (mm.aae_three_adams, mm.digits_input_fn, {}),
@@ -46,6 +56,29 @@ def test_trains_as_tensorflow(trained, case):
 def test_evaluates_and_predicts_as_the_cpu_path(trained, case, tmp_path):
     model_fn, input_fn, params = CASES[case]
     assert cpu_path_mismatches(model_fn, input_fn, params, str(tmp_path), trained(case)) == []
+
+
+@pytest.fixture(scope="module")
+def streamed(tmp_path_factory):
+    return micro_batch_comparisons(tm.tasks_input_fn, tmp_path_factory, steps=4)
+
+
+@pytest.mark.parametrize("micro, replicas", [(4, None), (2, 2)])
+def test_micro_batches_and_replicas_reupdate_as_tensorflow(streamed, micro, replicas):
+    """The table's IndexedSlices and the body's gradient kept from the rating task's pass,
+    whatever the micro-batch size and replicas."""
+    assert_same_training(streamed(tm.two_tasks, {"chained": True}, micro, replicas), rtol=1e-5)
+
+
+def test_a_checkpoint_resumes_every_optimizer_of_a_reupdated_weight(tmp_path):
+    """The second and third Adams' slots and beta powers, read back as the chief resumes:
+    the next steps an unbroken run's (bit for bit, the prior's draws too)."""
+    compiled = compile_checked(tm.aae_chained, tm.digits_input_fn, {}, str(tmp_path / "aae"))
+    data = tf_reference.batches(tm.digits_input_fn, {}, 6)
+    _, state, _ = resume_is_unbroken(compiled, data, str(tmp_path / "aae"), 3)
+    assert {"enc_h/kernel/Adam_2", "enc_h/kernel/Adam_3", "beta1_power_2"} <= set(state)
+    assert_resume_is_unbroken(tm.two_tasks, tm.tasks_input_fn, {}, str(tmp_path / "tasks"),
+                              {"shared_embedding/embeddings/Momentum", "shared_body/kernel/Momentum"})
 
 
 def _line(module, fragment: str) -> str:
