@@ -24,6 +24,10 @@ from cs_inprocess import (
     resume_is_unbroken,
 )
 
+from cs_api import pb
+from wse_sim.errors import CSError
+from wse_sim.program import check_program
+
 CASES = {"aae_chained": (tm.aae_chained, tm.digits_input_fn, {}),
          "aae_three_adams": (mm.aae_three_adams, mm.digits_input_fn, {}),
          "vaegan_trunk": (tm.vaegan_trunk, tm.digits_input_fn, {}),
@@ -119,3 +123,18 @@ def test_the_report_names_each_reupdate(trained):
     assert f"enc_h/kernel by optimizer 2 from objective 2 at tests/{_line(tm, 'generator line')}" \
         in text
     assert "for (reupdates only) (step counters beta1_power_2, beta2_power_2)" in text
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda r: setattr(r, "objective", 9), "objective 9 is none of the program's 3"),
+    (lambda r: setattr(r, "optimizer", 3), "optimizer 3 is none of the program's 3"),
+    (lambda r: r.slots.pop(), "are not its optimizer's, each once"),
+    (lambda r: setattr(r, "variable", "disc_x/kernel"), "is not a trained weight"),
+], ids=["objective", "optimizer", "slots", "variable"])
+def test_the_cs_refuses_a_malformed_reupdate_before_anything_is_allocated(trained, change, words):
+    program = pb.Program()
+    program.CopyFrom(trained("aae_chained").compiled.program)
+    change(program.reupdates[0])
+    with pytest.raises(CSError) as error:
+        check_program(program)
+    assert "reupdate 0: " in str(error.value) and words in str(error.value)

@@ -110,14 +110,14 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                 extracted, statistic_averages, states,
                 dict.fromkeys(conditional.branch_of, conditional.cond) if conditional else None,
                 again)
+            gated: list[GatedStateWrite] = []
+            written += conditional_writes(original, updates, written, gated)
             check_reupdates(updates, again, written)
             if again and (conditional is not None or dynamic is not None or half):
                 raise _fail(again[0].op, f"{again[0].variable} is updated by two optimizers "
                                          "with updates inside a tf.cond, loss scaling or a "
                                          "float16 model: the CS reupdates a weight in float32 "
                                          "steps that apply every update")
-            gated: list[GatedStateWrite] = []
-            written += conditional_writes(original, updates, written, gated)
             condition = None
             if conditional is not None:
                 condition = conditional.update(updates)
@@ -289,7 +289,7 @@ def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool,
     named = {loss.name for loss, _ in losses}
     further: list[tuple[tf.Tensor, set[str]]] = [
         (loss, set()) for loss, _ in _losses(extracted, again) if loss.name not in named]
-    if len(losses) == 1 and losses[0][0] is not extracted.spec.loss:
+    if len(losses) == 1 and not further and losses[0][0] is not extracted.spec.loss:
         loss = extracted.spec.loss
         raise _fail(chains[0].update.op, f"the train_op minimizes {losses[0][0].name} computed "
                                          f"at {user_source(losses[0][0].op)}, not the loss "

@@ -12,7 +12,7 @@ tf.control_dependencies orders an op after ops created before it, so a chain's o
 always it), TF's order in a chain and one of TF's orders in a group; refused in one line,
 naming both updates: a group of updates one of which reads the weight (FTRL, the proximal
 rules, AdamW's decay: TF's result is then undefined beyond rounding), and a write of the
-weight besides its updates."""
+weight besides its updates or a soft update reading it (a target network's)."""
 from __future__ import annotations
 
 from coordinator.compiler.extract import user_name, user_source
@@ -41,12 +41,13 @@ def check_reupdates(first: list[_Update], again: list[_Update], written: list[_W
     refused (see the module)."""
     by_var = {u.variable: [u] for u in first}
     writes = {w.variable for w in written}
+    sources = {v for w in written for v in w.sources}
     for u in again:
         earlier = by_var[u.variable]
-        if u.variable in writes:
+        if u.variable in writes or u.variable in sources:
             raise _fail(u.op, f"{u.variable} is updated by two optimizers (also by "
-                              f"{_named(earlier[0])}) and written besides: the CS orders a "
-                              "write around one update")
+                              f"{_named(earlier[0])}) and written besides, or read by a "
+                              "soft update: the CS orders a write around one update")
         for e in earlier:
             if _waits(u.op, e.op):
                 continue
