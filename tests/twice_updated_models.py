@@ -139,14 +139,19 @@ def sequential_chain(features, labels, mode, params):
     """`opt.minimize(l1)`, then under tf.control_dependencies `opt2.minimize(l2)` over an
     overlapping var_list: a trunk two heads read, SGD on the first head's loss and RMSProp on
     the second's (`ftrl`: an FTRL grouped beside the first instead; `recomputed`: the second
-    loss computed anew under the control dependencies, from the updated trunk)."""
-    trunk_layer, head_b = L.Dense(12, activation="tanh", name="trunk"), L.Dense(24, name="head_b")
+    loss computed anew under the control dependencies, from the updated trunk; `penalized`:
+    an L2 penalty on the trunk's kernel in the first loss)."""
+    trunk_layer = L.Dense(12, activation="tanh", name="trunk", kernel_regularizer=(
+        tf.keras.regularizers.L2(1e-3) if params.get("penalized") else None))
+    head_b = L.Dense(24, name="head_b")
     trunk = trunk_layer(features)
     first = L.Dense(24, name="head_a")(trunk)
     second = head_b(trunk)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"a": first, "b": second})
     l1 = v1.losses.mean_squared_error(labels, first)
+    if trunk_layer.losses:
+        l1 += tf.add_n(trunk_layer.losses)
     l2 = v1.losses.absolute_difference(labels, second)
     if mode == ModeKeys.EVAL:
         return CSEstimatorSpec(mode, loss=l1 + l2)

@@ -310,7 +310,7 @@ def check_program(program: pb.Program) -> CheckedProgram:
 def check_reupdates(program: pb.Program, params: Mapping[str, ParamSpec],
                     derived: Collection[str]) -> tuple[Reupdate, ...]:
     """Weights updated again by further optimizers: each a trained weight (no weight write
-    or gradient transform to order around the second update), by one of the program's
+    or gradient transform to order around the second update, no penalty), by one of the program's
     optimizers with its own slots (as many as that optimizer keeps, no name of another's),
     from one of two objectives or more."""
     reupdates = tuple(Reupdate.from_message(m) for m in program.reupdates)
@@ -323,8 +323,8 @@ def check_reupdates(program: pb.Program, params: Mapping[str, ParamSpec],
         problem = ""
         if spec is None or spec.frozen or r.variable in derived:
             problem = f"{r.variable!r} is not a trained weight of the program"
-        elif r.variable in written:
-            problem = f"{r.variable!r} is written besides its update"
+        elif r.variable in written or spec.regularizers:
+            problem = f"{r.variable!r} is written besides its update or penalized"
         elif not 0 <= r.optimizer < len(optimizers):
             problem = f"optimizer {r.optimizer} is none of the program's {len(optimizers)}"
         elif not 0 <= r.objective < len(program.objectives):

@@ -108,6 +108,14 @@ def test_a_second_loss_computed_from_the_updated_weights_is_refused(tmp_path):
     assert _line(tm, "head_b(trunk_layer(features))") in message
 
 
+def test_a_penalty_on_a_twice_updated_weight_is_refused(tmp_path):
+    """TF adds the L2 gradient to the first loss's gradient alone; the CS's regions add a
+    penalty in every pass."""
+    message = refusal(tm.sequential_chain, tm.digits_input_fn, {"penalized": True},
+                      str(tmp_path), "twice_updated_models.py")
+    assert "a weight penalty on trunk/kernel, which two optimizers update" in message
+
+
 def test_a_read_no_update_waits_for_is_refused(tmp_path):
     """Grouped, the generator's Adam may update the decoder before the reconstruction's
     backward pass reads it (TF's executor decides)."""
