@@ -171,7 +171,17 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                        for v in zero_gradients(loss, [u.variable for u in updates if u.indices
                                                       is None and u.variable in names],
                                                normalized))
+        zeroed_again = next((c for c in again_chains if c.update.indices is None and zero_gradients(
+            c.call.objective if c.call.objective is not None else extracted.spec.loss,
+            [c.update.variable], normalized)), None)
         try:
+            if zeroed_again is not None:
+                raise _fail(zeroed_again.update.op, f"{zeroed_again.update.variable}, which two "
+                                                    "optimizers update, has a gradient 0 in exact "
+                                                    "arithmetic (a shift a softmax or batch "
+                                                    "normalization cancels; TF's is rounding "
+                                                    "noise): the CS zeroes a weight's first "
+                                                    "update's gradient alone")
             _group_order(chains)
             _clipped_apart(chains, objectives)
             if half:
