@@ -307,6 +307,20 @@ class Objective(_message.Message):
     variables: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, loss_kernel: _Optional[str] = ..., variables: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class Reupdate(_message.Message):
+    __slots__ = ("variable", "optimizer", "objective", "slots", "source")
+    VARIABLE_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    variable: str
+    optimizer: int
+    objective: int
+    slots: _containers.RepeatedScalarFieldContainer[str]
+    source: str
+    def __init__(self, variable: _Optional[str] = ..., optimizer: _Optional[int] = ..., objective: _Optional[int] = ..., slots: _Optional[_Iterable[str]] = ..., source: _Optional[str] = ...) -> None: ...
+
 class ScalarOp(_message.Message):
     __slots__ = ("op", "dtype", "inputs", "controls", "value", "name")
     OP_FIELD_NUMBER: _ClassVar[int]
@@ -428,7 +442,7 @@ class WeightProgram(_message.Message):
     def __init__(self, sources: _Optional[_Iterable[_Union[Param, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ...) -> None: ...
 
 class Program(_message.Message):
-    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "reported_loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets", "schedules", "moving_averages", "dynamic_loss_scale", "cs1_dynamic_loss_scale", "step_counts_applied", "weight_program", "weight_writes", "optimizer_groups", "objectives", "conditional_update")
+    __slots__ = ("name", "graph_hash", "fabric", "batch_size", "micro_batch_size", "inputs", "kernels", "loss_kernel", "reported_loss_kernel", "optimizer", "outputs", "routes", "estimate", "seed", "gradient_transforms", "num_replicas", "replica_offsets", "schedules", "moving_averages", "dynamic_loss_scale", "cs1_dynamic_loss_scale", "step_counts_applied", "weight_program", "weight_writes", "optimizer_groups", "objectives", "conditional_update", "reupdates")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GRAPH_HASH_FIELD_NUMBER: _ClassVar[int]
     FABRIC_FIELD_NUMBER: _ClassVar[int]
@@ -456,6 +470,7 @@ class Program(_message.Message):
     OPTIMIZER_GROUPS_FIELD_NUMBER: _ClassVar[int]
     OBJECTIVES_FIELD_NUMBER: _ClassVar[int]
     CONDITIONAL_UPDATE_FIELD_NUMBER: _ClassVar[int]
+    REUPDATES_FIELD_NUMBER: _ClassVar[int]
     name: str
     graph_hash: str
     fabric: str
@@ -483,7 +498,8 @@ class Program(_message.Message):
     optimizer_groups: _containers.RepeatedCompositeFieldContainer[OptimizerGroup]
     objectives: _containers.RepeatedCompositeFieldContainer[Objective]
     conditional_update: ConditionalUpdate
-    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., reported_loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ..., dynamic_loss_scale: _Optional[_Union[DynamicLossScale, _Mapping]] = ..., cs1_dynamic_loss_scale: _Optional[_Union[CS1DynamicLossScale, _Mapping]] = ..., step_counts_applied: _Optional[bool] = ..., weight_program: _Optional[_Union[WeightProgram, _Mapping]] = ..., weight_writes: _Optional[_Iterable[_Union[WeightWrite, _Mapping]]] = ..., optimizer_groups: _Optional[_Iterable[_Union[OptimizerGroup, _Mapping]]] = ..., objectives: _Optional[_Iterable[_Union[Objective, _Mapping]]] = ..., conditional_update: _Optional[_Union[ConditionalUpdate, _Mapping]] = ...) -> None: ...
+    reupdates: _containers.RepeatedCompositeFieldContainer[Reupdate]
+    def __init__(self, name: _Optional[str] = ..., graph_hash: _Optional[str] = ..., fabric: _Optional[str] = ..., batch_size: _Optional[int] = ..., micro_batch_size: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., loss_kernel: _Optional[str] = ..., reported_loss_kernel: _Optional[str] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., outputs: _Optional[_Iterable[str]] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., estimate: _Optional[_Union[Estimate, _Mapping]] = ..., seed: _Optional[int] = ..., gradient_transforms: _Optional[_Iterable[_Union[GradientTransform, _Mapping]]] = ..., num_replicas: _Optional[int] = ..., replica_offsets: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ..., moving_averages: _Optional[_Iterable[_Union[MovingAverage, _Mapping]]] = ..., dynamic_loss_scale: _Optional[_Union[DynamicLossScale, _Mapping]] = ..., cs1_dynamic_loss_scale: _Optional[_Union[CS1DynamicLossScale, _Mapping]] = ..., step_counts_applied: _Optional[bool] = ..., weight_program: _Optional[_Union[WeightProgram, _Mapping]] = ..., weight_writes: _Optional[_Iterable[_Union[WeightWrite, _Mapping]]] = ..., optimizer_groups: _Optional[_Iterable[_Union[OptimizerGroup, _Mapping]]] = ..., objectives: _Optional[_Iterable[_Union[Objective, _Mapping]]] = ..., conditional_update: _Optional[_Union[ConditionalUpdate, _Mapping]] = ..., reupdates: _Optional[_Iterable[_Union[Reupdate, _Mapping]]] = ...) -> None: ...
 
 class JobHeader(_message.Message):
     __slots__ = ("job_id", "token", "program", "num_workers", "global_step", "first_batch", "user")

@@ -2,7 +2,7 @@
 (Adagrad on the embedding tables, SGD with a linear warmup on the MLPs), two SGDs each on
 its own decay, an Adam beside an AdamW on a decay, an adversarial autoencoder with one Adam on reconstruction + w * adversarial
 beside its discriminator's Adam (a prior drawn in model_fn), and the AAE of three Adams whose
-encoder two of them update (refused)."""
+encoder two of them update (test_twice_updated_weights.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -146,8 +146,8 @@ def aae_three_adams(features, labels, mode, params):
     encoder = [v for v in autoencoder if v.name.startswith("enc")]
     discriminator = [v for v in v1.trainable_variables() if v.name.startswith("disc")]
     return CSEstimatorSpec(mode, loss=recon_loss + critic, train_op=tf.group(
-        v1.train.AdamOptimizer(1e-2).minimize(recon_loss, var_list=autoencoder,  # recon line
+        v1.train.AdamOptimizer(1e-2).minimize(recon_loss, var_list=autoencoder,
                                               global_step=v1.train.get_or_create_global_step()),
         v1.train.AdamOptimizer(1e-2, beta1=0.5).minimize(critic, var_list=discriminator),
-        v1.train.AdamOptimizer(1e-2, beta1=0.5).minimize(adversarial,  # generator line
+        v1.train.AdamOptimizer(1e-2, beta1=0.5).minimize(adversarial,
                                                          var_list=encoder)))

@@ -653,6 +653,29 @@ class OptimizerGroup:
         return pb.OptimizerGroup(optimizer=self.config.to_message(), variables=list(self.variables))
 
 
+@dataclass(frozen=True)
+class Reupdate:
+    """A weight a further optimizer (`optimizer`: 0 the program's, k its group k - 1)
+    updates again after its first update, from the gradient of objective `objective`'s pass
+    (taken at the weights before the step, as TF's one forward pass gives it), keeping its
+    own slots under TF's names (`slots`: a second Adam's `<var>/Adam_2`, `<var>/Adam_3`)."""
+
+    variable: str
+    optimizer: int
+    objective: int
+    slots: tuple[str, ...]
+    source: str = ""
+
+    @classmethod
+    def from_message(cls, message: pb.Reupdate) -> "Reupdate":
+        return cls(message.variable, message.optimizer, message.objective,
+                   tuple(message.slots), message.source)
+
+    def to_message(self) -> pb.Reupdate:
+        return pb.Reupdate(variable=self.variable, optimizer=self.optimizer,
+                           objective=self.objective, slots=list(self.slots), source=self.source)
+
+
 class Grouped(Optimizer):
     """Several optimizers in one step, each with its own hyper-parameters, slots and
     scalars, each variable updated by its group's (`for_variable`); every gradient is the
@@ -686,16 +709,18 @@ class Grouped(Optimizer):
             o.finish_step()
 
 
-def finish_updated(optimizer: Optimizer, trained: Iterable[str], skipped: frozenset[str]) -> None:
+def finish_updated(optimizer: Optimizer, trained: Iterable[str], skipped: frozenset[str],
+                   reupdates: Iterable[Reupdate] = ()) -> None:
     """The step's bookkeeping (`finish_step`: Adam's beta powers) of each optimizer that
-    updated one of the `trained` variables not `skipped`: a group whose updates a tf.cond
-    skipped this step keeps its step counters, as TF's live in the branch of its apply ops."""
+    updated one of the `trained` variables not `skipped`, or reupdated one: a group whose
+    updates a tf.cond skipped this step keeps its step counters, as TF's live in the branch
+    of its apply ops."""
     if not isinstance(optimizer, Grouped):
         if not skipped or any(v not in skipped for v in trained):
             optimizer.finish_step()
         return
     updated = {id(optimizer.by_variable.get(v, optimizer.default)) for v in trained
-               if v not in skipped}
+               if v not in skipped} | {id(optimizer.members[r.optimizer]) for r in reupdates}
     for member in optimizer.members:
         if id(member) in updated:
             member.finish_step()

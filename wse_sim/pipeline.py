@@ -50,7 +50,7 @@ from wafer.kernels.losses import BatchLoss
 from wafer.loss_scaling import Rule, all_finite
 from wafer.moving_averages import MovingAverage
 from wafer.moving_averages import update as update_average
-from wafer.optimizers import Optimizer, finish_updated, slot_name
+from wafer.optimizers import Optimizer, Reupdate, finish_updated, slot_name
 from wafer.precision import is_half, round_half, round_half_, round_half_into, widened
 from wafer.schedules import Schedule, evaluate
 from wafer.weight_programs import WeightProgram
@@ -117,6 +117,20 @@ class Region:
     pending: list = field(default_factory=list)
 
 
+@dataclass
+class _Again:
+    """A reupdate (wafer.optimizers.Reupdate) of a region's weight (`region`, `role`) or a
+    shared one (`region` None): its slots, and its objective's gradient (dense, or an
+    embedding's IndexedSlices) kept from that objective's pass."""
+
+    reupdate: Reupdate
+    region: Region | None
+    role: str
+    slots: list[np.ndarray]
+    scratch: list[np.ndarray]
+    gradient: HeldGradient | None = None
+
+
 @dataclass(frozen=True)
 class StepOutput:
     loss: float
@@ -149,7 +163,7 @@ class Pipeline:
                  weight_writes: Sequence[WeightWrite] = (),
                  objectives: Sequence[Objective] = (),
                  conditional_update: ConditionalUpdate | None = None,
-                 reported_loss_kernel: str = ""):
+                 reported_loss_kernel: str = "", reupdates: Sequence[Reupdate] = ()):
         self.batch_size = batch_size
         self.micro = micro_batch_size
         self.replicas = replicas
@@ -230,6 +244,9 @@ class Pipeline:
         if optimizer is not None:
             optimizer.load_scalars(state)
             held.update(optimizer.scalar_names)
+        self.reupdates = tuple(self._again(r, state) for r in reupdates) \
+            if optimizer is not None else ()
+        held.update(slot for r in reupdates for slot in r.slots)
         self.carried = {name: np.array(a) for name, a in state.items() if name not in held}
         costs = [self._cost(r) * micro_batch_size for r in self.regions]
         self.groups = partition(costs, threads) if self.regions else ()
@@ -241,6 +258,39 @@ class Pipeline:
         self._threads = (StageThreads(self.threads, len(self.groups), "wse-pipeline")
                          if self.threads > 1 else None)
         self._plans: dict[tuple[int, bool, bool], tuple[ticks.Stage, ...]] = {}
+
+    def _again(self, reupdate: Reupdate, state: Mapping[str, np.ndarray]) -> _Again:
+        """A reupdate's weight (its region and role, or shared), its slots from `state` (or
+        as TF starts them)."""
+        var = reupdate.variable
+        found = None if var in self.shared else next(
+            (r, role) for r in self.regions for role, name in r.variables.items()
+            if name == var and role in r.trained)
+        value = self.shared.variables[var].value if found is None else found[0].params[found[1]]
+        rule = self.optimizer.member(reupdate.optimizer).for_variable(var)  # type: ignore[union-attr]
+        slots = [np.array(state.get(name, np.full(value.shape, initial, np.float32)),
+                          dtype=np.float32, order="C")
+                 for name, initial in zip(reupdate.slots, rule.slot_initial_values)]
+        return _Again(reupdate, found and found[0], found[1] if found else "", slots,
+                      [np.empty(value.shape, np.float32) for _ in range(2)])
+
+    def _reupdate(self) -> None:
+        """The reupdates, in TF's order, after every first update: each weight updated again
+        by its optimizer from its objective's kept gradient, with its own slots."""
+        for again in self.reupdates:
+            r, region = again.reupdate, again.region
+            rule = self.optimizer.member(r.optimizer).for_variable(r.variable)  # type: ignore[union-attr]
+            if region is None:
+                self.shared.reupdate(r.variable, rule, again.gradient, again.slots, again.scratch)
+                continue
+            var, gradient = region.params[again.role], again.gradient
+            if isinstance(gradient, tuple):
+                rule.apply_sparse(var, *gradient, again.slots)
+            else:
+                assert gradient is not None  # (its objective's pass kept it)
+                rule.apply(var, gradient, again.slots, again.scratch)
+            if region.half:
+                round_half_into(var, region.compute[again.role])
 
     @classmethod
     def load(cls, checked: CheckedProgram, state: Mapping[str, np.ndarray], *, threads: int = 1,
@@ -259,7 +309,8 @@ class Pipeline:
                    weight_program=checked.weight_program, weight_writes=checked.weight_writes,
                    objectives=checked.objectives,
                    conditional_update=checked.conditional_update,
-                   reported_loss_kernel=program.reported_loss_kernel)
+                   reported_loss_kernel=program.reported_loss_kernel,
+                   reupdates=checked.reupdates)
 
     def _mark_backward(self) -> None:
         """A region runs backward iff its output reaches the loss and a trained weight is
@@ -360,7 +411,9 @@ class Pipeline:
             board = self._pass(batch, m_count, training, backward, step, index)
         self._objective = None
         if backward and self.optimizer is not None and self._applying:
-            finish_updated(self.optimizer, self._trained(), self._skipped)
+            self._reupdate()
+            finish_updated(self.optimizer, self._trained(), self._skipped,
+                           (a.reupdate for a in self.reupdates))
             self._write_after_updates()
             self._write_state(board, m_count)
             self._update_averages(step)
@@ -695,6 +748,16 @@ class Pipeline:
         update. Whether the pass is one before the last."""
         assert self._objective is not None
         mine, last = self._objective.variables, self._objective is self.objectives[-1]
+        for again in self.reupdates:  # (before the last pass puts the first updates' back)
+            if self.objectives[again.reupdate.objective] is not self._objective:
+                continue
+            region, role = again.region, again.role
+            if region is None and index == 0:
+                again.gradient = self.shared.held(frozenset({again.reupdate.variable}))[
+                    again.reupdate.variable]
+            elif region is not None and any(region is r for r in stage.regions):
+                again.gradient = (region.slices[role][0].copy(), region.slices[role][1].copy()) \
+                    if role in region.slices else region.grads[role].copy()
         for region in stage.regions:
             for role in region.trained:
                 var = region.variables[role]
@@ -883,6 +946,8 @@ class Pipeline:
                     for suffix, slot in zip(suffixes, region.slots[role]):
                         out[slot_name(var, suffix)] = slot
         out.update(self.shared.state(self.optimizer))
+        out.update({name: slot for again in self.reupdates
+                    for name, slot in zip(again.reupdate.slots, again.slots)})
         if self.optimizer is not None:
             out.update(self.optimizer.scalars)
         out.update(self.carried)

@@ -25,6 +25,7 @@ from wafer.optimizers import (
     Optimizer,
     OptimizerConfig,
     OptimizerGroup,
+    Reupdate,
     config_problem,
     make_optimizer,
     make_optimizers,
@@ -129,6 +130,7 @@ class CheckedProgram:
     optimizer_groups: tuple[OptimizerGroup, ...] = ()  # further optimizers and their variables
     objectives: tuple[Objective, ...] = ()  # several losses minimized in one step (a GAN's)
     conditional_update: ConditionalUpdate | None = None  # the updates run when its predicate holds
+    reupdates: tuple[Reupdate, ...] = ()  # weights further optimizers update again, in order
 
     def make_optimizer(self) -> Optimizer | None:
         """The step's optimizer (with groups, one updating each variable by its group's)."""
@@ -301,7 +303,43 @@ def check_program(program: pb.Program) -> CheckedProgram:
                           weights, derived, check_weight_writes(program, params, derived),
                           check_optimizer_groups(program, optimizer, params),
                           check_objectives(program, names, params, sources, derived),
-                          check_conditional_update(program, optimizer, params))
+                          check_conditional_update(program, optimizer, params),
+                          check_reupdates(program, params, derived))
+
+
+def check_reupdates(program: pb.Program, params: Mapping[str, ParamSpec],
+                    derived: Collection[str]) -> tuple[Reupdate, ...]:
+    """Weights updated again by further optimizers: each a trained weight (no weight write
+    or gradient transform to order around the second update, no penalty), by one of the program's
+    optimizers with its own slots (as many as that optimizer keeps, no name of another's),
+    from one of two objectives or more."""
+    reupdates = tuple(Reupdate.from_message(m) for m in program.reupdates)
+    optimizers = [OptimizerConfig.from_message(program.optimizer),
+                  *(OptimizerConfig.from_message(g.optimizer) for g in program.optimizer_groups)]
+    written = {w.variable for w in program.weight_writes}
+    taken: set[str] = set()
+    for index, r in enumerate(reupdates):
+        spec = params.get(r.variable)
+        problem = ""
+        if spec is None or spec.frozen or r.variable in derived:
+            problem = f"{r.variable!r} is not a trained weight of the program"
+        elif r.variable in written or spec.regularizers:
+            problem = f"{r.variable!r} is written besides its update or penalized"
+        elif not 0 <= r.optimizer < len(optimizers):
+            problem = f"optimizer {r.optimizer} is none of the program's {len(optimizers)}"
+        elif not 0 <= r.objective < len(program.objectives):
+            problem = f"objective {r.objective} is none of the program's {len(program.objectives)}"
+        elif len(r.slots) != len(make_optimizer(optimizers[r.optimizer]).slot_suffixes) or \
+                taken & set(r.slots):
+            problem = f"its slots {', '.join(r.slots)} are not its optimizer's, each once"
+        elif program.gradient_transforms or program.HasField("conditional_update") or \
+                program.HasField("dynamic_loss_scale") or \
+                program.HasField("cs1_dynamic_loss_scale"):
+            problem = "gradient transforms, a conditional update or loss scaling beside it"
+        if problem:
+            raise invalid(f"program {program.name!r}: reupdate {index}: {problem}")
+        taken.update(r.slots)
+    return reupdates
 
 
 def ahead_kernels(kernels: Sequence[Kernel], sources: Sequence[Sequence[str]],
@@ -550,7 +588,8 @@ def check_optimizer_groups(program: pb.Program, optimizer: OptimizerConfig | Non
             elif var in named:
                 problem = f"{var!r} is named twice"
             named.add(var)
-        if problem or not group.variables:
+        if problem or not group.variables and not any(
+                r.optimizer == index + 1 for r in program.reupdates):
             raise invalid(f"{where}: {problem or 'names no variable'}")
         groups.append(group)
     scalars = [n for g in groups for n in make_optimizer(g.config).scalar_names]
@@ -693,6 +732,7 @@ def state_shapes(checked: CheckedProgram) -> dict[str, Shape]:
         expected.update({slot_name(var, suffix): shape for suffix in suffixes})
     if optimizer:
         expected.update({name: () for name in optimizer.scalar_names})
+    expected.update({slot: shapes[r.variable] for r in checked.reupdates for slot in r.slots})
     expected.update({name: shapes[var] if var else () for name, var
                      in checked.state_variables.items()})
     return expected

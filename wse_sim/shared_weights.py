@@ -219,6 +219,20 @@ class SharedWeights:
             v.refresh()
         self._refresh_derived()
 
+    def reupdate(self, variable: str, rule: Optimizer, gradient: HeldGradient | None,
+                 slots: list[np.ndarray], scratch: list[np.ndarray]) -> None:
+        """A further optimizer's update of `variable` after its first (`rule`, its own
+        `slots`, the `gradient` its objective's pass kept), then its views and the derived
+        weights refreshed."""
+        v = self.variables[variable]
+        if isinstance(gradient, tuple):
+            rule.apply_sparse(v.value, *gradient, slots)
+        else:
+            assert gradient is not None
+            rule.apply(v.value, gradient, slots, scratch)
+        v.refresh()
+        self._refresh_derived()
+
     def rewritten(self, variables: set[str]) -> None:
         """After `variables`' values were written in place: their views and the derived
         weights read the new values."""

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from wafer.grad_transforms import GradientTransform
     from wafer.loss_scaling import Rule
     from wafer.moving_averages import MovingAverage
-    from wafer.optimizers import OptimizerConfig, OptimizerGroup
+    from wafer.optimizers import OptimizerConfig, OptimizerGroup, Reupdate
     from wafer.schedules import Schedule
     from wafer.weight_writes import WeightWrite
 
@@ -138,6 +138,8 @@ class TrainingSpec:
     # writes of frozen state from the step's values (the assign ops: batch_writes.py)
     state_writes: tuple[str, ...] = ()
     gated_state_writes: tuple[GatedStateWrite, ...] = ()  # those under a tf.cond
+    # weights further optimizers update again after their first update, in TF's order
+    reupdates: tuple[Reupdate, ...] = ()
 
     @property
     def state_variables(self) -> tuple[str, ...]:

@@ -736,9 +736,17 @@ def _misplaced_penalties(loss: tf.Tensor, training: TrainingSpec,
     """Of several losses minimized in one step, weight penalties the CS cannot carry. The CS
     adds a weight's penalty to its gradient in every objective's pass and keeps the pass of
     the objective training it, and adds all penalties to model_fn's loss: right when each
-    penalty is in the loss minimized for its weight and model_fn's loss holds them all."""
+    penalty is in the loss minimized for its weight and model_fn's loss holds them all, and
+    no reupdate (a further optimizer's pass of the weight) keeps it."""
     if not training.objectives:
         return []
+    penalized = next((r for r in training.reupdates if r.variable in regularizers), None)
+    if penalized is not None:
+        return [UnsupportedOp("Loss", penalized.variable, penalized.source, (
+            f"a weight penalty on {penalized.variable}, which two optimizers update in one "
+            "step: the CS adds a weight's penalty to its gradient in every loss's pass, TF to "
+            "the loss that holds it alone; drop the penalty or train the weight by one "
+            "optimizer"))]
     carried: dict[str, list[tuple[str, float]]] = {}
     penalties = {**penalties, skip_identity(loss).name: regularizers}  # (minimized itself)
     for objective in training.objectives:

@@ -147,6 +147,7 @@ def emit_training(program: pb.Program, training: TrainingSpec,
     program.optimizer_groups.extend(g.to_message() for g in training.optimizer_groups)
     program.objectives.extend(pb.Objective(loss_kernel=o.loss_kernel, variables=list(o.variables))
                               for o in training.objectives)
+    program.reupdates.extend(r.to_message() for r in training.reupdates)
     held = {p.variable for k in program.kernels for p in k.params} | {
         p.variable for p in program.weight_program.sources}
     for t in training.transforms:  # (a weight only a gradient program reads: a pruning mask)

@@ -188,10 +188,17 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
         passes = "one backward pass of the loss; " if not training.objectives else ""
         lines = [f"Optimizers ({passes}each updates its variables from the gradients before "
                  f"the step): {_optimizer(training.optimizer, training)} for {', '.join(rest)}"]
-        lines += [f"  {_optimizer(g.config, training, k + 1)} for {', '.join(g.variables)}"
+        lines += [f"  {_optimizer(g.config, training, k + 1)} for "
+                  f"{', '.join(g.variables) or '(reupdates only)'}"
                   + (f" (step counters {', '.join(g.config.scalar_names)})"
                      if g.config.scalar_names else "")
                   for k, g in enumerate(training.optimizer_groups)]
+    if training.reupdates:
+        lines.append("Reupdates (a weight updated again after its first update, in TF's order, "
+                     "from its loss's gradient before the step, with its optimizer's own "
+                     "slots): " + "; ".join(
+                         f"{r.variable} by optimizer {r.optimizer} from objective {r.objective} "
+                         f"at {r.source}" for r in training.reupdates))
     if training.objectives:
         lines.append("Objectives (several losses minimized in one step: a backward pass of each "
                      "from the step's forward activations, then the updates): " + "; ".join(
@@ -332,6 +339,9 @@ def compile_json(model: MatchedModel, placement: Placement, fabric: Fabric, *, m
         "reported_loss_kernel": model.reported_loss_kernel,
         "objectives": [{"loss": o.loss, "loss_kernel": o.loss_kernel, "variables": list(o.variables)}
                        for o in (model.training.objectives if model.training else ())],
+        "reupdates": [{"variable": r.variable, "optimizer": r.optimizer,
+                       "objective": r.objective, "slots": list(r.slots), "source": r.source}
+                      for r in (model.training.reupdates if model.training else ())],
         "estimate": {
             "samples_per_sec": t.samples_per_sec,
             "compute_samples_per_sec": t.compute_samples_per_sec,

@@ -3,13 +3,19 @@ of a stage reported at once."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_source
+from coordinator.compiler.extract import (
+    ExtractedGraph,
+    data_upstream,
+    op_closure,
+    user_name,
+    user_source,
+)
 from coordinator.compiler.ir import (
     GatedStateWrite,
     Objective,
@@ -46,6 +52,7 @@ from coordinator.compiler.training.numbers import (
     HALF_GRADIENT_RTOL,
     _check_numbers,
 )
+from coordinator.compiler.training.reupdates import check_reupdates
 from coordinator.compiler.training.shift import zero_gradients
 from coordinator.compiler.training.transforms import _fold_loss_scale
 from coordinator.compiler.training.updates import SUPPORTED, _check_dtypes, _check_slots, _Update
@@ -54,7 +61,7 @@ from wafer.conditional_updates import ConditionalUpdate
 from wafer.grad_transforms import GradientTransform
 from wafer.loss_scaling import Rule
 from wafer.moving_averages import FACTOR, MovingAverage
-from wafer.optimizers import OptimizerGroup
+from wafer.optimizers import OptimizerGroup, Reupdate
 from wafer.schedules import ScalarOp, Schedule
 from wafer.weight_writes import FACTOR as FACTOR_OF_WRITE
 from wafer.weight_writes import WeightWrite, WriteStep
@@ -98,11 +105,19 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             if conditional is not None:
                 extracted = conditional.view
             states: list[tf.Operation] = []
+            again: list[_Update] = []
             updates, averages, written = _updates(
                 extracted, statistic_averages, states,
-                dict.fromkeys(conditional.branch_of, conditional.cond) if conditional else None)
+                dict.fromkeys(conditional.branch_of, conditional.cond) if conditional else None,
+                again)
             gated: list[GatedStateWrite] = []
             written += conditional_writes(original, updates, written, gated)
+            check_reupdates(updates, again, written)
+            if again and (conditional is not None or dynamic is not None or half):
+                raise _fail(again[0].op, f"{again[0].variable} is updated by two optimizers "
+                                         "with updates inside a tf.cond, loss scaling or a "
+                                         "float16 model: the CS reupdates a weight in float32 "
+                                         "steps that apply every update")
             condition = None
             if conditional is not None:
                 condition = conditional.update(updates)
@@ -110,7 +125,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                 _alone(condition, averages, [] if conditional.delayed else written)
                 if conditional.delayed and not condition.both:
                     condition = None  # (the cond gates writes alone: each its predicate's)
-            groups = optimizer_groups(updates)
+            groups = optimizer_groups(updates, again)
             if dynamic is not None and groups:
                 raise _fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
                                             "CS carries it out for one; train without it")
@@ -124,8 +139,9 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                 raise _fail(written[0].op, "a write of a weight besides its update with dynamic "
                                            "loss scaling: the CS does not skip it with a "
                                            "skipped step; train without one")
-            _check_dtypes(extracted, updates)
+            _check_dtypes(extracted, updates + again)
             _check_slots(updates)
+            _check_slots(again, named=False)
         except _Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
         calls = _gradient_calls(extracted, updates)
@@ -133,7 +149,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
         programs = GradientPrograms(extracted, lambda op: _in_scope(op, calls) is not None
                                     or densified(op, calls) is not None)
         chains, problems, hints = [], [], []
-        for u in updates:
+        for u in updates + again:  # (the weights' first updates, then their reupdates)
             try:
                 chains.append(_chain(u, calls, norms, programs))
             except _Refused as problem:
@@ -141,8 +157,10 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                 hints.append(problem.hint)
         if problems:
             raise _Problems(problems, hints[0])
+        chains, again_chains = chains[:len(updates)], chains[len(updates):]
         try:
-            objectives = _objectives(extracted, chains, dynamic is not None or half)
+            objectives = _objectives(extracted, chains, dynamic is not None or half, again_chains)
+            reupdates = _reupdates(extracted, chains, again_chains, objectives, updates)
             if objectives and conditional is not None and not conditional.delayed:
                 raise _fail(chains[0].update.op, "several losses minimized in one step with "
                                                  "updates inside a tf.cond: the CS carries out "
@@ -153,7 +171,17 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                        for v in zero_gradients(loss, [u.variable for u in updates if u.indices
                                                       is None and u.variable in names],
                                                normalized))
+        zeroed_again = next((c for c in again_chains if c.update.indices is None and zero_gradients(
+            c.call.objective if c.call.objective is not None else extracted.spec.loss,
+            [c.update.variable], normalized)), None)
         try:
+            if zeroed_again is not None:
+                raise _fail(zeroed_again.update.op, f"{zeroed_again.update.variable}, which two "
+                                                    "optimizers update, has a gradient 0 in exact "
+                                                    "arithmetic (a shift a softmax or batch "
+                                                    "normalization cancels; TF's is rounding "
+                                                    "noise): the CS zeroes a weight's first "
+                                                    "update's gradient alone")
             _group_order(chains)
             _clipped_apart(chains, objectives)
             if half:
@@ -162,7 +190,8 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                                dynamic.proof_scale if dynamic is not None else None)
                 noise_floored: tuple[str, ...] = ()  # (float16's noise is real gradients' size)
             else:
-                largest = _check_numbers(extracted, chains, statistic_averages, zeroed=zeroed)
+                largest = _check_numbers(extracted, chains + again_chains, statistic_averages,
+                                         zeroed=zeroed)
                 noise_floored = tuple(v for loss, names in _losses(extracted, chains)
                                       for v in floored(loss, {
                                           u.variable: u.optimizer for u in updates
@@ -182,7 +211,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             transforms = [*transforms, GradientTransform("noise_floor", GRADIENT_NOISE,
                                                          variables=noise_floored)]
         try:
-            schedules, moving, writes = _schedules(extracted, updates, averages, written)
+            schedules, moving, writes = _schedules(extracted, updates + again, averages, written)
         except ScheduleRefused as problem:
             raise _Problems([str(problem)]) from None
     variables = tuple(TrainedVariable(u.variable, "dense" if u.indices is None else "sparse",
@@ -196,7 +225,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                         else conditional is not None and conditional.counts_applied,
                         objectives=objectives, conditional_update=condition,
                         state_writes=(*(op.name for op in states), *(g.op for g in gated)),
-                        gated_state_writes=tuple(gated))
+                        gated_state_writes=tuple(gated), reupdates=reupdates)
 
 
 def _gated(conditional: training_conditional.Inlined, written: list[_Write]) -> list[_Write]:
@@ -260,58 +289,97 @@ def _unscaled(chain) -> bool:
                for s in map(_scalar, y.op.inputs))
 
 
-def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool) -> tuple[Objective, ...]:
-    """The objectives when the updates minimize several losses (a GAN's); what the CS does
-    not carry out with them (loss scaling: one scale seeds one backward pass; `scaling`:
-    a float16 model's, or dynamic), refused."""
+def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool,
+                again: list) -> tuple[Objective, ...]:
+    """The objectives when the updates minimize several losses (a GAN's; `again`: the
+    chains of weights' further optimizers, whose losses are objectives too, their weights
+    the first update's); what the CS does not carry out with them (loss scaling: one scale
+    seeds one backward pass; `scaling`: a float16 model's, or dynamic), refused."""
     losses = _losses(extracted, chains)
-    if len(losses) == 1 and losses[0][0] is not extracted.spec.loss:
+    named = {loss.name for loss, _ in losses}
+    further: list[tuple[tf.Tensor, set[str]]] = [
+        (loss, set()) for loss, _ in _losses(extracted, again) if loss.name not in named]
+    if len(losses) == 1 and not further and losses[0][0] is not extracted.spec.loss:
         loss = extracted.spec.loss
         raise _fail(chains[0].update.op, f"the train_op minimizes {losses[0][0].name} computed "
                                          f"at {user_source(losses[0][0].op)}, not the loss "
                                          f"model_fn returns ({loss.name} at "
                                          f"{user_source(loss.op)})")
-    if len(losses) < 2:
+    if again and len(losses) + len(further) < 2:
+        raise _fail(again[0].update.op, f"{again[0].update.variable} is updated by two "
+                                        "optimizers minimizing one loss: the CS reupdates a "
+                                        "weight from another loss's backward pass",
+                    hint="minimize the loss with one optimizer")
+    if len(losses) < 2 and not further:
         return ()
-    scaled = next((c for c in chains if c.call.scale != 1.0 or _unscaled(c)), None)
+    scaled = next((c for c in chains + again if c.call.scale != 1.0 or _unscaled(c)), None)
     if scaling or scaled is not None:
         raise _fail(chains[0].update.op if scaled is None else scaled.update.op,
                     "loss scaling (or a float16 model) with several losses minimized in one "
                     "step: the CS scales one loss's backward pass; train them in float32 "
                     "without loss scaling")
-    _read_before_updates(losses, chains, step_runs(extracted))
+    _read_before_updates(_losses(extracted, chains + again), chains + again, step_runs(extracted),
+                         extracted.spec.loss)
     order = [c.update.variable for c in chains]
     return tuple(Objective(loss.name, tuple(v for v in order if v in names),
-                           user_source(loss.op)) for loss, names in losses)
+                           user_source(loss.op)) for loss, names in losses + further)
+
+
+def _reupdates(extracted: ExtractedGraph, chains: list, again: list,
+               objectives: tuple[Objective, ...], updates: list[_Update]) -> tuple[Reupdate, ...]:
+    """The further optimizers' updates of weights (reupdates.py) in graph order, each with
+    its optimizer's index (optimizer_groups') and its loss's objective; a transform of any
+    gradient beside them, refused (the CS transforms a pass's gradients of its own
+    objective's weights)."""
+    if not again:
+        return ()
+    steps = next((c for c in chains + again if c.steps), None)
+    if steps is not None:
+        raise _fail(steps.update.op, f"gradient transforms ({steps.steps[0].kind}) with "
+                                     f"{again[0].update.variable} updated by two optimizers: "
+                                     "the CS reupdates a weight from its loss's raw gradient")
+    keys = list(dict.fromkeys(map(_group_key, [*updates, *(c.update for c in again)])))
+    losses = [o.loss for o in objectives]
+    return tuple(Reupdate(c.update.variable, keys.index(_group_key(c.update)),
+                          losses.index((c.call.objective if c.call.objective is not None
+                                        else extracted.spec.loss).name),
+                          c.update.slots, user_source(c.update.op)) for c in again)
 
 
 def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
-                         runs: set[tf.Operation]) -> None:
+                         runs: set[tf.Operation], loss: tf.Tensor) -> None:
     """A loss reading a weight another loss's optimizer updates reads it in that loss's
     forward pass too, or before the update (the update waits for the read): the ordering
     TF gives one loss and its update, which the CS gives (every read before any update). A
     read of a pass of its own with no order to the update (another batch of fakes through
     the generator: TF reads before or after the update, by chance) is refused, unless the
     step never runs it (`runs`: a DDPG actor loss's read of the critic's output bias, which
-    its gradient does not need and nothing fetches)."""
-    updates = {c.update.variable: c.update.op for c in chains}
-    owner = {v: j for j, (_, names) in enumerate(losses) for v in names}
-    forward = [set(data_upstream(loss.op)) for loss, _ in losses]
-    closures: dict[str, set[tf.Operation]] = {}
-    for k, (loss, names) in enumerate(losses):
+    its gradient does not need and nothing fetches). A weight several optimizers update
+    (reupdates.py): each read before every update of another loss. `loss`: model_fn's."""
+    index = {y.name: j for j, (y, _) in enumerate(losses)}
+    updates: dict[str, list[tuple[tf.Operation, int]]] = {}  # variable -> (update, its loss)
+    for c in chains:
+        minimized = c.call.objective if c.call.objective is not None else loss
+        updates.setdefault(c.update.variable, []).append((c.update.op, index[minimized.name]))
+    forward = [set(data_upstream(y.op)) for y, _ in losses]
+    closures: dict[tf.Operation, set[tf.Operation]] = {}
+    for k, (y, _) in enumerate(losses):
         for read in sorted(forward[k], key=lambda op: op._id):
-            if read.type not in ("ReadVariableOp", "Identity") or not read.inputs:
+            if read.type not in ("ReadVariableOp", "Identity") or not read.inputs or \
+                    read not in runs:
                 continue
             variable = variable_op(read.inputs[0]).name
-            if variable not in updates or variable in names or read in forward[owner[variable]] \
-                    or read not in runs:
-                continue
-            if variable not in closures:
-                closures[variable] = set(op_closure(updates[variable]))
-            if read not in closures[variable]:
-                raise _fail(read, f"{loss.name} reads {variable}, which another loss's "
+            for update, j in updates.get(variable, ()):
+                if j == k or read in forward[j]:
+                    continue
+                if update not in closures:
+                    closures[update] = set(op_closure(update))
+                if read in closures[update]:
+                    continue
+                raise _fail(read, f"{y.name} reads {variable}, which another loss's "
                                   f"optimizer updates in the step, with no order to that "
-                                  f"update (TF reads it before or after the update, by "
+                                  f"update ('{user_name(update)}' at {user_source(update)}: "
+                                  f"TF reads it before or after the update, by "
                                   f"chance); compute the losses from one forward pass, or "
                                   f"make the update wait for the read",
                             hint="compute every loss's gradients first (compute_gradients), "
@@ -319,12 +387,16 @@ def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
                                  "gradient])")
 
 
-def optimizer_groups(updates: list[_Update]) -> tuple[OptimizerGroup, ...]:
-    """The optimizers besides the first update's and the variables each updates (two
-    minimize calls with the same hyper-parameters, and no scalars of their own, are one)."""
+def optimizer_groups(updates: list[_Update],
+                     again: Sequence[_Update] = ()) -> tuple[OptimizerGroup, ...]:
+    """The optimizers besides the first update's and the variables each updates first (two
+    minimize calls with the same hyper-parameters, and no scalars of their own, are one;
+    `again`: weights' further updates, whose optimizers may update no weight first)."""
     by_key: dict[tuple, list[str]] = {}
     for u in updates:
         by_key.setdefault(_group_key(u), []).append(u.variable)
+    for u in again:
+        by_key.setdefault(_group_key(u), [])
     return tuple(OptimizerGroup(key[0], tuple(names)) for key, names in list(by_key.items())[1:])
 
 
@@ -368,7 +440,8 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
     train = extracted.spec.train_op
     increments = [op for op in op_closure(train) if _is_write(op) and op.type in (
         "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph)]
-    groups = list(dict.fromkeys(map(_group_key, updates)))  # (optimizer_groups' order)
+    groups = list(dict.fromkeys(map(_group_key, updates)))  # (optimizer_groups' order: the
+    # first updates come first in `updates`, then the further ones)
     items = [Scheduled(key, reader, tensor, name=f"{key}@{groups.index(_group_key(u))}")
              for u in updates for key, (reader, tensor) in u.scheduled.items()]
     offsets = {}

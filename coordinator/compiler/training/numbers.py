@@ -51,9 +51,9 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
     dependencies read are initialised too: gradients computed under
     tf.control_dependencies(update_ops) or a weight decay run them.)"""
     graph = extracted.graph
-    losses = {c.update.variable: c.call.objective if c.call.objective is not None
-              else extracted.spec.loss for c in chains}  # (a GAN's: each update's own)
-    handles = {op.name for loss in {t.name: t for t in losses.values()}.values()
+    losses = [c.call.objective if c.call.objective is not None else extracted.spec.loss
+              for c in chains]  # (a GAN's: each update's own)
+    handles = {op.name for loss in {t.name: t for t in losses}.values()
                for op in _variables_under(loss)} | {c.update.variable for c in chains} \
         | {a.variable for a in averages} | {  # (what gradients under control dependencies run)
             op.name for c in chains for op in op_closure(c.raw) if op.type in VARIABLE_OPS} \
@@ -66,11 +66,11 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
     with graph.as_default(), tf.name_scope("csrun_training_check"):
         tensors = [graph.get_operation_by_name(c.update.variable).outputs[0] for c in chains]
         by_loss: dict[str, list[int]] = {}
-        for k, c in enumerate(chains):
-            by_loss.setdefault(losses[c.update.variable].name, []).append(k)
+        for k, loss in enumerate(losses):
+            by_loss.setdefault(loss.name, []).append(k)
         expected: list = [None] * len(chains)
         for ks in by_loss.values():
-            grads = tf.gradients(losses[chains[ks[0]].update.variable], [tensors[k] for k in ks])
+            grads = tf.gradients(losses[ks[0]], [tensors[k] for k in ks])
             for k, grad in zip(ks, grads):
                 expected[k] = grad
         raw, ours = [], []

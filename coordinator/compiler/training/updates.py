@@ -428,9 +428,10 @@ def _check_dtypes(extracted: ExtractedGraph, updates: list[_Update]) -> None:
                               f"{tf.as_dtype(dtype).name}; the CS trains in float32 only")
 
 
-def _check_slots(updates: list[_Update]) -> None:
-    """The CS's optimizer for the spec exists, names the slots as the graph does and
-    starts them where the graph's initializers do."""
+def _check_slots(updates: list[_Update], named: bool = True) -> None:
+    """The CS's optimizer for the spec exists, names the slots as the graph does (`named`:
+    a weight's first update; a further optimizer's slots keep TF's names) and starts them
+    where the graph's initializers do."""
     for u in updates:
         config = u.optimizer
         problem = cs_optimizers.config_problem(config)
@@ -438,7 +439,7 @@ def _check_slots(updates: list[_Update]) -> None:
             raise _fail(u.op, problem)
         cs = cs_optimizers.make_optimizer(config)
         expected = tuple(cs_optimizers.slot_name(u.variable, s) for s in cs.slot_suffixes)
-        if u.slots != expected:
+        if named and u.slots != expected:
             raise _fail(u.op, f"the optimizer's slots of {u.variable} are named "
                               f"{', '.join(u.slots)}; the CS checkpoints them as "
                               f"{', '.join(expected)} (create the optimizer without name=)")

@@ -129,12 +129,14 @@ def _moving_average(op: tf.Operation) -> _Average | None:
 def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
              states: list[tf.Operation] | None = None,
              anchors: Mapping[tf.Operation, tf.Operation] | None = None,
+             again: list[_Update] | None = None,
              ) -> tuple[list[_Update], list[_Average], list["_Write"]]:
     """The optimizer updates, ExponentialMovingAverage updates and other writes of trained
     weights (decoupled weight decay) of the train_op (the moving averages of batch
     statistics into `statistics`, the writes of other frozen state into `states`: the
     matcher lowers them from the step's values, batch_writes.py). `anchors`: writes
-    imported from a tf.cond's branch -> the cond, which orders them."""
+    imported from a tf.cond's branch -> the cond, which orders them. `again`: collects the
+    later updates of a weight another optimizer updates first (else refused)."""
     order = {op.name: i for i, op in enumerate(extracted.graph.get_operations())}
     writes = sorted((op for op in op_closure(extracted.spec.train_op) if _is_write(op)),
                     key=lambda op: order[op.name])
@@ -207,20 +209,23 @@ def _updates(extracted: ExtractedGraph, statistics: list[StatisticAverage],
                        f"(supported: {SUPPORTED})")
     by_var: dict[str, _Update] = {}
     for u in updates:
-        if u.variable in by_var:
-            raise _fail(u.op, f"{u.variable} is updated twice (also by "
-                              f"'{by_var[u.variable].op.name}' at "
-                              f"{user_source(by_var[u.variable].op)}): the CS updates a weight "
-                              "by one optimizer a step",
-                        hint="minimize the weighted sum of the losses that train it with one "
-                             "optimizer (an autoencoder's: reconstruction + w * adversarial)")
+        if u.variable in by_var:  # (a further optimizer's: reupdates.py)
+            if again is None:
+                raise _fail(u.op, f"{u.variable} is updated twice (also by "
+                                  f"'{by_var[u.variable].op.name}' at "
+                                  f"{user_source(by_var[u.variable].op)}): the CS updates a "
+                                  "weight by one optimizer a step here")
+            again.append(u)
+            continue
         by_var[u.variable] = u
+    updates = [u for u in updates if u not in (again or ())]
     if len(increments) > 1:
         raise _fail(increments[1], "the train_op increments the global step twice a step (two "
                                    "optimizers' minimize(global_step=...)); the CS counts one "
                                    "step a batch", hint="pass global_step to one optimizer only")
     for a in averages:
-        if a.variable not in by_var or by_var[a.variable].op not in set(op_closure(a.op)):
+        if a.variable not in by_var or not {by_var[a.variable].op, *(
+                u.op for u in again or () if u.variable == a.variable)} <= set(op_closure(a.op)):
             raise _fail(a.op, f"the ExponentialMovingAverage of {a.variable} does not wait for "
                               f"its update: the CS averages the weights the train_op trains, "
                               "after their update (ema.apply under "
