@@ -46,6 +46,8 @@ class ExtractedGraph:
     input_source: str = "input_fn"  # where input_fn is defined ("file:line")
     # the ops of unrolled tf.while_loop/tf.scan steps, which the user's graph (the host's) lacks
     loop_ops: frozenset[str] = frozenset()
+    # unrolled loops: every variable's initial value in the user's graph (recurrences.unrolled)
+    initial_values: dict[str, np.ndarray] | None = None
 
     def input_name(self, tensor: tf.Tensor) -> str | None:
         """The program input a placeholder tensor stands for."""
@@ -119,14 +121,15 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
     graph, spec = build()
     flat = tuple(_flatten(signature))
     loop_ops: frozenset[str] = frozenset()
+    initial_values = None
     if has_loops(graph):  # Keras' recurrent layers over fixed-length sequences: unrolled
         batch_values = first if first is not None else _first_batch(dataset)
-        graph, spec, loop_ops = unrolled(build, graph, spec, {f"{name}:0": batch_values[name]
+        graph, spec, loop_ops, initial_values = unrolled(build, graph, spec, {f"{name}:0": batch_values[name]
                                                               for name, _ in flat})
     inputs = tuple(InputSpec(name, spec.dtype.name, tuple(spec.shape.as_list()[1:])) for name, spec in flat)
     _check_spec(spec, mode)
     return ExtractedGraph(graph, mode, batch, inputs, {name: f"{name}:0" for name, _ in flat}, spec,
-                          seed, first, function_source(input_fn), loop_ops)
+                          seed, first, function_source(input_fn), loop_ops, initial_values)
 
 
 def _first_batch(dataset: tf.data.Dataset) -> dict[str, np.ndarray]:

@@ -30,7 +30,13 @@ def host_variables(extracted: ExtractedGraph, weights: Sequence[str]) -> list[st
 def initial_weights(extracted: ExtractedGraph, names: Sequence[str]) -> dict[str, np.ndarray]:
     """The variables `names` (the program's weights and the host variables) after running
     their initializers in a Session; the graph carries runconfig.tf_random_seed, as on the
-    CPU path. Optimizer slots are not stored: they start as TF starts them."""
+    CPU path (with unrolled loops: the values of the user's graph as written). Optimizer
+    slots are not stored: they start as TF starts them."""
+    if extracted.initial_values is not None:
+        missing = [n for n in names if n not in extracted.initial_values]
+        if missing:
+            raise RuntimeError(f"kernel weights {missing} are not global variables of the graph")
+        return {n: extracted.initial_values[n] for n in names}
     graph = extracted.graph
     with graph.as_default():
         by_name = {v.op.name: v for v in tf.compat.v1.global_variables()}
