@@ -11,7 +11,7 @@ matcher refuses naming that loop, not the recurrent layers unrolled around it.""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -83,10 +83,12 @@ def _tiled(held: tf.Tensor, like: tf.Tensor, leading: int) -> tf.Tensor:
 
 
 def _values(graph: tf.Graph, spec: Any, feed: dict[str, np.ndarray],
-            weights: dict[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+            weights: dict[str, np.ndarray] | None, tensors: Sequence[str] = ()
+            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(the graph's variables, what the graph computes: the loss and its gradient by variable
-    name, or without a loss (predict mode) the predictions) at `weights` (None: the graph's
-    initializers) on the batch `feed` (placeholder name -> value)."""
+    name, or without a loss (predict mode) the predictions; and the named `tensors`) at
+    `weights` (None: the graph's initializers) on the batch `feed` (placeholder name ->
+    value)."""
     with graph.as_default():
         variables = tf.compat.v1.global_variables()
         if spec.loss is not None:
@@ -97,8 +99,10 @@ def _values(graph: tf.Graph, spec: Any, feed: dict[str, np.ndarray],
                                                  if g is not None}}
         else:
             outputs = {f"prediction {i}": t for i, t in enumerate(tf.nest.flatten(spec.predictions))}
+        outputs.update({name: graph.get_tensor_by_name(name) for name in tensors})
         with tf.compat.v1.Session(graph=graph) as session:
-            session.run(tf.compat.v1.global_variables_initializer())
+            session.run([tf.compat.v1.global_variables_initializer(),
+                         tf.compat.v1.local_variables_initializer()])  # (metrics' totals)
             for v in variables:  # the initializer fed with the weight (Variable.load is deprecated)
                 if weights is not None and v.op.name in weights:
                     session.run(v.initializer, {v.initializer.inputs[1]: weights[v.op.name]})
@@ -157,13 +161,58 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
                          "has other variables or initial values than their loop", "pass "
                          "unroll=True to the Keras recurrent layers, write the loop as a Python "
                          "for loop, create the layers a tf.map_fn calls before it")
-    _, outputs2 = _values(graph2, spec2, feed, weights)
+    alike = _alike_ops(graph2, graph)
+    fetched = [t.name for name in alike for t in graph2.get_operation_by_name(name).outputs]
+    _, outputs2 = _values(graph2, spec2, feed, weights, fetched)
     differ = [name for name in outputs if _differ(outputs[name], outputs2.get(name))]
-    if differ or set(outputs2) != set(outputs):
+    if differ or not set(outputs) <= set(outputs2):
         raise CSRunError("the unrolled graph of the recurrent layers, loops or per-sample maps "
                          "computes another "
                          f"{'loss or gradient' if spec.loss is not None else 'prediction'} than "
                          f"their loop ({', '.join(differ[:3]) or 'another set of values'})",
                          "pass unroll=True to the Keras recurrent layers, or write the loop as "
                          "a Python for loop")
-    return graph2, spec2, frozenset(created)
+    _, theirs = _values(graph, spec, feed, weights, fetched)
+    same = {name for name in alike if not any(
+        _differ(theirs[t.name], outputs2[t.name]) for t in graph2.get_operation_by_name(name).outputs)}
+    return graph2, spec2, frozenset(created) | not_in_users_graph(graph2, graph, same)
+
+
+def _alike_ops(unrolled_graph: tf.Graph, graph: tf.Graph) -> list[str]:
+    """The stateless ops of `unrolled_graph` with numbers out that the user's `graph` has by
+    name, of the same type and attributes, reading outputs of the same names."""
+    alike = []
+    for op in unrolled_graph.get_operations():
+        theirs = _same_node(op, graph)
+        if theirs is not None and not op.op_def.is_stateful and op.outputs and all(
+                t.dtype.is_numpy_compatible and t.dtype != tf.resource for t in op.outputs):
+            alike.append(op.name)
+    return alike
+
+
+def _same_node(op: tf.Operation, graph: tf.Graph) -> tf.Operation | None:
+    """`graph`'s op of `op`'s name, type, attributes and input and control input names."""
+    try:
+        theirs = graph.get_operation_by_name(op.name)
+    except KeyError:
+        return None
+    same = (theirs.type == op.type and theirs.node_def.attr == op.node_def.attr
+            and [t.name for t in theirs.inputs] == [t.name for t in op.inputs]
+            and [c.name for c in theirs.control_inputs] == [c.name for c in op.control_inputs])
+    return theirs if same else None
+
+
+def not_in_users_graph(unrolled_graph: tf.Graph, graph: tf.Graph,
+                       same_values: set[str]) -> frozenset[str]:
+    """The ops of `unrolled_graph` whose outputs the host, which runs the user's `graph`,
+    must never be fed by name (Keras' unrolled steps are named like the While's own ops in
+    the layer's scope): all but those of `graph`'s name, type, attributes and input names
+    that computed the same values on the proof's batch (`same_values`), or, with no number
+    to compare (a variable's handle), read only ops that are the user's too."""
+    mine: set[str] = set()
+    for op in unrolled_graph.get_operations():  # (in creation order: inputs come first)
+        if op.name in same_values or _same_node(op, graph) is not None and op.op_def.is_stateful \
+                and all(t.op.name in mine for t in op.inputs) \
+                and all(c.name in mine for c in op.control_inputs):
+            mine.add(op.name)
+    return frozenset(op.name for op in unrolled_graph.get_operations()) - mine
