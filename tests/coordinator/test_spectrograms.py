@@ -336,9 +336,15 @@ def test_a_spectral_loss_as_sensitive_to_rounding_as_tensorflow_trains_within_it
     spectra move the first batch's gradients by 3.4e-4 of the largest, beyond 1e-5, but TF's
     own move as far from weights moved by 1 ULP, so the model validates. Neither run is the
     other's to 1e-4 (TF's own 1-ULP runs are not either); against float64 TF the CS's weights
-    are no farther than 2x TF float32's."""
-    run = cs_inprocess.compare(learned_synthesizer, notes_input_fn, params(), str(tmp_path),
-                               steps=4)
+    are no farther than 2x TF float32's. TF's FFT rounds otherwise on other CPUs (on an AMD
+    EPYC its own 1-ULP spread is 3.8e-4 and the CS's 1.2e-3): there the check refuses the
+    model, naming the FFT, rather than letting it train beyond TF's spread."""
+    try:
+        run = cs_inprocess.compare(learned_synthesizer, notes_input_fn, params(), str(tmp_path),
+                                   steps=4)
+    except CSRunError as refusal:
+        assert "RFFT 'stft/rfft'" in str(refusal) and "no CS kernel rounds as TF's FFT does" in str(refusal)
+        return
     data = tf_reference.batches(notes_input_fn, params(), 4)
     exact = tf_reference.run(learned_synthesizer, notes_input_fn, params(),
                              run.compiled.initial_weights, data, floatx="float64")
