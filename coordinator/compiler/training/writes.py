@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -75,6 +75,18 @@ def _is_write(op: tf.Operation) -> bool:
     """An op that writes a variable: its first input is a resource handle or a ref."""
     return (op.type.startswith(_WRITE_PREFIXES) and bool(op.inputs)
             and (op.inputs[0].dtype == tf.resource or op.inputs[0].dtype._is_ref_dtype))
+
+
+def computed_after_write(value: tf.Tensor, wanted: Callable[[tf.Operation], bool] = lambda w: True
+                         ) -> tuple[tf.Operation, tf.Operation] | None:
+    """The first op (in graph order) `value` computes from that runs under
+    tf.control_dependencies of a variable write `wanted` accepts, and that write; else None."""
+    for op in sorted(data_upstream(value.op), key=lambda op: op._id):
+        write = next((w for c in op.control_inputs for w in op_closure(c)
+                      if _is_write(w) and wanted(w)), None)
+        if write is not None:
+            return op, write
+    return None
 
 
 def _bookkeeping(op: tf.Operation, graph: tf.Graph,
