@@ -24,19 +24,19 @@ from coordinator.compiler.training.copies import conditional_writes
 from coordinator.compiler.training.gradient_program import GradientPrograms
 from coordinator.compiler.training.gradients import (
     TRANSFORMS,
-    _chain,
-    _gradient_calls,
-    _group_order,
-    _in_scope,
     densified,
+    gradient_calls,
+    gradient_chain,
+    group_order,
+    in_scope,
 )
 from coordinator.compiler.training.graph import (
-    _fail,
-    _Refused,
-    _scalar,
-    _skip_identity,
-    _uniform,
+    Refused,
+    fail,
+    scalar,
+    skip_identity,
     step_runs,
+    uniform,
     variable_op,
 )
 from coordinator.compiler.training.noise import floored
@@ -44,12 +44,12 @@ from coordinator.compiler.training.numbers import (
     GRADIENT_NOISE,
     HALF_GRADIENT_NOISE,
     HALF_GRADIENT_RTOL,
-    _check_numbers,
+    check_numbers,
 )
 from coordinator.compiler.training.shift import zero_gradients
-from coordinator.compiler.training.transforms import _fold_loss_scale
-from coordinator.compiler.training.updates import SUPPORTED, _check_dtypes, _check_slots, _Update
-from coordinator.compiler.training.writes import _Average, _bookkeeping, _is_write, _updates, _Write
+from coordinator.compiler.training.transforms import fold_loss_scale
+from coordinator.compiler.training.updates import SUPPORTED, Update, check_dtypes, check_slots
+from coordinator.compiler.training.writes import Average, Write, bookkeeping, is_write, train_op_writes
 from wafer.conditional_updates import ConditionalUpdate
 from wafer.grad_transforms import GradientTransform
 from wafer.loss_scaling import Rule
@@ -98,7 +98,7 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             if conditional is not None:
                 extracted = conditional.view
             states: list[tf.Operation] = []
-            updates, averages, written = _updates(
+            updates, averages, written = train_op_writes(
                 extracted, statistic_averages, states,
                 dict.fromkeys(conditional.branch_of, conditional.cond) if conditional else None)
             gated: list[GatedStateWrite] = []
@@ -112,31 +112,31 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                     condition = None  # (the cond gates writes alone: each its predicate's)
             groups = optimizer_groups(updates)
             if dynamic is not None and groups:
-                raise _fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
+                raise fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
                                             "CS carries it out for one; train without it")
             if (states or gated) and (conditional is not None or dynamic is not None):
                 first = states[0] if states else extracted.graph.get_operation_by_name(gated[0].op)
-                raise _fail(first, f"a write of {variable_op(first.inputs[0]).name} from the "
+                raise fail(first, f"a write of {variable_op(first.inputs[0]).name} from the "
                                        "batch's values with updates inside a tf.cond or "
                                        "dynamic loss scaling: the CS writes such state every "
                                        "step; train without the cond or the loss scaling")
             if dynamic is not None and written:
-                raise _fail(written[0].op, "a write of a weight besides its update with dynamic "
+                raise fail(written[0].op, "a write of a weight besides its update with dynamic "
                                            "loss scaling: the CS does not skip it with a "
                                            "skipped step; train without one")
-            _check_dtypes(extracted, updates)
-            _check_slots(updates)
-        except _Refused as problem:
+            check_dtypes(extracted, updates)
+            check_slots(updates)
+        except Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
-        calls = _gradient_calls(extracted, updates)
+        calls = gradient_calls(extracted, updates)
         norms: dict = {}
-        programs = GradientPrograms(extracted, lambda op: _in_scope(op, calls) is not None
+        programs = GradientPrograms(extracted, lambda op: in_scope(op, calls) is not None
                                     or densified(op, calls) is not None)
         chains, problems, hints = [], [], []
         for u in updates:
             try:
-                chains.append(_chain(u, calls, norms, programs))
-            except _Refused as problem:
+                chains.append(gradient_chain(u, calls, norms, programs))
+            except Refused as problem:
                 problems.append(str(problem))
                 hints.append(problem.hint)
         if problems:
@@ -144,37 +144,37 @@ def _analyze(extracted: ExtractedGraph, half: bool,
         try:
             objectives = _objectives(extracted, chains, dynamic is not None or half)
             if objectives and conditional is not None and not conditional.delayed:
-                raise _fail(chains[0].update.op, "several losses minimized in one step with "
+                raise fail(chains[0].update.op, "several losses minimized in one step with "
                                                  "updates inside a tf.cond: the CS carries out "
                                                  "the cond for one loss")
-        except _Refused as problem:
+        except Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
         zeroed = tuple(v for loss, names in _losses(extracted, chains)
                        for v in zero_gradients(loss, [u.variable for u in updates if u.indices
                                                       is None and u.variable in names],
                                                normalized))
         try:
-            _group_order(chains)
+            group_order(chains)
             _clipped_apart(chains, objectives)
             if half:
-                _check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
-                               HALF_GRADIENT_NOISE, zeroed,
-                               dynamic.proof_scale if dynamic is not None else None)
+                check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
+                              HALF_GRADIENT_NOISE, zeroed,
+                              dynamic.proof_scale if dynamic is not None else None)
                 noise_floored: tuple[str, ...] = ()  # (float16's noise is real gradients' size)
             else:
-                largest = _check_numbers(extracted, chains, statistic_averages, zeroed=zeroed)
+                largest = check_numbers(extracted, chains, statistic_averages, zeroed=zeroed)
                 noise_floored = tuple(v for loss, names in _losses(extracted, chains)
                                       for v in floored(loss, {
                                           u.variable: u.optimizer for u in updates
                                           if u.indices is None and u.variable not in zeroed
                                           and u.variable in names}, largest, GRADIENT_NOISE))
-            transforms, loss_scale = _fold_loss_scale(chains, half)
+            transforms, loss_scale = fold_loss_scale(chains, half)
             scaling = None
             if dynamic is not None:
                 transforms, scaling = _dynamic(chains, transforms, loss_scale, half, dynamic,
                                                averages)
                 loss_scale = dynamic.initial
-        except _Refused as problem:
+        except Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
         if zeroed:  # (last: the other transforms and the finite test read TF's gradient)
             transforms = [*transforms, GradientTransform("zero", variables=zeroed)]
@@ -199,15 +199,15 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                         gated_state_writes=tuple(gated))
 
 
-def _gated(conditional: training_conditional.Inlined, written: list[_Write]) -> list[_Write]:
+def _gated(conditional: training_conditional.Inlined, written: list[Write]) -> list[Write]:
     """The writes of the cond's branches (updates beside the cond) with their branch's
     predicate; a factor computed per step, refused."""
     found = []
     for w in written:
         gate = conditional.gated(w.op)
         if gate is not None:
-            if any(_uniform(t) is None for t, _ in w.factors):
-                raise _fail(conditional.cond, f"the tf.cond writes {w.variable} with a factor "
+            if any(uniform(t) is None for t, _ in w.factors):
+                raise fail(conditional.cond, f"the tf.cond writes {w.variable} with a factor "
                                               "computed per step: the CS writes under a "
                                               "tf.cond with constant factors")
             w = dataclasses.replace(w, predicate=dataclasses.replace(
@@ -216,13 +216,13 @@ def _gated(conditional: training_conditional.Inlined, written: list[_Write]) -> 
     return found
 
 
-def _alone(condition: ConditionalUpdate, averages: list[_Average], written: list[_Write]) -> None:
+def _alone(condition: ConditionalUpdate, averages: list[Average], written: list[Write]) -> None:
     """What the CS does not carry out with an update cond, refused."""
     what = next((f"an ExponentialMovingAverage of {a.variable}" for a in averages), "") or \
         next((f"a write of {w.variable} besides its update" for w in written), "")
     if what:
         op = averages[0].op if averages else written[0].op
-        raise _fail(op, f"{what} with updates inside a tf.cond ({condition.source}): the CS "
+        raise fail(op, f"{what} with updates inside a tf.cond ({condition.source}): the CS "
                         "carries out the cond's optimizer updates alone; train without it")
 
 
@@ -244,7 +244,7 @@ def _clipped_apart(chains: list, objectives: tuple[Objective, ...]) -> None:
         return
     for step in (s for c in chains for s in c.steps if s.kind == "clip_by_global_norm"):
         if len({owner[v] for v in step.variables}) > 1:
-            raise _fail(step.anchor, "clip_by_global_norm over the gradients of several losses "
+            raise fail(step.anchor, "clip_by_global_norm over the gradients of several losses "
                                      "minimized in one step: the CS transforms each loss's "
                                      "gradients apart; clip each optimizer's gradients by "
                                      "their own norm")
@@ -257,7 +257,7 @@ def _unscaled(chain) -> bool:
     if y is None or y.op.type != "Mul" or not chain.steps or chain.steps[0].kind != "scale":
         return False
     return any(s is not None and s != 1.0 and np.isclose(s * chain.steps[0].value, 1.0)
-               for s in map(_scalar, y.op.inputs))
+               for s in map(scalar, y.op.inputs))
 
 
 def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool) -> tuple[Objective, ...]:
@@ -267,7 +267,7 @@ def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool) -> tuple
     losses = _losses(extracted, chains)
     if len(losses) == 1 and losses[0][0] is not extracted.spec.loss:
         loss = extracted.spec.loss
-        raise _fail(chains[0].update.op, f"the train_op minimizes {losses[0][0].name} computed "
+        raise fail(chains[0].update.op, f"the train_op minimizes {losses[0][0].name} computed "
                                          f"at {user_source(losses[0][0].op)}, not the loss "
                                          f"model_fn returns ({loss.name} at "
                                          f"{user_source(loss.op)})")
@@ -275,10 +275,10 @@ def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool) -> tuple
         return ()
     scaled = next((c for c in chains if c.call.scale != 1.0 or _unscaled(c)), None)
     if scaling or scaled is not None:
-        raise _fail(chains[0].update.op if scaled is None else scaled.update.op,
-                    "loss scaling (or a float16 model) with several losses minimized in one "
-                    "step: the CS scales one loss's backward pass; train them in float32 "
-                    "without loss scaling")
+        raise fail(chains[0].update.op if scaled is None else scaled.update.op,
+                   "loss scaling (or a float16 model) with several losses minimized in one "
+                   "step: the CS scales one loss's backward pass; train them in float32 "
+                   "without loss scaling")
     _read_before_updates(losses, chains, step_runs(extracted))
     order = [c.update.variable for c in chains]
     return tuple(Objective(loss.name, tuple(v for v in order if v in names),
@@ -309,17 +309,17 @@ def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
             if variable not in closures:
                 closures[variable] = set(op_closure(updates[variable]))
             if read not in closures[variable]:
-                raise _fail(read, f"{loss.name} reads {variable}, which another loss's "
+                raise fail(read, f"{loss.name} reads {variable}, which another loss's "
                                   f"optimizer updates in the step, with no order to that "
                                   f"update (TF reads it before or after the update, by "
                                   f"chance); compute the losses from one forward pass, or "
                                   f"make the update wait for the read",
-                            hint="compute every loss's gradients first (compute_gradients), "
+                           hint="compute every loss's gradients first (compute_gradients), "
                                  "then apply them under tf.control_dependencies([every "
                                  "gradient])")
 
 
-def optimizer_groups(updates: list[_Update]) -> tuple[OptimizerGroup, ...]:
+def optimizer_groups(updates: list[Update]) -> tuple[OptimizerGroup, ...]:
     """The optimizers besides the first update's and the variables each updates (two
     minimize calls with the same hyper-parameters, and no scalars of their own, are one)."""
     by_key: dict[tuple, list[str]] = {}
@@ -328,46 +328,46 @@ def optimizer_groups(updates: list[_Update]) -> tuple[OptimizerGroup, ...]:
     return tuple(OptimizerGroup(key[0], tuple(names)) for key, names in list(by_key.items())[1:])
 
 
-def _group_key(u: _Update) -> tuple:
+def _group_key(u: Update) -> tuple:
     """What makes updates one optimizer: its constant hyper-parameters and the tensors of its
     scheduled ones (two SGDs on schedules of their own are two)."""
     return u.optimizer, tuple(sorted((key, t.name) for key, (_, t) in u.scheduled.items()))
 
 
 def _dynamic(chains: list, transforms: list[GradientTransform], loss_scale: float, half: bool,
-             dynamic: loss_scaling.Inlined, averages: list[_Average],
+             dynamic: loss_scaling.Inlined, averages: list[Average],
              ) -> tuple[list[GradientTransform], Rule]:
     """The transforms without the leading 1 / P (the CS unscales by the current S), after
     the static proof with S pinned to P (loss_scaling.PROOF_SCALE); and S's initial value
     as the loss scale; what the CS does not carry out with it, refused."""
     anchor = chains[0].update.op
-    if dynamic.checked != {_skip_identity(c.update.grad).name for c in chains}:
-        raise _fail(anchor, "dynamic loss scaling checks other tensors than the gradients the "
+    if dynamic.checked != {skip_identity(c.update.grad).name for c in chains}:
+        raise fail(anchor, "dynamic loss scaling checks other tensors than the gradients the "
                             "optimizer applies for being finite: not TensorFlow's rule nor "
                             "the CS-1's")
     if not half:
-        raise _fail(anchor, "dynamic loss scaling of a float32 model: the CS carries it out "
+        raise fail(anchor, "dynamic loss scaling of a float32 model: the CS carries it out "
                             "for float16 (mixed precision) models; train without it")
     if averages:
-        raise _fail(averages[0].op, "an ExponentialMovingAverage with dynamic loss scaling: the "
+        raise fail(averages[0].op, "an ExponentialMovingAverage with dynamic loss scaling: the "
                                     "CS does not skip it with a skipped step; train without one")
     unscale = float(np.float32(1.0) / np.float32(loss_scaling.PROOF_SCALE))
     first = transforms[0] if transforms else None
     if loss_scale != loss_scaling.PROOF_SCALE or first is None or first.kind != "scale" or \
             first.value != unscale or set(first.variables) != {c.update.variable for c in chains}:
-        raise _fail(anchor, "the loss scale's reads do not scale the loss and unscale every "
+        raise fail(anchor, "the loss scale's reads do not scale the loss and unscale every "
                             "gradient first: not TensorFlow's dynamic loss scaling")
     return transforms[1:], dynamic.rule
 
 
-def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list[_Average],
-               written: list[_Write]):
+def _schedules(extracted: ExtractedGraph, updates: list[Update], averages: list[Average],
+               written: list[Write]):
     """The schedules of the hyper-parameters the updates read per step, the moving averages
     and the weight writes with their factors (coordinator.compiler.schedules: lowered from
     the graph TF executes; a constant factor is its value)."""
     train = extracted.spec.train_op
-    increments = [op for op in op_closure(train) if _is_write(op) and op.type in (
-        "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph)]
+    increments = [op for op in op_closure(train) if is_write(op) and op.type in (
+        "AssignAddVariableOp", "AssignAdd") and bookkeeping(op, extracted.graph)]
     groups = list(dict.fromkeys(map(_group_key, updates)))  # (optimizer_groups' order)
     items = [Scheduled(key, reader, tensor, name=f"{key}@{groups.index(_group_key(u))}")
              for u in updates for key, (reader, tensor) in u.scheduled.items()]
@@ -382,7 +382,7 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
         offset = set()
         for k, (tensor, reader) in enumerate(w.factors):
             name = f"{w.variable}/{FACTOR_OF_WRITE}_{k}"
-            value = _uniform(tensor)  # (writes.py: a scalar, or one not shaping its reader)
+            value = uniform(tensor)  # (writes.py: a scalar, or one not shaping its reader)
             if value is not None:
                 constants[name] = Schedule(FACTOR_OF_WRITE, (ScalarOp(
                     "const", "float32", value=float(np.float32(value))),), tensor.name,
@@ -403,7 +403,7 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
                                   f"after the step's increment ({w.op.type} '{w.op.name}' at "
                                   f"{user_source(w.op)})")
         write_offsets[w.variable] = offset.pop() if offset else 0
-    written_vars = {variable_op(op.inputs[0]).name for op in op_closure(train) if _is_write(op)}
+    written_vars = {variable_op(op.inputs[0]).name for op in op_closure(train) if is_write(op)}
     lowered = {**lower_schedules(extracted, items, written_vars), **constants}
     schedules = tuple(dataclasses.replace(lowered[f"{key}@{index}"], optimizer=index)
                       for key, index in dict.fromkeys(
