@@ -36,11 +36,10 @@ from coordinator.compiler.schedules import (
 )
 from coordinator.compiler.training.graph import Refused, fail, skip_identity, variable_op
 from coordinator.compiler.training.loss_scaling import checked_gradients, import_branch
-from coordinator.compiler.training.writes import copies_only, is_write
+from coordinator.compiler.training.writes import CONDS, copies_only, is_write, writes_variable
 from wafer.conditional_updates import ConditionalUpdate
 from wafer.schedules import Schedule
 
-CONDS = ("If", "StatelessIf")
 _ADDS = ("AssignAddVariableOp", "AssignAdd")
 _PREFIX = "csrun_conditional_update"
 # each graph's conds' imported branches (branch_writes)
@@ -312,13 +311,6 @@ def _writes_besides_step(train, cond: tf.Operation) -> bool:
     step = global_step(cond.graph)
     return any(is_write(op) and variable_op(op.inputs[0]).name != step
                for op in op_closure(train))
-
-
-def writes_variable(branch, deep: bool = False) -> bool:
-    """Whether a branch writes a variable (`deep`: or a tf.cond or loop inside it does)."""
-    return any(is_write(op) or deep and any(writes_variable(getattr(op, k), True) for k in (
-        "_true_graph", "_false_graph", "_body_graph") if hasattr(op, k))
-        for op in branch.get_operations())
 
 
 def _check_nested(cond: tf.Operation) -> None:

@@ -17,13 +17,7 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure
 from coordinator.compiler.ir import GatedStateWrite
-from coordinator.compiler.training.conditional import (
-    CONDS,
-    check_predicate,
-    lowered,
-    step_read_offset,
-    writes_variable,
-)
+from coordinator.compiler.training.conditional import check_predicate, lowered, step_read_offset
 from coordinator.compiler.training.graph import (
     fail,
     step_runs,
@@ -33,12 +27,14 @@ from coordinator.compiler.training.graph import (
 from coordinator.compiler.training.loss_scaling import import_branch
 from coordinator.compiler.training.updates import Update
 from coordinator.compiler.training.writes import (
+    CONDS,
     Write,
     copies_only,
     forward_reads,
     soft_update,
     variable_readers,
     weight_write,
+    writes_variable,
 )
 from wafer.weight_writes import FACTOR
 

@@ -26,11 +26,10 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, each_once, op_closure
 from coordinator.compiler.training.graph import Refused, fail, skip_identity, variable_op
-from coordinator.compiler.training.writes import copies_only, is_write
+from coordinator.compiler.training.writes import CONDS, copies_only, is_write, writes_variable
 from tf_model.model_fn import mark_imported
 from wafer.loss_scaling import CS1DynamicLossScale, DynamicLossScale, Rule, problem
 
-_CONDS = ("If", "StatelessIf")
 # The value S's reads take in the view: a power of two no float16 backward overflows at.
 PROOF_SCALE = 256.0
 _PREDICATE_OPS = {"All", "Pack", "IsFinite", "Const", "Identity", "Reshape", "Range", "Rank"}
@@ -50,8 +49,8 @@ class Inlined:
 def inline(extracted: ExtractedGraph) -> Inlined | None:
     """The train_op's dynamic loss scaling, proven; None when it runs no tf.cond that
     writes; Refused for a cond it does not recognise."""
-    conds = [op for op in op_closure(extracted.spec.train_op) if op.type in _CONDS and
-             not copies_only(op) and (_writes(op._true_graph) or _writes(op._false_graph))]
+    conds = [op for op in op_closure(extracted.spec.train_op) if op.type in CONDS and
+             not copies_only(op) and (writes_variable(op._true_graph) or writes_variable(op._false_graph))]
     # (a schedule's conds write not; a target network's copies: training/copies.py)
     if not conds:
         return None
@@ -60,7 +59,7 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
                            "MixedPrecisionLossScaleOptimizer with 'dynamic', a DynamicLossScale "
                            "or the CS-1's rule, examples/modelzoo_loss_scale) and update conds "
                            "on the global step (apply every N steps, gradient accumulation)")
-    apply = [op for op in conds if _writes(op._true_graph) and not _writes(op._false_graph)]
+    apply = [op for op in conds if writes_variable(op._true_graph) and not writes_variable(op._false_graph)]
     moves = [op for op in conds if op not in apply]
     if len(conds) > 2 or len(apply) != 1 or (moves and moves[0].inputs[0] is not apply[0].inputs[0]):
         raise why
@@ -98,10 +97,6 @@ def _tf_rule(graph: tf.Graph, scale_if: tf.Operation,
     rule = DynamicLossScale(scale_var.name, good_var.name,
                             int(_constant(scale_if, "GreaterEqual")), _constant(scale_if, "RealDiv"))
     return _prove_rule(graph, scale_if, handles, kinds, rule, why), scale_var, {scale_if}
-
-
-def _writes(branch) -> bool:
-    return any(is_write(op) for op in branch.get_operations())
 
 
 def _constant(scale_if: tf.Operation, op_type: str) -> float:

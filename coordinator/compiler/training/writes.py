@@ -61,6 +61,7 @@ _WRITE_PREFIXES = ("Assign", "ResourceScatter", "Scatter", "ResourceApply", "App
                    "StridedSliceAssign")
 
 
+CONDS = ("If", "StatelessIf")  # a tf.cond's op types
 _SEED_STATE = re.compile(r"(^|/)seed_generator(_\d+)?/seed_generator_state$")
 _BETA_POWER = re.compile(r"^beta([12])_power(_\d+)?$")
 
@@ -75,6 +76,14 @@ def is_write(op: tf.Operation) -> bool:
     """An op that writes a variable: its first input is a resource handle or a ref."""
     return (op.type.startswith(_WRITE_PREFIXES) and bool(op.inputs)
             and (op.inputs[0].dtype == tf.resource or op.inputs[0].dtype._is_ref_dtype))
+
+
+def writes_variable(branch, deep: bool = False) -> bool:
+    """Whether a tf.cond's or loop's branch writes a variable (`deep`: or a tf.cond or loop
+    inside it does)."""
+    return any(is_write(op) or deep and any(writes_variable(getattr(op, k), True) for k in (
+        "_true_graph", "_false_graph", "_body_graph") if hasattr(op, k))
+        for op in branch.get_operations())
 
 
 def computed_after_write(value: tf.Tensor, wanted: Callable[[tf.Operation], bool] = lambda w: True
