@@ -8,7 +8,7 @@ attention (|q k^H| by tf.linalg.adjoint); refused: a batch slice of a spectrum, 
 einsum over the batch, a shared complex bin concatenated to per-sample spectra."""
 import numpy as np
 import tensorflow as tf
-from complex_models import FEATURES, T, spec, sequence_input_fn
+from complex_models import FEATURES, T, sequence_input_fn, spec
 
 L, v1 = tf.keras.layers, tf.compat.v1
 MODES, WIDTH, SIDE, CHANNELS = 3, 4, 8, 2

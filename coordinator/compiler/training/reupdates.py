@@ -18,7 +18,7 @@ from __future__ import annotations
 from coordinator.compiler.extract import user_name, user_source
 from coordinator.compiler.training.graph import fail
 from coordinator.compiler.training.updates import Update
-from coordinator.compiler.training.writes import waits, Write
+from coordinator.compiler.training.writes import Write, waits
 
 READS_WEIGHT = ("ftrl", "proximal_adagrad", "proximal_sgd")  # (their update reads var)
 
