@@ -86,7 +86,7 @@ def _tool(name: str) -> str:
     return path
 
 
-def _run_step(step: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> str:
+def run_step(step: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> str:
     """Run one build step, appending its output to `log`; stop naming it when it fails."""
     done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     with log.open("a") as out:
@@ -152,9 +152,9 @@ def build_image(image: Path = DEFAULT_IMAGE, definition_path: Path = DEFINITION,
     if refresh:
         image.rename(work)
     else:
-        _run_step(f"From: {definition.base_image} (mmdebstrap {base.suite})",
-                  [mmdebstrap, "--variant=minbase", f"--include={','.join(base.packages)}", base.suite,
-                   str(work)], log)
+        run_step(f"From: {definition.base_image} (mmdebstrap {base.suite})",
+                 [mmdebstrap, "--variant=minbase", f"--include={','.join(base.packages)}", base.suite,
+                  str(work)], log)
         for marker in work.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
             marker.unlink()  # as in the python:*-slim images, pip installs as root
     for source, destination in definition.files:
@@ -179,8 +179,8 @@ def build_image(image: Path = DEFAULT_IMAGE, definition_path: Path = DEFINITION,
     env.pop("VIRTUAL_ENV", None)
     env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     mounts = [arg for folder in binds for arg in ("-b", f"{folder}:{folder}")]
-    _run_step("%post", [ch_run, "-w", *mounts, str(work), "--", "/bin/sh", "-exc", "\n".join(definition.post)],
-              log, env)
+    run_step("%post", [ch_run, "-w", *mounts, str(work), "--", "/bin/sh", "-exc", "\n".join(definition.post)],
+             log, env)
     for folder in reversed(binds):  # the empty mount points are no part of the image
         path = work / folder.lstrip("/")
         while path != work and path.is_dir() and not any(path.iterdir()):

@@ -68,18 +68,18 @@ class CompileCall:
     result: CompileResult  # its program is None after validate_only
 
 
-_recorders: list[list[CompileCall]] = []  # one list per open recorded_compiles()
+recorders: list[list[CompileCall]] = []  # one list per open recorded_compiles()
 
 
 @contextlib.contextmanager
 def recorded_compiles() -> Iterator[list[CompileCall]]:
     """The compiles every CSEstimator runs inside the block, in order."""
     calls: list[CompileCall] = []
-    _recorders.append(calls)
+    recorders.append(calls)
     try:
         yield calls
     finally:
-        _recorders.remove(calls)
+        recorders.remove(calls)
 
 
 class CSEstimator:
@@ -124,7 +124,7 @@ class CSEstimator:
         `compile_dir/cs_compile/` (compile_dir defaults to model_dir)."""
         result = compile_model(self.model_fn, input_fn, self.params, self.compile_dir,
                                mode=mode, validate_only=validate_only)
-        for calls in _recorders:
+        for calls in recorders:
             calls.append(CompileCall(input_fn, self.params, mode, result))
         print(result.report_text, end="", flush=True)
         return result

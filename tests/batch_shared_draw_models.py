@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 import tensorflow as tf
-from projection_models import _classifier  # the classifier head of that corpus
+from projection_models import classifier  # the classifier head of that corpus
 
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
@@ -55,7 +55,7 @@ def fourier_phase(features, labels, mode, params):
     b = tf.random.uniform([count], 0.0, 2 * math.pi)
     z = math.sqrt(2.0 / count) * tf.cos(features @ w / tf.exp(log_scale) + b)
     logits = L.Dense(CLASSES, name="logits")(z)
-    return _classifier(mode, labels, logits, v1.train.AdamOptimizer(0.05))
+    return classifier(mode, labels, logits, v1.train.AdamOptimizer(0.05))
 
 
 class NoisyDense(L.Layer):
@@ -96,7 +96,7 @@ def noisy_net(features, labels, mode, params):
     training = mode == ModeKeys.TRAIN
     hidden = tf.nn.relu(NoisyDense(HIDDEN, name="noisy1")(features, training=training))
     logits = NoisyDense(CLASSES, name="noisy2")(hidden, training=training)
-    return _classifier(mode, labels, logits, v1.train.AdamOptimizer(0.02))
+    return classifier(mode, labels, logits, v1.train.AdamOptimizer(0.02))
 
 
 def bayes_by_backprop(features, labels, mode, params):
@@ -121,7 +121,7 @@ def bayes_by_backprop(features, labels, mode, params):
     logits = L.Dense(CLASSES, name="logits")(hidden)
     kl = sum(tf.reduce_sum(0.5 * (tf.square(s) + tf.square(m) - 1.0) - tf.math.log(s))
              for m, s in ((w_mu, w_sigma), (b_mu, b_sigma)))
-    return _classifier(mode, labels, logits, v1.train.AdamOptimizer(0.02), kl / SAMPLES)
+    return classifier(mode, labels, logits, v1.train.AdamOptimizer(0.02), kl / SAMPLES)
 
 
 def shared_dropout(features, labels, mode, params):
@@ -135,7 +135,7 @@ def shared_dropout(features, labels, mode, params):
     h = L.Dense(HIDDEN, activation="relu", name="hidden2")(h)
     h = L.Dropout(0.25, noise_shape=(1, HIDDEN))(h, training=training)
     logits = L.Dense(CLASSES, name="logits")(h)
-    return _classifier(mode, labels, logits, v1.train.AdamOptimizer(0.02))
+    return classifier(mode, labels, logits, v1.train.AdamOptimizer(0.02))
 
 
 def locked_dropout(features, labels, mode, params):
@@ -149,7 +149,7 @@ def locked_dropout(features, labels, mode, params):
         h = tf.nn.dropout(h, rate=0.3, noise_shape=[rows, 1, HIDDEN])
     h = L.GRU(HIDDEN, name="gru")(h)
     logits = L.Dense(CLASSES, name="logits")(h)
-    return _classifier(mode, labels, logits, v1.train.AdamOptimizer(0.02))
+    return classifier(mode, labels, logits, v1.train.AdamOptimizer(0.02))
 
 
 def shared_gaussian_dropout(features, labels, mode, params):
@@ -164,14 +164,14 @@ def shared_gaussian_dropout(features, labels, mode, params):
     logits = L.Dense(CLASSES, name="logits")(h)
     if training:
         logits = logits / tf.random.uniform([], 0.5, 1.5)
-    return _classifier(mode, labels, logits, v1.train.MomentumOptimizer(0.05, 0.9))
+    return classifier(mode, labels, logits, v1.train.MomentumOptimizer(0.05, 0.9))
 
 
 def shared_noise(features, labels, mode, params):
     """One noise vector for the whole batch added to a Dense layer's activations."""
     h = L.Dense(HIDDEN, name="hidden")(features) + tf.random.normal([HIDDEN])
     logits = L.Dense(CLASSES, name="logits")(tf.nn.relu(h))
-    return _classifier(mode, labels, logits, v1.train.GradientDescentOptimizer(0.1))
+    return classifier(mode, labels, logits, v1.train.GradientDescentOptimizer(0.1))
 
 
 def noisy_activations(features, labels, mode, params):
@@ -180,7 +180,7 @@ def noisy_activations(features, labels, mode, params):
     eps = tf.random.normal([HIDDEN])
     hidden = tf.nn.relu(features @ (w + 0.1 * eps) + eps)
     logits = L.Dense(CLASSES, name="logits")(hidden)
-    return _classifier(mode, labels, logits, v1.train.AdamOptimizer(0.02))
+    return classifier(mode, labels, logits, v1.train.AdamOptimizer(0.02))
 
 
 # ---- a draw the CS refuses ----

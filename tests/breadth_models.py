@@ -16,7 +16,7 @@ def image_input_fn(params):
         8, drop_remainder=True)
 
 
-def _spec(mode, logits, labels):
+def spec(mode, logits, labels):
     logits = tf.cast(logits, tf.float32)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode=mode, predictions={"probabilities": tf.nn.softmax(logits)})
@@ -37,7 +37,7 @@ def upsampling_mixed(features, labels, mode, params):
     h = tf.tile(h, [1, 1, 2, 1])
     h = L.Conv2D(4, 3, strides=2, padding="same")(h)
     logits = L.Dense(3, dtype="float32")(L.GlobalAveragePooling2D()(h))
-    return _spec(mode, logits, labels)
+    return spec(mode, logits, labels)
 
 
 def transposed_and_dilated_mixed(features, labels, mode, params):
@@ -51,7 +51,7 @@ def transposed_and_dilated_mixed(features, labels, mode, params):
     rows = L.Conv1D(4, 3, dilation_rate=2, padding="causal")(rows)
     rows = L.Conv1DTranspose(2, 3, strides=2, padding="same")(rows)
     logits = L.Dense(3, dtype="float32")(L.GlobalAveragePooling1D()(rows))
-    return _spec(mode, logits, labels)
+    return spec(mode, logits, labels)
 
 
 def pixel_shuffle(features, labels, mode, params):
@@ -63,7 +63,7 @@ def pixel_shuffle(features, labels, mode, params):
     h = L.Conv2D(3, 3, padding="same")(h)
     h = tf.nn.space_to_depth(h, 4)  # [4, 4, 48]
     logits = L.Dense(3, dtype="float32")(L.Flatten()(h))
-    return _spec(mode, logits, labels)
+    return spec(mode, logits, labels)
 
 
 def vit_patches(features, labels, mode, params):
@@ -75,7 +75,7 @@ def vit_patches(features, labels, mode, params):
     tokens = tokens + L.Embedding(4, 8)(tf.range(4))
     overlapping = tf.image.extract_patches(features, [1, 3, 3, 1], [1, 2, 2, 1], [1, 2, 2, 1], "SAME")
     h = tf.concat([L.Flatten()(tokens), L.Flatten()(L.Dense(2)(overlapping))], -1)
-    return _spec(mode, L.Dense(3)(h), labels)
+    return spec(mode, L.Dense(3)(h), labels)
 
 
 def sequence_input_fn(params):
@@ -92,7 +92,7 @@ def grouped_conv1d(features, labels, mode, params):
     tf.keras.mixed_precision.set_global_policy("mixed_float16" if params.get("mixed") else "float32")
     h = L.Conv1D(8, 3, strides=2, padding="same", groups=2, activation="relu")(features)
     h = L.Conv1D(8, 2, padding="causal", groups=4, use_bias=False)(h)
-    return _spec(mode, L.Dense(3, dtype="float32")(L.GlobalMaxPooling1D()(h)), labels)
+    return spec(mode, L.Dense(3, dtype="float32")(L.GlobalMaxPooling1D()(h)), labels)
 
 
 def grouped_conv_mixed(features, labels, mode, params):
@@ -106,7 +106,7 @@ def grouped_conv_mixed(features, labels, mode, params):
         logits = L.Dense(3, dtype="float32", name="head")(L.GlobalAveragePooling1D()(h))
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
-    return _spec(mode, logits, labels)
+    return spec(mode, logits, labels)
 
 
 def upsampling_decoder_mixed(features, labels, mode, params):
@@ -125,7 +125,7 @@ def upsampling_decoder_mixed(features, labels, mode, params):
         logits = L.Dense(3, dtype="float32", name="head")(L.GlobalAveragePooling2D()(h))
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
-    return _spec(mode, logits, labels)
+    return spec(mode, logits, labels)
 
 
 def angles_mixed(features, labels, mode, params):
@@ -143,7 +143,7 @@ def angles_mixed(features, labels, mode, params):
         logits = L.Dense(3, dtype="float32", name="head")(L.Concatenate()(angles))
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
-    return _spec(mode, logits, labels)
+    return spec(mode, logits, labels)
 
 
 def ids_input_fn(params):
@@ -162,11 +162,11 @@ def category_encoding(features, labels, mode, params):
     largest id + 1)."""
     if params.get("unbounded"):
         counts = tf.math.bincount(features, axis=-1, dtype=tf.float32)
-        return _spec(mode, L.Dense(3)(tf.reshape(counts, [-1, 20])), labels)
+        return spec(mode, L.Dense(3)(tf.reshape(counts, [-1, 20])), labels)
     multi_hot = L.CategoryEncoding(20, output_mode="multi_hot")(features)
     counts = L.CategoryEncoding(20, output_mode="count")(features)
     h = L.Dense(8, activation="relu")(tf.concat([multi_hot, counts], -1))
-    return _spec(mode, L.Dense(3)(h), labels)
+    return spec(mode, L.Dense(3)(h), labels)
 
 
 def cifar10_tutorial(features, labels, mode, params):
@@ -178,20 +178,20 @@ def cifar10_tutorial(features, labels, mode, params):
     h = L.Conv2D(8, 3, padding="same", activation="relu")(h)
     h = tf.nn.local_response_normalization(h, depth_radius=2, bias=2.0, alpha=0.1, beta=0.5)
     h = tf.nn.max_pool2d(h, 3, 2, "SAME")
-    return _spec(mode, L.Dense(3)(L.Flatten()(h)), labels)
+    return spec(mode, L.Dense(3)(L.Flatten()(h)), labels)
 
 
 def rotation_augmented(features, labels, mode, params):
     """Keras RandomRotation as the first layer (augmentation in the model)."""
     h = L.RandomRotation(0.1)(features, training=mode == ModeKeys.TRAIN)
-    return _spec(mode, L.Dense(3)(L.Flatten()(h)), labels)
+    return spec(mode, L.Dense(3)(L.Flatten()(h)), labels)
 
 
 def std_pooling(features, labels, mode, params):
     """A frame-level Dense, then each feature's standard deviation over time (the std half
     of x-vector statistics pooling): the Dense's bias shifts every frame alike."""
     h = L.Dense(4, name="frames")(features)
-    return _spec(mode, L.Dense(3)(tf.math.reduce_std(h, axis=1)), labels)
+    return spec(mode, L.Dense(3)(tf.math.reduce_std(h, axis=1)), labels)
 
 
 def stick_breaking(features, labels, mode, params):
@@ -207,4 +207,4 @@ def stick_breaking(features, labels, mode, params):
         logits = L.Dense(3, dtype="float32")(tf.concat([pooled, survival], -1))
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
-    return _spec(mode, logits, labels)
+    return spec(mode, logits, labels)

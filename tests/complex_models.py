@@ -22,7 +22,7 @@ def sequence_input_fn(params):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
 
 
-def _spec(mode, labels, mixed):
+def spec(mode, labels, mixed):
     logits = L.Dense(CLASSES)(L.Flatten()(mixed))
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     if mode == ModeKeys.PREDICT:
@@ -38,13 +38,13 @@ def fnet(features, labels, mode, params):
     """An FNet block: Dense, Fourier mixing over time and features, a residual LayerNorm."""
     h = L.Dense(FEATURES)(features)
     mixed = tf.math.real(tf.signal.fft2d(tf.cast(h, tf.complex64)))
-    return _spec(mode, labels, L.LayerNormalization()(h + mixed))
+    return spec(mode, labels, L.LayerNormalization()(h + mixed))
 
 
 def fnet_1d(features, labels, mode, params):
     """FNet's 1-D form: the FFT over the features' axis of each step."""
     h = L.Dense(FEATURES)(features)
-    return _spec(mode, labels, h + tf.math.real(tf.signal.fft(tf.cast(h, tf.complex64))))
+    return spec(mode, labels, h + tf.math.real(tf.signal.fft(tf.cast(h, tf.complex64))))
 
 
 def global_filter(features, labels, mode, params):
@@ -54,7 +54,7 @@ def global_filter(features, labels, mode, params):
     w_re = v1.get_variable("filter_re", [FEATURES, T // 2 + 1])
     w_im = v1.get_variable("filter_im", [FEATURES, T // 2 + 1])
     filtered = tf.signal.irfft(tf.signal.rfft(h) * tf.complex(w_re, w_im), fft_length=[T])
-    return _spec(mode, labels, tf.nn.gelu(filtered))
+    return spec(mode, labels, tf.nn.gelu(filtered))
 
 
 def s4_convolution(features, labels, mode, params):
@@ -69,7 +69,7 @@ def s4_convolution(features, labels, mode, params):
                                a_im[..., None] * steps))  # (F, 2, T): exp(A l)
     kernel = tf.math.real(tf.reduce_sum(tf.cast(c[..., None], tf.complex64) * powers, 1))
     y = tf.signal.irfft(tf.signal.rfft(h, [2 * T]) * tf.signal.rfft(kernel, [2 * T]), [2 * T])
-    return _spec(mode, labels, y[..., :T])
+    return spec(mode, labels, y[..., :T])
 
 
 def autocorrelation(features, labels, mode, params):
@@ -79,14 +79,14 @@ def autocorrelation(features, labels, mode, params):
     q_f = tf.signal.rfft(tf.transpose(q, [0, 2, 1]))  # (the keys' transpose comes after it)
     k_f = tf.signal.rfft(tf.transpose(k, [0, 2, 1]))
     corr = tf.signal.irfft(q_f * tf.math.conj(k_f), fft_length=[T])
-    return _spec(mode, labels, corr)
+    return spec(mode, labels, corr)
 
 
 def batch_fft(features, labels, mode, params):
     """An FFT along the batch axis: it mixes the samples (refused)."""
     h = L.Dense(1)(features)[:, 0, 0]
     mixed = tf.math.real(tf.signal.fft(tf.cast(h, tf.complex64)))
-    return _spec(mode, labels, features * mixed[:, None, None])
+    return spec(mode, labels, features * mixed[:, None, None])
 
 
 def predicted_spectrum(features, labels, mode, params):
@@ -95,4 +95,4 @@ def predicted_spectrum(features, labels, mode, params):
     if mode == ModeKeys.PREDICT:
         logits = L.Dense(CLASSES)(L.Flatten()(tf.math.real(spectrum)))
         return CSEstimatorSpec(mode=mode, predictions={"spectrum": spectrum, "logits": logits})
-    return _spec(mode, labels, tf.math.real(spectrum))
+    return spec(mode, labels, tf.math.real(spectrum))

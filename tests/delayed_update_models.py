@@ -34,9 +34,9 @@ def td3(features, labels, mode, params):
     its update by chance)."""
     s, a = features[:, :m.STATE], features[:, m.STATE:m.STATE + m.ACTION]
     r, s2 = features[:, m.STATE + m.ACTION:m.STATE + m.ACTION + 1], features[:, -m.STATE:]
-    actor, critic = m._net("actor", [16, m.ACTION], "tanh"), m._net("critic", [16, 1])
-    target_actor = m._net("tactor", [16, m.ACTION], "tanh")
-    target_critic = m._net("tcritic", [16, 1])
+    actor, critic = m.dense_stack("actor", [16, m.ACTION], "tanh"), m.dense_stack("critic", [16, 1])
+    target_actor = m.dense_stack("tactor", [16, m.ACTION], "tanh")
+    target_critic = m.dense_stack("tcritic", [16, 1])
     mu, q = actor(s), critic(tf.concat([s, a], 1))
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"action": mu, "q": q})
@@ -54,14 +54,14 @@ def td3(features, labels, mode, params):
     step = v1.train.get_or_create_global_step()
     c_opt = v1.train.AdamOptimizer(1e-2)
     a_opt = c_opt if params.get("one_adam") else v1.train.AdamOptimizer(1e-2)
-    c_gv = c_opt.compute_gradients(critic_loss, var_list=m._trainable("critic"))
+    c_gv = c_opt.compute_gradients(critic_loss, var_list=m.trainable("critic"))
     form = params.get("form", "after")
     a_gv = [] if form == "probe" else a_opt.compute_gradients(actor_loss,
-                                                              var_list=m._trainable("actor"))
+                                                              var_list=m.trainable("actor"))
 
     def delayed():
         if form == "probe":  # the actor's gradients in the cond, after the critic's update
-            a_step = a_opt.minimize(actor_loss, var_list=m._trainable("actor"))
+            a_step = a_opt.minimize(actor_loss, var_list=m.trainable("actor"))
         else:
             a_step = a_opt.apply_gradients(a_gv, global_step=step if form == "counted" else None)
         if form.startswith("targets"):
@@ -69,10 +69,10 @@ def td3(features, labels, mode, params):
         with tf.control_dependencies([a_step]):
             if form == "nested":  # the targets every 4 steps, in a tf.cond of their own
                 return tf.cond(tf.equal(step % 4, 0), lambda: tf.group(
-                    *m._soft("actor", "tactor", params, step),
-                    *m._soft("critic", "tcritic", params, step)), tf.no_op)
-            return tf.group(*m._soft("actor", "tactor", params, step),
-                            *m._soft("critic", "tcritic", params, step))
+                    *m.soft_updates("actor", "tactor", params, step),
+                    *m.soft_updates("critic", "tcritic", params, step)), tf.no_op)
+            return tf.group(*m.soft_updates("actor", "tactor", params, step),
+                            *m.soft_updates("critic", "tcritic", params, step))
 
     first = c_gv if form == "probe" else c_gv + a_gv
     with tf.control_dependencies([g for g, _ in first]):  # every gradient first
@@ -85,8 +85,8 @@ def td3(features, labels, mode, params):
         cond = tf.cond(tf.equal(step % params.get("delay", 2), 0), delayed, tf.no_op)
     if form.startswith("targets"):  # the target networks every step, after the cond (or not)
         with tf.control_dependencies([cond] if form == "targets_after" else []):
-            soft = m._soft("actor", "tactor", params, step) + m._soft("critic", "tcritic",
-                                                                      params, step)
+            soft = (m.soft_updates("actor", "tactor", params, step)
+                    + m.soft_updates("critic", "tcritic", params, step))
         return CSEstimatorSpec(mode, loss=critic_loss, train_op=tf.group(cond, *soft))
     if form == "before":
         with tf.control_dependencies([cond]):
@@ -194,7 +194,7 @@ def dqn_polyak_every_2(features, labels, mode, params):
     `t.assign_sub(0.1 * (t - o))` under a tf.cond on the step its optimizer incremented."""
     s, a = features[:, :m.STATE], features[:, m.STATE:m.STATE + m.ACTION]
     r, s2 = features[:, m.STATE + m.ACTION:m.STATE + m.ACTION + 1], features[:, -m.STATE:]
-    qnet, target = m._net("q", [16, m.ACTION]), m._net("qtarget", [16, m.ACTION])
+    qnet, target = m.dense_stack("q", [16, m.ACTION]), m.dense_stack("qtarget", [16, m.ACTION])
     values = qnet(s)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"q": values})
@@ -205,10 +205,10 @@ def dqn_polyak_every_2(features, labels, mode, params):
         return CSEstimatorSpec(mode, loss=loss)
     step = v1.train.get_or_create_global_step()
     train = v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=step,
-                                                  var_list=m._trainable("q"))
+                                                  var_list=m.trainable("q"))
     with tf.control_dependencies([train]):
         return CSEstimatorSpec(mode, loss=loss, train_op=tf.cond(
             tf.equal(step % 2, 0), lambda: tf.group(*[
-                t.assign_sub(0.1 * (t - o)) for o, t in zip(m._trainable("q"),
-                                                            m._trainable("qtarget"))]),
+                t.assign_sub(0.1 * (t - o)) for o, t in zip(m.trainable("q"),
+                                                            m.trainable("qtarget"))]),
             tf.no_op))

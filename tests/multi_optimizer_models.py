@@ -60,50 +60,55 @@ def digits_input_fn(params):
     return tf.data.Dataset.from_tensor_slices((x, x)).repeat().batch(16, drop_remainder=True)
 
 
-def two_decays(features, labels, mode, params):
+def _autoencoder(train_op_fn):
+    """The model_fn of an autoencoder (a Dense encoder and decoder reconstructing the input)
+    whose train_op train_op_fn(loss, the encoder's variables, the decoder's, params) builds
+    (named and documented as train_op_fn; not functools.wraps, whose __wrapped__ signature
+    model_fn's caller would read)."""
+    def model_fn(features, labels, mode, params):
+        z = L.Dense(8, activation="relu", name="encoder")(features)
+        recon = L.Dense(32, name="decoder")(z)
+        if mode == ModeKeys.PREDICT:
+            return CSEstimatorSpec(mode, predictions={"recon": recon})
+        loss = v1.losses.mean_squared_error(labels, recon)
+        if mode == ModeKeys.EVAL:
+            return CSEstimatorSpec(mode, loss=loss)
+        encoder = [v for v in v1.trainable_variables() if v.name.startswith("encoder")]
+        decoder = [v for v in v1.trainable_variables() if v.name.startswith("decoder")]
+        return CSEstimatorSpec(mode, loss=loss,
+                               train_op=train_op_fn(loss, encoder, decoder, params))
+    model_fn.__name__, model_fn.__doc__ = train_op_fn.__name__, train_op_fn.__doc__
+    return model_fn
+
+
+@_autoencoder
+def two_decays(loss, encoder, decoder, params):
     """An autoencoder whose encoder and decoder are trained by SGDs decayed apart."""
-    z = L.Dense(8, activation="relu", name="encoder")(features)
-    recon = L.Dense(32, name="decoder")(z)
-    if mode == ModeKeys.PREDICT:
-        return CSEstimatorSpec(mode, predictions={"recon": recon})
-    loss = v1.losses.mean_squared_error(labels, recon)
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode, loss=loss)
     step = v1.train.get_or_create_global_step()
-    encoder = [v for v in v1.trainable_variables() if v.name.startswith("encoder")]
-    decoder = [v for v in v1.trainable_variables() if v.name.startswith("decoder")]
     slow = v1.train.exponential_decay(0.5, step, 2, 0.5)
     fast = v1.train.polynomial_decay(1.0, step, 8, 0.1)  # fast line
     if params.get("racing"):  # (the decoder's SGD reads the step its encoder's increments)
-        return CSEstimatorSpec(mode, loss=loss, train_op=tf.group(
+        return tf.group(
             v1.train.GradientDescentOptimizer(slow).minimize(loss, var_list=encoder,
                                                              global_step=step),
-            v1.train.GradientDescentOptimizer(fast).minimize(loss, var_list=decoder)))
+            v1.train.GradientDescentOptimizer(fast).minimize(loss, var_list=decoder))
     updates = [v1.train.GradientDescentOptimizer(slow).minimize(loss, var_list=encoder),
                v1.train.GradientDescentOptimizer(fast).minimize(loss, var_list=decoder)]
     with tf.control_dependencies(updates):
-        return CSEstimatorSpec(mode, loss=loss, train_op=step.assign_add(1))
+        return step.assign_add(1)
 
 
-def adamw_decoder(features, labels, mode, params):
+@_autoencoder
+def adamw_decoder(loss, encoder, decoder, params):
     """An autoencoder whose encoder an Adam trains and whose decoder an AdamW (its rate
     decayed, no decay of the bias); the step counted after both."""
-    z = L.Dense(8, activation="relu", name="encoder")(features)
-    recon = L.Dense(32, name="decoder")(z)
-    if mode == ModeKeys.PREDICT:
-        return CSEstimatorSpec(mode, predictions={"recon": recon})
-    loss = v1.losses.mean_squared_error(labels, recon)
-    if mode == ModeKeys.EVAL:
-        return CSEstimatorSpec(mode, loss=loss)
     step = v1.train.get_or_create_global_step()
-    encoder = [v for v in v1.trainable_variables() if v.name.startswith("encoder")]
-    decoder = [v for v in v1.trainable_variables() if v.name.startswith("decoder")]
     adamw = AdamWOptimizer(v1.train.exponential_decay(0.01, step, 2, 0.5),
                            weight_decay_rate=0.1, exclude_from_weight_decay=["bias"])
     updates = [v1.train.AdamOptimizer(0.02).minimize(loss, var_list=encoder),
                adamw.minimize(loss, var_list=decoder)]
     with tf.control_dependencies(updates):
-        return CSEstimatorSpec(mode, loss=loss, train_op=step.assign_add(1))
+        return step.assign_add(1)
 
 
 def _aae(features, params):

@@ -38,7 +38,7 @@ def points_input_fn(params):
                                                             drop_remainder=True)
 
 
-def _classifier(mode, labels, logits, optimizer, penalty=None):
+def classifier(mode, labels, logits, optimizer, penalty=None):
     """Softmax cross-entropy (plus a `penalty` of weights, a KL), accuracy, argmax."""
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"class": tf.argmax(logits, 1), "logits": logits})
@@ -79,7 +79,7 @@ def performer(features, labels, mode, params):
     out = tf.einsum("bhnm,bhmd->bhnd", qp, kv) / norm[..., None]
     h = h + L.Dense(WIDTH, name="o")(tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [-1, TOKENS, WIDTH]))
     logits = L.Dense(CLASSES, name="head")(tf.reduce_mean(h, 1))
-    return _classifier(mode, labels, logits, v1.train.RMSPropOptimizer(0.01))
+    return classifier(mode, labels, logits, v1.train.RMSPropOptimizer(0.01))
 
 
 def fourier_features(features, labels, mode, params):
@@ -96,7 +96,7 @@ def fourier_features(features, labels, mode, params):
         z = tf.concat([tf.cos(z), tf.sin(z)], 1) / math.sqrt(count)
     hidden = L.Dense(16, activation="relu", name="hidden")(z)
     logits = L.Dense(CLASSES, name="logits")(hidden)
-    return _classifier(mode, labels, logits, v1.train.AdamOptimizer(0.01))
+    return classifier(mode, labels, logits, v1.train.AdamOptimizer(0.01))
 
 
 def per_sample_products(features, labels, mode, params):
@@ -105,4 +105,4 @@ def per_sample_products(features, labels, mode, params):
     h = L.Dense(WIDTH, name="q")(features)
     z = tf.matmul(h, tf.random.normal([params["batch_size"], WIDTH, 4]))
     logits = L.Dense(CLASSES, name="head")(tf.reduce_mean(z, 1))
-    return _classifier(mode, labels, logits, v1.train.AdamOptimizer(0.01))
+    return classifier(mode, labels, logits, v1.train.AdamOptimizer(0.01))

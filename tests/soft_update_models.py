@@ -31,7 +31,7 @@ def transitions_input_fn(params):
         batch, drop_remainder=True)
 
 
-def _net(prefix, sizes, last=None):
+def dense_stack(prefix, sizes, last=None):
     """Keras Dense layers named prefix_<i>, applied in turn."""
     layers = [tf.keras.layers.Dense(n, activation="relu" if i < len(sizes) - 1 else last,
                                     name=f"{prefix}_{i}") for i, n in enumerate(sizes)]
@@ -43,21 +43,21 @@ def _net(prefix, sizes, last=None):
     return apply
 
 
-def _trainable(prefix):
+def trainable(prefix):
     """The v1 trainable variables of the layers named prefix_<i> (Keras 3's variables are
     no var_list of a v1 optimizer)."""
     return [v for v in v1.trainable_variables() if v.name.startswith(prefix + "_")]
 
 
-def _soft(online, target, params, step):
+def soft_updates(online, target, params, step):
     """The soft updates of `target` toward `online`, in the form params['form'] names."""
     tau = (v1.train.exponential_decay(0.05, step, 2, 0.5, staircase=True)
            if params.get("schedule") else params.get("tau", 0.01))
-    return [_soft_write(o, t, params.get("form", "mix"), tau)
-            for o, t in zip(_trainable(online), _trainable(target))]
+    return [soft_write(o, t, params.get("form", "mix"), tau)
+            for o, t in zip(trainable(online), trainable(target))]
 
 
-def _soft_write(o, t, form, tau):
+def soft_write(o, t, form, tau):
     """t's soft update toward o, written in `form`."""
     if form == "tau":
         return t.assign(tau * o + (1 - tau) * t)
@@ -72,8 +72,8 @@ def _soft_write(o, t, form, tau):
 def ddpg(features, labels, mode, params):
     s, a = features[:, :STATE], features[:, STATE:STATE + ACTION]
     r, s2 = features[:, STATE + ACTION:STATE + ACTION + 1], features[:, -STATE:]
-    actor, critic = _net("actor", [16, ACTION], "tanh"), _net("critic", [16, 1])
-    target_actor, target_critic = _net("tactor", [16, ACTION], "tanh"), _net("tcritic", [16, 1])
+    actor, critic = dense_stack("actor", [16, ACTION], "tanh"), dense_stack("critic", [16, 1])
+    target_actor, target_critic = dense_stack("tactor", [16, ACTION], "tanh"), dense_stack("tcritic", [16, 1])
     mu, q = actor(s), critic(tf.concat([s, a], 1))
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"action": mu, "q": q})
@@ -86,13 +86,13 @@ def ddpg(features, labels, mode, params):
             "q_mean": v1.metrics.mean(q), "target_q": v1.metrics.mean(q_targ)})
     step = v1.train.get_or_create_global_step()
     c_opt, a_opt = v1.train.AdamOptimizer(1e-2), v1.train.AdamOptimizer(1e-2)
-    c_gv = c_opt.compute_gradients(critic_loss, var_list=_trainable("critic"))
-    a_gv = a_opt.compute_gradients(actor_loss, var_list=_trainable("actor"))
+    c_gv = c_opt.compute_gradients(critic_loss, var_list=trainable("critic"))
+    a_gv = a_opt.compute_gradients(actor_loss, var_list=trainable("actor"))
     grads = [g for g, _ in c_gv + a_gv]
     if params.get("soft_first"):  # after the forward pass, before the updates
         with tf.control_dependencies([] if params["soft_first"] == "unwaited" else grads):
-            soft = tf.group(*_soft("actor", "tactor", params, step),
-                            *_soft("critic", "tcritic", params, step))
+            soft = tf.group(*soft_updates("actor", "tactor", params, step),
+                            *soft_updates("critic", "tcritic", params, step))
         with tf.control_dependencies([soft]):
             train_op = tf.group(c_opt.apply_gradients(c_gv, global_step=step),
                                 a_opt.apply_gradients(a_gv))
@@ -101,14 +101,14 @@ def ddpg(features, labels, mode, params):
         c_step = c_opt.apply_gradients(c_gv, global_step=step)
         a_step = a_opt.apply_gradients(a_gv)
     if params.get("unordered"):  # no order to the updates: TF reads o before or after
-        soft = _soft("actor", "tactor", params, step) + _soft("critic", "tcritic", params, step)
+        soft = soft_updates("actor", "tactor", params, step) + soft_updates("critic", "tcritic", params, step)
         return CSEstimatorSpec(mode, loss=critic_loss, train_op=tf.group(c_step, a_step, *soft))
     if params.get("decay"):  # decoupled weight decay by hand of the actor, then the soft update
         with tf.control_dependencies([c_step, a_step]):
-            decay = tf.group(*[v.assign(v * 0.999) for v in _trainable("actor")])
+            decay = tf.group(*[v.assign(v * 0.999) for v in trainable("actor")])
         c_step = a_step = decay
     with tf.control_dependencies([c_step, a_step]):
-        soft = _soft("actor", "tactor", params, step) + _soft("critic", "tcritic", params, step)
+        soft = soft_updates("actor", "tactor", params, step) + soft_updates("critic", "tcritic", params, step)
     return CSEstimatorSpec(mode, loss=critic_loss, train_op=tf.group(*soft))
 
 
@@ -128,8 +128,8 @@ def byol(features, labels, mode, params):
     """BYOL's momentum encoder: an online encoder and predictor trained to predict a target
     encoder's projection of the other view; the target (applied to both views) is the
     online encoder's moving average."""
-    online, predictor = _net("online", [16, 8]), _net("predictor", [8])
-    target = _net("target", [16, 8])
+    online, predictor = dense_stack("online", [16, 8]), dense_stack("predictor", [8])
+    target = dense_stack("target", [16, 8])
     view1, view2 = features * 0.8 + 0.1, features + 0.1 * tf.sin(3.0 * features)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"embedding": online(features)})
@@ -141,10 +141,10 @@ def byol(features, labels, mode, params):
             "similarity": v1.metrics.mean(_cosine(p1, z2))})
     step = v1.train.get_or_create_global_step()
     train = v1.train.MomentumOptimizer(0.05, 0.9).minimize(
-        loss, global_step=step, var_list=_trainable("online") + _trainable("predictor"))
+        loss, global_step=step, var_list=trainable("online") + trainable("predictor"))
     with tf.control_dependencies([train]):
         momentum = [t.assign(0.9 * t + 0.1 * o)
-                    for o, t in zip(_trainable("online"), _trainable("target"))]
+                    for o, t in zip(trainable("online"), trainable("target"))]
     return CSEstimatorSpec(mode, loss=loss, train_op=tf.group(*momentum))
 
 
@@ -155,7 +155,7 @@ def dqn_hard_copy(features, labels, mode, params):
     r, s2 = features[:, STATE + ACTION:STATE + ACTION + 1], features[:, -STATE:]
     if params.get("mixed"):
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
-    layers = _net("q", [16, ACTION]), _net("qtarget", [16, ACTION])
+    layers = dense_stack("q", [16, ACTION]), dense_stack("qtarget", [16, ACTION])
     tf.keras.mixed_precision.set_global_policy("float32")  # (the layers keep theirs)
     qnet, target = ((lambda x, net=net: tf.cast(net(x), tf.float32)) for net in layers)
     values = qnet(s)
@@ -171,10 +171,10 @@ def dqn_hard_copy(features, labels, mode, params):
         return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={"q_mean": v1.metrics.mean(q)})
     step = v1.train.get_or_create_global_step()
     train = v1.train.GradientDescentOptimizer(0.1).minimize(
-        loss, global_step=step, var_list=_trainable("q"))
+        loss, global_step=step, var_list=trainable("q"))
 
     def copy():
-        copies = [t.assign(o) for o, t in zip(_trainable("q"), _trainable("qtarget"))]
+        copies = [t.assign(o) for o, t in zip(trainable("q"), trainable("qtarget"))]
         if params.get("both_branches"):  # a write in the other branch too
             return tf.group(*copies[1:]), tf.group(copies[0])
         return tf.group(*copies)

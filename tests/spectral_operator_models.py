@@ -8,7 +8,7 @@ attention (|q k^H| by tf.linalg.adjoint); refused: a batch slice of a spectrum, 
 einsum over the batch, a shared complex bin concatenated to per-sample spectra."""
 import numpy as np
 import tensorflow as tf
-from complex_models import FEATURES, T, _spec, sequence_input_fn
+from complex_models import FEATURES, T, sequence_input_fn, spec
 
 L, v1 = tf.keras.layers, tf.compat.v1
 MODES, WIDTH, SIDE, CHANNELS = 3, 4, 8, 2
@@ -49,7 +49,7 @@ def fno_1d(features, labels, mode, params):
         spectral = tf.transpose(_spectral_conv_1d(tf.transpose(h, [0, 2, 1]), f"spec{k}"),
                                 [0, 2, 1])
         h = tf.nn.gelu(spectral + L.Dense(WIDTH)(h))
-    return _spec(mode, labels, L.Dense(2)(h))
+    return spec(mode, labels, L.Dense(2)(h))
 
 
 def fno_2d(features, labels, mode, params):
@@ -66,7 +66,7 @@ def fno_2d(features, labels, mode, params):
         tf.pad(bottom, [[0, 0], [0, 0], [SIDE - MODES, 0], [0, cols]])
     spectral = tf.transpose(tf.signal.irfft2d(out_ft, fft_length=[SIDE, SIDE]), [0, 2, 3, 1])
     h = tf.nn.gelu(spectral + L.Dense(WIDTH)(tf.transpose(h, [0, 2, 3, 1])))
-    return _spec(mode, labels, L.Dense(1)(h))
+    return spec(mode, labels, L.Dense(1)(h))
 
 
 def s4d(features, labels, mode, params):
@@ -89,7 +89,7 @@ def s4d(features, labels, mode, params):
     kernel = 2.0 * tf.math.real(tf.einsum("hn,hnl->hl", coefficients, vandermonde))
     y = tf.signal.irfft(tf.signal.rfft(u, [2 * T]) * tf.signal.rfft(kernel, [2 * T]),
                         [2 * T])[..., :T]
-    return _spec(mode, labels, tf.nn.gelu(y + d * u))
+    return spec(mode, labels, tf.nn.gelu(y + d * u))
 
 
 def spectral_pooling(features, labels, mode, params):
@@ -102,7 +102,7 @@ def spectral_pooling(features, labels, mode, params):
     rows = tf.concat([f[:, :, :k], f[:, :, -k:]], axis=2)
     cropped = tf.concat([rows[..., :k], rows[..., -k:]], axis=3)
     pooled = tf.math.real(tf.signal.ifft2d(cropped)) / 4.0
-    return _spec(mode, labels, tf.transpose(pooled, [0, 2, 3, 1]))
+    return spec(mode, labels, tf.transpose(pooled, [0, 2, 3, 1]))
 
 
 def complex_dense(features, labels, mode, params):
@@ -117,7 +117,7 @@ def complex_dense(features, labels, mode, params):
     parts = [tf.abs(flat), tf.math.angle(flat), tf.math.real(tf.math.log(flat)),
              tf.reshape(tf.math.real(gram), [-1, FEATURES * FEATURES]),
              tf.reshape(tf.math.imag(gram), [-1, FEATURES * FEATURES])]
-    return _spec(mode, labels, tf.concat(parts, 1))
+    return spec(mode, labels, tf.concat(parts, 1))
 
 
 def batch_slice(features, labels, mode, params):
@@ -125,20 +125,20 @@ def batch_slice(features, labels, mode, params):
     the samples (refused)."""
     f = tf.signal.rfft(tf.transpose(L.Dense(FEATURES)(features), [0, 2, 1]))
     half = f[8:] - f[:8]
-    return _spec(mode, labels[8:], tf.math.real(half))
+    return spec(mode, labels[8:], tf.math.real(half))
 
 
 def complex_tanh(features, labels, mode, params):
     """tanh of a complex spectrum: outside the CS's complex ops (refused)."""
     f = tf.signal.rfft(tf.transpose(L.Dense(FEATURES)(features), [0, 2, 1]))
-    return _spec(mode, labels, tf.math.real(tf.math.tanh(f)))
+    return spec(mode, labels, tf.math.real(tf.math.tanh(f)))
 
 
 def batch_contraction(features, labels, mode, params):
     """A complex einsum summing over the batch axis (refused)."""
     f = tf.signal.rfft(tf.transpose(L.Dense(FEATURES)(features), [0, 2, 1]))
     mixed = tf.einsum("bfk,bgk->fg", f, tf.math.conj(f))
-    return _spec(mode, labels, features * tf.reduce_sum(tf.math.real(mixed)))
+    return spec(mode, labels, features * tf.reduce_sum(tf.math.real(mixed)))
 
 
 def complex_attention(features, labels, mode, params):
@@ -147,7 +147,7 @@ def complex_attention(features, labels, mode, params):
     z = tf.complex(L.Dense(FEATURES)(features), L.Dense(FEATURES)(features))  # (B, T, F)
     q = tf.matmul(z, _complex_weight("wq", [FEATURES, FEATURES]))
     scores = tf.abs(tf.matmul(q, tf.linalg.adjoint(z))) / np.sqrt(FEATURES)  # (B, T, T)
-    return _spec(mode, labels, tf.matmul(tf.nn.softmax(scores), L.Dense(FEATURES)(features)))
+    return spec(mode, labels, tf.matmul(tf.nn.softmax(scores), L.Dense(FEATURES)(features)))
 
 
 def shared_bin(features, labels, mode, params):
@@ -156,4 +156,4 @@ def shared_bin(features, labels, mode, params):
     f = tf.signal.rfft(tf.transpose(L.Dense(FEATURES)(features), [0, 2, 1]))  # (B, F, T/2+1)
     token = _complex_weight("token", [FEATURES, 1])
     joined = tf.concat([f, tf.tile(token[None], [tf.shape(f)[0], 1, 1])], axis=-1)
-    return _spec(mode, labels, tf.signal.irfft(joined))
+    return spec(mode, labels, tf.signal.irfft(joined))

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import op_closure
-from coordinator.compiler.training.writes import _is_write
+from coordinator.compiler.training.writes import is_write
 from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
 
 
@@ -84,7 +84,7 @@ def _writes_wait_for_the_loss(train_op: tf.Operation, loss: tf.Tensor) -> None:
     TF leaves that read unordered, so the loss it reports flips between runs."""
     before = set(op_closure(loss))
     for op in op_closure(train_op):
-        if _is_write(op) and op not in before:
+        if is_write(op) and op not in before:
             op._add_control_input(loss.op)
 
 

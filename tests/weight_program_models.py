@@ -44,7 +44,7 @@ def _optimizer(params):
     return tf.compat.v1.train.GradientDescentOptimizer(lr)
 
 
-def _spec(mode, labels, logits, params, loss=None):
+def spec(mode, labels, logits, params, loss=None):
     """The classifier's spec: `loss` (default: the softmax cross-entropy of `logits`)."""
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode=mode, predictions={"classes": tf.argmax(logits, -1)})
@@ -63,7 +63,7 @@ def cosine_classifier(features, labels, mode, params):
     x = tf.keras.layers.Dense(HIDDEN, activation="relu")(features)
     w = tf.compat.v1.get_variable("w", [HIDDEN, CLASSES])
     logits = tf.matmul(tf.nn.l2_normalize(x, 1), tf.nn.l2_normalize(w, 0)) * 10.0
-    return _spec(mode, labels, logits, params)
+    return spec(mode, labels, logits, params)
 
 
 def weight_normalization(features, labels, mode, params):
@@ -74,7 +74,7 @@ def weight_normalization(features, labels, mode, params):
     w = g * v / tf.norm(v, axis=0)
     h = tf.nn.relu(tf.matmul(features, w) + b)
     logits = tf.keras.layers.Dense(CLASSES)(h)
-    return _spec(mode, labels, logits, params)
+    return spec(mode, labels, logits, params)
 
 
 def learned_temperature(features, labels, mode, params):
@@ -82,7 +82,7 @@ def learned_temperature(features, labels, mode, params):
     h = tf.keras.layers.Dense(HIDDEN, activation="tanh")(features)
     t = tf.compat.v1.get_variable("log_temperature", [], initializer=tf.compat.v1.zeros_initializer())
     logits = tf.exp(t) * tf.keras.layers.Dense(CLASSES)(h)
-    return _spec(mode, labels, logits, params)
+    return spec(mode, labels, logits, params)
 
 
 def positive_scale_and_mask(features, labels, mode, params):
@@ -92,7 +92,7 @@ def positive_scale_and_mask(features, labels, mode, params):
     scale = tf.nn.softplus(tf.compat.v1.get_variable("scale", [HIDDEN]))
     h = tf.nn.tanh(tf.matmul(features, tf.transpose(kernel * mask)) * scale)
     logits = tf.keras.layers.Dense(CLASSES)(h)
-    return _spec(mode, labels, logits, params)
+    return spec(mode, labels, logits, params)
 
 
 def low_rank_kernel(features, labels, mode, params):
@@ -101,7 +101,7 @@ def low_rank_kernel(features, labels, mode, params):
     v = tf.compat.v1.get_variable("v", [3, HIDDEN])
     h = tf.nn.relu(tf.matmul(features, tf.matmul(u, v)))
     logits = tf.keras.layers.Dense(CLASSES)(h)
-    return _spec(mode, labels, logits, params)
+    return spec(mode, labels, logits, params)
 
 
 def image_input_fn(params):
@@ -119,7 +119,7 @@ def standardized_conv(features, labels, mode, params):
     mean, variance = tf.nn.moments(w, axes=[0, 1, 2], keepdims=True)
     h = tf.nn.relu(tf.nn.conv2d(features, (w - mean) * tf.math.rsqrt(variance + 1e-5), 1, "SAME"))
     logits = tf.keras.layers.Dense(CLASSES)(tf.keras.layers.Flatten()(h))
-    return _spec(mode, labels, logits, params)
+    return spec(mode, labels, logits, params)
 
 
 def normalized_embedding(features, labels, mode, params):
@@ -127,7 +127,7 @@ def normalized_embedding(features, labels, mode, params):
     table = tf.compat.v1.get_variable("table", [VOCAB, 6])
     e = tf.nn.embedding_lookup(tf.nn.l2_normalize(table, 1), features)
     logits = tf.keras.layers.Dense(CLASSES)(tf.reduce_mean(e, axis=1))
-    return _spec(mode, labels, logits, params)
+    return spec(mode, labels, logits, params)
 
 
 def soft_decision_tree(features, labels, mode, params):
@@ -142,7 +142,7 @@ def soft_decision_tree(features, labels, mode, params):
         "leaf_logits", [4, CLASSES], initializer=tf.compat.v1.random_normal_initializer(stddev=0.5))
     probs = tf.matmul(mu, tf.nn.softmax(leaf_logits))
     loss = -tf.reduce_mean(tf.math.log(tf.gather(probs, labels, batch_dims=1) + 1e-8))
-    return _spec(mode, labels, probs, params, loss)
+    return spec(mode, labels, probs, params, loss)
 
 
 def track_input_fn(params):
@@ -183,7 +183,7 @@ def cumulative_kernel(features, labels, mode, params):
     """A kernel built by a cumulative product of a weight: an op the CS does not run on weights."""
     w = tf.compat.v1.get_variable("w", [FEATURES, CLASSES])
     logits = tf.matmul(features, tf.math.cumprod(w, axis=0))
-    return _spec(mode, labels, logits, params)
+    return spec(mode, labels, logits, params)
 
 
 RATE, SAMPLES, TAPS, BANDS = 8000.0, 96, 15, 6
@@ -222,7 +222,7 @@ def sincnet(features, labels, mode, params):
     h = tf.nn.conv1d(features, kernel[:, None, :], stride=1, padding="VALID")
     h = tf.math.log1p(tf.abs(tf.keras.layers.MaxPooling1D(4)(h)))
     logits = tf.keras.layers.Dense(CLASSES)(tf.keras.layers.GlobalAveragePooling1D()(h))
-    return _spec(mode, labels, logits, params)
+    return spec(mode, labels, logits, params)
 
 
 def row_selected_kernel(features, labels, mode, params):
@@ -231,4 +231,4 @@ def row_selected_kernel(features, labels, mode, params):
     w = tf.compat.v1.get_variable("w", [FEATURES, CLASSES])
     rows = tf.constant(np.arange(FEATURES) % 2 == 0)
     logits = tf.matmul(features, tf.compat.v1.where(rows, w, -w))
-    return _spec(mode, labels, logits, params)
+    return spec(mode, labels, logits, params)

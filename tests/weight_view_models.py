@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from weight_program_models import _spec  # the classifier head and optimizers of that corpus
+from weight_program_models import spec  # the classifier head and optimizers of that corpus
 
 STEPS, FEATURES, UNITS, CLASSES, VOCAB, DIM = 4, 3, 5, 3, 11, 6
 
@@ -33,13 +33,13 @@ def gru_reset_before(features, labels, mode, params):
     """Keras GRU with reset_after=False: the reset gate scales the state before it meets
     the candidate's slice of the recurrent kernel."""
     h = tf.keras.layers.GRU(UNITS, reset_after=False)(features)
-    return _spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
+    return spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
 
 
 def gru_reset_after(features, labels, mode, params):
     """Keras GRU (reset_after=True, the default)."""
     h = tf.keras.layers.GRU(UNITS)(features)
-    return _spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
+    return spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
 
 
 def split_kernel_lstm(features, labels, mode, params):
@@ -59,7 +59,7 @@ def split_kernel_lstm(features, labels, mode, params):
         o = tf.sigmoid(tf.matmul(x, k_o) + tf.matmul(h, r_o) + b_o)
         c = f * c + i * tf.tanh(tf.matmul(x, k_c) + tf.matmul(h, r_c) + b_c)
         h = o * tf.tanh(c)
-    return _spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
+    return spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
 
 
 def tied_embedding_lm(features, labels, mode, params):
@@ -68,7 +68,7 @@ def tied_embedding_lm(features, labels, mode, params):
     e = tf.reduce_mean(tf.nn.embedding_lookup(table, features), axis=1)
     h = tf.keras.layers.Dense(DIM, activation="tanh")(e)
     logits = tf.matmul(h, tf.transpose(table))
-    return _spec(mode, labels, logits, params)
+    return spec(mode, labels, logits, params)
 
 
 def pieced_kernel(features, labels, mode, params):
@@ -81,7 +81,7 @@ def pieced_kernel(features, labels, mode, params):
     rows = tf.transpose(tf.reshape(b, [4, STEPS * FEATURES]))[::-1, :]
     kernel = tf.concat([picked, rows * 0.5, a[:, 1:3]], axis=1) * 2.0
     h = tf.nn.tanh(tf.matmul(flat, kernel))
-    return _spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
+    return spec(mode, labels, tf.keras.layers.Dense(CLASSES)(h), params)
 
 
 def unrolled_ista(features, labels, mode, params):
@@ -95,7 +95,7 @@ def unrolled_ista(features, labels, mode, params):
     for k in range(STEPS):
         u = z + step[k] * encode(x)
         z = tf.sign(u) * tf.nn.relu(tf.abs(u) - theta[k])
-    return _spec(mode, labels, tf.keras.layers.Dense(CLASSES)(z), params)
+    return spec(mode, labels, tf.keras.layers.Dense(CLASSES)(z), params)
 
 
 def kernel_with_constant_column(features, labels, mode, params):
@@ -103,4 +103,4 @@ def kernel_with_constant_column(features, labels, mode, params):
     flat = tf.reshape(features, [-1, STEPS * FEATURES])
     w = tf.compat.v1.get_variable("w", [STEPS * FEATURES, CLASSES - 1])
     kernel = tf.concat([w, tf.zeros([STEPS * FEATURES, 1])], axis=1)
-    return _spec(mode, labels, tf.matmul(flat, kernel), params)
+    return spec(mode, labels, tf.matmul(flat, kernel), params)

@@ -17,13 +17,13 @@ import tensorflow as tf
 from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_name, user_source
 from coordinator.compiler.ir import TrainingSpec, UnsupportedOp
 from coordinator.compiler.operands import static_shape
-from coordinator.compiler.training.graph import _skip_identity, step_runs, variable_op
+from coordinator.compiler.training.graph import skip_identity, step_runs, variable_op
 from coordinator.compiler.training.writes import (
-    _WRITE_STEP,
-    _forward_reads,
-    _readers,
-    _reads,
-    _step,
+    WRITE_STEP,
+    forward_reads,
+    variable_readers,
+    variables_read,
+    write_step,
 )
 from wafer.kernels.base import KERNELS
 from wafer.schedules import ScalarOp, Schedule
@@ -78,7 +78,7 @@ def lower(matcher, extracted: ExtractedGraph, training: TrainingSpec,
     ops = state_write_ops(matcher, training)
     if not ops:
         return (), []
-    runs = _readers(step_runs(extracted))
+    runs = variable_readers(step_runs(extracted))
     writes, bad = [], []
     targets = [variable_op(op.inputs[0]) for op in ops]
     pointers = {t: op for op, t in zip(ops, targets) if _pointer(matcher, op, t, ops)}
@@ -108,11 +108,11 @@ def _pointer(m, op: tf.Operation, target: tf.Operation, ops: list[tf.Operation])
     K))."""
     held = any(p.variable == target.name for k in m.kernels for p in k.params) or \
         target.name in m.weight_program_sources()
-    return (not held and op.type in _WRITE_STEP and _reads(op) == {target}
+    return (not held and op.type in WRITE_STEP and variables_read(op) == {target}
             and not any(r.type == "Placeholder" for r in data_upstream(op))
             and tuple(target.get_attr("shape").dim) == ()
             and tf.as_dtype(target.get_attr("dtype")) in _BATCH_DTYPES
-            and any(target in _reads(o) for o in ops if o is not op))
+            and any(target in variables_read(o) for o in ops if o is not op))
 
 
 def _lower(m, op: tf.Operation, runs: dict, pointers: dict,
@@ -121,7 +121,7 @@ def _lower(m, op: tf.Operation, runs: dict, pointers: dict,
     was imported from, which orders it)."""
     target = variable_op(op.inputs[0])
     name = target.name
-    if op.type not in _WRITE_STEP and op.type not in _SCATTER_STEP:
+    if op.type not in WRITE_STEP and op.type not in _SCATTER_STEP:
         raise _Refused(op, f"the train_op writes {name} with {op.type}: the CS writes state "
                            "from the batch with assign, assign_add, assign_sub and "
                            "scatter_sub, scatter_add, scatter_update")
@@ -133,7 +133,7 @@ def _lower(m, op: tf.Operation, runs: dict, pointers: dict,
         raise _Refused(op, f"the train_op writes {name} from the batch, and a layer reads a "
                            "slice of it: the CS writes state its kernels read whole")
     closure = set(op_closure(op)) | (set(op_closure(anchor)) if anchor is not None else set())
-    unordered = next((r for r in _forward_reads(op, runs) if r not in closure), None)
+    unordered = next((r for r in forward_reads(op, runs) if r not in closure), None)
     if unordered is not None:
         raise _Refused(op, f"the write of {name} does not wait for the step's read of it "
                            f"('{user_name(unordered)}' at {user_source(unordered)}): TF reads the old "
@@ -148,7 +148,7 @@ def _lower(m, op: tf.Operation, runs: dict, pointers: dict,
     lowered: dict[str, str] = {}  # tensor -> its value's name (each tensor computed once)
 
     def lower_value(t: tf.Tensor) -> str:
-        t = _skip_identity(t)
+        t = skip_identity(t)
         if t.name not in lowered:
             lowered[t.name] = value_of(t)
         return lowered[t.name]
@@ -205,7 +205,7 @@ def _lower(m, op: tf.Operation, runs: dict, pointers: dict,
             return f"s{len(steps) - 1}"
         step, inputs = _structural(t)
         if not step:
-            step, inputs = _step(t.op)
+            step, inputs = write_step(t.op)
         if not step:
             raise _Refused(t.op, f"the train_op writes {name} with a value that is not {WHAT}")
         steps.append(WriteStep(step, tuple(lower_value(x) for x in inputs)))
@@ -217,7 +217,7 @@ def _lower(m, op: tf.Operation, runs: dict, pointers: dict,
         steps.append(WriteStep(last, (WEIGHT, rows, lower_value(op.inputs[2]))))
     else:
         value = lower_value(op.inputs[1])
-        last = _WRITE_STEP[op.type]
+        last = WRITE_STEP[op.type]
         if last is not None:
             steps.append(WriteStep(last, (WEIGHT, value)))
     if target in pointers:
@@ -227,7 +227,7 @@ def _lower(m, op: tf.Operation, runs: dict, pointers: dict,
         raise _Refused(op, f"the train_op writes {name} with a value that reads no per-sample "
                            f"value of the batch: the CS writes state from the batch as {WHAT}")
     written = op.inputs[1].shape
-    if op.type in _WRITE_STEP and last is None and (not written.is_fully_defined() or tuple(written) != shape):
+    if op.type in WRITE_STEP and last is None and (not written.is_fully_defined() or tuple(written) != shape):
         raise _Refused(op, f"the train_op writes {name} {shape} with a value of shape {written}")
     return WeightWrite(name, tuple(steps), tuple(factors), source=user_source(op),
                        sources=tuple(sources), batch=tuple(batch))

@@ -154,25 +154,9 @@ def data_flow_ops(graph: tf.Graph, sources: Iterable[tf.Tensor],
 
     Shape-only ops (tf.shape of a sample) are cuts: with static shapes they carry no data.
     """
-    downstream: set[tf.Operation] = set()
-    stack = [t.op for t in sources]
-    while stack:
-        op = stack.pop()
-        if op in downstream:
-            continue
-        downstream.add(op)
-        if op.type in SHAPE_OPS:
-            continue
-        for out in op.outputs:
-            stack.extend(out.consumers())
-    upstream: set[tf.Operation] = set()
-    stack = [t.op for t in targets]
-    while stack:
-        op = stack.pop()
-        if op in upstream:
-            continue
-        upstream.add(op)
-        stack.extend(t.op for t in op.inputs)
+    downstream = _reached([t.op for t in sources],
+                          lambda op: () if op.type in SHAPE_OPS else _consumers(op))
+    upstream = _reached([t.op for t in targets], _producers)
     keep = {op for op in downstream & upstream if op.type not in SHAPE_OPS}
     return [op for op in graph.get_operations() if op in keep]
 
@@ -204,26 +188,33 @@ def each_once(stack: list[Any]) -> Iterator[Any]:
             yield item
 
 
-def data_downstream(ops: Iterable[tf.Operation]) -> set[tf.Operation]:
-    """The ops computed from `ops` (their data consumers, transitively), `ops` included."""
+def _reached(ops: Iterable[tf.Operation],
+             step: Callable[[tf.Operation], Iterable[tf.Operation]]) -> set[tf.Operation]:
+    """`ops` and the ops `step` leads to from them, transitively (depth-first)."""
     seen = set(ops)
     stack = list(seen)
     while stack:
-        for out in stack.pop().outputs:
-            for c in out.consumers():
-                if c not in seen:
-                    seen.add(c)
-                    stack.append(c)
+        for nxt in step(stack.pop()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
     return seen
+
+
+def _consumers(op: tf.Operation) -> list[tf.Operation]:
+    return [c for out in op.outputs for c in out.consumers()]
+
+
+def _producers(op: tf.Operation) -> list[tf.Operation]:
+    return [t.op for t in op.inputs]
+
+
+def data_downstream(ops: Iterable[tf.Operation]) -> set[tf.Operation]:
+    """The ops computed from `ops` (their data consumers, transitively), `ops` included."""
+    return _reached(ops, _consumers)
 
 
 def data_upstream(op: tf.Operation) -> list[tf.Operation]:
     """The ops `op` computes from (its data inputs, transitively; control inputs only order),
     `op` included."""
-    seen, stack = {op}, [op]
-    while stack:
-        for t in stack.pop().inputs:
-            if t.op not in seen:
-                seen.add(t.op)
-                stack.append(t.op)
-    return list(seen)
+    return list(_reached([op], _producers))

@@ -11,7 +11,7 @@ tf.nn.batch_normalization, carried out as a batch barrier.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -223,19 +223,35 @@ def _function_filter(nodes: dict[str, Any], x_dtype: tf.DType) -> tuple[Any, str
     return reads[0], f"{casts[0].name}:y:0", ["Cast"]
 
 
+class _XlaConvolution(NamedTuple):
+    """A Keras grouped convolution's XLA function (_xla_function, _function_filter)."""
+    nodes: dict[str, Any]  # by name
+    args: list[str]  # the argument names
+    returns: list[str]  # the returned tensors
+    read: Any  # the filter's ReadVariableOp
+    filter: str  # the tensor the Conv2D reads as its filter
+    extra: list[str]  # the node types besides the convolution's own (a Cast to float16)
+
+
+def _xla_convolution(op: tf.Operation, x_input: int) -> _XlaConvolution | None:
+    """The grouped convolution's XLA function `op` calls on the samples of its input
+    `x_input`, else None."""
+    found = _xla_function(op)
+    if found is None:
+        return None
+    read_filter = _function_filter(found[0], op.inputs[x_input].dtype)
+    return None if read_filter is None else _XlaConvolution(*found, *read_filter)
+
+
 @fast_path
 def match_grouped_conv2d(m: Context, op: tf.Operation) -> bool:
     """Keras Conv2D(groups=): a call of an XLA-compiled function holding one Conv2D of its
     arguments (a variable's read as the filter, cast to float16 under mixed_float16), which
     TF's CPU runs as a grouped convolution (in float16: the float32 result rounded once)."""
-    found = _xla_function(op)
+    found = _xla_convolution(op, 1)
     if found is None:
         return False
-    nodes, args, returns = found
-    read_filter = _function_filter(nodes, op.inputs[1].dtype)
-    if read_filter is None:
-        return False
-    read, filt, extra = read_filter
+    nodes, args, returns, read, filt, extra = found
     convs = [n for n in nodes.values() if n.op == "Conv2D"]
     if len(convs) != 1 or sorted(n.op for n in nodes.values()) != \
             sorted(["Conv2D", "Identity", "NoOp", "ReadVariableOp", *extra]):
@@ -260,14 +276,10 @@ def match_grouped_conv1d(m: Context, op: tf.Operation) -> bool:
     """Keras Conv1D(groups=): the XLA function of tf.nn.conv1d (the samples [W, C] and the
     filter [k, C/g, F] expanded to a height of 1, one Conv2D, the height squeezed): a
     reshape to [1, W, C], a grouped conv2d kernel, a reshape to [W', F]."""
-    found = _xla_function(op)
+    found = _xla_convolution(op, 0)
     if found is None:
         return False
-    nodes, args, returns = found
-    read_filter = _function_filter(nodes, op.inputs[0].dtype)
-    if read_filter is None:
-        return False
-    read, filt, extra = read_filter
+    nodes, args, returns, read, filt, extra = found
     kinds = sorted(n.op for n in nodes.values())
     if kinds != sorted(["Const", "Const", "Conv2D", "ExpandDims", "ExpandDims", "Identity", "NoOp",
                         "ReadVariableOp", "Squeeze", *extra]):

@@ -45,7 +45,6 @@ from coordinator.compiler.extract import (
     ExtractedGraph,
     data_flow_ops,
     data_upstream,
-    op_closure,
     user_name,
     user_source,
 )
@@ -56,7 +55,7 @@ from coordinator.compiler.rules import FAST_PATHS
 from coordinator.compiler.step_values import StepValues
 from coordinator.compiler.training import analyze_training, objective_losses, skip_identity
 from coordinator.compiler.training.graph import variable_op
-from coordinator.compiler.training.writes import _is_write
+from coordinator.compiler.training.writes import computed_after_write
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from tf_model.estimator_spec import ModeKeys
 
@@ -772,13 +771,14 @@ def _after_update(losses: list[tf.Tensor]) -> list[UnsupportedOp]:
     write: a forward pass built anew under tf.control_dependencies([an update]), which reads
     the updated weights, where the CS computes every loss from the step's forward pass."""
     for loss in losses:
-        for op in sorted(data_upstream(loss.op), key=lambda op: op._id):
-            if any(_is_write(w) for c in op.control_inputs for w in op_closure(c)):
-                return [UnsupportedOp(op.type, user_name(op), user_source(op), (
-                    "computes a loss of several minimized in one step after the train_op's "
-                    "update (under tf.control_dependencies): it reads the updated weights, the "
-                    "CS computes every loss from the step's forward pass; compute the losses "
-                    "outside the control dependencies"))]
+        found = computed_after_write(loss)
+        if found is not None:
+            op = found[0]
+            return [UnsupportedOp(op.type, user_name(op), user_source(op), (
+                "computes a loss of several minimized in one step after the train_op's "
+                "update (under tf.control_dependencies): it reads the updated weights, the "
+                "CS computes every loss from the step's forward pass; compute the losses "
+                "outside the control dependencies"))]
     return []
 
 
@@ -787,19 +787,18 @@ def _after_state_write(loss: tf.Tensor) -> list[UnsupportedOp]:
     (facenet's center loss): TF runs the write wherever it computes the loss (in evaluation
     too, if model_fn builds it there), where the CS writes state after a training step's
     updates only (batch_writes.py)."""
-    upstream = data_upstream(loss.op)
-    read = {variable_op(t) for op in upstream for t in op.inputs if t.dtype == tf.resource}
-    for op in sorted(upstream, key=lambda op: op._id):
-        write = next((w for c in op.control_inputs for w in op_closure(c)
-                      if _is_write(w) and variable_op(w.inputs[0]) in read), None)
-        if write is not None:
-            name = variable_op(write.inputs[0]).name
-            return [UnsupportedOp(op.type, user_name(op), user_source(op), (
-                f"computes the loss under tf.control_dependencies([the write of {name}] "
-                f"({write.type} at {user_source(write)})): the CS writes state after the "
-                "step's loss and updates, when training only; write it under "
-                "tf.control_dependencies of the optimizer's minimize, or tf.group it with it"))]
-    return []
+    read = {variable_op(t) for op in data_upstream(loss.op) for t in op.inputs
+            if t.dtype == tf.resource}
+    found = computed_after_write(loss, lambda w: variable_op(w.inputs[0]) in read)
+    if found is None:
+        return []
+    op, write = found
+    name = variable_op(write.inputs[0]).name
+    return [UnsupportedOp(op.type, user_name(op), user_source(op), (
+        f"computes the loss under tf.control_dependencies([the write of {name}] "
+        f"({write.type} at {user_source(write)})): the CS writes state after the "
+        "step's loss and updates, when training only; write it under "
+        "tf.control_dependencies of the optimizer's minimize, or tf.group it with it"))]
 
 
 def normalized(matcher: Matcher) -> dict[str, frozenset[str]]:

@@ -12,10 +12,10 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 from coordinator.compiler import loss_tail
-from coordinator.compiler.extract import ExtractedGraph, data_upstream, op_closure, user_name, user_source
+from coordinator.compiler.extract import ExtractedGraph, data_upstream, user_name, user_source
 from coordinator.compiler.ir import KernelNode, ParamRef, UnsupportedOp
 from coordinator.compiler.training import minimized_apart
-from coordinator.compiler.training.writes import _is_write
+from coordinator.compiler.training.writes import computed_after_write
 
 Penalties = dict[str, list[tuple[str, float]]]
 
@@ -47,15 +47,15 @@ def lower_first(matcher: Any, minimized: tf.Tensor | None, returned: tf.Tensor |
 def after_update(returned: tf.Tensor) -> list[UnsupportedOp]:
     """The returned loss computed (in part) after a variable's write (under
     tf.control_dependencies([the update])): not a value of the step's forward pass."""
-    for op in sorted(data_upstream(returned.op), key=lambda op: op._id):
-        write = next((w for c in op.control_inputs for w in op_closure(c) if _is_write(w)), None)
-        if write is not None:
-            return [UnsupportedOp(op.type, user_name(op), user_source(op), (
-                f"computes the loss model_fn returns after a write ({write.type} at "
-                f"{user_source(write)}) while the optimizer minimizes another loss: the CS "
-                "reports the returned loss from the step's forward pass; compute it outside "
-                "the control dependencies"))]
-    return []
+    found = computed_after_write(returned)
+    if found is None:
+        return []
+    op, write = found
+    return [UnsupportedOp(op.type, user_name(op), user_source(op), (
+        f"computes the loss model_fn returns after a write ({write.type} at "
+        f"{user_source(write)}) while the optimizer minimizes another loss: the CS "
+        "reports the returned loss from the step's forward pass; compute it outside "
+        "the control dependencies"))]
 
 
 def unreported(returned: tf.Tensor, minimized: Penalties, reported: Penalties

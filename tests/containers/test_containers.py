@@ -153,12 +153,12 @@ def test_cli_check_and_convert(tmp_path):
 
 
 def test_a_failing_recipe_step_names_the_step_its_line_and_its_last_output(tmp_path):
-    from containers.image import _run_step
+    from containers.image import run_step
 
     log = tmp_path / "build.log"
     post = "set -e\necho fetching\nls /no/such/folder\necho never"
     with pytest.raises(CSRunError) as error:
-        _run_step("%post", ["/bin/sh", "-exc", post], log)
+        run_step("%post", ["/bin/sh", "-exc", post], log)
     assert error.value.message.startswith("image recipe step %post at `ls /no/such/folder` failed (exit 2): ")
     assert error.value.message.endswith("No such file or directory")
     assert str(log) in error.value.hint and "fetching" in log.read_text()

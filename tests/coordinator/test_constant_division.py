@@ -25,7 +25,7 @@ def phase_synth(features, labels, mode, params):
     additive synthesizer's oscillator), its sine pooled over time."""
     f0 = L.Dense(4, name="f0")(features) * 440.0
     phase = tf.cumsum(f0 / SAMPLE_RATE, axis=1)
-    return bm._spec(mode, L.Dense(3)(tf.reduce_mean(tf.sin(2.0 * np.pi * phase), axis=1)), labels)
+    return bm.spec(mode, L.Dense(3)(tf.reduce_mean(tf.sin(2.0 * np.pi * phase), axis=1)), labels)
 
 
 def pitch_input_fn(params):

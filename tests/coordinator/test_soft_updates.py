@@ -144,7 +144,7 @@ def test_the_cs_writes_tfs_float32_values_bit_for_bit(compared, name):
     target, online = (rng.normal(size=(m.STATE + m.ACTION, 16)).astype(np.float32) for _ in "to")
     with tf.Graph().as_default():
         t, o = (tf.compat.v1.get_variable(n, initializer=v) for n, v in (("t", target), ("o", online)))
-        write_tf = m._soft_write(o, t, CASES[name][2].get("form", "mix"), 0.01)
+        write_tf = m.soft_write(o, t, CASES[name][2].get("form", "mix"), 0.01)
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
             expected = session.run(write_tf)

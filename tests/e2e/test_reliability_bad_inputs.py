@@ -31,7 +31,7 @@ TINY = {"train_input": {"batch_size": 32, "shuffle": True, "shuffle_seed": 1},
                       "tf_random_seed": 1}}
 
 
-def _write_params(folder: Path, changes: dict | None = None, text: str | None = None) -> Path:
+def write_params(folder: Path, changes: dict | None = None, text: str | None = None) -> Path:
     params = yaml.safe_load(yaml.safe_dump(TINY))
     for dotted, value in (changes or {}).items():
         *sections, key = dotted.split(".")
@@ -60,7 +60,7 @@ def _digest(model_dir: Path) -> dict[str, str]:
 def trained(tmp_path_factory) -> Path:
     """A model_dir with model.ckpt-1 and -2 of the tiny model."""
     folder = tmp_path_factory.mktemp("trained")
-    params = _write_params(folder)
+    params = write_params(folder)
     run(model_fn, train_input_fn, eval_input_fn, here=str(EXAMPLE),
         argv=["-p", str(params), "-o", str(folder / "model_dir")], params_spec=PARAMS_SPEC)
     return folder / "model_dir"
@@ -102,12 +102,12 @@ PARAMS_CASES = {
 @pytest.mark.parametrize("case", sorted(PARAMS_CASES))
 def test_bad_params_are_one_line(case, trained, tmp_path, capsys):
     changes, named = PARAMS_CASES[case]
-    line = _refused(capsys, trained, ["-p", str(_write_params(tmp_path, changes))])
+    line = _refused(capsys, trained, ["-p", str(write_params(tmp_path, changes))])
     assert named in line
 
 
 def test_params_file_not_yaml(trained, tmp_path, capsys):
-    path = _write_params(tmp_path, text="model: [1, 2\n  oops: {")
+    path = write_params(tmp_path, text="model: [1, 2\n  oops: {")
     assert "is not valid YAML" in _refused(capsys, trained, ["-p", str(path)])
 
 
@@ -123,7 +123,7 @@ def test_params_file_missing(trained, tmp_path, capsys):
     (["--max_steps", "-3"], "--max_steps -3"),
 ])
 def test_bad_flags_are_one_line(argv, named, trained, tmp_path, capsys):
-    line = _refused(capsys, trained, ["-p", str(_write_params(tmp_path)), *argv])
+    line = _refused(capsys, trained, ["-p", str(write_params(tmp_path)), *argv])
     assert named in line
 
 
@@ -133,7 +133,7 @@ def test_model_dir_is_a_file(tmp_path, capsys):
     capsys.readouterr()
     with pytest.raises(SystemExit) as ended:
         run(model_fn, train_input_fn, eval_input_fn, here=str(EXAMPLE),
-            argv=["-p", str(_write_params(tmp_path)), "-o", str(blocker / "model_dir")],
+            argv=["-p", str(write_params(tmp_path)), "-o", str(blocker / "model_dir")],
             params_spec=PARAMS_SPEC)
     err = capsys.readouterr().err.strip()
     assert ended.value.code == 1 and err.count("\n") == 0 and "cannot write to model_dir" in err
@@ -189,7 +189,7 @@ INPUT_CASES = {
 @pytest.mark.parametrize("case", sorted(INPUT_CASES))
 def test_bad_input_fn_is_one_line(case, trained, tmp_path, capsys):
     input_fn, named = INPUT_CASES[case]
-    line = _refused(capsys, trained, ["-p", str(_write_params(tmp_path)), "--max_steps", "4"],
+    line = _refused(capsys, trained, ["-p", str(write_params(tmp_path)), "--max_steps", "4"],
                     train_fn=input_fn)
     assert named in line
 
@@ -214,13 +214,13 @@ def test_every_checkpoint_damaged_is_refused_naming_it(trained, tmp_path, capsys
     model_dir = _copy(trained, tmp_path)
     for prefix in checkpoints.all_checkpoints(str(model_dir)):
         _damage(prefix, "truncate")
-    line = _refused(capsys, model_dir, ["-p", str(_write_params(tmp_path)), "--max_steps", "4"])
+    line = _refused(capsys, model_dir, ["-p", str(write_params(tmp_path)), "--max_steps", "4"])
     assert "every checkpoint in" in line and "model.ckpt-2" in line
 
 
 def test_foreign_checkpoint_is_refused(trained, tmp_path, capsys):
     model_dir = _copy(trained, tmp_path)
-    line = _refused(capsys, model_dir, ["-p", str(_write_params(tmp_path, {"model.hidden_sizes": [9]})),
+    line = _refused(capsys, model_dir, ["-p", str(write_params(tmp_path, {"model.hidden_sizes": [9]})),
                                         "--max_steps", "4"])
     assert "other shapes" in line or "another model" in line
 
@@ -272,7 +272,7 @@ def test_user_script_csrun_error_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_unreachable_cs_is_one_line(tmp_path):
-    params = _write_params(tmp_path)
+    params = write_params(tmp_path)
     done = _cli([str(EXAMPLE / "run.py"), "-p", str(params), "-o", str(tmp_path / "m"),
                  "--cs_ip", f"127.0.0.1:{free_port()}"], tmp_path, timeout=300)
     _one_line(done, "cannot reach the CS system")
@@ -311,7 +311,7 @@ def test_a_failed_tasks_reason_is_its_own_last_error(own, code, reason, tmp_path
 def test_bad_params_on_the_cs_path_are_one_line(tmp_path):
     """Through csrun_wse (a chief and an input worker): the task's own line, not a
     `TaskFailed: exit code 1`, and no traceback on the terminal."""
-    params = _write_params(tmp_path, {"optimizer.learning_rate": "fast"})
+    params = write_params(tmp_path, {"optimizer.learning_rate": "fast"})
     done = _cli(["-m", "launcher.csrun_wse", "--tasks-per-node", "2", "--job-dir", str(tmp_path / "job"),
                  "python", str(EXAMPLE / "run.py"), "-p", str(params), "-o", str(tmp_path / "m")],
                 tmp_path, timeout=300)

@@ -15,7 +15,7 @@ import pytest
 from common.task_failure import CS, OWN, TaskFailure, rank_cause
 from slurm.blame import Blame, blame
 from slurm.submitit_api import TaskResult
-from tests.e2e.test_reliability_bad_inputs import _write_params
+from tests.e2e.test_reliability_bad_inputs import write_params
 from tests.fc_mnist_runs import EXAMPLE, REPO
 from tests.processes import start, wait_for_line
 
@@ -52,7 +52,7 @@ def _job(tmp_path: Path, script: Path, params: Path) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_a_killed_embedded_cs_is_named_not_the_input_worker(tmp_path):
-    params = _write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
+    params = write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
     wse = _job(tmp_path, EXAMPLE / "run.py", params)
     try:
         wait_for_line(wse, r"^global step \d+:")
@@ -99,7 +99,7 @@ run(model_fn, train_input_fn, eval_input_fn, here={example!r}, params_spec=PARAM
 def test_an_input_workers_failing_input_fn_is_named_not_the_chief(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(FAILING_INPUT.format(repo=str(REPO), example=str(EXAMPLE))))
-    params = _write_params(tmp_path, {"runconfig.max_steps": 100})
+    params = write_params(tmp_path, {"runconfig.max_steps": 100})
     done = _job(tmp_path, script, params)
     _, err = done.communicate(timeout=300)
     last = err.strip().splitlines()[-1]

@@ -146,13 +146,13 @@ def test_cpu_path_resumes_weights_with_fresh_state_for_another_optimizer(tmp_pat
     from examples.fc_mnist.data import eval_input_fn, train_input_fn
     from examples.fc_mnist.model import PARAMS_SPEC, model_fn
     from launcher.run_flow import run
-    from tests.e2e.test_reliability_bad_inputs import _write_params
+    from tests.e2e.test_reliability_bad_inputs import write_params
     from tests.fc_mnist_runs import EXAMPLE
 
     model_dir = tmp_path / "m"
 
     def train(optimizer: str, steps: int) -> str:
-        params = _write_params(tmp_path, {"optimizer.optimizer_type": optimizer})
+        params = write_params(tmp_path, {"optimizer.optimizer_type": optimizer})
         capsys.readouterr()
         run(model_fn, train_input_fn, eval_input_fn, here=str(EXAMPLE), params_spec=PARAMS_SPEC,
             argv=["-p", str(params), "-o", str(model_dir), "--max_steps", str(steps)])
@@ -174,10 +174,10 @@ def test_a_checkpoint_without_dropout_rng_state_restores_on_the_cpu_path(tmp_pat
     from examples.fc_mnist.data import eval_input_fn, train_input_fn
     from examples.fc_mnist.model import PARAMS_SPEC, model_fn
     from launcher.run_flow import run
-    from tests.e2e.test_reliability_bad_inputs import _write_params
+    from tests.e2e.test_reliability_bad_inputs import write_params
     from tests.fc_mnist_runs import EXAMPLE
 
-    params = _write_params(tmp_path, {"model.dropout": 0.5, "runconfig.max_steps": 1})
+    params = write_params(tmp_path, {"model.dropout": 0.5, "runconfig.max_steps": 1})
     model_dir = tmp_path / "m"
 
     def train(steps: int) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from launcher.csrun_wse import free_port
-from tests.e2e.test_reliability_bad_inputs import TINY, _write_params
+from tests.e2e.test_reliability_bad_inputs import TINY, write_params
 from tests.fc_mnist_runs import ENV, EXAMPLE, losses
 from tests.processes import left_running, run_py_in_process, start, wait_for_line
 from tf_model import checkpoints
@@ -30,7 +30,7 @@ RUN_PY = str(EXAMPLE / "run.py")
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_to_csrun_wse_leaves_nothing_running(signum, tmp_path):
-    params = _write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
+    params = write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
     job_dir = tmp_path / "job"
     model_dir = tmp_path / "m"
     wse = start(["-m", "launcher.csrun_wse", "--tasks-per-node", "2", "--job-dir", str(job_dir),
@@ -60,7 +60,7 @@ def test_a_stop_signal_to_csrun_wse_leaves_nothing_running(signum, tmp_path):
 
 def test_kill_9_of_csrun_wse_ends_its_embedded_cs_and_then_its_tasks(tmp_path):
     """...and leaves nothing in the temporary folder (the fork server's socket is abstract)."""
-    params = _write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
+    params = write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
     job_dir = tmp_path / "job"
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -83,7 +83,7 @@ def test_kill_9_of_csrun_wse_ends_its_embedded_cs_and_then_its_tasks(tmp_path):
 
 
 def test_a_job_with_nothing_to_do_ends_at_once_and_tells_its_workers(tmp_path):
-    params = _write_params(tmp_path)
+    params = write_params(tmp_path)
     model_dir = tmp_path / "m"
     run_py_in_process(EXAMPLE / "run.py", ["-p", params, "-o", model_dir], tmp_path)  # to its max_steps
     job_dir = tmp_path / "job"
@@ -113,8 +113,8 @@ def _serve(tmp_path: Path) -> tuple[subprocess.Popen, str]:
 
 def test_a_frozen_cs_ends_the_job_with_one_line_within_60_s(tmp_path):
     server, address = _serve(tmp_path)
-    params = _write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.save_checkpoints_steps": 50,
-                                      "runconfig.log_step_count_steps": 10})
+    params = write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.save_checkpoints_steps": 50,
+                                     "runconfig.log_step_count_steps": 10})
     chief = start([RUN_PY, "-p", str(params), "-o", str(tmp_path / "m"), "--cs_ip", address], tmp_path)
     try:
         wait_for_line(chief, r"^global step \d+:")
@@ -135,7 +135,7 @@ def test_a_frozen_cs_ends_the_job_with_one_line_within_60_s(tmp_path):
 
 
 def test_a_second_run_on_a_model_dir_is_refused_naming_the_first(tmp_path):
-    params = _write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
+    params = write_params(tmp_path, {"runconfig.max_steps": 100000, "runconfig.log_step_count_steps": 10})
     model_dir = tmp_path / "m"
     first = start([RUN_PY, "-p", str(params), "-o", str(model_dir)], tmp_path)
     try:
@@ -170,12 +170,12 @@ def test_kill_9_of_the_chief_while_it_writes_checkpoints(tmp_path):
     rerun, not killed, resumes from the newest checkpoint, trains only the steps left and
     ends with the unbroken run's weights, bit for bit."""
     (tmp_path / "reference").mkdir()
-    reference_params = _write_params(tmp_path / "reference", {"runconfig.max_steps": REFERENCE_STEPS,
-                                                              "runconfig.save_checkpoints_steps": None})
+    reference_params = write_params(tmp_path / "reference", {"runconfig.max_steps": REFERENCE_STEPS,
+                                                             "runconfig.save_checkpoints_steps": None})
     with ThreadPoolExecutor(1) as meanwhile:
         unbroken = meanwhile.submit(run_py_in_process, EXAMPLE / "run.py",
                                     ["-p", reference_params, "-o", tmp_path / "reference"], tmp_path)
-        params = _write_params(tmp_path, {"runconfig.max_steps": REFERENCE_STEPS, "runconfig.keep_checkpoint_max": 3})
+        params = write_params(tmp_path, {"runconfig.max_steps": REFERENCE_STEPS, "runconfig.keep_checkpoint_max": 3})
         model_dir = tmp_path / "m"
         rng = random.Random(12)
         newest, resumed, rerun_losses = 0, 0, []

@@ -74,5 +74,5 @@ def test_recorded_compiles_hand_over_what_the_estimator_compiled(tmp_path, capsy
     assert outer[0].result.program is None and compiled.program.batch_size == 16
     call = inner[0]
     assert (call.input_fn, call.params, call.mode) == (data.train_input_fn, est.params, "train")
-    assert len(outer) == 2 and len(inner) == 1 and not api._recorders
+    assert len(outer) == 2 and len(inner) == 1 and not api.recorders
     assert "Validation successful" in capsys.readouterr().out

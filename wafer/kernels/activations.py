@@ -429,7 +429,7 @@ def _flush(v: np.ndarray) -> np.ndarray:
     return v
 
 
-def _logistic_packet(x: np.ndarray) -> np.ndarray:
+def logistic_packet(x: np.ndarray) -> np.ndarray:
     """scalar_logistic_op<float>::packetOp: exp(x/2) by Cephes' range reduction and a degree-5
     polynomial, squared, then e / (1 + e)."""
     h = np.minimum(x, _EXP_HI) * _HALF
@@ -449,7 +449,7 @@ def _logistic_packet(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def _logistic_scalar(x: np.ndarray) -> np.ndarray:
+def logistic_scalar(x: np.ndarray) -> np.ndarray:
     """scalar_logistic_op<float>::operator(): e = libm's expf(min(x, 16.6355324)), e / (1 + e)."""
     x = _flush(np.array(x, np.float32))
     e = _flush(np.array([_expf(v) for v in np.minimum(x, _EXP_HI).ravel()], np.float32))
@@ -462,10 +462,10 @@ def sigmoid(x: np.ndarray, tail: int | None = None) -> np.ndarray:
     whole tensor, whose last size mod 8 elements take it)."""
     x = np.asarray(x, np.float32)
     with np.errstate(invalid="ignore", over="ignore"):  # -inf's reduction is nan, then 0
-        y = _logistic_packet(x)
+        y = logistic_packet(x)
     tail = x.size % PACKET if tail is None else tail
     if tail:
-        y.reshape(-1)[-tail:] = _logistic_scalar(x.reshape(-1)[-tail:])
+        y.reshape(-1)[-tail:] = logistic_scalar(x.reshape(-1)[-tail:])
     return y
 
 

@@ -17,8 +17,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import Kernel, KernelError, RunContext, Shape, check_dtypes, max_cores_for, register
-from wafer.kernels.operands import Operands, reduce_to
+from wafer.kernels.base import KernelError, RunContext, Shape, check_dtypes, max_cores_for, register
+from wafer.kernels.operands import Operands, OperandsKernel, reduce_to
 
 C64 = np.complex64
 # op -> number of arguments; transforms take attr fft_length (RFFT, IRFFT: the last axis)
@@ -215,7 +215,7 @@ def _backward(step: Step, args: list[np.ndarray], out: np.ndarray,
 
 
 @register
-class ComplexRegion(Kernel):
+class ComplexRegion(OperandsKernel):
     """attrs operands (i, c, p letters of the real operands), program (JSON: a list of steps
     {"op", "args", "fft_length" of a transform, "axes" and "keep" of a Sum or Mean, "index",
     "shape" and "batched" of a Take, "equation" and "conj" of an Einsum}; values
@@ -255,13 +255,6 @@ class ComplexRegion(Kernel):
         for step in self.program:
             values.append(_forward(step, [values[a] for a in step.args]))
         return values
-
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
 
     def output_dtype(self, input_dtypes):
         check_dtypes(self, self.operands.dtypes(input_dtypes),

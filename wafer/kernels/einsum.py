@@ -7,12 +7,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import Kernel, KernelError, RunContext, max_cores_for, register
-from wafer.kernels.operands import Operands
+from wafer.kernels.base import KernelError, RunContext, max_cores_for, register
+from wafer.kernels.operands import Operands, OperandsKernel
 
 
 @register
-class Einsum(Kernel):
+class Einsum(OperandsKernel):
     """attrs: equation "abc,acd->abd" (batch letter first in the output and in every `i`
     operand, absent from `c`/`p` ones), operands (two letters). Each operand's letters must
     appear in the other operand or the output, so each gradient is an einsum too (TF's)."""
@@ -49,13 +49,6 @@ class Einsum(Kernel):
         self.terms, self.out, self.equation = terms, out, equation
         self.sizes = sizes
         self._shape = tuple(sizes[letter] for letter in out[1:])
-
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
 
     def flops_per_sample(self) -> float:
         return 2.0 * math.prod(size for letter, size in self.sizes.items() if letter != self.out[0])

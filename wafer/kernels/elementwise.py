@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import INTEGER, KernelError, RunContext, check_dtypes, is_int, register
-from wafer.kernels.operands import Operands
+from wafer.kernels.operands import Operands, OperandsKernel
 from wafer.kernels.structure import Elementwise
 from wafer.precision import is_half, round_half
 
@@ -138,19 +138,9 @@ LOGICAL = {"logical_and": np.logical_and, "logical_or": np.logical_or}
 BINARY_OPS = (*ARITHMETIC, *COMPARISONS, *LOGICAL)
 
 
-class Broadcasting(Elementwise):
+class Broadcasting(OperandsKernel, Elementwise):
     """An element-wise kernel over operands broadcast together (`self.operands`, set by the
     subclass with its `_shape`): the output is their broadcast shape; weights are params."""
-
-    operands: Operands
-    _shape: tuple[int, ...]
-
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
 
 
 @register

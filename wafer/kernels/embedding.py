@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, Shape, check_dtypes, max_cores_for, register
-from wafer.kernels.operands import Operands
+from wafer.kernels.operands import Operands, OperandsKernel
 from wafer.precision import is_half, round_half
 
 # Occurrences of an index up to this many are added in passes of distinct rows; a row
@@ -65,19 +65,11 @@ class _RowCopyCost:
         return 8 * math.prod(self.ids_shape)  # the indices
 
 
-class _TableLookup(_RowCopyCost, Kernel):
+class _TableLookup(_RowCopyCost, OperandsKernel):
     """A lookup in the table p0 (or a constant c0): its shapes, no gradient to the ids, and
     the table's gradient added from the micro-batch's IndexedSlices (`table_slices`)."""
 
-    operands: Operands
     table: Shape
-
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
 
     def input_differentiable(self, index: int) -> bool:
         return False

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import Kernel, KernelError, RunContext, Shape, check_dtypes, max_cores_for, register
-from wafer.kernels.operands import Operands
+from wafer.kernels.operands import Operands, OperandsKernel
 from wafer.kernels.tensor_ops import SampleKernel
 
 FORMS = ("ii", "ic", "ci", "ip", "pi")
@@ -94,7 +94,7 @@ class Cholesky(SampleKernel):
 
 
 @register
-class Solve(Kernel):
+class Solve(OperandsKernel):
     """attrs operands (see the module), adjoint (bool: solve a^T x = b), triangle ("" the
     whole matrix, "lower" or "upper": a triangular solve reading that triangle only);
     output x (..., n, k)."""
@@ -129,13 +129,6 @@ class Solve(Kernel):
             raise KernelError(f"kernel {name!r} (solve): the leading axes of {a.shape} and "
                               f"{b.shape} do not broadcast") from None
         self._shape = (*lead, self.n, b.shape[-1])
-
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
 
     def output_dtype(self, input_dtypes):
         check_dtypes(self, self.operands.dtypes(input_dtypes), [(np.float32,)] * 2)

@@ -20,8 +20,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.kernels.base import Kernel, KernelError, RunContext, Shape, max_cores_for, register
-from wafer.kernels.operands import Operands
+from wafer.kernels.base import KernelError, RunContext, Shape, max_cores_for, register
+from wafer.kernels.operands import Operands, OperandsKernel
 
 FORMS = ("ii", "ip", "pi", "ic", "ci")
 
@@ -42,7 +42,7 @@ def _swap(shape: Shape) -> Shape:
 
 
 @register
-class Matmul(Kernel):
+class Matmul(OperandsKernel):
     """attrs operands (2 letters, see the module), transpose_a, transpose_b (bools);
     c<k> / p<k> the constant or weight shape of a non-activation operand."""
 
@@ -108,13 +108,6 @@ class Matmul(Kernel):
                     "batch axis (it needs fewer leading axes than the activation has with "
                     "the batch, or a leading 1)")
         return ""
-
-    @property
-    def output_shape(self):
-        return self._shape
-
-    def param_shapes(self):
-        return self.operands.param_shapes()
 
     def flops_per_sample(self) -> float:
         return 2.0 * math.prod(self._shape) * self.inner

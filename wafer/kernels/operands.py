@@ -14,9 +14,9 @@ TF's) on the micro-batch arrays. Gradients to `i` operands are summed over their
 axes; to `p` operands over the micro-batch and their broadcast axes, added into the
 kernel's gradient accumulator like dense's.
 
-A kernel uses it as `binary` (elementwise.py) does: in __init__
+A kernel uses it as `binary` (elementwise.py) does: an OperandsKernel, in __init__
 `self.operands = Operands(self, count)` (refuses bad letters, attrs and shapes naming the
-kernel); `param_shapes()` returns `self.operands.param_shapes()`; `output_dtype` checks
+kernel) and `self._shape`; `output_dtype` checks
 `self.operands.dtypes(input_dtypes)`; forward takes `self.operands.arrays(params, inputs)`;
 backward computes each operand's gradient at the broadcast result's full shape and returns
 `self.operands.gradients(grads, ctx, param_grads)`.
@@ -48,6 +48,21 @@ class Operand:
     def role(self) -> str:
         """A weight's param role (p<k>)."""
         return f"p{self.position}"
+
+
+class OperandsKernel(Kernel):
+    """A kernel of Operands: its params are theirs (`self.operands`), its per-sample output
+    shape the one its __init__ sets (`self._shape`)."""
+
+    operands: Operands
+    _shape: Shape
+
+    @property
+    def output_shape(self) -> Shape:
+        return self._shape
+
+    def param_shapes(self) -> dict[str, Shape]:
+        return self.operands.param_shapes()
 
 
 def reduce_to(grad: np.ndarray, shape: Shape) -> np.ndarray:

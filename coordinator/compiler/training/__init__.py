@@ -27,8 +27,7 @@ The pass (analysis.py) runs them in this order; graph.py holds what they read of
 """
 from coordinator.compiler.training.analysis import analyze_training
 from coordinator.compiler.training.gradients import TRANSFORMS, minimized_apart, objective_losses
-from coordinator.compiler.training.graph import _skip_identity as skip_identity
-from coordinator.compiler.training.graph import variable_op
+from coordinator.compiler.training.graph import skip_identity, variable_op
 from coordinator.compiler.training.numbers import HALF_GRADIENT_RTOL, NUMERIC_CHECK_VALUES
 from coordinator.compiler.training.updates import APPLY_OPS, SUPPORTED
 

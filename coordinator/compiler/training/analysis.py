@@ -30,19 +30,19 @@ from coordinator.compiler.training.copies import conditional_writes
 from coordinator.compiler.training.gradient_program import GradientPrograms
 from coordinator.compiler.training.gradients import (
     TRANSFORMS,
-    _chain,
-    _gradient_calls,
-    _group_order,
-    _in_scope,
     densified,
+    gradient_calls,
+    gradient_chain,
+    group_order,
+    in_scope,
 )
 from coordinator.compiler.training.graph import (
-    _fail,
-    _Refused,
-    _scalar,
-    _skip_identity,
-    _uniform,
+    Refused,
+    fail,
+    scalar,
+    skip_identity,
     step_runs,
+    uniform,
     variable_op,
 )
 from coordinator.compiler.training.noise import floored
@@ -50,13 +50,13 @@ from coordinator.compiler.training.numbers import (
     GRADIENT_NOISE,
     HALF_GRADIENT_NOISE,
     HALF_GRADIENT_RTOL,
-    _check_numbers,
+    check_numbers,
 )
 from coordinator.compiler.training.reupdates import check_reupdates
 from coordinator.compiler.training.shift import zero_gradients
-from coordinator.compiler.training.transforms import _fold_loss_scale
-from coordinator.compiler.training.updates import SUPPORTED, _check_dtypes, _check_slots, _Update
-from coordinator.compiler.training.writes import _Average, _bookkeeping, _is_write, _updates, _Write
+from coordinator.compiler.training.transforms import fold_loss_scale
+from coordinator.compiler.training.updates import SUPPORTED, Update, check_dtypes, check_slots
+from coordinator.compiler.training.writes import Average, Write, bookkeeping, is_write, train_op_writes
 from wafer.conditional_updates import ConditionalUpdate
 from wafer.grad_transforms import GradientTransform
 from wafer.loss_scaling import Rule
@@ -105,8 +105,8 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             if conditional is not None:
                 extracted = conditional.view
             states: list[tf.Operation] = []
-            again: list[_Update] = []
-            updates, averages, written = _updates(
+            again: list[Update] = []
+            updates, averages, written = train_op_writes(
                 extracted, statistic_averages, states,
                 dict.fromkeys(conditional.branch_of, conditional.cond) if conditional else None,
                 again)
@@ -114,10 +114,10 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             written += conditional_writes(original, updates, written, gated)
             check_reupdates(updates, again, written)
             if again and (conditional is not None or dynamic is not None or half):
-                raise _fail(again[0].op, f"{again[0].variable} is updated by two optimizers "
-                                         "with updates inside a tf.cond, loss scaling or a "
-                                         "float16 model: the CS reupdates a weight in float32 "
-                                         "steps that apply every update")
+                raise fail(again[0].op, f"{again[0].variable} is updated by two optimizers "
+                                        "with updates inside a tf.cond, loss scaling or a "
+                                        "float16 model: the CS reupdates a weight in float32 "
+                                        "steps that apply every update")
             condition = None
             if conditional is not None:
                 condition = conditional.update(updates)
@@ -127,32 +127,32 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                     condition = None  # (the cond gates writes alone: each its predicate's)
             groups = optimizer_groups(updates, again)
             if dynamic is not None and groups:
-                raise _fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
-                                            "CS carries it out for one; train without it")
+                raise fail(updates[-1].op, "dynamic loss scaling with several optimizers: the "
+                                           "CS carries it out for one; train without it")
             if (states or gated) and (conditional is not None or dynamic is not None):
                 first = states[0] if states else extracted.graph.get_operation_by_name(gated[0].op)
-                raise _fail(first, f"a write of {variable_op(first.inputs[0]).name} from the "
-                                       "batch's values with updates inside a tf.cond or "
-                                       "dynamic loss scaling: the CS writes such state every "
-                                       "step; train without the cond or the loss scaling")
+                raise fail(first, f"a write of {variable_op(first.inputs[0]).name} from the "
+                                      "batch's values with updates inside a tf.cond or "
+                                      "dynamic loss scaling: the CS writes such state every "
+                                      "step; train without the cond or the loss scaling")
             if dynamic is not None and written:
-                raise _fail(written[0].op, "a write of a weight besides its update with dynamic "
-                                           "loss scaling: the CS does not skip it with a "
-                                           "skipped step; train without one")
-            _check_dtypes(extracted, updates + again)
-            _check_slots(updates)
-            _check_slots(again, named=False)
-        except _Refused as problem:
+                raise fail(written[0].op, "a write of a weight besides its update with dynamic "
+                                          "loss scaling: the CS does not skip it with a "
+                                          "skipped step; train without one")
+            check_dtypes(extracted, updates + again)
+            check_slots(updates)
+            check_slots(again, named=False)
+        except Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
-        calls = _gradient_calls(extracted, updates)
+        calls = gradient_calls(extracted, updates)
         norms: dict = {}
-        programs = GradientPrograms(extracted, lambda op: _in_scope(op, calls) is not None
+        programs = GradientPrograms(extracted, lambda op: in_scope(op, calls) is not None
                                     or densified(op, calls) is not None)
         chains, problems, hints = [], [], []
         for u in updates + again:  # (the weights' first updates, then their reupdates)
             try:
-                chains.append(_chain(u, calls, norms, programs))
-            except _Refused as problem:
+                chains.append(gradient_chain(u, calls, norms, programs))
+            except Refused as problem:
                 problems.append(str(problem))
                 hints.append(problem.hint)
         if problems:
@@ -162,10 +162,10 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             objectives = _objectives(extracted, chains, dynamic is not None or half, again_chains)
             reupdates = _reupdates(extracted, chains, again_chains, objectives, updates)
             if objectives and conditional is not None and not conditional.delayed:
-                raise _fail(chains[0].update.op, "several losses minimized in one step with "
-                                                 "updates inside a tf.cond: the CS carries out "
-                                                 "the cond for one loss")
-        except _Refused as problem:
+                raise fail(chains[0].update.op, "several losses minimized in one step with "
+                                                "updates inside a tf.cond: the CS carries out "
+                                                "the cond for one loss")
+        except Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
         zeroed = tuple(v for loss, names in _losses(extracted, chains)
                        for v in zero_gradients(loss, [u.variable for u in updates if u.indices
@@ -176,34 +176,34 @@ def _analyze(extracted: ExtractedGraph, half: bool,
             [c.update.variable], normalized)), None)
         try:
             if zeroed_again is not None:
-                raise _fail(zeroed_again.update.op, f"{zeroed_again.update.variable}, which two "
-                                                    "optimizers update, has a gradient 0 in exact "
-                                                    "arithmetic (a shift a softmax or batch "
-                                                    "normalization cancels; TF's is rounding "
-                                                    "noise): the CS zeroes a weight's first "
-                                                    "update's gradient alone")
-            _group_order(chains)
+                raise fail(zeroed_again.update.op, f"{zeroed_again.update.variable}, which two "
+                                                   "optimizers update, has a gradient 0 in exact "
+                                                   "arithmetic (a shift a softmax or batch "
+                                                   "normalization cancels; TF's is rounding "
+                                                   "noise): the CS zeroes a weight's first "
+                                                   "update's gradient alone")
+            group_order(chains)
             _clipped_apart(chains, objectives)
             if half:
-                _check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
-                               HALF_GRADIENT_NOISE, zeroed,
-                               dynamic.proof_scale if dynamic is not None else None)
+                check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
+                              HALF_GRADIENT_NOISE, zeroed,
+                              dynamic.proof_scale if dynamic is not None else None)
                 noise_floored: tuple[str, ...] = ()  # (float16's noise is real gradients' size)
             else:
-                largest = _check_numbers(extracted, chains + again_chains, statistic_averages,
-                                         zeroed=zeroed)
+                largest = check_numbers(extracted, chains + again_chains, statistic_averages,
+                                        zeroed=zeroed)
                 noise_floored = tuple(v for loss, names in _losses(extracted, chains)
                                       for v in floored(loss, {
                                           u.variable: u.optimizer for u in updates
                                           if u.indices is None and u.variable not in zeroed
                                           and u.variable in names}, largest, GRADIENT_NOISE))
-            transforms, loss_scale = _fold_loss_scale(chains, half)
+            transforms, loss_scale = fold_loss_scale(chains, half)
             scaling = None
             if dynamic is not None:
                 transforms, scaling = _dynamic(chains, transforms, loss_scale, half, dynamic,
                                                averages)
                 loss_scale = dynamic.initial
-        except _Refused as problem:
+        except Refused as problem:
             raise _Problems([str(problem)], problem.hint) from None
         if zeroed:  # (last: the other transforms and the finite test read TF's gradient)
             transforms = [*transforms, GradientTransform("zero", variables=zeroed)]
@@ -228,31 +228,31 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                         gated_state_writes=tuple(gated), reupdates=reupdates)
 
 
-def _gated(conditional: training_conditional.Inlined, written: list[_Write]) -> list[_Write]:
+def _gated(conditional: training_conditional.Inlined, written: list[Write]) -> list[Write]:
     """The writes of the cond's branches (updates beside the cond) with their branch's
     predicate; a factor computed per step, refused."""
     found = []
     for w in written:
         gate = conditional.gated(w.op)
         if gate is not None:
-            if any(_uniform(t) is None for t, _ in w.factors):
-                raise _fail(conditional.cond, f"the tf.cond writes {w.variable} with a factor "
-                                              "computed per step: the CS writes under a "
-                                              "tf.cond with constant factors")
+            if any(uniform(t) is None for t, _ in w.factors):
+                raise fail(conditional.cond, f"the tf.cond writes {w.variable} with a factor "
+                                             "computed per step: the CS writes under a "
+                                             "tf.cond with constant factors")
             w = dataclasses.replace(w, predicate=dataclasses.replace(
                 gate[0], hyper_parameter=FACTOR_OF_WRITE), predicate_offset=gate[1])
         found.append(w)
     return found
 
 
-def _alone(condition: ConditionalUpdate, averages: list[_Average], written: list[_Write]) -> None:
+def _alone(condition: ConditionalUpdate, averages: list[Average], written: list[Write]) -> None:
     """What the CS does not carry out with an update cond, refused."""
     what = next((f"an ExponentialMovingAverage of {a.variable}" for a in averages), "") or \
         next((f"a write of {w.variable} besides its update" for w in written), "")
     if what:
         op = averages[0].op if averages else written[0].op
-        raise _fail(op, f"{what} with updates inside a tf.cond ({condition.source}): the CS "
-                        "carries out the cond's optimizer updates alone; train without it")
+        raise fail(op, f"{what} with updates inside a tf.cond ({condition.source}): the CS "
+                       "carries out the cond's optimizer updates alone; train without it")
 
 
 def _losses(extracted: ExtractedGraph, chains: list) -> list[tuple[tf.Tensor, set[str]]]:
@@ -273,10 +273,10 @@ def _clipped_apart(chains: list, objectives: tuple[Objective, ...]) -> None:
         return
     for step in (s for c in chains for s in c.steps if s.kind == "clip_by_global_norm"):
         if len({owner[v] for v in step.variables}) > 1:
-            raise _fail(step.anchor, "clip_by_global_norm over the gradients of several losses "
-                                     "minimized in one step: the CS transforms each loss's "
-                                     "gradients apart; clip each optimizer's gradients by "
-                                     "their own norm")
+            raise fail(step.anchor, "clip_by_global_norm over the gradients of several losses "
+                                    "minimized in one step: the CS transforms each loss's "
+                                    "gradients apart; clip each optimizer's gradients by "
+                                    "their own norm")
 
 
 def _unscaled(chain) -> bool:
@@ -286,7 +286,7 @@ def _unscaled(chain) -> bool:
     if y is None or y.op.type != "Mul" or not chain.steps or chain.steps[0].kind != "scale":
         return False
     return any(s is not None and s != 1.0 and np.isclose(s * chain.steps[0].value, 1.0)
-               for s in map(_scalar, y.op.inputs))
+               for s in map(scalar, y.op.inputs))
 
 
 def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool,
@@ -301,23 +301,23 @@ def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool,
         (loss, set()) for loss, _ in _losses(extracted, again) if loss.name not in named]
     if len(losses) == 1 and not further and losses[0][0] is not extracted.spec.loss:
         loss = extracted.spec.loss
-        raise _fail(chains[0].update.op, f"the train_op minimizes {losses[0][0].name} computed "
-                                         f"at {user_source(losses[0][0].op)}, not the loss "
-                                         f"model_fn returns ({loss.name} at "
-                                         f"{user_source(loss.op)})")
+        raise fail(chains[0].update.op, f"the train_op minimizes {losses[0][0].name} computed "
+                                        f"at {user_source(losses[0][0].op)}, not the loss "
+                                        f"model_fn returns ({loss.name} at "
+                                        f"{user_source(loss.op)})")
     if again and len(losses) + len(further) < 2:
-        raise _fail(again[0].update.op, f"{again[0].update.variable} is updated by two "
-                                        "optimizers minimizing one loss: the CS reupdates a "
-                                        "weight from another loss's backward pass",
-                    hint="minimize the loss with one optimizer")
+        raise fail(again[0].update.op, f"{again[0].update.variable} is updated by two "
+                                       "optimizers minimizing one loss: the CS reupdates a "
+                                       "weight from another loss's backward pass",
+                   hint="minimize the loss with one optimizer")
     if len(losses) < 2 and not further:
         return ()
     scaled = next((c for c in chains + again if c.call.scale != 1.0 or _unscaled(c)), None)
     if scaling or scaled is not None:
-        raise _fail(chains[0].update.op if scaled is None else scaled.update.op,
-                    "loss scaling (or a float16 model) with several losses minimized in one "
-                    "step: the CS scales one loss's backward pass; train them in float32 "
-                    "without loss scaling")
+        raise fail(chains[0].update.op if scaled is None else scaled.update.op,
+                   "loss scaling (or a float16 model) with several losses minimized in one "
+                   "step: the CS scales one loss's backward pass; train them in float32 "
+                   "without loss scaling")
     _read_before_updates(_losses(extracted, chains + again), chains + again, step_runs(extracted),
                          extracted.spec.loss)
     order = [c.update.variable for c in chains]
@@ -326,7 +326,7 @@ def _objectives(extracted: ExtractedGraph, chains: list, scaling: bool,
 
 
 def _reupdates(extracted: ExtractedGraph, chains: list, again: list,
-               objectives: tuple[Objective, ...], updates: list[_Update]) -> tuple[Reupdate, ...]:
+               objectives: tuple[Objective, ...], updates: list[Update]) -> tuple[Reupdate, ...]:
     """The further optimizers' updates of weights (reupdates.py) in graph order, each with
     its optimizer's index (optimizer_groups') and its loss's objective; a transform of any
     gradient beside them, refused (the CS transforms a pass's gradients of its own
@@ -335,9 +335,9 @@ def _reupdates(extracted: ExtractedGraph, chains: list, again: list,
         return ()
     steps = next((c for c in chains + again if c.steps), None)
     if steps is not None:
-        raise _fail(steps.update.op, f"gradient transforms ({steps.steps[0].kind}) with "
-                                     f"{again[0].update.variable} updated by two optimizers: "
-                                     "the CS reupdates a weight from its loss's raw gradient")
+        raise fail(steps.update.op, f"gradient transforms ({steps.steps[0].kind}) with "
+                                    f"{again[0].update.variable} updated by two optimizers: "
+                                    "the CS reupdates a weight from its loss's raw gradient")
     keys = list(dict.fromkeys(map(_group_key, [*updates, *(c.update for c in again)])))
     losses = [o.loss for o in objectives]
     return tuple(Reupdate(c.update.variable, keys.index(_group_key(c.update)),
@@ -376,19 +376,19 @@ def _read_before_updates(losses: list[tuple[tf.Tensor, set[str]]], chains: list,
                     closures[update] = set(op_closure(update))
                 if read in closures[update]:
                     continue
-                raise _fail(read, f"{y.name} reads {variable}, which another loss's "
-                                  f"optimizer updates in the step, with no order to that "
-                                  f"update ('{user_name(update)}' at {user_source(update)}: "
-                                  f"TF reads it before or after the update, by "
-                                  f"chance); compute the losses from one forward pass, or "
-                                  f"make the update wait for the read",
-                            hint="compute every loss's gradients first (compute_gradients), "
-                                 "then apply them under tf.control_dependencies([every "
-                                 "gradient])")
+                raise fail(read, f"{y.name} reads {variable}, which another loss's "
+                                 f"optimizer updates in the step, with no order to that "
+                                 f"update ('{user_name(update)}' at {user_source(update)}: "
+                                 f"TF reads it before or after the update, by "
+                                 f"chance); compute the losses from one forward pass, or "
+                                 f"make the update wait for the read",
+                           hint="compute every loss's gradients first (compute_gradients), "
+                                "then apply them under tf.control_dependencies([every "
+                                "gradient])")
 
 
-def optimizer_groups(updates: list[_Update],
-                     again: Sequence[_Update] = ()) -> tuple[OptimizerGroup, ...]:
+def optimizer_groups(updates: list[Update],
+                     again: Sequence[Update] = ()) -> tuple[OptimizerGroup, ...]:
     """The optimizers besides the first update's and the variables each updates first (two
     minimize calls with the same hyper-parameters, and no scalars of their own, are one;
     `again`: weights' further updates, whose optimizers may update no weight first)."""
@@ -400,46 +400,46 @@ def optimizer_groups(updates: list[_Update],
     return tuple(OptimizerGroup(key[0], tuple(names)) for key, names in list(by_key.items())[1:])
 
 
-def _group_key(u: _Update) -> tuple:
+def _group_key(u: Update) -> tuple:
     """What makes updates one optimizer: its constant hyper-parameters and the tensors of its
     scheduled ones (two SGDs on schedules of their own are two)."""
     return u.optimizer, tuple(sorted((key, t.name) for key, (_, t) in u.scheduled.items()))
 
 
 def _dynamic(chains: list, transforms: list[GradientTransform], loss_scale: float, half: bool,
-             dynamic: loss_scaling.Inlined, averages: list[_Average],
+             dynamic: loss_scaling.Inlined, averages: list[Average],
              ) -> tuple[list[GradientTransform], Rule]:
     """The transforms without the leading 1 / P (the CS unscales by the current S), after
     the static proof with S pinned to P (loss_scaling.PROOF_SCALE); and S's initial value
     as the loss scale; what the CS does not carry out with it, refused."""
     anchor = chains[0].update.op
-    if dynamic.checked != {_skip_identity(c.update.grad).name for c in chains}:
-        raise _fail(anchor, "dynamic loss scaling checks other tensors than the gradients the "
-                            "optimizer applies for being finite: not TensorFlow's rule nor "
-                            "the CS-1's")
+    if dynamic.checked != {skip_identity(c.update.grad).name for c in chains}:
+        raise fail(anchor, "dynamic loss scaling checks other tensors than the gradients the "
+                           "optimizer applies for being finite: not TensorFlow's rule nor "
+                           "the CS-1's")
     if not half:
-        raise _fail(anchor, "dynamic loss scaling of a float32 model: the CS carries it out "
-                            "for float16 (mixed precision) models; train without it")
+        raise fail(anchor, "dynamic loss scaling of a float32 model: the CS carries it out "
+                           "for float16 (mixed precision) models; train without it")
     if averages:
-        raise _fail(averages[0].op, "an ExponentialMovingAverage with dynamic loss scaling: the "
-                                    "CS does not skip it with a skipped step; train without one")
+        raise fail(averages[0].op, "an ExponentialMovingAverage with dynamic loss scaling: the "
+                                   "CS does not skip it with a skipped step; train without one")
     unscale = float(np.float32(1.0) / np.float32(loss_scaling.PROOF_SCALE))
     first = transforms[0] if transforms else None
     if loss_scale != loss_scaling.PROOF_SCALE or first is None or first.kind != "scale" or \
             first.value != unscale or set(first.variables) != {c.update.variable for c in chains}:
-        raise _fail(anchor, "the loss scale's reads do not scale the loss and unscale every "
-                            "gradient first: not TensorFlow's dynamic loss scaling")
+        raise fail(anchor, "the loss scale's reads do not scale the loss and unscale every "
+                           "gradient first: not TensorFlow's dynamic loss scaling")
     return transforms[1:], dynamic.rule
 
 
-def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list[_Average],
-               written: list[_Write]):
+def _schedules(extracted: ExtractedGraph, updates: list[Update], averages: list[Average],
+               written: list[Write]):
     """The schedules of the hyper-parameters the updates read per step, the moving averages
     and the weight writes with their factors (coordinator.compiler.schedules: lowered from
     the graph TF executes; a constant factor is its value)."""
     train = extracted.spec.train_op
-    increments = [op for op in op_closure(train) if _is_write(op) and op.type in (
-        "AssignAddVariableOp", "AssignAdd") and _bookkeeping(op, extracted.graph)]
+    increments = [op for op in op_closure(train) if is_write(op) and op.type in (
+        "AssignAddVariableOp", "AssignAdd") and bookkeeping(op, extracted.graph)]
     groups = list(dict.fromkeys(map(_group_key, updates)))  # (optimizer_groups' order: the
     # first updates come first in `updates`, then the further ones)
     items = [Scheduled(key, reader, tensor, name=f"{key}@{groups.index(_group_key(u))}")
@@ -455,7 +455,7 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
         offset = set()
         for k, (tensor, reader) in enumerate(w.factors):
             name = f"{w.variable}/{FACTOR_OF_WRITE}_{k}"
-            value = _uniform(tensor)  # (writes.py: a scalar, or one not shaping its reader)
+            value = uniform(tensor)  # (writes.py: a scalar, or one not shaping its reader)
             if value is not None:
                 constants[name] = Schedule(FACTOR_OF_WRITE, (ScalarOp(
                     "const", "float32", value=float(np.float32(value))),), tensor.name,
@@ -476,7 +476,7 @@ def _schedules(extracted: ExtractedGraph, updates: list[_Update], averages: list
                                   f"after the step's increment ({w.op.type} '{w.op.name}' at "
                                   f"{user_source(w.op)})")
         write_offsets[w.variable] = offset.pop() if offset else 0
-    written_vars = {variable_op(op.inputs[0]).name for op in op_closure(train) if _is_write(op)}
+    written_vars = {variable_op(op.inputs[0]).name for op in op_closure(train) if is_write(op)}
     lowered = {**lower_schedules(extracted, items, written_vars), **constants}
     schedules = tuple(dataclasses.replace(lowered[f"{key}@{index}"], optimizer=index)
                       for key, index in dict.fromkeys(

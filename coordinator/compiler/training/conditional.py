@@ -34,13 +34,12 @@ from coordinator.compiler.schedules import (
     global_step,
     lower_predicate,
 )
-from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
-from coordinator.compiler.training.loss_scaling import _checked_gradients, import_branch
-from coordinator.compiler.training.writes import _is_write, copies_only
+from coordinator.compiler.training.graph import Refused, fail, skip_identity, variable_op
+from coordinator.compiler.training.loss_scaling import checked_gradients, import_branch
+from coordinator.compiler.training.writes import CONDS, copies_only, is_write, writes_variable
 from wafer.conditional_updates import ConditionalUpdate
 from wafer.schedules import Schedule
 
-_CONDS = ("If", "StatelessIf")
 _ADDS = ("AssignAddVariableOp", "AssignAdd")
 _PREFIX = "csrun_conditional_update"
 # each graph's conds' imported branches (branch_writes)
@@ -75,30 +74,30 @@ class Inlined:
         return self.negation is not None
 
     def update(self, updates: list) -> ConditionalUpdate:
-        """The ConditionalUpdate of the pass's updates (training.updates._Update): each
+        """The ConditionalUpdate of the pass's updates (training.updates.Update): each
         accumulator's value applied as the gradient of exactly one dense update."""
         pairs = []
         for u in updates:
-            added = _skip_identity(u.grad).name
+            added = skip_identity(u.grad).name
             if added in self.added:
                 if u.indices is not None:
-                    raise _fail(self.cond, f"a sparse update of {u.variable} from an "
-                                           "accumulator: the CS accumulates dense gradients")
+                    raise fail(self.cond, f"a sparse update of {u.variable} from an "
+                                          "accumulator: the CS accumulates dense gradients")
                 pairs.append((u.variable, self.added[added]))
         applied = [a for _, a in pairs]
-        applies = {u.op for u in updates if _skip_identity(u.grad).name in self.added}
+        applies = {u.op for u in updates if skip_identity(u.grad).name in self.added}
         if sorted(applied) != sorted(self.added.values()) or \
                 not all(_applied_only(op, applies) for op in self.users):
             missing = sorted(set(self.added.values()).difference(applied) or applied)
-            raise _fail(self.cond, f"the optimizer does not apply the accumulator {missing[0]} "
-                                   "as it is, as one variable's gradient: divide each step's "
-                                   "gradient before adding it",
-                        hint="apply the accumulators as they are: opt.apply_gradients(zip("
-                             "[a.read_value() for a in accumulators], variables))")
+            raise fail(self.cond, f"the optimizer does not apply the accumulator {missing[0]} "
+                                  "as it is, as one variable's gradient: divide each step's "
+                                  "gradient before adding it",
+                       hint="apply the accumulators as they are: opt.apply_gradients(zip("
+                            "[a.read_value() for a in accumulators], variables))")
         if self.finite == "gradients" and \
-                self.checked != {_skip_identity(u.grad).name for u in updates}:
-            raise _fail(self.cond, "the tf.cond tests other tensors than the gradients the "
-                                   "optimizer applies for being finite")
+                self.checked != {skip_identity(u.grad).name for u in updates}:
+            raise fail(self.cond, "the tf.cond tests other tensors than the gradients the "
+                                  "optimizer applies for being finite")
         updated = {u.variable for u in updates}
         return ConditionalUpdate(self.predicate, tuple(pairs), user_source(self.cond), self.finite,
                                  tuple(v for v, holds in self.only if holds and v in updated),
@@ -118,10 +117,10 @@ class Inlined:
 def inline(extracted: ExtractedGraph) -> Inlined | None:
     """The train_op's update cond, proven; None when no cond writes or the writing conds are
     dynamic loss scaling's (several, or writes outside besides the step's increment, with a
-    finite test); _Refused otherwise."""
+    finite test); Refused otherwise."""
     train = extracted.spec.train_op
-    conds = [op for op in op_closure(train) if op.type in _CONDS and not copies_only(op) and (
-        _writes(op._true_graph, deep=True) or _writes(op._false_graph, deep=True))]  # (copies:
+    conds = [op for op in op_closure(train) if op.type in CONDS and not copies_only(op) and (
+        writes_variable(op._true_graph, deep=True) or writes_variable(op._false_graph, deep=True))]  # (copies:
     # training/copies.py)
     if not conds:
         return None
@@ -131,48 +130,48 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     if tests and (len(conds) > 1 or not finite or _writes_besides_step(train, cond)):
         return None
     if len(conds) > 1:
-        raise _fail(cond, f"the train_op updates inside {len(conds)} tf.conds: {WHAT}, one cond")
+        raise fail(cond, f"the train_op updates inside {len(conds)} tf.conds: {WHAT}, one cond")
     _check_nested(cond)
     predicate = cond.inputs[0]
     if not finite:
-        _check_predicate(extracted.graph, cond, predicate)
-    both = _writes(cond._true_graph) and _writes(cond._false_graph)
+        check_predicate(extracted.graph, cond, predicate)
+    both = writes_variable(cond._true_graph) and writes_variable(cond._false_graph)
     if both and finite:
-        raise _fail(cond, f"both branches of the tf.cond testing the {finite} for being finite "
-                          "write variables: the CS skips every update of a non-finite step")
-    negated = not _writes(cond._true_graph)
+        raise fail(cond, f"both branches of the tf.cond testing the {finite} for being finite "
+                         "write variables: the CS skips every update of a non-finite step")
+    negated = not writes_variable(cond._true_graph)
     branch = cond._false_graph if negated else cond._true_graph
     graph = extracted.graph
     zeroed = _zeroed(branch, cond) | (_zeroed(cond._false_graph, cond) if both else set())
     if zeroed and (finite or both):
-        raise _fail(cond, "gradient accumulation in a tf.cond testing for finite values or "
-                          "updating in both branches: the CS accumulates under a predicate of "
-                          "the global step, applying in one branch")
+        raise fail(cond, "gradient accumulation in a tf.cond testing for finite values or "
+                         "updating in both branches: the CS accumulates under a predicate of "
+                         "the global step, applying in one branch")
     adds, increments, beside = _outside_writes(train, cond, zeroed)
     if not finite and (both or any("Apply" in op.type for op in beside)):
         return _delayed(extracted, cond, beside, increments, zeroed)
     _check_outside(cond, beside, increments, adds, zeroed)
     if not finite:  # (read before the increment, which waits for the cond)
         step_read_offset(extracted, cond)
-    schedule = None if finite else _lowered(extracted, cond, negated)
+    schedule = None if finite else lowered(extracted, cond, negated)
     imported = import_branch(graph, cond, branch, _PREFIX)
     step = global_step(graph)
     counted = any(variable_op(op.inputs[0]).name == step for op in imported)
     if counted and (not finite or increments):
-        raise _fail(cond, "the tf.cond applying the updates increments the global step: "
-                          "the CS counts every step under a predicate of the step; "
-                          "increment it outside the cond",
-                    hint="opt.apply_gradients(...) without global_step inside the cond, "
-                         "then tf.compat.v1.assign_add(global_step, 1) under "
-                         "tf.control_dependencies([the cond])")
+        raise fail(cond, "the tf.cond applying the updates increments the global step: "
+                         "the CS counts every step under a predicate of the step; "
+                         "increment it outside the cond",
+                   hint="opt.apply_gradients(...) without global_step inside the cond, "
+                        "then tf.compat.v1.assign_add(global_step, 1) under "
+                        "tf.control_dependencies([the cond])")
     if finite and negated:
-        raise _fail(cond, f"the tf.cond applies the updates when the {finite} is not finite")
+        raise fail(cond, f"the tf.cond applies the updates when the {finite} is not finite")
     loss = extracted.spec.loss
     read = sorted({variable_op(op.inputs[0]).name for op in data_upstream(loss.op)
                    if op.type == "ReadVariableOp"}.intersection(adds)) if loss is not None else []
     if read:
-        raise _fail(adds[read[0]], f"the loss reads the accumulator {read[0]}: the CS "
-                                   "accumulates gradients the forward pass does not read")
+        raise fail(adds[read[0]], f"the loss reads the accumulator {read[0]}: the CS "
+                                  "accumulates gradients the forward pass does not read")
     added, users = _rewire(graph, adds)
     with graph.as_default():
         writes = [op for op in imported if not (
@@ -194,29 +193,29 @@ def _delayed(extracted: ExtractedGraph, cond: tf.Operation, beside: list[tf.Oper
     variables one branch alone updates, on the steps that take it), the predicate read
     before or after the step's increment as the graph orders it."""
     if zeroed:  # (and not in both branches: refused before)
-        raise _fail(cond, "gradient accumulation beside updates every step: the CS "
-                          "accumulates the gradients of every update the cond applies")
+        raise fail(cond, "gradient accumulation beside updates every step: the CS "
+                         "accumulates the gradients of every update the cond applies")
     graph = extracted.graph
     imported, other = branch_writes(cond)
     step = global_step(graph)
     if any(variable_op(op.inputs[0]).name == step for op in [*imported, *other]):
-        raise _fail(cond, "the tf.cond applying the updates increments the global step: "
-                          "the CS counts every step; increment it outside the cond",
-                    hint="minimize(loss, global_step=step) of the update every step, outside "
-                         "the cond")
+        raise fail(cond, "the tf.cond applying the updates increments the global step: "
+                         "the CS counts every step; increment it outside the cond",
+                   hint="minimize(loss, global_step=step) of the update every step, outside "
+                        "the cond")
     offset = step_read_offset(extracted, cond)
     label = "the predicate of the tf.cond applying the updates"
-    predicate, negation = (_lowered(extracted, cond, negated, offset, "condition", label)
+    predicate, negation = (lowered(extracted, cond, negated, offset, "condition", label)
                            for negated in (False, True))
     writes, only = _merged(cond, imported, other)
     outside = {variable_op(op.inputs[0]).name for op in beside}
     inside = sorted(outside.intersection(variable_op(op.inputs[0]).name for op in writes))
     if inside:
-        raise _fail(cond, f"the train_op writes {inside[0]} both inside the tf.cond applying "
-                          "the updates and outside it: the CS updates each variable every step "
-                          "or under the predicate",
-                    hint="give each optimizer (each AdamOptimizer's step counters) the updates "
-                         "of one side of the cond")
+        raise fail(cond, f"the train_op writes {inside[0]} both inside the tf.cond applying "
+                         "the updates and outside it: the CS updates each variable every step "
+                         "or under the predicate",
+                   hint="give each optimizer (each AdamOptimizer's step counters) the updates "
+                        "of one side of the cond")
     branch_of = {op: holds for op in writes for name, holds in only
                  if variable_op(op.inputs[0]).name == name}
     with graph.as_default():
@@ -243,7 +242,7 @@ def gradient_branches(train) -> list[tf.Operation]:
     tf.gradients calls the train_op runs there."""
     found = []
     for cond in op_closure(train):
-        if cond.type in _CONDS and not copies_only(cond) and any(
+        if cond.type in CONDS and not copies_only(cond) and any(
                 re.search(r"(^|/)grad_ys_\d+$", op.name) for branch in (
                     cond._true_graph, cond._false_graph) for op in branch.get_operations()):
             found += [op for ops in branch_writes(cond) for op in ops]
@@ -260,9 +259,9 @@ def step_read_offset(extracted: ExtractedGraph, cond: tf.Operation) -> int:
     reads = [r for r in data_upstream(cond.inputs[0].op) if r.type in ("ReadVariableOp",
              "Identity") and r.inputs and variable_op(r.inputs[0]).name == step]
     if reads and not increments:
-        raise _fail(cond, "the tf.cond's predicate reads the global step, which the train_op "
-                          "does not increment: TF decides alike every step",
-                    hint="pass global_step to the optimizer's minimize outside the cond")
+        raise fail(cond, "the tf.cond's predicate reads the global step, which the train_op "
+                         "does not increment: TF decides alike every step",
+                   hint="pass global_step to the optimizer's minimize outside the cond")
     if not reads:
         return 0
     late = [r for r in reads if increments[0] in set(op_closure(r))]
@@ -273,52 +272,45 @@ def step_read_offset(extracted: ExtractedGraph, cond: tf.Operation) -> int:
     if unordered is None and not late:
         return 0
     read = unordered or reads[0]
-    raise _fail(cond, f"the tf.cond's predicate reads the global step ({read.type} "
-                      f"'{user_name(read)}' at {user_source(read)}) with no order to the step's "
-                      f"increment ({increments[0].type} '{increments[0].name}' at "
-                      f"{user_source(increments[0])}): TF reads it before or after by chance",
-                hint="write the cond under tf.control_dependencies([the optimizer's op that "
-                     "increments the step]), or increment the step under the cond's")
+    raise fail(cond, f"the tf.cond's predicate reads the global step ({read.type} "
+                     f"'{user_name(read)}' at {user_source(read)}) with no order to the step's "
+                     f"increment ({increments[0].type} '{increments[0].name}' at "
+                     f"{user_source(increments[0])}): TF reads it before or after by chance",
+               hint="write the cond under tf.control_dependencies([the optimizer's op that "
+                    "increments the step]), or increment the step under the cond's")
 
 
-def _lowered(extracted: ExtractedGraph, cond: tf.Operation, negated: bool, offset: int = 0,
-             key: str = "condition",
-             label: str = "the predicate of the tf.cond applying the updates") -> Schedule:
+def lowered(extracted: ExtractedGraph, cond: tf.Operation, negated: bool, offset: int = 0,
+            key: str = "condition",
+            label: str = "the predicate of the tf.cond applying the updates") -> Schedule:
     """The cond's predicate (negated: its negation) as a schedule of float32 1 / 0 (`key`
     its hyper_parameter), read after the step's increment when `offset` is 1."""
     try:
         return lower_predicate(extracted, executed_graph(extracted), Scheduled(
             key, cond, cond.inputs[0], label=label, before_increment=not offset), negated)
     except ScheduleRefused as problem:
-        raise _Refused(str(problem)) from None
+        raise Refused(str(problem)) from None
 
 
 def _finite(extracted: ExtractedGraph, cond: tf.Operation) -> tuple[str, frozenset[str]]:
     """What the cond's predicate tests for being finite: "loss" (is_finite of model_fn's
     loss) or "gradients" (reduce_all of is_finite of tensors, returned: the analysis
     compares them with the gradients the updates apply); ("", ()) for anything else."""
-    predicate = _skip_identity(cond.inputs[0])
+    predicate = skip_identity(cond.inputs[0])
     loss = extracted.spec.loss
     if predicate.op.type == "IsFinite" and loss is not None and \
-            _skip_identity(predicate.op.inputs[0]) is _skip_identity(loss):
+            skip_identity(predicate.op.inputs[0]) is skip_identity(loss):
         return "loss", frozenset()
     try:
-        return "gradients", frozenset(_checked_gradients(cond, _Refused("")))
-    except _Refused:
+        return "gradients", frozenset(checked_gradients(cond, Refused("")))
+    except Refused:
         return "", frozenset()
 
 
 def _writes_besides_step(train, cond: tf.Operation) -> bool:
     step = global_step(cond.graph)
-    return any(_is_write(op) and variable_op(op.inputs[0]).name != step
+    return any(is_write(op) and variable_op(op.inputs[0]).name != step
                for op in op_closure(train))
-
-
-def _writes(branch, deep: bool = False) -> bool:
-    """Whether a branch writes a variable (`deep`: or a tf.cond or loop inside it does)."""
-    return any(_is_write(op) or deep and any(_writes(getattr(op, k), True) for k in (
-        "_true_graph", "_false_graph", "_body_graph") if hasattr(op, k))
-        for op in branch.get_operations())
 
 
 def _check_nested(cond: tf.Operation) -> None:
@@ -329,13 +321,13 @@ def _check_nested(cond: tf.Operation) -> None:
             inner = [getattr(op, k) for k in ("_true_graph", "_false_graph", "_body_graph")
                      if hasattr(op, k)]
             if op.type in ("While", "StatelessWhile") and not inner or \
-                    any(_writes(g, deep=True) for g in inner):
-                raise _fail(cond, f"a {op.type} inside the tf.cond applying the updates writes "
-                                  "variables: the CS carries out the writes of the cond's "
-                                  "branches themselves", hint="write them in the cond's branch")
+                    any(writes_variable(g, deep=True) for g in inner):
+                raise fail(cond, f"a {op.type} inside the tf.cond applying the updates writes "
+                                 "variables: the CS carries out the writes of the cond's "
+                                 "branches themselves", hint="write them in the cond's branch")
 
 
-def _check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) -> None:
+def check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) -> None:
     """The predicate reads no input of the model and no variable but the global step."""
     step = global_step(graph)
     upstream = sorted(data_upstream(predicate.op), key=lambda op: op.name)
@@ -344,9 +336,9 @@ def _check_predicate(graph: tf.Graph, cond: tf.Operation, predicate: tf.Tensor) 
                  and op.name != step]
     if inputs or variables:
         what = f"the batch ({', '.join(inputs)})" if inputs else f"the variable {variables[0]}"
-        raise _fail(predicate.op, f"the tf.cond applying the updates decides from {what}: {WHAT}",
-                    hint="compute the predicate from tf.compat.v1.train.get_global_step() and "
-                         "constants, e.g. tf.equal((step + 1) % n, 0)")
+        raise fail(predicate.op, f"the tf.cond applying the updates decides from {what}: {WHAT}",
+                   hint="compute the predicate from tf.compat.v1.train.get_global_step() and "
+                        "constants, e.g. tf.equal((step + 1) % n, 0)")
 
 
 def _merged(cond: tf.Operation, first: list[tf.Operation], second: list[tf.Operation],
@@ -363,9 +355,9 @@ def _merged(cond: tf.Operation, first: list[tf.Operation], second: list[tf.Opera
     for name in sorted(ones.keys() & others.keys()):
         if len(ones[name]) != len(others[name]) or not all(
                 _alike(x, y, {}) for x, y in zip(ones[name], others[name])):
-            raise _fail(cond, f"the tf.cond's branches write {name} differently: the CS carries "
-                              "out branches that apply one optimizer, each updating some "
-                              "variables")
+            raise fail(cond, f"the tf.cond's branches write {name} differently: the CS carries "
+                             "out branches that apply one optimizer, each updating some "
+                             "variables")
     only = tuple([(n, True) for n in ones if n not in others] +
                  [(n, False) for n in others if n not in ones])
     return [*(op for ops in ones.values() for op in ops),
@@ -412,10 +404,10 @@ def _zeroed(branch, cond: tf.Operation) -> set[str]:
                  and r.inputs[0] is op.inputs[0]]
         before = set(op_closure(op))
         if any(r not in before for r in reads):
-            raise _fail(cond, f"the tf.cond zeroes {variable_op(outer).name} without waiting "
-                              "for its reads (TF may read it before or after the zeroing)",
-                        hint="zero the accumulators under tf.control_dependencies([the "
-                             "apply_gradients op])")
+            raise fail(cond, f"the tf.cond zeroes {variable_op(outer).name} without waiting "
+                             "for its reads (TF may read it before or after the zeroing)",
+                       hint="zero the accumulators under tf.control_dependencies([the "
+                            "apply_gradients op])")
         zeroed.add(variable_op(outer).name)
     return zeroed
 
@@ -430,18 +422,18 @@ def _outside_writes(train, cond: tf.Operation, zeroed: set[str],
     adds: dict[str, tf.Operation] = {}
     increments, beside = [], []
     for op in op_closure(train):
-        if not _is_write(op):
+        if not is_write(op):
             continue
         target = variable_op(op.inputs[0]).name
         if target == step and op.type in _ADDS and tf.get_static_value(op.inputs[1]) is not None:
             increments.append(op)
         elif target in zeroed and op.type in _ADDS and target not in adds:
             if op not in before:
-                raise _fail(op, f"the tf.cond applying the updates does not wait for the "
-                                f"addition to {target} (TF may read it before or after)")
+                raise fail(op, f"the tf.cond applying the updates does not wait for the "
+                               f"addition to {target} (TF may read it before or after)")
             if any(variable_op(t).name == target for t in _reads(op.inputs[1])):
-                raise _fail(op, f"the value added to {target} is computed from it: the CS "
-                                "accumulates a sum of gradients")
+                raise fail(op, f"the value added to {target} is computed from it: the CS "
+                               "accumulates a sum of gradients")
             adds[target] = op
         else:
             beside.append(op)
@@ -455,22 +447,22 @@ def _check_outside(cond: tf.Operation, beside: list[tf.Operation],
     write refused; and every accumulator the cond zeroes is added to."""
     for op in increments:
         if cond not in set(op_closure(op)):
-            raise _fail(op, "the global step's increment does not wait for the tf.cond "
-                            "applying the updates: TF may read the step before or after it")
+            raise fail(op, "the global step's increment does not wait for the tf.cond "
+                           "applying the updates: TF may read the step before or after it")
     for op in beside:
         target = variable_op(op.inputs[0]).name
         if op.type in _ADDS:
-            raise _fail(op, f"the train_op adds to {target} outside the tf.cond applying the "
-                            "updates, which does not zero it: the CS carries out accumulators "
-                            "the cond applies as gradients and then zeroes",
-                        hint="in the cond, after apply_gradients: a.assign(tf.zeros_like(a))")
-        raise _fail(op, f"a write outside the tf.cond applying the updates ({target}): "
-                        f"{WHAT}, every step adding gradients to accumulators and "
-                        "incrementing the global step")
+            raise fail(op, f"the train_op adds to {target} outside the tf.cond applying the "
+                           "updates, which does not zero it: the CS carries out accumulators "
+                           "the cond applies as gradients and then zeroes",
+                       hint="in the cond, after apply_gradients: a.assign(tf.zeros_like(a))")
+        raise fail(op, f"a write outside the tf.cond applying the updates ({target}): "
+                       f"{WHAT}, every step adding gradients to accumulators and "
+                       "incrementing the global step")
     missing = sorted(zeroed.difference(adds))
     if missing:
-        raise _fail(cond, f"the tf.cond zeroes {missing[0]}, which the train_op does not add "
-                          "gradients to: it is no accumulator")
+        raise fail(cond, f"the tf.cond zeroes {missing[0]}, which the train_op does not add "
+                         "gradients to: it is no accumulator")
 
 
 def _reads(tensor: tf.Tensor) -> list[tf.Tensor]:

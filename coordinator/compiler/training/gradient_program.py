@@ -20,7 +20,7 @@ from coordinator.compiler.extract import ExtractedGraph, data_downstream, user_n
 from coordinator.compiler.ir import ParamRef
 from coordinator.compiler.operands import Operands, static_shape
 from coordinator.compiler.program import weight_program_message
-from coordinator.compiler.training.graph import _Refused
+from coordinator.compiler.training.graph import Refused
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from cs_api import cs_api_pb2 as pb
 from wafer.grad_transforms import GRADIENT
@@ -105,20 +105,20 @@ class GradientPrograms:
 
     def lower(self, tensor: tf.Tensor, variable: str) -> tuple[pb.WeightProgram, tf.Tensor]:
         """The program computing `tensor` from `variable`'s gradient and the gradient it
-        reads (tf.gradients' output); _Refused naming the op it cannot lower."""
+        reads (tf.gradients' output); Refused naming the op it cannot lower."""
         operands = self._values_of_the_batch()
         builder = _Builder(operands, operands.flow, variable, self.backward)
         value = builder._lower(tensor)
         op = tensor.op
         if value is None:
-            raise _Refused(builder.problems[tensor.name], TRANSFORM_HINT)
+            raise Refused(builder.problems[tensor.name], TRANSFORM_HINT)
         if builder.leaf is None or not isinstance(value, str) or \
                 tensor.dtype.base_dtype != tf.float32:
-            raise _Refused(f"the gradient applied to {variable} is not computed from the "
-                           f"loss's gradient as a float32 value ({op.type} '{op.name}' at "
-                           f"{user_source(op)})")
+            raise Refused(f"the gradient applied to {variable} is not computed from the "
+                          f"loss's gradient as a float32 value ({op.type} '{op.name}' at "
+                          f"{user_source(op)})")
         program = builder.program({value})
         if program is None:  # (no kernel: `tensor` is the gradient itself)
-            raise _Refused(f"the gradient of {variable} is passed through {op.type} '{op.name}' "
-                           f"at {user_source(op)}, which the compiler does not follow")
+            raise Refused(f"the gradient of {variable} is passed through {op.type} '{op.name}' "
+                          f"at {user_source(op)}, which the compiler does not follow")
         return weight_program_message(program), builder.leaf

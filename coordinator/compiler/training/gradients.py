@@ -22,8 +22,8 @@ from coordinator.compiler.extract import (
 )
 from coordinator.compiler.training.conditional import gradient_branches
 from coordinator.compiler.training.gradient_program import GradientPrograms
-from coordinator.compiler.training.graph import _const, _fail, _Refused, _scalar, _skip_identity
-from coordinator.compiler.training.updates import _Update
+from coordinator.compiler.training.graph import Refused, const, fail, scalar, skip_identity
+from coordinator.compiler.training.updates import Update
 from cs_api import cs_api_pb2 as pb
 
 TRANSFORMS = ("scaling, tf.clip_by_value, tf.clip_by_norm, tf.clip_by_global_norm, and "
@@ -49,7 +49,7 @@ class _GradientCall:
 
 
 @dataclass(eq=False)
-class _Step:
+class Step:
     """A recognised transform (one instance shared by a clip_by_global_norm group)."""
 
     kind: str
@@ -62,44 +62,44 @@ class _Step:
     program: pb.WeightProgram | None = None  # a program: its kernels (gradient_program.py)
 
 
-class _Unrecognised(_Refused):
+class _Unrecognised(Refused):
     """An op on a gradient none of the recognised transforms' (then lowered as a program)."""
 
 
 @dataclass(eq=False)
-class _Chain:
+class Chain:
     """One update's gradient: raw (tf.gradients' output) -> steps -> applied."""
 
-    update: _Update
+    update: Update
     raw: tf.Tensor
     raw_indices: tf.Tensor | None
     call: _GradientCall
-    steps: list[_Step]
+    steps: list[Step]
     inputs: list[tf.Tensor]  # the tensor each step reads
 
 
-def _gradient_calls(extracted: ExtractedGraph,
-                    updates: list[_Update]) -> dict[str, _GradientCall | _Refused]:
+def gradient_calls(extracted: ExtractedGraph,
+                   updates: list[Update]) -> dict[str, _GradientCall | Refused]:
     """tf.gradients calls by name scope (their seeds `<scope>/grad_ys_<i>`) and what they
     differentiate: the loss, S * loss, one of several losses (objectives), or something
     else (refused)."""
     graph, loss = extracted.graph, extracted.spec.loss
     seeds = _seeds(graph)
-    core = _skip_identity(loss).op
+    core = skip_identity(loss).op
     varying = data_downstream([graph.get_operation_by_name(u.variable) for u in updates])
-    calls: dict[str, _GradientCall | _Refused] = {}
+    calls: dict[str, _GradientCall | Refused] = {}
     others: dict[str, tf.Tensor] = {}  # the calls of another tensor than the loss
     minimized = _minimized_by(graph, _applied(extracted), loss)
     for scope, fills in seeds.items():
         if len(fills) != 1:
-            calls[scope] = _fail(fills[0], "gradients of several tensors at once")
+            calls[scope] = fail(fills[0], "gradients of several tensors at once")
             continue
         fill = fills[0]
-        seed_value = _scalar(fill.inputs[1])
+        seed_value = scalar(fill.inputs[1])
         starts = {op for c in fill.outputs[0].consumers()
                   if (op := _forward_op(graph, scope, c)) is not None}
         if not starts or seed_value is None:
-            calls[scope] = _fail(fill, "a gradient computation the compiler cannot follow")
+            calls[scope] = fail(fill, "a gradient computation the compiler cannot follow")
             continue
         scale = 1.0 if _is_loss(starts, core, varying) else (
             _loss_scale(next(iter(starts)), core) if len(starts) == 1 else None)
@@ -109,7 +109,7 @@ def _gradient_calls(extracted: ExtractedGraph,
             upstream = set(data_upstream(core))
             y = min((op for op in starts if op not in upstream), default=None,
                     key=attrgetter("name"))
-            calls[scope] = _Refused(
+            calls[scope] = Refused(
                 f"the train_op minimizes {y.outputs[0].name} computed at {user_source(y)}, not "
                 f"the loss model_fn returns ({loss.name} at {user_source(loss.op)})"
                 if y is not None else
@@ -165,30 +165,30 @@ def _minimized_by(graph: tf.Graph, seeds: dict[str, list[tf.Operation]],
     return {scope: y for scope, y in found.items() if seeds[scope][0] not in forward}
 
 
-def _objectives(calls: dict[str, _GradientCall | _Refused], others: dict[str, tf.Tensor],
+def _objectives(calls: dict[str, _GradientCall | Refused], others: dict[str, tf.Tensor],
                 seeds: dict[str, list[tf.Operation]]) -> dict[str, _GradientCall]:
     """The calls of several losses minimized in one step (a GAN's discriminator and
     generator losses: two tensors at least, model_fn's loss counting as one when a call
     minimizes it), each a call of its objective with seed 1; {} when not so."""
-    losses = {_skip_identity(t).name for t in others.values()}
+    losses = {skip_identity(t).name for t in others.values()}
     if len(losses) + any(isinstance(c, _GradientCall) for c in calls.values()) < 2:
         return {}
     return {scope: _GradientCall(scope, 1.0, y) for scope, y in others.items()
-            if _scalar(seeds[scope][0].inputs[1]) == 1.0}
+            if scalar(seeds[scope][0].inputs[1]) == 1.0}
 
 
 def objective_losses(extracted: ExtractedGraph) -> list[tf.Tensor]:
     """The losses besides model_fn's that the train_op's tf.gradients calls minimize when
     it minimizes several (a GAN's), in the order of their calls; [] when one."""
-    loss = _skip_identity(extracted.spec.loss)
+    loss = skip_identity(extracted.spec.loss)
     found: dict[str, tf.Tensor] = {}
     minimizes_loss = False
     seeds = _applied(extracted)
     for y in _minimized_by(extracted.graph, seeds, loss).values():
-        if _skip_identity(y).name == loss.name or _loss_scale(y.op, loss.op) is not None:
+        if skip_identity(y).name == loss.name or _loss_scale(y.op, loss.op) is not None:
             minimizes_loss = True
         else:
-            found.setdefault(_skip_identity(y).name, y)
+            found.setdefault(skip_identity(y).name, y)
     return list(found.values()) if len(found) + minimizes_loss >= 2 else []
 
 
@@ -196,13 +196,13 @@ def minimized_apart(extracted: ExtractedGraph) -> tf.Tensor | None:
     """The one loss the train_op minimizes when it is not the loss model_fn returns (nor S
     times it): model_fn reports a part of what it trains, e.g. the data loss of a loss
     plus weight decay; None when not so."""
-    loss = _skip_identity(extracted.spec.loss)
-    found = {_skip_identity(y).name: y for y in
+    loss = skip_identity(extracted.spec.loss)
+    found = {skip_identity(y).name: y for y in
              _minimized_by(extracted.graph, _applied(extracted), loss).values()}
     if len(found) != 1:
         return None
     y = next(iter(found.values()))
-    if _skip_identity(y).name == loss.name or _scales(y.op, loss):
+    if skip_identity(y).name == loss.name or _scales(y.op, loss):
         return None
     return y
 
@@ -210,7 +210,7 @@ def minimized_apart(extracted: ExtractedGraph) -> tf.Tensor | None:
 def _scales(y: tf.Operation, loss: tf.Tensor) -> bool:
     """Whether y is the loss times a factor: a constant S, or a loss scale optimizer's dynamic
     scale (loss * tf.cast(scale_variable)): the loss scaling analysis's, not another loss."""
-    return y.type == "Mul" and loss.name in {_skip_identity(t).name for t in y.inputs}
+    return y.type == "Mul" and loss.name in {skip_identity(t).name for t in y.inputs}
 
 
 # Ops whose gradient functions may pass the seed on without creating an op.
@@ -247,27 +247,27 @@ def _loss_scale(y: tf.Operation, core: tf.Operation) -> float | None:
     if y.type == "Mul":
         a, b = y.inputs
         for x, s in ((a, b), (b, a)):
-            if _skip_identity(x).op is core and _scalar(s) is not None:
-                return _scalar(s)
+            if skip_identity(x).op is core and scalar(s) is not None:
+                return scalar(s)
     return None
 
 
-def _in_scope(op: tf.Operation, calls: dict) -> str | None:
+def in_scope(op: tf.Operation, calls: dict) -> str | None:
     for scope in calls:
         if op.name.startswith(scope + "/"):
             return scope
     return None
 
 
-def _chain(update: _Update, calls: dict, norms: dict, programs: GradientPrograms) -> _Chain:
+def gradient_chain(update: Update, calls: dict, norms: dict, programs: GradientPrograms) -> Chain:
     """Peel update.grad back to the tf.gradients output it is computed from (an op no
     recognised transform computes: the rest down to it is one program)."""
-    steps: list[_Step] = []
+    steps: list[Step] = []
     inputs: list[tf.Tensor] = []
     t = update.grad
     sparse = update.indices is not None
     dense: tf.Tensor | None = None  # a densified sparse gradient: the summed table gradient
-    while (scope := _in_scope(t.op, calls)) is None:
+    while (scope := in_scope(t.op, calls)) is None:
         op = t.op
         if op.type in ("Identity", "Snapshot") or (op.type == "Cast" and
                                                     op.inputs[0].dtype == t.dtype):
@@ -281,30 +281,30 @@ def _chain(update: _Update, calls: dict, norms: dict, programs: GradientPrograms
             step, t = _recognise(op, update.variable, calls, norms)
         except _Unrecognised as refusal:
             if sparse:
-                raise _fail(op, f"the sparse (IndexedSlices) gradient of {update.variable} is "
-                                "changed by an op the CS carries out on dense gradients only: "
-                                "make it dense first (tf.convert_to_tensor(g); TF then applies "
-                                "the optimizer's dense rule to the whole table)",
-                            DENSIFY) from None
+                raise fail(op, f"the sparse (IndexedSlices) gradient of {update.variable} is "
+                               "changed by an op the CS carries out on dense gradients only: "
+                               "make it dense first (tf.convert_to_tensor(g); TF then applies "
+                               "the optimizer's dense rule to the whole table)",
+                           DENSIFY) from None
             if t.dtype.base_dtype != tf.float32:
-                raise _Refused(str(refusal)) from None
+                raise Refused(str(refusal)) from None
             program, t = programs.lower(t, update.variable)
-            step = _Step("program", op, program=program)
+            step = Step("program", op, program=program)
         steps.append(step)
         inputs.append(t)
     call = calls[scope]
-    if isinstance(call, _Refused):
+    if isinstance(call, Refused):
         raise call
     raw_indices = None
     if sparse:
-        raw_indices = _skip_identity(update.indices)
-        if _in_scope(raw_indices.op, calls) != scope:
-            raise _fail(update.op, f"the sparse gradient of {update.variable} has indices "
-                                   "not computed by tf.gradients")
+        raw_indices = skip_identity(update.indices)
+        if in_scope(raw_indices.op, calls) != scope:
+            raise fail(update.op, f"the sparse gradient of {update.variable} has indices "
+                                  "not computed by tf.gradients")
     _check_source(update, t, scope)
     steps.reverse()
     inputs.reverse()
-    return _Chain(update, t if dense is None else dense, raw_indices, call, steps, inputs)
+    return Chain(update, t if dense is None else dense, raw_indices, call, steps, inputs)
 
 
 def densified(op: tf.Operation, calls: dict) -> tf.Tensor | None:
@@ -319,9 +319,9 @@ def densified(op: tf.Operation, calls: dict) -> tf.Tensor | None:
         values, ids = op.inputs[1], op.inputs[0].op.inputs[0]
     else:
         return None
-    values, ids = _skip_identity(values), _skip_identity(ids)
-    scope = _in_scope(values.op, calls)
-    if scope is None or _in_scope(ids.op, calls) != scope or ids.shape.rank != 1 or \
+    values, ids = skip_identity(values), skip_identity(ids)
+    scope = in_scope(values.op, calls)
+    if scope is None or in_scope(ids.op, calls) != scope or ids.shape.rank != 1 or \
             not op.outputs[0].shape.is_fully_defined():
         return None
     return values
@@ -343,17 +343,17 @@ def _depends_on(op: tf.Operation, variable: tf.Operation) -> bool:
     return False
 
 
-def _check_source(update: _Update, raw: tf.Tensor, scope: str) -> None:
+def _check_source(update: Update, raw: tf.Tensor, scope: str) -> None:
     """The raw gradient is computed by the gradient functions of ops whose value depends
     on the variable (`<scope>/<op>_grad/...`, summed by AddN), not by another part of the
     graph; the numeric check then proves it is that variable's gradient."""
     target = update.op.graph.get_operation_by_name(update.variable)
-    forward, stack = [], [_skip_identity(raw).op]
+    forward, stack = [], [skip_identity(raw).op]
     while stack:
         op = stack.pop()
         rest = op.name[len(scope) + 1:]
         if op.type == "AddN" and "_grad/" not in rest:
-            stack.extend(_skip_identity(t).op for t in op.inputs)
+            stack.extend(skip_identity(t).op for t in op.inputs)
         elif "_grad/" in rest:
             forward.append(rest[:rest.index("_grad/")])
     readers = []
@@ -363,19 +363,19 @@ def _check_source(update: _Update, raw: tf.Tensor, scope: str) -> None:
         except KeyError:
             pass
     if readers and not any(_depends_on(r, target) for r in readers):
-        raise _fail(update.op, f"the gradient applied to {update.variable} is the gradient of "
-                               f"another tensor ({readers[0].name}'s input at "
-                               f"{user_source(readers[0])}), not of {update.variable}")
+        raise fail(update.op, f"the gradient applied to {update.variable} is the gradient of "
+                              f"another tensor ({readers[0].name}'s input at "
+                              f"{user_source(readers[0])}), not of {update.variable}")
 
 
 def _recognise(op: tf.Operation, variable: str, calls: dict,
-               norms: dict) -> tuple[_Step, tf.Tensor]:
+               norms: dict) -> tuple[Step, tf.Tensor]:
     """The transform `op` computes from one gradient tensor, and that tensor."""
 
-    def why() -> _Refused:
-        if not any(_in_scope(o, calls) for o in data_upstream(op)):
-            return _fail(op, f"the gradient applied to {variable} is not computed from the "
-                             "loss's gradient (tf.gradients / compute_gradients)")
+    def why() -> Refused:
+        if not any(in_scope(o, calls) for o in data_upstream(op)):
+            return fail(op, f"the gradient applied to {variable} is not computed from the "
+                            "loss's gradient (tf.gradients / compute_gradients)")
         return _Unrecognised(
             f"the gradient of {variable} is changed by an op the CS cannot carry out (it "
             f"carries out {TRANSFORMS}) ({op.type} '{user_name(op)}' at {user_source(op)})")
@@ -383,31 +383,31 @@ def _recognise(op: tf.Operation, variable: str, calls: dict,
     if op.type == "Mul":
         a, b = op.inputs
         for x, s in ((a, b), (b, a)):
-            c = _scalar(s)
+            c = scalar(s)
             if c is not None:
-                return _Step("scale", op, value=c), x
+                return Step("scale", op, value=c), x
         for x, s in ((a, b), (b, a)):
             step = _global_norm(s, norms)
-            if step is not None and any(_skip_identity(g).name == _skip_identity(x).name
+            if step is not None and any(skip_identity(g).name == skip_identity(x).name
                                         for g in step.group):
                 # a sparse gradient: TF's norm and product are over its IndexedSlices'
                 # values (one row per lookup, duplicates included), as the CS holds them
                 return step, x
         raise why()
     if op.type == "RealDiv":
-        c = _scalar(op.inputs[1])
+        c = scalar(op.inputs[1])
         if c is not None and c != 0:
-            return _Step("scale", op, value=1.0 / c), op.inputs[0]
+            return Step("scale", op, value=1.0 / c), op.inputs[0]
         return _clip_by_norm(op, why)
     if op.type == "Maximum":
-        low = _scalar(op.inputs[1])
+        low = scalar(op.inputs[1])
         inner = op.inputs[0].op
-        high = _scalar(inner.inputs[1]) if inner.type == "Minimum" else None
+        high = scalar(inner.inputs[1]) if inner.type == "Minimum" else None
         if low is None or high is None:
             raise why()
         # a sparse gradient: TF clips its IndexedSlices' values, one row per lookup before
         # duplicates are summed, as the CS holds them (element-wise: the same numbers)
-        return _Step("clip_by_value", op, low=low, high=high), inner.inputs[0]
+        return Step("clip_by_value", op, low=low, high=high), inner.inputs[0]
     raise why()
 
 
@@ -431,38 +431,38 @@ def _norm_graph(tensor: tf.Tensor) -> tuple[list[tf.Operation], list[tf.Tensor]]
     return ops, leaves
 
 
-def _clip_by_norm(op: tf.Operation, why) -> tuple[_Step, tf.Tensor]:
+def _clip_by_norm(op: tf.Operation, why) -> tuple[Step, tf.Tensor]:
     """t * c / maximum(l2norm(t), c) (tf.clip_by_norm over all axes)."""
     mul, maximum = op.inputs[0].op, op.inputs[1].op
     if mul.type != "Mul" or maximum.type != "Maximum":
         raise why()
-    x, c = mul.inputs[0], _scalar(mul.inputs[1])
+    x, c = mul.inputs[0], scalar(mul.inputs[1])
     found = _norm_graph(maximum.inputs[0])
-    if c is None or _scalar(maximum.inputs[1]) != c or found is None or \
+    if c is None or scalar(maximum.inputs[1]) != c or found is None or \
             {t.name for t in found[1]} != {x.name}:
         raise why()
     rank = x.shape.rank
     for s in (o for o in found[0] if o.type == "Sum"):
-        axes = _const(s.inputs[1])
+        axes = const(s.inputs[1])
         if axes is None or rank is None or sorted({int(a) % rank for a in axes.flat}) != \
                 list(range(rank)):
-            raise _fail(op, "clip_by_norm over some axes only; the CS clips by the norm of "
-                            "the whole gradient")
+            raise fail(op, "clip_by_norm over some axes only; the CS clips by the norm of "
+                           "the whole gradient")
     # a sparse gradient: TF's norm is over its IndexedSlices' values (one row per lookup,
     # duplicates included), as the CS holds them
-    return _Step("clip_by_norm", op, value=c), x
+    return Step("clip_by_norm", op, value=c), x
 
 
-def _global_norm(scale: tf.Tensor, norms: dict) -> _Step | None:
+def _global_norm(scale: tf.Tensor, norms: dict) -> Step | None:
     """clip_norm * minimum(1 / gn, 1 / clip_norm) + (gn - gn), gn the group's global norm."""
-    add = _skip_identity(scale).op
+    add = skip_identity(scale).op
     if add in norms:
         return norms[add]
     if add.type not in ("AddV2", "Add"):
         return None
     mul = next((t.op for t in add.inputs if t.op.type == "Mul"), None)
     clip = None if mul is None else next(
-        (_scalar(t) for t in mul.inputs if _scalar(t) is not None), None)
+        (scalar(t) for t in mul.inputs if scalar(t) is not None), None)
     found = _norm_graph(add.outputs[0])
     if clip is None or found is None or not found[1]:
         return None
@@ -472,24 +472,24 @@ def _global_norm(scale: tf.Tensor, norms: dict) -> _Step | None:
         group = tuple(l2[t.name] for t in packs[0].inputs if t.name in l2)
     else:
         group = tuple(found[1])
-    step = _Step("clip_by_global_norm", add, value=clip, group=group)
+    step = Step("clip_by_global_norm", add, value=clip, group=group)
     norms[add] = step
     return step
 
 
-def _group_order(chains: list[_Chain]) -> None:
+def group_order(chains: list[Chain]) -> None:
     """A clip_by_global_norm group's variables in TF's order (the norm sums in it)."""
     for chain in chains:
         for step in chain.steps:
             if step.kind != "clip_by_global_norm" or step.variables:
                 continue
-            members = {_skip_identity(c.inputs[c.steps.index(step)]).name: c.update.variable
+            members = {skip_identity(c.inputs[c.steps.index(step)]).name: c.update.variable
                        for c in chains if step in c.steps}
             names = []
             for g in step.group:
-                if _skip_identity(g).name not in members:
-                    raise _fail(step.anchor, "clip_by_global_norm over gradients the train_op "
-                                             "does not apply; the CS computes the norm of the "
-                                             "applied gradients only")
-                names.append(members[_skip_identity(g).name])
+                if skip_identity(g).name not in members:
+                    raise fail(step.anchor, "clip_by_global_norm over gradients the train_op "
+                                            "does not apply; the CS computes the norm of the "
+                                            "applied gradients only")
+                names.append(members[skip_identity(g).name])
             step.variables = tuple(names)

@@ -16,7 +16,7 @@ from coordinator.compiler.extract import (
 _READ_OPS = {"Identity", "ReadVariableOp", "Snapshot"}
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """One problem, as the line the user reads; `hint`: what to do, when the training
     analysis' general hint does not say it."""
 
@@ -25,9 +25,9 @@ class _Refused(Exception):
         self.hint = hint
 
 
-def _fail(op: tf.Operation, what: str, hint: str = "") -> _Refused:
+def fail(op: tf.Operation, what: str, hint: str = "") -> Refused:
     """A problem: what is wrong in the user's terms, then the op and its source line."""
-    return _Refused(f"{what} ({op.type} '{user_name(op)}' at {user_source(op)})", hint)
+    return Refused(f"{what} ({op.type} '{user_name(op)}' at {user_source(op)})", hint)
 
 
 def variable_op(tensor: tf.Tensor) -> tf.Operation:
@@ -53,7 +53,7 @@ _FOLDABLE = {"Const", "Identity", "Cast", "RealDiv", "Mul", "Reciprocal", "AddV2
              "Maximum"}
 
 
-def _const(tensor: tf.Tensor) -> np.ndarray | None:
+def const(tensor: tf.Tensor) -> np.ndarray | None:
     value = tf.get_static_value(tensor)
     upstream = data_upstream(tensor.op)
     if value is None and tensor.shape.rank == 0 and all(op.type in _FOLDABLE for op in upstream):
@@ -77,26 +77,26 @@ def _folded(tensor: tf.Tensor, upstream: list[tf.Operation]) -> np.ndarray:
             return session.run(tensor.name)
 
 
-def _scalar(tensor: tf.Tensor) -> float | None:
-    value = _const(tensor)
+def scalar(tensor: tf.Tensor) -> float | None:
+    value = const(tensor)
     return None if value is None or value.size != 1 else float(value.reshape(()))
 
 
-def _uniform(tensor: tf.Tensor) -> float | None:
+def uniform(tensor: tf.Tensor) -> float | None:
     """The value of a constant whose elements are all equal (a scalar, tf.ones_like's)."""
-    value = _const(tensor)
+    value = const(tensor)
     if value is None or value.size == 0 or np.any(value != value.flat[0]):
         return None
     return float(value.flat[0])
 
 
-def _skip_identity(tensor: tf.Tensor) -> tf.Tensor:
+def skip_identity(tensor: tf.Tensor) -> tf.Tensor:
     while tensor.op.type in ("Identity", "Snapshot") or (
             tensor.op.type == "Cast" and tensor.op.inputs[0].dtype == tensor.dtype):
         tensor = tensor.op.inputs[0]
     return tensor
 
 
-def _variables_under(tensor: tf.Tensor) -> list[tf.Operation]:
+def variables_under(tensor: tf.Tensor) -> list[tf.Operation]:
     """The variables `tensor` is computed from."""
     return [op for op in data_upstream(tensor.op) if op.type in ("VarHandleOp", "VariableV2")]

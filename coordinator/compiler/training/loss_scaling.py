@@ -25,12 +25,11 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, each_once, op_closure
-from coordinator.compiler.training.graph import _fail, _Refused, _skip_identity, variable_op
-from coordinator.compiler.training.writes import _is_write, copies_only
+from coordinator.compiler.training.graph import Refused, fail, skip_identity, variable_op
+from coordinator.compiler.training.writes import CONDS, copies_only, is_write, writes_variable
 from tf_model.model_fn import mark_imported
 from wafer.loss_scaling import CS1DynamicLossScale, DynamicLossScale, Rule, problem
 
-_CONDS = ("If", "StatelessIf")
 # The value S's reads take in the view: a power of two no float16 backward overflows at.
 PROOF_SCALE = 256.0
 _PREDICATE_OPS = {"All", "Pack", "IsFinite", "Const", "Identity", "Reshape", "Range", "Rank"}
@@ -49,18 +48,18 @@ class Inlined:
 
 def inline(extracted: ExtractedGraph) -> Inlined | None:
     """The train_op's dynamic loss scaling, proven; None when it runs no tf.cond that
-    writes; _Refused for a cond it does not recognise."""
-    conds = [op for op in op_closure(extracted.spec.train_op) if op.type in _CONDS and
-             not copies_only(op) and (_writes(op._true_graph) or _writes(op._false_graph))]
+    writes; Refused for a cond it does not recognise."""
+    conds = [op for op in op_closure(extracted.spec.train_op) if op.type in CONDS and
+             not copies_only(op) and (writes_variable(op._true_graph) or writes_variable(op._false_graph))]
     # (a schedule's conds write not; a target network's copies: training/copies.py)
     if not conds:
         return None
-    why = _fail(conds[-1], "the train_op applies its updates inside a tf.cond: the CS carries "
-                           "out the conds of dynamic loss scaling (tf.compat.v1.mixed_precision."
-                           "MixedPrecisionLossScaleOptimizer with 'dynamic', a DynamicLossScale "
-                           "or the CS-1's rule, examples/modelzoo_loss_scale) and update conds "
-                           "on the global step (apply every N steps, gradient accumulation)")
-    apply = [op for op in conds if _writes(op._true_graph) and not _writes(op._false_graph)]
+    why = fail(conds[-1], "the train_op applies its updates inside a tf.cond: the CS carries "
+                          "out the conds of dynamic loss scaling (tf.compat.v1.mixed_precision."
+                          "MixedPrecisionLossScaleOptimizer with 'dynamic', a DynamicLossScale "
+                          "or the CS-1's rule, examples/modelzoo_loss_scale) and update conds "
+                          "on the global step (apply every N steps, gradient accumulation)")
+    apply = [op for op in conds if writes_variable(op._true_graph) and not writes_variable(op._false_graph)]
     moves = [op for op in conds if op not in apply]
     if len(conds) > 2 or len(apply) != 1 or (moves and moves[0].inputs[0] is not apply[0].inputs[0]):
         raise why
@@ -69,7 +68,7 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
     rule: Rule
     if moves:
         rule, scale_var, update = _tf_rule(graph, moves[0], why)
-        checked = _checked_gradients(apply_if, why)
+        checked = checked_gradients(apply_if, why)
     else:
         rule, scale_var, update = _cs1_rule(graph, extracted.spec.train_op, apply_if, why)
         checked = _checked_norm(apply_if, why)
@@ -88,7 +87,7 @@ def inline(extracted: ExtractedGraph) -> Inlined | None:
 
 
 def _tf_rule(graph: tf.Graph, scale_if: tf.Operation,
-             why: _Refused) -> tuple[DynamicLossScale, tf.Operation, set[tf.Operation]]:
+             why: Refused) -> tuple[DynamicLossScale, tf.Operation, set[tf.Operation]]:
     """TF's rule from the scale's cond, proven: (the rule, S's variable, the cond)."""
     handles = [t for t in scale_if.inputs[1:] if t.dtype == tf.resource]
     kinds = {variable_op(t).get_attr("dtype"): variable_op(t) for t in handles}
@@ -100,10 +99,6 @@ def _tf_rule(graph: tf.Graph, scale_if: tf.Operation,
     return _prove_rule(graph, scale_if, handles, kinds, rule, why), scale_var, {scale_if}
 
 
-def _writes(branch) -> bool:
-    return any(_is_write(op) for op in branch.get_operations())
-
-
 def _constant(scale_if: tf.Operation, op_type: str) -> float:
     """The constant operand of the scale's cond's GreaterEqual (the increment period, in its
     true branch) or RealDiv (S / multiplier, in its false branch)."""
@@ -111,8 +106,8 @@ def _constant(scale_if: tf.Operation, op_type: str) -> float:
     for op in branch.get_operations():
         if op.type == op_type and op.inputs[1].op.type == "Const":
             return tf.get_static_value(op.inputs[1]).item()
-    raise _fail(scale_if, f"the loss scale's tf.cond has no {op_type} by a constant: not "
-                          "TensorFlow's DynamicLossScale")
+    raise fail(scale_if, f"the loss scale's tf.cond has no {op_type} by a constant: not "
+                         "TensorFlow's DynamicLossScale")
 
 
 def _initial(graph: tf.Graph, name: str) -> float:
@@ -123,7 +118,7 @@ def _initial(graph: tf.Graph, name: str) -> float:
 
 
 def _pin_reads(scale_var: tf.Operation, pinned: tf.Tensor, rule_ops: set[tf.Operation],
-               why: _Refused) -> bool:
+               why: Refused) -> bool:
     """Replace S's reads outside the rule's ops (the conds, the CS-1 rule's update) by
     PROOF_SCALE: each must scale the loss (loss * S, S maybe cast to the loss's dtype) or
     be 1 / S. Whether S meets the loss as a float16."""
@@ -148,7 +143,7 @@ def _pin_reads(scale_var: tf.Operation, pinned: tf.Tensor, rule_ops: set[tf.Oper
 
 
 def _prove_rule(graph: tf.Graph, scale_if: tf.Operation, handles: list[tf.Tensor], kinds: dict,
-                rule: DynamicLossScale, why: _Refused) -> DynamicLossScale:
+                rule: DynamicLossScale, why: Refused) -> DynamicLossScale:
     """Run the scale's cond from states around each branch; every result must be the rule's."""
     if rule.increment_period < 1 or not rule.multiplier > 1:
         raise why
@@ -181,11 +176,11 @@ def _prove_rule(graph: tf.Graph, scale_if: tf.Operation, handles: list[tf.Tensor
 
 
 def _cs1_rule(graph: tf.Graph, train_op: tf.Operation, apply_if: tf.Operation,
-              why: _Refused) -> tuple[CS1DynamicLossScale, tf.Operation, set[tf.Operation]]:
+              why: Refused) -> tuple[CS1DynamicLossScale, tf.Operation, set[tf.Operation]]:
     """The CS-1's rule from the writes outside the cond that read the predicate, proven:
     (the rule, S's variable, the update's ops)."""
     predicate = apply_if.inputs[0]
-    writes = [op for op in op_closure(train_op) if _is_write(op) and predicate.op in op_closure(op)]
+    writes = [op for op in op_closure(train_op) if is_write(op) and predicate.op in op_closure(op)]
     variables = {variable_op(op.inputs[0]) for op in writes}
     floats = [v for v in variables if v.get_attr("dtype") == tf.float32]
     counters = sorted((v for v in variables if v.get_attr("dtype") == tf.int64), key=lambda v: v.name)
@@ -217,7 +212,7 @@ def _ops_above(writes: list[tf.Operation], stop: tf.Operation) -> set[tf.Operati
     return found
 
 
-def _one_constant(ops: set[tf.Operation], op_type: str, dtype: tf.DType, why: _Refused) -> float:
+def _one_constant(ops: set[tf.Operation], op_type: str, dtype: tf.DType, why: Refused) -> float:
     """The constant second operand of the one `op_type` of `dtype` among `ops`."""
     found = [tf.get_static_value(op.inputs[1]) for op in ops if op.type == op_type and
              op.outputs[0].dtype in (dtype, tf.bool) and op.inputs[0].dtype == dtype and
@@ -268,7 +263,7 @@ def import_branch(graph: tf.Graph, cond: tf.Operation, branch, name: str) -> lis
     """The writes of a cond's branch (its `_true_graph` or `_false_graph`) as ops of the
     graph (imported under `name`), reading what the cond captured."""
     mapping = {inner.name: outer for inner, outer in zip(branch.inputs, cond.inputs[1:])}
-    writes = [op.name for op in branch.get_operations() if _is_write(op)]
+    writes = [op.name for op in branch.get_operations() if is_write(op)]
     scope = graph.unique_name(name, mark_as_used=False) + "/"  # (the import's, uniquified)
     with graph.as_default():
         imported = tf.graph_util.import_graph_def(branch.as_graph_def(), input_map=mapping,
@@ -282,7 +277,7 @@ def import_branch(graph: tf.Graph, cond: tf.Operation, branch, name: str) -> lis
     return imported
 
 
-def _checked_gradients(apply_if: tf.Operation, why: _Refused) -> set[str]:
+def checked_gradients(apply_if: tf.Operation, why: Refused) -> set[str]:
     """The tensors the predicate is reduce_all of is_finite of (the analysis compares them
     with the gradients the updates apply)."""
     checked, stack = set(), [apply_if.inputs[0].op]
@@ -290,17 +285,17 @@ def _checked_gradients(apply_if: tf.Operation, why: _Refused) -> set[str]:
         if op.type not in _PREDICATE_OPS:
             raise why
         if op.type == "IsFinite":
-            checked.add(_skip_identity(op.inputs[0]).name)
+            checked.add(skip_identity(op.inputs[0]).name)
         elif op.type != "Rank":  # (a shape only)
             stack.extend(t.op for t in op.inputs)
     return checked
 
 
-def _checked_norm(apply_if: tf.Operation, why: _Refused) -> set[str]:
+def _checked_norm(apply_if: tf.Operation, why: Refused) -> set[str]:
     """The tensors of the global norm the CS-1 rule's predicate is is_finite of:
     IsFinite(Sqrt(Sum(Pack(L2Loss(g) ...)) * 2))."""
     def one(tensor: tf.Tensor, op_type: str) -> tf.Operation:
-        op = _skip_identity(tensor).op
+        op = skip_identity(tensor).op
         if op.type != op_type:
             raise why
         return op
@@ -311,4 +306,4 @@ def _checked_norm(apply_if: tf.Operation, why: _Refused) -> set[str]:
         raise why
     total = one(next(t for t, c in zip(scaled.inputs, constants) if c is None), "Sum")
     halves = one(total.inputs[0], "Pack").inputs
-    return {_skip_identity(one(h, "L2Loss").inputs[0]).name for h in halves}
+    return {skip_identity(one(h, "L2Loss").inputs[0]).name for h in halves}

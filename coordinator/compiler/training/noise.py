@@ -42,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import data_upstream
-from coordinator.compiler.training.graph import _fail, _skip_identity, _variables_under
+from coordinator.compiler.training.graph import fail, skip_identity, variables_under
 from wafer.optimizers import OptimizerConfig
 
 # A noise gradient's step, relative to the step of the model's largest gradient, is visible
@@ -80,7 +80,7 @@ def batch_centred(graph: tf.Graph) -> dict[str, tf.Operation]:
                 and op.get_attr("is_training"):
             x = op.inputs[0]
         elif op.type == "Mean" and _over_batch(op):
-            x = _skip_identity(op.inputs[0])
+            x = skip_identity(op.inputs[0])
             means, readers = [op.outputs[0]], set()
             while means:
                 for reader in means.pop().consumers():
@@ -88,11 +88,11 @@ def batch_centred(graph: tf.Graph) -> dict[str, tf.Operation]:
                         means.extend(reader.outputs)
                     else:
                         readers.add(reader)
-            if not any(_skip_identity(t) is x for reader in readers for t in reader.inputs):
+            if not any(skip_identity(t) is x for reader in readers for t in reader.inputs):
                 continue
         else:
             continue
-        for variable in _variables_under(x):
+        for variable in variables_under(x):
             found.setdefault(variable.name, op)
     return found
 
@@ -165,11 +165,11 @@ def check_noise(graph: tf.Graph, gradients: dict[str, tuple[OptimizerConfig, flo
         centred = batch_centred(graph) if centred is None else centred
         if variable in centred:
             name = _NAMES.get(config.type, config.type)
-            raise _fail(graph.get_operation_by_name(variable),
-                        f"the gradient of {variable} is rounding noise ({g / largest:.1g} of the "
-                        f"largest: zero, as the batch normalization '{centred[variable].name}' "
-                        f"subtracts the batch's mean) and {name} turns it into steps "
-                        f"{step:.2g} of the largest's: the CS's noise is not TensorFlow's, so "
-                        "it would train differently",
-                        hint=f"build the layer before a batch normalization with use_bias=False, "
-                             f"or leave {variable} out of the optimizer's var_list")
+            raise fail(graph.get_operation_by_name(variable),
+                       f"the gradient of {variable} is rounding noise ({g / largest:.1g} of the "
+                       f"largest: zero, as the batch normalization '{centred[variable].name}' "
+                       f"subtracts the batch's mean) and {name} turns it into steps "
+                       f"{step:.2g} of the largest's: the CS's noise is not TensorFlow's, so "
+                       "it would train differently",
+                       hint=f"build the layer before a batch normalization with use_bias=False, "
+                            f"or leave {variable} out of the optimizer's var_list")

@@ -10,10 +10,10 @@ from coordinator.compiler.extract import ExtractedGraph, op_closure, user_name, 
 from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.operands import VARIABLE_OPS
 from coordinator.compiler.refusals import keras_layer
-from coordinator.compiler.training.gradients import TRANSFORMS, _Chain
-from coordinator.compiler.training.graph import _fail, _variables_under
+from coordinator.compiler.training.gradients import TRANSFORMS, Chain
+from coordinator.compiler.training.graph import fail, variables_under
 from coordinator.compiler.training.noise import check_noise
-from coordinator.compiler.training.transforms import _merge
+from coordinator.compiler.training.transforms import merge
 from wafer.grad_transforms import apply_transforms
 
 # The numeric checks initialise every variable on the host: above this many values (1 GiB of
@@ -36,10 +36,10 @@ PROGRAM_SCALES = [1e-4, 1e4]
 SMALLEST_PROOF_SCALE = 1.0
 
 
-def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
-                   averages: list[StatisticAverage], rtol: float = 1e-4,
-                   noise: float = GRADIENT_NOISE, zeroed: tuple[str, ...] = (),
-                   proof_scale: tf.Tensor | None = None) -> float | None:
+def check_numbers(extracted: ExtractedGraph, chains: list[Chain],
+                  averages: list[StatisticAverage], rtol: float = 1e-4,
+                  noise: float = GRADIENT_NOISE, zeroed: tuple[str, ...] = (),
+                  proof_scale: tf.Tensor | None = None) -> float | None:
     """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
     a float16 backward rounds S * g and g differently), and no rounding noise among them
     that the optimizer would amplify (noise.py; `zeroed`, the variables the CS gives the
@@ -54,7 +54,7 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
     losses = [c.call.objective if c.call.objective is not None else extracted.spec.loss
               for c in chains]  # (a GAN's: each update's own)
     handles = {op.name for loss in {t.name: t for t in losses}.values()
-               for op in _variables_under(loss)} | {c.update.variable for c in chains} \
+               for op in variables_under(loss)} | {c.update.variable for c in chains} \
         | {a.variable for a in averages} | {  # (what gradients under control dependencies run)
             op.name for c in chains for op in op_closure(c.raw) if op.type in VARIABLE_OPS} \
         | {op.name for c in chains for op in op_closure(c.update.grad)  # (a program reads)
@@ -76,8 +76,8 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
         raw, ours = [], []
         for chain, grad, handle in zip(chains, expected, tensors):
             if grad is None:
-                raise _fail(chain.update.op, f"the loss does not depend on {chain.update.variable}",
-                            f"leave {chain.update.variable} out of the optimizer's var_list")
+                raise fail(chain.update.op, f"the loss does not depend on {chain.update.variable}",
+                           f"leave {chain.update.variable} out of the optimizer's var_list")
             if chain.raw_indices is not None:
                 rows = handle.op.get_attr("shape").dim[0].size
                 raw.append(tf.math.unsorted_segment_sum(chain.raw, chain.raw_indices, rows))
@@ -85,7 +85,7 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
                 raw.append(chain.raw)
             ours.append(tf.convert_to_tensor(grad))
         init = tf.compat.v1.variables_initializer(variables)
-        read = {w: _read(graph, w) for t in _merge(chains) for w in t.weights}
+        read = {w: _read(graph, w) for t in merge(chains) for w in t.weights}
     batch = extracted.first_batch or {}
     feed = {graph.get_tensor_by_name(extracted.placeholders[s.name]): batch[s.name] for s in extracted.inputs}
     with tf.compat.v1.Session(graph=graph) as session:
@@ -107,21 +107,21 @@ def _check_numbers(extracted: ExtractedGraph, chains: list[_Chain],
                 continue  # both rounding noise (oneDNN's differs), which the CS makes the exact 0
             want = want * np.float32(chain.call.scale * factor)
             if not np.isfinite(want).all():
-                raise _fail(chain.update.op, f"the gradient of the loss for {chain.update.variable} "
-                                             "is not finite on input_fn's first batch (NaN or "
-                                             "infinity): the training cannot be checked",
-                            "make the loss finite on that batch (a log or division of 0, a "
-                            "sqrt's gradient at 0: add a small epsilon)")
+                raise fail(chain.update.op, f"the gradient of the loss for {chain.update.variable} "
+                                            "is not finite on input_fn's first batch (NaN or "
+                                            "infinity): the training cannot be checked",
+                           "make the loss finite on that batch (a log or division of 0, a "
+                           "sqrt's gradient at 0: add a small epsilon)")
             bound = rtol * float(np.max(np.abs(want), initial=0.0)) + noise * overall + 1e-30
             # (written so that a NaN gradient, which compares false with anything, fails)
             if got.shape != want.shape or not float(np.max(np.abs(got - want), initial=0.0)) <= bound:
-                raise _fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
-                                             "is not the gradient of the loss " + (
-                                                 "it minimizes" if chain.call.objective is not None
-                                                 else "model_fn returns"),
-                            "apply the loss's own gradients (minimize(loss), or "
-                            "compute_gradients(loss) and apply_gradients), changed only by "
-                            f"{TRANSFORMS}")
+                raise fail(chain.update.op, f"the gradient applied to {chain.update.variable} "
+                                            "is not the gradient of the loss " + (
+                                                "it minimizes" if chain.call.objective is not None
+                                                else "model_fn returns"),
+                           "apply the loss's own gradients (minimize(loss), or "
+                           "compute_gradients(loss) and apply_gradients), changed only by "
+                           f"{TRANSFORMS}")
         largest = {c.update.variable: (c.update.optimizer, float(np.max(
             np.abs(got), initial=0.0)) / abs(c.call.scale * factor)) for c, got in zip(chains, raw_values)}
         check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
@@ -146,7 +146,7 @@ def _finite_scale(session, raw: list, values: list, feed: dict,
     return values, scale / pinned
 
 
-def _never_finite(session, chains: list[_Chain], values: list, feed: dict,
+def _never_finite(session, chains: list[Chain], values: list, feed: dict,
                   proof_scale: tf.Tensor) -> None:
     """Refuse a float16 backward whose raw gradient is not finite on input_fn's first batch
     even at the smallest scale dynamic loss scaling reaches: TF would skip every step. The
@@ -168,14 +168,14 @@ def _never_finite(session, chains: list[_Chain], values: list, feed: dict,
                 f"{forward.type} '{user_name(forward)}'"
             where = f"; float16 first overflows in {'the gradient of ' * (forward is not first)}" \
                     f"{what} at {user_source(forward)}"
-        raise _fail(chain.update.op, f"the gradient of the loss for {chain.update.variable} is "
-                                     "not finite on input_fn's first batch at every loss scale "
-                                     f"the dynamic scale reaches (down to "
-                                     f"{SMALLEST_PROOF_SCALE:g}): TensorFlow would skip every "
-                                     f"step and never train{where}",
-                    "keep that layer's float16 values finite: a larger epsilon (Keras' "
-                    "LayerNormalization default 1e-3), or the layer in float32 "
-                    "(dtype=\"float32\")")
+        raise fail(chain.update.op, f"the gradient of the loss for {chain.update.variable} is "
+                                    "not finite on input_fn's first batch at every loss scale "
+                                    f"the dynamic scale reaches (down to "
+                                    f"{SMALLEST_PROOF_SCALE:g}): TensorFlow would skip every "
+                                    f"step and never train{where}",
+                   "keep that layer's float16 values finite: a larger epsilon (Keras' "
+                   "LayerNormalization default 1e-3), or the layer in float32 "
+                   "(dtype=\"float32\")")
 
 
 def _forward(op: tf.Operation) -> tf.Operation:
@@ -191,18 +191,18 @@ def _forward(op: tf.Operation) -> tf.Operation:
         return op
 
 
-def _static_overflow(chains: list[_Chain], raw: list, loss_grads: list) -> None:
+def _static_overflow(chains: list[Chain], raw: list, loss_grads: list) -> None:
     """Refuse a static loss scale S under which a float16 backward's raw gradient is not
     finite on input_fn's first batch while the loss's gradient is (TF would apply the
     infinity and train NaN from its second step)."""
     for chain, got, want in zip(chains, raw, loss_grads):
         if chain.call.scale != 1.0 and not np.isfinite(got).all() and np.isfinite(want).all():
-            raise _fail(chain.update.op, f"the loss scale {chain.call.scale:g} overflows float16 "
-                                         f"in the gradient of {chain.update.variable} on "
-                                         "input_fn's first batch (TensorFlow trains NaN from "
-                                         "its second step)",
-                        'lower the loss scale or use "dynamic" (MixedPrecisionLossScaleOptimizer'
-                        '(optimizer, "dynamic") skips the steps that overflow)')
+            raise fail(chain.update.op, f"the loss scale {chain.call.scale:g} overflows float16 "
+                                        f"in the gradient of {chain.update.variable} on "
+                                        "input_fn's first batch (TensorFlow trains NaN from "
+                                        "its second step)",
+                       'lower the loss scale or use "dynamic" (MixedPrecisionLossScaleOptimizer'
+                       '(optimizer, "dynamic") skips the steps that overflow)')
 
 
 def _read(graph: tf.Graph, variable: str) -> tf.Tensor:
@@ -214,18 +214,18 @@ def _read(graph: tf.Graph, variable: str) -> tf.Tensor:
         resource=handle, dtype=graph.get_operation_by_name(variable).get_attr("dtype"))
 
 
-def _check_transforms(session, chains: list[_Chain], weights: dict[str, np.ndarray]) -> None:
+def _check_transforms(session, chains: list[Chain], weights: dict[str, np.ndarray]) -> None:
     """TF's transform subgraph and apply_transforms agree on random gradients, with every
     clipping both inactive (tiny gradients) and active (large ones), and mixed (a program
     reads `weights`, the variables' values in `session`, and sees PROGRAM_SCALES too)."""
-    transforms = _merge(chains)
+    transforms = merge(chains)
     if not transforms:
         return
     limits = [abs(v) for t in transforms if t.kind != "scale" for v in (t.value, t.low, t.high)
               if v]
     shapes = {c.update.variable: c.raw.shape for c in chains}
     if not all(s.is_fully_defined() for s in shapes.values()):
-        raise _fail(chains[0].update.op, "a gradient of unknown shape")
+        raise fail(chains[0].update.op, "a gradient of unknown shape")
     size = max(s.num_elements() for s in shapes.values())
     scales = [10.0 * max(limits), min(limits) / (10.0 * np.sqrt(size))] if limits else [1.0]
     if any(t.kind == "program" for t in transforms):  # (its thresholds unknown: both sides)
@@ -245,5 +245,5 @@ def _check_transforms(session, chains: list[_Chain], weights: dict[str, np.ndarr
             bound = 1e-5 * float(np.max(np.abs(want), initial=0.0)) + 1e-30
             if not float(np.max(np.abs(grads[c.update.variable] - want), initial=0.0)) <= bound:
                 anchor = c.steps[-1].anchor if c.steps else c.update.op
-                raise _fail(anchor, f"the gradient transforms of {c.update.variable} do not "
-                                    f"compute what the CS computes ({TRANSFORMS})")
+                raise fail(anchor, f"the gradient transforms of {c.update.variable} do not "
+                                   f"compute what the CS computes ({TRANSFORMS})")

@@ -16,14 +16,14 @@ weight besides its updates or a soft update reading it (a target network's)."""
 from __future__ import annotations
 
 from coordinator.compiler.extract import user_name, user_source
-from coordinator.compiler.training.graph import _fail
-from coordinator.compiler.training.updates import _Update
-from coordinator.compiler.training.writes import _waits, _Write
+from coordinator.compiler.training.graph import fail
+from coordinator.compiler.training.updates import Update
+from coordinator.compiler.training.writes import Write, waits
 
 READS_WEIGHT = ("ftrl", "proximal_adagrad", "proximal_sgd")  # (their update reads var)
 
 
-def _reads_weight(u: _Update) -> bool:
+def _reads_weight(u: Update) -> bool:
     """Whether the update's new value depends on the weight beyond var - delta."""
     config = u.optimizer
     return config.type in READS_WEIGHT or (config.type == "adamw" and
@@ -31,11 +31,11 @@ def _reads_weight(u: _Update) -> bool:
                                            u.variable not in config.no_weight_decay)
 
 
-def _named(u: _Update) -> str:
+def _named(u: Update) -> str:
     return f"'{user_name(u.op)}' at {user_source(u.op)}"
 
 
-def check_reupdates(first: list[_Update], again: list[_Update], written: list[_Write]) -> None:
+def check_reupdates(first: list[Update], again: list[Update], written: list[Write]) -> None:
     """Each of `again` (a weight's later updates, in graph order) applied by TF after the
     weight's earlier updates, or unordered with them and none reading the weight; else
     refused (see the module)."""
@@ -45,19 +45,19 @@ def check_reupdates(first: list[_Update], again: list[_Update], written: list[_W
     for u in again:
         earlier = by_var[u.variable]
         if u.variable in writes or u.variable in sources:
-            raise _fail(u.op, f"{u.variable} is updated by two optimizers (also by "
-                              f"{_named(earlier[0])}) and written besides, or read by a "
-                              "soft update: the CS orders a write around one update")
+            raise fail(u.op, f"{u.variable} is updated by two optimizers (also by "
+                             f"{_named(earlier[0])}) and written besides, or read by a "
+                             "soft update: the CS orders a write around one update")
         for e in earlier:
-            if _waits(u.op, e.op):
+            if waits(u.op, e.op):
                 continue
             if _reads_weight(e) or _reads_weight(u):
                 reader = e if _reads_weight(e) else u
-                raise _fail(u.op, f"{u.variable} is updated by two optimizers with no order "
-                                  f"between them (also by {_named(e)}), and the "
-                                  f"{reader.optimizer.type} update reads the weight: TF "
-                                  "applies them in either order, by chance, with results "
-                                  "that differ",
-                            hint="make the second minimize wait for the first: "
-                                 "tf.control_dependencies([first_train_op])")
+                raise fail(u.op, f"{u.variable} is updated by two optimizers with no order "
+                                 f"between them (also by {_named(e)}), and the "
+                                 f"{reader.optimizer.type} update reads the weight: TF "
+                                 "applies them in either order, by chance, with results "
+                                 "that differ",
+                           hint="make the second minimize wait for the first: "
+                                "tf.control_dependencies([first_train_op])")
         earlier.append(u)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from coordinator.compiler.training.gradients import _Chain, _Step
-from coordinator.compiler.training.graph import _fail
+from coordinator.compiler.training.gradients import Chain, Step
+from coordinator.compiler.training.graph import fail
 from wafer.grad_transforms import GradientTransform
 
 
-def _merge(chains: list[_Chain]) -> list[GradientTransform]:
+def merge(chains: list[Chain]) -> list[GradientTransform]:
     """One ordered list: each variable's steps in its order, a global-norm group once,
     equal per-variable steps merged when no step on their variables lies between."""
     order = {op.name: i for i, op in enumerate(chains[0].update.op.graph.get_operations())}
-    instances: list[tuple[_Step, tuple[str, ...]]] = []
+    instances: list[tuple[Step, tuple[str, ...]]] = []
     for chain in chains:
         for step in chain.steps:
             if step.kind == "clip_by_global_norm":
@@ -44,7 +44,7 @@ def _merge(chains: list[_Chain]) -> list[GradientTransform]:
         program=programs[k[4]]) for k, v in merged]
 
 
-def _fold_loss_scale(chains: list[_Chain], half: bool) -> tuple[list[GradientTransform], float]:
+def fold_loss_scale(chains: list[Chain], half: bool) -> tuple[list[GradientTransform], float]:
     """The steps as the CS applies them to d(loss)/d(var): the loss scale S first, folded
     into the scale steps that follow it (S * (1 / S) = 1 drops both); and the scale left in
     the backward's seed. A float16 program keeps S in its seed (float16 gradients of S x the
@@ -52,18 +52,18 @@ def _fold_loss_scale(chains: list[_Chain], half: bool) -> tuple[list[GradientTra
     if half:
         scales = {chain.call.scale for chain in chains}
         if len(scales) > 1:
-            raise _fail(chains[0].update.op, f"gradients of the loss scaled by several factors "
-                                             f"({', '.join(map(str, sorted(scales)))})")
-        return _merge(chains), scales.pop()
+            raise fail(chains[0].update.op, f"gradients of the loss scaled by several factors "
+                                            f"({', '.join(map(str, sorted(scales)))})")
+        return merge(chains), scales.pop()
     for chain in chains:
         if chain.call.scale != 1.0:
-            chain.steps.insert(0, _Step("scale", chain.raw.op, value=chain.call.scale))
+            chain.steps.insert(0, Step("scale", chain.raw.op, value=chain.call.scale))
         while (len(chain.steps) >= 2 and chain.steps[0].kind == "scale"
                and chain.steps[1].kind == "scale"):
             first = chain.steps.pop(0)
-            chain.steps[0] = _Step("scale", chain.steps[0].anchor, value=float(
+            chain.steps[0] = Step("scale", chain.steps[0].anchor, value=float(
                 np.float32(first.value) * np.float32(chain.steps[0].value)))
         if chain.steps and chain.steps[0].kind == "scale" and \
                 abs(chain.steps[0].value - 1.0) < 1e-6:
             chain.steps.pop(0)
-    return _merge(chains), 1.0
+    return merge(chains), 1.0

@@ -12,13 +12,13 @@ import tensorflow as tf
 
 from coordinator.compiler.extract import ExtractedGraph, user_source
 from coordinator.compiler.training.graph import (
-    _const,
-    _fail,
-    _Refused,
-    _scalar,
-    _skip_identity,
-    _variables_under,
+    Refused,
+    const,
+    fail,
+    scalar,
+    skip_identity,
     variable_op,
+    variables_under,
 )
 from wafer import optimizers as cs_optimizers
 from wafer.optimizers import OptimizerConfig
@@ -90,7 +90,7 @@ APPLY_OPS = {prefix + name: kind for table in (_DENSE, _SPARSE) for name, kind i
 
 
 @dataclass(eq=False)
-class _Update:
+class Update:
     variable: str
     op: tf.Operation  # the op that updates the variable itself
     optimizer: OptimizerConfig
@@ -103,11 +103,11 @@ class _Update:
 
 
 def _hyper(op: tf.Operation, tensor: tf.Tensor, key: str) -> float:
-    value = _scalar(tensor)
+    value = scalar(tensor)
     if value is None:
-        raise _fail(_skip_identity(tensor).op,
-                    f"the {key} of the optimizer is not a constant (this update takes a "
-                    "schedule of the learning rate only)")
+        raise fail(skip_identity(tensor).op,
+                   f"the {key} of the optimizer is not a constant (this update takes a "
+                   "schedule of the learning rate only)")
     return value
 
 
@@ -117,30 +117,30 @@ def _dedup(op: tf.Operation, values: tf.Tensor, indices: tf.Tensor) -> tuple[tf.
     if (summed.type != "UnsortedSegmentSum" or unique.type != "Unique"
             or summed.inputs[1].name != unique.outputs[1].name
             or indices.name != unique.outputs[0].name):
-        raise _fail(op, "a sparse update whose gradient is not TF's deduplicated IndexedSlices")
+        raise fail(op, "a sparse update whose gradient is not TF's deduplicated IndexedSlices")
     return summed.inputs[0], unique.inputs[0]
 
 
-def _apply_update(op: tf.Operation) -> _Update:
+def apply_update(op: tf.Operation) -> Update:
     kind = APPLY_OPS[op.type]
     scheduled = {key: (op, op.inputs[i]) for key, i in kind.hyper.items()
-                 if _scalar(op.inputs[i]) is None}
+                 if scalar(op.inputs[i]) is None}
     if kind.optimizer == "adam" and {"beta1", "beta2"} & set(scheduled):
-        raise _fail(op, "Adam's beta1 or beta2 is computed per step; the CS keeps them "
-                        "constant (its beta powers multiply by them)")
+        raise fail(op, "Adam's beta1 or beta2 is computed per step; the CS keeps them "
+                       "constant (its beta powers multiply by them)")
     allowed = cs_optimizers.SCHEDULABLE[kind.optimizer]
     for key in sorted(set(scheduled) - set(allowed)):
         name = "rho" if (kind.optimizer, key) == ("adadelta", "decay") else key  # TF's name
-        raise _fail(op, f"the {name} of the {kind.optimizer} optimizer is computed per step; "
-                        f"the CS takes schedules of its {', '.join(allowed)} only")
+        raise fail(op, f"the {name} of the {kind.optimizer} optimizer is computed per step; "
+                       f"the CS takes schedules of its {', '.join(allowed)} only")
     values = {key: 0.0 if key in scheduled else _hyper(op, op.inputs[i], key)
               for key, i in kind.hyper.items()}
     nesterov = bool(op.get_attr("use_nesterov")) if "use_nesterov" in op.node_def.attr else False
     if kind.optimizer == "adam" and nesterov:
-        raise _fail(op, "Adam with Nesterov momentum is not a tf.compat.v1 optimizer")
+        raise fail(op, "Adam with Nesterov momentum is not a tf.compat.v1 optimizer")
     if kind.optimizer == "adagrad" and "update_slots" in op.node_def.attr and \
             not op.get_attr("update_slots"):
-        raise _fail(op, "Adagrad without accumulator updates is not supported")
+        raise fail(op, "Adagrad without accumulator updates is not supported")
     if kind.optimizer == "adam":
         values["scalar_names"] = _check_powers(op, [op.inputs[i] for i in kind.powers],  # type: ignore[assignment]
                                                values)
@@ -148,14 +148,14 @@ def _apply_update(op: tf.Operation) -> _Update:
     if kind.optimizer in ("adagrad", "ftrl", "proximal_adagrad"):
         values["initial_accumulator_value"] = _initial_value(op, variable_op(op.inputs[1]))
     if "multiply_linear_by_lr" in op.node_def.attr and op.get_attr("multiply_linear_by_lr"):
-        raise _fail(op, "FTRL with multiply_linear_by_lr is not a tf.compat.v1 optimizer")
+        raise fail(op, "FTRL with multiply_linear_by_lr is not a tf.compat.v1 optimizer")
     spec = OptimizerConfig(type=kind.optimizer, use_nesterov=nesterov,
                          **{**values, **kind.fixed})  # type: ignore[arg-type]  # (float hyper-parameters only)
     grad, indices = op.inputs[kind.grad], None
     if kind.indices is not None:
         grad, indices = _dedup(op, grad, op.inputs[kind.indices])
-    return _Update(variable_op(op.inputs[0]).name, op, spec, slots, grad, indices, {op},
-                   scheduled)
+    return Update(variable_op(op.inputs[0]).name, op, spec, slots, grad, indices, {op},
+                  scheduled)
 
 
 def _initial_value(op: tf.Operation, slot: tf.Operation) -> float:
@@ -164,15 +164,15 @@ def _initial_value(op: tf.Operation, slot: tf.Operation) -> float:
              if c.type in ("AssignVariableOp", "Assign") and c.name.startswith(slot.name + "/")]
     value = _splat(inits[0].inputs[1]) if len(inits) == 1 else None
     if value is None:
-        raise _fail(op, f"the slot {slot.name} has no constant initial value")
+        raise fail(op, f"the slot {slot.name} has no constant initial value")
     return value
 
 
 def _splat(tensor: tf.Tensor) -> float | None:
     """The one value a constant-filled tensor holds (without materialising it)."""
-    op = _skip_identity(tensor).op
+    op = skip_identity(tensor).op
     if op.type == "Fill":
-        return _scalar(op.inputs[1])
+        return scalar(op.inputs[1])
     if op.type == "Mul":  # ones * value (tf.compat.v1's constant_initializer of FTRL's slot)
         factors = [_splat(t) for t in op.inputs]
         return None if None in factors else float(np.float32(factors[0]) * np.float32(factors[1]))
@@ -181,7 +181,7 @@ def _splat(tensor: tf.Tensor) -> float | None:
         values = [*proto.float_val, *proto.double_val, *proto.int_val]
         if not proto.tensor_content and len(values) == 1:
             return float(values[0])
-    value = _const(tensor)
+    value = const(tensor)
     if value is None or value.size == 0 or np.any(value != value.flat[0]):
         return None
     return float(value.flat[0])
@@ -196,17 +196,17 @@ def _check_powers(op: tf.Operation, reads: list[tf.Tensor], values: dict[str, fl
     suffixes = {m.group(1) for n, e in zip(names, expected)
                 if (m := re.fullmatch(re.escape(e) + r"(_\d+)?", n))}
     if len(suffixes) != 1 or len(names) != 2 or (suffixes != {None} and not own_names):
-        raise _fail(op, f"Adam's step counters are {', '.join(names)}, the CS names them "
-                        f"{', '.join(expected)}")
+        raise fail(op, f"Adam's step counters are {', '.join(names)}, the CS names them "
+                       f"{', '.join(expected)}")
     for name, read in zip(names, reads):
         beta = values["beta1" if name.startswith("beta1") else "beta2"]
         init = _initial_value(op, variable_op(read))
         if np.float32(init) != np.float32(beta):
-            raise _fail(op, f"{name} starts at {init}, not at its beta {beta}")
+            raise fail(op, f"{name} starts at {init}, not at its beta {beta}")
     return () if names == expected else names
 
 
-def _sgd_sparse(op: tf.Operation) -> _Update | None:
+def sgd_sparse(op: tf.Operation) -> Update | None:
     """ResourceScatterAdd(var, indices, -grad * lr): GradientDescent's sparse update."""
     if op.type != "ResourceScatterAdd":
         return None
@@ -217,50 +217,50 @@ def _sgd_sparse(op: tf.Operation) -> _Update | None:
     if len(neg) != 1:
         return None
     lr = [t for t in delta.inputs if t is not neg[0]][0]
-    scheduled = {"learning_rate": (delta, lr)} if _scalar(lr) is None else {}
+    scheduled = {"learning_rate": (delta, lr)} if scalar(lr) is None else {}
     spec = OptimizerConfig(type="sgd", learning_rate=0.0 if scheduled else
                          _hyper(op, lr, "learning_rate"))
-    return _Update(variable_op(op.inputs[0]).name, op, spec, (), neg[0].op.inputs[0],
-                   op.inputs[1], {op}, scheduled)
+    return Update(variable_op(op.inputs[0]).name, op, spec, (), neg[0].op.inputs[0],
+                  op.inputs[1], {op}, scheduled)
 
 
-def _adam_sparse(op: tf.Operation) -> _Update | None:
+def adam_sparse(op: tf.Operation) -> Update | None:
     """v1 Adam's _apply_sparse_shared: var -= lr * m_t / (sqrt(v_t) + eps), with
     m = m * beta1 then m[rows] += g * (1 - beta1) (v alike with g * g, beta2)."""
     if op.type != "AssignSubVariableOp":
         return None
     try:
-        div = _expect(op.inputs[1], "RealDiv")
+        div = expect(op.inputs[1], "RealDiv")
         num, den = div.inputs
-        num_op = _expect(num, "Mul")
+        num_op = expect(num, "Mul")
         lr_t, m_read = num_op.inputs
-        lr_div = _expect(lr_t, "RealDiv")
-        lr_mul = _expect(lr_div.inputs[0], "Mul")
+        lr_div = expect(lr_t, "RealDiv")
+        lr_mul = expect(lr_div.inputs[0], "Mul")
         lr = lr_mul.inputs[0]
-        sqrt_b2 = _expect(lr_mul.inputs[1], "Sqrt")
+        sqrt_b2 = expect(lr_mul.inputs[1], "Sqrt")
         b2p = _one_minus(sqrt_b2.inputs[0])
         b1p = _one_minus(lr_div.inputs[1])
-        add = _expect(den, "AddV2")
-        v_read = _expect(add.inputs[0], "Sqrt").inputs[0]
+        add = expect(den, "AddV2")
+        v_read = expect(add.inputs[0], "Sqrt").inputs[0]
         eps = add.inputs[1]
         m_grad, m_idx, beta1, m_owned = _decayed_scatter(m_read, squared=False)
         v_grad, v_idx, beta2, v_owned = _decayed_scatter(v_read, squared=True)
-    except _NoMatch:
+    except NoMatch:
         return None
     if m_grad.name != v_grad.name or m_idx.name != v_idx.name:
         return None
-    scheduled = {"learning_rate": (lr_mul, lr)} if _scalar(lr) is None else {}
+    scheduled = {"learning_rate": (lr_mul, lr)} if scalar(lr) is None else {}
     values = {"learning_rate": 0.0 if scheduled else _hyper(op, lr, "learning_rate"),
               "beta1": _hyper(op, beta1, "beta1"), "beta2": _hyper(op, beta2, "beta2"),
               "epsilon": _hyper(op, eps, "epsilon")}
     values["scalar_names"] = _check_powers(op, [b1p, b2p], values)  # type: ignore[assignment]
     grad, indices = _dedup(op, m_grad, m_idx)
     slots = (variable_op(m_read).name, variable_op(v_read).name)
-    return _Update(variable_op(op.inputs[0]).name, op, OptimizerConfig(type="adam", **values),  # type: ignore[arg-type]  # (floats only)
-                   slots, grad, indices, {op} | m_owned | v_owned, scheduled)
+    return Update(variable_op(op.inputs[0]).name, op, OptimizerConfig(type="adam", **values),  # type: ignore[arg-type]  # (floats only)
+                  slots, grad, indices, {op} | m_owned | v_owned, scheduled)
 
 
-def _adamw(op: tf.Operation) -> _Update | None:
+def adamw_update(op: tf.Operation) -> Update | None:
     """The modelzoo's AdamWOptimizer (examples/modelzoo_adamw.py): var = var - lr * u with
     u = next_m / (sqrt(next_v) + eps) [* bias correction] [+ rate * var], next_m and next_v
     written to the variable's slots in the same step; a sparse gradient's deduplicated
@@ -269,29 +269,29 @@ def _adamw(op: tf.Operation) -> _Update | None:
         return None
     target = variable_op(op.inputs[0])
     try:
-        sub = _expect(op.inputs[1], "Sub")
-        if variable_op(_skip_identity(sub.inputs[0])) is not target:
-            raise _NoMatch
-        lr, update = _expect(sub.inputs[1], "Mul").inputs
+        sub = expect(op.inputs[1], "Sub")
+        if variable_op(skip_identity(sub.inputs[0])) is not target:
+            raise NoMatch
+        lr, update = expect(sub.inputs[1], "Mul").inputs
         rate, powers = 0.0, None
-        if _skip_identity(update).op.type == "AddV2":  # + weight_decay_rate * var
-            add = _skip_identity(update).op
+        if skip_identity(update).op.type == "AddV2":  # + weight_decay_rate * var
+            add = skip_identity(update).op
             update, rate = add.inputs[0], _decay_rate(add.inputs[1], target)
-        if _skip_identity(update).op.type == "Mul":  # * sqrt(1 - beta2_power) / (1 - beta1_power)
-            update, correction = _skip_identity(update).op.inputs
-            div = _expect(correction, "RealDiv")
-            powers = [_one_minus(div.inputs[1]), _one_minus(_expect(div.inputs[0], "Sqrt").inputs[0])]
-        next_m, denominator = _expect(update, "RealDiv").inputs
-        add = _expect(denominator, "AddV2")
-        next_v, eps = _expect(add.inputs[0], "Sqrt").inputs[0], add.inputs[1]
+        if skip_identity(update).op.type == "Mul":  # * sqrt(1 - beta2_power) / (1 - beta1_power)
+            update, correction = skip_identity(update).op.inputs
+            div = expect(correction, "RealDiv")
+            powers = [_one_minus(div.inputs[1]), _one_minus(expect(div.inputs[0], "Sqrt").inputs[0])]
+        next_m, denominator = expect(update, "RealDiv").inputs
+        add = expect(denominator, "AddV2")
+        next_v, eps = expect(add.inputs[0], "Sqrt").inputs[0], add.inputs[1]
         m, beta1, one_minus_beta1, g = _moment(next_m, squared=False)
         v, beta2, one_minus_beta2, g_v = _moment(next_v, squared=True)
         if g.name != g_v.name:
-            raise _NoMatch
+            raise NoMatch
         owned = {op, _slot_write(next_m, m), _slot_write(next_v, v)}
-    except _NoMatch:
+    except NoMatch:
         return None
-    scheduled = {"learning_rate": (sub.inputs[1].op, lr)} if _scalar(lr) is None else {}
+    scheduled = {"learning_rate": (sub.inputs[1].op, lr)} if scalar(lr) is None else {}
     values = {"learning_rate": 0.0 if scheduled else _hyper(op, lr, "learning_rate"),
               "beta1": _hyper(op, beta1, "beta1"), "beta2": _hyper(op, beta2, "beta2"),
               "epsilon": _hyper(op, eps, "epsilon"), "weight_decay_rate": rate,
@@ -300,39 +300,39 @@ def _adamw(op: tf.Operation) -> _Update | None:
     if powers is not None:
         _check_powers(op, powers, values, own_names=False)
     grad, indices = g, None
-    dense = _skip_identity(g).op
+    dense = skip_identity(g).op
     if dense.type == "UnsortedSegmentSum" and dense.inputs[1].op.type == "Unique":
-        if _scalar(dense.inputs[2]) != target.get_attr("shape").dim[0].size:
-            raise _fail(op, "a sparse gradient scattered into another shape than its variable's")
+        if scalar(dense.inputs[2]) != target.get_attr("shape").dim[0].size:
+            raise fail(op, "a sparse gradient scattered into another shape than its variable's")
         grad, indices = _dedup(op, dense.inputs[0], dense.inputs[1])
     config = OptimizerConfig(type="adamw", use_bias_correction=powers is not None,
                              **values)  # type: ignore[arg-type]  # (floats only)
-    return _Update(target.name, op, config, (m.name, v.name), grad, indices, owned, scheduled)
+    return Update(target.name, op, config, (m.name, v.name), grad, indices, owned, scheduled)
 
 
 def _decay_rate(term: tf.Tensor, target: tf.Operation) -> float:
     """rate of rate * var (a constant rate > 0)."""
-    mul = _expect(term, "Mul")
+    mul = expect(term, "Mul")
     for x, c in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
-        rate = _scalar(c)
-        if variable_op(_skip_identity(x)) is target and rate is not None and rate > 0:
+        rate = scalar(c)
+        if variable_op(skip_identity(x)) is target and rate is not None and rate > 0:
             return rate
-    raise _NoMatch
+    raise NoMatch
 
 
 def _moment(tensor: tf.Tensor, squared: bool):
     """beta * slot + one_minus * g (g * g: Square(g)): the slot, beta, one_minus and g."""
-    add = _expect(tensor, "AddV2")
-    decayed, fresh = (_expect(t, "Mul") for t in add.inputs)
+    add = expect(tensor, "AddV2")
+    decayed, fresh = (expect(t, "Mul") for t in add.inputs)
     beta, read = decayed.inputs
     one_minus, g = fresh.inputs
-    if _scalar(beta) is None or _scalar(one_minus) is None:
-        raise _NoMatch
-    slot = variable_op(_skip_identity(read))
+    if scalar(beta) is None or scalar(one_minus) is None:
+        raise NoMatch
+    slot = variable_op(skip_identity(read))
     if slot.type != "VarHandleOp":
-        raise _NoMatch
+        raise NoMatch
     if squared:
-        g = _expect(g, "Square").inputs[0]
+        g = expect(g, "Square").inputs[0]
     return slot, beta, one_minus, g
 
 
@@ -341,94 +341,94 @@ def _slot_write(value: tf.Tensor, slot: tf.Operation) -> tf.Operation:
     writes = [c for c in value.consumers()
               if c.type == "AssignVariableOp" and variable_op(c.inputs[0]) is slot]
     if len(writes) != 1:
-        raise _NoMatch
+        raise NoMatch
     return writes[0]
 
 
-def merge_weight_decay(updates: list[_Update]) -> None:
+def merge_weight_decay(updates: list[Update]) -> None:
     """AdamW: one rate for the variables it decays, the others named in the config of all."""
     adamw = [u for u in updates if u.optimizer.type == "adamw"]
     rates = sorted({u.optimizer.weight_decay_rate for u in adamw} - {0.0})
     if len(rates) > 1:
         decayed = [u for u in adamw if u.optimizer.weight_decay_rate == rates[-1]]
-        raise _fail(decayed[0].op, f"AdamW decays {decayed[0].variable} at {rates[-1]} and "
-                                   f"others at {rates[0]}: the CS decays at one rate")
+        raise fail(decayed[0].op, f"AdamW decays {decayed[0].variable} at {rates[-1]} and "
+                                  f"others at {rates[0]}: the CS decays at one rate")
     excluded = tuple(u.variable for u in adamw if not u.optimizer.weight_decay_rate)
     for u in adamw:
         if u.scheduled and u.optimizer.use_bias_correction and not u.optimizer.weight_decay_rate:
-            raise _fail(u.op, f"AdamW with bias correction and a learning-rate schedule: for "
-                              f"{u.variable}, not decayed, TensorFlow reassociates lr * (update * "
-                              "correction) and the CS does not follow it (use_bias_correction: "
-                              "False, or a constant learning rate)")
+            raise fail(u.op, f"AdamW with bias correction and a learning-rate schedule: for "
+                             f"{u.variable}, not decayed, TensorFlow reassociates lr * (update * "
+                             "correction) and the CS does not follow it (use_bias_correction: "
+                             "False, or a constant learning rate)")
     for u in adamw:
         u.optimizer = replace(u.optimizer, weight_decay_rate=rates[0] if rates else 0.0,
                               no_weight_decay=excluded if rates else ())
 
 
-class _NoMatch(Exception):
+class NoMatch(Exception):
     pass
 
 
-def _expect(tensor: tf.Tensor, type_: str) -> tf.Operation:
-    tensor = _skip_identity(tensor)
+def expect(tensor: tf.Tensor, type_: str) -> tf.Operation:
+    tensor = skip_identity(tensor)
     if tensor.op.type != type_:
-        raise _NoMatch
+        raise NoMatch
     return tensor.op
 
 
 def _one_minus(tensor: tf.Tensor) -> tf.Tensor:
     """x for 1 - x (a beta power read)."""
-    sub = _expect(tensor, "Sub")
-    if _scalar(sub.inputs[0]) != 1.0:
-        raise _NoMatch
+    sub = expect(tensor, "Sub")
+    if scalar(sub.inputs[0]) != 1.0:
+        raise NoMatch
     return sub.inputs[1]
 
 
 def _decayed_scatter(read: tf.Tensor, squared: bool):
     """A slot read after `slot = slot * beta` and `slot[i] += g (* g) * (1 - beta)`."""
-    read = _skip_identity(read)
+    read = skip_identity(read)
     if read.op.type != "ReadVariableOp":
-        raise _NoMatch
+        raise NoMatch
     slot = variable_op(read)
     deps = {c.type: c for c in read.op.control_inputs}
     assign, scatter = deps.get("AssignVariableOp"), deps.get("ResourceScatterAdd")
     if assign is None or scatter is None or variable_op(assign.inputs[0]) is not slot \
             or variable_op(scatter.inputs[0]) is not slot:
-        raise _NoMatch
-    decay = _expect(assign.inputs[1], "Mul")
+        raise NoMatch
+    decay = expect(assign.inputs[1], "Mul")
     if variable_op(decay.inputs[0]) is not slot:
-        raise _NoMatch
+        raise NoMatch
     beta = decay.inputs[1]
-    scaled = _expect(scatter.inputs[2], "Mul")
+    scaled = expect(scatter.inputs[2], "Mul")
     grad_t, one_minus = scaled.inputs
     if _one_minus(one_minus).name != beta.name:
-        raise _NoMatch
+        raise NoMatch
     if squared:
-        square = _expect(grad_t, "Mul")
+        square = expect(grad_t, "Mul")
         if square.inputs[0].name != square.inputs[1].name:
-            raise _NoMatch
+            raise NoMatch
         grad_t = square.inputs[0]
     return grad_t, scatter.inputs[1], beta, {assign, scatter}
 
 
-def _check_dtypes(extracted: ExtractedGraph, updates: list[_Update]) -> None:
+def check_dtypes(extracted: ExtractedGraph, updates: list[Update]) -> None:
     """float32 variables under the loss and float32 optimizer computations only."""
-    variables = {op.name: op for op in _variables_under(extracted.spec.loss)}
+    variables = {op.name: op for op in variables_under(extracted.spec.loss)}
     variables.update({u.variable: variable_op(u.op.inputs[0]) for u in updates})
     for name in sorted(variables):
         dtype = tf.as_dtype(variables[name].get_attr("dtype")).base_dtype
         if dtype.is_floating and dtype != tf.float32:
             op = variables[name]
-            raise _Refused(f"variable {name} at {user_source(op)} is {dtype.name}: the CS "
-                           "computes and trains in float32 only")
+            raise Refused(f"variable {name} at {user_source(op)} is {dtype.name}: the CS "
+                          "computes and trains in float32 only")
     for u in updates:
         dtype = u.op.get_attr("T") if "T" in u.op.node_def.attr else u.grad.dtype
         if tf.as_dtype(dtype).base_dtype != tf.float32:
-            raise _fail(u.op, f"the update of {u.variable} computes in "
-                              f"{tf.as_dtype(dtype).name}; the CS trains in float32 only")
+            raise fail(u.op, f"the update of {u.variable} computes in "
+                             f"{tf.as_dtype(dtype).name}; the CS trains in float32 only")
 
 
-def _check_slots(updates: list[_Update], named: bool = True) -> None:
+def check_slots(updates: list[Update], named: bool = True) -> None:
     """The CS's optimizer for the spec exists, names the slots as the graph does (`named`:
     a weight's first update; a further optimizer's slots keep TF's names) and starts them
     where the graph's initializers do."""
@@ -436,16 +436,16 @@ def _check_slots(updates: list[_Update], named: bool = True) -> None:
         config = u.optimizer
         problem = cs_optimizers.config_problem(config)
         if problem:
-            raise _fail(u.op, problem)
+            raise fail(u.op, problem)
         cs = cs_optimizers.make_optimizer(config)
         expected = tuple(cs_optimizers.slot_name(u.variable, s) for s in cs.slot_suffixes)
         if named and u.slots != expected:
-            raise _fail(u.op, f"the optimizer's slots of {u.variable} are named "
-                              f"{', '.join(u.slots)}; the CS checkpoints them as "
-                              f"{', '.join(expected)} (create the optimizer without name=)")
+            raise fail(u.op, f"the optimizer's slots of {u.variable} are named "
+                             f"{', '.join(u.slots)}; the CS checkpoints them as "
+                             f"{', '.join(expected)} (create the optimizer without name=)")
         graph = u.op.graph
         for slot, value in zip(u.slots, cs.slot_initial_values):
             start = _initial_value(u.op, graph.get_operation_by_name(slot))
             if np.float32(start) != np.float32(value):
-                raise _fail(u.op, f"the slot {slot} starts at {start}, the CS starts it at "
-                                  f"{value}")
+                raise fail(u.op, f"the slot {slot} starts at {start}, the CS starts it at "
+                                 f"{value}")
