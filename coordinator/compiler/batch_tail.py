@@ -66,7 +66,9 @@ KERNEL_ROWS = {
                        "of the batch's [batch] float32 values, tf.gather in their order, "
                        "tf.math.cumulative_logsumexp, tf.cumsum), run "
                        "once per batch on the whole batch's values, a batch barrier; its "
-                       "gradient TF's, back to each sample",
+                       "gradient TF's, back to each sample; a float32 scalar of weights or a "
+                       "value of the global step it reads (a capacity schedule's C in "
+                       "gamma * |mean(KL) - C|) given to every sample",
 }
 
 
