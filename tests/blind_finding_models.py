@@ -1,7 +1,8 @@
 """Models of blind testers' findings, as they wrote them: a GCN whose input_fn yields float64
 node features (numpy's default after `+ labels * 0.3`) read through Keras' Dense (autocast to
 float32); a controlled-capacity beta-VAE whose batch-level loss term gamma * |mean(KL) - C|
-reads a schedule of the global step; mixup's Beta draw as the ratio of two tf.random.gamma."""
+reads a schedule of the global step; mixup's Beta draw as the ratio of two tf.random.gamma. Then float64 images flattened before
+the Dense (a view, then the autocast), and scaled in float64 before it (read as float64)."""
 import numpy as np
 import tensorflow as tf
 
@@ -158,3 +159,30 @@ def mixup(features, labels, mode, params):
     metrics = {"accuracy": tf.compat.v1.metrics.accuracy(labels, classes)}
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op, predictions=predictions,
                            eval_metric_ops=metrics)
+
+
+def float64_images_input_fn(params):
+    rng = np.random.RandomState(0)
+    x = rng.randn(64, 4, 4)  # float64, numpy's default
+    y = (x[:, 0, 0] > 0).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(params["batch_size"],
+                                                                     drop_remainder=True)
+
+
+def _classifier(logits, labels, mode):
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def flattened_float64(features, labels, mode, params):
+    h = tf.keras.layers.Flatten()(features)
+    h = tf.keras.layers.Dense(16, activation="relu")(h)
+    return _classifier(tf.keras.layers.Dense(2)(h), labels, mode)
+
+
+def scaled_before_the_cast(features, labels, mode, params):
+    """A float64 product before the Dense's cast: TF computes it in float64."""
+    h = tf.keras.layers.Flatten()(features * 0.5)
+    return _classifier(tf.keras.layers.Dense(2)(h), labels, mode)

@@ -146,23 +146,36 @@ def _first_batch(dataset: tf.data.Dataset,
     return as_streamed(named, tuple(InputSpec(name, spec.dtype.name, ()) for name, spec in flat))
 
 
+# Ops that move an input's values without changing them: a float64 input may pass them on
+# its way to the cast (Keras' Flatten before a Dense's autocast).
+VALUE_VIEWS = {"Identity", "Reshape", "ExpandDims", "Squeeze", "Transpose", "StridedSlice",
+               "Slice"}
+
+
 def _check_cast_to_float32(graph: tf.Graph, wide: list[str]) -> None:
     """The float64 inputs `wide` stream as float32 (cast on the input worker as TF's Cast
     rounds) only when every reader of each, in `graph` (built on float64 placeholders),
-    casts it to float32 first (Keras layers' autocast, tf.cast) or reads its shape alone:
-    then the model computes what TF computes. Else one line naming the reader."""
+    casts it to float32 first (Keras layers' autocast, tf.cast), after views that change no
+    value (VALUE_VIEWS) or reads its shape alone: then the model computes what TF computes.
+    Else one line naming the reader."""
     for name in wide:
-        for op in graph.get_tensor_by_name(f"{name}:0").consumers():
-            if op.type in SHAPE_OPS or (op.type == "Cast" and op.get_attr("DstT") == tf.float32
-                                        and not op.get_attr("Truncate")):
-                continue
-            reads = f"casts it to {op.get_attr('DstT').name}" if op.type == "Cast" else \
-                "reads it as float64"
-            raise CSRunError(f"input_fn yields {name} as float64 and {op.type} '{user_name(op)}' "
-                             f"at {user_source(op)} {reads}: the CS computes in float32 (it "
-                             "streams a float64 input every reader casts to float32 first)",
-                             "cast in input_fn: tf.cast(x, tf.float32) (or build the arrays as "
-                             "np.float32), or cast it to float32 before it is read")
+        stack = [graph.get_tensor_by_name(f"{name}:0")]
+        while stack:
+            for op in stack.pop().consumers():
+                if op.type in VALUE_VIEWS:
+                    stack.append(op.outputs[0])
+                    continue
+                if op.type in SHAPE_OPS or (op.type == "Cast" and op.get_attr("DstT") == tf.float32
+                                            and not op.get_attr("Truncate")):
+                    continue
+                reads = f"casts it to {op.get_attr('DstT').name}" if op.type == "Cast" else \
+                    "reads it as float64"
+                raise CSRunError(f"input_fn yields {name} as float64 and {op.type} "
+                                 f"'{user_name(op)}' at {user_source(op)} {reads}: the CS "
+                                 "computes in float32 (it streams a float64 input every reader "
+                                 "casts to float32 first)",
+                                 "cast in input_fn: tf.cast(x, tf.float32) (or build the arrays "
+                                 "as np.float32), or cast it to float32 before it is read")
 
 
 def _retyped(signature: BatchSignature, names: list[str], dtype: tf.DType) -> BatchSignature:

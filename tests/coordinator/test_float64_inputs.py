@@ -14,7 +14,6 @@ import tensorflow as tf
 from common.errors import CSRunError
 from cs_api import pb
 from cs_api.input_spec import InputSpec, as_streamed
-from tf_model.estimator_spec import CSEstimatorSpec
 
 
 def test_a_gcn_on_float64_node_features_trains_like_tensorflow(tmp_path):
@@ -45,28 +44,22 @@ def test_the_input_worker_rounds_float64_as_tensorflows_cast():
     np.testing.assert_array_equal(np.signbit(streamed["features"][0]), np.signbit(expected))
 
 
-def float64_input_fn(params):
-    rng = np.random.RandomState(0)
-    x = rng.randn(64, 8)  # float64
-    y = (x[:, 0] > 0).astype(np.int32)
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
-
-
-def scaled_before_the_cast(features, labels, mode, params):
-    """A float64 product before the Dense's cast: computed in float64 by TF."""
-    logits = tf.keras.layers.Dense(2)(features * 0.5)
-    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
-    step = tf.compat.v1.train.get_or_create_global_step()
-    return CSEstimatorSpec(mode=mode, loss=loss, train_op=tf.compat.v1.train.GradientDescentOptimizer(
-        0.1).minimize(loss, global_step=step))
+def test_float64_images_flattened_before_the_dense_train_like_tensorflow(tmp_path):
+    """Keras' Flatten (a Reshape of the float64 values) before the Dense's autocast: the
+    view changes no value, so the stream is float32 and 4 steps are TF's."""
+    params = {"batch_size": 16, "runconfig": {"tf_random_seed": 1}}
+    run = cs_inprocess.compare(bm.flattened_float64, bm.float64_images_input_fn, params,
+                               str(tmp_path), steps=4)
+    assert run.compiled.program.inputs[0].dtype == pb.FLOAT32
+    cs_inprocess.assert_same_training(run)
 
 
 def test_a_float64_input_read_as_float64_is_refused_naming_the_reader(tmp_path):
     with pytest.raises(CSRunError) as refused:
-        cs_inprocess.compile_checked(scaled_before_the_cast, float64_input_fn,
+        cs_inprocess.compile_checked(bm.scaled_before_the_cast, bm.float64_images_input_fn,
                                      {"batch_size": 16}, str(tmp_path))
     line = str(refused.value)
     assert "\n" not in line
     assert "input_fn yields features as float64 and Mul 'mul' at " \
-        "tests/coordinator/test_float64_inputs.py:" in line
+        "tests/blind_finding_models.py:" in line
     assert "reads it as float64: the CS computes in float32" in line
