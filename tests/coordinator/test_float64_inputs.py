@@ -18,7 +18,8 @@ from cs_api.input_spec import InputSpec, as_streamed
 
 def test_a_gcn_on_float64_node_features_trains_like_tensorflow(tmp_path):
     """The GCN's features['x'] is float64, read by Keras' Dense (autocast): streamed as
-    float32 (4 bytes a value), trained 4 steps with TF's numbers."""
+    float32 (4 bytes a value), trained 4 steps with TF's numbers, then evaluated and
+    predicting as the CPU path (the chief's way: batches through the input worker's cast)."""
     params = {**bm.GCN_PARAMS, "runconfig": {"tf_random_seed": 1}}
     run = cs_inprocess.compare(bm.gcn, bm.gcn_input_fn, params, str(tmp_path), steps=4)
     inputs = {spec.name: spec for spec in run.compiled.program.inputs}
@@ -26,6 +27,10 @@ def test_a_gcn_on_float64_node_features_trains_like_tensorflow(tmp_path):
     assert next(r.bytes_per_sample for r in run.compiled.program.routes
                 if r.src == "features.x") == 12 * 8 * 4
     cs_inprocess.assert_same_training(run)
+    assert cs_inprocess.evaluation_mismatch(bm.gcn, bm.gcn_input_fn, params, str(tmp_path / "eval"),
+                                            run) == ""
+    assert cs_inprocess.prediction_mismatch(bm.gcn, bm.gcn_input_fn, params, str(tmp_path / "predict"),
+                                            run) == ""
 
 
 def test_the_input_worker_rounds_float64_as_tensorflows_cast():
