@@ -186,3 +186,20 @@ def scaled_before_the_cast(features, labels, mode, params):
     """A float64 product before the Dense's cast: TF computes it in float64."""
     h = tf.keras.layers.Flatten()(features * 0.5)
     return _classifier(tf.keras.layers.Dense(2)(h), labels, mode)
+
+
+def capacity_kept_in_a_variable(features, labels, mode, params):
+    """gamma * |mean(KL) - C|, C the step's ramp plus a variable the train_op raises every
+    step: no schedule of the global step alone."""
+    h = tf.keras.layers.Flatten()(features)
+    mu = tf.keras.layers.Dense(params["latent"])(h)
+    logvar = tf.keras.layers.Dense(params["latent"])(h)
+    kl = tf.reduce_mean(-0.5 * tf.reduce_sum(1.0 + logvar - tf.square(mu) - tf.exp(logvar), axis=1))
+    raised = tf.compat.v1.get_variable("raised", [], initializer=tf.zeros_initializer(),
+                                       trainable=False)
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    capacity = tf.minimum(params["capacity_max"], raised + tf.cast(global_step, tf.float32))
+    loss = tf.reduce_mean(tf.square(mu)) + params["gamma"] * tf.abs(kl - capacity)
+    train_op = tf.group(tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss, global_step=global_step),
+                        raised.assign_add(1.0))
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)

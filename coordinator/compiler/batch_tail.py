@@ -119,8 +119,8 @@ class TailBuilder(WeightProgramBuilder):
                 return self._add(op, tensor, "reshape", [first], {"shape": []})
             if m.step_values.reads_step(tensor) and not m.step_values.reads_weights(tensor):
                 problem = m.step_values.kernel(m, tensor, op)  # (why not: the share's)
-                return self._refuse(tensor, f"a loss of the whole batch reads {where}: "
-                                            f"{problem[0]}")
+                return self._refuse(tensor, "a loss of the whole batch reads a value of the "
+                                            f"global step that is no schedule: {problem[0]}")
             weight = self.operands.weight(tensor) or self.operands.view(tensor)
             what = f"weight {weight.variable}" if weight is not None else "a random number" \
                 if self.operands.random_source(tensor) is not None else "a value of weights"

@@ -94,3 +94,15 @@ def test_a_capacity_schedule_inside_a_loss_of_the_whole_batch_trains_like_tensor
                                      str(tmp_path), steps=4)
     assert {"schedule", "batch_tail_loss"} <= set(kernel_types(run))
     assert cs_inprocess.mismatches(run) == []
+
+
+def test_a_capacity_kept_in_a_variable_is_refused_saying_it_reads_the_global_step(tmp_path):
+    """C = min(C_max, raised + step), `raised` raised by the train_op: one line naming the
+    op, its line, the global step's value and the variable (not "a value of weights")."""
+    line = cs_inprocess.refusal(bm.capacity_kept_in_a_variable, bm.capacity_vae_input_fn,
+                                dict(bm.CAPACITY_VAE_PARAMS), str(tmp_path),
+                                "tests/blind_finding_models.py")
+    assert "the value of the global step Minimum" in line
+    assert "reads raised, which the train_op writes (Minimum 'Minimum' at " \
+        "tests/blind_finding_models.py:" in line
+    assert "a value of weights" not in line
