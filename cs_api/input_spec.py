@@ -34,3 +34,22 @@ class InputSpec:
 
 def program_inputs(program: pb.Program) -> tuple[InputSpec, ...]:
     return tuple(InputSpec.from_proto(spec) for spec in program.inputs)
+
+
+def as_streamed(named: dict[str, np.ndarray], inputs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
+    """A batch as the program streams it: a float64 array of a float32 input (one the compiler
+    proved every reader casts to float32 first) cast as TF's Cast rounds it; every other
+    array as it is."""
+    dtypes = {spec.name: spec.dtype for spec in inputs}
+    return {name: cast_to_float32(array)
+            if array.dtype == np.float64 and dtypes.get(name) == "float32" else array
+            for name, array in named.items()}
+
+
+def cast_to_float32(array: np.ndarray) -> np.ndarray:
+    """TF's Cast of float64 to float32 on the CPU: to nearest, ties to even (numpy's astype),
+    too large to infinity, then a subnormal result flushed to zero of its sign (TF's kernels
+    run with denormals flushed)."""
+    with np.errstate(over="ignore"):
+        cast = array.astype(np.float32)
+    return np.where(np.abs(cast) < np.finfo(np.float32).tiny, np.copysign(np.float32(0), cast), cast)

@@ -22,6 +22,7 @@ from coordinator.chief import cs_state, output_tensor_names, resumed_step, strea
 from coordinator.compiler import CompileResult, compile_model
 from cs_api import pb
 from cs_api.attrs import from_attr
+from cs_api.input_spec import as_streamed, program_inputs
 from cs_api.tensors import assemble, from_tensor, tensor_chunks, to_tensor
 from tf_model import checkpoints, cpu_session
 from tf_model.metrics import EvalMetrics
@@ -70,7 +71,8 @@ def run_on_cs(program: pb.Program, weights: dict[str, np.ndarray],
                          for chunk in tensor_chunks(name, np.asarray(weights[name]))))
     errors: list[BaseException] = []
     feeder = threading.Thread(target=_feed, daemon=True, args=(
-        system, [named_inputs(x, y) for x, y in data], first_batch, errors))
+        system, [as_streamed(named_inputs(x, y), program_inputs(program)) for x, y in data], first_batch,
+        errors))
     feeder.start()
     try:
         steps = len(data)

@@ -280,15 +280,6 @@ def numpy_batches(dataset: tf.data.Dataset) -> Iterator[Any]:
         yield element
 
 
-def _check_dtypes(spec: Any, what: str) -> None:
-    for key, leaf in (spec.items() if isinstance(spec, dict) else [(None, spec)]):
-        if isinstance(leaf, tf.TensorSpec) and leaf.dtype == tf.float64:
-            name = what if key is None else f"{what}[{key!r}]"
-            raise CSRunError(f"input_fn yields {name} as float64; the model computes in float32",
-                             "cast in input_fn: tf.cast(x, tf.float32) (or build the arrays as "
-                             "np.float32)")
-
-
 def batch_signature(dataset: tf.data.Dataset) -> BatchSignature:
     spec = dataset.element_spec
     if isinstance(spec, tuple) and len(spec) == 2:
@@ -298,8 +289,6 @@ def batch_signature(dataset: tf.data.Dataset) -> BatchSignature:
     else:
         raise CSRunError(f"input_fn yields {spec}, not (features, labels)",
                          "make the dataset yield (features, labels) tuples")
-    _check_dtypes(features, "features")
-    _check_dtypes(labels, "labels")
     return BatchSignature(features, labels)
 
 

@@ -29,7 +29,7 @@ from common.run_kinds import RunKind
 from common.task_failure import CS, rank_cause
 from cs_api import pb, rpc
 from cs_api.client import cs_channel, is_loopback
-from cs_api.input_spec import InputSpec
+from cs_api.input_spec import InputSpec, as_streamed
 from cs_api.liveness import Liveness
 from cs_api.shared_input import SHARED_REFUSED, SharedInputWriter, SlotLayout
 from cs_api.tensors import tensor_bytes, to_tensor
@@ -80,7 +80,7 @@ def feed_requests(batches: Iterable[tuple[int, Any]], rendezvous: Rendezvous,
     """FeedRequests for (batch index, input_fn element) pairs, each checked and serialized."""
     order = [spec.name for spec in rendezvous.inputs]
     for index, element in batches:
-        named = flatten(element)
+        named = as_streamed(flatten(element), rendezvous.inputs)
         check_batch(named, rendezvous.inputs, rendezvous.batch_size, index, worker)
         yield pb.FeedRequest(token=rendezvous.token, worker_id=worker, batch_index=index,
                              tensors=[to_tensor(name, named[name]) for name in order])
@@ -97,7 +97,7 @@ def shared_requests(batches: Iterable[tuple[int, Any]], rendezvous: Rendezvous, 
     if not shared.wait_opened(ended.is_set):
         return
     for index, element in batches:
-        named = flatten(element)
+        named = as_streamed(flatten(element), rendezvous.inputs)
         check_batch(named, rendezvous.inputs, rendezvous.batch_size, index, worker)
         if not shared.write(named, ended.is_set):
             return

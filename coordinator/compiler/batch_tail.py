@@ -15,8 +15,9 @@ reductions, transposes, reshapes, products of matrices, views; here also sorts o
 batch: TopKV2 as top_k, GatherV2 at its positions as sample_gather) onto library kernels run on
 a batch of one, which a `batch_tail_loss` kernel (wafer.kernels.batch_tail) evaluates once
 per batch and differentiates back to every sample's values. A float32 scalar of weights
-the tail reads (a learned temperature, a KL of weights added) is given to every sample and
-read at the batch's first. A tail reading another weight or a
+the tail reads (a learned temperature, a KL of weights added), or a value of the global step
+(a capacity schedule's C in gamma * |mean(KL) - C|: its `schedule` kernel, step_values.py), is
+given to every sample and read at the batch's first. A tail reading another weight or a
 random number, computing in float16 or with an op the weight program does not run is
 refused naming the op.
 """
@@ -65,7 +66,9 @@ KERNEL_ROWS = {
                        "of the batch's [batch] float32 values, tf.gather in their order, "
                        "tf.math.cumulative_logsumexp, tf.cumsum), run "
                        "once per batch on the whole batch's values, a batch barrier; its "
-                       "gradient TF's, back to each sample",
+                       "gradient TF's, back to each sample; a float32 scalar of weights or a "
+                       "value of the global step it reads (a capacity schedule's C in "
+                       "gamma * |mean(KL) - C|) given to every sample",
 }
 
 
@@ -114,6 +117,10 @@ class TailBuilder(WeightProgramBuilder):
                 first = self._add(op, None, "take", [source], {"axis": 0, "indices": [0]},
                                   suffix="/weight_scalar")
                 return self._add(op, tensor, "reshape", [first], {"shape": []})
+            if m.step_values.reads_step(tensor) and not m.step_values.reads_weights(tensor):
+                problem = m.step_values.kernel(m, tensor, op)  # (why not: the share's)
+                return self._refuse(tensor, "a loss of the whole batch reads a value of the "
+                                            f"global step that is no schedule: {problem[0]}")
             weight = self.operands.weight(tensor) or self.operands.view(tensor)
             what = f"weight {weight.variable}" if weight is not None else "a random number" \
                 if self.operands.random_source(tensor) is not None else "a value of weights"

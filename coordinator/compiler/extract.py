@@ -11,7 +11,7 @@ import tensorflow as tf
 from common.errors import CSRunError
 from coordinator.compiler.recurrences import built_again, unrolled
 from cs_api import MAX_BATCH_BYTES
-from cs_api.input_spec import InputSpec
+from cs_api.input_spec import InputSpec, as_streamed
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 from tf_model.model_fn import (
     BatchSignature,
@@ -108,7 +108,6 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
     # input_fn runs eagerly, outside the model's graph, only to learn its element structure.
     dataset = make_dataset(input_fn, params)
     signature, batch = _fixed_batch(batch_signature(dataset), params)
-    first = _first_batch(dataset) if mode == ModeKeys.TRAIN else None
     seed = (params.get("runconfig") or {}).get("tf_random_seed")
 
     def build() -> tuple[tf.Graph, CSEstimatorSpec]:
@@ -116,11 +115,16 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
             features, labels = signature.placeholders()
             return graph, call_model_fn(model_fn, features, labels, mode, params)  # one line
 
-    graph, spec = build()
+    wide = [name for name, s in _flatten(signature) if s.dtype == tf.float64]
+    if wide:
+        _check_cast_to_float32(build()[0], wide)
+        signature = _retyped(signature, wide, tf.float32)
     flat = tuple(_flatten(signature))
+    first = _first_batch(dataset, flat) if mode == ModeKeys.TRAIN else None
+    graph, spec = build()
     loop_ops: frozenset[str] = frozenset()
     if built_again(graph, batch):  # loops unrolled, maps vectorized (recurrences)
-        batch_values = first if first is not None else _first_batch(dataset)
+        batch_values = first if first is not None else _first_batch(dataset, flat)
         graph, spec, loop_ops = unrolled(build, graph, spec, {f"{name}:0": batch_values[name]
                                                               for name, _ in flat}, batch,
                                          seed is not None)
@@ -130,13 +134,60 @@ def extract(model_fn: Callable, input_fn: Callable, params: dict,
                           seed, first, function_source(input_fn), loop_ops)
 
 
-def _first_batch(dataset: tf.data.Dataset) -> dict[str, np.ndarray]:
-    """input_fn's first batch by program input name (the training analysis runs on it)."""
+def _first_batch(dataset: tf.data.Dataset,
+                 flat: tuple[tuple[str, tf.TensorSpec], ...]) -> dict[str, np.ndarray]:
+    """input_fn's first batch by program input name, as the program streams it (`flat`: its
+    inputs; the training analysis runs on it)."""
     element = next(iter(dataset.take(1)), None)
     if element is None:
         raise CSRunError("input_fn's dataset yields no batch", "give the dataset some samples")
     features, labels = element if isinstance(element, tuple) else (element, None)
-    return {name: np.asarray(value) for name, value in named_inputs(features, labels).items()}
+    named = {name: np.asarray(value) for name, value in named_inputs(features, labels).items()}
+    return as_streamed(named, tuple(InputSpec(name, spec.dtype.name, ()) for name, spec in flat))
+
+
+# Ops that move an input's values without changing them: a float64 input may pass them on
+# its way to the cast (Keras' Flatten before a Dense's autocast).
+VALUE_VIEWS = {"Identity", "Reshape", "ExpandDims", "Squeeze", "Transpose", "StridedSlice",
+               "Slice"}
+
+
+def _check_cast_to_float32(graph: tf.Graph, wide: list[str]) -> None:
+    """The float64 inputs `wide` stream as float32 (cast on the input worker as TF's Cast
+    rounds) only when every reader of each, in `graph` (built on float64 placeholders),
+    casts it to float32 first (Keras layers' autocast, tf.cast), after views that change no
+    value (VALUE_VIEWS) or reads its shape alone: then the model computes what TF computes.
+    Else one line naming the reader."""
+    for name in wide:
+        stack = [graph.get_tensor_by_name(f"{name}:0")]
+        while stack:
+            for op in stack.pop().consumers():
+                if op.type in VALUE_VIEWS:
+                    stack.append(op.outputs[0])
+                    continue
+                if op.type in SHAPE_OPS or (op.type == "Cast" and op.get_attr("DstT") == tf.float32
+                                            and not op.get_attr("Truncate")):
+                    continue
+                reads = f"casts it to {op.get_attr('DstT').name}" if op.type == "Cast" else \
+                    "reads it as float64"
+                raise CSRunError(f"input_fn yields {name} as float64 and {op.type} "
+                                 f"'{user_name(op)}' at {user_source(op)} {reads}: the CS "
+                                 "computes in float32 (it streams a float64 input every reader "
+                                 "casts to float32 first)",
+                                 "cast in input_fn: tf.cast(x, tf.float32) (or build the arrays "
+                                 "as np.float32), or cast it to float32 before it is read")
+
+
+def _retyped(signature: BatchSignature, names: list[str], dtype: tf.DType) -> BatchSignature:
+    """`signature` with the inputs `names` (program input names) of `dtype`."""
+
+    def retype(value: Any, name: str) -> Any:
+        if isinstance(value, dict):
+            return {k: retype(v, f"{name}.{k}") for k, v in value.items()}
+        return tf.TensorSpec(value.shape, dtype) if name in names else value
+
+    return BatchSignature(retype(signature.features, "features"),
+                          None if signature.labels is None else retype(signature.labels, "labels"))
 
 
 def _check_spec(spec: CSEstimatorSpec, mode: str) -> None:

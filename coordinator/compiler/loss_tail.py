@@ -342,8 +342,12 @@ def _batch_tail(m: TailContext, loss: tf.Tensor, session: tf.compat.v1.Session,
 
 
 def _shared_weight(m: TailContext, loss: tf.Tensor, tensor: tf.Tensor) -> str | None:
-    """The kernel giving every sample the weight scalar `tensor` a loss of the whole batch
-    reads (a learned temperature, a term of weights alone), None if it is none such."""
+    """The kernel giving every sample the scalar `tensor` a loss of the whole batch reads: a
+    value of the global step (a capacity schedule's C: its `schedule` kernel) or of weights
+    (a learned temperature, a term of weights alone); None if it is none such."""
+    if m.step_values.reads_step(tensor) and not m.step_values.reads_weights(tensor):
+        kernel = m.step_values.kernel(m, tensor, loss.op)
+        return kernel if isinstance(kernel, str) else None
     if not _weight_scalar(m, tensor) or _scalar_variable_written(m, tensor):
         return None
     return _per_sample(m, loss, tensor)

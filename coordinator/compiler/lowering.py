@@ -108,7 +108,9 @@ REFUSED = {
                                "reductions, softmax, l2_loss, cumsum or linear algebra of "
                                "weights (TF sums them in float16)",
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
-              "accumulation: mixed precision); csconfig.use_cbfloat16",
+              "accumulation: mixed precision), but a float64 input every reader casts to "
+              "float32 first (Keras layers' autocast, tf.cast: streamed as float32, cast on "
+              "the input worker as TF's Cast rounds); csconfig.use_cbfloat16",
     **lowering_spatial.REFUSED,
     "special functions": "tf.math.igamma, igammac, betainc, polygamma, zeta, erfinv, ndtri, "
                          "bessel_i1e and the other Bessel functions (no CS kernel); lgamma, "

@@ -53,6 +53,8 @@ CANDIDATE_SAMPLERS = ("LogUniformCandidateSampler", "UniformCandidateSampler",
                       "LearnedUnigramCandidateSampler", "FixedUnigramCandidateSampler",
                       "ThreadUnsafeUnigramCandidateSampler", "AllCandidateSampler",
                       "ComputeAccidentalHits")
+# Gamma draws (tf.random.gamma): the CS has no gamma sampler.
+GAMMA_OPS = {"RandomGamma"}
 USE_INSTEAD = ("draw per sample: tf.random.normal, truncated_normal or uniform (floats, or "
                "integers in [minval, maxval)) of tf.shape(x) or [tf.shape(x)[0]], x a "
                "per-sample value")
@@ -116,6 +118,11 @@ def refusal(op_type: str) -> str:
     if op_type == "StatelessMultinomial":
         return ("tf.random.stateless_categorical draws the same classes for the same seed at "
                 "every step; the CS draws fresh ones each step: use tf.random.categorical")
+    if op_type in GAMMA_OPS:
+        return ("draws from a gamma distribution (tf.random.gamma; a Beta as the ratio of two "
+                "gammas, mixup's lambda): the CS has no gamma sampler; draw it in input_fn "
+                "(np.random.gamma, or mixup's lambda as np.random.beta(alpha, alpha)) and "
+                "yield it with the batch")
     return (f"draws a shuffle or integers over their dtype's full range: the CS draws floats, "
             f"integers in [minval, maxval) and each sample's classes (tf.random.categorical); "
             f"{USE_INSTEAD}")

@@ -7,6 +7,7 @@ too); a per-step value that is no schedule, or one scaling a weight inside a pen
 refused in one line saying what to write."""
 from __future__ import annotations
 
+import blind_finding_models as bm
 import cs_inprocess
 import loss_schedule_models as lm
 import pytest
@@ -81,3 +82,27 @@ def test_a_per_step_value_the_cs_cannot_compute_is_refused_in_one_line(tmp_path,
     message = str(error.value)
     assert says in message and instead in message
     assert "computed from weights that is not" not in message
+
+
+def test_a_capacity_schedule_inside_a_loss_of_the_whole_batch_trains_like_tensorflow(tmp_path):
+    """The controlled-capacity beta-VAE's gamma * |mean(KL) - C|, C = tf.minimum(C_max,
+    C_max * step / N) (N 2: C 0, 12.5, 25, 25 over 4 steps, crossing the KL): the batch tail
+    reads the schedule's value at the step computed; Adam's 4 steps are TF's (the CS's eps
+    TF's draws)."""
+    params = {**bm.CAPACITY_VAE_PARAMS, "capacity_steps": 2, "runconfig": {"tf_random_seed": 7}}
+    run = cs_inprocess.compare_drawn(bm.capacity_vae, bm.capacity_vae_input_fn, params,
+                                     str(tmp_path), steps=4)
+    assert {"schedule", "batch_tail_loss"} <= set(kernel_types(run))
+    assert cs_inprocess.mismatches(run) == []
+
+
+def test_a_capacity_kept_in_a_variable_is_refused_saying_it_reads_the_global_step(tmp_path):
+    """C = min(C_max, raised + step), `raised` raised by the train_op: one line naming the
+    op, its line, the global step's value and the variable (not "a value of weights")."""
+    line = cs_inprocess.refusal(bm.capacity_kept_in_a_variable, bm.capacity_vae_input_fn,
+                                dict(bm.CAPACITY_VAE_PARAMS), str(tmp_path),
+                                "tests/blind_finding_models.py")
+    assert "the value of the global step Minimum" in line
+    assert "reads raised, which the train_op writes (Minimum 'Minimum' at " \
+        "tests/blind_finding_models.py:" in line
+    assert "a value of weights" not in line

@@ -225,7 +225,9 @@ def test_a_float16_stream_into_a_float32_model_trains_as_tensorflow(tmp_path):
 @pytest.mark.parametrize("dtype,instead", [
     ("bfloat16", ": the CS streams float32, float16, int32, int64 or bool; cast it to float16 "
                  "in input_fn"),
-    ("float64", "; the model computes in float32 (hint: cast in input_fn: tf.cast(x, tf.float32)"),
+    ("float64", " and Cast 'Cast' at tests/coordinator/test_mixed_precision.py:48 casts "
+                "it to float16: the CS computes in float32 (it streams a float64 input every "
+                "reader casts to float32 first) (hint: cast in input_fn: tf.cast(x, tf.float32)"),
 ], ids=["bfloat16", "float64"])
 def test_features_the_cs_does_not_stream_are_refused_in_one_line(tmp_path, dtype, instead):
     line = _refusal(tmp_path, features=dtype)

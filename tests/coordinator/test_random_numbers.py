@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tempfile
 
+import blind_finding_models as bm
 import cs_inprocess
 import noise_models as nm
 import numpy as np
@@ -251,6 +252,21 @@ def test_random_numbers_the_cs_does_not_draw_are_refused_in_one_line(name):
     assert "\n" not in message
     assert message.startswith(f"validation failed: {op_type} ")
     assert "tests/noise_models.py:" in message and reason in message
+
+
+def test_mixups_gamma_draws_are_refused_saying_the_cs_has_no_gamma_sampler(tmp_path):
+    """Mixup's lambda ~ Beta(alpha, alpha) as g1 / (g1 + g2) of two tf.random.gamma: one line
+    naming RandomGamma and its line, what the CS lacks and what to write instead (not the
+    shuffles' and full-range integers' words)."""
+    line = cs_inprocess.refusal(bm.mixup, bm.mixup_input_fn, dict(bm.MIXUP_PARAMS), str(tmp_path),
+                                "tests/blind_finding_models.py")
+    assert line.startswith("validation failed: RandomGamma 'random_gamma/RandomGamma' at "
+                           "tests/blind_finding_models.py:")
+    assert ("draws from a gamma distribution (tf.random.gamma; a Beta as the ratio of two "
+            "gammas, mixup's lambda): the CS has no gamma sampler; draw it in input_fn "
+            "(np.random.gamma, or mixup's lambda as np.random.beta(alpha, alpha)) and yield it "
+            "with the batch") in line
+    assert "shuffle" not in line.split(" (and ")[0]
 
 
 def test_the_draws_of_a_replay_are_the_kernels_values_not_a_stub(drawn):

@@ -148,10 +148,6 @@ def _raises(params):
     raise KeyError("train_input.path")
 
 
-def _float64(params):
-    return _dataset(np.zeros((64, 784)), np.zeros(64, np.int32))
-
-
 def _labels_shape(params):
     return _dataset(np.zeros((64, 784), np.float32), np.zeros((64, 3), np.int32))
 
@@ -177,7 +173,6 @@ def _fails_while_reading(params):
 
 INPUT_CASES = {
     "input_fn_raises": (_raises, "input_fn raised KeyError"),
-    "float64_features": (_float64, "features as float64"),
     "labels_wrong_shape": (_labels_shape, "model_fn raised ValueError"),
     "labels_wrong_dtype": (_labels_dtype, "model_fn raised"),
     "dataset_ends_early": (_ends_early, "input_fn ran out after 2 steps"),

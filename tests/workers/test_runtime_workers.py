@@ -95,6 +95,23 @@ def test_feed_requests_serialize_raw_bytes_with_token_and_index():
         np.testing.assert_array_equal(np.frombuffer(labels.data, np.int32), y)
 
 
+def test_float64_features_of_a_float32_input_are_streamed_as_tensorflows_cast():
+    """input_fn's float64 features (numpy's default: thirds), compiled as a float32 input
+    (every reader casts them to float32): the worker sends float32, rounded as tf.cast."""
+    x = np.arange(40 * 3).reshape(40, 3) / 3.0
+
+    def float64_input_fn(params):
+        return tf.data.Dataset.from_tensor_slices((x, np.arange(40, dtype=np.int32))).batch(BATCH)
+
+    rdv = make_rendezvous(0, 2)
+    *requests, _ = feed_requests(shard_batches(float64_input_fn, {}, rdv, 0), rdv, 0)
+    for index, request in enumerate(requests):
+        feats = request.tensors[0]
+        assert feats.dtype == pb.FLOAT32
+        np.testing.assert_array_equal(np.frombuffer(feats.data, np.float32).reshape(BATCH, 3),
+                                      tf.cast(x[index * BATCH:(index + 1) * BATCH], tf.float32))
+
+
 def test_to_tensor_big_endian_becomes_little_endian():
     t = to_tensor("x", np.arange(3, dtype=">f4"))
     np.testing.assert_array_equal(np.frombuffer(t.data, "<f4"), [0, 1, 2])
