@@ -5,6 +5,7 @@ fused by 2x Conv2DTranspose upsampling, per-pixel softmax cross-entropy, mean Io
 SGD with a poly schedule and a static loss scale) and unseen25's transformer_seq2seq (an
 encoder-decoder Transformer with Keras MultiHeadAttention, label smoothing 0.1, tied output
 embeddings, Adam with the Noam schedule, a static loss scale written by hand)."""
+# ruff: noqa: E702, E731, E741  (the models as their authors wrote them)
 import numpy as np
 import tensorflow as tf
 
