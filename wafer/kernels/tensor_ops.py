@@ -388,6 +388,10 @@ class Softmax(SampleKernel):
         y, g = cache, grad_output
         if self.log:
             return [g - g.sum(axis=self.axis, keepdims=True, dtype=np.float32) * np.exp(y)], {}
+        if is_half(self.attrs):  # _SoftmaxGrad's float16 ops: Mul, Sum (Eigen's), Sub, Mul
+            gy = np.moveaxis(round_half(g * y), self.axis, -1)
+            total = np.moveaxis(eigen_half_sum(gy)[..., None], -1, self.axis)
+            return [round_half(round_half(g - total) * y)], {}
         dx = g - (g * y).sum(axis=self.axis, keepdims=True, dtype=np.float32)
         return [np.multiply(dx, y, out=dx)], {}
 
