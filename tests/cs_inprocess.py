@@ -425,6 +425,18 @@ def predict_like_the_chief(model_fn: Callable, input_fn: Callable, params: dict,
     return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
 
 
+def both_predictions(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
+                     trained: Comparison, steps: int = 2) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The CS's predictions (as the chief makes them) and the CPU path's from a checkpoint of
+    the `trained` state."""
+    path = trained_checkpoint(model_dir, trained)
+    settings = RunSettings(model_dir, params, None, None, None, None)
+    cs = predict_like_the_chief(model_fn, input_fn, params, model_dir, path, steps)
+    cpu = cpu_session.predict(model_fn, input_fn, settings, checkpoint_path=path,
+                              num_samples=len(next(iter(cs.values())))).arrays
+    return cs, cpu
+
+
 def prediction_mismatch(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str,
                         trained: Comparison, steps: int = 2, rtol: float = 1e-4,
                         of_largest: bool = False) -> str:
@@ -432,11 +444,7 @@ def prediction_mismatch(model_fn: Callable, input_fn: Callable, params: dict, mo
     the CPU path predicts from it (integers exactly, floats to `rtol`, or with `of_largest` to
     `rtol` of each output's largest magnitude: float16 outputs, whose rounding is of their
     scale); else what differs."""
-    path = trained_checkpoint(model_dir, trained)
-    settings = RunSettings(model_dir, params, None, None, None, None)
-    cs = predict_like_the_chief(model_fn, input_fn, params, model_dir, path, steps)
-    cpu = cpu_session.predict(model_fn, input_fn, settings, checkpoint_path=path,
-                              num_samples=len(next(iter(cs.values())))).arrays
+    cs, cpu = both_predictions(model_fn, input_fn, params, model_dir, trained, steps)
     problems = [] if set(cs) == set(cpu) else [f"keys: CS {sorted(cs)} vs the CPU path {sorted(cpu)}"]
     for key in sorted(set(cs) & set(cpu)):
         same = (cs[key].shape == cpu[key].shape and (

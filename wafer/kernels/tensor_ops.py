@@ -296,6 +296,48 @@ class CumulativeLogsumexp(Cumsum):
         return [(positive - negative).astype(np.float32)], {}
 
 
+HALF_PACKET = 8  # Eigen::half lanes of a packet in TF 2.21's CPU kernels (Packet8h: AVX2)
+
+
+def eigen_half_sum(e: np.ndarray) -> np.ndarray:
+    """The float16 sum of `e`'s last axis (float16 values) as Eigen's inner-most reduction on
+    Eigen::half (rows up to 1024 long): packets of 8 added lane by lane, each sum rounded to
+    float16: groups of four packets into four accumulators, these added in order, then the
+    packets left over; the lanes added in float32 (predux: lanes i and i + 4, then pairs) and rounded; the tail
+    added one by one to a float16 sum from 0; the two sums added and rounded."""
+    n = e.shape[-1]
+    whole = n - n % HALF_PACKET
+    tail = np.zeros(e.shape[:-1], np.float32)
+    for i in range(whole, n):
+        tail = round_half(tail + e[..., i])
+    if not whole:
+        return tail
+    packets = e[..., :whole].reshape(*e.shape[:-1], whole // HALF_PACKET, HALF_PACKET)
+    unrolled = whole // (4 * HALF_PACKET) * 4
+    lanes = np.zeros(packets[..., 0, :].shape, np.float32)
+    if unrolled:
+        accumulators = [packets[..., k, :] for k in range(4)]
+        for j in range(4, unrolled):
+            accumulators[j % 4] = round_half(accumulators[j % 4] + packets[..., j, :])
+        lanes = accumulators[0]
+        for other in accumulators[1:]:
+            lanes = round_half(lanes + other)
+    for j in range(unrolled, whole // HALF_PACKET):
+        lanes = round_half(lanes + packets[..., j, :])
+    quads = lanes[..., :4] + lanes[..., 4:]
+    pairs = quads[..., :2] + quads[..., 2:]
+    return round_half(tail + round_half(pairs[..., 0] + pairs[..., 1]))
+
+
+def eigen_half_softmax(x: np.ndarray) -> np.ndarray:
+    """TF's float16 Softmax on the CPU (Eigen's SoftmaxEigenImpl on Eigen::half, oneDNN off)
+    along the last axis of float16 values: x - max, exp, the sum (`eigen_half_sum`), its
+    inverse and the product, each rounded to float16."""
+    e = round_half(np.exp(round_half(x - x.max(axis=-1, keepdims=True))))
+    inverse = round_half(_ONE / eigen_half_sum(e))
+    return round_half(e * inverse[..., None])
+
+
 @register
 class Softmax(SampleKernel):
     """tf.nn.softmax or (attr log) tf.nn.log_softmax along a per-sample `axis` (-1: the
@@ -329,6 +371,10 @@ class Softmax(SampleKernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
+        if is_half(self.attrs) and not self.log:
+            y = eigen_half_softmax(np.moveaxis(x, self.axis, -1))
+            y = np.ascontiguousarray(np.moveaxis(y, -1, self.axis))
+            return y, y
         shifted = x - x.max(axis=self.axis, keepdims=True)
         if self.log:
             total = np.exp(shifted).sum(axis=self.axis, keepdims=True, dtype=np.float32)
@@ -342,6 +388,10 @@ class Softmax(SampleKernel):
         y, g = cache, grad_output
         if self.log:
             return [g - g.sum(axis=self.axis, keepdims=True, dtype=np.float32) * np.exp(y)], {}
+        if is_half(self.attrs):  # _SoftmaxGrad's float16 ops: Mul, Sum (Eigen's), Sub, Mul
+            gy = np.moveaxis(round_half(g * y), self.axis, -1)
+            total = np.moveaxis(eigen_half_sum(gy)[..., None], -1, self.axis)
+            return [round_half(round_half(g - total) * y)], {}
         dx = g - (g * y).sum(axis=self.axis, keepdims=True, dtype=np.float32)
         return [np.multiply(dx, y, out=dx)], {}
 
