@@ -20,7 +20,9 @@ do not change along it). Each path must end in the logits of Softmax, LogSoftmax
 two operands (no ellipsis or repeated letter) with a tensor k not computed from the variable
 keeps d constant along an output letter along which both d and k are constant (or that the
 operand lacks): Keras MultiHeadAttention's key bias, constant along the key positions, the
-softmax's axis. A Select (tf.where) of it and a constant of at most -1e4 (Keras' masked
+softmax's axis; a MatMul or BatchMatMul likewise (rows of its first operand, columns of
+its second, batch axes of both: MultiHeadAttention with dropout, tf.matmul(q, k,
+transpose_b=True)). A Select (tf.where) of it and a constant of at most -1e4 (Keras' masked
 softmax) feeding only softmaxes keeps d: the masked entries' probability underflows to 0
 (`_masked`). A path also ends in x − mean(x, axes, keepdims) with d constant along the
 axes (tf.math.reduce_variance, reduce_std: `_centred`), where the shift cancels. A path may
