@@ -2,7 +2,9 @@
 Keras MultiHeadAttention with dropout (TF's masks handed to the CS: compare_drawn) computes its scores by a batch matmul (BatchMatMulV2),
 through which the shift proof (coordinator/compiler/training/shift.py) follows the key bias
 to the softmax: the CS applies the exact 0 instead of refusing the bias as a batch
-normalization's noise, and trains the rest like TensorFlow."""
+normalization's noise, and trains the rest like TensorFlow. N-BEATS under sMAPE has forecast
+bias elements that float32 does not determine (noise.check_element_noise): it validated and
+then Adam trained them differently; it is refused in one line."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -14,3 +16,9 @@ def test_conformer_key_bias_gets_the_exact_zero_and_the_rest_trains_like_tensorf
                                         dict(models.CONFORMER_PARAMS), str(tmp_path), steps=4)
     assert "mhsa/key/bias" in cs_inprocess.zero_gradient_variables(result.compiled)
     assert cs_inprocess.mismatches(result) == []
+
+
+def test_nbeats_smape_forecast_bias_noise_under_adam_is_refused_in_one_line(tmp_path):
+    message = cs_inprocess.refusal(models.nbeats, models.nbeats_input_fn,
+                                   dict(models.NBEATS_PARAMS), str(tmp_path), models.__file__)
+    assert "_forecast/bias are rounding noise" in message and "Adam" in message
