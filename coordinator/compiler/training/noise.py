@@ -21,6 +21,9 @@ before a batch normalization). Under SGD and momentum the ratio is g / G itself 
 `noise`): never refused. Noise that reaches no batch normalization is zero for each sample
 on its own (an attention key's bias: softmax ignores a shift shared by all keys): nothing the
 model computes in any mode reads its value, which is accepted though not TF's.
+Elements (`check_element_noise`): a bias reaching no batch normalization with a gradient
+element at the noise level that the optimizer amplifies is refused (float32 does not
+determine it, and it is not proven 0: N-BEATS' sMAPE below 0).
 
 Floored (`floored`): where only some elements of a gradient cancel (a ReLU unit active for
 every sample of the batch before the normalization: its bias element sums the
