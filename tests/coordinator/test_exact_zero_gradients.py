@@ -4,7 +4,8 @@ through which the shift proof (coordinator/compiler/training/shift.py) follows t
 to the softmax: the CS applies the exact 0 instead of refusing the bias as a batch
 normalization's noise, and trains the rest like TensorFlow. N-BEATS under sMAPE has forecast
 bias elements that float32 does not determine (noise.check_element_noise): it validated and
-then Adam trained them differently; it is refused in one line."""
+then Adam trained them differently; it is refused in one line. A bias the proof does not
+follow into a batch normalization (through a concat) is still refused as noise."""
 from __future__ import annotations
 
 import cs_inprocess
@@ -22,3 +23,10 @@ def test_nbeats_smape_forecast_bias_noise_under_adam_is_refused_in_one_line(tmp_
     message = cs_inprocess.refusal(models.nbeats, models.nbeats_input_fn,
                                    dict(models.NBEATS_PARAMS), str(tmp_path), models.__file__)
     assert "_forecast/bias are rounding noise" in message and "Adam" in message
+
+
+def test_a_bias_the_proof_does_not_follow_into_a_batch_normalization_is_refused(tmp_path):
+    message = cs_inprocess.refusal(models.concatenated_branches, models.branches_input_fn, {},
+                                   str(tmp_path), models.__file__)
+    assert message.startswith("the gradient of wide/bias is rounding noise") or \
+        message.startswith("the gradient of deep/bias is rounding noise"), message
