@@ -6,6 +6,7 @@ under an sMAPE loss (Adam): a forecast below 0 against a label above 0 has the g
 and two Dense branches concatenated into a BatchNormalization."""
 import numpy as np
 import tensorflow as tf
+import window_models
 
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
@@ -166,3 +167,18 @@ def concatenated_branches(features, labels, mode, params):
         train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(
             loss, global_step=tf.compat.v1.train.get_or_create_global_step())
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op)
+
+
+def swin_under_adam(features, labels, mode, params):
+    """window_models' Swin (window attention on folded windows, a fused qkv Dense) under Adam:
+    the key part of the qkv bias cancels in each window's softmax, its gradient elements
+    rounding noise, which the shift proof (variable by variable) cannot give the exact 0."""
+    x = tf.keras.layers.Dense(window_models.DIM, name="embed")(features)
+    x = window_models.swin_block(x, 0, "block0")
+    x = window_models.swin_block(x, params.get("shift", 2), "block1")
+    x = window_models.patch_merging(x)
+    logits = tf.keras.layers.Dense(window_models.CLASSES)(
+        tf.reduce_mean(tf.keras.layers.LayerNormalization()(x), [1, 2]))
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=tf.compat.v1.train.AdamOptimizer(
+        0.01).minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import cs_inprocess
 import exact_zero_models as models
+import window_models
 
 
 def test_conformer_key_bias_gets_the_exact_zero_and_the_rest_trains_like_tensorflow(tmp_path):
@@ -30,3 +31,11 @@ def test_a_bias_the_proof_does_not_follow_into_a_batch_normalization_is_refused(
                                    str(tmp_path), models.__file__)
     assert message.startswith("the gradient of wide/bias is rounding noise") or \
         message.startswith("the gradient of deep/bias is rounding noise"), message
+
+
+def test_swin_window_attention_under_adam_is_refused_in_one_line(tmp_path):
+    """The fused qkv bias's key part cancels in each folded window's softmax: its gradient
+    elements are noise (CS 3.5e-5 vs TF 1.6e-4 after 4 steps, had it trained)."""
+    message = cs_inprocess.refusal(models.swin_under_adam, window_models.image_input_fn, {},
+                                   str(tmp_path), window_models.__file__)
+    assert "/dense/bias are rounding noise" in message and "Adam" in message, message

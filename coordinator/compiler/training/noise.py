@@ -23,7 +23,8 @@ on its own (an attention key's bias: softmax ignores a shift shared by all keys)
 model computes in any mode reads its value, which is accepted though not TF's.
 Elements (`check_element_noise`): a bias reaching no batch normalization with a gradient
 element at the noise level that the optimizer amplifies is refused (float32 does not
-determine it, and it is not proven 0: N-BEATS' sMAPE below 0).
+determine it, and it is not proven 0: N-BEATS' sMAPE below 0; Swin's fused qkv bias, whose
+key part alone cancels in the softmax).
 
 Floored (`floored`): where only some elements of a gradient cancel (a ReLU unit active for
 every sample of the batch before the normalization: its bias element sums the
@@ -207,6 +208,7 @@ def check_element_noise(graph: tf.Graph, smallest: dict[str, tuple[OptimizerConf
                             f"proven 0) and {name} turns them into steps {step:.2g} of the "
                             "largest's: the CS's noise is not TensorFlow's, so it would train "
                             "differently",
-                    hint=f"keep the loss's gradient above float32's rounding (sMAPE: clip the "
-                         f"forecast at 0, or a larger epsilon), or leave {variable} out of the "
-                         "optimizer's var_list")
+                    hint=f"keep the loss's gradient above float32's rounding (sMAPE: a larger "
+                         "epsilon), split off a part whose gradient is 0 (a fused qkv Dense's "
+                         f"key bias: a key Dense with use_bias=False), or leave {variable} out "
+                         "of the optimizer's var_list")
