@@ -573,13 +573,14 @@ class Matcher:
 
 
 def host_tensors(extracted: ExtractedGraph) -> list[tf.Tensor]:
-    """Tensors the chief computes on the host: host_call inputs, metrics, predictions."""
+    """Tensors the chief computes on the host: host_call inputs, metrics (not in PREDICT:
+    an Estimator runs only the predictions there), predictions."""
     spec = extracted.spec
     tensors: list[Any] = []
     if spec.host_call is not None:
         args = spec.host_call[1]
         tensors.extend(args.values() if isinstance(args, dict) else args)
-    if spec.eval_metric_ops:
+    if spec.eval_metric_ops and extracted.mode != ModeKeys.PREDICT:
         for value, update in spec.eval_metric_ops.values():
             tensors.extend([value, update])
     if extracted.mode == ModeKeys.PREDICT and spec.predictions is not None:
