@@ -2,7 +2,7 @@
 ...]: two heads' outputs, an ensemble's members, MC-dropout samples), or the same layout made
 otherwise: a transpose moving a sample's axis first and the batch second (timm's qkv permute,
 `transposed`), a draw of K sets a sample ([K, B, Z]: random_numbers.py), x[None] read by
-element-wise ops (a stack of one, `unit_stack`). The CS holds such a
+element-wise ops (a stack of one, `unit_stack`; tf.broadcast_to it to K copies). The CS holds such a
 value per sample with the stack axis first ((S, ...): the values, each with a unit axis
 added, concatenated), recorded in `Context.leading`, and lowers what reads it only where
 that layout is proven: element-wise ops (their other operands such values, per-sample
@@ -31,7 +31,7 @@ REFUSAL = ("reads a value stacked in front of the batch ([S, batch, ...]: tf.sta
            "reshaped to [-1, n]), or stack after the batch (tf.stack(values, axis=1))")
 REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min", "Prod": "prod"}
 # Ops whose TF layout is their input's (the leading value's generic lowering holds)
-SAME_LAYOUT = ("Cast",)
+SAME_LAYOUT = ("Cast", "IsFinite")
 
 
 def stack(m: Context, op: tf.Operation) -> str:
@@ -67,16 +67,18 @@ def transposed(m: Context, op: tf.Operation, order: list[int]) -> str:
 
 def unit_stack(m: Context, op: tf.Operation) -> bool:
     """A per-sample value given a unit axis in front of the batch (mu[None], tf.expand_dims(
-    mu, 0)) read by element-wise ops alone (a VIB's mu[None] + sigma[None] * eps, eps
-    [K, B, Z]): a stack of one, its readers lowered as any stack-first value's."""
+    mu, 0)) read by element-wise ops alone, directly or through unary ops and a broadcast of
+    the unit axis (a VIB's mu[None] + sigma[None] * eps, eps [K, B, Z]; an IWAE's
+    tf.exp(logvar[None]), tf.broadcast_to(x[None], tf.shape(logits))): a stack of one, its
+    readers lowered as any stack-first value's."""
     from coordinator.compiler.in_batch import row_shape
-    from coordinator.compiler.lowering import BINARY
     if op.type not in ("StridedSlice", "ExpandDims", "Reshape") or row_shape(m, op) is None:
         return False  # (x whole, each value in place: not x[None, :, ::-1])
     x, out = op.inputs[0], op.outputs[0]
-    if m.axis_shift(x) != 1 or \
-            tuple(static_shape(out)) != (1, *static_shape(x)) or not m.consumers(out) or \
-            any(c.type not in BINARY for c in m.consumers(out)) or _pairs_samples(m, out):
+    if m.axis_shift(x) != 1 or tuple(static_shape(out)) != (1, *static_shape(x)):
+        return False
+    readers = _binary_readers(m, out)
+    if not readers or _pairs_samples(readers):
         return False
     m.leading.add(out.name)
     m.add_kernel(op.name, "reshape", [x], {"shape": [1, *m.shape(x)]}, [], [op], out,
@@ -84,12 +86,42 @@ def unit_stack(m: Context, op: tf.Operation) -> bool:
     return True
 
 
-def _pairs_samples(m: Context, out: tf.Tensor) -> bool:
-    """out (x[None]) meets x[:, None]-shaped values ([B, 1, ...]): the in-batch pairing of
-    every sample with every other (sq[:, None] + sq[None, :]), not a stack of one."""
-    rank = len(static_shape(out))
-    return any(len(static_shape(t)) == rank and static_shape(t)[1] == 1 and static_shape(t)[0] != 1
-               for c in m.consumers(out) for t in c.inputs if t is not out)
+def _binary_readers(m: Context, out: tf.Tensor) -> list[tuple[tf.Operation, tf.Tensor]] | None:
+    """The binary element-wise ops reading `out` (x[None]), each with the value of it they
+    read, directly or through unary ops and broadcasts of the unit axis; None when another op
+    reads it or any of those values."""
+    from coordinator.compiler.lowering import BINARY, UNARY
+    readers, pending = [], [out]
+    while pending:
+        value = pending.pop()
+        consumers = m.consumers(value)
+        if not consumers:
+            return None
+        for c in consumers:
+            if c.type in BINARY:
+                readers.append((c, value))
+            elif c.type in UNARY or stack_broadcast(c):
+                pending.append(c.outputs[0])
+            else:
+                return None
+    return readers
+
+
+def stack_broadcast(op: tf.Operation) -> bool:
+    """tf.broadcast_to of a stack of one to K copies ([1, B, ...] -> [K, B, ...])."""
+    if op.type != "BroadcastTo":
+        return False
+    source, out = static_shape(op.inputs[0]), static_shape(op.outputs[0])
+    return len(source) == len(out) >= 2 and source[0] == 1 and None not in out and \
+        tuple(source[1:]) == tuple(out[1:])
+
+
+def _pairs_samples(readers: list[tuple[tf.Operation, tf.Tensor]]) -> bool:
+    """x[None] meets x[:, None]-shaped values ([B, 1, ...]): the in-batch pairing of every
+    sample with every other (sq[:, None] + sq[None, :]), not a stack of one."""
+    return any(len(static_shape(t)) == len(static_shape(value)) and static_shape(t)[1] == 1
+               and static_shape(t)[0] != 1
+               for c, value in readers for t in c.inputs if t is not value)
 
 
 def loss_reduction(m: Context, op: tf.Operation) -> bool:
@@ -104,7 +136,7 @@ def loss_reduction(m: Context, op: tf.Operation) -> bool:
 
 def lower(m: Context, op: tf.Operation) -> str:
     """An op reading a value held with its stack axis first: its kernels ("") or why not."""
-    from coordinator.compiler.lowering import BINARY, UNARY
+    from coordinator.compiler.lowering import BINARY, SELECTS, UNARY
     x = op.inputs[0]
     if op.type in ("Identity", "Snapshot"):
         m.leading.add(op.outputs[0].name)
@@ -114,9 +146,15 @@ def lower(m: Context, op: tf.Operation) -> str:
         m.leading.add(op.outputs[0].name)
         m.add_kernel(op.name, "stop_gradient", [x], {}, [], [op], op.outputs[0], output_shape=m.shape(x))
         return ""
-    if op.type in UNARY or op.type in SAME_LAYOUT or (op.type in BINARY and _operands_align(m, op)):
+    if op.type in UNARY or op.type in SAME_LAYOUT or (op.type in (*BINARY, *SELECTS) and _operands_align(m, op)):
         m.leading.add(op.outputs[0].name)
         return GENERIC[op.type](m, op)
+    if stack_broadcast(op):  # (K copies of a stack of one: each sample's, tiled)
+        copies = static_shape(op.outputs[0])[0]
+        m.leading.add(op.outputs[0].name)
+        m.add_kernel(op.name, "tile", [x], {"multiples": [copies] + [1] * (len(m.shape(x)) - 1)},
+                     [], [op], op.outputs[0], output_shape=(copies, *m.shape(x)[1:]))
+        return ""
     if op.type in ("Softmax", "LogSoftmax") and len(static_shape(x)) >= 3:  # (a sample's last axis)
         m.leading.add(op.outputs[0].name)
         return GENERIC[op.type](m, op)
@@ -148,15 +186,32 @@ def _operands_align(m: Context, op: tf.Operation) -> bool:
         if m.is_batched(t):
             if len(shape) != rank - 1:
                 return False
-        elif len(shape) >= rank or (len(shape) == rank - 1 and shape[0] != 1):
+        elif batch_constant(m, op, t) is None and (
+                len(shape) >= rank or (len(shape) == rank - 1 and shape[0] != 1)):
             return False
     return True
+
+
+def batch_constant(m: Context, op: tf.Operation, tensor: tf.Tensor) -> np.ndarray | None:
+    """A constant of the stack-first layout's full shape read with leading values, the same
+    for every sample (tf.zeros_like(stacked) in tf.nn.sigmoid_cross_entropy_with_logits):
+    its one sample's (1, S, ...) values, else None."""
+    value = m.operands.constant(tensor)
+    if value is None or value.ndim != len(static_shape(op.outputs[0])) or value.ndim < 2 or \
+            value.shape[1] != m.batch_size or not (value == value[:, :1]).all() or \
+            not any(t.name in m.leading for t in op.inputs):
+        return None
+    return np.moveaxis(value[:, :1], 1, 0)
 
 
 def _reshape(m: Context, op: tf.Operation) -> str:
     """A reshape keeping the stack and batch axes (tf.squeeze(stacked, -1)): the sample's own,
     each (stack, batch) block's values in the same order."""
     source, out = static_shape(op.inputs[0]), static_shape(op.outputs[0])
+    if source[:1] == (1,) and tuple(out) == tuple(source[1:]):  # (a stack of one, unstacked:
+        m.add_kernel(op.name, "reshape", [op.inputs[0]], {"shape": list(out[1:])}, [], [op],
+                     op.outputs[0])  # tf.reduce_logsumexp's max over the stack, squeezed)
+        return ""
     if len(out) < 2 or tuple(out[:2]) != tuple(source[:2]):
         return REFUSAL
     m.leading.add(op.outputs[0].name)

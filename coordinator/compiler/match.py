@@ -374,7 +374,10 @@ class Matcher:
                 value = self.operands.zero_product(t)
             if value is not None:
                 rows = self.folded_rows(op)
-                if value.ndim and value.ndim == len(static_shape(op.outputs[0])) and \
+                stacked = leading_stack.batch_constant(self, op, t)
+                if stacked is not None:
+                    value = stacked
+                elif value.ndim and value.ndim == len(static_shape(op.outputs[0])) and \
                         value.shape[0] in (self.x.batch_size, *rows) and value.shape[0] != 1:
                     if not (value == value[:1]).all():
                         return (f"a constant of shape {value.shape} holds other values for "

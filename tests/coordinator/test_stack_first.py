@@ -4,7 +4,10 @@ unstacked or indexed) trains 4 steps with TF's numbers, evaluates and predicts w
 path's, and so does Swin's form of it on windows folded into the batch; a VIB's K Monte
 Carlo samples (eps = tf.random.normal([K, tf.shape(mu)[0], Z]), mu[None] + sigma[None] *
 eps, a Dense on the [K, B, Z] samples) train with TF's replayed
-draws and evaluate drawing every batch; what reads such a value other than the stack-first
+draws and evaluate drawing every batch, and so does an IWAE as unseen28 wrote it (its
+Bernoulli targets tf.broadcast_to(x[None], tf.shape(logits)), tf.exp(logvar[None]) in the
+Gaussian log-density, tf.nn.sigmoid_cross_entropy_with_logits' zeros and selects on
+[K, B, ...], tf.reduce_logsumexp over the K samples); what reads such a value other than the stack-first
 layout supports stays refused in one line."""
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import pytest
 import tensorflow as tf
 from coincidence_models import spec as _spec
 
-from tf_model.estimator_spec import ModeKeys
+from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 L = tf.keras.layers
 v1 = tf.compat.v1
@@ -74,6 +77,32 @@ def vib(features, labels, mode, params):
     return _spec(mode, labels, decoder(mu), loss + 0.01 * kl)
 
 
+def _log_normal(z, mu, logvar):
+    return -0.5 * tf.reduce_sum(np.log(2 * np.pi) + logvar + tf.square(z - mu) / tf.exp(logvar), -1)
+
+
+def iwae(features, labels, mode, params):
+    """An importance-weighted autoencoder: K codes per example, the bound a logsumexp over
+    K of the log weights; predictions the mean code."""
+    x = tf.cast(L.Flatten()(features) > 0.0, tf.float32)
+    h = L.Dense(16, activation="tanh")(x)
+    mu, logvar = L.Dense(CODE)(h), L.Dense(CODE)(h)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"code": mu})
+    eps = tf.random.normal([SAMPLES, tf.shape(x)[0], CODE])
+    z = mu[None] + tf.exp(0.5 * logvar)[None] * eps  # [K, B, Z]
+    logits = L.Dense(TOKENS * FEATURES)(L.Dense(16, activation="tanh")(z))
+    log_px_z = -tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=tf.broadcast_to(x[None], tf.shape(logits)), logits=logits), -1)
+    log_w = log_px_z + _log_normal(z, 0.0, 0.0) - _log_normal(z, mu[None], logvar[None])
+    bound = tf.reduce_logsumexp(log_w, axis=0) - np.log(SAMPLES)
+    loss = -tf.reduce_mean(bound)
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={"bound": v1.metrics.mean(bound)})
+    train_op = v1.train.AdamOptimizer(1e-3).minimize(loss, v1.train.get_or_create_global_step())
+    return CSEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
 def permuted_windows(features, labels, mode, params):
     """Swin's form: windows folded into the batch ([B*n, N, ...]) before the permute (no stack:
     each part taken apart, sequences._folded_parts; params parts_mean: the permuted value
@@ -103,7 +132,8 @@ def test_trains_evaluates_and_predicts_like_tensorflow(tmp_path, name):
     assert cs_inprocess.cpu_path_mismatches(model_fn, input_fn, params, str(tmp_path), result) == []
 
 
-DRAWN = {"vib_unstacked": {**PARAMS, "decode": "unstacked"}, "vib_rank3": {**PARAMS, "decode": "rank3"}}
+DRAWN = {"vib_unstacked": (vib, {**PARAMS, "decode": "unstacked"}),
+         "vib_rank3": (vib, {**PARAMS, "decode": "rank3"}), "iwae": (iwae, PARAMS)}
 
 
 @pytest.mark.parametrize("name", DRAWN)
@@ -111,12 +141,14 @@ def test_monte_carlo_samples_train_with_tensorflows_draws(tmp_path, name):
     """4 steps handed TF's [K, B, Z] draws (each sample its [K, Z]) at 1e-5; predictions (of
     the mean code) as the CPU path's; evaluation draws every batch, TF's losses when handed
     TF's draws."""
-    params = DRAWN[name]
-    result = cs_inprocess.compare_drawn(vib, input_fn, params, str(tmp_path / "train"), STEPS)
+    model_fn, params = DRAWN[name]
+    result = cs_inprocess.compare_drawn(model_fn, input_fn, params, str(tmp_path / "train"), STEPS)
     cs_inprocess.assert_same_training(result, 1e-5)
-    assert cs_inprocess.prediction_mismatch(vib, input_fn, params, str(tmp_path / "train"), result) == ""
+    assert cs_inprocess.prediction_mismatch(model_fn, input_fn, params, str(tmp_path / "train"),
+                                            result) == ""
     path = cs_inprocess.trained_checkpoint(str(tmp_path / "train"), result)
-    cs_inprocess.assert_evaluation_draws_every_batch(vib, input_fn, params, str(tmp_path / "eval"), path)
+    cs_inprocess.assert_evaluation_draws_every_batch(model_fn, input_fn, params,
+                                                     str(tmp_path / "eval"), path)
 
 
 def permuted_then_reduced_over_the_batch(features, labels, mode, params):
