@@ -189,6 +189,22 @@ def iic_model_fn(features, labels, mode, params):
     return _spec(mode, loss, params)
 
 
+def proxy_anchor_model_fn(features, labels, mode, params):
+    """Proxy-Anchor metric learning: each class proxy pulls the batch's embeddings of its class
+    and pushes the others, its positive term averaged over the proxies that have a positive
+    in the batch (tf.cast(tf.reduce_sum(pos, 0) > 0, tf.float32): a count of the batch's)."""
+    emb = tf.nn.l2_normalize(tf.keras.layers.Dense(4)(tf.keras.layers.Dense(8, activation="relu")(features)), 1)
+    proxies = tf.compat.v1.get_variable("proxies", [CLASSES, 4])
+    sim = tf.matmul(emb, tf.nn.l2_normalize(proxies, 1), transpose_b=True)
+    pos = tf.one_hot(labels, CLASSES)
+    pos_exp = tf.exp(-32.0 * (sim - 0.1)) * pos
+    neg_exp = tf.exp(32.0 * (sim + 0.1)) * (1.0 - pos)
+    num_valid = tf.reduce_sum(tf.cast(tf.reduce_sum(pos, 0) > 0, tf.float32))
+    loss = tf.reduce_sum(tf.math.log1p(tf.reduce_sum(pos_exp, 0))) / num_valid + \
+        tf.reduce_sum(tf.math.log1p(tf.reduce_sum(neg_exp, 0))) / CLASSES
+    return _spec(mode, loss, params, {"accuracy": tf.compat.v1.metrics.accuracy(labels, tf.argmax(sim, 1))})
+
+
 def gated_by_importance_model_fn(features, labels, mode, params):
     """The batch's mean gate scaling each sample's hidden features: a non-linear batch
     statistic feeding back into per-sample activations (refused)."""

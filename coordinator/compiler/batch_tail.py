@@ -31,7 +31,7 @@ import tensorflow as tf
 from coordinator.compiler import precision, second_order
 from coordinator.compiler.extract import data_upstream, user_name, user_source
 from coordinator.compiler.ir import ParamRef, UnsupportedOp
-from coordinator.compiler.lowering import slice_bounds
+from coordinator.compiler.lowering import WEIGHT_COMPARISONS, slice_bounds
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import TailContext, has_kernel
 from coordinator.compiler.weight_program import WeightProgramBuilder, one_sample_equation
@@ -145,7 +145,8 @@ class TailBuilder(WeightProgramBuilder):
             return self._segment_sum(op, tensor, where)
         if tensor.dtype in INTEGERS and op.type in INTEGER_VIEWS:
             return self._lower_op(op, tensor, where)
-        if tensor.dtype.base_dtype != tf.float32 or precision.tensor_precision(tensor):
+        if tensor.dtype.base_dtype != (tf.bool if op.type in WEIGHT_COMPARISONS else tf.float32) \
+                or precision.tensor_precision(tensor):
             return self._refuse(tensor, f"computes the loss over the batch in "
                                         f"{tensor.dtype.base_dtype.name} ({where}): the CS "
                                         "computes such a loss in float32")

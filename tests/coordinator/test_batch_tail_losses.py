@@ -1,7 +1,7 @@
 """Losses non-linear in statistics of the whole batch (tests/batch_loss_models.py): a
 Mixture-of-Experts balance loss, VICReg, Barlow Twins, batch-mean matching, a Pearson
-correlation, the entropy of the batch's mean prediction and BPR's tf.nn.l2_loss of the
-looked-up embeddings, evaluated once per batch by a
+correlation, the entropy of the batch's mean prediction, Proxy-Anchor's loss over the
+proxies with a positive in the batch and BPR's tf.nn.l2_loss of the looked-up embeddings, evaluated once per batch by a
 batch_tail_loss barrier, trained in process on the simulated CS against TensorFlow
 (tests/cs_inprocess.py) whatever the micro-batch size and with replicas; evaluated on the CS
 with the CPU's metrics; weight penalties and a learned temperature added; a batch statistic of that kind feeding
@@ -46,20 +46,21 @@ def test_weight_penalties_added_to_a_loss_of_the_whole_batch_train_like_tensorfl
 @pytest.mark.parametrize("model_fn", [
     models.moe_cv_model_fn, models.vicreg_model_fn, models.barlow_twins_model_fn,
     models.mean_matching_model_fn, models.pearson_model_fn, models.diversity_model_fn,
-    models.iic_model_fn])
+    models.iic_model_fn, models.proxy_anchor_model_fn])
 @pytest.mark.parametrize("micro", [8, 2])
 def test_batch_level_losses_train_like_tensorflow(prepared, model_fn, micro):
     """cv_squared of the experts' summed gates, VICReg's variance hinge and off-diagonal
     covariance, Barlow Twins' cross-correlation (tf.linalg.diag_part), (mean(pred) -
     mean(y)) ** 2, 1 - Pearson's r, the batch's mean prediction's entropy and IIC's mutual
-    information (a transpose and clip_by_value of the batch's joint distribution)."""
+    information (a transpose and clip_by_value of the batch's joint distribution),
+    Proxy-Anchor's terms over the proxies with a positive (a comparison cast to float32)."""
     result = prepared(model_fn, PARAMS, micro)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
 
 
 @pytest.mark.parametrize("model_fn", [models.moe_balance_model_fn, models.diversity_model_fn,
-                                      models.mean_matching_model_fn])
+                                      models.mean_matching_model_fn, models.proxy_anchor_model_fn])
 def test_batch_level_losses_evaluate_on_the_cs_with_the_cpus_metrics(tmp_path, prepared, model_fn):
     """The eval batch's loss is its own batch's, its metrics (of the tail's values too:
     the balance, the entropy) the CPU's."""
