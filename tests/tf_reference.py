@@ -32,22 +32,24 @@ def batches(input_fn: Callable, params: dict, count: int) -> list[tuple[Any, Any
 
 def run(model_fn: Callable, input_fn: Callable, params: dict, weights: dict[str, np.ndarray],
         data: Sequence[tuple[Any, Any]], mode: str = "train",
-        fetch: Sequence[str] = (), floatx: str = "float32") -> Reference:
+        fetch: Sequence[str] = (), floatx: str = "float32", strict: bool = True) -> Reference:
     """Train (or evaluate) model_fn on `data` from `weights` (variables by name; those not
     given keep their initial values: optimizer slots zero, beta powers beta1 and beta2).
     `fetch` names graph tensors (e.g. a kernel's tf_tensor) to return per batch.
     floatx="float64" builds Keras layers in float64: the high-precision reference that
-    float32 TensorFlow and the CS are both compared with over long runs."""
+    float32 TensorFlow and the CS are both compared with over long runs. strict=False leaves
+    out the weights the graph has not (a mixed model's loss scale, which its float32 twin
+    builds without: the LossScaleOptimizer wrapped under mixed_float16 only)."""
     signature = batch_signature(make_dataset(input_fn, params))
     previous = tf.keras.backend.floatx()
     tf.keras.backend.set_floatx(floatx)
     try:
-        return _run(model_fn, params, weights, data, mode, fetch, signature)
+        return _run(model_fn, params, weights, data, mode, fetch, signature, strict)
     finally:
         tf.keras.backend.set_floatx(previous)
 
 
-def _run(model_fn, params, weights, data, mode, fetch, signature) -> Reference:
+def _run(model_fn, params, weights, data, mode, fetch, signature, strict) -> Reference:
     with model_graph(params) as graph:
         features, labels = signature.placeholders()
         spec = call_model_fn(model_fn, features, labels, mode, params)
@@ -61,6 +63,8 @@ def _run(model_fn, params, weights, data, mode, fetch, signature) -> Reference:
         with tf.compat.v1.Session(graph=graph, config=config) as session:
             session.run(tf.compat.v1.global_variables_initializer())
             for name, value in weights.items():
+                if name not in variables and not strict:
+                    continue
                 variables[name].load(np.asarray(value, variables[name].dtype.base_dtype.as_numpy_dtype),
                                      session)
             losses, fetched = [], []

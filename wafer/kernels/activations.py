@@ -396,8 +396,7 @@ def _store(value: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 
 
 def _stable_sigmoid(x: np.ndarray) -> np.ndarray:
-    """Numerically stable logistic function, float32 (float16 sigmoid's, and softplus's
-    gradient's)."""
+    """Numerically stable logistic function, float32 (softplus's gradient's)."""
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, _ONE / (_ONE + e), e / (_ONE + e)).astype(np.float32, copy=False)
 
@@ -605,10 +604,22 @@ def check_function(kernel: str, name: Any, fused: bool = True) -> str:
     return str(name)
 
 
-# float16 forwards the CS keeps its own (Eigen's float16 functors are not reproduced)
+def _half_logistic(x: np.ndarray, a: float, out: np.ndarray | None) -> np.ndarray:
+    """scalar_logistic_op<Eigen::half>, TF's float16 Sigmoid: e = exp(x) rounded to float16,
+    then e / (1 + e) with the sum and the quotient each rounded to float16, and 1 where e
+    overflows (its pselect). Bit-equal to TF's on every finite float16 argument, on Eigen's
+    packet and scalar paths (tests/wafer/test_half_parity.py)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = round_half(np.exp(np.asarray(x, np.float32)))
+        y = np.where(np.isinf(e), _ONE, round_half(e / round_half(_ONE + e)))
+    return _store(y, out)
+
+
+# float16 forwards: Eigen's float16 functors where reproduced (sigmoid), else the float32
+# function rounded once (tanh: Eigen's float16 tanh differs by path and tensor size)
 HALF_FORWARDS: dict[str, Forward] = {
     "tanh": lambda x, a, out: np.tanh(x, out=out),
-    "sigmoid": lambda x, a, out: _store(_stable_sigmoid(x), out),
+    "sigmoid": _half_logistic,
 }
 
 

@@ -12,6 +12,7 @@ from coordinator.compiler.operands import VARIABLE_OPS
 from coordinator.compiler.refusals import keras_layer
 from coordinator.compiler.training.gradients import TRANSFORMS, Chain
 from coordinator.compiler.training.graph import fail, variables_under
+from coordinator.compiler.training.loss_scaling import PROOF_SCALE
 from coordinator.compiler.training.noise import check_noise
 from coordinator.compiler.training.transforms import merge
 from wafer.grad_transforms import apply_transforms
@@ -40,8 +41,9 @@ def check_numbers(extracted: ExtractedGraph, chains: list[Chain],
                   averages: list[StatisticAverage], rtol: float = 1e-4,
                   noise: float = GRADIENT_NOISE, zeroed: tuple[str, ...] = (),
                   proof_scale: tf.Tensor | None = None) -> float | None:
-    """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var) (to `rtol`:
-    a float16 backward rounds S * g and g differently), and no rounding noise among them
+    """One run on input_fn's first batch: raw gradients == S * d(loss)/d(var), TF's
+    backward of the loss seeded with S (to `rtol`: oneDNN's and Eigen's kernels may round
+    apart; _seeded_gradients), and no rounding noise among them
     that the optimizer would amplify (noise.py; `zeroed`, the variables the CS gives the
     exact 0 (shift.py), excepted); then TF's transforms == apply_transforms on random
     gradients. `proof_scale`: dynamic loss scaling's pinned S (loss_scaling.inline), halved
@@ -84,29 +86,29 @@ def check_numbers(extracted: ExtractedGraph, chains: list[Chain],
             else:
                 raw.append(chain.raw)
             ours.append(tf.convert_to_tensor(grad))
+        seeded = _seeded_gradients(chains, losses, tensors, ours, proof_scale)
         init = tf.compat.v1.variables_initializer(variables)
         read = {w: _read(graph, w) for t in merge(chains) for w in t.weights}
     batch = extracted.first_batch or {}
     feed = {graph.get_tensor_by_name(extracted.placeholders[s.name]): batch[s.name] for s in extracted.inputs}
     with tf.compat.v1.Session(graph=graph) as session:
         session.run(init)
-        raw_values, loss_grads = session.run([raw, ours], feed)
+        raw_values, loss_grads, seeded_values = session.run([raw, ours, seeded], feed)
         factor = 1.0
         if proof_scale is not None:
-            raw_values, factor = _finite_scale(session, raw, raw_values, feed, proof_scale)
+            raw_values, seeded_values, factor = _finite_scale(session, raw, seeded, raw_values,
+                                                              seeded_values, feed, proof_scale)
             _never_finite(session, chains, raw_values, feed, proof_scale)
         else:
             _static_overflow(chains, raw_values, loss_grads)
         # A gradient that is zero in exact arithmetic (an attention key's bias) is rounding
         # noise on both sides: judged at the scale of the model's gradients, not its own.
-        overall = max((float(np.max(np.abs(w), initial=0.0)) * abs(c.call.scale) * factor
-                       for c, w in zip(chains, loss_grads)), default=0.0)
-        for chain, got, want in zip(chains, raw_values, loss_grads):
+        overall = max((float(np.max(np.abs(w), initial=0.0)) for w in seeded_values), default=0.0)
+        for chain, got, want, unscaled in zip(chains, raw_values, seeded_values, loss_grads):
             if chain.update.variable in zeroed and \
                     float(np.max(np.abs(got), initial=0.0)) <= ZEROED_NOISE * noise * overall:
                 continue  # both rounding noise (oneDNN's differs), which the CS makes the exact 0
-            want = want * np.float32(chain.call.scale * factor)
-            if not np.isfinite(want).all():
+            if not np.isfinite(unscaled).all():
                 raise fail(chain.update.op, f"the gradient of the loss for {chain.update.variable} "
                                             "is not finite on input_fn's first batch (NaN or "
                                             "infinity): the training cannot be checked",
@@ -129,21 +131,45 @@ def check_numbers(extracted: ExtractedGraph, chains: list[Chain],
     return max((g for _, g in largest.values()), default=0.0)
 
 
-def _finite_scale(session, raw: list, values: list, feed: dict,
-                  proof_scale: tf.Tensor) -> tuple[list, float]:
+def _finite_scale(session, raw: list, seeded: list, values: list, seeded_values: list,
+                  feed: dict, proof_scale: tf.Tensor) -> tuple[list, list, float]:
     """The raw gradients at the largest scale P / 2 ** k (k >= 0, down to
-    SMALLEST_PROOF_SCALE) where all are finite, and P / 2 ** k / P. S enters the backward
-    only as the seed S x loss and the unscaling 1 / S (loss_scaling._pin_reads), so its
-    gradient is the same at every S up to float16 rounding and overflow; TF's skipped steps
-    are the ones whose float16 backward overflows, which the CS's float16 kernels compute
-    as TF's (an overflow is infinity in both)."""
+    SMALLEST_PROOF_SCALE) where all are finite, the loss's gradients seeded with that scale
+    (_seeded_gradients), and P / 2 ** k / P. S enters the backward only as the seed
+    S x loss and the unscaling 1 / S (loss_scaling._pin_reads), so its gradient is the same
+    at every S up to float16 rounding and overflow; TF's skipped steps are the ones whose
+    float16 backward overflows, which the CS's float16 kernels compute as TF's (an overflow
+    is infinity in both)."""
     pinned = float(session.run(proof_scale))
     proof_scale.graph._unfeedable_tensors.discard(proof_scale)  # (tf.get_static_value marks it)
     scale = pinned
     while not all(np.isfinite(v).all() for v in values) and scale / 2 >= SMALLEST_PROOF_SCALE:
         scale /= 2
-        values = session.run(raw, {**feed, proof_scale: np.float32(scale)})
-    return values, scale / pinned
+        values, seeded_values = session.run([raw, seeded], {**feed, proof_scale: np.float32(scale)})
+    return values, seeded_values, scale / pinned
+
+
+def _seeded_gradients(chains: list[Chain], losses: list[tf.Tensor], tensors: list[tf.Tensor],
+                      ours: list[tf.Tensor], proof_scale: tf.Tensor | None) -> list[tf.Tensor]:
+    """S x d(loss)/d(var) as TF's backward of the loss seeded with S (grad_ys; dynamic loss
+    scaling's: the pinned `proof_scale`, fed as it is halved): a float16 backward at seed 1
+    underflows float16 where the raw gradients' at S does not (an SE gate's gradient through
+    its global average pool, 1 / (H x W) of a sum), so S x (the gradient at seed 1) is not
+    the raw gradient's to float16 rounding. A chain of scale 1: its `ours`."""
+    by_call: dict[tuple[str, float], list[int]] = {}
+    for k, (chain, loss) in enumerate(zip(chains, losses)):
+        by_call.setdefault((loss.name, chain.call.scale), []).append(k)
+    seeded = list(ours)
+    for (_, scale), ks in by_call.items():
+        if scale == 1.0 and proof_scale is None:
+            continue
+        loss = losses[ks[0]]
+        seed = tf.cast(proof_scale * np.float32(scale / PROOF_SCALE) if proof_scale is not None
+                       else tf.constant(np.float32(scale)), loss.dtype)
+        grads = tf.gradients(loss, [tensors[k] for k in ks], grad_ys=tf.fill(tf.shape(loss), seed))
+        for k, grad in zip(ks, grads):
+            seeded[k] = tf.convert_to_tensor(grad)
+    return seeded
 
 
 def _never_finite(session, chains: list[Chain], values: list, feed: dict,
