@@ -20,7 +20,9 @@ do not change along it). Each path must end in the logits of Softmax, LogSoftmax
 two operands (no ellipsis or repeated letter) with a tensor k not computed from the variable
 keeps d constant along an output letter along which both d and k are constant (or that the
 operand lacks): Keras MultiHeadAttention's key bias, constant along the key positions, the
-softmax's axis. A Select (tf.where) of it and a constant of at most -1e4 (Keras' masked
+softmax's axis; a MatMul or BatchMatMul likewise (rows of its first operand, columns of
+its second, batch axes of both: MultiHeadAttention with dropout, tf.matmul(q, k,
+transpose_b=True)). A Select (tf.where) of it and a constant of at most -1e4 (Keras' masked
 softmax) feeding only softmaxes keeps d: the masked entries' probability underflows to 0
 (`_masked`). A path also ends in x − mean(x, axes, keepdims) with d constant along the
 axes (tf.math.reduce_variance, reduce_std: `_centred`), where the shift cancels. A path may
@@ -64,6 +66,7 @@ _SELECTS = {"Select", "SelectV2"}
 _CANCELS = {"Add", "AddV2", "Sub", "SquaredDifference"}  # two v-terms that may cancel
 _POOLS = {"MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D"}
 _CONVOLUTIONS = {"Conv2D", "Conv3D", "DepthwiseConv2dNative"}
+_MATMULS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"}
 _MOVES = {"ExpandDims", "Squeeze", "Transpose", "Reshape", "StridedSlice", "Mean"}
 _MASKED = -1e4  # a masked logit at most this (Keras: -1e9, float16 -3e4): exp underflows
 _SOFTMAX = {"Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
@@ -317,6 +320,8 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
         return _convolved(op, constant)
     if op.type == "Einsum" and len(op.inputs) == 2 and op.inputs[1 - index].op not in reached:
         return _einsum(op, index, constant)
+    if op.type in _MATMULS and op.inputs[1 - index].op not in reached:
+        return _matmul(op, index, constant)
     if op.type in _SELECTS and index > 0:
         return _masked(op, index, constant, reached)
     if op.type not in _SHIFTS | _SCALES or op.inputs[1 - index].op in reached:
@@ -474,6 +479,30 @@ def _einsum(op: tf.Operation, index: int, constant: frozenset[int]) -> frozenset
             for t, axes in ((letters[index], constant),
                             (letters[1 - index], _constant_axes(other)))]
     return frozenset(j for j, letter in enumerate(result) if letter in kept[0] & kept[1])
+
+
+def _matmul(op: tf.Operation, index: int, constant: frozenset[int]) -> frozenset[int] | None:
+    """A matrix product of x (operand `index`) and k, linear in x (tf.matmul(q, k,
+    transpose_b=True), as Keras MultiHeadAttention's einsum of the keys and queries runs
+    with dropout, and window attention's scores): the output is constant along its rows
+    where operand 0 is, its columns where operand 1 is, and a batch axis where both are
+    (or lack it: broadcast)."""
+    out_rank = op.outputs[0].shape.rank or 0
+    if out_rank < 2:
+        return None
+    flips = ("transpose_a", "transpose_b") if op.type == "MatMul" else ("adj_x", "adj_y")
+    kept = []
+    for i, t in enumerate(op.inputs[:2]):
+        rank = t.shape.rank
+        if rank is None or rank < 2:
+            return None
+        axes = (constant if i == index else _constant_axes(t)) | frozenset(
+            a for a in range(rank) if t.shape[a] == 1)
+        outer = rank - 1 if op.get_attr(flips[i]) == (i == 0) else rank - 2  # (the row or column)
+        lead = out_rank - rank
+        kept.append({a + lead for a in axes if a < rank - 2} | set(range(lead)) |
+                    ({out_rank - 2 + i} if outer in axes else set()) | {out_rank - 1 - i})
+    return frozenset(kept[0] & kept[1])
 
 
 def _broadcast(x: tf.Tensor, constant: frozenset[int], out_rank: int) -> frozenset[int]:
