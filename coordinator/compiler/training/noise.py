@@ -41,11 +41,13 @@ model's gradients, TF's own value is noise too (docs/design.md, *Amplified noise
 from __future__ import annotations
 
 import math
+from typing import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import data_upstream
+from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.training.graph import fail, skip_identity, variables_under
 from wafer.optimizers import OptimizerConfig
 
@@ -73,6 +75,15 @@ def relative_step(config: OptimizerConfig, g: float, largest: float) -> float:
     """The optimizer's step for a gradient of size g, as a fraction of its step for one of
     size `largest` (> 0)."""
     return (g / _divisor(config, g)) / (largest / _divisor(config, largest))
+
+
+def amplifies(config: OptimizerConfig, largest: float | None, noise: float) -> bool:
+    """Whether the optimizer turns a gradient of `noise` x `largest` (the model's largest
+    gradient on input_fn's first batch; None: not measured, taken as 1) into a step more
+    than VISIBLE_AMPLIFICATION x `noise` of the largest's (Adam, RMSProp, Adadelta; not SGD,
+    momentum, nor Adagrad with TF's initial accumulator)."""
+    scale = largest if largest is not None and 0 < largest < math.inf else 1.0
+    return relative_step(config, noise * scale, scale) > VISIBLE_AMPLIFICATION * noise
 
 
 def batch_centred(graph: tf.Graph) -> dict[str, tf.Operation]:
@@ -113,10 +124,8 @@ def floored(loss: tf.Tensor, optimizers: dict[str, OptimizerConfig], largest: fl
     model's largest gradient on input_fn's first batch; None: not measured, taken as 1)
     into a step more than VISIBLE_AMPLIFICATION x `noise` of the largest's: the variables
     the CS gives the noise floor (wafer.grad_transforms' `noise_floor`)."""
-    scale = largest if largest is not None and 0 < largest < math.inf else 1.0
     upstream = set(data_upstream(loss.op))
-    amplified = [v for v, config in optimizers.items()
-                 if relative_step(config, noise * scale, scale) > VISIBLE_AMPLIFICATION * noise
+    amplified = [v for v, config in optimizers.items() if amplifies(config, largest, noise)
                  and _added_across_the_batch(loss.graph.get_operation_by_name(v), upstream)]
     if not amplified:
         return ()
@@ -212,3 +221,47 @@ def check_element_noise(graph: tf.Graph, smallest: dict[str, tuple[OptimizerConf
                          "epsilon), split off a part whose gradient is 0 (a fused qkv Dense's "
                          f"key bias: a key Dense with use_bias=False), or leave {variable} out "
                          "of the optimizer's var_list")
+
+
+def check_moving_shift(graph: tf.Graph, ends: dict[str, tuple[OptimizerConfig, frozenset[str]]],
+                       normalized: Mapping[str, frozenset[str]],
+                       averages: Sequence[StatisticAverage], largest: float | None,
+                       noise: float) -> None:
+    """Refuse the first variable of `ends` (proven 0 by shift.py: its optimizer, the tensors
+    whose batch normalization in training ends its paths) whose optimizer amplifies noise
+    and one of whose normalizations has its batch mean followed by a moving statistic: TF's
+    float32 gradient there is rounding noise that moves the variable by steps of the
+    learning rate, and the moving mean follows it (and evaluation reads x + b − moving
+    mean), while the CS's exact 0 keeps it: they would differ (a Dense bias before a
+    hand-written tf.nn.moments normalization, momentum 0.9, Adam: moving means 3.3e-3 apart
+    after 10 steps). Under SGD or momentum TF's steps stay at the noise's size: the exact 0
+    stands."""
+    moving = {mean: a for a in averages
+              if (mean := _batch_mean(graph, a.statistic, normalized)) is not None}
+    for variable, (config, tensors) in ends.items():
+        followed = next((moving[t] for t in sorted(tensors) if t in moving), None)
+        if followed is None or not amplifies(config, largest, noise):
+            continue
+        name = _NAMES.get(config.type, config.type)
+        raise fail(graph.get_operation_by_name(variable),
+                   f"the gradient of {variable} is 0 in exact arithmetic (a batch normalization "
+                   f"subtracts the batch's mean), but TensorFlow's is rounding noise that {name} "
+                   f"turns into steps of the learning rate, and {followed.variable} (at "
+                   f"{followed.source}) follows the batch's mean, {variable} in it: with the "
+                   "CS's exact 0 it would differ from TensorFlow's",
+                   hint=f"build the layer before the batch normalization with use_bias=False, "
+                        f"or leave {variable} out of the optimizer's var_list")
+
+
+def _batch_mean(graph: tf.Graph, statistic: str,
+                normalized: Mapping[str, frozenset[str]]) -> str | None:
+    """The tensor normalized (a key of `normalized`) whose batch mean the tensor `statistic`
+    is (through views), or None (a variance)."""
+    t = graph.get_tensor_by_name(statistic)
+    while t.op.type in ("Identity", "Squeeze", "Reshape", "Cast", "StopGradient"):
+        t = t.op.inputs[0]
+    for x, ops in normalized.items():
+        if t.op.name in ops and (t.op.type == "Mean" and t.op.inputs[0].name == x or
+                                 t.op.type.startswith("FusedBatchNorm") and t.value_index == 1):
+            return x
+    return None

@@ -79,8 +79,17 @@ def zero_gradients(loss: tf.Tensor, variables: list[str],
     is 0 in exact arithmetic, as the module docstring proves it. `normalized`: the batch
     normalizations in training, {the tensor normalized: the names of the ops computing it}."""
     graph, upstream = loss.graph, set(data_upstream(loss.op))
-    return tuple(v for v in variables
-                 if _shift_only(graph.get_operation_by_name(v), loss, upstream, normalized or {}))
+    return tuple(v for v in variables if _shift_only(
+        graph.get_operation_by_name(v), loss, upstream, normalized or {}) is not None)
+
+
+def normalized_ends(loss: tf.Tensor, variable: str,
+                    normalized: Mapping[str, frozenset[str]]) -> frozenset[str]:
+    """The tensors (keys of `normalized`) whose batch normalization in training ends a path
+    of `variable` (proven 0 by zero_gradients): their batch means carry its shift."""
+    ends = _shift_only(loss.graph.get_operation_by_name(variable), loss,
+                       set(data_upstream(loss.op)), normalized)
+    return ends or frozenset()
 
 
 @dataclass(frozen=True)
@@ -93,34 +102,38 @@ class _Pure:
 
 
 def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operation],
-                normalized: Mapping[str, frozenset[str]]) -> bool:
+                normalized: Mapping[str, frozenset[str]]) -> frozenset[str] | None:
+    """The tensors whose batch normalization ends one of the variable's paths when every
+    path ends where its shift cancels; None when not proven."""
     shape = tf.TensorShape(handle.get_attr("shape"))
     if not shape.is_fully_defined():
-        return False
+        return None
     reads = [c.outputs[0] for c in handle.outputs[0].consumers() if c in upstream
              and c.type in ("ReadVariableOp", "Identity")]
     reached = _carrying(reads, loss, upstream, normalized)
     if not reads or any(c in upstream and c.type not in ("ReadVariableOp", "Identity")
                         for c in handle.outputs[0].consumers()):
-        return False
+        return None
     varying = [a for a in range(len(shape)) if shape[a] != 1]
     pure = _Pure(varying[0] if varying else None, 1.0) if len(varying) <= 1 else None
     stack: list[tuple[tf.Tensor, frozenset[int], _Pure | None]] = [
         (read, frozenset(a for a in range(read.shape.rank or 0) if read.shape[a] == 1
                          or shape.num_elements() == 1), pure) for read in reads]
     seen: set = set()
+    ends: set[str] = set()
     pending: dict[tf.Operation, tuple[int, frozenset[int], _Pure | None]] = {}
     while stack:
         tensor, constant, pure = stack.pop()
         if tensor is loss or tensor.shape.rank is None:
-            return False
+            return None
         for op in tensor.consumers():
             if op not in upstream or (op, tensor.ref()) in seen:
                 continue
             seen.add((op, tensor.ref()))
             if op.name in normalized.get(tensor.name, ()):  # the per-channel mean removed
                 if not set(range(tensor.shape.rank - 1)) <= constant:
-                    return False
+                    return None
+                ends.add(tensor.name)
                 continue
             if _centred(op, tensor, constant):  # x − mean(x): the shift cancels
                 continue
@@ -128,10 +141,10 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
                 continue
             indices = [i for i, t in enumerate(op.inputs) if t is tensor]
             if len(indices) != 1:
-                return False
+                return None
             if op.type in _SOFTMAX:  # the logits: a shift along the last axis is ignored
                 if indices[0] != 0 or tensor.shape.rank - 1 not in constant:
-                    return False
+                    return None
                 continue
             if op.type in _CANCELS and len(op.inputs) == 2 and op.inputs[1 - indices[0]].op in reached:
                 if op not in pending:  # the other operand's v-term is still on its way
@@ -139,15 +152,15 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
                     continue
                 combined = _difference(op, pending.pop(op), (indices[0], constant, pure))
                 if combined is None:
-                    return False
+                    return None
                 if combined is not _CANCELLED:
                     stack.append((op.outputs[0], *combined))
                 continue
             out = _through(op, indices[0], constant, reached)
             if out is None:
-                return False
+                return None
             stack.append((op.outputs[0], out, _pure_through(op, indices[0], pure)))
-    return not pending  # an operand whose v-term was not followed: not proven
+    return None if pending else frozenset(ends)  # (pending: a v-term not followed)
 
 
 _CANCELLED = object()
