@@ -25,6 +25,9 @@ Elements (`check_element_noise`): a bias reaching no batch normalization with a 
 element at the noise level that the optimizer amplifies is refused (float32 does not
 determine it, and it is not proven 0: N-BEATS' sMAPE below 0; Swin's fused qkv bias, whose
 key part alone cancels in the softmax).
+Followed (`check_moving_shift`): a variable shift.py proves 0 through a batch normalization
+whose batch mean a moving statistic follows is refused under an amplifying optimizer: TF's
+noise steps move it and the moving mean with it, the CS's exact 0 does not.
 
 Floored (`floored`): where only some elements of a gradient cancel (a ReLU unit active for
 every sample of the batch before the normalization: its bias element sums the
@@ -184,8 +187,7 @@ def check_noise(graph: tf.Graph, gradients: dict[str, tuple[OptimizerConfig, flo
                         f"subtracts the batch's mean) and {name} turns it into steps "
                         f"{step:.2g} of the largest's: the CS's noise is not TensorFlow's, so "
                         "it would train differently",
-                        hint=f"build the layer before a batch normalization with use_bias=False, "
-                             f"or leave {variable} out of the optimizer's var_list")
+                        hint=_without_bias(variable))
 
 
 def check_element_noise(graph: tf.Graph, smallest: dict[str, tuple[OptimizerConfig, float, tf.Tensor]],
@@ -249,8 +251,13 @@ def check_moving_shift(graph: tf.Graph, ends: dict[str, tuple[OptimizerConfig, f
                    f"turns into steps of the learning rate, and {followed.variable} (at "
                    f"{followed.source}) follows the batch's mean, {variable} in it: with the "
                    "CS's exact 0 it would differ from TensorFlow's",
-                   hint=f"build the layer before the batch normalization with use_bias=False, "
-                        f"or leave {variable} out of the optimizer's var_list")
+                   hint=_without_bias(variable))
+
+
+def _without_bias(variable: str) -> str:
+    """The hint for a bias before a batch normalization that the CS cannot train as TF."""
+    return (f"build the layer before the batch normalization with use_bias=False, or leave "
+            f"{variable} out of the optimizer's var_list")
 
 
 def _batch_mean(graph: tf.Graph, statistic: str,
