@@ -68,7 +68,7 @@ def batch_norm(x, training: bool, name: str, fused: bool = False):
 
 
 def moments_model_fn(features, labels, mode, params):
-    h = tf.keras.layers.Conv2D(4, 3, use_bias=False)(features)
+    h = tf.keras.layers.Conv2D(4, 3, use_bias=params.get("conv_bias", False))(features)
     h = tf.nn.relu(batch_norm(h, mode == "train", "bn1", fused=params.get("fused", False)))
     h = tf.keras.layers.Dense(5, use_bias=False)(tf.keras.layers.Flatten()(h))
     h = batch_norm(h, mode == "train", "bn2")
@@ -220,3 +220,18 @@ def test_a_batch_norm_whose_statistics_never_move_is_said_on_the_console_at_comp
         "moving statistics" in said and "hint: compute them with tf.nn.moments" in said
     compile_model(moments_model_fn, input_fn, PARAMS, str(tmp_path / "moments"), validate_only=True)
     assert "warning" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_conv_bias_whose_batch_mean_the_moving_mean_follows_is_refused_under_adam(tmp_path, fused):
+    """Conv2D with its bias before the hand-written normalization: the bias's gradient is 0
+    exactly (shift.py), but TF's Adam moves it by rounding noise and bn1/moving_mean follows
+    the batch's mean, the bias in it; the CS's exact 0 would leave the moving mean apart
+    from TF's (noise.check_moving_shift). Refused in one line naming the bias."""
+    params = {**PARAMS, "fused": fused, "conv_bias": True}
+    with pytest.raises(CSRunError) as error:
+        cs_inprocess.compile_checked(moments_model_fn, input_fn, params, str(tmp_path))
+    words = cs_inprocess.model_op_words(moments_model_fn, input_fn, params)
+    assert cs_inprocess.refusal_problem(error.value, __file__, words) == ""
+    assert str(error.value).startswith("the gradient of conv2d/bias is 0 in exact arithmetic")
+    assert "bn1/moving_mean" in str(error.value) and "use_bias=False" in error.value.hint

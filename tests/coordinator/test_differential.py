@@ -29,7 +29,9 @@ MIXED_CONV = rm.ModelSpec(inputs="image", blocks=(), task="classes", loss="spars
 # Models that once validated and then trained differently, run before the drawn ones.
 FOUND = (
     # a Dense bias before a batch normalization in training, under Adam: its gradient is
-    # rounding noise that Adam amplified (now refused, coordinator/compiler/training/noise.py)
+    # rounding noise that Adam amplified; proven 0 through the Dense(use_bias=False), it
+    # validated and the moving mean, which follows the bias, trained apart from TF's (now
+    # refused, coordinator/compiler/training/noise.py's check_moving_shift)
     rm.ModelSpec(inputs="image", blocks=(), task="regression", loss="huber", optimizer="adam",
                  schedule="constant", transform="none", var_subset=False, l2="none", seed=5,
                  weights="none", replicas=1, batch_norm="batch_norm_moments"),

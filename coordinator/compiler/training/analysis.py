@@ -45,7 +45,7 @@ from coordinator.compiler.training.graph import (
     uniform,
     variable_op,
 )
-from coordinator.compiler.training.noise import floored
+from coordinator.compiler.training.noise import check_moving_shift, floored
 from coordinator.compiler.training.numbers import (
     GRADIENT_NOISE,
     HALF_GRADIENT_NOISE,
@@ -53,7 +53,7 @@ from coordinator.compiler.training.numbers import (
     check_numbers,
 )
 from coordinator.compiler.training.reupdates import check_reupdates
-from coordinator.compiler.training.shift import zero_gradients
+from coordinator.compiler.training.shift import normalized_ends, zero_gradients
 from coordinator.compiler.training.transforms import fold_loss_scale
 from coordinator.compiler.training.updates import SUPPORTED, Update, check_dtypes, check_slots
 from coordinator.compiler.training.writes import Average, Write, bookkeeping, is_write, train_op_writes
@@ -184,19 +184,23 @@ def _analyze(extracted: ExtractedGraph, half: bool,
                                                    "update's gradient alone")
             group_order(chains)
             _clipped_apart(chains, objectives)
+            noise = HALF_GRADIENT_NOISE if half else GRADIENT_NOISE
             if half:
-                check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
-                              HALF_GRADIENT_NOISE, zeroed,
-                              dynamic.proof_scale if dynamic is not None else None)
-                noise_floored: tuple[str, ...] = ()  # (float16's noise is real gradients' size)
+                largest = check_numbers(extracted, chains, statistic_averages, HALF_GRADIENT_RTOL,
+                                        noise, zeroed,
+                                        dynamic.proof_scale if dynamic is not None else None)
             else:
                 largest = check_numbers(extracted, chains + again_chains, statistic_averages,
                                         zeroed=zeroed)
-                noise_floored = tuple(v for loss, names in _losses(extracted, chains)
-                                      for v in floored(loss, {
-                                          u.variable: u.optimizer for u in updates
-                                          if u.indices is None and u.variable not in zeroed
-                                          and u.variable in names}, largest, GRADIENT_NOISE))
+            check_moving_shift(extracted.graph, {
+                u.variable: (u.optimizer, normalized_ends(loss, u.variable, normalized))
+                for loss, names in _losses(extracted, chains) for u in updates
+                if u.variable in zeroed and u.variable in names}, normalized, statistic_averages,
+                largest, noise)
+            noise_floored = () if half else tuple(  # (float16's noise is real gradients' size)
+                v for loss, names in _losses(extracted, chains) for v in floored(loss, {
+                    u.variable: u.optimizer for u in updates if u.indices is None
+                    and u.variable not in zeroed and u.variable in names}, largest, noise))
             transforms, loss_scale = fold_loss_scale(chains, half)
             scaling = None
             if dynamic is not None:

@@ -21,6 +21,13 @@ before a batch normalization). Under SGD and momentum the ratio is g / G itself 
 `noise`): never refused. Noise that reaches no batch normalization is zero for each sample
 on its own (an attention key's bias: softmax ignores a shift shared by all keys): nothing the
 model computes in any mode reads its value, which is accepted though not TF's.
+Elements (`check_element_noise`): a bias reaching no batch normalization with a gradient
+element at the noise level that the optimizer amplifies is refused (float32 does not
+determine it, and it is not proven 0: N-BEATS' sMAPE below 0; Swin's fused qkv bias, whose
+key part alone cancels in the softmax).
+Followed (`check_moving_shift`): a variable shift.py proves 0 through a batch normalization
+whose batch mean a moving statistic follows is refused under an amplifying optimizer: TF's
+noise steps move it and the moving mean with it, the CS's exact 0 does not.
 
 Floored (`floored`): where only some elements of a gradient cancel (a ReLU unit active for
 every sample of the batch before the normalization: its bias element sums the
@@ -37,11 +44,13 @@ model's gradients, TF's own value is noise too (docs/design.md, *Amplified noise
 from __future__ import annotations
 
 import math
+from typing import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from coordinator.compiler.extract import data_upstream
+from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.training.graph import fail, skip_identity, variables_under
 from wafer.optimizers import OptimizerConfig
 
@@ -69,6 +78,15 @@ def relative_step(config: OptimizerConfig, g: float, largest: float) -> float:
     """The optimizer's step for a gradient of size g, as a fraction of its step for one of
     size `largest` (> 0)."""
     return (g / _divisor(config, g)) / (largest / _divisor(config, largest))
+
+
+def amplifies(config: OptimizerConfig, largest: float | None, noise: float) -> bool:
+    """Whether the optimizer turns a gradient of `noise` x `largest` (the model's largest
+    gradient on input_fn's first batch; None: not measured, taken as 1) into a step more
+    than VISIBLE_AMPLIFICATION x `noise` of the largest's (Adam, RMSProp, Adadelta; not SGD,
+    momentum, nor Adagrad with TF's initial accumulator)."""
+    scale = largest if largest is not None and 0 < largest < math.inf else 1.0
+    return relative_step(config, noise * scale, scale) > VISIBLE_AMPLIFICATION * noise
 
 
 def batch_centred(graph: tf.Graph) -> dict[str, tf.Operation]:
@@ -109,10 +127,8 @@ def floored(loss: tf.Tensor, optimizers: dict[str, OptimizerConfig], largest: fl
     model's largest gradient on input_fn's first batch; None: not measured, taken as 1)
     into a step more than VISIBLE_AMPLIFICATION x `noise` of the largest's: the variables
     the CS gives the noise floor (wafer.grad_transforms' `noise_floor`)."""
-    scale = largest if largest is not None and 0 < largest < math.inf else 1.0
     upstream = set(data_upstream(loss.op))
-    amplified = [v for v, config in optimizers.items()
-                 if relative_step(config, noise * scale, scale) > VISIBLE_AMPLIFICATION * noise
+    amplified = [v for v, config in optimizers.items() if amplifies(config, largest, noise)
                  and _added_across_the_batch(loss.graph.get_operation_by_name(v), upstream)]
     if not amplified:
         return ()
@@ -166,10 +182,93 @@ def check_noise(graph: tf.Graph, gradients: dict[str, tuple[OptimizerConfig, flo
         if variable in centred:
             name = _NAMES.get(config.type, config.type)
             raise fail(graph.get_operation_by_name(variable),
-                       f"the gradient of {variable} is rounding noise ({g / largest:.1g} of the "
-                       f"largest: zero, as the batch normalization '{centred[variable].name}' "
-                       f"subtracts the batch's mean) and {name} turns it into steps "
-                       f"{step:.2g} of the largest's: the CS's noise is not TensorFlow's, so "
-                       "it would train differently",
-                       hint=f"build the layer before a batch normalization with use_bias=False, "
-                            f"or leave {variable} out of the optimizer's var_list")
+                        f"the gradient of {variable} is rounding noise ({g / largest:.1g} of the "
+                        f"largest: zero, as the batch normalization '{centred[variable].name}' "
+                        f"subtracts the batch's mean) and {name} turns it into steps "
+                        f"{step:.2g} of the largest's: the CS's noise is not TensorFlow's, so "
+                        "it would train differently",
+                        hint=_without_bias(variable))
+
+
+def check_element_noise(graph: tf.Graph, smallest: dict[str, tuple[OptimizerConfig, float, tf.Tensor]],
+                        largest: float, noise: float) -> None:
+    """Refuse the first variable of `smallest` (its optimizer, its smallest nonzero gradient
+    element on input_fn's first batch, its loss) added across the batch and reaching no batch
+    normalization in training (whose elements the floor or check_noise judge) with an
+    element 0 < g <= `noise` x `largest` that its optimizer turns into a visible step:
+    float32 does not determine such a sum (N-BEATS' sMAPE: a forecast below 0 against a
+    label above 0 has the gradient -2·eps / (y − f + eps)², below the rounding of its two
+    terms), and its true value is not proven 0, so the CS can neither match TF's noise nor
+    apply an exact 0."""
+    if not largest > 0:
+        return
+    centred, upstream = None, {}
+    for variable, (config, g, loss) in smallest.items():
+        step = relative_step(config, g, largest) if 0 < g <= noise * largest else 0.0
+        if step <= VISIBLE_AMPLIFICATION * noise:
+            continue
+        centred = batch_centred(graph) if centred is None else centred
+        if loss.name not in upstream:
+            upstream[loss.name] = set(data_upstream(loss.op))
+        handle = graph.get_operation_by_name(variable)
+        if variable in centred or not _added_across_the_batch(handle, upstream[loss.name]):
+            continue
+        name = _NAMES.get(config.type, config.type)
+        raise fail(handle, f"elements of the gradient of {variable} are rounding noise ({g / largest:.1g} "
+                            f"of the largest: float32 does not determine them, and they are not "
+                            f"proven 0) and {name} turns them into steps {step:.2g} of the "
+                            "largest's: the CS's noise is not TensorFlow's, so it would train "
+                            "differently",
+                    hint=f"keep the loss's gradient above float32's rounding (sMAPE: a larger "
+                         "epsilon), split off a part whose gradient is 0 (a fused qkv Dense's "
+                         f"key bias: a key Dense with use_bias=False), or leave {variable} out "
+                         "of the optimizer's var_list")
+
+
+def check_moving_shift(graph: tf.Graph, ends: dict[str, tuple[OptimizerConfig, frozenset[str]]],
+                       normalized: Mapping[str, frozenset[str]],
+                       averages: Sequence[StatisticAverage], largest: float | None,
+                       noise: float) -> None:
+    """Refuse the first variable of `ends` (proven 0 by shift.py: its optimizer, the tensors
+    whose batch normalization in training ends its paths) whose optimizer amplifies noise
+    and one of whose normalizations has its batch mean followed by a moving statistic: TF's
+    float32 gradient there is rounding noise that moves the variable by steps of the
+    learning rate, and the moving mean follows it (and evaluation reads x + b − moving
+    mean), while the CS's exact 0 keeps it: they would differ (a Dense bias before a
+    hand-written tf.nn.moments normalization, momentum 0.9, Adam: moving means 3.3e-3 apart
+    after 10 steps). Under SGD or momentum TF's steps stay at the noise's size: the exact 0
+    stands."""
+    moving = {mean: a for a in averages
+              if (mean := _batch_mean(graph, a.statistic, normalized)) is not None}
+    for variable, (config, tensors) in ends.items():
+        followed = next((moving[t] for t in sorted(tensors) if t in moving), None)
+        if followed is None or not amplifies(config, largest, noise):
+            continue
+        name = _NAMES.get(config.type, config.type)
+        raise fail(graph.get_operation_by_name(variable),
+                   f"the gradient of {variable} is 0 in exact arithmetic (a batch normalization "
+                   f"subtracts the batch's mean), but TensorFlow's is rounding noise that {name} "
+                   f"turns into steps of the learning rate, and {followed.variable} (at "
+                   f"{followed.source}) follows the batch's mean, {variable} in it: with the "
+                   "CS's exact 0 it would differ from TensorFlow's",
+                   hint=_without_bias(variable))
+
+
+def _without_bias(variable: str) -> str:
+    """The hint for a bias before a batch normalization that the CS cannot train as TF."""
+    return (f"build the layer before the batch normalization with use_bias=False, or leave "
+            f"{variable} out of the optimizer's var_list")
+
+
+def _batch_mean(graph: tf.Graph, statistic: str,
+                normalized: Mapping[str, frozenset[str]]) -> str | None:
+    """The tensor normalized (a key of `normalized`) whose batch mean the tensor `statistic`
+    is (through views), or None (a variance)."""
+    t = graph.get_tensor_by_name(statistic)
+    while t.op.type in ("Identity", "Squeeze", "Reshape", "Cast", "StopGradient"):
+        t = t.op.inputs[0]
+    for x, ops in normalized.items():
+        if t.op.name in ops and (t.op.type == "Mean" and t.op.inputs[0].name == x or
+                                 t.op.type.startswith("FusedBatchNorm") and t.value_index == 1):
+            return x
+    return None

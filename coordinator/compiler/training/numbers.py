@@ -13,7 +13,7 @@ from coordinator.compiler.refusals import keras_layer
 from coordinator.compiler.training.gradients import TRANSFORMS, Chain
 from coordinator.compiler.training.graph import fail, variables_under
 from coordinator.compiler.training.loss_scaling import PROOF_SCALE
-from coordinator.compiler.training.noise import check_noise
+from coordinator.compiler.training.noise import check_element_noise, check_noise
 from coordinator.compiler.training.transforms import merge
 from wafer.grad_transforms import apply_transforms
 
@@ -127,6 +127,12 @@ def check_numbers(extracted: ExtractedGraph, chains: list[Chain],
         largest = {c.update.variable: (c.update.optimizer, float(np.max(
             np.abs(got), initial=0.0)) / abs(c.call.scale * factor)) for c, got in zip(chains, raw_values)}
         check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
+        if noise <= GRADIENT_NOISE:  # (float32: a float16 backward's noise is real gradients' size)
+            check_element_noise(graph, {c.update.variable: (c.update.optimizer, float(np.min(
+                np.abs(got)[got != 0], initial=np.inf)) / abs(c.call.scale * factor), loss)
+                for c, got, loss in zip(chains, raw_values, losses)
+                if c.update.indices is None and c.update.variable not in zeroed},
+                max((g for _, g in largest.values()), default=0.0), noise)
         _check_transforms(session, chains, session.run(read))
     return max((g for _, g in largest.values()), default=0.0)
 

@@ -20,7 +20,9 @@ do not change along it). Each path must end in the logits of Softmax, LogSoftmax
 two operands (no ellipsis or repeated letter) with a tensor k not computed from the variable
 keeps d constant along an output letter along which both d and k are constant (or that the
 operand lacks): Keras MultiHeadAttention's key bias, constant along the key positions, the
-softmax's axis. A Select (tf.where) of it and a constant of at most -1e4 (Keras' masked
+softmax's axis; a MatMul or BatchMatMul likewise (rows of its first operand, columns of
+its second, batch axes of both: MultiHeadAttention with dropout, tf.matmul(q, k,
+transpose_b=True)). A Select (tf.where) of it and a constant of at most -1e4 (Keras' masked
 softmax) feeding only softmaxes keeps d: the masked entries' probability underflows to 0
 (`_masked`). A path also ends in x − mean(x, axes, keepdims) with d constant along the
 axes (tf.math.reduce_variance, reduce_std: `_centred`), where the shift cancels. A path may
@@ -64,6 +66,7 @@ _SELECTS = {"Select", "SelectV2"}
 _CANCELS = {"Add", "AddV2", "Sub", "SquaredDifference"}  # two v-terms that may cancel
 _POOLS = {"MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D"}
 _CONVOLUTIONS = {"Conv2D", "Conv3D", "DepthwiseConv2dNative"}
+_MATMULS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"}
 _MOVES = {"ExpandDims", "Squeeze", "Transpose", "Reshape", "StridedSlice", "Mean"}
 _MASKED = -1e4  # a masked logit at most this (Keras: -1e9, float16 -3e4): exp underflows
 _SOFTMAX = {"Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
@@ -76,8 +79,17 @@ def zero_gradients(loss: tf.Tensor, variables: list[str],
     is 0 in exact arithmetic, as the module docstring proves it. `normalized`: the batch
     normalizations in training, {the tensor normalized: the names of the ops computing it}."""
     graph, upstream = loss.graph, set(data_upstream(loss.op))
-    return tuple(v for v in variables
-                 if _shift_only(graph.get_operation_by_name(v), loss, upstream, normalized or {}))
+    return tuple(v for v in variables if _shift_only(
+        graph.get_operation_by_name(v), loss, upstream, normalized or {}) is not None)
+
+
+def normalized_ends(loss: tf.Tensor, variable: str,
+                    normalized: Mapping[str, frozenset[str]]) -> frozenset[str]:
+    """The tensors (keys of `normalized`) whose batch normalization in training ends a path
+    of `variable` (proven 0 by zero_gradients): their batch means carry its shift."""
+    ends = _shift_only(loss.graph.get_operation_by_name(variable), loss,
+                       set(data_upstream(loss.op)), normalized)
+    return ends or frozenset()
 
 
 @dataclass(frozen=True)
@@ -90,34 +102,38 @@ class _Pure:
 
 
 def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operation],
-                normalized: Mapping[str, frozenset[str]]) -> bool:
+                normalized: Mapping[str, frozenset[str]]) -> frozenset[str] | None:
+    """The tensors whose batch normalization ends one of the variable's paths when every
+    path ends where its shift cancels; None when not proven."""
     shape = tf.TensorShape(handle.get_attr("shape"))
     if not shape.is_fully_defined():
-        return False
+        return None
     reads = [c.outputs[0] for c in handle.outputs[0].consumers() if c in upstream
              and c.type in ("ReadVariableOp", "Identity")]
     reached = _carrying(reads, loss, upstream, normalized)
     if not reads or any(c in upstream and c.type not in ("ReadVariableOp", "Identity")
                         for c in handle.outputs[0].consumers()):
-        return False
+        return None
     varying = [a for a in range(len(shape)) if shape[a] != 1]
     pure = _Pure(varying[0] if varying else None, 1.0) if len(varying) <= 1 else None
     stack: list[tuple[tf.Tensor, frozenset[int], _Pure | None]] = [
         (read, frozenset(a for a in range(read.shape.rank or 0) if read.shape[a] == 1
                          or shape.num_elements() == 1), pure) for read in reads]
     seen: set = set()
+    ends: set[str] = set()
     pending: dict[tf.Operation, tuple[int, frozenset[int], _Pure | None]] = {}
     while stack:
         tensor, constant, pure = stack.pop()
         if tensor is loss or tensor.shape.rank is None:
-            return False
+            return None
         for op in tensor.consumers():
             if op not in upstream or (op, tensor.ref()) in seen:
                 continue
             seen.add((op, tensor.ref()))
             if op.name in normalized.get(tensor.name, ()):  # the per-channel mean removed
                 if not set(range(tensor.shape.rank - 1)) <= constant:
-                    return False
+                    return None
+                ends.add(tensor.name)
                 continue
             if _centred(op, tensor, constant):  # x − mean(x): the shift cancels
                 continue
@@ -125,10 +141,10 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
                 continue
             indices = [i for i, t in enumerate(op.inputs) if t is tensor]
             if len(indices) != 1:
-                return False
+                return None
             if op.type in _SOFTMAX:  # the logits: a shift along the last axis is ignored
                 if indices[0] != 0 or tensor.shape.rank - 1 not in constant:
-                    return False
+                    return None
                 continue
             if op.type in _CANCELS and len(op.inputs) == 2 and op.inputs[1 - indices[0]].op in reached:
                 if op not in pending:  # the other operand's v-term is still on its way
@@ -136,15 +152,15 @@ def _shift_only(handle: tf.Operation, loss: tf.Tensor, upstream: set[tf.Operatio
                     continue
                 combined = _difference(op, pending.pop(op), (indices[0], constant, pure))
                 if combined is None:
-                    return False
+                    return None
                 if combined is not _CANCELLED:
                     stack.append((op.outputs[0], *combined))
                 continue
             out = _through(op, indices[0], constant, reached)
             if out is None:
-                return False
+                return None
             stack.append((op.outputs[0], out, _pure_through(op, indices[0], pure)))
-    return not pending  # an operand whose v-term was not followed: not proven
+    return None if pending else frozenset(ends)  # (pending: a v-term not followed)
 
 
 _CANCELLED = object()
@@ -317,6 +333,8 @@ def _through(op: tf.Operation, index: int, constant: frozenset[int],
         return _convolved(op, constant)
     if op.type == "Einsum" and len(op.inputs) == 2 and op.inputs[1 - index].op not in reached:
         return _einsum(op, index, constant)
+    if op.type in _MATMULS and op.inputs[1 - index].op not in reached:
+        return _matmul(op, index, constant)
     if op.type in _SELECTS and index > 0:
         return _masked(op, index, constant, reached)
     if op.type not in _SHIFTS | _SCALES or op.inputs[1 - index].op in reached:
@@ -474,6 +492,30 @@ def _einsum(op: tf.Operation, index: int, constant: frozenset[int]) -> frozenset
             for t, axes in ((letters[index], constant),
                             (letters[1 - index], _constant_axes(other)))]
     return frozenset(j for j, letter in enumerate(result) if letter in kept[0] & kept[1])
+
+
+def _matmul(op: tf.Operation, index: int, constant: frozenset[int]) -> frozenset[int] | None:
+    """A matrix product of x (operand `index`) and k, linear in x (tf.matmul(q, k,
+    transpose_b=True), as Keras MultiHeadAttention's einsum of the keys and queries runs
+    with dropout, and window attention's scores): the output is constant along its rows
+    where operand 0 is, its columns where operand 1 is, and a batch axis where both are
+    (or lack it: broadcast)."""
+    out_rank = op.outputs[0].shape.rank or 0
+    if out_rank < 2:
+        return None
+    flips = ("transpose_a", "transpose_b") if op.type == "MatMul" else ("adj_x", "adj_y")
+    kept = []
+    for i, t in enumerate(op.inputs[:2]):
+        rank = t.shape.rank
+        if rank is None or rank < 2:
+            return None
+        axes = (constant if i == index else _constant_axes(t)) | frozenset(
+            a for a in range(rank) if t.shape[a] == 1)
+        outer = rank - 1 if op.get_attr(flips[i]) == (i == 0) else rank - 2  # (the row or column)
+        lead = out_rank - rank
+        kept.append({a + lead for a in axes if a < rank - 2} | set(range(lead)) |
+                    ({out_rank - 2 + i} if outer in axes else set()) | {out_rank - 1 - i})
+    return frozenset(kept[0] & kept[1])
 
 
 def _broadcast(x: tf.Tensor, constant: frozenset[int], out_rank: int) -> frozenset[int]:
