@@ -27,6 +27,9 @@ HALF_GRADIENT_RTOL = 1e-2
 # at this fraction of the model's largest gradient: about 8 ULPs in float32, one float16
 # rounding (2 ** -11) in a float16 backward.
 GRADIENT_NOISE = 1e-6
+# A gradient element that reversing the batch's order changes by more than this of itself is
+# float32 rounding, not a value (numbers._order_sensitive)
+ORDER_RTOL = 1e-3
 HALF_GRADIENT_NOISE = 2.0 ** -11
 ZEROED_NOISE = 100.0  # a proven-0 gradient's noise may be this many times the noise bound
 # A gradient program's clipping thresholds are values it computes (AGC's c * ||w||): its
@@ -128,13 +131,36 @@ def check_numbers(extracted: ExtractedGraph, chains: list[Chain],
             np.abs(got), initial=0.0)) / abs(c.call.scale * factor)) for c, got in zip(chains, raw_values)}
         check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
         if noise <= GRADIENT_NOISE:  # (float32: a float16 backward's noise is real gradients' size)
+            undetermined = _order_sensitive(raw_values, session.run(raw, _reversed(feed)))
             check_element_noise(graph, {c.update.variable: (c.update.optimizer, float(np.min(
-                np.abs(got)[got != 0], initial=np.inf)) / abs(c.call.scale * factor), loss)
-                for c, got, loss in zip(chains, raw_values, losses)
+                np.abs(got)[undetermined(k, got)], initial=np.inf)) / abs(c.call.scale * factor), loss)
+                for k, (c, got, loss) in enumerate(zip(chains, raw_values, losses))
                 if c.update.indices is None and c.update.variable not in zeroed},
                 max((g for _, g in largest.values()), default=0.0), noise)
         _check_transforms(session, chains, session.run(read))
     return max((g for _, g in largest.values()), default=0.0)
+
+
+def _reversed(feed: dict) -> dict:
+    """The batch in reverse order: the same sums over the batch, added in another order."""
+    return {t: np.asarray(v)[::-1] if np.ndim(v) else v for t, v in feed.items()}
+
+
+def _order_sensitive(values: list, reversed_values: list):
+    """Which nonzero gradient elements float32 does not determine: those that another order
+    of the batch's samples changes by more than ORDER_RTOL of themselves (a sum whose terms
+    cancel: N-BEATS' sMAPE), when the gradients as a whole are the same in either order; where
+    they are not (dropout's masks drawn again, a loss reading the batch's order) every nonzero
+    element is a candidate, as its size alone decides."""
+    scale = max((float(np.max(np.abs(v), initial=0.0)) for v in values), default=0.0)
+    whole = all(np.shape(a) == np.shape(b) and float(np.max(np.abs(a - b), initial=0.0)) <=
+                ORDER_RTOL * scale for a, b in zip(values, reversed_values))
+
+    def undetermined(k: int, got: np.ndarray) -> np.ndarray:
+        if not whole:
+            return got != 0
+        return (got != 0) & (np.abs(got - reversed_values[k]) > ORDER_RTOL * np.abs(got))
+    return undetermined
 
 
 def _finite_scale(session, raw: list, seeded: list, values: list, seeded_values: list,
