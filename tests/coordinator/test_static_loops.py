@@ -62,7 +62,6 @@ def test_a_scan_over_time_major_steps_trains_evaluates_and_predicts_like_tensorf
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="refused since this stop's merges (the unrolled graph's dense/bias gradient beyond UNROLL_RTOL: a refusal, never a wrong run): under investigation (closing note, stop 38)", strict=False)
 def test_a_sinkhorn_loss_over_the_batch_trains_like_tensorflow_and_evaluates_like_the_cpu(
         tmp_path):
     result = cs_inprocess.compare(m.sinkhorn_loss, m.sequence_input_fn, PARAMS, str(tmp_path),
