@@ -75,6 +75,19 @@ def test_a_sinkhorn_loss_over_the_batch_trains_like_tensorflow_and_evaluates_lik
                                             str(tmp_path), result) == ""
 
 
+def test_an_unrolled_graph_computing_another_function_stays_refused_beyond_tensorflows_spread(
+        tmp_path):
+    """The proof's spread fallback (rounding_spread: within 2x TF's own spread from weights
+    moved by 1 ULP) accepts rounding, not a second build that computes otherwise (without
+    runconfig.tf_random_seed, which seeds numpy's generator too, each build draws another
+    projection)."""
+    with pytest.raises(CSRunError) as caught:
+        cs_inprocess.compile_checked(m.redrawn_projection_rnn, m.sequence_input_fn, {},
+                                     str(tmp_path))
+    assert caught.value.message.startswith("the unrolled graph of the recurrent layers, loops "
+                                           "or per-sample maps computes another loss or gradient")
+
+
 def test_a_time_major_scan_output_pooled_over_time_is_refused_saying_what_to_write(tmp_path):
     with pytest.raises(CSRunError) as caught:
         cs_inprocess.compile_checked(m.scan_max_over_time, m.sequence_input_fn, PARAMS,
