@@ -4,10 +4,11 @@ compiler builds model_fn a second time with Keras' own unrolling (`unroll=True`,
 cell's ops once per step, reading its shared weights), and proves the unrolled graph
 computes what the user's does: with the same weights, on one batch of input_fn, the loss
 and its gradient to every trainable variable (predict mode: the predictions) agree to
-UNROLL_RTOL, or beyond it within rounding_spread's SPREAD_FACTOR x TF's own spread. Hand-written tf.while_loop and tf.scan of a number of steps known at build
-time run as Python loops in that second build (static_loops.py) and are proven alike; a loop
-left (its steps depend on the data: tf.nn.ctc_loss's) stays in the second build, which the
-matcher refuses naming that loop, not the recurrent layers unrolled around it."""
+UNROLL_RTOL, or beyond it within rounding_spread's SPREAD_FACTOR x TF's own spread.
+Hand-written tf.while_loop and tf.scan of a number of steps known at build time run as
+Python loops in that second build (static_loops.py) and are proven alike; a loop left (its
+steps depend on the data: tf.nn.ctc_loss's) stays in the second build, which the matcher
+refuses naming that loop, not the recurrent layers unrolled around it."""
 from __future__ import annotations
 
 import contextlib
