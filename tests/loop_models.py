@@ -2,8 +2,8 @@
 written the way users write them: a custom recurrence over time with tf.scan, a recurrent
 cell written with tf.while_loop reading the sequence by its counter, a neural ODE integrated
 by Euler steps of a float time, a linear-chain CRF (forward algorithm and Viterbi by tf.scan),
-a Kalman filter by tf.scan, a Sinkhorn loss over the batch by tf.while_loop, and a loop
-whose trip count depends on the batch (refused)."""
+a Kalman filter by tf.scan, a Sinkhorn loss over the batch by tf.while_loop, and refused: a loop
+whose trip count depends on the batch, a loop over a projection each build draws anew."""
 import numpy as np
 import tensorflow as tf
 
@@ -91,6 +91,20 @@ def neural_ode(features, labels, mode, params):
 
     _, z = tf.while_loop(lambda t, z: t < 1.0, euler, (tf.constant(0.0), z))
     return _spec(mode, labels, L.Dense(CLASSES)(z), v1.train.AdamOptimizer(1e-2))
+
+
+def redrawn_projection_rnn(features, labels, mode, params):
+    """A tf.while_loop recurrence over a fixed random projection of the inputs drawn by numpy's
+    global generator at build time: without a seed each build of model_fn draws another."""
+    projection = tf.constant(np.random.normal(size=(FEATURES, 8)).astype(np.float32))
+    inputs = tf.tensordot(features, projection, 1)  # [B, T, 8]
+
+    def body(i, state):
+        return i + 1, tf.tanh(0.5 * state + inputs[:, i, :])
+
+    _, state = tf.while_loop(lambda i, state: i < T, body,
+                             [tf.constant(0), tf.zeros([tf.shape(features)[0], 8])])
+    return _spec(mode, labels, L.Dense(CLASSES)(state), v1.train.AdamOptimizer(1e-2))
 
 
 def scan_max_over_time(features, labels, mode, params):

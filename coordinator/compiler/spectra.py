@@ -28,6 +28,7 @@ from coordinator.compiler.extract import ExtractedGraph, data_flow_ops
 from coordinator.compiler.ir import KernelNode, UnsupportedOp
 from coordinator.compiler.operands import static_shape, strided_index
 from coordinator.compiler.random_numbers import is_random
+from coordinator.compiler.rounding_spread import SPREAD_FACTOR, distances, spread
 from coordinator.compiler.rules import Context, has_kernel
 from tf_model.model_fn import user_source
 from wafer.kernels import RunContext, build_kernel
@@ -35,9 +36,7 @@ from wafer.kernels import RunContext, build_kernel
 PARTS = {"ComplexAbs": "magnitude", "Real": "real", "Imag": "imag"}
 NOISE_RTOL = 1e-5  # (recurrences.UNROLL_RTOL's: float32 sums in another order)
 # Beyond NOISE_RTOL the CS's spectra may move the loss and each gradient by SPREAD_FACTOR x
-# TF's own spread: the farthest of SPREAD_RUNS TF runs from the weights moved by 1 ULP.
-SPREAD_RUNS = 3
-SPREAD_FACTOR = 2.0
+# TF's own spread (rounding_spread).
 
 # The README's row: kernel -> the TF ops it starts from.
 KERNEL_ROWS = {
@@ -171,19 +170,19 @@ def rounding_noise(kernels: list[KernelNode], extracted: ExtractedGraph) -> list
                 got[name], want[name], rtol=NOISE_RTOL, atol=NOISE_RTOL * scale[name])]
             if not differ:
                 return []
-            apart = _distances(got, want, scale)
-            spread = _spread(session, outputs, feed, [v for v in trainable
-                                                      if v.op.name in outputs], want, scale)
-    differ = [name for name in differ if apart[name] > SPREAD_FACTOR * spread[name]]
+            apart = distances(got, want, scale)
+            tf_spread = spread(session, outputs, feed, [v for v in trainable
+                                                        if v.op.name in outputs], want, scale)
+    differ = [name for name in differ if apart[name] > SPREAD_FACTOR * tf_spread[name]]
     if not differ:
         return []
-    worst = max(differ, key=lambda name: apart[name] / max(spread[name], 1e-30))
+    worst = max(differ, key=lambda name: apart[name] / max(tf_spread[name], 1e-30))
     unit = "relative" if worst == "the loss" else "of the largest gradient"
     ffts = dict.fromkeys(_fft(graph, k) for k in spectra)
     return [UnsupportedOp(
         fft.type, fft.name, user_source(fft),
         f"on input_fn's first batch the CS's FFT moves {', '.join(differ[:3])} from TF's "
-        f"({worst} by {apart[worst]:.1e} {unit}, TF's own by {spread[worst]:.1e} when its "
+        f"({worst} by {apart[worst]:.1e} {unit}, TF's own by {tf_spread[worst]:.1e} when its "
         f"weights move by 1 ULP; rounding stays within {SPREAD_FACTOR:g}x that): bins that "
         "are 0 but for the FFT's rounding (~1e-7 of a frame's largest magnitude: noiseless "
         "signals), which no CS kernel rounds as TF's FFT does, amplified downstream (a log's "
@@ -221,27 +220,3 @@ def _fft(graph: tf.Graph, kernel: KernelNode) -> tf.Operation:
     if kernel.type == "complex_region":
         return graph.get_operation_by_name(kernel.ops[0])
     return _rfft(graph.get_tensor_by_name(kernel.tf_tensor).op.inputs[0])
-
-
-def _distances(got: dict, want: dict, scale: dict[str, float]) -> dict[str, float]:
-    """Each output's max |got - want| over its `scale` (the loss's magnitude, the model's
-    largest gradient element)."""
-    return {name: float(np.abs(np.asarray(got[name], np.float64) - want[name]).max())
-            / max(scale[name], 1e-30) for name in want}
-
-
-def _spread(session: tf.compat.v1.Session, outputs: dict, feed: dict,
-            weights: list[tf.Variable], want: dict, scale: dict[str, float]) -> dict[str, float]:
-    """TF's own spread: each output's farthest distance from `want` over SPREAD_RUNS runs
-    with a random half of every weight's elements moved by 1 float32 ULP (x(1 + 2^-23),
-    seeds 0..SPREAD_RUNS-1)."""
-    initial = session.run(weights)
-    spread = dict.fromkeys(want, 0.0)
-    for seed in range(SPREAD_RUNS):
-        rng = np.random.default_rng(seed)
-        for weight, value in zip(weights, initial):
-            weight.load(np.where(rng.random(value.shape) < 0.5, value * np.float32(1 + 2.0 ** -23),
-                                 value), session)
-        moved = _distances(session.run(outputs, feed), want, scale)
-        spread = {name: max(spread[name], moved[name]) for name in want}
-    return spread

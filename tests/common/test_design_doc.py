@@ -18,7 +18,8 @@ MODULES = ("wafer/timing.py", "wafer/kernels/base.py", "coordinator/compiler/pla
            "coordinator/compiler/training/numbers.py",
            "coordinator/compiler/training/noise.py", "cs_api/__init__.py", "cs_api/tensors.py",
            "cs_api/shared_input.py",
-           "coordinator/compiler/recurrences.py", "cs_api/liveness.py", "cs_api/client.py",
+           "coordinator/compiler/recurrences.py", "coordinator/compiler/rounding_spread.py",
+           "cs_api/liveness.py", "cs_api/client.py",
            "wse_sim/limits.py",
            "wse_sim/cs_system.py", "wse_sim/server.py", "wse_sim/pipeline.py",
            "workers/feed.py", "coordinator/starvation.py")
