@@ -7,6 +7,7 @@ the CPU (tests/tf_reference.py) from the same initial weights and batches.
 """
 from __future__ import annotations
 
+import os
 import re
 import threading
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from common.errors import CSRunError
 from common.run_settings import RunSettings
 from coordinator.chief import cs_state, output_tensor_names, resumed_step, streamed_names
 from coordinator.compiler import CompileResult, compile_model
+from coordinator.compiler.artifacts import WEIGHTS
 from cs_api import pb
 from cs_api.attrs import from_attr
 from cs_api.input_spec import as_streamed, program_inputs
@@ -678,8 +680,12 @@ def farther_than_tensorflow(result: Comparison, exact: dict[str, np.ndarray], fa
 
 
 def assert_same_training(result: Comparison, rtol: float = 1e-4) -> None:
+    """No mismatches; else they, and the compile's initial weights (drawn afresh in every
+    process unless runconfig.tf_random_seed is set) to train from again."""
     problems = mismatches(result, rtol)
-    assert not problems, "the CS trained differently from TensorFlow:\n  " + "\n  ".join(problems)
+    assert not problems, (f"the CS trained differently from TensorFlow from the initial weights in "
+                          f"{os.path.join(result.compiled.directory, WEIGHTS)}:\n  "
+                          + "\n  ".join(problems))
 
 
 def model_op_words(model_fn: Callable, input_fn: Callable, params: dict) -> set[str]:

@@ -13,6 +13,10 @@ import spectral_operator_models as models
 import tf_reference
 
 RTOL = 1e-5
+# The same initial weights every run: at about 1 draw in 200 (2 of 409 measured) complex
+# attention trains so close to a rounding's edge that TF from the same weights, a random half
+# of them moved 1 ULP, differs from TF itself by what this RTOL catches (the fresh clone's draw).
+PARAMS = {"runconfig": {"tf_random_seed": 1}}
 INPUTS = {"fno_1d": models.sequence_input_fn, "fno_2d": models.image_input_fn,
           "s4d": models.sequence_input_fn, "spectral_pooling": models.image_input_fn,
           "complex_dense": models.sequence_input_fn,
@@ -23,22 +27,22 @@ INPUTS = {"fno_1d": models.sequence_input_fn, "fno_2d": models.image_input_fn,
 def trained(tmp_path_factory):
     return cs_inprocess.cached_comparisons(
         {name: (getattr(models, name), input_fn, {}) for name, input_fn in INPUTS.items()},
-        {}, tmp_path_factory)
+        PARAMS, tmp_path_factory)
 
 
-@pytest.mark.parametrize("name", [n if n != "complex_attention" else pytest.param("complex_attention", marks=pytest.mark.xfail(reason="passes alone; failed in make test's shared-queue lane after other tests (state an earlier test leaves in the process): under investigation (closing note, stop 38)", strict=False)) for n in sorted(INPUTS)])
+@pytest.mark.parametrize("name", sorted(INPUTS))
 def test_spectral_operators_train_like_tensorflow(trained, name):
     result = trained(name)
     cs_inprocess.assert_same_training(result, rtol=RTOL)
     assert "complex_region" in cs_inprocess.kernel_types(result.compiled.program)
 
 
-@pytest.mark.parametrize("name", ["fno_1d", "s4d", "complex_dense", pytest.param("complex_attention", marks=pytest.mark.xfail(reason="passes alone; failed in make test's shared-queue lane after other tests (state an earlier test leaves in the process): under investigation (closing note, stop 38)", strict=False))])
+@pytest.mark.parametrize("name", ["fno_1d", "s4d", "complex_dense", "complex_attention"])
 def test_spectral_operators_train_like_tensorflow_in_micro_batches(trained, name):
     """Micro-batches of 4: the slices' and products' index maps and batch axes per
     micro-batch, the complex weights' gradients accumulated over the batch."""
     result = trained(name)
-    data = tf_reference.batches(INPUTS[name], {}, 4)
+    data = tf_reference.batches(INPUTS[name], PARAMS, 4)
     cs = cs_inprocess.run_on_cs(cs_inprocess.at_micro_batch(result.compiled.program, 4),
                                 result.compiled.initial_weights, data)
     cs_inprocess.assert_same_training(
@@ -47,7 +51,7 @@ def test_spectral_operators_train_like_tensorflow_in_micro_batches(trained, name
 
 @pytest.mark.parametrize("name", sorted(INPUTS))
 def test_spectral_operators_evaluate_and_predict_like_the_cpu_path(tmp_path, trained, name):
-    assert cs_inprocess.cpu_path_mismatches(getattr(models, name), INPUTS[name], {},
+    assert cs_inprocess.cpu_path_mismatches(getattr(models, name), INPUTS[name], PARAMS,
                                             str(tmp_path), trained(name)) == []
 
 
