@@ -28,9 +28,12 @@ HALF_GRADIENT_RTOL = 1e-2
 # at this fraction of the model's largest gradient: about 8 ULPs in float32, one float16
 # rounding (2 ** -11) in a float16 backward.
 GRADIENT_NOISE = 1e-6
-# A gradient element that reversing the batch's order or moving the weights by 1 ULP changes
-# by more than this of itself is float32 rounding, not a value (numbers._undetermined)
+# A gradient element that reversing the batch's order changes by more than ORDER_RTOL of
+# itself, or moving the weights by 1 ULP by more than MOVED_RTOL, is float32 rounding, not a
+# value (numbers._undetermined): a determined element moves by its condition x 2 ** -23
+# (a saturated SE gate's bias: 2e-4), noise by O(1) of itself (N-BEATS' sMAPE: 0.2 to 1.8)
 ORDER_RTOL = 1e-3
+MOVED_RTOL = 1e-2
 HALF_GRADIENT_NOISE = 2.0 ** -11
 ZEROED_NOISE = 100.0  # a proven-0 gradient's noise may be this many times the noise bound
 # A gradient program's clipping thresholds are values it computes (AGC's c * ||w||): its
@@ -152,12 +155,13 @@ def _reversed(feed: dict) -> dict:
 def _undetermined(session: tf.compat.v1.Session, raw: list, values: list, feed: dict,
                   weights: list[tf.Variable]):
     """Which nonzero gradient elements float32 does not determine: those that the batch in
-    reverse order (a sum across samples whose terms cancel) or the trained `weights` moved by
-    1 ULP (rounding_spread.move_by_ulp, seed 0: a difference of nearly equal terms within a
-    sample, N-BEATS' sMAPE below 0) change by more than ORDER_RTOL of themselves, when the
-    gradients as a whole are the same in either order; where they are not (dropout's masks
-    drawn again, a loss reading the batch's order) every nonzero element is a candidate, as
-    its size alone decides. The session keeps the weights it had."""
+    reverse order changes by more than ORDER_RTOL of themselves (a sum across samples whose
+    terms cancel), or the trained `weights` moved by 1 ULP (rounding_spread.move_by_ulp,
+    seed 0) by more than MOVED_RTOL (a difference of nearly equal terms within each sample,
+    the same in either order: N-BEATS' sMAPE below 0), when the gradients as a whole are the
+    same in either order; where they are not (dropout's masks drawn again, a loss reading the
+    batch's order) every nonzero element is a candidate, as its size alone decides. The
+    session keeps the weights it had."""
     reversed_values = session.run(raw, _reversed(feed))
     initial = session.run(weights)
     move_by_ulp(session, weights, initial, 0)
@@ -172,7 +176,7 @@ def _undetermined(session: tf.compat.v1.Session, raw: list, values: list, feed: 
         if not whole:
             return got != 0
         return (got != 0) & ((np.abs(got - reversed_values[k]) > ORDER_RTOL * np.abs(got)) |
-                             (np.abs(got - moved_values[k]) > ORDER_RTOL * np.abs(got)))
+                             (np.abs(got - moved_values[k]) > MOVED_RTOL * np.abs(got)))
     return undetermined
 
 
