@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import cs_inprocess
 import exact_zero_models as models
-import pytest
 import window_models
 
 
