@@ -28,10 +28,17 @@ def spread(session: tf.compat.v1.Session, outputs: dict, feed: dict,
     initial = session.run(weights)
     farthest = dict.fromkeys(want, 0.0)
     for seed in range(SPREAD_RUNS):
-        rng = np.random.default_rng(seed)
-        for weight, value in zip(weights, initial):
-            weight.load(np.where(rng.random(value.shape) < 0.5, value * np.float32(1 + 2.0 ** -23),
-                                 value), session)
+        move_by_ulp(session, weights, initial, seed)
         moved = distances(session.run(outputs, feed), want, scale)
         farthest = {name: max(farthest[name], moved[name]) for name in want}
     return farthest
+
+
+def move_by_ulp(session: tf.compat.v1.Session, weights: list[tf.Variable], initial: list,
+                seed: int) -> None:
+    """Load `weights` with their `initial` values, a random half of each weight's elements
+    moved by 1 float32 ULP (x(1 + 2^-23), drawn from `seed`)."""
+    rng = np.random.default_rng(seed)
+    for weight, value in zip(weights, initial):
+        weight.load(np.where(rng.random(value.shape) < 0.5, value * np.float32(1 + 2.0 ** -23),
+                             value), session)

@@ -4,14 +4,14 @@ through which the shift proof (coordinator/compiler/training/shift.py) follows t
 to the softmax: the CS applies the exact 0 instead of refusing the bias as a batch
 normalization's noise, and trains the rest like TensorFlow. N-BEATS under sMAPE has forecast
 bias elements that float32 does not determine: it validated and then Adam trained them
-differently; noise.check_element_noise refused it, until that check came to count only
-elements another order of the batch changes (its xfail says why). A bias the proof does not
-follow into a batch normalization (through a concat) is still refused as noise."""
+differently; noise.check_element_noise refuses it: its noise is within each sample (the same
+in either order of the batch), and the weights moved by 1 ULP change it by O(1) of itself. A
+bias the proof does not follow into a batch normalization (through a concat) is still refused
+as noise."""
 from __future__ import annotations
 
 import cs_inprocess
 import exact_zero_models as models
-import pytest
 import window_models
 
 
@@ -22,12 +22,6 @@ def test_conformer_key_bias_gets_the_exact_zero_and_the_rest_trains_like_tensorf
     assert cs_inprocess.mismatches(result) == []
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "an element's noise now counts only where another order of the batch changes it (float32 "
-    "does not determine a sum across samples whose terms cancel), which keeps squeeze-and-"
-    "excitation gates' tiny but determined bias gradients trainable (test_squeeze_excitation's "
-    "float32 SE-CNN was refused); N-BEATS' sMAPE noise is within one sample, the same in either "
-    "order, so it validates again and differs from TF at rounding level, as before noisefloor"))
 def test_nbeats_smape_forecast_bias_noise_under_adam_is_refused_in_one_line(tmp_path):
     message = cs_inprocess.refusal(models.nbeats, models.nbeats_input_fn,
                                    dict(models.NBEATS_PARAMS), str(tmp_path), models.__file__)

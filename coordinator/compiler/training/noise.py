@@ -22,8 +22,9 @@ before a batch normalization). Under SGD and momentum the ratio is g / G itself 
 on its own (an attention key's bias: softmax ignores a shift shared by all keys): nothing the
 model computes in any mode reads its value, which is accepted though not TF's.
 Elements (`check_element_noise`): a bias reaching no batch normalization with a gradient
-element at the noise level that the optimizer amplifies is refused (float32 does not
-determine it, and it is not proven 0: N-BEATS' sMAPE below 0; Swin's fused qkv bias, whose
+element at the noise level that the optimizer amplifies, and that float32 does not determine
+(numbers._undetermined: another order of the batch, or the weights moved by 1 ULP, change
+it), is refused (it is not proven 0: N-BEATS' sMAPE below 0; Swin's fused qkv bias, whose
 key part alone cancels in the softmax).
 Followed (`check_moving_shift`): a variable shift.py proves 0 through a batch normalization
 whose batch mean a moving statistic follows is refused under an amplifying optimizer: TF's

@@ -10,6 +10,7 @@ from coordinator.compiler.extract import ExtractedGraph, op_closure, user_name, 
 from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.operands import VARIABLE_OPS
 from coordinator.compiler.refusals import keras_layer
+from coordinator.compiler.rounding_spread import move_by_ulp
 from coordinator.compiler.training.gradients import TRANSFORMS, Chain
 from coordinator.compiler.training.graph import fail, variables_under
 from coordinator.compiler.training.loss_scaling import PROOF_SCALE
@@ -27,9 +28,12 @@ HALF_GRADIENT_RTOL = 1e-2
 # at this fraction of the model's largest gradient: about 8 ULPs in float32, one float16
 # rounding (2 ** -11) in a float16 backward.
 GRADIENT_NOISE = 1e-6
-# A gradient element that reversing the batch's order changes by more than this of itself is
-# float32 rounding, not a value (numbers._order_sensitive)
+# A gradient element that reversing the batch's order changes by more than ORDER_RTOL of
+# itself, or moving the weights by 1 ULP by more than MOVED_RTOL, is float32 rounding, not a
+# value (numbers._undetermined): a determined element moves by its condition x 2 ** -23
+# (a saturated SE gate's bias: 2e-4), noise by O(1) of itself (N-BEATS' sMAPE: 0.2 to 1.8)
 ORDER_RTOL = 1e-3
+MOVED_RTOL = 1e-2
 HALF_GRADIENT_NOISE = 2.0 ** -11
 ZEROED_NOISE = 100.0  # a proven-0 gradient's noise may be this many times the noise bound
 # A gradient program's clipping thresholds are values it computes (AGC's c * ||w||): its
@@ -131,7 +135,9 @@ def check_numbers(extracted: ExtractedGraph, chains: list[Chain],
             np.abs(got), initial=0.0)) / abs(c.call.scale * factor)) for c, got in zip(chains, raw_values)}
         check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
         if noise <= GRADIENT_NOISE:  # (float32: a float16 backward's noise is real gradients' size)
-            undetermined = _order_sensitive(raw_values, session.run(raw, _reversed(feed)))
+            trained = {c.update.variable for c in chains}
+            undetermined = _undetermined(session, raw, raw_values, feed, [
+                v for v in variables if v.op.name in trained and v.dtype.is_floating])
             check_element_noise(graph, {c.update.variable: (c.update.optimizer, float(np.min(
                 np.abs(got)[undetermined(k, got)], initial=np.inf)) / abs(c.call.scale * factor), loss)
                 for k, (c, got, loss) in enumerate(zip(chains, raw_values, losses))
@@ -146,12 +152,22 @@ def _reversed(feed: dict) -> dict:
     return {t: np.asarray(v)[::-1] if np.ndim(v) else v for t, v in feed.items()}
 
 
-def _order_sensitive(values: list, reversed_values: list):
-    """Which nonzero gradient elements float32 does not determine: those that another order
-    of the batch's samples changes by more than ORDER_RTOL of themselves (a sum whose terms
-    cancel: N-BEATS' sMAPE), when the gradients as a whole are the same in either order; where
-    they are not (dropout's masks drawn again, a loss reading the batch's order) every nonzero
-    element is a candidate, as its size alone decides."""
+def _undetermined(session: tf.compat.v1.Session, raw: list, values: list, feed: dict,
+                  weights: list[tf.Variable]):
+    """Which nonzero gradient elements float32 does not determine: those that the batch in
+    reverse order changes by more than ORDER_RTOL of themselves (a sum across samples whose
+    terms cancel), or the trained `weights` moved by 1 ULP (rounding_spread.move_by_ulp,
+    seed 0) by more than MOVED_RTOL (a difference of nearly equal terms within each sample,
+    the same in either order: N-BEATS' sMAPE below 0), when the gradients as a whole are the
+    same in either order; where they are not (dropout's masks drawn again, a loss reading the
+    batch's order) every nonzero element is a candidate, as its size alone decides. The
+    session keeps the weights it had."""
+    reversed_values = session.run(raw, _reversed(feed))
+    initial = session.run(weights)
+    move_by_ulp(session, weights, initial, 0)
+    moved_values = session.run(raw, feed)
+    for weight, value in zip(weights, initial):
+        weight.load(value, session)
     scale = max((float(np.max(np.abs(v), initial=0.0)) for v in values), default=0.0)
     whole = all(np.shape(a) == np.shape(b) and float(np.max(np.abs(a - b), initial=0.0)) <=
                 ORDER_RTOL * scale for a, b in zip(values, reversed_values))
@@ -159,7 +175,8 @@ def _order_sensitive(values: list, reversed_values: list):
     def undetermined(k: int, got: np.ndarray) -> np.ndarray:
         if not whole:
             return got != 0
-        return (got != 0) & (np.abs(got - reversed_values[k]) > ORDER_RTOL * np.abs(got))
+        return (got != 0) & ((np.abs(got - reversed_values[k]) > ORDER_RTOL * np.abs(got)) |
+                             (np.abs(got - moved_values[k]) > MOVED_RTOL * np.abs(got)))
     return undetermined
 
 
