@@ -9,6 +9,7 @@ import tensorflow as tf
 from coordinator.compiler.extract import ExtractedGraph, op_closure, user_name, user_source
 from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.operands import VARIABLE_OPS
+from coordinator.compiler.random_numbers import is_draw
 from coordinator.compiler.refusals import keras_layer
 from coordinator.compiler.training.gradients import TRANSFORMS, Chain
 from coordinator.compiler.training.graph import fail, variables_under
@@ -131,10 +132,11 @@ def check_numbers(extracted: ExtractedGraph, chains: list[Chain],
             np.abs(got), initial=0.0)) / abs(c.call.scale * factor)) for c, got in zip(chains, raw_values)}
         check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
         if noise <= GRADIENT_NOISE:  # (float32: a float16 backward's noise is real gradients' size)
-            undetermined = _order_sensitive(raw_values, session.run(raw, _reversed(feed)))
+            ordered, reordered = _in_both_orders(session, raw, raw_values, feed)
+            undetermined = _order_sensitive(ordered, reordered)
             check_element_noise(graph, {c.update.variable: (c.update.optimizer, float(np.min(
                 np.abs(got)[undetermined(k, got)], initial=np.inf)) / abs(c.call.scale * factor), loss)
-                for k, (c, got, loss) in enumerate(zip(chains, raw_values, losses))
+                for k, (c, got, loss) in enumerate(zip(chains, ordered, losses))
                 if c.update.indices is None and c.update.variable not in zeroed},
                 max((g for _, g in largest.values()), default=0.0), noise)
         _check_transforms(session, chains, session.run(read))
@@ -144,6 +146,36 @@ def check_numbers(extracted: ExtractedGraph, chains: list[Chain],
 def _reversed(feed: dict) -> dict:
     """The batch in reverse order: the same sums over the batch, added in another order."""
     return {t: np.asarray(v)[::-1] if np.ndim(v) else v for t, v in feed.items()}
+
+
+def _in_both_orders(session, raw: list, values: list, feed: dict) -> tuple[list, list]:
+    """The raw gradients of the batch (`feed`) in its order and reversed, each sample with
+    the same random numbers in both: the draws the gradients read (dropout's, the
+    categorical's, outside loops) fetched, then fed with the reversed batch, each sample's
+    rows moved with it (`_samples_reversed`). Without draws, `values` (the gradients of
+    `feed`) and the reversed batch's."""
+    closure = {op for tensor in raw for op in op_closure(tensor)}
+    draws = [t for op in closure if is_draw(op) and op._get_control_flow_context() is None
+             for t in op.outputs]
+    if not draws:
+        return values, session.run(raw, _reversed(feed))
+    values, drawn = session.run([raw, draws], feed)
+    batch = next(np.shape(v)[0] for v in feed.values() if np.ndim(v))
+    return values, session.run(raw, {**_reversed(feed), **{
+        t: _samples_reversed(np.asarray(v), batch) for t, v in zip(draws, drawn)}})
+
+
+def _samples_reversed(drawn: np.ndarray, batch: int) -> np.ndarray:
+    """A draw's numbers for the batch in reverse order: a per-sample draw's ([batch * k, ...],
+    each sample's k rows) and a stack's ([K, batch, ...]) samples reversed, numbers shared by
+    the batch as they are. (A shared draw whose first axis is a multiple of the batch by
+    chance is reversed too: the two orders then differ as a whole, and every element is a
+    candidate, as without the draws.)"""
+    if drawn.ndim and drawn.shape[0] % batch == 0:
+        return drawn.reshape(batch, -1)[::-1].reshape(drawn.shape)
+    if drawn.ndim >= 2 and drawn.shape[1] == batch:
+        return drawn[:, ::-1]
+    return drawn
 
 
 def _order_sensitive(values: list, reversed_values: list):
