@@ -3,6 +3,7 @@ tokens drawn by tf.random.categorical of its logits folded to [batch * T, V], re
 [batch, T]; the discriminator sharing the token and position embeddings (each read twice)."""
 import numpy as np
 import tensorflow as tf
+
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 params = {"batch_size": 8, "vocab_size": 64, "seq_len": 16, "d_model": 32, "gen_d": 16,

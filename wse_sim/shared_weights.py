@@ -282,7 +282,7 @@ def _slices(v: Variable) -> tuple[np.ndarray, np.ndarray]:
         if region.kernel.type_name not in SPARSE_GRADIENT_KERNELS:
             # read whole (position embeddings, [None] of them too): every row once, in order
             grad = region.grads[use.role].reshape(v.value.shape)
-            ids.append(np.arange(grad.shape[0]))
+            ids.append(np.arange(len(v.value)))
             values.append(grad)
             continue
         ids += [i for i, _ in pieces]
