@@ -666,8 +666,8 @@ def sparse_problem(weight: SharedWeight, spec: ParamSpec, kernels: list[Kernel])
             return ("a sparse (IndexedSlices) update of a viewed table needs every read to be "
                     "the one view")
         return whole_rows_problem(views[0], math.prod(weight.shape[1:]))
-    for use in weight.uses:
-        if use.view is not None or tuple(use.shape) != tuple(weight.shape) or \
+    for use in weight.uses:  # (a lookup's table, or the table read whole: [None] of it too)
+        if use.view is not None or math.prod(use.shape) != math.prod(weight.shape) or \
                 kernels[use.kernel].type_name not in SPARSE_GRADIENT_KERNELS and \
                 "operands" not in kernels[use.kernel].attrs:
             return (f"a sparse (IndexedSlices) update needs every read to be a lookup in the "

@@ -280,9 +280,9 @@ def _slices(v: Variable) -> tuple[np.ndarray, np.ndarray]:
         if not region.backward:
             continue  # no gradient reaches this use: TF's None
         if region.kernel.type_name not in SPARSE_GRADIENT_KERNELS:
-            # read whole (position embeddings): every row once, in order
-            grad = region.grads[use.role]
-            ids.append(np.arange(grad.shape[0]))
+            # read whole (position embeddings, [None] of them too): every row once, in order
+            grad = region.grads[use.role].reshape(v.value.shape)
+            ids.append(np.arange(len(v.value)))
             values.append(grad)
             continue
         ids += [i for i, _ in pieces]

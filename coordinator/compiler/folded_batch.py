@@ -5,7 +5,8 @@ first axis B*k, its per-sample shape (k, ...)); an op that computes row by row k
 it lowers on (k, ...) as it would on [B, k, ...], and a reshape whose first axis is a multiple
 of the batch (back to [B, k, ...], or on to [B*k', ...]) is a per-sample reshape of each
 sample's contiguous elements; a Conv2D of folded frames is the conv2d kernel on each
-sample's (k, H, W, C); an Embedding's lookup of folded ids is the gather kernel on each
+sample's (k, H, W, C); tf.random.categorical of folded logits [B*k, classes] (ELECTRA's
+replacement tokens) is the categorical kernel drawing each of a sample's k rows; an Embedding's lookup of folded ids is the gather kernel on each
 sample's (k, ...) ids, and Keras' unrolled recurrent layers per folded row (a hierarchical
 attention network's word encoder) lower as on [B, k, ...] with their axes on each sample's
 (k, ...) (`Context.axis_shift`), a zero first state's equal rows broadcast along the rows.
@@ -58,7 +59,9 @@ KERNEL_ROWS = {
                                 "gathers (tf.signal.frame) along a row's own axes, tf.one_hot, "
                                 "softmax cross-entropy per row, "
                                 "element-wise ops and activations, Dropout and random numbers "
-                                "one per element, LayerNormalization, reductions and softmax "
+                                "one per element, tf.random.categorical of folded logits "
+                                "[batch * k, classes] (each row's classes from its own logits: "
+                                "ELECTRA's replacement tokens), LayerNormalization, reductions and softmax "
                                 "along a row's own axes) and the reshape back to [batch, "
                                 "k, ...]: each sample's k rows carried as its own (k, ...) value",
 }
@@ -142,6 +145,8 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type == "Pack":
         return "" if op.get_attr("axis") != 0 or _stacked_back(m, op) else \
             _mixes(op, "stacks folded values along the batch axis", k)
+    if op.type == "Multinomial":  # each row's classes drawn from that row's own logits
+        return ""
     if op.type in ("FusedBatchNormV3", "FusedBatchNorm"):
         return _mixes(op, "normalizes over the folded batch (a batch normalization)", k)
     return _mixes(op, f"{op.type} is not lowered on folded rows", k)

@@ -5,8 +5,9 @@ stateless ops of Keras' GaussianNoise and GaussianDropout) become `random` kerne
 (stddev, mean, maxval - minval, minval) are ordinary kernels after them. Integers of a
 per-sample shape (tf.random.uniform of an int dtype, RandomUniformInt, and its stateless
 forms) are `random` kernels drawing the op's values, uniform in its constant [minval, maxval). Multinomial
-(tf.random.categorical) of per-sample logits, or of constant logits whose rows are all equal
-(each sample given the row), becomes a `categorical` kernel drawing each sample's classes.
+(tf.random.categorical) of per-sample logits (or a sample's k rows folded into the batch:
+folded_batch.py), or of constant logits whose rows are all equal (each sample given the
+row), becomes a `categorical` kernel drawing each sample's classes (each of its rows').
 
 The matcher treats these ops as sources of per-sample values, like the program's inputs
 (`DRAWS`). A draw of a constant shape that meets the samples only through values computed
@@ -82,7 +83,9 @@ KERNEL_ROWS = {"random": (
     "categorical": (
     "Multinomial (tf.random.categorical, tf.compat.v1.multinomial) of per-sample logits "
     "[batch, classes] (or constant ones whose rows are all equal: tf.zeros([batch, classes]), "
-    "tf.zeros_like(x), a [classes] prior broadcast), any num_samples, int64 or int32: each sample's classes drawn on the CS by "
+    "tf.zeros_like(x), a [classes] prior broadcast), or of a sample's k folded rows [batch * k, "
+    "classes] (tf.reshape(logits, [-1, classes]) of [batch, k, classes]: ELECTRA's replacement "
+    "tokens, each row drawn from its own logits), any num_samples, int64 or int32: each sample's classes drawn on the CS by "
     "TF's CPU rule (the inverse of the float64 CDF of exp(logits - max), non-finite logits "
     "never drawn) at its own uniform numbers, fresh every step and in every mode; no "
     "gradient (a REINFORCE policy's action)")}
@@ -295,8 +298,9 @@ def integer_bounds(operands: Operands, op: tf.Operation) -> tuple[int, int] | st
 
 @generic("Multinomial")
 def _categorical(m: Context, op: tf.Operation) -> str:
-    """tf.random.categorical of per-sample logits [batch, classes], or of a constant
-    [batch, classes] whose rows are all equal (`equal_rows`)."""
+    """tf.random.categorical of per-sample logits [batch, classes] (or [batch * k, classes],
+    a sample's k folded rows: the kernel draws for each), or of a constant [batch, classes]
+    whose rows are all equal (`equal_rows`)."""
     count = m.operands.constant(op.inputs[1])
     logits: tf.Tensor | str = op.inputs[0]
     if not m.is_batched(op.inputs[0]):

@@ -123,7 +123,20 @@ def test_micro_batches_draw_the_classes_the_whole_batch_draws():
     assert whole.dtype == np.int32
 
 
-@pytest.mark.parametrize("attrs, shape", [({"num_samples": 0}, (4,)), ({"num_samples": 1}, (2, 4)),
+def test_a_samples_folded_rows_draw_what_the_same_rows_as_samples_draw():
+    """Logits (k, classes) per sample (tf.random.categorical of [batch * k, classes] folded
+    rows): each row's classes from its own logits, the rows in sample order."""
+    rows = np.tile(LOGITS, (2, 1))  # (10, 4): 5 samples of 2 rows
+    folded = build_kernel("categorical", "c", {"num_samples": 3}, [(2, 4)])
+    flat = build_kernel("categorical", "c", {"num_samples": 3}, [(4,)])
+    assert folded.output_shape == (2, 3)
+    ctx = RunContext(training=True, batch_size=5, rng=_stream())
+    drawn = folded.forward({}, [rows.reshape(5, 2, 4)], ctx)[0]
+    ctx = RunContext(training=True, batch_size=10, rng=_stream())
+    np.testing.assert_array_equal(drawn.reshape(10, 3), flat.forward({}, [rows], ctx)[0])
+
+
+@pytest.mark.parametrize("attrs, shape", [({"num_samples": 0}, (4,)), ({"num_samples": 1}, (2, 3, 4)),
                                           ({"num_samples": 1, "output": "float32"}, (4,))])
 def test_a_categorical_kernel_it_cannot_draw_is_refused_at_load(attrs, shape):
     with pytest.raises(KernelError, match="categorical takes 1 input of logits"):

@@ -45,7 +45,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | lrn | x (..., C) | depth_radius, bias, alpha, beta | — | float32: TF's LRN and LRNGrad over the last axis |
 | dropout | x | rate, noise_shape (per sample, 1 where one decision is shared) | — | |
 | random | any value of the micro-batch (its size only; no gradient) | distribution: normal, truncated_normal (abs < 2), uniform ([0, 1)); shape [per sample] | — | any input; output float32, drawn in every mode |
-| categorical | logits (classes,) | num_samples; output: int32, int64 (tf.random.categorical: TF's CPU inverse CDF at the region's own uniform numbers) | — | logits float32; output (num_samples,) attr output, drawn in every mode, no gradient |
+| categorical | logits (classes,), or (k, classes): a sample's k folded rows | num_samples; output: int32, int64 (tf.random.categorical: TF's CPU inverse CDF at the region's own uniform numbers, the rows in sample order) | — | logits float32; output (num_samples,), or (k, num_samples), attr output, drawn in every mode, no gradient |
 | schedule | any value of the micro-batch (its size only; no gradient) | program (one scalar program of wafer.schedules of the global step and constants, as JSON) | — | any input; output () float32: the program's value at the step computed (evaluation: the checkpoint's) |
 | broadcast | any value of the micro-batch (its size only; no gradient) | shape [per sample], value [the weight's TF shape: a leading 1 or fewer axes] | value: attr value (its gradient summed over the batch) | any input; output float32 |
 | reshape | x | shape [per-sample target shape] (flatten = reshape to [n]) | — | any, passed through |

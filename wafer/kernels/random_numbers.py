@@ -137,9 +137,11 @@ def categories(rng: np.random.Generator, logits: np.ndarray, count: int) -> np.n
 @register
 class Categorical(Elementwise):
     """tf.random.categorical(logits, num_samples) (Multinomial) of per-sample logits
-    (classes,): attrs num_samples, output (int32 or int64, TF's output_dtype); output
-    (num_samples,) classes drawn from the region's stream (`categories`), in every mode as
-    TF's op. The logits take no gradient (TF registers none)."""
+    (classes,), or (k, classes) for a sample's k folded rows (folded_batch.py: logits [B*k,
+    classes]): attrs num_samples, output (int32 or int64, TF's output_dtype); output
+    (num_samples,), or (k, num_samples), classes drawn from the region's stream
+    (`categories`, the rows in sample order), in every mode as TF's op. The logits take no
+    gradient (TF registers none)."""
 
     type_name = "categorical"
     draws_random = True
@@ -148,9 +150,10 @@ class Categorical(Elementwise):
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
         count, output = self.attrs.get("num_samples"), self.attrs.get("output", "int64")
-        if len(self.input_shapes) != 1 or len(self.input_shapes[0]) != 1 or not is_int(count) or \
-                count < 1 or output not in INTEGER_NAMES:
-            raise KernelError(f"kernel {name!r}: categorical takes 1 input of logits (classes,), "
+        if len(self.input_shapes) != 1 or len(self.input_shapes[0]) not in (1, 2) or \
+                not is_int(count) or count < 1 or output not in INTEGER_NAMES:
+            raise KernelError(f"kernel {name!r}: categorical takes 1 input of logits (classes,) "
+                              f"or (rows, classes), "
                               f"num_samples >= 1 and output {' or '.join(INTEGER_NAMES)}, got "
                               f"shapes {self.input_shapes}, {count!r}, {output!r}")
         self.count: int = count
@@ -158,10 +161,10 @@ class Categorical(Elementwise):
 
     @property
     def output_shape(self):
-        return (self.count,)
+        return (*self.input_shapes[0][:-1], self.count)
 
     def flops_per_sample(self) -> float:
-        return float(self.input_shapes[0][0] * (3 + self.count))
+        return float(math.prod(self.input_shapes[0]) * (3 + self.count))
 
     def output_dtype(self, input_dtypes):
         check_dtypes(self, input_dtypes, [(np.float32,)])
@@ -171,12 +174,13 @@ class Categorical(Elementwise):
         return False
 
     def forward(self, params, inputs, ctx: RunContext):
-        shape = (inputs[0].shape[0], self.count)
+        shape = (inputs[0].shape[0], *self.output_shape)
         replayed = replay_of(self.name, shape)
         if replayed is not None:
             return np.asarray(replayed).reshape(shape).astype(self.output), None
         assert ctx.rng is not None, "the pipeline gives a drawing region its random stream"
-        return categories(ctx.rng, inputs[0], self.count).astype(self.output), None
+        rows = inputs[0].reshape(-1, inputs[0].shape[-1])  # (each sample's rows in order)
+        return categories(ctx.rng, rows, self.count).reshape(shape).astype(self.output), None
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         return [None], {}
