@@ -5,7 +5,8 @@ tf.cumsum(tf.nn.softplus(raw)), and features made with tf.cumsum (exclusive, rev
 tf.math.floormod of floats, tf.floor/ceil/round, tf.math.divide_no_nan, tf.reduce_prod,
 numbers bucketized (Keras Discretization, tf.raw_ops.Bucketize) into embeddings; and what
 stays refused (a Keras optimizer, a string feature, a Cox
-partial likelihood's sort of the batch)."""
+partial likelihood's sort of the batch); TabNet with a hand-written sparsemax (tf.sort and
+tf.cumsum along the features)."""
 import numpy as np
 import tensorflow as tf
 
