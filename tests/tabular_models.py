@@ -5,7 +5,8 @@ tf.cumsum(tf.nn.softplus(raw)), and features made with tf.cumsum (exclusive, rev
 tf.math.floormod of floats, tf.floor/ceil/round, tf.math.divide_no_nan, tf.reduce_prod,
 numbers bucketized (Keras Discretization, tf.raw_ops.Bucketize) into embeddings; and what
 stays refused (a Keras optimizer, a string feature, a Cox
-partial likelihood's sort of the batch)."""
+partial likelihood's sort of the batch); TabNet with a hand-written sparsemax (tf.sort and
+tf.cumsum along the features)."""
 import numpy as np
 import tensorflow as tf
 
@@ -147,3 +148,67 @@ def cox_partial_likelihood(features, labels, mode, params):
     loss = -tf.reduce_sum((risk - log_risk_set) * event) / tf.maximum(tf.reduce_sum(event), 1.0)
     return _spec(mode, loss, lambda: v1.train.AdamOptimizer(0.01).minimize(loss, global_step=gs()),
                  {})
+
+
+def tabnet_input_fn(params):
+    rng = np.random.default_rng(13)
+    x = rng.normal(size=(192, 16)).astype(np.float32)
+    score = x[:, 0] * 1.5 - x[:, 3] + 0.5 * x[:, 7] * x[:, 2]
+    y = np.digitize(score, [-0.7, 0.7]).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(32, drop_remainder=True).repeat()
+
+
+def sparsemax(z):
+    """Sparsemax (Martins & Astudillo 2016) along the last axis, written out as users do."""
+    d = z.shape[-1]
+    z_sorted = tf.sort(z, axis=-1, direction="DESCENDING")
+    k = tf.range(1, d + 1, dtype=z.dtype)
+    cums = tf.cumsum(z_sorted, axis=-1)
+    support = tf.cast(1.0 + k * z_sorted > cums, z.dtype)
+    k_z = tf.reduce_sum(support, axis=-1, keepdims=True)
+    tau = (tf.reduce_sum(support * z_sorted, axis=-1, keepdims=True) - 1.0) / k_z
+    return tf.nn.relu(z - tau)
+
+
+def _glu_block(x, units, training, name, dense=None):
+    dense = dense or L.Dense(2 * units, use_bias=False, name=name + "_fc")
+    h = L.BatchNormalization(momentum=0.98, name=name + "_bn")(dense(x), training=training)
+    return h[:, :units] * tf.sigmoid(h[:, units:])
+
+
+def tabnet(features, labels, mode, params):
+    """TabNet (Arik & Pfister 2021), compact: feature transformers of GLU blocks (two shared
+    across the steps), attentive transformers whose sparsemax masks (tf.sort, tf.cumsum and
+    the support test 1 + k z > cumsum) relax a prior by gamma, a mask-entropy regulariser,
+    BatchNormalization in training, Adam with an exponential step decay (unseen28's)."""
+    training = mode == ModeKeys.TRAIN
+    nd = na = 16
+    x = L.BatchNormalization(momentum=0.98, name="input_bn")(features, training=training)
+    shared = [L.Dense(2 * (nd + na), use_bias=False, name=f"shared_fc{i}") for i in (1, 2)]
+
+    def feature_transformer(inp, name):
+        h = _glu_block(inp, nd + na, training, name + "_s1", shared[0])
+        h = (h + _glu_block(h, nd + na, training, name + "_s2", shared[1])) * np.sqrt(0.5)
+        return (h + _glu_block(h, nd + na, training, name + "_d1")) * np.sqrt(0.5)
+
+    prior, out, entropy, masks = tf.ones_like(x), 0.0, 0.0, []
+    a = feature_transformer(x, "ft0")[:, nd:]
+    for step in range(3):
+        logits = L.BatchNormalization(momentum=0.98, name=f"att_bn{step}")(
+            L.Dense(16, use_bias=False, name=f"att_fc{step}")(a), training=training)
+        mask = sparsemax(logits * prior)
+        masks.append(mask)
+        prior = prior * (1.3 - mask)
+        entropy += tf.reduce_mean(tf.reduce_sum(-mask * tf.math.log(mask + 1e-10), axis=1)) / 3
+        h = feature_transformer(mask * x, f"ft{step + 1}")
+        out += tf.nn.relu(h[:, :nd])
+        a = h[:, nd:]
+    logits = L.Dense(3, name="head")(out)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits) + 1e-3 * entropy
+    lr = v1.train.exponential_decay(0.02, gs(), 2, 0.95, staircase=True)
+    with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+        train_op = v1.train.AdamOptimizer(lr).minimize(loss, global_step=gs())
+    cls = tf.argmax(logits, -1, output_type=tf.int32)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op,
+                           predictions={"class": cls, "feature_importance": tf.add_n(masks) / 3},
+                           eval_metric_ops={"accuracy": v1.metrics.accuracy(labels, cls)})
