@@ -9,13 +9,11 @@ import tensorflow as tf
 from coordinator.compiler.extract import ExtractedGraph, op_closure, user_name, user_source
 from coordinator.compiler.ir import StatisticAverage
 from coordinator.compiler.operands import VARIABLE_OPS
-from coordinator.compiler.random_numbers import is_draw
 from coordinator.compiler.refusals import keras_layer
-from coordinator.compiler.rounding_spread import move_by_ulp
 from coordinator.compiler.training.gradients import TRANSFORMS, Chain
 from coordinator.compiler.training.graph import fail, variables_under
 from coordinator.compiler.training.loss_scaling import PROOF_SCALE
-from coordinator.compiler.training.noise import check_element_noise, check_noise
+from coordinator.compiler.training.noise import check_noise
 from coordinator.compiler.training.transforms import merge
 from wafer.grad_transforms import apply_transforms
 
@@ -29,12 +27,6 @@ HALF_GRADIENT_RTOL = 1e-2
 # at this fraction of the model's largest gradient: about 8 ULPs in float32, one float16
 # rounding (2 ** -11) in a float16 backward.
 GRADIENT_NOISE = 1e-6
-# A gradient element that reversing the batch's order changes by more than ORDER_RTOL of
-# itself, or moving the weights by 1 ULP by more than MOVED_RTOL, is float32 rounding, not a
-# value (numbers._undetermined): a determined element moves by its condition x 2 ** -23
-# (a saturated SE gate's bias: 2e-4), noise by O(1) of itself (N-BEATS' sMAPE: 0.2 to 1.8)
-ORDER_RTOL = 1e-3
-MOVED_RTOL = 1e-2
 HALF_GRADIENT_NOISE = 2.0 ** -11
 ZEROED_NOISE = 100.0  # a proven-0 gradient's noise may be this many times the noise bound
 # A gradient program's clipping thresholds are values it computes (AGC's c * ||w||): its
@@ -135,81 +127,8 @@ def check_numbers(extracted: ExtractedGraph, chains: list[Chain],
         largest = {c.update.variable: (c.update.optimizer, float(np.max(
             np.abs(got), initial=0.0)) / abs(c.call.scale * factor)) for c, got in zip(chains, raw_values)}
         check_noise(graph, {v: x for v, x in largest.items() if v not in zeroed}, noise)
-        if noise <= GRADIENT_NOISE:  # (float32: a float16 backward's noise is real gradients' size)
-            trained = {c.update.variable for c in chains}
-            ordered, undetermined = _undetermined(session, raw, raw_values, feed, [
-                v for v in variables if v.op.name in trained and v.dtype.is_floating])
-            check_element_noise(graph, {c.update.variable: (c.update.optimizer, float(np.min(
-                np.abs(got)[undetermined(k, got)], initial=np.inf)) / abs(c.call.scale * factor), loss)
-                for k, (c, got, loss) in enumerate(zip(chains, ordered, losses))
-                if c.update.indices is None and c.update.variable not in zeroed},
-                max((g for _, g in largest.values()), default=0.0), noise)
         _check_transforms(session, chains, session.run(read))
     return max((g for _, g in largest.values()), default=0.0)
-
-
-def _reversed(feed: dict) -> dict:
-    """The batch in reverse order: the same sums over the batch, added in another order."""
-    return {t: np.asarray(v)[::-1] if np.ndim(v) else v for t, v in feed.items()}
-
-
-def _in_both_orders(session, raw: list, values: list, feed: dict) -> tuple[list, list, dict]:
-    """The raw gradients of the batch (`feed`) in its order and reversed, each sample with
-    the same random numbers in both, and those numbers: the draws the gradients read
-    (dropout's, the categorical's, outside loops) fetched, then fed with the reversed batch,
-    each sample's rows moved with it (`_samples_reversed`). Without draws, `values` (the
-    gradients of `feed`), the reversed batch's and no numbers."""
-    closure = {op for tensor in raw for op in op_closure(tensor)}
-    draws = [t for op in closure if is_draw(op) and op._get_control_flow_context() is None
-             for t in op.outputs]
-    if not draws:
-        return values, session.run(raw, _reversed(feed)), {}
-    values, drawn = session.run([raw, draws], feed)
-    batch = next(np.shape(v)[0] for v in feed.values() if np.ndim(v))
-    return values, session.run(raw, {**_reversed(feed), **{
-        t: _samples_reversed(np.asarray(v), batch) for t, v in zip(draws, drawn)}}), dict(zip(draws, drawn))
-
-
-def _samples_reversed(drawn: np.ndarray, batch: int) -> np.ndarray:
-    """A draw's numbers for the batch in reverse order: a per-sample draw's ([batch * k, ...],
-    each sample's k rows) and a stack's ([K, batch, ...]) samples reversed, numbers shared by
-    the batch as they are. (A shared draw whose first axis is a multiple of the batch by
-    chance is reversed too: the two orders then differ as a whole, and every element is a
-    candidate, as without the draws.)"""
-    if drawn.ndim and drawn.shape[0] % batch == 0:
-        return drawn.reshape(batch, -1)[::-1].reshape(drawn.shape)
-    if drawn.ndim >= 2 and drawn.shape[1] == batch:
-        return drawn[:, ::-1]
-    return drawn
-
-
-def _undetermined(session: tf.compat.v1.Session, raw: list, values: list, feed: dict,
-                  weights: list[tf.Variable]):
-    """The raw gradients (`values`, fetched again with their draws where the gradients read
-    random numbers) and which of their nonzero elements float32 does not determine: those
-    that the batch in reverse order changes by more than ORDER_RTOL of themselves (a sum
-    across samples whose terms cancel), or the trained `weights` moved by 1 ULP
-    (rounding_spread.move_by_ulp, seed 0) by more than MOVED_RTOL (a difference of nearly
-    equal terms within each sample, the same in either order: N-BEATS' sMAPE below 0), each
-    run fed the same draws (`_in_both_orders`), when the gradients as a whole are the same in
-    either order; where they are not (a loss reading the batch's order) every nonzero element
-    is a candidate, as its size alone decides. The session keeps the weights it had."""
-    values, reversed_values, drawn = _in_both_orders(session, raw, values, feed)
-    initial = session.run(weights)
-    move_by_ulp(session, weights, initial, 0)
-    moved_values = session.run(raw, {**feed, **drawn})
-    for weight, value in zip(weights, initial):
-        weight.load(value, session)
-    scale = max((float(np.max(np.abs(v), initial=0.0)) for v in values), default=0.0)
-    whole = all(np.shape(a) == np.shape(b) and float(np.max(np.abs(a - b), initial=0.0)) <=
-                ORDER_RTOL * scale for a, b in zip(values, reversed_values))
-
-    def undetermined(k: int, got: np.ndarray) -> np.ndarray:
-        if not whole:
-            return got != 0
-        return (got != 0) & ((np.abs(got - reversed_values[k]) > ORDER_RTOL * np.abs(got)) |
-                             (np.abs(got - moved_values[k]) > MOVED_RTOL * np.abs(got)))
-    return values, undetermined
 
 
 def _finite_scale(session, raw: list, seeded: list, values: list, seeded_values: list,
