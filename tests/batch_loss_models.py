@@ -4,8 +4,9 @@ and the coefficient of variation squared of the experts' summed gates), VICReg's
 hinge and covariance, Barlow Twins' cross-correlation of batch-normalised embeddings, a
 squared difference of the batch's mean prediction and mean target, a Pearson-correlation
 loss over the batch, the entropy of the batch's mean prediction (a clustering "diversity"
-term), IIC's mutual information of two views' assignments, and a BPR recommender whose
-loss adds tf.nn.l2_loss of the looked-up embeddings / batch. What the CS does not carry
+term), IIC's mutual information of two views' assignments, a BPR recommender whose
+loss adds tf.nn.l2_loss of the looked-up embeddings / batch, and a segmentation net's Dice
+loss over the flattened batch. What the CS does not carry
 out: a batch statistic of this kind feeding back into per-sample activations, a weight
 inside such a loss."""
 from __future__ import annotations
@@ -249,3 +250,39 @@ def bpr_model_fn(features, labels, mode, params):
     optimizer = tf.compat.v1.train.AdagradOptimizer(0.2)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=optimizer.minimize(
         loss, global_step=tf.compat.v1.train.get_or_create_global_step()))
+
+
+def masks_input_fn(params):
+    """8x8 noisy images of a bright square and its mask."""
+    rng = np.random.default_rng(11)
+    n = params["batch_size"] * STEPS * 2
+    corner = rng.integers(0, 5, size=(n, 2))
+    yy, xx = np.mgrid[:8, :8]
+    mask = ((yy[None] >= corner[:, :1, None]) & (yy[None] < corner[:, :1, None] + 3) &
+            (xx[None] >= corner[:, 1:, None]) & (xx[None] < corner[:, 1:, None] + 3))
+    images = mask[..., None] * 0.8 + rng.normal(0, 0.3, size=(n, 8, 8, 2))
+    return tf.data.Dataset.from_tensor_slices((images.astype(np.float32),
+                                               mask[..., None].astype(np.float32))).batch(
+        params["batch_size"], drop_remainder=True)
+
+
+def dice_coef(y_true, y_pred, smooth=1.0):
+    """The Dice coefficient the common Keras way: K.flatten over the whole batch."""
+    y_true_f = tf.keras.backend.flatten(y_true)
+    y_pred_f = tf.keras.backend.flatten(y_pred)
+    intersection = tf.reduce_sum(y_true_f * y_pred_f)
+    return (2.0 * intersection + smooth) / (tf.reduce_sum(y_true_f) + tf.reduce_sum(y_pred_f) + smooth)
+
+
+def dice_model_fn(features, labels, mode, params):
+    """A small segmentation net, loss binary cross entropy + 1 - Dice of the batch."""
+    h = tf.keras.layers.Conv2D(6, 3, padding="same", activation="relu")(features)
+    probs = tf.keras.layers.Conv2D(1, 1, activation="sigmoid")(h)
+    mask = tf.cast(probs > 0.5, tf.int32)
+    if mode == "infer":
+        return CSEstimatorSpec(mode=mode, predictions={"mask": mask, "probs": probs})
+    bce = tf.reduce_mean(tf.keras.losses.binary_crossentropy(labels, probs))
+    loss = bce + (1.0 - dice_coef(labels, probs))
+    metrics = {"dice": tf.compat.v1.metrics.mean(dice_coef(labels, probs)),
+               "mean_iou": tf.compat.v1.metrics.mean_iou(tf.cast(labels, tf.int32), mask, 2)}
+    return _spec(mode, loss, params, metrics)

@@ -51,7 +51,8 @@ KERNEL_ROWS = {
                        "cross-correlation tf.einsum('bi,bj->ij', za, zb), "
                        "(mean(pred) - mean(y)) ** 2, a Pearson correlation, "
                        "the entropy of the batch's mean prediction, BPR's tf.nn.l2_loss of "
-                       "looked-up embeddings, a Cox partial likelihood or ListMLE over the "
+                       "looked-up embeddings, a Dice loss over tf.reshape(y, [-1]) of the "
+                       "whole batch, a Cox partial likelihood or ListMLE over the "
                        "batch sorted by tf.argsort, hard-example mining's tf.math.top_k of "
                        "the losses, a Sinkhorn loss's tf.while_loop of static steps over a "
                        "pairwise cost matrix; slices of the batch on the way to the loss: "
@@ -348,14 +349,18 @@ class TailBuilder(WeightProgramBuilder):
 
     def _sample(self, tensor: tf.Tensor, where: str) -> str | None:
         """A per-sample value the tail reads: a source of the whole batch (float32, or the
-        integers a slice of the batch takes: labels)."""
-        if tensor.dtype in INTEGERS:
-            return self._source_of(tensor)
-        if tensor.dtype != tf.float32 or precision.tensor_precision(tensor):
+        integers a slice of the batch takes: labels); one folded into the batch
+        (tf.reshape(y, [-1]), a Dice loss's flatten: the batch's [B, k, ...]) in TF's shape."""
+        if tensor.dtype not in INTEGERS and (
+                tensor.dtype != tf.float32 or precision.tensor_precision(tensor)):
             return self._refuse(tensor, f"reduces a {tensor.dtype.name} per-sample value over "
                                         f"the batch in a non-linear loss ({where}): the CS "
                                         "computes such a loss from float32 values")
-        return self._source_of(tensor)
+        source = self._source_of(tensor)
+        if self.m.folds(tensor) == 1:
+            return source
+        return self._add(tensor.op, tensor, "reshape", [source],
+                         {"shape": list(static_shape(tensor))}, suffix="/unfolded")
 
     def _source_of(self, tensor: tf.Tensor, shared: str | None = None) -> str:
         """The source of a per-sample value (or of the weight scalar `tensor`, every sample
@@ -363,7 +368,11 @@ class TailBuilder(WeightProgramBuilder):
         name = source_name(len(self.samples))
         self.samples.append(tensor)
         self.inputs.append(shared if shared is not None else tensor)
-        shape = (self.m.batch_size,) if shared is not None else static_shape(tensor)
+        folds, shape = self.m.folds(tensor), static_shape(tensor)
+        if shared is not None:
+            shape = (self.m.batch_size,)
+        elif folds > 1:
+            shape = (self.m.batch_size, folds, *shape[1:])
         self.sources[name] = ParamRef("source", name, shape)
         return name
 

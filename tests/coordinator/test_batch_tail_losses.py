@@ -1,7 +1,8 @@
 """Losses non-linear in statistics of the whole batch (tests/batch_loss_models.py): a
 Mixture-of-Experts balance loss, VICReg, Barlow Twins, batch-mean matching, a Pearson
 correlation, the entropy of the batch's mean prediction, Proxy-Anchor's loss over the
-proxies with a positive in the batch and BPR's tf.nn.l2_loss of the looked-up embeddings, evaluated once per batch by a
+proxies with a positive in the batch, BPR's tf.nn.l2_loss of the looked-up embeddings and a
+Dice loss over the flattened batch, evaluated once per batch by a
 batch_tail_loss barrier, trained in process on the simulated CS against TensorFlow
 (tests/cs_inprocess.py) whatever the micro-batch size and with replicas; evaluated on the CS
 with the CPU's metrics; weight penalties and a learned temperature added; a batch statistic of that kind feeding
@@ -78,6 +79,20 @@ def test_an_l2_penalty_of_looked_up_embeddings_trains_and_evaluates_like_tensorf
     assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
     assert cs_inprocess.evaluation_mismatch(models.bpr_model_fn, models.pairs_input_fn, PARAMS,
                                             str(tmp_path / "eval"), result, rtol=RTOL) == ""
+
+
+@pytest.mark.parametrize("micro", [8, 2])
+def test_a_dice_loss_over_the_flattened_batch_trains_and_evaluates_like_tensorflow(
+        tmp_path, tmp_path_factory, micro):
+    """BCE + 1 - Dice with K.flatten(y) over the batch ([B * 64]: each sample's pixels
+    folded into the batch): the barrier reads the batch's [B, 64] in TF's [B * 64]."""
+    compare = cs_inprocess.micro_batch_comparisons(models.masks_input_fn, tmp_path_factory,
+                                                   models.STEPS)
+    result = compare(models.dice_model_fn, PARAMS, micro)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
+    assert cs_inprocess.cpu_path_mismatches(models.dice_model_fn, models.masks_input_fn, PARAMS,
+                                            str(tmp_path), result) == []
 
 
 def test_a_batch_statistic_feeding_per_sample_activations_is_refused_naming_the_op(tmp_path):
