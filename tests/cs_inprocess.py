@@ -180,14 +180,17 @@ def assert_evaluation_draws_every_batch(model_fn: Callable, input_fn: Callable, 
     eval program."""
     program = compile_checked(model_fn, input_fn, params, model_dir, mode="eval").program
     assert program is not None and drawing_kernels(program)
-    state = cs_state(program, checkpoints.read_checkpoint(checkpoint), checkpoint)
+    stored = checkpoints.read_checkpoint(checkpoint)
+    state, step = cs_state(program, stored, checkpoint), resumed_step(checkpoint, stored)
     data = first_batches(input_fn, params, 3)
-    reference = tf_reference.run(model_fn, input_fn, params, state, data, mode="eval",
-                                 fetch=drawn_tensors(program))
+    # TF at the checkpoint's step too (a loss reading a schedule); strict=False: an eval
+    # graph that reads no global step has none
+    reference = tf_reference.run(model_fn, input_fn, params, {**state, "global_step": np.int64(step)},
+                                 data, mode="eval", fetch=drawn_tensors(program), strict=False)
     with tfs_draws(program, reference.fetched):
-        replayed = run_on_cs(program, state, data, kind="evaluate", global_step=10)
+        replayed = run_on_cs(program, state, data, kind="evaluate", global_step=step)
     np.testing.assert_allclose(replayed.losses, reference.losses, rtol=1e-5)
-    own = [run_on_cs(program, state, [data[0]] * 2, kind="evaluate", global_step=10).losses
+    own = [run_on_cs(program, state, [data[0]] * 2, kind="evaluate", global_step=step).losses
            for _ in range(2)]
     assert own[0][0] != own[0][1] and own[0] == own[1]
     return program

@@ -88,12 +88,15 @@ def test_a_capacity_schedule_inside_a_loss_of_the_whole_batch_trains_like_tensor
     """The controlled-capacity beta-VAE's gamma * |mean(KL) - C|, C = tf.minimum(C_max,
     C_max * step / N) (N 2: C 0, 12.5, 25, 25 over 4 steps, crossing the KL): the batch tail
     reads the schedule's value at the step computed; Adam's 4 steps are TF's (the CS's eps
-    TF's draws)."""
+    TF's draws); evaluated at a checkpoint of step 1 (C 12.5) with TF's draws, TF's losses."""
     params = {**bm.CAPACITY_VAE_PARAMS, "capacity_steps": 2, "runconfig": {"tf_random_seed": 7}}
     run = cs_inprocess.compare_drawn(bm.capacity_vae, bm.capacity_vae_input_fn, params,
-                                     str(tmp_path), steps=4)
+                                     str(tmp_path / "train"), steps=4)
     assert {"schedule", "batch_tail_loss"} <= set(kernel_types(run))
     assert cs_inprocess.mismatches(run) == []
+    checkpoint = cs_inprocess.trained_checkpoint(str(tmp_path / "eval"), run, step=1)
+    cs_inprocess.assert_evaluation_draws_every_batch(bm.capacity_vae, bm.capacity_vae_input_fn,
+                                                     params, str(tmp_path / "eval"), checkpoint)
 
 
 def test_a_capacity_kept_in_a_variable_is_refused_saying_it_reads_the_global_step(tmp_path):
