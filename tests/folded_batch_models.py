@@ -160,3 +160,15 @@ def folded_metric(features, labels, mode, params):
     logit = L.Dense(1)(tf.reduce_max(tf.reshape(h, [-1, INSTANCES, 16]), 1))
     loss = v1.losses.sigmoid_cross_entropy(labels, logit)
     return CSEstimatorSpec(mode, loss=loss, eval_metric_ops={"activation": v1.metrics.mean(h)})
+
+
+def tensordot_penalty(features, labels, mode, params):
+    """Keras' PointNet example's OrthogonalRegularizer as written: tf.tensordot(x, x,
+    axes=(2, 2)) of each bag's 4 x 4 transform pairs every bag with every other."""
+    transform = tf.reshape(L.Dense(16)(tf.reduce_max(features, 1)), (-1, 4, 4))
+    xxt = tf.reshape(tf.tensordot(transform, transform, axes=(2, 2)), (-1, 4, 4))
+    penalty = tf.reduce_sum(0.001 * tf.square(xxt - tf.eye(4)))
+    logit = L.Dense(1)(tf.reshape(transform, (-1, 16)))
+    loss = v1.losses.sigmoid_cross_entropy(labels, logit) + penalty
+    return CSEstimatorSpec(mode, loss=loss,
+                           train_op=v1.train.AdamOptimizer(1e-3).minimize(loss, global_step=gs()))

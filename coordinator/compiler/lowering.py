@@ -496,6 +496,8 @@ def _transpose(m: Context, op: tf.Operation) -> str:
         return ""
     if perm is None or int(perm[0]) != 0:
         reason = sequences.time_major_unstack(m, op)  # (a time axis of 1 may look like a row)
+        if reason and sequences.in_tensordot(op):
+            return sequences.TENSORDOT
         return reason and (in_batch.row_refusal(m, op) or reason)
     if not has_kernel("transpose"):
         return "the CS has no transpose kernel"

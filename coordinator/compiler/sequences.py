@@ -7,6 +7,8 @@ kernels on the samples' own axes; a recurrent cell's weights are read at every s
 (shared weights, `wse_sim.shared_weights`)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import tensorflow as tf
 
@@ -232,6 +234,17 @@ class _TimeMajor:
         kernel = m.add_kernel(f"{c.name}/steps", "concat", parts, {"axis": time}, [], ops, None,
                               output_shape=tuple(joined), source_op=c)
         return self.lower(kernel.name, c.outputs[0], ops)
+
+
+TENSORDOT = ("contracts the samples of the batch with each other (tf.tensordot of a batched "
+             "value moves its batch axis: [B, ..., B, ...] or a sum over the batch): the CS "
+             "computes each sample on its own; contract within each sample (tf.einsum("
+             "'bij,bkj->bik', x, x), tf.matmul(x, x, transpose_b=True))")
+
+
+def in_tensordot(op: tf.Operation) -> bool:
+    """Whether op is tf.tensordot's transpose of an operand."""
+    return re.search(r"(^|/)Tensordot(_\d+)?/transpose(_\d+)?$", op.name) is not None
 
 
 def time_major_unstack(m: Context, op: tf.Operation) -> str:

@@ -119,3 +119,11 @@ def test_a_metric_of_folded_rows_is_refused_naming_its_layer(tmp_path):
     line = str(info.value)
     assert line.startswith("validation failed: Dense at tests/folded_batch_models.py:") and \
         "the host reads this value" in line and "\n" not in line, line
+
+
+def test_a_tensordot_pairing_the_samples_is_refused_in_its_own_terms(tmp_path):
+    """tf.tensordot(x, x, axes=(2, 2)) of [B, 4, 4] is [B, 4, B, 4]: the line names the
+    tensordot's transpose and says to contract within each sample."""
+    line = cs_inprocess.refusal(f.tensordot_penalty, f.bags_input_fn, SEED, str(tmp_path), f.__file__)
+    assert line.startswith("validation failed: Transpose 'Tensordot/transpose'"), line
+    assert "contracts the samples of the batch with each other" in line and "tf.einsum(" in line
