@@ -412,5 +412,6 @@ generic("Conv2DBackpropInput")(_conv_transpose)
 # float16 too: ResizeBilinear outputs float32 (its gradient the float32 one rounded once, as
 # the CS's), ResizeNearestNeighbor copies (its gradient rounded as TF's: wafer.kernels.resampling)
 generic("ResizeBilinear", "ResizeNearestNeighbor")(_resize)
-for op_types, rule in ((("Conv3D", "MaxPool3D", "AvgPool3D"), _volume), (("LRN",), _lrn)):
+generic("Conv3D")(_volume)
+for op_types, rule in ((("MaxPool3D", "AvgPool3D"), _volume), (("LRN",), _lrn)):
     generic(*op_types)(_float32_only(rule))
