@@ -1,6 +1,7 @@
 """An R(2+1)D video classifier under Keras mixed_float16 (after unseen30's r2plus1d_video):
 each 3-D convolution factorised into a spatial (1, 3, 3) and a temporal (3, 1, 1) Conv3D,
-BatchNormalization in training on the 5-D activations, residual adds (a strided 1x1x1
+BatchNormalization in training on the 5-D activations (params["batch_norm"]: else a bias
+and ReLU, unseen30's), residual adds (a strided 1x1x1
 projection), GlobalAveragePooling3D, a float32 softmax head; Adam with a linear warm-up then
 cosine decay, params["loss_scale"] "dynamic" or a number."""
 import math
@@ -12,7 +13,7 @@ from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 L = tf.keras.layers
 params = {"batch_size": 4, "frames": 4, "size": 8, "num_classes": 4, "learning_rate": 1e-3,
-          "policy": "mixed_float16", "loss_scale": "dynamic"}
+          "policy": "mixed_float16", "loss_scale": "dynamic", "batch_norm": True}
 
 
 def input_fn(params):
@@ -31,10 +32,13 @@ def input_fn(params):
 
 
 def conv2plus1d(x, filters, name, training, strides=(1, 1, 1)):
-    """The spatial (1, 3, 3) Conv3D, BatchNormalization and ReLU, then the temporal (3, 1, 1)."""
-    x = L.Conv3D(filters, (1, 3, 3), strides=(1, *strides[1:]), padding="same", use_bias=False,
-                 name=name + "_s")(x)
-    x = tf.nn.relu(L.BatchNormalization(name=name + "_bn")(x, training=training))
+    """The spatial (1, 3, 3) Conv3D, BatchNormalization (training: None, no normalization)
+    and ReLU, then the temporal (3, 1, 1)."""
+    x = L.Conv3D(filters, (1, 3, 3), strides=(1, *strides[1:]), padding="same",
+                 use_bias=training is None, name=name + "_s")(x)
+    if training is not None:
+        x = L.BatchNormalization(name=name + "_bn")(x, training=training)
+    x = tf.nn.relu(x)
     return L.Conv3D(filters, (3, 1, 1), strides=(strides[0], 1, 1), padding="same",
                     name=name + "_t")(x)
 
@@ -42,12 +46,13 @@ def conv2plus1d(x, filters, name, training, strides=(1, 1, 1)):
 def model_fn(features, labels, mode, params):
     tf.keras.mixed_precision.set_global_policy(params.get("policy", "mixed_float16"))
     training = mode == ModeKeys.TRAIN
+    normalized = training if params.get("batch_norm", True) else None
     try:
-        h = tf.nn.relu(conv2plus1d(features, 8, "stem", training))
-        r = conv2plus1d(tf.nn.relu(conv2plus1d(h, 8, "b1a", training)), 8, "b1b", training)
+        h = tf.nn.relu(conv2plus1d(features, 8, "stem", normalized))
+        r = conv2plus1d(tf.nn.relu(conv2plus1d(h, 8, "b1a", normalized)), 8, "b1b", normalized)
         h = tf.nn.relu(h + r)
         s = L.Conv3D(16, 1, strides=2, name="b2_proj")(h)
-        r = conv2plus1d(h, 16, "b2a", training, strides=(2, 2, 2))
+        r = conv2plus1d(h, 16, "b2a", normalized, strides=(2, 2, 2))
         h = tf.nn.relu(s + r)
         logits = L.Dense(params["num_classes"], dtype="float32", name="logits")(
             L.GlobalAveragePooling3D()(h))
