@@ -31,7 +31,9 @@ KERNEL_ROWS = {
                                           "tf.image.sobel_edges, a blur-pool; float16 too)",
     "conv3d, max_pool3d, avg_pool3d": "Conv3D, MaxPool3D, AvgPool3D (NDHWC, SAME/VALID, strides: "
                                       "Keras Conv3D, MaxPooling3D, AveragePooling3D; Conv3D by "
-                                      "a weight or a constant filter)",
+                                      "a weight or a constant filter; Conv3D in float16 too: "
+                                      "float32 sums rounded once, where TF's Eigen kernels sum "
+                                      "in float16)",
     "reshape, transpose (pixel shuffle)": "DepthToSpace, SpaceToDepth (tf.nn.depth_to_space, "
                                           "space_to_depth: NHWC; ESPCN's sub-pixel upsampling, "
                                           "YOLO's reorg): reshape, transpose, reshape",
@@ -412,5 +414,8 @@ generic("Conv2DBackpropInput")(_conv_transpose)
 # float16 too: ResizeBilinear outputs float32 (its gradient the float32 one rounded once, as
 # the CS's), ResizeNearestNeighbor copies (its gradient rounded as TF's: wafer.kernels.resampling)
 generic("ResizeBilinear", "ResizeNearestNeighbor")(_resize)
-for op_types, rule in ((("Conv3D", "MaxPool3D", "AvgPool3D"), _volume), (("LRN",), _lrn)):
+# float16 too: float32 sums rounded once, as conv2d's; TF's CPU Conv3D and its backprops sum
+# in float16 (Eigen's CuboidConvolution on Eigen::half: docs/design.md, "Mixed precision")
+generic("Conv3D")(_volume)
+for op_types, rule in ((("MaxPool3D", "AvgPool3D"), _volume), (("LRN",), _lrn)):
     generic(*op_types)(_float32_only(rule))
