@@ -286,3 +286,37 @@ def dice_model_fn(features, labels, mode, params):
     metrics = {"dice": tf.compat.v1.metrics.mean(dice_coef(labels, probs)),
                "mean_iou": tf.compat.v1.metrics.mean_iou(tf.cast(labels, tf.int32), mask, 2)}
     return _spec(mode, loss, params, metrics)
+
+
+SPEAKERS, UTTERANCES = 4, 4
+
+
+def utterances_input_fn(params):
+    """Batches of SPEAKERS speakers' UTTERANCES utterances each (speaker-major), 6 features."""
+    rng = np.random.default_rng(5)
+    centers = rng.normal(size=(SPEAKERS * STEPS * 2, 6))
+    x = centers.repeat(UTTERANCES, 0) + 0.5 * rng.normal(size=(len(centers) * UTTERANCES, 6))
+    y = np.tile(np.arange(SPEAKERS).repeat(UTTERANCES), STEPS * 2).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x.astype(np.float32), y)).batch(
+        SPEAKERS * UTTERANCES, drop_remainder=True)
+
+
+def ge2e_model_fn(features, labels, mode, params):
+    """GE2E's softmax loss: the batch regrouped [speakers, utterances, d], each utterance
+    against every centroid (its own speaker's without itself), a learned scale w and bias b."""
+    e = tf.math.l2_normalize(tf.keras.layers.Dense(8)(features), axis=-1)
+    w = tf.compat.v1.get_variable("ge2e_w", [], initializer=tf.constant_initializer(10.0))
+    b = tf.compat.v1.get_variable("ge2e_b", [], initializer=tf.constant_initializer(-5.0))
+    emb = tf.reshape(e, [SPEAKERS, UTTERANCES, -1])
+    sums = tf.reduce_sum(emb, axis=1)
+    centroids = tf.math.l2_normalize(sums / UTTERANCES, axis=-1)
+    without_self = tf.math.l2_normalize((sums[:, None, :] - emb) / (UTTERANCES - 1), axis=-1)
+    own = tf.eye(SPEAKERS)[:, None, :]
+    cos = own * tf.reduce_sum(emb * without_self, -1)[:, :, None] + \
+        (1.0 - own) * tf.einsum("jmd,kd->jmk", emb, centroids)
+    sim = tf.maximum(w, 1e-6) * cos + b
+    target = tf.tile(tf.range(SPEAKERS)[:, None], [1, UTTERANCES])
+    loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=target, logits=sim))
+    metrics = {"centroid_accuracy": tf.compat.v1.metrics.accuracy(
+        target, tf.argmax(sim, axis=-1, output_type=tf.int32))}
+    return _spec(mode, loss, params, metrics)

@@ -430,14 +430,21 @@ def batch_sort(m: TailContext, op: tf.Operation) -> bool:
     return k is not None and 0 < int(k) <= m.batch_size
 
 
-BATCH_SLICES = ("StridedSlice", "Slice", "Split", "SplitV", "Roll", "ConcatV2")
+BATCH_SLICES = ("StridedSlice", "Slice", "Split", "SplitV", "Roll", "ConcatV2", "Reshape")
+
+
+def weight_scalar(tensor: tf.Tensor) -> bool:
+    """Whether `tensor` is a float32 scalar (of weights: a learned scale tf.maximum(w, eps),
+    which the tail gives every sample; anything else the tail refuses naming it)."""
+    return tensor.dtype == tf.float32 and tensor.shape.rank == 0
 
 
 def batch_slice(m: TailContext, op: tf.Operation) -> bool:
     """A slice of the batch axis of a per-sample value with constant bounds: a support set
     and its queries (emb[:k], emb[k:], tf.slice), two views (tf.split(z, 2, 0)), neighbours
-    (x[1:] - x[:-1], tf.roll(z, 1, axis=0)), or per-sample values concatenated along it
-    (two views' embeddings, tf.concat([z1, z2], 0)). Samples against others: a value of the
+    (x[1:] - x[:-1], tf.roll(z, 1, axis=0)), per-sample values concatenated along it
+    (two views' embeddings, tf.concat([z1, z2], 0)), or the batch regrouped (GE2E's
+    tf.reshape(e, [N, M, d]) of its N speakers' M utterances). Samples against others: a value of the
     loss tail if all it feeds computes the loss (the caller checks)."""
     if op.type not in BATCH_SLICES:
         return False
@@ -462,6 +469,9 @@ def batch_slice(m: TailContext, op: tf.Operation) -> bool:
         return int(begin[0]) != 0 or int(size[0]) not in (-1, batch)
     if op.type == "Roll":
         return any(int(a) % rank == 0 for a in np.atleast_1d(rest[1]).ravel())
+    if op.type == "Reshape":  # the batch regrouped: GE2E's [N speakers, M utterances, d]
+        rows = static_shape(op.outputs[0])[:1] if op.outputs[0].shape.is_fully_defined() else ()
+        return bool(rows) and 1 < rows[0] < batch and batch % rows[0] == 0
     axis = rest[0] if op.type in ("Split", "ConcatV2") else rest[1]
     return int(axis) % rank == 0
 

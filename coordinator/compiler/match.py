@@ -508,8 +508,9 @@ class Matcher:
 
     def _loss_only(self, op: tf.Operation, terms: tuple[str, ...] = ()) -> bool:
         """`op` (reading the loss tail and per-sample values: x - tf.reduce_mean(x)) and all
-        it feeds compute the loss from values and constants alone (no weight or random
-        number: a batch tail, batch_tail.py; tf.shape of a value, static, is a constant),
+        it feeds compute the loss from values, constants and float32 scalars of weights alone
+        (a batch tail, batch_tail.py: it gives each sample such a scalar; tf.shape of a
+        value, static, is a constant),
         but for other values that ops of the `terms` types add (weight penalties, which the
         tail measures apart or refuses naming the weight)."""
         seen, stack = set(), [op]
@@ -519,7 +520,8 @@ class Matcher:
                 continue
             seen.add(current)
             if current.type not in terms and any(t.op not in self.flow and self.operands.constant(t) is None
-                   and batch_tail.static_shape_value(t) is None for t in current.inputs):
+                   and batch_tail.static_shape_value(t) is None and not batch_tail.weight_scalar(t)
+                   for t in current.inputs):
                 return False
             stack.extend(c for out in current.outputs for c in self.consumers(out))
         return True

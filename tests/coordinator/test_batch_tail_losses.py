@@ -1,9 +1,9 @@
 """Losses non-linear in statistics of the whole batch (tests/batch_loss_models.py): a
 Mixture-of-Experts balance loss, VICReg, Barlow Twins, batch-mean matching, a Pearson
 correlation, the entropy of the batch's mean prediction, Proxy-Anchor's loss over the
-proxies with a positive in the batch, BPR's tf.nn.l2_loss of the looked-up embeddings and a
-Dice loss over the flattened batch, evaluated once per batch by a
-batch_tail_loss barrier, trained in process on the simulated CS against TensorFlow
+proxies with a positive in the batch, BPR's tf.nn.l2_loss of the looked-up embeddings, a
+Dice loss over the flattened batch and GE2E's over the batch regrouped by speaker, evaluated
+once per batch by a batch_tail_loss barrier, trained in process on the simulated CS against TensorFlow
 (tests/cs_inprocess.py) whatever the micro-batch size and with replicas; evaluated on the CS
 with the CPU's metrics; weight penalties and a learned temperature added; a batch statistic of that kind feeding
 per-sample activations refused naming the op."""
@@ -93,6 +93,21 @@ def test_a_dice_loss_over_the_flattened_batch_trains_and_evaluates_like_tensorfl
     assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
     assert cs_inprocess.cpu_path_mismatches(models.dice_model_fn, models.masks_input_fn, PARAMS,
                                             str(tmp_path), result) == []
+
+
+def test_a_ge2e_loss_over_the_regrouped_batch_trains_and_evaluates_like_tensorflow(tmp_path):
+    """tf.reshape(e, [speakers, utterances, d]) of the batch, centroids, a learned scale
+    tf.maximum(w, 1e-6) and bias: the barrier regroups the batch as TF does, every sample
+    given w and b; the eval's centroid accuracy is the CPU's."""
+    params = {**PARAMS, "batch_size": models.SPEAKERS * models.UTTERANCES}
+    result = cs_inprocess.compare(models.ge2e_model_fn, models.utterances_input_fn, params,
+                                  str(tmp_path / "train"), steps=models.STEPS)
+    cs_inprocess.assert_same_training(result, rtol=RTOL)
+    start = result.compiled.initial_weights
+    assert result.cs.state["ge2e_w"] != start["ge2e_w"]  # (b shifts every logit: its gradient 0)
+    assert [k.type for k in result.compiled.program.kernels].count("batch_tail_loss") == 1
+    assert cs_inprocess.evaluation_mismatch(models.ge2e_model_fn, models.utterances_input_fn,
+                                            params, str(tmp_path / "eval"), result, rtol=RTOL) == ""
 
 
 def test_a_batch_statistic_feeding_per_sample_activations_is_refused_naming_the_op(tmp_path):
