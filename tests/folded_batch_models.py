@@ -1,8 +1,9 @@
 """Models that fold a per-sample axis into the batch and unfold it again, as users write them:
 attention-based multiple-instance learning over bags of instances (Ilse et al.: a Dense per
 instance on tf.reshape(bags, [-1, d]), attention pooling over the bag), a TimeDistributed by
-hand over a sequence's steps, a Conv2D over a clip's frames; and ones that mix the folded rows
-of different samples (refused)."""
+hand over a sequence's steps, a Conv2D over a clip's frames, a Temporal Shift Module video
+net (a Conv2D and a pooling per frame, channels shifted along time); and ones that mix the
+folded rows of different samples (refused)."""
 import numpy as np
 import tensorflow as tf
 
@@ -101,6 +102,59 @@ def frame_conv(features, labels, mode, params):
         return CSEstimatorSpec(mode, predictions={"logits": logits})
     return CSEstimatorSpec(mode, loss=loss,
                            train_op=v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()))
+
+
+def video_input_fn(params):
+    """Clips of 4 frames of 8x8x3: brightening, darkening or flickering over time."""
+    rng = np.random.default_rng(7)
+    y = rng.integers(0, 3, 32)
+    x = 0.2 * rng.normal(size=(32, 4, 8, 8, 3)).astype(np.float32)
+    steps = np.arange(4, dtype=np.float32)[:, None, None, None]
+    x += np.where(y == 0, 0.2, np.where(y == 1, -0.2, 0.0))[:, None, None, None, None] * steps
+    x[y == 2] += 0.5 * (-1.0) ** steps
+    return tf.data.Dataset.from_tensor_slices((x.astype(np.float32), y.astype(np.int32))).batch(
+        8, drop_remainder=True)
+
+
+def _temporal_shift(x, frames):
+    """TSM's shift: a quarter of the channels from the next frame, a quarter from the one
+    before, zeros at the clip's ends ([B*T, H, W, C] -> [B, T, ...] and back)."""
+    shape, c = tf.shape(x), x.shape[-1]
+    x = tf.reshape(x, [-1, frames, *x.shape[1:]])
+    fold = c // 4
+    back = tf.concat([x[:, 1:, ..., :fold], tf.zeros_like(x[:, :1, ..., :fold])], axis=1)
+    forward = tf.concat([tf.zeros_like(x[:, :1, ..., fold:2 * fold]), x[:, :-1, ..., fold:2 * fold]],
+                        axis=1)
+    return tf.reshape(tf.concat([back, forward, x[..., 2 * fold:]], axis=-1), shape)
+
+
+def tsm(features, labels, mode, params):
+    """A Temporal Shift Module video net (Lin et al.): the frames folded into the batch, a
+    Conv2D and a pooling per frame (params pool: "max" MaxPooling2D, "avg" AveragePooling2D),
+    a residual Conv2D of the shifted frames, GlobalAveragePooling2D, a Dense per frame, the
+    frames' logits averaged; SGD with Nesterov momentum (params policy: mixed_float16)."""
+    frames, size = features.shape[1], features.shape[2]
+    tf.keras.mixed_precision.set_global_policy(params.get("policy", "float32"))
+    try:
+        x = tf.reshape(features, [-1, size, size, 3])
+        x = L.Conv2D(8, 3, padding="same", activation="relu")(x)
+        pool = L.MaxPooling2D if params.get("pool", "max") == "max" else L.AveragePooling2D
+        x = pool(2)(x)
+        x = tf.nn.relu(x + L.Conv2D(8, 3, padding="same")(_temporal_shift(x, frames)))
+        frame_logits = L.Dense(3, dtype="float32")(L.GlobalAveragePooling2D()(x))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    logits = tf.reduce_mean(tf.reshape(frame_logits, [-1, frames, 3]), axis=1)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    pred = tf.argmax(logits, -1, output_type=tf.int32)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"class": pred, "logits": logits})
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss,
+                               eval_metric_ops={"accuracy": v1.metrics.accuracy(labels, pred)})
+    train_op = v1.train.MomentumOptimizer(0.05, 0.9, use_nesterov=True).minimize(
+        loss, global_step=gs())
+    return CSEstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 def _mixing_head(features, labels, mode, mix):

@@ -36,6 +36,8 @@ ELEMENT_WISE = {*UNARY, *BINARY, "Select", "SelectV2", "Cast", "Identity", "Stop
                 "Snapshot", "Softmax", "LogSoftmax", "AddN", "OneHot"}
 PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
 GATHERS = ("GatherV2", "ResourceGather")
+# Pooling within each image (its window never spans the batch axis: fast_paths.match_pool).
+POOLS = ("MaxPool", "AvgPool")
 CROSS_ENTROPIES = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
 # Ops along one of a row's own axes (`_own_axis`).
 OWN_AXIS = ("ArgMax", "ArgMin", "TopKV2", "GatherV2")
@@ -115,6 +117,8 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type == "Conv2D":  # the conv2d kernel's (k, H, W, C): k images a sample
         return "" if m.is_batched(op.inputs[0]) and not m.is_batched(op.inputs[1]) else \
             _mixes(op, "convolves with a folded filter", k)
+    if op.type in POOLS:  # the pooling kernel's (k, H, W, C): each image pooled on its own
+        return ""
     if op.type in GATHERS and not m.is_batched(op.inputs[0]):  # a weight's rows by each id
         return ""
     if op.type in OWN_AXIS:

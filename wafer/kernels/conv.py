@@ -44,6 +44,13 @@ def explicit_pads(name: str, padding: Any) -> tuple[int, int, int, int] | None:
     return tuple(padding)
 
 
+def frames_of(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """((k,), (H, W, C)) of a per-sample (k, H, W, C) input: k images a sample (a clip's
+    frames folded into the batch by the user, tf.reshape(x, [-1, H, W, C]): the compiler's
+    folded_batch.py), each computed on its own; ((), shape) of one (H, W, C) image."""
+    return (tuple(shape[:1]), tuple(shape[1:])) if len(shape) == 4 else ((), tuple(shape))
+
+
 def held_filter(kernel: Kernel, shape: tuple[int, ...]) -> np.ndarray | None:
     """A convolution's constant filter (attr `filter`: tf.constant, a Gaussian window), held
     in place of its `kernel` weight: frozen, no gradient into it (None: a weight)."""
@@ -144,9 +151,7 @@ class Conv2D(Kernel):
     """attr groups (default 1): TF's grouped convolution (Keras Conv2D(groups=)): the
     channels in `groups` equal parts, each convolved with its own filters' share; the
     kernel is (kh, kw, channels / groups, filters), as TF's. A per-sample input (k, H, W, C)
-    is k images each convolved on its own (a clip's frames folded into the batch by the
-    user, tf.reshape(x, [-1, H, W, C]): the compiler's folded_batch.py); its output (k, oh,
-    ow, filters)."""
+    is k images each convolved on its own (`frames_of`); its output (k, oh, ow, filters)."""
 
     type_name = "conv2d"
     rounds_own_output = True
@@ -160,8 +165,8 @@ class Conv2D(Kernel):
             raise KernelError(f"kernel {name!r}: conv2d needs filters > 0, got {self.filters}")
         self.ksize = pair(name, self.attrs, "kernel_size")
         shape = self.input_shapes[0]
-        self.frames = tuple(shape[:1]) if len(shape) == 4 else ()  # (k,): k images a sample
-        self.windows = Windows(name, shape[len(self.frames):], self.ksize,
+        self.frames, image = frames_of(shape)
+        self.windows = Windows(name, image, self.ksize,
                                pair(name, self.attrs, "strides"), self.attrs.get("padding"),
                                pair(name, {"dilations": [1, 1], **self.attrs}, "dilations"))
         self.channels = shape[-1]
@@ -271,20 +276,31 @@ class Conv2D(Kernel):
 
 
 class Pool(Kernel):
-    """Pooling over height and width: pool_size, strides, padding."""
+    """Pooling over height and width: pool_size, strides, padding. A per-sample input (k, H,
+    W, C) is k images each pooled on its own (`frames_of`); its output (k, oh, ow, C)."""
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
         if len(self.input_shapes) != 1:
             raise KernelError(f"kernel {name!r}: {self.type_name} takes 1 input, got {len(self.input_shapes)}")
         self.pool = pair(name, self.attrs, "pool_size")
-        self.windows = Windows(name, self.input_shapes[0], self.pool,
+        self.frames, image = frames_of(self.input_shapes[0])
+        self.windows = Windows(name, image, self.pool,
                                pair(name, self.attrs, "strides"), self.attrs.get("padding", "VALID"))
-        self.channels = self.input_shapes[0][2]
+        self.channels = image[2]
 
     @property
     def output_shape(self):
-        return (self.windows.oh, self.windows.ow, self.channels)
+        return (*self.frames, self.windows.oh, self.windows.ow, self.channels)
+
+    @staticmethod
+    def images(x: np.ndarray) -> np.ndarray:
+        """(m * k, H, W, C): a batch's images, a sample's frames in TF's row order."""
+        return x.reshape(-1, *x.shape[-3:])
+
+    def of_samples(self, images: np.ndarray) -> np.ndarray:
+        """(m * k, H, W, C) `images` back to the samples' (m, *frames, H, W, C)."""
+        return images.reshape(-1, *self.frames, *images.shape[1:])
 
     def flops_per_sample(self) -> float:
         return float(math.prod(self.output_shape) * self.pool[0] * self.pool[1])
@@ -302,17 +318,17 @@ class MaxPool(Pool):
 
     def forward(self, params, inputs, ctx: RunContext):
         """Each window's maximum (a NaN in it is the maximum), one pass per window offset."""
-        x = inputs[0]
-        padded = self.windows.pad(x, -np.inf)
+        padded = self.windows.pad(self.images(inputs[0]), -np.inf)
         y = None
         for _, _, piece in self.windows.offsets(padded):
             y = piece.copy() if y is None else np.maximum(y, piece, out=y)
-        return y, (padded, y)
+        return self.of_samples(y), (padded, y)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         """The gradient goes to each window's first maximum in row-major window order, as
         TF's MaxPoolGrad routes it."""
         padded, y = cache
+        grad_output = self.images(grad_output)
         nan = np.isnan(y)
         nan = nan if nan.any() else None
 
@@ -329,7 +345,7 @@ class MaxPool(Pool):
                     taken |= hit
                 yield i, j, np.where(hit, grad_output, np.float32(0))
 
-        return [self.windows.scatter(len(y), self.channels, pieces())], {}
+        return [self.of_samples(self.windows.scatter(len(y), self.channels, pieces()))], {}
 
 
 @register
@@ -339,18 +355,19 @@ class AvgPool(Pool):
     def __init__(self, name, attrs, input_shapes):
         super().__init__(name, attrs, input_shapes)
         # Padded positions do not count (TF divides by the window's valid elements).
-        ones = np.ones((1, *self.input_shapes[0][:2], 1), np.float32)
+        ones = np.ones((1, *self.windows.shape[:2], 1), np.float32)
         counts = self.windows.view(self.windows.pad(ones, 0.0)).sum(axis=(-1, -2))
         self.scale = (np.float32(1) / counts).astype(np.float32)  # (1, oh, ow, 1)
 
     def forward(self, params, inputs, ctx: RunContext):
-        x = inputs[0]
-        v = self.windows.view(self.windows.pad(x, 0.0))
-        return (v.sum(axis=(-1, -2), dtype=np.float32) * self.scale), x.shape[0]
+        images = self.images(inputs[0])
+        v = self.windows.view(self.windows.pad(images, 0.0))
+        y = v.sum(axis=(-1, -2), dtype=np.float32) * self.scale
+        return self.of_samples(y), len(images)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         m = cache
-        share = grad_output * self.scale
+        share = self.images(grad_output) * self.scale
         ph, pw = self.pool
-        return [self.windows.scatter(m, self.channels, (
-            (i, j, share) for i in range(ph) for j in range(pw)))], {}
+        return [self.of_samples(self.windows.scatter(m, self.channels, (
+            (i, j, share) for i in range(ph) for j in range(pw))))], {}
