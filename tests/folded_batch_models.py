@@ -2,7 +2,8 @@
 attention-based multiple-instance learning over bags of instances (Ilse et al.: a Dense per
 instance on tf.reshape(bags, [-1, d]), attention pooling over the bag), a TimeDistributed by
 hand over a sequence's steps, a Conv2D over a clip's frames, a Temporal Shift Module video
-net (a Conv2D and a pooling per frame, channels shifted along time); and ones that mix the
+net (a Conv2D and a pooling per frame, channels shifted along time), a Conv3D and a 3-D
+pooling per clip of a video; and ones that mix the
 folded rows of different samples (refused)."""
 import numpy as np
 import tensorflow as tf
@@ -155,6 +156,30 @@ def tsm(features, labels, mode, params):
     train_op = v1.train.MomentumOptimizer(0.05, 0.9, use_nesterov=True).minimize(
         loss, global_step=gs())
     return CSEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def multi_clip_input_fn(params):
+    """Videos of 2 clips of 4 frames of 6x6x2; the label: whether the second clip is brighter."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(32, 2, 4, 6, 6, 2)).astype(np.float32)
+    y = (x[:, 1].mean((1, 2, 3, 4)) > x[:, 0].mean((1, 2, 3, 4))).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True)
+
+
+def clip_conv3d(features, labels, mode, params):
+    """A video's clips folded into the batch ([B, 2, T, H, W, C] -> [B*2, T, H, W, C]), a
+    Conv3D and a MaxPooling3D (params pool "avg": AveragePooling3D) per clip, the clips
+    averaged; softmax cross-entropy, Adam."""
+    clips, clip = features.shape[1], features.shape[2:]
+    h = L.Conv3D(4, 3, padding="same", activation="relu")(tf.reshape(features, [-1, *clip]))
+    h = (L.AveragePooling3D if params.get("pool") == "avg" else L.MaxPooling3D)(2)(h)
+    h = tf.reduce_mean(tf.reshape(h, [-1, clips, *h.shape[1:]]), axis=1)
+    logits = L.Dense(2)(L.Flatten()(h))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"logits": logits})
+    return CSEstimatorSpec(mode, loss=loss,
+                           train_op=v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()))
 
 
 def _mixing_head(features, labels, mode, mix):

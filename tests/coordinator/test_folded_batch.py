@@ -103,14 +103,27 @@ def test_a_temporal_shift_net_evaluates_and_predicts_like_the_cpu(tmp_path, pool
                                             result) == []
 
 
-def test_a_temporal_shift_net_under_mixed_float16_trains_like_tensorflow(tmp_path):
-    """The frames' Conv2Ds and MaxPooling2D in float16: within 1e-2 of TF mixed, else no
-    farther from the float32 twin than TF's runs; eval and predict like the CPU path."""
-    params, model_dir = {**SEED, "policy": "mixed_float16"}, str(tmp_path)
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_a_temporal_shift_net_under_mixed_float16_trains_like_tensorflow(tmp_path, pool):
+    """The frames' Conv2Ds and pooling in float16: within 1e-2 of TF mixed, else no farther
+    from the float32 twin than TF's runs; eval and predict like the CPU path."""
+    params, model_dir = {**SEED, "policy": "mixed_float16", "pool": pool}, str(tmp_path)
     result = cs_inprocess.compare(f.tsm, f.video_input_fn, params, model_dir, steps=4)
     assert cs_inprocess.mixed_training_problems(f.tsm, f.video_input_fn, params, result, 4) == []
     assert cs_inprocess.cpu_path_mismatches(f.tsm, f.video_input_fn, params, model_dir,
                                             result) == []
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_conv3d_and_pooling_over_folded_clips_train_evaluate_and_predict_like_tensorflow(tmp_path,
+                                                                                         pool):
+    params, model_dir = {**SEED, "pool": pool}, str(tmp_path)
+    result = cs_inprocess.compare(f.clip_conv3d, f.multi_clip_input_fn, params, model_dir, steps=4)
+    cs_inprocess.assert_same_training(result, RTOL)
+    pooled = next(k for k in result.compiled.program.kernels if k.type == f"{pool}_pool3d")
+    assert list(pooled.output_shape) == [2, 2, 3, 3, 4]  # each video's 2 clips
+    assert cs_inprocess.cpu_path_mismatches(f.clip_conv3d, f.multi_clip_input_fn, params,
+                                            model_dir, result) == []
 
 
 @pytest.mark.parametrize("model_fn, params, named", [

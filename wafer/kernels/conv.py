@@ -12,7 +12,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from wafer.kernels import activations
 from wafer.kernels.affine import Affine
 from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register, run_in_order
-from wafer.precision import is_half
+from wafer.precision import is_half, round_half
 
 
 def pair(name: str, attrs: Mapping[str, Any], key: str) -> tuple[int, int]:
@@ -44,11 +44,22 @@ def explicit_pads(name: str, padding: Any) -> tuple[int, int, int, int] | None:
     return tuple(padding)
 
 
-def frames_of(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def frames_of(shape: tuple[int, ...], rank: int = 3) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """((k,), (H, W, C)) of a per-sample (k, H, W, C) input: k images a sample (a clip's
     frames folded into the batch by the user, tf.reshape(x, [-1, H, W, C]): the compiler's
-    folded_batch.py), each computed on its own; ((), shape) of one (H, W, C) image."""
-    return (tuple(shape[:1]), tuple(shape[1:])) if len(shape) == 4 else ((), tuple(shape))
+    folded_batch.py), each computed on its own; ((), shape) of one (H, W, C) image. `rank`
+    4: (D, H, W, C) volumes."""
+    return (tuple(shape[:1]), tuple(shape[1:])) if len(shape) == rank + 1 else ((), tuple(shape))
+
+
+def as_images(x: np.ndarray, rank: int = 3) -> np.ndarray:
+    """(m * k, H, W, C) of a batch's (m, [k,] H, W, C): a sample's frames in TF's row order."""
+    return x.reshape(-1, *x.shape[x.ndim - rank:])
+
+
+def as_samples(images: np.ndarray, frames: tuple[int, ...]) -> np.ndarray:
+    """(m, *frames, H, W, C) of (m * k, H, W, C) `images`: `as_images`' inverse."""
+    return images.reshape(-1, *frames, *images.shape[1:])
 
 
 def held_filter(kernel: Kernel, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -237,7 +248,7 @@ class Conv2D(Kernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        images = x.reshape(-1, *self.windows.shape)  # a sample's frames in TF's row order
+        images = as_images(x)
         cols = self.windows.columns(images)
         tail = activations.scalar_tail(ctx, (x.shape[0], *self.output_shape))
         y, cache = self.affine.forward(cols, self._matrix(filter_of(params, self.held)),
@@ -272,7 +283,7 @@ class Conv2D(Kernel):
         """The columns' gradient summed back onto the `images` inputs, a sample's frames
         together again."""
         dx = self.windows.uncolumns(images, dcols)
-        return dx.reshape(-1, *self.input_shapes[0]) if self.frames else dx
+        return as_samples(dx, self.frames)
 
 
 class Pool(Kernel):
@@ -293,15 +304,6 @@ class Pool(Kernel):
     def output_shape(self):
         return (*self.frames, self.windows.oh, self.windows.ow, self.channels)
 
-    @staticmethod
-    def images(x: np.ndarray) -> np.ndarray:
-        """(m * k, H, W, C): a batch's images, a sample's frames in TF's row order."""
-        return x.reshape(-1, *x.shape[-3:])
-
-    def of_samples(self, images: np.ndarray) -> np.ndarray:
-        """(m * k, H, W, C) `images` back to the samples' (m, *frames, H, W, C)."""
-        return images.reshape(-1, *self.frames, *images.shape[1:])
-
     def flops_per_sample(self) -> float:
         return float(math.prod(self.output_shape) * self.pool[0] * self.pool[1])
 
@@ -318,17 +320,17 @@ class MaxPool(Pool):
 
     def forward(self, params, inputs, ctx: RunContext):
         """Each window's maximum (a NaN in it is the maximum), one pass per window offset."""
-        padded = self.windows.pad(self.images(inputs[0]), -np.inf)
+        padded = self.windows.pad(as_images(inputs[0]), -np.inf)
         y = None
         for _, _, piece in self.windows.offsets(padded):
             y = piece.copy() if y is None else np.maximum(y, piece, out=y)
-        return self.of_samples(y), (padded, y)
+        return as_samples(y, self.frames), (padded, y)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         """The gradient goes to each window's first maximum in row-major window order, as
         TF's MaxPoolGrad routes it."""
         padded, y = cache
-        grad_output = self.images(grad_output)
+        grad_output = as_images(grad_output)
         nan = np.isnan(y)
         nan = nan if nan.any() else None
 
@@ -345,29 +347,52 @@ class MaxPool(Pool):
                     taken |= hit
                 yield i, j, np.where(hit, grad_output, np.float32(0))
 
-        return [self.of_samples(self.windows.scatter(len(y), self.channels, pieces()))], {}
+        return [as_samples(self.windows.scatter(len(y), self.channels, pieces()), self.frames)], {}
 
 
 @register
 class AvgPool(Pool):
+    """In float16 (attr precision) as TF's CPU kernels compute Eigen::half: each window's
+    sum rounded to float16 after every addend in row-major window order, divided by its
+    count; the gradient's shares g * (1 / count) (in float16) summed onto each input in the
+    windows' row-major order, rounded after every one."""
+
     type_name = "avg_pool"
 
     def __init__(self, name, attrs, input_shapes):
         super().__init__(name, attrs, input_shapes)
         # Padded positions do not count (TF divides by the window's valid elements).
         ones = np.ones((1, *self.windows.shape[:2], 1), np.float32)
-        counts = self.windows.view(self.windows.pad(ones, 0.0)).sum(axis=(-1, -2))
-        self.scale = (np.float32(1) / counts).astype(np.float32)  # (1, oh, ow, 1)
+        self.counts = self.windows.view(self.windows.pad(ones, 0.0)).sum(axis=(-1, -2))
+        self.scale = (np.float32(1) / self.counts).astype(np.float32)  # (1, oh, ow, 1)
+        self.half = is_half(self.attrs)
 
     def forward(self, params, inputs, ctx: RunContext):
-        images = self.images(inputs[0])
-        v = self.windows.view(self.windows.pad(images, 0.0))
-        y = v.sum(axis=(-1, -2), dtype=np.float32) * self.scale
-        return self.of_samples(y), len(images)
+        images = as_images(inputs[0])
+        padded = self.windows.pad(images, 0.0)
+        if self.half:
+            y = np.zeros((len(images), self.windows.oh, self.windows.ow, self.channels), np.float32)
+            for _, _, piece in self.windows.offsets(padded):
+                y = round_half(y + piece)
+            y = round_half(y / self.counts)
+        else:
+            y = self.windows.view(padded).sum(axis=(-1, -2), dtype=np.float32) * self.scale
+        return as_samples(y, self.frames), len(images)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         m = cache
-        share = self.images(grad_output) * self.scale
         ph, pw = self.pool
-        return [self.of_samples(self.windows.scatter(m, self.channels, (
-            (i, j, share) for i in range(ph) for j in range(pw))))], {}
+        if not self.half:
+            share = as_images(grad_output) * self.scale
+            return [as_samples(self.windows.scatter(m, self.channels, (
+                (i, j, share) for i in range(ph) for j in range(pw))), self.frames)], {}
+        share = round_half(as_images(grad_output) * round_half(
+            (1.0 / self.counts).astype(np.float32)))
+        h, w, _ = self.windows.shape
+        padded = np.zeros((m, self.windows.ph, self.windows.pw, self.channels), np.float32)
+        for i in reversed(range(ph)):  # each input's windows in row-major order
+            for j in reversed(range(pw)):
+                target = self.windows.at(padded, i, j)
+                target[...] = round_half(target + share)
+        top, left = self.windows.top, self.windows.left
+        return [as_samples(padded[:, top:top + h, left:left + w], self.frames)], {}
