@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -140,13 +140,18 @@ class Windows:
         v = self.view(self.pad(x, 0.0))  # (m, oh, ow, C, kh, kw)
         return np.ascontiguousarray(v.transpose(0, 1, 2, 4, 5, 3)).reshape(-1, kh * kw * self.shape[2])
 
-    def scatter(self, m: int, channels: int, pieces) -> np.ndarray:
-        """Sum per-window-offset gradients (i, j, (m, oh, ow, C)) back onto the input."""
+    def scatter(self, m: int, channels: int, pieces,
+                each_sum: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+        """Sum per-window-offset gradients (i, j, (m, oh, ow, C)) back onto the input, in
+        their order (`each_sum`: applied to every partial sum, round_half: float16's)."""
         h, w, _ = self.shape
         padded = np.zeros((m, self.ph, self.pw, channels), np.float32)
         for i, j, piece in pieces:
             target = self.at(padded, i, j)
-            target += piece
+            if each_sum is None:
+                target += piece
+            else:
+                target[...] = each_sum(target + piece)
         return padded[:, self.top:self.top + h, self.left:self.left + w]
 
     def uncolumns(self, m: int, cols: np.ndarray) -> np.ndarray:
@@ -321,9 +326,10 @@ class MaxPool(Pool):
     def forward(self, params, inputs, ctx: RunContext):
         """Each window's maximum (a NaN in it is the maximum), one pass per window offset."""
         padded = self.windows.pad(as_images(inputs[0]), -np.inf)
-        y = None
-        for _, _, piece in self.windows.offsets(padded):
-            y = piece.copy() if y is None else np.maximum(y, piece, out=y)
+        pieces = (piece for _, _, piece in self.windows.offsets(padded))
+        y = next(pieces).copy()
+        for piece in pieces:
+            np.maximum(y, piece, out=y)
         return as_samples(y, self.frames), (padded, y)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
@@ -366,6 +372,8 @@ class AvgPool(Pool):
         self.counts = self.windows.view(self.windows.pad(ones, 0.0)).sum(axis=(-1, -2))
         self.scale = (np.float32(1) / self.counts).astype(np.float32)  # (1, oh, ow, 1)
         self.half = is_half(self.attrs)
+        # float16's 1 / count, from the double (TF's T(1.0 / count)), for the gradient
+        self.half_scale = (1.0 / self.counts.astype(np.float64)).astype(np.float16).astype(np.float32)
 
     def forward(self, params, inputs, ctx: RunContext):
         images = as_images(inputs[0])
@@ -380,19 +388,11 @@ class AvgPool(Pool):
         return as_samples(y, self.frames), len(images)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        m = cache
-        ph, pw = self.pool
-        if not self.half:
-            share = as_images(grad_output) * self.scale
-            return [as_samples(self.windows.scatter(m, self.channels, (
-                (i, j, share) for i in range(ph) for j in range(pw))), self.frames)], {}
-        share = round_half(as_images(grad_output) * round_half(
-            (1.0 / self.counts).astype(np.float32)))
-        h, w, _ = self.windows.shape
-        padded = np.zeros((m, self.windows.ph, self.windows.pw, self.channels), np.float32)
-        for i in reversed(range(ph)):  # each input's windows in row-major order
-            for j in reversed(range(pw)):
-                target = self.windows.at(padded, i, j)
-                target[...] = round_half(target + share)
-        top, left = self.windows.top, self.windows.left
-        return [as_samples(padded[:, top:top + h, left:left + w], self.frames)], {}
+        m, (ph, pw) = cache, self.pool
+        taps = [(i, j) for i in range(ph) for j in range(pw)]
+        if self.half:  # each input's windows in row-major order (the taps' reverse), rounded
+            share, taps, each_sum = round_half(as_images(grad_output) * self.half_scale), taps[::-1], round_half
+        else:
+            share, each_sum = as_images(grad_output) * self.scale, None
+        return [as_samples(self.windows.scatter(m, self.channels, ((i, j, share) for i, j in taps),
+                                                each_sum), self.frames)], {}

@@ -179,10 +179,10 @@ class MaxPool3D(Pool3D):
 
     def forward(self, params, inputs, ctx: RunContext):
         padded = self.volume.pad(as_images(inputs[0], 4), -np.inf)
-        y = None
-        for offset in self.volume.offsets():
-            piece = self.volume.at(padded, offset)
-            y = piece.copy() if y is None else np.maximum(y, piece, out=y)
+        pieces = (self.volume.at(padded, offset) for offset in self.volume.offsets())
+        y = next(pieces).copy()
+        for piece in pieces:
+            np.maximum(y, piece, out=y)
         return as_samples(y, self.frames), (padded, y)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
@@ -219,7 +219,9 @@ class AvgPool3D(Pool3D):
     def forward(self, params, inputs, ctx: RunContext):
         volumes = as_images(inputs[0], 4)
         padded = self.volume.pad(volumes, 0.0)
-        total = sum(self.volume.at(padded, offset) for offset in self.volume.offsets())
+        total = np.zeros((len(volumes), *self.volume.out, self.channels), np.float32)
+        for offset in self.volume.offsets():
+            total += self.volume.at(padded, offset)
         return as_samples(total * self.scale, self.frames), len(volumes)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
