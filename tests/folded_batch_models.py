@@ -90,12 +90,9 @@ def clips_input_fn(params):
 
 def frame_conv(features, labels, mode, params):
     """A Conv2D over every frame of a clip ([B, T, H, W, C] -> [B*T, H, W, C] -> back), a mean
-    over the frames, softmax cross-entropy, Adam (params pool: a MaxPooling2D of the frames
-    while folded)."""
+    over the frames, softmax cross-entropy, Adam."""
     t, hgt, wid, ch = features.shape[1:]
     h = L.Conv2D(4, 3, padding="same", activation="relu")(tf.reshape(features, [-1, hgt, wid, ch]))
-    if params.get("pool"):
-        h = L.MaxPooling2D(2)(h)
     h = tf.reshape(h, [-1, t, *h.shape[1:]])
     logits = L.Dense(2)(L.Flatten()(tf.reduce_mean(h, axis=1)))
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
