@@ -1,8 +1,10 @@
 """Models that fold a per-sample axis into the batch and unfold it again, as users write them:
 attention-based multiple-instance learning over bags of instances (Ilse et al.: a Dense per
 instance on tf.reshape(bags, [-1, d]), attention pooling over the bag), a TimeDistributed by
-hand over a sequence's steps, a Conv2D over a clip's frames; and ones that mix the folded rows
-of different samples (refused)."""
+hand over a sequence's steps, a Conv2D over a clip's frames, a Temporal Shift Module video
+net (a Conv2D and a pooling per frame, channels shifted along time), a Conv3D and a 3-D
+pooling per clip of a video; and ones that mix the
+folded rows of different samples (refused)."""
 import numpy as np
 import tensorflow as tf
 
@@ -88,14 +90,88 @@ def clips_input_fn(params):
 
 def frame_conv(features, labels, mode, params):
     """A Conv2D over every frame of a clip ([B, T, H, W, C] -> [B*T, H, W, C] -> back), a mean
-    over the frames, softmax cross-entropy, Adam (params pool: a MaxPooling2D of the frames
-    while folded)."""
+    over the frames, softmax cross-entropy, Adam."""
     t, hgt, wid, ch = features.shape[1:]
     h = L.Conv2D(4, 3, padding="same", activation="relu")(tf.reshape(features, [-1, hgt, wid, ch]))
-    if params.get("pool"):
-        h = L.MaxPooling2D(2)(h)
     h = tf.reshape(h, [-1, t, *h.shape[1:]])
     logits = L.Dense(2)(L.Flatten()(tf.reduce_mean(h, axis=1)))
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"logits": logits})
+    return CSEstimatorSpec(mode, loss=loss,
+                           train_op=v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=gs()))
+
+
+def video_input_fn(params):
+    """Clips of 4 frames of 8x8x3: brightening, darkening or flickering over time."""
+    rng = np.random.default_rng(7)
+    y = rng.integers(0, 3, 32)
+    x = 0.2 * rng.normal(size=(32, 4, 8, 8, 3)).astype(np.float32)
+    steps = np.arange(4, dtype=np.float32)[:, None, None, None]
+    x += np.where(y == 0, 0.2, np.where(y == 1, -0.2, 0.0))[:, None, None, None, None] * steps
+    x[y == 2] += 0.5 * (-1.0) ** steps
+    return tf.data.Dataset.from_tensor_slices((x.astype(np.float32), y.astype(np.int32))).batch(
+        8, drop_remainder=True)
+
+
+def _temporal_shift(x, frames):
+    """TSM's shift: a quarter of the channels from the next frame, a quarter from the one
+    before, zeros at the clip's ends ([B*T, H, W, C] -> [B, T, ...] and back)."""
+    shape, c = tf.shape(x), x.shape[-1]
+    x = tf.reshape(x, [-1, frames, *x.shape[1:]])
+    fold = c // 4
+    back = tf.concat([x[:, 1:, ..., :fold], tf.zeros_like(x[:, :1, ..., :fold])], axis=1)
+    forward = tf.concat([tf.zeros_like(x[:, :1, ..., fold:2 * fold]), x[:, :-1, ..., fold:2 * fold]],
+                        axis=1)
+    return tf.reshape(tf.concat([back, forward, x[..., 2 * fold:]], axis=-1), shape)
+
+
+def tsm(features, labels, mode, params):
+    """A Temporal Shift Module video net (Lin et al.): the frames folded into the batch, a
+    Conv2D and a pooling per frame (params pool: "max" MaxPooling2D, "avg" AveragePooling2D),
+    a residual Conv2D of the shifted frames, GlobalAveragePooling2D, a Dense per frame, the
+    frames' logits averaged; SGD with Nesterov momentum (params policy: mixed_float16)."""
+    frames, size = features.shape[1], features.shape[2]
+    tf.keras.mixed_precision.set_global_policy(params.get("policy", "float32"))
+    try:
+        x = tf.reshape(features, [-1, size, size, 3])
+        x = L.Conv2D(8, 3, padding="same", activation="relu")(x)
+        pool = L.MaxPooling2D if params.get("pool", "max") == "max" else L.AveragePooling2D
+        x = pool(2)(x)
+        x = tf.nn.relu(x + L.Conv2D(8, 3, padding="same")(_temporal_shift(x, frames)))
+        frame_logits = L.Dense(3, dtype="float32")(L.GlobalAveragePooling2D()(x))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    logits = tf.reduce_mean(tf.reshape(frame_logits, [-1, frames, 3]), axis=1)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    pred = tf.argmax(logits, -1, output_type=tf.int32)
+    if mode == ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions={"class": pred, "logits": logits})
+    if mode == ModeKeys.EVAL:
+        return CSEstimatorSpec(mode, loss=loss,
+                               eval_metric_ops={"accuracy": v1.metrics.accuracy(labels, pred)})
+    train_op = v1.train.MomentumOptimizer(0.05, 0.9, use_nesterov=True).minimize(
+        loss, global_step=gs())
+    return CSEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def multi_clip_input_fn(params):
+    """Videos of 2 clips of 4 frames of 6x6x2; the label: whether the second clip is brighter."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(32, 2, 4, 6, 6, 2)).astype(np.float32)
+    y = (x[:, 1].mean((1, 2, 3, 4)) > x[:, 0].mean((1, 2, 3, 4))).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True)
+
+
+def clip_conv3d(features, labels, mode, params):
+    """A video's clips folded into the batch ([B, 2, T, H, W, C] -> [B*2, T, H, W, C]), a
+    Conv3D and a MaxPooling3D (params pool "avg": AveragePooling3D) per clip, the clips
+    averaged; softmax cross-entropy, Adam."""
+    clips, clip = features.shape[1], features.shape[2:]
+    h = L.Conv3D(4, 3, padding="same", activation="relu")(tf.reshape(features, [-1, *clip]))
+    h = (L.AveragePooling3D if params.get("pool") == "avg" else L.MaxPooling3D)(2)(h)
+    h = tf.reduce_mean(tf.reshape(h, [-1, clips, *h.shape[1:]]), axis=1)
+    logits = L.Dense(2)(L.Flatten()(h))
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
     if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={"logits": logits})

@@ -33,7 +33,8 @@ KERNEL_ROWS = {
               "[+ activation]; by a weight or a constant filter (tf.constant, or computed from "
               "constants: a Gaussian blur, tf.nn.conv1d's box filter), held frozen; float16 too, "
               "grouped and by a constant filter",
-    "max_pool, avg_pool": "MaxPool, AvgPool (NHWC, over height and width)",
+    "max_pool, avg_pool": "MaxPool, AvgPool (NHWC, over height and width; float16 too: AvgPool's "
+                          "sums rounded as TF's float16 kernel's)",
     "dropout": "tf.nn.dropout, Keras Dropout / SpatialDropout (random mask, rate, noise_shape; "
                "the mask drawn on the CS in every mode the graph holds it, as TF's op; a "
                "locked mask [batch, 1, d] each sample's own, shared by its time steps; one "

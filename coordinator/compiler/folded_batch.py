@@ -5,7 +5,9 @@ first axis B*k, its per-sample shape (k, ...)); an op that computes row by row k
 it lowers on (k, ...) as it would on [B, k, ...], and a reshape whose first axis is a multiple
 of the batch (back to [B, k, ...], or on to [B*k', ...]) is a per-sample reshape of each
 sample's contiguous elements; a Conv2D of folded frames is the conv2d kernel on each
-sample's (k, H, W, C); tf.random.categorical of folded logits [B*k, classes] (ELECTRA's
+sample's (k, H, W, C), a MaxPool or AvgPool of them the pooling kernel pooling each of the
+k images on its own (a Temporal Shift Module's frames), Conv3D, MaxPool3D and AvgPool3D of
+folded clips likewise on each sample's (k, D, H, W, C); tf.random.categorical of folded logits [B*k, classes] (ELECTRA's
 replacement tokens) is the categorical kernel drawing each of a sample's k rows; an Embedding's lookup of folded ids is the gather kernel on each
 sample's (k, ...) ids, and Keras' unrolled recurrent layers per folded row (a hierarchical
 attention network's word encoder) lower as on [B, k, ...] with their axes on each sample's
@@ -19,7 +21,7 @@ row and the loss's sum or mean of every folded element (the loss tail's) are row
 Ops that would mix the rows of different samples (a reduction over
 the folded batch axis, a batch normalization, a 2-D matmul of two folded values, a weight or
 constant laid along the folded axis) are refused naming the op, as are ops not proven row by
-row (pooling) and values the host reads while folded."""
+row and values the host reads while folded."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -36,6 +38,9 @@ ELEMENT_WISE = {*UNARY, *BINARY, "Select", "SelectV2", "Cast", "Identity", "Stop
                 "Snapshot", "Softmax", "LogSoftmax", "AddN", "OneHot"}
 PRODUCTS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")
 GATHERS = ("GatherV2", "ResourceGather")
+# Pooling within each image or volume (its window never spans the batch axis:
+# fast_paths.match_pool, lowering_spatial._volume).
+POOLS = ("MaxPool", "AvgPool", "MaxPool3D", "AvgPool3D")
 CROSS_ENTROPIES = ("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
 # Ops along one of a row's own axes (`_own_axis`).
 OWN_AXIS = ("ArgMax", "ArgMin", "TopKV2", "GatherV2")
@@ -50,6 +55,9 @@ KERNEL_ROWS = {
                                 "...] (tf.reshape(x, [-1, d]), [tf.shape(x)[0] * k, d]: a bag's "
                                 "instances, a sequence's steps), the ops computing row by row on "
                                 "it (Dense, Conv2D of folded frames [batch * k, H, W, C], "
+                                "MaxPooling2D and AveragePooling2D of them (float16 too: a "
+                                "Temporal Shift Module's frames), Conv3D, MaxPooling3D and "
+                                "AveragePooling3D of folded clips [batch * k, D, H, W, C], "
                                 "Embedding lookups of folded ids, Keras GRU, LSTM and "
                                 "SimpleRNN per folded row (Bidirectional too), "
                                 "Keras MultiHeadAttention and einsums keeping the folded axis "
@@ -71,8 +79,7 @@ REFUSED = {
                                         "over it (a Switch router's capacity count), "
                                         "BatchNormalization, a matmul of two folded values "
                                         "other than row by row, "
-                                        "pooling and other ops not listed above on folded "
-                                        "rows, and "
+                                        "other ops not listed above on folded rows, and "
                                         "metrics or predictions reading them while folded",
 }
 
@@ -112,9 +119,11 @@ def refusal(m: Context, op: tf.Operation) -> str:
                                 op.type in ("Sum", "Mean")):
             return ""  # along a row's own axes, or the loss's sum or mean of every element
         return _mixes(op, "reduces over the folded batch axis (every sample's rows together)", k)
-    if op.type == "Conv2D":  # the conv2d kernel's (k, H, W, C): k images a sample
+    if op.type in ("Conv2D", "Conv3D"):  # the kernel's (k, H, W, C): k images a sample
         return "" if m.is_batched(op.inputs[0]) and not m.is_batched(op.inputs[1]) else \
             _mixes(op, "convolves with a folded filter", k)
+    if op.type in POOLS:  # the kernel's (k, H, W, C): each image pooled on its own
+        return ""
     if op.type in GATHERS and not m.is_batched(op.inputs[0]):  # a weight's rows by each id
         return ""
     if op.type in OWN_AXIS:

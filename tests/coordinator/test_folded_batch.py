@@ -79,18 +79,63 @@ def test_conv2d_over_folded_frames_trains_evaluates_and_predicts_like_tensorflow
                                             result) == []
 
 
-@pytest.mark.parametrize("model_fn, params, named", [
-    (f.folded_batch_mean, {}, "Mean 'Mean'"),
-    (f.folded_batch_norm, {}, "BatchNormalization at"),
-    (f.folded_gram, {}, "MatMul 'MatMul'"),
-    (f.folded_softmax, {}, "Softmax 'Softmax'"),
-    (f.frame_conv, {"pool": True}, "MaxPooling2D at"),
-    (f.folded_rotate, {}, "StridedSlice 'strided_slice'"),
+@pytest.fixture(scope="module")
+def tsm_runs(tmp_path_factory):
+    return cs_inprocess.micro_batch_comparisons(f.video_input_fn, tmp_path_factory, steps=4)
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+@pytest.mark.parametrize("micro", [8, 2], ids=["whole_batch", "micro_batches_of_2"])
+def test_a_temporal_shift_net_pooling_folded_frames_trains_like_tensorflow(tsm_runs, pool, micro):
+    """TSM: a Conv2D and a MaxPooling2D (AveragePooling2D) per frame of the [B*4, 8, 8, 3]
+    frames, channels shifted along time, each clip's 4 frames pooled as 4 images of its own."""
+    result = tsm_runs(f.tsm, {**SEED, "pool": pool}, micro)
+    cs_inprocess.assert_same_training(result, RTOL)
+    pooled = next(k for k in result.compiled.program.kernels if k.type == f"{pool}_pool")
+    assert list(pooled.output_shape) == [4, 4, 4, 8]
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_a_temporal_shift_net_evaluates_and_predicts_like_the_cpu(tmp_path, pool):
+    params, model_dir = {**SEED, "pool": pool}, str(tmp_path)
+    result = cs_inprocess.compare(f.tsm, f.video_input_fn, params, model_dir, steps=4)
+    assert cs_inprocess.cpu_path_mismatches(f.tsm, f.video_input_fn, params, model_dir,
+                                            result) == []
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_a_temporal_shift_net_under_mixed_float16_trains_like_tensorflow(tmp_path, pool):
+    """The frames' Conv2Ds and pooling in float16: within 1e-2 of TF mixed, else no farther
+    from the float32 twin than TF's runs; eval and predict like the CPU path."""
+    params, model_dir = {**SEED, "policy": "mixed_float16", "pool": pool}, str(tmp_path)
+    result = cs_inprocess.compare(f.tsm, f.video_input_fn, params, model_dir, steps=4)
+    assert cs_inprocess.mixed_training_problems(f.tsm, f.video_input_fn, params, result, 4) == []
+    assert cs_inprocess.cpu_path_mismatches(f.tsm, f.video_input_fn, params, model_dir,
+                                            result) == []
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_conv3d_and_pooling_over_folded_clips_train_evaluate_and_predict_like_tensorflow(tmp_path,
+                                                                                         pool):
+    params, model_dir = {**SEED, "pool": pool}, str(tmp_path)
+    result = cs_inprocess.compare(f.clip_conv3d, f.multi_clip_input_fn, params, model_dir, steps=4)
+    cs_inprocess.assert_same_training(result, RTOL)
+    pooled = next(k for k in result.compiled.program.kernels if k.type == f"{pool}_pool3d")
+    assert list(pooled.output_shape) == [2, 2, 3, 3, 4]  # each video's 2 clips
+    assert cs_inprocess.cpu_path_mismatches(f.clip_conv3d, f.multi_clip_input_fn, params,
+                                            model_dir, result) == []
+
+
+@pytest.mark.parametrize("model_fn, named", [
+    (f.folded_batch_mean, "Mean 'Mean'"),
+    (f.folded_batch_norm, "BatchNormalization at"),
+    (f.folded_gram, "MatMul 'MatMul'"),
+    (f.folded_softmax, "Softmax 'Softmax'"),
+    (f.folded_rotate, "StridedSlice 'strided_slice'"),
 ], ids=["mean_over_folded_batch", "batch_norm_over_folded_batch", "matmul_across_rows",
-        "softmax_over_every_bags_rows", "max_pool_on_frames", "rows_rotated_across_bags"])
-def test_mixing_folded_rows_is_refused_naming_the_op(tmp_path, model_fn, params, named):
-    input_fn = f.clips_input_fn if model_fn is f.frame_conv else f.bags_input_fn
-    line = cs_inprocess.refusal(model_fn, input_fn, {**SEED, **params}, str(tmp_path), f.__file__)
+        "softmax_over_every_bags_rows", "rows_rotated_across_bags"])
+def test_mixing_folded_rows_is_refused_naming_the_op(tmp_path, model_fn, named):
+    line = cs_inprocess.refusal(model_fn, f.bags_input_fn, SEED, str(tmp_path), f.__file__)
     assert line.startswith(f"validation failed: {named}") and "folded into the batch" in line, line
 
 

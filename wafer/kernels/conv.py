@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -12,7 +12,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from wafer.kernels import activations
 from wafer.kernels.affine import Affine
 from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register, run_in_order
-from wafer.precision import is_half
+from wafer.precision import is_half, round_half
 
 
 def pair(name: str, attrs: Mapping[str, Any], key: str) -> tuple[int, int]:
@@ -42,6 +42,24 @@ def explicit_pads(name: str, padding: Any) -> tuple[int, int, int, int] | None:
         raise KernelError(f"kernel {name!r}: padding must be SAME, VALID or four non-negative "
                           f"integers [top, bottom, left, right], got {padding!r}")
     return tuple(padding)
+
+
+def frames_of(shape: tuple[int, ...], rank: int = 3) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """((k,), (H, W, C)) of a per-sample (k, H, W, C) input: k images a sample (a clip's
+    frames folded into the batch by the user, tf.reshape(x, [-1, H, W, C]): the compiler's
+    folded_batch.py), each computed on its own; ((), shape) of one (H, W, C) image. `rank`
+    4: (D, H, W, C) volumes."""
+    return (tuple(shape[:1]), tuple(shape[1:])) if len(shape) == rank + 1 else ((), tuple(shape))
+
+
+def as_images(x: np.ndarray, rank: int = 3) -> np.ndarray:
+    """(m * k, H, W, C) of a batch's (m, [k,] H, W, C): a sample's frames in TF's row order."""
+    return x.reshape(-1, *x.shape[x.ndim - rank:])
+
+
+def as_samples(images: np.ndarray, frames: tuple[int, ...]) -> np.ndarray:
+    """(m, *frames, H, W, C) of (m * k, H, W, C) `images`: `as_images`' inverse."""
+    return images.reshape(-1, *frames, *images.shape[1:])
 
 
 def held_filter(kernel: Kernel, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -122,13 +140,18 @@ class Windows:
         v = self.view(self.pad(x, 0.0))  # (m, oh, ow, C, kh, kw)
         return np.ascontiguousarray(v.transpose(0, 1, 2, 4, 5, 3)).reshape(-1, kh * kw * self.shape[2])
 
-    def scatter(self, m: int, channels: int, pieces) -> np.ndarray:
-        """Sum per-window-offset gradients (i, j, (m, oh, ow, C)) back onto the input."""
+    def scatter(self, m: int, channels: int, pieces,
+                each_sum: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+        """Sum per-window-offset gradients (i, j, (m, oh, ow, C)) back onto the input, in
+        their order (`each_sum`: applied to every partial sum, round_half: float16's)."""
         h, w, _ = self.shape
         padded = np.zeros((m, self.ph, self.pw, channels), np.float32)
         for i, j, piece in pieces:
             target = self.at(padded, i, j)
-            target += piece
+            if each_sum is None:
+                target += piece
+            else:
+                target[...] = each_sum(target + piece)
         return padded[:, self.top:self.top + h, self.left:self.left + w]
 
     def uncolumns(self, m: int, cols: np.ndarray) -> np.ndarray:
@@ -144,9 +167,7 @@ class Conv2D(Kernel):
     """attr groups (default 1): TF's grouped convolution (Keras Conv2D(groups=)): the
     channels in `groups` equal parts, each convolved with its own filters' share; the
     kernel is (kh, kw, channels / groups, filters), as TF's. A per-sample input (k, H, W, C)
-    is k images each convolved on its own (a clip's frames folded into the batch by the
-    user, tf.reshape(x, [-1, H, W, C]): the compiler's folded_batch.py); its output (k, oh,
-    ow, filters)."""
+    is k images each convolved on its own (`frames_of`); its output (k, oh, ow, filters)."""
 
     type_name = "conv2d"
     rounds_own_output = True
@@ -160,8 +181,8 @@ class Conv2D(Kernel):
             raise KernelError(f"kernel {name!r}: conv2d needs filters > 0, got {self.filters}")
         self.ksize = pair(name, self.attrs, "kernel_size")
         shape = self.input_shapes[0]
-        self.frames = tuple(shape[:1]) if len(shape) == 4 else ()  # (k,): k images a sample
-        self.windows = Windows(name, shape[len(self.frames):], self.ksize,
+        self.frames, image = frames_of(shape)
+        self.windows = Windows(name, image, self.ksize,
                                pair(name, self.attrs, "strides"), self.attrs.get("padding"),
                                pair(name, {"dilations": [1, 1], **self.attrs}, "dilations"))
         self.channels = shape[-1]
@@ -232,7 +253,7 @@ class Conv2D(Kernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        images = x.reshape(-1, *self.windows.shape)  # a sample's frames in TF's row order
+        images = as_images(x)
         cols = self.windows.columns(images)
         tail = activations.scalar_tail(ctx, (x.shape[0], *self.output_shape))
         y, cache = self.affine.forward(cols, self._matrix(filter_of(params, self.held)),
@@ -267,24 +288,26 @@ class Conv2D(Kernel):
         """The columns' gradient summed back onto the `images` inputs, a sample's frames
         together again."""
         dx = self.windows.uncolumns(images, dcols)
-        return dx.reshape(-1, *self.input_shapes[0]) if self.frames else dx
+        return as_samples(dx, self.frames)
 
 
 class Pool(Kernel):
-    """Pooling over height and width: pool_size, strides, padding."""
+    """Pooling over height and width: pool_size, strides, padding. A per-sample input (k, H,
+    W, C) is k images each pooled on its own (`frames_of`); its output (k, oh, ow, C)."""
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
         if len(self.input_shapes) != 1:
             raise KernelError(f"kernel {name!r}: {self.type_name} takes 1 input, got {len(self.input_shapes)}")
         self.pool = pair(name, self.attrs, "pool_size")
-        self.windows = Windows(name, self.input_shapes[0], self.pool,
+        self.frames, image = frames_of(self.input_shapes[0])
+        self.windows = Windows(name, image, self.pool,
                                pair(name, self.attrs, "strides"), self.attrs.get("padding", "VALID"))
-        self.channels = self.input_shapes[0][2]
+        self.channels = image[2]
 
     @property
     def output_shape(self):
-        return (self.windows.oh, self.windows.ow, self.channels)
+        return (*self.frames, self.windows.oh, self.windows.ow, self.channels)
 
     def flops_per_sample(self) -> float:
         return float(math.prod(self.output_shape) * self.pool[0] * self.pool[1])
@@ -302,17 +325,18 @@ class MaxPool(Pool):
 
     def forward(self, params, inputs, ctx: RunContext):
         """Each window's maximum (a NaN in it is the maximum), one pass per window offset."""
-        x = inputs[0]
-        padded = self.windows.pad(x, -np.inf)
-        y = None
-        for _, _, piece in self.windows.offsets(padded):
-            y = piece.copy() if y is None else np.maximum(y, piece, out=y)
-        return y, (padded, y)
+        padded = self.windows.pad(as_images(inputs[0]), -np.inf)
+        pieces = (piece for _, _, piece in self.windows.offsets(padded))
+        y = next(pieces).copy()
+        for piece in pieces:
+            np.maximum(y, piece, out=y)
+        return as_samples(y, self.frames), (padded, y)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         """The gradient goes to each window's first maximum in row-major window order, as
         TF's MaxPoolGrad routes it."""
         padded, y = cache
+        grad_output = as_images(grad_output)
         nan = np.isnan(y)
         nan = nan if nan.any() else None
 
@@ -329,28 +353,46 @@ class MaxPool(Pool):
                     taken |= hit
                 yield i, j, np.where(hit, grad_output, np.float32(0))
 
-        return [self.windows.scatter(len(y), self.channels, pieces())], {}
+        return [as_samples(self.windows.scatter(len(y), self.channels, pieces()), self.frames)], {}
 
 
 @register
 class AvgPool(Pool):
+    """In float16 (attr precision) as TF's CPU kernels compute Eigen::half: each window's
+    sum rounded to float16 after every addend in row-major window order, divided by its
+    count; the gradient's shares g * (1 / count) (in float16) summed onto each input in the
+    windows' row-major order, rounded after every one."""
+
     type_name = "avg_pool"
 
     def __init__(self, name, attrs, input_shapes):
         super().__init__(name, attrs, input_shapes)
         # Padded positions do not count (TF divides by the window's valid elements).
-        ones = np.ones((1, *self.input_shapes[0][:2], 1), np.float32)
-        counts = self.windows.view(self.windows.pad(ones, 0.0)).sum(axis=(-1, -2))
-        self.scale = (np.float32(1) / counts).astype(np.float32)  # (1, oh, ow, 1)
+        ones = np.ones((1, *self.windows.shape[:2], 1), np.float32)
+        self.counts = self.windows.view(self.windows.pad(ones, 0.0)).sum(axis=(-1, -2))
+        self.scale = (np.float32(1) / self.counts).astype(np.float32)  # (1, oh, ow, 1)
+        self.half = is_half(self.attrs)
+        # float16's 1 / count, from the double (TF's T(1.0 / count)), for the gradient
+        self.half_scale = (1.0 / self.counts.astype(np.float64)).astype(np.float16).astype(np.float32)
 
     def forward(self, params, inputs, ctx: RunContext):
-        x = inputs[0]
-        v = self.windows.view(self.windows.pad(x, 0.0))
-        return (v.sum(axis=(-1, -2), dtype=np.float32) * self.scale), x.shape[0]
+        images = as_images(inputs[0])
+        padded = self.windows.pad(images, 0.0)
+        if self.half:
+            y = np.zeros((len(images), self.windows.oh, self.windows.ow, self.channels), np.float32)
+            for _, _, piece in self.windows.offsets(padded):
+                y = round_half(y + piece)
+            y = round_half(y / self.counts)
+        else:
+            y = self.windows.view(padded).sum(axis=(-1, -2), dtype=np.float32) * self.scale
+        return as_samples(y, self.frames), len(images)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        m = cache
-        share = grad_output * self.scale
-        ph, pw = self.pool
-        return [self.windows.scatter(m, self.channels, (
-            (i, j, share) for i in range(ph) for j in range(pw)))], {}
+        m, (ph, pw) = cache, self.pool
+        taps = [(i, j) for i in range(ph) for j in range(pw)]
+        if self.half:  # each input's windows in row-major order (the taps' reverse), rounded
+            share, taps, each_sum = round_half(as_images(grad_output) * self.half_scale), taps[::-1], round_half
+        else:
+            share, each_sum = as_images(grad_output) * self.scale, None
+        return [as_samples(self.windows.scatter(m, self.channels, ((i, j, share) for i, j in taps),
+                                                each_sum), self.frames)], {}

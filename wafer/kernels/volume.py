@@ -1,6 +1,7 @@
 """Kernels on (D, H, W, C) samples (Keras Conv3D, MaxPooling3D, AveragePooling3D): conv3d
 (im2col over the window's taps + one matmul) and max/avg pooling, with TensorFlow's
-SAME/VALID padding arithmetic on each of the three spatial axes."""
+SAME/VALID padding arithmetic on each of the three spatial axes. A per-sample (k, D, H, W,
+C) input is k volumes each computed on its own (conv.frames_of: folded into the batch)."""
 from __future__ import annotations
 
 import itertools
@@ -10,7 +11,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from wafer.kernels.base import Kernel, KernelError, RunContext, accumulate, max_cores_for, register
-from wafer.kernels.conv import filter_of, held_filter, output_size
+from wafer.kernels.conv import as_images, as_samples, filter_of, frames_of, held_filter, output_size
 
 
 def triple(name: str, attrs: Mapping[str, Any], key: str) -> tuple[int, int, int]:
@@ -85,21 +86,22 @@ class Conv3D(Kernel):
         if self.filters <= 0:
             raise KernelError(f"kernel {name!r}: conv3d needs filters > 0, got {self.filters}")
         self.ksize = triple(name, self.attrs, "kernel_size")
-        self.volume = Volume(name, self.input_shapes[0], self.ksize, triple(name, self.attrs, "strides"),
+        self.frames, volume = frames_of(self.input_shapes[0], 4)
+        self.volume = Volume(name, volume, self.ksize, triple(name, self.attrs, "strides"),
                              self.attrs.get("padding"))
-        self.channels = self.input_shapes[0][3]
+        self.channels = volume[3]
         self.patch = math.prod(self.ksize) * self.channels
         self.held = held_filter(self, (*self.ksize, self.channels, self.filters))
 
     @property
     def output_shape(self):
-        return (*self.volume.out, self.filters)
+        return (*self.frames, *self.volume.out, self.filters)
 
     def param_shapes(self):
         return {} if self.held is not None else {"kernel": (*self.ksize, self.channels, self.filters)}
 
     def flops_per_sample(self) -> float:
-        return float(math.prod(self.volume.out) * 2 * self.patch * self.filters)
+        return float(math.prod(self.frames) * math.prod(self.volume.out) * 2 * self.patch * self.filters)
 
     def max_cores(self) -> int:
         return max_cores_for(self.flops_per_sample())
@@ -108,12 +110,13 @@ class Conv3D(Kernel):
         return 4 * math.prod(self.input_shapes[0])
 
     def forward(self, params, inputs, ctx: RunContext):
-        cols = self.volume.columns(inputs[0])
+        volumes = as_images(inputs[0], 4)
+        cols = self.volume.columns(volumes)
         y = cols @ filter_of(params, self.held).reshape(self.patch, self.filters)
-        return y.reshape(len(inputs[0]), *self.output_shape), cols
+        return as_samples(y.reshape(len(volumes), *self.volume.out, self.filters), self.frames), cols
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        cols, m = cache, len(grad_output)
+        cols, m = cache, len(as_images(grad_output, 4))
         w2d = filter_of(params, self.held).reshape(self.patch, self.filters)
         dy = grad_output.reshape(-1, self.filters)
         grads: dict[str, np.ndarray] = {}
@@ -123,8 +126,9 @@ class Conv3D(Kernel):
         dx = None
         if ctx.wants_grad(0):
             dcols = (dy @ w2d.T).reshape(m, *self.volume.out, -1, self.channels)
-            dx = self.volume.scatter(m, self.channels, (
-                (offset, dcols[:, :, :, :, k]) for k, offset in enumerate(self.volume.offsets())))
+            dx = as_samples(self.volume.scatter(m, self.channels, (
+                (offset, dcols[:, :, :, :, k]) for k, offset in enumerate(self.volume.offsets()))),
+                self.frames)
         return [dx], grads
 
 
@@ -136,13 +140,14 @@ class Pool3D(Kernel):
         if len(self.input_shapes) != 1:
             raise KernelError(f"kernel {name!r}: {self.type_name} takes 1 input, got {len(self.input_shapes)}")
         self.pool = triple(name, self.attrs, "pool_size")
-        self.volume = Volume(name, self.input_shapes[0], self.pool, triple(name, self.attrs, "strides"),
+        self.frames, volume = frames_of(self.input_shapes[0], 4)
+        self.volume = Volume(name, volume, self.pool, triple(name, self.attrs, "strides"),
                              self.attrs.get("padding", "VALID"))
-        self.channels = self.input_shapes[0][3]
+        self.channels = volume[3]
 
     @property
     def output_shape(self):
-        return (*self.volume.out, self.channels)
+        return (*self.frames, *self.volume.out, self.channels)
 
     def flops_per_sample(self) -> float:
         return float(math.prod(self.output_shape) * math.prod(self.pool))
@@ -173,17 +178,18 @@ class MaxPool3D(Pool3D):
             raise KernelError(f"kernel {name!r}: ties must be one of {MAX_POOL3D_TIES}, got {self.ties!r}")
 
     def forward(self, params, inputs, ctx: RunContext):
-        padded = self.volume.pad(inputs[0], -np.inf)
-        y = None
-        for offset in self.volume.offsets():
-            piece = self.volume.at(padded, offset)
-            y = piece.copy() if y is None else np.maximum(y, piece, out=y)
-        return y, (padded, y)
+        padded = self.volume.pad(as_images(inputs[0], 4), -np.inf)
+        pieces = (self.volume.at(padded, offset) for offset in self.volume.offsets())
+        y = next(pieces).copy()
+        for piece in pieces:
+            np.maximum(y, piece, out=y)
+        return as_samples(y, self.frames), (padded, y)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         """Each window's gradient to its first maximum ("first") or to every value within
         `MAX_POOL3D_TIE` of it ("near"), as the host's TF routes it."""
         padded, y = cache
+        grad_output = as_images(grad_output, 4)
         taken = np.zeros(y.shape, bool)
 
         def pieces():
@@ -196,7 +202,7 @@ class MaxPool3D(Pool3D):
                     taken[...] |= hit
                 yield offset, np.where(hit, grad_output, np.float32(0))
 
-        return [self.volume.scatter(len(y), self.channels, pieces())], {}
+        return [as_samples(self.volume.scatter(len(y), self.channels, pieces()), self.frames)], {}
 
 
 @register
@@ -206,16 +212,19 @@ class AvgPool3D(Pool3D):
     def __init__(self, name, attrs, input_shapes):
         super().__init__(name, attrs, input_shapes)
         # Padded positions do not count (TF divides by the window's valid elements).
-        ones = self.volume.pad(np.ones((1, *self.input_shapes[0][:3], 1), np.float32), 0.0)
+        ones = self.volume.pad(np.ones((1, *self.volume.shape[:3], 1), np.float32), 0.0)
         counts = sum(self.volume.at(ones, offset) for offset in self.volume.offsets())
         self.scale = (np.float32(1) / counts).astype(np.float32)
 
     def forward(self, params, inputs, ctx: RunContext):
-        padded = self.volume.pad(inputs[0], 0.0)
-        total = sum(self.volume.at(padded, offset) for offset in self.volume.offsets())
-        return total * self.scale, len(inputs[0])
+        volumes = as_images(inputs[0], 4)
+        padded = self.volume.pad(volumes, 0.0)
+        total = np.zeros((len(volumes), *self.volume.out, self.channels), np.float32)
+        for offset in self.volume.offsets():
+            total += self.volume.at(padded, offset)
+        return as_samples(total * self.scale, self.frames), len(volumes)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        share = grad_output * self.scale
-        return [self.volume.scatter(cache, self.channels,
-                                    ((offset, share) for offset in self.volume.offsets()))], {}
+        share = as_images(grad_output, 4) * self.scale
+        return [as_samples(self.volume.scatter(cache, self.channels, (
+            (offset, share) for offset in self.volume.offsets())), self.frames)], {}
