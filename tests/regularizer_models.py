@@ -4,22 +4,13 @@ Dense with kernel_regularizer=l2(...), their penalty added by get_regularization
 layer.losses, or a model without regularizers."""
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
+from weight_decay_models import CLASSES, image_input_fn
 
 from tf_model.estimator_spec import CSEstimatorSpec, ModeKeys
 
 L = tf.keras.layers
-CLASSES = 3
-
-
-def input_fn(params):
-    """6 x 6 images of 2 channels, a class each."""
-    batch = params.get("batch_size", 8)
-    rng = np.random.default_rng(29)
-    x = rng.normal(size=(4 * batch, 6, 6, 2)).astype(np.float32)
-    y = (np.arange(4 * batch) % CLASSES).astype(np.int32)
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+input_fn = image_input_fn  # 6 x 6 images of 2 channels, one of CLASSES each
 
 
 def model_fn(features, labels, mode, params):
