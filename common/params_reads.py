@@ -104,6 +104,7 @@ class ReadParams(_Recording):
         self.opened: set[str] = set()  # sections the model's code read
         self.everything = False  # the model's code read the params whole: no notes
         self.noted = False
+        self.said: set[str] = set()  # the warnings said once for this model (`say_once`)
         self._quiet = {(section, key) for section, keys in (quiet or {}).items() for key in keys}
 
     def _read(self, *names: Any) -> None:
@@ -147,6 +148,16 @@ def recording(params: Any) -> Iterator[None]:
         yield
     finally:
         params.recording = False
+
+
+def say_once(params: Any, line: str) -> None:
+    """Print `line` unless it was said for these params (a ReadParams: one run's model;
+    any other dict: every time): model_fn is built more than once in a run."""
+    if isinstance(params, ReadParams):
+        if line in params.said:
+            return
+        params.said.add(line)
+    print(line, flush=True)
 
 
 def say_unread(params: Any) -> None:

@@ -19,9 +19,10 @@ import tensorflow as tf
 
 from common.errors import CSRunError
 from common.layers import package_dirs
-from common.params_reads import recording, say_unread
+from common.params_reads import recording, say_once, say_unread
 from common.run_kinds import RunKind
 from tf_model.estimator_spec import CSEstimatorSpec
+from tf_model.keras_regularizers import record_unpenalized, unpenalized_warning, watching_regularizers
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -294,12 +295,13 @@ def batch_signature(dataset: tf.data.Dataset) -> BatchSignature:
 
 def call_model_fn(model_fn: Callable, features: Any, labels: Any, mode: str,
                   params: dict) -> CSEstimatorSpec:
-    """Call model_fn(features, labels, mode, params) and check what it returns."""
+    """Call model_fn(features, labels, mode, params) and check what it returns; warn once
+    of Keras regularizers whose penalty it never computes (`keras_regularizers`)."""
     accepted = inspect.signature(model_fn).parameters
     kwargs = {k: v for k, v in (("features", features), ("labels", labels), ("mode", mode),
                                 ("params", params)) if k in accepted}
     try:
-        with recording(params):
+        with recording(params), watching_regularizers() as watch:
             spec = model_fn(**kwargs)
     except CSRunError:
         raise
@@ -308,6 +310,9 @@ def call_model_fn(model_fn: Callable, features: Any, labels: Any, mode: str,
         raise user_code_error("model_fn", error, _KERAS_OPTIMIZER_HINT if keras else _MODEL_HINT,
                               f" on batches of {_describe_inputs(features, labels)}") from error
     say_unread(params)  # after the first model_fn: input_fn has run before it
+    if unpenalized := watch.unpenalized():
+        record_unpenalized(tf.compat.v1.get_default_graph(), unpenalized)
+        say_once(params, unpenalized_warning(unpenalized))
     if not isinstance(spec, CSEstimatorSpec):
         raise CSRunError(f"model_fn returned {type(spec).__name__}, not a CSEstimatorSpec",
                          "return launcher.estimator.CSEstimatorSpec(mode=..., loss=..., ...)")

@@ -127,6 +127,8 @@ def graph_hash(model: MatchedModel, *, mode: str, batch_size: int, fabric: Fabri
     }
     if model.reported_loss_kernel:
         key["reported_loss_kernel"] = model.reported_loss_kernel
+    if model.unpenalized_regularizers:  # (the report names them)
+        key["unpenalized_regularizers"] = list(model.unpenalized_regularizers)
     if replicas != 1:  # (one copy keeps the keys of compiles before multireplica)
         key["replicas"] = "auto" if replicas is None else replicas
     if model.weight_program is not None:

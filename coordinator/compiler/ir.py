@@ -207,6 +207,8 @@ class MatchedModel:
     weight_program: WeightProgram | None = None
     # the loss model_fn returns when the optimizer minimizes another (loss_kernel's): reported
     reported_loss_kernel: str = ""
+    # regularized Keras weights whose penalty model_fn never computes (tf_model.keras_regularizers)
+    unpenalized_regularizers: tuple[str, ...] = ()
 
     @property
     def optimizer(self) -> OptimizerConfig | None:

@@ -58,6 +58,7 @@ from coordinator.compiler.training.graph import variable_op
 from coordinator.compiler.training.writes import computed_after_write
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from tf_model.estimator_spec import ModeKeys
+from tf_model.keras_regularizers import unpenalized_regularizers
 
 # Host-side tails of predict-mode outputs: computed by the chief from streamed values.
 HOST_OPS = {"Softmax", "ArgMax", "ArgMin", "Cast", "Identity", "Squeeze", "ExpandDims",
@@ -701,7 +702,8 @@ def match(extracted: ExtractedGraph) -> MatchedModel:
     return MatchedModel(inputs=extracted.inputs, kernels=kernels, loss_kernel=loss_kernel,
                         outputs=outputs, training=training,
                         unsupported=tuple(matcher.unsupported), weight_program=weights,
-                        reported_loss_kernel=reported_kernel)
+                        reported_loss_kernel=reported_kernel,
+                        unpenalized_regularizers=unpenalized_regularizers(extracted.graph))
 
 
 def _objective_kernels(matcher: Matcher, spec: Any, objectives: list[tf.Tensor], loss_kernel: str

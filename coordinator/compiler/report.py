@@ -8,6 +8,7 @@ from coordinator.compiler.ir import KernelNode, MatchedModel, TrainingSpec
 from coordinator.compiler.placement import Placement
 from coordinator.compiler.training.shift import REASON
 from cs_api.attrs import from_attr
+from tf_model.keras_regularizers import UNPENALIZED, UNPENALIZED_HINT
 from wafer import timing
 from wafer.fabric import Fabric
 from wafer.kernels import build_kernel
@@ -223,6 +224,9 @@ def training_lines(model: MatchedModel, training: TrainingSpec) -> list[str]:
         lines.append(f"Moving statistic: {a.variable} = {rules[a.update].format(*a.constants)} "
                      f"(each training batch, at its batch barrier)")
     lines.extend(f"Batch normalization {name}: {STILL_STATISTICS}" for name in still_statistics(model))
+    if model.unpenalized_regularizers:
+        lines.append(f"Weights {', '.join(model.unpenalized_regularizers)}: {UNPENALIZED} "
+                     f"({UNPENALIZED_HINT})")
     for t in training.transforms:
         if t.kind == "zero":
             lines.extend(f"{v}: gradient 0 exactly ({REASON})" for v in t.variables)
