@@ -89,7 +89,7 @@ def clips_input_fn(params):
 def frame_conv(features, labels, mode, params):
     """A Conv2D over every frame of a clip ([B, T, H, W, C] -> [B*T, H, W, C] -> back), a mean
     over the frames, softmax cross-entropy, Adam (params pool: a MaxPooling2D of the frames
-    while folded)."""
+    while folded, each frame pooled on its own)."""
     t, hgt, wid, ch = features.shape[1:]
     h = L.Conv2D(4, 3, padding="same", activation="relu")(tf.reshape(features, [-1, hgt, wid, ch]))
     if params.get("pool"):

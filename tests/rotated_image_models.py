@@ -39,7 +39,7 @@ def _features(x):
     return L.GlobalAveragePooling2D()(h)
 
 
-def _classifier_spec(mode, labels, logits, learning_rate=1e-2, predictions=None):
+def _classifier_spec(mode, labels, logits, learning_rate=1e-2):
     loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
                                                                          logits=logits))
     train_op = None
@@ -48,7 +48,7 @@ def _classifier_spec(mode, labels, logits, learning_rate=1e-2, predictions=None)
             loss, global_step=v1.train.get_or_create_global_step())
     pred = tf.argmax(logits, -1, output_type=tf.int32)
     return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op,
-                           predictions=predictions or {"class": pred, "logits": logits},
+                           predictions={"class": pred, "logits": logits},
                            eval_metric_ops={"accuracy": v1.metrics.accuracy(labels, pred)})
 
 
@@ -67,15 +67,27 @@ def rotation_pooled(features, labels, mode, params):
 def rotnet_stacked(features, labels, mode, params):
     """RotNet's pretext task with the four rotations stacked on a sample axis and folded
     into the batch sample-major ([B, 4, H, W, C] -> [4B, H, W, C]), the rotation labels in
-    the same order, tf.tile(tf.range(4), [B]); predictions the upright image's features."""
+    the same order, tf.tile(tf.range(4), [B]), the mean cross-entropy of the 4B rows; the
+    accuracy of each image's 4 rotations and the upright image's features (predictions) read
+    back as [B, 4, ...]."""
     B = tf.shape(features)[0]
     x = tf.reshape(tf.stack([tf.image.rot90(features, k) for k in range(4)], axis=1),
                    [-1, SIZE, SIZE, 1])
     rot_labels = tf.tile(tf.range(4), [B])
     feat = _features(x)
     logits = L.Dense(4, name="rot")(L.Dense(16, activation="relu", name="fc")(feat))
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=rot_labels,
+                                                                         logits=logits))
+    train_op = None
+    if mode == ModeKeys.TRAIN:
+        train_op = v1.train.AdamOptimizer(1e-3).minimize(
+            loss, global_step=v1.train.get_or_create_global_step())
+    pred = tf.argmax(tf.reshape(logits, [-1, 4, 4]), -1, output_type=tf.int32)
     upright = tf.reshape(feat, [-1, 4, feat.shape[-1]])[:, 0]
-    return _classifier_spec(mode, rot_labels, logits, 1e-3, {"features": upright})
+    accuracy = v1.metrics.accuracy(tf.reshape(rot_labels, [-1, 4]), pred)
+    return CSEstimatorSpec(mode=mode, loss=loss, train_op=train_op,
+                           predictions={"features": upright},
+                           eval_metric_ops={"rot_accuracy": accuracy})
 
 
 def rotnet_concatenated(features, labels, mode, params):

@@ -5,7 +5,8 @@ first axis B*k, its per-sample shape (k, ...)); an op that computes row by row k
 it lowers on (k, ...) as it would on [B, k, ...], and a reshape whose first axis is a multiple
 of the batch (back to [B, k, ...], or on to [B*k', ...]) is a per-sample reshape of each
 sample's contiguous elements; a Conv2D of folded frames is the conv2d kernel on each
-sample's (k, H, W, C); tf.random.categorical of folded logits [B*k, classes] (ELECTRA's
+sample's (k, H, W, C), and MaxPool and AvgPool of them the pooling kernels' alike;
+tf.random.categorical of folded logits [B*k, classes] (ELECTRA's
 replacement tokens) is the categorical kernel drawing each of a sample's k rows; an Embedding's lookup of folded ids is the gather kernel on each
 sample's (k, ...) ids, and Keras' unrolled recurrent layers per folded row (a hierarchical
 attention network's word encoder) lower as on [B, k, ...] with their axes on each sample's
@@ -15,11 +16,12 @@ is the einsum kernel under a fresh batch letter, a batch matmul of two values fo
 (Swin's window attention, q @ k^T of [B*nW, heads, n, d] windows) the matmul kernel on each
 sample's (nW, heads, n, d); argmax, argmin, top_k, one_hot and
 constant-index gathers (tf.signal.frame) along a row's own axes, a softmax cross-entropy per
-row and the loss's sum or mean of every folded element (the loss tail's) are row by row too.
+row (its labels a constant of the folded rows' order too: RotNet's tf.tile(tf.range(4), [B]))
+and the loss's sum or mean of every folded element (the loss tail's) are row by row too.
 Ops that would mix the rows of different samples (a reduction over
 the folded batch axis, a batch normalization, a 2-D matmul of two folded values, a weight or
 constant laid along the folded axis) are refused naming the op, as are ops not proven row by
-row (pooling) and values the host reads while folded."""
+row and values the host reads while folded."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -27,6 +29,7 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler.in_batch import folded_labels
 from coordinator.compiler.lowering import BINARY, REDUCTIONS, RESHAPES, UNARY, slice_bounds
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, TailContext
@@ -49,7 +52,8 @@ KERNEL_ROWS = {
     "reshape (a folded batch)": "Reshape of a per-sample [batch, k, ...] value to [batch * k, "
                                 "...] (tf.reshape(x, [-1, d]), [tf.shape(x)[0] * k, d]: a bag's "
                                 "instances, a sequence's steps), the ops computing row by row on "
-                                "it (Dense, Conv2D of folded frames [batch * k, H, W, C], "
+                                "it (Dense, Conv2D, MaxPool and AvgPool of folded frames "
+                                "[batch * k, H, W, C], "
                                 "Embedding lookups of folded ids, Keras GRU, LSTM and "
                                 "SimpleRNN per folded row (Bidirectional too), "
                                 "Keras MultiHeadAttention and einsums keeping the folded axis "
@@ -71,8 +75,7 @@ REFUSED = {
                                         "over it (a Switch router's capacity count), "
                                         "BatchNormalization, a matmul of two folded values "
                                         "other than row by row, "
-                                        "pooling and other ops not listed above on folded "
-                                        "rows, and "
+                                        "other ops not listed above on folded rows, and "
                                         "metrics or predictions reading them while folded",
 }
 
@@ -115,13 +118,16 @@ def refusal(m: Context, op: tf.Operation) -> str:
     if op.type == "Conv2D":  # the conv2d kernel's (k, H, W, C): k images a sample
         return "" if m.is_batched(op.inputs[0]) and not m.is_batched(op.inputs[1]) else \
             _mixes(op, "convolves with a folded filter", k)
+    if op.type in ("MaxPool", "AvgPool"):  # the pooling kernel's (k, H, W, C), as conv2d's
+        return ""
     if op.type in GATHERS and not m.is_batched(op.inputs[0]):  # a weight's rows by each id
         return ""
     if op.type in OWN_AXIS:
         return "" if _own_axis(m, op) else \
             _mixes(op, f"{op.type} along the folded batch axis compares rows of different samples", k)
     if op.type in CROSS_ENTROPIES:  # each row's loss from its own logits and label
-        if m.is_batched(op.inputs[1]) and len(static_shape(op.inputs[0])) >= 2:
+        if (m.is_batched(op.inputs[1]) or folded_labels(m, op) is not None) and \
+                len(static_shape(op.inputs[0])) >= 2:
             return ""
         logits = op.inputs[0].op
         if logits.type == "Reshape" and m.is_batched(logits.inputs[0]) and \

@@ -69,13 +69,16 @@ def test_keras_dropout_on_folded_rows_trains_and_evaluates(tmp_path):
                                             result) == ""
 
 
-def test_conv2d_over_folded_frames_trains_evaluates_and_predicts_like_tensorflow(tmp_path):
-    model_dir = str(tmp_path)
-    result = cs_inprocess.compare(f.frame_conv, f.clips_input_fn, SEED, model_dir, steps=4)
+@pytest.mark.parametrize("pool", [False, True], ids=["conv", "conv_and_max_pool"])
+def test_conv2d_over_folded_frames_trains_evaluates_and_predicts_like_tensorflow(tmp_path, pool):
+    model_dir, params = str(tmp_path), {**SEED, "pool": pool}
+    result = cs_inprocess.compare(f.frame_conv, f.clips_input_fn, params, model_dir, steps=4)
     assert cs_inprocess.mismatches(result, RTOL) == []
-    conv = next(k for k in result.compiled.program.kernels if k.type == "conv2d")
-    assert list(conv.output_shape) == [3, 6, 6, 4]  # each clip's 3 frames
-    assert cs_inprocess.cpu_path_mismatches(f.frame_conv, f.clips_input_fn, SEED, model_dir,
+    kernels = {k.type: k for k in result.compiled.program.kernels}
+    assert list(kernels["conv2d"].output_shape) == [3, 6, 6, 4]  # each clip's 3 frames
+    if pool:  # each frame pooled on its own
+        assert list(kernels["max_pool"].output_shape) == [3, 3, 3, 4]
+    assert cs_inprocess.cpu_path_mismatches(f.frame_conv, f.clips_input_fn, params, model_dir,
                                             result) == []
 
 
@@ -84,13 +87,11 @@ def test_conv2d_over_folded_frames_trains_evaluates_and_predicts_like_tensorflow
     (f.folded_batch_norm, {}, "BatchNormalization at"),
     (f.folded_gram, {}, "MatMul 'MatMul'"),
     (f.folded_softmax, {}, "Softmax 'Softmax'"),
-    (f.frame_conv, {"pool": True}, "MaxPooling2D at"),
     (f.folded_rotate, {}, "StridedSlice 'strided_slice'"),
 ], ids=["mean_over_folded_batch", "batch_norm_over_folded_batch", "matmul_across_rows",
-        "softmax_over_every_bags_rows", "max_pool_on_frames", "rows_rotated_across_bags"])
+        "softmax_over_every_bags_rows", "rows_rotated_across_bags"])
 def test_mixing_folded_rows_is_refused_naming_the_op(tmp_path, model_fn, params, named):
-    input_fn = f.clips_input_fn if model_fn is f.frame_conv else f.bags_input_fn
-    line = cs_inprocess.refusal(model_fn, input_fn, {**SEED, **params}, str(tmp_path), f.__file__)
+    line = cs_inprocess.refusal(model_fn, f.bags_input_fn, {**SEED, **params}, str(tmp_path), f.__file__)
     assert line.startswith(f"validation failed: {named}") and "folded into the batch" in line, line
 
 

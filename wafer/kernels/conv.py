@@ -271,20 +271,24 @@ class Conv2D(Kernel):
 
 
 class Pool(Kernel):
-    """Pooling over height and width: pool_size, strides, padding."""
+    """Pooling over height and width: pool_size, strides, padding. A per-sample input (k, H,
+    W, C) is k images each pooled on its own (folded frames, as conv2d's); its output (k, oh,
+    ow, C)."""
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
         if len(self.input_shapes) != 1:
             raise KernelError(f"kernel {name!r}: {self.type_name} takes 1 input, got {len(self.input_shapes)}")
         self.pool = pair(name, self.attrs, "pool_size")
-        self.windows = Windows(name, self.input_shapes[0], self.pool,
+        shape = self.input_shapes[0]
+        self.frames = tuple(shape[:1]) if len(shape) == 4 else ()  # (k,): k images a sample
+        self.windows = Windows(name, shape[len(self.frames):], self.pool,
                                pair(name, self.attrs, "strides"), self.attrs.get("padding", "VALID"))
-        self.channels = self.input_shapes[0][2]
+        self.channels = shape[-1]
 
     @property
     def output_shape(self):
-        return (self.windows.oh, self.windows.ow, self.channels)
+        return (*self.frames, self.windows.oh, self.windows.ow, self.channels)
 
     def flops_per_sample(self) -> float:
         return float(math.prod(self.output_shape) * self.pool[0] * self.pool[1])
@@ -295,6 +299,14 @@ class Pool(Kernel):
     def activation_bytes_per_sample(self) -> int:
         return 4 * math.prod(self.input_shapes[0])
 
+    def images(self, x: np.ndarray) -> np.ndarray:
+        """The samples' images (m, H, W, C), a sample's frames in TF's row order."""
+        return x.reshape(-1, *self.windows.shape)
+
+    def per_sample(self, y: np.ndarray, shape: tuple[int, ...], n: int) -> np.ndarray:
+        """The images' `y` as the `n` samples' values of per-sample `shape`."""
+        return y.reshape(n, *shape)
+
 
 @register
 class MaxPool(Pool):
@@ -303,16 +315,17 @@ class MaxPool(Pool):
     def forward(self, params, inputs, ctx: RunContext):
         """Each window's maximum (a NaN in it is the maximum), one pass per window offset."""
         x = inputs[0]
-        padded = self.windows.pad(x, -np.inf)
+        padded = self.windows.pad(self.images(x), -np.inf)
         y = None
         for _, _, piece in self.windows.offsets(padded):
             y = piece.copy() if y is None else np.maximum(y, piece, out=y)
-        return y, (padded, y)
+        return self.per_sample(y, self.output_shape, len(x)), (padded, y, len(x))
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         """The gradient goes to each window's first maximum in row-major window order, as
         TF's MaxPoolGrad routes it."""
-        padded, y = cache
+        padded, y, n = cache
+        grad_output = grad_output.reshape(y.shape)
         nan = np.isnan(y)
         nan = nan if nan.any() else None
 
@@ -329,7 +342,8 @@ class MaxPool(Pool):
                     taken |= hit
                 yield i, j, np.where(hit, grad_output, np.float32(0))
 
-        return [self.windows.scatter(len(y), self.channels, pieces())], {}
+        dx = self.windows.scatter(len(y), self.channels, pieces())
+        return [self.per_sample(dx, self.input_shapes[0], n)], {}
 
 
 @register
@@ -339,18 +353,20 @@ class AvgPool(Pool):
     def __init__(self, name, attrs, input_shapes):
         super().__init__(name, attrs, input_shapes)
         # Padded positions do not count (TF divides by the window's valid elements).
-        ones = np.ones((1, *self.input_shapes[0][:2], 1), np.float32)
+        ones = np.ones((1, *self.windows.shape[:2], 1), np.float32)
         counts = self.windows.view(self.windows.pad(ones, 0.0)).sum(axis=(-1, -2))
         self.scale = (np.float32(1) / counts).astype(np.float32)  # (1, oh, ow, 1)
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
-        v = self.windows.view(self.windows.pad(x, 0.0))
-        return (v.sum(axis=(-1, -2), dtype=np.float32) * self.scale), x.shape[0]
+        v = self.windows.view(self.windows.pad(self.images(x), 0.0))
+        y = v.sum(axis=(-1, -2), dtype=np.float32) * self.scale
+        return self.per_sample(y, self.output_shape, len(x)), len(x)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
-        m = cache
-        share = grad_output * self.scale
+        n = cache
+        share = grad_output.reshape(-1, *self.output_shape[len(self.frames):]) * self.scale
         ph, pw = self.pool
-        return [self.windows.scatter(m, self.channels, (
-            (i, j, share) for i in range(ph) for j in range(pw)))], {}
+        dx = self.windows.scatter(len(share), self.channels, (
+            (i, j, share) for i in range(ph) for j in range(pw)))
+        return [self.per_sample(dx, self.input_shapes[0], n)], {}
