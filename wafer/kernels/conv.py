@@ -303,10 +303,6 @@ class Pool(Kernel):
         """The samples' images (m, H, W, C), a sample's frames in TF's row order."""
         return x.reshape(-1, *self.windows.shape)
 
-    def per_sample(self, y: np.ndarray, shape: tuple[int, ...], n: int) -> np.ndarray:
-        """The images' `y` as the `n` samples' values of per-sample `shape`."""
-        return y.reshape(n, *shape)
-
 
 @register
 class MaxPool(Pool):
@@ -319,7 +315,8 @@ class MaxPool(Pool):
         y = None
         for _, _, piece in self.windows.offsets(padded):
             y = piece.copy() if y is None else np.maximum(y, piece, out=y)
-        return self.per_sample(y, self.output_shape, len(x)), (padded, y, len(x))
+        assert y is not None
+        return y.reshape(len(x), *self.output_shape), (padded, y, len(x))
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         """The gradient goes to each window's first maximum in row-major window order, as
@@ -343,7 +340,7 @@ class MaxPool(Pool):
                 yield i, j, np.where(hit, grad_output, np.float32(0))
 
         dx = self.windows.scatter(len(y), self.channels, pieces())
-        return [self.per_sample(dx, self.input_shapes[0], n)], {}
+        return [dx.reshape(n, *self.input_shapes[0])], {}
 
 
 @register
@@ -361,7 +358,7 @@ class AvgPool(Pool):
         x = inputs[0]
         v = self.windows.view(self.windows.pad(self.images(x), 0.0))
         y = v.sum(axis=(-1, -2), dtype=np.float32) * self.scale
-        return self.per_sample(y, self.output_shape, len(x)), len(x)
+        return y.reshape(len(x), *self.output_shape), len(x)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         n = cache
@@ -369,4 +366,4 @@ class AvgPool(Pool):
         ph, pw = self.pool
         dx = self.windows.scatter(len(share), self.channels, (
             (i, j, share) for i in range(ph) for j in range(pw)))
-        return [self.per_sample(dx, self.input_shapes[0], n)], {}
+        return [dx.reshape(n, *self.input_shapes[0])], {}
