@@ -10,20 +10,52 @@ from __future__ import annotations
 import cs_inprocess
 import pytest
 import rotated_image_models as m
+import tf_reference
 
 PARAMS = {"batch_size": 8, "runconfig": {"tf_random_seed": 3}}
 CASES = {"rotation_pooled": m.rotation_pooled, "rotnet_stacked": m.rotnet_stacked}
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """name -> (model_dir, compare() of 4 steps), each case once."""
+    found = {}
+
+    def get(name):
+        if name not in found:
+            model_dir = str(tmp_path_factory.mktemp(name))
+            found[name] = model_dir, cs_inprocess.compare(CASES[name], m.images_input_fn, PARAMS,
+                                                          model_dir, steps=4)
+        return found[name]
+    return get
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_images_rotated_by_a_constant_train_and_evaluate_like_tensorflow(tmp_path, name):
-    model_fn = CASES[name]
-    result = cs_inprocess.compare(model_fn, m.images_input_fn, PARAMS, str(tmp_path), steps=4)
+def test_images_rotated_by_a_constant_train_and_evaluate_like_tensorflow(trained, name):
+    model_dir, result = trained(name)
     assert not {"if", "cond"} & cs_inprocess.kernel_types(result.compiled.program)
     cs_inprocess.assert_same_training(result, rtol=1e-5)
     assert result.cs.losses[0] != result.cs.losses[-1]  # it trained
-    assert cs_inprocess.cpu_path_mismatches(model_fn, m.images_input_fn, PARAMS,
-                                            str(tmp_path), result) == []
+    assert cs_inprocess.cpu_path_mismatches(CASES[name], m.images_input_fn, PARAMS,
+                                            model_dir, result) == []
+
+
+def test_rotnet_stacked_pools_each_rotation_and_labels_each_samples_rows(trained):
+    """The folded rotations are pooled as each sample's (4, H, W, C) and each sample's 4 rows
+    of the tiled labels are 0..3; at micro-batches of 1 and 2 each sample still reads its
+    own rows: TF's training (1e-5)."""
+    _, result = trained("rotnet_stacked")
+    program = result.compiled.program
+    pools = [k for k in program.kernels if k.type == "max_pool"]
+    assert [list(k.output_shape) for k in pools] == [[4, 6, 6, 8]]
+    labels = [k for k in program.kernels if k.type == "sample_constant"]
+    assert len(labels) == 1 and list(labels[0].output_shape) == [4]
+    data = tf_reference.batches(m.images_input_fn, PARAMS, 4)
+    for micro in (1, 2):
+        cs = cs_inprocess.run_on_cs(cs_inprocess.at_micro_batch(program, micro),
+                                    result.compiled.initial_weights, data)
+        again = cs_inprocess.Comparison(result.compiled, cs, result.reference)
+        assert cs_inprocess.mismatches(again, rtol=1e-5) == [], micro
 
 
 def test_rotations_concatenated_along_the_batch_are_refused_naming_the_stacked_form(tmp_path):
