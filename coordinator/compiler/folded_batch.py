@@ -17,7 +17,8 @@ is the einsum kernel under a fresh batch letter, a batch matmul of two values fo
 (Swin's window attention, q @ k^T of [B*nW, heads, n, d] windows) the matmul kernel on each
 sample's (nW, heads, n, d); argmax, argmin, top_k, one_hot and
 constant-index gathers (tf.signal.frame) along a row's own axes, a softmax cross-entropy per
-row and the loss's sum or mean of every folded element (the loss tail's) are row by row too.
+row (its labels a constant of the folded rows' order too: RotNet's tf.tile(tf.range(4), [B]))
+and the loss's sum or mean of every folded element (the loss tail's) are row by row too.
 Ops that would mix the rows of different samples (a reduction over
 the folded batch axis, a batch normalization, a 2-D matmul of two folded values, a weight or
 constant laid along the folded axis) are refused naming the op, as are ops not proven row by
@@ -29,6 +30,7 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler.in_batch import folded_labels
 from coordinator.compiler.lowering import BINARY, REDUCTIONS, RESHAPES, UNARY, slice_bounds
 from coordinator.compiler.operands import static_shape
 from coordinator.compiler.rules import Context, TailContext
@@ -130,7 +132,8 @@ def refusal(m: Context, op: tf.Operation) -> str:
         return "" if _own_axis(m, op) else \
             _mixes(op, f"{op.type} along the folded batch axis compares rows of different samples", k)
     if op.type in CROSS_ENTROPIES:  # each row's loss from its own logits and label
-        if m.is_batched(op.inputs[1]) and len(static_shape(op.inputs[0])) >= 2:
+        if (m.is_batched(op.inputs[1]) or folded_labels(m, op) is not None) and \
+                len(static_shape(op.inputs[0])) >= 2:
             return ""
         logits = op.inputs[0].op
         if logits.type == "Reshape" and m.is_batched(logits.inputs[0]) and \

@@ -230,15 +230,39 @@ PAIRING = ("Select", "SelectV2", "ConcatV2", *LABELLED)
 SAMPLE_CONSTANT_DTYPES = (tf.float32, tf.float16, tf.int32, tf.int64, tf.bool)
 
 
+def folded_labels(m: Context, op: tf.Operation) -> np.ndarray | None:
+    """The constant labels [B*k, ...] of a cross-entropy (LABELLED) of logits folded k rows a
+    sample, sample-major (RotNet's tf.tile(tf.range(4), [B]) of its stacked rotations) as each
+    sample's rows [B, k, ...]: TF pairs row b*k + j with logits row b*k + j, sample b's j-th;
+    else None."""
+    if op.type not in LABELLED or not m.is_batched(op.inputs[0]) or m.is_batched(op.inputs[1]):
+        return None
+    k, labels = m.folds(op.inputs[0]), op.inputs[1]
+    value = m.operands.constant(labels) if labels.dtype.base_dtype in \
+        SAMPLE_CONSTANT_DTYPES else None
+    if k == 1 or value is None or value.ndim == 0 or value.shape[0] != k * m.batch_size:
+        return None
+    return np.asarray(value, labels.dtype.base_dtype.as_numpy_dtype).reshape(
+        m.batch_size, k, *value.shape[1:])
+
+
 def sample_constants(m: Context, op: tf.Operation) -> None:
     """Constants among the inputs of an element-wise op (or one of PAIRING) whose first axis
     is the batch and whose rows differ (tf.range(B), tf.eye(B): the labels of in-batch
     negatives), read with per-sample values of the same rank (or as the labels of a cross
     entropy): each sample's row, as TF pairs them, from a sample_constant kernel. Rows all
     equal stay broadcast constants but in a concat (a hand-written recurrence's zero initial
-    state, tf.zeros([tf.shape(x)[0], n]), concatenated with the step's input)."""
+    state, tf.zeros([tf.shape(x)[0], n]), concatenated with the step's input). The labels of
+    folded logits are each sample's k rows (`folded_labels`)."""
     batched = [t for t in op.inputs if m.is_batched(t)]
     if not batched or not has_kernel("sample_constant"):
+        return
+    folded = folded_labels(m, op)
+    if folded is not None:
+        labels = op.inputs[1]
+        m.add_kernel(f"{labels.op.name}/rows", "sample_constant", [m.sample_input()],
+                     {"value": widened(folded)}, [], [labels.op], labels,
+                     output_shape=folded.shape[1:])
         return
     rank = len(static_shape(batched[0]))
     for k, t in enumerate(op.inputs):

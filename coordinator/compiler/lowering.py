@@ -517,7 +517,11 @@ def _concat(m: Context, op: tf.Operation) -> str:
         return ("concatenates along the batch axis into values that feed per-sample layers, "
                 "weights or predictions: the CS computes each sample on its own and joins "
                 "batches only on the way to the loss; keep the parts apart, or stack them on a "
-                "sample axis (tf.stack([z1, z2], 1))")
+                "sample axis (tf.stack([z1, z2], 1)); to fold the parts into the batch, stack "
+                "them sample-major, tf.reshape(tf.stack(parts, axis=1), [-1, ...]), with labels "
+                f"in that order (tf.tile(tf.range({len(inputs)}), [B]), not "
+                f"tf.repeat(tf.range({len(inputs)}), B)), and give metrics and predictions "
+                f"the rows as tf.reshape(x, [-1, {len(inputs)}, ...])")
     m.add_kernel(op.name, "concat", inputs, {"axis": full - m.axis_shift(inputs[0])}, [], [op],
                  op.outputs[0])
     return ""

@@ -563,6 +563,9 @@ class Matcher:
             ready = [t for t in tensors if (t.name in fed or t.name in self.values
                                             and t.name not in self.leading)  # (not TF's layout)
                      and t.op.name not in self.x.loop_ops]  # (not in the host's graph)
+            if ready and ready[0].name not in fed and self.folds(ready[0]) > 1 and \
+                    self.operands.constant(ready[0]) is not None:
+                ready = []  # (folded labels of a constant: the host computes them as TF does)
             if ready and ready[0].name not in fed and self.folds(ready[0]) > 1:
                 # (a metric of the loss recomputed on the host from folded rows)
                 self.reject(ready[0].op, folded_batch.host_read(self.folds(ready[0])))

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import CSRunError
+from coordinator.compiler.constant_conds import has_constant_conds, taken_branches
 from coordinator.compiler.per_sample_maps import has_folded_convolutions, vectorized_maps
 from coordinator.compiler.per_sample_pieces import has_per_sample_pieces, per_sample_joins
 from coordinator.compiler.rounding_spread import SPREAD_FACTOR, distances, spread
@@ -33,9 +34,10 @@ def has_loops(graph: tf.Graph) -> bool:
 
 def built_again(graph: tf.Graph, batch: int) -> bool:
     """Whether model_fn is built a second time (`unrolled`): loops, the batch's samples split
-    into pieces, convolutions of a tf.vectorized_map by per-sample filters."""
+    into pieces, convolutions of a tf.vectorized_map by per-sample filters, tf.conds of a
+    predicate known at build time (tf.image.rot90's)."""
     return has_loops(graph) or has_per_sample_pieces(graph, batch) or \
-        has_folded_convolutions(graph)
+        has_folded_convolutions(graph) or has_constant_conds(graph)
 
 
 @contextlib.contextmanager
@@ -176,9 +178,10 @@ def unrolled(build: Callable[[], tuple[tf.Graph, Any]], graph: tf.Graph, spec: A
     if not built_again(graph, batch) or feed is None:
         return graph, spec, frozenset()
     with keras_unrolled(), python_loops() as created, vectorized_maps(created), \
-            per_sample_joins(created, batch) as joined:
+            per_sample_joins(created, batch) as joined, taken_branches() as branches:
         graph2, spec2 = build()
-    if not (has_loops(graph) or joined or has_folded_convolutions(graph)):
+    created |= branches
+    if not (has_loops(graph) or joined or has_folded_convolutions(graph) or branches):
         return graph, spec, frozenset()  # no pieces of the batch joined in order
     if has_loops(graph2):  # a loop of data-dependent steps: the matcher refuses it, named
         return graph2, spec2, frozenset(created)  # alone (the layers around it unrolled)

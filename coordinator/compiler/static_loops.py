@@ -24,11 +24,11 @@ _RUNTIME = {"Placeholder", "PlaceholderWithDefault", "VarHandleOp", "VariableV2"
             "ReadVariableOp"}  # values the condition may not read: the batch, the weights
 
 
-class _NotStatic(Exception):
+class NotStatic(Exception):
     """The loop's trip count is not known at build time: TF's While is built instead."""
 
 
-def _value(tensor: Any) -> np.ndarray:
+def build_time_value(tensor: Any) -> np.ndarray:
     """A value of the loop's condition or bound as the graph computes it, known at build time."""
     if not isinstance(tensor, tf.Tensor):
         return np.asarray(tensor)
@@ -39,33 +39,33 @@ def _value(tensor: Any) -> np.ndarray:
 
     ops = data_upstream(tensor.op)
     if any(op.type in _RUNTIME or op.op_def.is_stateful for op in ops):
-        raise _NotStatic
+        raise NotStatic
     with tf.compat.v1.Session(graph=tensor.graph) as session:
         try:
             return np.asarray(session.run(tensor))
         except tf.errors.OpError:
-            raise _NotStatic from None
+            raise NotStatic from None
 
 
 def _tensors(structure: Any) -> Any:
     if any(isinstance(x, tf.TensorArray) for x in tf.nest.flatten(structure)):
-        raise _NotStatic
+        raise NotStatic
     return tf.nest.map_structure(tf.convert_to_tensor, structure)
 
 
 def _python_while(cond: Callable, body: Callable, loop_vars: Any,
                   maximum_iterations: Any, same_structure: bool) -> Any:
-    """tf.while_loop's result, its steps run in Python (_NotStatic: not known at build time)."""
+    """tf.while_loop's result, its steps run in Python (NotStatic: not known at build time)."""
     single = not isinstance(loop_vars, (list, tuple))
     values = _tensors((loop_vars,) if single else loop_vars)
     _trace(values, cond=cond, body=body)
-    limit = None if maximum_iterations is None else int(_value(maximum_iterations))
+    limit = None if maximum_iterations is None else int(build_time_value(maximum_iterations))
     steps = 0
     with tf.name_scope("while"):  # (the steps' layer calls name no op a later layer's name)
-        while (limit is None or steps < limit) and bool(_value(cond(*values))):
+        while (limit is None or steps < limit) and bool(build_time_value(cond(*values))):
             steps += 1
             if steps > MAX_STEPS:
-                raise _NotStatic
+                raise NotStatic
             result = body(*values)
             values = _tensors(result if isinstance(result, (list, tuple)) and not single
                               else (result,))
@@ -92,7 +92,7 @@ def _trace(values: Any, **functions: Callable) -> None:
                     name, lambda *args, f=function: f(*args), [], {}, signature=signature,
                     func_graph=func_graph.FuncGraph(name, collections=collections))
     except Exception:  # (TF's own While then says what is wrong with the loop)
-        raise _NotStatic from None
+        raise NotStatic from None
 
 
 def _unrolled_while(original: Callable, same_structure: bool) -> Callable:
@@ -106,7 +106,7 @@ def _unrolled_while(original: Callable, same_structure: bool) -> Callable:
         try:
             return _python_while(a["cond"], a["body"], a["loop_vars"],
                                  a["maximum_iterations"], same)
-        except _NotStatic:
+        except NotStatic:
             return original(*args, **kwargs)
     return while_loop
 
@@ -133,7 +133,7 @@ def _unrolled_scan(original: Callable) -> Callable:
         step = tf.nest.pack_sequence_as(elems, [tf.TensorSpec(e.shape[1:], e.dtype) for e in flat])
         try:
             _trace((step if carried is None else carried, step), body=fn)
-        except _NotStatic:
+        except NotStatic:
             return original(fn, elems, initializer, *args, reverse=reverse, **kwargs)
         with tf.name_scope("scan"):  # (its ops name no op the user names after it)
             slices = [tf.unstack(e, num=length, axis=0) for e in flat]
