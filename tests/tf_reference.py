@@ -14,6 +14,7 @@ import tensorflow as tf
 from coordinator.compiler.extract import op_closure
 from coordinator.compiler.training.writes import is_write
 from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph
+from workers.feed import input_dataset
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,9 @@ class Reference:
 
 def batches(input_fn: Callable, params: dict, count: int) -> list[tuple[Any, Any]]:
     """The first `count` (features, labels) numpy batches of input_fn(params) (arrays, or
-    dicts of them)."""
-    dataset = make_dataset(input_fn, params).take(count)
+    dicts of them), under the seed an input worker sets (runconfig.tf_random_seed): the same
+    batches whatever seed an earlier test left (a shuffle's order depends on it)."""
+    dataset = input_dataset(input_fn, params).take(count)
     return [(x, y) for x, y in dataset.as_numpy_iterator()]
 
 
