@@ -15,6 +15,7 @@ import os
 from typing import Callable
 
 from common.errors import CSRunError
+from common.params_reads import say_once
 from coordinator.compiler.artifacts import (
     VALIDATION_REPORT,
     CompileCache,
@@ -58,8 +59,8 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
     check_config(params)
     replicas = requested_replicas(params.get("runconfig") or {})
     if replicas != 1 and mode != ModeKeys.TRAIN and not validate_only:
-        print(f"multireplica is for training (as on the original CS system): {mode} runs "
-              "on one copy of the network", flush=True)
+        say_once(params, f"multireplica is for training (as on the original CS system): {mode} runs "
+                 "on one copy of the network")
         replicas = 1
     cache = CompileCache(model_dir)
     extracted = extract(model_fn, input_fn, params, mode)
@@ -71,10 +72,10 @@ def compile_model(model_fn: Callable, input_fn: Callable, params: dict, model_di
     check_supported(model, report)
     build_kernels(model)  # each kernel's configuration: what validates, loads
     if still := still_statistics(model):
-        print(f"csrun: warning: batch normalization {', '.join(still)}: {STILL_STATISTICS} "
-              "(hint: compute them with tf.nn.moments and tf.compat.v1.train."
-              "assign_moving_average in UPDATE_OPS, or tf.compat.v1.nn.fused_batch_norm and "
-              "assign ops)", flush=True)
+        say_once(params, f"csrun: warning: batch normalization {', '.join(still)}: {STILL_STATISTICS} "
+                 "(hint: compute them with tf.nn.moments and tf.compat.v1.train."
+                 "assign_moving_average in UPDATE_OPS, or tf.compat.v1.nn.fused_batch_norm and "
+                 "assign ops)")
     if validate_only:
         text = validation_text(model, mode, extracted.batch_size, fab)
         cache.write_validation_report(text)
