@@ -502,7 +502,19 @@ def abandoned_job(address: str, i: int, where: str) -> None:
         call = client.stub.Train(pb.RunRequest(token=client.token, steps=5))
         next(call)
         client.channel.close()
-    code_and_details(lambda: list(lease))
+    lease_of_a_vanished_client(lease)
+
+
+def lease_of_a_vanished_client(lease) -> None:
+    """Drain the lease of a client whose channel closed: its close cancels the lease, unless
+    the server, which unloads the job as the first of the client's calls ends (the run), ended
+    the lease first (measured: 1 in 150 abandoned trains)."""
+    try:
+        beats = list(lease)
+    except grpc.RpcError as error:
+        assert error.code() == grpc.StatusCode.CANCELLED, error
+    else:
+        assert lease.code() == grpc.StatusCode.OK, beats
 
 
 def normal_job(address: str, i: int) -> None:
