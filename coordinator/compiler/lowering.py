@@ -644,7 +644,7 @@ def _gather(m: Context, op: tf.Operation) -> str:
             op.get_attr("batch_dims") == 0 and m.operands.constant(ids) is not None \
             else _sample_gather(m, op)
     if op.get_attr("batch_dims") != 0:
-        return "gathers from a weight with batch_dims (an embedding lookup has batch_dims 0)"
+        return _gather_from_the_batch_row(m, op)
     if op.type == "GatherV2":
         axis = m.operands.constant(op.inputs[2])
         if axis is None or int(axis) != 0:
@@ -663,6 +663,32 @@ def _gather(m: Context, op: tf.Operation) -> str:
     assert weight is not None, "letter p: _operands found the table's weight"
     m.add_kernel(m.scope(op, weight.variable), "gather", inputs, {"operands": letters, **attrs},
                  params, [op], op.outputs[0])
+    return ""
+
+
+def _gather_from_the_batch_row(m: Context, op: tf.Operation) -> str:
+    """tf.gather(c, ids, batch_dims=1) (along axis 1) of a constant c whose rows are the same
+    for every sample (an MAE's tf.concat([tf.zeros([B, k]), tf.ones([B, n - k])], 1) restored
+    by per-sample ids): each sample's lookup in that one row, a gather kernel of constants."""
+    axis = m.operands.constant(op.inputs[2]) if op.type == "GatherV2" else None
+    if op.get_attr("batch_dims") != 1 or axis is None or int(axis) != 1 or \
+            not m.is_batched(op.inputs[1]):
+        return ("gathers with batch_dims from a value that is not per-sample (a weight or a "
+                "constant): gather from a weight with batch_dims 0 (an embedding lookup)")
+    found = _operands(m, op, op.inputs[:2], "gather")
+    if isinstance(found, str):
+        return found
+    letters, inputs, attrs, params = found
+    if letters != "ci":
+        return ("gathers with batch_dims=1 from a weight: the CS gives every sample the same "
+                "weights; gather from it with batch_dims 0 (an embedding lookup)")
+    table = attrs.pop("c0")
+    if not (table == table[:1]).all():
+        return (f"a constant of shape {table.shape} holds other values for each sample: feed "
+                "per-sample values through input_fn")
+    row = table[0]
+    m.add_kernel(op.name, "gather", inputs, {"operands": letters, "c0": row, **attrs}, params, [op],
+                 op.outputs[0])
     return ""
 
 

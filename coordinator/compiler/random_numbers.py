@@ -194,6 +194,8 @@ def _read_as_weight(tensor: tf.Tensor, reader: tf.Operation, batch_size: int) ->
     second)."""
     if reader.type in WEIGHT_OPERAND_OPS or reader.type == "Einsum":
         return _product_weight(tensor, reader)
+    if reader.type in ("GatherV2", "GatherNd") and reader.get_attr("batch_dims") > 0:
+        return False  # each sample's own indices (an MAE's argsort of its noise), no broadcast
     out = reader.outputs[0].shape if reader.outputs else tf.TensorShape(None)
     if out.rank is None or tensor.shape.rank is None or tensor.shape.rank > out.rank or \
             not out.is_fully_defined() or not tensor.shape.is_fully_defined():
