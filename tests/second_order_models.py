@@ -142,6 +142,31 @@ def wgan_gp_conv_critic(features, labels, mode, params):
     return _train(mode, loss, v1.train.AdamOptimizer(1e-3, beta1=0.5, beta2=0.9))
 
 
+def image_critic_input_fn(params):
+    """8x8 real images (a bright blob) and a generator's fixed fakes (noise), labels unused."""
+    rng = np.random.default_rng(params.get("data_seed", 8))
+    yy, xx = np.mgrid[0:8, 0:8]
+    blob = np.exp(-((yy - 3.5) ** 2 + (xx - 3.5) ** 2) / 6.0).astype(np.float32)[None, :, :, None]
+    real = blob + 0.1 * rng.normal(size=(64, 8, 8, 1)).astype(np.float32)
+    return _batches({"real": real, "fake": rng.normal(size=(64, 8, 8, 1)).astype(np.float32)},
+                    np.zeros(64, np.float32))
+
+
+def r1_pooled_discriminator(features, labels, mode, params):
+    """StyleGAN's non-saturating loss with the R1 penalty on real images, its discriminator
+    downsampling by AveragePooling2D (the penalty's gradient through it: AvgPoolGrad)."""
+    disc = tf.keras.Sequential([L.Conv2D(8, 3, padding="same"), L.LeakyReLU(0.2),
+                                L.AveragePooling2D(2), L.Conv2D(16, 3, padding="same"),
+                                L.LeakyReLU(0.2), L.AveragePooling2D(2), L.Flatten(), L.Dense(1)])
+    real, fake = features["real"], features["fake"]
+    real_score = disc(real)
+    grad = tf.gradients(tf.reduce_sum(real_score), real)[0]
+    r1 = tf.reduce_mean(tf.reduce_sum(tf.square(grad), axis=[1, 2, 3]))
+    loss = tf.reduce_mean(tf.nn.softplus(disc(fake))) + tf.reduce_mean(tf.nn.softplus(-real_score)) + \
+        5.0 * r1
+    return _train(mode, loss, v1.train.AdamOptimizer(2e-3, beta1=0.0, beta2=0.99))
+
+
 def input_gradient_classifier(features, labels, mode, params):
     """Input-gradient regularisation (Ross & Doshi-Velez): cross-entropy plus the squared
     norm of its gradient with respect to the input, a ReLU classifier."""
@@ -359,6 +384,7 @@ CORPUS = {
     "pinn_gelu": (pinn_gelu, pde_input_fn),
     "wgan_gp_critic": (wgan_gp_critic, critic_input_fn),
     "wgan_gp_conv_critic": (wgan_gp_conv_critic, critic_input_fn),
+    "r1_pooled_discriminator": (r1_pooled_discriminator, image_critic_input_fn),
     "input_gradient_classifier": (input_gradient_classifier, class_input_fn),
     "input_gradient_log_softmax": (input_gradient_log_softmax, class_input_fn),
     "fgsm_adversarial": (fgsm_adversarial, class_input_fn),

@@ -1037,7 +1037,7 @@ def supported_table() -> str:
     """The README's 'Supported operations' section, generated from the tables above
     (`python -m coordinator.compiler.lowering` prints it; a test keeps the README equal)."""
     spatial = {op for op, rule in GENERIC.items() if rule.__module__ == lowering_spatial.__name__}
-    gradient_ops = {*second_order.OPS, "StridedSliceGrad"}
+    gradient_ops = {*second_order.OPS, "StridedSliceGrad", "AvgPoolGrad"}
     others = sorted(set(GENERIC) - set(UNARY) - set(BINARY) - spatial - random_numbers.DRAWN_OPS
                     - gradient_ops - set(quantization.FORMS))
     from coordinator.compiler import (

@@ -12,7 +12,9 @@ it (the MatMul by a transposed weight, Mul, ...) are lowered per sample.
 
 The activations' gradient ops (TanhGrad, SigmoidGrad, ReluGrad, LeakyReluGrad, EluGrad,
 Relu6Grad, SeluGrad) of two per-sample values become `activation_grad` kernels (wafer/kernels/activation_grads.py):
-TF's arithmetic forward, TF's registered second-order gradient backward."""
+TF's arithmetic forward, TF's registered second-order gradient backward; AvgPoolGrad (through
+AveragePooling2D) an `avg_pool_grad` kernel (the pooling's input gradient forward, its average
+pooling backward, as TF's _AvgPoolGradGrad)."""
 from __future__ import annotations
 
 import re
@@ -101,6 +103,23 @@ def _activation_grad(m: Context, op: tf.Operation) -> str:
     if op.type == "LeakyReluGrad":
         attrs["alpha"] = float(op.get_attr("alpha"))
     m.add_kernel(op.name, "activation_grad", list(op.inputs), attrs, [], [op], op.outputs[0])
+    return ""
+
+
+@generic("AvgPoolGrad")
+def _avg_pool_grad(m: Context, op: tf.Operation) -> str:
+    """AvgPoolGrad(input shape, g) of a per-sample g (a gradient penalty through
+    AveragePooling2D): the `avg_pool_grad` kernel, TF's AvgPool of its gradient backward."""
+    shape, ksize, strides = m.operands.constant(op.inputs[0]), op.get_attr("ksize"), op.get_attr("strides")
+    if not m.is_batched(op.inputs[1]) or shape is None or op.outputs[0].dtype != tf.float32 or \
+            op.get_attr("data_format").decode() != "NHWC" or ksize[0] != 1 or ksize[3] != 1 or \
+            strides[0] != 1 or strides[3] != 1:
+        return ("AvgPoolGrad other than of a per-sample float32 gradient, NHWC, pooled over height "
+                "and width: the CS computes the gradient penalty of such an AveragePooling2D")
+    m.add_kernel(op.name, "avg_pool_grad", [op.inputs[1]],
+                 {"pool_size": [int(ksize[1]), int(ksize[2])], "strides": [int(strides[1]), int(strides[2])],
+                  "padding": op.get_attr("padding").decode(), "input_shape": [int(d) for d in shape[1:]]},
+                 [], [op], op.outputs[0])
     return ""
 
 

@@ -20,7 +20,7 @@ SLOW = {"pinn_heat", "pinn_gelu", "wgan_gp_critic"}  # (pinn_burgers, jacobian_p
 # wgan_gp_conv_critic cover their forms in the quick lane)
 TRAINED = [pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
            for name in ("pinn_burgers", "pinn_heat", "pinn_gelu", "wgan_gp_critic",
-                        "wgan_gp_conv_critic", "input_gradient_classifier",
+                        "wgan_gp_conv_critic", "r1_pooled_discriminator", "input_gradient_classifier",
                         "input_gradient_dense_xent", "distilled_input_gradient",
                         "input_gradient_log_softmax", "double_backprop",
                         "jacobian_penalty", "sobolev", "force_matching", "hamiltonian")]
@@ -35,7 +35,7 @@ def test_a_loss_holding_a_gradient_trains_like_tensorflow(tmp_path, name):
     for variable, start in result.compiled.initial_weights.items():
         if "kernel" in variable:  # (the critic's last bias has the gradient 0, in TF too)
             assert (result.cs.state[variable] != start).any(), f"{variable} was not trained"
-    if name in ("pinn_burgers", "input_gradient_log_softmax", "input_gradient_classifier",
+    if name in ("pinn_burgers", "input_gradient_log_softmax", "input_gradient_classifier", "r1_pooled_discriminator",
                 "input_gradient_dense_xent", "force_matching"):
         assert cs_inprocess.evaluation_mismatch(model_fn, input_fn, PARAMS, str(tmp_path),
                                                 result) == ""

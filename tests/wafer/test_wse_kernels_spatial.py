@@ -168,3 +168,18 @@ def test_max_pool3d_refuses_an_unknown_tie_rule():
     with pytest.raises(KernelError, match="ties must be one of"):
         build_kernel("max_pool3d", "k1", {"pool_size": [2, 2, 2], "strides": [1, 1, 1],
                                           "padding": "VALID", "ties": "last"}, [(4, 4, 4, 1)])
+
+
+@pytest.mark.parametrize("pool, strides, padding", [((2, 2), (2, 2), "VALID"), ((3, 2), (1, 2), "SAME")])
+def test_avg_pool_grad_is_tensorflows_and_differentiates_as_its_average_pooling(pool, strides, padding):
+    """AvgPoolGrad as a value (a gradient penalty through AveragePooling2D), its gradient
+    TF's second order (_AvgPoolGradGrad)."""
+    image = (5, 6, 3)
+    pooled = tf.nn.avg_pool2d(tf.zeros([1, *image]), pool, strides, padding).shape[1:]
+    g = randn(BATCH, *pooled)
+    check_against_tf(
+        "avg_pool_grad", {"pool_size": list(pool), "strides": list(strides), "padding": padding,
+                          "input_shape": list(image)}, [g],
+        lambda xs, ws: tf.raw_ops.AvgPoolGrad(orig_input_shape=[BATCH, *image], grad=xs[0],
+                                              ksize=[1, *pool, 1], strides=[1, *strides, 1],
+                                              padding=padding))

@@ -396,3 +396,44 @@ class AvgPool(Pool):
             share, each_sum = as_images(grad_output) * self.scale, None
         return [as_samples(self.windows.scatter(m, self.channels, ((i, j, share) for i, j in taps),
                                                 each_sum), self.frames)], {}
+
+
+@register
+class AvgPoolGrad(Kernel):
+    """TF's AvgPoolGrad of a per-sample gradient as a value (a gradient penalty's
+    tf.gradients(d, x) through AveragePooling2D): the avg_pool kernel's input gradient, attr
+    input_shape the pooled input's per-sample shape; its own gradient TF's _AvgPoolGradGrad,
+    the average pooling of it. float32 only."""
+
+    type_name = "avg_pool_grad"
+
+    def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
+        super().__init__(name, attrs, input_shapes)
+        self.pool = AvgPool(name, attrs, [tuple(self.attrs["input_shape"])])
+        if self.pool.half:
+            raise KernelError(f"kernel {name!r} (avg_pool_grad): float32 only")
+        if len(self.input_shapes) != 1 or tuple(self.input_shapes[0]) != self.pool.output_shape:
+            raise KernelError(f"kernel {name!r} (avg_pool_grad): its input must be the pooling's "
+                              f"output {self.pool.output_shape}, got {self.input_shapes}")
+
+    @property
+    def output_shape(self):
+        return tuple(self.attrs["input_shape"])
+
+    def flops_per_sample(self) -> float:
+        return self.pool.flops_per_sample()
+
+    def max_cores(self) -> int:
+        return self.pool.max_cores()
+
+    def activation_bytes_per_sample(self) -> int:
+        return 4 * math.prod(self.output_shape)
+
+    def forward(self, params, inputs, ctx: RunContext):
+        images = len(as_images(inputs[0]))
+        (dx,), _ = self.pool.backward(params, images, inputs[0], ctx)
+        return dx, None
+
+    def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        pooled, _ = self.pool.forward(params, [grad_output], ctx)
+        return [pooled], {}
