@@ -1,0 +1,43 @@
+"""Selections by value: tf.boolean_mask(x, mask) and tf.gather(x, tf.where(cond)[:, 0])
+(or tf.gather_nd(x, tf.where(cond))), a one-argument Where whose indices pick elements or
+rows; an ignore-index loss, a masked-token loss, CFRNet's split of the batch by treatment.
+The result's size depends on the values and the CS computes fixed-size values, so they are
+refused with the masked form that computes the same (sum(mask * f(x)) / sum(mask)), apart
+from a SparseTensor's Where (feature_columns.refusal)."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from coordinator.compiler.extract import user_source
+
+# What carries a Where's indices to the gather that reads them (boolean_mask's Squeeze,
+# tf.where(c)[:, 0]'s StridedSlice, a tf.cast to int32).
+INDEX_VIEWS = ("StridedSlice", "Squeeze", "Reshape", "Identity", "Cast")
+GATHERS = ("GatherV2", "GatherNd", "ResourceGather")
+# The scope tf.sparse.from_dense builds its SparseTensor's Where and GatherNd in.
+SPARSE_SCOPE = "dense_to_sparse"
+
+
+def selecting_gather(where: tf.Operation) -> tf.Operation | None:
+    """The gather that reads a one-argument Where's indices (through INDEX_VIEWS), or None
+    (a SparseTensor's Where, or one whose indices are read otherwise)."""
+    if where.type != "Where" or len(where.inputs) != 1 or SPARSE_SCOPE in where.name.split("/"):
+        return None
+    frontier = [where.outputs[0]]
+    while frontier:
+        tensor = frontier.pop()
+        for consumer in tensor.consumers():
+            if consumer.type in GATHERS and consumer.inputs[1] is tensor:
+                return consumer
+            if consumer.type in INDEX_VIEWS and consumer.inputs[0] is tensor:
+                frontier.extend(consumer.outputs)
+    return None
+
+
+def refusal(gather: tf.Operation) -> str:
+    """Why a selection by value is refused, with the masked form to write instead."""
+    return (f"selects elements by value (tf.boolean_mask / tf.where(cond) with one argument, "
+            f"read by {gather.type} '{gather.name}' at {user_source(gather)}): the CS computes "
+            "fixed-size values; compute on every element and weigh by the mask as a float: "
+            "a loss tf.reduce_sum(loss * mask) / tf.reduce_sum(mask), a mean of the selected "
+            "rows tf.reduce_sum(x * mask[:, None], 0) / tf.reduce_sum(mask)")
