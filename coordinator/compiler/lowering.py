@@ -104,6 +104,7 @@ REFUSED = {
                           "x[:-1]) feeding per-sample layers, weights or predictions",
     **random_numbers.REFUSED,
     **step_values.REFUSED,
+    **value_selections.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
                                "meets the samples (e.g. tf.sort(w)), or float16 "
                                "reductions, softmax, l2_loss, cumsum or linear algebra of "

@@ -14,6 +14,14 @@ from coordinator.compiler.extract import user_source
 # tf.where(c)[:, 0]'s StridedSlice, a tf.cast to int32).
 INDEX_VIEWS = ("StridedSlice", "Squeeze", "Reshape", "Identity", "Cast")
 GATHERS = ("GatherV2", "GatherNd", "ResourceGather")
+# The README's row of what is refused.
+REFUSED = {
+    "selections by value": "tf.boolean_mask and tf.gather(x, tf.where(cond)[:, 0]) or "
+                           "tf.gather_nd(x, tf.where(cond)) (an ignore-index or masked-token "
+                           "loss, CFRNet's treated rows): the selection's size depends on the "
+                           "values; weigh every element by the mask instead, "
+                           "tf.reduce_sum(loss * mask) / tf.reduce_sum(mask)",
+}
 # The scope tf.sparse.from_dense builds its SparseTensor's Where and GatherNd in.
 SPARSE_SCOPE = "dense_to_sparse"
 
