@@ -90,6 +90,15 @@ def masked_token_model_fn(features, labels, mode, params):
     return _spec(mode, loss, params)
 
 
+def masked_token_gather_nd_model_fn(features, labels, mode, params):
+    """The same loss, the scored tokens' losses picked by tf.gather_nd at tf.where(mask)."""
+    logits = _token_logits(features)
+    per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.maximum(labels, 0), logits=logits)
+    loss = tf.reduce_mean(tf.gather_nd(per_token, tf.where(labels >= 0)))
+    return _spec(mode, loss, params)
+
+
 def masked_token_weighed_model_fn(features, labels, mode, params):
     """The same loss weighed by the mask of scored tokens."""
     logits = _token_logits(features)

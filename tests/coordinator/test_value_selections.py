@@ -24,6 +24,7 @@ MASKED_FORM = "tf.reduce_sum(loss * mask) / tf.reduce_sum(mask)"
 @pytest.mark.parametrize("model_fn, input_fn, gather", [
     (models.ignore_index_model_fn, models.ignore_index_input_fn, "GatherV2 'boolean_mask/GatherV2'"),
     (models.masked_token_model_fn, models.tokens_input_fn, "GatherV2 'boolean_mask/GatherV2'"),
+    (models.masked_token_gather_nd_model_fn, models.tokens_input_fn, "GatherNd 'GatherNd'"),
     (models.cfrnet_model_fn, models.treatment_input_fn, "GatherV2 'GatherV2'")])
 def test_a_selection_by_value_is_refused_with_the_masked_form(tmp_path, model_fn, input_fn, gather):
     """The Where and the gather reading its indices, each with its line, and what to write."""
