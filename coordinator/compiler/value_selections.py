@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from coordinator.compiler.extract import user_source
+from coordinator.compiler.extract import data_downstream, is_gradient, user_source
+from coordinator.compiler.feature_columns import COLUMN_SCOPE
 
 # What carries a Where's indices to the gather that reads them (boolean_mask's Squeeze,
 # tf.where(c)[:, 0]'s StridedSlice, a tf.cast to int32).
 INDEX_VIEWS = ("StridedSlice", "Squeeze", "Reshape", "Identity", "Cast")
 GATHERS = ("GatherV2", "GatherNd", "ResourceGather")
+SHAPE_READS = ("Shape", "Size", "ShapeN")  # the selection's count (tf.shape(it)[0])
+# Ops named Sparse* that read no SparseTensor (a selected loss's cross entropy).
+DENSE_SPARSE_OPS = ("SparseSoftmaxCrossEntropyWithLogits",)
 # The README's row of what is refused.
 REFUSED = {
     "selections by value": "tf.boolean_mask and tf.gather(x, tf.where(cond)[:, 0]) or "
@@ -22,24 +26,28 @@ REFUSED = {
                            "values; weigh every element by the mask instead, "
                            "tf.reduce_sum(loss * mask) / tf.reduce_sum(mask)",
 }
-# The scope tf.sparse.from_dense builds its SparseTensor's Where and GatherNd in.
-SPARSE_SCOPE = "dense_to_sparse"
 
 
 def selecting_gather(where: tf.Operation) -> tf.Operation | None:
-    """The gather that reads a one-argument Where's indices (through INDEX_VIEWS), or None
-    (a SparseTensor's Where, or one whose indices are read otherwise)."""
-    if where.type != "Where" or len(where.inputs) != 1 or SPARSE_SCOPE in where.name.split("/"):
+    """The gather that reads a one-argument Where's indices (through INDEX_VIEWS), or None:
+    a SparseTensor's Where (a feature column's, or one a Sparse* op reads from: tf.sparse.
+    from_dense, tf.sparse.retain), or indices that another op than the gather's gradient
+    takes."""
+    if where.type != "Where" or len(where.inputs) != 1 or COLUMN_SCOPE.search(where.name) or \
+            any(op.type.startswith("Sparse") and op.type not in DENSE_SPARSE_OPS
+                for op in data_downstream([where])):
         return None
-    frontier = [where.outputs[0]]
+    frontier, gathers = [where.outputs[0]], []
     while frontier:
         tensor = frontier.pop()
         for consumer in tensor.consumers():
             if consumer.type in GATHERS and consumer.inputs[1] is tensor:
-                return consumer
-            if consumer.type in INDEX_VIEWS and consumer.inputs[0] is tensor:
+                gathers.append(consumer)
+            elif consumer.type in INDEX_VIEWS and consumer.inputs[0] is tensor:
                 frontier.extend(consumer.outputs)
-    return None
+            elif consumer.type not in SHAPE_READS and not is_gradient(consumer):
+                return None
+    return gathers[0] if gathers else None
 
 
 def refusal(gather: tf.Operation) -> str:
