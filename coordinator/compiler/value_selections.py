@@ -15,7 +15,6 @@ from coordinator.compiler.feature_columns import COLUMN_SCOPE
 # tf.where(c)[:, 0]'s StridedSlice, a tf.cast to int32).
 INDEX_VIEWS = ("StridedSlice", "Squeeze", "Reshape", "Identity", "Cast")
 GATHERS = ("GatherV2", "GatherNd", "ResourceGather")
-SHAPE_READS = ("Shape", "Size", "ShapeN")  # the selection's count (tf.shape(it)[0])
 # Ops named Sparse* that read no SparseTensor (a selected loss's cross entropy).
 DENSE_SPARSE_OPS = ("SparseSoftmaxCrossEntropyWithLogits",)
 # The README's row of what is refused.
@@ -45,7 +44,7 @@ def selecting_gather(where: tf.Operation) -> tf.Operation | None:
                 gathers.append(consumer)
             elif consumer.type in INDEX_VIEWS and consumer.inputs[0] is tensor:
                 frontier.extend(consumer.outputs)
-            elif consumer.type not in SHAPE_READS and not is_gradient(consumer):
+            elif not is_gradient(consumer):
                 return None
     return gathers[0] if gathers else None
 
