@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler.extract import is_gradient
 from coordinator.compiler.ir import ParamRef
 from coordinator.compiler.operands import Weight, static_shape
 from coordinator.compiler.random_numbers import CANDIDATE_SAMPLERS
@@ -104,12 +105,8 @@ def _region(sampler: tf.Operation, out: tf.Tensor) -> set[tf.Operation]:
             region.add(op)
             stack.extend(c for t in op.outputs for c in t.consumers())
     region.update(op for op in upstream - region if op.type == "ExpandDims" and all(
-        c in region or _is_gradient(c) for c in op.outputs[0].consumers()))
+        c in region or is_gradient(c) for c in op.outputs[0].consumers()))
     return region
-
-
-def _is_gradient(op: tf.Operation) -> bool:
-    return op.name.startswith("gradients")
 
 
 @dataclass(frozen=True)
@@ -158,7 +155,7 @@ def sampled_loss(m: Context, sampler: tf.Operation) -> SampledLoss | str:
         outside = [t for t in op.inputs if t.op not in region and t.dtype != tf.resource
                    and t not in (x, labels) and m.operands.constant(t) is None]
         leaks = [c.name for t in op.outputs if t is not out for c in t.consumers()
-                 if c not in region and not _is_gradient(c)]
+                 if c not in region and not is_gradient(c)]
         leaks += [t.name for t in op.outputs if t is not out and t.name in m.protected]
         if outside or leaks:
             what = f"read {outside[0].name}" if outside else f"feed {leaks[0]}"

@@ -260,6 +260,11 @@ def _producers(op: tf.Operation) -> list[tf.Operation]:
     return [t.op for t in op.inputs]
 
 
+def is_gradient(op: tf.Operation) -> bool:
+    """Whether `op` is of a gradient tf.gradients or an optimizer built (its scope)."""
+    return op.name.startswith("gradients")
+
+
 def data_downstream(ops: Iterable[tf.Operation]) -> set[tf.Operation]:
     """The ops computed from `ops` (their data consumers, transitively), `ops` included."""
     return _reached(ops, _consumers)

@@ -30,6 +30,7 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
+from coordinator.compiler import value_selections
 from coordinator.compiler.in_batch import folded_labels
 from coordinator.compiler.lowering import BINARY, REDUCTIONS, RESHAPES, UNARY, slice_bounds
 from coordinator.compiler.operands import static_shape
@@ -99,6 +100,8 @@ def refusal(m: Context, op: tf.Operation) -> str:
     k = max(folds, default=1)
     if k == 1:
         return ""
+    if (gather := value_selections.selecting_gather(op)) is not None:
+        return value_selections.refusal(gather)
     if any(f != k for f in folds):
         return _mixes(op, "meets a per-sample value folded otherwise", k)
     if op.type in ("Softmax", "LogSoftmax") and len(static_shape(op.inputs[0])) == 1:

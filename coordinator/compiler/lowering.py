@@ -29,6 +29,7 @@ from coordinator.compiler import (
     sequences,
     spectra,
     step_values,
+    value_selections,
 )
 from coordinator.compiler.extract import user_source
 from coordinator.compiler.grappler import pushed_down, reciprocal
@@ -103,6 +104,7 @@ REFUSED = {
                           "x[:-1]) feeding per-sample layers, weights or predictions",
     **random_numbers.REFUSED,
     **step_values.REFUSED,
+    **value_selections.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
                                "meets the samples (e.g. tf.sort(w)), or float16 "
                                "reductions, softmax, l2_loss, cumsum or linear algebra of "
@@ -168,6 +170,8 @@ def lower_generic(m: Context, op: tf.Operation) -> None:
     elif (op.type in RANDOM_OPS and handler is None) or \
             op.type in random_numbers.CANDIDATE_SAMPLERS:
         m.reject(op, random_numbers.refusal(op.type))
+    elif handler is None and (gather := value_selections.selecting_gather(op)) is not None:
+        m.reject(op, value_selections.refusal(gather))
     elif handler is None and (op.type == "Where" or op.type.startswith("Sparse")):
         m.reject(op, feature_columns.refusal(op))
     elif op.type in ("If", "StatelessIf") and cond_reads.read_in_its_step(m, op):

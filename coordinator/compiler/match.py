@@ -45,6 +45,7 @@ from coordinator.compiler.extract import (
     ExtractedGraph,
     data_flow_ops,
     data_upstream,
+    is_gradient,
     user_name,
     user_source,
 )
@@ -877,7 +878,7 @@ def _model_reads(graph: tf.Graph, variable: str) -> Iterator[tf.Operation]:
     while reads:
         op = reads.pop(0)
         for reader in op.outputs[0].consumers():
-            if reader.name.startswith("gradients"):
+            if is_gradient(reader):
                 continue
             if reader.type == "Identity":
                 reads.append(reader)
