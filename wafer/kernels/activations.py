@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from wafer.eigen_exp import LN2_HI, LN2_LO, LOG2E, PACKET, exp, flush
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
 from wafer.libm import scalar
 from wafer.precision import is_half, round_half, round_half_
@@ -47,16 +48,16 @@ def _leaky_grad(x, y, alpha, dy, out):
     return _store(np.where(x > 0, dy, dy * np.float32(alpha)), out)
 
 
-def _elu(x, alpha, out):
-    return _store(np.where(x > 0, x, np.expm1(np.minimum(x, 0))), out)
+def _elu(x, alpha, out, tail=None):  # TF's Elu: exp(x) - 1 below 0 (not expm1)
+    return _store(np.where(x < 0, exp(x, tail) - _ONE, x), out)
 
 
 def _elu_grad(x, y, alpha, dy, out):
     return _store(np.where(y < 0, (y + _ONE) * dy, dy), out)
 
 
-def _selu(x, alpha, out):
-    return _store(np.where(x > 0, SELU_SCALE * x, SELU_SCALE * SELU_ALPHA * np.expm1(np.minimum(x, 0))), out)
+def _selu(x, alpha, out, tail=None):  # TF's Selu: scale_alpha (exp(x) - 1) below 0
+    return _store(np.where(x < 0, SELU_SCALE * SELU_ALPHA * (exp(x, tail) - _ONE), SELU_SCALE * x), out)
 
 
 def _selu_grad(x, y, alpha, dy, out):
@@ -138,8 +139,8 @@ def _rsqrt_grad(x, y, a, dy, out):  # RsqrtGrad(y, dy): mul_no_nan(-0.5 * (y * y
     return _mul_no_nan(-_HALF * (y * y), _mul_no_nan(y, dy, None), out)
 
 
-def _exp(x, a, out):
-    return np.exp(x, out=out)
+def _exp(x, a, out, tail=None):
+    return _store(exp(x, tail), out)
 
 
 def _exp_grad(x, y, a, dy, out):  # grad * y
@@ -151,7 +152,7 @@ def _expm1(x, a, out):
 
 
 def _expm1_grad(x, y, a, dy, out):  # grad * exp(x)
-    return np.multiply(dy, np.exp(x), out=out)
+    return np.multiply(dy, exp(x), out=out)
 
 
 def _log(x, a, out):
@@ -406,12 +407,8 @@ def _stable_sigmoid(x: np.ndarray) -> np.ndarray:
 # TF's threads flush denormals, FTZ and DAZ). Measured bit-equal to tf.sigmoid and tf.tanh
 # on 11 million float32 arguments of every regime and on every length 1..64
 # (tests/wafer/test_eigen_logistic.py).
-PACKET = 8
-_TINY = np.float32(np.finfo(np.float32).tiny)
 _EXP_HI = np.float32(16.6355324)  # the first x where the interpolant is exactly one
 _EXP_LO = np.float32(-104)  # below it, the packet path returns 0
-_LOG2E = np.float32(1.44269504088896341)
-_LN2_HI, _LN2_LO = np.float32(-0.693359375), np.float32(2.12194440e-4)
 _EXP_POLY = np.array([8.33471305668354034423828125e-3, 4.1898667812347412109375e-2,
                       0.16666877269744873046875, 0.49999141693115234375], np.float32)
 _TANH_CLAMP = np.float32(7.90738964080810547)  # ptanh_float's clamp without FMA
@@ -422,19 +419,14 @@ _TANH_DENOMINATOR = np.array([8.015776984e-7, 3.326951409e-4, 2.597254514e-2, 4.
 _expf = scalar("expf")
 
 
-def _flush(v: np.ndarray) -> np.ndarray:
-    """Denormals to zeros of their sign, in place (FTZ, DAZ)."""
-    np.copyto(v, np.copysign(np.float32(0), v), where=np.abs(v) < _TINY)
-    return v
-
 
 def logistic_packet(x: np.ndarray) -> np.ndarray:
     """scalar_logistic_op<float>::packetOp: exp(x/2) by Cephes' range reduction and a degree-5
     polynomial, squared, then e / (1 + e)."""
     h = np.minimum(x, _EXP_HI) * _HALF
-    m = np.floor(h * _LOG2E + _HALF)
-    r = m * _LN2_HI + h
-    r = m * _LN2_LO + r
+    m = np.floor(h * LOG2E + _HALF)
+    r = m * LN2_HI + h
+    r = m * LN2_LO + r
     r2 = r * r
     odd = r2 * _EXP_POLY[0] + _EXP_POLY[2]
     even = r2 * _EXP_POLY[1] + _EXP_POLY[3]
@@ -442,7 +434,7 @@ def logistic_packet(x: np.ndarray) -> np.ndarray:
     p = r2 * p + (r + _ONE)
     biased = np.nan_to_num(np.clip(m + np.float32(127), 0, 255))  # pldexp_fast: 2^m
     e = p * (biased.astype(np.int32) << 23).view(np.float32)
-    e = _flush(e * e)
+    e = flush(e * e)
     y = e / (_ONE + e)
     y[x < _EXP_LO] = 0
     return y
@@ -450,9 +442,9 @@ def logistic_packet(x: np.ndarray) -> np.ndarray:
 
 def logistic_scalar(x: np.ndarray) -> np.ndarray:
     """scalar_logistic_op<float>::operator(): e = libm's expf(min(x, 16.6355324)), e / (1 + e)."""
-    x = _flush(np.array(x, np.float32))
-    e = _flush(np.array([_expf(v) for v in np.minimum(x, _EXP_HI).ravel()], np.float32))
-    return _flush(e / (_ONE + e)).reshape(x.shape)
+    x = flush(np.array(x, np.float32))
+    e = flush(np.array([_expf(v) for v in np.minimum(x, _EXP_HI).ravel()], np.float32))
+    return flush(e / (_ONE + e)).reshape(x.shape)
 
 
 def sigmoid(x: np.ndarray, tail: int | None = None) -> np.ndarray:
@@ -482,7 +474,7 @@ def scalar_tail(ctx: RunContext, shape: Sequence[int]) -> int:
 def tanh(x: np.ndarray) -> np.ndarray:
     """tanh in float32 as TensorFlow computes it on CPU: Eigen's ptanh_float, a 9/8-degree
     rational function of x clamped to +-7.90738964 (the same on its scalar path)."""
-    x = _flush(np.clip(np.asarray(x, np.float32), -_TANH_CLAMP, _TANH_CLAMP))
+    x = flush(np.clip(np.asarray(x, np.float32), -_TANH_CLAMP, _TANH_CLAMP))
     with np.errstate(invalid="ignore"):  # signalling nans
         x2 = x * x
         p = _horner(x2, _TANH_NUMERATOR)
@@ -615,6 +607,10 @@ def _half_logistic(x: np.ndarray, a: float, out: np.ndarray | None) -> np.ndarra
     return _store(y, out)
 
 
+# functions whose TF kernels call Eigen's exp (wafer/eigen_exp.py), with its scalar tail
+EXP_FUNCTIONS = {"exp": _exp, "elu": _elu, "selu": _selu}
+TAILED = {"sigmoid", *EXP_FUNCTIONS}  # the functions whose Eigen paths differ
+
 # float16 forwards: Eigen's float16 functors where reproduced (sigmoid), else the float32
 # function rounded once (tanh: Eigen's float16 tanh differs by path and tensor size)
 HALF_FORWARDS: dict[str, Forward] = {
@@ -625,11 +621,14 @@ HALF_FORWARDS: dict[str, Forward] = {
 
 def apply(name: str, x: np.ndarray, a: float = 0.2, out: np.ndarray | None = None,
           half: bool = False, tail: int | None = None) -> np.ndarray:
-    """The function of x; `half`: of a float16 function; `tail`: sigmoid's (`sigmoid`)."""
+    """The function of x; `half`: of a float16 function; `tail`: how many of x's last
+    elements TF computes on Eigen's scalar path (`sigmoid`, `exp`; None: x is TF's tensor)."""
     if half and name in HALF_FORWARDS:
         return HALF_FORWARDS[name](x, a, out)
     if name == "sigmoid":
         return _store(sigmoid(x, tail), out)
+    if name in EXP_FUNCTIONS:
+        return EXP_FUNCTIONS[name](x, a, out, tail)
     return FUNCTIONS[name][0](x, a, out)
 
 

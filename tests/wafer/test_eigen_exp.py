@@ -1,0 +1,90 @@
+"""exp, elu, selu, softmax and log_softmax against TensorFlow's float32 CPU kernels (Eigen's,
+oneDNN off as the suite pins it): exp bit for bit on every regime of argument and every
+length's scalar tail; softmax and log_softmax bit for bit where TF's path is the same on
+every CPU, and within one ulp where it is not (Eigen's packet inverse is the CPU's rcpps
+and a Newton step; its packet log is plog_float, not libm's logf)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.wafer.test_eigen_logistic import arguments, assert_bits_equal
+from wafer.eigen_exp import exp
+from wafer.kernels import RunContext, build_kernel
+from wafer.kernels.activations import apply
+
+RNG = np.random.default_rng(20261206)
+EDGES = (88.723, 88.72283935546875, 87.0, -87.0, -88.3762626647950, -103.97, -104.0, 0.5, -0.5)
+
+
+def exp_arguments() -> np.ndarray:
+    near = [(np.float32(c).view(np.int32) + np.arange(-3000, 3000)).astype(np.int32).view(np.float32)
+            for c in EDGES]
+    return np.concatenate([arguments(), *near])
+
+
+def test_exp_is_tensorflows_bit_for_bit():
+    x = exp_arguments()
+    assert_bits_equal(exp(x), tf.exp(x).numpy())
+    with np.errstate(over="ignore", invalid="ignore"):  # numpy's differs
+        assert np.mean(np.exp(x).view(np.int32) == tf.exp(x).numpy().view(np.int32)) < 0.8
+    for n in range(1, 18):  # all on Eigen's scalar path (libm's expf) up to 7, then its tail
+        assert_bits_equal(exp(x[:n]), tf.exp(x[:n]).numpy())
+
+
+@pytest.mark.parametrize("function, op", [("exp", tf.exp), ("elu", tf.nn.elu), ("selu", tf.nn.selu)])
+def test_micro_batched_exp_elu_selu_are_tensorflows(function, op):
+    """A batch of 6 samples of 5x7 in micro-batches of 4 and 2 (TF's scalar tail: the last 2)."""
+    x = RNG.uniform(-12, 4, (6, 5, 7)).astype(np.float32)
+    kernel = build_kernel("activation", "k", {"function": function}, [x.shape[1:]])
+    outs = [kernel.forward({}, [x[a:b]], RunContext(training=True, batch_size=6, offset=a))[0]
+            for a, b in ((0, 4), (4, 6))]
+    assert_bits_equal(np.concatenate(outs), op(x).numpy())
+    assert_bits_equal(apply(function, x), op(x).numpy())
+
+
+def ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32).astype(np.int64))
+
+
+def run_softmax(x: np.ndarray, log: bool, micro: int) -> tuple[np.ndarray, np.ndarray]:
+    """The softmax kernel's output and input gradient (of sum(y * w)) in micro-batches."""
+    kernel = build_kernel("softmax", "s", {"axis": -1, "log": log}, [x.shape[1:]])
+    w = RNG.normal(size=x.shape).astype(np.float32)
+    ys, dxs = [], []
+    for a in range(0, len(x), micro):
+        ctx = RunContext(training=True, batch_size=len(x), offset=a)
+        y, cache = kernel.forward({}, [x[a:a + micro]], ctx)
+        ys.append(y)
+        dxs.append(kernel.backward({}, cache, w[a:a + micro], ctx)[0][0])
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        yt = (tf.nn.log_softmax if log else tf.nn.softmax)(xt)
+        loss = tf.reduce_sum(yt * w)
+    dxt = tape.gradient(loss, xt)
+    return np.concatenate(ys), yt.numpy(), np.concatenate(dxs), dxt.numpy()
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("n", [2, 3, 10, 37, 100, 1000])
+def test_softmax_of_a_small_batch_is_tensorflows_bit_for_bit(n, log):
+    """Fewer than 8 rows: TF inverts (softmax) or logs (log_softmax) every row's sum on
+    Eigen's scalar path, the same on every CPU: forward and gradient bit-equal."""
+    x = RNG.normal(0, 4, (7, n)).astype(np.float32)
+    y, yt, dx, dxt = run_softmax(x, log, micro=4)
+    assert_bits_equal(y, yt)
+    assert_bits_equal(dx, dxt)
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("n", [2, 3, 10, 37, 1000])
+def test_softmax_of_a_large_batch_is_within_an_ulp_or_two(n, log):
+    """8 rows and more: TF's packet paths (the CPU's rcpps with a Newton step; plog_float)
+    round some rows' sums' inverse or log otherwise: within 3 ulp of TF's forward (measured
+    on an AMD EPYC: at most 3), the gradient within float32 rounding of its largest term."""
+    x = RNG.normal(0, 4, (64, n)).astype(np.float32)
+    y, yt, dx, dxt = run_softmax(x, log, micro=16)
+    assert ulps(y, yt).max() <= 3
+    np.testing.assert_allclose(dx, dxt, rtol=0, atol=4e-6 * np.abs(dxt).max())
