@@ -55,15 +55,17 @@ def exp_packet(x: np.ndarray) -> np.ndarray:
         y *= r2
         y += r + _ONE
         # pldexp_generic (a packet with |x| > 87; exact, as pldexp_fast, for the others):
-        # e = clip(m, +-278), b = e >> 2, ((y 2^b) 2^b) 2^b, flushed, times 2^(e - 3b)
-        e = np.nan_to_num(np.clip(m, -278, 278)).astype(np.int32)
+        # e = clip(m, +-278), b = e >> 2, ((y 2^b) 2^b) 2^b, times 2^(e - 3b); the product
+        # is normal until the last (x >= -104), which is flushed (nan's m: y stays nan)
+        e = np.clip(m, -278, 278).astype(np.int32)
         b = e >> 2
         scale = _power_of_two(b)
         y *= scale
         y *= scale
         y *= scale
-        y = flush(y) * _power_of_two(e - 3 * b)
-        y = np.maximum(flush(y), x)  # nan for nan; y is inf for +inf
+        y *= _power_of_two(e - 3 * b)
+        y[y < TINY] = 0
+        np.maximum(y, x, out=y)  # nan for nan; y is inf for +inf
         y[x < _LO] = 0
     return y
 
