@@ -11,8 +11,10 @@ numpy's np.exp agrees on 71 % of them.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, types
 
-from wafer.libm import scalar
+from wafer.compiled import _float
+from wafer.libm import external
 
 F32 = np.float32
 PACKET = 8  # floats in one of the wheel's packets (AVX's Packet8f)
@@ -25,7 +27,8 @@ _HI, _LO = F32(88.723), F32(-104.0)  # x clamped to _HI; below _LO, zero
 _P2, _P3, _P4, _P5, _P6 = (F32(0.49999988079071044921875), F32(0.16666518151760101318359375),
                            F32(4.166965186595916748046875e-2), F32(8.36894474923610687255859375e-3),
                            F32(1.37449637986719608306884765625e-3))
-_expf = scalar("expf")
+_ZERO = F32(0)
+_EXPF = external("expf", types.float32(types.float32))
 
 
 def flush(v: np.ndarray) -> np.ndarray:
@@ -34,65 +37,63 @@ def flush(v: np.ndarray) -> np.ndarray:
     return v
 
 
-def _power_of_two(e: np.ndarray) -> np.ndarray:
-    return ((e + 127) << 23).view(F32)
+@njit(nogil=True, cache=True, inline="always")
+def _packet_exp(v):
+    """pexp_float of one value: m = floor(x log2(e) + 1/2), r = x - m ln2 in two parts, a
+    degree-6 polynomial of r, times 2^m (pldexp: three factors 2^b, b = m >> 2, then
+    2^(m - 3b); normal up to the last product, which is flushed), max with x; zero below
+    -104. Each operation rounds as the unfused AVX code's (numba: no fast-math)."""
+    c = v if v < _HI else _HI  # (nan: any c, the result is v)
+    c = c if c > _LO else _LO
+    m = np.floor(c * LOG2E + _HALF)
+    r = m * LN2_HI + c
+    r = m * LN2_LO + r
+    r2 = r * r
+    even = r2 * _P6 + _P4
+    odd = r2 * _P5 + _P3
+    even = r2 * even + _P2
+    y = r * odd + even
+    y = r2 * y + (r + _ONE)
+    e = np.int32(m)
+    b = e >> 2
+    scale = _float(np.uint32((b + 127) << 23))
+    y = y * scale
+    y = y * scale
+    y = y * scale
+    y = y * _float(np.uint32((e - 3 * b + 127) << 23))
+    y = y if y >= TINY else _ZERO
+    y = y if y >= v else v  # +inf, nan
+    return y if v >= _LO or v != v else _ZERO
 
 
-def exp_packet(x: np.ndarray) -> np.ndarray:
-    """pexp_float: m = floor(x log2(e) + 1/2), r = x - m ln2 in two parts, a degree-6
-    polynomial of r, times 2^m (pldexp: in four factors, flushed), max with x (nan, inf)."""
-    x = np.asarray(x, F32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        clamped = np.minimum(x, _HI)
-        m = np.floor(clamped * LOG2E + _HALF)
-        r = m * LN2_HI + clamped
-        r += m * LN2_LO
-        r2 = r * r
-        even = r2 * _P6 + _P4
-        odd = r2 * _P5 + _P3
-        even = r2 * even + _P2
-        y = r * odd + even
-        y *= r2
-        y += r + _ONE
-        # pldexp_generic (a packet with |x| > 87; exact, as pldexp_fast, for the others):
-        # e = clip(m, +-278), b = e >> 2, ((y 2^b) 2^b) 2^b, times 2^(e - 3b); the product
-        # is normal until the last (x >= -104), which is flushed (nan's m: y stays nan)
-        e = np.clip(m, -278, 278).astype(np.int32)
-        b = e >> 2
-        scale = _power_of_two(b)
-        y *= scale
-        y *= scale
-        y *= scale
-        y *= _power_of_two(e - 3 * b)
-        y[y < TINY] = 0
-        np.maximum(y, x, out=y)  # nan for nan; y is inf for +inf
-        y[x < _LO] = 0
-    return y
-
-
-def exp_scalar(x: np.ndarray) -> np.ndarray:
-    """Eigen's scalar path: libm's expf of each element, flushed."""
-    x = np.asarray(x, F32)
-    return flush(np.array([_expf(v) for v in x.ravel()], F32)).reshape(x.shape)
+@njit(nogil=True, cache=True)
+def _exp(x, out, row, tail):
+    """out = exp of 1-D float32 x; in each `row` of x its last `tail` values on Eigen's
+    scalar path (libm's expf, flushed), the others on its packet path."""
+    for start in range(0, x.size, row):
+        for k in range(start, start + row - tail):
+            out[k] = _packet_exp(x[k])
+        for k in range(start + row - tail, start + row):
+            y = _EXPF(x[k])
+            out[k] = y if y >= TINY or y != y else _ZERO
 
 
 def exp(x: np.ndarray, tail: int | None = None) -> np.ndarray:
     """exp of float32 x as TF's CPU kernels: the packet path, and the scalar path for the last
     `tail` elements in C order (None: x is TF's whole tensor, whose last size mod 8 take it)."""
-    x = np.asarray(x, F32)
-    y = exp_packet(x)
-    tail = x.size % PACKET if tail is None else tail
-    if tail:
-        y.reshape(-1)[-tail:] = exp_scalar(x.reshape(-1)[-tail:])
-    return y
+    flat = np.ascontiguousarray(x, F32).reshape(-1)
+    out = np.empty_like(flat)
+    if flat.size:
+        _exp(flat, out, flat.size, flat.size % PACKET if tail is None else tail)
+    return out.reshape(np.shape(x))
 
 
 def exp_rows(x: np.ndarray) -> np.ndarray:
     """exp of float32 x as an Eigen reduction along the last axis reads it (LogSoftmax's
     sum of exp): packets from each row's start, the scalar path for each row's last
     (length mod 8) elements."""
-    y = exp_packet(x)
-    tail = x.shape[-1] % PACKET
-    if tail and y.size:
-        y[..., -tail:] = exp_scalar(x[..., -tail:])
-    return y
+    flat = np.ascontiguousarray(x, F32).reshape(-1)
+    out = np.empty_like(flat)
+    if flat.size:
+        _exp(flat, out, x.shape[-1], x.shape[-1] % PACKET)
+    return out.reshape(x.shape)

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from wafer.compiled import eigen_row_sums, libm
 from wafer.eigen_exp import exp, exp_rows
 from wafer.kernels.activations import scalar_tail
 from wafer.kernels.base import (
@@ -27,11 +28,9 @@ from wafer.kernels.base import (
 )
 from wafer.kernels.embedding import scatter_add
 from wafer.kernels.structure import Elementwise
-from wafer.libm import scalar
 from wafer.precision import is_half, round_half
 
 _ONE = np.float32(1)
-_logf = scalar("logf")
 
 
 def int_list(kernel: Kernel, key: str, length: int | None = None) -> list[int]:
@@ -300,47 +299,26 @@ class CumulativeLogsumexp(Cumsum):
         return [(positive - negative).astype(np.float32)], {}
 
 
-HALF_PACKET = 8  # Eigen::half lanes of a packet in TF 2.21's CPU kernels (Packet8h: AVX2)
 
 
-def _float32(value: np.ndarray) -> np.ndarray:
-    return value
-
-
-def eigen_row_sum(e: np.ndarray, rounded=_float32) -> np.ndarray:
+def eigen_row_sum(e: np.ndarray, half: bool = False) -> np.ndarray:
     """The sum of `e`'s last axis as Eigen's inner-most reduction (rows up to 1024 float16
     or 8192 float32 values; Eigen splits longer ones in halves, not reproduced here): packets
-    of 8 added lane by lane, each sum `rounded` (float32's own, or round_half): groups of
-    four packets into four accumulators, these added in order, then the packets left over;
-    the lanes added in float32 (predux: lanes i and i + 4, then pairs) and rounded; the tail
-    added one by one to a sum from 0; the two sums added and rounded."""
-    n = e.shape[-1]
-    whole = n - n % HALF_PACKET
-    tail = np.zeros(e.shape[:-1], np.float32)
-    for i in range(whole, n):
-        tail = rounded(tail + e[..., i])
-    if not whole:
-        return tail
-    packets = e[..., :whole].reshape(*e.shape[:-1], whole // HALF_PACKET, HALF_PACKET)
-    unrolled = whole // (4 * HALF_PACKET) * 4
-    lanes = np.zeros(packets[..., 0, :].shape, np.float32)
-    if unrolled:
-        accumulators = [packets[..., k, :] for k in range(4)]
-        for j in range(4, unrolled):
-            accumulators[j % 4] = rounded(accumulators[j % 4] + packets[..., j, :])
-        lanes = accumulators[0]
-        for other in accumulators[1:]:
-            lanes = rounded(lanes + other)
-    for j in range(unrolled, whole // HALF_PACKET):
-        lanes = rounded(lanes + packets[..., j, :])
-    quads = lanes[..., :4] + lanes[..., 4:]
-    pairs = quads[..., :2] + quads[..., 2:]
-    return rounded(tail + rounded(pairs[..., 0] + pairs[..., 1]))
+    of 8 added lane by lane, each sum rounded (to float16 when `half`): groups of four
+    packets into four accumulators, these added in order, then the packets left over; the
+    lanes added in float32 (predux: lanes i and i + 4, then pairs) and rounded; the tail
+    added one by one to a sum from 0; the two sums added and rounded (compiled:
+    `wafer.compiled.eigen_row_sums`)."""
+    rows = np.asarray(e, np.float32).reshape(-1, e.shape[-1]) if e.shape[-1] else \
+        np.zeros((int(np.prod(e.shape[:-1])), 0), np.float32)
+    out = np.empty(rows.shape[0], np.float32)
+    eigen_row_sums(rows, out, half)
+    return out.reshape(e.shape[:-1])
 
 
 def eigen_half_sum(e: np.ndarray) -> np.ndarray:
     """The float16 sum of `e`'s last axis (float16 values) as Eigen's on Eigen::half."""
-    return eigen_row_sum(e, round_half)
+    return eigen_row_sum(e, half=True)
 
 
 def eigen_half_softmax(x: np.ndarray) -> np.ndarray:
@@ -398,7 +376,7 @@ class Softmax(SampleKernel):
         shifted = np.moveaxis(x - x.max(axis=self.axis, keepdims=True), self.axis, -1)
         if self.log:  # the sum reads exp row by row: each row's tail on the scalar path
             total = eigen_row_sum(exp_rows(shifted))  # its log: libm's logf (Eigen's scalar path)
-            y = shifted - np.array([_logf(v) for v in total.ravel()], np.float32).reshape(total.shape)[..., None]
+            y = shifted - libm("logf", total)[..., None]
         else:  # exp of the whole tensor, then times the sum's inverse
             y = exp(shifted, self._tail(ctx, x.shape))
             y *= (_ONE / eigen_row_sum(y))[..., None]
