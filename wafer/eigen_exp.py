@@ -6,7 +6,7 @@ The wheel's Eigen is compiled for AVX without FMA, so every pmadd is a multiply 
 each rounding; TF's threads flush denormal results (FTZ). Neither depends on the CPU the
 wheel runs on. Measured bit-equal to tf.exp on 700,000 float32 arguments of every regime,
 both clamps, infinities, nan, and every tail length (tests/wafer/test_eigen_exp.py);
-numpy's np.exp agrees on 71 % of them.
+numpy's np.exp agrees on 71 % of them. Compiled (numba, no fast-math): about as fast as np.exp.
 """
 from __future__ import annotations
 
