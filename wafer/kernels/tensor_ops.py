@@ -12,8 +12,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.compiled import eigen_row_sums, libm
+from wafer.compiled import eigen_row_sums
 from wafer.eigen_exp import exp, exp_rows
+from wafer.eigen_log import log
 from wafer.kernels.activations import scalar_tail
 from wafer.kernels.base import (
     INTEGER,
@@ -363,9 +364,9 @@ class Softmax(SampleKernel):
         return 4 * math.prod(self.input_shapes[0])
 
     def _tail(self, ctx: RunContext, shape: Sequence[int]) -> int:
-        """How many of the micro-batch's last values TF's exp takes on Eigen's scalar path
-        (along a middle axis TF transposes first: the packet path everywhere)."""
-        return scalar_tail(ctx, shape) if self.axis == len(shape) - 1 else 0
+        """How many of the micro-batch's last values (exps, or rows' logs) TF takes on Eigen's
+        scalar path (along a middle axis TF transposes first: the packet path everywhere)."""
+        return scalar_tail(ctx, shape) if self.axis == len(self.input_shapes[0]) else 0
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
@@ -375,8 +376,8 @@ class Softmax(SampleKernel):
             return y, y
         shifted = np.moveaxis(x - x.max(axis=self.axis, keepdims=True), self.axis, -1)
         if self.log:  # the sum reads exp row by row: each row's tail on the scalar path
-            total = eigen_row_sum(exp_rows(shifted))  # its log: libm's logf (Eigen's scalar path)
-            y = shifted - libm("logf", total)[..., None]
+            total = eigen_row_sum(exp_rows(shifted))
+            y = shifted - log(total, self._tail(ctx, total.shape))[..., None]
         else:  # exp of the whole tensor, then times the sum's inverse
             y = exp(shifted, self._tail(ctx, x.shape))
             y *= (_ONE / eigen_row_sum(y))[..., None]
