@@ -99,3 +99,40 @@ def test_softmax_of_a_large_batch_is_within_a_few_ulp(n):
     y, yt, dx, dxt = run_softmax(x, False, micro=16)
     assert ulps(y, yt).max() <= 3
     np.testing.assert_allclose(dx, dxt, rtol=0, atol=4e-6 * np.abs(dxt).max())
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+@pytest.mark.parametrize("n", [2, 10, 37, 1000])
+@pytest.mark.parametrize("rows, micro", [(7, 4), (13, 4), (64, 16)])
+def test_softmax_cross_entropy_is_tensorflows_bit_for_bit(sparse, n, rows, micro):
+    """(Sparse)SoftmaxCrossEntropyWithLogits' loss and gradients (to the logits: g times the
+    kernel's backprop, exp / sum - labels; dense, to the labels: -g log_softmax) bit-equal
+    for any batch: the kernel divides by the sums (no rcpps)."""
+    logits = RNG.normal(0, 4, (rows, n)).astype(np.float32)
+    if sparse:
+        labels = RNG.integers(0, n, rows).astype(np.int32)
+    else:
+        labels = RNG.dirichlet(np.ones(n), rows).astype(np.float32)
+    g = RNG.normal(size=rows).astype(np.float32)
+    kernel = build_kernel("softmax_cross_entropy_with_logits", "x", {"sparse": sparse},
+                          [logits.shape[1:], labels.shape[1:]])
+    losses, d_logits, d_labels = [], [], []
+    for a in range(0, rows, micro):
+        ctx = RunContext(training=True, batch_size=rows, offset=a)
+        loss, cache = kernel.forward({}, [logits[a:a + micro], labels[a:a + micro]], ctx)
+        grads = kernel.backward({}, cache, g[a:a + micro], ctx)[0]
+        losses.append(loss)
+        d_logits.append(grads[0])
+        d_labels.append(grads[1])
+    lt, yt = tf.constant(logits), tf.constant(labels)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([lt, yt])
+        if sparse:
+            loss_t = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yt, logits=lt)
+        else:
+            loss_t = tf.nn.softmax_cross_entropy_with_logits(labels=yt, logits=lt)
+        total = tf.reduce_sum(loss_t * g)
+    assert_bits_equal(np.concatenate(losses), loss_t.numpy())
+    assert_bits_equal(np.concatenate(d_logits), tape.gradient(total, lt).numpy())
+    if not sparse:
+        assert_bits_equal(np.concatenate(d_labels), tape.gradient(total, yt).numpy())

@@ -322,6 +322,21 @@ def eigen_half_sum(e: np.ndarray) -> np.ndarray:
     return eigen_row_sum(e, half=True)
 
 
+def eigen_softmax(shifted: np.ndarray, tail: int) -> np.ndarray:
+    """TF's float32 Softmax of x - max along the last axis: exp of the whole tensor (its last
+    `tail` values on Eigen's scalar path), times the inverse of each row's sum."""
+    e = exp(shifted, tail)
+    e *= (_ONE / eigen_row_sum(e))[..., None]
+    return e
+
+
+def eigen_log_sum_exp(shifted: np.ndarray, tail: int) -> np.ndarray:
+    """log(sum(exp(shifted))) of each row (keeping the axis) as TF's LogSoftmax and
+    SoftmaxCrossEntropyWithLogits: the sum reads exp row by row (each row's tail on Eigen's
+    scalar path), the log of the rows' sums on the packet path but for the last `tail`."""
+    return log(eigen_row_sum(exp_rows(shifted)), tail)[..., None]
+
+
 def eigen_half_softmax(x: np.ndarray) -> np.ndarray:
     """TF's float16 Softmax on the CPU (Eigen's SoftmaxEigenImpl on Eigen::half, oneDNN off)
     along the last axis of float16 values: x - max, exp, the sum (`eigen_half_sum`), its
@@ -375,12 +390,10 @@ class Softmax(SampleKernel):
             y = np.ascontiguousarray(np.moveaxis(y, -1, self.axis))
             return y, y
         shifted = np.moveaxis(x - x.max(axis=self.axis, keepdims=True), self.axis, -1)
-        if self.log:  # the sum reads exp row by row: each row's tail on the scalar path
-            total = eigen_row_sum(exp_rows(shifted))
-            y = shifted - log(total, self._tail(ctx, total.shape))[..., None]
-        else:  # exp of the whole tensor, then times the sum's inverse
-            y = exp(shifted, self._tail(ctx, x.shape))
-            y *= (_ONE / eigen_row_sum(y))[..., None]
+        if self.log:
+            y = shifted - eigen_log_sum_exp(shifted, self._tail(ctx, shifted.shape[:-1]))
+        else:
+            y = eigen_softmax(shifted, self._tail(ctx, x.shape))
         y = np.ascontiguousarray(np.moveaxis(y, -1, self.axis))
         return y, y
 
