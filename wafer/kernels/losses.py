@@ -108,7 +108,7 @@ class SoftmaxCrossEntropyWithLogits(Kernel):
         return loss, backprop, shifted
 
     def forward(self, params, inputs, ctx: RunContext):
-        loss, backprop, shifted = self.rows(*inputs, ctx)
+        loss, backprop, shifted = self.rows(inputs[0], inputs[1], ctx)
         if self.sparse:
             return loss, (backprop, None)
         # the labels' gradient reads TF's LogSoftmax op of the logits
@@ -268,7 +268,7 @@ class SoftmaxCrossEntropyBackprop(SoftmaxCrossEntropyWithLogits):
         return index == 0
 
     def forward(self, params, inputs, ctx: RunContext):
-        _, backprop, shifted = self.rows(*inputs, ctx)
+        _, backprop, shifted = self.rows(inputs[0], inputs[1], ctx)
         return backprop, eigen_softmax(shifted, scalar_tail(ctx, shifted.shape))  # TF's Softmax op
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
