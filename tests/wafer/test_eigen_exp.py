@@ -12,7 +12,7 @@ import tensorflow as tf
 from tests.wafer.test_eigen_logistic import arguments, assert_bits_equal
 from wafer.eigen_exp import exp
 from wafer.kernels import RunContext, build_kernel
-from wafer.kernels.activations import apply
+from wafer.kernels.activations import apply, gradient
 
 RNG = np.random.default_rng(20261206)
 EDGES = (88.723, 88.72283935546875, 87.0, -87.0, -88.3762626647950, -103.97, -104.0, 0.5, -0.5)
@@ -136,3 +136,16 @@ def test_softmax_cross_entropy_is_tensorflows_bit_for_bit(sparse, n, rows, micro
     assert_bits_equal(np.concatenate(d_logits), tape.gradient(total, lt).numpy())
     if not sparse:
         assert_bits_equal(np.concatenate(d_labels), tape.gradient(total, yt).numpy())
+
+
+@pytest.mark.parametrize("function, op", [("erf", tf.math.erf), ("erfc", tf.math.erfc)])
+def test_erf_and_erfc_gradients_are_tensorflows_bit_for_bit(function, op):
+    """_ErfGrad and _ErfcGrad: (dy * ±2/sqrt(pi)) * tf.exp(-x^2), Eigen's exp (whole packets)."""
+    x = RNG.uniform(-5, 5, 64_000).astype(np.float32)
+    dy = RNG.normal(size=x.size).astype(np.float32)
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = op(xt)
+    expected = tape.gradient(y, xt, output_gradients=tf.constant(dy)).numpy()
+    assert_bits_equal(gradient(function, x, op(x).numpy(), dy), expected)

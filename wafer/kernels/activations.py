@@ -184,7 +184,7 @@ def _erf(x, a, out):
 
 
 def _erf_grad(x, y, a, dy, out):  # grad * (2 / sqrt(pi)) * exp(-square(x))
-    return np.multiply(dy * TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
+    return np.multiply(dy * TWO_OVER_ROOT_PI, exp(-(x * x)), out=out)
 
 
 def _erfc(x, a, out):  # TF's own approximation, not 1 - erf(x) (that loses GELU's x << 0 tail)
@@ -192,7 +192,7 @@ def _erfc(x, a, out):  # TF's own approximation, not 1 - erf(x) (that loses GELU
 
 
 def _erfc_grad(x, y, a, dy, out):  # _ErfcGrad: grad * -(2 / sqrt(pi)) * exp(-square(x))
-    return np.multiply(dy * -TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
+    return np.multiply(dy * -TWO_OVER_ROOT_PI, exp(-(x * x)), out=out)
 
 
 def _sin(x, a, out):
