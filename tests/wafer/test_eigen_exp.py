@@ -33,10 +33,12 @@ def test_exp_is_tensorflows_bit_for_bit():
         assert_bits_equal(exp(x[:n]), tf.exp(x[:n]).numpy())
 
 
-@pytest.mark.parametrize("function, op", [("exp", tf.exp), ("elu", tf.nn.elu), ("selu", tf.nn.selu)])
-def test_micro_batched_exp_elu_selu_are_tensorflows(function, op):
-    """A batch of 6 samples of 5x7 in micro-batches of 4 and 2 (TF's scalar tail: the last 2)."""
-    x = RNG.uniform(-12, 4, (6, 5, 7)).astype(np.float32)
+@pytest.mark.parametrize("function, op", [("exp", tf.exp), ("elu", tf.nn.elu), ("selu", tf.nn.selu),
+                                          ("softplus", tf.nn.softplus)])
+def test_micro_batched_exp_elu_selu_softplus_are_tensorflows(function, op):
+    """A batch of 6 samples of 5x7 in micro-batches of 4 and 2 (TF's scalar tail: the last 2).
+    Softplus: x, exp(x) or Eigen's log1p(exp(x)) by TF's thresholds +-(log(eps) + 2)."""
+    x = RNG.uniform(-20, 16, (6, 5, 7)).astype(np.float32)
     kernel = build_kernel("activation", "k", {"function": function}, [x.shape[1:]])
     outs = [kernel.forward({}, [x[a:b]], RunContext(training=True, batch_size=6, offset=a))[0]
             for a, b in ((0, 4), (4, 6))]
@@ -138,9 +140,11 @@ def test_softmax_cross_entropy_is_tensorflows_bit_for_bit(sparse, n, rows, micro
         assert_bits_equal(np.concatenate(d_labels), tape.gradient(total, yt).numpy())
 
 
-@pytest.mark.parametrize("function, op", [("erf", tf.math.erf), ("erfc", tf.math.erfc)])
-def test_erf_and_erfc_gradients_are_tensorflows_bit_for_bit(function, op):
-    """_ErfGrad and _ErfcGrad: (dy * ±2/sqrt(pi)) * tf.exp(-x^2), Eigen's exp (whole packets)."""
+@pytest.mark.parametrize("function, op", [("erf", tf.math.erf), ("erfc", tf.math.erfc),
+                                          ("softplus", tf.nn.softplus)])
+def test_erf_erfc_softplus_gradients_are_tensorflows_bit_for_bit(function, op):
+    """_ErfGrad and _ErfcGrad: (dy * ±2/sqrt(pi)) * tf.exp(-x^2), Eigen's exp (whole packets);
+    _SoftplusGrad: dy * tf.sigmoid(x)."""
     x = RNG.uniform(-5, 5, 64_000).astype(np.float32)
     dy = RNG.normal(size=x.size).astype(np.float32)
     xt = tf.constant(x)

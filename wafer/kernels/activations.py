@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from wafer.eigen_exp import LN2_HI, LN2_LO, LOG2E, PACKET, exp, flush
+from wafer.eigen_log import log1p
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
 from wafer.libm import scalar
 from wafer.precision import is_half, round_half, round_half_
@@ -22,6 +23,7 @@ _ONE = np.float32(1.0)
 _TWO = np.float32(2.0)
 _HALF = np.float32(0.5)
 TWO_OVER_ROOT_PI = np.float32(2 / np.sqrt(np.pi))
+_SOFTPLUS_THRESHOLD = scalar("logf")(np.finfo(np.float32).eps) + _TWO  # TF's log(eps) + 2
 
 
 def _relu(x, alpha, out):
@@ -80,12 +82,14 @@ def _sigmoid_grad(x, y, alpha, dy, out):
     return _store(dy * y * (_ONE - y), out)
 
 
-def _softplus(x, alpha, out):
-    return np.logaddexp(np.float32(0), x, out=out)
+def _softplus(x, alpha, out, tail=None):  # TF's: x, exp(x) or log1p(exp(x)) by thresholds
+    e = exp(x, tail)
+    soft = log1p(e, tail)
+    return _store(np.where(x > -_SOFTPLUS_THRESHOLD, x, np.where(x < _SOFTPLUS_THRESHOLD, e, soft)), out)
 
 
-def _softplus_grad(x, y, alpha, dy, out):
-    return _store(dy * _stable_sigmoid(x), out)
+def _softplus_grad(x, y, alpha, dy, out):  # _SoftplusGrad: grad * tf.sigmoid(x)
+    return _store(dy * sigmoid(x), out)
 
 
 def _linear(x, alpha, out):
@@ -396,12 +400,6 @@ def _store(value: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-def _stable_sigmoid(x: np.ndarray) -> np.ndarray:
-    """Numerically stable logistic function, float32 (softplus's gradient's)."""
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, _ONE / (_ONE + e), e / (_ONE + e)).astype(np.float32, copy=False)
-
-
 # sigmoid and tanh: Eigen's float functors as TensorFlow 2.21's CPU kernels run them (the
 # wheel's Eigen: AVX without FMA, so every multiply-add rounds twice; packets of 8 floats;
 # TF's threads flush denormals, FTZ and DAZ). Measured bit-equal to tf.sigmoid and tf.tanh
@@ -608,7 +606,7 @@ def _half_logistic(x: np.ndarray, a: float, out: np.ndarray | None) -> np.ndarra
 
 
 # functions whose TF kernels call Eigen's exp (wafer/eigen_exp.py), with its scalar tail
-EXP_FUNCTIONS = {"exp": _exp, "elu": _elu, "selu": _selu}
+EXP_FUNCTIONS = {"exp": _exp, "elu": _elu, "selu": _selu, "softplus": _softplus}
 TAILED = {"sigmoid", *EXP_FUNCTIONS}  # the functions whose Eigen paths differ
 
 # float16 forwards: Eigen's float16 functors where reproduced (sigmoid), else the float32
