@@ -1,12 +1,13 @@
-"""log and log1p in float32 as TensorFlow 2.21's CPU kernels compute them where the argument
-is a sum of exps (LogSoftmax's log of each row's sum) or an exp (Softplus's log1p): Eigen's
-plog_float and generic_log1p on packets of 8 (the wheel's AVX without FMA: every
-multiply-add rounds twice; the same on every CPU), and libm's logf, log1pf on the scalar
+"""log, log1p and expm1 in float32 as TensorFlow 2.21's CPU kernels compute them where the
+argument is a sum of exps (LogSoftmax's log of each row's sum) or an exp (Softplus's log1p),
+and Expm1: Eigen's plog_float, generic_log1p and generic_expm1 on packets of 8 (the wheel's AVX without FMA: every
+multiply-add rounds twice; the same on every CPU), and libm's logf, log1pf, expm1f on the scalar
 path for the values after the tensor's last whole packet (tests/wafer/test_eigen_exp.py)."""
 from __future__ import annotations
 
 import numpy as np
 
+from wafer.eigen_exp import exp
 from wafer.libm import scalar
 
 F32 = np.float32
@@ -15,7 +16,7 @@ _SQRT_HALF = F32(0.707106781186547524)
 _LN2 = F32(0.693147180559945309417232121458176568075500134360255254120680009493393621)
 # log(1 + x) ~ x p(x) / q(x) on [sqrt(1/2) - 1, sqrt(2) - 1], highest power first
 _P = tuple(F32(c) for c in (0.18256296349849254, 1.0000000190281063, 1.0000000190281136))
-_SCALAR = {"logf": scalar("logf"), "log1pf": scalar("log1pf")}
+_SCALAR = {"logf": scalar("logf"), "log1pf": scalar("log1pf"), "expm1f": scalar("expm1f")}
 _Q = tuple(F32(c) for c in (0.049616247954120038, 0.59923249590823520, 1.4999999999999927, 1.0))
 
 
@@ -61,6 +62,25 @@ def log1p(x: np.ndarray, tail: int | None = None) -> np.ndarray:
     """log1p of float32 x (> -1, 1 + x normal) as TF's CPU kernels: the packet path, and
     libm's log1pf for the last `tail` values (None: the last size mod 8)."""
     return _with_tail(log1p_packet, "log1pf", x, tail)
+
+
+def expm1_packet(x: np.ndarray) -> np.ndarray:
+    """generic_expm1 (Kahan's): u = exp(x); x where u is 1, -1 where u - 1 is, u where u is
+    inf, else (u - 1) (x / log(u)), Eigen's exp and log."""
+    x = np.asarray(x, F32)
+    u = exp(x, 0)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        log_u = log_packet(np.where(u > 0, u, _ONE))
+        u_minus_one = u - _ONE
+        y = u_minus_one * (x / log_u)
+    y = np.where(u == log_u, u, y)
+    return np.where(u == _ONE, x, np.where(u_minus_one == -_ONE, -_ONE, y))
+
+
+def expm1(x: np.ndarray, tail: int | None = None) -> np.ndarray:
+    """expm1 of float32 x as TF's CPU kernels: the packet path, and libm's expm1f for the last
+    `tail` values (None: the last size mod 8)."""
+    return _with_tail(expm1_packet, "expm1f", x, tail)
 
 
 def _with_tail(packet, name: str, x: np.ndarray, tail: int | None) -> np.ndarray:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from wafer.eigen_exp import LN2_HI, LN2_LO, LOG2E, PACKET, exp, flush
-from wafer.eigen_log import log1p
+from wafer.eigen_log import expm1, log1p
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
 from wafer.libm import scalar
 from wafer.precision import is_half, round_half, round_half_
@@ -151,8 +151,8 @@ def _exp_grad(x, y, a, dy, out):  # grad * y
     return np.multiply(dy, y, out=out)
 
 
-def _expm1(x, a, out):
-    return np.expm1(x, out=out)
+def _expm1(x, a, out, tail=None):  # Eigen's generic_expm1
+    return _store(expm1(x, tail), out)
 
 
 def _expm1_grad(x, y, a, dy, out):  # grad * exp(x)
@@ -606,7 +606,7 @@ def _half_logistic(x: np.ndarray, a: float, out: np.ndarray | None) -> np.ndarra
 
 
 # functions whose TF kernels call Eigen's exp (wafer/eigen_exp.py), with its scalar tail
-EXP_FUNCTIONS = {"exp": _exp, "elu": _elu, "selu": _selu, "softplus": _softplus}
+EXP_FUNCTIONS = {"exp": _exp, "expm1": _expm1, "elu": _elu, "selu": _selu, "softplus": _softplus}
 TAILED = {"sigmoid", *EXP_FUNCTIONS}  # the functions whose Eigen paths differ
 
 # float16 forwards: Eigen's float16 functors where reproduced (sigmoid), else the float32
