@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from wafer.eigen_exp import exp
+from wafer.eigen_exp import exp, flush
 from wafer.libm import scalar
 
 F32 = np.float32
 _ONE = F32(1)
+_TINY = F32(np.finfo(np.float32).tiny)
 _SQRT_HALF = F32(0.707106781186547524)
 _LN2 = F32(0.693147180559945309417232121458176568075500134360255254120680009493393621)
 # log(1 + x) ~ x p(x) / q(x) on [sqrt(1/2) - 1, sqrt(2) - 1], highest power first
@@ -28,38 +29,40 @@ def _horner(x: np.ndarray, coefficients: tuple[np.float32, ...]) -> np.ndarray:
 
 
 def log_packet(x: np.ndarray) -> np.ndarray:
-    """plog_float of positive normal (or +inf) float32 x: x = m 2^e with m in
-    [sqrt(1/2), sqrt(2)), log(m) by a 2/3-degree rational function of m - 1, plus e ln2."""
+    """plog_float: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by a 2/3-degree rational
+    function of m - 1, plus e ln2; -inf for 0 (and denormals: DAZ), inf for inf, nan for
+    negatives and nan."""
     x = np.asarray(x, F32)
-    m, e = np.frexp(x)
-    low = m < _SQRT_HALF
-    e = (e - low).astype(F32)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(all="ignore"):  # (nan, inf, 0: selected below)
+        m, e = np.frexp(x)
+        low = m < _SQRT_HALF
+        e = (e - low).astype(F32)
         r = (m - _ONE) + np.where(low, m, F32(0))
         p = r * _horner(r, _P)
         y = e * _LN2 + p / _horner(r, _Q)
-    return np.where(x == np.inf, x, y)
+        y = np.where(x == np.inf, x, np.where((x < 0) | np.isnan(x), np.nan, y))
+    return np.where(np.abs(x) < _TINY, F32(-np.inf), y).astype(F32)
 
 
 def log1p_packet(x: np.ndarray) -> np.ndarray:
-    """generic_log1p of float32 x > -1 whose 1 + x is normal: x log(1 + x) / ((1 + x) - 1),
-    and x where 1 + x is 1 or inf."""
-    x = np.asarray(x, F32)
-    x1 = x + _ONE
-    log1 = log_packet(x1)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    """generic_log1p of float32 x: x log(1 + x) / ((1 + x) - 1),
+    and x where 1 + x is 1 or inf (denormal x: 0, DAZ)."""
+    x = flush(np.array(x, F32))
+    with np.errstate(all="ignore"):
+        x1 = x + _ONE
+        log1 = log_packet(x1)
         large = x * (log1 / (x1 - _ONE))
     return np.where((x1 == _ONE) | (x1 == log1), x, large)
 
 
 def log(x: np.ndarray, tail: int | None = None) -> np.ndarray:
-    """log of positive normal float32 x as TF's CPU kernels: the packet path, and libm's logf
+    """log of float32 x as TF's CPU kernels: the packet path, and libm's logf
     for the last `tail` values in C order (None: x is TF's whole tensor, its last size mod 8)."""
     return _with_tail(log_packet, "logf", x, tail)
 
 
 def log1p(x: np.ndarray, tail: int | None = None) -> np.ndarray:
-    """log1p of float32 x (> -1, 1 + x normal) as TF's CPU kernels: the packet path, and
+    """log1p of float32 x as TF's CPU kernels: the packet path, and
     libm's log1pf for the last `tail` values (None: the last size mod 8)."""
     return _with_tail(log1p_packet, "log1pf", x, tail)
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from wafer.eigen_exp import LN2_HI, LN2_LO, LOG2E, PACKET, exp, flush
-from wafer.eigen_log import expm1, log1p
+from wafer.eigen_log import expm1, log, log1p
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
 from wafer.libm import scalar
 from wafer.precision import is_half, round_half, round_half_
@@ -159,16 +159,16 @@ def _expm1_grad(x, y, a, dy, out):  # grad * exp(x)
     return np.multiply(dy, exp(x), out=out)
 
 
-def _log(x, a, out):
-    return np.log(x, out=out)
+def _log(x, a, out, tail=None):  # Eigen's plog_float
+    return _store(log(x, tail), out)
 
 
 def _log_grad(x, y, a, dy, out):  # grad * reciprocal(x)
     return np.multiply(dy, _ONE / x, out=out)
 
 
-def _log1p(x, a, out):
-    return np.log1p(x, out=out)
+def _log1p(x, a, out, tail=None):  # Eigen's generic_log1p
+    return _store(log1p(x, tail), out)
 
 
 def _log1p_grad(x, y, a, dy, out):  # grad * reciprocal(1 + x)
@@ -605,9 +605,11 @@ def _half_logistic(x: np.ndarray, a: float, out: np.ndarray | None) -> np.ndarra
     return _store(y, out)
 
 
-# functions whose TF kernels call Eigen's exp (wafer/eigen_exp.py), with its scalar tail
-EXP_FUNCTIONS = {"exp": _exp, "expm1": _expm1, "elu": _elu, "selu": _selu, "softplus": _softplus}
-TAILED = {"sigmoid", *EXP_FUNCTIONS}  # the functions whose Eigen paths differ
+# functions whose TF kernels call Eigen's exp, log, log1p or expm1 (wafer/eigen_exp.py,
+# wafer/eigen_log.py), whose scalar tail is libm's
+EIGEN_FUNCTIONS = {"exp": _exp, "expm1": _expm1, "elu": _elu, "selu": _selu, "softplus": _softplus,
+                   "log": _log, "log1p": _log1p}
+TAILED = {"sigmoid", *EIGEN_FUNCTIONS}  # the functions whose Eigen paths differ
 
 # float16 forwards: Eigen's float16 functors where reproduced (sigmoid), else the float32
 # function rounded once (tanh: Eigen's float16 tanh differs by path and tensor size)
@@ -620,13 +622,13 @@ HALF_FORWARDS: dict[str, Forward] = {
 def apply(name: str, x: np.ndarray, a: float = 0.2, out: np.ndarray | None = None,
           half: bool = False, tail: int | None = None) -> np.ndarray:
     """The function of x; `half`: of a float16 function; `tail`: how many of x's last
-    elements TF computes on Eigen's scalar path (`sigmoid`, `exp`; None: x is TF's tensor)."""
+    elements TF computes on Eigen's scalar path (TAILED functions; None: x is TF's tensor)."""
     if half and name in HALF_FORWARDS:
         return HALF_FORWARDS[name](x, a, out)
     if name == "sigmoid":
         return _store(sigmoid(x, tail), out)
-    if name in EXP_FUNCTIONS:
-        return EXP_FUNCTIONS[name](x, a, out, tail)
+    if name in EIGEN_FUNCTIONS:
+        return EIGEN_FUNCTIONS[name](x, a, out, tail)
     return FUNCTIONS[name][0](x, a, out)
 
 
