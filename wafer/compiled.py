@@ -1,7 +1,7 @@
 """The simulator's hot loops compiled (numba, `nogil`): an affine kernel's tiles (GEMM, bias,
 activation, float16 rounding; their backward), SGD's dense update and float16 rounding,
 loops of glibc's float32 functions (lgammaf_r, logf, tanf, powf: wafer/special_functions.py),
-Eigen's row sums (the softmax kernel's; its exp: wafer/eigen_exp.py),
+Eigen's row sums (the softmax kernel's; its exp, log, log1p: wafer/eigen_exp.py, eigen_log.py),
 each one call that holds no GIL, so the executor's threads compute at once. The arithmetic
 is numpy's, bit for bit: the GEMM is numpy's own `cblas_sgemm` called with the arguments
 numpy's matmul passes (`wafer.blas`), and every element-wise step is the same float32
@@ -310,7 +310,8 @@ def libm(name: str, x: np.ndarray, y: float | None = None) -> np.ndarray:
 
 def warm_up() -> None:
     """Load (the first time: compile) every function for the arrays the simulator passes."""
-    from wafer.eigen_exp import exp  # (it imports this module)
+    from wafer.eigen_exp import exp  # (they import this module)
+    from wafer.eigen_log import log, log1p
     x, w = np.ones((32, 32), np.float32), np.ones((32, 32), np.float32)
     z, dz, grad, scratch = (np.zeros((32, 32), np.float32) for _ in range(4))
     bias = np.ones(32, np.float32)
@@ -332,6 +333,8 @@ def warm_up() -> None:
         libm(name, bias)
     libm("powf", bias, -2.0)
     exp(x)
+    log(x)
+    log1p(x)
 
 
 if __name__ == "__main__":
