@@ -460,7 +460,7 @@ def sigmoid(x: np.ndarray, tail: int | None = None) -> np.ndarray:
 
 def scalar_tail(ctx: RunContext, shape: Sequence[int]) -> int:
     """How many of a micro-batch's last elements (shape: the micro-batch's, samples first)
-    TF's Sigmoid computes on Eigen's scalar path: those of the whole batch's last (batch size
+    TF's element-wise kernels (Sigmoid, Exp, Log, ...) compute on Eigen's scalar path: those of the whole batch's last (batch size
     x elements per sample) mod 8."""
     size = int(np.prod(shape, dtype=np.int64))
     per_sample = size // shape[0] if len(shape) and shape[0] else size
