@@ -191,6 +191,17 @@ EXPRESSIONS = {
     "Reshape": lambda w, v, g, s: tf.reshape(w * v, [2, 6]), "Squeeze": lambda w, v, g, s: tf.squeeze(s * 2.0),
     "ExpandDims": lambda w, v, g, s: tf.expand_dims(w * v, 1), "Transpose": lambda w, v, g, s: tf.transpose(w * v),
     "MatMul": lambda w, v, g, s: tf.matmul(w, v, transpose_b=True),
+    # a Gram matrix of feature maps [1, HW, C], tf.matmul(f, f, transpose_a=True)
+    "BatchMatMulV2": lambda w, v, g, s: tf.matmul(tf.reshape(w, [1, 3, 4]), tf.reshape(v * s, [1, 3, 4]),
+                                                  transpose_a=True),
+    "BatchMatMulV3": lambda w, v, g, s: tf.raw_ops.BatchMatMulV3(
+        x=tf.reshape(w, [2, 3, 2]), y=tf.reshape(v - g, [2, 3, 2]), Tout=tf.float32, adj_y=True),
+    # a frozen loss network's layers on a constant image, and on a value of weights
+    "Conv2D": lambda w, v, g, s: tf.nn.conv2d(tf.reshape(v * s, [1, 3, 4, 1]), tf.reshape(
+        w, [2, 2, 1, 3]), 1, "SAME") + tf.nn.conv2d(tf.constant(np.arange(24.0, dtype=np.float32).reshape(
+            1, 4, 3, 2) / 7.0), tf.reshape(w, [2, 1, 2, 3]), [1, 2], "VALID")[:, :3, :1],
+    "MaxPool": lambda w, v, g, s: tf.nn.max_pool2d(tf.reshape(w * v, [1, 3, 4, 1]), 2, 1, "VALID"),
+    "AvgPool": lambda w, v, g, s: tf.nn.avg_pool2d(tf.reshape(w - v, [1, 3, 4, 1]), 2, [1, 2], "SAME"),
     "Einsum": lambda w, v, g, s: tf.einsum("ij,kj->ik", w, v) + tf.einsum(
         "qn,kn->qk", np.arange(12, dtype=np.float32).reshape(3, 4) / 7, w),
     "StopGradient": lambda w, v, g, s: tf.stop_gradient(w) * v,
