@@ -108,8 +108,9 @@ REFUSED = {
     **step_values.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
                                "meets the samples (e.g. tf.sort(w)), or float16 "
-                               "reductions, softmax, l2_loss, cumsum or linear algebra of "
-                               "weights (TF sums them in float16)",
+                               "reductions, softmax, l2_loss, cumsum, linear algebra, "
+                               "convolutions or pooling of weights (TF sums them in float16); "
+                               "a depthwise convolution of weights",
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision), but a float64 input every reader casts to "
               "float32 first (Keras layers' autocast, tf.cast: streamed as float32, cast on "

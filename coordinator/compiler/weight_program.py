@@ -7,7 +7,11 @@ before the batch, and takes the gradient its readers accumulate back through the
 kernels (their backward, TF's gradient functions) to the variables.
 
 Only element-wise ops, broadcasting arithmetic with constants or other weights, reductions,
-transposes, reshapes, products of matrices, softmax and log_softmax (a soft decision tree's
+transposes, reshapes, products of matrices (MatMul, BatchMatMulV2/V3: a Gram matrix of
+feature maps), convolutions and pooling (Conv2D, MaxPool, AvgPool: a loss network, frozen or
+not, on a constant style image, as the samples' conv2d and pooling kernels; the filter, a
+weight or a value of weights, the conv2d kernel's second input; a constant image a
+sample_constant kernel), softmax and log_softmax (a soft decision tree's
 tf.nn.softmax(leaf_logits)), tf.nn.l2_loss, stop_gradient, fake quantization (QAT),
 comparisons and tf.where on them or on a constant condition (SincNet's sinc(0) = 1; a
 comparison's bool value never meets the samples, but its float32 cast may: a mask
@@ -190,7 +194,8 @@ class WeightProgramBuilder:
         if dtype == tf.float16 and op.type in HALF_REFUSED:
             return self._refuse(tensor, f"computes on weights in float16 with {where}: TF "
                                         "accumulates it in float16, the CS's weight program in "
-                                        "float32; tf.cast the weight to float32 before it")
+                                        "float32; tf.cast the weight to float32 before it (a Keras "
+                                        "layer: dtype='float32')")
         weight = None if _to_half(op) else self.operands.weight(tensor)  # (AutoCast: rounds)
         if weight is not None:
             return self._source(tensor, weight)
@@ -221,8 +226,8 @@ class WeightProgramBuilder:
             return self._view(op, tensor)
         if op.type not in WEIGHT_PROGRAM_OPS:
             reason = (f"{self.SUBJECT} with {where}, which the CS cannot run {self.PLACE} (it "
-                      "runs element-wise ops, arithmetic, reductions, transposes, reshapes and "
-                      "products of them)")
+                      "runs element-wise ops, arithmetic, reductions, transposes, reshapes, "
+                      "products, convolutions and pooling of them)")
             self.kernel_less[reason] = op
             return self._refuse(tensor, reason)
         inputs = [self._lower(t) for t in op.inputs]
