@@ -312,10 +312,10 @@ class WeightProgramBuilder:
         if op.type == "Conv2D":
             return self._convolution(op, tensor, inputs)
         if op.type in POOLS:
-            attrs = pool_attrs(op)
-            if isinstance(attrs, str):
-                raise _Unfit(attrs)
-            return self._add(op, tensor, POOLS[op.type], inputs[:1], attrs)
+            pooling = pool_attrs(op)
+            if isinstance(pooling, str):
+                raise _Unfit(pooling)
+            return self._add(op, tensor, POOLS[op.type], inputs[:1], pooling)
         if op.type in REDUCTIONS:
             axes = inputs[1]
             if isinstance(axes, str):

@@ -15,8 +15,6 @@ import numpy as np
 import pytest
 
 from wafer import timing
-from wafer.fabric import get_fabric
-from wse_sim.program import check_program
 
 BASE = {"batch_size": 4, "runconfig": {"tf_random_seed": 1}}
 VGG = ("vgg_c1/kernel", "vgg_c2/kernel", "vgg_c3/kernel", "vgg_c1/bias", "vgg_c2/bias", "vgg_c3/bias")
@@ -78,13 +76,7 @@ def test_the_trained_loss_network_evaluates_and_predicts_with_the_cpu_paths_numb
 
 
 def test_the_weight_programs_convolutions_are_charged_once_a_step(frozen):
-    program = frozen.compiled.program
-    checked = check_program(program)
-    assert checked.weight_program is not None
-    steps = checked.weight_program.steps
-    fabric = get_fabric(program.fabric)
-    t = timing.program_timing(program, checked.kernels, fabric, training=True,
-                              weight_kernels=[s.kernel for s in steps])
+    t, steps, fabric = cs_inprocess.weight_program_timing(frozen.compiled.program)
     convs = [s.kernel for s in steps if s.kernel.type_name == "conv2d"]
     # the first: 16 x 16 positions of a 3 x 3 x 3 patch by 8 filters
     assert convs[0].flops_per_sample() == 16 * 16 * 2 * 27 * 8

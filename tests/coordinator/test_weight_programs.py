@@ -20,7 +20,6 @@ from coordinator.compiler.operands import Operands, Weight
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from cs_api import pb
 from wafer import timing
-from wafer.fabric import get_fabric
 from wafer.kernels import build_kernel
 from wafer.weight_programs import WeightProgram, WeightStep
 from wse_sim.errors import CSError
@@ -100,12 +99,7 @@ def test_the_weight_program_is_in_the_report_and_charged_once_a_step(compared):
     report, program = compiled.report_text, compiled.program
     assert "Weight program (computed from w before every batch" in report
     assert "  l2_normalize_1 = mul(w, l2_normalize_1/Rsqrt) (16, 4), read by MatMul" in report
-    checked = check_program(program)
-    assert checked.weight_program is not None
-    steps = checked.weight_program.steps
-    fabric = get_fabric(program.fabric)
-    t = timing.program_timing(program, checked.kernels, fabric, training=True,
-                              weight_kernels=[s.kernel for s in steps])
+    t, steps, fabric = cs_inprocess.weight_program_timing(program)
     reader = next(k for k in program.kernels if any(p.variable == "l2_normalize_1" for p in k.params))
     assert all(k.region == reader.region for k in program.weight_program.kernels)
     cores = reader.region.width * reader.region.height
