@@ -30,11 +30,13 @@ from tf_model import checkpoints, cpu_session
 from tf_model.metrics import EvalMetrics
 from tf_model.model_fn import batch_signature, call_model_fn, make_dataset, model_graph, named_inputs, numpy_batches
 from tf_model.predictions import PredictionGraph
+from wafer import timing
 from wafer.fabric import get_fabric
 from wafer.kernels.candidate_sampling import Classes
 from wafer.kernels.draw_replay import DRAWING, replayed_draws
 from workers.feed import input_dataset
 from wse_sim.cs_system import CSSystem
+from wse_sim.program import check_program
 
 TOKEN = "in-process"
 STEPS_WRITTEN = 10  # the global step of the checkpoints trained_checkpoint writes
@@ -135,6 +137,17 @@ def compare(model_fn: Callable, input_fn: Callable, params: dict, model_dir: str
     cs = run_on_cs(compiled.program, compiled.initial_weights, data)
     reference = tf_reference.run(model_fn, input_fn, params, compiled.initial_weights, data)
     return Comparison(compiled, cs, reference)
+
+
+def weight_program_timing(program: pb.Program) -> tuple[Any, list[Any], Any]:
+    """(the timing model's training step, the weight program's checked steps, the fabric)
+    of a compiled program that has a weight program."""
+    checked = check_program(program)
+    assert checked.weight_program is not None
+    steps = list(checked.weight_program.steps)
+    fabric = get_fabric(program.fabric)
+    return (timing.program_timing(program, checked.kernels, fabric, training=True,
+                                  weight_kernels=[s.kernel for s in steps]), steps, fabric)
 
 
 def kernel_types(program: pb.Program) -> set[str]:

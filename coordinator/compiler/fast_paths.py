@@ -48,6 +48,7 @@ KERNEL_ROWS = {
     "softmax_cross_entropy_with_logits": "SparseSoftmaxCrossEntropyWithLogits, "
                                          "SoftmaxCrossEntropyWithLogits",
 }
+POOLS = {"MaxPool": "max_pool", "AvgPool": "avg_pool"}  # TF op -> the pooling kernel
 _FUSED = "FusedBatchNormV3 in training, other than"
 REFUSED = {
     _FUSED: "on NHWC data with scale and offset weights and exponential_avg_factor 1 "
@@ -170,20 +171,28 @@ def _conv2d_attrs(m: Context, op: tf.Operation, conv: Any, channels: int,
                   weight: Any) -> dict[str, Any] | None:
     """The conv2d kernel's attrs (bias and activation aside) for the Conv2D node `conv` of
     `channels` input channels, or None (op rejected: m.reject)."""
+    attrs = conv2d_attrs(conv, channels, weight.shape)
+    if isinstance(attrs, str):
+        m.reject(op, attrs)
+        return None
+    return attrs
+
+
+def conv2d_attrs(conv: Any, channels: int, filter_shape: tuple[int, ...]) -> dict[str, Any] | str:
+    """The conv2d kernel's attrs (bias and activation aside) for the Conv2D node `conv` of
+    `channels` input channels by a filter of `filter_shape`, or why it has none (the weight
+    program's convolutions too)."""
     attr = conv.attr
     padding = attr["padding"].s.decode()
     strides = list(attr["strides"].list.i)
     if attr["data_format"].s.decode() != "NHWC" or padding not in ("SAME", "VALID"):
-        m.reject(op, "conv2d needs NHWC data and SAME or VALID padding")
-        return None
+        return "conv2d needs NHWC data and SAME or VALID padding"
     if list(attr["dilations"].list.i) != [1, 1, 1, 1] or strides[0] != 1 or strides[3] != 1:
-        m.reject(op, "dilated convolutions are not supported")
-        return None
-    kh, kw, part, filters = weight.shape
+        return "dilated convolutions are not supported"
+    kh, kw, part, filters = filter_shape
     if channels % part or filters % (channels // part):
-        m.reject(op, f"a grouped conv2d of {channels} channels with a kernel of {part} input "
-                     f"channels and {filters} filters")
-        return None
+        return (f"a grouped conv2d of {channels} channels with a kernel of {part} input "
+                f"channels and {filters} filters")
     attrs = {"filters": int(filters), "kernel_size": [int(kh), int(kw)],
              "strides": [int(strides[1]), int(strides[2])], "padding": padding}
     if channels != part:
@@ -320,19 +329,26 @@ def match_grouped_conv1d(m: Context, op: tf.Operation) -> bool:
 
 @fast_path
 def match_pool(m: Context, op: tf.Operation) -> bool:
-    if op.type not in ("MaxPool", "AvgPool") or not m.is_batched(op.inputs[0]):
+    if op.type not in POOLS or not m.is_batched(op.inputs[0]):
         return False
+    attrs = pool_attrs(op)
+    if isinstance(attrs, str):
+        m.reject(op, attrs)
+        return True
+    m.add_kernel(op.name, POOLS[op.type], [op.inputs[0]], attrs, [], [op], op.outputs[0])
+    return True
+
+
+def pool_attrs(op: tf.Operation) -> dict[str, Any] | str:
+    """The pooling kernel's attrs for a MaxPool or AvgPool `op`, or why it has none (the
+    weight program's pooling too)."""
     ksize, strides = list(op.get_attr("ksize")), list(op.get_attr("strides"))
     if (op.get_attr("data_format").decode() != "NHWC" or ksize[0] != 1 or ksize[3] != 1
             or strides[0] != 1 or strides[3] != 1):
-        m.reject(op, "pooling must be NHWC over height and width only")
-        return True
-    m.add_kernel(op.name, "max_pool" if op.type == "MaxPool" else "avg_pool",
-                 [op.inputs[0]], {"pool_size": [int(ksize[1]), int(ksize[2])],
-                                  "strides": [int(strides[1]), int(strides[2])],
-                                  "padding": op.get_attr("padding").decode()},
-                 [], [op], op.outputs[0])
-    return True
+        return "pooling must be NHWC over height and width only"
+    return {"pool_size": [int(ksize[1]), int(ksize[2])],
+            "strides": [int(strides[1]), int(strides[2])],
+            "padding": op.get_attr("padding").decode()}
 
 
 def _uniform_01(m: Context, tensor: tf.Tensor) -> list[tf.Operation] | None:

@@ -57,10 +57,12 @@ BINARY = {"Add": "add", "AddV2": "add", "BiasAdd": "add", "Sub": "sub", "Mul": "
           "LogicalOr": "logical_or", "Xlogy": "xlogy", "Xlog1py": "xlog1py", "Atan2": "atan2"}
 REDUCTIONS = {"Sum": "sum", "Mean": "mean", "Max": "max", "Min": "min", "Prod": "prod"}
 RESHAPES = ("Reshape", "Squeeze", "ExpandDims")
+MATMULS = ("MatMul", "BatchMatMulV2", "BatchMatMulV3")  # tf.matmul of rank 2, of higher ranks
 # What the weight program (weight_program.py) computes on weights alone: element-wise ops,
 # arithmetic of weights and constants (TF op -> the binary kernel's op), reductions, reshapes,
 # transposes, products of matrices, softmax and log_softmax along the last axis, l2_loss,
-# stop_gradient (tf.nn.moments' of a weight) and the views
+# stop_gradient (tf.nn.moments' of a weight), convolutions and pooling (a frozen loss
+# network on a constant style image) and the views
 # users take of weights (slices, splits, constant gathers, concatenations, stacks).
 WEIGHT_ARITHMETIC = {op: kind for op, kind in BINARY.items() if kind in ARITHMETIC}
 # Comparisons of weights with constants or weights (bool) and tf.where on them or on a
@@ -72,7 +74,8 @@ WEIGHT_VIEWS = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2"
 WEIGHT_DIAGONALS = ("MatrixDiagV3", "MatrixDiagPartV3", "MatrixSetDiagV3", "MatrixBandPart")
 WEIGHT_PROGRAM_OPS = sorted({*UNARY, *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN",
                              *REDUCTIONS, *RESHAPES,
-                             "Transpose", "MatMul", "Einsum", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
+                             "Transpose", *MATMULS, "Einsum", "Softmax", "LogSoftmax", "L2Loss", "StopGradient",
+                             "Conv2D", "MaxPool", "AvgPool",
                              "Cast", "Cumsum", *WEIGHT_DIAGONALS, *linear_algebra.OPS, *WEIGHT_VIEWS,
                              *quantization.FORMS})
 RECURRENT = {"While", "StatelessWhile", "TensorListReserve", "TensorListFromTensor",
@@ -107,8 +110,9 @@ REFUSED = {
     **value_selections.REFUSED,
     "computations on weights": "other than the weight program's (above) before the weight "
                                "meets the samples (e.g. tf.sort(w)), or float16 "
-                               "reductions, softmax, l2_loss, cumsum or linear algebra of "
-                               "weights (TF sums them in float16)",
+                               "reductions, softmax, l2_loss, cumsum, linear algebra, "
+                               "convolutions or pooling of weights (TF sums them in float16); "
+                               "a depthwise convolution of weights",
     "dtypes": "bfloat16 and float64 (the CS computes in float32, and in float16 with float32 "
               "accumulation: mixed precision), but a float64 input every reader casts to "
               "float32 first (Keras layers' autocast, tf.cast: streamed as float32, cast on "
@@ -558,7 +562,7 @@ def _softmax(m: Context, op: tf.Operation) -> str:
     return ""
 
 
-@generic("MatMul", "BatchMatMulV2", "BatchMatMulV3")
+@generic(*MATMULS)
 def _matmul(m: Context, op: tf.Operation) -> str:
     a, b = op.inputs
     if op.type == "MatMul":
@@ -1129,7 +1133,10 @@ def supported_table() -> str:
                  "learned temperature's tf.exp(t), tf.nn.softplus(w), w * mask, a low-rank kernel "
                  "tf.matmul(u, v), a soft decision tree's tf.nn.softmax(leaf_logits), a conv "
                  "kernel standardised with tf.nn.moments, SINDy's mask w * tf.cast(tf.abs(w) > "
-                 "t, tf.float32), Glow's log|det W| by tf.linalg.slogdet (`slogdet`) or its LU "
+                 "t, tf.float32), a frozen loss network's Conv2D, BiasAdd, MaxPool and AvgPool "
+                 "on a constant style image (`conv2d` by a weight or a value of weights: its "
+                 "second input; `max_pool`, `avg_pool`: Johnson et al.'s style targets), "
+                 "Glow's log|det W| by tf.linalg.slogdet (`slogdet`) or its LU "
                  "form by tf.linalg.diag/diag_part/set_diag/band_part, a sparse GP's Cholesky "
                  "factor of its inducing points' kernel matrix and its inverse by "
                  "tf.linalg.triangular_solve (`cholesky`, `solve`); views: slices "

@@ -7,7 +7,11 @@ before the batch, and takes the gradient its readers accumulate back through the
 kernels (their backward, TF's gradient functions) to the variables.
 
 Only element-wise ops, broadcasting arithmetic with constants or other weights, reductions,
-transposes, reshapes, products of matrices, softmax and log_softmax (a soft decision tree's
+transposes, reshapes, products of matrices (MatMul, BatchMatMulV2/V3: a Gram matrix of
+feature maps), convolutions and pooling (Conv2D, MaxPool, AvgPool: a loss network, frozen or
+not, on a constant style image, as the samples' conv2d and pooling kernels; the filter, a
+weight or a value of weights, the conv2d kernel's second input; a constant image a
+sample_constant kernel), softmax and log_softmax (a soft decision tree's
 tf.nn.softmax(leaf_logits)), tf.nn.l2_loss, stop_gradient, fake quantization (QAT),
 comparisons and tf.where on them or on a constant condition (SincNet's sinc(0) = 1; a
 comparison's bool value never meets the samples, but its float32 cast may: a mask
@@ -33,8 +37,10 @@ import tensorflow as tf
 
 from coordinator.compiler import linear_algebra, precision, quantization, random_numbers
 from coordinator.compiler.extract import data_downstream, user_name, user_source
+from coordinator.compiler.fast_paths import POOLS, conv2d_attrs, pool_attrs
 from coordinator.compiler.ir import KernelNode, ParamRef, WeightProgram
 from coordinator.compiler.lowering import (
+    MATMULS,
     REDUCTIONS,
     ROW_SELECT,
     SELECTS,
@@ -55,7 +61,7 @@ from wafer.kernels import KernelError, build_kernel
 PASS_THROUGH = {"Identity", "ReadVariableOp", "Snapshot"}
 # Float16 ops TF accumulates in float16 (Eigen::half sums), the weight program in float32.
 HALF_REFUSED = frozenset({*REDUCTIONS, "Softmax", "LogSoftmax", "L2Loss", "Cumsum", "Cholesky", "Einsum",
-                          *linear_algebra.SOLVES, *linear_algebra.DETERMINANTS})
+                          *linear_algebra.SOLVES, *linear_algebra.DETERMINANTS, "Conv2D", *POOLS})
 
 
 def _to_half(op: tf.Operation) -> bool:
@@ -188,7 +194,8 @@ class WeightProgramBuilder:
         if dtype == tf.float16 and op.type in HALF_REFUSED:
             return self._refuse(tensor, f"computes on weights in float16 with {where}: TF "
                                         "accumulates it in float16, the CS's weight program in "
-                                        "float32; tf.cast the weight to float32 before it")
+                                        "float32; tf.cast the weight to float32 before it (a Keras "
+                                        "layer: dtype='float32')")
         weight = None if _to_half(op) else self.operands.weight(tensor)  # (AutoCast: rounds)
         if weight is not None:
             return self._source(tensor, weight)
@@ -219,8 +226,8 @@ class WeightProgramBuilder:
             return self._view(op, tensor)
         if op.type not in WEIGHT_PROGRAM_OPS:
             reason = (f"{self.SUBJECT} with {where}, which the CS cannot run {self.PLACE} (it "
-                      "runs element-wise ops, arithmetic, reductions, transposes, reshapes and "
-                      "products of them)")
+                      "runs element-wise ops, arithmetic, reductions, transposes, reshapes, "
+                      "products, convolutions and pooling of them)")
             self.kernel_less[reason] = op
             return self._refuse(tensor, reason)
         inputs = [self._lower(t) for t in op.inputs]
@@ -228,8 +235,8 @@ class WeightProgramBuilder:
         if bad is not None:
             return self._refuse(tensor, self.problems[bad.name])
         if not isinstance(inputs[0], str) and op.type not in (
-                *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN", "MatMul",
-                "Einsum", *linear_algebra.SOLVES):
+                *WEIGHT_ARITHMETIC, *WEIGHT_COMPARISONS, *SELECTS, "AddN", *MATMULS,
+                "Einsum", *linear_algebra.SOLVES, "Conv2D"):
             return self._refuse(tensor, f"{self.SUBJECT} with {where}: its first input "
                                         "is a constant")
         return self._kernel(op, tensor, inputs)
@@ -294,13 +301,21 @@ class WeightProgramBuilder:
                               if not isinstance(v, str)})
             return self._add(op, tensor, "fake_quant", [v for v in inputs if isinstance(v, str)],
                              attrs)
-        if op.type == "MatMul":  # a product of matrices: one sample's, by the matmul kernel
-            attrs = {**_operand_attrs(inputs), "transpose_a": bool(op.get_attr("transpose_a")),
-                     "transpose_b": bool(op.get_attr("transpose_b"))}
+        if op.type in MATMULS:  # a product of matrices: one sample's, by the matmul kernel
+            flips = ("transpose_a", "transpose_b") if op.type == "MatMul" else ("adj_x", "adj_y")
+            attrs = {**_operand_attrs(inputs), "transpose_a": bool(op.get_attr(flips[0])),
+                     "transpose_b": bool(op.get_attr(flips[1]))}  # (real: adjoint = transpose)
             return self._add(op, tensor, "matmul", [v for v in inputs if isinstance(v, str)],
                              attrs)
         if op.type == "Einsum":
             return self._einsum_of_weights(op, tensor, inputs)
+        if op.type == "Conv2D":
+            return self._convolution(op, tensor, inputs)
+        if op.type in POOLS:
+            pooling = pool_attrs(op)
+            if isinstance(pooling, str):
+                raise _Unfit(pooling)
+            return self._add(op, tensor, POOLS[op.type], inputs[:1], pooling)
         if op.type in REDUCTIONS:
             axes = inputs[1]
             if isinstance(axes, str):
@@ -337,6 +352,25 @@ class WeightProgramBuilder:
         return self._add(op, tensor, "einsum", [v for v in inputs if isinstance(v, str)], {
             **_operand_attrs(inputs),
             "equation": one_sample_equation(equation, [isinstance(v, str) for v in inputs])})
+
+    def _convolution(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any]) -> str:
+        """tf.nn.conv2d of weights and constants (a frozen loss network on a constant style
+        image): the conv2d kernel on the program's batch of one, its images TF's [N, H, W, C]
+        (N convolved on their own), its filter a constant it holds or its second input (a
+        weight or a value of weights: its gradient TF's Conv2DBackpropFilter); a constant
+        image is a `sample_constant` kernel reading the filter."""
+        image, kernel = inputs
+        attrs = conv2d_attrs(op.node_def, static_shape(op.inputs[0])[-1],
+                             static_shape(op.inputs[1]))
+        if isinstance(attrs, str):
+            raise _Unfit(attrs)
+        attrs.update(use_bias=False, activation="linear")
+        if not isinstance(kernel, str):
+            return self._add(op, tensor, "conv2d", [image],
+                             {**attrs, "filter": np.asarray(kernel, np.float32)})
+        if not isinstance(image, str):
+            image = self._constant(op, image, kernel, "/image")
+        return self._add(op, tensor, "conv2d", [image, kernel], attrs)
 
     def _diagonals(self, op: tf.Operation, tensor: tf.Tensor, inputs: list[Any],
                    out: tuple[int, ...]) -> str:
@@ -468,9 +502,13 @@ class WeightProgramBuilder:
         tf.stack([w, 0.0]) is a value of weights (its gradient w's part of TF's)."""
         reader = next(v for v in values if isinstance(v, str))
         return [v if isinstance(v, str) or np.asarray(v).dtype != np.float32 else
-                self._add(op, None, "sample_constant", [reader],
-                          {"value": np.asarray(v, np.float32)[None]}, suffix=f"/constant_{k}")
-                for k, v in enumerate(values)]
+                self._constant(op, v, reader, f"/constant_{k}") for k, v in enumerate(values)]
+
+    def _constant(self, op: tf.Operation, value: np.ndarray, reader: str, suffix: str) -> str:
+        """A float32 constant as a `sample_constant` kernel (its value, no gradient) reading
+        the weight value `reader` for the program's batch of one."""
+        return self._add(op, None, "sample_constant", [reader],
+                         {"value": np.asarray(value, np.float32)[None]}, suffix=suffix)
 
     def _bounds(self, op: tf.Operation, tensor: tf.Tensor, shape: tuple[int, ...],
                 args: list[np.ndarray]) -> list[tuple[int, int, int, bool]]:

@@ -20,7 +20,6 @@ from coordinator.compiler.operands import Operands, Weight
 from coordinator.compiler.weight_program import WeightProgramBuilder
 from cs_api import pb
 from wafer import timing
-from wafer.fabric import get_fabric
 from wafer.kernels import build_kernel
 from wafer.weight_programs import WeightProgram, WeightStep
 from wse_sim.errors import CSError
@@ -100,12 +99,7 @@ def test_the_weight_program_is_in_the_report_and_charged_once_a_step(compared):
     report, program = compiled.report_text, compiled.program
     assert "Weight program (computed from w before every batch" in report
     assert "  l2_normalize_1 = mul(w, l2_normalize_1/Rsqrt) (16, 4), read by MatMul" in report
-    checked = check_program(program)
-    assert checked.weight_program is not None
-    steps = checked.weight_program.steps
-    fabric = get_fabric(program.fabric)
-    t = timing.program_timing(program, checked.kernels, fabric, training=True,
-                              weight_kernels=[s.kernel for s in steps])
+    t, steps, fabric = cs_inprocess.weight_program_timing(program)
     reader = next(k for k in program.kernels if any(p.variable == "l2_normalize_1" for p in k.params))
     assert all(k.region == reader.region for k in program.weight_program.kernels)
     cores = reader.region.width * reader.region.height
@@ -191,6 +185,17 @@ EXPRESSIONS = {
     "Reshape": lambda w, v, g, s: tf.reshape(w * v, [2, 6]), "Squeeze": lambda w, v, g, s: tf.squeeze(s * 2.0),
     "ExpandDims": lambda w, v, g, s: tf.expand_dims(w * v, 1), "Transpose": lambda w, v, g, s: tf.transpose(w * v),
     "MatMul": lambda w, v, g, s: tf.matmul(w, v, transpose_b=True),
+    # a Gram matrix of feature maps [1, HW, C], tf.matmul(f, f, transpose_a=True)
+    "BatchMatMulV2": lambda w, v, g, s: tf.matmul(tf.reshape(w, [1, 3, 4]), tf.reshape(v * s, [1, 3, 4]),
+                                                  transpose_a=True),
+    "BatchMatMulV3": lambda w, v, g, s: tf.raw_ops.BatchMatMulV3(
+        x=tf.reshape(w, [2, 3, 2]), y=tf.reshape(v - g, [2, 3, 2]), Tout=tf.float32, adj_y=True),
+    # a frozen loss network's layers on a constant image, and on a value of weights
+    "Conv2D": lambda w, v, g, s: tf.nn.conv2d(tf.reshape(v * s, [1, 3, 4, 1]), tf.reshape(
+        w, [2, 2, 1, 3]), 1, "SAME") + tf.nn.conv2d(tf.constant(np.arange(24.0, dtype=np.float32).reshape(
+            1, 4, 3, 2) / 7.0), tf.reshape(w, [2, 1, 2, 3]), [1, 2], "VALID")[:, :3, :1],
+    "MaxPool": lambda w, v, g, s: tf.nn.max_pool2d(tf.reshape(w * v, [1, 3, 4, 1]), 2, 1, "VALID"),
+    "AvgPool": lambda w, v, g, s: tf.nn.avg_pool2d(tf.reshape(w - v, [1, 3, 4, 1]), 2, [1, 2], "SAME"),
     "Einsum": lambda w, v, g, s: tf.einsum("ij,kj->ik", w, v) + tf.einsum(
         "qn,kn->qk", np.arange(12, dtype=np.float32).reshape(3, 4) / 7, w),
     "StopGradient": lambda w, v, g, s: tf.stop_gradient(w) * v,

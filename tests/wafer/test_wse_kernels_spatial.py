@@ -32,6 +32,27 @@ def test_conv2d_with_dilations_and_explicit_padding_matches_tensorflow(strides, 
                      [x], reference, {"kernel": kernel}, rtol=1e-5, grad_rtol=1e-5)
 
 
+@pytest.mark.parametrize("strides, padding", [((1, 1), "SAME"), ((2, 1), "VALID")])
+def test_conv2d_by_each_samples_own_filter_matches_tensorflow(strides, padding):
+    """The filter as the kernel's second input (the weight program's convolution by a value
+    of weights): each sample's images [2, H, W, C] by its own filter; the filter's gradient
+    is that input's (TF's Conv2DBackpropFilter), with no weight of the kernel's."""
+    x, kernel = randn(BATCH, 2, 7, 6, 3), randn(BATCH, 3, 2, 3, 4)
+
+    def reference(xs, ws):
+        return tf.stack([tf.nn.conv2d(xs[0][s], xs[1][s], list(strides), padding)
+                         for s in range(BATCH)])
+
+    built = check_against_tf("conv2d", {"filters": 4, "kernel_size": [3, 2], "strides": list(strides),
+                                        "padding": padding, "use_bias": False},
+                             [x, kernel], reference, rtol=1e-5, grad_rtol=1e-5)
+    assert built.param_shapes() == {}
+    with pytest.raises(KernelError, match="filter input must be"):
+        build_kernel("conv2d", "k1", {"filters": 4, "kernel_size": [3, 2], "strides": 1,
+                                      "padding": "SAME"},
+                     [(7, 6, 3), (3, 2, 3, 4)])  # (a bias)
+
+
 # input (H, W), kernel, strides, padding, output size (Keras' output_padding picks among
 # the sizes a conv2d maps back to the input's), dilations (TF's CPU computes none but 1)
 TRANSPOSES = [((4, 5), (3, 3), (2, 2), "SAME", (8, 10), (1, 1)),

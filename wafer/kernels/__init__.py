@@ -7,7 +7,7 @@ kernel's functions. Inputs and outputs are float32 unless the dtype column says 
 | type | inputs | attrs | params (role: shape) | dtypes |
 |---|---|---|---|---|
 | dense | x (..., n) | units, use_bias, activation | kernel: (n, units), bias: (units,) | |
-| conv2d | x (H, W, C) NHWC | filters, kernel_size [kh, kw], strides [sh, sw], padding SAME/VALID or [top, bottom, left, right], dilations [dh, dw] (default 1), use_bias, activation | kernel: (kh, kw, C, filters), bias: (filters,) | |
+| conv2d | x ([k,] H, W, C) NHWC [, the sample's own filter (kh, kw, C, filters): then no params, bias or activation (the weight program's convolution by a value of weights)] | filters, kernel_size [kh, kw], strides [sh, sw], padding SAME/VALID or [top, bottom, left, right], dilations [dh, dw] (default 1), use_bias, activation | kernel: (kh, kw, C, filters), bias: (filters,) | |
 | conv2d_transpose | x (H, W, C) | filters, kernel_size, strides, padding SAME/VALID, dilations, output_size [OH, OW] (a conv2d of it gives back (H, W)) | kernel: (kh, kw, filters, C) | |
 | depthwise_conv2d | x (H, W, C) | depth_multiplier M, kernel_size, strides, padding (as conv2d), dilations | kernel: (kh, kw, C, M); output channel c * M + q | |
 | conv3d | x (D, H, W, C) NDHWC | filters, kernel_size [kd, kh, kw], strides [sd, sh, sw], padding SAME/VALID | kernel: (kd, kh, kw, C, filters) | |

@@ -167,15 +167,19 @@ class Conv2D(Kernel):
     """attr groups (default 1): TF's grouped convolution (Keras Conv2D(groups=)): the
     channels in `groups` equal parts, each convolved with its own filters' share; the
     kernel is (kh, kw, channels / groups, filters), as TF's. A per-sample input (k, H, W, C)
-    is k images each convolved on its own (`frames_of`); its output (k, oh, ow, filters)."""
+    is k images each convolved on its own (`frames_of`); its output (k, oh, ow, filters).
+    A second input is each sample's own filter (`filter_shape`; the weight program's filter,
+    a weight or a value of weights, on its batch of one): its gradient is that input's, and
+    the kernel holds no weight, bias or activation."""
 
     type_name = "conv2d"
     rounds_own_output = True
 
     def __init__(self, name: str, attrs: Mapping[str, Any], input_shapes: Sequence[tuple[int, ...]]):
         super().__init__(name, attrs, input_shapes)
-        if len(self.input_shapes) != 1:
-            raise KernelError(f"kernel {name!r}: conv2d takes 1 input, got {len(self.input_shapes)}")
+        if len(self.input_shapes) not in (1, 2):
+            raise KernelError(f"kernel {name!r}: conv2d takes 1 input (and a filter), got "
+                              f"{len(self.input_shapes)}")
         self.filters = int(self.attrs.get("filters", 0))
         if self.filters <= 0:
             raise KernelError(f"kernel {name!r}: conv2d needs filters > 0, got {self.filters}")
@@ -195,6 +199,12 @@ class Conv2D(Kernel):
         self.patch = self.ksize[0] * self.ksize[1] * self.channels
         self.affine = Affine(self.activation, is_half(self.attrs))
         self.held = held_filter(self, self.filter_shape)
+        self.filter_input = len(self.input_shapes) == 2
+        if self.filter_input and (self.input_shapes[1] != self.filter_shape or self.use_bias
+                                  or self.activation != "linear" or self.held is not None):
+            raise KernelError(f"kernel {name!r}: conv2d's filter input must be "
+                              f"{self.filter_shape}, with no bias, activation or held filter, "
+                              f"got {self.input_shapes[1]}")
 
     @property
     def filter_shape(self) -> tuple[int, ...]:
@@ -205,8 +215,8 @@ class Conv2D(Kernel):
         return (*self.frames, self.windows.oh, self.windows.ow, self.filters)
 
     def param_shapes(self):
-        shapes: dict[str, tuple[int, ...]] = {} if self.held is not None else \
-            {"kernel": self.filter_shape}
+        shapes: dict[str, tuple[int, ...]] = {} if self.held is not None or \
+            self.filter_input else {"kernel": self.filter_shape}
         if self.use_bias:
             shapes["bias"] = (self.filters,)
         return shapes
@@ -253,20 +263,39 @@ class Conv2D(Kernel):
 
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
+        if self.filter_input:  # each sample by its own filter
+            pieces = [self._convolve(x[s:s + 1], w, params, ctx) for s, w in enumerate(inputs[1])]
+            return np.concatenate([y for y, _ in pieces]), \
+                [(w, cache) for w, (_, cache) in zip(inputs[1], pieces)]
+        return self._convolve(x, filter_of(params, self.held), params, ctx)
+
+    def _convolve(self, x: np.ndarray, kernel: np.ndarray, params, ctx: RunContext):
+        """(output, cache) of the samples `x` convolved by the filter `kernel`."""
         images = as_images(x)
         cols = self.windows.columns(images)
         tail = activations.scalar_tail(ctx, (x.shape[0], *self.output_shape))
-        y, cache = self.affine.forward(cols, self._matrix(filter_of(params, self.held)),
-                                       params.get("bias"), ctx, tail)
+        y, cache = self.affine.forward(cols, self._matrix(kernel), params.get("bias"), ctx, tail)
         return y.reshape(x.shape[0], *self.output_shape), (len(images), cache)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
+        if not self.filter_input:
+            return self._gradients(filter_of(params, self.held), cache, grad_output, ctx,
+                                   param_grads, self.held is None)
+        pieces = [self._gradients(w, sample, grad_output[s:s + 1], ctx, None, ctx.wants_grad(1))
+                  for s, (w, sample) in enumerate(cache)]
+        dx = None if pieces[0][0][0] is None else np.concatenate([p[0][0] for p in pieces])
+        dw = np.stack([p[1]["kernel"] for p in pieces]) if ctx.wants_grad(1) else None
+        return [dx, dw], {}
+
+    def _gradients(self, kernel: np.ndarray, cache, grad_output: np.ndarray, ctx: RunContext,
+                   param_grads, trained: bool):
+        """backward's result for the samples of `cache` convolved by the filter `kernel`
+        (`trained`: with its gradient, "kernel")."""
         m, affine_cache = cache
-        trained = self.held is None
         if self.groups > 1:  # the full matrix's gradient, then its blocks into the accumulators
             dcols, full = self.affine.backward(
                 affine_cache, grad_output.reshape(-1, self.filters),
-                self._matrix(filter_of(params, self.held)), self.use_bias, None,
+                self._matrix(kernel), self.use_bias, None,
                 dataclasses.replace(ctx, run_tiles=run_in_order), ctx.wants_grad(0), trained)
             grads: dict[str, np.ndarray] = {}
             if trained:
@@ -274,7 +303,7 @@ class Conv2D(Kernel):
             if self.use_bias:
                 accumulate(param_grads, "bias", full["bias"], grads, ctx)
             return [None if dcols is None else self._input_grad(m, dcols)], grads
-        w = filter_of(params, self.held).reshape(self.patch, self.filters)
+        w = kernel.reshape(self.patch, self.filters)
         acc = None if param_grads is None else dict(param_grads)
         if acc is not None and trained:
             acc["kernel"] = param_grads["kernel"].reshape(self.patch, self.filters)
