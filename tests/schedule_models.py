@@ -32,6 +32,10 @@ def _warmup_minimum(step):
     return tf.minimum(warm, train.cosine_decay(0.1, step, 9, alpha=0.1))
 
 
+def _log_warmup(step):  # QANet: a logarithmic warmup (Grappler makes log(s + 1) a Log1p)
+    return 0.1 * tf.minimum(1.0, tf.math.log(tf.cast(step, tf.float32) + 1.0) / np.log(6.0))
+
+
 def _variable(step):
     base = tf.compat.v1.get_variable("base_learning_rate", [], trainable=False,
                                      initializer=tf.constant_initializer(0.05))
@@ -57,6 +61,7 @@ SCHEDULES = {
     "warmup_where": _warmup_where,
     "warmup_cond": _warmup_cond,
     "warmup_minimum": _warmup_minimum,
+    "log_warmup": _log_warmup,
     "variable": _variable,
 }
 BOUNDARIES = {
@@ -67,7 +72,7 @@ BOUNDARIES = {
     "cosine": [6, 7, 8], "cosine_restarts": [2, 3, 4, 8, 9, 10, 20, 21, 22, 45, 46],
     "inverse_time": [3, 6], "inverse_time_staircase": [2, 3, 4, 6, 300],
     "natural_exp": [3, 6], "warmup_where": [3, 4, 5, 9, 10], "warmup_cond": [2, 3, 4, 10],
-    "warmup_minimum": [3, 4, 5, 9], "variable": [2, 3, 4, 6],
+    "warmup_minimum": [3, 4, 5, 9], "log_warmup": [4, 5, 6, 7], "variable": [2, 3, 4, 6],
 }
 
 

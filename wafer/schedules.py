@@ -6,6 +6,7 @@ tf.compat.v1.train.exponential_decay, piecewise_constant, polynomial_decay, cosi
 warmups with tf.where / tf.cond / tf.minimum). Each op reads earlier ops by index; the last
 op is the value. Arithmetic is TensorFlow's on the CPU, op by op: float32 rounding after
 every op, denormals flushed to zero (TF's kernels run with FTZ/DAZ), and exp, log, cos, sin
+log1p, expm1 (Grappler's rewrite of tf.math.log(x + 1), tf.exp(x) - 1)
 and pow as C's libm computes them for a scalar (what TF's kernels call for one element; numpy's
 vectorised versions differ in the last bit). Conditionals are TF's lowered control flow:
 `switch_false`/`switch_true` pass their data on only when the predicate says so, `merge`
@@ -29,7 +30,8 @@ UNARY: dict[str, Callable[..., Any]] = {
     "identity": lambda x: x, "neg": np.negative, "abs": np.abs, "floor": np.floor,
     "ceil": np.ceil, "sqrt": np.sqrt, "square": lambda x: x * x,
     "reciprocal": lambda x: np.divide(x.dtype.type(1), x), "rsqrt": lambda x: F32(1) / np.sqrt(x),
-    "exp": scalar("expf"), "log": scalar("logf"), "cos": scalar("cosf"),
+    "exp": scalar("expf"), "log": scalar("logf"), "log1p": scalar("log1pf"),
+    "expm1": scalar("expm1f"), "cos": scalar("cosf"),
     "sin": scalar("sinf"), "logical_not": np.logical_not,
 }
 BINARY: dict[str, Callable[..., Any]] = {
@@ -49,7 +51,7 @@ def _floormod(x, y):
     return rest + y if rest != 0 and (y < 0) != (rest < 0) else rest
 
 
-_FLOAT_ONLY = {"sqrt", "rsqrt", "exp", "log", "cos", "sin", "div", "pow"}
+_FLOAT_ONLY = {"sqrt", "rsqrt", "exp", "log", "log1p", "expm1", "cos", "sin", "div", "pow"}
 _COMPARE = {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal"}
 _LOGICAL = {"logical_not", "logical_and", "logical_or"}
 # op -> number of data inputs (None: one or more)

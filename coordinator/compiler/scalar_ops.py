@@ -7,7 +7,7 @@ import tensorflow as tf
 UNARY = {"Identity": "identity", "Snapshot": "identity", "StopGradient": "identity",
          "Neg": "neg", "Abs": "abs", "Floor": "floor", "Ceil": "ceil", "Sqrt": "sqrt",
          "Rsqrt": "rsqrt", "Square": "square", "Reciprocal": "reciprocal", "Inv": "reciprocal",
-         "Exp": "exp", "Log": "log", "Cos": "cos", "Sin": "sin", "LogicalNot": "logical_not"}
+         "Exp": "exp", "Log": "log", "Log1p": "log1p", "Expm1": "expm1", "Cos": "cos", "Sin": "sin", "LogicalNot": "logical_not"}
 BINARY = {"Add": "add", "AddV2": "add", "Sub": "sub", "Mul": "mul", "RealDiv": "div",
           "Div": "div", "FloorDiv": "floordiv", "FloorMod": "floormod", "Pow": "pow",
           "Minimum": "minimum", "Maximum": "maximum", "Less": "less", "LessEqual": "less_equal",

@@ -226,14 +226,14 @@ def test_a_failed_assertion_of_the_schedule_names_the_step():
 SCALAR_OPS = {"neg": tf.negative, "abs": tf.abs, "floor": tf.floor, "ceil": tf.math.ceil,
               "sqrt": tf.sqrt, "rsqrt": tf.math.rsqrt, "square": tf.square,
               "reciprocal": tf.math.reciprocal, "exp": tf.exp, "log": tf.math.log,
-              "cos": tf.cos, "sin": tf.sin, "add": tf.add, "sub": tf.subtract,
+              "log1p": tf.math.log1p, "expm1": tf.math.expm1, "cos": tf.cos, "sin": tf.sin, "add": tf.add, "sub": tf.subtract,
               "mul": tf.multiply, "div": tf.math.truediv, "floordiv": tf.math.floordiv,
               "floormod": tf.math.floormod, "minimum": tf.minimum, "maximum": tf.maximum,
               "pow": tf.pow, "squared_difference": tf.math.squared_difference}
 
 
 UNARY_OPS = ("neg", "abs", "floor", "ceil", "sqrt", "rsqrt", "square", "reciprocal", "exp",
-             "log", "cos", "sin")
+             "log", "log1p", "expm1", "cos", "sin")
 
 
 def test_each_float_op_of_a_schedule_computes_tensorflow_s_scalar_bit_for_bit():
@@ -243,7 +243,7 @@ def test_each_float_op_of_a_schedule_computes_tensorflow_s_scalar_bit_for_bit():
     a = (rng.uniform(-30, 30, 60) * np.exp(rng.uniform(-3, 3, 60))).astype(np.float32)
     b = rng.uniform(-4, 40, 60).astype(np.float32)
     a[:4], b[:4] = [0.5, 1e-20, 0.9, -2.0], [200.0, 1e-19, 900.0, 3.0]
-    positive = ("sqrt", "rsqrt", "log")
+    positive = ("sqrt", "rsqrt", "log", "log1p")
     with tf.Graph().as_default(), tf.compat.v1.Session() as session:
         x, y, z = (tf.compat.v1.placeholder(tf.float32, []) for _ in range(3))
         ops = {name: fn(z if name in positive else x) if name in UNARY_OPS else fn(x, y)
