@@ -4,8 +4,7 @@ time), in its sort form (tf.argsort of the times, tf.gather of the risks and eve
 tf.math.cumulative_logsumexp or log(cumsum(exp))) and its mask form (the [B, B] risk set
 t[None, :] >= t[:, None] times exp(risk), or picking the risks by tf.where), with a
 hand-written concordance index as an eval metric; ListMLE over the batch (sort by relevance, a reversed cumulative logsumexp)
-and a pairwise hinge over the batch's [B, B] pairs; DeepHit's discrete-time likelihood (a softmax
-over time bins, its cumsum, the survival 1 - F at a censored sample's bin, clipped, logged).
+and a pairwise hinge over the batch's [B, B] pairs.
 Survival data is drawn in input_fn: features, exponential event times from a linear
 log-hazard, exponential censoring, times rounded to tenths (ties within a batch)."""
 from __future__ import annotations
@@ -16,8 +15,6 @@ import tensorflow as tf
 from tf_model.estimator_spec import CSEstimatorSpec
 
 BATCH, STEPS, FEATURES = 8, 4, 6
-DEEPHIT_BATCH = 7  # TF inverts the softmax's sums on Eigen's scalar path: the same on any CPU
-BINS, BIN_WIDTH = 12, 0.1  # DeepHit's time bins: [0, 0.1), ..., [1.1, inf)
 
 
 def _survival(params):
@@ -171,30 +168,3 @@ def pairwise_hinge_model_fn(features, labels, mode, params):
     hinge = tf.nn.relu(1.0 - (scores[:, None] - scores[None, :]))
     loss = tf.reduce_sum(ordered * hinge) / tf.maximum(tf.reduce_sum(ordered), 1.0)
     return _spec(mode, loss, scores, time, labels["event"], params)
-
-
-def deephit_input_fn(params):
-    """Labels {"time", "event", "bin"}: the time's bin of BIN_WIDTH, the last open."""
-    x, time, event = _survival(params)
-    bins = np.minimum(time // BIN_WIDTH, BINS - 1).astype(np.int32)
-    return tf.data.Dataset.from_tensor_slices((x, {"time": time, "event": event, "bin": bins})).batch(
-        params["batch_size"], drop_remainder=True)
-
-
-def deephit_model_fn(features, labels, mode, params):
-    """DeepHit: a probability mass over the time bins; an event's likelihood is the mass at
-    its bin, a censored sample's the survival 1 - cumsum(mass) there, clipped at 1e-8 (in the
-    last bin it is 1 - (sum of all) = a few ulp or 0: its log moves by ~1.8 with one ulp of
-    the softmax). Risk for the metrics: minus the expected survival."""
-    h = tf.keras.layers.Dense(32, activation="relu")(features)
-    pmf = tf.nn.softmax(tf.keras.layers.Dense(BINS)(h))
-    survival = 1.0 - tf.cumsum(pmf, axis=1)
-    risk = -tf.reduce_sum(survival, axis=1)
-    if mode == "infer":
-        return _spec(mode, None, risk, None, None, params)
-    time, event = labels["time"], labels["event"]
-    at = tf.one_hot(labels["bin"], BINS)
-    log_mass = tf.math.log(tf.clip_by_value(tf.reduce_sum(at * pmf, axis=1), 1e-8, 1.0))
-    log_survival = tf.math.log(tf.clip_by_value(tf.reduce_sum(at * survival, axis=1), 1e-8, 1.0))
-    loss = -tf.reduce_mean(event * log_mass + (1.0 - event) * log_survival)
-    return _spec(mode, loss, risk, time, event, params)

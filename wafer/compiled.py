@@ -1,7 +1,6 @@
 """The simulator's hot loops compiled (numba, `nogil`): an affine kernel's tiles (GEMM, bias,
 activation, float16 rounding; their backward), SGD's dense update and float16 rounding,
 loops of glibc's float32 functions (lgammaf_r, logf, tanf, powf: wafer/special_functions.py),
-Eigen's row sums (the softmax kernel's; its exp, log, log1p: wafer/eigen_exp.py, eigen_log.py),
 each one call that holds no GIL, so the executor's threads compute at once. The arithmetic
 is numpy's, bit for bit: the GEMM is numpy's own `cblas_sgemm` called with the arguments
 numpy's matmul passes (`wafer.blas`), and every element-wise step is the same float32
@@ -228,45 +227,6 @@ def sgd_update(var, grad, lr, half, round_gradient, round_var):
             var[k] = var[k] - grad[k] * lr
 
 
-@njit(nogil=True, cache=True)
-def eigen_row_sums(x, out, half):
-    """out[i] = the sum of row i of 2-D float32 x (any strides) in the order of Eigen's
-    inner-most reduction with packets of 8 (wafer.kernels.tensor_ops.eigen_row_sum), each
-    sum rounded to float16 when `half`."""
-    rows, n = x.shape
-    whole = n - n % 8
-    lanes = np.zeros((4, 8), np.float32)
-    for i in range(rows):
-        tail = _ZERO
-        for j in range(whole, n):
-            tail = _maybe_half(tail + x[i, j], half)
-        if whole == 0:
-            out[i] = tail
-            continue
-        unrolled = whole // 32 * 4
-        lanes[:] = _ZERO
-        for p in range(unrolled):
-            for q in range(8):
-                lanes[p % 4, q] = _maybe_half(lanes[p % 4, q] + x[i, 8 * p + q], half)
-        for q in range(8):
-            for a in range(1, 4 if unrolled else 1):
-                lanes[0, q] = _maybe_half(lanes[0, q] + lanes[a, q], half)
-        for p in range(unrolled, whole // 8):
-            for q in range(8):
-                lanes[0, q] = _maybe_half(lanes[0, q] + x[i, 8 * p + q], half)
-        quads0 = lanes[0, 0] + lanes[0, 4]
-        quads1 = lanes[0, 1] + lanes[0, 5]
-        quads2 = lanes[0, 2] + lanes[0, 6]
-        quads3 = lanes[0, 3] + lanes[0, 7]
-        total = _maybe_half((quads0 + quads2) + (quads1 + quads3), half)
-        out[i] = _maybe_half(tail + total, half)
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _maybe_half(x, half):
-    return round_value(x) if half else x
-
-
 # glibc's functions the special functions call (wafer/special_functions.py): lgammaf_r (what
 # Eigen's lgamma calls; the sign through a pointer), logf, tanf, powf
 _LGAMMAF_R = external("lgammaf_r", types.float32(types.float32, types.intp))
@@ -310,8 +270,6 @@ def libm(name: str, x: np.ndarray, y: float | None = None) -> np.ndarray:
 
 def warm_up() -> None:
     """Load (the first time: compile) every function for the arrays the simulator passes."""
-    from wafer.eigen_exp import exp  # (they import this module)
-    from wafer.eigen_log import log, log1p
     x, w = np.ones((32, 32), np.float32), np.ones((32, 32), np.float32)
     z, dz, grad, scratch = (np.zeros((32, 32), np.float32) for _ in range(4))
     bias = np.ones(32, np.float32)
@@ -327,14 +285,9 @@ def warm_up() -> None:
     round_flat(x.reshape(-1), z.reshape(-1))
     round_in_place(x.reshape(-1))
     round_rows(x[:, :16])
-    for half in (False, True):
-        eigen_row_sums(x, bias, half)
     for name in LIBM_UNARY:
         libm(name, bias)
     libm("powf", bias, -2.0)
-    exp(x)
-    log(x)
-    log1p(x)
 
 
 if __name__ == "__main__":

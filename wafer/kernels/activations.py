@@ -10,8 +10,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from wafer.eigen_exp import LN2_HI, LN2_LO, LOG2E, PACKET, exp, flush
-from wafer.eigen_log import expm1, log, log1p
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
 from wafer.libm import scalar
 from wafer.precision import is_half, round_half, round_half_
@@ -23,7 +21,6 @@ _ONE = np.float32(1.0)
 _TWO = np.float32(2.0)
 _HALF = np.float32(0.5)
 TWO_OVER_ROOT_PI = np.float32(2 / np.sqrt(np.pi))
-_SOFTPLUS_THRESHOLD = scalar("logf")(np.finfo(np.float32).eps) + _TWO  # TF's log(eps) + 2
 
 
 def _relu(x, alpha, out):
@@ -50,16 +47,16 @@ def _leaky_grad(x, y, alpha, dy, out):
     return _store(np.where(x > 0, dy, dy * np.float32(alpha)), out)
 
 
-def _elu(x, alpha, out, tail=None):  # TF's Elu: exp(x) - 1 below 0 (not expm1)
-    return _store(np.where(x < 0, exp(x, tail) - _ONE, x), out)
+def _elu(x, alpha, out):
+    return _store(np.where(x > 0, x, np.expm1(np.minimum(x, 0))), out)
 
 
 def _elu_grad(x, y, alpha, dy, out):
     return _store(np.where(y < 0, (y + _ONE) * dy, dy), out)
 
 
-def _selu(x, alpha, out, tail=None):  # TF's Selu: scale_alpha (exp(x) - 1) below 0
-    return _store(np.where(x < 0, SELU_SCALE * SELU_ALPHA * (exp(x, tail) - _ONE), SELU_SCALE * x), out)
+def _selu(x, alpha, out):
+    return _store(np.where(x > 0, SELU_SCALE * x, SELU_SCALE * SELU_ALPHA * np.expm1(np.minimum(x, 0))), out)
 
 
 def _selu_grad(x, y, alpha, dy, out):
@@ -82,14 +79,12 @@ def _sigmoid_grad(x, y, alpha, dy, out):
     return _store(dy * y * (_ONE - y), out)
 
 
-def _softplus(x, alpha, out, tail=None):  # TF's: x, exp(x) or log1p(exp(x)) by thresholds
-    e = exp(x, tail)
-    soft = log1p(e, tail)
-    return _store(np.where(x > -_SOFTPLUS_THRESHOLD, x, np.where(x < _SOFTPLUS_THRESHOLD, e, soft)), out)
+def _softplus(x, alpha, out):
+    return np.logaddexp(np.float32(0), x, out=out)
 
 
-def _softplus_grad(x, y, alpha, dy, out):  # _SoftplusGrad: grad * tf.sigmoid(x)
-    return _store(dy * sigmoid(x), out)
+def _softplus_grad(x, y, alpha, dy, out):
+    return _store(dy * _stable_sigmoid(x), out)
 
 
 def _linear(x, alpha, out):
@@ -143,32 +138,32 @@ def _rsqrt_grad(x, y, a, dy, out):  # RsqrtGrad(y, dy): mul_no_nan(-0.5 * (y * y
     return _mul_no_nan(-_HALF * (y * y), _mul_no_nan(y, dy, None), out)
 
 
-def _exp(x, a, out, tail=None):
-    return _store(exp(x, tail), out)
+def _exp(x, a, out):
+    return np.exp(x, out=out)
 
 
 def _exp_grad(x, y, a, dy, out):  # grad * y
     return np.multiply(dy, y, out=out)
 
 
-def _expm1(x, a, out, tail=None):  # Eigen's generic_expm1
-    return _store(expm1(x, tail), out)
+def _expm1(x, a, out):
+    return np.expm1(x, out=out)
 
 
 def _expm1_grad(x, y, a, dy, out):  # grad * exp(x)
-    return np.multiply(dy, exp(x), out=out)
+    return np.multiply(dy, np.exp(x), out=out)
 
 
-def _log(x, a, out, tail=None):  # Eigen's plog_float
-    return _store(log(x, tail), out)
+def _log(x, a, out):
+    return np.log(x, out=out)
 
 
 def _log_grad(x, y, a, dy, out):  # grad * reciprocal(x)
     return np.multiply(dy, _ONE / x, out=out)
 
 
-def _log1p(x, a, out, tail=None):  # Eigen's generic_log1p
-    return _store(log1p(x, tail), out)
+def _log1p(x, a, out):
+    return np.log1p(x, out=out)
 
 
 def _log1p_grad(x, y, a, dy, out):  # grad * reciprocal(1 + x)
@@ -188,7 +183,7 @@ def _erf(x, a, out):
 
 
 def _erf_grad(x, y, a, dy, out):  # grad * (2 / sqrt(pi)) * exp(-square(x))
-    return np.multiply(dy * TWO_OVER_ROOT_PI, exp(-(x * x)), out=out)
+    return np.multiply(dy * TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
 
 
 def _erfc(x, a, out):  # TF's own approximation, not 1 - erf(x) (that loses GELU's x << 0 tail)
@@ -196,7 +191,7 @@ def _erfc(x, a, out):  # TF's own approximation, not 1 - erf(x) (that loses GELU
 
 
 def _erfc_grad(x, y, a, dy, out):  # _ErfcGrad: grad * -(2 / sqrt(pi)) * exp(-square(x))
-    return np.multiply(dy * -TWO_OVER_ROOT_PI, exp(-(x * x)), out=out)
+    return np.multiply(dy * -TWO_OVER_ROOT_PI, np.exp(-(x * x)), out=out)
 
 
 def _sin(x, a, out):
@@ -400,13 +395,23 @@ def _store(value: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
+def _stable_sigmoid(x: np.ndarray) -> np.ndarray:
+    """Numerically stable logistic function, float32 (softplus's gradient's)."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, _ONE / (_ONE + e), e / (_ONE + e)).astype(np.float32, copy=False)
+
+
 # sigmoid and tanh: Eigen's float functors as TensorFlow 2.21's CPU kernels run them (the
 # wheel's Eigen: AVX without FMA, so every multiply-add rounds twice; packets of 8 floats;
 # TF's threads flush denormals, FTZ and DAZ). Measured bit-equal to tf.sigmoid and tf.tanh
 # on 11 million float32 arguments of every regime and on every length 1..64
 # (tests/wafer/test_eigen_logistic.py).
+PACKET = 8
+_TINY = np.float32(np.finfo(np.float32).tiny)
 _EXP_HI = np.float32(16.6355324)  # the first x where the interpolant is exactly one
 _EXP_LO = np.float32(-104)  # below it, the packet path returns 0
+_LOG2E = np.float32(1.44269504088896341)
+_LN2_HI, _LN2_LO = np.float32(-0.693359375), np.float32(2.12194440e-4)
 _EXP_POLY = np.array([8.33471305668354034423828125e-3, 4.1898667812347412109375e-2,
                       0.16666877269744873046875, 0.49999141693115234375], np.float32)
 _TANH_CLAMP = np.float32(7.90738964080810547)  # ptanh_float's clamp without FMA
@@ -417,14 +422,19 @@ _TANH_DENOMINATOR = np.array([8.015776984e-7, 3.326951409e-4, 2.597254514e-2, 4.
 _expf = scalar("expf")
 
 
+def _flush(v: np.ndarray) -> np.ndarray:
+    """Denormals to zeros of their sign, in place (FTZ, DAZ)."""
+    np.copyto(v, np.copysign(np.float32(0), v), where=np.abs(v) < _TINY)
+    return v
+
 
 def logistic_packet(x: np.ndarray) -> np.ndarray:
     """scalar_logistic_op<float>::packetOp: exp(x/2) by Cephes' range reduction and a degree-5
     polynomial, squared, then e / (1 + e)."""
     h = np.minimum(x, _EXP_HI) * _HALF
-    m = np.floor(h * LOG2E + _HALF)
-    r = m * LN2_HI + h
-    r = m * LN2_LO + r
+    m = np.floor(h * _LOG2E + _HALF)
+    r = m * _LN2_HI + h
+    r = m * _LN2_LO + r
     r2 = r * r
     odd = r2 * _EXP_POLY[0] + _EXP_POLY[2]
     even = r2 * _EXP_POLY[1] + _EXP_POLY[3]
@@ -432,7 +442,7 @@ def logistic_packet(x: np.ndarray) -> np.ndarray:
     p = r2 * p + (r + _ONE)
     biased = np.nan_to_num(np.clip(m + np.float32(127), 0, 255))  # pldexp_fast: 2^m
     e = p * (biased.astype(np.int32) << 23).view(np.float32)
-    e = flush(e * e)
+    e = _flush(e * e)
     y = e / (_ONE + e)
     y[x < _EXP_LO] = 0
     return y
@@ -440,9 +450,9 @@ def logistic_packet(x: np.ndarray) -> np.ndarray:
 
 def logistic_scalar(x: np.ndarray) -> np.ndarray:
     """scalar_logistic_op<float>::operator(): e = libm's expf(min(x, 16.6355324)), e / (1 + e)."""
-    x = flush(np.array(x, np.float32))
-    e = flush(np.array([_expf(v) for v in np.minimum(x, _EXP_HI).ravel()], np.float32))
-    return flush(e / (_ONE + e)).reshape(x.shape)
+    x = _flush(np.array(x, np.float32))
+    e = _flush(np.array([_expf(v) for v in np.minimum(x, _EXP_HI).ravel()], np.float32))
+    return _flush(e / (_ONE + e)).reshape(x.shape)
 
 
 def sigmoid(x: np.ndarray, tail: int | None = None) -> np.ndarray:
@@ -460,7 +470,7 @@ def sigmoid(x: np.ndarray, tail: int | None = None) -> np.ndarray:
 
 def scalar_tail(ctx: RunContext, shape: Sequence[int]) -> int:
     """How many of a micro-batch's last elements (shape: the micro-batch's, samples first)
-    TF's element-wise kernels (Sigmoid, Exp, Log, ...) compute on Eigen's scalar path: those of the whole batch's last (batch size
+    TF's Sigmoid computes on Eigen's scalar path: those of the whole batch's last (batch size
     x elements per sample) mod 8."""
     size = int(np.prod(shape, dtype=np.int64))
     per_sample = size // shape[0] if len(shape) and shape[0] else size
@@ -472,7 +482,7 @@ def scalar_tail(ctx: RunContext, shape: Sequence[int]) -> int:
 def tanh(x: np.ndarray) -> np.ndarray:
     """tanh in float32 as TensorFlow computes it on CPU: Eigen's ptanh_float, a 9/8-degree
     rational function of x clamped to +-7.90738964 (the same on its scalar path)."""
-    x = flush(np.clip(np.asarray(x, np.float32), -_TANH_CLAMP, _TANH_CLAMP))
+    x = _flush(np.clip(np.asarray(x, np.float32), -_TANH_CLAMP, _TANH_CLAMP))
     with np.errstate(invalid="ignore"):  # signalling nans
         x2 = x * x
         p = _horner(x2, _TANH_NUMERATOR)
@@ -605,12 +615,6 @@ def _half_logistic(x: np.ndarray, a: float, out: np.ndarray | None) -> np.ndarra
     return _store(y, out)
 
 
-# functions whose TF kernels call Eigen's exp, log, log1p or expm1 (wafer/eigen_exp.py,
-# wafer/eigen_log.py), whose scalar tail is libm's
-EIGEN_FUNCTIONS = {"exp": _exp, "expm1": _expm1, "elu": _elu, "selu": _selu, "softplus": _softplus,
-                   "log": _log, "log1p": _log1p}
-TAILED = {"sigmoid", *EIGEN_FUNCTIONS}  # the functions whose Eigen paths differ
-
 # float16 forwards: Eigen's float16 functors where reproduced (sigmoid), else the float32
 # function rounded once (tanh: Eigen's float16 tanh differs by path and tensor size)
 HALF_FORWARDS: dict[str, Forward] = {
@@ -621,14 +625,11 @@ HALF_FORWARDS: dict[str, Forward] = {
 
 def apply(name: str, x: np.ndarray, a: float = 0.2, out: np.ndarray | None = None,
           half: bool = False, tail: int | None = None) -> np.ndarray:
-    """The function of x; `half`: of a float16 function; `tail`: how many of x's last
-    elements TF computes on Eigen's scalar path (TAILED functions; None: x is TF's tensor)."""
+    """The function of x; `half`: of a float16 function; `tail`: sigmoid's (`sigmoid`)."""
     if half and name in HALF_FORWARDS:
         return HALF_FORWARDS[name](x, a, out)
     if name == "sigmoid":
         return _store(sigmoid(x, tail), out)
-    if name in EIGEN_FUNCTIONS:
-        return EIGEN_FUNCTIONS[name](x, a, out, tail)
     return FUNCTIONS[name][0](x, a, out)
 
 

@@ -64,7 +64,7 @@ class Affine:
     def forward(self, x2d: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                 ctx: RunContext, tail: int = 0) -> tuple[np.ndarray, tuple]:
         """(rows, units) outputs and the cache for backward; `tail`: how many of the last
-        outputs TF's Sigmoid (Elu, Selu) computes on Eigen's scalar path (activations.scalar_tail)."""
+        outputs TF's Sigmoid computes on Eigen's scalar path (activations.scalar_tail)."""
         (rows, n), units = x2d.shape, w.shape[1]
         z = np.empty((rows, units), np.float32)
         y = z if self.activation in OUTPUT_GRADIENT else np.empty_like(z)
@@ -88,7 +88,7 @@ class Affine:
             if self.half:
                 round_half_(zc)
         if self.activation != "linear":
-            scalar = self.activation in activations.TAILED and not self.half and tail
+            scalar = self.activation == "sigmoid" and not self.half and tail
             if scalar:  # the tile's part of the whole output's last `tail`
                 row, col = np.divmod(np.arange(z.size - tail, z.size), z.shape[1])
                 inside = (col >= cols.start) & (col < cols.stop)
@@ -96,7 +96,7 @@ class Affine:
                 last = z[row, col]
             activations.apply(self.activation, zc, out=y[:, cols], half=self.half, tail=0)
             if scalar:
-                y[row, col] = activations.apply(self.activation, last, tail=last.size)
+                y[row, col] = activations.sigmoid(last, tail=last.size)
             if self.half and self.activation not in EXACT_IN_HALF:
                 round_half_(y[:, cols])
 

@@ -8,12 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.compiled import libm
-from wafer.eigen_exp import exp, exp_rows
-from wafer.eigen_log import log
-from wafer.kernels.activations import scalar_tail
 from wafer.kernels.base import INTEGER, Kernel, KernelError, RunContext, check_dtypes, max_cores_for, register
-from wafer.kernels.tensor_ops import eigen_log_sum_exp, eigen_row_sum, eigen_softmax
 from wafer.schedules import Schedule, attr_programs, evaluate, programs_attr, schedule_problem
 
 DIVISOR = "loss divisor"  # the hyper_parameter of a divisor's Schedule (what errors name)
@@ -79,17 +74,13 @@ class SoftmaxCrossEntropyWithLogits(Kernel):
     def activation_bytes_per_sample(self) -> int:
         return 4 * math.prod(self.input_shapes[0])  # the softmax gradient
 
-    def rows(self, logits: np.ndarray, labels: np.ndarray,
-             ctx: RunContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(loss, backprop = softmax - labels, shifted = logits - max) in the arithmetic of TF's
-        CPU kernel: Eigen's exp (wafer/eigen_exp.py) row by row for the sums of exp, in the
-        order of Eigen's row sums; the whole tensor's for backprop, divided by the sums; the
-        sums' log by the sparse kernel's scalar std::log (libm's logf), the dense kernel's as
-        LogSoftmax's (`eigen_log_sum_exp`) and its loss a row sum."""
+    def rows(self, logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(loss, backprop = softmax - labels, shifted = logits - max, exp(shifted), its
+        sum), in the order of TF's CPU kernel."""
         shifted = logits - logits.max(axis=-1, keepdims=True)
-        sum_exp = eigen_row_sum(exp_rows(shifted))[..., None]
-        backprop = exp(shifted, scalar_tail(ctx, shifted.shape))
-        backprop /= sum_exp
+        exp = np.exp(shifted)
+        sum_exp = exp.sum(axis=-1, keepdims=True)
+        log_sum = np.log(sum_exp)
         if self.sparse:
             if labels.size and (labels.min() < 0 or labels.max() >= self.k):
                 bad = labels[(labels < 0) | (labels >= self.k)].flat[0]
@@ -99,20 +90,17 @@ class SoftmaxCrossEntropyWithLogits(Kernel):
             # slow mixed-type loop); the others' x - 0 was x
             rows = np.indices(labels.shape, sparse=True)
             at = (*rows, labels)
-            loss = libm("logf", sum_exp[..., 0]) - shifted[at]
+            loss = log_sum[..., 0] - shifted[at]
+            backprop = exp / sum_exp
             backprop[at] -= np.float32(1)
         else:
-            log_sum = log(sum_exp[..., 0], scalar_tail(ctx, shifted.shape[:-1]))[..., None]
-            loss = eigen_row_sum(labels * (log_sum - shifted))
-            backprop -= labels
-        return loss, backprop, shifted
+            loss = (labels * (log_sum - shifted)).sum(axis=-1)
+            backprop = exp / sum_exp - labels
+        return loss, backprop, shifted - log_sum, exp, sum_exp
 
     def forward(self, params, inputs, ctx: RunContext):
-        loss, backprop, shifted = self.rows(inputs[0], inputs[1], ctx)
-        if self.sparse:
-            return loss, (backprop, None)
-        # the labels' gradient reads TF's LogSoftmax op of the logits
-        return loss, (backprop, shifted - eigen_log_sum_exp(shifted, scalar_tail(ctx, shifted.shape[:-1])))
+        loss, backprop, log_softmax, _, _ = self.rows(*inputs)
+        return loss, (backprop, None if self.sparse else log_softmax)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         backprop, log_softmax = cache
@@ -268,10 +256,10 @@ class SoftmaxCrossEntropyBackprop(SoftmaxCrossEntropyWithLogits):
         return index == 0
 
     def forward(self, params, inputs, ctx: RunContext):
-        _, backprop, shifted = self.rows(inputs[0], inputs[1], ctx)
-        return backprop, eigen_softmax(shifted, scalar_tail(ctx, shifted.shape))  # TF's Softmax op
+        _, backprop, _, exp, sum_exp = self.rows(*inputs)
+        return backprop, exp * (np.float32(1) / sum_exp)  # (tf.nn.softmax's order)
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         softmax, g = cache, grad_output
-        d_logits = g - eigen_row_sum(g * softmax)[..., None]
+        d_logits = g - (g * softmax).sum(axis=-1, keepdims=True, dtype=np.float32)
         return [np.multiply(d_logits, softmax, out=d_logits), None], {}

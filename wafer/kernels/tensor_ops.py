@@ -12,10 +12,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from wafer.compiled import eigen_row_sums
-from wafer.eigen_exp import exp, exp_rows
-from wafer.eigen_log import log
-from wafer.kernels.activations import scalar_tail
 from wafer.kernels.base import (
     INTEGER,
     INTEGER_NAMES,
@@ -300,41 +296,37 @@ class CumulativeLogsumexp(Cumsum):
         return [(positive - negative).astype(np.float32)], {}
 
 
-
-
-def eigen_row_sum(e: np.ndarray, half: bool = False) -> np.ndarray:
-    """The sum of `e`'s last axis as Eigen's inner-most reduction (rows up to 1024 float16
-    or 8192 float32 values; Eigen splits longer ones in halves, not reproduced here): packets
-    of 8 added lane by lane, each sum rounded (to float16 when `half`): groups of four
-    packets into four accumulators, these added in order, then the packets left over; the
-    lanes added in float32 (predux: lanes i and i + 4, then pairs) and rounded; the tail
-    added one by one to a sum from 0; the two sums added and rounded (compiled:
-    `wafer.compiled.eigen_row_sums`)."""
-    rows = np.asarray(e, np.float32).reshape(-1, e.shape[-1]) if e.shape[-1] else \
-        np.zeros((int(np.prod(e.shape[:-1])), 0), np.float32)
-    out = np.empty(rows.shape[0], np.float32)
-    eigen_row_sums(rows, out, half)
-    return out.reshape(e.shape[:-1])
+HALF_PACKET = 8  # Eigen::half lanes of a packet in TF 2.21's CPU kernels (Packet8h: AVX2)
 
 
 def eigen_half_sum(e: np.ndarray) -> np.ndarray:
-    """The float16 sum of `e`'s last axis (float16 values) as Eigen's on Eigen::half."""
-    return eigen_row_sum(e, half=True)
-
-
-def eigen_softmax(shifted: np.ndarray, tail: int) -> np.ndarray:
-    """TF's float32 Softmax of x - max along the last axis: exp of the whole tensor (its last
-    `tail` values on Eigen's scalar path), times the inverse of each row's sum."""
-    e = exp(shifted, tail)
-    e *= (_ONE / eigen_row_sum(e))[..., None]
-    return e
-
-
-def eigen_log_sum_exp(shifted: np.ndarray, tail: int) -> np.ndarray:
-    """log(sum(exp(shifted))) of each row (keeping the axis) as TF's LogSoftmax and
-    SoftmaxCrossEntropyWithLogits: the sum reads exp row by row (each row's tail on Eigen's
-    scalar path), the log of the rows' sums on the packet path but for the last `tail`."""
-    return log(eigen_row_sum(exp_rows(shifted)), tail)[..., None]
+    """The float16 sum of `e`'s last axis (float16 values) as Eigen's inner-most reduction on
+    Eigen::half (rows up to 1024 long): packets of 8 added lane by lane, each sum rounded to
+    float16: groups of four packets into four accumulators, these added in order, then the
+    packets left over; the lanes added in float32 (predux: lanes i and i + 4, then pairs) and rounded; the tail
+    added one by one to a float16 sum from 0; the two sums added and rounded."""
+    n = e.shape[-1]
+    whole = n - n % HALF_PACKET
+    tail = np.zeros(e.shape[:-1], np.float32)
+    for i in range(whole, n):
+        tail = round_half(tail + e[..., i])
+    if not whole:
+        return tail
+    packets = e[..., :whole].reshape(*e.shape[:-1], whole // HALF_PACKET, HALF_PACKET)
+    unrolled = whole // (4 * HALF_PACKET) * 4
+    lanes = np.zeros(packets[..., 0, :].shape, np.float32)
+    if unrolled:
+        accumulators = [packets[..., k, :] for k in range(4)]
+        for j in range(4, unrolled):
+            accumulators[j % 4] = round_half(accumulators[j % 4] + packets[..., j, :])
+        lanes = accumulators[0]
+        for other in accumulators[1:]:
+            lanes = round_half(lanes + other)
+    for j in range(unrolled, whole // HALF_PACKET):
+        lanes = round_half(lanes + packets[..., j, :])
+    quads = lanes[..., :4] + lanes[..., 4:]
+    pairs = quads[..., :2] + quads[..., 2:]
+    return round_half(tail + round_half(pairs[..., 0] + pairs[..., 1]))
 
 
 def eigen_half_softmax(x: np.ndarray) -> np.ndarray:
@@ -349,10 +341,9 @@ def eigen_half_softmax(x: np.ndarray) -> np.ndarray:
 @register
 class Softmax(SampleKernel):
     """tf.nn.softmax or (attr log) tf.nn.log_softmax along a per-sample `axis` (-1: the
-    last), in the order of TF's CPU kernel (Eigen's, oneDNN off), with Eigen's exp
-    (wafer/eigen_exp.py) and row sums (`eigen_row_sum`): shifted = x - max; softmax =
-    exp(shifted) * (1 / sum); log_softmax = shifted - logf(sum(exp(shifted))). Gradients:
-    _SoftmaxGrad (g - sum(g * y)) * y, _LogSoftmaxGrad g - sum(g) * exp(y)."""
+    last), in the order of TF's CPU kernel: shifted = x - max; softmax = exp(shifted) *
+    (1 / sum); log_softmax = shifted - log(sum(exp(shifted))). Gradients: _SoftmaxGrad
+    (g - sum(g * y)) * y, _LogSoftmaxGrad g - sum(g) * exp(y)."""
 
     type_name = "softmax"
 
@@ -378,40 +369,31 @@ class Softmax(SampleKernel):
     def activation_bytes_per_sample(self) -> int:
         return 4 * math.prod(self.input_shapes[0])
 
-    def _tail(self, ctx: RunContext, shape: Sequence[int]) -> int:
-        """How many of the micro-batch's last values (exps, or rows' logs) TF takes on Eigen's
-        scalar path (along a middle axis TF transposes first: the packet path everywhere)."""
-        return scalar_tail(ctx, shape) if self.axis == len(self.input_shapes[0]) else 0
-
     def forward(self, params, inputs, ctx: RunContext):
         x = inputs[0]
         if is_half(self.attrs) and not self.log:
             y = eigen_half_softmax(np.moveaxis(x, self.axis, -1))
             y = np.ascontiguousarray(np.moveaxis(y, -1, self.axis))
             return y, y
-        shifted = np.moveaxis(x - x.max(axis=self.axis, keepdims=True), self.axis, -1)
+        shifted = x - x.max(axis=self.axis, keepdims=True)
         if self.log:
-            y = shifted - eigen_log_sum_exp(shifted, self._tail(ctx, shifted.shape[:-1]))
+            total = np.exp(shifted).sum(axis=self.axis, keepdims=True, dtype=np.float32)
+            y = np.subtract(shifted, np.log(total), out=shifted)
         else:
-            y = eigen_softmax(shifted, self._tail(ctx, x.shape))
-        y = np.ascontiguousarray(np.moveaxis(y, -1, self.axis))
+            y = np.exp(shifted, out=shifted)
+            y *= _ONE / y.sum(axis=self.axis, keepdims=True, dtype=np.float32)
         return y, y
 
     def backward(self, params, cache, grad_output, ctx: RunContext, param_grads=None):
         y, g = cache, grad_output
-        if is_half(self.attrs) and not self.log:  # _SoftmaxGrad's float16 ops: Mul, Sum, Sub, Mul
+        if self.log:
+            return [g - g.sum(axis=self.axis, keepdims=True, dtype=np.float32) * np.exp(y)], {}
+        if is_half(self.attrs):  # _SoftmaxGrad's float16 ops: Mul, Sum (Eigen's), Sub, Mul
             gy = np.moveaxis(round_half(g * y), self.axis, -1)
             total = np.moveaxis(eigen_half_sum(gy)[..., None], -1, self.axis)
             return [round_half(round_half(g - total) * y)], {}
-        if self.log:  # _LogSoftmaxGrad: g - sum(g) * exp(y)
-            total = self._row_sum(g)
-            return [g - total * exp(y, self._tail(ctx, y.shape))], {}
-        dx = g - self._row_sum(g * y)  # _SoftmaxGrad: (g - sum(g * y)) * y
+        dx = g - (g * y).sum(axis=self.axis, keepdims=True, dtype=np.float32)
         return [np.multiply(dx, y, out=dx)], {}
-
-    def _row_sum(self, v: np.ndarray) -> np.ndarray:
-        """TF's reduce_sum(v, axis, keepdims=True) (Eigen's order along the last axis)."""
-        return np.expand_dims(eigen_row_sum(np.moveaxis(v, self.axis, -1)), self.axis)
 
 
 @register
