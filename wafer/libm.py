@@ -16,13 +16,13 @@ try:
     _libm = ctypes.CDLL("libm.so.6")  # glibc's, which TensorFlow's kernels call
 except OSError:
     _libm = ctypes.CDLL(ctypes.util.find_library("m"))
-for _name, _argc in (("expf", 1), ("logf", 1), ("cosf", 1), ("sinf", 1), ("powf", 2)):
+for _name, _argc in (("expf", 1), ("logf", 1), ("log1pf", 1), ("expm1f", 1), ("cosf", 1), ("sinf", 1), ("powf", 2)):
     getattr(_libm, _name).restype = ctypes.c_float
     getattr(_libm, _name).argtypes = [ctypes.c_float] * _argc
 
 
 def scalar(name: str) -> Callable[..., Any]:
-    """libm's `name` (expf, logf, cosf, sinf, powf) on float32 scalars."""
+    """libm's `name` (expf, logf, log1pf, expm1f, cosf, sinf, powf) on float32 scalars."""
     fn = getattr(_libm, name)
     return lambda *xs: F32(fn(*(float(x) for x in xs)))
 
